@@ -1,0 +1,67 @@
+// kvbench's top-level dispatch: `kvbench <command> [options]`, with errors mapped to exit codes.
+#include "harness/cli.h"
+
+#include <cstdio>
+#include <iostream>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace kvb::harness {
+
+const std::vector<Subcommand>& subcommands() {
+  static const std::vector<Subcommand> table = {
+      {"generate", "generate text from a prompt with a model (greedy or sampled)", cmd_generate},
+  };
+  return table;
+}
+
+namespace {
+void print_usage(std::ostream& os) {
+  os << "usage: kvbench <command> [options]\n\n"
+        "kvbench measures what KV-cache eviction costs and saves in LLM inference.\n\n"
+        "commands:\n";
+  for (const auto& s : subcommands()) {
+    std::string name = s.name;
+    name.resize(12, ' ');
+    os << "  " << name << s.summary << "\n";
+  }
+  os << "\n`kvbench <command> --help` lists a command's options. Version " KVB_VERSION
+        " (git " KVB_GIT_REV ").\n";
+}
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  if (argc < 2) {
+    print_usage(std::cerr);
+    return 2;
+  }
+  std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    print_usage(std::cout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::cout << "kvbench " KVB_VERSION " (git " KVB_GIT_REV ")\n";
+    return 0;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  for (const auto& s : subcommands()) {
+    if (cmd != s.name) continue;
+    try {
+      return s.run(args);
+    } catch (const Error& e) {
+      std::cerr << "kvbench " << cmd << ": error: " << e.what() << "\n";
+      return e.kind() == ErrorKind::kUsage ? 2 : 1;
+    } catch (const std::exception& e) {
+      std::cerr << "kvbench " << cmd << ": error: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  std::cerr << "kvbench: unknown command '" << cmd << "'. Commands:";
+  for (const auto& s : subcommands()) std::cerr << " " << s.name;
+  std::cerr << "\n";
+  return 2;
+}
+
+}  // namespace kvb::harness

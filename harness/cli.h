@@ -1,0 +1,25 @@
+// The kvbench subcommand table: one file per subcommand (cmd_<name>.cc) defines its run function.
+// Each receives the arguments after the subcommand name and returns the process exit code
+// (0 ok, 1 a unit or check failed, 2 usage or configuration error).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvb::harness {
+
+struct Subcommand {
+  const char* name;
+  const char* summary;
+  int (*run)(const std::vector<std::string>& args);
+};
+
+// The registered subcommands, in the order `kvbench --help` lists them.
+const std::vector<Subcommand>& subcommands();
+
+// Entry point shared by main() and tests: parses argv, dispatches, maps errors to exit codes.
+int run_cli(int argc, char** argv);
+
+int cmd_generate(const std::vector<std::string>& args);
+
+}  // namespace kvb::harness

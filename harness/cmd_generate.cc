@@ -1,0 +1,150 @@
+// `kvbench generate`: load a model, encode a prompt, generate, print the text to stdout;
+// timings and model facts go to stderr.
+#include <omp.h>
+
+#include <boost/program_options.hpp>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "harness/cli.h"
+#include "harness/model_setup.h"
+#include "workers/engine/generate.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::harness {
+
+namespace {
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  KVB_USAGE_CHECK(in.good()) << "cannot open --prompt-file '" << path << "'";
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& args) {
+  std::string model_path, tokenizer_path, prompt, prompt_file, system;
+  int max_new_tokens = 128, threads = 0, top_k = 0;
+  float temperature = 0.0f, top_p = 1.0f;
+  uint64_t seed = 0;
+  bool chat = false, timings = false, show_ids = false;
+  po::options_description desc(
+      "usage: kvbench generate --model PATH [--tokenizer PATH] --prompt TEXT [options]\n\n"
+      "Generates text from a prompt and prints it to stdout (timings to stderr with --timings).\n"
+      "Greedy unless --temperature > 0. Stops at the model's end token or --max-new-tokens.\n\n"
+      "options");
+  desc.add_options()
+      ("help,h", "print this help")
+      ("model,m", po::value(&model_path), "model file: GGUF (.gguf) or llama2.c checkpoint (.bin)")
+      ("tokenizer,t", po::value(&tokenizer_path),
+       "tokenizer: llama2.c tokenizer.bin or HF tokenizer.json (default: the GGUF's own; "
+       "required for llama2.c checkpoints)")
+      ("prompt,p", po::value(&prompt), "prompt text (may be empty: generation starts from BOS)")
+      ("prompt-file", po::value(&prompt_file), "read the prompt from this file instead")
+      ("chat", po::bool_switch(&chat), "wrap the prompt in the model's chat template (one user turn)")
+      ("system", po::value(&system), "system message for --chat (default: the template's own)")
+      ("max-new-tokens,n", po::value(&max_new_tokens)->default_value(128), "tokens to generate at most")
+      ("temperature", po::value(&temperature)->default_value(0.0f), "sampling temperature (0 = greedy)")
+      ("top-k", po::value(&top_k)->default_value(0), "sample from the k most likely tokens (0 = all)")
+      ("top-p", po::value(&top_p)->default_value(1.0f), "nucleus sampling mass (1 = off)")
+      ("seed", po::value(&seed)->default_value(0), "seed of the sampler's counter-based RNG")
+      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)")
+      ("timings", po::bool_switch(&timings), "print prefill/decode times and tokens/s to stderr")
+      ("show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    KVB_USAGE_FAIL() << e.what() << " (see kvbench generate --help)";
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  KVB_USAGE_CHECK(vm.count("model")) << "--model is required (see kvbench generate --help)";
+  KVB_USAGE_CHECK(!(vm.count("prompt") && vm.count("prompt-file")))
+      << "give --prompt or --prompt-file, not both";
+  KVB_USAGE_CHECK(max_new_tokens >= 0) << "--max-new-tokens must be >= 0, got " << max_new_tokens;
+  KVB_USAGE_CHECK(temperature >= 0) << "--temperature must be >= 0, got " << temperature;
+  KVB_USAGE_CHECK(top_p > 0 && top_p <= 1) << "--top-p must be in (0, 1], got " << top_p;
+  KVB_USAGE_CHECK(top_k >= 0) << "--top-k must be >= 0, got " << top_k;
+  KVB_USAGE_CHECK(threads >= 0) << "--threads must be >= 0, got " << threads;
+  if (threads > 0) omp_set_num_threads(threads);
+  if (vm.count("prompt-file")) prompt = read_text_file(prompt_file);
+
+  LoadedModel lm = load_model_and_tokenizer(model_path, tokenizer_path);
+  const engine::ModelConfig& c = lm.model->config;
+  std::vector<int32_t> ids = encode_prompt(lm, prompt, chat, system);
+  if (ids.empty() && lm.tokenizer->bos_id() >= 0) ids.push_back(lm.tokenizer->bos_id());
+  KVB_USAGE_CHECK(!ids.empty()) << "the prompt is empty and the vocabulary has no BOS token";
+  KVB_USAGE_CHECK(static_cast<int>(ids.size()) < c.max_seq_len)
+      << "the prompt has " << ids.size() << " tokens; the model's context is " << c.max_seq_len;
+  if (static_cast<int>(ids.size()) + max_new_tokens > c.max_seq_len) {
+    const int allowed = c.max_seq_len - static_cast<int>(ids.size());
+    KVB_LOG_WARN << "prompt (" << ids.size() << ") + --max-new-tokens (" << max_new_tokens
+                 << ") exceeds the model's context " << c.max_seq_len << "; generating at most "
+                 << allowed;
+    max_new_tokens = allowed;
+  }
+  if (show_ids) {
+    std::ostringstream s;
+    for (int32_t id : ids) s << id << " ";
+    KVB_LOG_INFO << "prompt ids (" << ids.size() << "): " << s.str();
+  }
+
+  engine::Engine eng(*lm.model);
+  kernels::KvCache cache = eng.new_cache(static_cast<int>(ids.size()) + max_new_tokens);
+  engine::GenerateOptions opt;
+  opt.max_new_tokens = max_new_tokens;
+  opt.sampling = {temperature, top_k, top_p, seed};
+  opt.end_ids = lm.end_ids;
+  // Stream text as it is produced: print the growing decode's new suffix.
+  std::vector<int32_t> out_ids;
+  std::string printed;
+  auto on_token = [&](int32_t id) {
+    out_ids.push_back(id);
+    std::string text = lm.tokenizer->decode(out_ids, /*skip_special=*/false);
+    // Hold back an incomplete UTF-8 sequence at the end.
+    size_t end = text.size();
+    for (size_t back = 1; back <= 3 && back <= text.size(); ++back) {
+      unsigned char ch = static_cast<unsigned char>(text[text.size() - back]);
+      if ((ch & 0xC0) == 0x80) continue;
+      const size_t need = ch >= 0xF0 ? 4 : ch >= 0xE0 ? 3 : ch >= 0xC0 ? 2 : 1;
+      if (need > back) end = text.size() - back;
+      break;
+    }
+    if (end > printed.size() && text.compare(0, printed.size(), printed) == 0) {
+      std::cout << text.substr(printed.size(), end - printed.size()) << std::flush;
+      printed = text.substr(0, end);
+    }
+  };
+  engine::GenerateResult r = engine::generate(eng, cache, ids, opt, on_token);
+  const std::string final_text = lm.tokenizer->decode(r.tokens, false);
+  if (final_text.compare(0, printed.size(), printed) == 0) {
+    std::cout << final_text.substr(printed.size());
+  }
+  std::cout << "\n" << std::flush;
+  if (show_ids) {
+    std::ostringstream s;
+    for (int32_t id : r.tokens) s << id << " ";
+    KVB_LOG_INFO << "generated ids (" << r.tokens.size() << "): " << s.str();
+  }
+  if (timings) {
+    KVB_LOG_INFO << "prompt " << r.prompt_tokens << " tokens in " << r.prefill_ms << " ms ("
+                 << (r.prompt_tokens * 1000.0 / r.prefill_ms) << " tok/s); decode "
+                 << r.decode_steps << " steps in " << r.decode_ms << " ms ("
+                 << (r.decode_steps > 0 ? r.decode_steps * 1000.0 / r.decode_ms : 0.0)
+                 << " tok/s); " << (r.hit_end ? "stopped at end token" : "stopped at limit")
+                 << "; KV cache " << cache.logical_bytes() << " bytes logical, "
+                 << cache.physical_bytes() << " physical";
+  }
+  return 0;
+}
+
+}  // namespace kvb::harness

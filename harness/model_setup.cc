@@ -1,0 +1,94 @@
+// Model + tokenizer loading and prompt encoding for the CLI.
+#include "harness/model_setup.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "workers/formats/gguf.h"
+
+namespace kvb::harness {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+std::string default_system_prompt(const std::string& jinja) {
+  // A ChatML template's literal default system turn: '<|im_start|>system\n' ... '<|im_end|>'
+  // inside one quoted string, emitted under a "messages[0]['role'] != 'system'" condition.
+  static const std::string kOpen = "<|im_start|>system\n";
+  static const std::string kClose = "<|im_end|>";
+  const size_t cond = jinja.find("!= 'system'");
+  if (cond == std::string::npos) return "";
+  const size_t open = jinja.find(kOpen, cond);
+  if (open == std::string::npos) return "";
+  const size_t begin = open + kOpen.size();
+  const size_t end = jinja.find(kClose, begin);
+  if (end == std::string::npos) return "";
+  const std::string body = jinja.substr(begin, end - begin);
+  // The literal must not contain template syntax or string ends.
+  if (body.find_first_of("{}'\"") != std::string::npos) return "";
+  return body;
+}
+
+LoadedModel load_model_and_tokenizer(const std::string& model_path,
+                                     const std::string& tokenizer_path) {
+  KVB_USAGE_CHECK(!model_path.empty()) << "--model is required (a .gguf file or a llama2.c .bin)";
+  LoadedModel lm;
+  lm.model = engine::load_model(model_path);
+  const engine::ModelConfig& c = lm.model->config;
+  if (!tokenizer_path.empty()) {
+    if (ends_with(tokenizer_path, ".json")) {
+      lm.tokenizer = tokenizer::load_hf_tokenizer_json(tokenizer_path);
+    } else {
+      lm.tokenizer = tokenizer::load_llama2c_tokenizer(tokenizer_path, c.vocab_size);
+    }
+  } else {
+    KVB_USAGE_CHECK(lm.model->gguf != nullptr)
+        << model_path << " is a llama2.c checkpoint, which carries no tokenizer: pass "
+        << "--tokenizer PATH (its tokenizer.bin, e.g. ../shared/models/stories260K/tok512.bin)";
+    lm.tokenizer = tokenizer::load_gguf_tokenizer(*lm.model->gguf);
+  }
+  KVB_USAGE_CHECK(lm.tokenizer->vocab_size() <= c.vocab_size)
+      << "tokenizer has " << lm.tokenizer->vocab_size() << " tokens but the model only "
+      << c.vocab_size << ": wrong --tokenizer for " << model_path << "?";
+  if (lm.model->gguf) {
+    const formats::GgufFile& g = *lm.model->gguf;
+    lm.add_bos = g.get_int_or("tokenizer.ggml.add_bos_token", 0) != 0;
+    lm.chat_template = g.get_string_or("tokenizer.chat_template", "");
+    lm.chat_format = tokenizer::detect_chat_format(lm.chat_template);
+    lm.end_ids = lm.tokenizer->end_ids();
+  } else {
+    // llama2.c models: prompts start with BOS and generation stops on BOS, as run.c does.
+    lm.add_bos = true;
+    lm.end_ids = {lm.tokenizer->bos_id() >= 0 ? lm.tokenizer->bos_id() : 1};
+  }
+  KVB_LOG_DEBUG << "model " << c.name << " (" << c.arch << ", " << c.num_layers << " layers, dim "
+                << c.dim << ", " << c.num_heads << "/" << c.num_kv_heads << " heads, vocab "
+                << c.vocab_size << ", " << lm.model->num_parameters() << " parameters), chat "
+                << tokenizer::chat_format_name(lm.chat_format);
+  return lm;
+}
+
+std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& prompt, bool chat,
+                                   const std::string& system) {
+  std::string text = prompt;
+  if (chat) {
+    KVB_USAGE_CHECK(lm.chat_format != tokenizer::ChatFormat::kNone)
+        << "--chat: the model has no chat template kvbench recognizes (supported: ChatML, "
+           "Llama-3, Gemma)";
+    std::vector<tokenizer::ChatMessage> messages;
+    // Templates such as SmolLM2's insert a default system turn when the conversation has none;
+    // rendering that turn explicitly gives the same text.
+    const std::string sys = system.empty() ? default_system_prompt(lm.chat_template) : system;
+    if (!sys.empty()) messages.push_back({"system", sys});
+    messages.push_back({"user", prompt});
+    text = tokenizer::apply_chat_template(lm.chat_format, messages, true);
+  }
+  tokenizer::EncodeOptions opt;
+  opt.add_bos = lm.add_bos;
+  opt.parse_special = chat;
+  return lm.tokenizer->encode(text, opt);
+}
+
+}  // namespace kvb::harness

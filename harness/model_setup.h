@@ -1,0 +1,36 @@
+// Shared by the subcommands that run a model: load the model and its tokenizer from the CLI's
+// --model/--tokenizer, encode prompts (optionally through the model's chat template).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "workers/engine/model.h"
+#include "workers/tokenizer/tokenizer.h"
+
+namespace kvb::harness {
+
+struct LoadedModel {
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  tokenizer::ChatFormat chat_format = tokenizer::ChatFormat::kNone;
+  std::string chat_template;      // the GGUF's Jinja template ("" if none)
+  bool add_bos = false;           // prepend BOS to prompts (llama2.c: yes; GGUF: add_bos_token)
+  std::vector<int32_t> end_ids;   // generation stops on these
+};
+
+// tokenizer_path: "" to use the GGUF's own vocabulary; a llama2.c tokenizer.bin or an HF
+// tokenizer.json otherwise. Throws usage errors that say what to pass.
+LoadedModel load_model_and_tokenizer(const std::string& model_path,
+                                     const std::string& tokenizer_path);
+
+// The default system message a ChatML template inserts when the conversation has none (SmolLM2,
+// Qwen2.5), read from the template text; "" if the template has none.
+std::string default_system_prompt(const std::string& jinja_template);
+
+// Encodes a user prompt; with chat, wraps it as one user turn (plus an optional system turn).
+std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& prompt, bool chat,
+                                   const std::string& system);
+
+}  // namespace kvb::harness

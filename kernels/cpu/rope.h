@@ -1,0 +1,26 @@
+// Rotary position embedding (Su et al. 2021). Two pairings: kNorm rotates adjacent pairs
+// (x[2i], x[2i+1]) as llama2.c and llama.cpp's GGUF llama models (whose Q/K rows were permuted at
+// conversion); kNeox rotates (x[i], x[i + d/2]) as HF rotate_half and Qwen2/Gemma GGUFs.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kvb::kernels::cpu {
+
+enum class RopeStyle { kNorm, kNeox };
+
+struct RopeParams {
+  RopeStyle style = RopeStyle::kNorm;
+  int rot_dim = 0;             // rotated dimensions per head (<= head_dim)
+  float theta = 10000.0f;      // base
+  float linear_scale = 1.0f;   // positions are divided by this ("linear" scaling)
+  std::vector<float> freq_factors;  // optional [rot_dim/2] divisors of the frequencies (llama3)
+};
+
+// Applies RoPE in place to x: [n, num_heads, head_dim] at positions pos: [n].
+// Frequencies are computed in f32 as HF does: inv_freq[i] = 1 / theta^(2i/rot_dim).
+void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim,
+          const RopeParams& params);
+
+}  // namespace kvb::kernels::cpu

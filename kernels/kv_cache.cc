@@ -1,0 +1,123 @@
+// KvCache: per-(layer, KV head) variable-length storage with in-place compaction.
+#include "kernels/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace kvb::kernels {
+
+KvCache::KvCache(const KvCacheShape& shape, int initial_capacity) : shape_(shape) {
+  KVB_CHECK(shape.num_layers > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0)
+      << "bad cache shape " << shape.num_layers << "x" << shape.num_kv_heads << "x"
+      << shape.head_dim;
+  keys_.resize(shape.num_layers);
+  values_.resize(shape.num_layers);
+  positions_.resize(shape.num_layers);
+  lengths_.assign(static_cast<size_t>(shape.num_layers) * shape.num_kv_heads, 0);
+  if (initial_capacity > 0) grow_to(initial_capacity);
+}
+
+int KvCache::max_length() const {
+  int m = 0;
+  for (int32_t l : lengths_) m = std::max(m, static_cast<int>(l));
+  return m;
+}
+
+void KvCache::reserve_extra(int extra) {
+  int need = max_length() + extra;
+  if (need <= capacity_) return;
+  grow_to(std::max(need, capacity_ + capacity_ / 2));
+}
+
+void KvCache::grow_to(int new_capacity) {
+  const int h = shape_.num_kv_heads, d = shape_.head_dim;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    std::vector<float> k(static_cast<size_t>(h) * new_capacity * d);
+    std::vector<float> v(k.size());
+    std::vector<int32_t> p(static_cast<size_t>(h) * new_capacity);
+    for (int head = 0; head < h; ++head) {
+      const size_t len = lengths_[index(l, head)];
+      if (len == 0) continue;
+      std::memcpy(&k[static_cast<size_t>(head) * new_capacity * d],
+                  &keys_[l][static_cast<size_t>(head) * capacity_ * d], len * d * sizeof(float));
+      std::memcpy(&v[static_cast<size_t>(head) * new_capacity * d],
+                  &values_[l][static_cast<size_t>(head) * capacity_ * d], len * d * sizeof(float));
+      std::memcpy(&p[static_cast<size_t>(head) * new_capacity],
+                  &positions_[l][static_cast<size_t>(head) * capacity_], len * sizeof(int32_t));
+    }
+    keys_[l].swap(k);
+    values_[l].swap(v);
+    positions_[l].swap(p);
+  }
+  capacity_ = new_capacity;
+}
+
+LayerKvView KvCache::layer(int layer) {
+  KVB_ASSERT(layer >= 0 && layer < shape_.num_layers);
+  return LayerKvView{keys_[layer].data(),
+                     values_[layer].data(),
+                     positions_[layer].data(),
+                     &lengths_[index(layer, 0)],
+                     shape_.num_kv_heads,
+                     shape_.head_dim,
+                     capacity_};
+}
+
+void KvCache::append(int layer, int head, const float* key, const float* value,
+                     int32_t position) {
+  int32_t& len = lengths_[index(layer, head)];
+  KVB_ASSERT(len < capacity_);
+  const size_t d = shape_.head_dim;
+  const size_t base = (static_cast<size_t>(head) * capacity_ + len) * d;
+  std::memcpy(&keys_[layer][base], key, d * sizeof(float));
+  std::memcpy(&values_[layer][base], value, d * sizeof(float));
+  positions_[layer][static_cast<size_t>(head) * capacity_ + len] = position;
+  ++len;
+}
+
+void KvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots) {
+  int32_t& len = lengths_[index(layer, head)];
+  const size_t d = shape_.head_dim;
+  float* k = &keys_[layer][static_cast<size_t>(head) * capacity_ * d];
+  float* v = &values_[layer][static_cast<size_t>(head) * capacity_ * d];
+  int32_t* p = &positions_[layer][static_cast<size_t>(head) * capacity_];
+  int32_t prev = -1;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int32_t s = slots[i];
+    KVB_CHECK(s > prev && s < len) << "keep_slots: slots must be increasing and < " << len
+                                   << ", got " << s << " after " << prev;
+    prev = s;
+    if (static_cast<size_t>(s) != i) {
+      std::memmove(k + i * d, k + s * d, d * sizeof(float));
+      std::memmove(v + i * d, v + s * d, d * sizeof(float));
+      p[i] = p[s];
+    }
+  }
+  len = static_cast<int32_t>(slots.size());
+}
+
+void KvCache::clear() {
+  std::fill(lengths_.begin(), lengths_.end(), 0);
+  next_position_ = 0;
+}
+
+size_t KvCache::bytes_per_slot() const {
+  return 2 * static_cast<size_t>(shape_.head_dim) * sizeof(float) + sizeof(int32_t);
+}
+int KvCache::total_slots() const {
+  int t = 0;
+  for (int32_t l : lengths_) t += l;
+  return t;
+}
+size_t KvCache::logical_bytes() const { return total_slots() * bytes_per_slot(); }
+size_t KvCache::logical_bytes(int layer, int head) const {
+  return lengths_[index(layer, head)] * bytes_per_slot();
+}
+size_t KvCache::physical_bytes() const {
+  return static_cast<size_t>(shape_.num_layers) * shape_.num_kv_heads * capacity_ *
+         bytes_per_slot();
+}
+
+}  // namespace kvb::kernels

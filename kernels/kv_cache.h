@@ -1,0 +1,88 @@
+// The KV cache of one sequence: storage per (layer, KV head) with a length per head, so heads of
+// one layer may hold different numbers of tokens (DESIGN.md "KV cache"; Ada-KV needs that).
+// Each slot keeps its key (post-RoPE), value and original position. Slots of a head are kept in
+// increasing position order; eviction compacts in place (no per-step reallocation).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvb::kernels {
+
+// A read/write view of one layer's cache, shared by CPU and (later) CUDA code.
+// keys/values: [num_kv_heads, capacity, head_dim]; positions: [num_kv_heads, capacity];
+// lengths: [num_kv_heads].
+struct LayerKvView {
+  float* keys;
+  float* values;
+  int32_t* positions;
+  const int32_t* lengths;
+  int num_kv_heads;
+  int head_dim;
+  int capacity;
+
+  float* key(int head, int slot) const {
+    return keys + (static_cast<size_t>(head) * capacity + slot) * head_dim;
+  }
+  float* value(int head, int slot) const {
+    return values + (static_cast<size_t>(head) * capacity + slot) * head_dim;
+  }
+  int32_t* position(int head) const { return positions + static_cast<size_t>(head) * capacity; }
+};
+
+struct KvCacheShape {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+class KvCache {
+ public:
+  KvCache() = default;
+  explicit KvCache(const KvCacheShape& shape, int initial_capacity = 0);
+
+  const KvCacheShape& shape() const { return shape_; }
+  int capacity() const { return capacity_; }
+  // Ensures room for `extra` more slots in every head (grows geometrically; existing slots kept).
+  void reserve_extra(int extra);
+
+  int length(int layer, int head) const { return lengths_[index(layer, head)]; }
+  int max_length() const;  // over all layers and heads
+  // Sequence position the next token gets (number of tokens the sequence has seen, evicted or not).
+  int32_t next_position() const { return next_position_; }
+  void advance_position(int n) { next_position_ += n; }
+
+  LayerKvView layer(int layer);
+  // Appends one slot to (layer, head). Precondition: capacity available (reserve_extra).
+  void append(int layer, int head, const float* key, const float* value, int32_t position);
+  // Keeps only the listed slots of (layer, head), in the given order (must be increasing slot
+  // indices, so position order is preserved); compacts in place.
+  void keep_slots(int layer, int head, const std::vector<int32_t>& slots);
+  // Drops all tokens (keeps allocation).
+  void clear();
+
+  // Exact memory accounting: logical = retained slots x bytes per slot (key + value + position);
+  // physical = what is allocated.
+  size_t bytes_per_slot() const;
+  size_t logical_bytes() const;
+  size_t physical_bytes() const;
+  size_t logical_bytes(int layer, int head) const;
+  int total_slots() const;
+
+ private:
+  size_t index(int layer, int head) const {
+    return static_cast<size_t>(layer) * shape_.num_kv_heads + head;
+  }
+  void grow_to(int new_capacity);
+
+  KvCacheShape shape_;
+  int capacity_ = 0;
+  int32_t next_position_ = 0;
+  // Per layer: keys/values [num_kv_heads, capacity, head_dim]; positions [num_kv_heads, capacity].
+  std::vector<std::vector<float>> keys_, values_;
+  std::vector<std::vector<int32_t>> positions_;
+  std::vector<int32_t> lengths_;  // [num_layers * num_kv_heads]
+};
+
+}  // namespace kvb::kernels

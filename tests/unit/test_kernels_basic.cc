@@ -1,0 +1,125 @@
+// Hand-computed cases for the basic CPU kernels: RMSNorm, RoPE, SwiGLU, causal GQA attention,
+// and the KvCache's compaction and byte accounting.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/kv_cache.h"
+
+namespace kvb::kernels {
+namespace {
+
+TEST(RmsNorm, HandComputed) {
+  // x = (3, 4): mean square = 12.5, 1/sqrt(12.5 + 0) = 0.28284271
+  float x[2] = {3, 4}, w[2] = {1, 2}, y[2];
+  cpu::rmsnorm(y, x, w, 1, 2, 0.0f);
+  EXPECT_NEAR(y[0], 3 * 0.28284271f, 1e-6);
+  EXPECT_NEAR(y[1], 2 * 4 * 0.28284271f, 1e-6);
+}
+
+TEST(Rope, NormAndNeoxPairings) {
+  // head_dim 4, theta 100: inv_freq = (1, 100^(-1/2) = 0.1). Position 2: angles (2, 0.2).
+  cpu::RopeParams p;
+  p.rot_dim = 4;
+  p.theta = 100.0f;
+  int32_t pos = 2;
+  float x[4] = {1, 0, 0, 1};
+  p.style = cpu::RopeStyle::kNorm;  // pairs (0,1) with angle 2, (2,3) with angle 0.2
+  cpu::rope(x, &pos, 1, 1, 4, p);
+  EXPECT_NEAR(x[0], std::cos(2.0), 1e-6);
+  EXPECT_NEAR(x[1], std::sin(2.0), 1e-6);
+  EXPECT_NEAR(x[2], -std::sin(0.2), 1e-6);
+  EXPECT_NEAR(x[3], std::cos(0.2), 1e-6);
+  float y[4] = {1, 0, 0, 1};
+  p.style = cpu::RopeStyle::kNeox;  // pairs (0,2) with angle 2, (1,3) with angle 0.2
+  cpu::rope(y, &pos, 1, 1, 4, p);
+  EXPECT_NEAR(y[0], std::cos(2.0), 1e-6);
+  EXPECT_NEAR(y[2], std::sin(2.0), 1e-6);
+  EXPECT_NEAR(y[1], -std::sin(0.2), 1e-6);
+  EXPECT_NEAR(y[3], std::cos(0.2), 1e-6);
+  // Position 0 is the identity.
+  float z[4] = {0.5f, -1, 2, 3};
+  int32_t zero = 0;
+  cpu::rope(z, &zero, 1, 1, 4, p);
+  EXPECT_FLOAT_EQ(z[0], 0.5f);
+  EXPECT_FLOAT_EQ(z[3], 3.0f);
+}
+
+TEST(SwiGlu, HandComputed) {
+  float g[3] = {0, 1, -2}, u[3] = {5, 2, 3};
+  cpu::swiglu(g, u, 3);
+  EXPECT_FLOAT_EQ(g[0], 0.0f);
+  EXPECT_NEAR(g[1], 1 / (1 + std::exp(-1.0)) * 2, 1e-6);
+  EXPECT_NEAR(g[2], -2 / (1 + std::exp(2.0)) * 3, 1e-6);
+}
+
+TEST(Attention, CausalGqaHandComputed) {
+  // 2 query heads sharing 1 KV head (head_dim 2); 2 cached tokens + 1 new token (n = 1).
+  KvCache cache({1, 1, 2}, 4);
+  const float k0[2] = {1, 0}, v0[2] = {1, 2};
+  const float k1[2] = {0, 1}, v1[2] = {3, 4};
+  const float k2[2] = {0, 0}, v2[2] = {5, 6};
+  cache.append(0, 0, k0, v0, 0);
+  cache.append(0, 0, k1, v1, 1);
+  cache.append(0, 0, k2, v2, 2);
+  // Head 0 query (ln 2, 0) at scale 1: scores (ln2, 0, 0) -> probs (1/2, 1/4, 1/4).
+  // Head 1 query (0, 0): uniform 1/3 each.
+  float q[4] = {std::log(2.0f), 0, 0, 0};
+  float out[4];
+  cpu::AttentionArgs a{out, q, cache.layer(0), 1, 2, 1.0f};
+  cpu::attention(a);
+  EXPECT_NEAR(out[0], 0.5 * 1 + 0.25 * 3 + 0.25 * 5, 1e-6);
+  EXPECT_NEAR(out[1], 0.5 * 2 + 0.25 * 4 + 0.25 * 6, 1e-6);
+  EXPECT_NEAR(out[2], 3.0, 1e-6);
+  EXPECT_NEAR(out[3], 4.0, 1e-6);
+}
+
+TEST(Attention, PrefillBlockIsCausal) {
+  // n = 2 new tokens on an empty cache: query 0 sees only slot 0.
+  KvCache cache({1, 1, 1}, 2);
+  const float k[2] = {1, 1}, v[2] = {10, 20};
+  cache.append(0, 0, &k[0], &v[0], 0);
+  cache.append(0, 0, &k[1], &v[1], 1);
+  float q[2] = {0, 0}, out[2];
+  cpu::AttentionArgs a{out, q, cache.layer(0), 2, 1, 1.0f};
+  cpu::attention(a);
+  EXPECT_FLOAT_EQ(out[0], 10.0f);
+  EXPECT_FLOAT_EQ(out[1], 15.0f);
+}
+
+TEST(KvCache, KeepSlotsCompactsAndAccounts) {
+  KvCache cache({2, 2, 3}, 2);
+  for (int t = 0; t < 5; ++t) {
+    cache.reserve_extra(1);  // grows past the initial capacity, keeping contents
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        float kv[3] = {float(t), float(l), float(h)};
+        cache.append(l, h, kv, kv, t);
+      }
+    }
+  }
+  cache.keep_slots(1, 0, {0, 3, 4});
+  EXPECT_EQ(cache.length(1, 0), 3);
+  EXPECT_EQ(cache.length(1, 1), 5);
+  LayerKvView v = cache.layer(1);
+  EXPECT_EQ(v.position(0)[1], 3);
+  EXPECT_FLOAT_EQ(v.key(0, 1)[0], 3.0f);
+  EXPECT_FLOAT_EQ(v.value(0, 2)[0], 4.0f);
+  const size_t slot = 2 * 3 * sizeof(float) + sizeof(int32_t);
+  EXPECT_EQ(cache.bytes_per_slot(), slot);
+  EXPECT_EQ(cache.total_slots(), 5 + 5 + 3 + 5);
+  EXPECT_EQ(cache.logical_bytes(), size_t(18) * slot);
+  EXPECT_EQ(cache.logical_bytes(1, 0), 3 * slot);
+  EXPECT_EQ(cache.physical_bytes(), size_t(2 * 2) * cache.capacity() * slot);
+  EXPECT_GE(cache.capacity(), 5);
+  EXPECT_THROW(cache.keep_slots(0, 0, {2, 1}), Error);  // not increasing
+  EXPECT_THROW(cache.keep_slots(0, 0, {7}), Error);     // out of range
+}
+
+}  // namespace
+}  // namespace kvb::kernels

@@ -1,0 +1,48 @@
+// The generation loop with timing of prefill and decode.
+#include "workers/engine/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/error.h"
+
+namespace kvb::engine {
+
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& options,
+                        const std::function<void(int32_t)>& on_token) {
+  KVB_USAGE_CHECK(!prompt.empty()) << "the prompt has no tokens (give a prompt or a BOS token)";
+  GenerateResult result;
+  result.prompt_tokens = static_cast<int>(prompt.size());
+  std::vector<float> logits;
+  auto t0 = std::chrono::steady_clock::now();
+  engine.forward(prompt, cache, LogitsMode::kLast, &logits);
+  result.prefill_ms = ms_since(t0);
+
+  auto is_end = [&](int32_t id) {
+    return std::find(options.end_ids.begin(), options.end_ids.end(), id) != options.end_ids.end();
+  };
+  auto t1 = std::chrono::steady_clock::now();
+  for (int step = 0; step < options.max_new_tokens; ++step) {
+    const int32_t next = sample_token(logits, options.sampling, static_cast<uint64_t>(step));
+    if (is_end(next)) {
+      result.hit_end = true;
+      break;
+    }
+    result.tokens.push_back(next);
+    if (on_token) on_token(next);
+    if (step + 1 == options.max_new_tokens) break;  // the last token is not fed back
+    engine.forward({&next, 1}, cache, LogitsMode::kLast, &logits);
+    ++result.decode_steps;
+  }
+  result.decode_ms = ms_since(t1);
+  return result;
+}
+
+}  // namespace kvb::engine

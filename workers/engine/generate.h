@@ -1,0 +1,36 @@
+// Autoregressive generation over the engine: prefill the prompt once, then decode one token at a
+// time until an end token or the token limit. The stop rule follows POLICIES.md "Stopping": the
+// end token is not part of the output and is not fed back.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "workers/engine/forward.h"
+#include "workers/engine/sampler.h"
+
+namespace kvb::engine {
+
+struct GenerateOptions {
+  int max_new_tokens = 128;
+  SamplingParams sampling;
+  std::vector<int32_t> end_ids;  // generation stops when one of these is produced
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids, without the end token
+  bool hit_end = false;         // stopped on an end token (else on the limit)
+  int prompt_tokens = 0;
+  double prefill_ms = 0;        // prompt forward pass, incl. the first token's logits
+  double decode_ms = 0;         // all decode steps
+  int decode_steps = 0;
+};
+
+// Runs `prompt` (non-empty) through the engine on `cache` and generates. on_token (optional) is
+// called with each generated id as it is produced.
+GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& options,
+                        const std::function<void(int32_t)>& on_token = nullptr);
+
+}  // namespace kvb::engine

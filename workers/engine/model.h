@@ -1,0 +1,71 @@
+// A transformer model in memory: configuration and f32 weights (dequantized at load, so every
+// policy sees the same quantization noise). Loaded from a llama2.c checkpoint or a GGUF file.
+// Supported families: Llama (incl. SmolLM2, stories260K) and Qwen2 (QKV bias).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/rope.h"
+
+namespace kvb::formats {
+class GgufFile;
+}
+
+namespace kvb::engine {
+
+struct ModelConfig {
+  std::string arch;          // "llama", "qwen2"
+  std::string name;          // general.name or the file name
+  std::string format;        // "gguf" or "llama2c"
+  int dim = 0;               // embedding_length
+  int hidden_dim = 0;        // feed_forward_length
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  int max_seq_len = 0;       // context_length the model was trained for
+  float norm_eps = 1e-5f;
+  bool qkv_bias = false;
+  bool tied_embeddings = false;
+  kernels::cpu::RopeParams rope;
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [dim]
+  std::vector<float> wq;         // [num_heads * head_dim, dim]
+  std::vector<float> wk;         // [num_kv_heads * head_dim, dim]
+  std::vector<float> wv;         // [num_kv_heads * head_dim, dim]
+  std::vector<float> bq, bk, bv; // [out] when qkv_bias, else empty
+  std::vector<float> wo;         // [dim, num_heads * head_dim]
+  std::vector<float> ffn_norm;   // [dim]
+  std::vector<float> w_gate;     // [hidden_dim, dim]
+  std::vector<float> w_up;       // [hidden_dim, dim]
+  std::vector<float> w_down;     // [dim, hidden_dim]
+};
+
+struct Model {
+  ModelConfig config;
+  std::string path;
+  std::vector<float> token_embedding;  // [vocab_size, dim]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;       // [dim]
+  std::vector<float> output;           // [vocab_size, dim]; empty when tied to the embedding
+  std::shared_ptr<formats::GgufFile> gguf;  // kept for tokenizer metadata; null for llama2.c
+
+  const float* output_weight() const {
+    return output.empty() ? token_embedding.data() : output.data();
+  }
+  size_t num_parameters() const;
+};
+
+// Loads a model, choosing the format by the file's magic bytes ("GGUF" or a llama2.c header).
+// Throws kvb::Error naming the file and what is wrong (unsupported architecture lists the
+// supported ones).
+std::unique_ptr<Model> load_model(const std::string& path);
+std::unique_ptr<Model> load_llama2c(const std::string& path);
+std::unique_ptr<Model> load_gguf_model(const std::string& path);
+
+}  // namespace kvb::engine
