@@ -1,0 +1,336 @@
+// Dequantization of ggml block formats to f32, CPU reference. Block structs follow ggml-common.h
+// (block_q4_0, block_q4_1, block_q8_0, block_q4_K, block_q5_K, block_q6_K); the loops follow
+// ggml-quants.c dequantize_row_* element for element, with the same f32 operations in the same
+// order. Every product here is exact in f32 (an f16 scale has 11 significant bits, sub-scales 6-8
+// and quants 4-6), so only the final `+ m` / `- m` rounds and FMA contraction cannot change a bit.
+#include "kernels/cpu/dequant.h"
+
+#include <cstring>
+
+#include "common/error.h"
+
+namespace kvb::kernels::cpu {
+namespace {
+
+constexpr size_t kQK = 32;     // elements per block of Q4_0, Q4_1, Q8_0
+constexpr size_t kQK_K = 256;  // elements per K-quant super-block
+constexpr size_t kScaleBytesK = 12;
+
+// ggml-common.h layouts; f16 fields are kept as raw uint16_t bits.
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[kQK / 2];  // nibbles: low half = elements 0..15, high half = 16..31
+};
+struct BlockQ4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[kQK];
+};
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kScaleBytesK];  // 8 x (6-bit scale, 6-bit min), packed
+  uint8_t qs[kQK_K / 2];
+};
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kScaleBytesK];
+  uint8_t qh[kQK_K / 8];  // 5th bit of each element, bit j for sub-block j
+  uint8_t qs[kQK_K / 2];
+};
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];      // low 4 bits
+  uint8_t qh[kQK_K / 4];      // high 2 bits
+  int8_t scales[kQK_K / 16];  // one per 16 elements
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
+
+struct TypeInfo {
+  const char* name;
+  size_t block_bytes;  // 0: ggml defines the type but we cannot dequantize it
+  size_t block_elems;
+};
+
+// Indexed by ggml_type id (ggml.h / gguf-py 0.10.0 constants.py); ids 4 and 5 were retired.
+constexpr TypeInfo kTypes[] = {
+    {"F32", 4, 1},                       // 0
+    {"F16", 2, 1},                       // 1
+    {"Q4_0", sizeof(BlockQ4_0), kQK},    // 2
+    {"Q4_1", sizeof(BlockQ4_1), kQK},    // 3
+    {"unknown", 0, 0},                   // 4
+    {"unknown", 0, 0},                   // 5
+    {"Q5_0", 0, 0},                      // 6
+    {"Q5_1", 0, 0},                      // 7
+    {"Q8_0", sizeof(BlockQ8_0), kQK},    // 8
+    {"Q8_1", 0, 0},                      // 9
+    {"Q2_K", 0, 0},                      // 10
+    {"Q3_K", 0, 0},                      // 11
+    {"Q4_K", sizeof(BlockQ4_K), kQK_K},  // 12
+    {"Q5_K", sizeof(BlockQ5_K), kQK_K},  // 13
+    {"Q6_K", sizeof(BlockQ6_K), kQK_K},  // 14
+    {"Q8_K", 0, 0},                      // 15
+    {"IQ2_XXS", 0, 0},                   // 16
+    {"IQ2_XS", 0, 0},                    // 17
+    {"IQ3_XXS", 0, 0},                   // 18
+    {"IQ1_S", 0, 0},                     // 19
+    {"IQ4_NL", 0, 0},                    // 20
+    {"IQ3_S", 0, 0},                     // 21
+    {"IQ2_S", 0, 0},                     // 22
+    {"IQ4_XS", 0, 0},                    // 23
+    {"I8", 0, 0},                        // 24
+    {"I16", 0, 0},                       // 25
+    {"I32", 0, 0},                       // 26
+    {"I64", 0, 0},                       // 27
+    {"F64", 0, 0},                       // 28
+    {"IQ1_M", 0, 0},                     // 29
+    {"BF16", 2, 1},                      // 30
+    {"Q4_0_4_4", 0, 0},                  // 31
+    {"Q4_0_4_8", 0, 0},                  // 32
+    {"Q4_0_8_8", 0, 0},                  // 33
+    {"TQ1_0", 0, 0},                     // 34
+    {"TQ2_0", 0, 0},                     // 35
+};
+constexpr uint32_t kNumTypes = sizeof(kTypes) / sizeof(kTypes[0]);
+
+// ggml-quants.c get_scale_min_k4: the j-th (scale, min) pair of the 12 packed bytes q.
+inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+  }
+}
+
+// Each dequantize_block_* reads one block from src (any alignment) and writes block_elems floats.
+void dequantize_block_q4_0(const uint8_t* src, float* y) {  // y: [32]
+  BlockQ4_0 b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  for (size_t j = 0; j < kQK / 2; ++j) {
+    const int x0 = (b.qs[j] & 0x0F) - 8;
+    const int x1 = (b.qs[j] >> 4) - 8;
+    y[j] = x0 * d;
+    y[j + kQK / 2] = x1 * d;
+  }
+}
+
+void dequantize_block_q4_1(const uint8_t* src, float* y) {  // y: [32]
+  BlockQ4_1 b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  const float m = fp16_to_f32(b.m);
+  for (size_t j = 0; j < kQK / 2; ++j) {
+    const int x0 = b.qs[j] & 0x0F;
+    const int x1 = b.qs[j] >> 4;
+    y[j] = x0 * d + m;
+    y[j + kQK / 2] = x1 * d + m;
+  }
+}
+
+void dequantize_block_q8_0(const uint8_t* src, float* y) {  // y: [32]
+  BlockQ8_0 b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  for (size_t j = 0; j < kQK; ++j) y[j] = b.qs[j] * d;
+}
+
+void dequantize_block_q4_k(const uint8_t* src, float* y) {  // y: [256]
+  BlockQ4_K b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  const float min = fp16_to_f32(b.dmin);
+  const uint8_t* q = b.qs;
+  int is = 0;
+  uint8_t sc, m;
+  for (size_t j = 0; j < kQK_K; j += 64) {  // 64 elements share 32 bytes: low, then high nibbles
+    get_scale_min_k4(is + 0, b.scales, &sc, &m);
+    const float d1 = d * sc;
+    const float m1 = min * m;
+    get_scale_min_k4(is + 1, b.scales, &sc, &m);
+    const float d2 = d * sc;
+    const float m2 = min * m;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+    q += 32;
+    is += 2;
+  }
+}
+
+void dequantize_block_q5_k(const uint8_t* src, float* y) {  // y: [256]
+  BlockQ5_K b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  const float min = fp16_to_f32(b.dmin);
+  const uint8_t* ql = b.qs;
+  const uint8_t* qh = b.qh;
+  int is = 0;
+  uint8_t sc, m;
+  uint8_t u1 = 1, u2 = 2;
+  for (size_t j = 0; j < kQK_K; j += 64) {
+    get_scale_min_k4(is + 0, b.scales, &sc, &m);
+    const float d1 = d * sc;
+    const float m1 = min * m;
+    get_scale_min_k4(is + 1, b.scales, &sc, &m);
+    const float d2 = d * sc;
+    const float m2 = min * m;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+    ql += 32;
+    is += 2;
+    u1 <<= 2;
+    u2 <<= 2;
+  }
+}
+
+void dequantize_block_q6_k(const uint8_t* src, float* y) {  // y: [256]
+  BlockQ6_K b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  const uint8_t* ql = b.ql;
+  const uint8_t* qh = b.qh;
+  const int8_t* sc = b.scales;
+  for (size_t n = 0; n < kQK_K; n += 128) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int8_t q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int8_t q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int8_t q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int8_t q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l + 0] = d * sc[is + 0] * q1;
+      y[l + 32] = d * sc[is + 2] * q2;
+      y[l + 64] = d * sc[is + 4] * q3;
+      y[l + 96] = d * sc[is + 6] * q4;
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+// Scalar types, treated as blocks of 64 elements so they share the block loop below.
+constexpr size_t kScalarChunk = 64;
+void dequantize_chunk_f16(const uint8_t* src, float* y) {  // y: [64]
+  uint16_t h[kScalarChunk];
+  std::memcpy(h, src, sizeof(h));
+  for (size_t j = 0; j < kScalarChunk; ++j) y[j] = fp16_to_f32(h[j]);
+}
+void dequantize_chunk_bf16(const uint8_t* src, float* y) {  // y: [64]
+  uint16_t h[kScalarChunk];
+  std::memcpy(h, src, sizeof(h));
+  for (size_t j = 0; j < kScalarChunk; ++j) y[j] = bf16_to_f32(h[j]);
+}
+
+using BlockFn = void (*)(const uint8_t*, float*);
+
+// Runs fn over nb blocks; blocks are independent, so threads split them statically.
+void run_blocks(BlockFn fn, const uint8_t* src, float* dst, size_t nb, size_t block_bytes,
+                size_t block_elems) {
+  const long long nblocks = static_cast<long long>(nb);
+  // Below ~256K elements the thread start-up costs more than the work.
+  const bool parallel = nb * block_elems >= (size_t{1} << 18);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (long long i = 0; i < nblocks; ++i) {
+    fn(src + static_cast<size_t>(i) * block_bytes, dst + static_cast<size_t>(i) * block_elems);
+  }
+}
+
+}  // namespace
+
+float fp16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F;
+  uint32_t mant = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0x1F) {  // inf / NaN: keep the payload
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else if (exp != 0) {  // normal: rebias 15 -> 127
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {  // signed zero
+    bits = sign;
+  } else {  // subnormal mant * 2^-24: normalise so the leading one becomes implicit
+    uint32_t shift = 0;
+    while ((mant & 0x400) == 0) {
+      mant <<= 1;
+      ++shift;
+    }
+    bits = sign | ((113 - shift) << 23) | ((mant & 0x3FF) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+float bf16_to_f32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+const char* ggml_type_name(uint32_t type) {
+  return type < kNumTypes ? kTypes[type].name : "unknown";
+}
+
+const char* supported_type_names() { return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K"; }
+
+bool ggml_block_info(uint32_t type, size_t* block_bytes, size_t* block_elems) {
+  if (type >= kNumTypes || kTypes[type].block_bytes == 0) return false;
+  *block_bytes = kTypes[type].block_bytes;
+  *block_elems = kTypes[type].block_elems;
+  return true;
+}
+
+void dequantize(uint32_t type, const void* src, float* dst, size_t n) {
+  size_t block_bytes = 0, block_elems = 0;
+  KVB_CHECK(ggml_block_info(type, &block_bytes, &block_elems))
+      << "cannot dequantize ggml type " << ggml_type_name(type) << " (id " << type
+      << "); supported: " << supported_type_names();
+  KVB_CHECK(n % block_elems == 0) << "dequantize " << ggml_type_name(type) << ": n=" << n
+                                  << " is not a multiple of the block size " << block_elems;
+  if (n == 0) return;
+  const auto* s = static_cast<const uint8_t*>(src);
+  switch (type) {
+    case 0:  // F32
+      std::memcpy(dst, s, n * sizeof(float));
+      return;
+    case 1:     // F16
+    case 30: {  // BF16
+      const BlockFn fn = type == 1 ? dequantize_chunk_f16 : dequantize_chunk_bf16;
+      const size_t chunks = n / kScalarChunk;
+      run_blocks(fn, s, dst, chunks, kScalarChunk * 2, kScalarChunk);
+      for (size_t i = chunks * kScalarChunk; i < n; ++i) {  // tail shorter than one chunk
+        uint16_t h;
+        std::memcpy(&h, s + 2 * i, sizeof(h));
+        dst[i] = type == 1 ? fp16_to_f32(h) : bf16_to_f32(h);
+      }
+      return;
+    }
+    case 2:
+      return run_blocks(dequantize_block_q4_0, s, dst, n / kQK, block_bytes, kQK);
+    case 3:
+      return run_blocks(dequantize_block_q4_1, s, dst, n / kQK, block_bytes, kQK);
+    case 8:
+      return run_blocks(dequantize_block_q8_0, s, dst, n / kQK, block_bytes, kQK);
+    case 12:
+      return run_blocks(dequantize_block_q4_k, s, dst, n / kQK_K, block_bytes, kQK_K);
+    case 13:
+      return run_blocks(dequantize_block_q5_k, s, dst, n / kQK_K, block_bytes, kQK_K);
+    case 14:
+      return run_blocks(dequantize_block_q6_k, s, dst, n / kQK_K, block_bytes, kQK_K);
+    default:
+      KVB_FAIL() << "internal: ggml type " << ggml_type_name(type)
+                 << " has block info but no kernel";
+  }
+}
+
+}  // namespace kvb::kernels::cpu
