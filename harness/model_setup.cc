@@ -13,24 +13,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 }  // namespace
 
-std::string default_system_prompt(const std::string& jinja) {
-  // A ChatML template's literal default system turn: '<|im_start|>system\n' ... '<|im_end|>'
-  // inside one quoted string, emitted under a "messages[0]['role'] != 'system'" condition.
-  static const std::string kOpen = "<|im_start|>system\n";
-  static const std::string kClose = "<|im_end|>";
-  const size_t cond = jinja.find("!= 'system'");
-  if (cond == std::string::npos) return "";
-  const size_t open = jinja.find(kOpen, cond);
-  if (open == std::string::npos) return "";
-  const size_t begin = open + kOpen.size();
-  const size_t end = jinja.find(kClose, begin);
-  if (end == std::string::npos) return "";
-  const std::string body = jinja.substr(begin, end - begin);
-  // The literal must not contain template syntax or string ends.
-  if (body.find_first_of("{}'\"") != std::string::npos) return "";
-  return body;
-}
-
 LoadedModel load_model_and_tokenizer(const std::string& model_path,
                                      const std::string& tokenizer_path) {
   KVB_USAGE_CHECK(!model_path.empty()) << "--model is required (a .gguf file or a llama2.c .bin)";
@@ -80,13 +62,14 @@ std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& pro
     std::vector<tokenizer::ChatMessage> messages;
     // Templates such as SmolLM2's insert a default system turn when the conversation has none;
     // rendering that turn explicitly gives the same text.
-    const std::string sys = system.empty() ? default_system_prompt(lm.chat_template) : system;
+    const std::string sys = system.empty() ? tokenizer::chat_default_system(lm.chat_template) : system;
     if (!sys.empty()) messages.push_back({"system", sys});
     messages.push_back({"user", prompt});
     text = tokenizer::apply_chat_template(lm.chat_format, messages, true);
   }
   tokenizer::EncodeOptions opt;
-  opt.add_bos = lm.add_bos;
+  // Llama-3 and Gemma templates write their BOS text literally; do not add a second one.
+  opt.add_bos = lm.add_bos && (!chat || lm.chat_format == tokenizer::ChatFormat::kChatML);
   opt.parse_special = chat;
   return lm.tokenizer->encode(text, opt);
 }

@@ -25,10 +25,6 @@ struct LoadedModel {
 LoadedModel load_model_and_tokenizer(const std::string& model_path,
                                      const std::string& tokenizer_path);
 
-// The default system message a ChatML template inserts when the conversation has none (SmolLM2,
-// Qwen2.5), read from the template text; "" if the template has none.
-std::string default_system_prompt(const std::string& jinja_template);
-
 // Encodes a user prompt; with chat, wraps it as one user turn (plus an optional system turn).
 std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& prompt, bool chat,
                                    const std::string& system);

@@ -1,5 +1,7 @@
 // Causal multi-head attention with grouped-query heads over a per-head variable-length cache
-// (CPU reference). Query head h reads KV head h / (num_heads / num_kv_heads).
+// (CPU reference), optionally returning the statistics eviction policies read (DESIGN.md
+// "Policy"): column sums of the causal probabilities and the probabilities of the last w queries.
+// Query head h reads KV head h / (num_heads / num_kv_heads).
 #pragma once
 
 #include "kernels/kv_cache.h"
@@ -13,11 +15,18 @@ struct AttentionArgs {
   int n = 0;              // query tokens
   int num_heads = 0;
   float scale = 0;        // usually 1/sqrt(head_dim)
+  // Optional statistics, per query head, indexed by the slot of the query's KV head; rows have
+  // `stats_stride` entries (>= the longest head), entries past a head's length are left 0.
+  float* col_sums = nullptr;    // [num_heads, stats_stride]: sum over the n queries of p[i][slot]
+  float* last_probs = nullptr;  // [num_heads, last_w, stats_stride]: p of queries n-last_w..n-1
+  int last_w = 0;               // 1 <= last_w <= n when last_probs is set
+  int stats_stride = 0;
 };
 
 // Query i of n (0-based) sees slots [0, length(head) - n + i] of its KV head: everything cached
 // before the block plus the block's tokens up to itself. Softmax in f32 with max subtraction;
-// one score row per thread, never an n x n matrix.
+// one score row per thread, never an n x n matrix. Column sums add queries in increasing order
+// (deterministic); when they are requested, threads split heads rather than queries.
 void attention(const AttentionArgs& args);
 
 }  // namespace kvb::kernels::cpu

@@ -15,8 +15,8 @@ class GgufFile;
 namespace kvb::tokenizer {
 
 struct EncodeOptions {
-  bool add_bos = false;         // prepend BOS (if the vocabulary has one)
-  bool parse_special = true;    // text like "<|im_start|>" becomes its control token
+  bool add_bos = false;       // prepend BOS (if the vocabulary has one)
+  bool parse_special = true;  // text like "<|im_start|>" becomes its control token
 };
 
 class Tokenizer {
@@ -83,7 +83,7 @@ struct ChatMessage {
 // By signature: "<|im_start|>" -> ChatML, "<|start_header_id|>" -> Llama-3, "<start_of_turn>"
 // -> Gemma, anything else (or "") -> kNone.
 ChatFormat detect_chat_format(const std::string& jinja_template);
-const char* chat_format_name(ChatFormat f);
+const char* chat_format_name(ChatFormat f);  // "none", "chatml", "llama3", "gemma"
 // The system message a ChatML template inserts when messages[0] is not a system message (SmolLM2:
 // "You are a helpful AI assistant named SmolLM, trained by Hugging Face"), or "" if it has none.
 std::string chat_default_system(const std::string& jinja_template);
@@ -91,11 +91,12 @@ std::string chat_default_system(const std::string& jinja_template);
 // the format's reference Jinja template does; the result is meant to be encoded with
 // parse_special = true and add_bos = false.
 // - ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then
-//   "<|im_start|>assistant\n". If default_system is non-empty and messages[0] is not a system
-//   message, "<|im_start|>system\n{default_system}<|im_end|>\n" comes first (SmolLM2's
-//   template; pass chat_default_system(template) to reproduce it).
-// - Llama-3: the official Meta template: "<|begin_of_text|>" written literally at the start
-//   (so do not also add BOS), then "<|start_header_id|>{role}<|end_header_id|>\n\n"
+//   "<|im_start|>assistant\n". If default_system is non-empty, messages is non-empty and
+//   messages[0] is not a system message, "<|im_start|>system\n{default_system}<|im_end|>\n"
+//   comes first (SmolLM2's template; pass chat_default_system(template) to reproduce it).
+// - Llama-3: the official Meta template: "<|begin_of_text|>" (its bos_token) written literally
+//   before the first message (so do not also add BOS), then
+//   "<|start_header_id|>{role}<|end_header_id|>\n\n"
 //   "{content | trim}<|eot_id|>" per message, then "<|start_header_id|>assistant"
 //   "<|end_header_id|>\n\n". default_system, if given, is used as a system message when
 //   messages[0] is not one.

@@ -1,0 +1,30 @@
+// f32 matrix multiplication against a weight matrix stored [out, in] (GGUF / llama2.c layout):
+// y = x * w^T (+ bias). One fixed summation order per output element (see matmul below), so the
+// bits of a row of y depend only on that row of x and on w: not on the batch, the thread count
+// or the code path taken (AVX-512, AVX2 or portable).
+#pragma once
+
+namespace kvb::kernels::cpu {
+
+// y[i][j] = sum_p x[i][p] * w[j][p] (+ bias[j] when bias != nullptr), f32 accumulation.
+// y: [n, m] row-major; x: [n, k] row-major; w: [m, k] row-major; bias: [m] or nullptr.
+// n, m >= 0, k >= 0 (k == 0 gives bias or 0); y must not alias x, w or bias.
+//
+// Summation order of every dot product (all code paths, every n, every thread count):
+//   16 lanes: lane l accumulates, with a fused multiply-add in increasing p, the terms
+//   p = l, l + 16, l + 32, ... (< k), starting from +0.0f;
+//   then a fixed tree: s8[l] = a[l] + a[l + 8] (l < 8), s4[l] = s8[l] + s8[l + 4],
+//   s2[l] = s4[l] + s4[l + 2], dot = s2[0] + s2[1]; then y = dot + bias[j].
+// Large calls run on OpenMP threads (over output tiles; over m when n == 1).
+void matmul(float* y, const float* x, const float* w, const float* bias, int n, int k, int m);
+
+// The same contract and bit-identical results as matmul, computed one dot product at a time with
+// scalar std::fma (no SIMD, no threads). Slow; for tests that pin matmul's bits.
+void matmul_portable(float* y, const float* x, const float* w, const float* bias, int n, int k,
+                     int m);
+
+// Plain triple loop with double accumulation, rounded to f32 once: the reference for tests.
+void matmul_reference(float* y, const float* x, const float* w, const float* bias, int n, int k,
+                      int m);
+
+}  // namespace kvb::kernels::cpu

@@ -1,0 +1,259 @@
+// Hugging Face tokenizer.json loader for byte-level BPE (model.type "BPE" with a ByteLevel
+// pre-tokenizer and decoder, e.g. Qwen2/3, SmolLM2): vocab, merges ("a b" or ["a", "b"]),
+// added_tokens, normalizer (none or NFC, possibly in a Sequence), pre_tokenizer (ByteLevel, Split
+// with a Regex in "Isolated" mode, Digits, Sequence). Reference: huggingface/tokenizers
+// serialization format.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "workers/tokenizer/tokenizer_impl.h"
+
+namespace kvb::tokenizer {
+namespace {
+
+using json = nlohmann::json;
+
+struct Ctx {
+  std::string path;
+  const json& need(const json& obj, const std::string& key, const std::string& where) const {
+    KVB_CHECK(obj.is_object() && obj.contains(key))
+        << path << ": missing key '" << where << (where.empty() ? "" : ".") << key << "'";
+    return obj.at(key);
+  }
+  [[noreturn]] void bad(const std::string& key, const std::string& what) const {
+    KVB_FAIL() << path << ": key '" << key << "' " << what;
+    __builtin_unreachable();  // KVB_FAIL throws
+  }
+};
+
+// "Regex" patterns go to PCRE2 as they are; "String" patterns are literal.
+std::string split_pattern(const Ctx& c, const json& pat, const std::string& key) {
+  if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string()) return pat["Regex"];
+  if (pat.is_object() && pat.contains("String") && pat["String"].is_string()) {
+    std::string lit = pat["String"], out;
+    for (char ch : lit) {
+      if (std::string_view("\\^$.|?*+()[]{}").find(ch) != std::string_view::npos) out += '\\';
+      out += ch;
+    }
+    return out;
+  }
+  c.bad(key, "must be {\"Regex\": string} or {\"String\": string}");
+}
+
+void add_pre_tokenizer(const Ctx& c, const json& p, const std::string& key, BpeVocab& v,
+                       bool& byte_level) {
+  KVB_CHECK(p.is_object() && p.contains("type") && p["type"].is_string())
+      << c.path << ": key '" << key << ".type' must be a string";
+  const std::string type = p["type"];
+  if (type == "Sequence") {
+    const json& list = c.need(p, "pretokenizers", key);
+    if (!list.is_array()) c.bad(key + ".pretokenizers", "must be an array");
+    for (size_t i = 0; i < list.size(); ++i) {
+      add_pre_tokenizer(c, list[i], key + ".pretokenizers[" + std::to_string(i) + "]", v,
+                        byte_level);
+    }
+  } else if (type == "ByteLevel") {
+    if (p.value("add_prefix_space", false)) {
+      if (!v.pre_patterns.empty()) {
+        c.bad(key + ".add_prefix_space", "is only supported on the first pre-tokenizer");
+      }
+      v.add_prefix_space = true;
+    }
+    if (p.value("use_regex", true)) v.pre_patterns.push_back(kGpt2Pattern);
+    byte_level = true;
+  } else if (type == "Split") {
+    const std::string behavior = p.value("behavior", "");
+    if (behavior != "Isolated") c.bad(key + ".behavior", "must be \"Isolated\" (supported)");
+    if (p.value("invert", false)) c.bad(key + ".invert", "must be false (supported)");
+    v.pre_patterns.push_back(split_pattern(c, c.need(p, "pattern", key), key + ".pattern"));
+  } else if (type == "Digits") {
+    v.pre_patterns.push_back(p.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)");
+  } else {
+    c.bad(key + ".type",
+          "'" + type + "' is not supported (supported: Sequence, ByteLevel, " + "Split, Digits)");
+  }
+}
+
+// bos_token / eos_token of a tokenizer_config.json: a string, {"content": ...}, or null.
+std::string config_token(const json& cfg, const char* key) {
+  if (!cfg.contains(key)) return "";
+  const json& t = cfg[key];
+  if (t.is_string()) return t;
+  if (t.is_object() && t.contains("content") && t["content"].is_string()) return t["content"];
+  return "";
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
+  const Ctx c{path};
+  std::ifstream in(path);
+  KVB_CHECK(in.good()) << "cannot open tokenizer.json " << path;
+  json root;
+  try {
+    root = json::parse(in);
+  } catch (const json::exception& e) {
+    KVB_FAIL() << path << ": not valid JSON: " << e.what();
+  }
+  KVB_CHECK(root.is_object()) << path << ": the top level must be a JSON object";
+
+  const json& model = c.need(root, "model", "");
+  const json& mtype = c.need(model, "type", "model");
+  if (!mtype.is_string() || mtype != "BPE") {
+    c.bad("model.type", "is " + mtype.dump() + "; only \"BPE\" is supported");
+  }
+  if (model.value("byte_fallback", false)) c.bad("model.byte_fallback", "must be false");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(k) && !model[k].is_null() && model[k] != "") {
+      c.bad(std::string("model.") + k, "must be empty (not supported)");
+    }
+  }
+  if (model.contains("dropout") && !model["dropout"].is_null()) {
+    c.bad("model.dropout", "must be null");
+  }
+
+  BpeVocab v;
+  v.source = path;
+  v.ignore_merges = model.value("ignore_merges", false);
+  const json& vocab = c.need(model, "vocab", "model");
+  if (!vocab.is_object() || vocab.empty()) c.bad("model.vocab", "must be a non-empty object");
+  std::vector<std::pair<int64_t, std::string>> entries;  // (id, text, special kind later)
+  int64_t max_id = -1;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0) {
+      c.bad("model.vocab." + it.key(), "must be a non-negative integer id");
+    }
+    entries.emplace_back(it.value().get<int64_t>(), it.key());
+    max_id = std::max(max_id, entries.back().first);
+  }
+  struct Added {
+    int64_t id;
+    std::string content;
+    bool special;
+  };
+  std::vector<Added> added;
+  if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
+    const json& list = root["added_tokens"];
+    if (!list.is_array()) c.bad("added_tokens", "must be an array");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string key = "added_tokens[" + std::to_string(i) + "]";
+      const json& id = c.need(list[i], "id", key);
+      const json& content = c.need(list[i], "content", key);
+      if (!id.is_number_integer() || id.get<int64_t>() < 0) c.bad(key + ".id", "must be an id");
+      if (!content.is_string() || content.get<std::string>().empty()) {
+        c.bad(key + ".content", "must be a non-empty string");
+      }
+      for (const char* k : {"lstrip", "rstrip", "single_word"}) {
+        if (list[i].value(k, false)) c.bad(key + "." + k, "must be false (not supported)");
+      }
+      added.push_back(
+          {id.get<int64_t>(), content.get<std::string>(), list[i].value("special", false)});
+      max_id = std::max(max_id, added.back().id);
+    }
+  }
+  KVB_CHECK(max_id < (int64_t(1) << 30)) << path << ": token id " << max_id << " is too large";
+  v.tokens.assign(max_id + 1, std::string());
+  v.kinds.assign(max_id + 1, TokenKind::kUndefined);
+  for (const auto& [id, text] : entries) {
+    KVB_CHECK(v.kinds[id] == TokenKind::kUndefined)
+        << path << ": key 'model.vocab' gives id " << id << " to two tokens";
+    v.tokens[id] = text;
+    v.kinds[id] = TokenKind::kNormal;
+  }
+  for (const auto& a : added) {
+    if (v.kinds[a.id] == TokenKind::kNormal && v.tokens[a.id] != a.content) {
+      c.bad("added_tokens", "gives id " + std::to_string(a.id) + " to '" + a.content +
+                                "' but model.vocab has '" + v.tokens[a.id] + "' there");
+    }
+    v.tokens[a.id] = a.content;
+    v.kinds[a.id] = a.special ? TokenKind::kControl : TokenKind::kUserDefined;
+  }
+  for (size_t id = 0; id < v.kinds.size(); ++id) {
+    KVB_CHECK(v.kinds[id] != TokenKind::kUndefined)
+        << path << ": no token has id " << id << " (ids must be contiguous; key 'model.vocab')";
+  }
+
+  const json& merges = c.need(model, "merges", "model");
+  if (!merges.is_array()) c.bad("model.merges", "must be an array");
+  v.merges.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const json& m = merges[i];
+    if (m.is_string()) {
+      const std::string s = m;
+      const size_t sp = s.find(' ', 1);
+      if (sp == std::string::npos) {
+        c.bad("model.merges[" + std::to_string(i) + "]", "'" + s + "' is not \"a b\"");
+      }
+      v.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      v.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    } else {
+      c.bad("model.merges[" + std::to_string(i) + "]", "must be \"a b\" or [\"a\", \"b\"]");
+    }
+  }
+
+  // null, NFC, or a Sequence of those (transformers writes an empty Sequence for "none").
+  const json& norm = root.contains("normalizer") ? root["normalizer"] : json();
+  std::vector<std::pair<const json*, std::string>> norms = {{&norm, "normalizer"}};
+  for (size_t k = 0; k < norms.size(); ++k) {
+    const json& n = *norms[k].first;
+    const std::string& key = norms[k].second;
+    if (n.is_null()) continue;
+    const std::string t = n.is_object() ? n.value("type", "") : "";
+    if (t == "NFC") {
+      v.nfc = true;
+    } else if (t == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
+      for (size_t i = 0; i < n["normalizers"].size(); ++i) {
+        norms.push_back({&n["normalizers"][i], key + ".normalizers[" + std::to_string(i) + "]"});
+      }
+    } else {
+      c.bad(key + ".type", "'" + t + "' is not supported (supported: null, NFC, Sequence)");
+    }
+  }
+  bool byte_level = false;
+  add_pre_tokenizer(c, c.need(root, "pre_tokenizer", ""), "pre_tokenizer", v, byte_level);
+  if (!byte_level) c.bad("pre_tokenizer", "has no ByteLevel step: not a byte-level BPE");
+  const json& dec = c.need(root, "decoder", "");
+  if (!dec.is_object() || dec.value("type", "") != "ByteLevel") {
+    c.bad("decoder.type", "must be \"ByteLevel\"");
+  }
+
+  // Special ids: tokenizer_config.json beside the file, then the turn-ending added tokens.
+  auto id_of = [&](const std::string& text) -> int32_t {
+    if (text.empty()) return -1;
+    for (size_t i = 0; i < v.tokens.size(); ++i) {
+      if (v.tokens[i] == text) return static_cast<int32_t>(i);
+    }
+    return -1;
+  };
+  const auto cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  if (std::filesystem::exists(cfg_path)) {
+    std::ifstream cin(cfg_path);
+    json cfg;
+    try {
+      cfg = json::parse(cin);
+    } catch (const json::exception& e) {
+      KVB_FAIL() << cfg_path.string() << ": not valid JSON: " << e.what();
+    }
+    v.bos_id = id_of(config_token(cfg, "bos_token"));
+    v.eos_id = id_of(config_token(cfg, "eos_token"));
+    v.add_bos = cfg.value("add_bos_token", false) && v.bos_id >= 0;
+  }
+  if (model.contains("unk_token") && !model["unk_token"].is_null()) {
+    if (!model["unk_token"].is_string()) c.bad("model.unk_token", "must be a string or null");
+    v.unk_id = id_of(model["unk_token"]);
+    if (v.unk_id < 0) c.bad("model.unk_token", "names a token that is not in the vocabulary");
+  }
+  add_unique(v.end_ids, v.eos_id);
+  for (const auto& a : added) {
+    if (a.special && is_end_of_generation_text(a.content)) {
+      add_unique(v.end_ids, static_cast<int32_t>(a.id));
+    }
+  }
+  if (v.eos_id < 0 && !v.end_ids.empty()) v.eos_id = v.end_ids.front();
+  return make_bpe_tokenizer(std::move(v));
+}
+
+}  // namespace kvb::tokenizer

@@ -1,0 +1,113 @@
+// Internal pieces shared by the tokenizer implementations (not part of the engine-facing API):
+// token kinds (GGUF tokenizer.ggml.token_type values), the special-token splitter, the PCRE2
+// pre-tokenizer, and constructors of the byte-level BPE and SentencePiece-style tokenizers from
+// plain vectors (used by the GGUF and tokenizer.json loaders, and by tests).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "workers/tokenizer/tokenizer.h"
+
+namespace kvb::tokenizer {
+
+// llama.cpp's llama_token_type (the values stored in tokenizer.ggml.token_type).
+enum class TokenKind : uint8_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
+
+// Splits text at literal occurrences of added tokens, leftmost-longest (HF AddedVocabulary).
+// Control tokens are matched only when parse_special is set; user-defined ones always (as
+// llama.cpp's tokenizer_st_partition does).
+class SpecialSplitter {
+ public:
+  void add(const std::string& text, int32_t id, bool control);
+  struct Piece {
+    int32_t id;             // >= 0: an added token; -1: raw text in `text`
+    std::string_view text;  // view into the encoded string
+  };
+  std::vector<Piece> split(std::string_view text, bool parse_special) const;
+
+ private:
+  struct Entry {
+    std::string text;
+    int32_t id;
+    bool control;
+  };
+  std::vector<Entry> by_byte_[256];  // candidates by first byte, longest first
+  std::unordered_set<std::string> texts_;
+};
+
+// Pre-tokenizer: a list of PCRE2 patterns (UTF + UCP) applied in turn; each splits every current
+// fragment into its matches and the unmatched gaps between them (llama.cpp unicode_regex_split,
+// HF Split with behavior "Isolated"). Invalid UTF-8 bytes become one-byte fragments.
+class RegexSplitter {
+ public:
+  explicit RegexSplitter(const std::vector<std::string>& patterns);
+  ~RegexSplitter();
+  RegexSplitter(const RegexSplitter&) = delete;
+  RegexSplitter& operator=(const RegexSplitter&) = delete;
+  std::vector<std::string_view> split(std::string_view text) const;
+
+ private:
+  std::vector<void*> codes_;  // pcre2_code_8*
+};
+
+// Pre-tokenization of a GGUF tokenizer.ggml.pre name (llama.cpp's LLAMA_VOCAB_PRE_TYPE table):
+// its regexes, and whether llama.cpp sets ignore_merges for it (the Llama-3 family).
+struct PreTokenizerSpec {
+  std::vector<std::string> patterns;
+  bool ignore_merges = false;
+};
+// Throws, naming source (the file) and listing the supported names, for an unknown name.
+PreTokenizerSpec pre_tokenizer_spec(const std::string& pre_name, const std::string& source);
+std::vector<std::string> supported_pre_tokenizers();
+extern const char* const kGpt2Pattern;  // GPT-2's pre-tokenizer regex (HF ByteLevel use_regex)
+
+// Byte-level BPE vocabulary (GGUF "gpt2", HF tokenizer.json BPE + ByteLevel).
+struct BpeVocab {
+  std::string source;               // file, for error messages
+  std::vector<std::string> tokens;  // id -> text (byte-level alphabet unless added)
+  std::vector<TokenKind> kinds;     // id -> kind; kControl / kUserDefined are added tokens
+  std::vector<std::pair<std::string, std::string>> merges;  // rank order
+  std::vector<std::string> pre_patterns;
+  bool add_prefix_space = false;  // prepend " " to text fragments not starting with one
+  bool ignore_merges = false;     // a pre-token that is itself in the vocab is emitted whole
+  bool nfc = false;               // NFC-normalize raw text (HF normalizer "NFC")
+  int32_t bos_id = -1, eos_id = -1;
+  int32_t unk_id = -1;   // stands for bytes whose symbol is not in the vocabulary
+  bool add_bos = false;  // the vocabulary's own BOS convention (default_add_bos())
+  std::vector<int32_t> end_ids;
+};
+std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeVocab vocab);
+
+// SentencePiece-style vocabulary run with llama.cpp's SPM algorithm.
+struct SpmVocab {
+  std::string source;
+  std::vector<std::string> tokens;  // with U+2581 for spaces, "<0xXX>" byte tokens
+  std::vector<float> scores;
+  std::vector<TokenKind> kinds;
+  bool add_space_prefix = true;
+  int32_t bos_id = -1, eos_id = -1, unk_id = -1;
+  bool add_bos = true;
+  std::vector<int32_t> end_ids;
+};
+std::unique_ptr<Tokenizer> make_spm_tokenizer(SpmVocab vocab);
+
+// Texts of control tokens that end generation in chat models (llama.cpp's EOG list).
+bool is_end_of_generation_text(const std::string& text);
+// Appends id to ids if id >= 0 and not already present.
+void add_unique(std::vector<int32_t>& ids, int32_t id);
+
+}  // namespace kvb::tokenizer
