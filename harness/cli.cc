@@ -11,7 +11,8 @@ namespace kvb::harness {
 
 const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> table = {
-      {"generate", "generate text from a prompt with a model (greedy or sampled)", cmd_generate},
+      {"generate", "generate text from a prompt with a model and an eviction policy", cmd_generate},
+      {"ls", "list registered names: kvbench ls policies", cmd_ls},
   };
   return table;
 }

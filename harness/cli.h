@@ -21,5 +21,6 @@ const std::vector<Subcommand>& subcommands();
 int run_cli(int argc, char** argv);
 
 int cmd_generate(const std::vector<std::string>& args);
+int cmd_ls(const std::vector<std::string>& args);
 
 }  // namespace kvb::harness

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "harness/cli.h"
 #include "harness/model_setup.h"
+#include "kernels/policies/policy.h"
 #include "workers/engine/generate.h"
 
 namespace po = boost::program_options;
@@ -33,6 +34,9 @@ int cmd_generate(const std::vector<std::string>& args) {
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   bool chat = false, timings = false, show_ids = false;
+  std::string policy_name = "full";
+  int kv_budget = 0;
+  std::vector<std::string> policy_opts;
   po::options_description desc(
       "usage: kvbench generate --model PATH [--tokenizer PATH] --prompt TEXT [options]\n\n"
       "Generates text from a prompt and prints it to stdout (timings to stderr with --timings).\n"
@@ -53,6 +57,12 @@ int cmd_generate(const std::vector<std::string>& args) {
       ("top-k", po::value(&top_k)->default_value(0), "sample from the k most likely tokens (0 = all)")
       ("top-p", po::value(&top_p)->default_value(1.0f), "nucleus sampling mass (1 = off)")
       ("seed", po::value(&seed)->default_value(0), "seed of the sampler's counter-based RNG")
+      ("policy", po::value(&policy_name)->default_value("full"),
+       "KV-cache eviction policy (kvbench ls policies lists them)")
+      ("kv-budget", po::value(&kv_budget)->default_value(0),
+       "retained tokens per KV head per layer (required unless --policy full)")
+      ("policy-opt", po::value(&policy_opts)->composing(),
+       "policy option key=value (repeatable; kvbench ls policies lists each policy's options)")
       ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)")
       ("timings", po::bool_switch(&timings), "print prefill/decode times and tokens/s to stderr")
       ("show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr");
@@ -78,6 +88,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (threads > 0) omp_set_num_threads(threads);
   if (vm.count("prompt-file")) prompt = read_text_file(prompt_file);
 
+  // Fail on a bad policy name before the (slow) model load; budgets are checked against the model.
+  if (!policies::find_policy(policy_name)) policies::make_policy({.name = policy_name});
   LoadedModel lm = load_model_and_tokenizer(model_path, tokenizer_path);
   const engine::ModelConfig& c = lm.model->config;
   std::vector<int32_t> ids = encode_prompt(lm, prompt, chat, system);
@@ -97,6 +109,14 @@ int cmd_generate(const std::vector<std::string>& args) {
     for (int32_t id : ids) s << id << " ";
     KVB_LOG_INFO << "prompt ids (" << ids.size() << "): " << s.str();
   }
+
+  policies::PolicyConfig pc;
+  pc.name = policy_name;
+  pc.kv_budget = kv_budget;
+  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+  pc.options = parse_policy_options(policy_opts);
+  pc.seed = seed;
+  std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
 
   engine::Engine eng(*lm.model);
   kernels::KvCache cache = eng.new_cache(static_cast<int>(ids.size()) + max_new_tokens);
@@ -124,7 +144,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       printed = text.substr(0, end);
     }
   };
-  engine::GenerateResult r = engine::generate(eng, cache, ids, opt, on_token);
+  engine::GenerateResult r = engine::generate(eng, cache, ids, opt, on_token, policy.get());
   const std::string final_text = lm.tokenizer->decode(r.tokens, false);
   if (final_text.compare(0, printed.size(), printed) == 0) {
     std::cout << final_text.substr(printed.size());
@@ -142,7 +162,9 @@ int cmd_generate(const std::vector<std::string>& args) {
                  << (r.decode_steps > 0 ? r.decode_steps * 1000.0 / r.decode_ms : 0.0)
                  << " tok/s); " << (r.hit_end ? "stopped at end token" : "stopped at limit")
                  << "; KV cache " << cache.logical_bytes() << " bytes logical, "
-                 << cache.physical_bytes() << " physical";
+                 << cache.physical_bytes() << " physical (" << cache.total_slots()
+                 << " slots; policy " << policy_name << " state " << policy->state_bytes()
+                 << " bytes)";
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/policies/policy.h"
 #include "workers/engine/model.h"
 #include "workers/tokenizer/tokenizer.h"
 
@@ -28,5 +29,8 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
 // Encodes a user prompt; with chat, wraps it as one user turn (plus an optional system turn).
 std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& prompt, bool chat,
                                    const std::string& system);
+
+// "key=value" strings from --policy-opt into options; a malformed entry is a usage error.
+policies::PolicyOptions parse_policy_options(const std::vector<std::string>& entries);
 
 }  // namespace kvb::harness

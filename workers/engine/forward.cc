@@ -1,6 +1,7 @@
 // Engine::forward: the Llama/Qwen2 block stack over a ragged per-head KV cache (CPU, f32).
 #include "workers/engine/forward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -23,7 +24,7 @@ kernels::KvCache Engine::new_cache(int initial_capacity) const {
 }
 
 void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
-                     std::vector<float>* logits) {
+                     std::vector<float>* logits, policies::Policy* policy, PolicyHook hook) {
   const ModelConfig& c = model_.config;
   const int n = static_cast<int>(tokens.size());
   KVB_CHECK(n > 0) << "forward: no tokens";
@@ -53,6 +54,12 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
   }
   cache.reserve_extra(n);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  if (!policy) hook = PolicyHook::kNone;
+  KVB_CHECK(hook != PolicyHook::kDecode || n == 1) << "decode hook with " << n << " tokens";
+  policies::StatsRequest req;
+  if (hook == PolicyHook::kPrefill) req = policy->prefill_request(n);
+  if (hook == PolicyHook::kDecode) req = policy->decode_request();
+  const int last_w = std::min(req.last_w, n);
 
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = model_.layers[l];
@@ -60,6 +67,7 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
     cpu::matmul(q_.data(), xb_.data(), w.wq.data(), w.bq.empty() ? nullptr : w.bq.data(), n, D, QD);
     cpu::matmul(k_.data(), xb_.data(), w.wk.data(), w.bk.empty() ? nullptr : w.bk.data(), n, D, KVD);
     cpu::matmul(v_.data(), xb_.data(), w.wv.data(), w.bv.empty() ? nullptr : w.bv.data(), n, D, KVD);
+    if (req.pre_rope_keys) pre_rope_k_.assign(k_.begin(), k_.begin() + N * KVD);
     cpu::rope(q_.data(), pos_.data(), n, c.num_heads, hd, c.rope);
     cpu::rope(k_.data(), pos_.data(), n, c.num_kv_heads, hd, c.rope);
     for (int t = 0; t < n; ++t) {
@@ -69,7 +77,34 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
       }
     }
     cpu::AttentionArgs args{att_.data(), q_.data(), cache.layer(l), n, c.num_heads, scale};
+    policies::LayerStats stats;
+    if (hook != PolicyHook::kNone) {
+      int stride = 0;
+      for (int h = 0; h < c.num_kv_heads; ++h) stride = std::max(stride, cache.length(l, h));
+      const size_t rows = static_cast<size_t>(c.num_heads) * stride;
+      if (req.col_sums) {
+        col_sums_.resize(rows);
+        args.col_sums = col_sums_.data();
+      }
+      if (last_w > 0) {
+        last_probs_.resize(rows * last_w);
+        args.last_probs = last_probs_.data();
+        args.last_w = last_w;
+      }
+      args.stats_stride = stride;
+      stats = {l,
+               n,
+               c.num_heads,
+               stride,
+               args.col_sums,
+               args.last_probs,
+               args.last_w,
+               req.pre_rope_keys ? pre_rope_k_.data() : nullptr};
+    }
     cpu::attention(args);
+    // The layer's output used the full cache; the policy's decision shapes what later steps see.
+    if (hook == PolicyHook::kPrefill) policy->on_prefill_layer(stats, cache);
+    if (hook == PolicyHook::kDecode) policy->on_decode_layer(stats, cache);
     cpu::matmul(proj_.data(), att_.data(), w.wo.data(), nullptr, n, QD, D);
     for (size_t i = 0; i < N * D; ++i) x_[i] += proj_[i];
 

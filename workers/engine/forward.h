@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/kv_cache.h"
+#include "kernels/policies/policy.h"
 #include "workers/engine/model.h"
 
 namespace kvb::engine {
@@ -17,6 +18,13 @@ enum class LogitsMode {
   kNone,  // no classifier (e.g. prefilling context whose predictions are not needed)
   kLast,  // logits of the last token: [vocab]
   kAll,   // logits of every token: [n, vocab] (likelihood scoring, perplexity)
+};
+
+// Which policy hook runs after each layer's attention.
+enum class PolicyHook {
+  kNone,     // no hook (the policy does not see these tokens)
+  kPrefill,  // Policy::on_prefill_layer with the statistics of prefill_request(n)
+  kDecode,   // Policy::on_decode_layer (one token) with the statistics of decode_request()
 };
 
 class Engine {
@@ -31,14 +39,17 @@ class Engine {
   // Runs `tokens` at positions cache.next_position() onwards, appending their K/V to the cache
   // and advancing its position. Writes logits per `mode` into *logits (resized).
   // Precondition: token ids in [0, vocab_size) (checked).
+  // With a policy, `hook` selects which of its hooks runs after each layer's attention.
   void forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
-               std::vector<float>* logits);
+               std::vector<float>* logits, policies::Policy* policy = nullptr,
+               PolicyHook hook = PolicyHook::kNone);
 
  private:
   const Model& model_;
   // Scratch, reused across calls: [n, dim], [n, q_dim], [n, kv_dim], [n, hidden_dim].
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<int32_t> pos_;
+  std::vector<float> col_sums_, last_probs_, pre_rope_k_;  // policy statistics
 };
 
 }  // namespace kvb::engine

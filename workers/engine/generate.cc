@@ -16,13 +16,23 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options,
-                        const std::function<void(int32_t)>& on_token) {
+                        const std::function<void(int32_t)>& on_token,
+                        policies::Policy* policy) {
   KVB_USAGE_CHECK(!prompt.empty()) << "the prompt has no tokens (give a prompt or a BOS token)";
   GenerateResult result;
   result.prompt_tokens = static_cast<int>(prompt.size());
   std::vector<float> logits;
   auto t0 = std::chrono::steady_clock::now();
-  engine.forward(prompt, cache, LogitsMode::kLast, &logits);
+  if (policy) policy->begin_sequence(static_cast<int>(prompt.size()));
+  if (policy && policy->prefill_mode() == policies::PrefillMode::kStreaming) {
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      engine.forward({&prompt[t], 1}, cache,
+                     t + 1 == prompt.size() ? LogitsMode::kLast : LogitsMode::kNone, &logits,
+                     policy, PolicyHook::kDecode);
+    }
+  } else {
+    engine.forward(prompt, cache, LogitsMode::kLast, &logits, policy, PolicyHook::kPrefill);
+  }
   result.prefill_ms = ms_since(t0);
 
   auto is_end = [&](int32_t id) {
@@ -38,7 +48,7 @@ GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vect
     result.tokens.push_back(next);
     if (on_token) on_token(next);
     if (step + 1 == options.max_new_tokens) break;  // the last token is not fed back
-    engine.forward({&next, 1}, cache, LogitsMode::kLast, &logits);
+    engine.forward({&next, 1}, cache, LogitsMode::kLast, &logits, policy, PolicyHook::kDecode);
     ++result.decode_steps;
   }
   result.decode_ms = ms_since(t1);

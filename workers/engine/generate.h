@@ -29,8 +29,12 @@ struct GenerateResult {
 
 // Runs `prompt` (non-empty) through the engine on `cache` and generates. on_token (optional) is
 // called with each generated id as it is produced.
+// With a policy, the prompt is prefilled per its prefill_mode (oneshot: one pass then
+// on_prefill_layer; streaming: token by token through on_decode_layer) and every decode step runs
+// on_decode_layer.
 GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options,
-                        const std::function<void(int32_t)>& on_token = nullptr);
+                        const std::function<void(int32_t)>& on_token = nullptr,
+                        policies::Policy* policy = nullptr);
 
 }  // namespace kvb::engine

@@ -1,0 +1,17 @@
+// `full`: no eviction; the reference for every accuracy delta (POLICIES.md).
+#include "kernels/policies/policies.h"
+
+namespace kvb::policies {
+namespace {
+class Full final : public Policy {
+ public:
+  using Policy::Policy;
+  std::unique_ptr<Policy> clone() const override { return std::make_unique<Full>(*this); }
+};
+}  // namespace
+
+PolicyInfo full_policy_info() {
+  return {"full", "no eviction: every token stays (the reference)", {},
+          [](const PolicyConfig& c) { return std::make_unique<Full>(c); }};
+}
+}  // namespace kvb::policies

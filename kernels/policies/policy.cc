@@ -1,0 +1,125 @@
+// PolicyOptions parsing, GQA reduction, and make_policy's validation (POLICIES.md "Common terms").
+#include "kernels/policies/policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "common/error.h"
+
+namespace kvb::policies {
+
+namespace {
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+}  // namespace
+
+std::string PolicyOptions::get_string(const std::string& key, const std::string& def,
+                                      const std::vector<std::string>& choices) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return def;
+  used_[key] = true;
+  if (!choices.empty()) {
+    KVB_USAGE_CHECK(std::find(choices.begin(), choices.end(), it->second) != choices.end())
+        << "policy option " << key << "=" << it->second << " is not allowed; choose one of: "
+        << join(choices);
+  }
+  return it->second;
+}
+
+int PolicyOptions::get_int(const std::string& key, int def, int min_value, int max_value) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return def;
+  used_[key] = true;
+  char* end = nullptr;
+  const long v = std::strtol(it->second.c_str(), &end, 10);
+  KVB_USAGE_CHECK(!it->second.empty() && *end == '\0')
+      << "policy option " << key << "=" << it->second << " is not an integer";
+  KVB_USAGE_CHECK(v >= min_value && v <= max_value)
+      << "policy option " << key << "=" << v << " is outside [" << min_value << ", " << max_value
+      << "]";
+  return static_cast<int>(v);
+}
+
+double PolicyOptions::get_double(const std::string& key, double def, double min_value,
+                                 double max_value) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return def;
+  used_[key] = true;
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  KVB_USAGE_CHECK(!it->second.empty() && *end == '\0' && std::isfinite(v))
+      << "policy option " << key << "=" << it->second << " is not a number";
+  KVB_USAGE_CHECK(v >= min_value && v <= max_value)
+      << "policy option " << key << "=" << v << " is outside [" << min_value << ", " << max_value
+      << "]";
+  return v;
+}
+
+bool PolicyOptions::get_bool(const std::string& key, bool def) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return def;
+  used_[key] = true;
+  const std::string& v = it->second;
+  if (v == "true" || v == "1" || v == "yes") return true;
+  if (v == "false" || v == "0" || v == "no") return false;
+  KVB_USAGE_FAIL() << "policy option " << key << "=" << v << " is not a boolean (true/false)";
+}
+
+void PolicyOptions::check_all_used(const std::string& policy,
+                                   const std::vector<ParamDoc>& params) const {
+  for (const auto& [key, value] : kv_) {
+    if (used_.count(key)) continue;
+    std::vector<std::string> names;
+    for (const auto& p : params) names.push_back(p.name);
+    KVB_USAGE_FAIL() << "policy " << policy << " has no option '" << key << "'"
+                     << (names.empty() ? std::string(" (it takes none)")
+                                       : "; its options: " + join(names));
+  }
+}
+
+void reduce_gqa(const float* rows, size_t row_stride, int group, int len, GqaReduce how,
+                float* out) {
+  for (int s = 0; s < len; ++s) {
+    float acc = rows[s];
+    for (int g = 1; g < group; ++g) {
+      const float v = rows[g * row_stride + s];
+      acc = how == GqaReduce::kMax ? std::max(acc, v) : acc + v;
+    }
+    out[s] = how == GqaReduce::kMax ? acc : acc / static_cast<float>(group);
+  }
+}
+
+const PolicyInfo* find_policy(const std::string& name) {
+  for (const auto& p : policy_registry()) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::unique_ptr<Policy> make_policy(const PolicyConfig& config) {
+  const PolicyInfo* info = find_policy(config.name);
+  if (!info) {
+    std::vector<std::string> names;
+    for (const auto& p : policy_registry()) names.push_back(p.name);
+    KVB_USAGE_FAIL() << "unknown policy '" << config.name << "'; known policies: " << join(names)
+                     << " (kvbench ls policies describes them)";
+  }
+  if (config.name != "full") {
+    KVB_USAGE_CHECK(config.kv_budget > 0)
+        << "policy " << config.name << ": --kv-budget must be a positive number of tokens per KV "
+        << "head, got " << config.kv_budget;
+    KVB_USAGE_CHECK(config.shape.max_seq_len <= 0 || config.kv_budget <= config.shape.max_seq_len)
+        << "policy " << config.name << ": --kv-budget " << config.kv_budget
+        << " exceeds the model's context of " << config.shape.max_seq_len
+        << " tokens; use 1.." << config.shape.max_seq_len;
+  }
+  std::unique_ptr<Policy> policy = info->make(config);
+  config.options.check_all_used(config.name, info->params);
+  return policy;
+}
+
+}  // namespace kvb::policies

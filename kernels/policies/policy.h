@@ -1,0 +1,135 @@
+// The eviction-policy interface (DESIGN.md "Policy", POLICIES.md). A policy never touches
+// attention maths: the engine calls its hooks with the statistics it asked for, and the policy
+// decides which slots of each (layer, KV head) stay. Shared code (kernels/cpu/select, budget,
+// pool) does selection; KvCache::keep_slots compacts; PolicyBase keeps per-slot state in step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/kv_cache.h"
+
+namespace kvb::policies {
+
+struct ModelShape {
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int max_seq_len = 0;
+};
+
+// One documented parameter of a policy: `kvbench ls policies` prints these.
+struct ParamDoc {
+  std::string name;
+  std::string default_value;
+  std::string description;
+  std::vector<std::string> choices;  // empty: free value
+};
+
+// Key=value options from --policy-opt or YAML, with typed getters. Every key must be consumed by
+// the policy's constructor; check_all_used() then rejects unknown keys, naming the allowed ones.
+class PolicyOptions {
+ public:
+  PolicyOptions() = default;
+  explicit PolicyOptions(std::map<std::string, std::string> kv) : kv_(std::move(kv)) {}
+  void set(const std::string& key, const std::string& value) { kv_[key] = value; }
+  const std::map<std::string, std::string>& values() const { return kv_; }
+
+  std::string get_string(const std::string& key, const std::string& def,
+                         const std::vector<std::string>& choices = {}) const;
+  int get_int(const std::string& key, int def, int min_value, int max_value) const;
+  double get_double(const std::string& key, double def, double min_value, double max_value) const;
+  bool get_bool(const std::string& key, bool def) const;
+  void check_all_used(const std::string& policy, const std::vector<ParamDoc>& params) const;
+
+ private:
+  std::map<std::string, std::string> kv_;
+  mutable std::map<std::string, bool> used_;
+};
+
+struct PolicyConfig {
+  std::string name;
+  int kv_budget = 0;  // retained tokens per KV head per layer (average), sinks/windows included
+  ModelShape shape;
+  PolicyOptions options;
+  uint64_t seed = 0;  // per unit; randomised policies draw from (seed, layer, head, step)
+};
+
+// Statistics the engine hands to a hook. Probabilities are per QUERY head (num_heads rows),
+// indexed by the slot of that head's KV head; policies reduce over a GQA group themselves
+// (reduce_gqa below). Rows have `stride` entries.
+struct LayerStats {
+  int layer = 0;
+  int n_new = 0;                    // tokens this forward pass appended (1 in decode)
+  int num_heads = 0;
+  int stride = 0;
+  const float* col_sums = nullptr;  // [num_heads, stride] sum over the n_new queries
+  const float* last_probs = nullptr;  // [num_heads, last_w, stride]
+  int last_w = 0;
+  const float* pre_rope_keys = nullptr;  // [n_new, num_kv_heads, head_dim], if requested
+};
+
+struct StatsRequest {
+  bool col_sums = false;
+  int last_w = 0;                // probabilities of the last w queries (clamped to n_new)
+  bool pre_rope_keys = false;
+};
+
+enum class PrefillMode { kOneshot, kStreaming };
+
+class Policy {
+ public:
+  explicit Policy(const PolicyConfig& config) : config_(config) {}
+  virtual ~Policy() = default;
+  const PolicyConfig& config() const { return config_; }
+  int kv_budget() const { return config_.kv_budget; }
+
+  // How the engine feeds the prompt: oneshot (full causal prefill, then on_prefill_layer per
+  // layer) or streaming (token by token through on_decode_layer).
+  virtual PrefillMode prefill_mode() const { return PrefillMode::kOneshot; }
+  // Called once per sequence before its prompt, with the prompt length (budgets may depend on it).
+  virtual void begin_sequence(int prompt_len) { (void)prompt_len; }
+  virtual StatsRequest prefill_request(int n_new) const { (void)n_new; return {}; }
+  virtual StatsRequest decode_request() const { return {}; }
+  // After layer `stats.layer` attended over the whole prompt block (the layer's output used the
+  // full cache); compress that layer's cache.
+  virtual void on_prefill_layer(const LayerStats& stats, kernels::KvCache& cache) {
+    (void)stats; (void)cache;
+  }
+  // After one decode step's attention in a layer (the new token is the last slot of each head).
+  virtual void on_decode_layer(const LayerStats& stats, kernels::KvCache& cache) {
+    (void)stats; (void)cache;
+  }
+  // Bytes of the policy's own state (scores, counters, clusters), for memory accounting.
+  virtual size_t state_bytes() const { return 0; }
+  // A copy with the same state, to fork a cache after a shared prefill.
+  virtual std::unique_ptr<Policy> clone() const = 0;
+
+ protected:
+  PolicyConfig config_;
+};
+
+// Mean (or max) of a GQA group's query-head rows into one KV-head row: out [len].
+// rows: the group's first query head row; row_stride: distance between query-head rows.
+enum class GqaReduce { kMean, kMax };
+void reduce_gqa(const float* rows, size_t row_stride, int group, int len, GqaReduce how,
+                float* out);
+
+// Registry (kernels/policies/registry.cc): explicit table, no static-init magic.
+struct PolicyInfo {
+  std::string name;
+  std::string description;
+  std::vector<ParamDoc> params;
+  std::function<std::unique_ptr<Policy>(const PolicyConfig&)> make;
+};
+const std::vector<PolicyInfo>& policy_registry();
+const PolicyInfo* find_policy(const std::string& name);
+// Validates the name, budget and options; throws usage errors that list what is allowed.
+std::unique_ptr<Policy> make_policy(const PolicyConfig& config);
+
+}  // namespace kvb::policies

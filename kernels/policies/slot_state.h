@@ -1,0 +1,57 @@
+// Per-slot policy state kept in step with the cache: one array per (layer, KV head) whose entry
+// i belongs to slot i. compact() applies the same keep-list KvCache::keep_slots applies.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/kv_cache.h"
+
+namespace kvb::policies {
+
+template <typename T>
+class SlotState {
+ public:
+  SlotState() = default;
+  SlotState(int num_layers, int num_kv_heads)
+      : num_kv_heads_(num_kv_heads), rows_(static_cast<size_t>(num_layers) * num_kv_heads) {}
+  std::vector<T>& at(int layer, int head) { return rows_[static_cast<size_t>(layer) * num_kv_heads_ + head]; }
+  const std::vector<T>& at(int layer, int head) const {
+    return rows_[static_cast<size_t>(layer) * num_kv_heads_ + head];
+  }
+  size_t bytes() const {
+    size_t b = 0;
+    for (const auto& r : rows_) b += r.size() * sizeof(T);
+    return b;
+  }
+
+ private:
+  int num_kv_heads_ = 0;
+  std::vector<std::vector<T>> rows_;
+};
+
+// v[i] = v[keep[i]] for increasing keep indices; v shrinks to keep.size().
+template <typename T>
+void compact(std::vector<T>& v, const std::vector<int32_t>& keep) {
+  for (size_t i = 0; i < keep.size(); ++i) v[i] = v[keep[i]];
+  v.resize(keep.size());
+}
+
+// All slot indices except `drop` (increasing).
+inline std::vector<int32_t> all_but(int len, int drop) {
+  std::vector<int32_t> keep;
+  keep.reserve(len > 0 ? len - 1 : 0);
+  for (int s = 0; s < len; ++s) {
+    if (s != drop) keep.push_back(s);
+  }
+  return keep;
+}
+
+// The last `count` slots of a head of length len (increasing).
+inline std::vector<int32_t> last_slots(int len, int count) {
+  std::vector<int32_t> keep;
+  for (int s = len - count < 0 ? 0 : len - count; s < len; ++s) keep.push_back(s);
+  return keep;
+}
+
+}  // namespace kvb::policies

@@ -1,0 +1,29 @@
+// `window` (Local): keep the most recent kv_budget tokens, after prefill and at every decode step
+// (POLICIES.md).
+#include "kernels/policies/policies.h"
+#include "kernels/policies/slot_state.h"
+
+namespace kvb::policies {
+namespace {
+class Window final : public Policy {
+ public:
+  using Policy::Policy;
+  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override { trim(st.layer, cache); }
+  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override { trim(st.layer, cache); }
+  std::unique_ptr<Policy> clone() const override { return std::make_unique<Window>(*this); }
+
+ private:
+  void trim(int layer, kernels::KvCache& cache) const {
+    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+      const int len = cache.length(layer, h);
+      if (len > kv_budget()) cache.keep_slots(layer, h, last_slots(len, kv_budget()));
+    }
+  }
+};
+}  // namespace
+
+PolicyInfo window_policy_info() {
+  return {"window", "keep the most recent kv_budget tokens (Local attention)", {},
+          [](const PolicyConfig& c) { return std::make_unique<Window>(c); }};
+}
+}  // namespace kvb::policies
