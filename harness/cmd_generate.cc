@@ -119,7 +119,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
 
   engine::Engine eng(*lm.model);
-  kernels::KvCache cache = eng.new_cache(static_cast<int>(ids.size()) + max_new_tokens);
+  kernels::KvCache cache =
+      eng.new_cache(static_cast<int>(ids.size()) + max_new_tokens, policy.get());
   engine::GenerateOptions opt;
   opt.max_new_tokens = max_new_tokens;
   opt.sampling = {temperature, top_k, top_p, seed};

@@ -82,6 +82,19 @@ struct StatsRequest {
 
 enum class PrefillMode { kOneshot, kStreaming };
 
+// What a policy that replaces attention (SubGen) receives for one layer. The block's K/V are
+// already appended to the cache (post-RoPE); the policy writes the attention output.
+struct AttendArgs {
+  int layer = 0;
+  int n = 0;                  // query tokens
+  int num_heads = 0;
+  int head_dim = 0;
+  float scale = 0;
+  const float* q = nullptr;   // [n, num_heads, head_dim], post-RoPE
+  float* out = nullptr;       // [n, num_heads, head_dim]
+  bool prefill = false;       // part of the prompt (oneshot block) rather than a decode step
+};
+
 class Policy {
  public:
   explicit Policy(const PolicyConfig& config) : config_(config) {}
@@ -94,6 +107,20 @@ class Policy {
   virtual PrefillMode prefill_mode() const { return PrefillMode::kOneshot; }
   // Called once per sequence before its prompt, with the prompt length (budgets may depend on it).
   virtual void begin_sequence(int prompt_len) { (void)prompt_len; }
+  // Engine variants a policy may ask for (POLICIES.md "GQA", "Positions", "Decode step order").
+  // gqa_expand: K/V copied to every query head (paper-era code; memory x group size), so the
+  // cache has num_heads "KV heads" and decisions are per query head.
+  virtual bool gqa_expand() const { return false; }
+  // rolling_positions: keys cached before RoPE and rotated by their index in the cache at
+  // attention time (StreamingLLM); queries by their own index. Slots keep true positions.
+  virtual bool rolling_positions() const { return false; }
+  // evict_before_attention: at decode, on_decode_layer runs (with no statistics) after the new
+  // token is appended and before the query attends (the original StreamingLLM order).
+  virtual bool evict_before_attention() const { return false; }
+  // replaces_attention: the engine calls attend() instead of its own attention (SubGen).
+  virtual bool replaces_attention() const { return false; }
+  virtual void attend(const AttendArgs& args, kernels::KvCache& cache) { (void)args; (void)cache; }
+
   virtual StatsRequest prefill_request(int n_new) const { (void)n_new; return {}; }
   virtual StatsRequest decode_request() const { return {}; }
   // After layer `stats.layer` attended over the whole prompt block (the layer's output used the

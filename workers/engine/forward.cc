@@ -18,9 +18,10 @@ namespace cpu = kvb::kernels::cpu;
 
 Engine::Engine(const Model& model) : model_(model) {}
 
-kernels::KvCache Engine::new_cache(int initial_capacity) const {
+kernels::KvCache Engine::new_cache(int initial_capacity, const policies::Policy* policy) const {
   const ModelConfig& c = model_.config;
-  return kernels::KvCache({c.num_layers, c.num_kv_heads, c.head_dim}, initial_capacity);
+  const int heads = policy && policy->gqa_expand() ? c.num_heads : c.num_kv_heads;
+  return kernels::KvCache({c.num_layers, heads, c.head_dim}, initial_capacity);
 }
 
 void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
@@ -68,43 +69,7 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
     cpu::matmul(k_.data(), xb_.data(), w.wk.data(), w.bk.empty() ? nullptr : w.bk.data(), n, D, KVD);
     cpu::matmul(v_.data(), xb_.data(), w.wv.data(), w.bv.empty() ? nullptr : w.bv.data(), n, D, KVD);
     if (req.pre_rope_keys) pre_rope_k_.assign(k_.begin(), k_.begin() + N * KVD);
-    cpu::rope(q_.data(), pos_.data(), n, c.num_heads, hd, c.rope);
-    cpu::rope(k_.data(), pos_.data(), n, c.num_kv_heads, hd, c.rope);
-    for (int t = 0; t < n; ++t) {
-      for (int h = 0; h < c.num_kv_heads; ++h) {
-        const size_t off = (static_cast<size_t>(t) * c.num_kv_heads + h) * hd;
-        cache.append(l, h, &k_[off], &v_[off], pos_[t]);
-      }
-    }
-    cpu::AttentionArgs args{att_.data(), q_.data(), cache.layer(l), n, c.num_heads, scale};
-    policies::LayerStats stats;
-    if (hook != PolicyHook::kNone) {
-      int stride = 0;
-      for (int h = 0; h < c.num_kv_heads; ++h) stride = std::max(stride, cache.length(l, h));
-      const size_t rows = static_cast<size_t>(c.num_heads) * stride;
-      if (req.col_sums) {
-        col_sums_.resize(rows);
-        args.col_sums = col_sums_.data();
-      }
-      if (last_w > 0) {
-        last_probs_.resize(rows * last_w);
-        args.last_probs = last_probs_.data();
-        args.last_w = last_w;
-      }
-      args.stats_stride = stride;
-      stats = {l,
-               n,
-               c.num_heads,
-               stride,
-               args.col_sums,
-               args.last_probs,
-               args.last_w,
-               req.pre_rope_keys ? pre_rope_k_.data() : nullptr};
-    }
-    cpu::attention(args);
-    // The layer's output used the full cache; the policy's decision shapes what later steps see.
-    if (hook == PolicyHook::kPrefill) policy->on_prefill_layer(stats, cache);
-    if (hook == PolicyHook::kDecode) policy->on_decode_layer(stats, cache);
+    attend_layer(l, n, cache, policy, hook, req, last_w, scale);
     cpu::matmul(proj_.data(), att_.data(), w.wo.data(), nullptr, n, QD, D);
     for (size_t i = 0; i < N * D; ++i) x_[i] += proj_[i];
 
@@ -125,6 +90,92 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
   cpu::rmsnorm(xb_.data(), x_rows, model_.final_norm.data(), rows, D, c.norm_eps);
   logits->resize(static_cast<size_t>(rows) * c.vocab_size);
   cpu::matmul(logits->data(), xb_.data(), model_.output_weight(), nullptr, rows, D, c.vocab_size);
+}
+
+void Engine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Policy* policy,
+                          PolicyHook hook, const policies::StatsRequest& req, int last_w,
+                          float scale) {
+  const ModelConfig& c = model_.config;
+  const int hd = c.head_dim;
+  const int ckv = cache.shape().num_kv_heads;  // num_kv_heads, or num_heads when GQA is expanded
+  KVB_CHECK(ckv == c.num_kv_heads || ckv == c.num_heads)
+      << "cache has " << ckv << " KV heads; the model " << c.num_kv_heads << " (or " << c.num_heads
+      << " expanded)";
+  const int model_group = c.num_heads / c.num_kv_heads;
+  const bool rolling = policy && policy->rolling_positions();
+  // New K/V into the cache (expanded caches get a copy per query head).
+  if (!rolling) cpu::rope(k_.data(), pos_.data(), n, c.num_kv_heads, hd, c.rope);
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < ckv; ++h) {
+      const int src = ckv == c.num_kv_heads ? h : h / model_group;
+      const size_t off = (static_cast<size_t>(t) * c.num_kv_heads + src) * hd;
+      cache.append(l, h, &k_[off], &v_[off], pos_[t]);
+    }
+  }
+  policies::LayerStats stats;
+  stats.layer = l;
+  stats.n_new = n;
+  stats.num_heads = c.num_heads;
+  stats.pre_rope_keys = req.pre_rope_keys ? pre_rope_k_.data() : nullptr;
+  if (hook == PolicyHook::kDecode && policy->evict_before_attention()) {
+    policy->on_decode_layer(stats, cache);
+    hook = PolicyHook::kNone;
+  }
+
+  kernels::LayerKvView view = cache.layer(l);
+  const int cache_group = c.num_heads / ckv;
+  if (rolling) {
+    // Positions are indices in the cache: query i of the block sits at len - n + i of its head.
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < c.num_heads; ++h) {
+        const int32_t idx = cache.length(l, h / cache_group) - n + t;
+        cpu::rope(&q_[(static_cast<size_t>(t) * c.num_heads + h) * hd], &idx, 1, 1, hd, c.rope);
+      }
+    }
+    rolled_keys_.resize(static_cast<size_t>(ckv) * view.capacity * hd);
+    for (int h = 0; h < ckv; ++h) {
+      const int len = cache.length(l, h);
+      float* dst = &rolled_keys_[static_cast<size_t>(h) * view.capacity * hd];
+      std::memcpy(dst, view.key(h, 0), static_cast<size_t>(len) * hd * sizeof(float));
+      rolled_pos_.resize(len);
+      for (int s = 0; s < len; ++s) rolled_pos_[s] = s;
+      cpu::rope(dst, rolled_pos_.data(), len, 1, hd, c.rope);
+    }
+    view.keys = rolled_keys_.data();
+  } else {
+    cpu::rope(q_.data(), pos_.data(), n, c.num_heads, hd, c.rope);
+  }
+
+  if (policy && policy->replaces_attention()) {
+    policies::AttendArgs a{l, n, c.num_heads, hd, scale, q_.data(), att_.data(),
+                           hook == PolicyHook::kPrefill};
+    policy->attend(a, cache);
+    return;
+  }
+  cpu::AttentionArgs args{att_.data(), q_.data(), view, n, c.num_heads, scale};
+  if (hook != PolicyHook::kNone) {
+    int stride = 0;
+    for (int h = 0; h < ckv; ++h) stride = std::max(stride, cache.length(l, h));
+    const size_t rows = static_cast<size_t>(c.num_heads) * stride;
+    if (req.col_sums) {
+      col_sums_.resize(rows);
+      args.col_sums = col_sums_.data();
+    }
+    if (last_w > 0) {
+      last_probs_.resize(rows * last_w);
+      args.last_probs = last_probs_.data();
+      args.last_w = last_w;
+    }
+    args.stats_stride = stride;
+    stats.stride = stride;
+    stats.col_sums = args.col_sums;
+    stats.last_probs = args.last_probs;
+    stats.last_w = args.last_w;
+  }
+  cpu::attention(args);
+  // The layer's output used the full cache; the policy's decision shapes what later steps see.
+  if (hook == PolicyHook::kPrefill) policy->on_prefill_layer(stats, cache);
+  if (hook == PolicyHook::kDecode) policy->on_decode_layer(stats, cache);
 }
 
 }  // namespace kvb::engine

@@ -34,7 +34,9 @@ class Engine {
   const ModelConfig& config() const { return model_.config; }
 
   // A fresh cache for this model, with room for `initial_capacity` tokens per head.
-  kernels::KvCache new_cache(int initial_capacity = 0) const;
+  // With a policy that expands GQA, the cache has one "KV head" per query head.
+  kernels::KvCache new_cache(int initial_capacity = 0,
+                             const policies::Policy* policy = nullptr) const;
 
   // Runs `tokens` at positions cache.next_position() onwards, appending their K/V to the cache
   // and advancing its position. Writes logits per `mode` into *logits (resized).
@@ -45,11 +47,17 @@ class Engine {
                PolicyHook hook = PolicyHook::kNone);
 
  private:
+  // One layer's K/V append, attention (or the policy's replacement) and policy hook.
+  void attend_layer(int layer, int n, kernels::KvCache& cache, policies::Policy* policy,
+                    PolicyHook hook, const policies::StatsRequest& req, int last_w, float scale);
+
   const Model& model_;
   // Scratch, reused across calls: [n, dim], [n, q_dim], [n, kv_dim], [n, hidden_dim].
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<int32_t> pos_;
   std::vector<float> col_sums_, last_probs_, pre_rope_k_;  // policy statistics
+  std::vector<float> rolled_keys_;                          // rolling positions: rotated keys
+  std::vector<int32_t> rolled_pos_;
 };
 
 }  // namespace kvb::engine
