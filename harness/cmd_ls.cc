@@ -22,7 +22,9 @@ int cmd_ls(const std::vector<std::string>& args) {
                                          << "'; available: policies";
   for (const auto& p : policies::policy_registry()) {
     std::cout << p.name << "\n    " << p.description << "\n";
-    for (const auto& d : p.params) {
+    std::vector<policies::ParamDoc> all = p.params;
+    all.insert(all.end(), policies::common_params().begin(), policies::common_params().end());
+    for (const auto& d : all) {
       std::cout << "    --policy-opt " << d.name << "=" << d.default_value << "  " << d.description;
       if (!d.choices.empty()) {
         std::cout << " [";

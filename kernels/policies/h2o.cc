@@ -28,7 +28,7 @@ class H2O final : public Policy {
     gqa_ = o.get_string("gqa_reduce", "mean", {"mean", "max"}) == "max" ? GqaReduce::kMax
                                                                         : GqaReduce::kMean;
     split_ = kernels::cpu::split_heavy_recent(c.kv_budget, heavy_fraction_);
-    scores_ = SlotState<float>(c.shape.num_layers, c.shape.num_kv_heads);
+    scores_ = SlotState<float>(c.shape.num_layers, cache_kv_heads());
   }
 
   PrefillMode prefill_mode() const override {

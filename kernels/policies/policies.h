@@ -7,4 +7,15 @@ namespace kvb::policies {
 PolicyInfo full_policy_info();
 PolicyInfo window_policy_info();
 PolicyInfo h2o_policy_info();
+PolicyInfo streaming_llm_policy_info();
+PolicyInfo scissorhands_policy_info();
+PolicyInfo snapkv_policy_info();
+PolicyInfo pyramidkv_policy_info();
+PolicyInfo ada_snapkv_policy_info();
+PolicyInfo ada_pyramidkv_policy_info();
+PolicyInfo subgen_policy_info();
+PolicyInfo subgen_kcenter_policy_info();
+PolicyInfo tova_policy_info();
+PolicyInfo knorm_policy_info();
+PolicyInfo random_policy_info();
 }  // namespace kvb::policies

@@ -75,10 +75,25 @@ void PolicyOptions::check_all_used(const std::string& policy,
     if (used_.count(key)) continue;
     std::vector<std::string> names;
     for (const auto& p : params) names.push_back(p.name);
+    for (const auto& p : common_params()) names.push_back(p.name);
     KVB_USAGE_FAIL() << "policy " << policy << " has no option '" << key << "'"
-                     << (names.empty() ? std::string(" (it takes none)")
-                                       : "; its options: " + join(names));
+                     << "; its options: " << join(names);
   }
+}
+
+Policy::Policy(const PolicyConfig& config) : config_(config) {
+  gqa_expand_ =
+      config.options.get_string("gqa", "per_kv_head", {"per_kv_head", "expand"}) == "expand";
+}
+
+const std::vector<ParamDoc>& common_params() {
+  static const std::vector<ParamDoc> params = {
+      {"gqa", "per_kv_head",
+       "decide per KV head (scores: mean of its query heads), or expand K/V to every query head "
+       "as paper-era code did (memory x group size)",
+       {"per_kv_head", "expand"}},
+  };
+  return params;
 }
 
 void reduce_gqa(const float* rows, size_t row_stride, int group, int len, GqaReduce how,

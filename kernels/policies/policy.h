@@ -97,10 +97,17 @@ struct AttendArgs {
 
 class Policy {
  public:
-  explicit Policy(const PolicyConfig& config) : config_(config) {}
+  // Reads the options every policy takes (common_params()); a policy's constructor reads its own
+  // from `config.options` (the caller's object, which records what was used).
+  explicit Policy(const PolicyConfig& config);
   virtual ~Policy() = default;
   const PolicyConfig& config() const { return config_; }
   int kv_budget() const { return config_.kv_budget; }
+  // KV heads of the cache this policy runs on: num_kv_heads, or num_heads when GQA is expanded.
+  // Size per-head state with this, never with shape.num_kv_heads directly.
+  int cache_kv_heads() const {
+    return gqa_expand_ ? config_.shape.num_heads : config_.shape.num_kv_heads;
+  }
 
   // How the engine feeds the prompt: oneshot (full causal prefill, then on_prefill_layer per
   // layer) or streaming (token by token through on_decode_layer).
@@ -110,7 +117,7 @@ class Policy {
   // Engine variants a policy may ask for (POLICIES.md "GQA", "Positions", "Decode step order").
   // gqa_expand: K/V copied to every query head (paper-era code; memory x group size), so the
   // cache has num_heads "KV heads" and decisions are per query head.
-  virtual bool gqa_expand() const { return false; }
+  virtual bool gqa_expand() const { return gqa_expand_; }
   // rolling_positions: keys cached before RoPE and rotated by their index in the cache at
   // attention time (StreamingLLM); queries by their own index. Slots keep true positions.
   virtual bool rolling_positions() const { return false; }
@@ -139,7 +146,11 @@ class Policy {
 
  protected:
   PolicyConfig config_;
+  bool gqa_expand_ = false;
 };
+
+// Options every policy accepts (listed by `kvbench ls policies` under each policy).
+const std::vector<ParamDoc>& common_params();
 
 // Mean (or max) of a GQA group's query-head rows into one KV-head row: out [len].
 // rows: the group's first query head row; row_stride: distance between query-head rows.
