@@ -14,6 +14,21 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
+void prefill_prompt(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
+                    policies::Policy* policy, std::vector<float>* logits) {
+  KVB_CHECK(!prompt.empty()) << "prefill_prompt: empty prompt";
+  if (policy) policy->begin_sequence(static_cast<int>(prompt.size()));
+  if (policy && policy->prefill_mode() == policies::PrefillMode::kStreaming) {
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      engine.forward({&prompt[t], 1}, cache,
+                     t + 1 == prompt.size() ? LogitsMode::kLast : LogitsMode::kNone, logits,
+                     policy, PolicyHook::kDecode);
+    }
+  } else {
+    engine.forward(prompt, cache, LogitsMode::kLast, logits, policy, PolicyHook::kPrefill);
+  }
+}
+
 GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options,
                         const std::function<void(int32_t)>& on_token,
@@ -23,16 +38,7 @@ GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vect
   result.prompt_tokens = static_cast<int>(prompt.size());
   std::vector<float> logits;
   auto t0 = std::chrono::steady_clock::now();
-  if (policy) policy->begin_sequence(static_cast<int>(prompt.size()));
-  if (policy && policy->prefill_mode() == policies::PrefillMode::kStreaming) {
-    for (size_t t = 0; t < prompt.size(); ++t) {
-      engine.forward({&prompt[t], 1}, cache,
-                     t + 1 == prompt.size() ? LogitsMode::kLast : LogitsMode::kNone, &logits,
-                     policy, PolicyHook::kDecode);
-    }
-  } else {
-    engine.forward(prompt, cache, LogitsMode::kLast, &logits, policy, PolicyHook::kPrefill);
-  }
+  prefill_prompt(engine, cache, prompt, policy, &logits);
   result.prefill_ms = ms_since(t0);
 
   auto is_end = [&](int32_t id) {

@@ -27,6 +27,12 @@ struct GenerateResult {
   int decode_steps = 0;
 };
 
+// The prompt phase alone: begin_sequence, then prefill per the policy's prefill_mode (oneshot:
+// one pass with on_prefill_layer; streaming: token by token with on_decode_layer). logits receives
+// the last token's logits.
+void prefill_prompt(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
+                    policies::Policy* policy, std::vector<float>* logits);
+
 // Runs `prompt` (non-empty) through the engine on `cache` and generates. on_token (optional) is
 // called with each generated id as it is produced.
 // With a policy, the prompt is prefilled per its prefill_mode (oneshot: one pass then
