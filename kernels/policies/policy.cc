@@ -17,70 +17,6 @@ std::string join(const std::vector<std::string>& v) {
 }
 }  // namespace
 
-std::string PolicyOptions::get_string(const std::string& key, const std::string& def,
-                                      const std::vector<std::string>& choices) const {
-  auto it = kv_.find(key);
-  if (it == kv_.end()) return def;
-  used_[key] = true;
-  if (!choices.empty()) {
-    KVB_USAGE_CHECK(std::find(choices.begin(), choices.end(), it->second) != choices.end())
-        << "policy option " << key << "=" << it->second << " is not allowed; choose one of: "
-        << join(choices);
-  }
-  return it->second;
-}
-
-int PolicyOptions::get_int(const std::string& key, int def, int min_value, int max_value) const {
-  auto it = kv_.find(key);
-  if (it == kv_.end()) return def;
-  used_[key] = true;
-  char* end = nullptr;
-  const long v = std::strtol(it->second.c_str(), &end, 10);
-  KVB_USAGE_CHECK(!it->second.empty() && *end == '\0')
-      << "policy option " << key << "=" << it->second << " is not an integer";
-  KVB_USAGE_CHECK(v >= min_value && v <= max_value)
-      << "policy option " << key << "=" << v << " is outside [" << min_value << ", " << max_value
-      << "]";
-  return static_cast<int>(v);
-}
-
-double PolicyOptions::get_double(const std::string& key, double def, double min_value,
-                                 double max_value) const {
-  auto it = kv_.find(key);
-  if (it == kv_.end()) return def;
-  used_[key] = true;
-  char* end = nullptr;
-  const double v = std::strtod(it->second.c_str(), &end);
-  KVB_USAGE_CHECK(!it->second.empty() && *end == '\0' && std::isfinite(v))
-      << "policy option " << key << "=" << it->second << " is not a number";
-  KVB_USAGE_CHECK(v >= min_value && v <= max_value)
-      << "policy option " << key << "=" << v << " is outside [" << min_value << ", " << max_value
-      << "]";
-  return v;
-}
-
-bool PolicyOptions::get_bool(const std::string& key, bool def) const {
-  auto it = kv_.find(key);
-  if (it == kv_.end()) return def;
-  used_[key] = true;
-  const std::string& v = it->second;
-  if (v == "true" || v == "1" || v == "yes") return true;
-  if (v == "false" || v == "0" || v == "no") return false;
-  KVB_USAGE_FAIL() << "policy option " << key << "=" << v << " is not a boolean (true/false)";
-}
-
-void PolicyOptions::check_all_used(const std::string& policy,
-                                   const std::vector<ParamDoc>& params) const {
-  for (const auto& [key, value] : kv_) {
-    if (used_.count(key)) continue;
-    std::vector<std::string> names;
-    for (const auto& p : params) names.push_back(p.name);
-    for (const auto& p : common_params()) names.push_back(p.name);
-    KVB_USAGE_FAIL() << "policy " << policy << " has no option '" << key << "'"
-                     << "; its options: " << join(names);
-  }
-}
-
 Policy::Policy(const PolicyConfig& config) : config_(config) {
   gqa_expand_ =
       config.options.get_string("gqa", "per_kv_head", {"per_kv_head", "expand"}) == "expand";
@@ -133,7 +69,9 @@ std::unique_ptr<Policy> make_policy(const PolicyConfig& config) {
         << " tokens; use 1.." << config.shape.max_seq_len;
   }
   std::unique_ptr<Policy> policy = info->make(config);
-  config.options.check_all_used(config.name, info->params);
+  std::vector<ParamDoc> allowed = info->params;
+  allowed.insert(allowed.end(), common_params().begin(), common_params().end());
+  config.options.check_all_used("policy " + config.name, allowed);
   return policy;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/options.h"
 #include "kernels/kv_cache.h"
 
 namespace kvb::policies {
@@ -23,34 +24,9 @@ struct ModelShape {
   int max_seq_len = 0;
 };
 
-// One documented parameter of a policy: `kvbench ls policies` prints these.
-struct ParamDoc {
-  std::string name;
-  std::string default_value;
-  std::string description;
-  std::vector<std::string> choices;  // empty: free value
-};
-
-// Key=value options from --policy-opt or YAML, with typed getters. Every key must be consumed by
-// the policy's constructor; check_all_used() then rejects unknown keys, naming the allowed ones.
-class PolicyOptions {
- public:
-  PolicyOptions() = default;
-  explicit PolicyOptions(std::map<std::string, std::string> kv) : kv_(std::move(kv)) {}
-  void set(const std::string& key, const std::string& value) { kv_[key] = value; }
-  const std::map<std::string, std::string>& values() const { return kv_; }
-
-  std::string get_string(const std::string& key, const std::string& def,
-                         const std::vector<std::string>& choices = {}) const;
-  int get_int(const std::string& key, int def, int min_value, int max_value) const;
-  double get_double(const std::string& key, double def, double min_value, double max_value) const;
-  bool get_bool(const std::string& key, bool def) const;
-  void check_all_used(const std::string& policy, const std::vector<ParamDoc>& params) const;
-
- private:
-  std::map<std::string, std::string> kv_;
-  mutable std::map<std::string, bool> used_;
-};
+// Policy options are generic key=value options (common/options.h).
+using PolicyOptions = kvb::Options;
+using ParamDoc = kvb::ParamDoc;
 
 struct PolicyConfig {
   std::string name;
