@@ -1,0 +1,87 @@
+// `tova`: Token Omission Via Attention (Oren et al. 2024; schwartz-lab-NLP/TOVA's TOVACache;
+// POLICIES.md "Further baselines"). No recent window: after prefill keep the top kv_budget tokens
+// by the last prompt query's attention; at each decode step evict the token with the lowest
+// attention of the current query. Scores: GQA mean per KV head (`tova_reduce: head`), or the mean
+// over all query heads of the layer (`layer`, as TOVA's code does), one decision for the layer.
+#include <algorithm>
+
+#include "common/error.h"
+#include "kernels/cpu/select.h"
+#include "kernels/policies/policies.h"
+
+namespace kvb::policies {
+namespace {
+
+class Tova final : public Policy {
+ public:
+  explicit Tova(const PolicyConfig& c) : Policy(c) {
+    layer_reduce_ = c.options.get_string("tova_reduce", "head", {"head", "layer"}) == "layer";
+  }
+
+  // Only the last query matters in both phases (in decode it is the only one).
+  StatsRequest prefill_request(int) const override { return {.last_w = 1}; }
+  StatsRequest decode_request() const override { return {.last_w = 1}; }
+  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override {
+    evict(st, cache);
+  }
+  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override { evict(st, cache); }
+  std::unique_ptr<Policy> clone() const override { return std::make_unique<Tova>(*this); }
+
+ private:
+  // Keeps each over-budget head's top kv_budget slots by the last query's probabilities. In
+  // decode a head holds kv_budget + 1, so this evicts exactly the argmin (ties: the older goes,
+  // as select_topk keeps the higher index among equal scores).
+  void evict(const LayerStats& st, kernels::KvCache& cache) const {
+    const int heads = cache.shape().num_kv_heads;
+    const int group = st.num_heads / heads;
+    // last_probs: [num_heads, last_w, stride]; the last query is row last_w - 1 of each head.
+    const size_t row_stride = static_cast<size_t>(st.last_w) * st.stride;
+    const float* last = st.last_probs + static_cast<size_t>(st.last_w - 1) * st.stride;
+    std::vector<float> score;
+    std::vector<int32_t> keep;
+    if (layer_reduce_) {
+      const int len = cache.length(st.layer, 0);
+      for (int h = 1; h < heads; ++h) {
+        KVB_CHECK(cache.length(st.layer, h) == len)
+            << "tova_reduce=layer needs equal head lengths in layer " << st.layer << "; head " << h
+            << " holds " << cache.length(st.layer, h) << ", head 0 " << len;
+      }
+      if (len <= kv_budget()) return;
+      score.resize(len);
+      // Every query head, each over its own KV head's slots (slot s is the same token in every
+      // head, since the heads of this layer always keep the same set).
+      reduce_gqa(last, row_stride, st.num_heads, len, GqaReduce::kMean, score.data());
+      keep.resize(len);
+      keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
+      for (int h = 0; h < heads; ++h) cache.keep_slots(st.layer, h, keep);
+      return;
+    }
+    for (int h = 0; h < heads; ++h) {
+      const int len = cache.length(st.layer, h);
+      if (len <= kv_budget()) continue;
+      score.resize(len);
+      reduce_gqa(last + h * group * row_stride, row_stride, group, len, GqaReduce::kMean,
+                 score.data());
+      keep.resize(len);
+      keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
+      cache.keep_slots(st.layer, h, keep);
+    }
+  }
+
+  bool layer_reduce_ = false;
+};
+
+}  // namespace
+
+PolicyInfo tova_policy_info() {
+  return {"tova",
+          "Token Omission Via Attention: keep the tokens the current query attends to most",
+          {{"tova_reduce",
+            "head",
+            "score per KV head (GQA mean of its query heads), or the mean over all heads of the "
+            "layer as TOVA's code does (one keep-set per layer)",
+            {"head", "layer"}}},
+          [](const PolicyConfig& c) { return std::make_unique<Tova>(c); }};
+}
+
+}  // namespace kvb::policies
