@@ -1,0 +1,99 @@
+// `snapkv` (POLICIES.md; SnapKV, the baseline Ada-KV builds on) and the family skeleton of
+// snapkv_family.h: per layer, after prefill, every KV head keeps its top (kv_budget - w) prefix
+// tokens by pooled observation-window score plus the w window tokens. A prompt of at most
+// kv_budget tokens is not compressed; decode never evicts.
+#include <algorithm>
+
+#include "common/error.h"
+#include "kernels/cpu/budget.h"
+#include "kernels/cpu/select.h"
+#include "kernels/policies/policies.h"
+#include "kernels/policies/snapkv_family.h"
+
+namespace kvb::policies {
+
+SnapKvFamily::SnapKvFamily(const PolicyConfig& c) : Policy(c) {
+  const int window = c.options.get_int("window", 32, 1, 1 << 20);
+  window_ = kernels::cpu::snapkv_window(c.kv_budget, window);
+  scoring_ = read_snapkv_score_options(c.options);
+  head_budgets_.resize(c.shape.num_layers);
+}
+
+const std::vector<int32_t>& SnapKvFamily::head_budgets(int layer) const {
+  KVB_CHECK(layer >= 0 && layer < static_cast<int>(head_budgets_.size()))
+      << "layer " << layer << " outside [0, " << head_budgets_.size() << ")";
+  return head_budgets_[layer];
+}
+
+size_t SnapKvFamily::state_bytes() const {
+  size_t b = 0;
+  for (const auto& layer : head_budgets_) b += layer.size() * sizeof(int32_t);
+  return b;
+}
+
+void SnapKvFamily::on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) {
+  KVB_CHECK(st.layer >= 0 && st.layer < static_cast<int>(head_budgets_.size()))
+      << "layer " << st.layer << " outside the policy's " << head_budgets_.size() << " layers";
+  const int heads = cache.shape().num_kv_heads;
+  int prompt_len = 0;
+  for (int h = 0; h < heads; ++h) prompt_len = std::max(prompt_len, cache.length(st.layer, h));
+  std::vector<int32_t>& budgets = head_budgets_[st.layer];
+  budgets.assign(heads, 0);
+
+  if (prompt_len <= kv_budget()) {
+    // POLICIES.md: no compression when the prompt has at most kv_budget tokens ("Compression
+    // threshold": strictly more than the budget compresses). Every head keeps its prefix.
+    for (int h = 0; h < heads; ++h) {
+      const int len = cache.length(st.layer, h);
+      budgets[h] = len - std::min(window_, len);
+    }
+    return;
+  }
+  // The window is the block's last w queries: w = window() for a prompt (which is longer than
+  // kv_budget >= window()); a shorter block on top of a cache gets what the engine had.
+  const int w = st.last_w;
+  KVB_CHECK(st.last_probs != nullptr && w >= 1 && w <= window_)
+      << "snapkv family: prefill statistics carry last_w = " << w << ", expected 1.." << window_;
+  const PrefixScores scores = snapkv_prefix_scores(st, cache, scoring_);
+  allocate(st.layer, prompt_len, w, cache, scores, budgets.data());
+
+  // Per-head top-B_h of the prefix (ties: the more recent slot), then the window slots.
+  std::vector<int32_t> picks(static_cast<size_t>(heads) * scores.ld);
+  std::vector<int32_t> counts(heads);
+  kernels::cpu::select_topk_rows(scores.scores.data(), heads, scores.ld, scores.lengths.data(),
+                                 budgets.data(), picks.data(), counts.data());
+  for (int h = 0; h < heads; ++h) {
+    const int len = cache.length(st.layer, h);
+    const int32_t* pick = &picks[static_cast<size_t>(h) * scores.ld];
+    std::vector<int32_t> keep(pick, pick + counts[h]);
+    for (int s = scores.lengths[h]; s < len; ++s) keep.push_back(s);
+    budgets[h] = counts[h];  // B_h capped by the head's prefix
+    if (static_cast<int>(keep.size()) < len) cache.keep_slots(st.layer, h, keep);
+  }
+}
+
+namespace {
+
+// Uniform split: every head of every layer selects kv_budget - w prefix tokens.
+class SnapKv final : public SnapKvFamily {
+ public:
+  using SnapKvFamily::SnapKvFamily;
+  std::unique_ptr<Policy> clone() const override { return std::make_unique<SnapKv>(*this); }
+
+ protected:
+  void allocate(int, int, int w, kernels::KvCache&, const PrefixScores& s,
+                int32_t* budgets) override {
+    for (size_t h = 0; h < s.lengths.size(); ++h) budgets[h] = kv_budget() - w;
+  }
+};
+
+}  // namespace
+
+PolicyInfo snapkv_policy_info() {
+  return {"snapkv",
+          "SnapKV: per KV head, top prefix tokens by pooled observation-window attention + the "
+          "window; prompt cache only (no decode eviction)",
+          snapkv_score_params(), [](const PolicyConfig& c) { return std::make_unique<SnapKv>(c); }};
+}
+
+}  // namespace kvb::policies

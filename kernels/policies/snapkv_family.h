@@ -1,0 +1,49 @@
+// The skeleton shared by `snapkv`, `pyramidkv`, `ada_snapkv` and `ada_pyramidkv` (POLICIES.md):
+// after each layer's prefill, score the prefix by the observation window (snapkv_scores.h), let
+// the member decide each KV head's prefix budget B_i, keep every head's top-B_i prefix tokens
+// plus the w window tokens. No decode eviction (each head grows by one per generated token).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/policies/policy.h"
+#include "kernels/policies/snapkv_scores.h"
+
+namespace kvb::policies {
+
+class SnapKvFamily : public Policy {
+ public:
+  // Reads window, pool_kernel, pooling, window_reduce, gqa_reduce from config.options.
+  explicit SnapKvFamily(const PolicyConfig& config);
+
+  // The effective observation window w = snapkv_window(kv_budget, window).
+  int window() const { return window_; }
+  StatsRequest prefill_request(int n_new) const override {
+    (void)n_new;  // the engine clamps last_w to the block length
+    return {.last_w = window_};
+  }
+  // Compresses the layer when its longest head holds more than kv_budget tokens (the prompt-cache
+  // budget); otherwise keeps everything. Records the per-head budgets either way.
+  void on_prefill_layer(const LayerStats& stats, kernels::KvCache& cache) final;
+  size_t state_bytes() const override;
+
+  // B_i per KV head of `layer` (cache_kv_heads() entries): the prefix tokens head i kept at the
+  // layer's last prefill; right after it the head holds exactly B_i + w slots (without
+  // compression: its whole prefix, len - min(w, len)). Empty before the layer's first prefill.
+  const std::vector<int32_t>& head_budgets(int layer) const;
+
+ protected:
+  // Called only when compressing: budgets[h] = B_h for every KV head, from the layer's pooled
+  // prefix scores. prompt_len: the layer's longest head; w: the window in slots (1 <= w <=
+  // window()). Values above a head's prefix length are capped by the caller.
+  virtual void allocate(int layer, int prompt_len, int w, kernels::KvCache& cache,
+                        const PrefixScores& scores, int32_t* budgets) = 0;
+
+ private:
+  int window_ = 0;
+  SnapKvScoreOptions scoring_;
+  std::vector<std::vector<int32_t>> head_budgets_;  // [num_layers][cache_kv_heads]
+};
+
+}  // namespace kvb::policies
