@@ -49,6 +49,8 @@ std::vector<Variant> variants() {
   add("scissorhands", {{"prefill", "streaming"}});
   add("snapkv", {{"gqa", "expand"}});
   add("window", {{"gqa", "expand"}});
+  add("subgen", {{"sinks", "4"}, {"recent", "8"}});
+  add("subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}});
   return v;
 }
 

@@ -1,0 +1,211 @@
+// SubGen's sketch (seed 003, Algorithm 1): reservoir update, delta-clustering with per-cluster
+// uniform samples, the z / tau estimator with exact tokens, and the `delta: auto` search. CPU
+// reference (POLICIES.md `subgen`); plain serial loops in a fixed order, so bits are reproducible.
+#include "kernels/cpu/subgen_estimator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "kernels/cpu/vec.h"
+
+namespace kvb::kernels::cpu {
+namespace {
+
+double squared_distance(const float* a, const float* b, int dim) {
+  double s = 0;
+  for (int i = 0; i < dim; ++i) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    s += d * d;
+  }
+  return s;
+}
+
+struct Nearest {
+  int index = -1;  // -1: no representative yet
+  double dist2 = 0;
+};
+
+// reps: [m, ld]. Ties go to the lower index (strict '<').
+Nearest nearest_rep(const float* reps, int m, int ld, const float* key, int dim) {
+  Nearest best;
+  for (int i = 0; i < m; ++i) {
+    const double d = squared_distance(reps + static_cast<size_t>(i) * ld, key, dim);
+    if (best.index < 0 || d < best.dist2) {
+      best.index = i;
+      best.dist2 = d;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+double value_sqnorm(const float* v, int head_dim) {
+  double s = 0;
+  for (int i = 0; i < head_dim; ++i) s += static_cast<double>(v[i]) * v[i];
+  return s;
+}
+
+void subgen_absorb(const SubgenParams& p, const SubgenCounter& c, const float* key,
+                   const float* value, SubgenSketch& sk) {
+  KVB_CHECK(p.head_dim > 0 && p.s >= 1 && p.t >= 1 && p.max_clusters >= 1)
+      << "subgen_absorb: head_dim " << p.head_dim << ", s " << p.s << ", t " << p.t
+      << ", max_clusters " << p.max_clusters;
+  const size_t d = p.head_dim;
+  // UpdateMatrixProduct (lines 25-27), then mu += |v|^2 (line 6).
+  if (sk.m_keys.empty()) {
+    sk.m_keys.assign(static_cast<size_t>(p.s) * d, 0.0f);
+    sk.m_values.assign(static_cast<size_t>(p.s) * d, 0.0f);
+  }
+  const double sq = value_sqnorm(value, p.head_dim);
+  const double mu_new = sk.mu + sq;
+  const double prob = mu_new > 0 ? sq / mu_new : 1.0;
+  for (int j = 0; j < p.s; ++j) {
+    if (counter_uniform(c.seed, c.layer, c.head, c.step, static_cast<uint64_t>(j)) < prob) {
+      std::memcpy(&sk.m_keys[j * d], key, d * sizeof(float));
+      std::memcpy(&sk.m_values[j * d], value, d * sizeof(float));
+    }
+  }
+  sk.mu = mu_new;
+
+  // UpdateSoftmaxNormalizer (lines 11-23), with the capacity fallback.
+  const Nearest near = nearest_rep(sk.reps.data(), sk.clusters(), p.head_dim, key, p.head_dim);
+  const bool within = near.index >= 0 && near.dist2 <= p.delta2;
+  if (within || (near.index >= 0 && sk.clusters() >= p.max_clusters)) {
+    if (!within) ++sk.forced;
+    const int64_t n = ++sk.counts[near.index];
+    const double join = 1.0 / static_cast<double>(n);
+    float* samples = &sk.samples[static_cast<size_t>(near.index) * p.t * d];
+    for (int j = 0; j < p.t; ++j) {
+      if (counter_uniform(c.seed, c.layer, c.head, c.step, kClusterSlot + j) < join) {
+        std::memcpy(samples + j * d, key, d * sizeof(float));
+      }
+    }
+  } else {
+    sk.reps.insert(sk.reps.end(), key, key + d);
+    for (int j = 0; j < p.t; ++j) sk.samples.insert(sk.samples.end(), key, key + d);
+    sk.counts.push_back(1);
+  }
+  ++sk.absorbed;
+}
+
+SubgenSketchView subgen_view(const SubgenSketch& sk, const SubgenParams& p) {
+  SubgenSketchView v;
+  if (sk.absorbed == 0) return v;
+  v.m_keys = sk.m_keys.data();
+  v.m_values = sk.m_values.data();
+  v.s = p.s;
+  v.mu = sk.mu;
+  v.samples = sk.samples.data();
+  v.counts = sk.counts.data();
+  v.clusters = sk.clusters();
+  v.t = p.t;
+  return v;
+}
+
+void subgen_query(const SubgenQueryArgs& a) {
+  const int d = a.head_dim;
+  const SubgenSketchView& sk = a.sketch;
+  const int n_samples = sk.clusters * sk.t;
+  const int total = sk.s + n_samples + a.n_exact;
+  // Logits in one row: M's slots, then the cluster samples, then the exact tokens.
+  std::vector<float> logit(total);
+  float c = -INFINITY;
+  for (int j = 0; j < sk.s; ++j) {
+    logit[j] = dot(a.q, sk.m_keys + static_cast<size_t>(j) * d, d) * a.scale;
+  }
+  for (int j = 0; j < n_samples; ++j) {
+    logit[sk.s + j] = dot(a.q, sk.samples + static_cast<size_t>(j) * d, d) * a.scale;
+  }
+  for (int j = 0; j < a.n_exact; ++j) {
+    float l = dot(a.q, a.exact_keys + static_cast<size_t>(j) * d, d) * a.scale;
+    if (a.exact_bias) l += a.exact_bias[j];
+    logit[sk.s + n_samples + j] = l;
+  }
+  for (int j = 0; j < total; ++j) c = std::max(c, logit[j]);
+
+  std::vector<double> z(d, 0.0);
+  double tau = 0;
+  // Numerator estimator (line 29).
+  for (int j = 0; j < sk.s; ++j) {
+    const float* v = sk.m_values + static_cast<size_t>(j) * d;
+    const double sq = value_sqnorm(v, d);
+    if (!(sq > 0)) continue;  // a zero value adds nothing (and has weight 0/0)
+    const double w = sk.mu / (static_cast<double>(sk.s) * sq) * std::exp(double(logit[j]) - c);
+    for (int x = 0; x < d; ++x) z[x] += w * v[x];
+  }
+  // Partition-function estimator (line 30).
+  for (int i = 0; i < sk.clusters; ++i) {
+    double sum = 0;
+    for (int j = 0; j < sk.t; ++j) sum += std::exp(double(logit[sk.s + i * sk.t + j]) - c);
+    tau += static_cast<double>(sk.counts[i]) / sk.t * sum;
+  }
+  // Exact tokens: their own mass in both.
+  for (int j = 0; j < a.n_exact; ++j) {
+    const double e = std::exp(double(logit[sk.s + n_samples + j]) - c);
+    const float* v = a.exact_values + static_cast<size_t>(j) * d;
+    for (int x = 0; x < d; ++x) z[x] += e * v[x];
+    tau += e;
+  }
+  if (!(tau > 0) || !std::isfinite(tau)) {
+    std::fill(a.out, a.out + d, 0.0f);
+    return;
+  }
+  for (int x = 0; x < d; ++x) a.out[x] = static_cast<float>(z[x] / tau);
+}
+
+double subgen_memory_tokens(const SubgenSketch& sk, int s, int t, int exact_tokens) {
+  const double m = sk.absorbed > 0 ? s : 0;
+  return m + static_cast<double>(sk.clusters()) * (t + 1) / 2.0 + exact_tokens;
+}
+
+size_t subgen_sketch_bytes(const SubgenSketch& sk) {
+  if (sk.absorbed == 0) return 0;
+  return (sk.m_keys.size() + sk.m_values.size() + sk.reps.size() + sk.samples.size()) *
+             sizeof(float) +
+         sk.counts.size() * sizeof(int64_t) + sizeof(sk.mu) + sizeof(sk.absorbed);
+}
+
+int subgen_max_clusters(int kv_budget, int s, int t, int sinks, int recent) {
+  const long long room = static_cast<long long>(kv_budget) - s - sinks - recent;
+  if (room <= 0 || t < 1) return 0;
+  return static_cast<int>(2 * room / (t + 1));
+}
+
+int subgen_count_clusters(const float* keys, int n, int ld, int head_dim, double delta2,
+                          int limit) {
+  std::vector<float> reps;
+  int m = 0;
+  for (int j = 0; j < n; ++j) {
+    const float* k = keys + static_cast<size_t>(j) * ld;
+    const Nearest near = nearest_rep(reps.data(), m, head_dim, k, head_dim);
+    if (near.index >= 0 && near.dist2 <= delta2) continue;
+    if (++m > limit) return m;
+    reps.insert(reps.end(), k, k + head_dim);
+  }
+  return m;
+}
+
+double subgen_auto_delta2(const float* keys, int n, int ld, int head_dim, int max_clusters,
+                          int iterations) {
+  KVB_CHECK(max_clusters >= 1 && n >= 0) << "subgen_auto_delta2: max_clusters " << max_clusters;
+  if (n == 0) return 0;
+  if (subgen_count_clusters(keys, n, ld, head_dim, 0.0, max_clusters) <= max_clusters) return 0;
+  double lo = 0, hi = 0;  // count(lo) > max_clusters >= count(hi)
+  for (int j = 1; j < n; ++j) {
+    hi = std::max(hi, squared_distance(keys + static_cast<size_t>(j) * ld, keys, head_dim));
+  }
+  for (int it = 0; it < iterations; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    if (subgen_count_clusters(keys, n, ld, head_dim, mid, max_clusters) <= max_clusters) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return hi;
+}
+
+}  // namespace kvb::kernels::cpu
