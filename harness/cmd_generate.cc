@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "harness/cli.h"
-#include "harness/model_setup.h"
+#include "workers/model_session.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/generate.h"
 
@@ -90,9 +90,9 @@ int cmd_generate(const std::vector<std::string>& args) {
 
   // Fail on a bad policy name before the (slow) model load; budgets are checked against the model.
   if (!policies::find_policy(policy_name)) policies::make_policy({.name = policy_name});
-  LoadedModel lm = load_model_and_tokenizer(model_path, tokenizer_path);
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(model_path, tokenizer_path);
   const engine::ModelConfig& c = lm.model->config;
-  std::vector<int32_t> ids = encode_prompt(lm, prompt, chat, system);
+  std::vector<int32_t> ids = workers::encode_prompt(lm, prompt, chat, system);
   if (ids.empty() && lm.tokenizer->bos_id() >= 0) ids.push_back(lm.tokenizer->bos_id());
   KVB_USAGE_CHECK(!ids.empty()) << "the prompt is empty and the vocabulary has no BOS token";
   KVB_USAGE_CHECK(static_cast<int>(ids.size()) < c.max_seq_len)
@@ -114,7 +114,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   pc.name = policy_name;
   pc.kv_budget = kv_budget;
   pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-  pc.options = parse_policy_options(policy_opts);
+  pc.options = workers::parse_policy_options(policy_opts);
   pc.seed = seed;
   std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
 

@@ -1,11 +1,11 @@
 // Model + tokenizer loading and prompt encoding for the CLI.
-#include "harness/model_setup.h"
+#include "workers/model_session.h"
 
 #include "common/error.h"
 #include "common/log.h"
 #include "workers/formats/gguf.h"
 
-namespace kvb::harness {
+namespace kvb::workers {
 
 namespace {
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -52,26 +52,46 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   return lm;
 }
 
+ChatFrame chat_frame(const LoadedModel& lm, const std::string& system) {
+  KVB_USAGE_CHECK(lm.chat_format != tokenizer::ChatFormat::kNone)
+      << "the model has no chat template kvbench recognizes (supported: ChatML, Llama-3, Gemma); "
+         "run without chat";
+  // Render with a sentinel as the user message and split around it, so that the template's
+  // markers are parsed as special tokens and the user's text never is.
+  static const std::string kSentinel = "\x01\x02kvbench-user-content\x02\x01";
+  std::vector<tokenizer::ChatMessage> messages;
+  // Templates such as SmolLM2's insert a default system turn when the conversation has none;
+  // rendering that turn explicitly gives the same text.
+  const std::string sys = system.empty() ? tokenizer::chat_default_system(lm.chat_template) : system;
+  if (!sys.empty()) messages.push_back({"system", sys});
+  messages.push_back({"user", kSentinel});
+  const std::string text = tokenizer::apply_chat_template(lm.chat_format, messages, true);
+  const size_t at = text.find(kSentinel);
+  KVB_ASSERT(at != std::string::npos && text.find(kSentinel, at + 1) == std::string::npos);
+  return {text.substr(0, at), text.substr(at + kSentinel.size())};
+}
+
+std::vector<int32_t> encode_text(const LoadedModel& lm, const std::string& text, bool special,
+                                 bool bos) {
+  tokenizer::EncodeOptions opt;
+  opt.add_bos = bos;
+  opt.parse_special = special;
+  return lm.tokenizer->encode(text, opt);
+}
+
+bool prompt_needs_bos(const LoadedModel& lm, bool chat) {
+  // Llama-3 and Gemma templates write their BOS text literally; do not add a second one.
+  return lm.add_bos && (!chat || lm.chat_format == tokenizer::ChatFormat::kChatML);
+}
+
 std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& prompt, bool chat,
                                    const std::string& system) {
-  std::string text = prompt;
-  if (chat) {
-    KVB_USAGE_CHECK(lm.chat_format != tokenizer::ChatFormat::kNone)
-        << "--chat: the model has no chat template kvbench recognizes (supported: ChatML, "
-           "Llama-3, Gemma)";
-    std::vector<tokenizer::ChatMessage> messages;
-    // Templates such as SmolLM2's insert a default system turn when the conversation has none;
-    // rendering that turn explicitly gives the same text.
-    const std::string sys = system.empty() ? tokenizer::chat_default_system(lm.chat_template) : system;
-    if (!sys.empty()) messages.push_back({"system", sys});
-    messages.push_back({"user", prompt});
-    text = tokenizer::apply_chat_template(lm.chat_format, messages, true);
-  }
-  tokenizer::EncodeOptions opt;
-  // Llama-3 and Gemma templates write their BOS text literally; do not add a second one.
-  opt.add_bos = lm.add_bos && (!chat || lm.chat_format == tokenizer::ChatFormat::kChatML);
-  opt.parse_special = chat;
-  return lm.tokenizer->encode(text, opt);
+  if (!chat) return encode_text(lm, prompt, false, prompt_needs_bos(lm, false));
+  const ChatFrame frame = chat_frame(lm, system);
+  std::vector<int32_t> ids = encode_text(lm, frame.prefix, true, prompt_needs_bos(lm, true));
+  for (int32_t id : encode_text(lm, prompt, false, false)) ids.push_back(id);
+  for (int32_t id : encode_text(lm, frame.suffix, true, false)) ids.push_back(id);
+  return ids;
 }
 
 policies::PolicyOptions parse_policy_options(const std::vector<std::string>& entries) {
@@ -87,4 +107,4 @@ policies::PolicyOptions parse_policy_options(const std::vector<std::string>& ent
   return opts;
 }
 
-}  // namespace kvb::harness
+}  // namespace kvb::workers

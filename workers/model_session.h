@@ -1,4 +1,4 @@
-// Shared by the subcommands that run a model: load the model and its tokenizer from the CLI's
+// Shared by everything that runs a model (generate, eval, sweep workers): load the model and its tokenizer from the CLI's
 // --model/--tokenizer, encode prompts (optionally through the model's chat template).
 #pragma once
 
@@ -10,7 +10,7 @@
 #include "workers/engine/model.h"
 #include "workers/tokenizer/tokenizer.h"
 
-namespace kvb::harness {
+namespace kvb::workers {
 
 struct LoadedModel {
   std::unique_ptr<engine::Model> model;
@@ -26,6 +26,21 @@ struct LoadedModel {
 LoadedModel load_model_and_tokenizer(const std::string& model_path,
                                      const std::string& tokenizer_path);
 
+// The chat template around one user message: prefix + user text + suffix (the suffix ends with
+// the assistant header). system "" uses the template's default system message, if any.
+struct ChatFrame {
+  std::string prefix;
+  std::string suffix;
+};
+ChatFrame chat_frame(const LoadedModel& lm, const std::string& system);
+// Encodes text; `special` parses control-token text ("<|im_start|>") as control tokens. Data and
+// user text are encoded with special = false, so a dataset cannot inject control tokens.
+std::vector<int32_t> encode_text(const LoadedModel& lm, const std::string& text, bool special,
+                                 bool bos);
+// Whether a prompt starts with BOS (llama2.c models, GGUF add_bos_token; not when a chat
+// template writes its BOS literally).
+bool prompt_needs_bos(const LoadedModel& lm, bool chat);
+
 // Encodes a user prompt; with chat, wraps it as one user turn (plus an optional system turn).
 std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& prompt, bool chat,
                                    const std::string& system);
@@ -33,4 +48,4 @@ std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& pro
 // "key=value" strings from --policy-opt into options; a malformed entry is a usage error.
 policies::PolicyOptions parse_policy_options(const std::vector<std::string>& entries);
 
-}  // namespace kvb::harness
+}  // namespace kvb::workers

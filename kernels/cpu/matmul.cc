@@ -14,7 +14,13 @@
 #include <memory>
 #include <new>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
+// One SIMD path per build: the widest the compiler targets.
+#if defined(__AVX512F__)
+#define KVB_MATMUL_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KVB_MATMUL_AVX2 1
+#endif
+#if defined(KVB_MATMUL_AVX512) || defined(KVB_MATMUL_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -44,6 +50,7 @@ float dot_portable(const float* x, const float* w, int k) {
   return reduce_lanes(a);
 }
 
+#if !defined(KVB_MATMUL_AVX512) && !defined(KVB_MATMUL_AVX2)
 // 1x1 tile for the portable build: out[0] = dot(x row, w row).
 struct TilePortable {
   static constexpr int kRows = 1, kCols = 1;
@@ -51,13 +58,16 @@ struct TilePortable {
     out[0] = dot_portable(xr[0], wr[0], k);
   }
 };
+#endif
 
-#if defined(__AVX512F__)
+#if defined(KVB_MATMUL_AVX512)
 // GCC 12 warns that _mm512_undefined_ps (inside _mm512_shuffle_f32x4 and _mm512_permutexvar_ps)
 // is uninitialized once inlined: a false positive (GCC PR 105593, fixed in GCC 13).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 // Reduces 16 lane vectors a[r + 4 * c] with the fixed tree, transposed so that the 16 trees run
 // side by side: 128-bit lane r of the result holds the dots (r, c = 0..3). Pairings match
 // reduce_lanes exactly (f32 addition is commutative bit for bit), so the bits are the same.
@@ -137,16 +147,15 @@ struct TileAvx512 {
     } else {
       static_assert(R == 1, "only 4x4 and 1x16 tiles");
       // out[j] = acc[j] = position 4 * (j % 4) + j / 4
-      const __m512i idx =
-          _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+      const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
       _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, s));
     }
   }
 };
 #pragma GCC diagnostic pop
-#endif  // __AVX512F__
+#endif  // KVB_MATMUL_AVX512
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(KVB_MATMUL_AVX2)
 // The 16 lanes as two ymm: lo = lanes 0..7, hi = lanes 8..15; reduced with the same tree.
 inline float reduce_pair(__m256 lo, __m256 hi) {
   const __m256 s8 = _mm256_add_ps(lo, hi);
@@ -175,7 +184,8 @@ struct TileAvx2 {
         for (int r = 0; r < R; ++r) {
           const __m256 xv = _mm256_loadu_ps(xr[r] + p + 8 * h);
 #pragma GCC unroll 8
-          for (int c = 0; c < C; ++c) acc[h][r * C + c] = _mm256_fmadd_ps(xv, wv[c], acc[h][r * C + c]);
+          for (int c = 0; c < C; ++c)
+            acc[h][r * C + c] = _mm256_fmadd_ps(xv, wv[c], acc[h][r * C + c]);
         }
       }
     }
@@ -184,8 +194,8 @@ struct TileAvx2 {
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const int cnt = std::clamp(rem - 8 * h, 0, 8);
-        const __m256i mi = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt),
-                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i mi =
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         const __m256 mf = _mm256_castsi256_ps(mi);
         __m256 wv[C];
 #pragma GCC unroll 8
@@ -205,7 +215,7 @@ struct TileAvx2 {
     for (int t = 0; t < R * C; ++t) out[t] = reduce_pair(acc[0][t], acc[1][t]);
   }
 };
-#endif  // __AVX2__ && __FMA__
+#endif  // KVB_MATMUL_AVX2
 
 // Per-thread scratch for packed operands, 64-byte aligned, grown on demand and kept for reuse.
 class PackBuffer {
@@ -250,9 +260,11 @@ bool aligned64(const float* p, int k) {
 // Runs Tile over all outputs. Work units are (x row block, w panel) pairs: inside one, each R-row
 // tile of x (L1) meets every C-row tile of the panel (L2). Edge tiles repeat the last valid row
 // of x / w and drop those outputs; every output is computed by the same Tile in the same order.
+// No k-blocking: a tile keeps its lane sums in registers over the whole of k (splitting k would
+// spill 16 zmm per tile); for the model sizes (k <= 1536) a 4-row tile of x is <= 24 KiB (L1).
 template <typename Tile>
-void matmul_tiled(float* y, const float* x, const float* w, const float* bias, int n, int k,
-                  int m, Tile tile) {
+void matmul_tiled(float* y, const float* x, const float* w, const float* bias, int n, int k, int m,
+                  Tile tile) {
   constexpr int R = Tile::kRows, C = Tile::kCols;
   const int block_rows = R * std::max(1, 64 / R);
   // n <= R: one row block, so split m finely for the threads (decode: parallel over m).
@@ -279,11 +291,13 @@ void matmul_tiled(float* y, const float* x, const float* w, const float* bias, i
       const RowBlock wb = pack_rows(w, k, j_begin, j_end, pack_w, &w_buf);
       for (int i0 = i_begin; i0 < i_end; i0 += R) {
         const float* xr[R];  // R pointers to rows of x: [k]
-        for (int r = 0; r < R; ++r) xr[r] = xb.base + (std::min(i0 + r, i_end - 1) - i_begin) * xb.stride;
+        for (int r = 0; r < R; ++r)
+          xr[r] = xb.base + (std::min(i0 + r, i_end - 1) - i_begin) * xb.stride;
         const int rows = std::min(R, n - i0);
         for (int j0 = j_begin; j0 < j_end; j0 += C) {
           const float* wr[C];  // C pointers to rows of w: [k]
-          for (int c = 0; c < C; ++c) wr[c] = wb.base + (std::min(j0 + c, j_end - 1) - j_begin) * wb.stride;
+          for (int c = 0; c < C; ++c)
+            wr[c] = wb.base + (std::min(j0 + c, j_end - 1) - j_begin) * wb.stride;
           float out[R * C];  // [R, C] row-major
           tile(xr, wr, k, out);
           const int cols = std::min(C, m - j0);
@@ -312,13 +326,13 @@ void check_args(float* y, const float* x, const float* w, int n, int k, int m) {
 void matmul(float* y, const float* x, const float* w, const float* bias, int n, int k, int m) {
   check_args(y, x, w, n, k, m);
   if (n == 0 || m == 0) return;
-#if defined(__AVX512F__)
+#if defined(KVB_MATMUL_AVX512)
   if (n == 1) {
     matmul_tiled(y, x, w, bias, n, k, m, TileAvx512<1, 16>{});
   } else {
     matmul_tiled(y, x, w, bias, n, k, m, TileAvx512<4, 4>{});
   }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(KVB_MATMUL_AVX2)
   if (n == 1) {
     matmul_tiled(y, x, w, bias, n, k, m, TileAvx2<1, 4>{});
   } else {

@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "common/error.h"
-#include "harness/model_setup.h"
+#include "workers/model_session.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 
@@ -21,15 +21,15 @@ class Stories : public ::testing::Test {
   static void SetUpTestSuite() {
     // CI must fail, not skip, when ../shared is missing.
     ASSERT_TRUE(std::ifstream(kModel).good()) << kModel << " missing: ../shared must be beside the checkout";
-    lm_ = new harness::LoadedModel(harness::load_model_and_tokenizer(kModel, kTok));
+    lm_ = new workers::LoadedModel(workers::load_model_and_tokenizer(kModel, kTok));
   }
   static void TearDownTestSuite() {
     delete lm_;
     lm_ = nullptr;
   }
-  static harness::LoadedModel* lm_;
+  static workers::LoadedModel* lm_;
 };
-harness::LoadedModel* Stories::lm_ = nullptr;
+workers::LoadedModel* Stories::lm_ = nullptr;
 
 TEST_F(Stories, ConfigMatchesHeader) {
   const engine::ModelConfig& c = lm_->model->config;
@@ -46,7 +46,7 @@ TEST_F(Stories, ConfigMatchesHeader) {
 // llama2.c's test expectation for this model: greedy from BOS.
 TEST_F(Stories, GreedyFromBosMatchesLlama2c) {
   engine::Engine eng(*lm_->model);
-  std::vector<int32_t> prompt = harness::encode_prompt(*lm_, "", false, "");
+  std::vector<int32_t> prompt = workers::encode_prompt(*lm_, "", false, "");
   if (prompt.empty()) prompt.push_back(1);
   ASSERT_EQ(prompt, std::vector<int32_t>{1});
   kernels::KvCache cache = eng.new_cache(64);

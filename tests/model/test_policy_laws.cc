@@ -49,7 +49,7 @@ std::vector<Variant> variants() {
   add("scissorhands", {{"prefill", "streaming"}});
   add("snapkv", {{"gqa", "expand"}});
   add("window", {{"gqa", "expand"}});
-  add("subgen", {{"sinks", "4"}, {"recent", "8"}});
+  add("subgen", {{"sinks", "2"}, {"recent", "4"}});
   add("subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}});
   return v;
 }

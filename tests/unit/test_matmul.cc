@@ -1,8 +1,6 @@
 // Tests kvb::kernels::cpu::matmul: accuracy against the double-accumulating reference over awkward
 // shapes, bit-identity with the scalar emulation of its summation order, and determinism across
 // batch groupings and OpenMP thread counts.
-#include "kernels/cpu/matmul.h"
-
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/matmul.h"
 
 namespace kvb::kernels::cpu {
 namespace {
@@ -44,7 +43,7 @@ void check_shape(int n, int k, int m) {
   for (const float* bias : {static_cast<const float*>(nullptr), b.data()}) {
     SCOPED_TRACE(bias != nullptr ? "with bias" : "no bias");
     std::vector<float> y(static_cast<size_t>(n) * m, NAN);  // [n, m]
-    std::vector<float> ref(y.size()), emu(y.size());         // [n, m]
+    std::vector<float> ref(y.size()), emu(y.size());        // [n, m]
     matmul(y.data(), x.data(), w.data(), bias, n, k, m);
     matmul_reference(ref.data(), x.data(), w.data(), bias, n, k, m);
     matmul_portable(emu.data(), x.data(), w.data(), bias, n, k, m);
@@ -103,20 +102,51 @@ TEST(Matmul, ZeroSizes) {
   EXPECT_THROW(matmul(y.data(), nullptr, w.data(), nullptr, -1, 3, 5), kvb::Error);
 }
 
+// Copies v to a 64-byte aligned address plus `offset` floats inside storage; returns the copy.
+float* place(const std::vector<float>& v, int offset, std::vector<float>* storage) {
+  storage->assign(v.size() + 16 + offset, 0.0f);
+  float* p = storage->data();
+  while (reinterpret_cast<uintptr_t>(p) % 64 != 0) ++p;
+  std::memcpy(p + offset, v.data(), v.size() * sizeof(float));
+  return p + offset;
+}
+
+// Aligned operands with k % 16 == 0 take the in-place path, misaligned ones are packed first
+// (and w only for n >= 16): all must give the bits of the scalar emulation.
+TEST(Matmul, AlignedAndMisalignedOperands) {
+  for (const Shape& s : {Shape{1, 576, 200}, Shape{8, 576, 100}, Shape{40, 576, 70},
+                         Shape{40, 64, 33}, Shape{40, 172, 70}}) {
+    SCOPED_TRACE(testing::Message() << "n=" << s.n << " k=" << s.k << " m=" << s.m);
+    const std::vector<float> x = random_vec(static_cast<size_t>(s.n) * s.k, 21);  // [n, k]
+    const std::vector<float> w = random_vec(static_cast<size_t>(s.m) * s.k, 22);  // [m, k]
+    std::vector<float> emu(static_cast<size_t>(s.n) * s.m);                       // [n, m]
+    matmul_portable(emu.data(), x.data(), w.data(), nullptr, s.n, s.k, s.m);
+    for (int x_off : {0, 1, 5}) {
+      for (int w_off : {0, 3, 8}) {
+        std::vector<float> xs, ws;
+        std::vector<float> y(emu.size());  // [n, m]
+        matmul(y.data(), place(x, x_off, &xs), place(w, w_off, &ws), nullptr, s.n, s.k, s.m);
+        ASSERT_TRUE(same_bits(y.data(), emu.data(), y.size()))
+            << "x offset " << x_off << " w offset " << w_off;
+      }
+    }
+  }
+}
+
 // Row i of y depends only on row i of x and on w: same bits alone (n = 1, the decode kernel),
 // inside a batch of 37 (the tiled kernel, rows at every position of a tile and edge tiles),
-// and with 1 or 2 OpenMP threads.
+// and with 1, 2 or 3 OpenMP threads.
 TEST(Matmul, BatchAndThreadInvariantBits) {
   const int n = 37;
   for (const Shape& s : {Shape{n, 576, 576}, Shape{n, 172, 64}, Shape{n, 1000, 577},
                          Shape{n, 1536, 192}, Shape{n, 13, 37}}) {
     SCOPED_TRACE(testing::Message() << "k=" << s.k << " m=" << s.m);
-    const std::vector<float> x = random_vec(static_cast<size_t>(n) * s.k, 11);  // [n, k]
+    const std::vector<float> x = random_vec(static_cast<size_t>(n) * s.k, 11);    // [n, k]
     const std::vector<float> w = random_vec(static_cast<size_t>(s.m) * s.k, 12);  // [m, k]
     const std::vector<float> b = random_vec(static_cast<size_t>(s.m), 13);        // [m]
     const int saved_threads = omp_get_max_threads();
     std::vector<std::vector<float>> by_threads;
-    for (int threads : {1, 2}) {
+    for (int threads : {1, 2, 3}) {
       omp_set_num_threads(threads);
       std::vector<float> batch(static_cast<size_t>(n) * s.m);  // [n, m]
       matmul(batch.data(), x.data(), w.data(), b.data(), n, s.k, s.m);
@@ -127,19 +157,22 @@ TEST(Matmul, BatchAndThreadInvariantBits) {
         ASSERT_TRUE(same_bits(alone.data(), batch.data() + static_cast<size_t>(i) * s.m, s.m))
             << "row " << i << " threads " << threads;
       }
-      // Other groupings: rows [i, n) as a batch of their own (shifts tile boundaries).
+      // Other groupings: rows [start, n) as a batch of their own (shifts tile boundaries).
       for (int start : {1, 2, 3, 5, 30}) {
         std::vector<float> part(static_cast<size_t>(n - start) * s.m);  // [n - start, m]
         matmul(part.data(), x.data() + static_cast<size_t>(start) * s.k, w.data(), b.data(),
                n - start, s.k, s.m);
-        ASSERT_TRUE(same_bits(part.data(), batch.data() + static_cast<size_t>(start) * s.m,
-                              part.size()))
+        ASSERT_TRUE(
+            same_bits(part.data(), batch.data() + static_cast<size_t>(start) * s.m, part.size()))
             << "rows from " << start;
       }
       by_threads.push_back(std::move(batch));
     }
     omp_set_num_threads(saved_threads);
-    ASSERT_TRUE(same_bits(by_threads[0].data(), by_threads[1].data(), by_threads[0].size()));
+    for (size_t t = 1; t < by_threads.size(); ++t) {
+      ASSERT_TRUE(same_bits(by_threads[0].data(), by_threads[t].data(), by_threads[0].size()))
+          << "threads " << t + 1 << " vs 1";
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 #include "workers/engine/forward.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -118,7 +119,9 @@ void Engine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Polic
   stats.num_heads = c.num_heads;
   stats.pre_rope_keys = req.pre_rope_keys ? pre_rope_k_.data() : nullptr;
   if (hook == PolicyHook::kDecode && policy->evict_before_attention()) {
+    const auto t0 = std::chrono::steady_clock::now();
     policy->on_decode_layer(stats, cache);
+    policy_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     hook = PolicyHook::kNone;
   }
 
@@ -174,8 +177,12 @@ void Engine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Polic
   }
   cpu::attention(args);
   // The layer's output used the full cache; the policy's decision shapes what later steps see.
+  const auto t0 = std::chrono::steady_clock::now();
   if (hook == PolicyHook::kPrefill) policy->on_prefill_layer(stats, cache);
   if (hook == PolicyHook::kDecode) policy->on_decode_layer(stats, cache);
+  if (hook != PolicyHook::kNone) {
+    policy_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
 }
 
 }  // namespace kvb::engine

@@ -32,6 +32,9 @@ class Engine {
   explicit Engine(const Model& model);
   const Model& model() const { return model_; }
   const ModelConfig& config() const { return model_.config; }
+  // Milliseconds spent inside policy hooks (scoring, selection, compaction) since construction:
+  // the eviction overhead, measured apart from attention. Attention statistics are not included.
+  double policy_ms() const { return policy_ms_; }
 
   // A fresh cache for this model, with room for `initial_capacity` tokens per head.
   // With a policy that expands GQA, the cache has one "KV head" per query head.
@@ -52,6 +55,7 @@ class Engine {
                     PolicyHook hook, const policies::StatsRequest& req, int last_w, float scale);
 
   const Model& model_;
+  double policy_ms_ = 0;
   // Scratch, reused across calls: [n, dim], [n, q_dim], [n, kv_dim], [n, hidden_dim].
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<int32_t> pos_;

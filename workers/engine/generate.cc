@@ -29,18 +29,11 @@ void prefill_prompt(Engine& engine, kernels::KvCache& cache, const std::vector<i
   }
 }
 
-GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
-                        const GenerateOptions& options,
-                        const std::function<void(int32_t)>& on_token,
-                        policies::Policy* policy) {
-  KVB_USAGE_CHECK(!prompt.empty()) << "the prompt has no tokens (give a prompt or a BOS token)";
+GenerateResult generate_from(Engine& engine, kernels::KvCache& cache, std::vector<float> logits,
+                             const GenerateOptions& options,
+                             const std::function<bool(int32_t)>& on_token,
+                             policies::Policy* policy) {
   GenerateResult result;
-  result.prompt_tokens = static_cast<int>(prompt.size());
-  std::vector<float> logits;
-  auto t0 = std::chrono::steady_clock::now();
-  prefill_prompt(engine, cache, prompt, policy, &logits);
-  result.prefill_ms = ms_since(t0);
-
   auto is_end = [&](int32_t id) {
     return std::find(options.end_ids.begin(), options.end_ids.end(), id) != options.end_ids.end();
   };
@@ -52,12 +45,35 @@ GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vect
       break;
     }
     result.tokens.push_back(next);
-    if (on_token) on_token(next);
+    if (on_token && !on_token(next)) break;
     if (step + 1 == options.max_new_tokens) break;  // the last token is not fed back
+    const auto ts = std::chrono::steady_clock::now();
     engine.forward({&next, 1}, cache, LogitsMode::kLast, &logits, policy, PolicyHook::kDecode);
+    result.step_ms.push_back(ms_since(ts));
     ++result.decode_steps;
   }
   result.decode_ms = ms_since(t1);
+  return result;
+}
+
+GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& options,
+                        const std::function<void(int32_t)>& on_token,
+                        policies::Policy* policy) {
+  KVB_USAGE_CHECK(!prompt.empty()) << "the prompt has no tokens (give a prompt or a BOS token)";
+  std::vector<float> logits;
+  auto t0 = std::chrono::steady_clock::now();
+  prefill_prompt(engine, cache, prompt, policy, &logits);
+  const double prefill_ms = ms_since(t0);
+  GenerateResult result = generate_from(
+      engine, cache, std::move(logits), options,
+      [&](int32_t id) {
+        if (on_token) on_token(id);
+        return true;
+      },
+      policy);
+  result.prompt_tokens = static_cast<int>(prompt.size());
+  result.prefill_ms = prefill_ms;
   return result;
 }
 

@@ -25,6 +25,7 @@ struct GenerateResult {
   double prefill_ms = 0;        // prompt forward pass, incl. the first token's logits
   double decode_ms = 0;         // all decode steps
   int decode_steps = 0;
+  std::vector<double> step_ms;  // each decode step (forward of one token)
 };
 
 // The prompt phase alone: begin_sequence, then prefill per the policy's prefill_mode (oneshot:
@@ -32,6 +33,13 @@ struct GenerateResult {
 // the last token's logits.
 void prefill_prompt(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
                     policies::Policy* policy, std::vector<float>* logits);
+
+// The decode loop alone, from the logits after the prompt. on_token is called with each generated
+// id (not the end token) before it is fed back; returning false stops generation there.
+GenerateResult generate_from(Engine& engine, kernels::KvCache& cache, std::vector<float> logits,
+                             const GenerateOptions& options,
+                             const std::function<bool(int32_t)>& on_token,
+                             policies::Policy* policy);
 
 // Runs `prompt` (non-empty) through the engine on `cache` and generates. on_token (optional) is
 // called with each generated id as it is produced.
