@@ -1,0 +1,269 @@
+// run_sample: prompt assembly, prefill (with question placement), generation / choice scoring /
+// streaming perplexity, and the unit's measurements.
+#include "workers/runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "common/error.h"
+#include "workers/engine/generate.h"
+
+namespace kvb::workers {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// log softmax(logits)[id], in double.
+double log_prob(const std::vector<float>& logits, int32_t id) {
+  double m = -INFINITY;
+  for (float x : logits) m = std::max(m, static_cast<double>(x));
+  double s = 0;
+  for (float x : logits) s += std::exp(static_cast<double>(x) - m);
+  return static_cast<double>(logits[id]) - m - std::log(s);
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  // Nearest-rank on a 0-based index: p50 of 4 values is the 2nd smallest (index 1.5 -> 2).
+  const size_t idx = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p / 100.0 * v.size())) - (p > 0 ? 1 : 0));
+  return v[idx];
+}
+
+// Occupancy and memory sampled after prefill compression and after each step.
+class Tracker {
+ public:
+  Tracker(const kernels::KvCache& cache) : cache_(cache) {}
+  void sample() {
+    const auto& s = cache_.shape();
+    const double heads = static_cast<double>(s.num_layers) * s.num_kv_heads;
+    sum_ += cache_.total_slots() / heads;
+    ++n_;
+    peak_ = std::max(peak_, cache_.max_length());
+    kv_peak_ = std::max(kv_peak_, cache_.logical_bytes());
+    phys_peak_ = std::max(phys_peak_, cache_.physical_bytes());
+  }
+  void finish(UnitMeasurements& m) const {
+    const auto& s = cache_.shape();
+    m.occupancy_mean = n_ ? sum_ / n_ : 0;
+    m.occupancy_final =
+        static_cast<double>(cache_.total_slots()) / (static_cast<double>(s.num_layers) * s.num_kv_heads);
+    m.occupancy_peak = peak_;
+    int lo = INT32_MAX, hi = 0;
+    for (int l = 0; l < s.num_layers; ++l) {
+      for (int h = 0; h < s.num_kv_heads; ++h) {
+        lo = std::min(lo, cache_.length(l, h));
+        hi = std::max(hi, cache_.length(l, h));
+      }
+    }
+    m.occupancy_min_final = lo;
+    m.occupancy_max_final = hi;
+    m.kv_bytes_final = cache_.logical_bytes();
+    m.kv_bytes_peak = kv_peak_;
+    m.kv_physical_peak = phys_peak_;
+  }
+
+ private:
+  const kernels::KvCache& cache_;
+  double sum_ = 0;
+  int n_ = 0;
+  int peak_ = 0;
+  size_t kv_peak_ = 0, phys_peak_ = 0;
+};
+
+struct PromptTokens {
+  std::vector<int32_t> head, context, question, tail;
+  int truncated = 0;
+  size_t size() const { return head.size() + context.size() + question.size() + tail.size(); }
+};
+
+void append(std::vector<int32_t>& to, const std::vector<int32_t>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+
+// Template head/tail around context + question; middle truncation of the user message
+// (LongBench pred.py: keep the first and last halves) so the prompt plus max_new_tokens fits.
+PromptTokens build_prompt(const LoadedModel& lm, const tasks::Sample& s, const RunSettings& rs) {
+  PromptTokens p;
+  ChatFrame frame;
+  if (s.chat) frame = chat_frame(lm, "");
+  p.head = encode_text(lm, frame.prefix, true, prompt_needs_bos(lm, s.chat));
+  p.context = encode_text(lm, s.context, false, false);
+  p.question = encode_text(lm, s.question, false, false);
+  p.tail = encode_text(lm, frame.suffix, true, false);
+  append(p.tail, encode_text(lm, s.answer_prefix, false, false));
+  const int ctx_limit = lm.model->config.max_seq_len;
+  const int overhead = static_cast<int>(p.head.size() + p.tail.size());
+  int limit = ctx_limit - std::max(0, s.max_new_tokens) - overhead;
+  if (rs.max_prompt_tokens > 0) limit = std::min(limit, rs.max_prompt_tokens);
+  KVB_CHECK(limit > 0) << "sample " << s.id << ": the template (" << overhead
+                       << " tokens) and max_new_tokens (" << s.max_new_tokens
+                       << ") leave no room in the model's context of " << ctx_limit;
+  const size_t content = p.context.size() + p.question.size();
+  if (content > static_cast<size_t>(limit)) {
+    std::vector<int32_t> all = p.context;
+    append(all, p.question);
+    const size_t first = limit / 2, last = limit - first;
+    std::vector<int32_t> kept(all.begin(), all.begin() + first);
+    kept.insert(kept.end(), all.end() - last, all.end());
+    const size_t q = std::min(p.question.size(), last);
+    p.context.assign(kept.begin(), kept.end() - q);
+    p.question.assign(kept.end() - q, kept.end());
+    p.truncated = static_cast<int>(content - limit);
+  }
+  return p;
+}
+
+}  // namespace
+
+QuestionPlacement parse_question_placement(const std::string& s) {
+  if (s == "in_prompt") return QuestionPlacement::kInPrompt;
+  if (s == "after_compression") return QuestionPlacement::kAfterCompression;
+  KVB_USAGE_FAIL() << "question placement '" << s << "' unknown; use in_prompt or after_compression";
+}
+
+size_t host_rss_peak_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& s,
+                      const policies::PolicyConfig& pc, const RunSettings& rs) {
+  const engine::ModelConfig& c = lm.model->config;
+  std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
+  UnitOutput out;
+  UnitMeasurements& m = out.m;
+  const double policy_ms0 = engine.policy_ms();
+  std::vector<float> logits;
+
+  if (s.kind == tasks::SampleKind::kPerplexity) {
+    std::vector<int32_t> ids = encode_text(lm, s.text, false, prompt_needs_bos(lm, false));
+    size_t keep = ids.size();
+    if (s.max_tokens > 0) keep = std::min(keep, static_cast<size_t>(s.max_tokens));
+    if (keep > static_cast<size_t>(c.max_seq_len)) {
+      m.truncated_tokens = static_cast<int>(keep - c.max_seq_len);  // documented: the context
+      keep = c.max_seq_len;
+    }
+    ids.resize(keep);
+    KVB_USAGE_CHECK(ids.size() >= 2) << "sample " << s.id << ": the text has " << ids.size()
+                                     << " tokens; perplexity needs at least 2";
+    kernels::KvCache cache = engine.new_cache(static_cast<int>(ids.size()), policy.get());
+    Tracker tr(cache);
+    policy->begin_sequence(1);
+    std::vector<double> steps;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t t = 0; t + 1 < ids.size(); ++t) {
+      const auto ts = std::chrono::steady_clock::now();
+      engine.forward({&ids[t], 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
+                     engine::PolicyHook::kDecode);
+      steps.push_back(ms_since(ts));
+      out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
+      tr.sample();
+    }
+    m.decode_ms = ms_since(t0);
+    m.prompt_tokens = static_cast<int>(ids.size());
+    m.decode_ms_p50 = percentile(steps, 50);
+    m.decode_ms_p99 = percentile(steps, 99);
+    m.tokens_per_s = steps.empty() ? 0 : steps.size() * 1000.0 / m.decode_ms;
+    tr.finish(m);
+  } else {
+    PromptTokens p = build_prompt(lm, s, rs);
+    m.truncated_tokens = p.truncated;
+    out.prediction.truncated_tokens = p.truncated;
+    m.prompt_tokens = static_cast<int>(p.size());
+    out.prediction.prompt_tokens = m.prompt_tokens;
+    KVB_CHECK(p.size() > 0) << "sample " << s.id << ": empty prompt";
+    kernels::KvCache cache =
+        engine.new_cache(static_cast<int>(p.size()) + std::max(1, s.max_new_tokens), policy.get());
+    Tracker tr(cache);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<int32_t> first = p.head;
+    append(first, p.context);
+    std::vector<int32_t> rest = p.question;
+    append(rest, p.tail);
+    if (rs.question == QuestionPlacement::kInPrompt || first.empty()) {
+      append(first, rest);
+      rest.clear();
+    }
+    engine::prefill_prompt(engine, cache, first, policy.get(), &logits);
+    // The question on top of the compressed context, through the decode rule (per token).
+    for (int32_t id : rest) {
+      engine.forward({&id, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
+                     engine::PolicyHook::kDecode);
+    }
+    m.prefill_ms = ms_since(t0);
+    tr.sample();
+
+    if (s.kind == tasks::SampleKind::kChoice) {
+      KVB_CHECK(!s.choices.empty()) << "sample " << s.id << ": no choices";
+      for (const std::string& choice : s.choices) {
+        const std::vector<int32_t> ids = encode_text(lm, choice, false, false);
+        KVB_CHECK(!ids.empty()) << "sample " << s.id << ": choice '" << choice << "' has no tokens";
+        kernels::KvCache fork = cache;
+        std::unique_ptr<policies::Policy> fork_policy = policy->clone();
+        std::vector<float> l = logits;
+        double ll = log_prob(l, ids[0]);
+        for (size_t t = 0; t + 1 < ids.size(); ++t) {
+          engine.forward({&ids[t], 1}, fork, engine::LogitsMode::kLast, &l, fork_policy.get(),
+                         engine::PolicyHook::kDecode);
+          ll += log_prob(l, ids[t + 1]);
+        }
+        out.prediction.choice_logliks.push_back(ll);
+      }
+      m.ttft_ms = m.prefill_ms;
+    } else {
+      engine::GenerateOptions go;
+      go.max_new_tokens = s.max_new_tokens;
+      go.sampling = rs.sampling;
+      go.end_ids = lm.end_ids;
+      std::vector<int32_t> gen;
+      bool first_token = true;
+      std::string stopped_text;
+      bool stopped = false;
+      auto on_token = [&](int32_t id) {
+        if (first_token) {
+          m.ttft_ms = ms_since(t0);
+          first_token = false;
+        }
+        tr.sample();
+        gen.push_back(id);
+        if (s.stop_strings.empty()) return true;
+        const std::string text = lm.tokenizer->decode(gen, true);
+        for (const std::string& stop : s.stop_strings) {
+          const size_t at = text.find(stop);
+          if (at != std::string::npos) {
+            stopped_text = text.substr(0, at);
+            stopped = true;
+            return false;
+          }
+        }
+        return true;
+      };
+      engine::GenerateResult r =
+          engine::generate_from(engine, cache, logits, go, on_token, policy.get());
+      if (first_token) m.ttft_ms = ms_since(t0);
+      out.prediction.text = stopped ? stopped_text : lm.tokenizer->decode(r.tokens, true);
+      m.generated_tokens = static_cast<int>(r.tokens.size());
+      m.decode_ms = r.decode_ms;
+      m.decode_ms_p50 = percentile(r.step_ms, 50);
+      m.decode_ms_p99 = percentile(r.step_ms, 99);
+      m.tokens_per_s = r.decode_steps > 0 ? r.decode_steps * 1000.0 / r.decode_ms : 0;
+    }
+    tr.finish(m);
+  }
+  m.policy_ms = engine.policy_ms() - policy_ms0;
+  m.policy_state_bytes = policy->state_bytes();
+  m.host_rss_peak = host_rss_peak_bytes();
+  return out;
+}
+
+}  // namespace kvb::workers

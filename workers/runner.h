@@ -1,0 +1,64 @@
+// Runs one task sample under one policy and budget on a loaded model: builds the prompt (chat
+// template, answer prefix, middle truncation, question placement), prefills, generates or
+// scores, and measures time and memory (TASKS.md "Measurements every unit records"). The same
+// code path serves `kvbench eval` and the sweep workers.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/policies/policy.h"
+#include "tasks/task.h"
+#include "workers/engine/forward.h"
+#include "workers/engine/sampler.h"
+#include "workers/model_session.h"
+
+namespace kvb::workers {
+
+enum class QuestionPlacement {
+  kInPrompt,          // context + question prefilled together (policies see the question)
+  kAfterCompression,  // context prefilled and compressed, then the question streamed on top
+};
+QuestionPlacement parse_question_placement(const std::string& s);
+
+struct RunSettings {
+  int max_prompt_tokens = 0;  // middle-truncate the user message above this (0: fit the context)
+  QuestionPlacement question = QuestionPlacement::kInPrompt;
+  engine::SamplingParams sampling;  // greedy by default
+};
+
+struct UnitMeasurements {
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+  int truncated_tokens = 0;
+  double prefill_ms = 0;       // prompt forward (incl. compression)
+  double ttft_ms = 0;          // prefill + choosing the first token
+  double decode_ms = 0;        // all decode steps
+  double decode_ms_p50 = 0, decode_ms_p99 = 0;  // per decode step
+  double tokens_per_s = 0;     // generated tokens / decode time
+  double policy_ms = 0;        // inside policy hooks (eviction/scoring overhead)
+  size_t kv_bytes_final = 0, kv_bytes_peak = 0;  // logical (retained slots x slot bytes)
+  size_t kv_physical_peak = 0;
+  size_t policy_state_bytes = 0;  // at the end
+  double occupancy_mean = 0;   // mean retained tokens per (layer, head), over steps
+  double occupancy_final = 0;  // the same after the last step
+  int occupancy_peak = 0;      // the longest head at any step
+  int occupancy_min_final = 0;
+  int occupancy_max_final = 0;
+  size_t host_rss_peak = 0;    // bytes (VmHWM)
+};
+
+struct UnitOutput {
+  tasks::Prediction prediction;
+  UnitMeasurements m;
+};
+
+// Precondition: `engine` was built on lm.model. Throws kvb::Error on bad samples (e.g. a prompt
+// that cannot fit) — callers record that as the unit's error.
+UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& sample,
+                      const policies::PolicyConfig& policy, const RunSettings& settings);
+
+// Resident-set high-water mark of this process, bytes (0 where /proc is unavailable).
+size_t host_rss_peak_bytes();
+
+}  // namespace kvb::workers
