@@ -35,6 +35,17 @@ std::string sanitize_utf8(const std::string& s) {
   return out;
 }
 
+std::string cut_chars(const std::string& raw, size_t max_chars) {
+  const std::string s = sanitize_utf8(raw);
+  size_t chars = 0;
+  for (size_t i = 0; i < s.size();) {
+    if (chars == max_chars) return s.substr(0, i) + "\xE2\x80\xA6";
+    i += utf8_len(s, i);
+    ++chars;
+  }
+  return s;
+}
+
 std::string md_cell(const std::string& raw, size_t max_chars) {
   const std::string s = sanitize_utf8(raw);
   std::string out;

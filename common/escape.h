@@ -14,6 +14,8 @@ std::string csv_field(const std::string& s);
 std::string html_escape(const std::string& s);
 // JSON string body (without the quotes): control chars as \uXXXX, invalid UTF-8 replaced.
 std::string json_escape(const std::string& s);
+// The first max_chars code points of s (valid UTF-8), with "…" appended when cut.
+std::string cut_chars(const std::string& s, size_t max_chars);
 // Replaces invalid UTF-8 sequences with U+FFFD.
 std::string sanitize_utf8(const std::string& s);
 }  // namespace kvb

@@ -12,7 +12,8 @@ namespace kvb::harness {
 const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> table = {
       {"generate", "generate text from a prompt with a model and an eviction policy", cmd_generate},
-      {"ls", "list registered names: kvbench ls policies", cmd_ls},
+      {"eval", "run one task end to end under one policy and budget; print scores", cmd_eval},
+      {"ls", "list registered names: kvbench ls policies | tasks", cmd_ls},
   };
   return table;
 }

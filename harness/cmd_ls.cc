@@ -5,27 +5,25 @@
 #include "common/error.h"
 #include "harness/cli.h"
 #include "kernels/policies/policy.h"
+#include "tasks/task.h"
 
 namespace kvb::harness {
 
 int cmd_ls(const std::vector<std::string>& args) {
   const std::string usage =
-      "usage: kvbench ls policies\n\n"
-      "Lists the registered eviction policies: name, description, and each option with its\n"
-      "default (set options with --policy-opt key=value).\n";
+      "usage: kvbench ls policies | tasks\n\n"
+      "Lists the registered eviction policies or tasks: name, description, and each option with\n"
+      "its default (set with --policy-opt / --task-opt key=value).\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << usage;
     return args.empty() ? 2 : 0;
   }
   KVB_USAGE_CHECK(args.size() == 1) << "unexpected argument '" << args[1] << "'\n" << usage;
-  KVB_USAGE_CHECK(args[0] == "policies") << "kvbench ls: unknown list '" << args[0]
-                                         << "'; available: policies";
-  for (const auto& p : policies::policy_registry()) {
-    std::cout << p.name << "\n    " << p.description << "\n";
-    std::vector<policies::ParamDoc> all = p.params;
-    all.insert(all.end(), policies::common_params().begin(), policies::common_params().end());
-    for (const auto& d : all) {
-      std::cout << "    --policy-opt " << d.name << "=" << d.default_value << "  " << d.description;
+  KVB_USAGE_CHECK(args[0] == "policies" || args[0] == "tasks")
+      << "kvbench ls: unknown list '" << args[0] << "'; available: policies, tasks";
+  auto print_params = [](const std::vector<ParamDoc>& params, const char* flag) {
+    for (const auto& d : params) {
+      std::cout << "    " << flag << " " << d.name << "=" << d.default_value << "  " << d.description;
       if (!d.choices.empty()) {
         std::cout << " [";
         for (size_t i = 0; i < d.choices.size(); ++i) std::cout << (i ? "|" : "") << d.choices[i];
@@ -33,6 +31,19 @@ int cmd_ls(const std::vector<std::string>& args) {
       }
       std::cout << "\n";
     }
+  };
+  if (args[0] == "tasks") {
+    for (const auto& t : tasks::task_registry()) {
+      std::cout << t.name << "\n    " << t.description << "\n";
+      print_params(t.params, "--task-opt");
+    }
+    return 0;
+  }
+  for (const auto& p : policies::policy_registry()) {
+    std::cout << p.name << "\n    " << p.description << "\n";
+    std::vector<policies::ParamDoc> all = p.params;
+    all.insert(all.end(), policies::common_params().begin(), policies::common_params().end());
+    print_params(all, "--policy-opt");
   }
   return 0;
 }

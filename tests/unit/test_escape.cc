@@ -34,3 +34,12 @@ TEST(Escape, HtmlAndJson) {
 
 }  // namespace
 }  // namespace kvb
+namespace kvb {
+namespace {
+TEST(Escape, CutChars) {
+  EXPECT_EQ(cut_chars("héllo", 2), "hé\xE2\x80\xA6");
+  EXPECT_EQ(cut_chars("abc", 3), "abc");
+  EXPECT_EQ(cut_chars("", 0), "");
+}
+}  // namespace
+}  // namespace kvb

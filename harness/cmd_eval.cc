@@ -1,0 +1,207 @@
+// `kvbench eval`: one task end to end in one process under one policy and budget; prints a
+// per-sample table and the aggregate (md, csv or jsonl on stdout), progress on stderr. The sweep
+// runs units through the same workers::run_sample.
+#include <omp.h>
+
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/escape.h"
+#include "common/log.h"
+#include "harness/cli.h"
+#include "harness/table.h"
+#include "tasks/task.h"
+#include "workers/model_session.h"
+#include "workers/runner.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::harness {
+
+namespace {
+Options parse_task_options(const std::vector<std::string>& entries) {
+  Options opts({}, "task option");
+  for (const std::string& e : entries) {
+    const size_t eq = e.find('=');
+    KVB_USAGE_CHECK(eq != std::string::npos && eq > 0)
+        << "--task-opt '" << e << "' is not key=value (e.g. --task-opt depths=0,50,100)";
+    KVB_USAGE_CHECK(!opts.has(e.substr(0, eq))) << "--task-opt " << e.substr(0, eq) << " given twice";
+    opts.set(e.substr(0, eq), e.substr(eq + 1));
+  }
+  return opts;
+}
+
+std::string fmt(double v, int prec = 4) {
+  if (!std::isfinite(v)) return "nan";
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(prec) << v;
+  return s.str();
+}
+}  // namespace
+
+int cmd_eval(const std::vector<std::string>& args) {
+  std::string model_path, tokenizer_path, task_name, policy_name = "full", question = "in_prompt",
+                                                     output = "md";
+  std::vector<std::string> task_opts, policy_opts;
+  int kv_budget = 0, limit = -1, threads = 0, max_prompt_tokens = 0, show_prediction = 60;
+  uint64_t seed = 0;
+  po::options_description desc(
+      "usage: kvbench eval --model PATH --task NAME [--task-opt k=v ...] [--policy NAME "
+      "--kv-budget N] [options]\n\n"
+      "Runs one task end to end in one process and prints per-sample and aggregate scores.\n"
+      "Tasks and their options: kvbench ls tasks; policies: kvbench ls policies.\n\noptions");
+  desc.add_options()
+      ("help,h", "print this help")
+      ("model,m", po::value(&model_path), "model file (.gguf or llama2.c .bin)")
+      ("tokenizer,t", po::value(&tokenizer_path), "tokenizer (required for llama2.c models)")
+      ("task", po::value(&task_name), "task name")
+      ("task-opt", po::value(&task_opts)->composing(), "task option key=value (repeatable)")
+      ("policy", po::value(&policy_name)->default_value("full"), "eviction policy")
+      ("kv-budget", po::value(&kv_budget)->default_value(0), "retained tokens per KV head per layer")
+      ("policy-opt", po::value(&policy_opts)->composing(), "policy option key=value (repeatable)")
+      ("limit", po::value(&limit)->default_value(-1), "evaluate at most K samples (task option limit)")
+      ("question", po::value(&question)->default_value("in_prompt"),
+       "question placement: in_prompt | after_compression")
+      ("max-prompt-tokens", po::value(&max_prompt_tokens)->default_value(0),
+       "middle-truncate prompts above this many tokens (0: the model's context)")
+      ("seed", po::value(&seed)->default_value(0), "seed for randomised policies")
+      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)")
+      ("output,o", po::value(&output)->default_value("md"), "md | csv | jsonl")
+      ("show-prediction", po::value(&show_prediction)->default_value(60),
+       "characters of each prediction shown in the md table (0: hide)");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    KVB_USAGE_FAIL() << e.what() << " (see kvbench eval --help)";
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  KVB_USAGE_CHECK(vm.count("model")) << "--model is required (see kvbench eval --help)";
+  KVB_USAGE_CHECK(vm.count("task")) << "--task is required (kvbench ls tasks lists them)";
+  KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl")
+      << "--output must be md, csv or jsonl, got " << output;
+  if (threads > 0) omp_set_num_threads(threads);
+  Options topts = parse_task_options(task_opts);
+  if (limit >= 0) {
+    KVB_USAGE_CHECK(!topts.has("limit")) << "give --limit or --task-opt limit, not both";
+    topts.set("limit", std::to_string(limit));
+  }
+  workers::RunSettings rs;
+  rs.question = workers::parse_question_placement(question);
+  rs.max_prompt_tokens = max_prompt_tokens;
+  // Names and options are checked before the model is loaded.
+  std::unique_ptr<tasks::Task> task = tasks::make_task(task_name, topts);
+  if (!policies::find_policy(policy_name)) policies::make_policy({.name = policy_name});
+
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(model_path, tokenizer_path);
+  const engine::ModelConfig& c = lm.model->config;
+  policies::PolicyConfig pc;
+  pc.name = policy_name;
+  pc.kv_budget = kv_budget;
+  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+  pc.options = workers::parse_policy_options(policy_opts);
+  pc.seed = seed;
+  policies::make_policy(pc);  // validate budget and options against the model
+
+  tasks::TaskContext ctx;
+  ctx.count_tokens = [&](const std::string& text) {
+    return static_cast<int>(workers::encode_text(lm, text, false, false).size());
+  };
+  ctx.max_context = c.max_seq_len;
+  std::vector<tasks::Sample> samples = task->samples(ctx);
+  KVB_USAGE_CHECK(!samples.empty()) << "task " << task_name << " produced no samples";
+  engine::Engine eng(*lm.model);
+
+  // Columns: sample fields (union, in first-seen order), metrics, measurements.
+  std::vector<std::string> field_names;
+  for (const auto& s : samples) {
+    for (const auto& [k, v] : s.fields) {
+      if (std::find(field_names.begin(), field_names.end(), k) == field_names.end()) {
+        field_names.push_back(k);
+      }
+    }
+  }
+  std::vector<std::string> cols = {"sample"};
+  cols.insert(cols.end(), field_names.begin(), field_names.end());
+  for (const auto& mi : task->metrics()) cols.push_back(mi.name + (mi.higher_is_better ? " ↑" : " ↓"));
+  for (const char* m : {"prompt tok", "gen tok", "prefill ms", "decode ms/tok", "KV MiB", "status"}) {
+    cols.push_back(m);
+  }
+  if (output == "md" && show_prediction > 0) cols.push_back("prediction");
+  Table table(cols);
+
+  std::vector<tasks::Scores> per_sample;
+  int failed = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const tasks::Sample& s = samples[i];
+    std::vector<std::string> row = {s.id};
+    for (const auto& f : field_names) row.push_back(s.fields.count(f) ? s.fields.at(f) : "");
+    std::string status = "ok", error, prediction;
+    workers::UnitOutput u;
+    tasks::Scores sc;
+    try {
+      u = workers::run_sample(lm, eng, s, pc, rs);
+      sc = task->score(s, u.prediction);
+      per_sample.push_back(sc);
+      prediction = u.prediction.text;
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kUsage) throw;
+      status = "error";
+      error = e.what();
+      ++failed;
+    }
+    for (const auto& mi : task->metrics()) row.push_back(sc.count(mi.name) ? fmt(sc[mi.name]) : "");
+    const double per_tok = u.m.generated_tokens > 1 ? u.m.decode_ms / (u.m.generated_tokens - 1) : 0;
+    row.push_back(std::to_string(u.m.prompt_tokens));
+    row.push_back(std::to_string(u.m.generated_tokens));
+    row.push_back(fmt(u.m.prefill_ms, 1));
+    row.push_back(fmt(per_tok, 2));
+    row.push_back(fmt(u.m.kv_bytes_final / 1048576.0, 3));
+    row.push_back(status == "ok" ? status : status + ": " + error);
+    if (output == "md" && show_prediction > 0) row.push_back(cut_chars(prediction, show_prediction));
+    table.add(row);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double eta = elapsed / (i + 1) * (samples.size() - i - 1);
+    KVB_LOG_INFO << "eval " << task_name << " " << policy_name << ": " << (i + 1) << "/"
+                 << samples.size() << " samples, " << fmt(elapsed, 1) << " s elapsed, ETA "
+                 << fmt(eta, 1) << " s" << (status == "ok" ? "" : " (" + error + ")");
+  }
+  table.print(std::cout, output);
+
+  // Aggregate with the standard error of the mean per metric.
+  tasks::Scores agg = task->aggregate(per_sample);
+  std::vector<std::string> acols = {"task", "policy", "kv_budget", "n", "failed"};
+  std::vector<std::string> arow = {task_name, policy_name, std::to_string(kv_budget),
+                                   std::to_string(per_sample.size()), std::to_string(failed)};
+  for (const auto& [name, value] : agg) {
+    acols.push_back(name);
+    double var = 0;
+    int n = 0;
+    for (const auto& s : per_sample) {
+      if (s.count(name)) {
+        var += (s.at(name) - value) * (s.at(name) - value);
+        ++n;
+      }
+    }
+    const double se = n > 1 ? std::sqrt(var / (n - 1) / n) : 0;
+    arow.push_back(n == static_cast<int>(per_sample.size()) && n > 1 ? fmt(value) + " ± " + fmt(se)
+                                                                      : fmt(value));
+  }
+  Table at(acols);
+  at.add(arow);
+  if (output == "md") std::cout << "\n";
+  at.print(std::cout, output);
+  return failed > 0 ? 1 : 0;
+}
+
+}  // namespace kvb::harness

@@ -1,0 +1,100 @@
+// Table printers: Markdown (aligned, numbers right), CSV (RFC 4180, formula-safe), JSON lines.
+#include "harness/table.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "common/error.h"
+#include "common/escape.h"
+
+namespace kvb::harness {
+
+namespace {
+bool is_number(const std::string& s) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return *end == '\0' || std::string(end).rfind(" ±", 0) == 0;
+}
+// Display width in code points (good enough for alignment of mostly-ASCII tables).
+size_t width(const std::string& s) {
+  size_t w = 0;
+  for (unsigned char c : s) w += (c & 0xC0) != 0x80;
+  return w;
+}
+}  // namespace
+
+void Table::print(std::ostream& os, const std::string& format) const {
+  if (format == "csv") {
+    for (size_t c = 0; c < columns_.size(); ++c) os << (c ? "," : "") << csv_field(columns_[c]);
+    os << "\n";
+    for (const auto& r : rows_) {
+      for (size_t c = 0; c < columns_.size(); ++c) {
+        os << (c ? "," : "") << csv_field(c < r.size() ? r[c] : "");
+      }
+      os << "\n";
+    }
+    return;
+  }
+  if (format == "jsonl") {
+    for (const auto& r : rows_) {
+      os << "{";
+      for (size_t c = 0; c < columns_.size(); ++c) {
+        const std::string v = c < r.size() ? r[c] : "";
+        os << (c ? "," : "") << "\"" << json_escape(columns_[c]) << "\":";
+        char* end = nullptr;
+        std::strtod(v.c_str(), &end);
+        if (!v.empty() && *end == '\0' && v != "nan" && v != "inf" && v != "-inf") {
+          os << v;
+        } else {
+          os << "\"" << json_escape(v) << "\"";
+        }
+      }
+      os << "}\n";
+    }
+    return;
+  }
+  KVB_CHECK(format == "md") << "unknown table format " << format;
+  std::vector<std::string> head(columns_.size());
+  std::vector<std::vector<std::string>> cells;
+  for (size_t c = 0; c < columns_.size(); ++c) head[c] = md_cell(columns_[c]);
+  for (const auto& r : rows_) {
+    std::vector<std::string> row(columns_.size());
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      row[c] = md_cell(c < r.size() ? r[c] : "");
+    }
+    cells.push_back(row);
+  }
+  std::vector<size_t> w(columns_.size());
+  std::vector<bool> numeric(columns_.size(), true);
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    w[c] = std::max<size_t>(3, width(head[c]));
+    bool any = false;
+    for (const auto& r : cells) {
+      w[c] = std::max(w[c], width(r[c]));
+      if (!r[c].empty()) {
+        any = true;
+        numeric[c] = numeric[c] && is_number(r[c]);
+      }
+    }
+    numeric[c] = numeric[c] && any;
+  }
+  auto pad = [&](const std::string& s, size_t c) {
+    const std::string fill(w[c] - width(s), ' ');
+    return numeric[c] ? fill + s : s + fill;
+  };
+  os << "|";
+  for (size_t c = 0; c < columns_.size(); ++c) os << " " << pad(head[c], c) << " |";
+  os << "\n|";
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    os << " " << std::string(w[c] - (numeric[c] ? 1 : 0), '-') << (numeric[c] ? ":" : "") << " |";
+  }
+  os << "\n";
+  for (const auto& r : cells) {
+    os << "|";
+    for (size_t c = 0; c < columns_.size(); ++c) os << " " << pad(r[c], c) << " |";
+    os << "\n";
+  }
+}
+
+}  // namespace kvb::harness

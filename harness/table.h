@@ -1,0 +1,24 @@
+// One result table, several printers (md, csv, jsonl): the same rows in each format (STYLE.md
+// "Output"). Cells are strings; md right-aligns cells that parse as numbers. Text cells are
+// escaped for the chosen format.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace kvb::harness {
+
+class Table {
+ public:
+  explicit Table(std::vector<std::string> columns) : columns_(std::move(columns)) {}
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  // format: "md", "csv" or "jsonl".
+  void print(std::ostream& os, const std::string& format) const;
+
+ private:
+  std::vector<std::string> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+}  // namespace kvb::harness
