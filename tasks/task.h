@@ -35,6 +35,10 @@ struct Sample {
   bool chat = true;            // wrap the user message in the model's chat template
   std::string answer_prefix;   // text after the assistant header (or after the raw prompt)
   int max_new_tokens = 32;
+  // Middle-truncate context + question above this many tokens, keeping the first and last halves
+  // (LongBench pred.py); the runner takes the smaller of this and its own setting. 0: no limit of
+  // the task's own (the model's context still applies).
+  int max_prompt_tokens = 0;
   std::vector<std::string> stop_strings;  // besides the model's end tokens, e.g. "\n"
   std::vector<std::string> references;    // gold answers (score: max over them where applicable)
   std::vector<std::string> choices;       // kChoice: continuations, e.g. " A", " B"

@@ -100,7 +100,9 @@ PromptTokens build_prompt(const LoadedModel& lm, const tasks::Sample& s, const R
   const int ctx_limit = lm.model->config.max_seq_len;
   const int overhead = static_cast<int>(p.head.size() + p.tail.size());
   int limit = ctx_limit - std::max(0, s.max_new_tokens) - overhead;
+  // The smaller of the run's setting (CLI/YAML) and the task's own (LongBench's max_prompt_tokens).
   if (rs.max_prompt_tokens > 0) limit = std::min(limit, rs.max_prompt_tokens);
+  if (s.max_prompt_tokens > 0) limit = std::min(limit, s.max_prompt_tokens);
   KVB_CHECK(limit > 0) << "sample " << s.id << ": the template (" << overhead
                        << " tokens) and max_new_tokens (" << s.max_new_tokens
                        << ") leave no room in the model's context of " << ctx_limit;
@@ -238,8 +240,12 @@ UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks
         gen.push_back(id);
         if (s.stop_strings.empty()) return true;
         const std::string text = lm.tokenizer->decode(gen, true);
+        // Stop strings count only after leading whitespace (LongBench strips leading newlines
+        // before cutting few-shot answers at the first "\n").
+        const size_t begin = text.find_first_not_of(" \t\r\n");
+        if (begin == std::string::npos) return true;
         for (const std::string& stop : s.stop_strings) {
-          const size_t at = text.find(stop);
+          const size_t at = text.find(stop, begin);
           if (at != std::string::npos) {
             stopped_text = text.substr(0, at);
             stopped = true;

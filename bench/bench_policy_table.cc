@@ -1,0 +1,98 @@
+// Per-policy memory and time on one long prompt (SmolLM2 by default): KV bytes retained after the
+// prompt and after decoding, as a share of `full`'s, the policy's own state, the time spent
+// inside policy hooks (eviction overhead) and decode ms/token. Prints an md table on stdout.
+//   bench_policy_table [--model PATH] [--prompt-tokens 2048] [--kv-budget 256] [--new-tokens 16]
+// The prompt is WikiText-2 test text from ../shared (a fixed slice), so runs are comparable.
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "common/error.h"
+#include "harness/table.h"
+#include "kernels/policies/policy.h"
+#include "workers/engine/generate.h"
+#include "workers/model_session.h"
+
+namespace {
+std::string fmt(double v, int p) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(p) << v;
+  return s.str();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kvb;
+  std::string model = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string text_file = std::string(KVB_SHARED_DIR) + "/data/wikitext-2/test.txt";
+  int prompt_tokens = 2048, budget = 256, new_tokens = 16;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--text")) text_file = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--prompt-tokens")) prompt_tokens = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--kv-budget")) budget = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--new-tokens")) new_tokens = std::atoi(argv[i + 1]);
+    else {
+      std::cerr << "unknown flag " << argv[i] << "\n";
+      return 2;
+    }
+  }
+  try {
+    workers::LoadedModel lm = workers::load_model_and_tokenizer(model, "");
+    std::ifstream in(text_file);
+    if (!in) throw Error("cannot open " + text_file);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    std::vector<int32_t> prompt = workers::encode_text(lm, ss.str().substr(0, 40 * prompt_tokens), false, false);
+    if (static_cast<int>(prompt.size()) < prompt_tokens) throw Error("text too short");
+    prompt.resize(prompt_tokens);
+    engine::Engine eng(*lm.model);
+    const auto& c = lm.model->config;
+    harness::Table table({"policy", "kv_budget", "prompt tok", "KV bytes after prompt",
+                          "% of full", "KV bytes final", "% of full (final)", "state bytes",
+                          "peak head len", "prefill ms", "policy ms", "decode ms/tok", "status"});
+    double full_prompt = 0, full_final = 0;
+    for (const auto& info : policies::policy_registry()) {
+      policies::PolicyConfig pc;
+      pc.name = info.name;
+      pc.kv_budget = info.name == "full" ? 0 : budget;
+      pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+      auto policy = policies::make_policy(pc);
+      kernels::KvCache cache = eng.new_cache(prompt_tokens + new_tokens, policy.get());
+      std::vector<float> logits;
+      const double pol0 = eng.policy_ms();
+      auto t0 = std::chrono::steady_clock::now();
+      engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
+      const double prefill_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const double after_prompt = cache.logical_bytes();
+      int peak = cache.max_length();
+      engine::GenerateOptions go;
+      go.max_new_tokens = new_tokens;
+      engine::GenerateResult r = engine::generate_from(
+          eng, cache, logits, go, [&](int32_t) { peak = std::max(peak, cache.max_length()); return true; },
+          policy.get());
+      const double final_bytes = cache.logical_bytes();
+      if (info.name == "full") {
+        full_prompt = after_prompt;
+        full_final = final_bytes;
+      }
+      table.add({info.name, std::to_string(pc.kv_budget), std::to_string(prompt_tokens),
+                 fmt(after_prompt, 0), fmt(100.0 * after_prompt / full_prompt, 2),
+                 fmt(final_bytes, 0), fmt(100.0 * final_bytes / full_final, 2),
+                 std::to_string(policy->state_bytes()), std::to_string(peak), fmt(prefill_ms, 0),
+                 fmt(eng.policy_ms() - pol0, 1),
+                 fmt(r.decode_steps ? r.decode_ms / r.decode_steps : 0, 2), "ok"});
+      std::cerr << "[bench_policy_table] " << info.name << " done\n";
+    }
+    table.print(std::cout, "md");
+  } catch (const std::exception& e) {
+    std::cerr << "bench_policy_table: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

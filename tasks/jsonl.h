@@ -1,0 +1,73 @@
+// A validated JSON-lines reader for the data-set tasks (TASKS.md "Data sets"). Input files are
+// treated as hostile: lines and item counts are bounded, every line must be a JSON object, and
+// every error names the file and line (and the key, for missing or wrong-typed fields), so a
+// user can fix the file without a debugger. A missing file names how to obtain it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvb::tasks {
+
+struct JsonlReadOptions {
+  std::string option;         // the task option that names the file, e.g. "data_dir"
+  std::string how_to_obtain;  // one sentence for the missing-file message
+  size_t limit = 0;           // stop after this many items (0: read them all)
+  size_t max_line_bytes = size_t{64} << 20;
+  size_t max_items = 2'000'000;
+  size_t max_total_bytes = size_t{2} << 30;
+};
+
+// One parsed line. Accessors throw kvb::Error "<file>:<line>: key '<key>' ..." on a missing or
+// wrong-typed field; an absent key and a JSON null are both "missing".
+class JsonlItem {
+ public:
+  JsonlItem(std::shared_ptr<const std::string> file, size_t line, nlohmann::json value)
+      : file_(std::move(file)), line_(line), value_(std::move(value)) {}
+  const std::string& file() const { return *file_; }
+  size_t line() const { return line_; }  // 1-based line number in the file
+  const nlohmann::json& json() const { return value_; }
+  bool has(const std::string& key) const;  // present and not null
+
+  std::string str(const std::string& key) const;
+  std::string str_or(const std::string& key, const std::string& def) const;
+  int64_t integer(const std::string& key) const;
+  std::optional<int64_t> integer_opt(const std::string& key) const;
+  std::vector<std::string> str_list(const std::string& key) const;
+  std::optional<std::vector<std::string>> str_list_opt(const std::string& key) const;
+  // Throws kvb::Error "<file>:<line>: <what>" (a usage error: the data is the user's input).
+  [[noreturn]] void fail(const std::string& what) const;
+
+ private:
+  const nlohmann::json& at(const std::string& key, const char* expected) const;
+
+  std::shared_ptr<const std::string> file_;
+  size_t line_;
+  nlohmann::json value_;
+};
+
+// All items of a file, in file order. Blank lines are skipped; CRLF line ends and a UTF-8 BOM
+// are accepted; every other line must parse as one JSON object (strings must be valid UTF-8).
+struct JsonlFile {
+  std::string path;
+  std::vector<JsonlItem> items;
+};
+JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options);
+
+// Python's str.strip(): removes leading and trailing whitespace as Python defines it (ASCII
+// whitespace, \x1c-\x1f, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F,
+// U+3000), so prompts built from the same fields match the Python references byte for byte.
+std::string py_strip(std::string_view s);
+
+// Reads a whole text file (perplexity corpora), bounded by max_bytes; a missing file names the
+// option and how to obtain it.
+std::string read_text_file(const std::string& path, const std::string& option,
+                           const std::string& how_to_obtain, size_t max_bytes);
+
+}  // namespace kvb::tasks
