@@ -1,0 +1,235 @@
+// The results schema embedded in the binary, and the migrations to it (results/schema.h).
+// kSchemaSql below is results/schema.sql verbatim, the file being the source of truth: after
+// editing schema.sql, paste it between the delimiters (test_store's SchemaSqlMatchesEmbedded
+// fails until the two are identical). C++20 has no #embed and the build globs results/*.cc
+// without a generation step, so the copy is checked rather than generated.
+#include "results/schema.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.h"
+#include "results/sqlite_util.h"
+
+namespace kvb::results {
+
+// clang-format off
+const char* const kSchemaSql = R"kvbsql(-- kvbench results database, schema version 1 (DESIGN.md "Results", results/README.md).
+--
+-- `runs` holds the provenance of each sweep invocation; `units` one row per work unit, keyed by
+-- the SHA-256 of its canonical fields (DESIGN.md "Work unit and its key"), with its progress and
+-- outcome; a finished unit's results are `metrics` (one row per metric), `measurements` (one
+-- row: tokens, times, memory; TASKS.md "Measurements every unit records") and `predictions`
+-- (one row: the output text and the references). A bundle of units is written in one
+-- transaction.
+--
+-- Conventions: times are ISO-8601 UTC text ('2025-01-31T12:00:00.000Z'); JSON columns hold
+-- canonical JSON (sorted keys, no whitespace); sizes are bytes, durations milliseconds; a metric
+-- that was NaN is stored as NULL (SQLite has no NaN).
+--
+-- This file is the source of truth. results/schema.cc embeds it verbatim (test_store checks that
+-- the two are identical); `sqlite3 new.db < results/schema.sql` builds an empty database by hand.
+-- Changing the layout means: bump user_version here, add a migration from the previous version
+-- in results/schema.cc, and keep this file as the full schema of the new version.
+
+CREATE TABLE runs (
+  run_id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, even after deletions
+  started_at      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+  finished_at     TEXT,                                -- NULL while running and after a crash
+  status          TEXT NOT NULL DEFAULT 'running'
+                  CHECK (status IN ('running', 'ok', 'error', 'interrupted', 'crashed')),
+  config_text     TEXT NOT NULL,                       -- the experiment YAML as given
+  config_sha256   TEXT NOT NULL,                       -- SHA-256 of config_text
+  git_rev         TEXT NOT NULL,                       -- the revision kvbench was built from
+  kvbench_version TEXT NOT NULL,
+  host            TEXT NOT NULL,                       -- the coordinator's (rank 0's) host
+  ranks           INTEGER NOT NULL CHECK (ranks >= 1),
+  devices         TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(devices)),  -- per rank: host, device
+  model_hashes    TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(model_hashes)),  -- model -> sha256
+  build_info      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(build_info))  -- CUDA/NCCL/MPI
+);
+
+-- One row per unit, never duplicated: registering a matrix again leaves existing rows alone.
+-- The columns marked * are exactly what the unit key hashes (with the result-schema version).
+CREATE TABLE units (
+  unit_key        TEXT NOT NULL PRIMARY KEY
+                  CHECK (length(unit_key) = 64 AND unit_key NOT GLOB '*[^0-9a-f]*'),
+  run_id          INTEGER NOT NULL REFERENCES runs (run_id),  -- registrar, then last attempt
+  model           TEXT NOT NULL,                       -- the model's name in the config
+  model_sha256    TEXT NOT NULL,                       -- * SHA-256 of the model file
+  task            TEXT NOT NULL,                       -- *
+  task_version    INTEGER NOT NULL,                    -- *
+  task_options    TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(task_options)),  -- *
+  sample_id       TEXT NOT NULL,                       -- *
+  policy          TEXT NOT NULL,                       -- *
+  policy_options  TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(policy_options)),  -- *
+  kv_budget_spec  TEXT NOT NULL,                       -- * as configured: '256', '0.1 ratio', ''
+  kv_budget       INTEGER,                             -- tokens; NULL until a ratio is resolved
+  question        TEXT NOT NULL,                       -- * 'in_prompt' | 'after_compression'
+  max_new_tokens  INTEGER NOT NULL,                    -- *
+  seed            INTEGER NOT NULL,                    -- *
+  generation      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(generation)),  -- * sampling settings
+  -- The sample's grid coordinates (tasks::Sample::fields): all of them as JSON, the common ones
+  -- also as typed columns for filtering and plotting.
+  sample_fields   TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(sample_fields)),
+  context_length  INTEGER,
+  depth           REAL,
+  -- Progress and outcome.
+  status          TEXT NOT NULL DEFAULT 'pending'
+                  CHECK (status IN ('pending', 'running', 'ok', 'error', 'oom', 'timeout',
+                                    'crashed')),
+  attempts        INTEGER NOT NULL DEFAULT 0,          -- times it was handed to a worker
+  crash_count     INTEGER NOT NULL DEFAULT 0,          -- runs that died while it was in flight
+  error           TEXT,                                -- why: error, oom, timeout, crashed
+  started_at      TEXT,                                -- of the last attempt
+  finished_at     TEXT,
+  rank            INTEGER,                             -- worker rank of the last attempt
+  host            TEXT                                 -- worker host of the last attempt
+);
+CREATE INDEX units_by_task_policy_budget ON units (task, policy, kv_budget_spec, kv_budget);
+CREATE INDEX units_by_status ON units (status);
+CREATE INDEX units_by_run ON units (run_id);
+
+-- The task's metrics for one unit (tasks::Task::score), one row each.
+CREATE TABLE metrics (
+  unit_key         TEXT NOT NULL REFERENCES units (unit_key) ON DELETE CASCADE,
+  name             TEXT NOT NULL,
+  value            REAL,                               -- NULL: the metric was NaN
+  higher_is_better INTEGER NOT NULL CHECK (higher_is_better IN (0, 1)),
+  PRIMARY KEY (unit_key, name)
+) WITHOUT ROWID;
+CREATE INDEX metrics_by_name ON metrics (name);
+
+-- What running the unit cost (workers::UnitMeasurements, plus the device's peak).
+CREATE TABLE measurements (
+  unit_key            TEXT NOT NULL PRIMARY KEY REFERENCES units (unit_key) ON DELETE CASCADE,
+  prompt_tokens       INTEGER NOT NULL,
+  generated_tokens    INTEGER NOT NULL,
+  truncated_tokens    INTEGER NOT NULL,               -- removed by middle truncation
+  prefill_ms          REAL NOT NULL,                  -- prompt forward, compression included
+  ttft_ms             REAL NOT NULL,                  -- prefill + choosing the first token
+  decode_ms           REAL NOT NULL,                  -- all decode steps
+  decode_ms_p50       REAL NOT NULL,                  -- per decode step
+  decode_ms_p99       REAL NOT NULL,
+  tokens_per_s        REAL NOT NULL,                  -- generated tokens / decode time
+  policy_ms           REAL NOT NULL,                  -- inside policy hooks
+  kv_bytes_final      INTEGER NOT NULL,               -- logical: retained slots x slot bytes
+  kv_bytes_peak       INTEGER NOT NULL,
+  kv_physical_peak    INTEGER NOT NULL,               -- allocated
+  policy_state_bytes  INTEGER NOT NULL,               -- at the end
+  occupancy_mean      REAL NOT NULL,                  -- tokens per (layer, head), mean over steps
+  occupancy_final     REAL NOT NULL,                  -- the same after the last step
+  occupancy_peak      INTEGER NOT NULL,               -- the longest head at any step
+  occupancy_min_final INTEGER NOT NULL,
+  occupancy_max_final INTEGER NOT NULL,
+  host_rss_peak       INTEGER NOT NULL,               -- VmHWM of the worker process
+  device_peak_bytes   INTEGER                         -- GPU allocator high-water mark; NULL on CPU
+);
+
+-- The unit's output and its gold answers (JSON array of strings).
+CREATE TABLE predictions (
+  unit_key        TEXT NOT NULL PRIMARY KEY REFERENCES units (unit_key) ON DELETE CASCADE,
+  prediction      TEXT NOT NULL,
+  references_json TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(references_json))
+);
+
+PRAGMA user_version = 1;
+)kvbsql";
+// clang-format on
+
+namespace {
+
+std::vector<std::string> user_tables(const Db& db) {
+  Statement st(db,
+               "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
+               "ESCAPE '\\' ORDER BY name");
+  std::vector<std::string> names;
+  while (st.step()) names.push_back(st.column_text(0));
+  return names;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+// Version 0 is both "empty file" (build the schema) and "tables but no version": an earlier
+// draft of this schema (it has `units`) or some other program's database. Neither can be
+// migrated safely, since nothing says what their columns mean.
+void from_version_0(Db& db) {
+  const std::vector<std::string> tables = user_tables(db);
+  if (tables.empty()) {
+    db.exec(kSchemaSql);
+    return;
+  }
+  if (std::find(tables.begin(), tables.end(), "units") != tables.end()) {
+    KVB_USAGE_FAIL() << "results database " << db.path()
+                     << " has schema version 0 but already holds a `units` table (tables: "
+                     << join(tables) << "): it was written by a pre-release draft of kvbench "
+                     << "whose schema cannot be migrated. Move it aside or pass another --db, "
+                     << "and run the sweep again; the old file still opens with the sqlite3 shell";
+  }
+  KVB_USAGE_FAIL() << db.path() << " is not a kvbench results database: it holds tables ("
+                   << join(tables) << ") but no schema version. Pass another --db";
+}
+
+void set_schema_version(Db& db, int version) {
+  // PRAGMA arguments cannot be bound parameters; `version` is our own integer, not input.
+  db.exec("PRAGMA user_version = " + std::to_string(version));
+}
+
+}  // namespace
+
+const std::vector<Migration>& migrations() {
+  static const std::vector<Migration> steps = {
+      {0, "create the schema in an empty file; refuse unversioned databases", &from_version_0},
+  };
+  return steps;
+}
+
+int schema_version(const Db& db) {
+  Statement st(db, "PRAGMA user_version");
+  KVB_CHECK(st.step()) << "PRAGMA user_version returned no row [db " << db.path() << "]";
+  return int(st.column_int(0));
+}
+
+int upgrade_schema(Db& db, bool read_only, const std::vector<Migration>& steps, int target) {
+  const int found = schema_version(db);
+  if (found == target) return found;
+  if (found > target) {
+    KVB_USAGE_FAIL() << db.path() << ": database schema version " << found
+                     << " is newer than this kvbench (" << target << "); upgrade kvbench";
+  }
+  if (read_only) {
+    if (found == 0 && user_tables(db).empty()) {
+      KVB_USAGE_FAIL() << db.path() << " is empty: not a kvbench results database";
+    }
+    KVB_USAGE_FAIL() << db.path() << ": database schema version " << found
+                     << " is older than this kvbench (" << target
+                     << "); open it read-write once (e.g. `kvbench sweep --resume`) to migrate it";
+  }
+  // Table rebuilds must not cascade deletes: foreign keys are off while migrating (they cannot be
+  // switched inside a transaction) and each step is checked with foreign_key_check instead.
+  db.exec("PRAGMA foreign_keys = OFF");
+  int version = found;
+  while (version < target) {
+    auto step = std::find_if(steps.begin(), steps.end(),
+                             [&](const Migration& m) { return m.from_version == version; });
+    KVB_ASSERT(step != steps.end()) << "no migration from schema version " << version << " to "
+                                    << target << " [db " << db.path() << "]";
+    Transaction tx(db);
+    step->apply(db);
+    Statement fk(db, "PRAGMA foreign_key_check");
+    KVB_CHECK(!fk.step()) << "migration from schema version " << version << " ("
+                          << step->description << ") left rows that violate foreign keys in "
+                          << fk.column_text(0) << " [db " << db.path() << "]";
+    const int reached = std::max(schema_version(db), version + 1);
+    set_schema_version(db, reached);
+    tx.commit();
+    version = reached;
+  }
+  return found;
+}
+
+}  // namespace kvb::results

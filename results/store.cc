@@ -1,0 +1,566 @@
+// The results store (results/store.h): opening and versioning the file, the unit life cycle
+// (pending -> running -> ok/error/oom/timeout, crash recovery) and bundle writes. Every value is
+// a bound parameter; the only SQL built at run time joins our own column names (measurements).
+#include "results/store.h"
+
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "common/error.h"
+#include "common/escape.h"
+#include "common/sha256.h"
+#include "results/schema.h"
+#include "results/sqlite_util.h"
+
+// The current time in the schema's convention (ISO-8601 UTC, milliseconds), as SQL.
+#define KVB_SQL_NOW "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+
+namespace kvb::results {
+namespace {
+
+// How long a statement waits for another connection's lock (a reader checkpointing, a second
+// process by mistake) before failing with SQLITE_BUSY.
+constexpr int kBusyTimeoutMs = 10000;
+
+constexpr const char* kUnitStatusNames[] = {"pending", "running", "ok",     "error",
+                                            "oom",     "timeout", "crashed"};
+constexpr const char* kRunStatusNames[] = {"running", "ok", "error", "interrupted", "crashed"};
+
+// Measurement columns, in table order, bound to their struct fields: the INSERT and the SELECT
+// are built from these lists so that they cannot drift apart. device_peak_bytes (nullable)
+// follows them.
+struct IntColumn {
+  const char* name;
+  int64_t Measurements::*field;
+};
+struct RealColumn {
+  const char* name;
+  double Measurements::*field;
+};
+constexpr IntColumn kIntColumns[] = {
+    {"prompt_tokens", &Measurements::prompt_tokens},
+    {"generated_tokens", &Measurements::generated_tokens},
+    {"truncated_tokens", &Measurements::truncated_tokens},
+    {"kv_bytes_final", &Measurements::kv_bytes_final},
+    {"kv_bytes_peak", &Measurements::kv_bytes_peak},
+    {"kv_physical_peak", &Measurements::kv_physical_peak},
+    {"policy_state_bytes", &Measurements::policy_state_bytes},
+    {"occupancy_peak", &Measurements::occupancy_peak},
+    {"occupancy_min_final", &Measurements::occupancy_min_final},
+    {"occupancy_max_final", &Measurements::occupancy_max_final},
+    {"host_rss_peak", &Measurements::host_rss_peak},
+};
+constexpr RealColumn kRealColumns[] = {
+    {"prefill_ms", &Measurements::prefill_ms},
+    {"ttft_ms", &Measurements::ttft_ms},
+    {"decode_ms", &Measurements::decode_ms},
+    {"decode_ms_p50", &Measurements::decode_ms_p50},
+    {"decode_ms_p99", &Measurements::decode_ms_p99},
+    {"tokens_per_s", &Measurements::tokens_per_s},
+    {"policy_ms", &Measurements::policy_ms},
+    {"occupancy_mean", &Measurements::occupancy_mean},
+    {"occupancy_final", &Measurements::occupancy_final},
+};
+constexpr int kNumMeasurementColumns =
+    int(std::size(kIntColumns) + std::size(kRealColumns)) + 1;  // + device_peak_bytes
+
+std::string measurement_column_list() {
+  std::string cols;
+  for (const auto& c : kIntColumns) cols += std::string(c.name) + ", ";
+  for (const auto& c : kRealColumns) cols += std::string(c.name) + ", ";
+  return cols + "device_peak_bytes";
+}
+
+// (Appends rather than `"\"" + ...`: GCC 12 raises a false -Wrestrict on the latter.)
+std::string json_string(const std::string& s) {
+  std::string out(1, '"');
+  out += json_escape(s);
+  out += '"';
+  return out;
+}
+
+std::string json_array(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ',';
+    out += json_string(items[i]);
+  }
+  return out + "]";
+}
+
+std::optional<int64_t> parse_int(const std::string& s) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_real(const std::string& s) {
+  double v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty() || !std::isfinite(v)) {
+    return std::nullopt;
+  }
+  return v;
+}
+
+std::optional<std::string> field(const std::map<std::string, std::string>& m, const char* key) {
+  auto it = m.find(key);
+  if (it == m.end()) return std::nullopt;
+  return it->second;
+}
+
+// The status of a registered unit, or nullopt.
+std::optional<std::string> lookup_status(const Db& db, const std::string& key) {
+  Statement st(db, "SELECT status FROM units WHERE unit_key = ?1");
+  st.bind_text(1, key);
+  if (!st.step()) return std::nullopt;
+  return st.column_text(0);
+}
+
+}  // namespace
+
+const char* to_string(UnitStatus s) { return kUnitStatusNames[int(s)]; }
+
+UnitStatus parse_unit_status(const std::string& s) {
+  for (size_t i = 0; i < std::size(kUnitStatusNames); ++i) {
+    if (s == kUnitStatusNames[i]) return UnitStatus(i);
+  }
+  KVB_FAIL() << "unknown unit status '" << s << "'";
+}
+
+const char* to_string(RunStatus s) { return kRunStatusNames[int(s)]; }
+
+std::string canonical_json(const std::map<std::string, std::string>& kv) {
+  std::string out = "{";
+  for (const auto& [k, v] : kv) {
+    if (out.size() > 1) out += ',';
+    out += json_string(k);
+    out += ':';
+    out += json_string(v);
+  }
+  return out + "}";
+}
+
+std::string unit_key_text(const UnitSpec& u) {
+  std::string t = "kvbench unit key, result schema " + std::to_string(kResultSchemaVersion) + "\n";
+  auto line = [&](const char* name, const std::string& value) {
+    t += std::string(name) + "=" + value + "\n";
+  };
+  line("model_sha256", json_string(u.model_sha256));
+  line("task", json_string(u.task));
+  line("task_version", std::to_string(u.task_version));
+  line("task_options", canonical_json(u.task_options));
+  line("sample_id", json_string(u.sample_id));
+  line("policy", json_string(u.policy));
+  line("policy_options", canonical_json(u.policy_options));
+  line("kv_budget_spec", json_string(u.kv_budget_spec));
+  line("question", json_string(u.question));
+  line("max_new_tokens", std::to_string(u.max_new_tokens));
+  line("seed", std::to_string(u.seed));
+  line("generation", canonical_json(u.generation));
+  return t;
+}
+
+std::string unit_key(const UnitSpec& spec) { return sha256_hex(unit_key_text(spec)); }
+
+// ---- opening ------------------------------------------------------------------------------------
+
+Store::Store(std::unique_ptr<Db> db, Mode mode) : db_(std::move(db)), mode_(mode) {}
+Store::Store(Store&&) noexcept = default;
+Store& Store::operator=(Store&&) noexcept = default;
+Store::~Store() = default;
+
+const std::string& Store::path() const { return db_->path(); }
+
+Store Store::open(const std::string& path, Mode mode) {
+  const bool read_only = mode == Mode::kReadOnly;
+  if (std::error_code ec; read_only && !std::filesystem::exists(path, ec)) {
+    KVB_USAGE_FAIL() << "results database " << path << " does not exist";
+  }
+  auto db = std::make_unique<Db>(
+      path, read_only ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE));
+  sqlite3_busy_timeout(db->get(), kBusyTimeoutMs);
+  // SQLite reads lazily: a file that is not a database shows itself on the first read.
+  const char* probe = "SELECT count(*) FROM sqlite_master";
+  const int rc = sqlite3_exec(db->get(), probe, nullptr, nullptr, nullptr);
+  if ((rc & 0xff) == SQLITE_NOTADB) {
+    KVB_USAGE_FAIL() << path << " is not a SQLite database (" << sqlite3_errmsg(db->get())
+                     << "); pass another --db";
+  }
+  KVB_SQLITE_CHECK(*db, rc, probe);
+  if (read_only) {
+    db->exec("PRAGMA query_only = 1");  // second fence besides SQLITE_OPEN_READONLY
+  } else {
+    Statement wal(*db, "PRAGMA journal_mode = WAL");
+    KVB_CHECK(wal.step()) << "PRAGMA journal_mode returned no row [db " << path << "]";
+    const std::string journal = wal.column_text(0);
+    KVB_CHECK(journal == "wal") << path << ": cannot switch to WAL (journal_mode stays '" << journal
+                                << "'); is it on a network file system?";
+    // In WAL, NORMAL loses no committed transaction on a process crash (only on power loss).
+    db->exec("PRAGMA synchronous = NORMAL");
+  }
+  upgrade_schema(*db, read_only);
+  db->exec("PRAGMA foreign_keys = ON");
+  return Store(std::move(db), mode);
+}
+
+void Store::require_writable(const char* what) const {
+  if (mode_ == Mode::kReadOnly) {
+    KVB_FAIL() << what << ": results database " << path() << " is open read-only";
+  }
+}
+
+// ---- runs ---------------------------------------------------------------------------------------
+
+int64_t Store::begin_run(const RunInfo& info) {
+  require_writable("begin_run");
+  KVB_CHECK(info.ranks >= 1) << "a run has at least one rank";
+  Statement st(
+      *db_,
+      "INSERT INTO runs (config_text, config_sha256, git_rev, kvbench_version, host, "
+      "ranks, devices, model_hashes, build_info) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+  st.bind_text(1, info.config_text)
+      .bind_text(2, sha256_hex(info.config_text))
+      .bind_text(3, info.git_rev)
+      .bind_text(4, info.kvbench_version)
+      .bind_text(5, info.host)
+      .bind_int(6, info.ranks)
+      .bind_text(7, info.devices_json)
+      .bind_text(8, info.model_hashes_json)
+      .bind_text(9, info.build_info_json);
+  st.run();
+  return sqlite3_last_insert_rowid(db_->get());
+}
+
+void Store::finish_run(int64_t run_id, RunStatus status) {
+  require_writable("finish_run");
+  KVB_CHECK(status != RunStatus::kRunning) << "finish_run needs a final status";
+  Statement st(*db_,
+               "UPDATE runs SET status = ?2, finished_at = " KVB_SQL_NOW " WHERE run_id = ?1");
+  st.bind_int(1, run_id).bind_text(2, to_string(status));
+  st.run();
+  if (db_->changes() != 1) KVB_FAIL() << "no run " << run_id << " in " << path();
+}
+
+// ---- units --------------------------------------------------------------------------------------
+
+std::vector<std::string> Store::register_units(int64_t run_id, const std::vector<UnitRow>& rows) {
+  require_writable("register_units");
+  Transaction tx(*db_);
+  // ON CONFLICT (unit_key) DO NOTHING, not INSERT OR IGNORE: the latter would also skip rows
+  // that break a CHECK (bad JSON), silently.
+  Statement st(*db_,
+               "INSERT INTO units (unit_key, run_id, model, model_sha256, task, task_version, "
+               "task_options, sample_id, policy, policy_options, kv_budget_spec, kv_budget, "
+               "question, max_new_tokens, seed, generation, sample_fields, context_length, depth) "
+               "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, "
+               "?17, ?18, ?19) ON CONFLICT (unit_key) DO NOTHING");
+  std::vector<std::string> keys;
+  keys.reserve(rows.size());
+  for (const UnitRow& row : rows) {
+    const UnitSpec& u = row.spec;
+    KVB_CHECK(u.seed <= uint64_t(std::numeric_limits<int64_t>::max()))
+        << "seed " << u.seed << " does not fit a SQLite integer";
+    keys.push_back(unit_key(u));
+    std::optional<int64_t> context_length;
+    if (auto v = field(row.sample_fields, "context_length")) context_length = parse_int(*v);
+    std::optional<double> depth;
+    if (auto v = field(row.sample_fields, "depth")) depth = parse_real(*v);
+    st.bind_text(1, keys.back())
+        .bind_int(2, run_id)
+        .bind_text(3, row.model)
+        .bind_text(4, u.model_sha256)
+        .bind_text(5, u.task)
+        .bind_int(6, u.task_version)
+        .bind_text(7, canonical_json(u.task_options))
+        .bind_text(8, u.sample_id)
+        .bind_text(9, u.policy)
+        .bind_text(10, canonical_json(u.policy_options))
+        .bind_text(11, u.kv_budget_spec)
+        .bind_int(12, row.kv_budget)
+        .bind_text(13, u.question)
+        .bind_int(14, u.max_new_tokens)
+        .bind_int(15, int64_t(u.seed))
+        .bind_text(16, canonical_json(u.generation))
+        .bind_text(17, canonical_json(row.sample_fields))
+        .bind_int(18, context_length)
+        .bind_real(19, depth);
+    st.run();
+  }
+  tx.commit();
+  return keys;
+}
+
+std::map<std::string, UnitState> Store::unit_status(const std::vector<std::string>& keys) const {
+  Statement st(
+      *db_, "SELECT status, attempts, crash_count, error, run_id FROM units WHERE unit_key = ?1");
+  std::map<std::string, UnitState> out;
+  for (const std::string& key : keys) {
+    st.bind_text(1, key);
+    if (st.step()) {
+      UnitState s;
+      s.status = parse_unit_status(st.column_text(0));
+      s.attempts = int(st.column_int(1));
+      s.crash_count = int(st.column_int(2));
+      s.error = st.column_text(3);
+      s.run_id = st.column_int(4);
+      out.emplace(key, std::move(s));
+    }
+    st.reset();
+  }
+  return out;
+}
+
+std::vector<std::string> Store::unfinished_units(const std::vector<std::string>& keys) const {
+  const auto states = unit_status(keys);
+  std::vector<std::string> out;
+  for (const std::string& key : keys) {
+    auto it = states.find(key);
+    if (it == states.end()) KVB_FAIL() << "unit " << key << " is not registered in " << path();
+    if (it->second.status == UnitStatus::kPending) out.push_back(key);
+  }
+  return out;
+}
+
+void Store::mark_running(int64_t run_id, const std::vector<std::string>& keys, int rank,
+                         const std::string& host) {
+  require_writable("mark_running");
+  Transaction tx(*db_);
+  Statement st(*db_,
+               "UPDATE units SET status = 'running', attempts = attempts + 1, run_id = ?2, "
+               "rank = ?3, host = ?4, started_at = " KVB_SQL_NOW
+               ", finished_at = NULL, "
+               "error = NULL WHERE unit_key = ?1 AND status = 'pending'");
+  for (const std::string& key : keys) {
+    st.bind_text(1, key).bind_int(2, run_id).bind_int(3, rank).bind_text(4, host);
+    st.run();
+    if (db_->changes() != 1) {
+      const auto status = lookup_status(*db_, key);
+      KVB_FAIL() << "cannot hand unit " << key << " to a worker: "
+                 << (status ? "it is " + *status + ", only pending units run" : "not registered")
+                 << " [db " << path() << "]";
+    }
+  }
+  tx.commit();
+}
+
+Recovery Store::recover_after_crash(int64_t current_run_id) {
+  require_writable("recover_after_crash");
+  Transaction tx(*db_);
+  struct InFlight {
+    std::string key;
+    int crash_count;
+    int64_t run_id;
+  };
+  std::vector<InFlight> in_flight;
+  {
+    Statement st(*db_,
+                 "SELECT unit_key, crash_count, run_id FROM units "
+                 "WHERE status = 'running' AND run_id <> ?1 ORDER BY unit_key");
+    st.bind_int(1, current_run_id);
+    while (st.step()) {
+      in_flight.push_back({st.column_text(0), int(st.column_int(1)), st.column_int(2)});
+    }
+  }
+  Statement requeue(*db_,
+                    "UPDATE units SET status = 'pending', crash_count = ?2 "
+                    "WHERE unit_key = ?1");
+  Statement give_up(*db_,
+                    "UPDATE units SET status = 'crashed', crash_count = ?2, error = ?3, "
+                    "finished_at = " KVB_SQL_NOW " WHERE unit_key = ?1");
+  Recovery rec;
+  for (const InFlight& u : in_flight) {
+    const int crashes = u.crash_count + 1;
+    if (crashes >= kMaxCrashes) {
+      const std::string why = "in flight when " + std::to_string(crashes) +
+                              " runs died (the last: run " + std::to_string(u.run_id) +
+                              "); skipped from now on (--rerun runs it again)";
+      give_up.bind_text(1, u.key).bind_int(2, crashes).bind_text(3, why);
+      give_up.run();
+      rec.crashed.push_back(u.key);
+    } else {
+      requeue.bind_text(1, u.key).bind_int(2, crashes);
+      requeue.run();
+      rec.requeued.push_back(u.key);
+    }
+  }
+  Statement runs(*db_,
+                 "UPDATE runs SET status = 'crashed' WHERE status = 'running' AND run_id <> ?1");
+  runs.bind_int(1, current_run_id);
+  runs.run();
+  rec.dead_runs = db_->changes();
+  tx.commit();
+  return rec;
+}
+
+void Store::rerun_units(const std::vector<std::string>& keys) {
+  require_writable("rerun_units");
+  Transaction tx(*db_);
+  const char* kDeletes[] = {"DELETE FROM metrics WHERE unit_key = ?1",
+                            "DELETE FROM measurements WHERE unit_key = ?1",
+                            "DELETE FROM predictions WHERE unit_key = ?1"};
+  Statement reset(*db_,
+                  "UPDATE units SET status = 'pending', crash_count = 0, error = NULL, "
+                  "started_at = NULL, finished_at = NULL, rank = NULL, host = NULL "
+                  "WHERE unit_key = ?1");
+  for (const std::string& key : keys) {
+    const auto status = lookup_status(*db_, key);
+    if (!status || *status == "running") {
+      KVB_FAIL() << "cannot rerun unit " << key << ": "
+                 << (status ? "it is running" : "not registered") << " [db " << path() << "]";
+    }
+    for (const char* sql : kDeletes) Statement(*db_, sql).bind_text(1, key).run();
+    reset.bind_text(1, key);
+    reset.run();
+  }
+  tx.commit();
+}
+
+// ---- results ------------------------------------------------------------------------------------
+
+void Store::write_bundle(const std::vector<UnitResult>& results) {
+  require_writable("write_bundle");
+  Transaction tx(*db_);
+  Statement unit(*db_,
+                 "UPDATE units SET status = ?2, error = ?3, kv_budget = coalesce(?4, "
+                 "kv_budget), finished_at = " KVB_SQL_NOW " WHERE unit_key = ?1");
+  Statement del_metrics(*db_, "DELETE FROM metrics WHERE unit_key = ?1");
+  Statement add_metric(*db_,
+                       "INSERT INTO metrics (unit_key, name, value, higher_is_better) "
+                       "VALUES (?1, ?2, ?3, ?4)");
+  Statement del_measurements(*db_, "DELETE FROM measurements WHERE unit_key = ?1");
+  std::string placeholders = "?1";
+  for (int i = 2; i <= kNumMeasurementColumns + 1; ++i) placeholders += ", ?" + std::to_string(i);
+  Statement add_measurements(*db_, "INSERT INTO measurements (unit_key, " +
+                                       measurement_column_list() + ") VALUES (" + placeholders +
+                                       ")");
+  Statement del_prediction(*db_, "DELETE FROM predictions WHERE unit_key = ?1");
+  Statement add_prediction(*db_,
+                           "INSERT INTO predictions (unit_key, prediction, references_json) "
+                           "VALUES (?1, ?2, ?3)");
+  for (const UnitResult& r : results) {
+    if (r.status != UnitStatus::kOk && r.status != UnitStatus::kError &&
+        r.status != UnitStatus::kOom && r.status != UnitStatus::kTimeout) {
+      KVB_FAIL() << "unit " << r.unit_key << ": a finished unit is ok, error, oom or timeout, not "
+                 << to_string(r.status) << "; bundle not written";
+    }
+    if (r.status != UnitStatus::kOk && r.error.empty()) {
+      KVB_FAIL() << "unit " << r.unit_key << " is " << to_string(r.status)
+                 << " without an error message; bundle not written";
+    }
+    unit.bind_text(1, r.unit_key)
+        .bind_text(2, to_string(r.status))
+        .bind_text_or_null(3, r.error)
+        .bind_int(4, r.kv_budget);
+    unit.run();
+    if (db_->changes() != 1) {
+      KVB_FAIL() << "unit " << r.unit_key << " is not registered in " << path()
+                 << "; bundle not written";
+    }
+
+    del_metrics.bind_text(1, r.unit_key);
+    del_metrics.run();
+    for (const Metric& m : r.metrics) {
+      add_metric.bind_text(1, r.unit_key)
+          .bind_text(2, m.name)
+          .bind_real(3, m.value)
+          .bind_int(4, m.higher_is_better ? 1 : 0);
+      add_metric.run();
+    }
+    del_measurements.bind_text(1, r.unit_key);
+    del_measurements.run();
+    if (r.measurements) {
+      const Measurements& m = *r.measurements;
+      int i = 1;
+      add_measurements.bind_text(i++, r.unit_key);
+      for (const auto& c : kIntColumns) add_measurements.bind_int(i++, m.*c.field);
+      for (const auto& c : kRealColumns) add_measurements.bind_real(i++, m.*c.field);
+      add_measurements.bind_int(i++, m.device_peak_bytes);
+      add_measurements.run();
+    }
+    del_prediction.bind_text(1, r.unit_key);
+    del_prediction.run();
+    if (r.prediction) {
+      add_prediction.bind_text(1, r.unit_key)
+          .bind_text(2, r.prediction->text)
+          .bind_text(3, json_array(r.prediction->references));
+      add_prediction.run();
+    }
+  }
+  tx.commit();
+}
+
+std::vector<Metric> Store::metrics(const std::string& key) const {
+  Statement st(*db_,
+               "SELECT name, value, higher_is_better FROM metrics WHERE unit_key = ?1 "
+               "ORDER BY name");
+  st.bind_text(1, key);
+  std::vector<Metric> out;
+  while (st.step()) out.push_back({st.column_text(0), st.column_real(1), st.column_int(2) != 0});
+  return out;
+}
+
+std::optional<Measurements> Store::measurements(const std::string& key) const {
+  Statement st(*db_,
+               "SELECT " + measurement_column_list() + " FROM measurements WHERE unit_key = ?1");
+  st.bind_text(1, key);
+  if (!st.step()) return std::nullopt;
+  Measurements m;
+  int i = 0;
+  for (const auto& c : kIntColumns) m.*c.field = st.column_int(i++);
+  for (const auto& c : kRealColumns) m.*c.field = st.column_real(i++);
+  m.device_peak_bytes = st.column_opt_int(i++);
+  return m;
+}
+
+std::optional<PredictionRow> Store::prediction(const std::string& key) const {
+  Statement st(*db_, "SELECT prediction, references_json FROM predictions WHERE unit_key = ?1");
+  st.bind_text(1, key);
+  if (!st.step()) return std::nullopt;
+  PredictionRow p;
+  p.text = st.column_text(0);
+  // The references come back through SQLite's own JSON reader: no parser of ours to trust.
+  Statement refs(*db_, "SELECT value FROM json_each(?1) ORDER BY key");
+  refs.bind_text(1, st.column_text(1));
+  while (refs.step()) p.references.push_back(refs.column_text(0));
+  return p;
+}
+
+QueryResult Store::query(const std::string& sql, const std::vector<std::string>& params) const {
+  Statement st(*db_, sql);
+  for (size_t i = 0; i < params.size(); ++i) st.bind_text(int(i) + 1, params[i]);
+  QueryResult out;
+  for (int c = 0; c < st.column_count(); ++c) out.columns.push_back(st.column_name(c));
+  while (st.step()) {
+    std::vector<QueryValue> row;
+    for (int c = 0; c < st.column_count(); ++c) {
+      QueryValue v;
+      switch (st.column_type(c)) {
+        case SQLITE_INTEGER:
+          v.kind = QueryValue::kInteger;
+          break;
+        case SQLITE_FLOAT:
+          v.kind = QueryValue::kReal;
+          break;
+        case SQLITE_TEXT:
+          v.kind = QueryValue::kText;
+          break;
+        case SQLITE_BLOB:
+          v.kind = QueryValue::kBlob;
+          break;
+        default:
+          v.kind = QueryValue::kNull;
+          break;
+      }
+      if (v.kind != QueryValue::kNull) v.text = st.column_text(c);
+      row.push_back(std::move(v));
+    }
+    out.rows.push_back(std::move(row));
+  }
+  return out;
+}
+
+}  // namespace kvb::results

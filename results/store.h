@@ -1,0 +1,205 @@
+// The results store (DESIGN.md "Results", "Work unit and its key", "Faults"): one SQLite file in
+// WAL mode that rank 0 alone writes. Units are registered once by content key, handed out
+// (`running`), and finished in one transaction per bundle; a sweep that died is recovered on
+// resume. results/ depends on common/ only: the structs here are plain copies of what the
+// harness gets from workers/ and tasks/.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvb::results {
+
+class Db;
+
+// Version of what a unit's results mean; hashed into every unit key, so bumping it makes every
+// unit run again. Bump it when a measurement or the prompt assembly changes meaning, not when
+// the database layout changes (that is kSchemaVersion in schema.h, handled by migrations).
+inline constexpr int kResultSchemaVersion = 1;
+// A unit in flight during this many dead runs becomes `crashed`, skipped (DESIGN.md "Faults").
+inline constexpr int kMaxCrashes = 2;
+
+enum class Mode {
+  kReadWrite,  // creates the file if missing; WAL; the sweep's single writer
+  kReadOnly,   // SQLITE_OPEN_READONLY + query_only: `kvbench query` / `report`
+};
+
+enum class UnitStatus { kPending, kRunning, kOk, kError, kOom, kTimeout, kCrashed };
+const char* to_string(UnitStatus s);  // the SQL spelling: "pending", "running", ...
+UnitStatus parse_unit_status(const std::string& s);
+
+enum class RunStatus { kRunning, kOk, kError, kInterrupted, kCrashed };
+const char* to_string(RunStatus s);
+
+// Provenance of one sweep invocation (`runs`). config_sha256 is computed from config_text.
+struct RunInfo {
+  std::string config_text;
+  std::string git_rev;
+  std::string kvbench_version;
+  std::string host;
+  int ranks = 1;
+  std::string devices_json = "[]";       // per rank: host, device name, memory
+  std::string model_hashes_json = "{}";  // model name -> sha256 of its file
+  std::string build_info_json = "{}";    // CUDA / NCCL / MPI versions, build type
+};
+
+// The fields that identify a unit; its key hashes exactly these plus kResultSchemaVersion.
+// Option maps are stored and hashed as canonical JSON (sorted keys, string values).
+struct UnitSpec {
+  std::string model_sha256;
+  std::string task;
+  int task_version = 0;
+  std::map<std::string, std::string> task_options;
+  std::string sample_id;
+  std::string policy;
+  std::map<std::string, std::string> policy_options;
+  std::string kv_budget_spec;          // as configured: "256", "0.1 ratio", "" (no budget)
+  std::string question = "in_prompt";  // question placement: in_prompt | after_compression
+  int max_new_tokens = 0;
+  uint64_t seed = 0;                              // at most INT64_MAX (SQLite integers are signed)
+  std::map<std::string, std::string> generation;  // sampling settings
+};
+
+// The canonical text a unit key hashes: one `name=value` line per field, strings JSON-quoted.
+std::string unit_key_text(const UnitSpec& spec);
+// Lowercase hex SHA-256 of unit_key_text(spec).
+std::string unit_key(const UnitSpec& spec);
+// {"a":"1","b":"x"}: keys in byte order, values JSON-escaped strings, no whitespace.
+std::string canonical_json(const std::map<std::string, std::string>& kv);
+
+// What register_units stores for a unit beyond its key fields.
+struct UnitRow {
+  UnitSpec spec;
+  std::string model;                 // the model's name in the config (not hashed)
+  std::optional<int64_t> kv_budget;  // tokens, when known before running (not a ratio)
+  // tasks::Sample::fields. Also fills the typed columns context_length (integer) and depth
+  // (number) when those fields are present and parse completely.
+  std::map<std::string, std::string> sample_fields;
+};
+
+struct UnitState {
+  UnitStatus status = UnitStatus::kPending;
+  int attempts = 0;
+  int crash_count = 0;
+  std::string error;
+  int64_t run_id = 0;
+};
+
+struct Metric {
+  std::string name;
+  double value = 0;  // NaN is stored as NULL and read back as NaN
+  bool higher_is_better = true;
+};
+
+// workers::UnitMeasurements, field for field, plus the device's peak (unknown on CPU).
+struct Measurements {
+  int64_t prompt_tokens = 0, generated_tokens = 0, truncated_tokens = 0;
+  double prefill_ms = 0, ttft_ms = 0, decode_ms = 0, decode_ms_p50 = 0, decode_ms_p99 = 0;
+  double tokens_per_s = 0, policy_ms = 0;
+  int64_t kv_bytes_final = 0, kv_bytes_peak = 0, kv_physical_peak = 0, policy_state_bytes = 0;
+  double occupancy_mean = 0, occupancy_final = 0;
+  int64_t occupancy_peak = 0, occupancy_min_final = 0, occupancy_max_final = 0;
+  int64_t host_rss_peak = 0;
+  std::optional<int64_t> device_peak_bytes;
+  bool operator==(const Measurements&) const = default;
+};
+
+struct PredictionRow {
+  std::string text;
+  std::vector<std::string> references;
+  bool operator==(const PredictionRow&) const = default;
+};
+
+// One finished unit as the coordinator received it.
+struct UnitResult {
+  std::string unit_key;
+  UnitStatus status = UnitStatus::kOk;  // kOk, kError, kOom or kTimeout
+  std::string error;                    // required unless kOk
+  std::optional<int64_t> kv_budget;     // the resolved budget (ratio budgets); kept when unset
+  std::vector<Metric> metrics;
+  std::optional<Measurements> measurements;
+  std::optional<PredictionRow> prediction;
+};
+
+// What recover_after_crash did, for the log.
+struct Recovery {
+  std::vector<std::string> requeued;  // back to pending
+  std::vector<std::string> crashed;   // reached kMaxCrashes: skipped from now on
+  int dead_runs = 0;                  // runs left `running` that were marked `crashed`
+};
+
+// An ad-hoc query's answer; values as SQLite renders them as text, with their storage class.
+struct QueryValue {
+  enum Kind { kNull, kInteger, kReal, kText, kBlob } kind = kNull;
+  std::string text;
+};
+struct QueryResult {
+  std::vector<std::string> columns;
+  std::vector<std::vector<QueryValue>> rows;
+};
+
+// Not thread-safe; one writer process per file (rank 0), any number of read-only readers.
+// Every method throws kvb::Error naming the database file; a method that writes does so in one
+// transaction, so on error nothing of that call is kept.
+class Store {
+ public:
+  // Opens (kReadWrite: creates) the file, sets WAL, busy_timeout and foreign keys, and brings the
+  // schema to kSchemaVersion (schema.h). Usage errors name the file: not a SQLite database,
+  // schema newer than this kvbench, an unversioned (draft) database, older and read-only.
+  static Store open(const std::string& path, Mode mode);
+  Store(Store&&) noexcept;
+  Store& operator=(Store&&) noexcept;
+  ~Store();
+
+  const std::string& path() const;
+  Mode mode() const { return mode_; }
+
+  int64_t begin_run(const RunInfo& info);
+  void finish_run(int64_t run_id, RunStatus status);
+
+  // Inserts the units whose key is new as `pending` under run_id; existing units (whatever their
+  // status) are left alone, so registering a matrix twice never duplicates. Returns the keys in
+  // row order.
+  std::vector<std::string> register_units(int64_t run_id, const std::vector<UnitRow>& rows);
+  // The keys (in the given order) still to run: status `pending`. Throws on an unregistered key.
+  std::vector<std::string> unfinished_units(const std::vector<std::string>& keys) const;
+  // States of the registered keys among `keys` (unregistered ones are absent).
+  std::map<std::string, UnitState> unit_status(const std::vector<std::string>& keys) const;
+
+  // pending -> running for a unit handed to a worker: attempts += 1, records run, rank, host and
+  // started_at. Throws (and changes nothing) when any key is not `pending`.
+  void mark_running(int64_t run_id, const std::vector<std::string>& keys, int rank,
+                    const std::string& host);
+  // On resume, before scheduling: every unit still `running` under a run other than
+  // current_run_id was in flight when that run died. crash_count += 1, and it goes back to
+  // `pending`, or to `crashed` once crash_count reaches kMaxCrashes. Those runs become `crashed`.
+  Recovery recover_after_crash(int64_t current_run_id);
+  // `--rerun`: finished or crashed units go back to `pending`, their results deleted and
+  // crash_count cleared. Throws on a unit that is `running` or not registered.
+  void rerun_units(const std::vector<std::string>& keys);
+
+  // One transaction for the whole bundle: each unit's status, error, resolved budget, metrics,
+  // measurements and prediction (replacing any earlier ones). All or nothing.
+  void write_bundle(const std::vector<UnitResult>& results);
+
+  // Readers (tests, report).
+  std::vector<Metric> metrics(const std::string& key) const;  // by name
+  std::optional<Measurements> measurements(const std::string& key) const;
+  std::optional<PredictionRow> prediction(const std::string& key) const;
+  // One SQL statement with text parameters bound to ?1, ?2, ... (`kvbench query`). On a
+  // read-only store, any statement that writes fails.
+  QueryResult query(const std::string& sql, const std::vector<std::string>& params = {}) const;
+
+ private:
+  Store(std::unique_ptr<Db> db, Mode mode);
+  void require_writable(const char* what) const;
+
+  std::unique_ptr<Db> db_;
+  Mode mode_;
+};
+
+}  // namespace kvb::results
