@@ -58,7 +58,7 @@ std::string md_cell(const std::string& raw, size_t max_chars) {
     }
     const char c = s[i];
     if (n == 1) {
-      if (c == '|' || c == '\\' || c == '`' || c == '*' || c == '_' || c == '<' || c == '>' ||
+      if (c == '|' || c == '\\' || c == '`' || c == '*' || c == '<' || c == '>' ||
           c == '[' || c == ']') {
         out += '\\';
         out += c;

@@ -4,8 +4,8 @@
 #include <string>
 
 namespace kvb {
-// Markdown table cell: '|' and '\' escaped, newlines and tabs as spaces, control chars dropped,
-// backticks escaped; cut to max_chars code points (with "…") when max_chars > 0.
+// Markdown table cell: the characters | \ ` * < > [ ] escaped, newlines and tabs as spaces,
+// control characters dropped; cut to max_chars code points (with "…") when max_chars > 0.
 std::string md_cell(const std::string& s, size_t max_chars = 0);
 // RFC 4180 CSV field: quoted when it contains ',', '"', CR or LF (quotes doubled); a leading
 // '=', '+', '-', '@', tab or CR gets a ' prefix so spreadsheets do not evaluate it.
