@@ -138,8 +138,30 @@ size_t host_rss_peak_bytes() {
   return 0;
 }
 
-UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& s,
-                      const policies::PolicyConfig& pc, const RunSettings& rs) {
+namespace {
+// One prompt prefill shared by the bundle's oneshot policies.
+struct SharedPrefill {
+  engine::PrefillRecord record;
+  kernels::KvCache full;
+  std::vector<float> logits;
+  double ms = 0;
+};
+
+void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int32_t>* first,
+                  std::vector<int32_t>* rest) {
+  *first = p.head;
+  append(*first, p.context);
+  *rest = p.question;
+  append(*rest, p.tail);
+  if (rs.question == QuestionPlacement::kInPrompt || first->empty()) {
+    append(*first, *rest);
+    rest->clear();
+  }
+}
+
+UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& s,
+                   const policies::PolicyConfig& pc, const RunSettings& rs,
+                   const SharedPrefill* shared) {
   const engine::ModelConfig& c = lm.model->config;
   std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
   UnitOutput out;
@@ -188,21 +210,28 @@ UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks
         engine.new_cache(static_cast<int>(p.size()) + std::max(1, s.max_new_tokens), policy.get());
     Tracker tr(cache);
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<int32_t> first = p.head;
-    append(first, p.context);
-    std::vector<int32_t> rest = p.question;
-    append(rest, p.tail);
-    if (rs.question == QuestionPlacement::kInPrompt || first.empty()) {
-      append(first, rest);
-      rest.clear();
+    std::vector<int32_t> first, rest;
+    split_prompt(p, rs, &first, &rest);
+    double shared_ms = 0;
+    if (shared && engine::can_share_prefill(*policy)) {
+      // Same cache and logits as prefill_prompt would give (the layer outputs never depend on
+      // the policy); only the compression runs per policy.
+      cache = shared->full;
+      cache.reserve_extra(static_cast<int>(rest.size()) + std::max(1, s.max_new_tokens));
+      policy->begin_sequence(static_cast<int>(first.size()));
+      engine.apply_recorded_prefill(*policy, cache, shared->record);
+      logits = shared->logits;
+      shared_ms = shared->ms;
+    } else {
+      engine::prefill_prompt(engine, cache, first, policy.get(), &logits);
     }
-    engine::prefill_prompt(engine, cache, first, policy.get(), &logits);
     // The question on top of the compressed context, through the decode rule (per token).
     for (int32_t id : rest) {
       engine.forward({&id, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
                      engine::PolicyHook::kDecode);
     }
-    m.prefill_ms = ms_since(t0);
+    m.prefill_ms = shared_ms + ms_since(t0);
+    m.prefill_shared = shared_ms > 0;
     tr.sample();
 
     if (s.kind == tasks::SampleKind::kChoice) {
@@ -270,6 +299,58 @@ UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks
   m.policy_state_bytes = policy->state_bytes();
   m.host_rss_peak = host_rss_peak_bytes();
   return out;
+}
+
+}  // namespace
+
+UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& sample,
+                      const policies::PolicyConfig& policy, const RunSettings& settings) {
+  return run_one(lm, engine, sample, policy, settings, nullptr);
+}
+
+std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::Engine& engine,
+                                   const tasks::Sample& s,
+                                   const std::vector<policies::PolicyConfig>& policies,
+                                   const RunSettings& rs, bool share_prefill,
+                                   std::vector<std::string>* errors) {
+  std::vector<UnitOutput> outs(policies.size());
+  if (errors) errors->assign(policies.size(), "");
+  std::unique_ptr<SharedPrefill> shared;
+  if (share_prefill && s.kind != tasks::SampleKind::kPerplexity) {
+    // The union of the shareable policies' prefill requests.
+    policies::StatsRequest req;
+    int shareable = 0;
+    const PromptTokens pt = build_prompt(lm, s, rs);
+    std::vector<int32_t> first, rest;
+    split_prompt(pt, rs, &first, &rest);
+    for (const auto& pc : policies) {
+      std::unique_ptr<policies::Policy> p = policies::make_policy(pc);
+      if (!engine::can_share_prefill(*p)) continue;
+      ++shareable;
+      const policies::StatsRequest r = p->prefill_request(static_cast<int>(first.size()));
+      req.col_sums |= r.col_sums;
+      req.last_w = std::max(req.last_w, r.last_w);
+      req.pre_rope_keys |= r.pre_rope_keys;
+    }
+    if (shareable > 0) {
+      shared = std::make_unique<SharedPrefill>();
+      shared->record.request = req;
+      shared->full = engine.new_cache(static_cast<int>(pt.size()) + std::max(1, s.max_new_tokens));
+      const auto t0 = std::chrono::steady_clock::now();
+      engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits, nullptr,
+                     engine::PolicyHook::kNone, &shared->record);
+      shared->ms = ms_since(t0);
+    }
+  }
+  for (size_t i = 0; i < policies.size(); ++i) {
+    try {
+      outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get());
+    } catch (const Error& e) {
+      if (!errors || e.kind() == ErrorKind::kUsage) throw;
+      (*errors)[i] = e.what();
+    }
+  }
+  return outs;
 }
 
 }  // namespace kvb::workers

@@ -46,6 +46,7 @@ struct UnitMeasurements {
   int occupancy_min_final = 0;
   int occupancy_max_final = 0;
   size_t host_rss_peak = 0;    // bytes (VmHWM)
+  bool prefill_shared = false;  // the prompt's forward pass was shared with other policies
 };
 
 struct UnitOutput {
@@ -57,6 +58,17 @@ struct UnitOutput {
 // that cannot fit) — callers record that as the unit's error.
 UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings);
+
+// Runs one sample under several policies (a bundle), prefilling the prompt once for every policy
+// whose compression can start from a shared full prefill (engine::can_share_prefill); the others
+// run their own prefill. Results equal run_sample's for each policy, bit for bit. With `errors`,
+// a unit that throws a runtime error gets its message there (others still run); without, it
+// propagates.
+std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::Engine& engine,
+                                   const tasks::Sample& sample,
+                                   const std::vector<policies::PolicyConfig>& policies,
+                                   const RunSettings& settings, bool share_prefill = true,
+                                   std::vector<std::string>* errors = nullptr);
 
 // Resident-set high-water mark of this process, bytes (0 where /proc is unavailable).
 size_t host_rss_peak_bytes();

@@ -26,7 +26,8 @@ kernels::KvCache Engine::new_cache(int initial_capacity, const policies::Policy*
 }
 
 void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
-                     std::vector<float>* logits, policies::Policy* policy, PolicyHook hook) {
+                     std::vector<float>* logits, policies::Policy* policy, PolicyHook hook,
+                     PrefillRecord* record) {
   const ModelConfig& c = model_.config;
   const int n = static_cast<int>(tokens.size());
   KVB_CHECK(n > 0) << "forward: no tokens";
@@ -58,9 +59,20 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (!policy) hook = PolicyHook::kNone;
   KVB_CHECK(hook != PolicyHook::kDecode || n == 1) << "decode hook with " << n << " tokens";
+  KVB_CHECK(!record || hook == PolicyHook::kNone) << "a recorded prefill runs without a policy";
+  if (n > 1 || cache.next_position() == 0) ++prefills_;
   policies::StatsRequest req;
   if (hook == PolicyHook::kPrefill) req = policy->prefill_request(n);
   if (hook == PolicyHook::kDecode) req = policy->decode_request();
+  if (record) {
+    req = record->request;
+    record->n_new = n;
+    record->last_w = std::min(req.last_w, n);
+    record->strides.assign(c.num_layers, 0);
+    record->col_sums.assign(c.num_layers, {});
+    record->last_probs.assign(c.num_layers, {});
+    record->pre_rope_keys.assign(c.num_layers, {});
+  }
   const int last_w = std::min(req.last_w, n);
 
   for (int l = 0; l < c.num_layers; ++l) {
@@ -70,7 +82,7 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
     cpu::matmul(k_.data(), xb_.data(), w.wk.data(), w.bk.empty() ? nullptr : w.bk.data(), n, D, KVD);
     cpu::matmul(v_.data(), xb_.data(), w.wv.data(), w.bv.empty() ? nullptr : w.bv.data(), n, D, KVD);
     if (req.pre_rope_keys) pre_rope_k_.assign(k_.begin(), k_.begin() + N * KVD);
-    attend_layer(l, n, cache, policy, hook, req, last_w, scale);
+    attend_layer(l, n, cache, policy, hook, req, last_w, scale, record);
     cpu::matmul(proj_.data(), att_.data(), w.wo.data(), nullptr, n, QD, D);
     for (size_t i = 0; i < N * D; ++i) x_[i] += proj_[i];
 
@@ -95,7 +107,7 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
 
 void Engine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Policy* policy,
                           PolicyHook hook, const policies::StatsRequest& req, int last_w,
-                          float scale) {
+                          float scale, PrefillRecord* record) {
   const ModelConfig& c = model_.config;
   const int hd = c.head_dim;
   const int ckv = cache.shape().num_kv_heads;  // num_kv_heads, or num_heads when GQA is expanded
@@ -156,7 +168,7 @@ void Engine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Polic
     return;
   }
   cpu::AttentionArgs args{att_.data(), q_.data(), view, n, c.num_heads, scale};
-  if (hook != PolicyHook::kNone) {
+  if (hook != PolicyHook::kNone || record) {
     int stride = 0;
     for (int h = 0; h < ckv; ++h) stride = std::max(stride, cache.length(l, h));
     const size_t rows = static_cast<size_t>(c.num_heads) * stride;
@@ -176,6 +188,14 @@ void Engine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Polic
     stats.last_w = args.last_w;
   }
   cpu::attention(args);
+  if (record) {
+    record->strides[l] = stats.stride;
+    if (args.col_sums) record->col_sums[l].assign(args.col_sums, args.col_sums + col_sums_.size());
+    if (args.last_probs) {
+      record->last_probs[l].assign(args.last_probs, args.last_probs + last_probs_.size());
+    }
+    if (req.pre_rope_keys) record->pre_rope_keys[l] = pre_rope_k_;
+  }
   // The layer's output used the full cache; the policy's decision shapes what later steps see.
   const auto t0 = std::chrono::steady_clock::now();
   if (hook == PolicyHook::kPrefill) policy->on_prefill_layer(stats, cache);
@@ -183,6 +203,48 @@ void Engine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Polic
   if (hook != PolicyHook::kNone) {
     policy_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
+}
+
+bool can_share_prefill(const policies::Policy& policy) {
+  return policy.prefill_mode() == policies::PrefillMode::kOneshot && !policy.gqa_expand() &&
+         !policy.rolling_positions() && !policy.replaces_attention();
+}
+
+void Engine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
+                                    const PrefillRecord& rec) {
+  KVB_CHECK(can_share_prefill(policy)) << "policy cannot use a shared prefill";
+  const ModelConfig& c = model_.config;
+  const int n = rec.n_new;
+  const policies::StatsRequest req = policy.prefill_request(n);
+  const int w = std::min(req.last_w, n);
+  KVB_CHECK((!req.col_sums || !rec.col_sums[0].empty()) && w <= rec.last_w &&
+            (!req.pre_rope_keys || !rec.pre_rope_keys[0].empty()))
+      << "the recorded prefill lacks statistics this policy needs";
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int l = 0; l < c.num_layers; ++l) {
+    const int stride = rec.strides[l];
+    policies::LayerStats st;
+    st.layer = l;
+    st.n_new = n;
+    st.num_heads = c.num_heads;
+    st.stride = stride;
+    st.col_sums = req.col_sums ? rec.col_sums[l].data() : nullptr;
+    if (w > 0) {
+      // The policy's last w rows of the recorded last_w rows, per head.
+      slice_.resize(static_cast<size_t>(c.num_heads) * w * stride);
+      for (int h = 0; h < c.num_heads; ++h) {
+        const float* src =
+            &rec.last_probs[l][(static_cast<size_t>(h) * rec.last_w + (rec.last_w - w)) * stride];
+        std::copy(src, src + static_cast<size_t>(w) * stride,
+                  &slice_[static_cast<size_t>(h) * w * stride]);
+      }
+      st.last_probs = slice_.data();
+      st.last_w = w;
+    }
+    st.pre_rope_keys = req.pre_rope_keys ? rec.pre_rope_keys[l].data() : nullptr;
+    policy.on_prefill_layer(st, cache);
+  }
+  policy_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace kvb::engine

@@ -27,6 +27,23 @@ enum class PolicyHook {
   kDecode,   // Policy::on_decode_layer (one token) with the statistics of decode_request()
 };
 
+// Statistics of one prompt prefill, recorded once so that several oneshot policies can compress
+// copies of the same full cache without repeating the prefill (DESIGN.md "Scheduling": prefill
+// sharing). The request is the union of the policies' prefill requests.
+struct PrefillRecord {
+  policies::StatsRequest request;  // what to record (set before the forward pass)
+  int n_new = 0;
+  int last_w = 0;                  // rows recorded (request.last_w clamped to n_new)
+  std::vector<int> strides;                      // [layer]
+  std::vector<std::vector<float>> col_sums;      // [layer][num_heads, stride]
+  std::vector<std::vector<float>> last_probs;    // [layer][num_heads, last_w, stride]
+  std::vector<std::vector<float>> pre_rope_keys; // [layer][n_new, num_kv_heads, head_dim]
+};
+
+// Whether a policy's prompt compression can be applied from a PrefillRecord: oneshot prefill on a
+// cache of the model's own layout with the engine's own attention.
+bool can_share_prefill(const policies::Policy& policy);
+
 class Engine {
  public:
   explicit Engine(const Model& model);
@@ -47,15 +64,26 @@ class Engine {
   // With a policy, `hook` selects which of its hooks runs after each layer's attention.
   void forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
                std::vector<float>* logits, policies::Policy* policy = nullptr,
-               PolicyHook hook = PolicyHook::kNone);
+               PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr);
+
+  // Applies `policy`'s oneshot compression to `cache`, a copy of the cache right after the
+  // recorded prefill (no policy), layer by layer, exactly as a prefill with the policy would.
+  void apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
+                              const PrefillRecord& record);
+
+  // Prompt prefills executed (forward passes over more than one token, or a first token).
+  int64_t prefills() const { return prefills_; }
 
  private:
   // One layer's K/V append, attention (or the policy's replacement) and policy hook.
   void attend_layer(int layer, int n, kernels::KvCache& cache, policies::Policy* policy,
-                    PolicyHook hook, const policies::StatsRequest& req, int last_w, float scale);
+                    PolicyHook hook, const policies::StatsRequest& req, int last_w, float scale,
+                    PrefillRecord* record);
 
   const Model& model_;
   double policy_ms_ = 0;
+  int64_t prefills_ = 0;
+  std::vector<float> slice_;  // apply_recorded_prefill: last-w rows of one policy
   // Scratch, reused across calls: [n, dim], [n, q_dim], [n, kv_dim], [n, hidden_dim].
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<int32_t> pos_;
