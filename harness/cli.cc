@@ -13,7 +13,11 @@ const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> table = {
       {"generate", "generate text from a prompt with a model and an eviction policy", cmd_generate},
       {"eval", "run one task end to end under one policy and budget; print scores", cmd_eval},
+      {"sweep", "run a YAML experiment matrix (under mpirun or alone) into a SQLite database",
+       cmd_sweep},
       {"ls", "list registered names: kvbench ls policies | tasks", cmd_ls},
+      {"validate", "check a sweep config against the registries; count units; no model loaded",
+       cmd_validate},
   };
   return table;
 }

@@ -23,5 +23,7 @@ int run_cli(int argc, char** argv);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_ls(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
+int cmd_sweep(const std::vector<std::string>& args);
+int cmd_validate(const std::vector<std::string>& args);
 
 }  // namespace kvb::harness

@@ -38,7 +38,7 @@ struct BudgetEntry {
   int tokens = 0;
   double ratio = 0;
   bool none() const { return tokens == 0 && ratio == 0; }  // `full`'s cells
-  std::string spec() const;  // "256" or "0.1 ratio" ("" for none())
+  std::string spec() const;                                // "256" or "0.1 ratio" ("" for none())
 };
 
 // `exclude:` rule: a unit matching every given key is dropped. Keys: model, task, policy,
@@ -57,8 +57,8 @@ struct GenerationSettings {
 };
 
 struct SweepConfig {
-  std::string path;    // the YAML file
-  std::string text;    // its full text (provenance), includes resolved
+  std::string path;  // the YAML file
+  std::string text;  // its full text (provenance), includes resolved
   std::vector<ModelEntry> models;
   std::vector<TaskEntry> tasks;
   std::vector<PolicyEntry> policies;  // list-valued options already expanded
@@ -67,10 +67,10 @@ struct SweepConfig {
   std::vector<uint64_t> seeds = {0};
   std::vector<ExcludeRule> exclude;
   GenerationSettings generation;
-  int limit = 0;              // samples per task (0: the task's own)
-  int max_prompt_tokens = 0;  // middle truncation (0: the model's context)
+  int limit = 0;                   // samples per task (0: the task's own)
+  int max_prompt_tokens = 0;       // middle truncation (0: the model's context)
   double unit_time_limit_s = 600;  // per unit; a unit over it is recorded as `timeout`
-  int threads = 0;            // OpenMP threads per worker rank (0: cores / ranks on the node)
+  int threads = 0;                 // OpenMP threads per worker rank (0: cores / ranks on the node)
 };
 
 // Reads and validates a config: YAML syntax, unknown keys, types and ranges, every task and

@@ -1,6 +1,8 @@
 // Model + tokenizer loading and prompt encoding for the CLI.
 #include "workers/model_session.h"
 
+#include <fstream>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "workers/formats/gguf.h"
@@ -49,6 +51,45 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
                 << c.dim << ", " << c.num_heads << "/" << c.num_kv_heads << " heads, vocab "
                 << c.vocab_size << ", " << lm.model->num_parameters() << " parameters), chat "
                 << tokenizer::chat_format_name(lm.chat_format);
+  return lm;
+}
+
+LoadedModel load_tokenizer_only(const std::string& model_path, const std::string& tokenizer_path) {
+  LoadedModel lm;
+  std::ifstream in(model_path, std::ios::binary);
+  KVB_USAGE_CHECK(in.good()) << "cannot open model file '" << model_path << "'";
+  char magic[4] = {0, 0, 0, 0};
+  in.read(magic, 4);
+  const bool gguf = in.gcount() == 4 && std::string(magic, 4) == "GGUF";
+  if (!tokenizer_path.empty()) {
+    if (tokenizer_path.size() > 5 &&
+        tokenizer_path.compare(tokenizer_path.size() - 5, 5, ".json") == 0) {
+      lm.tokenizer = tokenizer::load_hf_tokenizer_json(tokenizer_path);
+    } else {
+      // llama2.c: the vocabulary size is the checkpoint header's 6th int32 (sign: tied classifier).
+      int32_t hdr[7] = {0, 0, 0, 0, 0, 0, 0};
+      in.seekg(0);
+      in.read(reinterpret_cast<char*>(hdr), sizeof(hdr));
+      KVB_CHECK(in.gcount() == sizeof(hdr)) << model_path << ": truncated llama2.c header";
+      const int64_t vocab = hdr[5] < 0 ? -static_cast<int64_t>(hdr[5]) : hdr[5];
+      KVB_CHECK(vocab > 0 && vocab < (1 << 22)) << model_path << ": bad vocab_size " << hdr[5];
+      lm.tokenizer = tokenizer::load_llama2c_tokenizer(tokenizer_path, static_cast<int32_t>(vocab));
+    }
+  }
+  if (gguf) {
+    std::shared_ptr<formats::GgufFile> g = formats::GgufFile::open(model_path);
+    if (!lm.tokenizer) lm.tokenizer = tokenizer::load_gguf_tokenizer(*g);
+    lm.add_bos = g->get_int_or("tokenizer.ggml.add_bos_token", 0) != 0;
+    lm.chat_template = g->get_string_or("tokenizer.chat_template", "");
+    lm.chat_format = tokenizer::detect_chat_format(lm.chat_template);
+    lm.end_ids = lm.tokenizer->end_ids();
+  } else {
+    KVB_USAGE_CHECK(lm.tokenizer != nullptr)
+        << model_path << " is a llama2.c checkpoint, which carries no tokenizer: give its "
+        << "tokenizer.bin";
+    lm.add_bos = true;
+    lm.end_ids = {lm.tokenizer->bos_id() >= 0 ? lm.tokenizer->bos_id() : 1};
+  }
   return lm;
 }
 

@@ -33,6 +33,10 @@ struct ChatFrame {
   std::string suffix;
 };
 ChatFrame chat_frame(const LoadedModel& lm, const std::string& system);
+// The tokenizer and prompt conventions of a model without its weights (the sweep's coordinator
+// builds samples and unit keys with it). lm.model is null.
+LoadedModel load_tokenizer_only(const std::string& model_path, const std::string& tokenizer_path);
+
 // Encodes text; `special` parses control-token text ("<|im_start|>") as control tokens. Data and
 // user text are encoded with special = false, so a dataset cannot inject control tokens.
 std::vector<int32_t> encode_text(const LoadedModel& lm, const std::string& text, bool special,

@@ -76,6 +76,14 @@ class Tracker {
   size_t kv_peak_ = 0, phys_peak_ = 0;
 };
 
+void check_deadline(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
+                    const tasks::Sample& s) {
+  if (rs.time_limit_s > 0 && ms_since(t0) > rs.time_limit_s * 1000.0) {
+    throw UnitTimeout("sample " + s.id + ": unit time limit of " +
+                      std::to_string(rs.time_limit_s) + " s exceeded");
+  }
+}
+
 struct PromptTokens {
   std::vector<int32_t> head, context, question, tail;
   int truncated = 0;
@@ -191,6 +199,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
                      engine::PolicyHook::kDecode);
       steps.push_back(ms_since(ts));
       out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
+      check_deadline(rs, t0, s);
       tr.sample();
     }
     m.decode_ms = ms_since(t0);
@@ -247,6 +256,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
           engine.forward({&ids[t], 1}, fork, engine::LogitsMode::kLast, &l, fork_policy.get(),
                          engine::PolicyHook::kDecode);
           ll += log_prob(l, ids[t + 1]);
+          check_deadline(rs, t0, s);
         }
         out.prediction.choice_logliks.push_back(ll);
       }
@@ -261,6 +271,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
       std::string stopped_text;
       bool stopped = false;
       auto on_token = [&](int32_t id) {
+        check_deadline(rs, t0, s);
         if (first_token) {
           m.ttft_ms = ms_since(t0);
           first_token = false;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "kernels/policies/policy.h"
 #include "tasks/task.h"
 #include "workers/engine/forward.h"
@@ -21,8 +22,16 @@ enum class QuestionPlacement {
 };
 QuestionPlacement parse_question_placement(const std::string& s);
 
+// A unit that ran past RunSettings::time_limit_s (checked between tokens; a prefill in progress
+// finishes first). Recorded as status `timeout`.
+class UnitTimeout : public Error {
+ public:
+  using Error::Error;
+};
+
 struct RunSettings {
   int max_prompt_tokens = 0;  // middle-truncate the user message above this (0: fit the context)
+  double time_limit_s = 0;    // per unit (0: none)
   QuestionPlacement question = QuestionPlacement::kInPrompt;
   engine::SamplingParams sampling;  // greedy by default
 };

@@ -1,0 +1,483 @@
+// `kvbench sweep CONFIG --db FILE`: expands the matrix into units, skips finished ones, and runs
+// bundles (units sharing a sample) on worker ranks over MPI — or on this process when started
+// without mpirun — writing every result on rank 0, one transaction per bundle (DESIGN.md
+// "Scheduling", "Results", "Faults").
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/sha256.h"
+#include "harness/cli.h"
+#include "harness/model_info.h"
+#include "harness/mpi_comm.h"
+#include "harness/sweep_config.h"
+#include "harness/sweep_wire.h"
+#include "harness/table.h"
+#include "results/store.h"
+#include "workers/runner.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::harness {
+
+namespace {
+
+struct SweepArgs {
+  std::string config, db;
+  bool resume = false, rerun = false, share_prefill = true, progress = false;
+  int threads = 0;
+};
+
+// One unit as the coordinator plans it.
+struct PlannedUnit {
+  WireUnit wire;
+  int bundle = 0;
+};
+
+struct Plan {
+  std::vector<WireBundle> bundles;       // all bundles (units: only those still to run)
+  std::vector<std::string> all_keys;     // every unit of the matrix
+  std::vector<int> bundle_tokens;        // approximate prompt tokens, for ordering
+  std::map<std::string, std::vector<tasks::MetricInfo>> metric_info;  // by unit key
+  std::map<std::string, std::string> key_task, key_policy, key_budget;
+};
+
+std::string file_sha256(const std::string& path) { return sha256_file(path); }
+
+// Expands the matrix: for every model, its tokenizer (no weights) builds every task's samples;
+// every (sample, policy entry, budget, question, seed) not excluded is a unit.
+Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
+            std::map<std::string, std::string>* model_hashes) {
+  Plan plan;
+  std::vector<results::UnitRow> rows;
+  std::vector<std::pair<int, WireUnit>> units;  // bundle index, unit
+  for (size_t mi = 0; mi < cfg.models.size(); ++mi) {
+    const ModelEntry& me = cfg.models[mi];
+    const ModelInfo info = read_model_info(me.path);
+    const std::string model_sha = file_sha256(me.path);
+    (*model_hashes)[me.name] = model_sha;
+    workers::LoadedModel tok = workers::load_tokenizer_only(me.path, me.tokenizer);
+    tasks::TaskContext ctx;
+    ctx.count_tokens = [&](const std::string& t) {
+      return static_cast<int>(workers::encode_text(tok, t, false, false).size());
+    };
+    ctx.max_context = info.max_seq_len;
+    for (size_t ti = 0; ti < cfg.tasks.size(); ++ti) {
+      const TaskEntry& te = cfg.tasks[ti];
+      Options topts({}, "task option");
+      for (const auto& [k, v] : te.options) topts.set(k, v);
+      if (cfg.limit > 0 && !topts.has("limit")) topts.set("limit", std::to_string(cfg.limit));
+      std::unique_ptr<tasks::Task> task = tasks::make_task(te.name, topts);
+      std::vector<tasks::Sample> samples = task->samples(ctx);
+      for (tasks::Sample& s : samples) {
+        if (cfg.generation.max_new_tokens > 0) s.max_new_tokens = cfg.generation.max_new_tokens;
+        const int prompt_tokens = ctx.count_tokens(s.context + s.question + s.text);
+        WireBundle b{static_cast<int>(mi), static_cast<int>(ti), s, {}};
+        const int bundle_index = static_cast<int>(plan.bundles.size());
+        plan.bundles.push_back(b);
+        plan.bundle_tokens.push_back(prompt_tokens);
+        for (const PolicyEntry& pe : cfg.policies) {
+          std::vector<BudgetEntry> budgets = cfg.budgets;
+          if (pe.name == "full") budgets = {BudgetEntry{}};
+          for (const BudgetEntry& be : budgets) {
+            for (const std::string& q : cfg.questions) {
+              for (uint64_t seed : cfg.seeds) {
+                const std::string spec = pe.name == "full" ? "" : be.spec();
+                std::map<std::string, std::string> axes = {{"model", me.name},
+                                                           {"task", te.name},
+                                                           {"policy", pe.name},
+                                                           {"kv_budget", spec},
+                                                           {"question", q}};
+                if (excluded(cfg, axes)) continue;
+                int tokens = be.tokens;
+                if (be.ratio > 0) tokens = std::max(1, static_cast<int>(be.ratio * prompt_tokens));
+                results::UnitRow row;
+                row.spec.model_sha256 = model_sha;
+                row.spec.task = te.name;
+                row.spec.task_version = task->version();
+                row.spec.task_options = topts.values();
+                row.spec.sample_id = s.id;
+                row.spec.policy = pe.name;
+                row.spec.policy_options = pe.options;
+                row.spec.kv_budget_spec = spec;
+                row.spec.question = q;
+                row.spec.max_new_tokens = s.max_new_tokens;
+                row.spec.seed = seed;
+                row.spec.generation = {{"temperature", std::to_string(cfg.generation.temperature)},
+                                       {"top_k", std::to_string(cfg.generation.top_k)},
+                                       {"top_p", std::to_string(cfg.generation.top_p)}};
+                row.model = me.name;
+                if (pe.name != "full") row.kv_budget = tokens;
+                row.sample_fields = s.fields;
+                const std::string key = results::unit_key(row.spec);
+                rows.push_back(row);
+                WireUnit u{key, pe.name, pe.options, pe.name == "full" ? 0 : tokens, q, seed};
+                units.push_back({bundle_index, u});
+                plan.metric_info[key] = task->metrics();
+                plan.key_task[key] = te.name;
+                plan.key_policy[key] = pe.name;
+                plan.key_budget[key] = spec.empty() ? "-" : spec;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  plan.all_keys = store.register_units(run_id, rows);
+  // Units still to run go into their bundles.
+  const std::vector<std::string> keys = [&] {
+    std::vector<std::string> k;
+    for (const auto& u : units) k.push_back(u.second.key);
+    return k;
+  }();
+  const std::map<std::string, results::UnitState> states = store.unit_status(keys);
+  std::set<std::string> seen;
+  for (const auto& [bi, u] : units) {
+    const auto it = states.find(u.key);
+    if (it == states.end() || it->second.status != results::UnitStatus::kPending) continue;
+    if (!seen.insert(u.key).second) continue;  // the same unit twice in the matrix
+    plan.bundles[bi].units.push_back(u);
+  }
+  return plan;
+}
+
+// Runs a bundle on this process: loads (and caches) the model, runs every unit, scores.
+class BundleRunner {
+ public:
+  BundleRunner(const SweepConfig& cfg, bool share) : cfg_(cfg), share_(share) {}
+
+  std::vector<results::UnitResult> run(const WireBundle& b) {
+    if (loaded_model_ != b.model) {
+      engine_.reset();
+      lm_ = workers::load_model_and_tokenizer(cfg_.models[b.model].path, cfg_.models[b.model].tokenizer);
+      engine_ = std::make_unique<engine::Engine>(*lm_.model);
+      loaded_model_ = b.model;
+    }
+    const TaskEntry& te = cfg_.tasks[b.task];
+    Options topts({}, "task option");
+    for (const auto& [k, v] : te.options) topts.set(k, v);
+    if (cfg_.limit > 0 && !topts.has("limit")) topts.set("limit", std::to_string(cfg_.limit));
+    std::unique_ptr<tasks::Task> task = tasks::make_task(te.name, topts);
+    const engine::ModelConfig& c = lm_.model->config;
+    std::vector<policies::PolicyConfig> pcs;
+    std::vector<results::UnitResult> out(b.units.size());
+    // Units of one bundle may differ in question placement: run each placement as a group.
+    std::map<std::string, std::vector<size_t>> by_question;
+    for (size_t i = 0; i < b.units.size(); ++i) by_question[b.units[i].question].push_back(i);
+    for (const auto& [q, idx] : by_question) {
+      workers::RunSettings rs;
+      rs.question = workers::parse_question_placement(q);
+      rs.max_prompt_tokens = cfg_.max_prompt_tokens;
+      rs.time_limit_s = cfg_.unit_time_limit_s;
+      rs.sampling = {cfg_.generation.temperature, cfg_.generation.top_k, cfg_.generation.top_p, 0};
+      std::vector<policies::PolicyConfig> group;
+      for (size_t i : idx) {
+        const WireUnit& u = b.units[i];
+        policies::PolicyConfig pc;
+        pc.name = u.policy;
+        pc.kv_budget = u.kv_budget;
+        pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+        pc.options = policies::PolicyOptions(u.policy_options);
+        pc.seed = u.seed;
+        group.push_back(pc);
+      }
+      fault_injection(b);
+      std::vector<std::string> errors;
+      std::vector<workers::UnitOutput> outs;
+      try {
+        outs = workers::run_bundle(lm_, *engine_, b.sample, group, rs, share_, &errors);
+      } catch (const Error& e) {
+        // A usage error inside a unit (e.g. a budget a model cannot take) fails only its units.
+        outs.assign(group.size(), {});
+        errors.assign(group.size(), e.what());
+      }
+      for (size_t k = 0; k < idx.size(); ++k) {
+        const WireUnit& u = b.units[idx[k]];
+        results::UnitResult& r = out[idx[k]];
+        r.unit_key = u.key;
+        if (u.policy != "full") r.kv_budget = u.kv_budget;
+        if (!errors[k].empty()) {
+          r.status = errors[k].find("time limit") != std::string::npos ? results::UnitStatus::kTimeout
+                                                                      : results::UnitStatus::kError;
+          r.error = errors[k];
+          continue;
+        }
+        const workers::UnitOutput& o = outs[k];
+        try {
+          const tasks::Scores sc = task->score(b.sample, o.prediction);
+          for (const auto& mi : task->metrics()) {
+            if (sc.count(mi.name)) r.metrics.push_back({mi.name, sc.at(mi.name), mi.higher_is_better});
+          }
+          for (const auto& [name, v] : sc) {
+            bool declared = false;
+            for (const auto& mi : task->metrics()) declared |= mi.name == name;
+            if (!declared) r.metrics.push_back({name, v, true});
+          }
+        } catch (const Error& e) {
+          r.status = results::UnitStatus::kError;
+          r.error = std::string("scoring: ") + e.what();
+        }
+        const workers::UnitMeasurements& m = o.m;
+        results::Measurements mm;
+        mm.prompt_tokens = m.prompt_tokens;
+        mm.generated_tokens = m.generated_tokens;
+        mm.truncated_tokens = m.truncated_tokens;
+        mm.prefill_ms = m.prefill_ms;
+        mm.ttft_ms = m.ttft_ms;
+        mm.decode_ms = m.decode_ms;
+        mm.decode_ms_p50 = m.decode_ms_p50;
+        mm.decode_ms_p99 = m.decode_ms_p99;
+        mm.tokens_per_s = m.tokens_per_s;
+        mm.policy_ms = m.policy_ms;
+        mm.kv_bytes_final = static_cast<int64_t>(m.kv_bytes_final);
+        mm.kv_bytes_peak = static_cast<int64_t>(m.kv_bytes_peak);
+        mm.kv_physical_peak = static_cast<int64_t>(m.kv_physical_peak);
+        mm.policy_state_bytes = static_cast<int64_t>(m.policy_state_bytes);
+        mm.occupancy_mean = m.occupancy_mean;
+        mm.occupancy_final = m.occupancy_final;
+        mm.occupancy_peak = m.occupancy_peak;
+        mm.occupancy_min_final = m.occupancy_min_final;
+        mm.occupancy_max_final = m.occupancy_max_final;
+        mm.host_rss_peak = static_cast<int64_t>(m.host_rss_peak);
+        r.measurements = mm;
+        r.prediction = results::PredictionRow{o.prediction.text, b.sample.references};
+      }
+    }
+    return out;
+  }
+
+ private:
+  // Test hook (documented in README "Fault injection"): KVB_FAULT_CRASH_SAMPLE=<sample id> makes
+  // the worker die with SIGKILL when it starts a bundle of that sample.
+  static void fault_injection(const WireBundle& b) {
+    const char* crash = std::getenv("KVB_FAULT_CRASH_SAMPLE");
+    if (crash && b.sample.id == crash) {
+      KVB_LOG_WARN << "fault injection: killing this rank on sample " << b.sample.id;
+      std::raise(SIGKILL);
+    }
+  }
+
+  const SweepConfig& cfg_;
+  bool share_;
+  int loaded_model_ = -1;
+  workers::LoadedModel lm_;
+  std::unique_ptr<engine::Engine> engine_;
+};
+
+class Progress {
+ public:
+  Progress(int total, bool enabled) : total_(total), enabled_(enabled) {}
+  void add(int n) {
+    done_ += n;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double rate = s > 0 ? done_ / s : 0;
+    const double eta = rate > 0 ? (total_ - done_) / rate : 0;
+    if (!enabled_) return;
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(2) << "sweep: " << done_ << "/" << total_ << " units, "
+      << rate << " units/s, " << std::setprecision(0) << s << " s elapsed, ETA " << eta << " s";
+    KVB_LOG_INFO << o.str();
+  }
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  int total_, done_ = 0;
+  bool enabled_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
+void print_summary(results::Store& store, const std::set<std::string>& declared, std::ostream& os) {
+  // Mean of each metric per task x policy x budget, with counts by status.
+  const results::QueryResult q = store.query(
+      "SELECT u.task, u.policy, COALESCE(u.kv_budget_spec, ''), m.name, COUNT(m.value), "
+      "AVG(m.value) FROM units u JOIN metrics m ON m.unit_key = u.unit_key WHERE u.status = 'ok' "
+      "GROUP BY 1, 2, 3, 4 ORDER BY 1, 4, 2, 3");
+  Table t({"task", "policy", "kv_budget", "metric", "n", "mean"});
+  for (const auto& r : q.rows) {
+    if (!declared.count(r[3].text)) continue;  // aggregation helpers (e.g. perplexity's nll sums)
+    std::ostringstream mean;
+    mean << std::fixed << std::setprecision(4) << std::stod(r[5].text.empty() ? "nan" : r[5].text);
+    t.add({r[0].text, r[1].text, r[2].text.empty() ? "-" : r[2].text, r[3].text, r[4].text,
+           mean.str()});
+  }
+  t.print(os, "md");
+  const results::QueryResult s =
+      store.query("SELECT status, COUNT(*) FROM units GROUP BY status ORDER BY status");
+  os << "\nunits:";
+  for (const auto& r : s.rows) os << " " << r[1].text << " " << r[0].text;
+  os << "\n";
+}
+
+int coordinate(const SweepArgs& a, MpiComm& comm) {
+  SweepConfig cfg = load_sweep_config(a.config);
+  results::Store store = results::Store::open(a.db, results::Mode::kReadWrite);
+  const results::QueryResult inflight =
+      store.query("SELECT COUNT(*) FROM units WHERE status = 'running'");
+  const bool has_inflight = !inflight.rows.empty() && inflight.rows[0][0].text != "0";
+  KVB_USAGE_CHECK(a.resume || !has_inflight)
+      << a.db << " has " << inflight.rows[0][0].text
+      << " units in flight from a run that did not finish; continue it with --resume";
+  results::RunInfo info;
+  info.config_text = cfg.text;
+  info.git_rev = KVB_GIT_REV;
+  info.kvbench_version = KVB_VERSION;
+  info.host = process_host();
+  info.ranks = comm.size();
+  const int64_t run_id = store.begin_run(info);
+  if (a.resume) {
+    const results::Recovery rec = store.recover_after_crash(run_id);
+    KVB_LOG_INFO << "resume: " << rec.requeued.size() << " units requeued, " << rec.crashed.size()
+                 << " marked crashed (in flight during " << results::kMaxCrashes
+                 << " crashed runs), " << rec.dead_runs << " dead runs";
+  }
+  std::map<std::string, std::string> model_hashes;
+  Plan plan = expand(cfg, store, run_id, &model_hashes);
+  if (a.rerun) {
+    store.rerun_units(plan.all_keys);
+    plan = expand(cfg, store, run_id, &model_hashes);
+  }
+  // Longest prompt first; bundles with nothing left are dropped.
+  std::vector<int> order;
+  int total = 0;
+  for (size_t i = 0; i < plan.bundles.size(); ++i) {
+    if (!plan.bundles[i].units.empty()) {
+      order.push_back(static_cast<int>(i));
+      total += static_cast<int>(plan.bundles[i].units.size());
+    }
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int x, int y) { return plan.bundle_tokens[x] > plan.bundle_tokens[y]; });
+  KVB_LOG_INFO << "sweep " << a.config << ": " << plan.all_keys.size() << " units in the matrix, "
+               << total << " to run in " << order.size() << " bundles on "
+               << std::max(1, comm.size() - 1) << " worker rank(s); database " << a.db;
+  Progress progress(total, a.progress || isatty(2));
+  auto write = [&](const std::vector<results::UnitResult>& rs) {
+    store.write_bundle(rs);
+    progress.add(static_cast<int>(rs.size()));
+  };
+  auto keys_of = [](const WireBundle& b) {
+    std::vector<std::string> k;
+    for (const auto& u : b.units) k.push_back(u.key);
+    return k;
+  };
+  if (comm.size() == 1) {
+    BundleRunner runner(cfg, a.share_prefill);
+    for (int bi : order) {
+      store.mark_running(run_id, keys_of(plan.bundles[bi]), 0, process_host());
+      write(runner.run(plan.bundles[bi]));
+    }
+  } else {
+    // Dynamic scheduling: idle workers ask; each gets the next bundle or a stop.
+    size_t next = 0;
+    int active = comm.size() - 1;
+    while (active > 0) {
+      int source = 0;
+      const std::string msg = comm.recv_any(&source);
+      if (msg != "ready") write(results_from_json(msg));
+      if (next < order.size()) {
+        const WireBundle& b = plan.bundles[order[next++]];
+        store.mark_running(run_id, keys_of(b), source, "rank" + std::to_string(source));
+        comm.send(source, to_json(b));
+      } else {
+        comm.send(source, "stop");
+        --active;
+      }
+    }
+  }
+  store.finish_run(run_id, results::RunStatus::kOk);
+  KVB_LOG_INFO << "sweep done: " << total << " units in " << std::fixed << std::setprecision(1)
+               << progress.seconds() << " s ("
+               << (progress.seconds() > 0 ? total / progress.seconds() : 0) << " units/s)";
+  std::set<std::string> declared;
+  for (const auto& [key, infos] : plan.metric_info) {
+    for (const auto& mi : infos) declared.insert(mi.name);
+  }
+  print_summary(store, declared, std::cout);
+  return 0;
+}
+
+int work(const SweepArgs& a, MpiComm& comm) {
+  SweepConfig cfg = load_sweep_config(a.config);
+  BundleRunner runner(cfg, a.share_prefill);
+  comm.send(0, "ready");
+  while (true) {
+    const std::string msg = comm.recv(0);
+    if (msg == "stop") return 0;
+    comm.send(0, to_json(runner.run(bundle_from_json(msg))));
+  }
+}
+
+}  // namespace
+
+int cmd_sweep(const std::vector<std::string>& args) {
+  SweepArgs a;
+  po::options_description desc(
+      "usage: kvbench sweep CONFIG --db FILE [--resume] [options]\n"
+      "       mpirun -np N kvbench sweep CONFIG --db FILE [--resume]\n\n"
+      "Expands the experiment matrix CONFIG (YAML; see configs/README.md) into units, skips those\n"
+      "the database already finished, and runs the rest: under mpirun rank 0 coordinates and\n"
+      "writes the database while ranks 1..N-1 run bundles; without mpirun one process does both.\n"
+      "Prints a summary table (md) on stdout; progress with an ETA on stderr.\n\noptions");
+  desc.add_options()("help,h", "print this help")
+      ("db", po::value(&a.db), "results database (SQLite; created if missing)")
+      ("resume", po::bool_switch(&a.resume),
+       "continue after a crash: units in flight go back to pending (crashed after 2 crashes)")
+      ("rerun", po::bool_switch(&a.rerun), "run finished units of this matrix again")
+      ("no-share-prefill", po::bool_switch(), "run every unit's own prefill (for comparisons)")
+      ("progress", po::bool_switch(&a.progress), "progress lines even when stderr is not a terminal")
+      ("threads", po::value(&a.threads)->default_value(0),
+       "OpenMP threads per worker (0: cores / ranks on this node)")
+      ("config", po::value(&a.config), "the YAML matrix (positional)");
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    KVB_USAGE_FAIL() << e.what() << " (see kvbench sweep --help)";
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  a.share_prefill = !vm["no-share-prefill"].as<bool>();
+  MpiComm comm = MpiComm::init_if_launched();
+  set_process_identity(comm.rank(), comm.size());
+  // Threads: cores shared by the ranks of this node (the coordinator mostly waits).
+  int threads = a.threads;
+  if (threads <= 0) {
+    const int cores = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+    const int workers_here = std::max(1, comm.local_size() - (comm.rank() == 0 ? 0 : 1));
+    threads = std::max(1, cores / (comm.size() > 1 ? workers_here : 1));
+  }
+  omp_set_num_threads(threads);
+  try {
+    KVB_USAGE_CHECK(!a.config.empty()) << "give the CONFIG file (see kvbench sweep --help)";
+    KVB_USAGE_CHECK(!a.db.empty()) << "--db FILE is required (see kvbench sweep --help)";
+    return comm.rank() == 0 ? coordinate(a, comm) : work(a, comm);
+  } catch (const Error& e) {
+    if (comm.size() > 1) {
+      std::cerr << "kvbench sweep: error: " << e.what() << "\n";
+      comm.abort(e.kind() == ErrorKind::kUsage ? 2 : 1);
+    }
+    throw;
+  }
+}
+
+}  // namespace kvb::harness

@@ -1,0 +1,241 @@
+// `kvbench validate CONFIG`: loads and validates a sweep config (harness/sweep_config.h) without
+// loading any model weights, then prints a Markdown summary on stdout: the models (from their
+// headers), tasks with their sample counts, policies, budgets, the number of units and a rough
+// estimate of the work. Token counts are approximate (bytes / 4): no tokenizer is loaded.
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "common/error.h"
+#include "harness/cli.h"
+#include "harness/sweep_config.h"
+#include "harness/table.h"
+#include "tasks/task.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::harness {
+namespace {
+
+int approx_tokens(const std::string& text) { return static_cast<int>((text.size() + 3) / 4); }
+
+std::string fixed(double v, int prec) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(prec) << v;
+  return s.str();
+}
+
+std::string duration(double seconds) {
+  if (seconds < 120) return fixed(seconds, 0) + " s";
+  if (seconds < 7200) return fixed(seconds / 60, 1) + " min";
+  return fixed(seconds / 3600, 1) + " h";
+}
+
+std::string count(size_t n, const std::string& one, const std::string& many = "") {
+  return std::to_string(n) + " " + (n == 1 ? one : many.empty() ? one + "s" : many);
+}
+
+// Work of one unit of a sample, in approximate tokens.
+struct SampleWork {
+  int64_t prefill = 0;  // prompt tokens through a oneshot forward pass
+  int64_t decode = 0;   // tokens one at a time: generated (at most), or perplexity's stream
+  bool over_context = false;
+};
+
+SampleWork sample_work(const tasks::Sample& s, const SweepConfig& cfg, const ModelInfo& info) {
+  SampleWork w;
+  if (s.kind == tasks::SampleKind::kPerplexity) {
+    const int64_t n = approx_tokens(s.text);
+    w.decode = s.max_tokens > 0 ? std::min<int64_t>(n, s.max_tokens) : n;
+    w.over_context = w.decode > info.max_seq_len;
+    return w;
+  }
+  int64_t prompt =
+      approx_tokens(s.context) + approx_tokens(s.question) + approx_tokens(s.answer_prefix);
+  const int64_t gen =
+      s.kind == tasks::SampleKind::kGenerate
+          ? (cfg.generation.max_new_tokens > 0 ? cfg.generation.max_new_tokens : s.max_new_tokens)
+          : 0;
+  int64_t cap = info.max_seq_len - gen;
+  if (cfg.max_prompt_tokens > 0) cap = std::min<int64_t>(cap, cfg.max_prompt_tokens);
+  if (s.max_prompt_tokens > 0) cap = std::min<int64_t>(cap, s.max_prompt_tokens);
+  w.over_context = prompt + gen > info.max_seq_len;
+  prompt = std::max<int64_t>(1, std::min(prompt, cap));  // middle truncation
+  if (s.kind == tasks::SampleKind::kChoice) {
+    for (const std::string& c : s.choices) prompt += approx_tokens(c);  // scored continuations
+  }
+  w.prefill = prompt;
+  w.decode = gen;
+  return w;
+}
+
+}  // namespace
+
+int cmd_validate(const std::vector<std::string>& args) {
+  std::string config_path;
+  double prefill_rate = 400, decode_rate = 20;
+  int ranks = 1;
+  po::options_description desc(
+      "usage: kvbench validate CONFIG [options]\n\n"
+      "Checks a sweep config (configs/README.md) without loading any model weights: YAML, keys,\n"
+      "ranges, every task and policy name and option, budgets against each model's context,\n"
+      "files. Prints the models, tasks, policies, the number of units and a rough work estimate.\n"
+      "Exit 0 when valid, 2 with an error naming file:line: key otherwise.\n\noptions");
+  desc.add_options()("help,h", "print this help")(
+      "prefill-tok-s", po::value(&prefill_rate)->default_value(400),
+      "assumed prefill speed per rank for the estimate (tokens/s)")(
+      "decode-tok-s", po::value(&decode_rate)->default_value(20),
+      "assumed decode speed per rank for the estimate (tokens/s)")(
+      "ranks", po::value(&ranks)->default_value(1), "worker ranks for the estimate");
+  po::options_description hidden;
+  hidden.add_options()("config", po::value(&config_path));
+  po::options_description all;
+  all.add(desc).add(hidden);
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    KVB_USAGE_FAIL() << e.what() << " (see kvbench validate --help)";
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  KVB_USAGE_CHECK(!config_path.empty()) << "a config file is required: kvbench validate CONFIG";
+  KVB_USAGE_CHECK(prefill_rate > 0 && decode_rate > 0 && ranks >= 1)
+      << "--prefill-tok-s and --decode-tok-s must be positive and --ranks >= 1";
+
+  const SweepConfig cfg = load_sweep_config(config_path);
+
+  // Samples per (model, task): the task's own generator with approximate token counts.
+  std::vector<std::vector<std::vector<SampleWork>>> work(cfg.models.size());
+  for (size_t m = 0; m < cfg.models.size(); ++m) {
+    for (const TaskEntry& t : cfg.tasks) {
+      tasks::TaskContext ctx;
+      ctx.count_tokens = approx_tokens;
+      ctx.max_context = cfg.models[m].info.max_seq_len;
+      std::vector<tasks::Sample> samples;
+      try {
+        samples = tasks::make_task(t.name, task_options(cfg, t))->samples(ctx);
+      } catch (const Error& e) {
+        throw Error(cfg.path + ": task '" + t.spec() + "' on model '" + cfg.models[m].name +
+                        "': " + e.what(),
+                    e.kind());
+      }
+      std::vector<SampleWork> w;
+      for (const auto& s : samples) w.push_back(sample_work(s, cfg, cfg.models[m].info));
+      work[m].push_back(std::move(w));
+    }
+  }
+
+  const std::vector<ConfigCell> cells = expand_config_cells(cfg);
+  int64_t units = 0, prefill = 0, decode = 0, shared_prefill = 0;
+  std::map<std::pair<int, int>, int64_t> units_by;  // (model, task) -> units
+  std::set<std::tuple<int, int, int>> bundles;      // shared prefill: (model, task, question)
+  for (const ConfigCell& c : cells) {
+    const auto& w = work[c.model][c.task];
+    units += static_cast<int64_t>(w.size());
+    units_by[{c.model, c.task}] += static_cast<int64_t>(w.size());
+    for (const SampleWork& s : w) {
+      prefill += s.prefill;
+      decode += s.decode;
+    }
+    if (bundles.insert({c.model, c.task, c.question}).second) {
+      for (const SampleWork& s : w) shared_prefill += s.prefill;
+    }
+  }
+
+  std::cout << "# kvbench validate: " << cfg.path
+            << "\n\nconfig OK: " << count(cfg.models.size(), "model") << ", "
+            << count(cfg.tasks.size(), "task") << ", "
+            << count(cfg.policies.size(), "policy entry", "policy entries") << ", "
+            << count(cfg.budgets.size(), "budget") << ", "
+            << count(cfg.questions.size(), "question placement") << ", "
+            << count(cfg.seeds.size(), "seed") << "; " << count(cells.size(), "cell") << " after "
+            << count(cfg.exclude.size(), "exclusion rule") << ".\n\nunits: " << units
+            << "\n\n## Models (from file headers; no weights loaded)\n\n";
+  Table mt({"model", "format", "arch", "type", "params (M)", "layers", "heads", "kv heads",
+            "head_dim", "context", "KV KiB/token", "f32 weights MiB", "peak KV MiB (full)"});
+  for (size_t m = 0; m < cfg.models.size(); ++m) {
+    const ModelInfo& i = cfg.models[m].info;
+    int64_t longest = 0;
+    for (const auto& task_work : work[m]) {
+      for (const SampleWork& s : task_work) {
+        longest = std::max(longest, std::min<int64_t>(s.prefill + s.decode, i.max_seq_len));
+      }
+    }
+    mt.add({cfg.models[m].name, i.format, i.arch, i.weight_type, fixed(i.num_params / 1e6, 2),
+            std::to_string(i.num_layers), std::to_string(i.num_heads),
+            std::to_string(i.num_kv_heads), std::to_string(i.head_dim),
+            std::to_string(i.max_seq_len), fixed(i.kv_bytes_per_token() / 1024.0, 1),
+            fixed(i.f32_weight_bytes() / 1048576.0, 1),
+            fixed(longest * i.kv_bytes_per_token() / 1048576.0, 1)});
+  }
+  mt.print(std::cout, "md");
+
+  std::cout << "\n## Tasks (samples per model; prompt tokens approximate: bytes / 4)\n\n";
+  Table tt({"model", "task", "options", "samples", "mean prompt tok", "max prompt tok",
+            "over context", "units"});
+  for (size_t m = 0; m < cfg.models.size(); ++m) {
+    for (size_t t = 0; t < cfg.tasks.size(); ++t) {
+      const auto& w = work[m][t];
+      int64_t sum = 0, mx = 0, over = 0;
+      for (const SampleWork& s : w) {
+        const int64_t p = s.prefill + (s.prefill == 0 ? s.decode : 0);
+        sum += p;
+        mx = std::max(mx, p);
+        over += s.over_context;
+      }
+      std::string opts;
+      for (const auto& [k, v] : cfg.tasks[t].options)
+        opts += (opts.empty() ? "" : " ") + k + "=" + v;
+      auto it = units_by.find({static_cast<int>(m), static_cast<int>(t)});
+      tt.add({cfg.models[m].name, cfg.tasks[t].name, opts, std::to_string(w.size()),
+              w.empty() ? "0" : std::to_string(sum / static_cast<int64_t>(w.size())),
+              std::to_string(mx), std::to_string(over),
+              std::to_string(it == units_by.end() ? 0 : it->second)});
+    }
+  }
+  tt.print(std::cout, "md");
+
+  std::cout << "\n## Policies\n\n";
+  Table pt({"policy", "options", "budgets"});
+  for (const PolicyEntry& p : cfg.policies) {
+    std::string opts;
+    for (const auto& [k, v] : p.options) opts += (opts.empty() ? "" : " ") + k + "=" + v;
+    pt.add(
+        {p.name, opts, p.name == "full" ? "none (one unit)" : std::to_string(cfg.budgets.size())});
+  }
+  pt.print(std::cout, "md");
+  std::string budgets, seeds, questions;
+  for (const BudgetEntry& b : cfg.budgets) budgets += (budgets.empty() ? "" : ", ") + b.spec();
+  for (uint64_t s : cfg.seeds) seeds += (seeds.empty() ? "" : ", ") + std::to_string(s);
+  for (const std::string& q : cfg.questions) questions += (questions.empty() ? "" : ", ") + q;
+  std::cout << "\nbudgets (kv_budget, tokens per KV head): " << (budgets.empty() ? "none" : budgets)
+            << "\nquestion: " << questions << "\nseeds: " << seeds << "\nlimit: "
+            << (cfg.limit > 0 ? std::to_string(cfg.limit) + " samples per task" : "the tasks' own")
+            << "\nexclusion rules: " << cfg.exclude.size() << "\n";
+
+  const double t_full = (prefill / prefill_rate + decode / decode_rate) / ranks;
+  const double t_shared = (shared_prefill / prefill_rate + decode / decode_rate) / ranks;
+  std::cout << "\n## Work estimate (approximate)\n\n"
+            << "- units: " << units << " in " << cells.size() << " cells\n"
+            << "- prompt tokens: " << prefill << " over all units; " << shared_prefill
+            << " if each (model, sample, question) prefill is shared across policies\n"
+            << "- generated or streamed tokens: at most " << decode << "\n"
+            << "- time: " << duration(t_full) << " without prefill sharing, " << duration(t_shared)
+            << " with it, on " << ranks << " rank" << (ranks > 1 ? "s" : "") << ", ASSUMING "
+            << fixed(prefill_rate, 0) << " prefill tok/s and " << fixed(decode_rate, 0)
+            << " decode tok/s per rank (a 2-core CPU on a ~135M model; set --prefill-tok-s, "
+               "--decode-tok-s, --ranks)\n";
+  return 0;
+}
+
+}  // namespace kvb::harness

@@ -1,0 +1,46 @@
+// A model's shape and size read from its file header without loading weights: GGUF header,
+// metadata and tensor infos (GgufFile::open reads no tensor data), or the 7-int32 llama2.c
+// header. Used by `kvbench validate` and the sweep to check budgets against the context and to
+// estimate memory before any rank loads a model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/policies/policy.h"
+
+namespace kvb::harness {
+
+struct ModelInfo {
+  std::string path;
+  std::string format;       // "gguf" or "llama2c"
+  std::string arch;         // "llama", "qwen2", ... (llama2.c: "llama")
+  std::string name;         // general.name, or the file name
+  std::string weight_type;  // the tensor type holding most bytes ("Q4_1", "F32")
+  int dim = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  int max_seq_len = 0;  // the context length the model was trained for
+  uint64_t file_bytes = 0;
+  uint64_t num_params = 0;  // GGUF: sum of tensor elements; llama2.c: from the header
+
+  policies::ModelShape shape() const {
+    return {num_layers, num_heads, num_kv_heads, head_dim, max_seq_len};
+  }
+  // KV-cache bytes per cached token over all layers (keys and values, f32 as the CPU engine
+  // stores them).
+  uint64_t kv_bytes_per_token() const {
+    return 2ull * num_layers * num_kv_heads * head_dim * sizeof(float);
+  }
+  // Bytes of the weights once dequantized to f32 at load (DESIGN.md "Model and engine").
+  uint64_t f32_weight_bytes() const { return num_params * sizeof(float); }
+};
+
+// Reads the header (format by magic bytes, as engine::load_model does). Throws a usage error if
+// the file is missing, and kvb::Error naming the file if the header is malformed or truncated.
+ModelInfo read_model_info(const std::string& path);
+
+}  // namespace kvb::harness

@@ -1,0 +1,114 @@
+// MpiComm over MPI_Send/MPI_Recv (two messages: length, then bytes), or a single rank.
+#include "harness/mpi_comm.h"
+
+#include <cstdlib>
+
+#include "common/error.h"
+
+#ifdef KVB_WITH_MPI
+#include <mpi.h>
+#define KVB_MPI_CHECK(call)                                                           \
+  do {                                                                                \
+    const int kvb_rc = (call);                                                        \
+    KVB_CHECK(kvb_rc == MPI_SUCCESS) << #call << " failed with MPI error " << kvb_rc; \
+  } while (0)
+#endif
+
+namespace kvb::harness {
+
+namespace {
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS",
+                        "SLURM_STEP_NUM_TASKS_MPI"}) {
+    if (std::getenv(v)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+MpiComm::MpiComm(MpiComm&& o) noexcept
+    : initialized_(o.initialized_), rank_(o.rank_), size_(o.size_), local_size_(o.local_size_) {
+  o.initialized_ = false;
+}
+
+MpiComm MpiComm::init_if_launched() {
+  MpiComm c;
+  if (!launched_by_mpi()) return c;
+#ifdef KVB_WITH_MPI
+  KVB_MPI_CHECK(MPI_Init(nullptr, nullptr));
+  c.initialized_ = true;
+  KVB_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c.rank_));
+  KVB_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c.size_));
+  MPI_Comm local;
+  KVB_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c.rank_, MPI_INFO_NULL,
+                                    &local));
+  KVB_MPI_CHECK(MPI_Comm_size(local, &c.local_size_));
+  MPI_Comm_free(&local);
+#else
+  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+  KVB_USAGE_CHECK(!n || std::string(n) == "1")
+      << "this kvbench was built without MPI (KVBENCH_MPI=OFF or no MPI found) but was started "
+         "under mpirun with several ranks; rebuild with libopenmpi-dev or run without mpirun";
+#endif
+  return c;
+}
+
+MpiComm::~MpiComm() {
+#ifdef KVB_WITH_MPI
+  if (initialized_) MPI_Finalize();
+#endif
+}
+
+void MpiComm::send(int dest, const std::string& msg) {
+#ifdef KVB_WITH_MPI
+  KVB_CHECK(size_ > 1) << "send on a single-rank communicator";
+  const unsigned long long n = msg.size();
+  KVB_MPI_CHECK(MPI_Send(&n, 1, MPI_UNSIGNED_LONG_LONG, dest, 1, MPI_COMM_WORLD));
+  KVB_MPI_CHECK(MPI_Send(msg.data(), static_cast<int>(n), MPI_CHAR, dest, 2, MPI_COMM_WORLD));
+#else
+  (void)dest;
+  (void)msg;
+  KVB_FAIL() << "send without MPI";
+#endif
+}
+
+std::string MpiComm::recv(int source) {
+#ifdef KVB_WITH_MPI
+  unsigned long long n = 0;
+  KVB_MPI_CHECK(MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, source, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+  KVB_CHECK(n < (1ull << 31)) << "message of " << n << " bytes from rank " << source;
+  std::string msg(n, '\0');
+  KVB_MPI_CHECK(MPI_Recv(msg.data(), static_cast<int>(n), MPI_CHAR, source, 2, MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE));
+  return msg;
+#else
+  (void)source;
+  KVB_FAIL() << "recv without MPI";
+#endif
+}
+
+std::string MpiComm::recv_any(int* source) {
+#ifdef KVB_WITH_MPI
+  MPI_Status st;
+  unsigned long long n = 0;
+  KVB_MPI_CHECK(MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, MPI_ANY_SOURCE, 1, MPI_COMM_WORLD, &st));
+  *source = st.MPI_SOURCE;
+  KVB_CHECK(n < (1ull << 31)) << "message of " << n << " bytes from rank " << *source;
+  std::string msg(n, '\0');
+  KVB_MPI_CHECK(MPI_Recv(msg.data(), static_cast<int>(n), MPI_CHAR, *source, 2, MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE));
+  return msg;
+#else
+  (void)source;
+  KVB_FAIL() << "recv without MPI";
+#endif
+}
+
+void MpiComm::abort(int code) {
+#ifdef KVB_WITH_MPI
+  if (initialized_) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+  std::exit(code);
+}
+
+}  // namespace kvb::harness

@@ -1,0 +1,786 @@
+// Sweep config loading (configs/README.md): YAML -> a tree that remembers each node's file and
+// line (includes merge trees of several files), then a strict schema walk that resolves paths,
+// expands lists and ranges, and validates every name and option through the task and policy
+// registries. Every error is a usage error "<file>:<line>: <key path>: <what>".
+#include "harness/sweep_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "common/error.h"
+#include "kernels/policies/policy.h"
+#include "tasks/task.h"
+
+namespace kvb::harness {
+namespace {
+namespace fs = std::filesystem;
+
+// ---- a YAML tree with provenance --------------------------------------------------------------
+struct Entry;
+struct Node {
+  enum class Kind { kNull, kScalar, kSeq, kMap };
+  Kind kind = Kind::kNull;
+  std::string file;
+  int line = 1;  // 1-based
+  std::string scalar;
+  std::vector<Node> seq;
+  std::vector<Entry> map;
+  const Entry* find(const std::string& key) const;
+};
+struct Entry {
+  std::string key;
+  int key_line = 1;
+  Node value;
+};
+const Entry* Node::find(const std::string& key) const {
+  for (const Entry& e : map) {
+    if (e.key == key) return &e;
+  }
+  return nullptr;
+}
+
+[[noreturn]] void fail_at(const std::string& file, int line, const std::string& key,
+                          const std::string& what) {
+  KVB_USAGE_FAIL() << file << ":" << line << ": " << key << ": " << what;
+}
+[[noreturn]] void fail(const Node& at, const std::string& key, const std::string& what) {
+  fail_at(at.file, at.line, key, what);
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+Node convert(const YAML::Node& y, const std::string& file, int fallback_line) {
+  Node n;
+  n.file = file;
+  n.line = y.Mark().is_null() ? fallback_line : y.Mark().line + 1;
+  switch (y.Type()) {
+    case YAML::NodeType::Scalar:
+      n.kind = Node::Kind::kScalar;
+      n.scalar = y.Scalar();
+      break;
+    case YAML::NodeType::Sequence:
+      n.kind = Node::Kind::kSeq;
+      for (const auto& item : y) n.seq.push_back(convert(item, file, n.line));
+      break;
+    case YAML::NodeType::Map:
+      n.kind = Node::Kind::kMap;
+      for (const auto& kv : y) {
+        const int key_line = kv.first.Mark().is_null() ? n.line : kv.first.Mark().line + 1;
+        if (!kv.first.IsScalar()) fail_at(file, key_line, "(key)", "keys must be plain names");
+        const std::string key = kv.first.Scalar();
+        if (n.find(key)) fail_at(file, key_line, key, "key given twice in one mapping");
+        n.map.push_back({key, key_line, convert(kv.second, file, key_line)});
+      }
+      break;
+    default:
+      n.kind = Node::Kind::kNull;
+  }
+  return n;
+}
+
+// Maps merge key by key (recursively); anything else in `over` replaces `base`.
+Node merge(const Node& base, const Node& over) {
+  if (base.kind != Node::Kind::kMap || over.kind != Node::Kind::kMap) return over;
+  Node out = base;
+  out.file = over.file;
+  out.line = over.line;
+  for (const Entry& e : over.map) {
+    auto it = std::find_if(out.map.begin(), out.map.end(),
+                           [&](const Entry& b) { return b.key == e.key; });
+    if (it == out.map.end()) {
+      out.map.push_back(e);
+    } else {
+      it->value = merge(it->value, e.value);
+      it->key_line = e.key_line;
+    }
+  }
+  return out;
+}
+
+// A path written in `at`'s file, resolved against that file's folder.
+std::string resolve_path(const Node& at, const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute()) return p;
+  return (fs::path(at.file).parent_path() / p).lexically_normal().string();
+}
+
+// Loads one file and its includes (depth first; later includes override earlier ones and the
+// file itself overrides them all). `text` collects each file's text for provenance.
+Node load_tree(const std::string& path, std::vector<std::string>& chain, std::string& text,
+               const Node* site, const std::string& site_key) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) {
+    const std::string why = std::string("cannot read '") + path + "': " + std::strerror(errno);
+    if (site) fail(*site, site_key, why);
+    KVB_USAGE_FAIL() << "cannot read config file '" << path << "': " << std::strerror(errno);
+  }
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  const std::string own = buf.str();
+  if (site)
+    text += (text.empty() || text.back() == '\n' ? "" : "\n") + std::string("# --- include: ") +
+            path + "\n";
+  text += own;
+  YAML::Node y;
+  try {
+    y = YAML::Load(own);
+  } catch (const YAML::Exception& e) {
+    KVB_USAGE_FAIL() << path << ":" << e.mark.line + 1 << ":" << e.mark.column + 1
+                     << ": invalid YAML: " << e.msg;
+  }
+  Node root = convert(y, path, 1);
+  root.line = 1;
+  if (root.kind == Node::Kind::kNull) root.kind = Node::Kind::kMap;  // an empty file
+  if (root.kind != Node::Kind::kMap) {
+    fail(root, "(top level)", "a config is a mapping of keys (models:, tasks:, policies:, ...)");
+  }
+  chain.push_back(path);
+  Node merged;
+  merged.kind = Node::Kind::kMap;
+  if (const Entry* inc = root.find("include")) {
+    std::vector<const Node*> items;
+    if (inc->value.kind == Node::Kind::kScalar) items.push_back(&inc->value);
+    for (const Node& n : inc->value.seq) items.push_back(&n);
+    if (items.empty() ||
+        (inc->value.kind != Node::Kind::kScalar && inc->value.kind != Node::Kind::kSeq)) {
+      fail(inc->value, "include", "expected a file name or a list of file names");
+    }
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::string key =
+          inc->value.kind == Node::Kind::kSeq ? "include[" + std::to_string(i) + "]" : "include";
+      if (items[i]->kind != Node::Kind::kScalar) fail(*items[i], key, "expected a file name");
+      const std::string target = resolve_path(*items[i], items[i]->scalar);
+      for (const std::string& c : chain) {
+        if (fs::path(c).lexically_normal() == fs::path(target).lexically_normal()) {
+          fail(*items[i], key, "include cycle: " + join(chain, " -> ") + " -> " + target);
+        }
+      }
+      merged = merge(merged, load_tree(target, chain, text, items[i], key));
+    }
+    root.map.erase(std::find_if(root.map.begin(), root.map.end(),
+                                [](const Entry& e) { return e.key == "include"; }));
+  }
+  chain.pop_back();
+  Node out = merge(merged, root);
+  out.file = path;
+  out.line = 1;
+  return out;
+}
+
+// ---- schema helpers ---------------------------------------------------------------------------
+// A mapping whose keys must come from `allowed`.
+const Node& expect_map(const Node& n, const std::string& key,
+                       const std::vector<std::string>& allowed) {
+  if (n.kind != Node::Kind::kMap) fail(n, key, "expected a mapping with keys: " + join(allowed));
+  for (const Entry& e : n.map) {
+    if (std::find(allowed.begin(), allowed.end(), e.key) == allowed.end()) {
+      fail_at(n.file, e.key_line, key.empty() ? e.key : key + "." + e.key,
+              "unknown key '" + e.key + "'; allowed keys: " + join(allowed));
+    }
+  }
+  return n;
+}
+
+std::string scalar(const Node& n, const std::string& key) {
+  if (n.kind != Node::Kind::kScalar) fail(n, key, "expected a single value");
+  return n.scalar;
+}
+
+int64_t to_int(const Node& n, const std::string& key, int64_t lo, int64_t hi) {
+  const std::string s = scalar(n, key);
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE) fail(n, key, "'" + s + "' is not an integer");
+  if (v < lo || v > hi) {
+    fail(
+        n, key,
+        std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+double to_double(const Node& n, const std::string& key) {
+  const std::string s = scalar(n, key);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !std::isfinite(v)) fail(n, key, "'" + s + "' is not a number");
+  return v;
+}
+
+// A single value or a list: the items with their key paths.
+std::vector<std::pair<const Node*, std::string>> items_of(const Node& n, const std::string& key) {
+  std::vector<std::pair<const Node*, std::string>> out;
+  if (n.kind == Node::Kind::kSeq) {
+    for (size_t i = 0; i < n.seq.size(); ++i)
+      out.push_back({&n.seq[i], key + "[" + std::to_string(i) + "]"});
+    if (out.empty()) fail(n, key, "the list is empty");
+  } else if (n.kind == Node::Kind::kNull) {
+    fail(n, key, "needs a value");
+  } else {
+    out.push_back({&n, key});
+  }
+  return out;
+}
+
+// Which option of `options` (a YAML mapping) a registry error message is about, if any: the
+// registries write "task option k=v ...", "policy option k=v" and "has no option 'k'".
+const Entry* culprit(const Node* options, const std::string& msg) {
+  if (!options) return nullptr;
+  for (const Entry& e : options->map) {
+    for (const std::string& pat :
+         {"option " + e.key + "=", "option " + e.key + ":", "'" + e.key + "'", " " + e.key + "="}) {
+      if (msg.find(pat) != std::string::npos) return &e;
+    }
+  }
+  return nullptr;
+}
+
+// Options with list values -> one map per combination (cartesian, first key outermost).
+using Combo = std::map<std::string, std::string>;
+std::vector<Combo> cartesian(
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& axes) {
+  std::vector<Combo> out = {{}};
+  for (const auto& [key, values] : axes) {
+    std::vector<Combo> next;
+    for (const Combo& c : out) {
+      for (const std::string& v : values) {
+        Combo d = c;
+        d[key] = v;
+        next.push_back(std::move(d));
+      }
+    }
+    out = std::move(next);
+  }
+  return out;
+}
+
+bool is_path_option(const std::string& key) {
+  static const std::set<std::string> keys = {"file",         "data",          "data_dir",
+                                             "haystack_dir", "haystack_file", "fewshot_data"};
+  return keys.count(key) != 0;
+}
+
+std::string spec_of(const std::string& name, const std::map<std::string, std::string>& options) {
+  std::string s = name;
+  for (const auto& [k, v] : options) s += " " + k + "=" + v;
+  return s;
+}
+
+const std::vector<Entry> kNoEntries;
+
+// A list item that is a registered name, or {name, options}.
+struct Named {
+  const Node* name_node;
+  const Node* options;  // nullptr without options
+  std::string name_key;
+  std::string name;
+};
+Named read_named(const Node& item, const std::string& key, const std::string& what) {
+  if (item.kind != Node::Kind::kMap) return {&item, nullptr, key, scalar(item, key)};
+  expect_map(item, key, {"name", "options"});
+  const Entry* nm = item.find("name");
+  if (!nm) fail(item, key, "needs name: (a registered " + what + ")");
+  const Entry* o = item.find("options");
+  if (o && o->value.kind != Node::Kind::kMap) {
+    fail(o->value, key + ".options", "expected a mapping of " + what + " options");
+  }
+  return {&nm->value, o ? &o->value : nullptr, key + ".name", scalar(nm->value, key + ".name")};
+}
+
+// Where each expanded entry came from, for errors found after expansion.
+struct Origin {
+  const Node* node = nullptr;     // the list item
+  const Node* options = nullptr;  // its options mapping, if any
+  std::string key;                // "policies[2]"
+};
+
+// ---- sections ---------------------------------------------------------------------------------
+void parse_models(const Node& n, SweepConfig& cfg) {
+  if (n.kind != Node::Kind::kSeq || n.seq.empty())
+    fail(n, "models", "expected a non-empty list of {name, path, tokenizer}");
+  for (const auto& [item, key] : items_of(n, "models")) {
+    ModelEntry m;
+    const Node* path_node = item;
+    const Node* tok_node = nullptr;
+    if (item->kind == Node::Kind::kMap) {
+      expect_map(*item, key, {"name", "path", "tokenizer"});
+      const Entry* p = item->find("path");
+      if (!p) fail(*item, key, "needs path: (a .gguf or llama2.c .bin model file)");
+      path_node = &p->value;
+      if (const Entry* t = item->find("tokenizer")) tok_node = &t->value;
+      if (const Entry* nm = item->find("name")) m.name = scalar(nm->value, key + ".name");
+    }
+    const std::string pkey = item->kind == Node::Kind::kMap ? key + ".path" : key;
+    m.path = resolve_path(*path_node, scalar(*path_node, pkey));
+    if (!fs::is_regular_file(m.path))
+      fail(*path_node, pkey, "model file '" + m.path + "' does not exist");
+    try {
+      m.info = read_model_info(m.path);
+    } catch (const Error& e) {
+      fail(*path_node, pkey, e.what());
+    }
+    if (tok_node) {
+      m.tokenizer = resolve_path(*tok_node, scalar(*tok_node, key + ".tokenizer"));
+      if (!fs::is_regular_file(m.tokenizer)) {
+        fail(*tok_node, key + ".tokenizer", "tokenizer file '" + m.tokenizer + "' does not exist");
+      }
+    } else if (m.info.format == "llama2c") {
+      fail(*item, key, "llama2.c model '" + m.path + "' needs tokenizer: (its tokenizer.bin)");
+    }
+    if (m.name.empty()) m.name = fs::path(m.path).stem().string();
+    for (const ModelEntry& o : cfg.models) {
+      if (o.name == m.name)
+        fail(*item, key, "model name '" + m.name + "' is used twice; set name:");
+    }
+    cfg.models.push_back(std::move(m));
+  }
+}
+
+std::vector<Origin> parse_budgets(const Node& n, SweepConfig& cfg) {
+  std::vector<Origin> origin;
+  auto add = [&](BudgetEntry b, const Node* at, const std::string& key) {
+    for (const BudgetEntry& o : cfg.budgets) {
+      if (o.spec() == b.spec()) return;  // overlapping ranges: keep the first
+    }
+    cfg.budgets.push_back(b);
+    origin.push_back({at, nullptr, key});
+  };
+  for (const auto& [item, key] : items_of(n, "budgets")) {
+    if (item->kind == Node::Kind::kMap) {
+      expect_map(*item, key, {"ratio"});
+      const Entry* r = item->find("ratio");
+      if (!r) fail(*item, key, "expected {ratio: r} with 0 < r <= 1");
+      const double v = to_double(r->value, key + ".ratio");
+      if (!(v > 0 && v <= 1))
+        fail(r->value, key + ".ratio", r->value.scalar + " is outside (0, 1]");
+      add({0, v}, item, key);
+      continue;
+    }
+    const std::string text = scalar(*item, key);
+    std::vector<int64_t> values;
+    try {
+      values = expand_int_range(text, "budget");
+    } catch (const Error& e) {
+      fail(*item, key, e.what());
+    }
+    for (int64_t v : values) {
+      if (v <= 0) {
+        fail(*item, key,
+             "a budget of " + std::to_string(v) +
+                 " tokens is not allowed; budgets are "
+                 "positive token counts per KV head (or {ratio: r} with 0 < r <= 1)");
+      }
+      if (v > INT_MAX) fail(*item, key, "budget " + std::to_string(v) + " is too large");
+      add({static_cast<int>(v), 0}, item, key);
+    }
+  }
+  return origin;
+}
+
+void parse_tasks(const Node& n, SweepConfig& cfg) {
+  if (n.kind != Node::Kind::kSeq || n.seq.empty())
+    fail(n, "tasks", "expected a non-empty list of {name, options}");
+  for (const auto& [item, key] : items_of(n, "tasks")) {
+    const auto [name_node, opts, nkey, name] = read_named(*item, key, "task");
+    const tasks::TaskInfo* info = tasks::find_task(name);
+    if (!info) {
+      try {
+        tasks::make_task(name, Options());
+      } catch (const Error& e) {
+        fail(*name_node, nkey, e.what());
+      }
+    }
+    // Lists of an option with fixed choices expand into entries; other lists join as "a,b".
+    std::map<std::string, std::string> fixed;
+    std::vector<std::pair<std::string, std::vector<std::string>>> axes;
+    for (const Entry& e : opts ? opts->map : kNoEntries) {
+      const std::string okey = key + ".options." + e.key;
+      const auto doc = std::find_if(info->params.begin(), info->params.end(),
+                                    [&](const ParamDoc& d) { return d.name == e.key; });
+      std::vector<std::string> values;
+      for (const auto& [v, vkey] : items_of(e.value, okey)) values.push_back(scalar(*v, vkey));
+      if (is_path_option(e.key)) {
+        if (e.value.kind != Node::Kind::kScalar) fail(e.value, okey, "takes one path");
+        values[0] = resolve_path(e.value, values[0]);
+        const bool dir = e.key.size() > 4 && e.key.substr(e.key.size() - 4) == "_dir";
+        if (dir ? !fs::is_directory(values[0]) : !fs::is_regular_file(values[0])) {
+          fail(e.value, okey,
+               std::string(dir ? "folder" : "file") + " '" + values[0] + "' does not exist");
+        }
+      }
+      if (e.value.kind == Node::Kind::kSeq && doc != info->params.end() && !doc->choices.empty()) {
+        axes.push_back({e.key, values});
+      } else {
+        fixed[e.key] = join(values, ",");
+      }
+    }
+    for (const Combo& combo : cartesian(axes)) {
+      TaskEntry t{name, fixed};
+      t.options.insert(combo.begin(), combo.end());
+      // LongBench reads <data_dir>/<dataset>.jsonl: check the file the task will open.
+      if (t.options.count("data_dir") && t.options.count("dataset")) {
+        const std::string f = t.options["data_dir"] + "/" + t.options["dataset"] + ".jsonl";
+        if (!fs::is_regular_file(f))
+          fail(opts->find("data_dir")->value, key + ".options.data_dir",
+               "data file '" + f + "' does not exist");
+      }
+      try {
+        tasks::make_task(name, task_options(cfg, t));
+      } catch (const Error& e) {
+        const Entry* c = culprit(opts, e.what());
+        if (c) fail(c->value, key + ".options." + c->key, e.what());
+        fail(*item, key, e.what());
+      }
+      for (const TaskEntry& o : cfg.tasks) {
+        if (o.spec() == t.spec()) fail(*item, key, "task '" + t.spec() + "' is listed twice");
+      }
+      cfg.tasks.push_back(std::move(t));
+    }
+  }
+}
+
+std::vector<Origin> parse_policies(const Node& n, SweepConfig& cfg) {
+  if (n.kind != Node::Kind::kSeq || n.seq.empty())
+    fail(n, "policies", "expected a non-empty list of names or {name, options}");
+  std::vector<Origin> origin;
+  for (const auto& [item, key] : items_of(n, "policies")) {
+    const auto [name_node, opts, nkey, name] = read_named(*item, key, "policy");
+    if (!policies::find_policy(name)) {
+      try {
+        policies::PolicyConfig pc;
+        pc.name = name;
+        policies::make_policy(pc);
+      } catch (const Error& e) {
+        fail(*name_node, nkey, e.what());
+      }
+    }
+    std::vector<std::pair<std::string, std::vector<std::string>>> axes;
+    for (const Entry& e : opts ? opts->map : kNoEntries) {
+      std::vector<std::string> values;
+      for (const auto& [v, vkey] : items_of(e.value, key + ".options." + e.key))
+        values.push_back(scalar(*v, vkey));
+      axes.push_back({e.key, values});
+    }
+    for (const Combo& combo : cartesian(axes)) {
+      PolicyEntry p{name, combo};
+      for (const PolicyEntry& o : cfg.policies) {
+        if (o.spec() == p.spec()) fail(*item, key, "policy '" + p.spec() + "' is listed twice");
+      }
+      cfg.policies.push_back(std::move(p));
+      origin.push_back({item, opts, key});
+    }
+  }
+  return origin;
+}
+
+// Every policy entry through make_policy, on every model's shape and every budget.
+void validate_policies(const SweepConfig& cfg, const std::vector<Origin>& porigin,
+                       const std::vector<Origin>& borigin, const Node& root) {
+  bool any_budgeted = false;
+  for (const PolicyEntry& p : cfg.policies) any_budgeted |= p.name != "full";
+  if (any_budgeted && cfg.budgets.empty()) {
+    fail(root, "budgets",
+         "required: the policies other than full need kv budgets (e.g. budgets: [128, 256])");
+  }
+  for (const ModelEntry& m : cfg.models) {
+    for (size_t b = 0; any_budgeted && b < cfg.budgets.size(); ++b) {
+      if (cfg.budgets[b].tokens > m.info.max_seq_len) {
+        fail(*borigin[b].node, borigin[b].key,
+             "kv_budget " + std::to_string(cfg.budgets[b].tokens) +
+                 " exceeds the context of model '" + m.name + "' (" +
+                 std::to_string(m.info.max_seq_len) + " tokens)");
+      }
+    }
+    for (size_t i = 0; i < cfg.policies.size(); ++i) {
+      const PolicyEntry& p = cfg.policies[i];
+      const size_t nb = p.name == "full" ? 1 : cfg.budgets.size();
+      for (size_t b = 0; b < nb; ++b) {
+        policies::PolicyConfig pc;
+        pc.name = p.name;
+        pc.shape = m.info.shape();
+        pc.options = Options(p.options, "policy option");
+        if (p.name != "full") {
+          const BudgetEntry& be = cfg.budgets[b];
+          // A ratio resolves per prompt; the largest it can become is ratio x the context.
+          pc.kv_budget = be.tokens > 0
+                             ? be.tokens
+                             : std::max(1, static_cast<int>(be.ratio * m.info.max_seq_len));
+        }
+        try {
+          policies::make_policy(pc);
+        } catch (const Error& e) {
+          const std::string ctx =
+              p.name == "full" ? " (model " + m.name + ")"
+                               : " (model " + m.name + ", kv_budget " + cfg.budgets[b].spec() + ")";
+          const Entry* c = culprit(porigin[i].options, e.what());
+          if (c) fail(c->value, porigin[i].key + ".options." + c->key, e.what() + ctx);
+          fail(*porigin[i].node, porigin[i].key, e.what() + ctx);
+        }
+      }
+    }
+  }
+}
+
+void parse_exclude(const Node& n, SweepConfig& cfg) {
+  static const std::vector<std::string> keys = {"model",    "task",     "policy", "kv_budget",
+                                                "kv_ratio", "question", "seed"};
+  if (n.kind != Node::Kind::kSeq)
+    fail(n, "exclude", "expected a list of rules such as {policy: h2o, kv_budget: 512}");
+  for (const auto& [item, key] : items_of(n, "exclude")) {
+    expect_map(*item, key, keys);
+    if (item->map.empty()) fail(*item, key, "an empty rule would exclude everything");
+    if (item->find("kv_budget") && item->find("kv_ratio"))
+      fail(*item, key, "give kv_budget or kv_ratio, not both");
+    std::vector<std::pair<std::string, std::vector<std::string>>> axes;
+    for (const Entry& e : item->map) {
+      const std::string ekey = key + "." + e.key;
+      std::vector<std::string> allowed;
+      if (e.key == "model")
+        for (const auto& m : cfg.models) allowed.push_back(m.name);
+      if (e.key == "task")
+        for (const auto& t : cfg.tasks) allowed.push_back(t.name);
+      if (e.key == "policy")
+        for (const auto& p : cfg.policies) allowed.push_back(p.name);
+      if (e.key == "kv_budget" || e.key == "kv_ratio")
+        for (const auto& b : cfg.budgets) allowed.push_back(b.spec());
+      if (e.key == "question") allowed = cfg.questions;
+      if (e.key == "seed")
+        for (uint64_t s : cfg.seeds) allowed.push_back(std::to_string(s));
+      std::vector<std::string> values;
+      for (const auto& [v, vkey] : items_of(e.value, ekey)) {
+        std::string s = scalar(*v, vkey);
+        if (e.key == "kv_ratio") s = BudgetEntry{0, to_double(*v, vkey)}.spec();
+        if (std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
+          std::set<std::string> uniq(allowed.begin(), allowed.end());
+          fail(
+              *v, vkey,
+              "'" + s + "' is not in this config; its values: " + join({uniq.begin(), uniq.end()}));
+        }
+        values.push_back(s);
+      }
+      axes.push_back({e.key == "kv_ratio" ? "kv_budget" : e.key, values});
+    }
+    for (const Combo& c : cartesian(axes)) cfg.exclude.push_back({c});
+  }
+}
+
+}  // namespace
+
+// ---- public -----------------------------------------------------------------------------------
+std::string BudgetEntry::spec() const {
+  if (tokens > 0) return std::to_string(tokens);
+  if (ratio > 0) {
+    std::ostringstream s;
+    s << ratio << " ratio";
+    return s.str();
+  }
+  return "";
+}
+
+std::string TaskEntry::spec() const { return spec_of(name, options); }
+std::string PolicyEntry::spec() const { return spec_of(name, options); }
+
+std::vector<int64_t> expand_int_range(const std::string& text, const std::string& what) {
+  std::vector<int64_t> out;
+  auto number = [&](std::string s, const std::string& item) -> int64_t {
+    int64_t mult = 1;
+    if (!s.empty() && (s.back() == 'k' || s.back() == 'K')) {
+      mult = 1024;
+      s.pop_back();
+    } else if (!s.empty() && (s.back() == 'm' || s.back() == 'M')) {
+      mult = 1024 * 1024;
+      s.pop_back();
+    }
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    KVB_USAGE_CHECK(!s.empty() && std::isdigit(static_cast<unsigned char>(s[0])) && *end == '\0' &&
+                    errno != ERANGE && v <= (INT64_MAX / mult))
+        << what << " '" << item << "' is not a number or a range (a-b, a-b*factor, a-b+step)";
+    return v * mult;
+  };
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    const size_t dash = item.find('-', 1);
+    if (dash == std::string::npos) {
+      out.push_back(number(item, item));
+      continue;
+    }
+    const size_t op = item.find_first_of("*+", dash);
+    const int64_t a = number(item.substr(0, dash), item);
+    const int64_t b = number(
+        item.substr(dash + 1, op == std::string::npos ? std::string::npos : op - dash - 1), item);
+    const int64_t step = op == std::string::npos ? 1 : number(item.substr(op + 1), item);
+    const bool mul = op != std::string::npos && item[op] == '*';
+    KVB_USAGE_CHECK(a <= b) << what << " range '" << item << "' runs backwards (" << a << " > " << b
+                            << ")";
+    KVB_USAGE_CHECK(mul ? step >= 2 && a >= 1 : step >= 1)
+        << what << " range '" << item
+        << "': " << (mul ? "the factor must be >= 2 and the start >= 1" : "the step must be >= 1");
+    for (int64_t v = a; v <= b; v = mul ? v * step : v + step) {
+      KVB_USAGE_CHECK(out.size() < 100000)
+          << what << " range '" << item << "' expands to over 100000 values";
+      out.push_back(v);
+      if (v > INT64_MAX / step) break;
+    }
+  }
+  KVB_USAGE_CHECK(!out.empty()) << what << " '" << text << "' is empty";
+  return out;
+}
+
+Options task_options(const SweepConfig& config, const TaskEntry& task) {
+  Options opts(task.options, "task option");
+  const tasks::TaskInfo* info = tasks::find_task(task.name);
+  if (config.limit > 0 && !opts.has("limit") && info) {
+    for (const ParamDoc& d : info->params) {
+      if (d.name == "limit") opts.set("limit", std::to_string(config.limit));
+    }
+  }
+  return opts;
+}
+
+SweepConfig load_sweep_config(const std::string& path) {
+  SweepConfig cfg;
+  cfg.path = path;
+  std::vector<std::string> chain;
+  const Node root = load_tree(path, chain, cfg.text, nullptr, "");
+  expect_map(root, "",
+             {"description", "models", "tasks", "policies", "budgets", "question", "seeds", "limit",
+              "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude"});
+  auto get = [&](const char* key) -> const Node* {
+    const Entry* e = root.find(key);
+    return e ? &e->value : nullptr;
+  };
+  if (const Node* n = get("limit")) cfg.limit = static_cast<int>(to_int(*n, "limit", 0, INT_MAX));
+  if (const Node* n = get("max_prompt_tokens")) {
+    cfg.max_prompt_tokens = static_cast<int>(to_int(*n, "max_prompt_tokens", 0, INT_MAX));
+  }
+  if (const Node* n = get("threads"))
+    cfg.threads = static_cast<int>(to_int(*n, "threads", 0, 4096));
+  if (const Node* n = get("unit_time_limit_s")) {
+    cfg.unit_time_limit_s = to_double(*n, "unit_time_limit_s");
+    if (!(cfg.unit_time_limit_s > 0)) fail(*n, "unit_time_limit_s", "must be positive (seconds)");
+  }
+  if (const Node* n = get("generation")) {
+    expect_map(*n, "generation", {"temperature", "top_k", "top_p", "max_new_tokens"});
+    GenerationSettings& g = cfg.generation;
+    if (const Entry* e = n->find("temperature")) {
+      g.temperature = static_cast<float>(to_double(e->value, "generation.temperature"));
+      if (!(g.temperature >= 0 && g.temperature <= 100))
+        fail(e->value, "generation.temperature", "must be in [0, 100] (0: greedy)");
+    }
+    if (const Entry* e = n->find("top_k"))
+      g.top_k = static_cast<int>(to_int(e->value, "generation.top_k", 0, INT_MAX));
+    if (const Entry* e = n->find("top_p")) {
+      g.top_p = static_cast<float>(to_double(e->value, "generation.top_p"));
+      if (!(g.top_p > 0 && g.top_p <= 1))
+        fail(e->value, "generation.top_p", e->value.scalar + " is outside (0, 1]");
+    }
+    if (const Entry* e = n->find("max_new_tokens")) {
+      g.max_new_tokens =
+          static_cast<int>(to_int(e->value, "generation.max_new_tokens", 0, 1 << 20));
+    }
+  }
+  if (const Node* n = get("question")) {
+    cfg.questions.clear();
+    for (const auto& [item, key] : items_of(*n, "question")) {
+      const std::string q = scalar(*item, key);
+      if (q != "in_prompt" && q != "after_compression")
+        fail(*item, key, "'" + q + "' is not allowed; choose one of: in_prompt, after_compression");
+      if (std::find(cfg.questions.begin(), cfg.questions.end(), q) != cfg.questions.end())
+        fail(*item, key, q + " is listed twice");
+      cfg.questions.push_back(q);
+    }
+  }
+  if (const Node* n = get("seeds")) {
+    cfg.seeds.clear();
+    for (const auto& [item, key] : items_of(*n, "seeds")) {
+      std::vector<int64_t> values;
+      try {
+        values = expand_int_range(scalar(*item, key), "seed");
+      } catch (const Error& e) {
+        fail(*item, key, e.what());
+      }
+      for (int64_t s : values) {
+        if (std::find(cfg.seeds.begin(), cfg.seeds.end(), static_cast<uint64_t>(s)) ==
+            cfg.seeds.end())
+          cfg.seeds.push_back(s);
+      }
+    }
+  }
+  for (const char* key : {"models", "tasks", "policies"}) {
+    if (!get(key)) fail(root, key, "required (configs/README.md describes the schema)");
+  }
+  parse_models(*get("models"), cfg);
+  std::vector<Origin> borigin;
+  if (const Node* n = get("budgets")) borigin = parse_budgets(*n, cfg);
+  parse_tasks(*get("tasks"), cfg);
+  const std::vector<Origin> porigin = parse_policies(*get("policies"), cfg);
+  validate_policies(cfg, porigin, borigin, root);
+  if (const Node* n = get("exclude")) parse_exclude(*n, cfg);
+  return cfg;
+}
+
+bool excluded(const SweepConfig& config, const std::map<std::string, std::string>& axes) {
+  for (const ExcludeRule& rule : config.exclude) {
+    bool all = !rule.match.empty();
+    for (const auto& [k, v] : rule.match) {
+      auto it = axes.find(k);
+      all = all && it != axes.end() && it->second == v;
+    }
+    if (all) return true;
+  }
+  return false;
+}
+
+std::map<std::string, std::string> cell_axes(const SweepConfig& config, const ConfigCell& cell) {
+  std::map<std::string, std::string> axes = {
+      {"model", config.models[cell.model].name},
+      {"task", config.tasks[cell.task].name},
+      {"policy", config.policies[cell.policy].name},
+      {"question", config.questions[cell.question]},
+      {"seed", std::to_string(config.seeds[cell.seed])},
+  };
+  if (cell.budget >= 0) axes["kv_budget"] = config.budgets[cell.budget].spec();
+  return axes;
+}
+
+std::vector<ConfigCell> expand_config_cells(const SweepConfig& config) {
+  std::vector<ConfigCell> out;
+  const int nb = static_cast<int>(config.budgets.size());
+  for (int m = 0; m < static_cast<int>(config.models.size()); ++m) {
+    for (int t = 0; t < static_cast<int>(config.tasks.size()); ++t) {
+      for (int p = 0; p < static_cast<int>(config.policies.size()); ++p) {
+        const bool full = config.policies[p].name == "full";
+        for (int b = full ? -1 : 0; b < (full ? 0 : nb); ++b) {
+          for (int q = 0; q < static_cast<int>(config.questions.size()); ++q) {
+            for (int s = 0; s < static_cast<int>(config.seeds.size()); ++s) {
+              const ConfigCell cell{m, t, p, b, q, s};
+              if (!excluded(config, cell_axes(config, cell))) out.push_back(cell);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace kvb::harness

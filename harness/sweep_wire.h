@@ -1,0 +1,34 @@
+// What travels between the coordinator and the workers (MPI messages, or a function call in a
+// single process): a bundle of units sharing one sample, and its results, as JSON text.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "results/store.h"
+#include "tasks/task.h"
+
+namespace kvb::harness {
+
+struct WireUnit {
+  std::string key;
+  std::string policy;
+  std::map<std::string, std::string> policy_options;
+  int kv_budget = 0;  // resolved tokens (0 for full)
+  std::string question = "in_prompt";
+  uint64_t seed = 0;
+};
+
+struct WireBundle {
+  int model = 0;  // index into the config's models
+  int task = 0;   // index into the config's tasks
+  tasks::Sample sample;
+  std::vector<WireUnit> units;
+};
+
+std::string to_json(const WireBundle& b);
+WireBundle bundle_from_json(const std::string& text);
+std::string to_json(const std::vector<results::UnitResult>& r);
+std::vector<results::UnitResult> results_from_json(const std::string& text);
+
+}  // namespace kvb::harness
