@@ -9,6 +9,7 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
@@ -56,6 +57,22 @@ struct Plan {
 
 std::string file_sha256(const std::string& path) { return sha256_file(path); }
 
+// The task's options as the sweep runs and keys them: the config's (with `limit` for tasks that
+// take one), file paths made absolute so that unit keys do not depend on the directory the sweep
+// was started from.
+Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te) {
+  Options in = task_options(cfg, te);
+  Options out({}, "task option");
+  for (const auto& [k, v] : in.values()) {
+    std::error_code ec;
+    const bool is_path = (k == "file" || k == "data" || k == "data_dir" || k == "haystack_dir" ||
+                          k == "haystack_file" || k == "fewshot_data") &&
+                         std::filesystem::exists(v, ec);
+    out.set(k, is_path ? std::filesystem::weakly_canonical(v, ec).string() : v);
+  }
+  return out;
+}
+
 // Expands the matrix: for every model, its tokenizer (no weights) builds every task's samples;
 // every (sample, policy entry, budget, question, seed) not excluded is a unit.
 Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
@@ -76,9 +93,7 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
     ctx.max_context = info.max_seq_len;
     for (size_t ti = 0; ti < cfg.tasks.size(); ++ti) {
       const TaskEntry& te = cfg.tasks[ti];
-      Options topts({}, "task option");
-      for (const auto& [k, v] : te.options) topts.set(k, v);
-      if (cfg.limit > 0 && !topts.has("limit")) topts.set("limit", std::to_string(cfg.limit));
+      const Options topts = keyed_task_options(cfg, te);
       std::unique_ptr<tasks::Task> task = tasks::make_task(te.name, topts);
       std::vector<tasks::Sample> samples = task->samples(ctx);
       for (tasks::Sample& s : samples) {
@@ -99,7 +114,8 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
                                                            {"task", te.name},
                                                            {"policy", pe.name},
                                                            {"kv_budget", spec},
-                                                           {"question", q}};
+                                                           {"question", q},
+                                                           {"seed", std::to_string(seed)}};
                 if (excluded(cfg, axes)) continue;
                 int tokens = be.tokens;
                 if (be.ratio > 0) tokens = std::max(1, static_cast<int>(be.ratio * prompt_tokens));
@@ -166,11 +182,8 @@ class BundleRunner {
       engine_ = std::make_unique<engine::Engine>(*lm_.model);
       loaded_model_ = b.model;
     }
-    const TaskEntry& te = cfg_.tasks[b.task];
-    Options topts({}, "task option");
-    for (const auto& [k, v] : te.options) topts.set(k, v);
-    if (cfg_.limit > 0 && !topts.has("limit")) topts.set("limit", std::to_string(cfg_.limit));
-    std::unique_ptr<tasks::Task> task = tasks::make_task(te.name, topts);
+    std::unique_ptr<tasks::Task> task =
+        tasks::make_task(cfg_.tasks[b.task].name, keyed_task_options(cfg_, cfg_.tasks[b.task]));
     const engine::ModelConfig& c = lm_.model->config;
     std::vector<policies::PolicyConfig> pcs;
     std::vector<results::UnitResult> out(b.units.size());

@@ -1,0 +1,99 @@
+// The sweep across MPI ranks (issue "Sweeps"): mpirun -np 3 gives the same metric values as a
+// single process; a worker killed with SIGKILL mid-sweep loses nothing after --resume; a unit
+// that crashes its worker twice ends `crashed` while the rest finish. Uses configs/ci_smoke.yaml
+// (stories260K). Runs the real binary through the shell, as a user would.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+
+namespace {
+
+const std::string kBin = std::string(KVB_BINARY_DIR) + "/kvbench";
+const std::string kConfig = std::string(KVB_FIXTURES_DIR) + "/../../configs/ci_smoke.yaml";
+
+std::string db_path(const std::string& name) {
+  const std::string p = std::string(KVB_BINARY_DIR) + "/" + name;
+  for (const char* ext : {"", "-wal", "-shm"}) std::filesystem::remove(p + ext);
+  return p;
+}
+
+int run(const std::string& cmd) {
+  const int rc = std::system((cmd + " > /dev/null 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+std::string mpirun(int np) {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  return "mpirun --oversubscribe -np " + std::to_string(np) + " ";
+}
+
+// key -> value for every (unit, metric), or status counts.
+std::map<std::string, std::string> query(const std::string& db, const std::string& sql) {
+  sqlite3* h = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sqlite3_errmsg(h);
+  std::map<std::string, std::string> out;
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    const auto* k = sqlite3_column_text(st, 0);
+    const auto* v = sqlite3_column_text(st, 1);
+    out[k ? reinterpret_cast<const char*>(k) : ""] = v ? reinterpret_cast<const char*>(v) : "";
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return out;
+}
+
+const char* kMetrics =
+    "SELECT unit_key || '/' || name, printf('%.17g', value) FROM metrics ORDER BY 1";
+const char* kStatus = "SELECT status, COUNT(*) FROM units GROUP BY status";
+
+TEST(SweepMpi, ThreeRanksEqualSingleProcess) {
+  const std::string one = db_path("sweep_single.db"), three = db_path("sweep_mpi3.db");
+  ASSERT_EQ(run(kBin + " sweep " + kConfig + " --db " + one), 0);
+  ASSERT_EQ(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + three), 0);
+  const auto a = query(one, kMetrics), b = query(three, kMetrics);
+  EXPECT_GT(a.size(), 50u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(query(three, kStatus), (std::map<std::string, std::string>{{"ok", "49"}}));
+}
+
+TEST(SweepMpi, KilledWorkerLosesNothingAfterResume) {
+  const std::string db = db_path("sweep_kill.db");
+  // The worker that starts this sample's bundle dies with SIGKILL, taking the job down.
+  setenv("KVB_FAULT_CRASH_SAMPLE", "len128_depth100_s0", 1);
+  EXPECT_NE(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db), 0);
+  unsetenv("KVB_FAULT_CRASH_SAMPLE");
+  const auto mid = query(db, kStatus);
+  EXPECT_TRUE(mid.count("running")) << "the crash should leave units in flight";
+  // Without --resume the sweep refuses to start over units in flight.
+  EXPECT_EQ(run(kBin + " sweep " + kConfig + " --db " + db), 2);
+  ASSERT_EQ(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db + " --resume"), 0);
+  EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"ok", "49"}}));
+  // Exactly one metrics row set per unit: 49 units, none duplicated (unit keys are unique).
+  const auto units = query(db, "SELECT 'n', COUNT(DISTINCT unit_key) FROM units");
+  EXPECT_EQ(units.at("n"), "49");
+}
+
+TEST(SweepMpi, UnitThatCrashesTwiceEndsCrashed) {
+  const std::string db = db_path("sweep_crash2.db");
+  setenv("KVB_FAULT_CRASH_SAMPLE", "len128_depth100_s0", 1);
+  EXPECT_NE(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db), 0);
+  EXPECT_NE(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db + " --resume"), 0);
+  // Third run: the bundle's units were in flight during two crashes -> crashed, skipped.
+  EXPECT_EQ(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db + " --resume"), 0);
+  unsetenv("KVB_FAULT_CRASH_SAMPLE");
+  const auto st = query(db, kStatus);
+  // That sample's bundle: full + 3 policies x 2 budgets = 7 units.
+  EXPECT_EQ(st.count("crashed") ? st.at("crashed") : "0", "7");
+  EXPECT_EQ(st.count("ok") ? st.at("ok") : "0", "42");
+  EXPECT_FALSE(st.count("running"));
+  EXPECT_FALSE(st.count("pending"));
+}
+
+}  // namespace

@@ -1,0 +1,305 @@
+// Sweep config loading (harness/sweep_config.h, configs/README.md): list, range and option
+// expansion, exclusions, includes, and errors that name file:line: key. Model: stories260K's
+// header from KVB_SHARED_DIR (no weights are loaded); configs are written to KVB_BINARY_DIR.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "common/error.h"
+#include "harness/cli.h"
+#include "harness/model_info.h"
+#include "harness/sweep_config.h"
+
+namespace kvb::harness {
+namespace {
+namespace fs = std::filesystem;
+
+const std::string kModel = KVB_SHARED_DIR "/models/stories260K/stories260K.bin";
+const std::string kTokenizer = KVB_SHARED_DIR "/models/stories260K/tok512.bin";
+const std::string kDir = KVB_BINARY_DIR "/test_sweep_config";
+
+std::string write(const std::string& name, const std::string& text) {
+  const std::string path = kDir + "/" + name;
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string model_yaml() {
+  return "models:\n  - {path: " + kModel + ", tokenizer: " + kTokenizer + "}\n";
+}
+
+// A valid config; each test overrides pieces. Lines: 1-2 models, 3-5 tasks, 6 policies.
+std::string base_yaml(const std::string& policies = "policies: [full]\n") {
+  return model_yaml() +
+         "tasks:\n"
+         "  - name: niah\n"
+         "    options: {context_lengths: [256, 384], depths: [0, 50, 100], haystack: noise}\n" +
+         policies;
+}
+
+// The usage error message of loading `text` (fails the test if it loads).
+std::string load_error(const std::string& name, const std::string& text) {
+  const std::string path = write(name, text);
+  try {
+    load_sweep_config(path);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << name << " loaded without error";
+  return "";
+}
+
+class SweepConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kModel)) GTEST_SKIP() << "stories260K not found under " KVB_SHARED_DIR;
+  }
+};
+
+TEST(SweepRange, Expands) {
+  EXPECT_EQ(expand_int_range("64-512*2", "b"), (std::vector<int64_t>{64, 128, 256, 512}));
+  EXPECT_EQ(expand_int_range("100-400+100", "b"), (std::vector<int64_t>{100, 200, 300, 400}));
+  EXPECT_EQ(expand_int_range("64-500*2", "b"), (std::vector<int64_t>{64, 128, 256}));
+  EXPECT_EQ(expand_int_range("4k-16k*2", "b"), (std::vector<int64_t>{4096, 8192, 16384}));
+  EXPECT_EQ(expand_int_range("0-3", "b"), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(expand_int_range("7, 10-30+10", "b"), (std::vector<int64_t>{7, 10, 20, 30}));
+  EXPECT_EQ(expand_int_range("256", "b"), (std::vector<int64_t>{256}));
+  for (const char* bad : {"512-64*2", "a-b", "64-512*1", "64-512+0", "-5", "", "12x"}) {
+    EXPECT_THROW(expand_int_range(bad, "budget"), Error) << bad;
+  }
+}
+
+TEST_F(SweepConfigTest, ModelInfoFromHeader) {
+  const ModelInfo i = read_model_info(kModel);
+  EXPECT_EQ(i.format, "llama2c");
+  EXPECT_EQ(i.max_seq_len, 512);
+  EXPECT_EQ(i.num_layers, 5);
+  EXPECT_EQ(i.num_heads, 8);
+  EXPECT_EQ(i.num_kv_heads, 4);
+  EXPECT_EQ(i.head_dim, 8);
+  EXPECT_EQ(i.file_bytes, fs::file_size(kModel));
+  EXPECT_GT(i.num_params, 200000u);
+  EXPECT_LE(28 + 4 * i.num_params, i.file_bytes);
+}
+
+TEST_F(SweepConfigTest, ExpansionCounts) {
+  const std::string path =
+      write("expand.yaml",
+            base_yaml("policies:\n"
+                      "  - full\n"
+                      "  - {name: h2o, options: {heavy_fraction: [0.25, 0.5]}}\n"
+                      "  - {name: snapkv, options: {window: [8, 16], pool_kernel: [3, 5]}}\n") +
+                "budgets: [64, \"64-256*2\", {ratio: 0.5}]\n"
+                "question: [in_prompt, after_compression]\n"
+                "seeds: [0, \"1-2\"]\n"
+                "limit: 4\n"
+                "exclude:\n"
+                "  - {policy: h2o, kv_budget: 256}\n"
+                "  - {policy: full, question: after_compression}\n"
+                "  - {policy: snapkv, kv_ratio: 0.5, seed: [1, 2]}\n");
+  const SweepConfig c = load_sweep_config(path);
+  ASSERT_EQ(c.models.size(), 1u);
+  EXPECT_EQ(c.models[0].name, "stories260K");
+  EXPECT_EQ(c.models[0].info.max_seq_len, 512);
+  ASSERT_EQ(c.tasks.size(), 1u);
+  EXPECT_EQ(c.tasks[0].options.at("context_lengths"), "256,384");
+  EXPECT_EQ(c.tasks[0].options.at("depths"), "0,50,100");
+  EXPECT_EQ(c.tasks[0].options.count("limit"), 0u);
+  EXPECT_EQ(task_options(c, c.tasks[0]).values().at("limit"), "4");
+  // full + 2 h2o + 2x2 snapkv
+  ASSERT_EQ(c.policies.size(), 7u);
+  EXPECT_EQ(c.policies[1].spec(), "h2o heavy_fraction=0.25");
+  EXPECT_EQ(c.policies[3].spec(), "snapkv pool_kernel=3 window=8");
+  // 64 listed twice (plain and in the range) is kept once.
+  ASSERT_EQ(c.budgets.size(), 4u);
+  EXPECT_EQ(c.budgets[0].spec(), "64");
+  EXPECT_EQ(c.budgets[2].spec(), "256");
+  EXPECT_EQ(c.budgets[3].spec(), "0.5 ratio");
+  EXPECT_EQ(c.questions, (std::vector<std::string>{"in_prompt", "after_compression"}));
+  EXPECT_EQ(c.seeds, (std::vector<uint64_t>{0, 1, 2}));
+  ASSERT_EQ(c.exclude.size(), 4u);  // the seed list made two rules
+  // (1 full + 6 x 4 budgets) x 2 questions x 3 seeds = 150; minus h2o@256: 2 x 2 x 3 = 12,
+  // full@after_compression: 3, snapkv@0.5 ratio seeds 1-2: 4 x 2 x 2 = 16.
+  const std::vector<ConfigCell> cells = expand_config_cells(c);
+  EXPECT_EQ(cells.size(), 150u - 12 - 3 - 16);
+  for (const ConfigCell& cell : cells) {
+    const auto axes = cell_axes(c, cell);
+    EXPECT_FALSE(axes.at("policy") == "h2o" && axes.at("kv_budget") == "256");
+    EXPECT_EQ(axes.count("kv_budget"), c.policies[cell.policy].name == "full" ? 0u : 1u);
+  }
+  EXPECT_TRUE(excluded(c, {{"policy", "h2o"}, {"kv_budget", "256"}, {"model", "x"}}));
+  EXPECT_FALSE(excluded(c, {{"policy", "h2o"}, {"kv_budget", "128"}}));
+  EXPECT_FALSE(excluded(c, {{"policy", "h2o"}}));  // a key the unit lacks does not match
+}
+
+TEST_F(SweepConfigTest, ChoiceOptionListsExpandTasksAndPathsResolve) {
+  write("data/text.txt", "Once upon a time there was a little model.\n");
+  const std::string path =
+      write("paths.yaml", model_yaml() +
+                              "tasks:\n"
+                              "  - {name: perplexity, options: {file: data/text.txt}}\n"
+                              "  - name: niah\n"
+                              "    options: {haystack: [noise, kjv], context_lengths: 256}\n"
+                              "policies: [full]\n");
+  const SweepConfig c = load_sweep_config(path);
+  ASSERT_EQ(c.tasks.size(), 3u);
+  EXPECT_EQ(c.tasks[0].options.at("file"), (fs::path(kDir) / "data/text.txt").string());
+  EXPECT_EQ(c.tasks[1].options.at("haystack"), "noise");
+  EXPECT_EQ(c.tasks[2].options.at("haystack"), "kjv");
+}
+
+TEST_F(SweepConfigTest, IncludesMergeAndTheIncludingFileWins) {
+  write("inc/common.yaml", model_yaml() +
+                               "budgets: [128]\n"
+                               "generation: {temperature: 0.5, max_new_tokens: 8}\n"
+                               "seeds: [7]\n");
+  const std::string path = write("with_include.yaml", "include: [inc/common.yaml]\n" +
+                                                          base_yaml("policies: [window]\n") +
+                                                          "budgets: [64]\n"
+                                                          "generation: {max_new_tokens: 4}\n");
+  const SweepConfig c = load_sweep_config(path);
+  ASSERT_EQ(c.models.size(), 1u);  // from the include
+  ASSERT_EQ(c.budgets.size(), 1u);
+  EXPECT_EQ(c.budgets[0].tokens, 64);  // the including file wins
+  EXPECT_EQ(c.generation.max_new_tokens, 4);
+  EXPECT_FLOAT_EQ(c.generation.temperature, 0.5f);  // maps merge key by key
+  EXPECT_EQ(c.seeds, (std::vector<uint64_t>{7}));
+  EXPECT_EQ(c.text.rfind("include: [inc/common.yaml]\n", 0), 0u);
+  EXPECT_NE(c.text.find("# --- include: " + kDir + "/inc/common.yaml\n"), std::string::npos);
+  EXPECT_NE(c.text.find("temperature: 0.5"), std::string::npos);
+
+  write("cycle_a.yaml", "include: cycle_b.yaml\n");
+  write("cycle_b.yaml", "include: cycle_a.yaml\n");
+  EXPECT_NE(load_error("cycle_a.yaml", "include: cycle_b.yaml\n").find("include cycle"),
+            std::string::npos);
+  // An error inside an included file names that file and its line.
+  write("inc/bad.yaml", "budgets: [128]\nthreads: -1\n");
+  const std::string e = load_error("inc_bad.yaml", "include: inc/bad.yaml\n" + base_yaml());
+  EXPECT_NE(e.find(kDir + "/inc/bad.yaml:2: threads: -1 is outside [0, 4096]"), std::string::npos)
+      << e;
+}
+
+// Each error names file:line: key and says what is wrong.
+TEST_F(SweepConfigTest, ErrorsNameFileLineAndKey) {
+  struct Case {
+    const char* name;
+    std::string text;
+    std::vector<std::string> expect;  // substrings ("@" is replaced by the file's path)
+  };
+  const std::vector<Case> cases = {
+      {"invalid.yaml", base_yaml() + "budgets: [64, 128\n", {"@:8:", "invalid YAML"}},
+      {"unknown_top.yaml",
+       base_yaml() + "polices: [h2o]\n",
+       {"@:7: polices: unknown key 'polices'; allowed keys:", "policies", "budgets"}},
+      {"unknown_policy.yaml",
+       base_yaml("policies:\n  - full\n  - h3o\n") + "budgets: [64]\n",
+       {"@:8: policies[1]: unknown policy 'h3o'; known policies:", "snapkv", "h2o"}},
+      {"unknown_policy_option.yaml",
+       base_yaml("policies:\n  - name: h2o\n    options: {heavy: 0.5}\n") + "budgets: [64]\n",
+       {"@:8: policies[0].options.heavy:", "has no option 'heavy'", "heavy_fraction"}},
+      {"bad_policy_value.yaml",
+       base_yaml("policies:\n  - name: h2o\n    options:\n      heavy_fraction: [0.5, 2]\n") +
+           "budgets: [64]\n",
+       {"@:9: policies[0].options.heavy_fraction:", "outside [0, 1]"}},
+      {"budget_zero.yaml",
+       base_yaml("policies: [h2o]\n") + "budgets:\n  - 64\n  - 0\n",
+       {"@:9: budgets[1]: a budget of 0 tokens is not allowed"}},
+      {"ratio.yaml",
+       base_yaml("policies: [h2o]\n") + "budgets: [{ratio: 1.5}]\n",
+       {"@:7: budgets[0].ratio: 1.5 is outside (0, 1]"}},
+      {"budget_context.yaml",
+       base_yaml("policies: [h2o]\n") + "budgets: [128, \"256-1024*2\"]\n",
+       {"@:7: budgets[1]: kv_budget 1024 exceeds the context of model 'stories260K' (512 tokens)"}},
+      {"no_budgets.yaml", base_yaml("policies: [h2o]\n"), {"@:1: budgets: required"}},
+      {"missing_model.yaml",
+       "models:\n  - name: m\n    path: nowhere/model.gguf\n" +
+           base_yaml().substr(model_yaml().size()),
+       {"@:3: models[0].path: model file '" + kDir + "/nowhere/model.gguf' does not exist"}},
+      {"missing_tokenizer.yaml",
+       "models:\n  - " + kModel + "\n" + base_yaml().substr(model_yaml().size()),
+       {"@:2: models[0]: llama2.c model", "needs tokenizer:"}},
+      {"missing_data.yaml",
+       model_yaml() + "tasks:\n  - name: perplexity\n    options:\n      file: nope/wiki.txt\n" +
+           "policies: [full]\n",
+       {"@:6: tasks[0].options.file: file '" + kDir + "/nope/wiki.txt' does not exist"}},
+      {"unknown_task.yaml",
+       model_yaml() + "tasks: [niha]\npolicies: [full]\n",
+       {"@:3: tasks[0]: unknown task 'niha'; known tasks:", "niah"}},
+      {"unknown_task_option.yaml",
+       model_yaml() + "tasks:\n  - name: niah\n    options: {depth: 50}\npolicies: [full]\n",
+       {"@:5: tasks[0].options.depth:", "has no option 'depth'", "depths"}},
+      {"unknown_model_key.yaml",
+       "models:\n  - {path: " + kModel + ", tokeniser: x}\n" +
+           base_yaml().substr(model_yaml().size()),
+       {"@:2: models[0].tokeniser: unknown key 'tokeniser'; allowed keys: name, path, tokenizer"}},
+      {"bad_question.yaml",
+       base_yaml() + "question: [in_prompt, later]\n",
+       {"@:7: question[1]: 'later' is not allowed"}},
+      {"bad_exclude.yaml",
+       base_yaml("policies: [full, h2o]\n") +
+           "budgets: [64]\nexclude:\n  - {policy: h2o, kv_budget: 32}\n",
+       {"@:9: exclude[0].kv_budget: '32' is not in this config; its values: 64"}},
+      {"bad_range.yaml",
+       base_yaml("policies: [h2o]\n") + "budgets: [\"512-64*2\"]\n",
+       {"@:7: budgets[0]: budget range '512-64*2' runs backwards"}},
+      {"missing_tasks.yaml", model_yaml() + "policies: [full]\n", {"@:1: tasks: required"}},
+  };
+  for (const Case& c : cases) {
+    const std::string e = load_error(c.name, c.text);
+    for (std::string want : c.expect) {
+      const size_t at = want.find('@');
+      if (at != std::string::npos) want.replace(at, 1, kDir + "/" + c.name);
+      EXPECT_NE(e.find(want), std::string::npos)
+          << c.name << "\n  error: " << e << "\n  wanted: " << want;
+    }
+  }
+}
+
+// Runs `kvbench ARGS...` in-process and captures stdout and stderr.
+int run_kvbench(std::vector<std::string> args, std::string& out, std::string& err) {
+  args.insert(args.begin(), "kvbench");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  std::ostringstream o, e;
+  std::streambuf* old_out = std::cout.rdbuf(o.rdbuf());
+  std::streambuf* old_err = std::cerr.rdbuf(e.rdbuf());
+  const int rc = run_cli(static_cast<int>(argv.size()), argv.data());
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  out = o.str();
+  err = e.str();
+  return rc;
+}
+
+TEST_F(SweepConfigTest, ValidateCommand) {
+  const std::string path =
+      write("validate_ok.yaml",
+            base_yaml("policies:\n  - full\n  - {name: snapkv, options: {window: [8, 16]}}\n") +
+                "budgets: [\"64-256*2\"]\n"
+                "seeds: [0, 1]\n"
+                "exclude: [{policy: snapkv, kv_budget: 256, seed: 1}]\n");
+  std::string out, err;
+  ASSERT_EQ(run_kvbench({"validate", path}, out, err), 0) << err;
+  // niah: 2 lengths x 3 depths = 6 samples; cells: (1 + 2 x 3) x 2 seeds - 2 = 12.
+  EXPECT_NE(out.find("units: 72\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("12 cells"), std::string::npos) << out;
+  EXPECT_NE(out.find("| stories260K |"), std::string::npos) << out;
+  EXPECT_NE(out.find("approximate"), std::string::npos);
+  EXPECT_NE(out.find("ASSUMING 400 prefill tok/s and 20 decode tok/s per rank"), std::string::npos);
+
+  const std::string bad =
+      write("validate_bad.yaml", base_yaml("policies: [h2o]\n") + "budgets: [0]\n");
+  EXPECT_EQ(run_kvbench({"validate", bad}, out, err), 2);
+  EXPECT_NE(err.find(bad + ":7: budgets[0]: a budget of 0"), std::string::npos) << err;
+  EXPECT_EQ(run_kvbench({"validate"}, out, err), 2);
+  EXPECT_EQ(run_kvbench({"validate", "--help"}, out, err), 0);
+  EXPECT_NE(out.find("usage: kvbench validate CONFIG"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvb::harness
