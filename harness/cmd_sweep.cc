@@ -336,8 +336,14 @@ void print_summary(results::Store& store, const std::set<std::string>& declared,
   os << "\n";
 }
 
+// The config's `threads` applies when the command line left it at 0.
+void apply_config_threads(const SweepArgs& a, const SweepConfig& cfg) {
+  if (a.threads <= 0 && cfg.threads > 0) omp_set_num_threads(cfg.threads);
+}
+
 int coordinate(const SweepArgs& a, MpiComm& comm) {
   SweepConfig cfg = load_sweep_config(a.config);
+  apply_config_threads(a, cfg);
   results::Store store = results::Store::open(a.db, results::Mode::kReadWrite);
   const results::QueryResult inflight =
       store.query("SELECT COUNT(*) FROM units WHERE status = 'running'");
@@ -426,6 +432,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm) {
 
 int work(const SweepArgs& a, MpiComm& comm) {
   SweepConfig cfg = load_sweep_config(a.config);
+  apply_config_threads(a, cfg);
   BundleRunner runner(cfg, a.share_prefill);
   comm.send(0, "ready");
   while (true) {
