@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The README's main job: sets up (system packages, models), builds kvbench and runs it.
-# For now: greedy chat generation with SmolLM2-135M-Instruct on one prompt.
+# The README's main job: sets up (system packages, models), builds kvbench and runs the quickstart
+# sweep (configs/quickstart.yaml: NIAH on SmolLM2-135M-Instruct, six policies x two budgets) in
+# one process, writing out/quickstart.db and printing the summary table. A second run finds every
+# unit finished and only prints the table; delete the database to start over.
+# Under MPI instead: mpirun -np 3 build/kvbench sweep configs/quickstart.yaml --db out/quickstart.db
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -9,5 +12,6 @@ bash scripts/fetch_models.sh
 build="${KVB_BUILD_DIR:-build}"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" --target kvbench
-"$build/kvbench" generate --model models/SmolLM2-135M-Instruct.Q4_1.gguf --chat \
-  --prompt "${1:-What is the capital of France?}" --max-new-tokens 64 --timings
+mkdir -p out
+"$build/kvbench" validate configs/quickstart.yaml | grep -E '^units:|^- time:' >&2 || true
+"$build/kvbench" sweep configs/quickstart.yaml --db out/quickstart.db --progress
