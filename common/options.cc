@@ -105,4 +105,18 @@ std::vector<int> Options::get_int_list(const std::string& key, const std::vector
   return out;
 }
 
+Options Options::from_key_values(const std::vector<std::string>& entries, const std::string& flag,
+                                 const std::string& kind) {
+  Options opts({}, kind);
+  for (const std::string& e : entries) {
+    const size_t eq = e.find('=');
+    KVB_USAGE_CHECK(eq != std::string::npos && eq > 0)
+        << flag << " '" << e << "' is not key=value (e.g. " << flag << " name=value)";
+    const std::string key = e.substr(0, eq);
+    KVB_USAGE_CHECK(!opts.has(key)) << flag << " " << key << " given twice";
+    opts.set(key, e.substr(eq + 1));
+  }
+  return opts;
+}
+
 }  // namespace kvb

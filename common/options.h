@@ -36,6 +36,10 @@ class Options {
   // Comma-separated integers ("1024,2048"), each within [min_value, max_value].
   std::vector<int> get_int_list(const std::string& key, const std::vector<int>& def, int min_value,
                                 int max_value) const;
+  // From "key=value" strings of a repeatable flag (e.g. --task-opt); a malformed or repeated
+  // entry is a usage error naming the flag.
+  static Options from_key_values(const std::vector<std::string>& entries, const std::string& flag,
+                                 const std::string& kind);
   // Throws a usage error naming the first key no getter read; owner: e.g. "policy h2o".
   void check_all_used(const std::string& owner, const std::vector<ParamDoc>& params) const;
 

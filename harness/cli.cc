@@ -37,6 +37,27 @@ void print_usage(std::ostream& os) {
 }
 }  // namespace
 
+bool parse_command_line(const std::vector<std::string>& args,
+                        const boost::program_options::options_description& desc,
+                        const boost::program_options::positional_options_description* positional,
+                        const char* command, boost::program_options::variables_map* vm) {
+  namespace po = boost::program_options;
+  try {
+    po::command_line_parser parser(args);
+    parser.options(desc);
+    if (positional) parser.positional(*positional);
+    po::store(parser.run(), *vm);
+    po::notify(*vm);
+  } catch (const po::error& e) {
+    KVB_USAGE_FAIL() << e.what() << " (see kvbench " << command << " --help)";
+  }
+  if (vm->count("help")) {
+    std::cout << desc << "\n";
+    return false;
+  }
+  return true;
+}
+
 int run_cli(int argc, char** argv) {
   if (argc < 2) {
     print_usage(std::cerr);

@@ -3,6 +3,7 @@
 // (0 ok, 1 a unit or check failed, 2 usage or configuration error).
 #pragma once
 
+#include <boost/program_options.hpp>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,13 @@ const std::vector<Subcommand>& subcommands();
 
 // Entry point shared by main() and tests: parses argv, dispatches, maps errors to exit codes.
 int run_cli(int argc, char** argv);
+
+// Parses a subcommand's options into vm; returns false (after printing the help to stdout) when
+// --help was given. Parse errors are usage errors naming the subcommand's --help.
+bool parse_command_line(const std::vector<std::string>& args,
+                        const boost::program_options::options_description& desc,
+                        const boost::program_options::positional_options_description* positional,
+                        const char* command, boost::program_options::variables_map* vm);
 
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_ls(const std::vector<std::string>& args);

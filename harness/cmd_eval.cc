@@ -24,18 +24,6 @@ namespace po = boost::program_options;
 namespace kvb::harness {
 
 namespace {
-Options parse_task_options(const std::vector<std::string>& entries) {
-  Options opts({}, "task option");
-  for (const std::string& e : entries) {
-    const size_t eq = e.find('=');
-    KVB_USAGE_CHECK(eq != std::string::npos && eq > 0)
-        << "--task-opt '" << e << "' is not key=value (e.g. --task-opt depths=0,50,100)";
-    KVB_USAGE_CHECK(!opts.has(e.substr(0, eq))) << "--task-opt " << e.substr(0, eq) << " given twice";
-    opts.set(e.substr(0, eq), e.substr(eq + 1));
-  }
-  return opts;
-}
-
 std::string fmt(double v, int prec = 4) {
   if (!std::isfinite(v)) return "nan";
   std::ostringstream s;
@@ -75,22 +63,13 @@ int cmd_eval(const std::vector<std::string>& args) {
       ("show-prediction", po::value(&show_prediction)->default_value(60),
        "characters of each prediction shown in the md table (0: hide)");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    KVB_USAGE_FAIL() << e.what() << " (see kvbench eval --help)";
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (!parse_command_line(args, desc, nullptr, "eval", &vm)) return 0;
   KVB_USAGE_CHECK(vm.count("model")) << "--model is required (see kvbench eval --help)";
   KVB_USAGE_CHECK(vm.count("task")) << "--task is required (kvbench ls tasks lists them)";
   KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl")
       << "--output must be md, csv or jsonl, got " << output;
   if (threads > 0) omp_set_num_threads(threads);
-  Options topts = parse_task_options(task_opts);
+  Options topts = Options::from_key_values(task_opts, "--task-opt", "task option");
   if (limit >= 0) {
     KVB_USAGE_CHECK(!topts.has("limit")) << "give --limit or --task-opt limit, not both";
     topts.set("limit", std::to_string(limit));

@@ -67,16 +67,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       ("timings", po::bool_switch(&timings), "print prefill/decode times and tokens/s to stderr")
       ("show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    KVB_USAGE_FAIL() << e.what() << " (see kvbench generate --help)";
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (!parse_command_line(args, desc, nullptr, "generate", &vm)) return 0;
   KVB_USAGE_CHECK(vm.count("model")) << "--model is required (see kvbench generate --help)";
   KVB_USAGE_CHECK(!(vm.count("prompt") && vm.count("prompt-file")))
       << "give --prompt or --prompt-file, not both";

@@ -3,6 +3,7 @@
 // without mpirun — writing every result on rank 0, one transaction per bundle (DESIGN.md
 // "Scheduling", "Results", "Faults").
 #include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -466,16 +467,7 @@ int cmd_sweep(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("config", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    KVB_USAGE_FAIL() << e.what() << " (see kvbench sweep --help)";
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (!parse_command_line(args, desc, &pos, "sweep", &vm)) return 0;
   a.share_prefill = !vm["no-share-prefill"].as<bool>();
   MpiComm comm = MpiComm::init_if_launched();
   set_process_identity(comm.rank(), comm.size());
@@ -485,6 +477,20 @@ int cmd_sweep(const std::vector<std::string>& args) {
     const int cores = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
     const int workers_here = std::max(1, comm.local_size() - (comm.rank() == 0 ? 0 : 1));
     threads = std::max(1, cores / (comm.size() > 1 ? workers_here : 1));
+  }
+  // mpirun binds each rank to one core when np <= 2: more threads than the rank's CPUs would
+  // only time-slice. Use what the binding allows and say how to get more.
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0) {
+    const int allowed = CPU_COUNT(&mask);
+    if (allowed > 0 && allowed < threads) {
+      if (comm.rank() != 0) {
+        KVB_LOG_WARN << "this rank may run on " << allowed << " CPU(s) only (MPI binding); using "
+                     << allowed << " thread(s) instead of " << threads
+                     << " (mpirun --bind-to none lets ranks share the node's cores)";
+      }
+      threads = allowed;
+    }
   }
   omp_set_num_threads(threads);
   try {

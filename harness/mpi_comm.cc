@@ -1,6 +1,8 @@
 // MpiComm over MPI_Send/MPI_Recv (two messages: length, then bytes), or a single rank.
 #include "harness/mpi_comm.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "common/error.h"
@@ -90,8 +92,16 @@ std::string MpiComm::recv(int source) {
 std::string MpiComm::recv_any(int* source) {
 #ifdef KVB_WITH_MPI
   MPI_Status st;
+  // The coordinator waits most of the time: poll with a short sleep instead of MPI_Recv, whose
+  // busy polling would take a core from the workers on the same node.
+  for (int flag = 0;;) {
+    KVB_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, 1, MPI_COMM_WORLD, &flag, &st));
+    if (flag) break;
+    usleep(1000);
+  }
   unsigned long long n = 0;
-  KVB_MPI_CHECK(MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, MPI_ANY_SOURCE, 1, MPI_COMM_WORLD, &st));
+  KVB_MPI_CHECK(
+      MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, st.MPI_SOURCE, 1, MPI_COMM_WORLD, &st));
   *source = st.MPI_SOURCE;
   KVB_CHECK(n < (1ull << 31)) << "message of " << n << " bytes from rank " << *source;
   std::string msg(n, '\0');

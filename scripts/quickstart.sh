@@ -3,7 +3,7 @@
 # sweep (configs/quickstart.yaml: NIAH on SmolLM2-135M-Instruct, six policies x two budgets) in
 # one process, writing out/quickstart.db and printing the summary table. A second run finds every
 # unit finished and only prints the table; delete the database to start over.
-# Under MPI instead: mpirun -np 3 build/kvbench sweep configs/quickstart.yaml --db out/quickstart.db
+# Under MPI instead: mpirun --bind-to none -np 3 build/kvbench sweep configs/quickstart.yaml --db out/quickstart.db
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

@@ -136,16 +136,7 @@ std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& pro
 }
 
 policies::PolicyOptions parse_policy_options(const std::vector<std::string>& entries) {
-  policies::PolicyOptions opts;
-  for (const std::string& e : entries) {
-    const size_t eq = e.find('=');
-    KVB_USAGE_CHECK(eq != std::string::npos && eq > 0)
-        << "--policy-opt '" << e << "' is not key=value (e.g. --policy-opt heavy_fraction=0.5)";
-    const std::string key = e.substr(0, eq);
-    KVB_USAGE_CHECK(!opts.values().count(key)) << "--policy-opt " << key << " given twice";
-    opts.set(key, e.substr(eq + 1));
-  }
-  return opts;
+  return Options::from_key_values(entries, "--policy-opt", "policy option");
 }
 
 }  // namespace kvb::workers
