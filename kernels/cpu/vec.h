@@ -2,6 +2,7 @@
 // tree), so results do not depend on the compiler's vectorization choices.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 
 namespace kvb::kernels::cpu {
@@ -20,6 +21,26 @@ inline float dot(const float* a, const float* b, int n) {
 // y[i] += alpha * x[i]; x, y: [n].
 inline void axpy(float* y, float alpha, const float* x, int n) {
   for (int i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// The fixed reduction tree of matmul (kernels/cpu/matmul.h) over 16 lane sums.
+inline float tree16(const float* a) {
+  float s8[8], s4[4];
+  for (int l = 0; l < 8; ++l) s8[l] = a[l] + a[l + 8];
+  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// sum_i a[i] * b[i] in matmul's exact order (16 fma lanes, i = l mod 16, then tree16), so a
+// row computed here has the bits matmul gives for it. a, b: [n].
+inline float dot_matmul_order(const float* a, const float* b, int n) {
+  float acc[16] = {0};
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int l = 0; l < 16; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+  }
+  for (int l = 0; i + l < n; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+  return tree16(acc);
 }
 
 }  // namespace kvb::kernels::cpu
