@@ -15,6 +15,7 @@ const std::vector<Subcommand>& subcommands() {
       {"eval", "run one task end to end under one policy and budget; print scores", cmd_eval},
       {"sweep", "run a YAML experiment matrix (under mpirun or alone) into a SQLite database",
        cmd_sweep},
+      {"query", "named queries or SQL over a results database (read-only): tables", cmd_query},
       {"ls", "list registered names: kvbench ls policies | tasks", cmd_ls},
       {"validate", "check a sweep config against the registries; count units; no model loaded",
        cmd_validate},

@@ -32,6 +32,7 @@ int cmd_generate(const std::vector<std::string>& args);
 int cmd_ls(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_sweep(const std::vector<std::string>& args);
+int cmd_query(const std::vector<std::string>& args);
 int cmd_validate(const std::vector<std::string>& args);
 
 }  // namespace kvb::harness

@@ -53,7 +53,6 @@ class Tracker {
     m.occupancy_mean = n_ ? sum_ / n_ : 0;
     m.occupancy_final =
         static_cast<double>(cache_.total_slots()) / (static_cast<double>(s.num_layers) * s.num_kv_heads);
-    m.occupancy_peak = peak_;
     int lo = INT32_MAX, hi = 0;
     for (int l = 0; l < s.num_layers; ++l) {
       for (int h = 0; h < s.num_kv_heads; ++h) {
@@ -63,9 +62,11 @@ class Tracker {
     }
     m.occupancy_min_final = lo;
     m.occupancy_max_final = hi;
+    // The final state counts toward the peaks too (the last step is sampled only here).
     m.kv_bytes_final = cache_.logical_bytes();
-    m.kv_bytes_peak = kv_peak_;
-    m.kv_physical_peak = phys_peak_;
+    m.kv_bytes_peak = std::max(kv_peak_, m.kv_bytes_final);
+    m.kv_physical_peak = std::max(phys_peak_, cache_.physical_bytes());
+    m.occupancy_peak = std::max(peak_, cache_.max_length());
   }
 
  private:

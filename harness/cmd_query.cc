@@ -1,0 +1,80 @@
+// `kvbench query --db FILE NAME|SQL`: a named query (results/queries/*.sql) or ad-hoc SQL against
+// a results database opened read-only; the rows printed as md, csv or jsonl on stdout.
+#include <boost/program_options.hpp>
+#include <iostream>
+
+#include "common/error.h"
+#include "harness/cli.h"
+#include "harness/table.h"
+#include "results/named_queries.h"
+#include "results/store.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::harness {
+
+int cmd_query(const std::vector<std::string>& args) {
+  std::string db, what, output = "md";
+  std::vector<std::string> params;
+  po::options_description desc(
+      "usage: kvbench query --db FILE NAME|SQL [-o md|csv|jsonl] [--param VALUE ...]\n"
+      "       kvbench query --list\n\n"
+      "Runs a named query (kvbench query --list) or one SQL statement against a results\n"
+      "database, opened read-only. Values given with --param bind to ?1, ?2, ... in the SQL.\n\n"
+      "options");
+  desc.add_options()("help,h", "print this help")
+      ("db", po::value(&db), "the results database (SQLite) written by kvbench sweep")
+      ("list", po::bool_switch(), "list the named queries with a line of description each")
+      ("output,o", po::value(&output)->default_value("md"), "md | csv | jsonl")
+      ("param", po::value(&params)->composing(), "a value bound to the next ?N parameter")
+      ("query", po::value(&what), "a named query or SQL (positional)");
+  po::positional_options_description pos;
+  pos.add("query", 1);
+  po::variables_map vm;
+  if (!parse_command_line(args, desc, &pos, "query", &vm)) return 0;
+  if (vm["list"].as<bool>()) {
+    Table t({"name", "description"});
+    for (const auto& q : results::named_queries()) t.add({q.name, q.description()});
+    t.print(std::cout, output);
+    return 0;
+  }
+  KVB_USAGE_CHECK(!db.empty()) << "--db FILE is required (see kvbench query --help)";
+  KVB_USAGE_CHECK(!what.empty()) << "give a query name or SQL (kvbench query --list names them)";
+  KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl")
+      << "--output must be md, csv or jsonl, got " << output;
+  std::string sql = what;
+  for (const auto& q : results::named_queries()) {
+    if (q.name == what) sql = q.sql;
+  }
+  const bool named = sql != what;
+  if (!named && what.find(' ') == std::string::npos) {
+    std::string names;
+    for (const auto& q : results::named_queries()) names += (names.empty() ? "" : ", ") + q.name;
+    KVB_USAGE_FAIL() << "no named query '" << what << "'; named queries: " << names
+                     << " (or give a SQL statement)";
+  }
+  results::Store store = results::Store::open(db, results::Mode::kReadOnly);
+  results::QueryResult r;
+  try {
+    r = store.query(sql, params);
+  } catch (const Error& e) {
+    KVB_USAGE_FAIL() << (named ? "query " + what : std::string("SQL")) << " failed on " << db
+                     << ": " << e.what();
+  }
+  Table t(r.columns);
+  for (const auto& row : r.rows) {
+    std::vector<std::string> cells;
+    for (const auto& v : row) cells.push_back(v.kind == results::QueryValue::kNull ? "" : v.text);
+    t.add(cells);
+  }
+  t.print(std::cout, output);
+  if (r.rows.empty()) {
+    const results::QueryResult n = store.query("SELECT COUNT(*), SUM(status = 'ok') FROM units");
+    std::cerr << "kvbench query: no rows (the database holds " << n.rows[0][0].text
+              << " units, " << (n.rows[0][1].text.empty() ? "0" : n.rows[0][1].text)
+              << " of them ok)\n";
+  }
+  return 0;
+}
+
+}  // namespace kvb::harness
