@@ -7,7 +7,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KVB_REF_VENV:-$root/.venv-ref}"
 pins=(
   "torch==2.5.1" "transformers==4.46.3" "gguf==0.10.0" "tokenizers==0.20.3" "numpy==1.26.4"
-  "sentencepiece==0.2.3" "accelerate==1.1.1"
+  "sentencepiece==0.2.3" "accelerate==1.1.1" "scipy==1.13.1"
 )
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2

@@ -81,6 +81,23 @@ TEST_F(Query, OtherNamedQueries) {
   }
 }
 
+TEST_F(Query, VsFullPairsSamplesWithFull) {
+  std::string out;
+  ASSERT_EQ(kvbench({"query", "--db", db_, "vs-full", "-o", "csv"}, &out), 0);
+  std::istringstream lines(out);
+  std::string header;
+  std::getline(lines, header);
+  EXPECT_EQ(header, "task,policy,kv_budget,metric,n,mean,full mean,diff,diff ci95 lo,diff ci95 hi,p");
+  int rows = 0;
+  for (std::string l; std::getline(lines, l);) {
+    ++rows;
+    // niah pairs 6 samples; perplexity 1 (its p is 1 and the CI collapses: n = 1).
+    if (l.rfind("niah,", 0) == 0) EXPECT_NE(l.find(",recall ↑,6,"), std::string::npos) << l;
+    if (l.rfind("perplexity,", 0) == 0) EXPECT_NE(l.find(",1.0000"), std::string::npos) << l;
+  }
+  EXPECT_EQ(rows, 6 * 10);  // 6 non-full (policy, budget) cells x 10 metrics
+}
+
 TEST_F(Query, AdHocSqlIsReadOnlyWithBoundParameters) {
   std::string out;
   ASSERT_EQ(kvbench({"query", "--db", db_, "SELECT policy, COUNT(*) AS n FROM units WHERE policy = ?1 "
