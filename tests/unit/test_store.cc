@@ -118,8 +118,7 @@ TEST(Store, SchemaSqlMatchesEmbedded) {
   std::stringstream text;
   text << in.rdbuf();
   EXPECT_EQ(text.str(), std::string(kSchemaSql))
-      << "results/schema.cc's kSchemaSql differs from results/schema.sql: paste schema.sql "
-         "between the R\"kvbsql( and )kvbsql\" delimiters";
+      << "the compiled-in schema differs from results/schema.sql: re-run cmake";
   EXPECT_NE(text.str().find("PRAGMA user_version = " + std::to_string(kSchemaVersion) + ";"),
             std::string::npos);
 }
