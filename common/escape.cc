@@ -81,7 +81,8 @@ std::string csv_field(const std::string& raw) {
   if (!s.empty() && (s[0] == '=' || s[0] == '+' || s[0] == '-' || s[0] == '@' || s[0] == '\t' ||
                      s[0] == '\r')) {
     // Numbers like -1.5 stay numbers; only text that a spreadsheet would evaluate is prefixed.
-    bool numeric = s.size() > 1 && (s[0] == '-' || s[0] == '+');
+    // A lone "-" (our "no value") is text to a spreadsheet, not a formula.
+    bool numeric = s == "-" || (s.size() > 1 && (s[0] == '-' || s[0] == '+'));
     for (size_t i = 1; numeric && i < s.size(); ++i) {
       numeric = (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == 'e' || s[i] == 'E' ||
                 s[i] == '-' || s[i] == '+';

@@ -33,6 +33,7 @@ int cmd_ls(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_sweep(const std::vector<std::string>& args);
 int cmd_query(const std::vector<std::string>& args);
+int cmd_report(const std::vector<std::string>& args);
 int cmd_validate(const std::vector<std::string>& args);
 
 }  // namespace kvb::harness

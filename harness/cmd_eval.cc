@@ -14,7 +14,7 @@
 #include "common/escape.h"
 #include "common/log.h"
 #include "harness/cli.h"
-#include "harness/table.h"
+#include "common/table.h"
 #include "tasks/task.h"
 #include "workers/model_session.h"
 #include "workers/runner.h"

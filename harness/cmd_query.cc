@@ -1,12 +1,12 @@
 // `kvbench query --db FILE NAME|SQL`: a named query (results/queries/*.sql) or ad-hoc SQL against
 // a results database opened read-only; the rows printed as md, csv or jsonl on stdout.
 #include <boost/program_options.hpp>
-#include <cstdio>
 #include <iostream>
 
 #include "common/error.h"
 #include "harness/cli.h"
-#include "harness/table.h"
+#include "common/table.h"
+#include "results/analysis.h"
 #include "results/named_queries.h"
 #include "results/stats.h"
 #include "results/store.h"
@@ -20,54 +20,6 @@ const char* kVsFullDescription =
     "paired difference to full on the same samples per task x policy x budget x metric: means, "
     "difference with a paired-bootstrap 95% CI (10,000 resamples, seed 0) and two-sided p";
 
-// The units of every non-full policy joined with `full`'s unit on the same sample (same model
-// file, task options, question placement), with their values of each metric.
-const char* kVsFullPairs = R"sql(
-SELECT u.task, u.policy, CASE u.kv_budget_spec WHEN '' THEN '-' ELSE u.kv_budget_spec END,
-       m.name, m.higher_is_better, m.value, fm.value
-FROM units u
-JOIN metrics m ON m.unit_key = u.unit_key
-JOIN units f ON f.policy = 'full' AND f.status = 'ok' AND f.task = u.task
-            AND f.model_sha256 = u.model_sha256 AND f.task_options = u.task_options
-            AND f.sample_id = u.sample_id AND f.question = u.question
-JOIN metrics fm ON fm.unit_key = f.unit_key AND fm.name = m.name
-WHERE u.policy <> 'full' AND u.status = 'ok' AND m.value IS NOT NULL AND fm.value IS NOT NULL
-ORDER BY u.task, m.name, u.policy, CAST(u.kv_budget_spec AS INTEGER), u.sample_id)sql";
-
-Table vs_full(results::Store& store) {
-  const results::QueryResult r = store.query(kVsFullPairs);
-  Table t({"task", "policy", "kv_budget", "metric", "n", "mean", "full mean", "diff",
-           "diff ci95 lo", "diff ci95 hi", "p"});
-  auto fmt = [](double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.4f", v);
-    return std::string(buf);
-  };
-  size_t i = 0;
-  while (i < r.rows.size()) {
-    size_t j = i;
-    std::vector<double> a, b;
-    auto same = [&](size_t x) {
-      for (int c = 0; c < 4; ++c) {
-        if (r.rows[x][c].text != r.rows[i][c].text) return false;
-      }
-      return true;
-    };
-    while (j < r.rows.size() && same(j)) {
-      a.push_back(std::stod(r.rows[j][5].text));
-      b.push_back(std::stod(r.rows[j][6].text));
-      ++j;
-    }
-    const results::PairedComparison pc = results::paired_bootstrap(a, b, 10000, 0);
-    const auto& row = r.rows[i];
-    const double mean_a = results::mean_ci(a).mean, mean_b = results::mean_ci(b).mean;
-    t.add({row[0].text, row[1].text, row[2].text,
-           row[3].text + (row[4].text == "1" ? " ↑" : " ↓"), std::to_string(a.size()),
-           fmt(mean_a), fmt(mean_b), fmt(pc.mean_diff), fmt(pc.lo), fmt(pc.hi), fmt(pc.p_value)});
-    i = j;
-  }
-  return t;
-}
 }  // namespace
 
 int cmd_query(const std::vector<std::string>& args) {
@@ -102,7 +54,7 @@ int cmd_query(const std::vector<std::string>& args) {
       << "--output must be md, csv or jsonl, got " << output;
   if (what == "vs-full") {
     results::Store store = results::Store::open(db, results::Mode::kReadOnly);
-    vs_full(store).print(std::cout, output);
+    results::vs_full_table(results::vs_full(store, {})).print(std::cout, output);
     return 0;
   }
   std::string sql = what;

@@ -26,7 +26,7 @@
 #include "harness/mpi_comm.h"
 #include "harness/sweep_config.h"
 #include "harness/sweep_wire.h"
-#include "harness/table.h"
+#include "common/table.h"
 #include "results/store.h"
 #include "workers/runner.h"
 

@@ -13,7 +13,7 @@
 #include "common/error.h"
 #include "harness/cli.h"
 #include "harness/sweep_config.h"
-#include "harness/table.h"
+#include "common/table.h"
 #include "tasks/task.h"
 
 namespace po = boost::program_options;

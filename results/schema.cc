@@ -4,6 +4,7 @@
 #include "results/schema.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "common/error.h"
@@ -31,12 +32,8 @@ std::string join(const std::vector<std::string>& v) {
 // Version 0 is both "empty file" (build the schema) and "tables but no version": an earlier
 // draft of this schema (it has `units`) or some other program's database. Neither can be
 // migrated safely, since nothing says what their columns mean.
-void from_version_0(Db& db) {
-  const std::vector<std::string> tables = user_tables(db);
-  if (tables.empty()) {
-    db.exec(kSchemaSql);
-    return;
-  }
+// Throws the usage error for a version-0 file that holds tables.
+[[noreturn]] void refuse_unversioned(const Db& db, const std::vector<std::string>& tables) {
   if (std::find(tables.begin(), tables.end(), "units") != tables.end()) {
     KVB_USAGE_FAIL() << "results database " << db.path()
                      << " has schema version 0 but already holds a `units` table (tables: "
@@ -46,6 +43,16 @@ void from_version_0(Db& db) {
   }
   KVB_USAGE_FAIL() << db.path() << " is not a kvbench results database: it holds tables ("
                    << join(tables) << ") but no schema version. Pass another --db";
+  std::abort();  // unreachable: the builder above throws
+}
+
+void from_version_0(Db& db) {
+  const std::vector<std::string> tables = user_tables(db);
+  if (tables.empty()) {
+    db.exec(kSchemaSql);
+    return;
+  }
+  refuse_unversioned(db, tables);
 }
 
 void set_schema_version(Db& db, int version) {
@@ -76,8 +83,10 @@ int upgrade_schema(Db& db, bool read_only, const std::vector<Migration>& steps, 
                      << " is newer than this kvbench (" << target << "); upgrade kvbench";
   }
   if (read_only) {
-    if (found == 0 && user_tables(db).empty()) {
-      KVB_USAGE_FAIL() << db.path() << " is empty: not a kvbench results database";
+    if (found == 0) {
+      const std::vector<std::string> tables = user_tables(db);
+      if (tables.empty()) KVB_USAGE_FAIL() << db.path() << " is empty: not a kvbench results database";
+      refuse_unversioned(db, tables);
     }
     KVB_USAGE_FAIL() << db.path() << ": database schema version " << found
                      << " is older than this kvbench (" << target

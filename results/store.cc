@@ -13,6 +13,7 @@
 #include "common/sha256.h"
 #include "results/schema.h"
 #include "results/sqlite_util.h"
+#include "results/stats.h"
 
 // The current time in the schema's convention (ISO-8601 UTC, milliseconds), as SQL.
 #define KVB_SQL_NOW "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
@@ -175,6 +176,30 @@ Store::~Store() = default;
 
 const std::string& Store::path() const { return db_->path(); }
 
+namespace {
+// t_quantile(p, dof): Student's t quantile (results/stats.h), so that the named queries' 95%
+// intervals are the same t intervals the report computes. NULL for dof < 1 or p outside (0, 1).
+void sql_t_quantile(sqlite3_context* ctx, int argc, sqlite3_value** argv) {
+  if (sqlite3_value_type(argv[0]) == SQLITE_NULL || sqlite3_value_type(argv[1]) == SQLITE_NULL) {
+    sqlite3_result_null(ctx);
+    return;
+  }
+  const double p = sqlite3_value_double(argv[0]);
+  const double dof = sqlite3_value_double(argv[1]);
+  if (!(p > 0 && p < 1) || !(dof >= 1)) {
+    sqlite3_result_null(ctx);
+    return;
+  }
+  sqlite3_result_double(ctx, student_t_quantile(p, dof));
+}
+void register_sql_functions(Db& db) {
+  KVB_SQLITE_CHECK(db, sqlite3_create_function(db.get(), "t_quantile", 2,
+                                                SQLITE_UTF8 | SQLITE_DETERMINISTIC, nullptr,
+                                                &sql_t_quantile, nullptr, nullptr),
+                   "create_function t_quantile");
+}
+}  // namespace
+
 Store Store::open(const std::string& path, Mode mode) {
   const bool read_only = mode == Mode::kReadOnly;
   if (std::error_code ec; read_only && !std::filesystem::exists(path, ec)) {
@@ -204,6 +229,7 @@ Store Store::open(const std::string& path, Mode mode) {
   }
   upgrade_schema(*db, read_only);
   db->exec("PRAGMA foreign_keys = ON");
+  register_sql_functions(*db);
   return Store(std::move(db), mode);
 }
 

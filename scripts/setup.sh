@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kvbench builds and tests with. Idempotent: a second run installs nothing and
-# prints one line. Needs root (or sudo) and Debian bookworm or newer.
+# prints one line. Needs root (or sudo) and Debian bookworm or newer. chromium renders `kvbench report`
+# pages in the report test (headless).
 set -euo pipefail
 
 packages=(
@@ -15,6 +16,7 @@ packages=(
   nlohmann-json3-dev
   libomp-dev
   bible-kjv
+  chromium fonts-dejavu-core
   python3 python3-venv python3-pip
 )
 

@@ -1,4 +1,4 @@
--- summary: mean score per task x policy x budget x metric with a 95% CI (normal approximation), n, and unit status counts
+-- summary: mean score per task x policy x budget x metric with a 95% Student-t CI, n, and unit status counts
 WITH scores AS (
   SELECT u.task, u.policy, u.kv_budget_spec AS kv_budget, m.name AS metric,
          m.higher_is_better AS hib, m.value
@@ -7,9 +7,11 @@ WITH scores AS (
 ),
 agg AS (
   SELECT task, policy, kv_budget, metric, MAX(hib) AS hib, COUNT(*) AS n, AVG(value) AS mean,
+         -- t_quantile is registered by kvbench (results/store.cc); max(0, ...) absorbs rounding
          CASE WHEN COUNT(*) > 1
-              THEN 1.96 * sqrt((SUM(value * value) - COUNT(*) * AVG(value) * AVG(value))
-                               / (COUNT(*) - 1) / COUNT(*))
+              THEN t_quantile(0.975, COUNT(*) - 1)
+                   * sqrt(max(0, SUM(value * value) - COUNT(*) * AVG(value) * AVG(value))
+                          / (COUNT(*) - 1) / COUNT(*))
          END AS ci95
   FROM scores GROUP BY task, policy, kv_budget, metric
 ),

@@ -52,14 +52,22 @@ TEST_F(Query, SummaryMarkdownIsPinned) {
   EXPECT_EQ(rule,
             "| ---------- | ------ | --------- | ---------------- | -------: | -----: | --: | --: "
             "| ----: | -----: | ---------: |");
-  // niah: 6 samples per (policy, budget); every unit ok.
+  // niah: 6 samples per (policy, budget); every unit ok. Recall 1/7 on three samples and 0 on
+  // three; the Student-t half-width from scipy: t.ppf(0.975, 5) * s / sqrt(6) = 0.0821.
   EXPECT_EQ(first,
-            "| niah       | full   | -         | recall ↑         |   0.0714 | 0.0626 |   6 |   6 "
+            "| niah       | full   | -         | recall ↑         |   0.0714 | 0.0821 |   6 |   6 "
             "|     0 |      0 |          0 |");
   // 7 (policy, budget) cells x (1 niah metric + 9 perplexity metrics).
   int rows = 0;
   for (std::string l; std::getline(lines, l);) rows += !l.empty();
   EXPECT_EQ(rows + 1, 7 * 10);
+}
+
+// The first lines of a query's md output.
+std::string head(const std::string& out, int lines) {
+  size_t pos = 0;
+  for (int i = 0; i < lines && pos != std::string::npos; ++i) pos = out.find('\n', pos + 1);
+  return out.substr(0, pos == std::string::npos ? out.size() : pos + 1);
 }
 
 TEST_F(Query, OtherNamedQueries) {
@@ -68,26 +76,61 @@ TEST_F(Query, OtherNamedQueries) {
   EXPECT_EQ(out,
             "| task | sample_id | policy | kv_budget | status | attempts | crash_count | error |\n"
             "| ---- | --------- | ------ | --------- | ------ | -------- | ----------- | ----- |\n");
+  ASSERT_EQ(kvbench({"query", "--db", db_, "niah-grid"}, &out), 0);
+  // ci_smoke's NIAH: 2 lengths x depths 0, 50, 100; full finds 1 of 7 needle digits at 128.
+  EXPECT_EQ(head(out, 3),
+            "| policy | kv_budget | context_length | depth |   n | recall |\n"
+            "| ------ | --------- | -------------: | ----: | --: | -----: |\n"
+            "| full   | -         |            128 |     0 |   1 | 0.1429 |\n");
   ASSERT_EQ(kvbench({"query", "--db", db_, "niah-grid", "-o", "csv"}, &out), 0);
-  EXPECT_EQ(out.substr(0, out.find('\n')), "policy,kv_budget,context_length,depth,n,recall");
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1 + 7 * 6);  // 7 cells x 2 lengths x 3 depths
+  ASSERT_EQ(kvbench({"query", "--db", db_, "memory"}, &out), 0);
+  // full at 128 context: 128 prompt + 32 generated - 1 (the last token is never appended) = 159
+  // slots x 5 layers x 4 KV heads x (K + V: 2 x 8 x 4 bytes + a 4-byte position) = 216,240 B.
+  EXPECT_EQ(head(out, 3),
+            "| task       | policy | kv_budget | context_length |   n | KV MiB final | KV MiB peak "
+            "| physical MiB peak | policy state KiB | occupancy mean | occupancy peak |\n"
+            "| ---------- | ------ | --------- | -------------- | --: | -----------: | ----------: "
+            "| ----------------: | ---------------: | -------------: | -------------: |\n"
+            "| niah       | full   | -         | 128            |   3 |        0.206 |       0.206 "
+            "|             0.208 |              0.0 |          143.0 |            159 |\n");
+  ASSERT_EQ(kvbench({"query", "--db", db_, "latency"}, &out), 0);
+  // Times vary run to run: the layout and the counts are pinned.
+  EXPECT_EQ(head(out, 2),
+            "| task       | policy | kv_budget | context_length |   n | prefill ms "
+            "| decode ms/tok p50 | decode ms/tok p99 |   tok/s | policy ms |\n"
+            "| ---------- | ------ | --------- | -------------- | --: | ---------: "
+            "| ----------------: | ----------------: | ------: | --------: |\n");
+  EXPECT_EQ(head(out, 3).substr(head(out, 2).size(), 59),
+            "| niah       | full   | -         | 128            |   3 | ");
   for (const char* q : {"memory", "latency"}) {
     ASSERT_EQ(kvbench({"query", "--db", db_, q, "-o", "jsonl"}, &out), 0) << q;
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 7 * 3) << q;  // niah 2 lengths + ppl
   }
   ASSERT_EQ(kvbench({"query", "--list"}, &out), 0);
-  for (const char* q : {"summary", "memory", "latency", "failures", "niah-grid"}) {
+  for (const char* q : {"summary", "memory", "latency", "failures", "niah-grid", "vs-full"}) {
     EXPECT_NE(out.find(std::string("| ") + q), std::string::npos) << q;
   }
 }
 
 TEST_F(Query, VsFullPairsSamplesWithFull) {
   std::string out;
+  ASSERT_EQ(kvbench({"query", "--db", db_, "vs-full"}, &out), 0);
+  // h2o at 32 loses one needle digit on one of the 6 samples: diff -1/42; the bootstrap interval
+  // reaches 0 (5 of 6 pairs are ties), so there is no evidence of a difference.
+  EXPECT_EQ(head(out, 3),
+            "| task       | policy | kv_budget | metric           |   n |     mean | full mean |    diff "
+            "| diff ci95 lo | diff ci95 hi |      p | verdict     |\n"
+            "| ---------- | ------ | --------: | ---------------- | --: | -------: | --------: | ------: "
+            "| -----------: | -----------: | -----: | ----------- |\n"
+            "| niah       | h2o    |        32 | recall ↑         |   6 |   0.0476 |    0.0714 | -0.0238 "
+            "|      -0.0714 |       0.0000 | 0.6650 | no evidence |\n");
   ASSERT_EQ(kvbench({"query", "--db", db_, "vs-full", "-o", "csv"}, &out), 0);
   std::istringstream lines(out);
   std::string header;
   std::getline(lines, header);
-  EXPECT_EQ(header, "task,policy,kv_budget,metric,n,mean,full mean,diff,diff ci95 lo,diff ci95 hi,p");
+  EXPECT_EQ(header,
+            "task,policy,kv_budget,metric,n,mean,full mean,diff,diff ci95 lo,diff ci95 hi,p,verdict");
   int rows = 0;
   for (std::string l; std::getline(lines, l);) {
     ++rows;

@@ -3,9 +3,9 @@
 
 #include <sstream>
 
-#include "harness/table.h"
+#include "common/table.h"
 
-namespace kvb::harness {
+namespace kvb {
 namespace {
 
 Table sample() {
@@ -43,4 +43,4 @@ TEST(Table, Jsonl) {
 }
 
 }  // namespace
-}  // namespace kvb::harness
+}  // namespace kvb

@@ -1,5 +1,5 @@
 // Table printers: Markdown (aligned, numbers right), CSV (RFC 4180, formula-safe), JSON lines.
-#include "harness/table.h"
+#include "common/table.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 #include "common/error.h"
 #include "common/escape.h"
 
-namespace kvb::harness {
+namespace kvb {
 
 namespace {
 bool is_number(const std::string& s) {
@@ -54,6 +54,34 @@ void Table::print(std::ostream& os, const std::string& format) const {
     }
     return;
   }
+  if (format == "html") {
+    std::vector<bool> numeric(columns_.size(), true);
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      bool any = false;
+      for (const auto& r : rows_) {
+        const std::string v = c < r.size() ? r[c] : "";
+        if (v.empty()) continue;
+        any = true;
+        numeric[c] = numeric[c] && is_number(v);
+      }
+      numeric[c] = numeric[c] && any;
+    }
+    os << "<table>\n<thead><tr>";
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      os << (numeric[c] ? "<th class=\"num\">" : "<th>") << html_escape(columns_[c]) << "</th>";
+    }
+    os << "</tr></thead>\n<tbody>\n";
+    for (const auto& r : rows_) {
+      os << "<tr>";
+      for (size_t c = 0; c < columns_.size(); ++c) {
+        os << (numeric[c] ? "<td class=\"num\">" : "<td>") << html_escape(c < r.size() ? r[c] : "")
+           << "</td>";
+      }
+      os << "</tr>\n";
+    }
+    os << "</tbody>\n</table>\n";
+    return;
+  }
   KVB_CHECK(format == "md") << "unknown table format " << format;
   std::vector<std::string> head(columns_.size());
   std::vector<std::vector<std::string>> cells;
@@ -97,4 +125,4 @@ void Table::print(std::ostream& os, const std::string& format) const {
   }
 }
 
-}  // namespace kvb::harness
+}  // namespace kvb

@@ -1,4 +1,4 @@
-// One result table, several printers (md, csv, jsonl): the same rows in each format (STYLE.md
+// One result table, several printers (md, csv, jsonl, html): the same rows in each format (STYLE.md
 // "Output"). Cells are strings; md right-aligns cells that parse as numbers. Text cells are
 // escaped for the chosen format.
 #pragma once
@@ -7,18 +7,22 @@
 #include <string>
 #include <vector>
 
-namespace kvb::harness {
+namespace kvb {
 
 class Table {
  public:
   explicit Table(std::vector<std::string> columns) : columns_(std::move(columns)) {}
   void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
-  // format: "md", "csv" or "jsonl".
+  // format: "md", "csv", "jsonl" or "html" (a <table>; numeric columns get class "num").
   void print(std::ostream& os, const std::string& format) const;
+  size_t size() const { return rows_.size(); }
+  bool empty() const { return rows_.empty(); }
+  const std::vector<std::string>& columns() const { return columns_; }
+  const std::vector<std::vector<std::string>>& rows() const { return rows_; }
 
  private:
   std::vector<std::string> columns_;
   std::vector<std::vector<std::string>> rows_;
 };
 
-}  // namespace kvb::harness
+}  // namespace kvb

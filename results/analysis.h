@@ -1,0 +1,96 @@
+// The comparisons `kvbench query` and `kvbench report` compute in C++ rather than SQL: per-cell
+// scores with Student-t intervals, the paired comparison to `full`, cost (memory and latency) by
+// context length, the NIAH grid, and the Pareto front of score vs KV bytes. A Filter restricts
+// every one of them by model, task, policy, budget or metric; its values reach SQL only as bound
+// parameters.
+#pragma once
+
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/table.h"
+#include "results/stats.h"
+#include "results/store.h"
+
+namespace kvb::results {
+
+// `--filter KEY=V1,V2` (repeatable; values of one key OR, keys AND). Keys: model, task, policy,
+// budget, metric. Units of `full` pass any policy or budget filter: they are the reference every
+// comparison is made against.
+struct Filter {
+  std::map<std::string, std::vector<std::string>> allow;
+  static Filter parse(const std::vector<std::string>& specs);
+  // SQL conditions (" AND ...") on units `u` (and metrics `m` when with_metric), appending the
+  // values to *params as ?N parameters.
+  std::string sql(std::vector<std::string>* params, bool with_metric) const;
+  // Usage error naming any value that matches nothing in the database, with what it holds.
+  void check_against(const Store& store) const;
+};
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// A budget as shown ('-' for none, as configured otherwise) and its sort order (numbers
+// ascending, ratios after them, none first).
+std::string budget_label(const std::string& spec);
+double budget_order(const std::string& label);
+// Policies in display order: full first, then by name.
+bool policy_before(const std::string& a, const std::string& b);
+
+struct ScoreCell {
+  std::string task, metric, policy, budget;  // budget: budget_label
+  bool higher_is_better = true;
+  MeanCI ci;                    // over the cell's ok units with a value
+  double kv_bytes_peak = kNaN;  // mean over those units
+  int ok = 0, error = 0, failed = 0, unfinished = 0;  // unit status counts of (task, policy, budget)
+};
+std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter);
+
+struct PairedRow {
+  std::string task, policy, budget, metric;
+  bool higher_is_better = true;
+  double mean = 0, full_mean = 0;
+  PairedComparison pc;  // of (policy - full), 10,000 resamples, seed 0
+};
+std::vector<PairedRow> vs_full(const Store& store, const Filter& filter);
+
+// Means over the ok units of (task, policy, budget, context length); context_length -1: none.
+struct CostRow {
+  std::string task, policy, budget;
+  int context_length = -1;
+  int n = 0;
+  double prompt_tokens = 0, kv_final = 0, kv_peak = 0, physical_peak = 0, policy_state = 0;
+  double occupancy_mean = 0;
+  int occupancy_peak = 0;
+  double prefill_ms = 0, decode_p50 = 0, decode_p99 = 0 /* max */, tokens_per_s = 0;
+  double policy_ms = 0;
+};
+std::vector<CostRow> cost_rows(const Store& store, const Filter& filter);
+
+struct GridCell {
+  std::string policy, budget;
+  int context_length = 0;
+  double depth = 0;
+  int n = 0;
+  double recall = 0;
+};
+std::vector<GridCell> niah_grid(const Store& store, const Filter& filter);
+
+// The non-dominated cells of one (task, metric): no other cell has fewer or equal KV bytes and
+// a better or equal score with one of them strictly better. Returned sorted by bytes.
+std::vector<ScoreCell> pareto_front(const std::vector<ScoreCell>& cells_of_one_metric);
+
+// The tables (md/csv/html through common/table.h).
+Table summary_table(const std::vector<ScoreCell>& cells);
+Table vs_full_table(const std::vector<PairedRow>& rows);
+Table memory_table(const std::vector<CostRow>& rows);
+Table latency_table(const std::vector<CostRow>& rows);
+Table niah_table(const std::vector<GridCell>& cells);
+Table failures_table(const Store& store, const Filter& filter);
+Table pareto_table(const std::vector<ScoreCell>& cells);  // every cell, front marked
+
+// "%.4f" (or "" for NaN).
+std::string fixed(double v, int digits = 4);
+
+}  // namespace kvb::results

@@ -1,0 +1,505 @@
+// `kvbench report` (results/report.h): sections of plots and tables, written as HTML, Markdown,
+// CSV and SVG from the same data.
+#include "results/report.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/escape.h"
+#include "common/log.h"
+#include "results/svg.h"
+
+namespace kvb::results {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Plot {
+  std::string id, title, svg;
+};
+struct NamedTable {
+  std::string name, caption;
+  Table table;
+};
+struct Section {
+  std::string id, title, intro;
+  std::vector<Plot> plots;
+  std::vector<NamedTable> tables;
+  std::string pre;  // preformatted text (configs), escaped on output
+};
+
+// Counts and sums are bookkeeping, not scores: they get no score plot.
+bool plotted_metric(const std::string& name) {
+  return name.rfind("tokens", 0) != 0 && name.rfind("nll_sum", 0) != 0;
+}
+
+std::string slug(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c));
+    if (ok) out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    else if (!out.empty() && out.back() != '-') out += '-';
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  return out.empty() ? "x" : out;
+}
+
+// A stable style per policy across every plot of the page (full is the dashed reference).
+class Styles {
+ public:
+  explicit Styles(const std::set<std::string>& policies) {
+    int i = 0;
+    for (const auto& p : policies) {
+      if (p != "full") style_[p] = i++;
+    }
+  }
+  int operator()(const std::string& policy) const {
+    auto it = style_.find(policy);
+    return it == style_.end() ? 0 : it->second;
+  }
+
+ private:
+  std::map<std::string, int> style_;
+};
+
+// Score vs budget per (task, metric): one series per policy with its CI band; `full` as a dashed
+// line with its band across every budget.
+std::vector<Plot> score_plots(const std::vector<ScoreCell>& cells, const Styles& styles) {
+  std::vector<Plot> out;
+  std::map<std::pair<std::string, std::string>, std::vector<const ScoreCell*>> groups;
+  for (const auto& c : cells) {
+    if (plotted_metric(c.metric)) groups[{c.task, c.metric}].push_back(&c);
+  }
+  for (const auto& [key, group] : groups) {
+    std::vector<std::string> budgets;
+    for (const ScoreCell* c : group) {
+      if (c->budget != "-" && std::find(budgets.begin(), budgets.end(), c->budget) == budgets.end()) {
+        budgets.push_back(c->budget);
+      }
+    }
+    if (budgets.empty()) continue;
+    std::sort(budgets.begin(), budgets.end(),
+              [](const auto& a, const auto& b) { return budget_order(a) < budget_order(b); });
+    const bool hib = group.front()->higher_is_better;
+    svg::LinePlot p;
+    p.id = "score-" + slug(key.first) + "-" + slug(key.second);
+    p.title = key.first + ": " + key.second + (hib ? " (higher is better)" : " (lower is better)");
+    p.x.label = "KV budget (tokens per head)";
+    p.x.categories = budgets;
+    p.y.label = key.second;
+    p.note = "bands: 95% Student-t CI of the mean over samples; dashed: full cache";
+    std::map<std::string, svg::Series> series;
+    for (const ScoreCell* c : group) {
+      auto [it, fresh] = series.try_emplace(c->policy);
+      svg::Series& s = it->second;
+      if (fresh) {
+        s.name = c->policy;
+        s.style = styles(c->policy);
+        s.dashed = c->policy == "full";
+      }
+      if (c->policy == "full") {
+        for (size_t i = 0; i < budgets.size(); ++i) {
+          s.x.push_back(double(i));
+          s.y.push_back(c->ci.mean);
+          s.lo.push_back(c->ci.lo);
+          s.hi.push_back(c->ci.hi);
+        }
+        continue;
+      }
+      const size_t i = std::find(budgets.begin(), budgets.end(), c->budget) - budgets.begin();
+      s.x.push_back(double(i));
+      s.y.push_back(c->ci.mean);
+      s.lo.push_back(c->ci.lo);
+      s.hi.push_back(c->ci.hi);
+    }
+    for (auto& [name, s] : series) {
+      // Points in budget order so that the line runs left to right.
+      std::vector<size_t> order(s.x.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return s.x[a] < s.x[b]; });
+      svg::Series sorted = s;
+      for (size_t i = 0; i < order.size(); ++i) {
+        sorted.x[i] = s.x[order[i]];
+        sorted.y[i] = s.y[order[i]];
+        sorted.lo[i] = s.lo[order[i]];
+        sorted.hi[i] = s.hi[order[i]];
+      }
+      p.series.push_back(sorted);
+    }
+    std::stable_sort(p.series.begin(), p.series.end(), [](const auto& a, const auto& b) {
+      return policy_before(a.name, b.name);
+    });
+    const int height = std::max(360, 90 + 18 * static_cast<int>(p.series.size()));
+    out.push_back({p.id, p.title, svg::render(p, 640, height)});
+  }
+  return out;
+}
+
+// Pareto: mean score vs mean peak KV bytes per (policy, budget); the front as a dashed line.
+std::vector<Plot> pareto_plots(const std::vector<ScoreCell>& cells, const Styles& styles) {
+  std::vector<Plot> out;
+  std::map<std::pair<std::string, std::string>, std::vector<ScoreCell>> groups;
+  for (const auto& c : cells) {
+    if (plotted_metric(c.metric) && std::isfinite(c.kv_bytes_peak) && c.kv_bytes_peak > 0) {
+      groups[{c.task, c.metric}].push_back(c);
+    }
+  }
+  for (const auto& [key, group] : groups) {
+    svg::LinePlot p;
+    p.id = "pareto-" + slug(key.first) + "-" + slug(key.second);
+    p.title = key.first + ": " + key.second + " vs KV memory";
+    p.x.label = "KV cache MiB (peak, logical; log scale)";
+    p.x.log = true;
+    p.y.label = key.second + (group.front().higher_is_better ? " (higher is better)"
+                                                             : " (lower is better)");
+    p.note = "one point per policy and budget (hover for the budget); dashed: the Pareto front";
+    std::map<std::string, svg::Series> series;
+    for (const auto& c : group) {
+      svg::Series& s = series[c.policy];
+      s.name = c.policy;
+      s.style = styles(c.policy);
+      s.line = false;
+      s.x.push_back(c.kv_bytes_peak / 1048576.0);
+      s.y.push_back(c.ci.mean);
+    }
+    for (auto& [name, s] : series) p.series.push_back(s);
+    std::stable_sort(p.series.begin(), p.series.end(), [](const auto& a, const auto& b) {
+      return policy_before(a.name, b.name);
+    });
+    svg::Series front;
+    front.name = "Pareto front";
+    front.dashed = true;
+    front.style = 7;
+    for (const auto& c : pareto_front(group)) {
+      front.x.push_back(c.kv_bytes_peak / 1048576.0);
+      front.y.push_back(c.ci.mean);
+    }
+    p.series.push_back(front);
+    const int height = std::max(360, 90 + 18 * static_cast<int>(p.series.size()));
+    out.push_back({p.id, p.title, svg::render(p, 640, height)});
+  }
+  return out;
+}
+
+// Memory and latency vs context length, one plot per (task, budget, quantity), policies as series
+// (full in every one of them as the reference).
+std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& styles, bool memory) {
+  std::vector<Plot> out;
+  std::map<std::string, std::set<int>> lengths;
+  for (const auto& r : rows) {
+    if (r.context_length > 0) lengths[r.task].insert(r.context_length);
+  }
+  struct Quantity {
+    const char* key;
+    const char* label;
+    double CostRow::*field;
+    double scale;
+  };
+  const std::vector<Quantity> quantities =
+      memory ? std::vector<Quantity>{{"kv", "KV cache MiB (peak, logical)", &CostRow::kv_peak,
+                                      1.0 / 1048576}}
+             : std::vector<Quantity>{{"prefill", "prefill ms", &CostRow::prefill_ms, 1},
+                                     {"decode", "decode ms/token (p50)", &CostRow::decode_p50, 1}};
+  for (const auto& [task, lens] : lengths) {
+    if (lens.size() < 2) continue;  // one length: the table says it all
+    std::set<std::string> budget_set;
+    for (const auto& r : rows) {
+      if (r.task == task && r.budget != "-") budget_set.insert(r.budget);
+    }
+    std::vector<std::string> budgets(budget_set.begin(), budget_set.end());
+    std::sort(budgets.begin(), budgets.end(),
+              [](const auto& a, const auto& b) { return budget_order(a) < budget_order(b); });
+    if (budgets.empty()) budgets.push_back("-");
+    const bool log_x = double(*lens.rbegin()) / double(*lens.begin()) >= 4;
+    for (const auto& q : quantities) {
+      for (const auto& budget : budgets) {
+        svg::LinePlot p;
+        p.id = std::string(q.key) + "-" + slug(task) + (budget == "-" ? "" : "-b" + slug(budget));
+        p.title = task + ": " + q.label + (budget == "-" ? "" : ", budget " + budget);
+        p.x.label = std::string("context length (tokens") + (log_x ? ", log scale)" : ")");
+        p.x.log = log_x;
+        if (lens.size() <= 8) p.x.ticks.assign(lens.begin(), lens.end());
+        p.y.label = q.label;
+        p.y.zero_based = true;
+        p.note = "means over the samples of each context length";
+        std::map<std::string, svg::Series> series;
+        for (const auto& r : rows) {
+          if (r.task != task || r.context_length <= 0) continue;
+          if (r.budget != budget && r.policy != "full") continue;
+          svg::Series& s = series[r.policy];
+          s.name = r.policy;
+          s.style = styles(r.policy);
+          s.dashed = r.policy == "full";
+          s.x.push_back(r.context_length);
+          s.y.push_back(r.*(q.field) * q.scale);
+        }
+        for (auto& [name, s] : series) p.series.push_back(s);
+        std::stable_sort(p.series.begin(), p.series.end(), [](const auto& a, const auto& b) {
+          return policy_before(a.name, b.name);
+        });
+        if (p.series.empty()) continue;
+        const int height = std::max(340, 90 + 18 * static_cast<int>(p.series.size()));
+        out.push_back({p.id, p.title, svg::render(p, 640, height)});
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Plot> niah_plots(const std::vector<GridCell>& grid) {
+  std::vector<Plot> out;
+  std::map<std::pair<std::string, std::string>, std::vector<const GridCell*>> groups;
+  std::vector<std::pair<std::string, std::string>> order;
+  for (const auto& g : grid) {
+    auto key = std::make_pair(g.policy, g.budget);
+    if (!groups.count(key)) order.push_back(key);
+    groups[key].push_back(&g);
+  }
+  for (const auto& key : order) {
+    const auto& cells = groups[key];
+    std::set<int> lens;
+    std::set<double> depths;
+    for (const GridCell* g : cells) lens.insert(g->context_length), depths.insert(g->depth);
+    svg::Heatmap m;
+    m.id = "niah-" + slug(key.first) + (key.second == "-" ? "" : "-b" + slug(key.second));
+    m.title = key.first + (key.second == "-" ? "" : " @ " + key.second);
+    m.row_label = "context length";
+    m.col_label = "depth %";
+    for (int l : lens) m.rows.push_back(std::to_string(l));
+    for (double d : depths) m.cols.push_back(svg::tick_label(d));
+    m.values.assign(m.rows.size() * m.cols.size(), kNaN);
+    for (const GridCell* g : cells) {
+      const size_t r = std::distance(lens.begin(), lens.find(g->context_length));
+      const size_t c = std::distance(depths.begin(), depths.find(g->depth));
+      m.values[r * m.cols.size() + c] = g->recall;
+    }
+    out.push_back({m.id, "NIAH recall: " + m.title, svg::render(m)});
+  }
+  return out;
+}
+
+// A Markdown code fence longer than any run of backticks in the text.
+std::string fence_for(const std::string& text) {
+  size_t longest = 0, run = 0;
+  for (char c : text) {
+    run = c == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  return std::string(std::max<size_t>(3, longest + 1), '`');
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  KVB_CHECK(f) << "cannot write " << path.string();
+  f << text;
+  f.close();
+  KVB_CHECK(f) << "error writing " << path.string();
+}
+
+const char* kCss = R"css(
+body{font-family:sans-serif;margin:24px auto;max-width:1400px;color:#111;padding:0 16px}
+h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:32px}
+h3{font-size:14px}nav a{margin-right:12px}
+.plots{display:flex;flex-wrap:wrap;gap:12px}.plots figure{margin:0}
+table{border-collapse:collapse;font-size:12px;margin:8px 0 16px}
+th,td{border:1px solid #ccc;padding:2px 6px}th{background:#f2f2f2}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:12px}
+.meta{color:#444;font-size:13px}
+@media print{.plots figure{break-inside:avoid}nav{display:none}}
+)css";
+
+}  // namespace
+
+ReportFiles write_report(const Store& store, const ReportOptions& opt) {
+  const QueryResult counts = store.query("SELECT COUNT(*), COALESCE(SUM(status = 'ok'), 0) FROM units");
+  ReportFiles files;
+  files.units = std::stoi(counts.rows[0][0].text);
+  files.ok_units = std::stoi(counts.rows[0][1].text);
+  KVB_USAGE_CHECK(files.units > 0) << store.path()
+                                   << " holds no units: nothing to report (run kvbench sweep "
+                                      "CONFIG --db " << store.path() << " first)";
+  opt.filter.check_against(store);
+
+  const std::vector<ScoreCell> cells = score_cells(store, opt.filter);
+  const std::vector<PairedRow> pairs = vs_full(store, opt.filter);
+  const std::vector<CostRow> cost = cost_rows(store, opt.filter);
+  const std::vector<GridCell> grid = niah_grid(store, opt.filter);
+  std::set<std::string> policies;
+  for (const auto& c : cells) policies.insert(c.policy);
+  for (const auto& c : cost) policies.insert(c.policy);
+  const Styles styles(policies);
+
+  std::vector<Section> sections;
+  {
+    Section s{"scores", "Score vs KV budget", "", {}, {}, ""};
+    s.intro = "Mean score per task, metric, policy and budget over the samples that finished, with "
+              "95% Student-t confidence intervals (n = 1 or identical scores: no interval).";
+    s.plots = score_plots(cells, styles);
+    s.tables.push_back({"summary", "Summary: task x policy x budget x metric", summary_table(cells)});
+    sections.push_back(std::move(s));
+  }
+  {
+    Section s{"paired", "Paired comparison to full", "", {}, {}, ""};
+    s.intro = "Each policy against `full` on the same samples: mean difference (policy - full) "
+              "with a paired-bootstrap 95% CI (10,000 resamples, seed 0) and a two-sided p-value. "
+              "An interval that excludes 0 is a difference the samples support.";
+    s.tables.push_back({"vs_full", "Paired difference to full", vs_full_table(pairs)});
+    sections.push_back(std::move(s));
+  }
+  if (!grid.empty()) {
+    Section s{"niah", "Needle in a haystack", "", {}, {}, ""};
+    s.intro = "Recall per context length (rows) and needle depth (columns), per policy and budget; "
+              "each cell prints its value, so the maps read in grey-scale too.";
+    s.plots = niah_plots(grid);
+    s.tables.push_back({"niah_grid", "NIAH recall grid", niah_table(grid)});
+    sections.push_back(std::move(s));
+  }
+  {
+    Section s{"memory", "Memory vs context length", "", {}, {}, ""};
+    s.intro = "Logical KV bytes (retained slots x slot bytes) at their peak, physical bytes "
+              "allocated, policy state and cache occupancy in tokens per (layer, head).";
+    s.plots = cost_plots(cost, styles, true);
+    s.tables.push_back({"memory", "Memory by policy, budget and context length", memory_table(cost)});
+    sections.push_back(std::move(s));
+  }
+  {
+    Section s{"latency", "Latency vs context length", "", {}, {}, ""};
+    s.intro = "Prefill (prompt forward with compression), decode per token (p50 mean over units, "
+              "p99 max over units), throughput and time inside the policy's hooks.";
+    s.plots = cost_plots(cost, styles, false);
+    s.tables.push_back({"latency", "Latency by policy, budget and context length", latency_table(cost)});
+    sections.push_back(std::move(s));
+  }
+  {
+    Section s{"pareto", "Score vs KV memory (Pareto)", "", {}, {}, ""};
+    s.intro = "Each policy and budget as a point: mean score against mean peak KV bytes. Points on "
+              "the front are not beaten on both at once by any other point.";
+    s.plots = pareto_plots(cells, styles);
+    s.tables.push_back({"pareto", "Score and KV memory per policy and budget", pareto_table(cells)});
+    sections.push_back(std::move(s));
+  }
+  {
+    Section s{"failures", "Failures", "", {}, {}, ""};
+    Table t = failures_table(store, opt.filter);
+    s.intro = t.empty() ? "Every unit finished ok." : std::to_string(t.size()) +
+                                                           " unit(s) did not finish ok.";
+    s.tables.push_back({"failures", "Units that did not finish ok", std::move(t)});
+    sections.push_back(std::move(s));
+  }
+  {
+    Section s{"provenance", "Provenance", "", {}, {}, ""};
+    const QueryResult runs = store.query(
+        "SELECT run_id, started_at, COALESCE(finished_at, ''), status, git_rev, kvbench_version, "
+        "host, ranks, devices, build_info, model_hashes, config_sha256, config_text FROM runs "
+        "ORDER BY run_id");
+    Table t({"run", "started", "finished", "status", "git rev", "kvbench", "host", "ranks",
+             "devices", "build", "models", "config sha256"});
+    std::map<std::string, std::string> configs;
+    for (const auto& r : runs.rows) {
+      std::vector<std::string> row;
+      for (size_t c = 0; c + 1 < r.size(); ++c) row.push_back(r[c].text);
+      t.add(row);
+      configs[r[11].text] = r[12].text;
+    }
+    s.intro = "Database " + store.path() + ": " + std::to_string(files.units) + " units, " +
+              std::to_string(files.ok_units) + " ok, from " + std::to_string(runs.rows.size()) +
+              " run(s).";
+    s.tables.push_back({"runs", "Runs (sweep invocations)", std::move(t)});
+    for (const auto& [sha, text] : configs) {
+      s.pre += "# config " + sha + "\n" + text + (text.empty() || text.back() == '\n' ? "" : "\n");
+    }
+    sections.push_back(std::move(s));
+  }
+
+  const fs::path dir(opt.out_dir);
+  std::error_code ec;
+  fs::create_directories(dir / "csv", ec);
+  fs::create_directories(dir / "plots", ec);
+  KVB_USAGE_CHECK(fs::is_directory(dir / "csv") && fs::is_directory(dir / "plots"))
+      << "cannot create the report directory " << opt.out_dir << ": " << ec.message();
+  // A report written here before (perhaps with another filter) must not leave plots or tables
+  // behind that this one does not have. Only our own kinds of file are removed.
+  for (const auto& [sub, ext] : {std::pair{"csv", ".csv"}, std::pair{"plots", ".svg"}}) {
+    for (const auto& entry : fs::directory_iterator(dir / sub)) {
+      if (entry.is_regular_file() && entry.path().extension() == ext) fs::remove(entry.path());
+    }
+  }
+
+  std::string filter_text;
+  for (const auto& [key, values] : opt.filter.allow) {
+    std::string v;
+    for (const auto& x : values) v += (v.empty() ? "" : ",") + x;
+    filter_text += (filter_text.empty() ? "" : "; ") + key + " = " + v;
+  }
+  std::ostringstream html, md;
+  html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+       << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+          "style-src 'unsafe-inline'\">"
+       << "<title>" << html_escape(opt.title) << "</title><style>" << kCss << "</style></head>\n"
+       << "<body>\n<h1>" << html_escape(opt.title) << "</h1>\n<p class=\"meta\">"
+       << html_escape(store.path()) << " &middot; " << files.units << " units, " << files.ok_units
+       << " ok" << (filter_text.empty() ? "" : " &middot; filter: " + html_escape(filter_text))
+       << "</p>\n<nav>";
+  md << "# " << md_cell(opt.title) << "\n\n" << md_cell(store.path()) << ": " << files.units
+     << " units, " << files.ok_units << " ok"
+     << (filter_text.empty() ? "" : "; filter: " + md_cell(filter_text)) << "\n";
+  for (const auto& s : sections) html << "<a href=\"#" << s.id << "\">" << s.title << "</a>";
+  html << "</nav>\n";
+  for (const auto& s : sections) {
+    html << "<section id=\"" << s.id << "\">\n<h2>" << html_escape(s.title) << "</h2>\n<p>"
+         << html_escape(s.intro) << "</p>\n";
+    md << "\n## " << s.title << "\n\n" << s.intro << "\n";
+    if (!s.plots.empty()) {
+      html << "<div class=\"plots\">\n";
+      md << "\n";
+      for (const auto& p : s.plots) {
+        html << "<figure>" << p.svg << "</figure>\n";
+        write_file(dir / "plots" / (p.id + ".svg"), p.svg);
+        md << "![" << md_cell(p.title) << "](plots/" << p.id << ".svg)\n";
+        files.plots.push_back(p.id);
+      }
+      html << "</div>\n";
+    }
+    for (const auto& t : s.tables) {
+      html << "<h3>" << html_escape(t.caption) << " <a href=\"csv/" << t.name
+           << ".csv\">(CSV)</a></h3>\n";
+      md << "\n### " << t.caption << " ([CSV](csv/" << t.name << ".csv))\n\n";
+      if (t.table.empty()) {
+        html << "<p>(no rows)</p>\n";
+        md << "(no rows)\n";
+      } else {
+        // Long tables fold (a <details> element: no script needed to open it).
+        const bool fold = t.table.size() > 40;
+        if (fold) html << "<details><summary>" << t.table.size() << " rows</summary>\n";
+        t.table.print(html, "html");
+        if (fold) html << "</details>\n";
+        t.table.print(md, "md");
+      }
+      std::ostringstream csv;
+      t.table.print(csv, "csv");
+      write_file(dir / "csv" / (t.name + ".csv"), csv.str());
+      files.tables.push_back(t.name);
+    }
+    if (!s.pre.empty()) {
+      html << "<h3>Configurations</h3>\n<pre>" << html_escape(s.pre) << "</pre>\n";
+      const std::string fence = fence_for(s.pre);
+      md << "\n### Configurations\n\n" << fence << "yaml\n" << s.pre << fence << "\n";
+    }
+    html << "</section>\n";
+  }
+  html << "</body></html>\n";
+  write_file(dir / "index.html", html.str());
+  write_file(dir / "report.md", md.str());
+  return files;
+}
+
+}  // namespace kvb::results

@@ -1,0 +1,32 @@
+// `kvbench report`: one results database turned into a self-contained HTML page (inline SVG, no
+// script, no network), the same content as Markdown, every table as CSV and every plot as an SVG
+// file (DESIGN.md "Results"; issue "Query and report").
+//
+//   DIR/index.html  DIR/report.md  DIR/csv/<table>.csv  DIR/plots/<plot>.svg
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "results/analysis.h"
+#include "results/store.h"
+
+namespace kvb::results {
+
+struct ReportOptions {
+  std::string out_dir;
+  Filter filter;
+  std::string title = "kvbench report";
+};
+
+struct ReportFiles {
+  std::vector<std::string> plots;   // plot ids, in page order
+  std::vector<std::string> tables;  // table (CSV) names, in page order
+  int units = 0, ok_units = 0;
+};
+
+// Writes the report; the directory is created if needed and files in it are replaced. Usage
+// errors: a database without units, a filter value the database does not hold.
+ReportFiles write_report(const Store& store, const ReportOptions& options);
+
+}  // namespace kvb::results

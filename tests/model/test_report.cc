@@ -1,0 +1,304 @@
+// `kvbench report`: the quickstart sweep's report rendered by headless Chromium (Debian's
+// `chromium`, installed by scripts/setup.sh) with every plot present, laid out and non-empty; the
+// files (HTML, Markdown, CSV, SVG) of the ci_smoke report; hostile text escaped; filters; and the
+// errors (empty database, unknown filter values).
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "harness/cli.h"
+#include "results/store.h"
+
+namespace kvb {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kConfigs = std::string(KVB_FIXTURES_DIR) + "/../../configs/";
+const std::string kBuild = KVB_BINARY_DIR;
+
+// Runs kvbench in this process with stdout and stderr captured; returns the exit code.
+int kvbench(std::vector<std::string> args, std::string* out = nullptr, std::string* err = nullptr) {
+  args.insert(args.begin(), "kvbench");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  std::ostringstream o, e;
+  std::streambuf* old_out = std::cout.rdbuf(o.rdbuf());
+  std::streambuf* old_err = std::cerr.rdbuf(e.rdbuf());
+  const int rc = harness::run_cli(static_cast<int>(argv.size()), argv.data());
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  if (out) *out = o.str();
+  if (err) *err = e.str();
+  return rc;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+std::string fresh_db(const std::string& name) {
+  const std::string db = kBuild + "/" + name;
+  for (const char* ext : {"", "-wal", "-shm"}) fs::remove(db + ext);
+  return db;
+}
+
+// What Chromium laid out for one plot: its box, its data marks, how many of them lie inside the
+// plot's viewBox, and the extent of the data group.
+struct Rendered {
+  int width = 0, height = 0, marks = 0, inside = 0, data_w = 0, data_h = 0;
+};
+
+// The page with a checking script appended (and its no-script CSP removed: the report itself
+// needs no script), dumped by headless Chromium after layout.
+std::map<std::string, Rendered> render_in_chromium(const fs::path& report_dir) {
+  std::string html = slurp(report_dir / "index.html");
+  const size_t csp = html.find("<meta http-equiv=\"Content-Security-Policy\"");
+  EXPECT_NE(csp, std::string::npos) << "the report should forbid scripts and network";
+  if (csp != std::string::npos) html.erase(csp, html.find('>', csp) + 1 - csp);
+  const std::string script = R"js(<script>
+const rows = [];
+for (const svg of document.querySelectorAll('svg.plot')) {
+  const r = svg.getBoundingClientRect();
+  const vb = svg.viewBox.baseVal;
+  const data = svg.querySelector('g.data');
+  const bb = data ? data.getBBox() : {width: 0, height: 0};
+  const marks = svg.querySelectorAll('g.data .mark, g.data .cell');
+  let inside = 0;
+  for (const m of marks) {
+    const b = m.getBBox();
+    if (b.width > 0 && b.height > 0 && b.x >= -1 && b.y >= -1 &&
+        b.x + b.width <= vb.width + 1 && b.y + b.height <= vb.height + 1) inside++;
+  }
+  rows.push([svg.id, Math.round(r.width), Math.round(r.height), marks.length, inside,
+             Math.round(bb.width), Math.round(bb.height)].join(' '));
+}
+const pre = document.createElement('pre');
+pre.id = 'kvb-check';
+pre.textContent = rows.join('\n');
+document.body.appendChild(pre);
+</script>)js";
+  html.insert(html.rfind("</body>"), script);
+  const fs::path probe = report_dir / "render_check.html";
+  std::ofstream(probe) << html;
+  const std::string chromium = run_command("command -v chromium");
+  EXPECT_FALSE(chromium.empty()) << "chromium is missing: run scripts/setup.sh";
+  const std::string flags = "--headless --no-sandbox --disable-gpu --hide-scrollbars ";
+  const std::string dom = run_command("chromium " + flags + "--dump-dom 'file://" +
+                                      fs::absolute(probe).string() + "' 2>/dev/null");
+  // A screenshot for people (the test reads the DOM): the first 4000 pixels of the page.
+  run_command("chromium " + flags + "--window-size=1400,4000 --screenshot='" +
+              (report_dir / "screenshot.png").string() + "' 'file://" +
+              fs::absolute(report_dir / "index.html").string() + "' >/dev/null 2>&1");
+  std::map<std::string, Rendered> out;
+  const size_t a = dom.find("<pre id=\"kvb-check\">");
+  EXPECT_NE(a, std::string::npos) << "chromium did not run the page: " << dom.substr(0, 500);
+  if (a == std::string::npos) return out;
+  std::istringstream lines(dom.substr(a + 20, dom.find("</pre>", a) - a - 20));
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream f(line);
+    std::string id;
+    Rendered r;
+    f >> id >> r.width >> r.height >> r.marks >> r.inside >> r.data_w >> r.data_h;
+    out[id] = r;
+  }
+  return out;
+}
+
+std::set<std::string> plot_files(const fs::path& dir) {
+  std::set<std::string> ids;
+  for (const auto& e : fs::directory_iterator(dir / "plots")) ids.insert(e.path().stem().string());
+  return ids;
+}
+
+// The README's main job, then its report in a browser: every plot is there, has a size, and
+// every data mark lies inside its plot.
+TEST(Report, QuickstartRendersEveryPlotInChromium) {
+  const std::string db = fresh_db("report_quickstart.db");
+  ASSERT_EQ(kvbench({"sweep", kConfigs + "quickstart.yaml", "--db", db}), 0);
+  const fs::path dir = kBuild + "/report_quickstart";
+  std::string out;
+  ASSERT_EQ(kvbench({"report", "--db", db, "--out", dir.string()}, &out), 0);
+  // 6 policies, 2 budgets, 3 context lengths x 5 depths: 1 score plot, 11 NIAH maps (full +
+  // 5 x 2), memory per budget (2), prefill and decode per budget (4), 1 Pareto plot.
+  std::set<std::string> expected = {"score-niah-recall", "pareto-niah-recall", "niah-full"};
+  for (const char* p : {"window", "streaming-llm", "h2o", "snapkv", "ada-snapkv"}) {
+    for (const char* b : {"128", "256"}) expected.insert(std::string("niah-") + p + "-b" + b);
+  }
+  for (const char* q : {"kv", "prefill", "decode"}) {
+    for (const char* b : {"128", "256"}) expected.insert(std::string(q) + "-niah-b" + b);
+  }
+  EXPECT_EQ(plot_files(dir), expected);
+  const auto rendered = render_in_chromium(dir);
+  std::set<std::string> ids;
+  for (const auto& [id, r] : rendered) ids.insert(id);
+  EXPECT_EQ(ids, expected);
+  for (const auto& [id, r] : rendered) {
+    EXPECT_GT(r.width, 200) << id;
+    EXPECT_GT(r.height, 100) << id;
+    EXPECT_GT(r.data_w, 20) << id;
+    EXPECT_GT(r.data_h, 20) << id;
+    EXPECT_EQ(r.inside, r.marks) << id << ": marks outside the plot";
+  }
+  // Marks per plot: the score plot has full at both budgets + 5 policies x 2; a map 3 x 5 cells;
+  // a cost plot 6 policies x 3 lengths; the Pareto plot 11 cells + its front.
+  EXPECT_EQ(rendered.at("score-niah-recall").marks, 2 + 5 * 2);
+  EXPECT_EQ(rendered.at("niah-snapkv-b128").marks, 15);
+  EXPECT_EQ(rendered.at("kv-niah-b256").marks, 6 * 3);
+  EXPECT_GT(rendered.at("pareto-niah-recall").marks, 11);
+  EXPECT_TRUE(fs::file_size(dir / "screenshot.png") > 10000);
+  // The quickstart's numbers reach the page: full finds every needle.
+  const std::string md = slurp(dir / "report.md");
+  EXPECT_NE(md.find("| niah | full          | -         | recall ↑ |  15 | 1.0000 |"),
+            std::string::npos);
+}
+
+class SmokeReport : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    db_ = fresh_db("report_smoke.db");
+    ASSERT_EQ(kvbench({"sweep", kConfigs + "ci_smoke.yaml", "--db", db_}), 0);
+  }
+  static std::string db_;
+};
+std::string SmokeReport::db_;
+
+TEST_F(SmokeReport, WritesHtmlMarkdownCsvAndSvg) {
+  const fs::path dir = kBuild + "/report_smoke";
+  fs::create_directories(dir / "plots");
+  std::ofstream(dir / "plots" / "stale.svg") << "<svg/>";  // from an earlier report
+  std::ofstream(dir / "notes.txt") << "mine";              // not ours: left alone
+  std::string out;
+  ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string()}, &out), 0);
+  EXPECT_NE(out.find("from 49 units (49 ok)"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir / "plots" / "stale.svg"));
+  EXPECT_TRUE(fs::exists(dir / "notes.txt"));
+  for (const char* t : {"summary", "vs_full", "niah_grid", "memory", "latency", "pareto",
+                        "failures", "runs"}) {
+    EXPECT_TRUE(fs::exists(dir / "csv" / (std::string(t) + ".csv"))) << t;
+  }
+  const std::string html = slurp(dir / "index.html");
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);  // nothing loaded from anywhere
+  const std::string md = slurp(dir / "report.md");
+  // Every plot is inlined in the page and linked from the Markdown.
+  for (const auto& id : plot_files(dir)) {
+    EXPECT_NE(html.find("id=\"" + id + "\""), std::string::npos) << id;
+    EXPECT_NE(md.find("(plots/" + id + ".svg)"), std::string::npos) << id;
+  }
+  // The summary CSV: one row per (task, policy, budget, metric) cell: 7 cells x 10 metrics, with
+  // t intervals (niah full: 6 samples, 3 x 1/7 and 3 x 0; scipy: t.ppf(0.975, 5) x s / sqrt(6)).
+  const std::string csv = slurp(dir / "csv" / "summary.csv");
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "task,policy,kv_budget,metric,n,mean,ci95 lo,ci95 hi,ok,error,failed,unfinished");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 7 * 10);
+  EXPECT_NE(csv.find("niah,full,-,recall ↑,6,0.0714,-0.0107,0.1535,6,0,0,0"), std::string::npos)
+      << csv;
+  // The provenance: the config text and this build's revision.
+  EXPECT_NE(html.find("<h3>Configurations</h3>\n<pre># config "), std::string::npos);
+  EXPECT_NE(html.find("stories260K.bin"), std::string::npos);
+}
+
+TEST_F(SmokeReport, HostileTextIsEscaped) {
+  // A database is input: names and errors from it are text, never markup.
+  const std::string db = fresh_db("report_hostile.db");
+  fs::copy_file(db_, db);
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h,
+                         "UPDATE units SET policy = '<script>alert(1)</script>|x' WHERE policy = 'h2o';"
+                         "UPDATE units SET status = 'error', error = '<img src=x onerror=alert(2)>' "
+                         "WHERE unit_key = (SELECT MIN(unit_key) FROM units WHERE policy = 'window');",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(h);
+  const fs::path dir = kBuild + "/report_hostile";
+  ASSERT_EQ(kvbench({"report", "--db", db, "--out", dir.string()}), 0);
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.path().extension() != ".html" && e.path().extension() != ".svg") continue;
+    const std::string text = slurp(e.path());
+    EXPECT_EQ(text.find("<script>"), std::string::npos) << e.path();
+    EXPECT_EQ(text.find("<img"), std::string::npos) << e.path();
+  }
+  const std::string html = slurp(dir / "index.html");
+  EXPECT_NE(html.find("&lt;script&gt;alert(1)&lt;/script&gt;|x"), std::string::npos);
+  EXPECT_NE(html.find("&lt;img src=x onerror=alert(2)&gt;"), std::string::npos);
+  // In Markdown, a pipe inside a cell would split it.
+  const std::string md = slurp(dir / "report.md");
+  EXPECT_EQ(md.find("</script>|x"), std::string::npos);
+  EXPECT_NE(md.find("1 unit(s) did not finish ok."), std::string::npos);
+}
+
+TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {
+  const fs::path dir = kBuild + "/report_filtered";
+  ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string(), "--filter", "policy=snapkv",
+                     "--filter", "budget=32", "--filter", "task=niah"}),
+            0);
+  const std::string csv = slurp(dir / "csv" / "summary.csv");
+  std::set<std::string> cells;
+  std::istringstream lines(csv);
+  std::string line;
+  std::getline(lines, line);
+  while (std::getline(lines, line)) cells.insert(line.substr(0, line.find(",recall")));
+  EXPECT_EQ(cells, (std::set<std::string>{"niah,full,-", "niah,snapkv,32"}));
+  EXPECT_EQ(plot_files(dir), (std::set<std::string>{"score-niah-recall", "pareto-niah-recall",
+                                                    "niah-full", "niah-snapkv-b32", "kv-niah-b32",
+                                                    "prefill-niah-b32", "decode-niah-b32"}));
+  std::string err;
+  EXPECT_EQ(kvbench({"report", "--db", db_, "--out", dir.string(), "--filter", "policy=snapk"},
+                    nullptr, &err),
+            2);
+  EXPECT_NE(err.find("no policy 'snapk' in"), std::string::npos) << err;
+  EXPECT_NE(err.find("it holds: full, h2o, snapkv, window"), std::string::npos) << err;
+  EXPECT_EQ(kvbench({"report", "--db", db_, "--out", dir.string(), "--filter", "colour=red"},
+                    nullptr, &err),
+            2);
+  EXPECT_NE(err.find("unknown key 'colour'"), std::string::npos) << err;
+}
+
+TEST(ReportErrors, EmptyMissingAndForeignDatabases) {
+  const std::string empty = fresh_db("report_empty.db");
+  { results::Store::open(empty, results::Mode::kReadWrite); }  // the schema, no units
+  std::string out, err;
+  EXPECT_EQ(kvbench({"report", "--db", empty, "--out", kBuild + "/report_empty"}, &out, &err), 2);
+  EXPECT_NE(err.find("holds no units: nothing to report"), std::string::npos) << err;
+  // The named queries on it: headers only, and a line that says why.
+  EXPECT_EQ(kvbench({"query", "--db", empty, "summary"}, &out, &err), 0);
+  EXPECT_NE(err.find("no rows (the database holds 0 units, 0 of them ok)"), std::string::npos) << err;
+  EXPECT_EQ(kvbench({"report", "--db", kBuild + "/no_such.db", "--out", kBuild + "/x"}, &out, &err),
+            2);
+  EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
+  // A SQLite file that is not ours (no schema version, other tables) is refused by name.
+  const std::string foreign = fresh_db("report_foreign.db");
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(foreign.c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h, "CREATE TABLE notes (x TEXT)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(h);
+  EXPECT_EQ(kvbench({"report", "--db", foreign, "--out", kBuild + "/x"}, &out, &err), 2);
+  EXPECT_NE(err.find("no schema version"), std::string::npos) << err;
+  EXPECT_EQ(kvbench({"report", "--out", kBuild + "/x"}, &out, &err), 2);
+  EXPECT_NE(err.find("--db FILE is required"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace kvb
