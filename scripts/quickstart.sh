@@ -15,3 +15,5 @@ cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" --target kvbench
 mkdir -p out
 "$build/kvbench" validate configs/quickstart.yaml | grep -E '^units:|^- time:' >&2 || true
 "$build/kvbench" sweep configs/quickstart.yaml --db out/quickstart.db --progress
+"$build/kvbench" report --db out/quickstart.db --out out/quickstart-report
+echo "quickstart: report in out/quickstart-report/index.html (and report.md, csv/, plots/)" >&2
