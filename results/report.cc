@@ -52,16 +52,20 @@ std::string slug(const std::string& s) {
   return out.empty() ? "x" : out;
 }
 
-// A stable style per policy across every plot of the page (full is the dashed reference).
+// A stable style per policy across every plot of the page: full is black with a cross (and
+// dashed where it is a reference line); the others take styles 0..6, then repeat (the marker
+// cycles with the colour, so a repeat needs 8 policies besides full).
 class Styles {
  public:
+  static constexpr int kFull = 7;
   explicit Styles(const std::set<std::string>& policies) {
     int i = 0;
     for (const auto& p : policies) {
-      if (p != "full") style_[p] = i++;
+      if (p != "full") style_[p] = (i++) % kFull;
     }
   }
   int operator()(const std::string& policy) const {
+    if (policy == "full") return kFull;
     auto it = style_.find(policy);
     return it == style_.end() ? 0 : it->second;
   }
@@ -177,7 +181,7 @@ std::vector<Plot> pareto_plots(const std::vector<ScoreCell>& cells, const Styles
     svg::Series front;
     front.name = "Pareto front";
     front.dashed = true;
-    front.style = 7;
+    front.marks = false;
     for (const auto& c : pareto_front(group)) {
       front.x.push_back(c.kv_bytes_peak / 1048576.0);
       front.y.push_back(c.ci.mean);

@@ -136,7 +136,7 @@ std::vector<double> nice_ticks(double lo, double hi, bool log, int target) {
     KVB_ASSERT(lo > 0) << "log axis with a non-positive bound " << lo;
     const int e0 = static_cast<int>(std::floor(std::log10(lo)));
     const int e1 = static_cast<int>(std::ceil(std::log10(hi)));
-    const bool dense = e1 - e0 <= 2;
+    const bool dense = e1 - e0 <= 3;
     for (int e = e0; e <= e1; ++e) {
       for (double m : dense ? std::vector<double>{1, 2, 5} : std::vector<double>{1}) {
         const double v = m * std::pow(10.0, e);
@@ -274,6 +274,7 @@ std::string render(const LinePlot& p, int width, int height) {
       << "/>";
   }
   for (const auto& s : p.series) {
+    if (!s.marks) continue;
     const std::string colour = s.dashed ? "#333" : kColours[s.style % kNumColours];
     for (size_t i = 0; i < s.x.size(); ++i) {
       if (!inside(s.x[i], s.y[i])) continue;
@@ -299,9 +300,11 @@ std::string render(const LinePlot& p, int width, int height) {
         << "\" y2=\"" << num(ly) << "\" stroke=\"" << colour << "\" stroke-width=\"1.8\""
         << (*dash ? std::string(" stroke-dasharray=\"") + dash + "\"" : "") << "/>";
     }
-    std::string m = marker(s.style, lx + 13, ly, colour, s.name);
-    m.replace(m.find("class=\"mark\""), 12, "class=\"key\"");
-    o << m;
+    if (s.marks) {
+      std::string m = marker(s.style, lx + 13, ly, colour, s.name);
+      m.replace(m.find("class=\"mark\""), 12, "class=\"key\"");
+      o << m;
+    }
     std::string name = s.name.size() > 24 ? s.name.substr(0, 23) + "…" : s.name;
     o << text(lx + 32, ly + 4, name, "start");
     ly += 18;

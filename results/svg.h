@@ -28,6 +28,7 @@ struct Series {
   std::vector<double> x, y;     // NaN y: a gap (no mark, the line breaks)
   std::vector<double> lo, hi;   // optional CI band (same size as x), drawn translucent
   bool line = true;             // join the marks with a line
+  bool marks = true;            // draw a marker per point
   bool dashed = false;          // a reference series (e.g. `full`), dashed whatever the style
 };
 
