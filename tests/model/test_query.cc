@@ -14,16 +14,19 @@ namespace {
 
 const std::string kConfig = std::string(KVB_FIXTURES_DIR) + "/../../configs/ci_smoke.yaml";
 
-// Runs kvbench with captured stdout; returns the exit code.
-int kvbench(std::vector<std::string> args, std::string* out) {
+// Runs kvbench with captured stdout (and stderr); returns the exit code.
+int kvbench(std::vector<std::string> args, std::string* out, std::string* err = nullptr) {
   args.insert(args.begin(), "kvbench");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
-  std::ostringstream buf;
+  std::ostringstream buf, ebuf;
   std::streambuf* old = std::cout.rdbuf(buf.rdbuf());
+  std::streambuf* old_err = std::cerr.rdbuf(ebuf.rdbuf());
   const int rc = harness::run_cli(static_cast<int>(argv.size()), argv.data());
   std::cout.rdbuf(old);
+  std::cerr.rdbuf(old_err);
   if (out) *out = buf.str();
+  if (err) *err = ebuf.str();
   return rc;
 }
 
@@ -156,8 +159,13 @@ TEST_F(Query, AdHocSqlIsReadOnlyWithBoundParameters) {
                     &out),
             0);
   EXPECT_EQ(out, "policy,n\nh2o,14\n");
-  EXPECT_EQ(kvbench({"query", "--db", db_, "DELETE FROM units"}, nullptr), 2);
-  EXPECT_EQ(kvbench({"query", "--db", db_, "SELECT * FROM no_such_table"}, nullptr), 2);
+  std::string err;
+  EXPECT_EQ(kvbench({"query", "--db", db_, "DELETE FROM units"}, nullptr, &err), 2);
+  EXPECT_NE(err.find("readonly"), std::string::npos) << err;
+  EXPECT_EQ(kvbench({"query", "--db", db_, "SELECT * FROM no_such_table"}, nullptr, &err), 2);
+  // The message names the statement's problem as SQLite words it, and the database.
+  EXPECT_NE(err.find("SQL failed on " + db_ + ": "), std::string::npos) << err;
+  EXPECT_NE(err.find("no such table: no_such_table"), std::string::npos) << err;
   EXPECT_EQ(kvbench({"query", "--db", db_, "no-such-query"}, nullptr), 2);
   EXPECT_EQ(kvbench({"query", "--db", std::string(KVB_BINARY_DIR) + "/missing.db", "summary"},
                     nullptr),
