@@ -7,28 +7,14 @@
 #include <iostream>
 #include <sstream>
 
-#include "harness/cli.h"
+#include "run_kvbench.h"
 
 namespace kvb {
 namespace {
 
 const std::string kConfig = std::string(KVB_FIXTURES_DIR) + "/../../configs/ci_smoke.yaml";
 
-// Runs kvbench with captured stdout (and stderr); returns the exit code.
-int kvbench(std::vector<std::string> args, std::string* out, std::string* err = nullptr) {
-  args.insert(args.begin(), "kvbench");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  std::ostringstream buf, ebuf;
-  std::streambuf* old = std::cout.rdbuf(buf.rdbuf());
-  std::streambuf* old_err = std::cerr.rdbuf(ebuf.rdbuf());
-  const int rc = harness::run_cli(static_cast<int>(argv.size()), argv.data());
-  std::cout.rdbuf(old);
-  std::cerr.rdbuf(old_err);
-  if (out) *out = buf.str();
-  if (err) *err = ebuf.str();
-  return rc;
-}
+using kvb::testing::kvbench;
 
 class Query : public ::testing::Test {
  protected:

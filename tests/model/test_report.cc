@@ -13,7 +13,7 @@
 #include <set>
 #include <sstream>
 
-#include "harness/cli.h"
+#include "run_kvbench.h"
 #include "results/store.h"
 
 namespace kvb {
@@ -23,21 +23,7 @@ namespace fs = std::filesystem;
 const std::string kConfigs = std::string(KVB_FIXTURES_DIR) + "/../../configs/";
 const std::string kBuild = KVB_BINARY_DIR;
 
-// Runs kvbench in this process with stdout and stderr captured; returns the exit code.
-int kvbench(std::vector<std::string> args, std::string* out = nullptr, std::string* err = nullptr) {
-  args.insert(args.begin(), "kvbench");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  std::ostringstream o, e;
-  std::streambuf* old_out = std::cout.rdbuf(o.rdbuf());
-  std::streambuf* old_err = std::cerr.rdbuf(e.rdbuf());
-  const int rc = harness::run_cli(static_cast<int>(argv.size()), argv.data());
-  std::cout.rdbuf(old_out);
-  std::cerr.rdbuf(old_err);
-  if (out) *out = o.str();
-  if (err) *err = e.str();
-  return rc;
-}
+using kvb::testing::kvbench;
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
