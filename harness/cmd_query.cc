@@ -18,7 +18,8 @@ namespace kvb::harness {
 namespace {
 const char* kVsFullDescription =
     "paired difference to full on the same samples per task x policy x budget x metric: means, "
-    "difference with a paired-bootstrap 95% CI (10,000 resamples, seed 0) and two-sided p";
+    "difference with a paired-bootstrap 95% CI (10,000 resamples, seed 0), two-sided p and a "
+    "verdict (better/worse when the CI excludes 0)";
 
 }  // namespace
 
