@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -26,10 +27,33 @@ std::string read_text_file(const std::string& path) {
   ss << in.rdbuf();
   return ss.str();
 }
+
+// {"policy", "kv_budget", "prompt_ids", "positions": [layer][kv head][retained positions]}: what
+// scripts/compare_kvpress.py compares with kvpress's presses on the same prompt.
+void write_keep_sets(const std::string& path, kernels::KvCache& cache,
+                     const std::vector<int32_t>& ids, const std::string& policy, int budget) {
+  nlohmann::json j;
+  j["policy"] = policy;
+  j["kv_budget"] = budget;
+  j["prompt_ids"] = ids;
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < cache.shape().num_layers; ++l) {
+    kernels::LayerKvView v = cache.layer(l);
+    nlohmann::json heads = nlohmann::json::array();
+    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+      heads.push_back(std::vector<int32_t>(v.position(h), v.position(h) + cache.length(l, h)));
+    }
+    layers.push_back(std::move(heads));
+  }
+  j["positions"] = std::move(layers);
+  std::ofstream out(path);
+  out << j.dump() << "\n";
+  KVB_USAGE_CHECK(out.good()) << "cannot write --dump-keep-sets file '" << path << "'";
+}
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& args) {
-  std::string model_path, tokenizer_path, prompt, prompt_file, system;
+  std::string model_path, tokenizer_path, prompt, prompt_file, system, dump_path;
   int max_new_tokens = 128, threads = 0, top_k = 0;
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
@@ -65,7 +89,10 @@ int cmd_generate(const std::vector<std::string>& args) {
        "policy option key=value (repeatable; kvbench ls policies lists each policy's options)")
       ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)")
       ("timings", po::bool_switch(&timings), "print prefill/decode times and tokens/s to stderr")
-      ("show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr");
+      ("show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr")
+      ("dump-keep-sets", po::value(&dump_path),
+       "write the cache's retained positions per (layer, KV head) after generation to this JSON "
+       "file (with --max-new-tokens 1: what the prompt's compression kept)");
   po::variables_map vm;
   if (!parse_command_line(args, desc, nullptr, "generate", &vm)) return 0;
   KVB_USAGE_CHECK(vm.count("model")) << "--model is required (see kvbench generate --help)";
@@ -147,6 +174,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     for (int32_t id : r.tokens) s << id << " ";
     KVB_LOG_INFO << "generated ids (" << r.tokens.size() << "): " << s.str();
   }
+  if (!dump_path.empty()) write_keep_sets(dump_path, cache, ids, policy_name, kv_budget);
   if (timings) {
     KVB_LOG_INFO << "prompt " << r.prompt_tokens << " tokens in " << r.prefill_ms << " ms ("
                  << (r.prompt_tokens * 1000.0 / r.prefill_ms) << " tok/s); decode "

@@ -15,4 +15,8 @@ fi
 if ! "$venv/bin/python" -c "import torch, transformers, gguf, tokenizers, sentencepiece, accelerate" 2>/dev/null; then
   "$venv/bin/pip" install --quiet "${pins[@]}" >&2
 fi
+# kvpress (scripts/compare_kvpress.py) declares numpy>=2 but runs on the pins above: no deps.
+if ! "$venv/bin/python" -c "import kvpress" 2>/dev/null; then
+  "$venv/bin/pip" install --quiet --no-deps "kvpress==0.1.1" >&2
+fi
 echo "$venv/bin/python"
