@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "harness/table.h"
+#include "common/table.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/generate.h"
 #include "workers/model_session.h"
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     prompt.resize(prompt_tokens);
     engine::Engine eng(*lm.model);
     const auto& c = lm.model->config;
-    harness::Table table({"policy", "kv_budget", "prompt tok", "KV bytes after prompt",
+    Table table({"policy", "kv_budget", "prompt tok", "KV bytes after prompt",
                           "% of full", "KV bytes final", "% of full (final)", "state bytes",
                           "peak head len", "prefill ms", "policy ms", "decode ms/tok", "status"});
     double full_prompt = 0, full_final = 0;
