@@ -26,6 +26,7 @@ void read_gguf(const std::string& path, ModelInfo& info) {
   info.name = g->get_string_or("general.name", file_name(path));
   const std::string p = info.arch + ".";
   info.dim = static_cast<int>(g->get_int(p + "embedding_length"));
+  info.hidden_dim = static_cast<int>(g->get_int_or(p + "feed_forward_length", 0));
   info.num_layers = static_cast<int>(g->get_int(p + "block_count"));
   info.num_heads = static_cast<int>(g->get_int(p + "attention.head_count"));
   info.num_kv_heads =
@@ -85,6 +86,7 @@ void read_llama2c(const std::string& path, std::ifstream& in, ModelInfo& info) {
       << " vocab_size=" << hdr[5] << " seq_len=" << info.max_seq_len << ")";
   info.vocab_size = static_cast<int>(vocab);
   info.head_dim = info.dim / info.num_heads;
+  info.hidden_dim = static_cast<int>(hidden);
   // The tensors of llama2.c's legacy export, in file order (see load_llama2c).
   const uint64_t D = info.dim, H = hidden, L = info.num_layers, V = vocab;
   const uint64_t KVD = static_cast<uint64_t>(info.num_kv_heads) * info.head_dim;

@@ -18,6 +18,7 @@ struct ModelInfo {
   std::string name;         // general.name, or the file name
   std::string weight_type;  // the tensor type holding most bytes ("Q4_1", "F32")
   int dim = 0;
+  int hidden_dim = 0;  // feed_forward_length (0 if a GGUF does not say)
   int num_layers = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
