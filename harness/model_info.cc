@@ -40,8 +40,10 @@ void read_gguf(const std::string& path, ModelInfo& info) {
   info.head_dim =
       static_cast<int>(g->get_int_or(p + "attention.key_length", info.dim / info.num_heads));
   std::map<uint32_t, uint64_t> bytes_by_type;
+  info.tied_embeddings = true;
   for (const auto& t : g->tensors()) {
     info.num_params += t.num_elements;
+    if (t.name == "output.weight") info.tied_embeddings = false;
     bytes_by_type[t.type] += t.num_bytes;
     if (t.name == "token_embd.weight" && t.dims.size() == 2) {
       info.vocab_size = static_cast<int>(t.dims[1]);
@@ -72,6 +74,7 @@ void read_llama2c(const std::string& path, std::ifstream& in, ModelInfo& info) {
   info.num_heads = hdr[3];
   info.num_kv_heads = hdr[4];
   const bool tied = hdr[5] > 0;
+  info.tied_embeddings = tied;
   const int64_t vocab = tied ? hdr[5] : -static_cast<int64_t>(hdr[5]);
   info.max_seq_len = hdr[6];
   auto in_range = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
