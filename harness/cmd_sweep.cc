@@ -11,7 +11,6 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
-#include <fstream>
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
@@ -27,6 +26,7 @@
 #include "harness/mpi_comm.h"
 #include "harness/mpi_group.h"
 #include "harness/sweep_config.h"
+#include "harness/sweep_tp.h"
 #include "harness/sweep_wire.h"
 #include "harness/table.h"
 #include "results/store.h"
@@ -209,7 +209,7 @@ class BundleRunner {
       if (const char* dir = std::getenv("KVB_DUMP_KEEPSETS")) {
         rs.on_final_cache = [&, dir](size_t k, const kernels::KvCache& cache,
                                      const policies::Policy& policy) {
-          dump_keepset(dir, b.units[idx[k]].key, cache, policy);
+          dump_keep_set(dir, b.units[idx[k]].key, tp_ ? tp_->rank() : 0, cache, policy);
         };
       }
       std::vector<policies::PolicyConfig> group;
@@ -283,49 +283,13 @@ class BundleRunner {
         mm.host_rss_peak = static_cast<int64_t>(m.host_rss_peak);
         r.measurements = mm;
         r.prediction = results::PredictionRow{o.prediction.text, b.sample.references};
-        if (tp_ && tp_->rank() == 0) log_tp_traffic(u.key, m);
+        if (tp_ && tp_->rank() == 0) KVB_LOG_INFO << tp_traffic_line(u.key, m);
       }
     }
     return out;
   }
 
  private:
-  // Debug hook (harness/README.md "Keep-set dumps"): KVB_DUMP_KEEPSETS=DIR writes each unit's
-  // final cache positions to DIR/<unit key>.tp<rank>, one line per (layer, global KV head):
-  // "layer head: pos pos ...". Tensor-parallel ranks write their own heads.
-  void dump_keepset(const std::string& dir, const std::string& key, const kernels::KvCache& cache,
-                    const policies::Policy& policy) const {
-    const std::string path = dir + "/" + key + ".tp" + std::to_string(tp_ ? tp_->rank() : 0);
-    std::ofstream out(path);
-    KVB_CHECK(out.good()) << "KVB_DUMP_KEEPSETS: cannot write " << path;
-    kernels::KvCache& c = const_cast<kernels::KvCache&>(cache);  // layer() is not const
-    for (int l = 0; l < cache.shape().num_layers; ++l) {
-      const kernels::LayerKvView v = c.layer(l);
-      for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
-        out << l << " " << policy.global_head(h) << ":";
-        for (int s = 0; s < cache.length(l, h); ++s) out << " " << v.position(h)[s];
-        out << "\n";
-      }
-    }
-  }
-
-  // Per unit on the group leader: this rank's collectives per decode step and their share of it.
-  static void log_tp_traffic(const std::string& key, const workers::UnitMeasurements& m) {
-    const kernels::CommStats& d = m.tp_decode_comm;
-    const int steps = std::max(1, m.tp_decode_steps);
-    std::ostringstream o;
-    o << std::fixed << std::setprecision(1) << "tp unit " << key.substr(0, 12) << ": prompt "
-      << m.tp_prefill_comm.all_reduce.payload_bytes + m.tp_prefill_comm.all_gather.payload_bytes
-      << " B payload; decode " << m.tp_decode_steps << " steps, per step "
-      << static_cast<double>(d.all_reduce.calls) / steps << " all-reduces, "
-      << static_cast<double>(d.all_reduce.payload_bytes + d.all_gather.payload_bytes) / steps
-      << " B payload, " << static_cast<double>(d.wire_bytes) / steps << " B sent; all-reduce "
-      << std::setprecision(3) << d.all_reduce.seconds * 1e3 / steps << " ms of "
-      << m.decode_ms / steps << " ms per step (" << std::setprecision(1)
-      << (m.decode_ms > 0 ? 100.0 * d.all_reduce.seconds * 1e3 / m.decode_ms : 0) << "%)";
-    KVB_LOG_INFO << o.str();
-  }
-
   // Test hook (documented in README "Fault injection"): KVB_FAULT_CRASH_SAMPLE=<sample id> makes
   // the worker die with SIGKILL when it starts a bundle of that sample.
   static void fault_injection(const WireBundle& b) {
