@@ -31,7 +31,32 @@ struct NcclComm::Impl {
   cublasHandle_t blas = nullptr;
   float* gathered = nullptr;  // [size, capacity] floats, grown on demand
   size_t capacity = 0;        // floats per rank
+  char* staging = nullptr;    // host buffers go through here
+  size_t staging_bytes = 0;
+
+  char* stage(size_t bytes) {
+    if (staging_bytes < bytes) {
+      if (staging) KVB_CUDA_OK(cudaFree(staging));
+      staging = nullptr;
+      KVB_CUDA_OK(cudaMalloc(&staging, bytes));
+      staging_bytes = bytes;
+    }
+    return staging;
+  }
 };
+
+namespace {
+// Host code (policies deciding on the CPU, measurements, the time-limit flag) passes host
+// memory; it is staged through device memory so that every group collective goes over NCCL.
+bool on_device(const void* p) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+}  // namespace
 
 int NcclComm::visible_devices() {
   int n = 0;
@@ -65,6 +90,7 @@ NcclComm::NcclComm(Communicator& bootstrap, int device)
 
 NcclComm::~NcclComm() {
   if (impl_->gathered) cudaFree(impl_->gathered);
+  if (impl_->staging) cudaFree(impl_->staging);
   if (impl_->blas) cublasDestroy(impl_->blas);
   if (impl_->comm) ncclCommDestroy(impl_->comm);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
@@ -72,6 +98,13 @@ NcclComm::~NcclComm() {
 
 void NcclComm::do_all_reduce_sum(float* data, size_t count) {
   KVB_CHECK(count < (1ull << 31)) << "all_reduce_sum of " << count << " floats";
+  if (!on_device(data)) {
+    float* d = reinterpret_cast<float*>(impl_->stage(count * sizeof(float)));
+    KVB_CUDA_OK(cudaMemcpy(d, data, count * sizeof(float), cudaMemcpyHostToDevice));
+    do_all_reduce_sum(d, count);
+    KVB_CUDA_OK(cudaMemcpy(data, d, count * sizeof(float), cudaMemcpyDeviceToHost));
+    return;
+  }
   if (impl_->capacity < count) {
     if (impl_->gathered) KVB_CUDA_OK(cudaFree(impl_->gathered));
     impl_->gathered = nullptr;
@@ -90,11 +123,27 @@ void NcclComm::do_all_reduce_sum(float* data, size_t count) {
 }
 
 void NcclComm::do_all_gather(const void* in, size_t bytes, void* out) {
+  if (!on_device(in) || !on_device(out)) {
+    char* d = impl_->stage(bytes * (size_ + 1));  // [input | output]
+    KVB_CUDA_OK(cudaMemcpy(d, in, bytes, on_device(in) ? cudaMemcpyDeviceToDevice
+                                                       : cudaMemcpyHostToDevice));
+    do_all_gather(d, bytes, d + bytes);
+    KVB_CUDA_OK(cudaMemcpy(out, d + bytes, bytes * size_,
+                           on_device(out) ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost));
+    return;
+  }
   KVB_NCCL_OK(ncclAllGather(in, out, bytes, ncclUint8, impl_->comm, impl_->stream));
   KVB_CUDA_OK(cudaStreamSynchronize(impl_->stream));
 }
 
 void NcclComm::do_broadcast(void* data, size_t bytes, int root) {
+  if (!on_device(data)) {
+    char* d = impl_->stage(bytes);
+    KVB_CUDA_OK(cudaMemcpy(d, data, bytes, cudaMemcpyHostToDevice));
+    do_broadcast(d, bytes, root);
+    KVB_CUDA_OK(cudaMemcpy(data, d, bytes, cudaMemcpyDeviceToHost));
+    return;
+  }
   KVB_NCCL_OK(ncclBroadcast(data, data, bytes, ncclUint8, root, impl_->comm, impl_->stream));
   KVB_CUDA_OK(cudaStreamSynchronize(impl_->stream));
 }

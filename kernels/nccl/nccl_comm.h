@@ -1,6 +1,7 @@
 // The NCCL communicator (kernels/comm.h) for tensor-parallel groups on GPUs: one rank per GPU,
-// tensors in device memory, NCCL carries them; MPI (the bootstrap communicator) only carries the
-// NCCL unique id and, in the sweep, control messages. Built only with KVB_HAVE_NCCL (CMake
+// tensors in device memory, NCCL carries every group collective; MPI (the bootstrap
+// communicator) only carries the NCCL unique id and, in the sweep, the control messages
+// (bundles to the group leader and its broadcast, results back). Built only with KVB_HAVE_NCCL (CMake
 // target kvb_nccl; compiled as C++ against the CUDA runtime, cuBLAS and NCCL headers).
 //
 // all_reduce_sum keeps comm.h's rank-order contract: ncclAllGather of the ranks' buffers, then
@@ -32,7 +33,9 @@ class NcclComm final : public Communicator {
   static int visible_devices();
 
  protected:
-  // Device pointers; each call returns after its work on the communicator's stream finished.
+  // Device pointers, or host pointers (staged through device memory: policies that decide on
+  // the host, measurements and the time-limit flag use the same group); each call returns after
+  // its work on the communicator's stream finished.
   void do_all_reduce_sum(float* data, size_t count) override;
   void do_all_gather(const void* in, size_t bytes, void* out) override;
   void do_broadcast(void* data, size_t bytes, int root) override;

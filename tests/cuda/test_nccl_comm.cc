@@ -61,6 +61,10 @@ TEST(NcclComm, CollectivesEqualTheCpuCommunicatorBitForBit) {
         nccl.broadcast(d, n * sizeof(float), size - 1);
         bcast[r].resize(n);
         cudaMemcpy(bcast[r].data(), d, n * sizeof(float), cudaMemcpyDeviceToHost);
+        // Host memory is staged: the same result.
+        std::vector<float> host = input(r, n);
+        nccl.all_reduce_sum(host.data(), n);
+        EXPECT_EQ(host, got[r]) << "host all_reduce_sum, rank " << r;
         cudaFree(d);
         cudaFree(g);
       } catch (const std::exception& e) {
