@@ -8,6 +8,7 @@
 // those within 1e-6 relative; f32 epsilon is 1.2e-7), the same KV measurements, and the same keep-set of every
 // (layer, global KV head) of every unit (KVB_DUMP_KEEPSETS). Policies: full, snapkv,
 // ada_snapkv, h2o. Bad degrees, a missing group and --device cuda are refused with errors.
+// The config is the committed one with the random model written into the build folder.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
@@ -26,8 +27,33 @@ namespace {
 
 namespace fs = std::filesystem;
 const std::string kBin = std::string(KVB_BINARY_DIR) + "/kvbench";
-const std::string kRoot = std::string(KVB_FIXTURES_DIR) + "/../..";
-const std::string kConfig = kRoot + "/configs/ci_tp.yaml";
+const std::string kCommitted = std::string(KVB_FIXTURES_DIR) + "/../../configs/ci_tp.yaml";
+// The committed config with its random model in the build folder (it expects it at
+// models/random-llama-8kv.gguf; a test writes only into the build folder) and absolute paths.
+const std::string kConfig = std::string(KVB_BINARY_DIR) + "/ci_tp.yaml";
+const std::string kModel = std::string(KVB_BINARY_DIR) + "/random-llama-8kv.gguf";
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to, int* n) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
+    s.replace(at, from.size(), to);
+    ++*n;
+  }
+  return s;
+}
+
+// Writes the model and the config variant; false if the committed config changed shape.
+bool write_model_and_config() {
+  if (!kvb::testing::write_random_llama_gguf(kModel)) return false;
+  std::ifstream in(kCommitted);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  int models = 0, shared = 0;
+  std::string text = replace_all(ss.str(), "../models/random-llama-8kv.gguf", kModel, &models);
+  text = replace_all(text, "../../shared/", std::string(KVB_SHARED_DIR) + "/", &shared);
+  std::ofstream out(kConfig);
+  out << text;
+  return models == 1 && shared >= 3 && out.good();
+}
 
 // Runs a shell command; its stdout and stderr go to *output.
 int run(const std::string& cmd, std::string* output = nullptr) {
@@ -112,8 +138,8 @@ Sweep sweep(const std::string& name, const std::string& launcher, const std::str
 class SweepTp : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    fs::create_directories(kRoot + "/models");
-    ASSERT_TRUE(kvb::testing::write_random_llama_gguf(kRoot + "/models/random-llama-8kv.gguf"));
+    ASSERT_TRUE(write_model_and_config()) << "configs/ci_tp.yaml no longer names "
+                                             "../models/random-llama-8kv.gguf and ../../shared/";
     reference_ = new Sweep(sweep("sweep_tp_ref", mpirun(2), ""));  // one rank per worker
   }
   static void TearDownTestSuite() { delete reference_; }
