@@ -270,11 +270,12 @@ int cmd_validate(const std::vector<std::string>& args) {
             << " if each (model, sample, question) prefill is shared across policies\n"
             << "- generated or streamed tokens: at most " << decode << "\n"
             << "- time: " << duration(t_full) << " without prefill sharing, " << duration(t_shared)
-            << " with it, on " << groups << " worker group" << (groups > 1 ? "s" : "")
-            << ", ASSUMING " << fixed(prefill_rate, 0) << " prefill tok/s and "
-            << fixed(decode_rate, 0)
-            << " decode tok/s per group (a 2-core CPU on a ~135M model; set --prefill-tok-s, "
-               "--decode-tok-s, --ranks, --gpus-per-worker)\n";
+            << " with it, on " << groups << (gpus_per_worker > 1 ? " worker group" : " rank")
+            << (groups > 1 ? "s" : "") << ", ASSUMING " << fixed(prefill_rate, 0)
+            << " prefill tok/s and " << fixed(decode_rate, 0) << " decode tok/s per "
+            << (gpus_per_worker > 1 ? "group" : "rank")
+            << " (a 2-core CPU on a ~135M model; set --prefill-tok-s, --decode-tok-s, --ranks"
+            << (gpus_per_worker > 1 ? ", --gpus-per-worker" : "") << ")\n";
   return 0;
 }
 
