@@ -387,6 +387,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   info.kvbench_version = KVB_VERSION;
   info.host = process_host();
   info.ranks = comm.size();
+  info.devices_json = worker_layout_json(comm.size(), a.gpus_per_worker, a.device);
   const int64_t run_id = store.begin_run(info);
   if (a.resume) {
     const results::Recovery rec = store.recover_after_crash(run_id);

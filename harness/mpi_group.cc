@@ -32,6 +32,23 @@ WorkerLayout plan_worker_layout(int world_size, int rank, int per_group) {
   return L;
 }
 
+std::string worker_layout_json(int world_size, int per_group, const std::string& device) {
+  std::ostringstream o;
+  o << "[";
+  if (world_size == 1) {
+    o << "{\"group\":0,\"ranks\":[0],\"device\":\"" << device << "\"}";
+  } else {
+    const WorkerLayout L = plan_worker_layout(world_size, 0, per_group);
+    for (int g = 0; g < L.groups; ++g) {
+      o << (g ? "," : "") << "{\"group\":" << g << ",\"ranks\":[";
+      for (int r = 0; r < per_group; ++r) o << (r ? "," : "") << L.leader_of(g) + r;
+      o << "],\"device\":\"" << device << "\"}";
+    }
+  }
+  o << "]";
+  return o.str();
+}
+
 std::string leftover_warning(int world_size, int per_group) {
   const int workers = world_size - 1;
   const int down = 1 + workers / per_group * per_group, up = down + per_group;

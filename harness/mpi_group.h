@@ -27,6 +27,10 @@ struct WorkerLayout {
 // Pure arithmetic of the split for `world_size` ranks (>= 2); per_group >= 1 (usage error).
 WorkerLayout plan_worker_layout(int world_size, int rank, int per_group);
 
+// The run's provenance of the layout (RunInfo::devices_json): one object per worker group with
+// its world ranks and device, e.g. [{"group":0,"ranks":[1,2],"device":"cpu"}].
+std::string worker_layout_json(int world_size, int per_group, const std::string& device);
+
 // The warning a leftover rank prints (and the coordinator once): names -np values that fit.
 std::string leftover_warning(int world_size, int per_group);
 
