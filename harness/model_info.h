@@ -43,8 +43,9 @@ struct ModelInfo {
   // f32 weight bytes one rank of a tensor-parallel group of `degree` holds: the embedding, the
   // classifier and the norms are replicated (engine/tensor_parallel.h), the rest is split.
   uint64_t f32_weight_bytes_per_rank(int degree) const {
-    const uint64_t replicated = static_cast<uint64_t>(vocab_size) * dim * (tied_embeddings ? 1 : 2) +
-                                static_cast<uint64_t>(dim) * (2 * num_layers + 1);
+    const uint64_t replicated =
+        static_cast<uint64_t>(vocab_size) * dim * (tied_embeddings ? 1 : 2) +
+        static_cast<uint64_t>(dim) * (2 * num_layers + 1);
     const uint64_t split = num_params > replicated ? num_params - replicated : 0;
     return (replicated + split / std::max(1, degree)) * sizeof(float);
   }

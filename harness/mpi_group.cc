@@ -115,16 +115,16 @@ WorkerGroup split_worker_groups(MpiComm& world, const WorkerLayout& L) {
   if (world.size() == 1) return g;
 #ifdef KVB_WITH_MPI
   MPI_Comm group = MPI_COMM_NULL;
-  KVB_MPI_OK(MPI_Comm_split(MPI_COMM_WORLD, L.group >= 0 ? L.group : MPI_UNDEFINED, world.rank(),
-                            &group));
+  KVB_MPI_OK(
+      MPI_Comm_split(MPI_COMM_WORLD, L.group >= 0 ? L.group : MPI_UNDEFINED, world.rank(), &group));
   if (group != MPI_COMM_NULL) g.comm = std::make_unique<MpiTensorComm>(group);
   // GPU index: rank among the group members on the same node (by world rank).
   MPI_Comm members = MPI_COMM_NULL, node = MPI_COMM_NULL;
-  KVB_MPI_OK(MPI_Comm_split(MPI_COMM_WORLD, L.group >= 0 ? 0 : MPI_UNDEFINED, world.rank(),
-                            &members));
+  KVB_MPI_OK(
+      MPI_Comm_split(MPI_COMM_WORLD, L.group >= 0 ? 0 : MPI_UNDEFINED, world.rank(), &members));
   if (members != MPI_COMM_NULL) {
-    KVB_MPI_OK(MPI_Comm_split_type(members, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL,
-                                   &node));
+    KVB_MPI_OK(
+        MPI_Comm_split_type(members, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node));
     KVB_MPI_OK(MPI_Comm_rank(node, &g.local_gpu));
     MPI_Comm_free(&node);
     MPI_Comm_free(&members);

@@ -35,12 +35,12 @@ std::string tp_traffic_line(const std::string& unit_key, const workers::UnitMeas
   o << std::fixed << std::setprecision(1) << "tp unit " << unit_key.substr(0, 12) << ": prompt "
     << p.all_reduce.calls << " all-reduces + " << p.all_gather.calls << " all-gathers, "
     << p.all_reduce.payload_bytes + p.all_gather.payload_bytes << " B payload, " << p.wire_bytes
-    << " B sent; decode " << m.tp_decode_steps << " steps, per step "
-    << d.all_reduce.calls / steps << " all-reduces + " << d.all_gather.calls / steps
-    << " all-gathers, " << (d.all_reduce.payload_bytes + d.all_gather.payload_bytes) / steps
-    << " B payload, " << d.wire_bytes / steps << " B sent; all-reduce " << std::setprecision(3)
-    << d.all_reduce.seconds * 1e3 / steps << " ms of " << m.decode_ms / steps
-    << " ms per step (" << std::setprecision(1)
+    << " B sent; decode " << m.tp_decode_steps << " steps, per step " << d.all_reduce.calls / steps
+    << " all-reduces + " << d.all_gather.calls / steps << " all-gathers, "
+    << (d.all_reduce.payload_bytes + d.all_gather.payload_bytes) / steps << " B payload, "
+    << d.wire_bytes / steps << " B sent; all-reduce " << std::setprecision(3)
+    << d.all_reduce.seconds * 1e3 / steps << " ms of " << m.decode_ms / steps << " ms per step ("
+    << std::setprecision(1)
     << (m.decode_ms > 0 ? 100.0 * d.all_reduce.seconds * 1e3 / m.decode_ms : 0.0) << "%)";
   return o.str();
 }

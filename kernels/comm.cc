@@ -37,8 +37,9 @@ void Communicator::all_reduce_sum(float* data, size_t count) {
 }
 
 void Communicator::all_gather(const void* in, size_t bytes, void* out) {
-  KVB_CHECK(bytes == 0 || (static_cast<const char*>(in) + bytes <= static_cast<char*>(out) ||
-                           static_cast<char*>(out) + bytes * size() <= static_cast<const char*>(in)))
+  KVB_CHECK(bytes == 0 ||
+            (static_cast<const char*>(in) + bytes <= static_cast<char*>(out) ||
+             static_cast<char*>(out) + bytes * size() <= static_cast<const char*>(in)))
       << "all_gather: input and output overlap";
   const auto t0 = std::chrono::steady_clock::now();
   if (bytes > 0) do_all_gather(in, bytes, out);
@@ -49,8 +50,8 @@ void Communicator::all_gather(const void* in, size_t bytes, void* out) {
 }
 
 void Communicator::broadcast(void* data, size_t bytes, int root) {
-  KVB_CHECK(root >= 0 && root < size()) << "broadcast root " << root << " outside [0, " << size()
-                                        << ")";
+  KVB_CHECK(root >= 0 && root < size())
+      << "broadcast root " << root << " outside [0, " << size() << ")";
   const auto t0 = std::chrono::steady_clock::now();
   if (size() > 1 && bytes > 0) do_broadcast(data, bytes, root);
   stats_.broadcast.seconds += seconds_since(t0);

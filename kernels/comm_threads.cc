@@ -13,8 +13,8 @@ ThreadGroup::ThreadGroup(int size) : size_(size), barrier_(size), slots_(size, n
 }
 
 ThreadComm::ThreadComm(ThreadGroup& group, int rank) : group_(group), rank_(rank) {
-  KVB_CHECK(rank >= 0 && rank < group.size()) << "rank " << rank << " outside [0, "
-                                              << group.size() << ")";
+  KVB_CHECK(rank >= 0 && rank < group.size())
+      << "rank " << rank << " outside [0, " << group.size() << ")";
 }
 
 void ThreadComm::do_all_reduce_sum(float* data, size_t count) {

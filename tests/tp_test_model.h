@@ -71,9 +71,12 @@ inline bool write_random_llama_gguf(const std::string& path, const RandomLlamaSh
     const std::string b = "blk." + std::to_string(l) + ".";
     w.add_tensor(b + "attn_norm.weight", {D}, kF32, tp_model_ones(D));
     // Peaked attention: q and k with gain 1.6 each (logits of about unit^2 * 2.5 spread).
-    w.add_tensor(b + "attn_q.weight", {D, QD}, kF32, tp_model_tensor(seed, t++, D * QD, 1.6f * in_scale));
-    w.add_tensor(b + "attn_k.weight", {D, KVD}, kF32, tp_model_tensor(seed, t++, D * KVD, 1.6f * in_scale));
-    w.add_tensor(b + "attn_v.weight", {D, KVD}, kF32, tp_model_tensor(seed, t++, D * KVD, in_scale));
+    w.add_tensor(b + "attn_q.weight", {D, QD}, kF32,
+                 tp_model_tensor(seed, t++, D * QD, 1.6f * in_scale));
+    w.add_tensor(b + "attn_k.weight", {D, KVD}, kF32,
+                 tp_model_tensor(seed, t++, D * KVD, 1.6f * in_scale));
+    w.add_tensor(b + "attn_v.weight", {D, KVD}, kF32,
+                 tp_model_tensor(seed, t++, D * KVD, in_scale));
     w.add_tensor(b + "attn_output.weight", {QD, D}, kF32,
                  tp_model_tensor(seed, t++, QD * D, std::sqrt(3.0f / QD)));
     w.add_tensor(b + "ffn_norm.weight", {D}, kF32, tp_model_ones(D));

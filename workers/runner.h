@@ -77,8 +77,9 @@ struct UnitOutput {
 // Precondition: `engine` was built on lm.model. Under tensor parallelism (engine.tp()), every
 // rank of the group runs the same call on its shard; policies get the group (PolicyConfig::tp),
 // measurements are the group's (KV bytes and occupancy over all heads; times of this rank), the
-// unit time limit is decided together (any rank over the limit stops every rank). Throws kvb::Error on bad samples (e.g. a prompt
-// that cannot fit) — callers record that as the unit's error.
+// unit time limit is decided together (any rank over the limit stops every rank). Throws
+// kvb::Error on bad samples (e.g. a prompt that cannot fit) — callers record that as the unit's
+// error.
 UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings);
 

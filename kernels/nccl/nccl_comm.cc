@@ -7,20 +7,20 @@
 
 #include "common/error.h"
 
-#define KVB_CUDA_OK(call)                                                                   \
-  do {                                                                                      \
-    const cudaError_t kvb_e = (call);                                                       \
-    KVB_CHECK(kvb_e == cudaSuccess) << #call << ": " << cudaGetErrorString(kvb_e);          \
+#define KVB_CUDA_OK(call)                                                          \
+  do {                                                                             \
+    const cudaError_t kvb_e = (call);                                              \
+    KVB_CHECK(kvb_e == cudaSuccess) << #call << ": " << cudaGetErrorString(kvb_e); \
   } while (0)
-#define KVB_NCCL_OK(call)                                                                   \
-  do {                                                                                      \
-    const ncclResult_t kvb_r = (call);                                                      \
-    KVB_CHECK(kvb_r == ncclSuccess) << #call << ": " << ncclGetErrorString(kvb_r);          \
+#define KVB_NCCL_OK(call)                                                          \
+  do {                                                                             \
+    const ncclResult_t kvb_r = (call);                                             \
+    KVB_CHECK(kvb_r == ncclSuccess) << #call << ": " << ncclGetErrorString(kvb_r); \
   } while (0)
-#define KVB_CUBLAS_OK(call)                                                                 \
-  do {                                                                                      \
-    const cublasStatus_t kvb_s = (call);                                                    \
-    KVB_CHECK(kvb_s == CUBLAS_STATUS_SUCCESS) << #call << ": cuBLAS status " << kvb_s;      \
+#define KVB_CUBLAS_OK(call)                                                            \
+  do {                                                                                 \
+    const cublasStatus_t kvb_s = (call);                                               \
+    KVB_CHECK(kvb_s == CUBLAS_STATUS_SUCCESS) << #call << ": cuBLAS status " << kvb_s; \
   } while (0)
 
 namespace kvb::kernels {
@@ -113,11 +113,12 @@ void NcclComm::do_all_reduce_sum(float* data, size_t count) {
   }
   float* g = impl_->gathered;  // rank r's part at g + r * count
   KVB_NCCL_OK(ncclAllGather(data, g, count, ncclFloat32, impl_->comm, impl_->stream));
-  KVB_CUDA_OK(cudaMemcpyAsync(data, g, count * sizeof(float), cudaMemcpyDeviceToDevice,
-                              impl_->stream));
+  KVB_CUDA_OK(
+      cudaMemcpyAsync(data, g, count * sizeof(float), cudaMemcpyDeviceToDevice, impl_->stream));
   const float one = 1.0f;
   for (int r = 1; r < size_; ++r) {
-    KVB_CUBLAS_OK(cublasSaxpy(impl_->blas, static_cast<int>(count), &one, g + r * count, 1, data, 1));
+    KVB_CUBLAS_OK(
+        cublasSaxpy(impl_->blas, static_cast<int>(count), &one, g + r * count, 1, data, 1));
   }
   KVB_CUDA_OK(cudaStreamSynchronize(impl_->stream));
 }
@@ -125,8 +126,8 @@ void NcclComm::do_all_reduce_sum(float* data, size_t count) {
 void NcclComm::do_all_gather(const void* in, size_t bytes, void* out) {
   if (!on_device(in) || !on_device(out)) {
     char* d = impl_->stage(bytes * (size_ + 1));  // [input | output]
-    KVB_CUDA_OK(cudaMemcpy(d, in, bytes, on_device(in) ? cudaMemcpyDeviceToDevice
-                                                       : cudaMemcpyHostToDevice));
+    KVB_CUDA_OK(cudaMemcpy(d, in, bytes,
+                           on_device(in) ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice));
     do_all_gather(d, bytes, d + bytes);
     KVB_CUDA_OK(cudaMemcpy(out, d + bytes, bytes * size_,
                            on_device(out) ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost));

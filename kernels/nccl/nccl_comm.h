@@ -1,8 +1,8 @@
 // The NCCL communicator (kernels/comm.h) for tensor-parallel groups on GPUs: one rank per GPU,
 // tensors in device memory, NCCL carries every group collective; MPI (the bootstrap
 // communicator) only carries the NCCL unique id and, in the sweep, the control messages
-// (bundles to the group leader and its broadcast, results back). Built only with KVB_HAVE_NCCL (CMake
-// target kvb_nccl; compiled as C++ against the CUDA runtime, cuBLAS and NCCL headers).
+// (bundles to the group leader and its broadcast, results back). Built only with KVB_HAVE_NCCL
+// (CMake target kvb_nccl; compiled as C++ against the CUDA runtime, cuBLAS and NCCL headers).
 //
 // all_reduce_sum keeps comm.h's rank-order contract: ncclAllGather of the ranks' buffers, then
 // data = x0, data += x1, data += x2, ... with cublasSaxpy (alpha = 1: one rounding per add, the

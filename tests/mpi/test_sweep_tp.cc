@@ -5,9 +5,9 @@
 // results as one rank per worker (mpirun -np 2): every unit ok; the same predictions, the same
 // task metrics (bit for bit, except the perplexity task's log-likelihood sums, which are
 // continuous in the logits and may move in the last bits with the all-reduce's summation order:
-// those within 1e-6 relative; f32 epsilon is 1.2e-7), the same KV measurements, and the same keep-set of every
-// (layer, global KV head) of every unit (KVB_DUMP_KEEPSETS). Policies: full, snapkv,
-// ada_snapkv, h2o. Bad degrees, a missing group and --device cuda are refused with errors.
+// those within 1e-6 relative; f32 epsilon is 1.2e-7), the same KV measurements, and the same
+// keep-set of every (layer, global KV head) of every unit (KVB_DUMP_KEEPSETS). Policies: full,
+// snapkv, ada_snapkv, h2o. Bad degrees, a missing group and --device cuda are refused with errors.
 // The config is the committed one with the random model written into the build folder.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -76,7 +76,7 @@ std::string mpirun(int np) {
 
 // Rows of (key, a, b) from a query.
 std::map<std::string, std::pair<std::string, std::string>> query(const std::string& db,
-                                                                  const std::string& sql) {
+                                                                 const std::string& sql) {
   sqlite3* h = nullptr;
   EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
   sqlite3_stmt* st = nullptr;
@@ -86,7 +86,8 @@ std::map<std::string, std::pair<std::string, std::string>> query(const std::stri
     const auto* t = sqlite3_column_text(st, i);
     return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
   };
-  while (sqlite3_step(st) == SQLITE_ROW) out[text(0)] = {text(1), sqlite3_column_count(st) > 2 ? text(2) : ""};
+  while (sqlite3_step(st) == SQLITE_ROW)
+    out[text(0)] = {text(1), sqlite3_column_count(st) > 2 ? text(2) : ""};
   sqlite3_finalize(st);
   sqlite3_close(h);
   return out;
@@ -182,8 +183,7 @@ TEST_F(SweepTp, TwoGpusPerWorkerEqualOneRankPerWorker) {
   const Sweep s = sweep("sweep_tp2", mpirun(4), "--gpus-per-worker 2 --device cpu");
   expect_same_as_reference(s);
   // The fourth rank fits no group: it says so, names -np values that fit, and the run ends.
-  EXPECT_NE(s.log.find("size -np as 1 + a multiple of 2 (here -np 5 or -np 3)"),
-            std::string::npos)
+  EXPECT_NE(s.log.find("size -np as 1 + a multiple of 2 (here -np 5 or -np 3)"), std::string::npos)
       << s.log;
   EXPECT_NE(s.log.find("worker group 0 rank 1/2"), std::string::npos) << s.log;
   // Keep-set files come from both ranks of the group.
@@ -216,8 +216,7 @@ TEST_F(SweepTp, BadLayoutsAreRefused) {
   EXPECT_EQ(run(kBin + " sweep " + kConfig + " --db x.db --gpus-per-worker 2", &out), 2);
   EXPECT_NE(out.find("needs mpirun with at least 3 ranks"), std::string::npos) << out;
   EXPECT_EQ(run(kBin + " sweep " + kConfig + " --db x.db --device cuda", &out), 2);
-  EXPECT_NE(out.find("--device cuda: the CUDA engine is not part of this build"),
-            std::string::npos)
+  EXPECT_NE(out.find("--device cuda: the CUDA engine is not part of this build"), std::string::npos)
       << out;
   // validate prints the layout and the memory per GPU.
   EXPECT_EQ(run(kBin + " validate " + kConfig + " --gpus-per-worker 4 --ranks 8", &out), 0);

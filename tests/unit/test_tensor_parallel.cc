@@ -84,8 +84,8 @@ std::vector<RankRun> run_tp(int size, const std::string& policy, int budget, int
         }
       }
       for (int s = 0; s < steps; ++s) {
-        const int32_t next = static_cast<int32_t>(
-            std::max_element(logits.begin(), logits.end()) - logits.begin());
+        const int32_t next =
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
         engine.forward({&next, 1}, cache, LogitsMode::kLast, &logits, p.get(), PolicyHook::kDecode);
         runs[r].logits.push_back(logits);
       }
@@ -196,15 +196,20 @@ TEST(TensorParallel, AdaKvBudgetsPerHeadEqualOneDevice) {
     for (int size : {2, 4}) {
       const std::vector<RankRun> tp = run_tp(size, policy, 48, 200, 3);
       EXPECT_EQ(merged(tp, &RankRun::budget), budgets) << policy << " TP " << size;
-      EXPECT_EQ(merged(tp, &RankRun::keep), merged(one, &RankRun::keep)) << policy << " TP " << size;
+      EXPECT_EQ(merged(tp, &RankRun::keep), merged(one, &RankRun::keep))
+          << policy << " TP " << size;
     }
   }
 }
 
 TEST(TensorParallel, PerHeadAndPerLayerPoliciesKeepTheSameTokens) {
   const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases = {
-      {"snapkv", {}},  {"pyramidkv", {}}, {"h2o", {}}, {"random", {}},
-      {"tova", {{"tova_reduce", "layer"}}}, {"snapkv", {{"gqa", "expand"}}}};
+      {"snapkv", {}},
+      {"pyramidkv", {}},
+      {"h2o", {}},
+      {"random", {}},
+      {"tova", {{"tova_reduce", "layer"}}},
+      {"snapkv", {{"gqa", "expand"}}}};
   for (const auto& [policy, opts] : cases) {
     const std::vector<RankRun> one = run_tp(1, policy, 40, 120, 6, opts);
     for (int size : {2, 4}) {

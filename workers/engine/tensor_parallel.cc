@@ -66,11 +66,10 @@ std::string tp_degree_error(const std::string& model, int num_heads, int num_kv_
 
 Model shard_model(const Model& full, int rank, int size) {
   const ModelConfig& c = full.config;
-  const std::string err =
-      tp_degree_error(c.name, c.num_heads, c.num_kv_heads, c.hidden_dim, size);
+  const std::string err = tp_degree_error(c.name, c.num_heads, c.num_kv_heads, c.hidden_dim, size);
   KVB_USAGE_CHECK(err.empty()) << err;
-  KVB_CHECK(rank >= 0 && rank < size) << "tensor-parallel rank " << rank << " outside [0, "
-                                      << size << ")";
+  KVB_CHECK(rank >= 0 && rank < size)
+      << "tensor-parallel rank " << rank << " outside [0, " << size << ")";
   Model m;
   m.config = c;
   m.config.num_heads = c.num_heads / size;
