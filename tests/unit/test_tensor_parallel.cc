@@ -202,6 +202,8 @@ TEST(TensorParallel, AdaKvBudgetsPerHeadEqualOneDevice) {
   }
 }
 
+// Every other policy (and variants that change the cache layout or the prefill) keeps the same
+// tokens per global head at every degree.
 TEST(TensorParallel, PerHeadAndPerLayerPoliciesKeepTheSameTokens) {
   const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases = {
       {"snapkv", {}},
@@ -209,7 +211,16 @@ TEST(TensorParallel, PerHeadAndPerLayerPoliciesKeepTheSameTokens) {
       {"h2o", {}},
       {"random", {}},
       {"tova", {{"tova_reduce", "layer"}}},
-      {"snapkv", {{"gqa", "expand"}}}};
+      {"tova", {}},
+      {"snapkv", {{"gqa", "expand"}}},
+      {"random", {{"gqa", "expand"}}},
+      {"window", {}},
+      {"streaming_llm", {}},
+      {"scissorhands", {}},
+      {"knorm", {}},
+      {"subgen", {}},
+      {"subgen_kcenter", {}},
+      {"h2o", {{"prefill", "streaming"}}}};
   for (const auto& [policy, opts] : cases) {
     const std::vector<RankRun> one = run_tp(1, policy, 40, 120, 6, opts);
     for (int size : {2, 4}) {
