@@ -494,10 +494,13 @@ int cmd_sweep(const std::vector<std::string>& args) {
   SweepArgs a;
   po::options_description desc(
       "usage: kvbench sweep CONFIG --db FILE [--resume] [options]\n"
-      "       mpirun -np N kvbench sweep CONFIG --db FILE [--resume]\n\n"
+      "       mpirun -np N kvbench sweep CONFIG --db FILE [--resume]\n"
+      "       mpirun -np 1+k*G kvbench sweep CONFIG --db FILE --gpus-per-worker G --device cpu\n\n"
       "Expands the experiment matrix CONFIG (YAML; see configs/README.md) into units, skips those\n"
       "the database already finished, and runs the rest: under mpirun rank 0 coordinates and\n"
       "writes the database while ranks 1..N-1 run bundles; without mpirun one process does both.\n"
+      "With --gpus-per-worker G, ranks 1.. form groups of G ranks that each run one model split\n"
+      "over their ranks (tensor parallelism; harness/README.md \"Tensor-parallel workers\").\n"
       "Prints a summary table (md) on stdout; progress with an ETA on stderr.\n\noptions");
   desc.add_options()("help,h", "print this help")
       ("db", po::value(&a.db), "results database (SQLite; created if missing)")
