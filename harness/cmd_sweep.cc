@@ -24,10 +24,13 @@
 #include "harness/cli.h"
 #include "harness/model_info.h"
 #include "harness/mpi_comm.h"
+#include "harness/mpi_group.h"
 #include "harness/sweep_config.h"
+#include "harness/sweep_tp.h"
 #include "harness/sweep_wire.h"
 #include "common/table.h"
 #include "results/store.h"
+#include "workers/engine/tensor_parallel.h"
 #include "workers/runner.h"
 
 namespace po = boost::program_options;
@@ -40,6 +43,8 @@ struct SweepArgs {
   std::string config, db;
   bool resume = false, rerun = false, share_prefill = true, progress = false;
   int threads = 0;
+  int gpus_per_worker = 1;  // tensor-parallel degree of each worker group
+  std::string device = "cpu";
 };
 
 // One unit as the coordinator plans it.
@@ -171,16 +176,20 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
   return plan;
 }
 
-// Runs a bundle on this process: loads (and caches) the model, runs every unit, scores.
+// Runs a bundle on this process: loads (and caches) the model, runs every unit, scores. With a
+// tensor-parallel group, every rank of the group runs the same bundle on its shard of the model
+// (the leader's results are the group's).
 class BundleRunner {
  public:
-  BundleRunner(const SweepConfig& cfg, bool share) : cfg_(cfg), share_(share) {}
+  BundleRunner(const SweepConfig& cfg, bool share, kernels::Communicator* tp = nullptr)
+      : cfg_(cfg), share_(share), tp_(tp) {}
 
   std::vector<results::UnitResult> run(const WireBundle& b) {
     if (loaded_model_ != b.model) {
       engine_.reset();
       lm_ = workers::load_model_and_tokenizer(cfg_.models[b.model].path, cfg_.models[b.model].tokenizer);
-      engine_ = std::make_unique<engine::Engine>(*lm_.model);
+      if (tp_) *lm_.model = engine::shard_model(*lm_.model, tp_->rank(), tp_->size());
+      engine_ = std::make_unique<engine::Engine>(*lm_.model, tp_);
       loaded_model_ = b.model;
     }
     std::unique_ptr<tasks::Task> task =
@@ -197,6 +206,12 @@ class BundleRunner {
       rs.max_prompt_tokens = cfg_.max_prompt_tokens;
       rs.time_limit_s = cfg_.unit_time_limit_s;
       rs.sampling = {cfg_.generation.temperature, cfg_.generation.top_k, cfg_.generation.top_p, 0};
+      if (const char* dir = std::getenv("KVB_DUMP_KEEPSETS")) {
+        rs.on_final_cache = [&, dir](size_t k, const kernels::KvCache& cache,
+                                     const policies::Policy& policy) {
+          dump_keep_set(dir, b.units[idx[k]].key, tp_ ? tp_->rank() : 0, cache, policy);
+        };
+      }
       std::vector<policies::PolicyConfig> group;
       for (size_t i : idx) {
         const WireUnit& u = b.units[i];
@@ -268,6 +283,7 @@ class BundleRunner {
         mm.host_rss_peak = static_cast<int64_t>(m.host_rss_peak);
         r.measurements = mm;
         r.prediction = results::PredictionRow{o.prediction.text, b.sample.references};
+        if (tp_ && tp_->rank() == 0) KVB_LOG_INFO << tp_traffic_line(u.key, m);
       }
     }
     return out;
@@ -286,6 +302,7 @@ class BundleRunner {
 
   const SweepConfig& cfg_;
   bool share_;
+  kernels::Communicator* tp_ = nullptr;
   int loaded_model_ = -1;
   workers::LoadedModel lm_;
   std::unique_ptr<engine::Engine> engine_;
@@ -342,9 +359,21 @@ void apply_config_threads(const SweepArgs& a, const SweepConfig& cfg) {
   if (a.threads <= 0 && cfg.threads > 0) omp_set_num_threads(cfg.threads);
 }
 
-int coordinate(const SweepArgs& a, MpiComm& comm) {
+// Every model of the config must split over the group's ranks (checked before any unit runs).
+void check_tp_degree(const SweepConfig& cfg, int degree) {
+  if (degree == 1) return;
+  for (const ModelEntry& me : cfg.models) {
+    const ModelInfo info = read_model_info(me.path);
+    const std::string err = engine::tp_degree_error(me.name, info.num_heads, info.num_kv_heads,
+                                                    info.hidden_dim, degree);
+    KVB_USAGE_CHECK(err.empty()) << err;
+  }
+}
+
+int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   SweepConfig cfg = load_sweep_config(a.config);
   apply_config_threads(a, cfg);
+  check_tp_degree(cfg, a.gpus_per_worker);
   results::Store store = results::Store::open(a.db, results::Mode::kReadWrite);
   const results::QueryResult inflight =
       store.query("SELECT COUNT(*) FROM units WHERE status = 'running'");
@@ -358,6 +387,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm) {
   info.kvbench_version = KVB_VERSION;
   info.host = process_host();
   info.ranks = comm.size();
+  info.devices_json = worker_layout_json(comm.size(), a.gpus_per_worker, a.device);
   const int64_t run_id = store.begin_run(info);
   if (a.resume) {
     const results::Recovery rec = store.recover_after_crash(run_id);
@@ -384,7 +414,8 @@ int coordinate(const SweepArgs& a, MpiComm& comm) {
                    [&](int x, int y) { return plan.bundle_tokens[x] > plan.bundle_tokens[y]; });
   KVB_LOG_INFO << "sweep " << a.config << ": " << plan.all_keys.size() << " units in the matrix, "
                << total << " to run in " << order.size() << " bundles on "
-               << std::max(1, comm.size() - 1) << " worker rank(s); database " << a.db;
+               << std::max(1, layout.groups) << " worker group(s) of " << a.gpus_per_worker
+               << " rank(s) (device " << a.device << "); database " << a.db;
   Progress progress(total, a.progress || isatty(2));
   auto write = [&](const std::vector<results::UnitResult>& rs) {
     store.write_bundle(rs);
@@ -402,9 +433,10 @@ int coordinate(const SweepArgs& a, MpiComm& comm) {
       write(runner.run(plan.bundles[bi]));
     }
   } else {
-    // Dynamic scheduling: idle workers ask; each gets the next bundle or a stop.
+    // Dynamic scheduling: idle worker groups (their leaders) ask; each gets the next bundle or a
+    // stop. Leftover ranks in no group get their stop at the end.
     size_t next = 0;
-    int active = comm.size() - 1;
+    int active = layout.groups;
     while (active > 0) {
       int source = 0;
       const std::string msg = comm.recv_any(&source);
@@ -418,6 +450,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm) {
         --active;
       }
     }
+    for (int r = layout.leader_of(layout.groups); r < comm.size(); ++r) comm.send(r, "stop");
   }
   store.finish_run(run_id, results::RunStatus::kOk);
   KVB_LOG_INFO << "sweep done: " << total << " units in " << std::fixed << std::setprecision(1)
@@ -431,15 +464,27 @@ int coordinate(const SweepArgs& a, MpiComm& comm) {
   return 0;
 }
 
-int work(const SweepArgs& a, MpiComm& comm) {
+// A worker rank: the leader of a group receives bundles from the coordinator and broadcasts
+// them to its group; every rank of the group runs them; the leader returns the results.
+int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGroup& group) {
+  if (layout.group < 0) {
+    // A leftover rank: wait (sleeping, not spinning) for the coordinator's stop.
+    int source = 0;
+    while (comm.recv_any(&source) != "stop") {
+    }
+    return 0;
+  }
   SweepConfig cfg = load_sweep_config(a.config);
   apply_config_threads(a, cfg);
-  BundleRunner runner(cfg, a.share_prefill);
-  comm.send(0, "ready");
+  BundleRunner runner(cfg, a.share_prefill, group.comm.get());
+  if (layout.leader) comm.send(0, "ready");
   while (true) {
-    const std::string msg = comm.recv(0);
+    std::string msg;
+    if (layout.leader) msg = comm.recv(0);
+    if (group.comm) broadcast_text(*group.comm, &msg);
     if (msg == "stop") return 0;
-    comm.send(0, to_json(runner.run(bundle_from_json(msg))));
+    const std::vector<results::UnitResult> results = runner.run(bundle_from_json(msg));
+    if (layout.leader) comm.send(0, to_json(results));
   }
 }
 
@@ -449,10 +494,13 @@ int cmd_sweep(const std::vector<std::string>& args) {
   SweepArgs a;
   po::options_description desc(
       "usage: kvbench sweep CONFIG --db FILE [--resume] [options]\n"
-      "       mpirun -np N kvbench sweep CONFIG --db FILE [--resume]\n\n"
+      "       mpirun -np N kvbench sweep CONFIG --db FILE [--resume]\n"
+      "       mpirun -np 1+k*G kvbench sweep CONFIG --db FILE --gpus-per-worker G --device cpu\n\n"
       "Expands the experiment matrix CONFIG (YAML; see configs/README.md) into units, skips those\n"
       "the database already finished, and runs the rest: under mpirun rank 0 coordinates and\n"
       "writes the database while ranks 1..N-1 run bundles; without mpirun one process does both.\n"
+      "With --gpus-per-worker G, ranks 1.. form groups of G ranks that each run one model split\n"
+      "over their ranks (tensor parallelism; harness/README.md \"Tensor-parallel workers\").\n"
       "Prints a summary table (md) on stdout; progress with an ETA on stderr.\n\noptions");
   desc.add_options()("help,h", "print this help")
       ("db", po::value(&a.db), "results database (SQLite; created if missing)")
@@ -463,14 +511,42 @@ int cmd_sweep(const std::vector<std::string>& args) {
       ("progress", po::bool_switch(&a.progress), "progress lines even when stderr is not a terminal")
       ("threads", po::value(&a.threads)->default_value(0),
        "OpenMP threads per worker (0: cores / ranks on this node)")
+      ("gpus-per-worker", po::value(&a.gpus_per_worker)->default_value(1),
+       "ranks (GPUs) per worker group: each group runs one model split over its ranks (tensor "
+       "parallelism: heads and MLP columns); -np must be 1 + a multiple of it")
+      ("device", po::value(&a.device)->default_value("cpu"),
+       "where workers run the model: cpu (MPI carries the tensors); cuda is not available yet")
       ("config", po::value(&a.config), "the YAML matrix (positional)");
   po::positional_options_description pos;
   pos.add("config", 1);
   po::variables_map vm;
   if (!parse_command_line(args, desc, &pos, "sweep", &vm)) return 0;
   a.share_prefill = !vm["no-share-prefill"].as<bool>();
+  KVB_USAGE_CHECK(a.device == "cpu" || a.device == "cuda")
+      << "--device must be cpu or cuda, got '" << a.device << "'";
+  KVB_USAGE_CHECK(a.device == "cpu")
+      << "--device cuda: the CUDA engine is not part of this build yet (kernels/cuda/ holds the "
+         "kernels only); run with --device cpu";
+  KVB_USAGE_CHECK(a.gpus_per_worker >= 1)
+      << "--gpus-per-worker must be >= 1, got " << a.gpus_per_worker;
   MpiComm comm = MpiComm::init_if_launched();
   set_process_identity(comm.rank(), comm.size());
+  KVB_USAGE_CHECK(a.gpus_per_worker == 1 || comm.size() > a.gpus_per_worker)
+      << "--gpus-per-worker " << a.gpus_per_worker << " needs mpirun with at least "
+      << 1 + a.gpus_per_worker << " ranks (a coordinator plus one group); this run has "
+      << comm.size();
+  const WorkerLayout layout = plan_worker_layout(comm.size(), comm.rank(), a.gpus_per_worker);
+  // Collective over every rank; destroyed before comm (MPI_Finalize).
+  WorkerGroup group = a.gpus_per_worker > 1 ? split_worker_groups(comm, layout) : WorkerGroup{};
+  if (comm.size() > 1 && layout.leftover > 0 && (comm.rank() == 0 || layout.group < 0)) {
+    KVB_LOG_WARN << (comm.rank() == 0 ? "" : "this rank idles: ")
+                 << leftover_warning(comm.size(), a.gpus_per_worker);
+  }
+  if (group.comm) {
+    KVB_LOG_INFO << "worker group " << layout.group << " rank " << layout.tp_rank << "/"
+                 << a.gpus_per_worker << (layout.leader ? " (leader)" : "")
+                 << ": device cpu; node-local GPU index for --device cuda: " << group.local_gpu;
+  }
   // Threads: cores shared by the ranks of this node (the coordinator mostly waits).
   int threads = a.threads;
   if (threads <= 0) {
@@ -496,7 +572,7 @@ int cmd_sweep(const std::vector<std::string>& args) {
   try {
     KVB_USAGE_CHECK(!a.config.empty()) << "give the CONFIG file (see kvbench sweep --help)";
     KVB_USAGE_CHECK(!a.db.empty()) << "--db FILE is required (see kvbench sweep --help)";
-    return comm.rank() == 0 ? coordinate(a, comm) : work(a, comm);
+    return comm.rank() == 0 ? coordinate(a, comm, layout) : work(a, comm, layout, group);
   } catch (const Error& e) {
     if (comm.size() > 1) {
       std::cerr << "kvbench sweep: error: " << e.what() << "\n";

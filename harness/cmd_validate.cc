@@ -15,6 +15,7 @@
 #include "harness/sweep_config.h"
 #include "common/table.h"
 #include "tasks/task.h"
+#include "workers/engine/tensor_parallel.h"
 
 namespace po = boost::program_options;
 
@@ -78,7 +79,7 @@ SampleWork sample_work(const tasks::Sample& s, const SweepConfig& cfg, const Mod
 int cmd_validate(const std::vector<std::string>& args) {
   std::string config_path;
   double prefill_rate = 400, decode_rate = 20;
-  int ranks = 1;
+  int ranks = 1, gpus_per_worker = 1;
   po::options_description desc(
       "usage: kvbench validate CONFIG [options]\n\n"
       "Checks a sweep config (configs/README.md) without loading any model weights: YAML, keys,\n"
@@ -90,7 +91,11 @@ int cmd_validate(const std::vector<std::string>& args) {
       "assumed prefill speed per rank for the estimate (tokens/s)")(
       "decode-tok-s", po::value(&decode_rate)->default_value(20),
       "assumed decode speed per rank for the estimate (tokens/s)")(
-      "ranks", po::value(&ranks)->default_value(1), "worker ranks for the estimate");
+      "ranks", po::value(&ranks)->default_value(1),
+      "worker ranks (GPUs) for the estimate, the coordinator not counted")(
+      "gpus-per-worker", po::value(&gpus_per_worker)->default_value(1),
+      "ranks (GPUs) per worker group (tensor parallelism): checks that it splits every model and "
+      "prints the groups and the memory per GPU");
   po::options_description hidden;
   hidden.add_options()("config", po::value(&config_path));
   po::options_description all;
@@ -111,8 +116,18 @@ int cmd_validate(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(!config_path.empty()) << "a config file is required: kvbench validate CONFIG";
   KVB_USAGE_CHECK(prefill_rate > 0 && decode_rate > 0 && ranks >= 1)
       << "--prefill-tok-s and --decode-tok-s must be positive and --ranks >= 1";
+  KVB_USAGE_CHECK(gpus_per_worker >= 1)
+      << "--gpus-per-worker must be >= 1, got " << gpus_per_worker;
+  if (ranks < gpus_per_worker) ranks = gpus_per_worker;  // at least one group
+  const int groups = ranks / gpus_per_worker;
 
   const SweepConfig cfg = load_sweep_config(config_path);
+  for (const ModelEntry& me : cfg.models) {
+    const std::string err = engine::tp_degree_error(me.name, me.info.num_heads,
+                                                    me.info.num_kv_heads, me.info.hidden_dim,
+                                                    gpus_per_worker);
+    KVB_USAGE_CHECK(err.empty()) << config_path << ": " << err;
+  }
 
   // Samples per (model, task): the task's own generator with approximate token counts.
   std::vector<std::vector<std::vector<SampleWork>>> work(cfg.models.size());
@@ -180,6 +195,30 @@ int cmd_validate(const std::vector<std::string>& args) {
   }
   mt.print(std::cout, "md");
 
+  // Worker groups (tensor parallelism): the layout of `mpirun -np 1 + ranks` and memory per GPU.
+  std::cout << "\n## Workers\n\n- groups: " << groups << " of " << gpus_per_worker
+            << " GPU(s) each (" << groups * gpus_per_worker << " worker ranks";
+  if (ranks % gpus_per_worker) std::cout << "; " << ranks % gpus_per_worker << " idle";
+  std::cout << "; mpirun -np " << 1 + groups * gpus_per_worker << ")\n- GPUs per group: "
+            << gpus_per_worker << "\n\n";
+  Table wt({"model", "GPUs per group", "weights MiB per GPU (f32)", "peak KV MiB per GPU (full)",
+            "total MiB per GPU"});
+  for (size_t m = 0; m < cfg.models.size(); ++m) {
+    const ModelInfo& i = cfg.models[m].info;
+    int64_t longest = 0;
+    for (const auto& task_work : work[m]) {
+      for (const SampleWork& s : task_work) {
+        longest = std::max(longest, std::min<int64_t>(s.prefill + s.decode, i.max_seq_len));
+      }
+    }
+    // Each GPU caches its own KV heads: num_kv_heads / degree of them.
+    const double kv = static_cast<double>(longest) * i.kv_bytes_per_token() / gpus_per_worker;
+    const double w = static_cast<double>(i.f32_weight_bytes_per_rank(gpus_per_worker));
+    wt.add({cfg.models[m].name, std::to_string(gpus_per_worker), fixed(w / 1048576.0, 1),
+            fixed(kv / 1048576.0, 1), fixed((w + kv) / 1048576.0, 1)});
+  }
+  wt.print(std::cout, "md");
+
   std::cout << "\n## Tasks (samples per model; prompt tokens approximate: bytes / 4)\n\n";
   Table tt({"model", "task", "options", "samples", "mean prompt tok", "max prompt tok",
             "over context", "units"});
@@ -223,18 +262,20 @@ int cmd_validate(const std::vector<std::string>& args) {
             << (cfg.limit > 0 ? std::to_string(cfg.limit) + " samples per task" : "the tasks' own")
             << "\nexclusion rules: " << cfg.exclude.size() << "\n";
 
-  const double t_full = (prefill / prefill_rate + decode / decode_rate) / ranks;
-  const double t_shared = (shared_prefill / prefill_rate + decode / decode_rate) / ranks;
+  const double t_full = (prefill / prefill_rate + decode / decode_rate) / groups;
+  const double t_shared = (shared_prefill / prefill_rate + decode / decode_rate) / groups;
   std::cout << "\n## Work estimate (approximate)\n\n"
             << "- units: " << units << " in " << cells.size() << " cells\n"
             << "- prompt tokens: " << prefill << " over all units; " << shared_prefill
             << " if each (model, sample, question) prefill is shared across policies\n"
             << "- generated or streamed tokens: at most " << decode << "\n"
             << "- time: " << duration(t_full) << " without prefill sharing, " << duration(t_shared)
-            << " with it, on " << ranks << " rank" << (ranks > 1 ? "s" : "") << ", ASSUMING "
-            << fixed(prefill_rate, 0) << " prefill tok/s and " << fixed(decode_rate, 0)
-            << " decode tok/s per rank (a 2-core CPU on a ~135M model; set --prefill-tok-s, "
-               "--decode-tok-s, --ranks)\n";
+            << " with it, on " << groups << (gpus_per_worker > 1 ? " worker group" : " rank")
+            << (groups > 1 ? "s" : "") << ", ASSUMING " << fixed(prefill_rate, 0)
+            << " prefill tok/s and " << fixed(decode_rate, 0) << " decode tok/s per "
+            << (gpus_per_worker > 1 ? "group" : "rank")
+            << " (a 2-core CPU on a ~135M model; set --prefill-tok-s, --decode-tok-s, --ranks"
+            << (gpus_per_worker > 1 ? ", --gpus-per-worker" : "") << ")\n";
   return 0;
 }
 

@@ -26,6 +26,7 @@ void read_gguf(const std::string& path, ModelInfo& info) {
   info.name = g->get_string_or("general.name", file_name(path));
   const std::string p = info.arch + ".";
   info.dim = static_cast<int>(g->get_int(p + "embedding_length"));
+  info.hidden_dim = static_cast<int>(g->get_int_or(p + "feed_forward_length", 0));
   info.num_layers = static_cast<int>(g->get_int(p + "block_count"));
   info.num_heads = static_cast<int>(g->get_int(p + "attention.head_count"));
   info.num_kv_heads =
@@ -39,8 +40,10 @@ void read_gguf(const std::string& path, ModelInfo& info) {
   info.head_dim =
       static_cast<int>(g->get_int_or(p + "attention.key_length", info.dim / info.num_heads));
   std::map<uint32_t, uint64_t> bytes_by_type;
+  info.tied_embeddings = true;
   for (const auto& t : g->tensors()) {
     info.num_params += t.num_elements;
+    if (t.name == "output.weight") info.tied_embeddings = false;
     bytes_by_type[t.type] += t.num_bytes;
     if (t.name == "token_embd.weight" && t.dims.size() == 2) {
       info.vocab_size = static_cast<int>(t.dims[1]);
@@ -71,6 +74,7 @@ void read_llama2c(const std::string& path, std::ifstream& in, ModelInfo& info) {
   info.num_heads = hdr[3];
   info.num_kv_heads = hdr[4];
   const bool tied = hdr[5] > 0;
+  info.tied_embeddings = tied;
   const int64_t vocab = tied ? hdr[5] : -static_cast<int64_t>(hdr[5]);
   info.max_seq_len = hdr[6];
   auto in_range = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
@@ -85,6 +89,7 @@ void read_llama2c(const std::string& path, std::ifstream& in, ModelInfo& info) {
       << " vocab_size=" << hdr[5] << " seq_len=" << info.max_seq_len << ")";
   info.vocab_size = static_cast<int>(vocab);
   info.head_dim = info.dim / info.num_heads;
+  info.hidden_dim = static_cast<int>(hidden);
   // The tensors of llama2.c's legacy export, in file order (see load_llama2c).
   const uint64_t D = info.dim, H = hidden, L = info.num_layers, V = vocab;
   const uint64_t KVD = static_cast<uint64_t>(info.num_kv_heads) * info.head_dim;

@@ -4,6 +4,7 @@
 // estimate memory before any rank loads a model.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -18,6 +19,7 @@ struct ModelInfo {
   std::string name;         // general.name, or the file name
   std::string weight_type;  // the tensor type holding most bytes ("Q4_1", "F32")
   int dim = 0;
+  int hidden_dim = 0;  // feed_forward_length (0 if a GGUF does not say)
   int num_layers = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
@@ -26,6 +28,7 @@ struct ModelInfo {
   int max_seq_len = 0;  // the context length the model was trained for
   uint64_t file_bytes = 0;
   uint64_t num_params = 0;  // GGUF: sum of tensor elements; llama2.c: from the header
+  bool tied_embeddings = false;  // the classifier is the embedding (no output.weight)
 
   policies::ModelShape shape() const {
     return {num_layers, num_heads, num_kv_heads, head_dim, max_seq_len};
@@ -37,6 +40,15 @@ struct ModelInfo {
   }
   // Bytes of the weights once dequantized to f32 at load (DESIGN.md "Model and engine").
   uint64_t f32_weight_bytes() const { return num_params * sizeof(float); }
+  // f32 weight bytes one rank of a tensor-parallel group of `degree` holds: the embedding, the
+  // classifier and the norms are replicated (engine/tensor_parallel.h), the rest is split.
+  uint64_t f32_weight_bytes_per_rank(int degree) const {
+    const uint64_t replicated =
+        static_cast<uint64_t>(vocab_size) * dim * (tied_embeddings ? 1 : 2) +
+        static_cast<uint64_t>(dim) * (2 * num_layers + 1);
+    const uint64_t split = num_params > replicated ? num_params - replicated : 0;
+    return (replicated + split / std::max(1, degree)) * sizeof(float);
+  }
 };
 
 // Reads the header (format by magic bytes, as engine::load_model does). Throws a usage error if

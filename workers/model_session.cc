@@ -65,6 +65,15 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
     if (tokenizer_path.size() > 5 &&
         tokenizer_path.compare(tokenizer_path.size() - 5, 5, ".json") == 0) {
       lm.tokenizer = tokenizer::load_hf_tokenizer_json(tokenizer_path);
+    } else if (gguf) {
+      // A llama2.c tokenizer.bin for a GGUF model (e.g. a test model without tokenizer
+      // metadata): the vocabulary size is the embedding's second dimension.
+      std::shared_ptr<formats::GgufFile> g = formats::GgufFile::open(model_path);
+      const formats::GgufTensorInfo* emb = g->find_tensor("token_embd.weight");
+      KVB_CHECK(emb && emb->dims.size() == 2)
+          << model_path << ": tensor token_embd.weight missing or not 2-D";
+      lm.tokenizer = tokenizer::load_llama2c_tokenizer(tokenizer_path,
+                                                       static_cast<int32_t>(emb->dims[1]));
     } else {
       // llama2.c: the vocabulary size is the checkpoint header's 6th int32 (sign: tied classifier).
       int32_t hdr[7] = {0, 0, 0, 0, 0, 0, 0};

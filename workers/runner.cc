@@ -35,24 +35,21 @@ double percentile(std::vector<double> v, double p) {
   return v[idx];
 }
 
-// Occupancy and memory sampled after prefill compression and after each step.
+// Occupancy and memory sampled after prefill compression and after each step. Under tensor
+// parallelism each rank records its own heads per sample and finish() combines the ranks once
+// (sums of slots and bytes, maxima of lengths, per sample), so no step pays a collective.
 class Tracker {
  public:
-  Tracker(const kernels::KvCache& cache) : cache_(cache) {}
+  Tracker(const kernels::KvCache& cache, kernels::Communicator* tp) : cache_(cache), tp_(tp) {}
   void sample() {
-    const auto& s = cache_.shape();
-    const double heads = static_cast<double>(s.num_layers) * s.num_kv_heads;
-    sum_ += cache_.total_slots() / heads;
-    ++n_;
-    peak_ = std::max(peak_, cache_.max_length());
-    kv_peak_ = std::max(kv_peak_, cache_.logical_bytes());
-    phys_peak_ = std::max(phys_peak_, cache_.physical_bytes());
+    slots_.push_back(cache_.total_slots());
+    longest_.push_back(cache_.max_length());
+    logical_.push_back(cache_.logical_bytes());
+    physical_.push_back(cache_.physical_bytes());
   }
-  void finish(UnitMeasurements& m) const {
+  void finish(UnitMeasurements& m) {
     const auto& s = cache_.shape();
-    m.occupancy_mean = n_ ? sum_ / n_ : 0;
-    m.occupancy_final =
-        static_cast<double>(cache_.total_slots()) / (static_cast<double>(s.num_layers) * s.num_kv_heads);
+    sample();  // the final state counts toward the peaks too (the last step is sampled only here)
     int lo = INT32_MAX, hi = 0;
     for (int l = 0; l < s.num_layers; ++l) {
       for (int h = 0; h < s.num_kv_heads; ++h) {
@@ -60,26 +57,58 @@ class Tracker {
         hi = std::max(hi, cache_.length(l, h));
       }
     }
+    int64_t heads = s.num_kv_heads;
+    if (tp_) {
+      combine(slots_, [](int64_t a, int64_t b) { return a + b; });
+      combine(longest_, [](int64_t a, int64_t b) { return std::max(a, b); });
+      combine(logical_, [](int64_t a, int64_t b) { return a + b; });
+      combine(physical_, [](int64_t a, int64_t b) { return a + b; });
+      lo = -kernels::all_max(*tp_, -lo);
+      hi = kernels::all_max(*tp_, hi);
+      heads *= tp_->size();
+    }
+    const double per_head = static_cast<double>(s.num_layers) * heads;
+    const size_t n = slots_.size() - 1;  // samples before the final one
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += slots_[i] / per_head;
+    m.occupancy_mean = n ? sum / n : 0;
+    m.occupancy_final = slots_.back() / per_head;
     m.occupancy_min_final = lo;
     m.occupancy_max_final = hi;
-    // The final state counts toward the peaks too (the last step is sampled only here).
-    m.kv_bytes_final = cache_.logical_bytes();
-    m.kv_bytes_peak = std::max(kv_peak_, m.kv_bytes_final);
-    m.kv_physical_peak = std::max(phys_peak_, cache_.physical_bytes());
-    m.occupancy_peak = std::max(peak_, cache_.max_length());
+    m.kv_bytes_final = logical_.back();
+    m.kv_bytes_peak = *std::max_element(logical_.begin(), logical_.end());
+    m.kv_physical_peak = *std::max_element(physical_.begin(), physical_.end());
+    m.occupancy_peak = static_cast<int>(*std::max_element(longest_.begin(), longest_.end()));
   }
 
  private:
+  // Element-wise over the ranks' series (every rank sampled at the same points).
+  template <typename Op>
+  void combine(std::vector<int64_t>& v, Op op) {
+    const std::vector<std::vector<int64_t>> all = kernels::all_gather_vectors(*tp_, v);
+    for (size_t r = 1; r < all.size(); ++r) {
+      KVB_CHECK(all[r].size() == v.size()) << "tensor-parallel ranks sampled the cache "
+                                           << v.size() << " and " << all[r].size() << " times";
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = all[0][i];
+      for (size_t r = 1; r < all.size(); ++r) v[i] = op(v[i], all[r][i]);
+    }
+  }
+
   const kernels::KvCache& cache_;
-  double sum_ = 0;
-  int n_ = 0;
-  int peak_ = 0;
-  size_t kv_peak_ = 0, phys_peak_ = 0;
+  kernels::Communicator* tp_;
+  std::vector<int64_t> slots_, longest_, logical_, physical_;
 };
 
+// Under tensor parallelism the ranks decide together (one byte all-gathered per check), so
+// that no rank stops while the others wait in a collective.
 void check_deadline(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
-                    const tasks::Sample& s) {
-  if (rs.time_limit_s > 0 && ms_since(t0) > rs.time_limit_s * 1000.0) {
+                    const tasks::Sample& s, kernels::Communicator* tp) {
+  if (rs.time_limit_s <= 0) return;
+  bool over = ms_since(t0) > rs.time_limit_s * 1000.0;
+  if (tp) over = kernels::any_rank(*tp, over);
+  if (over) {
     throw UnitTimeout("sample " + s.id + ": unit time limit of " +
                       std::to_string(rs.time_limit_s) + " s exceeded");
   }
@@ -168,10 +197,16 @@ void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int3
   }
 }
 
+kernels::CommStats comm_stats(const engine::Engine& engine) {
+  return engine.tp() ? engine.tp()->stats() : kernels::CommStats{};
+}
+
 UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& s,
-                   const policies::PolicyConfig& pc, const RunSettings& rs,
-                   const SharedPrefill* shared) {
+                   const policies::PolicyConfig& unit_pc, const RunSettings& rs,
+                   const SharedPrefill* shared, size_t unit_index) {
   const engine::ModelConfig& c = lm.model->config;
+  policies::PolicyConfig pc = unit_pc;
+  pc.tp = engine.tp();
   std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
   UnitOutput out;
   UnitMeasurements& m = out.m;
@@ -190,9 +225,10 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
     KVB_USAGE_CHECK(ids.size() >= 2) << "sample " << s.id << ": the text has " << ids.size()
                                      << " tokens; perplexity needs at least 2";
     kernels::KvCache cache = engine.new_cache(static_cast<int>(ids.size()), policy.get());
-    Tracker tr(cache);
+    Tracker tr(cache, engine.tp());
     policy->begin_sequence(1);
     std::vector<double> steps;
+    const kernels::CommStats comm0 = comm_stats(engine);
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t t = 0; t + 1 < ids.size(); ++t) {
       const auto ts = std::chrono::steady_clock::now();
@@ -200,15 +236,18 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
                      engine::PolicyHook::kDecode);
       steps.push_back(ms_since(ts));
       out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
-      check_deadline(rs, t0, s);
+      check_deadline(rs, t0, s, engine.tp());
       tr.sample();
     }
     m.decode_ms = ms_since(t0);
+    m.tp_decode_comm = comm_stats(engine) - comm0;
+    m.tp_decode_steps = static_cast<int>(steps.size());
     m.prompt_tokens = static_cast<int>(ids.size());
     m.decode_ms_p50 = percentile(steps, 50);
     m.decode_ms_p99 = percentile(steps, 99);
     m.tokens_per_s = steps.empty() ? 0 : steps.size() * 1000.0 / m.decode_ms;
     tr.finish(m);
+    if (rs.on_final_cache) rs.on_final_cache(unit_index, cache, *policy);
   } else {
     PromptTokens p = build_prompt(lm, s, rs);
     m.truncated_tokens = p.truncated;
@@ -218,7 +257,8 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
     KVB_CHECK(p.size() > 0) << "sample " << s.id << ": empty prompt";
     kernels::KvCache cache =
         engine.new_cache(static_cast<int>(p.size()) + std::max(1, s.max_new_tokens), policy.get());
-    Tracker tr(cache);
+    Tracker tr(cache, engine.tp());
+    const kernels::CommStats comm0 = comm_stats(engine);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<int32_t> first, rest;
     split_prompt(p, rs, &first, &rest);
@@ -242,6 +282,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
     }
     m.prefill_ms = shared_ms + ms_since(t0);
     m.prefill_shared = shared_ms > 0;
+    m.tp_prefill_comm = comm_stats(engine) - comm0;
     tr.sample();
 
     if (s.kind == tasks::SampleKind::kChoice) {
@@ -257,7 +298,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
           engine.forward({&ids[t], 1}, fork, engine::LogitsMode::kLast, &l, fork_policy.get(),
                          engine::PolicyHook::kDecode);
           ll += log_prob(l, ids[t + 1]);
-          check_deadline(rs, t0, s);
+          check_deadline(rs, t0, s, engine.tp());
         }
         out.prediction.choice_logliks.push_back(ll);
       }
@@ -272,7 +313,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
       std::string stopped_text;
       bool stopped = false;
       auto on_token = [&](int32_t id) {
-        check_deadline(rs, t0, s);
+        check_deadline(rs, t0, s, engine.tp());
         if (first_token) {
           m.ttft_ms = ms_since(t0);
           first_token = false;
@@ -295,8 +336,11 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
         }
         return true;
       };
+      const kernels::CommStats comm1 = comm_stats(engine);
       engine::GenerateResult r =
           engine::generate_from(engine, cache, logits, go, on_token, policy.get());
+      m.tp_decode_comm = comm_stats(engine) - comm1;
+      m.tp_decode_steps = r.decode_steps;
       if (first_token) m.ttft_ms = ms_since(t0);
       out.prediction.text = stopped ? stopped_text : lm.tokenizer->decode(r.tokens, true);
       m.generated_tokens = static_cast<int>(r.tokens.size());
@@ -306,9 +350,18 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
       m.tokens_per_s = r.decode_steps > 0 ? r.decode_steps * 1000.0 / r.decode_ms : 0;
     }
     tr.finish(m);
+    if (rs.on_final_cache) rs.on_final_cache(unit_index, cache, *policy);
   }
   m.policy_ms = engine.policy_ms() - policy_ms0;
   m.policy_state_bytes = policy->state_bytes();
+  if (engine.tp()) {
+    // Every rank's policy state (each holds its own heads').
+    uint64_t total = 0;
+    for (uint64_t b : kernels::all_gather_value<uint64_t>(*engine.tp(), m.policy_state_bytes)) {
+      total += b;
+    }
+    m.policy_state_bytes = total;
+  }
   m.host_rss_peak = host_rss_peak_bytes();
   return out;
 }
@@ -317,7 +370,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
 
 UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings) {
-  return run_one(lm, engine, sample, policy, settings, nullptr);
+  return run_one(lm, engine, sample, policy, settings, nullptr, 0);
 }
 
 std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::Engine& engine,
@@ -356,7 +409,7 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::Engine& engine
   }
   for (size_t i = 0; i < policies.size(); ++i) {
     try {
-      outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get());
+      outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get(), i);
     } catch (const Error& e) {
       if (!errors || e.kind() == ErrorKind::kUsage) throw;
       (*errors)[i] = e.what();

@@ -4,6 +4,7 @@
 // code path serves `kvbench eval` and the sweep workers.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct RunSettings {
   double time_limit_s = 0;    // per unit (0: none)
   QuestionPlacement question = QuestionPlacement::kInPrompt;
   engine::SamplingParams sampling;  // greedy by default
+  // Called with each unit's final cache (index into run_bundle's policies; 0 for run_sample):
+  // after generation, after the prompt for choice scoring, after the stream for perplexity.
+  // Under tensor parallelism every rank calls it with its own heads. Tests dump keep-sets here.
+  std::function<void(size_t unit, const kernels::KvCache& cache, const policies::Policy& policy)>
+      on_final_cache;
 };
 
 struct UnitMeasurements {
@@ -56,6 +62,11 @@ struct UnitMeasurements {
   int occupancy_max_final = 0;
   size_t host_rss_peak = 0;    // bytes (VmHWM)
   bool prefill_shared = false;  // the prompt's forward pass was shared with other policies
+  // Tensor parallelism (engine.tp()): this rank's collectives during the prompt (prefill and a
+  // question streamed after compression) and during the decode steps (generation or the
+  // perplexity stream), and the number of decode steps. Zero without a group.
+  kernels::CommStats tp_prefill_comm, tp_decode_comm;
+  int tp_decode_steps = 0;
 };
 
 struct UnitOutput {
@@ -63,8 +74,12 @@ struct UnitOutput {
   UnitMeasurements m;
 };
 
-// Precondition: `engine` was built on lm.model. Throws kvb::Error on bad samples (e.g. a prompt
-// that cannot fit) — callers record that as the unit's error.
+// Precondition: `engine` was built on lm.model. Under tensor parallelism (engine.tp()), every
+// rank of the group runs the same call on its shard; policies get the group (PolicyConfig::tp),
+// measurements are the group's (KV bytes and occupancy over all heads; times of this rank), the
+// unit time limit is decided together (any rank over the limit stops every rank). Throws
+// kvb::Error on bad samples (e.g. a prompt that cannot fit) — callers record that as the unit's
+// error.
 UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings);
 

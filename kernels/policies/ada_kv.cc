@@ -2,7 +2,8 @@
 // code's alpha floor): a layer's per-head base (snapkv: kv_budget - w; pyramidkv: the layer's
 // pyramid budget) is reallocated across its KV heads by the global top-(h*base) of the pooled
 // scores: B_i = round_half_even((1-alpha)*count_i + floor(alpha*base)), capped by the prefix.
-// Heads of one layer end with different lengths; no decode eviction.
+// Heads of one layer end with different lengths; no decode eviction. Under tensor parallelism
+// the top-k is taken over the heads of every rank (an all-gather of the candidates per layer).
 #include <algorithm>
 #include <vector>
 
@@ -41,10 +42,60 @@ class AdaKv final : public SnapKvFamily {
     }
     const kernels::cpu::RaggedScores ragged{s.scores.data(), positions.data(), s.lengths.data(),
                                             heads, s.ld};
-    kernels::cpu::ada_head_budgets(ragged, base, alpha_, budgets);
+    if (tp_size() == 1) {
+      kernels::cpu::ada_head_budgets(ragged, base, alpha_, budgets);
+      return;
+    }
+    // Tensor parallelism: the top-k spans the heads of every rank. All-gather each local head's
+    // candidates (score, position), rebuild the layer's scores in global head order, and run
+    // the single-device selection on them: the counts, hence the budgets, equal one device's.
+    // (Only a rank's own top-k candidates could be in the global top-k; sending all of them is
+    // simpler and costs heads x prefix x 8 bytes per layer, once per prompt.)
+    std::vector<int32_t> counts(heads);
+    tp_global_counts(ragged, base, counts.data());
+    kernels::cpu::ada_budgets_from_counts(counts.data(), s.lengths.data(), heads, base, alpha_,
+                                          budgets);
   }
 
  private:
+  // counts[h] for the local heads of the global top-(H * base), H = every rank's heads.
+  void tp_global_counts(const kernels::cpu::RaggedScores& local, int base, int32_t* counts) const {
+    kernels::Communicator& comm = *config_.tp;
+    std::vector<float> scores;
+    std::vector<int32_t> positions, lengths(local.lengths, local.lengths + local.num_heads);
+    for (int h = 0; h < local.num_heads; ++h) {
+      const size_t row = static_cast<size_t>(h) * local.ld;
+      scores.insert(scores.end(), local.scores + row, local.scores + row + local.lengths[h]);
+      positions.insert(positions.end(), local.positions + row,
+                       local.positions + row + local.lengths[h]);
+    }
+    const auto all_lengths = kernels::all_gather_vectors(comm, lengths);
+    const auto all_scores = kernels::all_gather_vectors(comm, scores);
+    const auto all_positions = kernels::all_gather_vectors(comm, positions);
+    std::vector<int32_t> g_lengths;
+    for (const auto& l : all_lengths) g_lengths.insert(g_lengths.end(), l.begin(), l.end());
+    const int g_heads = static_cast<int>(g_lengths.size());
+    int ld = 0;
+    for (int32_t l : g_lengths) ld = std::max(ld, static_cast<int>(l));
+    std::vector<float> g_scores(static_cast<size_t>(g_heads) * ld);
+    std::vector<int32_t> g_positions(g_scores.size());
+    int gh = 0;
+    for (int r = 0; r < comm.size(); ++r) {
+      size_t at = 0;
+      for (int32_t len : all_lengths[r]) {
+        const size_t row = static_cast<size_t>(gh++) * ld;
+        std::copy_n(all_scores[r].begin() + at, len, g_scores.begin() + row);
+        std::copy_n(all_positions[r].begin() + at, len, g_positions.begin() + row);
+        at += len;
+      }
+    }
+    std::vector<int32_t> g_counts(g_heads);
+    const kernels::cpu::RaggedScores global{g_scores.data(), g_positions.data(), g_lengths.data(),
+                                            g_heads, ld};
+    kernels::cpu::global_topk_counts(global, g_heads * base, g_counts.data());
+    std::copy_n(g_counts.begin() + global_head(0), local.num_heads, counts);
+  }
+
   bool pyramid_ = false;
   double alpha_ = 0.5;
   int beta_ = 0;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/options.h"
+#include "kernels/comm.h"
 #include "kernels/kv_cache.h"
 
 namespace kvb::policies {
@@ -34,6 +35,13 @@ struct PolicyConfig {
   ModelShape shape;
   PolicyOptions options;
   uint64_t seed = 0;  // per unit; randomised policies draw from (seed, layer, head, step)
+  // Tensor parallelism: the group this rank's share of the heads belongs to (null: one device).
+  // `shape` is then the rank's LOCAL shape (num_heads / size query heads, num_kv_heads / size KV
+  // heads); the rank holds global KV heads [rank * local, (rank + 1) * local). Decisions that
+  // span heads (Ada-KV's top-k, TOVA's layer mean, the prompt length of a layer) go through the
+  // group's collectives; seeds and orders use global head indices, so a policy decides exactly
+  // as on one device.
+  kernels::Communicator* tp = nullptr;
 };
 
 // Statistics the engine hands to a hook. Probabilities are per QUERY head (num_heads rows),
@@ -84,6 +92,11 @@ class Policy {
   int cache_kv_heads() const {
     return gqa_expand_ ? config_.shape.num_heads : config_.shape.num_kv_heads;
   }
+  // Tensor parallelism (PolicyConfig::tp): this rank, the group size, and the global index of
+  // local cache head h (the same numbering a single device uses).
+  int tp_rank() const { return config_.tp ? config_.tp->rank() : 0; }
+  int tp_size() const { return config_.tp ? config_.tp->size() : 1; }
+  int global_head(int h) const { return tp_rank() * cache_kv_heads() + h; }
 
   // How the engine feeds the prompt: oneshot (full causal prefill, then on_prefill_layer per
   // layer) or streaming (token by token through on_decode_layer).

@@ -1,8 +1,9 @@
 // `random`: seeded uniform eviction (POLICIES.md "Further baselines"; kvpress RandomPress), the
 // floor any real policy must beat. After prefill each head keeps a uniformly random
 // kv_budget-subset; at each decode step it evicts one uniformly random token. Every draw comes
-// from a counter-based generator keyed by (config.seed, layer, head, step, token position), so a
-// unit is reproducible and independent of thread order; no state is carried between steps.
+// from a counter-based generator keyed by (config.seed, layer, global head, step, token
+// position), so a unit is reproducible and independent of thread order and of tensor
+// parallelism; no state is carried between steps.
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -55,7 +56,10 @@ class Random final : public Policy {
       const int32_t step = pos[len - 1];
       keys.resize(len);
       // Ties between 64-bit draws are practically impossible; the slot index settles them anyway.
-      for (int s = 0; s < len; ++s) keys[s] = {draw(config().seed, layer, h, step, pos[s]), s};
+      // Global head indices: a tensor-parallel rank draws what one device draws for that head.
+      for (int s = 0; s < len; ++s) {
+        keys[s] = {draw(config().seed, layer, global_head(h), step, pos[s]), s};
+      }
       std::nth_element(keys.begin(), keys.begin() + kv_budget(), keys.end());
       keep.resize(kv_budget());
       for (int i = 0; i < kv_budget(); ++i) keep[i] = keys[i].second;

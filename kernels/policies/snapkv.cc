@@ -37,6 +37,9 @@ void SnapKvFamily::on_prefill_layer(const LayerStats& st, kernels::KvCache& cach
   const int heads = cache.shape().num_kv_heads;
   int prompt_len = 0;
   for (int h = 0; h < heads; ++h) prompt_len = std::max(prompt_len, cache.length(st.layer, h));
+  // The layer's longest head over every rank of a tensor-parallel group (equal after a fresh
+  // prefill; a cache compressed before may differ per head).
+  if (config_.tp) prompt_len = kernels::all_max(*config_.tp, prompt_len);
   std::vector<int32_t>& budgets = head_budgets_[st.layer];
   budgets.assign(heads, 0);
 

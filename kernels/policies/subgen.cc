@@ -153,7 +153,8 @@ class SubGen final : public Policy {
     const int32_t* pos = view.position(h);
     for (int slot = sinks; slot < first_recent; ++slot) {
       const cpu::SubgenCounter counter{config().seed, static_cast<uint32_t>(layer),
-                                       static_cast<uint32_t>(h), static_cast<uint64_t>(pos[slot])};
+                                       static_cast<uint32_t>(global_head(h)),
+                                       static_cast<uint64_t>(pos[slot])};
       cpu::subgen_absorb(p, counter, view.key(h, slot), view.value(h, slot), u.sketch);
     }
     std::vector<int32_t> keep;

@@ -50,7 +50,23 @@ class Tova final : public Policy {
       score.resize(len);
       // Every query head, each over its own KV head's slots (slot s is the same token in every
       // head, since the heads of this layer always keep the same set).
-      reduce_gqa(last, row_stride, st.num_heads, len, GqaReduce::kMean, score.data());
+      if (tp_size() == 1) {
+        reduce_gqa(last, row_stride, st.num_heads, len, GqaReduce::kMean, score.data());
+      } else {
+        // Tensor parallelism: the mean runs over the query heads of every rank, in global head
+        // order, exactly as one device adds them (an all-gather of heads x len floats).
+        std::vector<float> rows(static_cast<size_t>(st.num_heads) * len);
+        for (int q = 0; q < st.num_heads; ++q) {
+          std::copy_n(last + q * row_stride, len, &rows[static_cast<size_t>(q) * len]);
+        }
+        for (int other : kernels::all_gather_value(*config().tp, len)) {
+          KVB_CHECK(other == len) << "tova_reduce=layer: layer " << st.layer << " holds " << len
+                                  << " slots on this rank but " << other << " on another";
+        }
+        std::vector<float> all(rows.size() * tp_size());
+        config().tp->all_gather(rows.data(), rows.size() * sizeof(float), all.data());
+        reduce_gqa(all.data(), len, st.num_heads * tp_size(), len, GqaReduce::kMean, score.data());
+      }
       keep.resize(len);
       keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
       for (int h = 0; h < heads; ++h) cache.keep_slots(st.layer, h, keep);

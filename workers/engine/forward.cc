@@ -17,7 +17,8 @@ namespace kvb::engine {
 
 namespace cpu = kvb::kernels::cpu;
 
-Engine::Engine(const Model& model) : model_(model) {}
+Engine::Engine(const Model& model, kernels::Communicator* tp)
+    : model_(model), tp_(tp && tp->size() > 1 ? tp : nullptr) {}
 
 kernels::KvCache Engine::new_cache(int initial_capacity, const policies::Policy* policy) const {
   const ModelConfig& c = model_.config;
@@ -84,6 +85,8 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
     if (req.pre_rope_keys) pre_rope_k_.assign(k_.begin(), k_.begin() + N * KVD);
     attend_layer(l, n, cache, policy, hook, req, last_w, scale, record);
     cpu::matmul(proj_.data(), att_.data(), w.wo.data(), nullptr, n, QD, D);
+    // Row-parallel projections: each rank's product over its heads (columns) is a partial sum.
+    if (tp_) tp_->all_reduce_sum(proj_.data(), N * D);
     for (size_t i = 0; i < N * D; ++i) x_[i] += proj_[i];
 
     cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), n, D, c.norm_eps);
@@ -91,6 +94,7 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, L
     cpu::matmul(up_.data(), xb_.data(), w.w_up.data(), nullptr, n, D, H);
     cpu::swiglu(gate_.data(), up_.data(), N * H);
     cpu::matmul(proj_.data(), gate_.data(), w.w_down.data(), nullptr, n, H, D);
+    if (tp_) tp_->all_reduce_sum(proj_.data(), N * D);
     for (size_t i = 0; i < N * D; ++i) x_[i] += proj_[i];
   }
   cache.advance_position(n);

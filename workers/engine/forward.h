@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/comm.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/model.h"
@@ -46,8 +47,13 @@ bool can_share_prefill(const policies::Policy& policy);
 
 class Engine {
  public:
-  explicit Engine(const Model& model);
+  // tp: the tensor-parallel group when `model` is this rank's shard (engine/tensor_parallel.h);
+  // null (or a group of 1) for a whole model. With a group, forward() all-reduces the outputs of
+  // the two row-parallel projections of every layer (attention output, MLP down), every rank of
+  // the group must call forward() with the same tokens, and every rank gets the same logits.
+  explicit Engine(const Model& model, kernels::Communicator* tp = nullptr);
   const Model& model() const { return model_; }
+  kernels::Communicator* tp() const { return tp_; }
   const ModelConfig& config() const { return model_.config; }
   // Milliseconds spent inside policy hooks (scoring, selection, compaction) since construction:
   // the eviction overhead, measured apart from attention. Attention statistics are not included.
@@ -81,6 +87,7 @@ class Engine {
                     PrefillRecord* record);
 
   const Model& model_;
+  kernels::Communicator* tp_ = nullptr;
   double policy_ms_ = 0;
   int64_t prefills_ = 0;
   std::vector<float> slice_;  // apply_recorded_prefill: last-w rows of one policy
