@@ -493,9 +493,9 @@ int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGr
 int cmd_sweep(const std::vector<std::string>& args) {
   SweepArgs a;
   po::options_description desc(
-      "usage: kvbench sweep CONFIG --db FILE [--resume] [options]\n"
-      "       mpirun -np N kvbench sweep CONFIG --db FILE [--resume]\n"
-      "       mpirun -np 1+k*G kvbench sweep CONFIG --db FILE --gpus-per-worker G --device cpu\n\n"
+      "usage: kvbench sweep CONFIG [--db FILE] [--resume] [options]\n"
+      "       mpirun -np N kvbench sweep CONFIG [--db FILE] [--resume]\n"
+      "       mpirun -np 1+k*G kvbench sweep CONFIG [--db FILE] --gpus-per-worker G --device cpu\n\n"
       "Expands the experiment matrix CONFIG (YAML; see configs/README.md) into units, skips those\n"
       "the database already finished, and runs the rest: under mpirun rank 0 coordinates and\n"
       "writes the database while ranks 1..N-1 run bundles; without mpirun one process does both.\n"
@@ -503,7 +503,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "over their ranks (tensor parallelism; harness/README.md \"Tensor-parallel workers\").\n"
       "Prints a summary table (md) on stdout; progress with an ETA on stderr.\n\noptions");
   desc.add_options()("help,h", "print this help")
-      ("db", po::value(&a.db), "results database (SQLite; created if missing)")
+      ("db", po::value(&a.db),
+       "results database (SQLite; created if missing); default out/<config name>.db")
       ("resume", po::bool_switch(&a.resume),
        "continue after a crash: units in flight go back to pending (crashed after 2 crashes)")
       ("rerun", po::bool_switch(&a.rerun), "run finished units of this matrix again")
@@ -571,7 +572,17 @@ int cmd_sweep(const std::vector<std::string>& args) {
   omp_set_num_threads(threads);
   try {
     KVB_USAGE_CHECK(!a.config.empty()) << "give the CONFIG file (see kvbench sweep --help)";
-    KVB_USAGE_CHECK(!a.db.empty()) << "--db FILE is required (see kvbench sweep --help)";
+    if (a.db.empty()) {
+      // out/<config stem>.db, as scripts/quickstart.sh names its database.
+      a.db = "out/" + std::filesystem::path(a.config).stem().string() + ".db";
+      if (comm.rank() == 0) {
+        std::error_code ec;
+        std::filesystem::create_directories("out", ec);
+        KVB_USAGE_CHECK(!ec) << "no --db given and cannot create out/ for " << a.db << ": "
+                             << ec.message() << " (pass --db FILE)";
+        KVB_LOG_INFO << "no --db given: results go to " << a.db;
+      }
+    }
     return comm.rank() == 0 ? coordinate(a, comm, layout) : work(a, comm, layout, group);
   } catch (const Error& e) {
     if (comm.size() > 1) {
