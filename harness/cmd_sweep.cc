@@ -29,6 +29,7 @@
 #include "harness/sweep_tp.h"
 #include "harness/sweep_wire.h"
 #include "common/table.h"
+#include "results/analysis.h"
 #include "results/store.h"
 #include "workers/engine/tensor_parallel.h"
 #include "workers/runner.h"
@@ -333,18 +334,13 @@ class Progress {
 };
 
 void print_summary(results::Store& store, const std::set<std::string>& declared, std::ostream& os) {
-  // Mean of each metric per task x policy x budget, with counts by status.
-  const results::QueryResult q = store.query(
-      "SELECT u.task, u.policy, COALESCE(u.kv_budget_spec, ''), m.name, COUNT(m.value), "
-      "AVG(m.value) FROM units u JOIN metrics m ON m.unit_key = u.unit_key WHERE u.status = 'ok' "
-      "GROUP BY 1, 2, 3, 4 ORDER BY 1, 4, 2, 3");
-  Table t({"task", "policy", "kv_budget", "metric", "n", "mean"});
-  for (const auto& r : q.rows) {
-    if (!declared.count(r[3].text)) continue;  // aggregation helpers (e.g. perplexity's nll sums)
-    std::ostringstream mean;
-    mean << std::fixed << std::setprecision(4) << std::stod(r[5].text.empty() ? "nan" : r[5].text);
-    t.add({r[0].text, r[1].text, r[2].text.empty() ? "-" : r[2].text, r[3].text, r[4].text,
-           mean.str()});
+  // Mean of each declared metric per model x task x policy x budget with its t interval (the
+  // cells of `kvbench query summary` and the report), then counts by status.
+  Table t({"model", "task", "policy", "kv_budget", "metric", "n", "mean", "ci95 lo", "ci95 hi"});
+  for (const results::ScoreCell& c : results::score_cells(store, {})) {
+    if (!declared.count(c.metric)) continue;  // aggregation helpers (e.g. perplexity's nll sums)
+    t.add({c.model, c.task, c.policy, c.budget, c.metric, std::to_string(c.ci.n),
+           results::fixed(c.ci.mean), results::fixed(c.ci.lo), results::fixed(c.ci.hi)});
   }
   t.print(os, "md");
   const results::QueryResult s =

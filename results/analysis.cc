@@ -27,10 +27,11 @@ std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
   return out;
 }
 
-// The ORDER of cells: task, metric, policy (full first), budget (numeric).
+// The order of cells: model, task, metric, policy (full first), budget (numeric).
 template <class T>
 void sort_cells(std::vector<T>& v) {
   std::stable_sort(v.begin(), v.end(), [](const T& a, const T& b) {
+    if (a.model != b.model) return a.model < b.model;
     if (a.task != b.task) return a.task < b.task;
     if (a.metric != b.metric) return a.metric < b.metric;
     if (a.policy != b.policy) return policy_before(a.policy, b.policy);
@@ -130,15 +131,15 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
   const std::string where = filter.sql(&params, true);
   const QueryResult r = store.query(
       "SELECT u.task, m.name, m.higher_is_better, u.policy, u.kv_budget_spec, m.value, "
-      "x.kv_bytes_peak FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
+      "x.kv_bytes_peak, u.model FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
       "LEFT JOIN measurements x ON x.unit_key = u.unit_key "
       "WHERE u.status = 'ok' AND m.value IS NOT NULL" + where,
       params);
-  std::map<std::tuple<std::string, std::string, std::string, std::string>,
-           std::pair<std::vector<double>, std::vector<double>>> groups;
-  std::map<std::tuple<std::string, std::string, std::string, std::string>, bool> hib;
+  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string>;
+  std::map<Key, std::pair<std::vector<double>, std::vector<double>>> groups;
+  std::map<Key, bool> hib;
   for (const auto& row : r.rows) {
-    const auto key = std::make_tuple(row[0].text, row[1].text, row[3].text, budget_label(row[4].text));
+    const Key key{row[7].text, row[0].text, row[1].text, row[3].text, budget_label(row[4].text)};
     groups[key].first.push_back(num(row[5]));
     if (row[6].kind != QueryValue::kNull) groups[key].second.push_back(num(row[6]));
     hib[key] = row[2].text == "1";
@@ -148,19 +149,21 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
   const std::string swhere = filter.sql(&sp, false);
   const QueryResult s = store.query(
       "SELECT u.task, u.policy, u.kv_budget_spec, SUM(u.status = 'ok'), SUM(u.status = 'error'), "
-      "SUM(u.status IN ('timeout', 'oom', 'crashed')), SUM(u.status IN ('pending', 'running')) "
-      "FROM units u WHERE 1" + swhere + " GROUP BY u.task, u.policy, u.kv_budget_spec",
+      "SUM(u.status IN ('timeout', 'oom', 'crashed')), SUM(u.status IN ('pending', 'running')), "
+      "u.model FROM units u WHERE 1" + swhere +
+          " GROUP BY u.model, u.task, u.policy, u.kv_budget_spec",
       sp);
-  std::map<std::tuple<std::string, std::string, std::string>, std::array<int, 4>> status;
+  std::map<std::tuple<std::string, std::string, std::string, std::string>, std::array<int, 4>>
+      status;
   for (const auto& row : s.rows) {
-    status[{row[0].text, row[1].text, budget_label(row[2].text)}] = {
+    status[{row[7].text, row[0].text, row[1].text, budget_label(row[2].text)}] = {
         std::atoi(row[3].text.c_str()), std::atoi(row[4].text.c_str()),
         std::atoi(row[5].text.c_str()), std::atoi(row[6].text.c_str())};
   }
   std::vector<ScoreCell> out;
   for (const auto& [key, values] : groups) {
     ScoreCell c;
-    std::tie(c.task, c.metric, c.policy, c.budget) = key;
+    std::tie(c.model, c.task, c.metric, c.policy, c.budget) = key;
     c.higher_is_better = hib[key];
     c.ci = mean_ci(values.first);
     if (!values.second.empty()) {
@@ -168,7 +171,7 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
       for (double b : values.second) sum += b;
       c.kv_bytes_peak = sum / values.second.size();
     }
-    const auto st = status[{c.task, c.policy, c.budget}];
+    const auto st = status[{c.model, c.task, c.policy, c.budget}];
     c.ok = st[0];
     c.error = st[1];
     c.failed = st[2];
@@ -185,8 +188,8 @@ std::vector<PairedRow> vs_full(const Store& store, const Filter& filter) {
   // Each non-full unit joined with `full`'s unit on the same sample (same model file, task
   // options, question placement), with their values of each metric.
   const QueryResult r = store.query(
-      "SELECT u.task, u.policy, u.kv_budget_spec, m.name, m.higher_is_better, m.value, fm.value "
-      "FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
+      "SELECT u.task, u.policy, u.kv_budget_spec, m.name, m.higher_is_better, m.value, fm.value, "
+      "u.model FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
       "JOIN units f ON f.policy = 'full' AND f.status = 'ok' AND f.task = u.task "
       "AND f.model_sha256 = u.model_sha256 AND f.task_options = u.task_options "
       "AND f.sample_id = u.sample_id AND f.question = u.question "
@@ -194,11 +197,11 @@ std::vector<PairedRow> vs_full(const Store& store, const Filter& filter) {
       "WHERE u.policy <> 'full' AND u.status = 'ok' AND m.value IS NOT NULL "
       "AND fm.value IS NOT NULL" + where + " ORDER BY u.sample_id, u.unit_key",
       params);
-  std::map<std::tuple<std::string, std::string, std::string, std::string>,
-           std::pair<std::vector<double>, std::vector<double>>> groups;
-  std::map<std::tuple<std::string, std::string, std::string, std::string>, bool> hib;
+  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string>;
+  std::map<Key, std::pair<std::vector<double>, std::vector<double>>> groups;
+  std::map<Key, bool> hib;
   for (const auto& row : r.rows) {
-    const auto key = std::make_tuple(row[0].text, row[3].text, row[1].text, budget_label(row[2].text));
+    const Key key{row[7].text, row[0].text, row[3].text, row[1].text, budget_label(row[2].text)};
     groups[key].first.push_back(num(row[5]));
     groups[key].second.push_back(num(row[6]));
     hib[key] = row[4].text == "1";
@@ -206,7 +209,7 @@ std::vector<PairedRow> vs_full(const Store& store, const Filter& filter) {
   std::vector<PairedRow> out;
   for (const auto& [key, ab] : groups) {
     PairedRow p;
-    std::tie(p.task, p.metric, p.policy, p.budget) = key;
+    std::tie(p.model, p.task, p.metric, p.policy, p.budget) = key;
     p.higher_is_better = hib[key];
     p.mean = mean_ci(ab.first).mean;
     p.full_mean = mean_ci(ab.second).mean;
@@ -225,9 +228,9 @@ std::vector<CostRow> cost_rows(const Store& store, const Filter& filter) {
       "AVG(x.prompt_tokens), AVG(x.kv_bytes_final), AVG(x.kv_bytes_peak), "
       "AVG(x.kv_physical_peak), AVG(x.policy_state_bytes), AVG(x.occupancy_mean), "
       "MAX(x.occupancy_peak), AVG(x.prefill_ms), AVG(x.decode_ms_p50), MAX(x.decode_ms_p99), "
-      "AVG(x.tokens_per_s), AVG(x.policy_ms) "
+      "AVG(x.tokens_per_s), AVG(x.policy_ms), u.model "
       "FROM units u JOIN measurements x ON x.unit_key = u.unit_key WHERE u.status = 'ok'" +
-          where + " GROUP BY u.task, u.policy, u.kv_budget_spec, u.context_length",
+          where + " GROUP BY u.model, u.task, u.policy, u.kv_budget_spec, u.context_length",
       params);
   std::vector<CostRow> out;
   for (const auto& row : r.rows) {
@@ -249,9 +252,11 @@ std::vector<CostRow> cost_rows(const Store& store, const Filter& filter) {
     c.decode_p99 = num(row[14]);
     c.tokens_per_s = num(row[15]);
     c.policy_ms = num(row[16]);
+    c.model = row[17].text;
     out.push_back(std::move(c));
   }
   std::stable_sort(out.begin(), out.end(), [](const CostRow& a, const CostRow& b) {
+    if (a.model != b.model) return a.model < b.model;
     if (a.task != b.task) return a.task < b.task;
     if (a.policy != b.policy) return policy_before(a.policy, b.policy);
     if (a.budget != b.budget) return budget_order(a.budget) < budget_order(b.budget);
@@ -264,11 +269,12 @@ std::vector<GridCell> niah_grid(const Store& store, const Filter& filter) {
   std::vector<std::string> params;
   const std::string where = filter.sql(&params, false);
   const QueryResult r = store.query(
-      "SELECT u.policy, u.kv_budget_spec, u.context_length, u.depth, COUNT(*), AVG(m.value) "
+      "SELECT u.policy, u.kv_budget_spec, u.context_length, u.depth, COUNT(*), AVG(m.value), "
+      "u.model "
       "FROM units u JOIN metrics m ON m.unit_key = u.unit_key AND m.name = 'recall' "
       "WHERE u.task = 'niah' AND u.status = 'ok' AND m.value IS NOT NULL "
       "AND u.context_length IS NOT NULL AND u.depth IS NOT NULL" + where +
-          " GROUP BY u.policy, u.kv_budget_spec, u.context_length, u.depth",
+          " GROUP BY u.model, u.policy, u.kv_budget_spec, u.context_length, u.depth",
       params);
   std::vector<GridCell> out;
   for (const auto& row : r.rows) {
@@ -279,9 +285,11 @@ std::vector<GridCell> niah_grid(const Store& store, const Filter& filter) {
     g.depth = num(row[3]);
     g.n = std::atoi(row[4].text.c_str());
     g.recall = num(row[5]);
+    g.model = row[6].text;
     out.push_back(std::move(g));
   }
   std::stable_sort(out.begin(), out.end(), [](const GridCell& a, const GridCell& b) {
+    if (a.model != b.model) return a.model < b.model;
     if (a.policy != b.policy) return policy_before(a.policy, b.policy);
     if (a.budget != b.budget) return budget_order(a.budget) < budget_order(b.budget);
     if (a.context_length != b.context_length) return a.context_length < b.context_length;
@@ -314,10 +322,10 @@ std::vector<ScoreCell> pareto_front(const std::vector<ScoreCell>& cells) {
 }
 
 Table summary_table(const std::vector<ScoreCell>& cells) {
-  Table t({"task", "policy", "kv_budget", "metric", "n", "mean", "ci95 lo", "ci95 hi", "ok",
-           "error", "failed", "unfinished"});
+  Table t({"model", "task", "policy", "kv_budget", "metric", "n", "mean", "ci95 lo", "ci95 hi",
+           "ok", "error", "failed", "unfinished"});
   for (const auto& c : cells) {
-    t.add({c.task, c.policy, c.budget, c.metric + (c.higher_is_better ? " ↑" : " ↓"),
+    t.add({c.model, c.task, c.policy, c.budget, c.metric + (c.higher_is_better ? " ↑" : " ↓"),
            std::to_string(c.ci.n), fixed(c.ci.mean), fixed(c.ci.lo), fixed(c.ci.hi),
            std::to_string(c.ok), std::to_string(c.error), std::to_string(c.failed),
            std::to_string(c.unfinished)});
@@ -326,7 +334,7 @@ Table summary_table(const std::vector<ScoreCell>& cells) {
 }
 
 Table vs_full_table(const std::vector<PairedRow>& rows) {
-  Table t({"task", "policy", "kv_budget", "metric", "n", "mean", "full mean", "diff",
+  Table t({"model", "task", "policy", "kv_budget", "metric", "n", "mean", "full mean", "diff",
            "diff ci95 lo", "diff ci95 hi", "p", "verdict"});
   for (const auto& p : rows) {
     // The verdict reads the interval: excluding 0 means the samples support a difference.
@@ -334,7 +342,7 @@ Table vs_full_table(const std::vector<PairedRow>& rows) {
     if (p.pc.n >= 2 && (p.pc.lo > 0 || p.pc.hi < 0)) {
       verdict = (p.pc.mean_diff > 0) == p.higher_is_better ? "better" : "worse";
     }
-    t.add({p.task, p.policy, p.budget, p.metric + (p.higher_is_better ? " ↑" : " ↓"),
+    t.add({p.model, p.task, p.policy, p.budget, p.metric + (p.higher_is_better ? " ↑" : " ↓"),
            std::to_string(p.pc.n), fixed(p.mean), fixed(p.full_mean), fixed(p.pc.mean_diff),
            fixed(p.pc.lo), fixed(p.pc.hi), fixed(p.pc.p_value), verdict});
   }
@@ -346,11 +354,12 @@ std::string ctx(int c) { return c < 0 ? "-" : std::to_string(c); }
 }  // namespace
 
 Table memory_table(const std::vector<CostRow>& rows) {
-  Table t({"task", "policy", "kv_budget", "context_length", "n", "prompt tokens", "KV MiB final",
+  Table t({"model", "task", "policy", "kv_budget", "context_length", "n", "prompt tokens",
+           "KV MiB final",
            "KV MiB peak", "physical MiB peak", "policy state KiB", "occupancy mean",
            "occupancy peak"});
   for (const auto& c : rows) {
-    t.add({c.task, c.policy, c.budget, ctx(c.context_length), std::to_string(c.n),
+    t.add({c.model, c.task, c.policy, c.budget, ctx(c.context_length), std::to_string(c.n),
            fixed(c.prompt_tokens, 1), fixed(c.kv_final / 1048576.0, 3),
            fixed(c.kv_peak / 1048576.0, 3), fixed(c.physical_peak / 1048576.0, 3),
            fixed(c.policy_state / 1024.0, 1), fixed(c.occupancy_mean, 1),
@@ -360,10 +369,10 @@ Table memory_table(const std::vector<CostRow>& rows) {
 }
 
 Table latency_table(const std::vector<CostRow>& rows) {
-  Table t({"task", "policy", "kv_budget", "context_length", "n", "prefill ms",
+  Table t({"model", "task", "policy", "kv_budget", "context_length", "n", "prefill ms",
            "decode ms/tok p50", "decode ms/tok p99", "tok/s", "policy ms"});
   for (const auto& c : rows) {
-    t.add({c.task, c.policy, c.budget, ctx(c.context_length), std::to_string(c.n),
+    t.add({c.model, c.task, c.policy, c.budget, ctx(c.context_length), std::to_string(c.n),
            fixed(c.prefill_ms, 1), fixed(c.decode_p50, 2), fixed(c.decode_p99, 2),
            fixed(c.tokens_per_s, 1), fixed(c.policy_ms, 2)});
   }
@@ -371,11 +380,11 @@ Table latency_table(const std::vector<CostRow>& rows) {
 }
 
 Table niah_table(const std::vector<GridCell>& cells) {
-  Table t({"policy", "kv_budget", "context_length", "depth", "n", "recall"});
+  Table t({"model", "policy", "kv_budget", "context_length", "depth", "n", "recall"});
   for (const auto& g : cells) {
     char depth[32];
     std::snprintf(depth, sizeof(depth), "%g", g.depth);
-    t.add({g.policy, g.budget, std::to_string(g.context_length), depth, std::to_string(g.n),
+    t.add({g.model, g.policy, g.budget, std::to_string(g.context_length), depth, std::to_string(g.n),
            fixed(g.recall)});
   }
   return t;
@@ -386,27 +395,27 @@ Table failures_table(const Store& store, const Filter& filter) {
   const std::string where = filter.sql(&params, false);
   const QueryResult r = store.query(
       "SELECT u.task, u.sample_id, u.policy, u.kv_budget_spec, u.status, u.attempts, "
-      "u.crash_count, COALESCE(u.error, '') FROM units u WHERE u.status <> 'ok'" + where +
-          " ORDER BY u.status, u.task, u.sample_id, u.policy",
+      "u.crash_count, COALESCE(u.error, ''), u.model FROM units u WHERE u.status <> 'ok'" +
+          where + " ORDER BY u.status, u.model, u.task, u.sample_id, u.policy",
       params);
-  Table t({"task", "sample_id", "policy", "kv_budget", "status", "attempts", "crash_count",
-           "error"});
+  Table t({"model", "task", "sample_id", "policy", "kv_budget", "status", "attempts",
+           "crash_count", "error"});
   for (const auto& row : r.rows) {
-    t.add({row[0].text, row[1].text, row[2].text, budget_label(row[3].text), row[4].text,
+    t.add({row[8].text, row[0].text, row[1].text, row[2].text, budget_label(row[3].text), row[4].text,
            row[5].text, row[6].text, row[7].text});
   }
   return t;
 }
 
 Table pareto_table(const std::vector<ScoreCell>& cells) {
-  Table t({"task", "metric", "policy", "kv_budget", "KV MiB peak", "mean", "pareto"});
-  std::map<std::pair<std::string, std::string>, std::vector<ScoreCell>> by_metric;
-  for (const auto& c : cells) by_metric[{c.task, c.metric}].push_back(c);
+  Table t({"model", "task", "metric", "policy", "kv_budget", "KV MiB peak", "mean", "pareto"});
+  std::map<std::tuple<std::string, std::string, std::string>, std::vector<ScoreCell>> by_metric;
+  for (const auto& c : cells) by_metric[{c.model, c.task, c.metric}].push_back(c);
   for (const auto& [key, group] : by_metric) {
     std::set<std::pair<std::string, std::string>> front;
     for (const auto& f : pareto_front(group)) front.insert({f.policy, f.budget});
     for (const auto& c : group) {
-      t.add({c.task, c.metric + (c.higher_is_better ? " ↑" : " ↓"), c.policy, c.budget,
+      t.add({c.model, c.task, c.metric + (c.higher_is_better ? " ↑" : " ↓"), c.policy, c.budget,
              fixed(c.kv_bytes_peak / 1048576.0, 3), fixed(c.ci.mean),
              front.count({c.policy, c.budget}) ? "yes" : ""});
     }

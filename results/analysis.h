@@ -39,25 +39,26 @@ double budget_order(const std::string& label);
 bool policy_before(const std::string& a, const std::string& b);
 
 struct ScoreCell {
-  std::string task, metric, policy, budget;  // budget: budget_label
+  std::string model, task, metric, policy, budget;  // budget: budget_label
   bool higher_is_better = true;
   MeanCI ci;                    // over the cell's ok units with a value
   double kv_bytes_peak = kNaN;  // mean over those units
-  int ok = 0, error = 0, failed = 0, unfinished = 0;  // unit status counts of (task, policy, budget)
+  int ok = 0, error = 0, failed = 0, unfinished = 0;  // unit status counts of the cell's units
 };
 std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter);
 
 struct PairedRow {
-  std::string task, policy, budget, metric;
+  std::string model, task, policy, budget, metric;
   bool higher_is_better = true;
   double mean = 0, full_mean = 0;
   PairedComparison pc;  // of (policy - full), 10,000 resamples, seed 0
 };
 std::vector<PairedRow> vs_full(const Store& store, const Filter& filter);
 
-// Means over the ok units of (task, policy, budget, context length); context_length -1: none.
+// Means over the ok units of (model, task, policy, budget, context length); context_length -1:
+// none.
 struct CostRow {
-  std::string task, policy, budget;
+  std::string model, task, policy, budget;
   int context_length = -1;
   int n = 0;
   double prompt_tokens = 0, kv_final = 0, kv_peak = 0, physical_peak = 0, policy_state = 0;
@@ -69,7 +70,7 @@ struct CostRow {
 std::vector<CostRow> cost_rows(const Store& store, const Filter& filter);
 
 struct GridCell {
-  std::string policy, budget;
+  std::string model, policy, budget;
   int context_length = 0;
   double depth = 0;
   int n = 0;
@@ -77,7 +78,7 @@ struct GridCell {
 };
 std::vector<GridCell> niah_grid(const Store& store, const Filter& filter);
 
-// The non-dominated cells of one (task, metric): no other cell has fewer or equal KV bytes and
+// The non-dominated cells of one (model, task, metric): no other cell has fewer or equal KV bytes and
 // a better or equal score with one of them strictly better. Returned sorted by bytes.
 std::vector<ScoreCell> pareto_front(const std::vector<ScoreCell>& cells_of_one_metric);
 

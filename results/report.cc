@@ -74,13 +74,23 @@ class Styles {
   std::map<std::string, int> style_;
 };
 
-// Score vs budget per (task, metric): one series per policy with its CI band; `full` as a dashed
+// How a task is named in plot titles and ids: prefixed by its model when the database holds
+// several (single-model reports keep short ids).
+struct Scope {
+  bool multi = false;
+  std::string operator()(const std::string& model, const std::string& task) const {
+    return multi ? model + " / " + task : task;
+  }
+};
+
+// Score vs budget per (model, task, metric): one series per policy with its CI band; `full` as a dashed
 // line with its band across every budget.
-std::vector<Plot> score_plots(const std::vector<ScoreCell>& cells, const Styles& styles) {
+std::vector<Plot> score_plots(const std::vector<ScoreCell>& cells, const Styles& styles,
+                              const Scope& scope) {
   std::vector<Plot> out;
   std::map<std::pair<std::string, std::string>, std::vector<const ScoreCell*>> groups;
   for (const auto& c : cells) {
-    if (plotted_metric(c.metric)) groups[{c.task, c.metric}].push_back(&c);
+    if (plotted_metric(c.metric)) groups[{scope(c.model, c.task), c.metric}].push_back(&c);
   }
   for (const auto& [key, group] : groups) {
     std::vector<std::string> budgets;
@@ -148,12 +158,13 @@ std::vector<Plot> score_plots(const std::vector<ScoreCell>& cells, const Styles&
 }
 
 // Pareto: mean score vs mean peak KV bytes per (policy, budget); the front as a dashed line.
-std::vector<Plot> pareto_plots(const std::vector<ScoreCell>& cells, const Styles& styles) {
+std::vector<Plot> pareto_plots(const std::vector<ScoreCell>& cells, const Styles& styles,
+                               const Scope& scope) {
   std::vector<Plot> out;
   std::map<std::pair<std::string, std::string>, std::vector<ScoreCell>> groups;
   for (const auto& c : cells) {
     if (plotted_metric(c.metric) && std::isfinite(c.kv_bytes_peak) && c.kv_bytes_peak > 0) {
-      groups[{c.task, c.metric}].push_back(c);
+      groups[{scope(c.model, c.task), c.metric}].push_back(c);
     }
   }
   for (const auto& [key, group] : groups) {
@@ -195,11 +206,12 @@ std::vector<Plot> pareto_plots(const std::vector<ScoreCell>& cells, const Styles
 
 // Memory and latency vs context length, one plot per (task, budget, quantity), policies as series
 // (full in every one of them as the reference).
-std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& styles, bool memory) {
+std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& styles,
+                             const Scope& scope, bool memory) {
   std::vector<Plot> out;
   std::map<std::string, std::set<int>> lengths;
   for (const auto& r : rows) {
-    if (r.context_length > 0) lengths[r.task].insert(r.context_length);
+    if (r.context_length > 0) lengths[scope(r.model, r.task)].insert(r.context_length);
   }
   struct Quantity {
     const char* key;
@@ -216,7 +228,7 @@ std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& sty
     if (lens.size() < 2) continue;  // one length: the table says it all
     std::set<std::string> budget_set;
     for (const auto& r : rows) {
-      if (r.task == task && r.budget != "-") budget_set.insert(r.budget);
+      if (scope(r.model, r.task) == task && r.budget != "-") budget_set.insert(r.budget);
     }
     std::vector<std::string> budgets(budget_set.begin(), budget_set.end());
     std::sort(budgets.begin(), budgets.end(),
@@ -236,7 +248,7 @@ std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& sty
         p.note = "means over the samples of each context length";
         std::map<std::string, svg::Series> series;
         for (const auto& r : rows) {
-          if (r.task != task || r.context_length <= 0) continue;
+          if (scope(r.model, r.task) != task || r.context_length <= 0) continue;
           if (r.budget != budget && r.policy != "full") continue;
           svg::Series& s = series[r.policy];
           s.name = r.policy;
@@ -258,12 +270,14 @@ std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& sty
   return out;
 }
 
-std::vector<Plot> niah_plots(const std::vector<GridCell>& grid) {
+std::vector<Plot> niah_plots(const std::vector<GridCell>& grid, const Scope& scope) {
   std::vector<Plot> out;
   std::map<std::pair<std::string, std::string>, std::vector<const GridCell*>> groups;
   std::vector<std::pair<std::string, std::string>> order;
   for (const auto& g : grid) {
-    auto key = std::make_pair(g.policy, g.budget);
+    // A single-model report names maps by policy alone ("niah-snapkv-b128").
+    const std::string who = scope.multi ? g.model + " / " + g.policy : g.policy;
+    auto key = std::make_pair(who, g.budget);
     if (!groups.count(key)) order.push_back(key);
     groups[key].push_back(&g);
   }
@@ -341,13 +355,15 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   for (const auto& c : cells) policies.insert(c.policy);
   for (const auto& c : cost) policies.insert(c.policy);
   const Styles styles(policies);
+  Scope scope;
+  scope.multi = store.query("SELECT COUNT(DISTINCT model) FROM units").rows[0][0].text != "1";
 
   std::vector<Section> sections;
   {
     Section s{"scores", "Score vs KV budget", "", {}, {}, ""};
-    s.intro = "Mean score per task, metric, policy and budget over the samples that finished, with "
+    s.intro = "Mean score per model, task, metric, policy and budget over the samples that finished, with "
               "95% Student-t confidence intervals (n = 1 or identical scores: no interval).";
-    s.plots = score_plots(cells, styles);
+    s.plots = score_plots(cells, styles, scope);
     s.tables.push_back({"summary", "Summary: task x policy x budget x metric", summary_table(cells)});
     sections.push_back(std::move(s));
   }
@@ -363,7 +379,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     Section s{"niah", "Needle in a haystack", "", {}, {}, ""};
     s.intro = "Recall per context length (rows) and needle depth (columns), per policy and budget; "
               "each cell prints its value, so the maps read in grey-scale too.";
-    s.plots = niah_plots(grid);
+    s.plots = niah_plots(grid, scope);
     s.tables.push_back({"niah_grid", "NIAH recall grid", niah_table(grid)});
     sections.push_back(std::move(s));
   }
@@ -371,7 +387,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     Section s{"memory", "Memory vs context length", "", {}, {}, ""};
     s.intro = "Logical KV bytes (retained slots x slot bytes) at their peak, physical bytes "
               "allocated, policy state and cache occupancy in tokens per (layer, head).";
-    s.plots = cost_plots(cost, styles, true);
+    s.plots = cost_plots(cost, styles, scope, true);
     s.tables.push_back({"memory", "Memory by policy, budget and context length", memory_table(cost)});
     sections.push_back(std::move(s));
   }
@@ -379,7 +395,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     Section s{"latency", "Latency vs context length", "", {}, {}, ""};
     s.intro = "Prefill (prompt forward with compression), decode per token (p50 mean over units, "
               "p99 max over units), throughput and time inside the policy's hooks.";
-    s.plots = cost_plots(cost, styles, false);
+    s.plots = cost_plots(cost, styles, scope, false);
     s.tables.push_back({"latency", "Latency by policy, budget and context length", latency_table(cost)});
     sections.push_back(std::move(s));
   }
@@ -387,7 +403,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     Section s{"pareto", "Score vs KV memory (Pareto)", "", {}, {}, ""};
     s.intro = "Each policy and budget as a point: mean score against mean peak KV bytes. Points on "
               "the front are not beaten on both at once by any other point.";
-    s.plots = pareto_plots(cells, styles);
+    s.plots = pareto_plots(cells, styles, scope);
     s.tables.push_back({"pareto", "Score and KV memory per policy and budget", pareto_table(cells)});
     sections.push_back(std::move(s));
   }

@@ -1,5 +1,5 @@
 -- latency: prefill ms, decode ms/token (p50, p99 over units of their per-step medians and p99s), tokens/s, policy overhead
-SELECT u.task, u.policy, CASE u.kv_budget_spec WHEN '' THEN '-' ELSE u.kv_budget_spec END AS kv_budget,
+SELECT u.model, u.task, u.policy, CASE u.kv_budget_spec WHEN '' THEN '-' ELSE u.kv_budget_spec END AS kv_budget,
        COALESCE(u.context_length, '-') AS context_length, COUNT(*) AS n,
        printf('%.1f', AVG(x.prefill_ms)) AS "prefill ms",
        printf('%.2f', AVG(x.decode_ms_p50)) AS "decode ms/tok p50",
@@ -8,5 +8,5 @@ SELECT u.task, u.policy, CASE u.kv_budget_spec WHEN '' THEN '-' ELSE u.kv_budget
        printf('%.2f', AVG(x.policy_ms)) AS "policy ms"
 FROM units u JOIN measurements x ON x.unit_key = u.unit_key
 WHERE u.status = 'ok'
-GROUP BY u.task, u.policy, u.kv_budget_spec, u.context_length
-ORDER BY u.task, u.policy, CAST(u.kv_budget_spec AS INTEGER), u.context_length;
+GROUP BY u.model, u.task, u.policy, u.kv_budget_spec, u.context_length
+ORDER BY u.model, u.task, u.policy <> 'full', u.policy, CAST(u.kv_budget_spec AS INTEGER), u.context_length;

@@ -1,5 +1,5 @@
 -- memory: KV bytes (logical, physical) and occupancy by policy, budget and context length (means over ok units)
-SELECT u.task, u.policy, CASE u.kv_budget_spec WHEN '' THEN '-' ELSE u.kv_budget_spec END AS kv_budget,
+SELECT u.model, u.task, u.policy, CASE u.kv_budget_spec WHEN '' THEN '-' ELSE u.kv_budget_spec END AS kv_budget,
        COALESCE(u.context_length, '-') AS context_length, COUNT(*) AS n,
        printf('%.3f', AVG(x.kv_bytes_final) / 1048576.0) AS "KV MiB final",
        printf('%.3f', AVG(x.kv_bytes_peak) / 1048576.0) AS "KV MiB peak",
@@ -9,5 +9,5 @@ SELECT u.task, u.policy, CASE u.kv_budget_spec WHEN '' THEN '-' ELSE u.kv_budget
        MAX(x.occupancy_peak) AS "occupancy peak"
 FROM units u JOIN measurements x ON x.unit_key = u.unit_key
 WHERE u.status = 'ok'
-GROUP BY u.task, u.policy, u.kv_budget_spec, u.context_length
-ORDER BY u.task, u.policy, CAST(u.kv_budget_spec AS INTEGER), u.context_length;
+GROUP BY u.model, u.task, u.policy, u.kv_budget_spec, u.context_length
+ORDER BY u.model, u.task, u.policy <> 'full', u.policy, CAST(u.kv_budget_spec AS INTEGER), u.context_length;

@@ -1,30 +1,30 @@
--- summary: mean score per task x policy x budget x metric with a 95% Student-t CI, n, and unit status counts
+-- summary: mean score per model x task x policy x budget x metric with a 95% Student-t CI, n, and unit status counts
 WITH scores AS (
-  SELECT u.task, u.policy, u.kv_budget_spec AS kv_budget, m.name AS metric,
+  SELECT u.model, u.task, u.policy, u.kv_budget_spec AS kv_budget, m.name AS metric,
          m.higher_is_better AS hib, m.value
   FROM units u JOIN metrics m ON m.unit_key = u.unit_key
   WHERE u.status = 'ok' AND m.value IS NOT NULL
 ),
 agg AS (
-  SELECT task, policy, kv_budget, metric, MAX(hib) AS hib, COUNT(*) AS n, AVG(value) AS mean,
+  SELECT model, task, policy, kv_budget, metric, MAX(hib) AS hib, COUNT(*) AS n, AVG(value) AS mean,
          -- t_quantile is registered by kvbench (results/store.cc); max(0, ...) absorbs rounding
          CASE WHEN COUNT(*) > 1
               THEN t_quantile(0.975, COUNT(*) - 1)
                    * sqrt(max(0, SUM(value * value) - COUNT(*) * AVG(value) * AVG(value))
                           / (COUNT(*) - 1) / COUNT(*))
          END AS ci95
-  FROM scores GROUP BY task, policy, kv_budget, metric
+  FROM scores GROUP BY model, task, policy, kv_budget, metric
 ),
 status AS (
-  SELECT task, policy, kv_budget_spec AS kv_budget,
+  SELECT model, task, policy, kv_budget_spec AS kv_budget,
          SUM(status = 'ok') AS ok, SUM(status = 'error') AS error,
          SUM(status IN ('timeout', 'oom', 'crashed')) AS failed,
          SUM(status IN ('pending', 'running')) AS unfinished
-  FROM units GROUP BY task, policy, kv_budget_spec
+  FROM units GROUP BY model, task, policy, kv_budget_spec
 )
-SELECT a.task, a.policy, CASE a.kv_budget WHEN '' THEN '-' ELSE a.kv_budget END AS kv_budget,
+SELECT a.model, a.task, a.policy, CASE a.kv_budget WHEN '' THEN '-' ELSE a.kv_budget END AS kv_budget,
        a.metric || CASE a.hib WHEN 1 THEN ' ↑' ELSE ' ↓' END AS metric,
        printf('%.4f', a.mean) AS mean, printf('%.4f', COALESCE(a.ci95, 0)) AS "± ci95", a.n,
        s.ok, s.error, s.failed, s.unfinished
-FROM agg a JOIN status s USING (task, policy, kv_budget)
-ORDER BY a.task, a.metric, a.policy, CAST(a.kv_budget AS INTEGER);
+FROM agg a JOIN status s USING (model, task, policy, kv_budget)
+ORDER BY a.model, a.task, a.metric, a.policy <> 'full', a.policy, CAST(a.kv_budget AS INTEGER);

@@ -36,16 +36,16 @@ TEST_F(Query, SummaryMarkdownIsPinned) {
   std::getline(lines, rule);
   std::getline(lines, first);
   EXPECT_EQ(header,
-            "| task       | policy | kv_budget | metric           |     mean | ± ci95 |   n |  ok "
-            "| error | failed | unfinished |");
+            "| model       | task       | policy | kv_budget | metric           |     mean | ± ci95 "
+            "|   n |  ok | error | failed | unfinished |");
   EXPECT_EQ(rule,
-            "| ---------- | ------ | --------- | ---------------- | -------: | -----: | --: | --: "
-            "| ----: | -----: | ---------: |");
+            "| ----------- | ---------- | ------ | --------- | ---------------- | -------: | -----: "
+            "| --: | --: | ----: | -----: | ---------: |");
   // niah: 6 samples per (policy, budget); every unit ok. Recall 1/7 on three samples and 0 on
   // three; the Student-t half-width from scipy: t.ppf(0.975, 5) * s / sqrt(6) = 0.0821.
   EXPECT_EQ(first,
-            "| niah       | full   | -         | recall ↑         |   0.0714 | 0.0821 |   6 |   6 "
-            "|     0 |      0 |          0 |");
+            "| stories260K | niah       | full   | -         | recall ↑         |   0.0714 | 0.0821 "
+            "|   6 |   6 |     0 |      0 |          0 |");
   // 7 (policy, budget) cells x (1 niah metric + 9 perplexity metrics).
   int rows = 0;
   for (std::string l; std::getline(lines, l);) rows += !l.empty();
@@ -63,26 +63,26 @@ TEST_F(Query, OtherNamedQueries) {
   std::string out;
   ASSERT_EQ(kvbench({"query", "--db", db_, "failures"}, &out), 0);
   EXPECT_EQ(out,
-            "| task | sample_id | policy | kv_budget | status | attempts | crash_count | error |\n"
-            "| ---- | --------- | ------ | --------- | ------ | -------- | ----------- | ----- |\n");
+            "| model | task | sample_id | policy | kv_budget | status | attempts | crash_count | error |\n"
+            "| ----- | ---- | --------- | ------ | --------- | ------ | -------- | ----------- | ----- |\n");
   ASSERT_EQ(kvbench({"query", "--db", db_, "niah-grid"}, &out), 0);
   // ci_smoke's NIAH: 2 lengths x depths 0, 50, 100; full finds 1 of 7 needle digits at 128.
   EXPECT_EQ(head(out, 3),
-            "| policy | kv_budget | context_length | depth |   n | recall |\n"
-            "| ------ | --------- | -------------: | ----: | --: | -----: |\n"
-            "| full   | -         |            128 |     0 |   1 | 0.1429 |\n");
+            "| model       | policy | kv_budget | context_length | depth |   n | recall |\n"
+            "| ----------- | ------ | --------- | -------------: | ----: | --: | -----: |\n"
+            "| stories260K | full   | -         |            128 |     0 |   1 | 0.1429 |\n");
   ASSERT_EQ(kvbench({"query", "--db", db_, "niah-grid", "-o", "csv"}, &out), 0);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1 + 7 * 6);  // 7 cells x 2 lengths x 3 depths
   ASSERT_EQ(kvbench({"query", "--db", db_, "memory"}, &out), 0);
   // full at 128 context: 128 prompt + 32 generated - 1 (the last token is never appended) = 159
   // slots x 5 layers x 4 KV heads x (K + V: 2 x 8 x 4 bytes + a 4-byte position) = 216,240 B.
   EXPECT_EQ(head(out, 3),
-            "| task       | policy | kv_budget | context_length |   n | KV MiB final | KV MiB peak "
-            "| physical MiB peak | policy state KiB | occupancy mean | occupancy peak |\n"
-            "| ---------- | ------ | --------- | -------------- | --: | -----------: | ----------: "
-            "| ----------------: | ---------------: | -------------: | -------------: |\n"
-            "| niah       | full   | -         | 128            |   3 |        0.206 |       0.206 "
-            "|             0.208 |              0.0 |          143.0 |            159 |\n");
+            "| model       | task       | policy | kv_budget | context_length |   n | KV MiB final "
+            "| KV MiB peak | physical MiB peak | policy state KiB | occupancy mean | occupancy peak |\n"
+            "| ----------- | ---------- | ------ | --------- | -------------- | --: | -----------: "
+            "| ----------: | ----------------: | ---------------: | -------------: | -------------: |\n"
+            "| stories260K | niah       | full   | -         | 128            |   3 |        0.206 "
+            "|       0.206 |             0.208 |              0.0 |          143.0 |            159 |\n");
   ASSERT_EQ(kvbench({"query", "--db", db_, "latency"}, &out), 0);
   // Times vary run to run (and so do the widths of their columns): the columns, their
   // alignment and the first row's keys are pinned, with runs of blanks and dashes squeezed.
@@ -95,11 +95,11 @@ TEST_F(Query, OtherNamedQueries) {
     return o;
   };
   EXPECT_EQ(squeeze(head(out, 2)),
-            "| task | policy | kv_budget | context_length | n | prefill ms | decode ms/tok p50 "
-            "| decode ms/tok p99 | tok/s | policy ms |\n"
-            "| - | - | - | - | -: | -: | -: | -: | -: | -: |\n");
-  EXPECT_EQ(squeeze(head(out, 3).substr(head(out, 2).size())).substr(0, 30),
-            "| niah | full | - | 128 | 3 | ");
+            "| model | task | policy | kv_budget | context_length | n | prefill ms "
+            "| decode ms/tok p50 | decode ms/tok p99 | tok/s | policy ms |\n"
+            "| - | - | - | - | - | -: | -: | -: | -: | -: | -: |\n");
+  EXPECT_EQ(squeeze(head(out, 3).substr(head(out, 2).size())).substr(0, 44),
+            "| stories260K | niah | full | - | 128 | 3 | ");
   for (const char* q : {"memory", "latency"}) {
     ASSERT_EQ(kvbench({"query", "--db", db_, q, "-o", "jsonl"}, &out), 0) << q;
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 7 * 3) << q;  // niah 2 lengths + ppl
@@ -116,24 +116,25 @@ TEST_F(Query, VsFullPairsSamplesWithFull) {
   // h2o at 32 loses one needle digit on one of the 6 samples: diff -1/42; the bootstrap interval
   // reaches 0 (5 of 6 pairs are ties), so there is no evidence of a difference.
   EXPECT_EQ(head(out, 3),
-            "| task       | policy | kv_budget | metric           |   n |     mean | full mean |    diff "
-            "| diff ci95 lo | diff ci95 hi |      p | verdict     |\n"
-            "| ---------- | ------ | --------: | ---------------- | --: | -------: | --------: | ------: "
-            "| -----------: | -----------: | -----: | ----------- |\n"
-            "| niah       | h2o    |        32 | recall ↑         |   6 |   0.0476 |    0.0714 | -0.0238 "
-            "|      -0.0714 |       0.0000 | 0.6650 | no evidence |\n");
+            "| model       | task       | policy | kv_budget | metric           |   n |     mean "
+            "| full mean |    diff | diff ci95 lo | diff ci95 hi |      p | verdict     |\n"
+            "| ----------- | ---------- | ------ | --------: | ---------------- | --: | -------: "
+            "| --------: | ------: | -----------: | -----------: | -----: | ----------- |\n"
+            "| stories260K | niah       | h2o    |        32 | recall ↑         |   6 |   0.0476 "
+            "|    0.0714 | -0.0238 |      -0.0714 |       0.0000 | 0.6650 | no evidence |\n");
   ASSERT_EQ(kvbench({"query", "--db", db_, "vs-full", "-o", "csv"}, &out), 0);
   std::istringstream lines(out);
   std::string header;
   std::getline(lines, header);
   EXPECT_EQ(header,
-            "task,policy,kv_budget,metric,n,mean,full mean,diff,diff ci95 lo,diff ci95 hi,p,verdict");
+            "model,task,policy,kv_budget,metric,n,mean,full mean,diff,diff ci95 lo,diff ci95 hi,p,"
+            "verdict");
   int rows = 0;
   for (std::string l; std::getline(lines, l);) {
     ++rows;
     // niah pairs 6 samples; perplexity 1 (its p is 1 and the CI collapses: n = 1).
-    if (l.rfind("niah,", 0) == 0) EXPECT_NE(l.find(",recall ↑,6,"), std::string::npos) << l;
-    if (l.rfind("perplexity,", 0) == 0) EXPECT_NE(l.find(",1.0000"), std::string::npos) << l;
+    if (l.rfind("stories260K,niah,", 0) == 0) EXPECT_NE(l.find(",recall ↑,6,"), std::string::npos) << l;
+    if (l.rfind("stories260K,perplexity,", 0) == 0) EXPECT_NE(l.find(",1.0000"), std::string::npos) << l;
   }
   EXPECT_EQ(rows, 6 * 10);  // 6 non-full (policy, budget) cells x 10 metrics
 }

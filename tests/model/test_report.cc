@@ -155,7 +155,7 @@ TEST(Report, QuickstartRendersEveryPlotInChromium) {
   EXPECT_TRUE(fs::file_size(dir / "screenshot.png") > 10000);
   // The quickstart's numbers reach the page: full finds every needle.
   const std::string md = slurp(dir / "report.md");
-  EXPECT_NE(md.find("| niah | full          | -         | recall ↑ |  15 | 1.0000 |"),
+  EXPECT_NE(md.find("| smollm2-135m | niah | full          | -         | recall ↑ |  15 | 1.0000 |"),
             std::string::npos);
 }
 
@@ -196,9 +196,10 @@ TEST_F(SmokeReport, WritesHtmlMarkdownCsvAndSvg) {
   // t intervals (niah full: 6 samples, 3 x 1/7 and 3 x 0; scipy: t.ppf(0.975, 5) x s / sqrt(6)).
   const std::string csv = slurp(dir / "csv" / "summary.csv");
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
-            "task,policy,kv_budget,metric,n,mean,ci95 lo,ci95 hi,ok,error,failed,unfinished");
+            "model,task,policy,kv_budget,metric,n,mean,ci95 lo,ci95 hi,ok,error,failed,unfinished");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 7 * 10);
-  EXPECT_NE(csv.find("niah,full,-,recall ↑,6,0.0714,-0.0107,0.1535,6,0,0,0"), std::string::npos)
+  EXPECT_NE(csv.find("stories260K,niah,full,-,recall ↑,6,0.0714,-0.0107,0.1535,6,0,0,0"),
+            std::string::npos)
       << csv;
   // The provenance: the config text and this build's revision.
   EXPECT_NE(html.find("<h3>Configurations</h3>\n<pre># config "), std::string::npos);
@@ -235,6 +236,26 @@ TEST_F(SmokeReport, HostileTextIsEscaped) {
   EXPECT_NE(md.find("1 unit(s) did not finish ok."), std::string::npos);
 }
 
+TEST_F(SmokeReport, SeveralModelsAreKeptApart) {
+  // Two models in one database: cells, plots and maps never pool them.
+  const std::string db = fresh_db("report_two_models.db");
+  fs::copy_file(db_, db);
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h, "UPDATE units SET model = 'other' WHERE sample_id LIKE '%depth100%'",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(h);
+  const fs::path dir = kBuild + "/report_two_models";
+  ASSERT_EQ(kvbench({"report", "--db", db, "--out", dir.string()}), 0);
+  const std::string csv = slurp(dir / "csv" / "summary.csv");
+  EXPECT_NE(csv.find("\nother,niah,full,-,recall ↑,2,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\nstories260K,niah,full,-,recall ↑,4,"), std::string::npos) << csv;
+  const auto ids = plot_files(dir);
+  EXPECT_TRUE(ids.count("score-other-niah-recall") && ids.count("score-stories260k-niah-recall"));
+  EXPECT_TRUE(ids.count("niah-other-snapkv-b32") && ids.count("niah-stories260k-snapkv-b32"));
+}
+
 TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {
   const fs::path dir = kBuild + "/report_filtered";
   ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string(), "--filter", "policy=snapkv",
@@ -246,7 +267,7 @@ TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {
   std::string line;
   std::getline(lines, line);
   while (std::getline(lines, line)) cells.insert(line.substr(0, line.find(",recall")));
-  EXPECT_EQ(cells, (std::set<std::string>{"niah,full,-", "niah,snapkv,32"}));
+  EXPECT_EQ(cells, (std::set<std::string>{"stories260K,niah,full,-", "stories260K,niah,snapkv,32"}));
   EXPECT_EQ(plot_files(dir), (std::set<std::string>{"score-niah-recall", "pareto-niah-recall",
                                                     "niah-full", "niah-snapkv-b32", "kv-niah-b32",
                                                     "prefill-niah-b32", "decode-niah-b32"}));
