@@ -1,6 +1,7 @@
 // RoPE, CUDA twin of cpu/rope: inverse frequencies from the host (bit-identical to the CPU's),
-// angle = position * inv_freq in f32, cos/sin in double rounded to f32, products without FMA
-// contraction (as the CPU's ISO C++ build evaluates them).
+// angle = position * inv_freq in f32, cos/sin in double rounded to f32. The rotation is written
+// without contraction; the CPU build may fuse one of its products (GCC contracts x0*c - x1*s on
+// FMA hardware), so the two agree to an ulp or two, not bitwise.
 #include "kernels/cuda/rope.h"
 
 #include <cmath>

@@ -12,14 +12,16 @@ namespace {
 constexpr int kThreads = 256;
 
 // cpu::dot (kernels/cpu/vec.h): 8 interleaved partial sums, then ((0+4)+(1+5))+((2+6)+(3+7)).
+// The lane updates are FMAs: GCC contracts cpu::dot's `acc += a * b` on FMA hardware (it does
+// with -march=native on x86-64; a build without FMA would round the product first).
 __device__ float dot8(const float* a, const float* b, int n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
   for (; i + 8 <= n; i += 8) {
 #pragma unroll
-    for (int l = 0; l < 8; ++l) acc[l] = __fadd_rn(acc[l], __fmul_rn(a[i + l], b[i + l]));
+    for (int l = 0; l < 8; ++l) acc[l] = fmaf(a[i + l], b[i + l], acc[l]);
   }
-  for (int l = 0; i < n; ++i, ++l) acc[l] = __fadd_rn(acc[l], __fmul_rn(a[i], b[i]));
+  for (int l = 0; i < n; ++i, ++l) acc[l] = fmaf(a[i], b[i], acc[l]);
   return __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[1], acc[5])),
                    __fadd_rn(__fadd_rn(acc[2], acc[6]), __fadd_rn(acc[3], acc[7])));
 }

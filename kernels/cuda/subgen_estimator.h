@@ -13,9 +13,10 @@ namespace kvb::kernels::cuda {
 using cpu::SubgenQueryArgs;   // q, exact_*, out and the sketch view's arrays: device pointers
 using cpu::SubgenSketchView;  // (mu, s, clusters, t are values)
 
-// The CPU formula, computed in the CPU's order: logits in f32 with vec.h's dot order (8 lanes,
-// fixed tree, no contraction), weights/exponentials/sums in double, z per output dimension over
-// the slots in order, tau summed serially. Only exp may differ in the last bit of a double.
+// The CPU formula, computed in the CPU's order: logits in f32 with vec.h's dot order (8 FMA
+// lanes, fixed tree), weights/exponentials/sums in double, z per output dimension over the slots
+// in order, tau summed serially. Not promised bitwise: exp, and the contractions the host
+// compiler chose for the CPU's double expressions, may differ in a double's last bit.
 // One block; scratch of 12 bytes per logit. Validates sizes; throws kvb::Error.
 void subgen_query(const SubgenQueryArgs& args, cudaStream_t stream = 0);
 

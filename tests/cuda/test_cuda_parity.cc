@@ -156,7 +156,8 @@ void run_swiglu(size_t n) {
   const auto ud = to_device(u);
   cpu::swiglu(g.data(), u.data(), n);
   cu::swiglu(gd.data(), ud.data(), n);
-  expect_close(to_host(gd), g, 1e-30, 4 * FLT_EPSILON, "swiglu");
+  // CUDA's expf is within 2 ulp, glibc's within 1: a few ulp apart after the division.
+  expect_close(to_host(gd), g, 1e-30, 8 * FLT_EPSILON, "swiglu");
 }
 
 void run_pool(int rows, int n, int kernel, cpu::PoolKind kind) {
