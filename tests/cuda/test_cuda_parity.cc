@@ -10,6 +10,7 @@
 
 #include <cfloat>
 #include <functional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -48,6 +49,7 @@ struct Case {
   std::string name;
   std::function<void()> run;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }  // gtest's parameter display
 
 // ---- dequantization: bitwise ----------------------------------------------------------------
 
