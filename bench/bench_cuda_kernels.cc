@@ -32,7 +32,8 @@ double g_d2d_gbps = 0;  // device-to-device copy bandwidth (read + write bytes),
 std::vector<float> random_vec(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) {
-    v[i] = lo + (hi - lo) * static_cast<float>(kvb::kernels::cpu::counter_uniform(seed, 0, 0, 0, i));
+    v[i] =
+        lo + (hi - lo) * static_cast<float>(kvb::kernels::cpu::counter_uniform(seed, 0, 0, 0, i));
   }
   return v;
 }
@@ -68,9 +69,10 @@ double measure_d2d_gbps() {
   KVB_CUDA_CHECK(cudaMemset(a.data(), 1, bytes));
   double best = 1e30;
   for (int r = 0; r < 5; ++r) {
-    best = std::min(best, gpu_seconds([&] {
-      KVB_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
-    }));
+    best = std::min(
+        best, gpu_seconds([&] {
+          KVB_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+        }));
   }
   return 2.0 * bytes / best / 1e9;
 }
@@ -136,7 +138,8 @@ void bm_decode_attention(benchmark::State& state) {
                               vraw.size(), cudaMemcpyDeviceToHost));
     auto elem = [&](const std::vector<unsigned char>& raw, size_t i) {
       if (dtype == cu::KvDtype::kF32) return reinterpret_cast<const float*>(raw.data())[i];
-      const uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(raw.data())[i]) << 16;
+      const uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(raw.data())[i])
+                            << 16;
       float f;
       std::memcpy(&f, &bits, sizeof f);
       return f;
@@ -145,7 +148,9 @@ void bm_decode_attention(benchmark::State& state) {
     double mx = -1e300, sum = 0;
     for (int j = 0; j < len; ++j) {
       double dot = 0;
-      for (int x = 0; x < d; ++x) dot += double{q[static_cast<size_t>(h) * d + x]} * elem(kraw, static_cast<size_t>(j) * d + x);
+      for (int x = 0; x < d; ++x)
+        dot +=
+            double{q[static_cast<size_t>(h) * d + x]} * elem(kraw, static_cast<size_t>(j) * d + x);
       s[j] = dot * a.scale;
       mx = std::max(mx, s[j]);
     }
@@ -209,7 +214,8 @@ void bm_h2o_step(benchmark::State& state) {
                               kGroup, len, kvb::policies::GqaReduce::kMean, add.data());
     for (int s = 0; s < len; ++s) {
       scores[static_cast<size_t>(h) * len + s] += add[s];
-      ok = ok && scores[static_cast<size_t>(h) * len + s] == after[static_cast<size_t>(h) * len + s];
+      ok =
+          ok && scores[static_cast<size_t>(h) * len + s] == after[static_cast<size_t>(h) * len + s];
     }
     ok = ok && got[h] == kvb::kernels::cpu::select_argmin(&scores[static_cast<size_t>(h) * len],
                                                           nullptr, candidates);
@@ -240,8 +246,9 @@ BENCHMARK(bm_h2o_step)
 
 int main(int argc, char** argv) {
   if (!cu::has_device()) {
-    std::fprintf(stderr, "bench_cuda_kernels: no CUDA device (cudaGetDeviceCount found none); "
-                         "nothing to measure\n");
+    std::fprintf(stderr,
+                 "bench_cuda_kernels: no CUDA device (cudaGetDeviceCount found none); "
+                 "nothing to measure\n");
     return 0;
   }
   benchmark::Initialize(&argc, argv);

@@ -56,7 +56,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     prefill_kernel(Common c, const T* keys, const T* values, float* out, float2* row_stats) {
   extern __shared__ float smem[];
-  const int d = c.d, ks_stride = d + 1;  // padded: lane j reads key row j conflict-free
+  const int d = c.d, ks_stride = d + 1;   // padded: lane j reads key row j conflict-free
   float* ks = smem;                       // [kKeyTile, d + 1]
   float* vs = ks + kKeyTile * ks_stride;  // [kKeyTile, d]
   float* qs = vs + kKeyTile * d;          // [kRowsPerBlock, d]
@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(kThreads)
     const int visible = before + i + 1;
     if (t0 >= visible) continue;  // warp-uniform
     __syncwarp();
-    for (int x = lane; x < d; x += 32) q_row[x] = c.q[(static_cast<size_t>(i) * c.num_heads + h) * d + x];
+    for (int x = lane; x < d; x += 32)
+      q_row[x] = c.q[(static_cast<size_t>(i) * c.num_heads + h) * d + x];
     __syncwarp();
     if (key >= visible) continue;
     const float2 st = row_stats[static_cast<size_t>(h) * c.n + i];
@@ -329,19 +330,18 @@ void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream)
   }
   const size_t smem = sizeof(float) * (kKeyTile * (d + 1) + kKeyTile * d + kRowsPerBlock * d);
   if (smem > 48 * 1024) {
-    KVB_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<T>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
+    KVB_CUDA_CHECK(cudaFuncSetAttribute(
+        prefill_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   const int blocks = (a.n * group + kRowsPerBlock - 1) / kRowsPerBlock;
-  prefill_kernel<T><<<dim3(blocks, a.kv.num_kv_heads), kThreads, smem, stream>>>(c, keys, values,
-                                                                                  a.out, rs);
+  prefill_kernel<T>
+      <<<dim3(blocks, a.kv.num_kv_heads), kThreads, smem, stream>>>(c, keys, values, a.out, rs);
   KVB_CUDA_CHECK_LAUNCH();
   if (!stats) return;
   const size_t stats_smem = sizeof(float) * (kKeyTile * (d + 1) + kWarps * d);
-  prefill_stats_kernel<T><<<dim3((max_len + kKeyTile - 1) / kKeyTile, a.num_heads), kThreads,
-                            stats_smem, stream>>>(c, keys, rs, a.col_sums, a.last_probs,
-                                                  a.last_probs ? a.last_w : 0, a.stats_stride);
+  prefill_stats_kernel<T>
+      <<<dim3((max_len + kKeyTile - 1) / kKeyTile, a.num_heads), kThreads, stats_smem, stream>>>(
+          c, keys, rs, a.col_sums, a.last_probs, a.last_probs ? a.last_w : 0, a.stats_stride);
   KVB_CUDA_CHECK_LAUNCH();
 }
 
@@ -360,22 +360,21 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   const int group = a.num_heads / kv.num_kv_heads;
   int max_len = 0;
   for (int h = 0; h < kv.num_kv_heads; ++h) {
-    KVB_CHECK(kv.host_lengths[h] >= a.n) << "cuda::attention: head " << h << " holds "
-                                         << kv.host_lengths[h] << " slots, fewer than the " << a.n
-                                         << " queries";
+    KVB_CHECK(kv.host_lengths[h] >= a.n)
+        << "cuda::attention: head " << h << " holds " << kv.host_lengths[h]
+        << " slots, fewer than the " << a.n << " queries";
     max_len = std::max(max_len, static_cast<int>(kv.host_lengths[h]));
   }
   const bool stats = a.col_sums != nullptr || a.last_probs != nullptr;
   if (stats) {
-    KVB_CHECK(a.stats_stride >= max_len) << "cuda::attention: stats_stride " << a.stats_stride
-                                         << " < longest head " << max_len;
+    KVB_CHECK(a.stats_stride >= max_len)
+        << "cuda::attention: stats_stride " << a.stats_stride << " < longest head " << max_len;
     const size_t rows = static_cast<size_t>(a.num_heads) * a.stats_stride;
     if (a.col_sums) KVB_CUDA_CHECK(cudaMemsetAsync(a.col_sums, 0, rows * sizeof(float), stream));
     if (a.last_probs) {
       KVB_CHECK(a.last_w >= 1 && a.last_w <= a.n)
           << "cuda::attention: last_w " << a.last_w << " outside [1, " << a.n << "]";
-      KVB_CUDA_CHECK(
-          cudaMemsetAsync(a.last_probs, 0, rows * a.last_w * sizeof(float), stream));
+      KVB_CUDA_CHECK(cudaMemsetAsync(a.last_probs, 0, rows * a.last_w * sizeof(float), stream));
     }
   }
   if (a.n == 0) return;

@@ -70,7 +70,8 @@ __device__ float q45_k(const uint8_t* b, int e, bool five) {
   const int chunk = e / 64, within = e % 64, l = within % 32, high = within / 32;
   int sc, m;
   scale_min_k4(2 * chunk + high, scales, &sc, &m);
-  const float dl = __fmul_rn(d, static_cast<float>(sc)), ml = __fmul_rn(dmin, static_cast<float>(m));
+  const float dl = __fmul_rn(d, static_cast<float>(sc)),
+              ml = __fmul_rn(dmin, static_cast<float>(m));
   const uint8_t q = qs[32 * chunk + l];
   int v = high ? (q >> 4) : (q & 0xF);
   if (five && (qh[l] & (1u << (2 * chunk + high)))) v += 16;
@@ -101,14 +102,30 @@ __global__ void dequant_kernel(uint32_t type, const uint8_t* src, float* dst, si
     const int e = static_cast<int>(i % block_elems);
     float y;
     switch (type) {
-      case 1: y = fp16_bits_to_f32(load_u16(b)); break;
-      case 30: y = bf16_bits_to_f32(load_u16(b)); break;
-      case 2: y = q4_0(b, e); break;
-      case 3: y = q4_1(b, e); break;
-      case 8: y = q8_0(b, e); break;
-      case 12: y = q45_k(b, e, false); break;
-      case 13: y = q45_k(b, e, true); break;
-      default: y = q6_k(b, e); break;  // 14; the host admits no other type
+      case 1:
+        y = fp16_bits_to_f32(load_u16(b));
+        break;
+      case 30:
+        y = bf16_bits_to_f32(load_u16(b));
+        break;
+      case 2:
+        y = q4_0(b, e);
+        break;
+      case 3:
+        y = q4_1(b, e);
+        break;
+      case 8:
+        y = q8_0(b, e);
+        break;
+      case 12:
+        y = q45_k(b, e, false);
+        break;
+      case 13:
+        y = q45_k(b, e, true);
+        break;
+      default:
+        y = q6_k(b, e);
+        break;  // 14; the host admits no other type
     }
     dst[i] = y;
   }
@@ -121,8 +138,8 @@ void dequantize(uint32_t type, const void* src, float* dst, size_t n, cudaStream
   KVB_CHECK(cpu::ggml_block_info(type, &block_bytes, &block_elems))
       << "cuda::dequantize: cannot dequantize ggml type " << cpu::ggml_type_name(type) << " (id "
       << type << "); supported: " << cpu::supported_type_names();
-  KVB_CHECK(n % block_elems == 0) << "cuda::dequantize " << cpu::ggml_type_name(type) << ": n="
-                                  << n << " is not a multiple of the block size " << block_elems;
+  KVB_CHECK(n % block_elems == 0) << "cuda::dequantize " << cpu::ggml_type_name(type) << ": n=" << n
+                                  << " is not a multiple of the block size " << block_elems;
   if (n == 0) return;
   KVB_CHECK(src != nullptr && dst != nullptr) << "cuda::dequantize: null pointer";
   if (type == 0) {  // F32

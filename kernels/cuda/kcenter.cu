@@ -30,8 +30,7 @@ __device__ bool farther(double da, int a, double db, int b) {
 
 __global__ void __launch_bounds__(kThreads)
     kcenter_kernel(KCenterArgs args, int m, int32_t* centres, double* dist, int32_t* nearest,
-                   uint8_t* is_centre, int32_t* rank, int32_t* assignment,
-                   int32_t* cluster_sizes) {
+                   uint8_t* is_centre, int32_t* rank, int32_t* assignment, int32_t* cluster_sizes) {
   __shared__ double best_d[kThreads / 32];
   __shared__ int best_i[kThreads / 32];
   __shared__ int chosen;

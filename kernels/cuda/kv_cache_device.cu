@@ -76,12 +76,14 @@ __global__ void compact_kernel(T* keys, T* values, int32_t* positions, const int
       for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
         stage[e] = buf[(base + list[c0 + e / d]) * d + e % d];
       }
-      if (buf == keys && threadIdx.x < rows) stage_pos[threadIdx.x] = positions[base + list[c0 + threadIdx.x]];
+      if (buf == keys && threadIdx.x < rows)
+        stage_pos[threadIdx.x] = positions[base + list[c0 + threadIdx.x]];
       __syncthreads();
       for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
         buf[(base + c0 + e / d) * d + e % d] = stage[e];
       }
-      if (buf == keys && threadIdx.x < rows) positions[base + c0 + threadIdx.x] = stage_pos[threadIdx.x];
+      if (buf == keys && threadIdx.x < rows)
+        positions[base + c0 + threadIdx.x] = stage_pos[threadIdx.x];
       __syncthreads();
     }
   }
@@ -266,8 +268,8 @@ void DeviceKvCache::keep_slots(int layer, const int32_t* slots, int ld, const in
                                           static_cast<int>(smem)));
     }
     kernel<<<heads, 256, smem, stream>>>(static_cast<float*>(v.keys), static_cast<float*>(v.values),
-                                         v.positions, v.offsets, slots, ld,
-                                         counts_d.as<int32_t>(), d);
+                                         v.positions, v.offsets, slots, ld, counts_d.as<int32_t>(),
+                                         d);
   } else {
     auto kernel = compact_kernel<__nv_bfloat16>;
     if (smem > 48 * 1024) {
@@ -358,7 +360,7 @@ void DeviceKvCache::upload(const KvCache& cpu_cache) {
       << s.head_dim << " into " << shape_.num_layers << "x" << shape_.num_kv_heads << "x"
       << shape_.head_dim;
   KvCache& src = const_cast<KvCache&>(cpu_cache);  // layer() is non-const; only read here
-  for (int l = 0; l < shape_.num_layers; ++l) {  // check everything before changing anything
+  for (int l = 0; l < shape_.num_layers; ++l) {    // check everything before changing anything
     for (int h = 0; h < shape_.num_kv_heads; ++h) {
       KVB_CHECK(cpu_cache.length(l, h) <= capacity(l, h))
           << "DeviceKvCache::upload: layer " << l << " head " << h << " holds "

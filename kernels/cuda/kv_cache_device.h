@@ -29,9 +29,9 @@ struct DeviceLayerKvView {
   void* keys = nullptr;
   void* values = nullptr;
   int32_t* positions = nullptr;
-  const int32_t* offsets = nullptr;     // device [num_kv_heads]
-  const int32_t* capacities = nullptr;  // device [num_kv_heads]
-  const int32_t* lengths = nullptr;     // device [num_kv_heads]
+  const int32_t* offsets = nullptr;       // device [num_kv_heads]
+  const int32_t* capacities = nullptr;    // device [num_kv_heads]
+  const int32_t* lengths = nullptr;       // device [num_kv_heads]
   const int32_t* host_lengths = nullptr;  // host [num_kv_heads]
   int num_kv_heads = 0;
   int head_dim = 0;

@@ -32,8 +32,8 @@ unsigned capped_grid(size_t work) {
 void gemm(float* y, const void* x, const void* w, cudaDataType_t in_type,
           cublasComputeType_t compute, const float* bias, int n, int k, int m,
           cudaStream_t stream) {
-  KVB_CHECK(n >= 0 && k >= 0 && m >= 0) << "cuda::matmul: n = " << n << ", k = " << k
-                                        << ", m = " << m;
+  KVB_CHECK(n >= 0 && k >= 0 && m >= 0)
+      << "cuda::matmul: n = " << n << ", k = " << k << ", m = " << m;
   if (n == 0 || m == 0) return;
   KVB_CHECK(y != nullptr && (k == 0 || (x != nullptr && w != nullptr)))
       << "cuda::matmul: null operand";

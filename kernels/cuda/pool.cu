@@ -40,7 +40,8 @@ void pool1d(const float* in, float* out, int rows, int n, int kernel, PoolKind k
   if (total == 0) return;
   const auto in_at = reinterpret_cast<uintptr_t>(in), out_at = reinterpret_cast<uintptr_t>(out);
   const uintptr_t bytes = total * sizeof(float);
-  KVB_CHECK(in_at + bytes <= out_at || out_at + bytes <= in_at) << "cuda::pool1d: in and out overlap";
+  KVB_CHECK(in_at + bytes <= out_at || out_at + bytes <= in_at)
+      << "cuda::pool1d: in and out overlap";
   const unsigned blocks = grid_for(total, 256) > 65535u ? 65535u : grid_for(total, 256);
   pool_kernel<<<blocks, 256, 0, stream>>>(in, out, rows, n, kernel, kind == PoolKind::kMax);
   KVB_CUDA_CHECK_LAUNCH();

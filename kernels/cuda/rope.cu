@@ -36,8 +36,8 @@ __global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq,
 
 }  // namespace
 
-void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim,
-          const RopeParams& p, cudaStream_t stream) {
+void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, const RopeParams& p,
+          cudaStream_t stream) {
   KVB_CHECK(p.rot_dim > 0 && p.rot_dim <= head_dim && p.rot_dim % 2 == 0)
       << "cuda::rope: rot_dim " << p.rot_dim << " head_dim " << head_dim;
   KVB_CHECK(n >= 0 && num_heads >= 0) << "cuda::rope: n = " << n << ", num_heads = " << num_heads;

@@ -48,14 +48,15 @@ StreamScratch::~StreamScratch() {
   if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);  // teardown errors cannot be reported
 }
 
-DeviceErrorFlag::DeviceErrorFlag(cudaStream_t stream) : flag_(sizeof(int), stream), stream_(stream) {
+DeviceErrorFlag::DeviceErrorFlag(cudaStream_t stream)
+    : flag_(sizeof(int), stream), stream_(stream) {
   KVB_CUDA_CHECK(cudaMemsetAsync(flag_.as<int>(), 0, sizeof(int), stream));
 }
 
 void DeviceErrorFlag::check(const char* what, const char* (*describe)(int code)) const {
   int code = 0;
-  KVB_CUDA_CHECK(cudaMemcpyAsync(&code, flag_.as<int>(), sizeof(int), cudaMemcpyDeviceToHost,
-                                 stream_));
+  KVB_CUDA_CHECK(
+      cudaMemcpyAsync(&code, flag_.as<int>(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
   KVB_CHECK(code == 0) << what << ": " << describe(code);
 }

@@ -14,24 +14,23 @@
 #include "common/error.h"
 
 // KVB_CUDA_CHECK(cudaMemcpy(...)); throws kvb::Error "<file>:<line> cudaMemcpy(...): <error>".
-#define KVB_CUDA_CHECK(call)                                                                \
-  do {                                                                                      \
-    const cudaError_t kvb_cuda_status_ = (call);                                            \
-    if (kvb_cuda_status_ != cudaSuccess) {                                                  \
-      ::kvb::detail::ErrorBuilder(__FILE__, __LINE__, #call, ::kvb::ErrorKind::kRuntime)    \
-          << cudaGetErrorName(kvb_cuda_status_) << ": "                                     \
-          << cudaGetErrorString(kvb_cuda_status_);                                          \
-    }                                                                                       \
+#define KVB_CUDA_CHECK(call)                                                                     \
+  do {                                                                                           \
+    const cudaError_t kvb_cuda_status_ = (call);                                                 \
+    if (kvb_cuda_status_ != cudaSuccess) {                                                       \
+      ::kvb::detail::ErrorBuilder(__FILE__, __LINE__, #call, ::kvb::ErrorKind::kRuntime)         \
+          << cudaGetErrorName(kvb_cuda_status_) << ": " << cudaGetErrorString(kvb_cuda_status_); \
+    }                                                                                            \
   } while (0)
 
-#define KVB_CUBLAS_CHECK(call)                                                              \
-  do {                                                                                      \
-    const cublasStatus_t kvb_cublas_status_ = (call);                                       \
-    if (kvb_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                      \
-      ::kvb::detail::ErrorBuilder(__FILE__, __LINE__, #call, ::kvb::ErrorKind::kRuntime)    \
-          << cublasGetStatusName(kvb_cublas_status_) << ": "                                \
-          << cublasGetStatusString(kvb_cublas_status_);                                     \
-    }                                                                                       \
+#define KVB_CUBLAS_CHECK(call)                                                           \
+  do {                                                                                   \
+    const cublasStatus_t kvb_cublas_status_ = (call);                                    \
+    if (kvb_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                   \
+      ::kvb::detail::ErrorBuilder(__FILE__, __LINE__, #call, ::kvb::ErrorKind::kRuntime) \
+          << cublasGetStatusName(kvb_cublas_status_) << ": "                             \
+          << cublasGetStatusString(kvb_cublas_status_);                                  \
+    }                                                                                    \
   } while (0)
 
 // After a kernel launch: launch-configuration errors surface here, not at the next sync.

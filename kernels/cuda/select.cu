@@ -107,8 +107,8 @@ void run_topk(const TopkParams& p, int rows, cudaStream_t stream) {
   KVB_CUDA_CHECK_LAUNCH();
 }
 
-int topk_one(const float* scores, const uint8_t* eligible, int begin, int end, int k,
-             int32_t* out, cudaStream_t stream) {
+int topk_one(const float* scores, const uint8_t* eligible, int begin, int end, int k, int32_t* out,
+             cudaStream_t stream) {
   const int m = end - begin;
   if (k <= 0 || m == 0) return 0;
   KVB_CHECK(scores != nullptr && out != nullptr) << "cuda::select_topk: null pointer";
@@ -165,20 +165,18 @@ int select_argmin(const float* scores, const uint8_t* eligible, int n, cudaStrea
   if (n == 0) return -1;
   KVB_CHECK(scores != nullptr) << "cuda::select_argmin: null scores";
   StreamScratch result(sizeof(int32_t), stream);
-  argmin_kernel<<<1, kThreads, 0, stream>>>(scores, 0, nullptr, n, eligible,
-                                           result.as<int32_t>());
+  argmin_kernel<<<1, kThreads, 0, stream>>>(scores, 0, nullptr, n, eligible, result.as<int32_t>());
   KVB_CUDA_CHECK_LAUNCH();
   int32_t index = -1;
-  KVB_CUDA_CHECK(cudaMemcpyAsync(&index, result.as<int32_t>(), sizeof index,
-                                 cudaMemcpyDeviceToHost, stream));
+  KVB_CUDA_CHECK(
+      cudaMemcpyAsync(&index, result.as<int32_t>(), sizeof index, cudaMemcpyDeviceToHost, stream));
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream));
   return index;
 }
 
 void select_argmin_rows(const float* scores, int rows, int ld, const int32_t* n, int32_t* out,
                         cudaStream_t stream) {
-  KVB_CHECK(rows >= 0 && ld >= 0) << "cuda::select_argmin_rows: rows = " << rows << ", ld = "
-                                  << ld;
+  KVB_CHECK(rows >= 0 && ld >= 0) << "cuda::select_argmin_rows: rows = " << rows << ", ld = " << ld;
   if (rows == 0) return;
   KVB_CHECK(n != nullptr && out != nullptr && (scores != nullptr || ld == 0))
       << "cuda::select_argmin_rows: null pointer";

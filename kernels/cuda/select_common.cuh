@@ -67,9 +67,9 @@ struct ScanShared {
   int base;
 };
 
-// Writes, in increasing i, every offset + i (i in [0, m)) with take(i) to out[0..]; returns the count (all
-// threads). One chunk of blockDim indices at a time: ballot within warps, warp offsets through
-// shared memory. blockDim.x must be a multiple of 32.
+// Writes, in increasing i, every offset + i (i in [0, m)) with take(i) to out[0..]; returns the
+// count (all threads). One chunk of blockDim indices at a time: ballot within warps, warp offsets
+// through shared memory. blockDim.x must be a multiple of 32.
 template <typename TakeFn>
 __device__ int block_ordered_compact(TakeFn take, int m, int offset, int32_t* out, ScanShared& sh) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;

@@ -117,8 +117,8 @@ void subgen_query(const SubgenQueryArgs& a, cudaStream_t stream) {
       << "cuda::subgen_query: clusters without arrays";
   KVB_CHECK(a.n_exact == 0 || (a.exact_keys != nullptr && a.exact_values != nullptr))
       << "cuda::subgen_query: exact tokens without arrays";
-  const int64_t total = static_cast<int64_t>(sk.s) + static_cast<int64_t>(sk.clusters) * sk.t +
-                        a.n_exact;
+  const int64_t total =
+      static_cast<int64_t>(sk.s) + static_cast<int64_t>(sk.clusters) * sk.t + a.n_exact;
   KVB_CHECK(total <= INT32_MAX) << "cuda::subgen_query: " << total << " logits";
   StreamScratch scratch(static_cast<size_t>(total) * (sizeof(double) + sizeof(float)) + 8, stream);
   double* weight = scratch.as<double>();

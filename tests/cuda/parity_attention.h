@@ -15,17 +15,18 @@
 namespace kvb::parity {
 
 struct AttentionCase {
-  int n;                          // query tokens (1: the decode path)
-  std::vector<int> before;        // per KV head: slots cached before the block (ragged)
-  int group;                      // query heads per KV head
+  int n;                    // query tokens (1: the decode path)
+  std::vector<int> before;  // per KV head: slots cached before the block (ragged)
+  int group;                // query heads per KV head
   int head_dim;
   cu::KvDtype dtype;
-  bool stats;                     // col_sums + last_probs
+  bool stats;  // col_sums + last_probs
 };
 
 inline std::string describe(const AttentionCase& c) {
   std::string s = "n=" + std::to_string(c.n) + " group=" + std::to_string(c.group) +
-                  " d=" + std::to_string(c.head_dim) + " " + cu::kv_dtype_name(c.dtype) + " before={";
+                  " d=" + std::to_string(c.head_dim) + " " + cu::kv_dtype_name(c.dtype) +
+                  " before={";
   for (int b : c.before) s += std::to_string(b) + ",";
   return s + "}" + (c.stats ? " stats" : "");
 }

@@ -64,11 +64,25 @@ void run_dequant(uint32_t type, size_t blocks) {
   for (size_t b = 0; b < blocks; ++b) {
     const size_t o = b * bb;
     switch (type) {
-      case 1: finite_f16(o); break;  // F16 "blocks" are single elements
-      case 30: src[o + 1] &= 0x7e; break;  // BF16: exponent below all-ones
-      case 2: case 8: finite_f16(o); break;
-      case 3: case 12: case 13: finite_f16(o); finite_f16(o + 2); break;
-      case 14: finite_f16(o + 208); break;
+      case 1:
+        finite_f16(o);
+        break;  // F16 "blocks" are single elements
+      case 30:
+        src[o + 1] &= 0x7e;
+        break;  // BF16: exponent below all-ones
+      case 2:
+      case 8:
+        finite_f16(o);
+        break;
+      case 3:
+      case 12:
+      case 13:
+        finite_f16(o);
+        finite_f16(o + 2);
+        break;
+      case 14:
+        finite_f16(o + 208);
+        break;
     }
   }
   const size_t n = blocks * be;
@@ -83,7 +97,8 @@ void run_dequant(uint32_t type, size_t blocks) {
 // ---- GEMM: the matmul unit test's bound 4 (k+1) eps sum|x w| against the double reference -----
 
 void run_matmul(int n, int k, int m, bool bias, bool bf16) {
-  std::vector<float> x = random_vec(static_cast<size_t>(n) * k, 11), w = random_vec(static_cast<size_t>(m) * k, 12);
+  std::vector<float> x = random_vec(static_cast<size_t>(n) * k, 11),
+                     w = random_vec(static_cast<size_t>(m) * k, 12);
   const std::vector<float> b = random_vec(m, 13);
   std::vector<uint16_t> xb(x.size()), wb(w.size());
   if (bf16) {  // the reference multiplies the same rounded inputs
@@ -97,8 +112,8 @@ void run_matmul(int n, int k, int m, bool bias, bool bf16) {
   if (bf16) {
     const auto xd = to_device(xb), wd = to_device(wb);
     cu::matmul(y.data(), reinterpret_cast<const __nv_bfloat16*>(xd.data()),
-               reinterpret_cast<const __nv_bfloat16*>(wd.data()), bias ? bd.data() : nullptr, n,
-               k, m);
+               reinterpret_cast<const __nv_bfloat16*>(wd.data()), bias ? bd.data() : nullptr, n, k,
+               m);
   } else {
     const auto xd = to_device(x), wd = to_device(w);
     cu::matmul(y.data(), xd.data(), wd.data(), bias ? bd.data() : nullptr, n, k, m);
@@ -108,10 +123,12 @@ void run_matmul(int n, int k, int m, bool bias, bool bf16) {
     for (int j = 0; j < m; ++j) {
       double abs_sum = bias ? std::fabs(b[j]) : 0.0;
       for (int p = 0; p < k; ++p) {
-        abs_sum += std::fabs(double{x[static_cast<size_t>(i) * k + p]} * w[static_cast<size_t>(j) * k + p]);
+        abs_sum += std::fabs(double{x[static_cast<size_t>(i) * k + p]} *
+                             w[static_cast<size_t>(j) * k + p]);
       }
       const size_t at = static_cast<size_t>(i) * m + j;
-      ASSERT_LE(std::fabs(double{got[at]} - want[at]), 4.0 * (k + 1) * FLT_EPSILON * abs_sum + 1e-30)
+      ASSERT_LE(std::fabs(double{got[at]} - want[at]),
+                4.0 * (k + 1) * FLT_EPSILON * abs_sum + 1e-30)
           << "matmul " << n << "x" << k << "x" << m << " at (" << i << ", " << j << ")";
     }
   }
@@ -197,15 +214,16 @@ void run_topk(int n, int k) {
     expect_keep_sets_match(got, want, s.data(), what);
     want.resize(std::max(n, 1));
   };
-  check(cu::select_topk(sd.data(), n, k, outd.data()), cpu::select_topk(s.data(), n, k, want.data()),
-        "select_topk");
+  check(cu::select_topk(sd.data(), n, k, outd.data()),
+        cpu::select_topk(s.data(), n, k, want.data()), "select_topk");
   const int b = n / 3, e = n - n / 4;
   check(cu::select_topk_range(sd.data(), b, e, k, outd.data()),
         cpu::select_topk_range(s.data(), b, e, k, want.data()), "select_topk_range");
   check(cu::select_topk_masked(sd.data(), md.data(), n, k, outd.data()),
         cpu::select_topk_masked(s.data(), mask.data(), n, k, want.data()), "select_topk_masked");
   EXPECT_EQ(cu::select_argmin(sd.data(), nullptr, n), cpu::select_argmin(s.data(), nullptr, n));
-  EXPECT_EQ(cu::select_argmin(sd.data(), md.data(), n), cpu::select_argmin(s.data(), mask.data(), n));
+  EXPECT_EQ(cu::select_argmin(sd.data(), md.data(), n),
+            cpu::select_argmin(s.data(), mask.data(), n));
 }
 
 // The tie rule itself (tie-aware comparison cannot see it): all scores equal, so the k kept must
@@ -241,16 +259,17 @@ void run_topk_rows(const std::vector<int32_t>& lengths, const std::vector<int32_
   cu::select_argmin_rows(sd.data(), rows, ld, ld_d.data(), amin.data());
   const std::vector<int32_t> ga = to_host(amin);
   for (int r = 0; r < rows; ++r) {
-    EXPECT_EQ(ga[r], cpu::select_argmin(s.data() + static_cast<size_t>(r) * ld, nullptr, lengths[r]))
+    EXPECT_EQ(ga[r],
+              cpu::select_argmin(s.data() + static_cast<size_t>(r) * ld, nullptr, lengths[r]))
         << "argmin row " << r;
   }
   // A length past ld is refused on the device.
   std::vector<int32_t> bad = lengths;
   bad[0] = ld + 1;
   const auto badd = to_device(bad);
-  EXPECT_THROW(cu::select_topk_rows(sd.data(), rows, ld, badd.data(), kd.data(), out.data(),
-                                    counts.data()),
-               Error);
+  EXPECT_THROW(
+      cu::select_topk_rows(sd.data(), rows, ld, badd.data(), kd.data(), out.data(), counts.data()),
+      Error);
 }
 
 void run_global_topk(const std::vector<int32_t>& lengths, bool positions, int k) {
@@ -297,7 +316,8 @@ void run_kcenter(int n, int dim, int k, bool duplicates) {
   std::vector<float> keys = random_vec(static_cast<size_t>(n) * (dim + 3), 101);  // ld = dim + 3
   if (duplicates) {  // every third point repeats an earlier one: distance-0 ties
     for (int j = 3; j < n; j += 3) {
-      std::copy_n(&keys[static_cast<size_t>(j / 2) * (dim + 3)], dim, &keys[static_cast<size_t>(j) * (dim + 3)]);
+      std::copy_n(&keys[static_cast<size_t>(j / 2) * (dim + 3)], dim,
+                  &keys[static_cast<size_t>(j) * (dim + 3)]);
     }
   }
   const int m = std::min(std::max(k, 0), n);
@@ -366,7 +386,9 @@ void run_subgen(int tokens, int n_exact) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> c;
-  auto add = [&](std::string name, std::function<void()> f) { c.push_back({std::move(name), std::move(f)}); };
+  auto add = [&](std::string name, std::function<void()> f) {
+    c.push_back({std::move(name), std::move(f)});
+  };
   for (uint32_t type : {1u, 30u, 2u, 3u, 8u, 12u, 13u, 14u}) {
     for (size_t blocks : {1, 3, 17}) {
       add("dequant_" + std::string(cpu::ggml_type_name(type)) + "_" + std::to_string(blocks),
@@ -405,13 +427,16 @@ std::vector<Case> all_cases() {
   add("topk_rows_budget_above", [] { run_topk_rows({3, 17}, {9, 40}); });
   for (bool pos : {false, true}) {
     for (int k : {0, 1, 13, 4113, 9000}) {
-      add(std::string("global_topk_") + (pos ? "pos_" : "slot_") + std::to_string(k),
-          [=] { run_global_topk({1, 3, 7, 17, 4097, 8}, pos, k); });
+      add(std::string("global_topk_") + (pos ? "pos_" : "slot_") + std::to_string(k), [=] {
+        run_global_topk({1, 3, 7, 17, 4097, 8}, pos, k);
+      });
     }
   }
   for (int g : {1, 2, 4, 7}) {
-    add("accumulate_mean_g" + std::to_string(g), [=] { run_accumulate(g, policies::GqaReduce::kMean); });
-    add("accumulate_max_g" + std::to_string(g), [=] { run_accumulate(g, policies::GqaReduce::kMax); });
+    add("accumulate_mean_g" + std::to_string(g),
+        [=] { run_accumulate(g, policies::GqaReduce::kMean); });
+    add("accumulate_max_g" + std::to_string(g),
+        [=] { run_accumulate(g, policies::GqaReduce::kMax); });
   }
   add("kcenter_1", [] { run_kcenter(1, 8, 3, false); });
   add("kcenter_17_dup", [] { run_kcenter(17, 5, 7, true); });
@@ -423,7 +448,8 @@ std::vector<Case> all_cases() {
   add("subgen_sketch_exact", [] { run_subgen(17, 7); });
   int i = 0;
   for (const AttentionCase& a : attention_cases()) {
-    add("attention_" + std::to_string(i++) + "_n" + std::to_string(a.n), [=] { run_attention_case(a); });
+    add("attention_" + std::to_string(i++) + "_n" + std::to_string(a.n),
+        [=] { run_attention_case(a); });
   }
   add("kv_cache_f32", [] { run_kv_cache_case(cu::KvDtype::kF32); });
   add("kv_cache_bf16", [] { run_kv_cache_case(cu::KvDtype::kBf16); });
@@ -440,7 +466,9 @@ class CudaParity : public ::testing::TestWithParam<Case> {
 TEST_P(CudaParity, MatchesCpuReference) { GetParam().run(); }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, CudaParity, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 // Without a device the helpers must say so rather than throw (what every skip relies on).
 TEST(CudaRuntime, DeviceQueryNeverThrows) {
