@@ -312,6 +312,69 @@ void run_accumulate(int group, policies::GqaReduce how) {
   expect_bits(to_host(sd), want, "accumulate_scores");
 }
 
+// Scissorhands' history bits: the policy's loop (kernels/policies/scissorhands.cc update) is the
+// reference, replayed here per head on the same cache, probabilities and old bits.
+void run_history_bits(int group, int n_new, int last_w, int history, bool inv_position) {
+  const std::vector<int> before = {0, 3, 40};  // a fresh head, a short one, a longer one
+  const int kvh = 3, nh = kvh * group;
+  kernels::KvCache cpu({1, kvh, 4}, 64);
+  const std::vector<float> kv(4, 0.5f);
+  for (int h = 0; h < kvh; ++h) {
+    for (int s = 0; s < before[h] + n_new; ++s) cpu.append(0, h, kv.data(), kv.data(), 3 * s + h);
+  }
+  cu::DeviceKvCache dev({1, kvh, 4}, cu::KvDtype::kF32, 64);
+  dev.upload(cpu);
+  const int ld = 64, stride = 60;
+  std::vector<float> probs(static_cast<size_t>(nh) * last_w * stride);
+  for (size_t i = 0; i < probs.size(); ++i) probs[i] = uniform(131, i, 0.0f, 0.06f);  // ~1/visible
+  std::vector<uint64_t> bits(static_cast<size_t>(kvh) * ld);
+  for (size_t i = 0; i < bits.size(); ++i) {
+    bits[i] = kernels::cpu::mix64(i) & (history == 64 ? ~0ull : (1ull << history) - 1);
+  }
+  auto bd = to_device(bits);
+  const auto pd = to_device(probs);
+  const uint64_t window = history == 64 ? ~0ull : (1ull << history) - 1;
+  std::vector<float> p(ld);
+  for (int h = 0; h < kvh; ++h) {
+    const int len = cpu.length(0, h), b0 = len - n_new, unrecorded = n_new - last_w;
+    uint64_t* row = &bits[static_cast<size_t>(h) * ld];
+    for (int s = b0; s < len; ++s) row[s] = 0;  // new slots (and a fresh head: b0 == 0)
+    for (int s = 0; s < len; ++s)
+      row[s] = unrecorded >= history ? 0 : (row[s] << unrecorded) & window;
+    for (int j = 0; j < last_w; ++j) {
+      const int i = unrecorded + j, visible = b0 + i + 1;
+      policies::reduce_gqa(&probs[(static_cast<size_t>(h) * group * last_w + j) * stride],
+                           static_cast<size_t>(last_w) * stride, group, visible,
+                           policies::GqaReduce::kMean, p.data());
+      const int32_t pos = cpu.layer(0).position(h)[b0 + i];
+      const float threshold = 1.0f / static_cast<float>(inv_position ? pos + 1 : visible);
+      for (int s = 0; s < len; ++s) {
+        const uint64_t below = s < visible && p[s] < threshold ? 1 : 0;
+        row[s] = ((row[s] << 1) | below) & window;
+      }
+    }
+  }
+  cu::HistoryBitsArgs a;
+  a.bits = bd.data();
+  a.ld = ld;
+  a.kv = dev.layer(0);
+  a.last_probs = pd.data();
+  a.stride = stride;
+  a.last_w = last_w;
+  a.n_new = n_new;
+  a.num_heads = nh;
+  a.history = history;
+  a.inv_position = inv_position;
+  cu::scissorhands_update_bits(a);
+  const std::vector<uint64_t> got = to_host(bd);
+  for (int h = 0; h < kvh; ++h) {
+    for (int s = 0; s < cpu.length(0, h); ++s) {
+      ASSERT_EQ(got[static_cast<size_t>(h) * ld + s], bits[static_cast<size_t>(h) * ld + s])
+          << "head " << h << " slot " << s;
+    }
+  }
+}
+
 void run_kcenter(int n, int dim, int k, bool duplicates) {
   std::vector<float> keys = random_vec(static_cast<size_t>(n) * (dim + 3), 101);  // ld = dim + 3
   if (duplicates) {  // every third point repeats an earlier one: distance-0 ties
@@ -438,6 +501,12 @@ std::vector<Case> all_cases() {
     add("accumulate_max_g" + std::to_string(g),
         [=] { run_accumulate(g, policies::GqaReduce::kMax); });
   }
+  for (int g : {1, 2, 4, 7}) {
+    add("history_bits_decode_g" + std::to_string(g), [=] { run_history_bits(g, 1, 1, 32, false); });
+    add("history_bits_block_g" + std::to_string(g), [=] { run_history_bits(g, 17, 5, 64, true); });
+  }
+  add("history_bits_unrecorded_past_history", [] { run_history_bits(2, 7, 1, 4, false); });
+  add("history_bits_all_recorded", [] { run_history_bits(7, 3, 3, 3, true); });
   add("kcenter_1", [] { run_kcenter(1, 8, 3, false); });
   add("kcenter_17_dup", [] { run_kcenter(17, 5, 7, true); });
   add("kcenter_4097", [] { run_kcenter(4097, 16, 64, true); });
