@@ -1,12 +1,11 @@
 // Causal GQA attention over the ragged device cache (prefill: flash-style tiling with an online
 // softmax; decode: split-K), with the CPU op's statistics. Layout: kv_cache_device.h.
-#include "kernels/cuda/attention.h"
-
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/kv_elem.cuh"
 #include "kernels/cuda/runtime.h"
 
@@ -365,22 +364,27 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
         << " slots, fewer than the " << a.n << " queries";
     max_len = std::max(max_len, static_cast<int>(kv.host_lengths[h]));
   }
+  // Every check before the first CUDA call: a bad call changes nothing.
   const bool stats = a.col_sums != nullptr || a.last_probs != nullptr;
   if (stats) {
     KVB_CHECK(a.stats_stride >= max_len)
         << "cuda::attention: stats_stride " << a.stats_stride << " < longest head " << max_len;
-    const size_t rows = static_cast<size_t>(a.num_heads) * a.stats_stride;
-    if (a.col_sums) KVB_CUDA_CHECK(cudaMemsetAsync(a.col_sums, 0, rows * sizeof(float), stream));
-    if (a.last_probs) {
-      KVB_CHECK(a.last_w >= 1 && a.last_w <= a.n)
-          << "cuda::attention: last_w " << a.last_w << " outside [1, " << a.n << "]";
-      KVB_CUDA_CHECK(cudaMemsetAsync(a.last_probs, 0, rows * a.last_w * sizeof(float), stream));
-    }
+  }
+  if (a.last_probs) {
+    KVB_CHECK(a.last_w >= 1 && a.last_w <= a.n)
+        << "cuda::attention: last_w " << a.last_w << " outside [1, " << a.n << "]";
+  }
+  if (a.n > 0) {
+    KVB_CHECK(a.out != nullptr && a.q != nullptr && kv.keys != nullptr && kv.values != nullptr)
+        << "cuda::attention: null pointer";
+    KVB_CHECK(std::isfinite(a.scale)) << "cuda::attention: scale " << a.scale;
+  }
+  const size_t rows = static_cast<size_t>(a.num_heads) * a.stats_stride;
+  if (a.col_sums) KVB_CUDA_CHECK(cudaMemsetAsync(a.col_sums, 0, rows * sizeof(float), stream));
+  if (a.last_probs) {
+    KVB_CUDA_CHECK(cudaMemsetAsync(a.last_probs, 0, rows * a.last_w * sizeof(float), stream));
   }
   if (a.n == 0) return;
-  KVB_CHECK(a.out != nullptr && a.q != nullptr && kv.keys != nullptr && kv.values != nullptr)
-      << "cuda::attention: null pointer";
-  KVB_CHECK(std::isfinite(a.scale)) << "cuda::attention: scale " << a.scale;
   if (kv.dtype == KvDtype::kF32) {
     launch<float>(a, group, max_len, stream);
   } else {

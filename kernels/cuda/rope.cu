@@ -56,8 +56,7 @@ void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, cons
   StreamScratch freq(half * sizeof(float), stream);
   KVB_CUDA_CHECK(cudaMemcpyAsync(freq.as<float>(), inv_freq.data(), half * sizeof(float),
                                  cudaMemcpyHostToDevice, stream));
-  // The host vector must outlive the async copy: wait for it (a few hundred bytes).
-  KVB_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // From pageable memory the call returns once inv_freq is staged, so it may go out of scope.
   const size_t total = static_cast<size_t>(n) * num_heads * half;
   const unsigned blocks = grid_for(total, 256) > 65535u ? 65535u : grid_for(total, 256);
   rope_kernel<<<blocks, 256, 0, stream>>>(x, pos, freq.as<float>(), n, num_heads, head_dim, half,

@@ -8,8 +8,9 @@ namespace kvb::kernels::cuda {
 
 int device_count() noexcept {
   int n = 0;
-  // Without a driver this returns cudaErrorNoDevice / cudaErrorInsufficientDriver: report 0 and
-  // clear the sticky last-error so that later, unrelated checks do not see it.
+  // Without a driver this is cudaErrorInsufficientDriver / cudaErrorNoDevice: report 0. The
+  // last-error read clears what it can; a missing driver is persistent (every later runtime call
+  // fails with it again), which is why callers ask here first and skip.
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
