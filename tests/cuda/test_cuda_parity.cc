@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cfloat>
+#include <cstring>
 #include <functional>
 #include <ostream>
 #include <set>
@@ -132,6 +133,22 @@ void run_matmul(int n, int k, int m, bool bias, bool bf16) {
           << "matmul " << n << "x" << k << "x" << m << " at (" << i << ", " << j << ")";
     }
   }
+}
+
+// f32 -> bf16, round to nearest even: bitwise against the host rounding (ties included).
+void run_to_bf16(size_t n) {
+  std::vector<float> x = random_vec(n, 15, -100, 100);
+  for (size_t i = 0; i < n; i += 5) {  // exact halfway cases: low 16 bits 0x8000
+    uint32_t b;
+    std::memcpy(&b, &x[i], sizeof b);
+    b = (b & 0xffff0000u) | 0x8000u;
+    std::memcpy(&x[i], &b, sizeof b);
+  }
+  const auto xd = to_device(x);
+  cu::DeviceBuffer<uint16_t> yd(n);
+  cu::f32_to_bf16(reinterpret_cast<__nv_bfloat16*>(yd.data()), xd.data(), n);
+  const std::vector<uint16_t> got = to_host(yd);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], bf16_bits(x[i])) << "element " << i;
 }
 
 // ---- elementwise -------------------------------------------------------------------------------
@@ -466,6 +483,7 @@ std::vector<Case> all_cases() {
     add("matmul_" + t + "_17x4097x3", [=] { run_matmul(17, 4097, 3, true, bf16); });
     add("matmul_" + t + "_7x64x33_k0", [=] { run_matmul(7, 0, 33, true, bf16); });
   }
+  for (size_t n : {1, 17, 4097}) add("to_bf16_" + std::to_string(n), [=] { run_to_bf16(n); });
   for (int dim : {1, 7, 4097}) add("rmsnorm_" + std::to_string(dim), [=] { run_rmsnorm(17, dim); });
   add("rope_norm", [] { run_rope(cpu::RopeStyle::kNorm, 64, false, 1.0f); });
   add("rope_neox", [] { run_rope(cpu::RopeStyle::kNeox, 64, false, 1.0f); });
