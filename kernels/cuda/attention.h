@@ -1,0 +1,42 @@
+// Causal GQA attention over the ragged per-head device cache, CUDA twin of
+// kernels/cpu/attention.h, with the same optional statistics (DESIGN.md "Policy"): column sums
+// of the causal probabilities over the n queries and the probabilities of the last w queries.
+// Query head h reads KV head h / (num_heads / num_kv_heads). Keys/values f32 or bf16 (the
+// cache's dtype), queries/outputs/statistics f32, all arithmetic in f32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/kv_cache_device.h"
+
+namespace kvb::kernels::cuda {
+
+constexpr int kMaxHeadDim = 256;  // per-lane registers hold head_dim / 32 <= 8 output columns
+
+// cpu::AttentionArgs with the device view of the layer (flat buffer, per-head offsets) in place
+// of LayerKvView. All pointers are device pointers.
+struct AttentionArgs {
+  float* out = nullptr;      // [n, num_heads, head_dim]
+  const float* q = nullptr;  // [n, num_heads, head_dim], post-RoPE
+  DeviceLayerKvView kv;      // the last n slots of every head are the n queries' own
+  int n = 0;
+  int num_heads = 0;
+  float scale = 0;
+  float* col_sums = nullptr;    // [num_heads, stats_stride]
+  float* last_probs = nullptr;  // [num_heads, last_w, stats_stride]
+  int last_w = 0;               // 1 <= last_w <= n when last_probs is set
+  int stats_stride = 0;         // >= the longest head; entries past a head's visible keys are 0
+};
+
+// Query i of n sees slots [0, length(head) - n + i]. Two paths:
+//  - n >= 2 (prefill): flash-style tiles, a block holds 16 (query, head-of-group) rows and
+//    streams 32-key K/V tiles through shared memory with an online softmax (no n x n matrix);
+//    statistics, when requested, come from a second pass over key tiles that recomputes each
+//    probability exactly as exp(s - m) / l from the first pass's row maxima and sums; a column
+//    sum adds its queries in a fixed blockwise order (deterministic, not the CPU's order).
+//  - n == 1 (decode): split-K over 256-key chunks (flash-decoding), partial softmax states
+//    merged in chunk order; probabilities from the raw scores the first pass stores.
+// Validates shapes against the view's host lengths and throws kvb::Error. Stream-ordered.
+void attention(const AttentionArgs& args, cudaStream_t stream = 0);
+
+}  // namespace kvb::kernels::cuda

@@ -1,0 +1,436 @@
+// DeviceKvCache: one flat buffer per layer, per-head offset/capacity/length; in-place compaction.
+// Host mirrors of the per-head arrays are authoritative: every change is made on the host and
+// copied to the device in stream order, so launches can be sized without reading the device.
+#include "kernels/cuda/kv_cache_device.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cuda/kv_elem.cuh"
+
+namespace kvb::kernels::cuda {
+namespace {
+
+constexpr int kCompactChunk = 32;  // slots staged in shared memory per compaction step
+
+// keys/values: f32 [n, num_kv_heads, d] into slot lengths[h] + t of head h.
+template <typename T>
+__global__ void append_kernel(T* keys, T* values, int32_t* positions, const int32_t* offsets,
+                              const int32_t* lengths, const float* src_k, const float* src_v,
+                              const int32_t* src_pos, int n, int num_kv_heads, int d) {
+  const size_t total = static_cast<size_t>(n) * num_kv_heads * d;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int x = static_cast<int>(i % d);
+    const int h = static_cast<int>((i / d) % num_kv_heads);
+    const int t = static_cast<int>(i / (static_cast<size_t>(d) * num_kv_heads));
+    const size_t slot = static_cast<size_t>(offsets[h]) + lengths[h] + t;
+    kv_store(keys + slot * d + x, src_k[i]);
+    kv_store(values + slot * d + x, src_v[i]);
+    if (x == 0) positions[slot] = src_pos[t];
+  }
+}
+
+// One slot of one head: key, value f32 [d] into slot `slot` (absolute row in the layer buffer).
+template <typename T>
+__global__ void append_one_kernel(T* keys, T* values, int32_t* positions, size_t slot,
+                                  const float* key, const float* value, int32_t position, int d) {
+  for (int x = threadIdx.x; x < d; x += blockDim.x) {
+    kv_store(keys + slot * d + x, key[x]);
+    kv_store(values + slot * d + x, value[x]);
+  }
+  if (threadIdx.x == 0) positions[slot] = position;
+}
+
+// One block per head: list j of head h must be strictly increasing and < lengths[h].
+__global__ void validate_keep_kernel(const int32_t* slots, int ld, const int32_t* counts,
+                                     const int32_t* lengths, int* flag) {
+  const int h = blockIdx.x;
+  const int32_t* list = slots + static_cast<size_t>(h) * ld;
+  for (int j = threadIdx.x; j < counts[h]; j += blockDim.x) {
+    const int32_t prev = j > 0 ? list[j - 1] : -1;
+    if (!(list[j] > prev && list[j] < lengths[h])) atomicOr(flag, 1);
+  }
+}
+
+// One block per head. Destination j <= source list[j]; chunk c's sources are >= its first
+// destination and every earlier chunk wrote only below it, so staging a chunk (read all, barrier,
+// write all, barrier) makes the in-place move race-free.
+template <typename T>
+__global__ void compact_kernel(T* keys, T* values, int32_t* positions, const int32_t* offsets,
+                               const int32_t* slots, int ld, const int32_t* counts, int d) {
+  extern __shared__ unsigned char smem[];
+  T* stage = reinterpret_cast<T*>(smem);  // [kCompactChunk, d]
+  __shared__ int32_t stage_pos[kCompactChunk];
+  const int h = blockIdx.x;
+  const int32_t* list = slots + static_cast<size_t>(h) * ld;
+  const size_t base = offsets[h];
+  const int count = counts[h];
+  for (int c0 = 0; c0 < count; c0 += kCompactChunk) {
+    const int rows = min(kCompactChunk, count - c0);
+    if (list[c0 + rows - 1] == c0 + rows - 1) continue;  // increasing: the whole chunk stays put
+    for (T* buf : {keys, values}) {
+      for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
+        stage[e] = buf[(base + list[c0 + e / d]) * d + e % d];
+      }
+      if (buf == keys && threadIdx.x < rows)
+        stage_pos[threadIdx.x] = positions[base + list[c0 + threadIdx.x]];
+      __syncthreads();
+      for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
+        buf[(base + c0 + e / d) * d + e % d] = stage[e];
+      }
+      if (buf == keys && threadIdx.x < rows)
+        positions[base + c0 + threadIdx.x] = stage_pos[threadIdx.x];
+      __syncthreads();
+    }
+  }
+}
+
+const char* describe_keep(int) {
+  return "a keep list is not strictly increasing or names a slot at or past the head's length";
+}
+
+}  // namespace
+
+size_t kv_dtype_bytes(KvDtype dtype) { return dtype == KvDtype::kF32 ? 4 : 2; }
+const char* kv_dtype_name(KvDtype dtype) { return dtype == KvDtype::kF32 ? "f32" : "bf16"; }
+
+int DeviceLayerKvView::max_length() const {
+  int m = 0;
+  for (int h = 0; h < num_kv_heads; ++h) m = std::max(m, static_cast<int>(host_lengths[h]));
+  return m;
+}
+
+DeviceKvCache::DeviceKvCache(const KvCacheShape& shape, KvDtype dtype, int capacity)
+    : DeviceKvCache(shape, dtype,
+                    std::vector<int32_t>(static_cast<size_t>(std::max(shape.num_layers, 0)) *
+                                             std::max(shape.num_kv_heads, 0),
+                                         capacity)) {}
+
+DeviceKvCache::DeviceKvCache(const KvCacheShape& shape, KvDtype dtype,
+                             std::vector<int32_t> capacities)
+    : shape_(shape), dtype_(dtype), capacities_h_(std::move(capacities)) {
+  KVB_CHECK(shape.num_layers > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0)
+      << "DeviceKvCache: bad shape " << shape.num_layers << "x" << shape.num_kv_heads << "x"
+      << shape.head_dim;
+  const size_t heads = static_cast<size_t>(shape.num_layers) * shape.num_kv_heads;
+  KVB_CHECK(capacities_h_.size() == heads)
+      << "DeviceKvCache: " << capacities_h_.size() << " capacities for " << heads << " heads";
+  offsets_h_.resize(heads);
+  lengths_h_.assign(heads, 0);
+  for (int l = 0; l < shape.num_layers; ++l) {
+    int64_t slots = 0;
+    for (int h = 0; h < shape.num_kv_heads; ++h) {
+      const int32_t cap = capacities_h_[index(l, h)];
+      KVB_CHECK(cap >= 0) << "DeviceKvCache: layer " << l << " head " << h << " capacity " << cap;
+      offsets_h_[index(l, h)] = static_cast<int32_t>(slots);
+      slots += cap;
+      KVB_CHECK(slots <= std::numeric_limits<int32_t>::max())
+          << "DeviceKvCache: layer " << l << " needs " << slots << " slots (int32 offsets)";
+    }
+    layer_slots_.push_back(static_cast<int>(slots));
+    const size_t elem_bytes = static_cast<size_t>(slots) * shape.head_dim * kv_dtype_bytes(dtype);
+    keys_.emplace_back(elem_bytes);
+    values_.emplace_back(elem_bytes);
+    positions_.emplace_back(static_cast<size_t>(slots));
+  }
+  capacities_d_ = DeviceBuffer<int32_t>(heads);
+  offsets_d_ = DeviceBuffer<int32_t>(heads);
+  lengths_d_ = DeviceBuffer<int32_t>(heads);
+  capacities_d_.upload(capacities_h_.data(), heads);
+  offsets_d_.upload(offsets_h_.data(), heads);
+  lengths_d_.upload(lengths_h_.data(), heads);
+}
+
+void DeviceKvCache::check_layer(int layer) const {
+  KVB_CHECK(layer >= 0 && layer < shape_.num_layers)
+      << "DeviceKvCache: layer " << layer << " outside [0, " << shape_.num_layers << ")";
+}
+
+int DeviceKvCache::max_length() const {
+  int m = 0;
+  for (int32_t l : lengths_h_) m = std::max(m, static_cast<int>(l));
+  return m;
+}
+
+DeviceLayerKvView DeviceKvCache::layer(int layer) {
+  check_layer(layer);
+  const size_t i = index(layer, 0);
+  DeviceLayerKvView v;
+  v.keys = keys_[layer].data();
+  v.values = values_[layer].data();
+  v.positions = positions_[layer].data();
+  v.offsets = offsets_d_.data() + i;
+  v.capacities = capacities_d_.data() + i;
+  v.lengths = lengths_d_.data() + i;
+  v.host_lengths = lengths_h_.data() + i;
+  v.num_kv_heads = shape_.num_kv_heads;
+  v.head_dim = shape_.head_dim;
+  v.dtype = dtype_;
+  return v;
+}
+
+void DeviceKvCache::push_lengths(int layer, cudaStream_t stream) {
+  // Pageable source: the call returns once the bytes are staged, so the mirror may change after.
+  const size_t i = index(layer, 0);
+  KVB_CUDA_CHECK(cudaMemcpyAsync(lengths_d_.data() + i, lengths_h_.data() + i,
+                                 shape_.num_kv_heads * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                 stream));
+}
+
+void DeviceKvCache::append(int layer, const float* keys, const float* values,
+                           const int32_t* positions, int n, cudaStream_t stream) {
+  check_layer(layer);
+  KVB_CHECK(n >= 0) << "DeviceKvCache::append: n = " << n;
+  if (n == 0) return;
+  KVB_CHECK(keys != nullptr && values != nullptr && positions != nullptr)
+      << "DeviceKvCache::append: null pointer";
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    KVB_CHECK(length(layer, h) + static_cast<int64_t>(n) <= capacity(layer, h))
+        << "DeviceKvCache::append: layer " << layer << " head " << h << " holds "
+        << length(layer, h) << " of " << capacity(layer, h) << " slots, no room for " << n;
+  }
+  const DeviceLayerKvView v = this->layer(layer);
+  const size_t total = static_cast<size_t>(n) * shape_.num_kv_heads * shape_.head_dim;
+  const unsigned blocks = std::min(grid_for(total, 256), 65535u);
+  if (dtype_ == KvDtype::kF32) {
+    append_kernel<<<blocks, 256, 0, stream>>>(
+        static_cast<float*>(v.keys), static_cast<float*>(v.values), v.positions, v.offsets,
+        v.lengths, keys, values, positions, n, shape_.num_kv_heads, shape_.head_dim);
+  } else {
+    append_kernel<<<blocks, 256, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(v.keys), static_cast<__nv_bfloat16*>(v.values), v.positions,
+        v.offsets, v.lengths, keys, values, positions, n, shape_.num_kv_heads, shape_.head_dim);
+  }
+  KVB_CUDA_CHECK_LAUNCH();
+  for (int h = 0; h < shape_.num_kv_heads; ++h) lengths_h_[index(layer, h)] += n;
+  push_lengths(layer, stream);
+}
+
+void DeviceKvCache::append(int layer, int head, const float* key, const float* value,
+                           int32_t position, cudaStream_t stream) {
+  check_layer(layer);
+  KVB_CHECK(head >= 0 && head < shape_.num_kv_heads)
+      << "DeviceKvCache::append: head " << head << " outside [0, " << shape_.num_kv_heads << ")";
+  KVB_CHECK(length(layer, head) < capacity(layer, head))
+      << "DeviceKvCache::append: layer " << layer << " head " << head << " is full ("
+      << capacity(layer, head) << " slots)";
+  KVB_CHECK(key != nullptr && value != nullptr) << "DeviceKvCache::append: null pointer";
+  const size_t slot = static_cast<size_t>(offset(layer, head)) + length(layer, head);
+  const int d = shape_.head_dim;
+  if (dtype_ == KvDtype::kF32) {
+    append_one_kernel<<<1, 256, 0, stream>>>(reinterpret_cast<float*>(keys_[layer].data()),
+                                             reinterpret_cast<float*>(values_[layer].data()),
+                                             positions_[layer].data(), slot, key, value, position,
+                                             d);
+  } else {
+    append_one_kernel<<<1, 256, 0, stream>>>(
+        reinterpret_cast<__nv_bfloat16*>(keys_[layer].data()),
+        reinterpret_cast<__nv_bfloat16*>(values_[layer].data()), positions_[layer].data(), slot,
+        key, value, position, d);
+  }
+  KVB_CUDA_CHECK_LAUNCH();
+  ++lengths_h_[index(layer, head)];
+  push_lengths(layer, stream);
+}
+
+void DeviceKvCache::keep_slots(int layer, const int32_t* slots, int ld, const int32_t* counts,
+                               cudaStream_t stream) {
+  check_layer(layer);
+  const int heads = shape_.num_kv_heads;
+  KVB_CHECK(ld >= 0) << "DeviceKvCache::keep_slots: ld = " << ld;
+  for (int h = 0; h < heads; ++h) {
+    KVB_CHECK(counts[h] >= 0 && counts[h] <= length(layer, h) && counts[h] <= ld)
+        << "DeviceKvCache::keep_slots: layer " << layer << " head " << h << " keeps " << counts[h]
+        << " of " << length(layer, h) << " slots (ld " << ld << ")";
+  }
+  KVB_CHECK(slots != nullptr || ld == 0) << "DeviceKvCache::keep_slots: null slot lists";
+  StreamScratch counts_d(heads * sizeof(int32_t), stream);
+  KVB_CUDA_CHECK(cudaMemcpyAsync(counts_d.as<int32_t>(), counts, heads * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream));
+  const DeviceLayerKvView v = this->layer(layer);
+  {
+    DeviceErrorFlag flag(stream);
+    validate_keep_kernel<<<heads, 256, 0, stream>>>(slots, ld, counts_d.as<int32_t>(), v.lengths,
+                                                    flag.flag());
+    KVB_CUDA_CHECK_LAUNCH();
+    flag.check("DeviceKvCache::keep_slots", describe_keep);
+  }
+  const int d = shape_.head_dim;
+  const size_t smem = static_cast<size_t>(kCompactChunk) * d * kv_dtype_bytes(dtype_);
+  if (dtype_ == KvDtype::kF32) {
+    auto kernel = compact_kernel<float>;
+    if (smem > 48 * 1024) {
+      KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+    }
+    kernel<<<heads, 256, smem, stream>>>(static_cast<float*>(v.keys), static_cast<float*>(v.values),
+                                         v.positions, v.offsets, slots, ld, counts_d.as<int32_t>(),
+                                         d);
+  } else {
+    auto kernel = compact_kernel<__nv_bfloat16>;
+    if (smem > 48 * 1024) {
+      KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+    }
+    kernel<<<heads, 256, smem, stream>>>(static_cast<__nv_bfloat16*>(v.keys),
+                                         static_cast<__nv_bfloat16*>(v.values), v.positions,
+                                         v.offsets, slots, ld, counts_d.as<int32_t>(), d);
+  }
+  KVB_CUDA_CHECK_LAUNCH();
+  for (int h = 0; h < heads; ++h) lengths_h_[index(layer, h)] = counts[h];
+  push_lengths(layer, stream);
+}
+
+void DeviceKvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots) {
+  check_layer(layer);
+  KVB_CHECK(head >= 0 && head < shape_.num_kv_heads)
+      << "DeviceKvCache::keep_slots: head " << head << " outside [0, " << shape_.num_kv_heads
+      << ")";
+  // Every other head keeps all its slots: lists 0..len-1 (already in place, so the compaction
+  // kernel skips them chunk by chunk).
+  const int heads = shape_.num_kv_heads;
+  int ld = static_cast<int>(slots.size());
+  for (int h = 0; h < heads; ++h) ld = std::max(ld, length(layer, h));
+  std::vector<int32_t> lists(static_cast<size_t>(heads) * ld, 0), counts(heads);
+  for (int h = 0; h < heads; ++h) {
+    int32_t* row = &lists[static_cast<size_t>(h) * ld];
+    if (h == head) {
+      std::copy(slots.begin(), slots.end(), row);
+      counts[h] = static_cast<int32_t>(slots.size());
+    } else {
+      for (int j = 0; j < length(layer, h); ++j) row[j] = j;
+      counts[h] = length(layer, h);
+    }
+  }
+  DeviceBuffer<int32_t> lists_d(lists.size());
+  lists_d.upload(lists.data(), lists.size());
+  keep_slots(layer, lists_d.data(), ld, counts.data(), 0);
+  KVB_CUDA_CHECK(cudaStreamSynchronize(0));
+}
+
+void DeviceKvCache::clear() {
+  std::fill(lengths_h_.begin(), lengths_h_.end(), 0);
+  lengths_d_.upload(lengths_h_.data(), lengths_h_.size());
+  next_position_ = 0;
+}
+
+size_t DeviceKvCache::bytes_per_slot() const {
+  return 2 * static_cast<size_t>(shape_.head_dim) * kv_dtype_bytes(dtype_) + sizeof(int32_t);
+}
+int DeviceKvCache::total_slots() const {
+  int t = 0;
+  for (int32_t l : lengths_h_) t += l;
+  return t;
+}
+size_t DeviceKvCache::logical_bytes() const { return total_slots() * bytes_per_slot(); }
+size_t DeviceKvCache::logical_bytes(int layer, int head) const {
+  return static_cast<size_t>(length(layer, head)) * bytes_per_slot();
+}
+size_t DeviceKvCache::physical_bytes() const {
+  size_t slots = 0;
+  for (int s : layer_slots_) slots += s;
+  return slots * bytes_per_slot();
+}
+
+namespace {
+uint16_t f32_to_bf16_bits(float f) {  // round to nearest even; NaN stays a (quiet) NaN
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+float bf16_bits_to_f32(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+}  // namespace
+
+void DeviceKvCache::upload(const KvCache& cpu_cache) {
+  const KvCacheShape& s = cpu_cache.shape();
+  KVB_CHECK(s.num_layers == shape_.num_layers && s.num_kv_heads == shape_.num_kv_heads &&
+            s.head_dim == shape_.head_dim)
+      << "DeviceKvCache::upload: shape " << s.num_layers << "x" << s.num_kv_heads << "x"
+      << s.head_dim << " into " << shape_.num_layers << "x" << shape_.num_kv_heads << "x"
+      << shape_.head_dim;
+  KvCache& src = const_cast<KvCache&>(cpu_cache);  // layer() is non-const; only read here
+  for (int l = 0; l < shape_.num_layers; ++l) {    // check everything before changing anything
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      KVB_CHECK(cpu_cache.length(l, h) <= capacity(l, h))
+          << "DeviceKvCache::upload: layer " << l << " head " << h << " holds "
+          << cpu_cache.length(l, h) << " slots, capacity " << capacity(l, h);
+    }
+  }
+  const int d = shape_.head_dim;
+  const size_t eb = kv_dtype_bytes(dtype_);
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    const LayerKvView view = src.layer(l);
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      const int len = cpu_cache.length(l, h);
+      const size_t elems = static_cast<size_t>(len) * d;
+      const size_t at = static_cast<size_t>(offset(l, h)) * d * eb;
+      for (int which = 0; which < 2; ++which) {
+        const float* from = which == 0 ? view.key(h, 0) : view.value(h, 0);
+        unsigned char* to = (which == 0 ? keys_[l] : values_[l]).data() + at;
+        if (dtype_ == KvDtype::kF32) {
+          KVB_CUDA_CHECK(cudaMemcpy(to, from, elems * 4, cudaMemcpyHostToDevice));
+        } else {
+          std::vector<uint16_t> tmp(elems);
+          for (size_t i = 0; i < elems; ++i) tmp[i] = f32_to_bf16_bits(from[i]);
+          KVB_CUDA_CHECK(cudaMemcpy(to, tmp.data(), elems * 2, cudaMemcpyHostToDevice));
+        }
+      }
+      KVB_CUDA_CHECK(cudaMemcpy(positions_[l].data() + offset(l, h), view.position(h),
+                                len * sizeof(int32_t), cudaMemcpyHostToDevice));
+      lengths_h_[index(l, h)] = len;
+    }
+  }
+  lengths_d_.upload(lengths_h_.data(), lengths_h_.size());
+  next_position_ = cpu_cache.next_position();
+}
+
+KvCache DeviceKvCache::download() const {
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());  // pending appends/compactions on any stream
+  KvCache out(shape_, std::max(1, max_length()));
+  const int d = shape_.head_dim;
+  const size_t eb = kv_dtype_bytes(dtype_);
+  std::vector<float> k, v;
+  std::vector<uint16_t> raw;
+  std::vector<int32_t> pos;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      const int len = length(l, h);
+      const size_t elems = static_cast<size_t>(len) * d;
+      const size_t at = static_cast<size_t>(offset(l, h)) * d * eb;
+      k.resize(elems);
+      v.resize(elems);
+      for (int which = 0; which < 2; ++which) {
+        std::vector<float>& to = which == 0 ? k : v;
+        const unsigned char* from = (which == 0 ? keys_[l] : values_[l]).data() + at;
+        if (dtype_ == KvDtype::kF32) {
+          KVB_CUDA_CHECK(cudaMemcpy(to.data(), from, elems * 4, cudaMemcpyDeviceToHost));
+        } else {
+          raw.resize(elems);
+          KVB_CUDA_CHECK(cudaMemcpy(raw.data(), from, elems * 2, cudaMemcpyDeviceToHost));
+          for (size_t i = 0; i < elems; ++i) to[i] = bf16_bits_to_f32(raw[i]);
+        }
+      }
+      pos.resize(len);
+      KVB_CUDA_CHECK(cudaMemcpy(pos.data(), positions_[l].data() + offset(l, h),
+                                len * sizeof(int32_t), cudaMemcpyDeviceToHost));
+      for (int s = 0; s < len; ++s) {
+        out.append(l, h, &k[static_cast<size_t>(s) * d], &v[static_cast<size_t>(s) * d], pos[s]);
+      }
+    }
+  }
+  out.advance_position(next_position_);
+  return out;
+}
+
+}  // namespace kvb::kernels::cuda

@@ -1,0 +1,115 @@
+// The KV cache on the device (DESIGN.md "KV cache"; the issue "CUDA backend"): per layer ONE
+// flat buffer of slots, each KV head owning the range [offset, offset + capacity) of it with its
+// own length, so heads may hold different numbers of tokens (Ada-KV's layout, but allocated
+// once: eviction compacts in place and never reallocates). Keys/values are f32 or bf16; each
+// slot also keeps the token's original position. Same semantics as kernels/kv_cache.h (slots in
+// increasing position order, keep_slots, logical/physical byte accounting).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/runtime.h"
+#include "kernels/kv_cache.h"
+
+namespace kvb::kernels::cuda {
+
+enum class KvDtype { kF32, kBf16 };
+size_t kv_dtype_bytes(KvDtype dtype);
+const char* kv_dtype_name(KvDtype dtype);
+
+// The view kernels read: one layer. Slot s of KV head h is element row offsets[h] + s of
+// keys/values ([slots_in_layer, head_dim], dtype) and positions ([slots_in_layer]). The device
+// arrays are what kernels index; host_lengths mirrors lengths for launch sizing and validation
+// (the cache keeps both in step; a view is valid until the next append/keep_slots/clear).
+struct DeviceLayerKvView {
+  void* keys = nullptr;
+  void* values = nullptr;
+  int32_t* positions = nullptr;
+  const int32_t* offsets = nullptr;       // device [num_kv_heads]
+  const int32_t* capacities = nullptr;    // device [num_kv_heads]
+  const int32_t* lengths = nullptr;       // device [num_kv_heads]
+  const int32_t* host_lengths = nullptr;  // host [num_kv_heads]
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  KvDtype dtype = KvDtype::kF32;
+  int max_length() const;  // over host_lengths
+};
+
+class DeviceKvCache {
+ public:
+  // capacities: [num_layers * num_kv_heads] slots per (layer, head), each >= 0 (layer-major).
+  DeviceKvCache(const KvCacheShape& shape, KvDtype dtype, std::vector<int32_t> capacities);
+  // Every (layer, head) gets `capacity` slots.
+  DeviceKvCache(const KvCacheShape& shape, KvDtype dtype, int capacity);
+
+  const KvCacheShape& shape() const { return shape_; }
+  KvDtype dtype() const { return dtype_; }
+  int capacity(int layer, int head) const { return capacities_h_[index(layer, head)]; }
+  int length(int layer, int head) const { return lengths_h_[index(layer, head)]; }
+  int offset(int layer, int head) const { return offsets_h_[index(layer, head)]; }
+  int max_length() const;
+  int32_t next_position() const { return next_position_; }
+  void advance_position(int n) { next_position_ += n; }
+
+  DeviceLayerKvView layer(int layer);
+
+  // Every change to lengths is made on the host mirror and copied to the device in stream order
+  // from pageable memory, which waits for the stream's earlier work (append and keep_slots are
+  // stream-ordered but not asynchronous to the host).
+
+  // Appends n tokens to every KV head of `layer`. keys, values: device f32 [n, num_kv_heads,
+  // head_dim] (post-RoPE; converted to the cache dtype); positions: device [n]. Throws, changing
+  // nothing, when a head lacks room for n more slots. Stream-ordered.
+  void append(int layer, const float* keys, const float* values, const int32_t* positions, int n,
+              cudaStream_t stream = 0);
+  // One slot of one head (KvCache::append's shape): key, value device [head_dim].
+  void append(int layer, int head, const float* key, const float* value, int32_t position,
+              cudaStream_t stream = 0);
+
+  // Keeps, for every head h of `layer`, the slots slots[h * ld + j], j < counts[h] (device
+  // slots, host counts), compacting in place. Each list must be strictly increasing and below
+  // the head's length: checked on the device before anything moves (one stream sync); on a bad
+  // list nothing changes and kvb::Error is thrown.
+  void keep_slots(int layer, const int32_t* slots, int ld, const int32_t* counts,
+                  cudaStream_t stream = 0);
+  // KvCache::keep_slots's signature: one head, a host list. Synchronous.
+  void keep_slots(int layer, int head, const std::vector<int32_t>& slots);
+
+  void clear();  // lengths 0, position 0; the allocation stays
+
+  // Exact accounting as KvCache: logical = retained slots x bytes per slot (key + value in the
+  // cache dtype + a 4-byte position); physical = allocated slots (sum of capacities) x the same.
+  size_t bytes_per_slot() const;
+  size_t logical_bytes() const;
+  size_t physical_bytes() const;
+  size_t logical_bytes(int layer, int head) const;
+  int total_slots() const;
+
+  // Copies a CPU cache in (shapes must match; every head must fit its capacity; bf16 rounds to
+  // nearest even) and out (a KvCache with capacity max_length(), same lengths, positions and
+  // next_position; bf16 widens exactly). Synchronous; for tests and hand-over.
+  void upload(const KvCache& cpu);
+  KvCache download() const;
+
+ private:
+  size_t index(int layer, int head) const {
+    return static_cast<size_t>(layer) * shape_.num_kv_heads + head;
+  }
+  void check_layer(int layer) const;
+  void push_lengths(int layer, cudaStream_t stream);
+
+  KvCacheShape shape_;
+  KvDtype dtype_;
+  int32_t next_position_ = 0;
+  std::vector<int32_t> capacities_h_, offsets_h_, lengths_h_;  // [num_layers * num_kv_heads]
+  std::vector<int> layer_slots_;                               // [num_layers]
+  DeviceBuffer<int32_t> capacities_d_, offsets_d_, lengths_d_;
+  std::vector<DeviceBuffer<unsigned char>> keys_, values_;  // per layer [slots, head_dim] dtype
+  std::vector<DeviceBuffer<int32_t>> positions_;            // per layer [slots]
+};
+
+}  // namespace kvb::kernels::cuda

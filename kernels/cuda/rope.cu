@@ -1,0 +1,67 @@
+// RoPE, CUDA twin of cpu/rope: inverse frequencies from the host (bit-identical to the CPU's),
+// angle = position * inv_freq in f32, cos/sin in double rounded to f32. The rotation is written
+// without contraction; the CPU build may fuse one of its products (GCC contracts x0*c - x1*s on
+// FMA hardware), so the two agree to an ulp or two, not bitwise.
+#include "kernels/cuda/rope.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cuda/runtime.h"
+
+namespace kvb::kernels::cuda {
+namespace {
+
+// One thread per (token, head, pair).
+__global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq, int n,
+                            int num_heads, int head_dim, int half, bool neox, float linear_scale) {
+  const size_t total = static_cast<size_t>(n) * num_heads * half;
+  for (size_t idx = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const size_t th = idx / half;  // token * num_heads + head
+    const int t = static_cast<int>(th / num_heads);
+    const float position = __fdiv_rn(static_cast<float>(pos[t]), linear_scale);
+    const float angle = __fmul_rn(position, inv_freq[i]);
+    const float c = static_cast<float>(cos(static_cast<double>(angle)));
+    const float s = static_cast<float>(sin(static_cast<double>(angle)));
+    float* v = x + th * head_dim;  // [head_dim]
+    const int a = neox ? i : 2 * i;
+    const int b = neox ? i + half : 2 * i + 1;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    v[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+  }
+}
+
+}  // namespace
+
+void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, const RopeParams& p,
+          cudaStream_t stream) {
+  KVB_CHECK(p.rot_dim > 0 && p.rot_dim <= head_dim && p.rot_dim % 2 == 0)
+      << "cuda::rope: rot_dim " << p.rot_dim << " head_dim " << head_dim;
+  KVB_CHECK(n >= 0 && num_heads >= 0) << "cuda::rope: n = " << n << ", num_heads = " << num_heads;
+  const int half = p.rot_dim / 2;
+  KVB_CHECK(p.freq_factors.empty() || static_cast<int>(p.freq_factors.size()) == half)
+      << "cuda::rope: " << p.freq_factors.size() << " frequency factors for rot_dim " << p.rot_dim;
+  KVB_CHECK(p.linear_scale > 0) << "cuda::rope: linear_scale = " << p.linear_scale;
+  if (n == 0 || num_heads == 0) return;
+  // The same f32 expression as cpu::rope, evaluated on the host, so the frequencies agree bitwise.
+  std::vector<float> inv_freq(half);
+  for (int i = 0; i < half; ++i) {
+    float f = 1.0f / std::pow(p.theta, static_cast<float>(2 * i) / static_cast<float>(p.rot_dim));
+    if (!p.freq_factors.empty()) f /= p.freq_factors[i];
+    inv_freq[i] = f;
+  }
+  StreamScratch freq(half * sizeof(float), stream);
+  KVB_CUDA_CHECK(cudaMemcpyAsync(freq.as<float>(), inv_freq.data(), half * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream));
+  // From pageable memory the call returns once inv_freq is staged, so it may go out of scope.
+  const size_t total = static_cast<size_t>(n) * num_heads * half;
+  const unsigned blocks = grid_for(total, 256) > 65535u ? 65535u : grid_for(total, 256);
+  rope_kernel<<<blocks, 256, 0, stream>>>(x, pos, freq.as<float>(), n, num_heads, head_dim, half,
+                                          p.style == RopeStyle::kNeox, p.linear_scale);
+  KVB_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kvb::kernels::cuda

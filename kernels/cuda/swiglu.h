@@ -1,0 +1,11 @@
+// SwiGLU, CUDA twin of kernels/cpu/swiglu.h: gate = silu(gate) * up.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace kvb::kernels::cuda {
+// Device pointers. gate: [n] (overwritten with the result); up: [n].
+void swiglu(float* gate, const float* up, size_t n, cudaStream_t stream = 0);
+}  // namespace kvb::kernels::cuda

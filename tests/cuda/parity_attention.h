@@ -1,0 +1,212 @@
+// Attention and device-KV-cache cases of the parity table (test_cuda_parity.cc): the same
+// ragged cache on both sides (the CPU reference reads the device cache's own download, so a
+// bf16 cache is compared against the CPU on exactly the rounded values), prefill and decode,
+// statistics, append/compaction/accounting.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/kv_cache_device.h"
+#include "tests/cuda/parity_util.h"
+
+namespace kvb::parity {
+
+struct AttentionCase {
+  int n;                    // query tokens (1: the decode path)
+  std::vector<int> before;  // per KV head: slots cached before the block (ragged)
+  int group;                // query heads per KV head
+  int head_dim;
+  cu::KvDtype dtype;
+  bool stats;  // col_sums + last_probs
+};
+
+inline std::string describe(const AttentionCase& c) {
+  std::string s = "n=" + std::to_string(c.n) + " group=" + std::to_string(c.group) +
+                  " d=" + std::to_string(c.head_dim) + " " + cu::kv_dtype_name(c.dtype) +
+                  " before={";
+  for (int b : c.before) s += std::to_string(b) + ",";
+  return s + "}" + (c.stats ? " stats" : "");
+}
+
+inline void run_attention_case(const AttentionCase& c) {
+  const std::string what = describe(c);
+  const int kvh = static_cast<int>(c.before.size()), nh = kvh * c.group, d = c.head_dim;
+  const kernels::KvCacheShape shape{1, kvh, d};
+  // Fill a device cache: the earlier slots first, per head, then the block's n slots for all.
+  std::vector<int32_t> caps(kvh);
+  int max_len = 0;
+  for (int h = 0; h < kvh; ++h) {
+    caps[h] = c.before[h] + c.n + 3;  // spare room: capacities differ from lengths
+    max_len = std::max(max_len, c.before[h] + c.n);
+  }
+  cu::DeviceKvCache dev(shape, c.dtype, caps);
+  uint64_t seed = 100;
+  for (int h = 0; h < kvh; ++h) {
+    for (int s = 0; s < c.before[h]; ++s) {
+      const auto k = to_device(random_vec(d, ++seed)), v = to_device(random_vec(d, ++seed));
+      dev.append(0, h, k.data(), v.data(), s);
+    }
+  }
+  const auto kb = to_device(random_vec(static_cast<size_t>(c.n) * kvh * d, ++seed, -2, 2));
+  const auto vb = to_device(random_vec(static_cast<size_t>(c.n) * kvh * d, ++seed));
+  std::vector<int32_t> pos(c.n);
+  for (int i = 0; i < c.n; ++i) pos[i] = 5000 + i;
+  const auto posd = to_device(pos);
+  dev.append(0, kb.data(), vb.data(), posd.data(), c.n);
+  kernels::KvCache cpu = dev.download();  // the exact values the device holds (bf16 widened)
+  for (int h = 0; h < kvh; ++h) ASSERT_EQ(cpu.length(0, h), c.before[h] + c.n) << what;
+
+  const std::vector<float> q = random_vec(static_cast<size_t>(c.n) * nh * d, ++seed, -2, 2);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int stride = max_len + 5, last_w = std::min(c.n, 3);
+  const size_t stats_n = static_cast<size_t>(nh) * stride;
+  std::vector<float> out(q.size()), cs(stats_n), lp(stats_n * last_w);
+  kernels::cpu::AttentionArgs ca{out.data(), q.data(), cpu.layer(0), c.n, nh, scale};
+  if (c.stats) {
+    ca.col_sums = cs.data();
+    ca.last_probs = lp.data();
+    ca.last_w = last_w;
+    ca.stats_stride = stride;
+  }
+  kernels::cpu::attention(ca);
+
+  const auto qd = to_device(q);
+  cu::DeviceBuffer<float> outd(q.size()), csd(stats_n), lpd(stats_n * last_w);
+  // Garbage in the outputs: every element must be written (stats rows past a head: zeroed).
+  KVB_CUDA_CHECK(cudaMemset(outd.data(), 0x7f, outd.bytes()));
+  KVB_CUDA_CHECK(cudaMemset(csd.data(), 0x7f, csd.bytes()));
+  KVB_CUDA_CHECK(cudaMemset(lpd.data(), 0x7f, lpd.bytes()));
+  cu::AttentionArgs ga;
+  ga.out = outd.data();
+  ga.q = qd.data();
+  ga.kv = dev.layer(0);
+  ga.n = c.n;
+  ga.num_heads = nh;
+  ga.scale = scale;
+  if (c.stats) {
+    ga.col_sums = csd.data();
+    ga.last_probs = lpd.data();
+    ga.last_w = last_w;
+    ga.stats_stride = stride;
+  }
+  cu::attention(ga);
+  // Outputs are convex combinations of values in [-1, 1]: f32 rounding stays far below 1e-5.
+  expect_close(to_host(outd), out, 2e-5, 1e-4, what + " out");
+  if (c.stats) {
+    // Column sums add up to n probabilities: the bound scales with the sum.
+    expect_close(to_host(csd), cs, 1e-5, 1e-4, what + " col_sums");
+    expect_close(to_host(lpd), lp, 1e-6, 1e-4, what + " last_probs");
+  }
+}
+
+inline std::vector<AttentionCase> attention_cases() {
+  using K = cu::KvDtype;
+  std::vector<AttentionCase> v;
+  for (K dt : {K::kF32, K::kBf16}) {
+    // Decode over ragged heads, GQA groups 1, 2, 4, 7, lengths 1 .. 4097.
+    v.push_back({1, {0}, 1, 64, dt, true});
+    v.push_back({1, {2, 6, 16}, 2, 64, dt, true});
+    v.push_back({1, {4096, 16, 0}, 7, 64, dt, true});
+    v.push_back({1, {300, 700}, 4, 128, dt, false});
+    // Prefill blocks of 3, 7, 17 over ragged earlier slots; odd head_dim 40 and the maximum 256.
+    v.push_back({3, {0, 5}, 2, 40, dt, true});
+    v.push_back({7, {17, 0, 1}, 7, 64, dt, true});
+    v.push_back({17, {4080, 3}, 4, 64, dt, true});
+    v.push_back({17, {33}, 1, 256, dt, true});
+  }
+  // A 4097-token prompt (one head pair, small head_dim to keep the CPU reference quick).
+  v.push_back({4097, {0}, 2, 32, K::kF32, true});
+  v.push_back({4097, {0}, 1, 32, K::kBf16, false});
+  return v;
+}
+
+// Append, keep_slots (device lists for all heads, and KvCache's one-head form), clear and the
+// byte accounting, replayed on a CPU KvCache and compared after every step.
+inline void run_kv_cache_case(cu::KvDtype dtype) {
+  const kernels::KvCacheShape shape{2, 3, 20};
+  const int d = shape.head_dim, heads = shape.num_kv_heads;
+  cu::DeviceKvCache dev(shape, dtype, std::vector<int32_t>{40, 17, 33, 8, 40, 40});
+  kernels::KvCache cpu(shape, 40);
+  uint64_t seed = 900;
+  auto same = [&](const std::string& what) {
+    kernels::KvCache got = dev.download();
+    for (int l = 0; l < shape.num_layers; ++l) {
+      for (int h = 0; h < heads; ++h) {
+        ASSERT_EQ(got.length(l, h), cpu.length(l, h)) << what << " l" << l << " h" << h;
+        const kernels::LayerKvView a = got.layer(l), b = cpu.layer(l);
+        for (int s = 0; s < cpu.length(l, h); ++s) {
+          ASSERT_EQ(a.position(h)[s], b.position(h)[s]) << what << " slot " << s;
+          for (int x = 0; x < d; ++x) {
+            ASSERT_EQ(a.key(h, s)[x], b.key(h, s)[x]) << what << " key " << s << "," << x;
+            ASSERT_EQ(a.value(h, s)[x], b.value(h, s)[x]) << what << " value " << s << "," << x;
+          }
+        }
+      }
+    }
+    const size_t slot = 2 * static_cast<size_t>(d) * cu::kv_dtype_bytes(dtype) + 4;
+    EXPECT_EQ(dev.bytes_per_slot(), slot);
+    EXPECT_EQ(dev.total_slots(), cpu.total_slots()) << what;
+    EXPECT_EQ(dev.logical_bytes(), cpu.total_slots() * slot) << what;
+    EXPECT_EQ(dev.physical_bytes(), (40 + 17 + 33 + 8 + 40 + 40) * slot) << what;
+    EXPECT_EQ(dev.logical_bytes(1, 2), cpu.length(1, 2) * slot) << what;
+  };
+  // The CPU side stores what the device stores: bf16-rounded inputs when the cache is bf16.
+  auto host_val = [&](float f) { return dtype == cu::KvDtype::kBf16 ? bf16_round(f) : f; };
+  for (int t = 0; t < 8; ++t) {  // 8 tokens into layer 0 (all heads), then 3 into head 1 of layer 1
+    std::vector<float> k = random_vec(static_cast<size_t>(heads) * d, ++seed);
+    std::vector<float> v = random_vec(static_cast<size_t>(heads) * d, ++seed);
+    const auto kd = to_device(k), vd = to_device(v);
+    const auto pd = to_device(std::vector<int32_t>{10 * t});
+    dev.append(0, kd.data(), vd.data(), pd.data(), 1);
+    for (float& f : k) f = host_val(f);
+    for (float& f : v) f = host_val(f);
+    for (int h = 0; h < heads; ++h) {
+      cpu.append(0, h, &k[static_cast<size_t>(h) * d], &v[static_cast<size_t>(h) * d], 10 * t);
+    }
+    if (t < 3) {
+      dev.append(1, 1, kd.data(), vd.data(), 7 + t);
+      cpu.append(1, 1, k.data(), v.data(), 7 + t);
+    }
+  }
+  same("after append");
+  // Head 1 of layer 0 holds 8 of its 17; 10 more do not fit: refused, nothing changes.
+  const auto big = to_device(random_vec(static_cast<size_t>(10) * heads * d, 1));
+  const auto bigp = to_device(std::vector<int32_t>(10, 0));
+  EXPECT_THROW(dev.append(0, big.data(), big.data(), bigp.data(), 10), Error);
+  // Per-head keep lists of different sizes, one of them empty.
+  const int ld = 8;
+  const std::vector<std::vector<int32_t>> keep = {{1, 2, 5, 7}, {}, {0, 1, 2, 3, 4, 5, 6}};
+  std::vector<int32_t> flat(heads * ld, 0), counts(heads);
+  for (int h = 0; h < heads; ++h) {
+    std::copy(keep[h].begin(), keep[h].end(), flat.begin() + h * ld);
+    counts[h] = static_cast<int32_t>(keep[h].size());
+  }
+  auto flat_d = to_device(flat);
+  dev.keep_slots(0, flat_d.data(), ld, counts.data());
+  for (int h = 0; h < heads; ++h) cpu.keep_slots(0, h, keep[h]);
+  same("after keep_slots");
+  // A bad list (not increasing) is refused on the device and leaves the cache as it was.
+  std::vector<int32_t> bad = flat;
+  bad[2 * ld + 1] = 0;
+  auto bad_d = to_device(bad);
+  EXPECT_THROW(dev.keep_slots(0, bad_d.data(), ld, counts.data()), Error);
+  EXPECT_THROW(dev.keep_slots(1, 1, {2, 2}), Error);
+  same("after refused keep_slots");
+  dev.keep_slots(1, 1, {0, 2});
+  cpu.keep_slots(1, 1, {0, 2});
+  same("after one-head keep_slots");
+  // Round trip: upload the CPU cache into a fresh device cache.
+  cu::DeviceKvCache dev2(shape, dtype, 12);
+  dev2.upload(cpu);
+  kernels::KvCache back = dev2.download();
+  EXPECT_EQ(back.total_slots(), cpu.total_slots());
+  EXPECT_EQ(back.layer(0).key(0, 3)[5], cpu.layer(0).key(0, 3)[5]);
+  dev.clear();
+  cpu.clear();
+  same("after clear");
+}
+
+}  // namespace kvb::parity

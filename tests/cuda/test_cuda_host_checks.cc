@@ -1,0 +1,155 @@
+// Host-side behaviour of the CUDA twins that needs no GPU, so it runs (and can fail) on every
+// machine: each launcher rejects bad arguments with kvb::Error before its first CUDA call, and
+// without a device the runtime helpers report 0 devices and CUDA failures as kvb::Error naming
+// the failed call.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/budget.h"
+#include "kernels/cuda/dequant.h"
+#include "kernels/cuda/kcenter.h"
+#include "kernels/cuda/kv_cache_device.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/pool.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/scores.h"
+#include "kernels/cuda/select.h"
+#include "kernels/cuda/subgen_estimator.h"
+#include "kernels/policies/policy.h"
+
+namespace kvb::kernels::cuda {
+namespace {
+
+// Calls are qualified (cuda::rope): with cpu:: argument types, ADL would also find cpu::rope.
+
+// The message of the kvb::Error that `f` throws ("" and a test failure when it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no kvb::Error thrown";
+  return "";
+}
+
+TEST(CudaHostChecks, LaunchersRejectBadArguments) {
+  float dummy[8] = {};
+  EXPECT_NE(error_of([&] { rmsnorm(dummy, dummy, dummy, -1, 4, 1e-5f); }).find("n = -1"),
+            std::string::npos);
+  RopeParams odd;
+  odd.rot_dim = 3;
+  EXPECT_NE(error_of([&] { cuda::rope(dummy, nullptr, 1, 1, 4, odd); }).find("rot_dim 3"),
+            std::string::npos);
+  RopeParams factors;
+  factors.rot_dim = 4;
+  factors.freq_factors = {1.0f};  // needs rot_dim / 2 = 2
+  EXPECT_NE(
+      error_of([&] { cuda::rope(dummy, nullptr, 1, 1, 4, factors); }).find("frequency factors"),
+      std::string::npos);
+  EXPECT_NE(error_of([&] { dequantize(6, dummy, dummy, 32); }).find("Q5_0"), std::string::npos);
+  EXPECT_NE(error_of([&] { dequantize(2, dummy, dummy, 33); }).find("multiple of the block"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { matmul(dummy, dummy, dummy, nullptr, 1, -2, 1); }).find("k = -2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { cuda::pool1d(dummy, dummy + 8, 1, 4, 4, PoolKind::kMax); }).find("odd"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { cuda::pool1d(dummy, dummy + 2, 1, 4, 3, PoolKind::kAvg); }).find("overlap"),
+      std::string::npos);
+  int32_t out[8];
+  EXPECT_NE(error_of([&] { select_topk(dummy, -1, 1, out); }).find("n = -1"), std::string::npos);
+  EXPECT_NE(error_of([&] { select_topk_range(dummy, 3, 2, 1, out); }).find("[3, 2)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { select_topk_rows(dummy, -1, 4, out, out, out, out); }).find("rows"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { select_argmin(dummy, nullptr, -4); }).find("n = -4"), std::string::npos);
+  RaggedScores rs{dummy, nullptr, out, -1, 4};
+  EXPECT_NE(error_of([&] { cuda::global_topk_counts(rs, 3, out); }).find("num_heads = -1"),
+            std::string::npos);
+  KCenterArgs kc{dummy, 4, 3, 2, 2};  // ld < dim
+  EXPECT_NE(error_of([&] { cuda::kcenter_greedy(kc, out); }).find("ld = 2"), std::string::npos);
+  SubgenQueryArgs sq;
+  EXPECT_NE(error_of([&] { cuda::subgen_query(sq); }).find("head_dim = 0"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              accumulate_scores(dummy, 4, out, dummy, 4, 1, 0, policies::GqaReduce::kMean);
+            }).find("group = 0"),
+            std::string::npos);
+  HistoryBitsArgs hb;
+  hb.history = 65;
+  hb.kv.num_kv_heads = 1;
+  hb.num_heads = 1;
+  EXPECT_NE(error_of([&] { scissorhands_update_bits(hb); }).find("history 65"), std::string::npos);
+}
+
+TEST(CudaHostChecks, AttentionValidatesAgainstHostLengths) {
+  const int32_t lengths[2] = {5, 2};
+  DeviceLayerKvView kv;
+  kv.num_kv_heads = 2;
+  kv.head_dim = 8;
+  kv.host_lengths = lengths;
+  kv.lengths = lengths;  // never read on the host; any non-null pointer passes the check
+  kv.offsets = lengths;
+  float buf[64] = {};
+  AttentionArgs a;
+  a.out = buf;
+  a.q = buf;
+  a.kv = kv;
+  a.kv.keys = buf;
+  a.kv.values = buf;
+  a.n = 3;  // head 1 holds only 2 slots
+  a.num_heads = 4;
+  a.scale = 1.0f;
+  EXPECT_NE(error_of([&] { attention(a); }).find("head 1 holds 2 slots"), std::string::npos);
+  a.n = 1;
+  a.num_heads = 3;  // not a multiple of 2
+  EXPECT_NE(error_of([&] { attention(a); }).find("num_heads 3"), std::string::npos);
+  a.num_heads = 4;
+  a.col_sums = buf;
+  a.stats_stride = 4;  // < 5
+  EXPECT_NE(error_of([&] { attention(a); }).find("stats_stride 4"), std::string::npos);
+  a.col_sums = nullptr;
+  a.last_probs = buf;
+  a.stats_stride = 5;
+  a.last_w = 2;  // > n
+  EXPECT_NE(error_of([&] { attention(a); }).find("last_w 2"), std::string::npos);
+  a.last_probs = nullptr;
+  a.kv.head_dim = kMaxHeadDim + 1;
+  EXPECT_NE(error_of([&] { attention(a); }).find("head_dim"), std::string::npos);
+}
+
+TEST(CudaHostChecks, DeviceKvCacheValidatesShape) {
+  EXPECT_NE(error_of([] {
+              DeviceKvCache c({0, 2, 8}, KvDtype::kF32, 4);
+            }).find("bad shape"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              DeviceKvCache c({2, 2, 8}, KvDtype::kBf16, std::vector<int32_t>{1, 2, 3});
+            }).find("3 capacities for 4 heads"),
+            std::string::npos);
+  EXPECT_EQ(kv_dtype_bytes(KvDtype::kBf16), 2u);
+  EXPECT_EQ(kv_dtype_bytes(KvDtype::kF32), 4u);
+}
+
+TEST(CudaHostChecks, NoDeviceMeansZeroAndNamedErrors) {
+  EXPECT_EQ(has_device(), device_count() > 0);
+  if (has_device()) GTEST_SKIP() << "a device is present; the no-device path cannot be shown";
+  EXPECT_EQ(device_count(), 0);
+  EXPECT_EQ(device_count(), 0);  // repeated queries stay quiet (the driver error is persistent)
+  // A CUDA failure is a kvb::Error naming the call and CUDA's error name.
+  const std::string msg = error_of([] { DeviceBuffer<float> b(16); });
+  EXPECT_NE(msg.find("cudaMalloc"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cudaError"), std::string::npos) << msg;
+  // Zero-sized buffers allocate nothing, so they work anywhere.
+  DeviceBuffer<float> empty(0);
+  EXPECT_EQ(empty.data(), nullptr);
+}
+
+}  // namespace
+}  // namespace kvb::kernels::cuda
