@@ -1,6 +1,9 @@
 // `kvbench query --db FILE NAME|SQL`: a named query (results/queries/*.sql) or ad-hoc SQL against
 // a results database opened read-only; the rows printed as md, csv or jsonl on stdout.
 #include <boost/program_options.hpp>
+#include <sqlite3.h>
+
+#include <filesystem>
 #include <iostream>
 
 #include "common/error.h"
@@ -8,6 +11,8 @@
 #include "common/table.h"
 #include "results/analysis.h"
 #include "results/named_queries.h"
+#include "results/schema.h"
+#include "results/sqlite_util.h"
 #include "results/stats.h"
 #include "results/store.h"
 
@@ -28,13 +33,17 @@ int cmd_query(const std::vector<std::string>& args) {
   std::vector<std::string> params;
   po::options_description desc(
       "usage: kvbench query --db FILE NAME|SQL [-o md|csv|jsonl] [--param VALUE ...]\n"
-      "       kvbench query --list\n\n"
+      "       kvbench query --list\n"
+      "       kvbench query --db FILE --migrate\n\n"
       "Runs a named query (kvbench query --list) or one SQL statement against a results\n"
       "database, opened read-only. Values given with --param bind to ?1, ?2, ... in the SQL.\n\n"
       "options");
   desc.add_options()("help,h", "print this help")
       ("db", po::value(&db), "the results database (SQLite) written by kvbench sweep")
       ("list", po::bool_switch(), "list the named queries with a line of description each")
+      ("migrate", po::bool_switch(),
+       "bring a database written by an older kvbench to this schema version (opens it "
+       "read-write once; every other use of query opens read-only)")
       ("output,o", po::value(&output)->default_value("md"), "md | csv | jsonl")
       ("param", po::value(&params)->composing(), "a value bound to the next ?N parameter")
       ("query", po::value(&what), "a named query or SQL (positional)");
@@ -50,6 +59,17 @@ int cmd_query(const std::vector<std::string>& args) {
     return 0;
   }
   KVB_USAGE_CHECK(!db.empty()) << "--db FILE is required (see kvbench query --help)";
+  if (vm["migrate"].as<bool>()) {
+    KVB_USAGE_CHECK(what.empty()) << "--migrate takes no query";
+    KVB_USAGE_CHECK(std::filesystem::exists(db)) << "results database " << db << " does not exist";
+    // The version as found, read before the read-write open migrates it.
+    const int before = results::schema_version(results::Db(db, SQLITE_OPEN_READONLY));
+    const results::Store store = results::Store::open(db, results::Mode::kReadWrite);
+    const std::string after = store.query("PRAGMA user_version").rows[0][0].text;
+    std::cout << db << ": schema version " << before << " -> " << after
+              << (std::to_string(before) == after ? " (already current)" : "") << "\n";
+    return 0;
+  }
   KVB_USAGE_CHECK(!what.empty()) << "give a query name or SQL (kvbench query --list names them)";
   KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl")
       << "--output must be md, csv or jsonl, got " << output;

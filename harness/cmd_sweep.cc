@@ -282,6 +282,7 @@ class BundleRunner {
         mm.occupancy_min_final = m.occupancy_min_final;
         mm.occupancy_max_final = m.occupancy_max_final;
         mm.host_rss_peak = static_cast<int64_t>(m.host_rss_peak);
+        mm.prefill_shared = m.prefill_shared;
         r.measurements = mm;
         r.prediction = results::PredictionRow{o.prediction.text, b.sample.references};
         if (tp_ && tp_->rank() == 0) KVB_LOG_INFO << tp_traffic_line(u.key, m);

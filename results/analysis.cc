@@ -228,7 +228,7 @@ std::vector<CostRow> cost_rows(const Store& store, const Filter& filter) {
       "AVG(x.prompt_tokens), AVG(x.kv_bytes_final), AVG(x.kv_bytes_peak), "
       "AVG(x.kv_physical_peak), AVG(x.policy_state_bytes), AVG(x.occupancy_mean), "
       "MAX(x.occupancy_peak), AVG(x.prefill_ms), AVG(x.decode_ms_p50), MAX(x.decode_ms_p99), "
-      "AVG(x.tokens_per_s), AVG(x.policy_ms), u.model "
+      "AVG(x.tokens_per_s), AVG(x.policy_ms), u.model, AVG(x.prefill_shared) "
       "FROM units u JOIN measurements x ON x.unit_key = u.unit_key WHERE u.status = 'ok'" +
           where + " GROUP BY u.model, u.task, u.policy, u.kv_budget_spec, u.context_length",
       params);
@@ -253,6 +253,7 @@ std::vector<CostRow> cost_rows(const Store& store, const Filter& filter) {
     c.tokens_per_s = num(row[15]);
     c.policy_ms = num(row[16]);
     c.model = row[17].text;
+    c.prefill_shared = num(row[18]);
     out.push_back(std::move(c));
   }
   std::stable_sort(out.begin(), out.end(), [](const CostRow& a, const CostRow& b) {
@@ -370,11 +371,11 @@ Table memory_table(const std::vector<CostRow>& rows) {
 
 Table latency_table(const std::vector<CostRow>& rows) {
   Table t({"model", "task", "policy", "kv_budget", "context_length", "n", "prefill ms",
-           "decode ms/tok p50", "decode ms/tok p99", "tok/s", "policy ms"});
+           "decode ms/tok p50", "decode ms/tok p99", "tok/s", "policy ms", "prefill shared"});
   for (const auto& c : rows) {
     t.add({c.model, c.task, c.policy, c.budget, ctx(c.context_length), std::to_string(c.n),
            fixed(c.prefill_ms, 1), fixed(c.decode_p50, 2), fixed(c.decode_p99, 2),
-           fixed(c.tokens_per_s, 1), fixed(c.policy_ms, 2)});
+           fixed(c.tokens_per_s, 1), fixed(c.policy_ms, 2), fixed(c.prefill_shared, 2)});
   }
   return t;
 }

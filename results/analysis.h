@@ -66,6 +66,7 @@ struct CostRow {
   int occupancy_peak = 0;
   double prefill_ms = 0, decode_p50 = 0, decode_p99 = 0 /* max */, tokens_per_s = 0;
   double policy_ms = 0;
+  double prefill_shared = 0;  // share of the units whose prefill was shared with other policies
 };
 std::vector<CostRow> cost_rows(const Store& store, const Filter& filter);
 

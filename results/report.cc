@@ -394,7 +394,9 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   {
     Section s{"latency", "Latency vs context length", "", {}, {}, ""};
     s.intro = "Prefill (prompt forward with compression), decode per token (p50 mean over units, "
-              "p99 max over units), throughput and time inside the policy's hooks.";
+              "p99 max over units), throughput and time inside the policy's hooks. Where "
+              "\"prefill shared\" is above 0, a sample's prompt forward pass ran once for all "
+              "its oneshot policies, so their prefill times are that one pass.";
     s.plots = cost_plots(cost, styles, scope, false);
     s.tables.push_back({"latency", "Latency by policy, budget and context length", latency_table(cost)});
     sections.push_back(std::move(s));

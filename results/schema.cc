@@ -55,6 +55,12 @@ void from_version_0(Db& db) {
   refuse_unversioned(db, tables);
 }
 
+// 1 -> 2: measurements.prefill_shared (existing rows: 0, since nothing recorded it).
+void from_version_1(Db& db) {
+  db.exec("ALTER TABLE measurements ADD COLUMN prefill_shared INTEGER NOT NULL DEFAULT 0 "
+          "CHECK (prefill_shared IN (0, 1))");
+}
+
 void set_schema_version(Db& db, int version) {
   // PRAGMA arguments cannot be bound parameters; `version` is our own integer, not input.
   db.exec("PRAGMA user_version = " + std::to_string(version));
@@ -65,6 +71,7 @@ void set_schema_version(Db& db, int version) {
 const std::vector<Migration>& migrations() {
   static const std::vector<Migration> steps = {
       {0, "create the schema in an empty file; refuse unversioned databases", &from_version_0},
+      {1, "add measurements.prefill_shared", &from_version_1},
   };
   return steps;
 }
@@ -90,7 +97,8 @@ int upgrade_schema(Db& db, bool read_only, const std::vector<Migration>& steps, 
     }
     KVB_USAGE_FAIL() << db.path() << ": database schema version " << found
                      << " is older than this kvbench (" << target
-                     << "); open it read-write once (e.g. `kvbench sweep --resume`) to migrate it";
+                     << "); migrate it with `kvbench query --db " << db.path()
+                     << " --migrate` (or any read-write open, e.g. `kvbench sweep --resume`)";
   }
   // Table rebuilds must not cascade deletes: foreign keys are off while migrating (they cannot be
   // switched inside a transaction) and each step is checked with foreign_key_check instead.

@@ -1,4 +1,4 @@
--- kvbench results database, schema version 1 (DESIGN.md "Results", results/README.md).
+-- kvbench results database, schema version 2 (DESIGN.md "Results", results/README.md).
 --
 -- `runs` holds the provenance of each sweep invocation; `units` one row per work unit, keyed by
 -- the SHA-256 of its canonical fields (DESIGN.md "Work unit and its key"), with its progress and
@@ -107,7 +107,10 @@ CREATE TABLE measurements (
   occupancy_min_final INTEGER NOT NULL,
   occupancy_max_final INTEGER NOT NULL,
   host_rss_peak       INTEGER NOT NULL,               -- VmHWM of the worker process
-  device_peak_bytes   INTEGER                         -- GPU allocator high-water mark; NULL on CPU
+  device_peak_bytes   INTEGER,                        -- GPU allocator high-water mark; NULL on CPU
+  -- Version 2: 1 when the prompt's forward pass was shared with the sample's other oneshot
+  -- policies (prefill_ms is then that one shared pass). Last, as ALTER TABLE adds it.
+  prefill_shared      INTEGER NOT NULL DEFAULT 0 CHECK (prefill_shared IN (0, 1))
 );
 
 -- The unit's output and its gold answers (JSON array of strings).
@@ -117,4 +120,4 @@ CREATE TABLE predictions (
   references_json TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(references_json))
 );
 
-PRAGMA user_version = 1;
+PRAGMA user_version = 2;

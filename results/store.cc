@@ -30,8 +30,8 @@ constexpr const char* kUnitStatusNames[] = {"pending", "running", "ok",     "err
 constexpr const char* kRunStatusNames[] = {"running", "ok", "error", "interrupted", "crashed"};
 
 // Measurement columns, in table order, bound to their struct fields: the INSERT and the SELECT
-// are built from these lists so that they cannot drift apart. device_peak_bytes (nullable)
-// follows them.
+// are built from these lists so that they cannot drift apart. device_peak_bytes (nullable) and
+// prefill_shared (0/1) follow them.
 struct IntColumn {
   const char* name;
   int64_t Measurements::*field;
@@ -65,13 +65,13 @@ constexpr RealColumn kRealColumns[] = {
     {"occupancy_final", &Measurements::occupancy_final},
 };
 constexpr int kNumMeasurementColumns =
-    int(std::size(kIntColumns) + std::size(kRealColumns)) + 1;  // + device_peak_bytes
+    int(std::size(kIntColumns) + std::size(kRealColumns)) + 2;  // + the two below
 
 std::string measurement_column_list() {
   std::string cols;
   for (const auto& c : kIntColumns) cols += std::string(c.name) + ", ";
   for (const auto& c : kRealColumns) cols += std::string(c.name) + ", ";
-  return cols + "device_peak_bytes";
+  return cols + "device_peak_bytes, prefill_shared";
 }
 
 // (Appends rather than `"\"" + ...`: GCC 12 raises a false -Wrestrict on the latter.)
@@ -505,6 +505,7 @@ void Store::write_bundle(const std::vector<UnitResult>& results) {
       for (const auto& c : kIntColumns) add_measurements.bind_int(i++, m.*c.field);
       for (const auto& c : kRealColumns) add_measurements.bind_real(i++, m.*c.field);
       add_measurements.bind_int(i++, m.device_peak_bytes);
+      add_measurements.bind_int(i++, int64_t{m.prefill_shared});
       add_measurements.run();
     }
     del_prediction.bind_text(1, r.unit_key);
@@ -539,6 +540,7 @@ std::optional<Measurements> Store::measurements(const std::string& key) const {
   for (const auto& c : kIntColumns) m.*c.field = st.column_int(i++);
   for (const auto& c : kRealColumns) m.*c.field = st.column_real(i++);
   m.device_peak_bytes = st.column_opt_int(i++);
+  m.prefill_shared = st.column_int(i++) != 0;
   return m;
 }
 

@@ -105,6 +105,7 @@ struct Measurements {
   int64_t occupancy_peak = 0, occupancy_min_final = 0, occupancy_max_final = 0;
   int64_t host_rss_peak = 0;
   std::optional<int64_t> device_peak_bytes;
+  bool prefill_shared = false;  // the prompt's forward pass was shared (schema version 2)
   bool operator==(const Measurements&) const = default;
 };
 

@@ -96,8 +96,8 @@ TEST_F(Query, OtherNamedQueries) {
   };
   EXPECT_EQ(squeeze(head(out, 2)),
             "| model | task | policy | kv_budget | context_length | n | prefill ms "
-            "| decode ms/tok p50 | decode ms/tok p99 | tok/s | policy ms |\n"
-            "| - | - | - | - | - | -: | -: | -: | -: | -: | -: |\n");
+            "| decode ms/tok p50 | decode ms/tok p99 | tok/s | policy ms | prefill shared |\n"
+            "| - | - | - | - | - | -: | -: | -: | -: | -: | -: | -: |\n");
   EXPECT_EQ(squeeze(head(out, 3).substr(head(out, 2).size())).substr(0, 44),
             "| stories260K | niah | full | - | 128 | 3 | ");
   for (const char* q : {"memory", "latency"}) {

@@ -303,6 +303,25 @@ TEST(ReportErrors, EmptyMissingAndForeignDatabases) {
   sqlite3_close(h);
   EXPECT_EQ(kvbench({"report", "--db", foreign, "--out", kBuild + "/x"}, &out, &err), 2);
   EXPECT_NE(err.find("no schema version"), std::string::npos) << err;
+  // A database of schema version 1 (as released): refused read-only with the command that
+  // migrates it; after `query --migrate` it opens (and is empty).
+  const std::string v1 = fresh_db("report_v1.db");
+  {
+    std::ifstream f(std::string(KVB_FIXTURES_DIR) + "/results/schema_v1.sql");
+    std::stringstream ddl;
+    ddl << f.rdbuf();
+    sqlite3* h1 = nullptr;
+    ASSERT_EQ(sqlite3_open(v1.c_str(), &h1), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(h1, ddl.str().c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(h1);
+  }
+  EXPECT_EQ(kvbench({"report", "--db", v1, "--out", kBuild + "/x"}, &out, &err), 2);
+  EXPECT_NE(err.find("schema version 1 is older than this kvbench"), std::string::npos) << err;
+  EXPECT_NE(err.find("kvbench query --db " + v1 + " --migrate"), std::string::npos) << err;
+  EXPECT_EQ(kvbench({"query", "--db", v1, "--migrate"}, &out, &err), 0);
+  EXPECT_NE(out.find(": schema version 1 -> "), std::string::npos) << out;
+  EXPECT_EQ(kvbench({"report", "--db", v1, "--out", kBuild + "/x"}, &out, &err), 2);
+  EXPECT_NE(err.find("holds no units"), std::string::npos) << err;
   EXPECT_EQ(kvbench({"report", "--out", kBuild + "/x"}, &out, &err), 2);
   EXPECT_NE(err.find("--db FILE is required"), std::string::npos) << err;
 }

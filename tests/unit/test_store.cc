@@ -108,6 +108,7 @@ Measurements distinct_measurements() {
   m.occupancy_max_final = 262;
   m.host_rss_peak = 1 << 30;
   m.device_peak_bytes = int64_t(80) << 30;
+  m.prefill_shared = true;
   return m;
 }
 
@@ -483,16 +484,19 @@ void half_done_then_fail(Db& db) {
 }
 
 TEST(Store, MigrationsRunInOrderOneTransactionEach) {
+  // Steps numbered from the current version V: V -> V+1 adds a table, V+1 -> V+2 a column,
+  // V+2 -> V+3 fails half-way.
+  constexpr int V = kSchemaVersion;
   const std::string path = fresh_dir() + "/results.db";
   { Store store = Store::open(path, Mode::kReadWrite); }
-  const std::vector<Migration> steps = {{2, "add a column", &add_extra_column},
-                                        {1, "add a table", &add_extra_table},
-                                        {3, "fails", &half_done_then_fail}};
+  const std::vector<Migration> steps = {{V + 1, "add a column", &add_extra_column},
+                                        {V, "add a table", &add_extra_table},
+                                        {V + 2, "fails", &half_done_then_fail}};
   Db db(path, SQLITE_OPEN_READWRITE);
-  expect_error([&] { upgrade_schema(db, /*read_only=*/true, steps, 3); },
-               {"schema version 1 is older", "read-write"});
-  EXPECT_EQ(upgrade_schema(db, false, steps, 3), 1);
-  EXPECT_EQ(schema_version(db), 3);
+  expect_error([&] { upgrade_schema(db, /*read_only=*/true, steps, V + 2); },
+               {"schema version " + std::to_string(V) + " is older", "read-write"});
+  EXPECT_EQ(upgrade_schema(db, false, steps, V + 2), V);
+  EXPECT_EQ(schema_version(db), V + 2);
   EXPECT_EQ(g_step_calls[0], 1);
   EXPECT_EQ(g_step_calls[1], 1);
   db.exec("INSERT INTO extra (a) VALUES (1)");
@@ -501,17 +505,58 @@ TEST(Store, MigrationsRunInOrderOneTransactionEach) {
     ASSERT_TRUE(st.step());
     EXPECT_EQ(st.column_text(0), "x");
   }
-  expect_error([&] { upgrade_schema(db, false, steps, 4); }, {"cannot migrate"});
+  expect_error([&] { upgrade_schema(db, false, steps, V + 3); }, {"cannot migrate"});
   EXPECT_EQ(g_step_calls[2], 1);
-  EXPECT_EQ(schema_version(db), 3);  // rolled back: still at the last completed version
+  EXPECT_EQ(schema_version(db), V + 2);  // rolled back: still at the last completed version
   Statement half(db, "SELECT count(*) FROM sqlite_master WHERE name = 'half'");
   ASSERT_TRUE(half.step());
   EXPECT_EQ(half.column_int(0), 0);
   expect_error(
       [&] {
-        upgrade_schema(db, false, {steps[0], steps[1]}, 5);
+        upgrade_schema(db, false, {steps[0], steps[1]}, V + 4);
       },
-      {"no migration from schema version 3"});
+      {"no migration from schema version " + std::to_string(V + 2)});
+}
+
+// A database written by schema version 1 (tests/fixtures/results/schema_v1.sql, the file as it
+// was released) is refused read-only with what to do, and migrated read-write keeping its rows.
+TEST(Store, MigratesVersion1Databases) {
+  const std::string path = fresh_dir() + "/v1.db";
+  {
+    std::ifstream f(std::string(KVB_FIXTURES_DIR) + "/results/schema_v1.sql");
+    ASSERT_TRUE(f.good());
+    std::stringstream ddl;
+    ddl << f.rdbuf();
+    Db db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    db.exec(ddl.str());
+    const std::string key(64, 'a');
+    db.exec("INSERT INTO runs (config_text, config_sha256, git_rev, kvbench_version, host, ranks) "
+            "VALUES ('x', 'y', 'z', '0.1.0', 'h', 1)");
+    db.exec("INSERT INTO units (unit_key, run_id, model, model_sha256, task, task_version, "
+            "sample_id, policy, kv_budget_spec, question, max_new_tokens, seed, status) VALUES ('" +
+            key + "', 1, 'm', 's', 'niah', 1, 's0', 'snapkv', '128', 'in_prompt', 8, 0, 'ok')");
+    db.exec("INSERT INTO measurements VALUES ('" + key +
+            "', 100, 8, 0, 12.5, 13.0, 40.0, 5.0, 6.0, 200.0, 1.5, 1000, 2000, 3000, 40, 128.0, "
+            "128.0, 136, 128, 136, 4096, NULL)");
+  }
+  expect_error([&] { (void)Store::open(path, Mode::kReadOnly); },
+               {path, "schema version 1 is older than this kvbench (" +
+                          std::to_string(kSchemaVersion) + ")", "kvbench sweep --resume"});
+  Store store = Store::open(path, Mode::kReadWrite);
+  EXPECT_EQ(store.query("PRAGMA user_version").rows[0][0].text, std::to_string(kSchemaVersion));
+  const auto m = store.measurements(std::string(64, 'a'));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->prompt_tokens, 100);
+  EXPECT_DOUBLE_EQ(m->prefill_ms, 12.5);
+  EXPECT_EQ(m->host_rss_peak, 4096);
+  EXPECT_FALSE(m->device_peak_bytes.has_value());
+  EXPECT_FALSE(m->prefill_shared);  // nothing recorded it before version 2
+  // The migrated table takes the new column like a fresh one.
+  EXPECT_EQ(store.query("SELECT COUNT(*) FROM pragma_table_info('measurements') "
+                        "WHERE name = 'prefill_shared' AND \"notnull\" = 1")
+                .rows[0][0]
+                .text,
+            "1");
 }
 
 TEST(Store, SqlInValuesIsStoredVerbatim) {
