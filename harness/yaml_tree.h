@@ -1,0 +1,52 @@
+// The sweep config's YAML as a tree that remembers each node's file and line (so that every error
+// reads "<file>:<line>: <key path>: <what>"), loaded with its includes merged, and the checks the
+// schema walk in sweep_config.cc is written with. All failures are kvb usage errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvb::harness::yamlcfg {
+
+struct Entry;
+struct Node {
+  enum class Kind { kNull, kScalar, kSeq, kMap };
+  Kind kind = Kind::kNull;
+  std::string file;
+  int line = 1;  // 1-based
+  std::string scalar;
+  std::vector<Node> seq;
+  std::vector<Entry> map;
+  const Entry* find(const std::string& key) const;
+};
+struct Entry {
+  std::string key;
+  int key_line = 1;
+  Node value;
+};
+
+[[noreturn]] void fail_at(const std::string& file, int line, const std::string& key,
+                          const std::string& what);
+[[noreturn]] void fail(const Node& at, const std::string& key, const std::string& what);
+std::string join(const std::vector<std::string>& v, const std::string& sep = ", ");
+
+// A path written in `at`'s file, resolved against that file's folder.
+std::string resolve_path(const Node& at, const std::string& p);
+// Loads one file and its includes (depth first; later includes override earlier ones and the
+// file itself overrides them all). `text` collects each file's text for provenance; `chain`
+// detects include cycles; `site`/`site_key` name the include that asked for this file.
+Node load_tree(const std::string& path, std::vector<std::string>& chain, std::string& text,
+               const Node* site, const std::string& site_key);
+
+// A mapping whose keys must come from `allowed`.
+const Node& expect_map(const Node& n, const std::string& key,
+                       const std::vector<std::string>& allowed);
+std::string scalar(const Node& n, const std::string& key);
+int64_t to_int(const Node& n, const std::string& key, int64_t lo, int64_t hi);
+double to_double(const Node& n, const std::string& key);
+// A single value or a list: the items with their key paths.
+std::vector<std::pair<const Node*, std::string>> items_of(const Node& n, const std::string& key);
+
+}  // namespace kvb::harness::yamlcfg
