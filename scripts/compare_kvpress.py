@@ -12,8 +12,8 @@ stderr, with whether every swapped token is an exact tie (layer 0: the same toke
 same pre-RoPE key; kvbench breaks ties towards the recent token, kvpress by float noise).
 
 Measured (2026-11-22, SmolLM2-135M Q4_1, 1,255-token WikiText-2 prompt, budget 256): SnapKV
-90/90 heads identical, StreamingLLM 90/90, Knorm 87/90 (the 3 others differ only in same-token
-ties at layer 0).
+90/90 heads identical, StreamingLLM 90/90, TOVA (layer mean) 90/90, Knorm 87/90 (the 3 others
+differ only in same-token ties at layer 0).
 
   .venv-ref/bin/python scripts/compare_kvpress.py --kvbench build/kvbench \
       --model models/SmolLM2-135M-Instruct.Q4_1.gguf --budget 256
@@ -40,6 +40,8 @@ PAIRS = [
      lambda r: kvpress.StreamingLLMPress(compression_ratio=r, n_sink=4),
      "streaming_llm", ["sinks=4"]),
     ("Knorm", lambda r: kvpress.KnormPress(compression_ratio=r), "knorm", []),
+    ("TOVA (layer mean)", lambda r: kvpress.TOVAPress(compression_ratio=r), "tova",
+     ["tova_reduce=layer"]),
 ]
 
 
