@@ -52,16 +52,18 @@ std::string slug(const std::string& s) {
   return out.empty() ? "x" : out;
 }
 
-// A stable style per policy across every plot of the page: full is black with a cross (and
-// dashed where it is a reference line); the others take styles 0..6, then repeat (the marker
-// cycles with the colour, so a repeat needs 8 policies besides full).
+// A stable style per policy across every plot of the page: full is style 7, black with a cross
+// (dashed where it is a reference line); the others skip every style with full's colour, so 56
+// policies get distinct (colour, marker) pairs.
 class Styles {
  public:
   static constexpr int kFull = 7;
   explicit Styles(const std::set<std::string>& policies) {
     int i = 0;
     for (const auto& p : policies) {
-      if (p != "full") style_[p] = (i++) % kFull;
+      if (p == "full") continue;
+      style_[p] = (i / 7) * 8 + i % 7;
+      ++i;
     }
   }
   int operator()(const std::string& policy) const {

@@ -34,12 +34,13 @@ std::string safe_id(const std::string& id) {
   return out.empty() ? "plot" : out;
 }
 
-// A marker of `style` centred at (x, y): the shape cycles fastest so that neighbours differ in
-// shape even where colours repeat.
+// A marker of `style` centred at (x, y).
 std::string marker(int style, double x, double y, const std::string& colour,
                    const std::string& tooltip) {
   const double r = 4.5;
-  const int shape = style % kNumMarkers;
+  // Styles 0..63 are distinct (colour, shape) pairs: the shape advances by one more each time
+  // the colours wrap around.
+  const int shape = (style + style / kNumColours) % kNumMarkers;
   const std::string title = "<title>" + html_escape(tooltip) + "</title>";
   auto poly = [&](std::vector<std::pair<double, double>> pts, bool filled) {
     std::string p;
@@ -154,9 +155,11 @@ std::vector<double> nice_ticks(double lo, double hi, bool log, int target) {
       break;
     }
   }
-  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
-    out.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
-  }
+  // k x step, rounded to the step's decimals, so that 3 x 0.2 is 0.6 and not 0.6000000000000001.
+  const double scale = std::pow(10.0, std::max(0.0, 1 - std::floor(std::log10(step))));
+  const long k0 = std::lround(std::ceil(lo / step - 1e-9));
+  const long k1 = std::lround(std::floor(hi / step + 1e-9));
+  for (long k = k0; k <= k1; ++k) out.push_back(std::round(k * step * scale) / scale + 0.0);
   return out;
 }
 

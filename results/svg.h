@@ -24,7 +24,7 @@ struct Axis {
 
 struct Series {
   std::string name;
-  int style = 0;                // colour, marker and dash index
+  int style = 0;                // colour (style % 8), marker and dash; 0..63 are all distinct
   std::vector<double> x, y;     // NaN y: a gap (no mark, the line breaks)
   std::vector<double> lo, hi;   // optional CI band (same size as x), drawn translucent
   bool line = true;             // join the marks with a line
