@@ -316,6 +316,22 @@ std::string fence_for(const std::string& text) {
   return std::string(std::max<size_t>(3, longest + 1), '`');
 }
 
+// Escaped text with `code` spans as <code> (the intros are written for Markdown).
+std::string html_with_code(const std::string& text) {
+  std::string out;
+  bool open = false;
+  size_t start = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i == text.size() || text[i] == '`') {
+      out += html_escape(text.substr(start, i - start));
+      if (i < text.size()) out += (open = !open) ? "<code>" : "</code>";
+      start = i + 1;
+    }
+  }
+  if (open) out += "</code>";
+  return out;
+}
+
 void write_file(const fs::path& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   KVB_CHECK(f) << "cannot write " << path.string();
@@ -480,7 +496,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   html << "</nav>\n";
   for (const auto& s : sections) {
     html << "<section id=\"" << s.id << "\">\n<h2>" << html_escape(s.title) << "</h2>\n<p>"
-         << html_escape(s.intro) << "</p>\n";
+         << html_with_code(s.intro) << "</p>\n";
     md << "\n## " << s.title << "\n\n" << s.intro << "\n";
     if (!s.plots.empty()) {
       html << "<div class=\"plots\">\n";
