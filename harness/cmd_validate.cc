@@ -74,6 +74,17 @@ SampleWork sample_work(const tasks::Sample& s, const SweepConfig& cfg, const Mod
   return w;
 }
 
+// The longest sequence (prompt + decode, capped at the context) among a model's samples.
+int64_t longest_sequence(const std::vector<std::vector<SampleWork>>& work, int64_t max_seq_len) {
+  int64_t longest = 0;
+  for (const auto& task_work : work) {
+    for (const SampleWork& s : task_work) {
+      longest = std::max(longest, std::min<int64_t>(s.prefill + s.decode, max_seq_len));
+    }
+  }
+  return longest;
+}
+
 }  // namespace
 
 int cmd_validate(const std::vector<std::string>& args) {
@@ -180,12 +191,7 @@ int cmd_validate(const std::vector<std::string>& args) {
             "head_dim", "context", "KV KiB/token", "f32 weights MiB", "peak KV MiB (full)"});
   for (size_t m = 0; m < cfg.models.size(); ++m) {
     const ModelInfo& i = cfg.models[m].info;
-    int64_t longest = 0;
-    for (const auto& task_work : work[m]) {
-      for (const SampleWork& s : task_work) {
-        longest = std::max(longest, std::min<int64_t>(s.prefill + s.decode, i.max_seq_len));
-      }
-    }
+    const int64_t longest = longest_sequence(work[m], i.max_seq_len);
     mt.add({cfg.models[m].name, i.format, i.arch, i.weight_type, fixed(i.num_params / 1e6, 2),
             std::to_string(i.num_layers), std::to_string(i.num_heads),
             std::to_string(i.num_kv_heads), std::to_string(i.head_dim),
@@ -205,12 +211,7 @@ int cmd_validate(const std::vector<std::string>& args) {
             "total MiB per GPU"});
   for (size_t m = 0; m < cfg.models.size(); ++m) {
     const ModelInfo& i = cfg.models[m].info;
-    int64_t longest = 0;
-    for (const auto& task_work : work[m]) {
-      for (const SampleWork& s : task_work) {
-        longest = std::max(longest, std::min<int64_t>(s.prefill + s.decode, i.max_seq_len));
-      }
-    }
+    const int64_t longest = longest_sequence(work[m], i.max_seq_len);
     // Each GPU caches its own KV heads: num_kv_heads / degree of them.
     const double kv = static_cast<double>(longest) * i.kv_bytes_per_token() / gpus_per_worker;
     const double w = static_cast<double>(i.f32_weight_bytes_per_rank(gpus_per_worker));

@@ -7,14 +7,7 @@
 
 #include "common/error.h"
 
-#ifdef KVB_WITH_MPI
-#include <mpi.h>
-#define KVB_MPI_CHECK(call)                                                           \
-  do {                                                                                \
-    const int kvb_rc = (call);                                                        \
-    KVB_CHECK(kvb_rc == MPI_SUCCESS) << #call << " failed with MPI error " << kvb_rc; \
-  } while (0)
-#endif
+#include "harness/mpi_check.h"
 
 namespace kvb::harness {
 

@@ -6,14 +6,7 @@
 
 #include "common/error.h"
 
-#ifdef KVB_WITH_MPI
-#include <mpi.h>
-#define KVB_MPI_OK(call)                                                              \
-  do {                                                                                \
-    const int kvb_rc = (call);                                                        \
-    KVB_CHECK(kvb_rc == MPI_SUCCESS) << #call << " failed with MPI error " << kvb_rc; \
-  } while (0)
-#endif
+#include "harness/mpi_check.h"
 
 namespace kvb::harness {
 
@@ -71,8 +64,8 @@ namespace {
 class MpiTensorComm final : public kernels::Communicator {
  public:
   explicit MpiTensorComm(MPI_Comm comm) : comm_(comm) {
-    KVB_MPI_OK(MPI_Comm_rank(comm_, &rank_));
-    KVB_MPI_OK(MPI_Comm_size(comm_, &size_));
+    KVB_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    KVB_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   }
   ~MpiTensorComm() override { MPI_Comm_free(&comm_); }
   int rank() const override { return rank_; }
@@ -83,7 +76,7 @@ class MpiTensorComm final : public kernels::Communicator {
   void do_all_reduce_sum(float* data, size_t count) override {
     KVB_CHECK(count < (1ull << 31)) << "all_reduce_sum of " << count << " floats";
     gathered_.resize(count * size_);
-    KVB_MPI_OK(MPI_Allgather(data, static_cast<int>(count), MPI_FLOAT, gathered_.data(),
+    KVB_MPI_CHECK(MPI_Allgather(data, static_cast<int>(count), MPI_FLOAT, gathered_.data(),
                              static_cast<int>(count), MPI_FLOAT, comm_));
     for (size_t i = 0; i < count; ++i) {
       float acc = gathered_[i];
@@ -93,12 +86,12 @@ class MpiTensorComm final : public kernels::Communicator {
   }
   void do_all_gather(const void* in, size_t bytes, void* out) override {
     KVB_CHECK(bytes < (1ull << 31)) << "all_gather of " << bytes << " bytes";
-    KVB_MPI_OK(MPI_Allgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes),
+    KVB_MPI_CHECK(MPI_Allgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes),
                              MPI_BYTE, comm_));
   }
   void do_broadcast(void* data, size_t bytes, int root) override {
     KVB_CHECK(bytes < (1ull << 31)) << "broadcast of " << bytes << " bytes";
-    KVB_MPI_OK(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_));
+    KVB_MPI_CHECK(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_));
   }
 
  private:
@@ -115,17 +108,17 @@ WorkerGroup split_worker_groups(MpiComm& world, const WorkerLayout& L) {
   if (world.size() == 1) return g;
 #ifdef KVB_WITH_MPI
   MPI_Comm group = MPI_COMM_NULL;
-  KVB_MPI_OK(
+  KVB_MPI_CHECK(
       MPI_Comm_split(MPI_COMM_WORLD, L.group >= 0 ? L.group : MPI_UNDEFINED, world.rank(), &group));
   if (group != MPI_COMM_NULL) g.comm = std::make_unique<MpiTensorComm>(group);
   // GPU index: rank among the group members on the same node (by world rank).
   MPI_Comm members = MPI_COMM_NULL, node = MPI_COMM_NULL;
-  KVB_MPI_OK(
+  KVB_MPI_CHECK(
       MPI_Comm_split(MPI_COMM_WORLD, L.group >= 0 ? 0 : MPI_UNDEFINED, world.rank(), &members));
   if (members != MPI_COMM_NULL) {
-    KVB_MPI_OK(
+    KVB_MPI_CHECK(
         MPI_Comm_split_type(members, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node));
-    KVB_MPI_OK(MPI_Comm_rank(node, &g.local_gpu));
+    KVB_MPI_CHECK(MPI_Comm_rank(node, &g.local_gpu));
     MPI_Comm_free(&node);
     MPI_Comm_free(&members);
   }
