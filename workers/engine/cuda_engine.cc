@@ -165,32 +165,17 @@ void CudaEngine::gemm(float* y, const float* x, const void* w, const float* bias
 // The device cache must hold exactly the host mirror, with room for n more slots per head.
 void CudaEngine::bind_cache(kernels::KvCache& cache, int n) {
   const kernels::KvCacheShape& sh = cache.shape();
-  const int heads = sh.num_kv_heads;
-  bool same = dev_ && bound_ == &cache && bound_next_ == cache.next_position() &&
-              dev_->shape().num_layers == sh.num_layers && dev_->shape().num_kv_heads == heads &&
-              dev_->shape().head_dim == sh.head_dim;
-  int longest = 0;
+  bool same = dev_ && bound_.matches(cache);
+  int longest = 0, room = 0;
   for (int l = 0; l < sh.num_layers; ++l) {
-    kernels::LayerKvView view = cache.layer(l);
-    for (int h = 0; h < heads; ++h) {
-      const int len = cache.length(l, h);
-      longest = std::max(longest, len);
+    for (int h = 0; h < sh.num_kv_heads; ++h) {
+      longest = std::max(longest, cache.length(l, h));
       if (!same) continue;
-      const size_t i = static_cast<size_t>(l) * heads + h;
-      same = len == bound_lengths_[i] && len == dev_->length(l, h) &&
-             (len == 0 || (view.position(h)[len - 1] == bound_last_pos_[i] &&
-                           std::memcmp(view.key(h, len - 1), &bound_last_key_[i * sh.head_dim],
-                                       sh.head_dim * sizeof(float)) == 0));
+      same = dev_->length(l, h) == cache.length(l, h);
+      room = l == 0 && h == 0 ? dev_->capacity(l, h) : std::min(room, dev_->capacity(l, h));
     }
   }
   const int need = longest + n;
-  int room = need;
-  if (dev_) {
-    room = dev_->capacity(0, 0);
-    for (int l = 0; l < sh.num_layers && same; ++l) {
-      for (int h = 0; h < heads; ++h) room = std::min(room, dev_->capacity(l, h));
-    }
-  }
   if (same && room >= need) return;
   // (Re)build from the mirror: a different sequence, or a head about to overflow (grow 1.5x).
   int cap = std::max(cache.capacity(), need);
@@ -201,29 +186,6 @@ void CudaEngine::bind_cache(kernels::KvCache& cache, int n) {
   dev_->upload(cache);
   mirror_bytes_ += cache.logical_bytes();
   ++cache_uploads_;
-  bound_ = &cache;
-}
-
-void CudaEngine::remember_cache(kernels::KvCache& cache) {
-  const kernels::KvCacheShape& sh = cache.shape();
-  const size_t cells = static_cast<size_t>(sh.num_layers) * sh.num_kv_heads;
-  bound_ = &cache;
-  bound_next_ = cache.next_position();
-  bound_lengths_.assign(cells, 0);
-  bound_last_pos_.assign(cells, -1);
-  bound_last_key_.assign(cells * sh.head_dim, 0.0f);
-  for (int l = 0; l < sh.num_layers; ++l) {
-    kernels::LayerKvView view = cache.layer(l);
-    for (int h = 0; h < sh.num_kv_heads; ++h) {
-      const size_t i = static_cast<size_t>(l) * sh.num_kv_heads + h;
-      const int len = cache.length(l, h);
-      bound_lengths_[i] = len;
-      if (len == 0) continue;
-      bound_last_pos_[i] = view.position(h)[len - 1];
-      std::memcpy(&bound_last_key_[i * sh.head_dim], view.key(h, len - 1),
-                  sh.head_dim * sizeof(float));
-    }
-  }
 }
 
 void CudaEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
@@ -334,7 +296,7 @@ void CudaEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cach
         cudaMemcpyAsync(logits->data(), s.logits.data(), out * 4, cudaMemcpyDeviceToHost, stream_));
   }
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  remember_cache(cache);
+  bound_.capture(cache);
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
     peak_bytes_ = std::max(peak_bytes_, total_b - free_b);
@@ -373,61 +335,25 @@ template <typename F>
 void CudaEngine::run_hook(int l, kernels::KvCache& cache, F&& hook_fn) {
   const auto t0 = Clock::now();
   const kernels::KvCacheShape& sh = cache.shape();
-  const int ckv = sh.num_kv_heads;
-  // Positions of the layer's heads before the hook (increasing within a head).
-  before_off_.assign(ckv + 1, 0);
-  for (int h = 0; h < ckv; ++h) before_off_[h + 1] = before_off_[h] + cache.length(l, h);
-  before_.resize(before_off_[ckv]);
-  {
-    kernels::LayerKvView view = cache.layer(l);
-    for (int h = 0; h < ckv; ++h) {
-      std::copy(view.position(h), view.position(h) + cache.length(l, h), &before_[before_off_[h]]);
-    }
-  }
+  snapshot_positions(cache, l, &before_);
   hook_fn();
   // Other layers must be untouched: the mirror applies one layer's keep-lists per hook.
   for (int ll = 0; ll < sh.num_layers; ++ll) {
-    if (ll == l) continue;
-    for (int h = 0; h < ckv; ++h) {
+    for (int h = 0; h < sh.num_kv_heads && ll != l; ++h) {
       KVB_CHECK(cache.length(ll, h) == dev_->length(ll, h))
           << "--device cuda: the policy changed layer " << ll << " from layer " << l
           << "'s hook; the GPU engine's host mirror applies a hook's evictions to its own layer "
              "only";
     }
   }
-  bool changed = false;
-  int ld = 1;
-  for (int h = 0; h < ckv; ++h) {
-    ld = std::max(ld, cache.length(l, h));
-    changed =
-        changed || cache.length(l, h) != static_cast<int>(before_off_[h + 1] - before_off_[h]);
-  }
-  if (changed) {
-    // Kept slot indices: each remaining position's index in the head's list before the hook.
-    kernels::LayerKvView view = cache.layer(l);
-    slots_h_.assign(static_cast<size_t>(ckv) * ld, 0);
-    counts_h_.assign(ckv, 0);
-    for (int h = 0; h < ckv; ++h) {
-      const int32_t* old = &before_[before_off_[h]];
-      const int old_len = static_cast<int>(before_off_[h + 1] - before_off_[h]);
-      const int len = cache.length(l, h);
-      const int32_t* now = view.position(h);
-      int j = 0;
-      for (int i = 0; i < len; ++i) {
-        while (j < old_len && old[j] != now[i]) ++j;
-        KVB_CHECK(j < old_len) << "--device cuda: after the policy's hook, layer " << l << " head "
-                               << h << " holds position " << now[i]
-                               << " that was not in the cache (keep_slots only removes)";
-        slots_h_[static_cast<size_t>(h) * ld + i] = j++;
-      }
-      counts_h_[h] = len;
-    }
+  int ld = 0;
+  if (derive_keep_lists(before_, cache, l, &slots_h_, &counts_h_, &ld)) {
     ensure(s_->slots, slots_h_.size());
     KVB_CUDA_CHECK(cudaMemcpyAsync(s_->slots.data(), slots_h_.data(), slots_h_.size() * 4,
                                    cudaMemcpyHostToDevice, stream_));
     mirror_bytes_ += slots_h_.size() * 4;
     dev_->keep_slots(l, s_->slots.data(), ld, counts_h_.data(), stream_);
-    for (int h = 0; h < ckv; ++h) {
+    for (int h = 0; h < sh.num_kv_heads; ++h) {
       KVB_CHECK(dev_->length(l, h) == cache.length(l, h))
           << "--device cuda: device cache layer " << l << " head " << h << " holds "
           << dev_->length(l, h) << " slots after keep_slots, the mirror " << cache.length(l, h);

@@ -50,6 +50,7 @@
 #include "kernels/cuda/runtime.h"
 #include "workers/engine/engine_base.h"
 #include "workers/engine/forward.h"
+#include "workers/engine/mirror_sync.h"
 
 namespace kvb::engine {
 
@@ -95,7 +96,6 @@ class CudaEngine : public EngineBase {
   struct Scratch;      // activations, sized for the largest n seen
   void upload_weights();
   void bind_cache(kernels::KvCache& cache, int n);
-  void remember_cache(kernels::KvCache& cache);
   // x (f32 [n, k]) times w ([m, k], dtype_) into y [n, m].
   void gemm(float* y, const float* x, const void* w, const float* bias, int n, int k, int m);
   void attend_layer(int layer, int n, kernels::KvCache& cache, policies::Policy* policy,
@@ -118,15 +118,12 @@ class CudaEngine : public EngineBase {
   kernels::cuda::DeviceBuffer<__nv_bfloat16> output_bf16_;
   std::unique_ptr<Scratch> s_;
   std::unique_ptr<kernels::cuda::DeviceKvCache> dev_;
-  // What the device cache holds: the host cache it mirrors and its state after the last pass.
-  const kernels::KvCache* bound_ = nullptr;
-  int32_t bound_next_ = -1;
-  std::vector<int32_t> bound_lengths_, bound_last_pos_;
-  std::vector<float> bound_last_key_;  // [layer * heads, head_dim]: key of each head's last slot
+  // What the device cache holds: the host cache it mirrors, as of the end of the last pass.
+  CacheFingerprint bound_;
   // Host staging.
   std::vector<float> k_h_, v_h_, pre_rope_k_, col_sums_, last_probs_;
-  std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_, before_;
-  std::vector<size_t> before_off_;
+  std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_;
+  LayerPositions before_;
   double policy_ms_ = 0;
   int64_t prefills_ = 0, cache_uploads_ = 0;
   size_t peak_bytes_ = 0, weight_bytes_ = 0, mirror_bytes_ = 0;
