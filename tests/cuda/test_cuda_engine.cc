@@ -25,6 +25,7 @@
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 #include "workers/model_session.h"
+#include "workers/runner.h"
 
 namespace kvb {
 namespace {
@@ -193,6 +194,56 @@ TEST(CudaEngineStories, InterleavedSequencesEqualSeparateRuns) {
   EXPECT_EQ(l1, want1);  // same device, same kernels: bit for bit
   EXPECT_EQ(l2, want2);
   EXPECT_GE(gpu.cache_uploads(), 8);  // every switch re-uploaded the mirror
+}
+
+// The runner's bundle with prefill sharing (PrefillRecord from the GPU pass, the oneshot
+// compression applied on the mirror, then re-uploaded) gives the CPU's predictions and keep-sets.
+TEST(CudaEngineStories, RunnerBundleWithSharedPrefillEqualsCpu) {
+  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_FILE(kStories);
+  const std::string tok = std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin";
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(kStories, tok);
+  tasks::Sample s;
+  s.id = "story";
+  s.chat = false;
+  s.context =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
+  s.question = " Then Lily";
+  s.max_new_tokens = 16;
+  const auto& c = lm.model->config;
+  std::vector<policies::PolicyConfig> pcs;
+  for (const char* name : {"full", "h2o", "snapkv", "ada_snapkv", "pyramidkv", "knorm"}) {
+    policies::PolicyConfig pc;
+    pc.name = name;
+    pc.kv_budget = std::string(name) == "full" ? 0 : 16;
+    pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+    pcs.push_back(pc);
+  }
+  auto run = [&](engine::EngineBase& eng, std::vector<std::vector<std::vector<int32_t>>>* keep) {
+    workers::RunSettings rs;
+    keep->assign(pcs.size(), {});
+    rs.on_final_cache = [&](size_t unit, const kernels::KvCache& cache, const policies::Policy&) {
+      kernels::KvCache copy = cache;
+      (*keep)[unit] = keep_sets(copy);
+    };
+    return workers::run_bundle(lm, eng, s, pcs, rs, /*share_prefill=*/true);
+  };
+  engine::Engine cpu(*lm.model);
+  engine::CudaEngine gpu(*lm.model, DType::kF32);
+  std::vector<std::vector<std::vector<int32_t>>> keep_cpu, keep_gpu;
+  const std::vector<workers::UnitOutput> a = run(cpu, &keep_cpu);
+  const std::vector<workers::UnitOutput> b = run(gpu, &keep_gpu);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE(pcs[i].name);
+    EXPECT_EQ(a[i].m.prefill_shared, b[i].m.prefill_shared);
+    EXPECT_EQ(a[i].prediction.text, b[i].prediction.text);
+    EXPECT_EQ(keep_cpu[i], keep_gpu[i]);
+    EXPECT_EQ(a[i].m.kv_bytes_final, b[i].m.kv_bytes_final);
+    EXPECT_GT(b[i].m.device_peak_bytes, 0u);
+  }
+  EXPECT_GT(gpu.cache_uploads(), 1);  // the compressed forks went up from the mirror
 }
 
 class CudaEngineSmol : public ::testing::Test {
