@@ -102,6 +102,7 @@ void CudaEngine::upload_weights() {
     KVB_CUDA_CHECK(cudaMemcpy(staging.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
     m.bf16 = cu::DeviceBuffer<__nv_bfloat16>(v.size());
     cu::f32_to_bf16(m.bf16.data(), staging.data(), v.size(), stream_);
+    KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging is overwritten by the next one
     weight_bytes_ += m.bf16.bytes();
   };
   layers_.resize(c.num_layers);
@@ -120,7 +121,6 @@ void CudaEngine::upload_weights() {
     matrix(w.w_gate, d.w_gate);
     matrix(w.w_up, d.w_up);
     matrix(w.w_down, d.w_down);
-    KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging is reused by the next layer
   }
   embedding_ = vec(model_.token_embedding);
   final_norm_ = vec(model_.final_norm);
