@@ -43,6 +43,10 @@ std::string cuda_device_label(bool require_device) {
   cudaDeviceProp prop{};
   std::string name = "unknown GPU";
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) name = prop.name;
+  // The label goes into runs.devices (JSON): no quotes or backslashes.
+  for (char& ch : name) {
+    if (ch == '"' || ch == '\\' || static_cast<unsigned char>(ch) < 0x20) ch = ' ';
+  }
   return "cuda: " + name + " x" + std::to_string(count);
 #else
   (void)require_device;
