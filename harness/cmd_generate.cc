@@ -58,7 +58,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   bool chat = false, timings = false, show_ids = false;
-  std::string policy_name = "full";
+  std::string policy_name = "full", device = "cpu", dtype;
   int kv_budget = 0;
   std::vector<std::string> policy_opts;
   po::options_description desc(
@@ -88,6 +88,11 @@ int cmd_generate(const std::vector<std::string>& args) {
       ("policy-opt", po::value(&policy_opts)->composing(),
        "policy option key=value (repeatable; kvbench ls policies lists each policy's options)")
       ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)")
+      ("device", po::value(&device)->default_value("cpu"),
+       "cpu (the f32 reference) or cuda (GPU 0 of CUDA_VISIBLE_DEVICES; needs a CUDA build)")
+      ("dtype", po::value(&dtype),
+       "f32 or bf16 (weights, GEMM inputs and KV cache; f32 accumulation); default f32 on cpu, "
+       "bf16 on cuda")
       ("timings", po::bool_switch(&timings), "print prefill/decode times and tokens/s to stderr")
       ("show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr")
       ("dump-keep-sets", po::value(&dump_path),
@@ -104,6 +109,10 @@ int cmd_generate(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(top_k >= 0) << "--top-k must be >= 0, got " << top_k;
   KVB_USAGE_CHECK(threads >= 0) << "--threads must be >= 0, got " << threads;
   if (threads > 0) omp_set_num_threads(threads);
+  const engine::Device dev = engine::parse_device(device);
+  const engine::DType dt = engine::resolve_dtype(dev, dtype);
+  // "this build has no CUDA" / "no GPU visible" before the (slow) model load.
+  if (dev == engine::Device::kCuda) engine::cuda_device_label(/*require_device=*/true);
   if (vm.count("prompt-file")) prompt = read_text_file(prompt_file);
 
   // Fail on a bad policy name before the (slow) model load; budgets are checked against the model.
@@ -136,7 +145,11 @@ int cmd_generate(const std::vector<std::string>& args) {
   pc.seed = seed;
   std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
 
-  engine::Engine eng(*lm.model);
+  std::unique_ptr<engine::EngineBase> engp = engine::make_engine(*lm.model, dev, dt);
+  engine::EngineBase& eng = *engp;
+  if (dev == engine::Device::kCuda) {
+    KVB_LOG_INFO << "engine: " << eng.device_description() << ", " << engine::dtype_name(dt);
+  }
   kernels::KvCache cache =
       eng.new_cache(static_cast<int>(ids.size()) + max_new_tokens, policy.get());
   engine::GenerateOptions opt;

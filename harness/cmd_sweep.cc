@@ -46,6 +46,8 @@ struct SweepArgs {
   int threads = 0;
   int gpus_per_worker = 1;  // tensor-parallel degree of each worker group
   std::string device = "cpu";
+  std::string dtype;  // "" : the device's default (engine::resolve_dtype)
+  std::string device_label;  // the run's provenance: "cpu", or "cuda: <GPU name> x<count>"
 };
 
 // One unit as the coordinator plans it.
@@ -182,15 +184,21 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
 // (the leader's results are the group's).
 class BundleRunner {
  public:
-  BundleRunner(const SweepConfig& cfg, bool share, kernels::Communicator* tp = nullptr)
-      : cfg_(cfg), share_(share), tp_(tp) {}
+  // device/dtype/gpu: where this process runs the model (--device, --dtype, the GPU index).
+  BundleRunner(const SweepConfig& cfg, bool share, engine::Device device, engine::DType dtype,
+               int gpu, kernels::Communicator* tp = nullptr)
+      : cfg_(cfg), share_(share), device_(device), dtype_(dtype), gpu_(gpu), tp_(tp) {}
 
   std::vector<results::UnitResult> run(const WireBundle& b) {
     if (loaded_model_ != b.model) {
       engine_.reset();
       lm_ = workers::load_model_and_tokenizer(cfg_.models[b.model].path, cfg_.models[b.model].tokenizer);
       if (tp_) *lm_.model = engine::shard_model(*lm_.model, tp_->rank(), tp_->size());
-      engine_ = std::make_unique<engine::Engine>(*lm_.model, tp_);
+      engine_ = engine::make_engine(*lm_.model, device_, dtype_, gpu_, tp_);
+      if (device_ == engine::Device::kCuda) {
+        KVB_LOG_INFO << "model " << lm_.model->config.name << " on "
+                     << engine_->device_description() << " (" << engine::dtype_name(dtype_) << ")";
+      }
       loaded_model_ = b.model;
     }
     std::unique_ptr<tasks::Task> task =
@@ -283,9 +291,14 @@ class BundleRunner {
         mm.occupancy_max_final = m.occupancy_max_final;
         mm.host_rss_peak = static_cast<int64_t>(m.host_rss_peak);
         mm.prefill_shared = m.prefill_shared;
+        if (m.device_peak_bytes > 0) {
+          mm.device_peak_bytes = static_cast<int64_t>(m.device_peak_bytes);
+        }
         r.measurements = mm;
         r.prediction = results::PredictionRow{o.prediction.text, b.sample.references};
-        if (tp_ && tp_->rank() == 0) KVB_LOG_INFO << tp_traffic_line(u.key, m);
+        if (tp_ && tp_->rank() == 0) {
+          KVB_LOG_INFO << tp_traffic_line(u.key, m);
+        }
       }
     }
     return out;
@@ -304,10 +317,13 @@ class BundleRunner {
 
   const SweepConfig& cfg_;
   bool share_;
+  engine::Device device_;
+  engine::DType dtype_;
+  int gpu_ = 0;
   kernels::Communicator* tp_ = nullptr;
   int loaded_model_ = -1;
   workers::LoadedModel lm_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::EngineBase> engine_;
 };
 
 class Progress {
@@ -384,7 +400,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   info.kvbench_version = KVB_VERSION;
   info.host = process_host();
   info.ranks = comm.size();
-  info.devices_json = worker_layout_json(comm.size(), a.gpus_per_worker, a.device);
+  info.devices_json = worker_layout_json(comm.size(), a.gpus_per_worker, a.device_label);
   const int64_t run_id = store.begin_run(info);
   if (a.resume) {
     const results::Recovery rec = store.recover_after_crash(run_id);
@@ -424,7 +440,8 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     return k;
   };
   if (comm.size() == 1) {
-    BundleRunner runner(cfg, a.share_prefill);
+    BundleRunner runner(cfg, a.share_prefill, engine::parse_device(a.device),
+                        engine::resolve_dtype(engine::parse_device(a.device), a.dtype), 0);
     for (int bi : order) {
       store.mark_running(run_id, keys_of(plan.bundles[bi]), 0, process_host());
       write(runner.run(plan.bundles[bi]));
@@ -473,7 +490,16 @@ int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGr
   }
   SweepConfig cfg = load_sweep_config(a.config);
   apply_config_threads(a, cfg);
-  BundleRunner runner(cfg, a.share_prefill, group.comm.get());
+  // --device cuda: one GPU per worker rank, by its index among the node's workers.
+  const engine::Device device = engine::parse_device(a.device);
+  const int gpu =
+      device == engine::Device::kCuda ? engine::node_local_gpu(comm.local_worker_index()) : 0;
+  if (device == engine::Device::kCuda) {
+    KVB_LOG_INFO << "worker rank " << comm.rank() << ": GPU " << gpu << " (node-local worker "
+                 << comm.local_worker_index() << ")";
+  }
+  BundleRunner runner(cfg, a.share_prefill, device, engine::resolve_dtype(device, a.dtype), gpu,
+                      group.comm.get());
   if (layout.leader) comm.send(0, "ready");
   while (true) {
     std::string msg;
@@ -513,22 +539,34 @@ int cmd_sweep(const std::vector<std::string>& args) {
        "ranks (GPUs) per worker group: each group runs one model split over its ranks (tensor "
        "parallelism: heads and MLP columns); -np must be 1 + a multiple of it")
       ("device", po::value(&a.device)->default_value("cpu"),
-       "where workers run the model: cpu (MPI carries the tensors); cuda is not available yet")
+       "where workers run the model: cpu, or cuda (one GPU per worker rank, by its index among "
+       "the node's workers; builds with CUDA only; tensor-parallel groups stay on cpu)")
+      ("dtype", po::value(&a.dtype),
+       "f32 or bf16 on cuda (default bf16); cpu runs f32")
       ("config", po::value(&a.config), "the YAML matrix (positional)");
   po::positional_options_description pos;
   pos.add("config", 1);
   po::variables_map vm;
   if (!parse_command_line(args, desc, &pos, "sweep", &vm)) return 0;
   a.share_prefill = !vm["no-share-prefill"].as<bool>();
-  KVB_USAGE_CHECK(a.device == "cpu" || a.device == "cuda")
-      << "--device must be cpu or cuda, got '" << a.device << "'";
-  KVB_USAGE_CHECK(a.device == "cpu")
-      << "--device cuda: the CUDA engine is not part of this build yet (kernels/cuda/ holds the "
-         "kernels only); run with --device cpu";
+  const engine::Device device = engine::parse_device(a.device);
+  engine::resolve_dtype(device, a.dtype);  // a bad --dtype fails before MPI starts
+  KVB_USAGE_CHECK(device == engine::Device::kCpu || a.gpus_per_worker == 1)
+      << "--device cuda with --gpus-per-worker " << a.gpus_per_worker
+      << ": tensor-parallel groups run on the CPU engine only (NCCL groups of CUDA engines are "
+         "future work); use --gpus-per-worker 1 or --device cpu";
+  KVB_USAGE_CHECK(device == engine::Device::kCuda ||
+                  engine::resolve_dtype(device, a.dtype) == engine::DType::kF32)
+      << "--dtype " << a.dtype << " needs --device cuda (the CPU engine is f32 only)";
   KVB_USAGE_CHECK(a.gpus_per_worker >= 1)
       << "--gpus-per-worker must be >= 1, got " << a.gpus_per_worker;
   MpiComm comm = MpiComm::init_if_launched();
   set_process_identity(comm.rank(), comm.size());
+  // cuda: "this build has no CUDA" everywhere; "no GPU visible" where this process runs units
+  // (one process), else on each worker when it binds its GPU.
+  a.device_label = device == engine::Device::kCuda
+                       ? engine::cuda_device_label(/*require_device=*/comm.size() == 1)
+                       : "cpu";
   KVB_USAGE_CHECK(a.gpus_per_worker == 1 || comm.size() > a.gpus_per_worker)
       << "--gpus-per-worker " << a.gpus_per_worker << " needs mpirun with at least "
       << 1 + a.gpus_per_worker << " ranks (a coordinator plus one group); this run has "

@@ -1,6 +1,8 @@
 // MpiComm over MPI_Send/MPI_Recv (two messages: length, then bytes), or a single rank.
 #include "harness/mpi_comm.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -22,7 +24,11 @@ bool launched_by_mpi() {
 }  // namespace
 
 MpiComm::MpiComm(MpiComm&& o) noexcept
-    : initialized_(o.initialized_), rank_(o.rank_), size_(o.size_), local_size_(o.local_size_) {
+    : initialized_(o.initialized_),
+      rank_(o.rank_),
+      size_(o.size_),
+      local_size_(o.local_size_),
+      local_worker_(o.local_worker_) {
   o.initialized_ = false;
 }
 
@@ -38,6 +44,12 @@ MpiComm MpiComm::init_if_launched() {
   KVB_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c.rank_, MPI_INFO_NULL,
                                     &local));
   KVB_MPI_CHECK(MPI_Comm_size(local, &c.local_size_));
+  // Ranks of a node are ordered by world rank (the split's key); the coordinator is local rank 0
+  // of its node, where workers then start at local rank 1.
+  int local_rank = 0, lowest = 0;
+  KVB_MPI_CHECK(MPI_Comm_rank(local, &local_rank));
+  KVB_MPI_CHECK(MPI_Allreduce(&c.rank_, &lowest, 1, MPI_INT, MPI_MIN, local));
+  c.local_worker_ = std::max(0, local_rank - (lowest == 0 ? 1 : 0));
   MPI_Comm_free(&local);
 #else
   const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");

@@ -19,6 +19,9 @@ class MpiComm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_size() const { return local_size_; }  // ranks on this node
+  // This rank's node-local index among the WORKER ranks of its node (rank 0, the coordinator,
+  // does not count where it shares the node): the GPU a `--device cuda` worker binds to.
+  int local_worker_index() const { return local_worker_; }
   void send(int dest, const std::string& msg);
   std::string recv(int source);
   std::string recv_any(int* source);
@@ -27,7 +30,7 @@ class MpiComm {
  private:
   MpiComm() = default;
   bool initialized_ = false;
-  int rank_ = 0, size_ = 1, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_size_ = 1, local_worker_ = 0;
 };
 
 }  // namespace kvb::harness

@@ -108,6 +108,7 @@ std::string to_json(const std::vector<results::UnitResult>& rs) {
                 m.kv_bytes_final, m.kv_bytes_peak, m.kv_physical_peak, m.policy_state_bytes,
                 number(m.occupancy_mean), number(m.occupancy_final), m.occupancy_peak,
                 m.occupancy_min_final, m.occupancy_max_final, m.host_rss_peak};
+      if (m.device_peak_bytes) j["device_peak"] = *m.device_peak_bytes;  // GPU workers only
     }
     if (r.prediction) j["prediction"] = {{"text", r.prediction->text}, {"refs", r.prediction->references}};
     out.push_back(j);
@@ -151,6 +152,7 @@ std::vector<results::UnitResult> results_from_json(const std::string& text) {
         m.occupancy_min_final = a.at(17).get<int64_t>();
         m.occupancy_max_final = a.at(18).get<int64_t>();
         m.host_rss_peak = a.at(19).get<int64_t>();
+        if (j.contains("device_peak")) m.device_peak_bytes = j.at("device_peak").get<int64_t>();
         r.measurements = m;
       }
       if (j.contains("prediction")) {

@@ -197,11 +197,11 @@ void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int3
   }
 }
 
-kernels::CommStats comm_stats(const engine::Engine& engine) {
+kernels::CommStats comm_stats(const engine::EngineBase& engine) {
   return engine.tp() ? engine.tp()->stats() : kernels::CommStats{};
 }
 
-UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& s,
+UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const tasks::Sample& s,
                    const policies::PolicyConfig& unit_pc, const RunSettings& rs,
                    const SharedPrefill* shared, size_t unit_index) {
   const engine::ModelConfig& c = lm.model->config;
@@ -363,17 +363,19 @@ UnitOutput run_one(const LoadedModel& lm, engine::Engine& engine, const tasks::S
     m.policy_state_bytes = total;
   }
   m.host_rss_peak = host_rss_peak_bytes();
+  m.device_peak_bytes = engine.device_peak_bytes();
   return out;
 }
 
 }  // namespace
 
-UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& sample,
+UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
+                      const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings) {
   return run_one(lm, engine, sample, policy, settings, nullptr, 0);
 }
 
-std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::Engine& engine,
+std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& engine,
                                    const tasks::Sample& s,
                                    const std::vector<policies::PolicyConfig>& policies,
                                    const RunSettings& rs, bool share_prefill,

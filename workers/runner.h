@@ -61,6 +61,9 @@ struct UnitMeasurements {
   int occupancy_min_final = 0;
   int occupancy_max_final = 0;
   size_t host_rss_peak = 0;    // bytes (VmHWM)
+  // Device memory high-water mark of a GPU engine (EngineBase::device_peak_bytes; 0 on the CPU,
+  // stored as NULL). The engine's since construction: a process's units share one engine.
+  size_t device_peak_bytes = 0;
   bool prefill_shared = false;  // the prompt's forward pass was shared with other policies
   // Tensor parallelism (engine.tp()): this rank's collectives during the prompt (prefill and a
   // question streamed after compression) and during the decode steps (generation or the
@@ -80,7 +83,8 @@ struct UnitOutput {
 // unit time limit is decided together (any rank over the limit stops every rank). Throws
 // kvb::Error on bad samples (e.g. a prompt that cannot fit) — callers record that as the unit's
 // error.
-UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks::Sample& sample,
+UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
+                      const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings);
 
 // Runs one sample under several policies (a bundle), prefilling the prompt once for every policy
@@ -88,7 +92,7 @@ UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine, const tasks
 // run their own prefill. Results equal run_sample's for each policy, bit for bit. With `errors`,
 // a unit that throws a runtime error gets its message there (others still run); without, it
 // propagates.
-std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::Engine& engine,
+std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& engine,
                                    const tasks::Sample& sample,
                                    const std::vector<policies::PolicyConfig>& policies,
                                    const RunSettings& settings, bool share_prefill = true,

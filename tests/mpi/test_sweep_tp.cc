@@ -7,7 +7,8 @@
 // continuous in the logits and may move in the last bits with the all-reduce's summation order:
 // those within 1e-6 relative; f32 epsilon is 1.2e-7), the same KV measurements, and the same
 // keep-set of every (layer, global KV head) of every unit (KVB_DUMP_KEEPSETS). Policies: full,
-// snapkv, ada_snapkv, h2o. Bad degrees, a missing group and --device cuda are refused with errors.
+// snapkv, ada_snapkv, h2o. Bad degrees, a missing group, --device cuda with groups (and without
+// a CUDA build or a GPU) are refused with errors.
 // The config is the committed one with the random model written into the build folder.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -21,6 +22,9 @@
 #include <string>
 #include <vector>
 
+#ifdef KVB_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
 #include "tp_test_model.h"
 
 namespace {
@@ -215,9 +219,21 @@ TEST_F(SweepTp, BadLayoutsAreRefused) {
   EXPECT_NE(out.find("cannot be split over 3 GPUs"), std::string::npos) << out;
   EXPECT_EQ(run(kBin + " sweep " + kConfig + " --db x.db --gpus-per-worker 2", &out), 2);
   EXPECT_NE(out.find("needs mpirun with at least 3 ranks"), std::string::npos) << out;
-  EXPECT_EQ(run(kBin + " sweep " + kConfig + " --db x.db --device cuda", &out), 2);
-  EXPECT_NE(out.find("--device cuda: the CUDA engine is not part of this build"), std::string::npos)
+  // --device cuda: tensor-parallel groups stay on CPU ranks; one GPU per worker needs a CUDA
+  // build ("this build has no CUDA", a usage error) and a visible GPU ("no GPU visible").
+  EXPECT_EQ(run(kBin + " sweep " + kConfig + " --db x.db --device cuda --gpus-per-worker 2", &out),
+            2);
+  EXPECT_NE(out.find("tensor-parallel groups run on the CPU engine only"), std::string::npos)
       << out;
+#ifdef KVB_WITH_CUDA
+  if (!kvb::kernels::cuda::has_device()) {
+    EXPECT_EQ(run(kBin + " sweep " + kConfig + " --db x.db --device cuda", &out), 1);
+    EXPECT_NE(out.find("--device cuda: no GPU visible"), std::string::npos) << out;
+  }
+#else
+  EXPECT_EQ(run(kBin + " sweep " + kConfig + " --db x.db --device cuda", &out), 2);
+  EXPECT_NE(out.find("--device cuda: this build has no CUDA"), std::string::npos) << out;
+#endif
   // validate prints the layout and the memory per GPU.
   EXPECT_EQ(run(kBin + " validate " + kConfig + " --gpus-per-worker 4 --ranks 8", &out), 0);
   EXPECT_NE(out.find("- groups: 2 of 4 GPU(s) each (8 worker ranks; mpirun -np 9)"),

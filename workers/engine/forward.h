@@ -11,58 +11,29 @@
 #include "kernels/comm.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
+#include "workers/engine/engine_base.h"
 #include "workers/engine/model.h"
 
 namespace kvb::engine {
 
-enum class LogitsMode {
-  kNone,  // no classifier (e.g. prefilling context whose predictions are not needed)
-  kLast,  // logits of the last token: [vocab]
-  kAll,   // logits of every token: [n, vocab] (likelihood scoring, perplexity)
-};
-
-// Which policy hook runs after each layer's attention.
-enum class PolicyHook {
-  kNone,     // no hook (the policy does not see these tokens)
-  kPrefill,  // Policy::on_prefill_layer with the statistics of prefill_request(n)
-  kDecode,   // Policy::on_decode_layer (one token) with the statistics of decode_request()
-};
-
-// Statistics of one prompt prefill, recorded once so that several oneshot policies can compress
-// copies of the same full cache without repeating the prefill (DESIGN.md "Scheduling": prefill
-// sharing). The request is the union of the policies' prefill requests.
-struct PrefillRecord {
-  policies::StatsRequest request;  // what to record (set before the forward pass)
-  int n_new = 0;
-  int last_w = 0;                  // rows recorded (request.last_w clamped to n_new)
-  std::vector<int> strides;                      // [layer]
-  std::vector<std::vector<float>> col_sums;      // [layer][num_heads, stride]
-  std::vector<std::vector<float>> last_probs;    // [layer][num_heads, last_w, stride]
-  std::vector<std::vector<float>> pre_rope_keys; // [layer][n_new, num_kv_heads, head_dim]
-};
-
-// Whether a policy's prompt compression can be applied from a PrefillRecord: oneshot prefill on a
-// cache of the model's own layout with the engine's own attention.
-bool can_share_prefill(const policies::Policy& policy);
-
-class Engine {
+class Engine : public EngineBase {
  public:
   // tp: the tensor-parallel group when `model` is this rank's shard (engine/tensor_parallel.h);
   // null (or a group of 1) for a whole model. With a group, forward() all-reduces the outputs of
   // the two row-parallel projections of every layer (attention output, MLP down), every rank of
   // the group must call forward() with the same tokens, and every rank gets the same logits.
   explicit Engine(const Model& model, kernels::Communicator* tp = nullptr);
-  const Model& model() const { return model_; }
-  kernels::Communicator* tp() const { return tp_; }
-  const ModelConfig& config() const { return model_.config; }
+  const Model& model() const override { return model_; }
+  kernels::Communicator* tp() const override { return tp_; }
+  std::string device_description() const override { return "cpu"; }
   // Milliseconds spent inside policy hooks (scoring, selection, compaction) since construction:
   // the eviction overhead, measured apart from attention. Attention statistics are not included.
-  double policy_ms() const { return policy_ms_; }
+  double policy_ms() const override { return policy_ms_; }
 
   // A fresh cache for this model, with room for `initial_capacity` tokens per head.
   // With a policy that expands GQA, the cache has one "KV head" per query head.
   kernels::KvCache new_cache(int initial_capacity = 0,
-                             const policies::Policy* policy = nullptr) const;
+                             const policies::Policy* policy = nullptr) const override;
 
   // Runs `tokens` at positions cache.next_position() onwards, appending their K/V to the cache
   // and advancing its position. Writes logits per `mode` into *logits (resized).
@@ -70,15 +41,15 @@ class Engine {
   // With a policy, `hook` selects which of its hooks runs after each layer's attention.
   void forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
                std::vector<float>* logits, policies::Policy* policy = nullptr,
-               PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr);
+               PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr) override;
 
   // Applies `policy`'s oneshot compression to `cache`, a copy of the cache right after the
   // recorded prefill (no policy), layer by layer, exactly as a prefill with the policy would.
   void apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
-                              const PrefillRecord& record);
+                              const PrefillRecord& record) override;
 
   // Prompt prefills executed (forward passes over more than one token, or a first token).
-  int64_t prefills() const { return prefills_; }
+  int64_t prefills() const override { return prefills_; }
 
  private:
   // One layer's K/V append, attention (or the policy's replacement) and policy hook.

@@ -31,12 +31,12 @@ struct GenerateResult {
 // The prompt phase alone: begin_sequence, then prefill per the policy's prefill_mode (oneshot:
 // one pass with on_prefill_layer; streaming: token by token with on_decode_layer). logits receives
 // the last token's logits.
-void prefill_prompt(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
+void prefill_prompt(EngineBase& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
                     policies::Policy* policy, std::vector<float>* logits);
 
 // The decode loop alone, from the logits after the prompt. on_token is called with each generated
 // id (not the end token) before it is fed back; returning false stops generation there.
-GenerateResult generate_from(Engine& engine, kernels::KvCache& cache, std::vector<float> logits,
+GenerateResult generate_from(EngineBase& engine, kernels::KvCache& cache, std::vector<float> logits,
                              const GenerateOptions& options,
                              const std::function<bool(int32_t)>& on_token,
                              policies::Policy* policy);
@@ -46,7 +46,8 @@ GenerateResult generate_from(Engine& engine, kernels::KvCache& cache, std::vecto
 // With a policy, the prompt is prefilled per its prefill_mode (oneshot: one pass then
 // on_prefill_layer; streaming: token by token through on_decode_layer) and every decode step runs
 // on_decode_layer.
-GenerateResult generate(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
+GenerateResult generate(EngineBase& engine, kernels::KvCache& cache,
+                        const std::vector<int32_t>& prompt,
                         const GenerateOptions& options,
                         const std::function<void(int32_t)>& on_token = nullptr,
                         policies::Policy* policy = nullptr);

@@ -1,0 +1,240 @@
+// End-to-end GPU engine benchmark (workers/engine/cuda_engine.h): prefill and decode tokens/s,
+// eviction overhead as a share of the decode step, peak device memory, for SmolLM2-135M (when
+// models/ has it) and a random-weight model of Llama-3-8B's shape built in memory (32 layers,
+// hidden 4096, 32 heads, 8 KV heads, FFN 14336, vocab 128256; every dimension settable), over
+// contexts (default 4K..32K) x policies (full, snapkv, ada_snapkv, h2o) x budgets (128..2048).
+// Prefill: one pass over `context` pseudo-random tokens with the policy's prefill hook; decode:
+// `--steps` single-token steps after it, each with the decode hook. Policy share = policy_ms
+// (hooks + the host-mirror statistics traffic) / decode time. Without a GPU: one line, exit 0.
+//   bench_cuda_engine [--dtype bf16|f32] [--contexts 4096,8192] [--budgets 128,2048]
+//     [--policies full,h2o] [--steps 32] [--models smollm2,llama8b] [--layers 32 --dim 4096
+//     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256]
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/runtime.h"
+#include "kernels/policies/policy.h"
+#include "workers/engine/cuda_engine.h"
+#include "workers/engine/generate.h"
+#include "workers/engine/model.h"
+
+namespace {
+
+using namespace kvb;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::vector<int> int_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
+  return v;
+}
+std::vector<std::string> str_list(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) v.push_back(x);
+  return v;
+}
+
+// Uniform in [-a, a) from a counter hash (splitmix64), filled in parallel: 8B weights in seconds.
+void fill(std::vector<float>& v, size_t n, uint64_t seed, float a) {
+  v.resize(n);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + i + 1;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    v[i] = a * (static_cast<float>(z >> 40) / 8388608.0f - 1.0f);
+  }
+}
+
+std::unique_ptr<engine::Model> random_llama(int layers, int dim, int heads, int kv_heads, int ffn,
+                                            int vocab) {
+  auto m = std::make_unique<engine::Model>();
+  engine::ModelConfig& c = m->config;
+  c.arch = "llama";
+  c.name = "random-llama-" + std::to_string(layers) + "x" + std::to_string(dim);
+  c.format = "memory";
+  c.dim = dim;
+  c.hidden_dim = ffn;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = dim / heads;
+  c.vocab_size = vocab;
+  c.max_seq_len = 131072;
+  c.norm_eps = 1e-5f;
+  c.rope.rot_dim = c.head_dim;
+  c.rope.theta = 500000.0f;
+  const size_t D = dim, QD = static_cast<size_t>(heads) * c.head_dim,
+               KVD = static_cast<size_t>(kv_heads) * c.head_dim, H = ffn;
+  const float a = 1.0f / std::sqrt(static_cast<float>(dim));
+  m->layers.resize(layers);
+  uint64_t seed = 1;
+  for (engine::LayerWeights& w : m->layers) {
+    w.attn_norm.assign(D, 1.0f);
+    w.ffn_norm.assign(D, 1.0f);
+    fill(w.wq, QD * D, seed++, a);
+    fill(w.wk, KVD * D, seed++, a);
+    fill(w.wv, KVD * D, seed++, a);
+    fill(w.wo, D * QD, seed++, a);
+    fill(w.w_gate, H * D, seed++, a);
+    fill(w.w_up, H * D, seed++, a);
+    fill(w.w_down, D * H, seed++, 1.0f / std::sqrt(static_cast<float>(ffn)));
+  }
+  fill(m->token_embedding, static_cast<size_t>(vocab) * D, seed++, 1.0f);
+  fill(m->output, static_cast<size_t>(vocab) * D, seed++, a);
+  m->final_norm.assign(D, 1.0f);
+  return m;
+}
+
+std::vector<int32_t> tokens(int n, int vocab) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i)
+    t[i] = static_cast<int32_t>((i * 2654435761ull + 12345) % (vocab - 10)) + 10;
+  return t;
+}
+
+void run_model(const engine::Model& m, engine::DType dtype, const std::vector<int>& contexts,
+               const std::vector<int>& budgets, const std::vector<std::string>& pols, int steps) {
+  const auto t0 = Clock::now();
+  engine::CudaEngine eng(m, dtype);
+  std::printf("# %s on %s, %s: weights %.2f GiB uploaded in %.1f s\n", m.config.name.c_str(),
+              eng.device_description().c_str(), engine::dtype_name(dtype),
+              eng.weight_bytes() / 1073741824.0, ms_since(t0) / 1000);
+  std::printf("%-22s %7s %-11s %6s %12s %11s %9s %8s %10s %9s\n", "model", "context", "policy",
+              "budget", "prefill t/s", "decode t/s", "step ms", "policy%", "mirror MiB",
+              "peak GiB");
+  const auto& c = m.config;
+  for (int ctx : contexts) {
+    if (ctx + steps > c.max_seq_len) {
+      std::printf("%-22s %7d (skipped: above the model's context %d)\n", c.name.c_str(), ctx,
+                  c.max_seq_len);
+      continue;
+    }
+    const std::vector<int32_t> prompt = tokens(ctx, c.vocab_size);
+    for (const std::string& pname : pols) {
+      for (int budget : (pname == "full" ? std::vector<int>{0} : budgets)) {
+        policies::PolicyConfig pc;
+        pc.name = pname;
+        pc.kv_budget = budget;
+        pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+        std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
+        kernels::KvCache cache = eng.new_cache(ctx + steps, policy.get());
+        std::vector<float> logits;
+        const size_t mirror0 = eng.mirror_bytes();
+        auto tp = Clock::now();
+        engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
+        const double prefill_ms = ms_since(tp);
+        const double pol0 = eng.policy_ms();
+        auto td = Clock::now();
+        for (int s = 0; s < steps; ++s) {
+          const int32_t next = 10 + s;
+          eng.forward({&next, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
+                      engine::PolicyHook::kDecode);
+        }
+        const double decode_ms = ms_since(td);
+        const double pol = eng.policy_ms() - pol0;
+        std::printf("%-22s %7d %-11s %6d %12.0f %11.1f %9.3f %7.1f%% %10.1f %9.2f\n",
+                    c.name.c_str(), ctx, pname.c_str(), budget, ctx * 1000.0 / prefill_ms,
+                    steps * 1000.0 / decode_ms, decode_ms / steps, 100.0 * pol / decode_ms,
+                    (eng.mirror_bytes() - mirror0) / 1048576.0,
+                    eng.device_peak_bytes() / 1073741824.0);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!kernels::cuda::has_device()) {
+    std::printf(
+        "bench_cuda_engine: no CUDA device (cudaGetDeviceCount found none); nothing to "
+        "measure\n");
+    return 0;
+  }
+  std::string dtype = "bf16", contexts = "4096,8192,16384,32768", budgets = "128,512,2048",
+              pols = "full,snapkv,ada_snapkv,h2o", models = "smollm2,llama8b";
+  int steps = 32, layers = 32, dim = 4096, heads = 32, kv_heads = 8, ffn = 14336, vocab = 128256;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_cuda_engine: %s needs a value (see the file's header)\n",
+                   argv[i]);
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (k == "--dtype")
+      dtype = v;
+    else if (k == "--contexts")
+      contexts = v;
+    else if (k == "--budgets")
+      budgets = v;
+    else if (k == "--policies")
+      pols = v;
+    else if (k == "--models")
+      models = v;
+    else if (k == "--steps")
+      steps = std::stoi(v);
+    else if (k == "--layers")
+      layers = std::stoi(v);
+    else if (k == "--dim")
+      dim = std::stoi(v);
+    else if (k == "--heads")
+      heads = std::stoi(v);
+    else if (k == "--kv-heads")
+      kv_heads = std::stoi(v);
+    else if (k == "--ffn")
+      ffn = std::stoi(v);
+    else if (k == "--vocab")
+      vocab = std::stoi(v);
+    else {
+      std::fprintf(stderr, "bench_cuda_engine: unknown option %s (see the file's header)\n",
+                   k.c_str());
+      return 2;
+    }
+  }
+  try {
+    const engine::DType dt = engine::parse_dtype(dtype);
+    for (const std::string& name : str_list(models)) {
+      if (name == "smollm2") {
+        const std::string path = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+        if (!std::ifstream(path).good()) {
+          std::printf("# smollm2 skipped: %s missing (scripts/fetch_models.sh)\n", path.c_str());
+          continue;
+        }
+        run_model(*engine::load_model(path), dt, int_list(contexts), int_list(budgets),
+                  str_list(pols), steps);
+      } else if (name == "llama8b") {
+        const auto t0 = Clock::now();
+        std::unique_ptr<engine::Model> m = random_llama(layers, dim, heads, kv_heads, ffn, vocab);
+        std::printf("# random weights: %.1f s on the host\n", ms_since(t0) / 1000);
+        run_model(*m, dt, int_list(contexts), int_list(budgets), str_list(pols), steps);
+      } else {
+        std::fprintf(stderr, "bench_cuda_engine: --models takes smollm2,llama8b; got %s\n",
+                     name.c_str());
+        return 2;
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda_engine: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,100 @@
+// Device and dtype parsing, and the engine factory behind `--device` / `--dtype`.
+#include "workers/engine/engine_base.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "workers/engine/forward.h"
+#ifdef KVB_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#include "workers/engine/cuda_engine.h"
+#endif
+
+namespace kvb::engine {
+
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::kCpu;
+  if (s == "cuda") return Device::kCuda;
+  KVB_USAGE_FAIL() << "--device must be cpu or cuda, got '" << s << "'";
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::kF32;
+  if (s == "bf16") return DType::kBf16;
+  KVB_USAGE_FAIL() << "--dtype must be f32 or bf16, got '" << s << "'";
+}
+
+DType resolve_dtype(Device d, const std::string& s) {
+  if (s.empty()) return d == Device::kCuda ? DType::kBf16 : DType::kF32;
+  return parse_dtype(s);
+}
+
+const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+const char* dtype_name(DType t) { return t == DType::kBf16 ? "bf16" : "f32"; }
+
+std::string cuda_device_label(bool require_device) {
+#ifdef KVB_WITH_CUDA
+  const int count = kernels::cuda::device_count();
+  if (count == 0) {
+    if (require_device)
+      KVB_FAIL() << "--device cuda: no GPU visible (cudaGetDeviceCount found none: "
+                    "check the driver and CUDA_VISIBLE_DEVICES)";
+    return "cuda (no GPU visible to the coordinator)";
+  }
+  cudaDeviceProp prop{};
+  std::string name = "unknown GPU";
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) name = prop.name;
+  // The label goes into runs.devices (JSON): no quotes or backslashes.
+  for (char& ch : name) {
+    if (ch == '"' || ch == '\\' || static_cast<unsigned char>(ch) < 0x20) ch = ' ';
+  }
+  return "cuda: " + name + " x" + std::to_string(count);
+#else
+  (void)require_device;
+  KVB_USAGE_FAIL() << "--device cuda: this build has no CUDA (configure with nvcc on the PATH or "
+                      "-DKVBENCH_CUDA=ON); use --device cpu";
+#endif
+}
+
+int node_local_gpu(int worker_index) {
+#ifdef KVB_WITH_CUDA
+  const int count = kernels::cuda::device_count();
+  if (count == 0)
+    KVB_FAIL() << "--device cuda: no GPU visible on this node (worker " << worker_index
+               << "; check the driver and CUDA_VISIBLE_DEVICES)";
+  if (worker_index >= count) {
+    KVB_LOG_WARN << "node-local worker " << worker_index << " shares GPU " << worker_index % count
+                 << " (" << count << " visible): start at most one worker per GPU";
+  }
+  return worker_index % count;
+#else
+  (void)worker_index;
+  return 0;
+#endif
+}
+
+std::unique_ptr<EngineBase> make_engine(const Model& model, Device device, DType dtype, int gpu,
+                                        kernels::Communicator* tp) {
+  if (device == Device::kCpu) {
+    KVB_USAGE_CHECK(dtype == DType::kF32)
+        << "--dtype " << dtype_name(dtype) << " needs --device cuda (the CPU engine is f32 only)";
+    return std::make_unique<Engine>(model, tp);
+  }
+#ifdef KVB_WITH_CUDA
+  KVB_USAGE_CHECK(!tp || tp->size() <= 1)
+      << "--device cuda: tensor-parallel groups (--gpus-per-worker > 1) run on the CPU engine "
+         "only in this build; use --device cpu or one GPU per worker";
+  if (!kernels::cuda::has_device()) {
+    KVB_FAIL()
+        << "--device cuda: no GPU visible (cudaGetDeviceCount found none: check the driver and "
+           "CUDA_VISIBLE_DEVICES)";
+  }
+  return std::make_unique<CudaEngine>(model, dtype, gpu);
+#else
+  (void)gpu;
+  (void)tp;
+  KVB_USAGE_FAIL() << "--device cuda: this build has no CUDA (configure with nvcc on the PATH or "
+                      "-DKVBENCH_CUDA=ON); use --device cpu";
+#endif
+}
+
+}  // namespace kvb::engine

@@ -1,0 +1,113 @@
+// The device-agnostic face of an engine (DESIGN.md "Backends and builds"): what generation, the
+// runner and the sweep workers call. Engine (forward.h) is the CPU f32 reference; CudaEngine
+// (cuda_engine.h, only in builds with CUDA) runs the same block stack on a GPU. Both take the
+// host `kernels::KvCache` of a sequence: on the CPU it is the cache; on the GPU it is the host
+// mirror the policies read and edit (cuda_engine.h "Policies: the host mirror").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/comm.h"
+#include "kernels/kv_cache.h"
+#include "kernels/policies/policy.h"
+#include "workers/engine/model.h"
+
+namespace kvb::engine {
+
+enum class LogitsMode {
+  kNone,  // no classifier (e.g. prefilling context whose predictions are not needed)
+  kLast,  // logits of the last token: [vocab]
+  kAll,   // logits of every token: [n, vocab] (likelihood scoring, perplexity)
+};
+
+// Which policy hook runs after each layer's attention.
+enum class PolicyHook {
+  kNone,     // no hook (the policy does not see these tokens)
+  kPrefill,  // Policy::on_prefill_layer with the statistics of prefill_request(n)
+  kDecode,   // Policy::on_decode_layer (one token) with the statistics of decode_request()
+};
+
+// Statistics of one prompt prefill, recorded once so that several oneshot policies can compress
+// copies of the same full cache without repeating the prefill (DESIGN.md "Scheduling": prefill
+// sharing). The request is the union of the policies' prefill requests.
+struct PrefillRecord {
+  policies::StatsRequest request;  // what to record (set before the forward pass)
+  int n_new = 0;
+  int last_w = 0;                                 // rows recorded (request.last_w clamped to n_new)
+  std::vector<int> strides;                       // [layer]
+  std::vector<std::vector<float>> col_sums;       // [layer][num_heads, stride]
+  std::vector<std::vector<float>> last_probs;     // [layer][num_heads, last_w, stride]
+  std::vector<std::vector<float>> pre_rope_keys;  // [layer][n_new, num_kv_heads, head_dim]
+};
+
+// Where an engine runs and in which precision: `--device cpu|cuda`, `--dtype f32|bf16`.
+enum class Device { kCpu, kCuda };
+enum class DType { kF32, kBf16 };
+Device parse_device(const std::string& s);  // usage error naming the bad value
+DType parse_dtype(const std::string& s);
+// `--dtype` as given ("" for the device's default: f32 on the CPU, bf16 on the GPU).
+DType resolve_dtype(Device d, const std::string& s);
+const char* device_name(Device d);
+const char* dtype_name(DType t);
+
+class EngineBase {
+ public:
+  virtual ~EngineBase() = default;
+  virtual const Model& model() const = 0;
+  const ModelConfig& config() const { return model().config; }
+  // The tensor-parallel group (null on one device).
+  virtual kernels::Communicator* tp() const { return nullptr; }
+  // Milliseconds spent inside policy hooks (scoring, selection, compaction) since construction:
+  // the eviction overhead, measured apart from attention (on the GPU: including the host-mirror
+  // traffic and the device compaction the hooks cause).
+  virtual double policy_ms() const = 0;
+  // Prompt prefills executed (forward passes over more than one token, or a first token).
+  virtual int64_t prefills() const = 0;
+  // "cpu", or the GPU's name ("NVIDIA H100 80GB HBM3") for the run's provenance.
+  virtual std::string device_description() const = 0;
+  // Device memory high-water mark in bytes (0 on the CPU: measurements.device_peak_bytes NULL).
+  virtual size_t device_peak_bytes() const { return 0; }
+
+  // A fresh cache for this model, with room for `initial_capacity` tokens per head.
+  // With a policy that expands GQA, the cache has one "KV head" per query head.
+  virtual kernels::KvCache new_cache(int initial_capacity = 0,
+                                     const policies::Policy* policy = nullptr) const = 0;
+
+  // Runs `tokens` at positions cache.next_position() onwards, appending their K/V to the cache
+  // and advancing its position. Writes logits per `mode` into *logits (resized).
+  // Precondition: token ids in [0, vocab_size) (checked).
+  // With a policy, `hook` selects which of its hooks runs after each layer's attention.
+  virtual void forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
+                       std::vector<float>* logits, policies::Policy* policy = nullptr,
+                       PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr) = 0;
+
+  // Applies `policy`'s oneshot compression to `cache`, a copy of the cache right after the
+  // recorded prefill (no policy), layer by layer, exactly as a prefill with the policy would.
+  virtual void apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
+                                      const PrefillRecord& record) = 0;
+};
+
+// Whether a policy's prompt compression can be applied from a PrefillRecord: oneshot prefill on a
+// cache of the model's own layout with the engine's own attention.
+bool can_share_prefill(const policies::Policy& policy);
+
+// The run's provenance for --device cuda: "cuda: <name of GPU 0> x<visible GPUs>". Usage error
+// "this build has no CUDA" without the backend; with require_device, error "no GPU visible"
+// when there is none (else the label says so).
+std::string cuda_device_label(bool require_device);
+// The GPU a worker binds to: its node-local worker index modulo the visible GPUs (a warning when
+// workers share a GPU). Error "no GPU visible" without one; 0 in builds without CUDA.
+int node_local_gpu(int worker_index);
+
+// An engine for `device` (the CPU Engine, or CudaEngine on `gpu` with `dtype`). `model` must
+// outlive it. cuda: usage error "this build has no CUDA" without the backend, runtime error "no
+// GPU visible" without a device; tensor-parallel groups (`tp`) run on the CPU only.
+// dtype on the CPU must be f32 (the reference has no bf16 path).
+std::unique_ptr<EngineBase> make_engine(const Model& model, Device device, DType dtype, int gpu = 0,
+                                        kernels::Communicator* tp = nullptr);
+
+}  // namespace kvb::engine
