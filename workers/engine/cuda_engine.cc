@@ -234,22 +234,8 @@ void CudaEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cach
   gpu::embed_rows(s.x.data(), embedding_.data(), s.tokens.data(), n, D, stream_);
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  if (!policy) hook = PolicyHook::kNone;
-  KVB_CHECK(hook != PolicyHook::kDecode || n == 1) << "decode hook with " << n << " tokens";
-  KVB_CHECK(!record || hook == PolicyHook::kNone) << "a recorded prefill runs without a policy";
-  if (n > 1 || cache.next_position() == 0) ++prefills_;
-  policies::StatsRequest req;
-  if (hook == PolicyHook::kPrefill) req = policy->prefill_request(n);
-  if (hook == PolicyHook::kDecode) req = policy->decode_request();
-  if (record) {
-    req = record->request;
-    record->n_new = n;
-    record->last_w = std::min(req.last_w, n);
-    record->strides.assign(c.num_layers, 0);
-    record->col_sums.assign(c.num_layers, {});
-    record->last_probs.assign(c.num_layers, {});
-    record->pre_rope_keys.assign(c.num_layers, {});
-  }
+  const policies::StatsRequest req =
+      forward_stats_request(n, cache, c.num_layers, policy, &hook, record, &prefills_);
   const int last_w = std::min(req.last_w, n);
 
   for (int l = 0; l < c.num_layers; ++l) {

@@ -1,6 +1,8 @@
 // Device and dtype parsing, and the engine factory behind `--device` / `--dtype`.
 #include "workers/engine/engine_base.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "workers/engine/forward.h"
@@ -95,6 +97,28 @@ std::unique_ptr<EngineBase> make_engine(const Model& model, Device device, DType
   KVB_USAGE_FAIL() << "--device cuda: this build has no CUDA (configure with nvcc on the PATH or "
                       "-DKVBENCH_CUDA=ON); use --device cpu";
 #endif
+}
+
+policies::StatsRequest forward_stats_request(int n, const kernels::KvCache& cache, int num_layers,
+                                             policies::Policy* policy, PolicyHook* hook,
+                                             PrefillRecord* record, int64_t* prefills) {
+  if (!policy) *hook = PolicyHook::kNone;
+  KVB_CHECK(*hook != PolicyHook::kDecode || n == 1) << "decode hook with " << n << " tokens";
+  KVB_CHECK(!record || *hook == PolicyHook::kNone) << "a recorded prefill runs without a policy";
+  if (n > 1 || cache.next_position() == 0) ++*prefills;
+  policies::StatsRequest req;
+  if (*hook == PolicyHook::kPrefill) req = policy->prefill_request(n);
+  if (*hook == PolicyHook::kDecode) req = policy->decode_request();
+  if (record) {
+    req = record->request;
+    record->n_new = n;
+    record->last_w = std::min(req.last_w, n);
+    record->strides.assign(num_layers, 0);
+    record->col_sums.assign(num_layers, {});
+    record->last_probs.assign(num_layers, {});
+    record->pre_rope_keys.assign(num_layers, {});
+  }
+  return req;
 }
 
 }  // namespace kvb::engine

@@ -54,6 +54,14 @@ DType resolve_dtype(Device d, const std::string& s);
 const char* device_name(Device d);
 const char* dtype_name(DType t);
 
+// What one forward pass of `n` tokens gathers, for both engines: drops the hook without a
+// policy, checks it against the pass (a decode hook takes one token; a recorded prefill runs
+// without a policy), counts a prompt prefill in *prefills, and sizes `record` (whose request
+// then wins).
+policies::StatsRequest forward_stats_request(int n, const kernels::KvCache& cache, int num_layers,
+                                             policies::Policy* policy, PolicyHook* hook,
+                                             PrefillRecord* record, int64_t* prefills);
+
 class EngineBase {
  public:
   virtual ~EngineBase() = default;
