@@ -89,7 +89,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   rs.max_prompt_tokens = max_prompt_tokens;
   // Names and options are checked before the model is loaded.
   std::unique_ptr<tasks::Task> task = tasks::make_task(task_name, topts);
-  if (!policies::find_policy(policy_name)) policies::make_policy({.name = policy_name});
+  policies::require_policy(policy_name);
 
   workers::LoadedModel lm = workers::load_model_and_tokenizer(model_path, tokenizer_path);
   const engine::ModelConfig& c = lm.model->config;

@@ -116,7 +116,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (vm.count("prompt-file")) prompt = read_text_file(prompt_file);
 
   // Fail on a bad policy name before the (slow) model load; budgets are checked against the model.
-  if (!policies::find_policy(policy_name)) policies::make_policy({.name = policy_name});
+  policies::require_policy(policy_name);
   workers::LoadedModel lm = workers::load_model_and_tokenizer(model_path, tokenizer_path);
   const engine::ModelConfig& c = lm.model->config;
   std::vector<int32_t> ids = workers::encode_prompt(lm, prompt, chat, system);

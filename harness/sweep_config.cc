@@ -251,14 +251,10 @@ std::vector<Origin> parse_policies(const Node& n, SweepConfig& cfg) {
   std::vector<Origin> origin;
   for (const auto& [item, key] : items_of(n, "policies")) {
     const auto [name_node, opts, nkey, name] = read_named(*item, key, "policy");
-    if (!policies::find_policy(name)) {
-      try {
-        policies::PolicyConfig pc;
-        pc.name = name;
-        policies::make_policy(pc);
-      } catch (const Error& e) {
-        fail(*name_node, nkey, e.what());
-      }
+    try {
+      policies::require_policy(name);
+    } catch (const Error& e) {
+      fail(*name_node, nkey, e.what());
     }
     std::vector<std::pair<std::string, std::vector<std::string>>> axes;
     for (const Entry& e : opts ? opts->map : kNoEntries) {

@@ -51,14 +51,19 @@ const PolicyInfo* find_policy(const std::string& name) {
   return nullptr;
 }
 
-std::unique_ptr<Policy> make_policy(const PolicyConfig& config) {
-  const PolicyInfo* info = find_policy(config.name);
+const PolicyInfo& require_policy(const std::string& name) {
+  const PolicyInfo* info = find_policy(name);
   if (!info) {
     std::vector<std::string> names;
     for (const auto& p : policy_registry()) names.push_back(p.name);
-    KVB_USAGE_FAIL() << "unknown policy '" << config.name << "'; known policies: " << join(names)
+    KVB_USAGE_FAIL() << "unknown policy '" << name << "'; known policies: " << join(names)
                      << " (kvbench ls policies describes them)";
   }
+  return *info;
+}
+
+std::unique_ptr<Policy> make_policy(const PolicyConfig& config) {
+  const PolicyInfo* info = &require_policy(config.name);
   if (config.name != "full") {
     KVB_USAGE_CHECK(config.kv_budget > 0)
         << "policy " << config.name << ": --kv-budget must be a positive number of tokens per KV "

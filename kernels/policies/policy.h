@@ -156,6 +156,8 @@ struct PolicyInfo {
 };
 const std::vector<PolicyInfo>& policy_registry();
 const PolicyInfo* find_policy(const std::string& name);
+// The policy of that name; an unknown name is a usage error that lists the known ones.
+const PolicyInfo& require_policy(const std::string& name);
 // Validates the name, budget and options; throws usage errors that list what is allowed.
 std::unique_ptr<Policy> make_policy(const PolicyConfig& config);
 

@@ -10,6 +10,8 @@
 #include <map>
 #include <string>
 
+#include "mpi/mpirun.h"
+
 namespace {
 
 const std::string kBin = std::string(KVB_BINARY_DIR) + "/kvbench";
@@ -26,11 +28,10 @@ int run(const std::string& cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
 }
 
-std::string mpirun(int np) {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  return "mpirun --oversubscribe -np " + std::to_string(np) + " ";
-}
+using kvb::testing::mpirun;
+// Runs whose worker kills itself: the ranks are gone within seconds; only mpirun's own shutdown
+// can hang (mpirun.h), and a short limit keeps that cheap.
+constexpr int kCrashRunSeconds = 90;
 
 // key -> value for every (unit, metric), or status counts.
 std::map<std::string, std::string> query(const std::string& db, const std::string& sql) {
@@ -67,7 +68,7 @@ TEST(SweepMpi, KilledWorkerLosesNothingAfterResume) {
   const std::string db = db_path("sweep_kill.db");
   // The worker that starts this sample's bundle dies with SIGKILL, taking the job down.
   setenv("KVB_FAULT_CRASH_SAMPLE", "len128_depth100_s0", 1);
-  EXPECT_NE(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db), 0);
+  EXPECT_NE(run(mpirun(3, kCrashRunSeconds) + kBin + " sweep " + kConfig + " --db " + db), 0);
   unsetenv("KVB_FAULT_CRASH_SAMPLE");
   const auto mid = query(db, kStatus);
   EXPECT_TRUE(mid.count("running")) << "the crash should leave units in flight";
@@ -83,8 +84,10 @@ TEST(SweepMpi, KilledWorkerLosesNothingAfterResume) {
 TEST(SweepMpi, UnitThatCrashesTwiceEndsCrashed) {
   const std::string db = db_path("sweep_crash2.db");
   setenv("KVB_FAULT_CRASH_SAMPLE", "len128_depth100_s0", 1);
-  EXPECT_NE(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db), 0);
-  EXPECT_NE(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db + " --resume"), 0);
+  EXPECT_NE(run(mpirun(3, kCrashRunSeconds) + kBin + " sweep " + kConfig + " --db " + db), 0);
+  EXPECT_NE(
+      run(mpirun(3, kCrashRunSeconds) + kBin + " sweep " + kConfig + " --db " + db + " --resume"),
+      0);
   // Third run: the bundle's units were in flight during two crashes -> crashed, skipped.
   EXPECT_EQ(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db + " --resume"), 0);
   unsetenv("KVB_FAULT_CRASH_SAMPLE");

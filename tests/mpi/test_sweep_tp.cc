@@ -25,6 +25,7 @@
 #ifdef KVB_WITH_CUDA
 #include "kernels/cuda/runtime.h"
 #endif
+#include "mpi/mpirun.h"
 #include "tp_test_model.h"
 
 namespace {
@@ -72,11 +73,7 @@ int run(const std::string& cmd, std::string* output = nullptr) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
 }
 
-std::string mpirun(int np) {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  return "mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " ";
-}
+using kvb::testing::mpirun;
 
 // Rows of (key, a, b) from a query.
 std::map<std::string, std::pair<std::string, std::string>> query(const std::string& db,
@@ -212,7 +209,7 @@ TEST_F(SweepTp, BadLayoutsAreRefused) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("valid --gpus-per-worker values for it: 1, 2, 4"), std::string::npos) << out;
-  EXPECT_NE(run(mpirun(4) + kBin + " sweep " + kConfig + " --db " + KVB_BINARY_DIR +
+  EXPECT_NE(run(mpirun(4, 90) + kBin + " sweep " + kConfig + " --db " + KVB_BINARY_DIR +
                     "/sweep_tp_bad.db --gpus-per-worker 3",
                 &out),
             0);
