@@ -194,8 +194,8 @@ int cmd_generate(const std::vector<std::string>& args) {
                  << r.decode_steps << " steps in " << r.decode_ms << " ms ("
                  << (r.decode_steps > 0 ? r.decode_steps * 1000.0 / r.decode_ms : 0.0)
                  << " tok/s); " << (r.hit_end ? "stopped at end token" : "stopped at limit")
-                 << "; KV cache " << cache.logical_bytes() << " bytes logical, "
-                 << cache.physical_bytes() << " physical (" << cache.total_slots()
+                 << "; KV cache " << eng.kv_logical_bytes(cache) << " bytes logical, "
+                 << eng.kv_physical_bytes(cache) << " physical (" << cache.total_slots()
                  << " slots; policy " << policy_name << " state " << policy->state_bytes()
                  << " bytes)";
   }

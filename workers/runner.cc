@@ -40,12 +40,14 @@ double percentile(std::vector<double> v, double p) {
 // (sums of slots and bytes, maxima of lengths, per sample), so no step pays a collective.
 class Tracker {
  public:
-  Tracker(const kernels::KvCache& cache, kernels::Communicator* tp) : cache_(cache), tp_(tp) {}
+  // Bytes as `engine` stores the cache (on the GPU: its device cache, not the host mirror).
+  Tracker(const kernels::KvCache& cache, const engine::EngineBase& engine)
+      : cache_(cache), engine_(engine), tp_(engine.tp()) {}
   void sample() {
     slots_.push_back(cache_.total_slots());
     longest_.push_back(cache_.max_length());
-    logical_.push_back(cache_.logical_bytes());
-    physical_.push_back(cache_.physical_bytes());
+    logical_.push_back(engine_.kv_logical_bytes(cache_));
+    physical_.push_back(engine_.kv_physical_bytes(cache_));
   }
   void finish(UnitMeasurements& m) {
     const auto& s = cache_.shape();
@@ -97,6 +99,7 @@ class Tracker {
   }
 
   const kernels::KvCache& cache_;
+  const engine::EngineBase& engine_;
   kernels::Communicator* tp_;
   std::vector<int64_t> slots_, longest_, logical_, physical_;
 };
@@ -225,7 +228,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
     KVB_USAGE_CHECK(ids.size() >= 2) << "sample " << s.id << ": the text has " << ids.size()
                                      << " tokens; perplexity needs at least 2";
     kernels::KvCache cache = engine.new_cache(static_cast<int>(ids.size()), policy.get());
-    Tracker tr(cache, engine.tp());
+    Tracker tr(cache, engine);
     policy->begin_sequence(1);
     std::vector<double> steps;
     const kernels::CommStats comm0 = comm_stats(engine);
@@ -257,7 +260,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
     KVB_CHECK(p.size() > 0) << "sample " << s.id << ": empty prompt";
     kernels::KvCache cache =
         engine.new_cache(static_cast<int>(p.size()) + std::max(1, s.max_new_tokens), policy.get());
-    Tracker tr(cache, engine.tp());
+    Tracker tr(cache, engine);
     const kernels::CommStats comm0 = comm_stats(engine);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<int32_t> first, rest;

@@ -52,7 +52,20 @@ __global__ void __launch_bounds__(kThreads)
         return *ok ? entry_key(s, h, j) : 0;
       },
       m, take, radix);
-  int left = take;  // block-uniform: only thread 0 changes it, then broadcasts through `eq`
+  // Every entry above the k-th is in; the rest of `take` goes to the entries equal to it, lower
+  // heads first (the CPU's total order ends with the head). Count all of the first kind before
+  // handing out ties, so that a later head's entries above the threshold keep their room.
+  if (threadIdx.x == 0) gt = 0;
+  __syncthreads();
+  int above = 0;
+  for (int i = threadIdx.x; i < m; i += blockDim.x) {
+    const int h = i / s.ld, j = i % s.ld;
+    above += j < s.lengths[h] && entry_key(s, h, j) > threshold ? 1 : 0;
+  }
+  atomicAdd(&gt, above);
+  __syncthreads();
+  int ties_left = take - gt;  // block-uniform: every thread computes the same values below
+  __syncthreads();            // gt read by all before thread 0 resets it
   for (int h = 0; h < s.num_heads; ++h) {
     if (threadIdx.x == 0) gt = eq = 0;
     __syncthreads();
@@ -65,9 +78,9 @@ __global__ void __launch_bounds__(kThreads)
     atomicAdd(&gt, g);
     atomicAdd(&eq, e);
     __syncthreads();
-    const int from_eq = min(eq, left - gt);  // left - gt >= 0: all of gt rank above the k-th
+    const int from_eq = min(eq, ties_left);
     if (threadIdx.x == 0) counts[h] = gt + from_eq;
-    left -= gt + from_eq;
+    ties_left -= from_eq;
     __syncthreads();  // gt/eq read by all before thread 0 resets them
   }
 }

@@ -1,6 +1,9 @@
 // Greedy farthest-point k-center, CUDA twin of kernels/cpu/kcenter.h (SubGen's clustering,
 // POLICIES.md `subgen_kcenter`) with the same tie rules; bit-identical results (distances in
-// double, accumulated in coordinate order without contraction, as the CPU does).
+// double, accumulated in coordinate order without contraction, as the CPU does) for finite
+// keys. With inf/NaN keys a NaN distance can pick another centre than the CPU's scan (which
+// never prefers a point over a NaN-distance one); keys come from the attention's K rows,
+// which are finite for finite weights.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -62,7 +62,7 @@ __global__ void validate_keep_kernel(const int32_t* slots, int ld, const int32_t
 template <typename T>
 __global__ void compact_kernel(T* keys, T* values, int32_t* positions, const int32_t* offsets,
                                const int32_t* slots, int ld, const int32_t* counts, int d) {
-  extern __shared__ unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];
   T* stage = reinterpret_cast<T*>(smem);  // [kCompactChunk, d]
   __shared__ int32_t stage_pos[kCompactChunk];
   const int h = blockIdx.x;

@@ -58,8 +58,9 @@ class DeviceKvCache {
   DeviceLayerKvView layer(int layer);
 
   // Every change to lengths is made on the host mirror and copied to the device in stream order
-  // from pageable memory, which waits for the stream's earlier work (append and keep_slots are
-  // stream-ordered but not asynchronous to the host).
+  // from pageable memory: the copy call returns once the bytes are staged and takes effect
+  // after the stream's earlier work (append and keep_slots are stream-ordered but not
+  // asynchronous to the host).
 
   // Appends n tokens to every KV head of `layer`. keys, values: device f32 [n, num_kv_heads,
   // head_dim] (post-RoPE; converted to the cache dtype); positions: device [n]. Throws, changing

@@ -14,10 +14,14 @@
 #include "common/error.h"
 
 // KVB_CUDA_CHECK(cudaMemcpy(...)); throws kvb::Error "<file>:<line> cudaMemcpy(...): <error>".
+// A failed call also records its (non-sticky) error as the thread's last error; it is cleared
+// before throwing, or the next KVB_CUDA_CHECK_LAUNCH of an unrelated op would report it again
+// (a sweep goes on after a bundle's out-of-memory).
 #define KVB_CUDA_CHECK(call)                                                                     \
   do {                                                                                           \
     const cudaError_t kvb_cuda_status_ = (call);                                                 \
     if (kvb_cuda_status_ != cudaSuccess) {                                                       \
+      (void)cudaGetLastError();                                                                  \
       ::kvb::detail::ErrorBuilder(__FILE__, __LINE__, #call, ::kvb::ErrorKind::kRuntime)         \
           << cudaGetErrorName(kvb_cuda_status_) << ": " << cudaGetErrorString(kvb_cuda_status_); \
     }                                                                                            \

@@ -21,6 +21,8 @@ namespace kvb::kernels::cuda {
 // stats_stride)], checked on the device: one stream sync). Mean adds the group's rows in
 // increasing g and divides by group in f32, max takes them in the same order: the CPU's bits.
 // New slots must have been zeroed by the caller (H2O starts a token's score at 0).
+// A bad length throws after the kernel ran: the valid heads have been updated by then (the
+// check is an invariant of the caller's cache, not a recoverable condition).
 void accumulate_scores(float* scores, int ld, const int32_t* lengths, const float* col_sums,
                        int stats_stride, int num_kv_heads, int group, policies::GqaReduce how,
                        cudaStream_t stream = 0);

@@ -289,10 +289,13 @@ void run_topk_rows(const std::vector<int32_t>& lengths, const std::vector<int32_
       Error);
 }
 
-void run_global_topk(const std::vector<int32_t>& lengths, bool positions, int k) {
+// `scores`: [heads, ld] with ld = longest + 1, or empty for selection_scores.
+void run_global_topk(const std::vector<int32_t>& lengths, bool positions, int k,
+                     std::vector<float> scores = {}, std::vector<int32_t> expect = {}) {
   const int heads = static_cast<int>(lengths.size());
   const int ld = *std::max_element(lengths.begin(), lengths.end()) + 1;
-  const std::vector<float> s = selection_scores(heads * ld, 81);
+  const std::vector<float> s = scores.empty() ? selection_scores(heads * ld, 81) : scores;
+  ASSERT_EQ(s.size(), static_cast<size_t>(heads) * ld);
   std::vector<int32_t> pos(heads * ld);
   for (int h = 0; h < heads; ++h) {
     for (int j = 0; j < ld; ++j) pos[h * ld + j] = 3 * j + (h % 2);  // some equal across heads
@@ -300,6 +303,7 @@ void run_global_topk(const std::vector<int32_t>& lengths, bool positions, int k)
   cpu::RaggedScores rs{s.data(), positions ? pos.data() : nullptr, lengths.data(), heads, ld};
   std::vector<int32_t> want(heads);
   cpu::global_topk_counts(rs, k, want.data());
+  if (!expect.empty()) ASSERT_EQ(want, expect) << "the CPU reference itself";
   const auto sd = to_device(s);
   const auto pd = to_device(pos), lend = to_device(lengths);
   cu::RaggedScores rd{sd.data(), positions ? pd.data() : nullptr, lend.data(), heads, ld};
@@ -512,6 +516,23 @@ std::vector<Case> all_cases() {
         run_global_topk({1, 3, 7, 17, 4097, 8}, pos, k);
       });
     }
+  }
+  // Equal (score, position) entries at the k-th in heads 0 and 1, and a larger entry in head 2:
+  // the 5 is in, then the tie goes to head 0 (by hand: {1, 0, 1}). A count that handed ties out
+  // head by head before counting later heads' larger entries gave {1, 1, 0}.
+  add("global_topk_ties_before_larger", [] {
+    const float x = -1;  // beyond the length, never read
+    run_global_topk({1, 1, 2}, false, 2, {1, x, x, 1, x, x, 1, 5, x}, {1, 0, 1});
+  });
+  // Many ties across heads: scores from {0, 1, 2}, positions equal across heads (slots).
+  for (int k : {1, 7, 100, 2000}) {
+    add("global_topk_many_ties_" + std::to_string(k), [=] {
+      const std::vector<int32_t> lengths = {5, 17, 4097, 33};
+      const int ld = 4098;
+      std::vector<float> sc(lengths.size() * ld);
+      for (size_t i = 0; i < sc.size(); ++i) sc[i] = static_cast<float>((i * 7919u) % 3);
+      run_global_topk(lengths, false, k, sc);
+    });
   }
   for (int g : {1, 2, 4, 7}) {
     add("accumulate_mean_g" + std::to_string(g),

@@ -139,6 +139,13 @@ TEST(EngineFactory, DeviceAndDtypeErrors) {
       engine::make_engine(m, engine::Device::kCpu, engine::DType::kF32);
   EXPECT_EQ(e->device_description(), "cpu");
   EXPECT_EQ(e->device_peak_bytes(), 0u);
+  // K/V bytes: the CPU engine counts its f32 cache; a bf16 slot of head_dim 64 holds
+  // 2 x 64 x 2 bytes of K/V and a 4-byte position, an f32 slot is what KvCache counts.
+  EXPECT_EQ(engine::kv_slot_bytes(64, engine::DType::kBf16), 260u);
+  kernels::KvCache kv({2, 3, 64}, 5);
+  EXPECT_EQ(engine::kv_slot_bytes(64, engine::DType::kF32), kv.bytes_per_slot());
+  EXPECT_EQ(e->kv_logical_bytes(kv), kv.logical_bytes());
+  EXPECT_EQ(e->kv_physical_bytes(kv), 2u * 3 * 5 * kv.bytes_per_slot());
   EXPECT_NE(dynamic_cast<engine::Engine*>(e.get()), nullptr);
   try {
     engine::make_engine(m, engine::Device::kCpu, engine::DType::kBf16);

@@ -162,6 +162,21 @@ void CudaEngine::gemm(float* y, const float* x, const void* w, const float* bias
   cu::matmul(y, s_->x16.data(), static_cast<const __nv_bfloat16*>(w), bias, n, k, m, stream_);
 }
 
+size_t CudaEngine::kv_logical_bytes(const kernels::KvCache& cache) const {
+  return static_cast<size_t>(cache.total_slots()) *
+         kv_slot_bytes(cache.shape().head_dim, dtype_);
+}
+
+size_t CudaEngine::kv_physical_bytes(const kernels::KvCache& cache) const {
+  // The full fingerprint, not the address: the next unit's cache may sit where the last one did,
+  // and a cache compressed on the host is not on the device until the next forward().
+  // (matches() only reads; it takes a non-const cache for KvCache::layer().)
+  if (dev_ && bound_.matches(const_cast<kernels::KvCache&>(cache))) return dev_->physical_bytes();
+  const kernels::KvCacheShape& sh = cache.shape();
+  return static_cast<size_t>(sh.num_layers) * sh.num_kv_heads * cache.capacity() *
+         kv_slot_bytes(sh.head_dim, dtype_);
+}
+
 // The device cache must hold exactly the host mirror, with room for n more slots per head.
 void CudaEngine::bind_cache(kernels::KvCache& cache, int n) {
   const kernels::KvCacheShape& sh = cache.shape();

@@ -70,6 +70,12 @@ class CudaEngine : public EngineBase {
   // Max over forward passes of the device's used memory (cudaMemGetInfo total - free, sampled
   // at the end of each pass: the whole device, CUDA context and cuBLAS workspace included).
   size_t device_peak_bytes() const override { return peak_bytes_; }
+  // Bytes of the device cache: slots x (2 x head_dim x 2 or 4 bytes + a 4-byte position). The
+  // physical bytes are the device cache's allocation while it holds `cache` (fingerprint), else
+  // the host mirror's capacity at the device's slot size (what binding it would allocate at
+  // least).
+  size_t kv_logical_bytes(const kernels::KvCache& cache) const override;
+  size_t kv_physical_bytes(const kernels::KvCache& cache) const override;
   DType dtype() const { return dtype_; }
   int gpu() const { return gpu_; }
   // Bytes of the uploaded weights (both copies where bf16 keeps an f32 embedding).

@@ -33,6 +33,10 @@ DType resolve_dtype(Device d, const std::string& s) {
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 const char* dtype_name(DType t) { return t == DType::kBf16 ? "bf16" : "f32"; }
 
+size_t kv_slot_bytes(int head_dim, DType dtype) {
+  return 2 * static_cast<size_t>(head_dim) * (dtype == DType::kBf16 ? 2 : 4) + sizeof(int32_t);
+}
+
 std::string cuda_device_label(bool require_device) {
 #ifdef KVB_WITH_CUDA
   const int count = kernels::cuda::device_count();

@@ -53,6 +53,9 @@ DType parse_dtype(const std::string& s);
 DType resolve_dtype(Device d, const std::string& s);
 const char* device_name(Device d);
 const char* dtype_name(DType t);
+// Bytes of one cache slot of a KV head stored in `dtype`: key and value rows of head_dim
+// elements plus a 4-byte position (kernels::KvCache::bytes_per_slot for f32).
+size_t kv_slot_bytes(int head_dim, DType dtype);
 
 // What one forward pass of `n` tokens gathers, for both engines: drops the hook without a
 // policy, checks it against the pass (a decode hook takes one token; a recorded prefill runs
@@ -79,6 +82,16 @@ class EngineBase {
   virtual std::string device_description() const = 0;
   // Device memory high-water mark in bytes (0 on the CPU: measurements.device_peak_bytes NULL).
   virtual size_t device_peak_bytes() const { return 0; }
+  // K/V memory of `cache` as this engine stores it (measurements.kv_bytes_*): logical = retained
+  // slots x bytes per slot, physical = what is allocated. On the CPU the cache itself (f32); the
+  // GPU engine counts its device cache (bf16 halves the K/V bytes; its capacity may differ from
+  // the host mirror's).
+  virtual size_t kv_logical_bytes(const kernels::KvCache& cache) const {
+    return cache.logical_bytes();
+  }
+  virtual size_t kv_physical_bytes(const kernels::KvCache& cache) const {
+    return cache.physical_bytes();
+  }
 
   // A fresh cache for this model, with room for `initial_capacity` tokens per head.
   // With a policy that expands GQA, the cache has one "KV head" per query head.
