@@ -79,17 +79,20 @@ double measure_d2d_gbps() {
 
 constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128;
 
-// Decode attention: args {context, bf16, probabilities}. KV head h holds between half the
-// context and all of it (ragged); the query heads of a group read their KV head once from DRAM
+// Decode attention: args {context, bf16, probabilities, ragged}. Ragged: KV head h holds between
+// half the context and all of it; otherwise every head holds `context` tokens (the dense shape
+// bench/torch_eager_attention.py compares with PyTorch); the query heads of a group read their KV head once from DRAM
 // (the group's blocks run together and share it through L2), so bytes = sum over KV heads of
 // len * head_dim * 2 (K and V) * element size + q + out (+ the probability rows written).
 void bm_decode_attention(benchmark::State& state) {
   const int ctx = static_cast<int>(state.range(0));
   const cu::KvDtype dtype = state.range(1) ? cu::KvDtype::kBf16 : cu::KvDtype::kF32;
-  const bool probs = state.range(2) != 0;
+  const bool probs = state.range(2) != 0, ragged = state.range(3) != 0;
   const int nh = kKvHeads * kGroup, d = kHeadDim;
-  std::vector<int32_t> lens(kKvHeads);
-  for (int h = 0; h < kKvHeads; ++h) lens[h] = ctx / 2 + (ctx / 2) * h / (kKvHeads - 1);
+  std::vector<int32_t> lens(kKvHeads, ctx);
+  if (ragged) {
+    for (int h = 0; h < kKvHeads; ++h) lens[h] = ctx / 2 + (ctx / 2) * h / (kKvHeads - 1);
+  }
   cu::DeviceKvCache cache({1, kKvHeads, d}, dtype, std::vector<int32_t>(kKvHeads, ctx));
   const int chunk = std::min(ctx, 1024);
   const auto kc = to_device(random_vec(static_cast<size_t>(chunk) * kKvHeads * d, 1, -2, 2));
@@ -230,8 +233,8 @@ void bm_h2o_step(benchmark::State& state) {
 }
 
 BENCHMARK(bm_decode_attention)
-    ->ArgNames({"ctx", "bf16", "probs"})
-    ->ArgsProduct({{1024, 4096, 16384, 32768}, {0, 1}, {0, 1}})
+    ->ArgNames({"ctx", "bf16", "probs", "ragged"})
+    ->ArgsProduct({{1024, 4096, 16384, 32768}, {0, 1}, {0, 1}, {0, 1}})
     ->UseManualTime()
     ->Repetitions(3)
     ->DisplayAggregatesOnly(true)
