@@ -236,9 +236,21 @@ class BundleRunner {
       std::vector<std::string> errors;
       std::vector<workers::UnitOutput> outs;
       try {
+        fault_throw(b);
         outs = workers::run_bundle(lm_, *engine_, b.sample, group, rs, share_, &errors);
       } catch (const Error& e) {
-        // A usage error inside a unit (e.g. a budget a model cannot take) fails only its units.
+        // A tensor-parallel rank's runtime error (out of memory, a device fault) may be its
+        // alone: the group's other ranks then wait in a collective it will never join. Stop the
+        // job (cmd_sweep aborts it); the bundle's units stay in flight for --resume, which
+        // retries them and marks them crashed after a second time. Usage errors come from the
+        // config and the model, the same on every rank, and fail only the bundle's units.
+        if (tp_ && tp_->size() > 1 && e.kind() != ErrorKind::kUsage) {
+          throw Error("worker group rank " + std::to_string(tp_->rank()) + "/" +
+                      std::to_string(tp_->size()) + ", sample " + b.sample.id + ": " + e.what() +
+                      "; the group's other ranks may be waiting for this one, so the job stops "
+                      "(rerun with --resume: the bundle's units are retried once, then marked "
+                      "crashed)");
+        }
         outs.assign(group.size(), {});
         errors.assign(group.size(), e.what());
       }
@@ -313,6 +325,21 @@ class BundleRunner {
       KVB_LOG_WARN << "fault injection: killing this rank on sample " << b.sample.id;
       std::raise(SIGKILL);
     }
+  }
+
+  // Test hook (README "Fault injection"): KVB_FAULT_THROW_SAMPLE=<sample id>[@<group rank>] makes
+  // the bundle of that sample throw a runtime error on that tensor-parallel rank (every rank
+  // without @), as an out-of-memory on one GPU would.
+  void fault_throw(const WireBundle& b) const {
+    const char* v = std::getenv("KVB_FAULT_THROW_SAMPLE");
+    if (!v) return;
+    const std::string spec = v;
+    const size_t at = spec.find('@');
+    const std::string id = spec.substr(0, at);
+    const int rank = tp_ ? tp_->rank() : 0;
+    if (id != b.sample.id) return;
+    if (at != std::string::npos && spec.substr(at + 1) != std::to_string(rank)) return;
+    throw Error("fault injection: runtime error on sample " + id);
   }
 
   const SweepConfig& cfg_;

@@ -415,8 +415,14 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
   for (size_t i = 0; i < policies.size(); ++i) {
     try {
       outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get(), i);
+    } catch (const UnitTimeout& e) {
+      if (!errors) throw;
+      (*errors)[i] = e.what();  // under tensor parallelism every rank agreed (check_deadline)
     } catch (const Error& e) {
-      if (!errors || e.kind() == ErrorKind::kUsage) throw;
+      // Usage errors fail the bundle. Under tensor parallelism a runtime error may be this
+      // rank's alone while the others wait in a collective of this unit: the caller must stop.
+      const bool grouped = engine.tp() && engine.tp()->size() > 1;
+      if (!errors || e.kind() == ErrorKind::kUsage || grouped) throw;
       (*errors)[i] = e.what();
     }
   }

@@ -200,6 +200,28 @@ TEST_F(SweepTp, FourGpusPerWorkerEqualOneRankPerWorker) {
   expect_same_as_reference(sweep("sweep_tp4", mpirun(5), "--gpus-per-worker 4 --device cpu"));
 }
 
+// A runtime error on one rank of a group (as an out-of-memory on one GPU would be) must stop the
+// job, not leave the other rank waiting in a collective forever; --resume then finishes it.
+TEST_F(SweepTp, OneRanksErrorStopsTheJobAndResumeFinishesIt) {
+  const std::string db = std::string(KVB_BINARY_DIR) + "/sweep_tp_fault.db";
+  for (const char* ext : {"", "-wal", "-shm"}) fs::remove(db + ext);
+  const std::string cmd = kBin + " sweep " + kConfig + " --db " + db +
+                          " --threads 1 --gpus-per-worker 2 --device cpu";
+  std::string out;
+  setenv("KVB_FAULT_THROW_SAMPLE", "len192_depth0_s0@1", 1);
+  const int rc = run(mpirun(3, 120) + cmd, &out);
+  unsetenv("KVB_FAULT_THROW_SAMPLE");
+  EXPECT_NE(rc, kvb::testing::kTimedOut) << "the group hung instead of stopping:\n" << out;
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("worker group rank 1/2, sample len192_depth0_s0: fault injection"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rerun with --resume"), std::string::npos) << out;
+  EXPECT_TRUE(query(db, kStatus).count("running")) << "the bundle's units stay in flight";
+  ASSERT_EQ(run(mpirun(3) + cmd + " --resume", &out), 0) << out;
+  EXPECT_EQ(query(db, kStatus), (decltype(query(db, kStatus)){{"ok", {"40", ""}}}));
+}
+
 TEST_F(SweepTp, BadLayoutsAreRefused) {
   std::string out;
   // 3 divides neither model's KV heads: the error names the model, its numbers, what fits.
