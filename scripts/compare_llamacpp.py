@@ -1,0 +1,435 @@
+#!/usr/bin/env python3
+"""Compares kvbench with llama.cpp (through llama-cpp-python) on the same GGUF file, in one run:
+tokenization, perplexity, greedy agreement and CPU speed.
+
+Peer check, not a test: llama-cpp-python (pinned in scripts/llamacpp_env.sh, which builds
+llama.cpp from source into .venv-llamacpp) loads the same GGUF file as kvbench. kvbench runs as
+a subprocess (`kvbench generate --show-ids` prints the prompt's and the generated token ids to
+stderr, `--timings` the prefill/decode times; `kvbench eval --task perplexity -o jsonl` the NLL
+sum). llama.cpp always evaluates the ids kvbench produced, so sections 2-4 compare the engines,
+not the tokenizers.
+
+1. Tokenization: 22 texts (WikiText-2 test lines, excerpts of the NIAH Paul Graham essays, and
+   texts with unicode, digits, whitespace runs, code, a URL and chat markers as plain text):
+   `Llama.tokenize(text, add_bos=True, special=False)` (BOS only where the GGUF's
+   tokenizer.ggml.add_bos_token says so, kvbench's rule too; SmolLM2 says false) vs kvbench's
+   prompt ids (`--prompt-file`, the same bytes as `--prompt`).
+2. Perplexity: the first 1,024 kvbench tokens of WikiText-2 test (the prefix `kvbench eval
+   --task perplexity` itself tokenizes): kvbench feeds them token by token (`--policy full`);
+   llama.cpp evaluates them in one batch with logits_all=True, NLL of each next token from
+   log-softmax in float64. Per position range too.
+3. Greedy agreement: 3 prompts, 32 tokens; llama.cpp picks the argmax of its logits (= greedy,
+   temperature 0); a divergence is printed with llama.cpp's logit gap between the two picks.
+4. Speed: a 512-token WikiText-2 prompt and 64 new tokens (63 decode steps, the last token is not
+   fed back, as kvbench counts), 1 and 2 threads, 3 repeats each, medians. kvbench: its own
+   `--timings` line (weights dequantized to f32 before timing). llama.cpp: wall time of
+   `Llama.eval(prompt)` and of 63 single-token evals with argmax, n_batch = n_ubatch = 1024,
+   one untimed warm-up pass per thread count (mmap'd weights paged in), defaults otherwise
+   (flash attention off, f16 KV cache).
+
+llama.cpp multiplies the Q4_1 weights against activations quantized to 8 bits (Q8_1); kvbench
+dequantizes the weights to f32 and keeps activations in f32. Small perplexity differences and
+greedy divergences at near-ties are expected from that alone; nothing here is tuned.
+
+Measured (2026-11-22, SmolLM2-135M-Instruct Q4_1, llama-cpp-python 0.3.36 built with
+GGML_NATIVE=ON GGML_OPENMP=ON, kvbench c72ca54, 2-core AVX-512 VM):
+
+  Tokenization: 22/22 texts give identical ids (no BOS on either side).
+  Perplexity, 1,023 predicted tokens:   kvbench 10.9644, llama.cpp 10.9956, ratio 0.9972
+    (positions 0-256: 28.858 vs 29.144, 0.990; 256-512: 10.012 vs 10.020, 0.999;
+     512-1024: 7.086 vs 7.089, 0.9997).
+  Greedy, matching prefix of 32: 'The capital of France is' 5/32 (kvbench ' answer', llama.cpp
+    ' United', llama.cpp's logit gap 0.33), WikiText-2 paragraph 19/32 (' of' vs ' .', gap
+    0.04), essay 32/32.
+  Speed, tok/s (medians of 3)   kvbench   llama.cpp   kvbench/llama.cpp
+    prefill, 1 thread             462.8       164.6     2.81
+    prefill, 2 threads            677.0       302.0     2.24
+    decode, 1 thread               43.6        83.0     0.53
+    decode, 2 threads              66.2        95.1     0.70
+  The VM's timings are noisy (single runs spread by up to 30%; an earlier run gave 2-thread
+  ratios 2.32 and 0.59). kvbench prefills faster, llama.cpp decodes faster; presumably because
+  decode reads every weight per token (Q4_1's 4.5 bits vs kvbench's f32) while prefill is
+  compute-bound (not investigated further).
+
+  .venv-llamacpp/bin/python scripts/compare_llamacpp.py --kvbench build/kvbench \
+      --model models/SmolLM2-135M-Instruct.Q4_1.gguf --shared ../shared
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import numpy as np
+    import llama_cpp
+    from llama_cpp import Llama
+except ImportError:
+    sys.exit("numpy or llama_cpp is not importable: run `bash scripts/llamacpp_env.sh` and use "
+             ".venv-llamacpp/bin/python")
+
+PPL_TOKENS = 1024
+PPL_RANGES = [(0, 256), (256, 512), (512, 1024)]
+SPEED_PROMPT_TOKENS = 512
+SPEED_NEW_TOKENS = 64
+GREEDY_NEW_TOKENS = 32
+ESSAYS = ["avg.txt", "founders.txt", "gap.txt", "goodtaste.txt", "apple.txt", "desres.txt"]
+SYNTHETIC = [
+    "Café au lait, naïve façade, Zürich, Ærøskøbing; Ελληνικά, Русский текст, 日本語のテキスト, "
+    "한국어, עברית, العربية. Emoji: 🙂👍🏽🚀 — “curly quotes” and ‘single’ … ellipsis.",
+    "Pi is 3.14159265358979; in 2024 there were 1,234,567 users (ID 00042, 123456789012, "
+    "0x1F, 1e-9, -273.15°C, 50% of $9.99, 12:30:45, 2024-11-22).",
+    "word    four spaces\t\ttwo tabs\n\n\n   three newlines then indent\r\nCRLF  trailing   \n"
+    "  \u00a0 no-break space \u2003 em space\u200b zero width",
+    "I'm sure they'll say it's fine—isn't it? \"Yes,\" she'd said; we've, you're, THEY'LL, "
+    "don'T. (Parentheses) [brackets] {braces} <angles> @user #tag",
+    "def f(x):\n    return x**2  # square\n\nfor i in range(10):\n\tif i % 2 == 0 and i != 4:\n"
+    "\t\tprint(f\"{i:>3d}\", end='')\n",
+    "<|im_start|>user\nHello there<|im_end|>\n<|endoftext|> https://example.com/Path/to?q=1&x=ABC"
+    "#frag mailto:someone@example.org",
+    "   ",
+    "A",
+    "ÀÉÎÕÜ àéîõü ß ẞ ﬁ ﬂ Å Å (composed vs decomposed) ½ ² ⁿ ℕ ∑∫√∞ ≠ ≤ ≥ ← → ⇒",
+]
+
+
+def fail(msg):
+    sys.exit(f"compare_llamacpp.py: {msg}")
+
+
+def check_inputs(args):
+    if not (os.path.isfile(args.kvbench) and os.access(args.kvbench, os.X_OK)):
+        fail(f"kvbench binary '{args.kvbench}' is missing or not executable (build it: cmake "
+             "--build build --target kvbench)")
+    if not os.path.isfile(args.model):
+        fail(f"model '{args.model}' is missing (scripts/fetch_models.sh puts SmolLM2 into models/)")
+    with open(args.model, "rb") as f:
+        if f.read(4) != b"GGUF":
+            fail(f"model '{args.model}' is not a GGUF file (llama.cpp loads only GGUF)")
+    wiki = os.path.join(args.shared, "data", "wikitext-2", "test.txt")
+    if not os.path.isfile(wiki):
+        fail(f"WikiText-2 test text '{wiki}' is missing (--shared must name the shared/ folder)")
+    essays = os.path.join(args.shared, "data", "paulgraham_essays")
+    for e in ESSAYS:
+        if not os.path.isfile(os.path.join(essays, e)):
+            fail(f"NIAH essay '{os.path.join(essays, e)}' is missing")
+    for t in args.threads:
+        if t < 1:
+            fail(f"--threads takes positive counts, got {t}")
+    if args.repeats < 1:
+        fail(f"--repeats must be >= 1, got {args.repeats}")
+    return wiki, essays
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+class Kvbench:
+    """kvbench generate/eval as subprocesses; ids and timings parsed from its stderr."""
+
+    IDS = re.compile(r"^\[kvb I\] (prompt|generated) ids \((\d+)\):(.*)$", re.M)
+    TIMING = re.compile(r"^\[kvb I\] prompt (\d+) tokens in ([0-9.e+-]+) ms .*?; decode (\d+) steps "
+                        r"in ([0-9.e+-]+) ms .*?; (stopped at end token|stopped at limit)", re.M)
+
+    def __init__(self, args, tmp):
+        self.args = args
+        self.tmp = tmp
+        self.n = 0
+
+    def _run(self, cmd):
+        p = subprocess.run(cmd, capture_output=True)
+        if p.returncode != 0:
+            fail(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr.decode(errors='replace')}")
+        return p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+    def generate(self, text, max_new, threads=None, timings=False):
+        self.n += 1
+        path = os.path.join(self.tmp, f"prompt{self.n}.txt")
+        with open(path, "wb") as f:
+            f.write(text.encode("utf-8"))
+        cmd = [self.args.kvbench, "generate", "--model", self.args.model, "--prompt-file", path,
+               "--max-new-tokens", str(max_new), "--show-ids"]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        if timings:
+            cmd.append("--timings")
+        _, err = self._run(cmd)
+        out = {"prompt": None, "generated": []}
+        for kind, count, body in self.IDS.findall(err):
+            ids = [int(x) for x in body.split()]
+            if len(ids) != int(count):
+                fail(f"kvbench printed {len(ids)} {kind} ids but announced {count}")
+            out[kind] = ids
+        if out["prompt"] is None:
+            fail(f"no 'prompt ids' line in kvbench's stderr:\n{err}")
+        if timings:
+            m = self.TIMING.search(err)
+            if not m:
+                fail(f"no timings line in kvbench's stderr:\n{err}")
+            out["prompt_tokens"], out["prefill_ms"] = int(m.group(1)), float(m.group(2))
+            out["decode_steps"], out["decode_ms"] = int(m.group(3)), float(m.group(4))
+            out["hit_end"] = m.group(5) == "stopped at end token"
+        return out
+
+    def perplexity(self, wiki, max_tokens, threads):
+        cmd = [self.args.kvbench, "eval", "--model", self.args.model, "--task", "perplexity",
+               "--task-opt", f"file={wiki}", "--task-opt", f"max_tokens={max_tokens}",
+               "--task-opt", "ranges=" + ",".join(f"{a}-{b}" for a, b in PPL_RANGES),
+               "--policy", "full", "--threads", str(threads), "-o", "jsonl"]
+        out, _ = self._run(cmd)
+        for line in out.splitlines():
+            row = json.loads(line)
+            if "task" in row:  # the aggregate row
+                return row
+        fail(f"no aggregate row in kvbench eval's output:\n{out}")
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def last_logits(llm):
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1),
+                                 shape=(llm.n_vocab(),))
+
+
+def is_eog(llm, tok):
+    return bool(llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm.model), tok))
+
+
+def tokenization_texts(wiki_text, essays_dir):
+    texts = []
+    lines = wiki_text.splitlines(keepends=True)
+    texts.append(("wiki header", lines[1]))
+    long_lines = [ln for ln in lines if len(ln) > 200]
+    for i in (0, 7, 60, 250, 600, 1100):
+        texts.append((f"wiki line {i}", long_lines[min(i, len(long_lines) - 1)]))
+    for k, e in enumerate(ESSAYS):
+        t = read(os.path.join(essays_dir, e))
+        start = 0 if k % 2 == 0 else len(t) // 2
+        texts.append((f"essay {e}@{start}", t[start:start + 900]))
+    for k, t in enumerate(SYNTHETIC):
+        texts.append((f"synthetic {k}", t))
+    return texts
+
+
+def section_tokenization(kvb, vocab, texts):
+    print(f"\n## 1. Tokenization ({len(texts)} texts, add_bos=True, special=False)\n")
+    print("| text | chars | kvbench ids | llama.cpp ids | identical | first difference |")
+    print("|---|---:|---:|---:|:---:|---|")
+    same = 0
+    for name, text in texts:
+        ours = kvb.generate(text, 1)["prompt"]
+        theirs = vocab.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+        if ours == theirs:
+            same += 1
+            diff = ""
+        else:
+            p = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                     min(len(ours), len(theirs)))
+            piece = lambda ids: repr(vocab.detokenize(ids[p:p + 3]).decode("utf-8", "replace"))
+            diff = (f"pos {p}: kvbench {ours[p:p + 3]} {piece(ours)} vs llama.cpp "
+                    f"{theirs[p:p + 3]} {piece(theirs)}")
+        print(f"| {name} | {len(text)} | {len(ours)} | {len(theirs)} | "
+              f"{'yes' if ours == theirs else 'NO'} | {diff} |")
+    return same, len(texts)
+
+
+def ppl_ids(kvb, wiki_text):
+    # The prefix `kvbench eval --task perplexity` tokenizes (tasks/perplexity.cc enough_text):
+    # the shortest prefix ending at a line break, starting from max(4096, 8 * want) bytes and
+    # doubling, holding max_tokens + 64 tokens. Its first max_tokens ids are the scored ones.
+    want = PPL_TOKENS + 64
+    nbytes = max(4096, want * 8)
+    raw = wiki_text.encode("utf-8")
+    while nbytes < len(raw):
+        nl = raw.find(b"\n", nbytes)
+        if nl < 0:
+            break
+        ids = kvb.generate(raw[:nl + 1].decode("utf-8"), 1)["prompt"]
+        if len(ids) >= want:
+            return ids[:PPL_TOKENS]
+        nbytes *= 2
+    fail("WikiText-2 test text is too short for the perplexity section")
+
+
+def section_perplexity(kvb, args, wiki, ids):
+    n_thr = max(args.threads)
+    row = kvb.perplexity(wiki, PPL_TOKENS, n_thr)
+    if int(row["tokens"]) != len(ids) - 1:
+        fail(f"kvbench scored {row['tokens']} tokens, expected {len(ids) - 1}")
+    llm = Llama(model_path=args.model, n_ctx=PPL_TOKENS, n_batch=PPL_TOKENS, n_ubatch=PPL_TOKENS,
+                n_threads=n_thr, n_threads_batch=n_thr, logits_all=True, verbose=False)
+    llm.eval(ids)
+    logits = np.asarray(llm.scores[:len(ids)], dtype=np.float64)
+    del llm
+    mx = logits.max(axis=1, keepdims=True)
+    lse = (mx[:, 0] + np.log(np.exp(logits - mx).sum(axis=1)))
+    nll = lse[:-1] - logits[np.arange(len(ids) - 1), ids[1:]]  # nll[t] predicts position t + 1
+    print(f"\n## 2. Perplexity (WikiText-2 test, first {len(ids)} kvbench tokens, "
+          f"{len(ids) - 1} predicted; kvbench token by token, llama.cpp one batch)\n")
+    print("| positions | kvbench ppl | llama.cpp ppl | ratio kvbench/llama.cpp |")
+    print("|---|---:|---:|---:|")
+    res = {}
+    for label, a, b, key in [("all", 1, len(ids), "")] + [
+            (f"{a}-{b}", max(a, 1), b, f"_{a}_{b}") for a, b in PPL_RANGES]:
+        ours = math.exp(row["nll_sum" + key] / row["tokens" + key])
+        theirs = math.exp(float(nll[a - 1:b - 1].mean()))
+        print(f"| {label} | {ours:.4f} | {theirs:.4f} | {ours / theirs:.4f} |")
+        res[label] = (ours, theirs)
+    return res
+
+
+def greedy_llamacpp(llm, prompt, n_new):
+    llm.reset()
+    llm.eval(prompt)
+    out, gaps = [], []
+    for step in range(n_new):
+        lg = last_logits(llm)
+        tok = int(np.argmax(lg))
+        if is_eog(llm, tok):
+            break
+        out.append(tok)
+        gaps.append(lg.copy())
+        if step + 1 < n_new:
+            llm.eval([tok])
+    return out, gaps
+
+
+def section_greedy(kvb, args, prompts):
+    n_thr = max(args.threads)
+    llm = Llama(model_path=args.model, n_ctx=1024, n_batch=1024, n_ubatch=1024,
+                n_threads=n_thr, n_threads_batch=n_thr, verbose=False)
+    print(f"\n## 3. Greedy agreement ({GREEDY_NEW_TOKENS} new tokens, policy full)\n")
+    print("| prompt | prompt tokens | matching prefix | first divergence "
+          "(kvbench vs llama.cpp; llama.cpp's logit gap) |")
+    print("|---|---:|---:|---|")
+    res = []
+    for name, text in prompts:
+        k = kvb.generate(text, GREEDY_NEW_TOKENS)
+        ours = k["generated"]
+        theirs, logits = greedy_llamacpp(llm, k["prompt"], GREEDY_NEW_TOKENS)
+        p = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                 min(len(ours), len(theirs)))
+        if ours == theirs:
+            div = ""
+        elif p < min(len(ours), len(theirs)):
+            gap = logits[p][theirs[p]] - logits[p][ours[p]]
+            piece = lambda t: repr(llm.detokenize([t]).decode("utf-8", "replace"))
+            div = (f"step {p}: {ours[p]} {piece(ours[p])} vs {theirs[p]} {piece(theirs[p])}; "
+                   f"{gap:.3f}")
+        else:
+            div = f"one stopped at an end token after {p} (kvbench {len(ours)}, llama.cpp {len(theirs)})"
+        print(f"| {name} | {len(k['prompt'])} | {p}/{max(len(ours), len(theirs))} | {div} |")
+        res.append((name, p, max(len(ours), len(theirs))))
+    del llm
+    return res
+
+
+def section_speed(kvb, args, text):
+    n_prompt = len(kvb.generate(text, 1)["prompt"])
+    print(f"\n## 4. CPU speed (WikiText-2 prompt of {n_prompt} tokens, {SPEED_NEW_TOKENS} new "
+          f"tokens = {SPEED_NEW_TOKENS - 1} decode steps; median of {args.repeats})\n")
+    print("| threads | kvbench prefill tok/s | llama.cpp prefill tok/s | ratio | "
+          "kvbench decode tok/s | llama.cpp decode tok/s | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    res = {}
+    for n in args.threads:
+        llm = Llama(model_path=args.model, n_ctx=1024, n_batch=1024, n_ubatch=1024,
+                    n_threads=n, n_threads_batch=n, verbose=False)
+        kp, kd, lp, ld = [], [], [], []
+        for rep in range(args.repeats + 1):  # rep 0: llama.cpp warm-up only
+            if rep > 0:
+                k = kvb.generate(text, SPEED_NEW_TOKENS, threads=n, timings=True)
+                if k["hit_end"]:
+                    print(f"  (kvbench stopped at an end token after {k['decode_steps']} steps)",
+                          file=sys.stderr)
+                kp.append(k["prompt_tokens"] * 1000.0 / k["prefill_ms"])
+                kd.append(k["decode_steps"] * 1000.0 / k["decode_ms"])
+                prompt = k["prompt"]
+            else:
+                prompt = kvb.generate(text, 1)["prompt"]
+            llm.reset()
+            t0 = time.perf_counter()
+            llm.eval(prompt)
+            prefill_s = time.perf_counter() - t0
+            # As kvbench: sample, feed back, ...; the last token is not fed back.
+            t1 = time.perf_counter()
+            steps = 0
+            for step in range(SPEED_NEW_TOKENS):
+                tok = int(np.argmax(last_logits(llm)))
+                if step + 1 == SPEED_NEW_TOKENS:
+                    break
+                llm.eval([tok])
+                steps += 1
+            decode_s = time.perf_counter() - t1
+            if rep > 0:
+                lp.append(len(prompt) / prefill_s)
+                ld.append(steps / decode_s)
+        del llm
+        r = (median(kp), median(lp), median(kd), median(ld))
+        res[n] = r
+        print(f"| {n} | {r[0]:.1f} | {r[1]:.1f} | {r[0] / r[1]:.2f} | {r[2]:.1f} | {r[3]:.1f} | "
+              f"{r[2] / r[3]:.2f} |")
+        print(f"  threads {n}: kvbench prefill {[round(x, 1) for x in kp]}, decode "
+              f"{[round(x, 1) for x in kd]}; llama.cpp prefill {[round(x, 1) for x in lp]}, "
+              f"decode {[round(x, 1) for x in ld]}", file=sys.stderr)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kvbench", default="build/kvbench")
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--shared", default="../shared")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                    help="thread counts for the speed section (the largest is used elsewhere)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="1234", help="sections to run, e.g. 13")
+    args = ap.parse_args()
+    wiki, essays = check_inputs(args)
+    wiki_text = read(wiki)
+
+    kv_version = subprocess.run([args.kvbench, "--version"], capture_output=True,
+                                text=True).stdout.strip()
+    print(f"llama_cpp {llama_cpp.__version__} (numpy {np.__version__}, Python "
+          f"{platform.python_version()}); {kv_version}; model {args.model}; "
+          f"{os.cpu_count()} CPUs")
+    print("llama.cpp system info: " + llama_cpp.llama_print_system_info().decode().strip())
+    vocab = Llama(model_path=args.model, vocab_only=True, verbose=False)
+    print(f"GGUF tokenizer.ggml.pre={vocab.metadata.get('tokenizer.ggml.pre')}, "
+          f"add_bos_token={vocab.metadata.get('tokenizer.ggml.add_bos_token', '(absent)')}, "
+          f"BOS id {vocab.token_bos()}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        kvb = Kvbench(args, tmp)
+        if "1" in args.only:
+            same, total = section_tokenization(kvb, vocab, tokenization_texts(wiki_text, essays))
+            print(f"\nidentical ids: {same}/{total} texts")
+        ids = ppl_ids(kvb, wiki_text) if ("2" in args.only or "4" in args.only) else None
+        if "2" in args.only:
+            section_perplexity(kvb, args, wiki, ids)
+        if "3" in args.only:
+            lines = [ln for ln in wiki_text.splitlines() if len(ln) > 200]
+            essay = read(os.path.join(essays, "founders.txt")).strip()
+            section_greedy(kvb, args, [
+                ("'The capital of France is'", "The capital of France is"),
+                ("WikiText-2 paragraph (600 chars)", lines[3][:600]),
+                ("essay founders.txt (600 chars)", essay[:600]),
+            ])
+        if "4" in args.only:
+            # ~512 kvbench tokens of WikiText-2: the text of the perplexity ids' first 512.
+            text = vocab.detokenize(ids[:SPEED_PROMPT_TOKENS]).decode("utf-8")
+            section_speed(kvb, args, text)
+
+
+if __name__ == "__main__":
+    main()
