@@ -94,4 +94,22 @@ int run_cli(int argc, char** argv) {
   return 2;
 }
 
+void add_device_options(boost::program_options::options_description& desc, DeviceOptions* o) {
+  namespace po = boost::program_options;
+  desc.add_options()
+      ("device", po::value(&o->device)->default_value("cpu"),
+       "cpu (the f32 reference) or cuda (GPU 0 of CUDA_VISIBLE_DEVICES; needs a CUDA build)")
+      ("dtype", po::value(&o->dtype),
+       "f32 or bf16 (weights, GEMM inputs and KV cache; f32 accumulation); default f32 on cpu, "
+       "bf16 on cuda");
+}
+
+DeviceChoice resolve_device_options(const DeviceOptions& o) {
+  DeviceChoice c;
+  c.device = engine::parse_device(o.device);
+  c.dtype = engine::resolve_dtype(c.device, o.dtype);
+  if (c.device == engine::Device::kCuda) engine::cuda_device_label(/*require_device=*/true);
+  return c;
+}
+
 }  // namespace kvb::harness

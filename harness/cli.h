@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "workers/engine/engine_base.h"
+
 namespace kvb::harness {
 
 struct Subcommand {
@@ -27,6 +29,19 @@ bool parse_command_line(const std::vector<std::string>& args,
                         const boost::program_options::options_description& desc,
                         const boost::program_options::positional_options_description* positional,
                         const char* command, boost::program_options::variables_map* vm);
+
+// `--device` and `--dtype` of the one-process commands (generate, eval).
+struct DeviceOptions {
+  std::string device = "cpu", dtype;
+};
+void add_device_options(boost::program_options::options_description& desc, DeviceOptions* o);
+struct DeviceChoice {
+  engine::Device device;
+  engine::DType dtype;
+};
+// Parses and resolves the options; with cuda, fails ("this build has no CUDA", "no GPU
+// visible") before anything slow such as a model load.
+DeviceChoice resolve_device_options(const DeviceOptions& o);
 
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_ls(const std::vector<std::string>& args);

@@ -36,7 +36,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   std::string model_path, tokenizer_path, task_name, policy_name = "full", question = "in_prompt",
                                                      output = "md";
   std::vector<std::string> task_opts, policy_opts;
-  std::string device = "cpu", dtype;
+  DeviceOptions dev_opts;
   int kv_budget = 0, limit = -1, threads = 0, max_prompt_tokens = 0, show_prediction = 60;
   uint64_t seed = 0;
   po::options_description desc(
@@ -59,12 +59,9 @@ int cmd_eval(const std::vector<std::string>& args) {
       ("max-prompt-tokens", po::value(&max_prompt_tokens)->default_value(0),
        "middle-truncate prompts above this many tokens (0: the model's context)")
       ("seed", po::value(&seed)->default_value(0), "seed for randomised policies")
-      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)")
-      ("device", po::value(&device)->default_value("cpu"),
-       "cpu (the f32 reference) or cuda (GPU 0 of CUDA_VISIBLE_DEVICES; needs a CUDA build)")
-      ("dtype", po::value(&dtype),
-       "f32 or bf16 (weights, GEMM inputs and KV cache; f32 accumulation); default f32 on cpu, "
-       "bf16 on cuda")
+      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)");
+  add_device_options(desc, &dev_opts);
+  desc.add_options()
       ("output,o", po::value(&output)->default_value("md"), "md | csv | jsonl")
       ("show-prediction", po::value(&show_prediction)->default_value(60),
        "characters of each prediction shown in the md table (0: hide)");
@@ -75,10 +72,9 @@ int cmd_eval(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl")
       << "--output must be md, csv or jsonl, got " << output;
   if (threads > 0) omp_set_num_threads(threads);
-  const engine::Device dev = engine::parse_device(device);
-  const engine::DType dt = engine::resolve_dtype(dev, dtype);
-  // "this build has no CUDA" / "no GPU visible" before the (slow) model load.
-  if (dev == engine::Device::kCuda) engine::cuda_device_label(/*require_device=*/true);
+  const DeviceChoice dc = resolve_device_options(dev_opts);  // before the (slow) model load
+  const engine::Device dev = dc.device;
+  const engine::DType dt = dc.dtype;
   Options topts = Options::from_key_values(task_opts, "--task-opt", "task option");
   if (limit >= 0) {
     KVB_USAGE_CHECK(!topts.has("limit")) << "give --limit or --task-opt limit, not both";

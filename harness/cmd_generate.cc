@@ -58,7 +58,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   bool chat = false, timings = false, show_ids = false;
-  std::string policy_name = "full", device = "cpu", dtype;
+  std::string policy_name = "full";
+  DeviceOptions dev_opts;
   int kv_budget = 0;
   std::vector<std::string> policy_opts;
   po::options_description desc(
@@ -87,12 +88,9 @@ int cmd_generate(const std::vector<std::string>& args) {
        "retained tokens per KV head per layer (required unless --policy full)")
       ("policy-opt", po::value(&policy_opts)->composing(),
        "policy option key=value (repeatable; kvbench ls policies lists each policy's options)")
-      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)")
-      ("device", po::value(&device)->default_value("cpu"),
-       "cpu (the f32 reference) or cuda (GPU 0 of CUDA_VISIBLE_DEVICES; needs a CUDA build)")
-      ("dtype", po::value(&dtype),
-       "f32 or bf16 (weights, GEMM inputs and KV cache; f32 accumulation); default f32 on cpu, "
-       "bf16 on cuda")
+      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)");
+  add_device_options(desc, &dev_opts);
+  desc.add_options()
       ("timings", po::bool_switch(&timings), "print prefill/decode times and tokens/s to stderr")
       ("show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr")
       ("dump-keep-sets", po::value(&dump_path),
@@ -109,10 +107,9 @@ int cmd_generate(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(top_k >= 0) << "--top-k must be >= 0, got " << top_k;
   KVB_USAGE_CHECK(threads >= 0) << "--threads must be >= 0, got " << threads;
   if (threads > 0) omp_set_num_threads(threads);
-  const engine::Device dev = engine::parse_device(device);
-  const engine::DType dt = engine::resolve_dtype(dev, dtype);
-  // "this build has no CUDA" / "no GPU visible" before the (slow) model load.
-  if (dev == engine::Device::kCuda) engine::cuda_device_label(/*require_device=*/true);
+  const DeviceChoice dc = resolve_device_options(dev_opts);  // before the (slow) model load
+  const engine::Device dev = dc.device;
+  const engine::DType dt = dc.dtype;
   if (vm.count("prompt-file")) prompt = read_text_file(prompt_file);
 
   // Fail on a bad policy name before the (slow) model load; budgets are checked against the model.

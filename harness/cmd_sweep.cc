@@ -577,14 +577,11 @@ int cmd_sweep(const std::vector<std::string>& args) {
   if (!parse_command_line(args, desc, &pos, "sweep", &vm)) return 0;
   a.share_prefill = !vm["no-share-prefill"].as<bool>();
   const engine::Device device = engine::parse_device(a.device);
-  engine::resolve_dtype(device, a.dtype);  // a bad --dtype fails before MPI starts
+  engine::resolve_dtype(device, a.dtype);  // a bad --dtype (or bf16 on cpu) fails before MPI
   KVB_USAGE_CHECK(device == engine::Device::kCpu || a.gpus_per_worker == 1)
       << "--device cuda with --gpus-per-worker " << a.gpus_per_worker
       << ": tensor-parallel groups run on the CPU engine only (NCCL groups of CUDA engines are "
          "future work); use --gpus-per-worker 1 or --device cpu";
-  KVB_USAGE_CHECK(device == engine::Device::kCuda ||
-                  engine::resolve_dtype(device, a.dtype) == engine::DType::kF32)
-      << "--dtype " << a.dtype << " needs --device cuda (the CPU engine is f32 only)";
   KVB_USAGE_CHECK(a.gpus_per_worker >= 1)
       << "--gpus-per-worker must be >= 1, got " << a.gpus_per_worker;
   MpiComm comm = MpiComm::init_if_launched();

@@ -133,6 +133,13 @@ TEST(EngineFactory, DeviceAndDtypeErrors) {
   EXPECT_EQ(engine::resolve_dtype(engine::Device::kCpu, ""), engine::DType::kF32);
   EXPECT_EQ(engine::resolve_dtype(engine::Device::kCuda, ""), engine::DType::kBf16);
   EXPECT_EQ(engine::resolve_dtype(engine::Device::kCuda, "f32"), engine::DType::kF32);
+  try {
+    engine::resolve_dtype(engine::Device::kCpu, "bf16");
+    FAIL() << "bf16 on the CPU was accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(err.what()).find("--dtype bf16 needs --device cuda"), std::string::npos);
+  }
   engine::Model m;
   m.config.num_layers = 1;
   std::unique_ptr<engine::EngineBase> e =

@@ -27,7 +27,10 @@ DType parse_dtype(const std::string& s) {
 
 DType resolve_dtype(Device d, const std::string& s) {
   if (s.empty()) return d == Device::kCuda ? DType::kBf16 : DType::kF32;
-  return parse_dtype(s);
+  const DType t = parse_dtype(s);
+  KVB_USAGE_CHECK(d == Device::kCuda || t == DType::kF32)
+      << "--dtype " << s << " needs --device cuda (the CPU engine is f32 only)";
+  return t;
 }
 
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }

@@ -49,7 +49,8 @@ enum class Device { kCpu, kCuda };
 enum class DType { kF32, kBf16 };
 Device parse_device(const std::string& s);  // usage error naming the bad value
 DType parse_dtype(const std::string& s);
-// `--dtype` as given ("" for the device's default: f32 on the CPU, bf16 on the GPU).
+// `--dtype` as given ("" for the device's default: f32 on the CPU, bf16 on the GPU); bf16 on the
+// CPU is a usage error.
 DType resolve_dtype(Device d, const std::string& s);
 const char* device_name(Device d);
 const char* dtype_name(DType t);
