@@ -98,6 +98,37 @@ void KvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots)
   len = static_cast<int32_t>(slots.size());
 }
 
+void KvCache::evict_slot(int layer, int head, int victim) {
+  int32_t& len = lengths_[index(layer, head)];
+  KVB_CHECK(victim >= 0 && victim < len)
+      << "evict_slot: slot " << victim << " of layer " << layer << " head " << head << " holding "
+      << len;
+  const size_t d = shape_.head_dim;
+  const size_t tail = static_cast<size_t>(len - victim - 1);
+  float* k = &keys_[layer][(static_cast<size_t>(head) * capacity_ + victim) * d];
+  float* v = &values_[layer][(static_cast<size_t>(head) * capacity_ + victim) * d];
+  int32_t* p = &positions_[layer][static_cast<size_t>(head) * capacity_ + victim];
+  std::memmove(k, k + d, tail * d * sizeof(float));
+  std::memmove(v, v + d, tail * d * sizeof(float));
+  std::memmove(p, p + 1, tail * sizeof(int32_t));
+  --len;
+}
+
+void KvCache::apply(const EvictionPlan& plan) {
+  const int layer = plan.layer();
+  KVB_CHECK(layer >= 0 && layer < shape_.num_layers && plan.num_heads() == shape_.num_kv_heads)
+      << "eviction plan for layer " << layer << " with " << plan.num_heads()
+      << " heads on a cache of " << shape_.num_layers << " layers x " << shape_.num_kv_heads
+      << " heads";
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    switch (plan.kind(h)) {
+      case EvictionPlan::Kind::kKeep: keep_slots(layer, h, plan.kept(h)); break;
+      case EvictionPlan::Kind::kVictim: evict_slot(layer, h, plan.victim(h)); break;
+      case EvictionPlan::Kind::kKeepAll: break;
+    }
+  }
+}
+
 void KvCache::clear() {
   std::fill(lengths_.begin(), lengths_.end(), 0);
   next_position_ = 0;

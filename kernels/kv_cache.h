@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/eviction_plan.h"
+
 namespace kvb::kernels {
 
 // A read/write view of one layer's cache, shared by CPU and (later) CUDA code.
@@ -54,11 +56,19 @@ class KvCache {
   void advance_position(int n) { next_position_ += n; }
 
   LayerKvView layer(int layer);
+  // A view for reading (policies see a const cache): its pointers must not be written through.
+  LayerKvView layer(int layer) const { return const_cast<KvCache*>(this)->layer(layer); }
   // Appends one slot to (layer, head). Precondition: capacity available (reserve_extra).
   void append(int layer, int head, const float* key, const float* value, int32_t position);
   // Keeps only the listed slots of (layer, head), in the given order (must be increasing slot
   // indices, so position order is preserved); compacts in place.
   void keep_slots(int layer, int head, const std::vector<int32_t>& slots);
+  // Drops slot `victim` of (layer, head), moving the later slots down one (keep_slots of every
+  // other slot, without building the list).
+  void evict_slot(int layer, int head, int victim);
+  // Applies a policy's plan to its layer: keep lists through keep_slots, victims through
+  // evict_slot; heads the plan keeps whole are untouched.
+  void apply(const EvictionPlan& plan);
   // Drops all tokens (keeps allocation).
   void clear();
 

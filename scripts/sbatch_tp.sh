@@ -18,6 +18,12 @@
 # Llama-3-8B shape, 32 heads / 8 KV heads / FFN 14336, takes 1, 2, 4 or 8); `kvbench validate
 # --gpus-per-worker N` checks that and prints the memory per GPU.
 # Resume after a failure: submit again with the same database (--resume is passed when it exists).
+#
+# Device: the groups run on CPU ranks (--device cpu, the default here). Tensor-parallel groups on
+# GPUs (NCCL) are refused by the sweep until they have been checked on a machine with two or
+# more GPUs; KVB_DEVICE=cuda with GPUS_PER_WORKER > 1 stops here with that message. On GPU nodes,
+# run one GPU per worker instead: scripts/sbatch.sh with --device cuda (KVB_DEVICE=cuda with
+# GPUS_PER_WORKER=1 also works here).
 #SBATCH --job-name=kvbench-tp
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=9          # 8 GPU ranks + the coordinator (node 0) / an idle rank (node 1)
@@ -32,7 +38,13 @@ db="${2:?usage: sbatch scripts/sbatch_tp.sh CONFIG DB}"
 gpus_per_worker="${GPUS_PER_WORKER:-8}"
 root="${KVB_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 bin="${KVB_BIN:-$root/build/kvbench}"
-device="${KVB_DEVICE:-cuda}"   # cpu runs the same groups over MPI (CPU nodes, or testing)
+device="${KVB_DEVICE:-cpu}"   # see "Device" above
+if [ "$device" = cuda ] && [ "$gpus_per_worker" -gt 1 ]; then
+  echo "sbatch_tp.sh: error: KVB_DEVICE=cuda with GPUS_PER_WORKER=$gpus_per_worker: tensor-parallel" \
+       "groups run on CPU ranks only (kvbench sweep refuses --device cuda with --gpus-per-worker > 1);" \
+       "use KVB_DEVICE=cpu, or GPUS_PER_WORKER=1 (one GPU per worker; scripts/sbatch.sh)" >&2
+  exit 2
+fi
 
 # Fail fast, before any rank starts: degrees, groups and memory per GPU for 16 worker ranks.
 "$bin" validate "$config" --gpus-per-worker "$gpus_per_worker" --ranks 16 >&2

@@ -24,7 +24,7 @@ class AdaKv final : public SnapKvFamily {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<AdaKv>(*this); }
 
  protected:
-  void allocate(int layer, int prompt_len, int w, kernels::KvCache& cache, const PrefixScores& s,
+  void allocate(int layer, int prompt_len, int w, const kernels::KvCache& cache, const PrefixScores& s,
                 int32_t* budgets) override {
     int base = kv_budget() - w;
     if (pyramid_) {

@@ -6,6 +6,7 @@
 // the recent window; `promote_recent` (FlexGen) over the heavy set only, so the token leaving the
 // recent window always stays.
 #include <algorithm>
+#include <utility>
 
 #include "common/error.h"
 #include "kernels/cpu/budget.h"
@@ -37,7 +38,8 @@ class H2O final : public Policy {
   StatsRequest prefill_request(int) const override { return {.col_sums = true}; }
   StatsRequest decode_request() const override { return {.col_sums = true}; }
 
-  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override {
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
     const int group = st.num_heads / cache.shape().num_kv_heads;
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(st.layer, h);
@@ -56,12 +58,13 @@ class H2O final : public Policy {
       const int got = kernels::cpu::select_topk(score.data(), len - recent, split_.heavy, keep.data());
       keep.resize(got);
       for (int s = len - recent; s < len; ++s) keep.push_back(s);
-      cache.keep_slots(st.layer, h, keep);
       compact(score, keep);
+      plan.keep(h, std::move(keep));
     }
   }
 
-  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override {
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
     const int group = st.num_heads / cache.shape().num_kv_heads;
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(st.layer, h);
@@ -81,9 +84,8 @@ class H2O final : public Policy {
       } else {
         victim = kernels::cpu::select_argmin(score.data(), nullptr, candidates);
       }
-      const std::vector<int32_t> keep = all_but(len, victim);
-      cache.keep_slots(st.layer, h, keep);
-      compact(score, keep);
+      plan.evict(h, victim);
+      erase_slot(score, victim);
     }
   }
 

@@ -21,7 +21,8 @@ class Knorm final : public Policy {
   StatsRequest prefill_request(int) const override { return {.pre_rope_keys = true}; }
   StatsRequest decode_request() const override { return {.pre_rope_keys = true}; }
 
-  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override {
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
     const int heads = cache.shape().num_kv_heads;
     std::vector<float> score;
     std::vector<int32_t> keep;
@@ -34,12 +35,14 @@ class Knorm final : public Policy {
       for (int s = 0; s < len; ++s) score[s] = -norm[s];
       keep.resize(len);
       keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
-      cache.keep_slots(st.layer, h, keep);
       compact(norm, keep);
+      plan.keep(h, keep);
     }
   }
 
-  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override {
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
+    (void)plan;  // decode never evicts (the norms only keep up)
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) append_norms(st, cache, h);
   }
 

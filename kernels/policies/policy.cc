@@ -44,6 +44,27 @@ void reduce_gqa(const float* rows, size_t row_stride, int group, int len, GqaRed
   }
 }
 
+void prefill_layer(Policy& policy, const LayerStats& stats, kernels::KvCache& cache) {
+  kernels::EvictionPlan plan;
+  plan.reset(stats.layer, cache.shape().num_kv_heads);
+  policy.on_prefill_layer(stats, cache, plan);
+  cache.apply(plan);
+}
+
+void decode_layer(Policy& policy, const LayerStats& stats, kernels::KvCache& cache) {
+  kernels::EvictionPlan plan;
+  plan.reset(stats.layer, cache.shape().num_kv_heads);
+  policy.on_decode_layer(stats, cache, plan);
+  cache.apply(plan);
+}
+
+void attend_layer(Policy& policy, const AttendArgs& args, kernels::KvCache& cache) {
+  kernels::EvictionPlan plan;
+  plan.reset(args.layer, cache.shape().num_kv_heads);
+  policy.attend(args, cache, plan);
+  cache.apply(plan);
+}
+
 const PolicyInfo* find_policy(const std::string& name) {
   for (const auto& p : policy_registry()) {
     if (p.name == name) return &p;

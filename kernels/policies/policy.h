@@ -1,7 +1,10 @@
 // The eviction-policy interface (DESIGN.md "Policy", POLICIES.md). A policy never touches
 // attention maths: the engine calls its hooks with the statistics it asked for, and the policy
-// decides which slots of each (layer, KV head) stay. Shared code (kernels/cpu/select, budget,
-// pool) does selection; KvCache::keep_slots compacts; PolicyBase keeps per-slot state in step.
+// decides which slots of each (layer, KV head) stay. A hook reads the cache and fills an
+// EvictionPlan (kernels/eviction_plan.h: per head a keep list or a victim); it never edits the
+// cache: the engine applies the plan to the cache index and storage together (on the host or a
+// device), and the policy compacts its own per-slot state (slot_state.h) with the same list.
+// Shared code (kernels/cpu/select, budget, pool) does selection.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +16,7 @@
 
 #include "common/options.h"
 #include "kernels/comm.h"
+#include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
 
 namespace kvb::policies {
@@ -67,7 +71,8 @@ struct StatsRequest {
 enum class PrefillMode { kOneshot, kStreaming };
 
 // What a policy that replaces attention (SubGen) receives for one layer. The block's K/V are
-// already appended to the cache (post-RoPE); the policy writes the attention output.
+// already appended to the cache (post-RoPE); the policy writes the attention output and may
+// fill an eviction plan for the layer (absorbed slots leave the cache).
 struct AttendArgs {
   int layer = 0;
   int n = 0;                  // query tokens
@@ -115,18 +120,25 @@ class Policy {
   virtual bool evict_before_attention() const { return false; }
   // replaces_attention: the engine calls attend() instead of its own attention (SubGen).
   virtual bool replaces_attention() const { return false; }
-  virtual void attend(const AttendArgs& args, kernels::KvCache& cache) { (void)args; (void)cache; }
+  virtual void attend(const AttendArgs& args, const kernels::KvCache& cache,
+                      kernels::EvictionPlan& plan) {
+    (void)args;
+    (void)cache;
+    (void)plan;
+  }
 
   virtual StatsRequest prefill_request(int n_new) const { (void)n_new; return {}; }
   virtual StatsRequest decode_request() const { return {}; }
   // After layer `stats.layer` attended over the whole prompt block (the layer's output used the
-  // full cache); compress that layer's cache.
-  virtual void on_prefill_layer(const LayerStats& stats, kernels::KvCache& cache) {
-    (void)stats; (void)cache;
+  // full cache): the plan that compresses that layer (`plan` arrives reset to keep everything).
+  virtual void on_prefill_layer(const LayerStats& stats, const kernels::KvCache& cache,
+                                kernels::EvictionPlan& plan) {
+    (void)stats; (void)cache; (void)plan;
   }
   // After one decode step's attention in a layer (the new token is the last slot of each head).
-  virtual void on_decode_layer(const LayerStats& stats, kernels::KvCache& cache) {
-    (void)stats; (void)cache;
+  virtual void on_decode_layer(const LayerStats& stats, const kernels::KvCache& cache,
+                               kernels::EvictionPlan& plan) {
+    (void)stats; (void)cache; (void)plan;
   }
   // Bytes of the policy's own state (scores, counters, clusters), for memory accounting.
   virtual size_t state_bytes() const { return 0; }
@@ -137,6 +149,12 @@ class Policy {
   PolicyConfig config_;
   bool gqa_expand_ = false;
 };
+
+// A hook on a host cache, its plan applied to that cache (the CPU engine's path, and what tests
+// call): the plan starts reset to keep every head of the hook's layer.
+void prefill_layer(Policy& policy, const LayerStats& stats, kernels::KvCache& cache);
+void decode_layer(Policy& policy, const LayerStats& stats, kernels::KvCache& cache);
+void attend_layer(Policy& policy, const AttendArgs& args, kernels::KvCache& cache);
 
 // Options every policy accepts (listed by `kvbench ls policies` under each policy).
 const std::vector<ParamDoc>& common_params();

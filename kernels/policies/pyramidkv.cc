@@ -16,7 +16,7 @@ class PyramidKv final : public SnapKvFamily {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<PyramidKv>(*this); }
 
  protected:
-  void allocate(int layer, int prompt_len, int w, kernels::KvCache&, const PrefixScores& s,
+  void allocate(int layer, int prompt_len, int w, const kernels::KvCache&, const PrefixScores& s,
                 int32_t* budgets) override {
     // n in the formula is the prompt length: the layer's longest head (all heads are equal
     // after a fresh prefill).

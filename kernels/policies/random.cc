@@ -33,11 +33,13 @@ uint64_t draw(uint64_t seed, int layer, int head, int32_t step, int32_t position
 class Random final : public Policy {
  public:
   using Policy::Policy;
-  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override {
-    evict(st.layer, cache);
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    evict(st.layer, cache, plan);
   }
-  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override {
-    evict(st.layer, cache);
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
+    evict(st.layer, cache, plan);
   }
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Random>(*this); }
 
@@ -45,7 +47,7 @@ class Random final : public Policy {
   // Each over-budget head draws a fresh i.i.d. key per slot and keeps the kv_budget smallest:
   // a uniformly random kv_budget-subset (in decode, with kv_budget + 1 slots, a uniformly random
   // victim). The step is the position of the newest token, so every step draws anew.
-  void evict(int layer, kernels::KvCache& cache) const {
+  void evict(int layer, const kernels::KvCache& cache, kernels::EvictionPlan& plan) const {
     const kernels::LayerKvView view = cache.layer(layer);
     std::vector<std::pair<uint64_t, int32_t>> keys;
     std::vector<int32_t> keep;
@@ -64,7 +66,7 @@ class Random final : public Policy {
       keep.resize(kv_budget());
       for (int i = 0; i < kv_budget(); ++i) keep[i] = keys[i].second;
       std::sort(keep.begin(), keep.end());
-      cache.keep_slots(layer, h, keep);
+      plan.keep(h, keep);
     }
   }
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <utility>
 
 #include "common/error.h"
 #include "kernels/cpu/budget.h"
@@ -59,11 +60,13 @@ class Scissorhands final : public Policy {
   StatsRequest prefill_request(int) const override { return {.last_w = history_}; }
   StatsRequest decode_request() const override { return {.last_w = 1}; }
 
-  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override {
-    update(st, cache);
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    update(st, cache, plan);
   }
-  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override {
-    update(st, cache);
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
+    update(st, cache, plan);
   }
 
   size_t state_bytes() const override { return bits_.bytes(); }
@@ -90,7 +93,7 @@ class Scissorhands final : public Policy {
   }
 
   // Records the bits of this block's last queries, then compresses each over-budget head.
-  void update(const LayerStats& st, kernels::KvCache& cache) {
+  void update(const LayerStats& st, const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
     const LayerRule& rule = rules_[st.layer];
     const int heads = cache.shape().num_kv_heads;
     const int group = st.num_heads / heads;
@@ -123,14 +126,15 @@ class Scissorhands final : public Policy {
         }
       }
       if (len <= rule.budget) continue;
-      compress(st.layer, h, rule, cache);
+      compress(st.layer, h, rule, cache, plan);
     }
   }
 
   // Drops `drop` tokens at a time until the head is within its budget. The ranking (counter,
   // then age) of the tokens outside the recent window does not change between rounds, so the
   // rounds equal one selection of drop * ceil((len - B) / drop) tokens.
-  void compress(int layer, int h, const LayerRule& rule, kernels::KvCache& cache) {
+  void compress(int layer, int h, const LayerRule& rule, const kernels::KvCache& cache,
+                kernels::EvictionPlan& plan) {
     std::vector<uint64_t>& bits = bits_.at(layer, h);
     const int len = cache.length(layer, h);
     const int rounds = (len - rule.budget + rule.drop - 1) / rule.drop;
@@ -145,8 +149,8 @@ class Scissorhands final : public Policy {
         kernels::cpu::select_topk(score.data(), candidates, candidates - dropped, keep.data());
     keep.resize(got);
     for (int s = candidates; s < len; ++s) keep.push_back(s);  // the recent window (counter 0)
-    cache.keep_slots(layer, h, keep);
     compact(bits, keep);
+    plan.keep(h, std::move(keep));
   }
 
   int history_ = 32;

@@ -37,6 +37,12 @@ void compact(std::vector<T>& v, const std::vector<int32_t>& keep) {
   v.resize(keep.size());
 }
 
+// v without entry `slot` (what compact() does with all_but(v.size(), slot)).
+template <typename T>
+void erase_slot(std::vector<T>& v, int slot) {
+  v.erase(v.begin() + slot);
+}
+
 // All slot indices except `drop` (increasing).
 inline std::vector<int32_t> all_but(int len, int drop) {
   std::vector<int32_t> keep;

@@ -3,6 +3,7 @@
 // tokens by pooled observation-window score plus the w window tokens. A prompt of at most
 // kv_budget tokens is not compressed; decode never evicts.
 #include <algorithm>
+#include <utility>
 
 #include "common/error.h"
 #include "kernels/cpu/budget.h"
@@ -31,7 +32,8 @@ size_t SnapKvFamily::state_bytes() const {
   return b;
 }
 
-void SnapKvFamily::on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) {
+void SnapKvFamily::on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                                    kernels::EvictionPlan& plan) {
   KVB_CHECK(st.layer >= 0 && st.layer < static_cast<int>(head_budgets_.size()))
       << "layer " << st.layer << " outside the policy's " << head_budgets_.size() << " layers";
   const int heads = cache.shape().num_kv_heads;
@@ -71,7 +73,7 @@ void SnapKvFamily::on_prefill_layer(const LayerStats& st, kernels::KvCache& cach
     std::vector<int32_t> keep(pick, pick + counts[h]);
     for (int s = scores.lengths[h]; s < len; ++s) keep.push_back(s);
     budgets[h] = counts[h];  // B_h capped by the head's prefix
-    if (static_cast<int>(keep.size()) < len) cache.keep_slots(st.layer, h, keep);
+    if (static_cast<int>(keep.size()) < len) plan.keep(h, std::move(keep));
   }
 }
 
@@ -84,7 +86,7 @@ class SnapKv final : public SnapKvFamily {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<SnapKv>(*this); }
 
  protected:
-  void allocate(int, int, int w, kernels::KvCache&, const PrefixScores& s,
+  void allocate(int, int, int w, const kernels::KvCache&, const PrefixScores& s,
                 int32_t* budgets) override {
     for (size_t h = 0; h < s.lengths.size(); ++h) budgets[h] = kv_budget() - w;
   }

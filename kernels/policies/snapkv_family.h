@@ -25,7 +25,8 @@ class SnapKvFamily : public Policy {
   }
   // Compresses the layer when its longest head holds more than kv_budget tokens (the prompt-cache
   // budget); otherwise keeps everything. Records the per-head budgets either way.
-  void on_prefill_layer(const LayerStats& stats, kernels::KvCache& cache) final;
+  void on_prefill_layer(const LayerStats& stats, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) final;
   size_t state_bytes() const override;
 
   // B_i per KV head of `layer` (cache_kv_heads() entries): the prefix tokens head i kept at the
@@ -37,7 +38,7 @@ class SnapKvFamily : public Policy {
   // Called only when compressing: budgets[h] = B_h for every KV head, from the layer's pooled
   // prefix scores. prompt_len: the layer's longest head; w: the window in slots (1 <= w <=
   // window()). Values above a head's prefix length are capped by the caller.
-  virtual void allocate(int layer, int prompt_len, int w, kernels::KvCache& cache,
+  virtual void allocate(int layer, int prompt_len, int w, const kernels::KvCache& cache,
                         const PrefixScores& scores, int32_t* budgets) = 0;
 
  private:

@@ -4,6 +4,7 @@
 // `evict: before_attention` together reproduce the original code (keys rotated by their index in
 // the cache; the cache trimmed before the new query attends, so it sees one key fewer).
 #include <limits>
+#include <utility>
 
 #include "common/error.h"
 #include "kernels/policies/policies.h"
@@ -35,18 +36,20 @@ class StreamingLlm final : public Policy {
   bool evict_before_attention() const override { return before_; }
 
   // No statistics: the rule depends only on slot order (slots are in position order).
-  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override {
-    trim(st.layer, cache);
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    trim(st.layer, cache, plan);
   }
-  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override {
-    trim(st.layer, cache);
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
+    trim(st.layer, cache, plan);
   }
   std::unique_ptr<Policy> clone() const override { return std::make_unique<StreamingLlm>(*this); }
 
  private:
   // Keeps slots [0, sinks) and the last kv_budget - sinks. The sinks stay the sequence's first
   // tokens because this rule never drops them once the cache has reached them.
-  void trim(int layer, kernels::KvCache& cache) const {
+  void trim(int layer, const kernels::KvCache& cache, kernels::EvictionPlan& plan) const {
     const int recent = kv_budget() - sinks_;
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(layer, h);
@@ -55,7 +58,7 @@ class StreamingLlm final : public Policy {
       keep.reserve(kv_budget());
       for (int s = 0; s < sinks_; ++s) keep.push_back(s);
       for (int s = len - recent; s < len; ++s) keep.push_back(s);
-      cache.keep_slots(layer, h, keep);
+      plan.keep(h, std::move(keep));
     }
   }
 

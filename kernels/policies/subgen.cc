@@ -15,6 +15,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
 
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
@@ -67,7 +68,8 @@ class SubGen final : public Policy {
   }
   bool replaces_attention() const override { return true; }
 
-  void attend(const AttendArgs& a, kernels::KvCache& cache) override {
+  void attend(const AttendArgs& a, const kernels::KvCache& cache,
+              kernels::EvictionPlan& plan) override {
     const int layer = a.layer, d = a.head_dim;
     const int ckv = cache.shape().num_kv_heads;
     KVB_CHECK(a.num_heads % ckv == 0 && d == params_.head_dim)
@@ -105,7 +107,7 @@ class SubGen final : public Policy {
     }
     // Heads are independent (own sketch, own cache rows, counter-based coins): any order.
 #pragma omp parallel for schedule(dynamic, 1) if (ckv > 1)
-    for (int h = 0; h < ckv; ++h) absorb_outside_window(layer, h, cache, view);
+    for (int h = 0; h < ckv; ++h) absorb_outside_window(layer, h, cache, view, plan);
   }
 
   size_t state_bytes() const override {
@@ -132,8 +134,8 @@ class SubGen final : public Policy {
 
   // After the head's queries: if over budget (or already compressed), stream every slot between
   // the sinks and the recent window into the sketch, in order, and drop them from the cache.
-  void absorb_outside_window(int layer, int h, kernels::KvCache& cache,
-                             const kernels::LayerKvView& view) {
+  void absorb_outside_window(int layer, int h, const kernels::KvCache& cache,
+                             const kernels::LayerKvView& view, kernels::EvictionPlan& plan) {
     Unit& u = unit(layer, h);
     const int len = cache.length(layer, h);
     if (!u.compressed && len <= kv_budget()) return;
@@ -161,7 +163,7 @@ class SubGen final : public Policy {
     keep.reserve(sinks + len - first_recent);
     for (int slot = 0; slot < sinks; ++slot) keep.push_back(slot);
     for (int slot = first_recent; slot < len; ++slot) keep.push_back(slot);
-    cache.keep_slots(layer, h, keep);
+    plan.keep(h, std::move(keep));  // heads are distinct entries: safe from parallel threads
   }
 
   int s_ = 0, t_ = 4, sinks_ = 0, recent_ = 0;

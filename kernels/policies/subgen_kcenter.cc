@@ -8,6 +8,7 @@
 // `slide` drops the oldest token after the centres whenever a head exceeds the budget.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
@@ -37,17 +38,20 @@ class SubgenKCenter final : public Policy {
 
   bool replaces_attention() const override { return weighted_; }
 
-  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override {
-    for (int h = 0; h < cache.shape().num_kv_heads; ++h) after_prefill(st.layer, h, cache);
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    for (int h = 0; h < cache.shape().num_kv_heads; ++h) after_prefill(st.layer, h, cache, plan);
   }
-  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override {
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
     if (!slide_) return;
-    for (int h = 0; h < cache.shape().num_kv_heads; ++h) slide(st.layer, h, cache);
+    for (int h = 0; h < cache.shape().num_kv_heads; ++h) slide(st.layer, h, cache, plan);
   }
 
   // weight_by_cluster_size only. The engine skips the hooks for such policies, so this runs them:
   // a prefill block -> after_prefill, one decode token -> slide; other blocks (no hook) keep all.
-  void attend(const AttendArgs& a, kernels::KvCache& cache) override {
+  void attend(const AttendArgs& a, const kernels::KvCache& cache,
+              kernels::EvictionPlan& plan) override {
     const int layer = a.layer, d = a.head_dim;
     const int ckv = cache.shape().num_kv_heads;
     const int group = a.num_heads / ckv;
@@ -85,9 +89,9 @@ class SubgenKCenter final : public Policy {
       }
     }
     if (a.prefill) {
-      for (int h = 0; h < ckv; ++h) after_prefill(layer, h, cache);
+      for (int h = 0; h < ckv; ++h) after_prefill(layer, h, cache, plan);
     } else if (a.n == 1 && slide_) {
-      for (int h = 0; h < ckv; ++h) slide(layer, h, cache);
+      for (int h = 0; h < ckv; ++h) slide(layer, h, cache, plan);
     }
   }
 
@@ -102,12 +106,13 @@ class SubgenKCenter final : public Policy {
   // The one-shot compression, the first time a prefill leaves the head over budget. A head whose
   // prompt fits protects every token before its recent window (k-center on at most k points
   // keeps them all). Later prefill blocks on a compressed head count as window tokens.
-  void after_prefill(int layer, int h, kernels::KvCache& cache) {
+  void after_prefill(int layer, int h, const kernels::KvCache& cache,
+                     kernels::EvictionPlan& plan) {
     const int len = cache.length(layer, h);
     const size_t u = index(layer, h);
     if (weighted_) log_size_.at(layer, h).resize(len, 0.0f);
     if (compressed_[u]) {
-      slide(layer, h, cache);
+      slide(layer, h, cache, plan);
       return;
     }
     if (len <= kv_budget()) {
@@ -126,7 +131,7 @@ class SubgenKCenter final : public Policy {
     const int m = cpu::kcenter_greedy(args, centres.data(), nullptr, sizes.data());
     std::vector<int32_t> keep(centres.begin(), centres.begin() + m);
     for (int s = prefix; s < len; ++s) keep.push_back(s);
-    cache.keep_slots(layer, h, keep);
+    plan.keep(h, keep);
     if (weighted_) {
       std::vector<float>& bias = log_size_.at(layer, h);
       bias.assign(keep.size(), 0.0f);
@@ -137,7 +142,7 @@ class SubgenKCenter final : public Policy {
   }
 
   // decode: slide: drop the oldest tokens after the protected centres while over budget.
-  void slide(int layer, int h, kernels::KvCache& cache) {
+  void slide(int layer, int h, const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
     if (!slide_) return;
     const int len = cache.length(layer, h);
     const int over = len - kv_budget();
@@ -149,8 +154,8 @@ class SubgenKCenter final : public Policy {
     for (int s = 0; s < len; ++s) {
       if (s < first || s >= first + drop) keep.push_back(s);
     }
-    cache.keep_slots(layer, h, keep);
     if (weighted_) compact(log_size_.at(layer, h), keep);
+    plan.keep(h, std::move(keep));
   }
 
   cpu::KCenterSplit split_;

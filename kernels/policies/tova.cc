@@ -21,17 +21,22 @@ class Tova final : public Policy {
   // Only the last query matters in both phases (in decode it is the only one).
   StatsRequest prefill_request(int) const override { return {.last_w = 1}; }
   StatsRequest decode_request() const override { return {.last_w = 1}; }
-  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override {
-    evict(st, cache);
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    evict(st, cache, plan);
   }
-  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override { evict(st, cache); }
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
+    evict(st, cache, plan);
+  }
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Tova>(*this); }
 
  private:
   // Keeps each over-budget head's top kv_budget slots by the last query's probabilities. In
   // decode a head holds kv_budget + 1, so this evicts exactly the argmin (ties: the older goes,
   // as select_topk keeps the higher index among equal scores).
-  void evict(const LayerStats& st, kernels::KvCache& cache) const {
+  void evict(const LayerStats& st, const kernels::KvCache& cache,
+             kernels::EvictionPlan& plan) const {
     const int heads = cache.shape().num_kv_heads;
     const int group = st.num_heads / heads;
     // last_probs: [num_heads, last_w, stride]; the last query is row last_w - 1 of each head.
@@ -69,7 +74,7 @@ class Tova final : public Policy {
       }
       keep.resize(len);
       keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
-      for (int h = 0; h < heads; ++h) cache.keep_slots(st.layer, h, keep);
+      for (int h = 0; h < heads; ++h) plan.keep(h, keep);
       return;
     }
     for (int h = 0; h < heads; ++h) {
@@ -80,7 +85,7 @@ class Tova final : public Policy {
                  score.data());
       keep.resize(len);
       keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
-      cache.keep_slots(st.layer, h, keep);
+      plan.keep(h, keep);
     }
   }
 

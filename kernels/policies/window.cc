@@ -8,15 +8,21 @@ namespace {
 class Window final : public Policy {
  public:
   using Policy::Policy;
-  void on_prefill_layer(const LayerStats& st, kernels::KvCache& cache) override { trim(st.layer, cache); }
-  void on_decode_layer(const LayerStats& st, kernels::KvCache& cache) override { trim(st.layer, cache); }
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    trim(st.layer, cache, plan);
+  }
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
+    trim(st.layer, cache, plan);
+  }
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Window>(*this); }
 
  private:
-  void trim(int layer, kernels::KvCache& cache) const {
+  void trim(int layer, const kernels::KvCache& cache, kernels::EvictionPlan& plan) const {
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(layer, h);
-      if (len > kv_budget()) cache.keep_slots(layer, h, last_slots(len, kv_budget()));
+      if (len > kv_budget()) plan.keep(h, last_slots(len, kv_budget()));
     }
   }
 };

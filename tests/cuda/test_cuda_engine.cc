@@ -331,6 +331,65 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
   EXPECT_GT(checked, 3 * 12);
 }
 
+// The host mirror's cost of one decode step, as the backend counts it (cuda_backend.h "Host
+// traffic"), for every policy that runs on cuda: per layer the new K/V rows come down (2 copies,
+// 1 sync), pre-RoPE keys when asked (1 copy, 1 sync), the statistics a decode hook asked for (1
+// copy each, 1 sync), and each layer the plan changed costs keep_slots' validity flag (1 copy,
+// 1 sync); then the logits (1 copy) and the end of the pass (1 sync). Device-resident eviction
+// (issue 13) is to bring this to no per-layer copy or sync at all; this pins today's counts so
+// that the change shows.
+TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
+  const engine::Model& m = *lm_.model;
+  engine::CudaEngine gpu(m, DType::kF32);
+  const int L = m.config.num_layers;
+  const std::vector<int32_t> ids = prompt(kPrompts[1]);
+  const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
+  int checked = 0;
+  for (const auto& info : policies::policy_registry()) {
+    SCOPED_TRACE(info.name);
+    policies::PolicyConfig pc;
+    pc.name = info.name;
+    pc.kv_budget = info.name == "full" ? 0 : budget;
+    pc.shape = {L, m.config.num_heads, m.config.num_kv_heads, m.config.head_dim,
+                m.config.max_seq_len};
+    pc.seed = 3;
+    std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
+    if (policy->replaces_attention()) continue;  // refused on cuda
+    kernels::KvCache cache = gpu.new_cache(static_cast<int>(ids.size()) + 8, policy.get());
+    std::vector<float> logits;
+    engine::prefill_prompt(gpu, cache, ids, policy.get(), &logits);
+    const int32_t next = argmax(logits.data(), logits.size());
+    std::vector<int> before;
+    for (int l = 0; l < L; ++l) {
+      for (int h = 0; h < cache.shape().num_kv_heads; ++h) before.push_back(cache.length(l, h));
+    }
+    const engine::TransferCounters t0 = gpu.transfer_counters();
+    gpu.forward({&next, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
+                engine::PolicyHook::kDecode);
+    const engine::TransferCounters t1 = gpu.transfer_counters();
+    int evicting = 0;  // layers whose plan changed a head
+    for (int l = 0, i = 0; l < L; ++l) {
+      bool changed = false;
+      for (int h = 0; h < cache.shape().num_kv_heads; ++h, ++i) {
+        changed |= cache.length(l, h) != before[i] + 1;
+      }
+      evicting += changed;
+    }
+    const policies::StatsRequest req = policy->decode_request();
+    const bool hook_stats = !policy->evict_before_attention() && (req.col_sums || req.last_w > 0);
+    const int stat_copies = policy->evict_before_attention()
+                                ? 0
+                                : static_cast<int>(req.col_sums) + static_cast<int>(req.last_w > 0);
+    const int64_t want_d2h =
+        2 * L + 1 + (req.pre_rope_keys ? L : 0) + stat_copies * L + evicting;
+    const int64_t want_syncs = L + 1 + (req.pre_rope_keys ? L : 0) + (hook_stats ? L : 0) + evicting;
+    EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, want_d2h) << evicting << " layers evicted";
+    EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, want_syncs) << evicting << " layers evicted";
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
+}
+
 TEST_F(CudaEngineSmol, Bf16TeacherForcedTop1AgreesWithCpu) {
   std::ifstream f(kEssay);
   if (!f.good()) GTEST_SKIP() << kEssay << " missing";

@@ -121,5 +121,94 @@ TEST(KvCache, KeepSlotsCompactsAndAccounts) {
   EXPECT_THROW(cache.keep_slots(0, 0, {7}), Error);     // out of range
 }
 
+// A cache of `len` tokens per head whose slot s holds key/value (s, l, h) at position 10 + s.
+KvCache filled(int layers, int heads, int len) {
+  KvCache cache({layers, heads, 3}, len);
+  for (int t = 0; t < len; ++t) {
+    for (int l = 0; l < layers; ++l) {
+      for (int h = 0; h < heads; ++h) {
+        float kv[3] = {float(t), float(l), float(h)};
+        cache.append(l, h, kv, kv, 10 + t);
+      }
+    }
+  }
+  return cache;
+}
+
+std::vector<int32_t> positions(const KvCache& cache, int l, int h) {
+  const LayerKvView v = cache.layer(l);
+  return {v.position(h), v.position(h) + cache.length(l, h)};
+}
+
+TEST(EvictionPlan, ApplyKeepsListsDropsVictimsLeavesTheRest) {
+  KvCache cache = filled(2, 3, 5);
+  EvictionPlan plan;
+  plan.reset(1, 3);
+  EXPECT_FALSE(plan.changes_any());
+  plan.keep(0, {0, 2, 4});
+  plan.evict(2, 1);
+  EXPECT_TRUE(plan.changes_any());
+  EXPECT_EQ(plan.length_after(0, 5), 3);
+  EXPECT_EQ(plan.length_after(1, 5), 5);
+  EXPECT_EQ(plan.length_after(2, 5), 4);
+  std::vector<int32_t> list;
+  plan.keep_list(2, 5, &list);
+  EXPECT_EQ(list, (std::vector<int32_t>{0, 2, 3, 4}));
+  plan.keep_list(1, 5, &list);
+  EXPECT_EQ(list, (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  cache.apply(plan);
+  EXPECT_EQ(positions(cache, 1, 0), (std::vector<int32_t>{10, 12, 14}));
+  EXPECT_EQ(positions(cache, 1, 1), (std::vector<int32_t>{10, 11, 12, 13, 14}));
+  EXPECT_EQ(positions(cache, 1, 2), (std::vector<int32_t>{10, 12, 13, 14}));
+  for (int h = 0; h < 3; ++h) EXPECT_EQ(cache.length(0, h), 5) << "layer 0 is not the plan's";
+  // The victim's later rows moved down with their keys and values.
+  const LayerKvView v = cache.layer(1);
+  EXPECT_FLOAT_EQ(v.key(2, 1)[0], 2.0f);
+  EXPECT_FLOAT_EQ(v.value(2, 3)[0], 4.0f);
+  EXPECT_FLOAT_EQ(v.key(2, 3)[2], 2.0f);
+}
+
+TEST(EvictionPlan, EvictSlotEqualsKeepingEveryOtherSlot) {
+  for (int victim : {0, 3, 6}) {
+    KvCache a = filled(1, 2, 7), b = filled(1, 2, 7);
+    a.evict_slot(0, 1, victim);
+    std::vector<int32_t> keep;
+    for (int s = 0; s < 7; ++s) {
+      if (s != victim) keep.push_back(s);
+    }
+    b.keep_slots(0, 1, keep);
+    ASSERT_EQ(a.length(0, 1), 6);
+    EXPECT_EQ(positions(a, 0, 1), positions(b, 0, 1)) << "victim " << victim;
+    const LayerKvView va = a.layer(0), vb = b.layer(0);
+    for (int s = 0; s < 6; ++s) {
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(va.key(1, s)[i], vb.key(1, s)[i]);
+        EXPECT_EQ(va.value(1, s)[i], vb.value(1, s)[i]);
+      }
+    }
+    EXPECT_EQ(a.length(0, 0), 7);
+  }
+}
+
+TEST(EvictionPlan, BadPlansAreRefusedNamingTheHead) {
+  EvictionPlan plan;
+  plan.reset(0, 2);
+  plan.evict(1, 0);
+  EXPECT_THROW(plan.keep(1, {0}), Error);  // decided twice
+  EXPECT_THROW(plan.evict(2, 0), Error);   // no such head
+  KvCache cache = filled(1, 2, 3);
+  EvictionPlan bad;
+  bad.reset(0, 2);
+  bad.evict(0, 3);  // past the head's length
+  EXPECT_THROW(cache.apply(bad), Error);
+  EvictionPlan wrong_layer;
+  wrong_layer.reset(1, 2);
+  EXPECT_THROW(cache.apply(wrong_layer), Error);
+  EvictionPlan decreasing;
+  decreasing.reset(0, 2);
+  decreasing.keep(1, {2, 1});
+  EXPECT_THROW(cache.apply(decreasing), Error);
+}
+
 }  // namespace
 }  // namespace kvb::kernels

@@ -1,7 +1,6 @@
 // The GPU engine's host-mirror bookkeeping (workers/engine/mirror_sync.h), which runs on the host
-// and so is checked here without a GPU: keep-lists derived from positions before/after a policy
-// edit reproduce the edit when applied to the cache as it was; fingerprints notice every way a
-// cache can change between two forward passes. And the engine factory's errors.
+// and so is checked here without a GPU: fingerprints notice every way a cache can change between
+// two forward passes. And the engine factory's errors.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,7 +15,6 @@ namespace kvb {
 namespace {
 
 using engine::CacheFingerprint;
-using engine::LayerPositions;
 
 kernels::KvCache filled_cache(int layers, int heads, int hd, int tokens, uint64_t seed) {
   kernels::KvCache c({layers, heads, hd}, tokens);
@@ -33,73 +31,6 @@ kernels::KvCache filled_cache(int layers, int heads, int hd, int tokens, uint64_
   }
   c.advance_position(tokens);
   return c;
-}
-
-void expect_same_layer(kernels::KvCache& a, kernels::KvCache& b, int l) {
-  const int hd = a.shape().head_dim;
-  kernels::LayerKvView va = a.layer(l), vb = b.layer(l);
-  for (int h = 0; h < a.shape().num_kv_heads; ++h) {
-    ASSERT_EQ(a.length(l, h), b.length(l, h)) << "head " << h;
-    for (int s = 0; s < a.length(l, h); ++s) {
-      ASSERT_EQ(va.position(h)[s], vb.position(h)[s]) << "head " << h << " slot " << s;
-      ASSERT_EQ(0, std::memcmp(va.key(h, s), vb.key(h, s), hd * sizeof(float)));
-      ASSERT_EQ(0, std::memcmp(va.value(h, s), vb.value(h, s), hd * sizeof(float)));
-    }
-  }
-}
-
-TEST(MirrorSync, DerivedKeepListsReproduceTheEdit) {
-  std::mt19937_64 rng(3);
-  for (int trial = 0; trial < 50; ++trial) {
-    kernels::KvCache cache = filled_cache(3, 4, 8, 40, trial);
-    const int l = trial % 3;
-    // A previous eviction made the heads ragged and their positions sparse.
-    for (int h = 0; h < 4; ++h) {
-      std::vector<int32_t> keep;
-      for (int s = 0; s < 40; ++s) {
-        if (rng() % 3 != 0) keep.push_back(s);
-      }
-      cache.keep_slots(l, h, keep);
-    }
-    kernels::KvCache original = cache;
-    LayerPositions before;
-    engine::snapshot_positions(cache, l, &before);
-    // The "policy": random subsets of some heads; head 1 untouched.
-    for (int h = 0; h < 4; ++h) {
-      if (h == 1) continue;
-      std::vector<int32_t> keep;
-      for (int s = 0; s < cache.length(l, h); ++s) {
-        if (rng() % 2 == 0) keep.push_back(s);
-      }
-      cache.keep_slots(l, h, keep);
-    }
-    std::vector<int32_t> slots, counts;
-    int ld = 0;
-    ASSERT_TRUE(engine::derive_keep_lists(before, cache, l, &slots, &counts, &ld));
-    ASSERT_EQ(counts[1], original.length(l, 1));  // identity list for the untouched head
-    for (int h = 0; h < 4; ++h) {
-      original.keep_slots(
-          l, h, std::vector<int32_t>(slots.begin() + h * ld, slots.begin() + h * ld + counts[h]));
-    }
-    expect_same_layer(original, cache, l);
-  }
-}
-
-TEST(MirrorSync, NoChangeAndBadEditsAreReported) {
-  kernels::KvCache cache = filled_cache(2, 2, 4, 10, 1);
-  LayerPositions before;
-  engine::snapshot_positions(cache, 0, &before);
-  std::vector<int32_t> slots = {7}, counts = {7};
-  int ld = 5;
-  EXPECT_FALSE(engine::derive_keep_lists(before, cache, 0, &slots, &counts, &ld));
-  EXPECT_EQ(ld, 5);  // outputs untouched
-  EXPECT_EQ(slots, std::vector<int32_t>{7});
-  // A snapshot whose head 0 lacks position 9 (as if the edit had added it): an error.
-  before.pos.erase(before.pos.begin() + 9);
-  for (size_t i = 1; i < before.off.size(); ++i) before.off[i] -= 1;
-  before.off[0] = 0;
-  cache.keep_slots(0, 0, {0, 9});
-  EXPECT_THROW(engine::derive_keep_lists(before, cache, 0, &slots, &counts, &ld), Error);
 }
 
 TEST(MirrorSync, FingerprintNoticesEveryChange) {

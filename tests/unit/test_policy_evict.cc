@@ -82,12 +82,12 @@ TEST(StreamingLlm, KeepsSinksAndRecent) {
   LayerStats st;
   st.n_new = 10;
   st.num_heads = 2;
-  p->on_prefill_layer(st, cache);
+  prefill_layer(*p, st, cache);
   EXPECT_EQ(positions(cache, 0, 0), (V{0, 1, 6, 7, 8, 9}));  // 2 sinks + the last 4
   st.n_new = 1;
   for (int32_t t = 10; t < 13; ++t) {
     append(cache, 0, t);
-    p->on_decode_layer(st, cache);
+    decode_layer(*p, st, cache);
   }
   EXPECT_EQ(positions(cache, 0, 0), (V{0, 1, 9, 10, 11, 12}));
 }
@@ -103,11 +103,11 @@ TEST(StreamingLlm, OriginalVariantsAndShortPrompt) {
   LayerStats st;  // evict-before-attention hooks get no statistics
   st.n_new = 5;
   st.num_heads = 2;
-  p->on_prefill_layer(st, cache);
+  prefill_layer(*p, st, cache);
   EXPECT_EQ(positions(cache, 0, 0), (V{0, 1, 2, 3, 4}));  // within budget: untouched
   st.n_new = 1;
   append(cache, 0, 5);
-  p->on_decode_layer(st, cache);
+  decode_layer(*p, st, cache);
   EXPECT_EQ(positions(cache, 0, 0), (V{0, 1, 2, 3, 5}));  // 4 sinks + the newest
 }
 
@@ -156,7 +156,7 @@ TEST(Scissorhands, OneshotRecentWindowAndTies) {
   // Token 1 at query 8: head 0 gives 0.2 (above 1/9), head 1 gives 0: the GQA mean 0.1 is below.
   probs[(0 * 2 + 0) * stride + 1] = 0.2f;
   probs[(1 * 2 + 0) * stride + 1] = 0.0f;
-  p->on_prefill_layer(stats(0, 10, 2, stride, 2, probs), cache);
+  prefill_layer(*p, stats(0, 10, 2, stride, 2, probs), cache);
   // Counters: 0:0 1:2 2:1 3:2 4:0 5:1 6:0 7:1 | recent 8 (counter 2) and 9 (1) are protected.
   // 10 > 8: one round drops m = 4: tokens 1 and 3 (counter 2), then two of 2, 5, 7 (counter 1):
   // the older ones, 2 and 5. Token 8, with the highest counter, survives in the recent window.
@@ -181,7 +181,7 @@ TEST(Scissorhands, OneshotDropsUntilWithinBudget) {
         for (int s = 0; s < visible; ++s) probs[(h * w + j) * n + s] = 1.0f / visible;
       }
     }
-    p->on_prefill_layer(stats(0, n, 2, n, w, probs), cache);
+    prefill_layer(*p, stats(0, n, 2, n, w, probs), cache);
     V expect;
     for (int t = n - expect_len; t < n; ++t) expect.push_back(t);
     EXPECT_EQ(positions(cache, 0, 0), expect) << "n = " << n;
@@ -198,12 +198,12 @@ V threshold_case(const std::string& threshold) {
   KvCache cache({1, 1, 2}, 16);
   for (int32_t t : {0, 10, 20, 30}) append(cache, 0, t);
   std::vector<float> prompt(2 * 4, 0.25f);  // last query: uniform, never below
-  p->on_prefill_layer(stats(0, 4, 2, 4, 1, prompt), cache);
+  prefill_layer(*p, stats(0, 4, 2, 4, 1, prompt), cache);
   append(cache, 0, 40);
   // inv_cache: 1 / 5 keys = 0.2 -> slots 1 (0.01) and 2 (0.1) are below.
   // inv_position: 1 / 41 ~ 0.024 -> only slot 1 is below.
   std::vector<float> probs = {0.3f, 0.01f, 0.1f, 0.29f, 0.3f, 0.3f, 0.01f, 0.1f, 0.29f, 0.3f};
-  p->on_decode_layer(stats(0, 1, 2, 5, 1, probs), cache);
+  decode_layer(*p, stats(0, 1, 2, 5, 1, probs), cache);
   return positions(cache, 0, 0);
 }
 
@@ -241,7 +241,7 @@ TEST(Scissorhands, OccupancyBetweenHalfAndFullBudget) {
       append(cache, l, t);
       const int len = cache.length(l, 0);
       std::vector<float> probs = uneven_row(len, t + l);
-      p->on_decode_layer(stats(l, 1, 2, len, 1, probs), cache);
+      decode_layer(*p, stats(l, 1, 2, len, 1, probs), cache);
       const int after = cache.length(l, 0);
       ASSERT_LE(after, 16) << "step " << t << " layer " << l;
       V pos = positions(cache, l, 0);
@@ -273,7 +273,7 @@ TEST(Scissorhands, LinearIncreaseLayerBudgets) {
       append(cache, l, t);
       const int len = cache.length(l, 0);
       std::vector<float> probs = uneven_row(len, t);
-      p->on_decode_layer(stats(l, 1, 2, len, 1, probs), cache);
+      decode_layer(*p, stats(l, 1, 2, len, 1, probs), cache);
       peak[l] = std::max(peak[l], cache.length(l, 0));
     }
   }
@@ -311,7 +311,7 @@ TEST(Tova, HeadReduceKeepsTopOfLastQueryThenEvictsArgmin) {
   KvCache cache({1, 2, 2}, 16);
   for (int32_t t = 0; t < 6; ++t) append(cache, 0, t);
   std::vector<float> probs = tova_prompt_rows();
-  p->on_prefill_layer(stats(0, 6, 4, 6, 1, probs), cache);
+  prefill_layer(*p, stats(0, 6, 4, 6, 1, probs), cache);
   // Head 0: GQA mean 0.15 0.05 0.20 0.14 0.15 0.35 -> 5, 2, then the tie 0/4 keeps 4 (recent).
   // (q0 alone would keep 3; the max over the group would keep 3 as well.)
   EXPECT_EQ(positions(cache, 0, 0), (V{2, 4, 5}));
@@ -320,7 +320,7 @@ TEST(Tova, HeadReduceKeepsTopOfLastQueryThenEvictsArgmin) {
   append(cache, 0, 6);
   std::vector<float> step = {0.3f,  0.1f,  0.2f,  0.4f,  0.3f,  0.1f,  0.2f,  0.4f,    // head 0
                              0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f};  // head 1
-  p->on_decode_layer(stats(0, 1, 4, 4, 1, step), cache);
+  decode_layer(*p, stats(0, 1, 4, 4, 1, step), cache);
   EXPECT_EQ(positions(cache, 0, 0), (V{2, 5, 6}));  // lowest: position 4 (0.1)
   EXPECT_EQ(positions(cache, 0, 1), (V{4, 5, 6}));  // all equal: the oldest goes
 }
@@ -332,7 +332,7 @@ TEST(Tova, LayerReduceSharesOneKeepSet) {
   for (int32_t t = 0; t < 6; ++t) append(cache, 0, t);
   std::vector<float> probs = tova_prompt_rows();
   // Layer mean over the 4 heads: .275 .075 .15 .12 .125 .275 -> 0, 5, 2 for both KV heads.
-  p->on_prefill_layer(stats(0, 6, 4, 6, 1, probs), cache);
+  prefill_layer(*p, stats(0, 6, 4, 6, 1, probs), cache);
   EXPECT_EQ(positions(cache, 0, 0), (V{0, 2, 5}));
   EXPECT_EQ(positions(cache, 0, 1), (V{0, 2, 5}));
   expect_usage_error(config("tova", 3, shape, {{"tova_reduce", "model"}}),
@@ -362,14 +362,14 @@ V knorm_keep(int budget, bool expand, int cache_head) {
   st.n_new = 5;
   st.num_heads = 4;
   st.pre_rope_keys = kKnormKeys.data();
-  p->on_prefill_layer(st, cache);
+  prefill_layer(*p, st, cache);
   // No decode eviction: the head grows by one.
   const int before = cache.length(0, cache_head);
   append(cache, 0, 5);
   const std::vector<float> step_keys = {100, 0, 100, 0};
   st.n_new = 1;
   st.pre_rope_keys = step_keys.data();
-  p->on_decode_layer(st, cache);
+  decode_layer(*p, st, cache);
   EXPECT_EQ(cache.length(0, cache_head), before + 1);
   V pos = positions(cache, 0, cache_head);
   pos.pop_back();  // the decode token
@@ -401,7 +401,7 @@ std::vector<V> random_prefill(uint64_t seed) {
   LayerStats st;
   st.n_new = 20;
   st.num_heads = 2;
-  p->on_prefill_layer(st, cache);
+  prefill_layer(*p, st, cache);
   return {positions(cache, 0, 0), positions(cache, 0, 1)};
 }
 
@@ -425,7 +425,7 @@ TEST(Random, SeededReproducibleAndWithinBudget) {
     std::vector<V> trace;
     for (int32_t t = 0; t < 40; ++t) {
       append(cache, 0, t);
-      p->on_decode_layer(st, cache);
+      decode_layer(*p, st, cache);
       EXPECT_EQ(cache.length(0, 0), std::min(t + 1, 5));
       trace.push_back(positions(cache, 0, 0));
     }

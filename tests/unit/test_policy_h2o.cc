@@ -55,13 +55,13 @@ TEST(H2O, PrefillAndBothCandidateRules) {
     auto p = make(4, {{"candidates", rule}});
     kernels::KvCache cache = cache_with(6);
     std::vector<float> cs = {5, 1, 4, 2, 0.5f, 9};
-    p->on_prefill_layer(stats(cs, 6), cache);
+    prefill_layer(*p, stats(cs, 6), cache);
     EXPECT_EQ(positions(cache), (std::vector<int>{0, 2, 4, 5}));
     EXPECT_EQ(p->state_bytes(), 4 * sizeof(float));
     float kv = 6;
     cache.append(0, 0, &kv, &kv, 6);
     std::vector<float> probs = {0.1f, 0.1f, 0.1f, 0.1f, 0.6f};
-    p->on_decode_layer(stats(probs, 1), cache);
+    decode_layer(*p, stats(probs, 1), cache);
     if (rule == "heavy_and_leaving") {
       EXPECT_EQ(positions(cache), (std::vector<int>{0, 2, 5, 6}));
     } else {
@@ -75,12 +75,12 @@ TEST(H2O, TiesEvictTheOlder) {
   auto p = make(2, {{"heavy_fraction", "0.5"}});  // heavy 1, recent 1
   kernels::KvCache cache = cache_with(3);
   std::vector<float> cs = {2, 2, 1};  // heavy candidates 0 and 1 tie: keep 1 (more recent)
-  p->on_prefill_layer(stats(cs, 3), cache);
+  prefill_layer(*p, stats(cs, 3), cache);
   EXPECT_EQ(positions(cache), (std::vector<int>{1, 2}));
   float kv = 3;
   cache.append(0, 0, &kv, &kv, 3);
   std::vector<float> probs = {0.5f, 1.5f, 0.0f};  // scores (2.5, 2.5, 0): candidates 1, 2 -> tie
-  p->on_decode_layer(stats(probs, 1), cache);
+  decode_layer(*p, stats(probs, 1), cache);
   EXPECT_EQ(positions(cache), (std::vector<int>{2, 3}));
 }
 
@@ -90,12 +90,12 @@ TEST(H2O, GqaMeanOfQueryHeads) {
   kernels::KvCache cache = cache_with(4);
   // Query head 0 favours position 0 (4 vs 1), head 1 favours 1 (0 vs 5): means 2 vs 3 -> keep 1.
   std::vector<float> cs = {4, 1, 0, 0, /*head 1*/ 0, 5, 0, 0};
-  p->on_prefill_layer(stats(cs, 4, 2), cache);
+  prefill_layer(*p, stats(cs, 4, 2), cache);
   EXPECT_EQ(positions(cache), (std::vector<int>{1, 3}));
   auto pmax = make(2, {{"heavy_fraction", "0.5"}, {"gqa_reduce", "max"}}, 2);
   kernels::KvCache c2 = cache_with(4);
   std::vector<float> cs2 = {4, 1, 0, 0, 0, 3, 0, 0};  // max: 4 vs 3 -> keep 0
-  pmax->on_prefill_layer(stats(cs2, 4, 2), c2);
+  prefill_layer(*pmax, stats(cs2, 4, 2), c2);
   EXPECT_EQ(positions(c2), (std::vector<int>{0, 3}));
 }
 
@@ -104,7 +104,7 @@ TEST(H2O, NoCompressionAtOrBelowBudget) {
   auto p = make(4, {});
   kernels::KvCache cache = cache_with(4);
   std::vector<float> cs = {1, 2, 3, 4};
-  p->on_prefill_layer(stats(cs, 4), cache);
+  prefill_layer(*p, stats(cs, 4), cache);
   EXPECT_EQ(positions(cache), (std::vector<int>{0, 1, 2, 3}));
 }
 

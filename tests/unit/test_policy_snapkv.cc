@@ -99,7 +99,7 @@ V snap_single(const Opts& opts, const std::vector<float>& x) {
   }
   probs.set(0, 0, doubled);
   probs.set(0, 1, nothing);
-  p->on_prefill_layer(probs.stats(0), cache);
+  prefill_layer(*p, probs.stats(0), cache);
   EXPECT_EQ(family(*p).head_budgets(0), (V{2}));
   return kept_positions(cache, 0, 0);
 }
@@ -145,7 +145,7 @@ TEST(SnapKv, WindowIsKeptEvenWithoutAttention) {
   auto cache = filled_cache(1, 1, 10);
   Probs probs(1, 2, 10);
   probs.set_all(0, {0.6f, 0.4f, 0, 0, 0, 0, 0, 0, 0, 0});
-  p->on_prefill_layer(probs.stats(0), cache);
+  prefill_layer(*p, probs.stats(0), cache);
   EXPECT_EQ(kept_positions(cache, 0, 0), (V{0, 1, 8, 9}));
   EXPECT_EQ(family(*p).head_budgets(0), (V{2}));
 }
@@ -164,7 +164,7 @@ TEST(SnapKv, PromptWithinBudgetIsNotCompressed) {
     auto cache = filled_cache(2, 3, 10);
     Probs probs(3, 2, 10);
     for (int q = 0; q < 3; ++q) probs.set_all(q, {0.5f, 0, 0, 0, 0, 0, 0, 0, 0.3f, 0.2f});
-    for (int l = 0; l < 2; ++l) p->on_prefill_layer(probs.stats(l), cache);
+    for (int l = 0; l < 2; ++l) prefill_layer(*p, probs.stats(l), cache);
     for (int l = 0; l < 2; ++l) {
       EXPECT_EQ(family(*p).head_budgets(l), (V{8, 8, 8})) << name;
       for (int h = 0; h < 3; ++h) EXPECT_EQ(cache.length(l, h), 10) << name;
@@ -175,7 +175,7 @@ TEST(SnapKv, PromptWithinBudgetIsNotCompressed) {
   auto cache = filled_cache(1, 1, 11);
   Probs probs(1, 2, 11);
   probs.set_all(0, std::vector<float>(11, 0.1f));
-  p->on_prefill_layer(probs.stats(0), cache);
+  prefill_layer(*p, probs.stats(0), cache);
   EXPECT_EQ(kept_positions(cache, 0, 0), (V{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
   EXPECT_EQ(family(*p).head_budgets(0), (V{8}));
 }
@@ -192,7 +192,7 @@ TEST(SnapKv, GqaMeanIsTakenBeforePooling) {
     probs.set_all(1, {0, 0, 0.9f, 0, 0.5f, 0, 0, 0});
     probs.set_all(2, {0.7f, 0, 0, 0, 0, 0, 0, 0});
     probs.set_all(3, {0.7f, 0, 0, 0, 0, 0, 0, 0});
-    p->on_prefill_layer(probs.stats(0), cache);
+    prefill_layer(*p, probs.stats(0), cache);
     return std::vector<V>{kept_positions(cache, 0, 0), kept_positions(cache, 0, 1)};
   };
   // KV head 0, mean then pool: [.45 0 .45 0 .5 0 0] -> [.45 .45 .45 .5 .5 .5 0] -> slot 5.
@@ -212,7 +212,7 @@ TEST(SnapKv, GqaExpandDecidesPerQueryHead) {
   Probs probs(2, 1, 8);
   probs.set_all(0, {0.9f, 0, 0, 0, 0.5f, 0, 0, 0});  // pooled [.9 .9 0 .5 .5 .5 0] -> 1
   probs.set_all(1, {0, 0, 0.9f, 0, 0.5f, 0, 0, 0});  // pooled [0 .9 .9 .9 .5 .5 0] -> 3
-  p->on_prefill_layer(probs.stats(0), cache);
+  prefill_layer(*p, probs.stats(0), cache);
   EXPECT_EQ(kept_positions(cache, 0, 0), (V{1, 7}));
   EXPECT_EQ(kept_positions(cache, 0, 1), (V{3, 7}));
 }
@@ -231,7 +231,7 @@ std::vector<V> pyramid_run(const std::string& name, int n, const Opts& extra, Po
   probs.set_all(0, row);
   std::vector<V> kept;
   for (int l = 0; l < 4; ++l) {
-    holder->on_prefill_layer(probs.stats(l), cache);
+    prefill_layer(*holder, probs.stats(l), cache);
     kept.push_back(kept_positions(cache, l, 0));
   }
   return kept;
@@ -283,7 +283,7 @@ std::unique_ptr<Policy> ada_three_heads(const Opts& extra, kernels::KvCache& cac
   probs.set_all(0, {0.9f, 0.8f, 0.85f, 0.7f, 0.75f, 0.65f, 0.6f, 0.95f, 0.1f, 0.05f, 0, 0});
   probs.set_all(1, {0.2f, 0.88f, 0.02f, 0.03f, 0.5f, 0.01f, 0.04f, 0.02f, 0.55f, 0.03f, 0, 0});
   probs.set_all(2, {0.01f, 0.03f, 0.02f, 0.01f, 0.02f, 0.01f, 0.99f, 0.01f, 0.02f, 0.03f, 0, 0});
-  p->on_prefill_layer(probs.stats(0), cache);
+  prefill_layer(*p, probs.stats(0), cache);
   return p;
 }
 
@@ -335,7 +335,7 @@ TEST(AdaPyramidKv, PyramidBaseThenAdaptiveSplit) {
   }
   probs.set_all(0, strong);
   probs.set_all(1, weak);
-  for (int l = 0; l < 2; ++l) p->on_prefill_layer(probs.stats(l), cache);
+  for (int l = 0; l < 2; ++l) prefill_layer(*p, probs.stats(l), cache);
   // Layer 0: top 12 = head 0's 10 + head 1's 2: B = round(5 + 3), round(1 + 3) = 8, 4.
   EXPECT_EQ(family(*p).head_budgets(0), (V{8, 4}));
   EXPECT_EQ(kept_positions(cache, 0, 0), (V{0, 1, 2, 3, 4, 5, 6, 7, 10, 11}));
@@ -357,7 +357,7 @@ TEST(SnapKvFamily, DecodeDoesNotEvict) {
     st.layer = 0;
     st.n_new = 1;
     st.num_heads = 3;
-    p->on_decode_layer(st, cache);
+    decode_layer(*p, st, cache);
   }
   EXPECT_EQ(cache.length(0, 0), 8 + 3);
   EXPECT_EQ(cache.length(0, 1), 6 + 3);

@@ -369,7 +369,7 @@ struct Rig {
     std::vector<float> out(q.size());
     policies::AttendArgs a{0,        n,          heads,  dim, 1.0f / std::sqrt(float(dim)),
                            q.data(), out.data(), prefill};
-    policy->attend(a, cache);
+    attend_layer(*policy, a, cache);
     cache.advance_position(n);
     return out;
   }
@@ -511,14 +511,14 @@ struct LineRig {
     st.layer = 0;
     st.n_new = n;
     st.num_heads = 1;
-    policy->on_prefill_layer(st, cache);
+    prefill_layer(*policy, st, cache);
   }
   void decode_hook() {
     policies::LayerStats st;
     st.layer = 0;
     st.n_new = 1;
     st.num_heads = 1;
-    policy->on_decode_layer(st, cache);
+    decode_layer(*policy, st, cache);
   }
 };
 
@@ -573,7 +573,7 @@ TEST(SubgenKCenterPolicy, ClusterSizeWeightsTheCentresLogits) {
   for (int i = 0; i < 9; ++i) q[i * 2] = 0.05f * i, q[i * 2 + 1] = 0.5f;
   std::vector<float> ref(q.size()), out(q.size());
   cpu::attention({ref.data(), q.data(), r.cache.layer(0), 9, 1, 1.0f});
-  r.policy->attend({0, 9, 1, 2, 1.0f, q.data(), out.data(), true}, r.cache);
+  attend_layer(*r.policy, {0, 9, 1, 2, 1.0f, q.data(), out.data(), true}, r.cache);
   r.cache.advance_position(9);
   EXPECT_EQ(out, ref);
   EXPECT_EQ(r.positions(), (P{0, 3, 5, 6, 7, 8}));
@@ -582,7 +582,7 @@ TEST(SubgenKCenterPolicy, ClusterSizeWeightsTheCentresLogits) {
   r.add(40.0f);
   const float qd[] = {0.1f, 0.0f};
   float o[2];
-  r.policy->attend({0, 1, 1, 2, 1.0f, qd, o, false}, r.cache);
+  attend_layer(*r.policy, {0, 1, 1, 2, 1.0f, qd, o, false}, r.cache);
   r.cache.advance_position(1);
   const double xs[] = {0, 10, 20, 30, 31, 32, 40}, logs[] = {std::log(3.0), std::log(2.0)};
   double num0 = 0, num1 = 0, den = 0;

@@ -1,10 +1,7 @@
-// Host-side bookkeeping of the GPU engine's host mirror (cuda_engine.h), device-agnostic so that
-// it is built and unit-tested everywhere (tests/unit/test_mirror_sync.cc):
-//  - keep-lists: a policy hook edits one layer of the mirror with KvCache::keep_slots; the
-//    device cache must apply the same edit. Slots of a head are in increasing position order
-//    and positions are unique, so the kept slot indices follow from the positions before and
-//    after the hook by a merge.
-//  - fingerprints: whether a host cache is still the one the device holds.
+// Host-side bookkeeping of the GPU backend's host mirror (cuda_backend.h), device-agnostic so that
+// it is built and unit-tested everywhere (tests/unit/test_mirror_sync.cc): fingerprints tell
+// whether a host cache is still the one the device holds. (Keep-lists no longer need deriving:
+// policies hand the engine eviction plans, kernels/eviction_plan.h.)
 #pragma once
 
 #include <cstddef>
@@ -14,20 +11,6 @@
 #include "kernels/kv_cache.h"
 
 namespace kvb::engine {
-
-// The positions of every head of one layer: head h holds pos[off[h] .. off[h + 1]).
-struct LayerPositions {
-  std::vector<int32_t> pos;
-  std::vector<size_t> off;
-};
-void snapshot_positions(kernels::KvCache& cache, int layer, LayerPositions* out);
-
-// Per-head kept slot lists turning the layer as `before` into the layer of `after`:
-// slots[h * ld + j], j < counts[h] (unchanged heads get their identity list). Returns false,
-// leaving the outputs alone, when no head changed length. Throws kvb::Error when `after`
-// holds a position that `before` did not (keep_slots only removes).
-bool derive_keep_lists(const LayerPositions& before, kernels::KvCache& after, int layer,
-                       std::vector<int32_t>* slots, std::vector<int32_t>* counts, int* ld);
 
 // What identifies a cache's state cheaply: its address, next position, every head's length,
 // last position and last key row. Equal fingerprints with a cache that the caller did not

@@ -1,0 +1,117 @@
+// The seam between the transformer block stack, written once (block_stack.h), and where it runs
+// (issue 13 "One block stack"): a Backend owns the weights as it stores them, the activations of
+// one forward pass, and the device side of a sequence's KV cache; the stack sequences its ops,
+// decides everything that depends on the host-known cache index (lengths, positions, strides),
+// and runs the policy hooks. Two instances: CpuBackend (cpu_backend.h, the f32 reference,
+// tensor-parallel collectives included) and CudaBackend (cuda_backend.h, one GPU).
+//
+// Activations are [n, width] f32 row-major buffers named by Act; their widths are the model's
+// (kX, kXb, kProj: dim; kQ, kAtt: num_heads * head_dim; kK, kV: num_kv_heads * head_dim; kGate,
+// kUp: hidden_dim). They live where the backend computes (host vectors, device buffers) and are
+// valid from begin_pass() to the next begin_pass(). Every op is ordered after the previous one
+// (the CUDA instance enqueues on one stream; host-visible results are named as such).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/eviction_plan.h"
+#include "kernels/kv_cache.h"
+#include "kernels/policies/policy.h"
+
+namespace kvb::engine {
+
+enum class Act { kX, kXb, kQ, kK, kV, kAtt, kProj, kGate, kUp };
+// A layer's matrices by role; kWq, kWk, kWv carry the layer's bias when the model has one.
+enum class Mat { kWq, kWk, kWv, kWo, kGate, kUp, kDown };
+enum class Norm { kAttn, kFfn };
+
+// What a backend moved between host and device and how often it waited for the device, since
+// construction (the CPU backend moves nothing). The costs the issue asks to make countable:
+// a decode step that copies statistics or K/V rows to the host, or syncs per layer, shows here.
+struct TransferCounters {
+  int64_t d2h_copies = 0;
+  int64_t h2d_copies = 0;
+  int64_t stream_syncs = 0;
+  size_t d2h_bytes = 0;
+  size_t h2d_bytes = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", or the GPU's name, for the run's provenance.
+  virtual std::string device_description() const = 0;
+  virtual size_t device_peak_bytes() const { return 0; }
+  // K/V bytes of `cache` as this backend stores it (EngineBase::kv_logical_bytes).
+  virtual size_t kv_logical_bytes(const kernels::KvCache& cache) const {
+    return cache.logical_bytes();
+  }
+  virtual size_t kv_physical_bytes(const kernels::KvCache& cache) const {
+    return cache.physical_bytes();
+  }
+  virtual TransferCounters counters() const { return {}; }
+  // Whether a policy that replaces attention (Policy::attend on host K/V) can run here.
+  virtual bool runs_replaced_attention() const = 0;
+  // Tensor-parallel collectives sit behind reduce_add().
+
+  // --- one forward pass of n tokens ---
+  // Sizes the activations for n = tokens.size() rows, embeds the tokens (ids already validated)
+  // into kX and takes positions[0, n) as the pass's positions. `cache` already has room for n
+  // more slots per head (KvCache::reserve_extra); the backend makes its storage hold the cache.
+  virtual void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
+                          kernels::KvCache& cache) = 0;
+  // out[r] = rmsnorm(in[r]) * weight for rows [row0, row0 + rows); out's rows start at 0.
+  // layer < 0 selects the final norm.
+  virtual void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) = 0;
+  // out = in x W^T (+ bias) over n rows.
+  virtual void linear(Act out, Act in, int layer, Mat which, int n) = 0;
+  // x += y over n rows of dim, after summing y over the tensor-parallel group (row-parallel
+  // projections: each rank's product is a partial sum).
+  virtual void reduce_add(Act x, Act y, int n) = 0;
+  // kGate = silu(kGate) * kUp over n rows.
+  virtual void swiglu(int n) = 0;
+  // Rotates `heads` heads of n rows of `a` by the pass's positions.
+  virtual void rope(Act a, int heads, int n) = 0;
+  // Rotates `rows` rows of one head of `a` ([rows, head_dim]) by positions[r] (host array).
+  virtual void rope_rows(Act a, const int32_t* positions, int rows) = 0;
+  // Copies `count` floats of `a` to the host (synchronous; host-visible on return).
+  virtual void download(Act a, size_t count, float* dst) = 0;
+
+  // Appends the pass's n new K/V rows (kK post-RoPE, or raw for rolling positions; kV) to every
+  // head of `layer` at the pass's positions; a cache of num_heads heads (GQA expanded) takes a
+  // copy per query head.
+  virtual void append_kv(int layer, int n, kernels::KvCache& cache) = 0;
+  // The next attention() on `layer` reads the keys rotated by their slot index (rolling
+  // positions) instead of the stored ones; the cache keeps them raw.
+  virtual void roll_keys(int layer, kernels::KvCache& cache) = 0;
+  // kAtt = causal attention of kQ over the layer's cache (query i of n sees slots
+  // [0, length - n + i] of its KV head). With col_sums / last_w > 0, the statistics of
+  // POLICIES.md into rows of `stride` entries: stats->col_sums, stats->last_probs, stats->last_w
+  // are set (pointers where the backend computed them: call stats_to_host before a host reads).
+  virtual void attention(int layer, int n, float scale, kernels::KvCache& cache, bool col_sums,
+                         int last_w, int stride, policies::LayerStats* stats) = 0;
+  // Makes stats' statistics host-readable (pointers replaced by host copies); returns the
+  // milliseconds spent (0 where they already are).
+  virtual double stats_to_host(policies::LayerStats* stats) = 0;
+  // A policy's replacement attention (runs_replaced_attention()): q and out are kQ and kAtt;
+  // the policy's eviction plan for the layer goes into *plan (applied by the caller).
+  virtual void attend_replaced(policies::Policy& policy, policies::AttendArgs args,
+                               const kernels::KvCache& cache, kernels::EvictionPlan* plan) = 0;
+  // Applies a policy's plan for one layer to the host cache (index) and the backend's storage
+  // together (on the CPU the host cache is the storage).
+  virtual void apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache& cache) = 0;
+  // After the last layer: the backend's storage has advanced by n positions.
+  virtual void end_layers(int n) { (void)n; }
+  // logits ([rows, vocab], host) = classifier(final-normed kXb rows [0, rows)).
+  virtual void classify(int rows, std::vector<float>* logits) = 0;
+  // End of the pass: host-visible results (logits) are complete; `cache` is what the storage
+  // holds.
+  virtual void end_pass(kernels::KvCache& cache) { (void)cache; }
+};
+
+}  // namespace kvb::engine

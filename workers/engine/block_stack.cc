@@ -1,0 +1,228 @@
+// StackEngine: the block stack of block_stack.h over a Backend.
+#include "workers/engine/block_stack.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace kvb::engine {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+}  // namespace
+
+StackEngine::StackEngine(const Model& model, std::unique_ptr<Backend> backend,
+                         kernels::Communicator* tp)
+    : model_(model), backend_(std::move(backend)), tp_(tp && tp->size() > 1 ? tp : nullptr) {
+  KVB_CHECK(backend_ != nullptr) << "engine without a backend";
+}
+
+kernels::KvCache StackEngine::new_cache(int initial_capacity,
+                                        const policies::Policy* policy) const {
+  const ModelConfig& c = model_.config;
+  const int heads = policy && policy->gqa_expand() ? c.num_heads : c.num_kv_heads;
+  return kernels::KvCache({c.num_layers, heads, c.head_dim}, initial_capacity);
+}
+
+void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
+                          LogitsMode mode, std::vector<float>* logits, policies::Policy* policy,
+                          PolicyHook hook, PrefillRecord* record) {
+  const ModelConfig& c = model_.config;
+  const int n = static_cast<int>(tokens.size());
+  KVB_CHECK(n > 0) << "forward: no tokens";
+  KVB_USAGE_CHECK(!policy || !policy->replaces_attention() || backend_->runs_replaced_attention())
+      << "policy " << policy->config().name
+      << " replaces the engine's attention (SubGen's estimator); it runs on --device cpu only";
+  Backend& be = *backend_;
+  const int32_t pos0 = cache.next_position();
+  pos_.resize(n);
+  for (int t = 0; t < n; ++t) {
+    const int32_t id = tokens[t];
+    KVB_CHECK(id >= 0 && id < c.vocab_size)
+        << "token id " << id << " at index " << t << " outside the vocabulary [0, "
+        << c.vocab_size << ")";
+    pos_[t] = pos0 + t;
+  }
+  cache.reserve_extra(n);
+  be.begin_pass(tokens, pos_.data(), cache);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const policies::StatsRequest req =
+      forward_stats_request(n, cache, c.num_layers, policy, &hook, record, &prefills_);
+  const int last_w = std::min(req.last_w, n);
+  const size_t kv_elems = static_cast<size_t>(n) * c.num_kv_heads * c.head_dim;
+
+  for (int l = 0; l < c.num_layers; ++l) {
+    be.rmsnorm(Act::kXb, Act::kX, l, Norm::kAttn, 0, n);
+    be.linear(Act::kQ, Act::kXb, l, Mat::kWq, n);
+    be.linear(Act::kK, Act::kXb, l, Mat::kWk, n);
+    be.linear(Act::kV, Act::kXb, l, Mat::kWv, n);
+    if (req.pre_rope_keys) {
+      pre_rope_k_.resize(kv_elems);
+      be.download(Act::kK, kv_elems, pre_rope_k_.data());
+    }
+    attend_layer(l, n, cache, policy, hook, req, last_w, scale, record);
+    be.linear(Act::kProj, Act::kAtt, l, Mat::kWo, n);
+    be.reduce_add(Act::kX, Act::kProj, n);
+
+    be.rmsnorm(Act::kXb, Act::kX, l, Norm::kFfn, 0, n);
+    be.linear(Act::kGate, Act::kXb, l, Mat::kGate, n);
+    be.linear(Act::kUp, Act::kXb, l, Mat::kUp, n);
+    be.swiglu(n);
+    be.linear(Act::kProj, Act::kGate, l, Mat::kDown, n);
+    be.reduce_add(Act::kX, Act::kProj, n);
+  }
+  cache.advance_position(n);
+  be.end_layers(n);
+
+  if (mode != LogitsMode::kNone) {
+    KVB_CHECK(logits != nullptr) << "forward: logits requested into a null vector";
+    const int first = mode == LogitsMode::kLast ? n - 1 : 0;
+    be.rmsnorm(Act::kXb, Act::kX, -1, Norm::kAttn, first, n - first);
+    be.classify(n - first, logits);
+  }
+  be.end_pass(cache);
+}
+
+void StackEngine::run_hook(int layer, kernels::KvCache& cache,
+                           const std::function<void(kernels::EvictionPlan&)>& hook) {
+  const auto t0 = Clock::now();
+  plan_.reset(layer, cache.shape().num_kv_heads);
+  hook(plan_);
+  backend_->apply_plan(plan_, cache);
+  policy_ms_ += ms_since(t0);
+}
+
+void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Policy* policy,
+                               PolicyHook hook, const policies::StatsRequest& req, int last_w,
+                               float scale, PrefillRecord* record) {
+  const ModelConfig& c = model_.config;
+  Backend& be = *backend_;
+  const int ckv = cache.shape().num_kv_heads;  // num_kv_heads, or num_heads when GQA is expanded
+  KVB_CHECK(ckv == c.num_kv_heads || ckv == c.num_heads)
+      << "cache has " << ckv << " KV heads; the model " << c.num_kv_heads << " (or " << c.num_heads
+      << " expanded)";
+  const bool rolling = policy && policy->rolling_positions();
+  // New K/V into the cache (expanded caches get a copy per query head).
+  if (!rolling) be.rope(Act::kK, c.num_kv_heads, n);
+  be.append_kv(l, n, cache);
+  policies::LayerStats stats;
+  stats.layer = l;
+  stats.n_new = n;
+  stats.num_heads = c.num_heads;
+  stats.pre_rope_keys = req.pre_rope_keys ? pre_rope_k_.data() : nullptr;
+  if (hook == PolicyHook::kDecode && policy->evict_before_attention()) {
+    run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });
+    hook = PolicyHook::kNone;
+  }
+
+  if (rolling) {
+    // Positions are indices in the cache: query i of the block sits at len - n + i of its head;
+    // keys are rotated by their slot index for this attention (the cache keeps them raw).
+    const int cache_group = c.num_heads / ckv;
+    qpos_.resize(static_cast<size_t>(n) * c.num_heads);
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < c.num_heads; ++h) {
+        qpos_[static_cast<size_t>(t) * c.num_heads + h] =
+            cache.length(l, h / cache_group) - n + t;
+      }
+    }
+    be.rope_rows(Act::kQ, qpos_.data(), n * c.num_heads);
+    be.roll_keys(l, cache);
+  } else {
+    be.rope(Act::kQ, c.num_heads, n);
+  }
+
+  if (policy && policy->replaces_attention()) {
+    policies::AttendArgs a;
+    a.layer = l;
+    a.n = n;
+    a.num_heads = c.num_heads;
+    a.head_dim = c.head_dim;
+    a.scale = scale;
+    a.prefill = hook == PolicyHook::kPrefill;
+    plan_.reset(l, ckv);
+    be.attend_replaced(*policy, a, cache, &plan_);
+    be.apply_plan(plan_, cache);
+    return;
+  }
+  bool col_sums = false;
+  int stat_rows_w = 0, stride = 0;
+  if (hook != PolicyHook::kNone || record) {
+    for (int h = 0; h < ckv; ++h) stride = std::max(stride, cache.length(l, h));
+    col_sums = req.col_sums;
+    stat_rows_w = last_w;
+    stats.stride = stride;
+  }
+  be.attention(l, n, scale, cache, col_sums, stat_rows_w, stride, &stats);
+  if (stats.col_sums || stats.last_probs) {
+    // The statistics where the hook (host code) reads them; on a device, eviction overhead.
+    const double ms = be.stats_to_host(&stats);
+    if (hook != PolicyHook::kNone) policy_ms_ += ms;
+  }
+  if (record) {
+    const size_t rows = static_cast<size_t>(c.num_heads) * stride;
+    record->strides[l] = stride;
+    if (stats.col_sums) record->col_sums[l].assign(stats.col_sums, stats.col_sums + rows);
+    if (stats.last_probs) {
+      record->last_probs[l].assign(stats.last_probs, stats.last_probs + rows * stats.last_w);
+    }
+    if (req.pre_rope_keys) record->pre_rope_keys[l] = pre_rope_k_;
+  }
+  // The layer's output used the full cache; the policy's decision shapes what later steps see.
+  if (hook == PolicyHook::kPrefill) {
+    run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_prefill_layer(stats, cache, p); });
+  } else if (hook == PolicyHook::kDecode) {
+    run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });
+  }
+}
+
+bool can_share_prefill(const policies::Policy& policy) {
+  return policy.prefill_mode() == policies::PrefillMode::kOneshot && !policy.gqa_expand() &&
+         !policy.rolling_positions() && !policy.replaces_attention();
+}
+
+void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
+                                         const PrefillRecord& rec) {
+  KVB_CHECK(can_share_prefill(policy)) << "policy cannot use a shared prefill";
+  const ModelConfig& c = model_.config;
+  const int n = rec.n_new;
+  const policies::StatsRequest req = policy.prefill_request(n);
+  const int w = std::min(req.last_w, n);
+  KVB_CHECK((!req.col_sums || !rec.col_sums[0].empty()) && w <= rec.last_w &&
+            (!req.pre_rope_keys || !rec.pre_rope_keys[0].empty()))
+      << "the recorded prefill lacks statistics this policy needs";
+  const auto t0 = Clock::now();
+  for (int l = 0; l < c.num_layers; ++l) {
+    const int stride = rec.strides[l];
+    policies::LayerStats st;
+    st.layer = l;
+    st.n_new = n;
+    st.num_heads = c.num_heads;
+    st.stride = stride;
+    st.col_sums = req.col_sums ? rec.col_sums[l].data() : nullptr;
+    if (w > 0) {
+      // The policy's last w rows of the recorded last_w rows, per head.
+      slice_.resize(static_cast<size_t>(c.num_heads) * w * stride);
+      for (int h = 0; h < c.num_heads; ++h) {
+        const float* src =
+            &rec.last_probs[l][(static_cast<size_t>(h) * rec.last_w + (rec.last_w - w)) * stride];
+        std::copy(src, src + static_cast<size_t>(w) * stride,
+                  &slice_[static_cast<size_t>(h) * w * stride]);
+      }
+      st.last_probs = slice_.data();
+      st.last_w = w;
+    }
+    st.pre_rope_keys = req.pre_rope_keys ? rec.pre_rope_keys[l].data() : nullptr;
+    plan_.reset(l, cache.shape().num_kv_heads);
+    policy.on_prefill_layer(st, cache, plan_);
+    cache.apply(plan_);
+  }
+  policy_ms_ += ms_since(t0);
+}
+
+}  // namespace kvb::engine

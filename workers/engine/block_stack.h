@@ -1,0 +1,79 @@
+// The transformer forward pass written once (issue 13 "One block stack"), over a Backend
+// (backend.h): Llama-family blocks RMSNorm -> QKV (+bias) -> RoPE (or rolling positions) ->
+// GQA causal attention with the statistics a policy asked for (or the policy's replacement) ->
+// the policy hook -> output projection -> residual -> RMSNorm -> SwiGLU MLP -> residual; final
+// RMSNorm and the (possibly tied) classifier. Engine (forward.h) runs it on the CPU, CudaEngine
+// (cuda_engine.h) on a GPU. Everything that depends on the cache index (lengths, positions,
+// statistics strides, which hook runs, prefill records) is decided here, on the host.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/kv_cache.h"
+#include "kernels/policies/policy.h"
+#include "workers/engine/backend.h"
+#include "workers/engine/engine_base.h"
+#include "workers/engine/model.h"
+
+namespace kvb::engine {
+
+class StackEngine : public EngineBase {
+ public:
+  const Model& model() const override { return model_; }
+  kernels::Communicator* tp() const override { return tp_; }
+  // Milliseconds spent inside policy hooks (scoring, selection, compaction) since construction,
+  // plus, on a device, the copies of the statistics the hooks read and the storage's compaction.
+  double policy_ms() const override { return policy_ms_; }
+  int64_t prefills() const override { return prefills_; }
+  std::string device_description() const override { return backend_->device_description(); }
+  size_t device_peak_bytes() const override { return backend_->device_peak_bytes(); }
+  size_t kv_logical_bytes(const kernels::KvCache& cache) const override {
+    return backend_->kv_logical_bytes(cache);
+  }
+  size_t kv_physical_bytes(const kernels::KvCache& cache) const override {
+    return backend_->kv_physical_bytes(cache);
+  }
+  // Host<->device copies and stream syncs since construction (zero on the CPU).
+  TransferCounters transfer_counters() const { return backend_->counters(); }
+
+  kernels::KvCache new_cache(int initial_capacity = 0,
+                             const policies::Policy* policy = nullptr) const override;
+  void forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
+               std::vector<float>* logits, policies::Policy* policy = nullptr,
+               PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr) override;
+  // Host code on the host cache (a device backend picks the compressed cache up at its next
+  // pass).
+  void apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
+                              const PrefillRecord& record) override;
+
+ protected:
+  // `model` and `tp` must outlive the engine; the backend is the engine's.
+  StackEngine(const Model& model, std::unique_ptr<Backend> backend, kernels::Communicator* tp);
+  Backend& backend() const { return *backend_; }
+
+ private:
+  // One layer's K/V append, attention (or the policy's replacement) and policy hook.
+  void attend_layer(int layer, int n, kernels::KvCache& cache, policies::Policy* policy,
+                    PolicyHook hook, const policies::StatsRequest& req, int last_w, float scale,
+                    PrefillRecord* record);
+  // Runs `hook` to fill the layer's plan and applies it (timed as policy_ms).
+  void run_hook(int layer, kernels::KvCache& cache,
+                const std::function<void(kernels::EvictionPlan&)>& hook);
+
+  const Model& model_;
+  std::unique_ptr<Backend> backend_;
+  kernels::Communicator* tp_ = nullptr;
+  double policy_ms_ = 0;
+  int64_t prefills_ = 0;
+  std::vector<int32_t> pos_, qpos_;    // [n] positions of the pass; [n, num_heads] rolling
+  std::vector<float> pre_rope_k_;      // [n, kv_dim] when a policy asked for pre-RoPE keys
+  std::vector<float> slice_;           // apply_recorded_prefill: last-w rows of one policy
+  kernels::EvictionPlan plan_;         // the current hook's decision
+};
+
+}  // namespace kvb::engine

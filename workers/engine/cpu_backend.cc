@@ -1,0 +1,180 @@
+// CpuBackend: the block stack's ops on the CPU (f32, OpenMP), over the host KvCache.
+#include "workers/engine/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+
+namespace kvb::engine {
+
+namespace cpu = kvb::kernels::cpu;
+
+CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp)
+    : model_(model), tp_(tp && tp->size() > 1 ? tp : nullptr) {}
+
+std::vector<float>& CpuBackend::buf(Act a) {
+  switch (a) {
+    case Act::kX: return x_;
+    case Act::kXb: return xb_;
+    case Act::kQ: return q_;
+    case Act::kK: return k_;
+    case Act::kV: return v_;
+    case Act::kAtt: return att_;
+    case Act::kProj: return proj_;
+    case Act::kGate: return gate_;
+    case Act::kUp: return up_;
+  }
+  KVB_FAIL() << "unknown activation " << static_cast<int>(a);
+}
+
+void CpuBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
+                            kernels::KvCache& cache) {
+  (void)cache;  // the host cache is the storage
+  const ModelConfig& c = model_.config;
+  const size_t N = tokens.size();
+  const int D = c.dim, H = c.hidden_dim, hd = c.head_dim;
+  const size_t QD = static_cast<size_t>(c.num_heads) * hd, KVD = static_cast<size_t>(c.num_kv_heads) * hd;
+  x_.resize(N * D);
+  xb_.resize(N * D);
+  q_.resize(N * QD);
+  k_.resize(N * KVD);
+  v_.resize(N * KVD);
+  att_.resize(N * QD);
+  proj_.resize(N * D);
+  gate_.resize(N * H);
+  up_.resize(N * H);
+  for (size_t t = 0; t < N; ++t) {
+    std::memcpy(&x_[t * D], &model_.token_embedding[tokens[t] * static_cast<size_t>(D)],
+                D * sizeof(float));
+  }
+  pos_ = positions;
+  rolled_layer_ = -1;
+}
+
+void CpuBackend::rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) {
+  const ModelConfig& c = model_.config;
+  const std::vector<float>& w = layer < 0                ? model_.final_norm
+                                : which == Norm::kAttn ? model_.layers[layer].attn_norm
+                                                       : model_.layers[layer].ffn_norm;
+  cpu::rmsnorm(buf(out).data(), buf(in).data() + static_cast<size_t>(row0) * c.dim, w.data(),
+               rows, c.dim, c.norm_eps);
+}
+
+void CpuBackend::linear(Act out, Act in, int layer, Mat which, int n) {
+  const ModelConfig& c = model_.config;
+  const LayerWeights& w = model_.layers[layer];
+  const int D = c.dim, H = c.hidden_dim;
+  const int QD = c.num_heads * c.head_dim, KVD = c.num_kv_heads * c.head_dim;
+  auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  float* y = buf(out).data();
+  const float* x = buf(in).data();
+  switch (which) {
+    case Mat::kWq: return cpu::matmul(y, x, w.wq.data(), bias(w.bq), n, D, QD);
+    case Mat::kWk: return cpu::matmul(y, x, w.wk.data(), bias(w.bk), n, D, KVD);
+    case Mat::kWv: return cpu::matmul(y, x, w.wv.data(), bias(w.bv), n, D, KVD);
+    case Mat::kWo: return cpu::matmul(y, x, w.wo.data(), nullptr, n, QD, D);
+    case Mat::kGate: return cpu::matmul(y, x, w.w_gate.data(), nullptr, n, D, H);
+    case Mat::kUp: return cpu::matmul(y, x, w.w_up.data(), nullptr, n, D, H);
+    case Mat::kDown: return cpu::matmul(y, x, w.w_down.data(), nullptr, n, H, D);
+  }
+}
+
+void CpuBackend::reduce_add(Act x, Act y, int n) {
+  const size_t count = static_cast<size_t>(n) * model_.config.dim;
+  std::vector<float>& yb = buf(y);
+  // Row-parallel projections: each rank's product over its heads (columns) is a partial sum.
+  if (tp_) tp_->all_reduce_sum(yb.data(), count);
+  std::vector<float>& xb = buf(x);
+  for (size_t i = 0; i < count; ++i) xb[i] += yb[i];
+}
+
+void CpuBackend::swiglu(int n) {
+  cpu::swiglu(gate_.data(), up_.data(), static_cast<size_t>(n) * model_.config.hidden_dim);
+}
+
+void CpuBackend::rope(Act a, int heads, int n) {
+  cpu::rope(buf(a).data(), pos_, n, heads, model_.config.head_dim, model_.config.rope);
+}
+
+void CpuBackend::rope_rows(Act a, const int32_t* positions, int rows) {
+  cpu::rope(buf(a).data(), positions, rows, 1, model_.config.head_dim, model_.config.rope);
+}
+
+void CpuBackend::download(Act a, size_t count, float* dst) {
+  const std::vector<float>& b = buf(a);
+  KVB_CHECK(count <= b.size()) << "download of " << count << " floats from " << b.size();
+  std::copy(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(count), dst);
+}
+
+void CpuBackend::append_kv(int l, int n, kernels::KvCache& cache) {
+  const ModelConfig& c = model_.config;
+  const int hd = c.head_dim, ckv = cache.shape().num_kv_heads;
+  const int model_group = c.num_heads / c.num_kv_heads;
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < ckv; ++h) {
+      const int src = ckv == c.num_kv_heads ? h : h / model_group;
+      const size_t off = (static_cast<size_t>(t) * c.num_kv_heads + src) * hd;
+      cache.append(l, h, &k_[off], &v_[off], pos_[t]);
+    }
+  }
+}
+
+void CpuBackend::roll_keys(int l, kernels::KvCache& cache) {
+  const int hd = model_.config.head_dim, ckv = cache.shape().num_kv_heads;
+  const kernels::LayerKvView view = cache.layer(l);
+  rolled_keys_.resize(static_cast<size_t>(ckv) * view.capacity * hd);
+  for (int h = 0; h < ckv; ++h) {
+    const int len = cache.length(l, h);
+    float* dst = &rolled_keys_[static_cast<size_t>(h) * view.capacity * hd];
+    std::memcpy(dst, view.key(h, 0), static_cast<size_t>(len) * hd * sizeof(float));
+    rolled_pos_.resize(len);
+    for (int s = 0; s < len; ++s) rolled_pos_[s] = s;
+    cpu::rope(dst, rolled_pos_.data(), len, 1, hd, model_.config.rope);
+  }
+  rolled_layer_ = l;
+}
+
+void CpuBackend::attention(int l, int n, float scale, kernels::KvCache& cache, bool col_sums,
+                           int last_w, int stride, policies::LayerStats* stats) {
+  const ModelConfig& c = model_.config;
+  kernels::LayerKvView view = cache.layer(l);
+  if (rolled_layer_ == l) view.keys = rolled_keys_.data();
+  cpu::AttentionArgs args{att_.data(), q_.data(), view, n, c.num_heads, scale};
+  const size_t rows = static_cast<size_t>(c.num_heads) * stride;
+  if (col_sums) {
+    col_sums_.resize(rows);
+    args.col_sums = col_sums_.data();
+  }
+  if (last_w > 0) {
+    last_probs_.resize(rows * last_w);
+    args.last_probs = last_probs_.data();
+    args.last_w = last_w;
+  }
+  args.stats_stride = stride;
+  cpu::attention(args);
+  stats->col_sums = args.col_sums;
+  stats->last_probs = args.last_probs;
+  stats->last_w = args.last_w;
+}
+
+void CpuBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs args,
+                                 const kernels::KvCache& cache, kernels::EvictionPlan* plan) {
+  args.q = q_.data();
+  args.out = att_.data();
+  policy.attend(args, cache, *plan);
+}
+
+void CpuBackend::classify(int rows, std::vector<float>* logits) {
+  const ModelConfig& c = model_.config;
+  logits->resize(static_cast<size_t>(rows) * c.vocab_size);
+  cpu::matmul(logits->data(), xb_.data(), model_.output_weight(), nullptr, rows, c.dim,
+              c.vocab_size);
+}
+
+}  // namespace kvb::engine

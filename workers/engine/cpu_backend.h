@@ -1,0 +1,61 @@
+// The CPU instance of the block stack's Backend (backend.h): f32 weights read in place from the
+// Model, host activations, the host KvCache as the storage, OpenMP kernels of kernels/cpu, and
+// the tensor-parallel group's all-reduce behind reduce_add(). This is the reference every other
+// backend is checked against.
+#pragma once
+
+#include <vector>
+
+#include "kernels/comm.h"
+#include "workers/engine/backend.h"
+#include "workers/engine/model.h"
+
+namespace kvb::engine {
+
+class CpuBackend final : public Backend {
+ public:
+  // `model` (and `tp`, a group of more than one rank, or null) must outlive the backend.
+  CpuBackend(const Model& model, kernels::Communicator* tp);
+
+  std::string device_description() const override { return "cpu"; }
+  bool runs_replaced_attention() const override { return true; }
+
+  void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
+                  kernels::KvCache& cache) override;
+  void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) override;
+  void linear(Act out, Act in, int layer, Mat which, int n) override;
+  void reduce_add(Act x, Act y, int n) override;
+  void swiglu(int n) override;
+  void rope(Act a, int heads, int n) override;
+  void rope_rows(Act a, const int32_t* positions, int rows) override;
+  void download(Act a, size_t count, float* dst) override;
+  void append_kv(int layer, int n, kernels::KvCache& cache) override;
+  void roll_keys(int layer, kernels::KvCache& cache) override;
+  void attention(int layer, int n, float scale, kernels::KvCache& cache, bool col_sums,
+                 int last_w, int stride, policies::LayerStats* stats) override;
+  double stats_to_host(policies::LayerStats* stats) override {
+    (void)stats;
+    return 0;
+  }
+  void attend_replaced(policies::Policy& policy, policies::AttendArgs args,
+                       const kernels::KvCache& cache, kernels::EvictionPlan* plan) override;
+  void apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache& cache) override {
+    cache.apply(plan);
+  }
+  void classify(int rows, std::vector<float>* logits) override;
+
+ private:
+  std::vector<float>& buf(Act a);
+
+  const Model& model_;
+  kernels::Communicator* tp_;
+  const int32_t* pos_ = nullptr;  // the pass's positions [n]
+  int rolled_layer_ = -1;         // the layer whose next attention reads rolled_keys_
+  // Activations, reused across passes: [n, dim], [n, q_dim], [n, kv_dim], [n, hidden_dim].
+  std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
+  std::vector<float> col_sums_, last_probs_;  // policy statistics
+  std::vector<float> rolled_keys_;            // rolling positions: rotated keys
+  std::vector<int32_t> rolled_pos_;
+};
+
+}  // namespace kvb::engine

@@ -1,0 +1,505 @@
+// CudaBackend: the block stack's ops on one GPU, with the policies on a host mirror
+// (cuda_backend.h). Compiled only with KVB_WITH_CUDA.
+#include "workers/engine/cuda_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/error.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/swiglu.h"
+#include "workers/engine/cuda_engine_kernels.h"
+
+namespace kvb::engine {
+
+namespace cu = kvb::kernels::cuda;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+template <typename T>
+void ensure(cu::DeviceBuffer<T>& b, size_t count) {
+  if (b.size() < count) b = cu::DeviceBuffer<T>(std::max<size_t>(count, b.size() * 3 / 2));
+}
+// Round to bf16 (nearest even) and back, as the device stores a bf16 cache (finite inputs;
+// NaN stays NaN).
+float bf16_round(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return f;
+  b += 0x7fffu + ((b >> 16) & 1u);
+  b &= 0xffff0000u;
+  float r;
+  std::memcpy(&r, &b, sizeof r);
+  return r;
+}
+}  // namespace
+
+// One layer's weights: matrices in the engine's dtype (one of the two buffers is used).
+struct CudaBackend::DeviceLayer {
+  cu::DeviceBuffer<float> attn_norm, ffn_norm, bq, bk, bv;
+  struct Matrix {
+    cu::DeviceBuffer<float> f32;
+    cu::DeviceBuffer<__nv_bfloat16> bf16;
+    const void* ptr(DType t) const {
+      return t == DType::kBf16 ? static_cast<const void*>(bf16.data()) : f32.data();
+    }
+  };
+  Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+struct CudaBackend::Scratch {
+  cu::DeviceBuffer<float> x, xb, q, k, v, kx, vx, att, proj, gate, up, logits;
+  cu::DeviceBuffer<__nv_bfloat16> x16;
+  cu::DeviceBuffer<int32_t> tokens, pos, qpos, slots, iota;
+  cu::DeviceBuffer<float> col_sums, last_probs, rolled;
+  cu::DeviceBuffer<unsigned char> rolled_kv;  // rolled keys in the cache dtype
+};
+
+CudaBackend::CudaBackend(const Model& model, DType dtype, int gpu)
+    : model_(model), dtype_(dtype), gpu_(gpu), s_(std::make_unique<Scratch>()) {
+  const int count = cu::device_count();
+  if (count == 0) KVB_FAIL() << "--device cuda: no GPU visible";
+  KVB_CHECK(gpu >= 0 && gpu < count)
+      << "--device cuda: GPU index " << gpu << " but " << count << " GPU(s) are visible";
+  KVB_CUDA_CHECK(cudaSetDevice(gpu));
+  cudaDeviceProp prop{};
+  KVB_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
+  device_name_ = std::string(prop.name) + " (cuda:" + std::to_string(gpu) + ")";
+  const ModelConfig& c = model.config;
+  KVB_CHECK(c.head_dim <= cu::kMaxHeadDim) << "--device cuda: head_dim " << c.head_dim
+                                           << " above the attention kernel's " << cu::kMaxHeadDim;
+  KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
+  upload_weights();
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamDestroy(stream_);  // errors at teardown cannot be reported; ignored
+}
+
+void CudaBackend::upload_weights() {
+  const ModelConfig& c = model_.config;
+  cu::DeviceBuffer<float> staging;
+  auto vec = [&](const std::vector<float>& v) {
+    cu::DeviceBuffer<float> d(v.size());
+    d.upload(v.data(), v.size());
+    weight_bytes_ += d.bytes();
+    return d;
+  };
+  auto matrix = [&](const std::vector<float>& v, DeviceLayer::Matrix& m) {
+    if (dtype_ == DType::kF32) {
+      m.f32 = vec(v);
+      return;
+    }
+    if (staging.size() < v.size()) staging = cu::DeviceBuffer<float>(v.size());
+    KVB_CUDA_CHECK(cudaMemcpy(staging.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    m.bf16 = cu::DeviceBuffer<__nv_bfloat16>(v.size());
+    cu::f32_to_bf16(m.bf16.data(), staging.data(), v.size(), stream_);
+    KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging is overwritten by the next one
+    weight_bytes_ += m.bf16.bytes();
+  };
+  layers_.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = model_.layers[l];
+    DeviceLayer& d = layers_[l];
+    d.attn_norm = vec(w.attn_norm);
+    d.ffn_norm = vec(w.ffn_norm);
+    d.bq = vec(w.bq);
+    d.bk = vec(w.bk);
+    d.bv = vec(w.bv);
+    matrix(w.wq, d.wq);
+    matrix(w.wk, d.wk);
+    matrix(w.wv, d.wv);
+    matrix(w.wo, d.wo);
+    matrix(w.w_gate, d.w_gate);
+    matrix(w.w_up, d.w_up);
+    matrix(w.w_down, d.w_down);
+  }
+  embedding_ = vec(model_.token_embedding);
+  final_norm_ = vec(model_.final_norm);
+  const size_t out_elems = static_cast<size_t>(c.vocab_size) * c.dim;
+  if (dtype_ == DType::kF32) {
+    if (!model_.output.empty()) output_f32_ = vec(model_.output);
+  } else {
+    output_bf16_ = cu::DeviceBuffer<__nv_bfloat16>(out_elems);
+    const float* src = embedding_.data();
+    if (!model_.output.empty()) {
+      if (staging.size() < out_elems) staging = cu::DeviceBuffer<float>(out_elems);
+      KVB_CUDA_CHECK(
+          cudaMemcpy(staging.data(), model_.output.data(), out_elems * 4, cudaMemcpyHostToDevice));
+      src = staging.data();
+    }
+    cu::f32_to_bf16(output_bf16_.data(), src, out_elems, stream_);
+    weight_bytes_ += output_bf16_.bytes();
+  }
+  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy_d2h(void* dst, const void* src, size_t bytes) {
+  KVB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  ++counters_.d2h_copies;
+  counters_.d2h_bytes += bytes;
+}
+
+void CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes) {
+  KVB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  ++counters_.h2d_copies;
+  counters_.h2d_bytes += bytes;
+}
+
+void CudaBackend::sync() {
+  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  ++counters_.stream_syncs;
+}
+
+kernels::KvCache CudaBackend::download_device_cache() const {
+  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return dev_ ? dev_->download() : kernels::KvCache();
+}
+
+float* CudaBackend::act(Act a) const {
+  Scratch& s = *s_;
+  switch (a) {
+    case Act::kX: return s.x.data();
+    case Act::kXb: return s.xb.data();
+    case Act::kQ: return s.q.data();
+    case Act::kK: return s.k.data();
+    case Act::kV: return s.v.data();
+    case Act::kAtt: return s.att.data();
+    case Act::kProj: return s.proj.data();
+    case Act::kGate: return s.gate.data();
+    case Act::kUp: return s.up.data();
+  }
+  KVB_FAIL() << "unknown activation " << static_cast<int>(a);
+}
+
+void CudaBackend::gemm(float* y, const float* x, const void* w, const float* bias, int n, int k,
+                       int m) {
+  if (dtype_ == DType::kF32) {
+    cu::matmul(y, x, static_cast<const float*>(w), bias, n, k, m, stream_);
+    return;
+  }
+  ensure(s_->x16, static_cast<size_t>(n) * k);
+  cu::f32_to_bf16(s_->x16.data(), x, static_cast<size_t>(n) * k, stream_);
+  cu::matmul(y, s_->x16.data(), static_cast<const __nv_bfloat16*>(w), bias, n, k, m, stream_);
+}
+
+size_t CudaBackend::kv_logical_bytes(const kernels::KvCache& cache) const {
+  return static_cast<size_t>(cache.total_slots()) *
+         kv_slot_bytes(cache.shape().head_dim, dtype_);
+}
+
+size_t CudaBackend::kv_physical_bytes(const kernels::KvCache& cache) const {
+  // The full fingerprint, not the address: the next unit's cache may sit where the last one did,
+  // and a cache compressed on the host is not on the device until the next forward().
+  // (matches() only reads; it takes a non-const cache for KvCache::layer().)
+  if (dev_ && bound_.matches(const_cast<kernels::KvCache&>(cache))) return dev_->physical_bytes();
+  const kernels::KvCacheShape& sh = cache.shape();
+  return static_cast<size_t>(sh.num_layers) * sh.num_kv_heads * cache.capacity() *
+         kv_slot_bytes(sh.head_dim, dtype_);
+}
+
+// The device cache must hold exactly the host mirror, with room for n more slots per head.
+void CudaBackend::bind_cache(kernels::KvCache& cache, int n) {
+  const kernels::KvCacheShape& sh = cache.shape();
+  bool same = dev_ && bound_.matches(cache);
+  int longest = 0, room = 0;
+  for (int l = 0; l < sh.num_layers; ++l) {
+    for (int h = 0; h < sh.num_kv_heads; ++h) {
+      longest = std::max(longest, cache.length(l, h));
+      if (!same) continue;
+      same = dev_->length(l, h) == cache.length(l, h);
+      room = l == 0 && h == 0 ? dev_->capacity(l, h) : std::min(room, dev_->capacity(l, h));
+    }
+  }
+  const int need = longest + n;
+  if (same && room >= need) return;
+  // (Re)build from the mirror: a different sequence, or a head about to overflow (grow 1.5x).
+  int cap = std::max(cache.capacity(), need);
+  if (same) cap = std::max(cap, room + room / 2);
+  dev_.reset();  // free first: the old and new caches need not fit together
+  dev_ = std::make_unique<cu::DeviceKvCache>(
+      sh, dtype_ == DType::kBf16 ? cu::KvDtype::kBf16 : cu::KvDtype::kF32, cap);
+  dev_->upload(cache);
+  ++counters_.h2d_copies;
+  counters_.h2d_bytes += cache.logical_bytes();
+  ++counters_.stream_syncs;  // upload() synchronizes the device
+  ++cache_uploads_;
+}
+
+void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
+                             kernels::KvCache& cache) {
+  const ModelConfig& c = model_.config;
+  KVB_CUDA_CHECK(cudaSetDevice(gpu_));
+  const int n = static_cast<int>(tokens.size());
+  const size_t N = n;
+  const int D = c.dim, H = c.hidden_dim, hd = c.head_dim;
+  const size_t QD = static_cast<size_t>(c.num_heads) * hd, KVD = static_cast<size_t>(c.num_kv_heads) * hd;
+  Scratch& s = *s_;
+  ensure(s.x, N * D);
+  ensure(s.xb, N * D);
+  ensure(s.q, N * QD);
+  ensure(s.k, N * KVD);
+  ensure(s.v, N * KVD);
+  ensure(s.att, N * QD);
+  ensure(s.proj, N * D);
+  ensure(s.gate, N * H);
+  ensure(s.up, N * H);
+  ensure(s.tokens, N);
+  ensure(s.pos, N);
+  rolled_layer_ = -1;
+  tokens_h_.assign(tokens.begin(), tokens.end());
+  pos_h_.assign(positions, positions + n);
+  bind_cache(cache, n);
+  copy_h2d(s.tokens.data(), tokens_h_.data(), N * 4);
+  copy_h2d(s.pos.data(), pos_h_.data(), N * 4);
+  gpu::embed_rows(s.x.data(), embedding_.data(), s.tokens.data(), n, D, stream_);
+}
+
+void CudaBackend::rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) {
+  const ModelConfig& c = model_.config;
+  const float* w = layer < 0                ? final_norm_.data()
+                   : which == Norm::kAttn ? layers_[layer].attn_norm.data()
+                                          : layers_[layer].ffn_norm.data();
+  cu::rmsnorm(act(out), act(in) + static_cast<size_t>(row0) * c.dim, w, rows, c.dim, c.norm_eps,
+              stream_);
+}
+
+void CudaBackend::linear(Act out, Act in, int layer, Mat which, int n) {
+  const ModelConfig& c = model_.config;
+  const DeviceLayer& w = layers_[layer];
+  const int D = c.dim, H = c.hidden_dim;
+  const int QD = c.num_heads * c.head_dim, KVD = c.num_kv_heads * c.head_dim;
+  float* y = act(out);
+  const float* x = act(in);
+  switch (which) {
+    case Mat::kWq: return gemm(y, x, w.wq.ptr(dtype_), w.bq.data(), n, D, QD);
+    case Mat::kWk: return gemm(y, x, w.wk.ptr(dtype_), w.bk.data(), n, D, KVD);
+    case Mat::kWv: return gemm(y, x, w.wv.ptr(dtype_), w.bv.data(), n, D, KVD);
+    case Mat::kWo: return gemm(y, x, w.wo.ptr(dtype_), nullptr, n, QD, D);
+    case Mat::kGate: return gemm(y, x, w.w_gate.ptr(dtype_), nullptr, n, D, H);
+    case Mat::kUp: return gemm(y, x, w.w_up.ptr(dtype_), nullptr, n, D, H);
+    case Mat::kDown: return gemm(y, x, w.w_down.ptr(dtype_), nullptr, n, H, D);
+  }
+}
+
+void CudaBackend::reduce_add(Act x, Act y, int n) {
+  // One GPU: no group to sum over (make_engine refuses tensor-parallel groups on cuda).
+  gpu::add_inplace(act(x), act(y), static_cast<size_t>(n) * model_.config.dim, stream_);
+}
+
+void CudaBackend::swiglu(int n) {
+  cu::swiglu(s_->gate.data(), s_->up.data(), static_cast<size_t>(n) * model_.config.hidden_dim,
+             stream_);
+}
+
+void CudaBackend::rope(Act a, int heads, int n) {
+  cu::rope(act(a), s_->pos.data(), n, heads, model_.config.head_dim, model_.config.rope, stream_);
+}
+
+void CudaBackend::rope_rows(Act a, const int32_t* positions, int rows) {
+  ensure(s_->qpos, static_cast<size_t>(rows));
+  copy_h2d(s_->qpos.data(), positions, static_cast<size_t>(rows) * 4);
+  cu::rope(act(a), s_->qpos.data(), rows, 1, model_.config.head_dim, model_.config.rope, stream_);
+}
+
+void CudaBackend::download(Act a, size_t count, float* dst) {
+  copy_d2h(dst, act(a), count * 4);
+  sync();
+}
+
+void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
+  const ModelConfig& c = model_.config;
+  const int hd = c.head_dim, ckv = cache.shape().num_kv_heads;
+  Scratch& s = *s_;
+  const size_t N = n;
+  const float* k_new = s.k.data();
+  const float* v_new = s.v.data();
+  if (ckv != c.num_kv_heads) {  // GQA expanded: one copy per query head
+    ensure(s.kx, N * ckv * hd);
+    ensure(s.vx, N * ckv * hd);
+    gpu::expand_gqa(s.kx.data(), s.k.data(), n, c.num_kv_heads, ckv, hd, stream_);
+    gpu::expand_gqa(s.vx.data(), s.v.data(), n, c.num_kv_heads, ckv, hd, stream_);
+    k_new = s.kx.data();
+    v_new = s.vx.data();
+  }
+  dev_->append(l, k_new, v_new, s.pos.data(), n, stream_);
+  ++counters_.h2d_copies;  // append() pushes the layer's lengths
+  counters_.h2d_bytes += ckv * sizeof(int32_t);
+
+  // The mirror: the same rows as the CPU backend appends (bf16-rounded where the device is).
+  const size_t count = N * c.num_kv_heads * hd;
+  k_h_.resize(count);
+  v_h_.resize(count);
+  copy_d2h(k_h_.data(), s.k.data(), count * 4);
+  copy_d2h(v_h_.data(), s.v.data(), count * 4);
+  sync();
+  if (dtype_ == DType::kBf16) {
+    for (size_t i = 0; i < count; ++i) {
+      k_h_[i] = bf16_round(k_h_[i]);
+      v_h_[i] = bf16_round(v_h_[i]);
+    }
+  }
+  const int model_group = c.num_heads / c.num_kv_heads;
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < ckv; ++h) {
+      const int src = ckv == c.num_kv_heads ? h : h / model_group;
+      const size_t off = (static_cast<size_t>(t) * c.num_kv_heads + src) * hd;
+      cache.append(l, h, &k_h_[off], &v_h_[off], pos_h_[t]);
+    }
+  }
+}
+
+void CudaBackend::roll_keys(int l, kernels::KvCache& cache) {
+  const int hd = model_.config.head_dim, ckv = cache.shape().num_kv_heads;
+  Scratch& s = *s_;
+  int slots = 0, longest = 0;
+  for (int h = 0; h < ckv; ++h) {
+    slots = std::max(slots, dev_->offset(l, h) + dev_->capacity(l, h));
+    longest = std::max(longest, dev_->length(l, h));
+  }
+  const size_t elems = static_cast<size_t>(slots) * hd;
+  ensure(s.rolled, elems);
+  ensure(s.iota, static_cast<size_t>(std::max(longest, 1)));
+  gpu::iota(s.iota.data(), longest, stream_);
+  const cu::DeviceLayerKvView view = dev_->layer(l);
+  gpu::widen_to_f32(s.rolled.data(), view.keys, view.dtype, elems, stream_);
+  for (int h = 0; h < ckv; ++h) {
+    const int len = dev_->length(l, h);
+    if (len == 0) continue;
+    cu::rope(s.rolled.data() + static_cast<size_t>(dev_->offset(l, h)) * hd, s.iota.data(), len, 1,
+             hd, model_.config.rope, stream_);
+  }
+  if (view.dtype == cu::KvDtype::kBf16) {
+    ensure(s.rolled_kv, elems * sizeof(__nv_bfloat16));
+    cu::f32_to_bf16(reinterpret_cast<__nv_bfloat16*>(s.rolled_kv.data()), s.rolled.data(), elems,
+                    stream_);
+  }
+  rolled_layer_ = l;
+}
+
+void CudaBackend::attention(int l, int n, float scale, kernels::KvCache& cache, bool col_sums,
+                            int last_w, int stride, policies::LayerStats* stats) {
+  (void)cache;  // the device cache holds it (bind_cache)
+  Scratch& s = *s_;
+  cu::DeviceLayerKvView view = dev_->layer(l);
+  if (rolled_layer_ == l) {
+    view.keys = view.dtype == cu::KvDtype::kF32 ? static_cast<void*>(s.rolled.data())
+                                                : static_cast<void*>(s.rolled_kv.data());
+  }
+  cu::AttentionArgs args;
+  args.out = s.att.data();
+  args.q = s.q.data();
+  args.kv = view;
+  args.n = n;
+  args.num_heads = model_.config.num_heads;
+  args.scale = scale;
+  const size_t rows = static_cast<size_t>(args.num_heads) * stride;
+  if (col_sums) {
+    ensure(s.col_sums, rows);
+    args.col_sums = s.col_sums.data();
+  }
+  if (last_w > 0) {
+    ensure(s.last_probs, rows * last_w);
+    args.last_probs = s.last_probs.data();
+    args.last_w = last_w;
+  }
+  args.stats_stride = stride;
+  cu::attention(args, stream_);
+  // Device pointers until stats_to_host.
+  stats->col_sums = args.col_sums;
+  stats->last_probs = args.last_probs;
+  stats->last_w = args.last_w;
+}
+
+double CudaBackend::stats_to_host(policies::LayerStats* stats) {
+  const auto t0 = Clock::now();
+  const size_t rows = static_cast<size_t>(stats->num_heads) * stats->stride;
+  if (stats->col_sums) {
+    col_sums_.resize(rows);
+    copy_d2h(col_sums_.data(), stats->col_sums, rows * 4);
+    stats->col_sums = col_sums_.data();
+  }
+  if (stats->last_probs) {
+    last_probs_.resize(rows * stats->last_w);
+    copy_d2h(last_probs_.data(), stats->last_probs, rows * stats->last_w * 4);
+    stats->last_probs = last_probs_.data();
+  }
+  sync();
+  return ms_since(t0);
+}
+
+void CudaBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs args,
+                                  const kernels::KvCache& cache, kernels::EvictionPlan* plan) {
+  (void)args;
+  (void)cache;
+  (void)plan;
+  KVB_USAGE_FAIL() << "policy " << policy.config().name
+                   << " replaces the engine's attention (SubGen's estimator); it runs on --device "
+                      "cpu only";
+}
+
+void CudaBackend::apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache& cache) {
+  if (!plan.changes_any()) return;
+  const kernels::KvCacheShape& sh = cache.shape();
+  const int l = plan.layer();
+  // Keep-lists [heads, ld] for the device, from the plan and the (host-known) lengths.
+  int ld = 0;
+  for (int h = 0; h < sh.num_kv_heads; ++h) ld = std::max(ld, cache.length(l, h));
+  slots_h_.assign(static_cast<size_t>(sh.num_kv_heads) * ld, 0);
+  counts_h_.assign(sh.num_kv_heads, 0);
+  std::vector<int32_t>& list = keep_scratch_;
+  for (int h = 0; h < sh.num_kv_heads; ++h) {
+    plan.keep_list(h, cache.length(l, h), &list);
+    counts_h_[h] = static_cast<int32_t>(list.size());
+    std::copy(list.begin(), list.end(), slots_h_.begin() + static_cast<size_t>(h) * ld);
+  }
+  cache.apply(plan);  // the mirror (validates the lists)
+  {
+    ensure(s_->slots, std::max<size_t>(slots_h_.size(), 1));
+    copy_h2d(s_->slots.data(), slots_h_.data(), slots_h_.size() * 4);
+    dev_->keep_slots(l, s_->slots.data(), ld, counts_h_.data(), stream_);
+    // keep_slots: the counts and the new lengths go up, its validity flag comes back (one sync).
+    counters_.h2d_copies += 2;
+    counters_.h2d_bytes += 2 * sh.num_kv_heads * sizeof(int32_t);
+    ++counters_.d2h_copies;
+    counters_.d2h_bytes += sizeof(int32_t);
+    ++counters_.stream_syncs;
+    for (int h = 0; h < sh.num_kv_heads; ++h) {
+      KVB_CHECK(dev_->length(l, h) == cache.length(l, h))
+          << "--device cuda: device cache layer " << l << " head " << h << " holds "
+          << dev_->length(l, h) << " slots after keep_slots, the mirror " << cache.length(l, h);
+    }
+  }
+}
+
+void CudaBackend::end_layers(int n) { dev_->advance_position(n); }
+
+void CudaBackend::classify(int rows, std::vector<float>* logits) {
+  const ModelConfig& c = model_.config;
+  const size_t out = static_cast<size_t>(rows) * c.vocab_size;
+  ensure(s_->logits, out);
+  const void* wout = dtype_ == DType::kBf16  ? static_cast<const void*>(output_bf16_.data())
+                     : model_.output.empty() ? static_cast<const void*>(embedding_.data())
+                                             : output_f32_.data();
+  gemm(s_->logits.data(), s_->xb.data(), wout, nullptr, rows, c.dim, c.vocab_size);
+  logits->resize(out);
+  copy_d2h(logits->data(), s_->logits.data(), out * 4);  // complete at end_pass's sync
+}
+
+void CudaBackend::end_pass(kernels::KvCache& cache) {
+  sync();
+  bound_.capture(cache);
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+    peak_bytes_ = std::max(peak_bytes_, total_b - free_b);
+  }
+}
+
+}  // namespace kvb::engine
