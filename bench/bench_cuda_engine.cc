@@ -5,7 +5,7 @@
 // contexts (default 4K..32K) x policies (full, snapkv, ada_snapkv, h2o) x budgets (128..2048).
 // Prefill: one pass over `context` pseudo-random tokens with the policy's prefill hook; decode:
 // `--steps` single-token steps after it, each with the decode hook. Policy share = policy_ms
-// (hooks + the host-mirror statistics traffic) / decode time. Without a GPU: one line, exit 0.
+// (hooks + the statistics copies + plan application) / decode time. Without a GPU: one line, exit 0.
 //   bench_cuda_engine [--dtype bf16|f32] [--contexts 4096,8192] [--budgets 128,2048]
 //     [--policies full,h2o] [--steps 32] [--models smollm2,llama8b] [--layers 32 --dim 4096
 //     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256]
@@ -116,9 +116,9 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
   std::printf("# %s on %s, %s: weights %.2f GiB uploaded in %.1f s\n", m.config.name.c_str(),
               eng.device_description().c_str(), engine::dtype_name(dtype),
               eng.weight_bytes() / 1073741824.0, ms_since(t0) / 1000);
-  std::printf("%-22s %7s %-11s %6s %12s %11s %9s %8s %10s %9s\n", "model", "context", "policy",
-              "budget", "prefill t/s", "decode t/s", "step ms", "policy%", "mirror MiB",
-              "peak GiB");
+  std::printf("%-22s %7s %-11s %6s %12s %11s %9s %8s %10s %8s %8s %9s\n", "model", "context",
+              "policy", "budget", "prefill t/s", "decode t/s", "step ms", "policy%", "host MiB",
+              "d2h/step", "sync/step", "peak GiB");
   const auto& c = m.config;
   for (int ctx : contexts) {
     if (ctx + steps > c.max_seq_len) {
@@ -136,11 +136,12 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
         std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
         kernels::KvCache cache = eng.new_cache(ctx + steps, policy.get());
         std::vector<float> logits;
-        const size_t mirror0 = eng.mirror_bytes();
+        const size_t moved0 = eng.mirror_bytes();
         auto tp = Clock::now();
         engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
         const double prefill_ms = ms_since(tp);
         const double pol0 = eng.policy_ms();
+        const engine::TransferCounters x0 = eng.transfer_counters();
         auto td = Clock::now();
         for (int s = 0; s < steps; ++s) {
           const int32_t next = 10 + s;
@@ -149,10 +150,15 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
         }
         const double decode_ms = ms_since(td);
         const double pol = eng.policy_ms() - pol0;
-        std::printf("%-22s %7d %-11s %6d %12.0f %11.1f %9.3f %7.1f%% %10.1f %9.2f\n",
+        const engine::TransferCounters x1 = eng.transfer_counters();
+        // host MiB: bytes copied either way over prefill and decode; d2h/step and sync/step:
+        // device-to-host copies and stream syncs per decode step (cuda_backend.h).
+        std::printf("%-22s %7d %-11s %6d %12.0f %11.1f %9.3f %7.1f%% %10.1f %8.1f %8.1f %9.2f\n",
                     c.name.c_str(), ctx, pname.c_str(), budget, ctx * 1000.0 / prefill_ms,
                     steps * 1000.0 / decode_ms, decode_ms / steps, 100.0 * pol / decode_ms,
-                    (eng.mirror_bytes() - mirror0) / 1048576.0,
+                    (eng.mirror_bytes() - moved0) / 1048576.0,
+                    static_cast<double>(x1.d2h_copies - x0.d2h_copies) / steps,
+                    static_cast<double>(x1.stream_syncs - x0.stream_syncs) / steps,
                     eng.device_peak_bytes() / 1073741824.0);
         std::fflush(stdout);
       }

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/error.h"
 
 namespace kvb::kernels {
 
-KvCache::KvCache(const KvCacheShape& shape, int initial_capacity) : shape_(shape) {
+KvCache::KvCache(const KvCacheShape& shape, int initial_capacity, bool host_rows)
+    : shape_(shape), host_rows_(host_rows) {
   KVB_CHECK(shape.num_layers > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0)
       << "bad cache shape " << shape.num_layers << "x" << shape.num_kv_heads << "x"
       << shape.head_dim;
@@ -17,6 +19,25 @@ KvCache::KvCache(const KvCacheShape& shape, int initial_capacity) : shape_(shape
   positions_.resize(shape.num_layers);
   lengths_.assign(static_cast<size_t>(shape.num_layers) * shape.num_kv_heads, 0);
   if (initial_capacity > 0) grow_to(initial_capacity);
+}
+
+KvCache::KvCache(const KvCache& o)
+    : shape_(o.shape_),
+      capacity_(o.capacity_),
+      next_position_(o.next_position_),
+      keys_(o.keys_),
+      values_(o.values_),
+      positions_(o.positions_),
+      lengths_(o.lengths_),
+      host_rows_(o.host_rows_),
+      device_rows_(o.device_rows_ ? o.device_rows_->clone() : nullptr) {}
+
+KvCache& KvCache::operator=(const KvCache& o) {
+  if (this != &o) {
+    KvCache copy(o);
+    *this = std::move(copy);
+  }
+  return *this;
 }
 
 int KvCache::max_length() const {
@@ -34,16 +55,19 @@ void KvCache::reserve_extra(int extra) {
 void KvCache::grow_to(int new_capacity) {
   const int h = shape_.num_kv_heads, d = shape_.head_dim;
   for (int l = 0; l < shape_.num_layers; ++l) {
-    std::vector<float> k(static_cast<size_t>(h) * new_capacity * d);
+    std::vector<float> k(host_rows_ ? static_cast<size_t>(h) * new_capacity * d : 0);
     std::vector<float> v(k.size());
     std::vector<int32_t> p(static_cast<size_t>(h) * new_capacity);
     for (int head = 0; head < h; ++head) {
       const size_t len = lengths_[index(l, head)];
       if (len == 0) continue;
-      std::memcpy(&k[static_cast<size_t>(head) * new_capacity * d],
-                  &keys_[l][static_cast<size_t>(head) * capacity_ * d], len * d * sizeof(float));
-      std::memcpy(&v[static_cast<size_t>(head) * new_capacity * d],
-                  &values_[l][static_cast<size_t>(head) * capacity_ * d], len * d * sizeof(float));
+      if (host_rows_) {
+        std::memcpy(&k[static_cast<size_t>(head) * new_capacity * d],
+                    &keys_[l][static_cast<size_t>(head) * capacity_ * d], len * d * sizeof(float));
+        std::memcpy(&v[static_cast<size_t>(head) * new_capacity * d],
+                    &values_[l][static_cast<size_t>(head) * capacity_ * d],
+                    len * d * sizeof(float));
+      }
       std::memcpy(&p[static_cast<size_t>(head) * new_capacity],
                   &positions_[l][static_cast<size_t>(head) * capacity_], len * sizeof(int32_t));
     }
@@ -56,8 +80,8 @@ void KvCache::grow_to(int new_capacity) {
 
 LayerKvView KvCache::layer(int layer) {
   KVB_ASSERT(layer >= 0 && layer < shape_.num_layers);
-  return LayerKvView{keys_[layer].data(),
-                     values_[layer].data(),
+  return LayerKvView{host_rows_ ? keys_[layer].data() : nullptr,
+                     host_rows_ ? values_[layer].data() : nullptr,
                      positions_[layer].data(),
                      &lengths_[index(layer, 0)],
                      shape_.num_kv_heads,
@@ -70,9 +94,11 @@ void KvCache::append(int layer, int head, const float* key, const float* value,
   int32_t& len = lengths_[index(layer, head)];
   KVB_ASSERT(len < capacity_);
   const size_t d = shape_.head_dim;
-  const size_t base = (static_cast<size_t>(head) * capacity_ + len) * d;
-  std::memcpy(&keys_[layer][base], key, d * sizeof(float));
-  std::memcpy(&values_[layer][base], value, d * sizeof(float));
+  if (host_rows_) {
+    const size_t base = (static_cast<size_t>(head) * capacity_ + len) * d;
+    std::memcpy(&keys_[layer][base], key, d * sizeof(float));
+    std::memcpy(&values_[layer][base], value, d * sizeof(float));
+  }
   positions_[layer][static_cast<size_t>(head) * capacity_ + len] = position;
   ++len;
 }
@@ -80,8 +106,9 @@ void KvCache::append(int layer, int head, const float* key, const float* value,
 void KvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots) {
   int32_t& len = lengths_[index(layer, head)];
   const size_t d = shape_.head_dim;
-  float* k = &keys_[layer][static_cast<size_t>(head) * capacity_ * d];
-  float* v = &values_[layer][static_cast<size_t>(head) * capacity_ * d];
+  // Index-only caches move positions alone (k, v stay null).
+  float* k = host_rows_ ? &keys_[layer][static_cast<size_t>(head) * capacity_ * d] : nullptr;
+  float* v = host_rows_ ? &values_[layer][static_cast<size_t>(head) * capacity_ * d] : nullptr;
   int32_t* p = &positions_[layer][static_cast<size_t>(head) * capacity_];
   int32_t prev = -1;
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -90,8 +117,10 @@ void KvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots)
                                    << ", got " << s << " after " << prev;
     prev = s;
     if (static_cast<size_t>(s) != i) {
-      std::memmove(k + i * d, k + s * d, d * sizeof(float));
-      std::memmove(v + i * d, v + s * d, d * sizeof(float));
+      if (k) {
+        std::memmove(k + i * d, k + s * d, d * sizeof(float));
+        std::memmove(v + i * d, v + s * d, d * sizeof(float));
+      }
       p[i] = p[s];
     }
   }
@@ -105,11 +134,13 @@ void KvCache::evict_slot(int layer, int head, int victim) {
       << len;
   const size_t d = shape_.head_dim;
   const size_t tail = static_cast<size_t>(len - victim - 1);
-  float* k = &keys_[layer][(static_cast<size_t>(head) * capacity_ + victim) * d];
-  float* v = &values_[layer][(static_cast<size_t>(head) * capacity_ + victim) * d];
+  if (host_rows_) {
+    float* k = &keys_[layer][(static_cast<size_t>(head) * capacity_ + victim) * d];
+    float* v = &values_[layer][(static_cast<size_t>(head) * capacity_ + victim) * d];
+    std::memmove(k, k + d, tail * d * sizeof(float));
+    std::memmove(v, v + d, tail * d * sizeof(float));
+  }
   int32_t* p = &positions_[layer][static_cast<size_t>(head) * capacity_ + victim];
-  std::memmove(k, k + d, tail * d * sizeof(float));
-  std::memmove(v, v + d, tail * d * sizeof(float));
   std::memmove(p, p + 1, tail * sizeof(int32_t));
   --len;
 }
@@ -130,6 +161,7 @@ void KvCache::apply(const EvictionPlan& plan) {
 }
 
 void KvCache::clear() {
+  device_rows_.reset();  // a device backend starts the next sequence on fresh rows
   std::fill(lengths_.begin(), lengths_.end(), 0);
   next_position_ = 0;
 }
@@ -147,8 +179,8 @@ size_t KvCache::logical_bytes(int layer, int head) const {
   return lengths_[index(layer, head)] * bytes_per_slot();
 }
 size_t KvCache::physical_bytes() const {
-  return static_cast<size_t>(shape_.num_layers) * shape_.num_kv_heads * capacity_ *
-         bytes_per_slot();
+  const size_t slot = host_rows_ ? bytes_per_slot() : sizeof(int32_t);
+  return static_cast<size_t>(shape_.num_layers) * shape_.num_kv_heads * capacity_ * slot;
 }
 
 }  // namespace kvb::kernels

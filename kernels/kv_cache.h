@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/eviction_plan.h"
@@ -39,10 +40,32 @@ struct KvCacheShape {
   int head_dim = 0;
 };
 
+// The K/V rows of a cache when they live on a device (kernels/cuda/kv_cache_device.h is the
+// one implementation): the host KvCache then holds only the index (lengths, positions, the next
+// position; a few bytes per slot), and copying the KvCache copies the rows on the device.
+class DeviceRows {
+ public:
+  virtual ~DeviceRows() = default;
+  virtual std::unique_ptr<DeviceRows> clone() const = 0;
+};
+
 class KvCache {
  public:
   KvCache() = default;
-  explicit KvCache(const KvCacheShape& shape, int initial_capacity = 0);
+  // host_rows: the cache stores its K/V rows on the host (the CPU engine's storage). Without,
+  // it is an index only: append takes positions (keys/values may be null), layer() views have
+  // null keys/values, and a device backend keeps the rows (device_rows()).
+  explicit KvCache(const KvCacheShape& shape, int initial_capacity = 0, bool host_rows = true);
+  // Copies clone the device rows (a fork of a sequence is a copy where its storage lives).
+  KvCache(const KvCache& other);
+  KvCache& operator=(const KvCache& other);
+  KvCache(KvCache&&) noexcept = default;
+  KvCache& operator=(KvCache&&) noexcept = default;
+
+  bool host_rows() const { return host_rows_; }
+  DeviceRows* device_rows() const { return device_rows_.get(); }
+  void set_device_rows(std::unique_ptr<DeviceRows> rows) { device_rows_ = std::move(rows); }
+  std::unique_ptr<DeviceRows> release_device_rows() { return std::move(device_rows_); }
 
   const KvCacheShape& shape() const { return shape_; }
   int capacity() const { return capacity_; }
@@ -73,7 +96,7 @@ class KvCache {
   void clear();
 
   // Exact memory accounting: logical = retained slots x bytes per slot (key + value + position);
-  // physical = what is allocated.
+  // physical = what is allocated on the host (an index-only cache: its positions).
   size_t bytes_per_slot() const;
   size_t logical_bytes() const;
   size_t physical_bytes() const;
@@ -93,6 +116,8 @@ class KvCache {
   std::vector<std::vector<float>> keys_, values_;
   std::vector<std::vector<int32_t>> positions_;
   std::vector<int32_t> lengths_;  // [num_layers * num_kv_heads]
+  bool host_rows_ = true;
+  std::unique_ptr<DeviceRows> device_rows_;
 };
 
 }  // namespace kvb::kernels

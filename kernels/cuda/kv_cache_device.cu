@@ -238,7 +238,7 @@ void DeviceKvCache::append(int layer, int head, const float* key, const float* v
 }
 
 void DeviceKvCache::keep_slots(int layer, const int32_t* slots, int ld, const int32_t* counts,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool validated) {
   check_layer(layer);
   const int heads = shape_.num_kv_heads;
   KVB_CHECK(ld >= 0) << "DeviceKvCache::keep_slots: ld = " << ld;
@@ -252,7 +252,7 @@ void DeviceKvCache::keep_slots(int layer, const int32_t* slots, int ld, const in
   KVB_CUDA_CHECK(cudaMemcpyAsync(counts_d.as<int32_t>(), counts, heads * sizeof(int32_t),
                                  cudaMemcpyHostToDevice, stream));
   const DeviceLayerKvView v = this->layer(layer);
-  {
+  if (!validated) {
     DeviceErrorFlag flag(stream);
     validate_keep_kernel<<<heads, 256, 0, stream>>>(slots, ld, counts_d.as<int32_t>(), v.lengths,
                                                     flag.flag());
@@ -393,6 +393,53 @@ void DeviceKvCache::upload(const KvCache& cpu_cache) {
   }
   lengths_d_.upload(lengths_h_.data(), lengths_h_.size());
   next_position_ = cpu_cache.next_position();
+}
+
+void DeviceKvCache::copy_into(DeviceKvCache& dst) const {
+  KVB_CHECK(dst.shape_.num_layers == shape_.num_layers &&
+            dst.shape_.num_kv_heads == shape_.num_kv_heads &&
+            dst.shape_.head_dim == shape_.head_dim && dst.dtype_ == dtype_)
+      << "DeviceKvCache::copy_into: another shape or dtype";
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());  // pending appends/compactions on any stream
+  const int d = shape_.head_dim;
+  const size_t eb = kv_dtype_bytes(dtype_);
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      const int len = length(l, h);
+      KVB_CHECK(len <= dst.capacity(l, h))
+          << "DeviceKvCache::copy_into: layer " << l << " head " << h << " holds " << len
+          << " slots, the copy has room for " << dst.capacity(l, h);
+      dst.lengths_h_[index(l, h)] = len;
+      if (len == 0) continue;
+      const size_t bytes = static_cast<size_t>(len) * d * eb;
+      const size_t from = static_cast<size_t>(offset(l, h)) * d * eb;
+      const size_t to = static_cast<size_t>(dst.offset(l, h)) * d * eb;
+      KVB_CUDA_CHECK(cudaMemcpy(dst.keys_[l].data() + to, keys_[l].data() + from, bytes,
+                                cudaMemcpyDeviceToDevice));
+      KVB_CUDA_CHECK(cudaMemcpy(dst.values_[l].data() + to, values_[l].data() + from, bytes,
+                                cudaMemcpyDeviceToDevice));
+      KVB_CUDA_CHECK(cudaMemcpy(dst.positions_[l].data() + dst.offset(l, h),
+                                positions_[l].data() + offset(l, h), len * sizeof(int32_t),
+                                cudaMemcpyDeviceToDevice));
+    }
+  }
+  dst.lengths_d_.upload(dst.lengths_h_.data(), dst.lengths_h_.size());
+  dst.next_position_ = next_position_;
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::unique_ptr<DeviceRows> DeviceKvCache::clone() const {
+  auto copy = std::make_unique<DeviceKvCache>(shape_, dtype_, capacities_h_);
+  copy_into(*copy);
+  return copy;
+}
+
+std::unique_ptr<DeviceKvCache> DeviceKvCache::grown(int capacity) const {
+  std::vector<int32_t> caps = capacities_h_;
+  for (int32_t& c : caps) c = std::max(c, capacity);
+  auto copy = std::make_unique<DeviceKvCache>(shape_, dtype_, std::move(caps));
+  copy_into(*copy);
+  return copy;
 }
 
 KvCache DeviceKvCache::download() const {

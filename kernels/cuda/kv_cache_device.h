@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
@@ -39,7 +40,7 @@ struct DeviceLayerKvView {
   int max_length() const;  // over host_lengths
 };
 
-class DeviceKvCache {
+class DeviceKvCache final : public DeviceRows {
  public:
   // capacities: [num_layers * num_kv_heads] slots per (layer, head), each >= 0 (layer-major).
   DeviceKvCache(const KvCacheShape& shape, KvDtype dtype, std::vector<int32_t> capacities);
@@ -74,13 +75,22 @@ class DeviceKvCache {
   // Keeps, for every head h of `layer`, the slots slots[h * ld + j], j < counts[h] (device
   // slots, host counts), compacting in place. Each list must be strictly increasing and below
   // the head's length: checked on the device before anything moves (one stream sync); on a bad
-  // list nothing changes and kvb::Error is thrown.
+  // list nothing changes and kvb::Error is thrown. validated = true skips that check (and its
+  // sync) for lists the caller has already checked on the host (the engine's eviction plans,
+  // validated against the cache index): then nothing waits for the device.
   void keep_slots(int layer, const int32_t* slots, int ld, const int32_t* counts,
-                  cudaStream_t stream = 0);
+                  cudaStream_t stream = 0, bool validated = false);
   // KvCache::keep_slots's signature: one head, a host list. Synchronous.
   void keep_slots(int layer, int head, const std::vector<int32_t>& slots);
 
   void clear();  // lengths 0, position 0; the allocation stays
+
+  // A copy on the device (DeviceRows: forking a sequence whose rows live here): the same
+  // capacities, lengths, rows and next position. Synchronous (the device is idle after).
+  std::unique_ptr<DeviceRows> clone() const override;
+  // A copy with at least `capacity` slots per head (a head about to overflow; rows copied on the
+  // device). Synchronous.
+  std::unique_ptr<DeviceKvCache> grown(int capacity) const;
 
   // Exact accounting as KvCache: logical = retained slots x bytes per slot (key + value in the
   // cache dtype + a 4-byte position); physical = allocated slots (sum of capacities) x the same.
@@ -101,6 +111,9 @@ class DeviceKvCache {
     return static_cast<size_t>(layer) * shape_.num_kv_heads + head;
   }
   void check_layer(int layer) const;
+  // Copies every head's rows, positions and length into `dst` (capacities >= lengths) and the
+  // next position; device to device, then synchronises the device.
+  void copy_into(DeviceKvCache& dst) const;
   void push_lengths(int layer, cudaStream_t stream);
 
   KvCacheShape shape_;

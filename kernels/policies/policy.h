@@ -118,6 +118,10 @@ class Policy {
   // evict_before_attention: at decode, on_decode_layer runs (with no statistics) after the new
   // token is appended and before the query attends (the original StreamingLLM order).
   virtual bool evict_before_attention() const { return false; }
+  // reads_cache_rows: the hooks read the cache's keys or values (k-center, SubGen's sketch), so
+  // a device engine must keep the rows on the host too; others read only lengths, positions
+  // and the statistics they asked for.
+  virtual bool reads_cache_rows() const { return false; }
   // replaces_attention: the engine calls attend() instead of its own attention (SubGen).
   virtual bool replaces_attention() const { return false; }
   virtual void attend(const AttendArgs& args, const kernels::KvCache& cache,

@@ -67,6 +67,7 @@ class SubGen final : public Policy {
     return streaming_ ? PrefillMode::kStreaming : PrefillMode::kOneshot;
   }
   bool replaces_attention() const override { return true; }
+  bool reads_cache_rows() const override { return true; }
 
   void attend(const AttendArgs& a, const kernels::KvCache& cache,
               kernels::EvictionPlan& plan) override {

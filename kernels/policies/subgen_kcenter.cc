@@ -37,6 +37,7 @@ class SubgenKCenter final : public Policy {
   }
 
   bool replaces_attention() const override { return weighted_; }
+  bool reads_cache_rows() const override { return true; }  // k-center over the keys
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {

@@ -190,6 +190,62 @@ TEST(EvictionPlan, EvictSlotEqualsKeepingEveryOtherSlot) {
   }
 }
 
+// Device rows that count how often they are copied (the host cannot see real ones).
+struct CountingRows final : DeviceRows {
+  explicit CountingRows(int* clones) : clones(clones) {}
+  std::unique_ptr<DeviceRows> clone() const override {
+    ++*clones;
+    return std::make_unique<CountingRows>(clones);
+  }
+  int* clones;
+};
+
+TEST(KvCache, IndexOnlyCacheKeepsPositionsAndClonesItsDeviceRows) {
+  KvCache index({2, 2, 64}, 4, /*host_rows=*/false);
+  EXPECT_FALSE(index.host_rows());
+  for (int t = 0; t < 6; ++t) {
+    index.reserve_extra(1);
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) index.append(l, h, nullptr, nullptr, 100 + t);
+    }
+  }
+  index.advance_position(6);
+  EXPECT_EQ(index.layer(0).keys, nullptr);
+  EXPECT_EQ(index.layer(0).values, nullptr);
+  EvictionPlan plan;
+  plan.reset(1, 2);
+  plan.keep(0, {1, 4, 5});
+  plan.evict(1, 0);
+  index.apply(plan);
+  EXPECT_EQ(positions(index, 1, 0), (std::vector<int32_t>{101, 104, 105}));
+  EXPECT_EQ(positions(index, 1, 1), (std::vector<int32_t>{101, 102, 103, 104, 105}));
+  EXPECT_EQ(positions(index, 0, 1), (std::vector<int32_t>{100, 101, 102, 103, 104, 105}));
+  // The host holds 4 bytes per slot of capacity, not head_dim-wide rows; logical bytes still
+  // count what the cache stores (the rows live elsewhere).
+  EXPECT_EQ(index.physical_bytes(), size_t(2 * 2) * index.capacity() * sizeof(int32_t));
+  EXPECT_EQ(index.logical_bytes(), size_t(6 + 6 + 3 + 5) * index.bytes_per_slot());
+  int clones = 0;
+  index.set_device_rows(std::make_unique<CountingRows>(&clones));
+  KvCache fork = index;  // a fork copies the rows where they live
+  EXPECT_EQ(clones, 1);
+  ASSERT_NE(fork.device_rows(), nullptr);
+  EXPECT_NE(fork.device_rows(), index.device_rows());
+  EXPECT_EQ(fork.next_position(), 6);
+  EXPECT_FALSE(fork.host_rows());
+  KvCache moved = std::move(fork);
+  EXPECT_EQ(clones, 1);  // moves do not copy
+  fork = moved;
+  EXPECT_EQ(clones, 2);
+  moved.clear();
+  EXPECT_EQ(moved.device_rows(), nullptr);  // the next sequence starts on fresh rows
+  EXPECT_EQ(moved.total_slots(), 0);
+  // A host-rows cache never had device rows to copy.
+  KvCache host = filled(1, 1, 2);
+  KvCache host_copy = host;
+  EXPECT_EQ(host_copy.device_rows(), nullptr);
+  EXPECT_EQ(clones, 2);
+}
+
 TEST(EvictionPlan, BadPlansAreRefusedNamingTheHead) {
   EvictionPlan plan;
   plan.reset(0, 2);

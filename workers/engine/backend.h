@@ -55,6 +55,13 @@ class Backend {
     return cache.physical_bytes();
   }
   virtual TransferCounters counters() const { return {}; }
+  // Whether a new cache for `policy` (null: none) keeps its K/V rows on the host: always on the
+  // CPU (they are the storage); on a device only for policies that read them
+  // (Policy::reads_cache_rows), otherwise the host cache is an index.
+  virtual bool keeps_host_rows(const policies::Policy* policy) const = 0;
+  // Gives an index-only cache its rows on the host too (a policy that reads them is about to
+  // run on it); no-op where the cache already has them.
+  virtual void ensure_host_rows(kernels::KvCache& cache) = 0;
   // Whether a policy that replaces attention (Policy::attend on host K/V) can run here.
   virtual bool runs_replaced_attention() const = 0;
   // Tensor-parallel collectives sit behind reduce_add().

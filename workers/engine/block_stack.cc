@@ -26,7 +26,8 @@ kernels::KvCache StackEngine::new_cache(int initial_capacity,
                                         const policies::Policy* policy) const {
   const ModelConfig& c = model_.config;
   const int heads = policy && policy->gqa_expand() ? c.num_heads : c.num_kv_heads;
-  return kernels::KvCache({c.num_layers, heads, c.head_dim}, initial_capacity);
+  return kernels::KvCache({c.num_layers, heads, c.head_dim}, initial_capacity,
+                          backend_->keeps_host_rows(policy));
 }
 
 void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
@@ -39,6 +40,7 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
       << "policy " << policy->config().name
       << " replaces the engine's attention (SubGen's estimator); it runs on --device cpu only";
   Backend& be = *backend_;
+  if (policy && policy->reads_cache_rows()) be.ensure_host_rows(cache);
   const int32_t pos0 = cache.next_position();
   pos_.resize(n);
   for (int t = 0; t < n; ++t) {
@@ -196,6 +198,7 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCa
   KVB_CHECK((!req.col_sums || !rec.col_sums[0].empty()) && w <= rec.last_w &&
             (!req.pre_rope_keys || !rec.pre_rope_keys[0].empty()))
       << "the recorded prefill lacks statistics this policy needs";
+  if (policy.reads_cache_rows()) backend_->ensure_host_rows(cache);
   const auto t0 = Clock::now();
   for (int l = 0; l < c.num_layers; ++l) {
     const int stride = rec.strides[l];
@@ -220,7 +223,7 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCa
     st.pre_rope_keys = req.pre_rope_keys ? rec.pre_rope_keys[l].data() : nullptr;
     plan_.reset(l, cache.shape().num_kv_heads);
     policy.on_prefill_layer(st, cache, plan_);
-    cache.apply(plan_);
+    backend_->apply_plan(plan_, cache);  // the index and the storage where it lives
   }
   policy_ms_ += ms_since(t0);
 }

@@ -46,8 +46,8 @@ class StackEngine : public EngineBase {
   void forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
                std::vector<float>* logits, policies::Policy* policy = nullptr,
                PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr) override;
-  // Host code on the host cache (a device backend picks the compressed cache up at its next
-  // pass).
+  // Host code on the cache index and the recorded statistics; the plans go through the backend
+  // (a device cache's rows are compacted where they live).
   void apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
                               const PrefillRecord& record) override;
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
@@ -19,18 +20,11 @@ CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp)
     : model_(model), tp_(tp && tp->size() > 1 ? tp : nullptr) {}
 
 std::vector<float>& CpuBackend::buf(Act a) {
-  switch (a) {
-    case Act::kX: return x_;
-    case Act::kXb: return xb_;
-    case Act::kQ: return q_;
-    case Act::kK: return k_;
-    case Act::kV: return v_;
-    case Act::kAtt: return att_;
-    case Act::kProj: return proj_;
-    case Act::kGate: return gate_;
-    case Act::kUp: return up_;
-  }
-  KVB_FAIL() << "unknown activation " << static_cast<int>(a);
+  // In Act's order.
+  std::vector<float>* const table[] = {&x_, &xb_, &q_, &k_, &v_, &att_, &proj_, &gate_, &up_};
+  const size_t i = static_cast<size_t>(a);
+  KVB_CHECK(i < std::size(table)) << "unknown activation " << i;
+  return *table[i];
 }
 
 void CpuBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* positions,

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "common/error.h"
 #include "kernels/comm.h"
 #include "workers/engine/backend.h"
 #include "workers/engine/model.h"
@@ -19,6 +20,13 @@ class CpuBackend final : public Backend {
 
   std::string device_description() const override { return "cpu"; }
   bool runs_replaced_attention() const override { return true; }
+  bool keeps_host_rows(const policies::Policy* policy) const override {
+    (void)policy;
+    return true;
+  }
+  void ensure_host_rows(kernels::KvCache& cache) override {
+    KVB_CHECK(cache.host_rows()) << "the CPU engine got an index-only cache (a device engine's)";
+  }
 
   void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
                   kernels::KvCache& cache) override;

@@ -1,10 +1,11 @@
-// CudaBackend: the block stack's ops on one GPU, with the policies on a host mirror
-// (cuda_backend.h). Compiled only with KVB_WITH_CUDA.
+// CudaBackend: the block stack's ops on one GPU; the K/V rows live on the device, owned by each
+// sequence's KvCache index (cuda_backend.h). Compiled only with KVB_WITH_CUDA.
 #include "workers/engine/cuda_backend.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 
 #include "common/error.h"
 #include "kernels/cuda/attention.h"
@@ -38,6 +39,11 @@ float bf16_round(float f) {
   float r;
   std::memcpy(&r, &b, sizeof r);
   return r;
+}
+// The device rows of a cache (null before its first pass on a GPU). DeviceKvCache is the one
+// DeviceRows implementation.
+cu::DeviceKvCache* rows_of(const kernels::KvCache& cache) {
+  return static_cast<cu::DeviceKvCache*>(cache.device_rows());
 }
 }  // namespace
 
@@ -158,25 +164,51 @@ void CudaBackend::sync() {
   ++counters_.stream_syncs;
 }
 
-kernels::KvCache CudaBackend::download_device_cache() const {
+void CudaBackend::ensure_host_rows(kernels::KvCache& cache) {
+  if (cache.host_rows()) return;
+  KVB_CUDA_CHECK(cudaSetDevice(gpu_));
+  const cu::DeviceKvCache* rows = rows_of(cache);
+  if (!rows) {
+    KVB_CHECK(cache.total_slots() == 0)
+        << "--device cuda: an index-only cache of " << cache.total_slots()
+        << " slots without device rows";
+    kernels::KvCache fresh(cache.shape(), cache.capacity(), /*host_rows=*/true);
+    fresh.advance_position(cache.next_position());
+    cache = std::move(fresh);
+    return;
+  }
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return dev_ ? dev_->download() : kernels::KvCache();
+  kernels::KvCache host = rows->download();  // bf16 widens exactly: host rows == device rows
+  ++counters_.d2h_copies;
+  counters_.d2h_bytes += host.logical_bytes();
+  ++counters_.stream_syncs;
+  const kernels::KvCacheShape& sh = cache.shape();
+  for (int l = 0; l < sh.num_layers; ++l) {
+    for (int h = 0; h < sh.num_kv_heads; ++h) {
+      KVB_CHECK(host.length(l, h) == cache.length(l, h))
+          << "--device cuda: device rows of layer " << l << " head " << h << " hold "
+          << host.length(l, h) << " slots, the index " << cache.length(l, h);
+    }
+  }
+  host.advance_position(cache.next_position() - host.next_position());
+  host.set_device_rows(cache.release_device_rows());
+  cache = std::move(host);
+}
+
+kernels::KvCache CudaBackend::download_device_rows(const kernels::KvCache& cache) const {
+  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const cu::DeviceKvCache* rows = rows_of(cache);
+  return rows ? rows->download() : kernels::KvCache();
 }
 
 float* CudaBackend::act(Act a) const {
   Scratch& s = *s_;
-  switch (a) {
-    case Act::kX: return s.x.data();
-    case Act::kXb: return s.xb.data();
-    case Act::kQ: return s.q.data();
-    case Act::kK: return s.k.data();
-    case Act::kV: return s.v.data();
-    case Act::kAtt: return s.att.data();
-    case Act::kProj: return s.proj.data();
-    case Act::kGate: return s.gate.data();
-    case Act::kUp: return s.up.data();
-  }
-  KVB_FAIL() << "unknown activation " << static_cast<int>(a);
+  // In Act's order.
+  float* const table[] = {s.x.data(),   s.xb.data(),   s.q.data(),    s.k.data(), s.v.data(),
+                          s.att.data(), s.proj.data(), s.gate.data(), s.up.data()};
+  const size_t i = static_cast<size_t>(a);
+  KVB_CHECK(i < std::size(table)) << "unknown activation " << i;
+  return table[i];
 }
 
 void CudaBackend::gemm(float* y, const float* x, const void* w, const float* bias, int n, int k,
@@ -196,41 +228,68 @@ size_t CudaBackend::kv_logical_bytes(const kernels::KvCache& cache) const {
 }
 
 size_t CudaBackend::kv_physical_bytes(const kernels::KvCache& cache) const {
-  // The full fingerprint, not the address: the next unit's cache may sit where the last one did,
-  // and a cache compressed on the host is not on the device until the next forward().
-  // (matches() only reads; it takes a non-const cache for KvCache::layer().)
-  if (dev_ && bound_.matches(const_cast<kernels::KvCache&>(cache))) return dev_->physical_bytes();
+  if (const cu::DeviceKvCache* rows = rows_of(cache)) return rows->physical_bytes();
+  // Not on the device yet: what binding it would allocate at least.
   const kernels::KvCacheShape& sh = cache.shape();
   return static_cast<size_t>(sh.num_layers) * sh.num_kv_heads * cache.capacity() *
          kv_slot_bytes(sh.head_dim, dtype_);
 }
 
-// The device cache must hold exactly the host mirror, with room for n more slots per head.
+// The cache's device rows, with room for n more slots per head: created at a sequence's first
+// pass (uploaded from host rows when a cache made elsewhere brings some), grown on the device
+// when a head would overflow (1.5x).
 void CudaBackend::bind_cache(kernels::KvCache& cache, int n) {
   const kernels::KvCacheShape& sh = cache.shape();
-  bool same = dev_ && bound_.matches(cache);
+  const cu::KvDtype want = dtype_ == DType::kBf16 ? cu::KvDtype::kBf16 : cu::KvDtype::kF32;
+  cu::DeviceKvCache* rows = rows_of(cache);
   int longest = 0, room = 0;
+  bool same = rows != nullptr;
   for (int l = 0; l < sh.num_layers; ++l) {
     for (int h = 0; h < sh.num_kv_heads; ++h) {
       longest = std::max(longest, cache.length(l, h));
-      if (!same) continue;
-      same = dev_->length(l, h) == cache.length(l, h);
-      room = l == 0 && h == 0 ? dev_->capacity(l, h) : std::min(room, dev_->capacity(l, h));
+      if (!rows) continue;
+      same = same && rows->length(l, h) == cache.length(l, h);
+      room = l == 0 && h == 0 ? rows->capacity(l, h) : std::min(room, rows->capacity(l, h));
     }
   }
+  KVB_CHECK(!rows || rows->dtype() == want)
+      << "--device cuda: this cache's device rows are " << cu::kv_dtype_name(rows->dtype())
+      << ", the engine stores " << cu::kv_dtype_name(want) << " (a cache is not shared between "
+      << "engines of different dtypes)";
+  if (rows && !same) {
+    // The index changed behind the device's back (an edit that bypassed the engine).
+    KVB_CHECK(cache.host_rows())
+        << "--device cuda: the cache's index no longer matches its device rows and it holds no "
+           "rows on the host to rebuild them from; evict only through the engine (policies' "
+           "eviction plans)";
+    rows = nullptr;
+  }
   const int need = longest + n;
-  if (same && room >= need) return;
-  // (Re)build from the mirror: a different sequence, or a head about to overflow (grow 1.5x).
-  int cap = std::max(cache.capacity(), need);
-  if (same) cap = std::max(cap, room + room / 2);
-  dev_.reset();  // free first: the old and new caches need not fit together
-  dev_ = std::make_unique<cu::DeviceKvCache>(
-      sh, dtype_ == DType::kBf16 ? cu::KvDtype::kBf16 : cu::KvDtype::kF32, cap);
-  dev_->upload(cache);
-  ++counters_.h2d_copies;
-  counters_.h2d_bytes += cache.logical_bytes();
-  ++counters_.stream_syncs;  // upload() synchronizes the device
-  ++cache_uploads_;
+  if (rows && room >= need) {
+    dev_ = rows;
+    return;
+  }
+  if (rows) {  // a head about to overflow
+    std::unique_ptr<cu::DeviceKvCache> bigger = rows->grown(std::max(need, room + room / 2));
+    ++counters_.stream_syncs;  // grown() synchronises the device
+    dev_ = bigger.get();
+    cache.set_device_rows(std::move(bigger));
+    return;
+  }
+  KVB_CHECK(longest == 0 || cache.host_rows())
+      << "--device cuda: a cache of " << longest << " tokens whose rows are on no device "
+      << "(an index-only cache must stay with the engine that filled it)";
+  cache.set_device_rows(nullptr);  // free first: the old and new rows need not fit together
+  auto fresh = std::make_unique<cu::DeviceKvCache>(sh, want, std::max(cache.capacity(), need));
+  if (longest > 0) {  // host rows made elsewhere (a CPU cache handed to the GPU)
+    fresh->upload(cache);
+    ++counters_.h2d_copies;
+    counters_.h2d_bytes += cache.logical_bytes();
+    ++counters_.stream_syncs;  // upload() synchronises the device
+    ++cache_uploads_;
+  }
+  dev_ = fresh.get();
+  cache.set_device_rows(std::move(fresh));
 }
 
 void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
@@ -333,7 +392,15 @@ void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
   ++counters_.h2d_copies;  // append() pushes the layer's lengths
   counters_.h2d_bytes += ckv * sizeof(int32_t);
 
-  // The mirror: the same rows as the CPU backend appends (bf16-rounded where the device is).
+  if (!cache.host_rows()) {
+    // The index only: positions are known here, nothing comes back from the device.
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < ckv; ++h) cache.append(l, h, nullptr, nullptr, pos_h_[t]);
+    }
+    return;
+  }
+  // Host rows (a policy reads them): the same rows as the CPU backend appends (bf16-rounded
+  // where the device is).
   const size_t count = N * c.num_kv_heads * hd;
   k_h_.resize(count);
   v_h_.resize(count);
@@ -460,21 +527,21 @@ void CudaBackend::apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache
     counts_h_[h] = static_cast<int32_t>(list.size());
     std::copy(list.begin(), list.end(), slots_h_.begin() + static_cast<size_t>(h) * ld);
   }
-  cache.apply(plan);  // the mirror (validates the lists)
+  cache.apply(plan);  // the index (and host rows), validating the lists
+  cu::DeviceKvCache* rows = rows_of(cache);
+  if (!rows) return;  // host rows not on the device yet: uploaded at the cache's next pass
   {
     ensure(s_->slots, std::max<size_t>(slots_h_.size(), 1));
     copy_h2d(s_->slots.data(), slots_h_.data(), slots_h_.size() * 4);
-    dev_->keep_slots(l, s_->slots.data(), ld, counts_h_.data(), stream_);
-    // keep_slots: the counts and the new lengths go up, its validity flag comes back (one sync).
+    // The lists were validated against the index (cache.apply above): no device-side check, so
+    // nothing waits; the counts and the new lengths go up in stream order.
+    rows->keep_slots(l, s_->slots.data(), ld, counts_h_.data(), stream_, /*validated=*/true);
     counters_.h2d_copies += 2;
     counters_.h2d_bytes += 2 * sh.num_kv_heads * sizeof(int32_t);
-    ++counters_.d2h_copies;
-    counters_.d2h_bytes += sizeof(int32_t);
-    ++counters_.stream_syncs;
     for (int h = 0; h < sh.num_kv_heads; ++h) {
-      KVB_CHECK(dev_->length(l, h) == cache.length(l, h))
+      KVB_CHECK(rows->length(l, h) == cache.length(l, h))
           << "--device cuda: device cache layer " << l << " head " << h << " holds "
-          << dev_->length(l, h) << " slots after keep_slots, the mirror " << cache.length(l, h);
+          << rows->length(l, h) << " slots after keep_slots, the index " << cache.length(l, h);
     }
   }
 }
@@ -494,8 +561,8 @@ void CudaBackend::classify(int rows, std::vector<float>* logits) {
 }
 
 void CudaBackend::end_pass(kernels::KvCache& cache) {
+  (void)cache;
   sync();
-  bound_.capture(cache);
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
     peak_bytes_ = std::max(peak_bytes_, total_b - free_b);

@@ -6,31 +6,29 @@
 // accumulates in f32 (cublasGemmEx), and keeps a bf16 KV cache. Norms, RoPE, softmax, residuals
 // and logits are f32 in both. The embedding table stays f32 (rows are gathered, not multiplied).
 //
-// KV cache: a kernels::cuda::DeviceKvCache, one flat buffer per layer with per-head offsets,
-// capacities and lengths; the attention reads it directly.
+// KV cache: the host KvCache the stack passes is the sequence's index (lengths, positions, next
+// position) and owns its K/V rows on the device, a kernels::cuda::DeviceKvCache (one flat buffer
+// per layer with per-head offsets, capacities and lengths; the attention reads it directly).
+// Copying the KvCache copies the rows device to device. begin_pass creates the rows at a
+// sequence's first pass (uploading host rows only for a cache made elsewhere) and grows them on
+// the device (1.5x) when a head would overflow.
 //
-// Policies: the host mirror (until the policies decide on the device, issue 13). Policies run
-// unchanged on a host kernels::KvCache (the `cache` the stack passes) that the backend keeps
-// equal to the device cache:
-//  - append_kv copies the block's n new K/V rows (post-RoPE; pre-RoPE for rolling positions;
-//    bf16-rounded in bf16 mode, so mirror == device) to the host and appends them to the mirror
-//    exactly as the CPU backend appends them;
+// Policies decide on the host (until they decide on the device, issue 13), from the index and
+// the statistics they asked for:
+//  - append_kv appends the block's positions to the index; only for policies that read K/V rows
+//    (Policy::reads_cache_rows) are the new rows (post-RoPE; pre-RoPE for rolling positions;
+//    bf16-rounded in bf16 mode, so host rows == device rows) copied down and kept on the host;
 //  - stats_to_host copies the statistics a hook asked for (col_sums [num_heads, stride],
 //    last_probs [num_heads, last_w, stride]) to the host; pre-RoPE keys come through download();
-//  - apply_plan applies the hook's eviction plan to the mirror and the same keep-lists to the
-//    device cache, with one DeviceKvCache::keep_slots per layer the plan changes.
-// Host traffic per decode step and layer: D2H 2 * kv_dim * 4 bytes (the new K/V) + the
-// statistics (decode: col_sums of num_heads * stride floats when asked, e.g. H2O, 4 * 32 * 2048
-// = 256 KiB per layer at budget 2048 on Llama-3-8B), H2D the keep-lists when a head changed
-// (4 bytes per kept slot); one stream sync per layer for the K/V copy, one more when a hook
-// reads statistics, one when keep_slots validates its lists. counters() counts every copy and
-// sync, so these costs show in tests and benchmarks.
-//
-// The mirror also makes device state recoverable: begin_pass checks that the host cache is the
-// one the device holds (same object, position, lengths, last positions and last key rows) and
-// otherwise uploads it (a copy forked for a policy, a cache compressed by
-// apply_recorded_prefill, a new sequence in a reused object); it grows the device capacity by
-// re-uploading when a head would overflow.
+//  - apply_plan applies the hook's eviction plan to the index (which validates it) and the same
+//    keep-lists to the device rows, one DeviceKvCache::keep_slots per layer the plan changes,
+//    unchecked on the device and without waiting.
+// Host traffic per decode step: the logits and one sync at the end; per layer, the statistics a
+// decode hook reads (col_sums of num_heads * stride floats, e.g. H2O, 4 * 32 * 2048 = 256 KiB at
+// budget 2048 on Llama-3-8B; one sync), pre-RoPE keys when asked (one sync), the K/V rows for
+// policies that read them (one sync), and H2D the keep-lists of a changed layer (4 bytes per
+// kept slot). counters() counts every copy and sync, so these costs show in tests and
+// benchmarks.
 //
 // Not supported on the GPU (clear usage errors): policies that replace attention (SubGen,
 // weighted subgen_kcenter), tensor-parallel groups.
@@ -47,7 +45,6 @@
 #include "kernels/cuda/runtime.h"
 #include "workers/engine/backend.h"
 #include "workers/engine/engine_base.h"
-#include "workers/engine/mirror_sync.h"
 #include "workers/engine/model.h"
 
 namespace kvb::engine {
@@ -65,20 +62,25 @@ class CudaBackend final : public Backend {
   // Max over forward passes of the device's used memory (cudaMemGetInfo total - free, sampled
   // at the end of each pass: the whole device, CUDA context and cuBLAS workspace included).
   size_t device_peak_bytes() const override { return peak_bytes_; }
-  // Bytes of the device cache: slots x (2 x head_dim x 2 or 4 bytes + a 4-byte position). The
-  // physical bytes are the device cache's allocation while it holds `cache` (fingerprint), else
-  // the host mirror's capacity at the device's slot size (what binding it would allocate at
-  // least).
+  // Bytes of the device rows: slots x (2 x head_dim x 2 or 4 bytes + a 4-byte position). The
+  // physical bytes are the cache's device rows' allocation, or before its first pass the
+  // index's capacity at the device's slot size (what binding it would allocate at least).
   size_t kv_logical_bytes(const kernels::KvCache& cache) const override;
   size_t kv_physical_bytes(const kernels::KvCache& cache) const override;
   TransferCounters counters() const override { return counters_; }
   bool runs_replaced_attention() const override { return false; }
+  bool keeps_host_rows(const policies::Policy* policy) const override {
+    return policy && policy->reads_cache_rows();
+  }
+  void ensure_host_rows(kernels::KvCache& cache) override;
 
   DType dtype() const { return dtype_; }
   int gpu() const { return gpu_; }
   size_t weight_bytes() const { return weight_bytes_; }
   int64_t cache_uploads() const { return cache_uploads_; }
-  kernels::KvCache download_device_cache() const;
+  // The cache's device rows as a host KvCache with rows (synchronous; tests). Empty shape when
+  // the cache has none yet.
+  kernels::KvCache download_device_rows(const kernels::KvCache& cache) const;
 
   void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
                   kernels::KvCache& cache) override;
@@ -123,10 +125,8 @@ class CudaBackend final : public Backend {
   kernels::cuda::DeviceBuffer<float> embedding_, final_norm_, output_f32_;
   kernels::cuda::DeviceBuffer<__nv_bfloat16> output_bf16_;
   std::unique_ptr<Scratch> s_;
-  std::unique_ptr<kernels::cuda::DeviceKvCache> dev_;
+  kernels::cuda::DeviceKvCache* dev_ = nullptr;  // the rows of the pass's cache (it owns them)
   int rolled_layer_ = -1;  // the layer whose next attention reads the rolled keys
-  // What the device cache holds: the host cache it mirrors, as of the end of the last pass.
-  CacheFingerprint bound_;
   // Host staging.
   std::vector<float> k_h_, v_h_, col_sums_, last_probs_;
   std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_, keep_scratch_;

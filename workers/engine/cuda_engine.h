@@ -1,6 +1,6 @@
 // The transformer forward pass on one GPU (DESIGN.md "Backends and builds"): the block stack
-// (block_stack.h) over CudaBackend (cuda_backend.h: the weight upload, the device KV cache, and
-// the host mirror the policies still decide on). Only in builds with CUDA (KVB_WITH_CUDA).
+// (block_stack.h) over CudaBackend (cuda_backend.h: the weight upload, the ops, the K/V rows on
+// the device under each sequence's host index). Only in builds with CUDA (KVB_WITH_CUDA).
 // tests/cuda/test_cuda_engine.cc checks it against the CPU engine.
 #pragma once
 
@@ -19,17 +19,19 @@ class CudaEngine final : public StackEngine {
   int gpu() const { return cuda().gpu(); }
   // Bytes of the uploaded weights (both copies where bf16 keeps an f32 embedding).
   size_t weight_bytes() const { return cuda().weight_bytes(); }
-  // Host<->device bytes moved for the mirror, the statistics and the cache uploads since
-  // construction.
+  // Host<->device bytes moved since construction (statistics, host rows for policies that read
+  // them, tokens, logits, keep-lists, uploads).
   size_t mirror_bytes() const {
     const TransferCounters t = transfer_counters();
     return t.d2h_bytes + t.h2d_bytes;
   }
   // Full uploads of a host cache to the device (a switch of sequence or a capacity growth).
   int64_t cache_uploads() const { return cuda().cache_uploads(); }
-  // The device cache as a host KvCache (synchronous; tests compare it with the mirror). Empty
-  // shape before the first forward().
-  kernels::KvCache download_device_cache() const { return cuda().download_device_cache(); }
+  // A cache's device rows as a host KvCache with rows (synchronous; tests compare them with
+  // the index and with the CPU's cache). Empty shape before the cache's first forward().
+  kernels::KvCache download_device_rows(const kernels::KvCache& cache) const {
+    return cuda().download_device_rows(cache);
+  }
 
  private:
   const CudaBackend& cuda() const { return static_cast<const CudaBackend&>(backend()); }

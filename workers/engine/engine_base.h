@@ -1,8 +1,8 @@
 // The device-agnostic face of an engine (DESIGN.md "Backends and builds"): what generation, the
 // runner and the sweep workers call. Engine (forward.h) is the CPU f32 reference; CudaEngine
-// (cuda_engine.h, only in builds with CUDA) runs the same block stack on a GPU. Both take the
-// host `kernels::KvCache` of a sequence: on the CPU it is the cache; on the GPU it is the host
-// mirror the policies read and edit (cuda_engine.h "Policies: the host mirror").
+// (cuda_engine.h, only in builds with CUDA) runs the same block stack (block_stack.h) on a GPU.
+// Both take the host `kernels::KvCache` of a sequence: on the CPU it is the cache; on the GPU it
+// is the sequence's index, which owns its K/V rows on the device (cuda_backend.h).
 #pragma once
 
 #include <cstdint>
@@ -74,8 +74,8 @@ class EngineBase {
   // The tensor-parallel group (null on one device).
   virtual kernels::Communicator* tp() const { return nullptr; }
   // Milliseconds spent inside policy hooks (scoring, selection, compaction) since construction:
-  // the eviction overhead, measured apart from attention (on the GPU: including the host-mirror
-  // traffic and the device compaction the hooks cause).
+  // the eviction overhead, measured apart from attention (on the GPU: including the copies of
+  // the statistics the hooks read and the device compaction their plans cause).
   virtual double policy_ms() const = 0;
   // Prompt prefills executed (forward passes over more than one token, or a first token).
   virtual int64_t prefills() const = 0;
@@ -85,8 +85,8 @@ class EngineBase {
   virtual size_t device_peak_bytes() const { return 0; }
   // K/V memory of `cache` as this engine stores it (measurements.kv_bytes_*): logical = retained
   // slots x bytes per slot, physical = what is allocated. On the CPU the cache itself (f32); the
-  // GPU engine counts its device cache (bf16 halves the K/V bytes; its capacity may differ from
-  // the host mirror's).
+  // GPU engine counts the cache's device rows (bf16 halves the K/V bytes; their capacity may
+  // differ from the index's).
   virtual size_t kv_logical_bytes(const kernels::KvCache& cache) const {
     return cache.logical_bytes();
   }

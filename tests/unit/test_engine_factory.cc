@@ -1,60 +1,13 @@
-// The GPU engine's host-mirror bookkeeping (workers/engine/mirror_sync.h), which runs on the host
-// and so is checked here without a GPU: fingerprints notice every way a cache can change between
-// two forward passes. And the engine factory's errors.
+// The engine factory's errors (--device, --dtype) and the CPU engine's accounting, checked
+// without a GPU.
 #include <gtest/gtest.h>
-
-#include <cstring>
-#include <random>
 
 #include "common/error.h"
 #include "workers/engine/engine_base.h"
 #include "workers/engine/forward.h"
-#include "workers/engine/mirror_sync.h"
 
 namespace kvb {
 namespace {
-
-using engine::CacheFingerprint;
-
-kernels::KvCache filled_cache(int layers, int heads, int hd, int tokens, uint64_t seed) {
-  kernels::KvCache c({layers, heads, hd}, tokens);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> k(hd), v(hd);
-  for (int t = 0; t < tokens; ++t) {
-    for (int l = 0; l < layers; ++l) {
-      for (int h = 0; h < heads; ++h) {
-        for (int d = 0; d < hd; ++d) k[d] = u(rng), v[d] = u(rng);
-        c.append(l, h, k.data(), v.data(), t);
-      }
-    }
-  }
-  c.advance_position(tokens);
-  return c;
-}
-
-TEST(MirrorSync, FingerprintNoticesEveryChange) {
-  kernels::KvCache a = filled_cache(2, 2, 4, 6, 1);
-  CacheFingerprint fp;
-  EXPECT_FALSE(fp.matches(a));
-  fp.capture(a);
-  EXPECT_TRUE(fp.matches(a));
-  kernels::KvCache copy = a;
-  EXPECT_FALSE(fp.matches(copy));  // another object: the device holds `a`
-  kernels::KvCache b = a;
-  b.keep_slots(1, 1, {0, 1, 2, 3, 4});  // one head shorter
-  a = b;
-  EXPECT_FALSE(fp.matches(a));
-  fp.capture(a);
-  a = filled_cache(2, 2, 4, 6, 2);  // same lengths and positions, other contents
-  EXPECT_FALSE(fp.matches(a));
-  fp.capture(a);
-  a.advance_position(1);
-  EXPECT_FALSE(fp.matches(a));
-  fp.reset();
-  a.advance_position(-1);
-  EXPECT_FALSE(fp.matches(a));
-}
 
 TEST(EngineFactory, DeviceAndDtypeErrors) {
   EXPECT_EQ(engine::parse_device("cpu"), engine::Device::kCpu);
