@@ -21,6 +21,7 @@
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
+#include "workers/engine/model.h"
 
 namespace kvb::engine {
 
@@ -39,6 +40,12 @@ struct TransferCounters {
   size_t d2h_bytes = 0;
   size_t h2d_bytes = 0;
 };
+
+// Appends a block's n new K/V rows (host, [n, num_kv_heads, head_dim]) to every head of `layer`
+// of a host-rows cache at positions[0, n); a cache of num_heads heads (GQA expanded) takes a
+// copy per query head. What both backends do with host rows.
+void append_block_rows(const ModelConfig& config, int layer, int n, const float* keys,
+                       const float* values, const int32_t* positions, kernels::KvCache& cache);
 
 class Backend {
  public:

@@ -183,6 +183,19 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
   }
 }
 
+void append_block_rows(const ModelConfig& c, int l, int n, const float* keys,
+                       const float* values, const int32_t* positions, kernels::KvCache& cache) {
+  const int hd = c.head_dim, ckv = cache.shape().num_kv_heads;
+  const int model_group = c.num_heads / c.num_kv_heads;
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < ckv; ++h) {
+      const int src = ckv == c.num_kv_heads ? h : h / model_group;
+      const size_t off = (static_cast<size_t>(t) * c.num_kv_heads + src) * hd;
+      cache.append(l, h, &keys[off], &values[off], positions[t]);
+    }
+  }
+}
+
 bool can_share_prefill(const policies::Policy& policy) {
   return policy.prefill_mode() == policies::PrefillMode::kOneshot && !policy.gqa_expand() &&
          !policy.rolling_positions() && !policy.replaces_attention();

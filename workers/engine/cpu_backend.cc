@@ -107,16 +107,7 @@ void CpuBackend::download(Act a, size_t count, float* dst) {
 }
 
 void CpuBackend::append_kv(int l, int n, kernels::KvCache& cache) {
-  const ModelConfig& c = model_.config;
-  const int hd = c.head_dim, ckv = cache.shape().num_kv_heads;
-  const int model_group = c.num_heads / c.num_kv_heads;
-  for (int t = 0; t < n; ++t) {
-    for (int h = 0; h < ckv; ++h) {
-      const int src = ckv == c.num_kv_heads ? h : h / model_group;
-      const size_t off = (static_cast<size_t>(t) * c.num_kv_heads + src) * hd;
-      cache.append(l, h, &k_[off], &v_[off], pos_[t]);
-    }
-  }
+  append_block_rows(model_.config, l, n, k_.data(), v_.data(), pos_, cache);
 }
 
 void CpuBackend::roll_keys(int l, kernels::KvCache& cache) {

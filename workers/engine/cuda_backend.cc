@@ -413,14 +413,7 @@ void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
       v_h_[i] = bf16_round(v_h_[i]);
     }
   }
-  const int model_group = c.num_heads / c.num_kv_heads;
-  for (int t = 0; t < n; ++t) {
-    for (int h = 0; h < ckv; ++h) {
-      const int src = ckv == c.num_kv_heads ? h : h / model_group;
-      const size_t off = (static_cast<size_t>(t) * c.num_kv_heads + src) * hd;
-      cache.append(l, h, &k_h_[off], &v_h_[off], pos_h_[t]);
-    }
-  }
+  append_block_rows(c, l, n, k_h_.data(), v_h_.data(), pos_h_.data(), cache);
 }
 
 void CudaBackend::roll_keys(int l, kernels::KvCache& cache) {
