@@ -237,11 +237,11 @@ void dequantize_block_q2_k(const uint8_t* src, float* y) {  // y: [256]
   int is = 0;
   for (size_t n = 0; n < kQK_K; n += 128) {
     for (int shift = 0; shift < 8; shift += 2) {
-      for (int half = 0; half < 2; ++half) {  // bytes 0..15, then 16..31
+      for (int part = 0; part < 2; ++part) {  // bytes 0..15, then 16..31
         const uint8_t sc = b.scales[is++];
         const float dl = d * (sc & 0xF);
         const float ml = min * (sc >> 4);
-        for (int l = 0; l < 16; ++l) *y++ = dl * ((q[16 * half + l] >> shift) & 3) - ml;
+        for (int l = 0; l < 16; ++l) *y++ = dl * ((q[16 * part + l] >> shift) & 3) - ml;
       }
     }
     q += 32;
@@ -257,8 +257,8 @@ inline int q3_k_scale(const uint8_t* s, int k) {
   return (low | high << 4) - 32;
 }
 
-// Q3_K: Q2_K's 2-bit layout with one hmask bit per element (bit 4 * half + shift / 2 of
-// hmask[l]); the quant is the 2 bits minus 4 where that bit is CLEAR.
+// Q3_K: Q2_K's 2-bit layout with one hmask bit per element (bit 4 * (n / 128) + shift / 2 of
+// hmask[l], l = 0..31); the quant is the 2 bits minus 4 where that bit is CLEAR.
 void dequantize_block_q3_k(const uint8_t* src, float* y) {  // y: [256]
   BlockQ3_K b;
   std::memcpy(&b, src, sizeof(b));
@@ -268,9 +268,9 @@ void dequantize_block_q3_k(const uint8_t* src, float* y) {  // y: [256]
   unsigned m = 1;
   for (size_t n = 0; n < kQK_K; n += 128) {
     for (int shift = 0; shift < 8; shift += 2) {
-      for (int half = 0; half < 2; ++half) {
+      for (int part = 0; part < 2; ++part) {  // bytes 0..15, then 16..31
         const float dl = d_all * q3_k_scale(b.scales, is++);
-        for (int l = 16 * half; l < 16 * half + 16; ++l) {
+        for (int l = 16 * part; l < 16 * part + 16; ++l) {
           *y++ = dl * (((q[l] >> shift) & 3) - ((b.hmask[l] & m) ? 0 : 4));
         }
       }
