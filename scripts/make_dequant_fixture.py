@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
-# Writes the golden files of the dequantization tests (tests/unit/test_dequant.cc and
-# tests/model/test_gguf_smollm2.cc). The reference is gguf-py's numpy `gguf.quants.dequantize`
-# (gguf==0.10.0, numpy==1.26.4, pinned in scripts/ref_env.sh); gguf-py 0.10.0 dequantizes every
-# type kvbench supports (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), so no type needs a
-# hand-written reference here. Rerun: $(bash scripts/ref_env.sh) scripts/make_dequant_fixture.py
+# Writes the golden files of the dequantization tests (tests/unit/test_dequant.cc,
+# tests/unit/test_gguf.cc and tests/model/test_gguf_smollm2.cc). The reference is gguf-py's numpy
+# `gguf.quants.dequantize`, pinned: gguf==0.10.0, numpy==1.26.4 (also in scripts/ref_env.sh; the
+# script refuses other versions). gguf-py 0.10.0 dequantizes every type kvbench supports (F32,
+# F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), so no
+# type needs a hand-written reference here. Rerun with either environment:
+#   $(bash scripts/ref_env.sh) scripts/make_dequant_fixture.py
+#   python3 -m venv .venv-gguf && .venv-gguf/bin/pip install gguf==0.10.0 numpy==1.26.4 \
+#       sentencepiece==0.2.3 && .venv-gguf/bin/python scripts/make_dequant_fixture.py
+# (gguf 0.10.0 imports sentencepiece at import time; it plays no part in dequantization.)
 """Golden dequantization fixtures.
 
 tests/fixtures/dequant/<TYPE>.bin, all little-endian:
@@ -27,6 +32,7 @@ from gguf.constants import GGML_QUANT_SIZES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "dequant")
 SEED = 20240611
+PINS = {"gguf": "0.10.0", "numpy": "1.26.4"}
 N_BLOCKS = 4          # quantized types: blocks per fixture
 N_SCALAR = 128        # F32/F16/BF16: elements per fixture
 
@@ -38,7 +44,17 @@ F16_FIELDS = {
     T.Q4_K: [0, 2],     # d, dmin
     T.Q5_K: [0, 2],     # d, dmin
     T.Q6_K: [208],      # d (after ql[128], qh[64], scales[16])
+    T.Q5_0: [0],        # d (then qh[4], qs[16])
+    T.Q5_1: [0, 2],     # d, m
+    T.Q2_K: [80, 82],   # d, dmin (after scales[16], qs[64])
+    T.Q3_K: [108],      # d (after hmask[32], qs[64], scales[12])
+    T.IQ4_NL: [0],      # d
+    T.IQ4_XS: [0],      # d (then scales_h u16, scales_l[4], qs[128])
 }
+# The first fixtures draw from one generator in this order; types added later draw from their own
+# generator (seeded by SEED and the type id), so adding a type leaves existing fixtures unchanged.
+FIRST_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]
+LATER_TYPES = [T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]
 
 
 def finite_f16_bits(rng, n):
@@ -74,10 +90,11 @@ def make_raw(rng, qtype):
     return raw.reshape(-1)
 
 
-def write_type_fixtures(rng):
+def write_type_fixtures(rng, types):
+    """rng: one generator for all of `types`, or None for one generator per type."""
     files = []
-    for qtype in [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]:
-        raw = make_raw(rng, qtype)
+    for qtype in types:
+        raw = make_raw(rng if rng is not None else np.random.default_rng([SEED, int(qtype)]), qtype)
         block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
         n = raw.size // block_bytes * block_elems
         expected = gguf.quants.dequantize(raw.reshape(1, -1), qtype).astype(np.float32).reshape(-1)
@@ -124,13 +141,17 @@ def main():
                     default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"),
                     help="SmolLM2 GGUF for smollm2_samples.json (skipped if absent)")
     args = ap.parse_args()
+    found = {"gguf": importlib.metadata.version("gguf"), "numpy": np.__version__}
+    if found != PINS:
+        sys.exit(f"error: this script is pinned to {PINS}, found {found}; see its header")
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(SEED)
-    files = write_type_fixtures(rng)
+    files = write_type_fixtures(rng, FIRST_TYPES)
     if os.path.exists(args.model):
         files.append(write_smollm2_samples(rng, args.model))
     else:
         print(f"note: {args.model} absent; smollm2_samples.json not written", file=sys.stderr)
+    files += write_type_fixtures(None, LATER_TYPES)
     manifest = {
         "generator": "scripts/make_dequant_fixture.py",
         "reference": "gguf.quants.dequantize",

@@ -1,8 +1,9 @@
 // Dequantization of ggml block formats to f32, CPU reference. Block structs follow ggml-common.h
-// (block_q4_0, block_q4_1, block_q8_0, block_q4_K, block_q5_K, block_q6_K); the loops follow
-// ggml-quants.c dequantize_row_* element for element, with the same f32 operations in the same
-// order. Every product here is exact in f32 (an f16 scale has 11 significant bits, sub-scales 6-8
-// and quants 4-6), so only the final `+ m` / `- m` rounds and FMA contraction cannot change a bit.
+// (block_q4_0, _q4_1, _q5_0, _q5_1, _q8_0, _iq4_nl; block_q2_K ... block_q6_K, block_iq4_xs); the
+// loops follow ggml-quants.c dequantize_row_* element for element, with the same f32 operations
+// in the same order. Every product here is exact in f32 (an f16 scale has 11 significant bits,
+// sub-scales 4-8 and quants 2-7, at most 24 together), so only a final `+ m` / `- m` rounds and
+// FMA contraction cannot change a bit.
 #include "kernels/cpu/dequant.h"
 
 #include <cstring>
@@ -12,7 +13,7 @@
 namespace kvb::kernels::cpu {
 namespace {
 
-constexpr size_t kQK = 32;     // elements per block of Q4_0, Q4_1, Q8_0
+constexpr size_t kQK = 32;     // elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
 constexpr size_t kQK_K = 256;  // elements per K-quant super-block
 constexpr size_t kScaleBytesK = 12;
 
@@ -26,9 +27,36 @@ struct BlockQ4_1 {
   uint16_t m;
   uint8_t qs[kQK / 2];
 };
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];        // 5th bit of element j is bit j of this little-endian u32
+  uint8_t qs[kQK / 2];  // low 4 bits, nibbles as in Q4_0
+};
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
 struct BlockQ8_0 {
   uint16_t d;
   int8_t qs[kQK];
+};
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[kQK / 2];  // 4-bit indices into kIQ4Values, nibbles as in Q4_0
+};
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];  // per 16 elements: scale in the low nibble, min in the high
+  uint8_t qs[kQK_K / 4];       // 2-bit quants, four per byte
+  uint16_t d;
+  uint16_t dmin;
+};
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8];  // 3rd bit of each element, SET meaning "no -4 offset"
+  uint8_t qs[kQK_K / 4];     // low 2 bits, four per byte
+  uint8_t scales[12];        // 16 x 6-bit scales (offset by 32), packed
+  uint16_t d;
 };
 struct BlockQ4_K {
   uint16_t d;
@@ -49,8 +77,20 @@ struct BlockQ6_K {
   int8_t scales[kQK_K / 16];  // one per 16 elements
   uint16_t d;
 };
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;             // high 2 bits of the 8 sub-block scales, 2 bits each
+  uint8_t scales_l[kQK_K / 64];  // low 4 bits of the 8 sub-block scales, nibbles
+  uint8_t qs[kQK_K / 2];         // per 32 elements 16 bytes of kIQ4Values indices, as IQ4_NL
+};
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 && sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
+
+// ggml-quants.c kvalues_iq4nl: the non-linear 4-bit grid of IQ4_NL and IQ4_XS.
+constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
 
 struct TypeInfo {
   const char* name;
@@ -60,42 +100,42 @@ struct TypeInfo {
 
 // Indexed by ggml_type id (ggml.h / gguf-py 0.10.0 constants.py); ids 4 and 5 were retired.
 constexpr TypeInfo kTypes[] = {
-    {"F32", 4, 1},                       // 0
-    {"F16", 2, 1},                       // 1
-    {"Q4_0", sizeof(BlockQ4_0), kQK},    // 2
-    {"Q4_1", sizeof(BlockQ4_1), kQK},    // 3
-    {"unknown", 0, 0},                   // 4
-    {"unknown", 0, 0},                   // 5
-    {"Q5_0", 0, 0},                      // 6
-    {"Q5_1", 0, 0},                      // 7
-    {"Q8_0", sizeof(BlockQ8_0), kQK},    // 8
-    {"Q8_1", 0, 0},                      // 9
-    {"Q2_K", 0, 0},                      // 10
-    {"Q3_K", 0, 0},                      // 11
-    {"Q4_K", sizeof(BlockQ4_K), kQK_K},  // 12
-    {"Q5_K", sizeof(BlockQ5_K), kQK_K},  // 13
-    {"Q6_K", sizeof(BlockQ6_K), kQK_K},  // 14
-    {"Q8_K", 0, 0},                      // 15
-    {"IQ2_XXS", 0, 0},                   // 16
-    {"IQ2_XS", 0, 0},                    // 17
-    {"IQ3_XXS", 0, 0},                   // 18
-    {"IQ1_S", 0, 0},                     // 19
-    {"IQ4_NL", 0, 0},                    // 20
-    {"IQ3_S", 0, 0},                     // 21
-    {"IQ2_S", 0, 0},                     // 22
-    {"IQ4_XS", 0, 0},                    // 23
-    {"I8", 0, 0},                        // 24
-    {"I16", 0, 0},                       // 25
-    {"I32", 0, 0},                       // 26
-    {"I64", 0, 0},                       // 27
-    {"F64", 0, 0},                       // 28
-    {"IQ1_M", 0, 0},                     // 29
-    {"BF16", 2, 1},                      // 30
-    {"Q4_0_4_4", 0, 0},                  // 31
-    {"Q4_0_4_8", 0, 0},                  // 32
-    {"Q4_0_8_8", 0, 0},                  // 33
-    {"TQ1_0", 0, 0},                     // 34
-    {"TQ2_0", 0, 0},                     // 35
+    {"F32", 4, 1},                           // 0
+    {"F16", 2, 1},                           // 1
+    {"Q4_0", sizeof(BlockQ4_0), kQK},        // 2
+    {"Q4_1", sizeof(BlockQ4_1), kQK},        // 3
+    {"unknown", 0, 0},                       // 4
+    {"unknown", 0, 0},                       // 5
+    {"Q5_0", sizeof(BlockQ5_0), kQK},        // 6
+    {"Q5_1", sizeof(BlockQ5_1), kQK},        // 7
+    {"Q8_0", sizeof(BlockQ8_0), kQK},        // 8
+    {"Q8_1", 0, 0},                          // 9
+    {"Q2_K", sizeof(BlockQ2_K), kQK_K},      // 10
+    {"Q3_K", sizeof(BlockQ3_K), kQK_K},      // 11
+    {"Q4_K", sizeof(BlockQ4_K), kQK_K},      // 12
+    {"Q5_K", sizeof(BlockQ5_K), kQK_K},      // 13
+    {"Q6_K", sizeof(BlockQ6_K), kQK_K},      // 14
+    {"Q8_K", 0, 0},                          // 15
+    {"IQ2_XXS", 0, 0},                       // 16
+    {"IQ2_XS", 0, 0},                        // 17
+    {"IQ3_XXS", 0, 0},                       // 18
+    {"IQ1_S", 0, 0},                         // 19
+    {"IQ4_NL", sizeof(BlockIQ4_NL), kQK},    // 20
+    {"IQ3_S", 0, 0},                         // 21
+    {"IQ2_S", 0, 0},                         // 22
+    {"IQ4_XS", sizeof(BlockIQ4_XS), kQK_K},  // 23
+    {"I8", 0, 0},                            // 24
+    {"I16", 0, 0},                           // 25
+    {"I32", 0, 0},                           // 26
+    {"I64", 0, 0},                           // 27
+    {"F64", 0, 0},                           // 28
+    {"IQ1_M", 0, 0},                         // 29
+    {"BF16", 2, 1},                          // 30
+    {"Q4_0_4_4", 0, 0},                      // 31
+    {"Q4_0_4_8", 0, 0},                      // 32
+    {"Q4_0_8_8", 0, 0},                      // 33
+    {"TQ1_0", 0, 0},                         // 34
+    {"TQ2_0", 0, 0},                         // 35
 };
 constexpr uint32_t kNumTypes = sizeof(kTypes) / sizeof(kTypes[0]);
 
@@ -141,6 +181,103 @@ void dequantize_block_q8_0(const uint8_t* src, float* y) {  // y: [32]
   std::memcpy(&b, src, sizeof(b));
   const float d = fp16_to_f32(b.d);
   for (size_t j = 0; j < kQK; ++j) y[j] = b.qs[j] * d;
+}
+
+// Q5_0/Q5_1: Q4_0/Q4_1 nibbles plus a 5th bit; element j takes bit j of qh, element 16 + j
+// bit 16 + j (ggml-quants.c dequantize_row_q5_0: xh_0 / xh_1).
+inline uint32_t load_qh(const uint8_t* qh) {
+  return qh[0] | uint32_t{qh[1]} << 8 | uint32_t{qh[2]} << 16 | uint32_t{qh[3]} << 24;
+}
+
+void dequantize_block_q5_0(const uint8_t* src, float* y) {  // y: [32]
+  BlockQ5_0 b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  const uint32_t qh = load_qh(b.qh);
+  for (size_t j = 0; j < kQK / 2; ++j) {
+    const int x0 = ((b.qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16;
+    const int x1 = ((b.qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16;
+    y[j] = x0 * d;
+    y[j + kQK / 2] = x1 * d;
+  }
+}
+
+void dequantize_block_q5_1(const uint8_t* src, float* y) {  // y: [32]
+  BlockQ5_1 b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  const float m = fp16_to_f32(b.m);
+  const uint32_t qh = load_qh(b.qh);
+  for (size_t j = 0; j < kQK / 2; ++j) {
+    const int x0 = (b.qs[j] & 0x0F) | ((qh >> j) & 1) << 4;
+    const int x1 = (b.qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4;
+    y[j] = x0 * d + m;
+    y[j + kQK / 2] = x1 * d + m;
+  }
+}
+
+void dequantize_block_iq4_nl(const uint8_t* src, float* y) {  // y: [32]
+  BlockIQ4_NL b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  for (size_t j = 0; j < kQK / 2; ++j) {
+    y[j] = d * kIQ4Values[b.qs[j] & 0x0F];
+    y[j + kQK / 2] = d * kIQ4Values[b.qs[j] >> 4];
+  }
+}
+
+// Q2_K (ggml-quants.c dequantize_row_q2_K): each 128-element half reads 32 quant bytes four
+// times, shifting by 0, 2, 4, 6; every 16 elements have their own 4-bit scale and min.
+void dequantize_block_q2_k(const uint8_t* src, float* y) {  // y: [256]
+  BlockQ2_K b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  const float min = fp16_to_f32(b.dmin);
+  const uint8_t* q = b.qs;
+  int is = 0;
+  for (size_t n = 0; n < kQK_K; n += 128) {
+    for (int shift = 0; shift < 8; shift += 2) {
+      for (int part = 0; part < 2; ++part) {  // bytes 0..15, then 16..31
+        const uint8_t sc = b.scales[is++];
+        const float dl = d * (sc & 0xF);
+        const float ml = min * (sc >> 4);
+        for (int l = 0; l < 16; ++l) *y++ = dl * ((q[16 * part + l] >> shift) & 3) - ml;
+      }
+    }
+    q += 32;
+  }
+}
+
+// Q3_K's 16 6-bit scales (ggml-quants.c dequantize_row_q3_K, the kmask1/kmask2 shuffle): the low
+// 4 bits of scale k are the low (k < 8) or high (k >= 8) nibble of byte k % 8, the high 2 bits
+// are bits 2 (k / 4) .. +1 of byte 8 + k % 4. Stored offset by 32.
+inline int q3_k_scale(const uint8_t* s, int k) {
+  const int low = k < 8 ? s[k] & 0xF : s[k - 8] >> 4;
+  const int high = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+  return (low | high << 4) - 32;
+}
+
+// Q3_K: Q2_K's 2-bit layout with one hmask bit per element (bit 4 * (n / 128) + shift / 2 of
+// hmask[l], l = 0..31); the quant is the 2 bits minus 4 where that bit is CLEAR.
+void dequantize_block_q3_k(const uint8_t* src, float* y) {  // y: [256]
+  BlockQ3_K b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d_all = fp16_to_f32(b.d);
+  const uint8_t* q = b.qs;
+  int is = 0;
+  unsigned m = 1;
+  for (size_t n = 0; n < kQK_K; n += 128) {
+    for (int shift = 0; shift < 8; shift += 2) {
+      for (int part = 0; part < 2; ++part) {  // bytes 0..15, then 16..31
+        const float dl = d_all * q3_k_scale(b.scales, is++);
+        for (int l = 16 * part; l < 16 * part + 16; ++l) {
+          *y++ = dl * (((q[l] >> shift) & 3) - ((b.hmask[l] & m) ? 0 : 4));
+        }
+      }
+      m <<= 1;
+    }
+    q += 32;
+  }
 }
 
 void dequantize_block_q4_k(const uint8_t* src, float* y) {  // y: [256]
@@ -217,6 +354,25 @@ void dequantize_block_q6_k(const uint8_t* src, float* y) {  // y: [256]
   }
 }
 
+// IQ4_XS (ggml-quants.c dequantize_row_iq4_xs): 8 sub-blocks of 32, each with a 6-bit scale
+// (low nibble from scales_l, high 2 bits from scales_h, offset by 32) and IQ4_NL's nibble layout.
+void dequantize_block_iq4_xs(const uint8_t* src, float* y) {  // y: [256]
+  BlockIQ4_XS b;
+  std::memcpy(&b, src, sizeof(b));
+  const float d = fp16_to_f32(b.d);
+  const uint8_t* qs = b.qs;
+  for (int ib = 0; ib < static_cast<int>(kQK_K / 32); ++ib) {
+    const int ls = ((b.scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | ((b.scales_h >> 2 * ib) & 3) << 4;
+    const float dl = d * (ls - 32);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = dl * kIQ4Values[qs[j] & 0xF];
+      y[j + 16] = dl * kIQ4Values[qs[j] >> 4];
+    }
+    y += 32;
+    qs += 16;
+  }
+}
+
 // Scalar types, treated as blocks of 64 elements so they share the block loop below.
 constexpr size_t kScalarChunk = 64;
 void dequantize_chunk_f16(const uint8_t* src, float* y) {  // y: [64]
@@ -281,7 +437,10 @@ const char* ggml_type_name(uint32_t type) {
   return type < kNumTypes ? kTypes[type].name : "unknown";
 }
 
-const char* supported_type_names() { return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K"; }
+const char* supported_type_names() {
+  return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, "
+         "IQ4_XS";
+}
 
 bool ggml_block_info(uint32_t type, size_t* block_bytes, size_t* block_elems) {
   if (type >= kNumTypes || kTypes[type].block_bytes == 0) return false;
@@ -319,14 +478,26 @@ void dequantize(uint32_t type, const void* src, float* dst, size_t n) {
       return run_blocks(dequantize_block_q4_0, s, dst, n / kQK, block_bytes, kQK);
     case 3:
       return run_blocks(dequantize_block_q4_1, s, dst, n / kQK, block_bytes, kQK);
+    case 6:
+      return run_blocks(dequantize_block_q5_0, s, dst, n / kQK, block_bytes, kQK);
+    case 7:
+      return run_blocks(dequantize_block_q5_1, s, dst, n / kQK, block_bytes, kQK);
     case 8:
       return run_blocks(dequantize_block_q8_0, s, dst, n / kQK, block_bytes, kQK);
+    case 10:
+      return run_blocks(dequantize_block_q2_k, s, dst, n / kQK_K, block_bytes, kQK_K);
+    case 11:
+      return run_blocks(dequantize_block_q3_k, s, dst, n / kQK_K, block_bytes, kQK_K);
     case 12:
       return run_blocks(dequantize_block_q4_k, s, dst, n / kQK_K, block_bytes, kQK_K);
     case 13:
       return run_blocks(dequantize_block_q5_k, s, dst, n / kQK_K, block_bytes, kQK_K);
     case 14:
       return run_blocks(dequantize_block_q6_k, s, dst, n / kQK_K, block_bytes, kQK_K);
+    case 20:
+      return run_blocks(dequantize_block_iq4_nl, s, dst, n / kQK, block_bytes, kQK);
+    case 23:
+      return run_blocks(dequantize_block_iq4_xs, s, dst, n / kQK_K, block_bytes, kQK_K);
     default:
       KVB_FAIL() << "internal: ggml type " << ggml_type_name(type)
                  << " has block info but no kernel";

@@ -1,6 +1,8 @@
 // Dequantization of ggml block formats to f32 (CPU reference; the CUDA twin shares the signature).
-// Block layouts follow ggml-quants.c / ggml-common.h: Q4_0, Q4_1, Q8_0 (32 elements per block),
-// Q4_K, Q5_K, Q6_K (256-element super-blocks), plus F16 and BF16.
+// Block layouts follow ggml-quants.c / ggml-common.h: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (32
+// elements per block), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (256-element super-blocks), plus F16
+// and BF16. Not supported: Q8_1 and Q8_K (ggml's dot-product intermediates, which published GGUFs
+// do not contain) and the grid-based IQ1/IQ2/IQ3 types.
 #pragma once
 
 #include <cstddef>

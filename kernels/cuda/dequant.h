@@ -1,6 +1,7 @@
 // Dequantization of ggml block formats to f32, CUDA twin of kernels/cpu/dequant.h (F32, F16,
-// BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K). Bit-identical to the CPU reference: every product
-// is exact in f32, so only the final +m / -m rounds, on both sides.
+// BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS).
+// Bit-identical to the CPU reference: every product is exact in f32, so only the final +m / -m
+// rounds, on both sides.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -53,7 +53,8 @@ TEST(CudaHostChecks, LaunchersRejectBadArguments) {
   EXPECT_NE(
       error_of([&] { cuda::rope(dummy, nullptr, 1, 1, 4, factors); }).find("frequency factors"),
       std::string::npos);
-  EXPECT_NE(error_of([&] { dequantize(6, dummy, dummy, 32); }).find("Q5_0"), std::string::npos);
+  EXPECT_NE(error_of([&] { dequantize(16, dummy, dummy, 256); }).find("IQ2_XXS"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { dequantize(2, dummy, dummy, 33); }).find("multiple of the block"),
             std::string::npos);
   EXPECT_NE(error_of([&] { matmul(dummy, dummy, dummy, nullptr, 1, -2, 1); }).find("k = -2"),

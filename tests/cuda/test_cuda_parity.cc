@@ -39,6 +39,7 @@
 #include "kernels/cuda/swiglu.h"
 #include "kernels/policies/policy.h"
 #include "tests/cuda/parity_attention.h"
+#include "tests/dequant_fixture.h"
 #include "tests/cuda/parity_util.h"
 
 namespace kvb::parity {
@@ -61,30 +62,10 @@ void run_dequant(uint32_t type, size_t blocks) {
   ASSERT_TRUE(cpu::ggml_block_info(type, &bb, &be));
   std::vector<uint8_t> src(blocks * bb);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(uniform(type, i, 0, 256));
-  auto finite_f16 = [&](size_t at) { src[at + 1] &= 0x3b; };  // exponent < 31
-  for (size_t b = 0; b < blocks; ++b) {
-    const size_t o = b * bb;
-    switch (type) {
-      case 1:
-        finite_f16(o);
-        break;  // F16 "blocks" are single elements
-      case 30:
-        src[o + 1] &= 0x7e;
-        break;  // BF16: exponent below all-ones
-      case 2:
-      case 8:
-        finite_f16(o);
-        break;
-      case 3:
-      case 12:
-      case 13:
-        finite_f16(o);
-        finite_f16(o + 2);
-        break;
-      case 14:
-        finite_f16(o + 208);
-        break;
-    }
+  if (type == 1 || type == 30) {  // F16 / BF16 "blocks" are single elements
+    for (size_t o = 0; o < src.size(); o += 2) src[o + 1] &= type == 1 ? 0x3b : 0x7e;
+  } else {
+    testing::make_scales_finite(type, src.data(), src.size(), bb);
   }
   const size_t n = blocks * be;
   std::vector<float> want(n);
@@ -475,7 +456,8 @@ std::vector<Case> all_cases() {
   auto add = [&](std::string name, std::function<void()> f) {
     c.push_back({std::move(name), std::move(f)});
   };
-  for (uint32_t type : {1u, 30u, 2u, 3u, 8u, 12u, 13u, 14u}) {
+  // F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS.
+  for (uint32_t type : {1u, 30u, 2u, 3u, 6u, 7u, 8u, 20u, 10u, 11u, 12u, 13u, 14u, 23u}) {
     for (size_t blocks : {1, 3, 17}) {
       add("dequant_" + std::string(cpu::ggml_type_name(type)) + "_" + std::to_string(blocks),
           [=] { run_dequant(type, blocks); });

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "dequant_fixture.h"
 #include "gguf_writer.h"
 #include "kernels/cpu/dequant.h"
 #include "workers/formats/gguf.h"
@@ -80,11 +81,7 @@ std::vector<uint8_t> random_tensor(uint32_t type, uint64_t n, std::mt19937_64& r
     for (size_t i = 1; i < raw.size(); i += 2) raw[i] &= 0xBF;
     return raw;
   }
-  const size_t d_at = type == 14 ? 208 : 0;  // Q6_K keeps d at the end
-  for (size_t b = 0; b < raw.size(); b += block_bytes) {
-    raw[b + d_at + 1] &= 0x3B;
-    if (type == 3 || type == 12 || type == 13) raw[b + 3] &= 0x3B;  // m / dmin
-  }
+  testing::make_scales_finite(type, raw.data(), raw.size(), block_bytes);
   return raw;
 }
 
@@ -97,6 +94,8 @@ const std::vector<SeedTensor> kSeedTensors = {
     {"f32.weight", {4, 3}, 0},   {"f16.weight", {8, 2}, 1},     {"bf16.weight", {3}, 30},
     {"q8_0.weight", {32, 2}, 8}, {"q4_0.weight", {64}, 2},      {"q4_1.weight", {32, 3}, 3},
     {"q4_k.weight", {256}, 12},  {"q5_k.weight", {256, 2}, 13}, {"q6_k.weight", {256}, 14},
+    {"q5_0.weight", {32, 3}, 6}, {"q5_1.weight", {64}, 7},      {"q2_k.weight", {256, 2}, 10},
+    {"q3_k.weight", {256}, 11},  {"iq4_nl.weight", {96}, 20},   {"iq4_xs.weight", {256, 3}, 23},
 };
 
 // A valid file with metadata of every value type and one tensor of every supported type.
@@ -250,6 +249,68 @@ TEST_F(GgufTest, RoundTripTensorsOfEverySupportedType) {
   EXPECT_EQ(f32[0], first);
 }
 
+// A GGUF holding the gguf-py golden blocks of every supported type (tests/fixtures/dequant, from
+// scripts/make_dequant_fixture.py) as 2-D tensors loads them to gguf-py 0.10.0's values, bit for
+// bit. Alignment 1 packs the tensors back to back, so a wrong block size in the type table shows
+// as an overlap, a tensor past the end of the file, or shifted values.
+const char* const kFixtureTypes[] = {"F32",  "F16",  "BF16", "Q8_0",   "Q4_0",
+                                     "Q4_1", "Q5_0", "Q5_1", "Q2_K",   "Q3_K",
+                                     "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
+
+TEST_F(GgufTest, EveryTypeLoadsToGgufPyValues) {
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.set_alignment(1);
+  std::vector<testing::DequantFixture> fixtures;
+  for (const char* type : kFixtureTypes) {
+    fixtures.push_back(testing::read_dequant_fixture(KVB_FIXTURES_DIR, type));
+    const testing::DequantFixture& fx = fixtures.back();
+    w.add_tensor(std::string("t.") + type, {fx.want.size() / 2, 2}, fx.type, fx.raw);
+  }
+  auto f = GgufFile::open(write(w.bytes()));
+  ASSERT_EQ(f->tensors().size(), fixtures.size());
+  for (const testing::DequantFixture& fx : fixtures) {
+    const std::string name = std::string("t.") + kernels::cpu::ggml_type_name(fx.type);
+    SCOPED_TRACE(name);
+    const GgufTensorInfo* ti = f->find_tensor(name);
+    ASSERT_NE(ti, nullptr);
+    EXPECT_EQ(ti->num_bytes, fx.raw.size());
+    const std::vector<float> got = f->load_f32(name, {fx.want.size() / 2, 2});
+    ASSERT_EQ(got.size(), fx.want.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), fx.want.data(), got.size() * sizeof(float)));
+  }
+}
+
+// A tensor of each type added for issue 15 whose data is one byte short of its blocks' size
+// (the last tensor of a file that ends early) is refused, naming the file, the tensor, the type
+// and the block arithmetic.
+TEST_F(GgufTest, ShortTensorDataNamesTypeAndBlockSize) {
+  struct Case {
+    uint32_t type;
+    uint64_t row;
+    const char* frag;
+  };
+  for (const Case& c : {Case{6, 64, "(Q5_0: 64 elements = 2 blocks of 22 bytes)"},
+                        Case{7, 32, "(Q5_1: 32 elements = 1 blocks of 24 bytes)"},
+                        Case{10, 256, "(Q2_K: 256 elements = 1 blocks of 84 bytes)"},
+                        Case{11, 512, "(Q3_K: 512 elements = 2 blocks of 110 bytes)"},
+                        Case{20, 96, "(IQ4_NL: 96 elements = 3 blocks of 18 bytes)"},
+                        Case{23, 256, "(IQ4_XS: 256 elements = 1 blocks of 136 bytes)"}}) {
+    SCOPED_TRACE(c.frag);
+    GgufWriter w;
+    w.set_alignment(1);  // no padding after the data: the file ends where the tensor does
+    std::mt19937_64 rng(3);
+    std::vector<uint8_t> data = random_tensor(c.type, c.row, rng);
+    w.add_tensor("blk.0.attn_k.weight", {c.row}, c.type, data);
+    const std::vector<uint8_t> full = w.bytes();
+    auto f = GgufFile::open(write(full));  // the full file loads
+    EXPECT_EQ(f->tensors()[0].num_bytes, data.size());
+    EXPECT_EQ(f->load_f32("blk.0.attn_k.weight").size(), c.row);
+    expect_error(std::vector<uint8_t>(full.begin(), full.end() - 1),
+                 {"tensor 'blk.0.attn_k.weight'", "past the end of the file", c.frag});
+  }
+}
+
 TEST_F(GgufTest, ShapeMismatchAndMissingTensorAreNamed) {
   auto f = GgufFile::open(write(make_seed().bytes()));
   try {
@@ -345,9 +406,14 @@ TEST_F(GgufTest, MissingFileAndDirectory) {
 TEST_F(GgufTest, TensorTypeErrors) {
   expect_error(one_tensor({64}, 99).bytes(),
                {"tensor 'blk.0.attn_q.weight'", "type id 99 (unknown)",
-                "expected one of: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K"});
-  expect_error(one_tensor({64}, 6).bytes(), {"'blk.0.attn_q.weight'", "type id 6 (Q5_0)"});
+                "expected one of: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, "
+                "Q5_K, Q6_K, IQ4_NL, IQ4_XS"});
+  // Defined by ggml but not read here: the grid-based IQ types and Q8_1 / Q8_K.
+  expect_error(one_tensor({256}, 16).bytes(), {"'blk.0.attn_q.weight'", "type id 16 (IQ2_XXS)"});
+  expect_error(one_tensor({32}, 9).bytes(), {"'blk.0.attn_q.weight'", "type id 9 (Q8_1)"});
   expect_error(one_tensor({48}, 2).bytes(), {"row length 48", "multiple of the block size 32"});
+  expect_error(one_tensor({128}, 11).bytes(),
+               {"'blk.0.attn_q.weight'", "Q3_K", "row length 128", "block size 256"});
 }
 
 TEST_F(GgufTest, ShapeErrors) {

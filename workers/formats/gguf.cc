@@ -230,6 +230,18 @@ std::string dims_str(const std::vector<uint64_t>& dims) {
   return os.str();
 }
 
+// How a tensor's byte size follows from its type (for size errors): "(Q5_0: 96 elements = 3
+// blocks of 22 bytes)". Only called for tensors whose type has block info.
+std::string size_str(const GgufTensorInfo& ti) {
+  size_t block_bytes = 0, block_elems = 1;
+  kernels::cpu::ggml_block_info(ti.type, &block_bytes, &block_elems);
+  std::ostringstream os;
+  os << "(" << ggml_type_name(ti.type) << ": " << ti.num_elements
+     << " elements = " << ti.num_elements / block_elems << " blocks of " << block_bytes
+     << " bytes)";
+  return os.str();
+}
+
 // Reads one metadata value of type `type_id` for `key` (whose entry starts at key_off).
 GgufValue read_value(Reader& r, const std::string& path, const std::string& key, uint64_t key_off,
                      uint32_t type_id) {
@@ -431,7 +443,7 @@ void GgufFile::parse() {
     KVB_CHECK(data_offset_ <= file_size_ && ti.offset <= file_size_ - data_offset_ &&
               ti.num_bytes <= file_size_ - data_offset_ - ti.offset)
         << path << ": tensor " << quoted(ti.name) << " data [" << ti.offset << ", +" << ti.num_bytes
-        << ") relative to the data section at " << data_offset_
+        << ") " << size_str(ti) << " relative to the data section at " << data_offset_
         << " extends past the end of the file (" << file_size_ << " bytes)";
   }
   std::vector<const GgufTensorInfo*> by_offset;
@@ -445,7 +457,8 @@ void GgufFile::parse() {
     KVB_CHECK(a.offset + a.num_bytes <= b.offset)  // no overflow: both lie inside the file
         << path << ": tensors " << quoted(a.name) << " [" << a.offset << ", "
         << a.offset + a.num_bytes << ") and " << quoted(b.name) << " [" << b.offset << ", "
-        << b.offset + b.num_bytes << ") overlap in the data section";
+        << b.offset + b.num_bytes << ") overlap in the data section; " << quoted(a.name) << " "
+        << size_str(a);
   }
 }
 

@@ -1,5 +1,6 @@
 // GGUF v2/v3 reader: header, metadata key/values, tensor infos, alignment, and tensor data
-// dequantized to f32 (types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
+// dequantized to f32 (types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K,
+// Q5_K, Q6_K, IQ4_NL, IQ4_XS: kernels/cpu/dequant.h, which also holds the block-size table).
 // Reference: ggml/docs/gguf.md and ggml-quants.c block layouts. Every size, offset and count is
 // checked against the file before use; violations throw kvb::Error naming the file, offset or key.
 #pragma once
@@ -29,6 +30,8 @@ enum class GgmlType : uint32_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kQ8_K = 15,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
 };
 const char* ggml_type_name(uint32_t type);  // "Q4_K", or "unknown" for ids we do not know
