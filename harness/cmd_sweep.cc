@@ -281,32 +281,7 @@ class BundleRunner {
           r.error = std::string("scoring: ") + e.what();
         }
         const workers::UnitMeasurements& m = o.m;
-        results::Measurements mm;
-        mm.prompt_tokens = m.prompt_tokens;
-        mm.generated_tokens = m.generated_tokens;
-        mm.truncated_tokens = m.truncated_tokens;
-        mm.prefill_ms = m.prefill_ms;
-        mm.ttft_ms = m.ttft_ms;
-        mm.decode_ms = m.decode_ms;
-        mm.decode_ms_p50 = m.decode_ms_p50;
-        mm.decode_ms_p99 = m.decode_ms_p99;
-        mm.tokens_per_s = m.tokens_per_s;
-        mm.policy_ms = m.policy_ms;
-        mm.kv_bytes_final = static_cast<int64_t>(m.kv_bytes_final);
-        mm.kv_bytes_peak = static_cast<int64_t>(m.kv_bytes_peak);
-        mm.kv_physical_peak = static_cast<int64_t>(m.kv_physical_peak);
-        mm.policy_state_bytes = static_cast<int64_t>(m.policy_state_bytes);
-        mm.occupancy_mean = m.occupancy_mean;
-        mm.occupancy_final = m.occupancy_final;
-        mm.occupancy_peak = m.occupancy_peak;
-        mm.occupancy_min_final = m.occupancy_min_final;
-        mm.occupancy_max_final = m.occupancy_max_final;
-        mm.host_rss_peak = static_cast<int64_t>(m.host_rss_peak);
-        mm.prefill_shared = m.prefill_shared;
-        if (m.device_peak_bytes > 0) {
-          mm.device_peak_bytes = static_cast<int64_t>(m.device_peak_bytes);
-        }
-        r.measurements = mm;
+        r.measurements = to_store(m);
         r.prediction = results::PredictionRow{o.prediction.text, b.sample.references};
         if (tp_ && tp_->rank() == 0) {
           KVB_LOG_INFO << tp_traffic_line(u.key, m);

@@ -84,7 +84,13 @@ CREATE TABLE metrics (
 ) WITHOUT ROWID;
 CREATE INDEX metrics_by_name ON metrics (name);
 
--- What running the unit cost (workers::UnitMeasurements, plus the device's peak).
+-- What running the unit cost (workers::UnitMeasurements, plus the device's peak). The columns
+-- after unit_key are exactly common/measurement_fields.h, in its order (test_store checks it).
+-- Known bad data: before the fix of issue 14, sweeps run under mpirun sent measurements to rank 0
+-- without prefill_shared, so every row they wrote holds prefill_shared = 0 even where the
+-- prefill was shared (one-process sweeps stored it correctly). Nothing in the database says
+-- which process layout wrote a row (runs.ranks is the last attempt's run), so no migration can
+-- repair it: rerun those units (`kvbench sweep --rerun`) where the column matters.
 CREATE TABLE measurements (
   unit_key            TEXT NOT NULL PRIMARY KEY REFERENCES units (unit_key) ON DELETE CASCADE,
   prompt_tokens       INTEGER NOT NULL,

@@ -29,49 +29,24 @@ constexpr const char* kUnitStatusNames[] = {"pending", "running", "ok",     "err
                                             "oom",     "timeout", "crashed"};
 constexpr const char* kRunStatusNames[] = {"running", "ok", "error", "interrupted", "crashed"};
 
-// Measurement columns, in table order, bound to their struct fields: the INSERT and the SELECT
-// are built from these lists so that they cannot drift apart. device_peak_bytes (nullable) and
-// prefill_shared (0/1) follow them.
-struct IntColumn {
-  const char* name;
-  int64_t Measurements::*field;
-};
-struct RealColumn {
-  const char* name;
-  double Measurements::*field;
-};
-constexpr IntColumn kIntColumns[] = {
-    {"prompt_tokens", &Measurements::prompt_tokens},
-    {"generated_tokens", &Measurements::generated_tokens},
-    {"truncated_tokens", &Measurements::truncated_tokens},
-    {"kv_bytes_final", &Measurements::kv_bytes_final},
-    {"kv_bytes_peak", &Measurements::kv_bytes_peak},
-    {"kv_physical_peak", &Measurements::kv_physical_peak},
-    {"policy_state_bytes", &Measurements::policy_state_bytes},
-    {"occupancy_peak", &Measurements::occupancy_peak},
-    {"occupancy_min_final", &Measurements::occupancy_min_final},
-    {"occupancy_max_final", &Measurements::occupancy_max_final},
-    {"host_rss_peak", &Measurements::host_rss_peak},
-};
-constexpr RealColumn kRealColumns[] = {
-    {"prefill_ms", &Measurements::prefill_ms},
-    {"ttft_ms", &Measurements::ttft_ms},
-    {"decode_ms", &Measurements::decode_ms},
-    {"decode_ms_p50", &Measurements::decode_ms_p50},
-    {"decode_ms_p99", &Measurements::decode_ms_p99},
-    {"tokens_per_s", &Measurements::tokens_per_s},
-    {"policy_ms", &Measurements::policy_ms},
-    {"occupancy_mean", &Measurements::occupancy_mean},
-    {"occupancy_final", &Measurements::occupancy_final},
-};
-constexpr int kNumMeasurementColumns =
-    int(std::size(kIntColumns) + std::size(kRealColumns)) + 2;  // + the two below
-
+// Measurement columns: common/measurement_fields.h, in table order. The INSERT and the SELECT
+// are built from that one list, and each field is bound and read by its store type.
 std::string measurement_column_list() {
   std::string cols;
-  for (const auto& c : kIntColumns) cols += std::string(c.name) + ", ";
-  for (const auto& c : kRealColumns) cols += std::string(c.name) + ", ";
-  return cols + "device_peak_bytes, prefill_shared";
+  for (const auto& f : measurement::kFields) cols += std::string(cols.empty() ? "" : ", ") + f.name;
+  return cols;
+}
+constexpr int kNumMeasurementColumns = int(std::size(measurement::kFields));
+
+void bind_field(Statement& st, int i, int64_t v) { st.bind_int(i, v); }
+void bind_field(Statement& st, int i, double v) { st.bind_real(i, v); }
+void bind_field(Statement& st, int i, bool v) { st.bind_int(i, int64_t{v}); }
+void bind_field(Statement& st, int i, const std::optional<int64_t>& v) { st.bind_int(i, v); }
+void read_field(const Statement& st, int i, int64_t* v) { *v = st.column_int(i); }
+void read_field(const Statement& st, int i, double* v) { *v = st.column_real(i); }
+void read_field(const Statement& st, int i, bool* v) { *v = st.column_int(i) != 0; }
+void read_field(const Statement& st, int i, std::optional<int64_t>* v) {
+  *v = st.column_opt_int(i);
 }
 
 // (Appends rather than `"\"" + ...`: GCC 12 raises a false -Wrestrict on the latter.)
@@ -502,10 +477,9 @@ void Store::write_bundle(const std::vector<UnitResult>& results) {
       const Measurements& m = *r.measurements;
       int i = 1;
       add_measurements.bind_text(i++, r.unit_key);
-      for (const auto& c : kIntColumns) add_measurements.bind_int(i++, m.*c.field);
-      for (const auto& c : kRealColumns) add_measurements.bind_real(i++, m.*c.field);
-      add_measurements.bind_int(i++, m.device_peak_bytes);
-      add_measurements.bind_int(i++, int64_t{m.prefill_shared});
+#define KVB_BIND_MEASUREMENT(name, ctype, kind) bind_field(add_measurements, i++, m.name);
+      KVB_MEASUREMENT_FIELDS(KVB_BIND_MEASUREMENT)
+#undef KVB_BIND_MEASUREMENT
       add_measurements.run();
     }
     del_prediction.bind_text(1, r.unit_key);
@@ -537,10 +511,9 @@ std::optional<Measurements> Store::measurements(const std::string& key) const {
   if (!st.step()) return std::nullopt;
   Measurements m;
   int i = 0;
-  for (const auto& c : kIntColumns) m.*c.field = st.column_int(i++);
-  for (const auto& c : kRealColumns) m.*c.field = st.column_real(i++);
-  m.device_peak_bytes = st.column_opt_int(i++);
-  m.prefill_shared = st.column_int(i++) != 0;
+#define KVB_READ_MEASUREMENT(name, ctype, kind) read_field(st, i++, &m.name);
+  KVB_MEASUREMENT_FIELDS(KVB_READ_MEASUREMENT)
+#undef KVB_READ_MEASUREMENT
   return m;
 }
 

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/measurement_fields.h"
+
 namespace kvb::results {
 
 class Db;
@@ -95,17 +97,14 @@ struct Metric {
   bool higher_is_better = true;
 };
 
-// workers::UnitMeasurements, field for field, plus the device's peak (unknown on CPU).
+// workers::UnitMeasurements as stored: one member per line of common/measurement_fields.h, of
+// the store type of its kind (int64_t, double, bool; std::optional<int64_t> for
+// device_peak_bytes, unknown on the CPU).
 struct Measurements {
-  int64_t prompt_tokens = 0, generated_tokens = 0, truncated_tokens = 0;
-  double prefill_ms = 0, ttft_ms = 0, decode_ms = 0, decode_ms_p50 = 0, decode_ms_p99 = 0;
-  double tokens_per_s = 0, policy_ms = 0;
-  int64_t kv_bytes_final = 0, kv_bytes_peak = 0, kv_physical_peak = 0, policy_state_bytes = 0;
-  double occupancy_mean = 0, occupancy_final = 0;
-  int64_t occupancy_peak = 0, occupancy_min_final = 0, occupancy_max_final = 0;
-  int64_t host_rss_peak = 0;
-  std::optional<int64_t> device_peak_bytes;
-  bool prefill_shared = false;  // the prompt's forward pass was shared (schema version 2)
+#define KVB_STORE_MEASUREMENT_FIELD(name, ctype, kind) \
+  measurement::StoreType<measurement::Kind::kind>::type name{};
+  KVB_MEASUREMENT_FIELDS(KVB_STORE_MEASUREMENT_FIELD)
+#undef KVB_STORE_MEASUREMENT_FIELD
   bool operator==(const Measurements&) const = default;
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/measurement_fields.h"
 #include "kernels/policies/policy.h"
 #include "tasks/task.h"
 #include "workers/engine/forward.h"
@@ -43,31 +44,17 @@ struct RunSettings {
 };
 
 struct UnitMeasurements {
-  int prompt_tokens = 0;
-  int generated_tokens = 0;
-  int truncated_tokens = 0;
-  double prefill_ms = 0;       // prompt forward (incl. compression)
-  double ttft_ms = 0;          // prefill + choosing the first token
-  double decode_ms = 0;        // all decode steps
-  double decode_ms_p50 = 0, decode_ms_p99 = 0;  // per decode step
-  double tokens_per_s = 0;     // generated tokens / decode time
-  double policy_ms = 0;        // inside policy hooks (eviction/scoring overhead)
-  size_t kv_bytes_final = 0, kv_bytes_peak = 0;  // logical (retained slots x slot bytes)
-  size_t kv_physical_peak = 0;
-  size_t policy_state_bytes = 0;  // at the end
-  double occupancy_mean = 0;   // mean retained tokens per (layer, head), over steps
-  double occupancy_final = 0;  // the same after the last step
-  int occupancy_peak = 0;      // the longest head at any step
-  int occupancy_min_final = 0;
-  int occupancy_max_final = 0;
-  size_t host_rss_peak = 0;    // bytes (VmHWM)
-  // Device memory high-water mark of a GPU engine (EngineBase::device_peak_bytes; 0 on the CPU,
-  // stored as NULL). The engine's since construction: a process's units share one engine.
-  size_t device_peak_bytes = 0;
-  bool prefill_shared = false;  // the prompt's forward pass was shared with other policies
-  // Tensor parallelism (engine.tp()): this rank's collectives during the prompt (prefill and a
-  // question streamed after compression) and during the decode steps (generation or the
-  // perplexity stream), and the number of decode steps. Zero without a group.
+  // The stored fields, one per line of common/measurement_fields.h (prompt_tokens, ...,
+  // prefill_shared); see the comments there. device_peak_bytes is the engine's since
+  // construction (EngineBase::device_peak_bytes; 0 on the CPU, stored as NULL): a process's units
+  // share one engine.
+#define KVB_WORKER_MEASUREMENT_FIELD(name, ctype, kind) ctype name{};
+  KVB_MEASUREMENT_FIELDS(KVB_WORKER_MEASUREMENT_FIELD)
+#undef KVB_WORKER_MEASUREMENT_FIELD
+  // Not stored (logged by tensor-parallel leaders). Tensor parallelism (engine.tp()): this
+  // rank's collectives during the prompt (prefill and a question streamed after compression) and
+  // during the decode steps (generation or the perplexity stream), and the number of decode
+  // steps. Zero without a group.
   kernels::CommStats tp_prefill_comm, tp_decode_comm;
   int tp_decode_steps = 0;
 };

@@ -124,6 +124,18 @@ TEST(Store, SchemaSqlMatchesEmbedded) {
             std::string::npos);
 }
 
+// The measurements table has exactly the fields of common/measurement_fields.h, in that order
+// (plus unit_key first): the table, the store's binding and the wire cannot drift apart.
+TEST(Store, MeasurementColumnsAreTheFieldTable) {
+  Store store = Store::open(fresh_dir() + "/results.db", Mode::kReadWrite);
+  const QueryResult cols = store.query("SELECT name FROM pragma_table_info('measurements')");
+  std::vector<std::string> got;
+  for (const auto& row : cols.rows) got.push_back(row[0].text);
+  std::vector<std::string> want = {"unit_key"};
+  for (const auto& f : measurement::kFields) want.push_back(f.name);
+  EXPECT_EQ(got, want);
+}
+
 TEST(Store, CreatesVersionedWalDatabase) {
   const std::string path = fresh_dir() + "/results.db";
   {
