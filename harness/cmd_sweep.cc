@@ -26,6 +26,7 @@
 #include "harness/mpi_comm.h"
 #include "harness/mpi_group.h"
 #include "harness/sweep_config.h"
+#include "harness/sweep_faults.h"
 #include "harness/sweep_tp.h"
 #include "harness/sweep_wire.h"
 #include "common/table.h"
@@ -179,6 +180,31 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
   return plan;
 }
 
+// The runner's failure as the units table spells it.
+results::UnitStatus unit_status(workers::FailureStatus s) {
+  switch (s) {
+    case workers::FailureStatus::kTimeout:
+      return results::UnitStatus::kTimeout;
+    case workers::FailureStatus::kOom:
+      return results::UnitStatus::kOom;
+    case workers::FailureStatus::kCrashed:
+      return results::UnitStatus::kCrashed;
+    case workers::FailureStatus::kError:
+      break;
+  }
+  return results::UnitStatus::kError;
+}
+
+bool is_usage_error(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return err.kind() == ErrorKind::kUsage;
+  } catch (...) {
+    return false;
+  }
+}
+
 // Runs a bundle on this process: loads (and caches) the model, runs every unit, scores. With a
 // tensor-parallel group, every rank of the group runs the same bundle on its shard of the model
 // (the leader's results are the group's).
@@ -232,37 +258,47 @@ class BundleRunner {
         pc.seed = u.seed;
         group.push_back(pc);
       }
-      fault_injection(b);
-      std::vector<std::string> errors;
+      faults_.crash_if(b.sample.id);
+      rs.faults.bad_alloc_unit = -1;
+      for (size_t k = 0; k < idx.size(); ++k) {
+        const WireUnit& u = b.units[idx[k]];
+        if (faults_.bad_alloc_in(b.sample.id, u.policy, u.kv_budget)) {
+          rs.faults.bad_alloc_unit = static_cast<int>(k);
+        }
+      }
+      std::vector<std::optional<workers::UnitFailure>> failures;
       std::vector<workers::UnitOutput> outs;
       try {
-        fault_throw(b);
-        outs = workers::run_bundle(lm_, *engine_, b.sample, group, rs, share_, &errors);
-      } catch (const Error& e) {
-        // A tensor-parallel rank's runtime error (out of memory, a device fault) may be its
+        faults_.throw_if(b.sample.id, tp_ ? tp_->rank() : 0);
+        outs = workers::run_bundle(lm_, *engine_, b.sample, group, rs, share_, &failures);
+      } catch (...) {
+        // Whatever escaped run_bundle (the shared prefill, a usage error, a tensor-parallel
+        // rank's failure) fails every unit of this placement group with its type; the rank goes
+        // on with its next bundle.
+        const workers::UnitFailure f = workers::current_failure("sample " + b.sample.id);
+        // A tensor-parallel rank's runtime failure (out of memory, a device fault) may be its
         // alone: the group's other ranks then wait in a collective it will never join. Stop the
         // job (cmd_sweep aborts it); the bundle's units stay in flight for --resume, which
         // retries them and marks them crashed after a second time. Usage errors come from the
         // config and the model, the same on every rank, and fail only the bundle's units.
-        if (tp_ && tp_->size() > 1 && e.kind() != ErrorKind::kUsage) {
+        if (tp_ && tp_->size() > 1 && !is_usage_error(std::current_exception())) {
           throw Error("worker group rank " + std::to_string(tp_->rank()) + "/" +
-                      std::to_string(tp_->size()) + ", sample " + b.sample.id + ": " + e.what() +
+                      std::to_string(tp_->size()) + ", sample " + b.sample.id + ": " + f.message +
                       "; the group's other ranks may be waiting for this one, so the job stops "
                       "(rerun with --resume: the bundle's units are retried once, then marked "
                       "crashed)");
         }
         outs.assign(group.size(), {});
-        errors.assign(group.size(), e.what());
+        failures.assign(group.size(), f);
       }
       for (size_t k = 0; k < idx.size(); ++k) {
         const WireUnit& u = b.units[idx[k]];
         results::UnitResult& r = out[idx[k]];
         r.unit_key = u.key;
         if (u.policy != "full") r.kv_budget = u.kv_budget;
-        if (!errors[k].empty()) {
-          r.status = errors[k].find("time limit") != std::string::npos ? results::UnitStatus::kTimeout
-                                                                      : results::UnitStatus::kError;
-          r.error = errors[k];
+        if (failures[k]) {
+          r.status = unit_status(failures[k]->status);
+          r.error = failures[k]->message;
           continue;
         }
         const workers::UnitOutput& o = outs[k];
@@ -276,7 +312,7 @@ class BundleRunner {
             for (const auto& mi : task->metrics()) declared |= mi.name == name;
             if (!declared) r.metrics.push_back({name, v, true});
           }
-        } catch (const Error& e) {
+        } catch (const std::exception& e) {
           r.status = results::UnitStatus::kError;
           r.error = std::string("scoring: ") + e.what();
         }
@@ -291,38 +327,38 @@ class BundleRunner {
     return out;
   }
 
- private:
-  // Test hook (documented in README "Fault injection"): KVB_FAULT_CRASH_SAMPLE=<sample id> makes
-  // the worker die with SIGKILL when it starts a bundle of that sample.
-  static void fault_injection(const WireBundle& b) {
-    const char* crash = std::getenv("KVB_FAULT_CRASH_SAMPLE");
-    if (crash && b.sample.id == crash) {
-      KVB_LOG_WARN << "fault injection: killing this rank on sample " << b.sample.id;
-      std::raise(SIGKILL);
+  // run(), with a failure outside the units' own runs (loading the model, an exception this code
+  // did not expect) recorded on every unit of the bundle, typed, so that the rank goes on with
+  // its next bundle and the coordinator gets an answer. Usage errors (a bad config or model,
+  // the same for every bundle) and any failure of a tensor-parallel group still propagate: the
+  // job stops (cmd_sweep aborts it under mpirun).
+  std::vector<results::UnitResult> run_or_fail(const WireBundle& b) {
+    try {
+      return run(b);
+    } catch (...) {
+      if ((tp_ && tp_->size() > 1) || is_usage_error(std::current_exception())) throw;
+      const workers::UnitFailure f = workers::current_failure("sample " + b.sample.id);
+      KVB_LOG_WARN << "bundle of sample " << b.sample.id << " failed: " << f.message;
+      loaded_model_ = -1;  // the model may be half loaded: load it again for the next bundle
+      std::vector<results::UnitResult> out(b.units.size());
+      for (size_t i = 0; i < b.units.size(); ++i) {
+        out[i].unit_key = b.units[i].key;
+        if (b.units[i].policy != "full") out[i].kv_budget = b.units[i].kv_budget;
+        out[i].status = unit_status(f.status);
+        out[i].error = f.message;
+      }
+      return out;
     }
   }
 
-  // Test hook (README "Fault injection"): KVB_FAULT_THROW_SAMPLE=<sample id>[@<group rank>] makes
-  // the bundle of that sample throw a runtime error on that tensor-parallel rank (every rank
-  // without @), as an out-of-memory on one GPU would.
-  void fault_throw(const WireBundle& b) const {
-    const char* v = std::getenv("KVB_FAULT_THROW_SAMPLE");
-    if (!v) return;
-    const std::string spec = v;
-    const size_t at = spec.find('@');
-    const std::string id = spec.substr(0, at);
-    const int rank = tp_ ? tp_->rank() : 0;
-    if (id != b.sample.id) return;
-    if (at != std::string::npos && spec.substr(at + 1) != std::to_string(rank)) return;
-    throw Error("fault injection: runtime error on sample " + id);
-  }
-
+ private:
   const SweepConfig& cfg_;
   bool share_;
   engine::Device device_;
   engine::DType dtype_;
   int gpu_ = 0;
   kernels::Communicator* tp_ = nullptr;
+  FaultInjection faults_ = FaultInjection::from_env();
   int loaded_model_ = -1;
   workers::LoadedModel lm_;
   std::unique_ptr<engine::EngineBase> engine_;
@@ -432,8 +468,10 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
                << std::max(1, layout.groups) << " worker group(s) of " << a.gpus_per_worker
                << " rank(s) (device " << a.device << "); database " << a.db;
   Progress progress(total, a.progress || isatty(2));
+  int failed = 0;  // units of this run that did not end ok
   auto write = [&](const std::vector<results::UnitResult>& rs) {
     store.write_bundle(rs);
+    for (const auto& r : rs) failed += r.status != results::UnitStatus::kOk;
     progress.add(static_cast<int>(rs.size()));
   };
   auto keys_of = [](const WireBundle& b) {
@@ -446,7 +484,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
                         engine::resolve_dtype(engine::parse_device(a.device), a.dtype), 0);
     for (int bi : order) {
       store.mark_running(run_id, keys_of(plan.bundles[bi]), 0, process_host());
-      write(runner.run(plan.bundles[bi]));
+      write(runner.run_or_fail(plan.bundles[bi]));
     }
   } else {
     // Dynamic scheduling: idle worker groups (their leaders) ask; each gets the next bundle or a
@@ -477,6 +515,12 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     for (const auto& mi : infos) declared.insert(mi.name);
   }
   print_summary(store, declared, std::cout);
+  if (failed > 0) {
+    KVB_LOG_WARN << failed << " of " << total
+                 << " units of this run did not finish ok (exit status 1); `kvbench query --db "
+                 << a.db << " failures` lists them";
+    return 1;
+  }
   return 0;
 }
 
@@ -508,7 +552,7 @@ int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGr
     if (layout.leader) msg = comm.recv(0);
     if (group.comm) broadcast_text(*group.comm, &msg);
     if (msg == "stop") return 0;
-    const std::vector<results::UnitResult> results = runner.run(bundle_from_json(msg));
+    const std::vector<results::UnitResult> results = runner.run_or_fail(bundle_from_json(msg));
     if (layout.leader) comm.send(0, to_json(results));
   }
 }
@@ -622,6 +666,14 @@ int cmd_sweep(const std::vector<std::string>& args) {
     if (comm.size() > 1) {
       std::cerr << "kvbench sweep: error: " << e.what() << "\n";
       comm.abort(e.kind() == ErrorKind::kUsage ? 2 : 1);
+    }
+    throw;
+  } catch (const std::exception& e) {
+    // Not ours (std::bad_alloc outside a unit, ...): under mpirun a rank that returned would leave
+    // the others waiting for it forever (rank 0 in recv_any, workers in MPI_Finalize).
+    if (comm.size() > 1) {
+      std::cerr << "kvbench sweep: error: " << e.what() << "\n";
+      comm.abort(1);
     }
     throw;
   }

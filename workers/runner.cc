@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <new>
+#include <stdexcept>
 
 #include "common/error.h"
 #include "workers/engine/generate.h"
@@ -170,6 +172,40 @@ QuestionPlacement parse_question_placement(const std::string& s) {
   KVB_USAGE_FAIL() << "question placement '" << s << "' unknown; use in_prompt or after_compression";
 }
 
+const char* to_string(FailureStatus s) {
+  switch (s) {
+    case FailureStatus::kError:
+      return "error";
+    case FailureStatus::kTimeout:
+      return "timeout";
+    case FailureStatus::kOom:
+      return "oom";
+    case FailureStatus::kCrashed:
+      return "crashed";
+  }
+  return "error";
+}
+
+UnitFailure current_failure(const std::string& context) {
+  const std::string prefix = context.empty() ? "" : context + ": ";
+  try {
+    throw;
+  } catch (const UnitTimeout& e) {
+    return {FailureStatus::kTimeout, e.what()};
+  } catch (const std::bad_alloc& e) {
+    return {FailureStatus::kOom, prefix + "out of host memory (" + e.what() +
+                                     "); lower max_prompt_tokens or the batch of models per "
+                                     "node, or run fewer ranks per node"};
+  } catch (const std::length_error& e) {
+    return {FailureStatus::kOom, prefix + "an allocation larger than the address space (" +
+                                     e.what() + "); lower max_prompt_tokens"};
+  } catch (const Error& e) {
+    return {FailureStatus::kError, e.what()};
+  } catch (const std::exception& e) {
+    return {FailureStatus::kError, prefix + e.what()};
+  }
+}
+
 size_t host_rss_peak_bytes() {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -286,6 +322,9 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
     m.prefill_ms = shared_ms + ms_since(t0);
     m.prefill_shared = shared_ms > 0;
     m.tp_prefill_comm = comm_stats(engine) - comm0;
+    if (static_cast<int>(unit_index) == rs.faults.bad_alloc_unit) {
+      throw std::bad_alloc();  // test hook (RunFaults): as if growing the cache failed
+    }
     tr.sample();
 
     if (s.kind == tasks::SampleKind::kChoice) {
@@ -382,9 +421,9 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
                                    const tasks::Sample& s,
                                    const std::vector<policies::PolicyConfig>& policies,
                                    const RunSettings& rs, bool share_prefill,
-                                   std::vector<std::string>* errors) {
+                                   std::vector<std::optional<UnitFailure>>* failures) {
   std::vector<UnitOutput> outs(policies.size());
-  if (errors) errors->assign(policies.size(), "");
+  if (failures) failures->assign(policies.size(), std::nullopt);
   std::unique_ptr<SharedPrefill> shared;
   if (share_prefill && s.kind != tasks::SampleKind::kPerplexity) {
     // The union of the shareable policies' prefill requests.
@@ -412,18 +451,24 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       shared->ms = ms_since(t0);
     }
   }
+  const bool grouped = engine.tp() && engine.tp()->size() > 1;
   for (size_t i = 0; i < policies.size(); ++i) {
     try {
       outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get(), i);
-    } catch (const UnitTimeout& e) {
-      if (!errors) throw;
-      (*errors)[i] = e.what();  // under tensor parallelism every rank agreed (check_deadline)
+    } catch (const UnitTimeout&) {
+      if (!failures) throw;
+      // Under tensor parallelism every rank agreed (check_deadline).
+      (*failures)[i] = current_failure("");
     } catch (const Error& e) {
       // Usage errors fail the bundle. Under tensor parallelism a runtime error may be this
       // rank's alone while the others wait in a collective of this unit: the caller must stop.
-      const bool grouped = engine.tp() && engine.tp()->size() > 1;
-      if (!errors || e.kind() == ErrorKind::kUsage || grouped) throw;
-      (*errors)[i] = e.what();
+      if (!failures || e.kind() == ErrorKind::kUsage || grouped) throw;
+      (*failures)[i] = current_failure("");
+    } catch (const std::exception&) {
+      // std::bad_alloc (oom) and the standard library's other errors: the unit fails, the
+      // bundle goes on (its other units may need less memory).
+      if (!failures || grouped) throw;
+      (*failures)[i] = current_failure("sample " + s.id + ", policy " + policies[i].name);
     }
   }
   return outs;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,28 @@ class UnitTimeout : public Error {
   using Error::Error;
 };
 
+// How a unit failed (results' unit statuses, less those the coordinator gives: pending,
+// running, ok). `crashed` is never returned by the runner: a worker that dies cannot report; it is
+// here so that the harness speaks one vocabulary.
+enum class FailureStatus { kError, kTimeout, kOom, kCrashed };
+const char* to_string(FailureStatus s);  // "error", "timeout", "oom", "crashed"
+
+struct UnitFailure {
+  FailureStatus status = FailureStatus::kError;
+  std::string message;  // names the sample (and the step, where one applies)
+};
+
+// Classifies the exception in flight; call only inside a catch block. UnitTimeout -> timeout;
+// std::bad_alloc and std::length_error (what a huge std::vector allocation throws) -> oom; any
+// other std::exception (kvb::Error included) -> error, its what() the message. `context` (e.g.
+// "sample X, policy h2o") prefixes the message of exceptions that do not carry it.
+UnitFailure current_failure(const std::string& context);
+
+// Test hooks (harness: KVB_FAULT_* in README "Fault injection"), off by default.
+struct RunFaults {
+  int bad_alloc_unit = -1;         // unit index that throws std::bad_alloc after its prefill
+};
+
 struct RunSettings {
   int max_prompt_tokens = 0;  // middle-truncate the user message above this (0: fit the context)
   double time_limit_s = 0;    // per unit (0: none)
@@ -41,6 +64,7 @@ struct RunSettings {
   // Under tensor parallelism every rank calls it with its own heads. Tests dump keep-sets here.
   std::function<void(size_t unit, const kernels::KvCache& cache, const policies::Policy& policy)>
       on_final_cache;
+  RunFaults faults;
 };
 
 struct UnitMeasurements {
@@ -76,14 +100,16 @@ UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
 
 // Runs one sample under several policies (a bundle), prefilling the prompt once for every policy
 // whose compression can start from a shared full prefill (engine::can_share_prefill); the others
-// run their own prefill. Results equal run_sample's for each policy, bit for bit. With `errors`,
-// a unit that throws a runtime error gets its message there (others still run); without, it
-// propagates.
+// run their own prefill. Results equal run_sample's for each policy, bit for bit. With
+// `failures` (one entry per policy; empty for a unit that finished), a unit that fails gets its
+// typed failure there (current_failure) and the others still run; without, it propagates. Usage
+// errors propagate always; so does every failure under a tensor-parallel group of more than one
+// rank (the failure may be this rank's alone while the others wait in a collective).
 std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& engine,
                                    const tasks::Sample& sample,
                                    const std::vector<policies::PolicyConfig>& policies,
                                    const RunSettings& settings, bool share_prefill = true,
-                                   std::vector<std::string>* errors = nullptr);
+                                   std::vector<std::optional<UnitFailure>>* failures = nullptr);
 
 // Resident-set high-water mark of this process, bytes (0 where /proc is unavailable).
 size_t host_rss_peak_bytes();

@@ -1,0 +1,94 @@
+// The runner's integrity guarantees (issue 14), on stories260K: a unit that throws std::bad_alloc
+// ends `oom` and its bundle's other units finish; failures are typed by exception.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "common/error.h"
+#include "workers/runner.h"
+
+namespace kvb {
+namespace {
+
+const std::string kModel = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+const std::string kTok = std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin";
+
+tasks::Sample story() {
+  tasks::Sample s;
+  s.id = "story";
+  s.chat = false;
+  s.context =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park. One day, she saw a big, red ball.";
+  s.question = " Then Lily";
+  s.max_new_tokens = 8;
+  return s;
+}
+
+std::vector<policies::PolicyConfig> policies_of(const workers::LoadedModel& lm,
+                                                const std::vector<std::string>& names) {
+  const auto& c = lm.model->config;
+  std::vector<policies::PolicyConfig> pcs;
+  for (const std::string& name : names) {
+    policies::PolicyConfig pc;
+    pc.name = name;
+    pc.kv_budget = name == "full" ? 0 : 16;
+    pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+    pcs.push_back(pc);
+  }
+  return pcs;
+}
+
+TEST(RunnerIntegrity, BadAllocEndsTheUnitOomAndTheBundleGoesOn) {
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(kModel, kTok);
+  engine::Engine eng(*lm.model);
+  const auto pcs = policies_of(lm, {"full", "h2o", "snapkv"});
+  workers::RunSettings rs;
+  rs.faults.bad_alloc_unit = 1;  // h2o
+  std::vector<std::optional<workers::UnitFailure>> failures;
+  const auto outs = workers::run_bundle(lm, eng, story(), pcs, rs, true, &failures);
+  ASSERT_EQ(failures.size(), 3u);
+  ASSERT_TRUE(failures[1].has_value());
+  EXPECT_EQ(failures[1]->status, workers::FailureStatus::kOom);
+  EXPECT_NE(failures[1]->message.find("sample story, policy h2o"), std::string::npos)
+      << failures[1]->message;
+  EXPECT_NE(failures[1]->message.find("out of host memory"), std::string::npos);
+  EXPECT_FALSE(failures[0].has_value());
+  EXPECT_FALSE(failures[2].has_value());
+  EXPECT_EQ(outs[0].m.generated_tokens, 8);
+  EXPECT_EQ(outs[2].m.generated_tokens, 8);
+  // Without `failures` the exception propagates as it was (eval's path).
+  EXPECT_THROW(workers::run_bundle(lm, eng, story(), pcs, rs, true), std::bad_alloc);
+}
+
+TEST(RunnerIntegrity, FailuresAreClassifiedByType) {
+  auto classify = [](auto thrower) {
+    try {
+      thrower();
+    } catch (...) {
+      return workers::current_failure("ctx");
+    }
+    return workers::UnitFailure{workers::FailureStatus::kCrashed, "nothing thrown"};
+  };
+  using workers::FailureStatus;
+  EXPECT_EQ(classify([] { throw std::bad_alloc(); }).status, FailureStatus::kOom);
+  // A huge std::vector throws length_error before it asks the allocator.
+  EXPECT_EQ(classify([] {
+              std::vector<double> v;
+              v.resize(std::numeric_limits<size_t>::max() / 4);
+            }).status,
+            FailureStatus::kOom);
+  EXPECT_EQ(classify([] { throw workers::UnitTimeout("slow"); }).status, FailureStatus::kTimeout);
+  const workers::UnitFailure other = classify([] { throw std::out_of_range("map::at"); });
+  EXPECT_EQ(other.status, FailureStatus::kError);
+  EXPECT_EQ(other.message, "ctx: map::at");
+  EXPECT_EQ(classify([] { throw Error("bad sample"); }).status, FailureStatus::kError);
+  EXPECT_STREQ(workers::to_string(FailureStatus::kOom), "oom");
+}
+
+}  // namespace
+}  // namespace kvb
