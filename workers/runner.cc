@@ -119,6 +119,22 @@ void check_deadline(const RunSettings& rs, std::chrono::steady_clock::time_point
   }
 }
 
+// A model with NaN weights (or an engine bug) gives non-finite logits; greedy decoding would then
+// turn them into an empty prediction that looks like a result. Checked on every logits vector the
+// runner reads (one pass over the vocabulary, next to a forward pass).
+void check_finite(const std::vector<float>& logits, const tasks::Sample& s, const char* step,
+                  size_t index = 0) {
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) {
+      KVB_FAIL() << "sample " << s.id << ": the logits after " << step
+                 << (index ? " " + std::to_string(index) : std::string()) << " are not finite ("
+                 << "token " << i << ": " << logits[i]
+                 << "); the model's weights hold NaN or Inf, or its activations overflow: "
+                    "check the model file (e.g. with `kvbench eval` on one prompt)";
+    }
+  }
+}
+
 struct PromptTokens {
   std::vector<int32_t> head, context, question, tail;
   int truncated = 0;
@@ -274,6 +290,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
       engine.forward({&ids[t], 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
                      engine::PolicyHook::kDecode);
       steps.push_back(ms_since(ts));
+      check_finite(logits, s, "perplexity step", t + 1);
       out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
       check_deadline(rs, t0, s, engine.tp());
       tr.sample();
@@ -322,6 +339,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
     m.prefill_ms = shared_ms + ms_since(t0);
     m.prefill_shared = shared_ms > 0;
     m.tp_prefill_comm = comm_stats(engine) - comm0;
+    check_finite(logits, s, rest.empty() ? "the prompt's prefill" : "the question");
     if (static_cast<int>(unit_index) == rs.faults.bad_alloc_unit) {
       throw std::bad_alloc();  // test hook (RunFaults): as if growing the cache failed
     }
@@ -339,6 +357,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
         for (size_t t = 0; t + 1 < ids.size(); ++t) {
           engine.forward({&ids[t], 1}, fork, engine::LogitsMode::kLast, &l, fork_policy.get(),
                          engine::PolicyHook::kDecode);
+          check_finite(l, s, "choice scoring step", t + 1);
           ll += log_prob(l, ids[t + 1]);
           check_deadline(rs, t0, s, engine.tp());
         }

@@ -92,8 +92,9 @@ struct UnitOutput {
 // rank of the group runs the same call on its shard; policies get the group (PolicyConfig::tp),
 // measurements are the group's (KV bytes and occupancy over all heads; times of this rank), the
 // unit time limit is decided together (any rank over the limit stops every rank). Throws
-// kvb::Error on bad samples (e.g. a prompt that cannot fit) — callers record that as the unit's
-// error.
+// kvb::Error on bad samples (e.g. a prompt that cannot fit) and on logits that are not finite
+// (NaN or infinite: a broken model; the message names the step) — callers record that as the
+// unit's error.
 UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
                       const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings);

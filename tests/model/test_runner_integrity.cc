@@ -1,5 +1,6 @@
 // The runner's integrity guarantees (issue 14), on stories260K: a unit that throws std::bad_alloc
-// ends `oom` and its bundle's other units finish; failures are typed by exception.
+// ends `oom` and its bundle's other units finish; a model whose logits are not finite fails the
+// unit with an error naming the step instead of an empty "ok" prediction.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -88,6 +89,46 @@ TEST(RunnerIntegrity, FailuresAreClassifiedByType) {
   EXPECT_EQ(other.message, "ctx: map::at");
   EXPECT_EQ(classify([] { throw Error("bad sample"); }).status, FailureStatus::kError);
   EXPECT_STREQ(workers::to_string(FailureStatus::kOom), "oom");
+}
+
+// A copy of stories260K whose weights are all NaN (llama2.c: 7 int32 of config, then f32).
+std::string nan_model() {
+  const std::string path = std::string(KVB_BINARY_DIR) + "/stories260K_nan.bin";
+  std::filesystem::copy_file(kModel, path, std::filesystem::copy_options::overwrite_existing);
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  const auto size = std::filesystem::file_size(path);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  f.seekp(7 * 4);
+  for (uint64_t off = 7 * 4; off + 4 <= size; off += 4) f.write(reinterpret_cast<const char*>(&nan), 4);
+  return path;
+}
+
+TEST(RunnerIntegrity, NonFiniteLogitsFailTheUnitNamingTheStep) {
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(nan_model(), kTok);
+  engine::Engine eng(*lm.model);
+  const auto pcs = policies_of(lm, {"full", "h2o"});
+  std::vector<std::optional<workers::UnitFailure>> failures;
+  workers::run_bundle(lm, eng, story(), pcs, {}, true, &failures);
+  for (size_t i = 0; i < pcs.size(); ++i) {
+    ASSERT_TRUE(failures[i].has_value()) << pcs[i].name << " ended ok on NaN weights";
+    EXPECT_EQ(failures[i]->status, workers::FailureStatus::kError);
+    EXPECT_NE(failures[i]->message.find("sample story: the logits after the prompt's prefill are "
+                                        "not finite"),
+              std::string::npos)
+        << failures[i]->message;
+  }
+  // Perplexity reads every step's logits: the first step fails.
+  tasks::Sample ppl;
+  ppl.id = "ppl";
+  ppl.kind = tasks::SampleKind::kPerplexity;
+  ppl.text = "Once upon a time, there was a little girl.";
+  try {
+    workers::run_sample(lm, eng, ppl, pcs[0], {});
+    ADD_FAILURE() << "perplexity on NaN weights did not fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("perplexity step 1 are not finite"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
