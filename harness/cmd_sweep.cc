@@ -266,6 +266,7 @@ class BundleRunner {
           rs.faults.bad_alloc_unit = static_cast<int>(k);
         }
       }
+      rs.faults.shared_prefill_sleep_ms = faults_.shared_prefill_sleep_ms;
       std::vector<std::optional<workers::UnitFailure>> failures;
       std::vector<workers::UnitOutput> outs;
       try {

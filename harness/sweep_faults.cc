@@ -45,6 +45,8 @@ FaultInjection FaultInjection::from_env() {
     f.bad_alloc_policy = b.substr(p1 + 1, p2 - p1 - 1);
     f.bad_alloc_budget = parse_int("KVB_FAULT_BAD_ALLOC", b.substr(p2 + 1));
   }
+  const std::string slow = env("KVB_FAULT_SLOW_SHARED_PREFILL_MS");
+  if (!slow.empty()) f.shared_prefill_sleep_ms = parse_int("KVB_FAULT_SLOW_SHARED_PREFILL_MS", slow);
   return f;
 }
 

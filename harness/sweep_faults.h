@@ -20,6 +20,9 @@ struct FaultInjection {
   // std::bad_alloc after its prefill (it must end `oom`, its bundle's other units `ok`).
   std::string bad_alloc_sample, bad_alloc_policy;
   int bad_alloc_budget = 0;
+  // KVB_FAULT_SLOW_SHARED_PREFILL_MS=<ms>: every shared prefill takes this much longer (a slow
+  // prompt, for the unit time limit).
+  double shared_prefill_sleep_ms = 0;
 
   // Throws a usage error naming the variable when one is malformed.
   static FaultInjection from_env();

@@ -90,7 +90,9 @@ CREATE INDEX metrics_by_name ON metrics (name);
 -- without prefill_shared, so every row they wrote holds prefill_shared = 0 even where the
 -- prefill was shared (one-process sweeps stored it correctly). Nothing in the database says
 -- which process layout wrote a row (runs.ranks is the last attempt's run), so no migration can
--- repair it: rerun those units (`kvbench sweep --rerun`) where the column matters.
+-- repair it: rerun those units (`kvbench sweep --rerun`) where the column matters. Also before
+-- that fix, ttft_ms of a unit with a shared prefill left the shared pass out (ttft_ms could be
+-- below prefill_ms); the shared pass's own time was not stored, so that cannot be repaired either.
 CREATE TABLE measurements (
   unit_key            TEXT NOT NULL PRIMARY KEY REFERENCES units (unit_key) ON DELETE CASCADE,
   prompt_tokens       INTEGER NOT NULL,

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <new>
 #include <stdexcept>
+#include <thread>
 
 #include "common/error.h"
 #include "workers/engine/generate.h"
@@ -106,16 +107,23 @@ class Tracker {
   std::vector<int64_t> slots_, longest_, logical_, physical_;
 };
 
-// Under tensor parallelism the ranks decide together (one byte all-gathered per check), so
-// that no rank stops while the others wait in a collective.
+// The unit's time is its own since t0 plus `before_ms`, a shared prefill it started from (that
+// pass was its prompt too). Under tensor parallelism the ranks decide together (one byte
+// all-gathered per check), so that no rank stops while the others wait in a collective.
 void check_deadline(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
-                    const tasks::Sample& s, kernels::Communicator* tp) {
+                    double before_ms, const tasks::Sample& s, kernels::Communicator* tp) {
   if (rs.time_limit_s <= 0) return;
-  bool over = ms_since(t0) > rs.time_limit_s * 1000.0;
+  const double spent_ms = before_ms + ms_since(t0);
+  bool over = spent_ms > rs.time_limit_s * 1000.0;
   if (tp) over = kernels::any_rank(*tp, over);
   if (over) {
-    throw UnitTimeout("sample " + s.id + ": unit time limit of " +
-                      std::to_string(rs.time_limit_s) + " s exceeded");
+    std::string msg = "sample " + s.id + ": unit time limit of " +
+                      std::to_string(rs.time_limit_s) + " s exceeded";
+    if (before_ms > 0) {
+      msg += " (" + std::to_string(before_ms) + " ms of it in the prefill shared with the "
+             "sample's other policies)";
+    }
+    throw UnitTimeout(msg);
   }
 }
 
@@ -292,7 +300,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
       steps.push_back(ms_since(ts));
       check_finite(logits, s, "perplexity step", t + 1);
       out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
-      check_deadline(rs, t0, s, engine.tp());
+      check_deadline(rs, t0, 0, s, engine.tp());
       tr.sample();
     }
     m.decode_ms = ms_since(t0);
@@ -343,6 +351,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
     if (static_cast<int>(unit_index) == rs.faults.bad_alloc_unit) {
       throw std::bad_alloc();  // test hook (RunFaults): as if growing the cache failed
     }
+    check_deadline(rs, t0, shared_ms, s, engine.tp());
     tr.sample();
 
     if (s.kind == tasks::SampleKind::kChoice) {
@@ -359,7 +368,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
                          engine::PolicyHook::kDecode);
           check_finite(l, s, "choice scoring step", t + 1);
           ll += log_prob(l, ids[t + 1]);
-          check_deadline(rs, t0, s, engine.tp());
+          check_deadline(rs, t0, shared_ms, s, engine.tp());
         }
         out.prediction.choice_logliks.push_back(ll);
       }
@@ -374,9 +383,9 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
       std::string stopped_text;
       bool stopped = false;
       auto on_token = [&](int32_t id) {
-        check_deadline(rs, t0, s, engine.tp());
+        check_deadline(rs, t0, shared_ms, s, engine.tp());
         if (first_token) {
-          m.ttft_ms = ms_since(t0);
+          m.ttft_ms = shared_ms + ms_since(t0);
           first_token = false;
         }
         tr.sample();
@@ -402,7 +411,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
           engine::generate_from(engine, cache, logits, go, on_token, policy.get());
       m.tp_decode_comm = comm_stats(engine) - comm1;
       m.tp_decode_steps = r.decode_steps;
-      if (first_token) m.ttft_ms = ms_since(t0);
+      if (first_token) m.ttft_ms = shared_ms + ms_since(t0);
       out.prediction.text = stopped ? stopped_text : lm.tokenizer->decode(r.tokens, true);
       m.generated_tokens = static_cast<int>(r.tokens.size());
       m.decode_ms = r.decode_ms;
@@ -467,6 +476,10 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       const auto t0 = std::chrono::steady_clock::now();
       engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits, nullptr,
                      engine::PolicyHook::kNone, &shared->record);
+      if (rs.faults.shared_prefill_sleep_ms > 0) {
+        std::this_thread::sleep_for(
+            std::chrono::duration<double, std::milli>(rs.faults.shared_prefill_sleep_ms));
+      }
       shared->ms = ms_since(t0);
     }
   }

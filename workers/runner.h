@@ -25,8 +25,9 @@ enum class QuestionPlacement {
 };
 QuestionPlacement parse_question_placement(const std::string& s);
 
-// A unit that ran past RunSettings::time_limit_s (checked between tokens; a prefill in progress
-// finishes first). Recorded as status `timeout`.
+// A unit that ran past RunSettings::time_limit_s (checked after the prompt and between tokens;
+// a prefill in progress finishes first; a shared prefill counts toward every unit that used it).
+// Recorded as status `timeout`.
 class UnitTimeout : public Error {
  public:
   using Error::Error;
@@ -52,6 +53,7 @@ UnitFailure current_failure(const std::string& context);
 // Test hooks (harness: KVB_FAULT_* in README "Fault injection"), off by default.
 struct RunFaults {
   int bad_alloc_unit = -1;         // unit index that throws std::bad_alloc after its prefill
+  double shared_prefill_sleep_ms = 0;  // added inside the timed shared prefill (a slow prompt)
 };
 
 struct RunSettings {
@@ -101,7 +103,8 @@ UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
 
 // Runs one sample under several policies (a bundle), prefilling the prompt once for every policy
 // whose compression can start from a shared full prefill (engine::can_share_prefill); the others
-// run their own prefill. Results equal run_sample's for each policy, bit for bit. With
+// run their own prefill. Results equal run_sample's for each policy, bit for bit; the shared pass
+// counts toward every unit that used it (prefill_ms, ttft_ms and the unit time limit). With
 // `failures` (one entry per policy; empty for a unit that finished), a unit that fails gets its
 // typed failure there (current_failure) and the others still run; without, it propagates. Usage
 // errors propagate always; so does every failure under a tensor-parallel group of more than one

@@ -1,6 +1,7 @@
 // The runner's integrity guarantees (issue 14), on stories260K: a unit that throws std::bad_alloc
 // ends `oom` and its bundle's other units finish; a model whose logits are not finite fails the
-// unit with an error naming the step instead of an empty "ok" prediction.
+// unit with an error naming the step instead of an empty "ok" prediction; a shared prefill counts
+// toward every unit that used it, in ttft_ms and against the unit time limit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -128,6 +129,34 @@ TEST(RunnerIntegrity, NonFiniteLogitsFailTheUnitNamingTheStep) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("perplexity step 1 are not finite"), std::string::npos)
         << e.what();
+  }
+}
+
+// A shared prefill made slow (1 s, a test hook inside the timed pass) is part of every unit's
+// time to first token and of its time against the limit.
+TEST(RunnerIntegrity, SharedPrefillCountsTowardTtftAndTheTimeLimit) {
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(kModel, kTok);
+  engine::Engine eng(*lm.model);
+  const auto pcs = policies_of(lm, {"full", "h2o", "snapkv"});
+  workers::RunSettings rs;
+  rs.faults.shared_prefill_sleep_ms = 1000;
+  const auto outs = workers::run_bundle(lm, eng, story(), pcs, rs, true);
+  for (const auto& o : outs) {
+    EXPECT_TRUE(o.m.prefill_shared);
+    EXPECT_GE(o.m.prefill_ms, 1000.0);
+    EXPECT_GE(o.m.ttft_ms, o.m.prefill_ms);
+  }
+  // The 1 s shared pass alone is over a 0.5 s limit, so every unit that used it times out, and
+  // says that the shared pass counted (each unit's own work on stories260K takes milliseconds on
+  // an idle machine; before the fix the limit saw only that and the units ended ok).
+  rs.time_limit_s = 0.5;
+  std::vector<std::optional<workers::UnitFailure>> failures;
+  workers::run_bundle(lm, eng, story(), pcs, rs, true, &failures);
+  for (size_t i = 0; i < pcs.size(); ++i) {
+    ASSERT_TRUE(failures[i].has_value()) << pcs[i].name << " ended ok past its time limit";
+    EXPECT_EQ(failures[i]->status, workers::FailureStatus::kTimeout);
+    EXPECT_NE(failures[i]->message.find("in the prefill shared"), std::string::npos)
+        << failures[i]->message;
   }
 }
 

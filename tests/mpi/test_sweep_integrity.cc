@@ -2,7 +2,8 @@
 // mpirun: a unit that throws std::bad_alloc (KVB_FAULT_BAD_ALLOC) ends `oom` while the others end
 // `ok`, the sweep exits 1 (a unit failed), nothing is left `running` (units or runs), and under
 // mpirun the coordinator does not hang (before, the exception ended the rank: rank 0 waited in
-// recv_any forever). Matrix: stories260K, NIAH at 128 tokens, depths 0 and 100, full + h2o + snapkv at 32
+// recv_any forever). A shared prefill slower than unit_time_limit_s times out every unit that
+// used it. Matrix: stories260K, NIAH at 128 tokens, depths 0 and 100, full + h2o + snapkv at 32
 // (6 units in 2 bundles).
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -107,5 +108,18 @@ TEST_P(SweepIntegrity, BadAllocEndsTheUnitOomAndTheSweepFinishes) {
 
 INSTANTIATE_TEST_SUITE_P(OneProcessAndThreeRanks, SweepIntegrity, ::testing::Values(1, 3),
                          [](const auto& info) { return "np" + std::to_string(info.param); });
+
+TEST(SweepIntegrityTimeLimit, SlowSharedPrefillTimesOutEveryUnitThatUsedIt) {
+  const std::string config = write_config("integrity_slow", "unit_time_limit_s: 0.5\n");
+  const std::string db = db_path("integrity_slow.db");
+  setenv("KVB_FAULT_SLOW_SHARED_PREFILL_MS", "1000", 1);
+  std::string out;
+  const int rc = run(kBin + " sweep " + config + " --db " + db, &out);
+  unsetenv("KVB_FAULT_SLOW_SHARED_PREFILL_MS");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"timeout", "6"}}));
+  const auto why = query(db, "SELECT 'e', MIN(instr(error, 'in the prefill shared') > 0) FROM units");
+  EXPECT_EQ(why.at("e"), "1");
+}
 
 }  // namespace

@@ -139,6 +139,11 @@ TEST(SweepMpi, ThreeRanksEqualSingleProcess) {
   // zero.
   for (const std::string& db : {one, three}) {
     EXPECT_EQ(query(db, "SELECT 'n', SUM(prefill_shared) FROM measurements").at("n"), "42") << db;
+    // ttft_ms is "prefill + choosing the first token": never below prefill_ms, also when the
+    // prefill was shared (it left the shared pass out).
+    EXPECT_EQ(query(db, "SELECT 'n', COUNT(*) FROM measurements WHERE ttft_ms < prefill_ms").at("n"),
+              "0")
+        << db;
   }
 }
 
