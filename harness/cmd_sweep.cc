@@ -17,6 +17,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -422,6 +423,40 @@ void check_tp_degree(const SweepConfig& cfg, int degree) {
   }
 }
 
+// How long the coordinator waits out another connection's lock on the database before it gives
+// up (each attempt already waits the store's busy timeout).
+constexpr double kMaxLockWaitS = 1800;
+
+// Runs `write` (a Store call), retrying with back-off while another connection holds the
+// database lock (results::DatabaseBusy): a second writer or a long checkpoint must not discard
+// finished results. The caller keeps what it writes (`units` of them) in memory meanwhile; under
+// mpirun the workers wait for their next bundle. Gives up after kMaxLockWaitS with an error that
+// says what was not written.
+template <typename Fn>
+auto retry_while_locked(const std::string& db, const char* what, size_t units, Fn write) {
+  const auto t0 = std::chrono::steady_clock::now();
+  double pause_s = 0.5;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return write();
+    } catch (const results::DatabaseBusy& e) {
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (waited > kMaxLockWaitS) {
+        throw Error(std::string(e.what()) + "; gave up " + what + " after " +
+                    std::to_string(static_cast<int>(waited)) + " s of retries (" +
+                    std::to_string(units) + " finished units not written; find the process that "
+                    "holds " + db + " open for writing, then rerun with --resume)");
+      }
+      KVB_LOG_WARN << "results database " << db << " is locked by another connection (" << what
+                   << ", attempt " << attempt << "); keeping " << units
+                   << " unit(s) in memory, retrying in " << pause_s << " s";
+      std::this_thread::sleep_for(std::chrono::duration<double>(pause_s));
+      pause_s = std::min(pause_s * 2, 30.0);
+    }
+  }
+}
+
 int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   SweepConfig cfg = load_sweep_config(a.config);
   apply_config_threads(a, cfg);
@@ -440,7 +475,8 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   info.host = process_host();
   info.ranks = comm.size();
   info.devices_json = worker_layout_json(comm.size(), a.gpus_per_worker, a.device_label);
-  const int64_t run_id = store.begin_run(info);
+  const int64_t run_id =
+      retry_while_locked(a.db, "starting the run", 0, [&] { return store.begin_run(info); });
   if (a.resume) {
     const results::Recovery rec = store.recover_after_crash(run_id);
     KVB_LOG_INFO << "resume: " << rec.requeued.size() << " units requeued, " << rec.crashed.size()
@@ -471,7 +507,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   Progress progress(total, a.progress || isatty(2));
   int failed = 0;  // units of this run that did not end ok
   auto write = [&](const std::vector<results::UnitResult>& rs) {
-    store.write_bundle(rs);
+    retry_while_locked(a.db, "writing a bundle", rs.size(), [&] { store.write_bundle(rs); });
     for (const auto& r : rs) failed += r.status != results::UnitStatus::kOk;
     progress.add(static_cast<int>(rs.size()));
   };
@@ -484,7 +520,9 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     BundleRunner runner(cfg, a.share_prefill, engine::parse_device(a.device),
                         engine::resolve_dtype(engine::parse_device(a.device), a.dtype), 0);
     for (int bi : order) {
-      store.mark_running(run_id, keys_of(plan.bundles[bi]), 0, process_host());
+      retry_while_locked(a.db, "handing out a bundle", 0, [&] {
+        store.mark_running(run_id, keys_of(plan.bundles[bi]), 0, process_host());
+      });
       write(runner.run_or_fail(plan.bundles[bi]));
     }
   } else {
@@ -498,7 +536,9 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
       if (msg != "ready") write(results_from_json(msg));
       if (next < order.size()) {
         const WireBundle& b = plan.bundles[order[next++]];
-        store.mark_running(run_id, keys_of(b), source, "rank" + std::to_string(source));
+        retry_while_locked(a.db, "handing out a bundle", 0, [&] {
+          store.mark_running(run_id, keys_of(b), source, "rank" + std::to_string(source));
+        });
         comm.send(source, to_json(b));
       } else {
         comm.send(source, "stop");
@@ -507,7 +547,8 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     }
     for (int r = layout.leader_of(layout.groups); r < comm.size(); ++r) comm.send(r, "stop");
   }
-  store.finish_run(run_id, results::RunStatus::kOk);
+  retry_while_locked(a.db, "finishing the run", 0,
+                     [&] { store.finish_run(run_id, results::RunStatus::kOk); });
   KVB_LOG_INFO << "sweep done: " << total << " units in " << std::fixed << std::setprecision(1)
                << progress.seconds() << " s ("
                << (progress.seconds() > 0 ? total / progress.seconds() : 0) << " units/s)";

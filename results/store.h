@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "common/measurement_fields.h"
 
 namespace kvb::results {
@@ -140,6 +141,15 @@ struct QueryValue {
 struct QueryResult {
   std::vector<std::string> columns;
   std::vector<std::vector<QueryValue>> rows;
+};
+
+// Thrown by a Store method when another connection held the database's lock for longer than the
+// busy timeout (SQLITE_BUSY / SQLITE_LOCKED: a second writer, a long reader checkpoint). Like
+// every Store error, nothing of that call was kept; unlike the others, trying again later may
+// succeed (the sweep's coordinator does, keeping finished results in memory meanwhile).
+class DatabaseBusy : public Error {
+ public:
+  using Error::Error;
 };
 
 // Not thread-safe; one writer process per file (rank 0), any number of read-only readers.

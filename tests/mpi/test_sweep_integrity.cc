@@ -8,12 +8,14 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "mpi/mpirun.h"
 
@@ -120,6 +122,44 @@ TEST(SweepIntegrityTimeLimit, SlowSharedPrefillTimesOutEveryUnitThatUsedIt) {
   EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"timeout", "6"}}));
   const auto why = query(db, "SELECT 'e', MIN(instr(error, 'in the prefill shared') > 0) FROM units");
   EXPECT_EQ(why.at("e"), "1");
+}
+
+// Another writer holds the database lock for 20 s, longer than the store's 10 s busy timeout,
+// while a bundle runs: the coordinator keeps the finished bundle and writes it once the lock is
+// free (before: the write failed, the sweep aborted and the bundle's results were lost, its units
+// left `running`).
+TEST(SweepIntegrityLock, AnotherWriterHoldingTheLockLosesNoResults) {
+  const std::string config = write_config("integrity_lock");
+  const std::string db = db_path("integrity_lock.db");
+  // Each bundle takes 3 s, a window in which to take the lock.
+  setenv("KVB_FAULT_SLOW_SHARED_PREFILL_MS", "3000", 1);
+  int rc = -1;
+  std::string out;
+  std::thread sweep([&] { rc = run(kBin + " sweep " + config + " --db " + db, &out); });
+  bool locked = false;
+  for (int i = 0; i < 600 && !locked; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!std::filesystem::exists(db)) continue;
+    const auto n = query(db, "SELECT 'n', COUNT(*) FROM units WHERE status = 'running'");
+    if (n.count("n") == 0 || n.at("n") == "0") continue;
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    sqlite3_busy_timeout(h, 30000);
+    ASSERT_EQ(sqlite3_exec(h, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK)
+        << sqlite3_errmsg(h);
+    locked = true;
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+    EXPECT_EQ(sqlite3_exec(h, "COMMIT", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(h);
+  }
+  sweep.join();
+  unsetenv("KVB_FAULT_SLOW_SHARED_PREFILL_MS");
+  ASSERT_TRUE(locked) << "the sweep never had a unit in flight\n" << out;
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"ok", "6"}}));
+  EXPECT_EQ(query(db, kRunStatus), (std::map<std::string, std::string>{{"ok", "1"}}));
+  EXPECT_EQ(query(db, "SELECT 'n', COUNT(*) FROM measurements").at("n"), "6");
+  EXPECT_NE(out.find("is locked"), std::string::npos) << "the wait is logged\n" << out;
 }
 
 }  // namespace
