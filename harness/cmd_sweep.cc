@@ -45,6 +45,8 @@ namespace {
 struct SweepArgs {
   std::string config, db;
   bool resume = false, rerun = false, share_prefill = true, progress = false;
+  std::string rerun_status;  // --rerun-status: comma-separated statuses
+  std::set<results::UnitStatus> rerun_statuses;
   int threads = 0;
   int gpus_per_worker = 1;  // tensor-parallel degree of each worker group
   std::string device = "cpu";
@@ -423,6 +425,28 @@ void check_tp_degree(const SweepConfig& cfg, int degree) {
   }
 }
 
+// --rerun-status "oom,timeout" -> {kOom, kTimeout}; a usage error names a bad status.
+std::set<results::UnitStatus> parse_rerun_statuses(const std::string& text) {
+  std::set<results::UnitStatus> out;
+  if (text.empty()) return out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    bool found = false;
+    for (auto st : {results::UnitStatus::kOk, results::UnitStatus::kError,
+                    results::UnitStatus::kOom, results::UnitStatus::kTimeout,
+                    results::UnitStatus::kCrashed}) {
+      if (item == results::to_string(st)) {
+        out.insert(st);
+        found = true;
+      }
+    }
+    KVB_USAGE_CHECK(found) << "--rerun-status " << text << ": '" << item
+                           << "' is not a finished unit status; use ok, error, oom, timeout or "
+                              "crashed, comma-separated";
+  }
+  return out;
+}
+
 // How long the coordinator waits out another connection's lock on the database before it gives
 // up (each attempt already waits the store's busy timeout).
 constexpr double kMaxLockWaitS = 1800;
@@ -487,6 +511,15 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   Plan plan = expand(cfg, store, run_id, &model_hashes);
   if (a.rerun) {
     store.rerun_units(plan.all_keys);
+    plan = expand(cfg, store, run_id, &model_hashes);
+  } else if (!a.rerun_statuses.empty()) {
+    std::vector<std::string> again;
+    for (const auto& [key, st] : store.unit_status(plan.all_keys)) {
+      if (a.rerun_statuses.count(st.status)) again.push_back(key);
+    }
+    KVB_LOG_INFO << "--rerun-status " << a.rerun_status << ": " << again.size()
+                 << " unit(s) of this matrix run again";
+    store.rerun_units(again);
     plan = expand(cfg, store, run_id, &model_hashes);
   }
   // Longest prompt first; bundles with nothing left are dropped.
@@ -619,6 +652,9 @@ int cmd_sweep(const std::vector<std::string>& args) {
       ("resume", po::bool_switch(&a.resume),
        "continue after a crash: units in flight go back to pending (crashed after 2 crashes)")
       ("rerun", po::bool_switch(&a.rerun), "run finished units of this matrix again")
+      ("rerun-status", po::value(&a.rerun_status),
+       "run again only the units of this matrix with these statuses, comma-separated: ok, error, "
+       "oom, timeout, crashed (e.g. --rerun-status oom,timeout after freeing memory)")
       ("no-share-prefill", po::bool_switch(), "run every unit's own prefill (for comparisons)")
       ("progress", po::bool_switch(&a.progress), "progress lines even when stderr is not a terminal")
       ("threads", po::value(&a.threads)->default_value(0),
@@ -637,6 +673,10 @@ int cmd_sweep(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_command_line(args, desc, &pos, "sweep", &vm)) return 0;
   a.share_prefill = !vm["no-share-prefill"].as<bool>();
+  a.rerun_statuses = parse_rerun_statuses(a.rerun_status);
+  KVB_USAGE_CHECK(!(a.rerun && !a.rerun_statuses.empty()))
+      << "--rerun runs every finished unit again; --rerun-status " << a.rerun_status
+      << " only those with a status: give one of them";
   const engine::Device device = engine::parse_device(a.device);
   engine::resolve_dtype(device, a.dtype);  // a bad --dtype (or bf16 on cpu) fails before MPI
   KVB_USAGE_CHECK(device == engine::Device::kCpu || a.gpus_per_worker == 1)

@@ -108,6 +108,27 @@ TEST_P(SweepIntegrity, BadAllocEndsTheUnitOomAndTheSweepFinishes) {
   EXPECT_NE(out.find("len128_depth0_s0,h2o,32,oom,1,0,"), std::string::npos) << out;
 }
 
+// --rerun-status oom runs the oom unit again (without the fault it ends ok) and leaves the
+// others alone; a status that is not a finished one is a usage error.
+TEST(SweepIntegrityRerun, RerunStatusRunsOnlyThoseUnits) {
+  const std::string config = write_config("integrity_rerun");
+  const std::string db = db_path("integrity_rerun.db");
+  setenv("KVB_FAULT_BAD_ALLOC", "len128_depth100_s0/full/0", 1);
+  EXPECT_EQ(run(kBin + " sweep " + config + " --db " + db), 1);
+  unsetenv("KVB_FAULT_BAD_ALLOC");
+  ASSERT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"ok", "5"}, {"oom", "1"}}));
+  std::string out;
+  EXPECT_EQ(run(kBin + " sweep " + config + " --db " + db + " --rerun-status error,oom", &out), 0)
+      << out;
+  EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"ok", "6"}}));
+  // Only the oom unit was handed out again.
+  EXPECT_EQ(query(db, "SELECT sample_id || '/' || policy, attempts FROM units WHERE attempts > 1"),
+            (std::map<std::string, std::string>{{"len128_depth100_s0/full", "2"}}));
+  EXPECT_EQ(run(kBin + " sweep " + config + " --db " + db + " --rerun-status running", &out), 2);
+  EXPECT_NE(out.find("'running' is not a finished unit status"), std::string::npos) << out;
+  EXPECT_EQ(run(kBin + " sweep " + config + " --db " + db + " --rerun --rerun-status ok", &out), 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(OneProcessAndThreeRanks, SweepIntegrity, ::testing::Values(1, 3),
                          [](const auto& info) { return "np" + std::to_string(info.param); });
 
