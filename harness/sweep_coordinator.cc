@@ -4,6 +4,8 @@
 // prints the summary (DESIGN.md "Scheduling", "Results", "Faults").
 #include <unistd.h>
 
+#include <csignal>
+
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
@@ -27,6 +29,20 @@
 namespace kvb::harness {
 
 namespace {
+
+// The termination signal rank 0 of an MPI sweep received (0: none). When a rank dies, mpirun
+// (Open MPI 4.1) sends the others SIGCONT, then SIGTERM about a second later, then SIGKILL within
+// tens of milliseconds; a coordinator killed outright (SIGKILL, the OOM killer) gets nothing.
+// Recording the first of them (runs.end_signal) tells the next --resume which happened; SIGCONT
+// gives the recording a second's margin (SIGTERM alone was seen to lose the race to SIGKILL).
+volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_cont_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+extern "C" void on_cont_signal(int) { g_cont_signal = 1; }
+
+struct StopSignal {
+  int signal;
+};
 
 class Progress {
  public:
@@ -134,13 +150,17 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   info.host = process_host();
   info.ranks = comm.size();
   info.devices_json = worker_layout_json(comm.size(), a.gpus_per_worker, a.device_label);
+  // One process runs its units itself: its death may be a unit's, so it records nothing.
+  info.records_signals = comm.size() > 1;
   const int64_t run_id =
       retry_while_locked(a.db, "starting the run", 0, [&] { return store.begin_run(info); });
   if (a.resume) {
     const results::Recovery rec = store.recover_after_crash(run_id);
     KVB_LOG_INFO << "resume: " << rec.requeued.size() << " units requeued, " << rec.crashed.size()
                  << " marked crashed (in flight during " << results::kMaxCrashes
-                 << " crashed runs), " << rec.dead_runs << " dead runs";
+                 << " crashed runs), " << rec.released.size()
+                 << " requeued without a crash counted (their coordinator died alone), "
+                 << rec.dead_runs << " dead runs";
   }
   std::map<std::string, std::string> model_hashes;
   Plan plan = expand(cfg, store, run_id, &model_hashes);
@@ -196,22 +216,55 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   } else {
     // Dynamic scheduling: idle worker groups (their leaders) ask; each gets the next bundle or a
     // stop. Leftover ranks in no group get their stop at the end.
+    const FaultInjection faults = FaultInjection::from_env();
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, on_stop_signal);
+    std::signal(SIGCONT, on_cont_signal);
+    bool cont_recorded = false;
+    auto check_stop = [&] {
+      if (g_cont_signal && !cont_recorded) {
+        // Also sent when a suspended job resumes: then the run goes on, and should it die later,
+        // its units in flight count a crash as they would without this record (conservative).
+        cont_recorded = true;
+        try {
+          store.record_signal(run_id, SIGCONT);
+        } catch (const std::exception& e) {
+          KVB_LOG_WARN << "could not record SIGCONT: " << e.what();
+        }
+      }
+      if (g_stop_signal) throw StopSignal{static_cast<int>(g_stop_signal)};
+    };
     size_t next = 0;
     int active = layout.groups;
-    while (active > 0) {
-      int source = 0;
-      const std::string msg = comm.recv_any(&source);
-      if (msg != "ready") write(results_from_json(msg));
-      if (next < order.size()) {
-        const WireBundle& b = plan.bundles[order[next++]];
-        retry_while_locked(a.db, "handing out a bundle", 0, [&] {
-          store.mark_running(run_id, keys_of(b), source, "rank" + std::to_string(source));
-        });
-        comm.send(source, to_json(b));
-      } else {
-        comm.send(source, "stop");
-        --active;
+    try {
+      while (active > 0) {
+        int source = 0;
+        const std::string msg = comm.recv_any(&source, check_stop);
+        if (msg != "ready") write(results_from_json(msg));
+        if (next < order.size()) {
+          const WireBundle& b = plan.bundles[order[next++]];
+          retry_while_locked(a.db, "handing out a bundle", 0, [&] {
+            store.mark_running(run_id, keys_of(b), source, "rank" + std::to_string(source));
+          });
+          comm.send(source, to_json(b));
+          faults.kill_coordinator_if(static_cast<int>(next));
+        } else {
+          comm.send(source, "stop");
+          --active;
+        }
+        check_stop();
       }
+    } catch (const StopSignal& s) {
+      // Quickly, before mpirun's SIGKILL: one UPDATE, no retry. Units in flight stay `running`;
+      // --resume counts a crash against them (a rank died, or the job was stopped).
+      try {
+        if (!cont_recorded) store.record_signal(run_id, s.signal);
+      } catch (const std::exception& e) {
+        KVB_LOG_WARN << "could not record signal " << s.signal << ": " << e.what();
+      }
+      KVB_LOG_WARN << "stopped by signal " << s.signal
+                   << " (mpirun stops the job this way when a rank died); continue with --resume";
+      std::signal(s.signal, SIG_DFL);
+      std::raise(s.signal);
     }
     for (int r = layout.leader_of(layout.groups); r < comm.size(); ++r) comm.send(r, "stop");
   }

@@ -47,7 +47,16 @@ FaultInjection FaultInjection::from_env() {
   }
   const std::string slow = env("KVB_FAULT_SLOW_SHARED_PREFILL_MS");
   if (!slow.empty()) f.shared_prefill_sleep_ms = parse_int("KVB_FAULT_SLOW_SHARED_PREFILL_MS", slow);
+  const std::string kill = env("KVB_FAULT_KILL_COORDINATOR");
+  if (!kill.empty()) f.kill_coordinator_after = parse_int("KVB_FAULT_KILL_COORDINATOR", kill);
   return f;
+}
+
+void FaultInjection::kill_coordinator_if(int handed_out) const {
+  if (kill_coordinator_after > 0 && handed_out == kill_coordinator_after) {
+    KVB_LOG_WARN << "fault injection: killing the coordinator after bundle " << handed_out;
+    std::raise(SIGKILL);
+  }
 }
 
 void FaultInjection::crash_if(const std::string& sample_id) const {

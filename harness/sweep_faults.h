@@ -24,11 +24,17 @@ struct FaultInjection {
   // prompt, for the unit time limit).
   double shared_prefill_sleep_ms = 0;
 
+  // KVB_FAULT_KILL_COORDINATOR=<n>: rank 0 of an MPI sweep kills itself with SIGKILL right after
+  // handing out its n-th bundle (its workers healthy, their units in flight).
+  int kill_coordinator_after = 0;
+
   // Throws a usage error naming the variable when one is malformed.
   static FaultInjection from_env();
 
   // Raises SIGKILL when `sample_id` is crash_sample.
   void crash_if(const std::string& sample_id) const;
+  // Raises SIGKILL when `handed_out` is kill_coordinator_after.
+  void kill_coordinator_if(int handed_out) const;
   // Throws kvb::Error when `sample_id` is throw_sample and `rank` matches.
   void throw_if(const std::string& sample_id, int rank) const;
   bool bad_alloc_in(const std::string& sample_id, const std::string& policy, int kv_budget) const {

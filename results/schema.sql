@@ -1,4 +1,4 @@
--- kvbench results database, schema version 2 (DESIGN.md "Results", results/README.md).
+-- kvbench results database, schema version 3 (DESIGN.md "Results", results/README.md).
 --
 -- `runs` holds the provenance of each sweep invocation; `units` one row per work unit, keyed by
 -- the SHA-256 of its canonical fields (DESIGN.md "Work unit and its key"), with its progress and
@@ -30,7 +30,13 @@ CREATE TABLE runs (
   ranks           INTEGER NOT NULL CHECK (ranks >= 1),
   devices         TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(devices)),  -- per rank: host, device
   model_hashes    TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(model_hashes)),  -- model -> sha256
-  build_info      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(build_info))  -- CUDA/NCCL/MPI
+  build_info      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(build_info)),  -- CUDA/NCCL/MPI
+  -- Version 3: how the coordinator of a multi-rank run ended (results/README.md "Crashes"). NULL:
+  -- not recorded (one process, or an older kvbench); 0: recorded, no signal seen, so a run left
+  -- `running` died with its coordinator alone (its units in flight were bystanders); N > 0: the
+  -- coordinator received signal N (mpirun stopping the job after a rank died: SIGCONT = 18 a
+  -- second before its SIGTERM; or a user).
+  end_signal      INTEGER CHECK (end_signal IS NULL OR end_signal >= 0)
 );
 
 -- One row per unit, never duplicated: registering a matrix again leaves existing rows alone.
@@ -128,4 +134,4 @@ CREATE TABLE predictions (
   references_json TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(references_json))
 );
 
-PRAGMA user_version = 2;
+PRAGMA user_version = 3;

@@ -222,7 +222,8 @@ int64_t Store::begin_run(const RunInfo& info) {
   Statement st(
       *db_,
       "INSERT INTO runs (config_text, config_sha256, git_rev, kvbench_version, host, "
-      "ranks, devices, model_hashes, build_info) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+      "ranks, devices, model_hashes, build_info, end_signal) "
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
   st.bind_text(1, info.config_text)
       .bind_text(2, sha256_hex(info.config_text))
       .bind_text(3, info.git_rev)
@@ -231,9 +232,18 @@ int64_t Store::begin_run(const RunInfo& info) {
       .bind_int(6, info.ranks)
       .bind_text(7, info.devices_json)
       .bind_text(8, info.model_hashes_json)
-      .bind_text(9, info.build_info_json);
+      .bind_text(9, info.build_info_json)
+      .bind_int(10, info.records_signals ? std::optional<int64_t>(0) : std::nullopt);
   st.run();
   return sqlite3_last_insert_rowid(db_->get());
+}
+
+void Store::record_signal(int64_t run_id, int signal) {
+  require_writable("record_signal");
+  KVB_CHECK(signal > 0) << "record_signal needs a signal number, got " << signal;
+  Statement st(*db_, "UPDATE runs SET end_signal = ?2 WHERE run_id = ?1");
+  st.bind_int(1, run_id).bind_int(2, signal);
+  st.run();
 }
 
 void Store::finish_run(int64_t run_id, RunStatus status) {
@@ -355,15 +365,20 @@ Recovery Store::recover_after_crash(int64_t current_run_id) {
     std::string key;
     int crash_count;
     int64_t run_id;
+    bool coordinator_alone;  // the run recorded signals and saw none (end_signal = 0)
+    int attempts;
   };
   std::vector<InFlight> in_flight;
   {
     Statement st(*db_,
-                 "SELECT unit_key, crash_count, run_id FROM units "
-                 "WHERE status = 'running' AND run_id <> ?1 ORDER BY unit_key");
+                 "SELECT u.unit_key, u.crash_count, u.run_id, "
+                 "coalesce(r.end_signal = 0 AND r.ranks > 1, 0), u.attempts "
+                 "FROM units u LEFT JOIN runs r ON r.run_id = u.run_id "
+                 "WHERE u.status = 'running' AND u.run_id <> ?1 ORDER BY u.unit_key");
     st.bind_int(1, current_run_id);
     while (st.step()) {
-      in_flight.push_back({st.column_text(0), int(st.column_int(1)), st.column_int(2)});
+      in_flight.push_back({st.column_text(0), int(st.column_int(1)), st.column_int(2),
+                           st.column_int(3) != 0, int(st.column_int(4))});
     }
   }
   Statement requeue(*db_,
@@ -374,11 +389,22 @@ Recovery Store::recover_after_crash(int64_t current_run_id) {
                     "finished_at = " KVB_SQL_NOW " WHERE unit_key = ?1");
   Recovery rec;
   for (const InFlight& u : in_flight) {
-    const int crashes = u.crash_count + 1;
+    if (u.coordinator_alone && u.attempts < kMaxAttempts) {
+      requeue.bind_text(1, u.key).bind_int(2, u.crash_count);
+      requeue.run();
+      rec.released.push_back(u.key);
+      continue;
+    }
+    const int crashes = u.coordinator_alone ? kMaxCrashes : u.crash_count + 1;
     if (crashes >= kMaxCrashes) {
-      const std::string why = "in flight when " + std::to_string(crashes) +
-                              " runs died (the last: run " + std::to_string(u.run_id) +
-                              "); skipped from now on (--rerun runs it again)";
+      const std::string why =
+          u.coordinator_alone
+              ? "handed out " + std::to_string(u.attempts) +
+                    " times without a result (the last in run " + std::to_string(u.run_id) +
+                    "); skipped from now on (--rerun-status crashed runs it again)"
+              : "in flight when " + std::to_string(crashes) + " runs died (the last: run " +
+                    std::to_string(u.run_id) +
+                    "); skipped from now on (--rerun-status crashed runs it again)";
       give_up.bind_text(1, u.key).bind_int(2, crashes).bind_text(3, why);
       give_up.run();
       rec.crashed.push_back(u.key);

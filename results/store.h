@@ -25,6 +25,9 @@ class Db;
 inline constexpr int kResultSchemaVersion = 1;
 // A unit in flight during this many dead runs becomes `crashed`, skipped (DESIGN.md "Faults").
 inline constexpr int kMaxCrashes = 2;
+// A unit handed out this many times without a result becomes `crashed` even when no crash was
+// counted against it (its runs' coordinators died alone): a bound on retries whatever the cause.
+inline constexpr int kMaxAttempts = 5;
 
 enum class Mode {
   kReadWrite,  // creates the file if missing; WAL; the sweep's single writer
@@ -48,6 +51,10 @@ struct RunInfo {
   std::string devices_json = "[]";       // per rank: host, device name, memory
   std::string model_hashes_json = "{}";  // model name -> sha256 of its file
   std::string build_info_json = "{}";    // CUDA / NCCL / MPI versions, build type
+  // The coordinator of this run records a termination signal (record_signal) before it dies, so
+  // that a run left `running` without one died with its coordinator alone (runs.end_signal = 0
+  // instead of NULL). Only for multi-rank runs, whose coordinator runs no units.
+  bool records_signals = false;
 };
 
 // The fields that identify a unit; its key hashes exactly these plus kResultSchemaVersion.
@@ -130,6 +137,9 @@ struct UnitResult {
 struct Recovery {
   std::vector<std::string> requeued;  // back to pending
   std::vector<std::string> crashed;   // reached kMaxCrashes: skipped from now on
+  // In flight when only the coordinator died (runs.end_signal = 0): back to pending, no crash
+  // counted, since their workers were healthy.
+  std::vector<std::string> released;
   int dead_runs = 0;                  // runs left `running` that were marked `crashed`
 };
 
@@ -169,6 +179,9 @@ class Store {
   Mode mode() const { return mode_; }
 
   int64_t begin_run(const RunInfo& info);
+  // The coordinator received `signal` and is about to die (one UPDATE, quick: mpirun's SIGKILL
+  // follows its SIGTERM closely).
+  void record_signal(int64_t run_id, int signal);
   void finish_run(int64_t run_id, RunStatus status);
 
   // Inserts the units whose key is new as `pending` under run_id; existing units (whatever their
@@ -186,7 +199,10 @@ class Store {
                     const std::string& host);
   // On resume, before scheduling: every unit still `running` under a run other than
   // current_run_id was in flight when that run died. crash_count += 1, and it goes back to
-  // `pending`, or to `crashed` once crash_count reaches kMaxCrashes. Those runs become `crashed`.
+  // `pending`, or to `crashed` once crash_count reaches kMaxCrashes — except where that run's
+  // coordinator died alone (runs.end_signal = 0: it recorded signals and saw none): its units go
+  // back to `pending` uncounted (Recovery::released), unless handed out kMaxAttempts times.
+  // Those runs become `crashed`.
   Recovery recover_after_crash(int64_t current_run_id);
   // `--rerun`: finished or crashed units go back to `pending`, their results deleted and
   // crash_count cleared. Throws on a unit that is `running` or not registered.

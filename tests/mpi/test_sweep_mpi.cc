@@ -109,6 +109,7 @@ std::vector<std::string> dump_all_tables(const std::string& db, const std::set<s
 // prefill was shared) must be equal.
 const std::set<std::string> kRunDependent = {
     "runs.started_at", "runs.finished_at", "runs.host", "runs.ranks", "runs.devices",
+    "runs.end_signal",  // recorded by multi-rank coordinators only (0), NULL in one process
     "units.started_at", "units.finished_at", "units.rank", "units.host",
     "measurements.prefill_ms", "measurements.ttft_ms", "measurements.decode_ms",
     "measurements.decode_ms_p50", "measurements.decode_ms_p99", "measurements.tokens_per_s",
@@ -180,6 +181,30 @@ TEST(SweepMpi, UnitThatCrashesTwiceEndsCrashed) {
   EXPECT_EQ(st.count("ok") ? st.at("ok") : "0", "42");
   EXPECT_FALSE(st.count("running"));
   EXPECT_FALSE(st.count("pending"));
+}
+
+// The coordinator (rank 0) killed twice with SIGKILL while its healthy workers had units in
+// flight (KVB_FAULT_KILL_COORDINATOR: right after handing out the 2nd bundle): those units are
+// bystanders, so no crash is counted against them and the third run finishes every unit ok.
+// Before, the units in flight during both kills ended `crashed` (the same bundles are handed out
+// first in every run).
+TEST(SweepMpi, CoordinatorKilledTwiceCrashesNoUnit) {
+  const std::string db = db_path("sweep_coord_kill.db");
+  setenv("KVB_FAULT_KILL_COORDINATOR", "2", 1);
+  EXPECT_NE(run(mpirun(3, kCrashRunSeconds) + kBin + " sweep " + kConfig + " --db " + db), 0);
+  EXPECT_TRUE(query(db, kStatus).count("running")) << "the kill should leave units in flight";
+  EXPECT_NE(
+      run(mpirun(3, kCrashRunSeconds) + kBin + " sweep " + kConfig + " --db " + db + " --resume"),
+      0);
+  unsetenv("KVB_FAULT_KILL_COORDINATOR");
+  ASSERT_EQ(run(mpirun(3) + kBin + " sweep " + kConfig + " --db " + db + " --resume"), 0);
+  EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"ok", "49"}}));
+  EXPECT_EQ(query(db, "SELECT 'n', SUM(crash_count) FROM units").at("n"), "0");
+  // Each bundle handed out in a killed run was handed out again: attempts > 1 somewhere.
+  EXPECT_NE(query(db, "SELECT 'n', MAX(attempts) FROM units").at("n"), "1");
+  // The two killed runs recorded no signal (end_signal 0), the last one finished.
+  EXPECT_EQ(query(db, "SELECT status || '/' || end_signal, COUNT(*) FROM runs GROUP BY 1"),
+            (std::map<std::string, std::string>{{"crashed/0", "2"}, {"ok/0", "1"}}));
 }
 
 }  // namespace
