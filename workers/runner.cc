@@ -218,8 +218,8 @@ UnitFailure current_failure(const std::string& context) {
     return {FailureStatus::kTimeout, e.what()};
   } catch (const std::bad_alloc& e) {
     return {FailureStatus::kOom, prefix + "out of host memory (" + e.what() +
-                                     "); lower max_prompt_tokens or the batch of models per "
-                                     "node, or run fewer ranks per node"};
+                                     "); lower max_prompt_tokens, or run fewer ranks per "
+                                     "node"};
   } catch (const std::length_error& e) {
     return {FailureStatus::kOom, prefix + "an allocation larger than the address space (" +
                                      e.what() + "); lower max_prompt_tokens"};
