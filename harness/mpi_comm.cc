@@ -94,7 +94,7 @@ std::string MpiComm::recv(int source) {
 #endif
 }
 
-std::string MpiComm::recv_any(int* source) {
+std::string MpiComm::recv_any(int* source, const std::function<void()>& while_waiting) {
 #ifdef KVB_WITH_MPI
   MPI_Status st;
   // The coordinator waits most of the time: poll with a short sleep instead of MPI_Recv, whose
@@ -102,6 +102,7 @@ std::string MpiComm::recv_any(int* source) {
   for (int flag = 0;;) {
     KVB_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, 1, MPI_COMM_WORLD, &flag, &st));
     if (flag) break;
+    if (while_waiting) while_waiting();
     usleep(1000);
   }
   unsigned long long n = 0;
@@ -115,6 +116,7 @@ std::string MpiComm::recv_any(int* source) {
   return msg;
 #else
   (void)source;
+  (void)while_waiting;
   KVB_FAIL() << "recv without MPI";
 #endif
 }

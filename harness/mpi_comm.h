@@ -3,6 +3,7 @@
 // communicator has one rank and the sweep runs in this process.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace kvb::harness {
@@ -24,7 +25,9 @@ class MpiComm {
   int local_worker_index() const { return local_worker_; }
   void send(int dest, const std::string& msg);
   std::string recv(int source);
-  std::string recv_any(int* source);
+  // `while_waiting` (optional) runs between polls, about every millisecond; what it throws
+  // propagates (the coordinator stops on a termination signal there).
+  std::string recv_any(int* source, const std::function<void()>& while_waiting = {});
   [[noreturn]] void abort(int code);
 
  private:

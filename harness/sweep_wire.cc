@@ -53,7 +53,53 @@ tasks::Sample sample_from(const json& j) {
 // NaN is not JSON: send it as null.
 json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 double number_from(const json& j) { return j.is_null() ? NAN : j.get<double>(); }
+// Measurements as an object keyed by field name (common/measurement_fields.h), so that a field
+// cannot be dropped or shifted by position: the decoder requires every field of the table.
+json field_json(int64_t v) { return v; }
+json field_json(double v) { return number(v); }
+json field_json(bool v) { return v; }
+json field_json(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
+void field_from(const json& j, int64_t* v) { *v = j.get<int64_t>(); }
+void field_from(const json& j, double* v) { *v = number_from(j); }
+void field_from(const json& j, bool* v) { *v = j.get<bool>(); }
+void field_from(const json& j, std::optional<int64_t>* v) {
+  if (j.is_null()) {
+    v->reset();
+  } else {
+    *v = j.get<int64_t>();
+  }
+}
+
+json measurements_json(const results::Measurements& m) {
+  json j = json::object();
+#define KVB_WIRE_MEASUREMENT(name, ctype, kind) j[#name] = field_json(m.name);
+  KVB_MEASUREMENT_FIELDS(KVB_WIRE_MEASUREMENT)
+#undef KVB_WIRE_MEASUREMENT
+  return j;
+}
+
+results::Measurements measurements_from(const json& j) {
+  KVB_CHECK(j.is_object()) << "measurements are a JSON object keyed by field name, got "
+                           << j.type_name() << " (a worker of another kvbench version?)";
+  results::Measurements m;
+#define KVB_WIRE_MEASUREMENT(name, ctype, kind) field_from(j.at(#name), &m.name);
+  KVB_MEASUREMENT_FIELDS(KVB_WIRE_MEASUREMENT)
+#undef KVB_WIRE_MEASUREMENT
+  KVB_CHECK(j.size() == std::size(measurement::kFields))
+      << "measurements message has " << j.size() << " fields, this kvbench knows "
+      << std::size(measurement::kFields) << " (a worker of another kvbench version?)";
+  return m;
+}
 }  // namespace
+
+results::Measurements to_store(const workers::UnitMeasurements& w) {
+  results::Measurements m;
+#define KVB_STORE_FROM_WORKER(name, ctype, kind) \
+  m.name = measurement::to_store<measurement::Kind::kind>(w.name);
+  KVB_MEASUREMENT_FIELDS(KVB_STORE_FROM_WORKER)
+#undef KVB_STORE_FROM_WORKER
+  return m;
+}
 
 std::string to_json(const WireBundle& b) {
   json units = json::array();
@@ -100,16 +146,7 @@ std::string to_json(const std::vector<results::UnitResult>& rs) {
               {"error", r.error},
               {"metrics", metrics}};
     if (r.kv_budget) j["kv_budget"] = *r.kv_budget;
-    if (r.measurements) {
-      const auto& m = *r.measurements;
-      j["m"] = {m.prompt_tokens, m.generated_tokens, m.truncated_tokens, number(m.prefill_ms),
-                number(m.ttft_ms), number(m.decode_ms), number(m.decode_ms_p50),
-                number(m.decode_ms_p99), number(m.tokens_per_s), number(m.policy_ms),
-                m.kv_bytes_final, m.kv_bytes_peak, m.kv_physical_peak, m.policy_state_bytes,
-                number(m.occupancy_mean), number(m.occupancy_final), m.occupancy_peak,
-                m.occupancy_min_final, m.occupancy_max_final, m.host_rss_peak};
-      if (m.device_peak_bytes) j["device_peak"] = *m.device_peak_bytes;  // GPU workers only
-    }
+    if (r.measurements) j["m"] = measurements_json(*r.measurements);
     if (r.prediction) j["prediction"] = {{"text", r.prediction->text}, {"refs", r.prediction->references}};
     out.push_back(j);
   }
@@ -129,32 +166,7 @@ std::vector<results::UnitResult> results_from_json(const std::string& text) {
                              m.at("hib").get<bool>()});
       }
       if (j.contains("kv_budget")) r.kv_budget = j.at("kv_budget").get<int64_t>();
-      if (j.contains("m")) {
-        const json& a = j.at("m");
-        results::Measurements m;
-        m.prompt_tokens = a.at(0).get<int64_t>();
-        m.generated_tokens = a.at(1).get<int64_t>();
-        m.truncated_tokens = a.at(2).get<int64_t>();
-        m.prefill_ms = number_from(a.at(3));
-        m.ttft_ms = number_from(a.at(4));
-        m.decode_ms = number_from(a.at(5));
-        m.decode_ms_p50 = number_from(a.at(6));
-        m.decode_ms_p99 = number_from(a.at(7));
-        m.tokens_per_s = number_from(a.at(8));
-        m.policy_ms = number_from(a.at(9));
-        m.kv_bytes_final = a.at(10).get<int64_t>();
-        m.kv_bytes_peak = a.at(11).get<int64_t>();
-        m.kv_physical_peak = a.at(12).get<int64_t>();
-        m.policy_state_bytes = a.at(13).get<int64_t>();
-        m.occupancy_mean = number_from(a.at(14));
-        m.occupancy_final = number_from(a.at(15));
-        m.occupancy_peak = a.at(16).get<int64_t>();
-        m.occupancy_min_final = a.at(17).get<int64_t>();
-        m.occupancy_max_final = a.at(18).get<int64_t>();
-        m.host_rss_peak = a.at(19).get<int64_t>();
-        if (j.contains("device_peak")) m.device_peak_bytes = j.at("device_peak").get<int64_t>();
-        r.measurements = m;
-      }
+      if (j.contains("m")) r.measurements = measurements_from(j.at("m"));
       if (j.contains("prediction")) {
         r.prediction = results::PredictionRow{j.at("prediction").at("text").get<std::string>(),
                                               j.at("prediction").at("refs").get<std::vector<std::string>>()};

@@ -7,6 +7,7 @@
 
 #include "results/store.h"
 #include "tasks/task.h"
+#include "workers/runner.h"
 
 namespace kvb::harness {
 
@@ -28,7 +29,11 @@ struct WireBundle {
 
 std::string to_json(const WireBundle& b);
 WireBundle bundle_from_json(const std::string& text);
+// Results; measurements travel as an object keyed by field name (common/measurement_fields.h).
 std::string to_json(const std::vector<results::UnitResult>& r);
 std::vector<results::UnitResult> results_from_json(const std::string& text);
+
+// The worker's measurements as the store holds them (one line per field, generated).
+results::Measurements to_store(const workers::UnitMeasurements& m);
 
 }  // namespace kvb::harness

@@ -61,6 +61,12 @@ void from_version_1(Db& db) {
           "CHECK (prefill_shared IN (0, 1))");
 }
 
+// 2 -> 3: runs.end_signal (existing runs: NULL, not recorded).
+void from_version_2(Db& db) {
+  db.exec("ALTER TABLE runs ADD COLUMN end_signal INTEGER "
+          "CHECK (end_signal IS NULL OR end_signal >= 0)");
+}
+
 void set_schema_version(Db& db, int version) {
   // PRAGMA arguments cannot be bound parameters; `version` is our own integer, not input.
   db.exec("PRAGMA user_version = " + std::to_string(version));
@@ -72,6 +78,7 @@ const std::vector<Migration>& migrations() {
   static const std::vector<Migration> steps = {
       {0, "create the schema in an empty file; refuse unversioned databases", &from_version_0},
       {1, "add measurements.prefill_shared", &from_version_1},
+      {2, "add runs.end_signal", &from_version_2},
   };
   return steps;
 }

@@ -1,4 +1,4 @@
--- kvbench results database, schema version 2 (DESIGN.md "Results", results/README.md).
+-- kvbench results database, schema version 3 (DESIGN.md "Results", results/README.md).
 --
 -- `runs` holds the provenance of each sweep invocation; `units` one row per work unit, keyed by
 -- the SHA-256 of its canonical fields (DESIGN.md "Work unit and its key"), with its progress and
@@ -30,7 +30,13 @@ CREATE TABLE runs (
   ranks           INTEGER NOT NULL CHECK (ranks >= 1),
   devices         TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(devices)),  -- per rank: host, device
   model_hashes    TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(model_hashes)),  -- model -> sha256
-  build_info      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(build_info))  -- CUDA/NCCL/MPI
+  build_info      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(build_info)),  -- CUDA/NCCL/MPI
+  -- Version 3: how the coordinator of a multi-rank run ended (results/README.md "Crashes"). NULL:
+  -- not recorded (one process, or an older kvbench); 0: recorded, no signal seen, so a run left
+  -- `running` died with its coordinator alone (its units in flight were bystanders); N > 0: the
+  -- coordinator received signal N (mpirun stopping the job after a rank died: SIGCONT = 18 a
+  -- second before its SIGTERM; or a user).
+  end_signal      INTEGER CHECK (end_signal IS NULL OR end_signal >= 0)
 );
 
 -- One row per unit, never duplicated: registering a matrix again leaves existing rows alone.
@@ -84,7 +90,15 @@ CREATE TABLE metrics (
 ) WITHOUT ROWID;
 CREATE INDEX metrics_by_name ON metrics (name);
 
--- What running the unit cost (workers::UnitMeasurements, plus the device's peak).
+-- What running the unit cost (workers::UnitMeasurements, plus the device's peak). The columns
+-- after unit_key are exactly common/measurement_fields.h, in its order (test_store checks it).
+-- Known bad data: before the fix of issue 14, sweeps run under mpirun sent measurements to rank 0
+-- without prefill_shared, so every row they wrote holds prefill_shared = 0 even where the
+-- prefill was shared (one-process sweeps stored it correctly). Nothing in the database says
+-- which process layout wrote a row (runs.ranks is the last attempt's run), so no migration can
+-- repair it: rerun those units (`kvbench sweep --rerun`) where the column matters. Also before
+-- that fix, ttft_ms of a unit with a shared prefill left the shared pass out (ttft_ms could be
+-- below prefill_ms); the shared pass's own time was not stored, so that cannot be repaired either.
 CREATE TABLE measurements (
   unit_key            TEXT NOT NULL PRIMARY KEY REFERENCES units (unit_key) ON DELETE CASCADE,
   prompt_tokens       INTEGER NOT NULL,
@@ -120,4 +134,4 @@ CREATE TABLE predictions (
   references_json TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(references_json))
 );
 
-PRAGMA user_version = 2;
+PRAGMA user_version = 3;

@@ -1,6 +1,8 @@
 // RAII wrappers over sqlite3 / sqlite3_stmt and the KVB_SQLITE_CHECK error path.
 #include "results/sqlite_util.h"
 
+#include "results/store.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -14,12 +16,16 @@ void throw_sqlite_error(const char* file, int line, const char* call, const Db& 
   // the handle is missing (open failed before allocating one).
   const char* msg = db.get() ? sqlite3_errmsg(db.get()) : sqlite3_errstr(rc);
   const int ext = db.get() ? sqlite3_extended_errcode(db.get()) : rc;
-  {
+  try {
     ::kvb::detail::ErrorBuilder err(file, line, call, ErrorKind::kRuntime);
     err << msg << " (sqlite code " << ext << ")";
     if (!sql.empty()) err << " in `" << sql << "`";
     err << " [db " << db.path() << "]";
     // ~ErrorBuilder throws at the end of this scope.
+  } catch (const Error& e) {
+    // Another connection's lock outlasted the busy timeout: a failure worth retrying later.
+    if ((ext & 0xff) == SQLITE_BUSY || (ext & 0xff) == SQLITE_LOCKED) throw DatabaseBusy(e.what());
+    throw;
   }
   std::abort();  // unreachable
 }

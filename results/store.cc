@@ -29,49 +29,24 @@ constexpr const char* kUnitStatusNames[] = {"pending", "running", "ok",     "err
                                             "oom",     "timeout", "crashed"};
 constexpr const char* kRunStatusNames[] = {"running", "ok", "error", "interrupted", "crashed"};
 
-// Measurement columns, in table order, bound to their struct fields: the INSERT and the SELECT
-// are built from these lists so that they cannot drift apart. device_peak_bytes (nullable) and
-// prefill_shared (0/1) follow them.
-struct IntColumn {
-  const char* name;
-  int64_t Measurements::*field;
-};
-struct RealColumn {
-  const char* name;
-  double Measurements::*field;
-};
-constexpr IntColumn kIntColumns[] = {
-    {"prompt_tokens", &Measurements::prompt_tokens},
-    {"generated_tokens", &Measurements::generated_tokens},
-    {"truncated_tokens", &Measurements::truncated_tokens},
-    {"kv_bytes_final", &Measurements::kv_bytes_final},
-    {"kv_bytes_peak", &Measurements::kv_bytes_peak},
-    {"kv_physical_peak", &Measurements::kv_physical_peak},
-    {"policy_state_bytes", &Measurements::policy_state_bytes},
-    {"occupancy_peak", &Measurements::occupancy_peak},
-    {"occupancy_min_final", &Measurements::occupancy_min_final},
-    {"occupancy_max_final", &Measurements::occupancy_max_final},
-    {"host_rss_peak", &Measurements::host_rss_peak},
-};
-constexpr RealColumn kRealColumns[] = {
-    {"prefill_ms", &Measurements::prefill_ms},
-    {"ttft_ms", &Measurements::ttft_ms},
-    {"decode_ms", &Measurements::decode_ms},
-    {"decode_ms_p50", &Measurements::decode_ms_p50},
-    {"decode_ms_p99", &Measurements::decode_ms_p99},
-    {"tokens_per_s", &Measurements::tokens_per_s},
-    {"policy_ms", &Measurements::policy_ms},
-    {"occupancy_mean", &Measurements::occupancy_mean},
-    {"occupancy_final", &Measurements::occupancy_final},
-};
-constexpr int kNumMeasurementColumns =
-    int(std::size(kIntColumns) + std::size(kRealColumns)) + 2;  // + the two below
-
+// Measurement columns: common/measurement_fields.h, in table order. The INSERT and the SELECT
+// are built from that one list, and each field is bound and read by its store type.
 std::string measurement_column_list() {
   std::string cols;
-  for (const auto& c : kIntColumns) cols += std::string(c.name) + ", ";
-  for (const auto& c : kRealColumns) cols += std::string(c.name) + ", ";
-  return cols + "device_peak_bytes, prefill_shared";
+  for (const auto& f : measurement::kFields) cols += std::string(cols.empty() ? "" : ", ") + f.name;
+  return cols;
+}
+constexpr int kNumMeasurementColumns = int(std::size(measurement::kFields));
+
+void bind_field(Statement& st, int i, int64_t v) { st.bind_int(i, v); }
+void bind_field(Statement& st, int i, double v) { st.bind_real(i, v); }
+void bind_field(Statement& st, int i, bool v) { st.bind_int(i, int64_t{v}); }
+void bind_field(Statement& st, int i, const std::optional<int64_t>& v) { st.bind_int(i, v); }
+void read_field(const Statement& st, int i, int64_t* v) { *v = st.column_int(i); }
+void read_field(const Statement& st, int i, double* v) { *v = st.column_real(i); }
+void read_field(const Statement& st, int i, bool* v) { *v = st.column_int(i) != 0; }
+void read_field(const Statement& st, int i, std::optional<int64_t>* v) {
+  *v = st.column_opt_int(i);
 }
 
 // (Appends rather than `"\"" + ...`: GCC 12 raises a false -Wrestrict on the latter.)
@@ -247,7 +222,8 @@ int64_t Store::begin_run(const RunInfo& info) {
   Statement st(
       *db_,
       "INSERT INTO runs (config_text, config_sha256, git_rev, kvbench_version, host, "
-      "ranks, devices, model_hashes, build_info) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+      "ranks, devices, model_hashes, build_info, end_signal) "
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
   st.bind_text(1, info.config_text)
       .bind_text(2, sha256_hex(info.config_text))
       .bind_text(3, info.git_rev)
@@ -256,9 +232,18 @@ int64_t Store::begin_run(const RunInfo& info) {
       .bind_int(6, info.ranks)
       .bind_text(7, info.devices_json)
       .bind_text(8, info.model_hashes_json)
-      .bind_text(9, info.build_info_json);
+      .bind_text(9, info.build_info_json)
+      .bind_int(10, info.records_signals ? std::optional<int64_t>(0) : std::nullopt);
   st.run();
   return sqlite3_last_insert_rowid(db_->get());
+}
+
+void Store::record_signal(int64_t run_id, int signal) {
+  require_writable("record_signal");
+  KVB_CHECK(signal > 0) << "record_signal needs a signal number, got " << signal;
+  Statement st(*db_, "UPDATE runs SET end_signal = ?2 WHERE run_id = ?1");
+  st.bind_int(1, run_id).bind_int(2, signal);
+  st.run();
 }
 
 void Store::finish_run(int64_t run_id, RunStatus status) {
@@ -380,15 +365,20 @@ Recovery Store::recover_after_crash(int64_t current_run_id) {
     std::string key;
     int crash_count;
     int64_t run_id;
+    bool coordinator_alone;  // the run recorded signals and saw none (end_signal = 0)
+    int attempts;
   };
   std::vector<InFlight> in_flight;
   {
     Statement st(*db_,
-                 "SELECT unit_key, crash_count, run_id FROM units "
-                 "WHERE status = 'running' AND run_id <> ?1 ORDER BY unit_key");
+                 "SELECT u.unit_key, u.crash_count, u.run_id, "
+                 "coalesce(r.end_signal = 0 AND r.ranks > 1, 0), u.attempts "
+                 "FROM units u LEFT JOIN runs r ON r.run_id = u.run_id "
+                 "WHERE u.status = 'running' AND u.run_id <> ?1 ORDER BY u.unit_key");
     st.bind_int(1, current_run_id);
     while (st.step()) {
-      in_flight.push_back({st.column_text(0), int(st.column_int(1)), st.column_int(2)});
+      in_flight.push_back({st.column_text(0), int(st.column_int(1)), st.column_int(2),
+                           st.column_int(3) != 0, int(st.column_int(4))});
     }
   }
   Statement requeue(*db_,
@@ -399,11 +389,22 @@ Recovery Store::recover_after_crash(int64_t current_run_id) {
                     "finished_at = " KVB_SQL_NOW " WHERE unit_key = ?1");
   Recovery rec;
   for (const InFlight& u : in_flight) {
-    const int crashes = u.crash_count + 1;
+    if (u.coordinator_alone && u.attempts < kMaxAttempts) {
+      requeue.bind_text(1, u.key).bind_int(2, u.crash_count);
+      requeue.run();
+      rec.released.push_back(u.key);
+      continue;
+    }
+    const int crashes = u.coordinator_alone ? kMaxCrashes : u.crash_count + 1;
     if (crashes >= kMaxCrashes) {
-      const std::string why = "in flight when " + std::to_string(crashes) +
-                              " runs died (the last: run " + std::to_string(u.run_id) +
-                              "); skipped from now on (--rerun runs it again)";
+      const std::string why =
+          u.coordinator_alone
+              ? "handed out " + std::to_string(u.attempts) +
+                    " times without a result (the last in run " + std::to_string(u.run_id) +
+                    "); skipped from now on (--rerun-status crashed runs it again)"
+              : "in flight when " + std::to_string(crashes) + " runs died (the last: run " +
+                    std::to_string(u.run_id) +
+                    "); skipped from now on (--rerun-status crashed runs it again)";
       give_up.bind_text(1, u.key).bind_int(2, crashes).bind_text(3, why);
       give_up.run();
       rec.crashed.push_back(u.key);
@@ -502,10 +503,9 @@ void Store::write_bundle(const std::vector<UnitResult>& results) {
       const Measurements& m = *r.measurements;
       int i = 1;
       add_measurements.bind_text(i++, r.unit_key);
-      for (const auto& c : kIntColumns) add_measurements.bind_int(i++, m.*c.field);
-      for (const auto& c : kRealColumns) add_measurements.bind_real(i++, m.*c.field);
-      add_measurements.bind_int(i++, m.device_peak_bytes);
-      add_measurements.bind_int(i++, int64_t{m.prefill_shared});
+#define KVB_BIND_MEASUREMENT(name, ctype, kind) bind_field(add_measurements, i++, m.name);
+      KVB_MEASUREMENT_FIELDS(KVB_BIND_MEASUREMENT)
+#undef KVB_BIND_MEASUREMENT
       add_measurements.run();
     }
     del_prediction.bind_text(1, r.unit_key);
@@ -537,10 +537,9 @@ std::optional<Measurements> Store::measurements(const std::string& key) const {
   if (!st.step()) return std::nullopt;
   Measurements m;
   int i = 0;
-  for (const auto& c : kIntColumns) m.*c.field = st.column_int(i++);
-  for (const auto& c : kRealColumns) m.*c.field = st.column_real(i++);
-  m.device_peak_bytes = st.column_opt_int(i++);
-  m.prefill_shared = st.column_int(i++) != 0;
+#define KVB_READ_MEASUREMENT(name, ctype, kind) read_field(st, i++, &m.name);
+  KVB_MEASUREMENT_FIELDS(KVB_READ_MEASUREMENT)
+#undef KVB_READ_MEASUREMENT
   return m;
 }
 

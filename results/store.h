@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
+#include "common/measurement_fields.h"
+
 namespace kvb::results {
 
 class Db;
@@ -22,6 +25,9 @@ class Db;
 inline constexpr int kResultSchemaVersion = 1;
 // A unit in flight during this many dead runs becomes `crashed`, skipped (DESIGN.md "Faults").
 inline constexpr int kMaxCrashes = 2;
+// A unit handed out this many times without a result becomes `crashed` even when no crash was
+// counted against it (its runs' coordinators died alone): a bound on retries whatever the cause.
+inline constexpr int kMaxAttempts = 5;
 
 enum class Mode {
   kReadWrite,  // creates the file if missing; WAL; the sweep's single writer
@@ -45,6 +51,10 @@ struct RunInfo {
   std::string devices_json = "[]";       // per rank: host, device name, memory
   std::string model_hashes_json = "{}";  // model name -> sha256 of its file
   std::string build_info_json = "{}";    // CUDA / NCCL / MPI versions, build type
+  // The coordinator of this run records a termination signal (record_signal) before it dies, so
+  // that a run left `running` without one died with its coordinator alone (runs.end_signal = 0
+  // instead of NULL). Only for multi-rank runs, whose coordinator runs no units.
+  bool records_signals = false;
 };
 
 // The fields that identify a unit; its key hashes exactly these plus kResultSchemaVersion.
@@ -95,17 +105,14 @@ struct Metric {
   bool higher_is_better = true;
 };
 
-// workers::UnitMeasurements, field for field, plus the device's peak (unknown on CPU).
+// workers::UnitMeasurements as stored: one member per line of common/measurement_fields.h, of
+// the store type of its kind (int64_t, double, bool; std::optional<int64_t> for
+// device_peak_bytes, unknown on the CPU).
 struct Measurements {
-  int64_t prompt_tokens = 0, generated_tokens = 0, truncated_tokens = 0;
-  double prefill_ms = 0, ttft_ms = 0, decode_ms = 0, decode_ms_p50 = 0, decode_ms_p99 = 0;
-  double tokens_per_s = 0, policy_ms = 0;
-  int64_t kv_bytes_final = 0, kv_bytes_peak = 0, kv_physical_peak = 0, policy_state_bytes = 0;
-  double occupancy_mean = 0, occupancy_final = 0;
-  int64_t occupancy_peak = 0, occupancy_min_final = 0, occupancy_max_final = 0;
-  int64_t host_rss_peak = 0;
-  std::optional<int64_t> device_peak_bytes;
-  bool prefill_shared = false;  // the prompt's forward pass was shared (schema version 2)
+#define KVB_STORE_MEASUREMENT_FIELD(name, ctype, kind) \
+  measurement::StoreType<measurement::Kind::kind>::type name{};
+  KVB_MEASUREMENT_FIELDS(KVB_STORE_MEASUREMENT_FIELD)
+#undef KVB_STORE_MEASUREMENT_FIELD
   bool operator==(const Measurements&) const = default;
 };
 
@@ -130,6 +137,9 @@ struct UnitResult {
 struct Recovery {
   std::vector<std::string> requeued;  // back to pending
   std::vector<std::string> crashed;   // reached kMaxCrashes: skipped from now on
+  // In flight when only the coordinator died (runs.end_signal = 0): back to pending, no crash
+  // counted, since their workers were healthy.
+  std::vector<std::string> released;
   int dead_runs = 0;                  // runs left `running` that were marked `crashed`
 };
 
@@ -141,6 +151,15 @@ struct QueryValue {
 struct QueryResult {
   std::vector<std::string> columns;
   std::vector<std::vector<QueryValue>> rows;
+};
+
+// Thrown by a Store method when another connection held the database's lock for longer than the
+// busy timeout (SQLITE_BUSY / SQLITE_LOCKED: a second writer, a long reader checkpoint). Like
+// every Store error, nothing of that call was kept; unlike the others, trying again later may
+// succeed (the sweep's coordinator does, keeping finished results in memory meanwhile).
+class DatabaseBusy : public Error {
+ public:
+  using Error::Error;
 };
 
 // Not thread-safe; one writer process per file (rank 0), any number of read-only readers.
@@ -160,6 +179,9 @@ class Store {
   Mode mode() const { return mode_; }
 
   int64_t begin_run(const RunInfo& info);
+  // The coordinator received `signal` and is about to die (one UPDATE, quick: mpirun's SIGKILL
+  // follows its SIGTERM closely).
+  void record_signal(int64_t run_id, int signal);
   void finish_run(int64_t run_id, RunStatus status);
 
   // Inserts the units whose key is new as `pending` under run_id; existing units (whatever their
@@ -177,7 +199,10 @@ class Store {
                     const std::string& host);
   // On resume, before scheduling: every unit still `running` under a run other than
   // current_run_id was in flight when that run died. crash_count += 1, and it goes back to
-  // `pending`, or to `crashed` once crash_count reaches kMaxCrashes. Those runs become `crashed`.
+  // `pending`, or to `crashed` once crash_count reaches kMaxCrashes — except where that run's
+  // coordinator died alone (runs.end_signal = 0: it recorded signals and saw none): its units go
+  // back to `pending` uncounted (Recovery::released), unless handed out kMaxAttempts times.
+  // Those runs become `crashed`.
   Recovery recover_after_crash(int64_t current_run_id);
   // `--rerun`: finished or crashed units go back to `pending`, their results deleted and
   // crash_count cleared. Throws on a unit that is `running` or not registered.

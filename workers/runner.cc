@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <new>
+#include <stdexcept>
+#include <thread>
 
 #include "common/error.h"
 #include "workers/engine/generate.h"
@@ -104,16 +107,39 @@ class Tracker {
   std::vector<int64_t> slots_, longest_, logical_, physical_;
 };
 
-// Under tensor parallelism the ranks decide together (one byte all-gathered per check), so
-// that no rank stops while the others wait in a collective.
+// The unit's time is its own since t0 plus `before_ms`, a shared prefill it started from (that
+// pass was its prompt too). Under tensor parallelism the ranks decide together (one byte
+// all-gathered per check), so that no rank stops while the others wait in a collective.
 void check_deadline(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
-                    const tasks::Sample& s, kernels::Communicator* tp) {
+                    double before_ms, const tasks::Sample& s, kernels::Communicator* tp) {
   if (rs.time_limit_s <= 0) return;
-  bool over = ms_since(t0) > rs.time_limit_s * 1000.0;
+  const double spent_ms = before_ms + ms_since(t0);
+  bool over = spent_ms > rs.time_limit_s * 1000.0;
   if (tp) over = kernels::any_rank(*tp, over);
   if (over) {
-    throw UnitTimeout("sample " + s.id + ": unit time limit of " +
-                      std::to_string(rs.time_limit_s) + " s exceeded");
+    std::string msg = "sample " + s.id + ": unit time limit of " +
+                      std::to_string(rs.time_limit_s) + " s exceeded";
+    if (before_ms > 0) {
+      msg += " (" + std::to_string(before_ms) + " ms of it in the prefill shared with the "
+             "sample's other policies)";
+    }
+    throw UnitTimeout(msg);
+  }
+}
+
+// A model with NaN weights (or an engine bug) gives non-finite logits; greedy decoding would then
+// turn them into an empty prediction that looks like a result. Checked on every logits vector the
+// runner reads (one pass over the vocabulary, next to a forward pass).
+void check_finite(const std::vector<float>& logits, const tasks::Sample& s, const char* step,
+                  size_t index = 0) {
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) {
+      KVB_FAIL() << "sample " << s.id << ": the logits after " << step
+                 << (index ? " " + std::to_string(index) : std::string()) << " are not finite ("
+                 << "token " << i << ": " << logits[i]
+                 << "); the model's weights hold NaN or Inf, or its activations overflow: "
+                    "check the model file (e.g. with `kvbench eval` on one prompt)";
+    }
   }
 }
 
@@ -168,6 +194,40 @@ QuestionPlacement parse_question_placement(const std::string& s) {
   if (s == "in_prompt") return QuestionPlacement::kInPrompt;
   if (s == "after_compression") return QuestionPlacement::kAfterCompression;
   KVB_USAGE_FAIL() << "question placement '" << s << "' unknown; use in_prompt or after_compression";
+}
+
+const char* to_string(FailureStatus s) {
+  switch (s) {
+    case FailureStatus::kError:
+      return "error";
+    case FailureStatus::kTimeout:
+      return "timeout";
+    case FailureStatus::kOom:
+      return "oom";
+    case FailureStatus::kCrashed:
+      return "crashed";
+  }
+  return "error";
+}
+
+UnitFailure current_failure(const std::string& context) {
+  const std::string prefix = context.empty() ? "" : context + ": ";
+  try {
+    throw;
+  } catch (const UnitTimeout& e) {
+    return {FailureStatus::kTimeout, e.what()};
+  } catch (const std::bad_alloc& e) {
+    return {FailureStatus::kOom, prefix + "out of host memory (" + e.what() +
+                                     "); lower max_prompt_tokens, or run fewer ranks per "
+                                     "node"};
+  } catch (const std::length_error& e) {
+    return {FailureStatus::kOom, prefix + "an allocation larger than the address space (" +
+                                     e.what() + "); lower max_prompt_tokens"};
+  } catch (const Error& e) {
+    return {FailureStatus::kError, e.what()};
+  } catch (const std::exception& e) {
+    return {FailureStatus::kError, prefix + e.what()};
+  }
 }
 
 size_t host_rss_peak_bytes() {
@@ -238,8 +298,9 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
       engine.forward({&ids[t], 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
                      engine::PolicyHook::kDecode);
       steps.push_back(ms_since(ts));
+      check_finite(logits, s, "perplexity step", t + 1);
       out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
-      check_deadline(rs, t0, s, engine.tp());
+      check_deadline(rs, t0, 0, s, engine.tp());
       tr.sample();
     }
     m.decode_ms = ms_since(t0);
@@ -286,6 +347,11 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
     m.prefill_ms = shared_ms + ms_since(t0);
     m.prefill_shared = shared_ms > 0;
     m.tp_prefill_comm = comm_stats(engine) - comm0;
+    check_finite(logits, s, rest.empty() ? "the prompt's prefill" : "the question");
+    if (static_cast<int>(unit_index) == rs.faults.bad_alloc_unit) {
+      throw std::bad_alloc();  // test hook (RunFaults): as if growing the cache failed
+    }
+    check_deadline(rs, t0, shared_ms, s, engine.tp());
     tr.sample();
 
     if (s.kind == tasks::SampleKind::kChoice) {
@@ -300,8 +366,9 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
         for (size_t t = 0; t + 1 < ids.size(); ++t) {
           engine.forward({&ids[t], 1}, fork, engine::LogitsMode::kLast, &l, fork_policy.get(),
                          engine::PolicyHook::kDecode);
+          check_finite(l, s, "choice scoring step", t + 1);
           ll += log_prob(l, ids[t + 1]);
-          check_deadline(rs, t0, s, engine.tp());
+          check_deadline(rs, t0, shared_ms, s, engine.tp());
         }
         out.prediction.choice_logliks.push_back(ll);
       }
@@ -316,9 +383,9 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
       std::string stopped_text;
       bool stopped = false;
       auto on_token = [&](int32_t id) {
-        check_deadline(rs, t0, s, engine.tp());
+        check_deadline(rs, t0, shared_ms, s, engine.tp());
         if (first_token) {
-          m.ttft_ms = ms_since(t0);
+          m.ttft_ms = shared_ms + ms_since(t0);
           first_token = false;
         }
         tr.sample();
@@ -344,7 +411,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
           engine::generate_from(engine, cache, logits, go, on_token, policy.get());
       m.tp_decode_comm = comm_stats(engine) - comm1;
       m.tp_decode_steps = r.decode_steps;
-      if (first_token) m.ttft_ms = ms_since(t0);
+      if (first_token) m.ttft_ms = shared_ms + ms_since(t0);
       out.prediction.text = stopped ? stopped_text : lm.tokenizer->decode(r.tokens, true);
       m.generated_tokens = static_cast<int>(r.tokens.size());
       m.decode_ms = r.decode_ms;
@@ -382,9 +449,9 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
                                    const tasks::Sample& s,
                                    const std::vector<policies::PolicyConfig>& policies,
                                    const RunSettings& rs, bool share_prefill,
-                                   std::vector<std::string>* errors) {
+                                   std::vector<std::optional<UnitFailure>>* failures) {
   std::vector<UnitOutput> outs(policies.size());
-  if (errors) errors->assign(policies.size(), "");
+  if (failures) failures->assign(policies.size(), std::nullopt);
   std::unique_ptr<SharedPrefill> shared;
   if (share_prefill && s.kind != tasks::SampleKind::kPerplexity) {
     // The union of the shareable policies' prefill requests.
@@ -409,21 +476,31 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       const auto t0 = std::chrono::steady_clock::now();
       engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits, nullptr,
                      engine::PolicyHook::kNone, &shared->record);
+      if (rs.faults.shared_prefill_sleep_ms > 0) {
+        std::this_thread::sleep_for(
+            std::chrono::duration<double, std::milli>(rs.faults.shared_prefill_sleep_ms));
+      }
       shared->ms = ms_since(t0);
     }
   }
+  const bool grouped = engine.tp() && engine.tp()->size() > 1;
   for (size_t i = 0; i < policies.size(); ++i) {
     try {
       outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get(), i);
-    } catch (const UnitTimeout& e) {
-      if (!errors) throw;
-      (*errors)[i] = e.what();  // under tensor parallelism every rank agreed (check_deadline)
+    } catch (const UnitTimeout&) {
+      if (!failures) throw;
+      // Under tensor parallelism every rank agreed (check_deadline).
+      (*failures)[i] = current_failure("");
     } catch (const Error& e) {
       // Usage errors fail the bundle. Under tensor parallelism a runtime error may be this
       // rank's alone while the others wait in a collective of this unit: the caller must stop.
-      const bool grouped = engine.tp() && engine.tp()->size() > 1;
-      if (!errors || e.kind() == ErrorKind::kUsage || grouped) throw;
-      (*errors)[i] = e.what();
+      if (!failures || e.kind() == ErrorKind::kUsage || grouped) throw;
+      (*failures)[i] = current_failure("");
+    } catch (const std::exception&) {
+      // std::bad_alloc (oom) and the standard library's other errors: the unit fails, the
+      // bundle goes on (its other units may need less memory).
+      if (!failures || grouped) throw;
+      (*failures)[i] = current_failure("sample " + s.id + ", policy " + policies[i].name);
     }
   }
   return outs;

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "common/measurement_fields.h"
 #include "kernels/policies/policy.h"
 #include "tasks/task.h"
 #include "workers/engine/forward.h"
@@ -23,11 +25,35 @@ enum class QuestionPlacement {
 };
 QuestionPlacement parse_question_placement(const std::string& s);
 
-// A unit that ran past RunSettings::time_limit_s (checked between tokens; a prefill in progress
-// finishes first). Recorded as status `timeout`.
+// A unit that ran past RunSettings::time_limit_s (checked after the prompt and between tokens;
+// a prefill in progress finishes first; a shared prefill counts toward every unit that used it).
+// Recorded as status `timeout`.
 class UnitTimeout : public Error {
  public:
   using Error::Error;
+};
+
+// How a unit failed (results' unit statuses, less those the coordinator gives: pending,
+// running, ok). `crashed` is never returned by the runner: a worker that dies cannot report; it is
+// here so that the harness speaks one vocabulary.
+enum class FailureStatus { kError, kTimeout, kOom, kCrashed };
+const char* to_string(FailureStatus s);  // "error", "timeout", "oom", "crashed"
+
+struct UnitFailure {
+  FailureStatus status = FailureStatus::kError;
+  std::string message;  // names the sample (and the step, where one applies)
+};
+
+// Classifies the exception in flight; call only inside a catch block. UnitTimeout -> timeout;
+// std::bad_alloc and std::length_error (what a huge std::vector allocation throws) -> oom; any
+// other std::exception (kvb::Error included) -> error, its what() the message. `context` (e.g.
+// "sample X, policy h2o") prefixes the message of exceptions that do not carry it.
+UnitFailure current_failure(const std::string& context);
+
+// Test hooks (harness: KVB_FAULT_* in README "Fault injection"), off by default.
+struct RunFaults {
+  int bad_alloc_unit = -1;         // unit index that throws std::bad_alloc after its prefill
+  double shared_prefill_sleep_ms = 0;  // added inside the timed shared prefill (a slow prompt)
 };
 
 struct RunSettings {
@@ -40,34 +66,21 @@ struct RunSettings {
   // Under tensor parallelism every rank calls it with its own heads. Tests dump keep-sets here.
   std::function<void(size_t unit, const kernels::KvCache& cache, const policies::Policy& policy)>
       on_final_cache;
+  RunFaults faults;
 };
 
 struct UnitMeasurements {
-  int prompt_tokens = 0;
-  int generated_tokens = 0;
-  int truncated_tokens = 0;
-  double prefill_ms = 0;       // prompt forward (incl. compression)
-  double ttft_ms = 0;          // prefill + choosing the first token
-  double decode_ms = 0;        // all decode steps
-  double decode_ms_p50 = 0, decode_ms_p99 = 0;  // per decode step
-  double tokens_per_s = 0;     // generated tokens / decode time
-  double policy_ms = 0;        // inside policy hooks (eviction/scoring overhead)
-  size_t kv_bytes_final = 0, kv_bytes_peak = 0;  // logical (retained slots x slot bytes)
-  size_t kv_physical_peak = 0;
-  size_t policy_state_bytes = 0;  // at the end
-  double occupancy_mean = 0;   // mean retained tokens per (layer, head), over steps
-  double occupancy_final = 0;  // the same after the last step
-  int occupancy_peak = 0;      // the longest head at any step
-  int occupancy_min_final = 0;
-  int occupancy_max_final = 0;
-  size_t host_rss_peak = 0;    // bytes (VmHWM)
-  // Device memory high-water mark of a GPU engine (EngineBase::device_peak_bytes; 0 on the CPU,
-  // stored as NULL). The engine's since construction: a process's units share one engine.
-  size_t device_peak_bytes = 0;
-  bool prefill_shared = false;  // the prompt's forward pass was shared with other policies
-  // Tensor parallelism (engine.tp()): this rank's collectives during the prompt (prefill and a
-  // question streamed after compression) and during the decode steps (generation or the
-  // perplexity stream), and the number of decode steps. Zero without a group.
+  // The stored fields, one per line of common/measurement_fields.h (prompt_tokens, ...,
+  // prefill_shared); see the comments there. device_peak_bytes is the engine's since
+  // construction (EngineBase::device_peak_bytes; 0 on the CPU, stored as NULL): a process's units
+  // share one engine.
+#define KVB_WORKER_MEASUREMENT_FIELD(name, ctype, kind) ctype name{};
+  KVB_MEASUREMENT_FIELDS(KVB_WORKER_MEASUREMENT_FIELD)
+#undef KVB_WORKER_MEASUREMENT_FIELD
+  // Not stored (logged by tensor-parallel leaders). Tensor parallelism (engine.tp()): this
+  // rank's collectives during the prompt (prefill and a question streamed after compression) and
+  // during the decode steps (generation or the perplexity stream), and the number of decode
+  // steps. Zero without a group.
   kernels::CommStats tp_prefill_comm, tp_decode_comm;
   int tp_decode_steps = 0;
 };
@@ -81,22 +94,26 @@ struct UnitOutput {
 // rank of the group runs the same call on its shard; policies get the group (PolicyConfig::tp),
 // measurements are the group's (KV bytes and occupancy over all heads; times of this rank), the
 // unit time limit is decided together (any rank over the limit stops every rank). Throws
-// kvb::Error on bad samples (e.g. a prompt that cannot fit) — callers record that as the unit's
-// error.
+// kvb::Error on bad samples (e.g. a prompt that cannot fit) and on logits that are not finite
+// (NaN or infinite: a broken model; the message names the step) — callers record that as the
+// unit's error.
 UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
                       const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings);
 
 // Runs one sample under several policies (a bundle), prefilling the prompt once for every policy
 // whose compression can start from a shared full prefill (engine::can_share_prefill); the others
-// run their own prefill. Results equal run_sample's for each policy, bit for bit. With `errors`,
-// a unit that throws a runtime error gets its message there (others still run); without, it
-// propagates.
+// run their own prefill. Results equal run_sample's for each policy, bit for bit; the shared pass
+// counts toward every unit that used it (prefill_ms, ttft_ms and the unit time limit). With
+// `failures` (one entry per policy; empty for a unit that finished), a unit that fails gets its
+// typed failure there (current_failure) and the others still run; without, it propagates. Usage
+// errors propagate always; so does every failure under a tensor-parallel group of more than one
+// rank (the failure may be this rank's alone while the others wait in a collective).
 std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& engine,
                                    const tasks::Sample& sample,
                                    const std::vector<policies::PolicyConfig>& policies,
                                    const RunSettings& settings, bool share_prefill = true,
-                                   std::vector<std::string>* errors = nullptr);
+                                   std::vector<std::optional<UnitFailure>>* failures = nullptr);
 
 // Resident-set high-water mark of this process, bytes (0 where /proc is unavailable).
 size_t host_rss_peak_bytes();

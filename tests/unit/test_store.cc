@@ -124,6 +124,18 @@ TEST(Store, SchemaSqlMatchesEmbedded) {
             std::string::npos);
 }
 
+// The measurements table has exactly the fields of common/measurement_fields.h, in that order
+// (plus unit_key first): the table, the store's binding and the wire cannot drift apart.
+TEST(Store, MeasurementColumnsAreTheFieldTable) {
+  Store store = Store::open(fresh_dir() + "/results.db", Mode::kReadWrite);
+  const QueryResult cols = store.query("SELECT name FROM pragma_table_info('measurements')");
+  std::vector<std::string> got;
+  for (const auto& row : cols.rows) got.push_back(row[0].text);
+  std::vector<std::string> want = {"unit_key"};
+  for (const auto& f : measurement::kFields) want.push_back(f.name);
+  EXPECT_EQ(got, want);
+}
+
 TEST(Store, CreatesVersionedWalDatabase) {
   const std::string path = fresh_dir() + "/results.db";
   {
@@ -418,6 +430,55 @@ TEST(Store, CrashRecoveryRequeuesThenGivesUp) {
   store.rerun_units({keys[0]});
   EXPECT_EQ(store.unit_status({keys[0]}).at(keys[0]).status, UnitStatus::kPending);
   EXPECT_EQ(store.unit_status({keys[0]}).at(keys[0]).crash_count, 0);
+}
+
+// A multi-rank run that records signals (end_signal 0) and died without one lost its coordinator
+// alone: its units in flight go back to pending with no crash counted, up to kMaxAttempts
+// hand-outs. A run that recorded a signal (a rank died) counts as before.
+TEST(Store, CoordinatorDeathCountsNoCrash) {
+  const std::string path = fresh_dir() + "/results.db";
+  RunInfo info = run_info();  // ranks = 2
+  info.records_signals = true;
+  Store store = Store::open(path, Mode::kReadWrite);
+  const int64_t run1 = store.begin_run(info);
+  const auto keys = store.register_units(run1, {unit_row("a"), unit_row("b")});
+  EXPECT_EQ(one_value(store, "SELECT end_signal FROM runs WHERE run_id = ?1",
+                      {std::to_string(run1)}),
+            "0");
+  store.mark_running(run1, keys, 1, "node1");
+  // run 1's coordinator dies (SIGKILL): nothing recorded.
+  const int64_t run2 = store.begin_run(info);
+  Recovery rec = store.recover_after_crash(run2);
+  EXPECT_EQ(rec.released.size(), 2u);
+  EXPECT_TRUE(rec.requeued.empty());
+  EXPECT_EQ(store.unit_status(keys).at(keys[0]).crash_count, 0);
+  EXPECT_EQ(store.unit_status(keys).at(keys[0]).status, UnitStatus::kPending);
+  // run 2: a worker dies; mpirun's SIGTERM reaches the coordinator, which records it.
+  store.mark_running(run2, {keys[0]}, 1, "node1");
+  store.record_signal(run2, 15);
+  const int64_t run3 = store.begin_run(info);
+  rec = store.recover_after_crash(run3);
+  EXPECT_EQ(rec.requeued, std::vector<std::string>{keys[0]});
+  EXPECT_EQ(store.unit_status(keys).at(keys[0]).crash_count, 1);
+  // Released again and again: after kMaxAttempts hand-outs without a result it is crashed.
+  int64_t run = run3;
+  for (int i = store.unit_status(keys).at(keys[1]).attempts; i < kMaxAttempts; ++i) {
+    store.mark_running(run, {keys[1]}, 1, "node1");
+    run = store.begin_run(info);
+    rec = store.recover_after_crash(run);
+  }
+  EXPECT_EQ(rec.crashed, std::vector<std::string>{keys[1]});
+  EXPECT_NE(store.unit_status(keys).at(keys[1]).error.find("handed out 5 times without a result"),
+            std::string::npos);
+  // One-process runs (records_signals false) keep end_signal NULL and count every crash.
+  RunInfo one = run_info();
+  one.ranks = 1;
+  const int64_t single = store.begin_run(one);
+  EXPECT_EQ(store.query("SELECT end_signal IS NULL FROM runs WHERE run_id = ?1",
+                        {std::to_string(single)})
+                .rows[0][0]
+                .text,
+            "1");
 }
 
 TEST(Store, RefusesNewerSchemaDraftsAndForeignFiles) {

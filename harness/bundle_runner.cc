@@ -1,0 +1,173 @@
+// BundleRunner (harness/bundle_runner.h): model loading and caching, placement groups, fault
+// hooks, scoring, and the typed failure of every unit that did not finish.
+#include "harness/bundle_runner.h"
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "harness/sweep_plan.h"
+#include "harness/sweep_tp.h"
+#include "workers/engine/tensor_parallel.h"
+
+namespace kvb::harness {
+
+results::UnitStatus unit_status(workers::FailureStatus s) {
+  switch (s) {
+    case workers::FailureStatus::kTimeout:
+      return results::UnitStatus::kTimeout;
+    case workers::FailureStatus::kOom:
+      return results::UnitStatus::kOom;
+    case workers::FailureStatus::kCrashed:
+      return results::UnitStatus::kCrashed;
+    case workers::FailureStatus::kError:
+      break;
+  }
+  return results::UnitStatus::kError;
+}
+
+bool is_usage_error(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return err.kind() == ErrorKind::kUsage;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
+  if (loaded_model_ != b.model) {
+    engine_.reset();
+    lm_ = workers::load_model_and_tokenizer(cfg_.models[b.model].path, cfg_.models[b.model].tokenizer);
+    if (tp_) *lm_.model = engine::shard_model(*lm_.model, tp_->rank(), tp_->size());
+    engine_ = engine::make_engine(*lm_.model, device_, dtype_, gpu_, tp_);
+    if (device_ == engine::Device::kCuda) {
+      KVB_LOG_INFO << "model " << lm_.model->config.name << " on "
+                   << engine_->device_description() << " (" << engine::dtype_name(dtype_) << ")";
+    }
+    loaded_model_ = b.model;
+  }
+  std::unique_ptr<tasks::Task> task =
+      tasks::make_task(cfg_.tasks[b.task].name, keyed_task_options(cfg_, cfg_.tasks[b.task]));
+  const engine::ModelConfig& c = lm_.model->config;
+  std::vector<policies::PolicyConfig> pcs;
+  std::vector<results::UnitResult> out(b.units.size());
+  // Units of one bundle may differ in question placement: run each placement as a group.
+  std::map<std::string, std::vector<size_t>> by_question;
+  for (size_t i = 0; i < b.units.size(); ++i) by_question[b.units[i].question].push_back(i);
+  for (const auto& [q, idx] : by_question) {
+    workers::RunSettings rs;
+    rs.question = workers::parse_question_placement(q);
+    rs.max_prompt_tokens = cfg_.max_prompt_tokens;
+    rs.time_limit_s = cfg_.unit_time_limit_s;
+    rs.sampling = {cfg_.generation.temperature, cfg_.generation.top_k, cfg_.generation.top_p, 0};
+    if (const char* dir = std::getenv("KVB_DUMP_KEEPSETS")) {
+      rs.on_final_cache = [&, dir](size_t k, const kernels::KvCache& cache,
+                                   const policies::Policy& policy) {
+        dump_keep_set(dir, b.units[idx[k]].key, tp_ ? tp_->rank() : 0, cache, policy);
+      };
+    }
+    std::vector<policies::PolicyConfig> group;
+    for (size_t i : idx) {
+      const WireUnit& u = b.units[i];
+      policies::PolicyConfig pc;
+      pc.name = u.policy;
+      pc.kv_budget = u.kv_budget;
+      pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+      pc.options = policies::PolicyOptions(u.policy_options);
+      pc.seed = u.seed;
+      group.push_back(pc);
+    }
+    faults_.crash_if(b.sample.id);
+    rs.faults.bad_alloc_unit = -1;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const WireUnit& u = b.units[idx[k]];
+      if (faults_.bad_alloc_in(b.sample.id, u.policy, u.kv_budget)) {
+        rs.faults.bad_alloc_unit = static_cast<int>(k);
+      }
+    }
+    rs.faults.shared_prefill_sleep_ms = faults_.shared_prefill_sleep_ms;
+    std::vector<std::optional<workers::UnitFailure>> failures;
+    std::vector<workers::UnitOutput> outs;
+    try {
+      faults_.throw_if(b.sample.id, tp_ ? tp_->rank() : 0);
+      outs = workers::run_bundle(lm_, *engine_, b.sample, group, rs, share_, &failures);
+    } catch (...) {
+      // Whatever escaped run_bundle (the shared prefill, a usage error, a tensor-parallel
+      // rank's failure) fails every unit of this placement group with its type; the rank goes
+      // on with its next bundle.
+      const workers::UnitFailure f = workers::current_failure("sample " + b.sample.id);
+      // A tensor-parallel rank's runtime failure (out of memory, a device fault) may be its
+      // alone: the group's other ranks then wait in a collective it will never join. Stop the
+      // job (cmd_sweep aborts it); the bundle's units stay in flight for --resume, which
+      // retries them and marks them crashed after a second time. Usage errors come from the
+      // config and the model, the same on every rank, and fail only the bundle's units.
+      if (tp_ && tp_->size() > 1 && !is_usage_error(std::current_exception())) {
+        throw Error("worker group rank " + std::to_string(tp_->rank()) + "/" +
+                    std::to_string(tp_->size()) + ", sample " + b.sample.id + ": " + f.message +
+                    "; the group's other ranks may be waiting for this one, so the job stops "
+                    "(rerun with --resume: the bundle's units are retried once, then marked "
+                    "crashed)");
+      }
+      outs.assign(group.size(), {});
+      failures.assign(group.size(), f);
+    }
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const WireUnit& u = b.units[idx[k]];
+      results::UnitResult& r = out[idx[k]];
+      r.unit_key = u.key;
+      if (u.policy != "full") r.kv_budget = u.kv_budget;
+      if (failures[k]) {
+        r.status = unit_status(failures[k]->status);
+        r.error = failures[k]->message;
+        continue;
+      }
+      const workers::UnitOutput& o = outs[k];
+      try {
+        const tasks::Scores sc = task->score(b.sample, o.prediction);
+        for (const auto& mi : task->metrics()) {
+          if (sc.count(mi.name)) r.metrics.push_back({mi.name, sc.at(mi.name), mi.higher_is_better});
+        }
+        for (const auto& [name, v] : sc) {
+          bool declared = false;
+          for (const auto& mi : task->metrics()) declared |= mi.name == name;
+          if (!declared) r.metrics.push_back({name, v, true});
+        }
+      } catch (const std::exception& e) {
+        r.status = results::UnitStatus::kError;
+        r.error = std::string("scoring: ") + e.what();
+      }
+      const workers::UnitMeasurements& m = o.m;
+      r.measurements = to_store(m);
+      r.prediction = results::PredictionRow{o.prediction.text, b.sample.references};
+      if (tp_ && tp_->rank() == 0) {
+        KVB_LOG_INFO << tp_traffic_line(u.key, m);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<results::UnitResult> BundleRunner::run_or_fail(const WireBundle& b) {
+  try {
+    return run(b);
+  } catch (...) {
+    if ((tp_ && tp_->size() > 1) || is_usage_error(std::current_exception())) throw;
+    const workers::UnitFailure f = workers::current_failure("sample " + b.sample.id);
+    KVB_LOG_WARN << "bundle of sample " << b.sample.id << " failed: " << f.message;
+    loaded_model_ = -1;  // the model may be half loaded: load it again for the next bundle
+    std::vector<results::UnitResult> out(b.units.size());
+    for (size_t i = 0; i < b.units.size(); ++i) {
+      out[i].unit_key = b.units[i].key;
+      if (b.units[i].policy != "full") out[i].kv_budget = b.units[i].kv_budget;
+      out[i].status = unit_status(f.status);
+      out[i].error = f.message;
+    }
+    return out;
+  }
+}
+
+}  // namespace kvb::harness

@@ -1,0 +1,59 @@
+// The sweep's bundle runner (harness/README.md): one process's model and engine, reused across
+// bundles; runs a bundle's units through workers::run_bundle, scores them and turns each into a
+// results::UnitResult (failures typed: error, timeout, oom). Used by the one-process sweep and by
+// every worker rank.
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <vector>
+
+#include "harness/sweep_config.h"
+#include "harness/sweep_faults.h"
+#include "harness/sweep_wire.h"
+#include "results/store.h"
+#include "workers/engine/engine_base.h"
+#include "workers/runner.h"
+
+namespace kvb::harness {
+
+// The runner's failure as the units table spells it.
+results::UnitStatus unit_status(workers::FailureStatus s);
+// Whether the exception is a kvb::Error of kind kUsage.
+bool is_usage_error(std::exception_ptr e);
+
+// Runs a bundle on this process: loads (and caches) the model, runs every unit, scores. With a
+// tensor-parallel group, every rank of the group runs the same bundle on its shard of the model
+// (the leader's results are the group's).
+class BundleRunner {
+ public:
+  // device/dtype/gpu: where this process runs the model (--device, --dtype, the GPU index).
+  BundleRunner(const SweepConfig& cfg, bool share, engine::Device device, engine::DType dtype,
+               int gpu, kernels::Communicator* tp = nullptr)
+      : cfg_(cfg), share_(share), device_(device), dtype_(dtype), gpu_(gpu), tp_(tp) {}
+
+  // Runs every unit of the bundle and scores it; a unit's failure is its result (typed). Throws
+  // what escapes a tensor-parallel group's units (the job must stop) and usage errors.
+  std::vector<results::UnitResult> run(const WireBundle& b);
+
+  // run(), with a failure outside the units' own runs (loading the model, an exception this code
+  // did not expect) recorded on every unit of the bundle, typed, so that the rank goes on with
+  // its next bundle and the coordinator gets an answer. Usage errors (a bad config or model,
+  // the same for every bundle) and any failure of a tensor-parallel group still propagate: the
+  // job stops (cmd_sweep aborts it under mpirun).
+  std::vector<results::UnitResult> run_or_fail(const WireBundle& b);
+
+ private:
+  const SweepConfig& cfg_;
+  bool share_;
+  engine::Device device_;
+  engine::DType dtype_;
+  int gpu_ = 0;
+  kernels::Communicator* tp_ = nullptr;
+  FaultInjection faults_ = FaultInjection::from_env();
+  int loaded_model_ = -1;
+  workers::LoadedModel lm_;
+  std::unique_ptr<engine::EngineBase> engine_;
+};
+
+}  // namespace kvb::harness

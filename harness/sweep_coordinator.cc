@@ -1,0 +1,290 @@
+// Rank 0 of `kvbench sweep` (harness/sweep_roles.h): opens the database, expands and registers
+// the matrix, hands bundles to idle workers (or runs them itself without mpirun), writes every
+// result (one transaction per bundle, retried while another connection holds the lock) and
+// prints the summary (DESIGN.md "Scheduling", "Results", "Faults").
+#include <unistd.h>
+
+#include <csignal>
+
+#include <algorithm>
+#include <chrono>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/table.h"
+#include "harness/bundle_runner.h"
+#include "harness/model_info.h"
+#include "harness/sweep_plan.h"
+#include "harness/sweep_roles.h"
+#include "harness/sweep_wire.h"
+#include "results/analysis.h"
+#include "workers/engine/tensor_parallel.h"
+
+namespace kvb::harness {
+
+namespace {
+
+// The termination signal rank 0 of an MPI sweep received (0: none). When a rank dies, mpirun
+// (Open MPI 4.1) sends the others SIGCONT, then SIGTERM about a second later, then SIGKILL within
+// tens of milliseconds; a coordinator killed outright (SIGKILL, the OOM killer) gets nothing.
+// Recording the first of them (runs.end_signal) tells the next --resume which happened; SIGCONT
+// gives the recording a second's margin (SIGTERM alone was seen to lose the race to SIGKILL).
+volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_cont_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+extern "C" void on_cont_signal(int) { g_cont_signal = 1; }
+
+struct StopSignal {
+  int signal;
+};
+
+class Progress {
+ public:
+  Progress(int total, bool enabled) : total_(total), enabled_(enabled) {}
+  void add(int n) {
+    done_ += n;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double rate = s > 0 ? done_ / s : 0;
+    const double eta = rate > 0 ? (total_ - done_) / rate : 0;
+    if (!enabled_) return;
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(2) << "sweep: " << done_ << "/" << total_ << " units, "
+      << rate << " units/s, " << std::setprecision(0) << s << " s elapsed, ETA " << eta << " s";
+    KVB_LOG_INFO << o.str();
+  }
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  int total_, done_ = 0;
+  bool enabled_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
+void print_summary(results::Store& store, const std::set<std::string>& declared, std::ostream& os) {
+  // Mean of each declared metric per model x task x policy x budget with its t interval (the
+  // cells of `kvbench query summary` and the report), then counts by status.
+  Table t({"model", "task", "policy", "kv_budget", "metric", "n", "mean", "ci95 lo", "ci95 hi"});
+  for (const results::ScoreCell& c : results::score_cells(store, {})) {
+    if (!declared.count(c.metric)) continue;  // aggregation helpers (e.g. perplexity's nll sums)
+    t.add({c.model, c.task, c.policy, c.budget, c.metric, std::to_string(c.ci.n),
+           results::fixed(c.ci.mean), results::fixed(c.ci.lo), results::fixed(c.ci.hi)});
+  }
+  t.print(os, "md");
+  const results::QueryResult s =
+      store.query("SELECT status, COUNT(*) FROM units GROUP BY status ORDER BY status");
+  os << "\nunits:";
+  for (const auto& r : s.rows) os << " " << r[1].text << " " << r[0].text;
+  os << "\n";
+}
+
+// Every model of the config must split over the group's ranks (checked before any unit runs).
+void check_tp_degree(const SweepConfig& cfg, int degree) {
+  if (degree == 1) return;
+  for (const ModelEntry& me : cfg.models) {
+    const ModelInfo info = read_model_info(me.path);
+    const std::string err = engine::tp_degree_error(me.name, info.num_heads, info.num_kv_heads,
+                                                    info.hidden_dim, degree);
+    KVB_USAGE_CHECK(err.empty()) << err;
+  }
+}
+
+// How long the coordinator waits out another connection's lock on the database before it gives
+// up (each attempt already waits the store's busy timeout).
+constexpr double kMaxLockWaitS = 1800;
+
+// Runs `write` (a Store call), retrying with back-off while another connection holds the
+// database lock (results::DatabaseBusy): a second writer or a long checkpoint must not discard
+// finished results. The caller keeps what it writes (`units` of them) in memory meanwhile; under
+// mpirun the workers wait for their next bundle. Gives up after kMaxLockWaitS with an error that
+// says what was not written.
+template <typename Fn>
+auto retry_while_locked(const std::string& db, const char* what, size_t units, Fn write) {
+  const auto t0 = std::chrono::steady_clock::now();
+  double pause_s = 0.5;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return write();
+    } catch (const results::DatabaseBusy& e) {
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (waited > kMaxLockWaitS) {
+        throw Error(std::string(e.what()) + "; gave up " + what + " after " +
+                    std::to_string(static_cast<int>(waited)) + " s of retries (" +
+                    std::to_string(units) + " finished units not written; find the process that "
+                    "holds " + db + " open for writing, then rerun with --resume)");
+      }
+      KVB_LOG_WARN << "results database " << db << " is locked by another connection (" << what
+                   << ", attempt " << attempt << "); keeping " << units
+                   << " unit(s) in memory, retrying in " << pause_s << " s";
+      std::this_thread::sleep_for(std::chrono::duration<double>(pause_s));
+      pause_s = std::min(pause_s * 2, 30.0);
+    }
+  }
+}
+
+}  // namespace
+
+int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
+  SweepConfig cfg = load_sweep_config(a.config);
+  apply_config_threads(a, cfg);
+  check_tp_degree(cfg, a.gpus_per_worker);
+  results::Store store = results::Store::open(a.db, results::Mode::kReadWrite);
+  const results::QueryResult inflight =
+      store.query("SELECT COUNT(*) FROM units WHERE status = 'running'");
+  const bool has_inflight = !inflight.rows.empty() && inflight.rows[0][0].text != "0";
+  KVB_USAGE_CHECK(a.resume || !has_inflight)
+      << a.db << " has " << inflight.rows[0][0].text
+      << " units in flight from a run that did not finish; continue it with --resume";
+  results::RunInfo info;
+  info.config_text = cfg.text;
+  info.git_rev = KVB_GIT_REV;
+  info.kvbench_version = KVB_VERSION;
+  info.host = process_host();
+  info.ranks = comm.size();
+  info.devices_json = worker_layout_json(comm.size(), a.gpus_per_worker, a.device_label);
+  // One process runs its units itself: its death may be a unit's, so it records nothing.
+  info.records_signals = comm.size() > 1;
+  const int64_t run_id =
+      retry_while_locked(a.db, "starting the run", 0, [&] { return store.begin_run(info); });
+  if (a.resume) {
+    const results::Recovery rec = store.recover_after_crash(run_id);
+    KVB_LOG_INFO << "resume: " << rec.requeued.size() << " units requeued, " << rec.crashed.size()
+                 << " marked crashed (in flight during " << results::kMaxCrashes
+                 << " crashed runs), " << rec.released.size()
+                 << " requeued without a crash counted (their coordinator died alone), "
+                 << rec.dead_runs << " dead runs";
+  }
+  std::map<std::string, std::string> model_hashes;
+  Plan plan = expand(cfg, store, run_id, &model_hashes);
+  if (a.rerun) {
+    store.rerun_units(plan.all_keys);
+    plan = expand(cfg, store, run_id, &model_hashes);
+  } else if (!a.rerun_statuses.empty()) {
+    std::vector<std::string> again;
+    for (const auto& [key, st] : store.unit_status(plan.all_keys)) {
+      if (a.rerun_statuses.count(st.status)) again.push_back(key);
+    }
+    KVB_LOG_INFO << "--rerun-status " << a.rerun_status << ": " << again.size()
+                 << " unit(s) of this matrix run again";
+    store.rerun_units(again);
+    plan = expand(cfg, store, run_id, &model_hashes);
+  }
+  // Longest prompt first; bundles with nothing left are dropped.
+  std::vector<int> order;
+  int total = 0;
+  for (size_t i = 0; i < plan.bundles.size(); ++i) {
+    if (!plan.bundles[i].units.empty()) {
+      order.push_back(static_cast<int>(i));
+      total += static_cast<int>(plan.bundles[i].units.size());
+    }
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int x, int y) { return plan.bundle_tokens[x] > plan.bundle_tokens[y]; });
+  KVB_LOG_INFO << "sweep " << a.config << ": " << plan.all_keys.size() << " units in the matrix, "
+               << total << " to run in " << order.size() << " bundles on "
+               << std::max(1, layout.groups) << " worker group(s) of " << a.gpus_per_worker
+               << " rank(s) (device " << a.device << "); database " << a.db;
+  Progress progress(total, a.progress || isatty(2));
+  int failed = 0;  // units of this run that did not end ok
+  auto write = [&](const std::vector<results::UnitResult>& rs) {
+    retry_while_locked(a.db, "writing a bundle", rs.size(), [&] { store.write_bundle(rs); });
+    for (const auto& r : rs) failed += r.status != results::UnitStatus::kOk;
+    progress.add(static_cast<int>(rs.size()));
+  };
+  auto keys_of = [](const WireBundle& b) {
+    std::vector<std::string> k;
+    for (const auto& u : b.units) k.push_back(u.key);
+    return k;
+  };
+  if (comm.size() == 1) {
+    BundleRunner runner(cfg, a.share_prefill, engine::parse_device(a.device),
+                        engine::resolve_dtype(engine::parse_device(a.device), a.dtype), 0);
+    for (int bi : order) {
+      retry_while_locked(a.db, "handing out a bundle", 0, [&] {
+        store.mark_running(run_id, keys_of(plan.bundles[bi]), 0, process_host());
+      });
+      write(runner.run_or_fail(plan.bundles[bi]));
+    }
+  } else {
+    // Dynamic scheduling: idle worker groups (their leaders) ask; each gets the next bundle or a
+    // stop. Leftover ranks in no group get their stop at the end.
+    const FaultInjection faults = FaultInjection::from_env();
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, on_stop_signal);
+    std::signal(SIGCONT, on_cont_signal);
+    bool cont_recorded = false;
+    auto check_stop = [&] {
+      if (g_cont_signal && !cont_recorded) {
+        // Also sent when a suspended job resumes: then the run goes on, and should it die later,
+        // its units in flight count a crash as they would without this record (conservative).
+        cont_recorded = true;
+        try {
+          store.record_signal(run_id, SIGCONT);
+        } catch (const std::exception& e) {
+          KVB_LOG_WARN << "could not record SIGCONT: " << e.what();
+        }
+      }
+      if (g_stop_signal) throw StopSignal{static_cast<int>(g_stop_signal)};
+    };
+    size_t next = 0;
+    int active = layout.groups;
+    try {
+      while (active > 0) {
+        int source = 0;
+        const std::string msg = comm.recv_any(&source, check_stop);
+        if (msg != "ready") write(results_from_json(msg));
+        if (next < order.size()) {
+          const WireBundle& b = plan.bundles[order[next++]];
+          retry_while_locked(a.db, "handing out a bundle", 0, [&] {
+            store.mark_running(run_id, keys_of(b), source, "rank" + std::to_string(source));
+          });
+          comm.send(source, to_json(b));
+          faults.kill_coordinator_if(static_cast<int>(next));
+        } else {
+          comm.send(source, "stop");
+          --active;
+        }
+        check_stop();
+      }
+    } catch (const StopSignal& s) {
+      // Quickly, before mpirun's SIGKILL: one UPDATE, no retry. Units in flight stay `running`;
+      // --resume counts a crash against them (a rank died, or the job was stopped).
+      try {
+        if (!cont_recorded) store.record_signal(run_id, s.signal);
+      } catch (const std::exception& e) {
+        KVB_LOG_WARN << "could not record signal " << s.signal << ": " << e.what();
+      }
+      KVB_LOG_WARN << "stopped by signal " << s.signal
+                   << " (mpirun stops the job this way when a rank died); continue with --resume";
+      std::signal(s.signal, SIG_DFL);
+      std::raise(s.signal);
+    }
+    for (int r = layout.leader_of(layout.groups); r < comm.size(); ++r) comm.send(r, "stop");
+  }
+  retry_while_locked(a.db, "finishing the run", 0,
+                     [&] { store.finish_run(run_id, results::RunStatus::kOk); });
+  KVB_LOG_INFO << "sweep done: " << total << " units in " << std::fixed << std::setprecision(1)
+               << progress.seconds() << " s ("
+               << (progress.seconds() > 0 ? total / progress.seconds() : 0) << " units/s)";
+  std::set<std::string> declared;
+  for (const auto& [key, infos] : plan.metric_info) {
+    for (const auto& mi : infos) declared.insert(mi.name);
+  }
+  print_summary(store, declared, std::cout);
+  if (failed > 0) {
+    KVB_LOG_WARN << failed << " of " << total
+                 << " units of this run did not finish ok (exit status 1); `kvbench query --db "
+                 << a.db << " failures` lists them";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvb::harness

@@ -1,0 +1,126 @@
+// Matrix expansion into keyed units and bundles (harness/sweep_plan.h).
+#include "harness/sweep_plan.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "common/sha256.h"
+#include "harness/model_info.h"
+#include "workers/model_session.h"
+
+namespace kvb::harness {
+
+namespace {
+std::string file_sha256(const std::string& path) { return sha256_file(path); }
+}  // namespace
+
+Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te) {
+  Options in = task_options(cfg, te);
+  Options out({}, "task option");
+  for (const auto& [k, v] : in.values()) {
+    std::error_code ec;
+    const bool is_path = (k == "file" || k == "data" || k == "data_dir" || k == "haystack_dir" ||
+                          k == "haystack_file" || k == "fewshot_data") &&
+                         std::filesystem::exists(v, ec);
+    out.set(k, is_path ? std::filesystem::weakly_canonical(v, ec).string() : v);
+  }
+  return out;
+}
+
+Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
+            std::map<std::string, std::string>* model_hashes) {
+  Plan plan;
+  std::vector<results::UnitRow> rows;
+  std::vector<std::pair<int, WireUnit>> units;  // bundle index, unit
+  for (size_t mi = 0; mi < cfg.models.size(); ++mi) {
+    const ModelEntry& me = cfg.models[mi];
+    const ModelInfo info = read_model_info(me.path);
+    const std::string model_sha = file_sha256(me.path);
+    (*model_hashes)[me.name] = model_sha;
+    workers::LoadedModel tok = workers::load_tokenizer_only(me.path, me.tokenizer);
+    tasks::TaskContext ctx;
+    ctx.count_tokens = [&](const std::string& t) {
+      return static_cast<int>(workers::encode_text(tok, t, false, false).size());
+    };
+    ctx.max_context = info.max_seq_len;
+    for (size_t ti = 0; ti < cfg.tasks.size(); ++ti) {
+      const TaskEntry& te = cfg.tasks[ti];
+      const Options topts = keyed_task_options(cfg, te);
+      std::unique_ptr<tasks::Task> task = tasks::make_task(te.name, topts);
+      std::vector<tasks::Sample> samples = task->samples(ctx);
+      for (tasks::Sample& s : samples) {
+        if (cfg.generation.max_new_tokens > 0) s.max_new_tokens = cfg.generation.max_new_tokens;
+        const int prompt_tokens = ctx.count_tokens(s.context + s.question + s.text);
+        WireBundle b{static_cast<int>(mi), static_cast<int>(ti), s, {}};
+        const int bundle_index = static_cast<int>(plan.bundles.size());
+        plan.bundles.push_back(b);
+        plan.bundle_tokens.push_back(prompt_tokens);
+        for (const PolicyEntry& pe : cfg.policies) {
+          std::vector<BudgetEntry> budgets = cfg.budgets;
+          if (pe.name == "full") budgets = {BudgetEntry{}};
+          for (const BudgetEntry& be : budgets) {
+            for (const std::string& q : cfg.questions) {
+              for (uint64_t seed : cfg.seeds) {
+                const std::string spec = pe.name == "full" ? "" : be.spec();
+                std::map<std::string, std::string> axes = {{"model", me.name},
+                                                           {"task", te.name},
+                                                           {"policy", pe.name},
+                                                           {"kv_budget", spec},
+                                                           {"question", q},
+                                                           {"seed", std::to_string(seed)}};
+                if (excluded(cfg, axes)) continue;
+                int tokens = be.tokens;
+                if (be.ratio > 0) tokens = std::max(1, static_cast<int>(be.ratio * prompt_tokens));
+                results::UnitRow row;
+                row.spec.model_sha256 = model_sha;
+                row.spec.task = te.name;
+                row.spec.task_version = task->version();
+                row.spec.task_options = topts.values();
+                row.spec.sample_id = s.id;
+                row.spec.policy = pe.name;
+                row.spec.policy_options = pe.options;
+                row.spec.kv_budget_spec = spec;
+                row.spec.question = q;
+                row.spec.max_new_tokens = s.max_new_tokens;
+                row.spec.seed = seed;
+                row.spec.generation = {{"temperature", std::to_string(cfg.generation.temperature)},
+                                       {"top_k", std::to_string(cfg.generation.top_k)},
+                                       {"top_p", std::to_string(cfg.generation.top_p)}};
+                row.model = me.name;
+                if (pe.name != "full") row.kv_budget = tokens;
+                row.sample_fields = s.fields;
+                const std::string key = results::unit_key(row.spec);
+                rows.push_back(row);
+                WireUnit u{key, pe.name, pe.options, pe.name == "full" ? 0 : tokens, q, seed};
+                units.push_back({bundle_index, u});
+                plan.metric_info[key] = task->metrics();
+                plan.key_task[key] = te.name;
+                plan.key_policy[key] = pe.name;
+                plan.key_budget[key] = spec.empty() ? "-" : spec;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  plan.all_keys = store.register_units(run_id, rows);
+  // Units still to run go into their bundles.
+  const std::vector<std::string> keys = [&] {
+    std::vector<std::string> k;
+    for (const auto& u : units) k.push_back(u.second.key);
+    return k;
+  }();
+  const std::map<std::string, results::UnitState> states = store.unit_status(keys);
+  std::set<std::string> seen;
+  for (const auto& [bi, u] : units) {
+    const auto it = states.find(u.key);
+    if (it == states.end() || it->second.status != results::UnitStatus::kPending) continue;
+    if (!seen.insert(u.key).second) continue;  // the same unit twice in the matrix
+    plan.bundles[bi].units.push_back(u);
+  }
+  return plan;
+}
+
+}  // namespace kvb::harness

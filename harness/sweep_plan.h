@@ -1,0 +1,37 @@
+// The sweep's plan (DESIGN.md "Work unit and its key", "Scheduling"): the config's matrix
+// expanded into keyed units, registered in the store, and grouped into bundles (units sharing one
+// sample) of the units still to run.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/options.h"
+#include "harness/sweep_config.h"
+#include "harness/sweep_wire.h"
+#include "results/store.h"
+#include "tasks/task.h"
+
+namespace kvb::harness {
+
+struct Plan {
+  std::vector<WireBundle> bundles;       // all bundles (units: only those still to run)
+  std::vector<std::string> all_keys;     // every unit of the matrix
+  std::vector<int> bundle_tokens;        // approximate prompt tokens, for ordering
+  std::map<std::string, std::vector<tasks::MetricInfo>> metric_info;  // by unit key
+  std::map<std::string, std::string> key_task, key_policy, key_budget;
+};
+
+// The task's options as the sweep runs and keys them: the config's (with `limit` for tasks that
+// take one), file paths made absolute so that unit keys do not depend on the directory the sweep
+// was started from.
+Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te);
+
+// Expands the matrix: for every model, its tokenizer (no weights) builds every task's samples;
+// every (sample, policy entry, budget, question, seed) not excluded is a unit. Registers them all
+// under run_id; bundles hold only the units still `pending`. Fills model name -> file SHA-256.
+Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
+            std::map<std::string, std::string>* model_hashes);
+
+}  // namespace kvb::harness

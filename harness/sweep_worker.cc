@@ -1,0 +1,52 @@
+// A worker rank of `kvbench sweep` (harness/sweep_roles.h): receives bundles, runs them, returns
+// the results; the leader of a tensor-parallel group relays for its group.
+#include <omp.h>
+
+#include "common/log.h"
+#include "harness/bundle_runner.h"
+#include "harness/mpi_group.h"
+#include "harness/sweep_roles.h"
+#include "harness/sweep_wire.h"
+#include "workers/engine/engine_base.h"
+
+namespace kvb::harness {
+
+void apply_config_threads(const SweepArgs& a, const SweepConfig& cfg) {
+  if (a.threads <= 0 && cfg.threads > 0) omp_set_num_threads(cfg.threads);
+}
+
+
+// A worker rank: the leader of a group receives bundles from the coordinator and broadcasts
+// them to its group; every rank of the group runs them; the leader returns the results.
+int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGroup& group) {
+  if (layout.group < 0) {
+    // A leftover rank: wait (sleeping, not spinning) for the coordinator's stop.
+    int source = 0;
+    while (comm.recv_any(&source) != "stop") {
+    }
+    return 0;
+  }
+  SweepConfig cfg = load_sweep_config(a.config);
+  apply_config_threads(a, cfg);
+  // --device cuda: one GPU per worker rank, by its index among the node's workers.
+  const engine::Device device = engine::parse_device(a.device);
+  const int gpu =
+      device == engine::Device::kCuda ? engine::node_local_gpu(comm.local_worker_index()) : 0;
+  if (device == engine::Device::kCuda) {
+    KVB_LOG_INFO << "worker rank " << comm.rank() << ": GPU " << gpu << " (node-local worker "
+                 << comm.local_worker_index() << ")";
+  }
+  BundleRunner runner(cfg, a.share_prefill, device, engine::resolve_dtype(device, a.dtype), gpu,
+                      group.comm.get());
+  if (layout.leader) comm.send(0, "ready");
+  while (true) {
+    std::string msg;
+    if (layout.leader) msg = comm.recv(0);
+    if (group.comm) broadcast_text(*group.comm, &msg);
+    if (msg == "stop") return 0;
+    const std::vector<results::UnitResult> results = runner.run_or_fail(bundle_from_json(msg));
+    if (layout.leader) comm.send(0, to_json(results));
+  }
+}
+
+}  // namespace kvb::harness
