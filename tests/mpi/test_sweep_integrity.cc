@@ -63,6 +63,9 @@ int run(const std::string& cmd, std::string* output = nullptr) {
 std::map<std::string, std::string> query(const std::string& db, const std::string& sql) {
   sqlite3* h = nullptr;
   EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
+  // A reader waits for the lock like kvbench's own readers do: the polls below run while the
+  // sweep creates the database (schema, WAL switch), which briefly locks it.
+  sqlite3_busy_timeout(h, 10000);
   sqlite3_stmt* st = nullptr;
   EXPECT_EQ(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sqlite3_errmsg(h);
   std::map<std::string, std::string> out;
