@@ -79,6 +79,24 @@ std::map<std::string, std::string> query(const std::string& db, const std::strin
   return out;
 }
 
+// Units in flight, or -1 while the database is not there yet (the sweep is still creating it:
+// no file, no schema, or its creation's lock).
+int running_units(const std::string& db) {
+  sqlite3* h = nullptr;
+  int n = -1;
+  if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(h, "SELECT COUNT(*) FROM units WHERE status = 'running'", -1, &st,
+                           nullptr) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+      n = sqlite3_column_int(st, 0);
+    }
+    sqlite3_finalize(st);
+  }
+  sqlite3_close(h);
+  return n;
+}
+
 const char* kStatus = "SELECT status, COUNT(*) FROM units GROUP BY status";
 const char* kRunStatus = "SELECT status, COUNT(*) FROM runs GROUP BY status";
 
@@ -163,9 +181,7 @@ TEST(SweepIntegrityLock, AnotherWriterHoldingTheLockLosesNoResults) {
   bool locked = false;
   for (int i = 0; i < 600 && !locked; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!std::filesystem::exists(db)) continue;
-    const auto n = query(db, "SELECT 'n', COUNT(*) FROM units WHERE status = 'running'");
-    if (n.count("n") == 0 || n.at("n") == "0") continue;
+    if (!std::filesystem::exists(db) || running_units(db) <= 0) continue;
     sqlite3* h = nullptr;
     ASSERT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
     sqlite3_busy_timeout(h, 30000);
