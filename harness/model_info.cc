@@ -104,6 +104,8 @@ void read_llama2c(const std::string& path, std::ifstream& in, ModelInfo& info) {
 
 ModelInfo read_model_info(const std::string& path) {
   std::error_code ec;
+  KVB_USAGE_CHECK(!std::filesystem::is_directory(path, ec))
+      << "model '" << path << "' is a directory; give the model file in it";
   KVB_USAGE_CHECK(std::filesystem::is_regular_file(path, ec))
       << "model file '" << path << "' does not exist or is not a file";
   std::ifstream in(path, std::ios::binary);

@@ -138,6 +138,8 @@ void parse_models(const Node& n, SweepConfig& cfg) {
     }
     const std::string pkey = item->kind == Node::Kind::kMap ? key + ".path" : key;
     m.path = resolve_path(*path_node, scalar(*path_node, pkey));
+    if (fs::is_directory(m.path))
+      fail(*path_node, pkey, "'" + m.path + "' is a directory; give the model file in it");
     if (!fs::is_regular_file(m.path))
       fail(*path_node, pkey, "model file '" + m.path + "' does not exist");
     try {

@@ -50,9 +50,9 @@ constexpr int kMaxFileLoads = 256;  // include files read for one config, repeat
 
 struct Converter {
   const std::string& file;
-  int64_t& nodes;                       // shared over all the files of one config
-  std::vector<YAML::Node> ancestors;    // collections on the way down (cycle check)
-  std::vector<std::string> key_path;    // for messages: "tasks[0].options"
+  int64_t& nodes;                     // shared over all the files of one config
+  std::vector<YAML::Node> ancestors;  // collections on the way down (cycle check)
+  std::vector<std::string> key_path;  // for messages: "tasks[0].options"
 
   std::string where() const {
     std::string k;

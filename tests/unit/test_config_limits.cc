@@ -99,10 +99,10 @@ TEST(ConfigLimits, IncludeDiamondIsBounded) {
   constexpr int kDepth = 24;
   for (int d = 0; d < kDepth; ++d) {
     for (const char* side : {"a", "b"}) {
-      const std::string next = d + 1 < kDepth ? "include: [d" + std::to_string(d + 1) +
-                                                    "a.yaml, d" + std::to_string(d + 1) +
-                                                    "b.yaml]\n"
-                                              : "limit: 1\n";
+      const std::string next = d + 1 < kDepth
+                                   ? "include: [d" + std::to_string(d + 1) + "a.yaml, d" +
+                                         std::to_string(d + 1) + "b.yaml]\n"
+                                   : "limit: 1\n";
       write("diamond/d" + std::to_string(d) + side + ".yaml", next);
     }
   }
@@ -133,12 +133,13 @@ TEST(ConfigLimits, LongBudgetRangeLoadsFast) {
 // Seed ranges of 100k: the duplicate check was quadratic; past the cell bound it is an error.
 TEST(ConfigLimits, SeedRangesLoadFastAndTheMatrixIsBounded) {
   const auto t0 = std::chrono::steady_clock::now();
-  const SweepConfig cfg = load_sweep_config(write("seeds.yaml", base_yaml() + "seeds: ['0-99999']\n"));
+  const SweepConfig cfg =
+      load_sweep_config(write("seeds.yaml", base_yaml() + "seeds: ['0-99999']\n"));
   EXPECT_LT(seconds_since(t0), 5);
   EXPECT_EQ(cfg.seeds.size(), 100000u);
-  const std::string err = load_error(
-      "seeds_cells.yaml", base_yaml("policies: [full, window]\n") +
-                              "budgets: [64, 128]\nseeds: ['0-99999']\n");
+  const std::string err =
+      load_error("seeds_cells.yaml", base_yaml("policies: [full, window]\n") +
+                                         "budgets: [64, 128]\nseeds: ['0-99999']\n");
   EXPECT_NE(err.find(":1: seeds: the matrix has 300000 cells (1 models x 1 tasks x 3 policies x "
                      "budgets x 1 question x 100000 seeds), over the limit of 100000"),
             std::string::npos)
@@ -153,8 +154,8 @@ TEST(ConfigLimits, OptionProductIsBounded) {
     b += (i ? ", " : "") + std::to_string(i);
   }
   const std::string err =
-      load_error("product.yaml", base_yaml("policies:\n  - name: h2o\n    options: {sinks: [" +
-                                           b + "], recent: [" + a + "]}\n") +
+      load_error("product.yaml", base_yaml("policies:\n  - name: h2o\n    options: {sinks: [" + b +
+                                           "], recent: [" + a + "]}\n") +
                                      "budgets: [64]\n");
   EXPECT_NE(err.find("product.yaml:6: policies[0].options: the option lists give more than 1024 "
                      "combinations (100 sinks x 100 recent)"),
@@ -162,13 +163,18 @@ TEST(ConfigLimits, OptionProductIsBounded) {
       << err;
 }
 
-TEST(ConfigLimits, SecondDocumentAndDirectoryIncludeAreErrors) {
+TEST(ConfigLimits, SecondDocumentAndDirectoriesAreErrors) {
   std::string err = load_error("two_docs.yaml", base_yaml() + "---\nlimit: 3\n");
   EXPECT_NE(err.find("two_docs.yaml:"), std::string::npos) << err;
   EXPECT_NE(err.find("a second YAML document"), std::string::npos) << err;
   fs::create_directories(kDir + "/a_folder");
   err = load_error("dir_include.yaml", base_yaml() + "include: a_folder\n");
   EXPECT_NE(err.find("dir_include.yaml:6: include: '" + kDir + "/a_folder' is a directory"),
+            std::string::npos)
+      << err;
+  err = load_error("dir_model.yaml",
+                   "models: [a_folder]\n" + base_yaml().substr(base_yaml().find("tasks:")));
+  EXPECT_NE(err.find("dir_model.yaml:1: models[0]: '" + kDir + "/a_folder' is a directory"),
             std::string::npos)
       << err;
 }
