@@ -87,7 +87,7 @@ struct Converter {
       case YAML::NodeType::Sequence:
         n.kind = Node::Kind::kSeq;
         for (const auto& item : y) {
-          key_path.push_back("[" + std::to_string(n.seq.size()) + "]");
+          key_path.push_back(std::string(1, '[').append(std::to_string(n.seq.size())) + ']');
           n.seq.push_back(convert(item, n.line));
           key_path.pop_back();
         }
