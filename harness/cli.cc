@@ -1,7 +1,11 @@
 // kvbench's top-level dispatch: `kvbench <command> [options]`, with errors mapped to exit codes.
 #include "harness/cli.h"
 
+#include <omp.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "common/error.h"
@@ -49,7 +53,21 @@ bool parse_command_line(const std::vector<std::string>& args,
     po::command_line_parser parser(args);
     parser.options(desc);
     if (positional) parser.positional(*positional);
-    po::store(parser.run(), *vm);
+    const po::parsed_options parsed = parser.run();
+    // Without a positional description boost keeps stray words unnamed and store() drops them
+    // silently (`--prompt Once upon a time` ran "Once"): refuse them, naming each.
+    std::string stray;
+    for (const po::option& o : parsed.options) {
+      if (o.string_key.empty() && o.position_key >= 0) {
+        for (const std::string& v : o.value) stray += (stray.empty() ? "'" : " '") + v + "'";
+      }
+    }
+    KVB_USAGE_CHECK(stray.empty())
+        << "unexpected argument(s) " << stray
+        << ": every value belongs to an option; quote a value with spaces "
+           "(--prompt \"Once upon a time\") (see kvbench "
+        << command << " --help)";
+    po::store(parsed, *vm);
     po::notify(*vm);
   } catch (const po::error& e) {
     KVB_USAGE_FAIL() << e.what() << " (see kvbench " << command << " --help)";
@@ -92,6 +110,23 @@ int run_cli(int argc, char** argv) {
   for (const auto& s : subcommands()) std::cerr << " " << s.name;
   std::cerr << "\n";
   return 2;
+}
+
+void set_threads_option(int threads) {
+  KVB_USAGE_CHECK(threads >= 0 && threads <= kMaxThreads)
+      << "--threads must be in [0, " << kMaxThreads << "] (0: all cores), got " << threads;
+  if (threads > 0) omp_set_num_threads(threads);
+}
+
+uint64_t parse_seed_option(const std::string& text) {
+  const bool digits = !text.empty() && text.size() <= 20 &&
+                      text.find_first_not_of("0123456789") == std::string::npos;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = digits ? std::strtoull(text.c_str(), &end, 10) : 0;
+  KVB_USAGE_CHECK(digits && errno != ERANGE)
+      << "--seed must be an integer in [0, 18446744073709551615], got '" << text << "'";
+  return v;
 }
 
 void add_device_options(boost::program_options::options_description& desc, DeviceOptions* o) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,13 @@ bool parse_command_line(const std::vector<std::string>& args,
                         const boost::program_options::options_description& desc,
                         const boost::program_options::positional_options_description* positional,
                         const char* command, boost::program_options::variables_map* vm);
+
+// `--threads` of the one-process commands: 0 (all cores) up to kMaxThreads, else a usage error
+// (100000 threads crashed the OpenMP runtime); sets the OpenMP thread count when positive.
+constexpr int kMaxThreads = 1024;
+void set_threads_option(int threads);
+// `--seed` as given: decimal digits only (boost reads "-1" into an unsigned as 2^64 - 1).
+uint64_t parse_seed_option(const std::string& text);
 
 // `--device` and `--dtype` of the one-process commands (generate, eval).
 struct DeviceOptions {

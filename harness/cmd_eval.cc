@@ -1,8 +1,6 @@
 // `kvbench eval`: one task end to end in one process under one policy and budget; prints a
 // per-sample table and the aggregate (md, csv or jsonl on stdout), progress on stderr. The sweep
 // runs units through the same workers::run_sample.
-#include <omp.h>
-
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
@@ -38,7 +36,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   std::vector<std::string> task_opts, policy_opts;
   DeviceOptions dev_opts;
   int kv_budget = 0, limit = -1, threads = 0, max_prompt_tokens = 0, show_prediction = 60;
-  uint64_t seed = 0;
+  std::string seed_text = "0";
   po::options_description desc(
       "usage: kvbench eval --model PATH --task NAME [--task-opt k=v ...] [--policy NAME "
       "--kv-budget N] [options]\n\n"
@@ -58,8 +56,8 @@ int cmd_eval(const std::vector<std::string>& args) {
        "question placement: in_prompt | after_compression")
       ("max-prompt-tokens", po::value(&max_prompt_tokens)->default_value(0),
        "middle-truncate prompts above this many tokens (0: the model's context)")
-      ("seed", po::value(&seed)->default_value(0), "seed for randomised policies")
-      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)");
+      ("seed", po::value(&seed_text)->default_value("0"), "seed for randomised policies")
+      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores; at most 1024)");
   add_device_options(desc, &dev_opts);
   desc.add_options()
       ("output,o", po::value(&output)->default_value("md"), "md | csv | jsonl")
@@ -71,7 +69,10 @@ int cmd_eval(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(vm.count("task")) << "--task is required (kvbench ls tasks lists them)";
   KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl")
       << "--output must be md, csv or jsonl, got " << output;
-  if (threads > 0) omp_set_num_threads(threads);
+  KVB_USAGE_CHECK(limit >= 0 || vm["limit"].defaulted())
+      << "--limit must be >= 0 (samples), got " << limit;
+  const uint64_t seed = parse_seed_option(seed_text);
+  set_threads_option(threads);
   const DeviceChoice dc = resolve_device_options(dev_opts);  // before the (slow) model load
   const engine::Device dev = dc.device;
   const engine::DType dt = dc.dtype;

@@ -1,9 +1,8 @@
 // `kvbench generate`: load a model, encode a prompt, generate, print the text to stdout;
 // timings and model facts go to stderr.
-#include <omp.h>
-
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -22,6 +21,9 @@ namespace kvb::harness {
 namespace {
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
+  std::error_code ec;
+  KVB_USAGE_CHECK(!std::filesystem::is_directory(path, ec))
+      << "--prompt-file '" << path << "' is a directory; give a text file";
   KVB_USAGE_CHECK(in.good()) << "cannot open --prompt-file '" << path << "'";
   std::ostringstream ss;
   ss << in.rdbuf();
@@ -56,7 +58,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::string model_path, tokenizer_path, prompt, prompt_file, system, dump_path;
   int max_new_tokens = 128, threads = 0, top_k = 0;
   float temperature = 0.0f, top_p = 1.0f;
-  uint64_t seed = 0;
+  std::string seed_text = "0";
   bool chat = false, timings = false, show_ids = false;
   std::string policy_name = "full";
   DeviceOptions dev_opts;
@@ -81,14 +83,14 @@ int cmd_generate(const std::vector<std::string>& args) {
       ("temperature", po::value(&temperature)->default_value(0.0f), "sampling temperature (0 = greedy)")
       ("top-k", po::value(&top_k)->default_value(0), "sample from the k most likely tokens (0 = all)")
       ("top-p", po::value(&top_p)->default_value(1.0f), "nucleus sampling mass (1 = off)")
-      ("seed", po::value(&seed)->default_value(0), "seed of the sampler's counter-based RNG")
+      ("seed", po::value(&seed_text)->default_value("0"), "seed of the sampler's counter-based RNG")
       ("policy", po::value(&policy_name)->default_value("full"),
        "KV-cache eviction policy (kvbench ls policies lists them)")
       ("kv-budget", po::value(&kv_budget)->default_value(0),
        "retained tokens per KV head per layer (required unless --policy full)")
       ("policy-opt", po::value(&policy_opts)->composing(),
        "policy option key=value (repeatable; kvbench ls policies lists each policy's options)")
-      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores)");
+      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores; at most 1024)");
   add_device_options(desc, &dev_opts);
   desc.add_options()
       ("timings", po::bool_switch(&timings), "print prefill/decode times and tokens/s to stderr")
@@ -102,11 +104,14 @@ int cmd_generate(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(!(vm.count("prompt") && vm.count("prompt-file")))
       << "give --prompt or --prompt-file, not both";
   KVB_USAGE_CHECK(max_new_tokens >= 0) << "--max-new-tokens must be >= 0, got " << max_new_tokens;
-  KVB_USAGE_CHECK(temperature >= 0) << "--temperature must be >= 0, got " << temperature;
+  KVB_USAGE_CHECK(temperature >= 0 && temperature <= 100)
+      << "--temperature must be in [0, 100] (0: greedy), got " << temperature;
   KVB_USAGE_CHECK(top_p > 0 && top_p <= 1) << "--top-p must be in (0, 1], got " << top_p;
   KVB_USAGE_CHECK(top_k >= 0) << "--top-k must be >= 0, got " << top_k;
-  KVB_USAGE_CHECK(threads >= 0) << "--threads must be >= 0, got " << threads;
-  if (threads > 0) omp_set_num_threads(threads);
+  KVB_USAGE_CHECK(!vm.count("system") || chat)
+      << "--system is the system message of --chat's template; add --chat or drop --system";
+  const uint64_t seed = parse_seed_option(seed_text);
+  set_threads_option(threads);
   const DeviceChoice dc = resolve_device_options(dev_opts);  // before the (slow) model load
   const engine::Device dev = dc.device;
   const engine::DType dt = dc.dtype;

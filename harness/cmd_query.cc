@@ -3,6 +3,7 @@
 #include <boost/program_options.hpp>
 #include <sqlite3.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 
@@ -31,6 +32,7 @@ const char* kVsFullDescription =
 int cmd_query(const std::vector<std::string>& args) {
   std::string db, what, output = "md";
   std::vector<std::string> params;
+  double timeout_s = 60;
   po::options_description desc(
       "usage: kvbench query --db FILE NAME|SQL [-o md|csv|jsonl] [--param VALUE ...]\n"
       "       kvbench query --list\n"
@@ -46,6 +48,8 @@ int cmd_query(const std::vector<std::string>& args) {
        "read-write once; every other use of query opens read-only)")
       ("output,o", po::value(&output)->default_value("md"), "md | csv | jsonl")
       ("param", po::value(&params)->composing(), "a value bound to the next ?N parameter")
+      ("timeout-s", po::value(&timeout_s)->default_value(60),
+       "stop a query still running after this many seconds (0: no limit)")
       ("query", po::value(&what), "a named query or SQL (positional)");
   po::positional_options_description pos;
   pos.add("query", 1);
@@ -71,6 +75,8 @@ int cmd_query(const std::vector<std::string>& args) {
     return 0;
   }
   KVB_USAGE_CHECK(!what.empty()) << "give a query name or SQL (kvbench query --list names them)";
+  KVB_USAGE_CHECK(std::isfinite(timeout_s) && timeout_s >= 0)
+      << "--timeout-s must be >= 0 seconds (0: no limit), got " << timeout_s;
   KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl")
       << "--output must be md, csv or jsonl, got " << output;
   if (what == "vs-full") {
@@ -93,8 +99,14 @@ int cmd_query(const std::vector<std::string>& args) {
   results::Store store = results::Store::open(db, results::Mode::kReadOnly);
   results::QueryResult r;
   try {
+    store.set_time_limit(timeout_s);
     r = store.query(sql, params);
+    store.set_time_limit(0);
   } catch (const Error& e) {
+    KVB_USAGE_CHECK(!store.time_limit_hit())
+        << (named ? "query " + what : std::string("SQL")) << " on " << db
+        << " was stopped after --timeout-s " << timeout_s
+        << " s (a recursive CTE without an end?); add a LIMIT or a larger --timeout-s";
     KVB_USAGE_FAIL() << (named ? "query " + what : std::string("SQL")) << " failed on " << db
                      << ": " << e.what();
   }

@@ -1,6 +1,6 @@
-// read_model_info: shape and size from a model file's header only. The keys and the llama2.c
-// size formula follow the loaders (workers/engine/model_load.cc, workers/formats/llama2c.cc), so
-// what validate reports is what the engine will load.
+// read_model_info: shape and size from a model file's header only, through the loaders' own
+// header checks (workers/formats/model_header.h), so that what validate accepts and reports is
+// what the engine will load.
 #include "harness/model_info.h"
 
 #include <cerrno>
@@ -11,43 +11,35 @@
 
 #include "common/error.h"
 #include "workers/formats/gguf.h"
+#include "workers/formats/model_header.h"
 
 namespace kvb::harness {
 namespace {
 
-std::string file_name(const std::string& path) {
-  return std::filesystem::path(path).filename().string();
+// The loader's own header checks (workers/formats/model_header.h), so that what validate
+// accepts the sweep can load; then the sizes only validate reports.
+void fill_from_config(const engine::ModelConfig& c, ModelInfo& info) {
+  info.format = c.format;
+  info.arch = c.arch;
+  info.name = c.name;
+  info.dim = c.dim;
+  info.hidden_dim = c.hidden_dim;
+  info.num_layers = c.num_layers;
+  info.num_heads = c.num_heads;
+  info.num_kv_heads = c.num_kv_heads;
+  info.head_dim = c.head_dim;
+  info.vocab_size = c.vocab_size;
+  info.max_seq_len = c.max_seq_len;
+  info.tied_embeddings = c.tied_embeddings;
 }
 
 void read_gguf(const std::string& path, ModelInfo& info) {
   std::unique_ptr<formats::GgufFile> g = formats::GgufFile::open(path);
-  info.format = "gguf";
-  info.arch = g->get_string("general.architecture");
-  info.name = g->get_string_or("general.name", file_name(path));
-  const std::string p = info.arch + ".";
-  info.dim = static_cast<int>(g->get_int(p + "embedding_length"));
-  info.hidden_dim = static_cast<int>(g->get_int_or(p + "feed_forward_length", 0));
-  info.num_layers = static_cast<int>(g->get_int(p + "block_count"));
-  info.num_heads = static_cast<int>(g->get_int(p + "attention.head_count"));
-  info.num_kv_heads =
-      static_cast<int>(g->get_int_or(p + "attention.head_count_kv", info.num_heads));
-  info.max_seq_len = static_cast<int>(g->get_int_or(p + "context_length", 2048));
-  KVB_CHECK(info.dim > 0 && info.num_layers > 0 && info.num_heads > 0 && info.num_kv_heads > 0 &&
-            info.num_heads % info.num_kv_heads == 0 && info.max_seq_len > 0)
-      << path << ": implausible " << p << "* metadata (embedding_length " << info.dim
-      << ", block_count " << info.num_layers << ", head_count " << info.num_heads
-      << ", head_count_kv " << info.num_kv_heads << ", context_length " << info.max_seq_len << ")";
-  info.head_dim =
-      static_cast<int>(g->get_int_or(p + "attention.key_length", info.dim / info.num_heads));
+  fill_from_config(engine::read_gguf_config(*g), info);
   std::map<uint32_t, uint64_t> bytes_by_type;
-  info.tied_embeddings = true;
   for (const auto& t : g->tensors()) {
     info.num_params += t.num_elements;
-    if (t.name == "output.weight") info.tied_embeddings = false;
     bytes_by_type[t.type] += t.num_bytes;
-    if (t.name == "token_embd.weight" && t.dims.size() == 2) {
-      info.vocab_size = static_cast<int>(t.dims[1]);
-    }
   }
   uint64_t most = 0;
   for (const auto& [type, bytes] : bytes_by_type) {
@@ -58,52 +50,19 @@ void read_gguf(const std::string& path, ModelInfo& info) {
   }
 }
 
-void read_llama2c(const std::string& path, std::ifstream& in, ModelInfo& info) {
-  int32_t hdr[7];
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(hdr), sizeof(hdr));
-  KVB_CHECK(in.gcount() == static_cast<std::streamsize>(sizeof(hdr)))
-      << path << ": file too short for a llama2.c header (" << info.file_bytes << " bytes)";
-  info.format = "llama2c";
-  info.arch = "llama";
-  info.name = file_name(path);
+void read_llama2c(const std::string& path, ModelInfo& info) {
+  const engine::Llama2cHeader h = engine::read_llama2c_header(path);
+  fill_from_config(h.config, info);
   info.weight_type = "F32";
-  info.dim = hdr[0];
-  const int64_t hidden = hdr[1];
-  info.num_layers = hdr[2];
-  info.num_heads = hdr[3];
-  info.num_kv_heads = hdr[4];
-  const bool tied = hdr[5] > 0;
-  info.tied_embeddings = tied;
-  const int64_t vocab = tied ? hdr[5] : -static_cast<int64_t>(hdr[5]);
-  info.max_seq_len = hdr[6];
-  auto in_range = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
-  KVB_CHECK(in_range(info.dim, 1, 65536) && in_range(hidden, 1, 1 << 20) &&
-            in_range(info.num_layers, 1, 1024) && in_range(info.num_heads, 1, 1024) &&
-            in_range(info.num_kv_heads, 1, info.num_heads) && in_range(vocab, 1, 1 << 22) &&
-            in_range(info.max_seq_len, 1, 1 << 24) && info.dim % info.num_heads == 0 &&
-            info.num_heads % info.num_kv_heads == 0)
-      << path << ": neither GGUF nor a llama2.c checkpoint (header dim=" << info.dim
-      << " hidden_dim=" << hidden << " n_layers=" << info.num_layers
-      << " n_heads=" << info.num_heads << " n_kv_heads=" << info.num_kv_heads
-      << " vocab_size=" << hdr[5] << " seq_len=" << info.max_seq_len << ")";
-  info.vocab_size = static_cast<int>(vocab);
-  info.head_dim = info.dim / info.num_heads;
-  info.hidden_dim = static_cast<int>(hidden);
-  // The tensors of llama2.c's legacy export, in file order (see load_llama2c).
-  const uint64_t D = info.dim, H = hidden, L = info.num_layers, V = vocab;
-  const uint64_t KVD = static_cast<uint64_t>(info.num_kv_heads) * info.head_dim;
-  info.num_params = V * D + L * D + L * D * D + 2 * L * KVD * D + L * D * D + L * D +
-                    3 * L * H * D + D + (tied ? 0 : V * D);
-  KVB_CHECK(info.file_bytes >= sizeof(hdr) + 4 * info.num_params)
-      << path << ": truncated llama2.c checkpoint: the header needs "
-      << sizeof(hdr) + 4 * info.num_params << " bytes, the file has " << info.file_bytes;
+  info.num_params = h.num_params;
 }
 
 }  // namespace
 
 ModelInfo read_model_info(const std::string& path) {
   std::error_code ec;
+  KVB_USAGE_CHECK(!std::filesystem::is_directory(path, ec))
+      << "model '" << path << "' is a directory; give the model file in it";
   KVB_USAGE_CHECK(std::filesystem::is_regular_file(path, ec))
       << "model file '" << path << "' does not exist or is not a file";
   std::ifstream in(path, std::ios::binary);
@@ -118,7 +77,7 @@ ModelInfo read_model_info(const std::string& path) {
   if (std::memcmp(magic, "GGUF", 4) == 0) {
     read_gguf(path, info);
   } else {
-    read_llama2c(path, in, info);
+    read_llama2c(path, info);
   }
   return info;
 }

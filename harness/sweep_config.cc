@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <set>
 #include <sstream>
 
@@ -41,10 +42,29 @@ const Entry* culprit(const Node* options, const std::string& msg) {
   return nullptr;
 }
 
-// Options with list values -> one map per combination (cartesian, first key outermost).
+// Bounds on the expanded matrix, so that a short config cannot ask for hours of expansion or all
+// the memory before any error: combinations of one list item's options, and cells of the whole
+// matrix (models x tasks x policies x budgets x question x seeds), both checked before expanding.
+constexpr size_t kMaxCombinations = 1024;
+constexpr size_t kMaxCells = 100000;
+
+// Options with list values -> one map per combination (cartesian, first key outermost). More than
+// kMaxCombinations is a usage error at `at`/`key`.
 using Combo = std::map<std::string, std::string>;
 std::vector<Combo> cartesian(
-    const std::vector<std::pair<std::string, std::vector<std::string>>>& axes) {
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& axes, const Node& at,
+    const std::string& key) {
+  size_t total = 1;
+  std::string sizes;
+  for (const auto& [k, values] : axes) {
+    total = std::min(total * std::max<size_t>(values.size(), 1), kMaxCombinations + 1);
+    sizes += (sizes.empty() ? "" : " x ") + std::to_string(values.size()) + " " + k;
+  }
+  if (total > kMaxCombinations) {
+    fail(at, key,
+         "the option lists give more than " + std::to_string(kMaxCombinations) +
+             " combinations (" + sizes + "); split the entry or shorten the lists");
+  }
   std::vector<Combo> out = {{}};
   for (const auto& [key, values] : axes) {
     std::vector<Combo> next;
@@ -118,6 +138,8 @@ void parse_models(const Node& n, SweepConfig& cfg) {
     }
     const std::string pkey = item->kind == Node::Kind::kMap ? key + ".path" : key;
     m.path = resolve_path(*path_node, scalar(*path_node, pkey));
+    if (fs::is_directory(m.path))
+      fail(*path_node, pkey, "'" + m.path + "' is a directory; give the model file in it");
     if (!fs::is_regular_file(m.path))
       fail(*path_node, pkey, "model file '" + m.path + "' does not exist");
     try {
@@ -144,10 +166,9 @@ void parse_models(const Node& n, SweepConfig& cfg) {
 
 std::vector<Origin> parse_budgets(const Node& n, SweepConfig& cfg) {
   std::vector<Origin> origin;
+  std::set<std::string> seen;
   auto add = [&](BudgetEntry b, const Node* at, const std::string& key) {
-    for (const BudgetEntry& o : cfg.budgets) {
-      if (o.spec() == b.spec()) return;  // overlapping ranges: keep the first
-    }
+    if (!seen.insert(b.spec()).second) return;  // overlapping ranges: keep the first
     cfg.budgets.push_back(b);
     origin.push_back({at, nullptr, key});
   };
@@ -186,6 +207,7 @@ std::vector<Origin> parse_budgets(const Node& n, SweepConfig& cfg) {
 void parse_tasks(const Node& n, SweepConfig& cfg) {
   if (n.kind != Node::Kind::kSeq || n.seq.empty())
     fail(n, "tasks", "expected a non-empty list of {name, options}");
+  std::set<std::string> seen;  // specs, for duplicates
   for (const auto& [item, key] : items_of(n, "tasks")) {
     const auto [name_node, opts, nkey, name] = read_named(*item, key, "task");
     const tasks::TaskInfo* info = tasks::find_task(name);
@@ -220,7 +242,7 @@ void parse_tasks(const Node& n, SweepConfig& cfg) {
         fixed[e.key] = join(values, ",");
       }
     }
-    for (const Combo& combo : cartesian(axes)) {
+    for (const Combo& combo : cartesian(axes, *item, key + ".options")) {
       TaskEntry t{name, fixed};
       t.options.insert(combo.begin(), combo.end());
       // LongBench reads <data_dir>/<dataset>.jsonl: check the file the task will open.
@@ -237,9 +259,8 @@ void parse_tasks(const Node& n, SweepConfig& cfg) {
         if (c) fail(c->value, key + ".options." + c->key, e.what());
         fail(*item, key, e.what());
       }
-      for (const TaskEntry& o : cfg.tasks) {
-        if (o.spec() == t.spec()) fail(*item, key, "task '" + t.spec() + "' is listed twice");
-      }
+      if (!seen.insert(t.spec()).second)
+        fail(*item, key, "task '" + t.spec() + "' is listed twice");
       cfg.tasks.push_back(std::move(t));
     }
   }
@@ -249,6 +270,7 @@ std::vector<Origin> parse_policies(const Node& n, SweepConfig& cfg) {
   if (n.kind != Node::Kind::kSeq || n.seq.empty())
     fail(n, "policies", "expected a non-empty list of names or {name, options}");
   std::vector<Origin> origin;
+  std::set<std::string> seen;  // specs, for duplicates
   for (const auto& [item, key] : items_of(n, "policies")) {
     const auto [name_node, opts, nkey, name] = read_named(*item, key, "policy");
     try {
@@ -263,16 +285,43 @@ std::vector<Origin> parse_policies(const Node& n, SweepConfig& cfg) {
         values.push_back(scalar(*v, vkey));
       axes.push_back({e.key, values});
     }
-    for (const Combo& combo : cartesian(axes)) {
+    for (const Combo& combo : cartesian(axes, *item, key + ".options")) {
       PolicyEntry p{name, combo};
-      for (const PolicyEntry& o : cfg.policies) {
-        if (o.spec() == p.spec()) fail(*item, key, "policy '" + p.spec() + "' is listed twice");
-      }
+      if (!seen.insert(p.spec()).second)
+        fail(*item, key, "policy '" + p.spec() + "' is listed twice");
       cfg.policies.push_back(std::move(p));
       origin.push_back({item, opts, key});
     }
   }
   return origin;
+}
+
+// The number of cells before exclusions, against kMaxCells (before any per-cell work).
+void check_cells(const SweepConfig& cfg, const Node& root) {
+  size_t full = 0;
+  for (const PolicyEntry& p : cfg.policies) full += p.name == "full";
+  const std::vector<std::pair<std::string, size_t>> axes = {
+      {"models", cfg.models.size()},
+      {"tasks", cfg.tasks.size()},
+      {"policies x budgets",
+       full + (cfg.policies.size() - full) * std::max<size_t>(cfg.budgets.size(), 1)},
+      {"question", cfg.questions.size()},
+      {"seeds", cfg.seeds.size()}};
+  double cells = 1;  // a double cannot overflow here: each factor is below 2^32
+  std::string sizes, largest = axes[0].first;
+  size_t most = 0;
+  for (const auto& [name, size] : axes) {
+    cells *= static_cast<double>(size);
+    sizes += (sizes.empty() ? "" : " x ") + std::to_string(size) + " " + name;
+    if (size > most) most = size, largest = name;
+  }
+  if (cells > static_cast<double>(kMaxCells)) {
+    std::ostringstream n;
+    n << std::fixed << std::setprecision(0) << cells;
+    fail(root, largest,
+         "the matrix has " + n.str() + " cells (" + sizes + "), over the limit of " +
+             std::to_string(kMaxCells) + "; shorten " + largest + " or split the sweep");
+  }
 }
 
 // Every policy entry through make_policy, on every model's shape and every budget.
@@ -362,7 +411,7 @@ void parse_exclude(const Node& n, SweepConfig& cfg) {
       }
       axes.push_back({e.key == "kv_ratio" ? "kv_budget" : e.key, values});
     }
-    for (const Combo& c : cartesian(axes)) cfg.exclude.push_back({c});
+    for (const Combo& c : cartesian(axes, *item, key)) cfg.exclude.push_back({c});
   }
 }
 
@@ -382,57 +431,6 @@ std::string BudgetEntry::spec() const {
 std::string TaskEntry::spec() const { return spec_of(name, options); }
 std::string PolicyEntry::spec() const { return spec_of(name, options); }
 
-std::vector<int64_t> expand_int_range(const std::string& text, const std::string& what) {
-  std::vector<int64_t> out;
-  auto number = [&](std::string s, const std::string& item) -> int64_t {
-    int64_t mult = 1;
-    if (!s.empty() && (s.back() == 'k' || s.back() == 'K')) {
-      mult = 1024;
-      s.pop_back();
-    } else if (!s.empty() && (s.back() == 'm' || s.back() == 'M')) {
-      mult = 1024 * 1024;
-      s.pop_back();
-    }
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(s.c_str(), &end, 10);
-    KVB_USAGE_CHECK(!s.empty() && std::isdigit(static_cast<unsigned char>(s[0])) && *end == '\0' &&
-                    errno != ERANGE && v <= (INT64_MAX / mult))
-        << what << " '" << item << "' is not a number or a range (a-b, a-b*factor, a-b+step)";
-    return v * mult;
-  };
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    const size_t dash = item.find('-', 1);
-    if (dash == std::string::npos) {
-      out.push_back(number(item, item));
-      continue;
-    }
-    const size_t op = item.find_first_of("*+", dash);
-    const int64_t a = number(item.substr(0, dash), item);
-    const int64_t b = number(
-        item.substr(dash + 1, op == std::string::npos ? std::string::npos : op - dash - 1), item);
-    const int64_t step = op == std::string::npos ? 1 : number(item.substr(op + 1), item);
-    const bool mul = op != std::string::npos && item[op] == '*';
-    KVB_USAGE_CHECK(a <= b) << what << " range '" << item << "' runs backwards (" << a << " > " << b
-                            << ")";
-    KVB_USAGE_CHECK(mul ? step >= 2 && a >= 1 : step >= 1)
-        << what << " range '" << item
-        << "': " << (mul ? "the factor must be >= 2 and the start >= 1" : "the step must be >= 1");
-    for (int64_t v = a; v <= b; v = mul ? v * step : v + step) {
-      KVB_USAGE_CHECK(out.size() < 100000)
-          << what << " range '" << item << "' expands to over 100000 values";
-      out.push_back(v);
-      if (v > INT64_MAX / step) break;
-    }
-  }
-  KVB_USAGE_CHECK(!out.empty()) << what << " '" << text << "' is empty";
-  return out;
-}
-
 Options task_options(const SweepConfig& config, const TaskEntry& task) {
   Options opts(task.options, "task option");
   const tasks::TaskInfo* info = tasks::find_task(task.name);
@@ -447,8 +445,9 @@ Options task_options(const SweepConfig& config, const TaskEntry& task) {
 SweepConfig load_sweep_config(const std::string& path) {
   SweepConfig cfg;
   cfg.path = path;
-  std::vector<std::string> chain;
-  const Node root = load_tree(path, chain, cfg.text, nullptr, "");
+  LoadState state;
+  const Node root = load_tree(path, state, nullptr, "");
+  cfg.text = std::move(state.text);
   expect_map(root, "",
              {"description", "models", "tasks", "policies", "budgets", "question", "seeds", "limit",
               "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude"});
@@ -499,6 +498,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   }
   if (const Node* n = get("seeds")) {
     cfg.seeds.clear();
+    std::set<uint64_t> seen;
     for (const auto& [item, key] : items_of(*n, "seeds")) {
       std::vector<int64_t> values;
       try {
@@ -507,9 +507,7 @@ SweepConfig load_sweep_config(const std::string& path) {
         fail(*item, key, e.what());
       }
       for (int64_t s : values) {
-        if (std::find(cfg.seeds.begin(), cfg.seeds.end(), static_cast<uint64_t>(s)) ==
-            cfg.seeds.end())
-          cfg.seeds.push_back(s);
+        if (seen.insert(static_cast<uint64_t>(s)).second) cfg.seeds.push_back(s);
       }
     }
   }
@@ -521,54 +519,10 @@ SweepConfig load_sweep_config(const std::string& path) {
   if (const Node* n = get("budgets")) borigin = parse_budgets(*n, cfg);
   parse_tasks(*get("tasks"), cfg);
   const std::vector<Origin> porigin = parse_policies(*get("policies"), cfg);
+  check_cells(cfg, root);
   validate_policies(cfg, porigin, borigin, root);
   if (const Node* n = get("exclude")) parse_exclude(*n, cfg);
   return cfg;
-}
-
-bool excluded(const SweepConfig& config, const std::map<std::string, std::string>& axes) {
-  for (const ExcludeRule& rule : config.exclude) {
-    bool all = !rule.match.empty();
-    for (const auto& [k, v] : rule.match) {
-      auto it = axes.find(k);
-      all = all && it != axes.end() && it->second == v;
-    }
-    if (all) return true;
-  }
-  return false;
-}
-
-std::map<std::string, std::string> cell_axes(const SweepConfig& config, const ConfigCell& cell) {
-  std::map<std::string, std::string> axes = {
-      {"model", config.models[cell.model].name},
-      {"task", config.tasks[cell.task].name},
-      {"policy", config.policies[cell.policy].name},
-      {"question", config.questions[cell.question]},
-      {"seed", std::to_string(config.seeds[cell.seed])},
-  };
-  if (cell.budget >= 0) axes["kv_budget"] = config.budgets[cell.budget].spec();
-  return axes;
-}
-
-std::vector<ConfigCell> expand_config_cells(const SweepConfig& config) {
-  std::vector<ConfigCell> out;
-  const int nb = static_cast<int>(config.budgets.size());
-  for (int m = 0; m < static_cast<int>(config.models.size()); ++m) {
-    for (int t = 0; t < static_cast<int>(config.tasks.size()); ++t) {
-      for (int p = 0; p < static_cast<int>(config.policies.size()); ++p) {
-        const bool full = config.policies[p].name == "full";
-        for (int b = full ? -1 : 0; b < (full ? 0 : nb); ++b) {
-          for (int q = 0; q < static_cast<int>(config.questions.size()); ++q) {
-            for (int s = 0; s < static_cast<int>(config.seeds.size()); ++s) {
-              const ConfigCell cell{m, t, p, b, q, s};
-              if (!excluded(config, cell_axes(config, cell))) out.push_back(cell);
-            }
-          }
-        }
-      }
-    }
-  }
-  return out;
 }
 
 }  // namespace kvb::harness

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 
 #include "common/error.h"
 
@@ -39,34 +40,80 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
 }
 
 namespace {
-Node convert(const YAML::Node& y, const std::string& file, int fallback_line) {
-  Node n;
-  n.file = file;
-  n.line = y.Mark().is_null() ? fallback_line : y.Mark().line + 1;
-  switch (y.Type()) {
-    case YAML::NodeType::Scalar:
-      n.kind = Node::Kind::kScalar;
-      n.scalar = y.Scalar();
-      break;
-    case YAML::NodeType::Sequence:
-      n.kind = Node::Kind::kSeq;
-      for (const auto& item : y) n.seq.push_back(convert(item, file, n.line));
-      break;
-    case YAML::NodeType::Map:
-      n.kind = Node::Kind::kMap;
-      for (const auto& kv : y) {
-        const int key_line = kv.first.Mark().is_null() ? n.line : kv.first.Mark().line + 1;
-        if (!kv.first.IsScalar()) fail_at(file, key_line, "(key)", "keys must be plain names");
-        const std::string key = kv.first.Scalar();
-        if (n.find(key)) fail_at(file, key_line, key, "key given twice in one mapping");
-        n.map.push_back({key, key_line, convert(kv.second, file, key_line)});
-      }
-      break;
-    default:
-      n.kind = Node::Kind::kNull;
+// Bounds on the tree built from YAML. Aliases share nodes in yaml-cpp, so a few lines can name an
+// exponential number of nodes ("billion laughs") or themselves (`x: &a [*a]`): the conversion
+// counts every node it builds and watches its own ancestors, and fails naming the key instead of
+// running out of stack or memory.
+constexpr int64_t kMaxNodes = 100000;  // nodes of all files of one config, includes counted
+constexpr int kMaxDepth = 64;
+constexpr int kMaxFileLoads = 256;  // include files read for one config, repeats counted
+
+struct Converter {
+  const std::string& file;
+  int64_t& nodes;                     // shared over all the files of one config
+  std::vector<YAML::Node> ancestors;  // collections on the way down (cycle check)
+  std::vector<std::string> key_path;  // for messages: "tasks[0].options"
+
+  std::string where() const {
+    std::string k;
+    for (const std::string& p : key_path) k += (k.empty() || p[0] == '[' ? "" : ".") + p;
+    return k.empty() ? "(top level)" : k;
   }
-  return n;
-}
+
+  Node convert(const YAML::Node& y, int fallback_line) {
+    Node n;
+    n.file = file;
+    n.line = y.Mark().is_null() ? fallback_line : y.Mark().line + 1;
+    if (++nodes > kMaxNodes) {
+      fail(n, where(),
+           "the config expands to more than " + std::to_string(kMaxNodes) +
+               " YAML nodes (aliases that repeat aliases?); write the lists out or shorten them");
+    }
+    const bool collection = y.IsSequence() || y.IsMap();
+    if (collection) {
+      for (const YAML::Node& a : ancestors) {
+        if (a.is(y)) fail(n, where(), "an alias refers to a node that contains it (a cycle)");
+      }
+      if (static_cast<int>(ancestors.size()) >= kMaxDepth) {
+        fail(n, where(), "nested deeper than " + std::to_string(kMaxDepth) + " levels");
+      }
+      ancestors.push_back(y);
+    }
+    switch (y.Type()) {
+      case YAML::NodeType::Scalar:
+        n.kind = Node::Kind::kScalar;
+        n.scalar = y.Scalar();
+        break;
+      case YAML::NodeType::Sequence:
+        n.kind = Node::Kind::kSeq;
+        for (const auto& item : y) {
+          key_path.push_back(std::string(1, '[').append(std::to_string(n.seq.size())) + ']');
+          n.seq.push_back(convert(item, n.line));
+          key_path.pop_back();
+        }
+        break;
+      case YAML::NodeType::Map: {
+        n.kind = Node::Kind::kMap;
+        std::unordered_set<std::string> seen;
+        for (const auto& kv : y) {
+          const int key_line = kv.first.Mark().is_null() ? n.line : kv.first.Mark().line + 1;
+          if (!kv.first.IsScalar()) fail_at(file, key_line, "(key)", "keys must be plain names");
+          const std::string key = kv.first.Scalar();
+          if (!seen.insert(key).second)
+            fail_at(file, key_line, key, "key given twice in one mapping");
+          key_path.push_back(key);
+          n.map.push_back({key, key_line, convert(kv.second, key_line)});
+          key_path.pop_back();
+        }
+        break;
+      }
+      default:
+        n.kind = Node::Kind::kNull;
+    }
+    if (collection) ancestors.pop_back();
+    return n;
+  }
+};
 
 // Maps merge key by key (recursively); anything else in `over` replaces `base`.
 Node merge(const Node& base, const Node& over) {
@@ -96,9 +143,20 @@ std::string resolve_path(const Node& at, const std::string& p) {
 }
 
 // Loads one file and its includes (depth first; later includes override earlier ones and the
-// file itself overrides them all). `text` collects each file's text for provenance.
-Node load_tree(const std::string& path, std::vector<std::string>& chain, std::string& text,
-               const Node* site, const std::string& site_key) {
+// file itself overrides them all).
+Node load_tree(const std::string& path, LoadState& state, const Node* site,
+               const std::string& site_key) {
+  auto refuse = [&](const std::string& why) {
+    if (site) fail(*site, site_key, why);
+    KVB_USAGE_FAIL() << "config file '" << path << "': " << why;
+  };
+  if (++state.file_loads > kMaxFileLoads) {
+    refuse("more than " + std::to_string(kMaxFileLoads) +
+           " include files read for one config (an include diamond that repeats files?); "
+           "include each shared file once, from the top file");
+  }
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) refuse("'" + path + "' is a directory, not a YAML file");
   std::ifstream in(path, std::ios::binary);
   if (!in.good()) {
     const std::string why = std::string("cannot read '") + path + "': " + std::strerror(errno);
@@ -108,23 +166,33 @@ Node load_tree(const std::string& path, std::vector<std::string>& chain, std::st
   std::ostringstream buf;
   buf << in.rdbuf();
   const std::string own = buf.str();
+  std::string& text = state.text;
   if (site)
     text += (text.empty() || text.back() == '\n' ? "" : "\n") + std::string("# --- include: ") +
             path + "\n";
   text += own;
   YAML::Node y;
   try {
-    y = YAML::Load(own);
+    const std::vector<YAML::Node> docs = YAML::LoadAll(own);
+    if (docs.size() > 1) {
+      const int line = docs[1].Mark().is_null() ? 1 : docs[1].Mark().line + 1;
+      fail_at(path, line, "(document)",
+              "a second YAML document ('---'); a config is one document: remove the '---' "
+              "separator or move the rest into an include: file");
+    }
+    if (!docs.empty()) y = docs[0];
   } catch (const YAML::Exception& e) {
     KVB_USAGE_FAIL() << path << ":" << e.mark.line + 1 << ":" << e.mark.column + 1
                      << ": invalid YAML: " << e.msg;
   }
-  Node root = convert(y, path, 1);
+  Converter conv{path, state.nodes, {}, {}};
+  Node root = conv.convert(y, 1);
   root.line = 1;
   if (root.kind == Node::Kind::kNull) root.kind = Node::Kind::kMap;  // an empty file
   if (root.kind != Node::Kind::kMap) {
     fail(root, "(top level)", "a config is a mapping of keys (models:, tasks:, policies:, ...)");
   }
+  std::vector<std::string>& chain = state.chain;
   chain.push_back(path);
   Node merged;
   merged.kind = Node::Kind::kMap;
@@ -146,7 +214,7 @@ Node load_tree(const std::string& path, std::vector<std::string>& chain, std::st
           fail(*items[i], key, "include cycle: " + join(chain, " -> ") + " -> " + target);
         }
       }
-      merged = merge(merged, load_tree(target, chain, text, items[i], key));
+      merged = merge(merged, load_tree(target, state, items[i], key));
     }
     root.map.erase(std::find_if(root.map.begin(), root.map.end(),
                                 [](const Entry& e) { return e.key == "include"; }));

@@ -34,11 +34,21 @@ std::string join(const std::vector<std::string>& v, const std::string& sep = ", 
 
 // A path written in `at`'s file, resolved against that file's folder.
 std::string resolve_path(const Node& at, const std::string& p);
+// What loading one config carries across its files: `text` collects each file's text for
+// provenance, `chain` detects include cycles, `nodes` and `file_loads` count the work so that
+// aliases and include diamonds fail fast (with the key) instead of expanding exponentially.
+struct LoadState {
+  std::vector<std::string> chain;
+  std::string text;
+  int64_t nodes = 0;
+  int file_loads = 0;
+};
 // Loads one file and its includes (depth first; later includes override earlier ones and the
-// file itself overrides them all). `text` collects each file's text for provenance; `chain`
-// detects include cycles; `site`/`site_key` name the include that asked for this file.
-Node load_tree(const std::string& path, std::vector<std::string>& chain, std::string& text,
-               const Node* site, const std::string& site_key);
+// file itself overrides them all). `site`/`site_key` name the include that asked for this file.
+// A directory, a second YAML document, a cycle of aliases, more than 100000 nodes or 256 include
+// files are usage errors.
+Node load_tree(const std::string& path, LoadState& state, const Node* site,
+               const std::string& site_key);
 
 // A mapping whose keys must come from `allowed`.
 const Node& expect_map(const Node& n, const std::string& key,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,6 +15,7 @@
 #include "common/error.h"
 #include "common/escape.h"
 #include "common/log.h"
+#include "results/report_dir.h"
 #include "results/svg.h"
 
 namespace kvb::results {
@@ -78,11 +80,25 @@ class Styles {
 
 // How a task is named in plot titles and ids: prefixed by its model when the database holds
 // several (single-model reports keep short ids).
+// It also keeps plot ids (file names) unique: slugs are lossy (models `smol.lm` and `smol-lm`
+// both slug to `smol-lm`), so an id already taken by another key gets a short hash of its key.
 struct Scope {
   bool multi = false;
   std::string operator()(const std::string& model, const std::string& task) const {
     return multi ? model + " / " + task : task;
   }
+  std::string unique_id(const std::string& id, const std::string& key) const {
+    auto [it, added] = owners.emplace(id, key);
+    if (added || it->second == key) return id;
+    uint64_t h = 1469598103934665603ull;  // FNV-1a 64 of the key
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+    const std::string out = id + "-" + std::string(hex, 8);
+    KVB_CHECK(owners.emplace(out, key).second) << "plot id " << out << " is taken twice";
+    return out;
+  }
+  mutable std::map<std::string, std::string> owners;  // plot id -> the unslugged key it names
 };
 
 // Score vs budget per (model, task, metric): one series per policy with its CI band; `full` as a dashed
@@ -106,7 +122,8 @@ std::vector<Plot> score_plots(const std::vector<ScoreCell>& cells, const Styles&
               [](const auto& a, const auto& b) { return budget_order(a) < budget_order(b); });
     const bool hib = group.front()->higher_is_better;
     svg::LinePlot p;
-    p.id = "score-" + slug(key.first) + "-" + slug(key.second);
+    p.id = scope.unique_id("score-" + slug(key.first) + "-" + slug(key.second),
+                           "score\n" + key.first + "\n" + key.second);
     p.title = key.first + ": " + key.second + (hib ? " (higher is better)" : " (lower is better)");
     p.x.label = "KV budget (tokens per head)";
     p.x.categories = budgets;
@@ -171,7 +188,8 @@ std::vector<Plot> pareto_plots(const std::vector<ScoreCell>& cells, const Styles
   }
   for (const auto& [key, group] : groups) {
     svg::LinePlot p;
-    p.id = "pareto-" + slug(key.first) + "-" + slug(key.second);
+    p.id = scope.unique_id("pareto-" + slug(key.first) + "-" + slug(key.second),
+                           "pareto\n" + key.first + "\n" + key.second);
     p.title = key.first + ": " + key.second + " vs KV memory";
     p.x.label = "KV cache MiB (peak, logical; log scale)";
     p.x.log = true;
@@ -240,7 +258,9 @@ std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& sty
     for (const auto& q : quantities) {
       for (const auto& budget : budgets) {
         svg::LinePlot p;
-        p.id = std::string(q.key) + "-" + slug(task) + (budget == "-" ? "" : "-b" + slug(budget));
+        p.id = scope.unique_id(
+            std::string(q.key) + "-" + slug(task) + (budget == "-" ? "" : "-b" + slug(budget)),
+            std::string(q.key) + "\n" + task + "\n" + budget);
         p.title = task + ": " + q.label + (budget == "-" ? "" : ", budget " + budget);
         p.x.label = std::string("context length (tokens") + (log_x ? ", log scale)" : ")");
         p.x.log = log_x;
@@ -289,7 +309,9 @@ std::vector<Plot> niah_plots(const std::vector<GridCell>& grid, const Scope& sco
     std::set<double> depths;
     for (const GridCell* g : cells) lens.insert(g->context_length), depths.insert(g->depth);
     svg::Heatmap m;
-    m.id = "niah-" + slug(key.first) + (key.second == "-" ? "" : "-b" + slug(key.second));
+    m.id = scope.unique_id(
+        "niah-" + slug(key.first) + (key.second == "-" ? "" : "-b" + slug(key.second)),
+        "niah\n" + key.first + "\n" + key.second);
     m.title = key.first + (key.second == "-" ? "" : " @ " + key.second);
     m.row_label = "context length";
     m.col_label = "depth %";
@@ -330,14 +352,6 @@ std::string html_with_code(const std::string& text) {
   }
   if (open) out += "</code>";
   return out;
-}
-
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  KVB_CHECK(f) << "cannot write " << path.string();
-  f << text;
-  f.close();
-  KVB_CHECK(f) << "error writing " << path.string();
 }
 
 const char* kCss = R"css(
@@ -460,20 +474,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     sections.push_back(std::move(s));
   }
 
-  const fs::path dir(opt.out_dir);
-  std::error_code ec;
-  fs::create_directories(dir / "csv", ec);
-  fs::create_directories(dir / "plots", ec);
-  KVB_USAGE_CHECK(fs::is_directory(dir / "csv") && fs::is_directory(dir / "plots"))
-      << "cannot create the report directory " << opt.out_dir << ": " << ec.message();
-  // A report written here before (perhaps with another filter) must not leave plots or tables
-  // behind that this one does not have. Only our own kinds of file are removed.
-  for (const auto& [sub, ext] : {std::pair{"csv", ".csv"}, std::pair{"plots", ".svg"}}) {
-    for (const auto& entry : fs::directory_iterator(dir / sub)) {
-      if (entry.is_regular_file() && entry.path().extension() == ext) fs::remove(entry.path());
-    }
-  }
-
+  ReportDir out(opt.out_dir);  // refuses symbolic links; deletes only its own earlier files
   std::string filter_text;
   for (const auto& [key, values] : opt.filter.allow) {
     std::string v;
@@ -503,7 +504,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
       md << "\n";
       for (const auto& p : s.plots) {
         html << "<figure>" << p.svg << "</figure>\n";
-        write_file(dir / "plots" / (p.id + ".svg"), p.svg);
+        out.write("plots/" + p.id + ".svg", p.svg);
         md << "![" << md_cell(p.title) << "](plots/" << p.id << ".svg)\n";
         files.plots.push_back(p.id);
       }
@@ -526,7 +527,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
       }
       std::ostringstream csv;
       t.table.print(csv, "csv");
-      write_file(dir / "csv" / (t.name + ".csv"), csv.str());
+      out.write("csv/" + t.name + ".csv", csv.str());
       files.tables.push_back(t.name);
     }
     if (!s.pre.empty()) {
@@ -537,8 +538,9 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     html << "</section>\n";
   }
   html << "</body></html>\n";
-  write_file(dir / "index.html", html.str());
-  write_file(dir / "report.md", md.str());
+  out.write("index.html", html.str());
+  out.write("report.md", md.str());
+  out.finish();
   return files;
 }
 

@@ -3,6 +3,7 @@
 // file (DESIGN.md "Results"; issue "Query and report").
 //
 //   DIR/index.html  DIR/report.md  DIR/csv/<table>.csv  DIR/plots/<plot>.svg
+//   DIR/.kvbench-report (the manifest: the csv/ and plots/ files it wrote)
 #pragma once
 
 #include <string>
@@ -25,8 +26,10 @@ struct ReportFiles {
   int units = 0, ok_units = 0;
 };
 
-// Writes the report; the directory is created if needed and files in it are replaced. Usage
-// errors: a database without units, a filter value the database does not hold.
+// Writes the report; the directory is created if needed. Files this report wrote before (listed
+// in DIR/.kvbench-report) are replaced or, if this one does not write them, deleted; other files
+// are left alone (results/report_dir.h). Usage errors: a database without units, a filter value
+// the database does not hold, csv/ or plots/ being symbolic links.
 ReportFiles write_report(const Store& store, const ReportOptions& options);
 
 }  // namespace kvb::results

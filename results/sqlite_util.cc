@@ -1,11 +1,13 @@
 // RAII wrappers over sqlite3 / sqlite3_stmt and the KVB_SQLITE_CHECK error path.
 #include "results/sqlite_util.h"
 
-#include "results/store.h"
-
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
+
+#include "results/store.h"
 
 namespace kvb::results {
 namespace detail {
@@ -32,8 +34,22 @@ void throw_sqlite_error(const char* file, int line, const char* call, const Db& 
 
 }  // namespace detail
 
-Db::Db(std::string path, int flags) : path_(std::move(path)) {
-  const int rc = sqlite3_open_v2(path_.c_str(), &db_, flags, nullptr);
+std::string sqlite_file_uri(const std::string& path, const std::string& query) {
+  std::string out = "file:";
+  for (unsigned char c : path) {
+    if (c == '%' || c == '?' || c == '#' || c < 0x20 || c >= 0x7f) {
+      char buf[4];
+      std::snprintf(buf, sizeof(buf), "%%%02X", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return query.empty() ? out : out + "?" + query;
+}
+
+Db::Db(std::string path, int flags, const std::string& uri) : path_(std::move(path)) {
+  const int rc = sqlite3_open_v2(uri.empty() ? path_.c_str() : uri.c_str(), &db_, flags, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
     sqlite3_close(db_);
@@ -46,6 +62,29 @@ Db::Db(std::string path, int flags) : path_(std::move(path)) {
 Db::~Db() {
   // Statements are finalized by their owners first (they never outlive the Store that owns this).
   if (db_) sqlite3_close(db_);
+}
+
+void Db::set_time_limit(double seconds) {
+  using Clock = std::chrono::steady_clock;
+  auto now = [] { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); };
+  time_limit_hit_ = false;
+  deadline_s_ = seconds > 0 ? now() + seconds : 0;
+  if (deadline_s_ == 0) {
+    sqlite3_progress_handler(db_, 0, nullptr, nullptr);
+    return;
+  }
+  // Called every 10000 virtual-machine steps (well under a millisecond): nonzero interrupts.
+  sqlite3_progress_handler(
+      db_, 10000,
+      [](void* self) -> int {
+        auto* db = static_cast<Db*>(self);
+        const double t =
+            std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+        if (t < db->deadline_s_) return 0;
+        db->time_limit_hit_ = true;
+        return 1;
+      },
+      this);
 }
 
 void Db::exec(std::string_view sql) {

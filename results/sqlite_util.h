@@ -3,6 +3,8 @@
 // errors name the call, SQLite's message, the SQL and the database file (STYLE.md "Errors").
 // Values reach SQL only through bound parameters; SQL text is always a constant of our own
 // (or, for `kvbench query`, the user's own statement).
+// A file name as a SQLite URI ("file:/a%3Fb.db?immutable=1" for "/a?b.db"): '%', '?' and '#' in
+// the path are percent-encoded (sqlite.org/uri.html).
 #pragma once
 
 #include <sqlite3.h>
@@ -17,6 +19,8 @@
 namespace kvb::results {
 
 class Db;
+
+std::string sqlite_file_uri(const std::string& path, const std::string& query);
 
 namespace detail {
 // Throws kvb::Error: "<file>:<line> <call>: <sqlite message> (<code name>) in `<sql>` [db <path>]".
@@ -39,7 +43,9 @@ inline bool sqlite_ok(int rc) { return rc == SQLITE_OK || rc == SQLITE_ROW || rc
 class Db {
  public:
   // flags: SQLITE_OPEN_* (sqlite3_open_v2). Throws naming the path when the file cannot be opened.
-  Db(std::string path, int flags);
+  // `uri` (with SQLITE_OPEN_URI in flags), when given, is what is opened instead ("file:...?
+  // immutable=1"); messages still name `path`.
+  Db(std::string path, int flags, const std::string& uri = "");
   ~Db();
   Db(const Db&) = delete;
   Db& operator=(const Db&) = delete;
@@ -50,10 +56,16 @@ class Db {
   // text that contains values: bind them through Statement instead.
   void exec(std::string_view sql);
   int changes() const { return sqlite3_changes(db_); }
+  // Interrupts any statement still running `seconds` from now (0: no limit): it fails with
+  // SQLITE_INTERRUPT and time_limit_hit() turns true (`kvbench query --timeout-s`).
+  void set_time_limit(double seconds);
+  bool time_limit_hit() const { return time_limit_hit_; }
 
  private:
   std::string path_;
   sqlite3* db_ = nullptr;
+  double deadline_s_ = 0;  // steady-clock seconds; 0: none
+  bool time_limit_hit_ = false;
 };
 
 // One prepared statement; parameters are 1-based as in SQLite. step() returns true while there is

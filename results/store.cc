@@ -185,7 +185,20 @@ Store Store::open(const std::string& path, Mode mode) {
   sqlite3_busy_timeout(db->get(), kBusyTimeoutMs);
   // SQLite reads lazily: a file that is not a database shows itself on the first read.
   const char* probe = "SELECT count(*) FROM sqlite_master";
-  const int rc = sqlite3_exec(db->get(), probe, nullptr, nullptr, nullptr);
+  int rc = sqlite3_exec(db->get(), probe, nullptr, nullptr, nullptr);
+  if (read_only && ((rc & 0xff) == SQLITE_READONLY || (rc & 0xff) == SQLITE_CANTOPEN)) {
+    // A WAL database whose folder this reader cannot write (no -shm can be made). Without a
+    // -wal file no writer is active and every commit is in the main file, so it reads as
+    // immutable; with one, immutable would silently miss committed rows.
+    std::error_code ec;
+    KVB_USAGE_CHECK(std::filesystem::file_size(path + "-wal", ec) == 0 || ec)
+        << path << " cannot be read: it is in WAL mode with a " << path
+        << "-wal file, and this user cannot create its -shm file in that folder; read it where "
+           "you can write the folder, or copy the database with its -wal file";
+    db = std::make_unique<Db>(path, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI,
+                              sqlite_file_uri(path, "immutable=1"));
+    rc = sqlite3_exec(db->get(), probe, nullptr, nullptr, nullptr);
+  }
   if ((rc & 0xff) == SQLITE_NOTADB) {
     KVB_USAGE_FAIL() << path << " is not a SQLite database (" << sqlite3_errmsg(db->get())
                      << "); pass another --db";
@@ -193,6 +206,13 @@ Store Store::open(const std::string& path, Mode mode) {
   KVB_SQLITE_CHECK(*db, rc, probe);
   if (read_only) {
     db->exec("PRAGMA query_only = 1");  // second fence besides SQLITE_OPEN_READONLY
+    // Third: no ATTACH, which VACUUM INTO also does, so no statement can create a file.
+    sqlite3_set_authorizer(
+        db->get(),
+        [](void*, int action, const char*, const char*, const char*, const char*) {
+          return action == SQLITE_ATTACH || action == SQLITE_DETACH ? SQLITE_DENY : SQLITE_OK;
+        },
+        nullptr);
   } else {
     Statement wal(*db, "PRAGMA journal_mode = WAL");
     KVB_CHECK(wal.step()) << "PRAGMA journal_mode returned no row [db " << path << "]";
@@ -555,6 +575,9 @@ std::optional<PredictionRow> Store::prediction(const std::string& key) const {
   while (refs.step()) p.references.push_back(refs.column_text(0));
   return p;
 }
+
+void Store::set_time_limit(double seconds) { db_->set_time_limit(seconds); }
+bool Store::time_limit_hit() const { return db_->time_limit_hit(); }
 
 QueryResult Store::query(const std::string& sql, const std::vector<std::string>& params) const {
   Statement st(*db_, sql);

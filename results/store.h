@@ -170,6 +170,8 @@ class Store {
   // Opens (kReadWrite: creates) the file, sets WAL, busy_timeout and foreign keys, and brings the
   // schema to kSchemaVersion (schema.h). Usage errors name the file: not a SQLite database,
   // schema newer than this kvbench, an unversioned (draft) database, older and read-only.
+  // kReadOnly: ATTACH (and so VACUUM INTO) is denied; a WAL database in a folder the reader
+  // cannot write opens as immutable when it has no -wal file, else is a usage error.
   static Store open(const std::string& path, Mode mode);
   Store(Store&&) noexcept;
   Store& operator=(Store&&) noexcept;
@@ -219,6 +221,10 @@ class Store {
   // One SQL statement with text parameters bound to ?1, ?2, ... (`kvbench query`). On a
   // read-only store, any statement that writes fails.
   QueryResult query(const std::string& sql, const std::vector<std::string>& params = {}) const;
+  // Interrupts statements still running `seconds` from now (0: no limit) with an error, after
+  // which time_limit_hit() is true (`kvbench query --timeout-s`).
+  void set_time_limit(double seconds);
+  bool time_limit_hit() const;
 
  private:
   Store(std::unique_ptr<Db> db, Mode mode);

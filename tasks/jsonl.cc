@@ -79,11 +79,15 @@ std::string JsonlItem::str_or(const std::string& key, const std::string& def) co
 
 int64_t JsonlItem::integer(const std::string& key) const {
   const nlohmann::json& v = at(key, "an integer");
-  if (v.is_number_integer()) return v.get<int64_t>();
+  // is_number_integer() is true for unsigned numbers too, and get<int64_t>() wraps those above
+  // INT64_MAX (18446744073709551615 read as -1): unsigned first.
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
     if (u <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(u);
+    fail("key '" + key + "' is " + v.dump() + ", above the largest integer allowed (" +
+         std::to_string(INT64_MAX) + ")");
   }
+  if (v.is_number_integer()) return v.get<int64_t>();
   // 3.0 is an integer for JSON writers that emit floats (pandas); 3.5 is not.
   if (v.is_number_float()) {
     const double d = v.get<double>();

@@ -1,6 +1,7 @@
 // Model + tokenizer loading and prompt encoding for the CLI.
 #include "workers/model_session.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "common/error.h"
@@ -18,6 +19,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 LoadedModel load_model_and_tokenizer(const std::string& model_path,
                                      const std::string& tokenizer_path) {
   KVB_USAGE_CHECK(!model_path.empty()) << "--model is required (a .gguf file or a llama2.c .bin)";
+  std::error_code ec;
+  KVB_USAGE_CHECK(!std::filesystem::is_directory(model_path, ec))
+      << "model '" << model_path << "' is a directory; give the model file in it (.gguf or .bin)";
+  KVB_USAGE_CHECK(tokenizer_path.empty() || !std::filesystem::is_directory(tokenizer_path, ec))
+      << "tokenizer '" << tokenizer_path << "' is a directory; give the tokenizer file in it";
   LoadedModel lm;
   lm.model = engine::load_model(model_path);
   const engine::ModelConfig& c = lm.model->config;

@@ -2,9 +2,14 @@
 // SQL with bound parameters, and the errors: writes refused (read-only), SQL errors, unknown
 // names, a missing database.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <fstream>
 #include <sstream>
 
 #include "run_kvbench.h"
@@ -163,6 +168,118 @@ TEST_F(Query, AdHocSqlIsReadOnlyWithBoundParameters) {
             2);
   ASSERT_EQ(kvbench({"query", "--db", db_, "SELECT COUNT(*) AS n FROM units"}, &out), 0);
   EXPECT_NE(out.find("49"), std::string::npos);
+}
+
+// Issue 14: no statement of a read-only query creates a file (VACUUM INTO used to leave an empty
+// one at its target, ATTACH could create one).
+TEST_F(Query, NoStatementCreatesAFile) {
+  const std::string target = std::string(KVB_BINARY_DIR) + "/query_vacuum_into.db";
+  std::filesystem::remove(target);
+  std::string err;
+  EXPECT_EQ(kvbench({"query", "--db", db_, "VACUUM INTO '" + target + "'"}, nullptr, &err), 2);
+  EXPECT_NE(err.find("authorization denied"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(target));
+  EXPECT_EQ(kvbench({"query", "--db", db_, "ATTACH '" + target + "' AS x"}, nullptr, &err), 2);
+  EXPECT_NE(err.find("not authorized"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(target));
+}
+
+// A recursive CTE without an end ran forever; --timeout-s (default 60) stops it with a message.
+TEST_F(Query, RunawayQueryStopsAtTheTimeLimit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string err;
+  EXPECT_EQ(kvbench({"query", "--db", db_, "--timeout-s", "0.5",
+                     "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) "
+                     "SELECT COUNT(*) FROM r"},
+                    nullptr, &err),
+            2);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
+  EXPECT_NE(err.find("SQL on " + db_ + " was stopped after --timeout-s 0.5 s"), std::string::npos)
+      << err;
+  std::string out;
+  EXPECT_EQ(kvbench({"query", "--db", db_, "--timeout-s", "0.5", "-o", "csv",
+                     "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 1000) "
+                     "SELECT COUNT(*) AS n FROM r"},
+                    &out),
+            0);
+  EXPECT_EQ(out, "n\n1000\n");
+  EXPECT_EQ(kvbench({"query", "--db", db_, "--timeout-s", "-1", "summary"}, nullptr, &err), 2);
+  EXPECT_NE(err.find("--timeout-s must be >= 0"), std::string::npos) << err;
+}
+
+// `kvbench ARGS` as a user who cannot write `dir`: as root (root ignores permissions) a child
+// becomes `nobody` and runs the binary; otherwise `dir` is made read-only meanwhile.
+int run_without_write_access(const std::string& dir, const std::vector<std::string>& args,
+                             std::string* out) {
+  if (::geteuid() != 0) {
+    ::chmod(dir.c_str(), 0555);
+    const int rc = kvbench(args, out, out);
+    ::chmod(dir.c_str(), 0755);
+    return rc;
+  }
+  const std::string bin = std::string(KVB_BINARY_DIR) + "/kvbench";
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(125);
+    std::vector<std::string> argv_s = {bin};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(bin.c_str(), argv.data());
+    ::_exit(126);
+  }
+  ::close(fds[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) out->append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A WAL database (as every sweep writes) in a folder its reader cannot write could not be read
+// at all (SQLite wants to create the -shm file there): it now opens as immutable, as long as no
+// -wal file holds commits the main file lacks.
+TEST_F(Query, ReadsAWalDatabaseInAFolderItCannotWrite) {
+  if (::geteuid() == 0 && !std::filesystem::exists(std::string(KVB_BINARY_DIR) + "/kvbench"))
+    GTEST_SKIP() << "needs the kvbench binary to run it as another user";
+  const std::string dir = "/tmp/kvb_query_ro_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ::chmod(dir.c_str(), 0755);
+  const std::string db = dir + "/sweep.db";
+  std::filesystem::copy_file(db_, db);  // the sweep's writer has closed: no -wal holds commits
+  ::chmod(db.c_str(), 0644);
+  std::string out;
+  EXPECT_EQ(run_without_write_access(dir, {"query", "--db", db, "-o", "csv",
+                                           "SELECT COUNT(*) AS n FROM units"},
+                                     &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("n\n49\n"), std::string::npos) << out;
+  const std::string report = dir + "_report";
+  std::filesystem::remove_all(report);
+  std::filesystem::create_directories(report);
+  ::chmod(report.c_str(), 0777);
+  out.clear();
+  EXPECT_EQ(run_without_write_access(dir, {"report", "--db", db, "--out", report}, &out), 0) << out;
+  EXPECT_TRUE(std::filesystem::exists(report + "/index.html"));
+  // A -wal file the reader cannot merge (no -shm can be made): refused, not silently stale.
+  { std::ofstream(dir + "/sweep.db-wal") << "x"; }
+  out.clear();
+  EXPECT_EQ(run_without_write_access(dir, {"query", "--db", db, "summary"}, &out), 2) << out;
+  EXPECT_NE(out.find(db + " cannot be read: it is in WAL mode with a " + db + "-wal file"),
+            std::string::npos)
+      << out;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(report);
 }
 
 }  // namespace

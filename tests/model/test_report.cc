@@ -172,7 +172,8 @@ std::string SmokeReport::db_;
 TEST_F(SmokeReport, WritesHtmlMarkdownCsvAndSvg) {
   const fs::path dir = kBuild + "/report_smoke";
   fs::create_directories(dir / "plots");
-  std::ofstream(dir / "plots" / "stale.svg") << "<svg/>";  // from an earlier report
+  std::ofstream(dir / "plots" / "stale.svg") << "<svg/>";  // from an earlier report,
+  std::ofstream(dir / ".kvbench-report", std::ios::app) << "plots/stale.svg\n";  // which listed it
   std::ofstream(dir / "notes.txt") << "mine";              // not ours: left alone
   std::string out;
   ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string()}, &out), 0);
@@ -254,6 +255,81 @@ TEST_F(SmokeReport, SeveralModelsAreKeptApart) {
   const auto ids = plot_files(dir);
   EXPECT_TRUE(ids.count("score-other-niah-recall") && ids.count("score-stories260k-niah-recall"));
   EXPECT_TRUE(ids.count("niah-other-snapkv-b32") && ids.count("niah-stories260k-snapkv-b32"));
+}
+
+// --out is the user's folder (issue 14): the report deletes only what it wrote itself, never
+// writes or deletes through symbolic links, and gives colliding slugs distinct file names.
+TEST_F(SmokeReport, OutDirKeepsTheUsersFilesAndFollowsNoLinks) {
+  const fs::path dir = kBuild + "/report_hostile";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "csv");
+  fs::create_directories(dir / "plots");
+  std::ofstream(dir / "csv" / "mine.csv") << "a,b\n";
+  std::ofstream(dir / "plots" / "mine.svg") << "<svg/>";
+  ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string()}), 0);
+  EXPECT_EQ(slurp(dir / "csv" / "mine.csv"), "a,b\n");
+  EXPECT_EQ(slurp(dir / "plots" / "mine.svg"), "<svg/>");
+  // A narrower report removes the plots of the wider one, and still not the user's files.
+  const std::set<std::string> wide = plot_files(dir);
+  ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string(), "--filter", "policy=snapkv"}),
+            0);
+  std::set<std::string> narrow = plot_files(dir);
+  EXPECT_LT(narrow.size(), wide.size());
+  EXPECT_TRUE(narrow.count("mine"));
+  EXPECT_FALSE(narrow.count("niah-h2o-b32"));
+  EXPECT_TRUE(wide.count("niah-h2o-b32"));
+
+  // Symbolic links: csv/ or plots/ pointing elsewhere are refused (nothing deleted there), and
+  // a link at index.html is replaced, not written through.
+  const fs::path elsewhere = kBuild + "/report_hostile_elsewhere";
+  fs::remove_all(elsewhere);
+  fs::create_directories(elsewhere);
+  std::ofstream(elsewhere / "precious.csv") << "keep\n";
+  std::ofstream(elsewhere / "precious.svg") << "<svg/>";
+  std::ofstream(elsewhere / "victim.html") << "victim\n";
+  for (const char* sub : {"csv", "plots"}) {
+    const fs::path linked = kBuild + "/report_hostile_link_" + sub;
+    fs::remove_all(linked);
+    fs::create_directories(linked);
+    fs::create_directory_symlink(elsewhere, linked / sub);
+    std::string err;
+    EXPECT_EQ(kvbench({"report", "--db", db_, "--out", linked.string()}, nullptr, &err), 2) << sub;
+    EXPECT_NE(err.find((linked / sub).string() + " is a symbolic link"), std::string::npos) << err;
+  }
+  EXPECT_EQ(slurp(elsewhere / "precious.csv"), "keep\n");
+  EXPECT_EQ(slurp(elsewhere / "precious.svg"), "<svg/>");
+  fs::remove(dir / "index.html");
+  fs::create_symlink(elsewhere / "victim.html", dir / "index.html");
+  ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string()}), 0);
+  EXPECT_TRUE(slurp(elsewhere / "victim.html") == "victim\n") << "written through the link";
+  EXPECT_FALSE(fs::is_symlink(dir / "index.html"));
+  EXPECT_NE(slurp(dir / "index.html").find("<html"), std::string::npos);
+
+  // Models `smol.lm` and `smol-lm` slug alike: each still gets its own plot files.
+  const std::string db = fresh_db("report_slugs.db");
+  fs::copy_file(db_, db);
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h,
+                         "UPDATE units SET model = CASE WHEN sample_id LIKE '%depth100%' THEN "
+                         "'smol.lm' ELSE 'smol-lm' END",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(h);
+  const fs::path sdir = kBuild + "/report_slugs";
+  fs::remove_all(sdir);
+  ASSERT_EQ(kvbench({"report", "--db", db, "--out", sdir.string()}), 0);
+  const std::string html = slurp(sdir / "index.html");
+  size_t figures = 0;
+  for (size_t at = html.find("<figure>"); at != std::string::npos;
+       at = html.find("<figure>", at + 1))
+    ++figures;
+  const std::set<std::string> ids = plot_files(sdir);
+  EXPECT_EQ(ids.size(), figures);  // one file per plot: none overwrote another
+  EXPECT_TRUE(ids.count("score-smol-lm-niah-recall"));
+  size_t hashed = 0;
+  for (const std::string& id : ids) hashed += id.rfind("score-smol-lm-niah-recall-", 0) == 0;
+  EXPECT_EQ(hashed, 1u);
 }
 
 TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {

@@ -681,6 +681,22 @@ TEST(Jsonl, RejectsHostileInput) {
             std::string::npos);
 }
 
+// Issue 14: an integer above INT64_MAX used to wrap (18446744073709551615 read as -1).
+TEST(Jsonl, IntegersAboveInt64MaxAreRefused) {
+  const std::string p = write_temp(
+      "big.jsonl",
+      "{\"a\": 18446744073709551615, \"b\": 9223372036854775808, \"c\": 9223372036854775807, "
+      "\"d\": -9223372036854775808}\n");
+  const JsonlFile f = read_jsonl(p, {});
+  EXPECT_NE(error_of([&] { f.items[0].integer("a"); })
+                .find("big.jsonl:1: key 'a' is 18446744073709551615, above the largest integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { f.items[0].integer_opt("b"); }).find("key 'b' is 9223372036854775808"),
+            std::string::npos);
+  EXPECT_EQ(f.items[0].integer("c"), INT64_MAX);
+  EXPECT_EQ(f.items[0].integer("d"), INT64_MIN);
+}
+
 TEST(Jsonl, PyStripMatchesPython) {
   EXPECT_EQ(py_strip("  \n\tabc d \r\n"), "abc d");
   EXPECT_EQ(py_strip("\u3000\u00a0x\u2028\u2029\u0085"), "x");  // Unicode whitespace

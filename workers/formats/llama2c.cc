@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_header.h"
 
 namespace kvb::engine {
 namespace {
@@ -56,52 +57,19 @@ void split_layers(const std::vector<float>& all, int layers, size_t per_layer,
 }  // namespace
 
 std::unique_ptr<Model> load_llama2c(const std::string& path) {
+  // Header and file size checked before anything is allocated (shared with kvbench validate).
+  const Llama2cHeader h = read_llama2c_header(path);
+  auto model = std::make_unique<Model>();
+  ModelConfig& c = model->config;
+  c = h.config;
   Reader r(path);
   int32_t hdr[7];
   r.read(hdr, sizeof(hdr), "header");
-  auto model = std::make_unique<Model>();
-  ModelConfig& c = model->config;
-  c.arch = "llama";
-  c.format = "llama2c";
-  c.dim = hdr[0];
-  c.hidden_dim = hdr[1];
-  c.num_layers = hdr[2];
-  c.num_heads = hdr[3];
-  c.num_kv_heads = hdr[4];
-  c.tied_embeddings = hdr[5] > 0;
-  c.vocab_size = hdr[5] > 0 ? hdr[5] : -static_cast<int64_t>(hdr[5]);
-  c.max_seq_len = hdr[6];
-  auto in_range = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
-  KVB_CHECK(in_range(c.dim, 1, 65536) && in_range(c.hidden_dim, 1, 1 << 20) &&
-            in_range(c.num_layers, 1, 1024) && in_range(c.num_heads, 1, 1024) &&
-            in_range(c.num_kv_heads, 1, c.num_heads) && in_range(c.vocab_size, 1, 1 << 22) &&
-            in_range(c.max_seq_len, 1, 1 << 24))
-      << path << ": not a llama2.c checkpoint (header dim=" << c.dim
-      << " hidden_dim=" << c.hidden_dim << " n_layers=" << c.num_layers
-      << " n_heads=" << c.num_heads << " n_kv_heads=" << c.num_kv_heads
-      << " vocab_size=" << hdr[5] << " seq_len=" << c.max_seq_len << " out of range)";
-  KVB_CHECK(c.dim % c.num_heads == 0 && c.num_heads % c.num_kv_heads == 0)
-      << path << ": dim " << c.dim << " / n_heads " << c.num_heads << " / n_kv_heads "
-      << c.num_kv_heads << " do not divide";
-  c.head_dim = c.dim / c.num_heads;
-  c.name = path.substr(path.find_last_of('/') + 1);
-  c.norm_eps = 1e-5f;
-  c.rope.style = kernels::cpu::RopeStyle::kNorm;
-  c.rope.rot_dim = c.head_dim;
-  c.rope.theta = 10000.0f;
-
+  KVB_CHECK(r.size() == h.file_bytes) << path << ": file size changed while loading";
   const uint64_t D = c.dim, H = c.hidden_dim, L = c.num_layers, V = c.vocab_size;
   const uint64_t KVD = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim;
   const uint64_t S = c.max_seq_len, HD = c.head_dim;
-  // Check the whole size before allocating anything large.
-  const uint64_t expected = sizeof(hdr) + 4 * (V * D + L * D + L * D * D + 2 * L * KVD * D +
-                                               L * D * D + L * D + 3 * L * H * D + D);
   const uint64_t freq_tables = 4 * S * HD;  // two tables of S * HD/2 floats (legacy, unused)
-  const uint64_t classifier = c.tied_embeddings ? 0 : 4 * V * D;
-  KVB_CHECK(r.size() >= expected + classifier &&
-            (r.size() == expected + classifier || r.size() == expected + freq_tables + classifier))
-      << path << ": file size " << r.size() << " does not match the header (expected "
-      << expected + classifier << " or " << expected + freq_tables + classifier << " bytes)";
 
   model->path = path;
   model->token_embedding = r.floats(V * D, "token_embedding");
@@ -117,7 +85,7 @@ std::unique_ptr<Model> load_llama2c(const std::string& path) {
   split_layers(r.floats(L * H * D, "w3"), L, H * D, model->layers, &LayerWeights::w_up);
   model->final_norm = r.floats(D, "rms_final");
   if (!c.tied_embeddings) {
-    if (r.size() - r.offset() > classifier) {
+    if (h.freq_tables) {
       std::vector<float> skip(S * HD);
       r.read(skip.data(), freq_tables, "freq_cis");
     }

@@ -1,0 +1,33 @@
+// The output folder of `kvbench report` (results/report.h), written so that a hostile or careless
+// --out cannot cost the user files: only files the report itself wrote before (listed in the
+// folder's manifest, `.kvbench-report`) are ever deleted; csv/ and plots/ must be real folders,
+// not symbolic links; every file is written to a fresh temporary name and renamed over the
+// target, so a symbolic link at a target's name is replaced, never followed.
+#pragma once
+
+#include <set>
+#include <string>
+
+namespace kvb::results {
+
+class ReportDir {
+ public:
+  static constexpr const char* kManifest = ".kvbench-report";
+
+  // Creates DIR, DIR/csv and DIR/plots as needed; usage errors for a symbolic link at csv/,
+  // plots/ or the manifest, or a folder that cannot be created. Reads the previous manifest.
+  explicit ReportDir(const std::string& dir);
+
+  // Writes `text` to DIR/`rel` ("index.html", "csv/summary.csv"); throws kvb::Error on failure.
+  void write(const std::string& rel, const std::string& text);
+
+  // Deletes what the previous report listed and this one did not write (a regular file under
+  // csv/ or plots/ with the report's own extension, nothing else), then writes the manifest.
+  void finish();
+
+ private:
+  std::string dir_;
+  std::set<std::string> previous_, written_;
+};
+
+}  // namespace kvb::results

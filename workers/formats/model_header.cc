@@ -1,0 +1,206 @@
+// Header-only model configuration for GGUF and llama2.c files (workers/formats/model_header.h):
+// the checks the loaders rely on, done once here for the loaders and `kvbench validate` alike.
+#include "workers/formats/model_header.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace kvb::engine {
+namespace {
+
+const char* const kSupportedArchs[] = {"llama", "qwen2"};
+
+std::string supported_archs() {
+  std::string s;
+  for (const char* a : kSupportedArchs) s += (s.empty() ? "" : ", ") + std::string(a);
+  return s;
+}
+
+std::string dims_str(const std::vector<uint64_t>& dims) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < dims.size(); ++i) os << (i ? ", " : "") << dims[i];
+  os << "]";
+  return os.str();
+}
+
+// A tensor the loader reads: present, with the shape load_f32(name, dims) will ask for.
+void expect_tensor(const formats::GgufFile& g, const std::string& name,
+                   const std::vector<uint64_t>& dims) {
+  const formats::GgufTensorInfo* t = g.find_tensor(name);
+  KVB_CHECK(t != nullptr) << g.path() << ": no tensor named '" << name << "' (the file has "
+                          << g.tensors().size() << " tensors; the loader needs it)";
+  KVB_CHECK(t->dims == dims) << g.path() << ": tensor '" << name << "' has shape "
+                             << dims_str(t->dims) << " (ggml order), expected " << dims_str(dims);
+}
+
+// A float setting that must be finite and positive (NaN or inf would poison every logit).
+float positive_finite(const formats::GgufFile& g, const std::string& key, double def) {
+  const double v = g.get_float_or(key, def);
+  KVB_CHECK(std::isfinite(v) && v > 0 && std::isfinite(static_cast<float>(v)))
+      << g.path() << ": metadata " << key << " = " << v
+      << " is not a finite positive number; fix the file's metadata (default " << def << ")";
+  return static_cast<float>(v);
+}
+
+}  // namespace
+
+ModelConfig read_gguf_config(const formats::GgufFile& g) {
+  const std::string& path = g.path();
+  ModelConfig c;
+  const std::string arch = g.get_string("general.architecture");
+  bool supported = false;
+  for (const char* a : kSupportedArchs) supported |= arch == a;
+  KVB_USAGE_CHECK(supported) << path << ": unsupported architecture '" << arch
+                             << "' (key general.architecture); supported: " << supported_archs();
+  c.arch = arch;
+  c.format = "gguf";
+  c.name = g.get_string_or("general.name", path.substr(path.find_last_of('/') + 1));
+  const std::string p = arch + ".";
+  // Sizes read as int64 and range-checked before narrowing: a u32 above INT_MAX must not wrap.
+  auto sized = [&](const std::string& key, int64_t v, int64_t hi) {
+    KVB_CHECK(v > 0 && v <= hi) << path << ": metadata " << key << " = " << v
+                                << " is out of range (1.." << hi << ")";
+    return static_cast<int>(v);
+  };
+  c.dim = sized(p + "embedding_length", g.get_int(p + "embedding_length"), 1 << 16);
+  c.hidden_dim = sized(p + "feed_forward_length", g.get_int(p + "feed_forward_length"), 1 << 20);
+  c.num_layers = sized(p + "block_count", g.get_int(p + "block_count"), 1024);
+  c.num_heads = sized(p + "attention.head_count", g.get_int(p + "attention.head_count"), 1024);
+  c.num_kv_heads = sized(p + "attention.head_count_kv",
+                         g.get_int_or(p + "attention.head_count_kv", c.num_heads), c.num_heads);
+  c.max_seq_len = sized(p + "context_length", g.get_int_or(p + "context_length", 2048), 1 << 24);
+  c.norm_eps = positive_finite(g, p + "attention.layer_norm_rms_epsilon", 1e-5);
+  KVB_CHECK(c.num_heads % c.num_kv_heads == 0)
+      << path << ": head_count " << c.num_heads << " is not a multiple of head_count_kv "
+      << c.num_kv_heads;
+  const int64_t head_dim = g.get_int_or(p + "attention.key_length", c.dim / c.num_heads);
+  KVB_CHECK(head_dim > 0 && head_dim <= 1024 && head_dim % 2 == 0)
+      << path << ": head dimension " << head_dim << " unsupported (key " << p
+      << "attention.key_length or embedding_length / head_count; expected even, 2..1024)";
+  c.head_dim = static_cast<int>(head_dim);
+  c.qkv_bias = arch == "qwen2";
+  c.rope.style = arch == "llama" ? kernels::cpu::RopeStyle::kNorm : kernels::cpu::RopeStyle::kNeox;
+  c.rope.theta = positive_finite(g, p + "rope.freq_base", 10000.0);
+  const int64_t rot_dim = g.get_int_or(p + "rope.dimension_count", c.head_dim);
+  KVB_CHECK(rot_dim > 0 && rot_dim <= c.head_dim && rot_dim % 2 == 0)
+      << path << ": " << p << "rope.dimension_count = " << rot_dim << " (head_dim " << c.head_dim
+      << "; expected even, 2..head_dim)";
+  c.rope.rot_dim = static_cast<int>(rot_dim);
+  const std::string scaling = g.get_string_or(p + "rope.scaling.type", "none");
+  if (scaling == "linear") {
+    c.rope.linear_scale = positive_finite(g, p + "rope.scaling.factor", 1.0);
+    KVB_CHECK(g.has(p + "rope.scaling.factor"))
+        << path << ": " << p << "rope.scaling.type is linear but " << p
+        << "rope.scaling.factor is missing";
+  } else {
+    KVB_USAGE_CHECK(scaling == "none") << path << ": " << p << "rope.scaling.type '" << scaling
+                                       << "' is not supported (supported: none, linear)";
+  }
+  if (g.find_tensor("rope_freqs.weight")) {
+    expect_tensor(g, "rope_freqs.weight", {static_cast<uint64_t>(c.rope.rot_dim / 2)});
+  }
+
+  const formats::GgufTensorInfo* emb = g.find_tensor("token_embd.weight");
+  KVB_CHECK(emb && emb->dims.size() == 2)
+      << path << ": tensor token_embd.weight missing or not 2-D";
+  KVB_CHECK(emb->dims[1] <= (1u << 22))
+      << path << ": token_embd.weight has " << emb->dims[1] << " rows, expected a vocabulary of "
+      << "at most " << (1u << 22);
+  c.vocab_size = static_cast<int>(emb->dims[1]);
+  const uint64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size;
+  const uint64_t QD = static_cast<uint64_t>(c.num_heads) * c.head_dim;
+  const uint64_t KVD = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim;
+  expect_tensor(g, "token_embd.weight", {D, V});
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    expect_tensor(g, b + "attn_norm.weight", {D});
+    expect_tensor(g, b + "attn_q.weight", {D, QD});
+    expect_tensor(g, b + "attn_k.weight", {D, KVD});
+    expect_tensor(g, b + "attn_v.weight", {D, KVD});
+    if (c.qkv_bias) {
+      expect_tensor(g, b + "attn_q.bias", {QD});
+      expect_tensor(g, b + "attn_k.bias", {KVD});
+      expect_tensor(g, b + "attn_v.bias", {KVD});
+    }
+    expect_tensor(g, b + "attn_output.weight", {QD, D});
+    expect_tensor(g, b + "ffn_norm.weight", {D});
+    expect_tensor(g, b + "ffn_gate.weight", {D, H});
+    expect_tensor(g, b + "ffn_up.weight", {D, H});
+    expect_tensor(g, b + "ffn_down.weight", {H, D});
+  }
+  expect_tensor(g, "output_norm.weight", {D});
+  c.tied_embeddings = g.find_tensor("output.weight") == nullptr;
+  if (!c.tied_embeddings) expect_tensor(g, "output.weight", {D, V});
+  return c;
+}
+
+Llama2cHeader read_llama2c_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  KVB_USAGE_CHECK(in.good()) << "cannot open model file '" << path << "': " << std::strerror(errno);
+  in.seekg(0, std::ios::end);
+  Llama2cHeader h;
+  h.file_bytes = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  int32_t hdr[7];
+  KVB_CHECK(h.file_bytes >= sizeof(hdr))
+      << path << ": truncated llama2.c checkpoint: the header needs " << sizeof(hdr)
+      << " bytes but the file has " << h.file_bytes << " bytes";
+  in.read(reinterpret_cast<char*>(hdr), sizeof(hdr));
+  KVB_CHECK(in.good()) << path << ": read error in the llama2.c header";
+  ModelConfig& c = h.config;
+  c.arch = "llama";
+  c.format = "llama2c";
+  c.dim = hdr[0];
+  c.hidden_dim = hdr[1];
+  c.num_layers = hdr[2];
+  c.num_heads = hdr[3];
+  c.num_kv_heads = hdr[4];
+  c.tied_embeddings = hdr[5] > 0;
+  const int64_t vocab = hdr[5] > 0 ? hdr[5] : -static_cast<int64_t>(hdr[5]);
+  c.max_seq_len = hdr[6];
+  auto in_range = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+  KVB_CHECK(in_range(c.dim, 1, 65536) && in_range(c.hidden_dim, 1, 1 << 20) &&
+            in_range(c.num_layers, 1, 1024) && in_range(c.num_heads, 1, 1024) &&
+            in_range(c.num_kv_heads, 1, c.num_heads) && in_range(vocab, 1, 1 << 22) &&
+            in_range(c.max_seq_len, 1, 1 << 24))
+      << path << ": not a llama2.c checkpoint (header dim=" << c.dim
+      << " hidden_dim=" << c.hidden_dim << " n_layers=" << c.num_layers
+      << " n_heads=" << c.num_heads << " n_kv_heads=" << c.num_kv_heads << " vocab_size=" << hdr[5]
+      << " seq_len=" << c.max_seq_len << " out of range)";
+  KVB_CHECK(c.dim % c.num_heads == 0 && c.num_heads % c.num_kv_heads == 0)
+      << path << ": dim " << c.dim << " / n_heads " << c.num_heads << " / n_kv_heads "
+      << c.num_kv_heads << " do not divide";
+  c.vocab_size = static_cast<int>(vocab);
+  c.head_dim = c.dim / c.num_heads;
+  KVB_CHECK(c.head_dim % 2 == 0) << path << ": head dimension " << c.head_dim
+                                 << " (dim / n_heads) is odd; rope needs pairs";
+  c.name = path.substr(path.find_last_of('/') + 1);
+  c.norm_eps = 1e-5f;
+  c.rope.style = kernels::cpu::RopeStyle::kNorm;
+  c.rope.rot_dim = c.head_dim;
+  c.rope.theta = 10000.0f;
+
+  const uint64_t D = c.dim, H = c.hidden_dim, L = c.num_layers, V = c.vocab_size;
+  const uint64_t KVD = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim;
+  const uint64_t S = c.max_seq_len, HD = c.head_dim;
+  // The tensors of the legacy export, in file order (see load_llama2c).
+  const uint64_t body =
+      V * D + L * D + L * D * D + 2 * L * KVD * D + L * D * D + L * D + 3 * L * H * D + D;
+  const uint64_t classifier = c.tied_embeddings ? 0 : V * D;
+  h.num_params = body + classifier;
+  const uint64_t expected = sizeof(hdr) + 4 * h.num_params;
+  const uint64_t freq_tables = 4 * S * HD;  // two tables of S * HD/2 floats (legacy, unused)
+  KVB_CHECK(h.file_bytes == expected || h.file_bytes == expected + freq_tables)
+      << path << ": file size " << h.file_bytes << " does not match the header (expected "
+      << expected << " or " << expected + freq_tables << " bytes)";
+  h.freq_tables = h.file_bytes == expected + freq_tables;
+  return h;
+}
+
+}  // namespace kvb::engine
