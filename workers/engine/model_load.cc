@@ -25,8 +25,8 @@ size_t Model::num_parameters() const {
   size_t n = token_embedding.size() + final_norm.size() + output.size();
   for (const auto& l : layers) {
     n += l.attn_norm.size() + l.wq.size() + l.wk.size() + l.wv.size() + l.bq.size() +
-         l.bk.size() + l.bv.size() + l.q_norm.size() + l.k_norm.size() + l.wo.size() + l.ffn_norm.size() + l.w_gate.size() +
-         l.w_up.size() + l.w_down.size();
+         l.bk.size() + l.bv.size() + l.q_norm.size() + l.k_norm.size() + l.wo.size() +
+         l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() + l.w_down.size();
   }
   return n;
 }
