@@ -10,7 +10,9 @@
 //    CPU at a budget that evicts, the device rows match the host index and the CPU's rows, and
 //    the host keeps rows only for policies that read them; a decode step's copies and syncs are
 //    counted per policy;
-//  - SmolLM2-135M, bf16: teacher-forced top-1 agreement with the CPU >= 95% over ~500 tokens.
+//  - SmolLM2-135M, bf16: teacher-forced top-1 agreement with the CPU >= 95% over ~500 tokens;
+//  - the tiny Qwen3 fixture (q/k norm via head_rmsnorm, head_dim != dim / num_heads), f32:
+//    logits within 1e-3 of the CPU after the prompt and at every decode step, no policy and h2o.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,6 +39,7 @@ using engine::DType;
 
 const std::string kSmol = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 const std::string kStories = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+const std::string kQwen3 = std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.gguf";
 const std::string kEssay = std::string(KVB_SHARED_DIR) + "/data/paulgraham_essays/avg.txt";
 
 #define SKIP_WITHOUT_GPU()                                          \
@@ -184,6 +187,35 @@ TEST(CudaEngineStories, F32LogitsWithin1e3EveryStep) {
       EXPECT_LT(d, 1e-3) << "step " << s;
     }
     std::cout << "[ stories260K f32 ] " << name << ": max |logit gpu - cpu| = " << worst << "\n";
+    EXPECT_EQ(a.keep, b.keep);
+    expect_device_rows_match(gpu, gpu_cache);
+  }
+}
+
+TEST(CudaEngineQwen3, F32LogitsWithin1e3EveryStep) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<engine::Model> m = engine::load_model(kQwen3);
+  ASSERT_TRUE(m->config.qk_norm);
+  engine::Engine cpu(*m);
+  engine::CudaEngine gpu(*m, DType::kF32);
+  const std::string text = "Qwen3 normalises every query and key head before RoPE.";
+  const std::vector<int32_t> prompt(text.begin(), text.end());
+  std::vector<int32_t> forced;  // the CPU's greedy continuation, fed to both
+  for (int32_t t : greedy(cpu, prompt, 32)) forced.push_back(t);
+  for (const auto& [name, budget] :
+       std::vector<std::pair<std::string, int>>{{"full", 0}, {"h2o", 24}}) {
+    SCOPED_TRACE(name);
+    kernels::KvCache gpu_cache;
+    const PolicyRun a = run_policy(cpu, *m, name, {}, budget, prompt, forced);
+    const PolicyRun b = run_policy(gpu, *m, name, {}, budget, prompt, forced, &gpu_cache);
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    double worst = 0;
+    for (size_t s = 0; s < a.logits.size(); ++s) {
+      const double d = max_abs_diff(a.logits[s], b.logits[s]);
+      worst = std::max(worst, d);
+      EXPECT_LT(d, 1e-3) << "step " << s;
+    }
+    std::cout << "[ qwen3 tiny f32 ] " << name << ": max |logit gpu - cpu| = " << worst << "\n";
     EXPECT_EQ(a.keep, b.keep);
     expect_device_rows_match(gpu, gpu_cache);
   }

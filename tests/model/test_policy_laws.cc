@@ -1,5 +1,6 @@
 // Laws every policy must obey (POLICIES.md "What every policy must pass"), over the whole
-// registry and its variant flags, on stories260K and SmolLM2:
+// registry and its variant flags, on stories260K, SmolLM2 and the tiny Qwen3 fixture (q/k norm,
+// head_dim != dim / num_heads):
 //  1. a budget that never forces an eviction gives logits bit-identical to `full`, through the
 //     prompt and every teacher-forced decode step;
 //  2. decode-evicting policies never hold more than the budget in any head after a step; the
@@ -165,6 +166,19 @@ TEST(PolicyLaws, SmolLM2) {
   std::vector<int32_t> prompt;
   for (int i = 0; i < 60; ++i) prompt.push_back(static_cast<int32_t>(100 + (i * 7919) % 40000));
   check_model(*m, prompt, 6);
+}
+
+// Qwen3's q/k norm sits before RoPE, so it shapes the pre-RoPE keys, the rolling-positions path
+// and every statistic a policy reads; head_dim 32 with dim 64 and 4 heads checks that policies
+// size by head_dim, not dim / num_heads.
+TEST(PolicyLaws, Qwen3Tiny) {
+  const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.gguf";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  ASSERT_TRUE(m->config.qk_norm);
+  ASSERT_NE(m->config.head_dim, m->config.dim / m->config.num_heads);
+  const std::string text = "Policies see the keys after Qwen3's per-head RMSNorm.";
+  const std::vector<int32_t> prompt(text.begin(), text.end());
+  check_model(*m, prompt, 12);
 }
 
 }  // namespace

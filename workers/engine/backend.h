@@ -29,6 +29,8 @@ enum class Act { kX, kXb, kQ, kK, kV, kAtt, kProj, kGate, kUp };
 // A layer's matrices by role; kWq, kWk, kWv carry the layer's bias when the model has one.
 enum class Mat { kWq, kWk, kWv, kWo, kGate, kUp, kDown };
 enum class Norm { kAttn, kFfn };
+// Qwen3's per-head norms of the projected queries and keys (LayerWeights::q_norm, k_norm).
+enum class QkNorm { kQ, kK };
 
 // What a backend moved between host and device and how often it waited for the device, since
 // construction (the CPU backend moves nothing). The costs the issue asks to make countable:
@@ -82,6 +84,11 @@ class Backend {
   // out[r] = rmsnorm(in[r]) * weight for rows [row0, row0 + rows); out's rows start at 0.
   // layer < 0 selects the final norm.
   virtual void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) = 0;
+  // Qwen3's q/k norm: a[r] = rmsnorm(a[r]) * weight for the n * heads rows of width head_dim of
+  // `a` (kQ with heads = num_heads, kK with num_kv_heads), in place, with the layer's q_norm or
+  // k_norm ([head_dim], the same for every head) and the model's norm_eps. After the
+  // projection, before RoPE.
+  virtual void head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) = 0;
   // out = in x W^T (+ bias) over n rows.
   virtual void linear(Act out, Act in, int layer, Mat which, int n) = 0;
   // x += y over n rows of dim, after summing y over the tensor-parallel group (row-parallel

@@ -63,6 +63,10 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
     be.linear(Act::kQ, Act::kXb, l, Mat::kWq, n);
     be.linear(Act::kK, Act::kXb, l, Mat::kWk, n);
     be.linear(Act::kV, Act::kXb, l, Mat::kWv, n);
+    if (c.qk_norm) {  // Qwen3: per-head RMSNorm of Q and K, before RoPE (and pre-RoPE keys)
+      be.head_rmsnorm(Act::kQ, l, QkNorm::kQ, c.num_heads, n);
+      be.head_rmsnorm(Act::kK, l, QkNorm::kK, c.num_kv_heads, n);
+    }
     if (req.pre_rope_keys) {
       pre_rope_k_.resize(kv_elems);
       be.download(Act::kK, kv_elems, pre_rope_k_.data());

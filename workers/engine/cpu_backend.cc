@@ -60,6 +60,17 @@ void CpuBackend::rmsnorm(Act out, Act in, int layer, Norm which, int row0, int r
                rows, c.dim, c.norm_eps);
 }
 
+void CpuBackend::head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) {
+  const ModelConfig& c = model_.config;
+  const LayerWeights& w = model_.layers[layer];
+  const std::vector<float>& weight = which == QkNorm::kQ ? w.q_norm : w.k_norm;
+  KVB_CHECK(weight.size() == static_cast<size_t>(c.head_dim))
+      << "layer " << layer << " has no " << (which == QkNorm::kQ ? "q_norm" : "k_norm")
+      << " of head_dim " << c.head_dim << " (size " << weight.size() << ")";
+  float* x = buf(a).data();  // [n, heads, head_dim] = [n * heads, head_dim] rows
+  cpu::rmsnorm(x, x, weight.data(), n * heads, c.head_dim, c.norm_eps);
+}
+
 void CpuBackend::linear(Act out, Act in, int layer, Mat which, int n) {
   const ModelConfig& c = model_.config;
   const LayerWeights& w = model_.layers[layer];

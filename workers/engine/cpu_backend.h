@@ -31,6 +31,7 @@ class CpuBackend final : public Backend {
   void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
                   kernels::KvCache& cache) override;
   void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) override;
+  void head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) override;
   void linear(Act out, Act in, int layer, Mat which, int n) override;
   void reduce_add(Act x, Act y, int n) override;
   void swiglu(int n) override;

@@ -50,6 +50,7 @@ cu::DeviceKvCache* rows_of(const kernels::KvCache& cache) {
 // One layer's weights: matrices in the engine's dtype (one of the two buffers is used).
 struct CudaBackend::DeviceLayer {
   cu::DeviceBuffer<float> attn_norm, ffn_norm, bq, bk, bv;
+  cu::DeviceBuffer<float> q_norm, k_norm;  // [head_dim] (Qwen3), else empty
   struct Matrix {
     cu::DeviceBuffer<float> f32;
     cu::DeviceBuffer<__nv_bfloat16> bf16;
@@ -119,6 +120,8 @@ void CudaBackend::upload_weights() {
     d.bq = vec(w.bq);
     d.bk = vec(w.bk);
     d.bv = vec(w.bv);
+    d.q_norm = vec(w.q_norm);
+    d.k_norm = vec(w.k_norm);
     matrix(w.wq, d.wq);
     matrix(w.wk, d.wk);
     matrix(w.wv, d.wv);
@@ -328,6 +331,18 @@ void CudaBackend::rmsnorm(Act out, Act in, int layer, Norm which, int row0, int 
                                           : layers_[layer].ffn_norm.data();
   cu::rmsnorm(act(out), act(in) + static_cast<size_t>(row0) * c.dim, w, rows, c.dim, c.norm_eps,
               stream_);
+}
+
+void CudaBackend::head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) {
+  const ModelConfig& c = model_.config;
+  const cu::DeviceBuffer<float>& w = which == QkNorm::kQ ? layers_[layer].q_norm
+                                                         : layers_[layer].k_norm;
+  KVB_CHECK(w.size() == static_cast<size_t>(c.head_dim))
+      << "layer " << layer << " has no " << (which == QkNorm::kQ ? "q_norm" : "k_norm")
+      << " of head_dim " << c.head_dim << " (size " << w.size() << ")";
+  // [n, heads, head_dim] = [n * heads, head_dim] rows, in place: kernels::cuda::rmsnorm's
+  // contract (y may alias x), the same one the CPU instance uses.
+  cu::rmsnorm(act(a), act(a), w.data(), n * heads, c.head_dim, c.norm_eps, stream_);
 }
 
 void CudaBackend::linear(Act out, Act in, int layer, Mat which, int n) {

@@ -1,6 +1,7 @@
 // A transformer model in memory: configuration and f32 weights (dequantized at load, so every
 // policy sees the same quantization noise). Loaded from a llama2.c checkpoint or a GGUF file.
-// Supported families: Llama (incl. SmolLM2, stories260K) and Qwen2 (QKV bias).
+// Supported families: Llama (incl. SmolLM2, stories260K), Qwen2 (QKV bias) and Qwen3 (per-head
+// RMSNorm of Q and K before RoPE, head_dim independent of dim / num_heads).
 #pragma once
 
 #include <memory>
@@ -16,7 +17,7 @@ class GgufFile;
 namespace kvb::engine {
 
 struct ModelConfig {
-  std::string arch;          // "llama", "qwen2"
+  std::string arch;          // "llama", "qwen2", "qwen3"
   std::string name;          // general.name or the file name
   std::string format;        // "gguf" or "llama2c"
   int dim = 0;               // embedding_length
@@ -24,11 +25,12 @@ struct ModelConfig {
   int num_layers = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;
+  int head_dim = 0;          // attention.key_length; need not be dim / num_heads (Qwen3)
   int vocab_size = 0;
   int max_seq_len = 0;       // context_length the model was trained for
   float norm_eps = 1e-5f;
   bool qkv_bias = false;
+  bool qk_norm = false;      // Qwen3: RMSNorm over each Q and K head (weight [head_dim])
   bool tied_embeddings = false;
   kernels::cpu::RopeParams rope;
 };
@@ -39,6 +41,8 @@ struct LayerWeights {
   std::vector<float> wk;         // [num_kv_heads * head_dim, dim]
   std::vector<float> wv;         // [num_kv_heads * head_dim, dim]
   std::vector<float> bq, bk, bv; // [out] when qkv_bias, else empty
+  std::vector<float> q_norm;     // [head_dim] when qk_norm, else empty; shared by all Q heads
+  std::vector<float> k_norm;     // [head_dim] when qk_norm, else empty; shared by all K heads
   std::vector<float> wo;         // [dim, num_heads * head_dim]
   std::vector<float> ffn_norm;   // [dim]
   std::vector<float> w_gate;     // [hidden_dim, dim]

@@ -1,5 +1,6 @@
-// Model loading: format detection by magic, and the GGUF -> Model mapping for the Llama and
-// Qwen2 families (llama.cpp tensor names blk.N.attn_q.weight etc.; metadata keys <arch>.*).
+// Model loading: format detection by magic, and the GGUF -> Model mapping for the Llama, Qwen2
+// and Qwen3 families (llama.cpp tensor names blk.N.attn_q.weight etc.; metadata keys <arch>.*;
+// Qwen3 adds blk.N.attn_q_norm.weight / attn_k_norm.weight, llama.cpp's LLM_ARCH_QWEN3).
 #include <cstring>
 #include <fstream>
 
@@ -13,8 +14,8 @@ size_t Model::num_parameters() const {
   size_t n = token_embedding.size() + final_norm.size() + output.size();
   for (const auto& l : layers) {
     n += l.attn_norm.size() + l.wq.size() + l.wk.size() + l.wv.size() + l.bq.size() +
-         l.bk.size() + l.bv.size() + l.wo.size() + l.ffn_norm.size() + l.w_gate.size() +
-         l.w_up.size() + l.w_down.size();
+         l.bk.size() + l.bv.size() + l.q_norm.size() + l.k_norm.size() + l.wo.size() +
+         l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() + l.w_down.size();
   }
   return n;
 }
@@ -47,6 +48,11 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
       w.bq = g->load_f32(b + "attn_q.bias", {QD});
       w.bk = g->load_f32(b + "attn_k.bias", {KVD});
       w.bv = g->load_f32(b + "attn_v.bias", {KVD});
+    }
+    if (c.qk_norm) {
+      const uint64_t hd = c.head_dim;
+      w.q_norm = g->load_f32(b + "attn_q_norm.weight", {hd});
+      w.k_norm = g->load_f32(b + "attn_k_norm.weight", {hd});
     }
     w.wo = g->load_f32(b + "attn_output.weight", {QD, D});
     w.ffn_norm = g->load_f32(b + "ffn_norm.weight", {D});

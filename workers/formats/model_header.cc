@@ -13,7 +13,7 @@
 namespace kvb::engine {
 namespace {
 
-const char* const kSupportedArchs[] = {"llama", "qwen2"};
+const char* const kSupportedArchs[] = {"llama", "qwen2", "qwen3"};
 
 std::string supported_archs() {
   std::string s;
@@ -85,6 +85,7 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
       << "attention.key_length or embedding_length / head_count; expected even, 2..1024)";
   c.head_dim = static_cast<int>(head_dim);
   c.qkv_bias = arch == "qwen2";
+  c.qk_norm = arch == "qwen3";  // per-head RMSNorm of q and k before RoPE
   c.rope.style = arch == "llama" ? kernels::cpu::RopeStyle::kNorm : kernels::cpu::RopeStyle::kNeox;
   c.rope.theta = positive_finite(g, p + "rope.freq_base", 10000.0);
   const int64_t rot_dim = g.get_int_or(p + "rope.dimension_count", c.head_dim);
@@ -127,6 +128,11 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
       expect_tensor(g, b + "attn_q.bias", {QD});
       expect_tensor(g, b + "attn_k.bias", {KVD});
       expect_tensor(g, b + "attn_v.bias", {KVD});
+    }
+    if (c.qk_norm) {
+      const uint64_t hd = c.head_dim;
+      expect_tensor(g, b + "attn_q_norm.weight", {hd});
+      expect_tensor(g, b + "attn_k_norm.weight", {hd});
     }
     expect_tensor(g, b + "attn_output.weight", {QD, D});
     expect_tensor(g, b + "ffn_norm.weight", {D});
