@@ -9,7 +9,9 @@
 namespace kvb {
 
 // Exit-code class of an error: usage/config errors exit 2, runtime failures exit 1.
-enum class ErrorKind { kRuntime, kUsage };
+// kOutOfMemory: a device allocation failed (cudaErrorMemoryAllocation, cuBLAS ALLOC_FAILED): a
+// runtime error that a sweep records as the unit's `oom` status, like std::bad_alloc on the host.
+enum class ErrorKind { kRuntime, kUsage, kOutOfMemory };
 
 class Error : public std::runtime_error {
  public:

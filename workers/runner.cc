@@ -224,6 +224,10 @@ UnitFailure current_failure(const std::string& context) {
     return {FailureStatus::kOom, prefix + "an allocation larger than the address space (" +
                                      e.what() + "); lower max_prompt_tokens"};
   } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kOutOfMemory) {
+      return {FailureStatus::kOom, prefix + "out of device memory (" + e.what() +
+                                       "); lower max_prompt_tokens or use --dtype bf16"};
+    }
     return {FailureStatus::kError, e.what()};
   } catch (const std::exception& e) {
     return {FailureStatus::kError, prefix + e.what()};

@@ -22,7 +22,10 @@
     const cudaError_t kvb_cuda_status_ = (call);                                                 \
     if (kvb_cuda_status_ != cudaSuccess) {                                                       \
       (void)cudaGetLastError();                                                                  \
-      ::kvb::detail::ErrorBuilder(__FILE__, __LINE__, #call, ::kvb::ErrorKind::kRuntime)         \
+      ::kvb::detail::ErrorBuilder(__FILE__, __LINE__, #call,                                     \
+                                  kvb_cuda_status_ == cudaErrorMemoryAllocation                  \
+                                      ? ::kvb::ErrorKind::kOutOfMemory                           \
+                                      : ::kvb::ErrorKind::kRuntime)                              \
           << cudaGetErrorName(kvb_cuda_status_) << ": " << cudaGetErrorString(kvb_cuda_status_); \
     }                                                                                            \
   } while (0)
@@ -31,7 +34,10 @@
   do {                                                                                   \
     const cublasStatus_t kvb_cublas_status_ = (call);                                    \
     if (kvb_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                   \
-      ::kvb::detail::ErrorBuilder(__FILE__, __LINE__, #call, ::kvb::ErrorKind::kRuntime) \
+      ::kvb::detail::ErrorBuilder(__FILE__, __LINE__, #call,                             \
+                                  kvb_cublas_status_ == CUBLAS_STATUS_ALLOC_FAILED       \
+                                      ? ::kvb::ErrorKind::kOutOfMemory                   \
+                                      : ::kvb::ErrorKind::kRuntime)                      \
           << cublasGetStatusName(kvb_cublas_status_) << ": "                             \
           << cublasGetStatusString(kvb_cublas_status_);                                  \
     }                                                                                    \

@@ -164,6 +164,18 @@ TEST(CudaEngineHost, CudaWithoutDeviceIsAClearError) {
   EXPECT_THROW(engine::make_engine(m, engine::Device::kCpu, DType::kBf16), Error);
 }
 
+// A device allocation that cannot succeed is an error of kind kOutOfMemory, which a sweep records
+// as the unit's `oom` (workers::current_failure).
+TEST(CudaEngineHost, DeviceAllocationFailureIsOutOfMemory) {
+  SKIP_WITHOUT_GPU();
+  try {
+    cu::DeviceBuffer<float> huge(size_t{1} << 46);  // 256 TiB
+    FAIL() << "a 256 TiB device allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kOutOfMemory) << e.what();
+  }
+}
+
 TEST(CudaEngineStories, F32LogitsWithin1e3EveryStep) {
   SKIP_WITHOUT_GPU();
   SKIP_WITHOUT_FILE(kStories);

@@ -89,6 +89,13 @@ TEST(RunnerIntegrity, FailuresAreClassifiedByType) {
   EXPECT_EQ(other.status, FailureStatus::kError);
   EXPECT_EQ(other.message, "ctx: map::at");
   EXPECT_EQ(classify([] { throw Error("bad sample"); }).status, FailureStatus::kError);
+  // A failed device allocation (KVB_CUDA_CHECK on cudaErrorMemoryAllocation) is the unit's oom.
+  const workers::UnitFailure device = classify([] {
+    throw Error("cudaMalloc(&p, bytes): cudaErrorMemoryAllocation: out of memory",
+                ErrorKind::kOutOfMemory);
+  });
+  EXPECT_EQ(device.status, FailureStatus::kOom);
+  EXPECT_NE(device.message.find("ctx: out of device memory"), std::string::npos) << device.message;
   EXPECT_STREQ(workers::to_string(FailureStatus::kOom), "oom");
 }
 
