@@ -176,21 +176,22 @@ TEST(CudaEngineHost, DeviceAllocationFailureIsOutOfMemory) {
   }
 }
 
-TEST(CudaEngineStories, F32LogitsWithin1e3EveryStep) {
-  SKIP_WITHOUT_GPU();
-  SKIP_WITHOUT_FILE(kStories);
-  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
-  engine::Engine cpu(*m);
-  engine::CudaEngine gpu(*m, DType::kF32);
-  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 306, 395, 265, 300, 430, 330, 298};
+// f32 on the GPU against the CPU, teacher-forced on the CPU's greedy continuation of `prompt`
+// (`steps` tokens): logits within 1e-3 after the prompt and at every step, with no policy and
+// under h2o at `h2o_budget` (decode eviction by plans), the same keep-sets, and device rows that
+// match the index.
+void expect_f32_gpu_equals_cpu(const engine::Model& m, const std::vector<int32_t>& prompt,
+                               int steps, int h2o_budget, const std::string& label) {
+  engine::Engine cpu(m);
+  engine::CudaEngine gpu(m, DType::kF32);
   std::vector<int32_t> forced;  // the CPU's greedy continuation, fed to both
-  for (int32_t t : greedy(cpu, prompt, 48)) forced.push_back(t);
+  for (int32_t t : greedy(cpu, prompt, steps)) forced.push_back(t);
   for (const auto& [name, budget] :
-       std::vector<std::pair<std::string, int>>{{"full", 0}, {"h2o", 16}}) {
+       std::vector<std::pair<std::string, int>>{{"full", 0}, {"h2o", h2o_budget}}) {
     SCOPED_TRACE(name);
     kernels::KvCache gpu_cache;
-    const PolicyRun a = run_policy(cpu, *m, name, {}, budget, prompt, forced);
-    const PolicyRun b = run_policy(gpu, *m, name, {}, budget, prompt, forced, &gpu_cache);
+    const PolicyRun a = run_policy(cpu, m, name, {}, budget, prompt, forced);
+    const PolicyRun b = run_policy(gpu, m, name, {}, budget, prompt, forced, &gpu_cache);
     ASSERT_EQ(a.logits.size(), b.logits.size());
     double worst = 0;
     for (size_t s = 0; s < a.logits.size(); ++s) {
@@ -198,39 +199,28 @@ TEST(CudaEngineStories, F32LogitsWithin1e3EveryStep) {
       worst = std::max(worst, d);
       EXPECT_LT(d, 1e-3) << "step " << s;
     }
-    std::cout << "[ stories260K f32 ] " << name << ": max |logit gpu - cpu| = " << worst << "\n";
+    std::cout << "[ " << label << " f32 ] " << name << ": max |logit gpu - cpu| = " << worst
+              << "\n";
     EXPECT_EQ(a.keep, b.keep);
     expect_device_rows_match(gpu, gpu_cache);
   }
+}
+
+TEST(CudaEngineStories, F32LogitsWithin1e3EveryStep) {
+  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_FILE(kStories);
+  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
+  expect_f32_gpu_equals_cpu(*m, {1, 403, 407, 261, 378, 306, 395, 265, 300, 430, 330, 298}, 48,
+                            16, "stories260K");
 }
 
 TEST(CudaEngineQwen3, F32LogitsWithin1e3EveryStep) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<engine::Model> m = engine::load_model(kQwen3);
   ASSERT_TRUE(m->config.qk_norm);
-  engine::Engine cpu(*m);
-  engine::CudaEngine gpu(*m, DType::kF32);
   const std::string text = "Qwen3 normalises every query and key head before RoPE.";
-  const std::vector<int32_t> prompt(text.begin(), text.end());
-  std::vector<int32_t> forced;  // the CPU's greedy continuation, fed to both
-  for (int32_t t : greedy(cpu, prompt, 32)) forced.push_back(t);
-  for (const auto& [name, budget] :
-       std::vector<std::pair<std::string, int>>{{"full", 0}, {"h2o", 24}}) {
-    SCOPED_TRACE(name);
-    kernels::KvCache gpu_cache;
-    const PolicyRun a = run_policy(cpu, *m, name, {}, budget, prompt, forced);
-    const PolicyRun b = run_policy(gpu, *m, name, {}, budget, prompt, forced, &gpu_cache);
-    ASSERT_EQ(a.logits.size(), b.logits.size());
-    double worst = 0;
-    for (size_t s = 0; s < a.logits.size(); ++s) {
-      const double d = max_abs_diff(a.logits[s], b.logits[s]);
-      worst = std::max(worst, d);
-      EXPECT_LT(d, 1e-3) << "step " << s;
-    }
-    std::cout << "[ qwen3 tiny f32 ] " << name << ": max |logit gpu - cpu| = " << worst << "\n";
-    EXPECT_EQ(a.keep, b.keep);
-    expect_device_rows_match(gpu, gpu_cache);
-  }
+  expect_f32_gpu_equals_cpu(*m, std::vector<int32_t>(text.begin(), text.end()), 32, 24,
+                            "qwen3 tiny");
 }
 
 TEST(CudaEngineStories, InterleavedSequencesEqualSeparateRuns) {

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "mpi/mpirun.h"
+#include "mpi/sweep_util.h"
 
 namespace {
 
@@ -47,38 +48,6 @@ std::string db_path(const std::string& name) {
   return p;
 }
 
-int run(const std::string& cmd, std::string* output = nullptr) {
-  const std::string log = std::string(KVB_BINARY_DIR) + "/sweep_integrity_cmd.log";
-  const int rc = std::system((cmd + " > " + log + " 2>&1").c_str());
-  if (output) {
-    std::ifstream in(log);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    *output = ss.str();
-  }
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
-}
-
-// First column -> second column of a query's rows.
-std::map<std::string, std::string> query(const std::string& db, const std::string& sql) {
-  sqlite3* h = nullptr;
-  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
-  // A reader waits for the lock like kvbench's own readers do: the polls below run while the
-  // sweep creates the database (schema, WAL switch), which briefly locks it.
-  sqlite3_busy_timeout(h, 10000);
-  sqlite3_stmt* st = nullptr;
-  EXPECT_EQ(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sqlite3_errmsg(h);
-  std::map<std::string, std::string> out;
-  while (sqlite3_step(st) == SQLITE_ROW) {
-    const auto* k = sqlite3_column_text(st, 0);
-    const auto* v = sqlite3_column_text(st, 1);
-    out[k ? reinterpret_cast<const char*>(k) : ""] = v ? reinterpret_cast<const char*>(v) : "";
-  }
-  sqlite3_finalize(st);
-  sqlite3_close(h);
-  return out;
-}
-
 // Units in flight, or -1 while the database is not there yet (the sweep is still creating it:
 // no file, no schema, or its creation's lock).
 int running_units(const std::string& db) {
@@ -101,6 +70,13 @@ const char* kStatus = "SELECT status, COUNT(*) FROM units GROUP BY status";
 const char* kRunStatus = "SELECT status, COUNT(*) FROM runs GROUP BY status";
 
 using kvb::testing::mpirun;
+
+int run(const std::string& cmd, std::string* output = nullptr) {
+  return kvb::testing::run_command(cmd, "sweep_integrity_cmd.log", output);
+}
+std::map<std::string, std::string> query(const std::string& db, const std::string& sql) {
+  return kvb::testing::query_pairs(db, sql);
+}
 
 class SweepIntegrity : public ::testing::TestWithParam<int> {};
 

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "mpi/mpirun.h"
+#include "mpi/sweep_util.h"
 
 namespace {
 
@@ -27,32 +28,17 @@ std::string db_path(const std::string& name) {
   return p;
 }
 
-int run(const std::string& cmd) {
-  const int rc = std::system((cmd + " > /dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+using kvb::testing::mpirun;
+
+int run(const std::string& cmd) { return kvb::testing::run_command(cmd, ""); }
+// key -> value for every (unit, metric), or status counts.
+std::map<std::string, std::string> query(const std::string& db, const std::string& sql) {
+  return kvb::testing::query_pairs(db, sql);
 }
 
-using kvb::testing::mpirun;
 // Runs whose worker kills itself: the ranks are gone within seconds; only mpirun's own shutdown
 // can hang (mpirun.h), and a short limit keeps that cheap.
 constexpr int kCrashRunSeconds = 90;
-
-// key -> value for every (unit, metric), or status counts.
-std::map<std::string, std::string> query(const std::string& db, const std::string& sql) {
-  sqlite3* h = nullptr;
-  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
-  sqlite3_stmt* st = nullptr;
-  EXPECT_EQ(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sqlite3_errmsg(h);
-  std::map<std::string, std::string> out;
-  while (sqlite3_step(st) == SQLITE_ROW) {
-    const auto* k = sqlite3_column_text(st, 0);
-    const auto* v = sqlite3_column_text(st, 1);
-    out[k ? reinterpret_cast<const char*>(k) : ""] = v ? reinterpret_cast<const char*>(v) : "";
-  }
-  sqlite3_finalize(st);
-  sqlite3_close(h);
-  return out;
-}
 
 // Every row of every table, one string per row ("table|col=value|..."), sorted; columns named in
 // `skip` (by "table.column") left out. Values are printed with 17 significant digits, so a

@@ -26,6 +26,7 @@
 #include "kernels/cuda/runtime.h"
 #endif
 #include "mpi/mpirun.h"
+#include "mpi/sweep_util.h"
 #include "tp_test_model.h"
 
 namespace {
@@ -60,20 +61,11 @@ bool write_model_and_config() {
   return models == 1 && shared >= 3 && out.good();
 }
 
-// Runs a shell command; its stdout and stderr go to *output.
-int run(const std::string& cmd, std::string* output = nullptr) {
-  const std::string log = std::string(KVB_BINARY_DIR) + "/sweep_tp_cmd.log";
-  const int rc = std::system((cmd + " > " + log + " 2>&1").c_str());
-  if (output) {
-    std::ifstream in(log);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    *output = ss.str();
-  }
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
-}
-
 using kvb::testing::mpirun;
+
+int run(const std::string& cmd, std::string* output = nullptr) {
+  return kvb::testing::run_command(cmd, "sweep_tp_cmd.log", output);
+}
 
 // Rows of (key, a, b) from a query.
 std::map<std::string, std::pair<std::string, std::string>> query(const std::string& db,

@@ -94,8 +94,8 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   be.end_pass(cache);
 }
 
-void StackEngine::run_hook(int layer, kernels::KvCache& cache,
-                           const std::function<void(kernels::EvictionPlan&)>& hook) {
+template <typename Hook>
+void StackEngine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
   const auto t0 = Clock::now();
   plan_.reset(layer, cache.shape().num_kv_heads);
   hook(plan_);

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -61,9 +60,10 @@ class StackEngine : public EngineBase {
   void attend_layer(int layer, int n, kernels::KvCache& cache, policies::Policy* policy,
                     PolicyHook hook, const policies::StatsRequest& req, int last_w, float scale,
                     PrefillRecord* record);
-  // Runs `hook` to fill the layer's plan and applies it (timed as policy_ms).
-  void run_hook(int layer, kernels::KvCache& cache,
-                const std::function<void(kernels::EvictionPlan&)>& hook);
+  // Runs `hook(plan)` to fill the layer's plan and applies it (timed as policy_ms). A template,
+  // not std::function: it runs per layer per decode step, and a capturing lambda would allocate.
+  template <typename Hook>
+  void run_hook(int layer, kernels::KvCache& cache, Hook&& hook);
 
   const Model& model_;
   std::unique_ptr<Backend> backend_;
