@@ -21,10 +21,15 @@ struct AttentionArgs {
   float* last_probs = nullptr;  // [num_heads, last_w, stats_stride]: p of queries n-last_w..n-1
   int last_w = 0;               // 1 <= last_w <= n when last_probs is set
   int stats_stride = 0;
+  // Sliding-window attention (Gemma's local layers): > 0 limits query i to the last `window`
+  // of its visible slots (its own included), which are consecutive positions in a sliding
+  // layer's cache. No statistics with a window.
+  int window = 0;
 };
 
 // Query i of n (0-based) sees slots [0, length(head) - n + i] of its KV head: everything cached
-// before the block plus the block's tokens up to itself. Softmax in f32 with max subtraction;
+// before the block plus the block's tokens up to itself (with a window W: only the slots
+// [max(0, length - n + i - W + 1), length - n + i]). Softmax in f32 with max subtraction;
 // one score row per thread, never an n x n matrix. Column sums add queries in increasing order
 // (deterministic); when they are requested, threads split heads rather than queries.
 void attention(const AttentionArgs& args);

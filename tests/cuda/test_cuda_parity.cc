@@ -177,6 +177,17 @@ void run_swiglu(size_t n) {
   expect_close(to_host(gd), g, 1e-30, 8 * FLT_EPSILON, "swiglu");
 }
 
+void run_geglu_tanh(size_t n) {
+  std::vector<float> g = random_vec(n, 43, -8, 8);
+  const std::vector<float> u = random_vec(n, 44, -2, 2);
+  auto gd = to_device(g);
+  const auto ud = to_device(u);
+  cpu::geglu_tanh(g.data(), u.data(), n);
+  cu::geglu_tanh(gd.data(), ud.data(), n);
+  // tanhf within 2 ulp on both sides; near the zero of 1 + tanh (x << 0) the absolute floor.
+  expect_close(to_host(gd), g, 1e-6, 8 * FLT_EPSILON, "geglu_tanh");
+}
+
 void run_pool(int rows, int n, int kernel, cpu::PoolKind kind) {
   std::vector<float> in = tied_vec(static_cast<size_t>(rows) * n, 51, 9);
   if (in.size() > 5) in[5] = NAN;  // max propagates it; avg turns its windows NaN on both sides
@@ -478,6 +489,9 @@ std::vector<Case> all_cases() {
   add("rope_neox_partial_factors", [] { run_rope(cpu::RopeStyle::kNeox, 32, true, 1.0f); });
   add("rope_norm_linear_scale", [] { run_rope(cpu::RopeStyle::kNorm, 48, false, 2.0f); });
   for (size_t n : {1, 7, 4097}) add("swiglu_" + std::to_string(n), [=] { run_swiglu(n); });
+  for (size_t n : {1, 7, 4097}) {
+    add("geglu_tanh_" + std::to_string(n), [=] { run_geglu_tanh(n); });
+  }
   for (int n : {1, 3, 7, 17, 4097}) {
     for (int kernel : {1, 7, 9}) {
       add("pool_max_" + std::to_string(n) + "_k" + std::to_string(kernel),

@@ -181,5 +181,19 @@ TEST(PolicyLaws, Qwen3Tiny) {
   check_model(*m, prompt, 12);
 }
 
+// Gemma 3's sliding-window layers keep their own window-sized cache whatever the policy, and
+// policies act on the global layer only (POLICIES.md "Sliding-window layers"): every law still
+// holds, and the sliding layers' 15 rows stay under the small budget (max(8, 60 / 3) = 20).
+TEST(PolicyLaws, Gemma3Tiny) {
+  const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/gemma3_tiny.gguf";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  ASSERT_TRUE(m->config.sliding(0));
+  ASSERT_FALSE(m->config.sliding(5));
+  const std::string text = "Sliding layers keep a window; only the global layer is evicted.";
+  const std::vector<int32_t> prompt(text.begin(), text.end());
+  ASSERT_GE(prompt.size(), 60u);
+  check_model(*m, prompt, 12);
+}
+
 }  // namespace
 }  // namespace kvb

@@ -28,7 +28,8 @@ namespace kvb::engine {
 enum class Act { kX, kXb, kQ, kK, kV, kAtt, kProj, kGate, kUp };
 // A layer's matrices by role; kWq, kWk, kWv carry the layer's bias when the model has one.
 enum class Mat { kWq, kWk, kWv, kWo, kGate, kUp, kDown };
-enum class Norm { kAttn, kFfn };
+// kPostAttn, kPostFfn: Gemma's norms of the attention and MLP outputs (ModelConfig::post_norms).
+enum class Norm { kAttn, kFfn, kPostAttn, kPostFfn };
 // Qwen3's per-head norms of the projected queries and keys (LayerWeights::q_norm, k_norm).
 enum class QkNorm { kQ, kK };
 
@@ -77,7 +78,8 @@ class Backend {
 
   // --- one forward pass of n tokens ---
   // Sizes the activations for n = tokens.size() rows, embeds the tokens (ids already validated)
-  // into kX and takes positions[0, n) as the pass's positions. `cache` already has room for n
+  // into kX, times ModelConfig::embed_scale where it is not 1, and takes positions[0, n) as the
+  // pass's positions. `cache` already has room for n
   // more slots per head (KvCache::reserve_extra); the backend makes its storage hold the cache.
   virtual void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
                           kernels::KvCache& cache) = 0;
@@ -94,12 +96,16 @@ class Backend {
   // x += y over n rows of dim, after summing y over the tensor-parallel group (row-parallel
   // projections: each rank's product is a partial sum).
   virtual void reduce_add(Act x, Act y, int n) = 0;
-  // kGate = silu(kGate) * kUp over n rows.
-  virtual void swiglu(int n) = 0;
-  // Rotates `heads` heads of n rows of `a` by the pass's positions.
-  virtual void rope(Act a, int heads, int n) = 0;
+  // reduce_add with a norm between the sum and the residual (Gemma's post-norms): y = the
+  // group's sum of y, then x += rmsnorm(y) * weight (`which` kPostAttn or kPostFfn of `layer`).
+  virtual void reduce_norm_add(Act x, Act y, int layer, Norm which, int n) = 0;
+  // kGate = act(kGate) * kUp over n rows, act per ModelConfig::ffn_act (SiLU, or tanh GELU).
+  virtual void glu(int n) = 0;
+  // Rotates `heads` heads of n rows of `a` by the pass's positions, with `layer`'s RoPE
+  // (ModelConfig::rope_of: a sliding-window layer has its own base).
+  virtual void rope(Act a, int layer, int heads, int n) = 0;
   // Rotates `rows` rows of one head of `a` ([rows, head_dim]) by positions[r] (host array).
-  virtual void rope_rows(Act a, const int32_t* positions, int rows) = 0;
+  virtual void rope_rows(Act a, int layer, const int32_t* positions, int rows) = 0;
   // Copies `count` floats of `a` to the host (synchronous; host-visible on return).
   virtual void download(Act a, size_t count, float* dst) = 0;
 
@@ -111,9 +117,11 @@ class Backend {
   // positions) instead of the stored ones; the cache keeps them raw.
   virtual void roll_keys(int layer, kernels::KvCache& cache) = 0;
   // kAtt = causal attention of kQ over the layer's cache (query i of n sees slots
-  // [0, length - n + i] of its KV head). With col_sums / last_w > 0, the statistics of
-  // POLICIES.md into rows of `stride` entries: stats->col_sums, stats->last_probs, stats->last_w
-  // are set (pointers where the backend computed them: call stats_to_host before a host reads).
+  // [0, length - n + i] of its KV head; on a sliding-window layer only the last
+  // ModelConfig::window[layer] of those, and no statistics are asked). With col_sums /
+  // last_w > 0, the statistics of POLICIES.md into rows of `stride` entries: stats->col_sums,
+  // stats->last_probs, stats->last_w are set (pointers where the backend computed them: call
+  // stats_to_host before a host reads).
   virtual void attention(int layer, int n, float scale, kernels::KvCache& cache, bool col_sums,
                          int last_w, int stride, policies::LayerStats* stats) = 0;
   // Makes stats' statistics host-readable (pointers replaced by host copies); returns the

@@ -52,7 +52,7 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   }
   cache.reserve_extra(n);
   be.begin_pass(tokens, pos_.data(), cache);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const float scale = c.softmax_scale();
   const policies::StatsRequest req =
       forward_stats_request(n, cache, c.num_layers, policy, &hook, record, &prefills_);
   const int last_w = std::min(req.last_w, n);
@@ -73,14 +73,22 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
     }
     attend_layer(l, n, cache, policy, hook, req, last_w, scale, record);
     be.linear(Act::kProj, Act::kAtt, l, Mat::kWo, n);
-    be.reduce_add(Act::kX, Act::kProj, n);
+    if (c.post_norms) {
+      be.reduce_norm_add(Act::kX, Act::kProj, l, Norm::kPostAttn, n);
+    } else {
+      be.reduce_add(Act::kX, Act::kProj, n);
+    }
 
     be.rmsnorm(Act::kXb, Act::kX, l, Norm::kFfn, 0, n);
     be.linear(Act::kGate, Act::kXb, l, Mat::kGate, n);
     be.linear(Act::kUp, Act::kXb, l, Mat::kUp, n);
-    be.swiglu(n);
+    be.glu(n);
     be.linear(Act::kProj, Act::kGate, l, Mat::kDown, n);
-    be.reduce_add(Act::kX, Act::kProj, n);
+    if (c.post_norms) {
+      be.reduce_norm_add(Act::kX, Act::kProj, l, Norm::kPostFfn, n);
+    } else {
+      be.reduce_add(Act::kX, Act::kProj, n);
+    }
   }
   cache.advance_position(n);
   be.end_layers(n);
@@ -112,9 +120,13 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
   KVB_CHECK(ckv == c.num_kv_heads || ckv == c.num_heads)
       << "cache has " << ckv << " KV heads; the model " << c.num_kv_heads << " (or " << c.num_heads
       << " expanded)";
+  if (c.sliding(l)) {
+    sliding_layer(l, n, scale, cache);
+    return;
+  }
   const bool rolling = policy && policy->rolling_positions();
   // New K/V into the cache (expanded caches get a copy per query head).
-  if (!rolling) be.rope(Act::kK, c.num_kv_heads, n);
+  if (!rolling) be.rope(Act::kK, l, c.num_kv_heads, n);
   be.append_kv(l, n, cache);
   policies::LayerStats stats;
   stats.layer = l;
@@ -137,10 +149,10 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
             cache.length(l, h / cache_group) - n + t;
       }
     }
-    be.rope_rows(Act::kQ, qpos_.data(), n * c.num_heads);
+    be.rope_rows(Act::kQ, l, qpos_.data(), n * c.num_heads);
     be.roll_keys(l, cache);
   } else {
-    be.rope(Act::kQ, c.num_heads, n);
+    be.rope(Act::kQ, l, c.num_heads, n);
   }
 
   if (policy && policy->replaces_attention()) {
@@ -187,6 +199,31 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
   }
 }
 
+void StackEngine::sliding_layer(int l, int n, float scale, kernels::KvCache& cache) {
+  const ModelConfig& c = model_.config;
+  Backend& be = *backend_;
+  be.rope(Act::kK, l, c.num_kv_heads, n);
+  be.append_kv(l, n, cache);
+  be.rope(Act::kQ, l, c.num_heads, n);
+  policies::LayerStats stats;
+  be.attention(l, n, scale, cache, false, 0, 0, &stats);
+  // The window is the layer's cache: the next query sees its own row and the window - 1 before.
+  const int keep = c.window[l] - 1;
+  const int ckv = cache.shape().num_kv_heads;
+  plan_.reset(l, ckv);
+  for (int h = 0; h < ckv; ++h) {
+    const int len = cache.length(l, h);
+    if (len - keep == 1) {
+      plan_.evict(h, 0);
+    } else if (len > keep) {
+      window_keep_.resize(keep);
+      for (int s = 0; s < keep; ++s) window_keep_[s] = len - keep + s;
+      plan_.keep(h, window_keep_);
+    }
+  }
+  if (plan_.changes_any()) be.apply_plan(plan_, cache);
+}
+
 void append_block_rows(const ModelConfig& c, int l, int n, const float* keys,
                        const float* values, const int32_t* positions, kernels::KvCache& cache) {
   const int hd = c.head_dim, ckv = cache.shape().num_kv_heads;
@@ -212,12 +249,16 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCa
   const int n = rec.n_new;
   const policies::StatsRequest req = policy.prefill_request(n);
   const int w = std::min(req.last_w, n);
-  KVB_CHECK((!req.col_sums || !rec.col_sums[0].empty()) && w <= rec.last_w &&
-            (!req.pre_rope_keys || !rec.pre_rope_keys[0].empty()))
+  int g0 = 0;  // the first global layer: sliding-window layers record nothing
+  while (g0 < c.num_layers && c.sliding(g0)) ++g0;
+  KVB_CHECK(g0 == c.num_layers ||
+            ((!req.col_sums || !rec.col_sums[g0].empty()) && w <= rec.last_w &&
+             (!req.pre_rope_keys || !rec.pre_rope_keys[g0].empty())))
       << "the recorded prefill lacks statistics this policy needs";
   if (policy.reads_cache_rows()) backend_->ensure_host_rows(cache);
   const auto t0 = Clock::now();
   for (int l = 0; l < c.num_layers; ++l) {
+    if (c.sliding(l)) continue;  // the window is the cache; policies act on global layers
     const int stride = rec.strides[l];
     policies::LayerStats st;
     st.layer = l;

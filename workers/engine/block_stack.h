@@ -64,6 +64,10 @@ class StackEngine : public EngineBase {
   // not std::function: it runs per layer per decode step, and a capturing lambda would allocate.
   template <typename Hook>
   void run_hook(int layer, kernels::KvCache& cache, Hook&& hook);
+  // A sliding-window layer (ModelConfig::window): RoPE with the layer's base, append, windowed
+  // attention, then the cache keeps the last window - 1 rows per head. No policy hook, no
+  // statistics, true positions (POLICIES.md "Sliding-window layers").
+  void sliding_layer(int layer, int n, float scale, kernels::KvCache& cache);
 
   const Model& model_;
   std::unique_ptr<Backend> backend_;
@@ -74,6 +78,7 @@ class StackEngine : public EngineBase {
   std::vector<float> pre_rope_k_;      // [n, kv_dim] when a policy asked for pre-RoPE keys
   std::vector<float> slice_;           // apply_recorded_prefill: last-w rows of one policy
   kernels::EvictionPlan plan_;         // the current hook's decision
+  std::vector<int32_t> window_keep_;   // sliding_layer: the slots a head keeps
 };
 
 }  // namespace kvb::engine

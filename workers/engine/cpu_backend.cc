@@ -47,15 +47,29 @@ void CpuBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* posi
     std::memcpy(&x_[t * D], &model_.token_embedding[tokens[t] * static_cast<size_t>(D)],
                 D * sizeof(float));
   }
+  if (c.embed_scale != 1.0f) {
+    for (size_t i = 0; i < N * D; ++i) x_[i] *= c.embed_scale;
+  }
   pos_ = positions;
   rolled_layer_ = -1;
 }
 
+const std::vector<float>& CpuBackend::norm_weight(int layer, Norm which) const {
+  if (layer < 0) return model_.final_norm;
+  const LayerWeights& w = model_.layers[layer];
+  const std::vector<float>& v = which == Norm::kAttn       ? w.attn_norm
+                                : which == Norm::kFfn      ? w.ffn_norm
+                                : which == Norm::kPostAttn ? w.post_attn_norm
+                                                           : w.post_ffn_norm;
+  KVB_CHECK(v.size() == static_cast<size_t>(model_.config.dim))
+      << "layer " << layer << " has no norm " << static_cast<int>(which) << " of dim "
+      << model_.config.dim << " (size " << v.size() << ")";
+  return v;
+}
+
 void CpuBackend::rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) {
   const ModelConfig& c = model_.config;
-  const std::vector<float>& w = layer < 0                ? model_.final_norm
-                                : which == Norm::kAttn ? model_.layers[layer].attn_norm
-                                                       : model_.layers[layer].ffn_norm;
+  const std::vector<float>& w = norm_weight(layer, which);
   cpu::rmsnorm(buf(out).data(), buf(in).data() + static_cast<size_t>(row0) * c.dim, w.data(),
                rows, c.dim, c.norm_eps);
 }
@@ -99,16 +113,32 @@ void CpuBackend::reduce_add(Act x, Act y, int n) {
   for (size_t i = 0; i < count; ++i) xb[i] += yb[i];
 }
 
-void CpuBackend::swiglu(int n) {
-  cpu::swiglu(gate_.data(), up_.data(), static_cast<size_t>(n) * model_.config.hidden_dim);
+void CpuBackend::reduce_norm_add(Act x, Act y, int layer, Norm which, int n) {
+  const size_t count = static_cast<size_t>(n) * model_.config.dim;
+  std::vector<float>& yb = buf(y);
+  if (tp_) tp_->all_reduce_sum(yb.data(), count);
+  cpu::rmsnorm(yb.data(), yb.data(), norm_weight(layer, which).data(), n, model_.config.dim,
+               model_.config.norm_eps);
+  std::vector<float>& xb = buf(x);
+  for (size_t i = 0; i < count; ++i) xb[i] += yb[i];
 }
 
-void CpuBackend::rope(Act a, int heads, int n) {
-  cpu::rope(buf(a).data(), pos_, n, heads, model_.config.head_dim, model_.config.rope);
+void CpuBackend::glu(int n) {
+  const size_t count = static_cast<size_t>(n) * model_.config.hidden_dim;
+  if (model_.config.ffn_act == FfnAct::kGeluTanh) {
+    cpu::geglu_tanh(gate_.data(), up_.data(), count);
+  } else {
+    cpu::swiglu(gate_.data(), up_.data(), count);
+  }
 }
 
-void CpuBackend::rope_rows(Act a, const int32_t* positions, int rows) {
-  cpu::rope(buf(a).data(), positions, rows, 1, model_.config.head_dim, model_.config.rope);
+void CpuBackend::rope(Act a, int layer, int heads, int n) {
+  cpu::rope(buf(a).data(), pos_, n, heads, model_.config.head_dim, model_.config.rope_of(layer));
+}
+
+void CpuBackend::rope_rows(Act a, int layer, const int32_t* positions, int rows) {
+  cpu::rope(buf(a).data(), positions, rows, 1, model_.config.head_dim,
+            model_.config.rope_of(layer));
 }
 
 void CpuBackend::download(Act a, size_t count, float* dst) {
@@ -131,7 +161,7 @@ void CpuBackend::roll_keys(int l, kernels::KvCache& cache) {
     std::memcpy(dst, view.key(h, 0), static_cast<size_t>(len) * hd * sizeof(float));
     rolled_pos_.resize(len);
     for (int s = 0; s < len; ++s) rolled_pos_[s] = s;
-    cpu::rope(dst, rolled_pos_.data(), len, 1, hd, model_.config.rope);
+    cpu::rope(dst, rolled_pos_.data(), len, 1, hd, model_.config.rope_of(l));
   }
   rolled_layer_ = l;
 }
@@ -153,6 +183,7 @@ void CpuBackend::attention(int l, int n, float scale, kernels::KvCache& cache, b
     args.last_w = last_w;
   }
   args.stats_stride = stride;
+  args.window = c.sliding(l) ? c.window[l] : 0;
   cpu::attention(args);
   stats->col_sums = args.col_sums;
   stats->last_probs = args.last_probs;

@@ -34,9 +34,10 @@ class CpuBackend final : public Backend {
   void head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) override;
   void linear(Act out, Act in, int layer, Mat which, int n) override;
   void reduce_add(Act x, Act y, int n) override;
-  void swiglu(int n) override;
-  void rope(Act a, int heads, int n) override;
-  void rope_rows(Act a, const int32_t* positions, int rows) override;
+  void reduce_norm_add(Act x, Act y, int layer, Norm which, int n) override;
+  void glu(int n) override;
+  void rope(Act a, int layer, int heads, int n) override;
+  void rope_rows(Act a, int layer, const int32_t* positions, int rows) override;
   void download(Act a, size_t count, float* dst) override;
   void append_kv(int layer, int n, kernels::KvCache& cache) override;
   void roll_keys(int layer, kernels::KvCache& cache) override;
@@ -55,6 +56,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::vector<float>& buf(Act a);
+  const std::vector<float>& norm_weight(int layer, Norm which) const;
 
   const Model& model_;
   kernels::Communicator* tp_;

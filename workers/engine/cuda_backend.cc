@@ -50,7 +50,8 @@ cu::DeviceKvCache* rows_of(const kernels::KvCache& cache) {
 // One layer's weights: matrices in the engine's dtype (one of the two buffers is used).
 struct CudaBackend::DeviceLayer {
   cu::DeviceBuffer<float> attn_norm, ffn_norm, bq, bk, bv;
-  cu::DeviceBuffer<float> q_norm, k_norm;  // [head_dim] (Qwen3), else empty
+  cu::DeviceBuffer<float> q_norm, k_norm;  // [head_dim] (Qwen3, Gemma 3), else empty
+  cu::DeviceBuffer<float> post_attn_norm, post_ffn_norm;  // [dim] (Gemma 3), else empty
   struct Matrix {
     cu::DeviceBuffer<float> f32;
     cu::DeviceBuffer<__nv_bfloat16> bf16;
@@ -82,6 +83,11 @@ CudaBackend::CudaBackend(const Model& model, DType dtype, int gpu)
   const ModelConfig& c = model.config;
   KVB_CHECK(c.head_dim <= cu::kMaxHeadDim) << "--device cuda: head_dim " << c.head_dim
                                            << " above the attention kernel's " << cu::kMaxHeadDim;
+  // Gemma 3's sliding-window layers have no CUDA attention kernel yet (nor its embedding scale):
+  // refused here rather than run with global attention.
+  KVB_USAGE_CHECK(c.window.empty() && c.embed_scale == 1.0f)
+      << "--device cuda: " << model.path << " (" << c.arch
+      << ") has sliding-window layers, which run on --device cpu only in this version";
   KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
   upload_weights();
 }
@@ -122,6 +128,8 @@ void CudaBackend::upload_weights() {
     d.bv = vec(w.bv);
     d.q_norm = vec(w.q_norm);
     d.k_norm = vec(w.k_norm);
+    d.post_attn_norm = vec(w.post_attn_norm);
+    d.post_ffn_norm = vec(w.post_ffn_norm);
     matrix(w.wq, d.wq);
     matrix(w.wk, d.wk);
     matrix(w.wv, d.wv);
@@ -324,11 +332,22 @@ void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* pos
   gpu::embed_rows(s.x.data(), embedding_.data(), s.tokens.data(), n, D, stream_);
 }
 
+const float* CudaBackend::norm_weight(int layer, Norm which) const {
+  if (layer < 0) return final_norm_.data();
+  const DeviceLayer& d = layers_[layer];
+  const cu::DeviceBuffer<float>& w = which == Norm::kAttn       ? d.attn_norm
+                                     : which == Norm::kFfn      ? d.ffn_norm
+                                     : which == Norm::kPostAttn ? d.post_attn_norm
+                                                                : d.post_ffn_norm;
+  KVB_CHECK(w.size() == static_cast<size_t>(model_.config.dim))
+      << "layer " << layer << " has no norm " << static_cast<int>(which) << " of dim "
+      << model_.config.dim << " (size " << w.size() << ")";
+  return w.data();
+}
+
 void CudaBackend::rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) {
   const ModelConfig& c = model_.config;
-  const float* w = layer < 0                ? final_norm_.data()
-                   : which == Norm::kAttn ? layers_[layer].attn_norm.data()
-                                          : layers_[layer].ffn_norm.data();
+  const float* w = norm_weight(layer, which);
   cu::rmsnorm(act(out), act(in) + static_cast<size_t>(row0) * c.dim, w, rows, c.dim, c.norm_eps,
               stream_);
 }
@@ -368,19 +387,31 @@ void CudaBackend::reduce_add(Act x, Act y, int n) {
   gpu::add_inplace(act(x), act(y), static_cast<size_t>(n) * model_.config.dim, stream_);
 }
 
-void CudaBackend::swiglu(int n) {
-  cu::swiglu(s_->gate.data(), s_->up.data(), static_cast<size_t>(n) * model_.config.hidden_dim,
-             stream_);
+void CudaBackend::reduce_norm_add(Act x, Act y, int layer, Norm which, int n) {
+  const ModelConfig& c = model_.config;
+  cu::rmsnorm(act(y), act(y), norm_weight(layer, which), n, c.dim, c.norm_eps, stream_);
+  gpu::add_inplace(act(x), act(y), static_cast<size_t>(n) * c.dim, stream_);
 }
 
-void CudaBackend::rope(Act a, int heads, int n) {
-  cu::rope(act(a), s_->pos.data(), n, heads, model_.config.head_dim, model_.config.rope, stream_);
+void CudaBackend::glu(int n) {
+  const size_t count = static_cast<size_t>(n) * model_.config.hidden_dim;
+  if (model_.config.ffn_act == FfnAct::kGeluTanh) {
+    cu::geglu_tanh(s_->gate.data(), s_->up.data(), count, stream_);
+  } else {
+    cu::swiglu(s_->gate.data(), s_->up.data(), count, stream_);
+  }
 }
 
-void CudaBackend::rope_rows(Act a, const int32_t* positions, int rows) {
+void CudaBackend::rope(Act a, int layer, int heads, int n) {
+  cu::rope(act(a), s_->pos.data(), n, heads, model_.config.head_dim,
+           model_.config.rope_of(layer), stream_);
+}
+
+void CudaBackend::rope_rows(Act a, int layer, const int32_t* positions, int rows) {
   ensure(s_->qpos, static_cast<size_t>(rows));
   copy_h2d(s_->qpos.data(), positions, static_cast<size_t>(rows) * 4);
-  cu::rope(act(a), s_->qpos.data(), rows, 1, model_.config.head_dim, model_.config.rope, stream_);
+  cu::rope(act(a), s_->qpos.data(), rows, 1, model_.config.head_dim,
+           model_.config.rope_of(layer), stream_);
 }
 
 void CudaBackend::download(Act a, size_t count, float* dst) {
@@ -449,7 +480,7 @@ void CudaBackend::roll_keys(int l, kernels::KvCache& cache) {
     const int len = dev_->length(l, h);
     if (len == 0) continue;
     cu::rope(s.rolled.data() + static_cast<size_t>(dev_->offset(l, h)) * hd, s.iota.data(), len, 1,
-             hd, model_.config.rope, stream_);
+             hd, model_.config.rope_of(l), stream_);
   }
   if (view.dtype == cu::KvDtype::kBf16) {
     ensure(s.rolled_kv, elems * sizeof(__nv_bfloat16));

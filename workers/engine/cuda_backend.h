@@ -88,9 +88,10 @@ class CudaBackend final : public Backend {
   void head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) override;
   void linear(Act out, Act in, int layer, Mat which, int n) override;
   void reduce_add(Act x, Act y, int n) override;
-  void swiglu(int n) override;
-  void rope(Act a, int heads, int n) override;
-  void rope_rows(Act a, const int32_t* positions, int rows) override;
+  void reduce_norm_add(Act x, Act y, int layer, Norm which, int n) override;
+  void glu(int n) override;
+  void rope(Act a, int layer, int heads, int n) override;
+  void rope_rows(Act a, int layer, const int32_t* positions, int rows) override;
   void download(Act a, size_t count, float* dst) override;
   void append_kv(int layer, int n, kernels::KvCache& cache) override;
   void roll_keys(int layer, kernels::KvCache& cache) override;
@@ -110,6 +111,7 @@ class CudaBackend final : public Backend {
   void upload_weights();
   void bind_cache(kernels::KvCache& cache, int n);
   float* act(Act a) const;
+  const float* norm_weight(int layer, Norm which) const;
   // x (f32 [n, k]) times w ([m, k], dtype_) into y [n, m].
   void gemm(float* y, const float* x, const void* w, const float* bias, int n, int k, int m);
   // Counted stream-ordered copies and syncs (TransferCounters).

@@ -1,7 +1,9 @@
 // A transformer model in memory: configuration and f32 weights (dequantized at load, so every
 // policy sees the same quantization noise). Loaded from a llama2.c checkpoint or a GGUF file.
-// Supported families: Llama (incl. SmolLM2, stories260K), Qwen2 (QKV bias) and Qwen3 (per-head
-// RMSNorm of Q and K before RoPE, head_dim independent of dim / num_heads).
+// Supported families: Llama (incl. SmolLM2, stories260K), Qwen2 (QKV bias), Qwen3 (per-head
+// RMSNorm of Q and K before RoPE, head_dim independent of dim / num_heads) and Gemma 3 (Qwen3's
+// q/k norm plus embeddings scaled by sqrt(dim), post-attention and post-MLP norms, a GELU-tanh
+// gated MLP, and sliding-window layers with their own RoPE base beside the global ones).
 #pragma once
 
 #include <memory>
@@ -16,8 +18,11 @@ class GgufFile;
 
 namespace kvb::engine {
 
+// The MLP's gate activation: SwiGLU (Llama, Qwen) or GeGLU with tanh-approximated GELU (Gemma).
+enum class FfnAct { kSilu, kGeluTanh };
+
 struct ModelConfig {
-  std::string arch;          // "llama", "qwen2", "qwen3"
+  std::string arch;          // "llama", "qwen2", "qwen3", "gemma3"
   std::string name;          // general.name or the file name
   std::string format;        // "gguf" or "llama2c"
   int dim = 0;               // embedding_length
@@ -33,6 +38,26 @@ struct ModelConfig {
   bool qk_norm = false;      // Qwen3: RMSNorm over each Q and K head (weight [head_dim])
   bool tied_embeddings = false;
   kernels::cpu::RopeParams rope;
+  // Gemma 3. embed_scale multiplies the token embeddings (sqrt(dim); the tied classifier reads
+  // them unscaled). post_norms: RMSNorm of the attention and MLP outputs before each residual add
+  // (LayerWeights::post_attn_norm, post_ffn_norm). attn_scale: the softmax scale (0: the usual
+  // 1 / sqrt(head_dim)).
+  float embed_scale = 1.0f;
+  bool post_norms = false;
+  FfnAct ffn_act = FfnAct::kSilu;
+  float attn_scale = 0.0f;
+  // Sliding-window layers: window[l] > 0 is the number of most recent positions (the query's own
+  // included) a query of layer l sees, and those layers rotate with rope_local; 0 or an empty
+  // vector: global attention with `rope`. POLICIES.md "Sliding-window layers": the window is
+  // the layer's cache, and eviction policies act on the global layers only.
+  std::vector<int> window;
+  kernels::cpu::RopeParams rope_local;
+
+  bool sliding(int layer) const { return !window.empty() && window[layer] > 0; }
+  const kernels::cpu::RopeParams& rope_of(int layer) const {
+    return sliding(layer) ? rope_local : rope;
+  }
+  float softmax_scale() const;
 };
 
 struct LayerWeights {
@@ -48,6 +73,8 @@ struct LayerWeights {
   std::vector<float> w_gate;     // [hidden_dim, dim]
   std::vector<float> w_up;       // [hidden_dim, dim]
   std::vector<float> w_down;     // [dim, hidden_dim]
+  std::vector<float> post_attn_norm;  // [dim] when post_norms (Gemma), else empty
+  std::vector<float> post_ffn_norm;   // [dim] when post_norms, else empty
 };
 
 struct Model {

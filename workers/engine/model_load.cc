@@ -1,6 +1,8 @@
-// Model loading: format detection by magic, and the GGUF -> Model mapping for the Llama, Qwen2
-// and Qwen3 families (llama.cpp tensor names blk.N.attn_q.weight etc.; metadata keys <arch>.*;
-// Qwen3 adds blk.N.attn_q_norm.weight / attn_k_norm.weight, llama.cpp's LLM_ARCH_QWEN3).
+// Model loading: format detection by magic, and the GGUF -> Model mapping for the Llama, Qwen2,
+// Qwen3 and Gemma 3 families (llama.cpp tensor names blk.N.attn_q.weight etc.; metadata keys
+// <arch>.*; Qwen3 and Gemma 3 add blk.N.attn_q_norm.weight / attn_k_norm.weight, Gemma 3
+// blk.N.post_attention_norm.weight / post_ffw_norm.weight).
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -10,12 +12,17 @@
 #include "workers/formats/model_header.h"
 
 namespace kvb::engine {
+float ModelConfig::softmax_scale() const {
+  return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
 size_t Model::num_parameters() const {
   size_t n = token_embedding.size() + final_norm.size() + output.size();
   for (const auto& l : layers) {
     n += l.attn_norm.size() + l.wq.size() + l.wk.size() + l.wv.size() + l.bq.size() +
          l.bk.size() + l.bv.size() + l.q_norm.size() + l.k_norm.size() + l.wo.size() +
-         l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() + l.w_down.size();
+         l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() + l.w_down.size() +
+         l.post_attn_norm.size() + l.post_ffn_norm.size();
   }
   return n;
 }
@@ -59,6 +66,10 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
     w.w_gate = g->load_f32(b + "ffn_gate.weight", {D, H});
     w.w_up = g->load_f32(b + "ffn_up.weight", {D, H});
     w.w_down = g->load_f32(b + "ffn_down.weight", {H, D});
+    if (c.post_norms) {
+      w.post_attn_norm = g->load_f32(b + "post_attention_norm.weight", {D});
+      w.post_ffn_norm = g->load_f32(b + "post_ffw_norm.weight", {D});
+    }
   }
   model->final_norm = g->load_f32("output_norm.weight", {D});
   if (!c.tied_embeddings) model->output = g->load_f32("output.weight", {D, V});

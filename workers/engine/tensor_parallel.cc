@@ -100,6 +100,8 @@ Model shard_model(const Model& full, int rank, int size) {
     w.bv = row_block(f.bv, 1, kv0, kvn);
     w.q_norm = f.q_norm;  // per head, the same for every head: every rank's heads use it
     w.k_norm = f.k_norm;
+    w.post_attn_norm = f.post_attn_norm;  // after the all-reduce: the full sum is normed
+    w.post_ffn_norm = f.post_ffn_norm;
     w.wo = col_block(f.wo, D, QD, q0, qn);
     w.w_gate = row_block(f.w_gate, D, h0, hn);
     w.w_up = row_block(f.w_up, D, h0, hn);

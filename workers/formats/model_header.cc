@@ -13,7 +13,7 @@
 namespace kvb::engine {
 namespace {
 
-const char* const kSupportedArchs[] = {"llama", "qwen2", "qwen3"};
+const char* const kSupportedArchs[] = {"llama", "qwen2", "qwen3", "gemma3"};
 
 std::string supported_archs() {
   std::string s;
@@ -46,6 +46,31 @@ float positive_finite(const formats::GgufFile& g, const std::string& key, double
       << g.path() << ": metadata " << key << " = " << v
       << " is not a finite positive number; fix the file's metadata (default " << def << ")";
   return static_cast<float>(v);
+}
+
+// Gemma 3 as llama.cpp's LLM_ARCH_GEMMA3 and transformers' Gemma3TextModel run it: embeddings
+// times sqrt(dim); norms after attention and after the MLP; GeGLU (tanh GELU); every sixth layer
+// (l % 6 == 5) global with rope.freq_base, the others sliding over attention.sliding_window
+// positions with base 10000 (rope_local_base_freq; the GGUF carries no key for it); the softmax
+// scale 1/sqrt(head_dim), except 1/sqrt(dim / heads) for the 62-layer 27B (query_pre_attn_scalar).
+// The GGUF's norm weights already hold Gemma's (1 + w).
+void read_gemma3_settings(const formats::GgufFile& g, ModelConfig* c) {
+  const std::string key = "gemma3.attention.sliding_window";
+  const int64_t w = g.get_int(key);
+  KVB_CHECK(w > 0 && w <= (1 << 24)) << g.path() << ": metadata " << key << " = " << w
+                                     << " is out of range (1.." << (1 << 24) << ")";
+  c->embed_scale = std::sqrt(static_cast<float>(c->dim));
+  c->post_norms = true;
+  c->ffn_act = FfnAct::kGeluTanh;
+  c->window.assign(c->num_layers, 0);
+  for (int l = 0; l < c->num_layers; ++l) c->window[l] = l % 6 < 5 ? static_cast<int>(w) : 0;
+  c->rope_local = c->rope;
+  c->rope_local.theta = 10000.0f;
+  c->rope_local.linear_scale = 1.0f;
+  c->rope_local.freq_factors.clear();
+  if (c->num_layers == 62) {
+    c->attn_scale = 1.0f / std::sqrt(static_cast<float>(c->dim / c->num_heads));
+  }
 }
 
 }  // namespace
@@ -85,7 +110,7 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
       << "attention.key_length or embedding_length / head_count; expected even, 2..1024)";
   c.head_dim = static_cast<int>(head_dim);
   c.qkv_bias = arch == "qwen2";
-  c.qk_norm = arch == "qwen3";  // per-head RMSNorm of q and k before RoPE
+  c.qk_norm = arch == "qwen3" || arch == "gemma3";  // per-head RMSNorm of q and k before RoPE
   c.rope.style = arch == "llama" ? kernels::cpu::RopeStyle::kNorm : kernels::cpu::RopeStyle::kNeox;
   c.rope.theta = positive_finite(g, p + "rope.freq_base", 10000.0);
   const int64_t rot_dim = g.get_int_or(p + "rope.dimension_count", c.head_dim);
@@ -106,6 +131,7 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
   if (g.find_tensor("rope_freqs.weight")) {
     expect_tensor(g, "rope_freqs.weight", {static_cast<uint64_t>(c.rope.rot_dim / 2)});
   }
+  if (arch == "gemma3") read_gemma3_settings(g, &c);
 
   const formats::GgufTensorInfo* emb = g.find_tensor("token_embd.weight");
   KVB_CHECK(emb && emb->dims.size() == 2)
@@ -139,6 +165,10 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
     expect_tensor(g, b + "ffn_gate.weight", {D, H});
     expect_tensor(g, b + "ffn_up.weight", {D, H});
     expect_tensor(g, b + "ffn_down.weight", {H, D});
+    if (c.post_norms) {
+      expect_tensor(g, b + "post_attention_norm.weight", {D});
+      expect_tensor(g, b + "post_ffw_norm.weight", {D});
+    }
   }
   expect_tensor(g, "output_norm.weight", {D});
   c.tied_embeddings = g.find_tensor("output.weight") == nullptr;
