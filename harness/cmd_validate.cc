@@ -2,6 +2,7 @@
 // loading any model weights, then prints a Markdown summary on stdout: the models (from their
 // headers), tasks with their sample counts, policies, budgets, the number of units and a rough
 // estimate of the work. Token counts are approximate (bytes / 4): no tokenizer is loaded.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <iomanip>
@@ -155,8 +156,16 @@ int cmd_validate(const std::vector<std::string>& args) {
                         "': " + e.what(),
                     e.kind());
       }
+      const ModelInfo& info = cfg.models[m].info;
+      const bool chat = std::any_of(samples.begin(), samples.end(),
+                                    [](const tasks::Sample& s) { return s.chat; });
+      KVB_USAGE_CHECK(!chat || info.chat_format != "none")
+          << cfg.path << ": task '" << t.spec() << "' wraps its prompts in the model's chat "
+          << "template, but model '" << cfg.models[m].name << "' (" << info.path
+          << ") has none kvbench recognizes (supported: ChatML, Llama-3, Gemma; a base model "
+          << "has none): give the task the option chat: false, or use an instruction-tuned model";
       std::vector<SampleWork> w;
-      for (const auto& s : samples) w.push_back(sample_work(s, cfg, cfg.models[m].info));
+      for (const auto& s : samples) w.push_back(sample_work(s, cfg, info));
       work[m].push_back(std::move(w));
     }
   }

@@ -43,7 +43,7 @@ const std::string& model_path() {
 std::string base_yaml(const std::string& policies = "policies: [full]\n") {
   return "models: [" + model_path() +
          "]\ntasks:\n  - name: niah\n    options: {context_lengths: [256], depths: [0], "
-         "haystack: noise}\n" +
+         "haystack: noise, chat: false}\n" +
          policies;
 }
 

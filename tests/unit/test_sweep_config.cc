@@ -37,7 +37,8 @@ std::string base_yaml(const std::string& policies = "policies: [full]\n") {
   return model_yaml() +
          "tasks:\n"
          "  - name: niah\n"
-         "    options: {context_lengths: [256, 384], depths: [0, 50, 100], haystack: noise}\n" +
+         "    options: {context_lengths: [256, 384], depths: [0, 50, 100], haystack: noise, "
+         "chat: false}\n" +
          policies;
 }
 
@@ -298,7 +299,18 @@ TEST_F(SweepConfigTest, ValidateCommand) {
   EXPECT_NE(err.find(bad + ":7: budgets[0]: a budget of 0"), std::string::npos) << err;
   EXPECT_EQ(run_kvbench({"validate"}, out, err), 2);
   EXPECT_EQ(run_kvbench({"validate", "--help"}, out, err), 0);
+
   EXPECT_NE(out.find("usage: kvbench validate CONFIG"), std::string::npos);
+
+  // A task that wraps prompts in the chat template, on a model without one (stories260K): every
+  // unit would fail, so validate refuses and names the way out.
+  const std::string chat = write(
+      "validate_chat.yaml",
+      model_yaml() + "tasks: [{name: niah, options: {context_lengths: [256], depths: [0]}}]\n"
+                     "policies: [full]\n");
+  EXPECT_EQ(run_kvbench({"validate", chat}, out, err), 2);
+  EXPECT_NE(err.find("has none kvbench recognizes"), std::string::npos) << err;
+  EXPECT_NE(err.find("chat: false"), std::string::npos) << err;
 }
 
 }  // namespace
