@@ -23,6 +23,8 @@ const std::vector<Subcommand>& subcommands() {
       {"report", "HTML + Markdown report: SVG plots, CSV tables, from a results database",
        cmd_report},
       {"ls", "list registered names: kvbench ls policies | tasks", cmd_ls},
+      {"inspect", "what kvbench will run of a model file: layers, context, chat template, KV bytes",
+       cmd_inspect},
       {"validate", "check a sweep config against the registries; count units; no model loaded",
        cmd_validate},
   };

@@ -53,6 +53,7 @@ DeviceChoice resolve_device_options(const DeviceOptions& o);
 
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_ls(const std::vector<std::string>& args);
+int cmd_inspect(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_sweep(const std::vector<std::string>& args);
 int cmd_query(const std::vector<std::string>& args);
