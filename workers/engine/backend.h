@@ -76,6 +76,13 @@ class Backend {
   virtual bool runs_replaced_attention() const = 0;
   // Tensor-parallel collectives sit behind reduce_add().
 
+  // Decode batching (StackEngine::decode_batch): whether the per-sequence ops below can act on
+  // one row of a pass of several sequences. select_rows(r) makes rope, rope_rows, download,
+  // append_kv, attention and attend_replaced act on the pass's rows [r, r + n) (their n), with
+  // the positions of those rows, until the next select_rows or begin_pass (which selects row 0).
+  virtual bool batches_rows() const { return false; }
+  virtual void select_rows(int row0) { (void)row0; }
+
   // --- one forward pass of n tokens ---
   // Sizes the activations for n = tokens.size() rows, embeds the tokens (ids already validated)
   // into kX, times ModelConfig::embed_scale where it is not 1, and takes positions[0, n) as the

@@ -59,36 +59,13 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   const size_t kv_elems = static_cast<size_t>(n) * c.num_kv_heads * c.head_dim;
 
   for (int l = 0; l < c.num_layers; ++l) {
-    be.rmsnorm(Act::kXb, Act::kX, l, Norm::kAttn, 0, n);
-    be.linear(Act::kQ, Act::kXb, l, Mat::kWq, n);
-    be.linear(Act::kK, Act::kXb, l, Mat::kWk, n);
-    be.linear(Act::kV, Act::kXb, l, Mat::kWv, n);
-    if (c.qk_norm) {  // Qwen3: per-head RMSNorm of Q and K, before RoPE (and pre-RoPE keys)
-      be.head_rmsnorm(Act::kQ, l, QkNorm::kQ, c.num_heads, n);
-      be.head_rmsnorm(Act::kK, l, QkNorm::kK, c.num_kv_heads, n);
-    }
+    project_qkv(l, n);
     if (req.pre_rope_keys) {
       pre_rope_k_.resize(kv_elems);
       be.download(Act::kK, kv_elems, pre_rope_k_.data());
     }
     attend_layer(l, n, cache, policy, hook, req, last_w, scale, record);
-    be.linear(Act::kProj, Act::kAtt, l, Mat::kWo, n);
-    if (c.post_norms) {
-      be.reduce_norm_add(Act::kX, Act::kProj, l, Norm::kPostAttn, n);
-    } else {
-      be.reduce_add(Act::kX, Act::kProj, n);
-    }
-
-    be.rmsnorm(Act::kXb, Act::kX, l, Norm::kFfn, 0, n);
-    be.linear(Act::kGate, Act::kXb, l, Mat::kGate, n);
-    be.linear(Act::kUp, Act::kXb, l, Mat::kUp, n);
-    be.glu(n);
-    be.linear(Act::kProj, Act::kGate, l, Mat::kDown, n);
-    if (c.post_norms) {
-      be.reduce_norm_add(Act::kX, Act::kProj, l, Norm::kPostFfn, n);
-    } else {
-      be.reduce_add(Act::kX, Act::kProj, n);
-    }
+    finish_layer(l, n);
   }
   cache.advance_position(n);
   be.end_layers(n);
@@ -100,6 +77,101 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
     be.classify(n - first, logits);
   }
   be.end_pass(cache);
+}
+
+void StackEngine::decode_batch(std::span<const int32_t> tokens,
+                               std::span<kernels::KvCache* const> caches,
+                               std::span<policies::Policy* const> policies,
+                               std::vector<float>* logits) {
+  const int B = static_cast<int>(tokens.size());
+  if (B <= 1 || !backend_->batches_rows()) {
+    EngineBase::decode_batch(tokens, caches, policies, logits);
+    return;
+  }
+  const ModelConfig& c = model_.config;
+  KVB_CHECK(static_cast<int>(caches.size()) == B && static_cast<int>(policies.size()) == B &&
+            logits != nullptr)
+      << "decode_batch: " << B << " tokens, " << caches.size() << " caches, " << policies.size()
+      << " policies";
+  Backend& be = *backend_;
+  pos_.resize(B);
+  hooks_.resize(B);
+  reqs_.resize(B);
+  for (int b = 0; b < B; ++b) {
+    kernels::KvCache& cache = *caches[b];
+    for (int o = 0; o < b; ++o) {
+      KVB_CHECK(caches[o] != caches[b]) << "decode_batch: sequences " << o << " and " << b
+                                        << " share a cache";
+    }
+    policies::Policy* policy = policies[b];
+    KVB_USAGE_CHECK(!policy || !policy->replaces_attention() || be.runs_replaced_attention())
+        << "policy " << policy->config().name
+        << " replaces the engine's attention (SubGen's estimator); it runs on --device cpu only";
+    if (policy && policy->reads_cache_rows()) be.ensure_host_rows(cache);
+    KVB_CHECK(tokens[b] >= 0 && tokens[b] < c.vocab_size)
+        << "token id " << tokens[b] << " of sequence " << b << " outside the vocabulary [0, "
+        << c.vocab_size << ")";
+    pos_[b] = cache.next_position();
+    hooks_[b] = PolicyHook::kDecode;
+    reqs_[b] = forward_stats_request(1, cache, c.num_layers, policy, &hooks_[b], nullptr,
+                                     &prefills_);
+    cache.reserve_extra(1);
+  }
+  be.begin_pass(tokens, pos_.data(), *caches[0]);
+  const float scale = c.softmax_scale();
+  const size_t kv_elems = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+  for (int l = 0; l < c.num_layers; ++l) {
+    project_qkv(l, B);
+    for (int b = 0; b < B; ++b) {
+      be.select_rows(b);
+      if (reqs_[b].pre_rope_keys) {
+        pre_rope_k_.resize(kv_elems);
+        be.download(Act::kK, kv_elems, pre_rope_k_.data());
+      }
+      attend_layer(l, 1, *caches[b], policies[b], hooks_[b], reqs_[b],
+                   std::min(reqs_[b].last_w, 1), scale, nullptr);
+    }
+    be.select_rows(0);
+    finish_layer(l, B);
+  }
+  for (int b = 0; b < B; ++b) caches[b]->advance_position(1);
+  be.end_layers(1);
+  be.rmsnorm(Act::kXb, Act::kX, -1, Norm::kAttn, 0, B);
+  be.classify(B, logits);
+  be.end_pass(*caches[0]);
+}
+
+void StackEngine::project_qkv(int l, int n) {
+  const ModelConfig& c = model_.config;
+  Backend& be = *backend_;
+  be.rmsnorm(Act::kXb, Act::kX, l, Norm::kAttn, 0, n);
+  be.linear(Act::kQ, Act::kXb, l, Mat::kWq, n);
+  be.linear(Act::kK, Act::kXb, l, Mat::kWk, n);
+  be.linear(Act::kV, Act::kXb, l, Mat::kWv, n);
+  if (c.qk_norm) {  // Qwen3, Gemma 3: per-head RMSNorm of Q and K, before RoPE (and pre-RoPE keys)
+    be.head_rmsnorm(Act::kQ, l, QkNorm::kQ, c.num_heads, n);
+    be.head_rmsnorm(Act::kK, l, QkNorm::kK, c.num_kv_heads, n);
+  }
+}
+
+void StackEngine::finish_layer(int l, int n) {
+  const ModelConfig& c = model_.config;
+  Backend& be = *backend_;
+  auto residual = [&](Norm post) {
+    if (c.post_norms) {
+      be.reduce_norm_add(Act::kX, Act::kProj, l, post, n);
+    } else {
+      be.reduce_add(Act::kX, Act::kProj, n);
+    }
+  };
+  be.linear(Act::kProj, Act::kAtt, l, Mat::kWo, n);
+  residual(Norm::kPostAttn);
+  be.rmsnorm(Act::kXb, Act::kX, l, Norm::kFfn, 0, n);
+  be.linear(Act::kGate, Act::kXb, l, Mat::kGate, n);
+  be.linear(Act::kUp, Act::kXb, l, Mat::kUp, n);
+  be.glu(n);
+  be.linear(Act::kProj, Act::kGate, l, Mat::kDown, n);
+  residual(Norm::kPostFfn);
 }
 
 template <typename Hook>

@@ -49,6 +49,12 @@ class StackEngine : public EngineBase {
   // (a device cache's rows are compacted where they live).
   void apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
                               const PrefillRecord& record) override;
+  // One pass over the B sequences' tokens where the backend batches rows (Backend::batches_rows):
+  // norms, projections and the MLP over [B, dim]; per sequence (select_rows), RoPE, its cache's
+  // append and attention, and its policy's decode hook. Otherwise EngineBase's one-by-one loop.
+  void decode_batch(std::span<const int32_t> tokens, std::span<kernels::KvCache* const> caches,
+                    std::span<policies::Policy* const> policies,
+                    std::vector<float>* logits) override;
 
  protected:
   // `model` and `tp` must outlive the engine; the backend is the engine's.
@@ -56,6 +62,10 @@ class StackEngine : public EngineBase {
   Backend& backend() const { return *backend_; }
 
  private:
+  // A layer's attention norm and Q/K/V projections (+ q/k norms) over n rows.
+  void project_qkv(int layer, int n);
+  // A layer's output projection, residual (post-norm), MLP and residual over n rows.
+  void finish_layer(int layer, int n);
   // One layer's K/V append, attention (or the policy's replacement) and policy hook.
   void attend_layer(int layer, int n, kernels::KvCache& cache, policies::Policy* policy,
                     PolicyHook hook, const policies::StatsRequest& req, int last_w, float scale,
@@ -79,6 +89,8 @@ class StackEngine : public EngineBase {
   std::vector<float> slice_;           // apply_recorded_prefill: last-w rows of one policy
   kernels::EvictionPlan plan_;         // the current hook's decision
   std::vector<int32_t> window_keep_;   // sliding_layer: the slots a head keeps
+  std::vector<PolicyHook> hooks_;             // decode_batch: per sequence
+  std::vector<policies::StatsRequest> reqs_;  // decode_batch: per sequence
 };
 
 }  // namespace kvb::engine

@@ -27,6 +27,15 @@ std::vector<float>& CpuBackend::buf(Act a) {
   return *table[i];
 }
 
+float* CpuBackend::rows(Act a) {
+  const ModelConfig& c = model_.config;
+  const size_t width = a == Act::kQ || a == Act::kAtt   ? static_cast<size_t>(c.num_heads) * c.head_dim
+                       : a == Act::kK || a == Act::kV ? static_cast<size_t>(c.num_kv_heads) * c.head_dim
+                       : a == Act::kGate || a == Act::kUp ? static_cast<size_t>(c.hidden_dim)
+                                                          : static_cast<size_t>(c.dim);
+  return buf(a).data() + static_cast<size_t>(row0_) * width;
+}
+
 void CpuBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
                             kernels::KvCache& cache) {
   (void)cache;  // the host cache is the storage
@@ -51,6 +60,7 @@ void CpuBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* posi
     for (size_t i = 0; i < N * D; ++i) x_[i] *= c.embed_scale;
   }
   pos_ = positions;
+  row0_ = 0;
   rolled_layer_ = -1;
 }
 
@@ -133,22 +143,24 @@ void CpuBackend::glu(int n) {
 }
 
 void CpuBackend::rope(Act a, int layer, int heads, int n) {
-  cpu::rope(buf(a).data(), pos_, n, heads, model_.config.head_dim, model_.config.rope_of(layer));
+  cpu::rope(rows(a), pos_ + row0_, n, heads, model_.config.head_dim, model_.config.rope_of(layer));
 }
 
-void CpuBackend::rope_rows(Act a, int layer, const int32_t* positions, int rows) {
-  cpu::rope(buf(a).data(), positions, rows, 1, model_.config.head_dim,
+void CpuBackend::rope_rows(Act a, int layer, const int32_t* positions, int count) {
+  cpu::rope(rows(a), positions, count, 1, model_.config.head_dim,
             model_.config.rope_of(layer));
 }
 
 void CpuBackend::download(Act a, size_t count, float* dst) {
   const std::vector<float>& b = buf(a);
-  KVB_CHECK(count <= b.size()) << "download of " << count << " floats from " << b.size();
-  std::copy(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(count), dst);
+  const float* from = rows(a);
+  KVB_CHECK(from + count <= b.data() + b.size())
+      << "download of " << count << " floats past the " << b.size() << " of the activation";
+  std::copy(from, from + count, dst);
 }
 
 void CpuBackend::append_kv(int l, int n, kernels::KvCache& cache) {
-  append_block_rows(model_.config, l, n, k_.data(), v_.data(), pos_, cache);
+  append_block_rows(model_.config, l, n, rows(Act::kK), rows(Act::kV), pos_ + row0_, cache);
 }
 
 void CpuBackend::roll_keys(int l, kernels::KvCache& cache) {
@@ -171,7 +183,7 @@ void CpuBackend::attention(int l, int n, float scale, kernels::KvCache& cache, b
   const ModelConfig& c = model_.config;
   kernels::LayerKvView view = cache.layer(l);
   if (rolled_layer_ == l) view.keys = rolled_keys_.data();
-  cpu::AttentionArgs args{att_.data(), q_.data(), view, n, c.num_heads, scale};
+  cpu::AttentionArgs args{rows(Act::kAtt), rows(Act::kQ), view, n, c.num_heads, scale};
   const size_t rows = static_cast<size_t>(c.num_heads) * stride;
   if (col_sums) {
     col_sums_.resize(rows);
@@ -192,8 +204,8 @@ void CpuBackend::attention(int l, int n, float scale, kernels::KvCache& cache, b
 
 void CpuBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs args,
                                  const kernels::KvCache& cache, kernels::EvictionPlan* plan) {
-  args.q = q_.data();
-  args.out = att_.data();
+  args.q = rows(Act::kQ);
+  args.out = rows(Act::kAtt);
   policy.attend(args, cache, *plan);
 }
 

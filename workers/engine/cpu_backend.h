@@ -28,6 +28,12 @@ class CpuBackend final : public Backend {
     KVB_CHECK(cache.host_rows()) << "the CPU engine got an index-only cache (a device engine's)";
   }
 
+  bool batches_rows() const override { return true; }
+  // A new sequence: its rows, and no rolled keys of the previous one.
+  void select_rows(int row0) override {
+    row0_ = row0;
+    rolled_layer_ = -1;
+  }
   void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
                   kernels::KvCache& cache) override;
   void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) override;
@@ -56,11 +62,14 @@ class CpuBackend final : public Backend {
 
  private:
   std::vector<float>& buf(Act a);
+  // buf(a) from the selected row on (select_rows), for the per-sequence ops.
+  float* rows(Act a);
   const std::vector<float>& norm_weight(int layer, Norm which) const;
 
   const Model& model_;
   kernels::Communicator* tp_;
   const int32_t* pos_ = nullptr;  // the pass's positions [n]
+  int row0_ = 0;                  // select_rows
   int rolled_layer_ = -1;         // the layer whose next attention reads rolled_keys_
   // Activations, reused across passes: [n, dim], [n, q_dim], [n, kv_dim], [n, hidden_dim].
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;

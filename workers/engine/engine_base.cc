@@ -13,6 +13,24 @@
 
 namespace kvb::engine {
 
+void EngineBase::decode_batch(std::span<const int32_t> tokens,
+                              std::span<kernels::KvCache* const> caches,
+                              std::span<policies::Policy* const> policies,
+                              std::vector<float>* logits) {
+  const size_t B = tokens.size();
+  KVB_CHECK(caches.size() == B && policies.size() == B && logits != nullptr)
+      << "decode_batch: " << B << " tokens, " << caches.size() << " caches, " << policies.size()
+      << " policies";
+  const size_t V = static_cast<size_t>(config().vocab_size);
+  logits->resize(B * V);
+  std::vector<float> one;
+  for (size_t b = 0; b < B; ++b) {
+    forward(tokens.subspan(b, 1), *caches[b], LogitsMode::kLast, &one, policies[b],
+            policies[b] ? PolicyHook::kDecode : PolicyHook::kNone);
+    std::copy(one.begin(), one.end(), logits->begin() + static_cast<std::ptrdiff_t>(b * V));
+  }
+}
+
 Device parse_device(const std::string& s) {
   if (s == "cpu") return Device::kCpu;
   if (s == "cuda") return Device::kCuda;

@@ -111,6 +111,16 @@ class EngineBase {
   // recorded prefill (no policy), layer by layer, exactly as a prefill with the policy would.
   virtual void apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
                                       const PrefillRecord& record) = 0;
+  // One decode step of B independent sequences (issue 16 "batched decode"): tokens[b] runs at
+  // caches[b]->next_position() under policies[b] (null: none) with the decode hook; *logits gets
+  // [B, vocab], row b the last-token logits of sequence b. Each sequence's logits, cache and
+  // policy state are bit-identical to forward() of its token alone (the weight products take
+  // the B rows at once; attention and hooks stay per sequence). This default runs the sequences
+  // one after another; StackEngine batches where its backend can (CpuBackend).
+  virtual void decode_batch(std::span<const int32_t> tokens,
+                            std::span<kernels::KvCache* const> caches,
+                            std::span<policies::Policy* const> policies,
+                            std::vector<float>* logits);
 };
 
 // Whether a policy's prompt compression can be applied from a PrefillRecord: oneshot prefill on a
