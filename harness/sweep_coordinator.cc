@@ -177,6 +177,9 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     store.rerun_units(again);
     plan = expand(cfg, store, run_id, &model_hashes);
   }
+  // Provenance: the digests the unit keys were made from (known only now, after begin_run).
+  retry_while_locked(a.db, "recording model hashes", 0,
+                     [&] { store.record_model_hashes(run_id, model_hashes); });
   // Longest prompt first; bundles with nothing left are dropped.
   std::vector<int> order;
   int total = 0;

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "common/sha256.h"
 #include "mpi/mpirun.h"
 #include "mpi/sweep_util.h"
 
@@ -176,6 +177,29 @@ TEST(SweepIntegrityLock, AnotherWriterHoldingTheLockLosesNoResults) {
   EXPECT_EQ(query(db, kRunStatus), (std::map<std::string, std::string>{{"ok", "1"}}));
   EXPECT_EQ(query(db, "SELECT 'n', COUNT(*) FROM measurements").at("n"), "6");
   EXPECT_NE(out.find("is locked"), std::string::npos) << "the wait is logged\n" << out;
+}
+
+// Model hashing at sweep start (issue 14 item 6): the first start reads the model file, a resume
+// takes its digest from the database (logged, never timed), and the run records the digests its
+// unit keys were made from (runs.model_hashes was '{}' before).
+TEST(SweepIntegrityDigest, ResumeTakesTheModelDigestFromTheDatabase) {
+  const std::string config = write_config("integrity_digest");
+  const std::string db = db_path("integrity_digest.db");
+  const std::string model = kShared + "/models/stories260K/stories260K.bin";
+  std::string out;
+  ASSERT_EQ(run(kBin + " sweep " + config + " --db " + db, &out), 0) << out;
+  EXPECT_NE(out.find("stories260K.bin: hashing"), std::string::npos) << out;
+  EXPECT_EQ(out.find("from the digest cache"), std::string::npos) << out;
+  ASSERT_EQ(run(kBin + " sweep " + config + " --db " + db + " --resume", &out), 0) << out;
+  EXPECT_NE(out.find("stories260K.bin: SHA-256 from the digest cache"), std::string::npos) << out;
+  EXPECT_EQ(out.find("hashing"), std::string::npos) << out;
+  const std::string sha = kvb::sha256_file(model);
+  EXPECT_EQ(query(db, "SELECT run_id, model_hashes FROM runs"),
+            (std::map<std::string, std::string>{{"1", "{\"stories260K\":\"" + sha + "\"}"},
+                                                {"2", "{\"stories260K\":\"" + sha + "\"}"}}));
+  EXPECT_EQ(query(db, "SELECT 'n', COUNT(DISTINCT model_sha256) || ' ' || MIN(model_sha256) "
+                      "FROM units").at("n"),
+            "1 " + sha);
 }
 
 }  // namespace
