@@ -134,6 +134,7 @@ auto retry_while_locked(const std::string& db, const char* what, size_t units, F
 
 int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   SweepConfig cfg = load_sweep_config(a.config);
+  for (const std::string& note : cfg.notes) KVB_LOG_WARN << note;
   apply_config_threads(a, cfg);
   check_tp_degree(cfg, a.gpus_per_worker);
   results::Store store = results::Store::open(a.db, results::Mode::kReadWrite);

@@ -358,6 +358,17 @@ TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {
                     nullptr, &err),
             2);
   EXPECT_NE(err.find("unknown key 'colour'"), std::string::npos) << err;
+  // kv_budget= is the axis's one name; budget= (above) its older spelling: the same report.
+  const fs::path named = kBuild + "/report_filtered_kv_budget";
+  ASSERT_EQ(kvbench({"report", "--db", db_, "--out", named.string(), "--filter",
+                     "policy=snapkv", "--filter", "kv_budget=32", "--filter", "task=niah"}),
+            0);
+  EXPECT_EQ(slurp(named / "csv" / "summary.csv"), csv);
+  EXPECT_EQ(plot_files(named), plot_files(dir));
+  EXPECT_EQ(kvbench({"report", "--db", db_, "--out", named.string(), "--filter", "kv_budget=31"},
+                    nullptr, &err),
+            2);
+  EXPECT_NE(err.find("--filter kv_budget=31: no kv_budget '31' in"), std::string::npos) << err;
 }
 
 TEST(ReportErrors, EmptyMissingAndForeignDatabases) {

@@ -179,6 +179,39 @@ TEST(SweepIntegrityLock, AnotherWriterHoldingTheLockLosesNoResults) {
   EXPECT_NE(out.find("is locked"), std::string::npos) << "the wait is logged\n" << out;
 }
 
+// One name per axis (issue 14 item 4): a database swept with the old spellings (budgets:, seeds:)
+// resumes under the new ones (kv_budget:, seed:) with nothing to run, since the unit keys are the
+// same; the sweep logs the deprecation note for the old file.
+TEST(SweepIntegrityAxisNames, NewSpellingResumesADatabaseOfTheOld) {
+  const std::string old_config = write_config("integrity_axes_old");
+  const std::string db = db_path("integrity_axes.db");
+  std::string out;
+  ASSERT_EQ(run(kBin + " sweep " + old_config + " --db " + db, &out), 0) << out;
+  EXPECT_NE(out.find(old_config + ":9: budgets is a deprecated spelling; write kv_budget:"),
+            std::string::npos)
+      << out;
+  std::string text;
+  {
+    std::ifstream in(old_config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"budgets:", "kv_budget:"},
+                                 {"seeds:", "seed:"}}) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+  }
+  const std::string new_config = std::string(KVB_BINARY_DIR) + "/integrity_axes_new.yaml";
+  std::ofstream(new_config) << text;
+  ASSERT_EQ(run(kBin + " sweep " + new_config + " --db " + db + " --resume", &out), 0) << out;
+  EXPECT_NE(out.find("6 units in the matrix, 0 to run"), std::string::npos) << out;
+  EXPECT_EQ(out.find("deprecated"), std::string::npos) << out;
+  EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"ok", "6"}}));
+  EXPECT_EQ(query(db, "SELECT 'max', MAX(attempts) FROM units").at("max"), "1");
+}
+
 // Model hashing at sweep start (issue 14 item 6): the first start reads the model file, a resume
 // takes its digest from the database (logged, never timed), and the run records the digests its
 // unit keys were made from (runs.model_hashes was '{}' before).
