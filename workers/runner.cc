@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <unistd.h>
+
 #include "common/error.h"
 #include "workers/engine/generate.h"
 
@@ -107,23 +109,46 @@ class Tracker {
   std::vector<int64_t> slots_, longest_, logical_, physical_;
 };
 
-// The unit's time is its own since t0 plus `before_ms`, a shared prefill it started from (that
-// pass was its prompt too). Under tensor parallelism the ranks decide together (one byte
-// all-gathered per check), so that no rank stops while the others wait in a collective.
-void check_deadline(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
-                    double before_ms, const tasks::Sample& s, kernels::Communicator* tp) {
-  if (rs.time_limit_s <= 0) return;
-  const double spent_ms = before_ms + ms_since(t0);
-  bool over = spent_ms > rs.time_limit_s * 1000.0;
-  if (tp) over = kernels::any_rank(*tp, over);
-  if (over) {
-    std::string msg = "sample " + s.id + ": unit time limit of " +
-                      std::to_string(rs.time_limit_s) + " s exceeded";
-    if (before_ms > 0) {
-      msg += " (" + std::to_string(before_ms) + " ms of it in the prefill shared with the "
-             "sample's other policies)";
+// The process's resident set now (/proc/self/statm: pages), in bytes; 0 when unreadable.
+size_t host_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  size_t total = 0, resident = 0;
+  if (!(in >> total >> resident)) return 0;
+  return resident * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+// The unit's limits, checked after the prompt and between tokens. Time: its own since t0 plus
+// `before_ms`, a shared prefill it started from (that pass was its prompt too). Memory: the
+// process's resident set against RunSettings::max_rss_bytes. Under tensor parallelism the ranks
+// decide together (one byte all-gathered per check and limit), so that no rank stops while the
+// others wait in a collective, and all of them record the same status.
+void check_limits(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
+                  double before_ms, const tasks::Sample& s, kernels::Communicator* tp) {
+  if (rs.time_limit_s > 0) {
+    const double spent_ms = before_ms + ms_since(t0);
+    bool over = spent_ms > rs.time_limit_s * 1000.0;
+    if (tp) over = kernels::any_rank(*tp, over);
+    if (over) {
+      std::string msg = "sample " + s.id + ": unit time limit of " +
+                        std::to_string(rs.time_limit_s) + " s exceeded";
+      if (before_ms > 0) {
+        msg += " (" + std::to_string(before_ms) + " ms of it in the prefill shared with the "
+               "sample's other policies)";
+      }
+      throw UnitTimeout(msg);
     }
-    throw UnitTimeout(msg);
+  }
+  if (rs.max_rss_bytes > 0) {
+    const size_t rss = host_rss_bytes();
+    bool over = rss > rs.max_rss_bytes;
+    if (tp) over = kernels::any_rank(*tp, over);
+    if (over) {
+      throw UnitMemoryLimit("sample " + s.id + ": the worker's resident memory, " +
+                            std::to_string(rss >> 20) + " MiB, is above the cap of " +
+                            std::to_string(rs.max_rss_bytes >> 20) +
+                            " MiB (--max-rss-gb; the model's weights count); lower "
+                            "max_prompt_tokens, run fewer ranks per node, or raise the cap");
+    }
   }
 }
 
@@ -216,6 +241,8 @@ UnitFailure current_failure(const std::string& context) {
     throw;
   } catch (const UnitTimeout& e) {
     return {FailureStatus::kTimeout, e.what()};
+  } catch (const UnitMemoryLimit& e) {
+    return {FailureStatus::kOom, e.what()};
   } catch (const std::bad_alloc& e) {
     return {FailureStatus::kOom, prefix + "out of host memory (" + e.what() +
                                      "); lower max_prompt_tokens, or run fewer ranks per "
@@ -304,7 +331,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
       steps.push_back(ms_since(ts));
       check_finite(logits, s, "perplexity step", t + 1);
       out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
-      check_deadline(rs, t0, 0, s, engine.tp());
+      check_limits(rs, t0, 0, s, engine.tp());
       tr.sample();
     }
     m.decode_ms = ms_since(t0);
@@ -355,7 +382,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
     if (static_cast<int>(unit_index) == rs.faults.bad_alloc_unit) {
       throw std::bad_alloc();  // test hook (RunFaults): as if growing the cache failed
     }
-    check_deadline(rs, t0, shared_ms, s, engine.tp());
+    check_limits(rs, t0, shared_ms, s, engine.tp());
     tr.sample();
 
     if (s.kind == tasks::SampleKind::kChoice) {
@@ -372,7 +399,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
                          engine::PolicyHook::kDecode);
           check_finite(l, s, "choice scoring step", t + 1);
           ll += log_prob(l, ids[t + 1]);
-          check_deadline(rs, t0, shared_ms, s, engine.tp());
+          check_limits(rs, t0, shared_ms, s, engine.tp());
         }
         out.prediction.choice_logliks.push_back(ll);
       }
@@ -387,7 +414,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
       std::string stopped_text;
       bool stopped = false;
       auto on_token = [&](int32_t id) {
-        check_deadline(rs, t0, shared_ms, s, engine.tp());
+        check_limits(rs, t0, shared_ms, s, engine.tp());
         if (first_token) {
           m.ttft_ms = shared_ms + ms_since(t0);
           first_token = false;
@@ -493,8 +520,11 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get(), i);
     } catch (const UnitTimeout&) {
       if (!failures) throw;
-      // Under tensor parallelism every rank agreed (check_deadline).
+      // Under tensor parallelism every rank agreed (check_limits).
       (*failures)[i] = current_failure("");
+    } catch (const UnitMemoryLimit&) {
+      if (!failures) throw;
+      (*failures)[i] = current_failure("");  // agreed like a timeout (check_limits)
     } catch (const Error& e) {
       // Usage errors fail the bundle. Under tensor parallelism a runtime error may be this
       // rank's alone while the others wait in a collective of this unit: the caller must stop.

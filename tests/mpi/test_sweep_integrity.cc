@@ -3,7 +3,8 @@
 // `ok`, the sweep exits 1 (a unit failed), nothing is left `running` (units or runs), and under
 // mpirun the coordinator does not hang (before, the exception ended the rank: rank 0 waited in
 // recv_any forever). A shared prefill slower than unit_time_limit_s times out every unit that
-// used it. Matrix: stories260K, NIAH at 128 tokens, depths 0 and 100, full + h2o + snapkv at 32
+// used it. --max-rss-gb ends units `oom`; a lock held by another writer loses no results; the
+// model digest is cached; old axis spellings resume under the new ones. Matrix: stories260K, NIAH at 128 tokens, depths 0 and 100, full + h2o + snapkv at 32
 // (6 units in 2 bundles).
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -104,6 +105,34 @@ TEST_P(SweepIntegrity, BadAllocEndsTheUnitOomAndTheSweepFinishes) {
   // `kvbench query failures` lists it under its status.
   ASSERT_EQ(run(kBin + " query --db " + db + " failures -o csv", &out), 0) << out;
   EXPECT_NE(out.find("len128_depth0_s0,h2o,32,oom,1,0,"), std::string::npos) << out;
+}
+
+// --max-rss-gb below any worker's resident set: every unit ends `oom` naming the cap, the sweep
+// finishes (exit 1, nothing left running; under mpirun no hang), and `kvbench query
+// failures-by-status` counts them. Values that are not a size are usage errors.
+TEST_P(SweepIntegrity, MemoryCapEndsUnitsOomAndTheSweepFinishes) {
+  const int np = GetParam();
+  const std::string config = write_config("integrity_rss");
+  const std::string db = db_path("integrity_rss_np" + std::to_string(np) + ".db");
+  std::string out;
+  const std::string launch = np > 1 ? mpirun(np, 300) : "";
+  const int rc = run(launch + kBin + " sweep " + config + " --db " + db + " --max-rss-gb 0.001",
+                     &out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"oom", "6"}}));
+  EXPECT_EQ(query(db, kRunStatus), (std::map<std::string, std::string>{{"ok", "1"}}));
+  EXPECT_EQ(query(db, "SELECT 'n', SUM(instr(error, 'MiB, is above the cap of 1 MiB (--max-rss-gb') "
+                      "> 0) FROM units").at("n"),
+            "6");
+  ASSERT_EQ(run(kBin + " query --db " + db + " failures-by-status -o csv", &out), 0) << out;
+  EXPECT_NE(out.find("status,units,policies,messages,most_common_error\noom,6,full h2o snapkv,"),
+            std::string::npos)
+      << out;
+  for (const char* bad : {"-1", "nan", "inf", "2e6"}) {
+    EXPECT_EQ(run(kBin + " sweep " + config + " --db " + db + " --max-rss-gb " + bad, &out), 2)
+        << bad;
+    EXPECT_NE(out.find("--max-rss-gb must be a number of GiB"), std::string::npos) << out;
+  }
 }
 
 // --rerun-status oom runs the oom unit again (without the fault it ends ok) and leaves the
