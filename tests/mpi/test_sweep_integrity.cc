@@ -4,8 +4,8 @@
 // mpirun the coordinator does not hang (before, the exception ended the rank: rank 0 waited in
 // recv_any forever). A shared prefill slower than unit_time_limit_s times out every unit that
 // used it. --max-rss-gb ends units `oom`; a lock held by another writer loses no results; the
-// model digest is cached; old axis spellings resume under the new ones. Matrix: stories260K, NIAH at 128 tokens, depths 0 and 100, full + h2o + snapkv at 32
-// (6 units in 2 bundles).
+// model digest is cached; old axis spellings resume under the new ones. Matrix: stories260K,
+// NIAH at 128 tokens, depths 0 and 100, full + h2o + snapkv at 32 (6 units in 2 bundles).
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
