@@ -18,6 +18,8 @@ namespace {
 const std::string kModel = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
 const std::string kTok = std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin";
 
+// log softmax(logits)[id] in double, written here again on purpose: the expectation does not
+// call the runner's own helpers.
 double log_softmax_at(const std::vector<float>& logits, int32_t id) {
   double m = -INFINITY;
   for (float x : logits) m = std::max(m, static_cast<double>(x));
