@@ -32,6 +32,10 @@ class BundleRunner {
                int gpu, kernels::Communicator* tp = nullptr)
       : cfg_(cfg), share_(share), device_(device), dtype_(dtype), gpu_(gpu), tp_(tp) {}
 
+  // --max-rss-gb: a unit during which this process's resident set exceeds `gib` GiB ends `oom`
+  // (workers::UnitMemoryLimit; checked after the prompt and between tokens). 0: no cap.
+  void limit_rss(double gib) { max_rss_bytes_ = static_cast<size_t>(gib * (1 << 30)); }
+
   // Runs every unit of the bundle and scores it; a unit's failure is its result (typed). Throws
   // what escapes a tensor-parallel group's units (the job must stop) and usage errors.
   std::vector<results::UnitResult> run(const WireBundle& b);
@@ -50,6 +54,7 @@ class BundleRunner {
   engine::DType dtype_;
   int gpu_ = 0;
   kernels::Communicator* tp_ = nullptr;
+  size_t max_rss_bytes_ = 0;
   FaultInjection faults_ = FaultInjection::from_env();
   int loaded_model_ = -1;
   workers::LoadedModel lm_;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <cstdlib>
@@ -88,6 +89,10 @@ int cmd_sweep(const std::vector<std::string>& args) {
        "the node's workers; builds with CUDA only; tensor-parallel groups stay on cpu)")
       ("dtype", po::value(&a.dtype),
        "f32 or bf16 on cuda (default bf16); cpu runs f32")
+      ("max-rss-gb", po::value(&a.max_rss_gb)->default_value(0),
+       "a unit during which its worker process's resident memory (model weights included) is "
+       "above this many GiB ends oom and the worker goes on; checked after the prompt and "
+       "between tokens, so not a hard cap (use ulimit -v / prlimit --as for that); 0: none")
       ("config", po::value(&a.config), "the YAML matrix (positional)");
   po::positional_options_description pos;
   pos.add("config", 1);
@@ -106,6 +111,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
          "future work); use --gpus-per-worker 1 or --device cpu";
   KVB_USAGE_CHECK(a.gpus_per_worker >= 1)
       << "--gpus-per-worker must be >= 1, got " << a.gpus_per_worker;
+  KVB_USAGE_CHECK(std::isfinite(a.max_rss_gb) && a.max_rss_gb >= 0 && a.max_rss_gb <= 1 << 20)
+      << "--max-rss-gb must be a number of GiB in [0, 1048576] (0: no cap), got " << a.max_rss_gb;
   MpiComm comm = MpiComm::init_if_launched();
   set_process_identity(comm.rank(), comm.size());
   // cuda: "this build has no CUDA" everywhere; "no GPU visible" where this process runs units

@@ -134,6 +134,7 @@ int cmd_validate(const std::vector<std::string>& args) {
   const int groups = ranks / gpus_per_worker;
 
   const SweepConfig cfg = load_sweep_config(config_path);
+  for (const std::string& note : cfg.notes) std::cerr << "kvbench validate: note: " << note << "\n";
   for (const ModelEntry& me : cfg.models) {
     const std::string err = engine::tp_degree_error(me.name, me.info.num_heads,
                                                     me.info.num_kv_heads, me.info.hidden_dim,

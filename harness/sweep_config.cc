@@ -164,7 +164,32 @@ void parse_models(const Node& n, SweepConfig& cfg) {
   }
 }
 
-std::vector<Origin> parse_budgets(const Node& n, SweepConfig& cfg) {
+// The one name of an axis (STYLE.md: kv_budget, seed everywhere) and the spelling it replaced,
+// still read: a deprecation note names the file, the line and the new spelling (`kvbench
+// validate` prints it, the sweep logs it). Unit keys do not depend on the spelling.
+void note_deprecated(SweepConfig& cfg, const Entry& old, const std::string& key,
+                     const std::string& now) {
+  cfg.notes.push_back(old.value.file + ":" + std::to_string(old.key_line) + ": " + key +
+                      " is a deprecated spelling; write " + now +
+                      " (same meaning, same unit keys)");
+}
+
+// The root's entry for an axis named `now` or, deprecated, `old`; both is an error (also across
+// include files: which one wins would be a guess).
+const Entry* axis_entry(SweepConfig& cfg, const Node& root, const char* now, const char* old) {
+  const Entry* n = root.find(now);
+  const Entry* o = root.find(old);
+  if (n && o) {
+    fail_at(o->value.file, o->key_line, old,
+            std::string("the same axis as ") + now + " (" + n->value.file + ":" +
+                std::to_string(n->key_line) + "); " + old + " is its deprecated spelling: keep " +
+                now + " only");
+  }
+  if (o) note_deprecated(cfg, *o, old, std::string(now) + ":");
+  return n ? n : o;
+}
+
+std::vector<Origin> parse_budgets(const Node& n, const std::string& axis, SweepConfig& cfg) {
   std::vector<Origin> origin;
   std::set<std::string> seen;
   auto add = [&](BudgetEntry b, const Node* at, const std::string& key) {
@@ -172,7 +197,7 @@ std::vector<Origin> parse_budgets(const Node& n, SweepConfig& cfg) {
     cfg.budgets.push_back(b);
     origin.push_back({at, nullptr, key});
   };
-  for (const auto& [item, key] : items_of(n, "budgets")) {
+  for (const auto& [item, key] : items_of(n, axis)) {
     if (item->kind == Node::Kind::kMap) {
       expect_map(*item, key, {"ratio"});
       const Entry* r = item->find("ratio");
@@ -331,7 +356,7 @@ void validate_policies(const SweepConfig& cfg, const std::vector<Origin>& porigi
   for (const PolicyEntry& p : cfg.policies) any_budgeted |= p.name != "full";
   if (any_budgeted && cfg.budgets.empty()) {
     fail(root, "budgets",
-         "required: the policies other than full need kv budgets (e.g. budgets: [128, 256])");
+         "required: the policies other than full need kv budgets (e.g. kv_budget: [128, 256])");
   }
   for (const ModelEntry& m : cfg.models) {
     for (size_t b = 0; any_budgeted && b < cfg.budgets.size(); ++b) {
@@ -385,6 +410,9 @@ void parse_exclude(const Node& n, SweepConfig& cfg) {
     std::vector<std::pair<std::string, std::vector<std::string>>> axes;
     for (const Entry& e : item->map) {
       const std::string ekey = key + "." + e.key;
+      if (e.key == "kv_ratio") {
+        note_deprecated(cfg, e, ekey, "kv_budget: {ratio: r}");
+      }
       std::vector<std::string> allowed;
       if (e.key == "model")
         for (const auto& m : cfg.models) allowed.push_back(m.name);
@@ -399,8 +427,16 @@ void parse_exclude(const Node& n, SweepConfig& cfg) {
         for (uint64_t s : cfg.seeds) allowed.push_back(std::to_string(s));
       std::vector<std::string> values;
       for (const auto& [v, vkey] : items_of(e.value, ekey)) {
-        std::string s = scalar(*v, vkey);
-        if (e.key == "kv_ratio") s = BudgetEntry{0, to_double(*v, vkey)}.spec();
+        std::string s;
+        if (e.key == "kv_budget" && v->kind == Node::Kind::kMap) {  // {ratio: r}, as in kv_budget:
+          expect_map(*v, vkey, {"ratio"});
+          const Entry* r = v->find("ratio");
+          if (!r) fail(*v, vkey, "expected a token count or {ratio: r}");
+          s = BudgetEntry{0, to_double(r->value, vkey + ".ratio")}.spec();
+        } else {
+          s = scalar(*v, vkey);
+          if (e.key == "kv_ratio") s = BudgetEntry{0, to_double(*v, vkey)}.spec();
+        }
         if (std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
           std::set<std::string> uniq(allowed.begin(), allowed.end());
           fail(
@@ -449,8 +485,9 @@ SweepConfig load_sweep_config(const std::string& path) {
   const Node root = load_tree(path, state, nullptr, "");
   cfg.text = std::move(state.text);
   expect_map(root, "",
-             {"description", "models", "tasks", "policies", "budgets", "question", "seeds", "limit",
-              "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude"});
+             {"description", "models", "tasks", "policies", "kv_budget", "question", "seed", "limit",
+              "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude",
+              "budgets", "seeds"});  // the last two: deprecated spellings of kv_budget, seed
   auto get = [&](const char* key) -> const Node* {
     const Entry* e = root.find(key);
     return e ? &e->value : nullptr;
@@ -496,10 +533,10 @@ SweepConfig load_sweep_config(const std::string& path) {
       cfg.questions.push_back(q);
     }
   }
-  if (const Node* n = get("seeds")) {
+  if (const Entry* e = axis_entry(cfg, root, "seed", "seeds")) {
     cfg.seeds.clear();
     std::set<uint64_t> seen;
-    for (const auto& [item, key] : items_of(*n, "seeds")) {
+    for (const auto& [item, key] : items_of(e->value, e->key)) {
       std::vector<int64_t> values;
       try {
         values = expand_int_range(scalar(*item, key), "seed");
@@ -516,7 +553,9 @@ SweepConfig load_sweep_config(const std::string& path) {
   }
   parse_models(*get("models"), cfg);
   std::vector<Origin> borigin;
-  if (const Node* n = get("budgets")) borigin = parse_budgets(*n, cfg);
+  if (const Entry* e = axis_entry(cfg, root, "kv_budget", "budgets")) {
+    borigin = parse_budgets(e->value, e->key, cfg);
+  }
   parse_tasks(*get("tasks"), cfg);
   const std::vector<Origin> porigin = parse_policies(*get("policies"), cfg);
   check_cells(cfg, root);

@@ -32,7 +32,7 @@ struct PolicyEntry {
   std::string spec() const;  // "snapkv window=16" (the name alone without options)
 };
 
-// A budget as configured: tokens (kv_budget: 256) or a ratio of the prompt (kv_ratio: 0.1),
+// A budget as configured: tokens (kv_budget: 256) or a ratio of the prompt ({ratio: 0.1}),
 // resolved per sample to tokens. Policy `full` ignores budgets (one unit, no budget).
 struct BudgetEntry {
   int tokens = 0;
@@ -42,7 +42,8 @@ struct BudgetEntry {
 };
 
 // `exclude:` rule: a unit matching every given key is dropped. Keys: model, task, policy,
-// kv_budget (the spec text), question, seed. Values compare as strings; a key the unit lacks
+// kv_budget (the spec text; YAML gives tokens or {ratio: r}, or kv_ratio: r, deprecated),
+// question, seed. Values compare as strings; a key the unit lacks
 // (kv_budget for policy full) does not match. A YAML list value is expanded into one rule per
 // value at load, so `match` holds single values.
 struct ExcludeRule {
@@ -71,6 +72,9 @@ struct SweepConfig {
   int max_prompt_tokens = 0;       // middle truncation (0: the model's context)
   double unit_time_limit_s = 600;  // per unit; a unit over it is recorded as `timeout`
   int threads = 0;                 // OpenMP threads per worker rank (0: cores / ranks on the node)
+  // Deprecated spellings read (`budgets:`, `seeds:`, exclude's `kv_ratio:`), one note each:
+  // "FILE:LINE: budgets is a deprecated spelling; write kv_budget: (...)".
+  std::vector<std::string> notes;
 };
 
 // Reads and validates a config: YAML syntax, unknown keys, types and ranges, every task and

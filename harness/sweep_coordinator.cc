@@ -134,6 +134,7 @@ auto retry_while_locked(const std::string& db, const char* what, size_t units, F
 
 int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   SweepConfig cfg = load_sweep_config(a.config);
+  for (const std::string& note : cfg.notes) KVB_LOG_WARN << note;
   apply_config_threads(a, cfg);
   check_tp_degree(cfg, a.gpus_per_worker);
   results::Store store = results::Store::open(a.db, results::Mode::kReadWrite);
@@ -177,6 +178,9 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     store.rerun_units(again);
     plan = expand(cfg, store, run_id, &model_hashes);
   }
+  // Provenance: the digests the unit keys were made from (known only now, after begin_run).
+  retry_while_locked(a.db, "recording model hashes", 0,
+                     [&] { store.record_model_hashes(run_id, model_hashes); });
   // Longest prompt first; bundles with nothing left are dropped.
   std::vector<int> order;
   int total = 0;
@@ -207,6 +211,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   if (comm.size() == 1) {
     BundleRunner runner(cfg, a.share_prefill, engine::parse_device(a.device),
                         engine::resolve_dtype(engine::parse_device(a.device), a.dtype), 0);
+    runner.limit_rss(a.max_rss_gb);
     for (int bi : order) {
       retry_while_locked(a.db, "handing out a bundle", 0, [&] {
         store.mark_running(run_id, keys_of(plan.bundles[bi]), 0, process_host());

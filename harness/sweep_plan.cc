@@ -5,15 +5,11 @@
 #include <filesystem>
 #include <set>
 
-#include "common/sha256.h"
+#include "harness/model_digest.h"
 #include "harness/model_info.h"
 #include "workers/model_session.h"
 
 namespace kvb::harness {
-
-namespace {
-std::string file_sha256(const std::string& path) { return sha256_file(path); }
-}  // namespace
 
 Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te) {
   Options in = task_options(cfg, te);
@@ -36,7 +32,7 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
   for (size_t mi = 0; mi < cfg.models.size(); ++mi) {
     const ModelEntry& me = cfg.models[mi];
     const ModelInfo info = read_model_info(me.path);
-    const std::string model_sha = file_sha256(me.path);
+    const std::string model_sha = model_file_sha256(store, me.path).sha256;
     (*model_hashes)[me.name] = model_sha;
     workers::LoadedModel tok = workers::load_tokenizer_only(me.path, me.tokenizer);
     tasks::TaskContext ctx;

@@ -20,6 +20,7 @@ struct SweepArgs {
   std::set<results::UnitStatus> rerun_statuses;
   int threads = 0;
   int gpus_per_worker = 1;  // tensor-parallel degree of each worker group
+  double max_rss_gb = 0;    // --max-rss-gb: per-unit resident-memory check (0: none)
   std::string device = "cpu";
   std::string dtype;  // "" : the device's default (engine::resolve_dtype)
   std::string device_label;  // the run's provenance: "cpu", or "cuda: <GPU name> x<count>"

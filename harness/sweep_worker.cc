@@ -38,6 +38,7 @@ int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGr
   }
   BundleRunner runner(cfg, a.share_prefill, device, engine::resolve_dtype(device, a.dtype), gpu,
                       group.comm.get());
+  runner.limit_rss(a.max_rss_gb);
   if (layout.leader) comm.send(0, "ready");
   while (true) {
     std::string msg;

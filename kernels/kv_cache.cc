@@ -52,30 +52,52 @@ void KvCache::reserve_extra(int extra) {
   grow_to(std::max(need, capacity_ + capacity_ / 2));
 }
 
-void KvCache::grow_to(int new_capacity) {
+void KvCache::live_rows(int capacity, std::vector<std::vector<float>>* keys,
+                        std::vector<std::vector<float>>* values,
+                        std::vector<std::vector<int32_t>>* positions) const {
   const int h = shape_.num_kv_heads, d = shape_.head_dim;
+  keys->resize(shape_.num_layers);
+  values->resize(shape_.num_layers);
+  positions->resize(shape_.num_layers);
   for (int l = 0; l < shape_.num_layers; ++l) {
-    std::vector<float> k(host_rows_ ? static_cast<size_t>(h) * new_capacity * d : 0);
+    std::vector<float> k(host_rows_ ? static_cast<size_t>(h) * capacity * d : 0);
     std::vector<float> v(k.size());
-    std::vector<int32_t> p(static_cast<size_t>(h) * new_capacity);
+    std::vector<int32_t> p(static_cast<size_t>(h) * capacity);
     for (int head = 0; head < h; ++head) {
       const size_t len = lengths_[index(l, head)];
       if (len == 0) continue;
       if (host_rows_) {
-        std::memcpy(&k[static_cast<size_t>(head) * new_capacity * d],
+        std::memcpy(&k[static_cast<size_t>(head) * capacity * d],
                     &keys_[l][static_cast<size_t>(head) * capacity_ * d], len * d * sizeof(float));
-        std::memcpy(&v[static_cast<size_t>(head) * new_capacity * d],
+        std::memcpy(&v[static_cast<size_t>(head) * capacity * d],
                     &values_[l][static_cast<size_t>(head) * capacity_ * d],
                     len * d * sizeof(float));
       }
-      std::memcpy(&p[static_cast<size_t>(head) * new_capacity],
+      std::memcpy(&p[static_cast<size_t>(head) * capacity],
                   &positions_[l][static_cast<size_t>(head) * capacity_], len * sizeof(int32_t));
     }
-    keys_[l].swap(k);
-    values_[l].swap(v);
-    positions_[l].swap(p);
+    (*keys)[l].swap(k);
+    (*values)[l].swap(v);
+    (*positions)[l].swap(p);
   }
+}
+
+void KvCache::grow_to(int new_capacity) {
+  live_rows(new_capacity, &keys_, &values_, &positions_);
   capacity_ = new_capacity;
+}
+
+KvCache KvCache::fork(int extra) const {
+  KVB_CHECK(extra >= 0) << "KvCache::fork: extra slots must be >= 0, got " << extra;
+  KvCache out;
+  out.shape_ = shape_;
+  out.host_rows_ = host_rows_;
+  out.next_position_ = next_position_;
+  out.lengths_ = lengths_;
+  out.capacity_ = max_length() + extra;
+  live_rows(out.capacity_, &out.keys_, &out.values_, &out.positions_);
+  if (device_rows_) out.device_rows_ = device_rows_->fork(extra);
+  return out;
 }
 
 LayerKvView KvCache::layer(int layer) {

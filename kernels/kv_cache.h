@@ -47,6 +47,10 @@ class DeviceRows {
  public:
   virtual ~DeviceRows() = default;
   virtual std::unique_ptr<DeviceRows> clone() const = 0;
+  // A copy of the live rows with room for `extra` more slots per head beyond the longest (a fork
+  // that will only grow by that much); the parent's spare capacity need not be allocated again.
+  // By default a clone.
+  virtual std::unique_ptr<DeviceRows> fork(int extra) const { return clone(); }
 };
 
 class KvCache {
@@ -59,6 +63,11 @@ class KvCache {
   // Copies clone the device rows (a fork of a sequence is a copy where its storage lives).
   KvCache(const KvCache& other);
   KvCache& operator=(const KvCache& other);
+  // A copy for a branch of the sequence that appends at most `extra` more slots per head (a
+  // choice scored on top of the prompt): the same lengths, positions and rows, but only the live
+  // rows are copied and the capacity is max_length() + extra, not the parent's. Device rows are
+  // forked the same way (DeviceRows::fork). Reads give the same values as a full copy.
+  KvCache fork(int extra) const;
   KvCache(KvCache&&) noexcept = default;
   KvCache& operator=(KvCache&&) noexcept = default;
 
@@ -108,6 +117,12 @@ class KvCache {
     return static_cast<size_t>(layer) * shape_.num_kv_heads + head;
   }
   void grow_to(int new_capacity);
+  // Buffers of `capacity` (>= max_length()) slots per head holding this cache's live rows, for
+  // grow_to and fork. Each layer is read before its buffers are replaced, so the outputs may be
+  // this cache's own keys_, values_, positions_.
+  void live_rows(int capacity, std::vector<std::vector<float>>* keys,
+                 std::vector<std::vector<float>>* values,
+                 std::vector<std::vector<int32_t>>* positions) const;
 
   KvCacheShape shape_;
   int capacity_ = 0;

@@ -15,7 +15,9 @@ namespace kvb::results {
 
 namespace {
 
-const char* const kFilterKeys[] = {"model", "task", "policy", "budget", "metric"};
+// kv_budget is the budget axis's one name (as in YAML, SQL and --kv-budget); `budget` is read as
+// its older spelling.
+const char* const kFilterKeys[] = {"model", "task", "policy", "kv_budget", "metric"};
 
 double num(const QueryValue& v) {
   return v.kind == QueryValue::kNull ? kNaN : std::strtod(v.text.c_str(), nullptr);
@@ -54,12 +56,13 @@ Filter Filter::parse(const std::vector<std::string>& specs) {
     const size_t eq = spec.find('=');
     KVB_USAGE_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < spec.size())
         << "--filter " << spec << ": expected KEY=VALUE[,VALUE...] with KEY one of model, task, "
-        << "policy, budget, metric (e.g. --filter policy=snapkv,h2o)";
-    const std::string key = spec.substr(0, eq);
+        << "policy, kv_budget, metric (e.g. --filter policy=snapkv,h2o)";
+    std::string key = spec.substr(0, eq);
+    if (key == "budget") key = "kv_budget";
     KVB_USAGE_CHECK(std::find(std::begin(kFilterKeys), std::end(kFilterKeys), key) !=
                     std::end(kFilterKeys))
         << "--filter " << spec << ": unknown key '" << key
-        << "'; keys: model, task, policy, budget, metric";
+        << "'; keys: model, task, policy, kv_budget, metric";
     std::string rest = spec.substr(eq + 1);
     size_t start = 0;
     while (start <= rest.size()) {
@@ -85,7 +88,7 @@ std::string Filter::sql(std::vector<std::string>* params, bool with_metric) cons
     if (key == "model") out += " AND u.model IN (" + list + ")";
     if (key == "task") out += " AND u.task IN (" + list + ")";
     if (key == "policy") out += " AND (u.policy = 'full' OR u.policy IN (" + list + "))";
-    if (key == "budget") out += " AND (u.kv_budget_spec = '' OR u.kv_budget_spec IN (" + list + "))";
+    if (key == "kv_budget") out += " AND (u.kv_budget_spec = '' OR u.kv_budget_spec IN (" + list + "))";
     if (key == "metric") out += " AND m.name IN (" + list + ")";
   }
   return out;
@@ -95,7 +98,7 @@ void Filter::check_against(const Store& store) const {
   for (const auto& [key, values] : allow) {
     const std::string sql =
         key == "metric" ? "SELECT DISTINCT name FROM metrics ORDER BY 1"
-        : key == "budget"
+        : key == "kv_budget"
             ? "SELECT DISTINCT kv_budget_spec FROM units WHERE kv_budget_spec <> '' ORDER BY 1"
             : "SELECT DISTINCT " + key + " FROM units ORDER BY 1";
     std::vector<std::string> have;

@@ -17,7 +17,7 @@
 namespace kvb::results {
 
 // `--filter KEY=V1,V2` (repeatable; values of one key OR, keys AND). Keys: model, task, policy,
-// budget, metric. Units of `full` pass any policy or budget filter: they are the reference every
+// kv_budget (`budget` is read as its older spelling), metric. Units of `full` pass any policy or budget filter: they are the reference every
 // comparison is made against.
 struct Filter {
   std::map<std::string, std::vector<std::string>> allow;

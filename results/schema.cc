@@ -67,6 +67,18 @@ void from_version_2(Db& db) {
           "CHECK (end_signal IS NULL OR end_signal >= 0)");
 }
 
+// 3 -> 4: the model digest cache, file_digests (empty: the next sweep hashes once and fills it).
+void from_version_3(Db& db) {
+  db.exec("CREATE TABLE file_digests ("
+          "path TEXT NOT NULL PRIMARY KEY, "
+          "size INTEGER NOT NULL CHECK (size >= 0), "
+          "mtime_ns INTEGER NOT NULL, "
+          "inode INTEGER NOT NULL, "
+          "sha256 TEXT NOT NULL CHECK (length(sha256) = 64 AND sha256 NOT GLOB '*[^0-9a-f]*'), "
+          "hashed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
+          ") WITHOUT ROWID");
+}
+
 void set_schema_version(Db& db, int version) {
   // PRAGMA arguments cannot be bound parameters; `version` is our own integer, not input.
   db.exec("PRAGMA user_version = " + std::to_string(version));
@@ -79,6 +91,7 @@ const std::vector<Migration>& migrations() {
       {0, "create the schema in an empty file; refuse unversioned databases", &from_version_0},
       {1, "add measurements.prefill_shared", &from_version_1},
       {2, "add runs.end_signal", &from_version_2},
+      {3, "add the file_digests table (model digest cache)", &from_version_3},
   };
   return steps;
 }

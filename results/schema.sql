@@ -1,4 +1,4 @@
--- kvbench results database, schema version 3 (DESIGN.md "Results", results/README.md).
+-- kvbench results database, schema version 4 (DESIGN.md "Results", results/README.md).
 --
 -- `runs` holds the provenance of each sweep invocation; `units` one row per work unit, keyed by
 -- the SHA-256 of its canonical fields (DESIGN.md "Work unit and its key"), with its progress and
@@ -134,4 +134,19 @@ CREATE TABLE predictions (
   references_json TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(references_json))
 );
 
-PRAGMA user_version = 3;
+-- Version 4: the SHA-256 of each model file the sweep hashed, keyed by what says the file is
+-- unchanged, so that a resume or a second sweep does not read a 16 GB file again: a file whose
+-- canonical path, size, modification time (ns) and inode all match its row takes the stored
+-- digest; any difference hashes the file again and replaces the row. A file rewritten in place
+-- within one mtime tick to the same size would keep a stale digest (no filesystem says more
+-- without reading the file). Not part of any result: deleting rows only costs a re-hash.
+CREATE TABLE file_digests (
+  path       TEXT NOT NULL PRIMARY KEY,               -- canonical (symbolic links resolved)
+  size       INTEGER NOT NULL CHECK (size >= 0),      -- bytes
+  mtime_ns   INTEGER NOT NULL,                        -- st_mtim, nanoseconds since the epoch
+  inode      INTEGER NOT NULL,                        -- st_ino (as a signed 64-bit integer)
+  sha256     TEXT NOT NULL CHECK (length(sha256) = 64 AND sha256 NOT GLOB '*[^0-9a-f]*'),
+  hashed_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+) WITHOUT ROWID;
+
+PRAGMA user_version = 4;

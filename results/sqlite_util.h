@@ -16,6 +16,9 @@
 
 #include "common/error.h"
 
+// The current time in the schema's convention (ISO-8601 UTC, milliseconds), as SQL.
+#define KVB_SQL_NOW "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+
 namespace kvb::results {
 
 class Db;

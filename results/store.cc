@@ -15,9 +15,6 @@
 #include "results/sqlite_util.h"
 #include "results/stats.h"
 
-// The current time in the schema's convention (ISO-8601 UTC, milliseconds), as SQL.
-#define KVB_SQL_NOW "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-
 namespace kvb::results {
 namespace {
 

@@ -143,6 +143,16 @@ struct Recovery {
   int dead_runs = 0;                  // runs left `running` that were marked `crashed`
 };
 
+// What says a file is unchanged since it was hashed (file_digests): its canonical path, size,
+// modification time and inode (stat(2)).
+struct FileStamp {
+  std::string path;  // canonical
+  int64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t inode = 0;  // st_ino's bits as a signed integer (SQLite integers are signed)
+  bool operator==(const FileStamp&) const = default;
+};
+
 // An ad-hoc query's answer; values as SQLite renders them as text, with their storage class.
 struct QueryValue {
   enum Kind { kNull, kInteger, kReal, kText, kBlob } kind = kNull;
@@ -209,6 +219,15 @@ class Store {
   // `--rerun`: finished or crashed units go back to `pending`, their results deleted and
   // crash_count cleared. Throws on a unit that is `running` or not registered.
   void rerun_units(const std::vector<std::string>& keys);
+
+  // runs.model_hashes of run_id: model name -> SHA-256 of its file, as canonical JSON (known only
+  // after the plan is expanded, so after begin_run).
+  void record_model_hashes(int64_t run_id, const std::map<std::string, std::string>& hashes);
+  // The model digest cache (file_digests, results/file_digests.cc): the SHA-256 stored for
+  // stamp.path when its size, mtime_ns and inode all equal the stamp's, else nothing.
+  std::optional<std::string> cached_digest(const FileStamp& stamp) const;
+  // Stores (replaces) stamp.path's digest; sha256 must be 64 lowercase hex digits.
+  void remember_digest(const FileStamp& stamp, const std::string& sha256);
 
   // One transaction for the whole bundle: each unit's status, error, resolved budget, metrics,
   // measurements and prediction (replacing any earlier ones). All or nothing.

@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <unistd.h>
+
 #include "common/error.h"
 #include "workers/engine/generate.h"
 
@@ -107,23 +109,46 @@ class Tracker {
   std::vector<int64_t> slots_, longest_, logical_, physical_;
 };
 
-// The unit's time is its own since t0 plus `before_ms`, a shared prefill it started from (that
-// pass was its prompt too). Under tensor parallelism the ranks decide together (one byte
-// all-gathered per check), so that no rank stops while the others wait in a collective.
-void check_deadline(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
-                    double before_ms, const tasks::Sample& s, kernels::Communicator* tp) {
-  if (rs.time_limit_s <= 0) return;
-  const double spent_ms = before_ms + ms_since(t0);
-  bool over = spent_ms > rs.time_limit_s * 1000.0;
-  if (tp) over = kernels::any_rank(*tp, over);
-  if (over) {
-    std::string msg = "sample " + s.id + ": unit time limit of " +
-                      std::to_string(rs.time_limit_s) + " s exceeded";
-    if (before_ms > 0) {
-      msg += " (" + std::to_string(before_ms) + " ms of it in the prefill shared with the "
-             "sample's other policies)";
+// The process's resident set now (/proc/self/statm: pages), in bytes; 0 when unreadable.
+size_t host_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  size_t total = 0, resident = 0;
+  if (!(in >> total >> resident)) return 0;
+  return resident * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+// The unit's limits, checked after the prompt and between tokens. Time: its own since t0 plus
+// `before_ms`, a shared prefill it started from (that pass was its prompt too). Memory: the
+// process's resident set against RunSettings::max_rss_bytes. Under tensor parallelism the ranks
+// decide together (one byte all-gathered per check and limit), so that no rank stops while the
+// others wait in a collective, and all of them record the same status.
+void check_limits(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
+                  double before_ms, const tasks::Sample& s, kernels::Communicator* tp) {
+  if (rs.time_limit_s > 0) {
+    const double spent_ms = before_ms + ms_since(t0);
+    bool over = spent_ms > rs.time_limit_s * 1000.0;
+    if (tp) over = kernels::any_rank(*tp, over);
+    if (over) {
+      std::string msg = "sample " + s.id + ": unit time limit of " +
+                        std::to_string(rs.time_limit_s) + " s exceeded";
+      if (before_ms > 0) {
+        msg += " (" + std::to_string(before_ms) + " ms of it in the prefill shared with the "
+               "sample's other policies)";
+      }
+      throw UnitTimeout(msg);
     }
-    throw UnitTimeout(msg);
+  }
+  if (rs.max_rss_bytes > 0) {
+    const size_t rss = host_rss_bytes();
+    bool over = rss > rs.max_rss_bytes;
+    if (tp) over = kernels::any_rank(*tp, over);
+    if (over) {
+      throw UnitMemoryLimit("sample " + s.id + ": the worker's resident memory, " +
+                            std::to_string(rss >> 20) + " MiB, is above the cap of " +
+                            std::to_string(rs.max_rss_bytes >> 20) +
+                            " MiB (--max-rss-gb; the model's weights count); lower "
+                            "max_prompt_tokens, run fewer ranks per node, or raise the cap");
+    }
   }
 }
 
@@ -216,6 +241,8 @@ UnitFailure current_failure(const std::string& context) {
     throw;
   } catch (const UnitTimeout& e) {
     return {FailureStatus::kTimeout, e.what()};
+  } catch (const UnitMemoryLimit& e) {
+    return {FailureStatus::kOom, e.what()};
   } catch (const std::bad_alloc& e) {
     return {FailureStatus::kOom, prefix + "out of host memory (" + e.what() +
                                      "); lower max_prompt_tokens, or run fewer ranks per "
@@ -268,166 +295,223 @@ kernels::CommStats comm_stats(const engine::EngineBase& engine) {
   return engine.tp() ? engine.tp()->stats() : kernels::CommStats{};
 }
 
+// One unit being run: what its protocol reads, its policy and what it fills in.
+struct Unit {
+  const LoadedModel& lm;
+  engine::EngineBase& engine;
+  const tasks::Sample& s;
+  const RunSettings& rs;
+  size_t index;  // in the bundle (RunFaults, on_final_cache)
+  std::unique_ptr<policies::Policy> policy;
+  UnitOutput out;
+};
+
+// Perplexity: the text streamed token by token through the decode rule, scoring each next token.
+void run_perplexity(Unit& u) {
+  const engine::ModelConfig& c = u.lm.model->config;
+  const tasks::Sample& s = u.s;
+  UnitMeasurements& m = u.out.m;
+  std::vector<int32_t> ids = encode_text(u.lm, s.text, false, prompt_needs_bos(u.lm, false));
+  size_t keep = ids.size();
+  if (s.max_tokens > 0) keep = std::min(keep, static_cast<size_t>(s.max_tokens));
+  if (keep > static_cast<size_t>(c.max_seq_len)) {
+    m.truncated_tokens = static_cast<int>(keep - c.max_seq_len);  // documented: the context
+    keep = c.max_seq_len;
+  }
+  ids.resize(keep);
+  KVB_USAGE_CHECK(ids.size() >= 2) << "sample " << s.id << ": the text has " << ids.size()
+                                   << " tokens; perplexity needs at least 2";
+  kernels::KvCache cache = u.engine.new_cache(static_cast<int>(ids.size()), u.policy.get());
+  Tracker tr(cache, u.engine);
+  u.policy->begin_sequence(1);
+  std::vector<double> steps;
+  std::vector<float> logits;
+  const kernels::CommStats comm0 = comm_stats(u.engine);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t t = 0; t + 1 < ids.size(); ++t) {
+    const auto ts = std::chrono::steady_clock::now();
+    u.engine.forward({&ids[t], 1}, cache, engine::LogitsMode::kLast, &logits, u.policy.get(),
+                     engine::PolicyHook::kDecode);
+    steps.push_back(ms_since(ts));
+    check_finite(logits, s, "perplexity step", t + 1);
+    u.out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
+    check_limits(u.rs, t0, 0, s, u.engine.tp());
+    tr.sample();
+  }
+  m.decode_ms = ms_since(t0);
+  m.tp_decode_comm = comm_stats(u.engine) - comm0;
+  m.tp_decode_steps = static_cast<int>(steps.size());
+  m.prompt_tokens = static_cast<int>(ids.size());
+  m.decode_ms_p50 = percentile(steps, 50);
+  m.decode_ms_p99 = percentile(steps, 99);
+  m.tokens_per_s = steps.empty() ? 0 : steps.size() * 1000.0 / m.decode_ms;
+  tr.finish(m);
+  if (u.rs.on_final_cache) u.rs.on_final_cache(u.index, cache, *u.policy);
+}
+
+// The prompt's state after the prefill step, which choice and generation start from.
+struct Prompted {
+  std::vector<float> logits;  // after the prompt (and a question streamed on top)
+  std::chrono::steady_clock::time_point t0;
+  double shared_ms = 0;  // the shared prefill this unit started from (0: its own)
+};
+
+// The step every prompted protocol shares: the prompt into `cache` (sized by the caller for the
+// prompt and what follows), by the bundle's shared prefill where the policy allows it or by its
+// own, then a question placed after compression streamed through the decode rule; measures it,
+// checks the logits and the unit's limits.
+Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* shared,
+                      kernels::KvCache& cache) {
+  UnitMeasurements& m = u.out.m;
+  Prompted out;
+  const kernels::CommStats comm0 = comm_stats(u.engine);
+  out.t0 = std::chrono::steady_clock::now();
+  std::vector<int32_t> first, rest;
+  split_prompt(p, u.rs, &first, &rest);
+  if (shared && engine::can_share_prefill(*u.policy)) {
+    // Same cache and logits as prefill_prompt would give (the layer outputs never depend on
+    // the policy); only the compression runs per policy.
+    cache = shared->full;
+    cache.reserve_extra(static_cast<int>(rest.size()) + std::max(1, u.s.max_new_tokens));
+    u.policy->begin_sequence(static_cast<int>(first.size()));
+    u.engine.apply_recorded_prefill(*u.policy, cache, shared->record);
+    out.logits = shared->logits;
+    out.shared_ms = shared->ms;
+  } else {
+    engine::prefill_prompt(u.engine, cache, first, u.policy.get(), &out.logits);
+  }
+  // The question on top of the compressed context, through the decode rule (per token).
+  for (int32_t id : rest) {
+    u.engine.forward({&id, 1}, cache, engine::LogitsMode::kLast, &out.logits, u.policy.get(),
+                     engine::PolicyHook::kDecode);
+  }
+  m.prefill_ms = out.shared_ms + ms_since(out.t0);
+  m.prefill_shared = out.shared_ms > 0;
+  m.tp_prefill_comm = comm_stats(u.engine) - comm0;
+  check_finite(out.logits, u.s, rest.empty() ? "the prompt's prefill" : "the question");
+  if (static_cast<int>(u.index) == u.rs.faults.bad_alloc_unit) {
+    throw std::bad_alloc();  // test hook (RunFaults): as if growing the cache failed
+  }
+  check_limits(u.rs, out.t0, out.shared_ms, u.s, u.engine.tp());
+  return out;
+}
+
+// Multiple choice: each choice scored (sum of its tokens' log-probabilities) on a fork of the
+// prompt's cache and a clone of the policy, so that no choice sees another; a fork holds the
+// prompt's retained rows plus room for the choice, not the prompt cache's spare capacity.
+void score_choices(Unit& u, const kernels::KvCache& cache, const Prompted& pre) {
+  const tasks::Sample& s = u.s;
+  KVB_CHECK(!s.choices.empty()) << "sample " << s.id << ": no choices";
+  for (const std::string& choice : s.choices) {
+    const std::vector<int32_t> ids = encode_text(u.lm, choice, false, false);
+    KVB_CHECK(!ids.empty()) << "sample " << s.id << ": choice '" << choice << "' has no tokens";
+    kernels::KvCache fork = cache.fork(static_cast<int>(ids.size()) - 1);
+    std::unique_ptr<policies::Policy> fork_policy = u.policy->clone();
+    std::vector<float> l = pre.logits;
+    double ll = log_prob(l, ids[0]);
+    for (size_t t = 0; t + 1 < ids.size(); ++t) {
+      u.engine.forward({&ids[t], 1}, fork, engine::LogitsMode::kLast, &l, fork_policy.get(),
+                       engine::PolicyHook::kDecode);
+      check_finite(l, s, "choice scoring step", t + 1);
+      ll += log_prob(l, ids[t + 1]);
+      check_limits(u.rs, pre.t0, pre.shared_ms, s, u.engine.tp());
+    }
+    u.out.prediction.choice_logliks.push_back(ll);
+  }
+  u.out.m.ttft_ms = u.out.m.prefill_ms;
+}
+
+// Generation: decoding from the prompt's logits until an end token, max_new_tokens or a stop
+// string; ttft_ms counts the shared prefill too.
+void generate_answer(Unit& u, kernels::KvCache& cache, const Prompted& pre, Tracker& tr) {
+  const tasks::Sample& s = u.s;
+  UnitMeasurements& m = u.out.m;
+  engine::GenerateOptions go;
+  go.max_new_tokens = s.max_new_tokens;
+  go.sampling = u.rs.sampling;
+  go.end_ids = u.lm.end_ids;
+  std::vector<int32_t> gen;
+  bool first_token = true;
+  std::string stopped_text;
+  bool stopped = false;
+  auto on_token = [&](int32_t id) {
+    check_limits(u.rs, pre.t0, pre.shared_ms, s, u.engine.tp());
+    if (first_token) {
+      m.ttft_ms = pre.shared_ms + ms_since(pre.t0);
+      first_token = false;
+    }
+    tr.sample();
+    gen.push_back(id);
+    if (s.stop_strings.empty()) return true;
+    const std::string text = u.lm.tokenizer->decode(gen, true);
+    // Stop strings count only after leading whitespace (LongBench strips leading newlines
+    // before cutting few-shot answers at the first "\n").
+    const size_t begin = text.find_first_not_of(" \t\r\n");
+    if (begin == std::string::npos) return true;
+    for (const std::string& stop : s.stop_strings) {
+      const size_t at = text.find(stop, begin);
+      if (at != std::string::npos) {
+        stopped_text = text.substr(0, at);
+        stopped = true;
+        return false;
+      }
+    }
+    return true;
+  };
+  const kernels::CommStats comm1 = comm_stats(u.engine);
+  engine::GenerateResult r =
+      engine::generate_from(u.engine, cache, pre.logits, go, on_token, u.policy.get());
+  m.tp_decode_comm = comm_stats(u.engine) - comm1;
+  m.tp_decode_steps = r.decode_steps;
+  if (first_token) m.ttft_ms = pre.shared_ms + ms_since(pre.t0);
+  u.out.prediction.text = stopped ? stopped_text : u.lm.tokenizer->decode(r.tokens, true);
+  m.generated_tokens = static_cast<int>(r.tokens.size());
+  m.decode_ms = r.decode_ms;
+  m.decode_ms_p50 = percentile(r.step_ms, 50);
+  m.decode_ms_p99 = percentile(r.step_ms, 99);
+  m.tokens_per_s = r.decode_steps > 0 ? r.decode_steps * 1000.0 / r.decode_ms : 0;
+}
+
+// Choice and generation: the prompt assembled, the prefill step, then the protocol.
+void run_prompted(Unit& u, const SharedPrefill* shared) {
+  const tasks::Sample& s = u.s;
+  UnitMeasurements& m = u.out.m;
+  const PromptTokens p = build_prompt(u.lm, s, u.rs);
+  m.truncated_tokens = p.truncated;
+  u.out.prediction.truncated_tokens = p.truncated;
+  m.prompt_tokens = static_cast<int>(p.size());
+  u.out.prediction.prompt_tokens = m.prompt_tokens;
+  KVB_CHECK(p.size() > 0) << "sample " << s.id << ": empty prompt";
+  kernels::KvCache cache = u.engine.new_cache(
+      static_cast<int>(p.size()) + std::max(1, s.max_new_tokens), u.policy.get());
+  Tracker tr(cache, u.engine);
+  const Prompted pre = prefill_step(u, p, shared, cache);
+  tr.sample();
+  if (s.kind == tasks::SampleKind::kChoice) {
+    score_choices(u, cache, pre);
+  } else {
+    generate_answer(u, cache, pre, tr);
+  }
+  tr.finish(m);
+  if (u.rs.on_final_cache) u.rs.on_final_cache(u.index, cache, *u.policy);
+}
+
+// One unit: its policy, the sample's protocol, then what every protocol measures the same way.
 UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const tasks::Sample& s,
                    const policies::PolicyConfig& unit_pc, const RunSettings& rs,
                    const SharedPrefill* shared, size_t unit_index) {
-  const engine::ModelConfig& c = lm.model->config;
   policies::PolicyConfig pc = unit_pc;
   pc.tp = engine.tp();
-  std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
-  UnitOutput out;
-  UnitMeasurements& m = out.m;
+  Unit u{lm, engine, s, rs, unit_index, policies::make_policy(pc), {}};
   const double policy_ms0 = engine.policy_ms();
-  std::vector<float> logits;
-
   if (s.kind == tasks::SampleKind::kPerplexity) {
-    std::vector<int32_t> ids = encode_text(lm, s.text, false, prompt_needs_bos(lm, false));
-    size_t keep = ids.size();
-    if (s.max_tokens > 0) keep = std::min(keep, static_cast<size_t>(s.max_tokens));
-    if (keep > static_cast<size_t>(c.max_seq_len)) {
-      m.truncated_tokens = static_cast<int>(keep - c.max_seq_len);  // documented: the context
-      keep = c.max_seq_len;
-    }
-    ids.resize(keep);
-    KVB_USAGE_CHECK(ids.size() >= 2) << "sample " << s.id << ": the text has " << ids.size()
-                                     << " tokens; perplexity needs at least 2";
-    kernels::KvCache cache = engine.new_cache(static_cast<int>(ids.size()), policy.get());
-    Tracker tr(cache, engine);
-    policy->begin_sequence(1);
-    std::vector<double> steps;
-    const kernels::CommStats comm0 = comm_stats(engine);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (size_t t = 0; t + 1 < ids.size(); ++t) {
-      const auto ts = std::chrono::steady_clock::now();
-      engine.forward({&ids[t], 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
-                     engine::PolicyHook::kDecode);
-      steps.push_back(ms_since(ts));
-      check_finite(logits, s, "perplexity step", t + 1);
-      out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
-      check_deadline(rs, t0, 0, s, engine.tp());
-      tr.sample();
-    }
-    m.decode_ms = ms_since(t0);
-    m.tp_decode_comm = comm_stats(engine) - comm0;
-    m.tp_decode_steps = static_cast<int>(steps.size());
-    m.prompt_tokens = static_cast<int>(ids.size());
-    m.decode_ms_p50 = percentile(steps, 50);
-    m.decode_ms_p99 = percentile(steps, 99);
-    m.tokens_per_s = steps.empty() ? 0 : steps.size() * 1000.0 / m.decode_ms;
-    tr.finish(m);
-    if (rs.on_final_cache) rs.on_final_cache(unit_index, cache, *policy);
+    run_perplexity(u);
   } else {
-    PromptTokens p = build_prompt(lm, s, rs);
-    m.truncated_tokens = p.truncated;
-    out.prediction.truncated_tokens = p.truncated;
-    m.prompt_tokens = static_cast<int>(p.size());
-    out.prediction.prompt_tokens = m.prompt_tokens;
-    KVB_CHECK(p.size() > 0) << "sample " << s.id << ": empty prompt";
-    kernels::KvCache cache =
-        engine.new_cache(static_cast<int>(p.size()) + std::max(1, s.max_new_tokens), policy.get());
-    Tracker tr(cache, engine);
-    const kernels::CommStats comm0 = comm_stats(engine);
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<int32_t> first, rest;
-    split_prompt(p, rs, &first, &rest);
-    double shared_ms = 0;
-    if (shared && engine::can_share_prefill(*policy)) {
-      // Same cache and logits as prefill_prompt would give (the layer outputs never depend on
-      // the policy); only the compression runs per policy.
-      cache = shared->full;
-      cache.reserve_extra(static_cast<int>(rest.size()) + std::max(1, s.max_new_tokens));
-      policy->begin_sequence(static_cast<int>(first.size()));
-      engine.apply_recorded_prefill(*policy, cache, shared->record);
-      logits = shared->logits;
-      shared_ms = shared->ms;
-    } else {
-      engine::prefill_prompt(engine, cache, first, policy.get(), &logits);
-    }
-    // The question on top of the compressed context, through the decode rule (per token).
-    for (int32_t id : rest) {
-      engine.forward({&id, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
-                     engine::PolicyHook::kDecode);
-    }
-    m.prefill_ms = shared_ms + ms_since(t0);
-    m.prefill_shared = shared_ms > 0;
-    m.tp_prefill_comm = comm_stats(engine) - comm0;
-    check_finite(logits, s, rest.empty() ? "the prompt's prefill" : "the question");
-    if (static_cast<int>(unit_index) == rs.faults.bad_alloc_unit) {
-      throw std::bad_alloc();  // test hook (RunFaults): as if growing the cache failed
-    }
-    check_deadline(rs, t0, shared_ms, s, engine.tp());
-    tr.sample();
-
-    if (s.kind == tasks::SampleKind::kChoice) {
-      KVB_CHECK(!s.choices.empty()) << "sample " << s.id << ": no choices";
-      for (const std::string& choice : s.choices) {
-        const std::vector<int32_t> ids = encode_text(lm, choice, false, false);
-        KVB_CHECK(!ids.empty()) << "sample " << s.id << ": choice '" << choice << "' has no tokens";
-        kernels::KvCache fork = cache;
-        std::unique_ptr<policies::Policy> fork_policy = policy->clone();
-        std::vector<float> l = logits;
-        double ll = log_prob(l, ids[0]);
-        for (size_t t = 0; t + 1 < ids.size(); ++t) {
-          engine.forward({&ids[t], 1}, fork, engine::LogitsMode::kLast, &l, fork_policy.get(),
-                         engine::PolicyHook::kDecode);
-          check_finite(l, s, "choice scoring step", t + 1);
-          ll += log_prob(l, ids[t + 1]);
-          check_deadline(rs, t0, shared_ms, s, engine.tp());
-        }
-        out.prediction.choice_logliks.push_back(ll);
-      }
-      m.ttft_ms = m.prefill_ms;
-    } else {
-      engine::GenerateOptions go;
-      go.max_new_tokens = s.max_new_tokens;
-      go.sampling = rs.sampling;
-      go.end_ids = lm.end_ids;
-      std::vector<int32_t> gen;
-      bool first_token = true;
-      std::string stopped_text;
-      bool stopped = false;
-      auto on_token = [&](int32_t id) {
-        check_deadline(rs, t0, shared_ms, s, engine.tp());
-        if (first_token) {
-          m.ttft_ms = shared_ms + ms_since(t0);
-          first_token = false;
-        }
-        tr.sample();
-        gen.push_back(id);
-        if (s.stop_strings.empty()) return true;
-        const std::string text = lm.tokenizer->decode(gen, true);
-        // Stop strings count only after leading whitespace (LongBench strips leading newlines
-        // before cutting few-shot answers at the first "\n").
-        const size_t begin = text.find_first_not_of(" \t\r\n");
-        if (begin == std::string::npos) return true;
-        for (const std::string& stop : s.stop_strings) {
-          const size_t at = text.find(stop, begin);
-          if (at != std::string::npos) {
-            stopped_text = text.substr(0, at);
-            stopped = true;
-            return false;
-          }
-        }
-        return true;
-      };
-      const kernels::CommStats comm1 = comm_stats(engine);
-      engine::GenerateResult r =
-          engine::generate_from(engine, cache, logits, go, on_token, policy.get());
-      m.tp_decode_comm = comm_stats(engine) - comm1;
-      m.tp_decode_steps = r.decode_steps;
-      if (first_token) m.ttft_ms = shared_ms + ms_since(t0);
-      out.prediction.text = stopped ? stopped_text : lm.tokenizer->decode(r.tokens, true);
-      m.generated_tokens = static_cast<int>(r.tokens.size());
-      m.decode_ms = r.decode_ms;
-      m.decode_ms_p50 = percentile(r.step_ms, 50);
-      m.decode_ms_p99 = percentile(r.step_ms, 99);
-      m.tokens_per_s = r.decode_steps > 0 ? r.decode_steps * 1000.0 / r.decode_ms : 0;
-    }
-    tr.finish(m);
-    if (rs.on_final_cache) rs.on_final_cache(unit_index, cache, *policy);
+    run_prompted(u, shared);
   }
+  UnitMeasurements& m = u.out.m;
   m.policy_ms = engine.policy_ms() - policy_ms0;
-  m.policy_state_bytes = policy->state_bytes();
+  m.policy_state_bytes = u.policy->state_bytes();
   if (engine.tp()) {
     // Every rank's policy state (each holds its own heads').
     uint64_t total = 0;
@@ -438,7 +522,7 @@ UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const task
   }
   m.host_rss_peak = host_rss_peak_bytes();
   m.device_peak_bytes = engine.device_peak_bytes();
-  return out;
+  return std::move(u.out);
 }
 
 }  // namespace
@@ -493,8 +577,11 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get(), i);
     } catch (const UnitTimeout&) {
       if (!failures) throw;
-      // Under tensor parallelism every rank agreed (check_deadline).
+      // Under tensor parallelism every rank agreed (check_limits).
       (*failures)[i] = current_failure("");
+    } catch (const UnitMemoryLimit&) {
+      if (!failures) throw;
+      (*failures)[i] = current_failure("");  // agreed like a timeout (check_limits)
     } catch (const Error& e) {
       // Usage errors fail the bundle. Under tensor parallelism a runtime error may be this
       // rank's alone while the others wait in a collective of this unit: the caller must stop.

@@ -33,6 +33,16 @@ class UnitTimeout : public Error {
   using Error::Error;
 };
 
+// A unit during which the process's resident set (/proc/self/statm) was above
+// RunSettings::max_rss_bytes (`kvbench sweep --max-rss-gb`), checked where the time limit is:
+// after the prompt and between tokens. Not a hard cap: an allocation between two checks is not
+// stopped (a hard cap is the kernel's: ulimit -v / prlimit --as, cgroups; what they refuse ends
+// `oom` as std::bad_alloc). Recorded as status `oom`.
+class UnitMemoryLimit : public Error {
+ public:
+  using Error::Error;
+};
+
 // How a unit failed (results' unit statuses, less those the coordinator gives: pending,
 // running, ok). `crashed` is never returned by the runner: a worker that dies cannot report; it is
 // here so that the harness speaks one vocabulary.
@@ -45,7 +55,7 @@ struct UnitFailure {
 };
 
 // Classifies the exception in flight; call only inside a catch block. UnitTimeout -> timeout;
-// std::bad_alloc and std::length_error (what a huge std::vector allocation throws) -> oom; a
+// UnitMemoryLimit -> oom; std::bad_alloc and std::length_error (what a huge std::vector allocation throws) -> oom; a
 // kvb::Error of kind kOutOfMemory (a failed device allocation) -> oom; any other std::exception
 // (kvb::Error included) -> error, its what() the message. `context` (e.g.
 // "sample X, policy h2o") prefixes the message of exceptions that do not carry it.
@@ -60,6 +70,7 @@ struct RunFaults {
 struct RunSettings {
   int max_prompt_tokens = 0;  // middle-truncate the user message above this (0: fit the context)
   double time_limit_s = 0;    // per unit (0: none)
+  size_t max_rss_bytes = 0;   // the process's resident set, per check (0: none; UnitMemoryLimit)
   QuestionPlacement question = QuestionPlacement::kInPrompt;
   engine::SamplingParams sampling;  // greedy by default
   // Called with each unit's final cache (index into run_bundle's policies; 0 for run_sample):

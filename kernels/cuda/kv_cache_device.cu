@@ -434,6 +434,12 @@ std::unique_ptr<DeviceRows> DeviceKvCache::clone() const {
   return copy;
 }
 
+std::unique_ptr<DeviceRows> DeviceKvCache::fork(int extra) const {
+  auto copy = std::make_unique<DeviceKvCache>(shape_, dtype_, max_length() + extra);
+  copy_into(*copy);
+  return copy;
+}
+
 std::unique_ptr<DeviceKvCache> DeviceKvCache::grown(int capacity) const {
   std::vector<int32_t> caps = capacities_h_;
   for (int32_t& c : caps) c = std::max(c, capacity);

@@ -88,6 +88,9 @@ class DeviceKvCache final : public DeviceRows {
   // A copy on the device (DeviceRows: forking a sequence whose rows live here): the same
   // capacities, lengths, rows and next position. Synchronous (the device is idle after).
   std::unique_ptr<DeviceRows> clone() const override;
+  // A copy with max_length() + extra slots per head (KvCache::fork: a choice's branch).
+  // Synchronous.
+  std::unique_ptr<DeviceRows> fork(int extra) const override;
   // A copy with at least `capacity` slots per head (a head about to overflow; rows copied on the
   // device). Synchronous.
   std::unique_ptr<DeviceKvCache> grown(int capacity) const;

@@ -1,6 +1,6 @@
-// `kvbench report`: the quickstart sweep's report rendered by headless Chromium (Debian's
-// `chromium`, installed by scripts/setup.sh) with every plot present, laid out and non-empty; the
-// files (HTML, Markdown, CSV, SVG) of the ci_smoke report; hostile text escaped; filters; and the
+// `kvbench report`: a small NIAH sweep's report (configs/ci_report.yaml) rendered by headless
+// Chromium (Debian's `chromium`, installed by scripts/setup.sh) with every plot present, laid out
+// and non-empty; the files (HTML, Markdown, CSV, SVG) of the ci_smoke report; hostile text escaped; filters; and the
 // errors (empty database, unknown filter values).
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -117,22 +117,22 @@ std::set<std::string> plot_files(const fs::path& dir) {
   return ids;
 }
 
-// The README's main job, then its report in a browser: every plot is there, has a size, and
-// every data mark lies inside its plot.
-TEST(Report, QuickstartRendersEveryPlotInChromium) {
-  const std::string db = fresh_db("report_quickstart.db");
-  ASSERT_EQ(kvbench({"sweep", kConfigs + "quickstart.yaml", "--db", db}), 0);
-  const fs::path dir = kBuild + "/report_quickstart";
+// A small version of the README's main job (configs/ci_report.yaml: the quickstart's model,
+// task and haystack, 12 units instead of 165), then its report in a browser: every plot kind is
+// there, has a size, and every data mark lies inside its plot.
+TEST(Report, SmallNiahSweepRendersEveryPlotInChromium) {
+  const std::string db = fresh_db("report_small.db");
+  ASSERT_EQ(kvbench({"sweep", kConfigs + "ci_report.yaml", "--db", db}), 0);
+  const fs::path dir = kBuild + "/report_small";
   std::string out;
   ASSERT_EQ(kvbench({"report", "--db", db, "--out", dir.string()}, &out), 0);
-  // 6 policies, 2 budgets, 3 context lengths x 5 depths: 1 score plot, 11 NIAH maps (full +
-  // 5 x 2), memory per budget (2), prefill and decode per budget (4), 1 Pareto plot.
-  std::set<std::string> expected = {"score-niah-recall", "pareto-niah-recall", "niah-full"};
-  for (const char* p : {"window", "streaming-llm", "h2o", "snapkv", "ada-snapkv"}) {
-    for (const char* b : {"128", "256"}) expected.insert(std::string("niah-") + p + "-b" + b);
-  }
+  EXPECT_NE(out.find("from 12 units (12 ok)"), std::string::npos) << out;
+  // full and snapkv, 2 budgets, 2 context lengths x 2 depths: 1 score plot, 3 NIAH maps (full +
+  // snapkv x 2), memory per budget (2), prefill and decode per budget (4), 1 Pareto plot.
+  std::set<std::string> expected = {"score-niah-recall", "pareto-niah-recall", "niah-full",
+                                    "niah-snapkv-b64", "niah-snapkv-b128"};
   for (const char* q : {"kv", "prefill", "decode"}) {
-    for (const char* b : {"128", "256"}) expected.insert(std::string(q) + "-niah-b" + b);
+    for (const char* b : {"64", "128"}) expected.insert(std::string(q) + "-niah-b" + b);
   }
   EXPECT_EQ(plot_files(dir), expected);
   const auto rendered = render_in_chromium(dir);
@@ -146,17 +146,18 @@ TEST(Report, QuickstartRendersEveryPlotInChromium) {
     EXPECT_GT(r.data_h, 20) << id;
     EXPECT_EQ(r.inside, r.marks) << id << ": marks outside the plot";
   }
-  // Marks per plot: the score plot has full at both budgets + 5 policies x 2; a map 3 x 5 cells;
-  // a cost plot 6 policies x 3 lengths; the Pareto plot 11 cells (its front is a line).
-  EXPECT_EQ(rendered.at("score-niah-recall").marks, 2 + 5 * 2);
-  EXPECT_EQ(rendered.at("niah-snapkv-b128").marks, 15);
-  EXPECT_EQ(rendered.at("kv-niah-b256").marks, 6 * 3);
-  EXPECT_EQ(rendered.at("pareto-niah-recall").marks, 11);
+  // Marks per plot: the score plot has full at both budgets + snapkv at both; a map 2 x 2 cells;
+  // a cost plot 2 policies x 2 lengths; the Pareto plot 3 cells (its front is a line).
+  EXPECT_EQ(rendered.at("score-niah-recall").marks, 2 + 2);
+  EXPECT_EQ(rendered.at("niah-snapkv-b64").marks, 4);
+  EXPECT_EQ(rendered.at("kv-niah-b128").marks, 2 * 2);
+  EXPECT_EQ(rendered.at("pareto-niah-recall").marks, 3);
   EXPECT_TRUE(fs::file_size(dir / "screenshot.png") > 10000);
-  // The quickstart's numbers reach the page: full finds every needle.
+  // The sweep's numbers reach the page: full finds every needle.
   const std::string md = slurp(dir / "report.md");
-  EXPECT_NE(md.find("| smollm2-135m | niah | full          | -         | recall ↑ |  15 | 1.0000 |"),
-            std::string::npos);
+  EXPECT_NE(md.find("| smollm2-135m | niah | full   | -         | recall ↑ |   4 | 1.0000 |"),
+            std::string::npos)
+      << md;
 }
 
 class SmokeReport : public ::testing::Test {
@@ -357,6 +358,17 @@ TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {
                     nullptr, &err),
             2);
   EXPECT_NE(err.find("unknown key 'colour'"), std::string::npos) << err;
+  // kv_budget= is the axis's one name; budget= (above) its older spelling: the same report.
+  const fs::path named = kBuild + "/report_filtered_kv_budget";
+  ASSERT_EQ(kvbench({"report", "--db", db_, "--out", named.string(), "--filter",
+                     "policy=snapkv", "--filter", "kv_budget=32", "--filter", "task=niah"}),
+            0);
+  EXPECT_EQ(slurp(named / "csv" / "summary.csv"), csv);
+  EXPECT_EQ(plot_files(named), plot_files(dir));
+  EXPECT_EQ(kvbench({"report", "--db", db_, "--out", named.string(), "--filter", "kv_budget=31"},
+                    nullptr, &err),
+            2);
+  EXPECT_NE(err.find("--filter kv_budget=31: no kv_budget '31' in"), std::string::npos) << err;
 }
 
 TEST(ReportErrors, EmptyMissingAndForeignDatabases) {

@@ -1,5 +1,6 @@
 // The runner's integrity guarantees (issue 14), on stories260K: a unit that throws std::bad_alloc
-// ends `oom` and its bundle's other units finish; a model whose logits are not finite fails the
+// ends `oom` and its bundle's other units finish, and so does a unit over the resident-memory
+// cap (--max-rss-gb); a model whose logits are not finite fails the
 // unit with an error naming the step instead of an empty "ok" prediction; a shared prefill counts
 // toward every unit that used it, in ttft_ms and against the unit time limit.
 #include <gtest/gtest.h>
@@ -67,6 +68,38 @@ TEST(RunnerIntegrity, BadAllocEndsTheUnitOomAndTheBundleGoesOn) {
   EXPECT_THROW(workers::run_bundle(lm, eng, story(), pcs, rs, true), std::bad_alloc);
 }
 
+// --max-rss-gb (RunSettings::max_rss_bytes): under a cap below the process's resident set every
+// unit ends `oom` with a message naming the cap, and the bundle goes on; a cap far above it
+// changes nothing (the same tokens as without one).
+TEST(RunnerIntegrity, ResidentMemoryCapEndsUnitsOom) {
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(kModel, kTok);
+  engine::Engine eng(*lm.model);
+  const auto pcs = policies_of(lm, {"full", "h2o", "snapkv"});
+  workers::RunSettings rs;
+  const auto free_run = workers::run_bundle(lm, eng, story(), pcs, rs, true);
+  rs.max_rss_bytes = size_t{1} << 20;  // 1 MiB: below any process's resident set
+  std::vector<std::optional<workers::UnitFailure>> failures;
+  (void)workers::run_bundle(lm, eng, story(), pcs, rs, true, &failures);
+  ASSERT_EQ(failures.size(), 3u);
+  for (const auto& f : failures) {
+    ASSERT_TRUE(f.has_value());
+    EXPECT_EQ(f->status, workers::FailureStatus::kOom);
+    EXPECT_NE(f->message.find("sample story: the worker's resident memory, "), std::string::npos)
+        << f->message;
+    EXPECT_NE(f->message.find("MiB, is above the cap of 1 MiB (--max-rss-gb"), std::string::npos)
+        << f->message;
+  }
+  EXPECT_THROW(workers::run_bundle(lm, eng, story(), pcs, rs, true), workers::UnitMemoryLimit);
+  rs.max_rss_bytes = size_t{1} << 46;  // 64 TiB
+  failures.clear();
+  const auto capped = workers::run_bundle(lm, eng, story(), pcs, rs, true, &failures);
+  for (size_t i = 0; i < pcs.size(); ++i) {
+    EXPECT_FALSE(failures[i].has_value()) << pcs[i].name;
+    EXPECT_EQ(capped[i].prediction.text, free_run[i].prediction.text) << pcs[i].name;
+    EXPECT_EQ(capped[i].m.generated_tokens, 8);
+  }
+}
+
 TEST(RunnerIntegrity, FailuresAreClassifiedByType) {
   auto classify = [](auto thrower) {
     try {
@@ -85,6 +118,7 @@ TEST(RunnerIntegrity, FailuresAreClassifiedByType) {
             }).status,
             FailureStatus::kOom);
   EXPECT_EQ(classify([] { throw workers::UnitTimeout("slow"); }).status, FailureStatus::kTimeout);
+  EXPECT_EQ(classify([] { throw workers::UnitMemoryLimit("big"); }).status, FailureStatus::kOom);
   const workers::UnitFailure other = classify([] { throw std::out_of_range("map::at"); });
   EXPECT_EQ(other.status, FailureStatus::kError);
   EXPECT_EQ(other.message, "ctx: map::at");

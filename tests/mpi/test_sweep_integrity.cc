@@ -3,8 +3,9 @@
 // `ok`, the sweep exits 1 (a unit failed), nothing is left `running` (units or runs), and under
 // mpirun the coordinator does not hang (before, the exception ended the rank: rank 0 waited in
 // recv_any forever). A shared prefill slower than unit_time_limit_s times out every unit that
-// used it. Matrix: stories260K, NIAH at 128 tokens, depths 0 and 100, full + h2o + snapkv at 32
-// (6 units in 2 bundles).
+// used it. --max-rss-gb ends units `oom`; a lock held by another writer loses no results; the
+// model digest is cached; old axis spellings resume under the new ones. Matrix: stories260K,
+// NIAH at 128 tokens, depths 0 and 100, full + h2o + snapkv at 32 (6 units in 2 bundles).
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
@@ -17,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "common/sha256.h"
 #include "mpi/mpirun.h"
 #include "mpi/sweep_util.h"
 
@@ -105,6 +107,34 @@ TEST_P(SweepIntegrity, BadAllocEndsTheUnitOomAndTheSweepFinishes) {
   EXPECT_NE(out.find("len128_depth0_s0,h2o,32,oom,1,0,"), std::string::npos) << out;
 }
 
+// --max-rss-gb below any worker's resident set: every unit ends `oom` naming the cap, the sweep
+// finishes (exit 1, nothing left running; under mpirun no hang), and `kvbench query
+// failures-by-status` counts them. Values that are not a size are usage errors.
+TEST_P(SweepIntegrity, MemoryCapEndsUnitsOomAndTheSweepFinishes) {
+  const int np = GetParam();
+  const std::string config = write_config("integrity_rss");
+  const std::string db = db_path("integrity_rss_np" + std::to_string(np) + ".db");
+  std::string out;
+  const std::string launch = np > 1 ? mpirun(np, 300) : "";
+  const int rc = run(launch + kBin + " sweep " + config + " --db " + db + " --max-rss-gb 0.001",
+                     &out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"oom", "6"}}));
+  EXPECT_EQ(query(db, kRunStatus), (std::map<std::string, std::string>{{"ok", "1"}}));
+  EXPECT_EQ(query(db, "SELECT 'n', SUM(instr(error, 'MiB, is above the cap of 1 MiB (--max-rss-gb') "
+                      "> 0) FROM units").at("n"),
+            "6");
+  ASSERT_EQ(run(kBin + " query --db " + db + " failures-by-status -o csv", &out), 0) << out;
+  EXPECT_NE(out.find("status,units,policies,messages,most_common_error\noom,6,full h2o snapkv,"),
+            std::string::npos)
+      << out;
+  for (const char* bad : {"-1", "nan", "inf", "2e6"}) {
+    EXPECT_EQ(run(kBin + " sweep " + config + " --db " + db + " --max-rss-gb " + bad, &out), 2)
+        << bad;
+    EXPECT_NE(out.find("--max-rss-gb must be a number of GiB"), std::string::npos) << out;
+  }
+}
+
 // --rerun-status oom runs the oom unit again (without the fault it ends ok) and leaves the
 // others alone; a status that is not a finished one is a usage error.
 TEST(SweepIntegrityRerun, RerunStatusRunsOnlyThoseUnits) {
@@ -176,6 +206,62 @@ TEST(SweepIntegrityLock, AnotherWriterHoldingTheLockLosesNoResults) {
   EXPECT_EQ(query(db, kRunStatus), (std::map<std::string, std::string>{{"ok", "1"}}));
   EXPECT_EQ(query(db, "SELECT 'n', COUNT(*) FROM measurements").at("n"), "6");
   EXPECT_NE(out.find("is locked"), std::string::npos) << "the wait is logged\n" << out;
+}
+
+// One name per axis (issue 14 item 4): a database swept with the old spellings (budgets:, seeds:)
+// resumes under the new ones (kv_budget:, seed:) with nothing to run, since the unit keys are the
+// same; the sweep logs the deprecation note for the old file.
+TEST(SweepIntegrityAxisNames, NewSpellingResumesADatabaseOfTheOld) {
+  const std::string old_config = write_config("integrity_axes_old");
+  const std::string db = db_path("integrity_axes.db");
+  std::string out;
+  ASSERT_EQ(run(kBin + " sweep " + old_config + " --db " + db, &out), 0) << out;
+  EXPECT_NE(out.find(old_config + ":9: budgets is a deprecated spelling; write kv_budget:"),
+            std::string::npos)
+      << out;
+  std::string text;
+  {
+    std::ifstream in(old_config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"budgets:", "kv_budget:"},
+                                 {"seeds:", "seed:"}}) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+  }
+  const std::string new_config = std::string(KVB_BINARY_DIR) + "/integrity_axes_new.yaml";
+  std::ofstream(new_config) << text;
+  ASSERT_EQ(run(kBin + " sweep " + new_config + " --db " + db + " --resume", &out), 0) << out;
+  EXPECT_NE(out.find("6 units in the matrix, 0 to run"), std::string::npos) << out;
+  EXPECT_EQ(out.find("deprecated"), std::string::npos) << out;
+  EXPECT_EQ(query(db, kStatus), (std::map<std::string, std::string>{{"ok", "6"}}));
+  EXPECT_EQ(query(db, "SELECT 'max', MAX(attempts) FROM units").at("max"), "1");
+}
+
+// Model hashing at sweep start (issue 14 item 6): the first start reads the model file, a resume
+// takes its digest from the database (logged, never timed), and the run records the digests its
+// unit keys were made from (runs.model_hashes was '{}' before).
+TEST(SweepIntegrityDigest, ResumeTakesTheModelDigestFromTheDatabase) {
+  const std::string config = write_config("integrity_digest");
+  const std::string db = db_path("integrity_digest.db");
+  const std::string model = kShared + "/models/stories260K/stories260K.bin";
+  std::string out;
+  ASSERT_EQ(run(kBin + " sweep " + config + " --db " + db, &out), 0) << out;
+  EXPECT_NE(out.find("stories260K.bin: hashing"), std::string::npos) << out;
+  EXPECT_EQ(out.find("from the digest cache"), std::string::npos) << out;
+  ASSERT_EQ(run(kBin + " sweep " + config + " --db " + db + " --resume", &out), 0) << out;
+  EXPECT_NE(out.find("stories260K.bin: SHA-256 from the digest cache"), std::string::npos) << out;
+  EXPECT_EQ(out.find("hashing"), std::string::npos) << out;
+  const std::string sha = kvb::sha256_file(model);
+  EXPECT_EQ(query(db, "SELECT run_id, model_hashes FROM runs"),
+            (std::map<std::string, std::string>{{"1", "{\"stories260K\":\"" + sha + "\"}"},
+                                                {"2", "{\"stories260K\":\"" + sha + "\"}"}}));
+  EXPECT_EQ(query(db, "SELECT 'n', COUNT(DISTINCT model_sha256) || ' ' || MIN(model_sha256) "
+                      "FROM units").at("n"),
+            "1 " + sha);
 }
 
 }  // namespace

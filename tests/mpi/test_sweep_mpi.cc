@@ -97,6 +97,7 @@ const std::set<std::string> kRunDependent = {
     "runs.started_at", "runs.finished_at", "runs.host", "runs.ranks", "runs.devices",
     "runs.end_signal",  // recorded by multi-rank coordinators only (0), NULL in one process
     "units.started_at", "units.finished_at", "units.rank", "units.host",
+    "file_digests.hashed_at",  // when the model was hashed (schema v4's digest cache)
     "measurements.prefill_ms", "measurements.ttft_ms", "measurements.decode_ms",
     "measurements.decode_ms_p50", "measurements.decode_ms_p99", "measurements.tokens_per_s",
     "measurements.policy_ms", "measurements.host_rss_peak"};

@@ -262,6 +262,62 @@ TEST(KvCache, IndexOnlyCacheKeepsPositionsAndClonesItsDeviceRows) {
   EXPECT_EQ(clones, 2);
 }
 
+// Device rows that record the fork they were asked for.
+struct ForkingRows final : DeviceRows {
+  explicit ForkingRows(int* extra) : extra(extra) {}
+  std::unique_ptr<DeviceRows> clone() const override { return nullptr; }
+  std::unique_ptr<DeviceRows> fork(int e) const override {
+    *extra = e;
+    return std::make_unique<ForkingRows>(extra);
+  }
+  int* extra;
+};
+
+// KvCache::fork (a choice's branch): the same lengths, positions and rows as a full copy, read
+// through layer views, but capacity max_length() + extra instead of the parent's, and it grows
+// like any cache. Device rows are forked with the same extra.
+TEST(KvCache, ForkCopiesOnlyTheLiveRows) {
+  KvCache parent = filled(2, 3, 5);
+  parent.reserve_extra(40);  // spare capacity, as a prompt's cache has for generation
+  EvictionPlan plan;
+  plan.reset(0, 3);
+  plan.keep(1, {0, 3});
+  parent.apply(plan);  // heads of different lengths: 5, 2, 5
+  parent.advance_position(5);
+  const KvCache copy = parent;
+  const KvCache fork = parent.fork(3);
+  EXPECT_EQ(copy.capacity(), parent.capacity());
+  EXPECT_EQ(fork.capacity(), 5 + 3);
+  EXPECT_LT(fork.physical_bytes(), copy.physical_bytes());
+  EXPECT_EQ(fork.logical_bytes(), copy.logical_bytes());
+  EXPECT_EQ(fork.next_position(), copy.next_position());
+  for (int l = 0; l < 2; ++l) {
+    const LayerKvView a = copy.layer(l), b = fork.layer(l);
+    for (int h = 0; h < 3; ++h) {
+      ASSERT_EQ(fork.length(l, h), copy.length(l, h));
+      EXPECT_EQ(positions(fork, l, h), positions(copy, l, h));
+      for (int s = 0; s < copy.length(l, h); ++s) {
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_EQ(a.key(h, s)[i], b.key(h, s)[i]);
+          EXPECT_EQ(a.value(h, s)[i], b.value(h, s)[i]);
+        }
+      }
+    }
+  }
+  KvCache grows = parent.fork(0);
+  grows.reserve_extra(1);
+  float kv[3] = {7, 7, 7};
+  grows.append(0, 1, kv, kv, 99);
+  EXPECT_EQ(positions(grows, 0, 1), (std::vector<int32_t>{10, 13, 99}));
+  EXPECT_EQ(positions(parent, 0, 1), (std::vector<int32_t>{10, 13}));  // the parent is its own
+  EXPECT_THROW(parent.fork(-1), Error);
+  int extra = -1;
+  parent.set_device_rows(std::make_unique<ForkingRows>(&extra));
+  const KvCache on_device = parent.fork(4);
+  EXPECT_EQ(extra, 4);
+  EXPECT_NE(on_device.device_rows(), nullptr);
+}
+
 TEST(EvictionPlan, BadPlansAreRefusedNamingTheHead) {
   EvictionPlan plan;
   plan.reset(0, 2);

@@ -612,12 +612,74 @@ TEST(Store, MigratesVersion1Databases) {
   EXPECT_EQ(m->host_rss_peak, 4096);
   EXPECT_FALSE(m->device_peak_bytes.has_value());
   EXPECT_FALSE(m->prefill_shared);  // nothing recorded it before version 2
+  EXPECT_EQ(one_value(store, "SELECT count(*) FROM file_digests"), "0");  // added by 3 -> 4
   // The migrated table takes the new column like a fresh one.
   EXPECT_EQ(store.query("SELECT COUNT(*) FROM pragma_table_info('measurements') "
                         "WHERE name = 'prefill_shared' AND \"notnull\" = 1")
                 .rows[0][0]
                 .text,
             "1");
+}
+
+// The columns of a table as (name, type, notnull, pk) lines.
+std::string table_columns(const Store& store, const std::string& table) {
+  std::string out;
+  for (const auto& row :
+       store.query("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?1)", {table}).rows) {
+    for (const auto& v : row) out += v.text + " ";
+    out += "\n";
+  }
+  return out;
+}
+
+// A version-3 database (before the model digest cache) migrates to one whose file_digests table
+// is the fresh schema's, and the cache works in it; its rows stay.
+TEST(Store, MigratesVersion3DatabasesToTheDigestCache) {
+  const std::string dir = fresh_dir();
+  const std::string fresh_path = dir + "/fresh.db", old_path = dir + "/v3.db";
+  Store fresh = Store::open(fresh_path, Mode::kReadWrite);
+  {
+    // The version-3 layout: today's schema without the table version 4 added.
+    Store s = Store::open(old_path, Mode::kReadWrite);
+    (void)s.begin_run(run_info());
+  }
+  {
+    Db db(old_path, SQLITE_OPEN_READWRITE);
+    db.exec("DROP TABLE file_digests");
+    db.exec("PRAGMA user_version = 3");
+  }
+  expect_error([&] { (void)Store::open(old_path, Mode::kReadOnly); },
+               {old_path, "schema version 3 is older than this kvbench (" +
+                              std::to_string(kSchemaVersion) + ")"});
+  Store store = Store::open(old_path, Mode::kReadWrite);
+  EXPECT_EQ(one_value(store, "PRAGMA user_version"), "4");
+  EXPECT_EQ(one_value(store, "SELECT count(*) FROM runs"), "1");
+  const std::string cols = table_columns(store, "file_digests");
+  EXPECT_EQ(cols, table_columns(fresh, "file_digests"));
+  EXPECT_NE(cols.find("inode INTEGER 1 0"), std::string::npos) << cols;
+  const FileStamp stamp{"/models/m.gguf", 100, 1700000000123456789, 42};
+  EXPECT_FALSE(store.cached_digest(stamp).has_value());
+  store.remember_digest(stamp, std::string(64, 'b'));
+  EXPECT_EQ(store.cached_digest(stamp), std::string(64, 'b'));
+  // The table's CHECK refuses what is not a digest.
+  expect_error([&] { store.remember_digest(stamp, "DROP TABLE units"); }, {"CHECK constraint"});
+  EXPECT_EQ(store.cached_digest(stamp), std::string(64, 'b'));
+}
+
+// The cache answers only for the exact stamp; a new stamp replaces the path's row.
+TEST(Store, DigestCacheMatchesEveryStampField) {
+  Store store = Store::open(fresh_dir() + "/results.db", Mode::kReadWrite);
+  const FileStamp stamp{"/m.gguf", 100, 5000, 7};
+  store.remember_digest(stamp, std::string(64, 'a'));
+  for (FileStamp other : {FileStamp{"/n.gguf", 100, 5000, 7}, FileStamp{"/m.gguf", 101, 5000, 7},
+                          FileStamp{"/m.gguf", 100, 5001, 7}, FileStamp{"/m.gguf", 100, 5000, 8}}) {
+    EXPECT_FALSE(store.cached_digest(other).has_value()) << other.path << " " << other.size;
+  }
+  const FileStamp touched{"/m.gguf", 100, 6000, 7};
+  store.remember_digest(touched, std::string(64, 'c'));
+  EXPECT_FALSE(store.cached_digest(stamp).has_value());
+  EXPECT_EQ(store.cached_digest(touched), std::string(64, 'c'));
+  EXPECT_EQ(one_value(store, "SELECT count(*) FROM file_digests"), "1");
 }
 
 TEST(Store, SqlInValuesIsStoredVerbatim) {

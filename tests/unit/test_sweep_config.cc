@@ -313,5 +313,83 @@ TEST_F(SweepConfigTest, ValidateCommand) {
   EXPECT_NE(err.find("chat: false"), std::string::npos) << err;
 }
 
+// One name per axis (issue 14 item 4): kv_budget: and seed: at the top, kv_budget: {ratio: r}
+// in exclude:, give exactly the matrix of the old spellings budgets:, seeds: and kv_ratio:; the
+// old ones leave a note naming file:line and the new spelling, the new ones none.
+TEST_F(SweepConfigTest, NewAndOldAxisNamesExpandAlike) {
+  const std::string policies = "policies:\n  - full\n  - h2o\n  - snapkv\n";
+  const std::string old_path =
+      write("axes_old.yaml", base_yaml(policies) +
+                                 "budgets: [64, \"128-256*2\", {ratio: 0.5}]\n"
+                                 "seeds: [0, \"1-2\"]\n"
+                                 "exclude:\n"
+                                 "  - {policy: h2o, kv_budget: 256}\n"
+                                 "  - {policy: snapkv, kv_ratio: [0.5], seed: 2}\n");
+  const std::string new_path =
+      write("axes_new.yaml", base_yaml(policies) +
+                                 "kv_budget: [64, \"128-256*2\", {ratio: 0.5}]\n"
+                                 "seed: [0, \"1-2\"]\n"
+                                 "exclude:\n"
+                                 "  - {policy: h2o, kv_budget: 256}\n"
+                                 "  - {policy: snapkv, kv_budget: [{ratio: 0.5}], seed: 2}\n");
+  const SweepConfig o = load_sweep_config(old_path);
+  const SweepConfig n = load_sweep_config(new_path);
+  auto specs = [](const SweepConfig& c) {
+    std::vector<std::string> v;
+    for (const BudgetEntry& b : c.budgets) v.push_back(b.spec());
+    return v;
+  };
+  EXPECT_EQ(specs(n), (std::vector<std::string>{"64", "128", "256", "0.5 ratio"}));
+  EXPECT_EQ(specs(o), specs(n));
+  EXPECT_EQ(n.seeds, (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(o.seeds, n.seeds);
+  std::vector<std::map<std::string, std::string>> co, cn;
+  for (const ConfigCell& c : expand_config_cells(o)) co.push_back(cell_axes(o, c));
+  for (const ConfigCell& c : expand_config_cells(n)) cn.push_back(cell_axes(n, c));
+  // (1 full + 2 x 4 budgets) x 3 seeds = 27, minus h2o@256 (3 seeds) and snapkv@0.5 ratio seed 2.
+  EXPECT_EQ(cn.size(), 27u - 3 - 1);
+  EXPECT_EQ(co, cn);
+  EXPECT_TRUE(n.notes.empty());
+  ASSERT_EQ(o.notes.size(), 3u);
+  EXPECT_EQ(o.notes[0], old_path + ":11: seeds is a deprecated spelling; write seed: (same "
+                                   "meaning, same unit keys)");
+  EXPECT_EQ(o.notes[1], old_path + ":10: budgets is a deprecated spelling; write kv_budget: "
+                                   "(same meaning, same unit keys)");
+  EXPECT_EQ(o.notes[2], old_path + ":14: exclude[1].kv_ratio is a deprecated spelling; write "
+                                   "kv_budget: {ratio: r} (same meaning, same unit keys)");
+  // Both spellings of one axis: an error naming both places, also across an include.
+  EXPECT_NE(load_error("axes_both.yaml", base_yaml("policies: [h2o]\n") +
+                                             "kv_budget: [64]\nbudgets: [64]\n")
+                .find(":8: budgets: the same axis as kv_budget ("),
+            std::string::npos);
+  write("axes_inc/old.yaml", "seeds: [1]\n");
+  const std::string err = load_error(
+      "axes_inc.yaml", "include: axes_inc/old.yaml\n" + base_yaml() + "seed: [0]\n");
+  EXPECT_NE(err.find("axes_inc/old.yaml:1: seeds: the same axis as seed ("), std::string::npos)
+      << err;
+  // exclude: kv_budget: {ratio: r} must name a ratio of the config, like a token count.
+  EXPECT_NE(load_error("axes_ratio.yaml",
+                       base_yaml("policies: [h2o]\n") +
+                           "kv_budget: [{ratio: 0.5}]\nexclude: [{kv_budget: {ratio: 0.25}}]\n")
+                .find("'0.25 ratio' is not in this config; its values: 0.5 ratio"),
+            std::string::npos);
+}
+
+// `kvbench validate` prints the deprecation notes on stderr and still accepts the config.
+TEST_F(SweepConfigTest, ValidateNotesDeprecatedSpellings) {
+  const std::string path = write("validate_old_axes.yaml",
+                                 base_yaml("policies: [full, h2o]\n") + "budgets: [64]\n");
+  std::string out, err;
+  ASSERT_EQ(run_kvbench({"validate", path}, out, err), 0) << err;
+  EXPECT_NE(err.find("kvbench validate: note: " + path +
+                     ":7: budgets is a deprecated spelling; write kv_budget:"),
+            std::string::npos)
+      << err;
+  const std::string now = write("validate_new_axes.yaml",
+                                base_yaml("policies: [full, h2o]\n") + "kv_budget: [64]\n");
+  ASSERT_EQ(run_kvbench({"validate", now}, out, err), 0) << err;
+  EXPECT_EQ(err.find("deprecated"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace kvb::harness
