@@ -36,7 +36,8 @@
   X(occupancy_max_final, int, Int)                                                              \
   X(host_rss_peak, size_t, Int)        /* bytes (VmHWM of the worker process) */                \
   X(device_peak_bytes, size_t, NullableInt) /* GPU allocator high-water mark; 0/NULL on CPU */  \
-  X(prefill_shared, bool, Bool)        /* prompt forward shared with other policies */
+  X(prefill_shared, bool, Bool)        /* prompt forward shared with other policies */          \
+  X(decode_batch, double, Real)        /* sequences per decode step, mean over its steps (1) */
 
 namespace kvb::measurement {
 

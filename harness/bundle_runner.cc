@@ -64,6 +64,7 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
     rs.max_prompt_tokens = cfg_.max_prompt_tokens;
     rs.time_limit_s = cfg_.unit_time_limit_s;
     rs.max_rss_bytes = max_rss_bytes_;
+    rs.decode_batch = decode_batch_ >= 0 ? decode_batch_ : cfg_.decode_batch;
     rs.sampling = {cfg_.generation.temperature, cfg_.generation.top_k, cfg_.generation.top_p, 0};
     if (const char* dir = std::getenv("KVB_DUMP_KEEPSETS")) {
       rs.on_final_cache = [&, dir](size_t k, const kernels::KvCache& cache,

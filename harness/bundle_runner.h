@@ -35,6 +35,8 @@ class BundleRunner {
   // --max-rss-gb: a unit during which this process's resident set exceeds `gib` GiB ends `oom`
   // (workers::UnitMemoryLimit; checked after the prompt and between tokens). 0: no cap.
   void limit_rss(double gib) { max_rss_bytes_ = static_cast<size_t>(gib * (1 << 30)); }
+  // --decode-batch (parse_decode_batch's value; -1: the config's decode_batch).
+  void set_decode_batch(int n) { decode_batch_ = n; }
 
   // Runs every unit of the bundle and scores it; a unit's failure is its result (typed). Throws
   // what escapes a tensor-parallel group's units (the job must stop) and usage errors.
@@ -55,6 +57,7 @@ class BundleRunner {
   int gpu_ = 0;
   kernels::Communicator* tp_ = nullptr;
   size_t max_rss_bytes_ = 0;
+  int decode_batch_ = -1;
   FaultInjection faults_ = FaultInjection::from_env();
   int loaded_model_ = -1;
   workers::LoadedModel lm_;

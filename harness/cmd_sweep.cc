@@ -93,6 +93,11 @@ int cmd_sweep(const std::vector<std::string>& args) {
        "a unit during which its worker process's resident memory (model weights included) is "
        "above this many GiB ends oom and the worker goes on; checked after the prompt and "
        "between tokens, so not a hard cap (use ulimit -v / prlimit --as for that); 0: none")
+      ("decode-batch", po::value(&a.decode_batch),
+       "how many generation units of a bundle decode together: auto (all of them) or N; 1 runs "
+       "each unit alone (latency measurements); default: the config's decode_batch, else 1. "
+       "Tokens and scores are the same bits; decode times are the batch's (measurements."
+       "decode_batch records the size)")
       ("config", po::value(&a.config), "the YAML matrix (positional)");
   po::positional_options_description pos;
   pos.add("config", 1);
@@ -111,6 +116,7 @@ int cmd_sweep(const std::vector<std::string>& args) {
          "future work); use --gpus-per-worker 1 or --device cpu";
   KVB_USAGE_CHECK(a.gpus_per_worker >= 1)
       << "--gpus-per-worker must be >= 1, got " << a.gpus_per_worker;
+  parse_decode_batch(a.decode_batch);  // a bad value fails before MPI
   KVB_USAGE_CHECK(std::isfinite(a.max_rss_gb) && a.max_rss_gb >= 0 && a.max_rss_gb <= 1 << 20)
       << "--max-rss-gb must be a number of GiB in [0, 1048576] (0: no cap), got " << a.max_rss_gb;
   MpiComm comm = MpiComm::init_if_launched();

@@ -487,7 +487,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   expect_map(root, "",
              {"description", "models", "tasks", "policies", "kv_budget", "question", "seed", "limit",
               "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude",
-              "budgets", "seeds"});  // the last two: deprecated spellings of kv_budget, seed
+              "decode_batch", "budgets", "seeds"});  // the last two: deprecated spellings of kv_budget, seed
   auto get = [&](const char* key) -> const Node* {
     const Entry* e = root.find(key);
     return e ? &e->value : nullptr;
@@ -498,6 +498,11 @@ SweepConfig load_sweep_config(const std::string& path) {
   }
   if (const Node* n = get("threads"))
     cfg.threads = static_cast<int>(to_int(*n, "threads", 0, 4096));
+  if (const Node* n = get("decode_batch")) {
+    cfg.decode_batch = n->scalar == "auto"
+                           ? 0
+                           : static_cast<int>(to_int(*n, "decode_batch (auto or 1..4096)", 1, 4096));
+  }
   if (const Node* n = get("unit_time_limit_s")) {
     cfg.unit_time_limit_s = to_double(*n, "unit_time_limit_s");
     if (!(cfg.unit_time_limit_s > 0)) fail(*n, "unit_time_limit_s", "must be positive (seconds)");

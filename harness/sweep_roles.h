@@ -21,6 +21,7 @@ struct SweepArgs {
   int threads = 0;
   int gpus_per_worker = 1;  // tensor-parallel degree of each worker group
   double max_rss_gb = 0;    // --max-rss-gb: per-unit resident-memory check (0: none)
+  std::string decode_batch;  // --decode-batch auto|N ("": the config's decode_batch)
   std::string device = "cpu";
   std::string dtype;  // "" : the device's default (engine::resolve_dtype)
   std::string device_label;  // the run's provenance: "cpu", or "cuda: <GPU name> x<count>"
@@ -30,6 +31,9 @@ struct SweepArgs {
 int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout);
 // Ranks 1..: until the coordinator's stop.
 int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGroup& group);
+// --decode-batch: "" -> -1 (the config decides), "auto" -> 0, N in 1..4096 -> N; else a usage
+// error naming the value.
+int parse_decode_batch(const std::string& text);
 // The config's `threads` applies when the command line left it at 0.
 void apply_config_threads(const SweepArgs& a, const SweepConfig& cfg);
 

@@ -11,6 +11,21 @@
 
 namespace kvb::harness {
 
+int parse_decode_batch(const std::string& text) {
+  if (text.empty()) return -1;
+  if (text == "auto") return 0;
+  int n = 0;
+  size_t used = 0;
+  try {
+    n = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  KVB_USAGE_CHECK(used == text.size() && n >= 1 && n <= 4096)
+      << "--decode-batch must be auto or a whole number in 1..4096, got '" << text << "'";
+  return n;
+}
+
 void apply_config_threads(const SweepArgs& a, const SweepConfig& cfg) {
   if (a.threads <= 0 && cfg.threads > 0) omp_set_num_threads(cfg.threads);
 }
@@ -39,6 +54,7 @@ int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGr
   BundleRunner runner(cfg, a.share_prefill, device, engine::resolve_dtype(device, a.dtype), gpu,
                       group.comm.get());
   runner.limit_rss(a.max_rss_gb);
+  runner.set_decode_batch(parse_decode_batch(a.decode_batch));
   if (layout.leader) comm.send(0, "ready");
   while (true) {
     std::string msg;

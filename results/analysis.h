@@ -67,6 +67,9 @@ struct CostRow {
   double prefill_ms = 0, decode_p50 = 0, decode_p99 = 0 /* max */, tokens_per_s = 0;
   double policy_ms = 0;
   double prefill_shared = 0;  // share of the units whose prefill was shared with other policies
+  // Units that decoded in a batch (measurements.decode_batch > 1): counted in n, left out of the
+  // decode columns, which average units that decoded alone (NaN when there are none).
+  int batched = 0;
 };
 std::vector<CostRow> cost_rows(const Store& store, const Filter& filter);
 

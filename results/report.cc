@@ -428,7 +428,11 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     s.intro = "Prefill (prompt forward with compression), decode per token (p50 mean over units, "
               "p99 max over units), throughput and time inside the policy's hooks. Where "
               "\"prefill shared\" is above 0, a sample's prompt forward pass ran once for all "
-              "its oneshot policies, so their prefill times are that one pass.";
+              "its oneshot policies, so their prefill times are that one pass. Decode times "
+              "compare like with like: they average only units that decoded alone; units that "
+              "decoded in a batch with other units (kvbench sweep --decode-batch; \"batched "
+              "units\") shared each step's time and are left out of them (run with "
+              "--decode-batch 1 to measure latency).";
     s.plots = cost_plots(cost, styles, scope, false);
     s.tables.push_back({"latency", "Latency by policy, budget and context length", latency_table(cost)});
     sections.push_back(std::move(s));

@@ -79,6 +79,12 @@ void from_version_3(Db& db) {
           ") WITHOUT ROWID");
 }
 
+// 4 -> 5: measurements.decode_batch (existing units decoded alone: 1).
+void from_version_4(Db& db) {
+  db.exec("ALTER TABLE measurements ADD COLUMN decode_batch REAL NOT NULL DEFAULT 1 "
+          "CHECK (decode_batch >= 1)");
+}
+
 void set_schema_version(Db& db, int version) {
   // PRAGMA arguments cannot be bound parameters; `version` is our own integer, not input.
   db.exec("PRAGMA user_version = " + std::to_string(version));
@@ -92,6 +98,7 @@ const std::vector<Migration>& migrations() {
       {1, "add measurements.prefill_shared", &from_version_1},
       {2, "add runs.end_signal", &from_version_2},
       {3, "add the file_digests table (model digest cache)", &from_version_3},
+      {4, "add measurements.decode_batch", &from_version_4},
   };
   return steps;
 }

@@ -124,7 +124,11 @@ CREATE TABLE measurements (
   device_peak_bytes   INTEGER,                        -- GPU allocator high-water mark; NULL on CPU
   -- Version 2: 1 when the prompt's forward pass was shared with the sample's other oneshot
   -- policies (prefill_ms is then that one shared pass). Last, as ALTER TABLE adds it.
-  prefill_shared      INTEGER NOT NULL DEFAULT 0 CHECK (prefill_shared IN (0, 1))
+  prefill_shared      INTEGER NOT NULL DEFAULT 0 CHECK (prefill_shared IN (0, 1)),
+  -- Version 5: how many sequences the unit's decode steps ran with (mean over its steps; 1: it
+  -- decoded alone, as every unit before version 5 did). decode_ms, its percentiles and
+  -- tokens_per_s are then those of the batch's steps: compare latency only at equal values.
+  decode_batch        REAL NOT NULL DEFAULT 1 CHECK (decode_batch >= 1)
 );
 
 -- The unit's output and its gold answers (JSON array of strings).

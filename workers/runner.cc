@@ -304,6 +304,7 @@ struct Unit {
   size_t index;  // in the bundle (RunFaults, on_final_cache)
   std::unique_ptr<policies::Policy> policy;
   UnitOutput out;
+  double policy_ms = 0;  // time in its policy hooks (engine.policy_ms() deltas, batch shares)
 };
 
 // Perplexity: the text streamed token by token through the decode rule, scoring each next token.
@@ -421,59 +422,96 @@ void score_choices(Unit& u, const kernels::KvCache& cache, const Prompted& pre) 
   u.out.m.ttft_ms = u.out.m.prefill_ms;
 }
 
-// Generation: decoding from the prompt's logits until an end token, max_new_tokens or a stop
-// string; ttft_ms counts the shared prefill too.
-void generate_answer(Unit& u, kernels::KvCache& cache, const Prompted& pre, Tracker& tr) {
-  const tasks::Sample& s = u.s;
-  UnitMeasurements& m = u.out.m;
+// A prompted unit from its prefill to its end. On the heap: the tracker refers to the cache, the
+// generation to the options, on_token to both.
+struct PromptedRun {
+  kernels::KvCache cache;
+  Tracker tr;
+  Prompted pre;
   engine::GenerateOptions go;
-  go.max_new_tokens = s.max_new_tokens;
-  go.sampling = u.rs.sampling;
-  go.end_ids = u.lm.end_ids;
-  std::vector<int32_t> gen;
+  std::unique_ptr<engine::Generation> gen;  // null for choice scoring
+  std::vector<int32_t> ids;                 // generated so far (stop strings)
   bool first_token = true;
-  std::string stopped_text;
   bool stopped = false;
-  auto on_token = [&](int32_t id) {
-    check_limits(u.rs, pre.t0, pre.shared_ms, s, u.engine.tp());
-    if (first_token) {
-      m.ttft_ms = pre.shared_ms + ms_since(pre.t0);
-      first_token = false;
+  std::string stopped_text;
+  kernels::CommStats comm1;
+  std::chrono::steady_clock::time_point decode_t0;
+  double batch_sum = 0;  // over its decode steps: the number of sequences each ran with
+  PromptedRun(kernels::KvCache c, const engine::EngineBase& engine)
+      : cache(std::move(c)), tr(cache, engine) {}
+};
+
+// Generation: decoding from the prompt's logits until an end token, max_new_tokens or a stop
+// string; ttft_ms counts the shared prefill too. The first token is chosen here, right after the
+// prompt (so ttft never waits for a batch); the caller feeds the tokens back (decode_alone, or a
+// bundle's batch) and then calls finish_generation.
+void start_generation(Unit& u, PromptedRun& r) {
+  const tasks::Sample& s = u.s;
+  r.go.max_new_tokens = s.max_new_tokens;
+  r.go.sampling = u.rs.sampling;
+  r.go.end_ids = u.lm.end_ids;
+  auto on_token = [&u, &r](int32_t id) {
+    check_limits(u.rs, r.pre.t0, r.pre.shared_ms, u.s, u.engine.tp());
+    if (r.first_token) {
+      u.out.m.ttft_ms = r.pre.shared_ms + ms_since(r.pre.t0);
+      r.first_token = false;
     }
-    tr.sample();
-    gen.push_back(id);
-    if (s.stop_strings.empty()) return true;
-    const std::string text = u.lm.tokenizer->decode(gen, true);
+    r.tr.sample();
+    r.ids.push_back(id);
+    if (u.s.stop_strings.empty()) return true;
+    const std::string text = u.lm.tokenizer->decode(r.ids, true);
     // Stop strings count only after leading whitespace (LongBench strips leading newlines
     // before cutting few-shot answers at the first "\n").
     const size_t begin = text.find_first_not_of(" \t\r\n");
     if (begin == std::string::npos) return true;
-    for (const std::string& stop : s.stop_strings) {
+    for (const std::string& stop : u.s.stop_strings) {
       const size_t at = text.find(stop, begin);
       if (at != std::string::npos) {
-        stopped_text = text.substr(0, at);
-        stopped = true;
+        r.stopped_text = text.substr(0, at);
+        r.stopped = true;
         return false;
       }
     }
     return true;
   };
-  const kernels::CommStats comm1 = comm_stats(u.engine);
-  engine::GenerateResult r =
-      engine::generate_from(u.engine, cache, pre.logits, go, on_token, u.policy.get());
-  m.tp_decode_comm = comm_stats(u.engine) - comm1;
-  m.tp_decode_steps = r.decode_steps;
-  if (first_token) m.ttft_ms = pre.shared_ms + ms_since(pre.t0);
-  u.out.prediction.text = stopped ? stopped_text : u.lm.tokenizer->decode(r.tokens, true);
-  m.generated_tokens = static_cast<int>(r.tokens.size());
-  m.decode_ms = r.decode_ms;
-  m.decode_ms_p50 = percentile(r.step_ms, 50);
-  m.decode_ms_p99 = percentile(r.step_ms, 99);
-  m.tokens_per_s = r.decode_steps > 0 ? r.decode_steps * 1000.0 / r.decode_ms : 0;
+  r.comm1 = comm_stats(u.engine);
+  r.decode_t0 = std::chrono::steady_clock::now();
+  r.gen = std::make_unique<engine::Generation>(r.pre.logits, r.go, on_token);
 }
 
-// Choice and generation: the prompt assembled, the prefill step, then the protocol.
-void run_prompted(Unit& u, const SharedPrefill* shared) {
+// The token to feed back next (-1: done); time spent choosing counts as decode time.
+int32_t next_token(PromptedRun& r) { return r.gen->next(); }
+
+// One sequence alone: generate_from's loop over the started generation.
+void decode_alone(Unit& u, PromptedRun& r) {
+  for (int32_t id = next_token(r); id >= 0; id = next_token(r)) {
+    const auto ts = std::chrono::steady_clock::now();
+    u.engine.forward({&id, 1}, r.cache, engine::LogitsMode::kLast, r.gen->logits(),
+                     u.policy.get(), engine::PolicyHook::kDecode);
+    r.gen->stepped(ms_since(ts));
+    r.batch_sum += 1;
+  }
+}
+
+void finish_generation(Unit& u, PromptedRun& r) {
+  UnitMeasurements& m = u.out.m;
+  engine::GenerateResult& res = r.gen->result();
+  res.decode_ms = ms_since(r.decode_t0);
+  m.tp_decode_comm = comm_stats(u.engine) - r.comm1;
+  m.tp_decode_steps = res.decode_steps;
+  if (r.first_token) m.ttft_ms = r.pre.shared_ms + ms_since(r.pre.t0);
+  u.out.prediction.text = r.stopped ? r.stopped_text : u.lm.tokenizer->decode(res.tokens, true);
+  m.generated_tokens = static_cast<int>(res.tokens.size());
+  m.decode_ms = res.decode_ms;
+  m.decode_ms_p50 = percentile(res.step_ms, 50);
+  m.decode_ms_p99 = percentile(res.step_ms, 99);
+  m.tokens_per_s = res.decode_steps > 0 ? res.decode_steps * 1000.0 / res.decode_ms : 0;
+  m.decode_batch = res.decode_steps > 0 ? r.batch_sum / res.decode_steps : 1.0;
+}
+
+// Choice and generation: the prompt assembled and the prefill step; choices are scored at once,
+// a generation is started (its first token chosen) and left to the caller to decode.
+std::unique_ptr<PromptedRun> start_prompted(Unit& u, const SharedPrefill* shared) {
   const tasks::Sample& s = u.s;
   UnitMeasurements& m = u.out.m;
   const PromptTokens p = build_prompt(u.lm, s, u.rs);
@@ -481,49 +519,93 @@ void run_prompted(Unit& u, const SharedPrefill* shared) {
   u.out.prediction.truncated_tokens = p.truncated;
   m.prompt_tokens = static_cast<int>(p.size());
   u.out.prediction.prompt_tokens = m.prompt_tokens;
+  m.decode_batch = 1.0;
   KVB_CHECK(p.size() > 0) << "sample " << s.id << ": empty prompt";
-  kernels::KvCache cache = u.engine.new_cache(
-      static_cast<int>(p.size()) + std::max(1, s.max_new_tokens), u.policy.get());
-  Tracker tr(cache, u.engine);
-  const Prompted pre = prefill_step(u, p, shared, cache);
-  tr.sample();
+  auto r = std::make_unique<PromptedRun>(
+      u.engine.new_cache(static_cast<int>(p.size()) + std::max(1, s.max_new_tokens),
+                         u.policy.get()),
+      u.engine);
+  r->pre = prefill_step(u, p, shared, r->cache);
+  r->tr.sample();
   if (s.kind == tasks::SampleKind::kChoice) {
-    score_choices(u, cache, pre);
+    score_choices(u, r->cache, r->pre);
   } else {
-    generate_answer(u, cache, pre, tr);
+    start_generation(u, *r);
   }
-  tr.finish(m);
-  if (u.rs.on_final_cache) u.rs.on_final_cache(u.index, cache, *u.policy);
+  return r;
 }
 
-// One unit: its policy, the sample's protocol, then what every protocol measures the same way.
-UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const tasks::Sample& s,
-                   const policies::PolicyConfig& unit_pc, const RunSettings& rs,
-                   const SharedPrefill* shared, size_t unit_index) {
+void finish_prompted(Unit& u, PromptedRun& r) {
+  if (r.gen) finish_generation(u, r);
+  r.tr.finish(u.out.m);
+  if (u.rs.on_final_cache) u.rs.on_final_cache(u.index, r.cache, *u.policy);
+}
+
+// A unit's policy; its protocol then runs (run_perplexity, start_prompted ...).
+std::unique_ptr<Unit> make_unit(const LoadedModel& lm, engine::EngineBase& engine,
+                                const tasks::Sample& s, const policies::PolicyConfig& unit_pc,
+                                const RunSettings& rs, size_t unit_index) {
   policies::PolicyConfig pc = unit_pc;
   pc.tp = engine.tp();
-  Unit u{lm, engine, s, rs, unit_index, policies::make_policy(pc), {}};
-  const double policy_ms0 = engine.policy_ms();
-  if (s.kind == tasks::SampleKind::kPerplexity) {
-    run_perplexity(u);
-  } else {
-    run_prompted(u, shared);
-  }
+  return std::unique_ptr<Unit>(
+      new Unit{lm, engine, s, rs, unit_index, policies::make_policy(pc), {}, 0.0});
+}
+
+// What every protocol measures the same way, after it ended.
+UnitOutput complete_unit(Unit& u) {
   UnitMeasurements& m = u.out.m;
-  m.policy_ms = engine.policy_ms() - policy_ms0;
+  m.policy_ms = u.policy_ms;
   m.policy_state_bytes = u.policy->state_bytes();
-  if (engine.tp()) {
+  if (u.engine.tp()) {
     // Every rank's policy state (each holds its own heads').
     uint64_t total = 0;
-    for (uint64_t b : kernels::all_gather_value<uint64_t>(*engine.tp(), m.policy_state_bytes)) {
+    for (uint64_t b : kernels::all_gather_value<uint64_t>(*u.engine.tp(), m.policy_state_bytes)) {
       total += b;
     }
     m.policy_state_bytes = total;
   }
   m.host_rss_peak = host_rss_peak_bytes();
-  m.device_peak_bytes = engine.device_peak_bytes();
+  m.device_peak_bytes = u.engine.device_peak_bytes();
   return std::move(u.out);
 }
+
+// Starts a unit: perplexity runs whole; a prompted unit runs up to its decode (returned unless
+// it needs none). The unit's policy time so far is in u.policy_ms.
+std::unique_ptr<PromptedRun> start_unit(Unit& u, const SharedPrefill* shared) {
+  const double p0 = u.engine.policy_ms();
+  std::unique_ptr<PromptedRun> r;
+  if (u.s.kind == tasks::SampleKind::kPerplexity) {
+    u.out.m.decode_batch = 1.0;
+    run_perplexity(u);
+  } else {
+    r = start_prompted(u, shared);
+  }
+  u.policy_ms += u.engine.policy_ms() - p0;
+  return r;
+}
+
+// One unit alone: start, decode by itself, finish.
+UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const tasks::Sample& s,
+                   const policies::PolicyConfig& unit_pc, const RunSettings& rs,
+                   const SharedPrefill* shared, size_t unit_index) {
+  std::unique_ptr<Unit> u = make_unit(lm, engine, s, unit_pc, rs, unit_index);
+  std::unique_ptr<PromptedRun> r = start_unit(*u, shared);
+  if (r) {
+    const double p0 = engine.policy_ms();
+    if (r->gen) decode_alone(*u, *r);
+    u->policy_ms += engine.policy_ms() - p0;
+    finish_prompted(*u, *r);
+  }
+  return complete_unit(*u);
+}
+
+// A decoding unit of a batch.
+struct Decoding {
+  size_t unit;
+  std::unique_ptr<Unit> u;
+  std::unique_ptr<PromptedRun> r;
+  int32_t next = -1;  // the token to feed back
+};
 
 }  // namespace
 
@@ -572,9 +654,10 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
     }
   }
   const bool grouped = engine.tp() && engine.tp()->size() > 1;
-  for (size_t i = 0; i < policies.size(); ++i) {
+  // Inside a catch block: unit i's failure recorded (the bundle goes on), or rethrown.
+  auto fail = [&](size_t i) {
     try {
-      outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get(), i);
+      throw;
     } catch (const UnitTimeout&) {
       if (!failures) throw;
       // Under tensor parallelism every rank agreed (check_limits).
@@ -592,6 +675,98 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       // bundle goes on (its other units may need less memory).
       if (!failures || grouped) throw;
       (*failures)[i] = current_failure("sample " + s.id + ", policy " + policies[i].name);
+    }
+  };
+  // Batched decode (RunSettings::decode_batch): generation units decode together once every
+  // unit has had its prompt; never under tensor parallelism (each rank would have to agree on
+  // every batch).
+  const size_t batch_max = rs.decode_batch == 1 || engine.tp() ? 1
+                           : rs.decode_batch == 0             ? policies.size()
+                                                              : static_cast<size_t>(rs.decode_batch);
+  std::vector<Decoding> decoding;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    try {
+      if (batch_max <= 1) {
+        outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get(), i);
+        continue;
+      }
+      std::unique_ptr<Unit> u = make_unit(lm, engine, s, policies[i], rs, i);
+      std::unique_ptr<PromptedRun> r = start_unit(*u, shared.get());
+      if (r && r->gen) {
+        const int32_t next = next_token(*r);  // the first token, right after the prompt
+        decoding.push_back({i, std::move(u), std::move(r), next});
+        continue;
+      }
+      if (r) finish_prompted(*u, *r);
+      outs[i] = complete_unit(*u);
+    } catch (...) {
+      fail(i);
+    }
+  }
+  // Ends unit d (it finished, or failed inside a catch block with `failed`).
+  auto end = [&](Decoding& d, bool failed) {
+    if (failed) {
+      fail(d.unit);
+    } else {
+      finish_prompted(*d.u, *d.r);
+      outs[d.unit] = complete_unit(*d.u);
+    }
+    d.u.reset();
+  };
+  for (size_t g0 = 0; g0 < decoding.size(); g0 += batch_max) {
+    const size_t g1 = std::min(decoding.size(), g0 + batch_max);
+    std::vector<int32_t> tokens;
+    std::vector<kernels::KvCache*> caches;
+    std::vector<policies::Policy*> pols;
+    std::vector<size_t> who;
+    std::vector<double> hook_ms;
+    std::vector<float> logits;
+    const size_t V = static_cast<size_t>(lm.model->config.vocab_size);
+    while (true) {
+      tokens.clear();
+      caches.clear();
+      pols.clear();
+      who.clear();
+      for (size_t k = g0; k < g1; ++k) {
+        Decoding& d = decoding[k];
+        if (!d.u) continue;
+        if (d.next < 0) {
+          try {
+            end(d, false);
+          } catch (...) {
+            end(d, true);
+          }
+          continue;
+        }
+        tokens.push_back(d.next);
+        caches.push_back(&d.r->cache);
+        pols.push_back(d.u->policy.get());
+        who.push_back(k);
+      }
+      if (who.empty()) break;
+      hook_ms.assign(who.size(), 0.0);
+      const auto ts = std::chrono::steady_clock::now();
+      try {
+        engine.decode_batch(tokens, caches, pols, &logits, hook_ms.data());
+      } catch (...) {
+        for (size_t k : who) end(decoding[k], true);  // the step failed for the whole batch
+        continue;
+      }
+      const double ms = ms_since(ts);
+      for (size_t j = 0; j < who.size(); ++j) {
+        Decoding& d = decoding[who[j]];
+        try {
+          std::copy(logits.begin() + static_cast<std::ptrdiff_t>(j * V),
+                    logits.begin() + static_cast<std::ptrdiff_t>((j + 1) * V),
+                    d.r->gen->logits()->begin());
+          d.r->gen->stepped(ms);
+          d.r->batch_sum += static_cast<double>(who.size());
+          d.u->policy_ms += hook_ms[j];
+          d.next = next_token(*d.r);
+        } catch (...) {
+          end(d, true);
+        }
+      }
     }
   }
   return outs;

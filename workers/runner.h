@@ -71,6 +71,12 @@ struct RunSettings {
   int max_prompt_tokens = 0;  // middle-truncate the user message above this (0: fit the context)
   double time_limit_s = 0;    // per unit (0: none)
   size_t max_rss_bytes = 0;   // the process's resident set, per check (0: none; UnitMemoryLimit)
+  // run_bundle: how many generation units of a bundle decode together (EngineBase::decode_batch;
+  // `kvbench sweep --decode-batch`): 1 one at a time (each unit alone, start to end), 0 all of
+  // them, N at most N. The tokens, scores and caches are the same bits either way; the decode
+  // times are the batch's (UnitMeasurements::decode_batch records the batch size). Not under
+  // tensor parallelism. The bundle's decoding units hold their caches at once.
+  int decode_batch = 1;
   QuestionPlacement question = QuestionPlacement::kInPrompt;
   engine::SamplingParams sampling;  // greedy by default
   // Called with each unit's final cache (index into run_bundle's policies; 0 for run_sample):

@@ -1,6 +1,7 @@
--- latency: prefill ms, decode ms/token (p50, p99 over units of their per-step medians and p99s), tokens/s, policy overhead, share of units whose prefill was shared
+-- latency: prefill ms, decode ms/token (p50, p99 over units of their per-step medians and p99s), tokens/s, policy overhead, share of units whose prefill was shared; units that decoded in batches of different sizes are separate rows (decode batch: sequences per step, 1 = alone; only equal batch sizes compare)
 SELECT u.model, u.task, u.policy, CASE u.kv_budget_spec WHEN '' THEN '-' ELSE u.kv_budget_spec END AS kv_budget,
-       COALESCE(u.context_length, '-') AS context_length, COUNT(*) AS n,
+       COALESCE(u.context_length, '-') AS context_length,
+       printf('%.0f', ROUND(x.decode_batch)) AS "decode batch", COUNT(*) AS n,
        printf('%.1f', AVG(x.prefill_ms)) AS "prefill ms",
        printf('%.2f', AVG(x.decode_ms_p50)) AS "decode ms/tok p50",
        printf('%.2f', MAX(x.decode_ms_p99)) AS "decode ms/tok p99",
@@ -9,5 +10,6 @@ SELECT u.model, u.task, u.policy, CASE u.kv_budget_spec WHEN '' THEN '-' ELSE u.
        printf('%.2f', AVG(x.prefill_shared)) AS "prefill shared"
 FROM units u JOIN measurements x ON x.unit_key = u.unit_key
 WHERE u.status = 'ok'
-GROUP BY u.model, u.task, u.policy, u.kv_budget_spec, u.context_length
-ORDER BY u.model, u.task, u.policy <> 'full', u.policy, CAST(u.kv_budget_spec AS INTEGER), u.context_length;
+GROUP BY u.model, u.task, u.policy, u.kv_budget_spec, u.context_length, ROUND(x.decode_batch)
+ORDER BY u.model, u.task, u.policy <> 'full', u.policy, CAST(u.kv_budget_spec AS INTEGER), u.context_length,
+         ROUND(x.decode_batch);

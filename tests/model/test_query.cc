@@ -100,9 +100,9 @@ TEST_F(Query, OtherNamedQueries) {
     return o;
   };
   EXPECT_EQ(squeeze(head(out, 2)),
-            "| model | task | policy | kv_budget | context_length | n | prefill ms "
+            "| model | task | policy | kv_budget | context_length | decode batch | n | prefill ms "
             "| decode ms/tok p50 | decode ms/tok p99 | tok/s | policy ms | prefill shared |\n"
-            "| - | - | - | - | - | -: | -: | -: | -: | -: | -: | -: |\n");
+            "| - | - | - | - | - | -: | -: | -: | -: | -: | -: | -: | -: |\n");
   EXPECT_EQ(squeeze(head(out, 3).substr(head(out, 2).size())).substr(0, 44),
             "| stories260K | niah | full | - | 128 | 3 | ");
   for (const char* q : {"memory", "latency"}) {

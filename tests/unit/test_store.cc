@@ -612,6 +612,7 @@ TEST(Store, MigratesVersion1Databases) {
   EXPECT_EQ(m->host_rss_peak, 4096);
   EXPECT_FALSE(m->device_peak_bytes.has_value());
   EXPECT_FALSE(m->prefill_shared);  // nothing recorded it before version 2
+  EXPECT_EQ(m->decode_batch, 1.0);   // version 5: every earlier unit decoded alone
   EXPECT_EQ(one_value(store, "SELECT count(*) FROM file_digests"), "0");  // added by 3 -> 4
   // The migrated table takes the new column like a fresh one.
   EXPECT_EQ(store.query("SELECT COUNT(*) FROM pragma_table_info('measurements') "
@@ -646,13 +647,14 @@ TEST(Store, MigratesVersion3DatabasesToTheDigestCache) {
   {
     Db db(old_path, SQLITE_OPEN_READWRITE);
     db.exec("DROP TABLE file_digests");
+    db.exec("ALTER TABLE measurements DROP COLUMN decode_batch");  // added by 4 -> 5
     db.exec("PRAGMA user_version = 3");
   }
   expect_error([&] { (void)Store::open(old_path, Mode::kReadOnly); },
                {old_path, "schema version 3 is older than this kvbench (" +
                               std::to_string(kSchemaVersion) + ")"});
   Store store = Store::open(old_path, Mode::kReadWrite);
-  EXPECT_EQ(one_value(store, "PRAGMA user_version"), "4");
+  EXPECT_EQ(one_value(store, "PRAGMA user_version"), std::to_string(kSchemaVersion));
   EXPECT_EQ(one_value(store, "SELECT count(*) FROM runs"), "1");
   const std::string cols = table_columns(store, "file_digests");
   EXPECT_EQ(cols, table_columns(fresh, "file_digests"));

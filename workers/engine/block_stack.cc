@@ -82,10 +82,10 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
 void StackEngine::decode_batch(std::span<const int32_t> tokens,
                                std::span<kernels::KvCache* const> caches,
                                std::span<policies::Policy* const> policies,
-                               std::vector<float>* logits) {
+                               std::vector<float>* logits, double* seq_policy_ms) {
   const int B = static_cast<int>(tokens.size());
   if (B <= 1 || !backend_->batches_rows()) {
-    EngineBase::decode_batch(tokens, caches, policies, logits);
+    EngineBase::decode_batch(tokens, caches, policies, logits, seq_policy_ms);
     return;
   }
   const ModelConfig& c = model_.config;
@@ -128,8 +128,10 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
         pre_rope_k_.resize(kv_elems);
         be.download(Act::kK, kv_elems, pre_rope_k_.data());
       }
+      const double p0 = policy_ms_;
       attend_layer(l, 1, *caches[b], policies[b], hooks_[b], reqs_[b],
                    std::min(reqs_[b].last_w, 1), scale, nullptr);
+      if (seq_policy_ms) seq_policy_ms[b] += policy_ms_ - p0;
     }
     be.select_rows(0);
     finish_layer(l, B);

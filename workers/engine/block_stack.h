@@ -53,8 +53,8 @@ class StackEngine : public EngineBase {
   // norms, projections and the MLP over [B, dim]; per sequence (select_rows), RoPE, its cache's
   // append and attention, and its policy's decode hook. Otherwise EngineBase's one-by-one loop.
   void decode_batch(std::span<const int32_t> tokens, std::span<kernels::KvCache* const> caches,
-                    std::span<policies::Policy* const> policies,
-                    std::vector<float>* logits) override;
+                    std::span<policies::Policy* const> policies, std::vector<float>* logits,
+                    double* seq_policy_ms = nullptr) override;
 
  protected:
   // `model` and `tp` must outlive the engine; the backend is the engine's.

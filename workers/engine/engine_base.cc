@@ -16,7 +16,7 @@ namespace kvb::engine {
 void EngineBase::decode_batch(std::span<const int32_t> tokens,
                               std::span<kernels::KvCache* const> caches,
                               std::span<policies::Policy* const> policies,
-                              std::vector<float>* logits) {
+                              std::vector<float>* logits, double* seq_policy_ms) {
   const size_t B = tokens.size();
   KVB_CHECK(caches.size() == B && policies.size() == B && logits != nullptr)
       << "decode_batch: " << B << " tokens, " << caches.size() << " caches, " << policies.size()
@@ -25,8 +25,10 @@ void EngineBase::decode_batch(std::span<const int32_t> tokens,
   logits->resize(B * V);
   std::vector<float> one;
   for (size_t b = 0; b < B; ++b) {
+    const double p0 = policy_ms();
     forward(tokens.subspan(b, 1), *caches[b], LogitsMode::kLast, &one, policies[b],
             policies[b] ? PolicyHook::kDecode : PolicyHook::kNone);
+    if (seq_policy_ms) seq_policy_ms[b] += policy_ms() - p0;
     std::copy(one.begin(), one.end(), logits->begin() + static_cast<std::ptrdiff_t>(b * V));
   }
 }

@@ -115,12 +115,14 @@ class EngineBase {
   // caches[b]->next_position() under policies[b] (null: none) with the decode hook; *logits gets
   // [B, vocab], row b the last-token logits of sequence b. Each sequence's logits, cache and
   // policy state are bit-identical to forward() of its token alone (the weight products take
-  // the B rows at once; attention and hooks stay per sequence). This default runs the sequences
-  // one after another; StackEngine batches where its backend can (CpuBackend).
+  // the B rows at once; attention and hooks stay per sequence). With seq_policy_ms ([B]), each
+  // sequence's time inside its policy hooks (policy_ms()'s share) is added to its entry. This
+  // default runs the sequences one after another; StackEngine batches where its backend can
+  // (CpuBackend).
   virtual void decode_batch(std::span<const int32_t> tokens,
                             std::span<kernels::KvCache* const> caches,
                             std::span<policies::Policy* const> policies,
-                            std::vector<float>* logits);
+                            std::vector<float>* logits, double* seq_policy_ms = nullptr);
 };
 
 // Whether a policy's prompt compression can be applied from a PrefillRecord: oneshot prefill on a

@@ -29,31 +29,48 @@ void prefill_prompt(EngineBase& engine, kernels::KvCache& cache, const std::vect
   }
 }
 
+Generation::Generation(std::vector<float> logits, const GenerateOptions& options,
+                       std::function<bool(int32_t)> on_token)
+    : logits_(std::move(logits)), options_(options), on_token_(std::move(on_token)) {
+  done_ = options_.max_new_tokens <= 0;
+}
+
+int32_t Generation::next() {
+  if (done_) return -1;
+  const int step = step_++;
+  const int32_t id = sample_token(logits_, options_.sampling, static_cast<uint64_t>(step));
+  if (std::find(options_.end_ids.begin(), options_.end_ids.end(), id) != options_.end_ids.end()) {
+    result_.hit_end = true;
+    done_ = true;
+    return -1;
+  }
+  result_.tokens.push_back(id);
+  // on_token may stop here; the last token is not fed back.
+  if ((on_token_ && !on_token_(id)) || step + 1 == options_.max_new_tokens) {
+    done_ = true;
+    return -1;
+  }
+  return id;
+}
+
+void Generation::stepped(double ms) {
+  result_.step_ms.push_back(ms);
+  ++result_.decode_steps;
+}
+
 GenerateResult generate_from(EngineBase& engine, kernels::KvCache& cache, std::vector<float> logits,
                              const GenerateOptions& options,
                              const std::function<bool(int32_t)>& on_token,
                              policies::Policy* policy) {
-  GenerateResult result;
-  auto is_end = [&](int32_t id) {
-    return std::find(options.end_ids.begin(), options.end_ids.end(), id) != options.end_ids.end();
-  };
+  Generation g(std::move(logits), options, on_token);
   auto t1 = std::chrono::steady_clock::now();
-  for (int step = 0; step < options.max_new_tokens; ++step) {
-    const int32_t next = sample_token(logits, options.sampling, static_cast<uint64_t>(step));
-    if (is_end(next)) {
-      result.hit_end = true;
-      break;
-    }
-    result.tokens.push_back(next);
-    if (on_token && !on_token(next)) break;
-    if (step + 1 == options.max_new_tokens) break;  // the last token is not fed back
+  for (int32_t next = g.next(); next >= 0; next = g.next()) {
     const auto ts = std::chrono::steady_clock::now();
-    engine.forward({&next, 1}, cache, LogitsMode::kLast, &logits, policy, PolicyHook::kDecode);
-    result.step_ms.push_back(ms_since(ts));
-    ++result.decode_steps;
+    engine.forward({&next, 1}, cache, LogitsMode::kLast, g.logits(), policy, PolicyHook::kDecode);
+    g.stepped(ms_since(ts));
   }
-  result.decode_ms = ms_since(t1);
-  return result;
+  g.result().decode_ms = ms_since(t1);
+  return std::move(g.result());
 }
 
 GenerateResult generate(EngineBase& engine, kernels::KvCache& cache,

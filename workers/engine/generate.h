@@ -34,6 +34,33 @@ struct GenerateResult {
 void prefill_prompt(EngineBase& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
                     policies::Policy* policy, std::vector<float>* logits);
 
+// One sequence's decode loop as steps, so that several sequences can decode in one batch
+// (EngineBase::decode_batch) and each still follows generate_from's rule exactly: next() samples
+// from the current logits (the sampler's counter is the sequence's own step), stops on an end
+// token, on_token returning false or the limit (the last token is not fed back), and otherwise
+// returns the token to feed back; the caller runs it into logits() and calls stepped().
+class Generation {
+ public:
+  Generation(std::vector<float> logits, const GenerateOptions& options,
+             std::function<bool(int32_t)> on_token);
+  // The token to feed back, or -1 when the sequence is done (result() is then final).
+  int32_t next();
+  bool done() const { return done_; }
+  // Where the fed-back token's logits go.
+  std::vector<float>* logits() { return &logits_; }
+  // After the feed-back forward: its wall time in ms (in a batch: the batch step's).
+  void stepped(double ms);
+  GenerateResult& result() { return result_; }
+
+ private:
+  std::vector<float> logits_;
+  const GenerateOptions& options_;
+  std::function<bool(int32_t)> on_token_;
+  GenerateResult result_;
+  int step_ = 0;
+  bool done_ = false;
+};
+
 // The decode loop alone, from the logits after the prompt. on_token is called with each generated
 // id (not the end token) before it is fed back; returning false stops generation there.
 GenerateResult generate_from(EngineBase& engine, kernels::KvCache& cache, std::vector<float> logits,
