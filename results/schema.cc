@@ -82,7 +82,7 @@ void from_version_3(Db& db) {
 // 4 -> 5: measurements.decode_batch (existing units decoded alone: 1).
 void from_version_4(Db& db) {
   db.exec("ALTER TABLE measurements ADD COLUMN decode_batch REAL NOT NULL DEFAULT 1 "
-          "CHECK (decode_batch >= 1)");
+          "CHECK (decode_batch >= 0)");
 }
 
 void set_schema_version(Db& db, int version) {

@@ -126,9 +126,10 @@ CREATE TABLE measurements (
   -- policies (prefill_ms is then that one shared pass). Last, as ALTER TABLE adds it.
   prefill_shared      INTEGER NOT NULL DEFAULT 0 CHECK (prefill_shared IN (0, 1)),
   -- Version 5: how many sequences the unit's decode steps ran with (mean over its steps; 1: it
-  -- decoded alone, as every unit before version 5 did). decode_ms, its percentiles and
-  -- tokens_per_s are then those of the batch's steps: compare latency only at equal values.
-  decode_batch        REAL NOT NULL DEFAULT 1 CHECK (decode_batch >= 1)
+  -- decoded alone, as every unit before version 5 did; 0: a writer that did not say). decode_ms,
+  -- its percentiles and tokens_per_s are then those of the batch's steps: compare latency only
+  -- at equal values.
+  decode_batch        REAL NOT NULL DEFAULT 1 CHECK (decode_batch >= 0)
 );
 
 -- The unit's output and its gold answers (JSON array of strings).
@@ -153,4 +154,4 @@ CREATE TABLE file_digests (
   hashed_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 4;
+PRAGMA user_version = 5;

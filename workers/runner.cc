@@ -452,6 +452,11 @@ void start_generation(Unit& u, PromptedRun& r) {
   r.go.end_ids = u.lm.end_ids;
   auto on_token = [&u, &r](int32_t id) {
     check_limits(u.rs, r.pre.t0, r.pre.shared_ms, u.s, u.engine.tp());
+    if (static_cast<int>(u.index) == u.rs.faults.timeout_unit &&
+        static_cast<int>(r.ids.size()) + 1 == u.rs.faults.timeout_at_token) {
+      throw UnitTimeout("sample " + u.s.id + ": test hook: timeout at token " +
+                        std::to_string(u.rs.faults.timeout_at_token));
+    }
     if (r.first_token) {
       u.out.m.ttft_ms = r.pre.shared_ms + ms_since(r.pre.t0);
       r.first_token = false;
@@ -722,6 +727,10 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
     std::vector<double> hook_ms;
     std::vector<float> logits;
     const size_t V = static_cast<size_t>(lm.model->config.vocab_size);
+    // The group's decode time starts now, for each of its units (not when its prompt ended).
+    for (size_t k = g0; k < g1; ++k) {
+      if (decoding[k].u) decoding[k].r->decode_t0 = std::chrono::steady_clock::now();
+    }
     while (true) {
       tokens.clear();
       caches.clear();

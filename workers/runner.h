@@ -65,6 +65,8 @@ UnitFailure current_failure(const std::string& context);
 struct RunFaults {
   int bad_alloc_unit = -1;         // unit index that throws std::bad_alloc after its prefill
   double shared_prefill_sleep_ms = 0;  // added inside the timed shared prefill (a slow prompt)
+  int timeout_unit = -1;           // unit index that ends `timeout` when it chooses its token
+  int timeout_at_token = 0;        //   number timeout_at_token (1-based), batched or not
 };
 
 struct RunSettings {
