@@ -12,6 +12,7 @@
 #include "harness/cli.h"
 #include "harness/model_info.h"
 #include "harness/sweep_config.h"
+#include "harness/sweep_roles.h"
 
 namespace kvb::harness {
 namespace {
@@ -389,6 +390,41 @@ TEST_F(SweepConfigTest, ValidateNotesDeprecatedSpellings) {
                                 base_yaml("policies: [full, h2o]\n") + "kv_budget: [64]\n");
   ASSERT_EQ(run_kvbench({"validate", now}, out, err), 0) << err;
   EXPECT_EQ(err.find("deprecated"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace kvb::harness
+
+namespace kvb::harness {
+namespace {
+
+// decode_batch: auto (0: the whole bundle), a count, or 1 by default; bad values name the key;
+// the command line's --decode-batch is parsed the same way.
+TEST_F(SweepConfigTest, DecodeBatchSetting) {
+  EXPECT_EQ(load_sweep_config(write("db_default.yaml", base_yaml())).decode_batch, 1);
+  EXPECT_EQ(load_sweep_config(write("db_auto.yaml", base_yaml() + "decode_batch: auto\n"))
+                .decode_batch,
+            0);
+  EXPECT_EQ(load_sweep_config(write("db_8.yaml", base_yaml() + "decode_batch: 8\n")).decode_batch,
+            8);
+  for (const char* bad : {"0", "-2", "many", "5000"}) {
+    const std::string e =
+        load_error(std::string("db_bad_") + bad + ".yaml",
+                   base_yaml() + "decode_batch: " + bad + "\n");
+    EXPECT_NE(e.find(":7: decode_batch"), std::string::npos) << e;
+  }
+  EXPECT_EQ(parse_decode_batch(""), -1);
+  EXPECT_EQ(parse_decode_batch("auto"), 0);
+  EXPECT_EQ(parse_decode_batch("12"), 12);
+  for (const char* bad : {"0", "x", "3x", "-1", "99999"}) {
+    try {
+      parse_decode_batch(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+      EXPECT_NE(std::string(e.what()).find("--decode-batch"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
