@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "harness/cli.h"
 #include "harness/sweep_config.h"
+#include "harness/task_file.h"
 #include "common/table.h"
 #include "tasks/task.h"
 #include "workers/engine/tensor_parallel.h"
@@ -149,7 +150,7 @@ int cmd_validate(const std::vector<std::string>& args) {
       ctx.max_context = cfg.models[m].info.max_seq_len;
       std::vector<tasks::Sample> samples;
       try {
-        samples = tasks::make_task(t.name, task_options(cfg, t))->samples(ctx);
+        samples = make_any_task(t.name, task_options(cfg, t))->samples(ctx);
       } catch (const Error& e) {
         throw Error(cfg.path + ": task '" + t.spec() + "' on model '" + cfg.models[m].name +
                         "': " + e.what(),
