@@ -184,6 +184,8 @@ class DataTask : public Task {
                                                         "holding it) or --task-opt data=FILE");
     ro.limit = static_cast<size_t>(limit_);
     ro.max_line_bytes = def_.max_line_bytes;
+    ro.limit_hint = "if the line is meant to be this long, raise max_line_mb: in " + def_.file +
+                    " (now " + std::to_string(def_.max_line_bytes >> 20) + ")";
     const JsonlFile f = read_jsonl(path_, ro);
     std::vector<Sample> out;
     out.reserve(f.items.size());
