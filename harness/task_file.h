@@ -12,7 +12,7 @@
 namespace kvb::harness {
 
 // Reads and checks a definition (includes merged: `include:` names files relative to the
-// including one; cycles, more than 16 levels and unknown keys are usage errors). The task's name
+// including one; cycles, more than 32 levels and unknown keys are usage errors). The task's name
 // is `task:` or else the file name without .yaml; files whose name starts with '_' are fragments
 // for `include:` and are refused here.
 tasks::DataTaskDef load_task_file(const std::string& path);

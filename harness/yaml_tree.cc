@@ -47,7 +47,7 @@ namespace {
 constexpr int64_t kMaxNodes = 100000;  // nodes of all files of one config, includes counted
 constexpr int kMaxDepth = 64;
 constexpr int kMaxFileLoads = 256;  // include files read for one config, repeats counted
-constexpr size_t kMaxIncludeDepth = 16;  // files including files including files ...
+constexpr size_t kMaxIncludeDepth = 32;  // files including files including files ...
 
 struct Converter {
   const std::string& file;

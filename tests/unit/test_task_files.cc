@@ -219,12 +219,12 @@ TEST(TaskFiles, BadDefinitionsNameFileLineAndKey) {
   write("defs/cyc_b.yaml", "include: cyc_a.yaml\n");
   const std::string cyc = qa_def("cyc", "include: cyc_a.yaml\n");
   EXPECT_HAS(error_of([&] { load_task_file(cyc); }), "include cycle");
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < 40; ++i) {
     write("defs/deep" + std::to_string(i) + ".yaml",
-          i == 19 ? "metric: qa_f1\n" : "include: deep" + std::to_string(i + 1) + ".yaml\n");
+          i == 39 ? "metric: qa_f1\n" : "include: deep" + std::to_string(i + 1) + ".yaml\n");
   }
   const std::string deep = qa_def("deep", "include: deep0.yaml\n");
-  EXPECT_HAS(error_of([&] { load_task_file(deep); }), "includes nested deeper than 16 files");
+  EXPECT_HAS(error_of([&] { load_task_file(deep); }), "includes nested deeper than 32 files");
   // An include shares parts; the including file wins.
   write("defs/_shared.yaml", "reference: gold\nmax_new_tokens: 7\nfields: {len: length}\n");
   const std::string inc = qa_def("inc", "include: _shared.yaml\n");
