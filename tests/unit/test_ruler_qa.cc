@@ -8,11 +8,11 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "common/error.h"
 #include "tasks/py_random.h"
 #include "tasks/ruler_qa.h"
+#include "ws_tokens.h"
 
 namespace kvb::tasks {
 namespace {
@@ -94,14 +94,6 @@ TEST(RulerQa, HotpotqaLikeRuler) {
   ASSERT_EQ(c.qas.size(), 3u);
   EXPECT_EQ(c.qas[1].context.size(), 4u);
   expect_like_ruler(c, expected()["hotpotqa"], 6);
-}
-
-int ws_count(const std::string& s) {
-  std::istringstream in(s);
-  std::string w;
-  int n = 0;
-  while (in >> w) ++n;
-  return n;
 }
 
 TEST(RulerQa, TaskFitsTheBudgetAndScoresAnyAnswer) {
