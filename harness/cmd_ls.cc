@@ -46,9 +46,10 @@ int cmd_ls(const std::vector<std::string>& args) {
     for (const std::string& f : files) {
       try {
         const tasks::DataTaskDef d = load_task_file(f);
-        std::cout << d.name << "\n    " << (d.description.empty() ? "(no description)" : d.description)
-                  << " [metric " << d.metric << (d.group.empty() ? "" : ", group " + d.group)
-                  << "; " << f << "]\n";
+        std::cout << d.name << "\n    "
+                  << (d.description.empty() ? "(no description)" : d.description) << " [metric "
+                  << d.metric << (d.group.empty() ? "" : ", group " + d.group) << "; " << f
+                  << "]\n";
       } catch (const Error& e) {
         std::cout << f << "\n    INVALID: " << e.what() << "\n";
       }

@@ -1,15 +1,15 @@
 // `kvbench query --db FILE NAME|SQL`: a named query (results/queries/*.sql) or ad-hoc SQL against
 // a results database opened read-only; the rows printed as md, csv or jsonl on stdout.
-#include <boost/program_options.hpp>
 #include <sqlite3.h>
 
+#include <boost/program_options.hpp>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
 
 #include "common/error.h"
-#include "harness/cli.h"
 #include "common/table.h"
+#include "harness/cli.h"
 #include "results/analysis.h"
 #include "results/groups.h"
 #include "results/named_queries.h"

@@ -11,10 +11,10 @@
 #include <tuple>
 
 #include "common/error.h"
+#include "common/table.h"
 #include "harness/cli.h"
 #include "harness/sweep_config.h"
 #include "harness/task_file.h"
-#include "common/table.h"
 #include "tasks/task.h"
 #include "workers/engine/tensor_parallel.h"
 

@@ -255,7 +255,8 @@ TaskItem read_task_item(const Node& item, const std::string& key) {
     if (const Entry* nm = item.find("name")) {
       const std::string given = scalar(nm->value, key + ".name");
       if (given != def.name)
-        fail(nm->value, key + ".name", file + " defines task '" + def.name + "', not '" + given + "'");
+        fail(nm->value, key + ".name",
+             file + " defines task '" + def.name + "', not '" + given + "'");
     }
     t.name = def.name;
   } else if (def.name != t.name) {

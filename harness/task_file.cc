@@ -21,10 +21,9 @@ namespace fs = std::filesystem;
 using namespace yamlcfg;  // NOLINT: the YAML tree and its checks (harness/yaml_tree.h)
 
 const std::vector<std::string> kKeys = {
-    "task",    "description", "version", "include",        "group",       "data",
-    "context", "question",    "answer_prefix", "chat",     "reference",   "metric",
-    "scale",   "max_new_tokens", "stop", "first_line",     "id",          "classes",
-    "fields",  "max_line_mb"};
+    "task",     "description",   "version", "include",   "group",  "data",       "context",
+    "question", "answer_prefix", "chat",    "reference", "metric", "scale",      "max_new_tokens",
+    "stop",     "first_line",    "id",      "classes",   "fields", "max_line_mb"};
 
 bool valid_name(const std::string& s) {
   return !s.empty() && s.size() <= 128 && s[0] != '_' &&
@@ -86,7 +85,8 @@ tasks::DataTaskDef load_task_file(const std::string& path) {
          "'" + d.name + "' is a built-in task; give the definition another name");
   }
   if (const Node* n = get("description")) d.description = scalar(*n, "description");
-  if (const Node* n = get("version")) d.version = static_cast<int>(to_int(*n, "version", 0, INT_MAX));
+  if (const Node* n = get("version"))
+    d.version = static_cast<int>(to_int(*n, "version", 0, INT_MAX));
   if (const Node* n = get("group")) {
     d.group = scalar(*n, "group");
     if (!valid_name(d.group)) fail(*n, "group", "'" + d.group + "' is not a group name");
@@ -146,7 +146,8 @@ tasks::DataTaskDef load_task_file(const std::string& path) {
       d.fields.push_back({out, in});
     };
     if (n->kind == Node::Kind::kMap) {
-      for (const Entry& e : n->map) add(e.value, "fields." + e.key, e.key, field_name(e.value, "fields." + e.key));
+      for (const Entry& e : n->map)
+        add(e.value, "fields." + e.key, e.key, field_name(e.value, "fields." + e.key));
     } else {
       for (const auto& [item, key] : items_of(*n, "fields")) {
         const std::string f = field_name(*item, key);
@@ -177,9 +178,8 @@ std::string find_task_file(const std::string& name, const std::vector<std::strin
       }
     }
     std::sort(found.begin(), found.end());
-    KVB_USAGE_CHECK(found.size() <= 1)
-        << "task '" << name << "' is defined twice under " << dir << ": " << join(found)
-        << "; rename one";
+    KVB_USAGE_CHECK(found.size() <= 1) << "task '" << name << "' is defined twice under " << dir
+                                       << ": " << join(found) << "; rename one";
     if (!found.empty()) return found[0];
   }
   return "";

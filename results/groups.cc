@@ -20,7 +20,8 @@ std::vector<GroupRow> group_rows(const Store& store, const Filter& filter) {
       "m.higher_is_better, u.policy, u.kv_budget_spec, m.value "
       "FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
       "WHERE u.status = 'ok' AND m.value IS NOT NULL AND "
-      "json_extract(u.sample_fields, '$.task_group') IS NOT NULL" + where,
+      "json_extract(u.sample_fields, '$.task_group') IS NOT NULL" +
+          where,
       params);
   // (model, group, data_dir, policy, budget) -> (task, options, metric) -> values
   using RowKey = std::tuple<std::string, std::string, std::string, std::string, std::string>;
@@ -28,8 +29,7 @@ std::vector<GroupRow> group_rows(const Store& store, const Filter& filter) {
   std::map<RowKey, std::map<TaskKey, std::vector<double>>> values;
   std::map<RowKey, bool> hib;
   for (const auto& row : r.rows) {
-    const RowKey key{row[0].text, row[1].text, row[2].text, row[7].text,
-                     budget_label(row[8].text)};
+    const RowKey key{row[0].text, row[1].text, row[2].text, row[7].text, budget_label(row[8].text)};
     values[key][{row[3].text, row[4].text, row[5].text}].push_back(
         std::strtod(row[9].text.c_str(), nullptr));
     auto [it, fresh] = hib.emplace(key, row[6].text == "1");

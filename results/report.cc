@@ -411,11 +411,12 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   }
   if (!groups.empty()) {
     Section s{"groups", "Task groups", "", {}, {}, ""};
-    s.intro = "Per task group (a task definition's `group:`, e.g. `ruler`): the mean over the "
-              "group's tasks of each task's mean score, as RULER's summary figure averages its 13 "
-              "tasks, per data folder (`data_dir`: one context length for RULER's files), policy "
-              "and budget. The 95% CI treats the task means as independent (Welch-Satterthwaite "
-              "t); `tasks` counts the tasks with a score, so a partial group shows.";
+    s.intro =
+        "Per task group (a task definition's `group:`, e.g. `ruler`): the mean over the "
+        "group's tasks of each task's mean score, as RULER's summary figure averages its 13 "
+        "tasks, per data folder (`data_dir`: one context length for RULER's files), policy "
+        "and budget. The 95% CI treats the task means as independent (Welch-Satterthwaite "
+        "t); `tasks` counts the tasks with a score, so a partial group shows.";
     s.tables.push_back({"groups", "Task-group mean per policy and budget", groups_table(groups)});
     sections.push_back(std::move(s));
   }

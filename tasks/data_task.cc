@@ -131,7 +131,9 @@ std::string item_value_text(const JsonlItem& it, const std::string& key, const s
   if (v.is_number_integer() || v.is_number_unsigned() || v.is_number_float()) return v.dump();
   if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
   it.fail("field '" + key + "' (" + use + ") must be a string or a number, not " +
-          (v.is_array() ? "a list" : v.is_object() ? "an object" : "null"));
+          (v.is_array()    ? "a list"
+           : v.is_object() ? "an object"
+                           : "null"));
 }
 
 std::string item_keys(const JsonlItem& it) {
@@ -154,9 +156,8 @@ class DataTask : public Task {
       path_ = file;
       option_ = "data";
     } else {
-      KVB_USAGE_CHECK(!def_.data.empty())
-          << "task " << def_.name << " (" << def_.file
-          << ") names no data: file; give --task-opt data=FILE";
+      KVB_USAGE_CHECK(!def_.data.empty()) << "task " << def_.name << " (" << def_.file
+                                          << ") names no data: file; give --task-opt data=FILE";
       const bool abs = fs::path(def_.data).is_absolute();
       path_ = abs ? def_.data : ((dir.empty() ? def_.base_dir : dir) + "/" + def_.data);
       option_ = dir.empty() || abs ? "data" : "data_dir";
@@ -180,8 +181,9 @@ class DataTask : public Task {
     ro.option = option_;
     ro.how_to_obtain = "task " + def_.name + " (defined in " + def_.file + ") reads " +
                        (def_.data.empty() ? std::string("the file of --task-opt data=FILE")
-                                          : def_.data + ": give --task-opt data_dir=DIR (the folder "
-                                                        "holding it) or --task-opt data=FILE");
+                                          : def_.data +
+                                                ": give --task-opt data_dir=DIR (the folder "
+                                                "holding it) or --task-opt data=FILE");
     ro.limit = static_cast<size_t>(limit_);
     ro.max_line_bytes = def_.max_line_bytes;
     ro.limit_hint = "if the line is meant to be this long, raise max_line_mb: in " + def_.file +
@@ -211,8 +213,7 @@ class DataTask : public Task {
   }
 
  private:
-  std::string render(const PromptTemplate& t, const std::string& which,
-                     const JsonlItem& it) const {
+  std::string render(const PromptTemplate& t, const std::string& which, const JsonlItem& it) const {
     std::string s;
     for (const PromptTemplate::Piece& p : t.pieces) {
       if (!p.field) {
@@ -221,8 +222,8 @@ class DataTask : public Task {
         s += item_value_text(it, p.text, "named by the " + which + " template");
       } else if (!p.optional) {
         it.fail("field '" + p.text + "' named by the " + which + " template of " + def_.file +
-                " is missing; the item has: " + item_keys(it) +
-                " (fix the template, or write {" + p.text + "?} if the field is optional)");
+                " is missing; the item has: " + item_keys(it) + " (fix the template, or write {" +
+                p.text + "?} if the field is optional)");
       }
     }
     return s;
@@ -238,7 +239,9 @@ class DataTask : public Task {
     if (v.is_string()) return {v.get<std::string>()};
     if (!v.is_array()) {
       it.fail("the reference field '" + key + "' must be a string or a list of strings, not " +
-              (v.is_object() ? "an object" : v.is_boolean() ? "a boolean" : "a number"));
+              (v.is_object()    ? "an object"
+               : v.is_boolean() ? "a boolean"
+                                : "a number"));
     }
     std::vector<std::string> refs = it.str_list(key);
     if (refs.empty()) it.fail("the reference field '" + key + "' is an empty list");

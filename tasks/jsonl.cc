@@ -2,13 +2,13 @@
 // unbounded line), one nlohmann parse per line, typed accessors with file/line/key errors.
 #include "tasks/jsonl.h"
 
+#include <zlib.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-
-#include <zlib.h>
 
 #include "common/error.h"
 
@@ -58,11 +58,16 @@ size_t first_invalid_utf8(const std::string& s) {
     const auto b = static_cast<unsigned char>(s[i]);
     size_t n = 0;
     unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (b < 0x80) n = 1;
-    else if (b >= 0xC2 && b <= 0xDF) n = 2;
-    else if (b >= 0xE0 && b <= 0xEF) n = 3, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    else if (b >= 0xF0 && b <= 0xF4) n = 4, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
-    else return i;
+    if (b < 0x80)
+      n = 1;
+    else if (b >= 0xC2 && b <= 0xDF)
+      n = 2;
+    else if (b >= 0xE0 && b <= 0xEF)
+      n = 3, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+    else if (b >= 0xF0 && b <= 0xF4)
+      n = 4, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+    else
+      return i;
     if (i + n > s.size()) return i;
     for (size_t k = 1; k < n; ++k) {
       const auto c = static_cast<unsigned char>(s[i + k]);

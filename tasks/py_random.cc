@@ -25,8 +25,8 @@ class Mt19937 {
       if (++j >= key.size()) j = 0;
     }
     for (size_t k = kN - 1; k; --k) {
-      mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1566083941u)) -
-               static_cast<uint32_t>(i);
+      mt_[i] =
+          (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1566083941u)) - static_cast<uint32_t>(i);
       if (++i >= kN) mt_[0] = mt_[kN - 1], i = 1;
     }
     mt_[0] = 0x80000000u;

@@ -47,11 +47,11 @@ const std::string& text_of(const nlohmann::json& v, const std::string& where,
 }
 
 nlohmann::json read_json(const std::string& path, const std::string& option) {
-  const std::string text = read_text_file(
-      path, option,
-      "RULER downloads them with scripts/data/synthetic/json/download_qa_dataset.sh "
-      "(SQuAD v2.0 dev-v2.0.json, HotpotQA hotpot_dev_distractor_v1.json)",
-      kMaxJsonBytes);
+  const std::string text =
+      read_text_file(path, option,
+                     "RULER downloads them with scripts/data/synthetic/json/download_qa_dataset.sh "
+                     "(SQuAD v2.0 dev-v2.0.json, HotpotQA hotpot_dev_distractor_v1.json)",
+                     kMaxJsonBytes);
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
@@ -188,8 +188,8 @@ TaskInfo ruler_qa_task_info() {
       "among distractors from the user's SQuAD v2.0 / HotpotQA json (never bundled), RULER's "
       "template, document order from random.Random(seed).shuffle as RULER; string_match_part";
   t.params = ruler_common_params();
-  t.params.push_back({"dataset", "", "squad (qa_1) or hotpotqa (qa_2) (required)",
-                      {"squad", "hotpotqa"}});
+  t.params.push_back(
+      {"dataset", "", "squad (qa_1) or hotpotqa (qa_2) (required)", {"squad", "hotpotqa"}});
   t.params.push_back({"file", "", "the SQuAD dev-v2.0.json or HotpotQA dev json (required)", {}});
   t.make = [](const Options& o) -> std::unique_ptr<Task> {
     const RulerCommon c = read_ruler_common(o);

@@ -37,7 +37,6 @@ QaCorpus read_hotpotqa_corpus(const std::string& path);
 // the construction does not), or the whole corpus repeated when num_docs >= its size; then
 // random.Random(seed).shuffle, reproduced exactly (tasks/py_random.h), so the gold documents land
 // where RULER puts them. With num_docs below the gold count, the gold documents alone.
-Generated qa_instance(const QaCorpus& corpus, int index, int64_t num_docs, uint64_t seed,
-                      Rng& rng);
+Generated qa_instance(const QaCorpus& corpus, int index, int64_t num_docs, uint64_t seed, Rng& rng);
 
 }  // namespace kvb::tasks

@@ -24,7 +24,8 @@ tasks::TaskContext ctx() {
 std::vector<std::string> predictions_for(const std::vector<tasks::Sample>& s, size_t i) {
   const std::string& ref = s[i].references.at(0);
   const std::string& other = s[(i + 1) % s.size()].references.at(0);
-  return {ref, ref.substr(0, ref.size() / 2), other, "the news " + ref.substr(0, 20), "", "\n\n" + ref};
+  return {ref,         ref.substr(0, ref.size() / 2), other, "the news " + ref.substr(0, 20), "",
+          "\n\n" + ref};
 }
 
 void expect_same_task(const std::string& dataset, const std::string& metric) {

@@ -30,19 +30,22 @@ std::string make_db(const std::vector<Unit>& units) {
   auto exec = [&](const std::string& sql) {
     KVB_SQLITE_CHECK(db, sqlite3_exec(db.get(), sql.c_str(), nullptr, nullptr, nullptr), sql);
   };
-  exec("INSERT INTO runs (config_text, config_sha256, git_rev, kvbench_version, host, ranks) "
-       "VALUES ('', '', 'r', 'v', 'h', 1)");
+  exec(
+      "INSERT INTO runs (config_text, config_sha256, git_rev, kvbench_version, host, ranks) "
+      "VALUES ('', '', 'r', 'v', 'h', 1)");
   for (size_t i = 0; i < units.size(); ++i) {
     const Unit& u = units[i];
     char key[65];
     std::snprintf(key, sizeof key, "%064zx", i + 1);
     const std::string opts = u.data_dir.empty() ? "{}" : "{\"data_dir\":\"" + u.data_dir + "\"}";
     const std::string fields = u.group.empty() ? "{}" : "{\"task_group\":\"" + u.group + "\"}";
-    exec("INSERT INTO units (unit_key, run_id, model, model_sha256, task, task_version, "
-         "task_options, sample_id, policy, kv_budget_spec, question, max_new_tokens, seed, "
-         "sample_fields, status) VALUES ('" + std::string(key) + "', 1, 'm', 'x', '" + u.task +
-         "', 1, '" + opts + "', '" + std::to_string(i) + "', '" + u.policy + "', '" + u.budget +
-         "', 'in_prompt', 8, 0, '" + fields + "', '" + u.status + "')");
+    exec(
+        "INSERT INTO units (unit_key, run_id, model, model_sha256, task, task_version, "
+        "task_options, sample_id, policy, kv_budget_spec, question, max_new_tokens, seed, "
+        "sample_fields, status) VALUES ('" +
+        std::string(key) + "', 1, 'm', 'x', '" + u.task + "', 1, '" + opts + "', '" +
+        std::to_string(i) + "', '" + u.policy + "', '" + u.budget + "', 'in_prompt', 8, 0, '" +
+        fields + "', '" + u.status + "')");
     exec("INSERT INTO metrics (unit_key, name, value, higher_is_better) VALUES ('" +
          std::string(key) + "', '" + u.metric + "', " + std::to_string(u.value) + ", 1)");
   }
@@ -54,12 +57,12 @@ TEST(Groups, MeanOfTaskMeansWithWelchInterval) {
   std::vector<Unit> units;
   for (double v : {100, 50, 0, 50}) units.push_back({"a", d4, "full", "", "ruler", "sma", "ok", v});
   for (double v : {100, 100, 0}) units.push_back({"b", d4, "full", "", "ruler", "smp", "ok", v});
-  units.push_back({"b", d4, "full", "", "ruler", "smp", "error", 0});     // not ok: left out
-  units.push_back({"c", d4, "full", "", "", "sma", "ok", 0});             // no group
-  units.push_back({"a", d8, "full", "", "ruler", "sma", "ok", 25});       // another folder
+  units.push_back({"b", d4, "full", "", "ruler", "smp", "error", 0});  // not ok: left out
+  units.push_back({"c", d4, "full", "", "", "sma", "ok", 0});          // no group
+  units.push_back({"a", d8, "full", "", "ruler", "sma", "ok", 25});    // another folder
   units.push_back({"a", d8, "full", "", "ruler", "sma", "ok", 75});
-  units.push_back({"a", d4, "h2o", "64", "ruler", "sma", "ok", 10});     // a budget, n = 1
-  units.push_back({"a", d4, "full", "", "other", "sma", "ok", 40});       // another group
+  units.push_back({"a", d4, "h2o", "64", "ruler", "sma", "ok", 10});  // a budget, n = 1
+  units.push_back({"a", d4, "full", "", "other", "sma", "ok", 40});   // another group
   const Store store = Store::open(make_db(units), Mode::kReadOnly);
   const std::vector<GroupRow> rows = group_rows(store, {});
   ASSERT_EQ(rows.size(), 4u);

@@ -100,11 +100,11 @@ TEST(RulerQa, TaskFitsTheBudgetAndScoresAnyAnswer) {
   TaskContext ctx;
   ctx.count_tokens = ws_count;
   auto task = make_task("ruler_qa", Options({{"dataset", "squad"},
-                                              {"file", kDir + "/squad_tiny.json"},
-                                              {"context_length", "160"},
-                                              {"num_samples", "4"},
-                                              {"chat", "false"}},
-                                             "task option"));
+                                             {"file", kDir + "/squad_tiny.json"},
+                                             {"context_length", "160"},
+                                             {"num_samples", "4"},
+                                             {"chat", "false"}},
+                                            "task option"));
   EXPECT_EQ(task->metrics().at(0).name, "string_match_part");
   const auto s = task->samples(ctx);
   ASSERT_EQ(s.size(), 4u);
@@ -157,8 +157,9 @@ TEST(RulerQa, Errors) {
   EXPECT_NE(err({{"dataset", "squad"}, {"file", kDir + "/squad_tiny.json"}, {"num_samples", "9"}})
                 .find("fewer than num_samples=9"),
             std::string::npos);
-  EXPECT_NE(err({{"dataset", "trivia"}, {"file", kDir + "/squad_tiny.json"}}).find("squad, hotpotqa"),
-            std::string::npos);
+  EXPECT_NE(
+      err({{"dataset", "trivia"}, {"file", kDir + "/squad_tiny.json"}}).find("squad, hotpotqa"),
+      std::string::npos);
 }
 
 }  // namespace

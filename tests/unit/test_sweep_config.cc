@@ -314,15 +314,18 @@ TEST_F(SweepConfigTest, TaskDefinitionsAreFoundByNameOrFile) {
         "{\"outputs\": [\"there\"]}\n");
   write("defs_cfg/other/named.yaml",
         "task: by_file\ncontext: \"{input}\"\nreference: outputs\nmetric: string_match_all\n");
-  const std::string path = write(
-      "defs_cfg/config.yaml",
-      model_yaml() +
-          "tasks:\n"
-          "  - {name: ruler_jsonl_qa_1, options: {data_dir: " + ruler + "}}\n"
-          "  - local_qa\n"
-          "  - {task_file: other/named.yaml, options: {data: " + ruler + "/qa_1.jsonl}}\n"
-          "policies: [full]\n"
-          "exclude: [{task: by_file}]\n");
+  const std::string path =
+      write("defs_cfg/config.yaml", model_yaml() +
+                                        "tasks:\n"
+                                        "  - {name: ruler_jsonl_qa_1, options: {data_dir: " +
+                                        ruler +
+                                        "}}\n"
+                                        "  - local_qa\n"
+                                        "  - {task_file: other/named.yaml, options: {data: " +
+                                        ruler +
+                                        "/qa_1.jsonl}}\n"
+                                        "policies: [full]\n"
+                                        "exclude: [{task: by_file}]\n");
   const SweepConfig cfg = load_sweep_config(path);
   ASSERT_EQ(cfg.tasks.size(), 3u);
   EXPECT_EQ(cfg.tasks[0].name, "ruler_jsonl_qa_1");
@@ -342,9 +345,10 @@ TEST_F(SweepConfigTest, TaskDefinitionsAreFoundByNameOrFile) {
   // validate reads the data: local_qa's line 2 lacks the field its template names.
   std::string out, err;
   EXPECT_EQ(run_kvbench({"validate", path}, out, err), 2);
-  EXPECT_NE(err.find(kDir + "/defs_cfg/tasks/../data/qa.jsonl:2: field 'input' named by the context "
-                            "template"),
-            std::string::npos)
+  EXPECT_NE(
+      err.find(kDir + "/defs_cfg/tasks/../data/qa.jsonl:2: field 'input' named by the context "
+                      "template"),
+      std::string::npos)
       << err;
   write("defs_cfg/data/qa.jsonl", "{\"input\": \"Where? Answer:\", \"outputs\": [\"here\"]}\n");
   ASSERT_EQ(run_kvbench({"validate", path}, out, err), 0) << err;

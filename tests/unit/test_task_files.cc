@@ -143,9 +143,19 @@ TEST(TaskFiles, RulerQaFileInRulersOwnLayout) {
 // Every one of the 13 shipped RULER definitions loads, belongs to group ruler and reads
 // <data_dir>/<RULER task name>.jsonl.
 TEST(TaskFiles, ThirteenRulerDefinitions) {
-  const std::vector<std::string> names = {
-      "niah_single_1", "niah_single_2",   "niah_single_3",   "niah_multikey_1", "niah_multikey_2",
-      "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"};
+  const std::vector<std::string> names = {"niah_single_1",
+                                          "niah_single_2",
+                                          "niah_single_3",
+                                          "niah_multikey_1",
+                                          "niah_multikey_2",
+                                          "niah_multikey_3",
+                                          "niah_multivalue",
+                                          "niah_multiquery",
+                                          "vt",
+                                          "cwe",
+                                          "fwe",
+                                          "qa_1",
+                                          "qa_2"};
   for (const std::string& n : names) {
     const std::string file = find_task_file("ruler_jsonl_" + n, {builtin_task_dir()});
     ASSERT_FALSE(file.empty()) << n;
@@ -178,7 +188,9 @@ TEST(TaskFiles, GzipDataReadsTheSameItems) {
     EXPECT_EQ(zipped[i].references, plain[i].references);
   }
   const std::string cut = gzip(kRuler + "/niah_multivalue.jsonl", kDir + "/cut.jsonl.gz", 200);
-  EXPECT_HAS(error_of([&] { task("ruler_jsonl_niah_multivalue", {{"data", cut}})->samples(ctx()); }),
+  EXPECT_HAS(error_of([&] {
+               task("ruler_jsonl_niah_multivalue", {{"data", cut}})->samples(ctx());
+             }),
              "cut.jsonl.gz");
 }
 
@@ -186,12 +198,13 @@ TEST(TaskFiles, GzipDataReadsTheSameItems) {
 std::string qa_def(const std::string& name, const std::string& extra,
                    const std::string& metric = "qa_f1") {
   return write("defs/" + name + ".yaml",
-               "description: a test task\n"   // line 1
-               "data: qa.jsonl\n"             // 2
-               "context: \"Doc: {doc}\"\n"    // 3
+               "description: a test task\n"     // line 1
+               "data: qa.jsonl\n"               // 2
+               "context: \"Doc: {doc}\"\n"      // 3
                "question: \"\\nQ: {query}\"\n"  // 4
-               "reference: answers\n"         // 5
-               "metric: " + metric + "\n" +  // 6
+               "reference: answers\n"           // 5
+               "metric: " +
+                   metric + "\n" +  // 6
                    extra);
 }
 
@@ -201,8 +214,9 @@ TEST(TaskFiles, BadDefinitionsNameFileLineAndKey) {
     const std::string path = qa_def(name, extra, metric);
     return error_of([&] { load_task_file(path); });
   };
-  EXPECT_HAS(err("m1", "", "f1"), "m1.yaml:6: metric: unknown metric 'f1'; known metrics: "
-                                 "string_match_all");
+  EXPECT_HAS(err("m1", "", "f1"),
+             "m1.yaml:6: metric: unknown metric 'f1'; known metrics: "
+             "string_match_all");
   EXPECT_HAS(err("m2", "stopp: [x]\n"), "m2.yaml:7: stopp: unknown key 'stopp'");
   EXPECT_HAS(err("m3", "answer_prefix: \"A: {x\"\n"),
              "m3.yaml:7: answer_prefix: a '{' at character 4 is never closed");
@@ -244,34 +258,41 @@ TEST(TaskFiles, BadDataNamesFileLineAndField) {
           ->samples(ctx());
     });
   };
-  const std::string good = "{\"qid\": \"a\", \"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\"]}\n";
+  const std::string good =
+      "{\"qid\": \"a\", \"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\"]}\n";
   // A template field the data lacks.
   std::string e = run(write("missing.jsonl", good + "{\"doc\": \"d\", \"answers\": [\"x\"]}\n"));
   EXPECT_HAS(e, "missing.jsonl:2: field 'query' named by the question template of " + def +
                     " is missing; the item has: answers, doc");
   // A reference of the wrong type.
   e = run(write("reftype.jsonl", "{\"doc\": \"d\", \"query\": \"q\", \"answers\": 5}\n"));
-  EXPECT_HAS(e, "reftype.jsonl:1: the reference field 'answers' must be a string or a list of "
-                "strings, not a number");
+  EXPECT_HAS(e,
+             "reftype.jsonl:1: the reference field 'answers' must be a string or a list of "
+             "strings, not a number");
   e = run(write("refelem.jsonl", "{\"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\", 2]}\n"));
-  EXPECT_HAS(e, "refelem.jsonl:1: key 'answers' must be a list of strings; element 1 is an integer");
+  EXPECT_HAS(e,
+             "refelem.jsonl:1: key 'answers' must be a list of strings; element 1 is an integer");
   // A template field that is not text.
   e = run(write("listfield.jsonl", "{\"doc\": [\"d\"], \"query\": \"q\", \"answers\": \"x\"}\n"));
-  EXPECT_HAS(e, "listfield.jsonl:1: field 'doc' (named by the context template) must be a string "
-                "or a number, not a list");
+  EXPECT_HAS(e,
+             "listfield.jsonl:1: field 'doc' (named by the context template) must be a string "
+             "or a number, not a list");
   // Invalid UTF-8: the byte's offset and its key.
   const std::string bad = "{\"doc\": \"d\", \"query\": \"caf\xE9\", \"answers\": \"x\"}";
   e = run(write("utf8.jsonl", good + bad + "\n"));
   EXPECT_HAS(e, "utf8.jsonl:2: not valid JSON: invalid UTF-8 at byte " +
-                    std::to_string(bad.find('\xE9') + 1) + " of the line, in the value of key 'query'");
+                    std::to_string(bad.find('\xE9') + 1) +
+                    " of the line, in the value of key 'query'");
   // A 50 MB line: over the definitions' 16 MiB default, refused before it is buffered whole.
   {
     std::ofstream big(kDir + "/big.jsonl", std::ios::binary);
     big << good << "{\"doc\": \"" << std::string(size_t{50} << 20, 'a') << "\"}\n";
   }
   e = run(kDir + "/big.jsonl");
-  EXPECT_HAS(e, "big.jsonl:2: line longer than the reader's limit of 16 MiB; if the line is meant "
-                "to be this long, raise max_line_mb: in " + def);
+  EXPECT_HAS(e,
+             "big.jsonl:2: line longer than the reader's limit of 16 MiB; if the line is meant "
+             "to be this long, raise max_line_mb: in " +
+                 def);
   // No data: where the definition looks and what to give.
   e = error_of([&] {
     make_any_task("qa", Options({{"task_file", def}}, "task option"))->samples(ctx());
@@ -279,9 +300,13 @@ TEST(TaskFiles, BadDataNamesFileLineAndField) {
   EXPECT_HAS(e, "cannot open data file '" + kDir + "/defs/qa.jsonl'");
   EXPECT_HAS(e, "give --task-opt data_dir=DIR");
   // A good file: ids, kept fields (absent ones left out) and the per-sample max over answers.
-  const auto t = make_any_task("qa", Options({{"task_file", def}, {"data", write("ok.jsonl",
-      "{\"qid\": 7, \"doc\": \"d {x}\", \"query\": \"q\", \"answers\": [\"red fox\", \"blue\"], "
-      "\"length\": 12}\n")}}, "task option"));
+  const auto t =
+      make_any_task("qa", Options({{"task_file", def},
+                                   {"data", write("ok.jsonl",
+                                                  "{\"qid\": 7, \"doc\": \"d {x}\", \"query\": "
+                                                  "\"q\", \"answers\": [\"red fox\", \"blue\"], "
+                                                  "\"length\": 12}\n")}},
+                                  "task option"));
   const auto s = t->samples(ctx());
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(s[0].id, "7");
