@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "harness/sweep_plan.h"
 #include "harness/sweep_tp.h"
+#include "harness/task_file.h"
 #include "workers/engine/tensor_parallel.h"
 
 namespace kvb::harness {
@@ -51,7 +52,7 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
     loaded_model_ = b.model;
   }
   std::unique_ptr<tasks::Task> task =
-      tasks::make_task(cfg_.tasks[b.task].name, keyed_task_options(cfg_, cfg_.tasks[b.task]));
+      make_any_task(cfg_.tasks[b.task].name, keyed_task_options(cfg_, cfg_.tasks[b.task]));
   const engine::ModelConfig& c = lm_.model->config;
   std::vector<policies::PolicyConfig> pcs;
   std::vector<results::UnitResult> out(b.units.size());

@@ -12,6 +12,7 @@
 #include "common/escape.h"
 #include "common/log.h"
 #include "harness/cli.h"
+#include "harness/task_file.h"
 #include "common/table.h"
 #include "tasks/task.h"
 #include "workers/model_session.h"
@@ -46,7 +47,8 @@ int cmd_eval(const std::vector<std::string>& args) {
       ("help,h", "print this help")
       ("model,m", po::value(&model_path), "model file (.gguf or llama2.c .bin)")
       ("tokenizer,t", po::value(&tokenizer_path), "tokenizer (required for llama2.c models)")
-      ("task", po::value(&task_name), "task name")
+      ("task", po::value(&task_name),
+       "task name (built in, or a definition under configs/tasks), or a definition file .yaml")
       ("task-opt", po::value(&task_opts)->composing(), "task option key=value (repeatable)")
       ("policy", po::value(&policy_name)->default_value("full"), "eviction policy")
       ("kv-budget", po::value(&kv_budget)->default_value(0), "retained tokens per KV head per layer")
@@ -85,7 +87,12 @@ int cmd_eval(const std::vector<std::string>& args) {
   rs.question = workers::parse_question_placement(question);
   rs.max_prompt_tokens = max_prompt_tokens;
   // Names and options are checked before the model is loaded.
-  std::unique_ptr<tasks::Task> task = tasks::make_task(task_name, topts);
+  if (task_name.size() > 5 && (task_name.ends_with(".yaml") || task_name.ends_with(".yml"))) {
+    KVB_USAGE_CHECK(!topts.has("task_file")) << "give --task FILE.yaml or task_file, not both";
+    topts.set("task_file", task_name);
+    task_name = load_task_file(task_name).name;
+  }
+  std::unique_ptr<tasks::Task> task = make_any_task(task_name, topts);
   policies::require_policy(policy_name);
 
   workers::LoadedModel lm = workers::load_model_and_tokenizer(model_path, tokenizer_path);

@@ -1,9 +1,11 @@
-// `kvbench ls policies`: the registered names with a line of description and their options.
+// `kvbench ls policies|tasks`: the registered names with a line of description and their options;
+// for tasks also the YAML task definitions of configs/tasks and the metrics they may name.
 #include <boost/program_options.hpp>
 #include <iostream>
 
 #include "common/error.h"
 #include "harness/cli.h"
+#include "harness/task_file.h"
 #include "kernels/policies/policy.h"
 #include "tasks/task.h"
 
@@ -13,7 +15,9 @@ int cmd_ls(const std::vector<std::string>& args) {
   const std::string usage =
       "usage: kvbench ls policies | tasks\n\n"
       "Lists the registered eviction policies or tasks: name, description, and each option with\n"
-      "its default (set with --policy-opt / --task-opt key=value).\n";
+      "its default (set with --policy-opt / --task-opt key=value). `tasks` also lists the task\n"
+      "definitions (YAML) shipped in configs/tasks, the options they all take, and the metrics a\n"
+      "definition may name.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << usage;
     return args.empty() ? 2 : 0;
@@ -36,6 +40,25 @@ int cmd_ls(const std::vector<std::string>& args) {
     for (const auto& t : tasks::task_registry()) {
       std::cout << t.name << "\n    " << t.description << "\n";
       print_params(t.params, "--task-opt");
+    }
+    const std::vector<std::string> files = list_task_files(builtin_task_dir());
+    std::cout << "\n# Task definitions in " << builtin_task_dir() << " (YAML; TASKS.md)\n";
+    for (const std::string& f : files) {
+      try {
+        const tasks::DataTaskDef d = load_task_file(f);
+        std::cout << d.name << "\n    "
+                  << (d.description.empty() ? "(no description)" : d.description) << " [metric "
+                  << d.metric << (d.group.empty() ? "" : ", group " + d.group) << "; " << f
+                  << "]\n";
+      } catch (const Error& e) {
+        std::cout << f << "\n    INVALID: " << e.what() << "\n";
+      }
+    }
+    std::cout << "\nEvery task definition takes:\n";
+    print_params(tasks::data_task_params(), "--task-opt");
+    std::cout << "\nMetrics a definition may name (metric:):\n";
+    for (const auto& m : tasks::metric_table()) {
+      std::cout << "    " << m.name << "  " << m.description << "\n";
     }
     return 0;
   }

@@ -1,16 +1,17 @@
 // `kvbench query --db FILE NAME|SQL`: a named query (results/queries/*.sql) or ad-hoc SQL against
 // a results database opened read-only; the rows printed as md, csv or jsonl on stdout.
-#include <boost/program_options.hpp>
 #include <sqlite3.h>
 
+#include <boost/program_options.hpp>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
 
 #include "common/error.h"
-#include "harness/cli.h"
 #include "common/table.h"
+#include "harness/cli.h"
 #include "results/analysis.h"
+#include "results/groups.h"
 #include "results/named_queries.h"
 #include "results/schema.h"
 #include "results/sqlite_util.h"
@@ -26,6 +27,11 @@ const char* kVsFullDescription =
     "paired difference to full on the same samples per task x policy x budget x metric: means, "
     "difference with a paired-bootstrap 95% CI (10,000 resamples, seed 0), two-sided p and a "
     "verdict (better/worse when the CI excludes 0)";
+
+const char* kGroupsDescription =
+    "task-group score (a definition's group:, e.g. ruler) per model x group x data_dir x policy x "
+    "budget: the mean over the group's tasks of each task's mean, as RULER's summary, with a 95% "
+    "CI (task means independent, Welch-Satterthwaite t) and the number of tasks";
 
 }  // namespace
 
@@ -59,6 +65,7 @@ int cmd_query(const std::vector<std::string>& args) {
     Table t({"name", "description"});
     for (const auto& q : results::named_queries()) t.add({q.name, q.description()});
     t.add({"vs-full", kVsFullDescription});
+    t.add({"groups", kGroupsDescription});
     t.print(std::cout, output);
     return 0;
   }
@@ -84,6 +91,11 @@ int cmd_query(const std::vector<std::string>& args) {
     results::vs_full_table(results::vs_full(store, {})).print(std::cout, output);
     return 0;
   }
+  if (what == "groups") {
+    results::Store store = results::Store::open(db, results::Mode::kReadOnly);
+    results::groups_table(results::group_rows(store, {})).print(std::cout, output);
+    return 0;
+  }
   std::string sql = what;
   for (const auto& q : results::named_queries()) {
     if (q.name == what) sql = q.sql;
@@ -92,7 +104,7 @@ int cmd_query(const std::vector<std::string>& args) {
   if (!named && what.find(' ') == std::string::npos) {
     std::string names;
     for (const auto& q : results::named_queries()) names += (names.empty() ? "" : ", ") + q.name;
-    names += ", vs-full";
+    names += ", vs-full, groups";
     KVB_USAGE_FAIL() << "no named query '" << what << "'; named queries: " << names
                      << " (or give a SQL statement)";
   }

@@ -12,9 +12,10 @@
 #include <tuple>
 
 #include "common/error.h"
+#include "common/table.h"
 #include "harness/cli.h"
 #include "harness/sweep_config.h"
-#include "common/table.h"
+#include "harness/task_file.h"
 #include "tasks/task.h"
 #include "workers/engine/tensor_parallel.h"
 
@@ -151,7 +152,7 @@ int cmd_validate(const std::vector<std::string>& args) {
       ctx.max_context = cfg.models[m].info.max_seq_len;
       std::vector<tasks::Sample> samples;
       try {
-        samples = tasks::make_task(t.name, task_options(cfg, t))->samples(ctx);
+        samples = make_any_task(t.name, task_options(cfg, t))->samples(ctx);
       } catch (const Error& e) {
         throw Error(cfg.path + ": task '" + t.spec() + "' on model '" + cfg.models[m].name +
                         "': " + e.what(),

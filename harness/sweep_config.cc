@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "harness/task_file.h"
 #include "harness/yaml_tree.h"
 #include "kernels/policies/policy.h"
 #include "tasks/task.h"
@@ -229,26 +230,85 @@ std::vector<Origin> parse_budgets(const Node& n, const std::string& axis, SweepC
   return origin;
 }
 
+// A task item: a registered name, a definition named like one (found under the config's tasks/
+// folder, then configs/tasks), or {task_file: path} (relative to the config). Returns the name
+// node, the options, the name and, for a definition, the options the definition adds.
+struct TaskItem {
+  const Node* name_node;
+  const Node* options;
+  std::string name_key, name;
+  std::map<std::string, std::string> def_options;  // task_file, task_sha256
+};
+TaskItem read_task_item(const Node& item, const std::string& key) {
+  const Entry* tf = item.kind == Node::Kind::kMap ? item.find("task_file") : nullptr;
+  TaskItem t;
+  std::string file;
+  if (tf) {
+    expect_map(item, key, {"name", "task_file", "options"});
+    const Entry* o = item.find("options");
+    if (o && o->value.kind != Node::Kind::kMap)
+      fail(o->value, key + ".options", "expected a mapping of task options");
+    t = {&tf->value, o ? &o->value : nullptr, key + ".task_file", "", {}};
+    file = resolve_path(tf->value, scalar(tf->value, key + ".task_file"));
+    if (!fs::is_regular_file(file))
+      fail(tf->value, key + ".task_file", "task definition '" + file + "' does not exist");
+  } else {
+    const auto [name_node, opts, nkey, name] = read_named(item, key, "task");
+    t = {name_node, opts, nkey, name, {}};
+    if (tasks::find_task(name)) return t;
+    const std::string local = (fs::path(item.file).parent_path() / "tasks").string();
+    try {
+      file = find_task_file(name, {local, builtin_task_dir()});
+    } catch (const Error& e) {
+      fail(*name_node, nkey, e.what());
+    }
+    if (file.empty()) {
+      try {
+        make_any_task(name, Options());
+      } catch (const Error& e) {
+        fail(*name_node, nkey, e.what());
+      }
+    }
+  }
+  tasks::DataTaskDef def;
+  try {
+    def = load_task_file(file);
+  } catch (const Error& e) {
+    fail(*t.name_node, t.name_key, e.what());
+  }
+  if (tf) {
+    if (const Entry* nm = item.find("name")) {
+      const std::string given = scalar(nm->value, key + ".name");
+      if (given != def.name)
+        fail(nm->value, key + ".name",
+             file + " defines task '" + def.name + "', not '" + given + "'");
+    }
+    t.name = def.name;
+  } else if (def.name != t.name) {
+    fail(*t.name_node, t.name_key, file + " defines task '" + def.name + "', not '" + t.name + "'");
+  }
+  t.def_options = {{"task_file", fs::weakly_canonical(file).string()}, {"task_sha256", def.sha256}};
+  return t;
+}
+
 void parse_tasks(const Node& n, SweepConfig& cfg) {
   if (n.kind != Node::Kind::kSeq || n.seq.empty())
     fail(n, "tasks", "expected a non-empty list of {name, options}");
   std::set<std::string> seen;  // specs, for duplicates
   for (const auto& [item, key] : items_of(n, "tasks")) {
-    const auto [name_node, opts, nkey, name] = read_named(*item, key, "task");
+    const TaskItem ti = read_task_item(*item, key);
+    const Node* opts = ti.options;
+    const std::string& name = ti.name;
     const tasks::TaskInfo* info = tasks::find_task(name);
-    if (!info) {
-      try {
-        tasks::make_task(name, Options());
-      } catch (const Error& e) {
-        fail(*name_node, nkey, e.what());
-      }
-    }
+    const std::vector<ParamDoc>& params = info ? info->params : tasks::data_task_params();
     // Lists of an option with fixed choices expand into entries; other lists join as "a,b".
     std::map<std::string, std::string> fixed;
     std::vector<std::pair<std::string, std::vector<std::string>>> axes;
     for (const Entry& e : opts ? opts->map : kNoEntries) {
       const std::string okey = key + ".options." + e.key;
-      const auto doc = std::find_if(info->params.begin(), info->params.end(),
+      if (ti.def_options.count(e.key))
+        fail(e.value, okey, e.key + " is set by the task item (task_file: or the task's name)");
+      const auto doc = std::find_if(params.begin(), params.end(),
                                     [&](const ParamDoc& d) { return d.name == e.key; });
       std::vector<std::string> values;
       for (const auto& [v, vkey] : items_of(e.value, okey)) values.push_back(scalar(*v, vkey));
@@ -261,12 +321,13 @@ void parse_tasks(const Node& n, SweepConfig& cfg) {
                std::string(dir ? "folder" : "file") + " '" + values[0] + "' does not exist");
         }
       }
-      if (e.value.kind == Node::Kind::kSeq && doc != info->params.end() && !doc->choices.empty()) {
+      if (e.value.kind == Node::Kind::kSeq && doc != params.end() && !doc->choices.empty()) {
         axes.push_back({e.key, values});
       } else {
         fixed[e.key] = join(values, ",");
       }
     }
+    fixed.insert(ti.def_options.begin(), ti.def_options.end());
     for (const Combo& combo : cartesian(axes, *item, key + ".options")) {
       TaskEntry t{name, fixed};
       t.options.insert(combo.begin(), combo.end());
@@ -278,7 +339,7 @@ void parse_tasks(const Node& n, SweepConfig& cfg) {
                "data file '" + f + "' does not exist");
       }
       try {
-        tasks::make_task(name, task_options(cfg, t));
+        make_any_task(name, task_options(cfg, t));
       } catch (const Error& e) {
         const Entry* c = culprit(opts, e.what());
         if (c) fail(c->value, key + ".options." + c->key, e.what());
@@ -470,8 +531,8 @@ std::string PolicyEntry::spec() const { return spec_of(name, options); }
 Options task_options(const SweepConfig& config, const TaskEntry& task) {
   Options opts(task.options, "task option");
   const tasks::TaskInfo* info = tasks::find_task(task.name);
-  if (config.limit > 0 && !opts.has("limit") && info) {
-    for (const ParamDoc& d : info->params) {
+  if (config.limit > 0 && !opts.has("limit") && (info || opts.has("task_file"))) {
+    for (const ParamDoc& d : info ? info->params : tasks::data_task_params()) {
       if (d.name == "limit") opts.set("limit", std::to_string(config.limit));
     }
   }

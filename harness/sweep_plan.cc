@@ -7,6 +7,7 @@
 
 #include "harness/model_digest.h"
 #include "harness/model_info.h"
+#include "harness/task_file.h"
 #include "workers/model_session.h"
 
 namespace kvb::harness {
@@ -43,7 +44,7 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
     for (size_t ti = 0; ti < cfg.tasks.size(); ++ti) {
       const TaskEntry& te = cfg.tasks[ti];
       const Options topts = keyed_task_options(cfg, te);
-      std::unique_ptr<tasks::Task> task = tasks::make_task(te.name, topts);
+      std::unique_ptr<tasks::Task> task = make_any_task(te.name, topts);
       std::vector<tasks::Sample> samples = task->samples(ctx);
       for (tasks::Sample& s : samples) {
         if (cfg.generation.max_new_tokens > 0) s.max_new_tokens = cfg.generation.max_new_tokens;

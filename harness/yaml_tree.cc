@@ -47,6 +47,7 @@ namespace {
 constexpr int64_t kMaxNodes = 100000;  // nodes of all files of one config, includes counted
 constexpr int kMaxDepth = 64;
 constexpr int kMaxFileLoads = 256;  // include files read for one config, repeats counted
+constexpr size_t kMaxIncludeDepth = 32;  // files including files including files ...
 
 struct Converter {
   const std::string& file;
@@ -154,6 +155,10 @@ Node load_tree(const std::string& path, LoadState& state, const Node* site,
     refuse("more than " + std::to_string(kMaxFileLoads) +
            " include files read for one config (an include diamond that repeats files?); "
            "include each shared file once, from the top file");
+  }
+  if (state.chain.size() >= kMaxIncludeDepth) {
+    refuse("includes nested deeper than " + std::to_string(kMaxIncludeDepth) + " files (" +
+           join(state.chain, " -> ") + " -> " + path + "); flatten them");
   }
   std::error_code ec;
   if (fs::is_directory(path, ec)) refuse("'" + path + "' is a directory, not a YAML file");

@@ -45,8 +45,8 @@ struct LoadState {
 };
 // Loads one file and its includes (depth first; later includes override earlier ones and the
 // file itself overrides them all). `site`/`site_key` name the include that asked for this file.
-// A directory, a second YAML document, a cycle of aliases, more than 100000 nodes or 256 include
-// files are usage errors.
+// A directory, a second YAML document, a cycle of aliases or of includes, includes nested more
+// than 32 files deep, more than 100000 nodes or 256 include files are usage errors.
 Node load_tree(const std::string& path, LoadState& state, const Node* site,
                const std::string& site_key);
 

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/escape.h"
 #include "common/log.h"
+#include "results/groups.h"
 #include "results/report_dir.h"
 #include "results/svg.h"
 
@@ -383,6 +384,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   const std::vector<PairedRow> pairs = vs_full(store, opt.filter);
   const std::vector<CostRow> cost = cost_rows(store, opt.filter);
   const std::vector<GridCell> grid = niah_grid(store, opt.filter);
+  const std::vector<GroupRow> groups = group_rows(store, opt.filter);
   std::set<std::string> policies;
   for (const auto& c : cells) policies.insert(c.policy);
   for (const auto& c : cost) policies.insert(c.policy);
@@ -405,6 +407,17 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
               "with a paired-bootstrap 95% CI (10,000 resamples, seed 0) and a two-sided p-value. "
               "An interval that excludes 0 is a difference the samples support.";
     s.tables.push_back({"vs_full", "Paired difference to full", vs_full_table(pairs)});
+    sections.push_back(std::move(s));
+  }
+  if (!groups.empty()) {
+    Section s{"groups", "Task groups", "", {}, {}, ""};
+    s.intro =
+        "Per task group (a task definition's `group:`, e.g. `ruler`): the mean over the "
+        "group's tasks of each task's mean score, as RULER's summary figure averages its 13 "
+        "tasks, per data folder (`data_dir`: one context length for RULER's files), policy "
+        "and budget. The 95% CI treats the task means as independent (Welch-Satterthwaite "
+        "t); `tasks` counts the tasks with a score, so a partial group shows.";
+    s.tables.push_back({"groups", "Task-group mean per policy and budget", groups_table(groups)});
     sections.push_back(std::move(s));
   }
   if (!grid.empty()) {

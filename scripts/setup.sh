@@ -14,6 +14,7 @@ packages=(
   libbenchmark-dev
   libpcre2-dev
   nlohmann-json3-dev
+  zlib1g-dev
   libomp-dev
   bible-kjv
   chromium fonts-dejavu-core

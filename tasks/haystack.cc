@@ -488,7 +488,8 @@ std::vector<ParamDoc> ruler_common_params() {
 
 std::vector<Sample> ruler_samples(const TaskContext& ctx, const RulerCommon& c,
                                   const std::string& task, int max_new_tokens, int64_t lo,
-                                  const std::function<Generated(int, int64_t)>& build) {
+                                  const std::function<Generated(int, int64_t)>& build,
+                                  int64_t step) {
   KVB_CHECK(ctx.count_tokens) << "task " << task << " needs TaskContext.count_tokens";
   const int budget = c.context_length - max_new_tokens;
   const int count = c.limit > 0 ? std::min(c.limit, c.num_samples) : c.num_samples;
@@ -503,14 +504,21 @@ std::vector<Sample> ruler_samples(const TaskContext& ctx, const RulerCommon& c,
   for (int i = 0; i < count; ++i) {
     auto fits = [&](int64_t n) { return prompt_tokens(ctx, build(i, n).parts, c.chat) <= budget; };
     // Every unit of haystack costs at least a token, give or take a tokenizer's merges.
-    const int64_t n = fit_largest(lo, 4 * static_cast<int64_t>(budget) + 1024, guess, fits);
+    int64_t n = 0;
+    if (step > 0 && i > 0) {
+      n = guess;  // sample 0's size, stepped down (RULER qa.py's generate_samples)
+      while (n > lo && !fits(n)) n = std::max(lo, n - step);
+      if (!fits(n)) n = lo - 1;
+    } else {
+      n = fit_largest(lo, 4 * static_cast<int64_t>(budget) + 1024, guess, fits);
+    }
     if (n < lo) {
       KVB_USAGE_FAIL() << "task " << task << ": context_length " << c.context_length
                        << " is too small; the shortest prompt takes "
                        << prompt_tokens(ctx, build(i, lo).parts, c.chat) << " tokens and "
                        << max_new_tokens << " more are generated";
     }
-    guess = n;
+    if (step == 0 || i == 0) guess = n;
     Generated g = build(i, n);
     Sample s;
     s.id = "len" + std::to_string(c.context_length) + "_" + std::to_string(i);
@@ -529,7 +537,9 @@ std::vector<Sample> ruler_samples(const TaskContext& ctx, const RulerCommon& c,
 }
 
 Scores StringMatchTask::score(const Sample& sample, const Prediction& prediction) const {
-  return {{"string_match_all", metrics::string_match_all(prediction.text, sample.references)}};
+  return {{metric_, metric_ == "string_match_part"
+                        ? metrics::string_match_part(prediction.text, sample.references)
+                        : metrics::string_match_all(prediction.text, sample.references)}};
 }
 
 }  // namespace kvb::tasks

@@ -129,20 +129,27 @@ struct Generated {
 // Samples 0 .. min(num_samples, limit) - 1. Sample i is build(i, n) with the largest haystack size
 // n >= lo (noise repeats, words, ...) whose prompt tokens plus max_new_tokens fit context_length
 // (RULER counts tokens_to_generate in the length). build must be deterministic in (i, n).
+// step > 0 sizes as RULER's qa.py: sample 0's largest n for every sample, stepped down by `step`
+// (not below lo) while a sample does not fit.
 std::vector<Sample> ruler_samples(const TaskContext& ctx, const RulerCommon& common,
                                   const std::string& task, int max_new_tokens, int64_t lo,
-                                  const std::function<Generated(int, int64_t)>& build);
+                                  const std::function<Generated(int, int64_t)>& build,
+                                  int64_t step = 0);
 
-// A generated task scored with RULER's string_match_all against Sample.references: the seven
-// ruler_* tasks. `generate` makes all samples (it owns seeds, limits and budgets).
+// A generated task scored with RULER's string_match_all (string_match_part with match_part: the
+// QA tasks) against Sample.references: the ruler_* tasks. `generate` makes all samples (it owns
+// seeds, limits and budgets).
 class StringMatchTask : public Task {
  public:
   using Generator = std::function<std::vector<Sample>(const TaskContext&)>;
-  StringMatchTask(std::string name, int version, Generator generate)
-      : name_(std::move(name)), version_(version), generate_(std::move(generate)) {}
+  StringMatchTask(std::string name, int version, Generator generate, bool match_part = false)
+      : name_(std::move(name)),
+        version_(version),
+        generate_(std::move(generate)),
+        metric_(match_part ? "string_match_part" : "string_match_all") {}
   std::string name() const override { return name_; }
   int version() const override { return version_; }
-  std::vector<MetricInfo> metrics() const override { return {{"string_match_all", true}}; }
+  std::vector<MetricInfo> metrics() const override { return {{metric_, true}}; }
   std::vector<Sample> samples(const TaskContext& ctx) override { return generate_(ctx); }
   Scores score(const Sample& sample, const Prediction& prediction) const override;
 
@@ -150,6 +157,7 @@ class StringMatchTask : public Task {
   std::string name_;
   int version_;
   Generator generate_;
+  std::string metric_;
 };
 
 }  // namespace kvb::tasks

@@ -2,6 +2,8 @@
 // unbounded line), one nlohmann parse per line, typed accessors with file/line/key errors.
 #include "tasks/jsonl.h"
 
+#include <zlib.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -46,6 +48,61 @@ const char* type_name(const nlohmann::json& v) {
 std::string human_bytes(size_t n) {
   if (n >= (size_t{1} << 20)) return std::to_string(n >> 20) + " MiB";
   return std::to_string(n) + " bytes";
+}
+
+// The offset of the first byte that is not well-formed UTF-8 (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or npos.
+size_t first_invalid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (b < 0x80)
+      n = 1;
+    else if (b >= 0xC2 && b <= 0xDF)
+      n = 2;
+    else if (b >= 0xE0 && b <= 0xEF)
+      n = 3, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+    else if (b >= 0xF0 && b <= 0xF4)
+      n = 4, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+    else
+      return i;
+    if (i + n > s.size()) return i;
+    for (size_t k = 1; k < n; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if (k == 1 ? (c < lo || c > hi) : (c & 0xC0) != 0x80) return i;
+    }
+    i += n;
+  }
+  return std::string::npos;
+}
+
+// The top-level key of a JSON object line whose value holds byte `pos` ("" if none): a scan of
+// strings and nesting, enough to name the field of a bad byte without a full parse.
+std::string key_at(const std::string& s, size_t pos) {
+  int depth = 0;
+  std::string key, last_string;
+  bool expect_key = false;
+  for (size_t i = 0; i < s.size() && i < pos; ++i) {
+    const char c = s[i];
+    if (c == '"') {
+      const size_t start = ++i;
+      while (i < s.size() && s[i] != '"') i += s[i] == '\\' ? 2 : 1;
+      if (i >= pos) break;  // the byte is inside this string
+      last_string = s.substr(start, i - start);
+    } else if (c == '{' || c == '[') {
+      if (++depth == 1) expect_key = true;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    } else if (c == ':' && depth == 1 && expect_key) {
+      key = last_string;
+      expect_key = false;
+    } else if (c == ',' && depth == 1) {
+      expect_key = true;
+    }
+  }
+  return key;
 }
 
 }  // namespace
@@ -124,10 +181,12 @@ std::optional<std::vector<std::string>> JsonlItem::str_list_opt(const std::strin
 }
 
 JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (path.empty() || std::filesystem::is_directory(path) || !in.good()) {
-    missing_file(path, options.option, options.how_to_obtain);
-  }
+  // zlib reads a gzip file through its inflater and any other file as it is.
+  std::error_code ec;
+  gzFile in = nullptr;
+  if (!path.empty() && !std::filesystem::is_directory(path, ec)) in = gzopen(path.c_str(), "rb");
+  if (!in) missing_file(path, options.option, options.how_to_obtain);
+  const std::unique_ptr<gzFile_s, int (*)(gzFile)> closer(in, gzclose);
   JsonlFile file;
   file.path = path;
   auto name = std::make_shared<const std::string>(path);
@@ -147,6 +206,15 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
     try {
       value = nlohmann::json::parse(text);
     } catch (const nlohmann::json::parse_error& e) {
+      const size_t bad = first_invalid_utf8(text);
+      if (bad != std::string::npos) {
+        const std::string key = key_at(text, bad);
+        KVB_USAGE_FAIL() << path << ":" << line_no << ": not valid JSON: invalid UTF-8 at byte "
+                         << bad + 1 << " of the line"
+                         << (key.empty() ? "" : ", in the value of key '" + key + "'")
+                         << " (the file must be UTF-8; re-encode it, e.g. iconv -f latin1 -t "
+                            "utf-8)";
+      }
       // e.byte is 1-based within the line; the message repeats it, keep only the reason.
       std::string why = e.what();
       const size_t colon = why.rfind(": ");
@@ -163,9 +231,14 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
 
   std::vector<char> block(size_t{1} << 20);
   bool more = true;
-  while (more && in) {
-    in.read(block.data(), static_cast<std::streamsize>(block.size()));
-    const size_t got = static_cast<size_t>(in.gcount());
+  while (more) {
+    const int read = gzread(in, block.data(), static_cast<unsigned>(block.size()));
+    int err = Z_OK;
+    const char* why = gzerror(in, &err);
+    KVB_USAGE_CHECK(read >= 0 && (err == Z_OK || err == Z_STREAM_END))
+        << path << ": read error after " << total << " bytes: " << why
+        << " (a damaged or truncated gzip file?)";
+    const size_t got = static_cast<size_t>(read);
     if (got == 0) break;
     total += got;
     KVB_USAGE_CHECK(total <= options.max_total_bytes)
@@ -177,7 +250,8 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
       const size_t n = static_cast<size_t>((nl ? nl : end) - p);
       KVB_USAGE_CHECK(line.size() + n <= options.max_line_bytes)
           << path << ":" << line_no + 1 << ": line longer than the reader's limit of "
-          << human_bytes(options.max_line_bytes);
+          << human_bytes(options.max_line_bytes) << (options.limit_hint.empty() ? "" : "; ")
+          << options.limit_hint;
       line.append(p, n);
       if (!nl) break;
       more = take(line);
@@ -185,7 +259,6 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
       p = nl + 1;
     }
   }
-  KVB_USAGE_CHECK(!in.bad()) << path << ": read error after " << total << " bytes";
   if (more && !line.empty()) take(line);  // last line without '\n'
   return file;
 }

@@ -20,6 +20,7 @@ struct JsonlReadOptions {
   std::string how_to_obtain;  // one sentence for the missing-file message
   size_t limit = 0;           // stop after this many items (0: read them all)
   size_t max_line_bytes = size_t{64} << 20;
+  std::string limit_hint;  // how to raise max_line_bytes, for the over-long-line message
   size_t max_items = 2'000'000;
   size_t max_total_bytes = size_t{2} << 30;
 };
@@ -52,8 +53,10 @@ class JsonlItem {
   nlohmann::json value_;
 };
 
-// All items of a file, in file order. Blank lines are skipped; CRLF line ends and a UTF-8 BOM
-// are accepted; every other line must parse as one JSON object (strings must be valid UTF-8).
+// All items of a file, in file order; a gzip file (by its magic bytes, whatever its name) is
+// read through zlib, its decompressed size bounded like a plain file's. Blank lines are skipped;
+// CRLF line ends and a UTF-8 BOM are accepted; every other line must parse as one JSON object
+// (strings must be valid UTF-8: an invalid byte is reported with its offset and its key).
 struct JsonlFile {
   std::string path;
   std::vector<JsonlItem> items;

@@ -12,6 +12,7 @@ TaskInfo ruler_niah_multiquery_task_info();
 TaskInfo ruler_vt_task_info();
 TaskInfo ruler_cwe_task_info();
 TaskInfo ruler_fwe_task_info();
+TaskInfo ruler_qa_task_info();
 TaskInfo longbench_task_info();
 TaskInfo longbench_v2_task_info();
 TaskInfo xsum_task_info();

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "tasks/jsonl.h"
 #include "tasks/task.h"
+#include "ws_tokens.h"
 
 namespace kvb::tasks {
 namespace {
@@ -26,13 +27,7 @@ const std::string kFixtures = KVB_FIXTURES_DIR "/tasks";
 
 TaskContext ws_context() {  // whitespace tokens: enough for what tasks ask of a tokenizer
   TaskContext c;
-  c.count_tokens = [](const std::string& s) {
-    std::istringstream in(s);
-    std::string w;
-    int n = 0;
-    while (in >> w) ++n;
-    return n;
-  };
+  c.count_tokens = ws_count;
   c.max_context = 8192;
   return c;
 }

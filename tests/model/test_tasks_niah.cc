@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "tasks/haystack.h"
 #include "tasks/task.h"
+#include "ws_tokens.h"
 
 namespace kvb::tasks {
 namespace {
@@ -24,14 +25,6 @@ const std::string kEssays = KVB_SHARED_DIR "/data/paulgraham_essays";
 const std::string kSfNeedle =
     "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny "
     "day.";
-
-int ws_count(const std::string& s) {
-  std::istringstream in(s);
-  std::string w;
-  int n = 0;
-  while (in >> w) ++n;
-  return n;
-}
 
 Prediction pred(const std::string& text) {
   Prediction p;

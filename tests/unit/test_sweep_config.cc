@@ -13,6 +13,7 @@
 #include "harness/model_info.h"
 #include "harness/sweep_config.h"
 #include "harness/sweep_roles.h"
+#include "harness/task_file.h"
 
 namespace kvb::harness {
 namespace {
@@ -425,6 +426,82 @@ TEST_F(SweepConfigTest, DecodeBatchSetting) {
       EXPECT_NE(std::string(e.what()).find("--decode-batch"), std::string::npos) << e.what();
     }
   }
+}
+
+// Task definitions (issue 17) are named in a matrix like built-in tasks: found by name under the
+// config's tasks/ folder, then configs/tasks, or given as task_file: relative to the config.
+TEST_F(SweepConfigTest, TaskDefinitionsAreFoundByNameOrFile) {
+  const std::string ruler = KVB_FIXTURES_DIR "/tasks/ruler";
+  write("defs_cfg/tasks/local_qa.yaml",
+        "context: \"{input}\"\nreference: outputs\nmetric: string_match_part\n"
+        "data: ../data/qa.jsonl\n");
+  write("defs_cfg/data/qa.jsonl",
+        "{\"input\": \"Where? Answer:\", \"outputs\": [\"here\"]}\n"
+        "{\"outputs\": [\"there\"]}\n");
+  write("defs_cfg/other/named.yaml",
+        "task: by_file\ncontext: \"{input}\"\nreference: outputs\nmetric: string_match_all\n");
+  const std::string path =
+      write("defs_cfg/config.yaml", model_yaml() +
+                                        "tasks:\n"
+                                        "  - {name: ruler_jsonl_qa_1, options: {data_dir: " +
+                                        ruler +
+                                        "}}\n"
+                                        "  - local_qa\n"
+                                        "  - {task_file: other/named.yaml, options: {data: " +
+                                        ruler +
+                                        "/qa_1.jsonl}}\n"
+                                        "policies: [full]\n"
+                                        "exclude: [{task: by_file}]\n");
+  const SweepConfig cfg = load_sweep_config(path);
+  ASSERT_EQ(cfg.tasks.size(), 3u);
+  EXPECT_EQ(cfg.tasks[0].name, "ruler_jsonl_qa_1");
+  const std::string shipped = find_task_file("ruler_jsonl_qa_1", {builtin_task_dir()});
+  EXPECT_EQ(cfg.tasks[0].options.at("task_file"), fs::weakly_canonical(shipped).string());
+  EXPECT_EQ(cfg.tasks[0].options.at("task_sha256"), load_task_file(shipped).sha256);
+  EXPECT_EQ(cfg.tasks[1].name, "local_qa");
+  EXPECT_EQ(cfg.tasks[1].options.at("task_file"),
+            fs::weakly_canonical(kDir + "/defs_cfg/tasks/local_qa.yaml").string());
+  EXPECT_EQ(cfg.tasks[2].name, "by_file");
+  EXPECT_EQ(expand_config_cells(cfg).size(), 2u);  // by_file excluded by its name
+  // The config's limit reaches definitions too.
+  SweepConfig limited = cfg;
+  limited.limit = 1;
+  EXPECT_EQ(task_options(limited, cfg.tasks[0]).values().at("limit"), "1");
+
+  // validate reads the data: local_qa's line 2 lacks the field its template names.
+  std::string out, err;
+  EXPECT_EQ(run_kvbench({"validate", path}, out, err), 2);
+  EXPECT_NE(
+      err.find(kDir + "/defs_cfg/tasks/../data/qa.jsonl:2: field 'input' named by the context "
+                      "template"),
+      std::string::npos)
+      << err;
+  write("defs_cfg/data/qa.jsonl", "{\"input\": \"Where? Answer:\", \"outputs\": [\"here\"]}\n");
+  ASSERT_EQ(run_kvbench({"validate", path}, out, err), 0) << err;
+  EXPECT_NE(out.find("| stories260K | local_qa "), std::string::npos) << out;
+}
+
+TEST_F(SweepConfigTest, TaskDefinitionErrorsNameFileLineAndKey) {
+  auto cfg = [](const std::string& task) {
+    return model_yaml() + "tasks:\n  - " + task + "\npolicies: [full]\n";
+  };
+  std::string e = load_error("td1.yaml", cfg("nope_task"));
+  EXPECT_NE(e.find("td1.yaml:4: tasks[0]: unknown task 'nope_task'"), std::string::npos) << e;
+  EXPECT_NE(e.find("or a task definition nope_task.yaml"), std::string::npos) << e;
+  e = load_error("td2.yaml", cfg("{task_file: missing.yaml}"));
+  EXPECT_NE(e.find("td2.yaml:4: tasks[0].task_file: task definition"), std::string::npos) << e;
+  write("td_bad.yaml", "context: \"{x}\"\nreference: r\nmetric: bleu\n");
+  e = load_error("td3.yaml", cfg("{task_file: td_bad.yaml}"));
+  EXPECT_NE(e.find("td3.yaml:4: tasks[0].task_file: "), std::string::npos) << e;
+  EXPECT_NE(e.find("td_bad.yaml:3: metric: unknown metric 'bleu'"), std::string::npos) << e;
+  e = load_error("td4.yaml", cfg("{name: ruler_jsonl_vt, options: {task_sha256: abc}}"));
+  EXPECT_NE(e.find("tasks[0].options.task_sha256: task_sha256 is set by the task item"),
+            std::string::npos)
+      << e;
+  write("td_ok.yaml", "context: \"{x}\"\nreference: r\nmetric: qa_f1\n");
+  e = load_error("td5.yaml", cfg("{name: other, task_file: td_ok.yaml}"));
+  EXPECT_NE(e.find("tasks[0].name: "), std::string::npos) << e;
+  EXPECT_NE(e.find("defines task 'td_ok', not 'other'"), std::string::npos) << e;
 }
 
 }  // namespace

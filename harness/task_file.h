@@ -1,0 +1,33 @@
+// Task definitions in YAML (TASKS.md "Tasks defined in YAML"; configs/tasks/README.md): reading a
+// definition into tasks::DataTaskDef with "<file>:<line>: <key>: <what>" errors, finding a
+// definition by task name, and building any task, built in or defined in a file.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tasks/data_task.h"
+
+namespace kvb::harness {
+
+// Reads and checks a definition (includes merged: `include:` names files relative to the
+// including one; cycles, more than 32 levels and unknown keys are usage errors). The task's name
+// is `task:` or else the file name without .yaml; files whose name starts with '_' are fragments
+// for `include:` and are refused here.
+tasks::DataTaskDef load_task_file(const std::string& path);
+
+// The folder of the definitions shipped with kvbench (configs/tasks of the source tree).
+std::string builtin_task_dir();
+// The definition file of task `name`: <name>.yaml (or .yml) anywhere under the first of `dirs`
+// that has one (subfolders included, at most 4 deep); "" if none. Two files of that name under
+// one folder are a usage error.
+std::string find_task_file(const std::string& name, const std::vector<std::string>& dirs);
+// The task definitions under `dir` (sorted by name; fragments '_*' left out).
+std::vector<std::string> list_task_files(const std::string& dir);
+
+// A registered task by name, or a definition: the file in option task_file, else the file
+// find_task_file(name, {builtin_task_dir()}) finds. Unknown names are usage errors listing both.
+std::unique_ptr<tasks::Task> make_any_task(const std::string& name, const Options& options);
+
+}  // namespace kvb::harness

@@ -1,0 +1,297 @@
+// Tasks defined as data (tasks/data_task.h): prompt templates, the metric table, and the task
+// that reads a jsonl file and fills the templates item by item.
+#include "tasks/data_task.h"
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <filesystem>
+
+#include "common/error.h"
+#include "tasks/jsonl.h"
+#include "tasks/metrics.h"
+
+namespace kvb::tasks {
+
+PromptTemplate parse_prompt_template(const std::string& text) {
+  PromptTemplate t;
+  std::string lit;
+  auto flush = [&] {
+    if (!lit.empty()) t.pieces.push_back({lit, false, false});
+    lit.clear();
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '}') {
+      KVB_USAGE_CHECK(i + 1 < text.size() && text[i + 1] == '}')
+          << "a single '}' at character " << i + 1 << "; write '}}' for a literal brace";
+      lit += '}';
+      ++i;
+      continue;
+    }
+    if (c != '{') {
+      lit += c;
+      continue;
+    }
+    if (i + 1 < text.size() && text[i + 1] == '{') {
+      lit += '{';
+      ++i;
+      continue;
+    }
+    const size_t close = text.find('}', i);
+    KVB_USAGE_CHECK(close != std::string::npos)
+        << "a '{' at character " << i + 1 << " is never closed; write '{{' for a literal brace";
+    std::string name = text.substr(i + 1, close - i - 1);
+    const bool optional = !name.empty() && name.back() == '?';
+    if (optional) name.pop_back();
+    const bool ok = !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+    });
+    KVB_USAGE_CHECK(ok) << "'{" << text.substr(i + 1, close - i - 1) << "}' at character " << i + 1
+                        << " is not a field name (letters, digits, _ and -; '{name?}' for an "
+                           "optional field; '{{' for a literal brace)";
+    flush();
+    t.pieces.push_back({name, true, optional});
+    i = close;
+  }
+  flush();
+  return t;
+}
+
+// ---- metrics ------------------------------------------------------------------------------------
+namespace {
+using Classes = std::vector<std::string>;
+double exact_match(const std::string& p, const std::string& r) {
+  return metrics::normalize_answer(p) == metrics::normalize_answer(r) ? 1.0 : 0.0;
+}
+}  // namespace
+
+const std::vector<MetricEntry>& metric_table() {
+  // clang-format off
+  static const std::vector<MetricEntry> table = {
+      {"string_match_all", "RULER: fraction of the references found in the prediction "
+       "(case-insensitive substring)", true, false, nullptr, metrics::string_match_all},
+      {"string_match_part", "RULER QA: 1 if any reference is found (case-insensitive substring)",
+       true, false, nullptr, metrics::string_match_part},
+      {"qa_f1", "LongBench token F1 after normalize_answer, max over references", false, false,
+       [](const std::string& p, const std::string& r, const Classes&) { return metrics::qa_f1(p, r); }},
+      {"qa_f1_zh", "LongBench Chinese F1 with character tokens, max over references", false, false,
+       [](const std::string& p, const std::string& r, const Classes&) { return metrics::qa_f1_zh(p, r); }},
+      {"exact_match", "1 if normalize_answer(prediction) equals normalize_answer(reference) "
+       "(SQuAD-style), max over references", false, false,
+       [](const std::string& p, const std::string& r, const Classes&) { return exact_match(p, r); }},
+      {"rouge_l", "LongBench ROUGE-L F (the `rouge` package), max over references", false, false,
+       [](const std::string& p, const std::string& r, const Classes&) {
+         return metrics::rouge_l_longbench(p, r); }},
+      {"rouge_l_zh", "LongBench ROUGE-L F on characters, max over references", false, false,
+       [](const std::string& p, const std::string& r, const Classes&) { return metrics::rouge_l_zh(p, r); }},
+      {"classification", "LongBench classification over the item's label set (classes:)", false,
+       true, [](const std::string& p, const std::string& r, const Classes& c) {
+         return metrics::classification(p, r, c); }},
+      {"retrieval", "LongBench passage id (\"Paragraph N\") found in the prediction", false, false,
+       [](const std::string& p, const std::string& r, const Classes&) { return metrics::retrieval(p, r); }},
+      {"retrieval_zh", "LongBench passage id (\"段落N\") found in the prediction", false, false,
+       [](const std::string& p, const std::string& r, const Classes&) {
+         return metrics::retrieval_zh(p, r); }},
+      {"count", "LongBench passage count", false, false,
+       [](const std::string& p, const std::string& r, const Classes&) { return metrics::count(p, r); }},
+      {"code_sim", "LongBench edit similarity of the first code line", false, false,
+       [](const std::string& p, const std::string& r, const Classes&) { return metrics::code_sim(p, r); }},
+  };
+  // clang-format on
+  return table;
+}
+
+const MetricEntry* find_metric(const std::string& name) {
+  for (const MetricEntry& m : metric_table()) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+const std::vector<ParamDoc>& data_task_params() {
+  static const std::vector<ParamDoc> params = {
+      {"data", "", "the jsonl (or .jsonl.gz) file, instead of the definition's data:", {}},
+      {"data_dir", "", "folder a relative data: of the definition is read from", {}},
+      {"limit", "0", "use the first N items (0: all)", {}},
+      {"max_prompt_tokens", "0", "middle-truncate context+question above this many tokens", {}},
+      {"chat", "", "wrap the prompt in the chat template (default: the definition's chat:)", {}},
+      {"task_file", "", "the definition file (set by the matrix; kvbench finds it by name)", {}},
+      {"task_sha256", "", "expected SHA-256 of the definition (set by sweeps)", {}},
+  };
+  return params;
+}
+
+// ---- the task -----------------------------------------------------------------------------------
+namespace {
+
+std::string item_value_text(const JsonlItem& it, const std::string& key, const std::string& use) {
+  const nlohmann::json& v = it.json().at(key);
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_integer() || v.is_number_unsigned() || v.is_number_float()) return v.dump();
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  it.fail("field '" + key + "' (" + use + ") must be a string or a number, not " +
+          (v.is_array()    ? "a list"
+           : v.is_object() ? "an object"
+                           : "null"));
+}
+
+std::string item_keys(const JsonlItem& it) {
+  std::string keys;
+  for (const auto& [k, v] : it.json().items()) keys += (keys.empty() ? "" : ", ") + k;
+  return keys.empty() ? "none" : keys;
+}
+
+class DataTask : public Task {
+ public:
+  DataTask(DataTaskDef def, const Options& o) : def_(std::move(def)) {
+    metric_ = find_metric(def_.metric);
+    KVB_USAGE_CHECK(metric_) << def_.file << ": unknown metric '" << def_.metric << "'";
+    const std::string file = o.get_string("data", "");
+    const std::string dir = o.get_string("data_dir", "");
+    KVB_USAGE_CHECK(file.empty() || dir.empty())
+        << "task " << def_.name << ": give data (one file) or data_dir, not both";
+    namespace fs = std::filesystem;
+    if (!file.empty()) {
+      path_ = file;
+      option_ = "data";
+    } else {
+      KVB_USAGE_CHECK(!def_.data.empty()) << "task " << def_.name << " (" << def_.file
+                                          << ") names no data: file; give --task-opt data=FILE";
+      const bool abs = fs::path(def_.data).is_absolute();
+      path_ = abs ? def_.data : ((dir.empty() ? def_.base_dir : dir) + "/" + def_.data);
+      option_ = dir.empty() || abs ? "data" : "data_dir";
+    }
+    limit_ = o.get_int("limit", 0, 0, INT_MAX);
+    max_prompt_tokens_ = o.get_int("max_prompt_tokens", 0, 0, 1 << 30);
+    chat_ = o.has("chat") ? o.get_bool("chat", def_.chat) : def_.chat;
+    o.get_string("task_file", "");
+    const std::string sha = o.get_string("task_sha256", "");
+    KVB_USAGE_CHECK(sha.empty() || sha == def_.sha256)
+        << def_.file << ": the task definition changed since the sweep was planned (SHA-256 "
+        << def_.sha256 << ", expected " << sha << "); rerun the sweep to plan it again";
+  }
+
+  std::string name() const override { return def_.name; }
+  int version() const override { return def_.version; }
+  std::vector<MetricInfo> metrics() const override { return {{def_.metric, true}}; }
+
+  std::vector<Sample> samples(const TaskContext&) override {
+    JsonlReadOptions ro;
+    ro.option = option_;
+    ro.how_to_obtain = "task " + def_.name + " (defined in " + def_.file + ") reads " +
+                       (def_.data.empty() ? std::string("the file of --task-opt data=FILE")
+                                          : def_.data +
+                                                ": give --task-opt data_dir=DIR (the folder "
+                                                "holding it) or --task-opt data=FILE");
+    ro.limit = static_cast<size_t>(limit_);
+    ro.max_line_bytes = def_.max_line_bytes;
+    ro.limit_hint = "if the line is meant to be this long, raise max_line_mb: in " + def_.file +
+                    " (now " + std::to_string(def_.max_line_bytes >> 20) + ")";
+    const JsonlFile f = read_jsonl(path_, ro);
+    std::vector<Sample> out;
+    out.reserve(f.items.size());
+    for (size_t i = 0; i < f.items.size(); ++i) out.push_back(sample_of(f.items[i], i));
+    return out;
+  }
+
+  Scores score(const Sample& sample, const Prediction& prediction) const override {
+    std::string pred = prediction.text;
+    if (def_.first_line) {  // LongBench eval.py: prediction.lstrip('\n').split('\n')[0]
+      const size_t start = std::min(pred.find_first_not_of('\n'), pred.size());
+      pred = pred.substr(start, pred.find('\n', start) - start);
+    }
+    double best = 0;
+    if (metric_->all_references) {
+      best = metric_->all(pred, sample.references);
+    } else {
+      for (const std::string& ref : sample.references) {
+        best = std::max(best, metric_->per_reference(pred, ref, sample.choices));
+      }
+    }
+    return {{def_.metric, def_.scale * best}};
+  }
+
+ private:
+  std::string render(const PromptTemplate& t, const std::string& which, const JsonlItem& it) const {
+    std::string s;
+    for (const PromptTemplate::Piece& p : t.pieces) {
+      if (!p.field) {
+        s += p.text;
+      } else if (it.has(p.text)) {
+        s += item_value_text(it, p.text, "named by the " + which + " template");
+      } else if (!p.optional) {
+        it.fail("field '" + p.text + "' named by the " + which + " template of " + def_.file +
+                " is missing; the item has: " + item_keys(it) + " (fix the template, or write {" +
+                p.text + "?} if the field is optional)");
+      }
+    }
+    return s;
+  }
+
+  std::vector<std::string> references(const JsonlItem& it) const {
+    const std::string& key = def_.reference;
+    if (!it.has(key)) {
+      it.fail("the reference field '" + key + "' (reference: in " + def_.file +
+              ") is missing; the item has: " + item_keys(it));
+    }
+    const nlohmann::json& v = it.json().at(key);
+    if (v.is_string()) return {v.get<std::string>()};
+    if (!v.is_array()) {
+      it.fail("the reference field '" + key + "' must be a string or a list of strings, not " +
+              (v.is_object()    ? "an object"
+               : v.is_boolean() ? "a boolean"
+                                : "a number"));
+    }
+    std::vector<std::string> refs = it.str_list(key);
+    if (refs.empty()) it.fail("the reference field '" + key + "' is an empty list");
+    return refs;
+  }
+
+  Sample sample_of(const JsonlItem& it, size_t index) const {
+    Sample s;
+    s.id = def_.id_field.empty() || !it.has(def_.id_field)
+               ? def_.name + "-" + std::to_string(index)
+               : item_value_text(it, def_.id_field, "id");
+    s.kind = SampleKind::kGenerate;
+    s.context = render(def_.context, "context", it);
+    s.question = render(def_.question, "question", it);
+    s.answer_prefix = render(def_.answer_prefix, "answer_prefix", it);
+    s.chat = chat_;
+    s.max_new_tokens = def_.max_new_tokens;
+    s.max_prompt_tokens = max_prompt_tokens_;
+    s.stop_strings = def_.stop_strings;
+    s.references = references(it);
+    if (metric_->needs_classes) {
+      const auto classes = it.str_list_opt(def_.classes_field);
+      if (!classes || classes->empty()) {
+        it.fail("field '" + def_.classes_field + "' (classes: in " + def_.file +
+                ", the label set of metric classification) is missing or empty");
+      }
+      s.choices = *classes;
+    }
+    for (const auto& [out, in] : def_.fields) {
+      if (it.has(in)) s.fields[out] = item_value_text(it, in, "kept by fields:");
+    }
+    if (!def_.group.empty()) s.fields["task_group"] = def_.group;
+    return s;
+  }
+
+  DataTaskDef def_;
+  const MetricEntry* metric_ = nullptr;
+  std::string path_, option_;
+  int limit_ = 0, max_prompt_tokens_ = 0;
+  bool chat_ = true;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_data_task(const DataTaskDef& def, const Options& options) {
+  Options opts = options;
+  opts.set_kind("task option");
+  auto task = std::make_unique<DataTask>(def, opts);
+  opts.check_all_used("task " + def.name, data_task_params());
+  return task;
+}
+
+}  // namespace kvb::tasks

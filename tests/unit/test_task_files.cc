@@ -1,0 +1,339 @@
+// Tasks defined in YAML (issue 17; tasks/data_task.h, harness/task_file.h): prompt templates,
+// RULER's generated files through the shipped definitions in configs/tasks/ruler (hand-made
+// fixtures in RULER's schema, tests/fixtures/tasks/ruler), gzip data, and the errors for bad
+// definitions and bad data, each naming the file, the line and the key or field. Files are
+// written under KVB_BINARY_DIR/test_task_files.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "harness/task_file.h"
+
+namespace kvb::harness {
+namespace {
+namespace fs = std::filesystem;
+using tasks::Prediction;
+using tasks::Sample;
+
+const std::string kRuler = KVB_FIXTURES_DIR "/tasks/ruler";
+const std::string kDir = KVB_BINARY_DIR "/test_task_files";
+
+std::string write(const std::string& name, const std::string& text) {
+  const std::string path = kDir + "/" + name;
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+std::vector<nlohmann::json> raw_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+tasks::TaskContext ctx() {
+  tasks::TaskContext c;
+  c.count_tokens = [](const std::string& s) { return static_cast<int>(s.size() / 4); };
+  return c;
+}
+
+std::unique_ptr<tasks::Task> task(const std::string& name, std::map<std::string, std::string> kv) {
+  return make_any_task(name, Options(std::move(kv), "task option"));
+}
+
+double score(const tasks::Task& t, const Sample& s, const std::string& text) {
+  Prediction p;
+  p.text = text;
+  return t.score(s, p).at(t.metrics().at(0).name);
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no kvb::Error thrown";
+  return "";
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+TEST(PromptTemplate, FieldsBracesAndErrors) {
+  const tasks::PromptTemplate t = tasks::parse_prompt_template("Q: {query}{{x}} {opt?}}}");
+  ASSERT_EQ(t.pieces.size(), 5u);
+  EXPECT_EQ(t.pieces[0].text, "Q: ");
+  EXPECT_TRUE(t.pieces[1].field);
+  EXPECT_EQ(t.pieces[1].text, "query");
+  EXPECT_FALSE(t.pieces[1].optional);
+  EXPECT_EQ(t.pieces[2].text, "{x} ");
+  EXPECT_FALSE(t.pieces[2].field);
+  EXPECT_EQ(t.pieces[3].text, "opt");
+  EXPECT_TRUE(t.pieces[3].optional);
+  EXPECT_EQ(t.pieces[4].text, "}");
+  EXPECT_FALSE(t.pieces[4].field);
+  EXPECT_HAS(error_of([] { tasks::parse_prompt_template("ab {query"); }),
+             "'{' at character 4 is never closed");
+  EXPECT_HAS(error_of([] { tasks::parse_prompt_template("a } b"); }),
+             "a single '}' at character 3");
+  EXPECT_HAS(error_of([] { tasks::parse_prompt_template("{two words}"); }), "not a field name");
+  EXPECT_HAS(error_of([] { tasks::parse_prompt_template("{}"); }), "not a field name");
+}
+
+// RULER's newer files: "answer_prefix" is its own key and "input" ends with the question.
+TEST(TaskFiles, RulerNiahFileRunsUnchanged) {
+  const auto t = task("ruler_jsonl_niah_multivalue", {{"data_dir", kRuler}});
+  EXPECT_EQ(t->name(), "ruler_jsonl_niah_multivalue");
+  EXPECT_EQ(t->metrics().at(0).name, "string_match_all");
+  EXPECT_TRUE(t->metrics().at(0).higher_is_better);
+  const std::vector<Sample> s = t->samples(ctx());
+  const auto raw = raw_lines(kRuler + "/niah_multivalue.jsonl");
+  ASSERT_EQ(s.size(), raw.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    EXPECT_EQ(s[i].id, std::to_string(raw[i]["index"].get<int>()));
+    EXPECT_EQ(s[i].context, raw[i]["input"].get<std::string>());
+    EXPECT_EQ(s[i].question, "");
+    EXPECT_EQ(s[i].answer_prefix, raw[i]["answer_prefix"].get<std::string>());
+    EXPECT_EQ(s[i].references, raw[i]["outputs"].get<std::vector<std::string>>());
+    EXPECT_EQ(s[i].max_new_tokens, 128);  // RULER's tokens_to_generate for niah
+    EXPECT_TRUE(s[i].chat);
+    EXPECT_TRUE(s[i].stop_strings.empty());
+    EXPECT_EQ(s[i].fields.at("length"), std::to_string(raw[i]["length"].get<int>()));
+    EXPECT_EQ(s[i].fields.at("task_group"), "ruler");
+  }
+  // RULER's string_match_all in percent: 2 of 4 values found (case-insensitive substring).
+  EXPECT_DOUBLE_EQ(score(*t, s[0], " 4321876 and 8765002."), 50.0);
+  EXPECT_DOUBLE_EQ(score(*t, s[0], "5550123, 8765002, 1200345, 4321876"), 100.0);
+  EXPECT_DOUBLE_EQ(score(*t, s[0], "none"), 0.0);
+  EXPECT_FALSE(task("ruler_jsonl_niah_multivalue", {{"data_dir", kRuler}, {"chat", "false"}})
+                   ->samples(ctx())[0]
+                   .chat);
+  EXPECT_EQ(task("ruler_jsonl_niah_multivalue", {{"data_dir", kRuler}, {"limit", "1"}})
+                ->samples(ctx())
+                .size(),
+            1u);
+}
+
+// RULER's older files keep the answer prefix at the end of "input"; QA scores string_match_part.
+// RULER's own layout <save_dir>/<task>/validation.jsonl is read with data=.
+TEST(TaskFiles, RulerQaFileInRulersOwnLayout) {
+  fs::create_directories(kDir + "/RULER/4096/qa_1");
+  const std::string file = kDir + "/RULER/4096/qa_1/validation.jsonl";
+  fs::copy_file(kRuler + "/qa_1.jsonl", file, fs::copy_options::overwrite_existing);
+  const auto t = task("ruler_jsonl_qa_1", {{"data", file}});
+  EXPECT_EQ(t->metrics().at(0).name, "string_match_part");
+  const std::vector<Sample> s = t->samples(ctx());
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].answer_prefix, "");
+  EXPECT_EQ(s[0].context.substr(s[0].context.size() - 8), " Answer:");
+  EXPECT_EQ(s[0].max_new_tokens, 32);
+  EXPECT_EQ(s[0].references, (std::vector<std::string>{"France", "in France"}));
+  EXPECT_DOUBLE_EQ(score(*t, s[0], "It lies in FRANCE."), 100.0);  // any one reference suffices
+  EXPECT_DOUBLE_EQ(score(*t, s[0], "Paris"), 0.0);
+  EXPECT_DOUBLE_EQ(score(*t, s[1], "The Amazon basin."), 100.0);
+}
+
+// Every one of the 13 shipped RULER definitions loads, belongs to group ruler and reads
+// <data_dir>/<RULER task name>.jsonl.
+TEST(TaskFiles, ThirteenRulerDefinitions) {
+  const std::vector<std::string> names = {"niah_single_1",
+                                          "niah_single_2",
+                                          "niah_single_3",
+                                          "niah_multikey_1",
+                                          "niah_multikey_2",
+                                          "niah_multikey_3",
+                                          "niah_multivalue",
+                                          "niah_multiquery",
+                                          "vt",
+                                          "cwe",
+                                          "fwe",
+                                          "qa_1",
+                                          "qa_2"};
+  for (const std::string& n : names) {
+    const std::string file = find_task_file("ruler_jsonl_" + n, {builtin_task_dir()});
+    ASSERT_FALSE(file.empty()) << n;
+    const tasks::DataTaskDef d = load_task_file(file);
+    EXPECT_EQ(d.group, "ruler");
+    EXPECT_EQ(d.data, n + ".jsonl");
+    EXPECT_EQ(d.metric, n.rfind("qa_", 0) == 0 ? "string_match_part" : "string_match_all");
+    EXPECT_EQ(d.scale, 100);
+  }
+}
+
+std::string gzip(const std::string& from, const std::string& to, size_t keep_bytes) {
+  std::ifstream in(from, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  gzFile out = gzopen(to.c_str(), "wb");
+  gzwrite(out, text.data(), static_cast<unsigned>(text.size()));
+  gzclose(out);
+  if (keep_bytes > 0) fs::resize_file(to, keep_bytes);  // a truncated download
+  return to;
+}
+
+TEST(TaskFiles, GzipDataReadsTheSameItems) {
+  fs::create_directories(kDir);
+  const std::string gz = gzip(kRuler + "/niah_multivalue.jsonl", kDir + "/mv.jsonl.gz", 0);
+  const auto plain = task("ruler_jsonl_niah_multivalue", {{"data_dir", kRuler}})->samples(ctx());
+  const auto zipped = task("ruler_jsonl_niah_multivalue", {{"data", gz}})->samples(ctx());
+  ASSERT_EQ(zipped.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(zipped[i].context, plain[i].context);
+    EXPECT_EQ(zipped[i].references, plain[i].references);
+  }
+  const std::string cut = gzip(kRuler + "/niah_multivalue.jsonl", kDir + "/cut.jsonl.gz", 200);
+  EXPECT_HAS(error_of([&] {
+               task("ruler_jsonl_niah_multivalue", {{"data", cut}})->samples(ctx());
+             }),
+             "cut.jsonl.gz");
+}
+
+// A definition of a small QA task; `extra` is appended (YAML keys override the ones above).
+std::string qa_def(const std::string& name, const std::string& extra,
+                   const std::string& metric = "qa_f1") {
+  return write("defs/" + name + ".yaml",
+               "description: a test task\n"     // line 1
+               "data: qa.jsonl\n"               // 2
+               "context: \"Doc: {doc}\"\n"      // 3
+               "question: \"\\nQ: {query}\"\n"  // 4
+               "reference: answers\n"           // 5
+               "metric: " +
+                   metric + "\n" +  // 6
+                   extra);
+}
+
+TEST(TaskFiles, BadDefinitionsNameFileLineAndKey) {
+  auto err = [](const std::string& name, const std::string& extra,
+                const std::string& metric = "qa_f1") {
+    const std::string path = qa_def(name, extra, metric);
+    return error_of([&] { load_task_file(path); });
+  };
+  EXPECT_HAS(err("m1", "", "f1"),
+             "m1.yaml:6: metric: unknown metric 'f1'; known metrics: "
+             "string_match_all");
+  EXPECT_HAS(err("m2", "stopp: [x]\n"), "m2.yaml:7: stopp: unknown key 'stopp'");
+  EXPECT_HAS(err("m3", "answer_prefix: \"A: {x\"\n"),
+             "m3.yaml:7: answer_prefix: a '{' at character 4 is never closed");
+  EXPECT_HAS(err("m4", "", "classification"), "m4.yaml:6: metric: classification needs classes:");
+  EXPECT_HAS(err("m5", "task: niah\n"), "m5.yaml:7: task: 'niah' is a built-in task");
+  EXPECT_HAS(err("m6", "max_new_tokens: 0\n"), "m6.yaml:7: max_new_tokens: 0 is outside");
+  EXPECT_HAS(err("m7", "chat: maybe\n"), "m7.yaml:7: chat: 'maybe' is not true or false");
+  const std::string noref = write("defs/noref.yaml", "context: \"{doc}\"\nmetric: qa_f1\n");
+  EXPECT_HAS(error_of([&] { load_task_file(noref); }), "noref.yaml:1: reference: required");
+  const std::string frag = write("defs/_frag.yaml", "metric: qa_f1\n");
+  EXPECT_HAS(error_of([&] { load_task_file(frag); }), "fragments for include:");
+  // include: cycles and depth are bounded.
+  write("defs/cyc_a.yaml", "include: cyc_b.yaml\n");
+  write("defs/cyc_b.yaml", "include: cyc_a.yaml\n");
+  const std::string cyc = qa_def("cyc", "include: cyc_a.yaml\n");
+  EXPECT_HAS(error_of([&] { load_task_file(cyc); }), "include cycle");
+  for (int i = 0; i < 40; ++i) {
+    write("defs/deep" + std::to_string(i) + ".yaml",
+          i == 39 ? "metric: qa_f1\n" : "include: deep" + std::to_string(i + 1) + ".yaml\n");
+  }
+  const std::string deep = qa_def("deep", "include: deep0.yaml\n");
+  EXPECT_HAS(error_of([&] { load_task_file(deep); }), "includes nested deeper than 32 files");
+  // An include shares parts; the including file wins.
+  write("defs/_shared.yaml", "reference: gold\nmax_new_tokens: 7\nfields: {len: length}\n");
+  const std::string inc = qa_def("inc", "include: _shared.yaml\n");
+  const tasks::DataTaskDef d = load_task_file(inc);
+  EXPECT_EQ(d.name, "inc");
+  EXPECT_EQ(d.reference, "answers");
+  EXPECT_EQ(d.max_new_tokens, 7);
+  ASSERT_EQ(d.fields.size(), 1u);
+  EXPECT_EQ(d.fields[0], (std::pair<std::string, std::string>{"len", "length"}));
+}
+
+TEST(TaskFiles, BadDataNamesFileLineAndField) {
+  const std::string def = qa_def("qa", "fields: [length]\nid: qid\n");
+  auto run = [&](const std::string& data) {
+    return error_of([&] {
+      make_any_task("qa", Options({{"task_file", def}, {"data", data}}, "task option"))
+          ->samples(ctx());
+    });
+  };
+  const std::string good =
+      "{\"qid\": \"a\", \"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\"]}\n";
+  // A template field the data lacks.
+  std::string e = run(write("missing.jsonl", good + "{\"doc\": \"d\", \"answers\": [\"x\"]}\n"));
+  EXPECT_HAS(e, "missing.jsonl:2: field 'query' named by the question template of " + def +
+                    " is missing; the item has: answers, doc");
+  // A reference of the wrong type.
+  e = run(write("reftype.jsonl", "{\"doc\": \"d\", \"query\": \"q\", \"answers\": 5}\n"));
+  EXPECT_HAS(e,
+             "reftype.jsonl:1: the reference field 'answers' must be a string or a list of "
+             "strings, not a number");
+  e = run(write("refelem.jsonl", "{\"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\", 2]}\n"));
+  EXPECT_HAS(e,
+             "refelem.jsonl:1: key 'answers' must be a list of strings; element 1 is an integer");
+  // A template field that is not text.
+  e = run(write("listfield.jsonl", "{\"doc\": [\"d\"], \"query\": \"q\", \"answers\": \"x\"}\n"));
+  EXPECT_HAS(e,
+             "listfield.jsonl:1: field 'doc' (named by the context template) must be a string "
+             "or a number, not a list");
+  // Invalid UTF-8: the byte's offset and its key.
+  const std::string bad = "{\"doc\": \"d\", \"query\": \"caf\xE9\", \"answers\": \"x\"}";
+  e = run(write("utf8.jsonl", good + bad + "\n"));
+  EXPECT_HAS(e, "utf8.jsonl:2: not valid JSON: invalid UTF-8 at byte " +
+                    std::to_string(bad.find('\xE9') + 1) +
+                    " of the line, in the value of key 'query'");
+  // A 50 MB line: over the definitions' 16 MiB default, refused before it is buffered whole.
+  {
+    std::ofstream big(kDir + "/big.jsonl", std::ios::binary);
+    big << good << "{\"doc\": \"" << std::string(size_t{50} << 20, 'a') << "\"}\n";
+  }
+  e = run(kDir + "/big.jsonl");
+  EXPECT_HAS(e,
+             "big.jsonl:2: line longer than the reader's limit of 16 MiB; if the line is meant "
+             "to be this long, raise max_line_mb: in " +
+                 def);
+  // No data: where the definition looks and what to give.
+  e = error_of([&] {
+    make_any_task("qa", Options({{"task_file", def}}, "task option"))->samples(ctx());
+  });
+  EXPECT_HAS(e, "cannot open data file '" + kDir + "/defs/qa.jsonl'");
+  EXPECT_HAS(e, "give --task-opt data_dir=DIR");
+  // A good file: ids, kept fields (absent ones left out) and the per-sample max over answers.
+  const auto t =
+      make_any_task("qa", Options({{"task_file", def},
+                                   {"data", write("ok.jsonl",
+                                                  "{\"qid\": 7, \"doc\": \"d {x}\", \"query\": "
+                                                  "\"q\", \"answers\": [\"red fox\", \"blue\"], "
+                                                  "\"length\": 12}\n")}},
+                                  "task option"));
+  const auto s = t->samples(ctx());
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].id, "7");
+  EXPECT_EQ(s[0].context, "Doc: d {x}");  // braces in the data are inert
+  EXPECT_EQ(s[0].question, "\nQ: q");
+  EXPECT_EQ(s[0].fields.at("length"), "12");
+  EXPECT_EQ(s[0].fields.count("task_group"), 0u);
+  // qa_f1: "the red fox" vs "red fox" is 1; vs "blue" 0; the max is taken.
+  EXPECT_DOUBLE_EQ(score(*t, s[0], "the red fox"), 1.0);
+  EXPECT_DOUBLE_EQ(score(*t, s[0], "a red cat"), 0.5);  // P = 1/2, R = 1/2
+}
+
+TEST(TaskFiles, UnknownNamesAndChangedDefinitions) {
+  std::string e = error_of([] { task("no_such_task", {}); });
+  EXPECT_HAS(e, "unknown task 'no_such_task'");
+  EXPECT_HAS(e, "or a task definition no_such_task.yaml under " + builtin_task_dir());
+  const std::string def = qa_def("changing", "");
+  const std::string sha = load_task_file(def).sha256;
+  EXPECT_EQ(sha.size(), 64u);
+  qa_def("changing", "max_new_tokens: 9\n");
+  e = error_of([&] { task("changing", {{"task_file", def}, {"task_sha256", sha}}); });
+  EXPECT_HAS(e, "the task definition changed since the sweep was planned");
+  e = error_of([&] { task("other_name", {{"task_file", def}}); });
+  EXPECT_HAS(e, "defines task 'changing', not 'other_name'");
+  e = error_of([&] { task("changing", {{"task_file", def}, {"colour", "red"}}); });
+  EXPECT_HAS(e, "colour");
+}
+
+}  // namespace
+}  // namespace kvb::harness
