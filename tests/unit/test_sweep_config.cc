@@ -445,11 +445,11 @@ TEST_F(SweepConfigTest, TaskDefinitionsAreFoundByNameOrFile) {
                                         "tasks:\n"
                                         "  - {name: ruler_jsonl_qa_1, options: {data_dir: " +
                                         ruler +
-                                        "}}\n"
-                                        "  - local_qa\n"
+                                        ", chat: false}}\n"  // stories260K has no template
+                                        "  - {name: local_qa, options: {chat: false}}\n"
                                         "  - {task_file: other/named.yaml, options: {data: " +
                                         ruler +
-                                        "/qa_1.jsonl}}\n"
+                                        "/qa_1.jsonl, chat: false}}\n"
                                         "policies: [full]\n"
                                         "exclude: [{task: by_file}]\n");
   const SweepConfig cfg = load_sweep_config(path);
