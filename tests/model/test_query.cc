@@ -24,9 +24,13 @@ using kvb::testing::kvbench;
 class Query : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    db_ = std::string(KVB_BINARY_DIR) + "/query_test.db";
+    // One database per test process (ctest runs each test as its own process, two at a time).
+    db_ = std::string(KVB_BINARY_DIR) + "/query_test_" + std::to_string(::getpid()) + ".db";
     for (const char* ext : {"", "-wal", "-shm"}) std::filesystem::remove(db_ + ext);
     ASSERT_EQ(kvbench({"sweep", kConfig, "--db", db_}, nullptr), 0);
+  }
+  static void TearDownTestSuite() {
+    for (const char* ext : {"", "-wal", "-shm"}) std::filesystem::remove(db_ + ext);
   }
   static std::string db_;
 };
@@ -103,8 +107,9 @@ TEST_F(Query, OtherNamedQueries) {
             "| model | task | policy | kv_budget | context_length | decode batch | n | prefill ms "
             "| decode ms/tok p50 | decode ms/tok p99 | tok/s | policy ms | prefill shared |\n"
             "| - | - | - | - | - | -: | -: | -: | -: | -: | -: | -: | -: |\n");
-  EXPECT_EQ(squeeze(head(out, 3).substr(head(out, 2).size())).substr(0, 44),
-            "| stories260K | niah | full | - | 128 | 3 | ");
+  // decode batch 1: the fixture's sweep decodes one unit at a time (the default).
+  EXPECT_EQ(squeeze(head(out, 3).substr(head(out, 2).size())).substr(0, 48),
+            "| stories260K | niah | full | - | 128 | 1 | 3 | ");
   for (const char* q : {"memory", "latency"}) {
     ASSERT_EQ(kvbench({"query", "--db", db_, q, "-o", "jsonl"}, &out), 0) << q;
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 7 * 3) << q;  // niah 2 lengths + ppl

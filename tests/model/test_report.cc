@@ -4,6 +4,7 @@
 // errors (empty database, unknown filter values).
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -162,8 +163,13 @@ TEST(Report, SmallNiahSweepRendersEveryPlotInChromium) {
 
 class SmokeReport : public ::testing::Test {
  protected:
+  static void TearDownTestSuite() {
+    for (const char* ext : {"", "-wal", "-shm"}) fs::remove(db_ + ext);
+  }
   static void SetUpTestSuite() {
-    db_ = fresh_db("report_smoke.db");
+    // One database per test process: ctest runs this suite's tests as separate processes, two
+    // at a time, and a shared file would be re-swept under a neighbour's report.
+    db_ = fresh_db("report_smoke_" + std::to_string(::getpid()) + ".db");
     ASSERT_EQ(kvbench({"sweep", kConfigs + "ci_smoke.yaml", "--db", db_}), 0);
   }
   static std::string db_;
