@@ -80,7 +80,7 @@ int cmd_sweep(const std::vector<std::string>& args) {
       ("no-share-prefill", po::bool_switch(), "run every unit's own prefill (for comparisons)")
       ("progress", po::bool_switch(&a.progress), "progress lines even when stderr is not a terminal")
       ("threads", po::value(&a.threads)->default_value(0),
-       "OpenMP threads per worker (0: cores / ranks on this node)")
+       "OpenMP threads per worker (0: OMP_NUM_THREADS when set, else cores / ranks on this node)")
       ("gpus-per-worker", po::value(&a.gpus_per_worker)->default_value(1),
        "ranks (GPUs) per worker group: each group runs one model split over its ranks (tensor "
        "parallelism: heads and MLP columns); -np must be 1 + a multiple of it")
@@ -144,6 +144,9 @@ int cmd_sweep(const std::vector<std::string>& args) {
   }
   // Threads: cores shared by the ranks of this node (the coordinator mostly waits).
   int threads = a.threads;
+  // OMP_NUM_THREADS, when set, is the user's (or the batch system's: scripts/sbatch.sh) choice.
+  const char* omp_env = std::getenv("OMP_NUM_THREADS");
+  if (threads <= 0 && omp_env && *omp_env) threads = omp_get_max_threads();
   if (threads <= 0) {
     const int cores = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
     const int workers_here = std::max(1, comm.local_size() - (comm.rank() == 0 ? 0 : 1));

@@ -71,7 +71,7 @@ struct SweepConfig {
   int limit = 0;                   // samples per task (0: the task's own)
   int max_prompt_tokens = 0;       // middle truncation (0: the model's context)
   double unit_time_limit_s = 600;  // per unit; a unit over it is recorded as `timeout`
-  int threads = 0;                 // OpenMP threads per worker rank (0: cores / ranks on the node)
+  int threads = 0;                 // OpenMP threads per worker rank (0: OMP_NUM_THREADS or cores / ranks)
   // `decode_batch: auto | N`: how many generation units of a bundle decode together
   // (workers::RunSettings::decode_batch; 0 = auto: all of them). 1: one at a time.
   int decode_batch = 1;

@@ -2,6 +2,7 @@
 // the matrix, hands bundles to idle workers (or runs them itself without mpirun), writes every
 // result (one transaction per bundle, retried while another connection holds the lock) and
 // prints the summary (DESIGN.md "Scheduling", "Results", "Faults").
+#include <omp.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -195,7 +196,11 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   KVB_LOG_INFO << "sweep " << a.config << ": " << plan.all_keys.size() << " units in the matrix, "
                << total << " to run in " << order.size() << " bundles on "
                << std::max(1, layout.groups) << " worker group(s) of " << a.gpus_per_worker
-               << " rank(s) (device " << a.device << "); database " << a.db;
+               << " rank(s) (device " << a.device
+               << (comm.size() == 1
+                       ? ", " + std::to_string(omp_get_max_threads()) + " OpenMP thread(s)"
+                       : std::string())
+               << "); database " << a.db;
   Progress progress(total, a.progress || isatty(2));
   int failed = 0;  // units of this run that did not end ok
   auto write = [&](const std::vector<results::UnitResult>& rs) {

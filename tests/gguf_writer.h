@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 namespace kvb::testing {
 
 class GgufWriter {
@@ -140,11 +142,18 @@ class GgufWriter {
   const std::vector<uint64_t>& tensor_offsets() const { return offsets_; }  // after bytes()
   uint64_t data_offset() const { return data_offset_; }                     // after bytes()
 
+  // Written beside the target and renamed over it: ctest runs a suite's tests as processes two at
+  // a time, and one may load a shared fixture file while another rewrites it.
   static bool write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
-    FILE* f = std::fopen(path.c_str(), "wb");
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) return false;
     const bool ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-    return std::fclose(f) == 0 && ok;
+    if (std::fclose(f) != 0 || !ok) {
+      std::remove(tmp.c_str());
+      return false;
+    }
+    return std::rename(tmp.c_str(), path.c_str()) == 0;
   }
 
  private:

@@ -144,7 +144,10 @@ TEST(Report, SmallNiahSweepRendersEveryPlotInChromium) {
     EXPECT_GT(r.width, 200) << id;
     EXPECT_GT(r.height, 100) << id;
     EXPECT_GT(r.data_w, 20) << id;
-    EXPECT_GT(r.data_h, 20) << id;
+    // Latency plots draw measured times on an axis from zero: on a busy machine the lines of
+    // both lengths can lie flat (CI saw 17 px), so only the markers' own height is certain there.
+    const bool timed = id.rfind("prefill-", 0) == 0 || id.rfind("decode-", 0) == 0;
+    EXPECT_GT(r.data_h, timed ? 4 : 20) << id;
     EXPECT_EQ(r.inside, r.marks) << id << ": marks outside the plot";
   }
   // Marks per plot: the score plot has full at both budgets + snapkv at both; a map 2 x 2 cells;
@@ -267,7 +270,8 @@ TEST_F(SmokeReport, SeveralModelsAreKeptApart) {
 // --out is the user's folder (issue 14): the report deletes only what it wrote itself, never
 // writes or deletes through symbolic links, and gives colliding slugs distinct file names.
 TEST_F(SmokeReport, OutDirKeepsTheUsersFilesAndFollowsNoLinks) {
-  const fs::path dir = kBuild + "/report_hostile";
+  // Not HostileTextIsEscaped's folder: ctest may run the two at once.
+  const fs::path dir = kBuild + "/report_outdir";
   fs::remove_all(dir);
   fs::create_directories(dir / "csv");
   fs::create_directories(dir / "plots");
