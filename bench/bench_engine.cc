@@ -1,7 +1,11 @@
 // End-to-end engine throughput on the CPU: prefill tokens/s and decode tokens/s of SmolLM2-135M
 // (and stories260K) at a given context length. Decode is timed after a prefill of `context`
 // tokens, as the mean over 32 single-token steps. Tokens are a fixed pseudo-random sequence, so
-// runs are comparable. Usage: bench_engine [--benchmark_filter=...] (model paths from the build).
+// runs are comparable. bm_decode_batch: B sequences of `context` tokens each (a bundle's units
+// after the shared prefill, policy full) stepped together by EngineBase::decode_batch; its tok/s
+// counts every sequence's tokens (B x 32 per iteration), and B = 1 is the same step alone.
+// Usage: bench_engine [--benchmark_filter=...] (model paths from the build).
+// scripts/compare_llamacpp.py section 5 reads bm_decode_batch against llama.cpp's decode.
 #include <benchmark/benchmark.h>
 
 #include <fstream>
@@ -86,11 +90,50 @@ void bm_decode(benchmark::State& state, std::string path) {
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(decoded), benchmark::Counter::kIsRate);
 }
 
+void bm_decode_batch(benchmark::State& state, std::string path) {
+  Loaded* l = load(path);
+  if (!l) {
+    state.SkipWithError(("model missing: " + path).c_str());
+    return;
+  }
+  const int context = static_cast<int>(state.range(0));
+  const int batch = static_cast<int>(state.range(1));
+  const int steps = 32;
+  std::vector<int32_t> ids = tokens(context + steps, l->model->config.vocab_size);
+  std::vector<float> logits;
+  kvb::kernels::KvCache cache = l->engine->new_cache(context + steps);
+  l->engine->forward({ids.data(), static_cast<size_t>(context)}, cache, LogitsMode::kNone, nullptr);
+  std::vector<kvb::policies::Policy*> policies(batch, nullptr);
+  int64_t decoded = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::vector<kvb::kernels::KvCache> caches(batch, cache);
+    std::vector<kvb::kernels::KvCache*> ptrs;
+    for (auto& c : caches) ptrs.push_back(&c);
+    state.ResumeTiming();
+    std::vector<int32_t> step(batch);
+    for (int s = 0; s < steps; ++s) {
+      for (int b = 0; b < batch; ++b) step[b] = ids[context + (s + b) % steps];
+      l->engine->decode_batch(step, ptrs, policies, &logits);
+    }
+    decoded += static_cast<int64_t>(steps) * batch;
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(decoded), benchmark::Counter::kIsRate);
+  state.counters["batch"] = batch;
+}
+
 const std::string kSmol = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 const std::string kStories = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
 
 BENCHMARK_CAPTURE(bm_prefill, smollm2, kSmol)->Arg(512)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(1)->Repetitions(2);
 BENCHMARK_CAPTURE(bm_decode, smollm2, kSmol)->Arg(512)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK_CAPTURE(bm_decode_batch, smollm2, kSmol)
+    ->ArgsProduct({{512, 2048}, {1, 4, 11}})
+    ->UseRealTime()  // wall clock, as llama.cpp's side of scripts/compare_llamacpp.py
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1)
+    ->Repetitions(3);
 BENCHMARK_CAPTURE(bm_prefill, stories260K, kStories)->Arg(256)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_decode, stories260K, kStories)->Arg(256)->Unit(benchmark::kMillisecond);
 

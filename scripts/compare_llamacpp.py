@@ -26,6 +26,13 @@ not the tokenizers.
    `Llama.eval(prompt)` and of 63 single-token evals with argmax, n_batch = n_ubatch = 1024,
    one untimed warm-up pass per thread count (mmap'd weights paged in), defaults otherwise
    (flash attention off, f16 KV cache).
+5. Batched decode over a bundle (issue 16): kvbench's `bench_engine` bm_decode_batch (B sequences
+   of C context tokens each, policy full, stepped together by EngineBase::decode_batch, 32 steps;
+   tok/s counts every sequence's tokens; medians of its 3 repetitions) against llama.cpp's
+   single-sequence decode at the same context (C WikiText-2 ids evaluated, then 32 single-token
+   evals with argmax; medians of --repeats, one warm-up), per thread count. This is the sweep's
+   situation: a bundle's units share one sample and decode together in kvbench, while a
+   llama.cpp user would decode them one after another.
 
 llama.cpp multiplies the Q4_1 weights against activations quantized to 8 bits (Q8_1); kvbench
 dequantizes the weights to f32 and keeps activations in f32. Small perplexity differences and
@@ -385,6 +392,58 @@ def section_speed(kvb, args, text):
     return res
 
 
+BATCH_CONTEXTS = (512, 2048)
+BATCH_SIZES = (1, 4, 11)
+BATCH_STEPS = 32
+
+
+def kvbench_batched(args, threads):
+    """bm_decode_batch medians: {(context, batch): tok/s}."""
+    out = subprocess.run(
+        [args.bench, "--benchmark_filter=bm_decode_batch", "--benchmark_format=json"],
+        capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    if out.returncode != 0:
+        fail(f"{args.bench} failed: {out.stderr[-2000:]}")
+    res = {}
+    for b in json.loads(out.stdout)["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        m = re.search(r"/(\d+)/(\d+)", b["run_name"])
+        res[(int(m.group(1)), int(m.group(2)))] = b["tok/s"]
+    return res
+
+
+def section_batched(args, ids):
+    print(f"\n## 5. Batched decode over a bundle (kvbench bench_engine bm_decode_batch: B sequences "
+          f"stepped together, {BATCH_STEPS} steps; llama.cpp: one sequence)\n")
+    print("| threads | context | B | kvbench tok/s (all B sequences) | llama.cpp tok/s (one sequence) "
+          "| ratio |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in args.threads:
+        kvb = kvbench_batched(args, n)
+        llm = Llama(model_path=args.model, n_ctx=max(BATCH_CONTEXTS) + BATCH_STEPS + 8,
+                    n_batch=1024, n_ubatch=1024, n_threads=n, n_threads_batch=n, verbose=False)
+        for ctx in BATCH_CONTEXTS:
+            # Decode speed does not depend on what the context says: the ids repeated to length.
+            prompt = (ids * (ctx // len(ids) + 1))[:ctx]
+            rates = []
+            for rep in range(args.repeats + 1):  # rep 0: warm-up
+                llm.reset()
+                llm.eval(prompt)
+                t0 = time.perf_counter()
+                for _ in range(BATCH_STEPS):
+                    llm.eval([int(np.argmax(last_logits(llm)))])
+                if rep > 0:
+                    rates.append(BATCH_STEPS / (time.perf_counter() - t0))
+            ld = median(rates)
+            for bsz in BATCH_SIZES:
+                kd = kvb.get((ctx, bsz))
+                if kd is None:
+                    fail(f"bench_engine printed no bm_decode_batch median for {ctx}/{bsz}")
+                print(f"| {n} | {ctx} | {bsz} | {kd:.1f} | {ld:.1f} | {kd / ld:.2f} |")
+        del llm
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kvbench", default="build/kvbench")
@@ -393,7 +452,9 @@ def main():
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2],
                     help="thread counts for the speed section (the largest is used elsewhere)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="1234", help="sections to run, e.g. 13")
+    ap.add_argument("--only", default="12345", help="sections to run, e.g. 13")
+    ap.add_argument("--bench", default="build/bench/bench_engine",
+                    help="kvbench's bench_engine binary (section 5)")
     args = ap.parse_args()
     wiki, essays = check_inputs(args)
     wiki_text = read(wiki)
@@ -414,7 +475,7 @@ def main():
         if "1" in args.only:
             same, total = section_tokenization(kvb, vocab, tokenization_texts(wiki_text, essays))
             print(f"\nidentical ids: {same}/{total} texts")
-        ids = ppl_ids(kvb, wiki_text) if ("2" in args.only or "4" in args.only) else None
+        ids = ppl_ids(kvb, wiki_text) if any(s in args.only for s in "245") else None
         if "2" in args.only:
             section_perplexity(kvb, args, wiki, ids)
         if "3" in args.only:
@@ -429,6 +490,8 @@ def main():
             # ~512 kvbench tokens of WikiText-2: the text of the perplexity ids' first 512.
             text = vocab.detokenize(ids[:SPEED_PROMPT_TOKENS]).decode("utf-8")
             section_speed(kvb, args, text)
+        if "5" in args.only:
+            section_batched(args, ids)
 
 
 if __name__ == "__main__":

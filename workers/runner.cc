@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <new>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -129,13 +130,14 @@ void check_limits(const RunSettings& rs, std::chrono::steady_clock::time_point t
     bool over = spent_ms > rs.time_limit_s * 1000.0;
     if (tp) over = kernels::any_rank(*tp, over);
     if (over) {
-      std::string msg = "sample " + s.id + ": unit time limit of " +
-                        std::to_string(rs.time_limit_s) + " s exceeded";
+      std::ostringstream msg;  // default stream format: 600, 0.5 (not 600.000000)
+      msg << "sample " << s.id << ": unit time limit of " << rs.time_limit_s << " s exceeded after "
+          << std::llround(spent_ms) << " ms";
       if (before_ms > 0) {
-        msg += " (" + std::to_string(before_ms) + " ms of it in the prefill shared with the "
-               "sample's other policies)";
+        msg << " (" << std::llround(before_ms)
+            << " ms of it in the prefill shared with the sample's other policies)";
       }
-      throw UnitTimeout(msg);
+      throw UnitTimeout(msg.str());
     }
   }
   if (rs.max_rss_bytes > 0) {

@@ -198,6 +198,11 @@ TEST(RunnerIntegrity, SharedPrefillCountsTowardTtftAndTheTimeLimit) {
     EXPECT_EQ(failures[i]->status, workers::FailureStatus::kTimeout);
     EXPECT_NE(failures[i]->message.find("in the prefill shared"), std::string::npos)
         << failures[i]->message;
+    // The limit as the user wrote it (it said "0.500000 s"), and whole milliseconds.
+    EXPECT_NE(failures[i]->message.find("unit time limit of 0.5 s exceeded after "),
+              std::string::npos)
+        << failures[i]->message;
+    EXPECT_EQ(failures[i]->message.find(".000"), std::string::npos) << failures[i]->message;
   }
 }
 
