@@ -531,6 +531,9 @@ std::vector<Sample> ruler_samples(const TaskContext& ctx, const RulerCommon& c,
     s.max_new_tokens = max_new_tokens;
     s.references = std::move(g.answers);
     s.fields["context_length"] = std::to_string(c.context_length);
+    // The task group of RULER's own files run as ruler_jsonl_* (configs/tasks/); these built-ins
+    // keep data_dir '' and so form their own group rows (results/groups.h).
+    s.fields["task_group"] = "ruler";
     out.push_back(std::move(s));
   }
   return out;

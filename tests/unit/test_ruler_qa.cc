@@ -119,6 +119,7 @@ TEST(RulerQa, TaskFitsTheBudgetAndScoresAnyAnswer) {
     EXPECT_EQ(s[i].references, c.qas[i].outputs);
     EXPECT_NE(s[i].context.find(c.docs[c.qas[i].context[0]]), std::string::npos) << i;
     EXPECT_EQ(s[i].fields.at("dataset"), "squad");
+    EXPECT_EQ(s[i].fields.at("task_group"), "ruler");
     size_t docs = 0;
     for (size_t at = s[i].context.find("Document "); at != std::string::npos;
          at = s[i].context.find("Document ", at + 1)) {
