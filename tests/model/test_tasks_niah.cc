@@ -344,6 +344,7 @@ TEST(Ruler, NiahFamilyGoldsAreInTheContext) {
     expect_fits(s, 2048);
     for (const auto& x : s) {
       EXPECT_EQ(x.max_new_tokens, 128);
+      EXPECT_EQ(x.fields.at("task_group"), "ruler") << c.name;
       ASSERT_EQ(x.references.size(), c.golds) << c.name;
       for (const auto& r : x.references) {
         EXPECT_EQ(occurrences(x.context, " is: " + r + "."), 1u) << c.name << " " << r;
