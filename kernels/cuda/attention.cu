@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/kv_elem.cuh"
@@ -262,6 +263,228 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- decode, GQA-grouped and vectorized (n == 1) ------------------------------------------------
+
+// 16-byte loads of V elements widened to f32 (bf16: 8, f32: 4).
+template <typename T>
+struct Vec16;
+template <>
+struct Vec16<float> {
+  static constexpr int kN = 4;
+  __device__ __forceinline__ static void load(const float* p, float* out) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  }
+};
+template <>
+struct Vec16<__nv_bfloat16> {
+  static constexpr int kN = 8;
+  __device__ __forceinline__ static void load(const __nv_bfloat16* p, float* out) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+};
+
+constexpr int kMaxLaneElems = 8;  // elements of a key row per lane: max(V, head_dim / 32)
+
+// Lanes that share one key row: head_dim / V vectors over min(32, that) lanes; 0 when the
+// grouped kernel cannot take the shape (the vectors must split evenly over a power of two).
+template <typename T>
+int grouped_row_lanes(int d) {
+  constexpr int V = Vec16<T>::kN;
+  if (d % V != 0) return 0;
+  const int nv = d / V;
+  if (nv >= 32) return nv % 32 == 0 && nv / 32 * V <= kMaxLaneElems ? 32 : 0;
+  return (nv & (nv - 1)) == 0 ? nv : 0;
+}
+
+// Grid (num_kv_heads, splits), kThreads threads: one block reads each K/V row of its chunk once
+// for all `group` query heads of its KV head (the per-query-head kernel above reads it group
+// times). A row is split over `lanes` lanes, each loading 16-byte vectors (vector sl + lanes*i),
+// so a warp holds 32 / lanes rows at once; each row group keeps its own online softmax state per
+// query head, merged through shared memory at the end into the same [num_heads, splits] partial
+// states decode_combine_kernel reads. Raw scaled scores to scores[h * stride + key] when asked.
+template <typename T, int kG>
+__global__ void __launch_bounds__(kThreads)
+    decode_grouped_kernel(Common c, const T* keys, const T* values, int lanes, int chunk,
+                          float2* part_ml, float* part_acc, float* scores, int stride) {
+  constexpr int V = Vec16<T>::kN;
+  extern __shared__ float smem[];
+  const int d = c.d, group = c.group;
+  const int kvh = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows_per_warp = 32 / lanes, rows = kWarps * rows_per_warp;
+  const int sub = lane / lanes, sl = lane % lanes;
+  const int row = warp * rows_per_warp + sub;
+  const int per_lane = d / V / lanes;  // vectors per lane (1, or 2 for f32 rows of 256)
+  // Shared: q [group, d], then per row group: m [group], l [group], acc [group, d].
+  float* sq = smem;
+  float* st_m = sq + group * d;
+  float* st_l = st_m + rows * group;
+  float* st_acc = st_l + rows * group;
+  for (int i = threadIdx.x; i < group * d; i += kThreads) {
+    sq[i] = c.q[static_cast<size_t>(kvh) * group * d + i];
+  }
+  __syncthreads();
+  const int len = c.lengths[kvh];
+  const int c0 = split * chunk, c1 = min(len, c0 + chunk);
+  const size_t base = c.offsets[kvh];
+  float m[kG], l[kG], acc[kG][kMaxLaneElems];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kMaxLaneElems; ++e) acc[g][e] = 0.0f;
+  }
+  constexpr int kMaxPer = kMaxLaneElems / V;
+  // The warp's trip count is the same for all its lanes (the shuffles need every lane): a row
+  // group past the chunk's end loads nothing and updates nothing.
+  for (int first = c0 + warp * rows_per_warp; first < c1; first += rows) {
+    const int key = first + sub;
+    const bool valid = key < c1;
+    float k[kMaxLaneElems] = {}, v[kMaxLaneElems] = {};
+    if (valid) {
+      const T* krow = keys + (base + key) * d;
+      const T* vrow = values + (base + key) * d;
+#pragma unroll
+      for (int i = 0; i < kMaxPer; ++i) {
+        if (i >= per_lane) break;
+        Vec16<T>::load(krow + (sl + lanes * i) * V, k + i * V);
+        Vec16<T>::load(vrow + (sl + lanes * i) * V, v + i * V);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      if (g >= group) break;
+      const float* qg = sq + g * d;
+      float partial = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kMaxPer; ++i) {
+        if (i >= per_lane) break;
+        const int x0 = (sl + lanes * i) * V;
+#pragma unroll
+        for (int j = 0; j < V; ++j) partial = fmaf(qg[x0 + j], k[i * V + j], partial);
+      }
+      // Sum over the row's lanes (xor within the aligned group of `lanes` lanes).
+      for (int o = lanes / 2; o > 0; o /= 2) partial += __shfl_xor_sync(kFull, partial, o);
+      if (!valid) continue;
+      const float s = __fmul_rn(partial, c.scale);
+      if (scores != nullptr && sl == 0) {
+        scores[static_cast<size_t>(kvh * group + g) * stride + key] = s;
+      }
+      const float m_new = fmaxf(m[g], s);
+      const float corr = expf(m[g] - m_new), p = expf(s - m_new);
+      l[g] = l[g] * corr + p;
+#pragma unroll
+      for (int e = 0; e < kMaxLaneElems; ++e) acc[g][e] = fmaf(p, v[e], acc[g][e] * corr);
+      m[g] = m_new;
+    }
+  }
+  // Each row group's state to shared memory (lane sl holds the dims of its vectors).
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    if (g >= group) break;
+    if (sl == 0) {
+      st_m[row * group + g] = m[g];
+      st_l[row * group + g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxPer; ++i) {
+      if (i >= per_lane) break;
+      const int x0 = (sl + lanes * i) * V;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        st_acc[(static_cast<size_t>(row) * group + g) * d + x0 + j] = acc[g][i * V + j];
+      }
+    }
+  }
+  __syncthreads();
+  // Merge the row groups in row order, per query head of the group.
+  for (int g = 0; g < group; ++g) {
+    float mb = -INFINITY;
+    for (int r = 0; r < rows; ++r) mb = fmaxf(mb, st_m[r * group + g]);
+    const int h = kvh * group + g;
+    const size_t at = static_cast<size_t>(h) * splits + split;
+    if (threadIdx.x == 0) {
+      float lb = 0.0f;
+      for (int r = 0; r < rows; ++r) {
+        const float mr = st_m[r * group + g];
+        if (mr != -INFINITY) lb += st_l[r * group + g] * expf(mr - mb);  // idle rows add nothing
+      }
+      part_ml[at] = make_float2(mb, lb);
+    }
+    for (int x = threadIdx.x; x < d; x += kThreads) {
+      float a = 0.0f;
+      for (int r = 0; r < rows; ++r) {
+        const float mr = st_m[r * group + g];
+        if (mr != -INFINITY) a += st_acc[(static_cast<size_t>(r) * group + g) * d + x] * expf(mr - mb);
+      }
+      part_acc[at * d + x] = a;
+    }
+  }
+}
+
+// How the grouped kernel would run a decode step; lanes == 0 when it cannot take the shape (the
+// caller then uses the per-query-head kernel). Splits: enough blocks to fill a large GPU (~256
+// over the KV heads), never chunks under 64 keys.
+struct GroupedPlan {
+  int lanes = 0, splits = 0, chunk = 0;
+  size_t smem = 0;
+};
+
+template <typename T>
+GroupedPlan plan_grouped(int d, int group, int num_kv_heads, int max_len, const void* keys,
+                         const void* values) {
+  GroupedPlan p;
+  const int lanes = grouped_row_lanes<T>(d);
+  if (lanes == 0 || group > 8) return p;
+  if (reinterpret_cast<uintptr_t>(keys) % 16 != 0 || reinterpret_cast<uintptr_t>(values) % 16 != 0) {
+    return p;
+  }
+  const int rows = kWarps * (32 / lanes);
+  p.smem = sizeof(float) *
+           (static_cast<size_t>(group) * d + static_cast<size_t>(rows) * group * (2 + d));
+  if (p.smem > 48 * 1024) return p;
+  const int by_blocks = std::max(1, (256 + num_kv_heads - 1) / num_kv_heads);
+  const int by_len = std::max(1, (max_len + 63) / 64);
+  p.splits = std::min(by_blocks, by_len);
+  p.chunk = (max_len + p.splits - 1) / p.splits;
+  p.lanes = lanes;
+  return p;
+}
+
+template <typename T>
+void launch_grouped(const Common& c, const T* keys, const T* values, int num_kv_heads,
+                    const GroupedPlan& p, float2* part_ml, float* part_acc, float* scores,
+                    int stride, cudaStream_t stream) {
+  const int group = c.group;
+  const dim3 grid(num_kv_heads, p.splits);
+  auto go = [&](auto kernel) {
+    kernel<<<grid, kThreads, p.smem, stream>>>(c, keys, values, p.lanes, p.chunk, part_ml,
+                                               part_acc, scores, stride);
+  };
+  if (group <= 1) {
+    go(decode_grouped_kernel<T, 1>);
+  } else if (group <= 2) {
+    go(decode_grouped_kernel<T, 2>);
+  } else if (group <= 4) {
+    go(decode_grouped_kernel<T, 4>);
+  } else {
+    go(decode_grouped_kernel<T, 8>);
+  }
+  KVB_CUDA_CHECK_LAUNCH();
+}
+
 // Grid num_heads: merges the chunk states in chunk order; row_stats[h] = (max, sum).
 __global__ void decode_combine_kernel(const float2* part_ml, const float* part_acc, int splits,
                                       int d, float* out, float2* row_stats) {
@@ -309,14 +532,22 @@ void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream)
   StreamScratch row_stats(stats ? sizeof(float2) * a.num_heads * a.n : 0, stream);
   float2* rs = stats ? row_stats.as<float2>() : nullptr;
   if (a.n == 1) {
-    const int splits = std::max(1, (max_len + kDecodeChunk - 1) / kDecodeChunk);
-    StreamScratch ml(sizeof(float2) * a.num_heads * splits, stream);
-    StreamScratch acc(sizeof(float) * a.num_heads * splits * d, stream);
     // Raw scores go to the statistics row itself and are normalized in place afterwards.
     float* scores = a.col_sums != nullptr ? a.col_sums : a.last_probs;
-    decode_partial_kernel<T><<<dim3(a.num_heads, splits), kThreads, 0, stream>>>(
-        c, keys, values, ml.as<float2>(), acc.as<float>(), scores, a.stats_stride);
-    KVB_CUDA_CHECK_LAUNCH();
+    const GroupedPlan gp =
+        plan_grouped<T>(d, group, a.kv.num_kv_heads, max_len, a.kv.keys, a.kv.values);
+    const int splits =
+        gp.lanes > 0 ? gp.splits : std::max(1, (max_len + kDecodeChunk - 1) / kDecodeChunk);
+    StreamScratch ml(sizeof(float2) * a.num_heads * splits, stream);
+    StreamScratch acc(sizeof(float) * a.num_heads * splits * d, stream);
+    if (gp.lanes > 0) {
+      launch_grouped<T>(c, keys, values, a.kv.num_kv_heads, gp, ml.as<float2>(), acc.as<float>(),
+                        scores, a.stats_stride, stream);
+    } else {
+      decode_partial_kernel<T><<<dim3(a.num_heads, splits), kThreads, 0, stream>>>(
+          c, keys, values, ml.as<float2>(), acc.as<float>(), scores, a.stats_stride);
+      KVB_CUDA_CHECK_LAUNCH();
+    }
     decode_combine_kernel<<<a.num_heads, kThreads, 0, stream>>>(ml.as<float2>(), acc.as<float>(),
                                                                 splits, d, a.out, rs);
     KVB_CUDA_CHECK_LAUNCH();

@@ -34,8 +34,11 @@ struct AttentionArgs {
 //    statistics, when requested, come from a second pass over key tiles that recomputes each
 //    probability exactly as exp(s - m) / l from the first pass's row maxima and sums; a column
 //    sum adds its queries in a fixed blockwise order (deterministic, not the CPU's order).
-//  - n == 1 (decode): split-K over 256-key chunks (flash-decoding), partial softmax states
-//    merged in chunk order; probabilities from the raw scores the first pass stores.
+//  - n == 1 (decode): split-K (flash-decoding), partial softmax states merged in chunk order;
+//    probabilities from the raw scores the first pass stores. Where head_dim splits into 16-byte
+//    vectors over a power of two of lanes (bf16: 8..256 in powers of two; f32: 4..256) and the
+//    GQA group is at most 8, one block per (KV head, chunk) reads each K/V row once for all the
+//    group's query heads (issue 16 item 3); otherwise one block per (query head, 256 keys).
 // Validates shapes against the view's host lengths and throws kvb::Error. Stream-ordered.
 void attention(const AttentionArgs& args, cudaStream_t stream = 0);
 

@@ -111,6 +111,11 @@ inline std::vector<AttentionCase> attention_cases() {
     v.push_back({1, {2, 6, 16}, 2, 64, dt, true});
     v.push_back({1, {4096, 16, 0}, 7, 64, dt, true});
     v.push_back({1, {300, 700}, 4, 128, dt, false});
+    // The grouped decode kernel at its limits: group 8, head_dim 256 (f32: two 16-byte vectors
+    // per lane), four ragged heads one of them empty before the query; head_dim 40 does not split
+    // into 16-byte vectors over a power of two of lanes: the per-query-head kernel.
+    v.push_back({1, {2000, 5, 300, 0}, 8, 256, dt, true});
+    v.push_back({1, {70, 3}, 3, 40, dt, true});
     // Prefill blocks of 3, 7, 17 over ragged earlier slots; odd head_dim 40 and the maximum 256.
     v.push_back({3, {0, 5}, 2, 40, dt, true});
     v.push_back({7, {17, 0, 1}, 7, 64, dt, true});
