@@ -113,7 +113,8 @@ def main():
     tf.write_json(os.path.join(tf.OUT_DIR, "mistral_tiny.json"), {
         "generator": "scripts/make_mistral_fixture.py", "versions": tf.versions(),
         "model": os.path.basename(path), "gguf_sha256": sha, "seed": SEED, "config": CFG,
-        "window_effect_max_abs_diff": effect, "logit_digits": tf.LOGIT_DIGITS, "cases": cases})
+        "window_effect_max_abs_diff": effect, "f32_vs_f64_max_abs_diff": tf.f64_drift(model, list(tf.LONG_TEXT)),
+        "logit_digits": tf.LOGIT_DIGITS, "cases": cases})
 
 
 if __name__ == "__main__":

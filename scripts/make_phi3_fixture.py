@@ -155,7 +155,8 @@ def main():
         "model": os.path.basename(path), "gguf_sha256": sha, "seed": SEED,
         "config": dict(CFG, rope_dimension_count=ROT, short_factor=SHORT, long_factor=LONG,
                        attention_factor=attn_factor()),
-        "effects_max_abs_diff": effects, "logit_digits": tf.LOGIT_DIGITS, "cases": cases,
+        "effects_max_abs_diff": effects, "f32_vs_f64_max_abs_diff": tf.f64_drift(natural, list(tf.LONG_TEXT)),
+        "logit_digits": tf.LOGIT_DIGITS, "cases": cases,
         "short_cases": short_cases})
 
 

@@ -118,7 +118,8 @@ def main():
         "model": os.path.basename(path), "gguf_sha256": sha, "seed": SEED,
         "config": dict(CFG, rope_scaling=YARN, attention_factor=want_af,
                        inv_freq=[float(x) for x in rot.inv_freq]),
-        "yarn_effect_max_abs_diff": effect, "logit_digits": tf.LOGIT_DIGITS, "cases": cases})
+        "yarn_effect_max_abs_diff": effect, "f32_vs_f64_max_abs_diff": tf.f64_drift(model, list(tf.LONG_TEXT)),
+        "logit_digits": tf.LOGIT_DIGITS, "cases": cases})
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ The HF model gets the very values the GGUF holds (2-D weights rounded to f16 and
 f32), so the two sides differ only in f32 summation order. Token id i is byte i of a GPT-2
 byte-level alphabet (vocab 128: ASCII), so prompts are plain ASCII text.
 """
+import copy
 import hashlib
 import json
 import os
@@ -120,6 +121,15 @@ def logits(model, ids):
         lg = model(torch.tensor([ids])).logits[0].numpy()
     assert lg.dtype == np.float32 and lg.shape == (len(ids), VOCAB)
     return lg
+
+
+def f64_drift(model, ids):
+    """How far transformers' own f32 logits sit from the same model in f64: the fixture's
+    conditioning. A tolerance of 1e-4 means something only where this is well below it."""
+    import copy
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double()(torch.tensor([ids])).logits[0].numpy()
+    return float(np.abs(logits(model, ids).astype(np.float64) - ref).max())
 
 
 def sig(x):
