@@ -121,6 +121,26 @@ TEST(Phi3Tiny, ShortSetWhenTheContextIsTheOriginal) {
   std::remove(path.c_str());
 }
 
+// Hostile factors: a NaN in rope_factors_long.weight would poison every rotated key; the loader
+// refuses it naming the file, the tensor and the entry.
+TEST(Phi3Tiny, NonFiniteLongRopeFactorIsRefused) {
+  const float good[2] = {1.3f, 1.9f};  // LONG[1], LONG[2] in scripts/make_phi3_fixture.py
+  const float bad[2] = {std::nanf(""), 1.9f};
+  const std::string path = patched_copy(
+      {{std::string(reinterpret_cast<const char*>(good), 8),
+        std::string(reinterpret_cast<const char*>(bad), 8)}},
+      "nan_factor");
+  try {
+    engine::load_model(path);
+    ADD_FAILURE() << "a NaN LongRoPE factor was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rope_factors_long.weight[1] = nan"), std::string::npos) << msg;
+  }
+  std::remove(path.c_str());
+}
+
 TEST(Phi3Tiny, LogitsMatchTransformers) {
   const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);

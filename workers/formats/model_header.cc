@@ -119,7 +119,10 @@ std::vector<float> yarn_freq_factors(const kernels::cpu::RopeParams& r, float fa
 // the context in use exceeds rope.scaling.original_context_length, fixed for the run; kvbench's
 // context in use is the model's context_length, so a long-context GGUF runs with the long set at
 // every length (transformers switches per call by the current length). Without the key, the
-// factor is sqrt(1 + ln(context / original) / ln(original)) (transformers' default).
+// factor is sqrt(1 + ln(context / original) / ln(original)) (transformers' default). YaRN's factor
+// is rope.scaling.factor, as llama.cpp reads it (transformers 4.53 instead takes
+// max_position_embeddings / original_max_position_embeddings when the latter is given; a
+// config.json can make the two disagree, a GGUF carries only the factor).
 void read_rope_scaling(const formats::GgufFile& g, const std::string& p, ModelConfig* c) {
   const std::string& path = g.path();
   const bool has_long = g.find_tensor("rope_factors_long.weight") != nullptr;
@@ -152,6 +155,9 @@ void read_rope_scaling(const formats::GgufFile& g, const std::string& p, ModelCo
     c->rope.linear_scale = positive_finite(g, p + "rope.scaling.factor", 1.0);
   } else if (scaling == "yarn") {
     const float factor = positive_finite(g, p + "rope.scaling.factor", 1.0);
+    KVB_CHECK(c->rope.theta > 1.0f)  // the correction range divides by ln(theta)
+        << path << ": " << p << "rope.freq_base = " << c->rope.theta
+        << " with yarn scaling; expected a base above 1";
     KVB_CHECK(factor >= 1.0f && factor <= 1024.0f)
         << path << ": " << p << "rope.scaling.factor = " << factor
         << " is out of range for yarn (1..1024)";
