@@ -3,9 +3,9 @@
 
 Mistral v0.1 is Llama with a sliding window on every layer: transformers' MistralForCausalLM with
 sliding_window 8 (eager attention: a query sees itself and the 7 positions before), 2 layers,
-hidden 64, 4 query heads and 2 KV heads of head_dim 16, SwiGLU 128, vocab 128 (one token per
-ASCII byte), RoPE theta 10000, RMSNorm eps 1e-5, untied classifier. The GGUF is written the way
-llama.cpp's convert_hf_to_gguf.py writes a Mistral checkpoint: arch "llama", Q/K rows permuted
+hidden 64, 4 query heads and 2 KV heads of head_dim 16, SwiGLU 128, vocab 130 (one token per
+ASCII byte, two merges), RoPE theta 10000, RMSNorm eps 1e-5, untied classifier. The GGUF is
+written the way llama.cpp's convert_hf_to_gguf.py writes a Mistral checkpoint: arch "llama", Q/K rows permuted
 for llama.cpp's interleaved (NORM) RoPE (LlamaModel.permute), llama.attention.sliding_window = 8.
 Then records MistralForCausalLM's logits at every position of three sequences (1, 12 and 100
 tokens; 100 tokens span 12 windows), and how far the window moves them (the same model without a

@@ -4,7 +4,7 @@ tests/model/test_engine_phi3.cc.
 
 transformers' Phi3ForCausalLM: 2 layers, hidden 64, 2 query heads and 1 KV head of head_dim 32,
 partial_rotary_factor 0.5 (16 rotated dims: 8 LongRoPE factors per set), fused qkv_proj and
-gate_up_proj (SwiGLU 96), vocab 128 (one token per ASCII byte), RMSNorm eps 1e-5, untied
+gate_up_proj (SwiGLU 96), vocab 130 (one token per ASCII byte, two merges), RMSNorm eps 1e-5, untied
 classifier, max_position_embeddings 256 over original_max_position_embeddings 32 with
 rope_scaling longrope (short and long factor sets far from 1), sliding_window 512 (covers the
 context: no effect). The GGUF is written as llama.cpp's convert_hf_to_gguf.py writes Phi-3

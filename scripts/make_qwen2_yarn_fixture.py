@@ -3,7 +3,7 @@
 golden logits, for tests/model/test_engine_qwen2_yarn.cc.
 
 transformers' Qwen2ForCausalLM: 2 layers, hidden 64, 4 query heads and 2 KV heads of head_dim 16,
-QKV biases, SwiGLU 128, vocab 128 (one token per ASCII byte), RoPE theta 10000, RMSNorm eps 1e-6,
+QKV biases, SwiGLU 128, vocab 130 (one token per ASCII byte, two merges), RoPE theta 10000, RMSNorm eps 1e-6,
 untied classifier, rope_scaling {type: yarn, factor: 4, original_max_position_embeddings: 64} and
 max_position_embeddings 256. (transformers 4.53 replaces the factor by max_position_embeddings /
 original_max_position_embeddings when the latter is given, llama.cpp reads rope.scaling.factor:

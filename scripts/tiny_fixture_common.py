@@ -3,8 +3,8 @@ written as GGUF with gguf's Python writer (2-D weights F16, 1-D F32, as convert_
 writes an f16 model) and transformers' eager logits as a golden JSON.
 
 The HF model gets the very values the GGUF holds (2-D weights rounded to f16 and widened back to
-f32), so the two sides differ only in f32 summation order. Token id i is byte i of a GPT-2
-byte-level alphabet (vocab 128: ASCII), so prompts are plain ASCII text.
+f32), so the two sides differ only in f32 summation order. Token id i < 128 is byte i of a GPT-2
+byte-level alphabet (ASCII), ids 128 and 129 two merges, so prompts are plain ASCII text.
 """
 import copy
 import hashlib
@@ -17,7 +17,10 @@ import torch
 import transformers
 import gguf
 
-VOCAB = 128
+# Token ids 0-127: the ASCII bytes; 128 and 129: two merged tokens ("Ġt", "he"), so that the GGUF
+# carries a real byte-level BPE (tokenizer.ggml.merges) and kvbench's CLI can tokenize ASCII text.
+MERGES = ["Ġ t", "h e"]
+VOCAB = 130
 MIN_TOP1_GAP = 1e-3
 LOGIT_DIGITS = 8
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,8 +61,8 @@ class Rand:
         return f16_exact(self.rng.standard_normal((v, d)))
 
 
-def byte_tokens(n=VOCAB):
-    """GPT-2 byte-level alphabet (bytes_to_unicode); token id i is byte i."""
+def byte_tokens():
+    """GPT-2 byte-level alphabet (bytes_to_unicode); token id i < 128 is byte i, then MERGES."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
         list(range(ord("®"), ord("ÿ") + 1))
     cs, k = bs[:], 0
@@ -69,7 +72,7 @@ def byte_tokens(n=VOCAB):
             cs.append(256 + k)
             k += 1
     enc = dict(zip(bs, (chr(c) for c in cs)))
-    return [enc[b] for b in range(n)]
+    return [enc[b] for b in range(128)] + [m.replace(" ", "") for m in MERGES]
 
 
 def write_gguf(path, arch, name, meta, tensors):
@@ -82,6 +85,7 @@ def write_gguf(path, arch, name, meta, tensors):
     wr.add_tokenizer_model("gpt2")
     wr.add_tokenizer_pre("default")
     wr.add_token_list(byte_tokens())
+    wr.add_token_merges(MERGES)
     wr.add_token_types([int(gguf.TokenType.NORMAL)] * VOCAB)
     wr.add_eos_token_id(ord("\n"))
     for n, a in tensors.items():

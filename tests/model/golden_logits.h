@@ -11,10 +11,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "run_kvbench.h"
 #include "workers/engine/forward.h"
+#include "workers/model_session.h"
 #include "workers/engine/model.h"
 
 namespace kvb::golden {
@@ -94,6 +97,28 @@ inline Diff run_chunked(const engine::Model& model, const nlohmann::json& cs, in
   for (int t = second; t < n; ++t) step(t, t + 1, engine::LogitsMode::kLast);
   EXPECT_EQ(cache.next_position(), n);
   return total;
+}
+
+// The CLI end to end, against the reference: the first `n` bytes of a case whose ids are bytes
+// (a prefix no merge applies to) encode to those ids with the GGUF's own tokenizer, and
+// `kvbench generate -n 1` prints the text of the reference's top-1 at position n - 1.
+// `piece(id)` is that token's text (the fixtures: a byte below 128, else a merged pair).
+inline void expect_cli_greedy_matches(const std::string& model, const nlohmann::json& cs, int n,
+                                      const std::vector<std::string>& merged) {
+  const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
+  const std::string prompt(ids.begin(), ids.begin() + n);
+  const workers::LoadedModel lm = workers::load_model_and_tokenizer(model, "");
+  EXPECT_EQ(workers::encode_text(lm, prompt, false, false),
+            std::vector<int32_t>(ids.begin(), ids.begin() + n));
+  std::string out, err;
+  ASSERT_EQ(testing::kvbench({"generate", "--model", model, "--prompt", prompt, "-n", "1"}, &out,
+                             &err),
+            0)
+      << err;
+  const int top1 = cs["top1"][n - 1].get<int>();
+  const std::string piece = top1 < 128 ? std::string(1, static_cast<char>(top1))
+                                       : merged.at(static_cast<size_t>(top1 - 128));
+  EXPECT_EQ(out, piece + "\n") << "'" << prompt << "' -> top-1 " << top1 << "; " << err;
 }
 
 }  // namespace kvb::golden

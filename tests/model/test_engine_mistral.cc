@@ -107,5 +107,29 @@ TEST(MistralTiny, PoliciesOtherThanFullAreRefused) {
   }
 }
 
+// End to end through the CLI: the GGUF's tokenizer gives the bytes of "Eviction studies need"
+// (no merge applies), and `kvbench generate` prints transformers' top-1 at position 20.
+TEST(MistralTiny, CliGreedyTokenMatchesTransformers) {
+  const nlohmann::json fx = fixture();
+  golden::expect_cli_greedy_matches(kModel, golden::find_case(fx["cases"], "long"), 21,
+                                    {" t", "he"});
+}
+
+// Through the CLI: `kvbench generate --policy snapkv` on the all-sliding model is a usage error
+// (exit 2) that says why; `--policy full` runs.
+TEST(MistralTiny, CliRefusesPoliciesOtherThanFull) {
+  std::string out, err;
+  EXPECT_EQ(testing::kvbench({"generate", "--model", kModel, "--prompt", "window", "-n", "2",
+                              "--policy", "snapkv", "--kv-budget", "4"},
+                             &out, &err),
+            2);
+  EXPECT_NE(err.find("policy 'snapkv'"), std::string::npos) << err;
+  EXPECT_NE(err.find("which alone bounds its cache"), std::string::npos) << err;
+  EXPECT_EQ(testing::kvbench({"generate", "--model", kModel, "--prompt", "window", "-n", "2"},
+                             &out, &err),
+            0)
+      << err;
+}
+
 }  // namespace
 }  // namespace kvb

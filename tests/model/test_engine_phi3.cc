@@ -121,6 +121,23 @@ TEST(Phi3Tiny, ShortSetWhenTheContextIsTheOriginal) {
   std::remove(path.c_str());
 }
 
+// Phi-3's window follows Mistral's rule: a phi3.attention.sliding_window below the context puts
+// every layer under it (no global layer: only full runs), one that covers the context (the
+// fixture's 512 over 256) is none.
+TEST(Phi3Tiny, BindingWindowSlidesEveryLayer) {
+  const std::string path = patched_copy(
+      {{u32_value("phi3.attention.sliding_window", 512),
+        u32_value("phi3.attention.sliding_window", 16)}},
+      "window16");
+  std::unique_ptr<engine::Model> model = engine::load_model(path);
+  std::remove(path.c_str());
+  const engine::ModelConfig& c = model->config;
+  EXPECT_EQ(c.window, std::vector<int>(c.num_layers, 16));
+  EXPECT_EQ(c.global_layers(), 0);
+  EXPECT_EQ(&c.rope_of(0), &c.rope);  // the window layers keep LongRoPE
+  EXPECT_THROW(engine::require_policy_layers("h2o", path, c.global_layers(), 16), Error);
+}
+
 // Hostile factors: a NaN in rope_factors_long.weight would poison every rotated key; the loader
 // refuses it naming the file, the tensor and the entry.
 TEST(Phi3Tiny, NonFiniteLongRopeFactorIsRefused) {
@@ -219,6 +236,14 @@ TEST(Phi3Tiny, FixtureDetectsWrongPhi3Handling) {
               << "\n";
     EXPECT_GT(d.max_abs, 100 * kTol) << mu.what;
   }
+}
+
+// End to end through the CLI: the GGUF's tokenizer gives the bytes of "Eviction studies need"
+// (no merge applies), and `kvbench generate` prints transformers' top-1 at position 20.
+TEST(Phi3Tiny, CliGreedyTokenMatchesTransformers) {
+  const nlohmann::json fx = fixture();
+  golden::expect_cli_greedy_matches(kModel, golden::find_case(fx["cases"], "long"), 21,
+                                    {" t", "he"});
 }
 
 }  // namespace

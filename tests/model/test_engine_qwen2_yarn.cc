@@ -102,5 +102,13 @@ TEST(Qwen2YarnTiny, FixtureDetectsWrongYarnHandling) {
   }
 }
 
+// End to end through the CLI: the GGUF's tokenizer gives the bytes of "Eviction studies need"
+// (no merge applies), and `kvbench generate` prints transformers' top-1 at position 20.
+TEST(Qwen2YarnTiny, CliGreedyTokenMatchesTransformers) {
+  const nlohmann::json fx = fixture();
+  golden::expect_cli_greedy_matches(kModel, golden::find_case(fx["cases"], "long"), 21,
+                                    {" t", "he"});
+}
+
 }  // namespace
 }  // namespace kvb
