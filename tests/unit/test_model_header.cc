@@ -160,6 +160,30 @@ TEST(ModelHeader, SlidingWindowOnEveryLlamaLayer) {
   }
 }
 
+// YaRN by hand on the tiny Llama (rot_dim 8, theta 10000, original context 64, factor 4):
+// d(r) = 8 ln(64 / (2 pi r)) / (2 ln 10000) gives d(32) = -0.50 and d(1) = 1.01, so the ramp runs
+// over [floor, ceil] = [0, 2]: pair 0 keeps its frequency, pair 1 blends half and half
+// (1 / (0.5 / 4 + 0.5) = 1.6), pairs 2 and 3 are divided by 4. yarn_beta_slow 2 moves the upper
+// end to ceil(d(2) = 0.71) = 1. The attention factor is 0.1 ln 4 + 1, times rope.scaling.attn_factor.
+TEST(ModelHeader, YarnFactorsByHand) {
+  const Edit yarn = {.u32 = {{"llama.rope.scaling.original_context_length", 64}},
+                     .f32 = {{"llama.rope.scaling.factor", 4}},
+                     .str = {{"llama.rope.scaling.type", "yarn"}}};
+  const engine::ModelConfig c = engine::load_model(write_gguf("yarn", yarn))->config;
+  ASSERT_EQ(c.rope.freq_factors.size(), 4u);
+  const float want[4] = {1.0f, 1.6f, 4.0f, 4.0f};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(c.rope.freq_factors[i], want[i], 1e-6) << i;
+  EXPECT_NEAR(c.rope.attn_factor, 0.1 * std::log(4.0) + 1, 1e-7);
+  EXPECT_EQ(c.rope_scaling, "yarn");
+  EXPECT_EQ(c.rope_original_context, 64);
+  Edit slow = yarn;
+  slow.f32["llama.rope.scaling.yarn_beta_slow"] = 2;
+  slow.f32["llama.rope.scaling.attn_factor"] = 2;
+  const engine::ModelConfig s = engine::load_model(write_gguf("yarn_slow", slow))->config;
+  EXPECT_EQ(s.rope.freq_factors, std::vector<float>({1.0f, 4.0f, 4.0f, 4.0f}));
+  EXPECT_NEAR(s.rope.attn_factor, 2 * (0.1 * std::log(4.0) + 1), 1e-6);
+}
+
 TEST(ModelHeader, ValidateRefusesEveryGgufTheLoaderRefuses) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -202,6 +226,18 @@ TEST(ModelHeader, ValidateRefusesEveryGgufTheLoaderRefuses) {
        {.f32 = {{"llama.rope.scaling.factor", 4}, {base, 1}},
         .str = {{"llama.rope.scaling.type", "yarn"}}},
        "rope.freq_base = 1 with yarn scaling"},
+      {"yarn_ext_factor",
+       {.f32 = {{"llama.rope.scaling.factor", 4}, {"llama.rope.scaling.yarn_ext_factor", 0.5f}},
+        .str = {{"llama.rope.scaling.type", "yarn"}}},
+       "yarn_ext_factor other than 1 is not supported"},
+      {"yarn_attn_factor",
+       {.f32 = {{"llama.rope.scaling.factor", 4}, {"llama.rope.scaling.yarn_attn_factor", 1}},
+        .str = {{"llama.rope.scaling.type", "yarn"}}},
+       "yarn_attn_factor is not supported"},
+      {"yarn_beta_nan",
+       {.f32 = {{"llama.rope.scaling.factor", 4}, {"llama.rope.scaling.yarn_beta_fast", nan}},
+        .str = {{"llama.rope.scaling.type", "yarn"}}},
+       "yarn_beta_fast = nan is not a finite positive number"},
       {"longrope_no_factors",
        {.str = {{"llama.rope.scaling.type", "longrope"}}},
        "needs both rope_factors_long.weight and rope_factors_short.weight"},

@@ -161,9 +161,16 @@ void read_rope_scaling(const formats::GgufFile& g, const std::string& p, ModelCo
     KVB_CHECK(factor >= 1.0f && factor <= 1024.0f)
         << path << ": " << p << "rope.scaling.factor = " << factor
         << " is out of range for yarn (1..1024)";
+    // Keys whose meaning moved between llama.cpp versions (or that no Qwen2.5 GGUF carries):
+    // refused rather than guessed.
     KVB_USAGE_CHECK(g.get_float_or(p + "rope.scaling.yarn_log_multiplier", 0.0) == 0.0)
         << path << ": " << p << "rope.scaling.yarn_log_multiplier (DeepSeek's mscale_all_dim) is "
         << "not supported";
+    KVB_USAGE_CHECK(g.get_float_or(p + "rope.scaling.yarn_ext_factor", 1.0) == 1.0)
+        << path << ": " << p << "rope.scaling.yarn_ext_factor other than 1 is not supported";
+    KVB_USAGE_CHECK(!g.has(p + "rope.scaling.yarn_attn_factor"))
+        << path << ": " << p << "rope.scaling.yarn_attn_factor is not supported (kvbench derives "
+        << "the attention factor 0.1 ln(factor) + 1 and multiplies rope.scaling.attn_factor)";
     const int orig = static_cast<int>(int_in_range(g, p + "rope.scaling.original_context_length",
                                                    c->max_seq_len, 1, 1 << 24));
     const double beta_fast = positive_finite(g, p + "rope.scaling.yarn_beta_fast", 32.0);
