@@ -64,8 +64,8 @@ std::string layer_kinds(const engine::ModelConfig& c) {
   if (sliding.empty()) return "global " + global;
   const int window = *std::max_element(c.window.begin(), c.window.end());
   const std::string rope = c.rope_local.rot_dim > 0 ? rope_text(c.rope_local) : "as global";
-  std::string s = "sliding " + sliding + " (window " + std::to_string(window) + ", RoPE " + rope +
-                  ")";
+  std::string s =
+      "sliding " + sliding + " (window " + std::to_string(window) + ", RoPE " + rope + ")";
   if (global.empty()) {
     s += "; no global layer: the window alone bounds the cache and eviction policies have no "
          "layer to act on (only full runs)";

@@ -17,8 +17,8 @@
 
 #include "run_kvbench.h"
 #include "workers/engine/forward.h"
-#include "workers/model_session.h"
 #include "workers/engine/model.h"
+#include "workers/model_session.h"
 
 namespace kvb::golden {
 
@@ -111,9 +111,9 @@ inline void expect_cli_greedy_matches(const std::string& model, const nlohmann::
   EXPECT_EQ(workers::encode_text(lm, prompt, false, false),
             std::vector<int32_t>(ids.begin(), ids.begin() + n));
   std::string out, err;
-  ASSERT_EQ(testing::kvbench({"generate", "--model", model, "--prompt", prompt, "-n", "1"}, &out,
-                             &err),
-            0)
+  ASSERT_EQ(
+      testing::kvbench({"generate", "--model", model, "--prompt", prompt, "-n", "1"}, &out, &err),
+      0)
       << err;
   const int top1 = cs["top1"][n - 1].get<int>();
   const std::string piece = top1 < 128 ? std::string(1, static_cast<char>(top1))

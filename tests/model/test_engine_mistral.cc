@@ -19,7 +19,9 @@ const std::string kModel = std::string(KVB_FIXTURES_DIR) + "/engine/mistral_tiny
 const std::string kFixture = std::string(KVB_FIXTURES_DIR) + "/engine/mistral_tiny.json";
 constexpr double kTol = 1e-4;
 
-nlohmann::json fixture() { return golden::load_fixture(kFixture, "scripts/make_mistral_fixture.py"); }
+nlohmann::json fixture() {
+  return golden::load_fixture(kFixture, "scripts/make_mistral_fixture.py");
+}
 
 TEST(MistralTiny, ConfigFromGguf) {
   const nlohmann::json fx = fixture();
@@ -57,9 +59,11 @@ TEST(MistralTiny, LogitsMatchTransformers) {
 TEST(MistralTiny, ChunkedPrefillAndDecodeMatchTransformers) {
   const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-  const golden::Diff d = golden::run_chunked(*model, golden::find_case(fx["cases"], "long"), 40, 61);
+  const golden::Diff d =
+      golden::run_chunked(*model, golden::find_case(fx["cases"], "long"), 40, 61);
   std::cout << "[ mistral ] long, prefill 40 + chunk 21 + 39 decode steps: max |logit - "
-               "transformers| = " << d.max_abs << "\n";
+               "transformers| = "
+            << d.max_abs << "\n";
   EXPECT_LT(d.max_abs, kTol);
   EXPECT_EQ(d.top1_mismatch, 0) << d.first_mismatch;
 }
@@ -125,8 +129,8 @@ TEST(MistralTiny, CliRefusesPoliciesOtherThanFull) {
             2);
   EXPECT_NE(err.find("policy 'snapkv'"), std::string::npos) << err;
   EXPECT_NE(err.find("which alone bounds its cache"), std::string::npos) << err;
-  EXPECT_EQ(testing::kvbench({"generate", "--model", kModel, "--prompt", "window", "-n", "2"},
-                             &out, &err),
+  EXPECT_EQ(testing::kvbench({"generate", "--model", kModel, "--prompt", "window", "-n", "2"}, &out,
+                             &err),
             0)
       << err;
 }

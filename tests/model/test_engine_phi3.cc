@@ -8,7 +8,6 @@
 // length (at 100 tokens transformers picks it by itself), its "short_cases" transformers with the
 // short set it uses up to 32 tokens, checked here against the engine given the short tensor.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -108,10 +107,10 @@ TEST(Phi3Tiny, AttentionFactorWithoutTheKeyMatchesTransformers) {
 // The factor set follows the context in use: a GGUF whose context_length is the original context
 // (and which carries no attention factor) runs with the short set and a factor of 1.
 TEST(Phi3Tiny, ShortSetWhenTheContextIsTheOriginal) {
-  const std::string path = patched_copy(
-      {{"phi3.rope.scaling.attn_factor", "phi3.rope.scaling.attn_fact0r"},
-       {u32_value("phi3.context_length", 256), u32_value("phi3.context_length", 32)}},
-      "ctx32");
+  const std::string path =
+      patched_copy({{"phi3.rope.scaling.attn_factor", "phi3.rope.scaling.attn_fact0r"},
+                    {u32_value("phi3.context_length", 256), u32_value("phi3.context_length", 32)}},
+                   "ctx32");
   std::unique_ptr<engine::Model> model = engine::load_model(path);
   const engine::ModelConfig& c = model->config;
   EXPECT_EQ(c.max_seq_len, 32);
@@ -125,10 +124,9 @@ TEST(Phi3Tiny, ShortSetWhenTheContextIsTheOriginal) {
 // every layer under it (no global layer: only full runs), one that covers the context (the
 // fixture's 512 over 256) is none.
 TEST(Phi3Tiny, BindingWindowSlidesEveryLayer) {
-  const std::string path = patched_copy(
-      {{u32_value("phi3.attention.sliding_window", 512),
-        u32_value("phi3.attention.sliding_window", 16)}},
-      "window16");
+  const std::string path = patched_copy({{u32_value("phi3.attention.sliding_window", 512),
+                                          u32_value("phi3.attention.sliding_window", 16)}},
+                                        "window16");
   std::unique_ptr<engine::Model> model = engine::load_model(path);
   std::remove(path.c_str());
   const engine::ModelConfig& c = model->config;
@@ -143,10 +141,9 @@ TEST(Phi3Tiny, BindingWindowSlidesEveryLayer) {
 TEST(Phi3Tiny, NonFiniteLongRopeFactorIsRefused) {
   const float good[2] = {1.3f, 1.9f};  // LONG[1], LONG[2] in scripts/make_phi3_fixture.py
   const float bad[2] = {std::nanf(""), 1.9f};
-  const std::string path = patched_copy(
-      {{std::string(reinterpret_cast<const char*>(good), 8),
-        std::string(reinterpret_cast<const char*>(bad), 8)}},
-      "nan_factor");
+  const std::string path = patched_copy({{std::string(reinterpret_cast<const char*>(good), 8),
+                                          std::string(reinterpret_cast<const char*>(bad), 8)}},
+                                        "nan_factor");
   try {
     engine::load_model(path);
     ADD_FAILURE() << "a NaN LongRoPE factor was accepted";
@@ -178,12 +175,13 @@ TEST(Phi3Tiny, ShortFactorsMatchTransformersWithinTheOriginalContext) {
   const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
   model->config.rope.freq_factors = model->gguf->load_f32("rope_factors_short.weight");
-  ASSERT_EQ(model->config.rope.freq_factors, fx["config"]["short_factor"].get<std::vector<float>>());
+  ASSERT_EQ(model->config.rope.freq_factors,
+            fx["config"]["short_factor"].get<std::vector<float>>());
   ASSERT_GE(fx["short_cases"].size(), 2u);
   for (const auto& cs : fx["short_cases"]) {
     const golden::Diff d = golden::run_case(*model, cs);
-    std::cout << "[ phi3 ] " << cs["name"].get<std::string>() << ": max |logit - transformers| = "
-              << d.max_abs << "\n";
+    std::cout << "[ phi3 ] " << cs["name"].get<std::string>()
+              << ": max |logit - transformers| = " << d.max_abs << "\n";
     EXPECT_LT(d.max_abs, kTol) << cs["name"];
     EXPECT_EQ(d.top1_mismatch, 0) << cs["name"] << ", first at " << d.first_mismatch;
   }
@@ -192,9 +190,11 @@ TEST(Phi3Tiny, ShortFactorsMatchTransformersWithinTheOriginalContext) {
 TEST(Phi3Tiny, ChunkedPrefillAndDecodeMatchTransformers) {
   const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-  const golden::Diff d = golden::run_chunked(*model, golden::find_case(fx["cases"], "long"), 20, 50);
+  const golden::Diff d =
+      golden::run_chunked(*model, golden::find_case(fx["cases"], "long"), 20, 50);
   std::cout << "[ phi3 ] long, prefill 20 + chunk 30 + 50 decode steps: max |logit - "
-               "transformers| = " << d.max_abs << "\n";
+               "transformers| = "
+            << d.max_abs << "\n";
   EXPECT_LT(d.max_abs, kTol);
   EXPECT_EQ(d.top1_mismatch, 0) << d.first_mismatch;
 }
@@ -223,7 +223,8 @@ TEST(Phi3Tiny, FixtureDetectsWrongPhi3Handling) {
        [](engine::Model& m) {
          for (auto& l : m.layers) std::swap(l.wk, l.wv);
        }},
-      {"full rotary dimension", [](engine::Model& m) {
+      {"full rotary dimension",
+       [](engine::Model& m) {
          m.config.rope.rot_dim = m.config.head_dim;
          m.config.rope.freq_factors.resize(m.config.head_dim / 2, 1.0f);
        }},

@@ -68,9 +68,11 @@ TEST(Qwen2YarnTiny, LogitsMatchTransformers) {
 TEST(Qwen2YarnTiny, ChunkedPrefillAndDecodeMatchTransformers) {
   const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-  const golden::Diff d = golden::run_chunked(*model, golden::find_case(fx["cases"], "long"), 50, 70);
+  const golden::Diff d =
+      golden::run_chunked(*model, golden::find_case(fx["cases"], "long"), 50, 70);
   std::cout << "[ qwen2 yarn ] long, prefill 50 + chunk 20 + 30 decode steps: max |logit - "
-               "transformers| = " << d.max_abs << "\n";
+               "transformers| = "
+            << d.max_abs << "\n";
   EXPECT_LT(d.max_abs, kTol);
   EXPECT_EQ(d.top1_mismatch, 0) << d.first_mismatch;
 }
@@ -87,7 +89,8 @@ TEST(Qwen2YarnTiny, FixtureDetectsWrongYarnHandling) {
   const Mutation mutations[] = {
       {"no YaRN frequencies", [](engine::Model& m) { m.config.rope.freq_factors.clear(); }},
       {"attention factor 1", [](engine::Model& m) { m.config.rope.attn_factor = 1.0f; }},
-      {"linear interpolation by 4 instead", [](engine::Model& m) {
+      {"linear interpolation by 4 instead",
+       [](engine::Model& m) {
          m.config.rope.freq_factors.clear();
          m.config.rope.linear_scale = 4.0f;
        }},
@@ -96,8 +99,8 @@ TEST(Qwen2YarnTiny, FixtureDetectsWrongYarnHandling) {
     std::unique_ptr<engine::Model> model = engine::load_model(kModel);
     mu.apply(*model);
     const golden::Diff d = golden::run_case(*model, cs);
-    std::cout << "[ qwen2 yarn ] with " << mu.what << ": max |logit - transformers| = "
-              << d.max_abs << "\n";
+    std::cout << "[ qwen2 yarn ] with " << mu.what << ": max |logit - transformers| = " << d.max_abs
+              << "\n";
     EXPECT_GT(d.max_abs, 100 * kTol) << mu.what;
   }
 }

@@ -48,8 +48,7 @@ TEST(Inspect, Qwen3TinyIsAllGlobalAndJsonlWorks) {
 TEST(Inspect, MistralTinyHasNoGlobalLayer) {
   std::string out, err;
   ASSERT_EQ(testing::kvbench({"inspect", kFixtures + "mistral_tiny.gguf"}, &out, &err), 0) << err;
-  EXPECT_NE(out.find("sliding 0-1 (window 8, RoPE as global); no global layer"),
-            std::string::npos)
+  EXPECT_NE(out.find("sliding 0-1 (window 8, RoPE as global); no global layer"), std::string::npos)
       << out;
   EXPECT_NE(out.find("eviction policies have no layer to act on"), std::string::npos) << out;
   EXPECT_NE(out.find("0 per token over 0 global layers"), std::string::npos) << out;
@@ -60,16 +59,14 @@ TEST(Inspect, MistralTinyHasNoGlobalLayer) {
 // (sqrt(1 + ln 8 / ln 32) = 1.26491; 0.1 ln 4 + 1 = 1.13863).
 TEST(Inspect, Phi3AndYarnScalingIsReported) {
   std::string out, err;
-  ASSERT_EQ(testing::kvbench({"inspect", kFixtures + "phi3_tiny.gguf", "--format", "csv"}, &out,
-                             &err),
-            0)
+  ASSERT_EQ(
+      testing::kvbench({"inspect", kFixtures + "phi3_tiny.gguf", "--format", "csv"}, &out, &err), 0)
       << err;
   EXPECT_NE(out.find("neox, base 10000, 16 dims, longrope with the long factors (context 256 > "
                      "original 32; fixed for the run), cos/sin x 1.26491"),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("fused QKV (attn_qkv); fused gate/up (ffn_up, gate first)"),
-            std::string::npos)
+  EXPECT_NE(out.find("fused QKV (attn_qkv); fused gate/up (ffn_up, gate first)"), std::string::npos)
       << out;
   ASSERT_EQ(testing::kvbench({"inspect", kFixtures + "qwen2_yarn_tiny.gguf", "--format", "csv"},
                              &out, &err),

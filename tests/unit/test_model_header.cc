@@ -153,8 +153,8 @@ TEST(ModelHeader, SlidingWindowOnEveryLlamaLayer) {
   EXPECT_EQ(info.global_layers, 0);
   EXPECT_EQ(info.max_window, 8);
   for (uint32_t w : {0u, 64u, 100u}) {  // context_length is 64
-    const std::string n = write_gguf("window_" + std::to_string(w),
-                                     {.u32 = {{"llama.attention.sliding_window", w}}});
+    const std::string n =
+        write_gguf("window_" + std::to_string(w), {.u32 = {{"llama.attention.sliding_window", w}}});
     EXPECT_TRUE(engine::load_model(n)->config.window.empty()) << w;
     EXPECT_EQ(harness::read_model_info(n).global_layers, 1) << w;
   }
@@ -164,7 +164,8 @@ TEST(ModelHeader, SlidingWindowOnEveryLlamaLayer) {
 // d(r) = 8 ln(64 / (2 pi r)) / (2 ln 10000) gives d(32) = -0.50 and d(1) = 1.01, so the ramp runs
 // over [floor, ceil] = [0, 2]: pair 0 keeps its frequency, pair 1 blends half and half
 // (1 / (0.5 / 4 + 0.5) = 1.6), pairs 2 and 3 are divided by 4. yarn_beta_slow 2 moves the upper
-// end to ceil(d(2) = 0.71) = 1. The attention factor is 0.1 ln 4 + 1, times rope.scaling.attn_factor.
+// end to ceil(d(2) = 0.71) = 1. The attention factor is 0.1 ln 4 + 1, times
+// rope.scaling.attn_factor.
 TEST(ModelHeader, YarnFactorsByHand) {
   const Edit yarn = {.u32 = {{"llama.rope.scaling.original_context_length", 64}},
                      .f32 = {{"llama.rope.scaling.factor", 4}},

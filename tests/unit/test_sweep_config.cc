@@ -516,8 +516,7 @@ TEST(SweepConfigWindow, AllSlidingModelRunsFullOnly) {
       load_error("all_sliding.yaml", head + "policies: [full, snapkv]\nkv_budget: [16]\n");
   EXPECT_NE(e.find(":6: policies[1]"), std::string::npos) << e;
   EXPECT_NE(e.find("policy 'snapkv' on model 'mistral_tiny'"), std::string::npos) << e;
-  EXPECT_NE(e.find("every layer of the model slides over a window of 8 tokens"),
-            std::string::npos)
+  EXPECT_NE(e.find("every layer of the model slides over a window of 8 tokens"), std::string::npos)
       << e;
   EXPECT_NE(e.find("would run exactly as full"), std::string::npos) << e;
   EXPECT_NO_THROW(load_sweep_config(write("all_sliding_full.yaml", head + "policies: [full]\n")));

@@ -116,8 +116,8 @@ struct Model {
 // slides, the window alone bounds the cache, and eviction policies act on global layers only
 // (POLICIES.md "Sliding-window layers"), so the policy would run exactly as full under its name.
 // `model` names the model in the message.
-void require_policy_layers(const std::string& policy, const std::string& model,
-                           int global_layers, int max_window);
+void require_policy_layers(const std::string& policy, const std::string& model, int global_layers,
+                           int max_window);
 
 // Loads a model, choosing the format by the file's magic bytes ("GGUF" or a llama2.c header).
 // Throws kvb::Error naming the file and what is wrong (unsupported architecture lists the

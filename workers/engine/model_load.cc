@@ -17,8 +17,8 @@ float ModelConfig::softmax_scale() const {
   return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
-void require_policy_layers(const std::string& policy, const std::string& model,
-                           int global_layers, int max_window) {
+void require_policy_layers(const std::string& policy, const std::string& model, int global_layers,
+                           int max_window) {
   KVB_USAGE_CHECK(policy == "full" || global_layers > 0)
       << "policy '" << policy << "' on model '" << model << "': every layer of the model slides "
       << "over a window of " << max_window << " tokens, which alone bounds its cache; eviction "

@@ -75,7 +75,6 @@ void read_gemma3_settings(const formats::GgufFile& g, ModelConfig* c) {
   }
 }
 
-
 // An optional integer setting in [lo, hi]; `def` when the key is absent.
 int64_t int_in_range(const formats::GgufFile& g, const std::string& key, int64_t def, int64_t lo,
                      int64_t hi) {
@@ -103,7 +102,8 @@ std::vector<float> yarn_freq_factors(const kernels::cpu::RopeParams& r, float fa
   std::vector<float> f(half);
   for (int i = 0; i < half; ++i) {
     // The unscaled frequency exactly as cpu::rope computes it; the blend in f32 as transformers.
-    const float base = 1.0f / std::pow(r.theta, static_cast<float>(2 * i) / static_cast<float>(dim));
+    const float base =
+        1.0f / std::pow(r.theta, static_cast<float>(2 * i) / static_cast<float>(dim));
     const float ramp = std::clamp(static_cast<float>((i - low) / (high - low)), 0.0f, 1.0f);
     const float extrapolation = 1.0f - ramp;
     const float blended = base / factor * (1.0f - extrapolation) + base * extrapolation;
@@ -171,8 +171,8 @@ void read_rope_scaling(const formats::GgufFile& g, const std::string& p, ModelCo
     KVB_USAGE_CHECK(!g.has(p + "rope.scaling.yarn_attn_factor"))
         << path << ": " << p << "rope.scaling.yarn_attn_factor is not supported (kvbench derives "
         << "the attention factor 0.1 ln(factor) + 1 and multiplies rope.scaling.attn_factor)";
-    const int orig = static_cast<int>(int_in_range(g, p + "rope.scaling.original_context_length",
-                                                   c->max_seq_len, 1, 1 << 24));
+    const int orig = static_cast<int>(
+        int_in_range(g, p + "rope.scaling.original_context_length", c->max_seq_len, 1, 1 << 24));
     const double beta_fast = positive_finite(g, p + "rope.scaling.yarn_beta_fast", 32.0);
     const double beta_slow = positive_finite(g, p + "rope.scaling.yarn_beta_slow", 1.0);
     c->rope_original_context = orig;
@@ -180,10 +180,10 @@ void read_rope_scaling(const formats::GgufFile& g, const std::string& p, ModelCo
     // transformers' get_mscale: 0.1 ln(factor) + 1 (llama.cpp: the same times attn_factor).
     c->rope.attn_factor *= 0.1f * std::log(factor) + 1.0f;
   } else if (scaling == "longrope") {
+    const char* present = has_long ? "only the long" : has_short ? "only the short" : "neither";
     KVB_CHECK(has_long && has_short)
         << path << ": LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight "
-        << "(the file has " << (has_long ? "only the long" : has_short ? "only the short" : "neither")
-        << ")";
+        << "(the file has " << present << ")";
     expect_tensor(g, "rope_factors_long.weight", {half});
     expect_tensor(g, "rope_factors_short.weight", {half});
     const int orig = static_cast<int>(int_in_range(g, p + "rope.scaling.original_context_length",
