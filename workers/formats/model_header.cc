@@ -200,6 +200,9 @@ void read_rope_scaling(const formats::GgufFile& g, const std::string& p, ModelCo
 // One sliding window for every layer (Mistral: llama.attention.sliding_window; Phi-3:
 // phi3.attention.sliding_window): absent or 0 means none. A window that covers the whole context
 // can never bind, so it counts as none (the layers stay global and policies act on them).
+// transformers applies Phi-3's window (Phi-3-mini-4k: 2047 of 4096); llama.cpp ignores it since its
+// PR 13676 ("Phi SWA is currently disabled"). kvbench follows transformers, the golden reference,
+// so past 2047 tokens a Phi-3-mini-4k run differs from llama.cpp's, and only full runs on it.
 void read_sliding_window(const formats::GgufFile& g, const std::string& p, ModelConfig* c) {
   const std::string key = p + "attention.sliding_window";
   const int64_t w = int_in_range(g, key, 0, 0, 1 << 24);
