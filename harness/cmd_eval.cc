@@ -104,6 +104,8 @@ int cmd_eval(const std::vector<std::string>& args) {
   pc.options = workers::parse_policy_options(policy_opts);
   pc.seed = seed;
   policies::make_policy(pc);  // validate budget and options against the model
+  engine::require_policy_layers(policy_name, model_path, c.global_layers(),
+                                c.window.empty() ? 0 : c.window[0]);
 
   tasks::TaskContext ctx;
   ctx.count_tokens = [&](const std::string& text) {

@@ -146,6 +146,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   pc.options = workers::parse_policy_options(policy_opts);
   pc.seed = seed;
   std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
+  engine::require_policy_layers(policy_name, model_path, c.global_layers(),
+                                c.window.empty() ? 0 : c.window[0]);
 
   std::unique_ptr<engine::EngineBase> engp = engine::make_engine(*lm.model, dev, dt);
   engine::EngineBase& eng = *engp;

@@ -33,6 +33,24 @@ std::string rope_text(const kernels::cpu::RopeParams& r) {
   return s;
 }
 
+// The global layers' RoPE with how its scaling was derived ("yarn factor 4 from 32768 tokens ...").
+std::string rope_global_text(const engine::ModelConfig& c, const formats::GgufFile* g) {
+  std::string s = rope_text(c.rope);
+  const std::string p = c.arch + ".";
+  if (c.rope_scaling == "yarn") {
+    s += ", yarn factor " + num(g ? g->get_float_or(p + "rope.scaling.factor", 1.0) : 1.0) +
+         " over an original context of " + std::to_string(c.rope_original_context);
+  } else if (c.rope_scaling == "longrope") {
+    s += ", longrope with the " + c.rope_factor_set + " factors (context " +
+         std::to_string(c.max_seq_len) + (c.rope_factor_set == "long" ? " > " : " <= ") +
+         "original " + std::to_string(c.rope_original_context) + "; fixed for the run)";
+  } else if (!c.rope.freq_factors.empty() || (g && g->find_tensor("rope_freqs.weight"))) {
+    s += ", per-dimension frequency factors (rope_freqs.weight)";
+  }
+  if (c.rope.attn_factor != 1.0f) s += ", cos/sin x " + num(c.rope.attn_factor);
+  return s;
+}
+
 // "global 0-17", or "sliding 0-4 6-10 12-16 (window 512, RoPE base 10000); global 5 11 17".
 std::string layer_kinds(const engine::ModelConfig& c) {
   std::string sliding, global;
@@ -45,9 +63,15 @@ std::string layer_kinds(const engine::ModelConfig& c) {
   }
   if (sliding.empty()) return "global " + global;
   const int window = *std::max_element(c.window.begin(), c.window.end());
-  std::string s = "sliding " + sliding + " (window " + std::to_string(window) + ", RoPE " +
-                  rope_text(c.rope_local) + ")";
-  if (!global.empty()) s += "; global " + global;
+  const std::string rope = c.rope_local.rot_dim > 0 ? rope_text(c.rope_local) : "as global";
+  std::string s =
+      "sliding " + sliding + " (window " + std::to_string(window) + ", RoPE " + rope + ")";
+  if (global.empty()) {
+    s += "; no global layer: the window alone bounds the cache and eviction policies have no "
+         "layer to act on (only full runs)";
+  } else {
+    s += "; global " + global;
+  }
   return s;
 }
 
@@ -123,10 +147,12 @@ int cmd_inspect(const std::vector<std::string>& args) {
   t.add({"heads / KV heads / head_dim", std::to_string(c.num_heads) + " / " +
                                             std::to_string(c.num_kv_heads) + " / " +
                                             std::to_string(c.head_dim)});
-  t.add({"RoPE (global layers)", rope_text(c.rope)});
+  t.add({"RoPE (global layers)", rope_global_text(c, g.get())});
   std::string extras;
   if (c.qkv_bias) extras += "QKV bias; ";
   if (c.qk_norm) extras += "per-head q/k RMSNorm; ";
+  if (c.fused_qkv) extras += "fused QKV (attn_qkv); ";
+  if (c.fused_gate_up) extras += "fused gate/up (ffn_up, gate first); ";
   if (c.post_norms) extras += "post-attention and post-MLP norms; ";
   if (c.embed_scale != 1.0f) extras += "embeddings x " + num(c.embed_scale) + "; ";
   extras += c.tied_embeddings ? "tied classifier" : "own classifier";

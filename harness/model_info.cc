@@ -3,6 +3,7 @@
 // what the engine will load.
 #include "harness/model_info.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +33,8 @@ void fill_from_config(const engine::ModelConfig& c, ModelInfo& info) {
   info.vocab_size = c.vocab_size;
   info.max_seq_len = c.max_seq_len;
   info.tied_embeddings = c.tied_embeddings;
+  info.global_layers = c.global_layers();
+  for (int w : c.window) info.max_window = std::max(info.max_window, w);
 }
 
 void read_gguf(const std::string& path, ModelInfo& info) {

@@ -29,6 +29,11 @@ struct ModelInfo {
   uint64_t file_bytes = 0;
   uint64_t num_params = 0;  // GGUF: sum of tensor elements; llama2.c: from the header
   bool tied_embeddings = false;  // the classifier is the embedding (no output.weight)
+  // Layers with global attention, and the largest sliding window (0: none). A model whose every
+  // layer slides (Mistral v0.1, Phi-3 with a window below the context) has no layer for an
+  // eviction policy to act on (POLICIES.md "Sliding-window layers"): only `full` runs on it.
+  int global_layers = 0;
+  int max_window = 0;
   // The chat format kvbench recognizes in the GGUF's tokenizer.chat_template ("chatml",
   // "llama3", "gemma"), or "none" (no template, an unrecognized one, or a llama2.c checkpoint):
   // tasks that wrap prompts in the chat template cannot run on "none".

@@ -23,6 +23,7 @@
 #include "harness/yaml_tree.h"
 #include "kernels/policies/policy.h"
 #include "tasks/task.h"
+#include "workers/engine/model.h"
 
 namespace kvb::harness {
 namespace {
@@ -420,6 +421,16 @@ void validate_policies(const SweepConfig& cfg, const std::vector<Origin>& porigi
          "required: the policies other than full need kv budgets (e.g. kv_budget: [128, 256])");
   }
   for (const ModelEntry& m : cfg.models) {
+    // Every layer sliding: the window alone bounds the cache, and a policy (acting on global
+    // layers only, POLICIES.md "Sliding-window layers") would run exactly as full under its name.
+    for (size_t i = 0; i < cfg.policies.size(); ++i) {
+      try {
+        engine::require_policy_layers(cfg.policies[i].name, m.name, m.info.global_layers,
+                                      m.info.max_window);
+      } catch (const Error& e) {
+        fail(*porigin[i].node, porigin[i].key, e.what());
+      }
+    }
     for (size_t b = 0; any_budgeted && b < cfg.budgets.size(); ++b) {
       if (cfg.budgets[b].tokens > m.info.max_seq_len) {
         fail(*borigin[b].node, borigin[b].key,

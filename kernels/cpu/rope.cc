@@ -23,8 +23,8 @@ void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim,
     std::vector<float> c(half), s(half);
     for (int i = 0; i < half; ++i) {
       const float angle = position * inv_freq[i];
-      c[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      s[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      c[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * p.attn_factor;
+      s[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * p.attn_factor;
     }
     for (int h = 0; h < num_heads; ++h) {
       float* v = x + (static_cast<size_t>(t) * num_heads + h) * head_dim;

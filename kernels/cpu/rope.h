@@ -15,11 +15,14 @@ struct RopeParams {
   int rot_dim = 0;             // rotated dimensions per head (<= head_dim)
   float theta = 10000.0f;      // base
   float linear_scale = 1.0f;   // positions are divided by this ("linear" scaling)
-  std::vector<float> freq_factors;  // optional [rot_dim/2] divisors of the frequencies (llama3)
+  std::vector<float> freq_factors;  // optional [rot_dim/2] divisors of the frequencies (llama3,
+                                    // Phi-3 LongRoPE, YaRN's blend expressed per dimension)
+  float attn_factor = 1.0f;  // multiplies cos and sin (YaRN mscale, LongRoPE's attention factor)
 };
 
 // Applies RoPE in place to x: [n, num_heads, head_dim] at positions pos: [n].
-// Frequencies are computed in f32 as HF does: inv_freq[i] = 1 / theta^(2i/rot_dim).
+// Frequencies are computed in f32 as HF does: inv_freq[i] = 1 / theta^(2i/rot_dim); cos and sin
+// are rounded to f32 and then multiplied by attn_factor in f32 (HF's `cos() * attention_scaling`).
 void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim,
           const RopeParams& params);
 

@@ -1,7 +1,7 @@
 // RoPE, CUDA twin of cpu/rope: inverse frequencies from the host (bit-identical to the CPU's),
-// angle = position * inv_freq in f32, cos/sin in double rounded to f32. The rotation is written
-// without contraction; the CPU build may fuse one of its products (GCC contracts x0*c - x1*s on
-// FMA hardware), so the two agree to an ulp or two, not bitwise.
+// angle = position * inv_freq in f32, cos/sin in double rounded to f32 and times attn_factor in
+// f32. The rotation is written without contraction; the CPU build may fuse one of its products
+// (GCC contracts x0*c - x1*s on FMA hardware), so the two agree to an ulp or two, not bitwise.
 #include "kernels/cuda/rope.h"
 
 #include <cmath>
@@ -14,7 +14,8 @@ namespace {
 
 // One thread per (token, head, pair).
 __global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq, int n,
-                            int num_heads, int head_dim, int half, bool neox, float linear_scale) {
+                            int num_heads, int head_dim, int half, bool neox, float linear_scale,
+                            float attn_factor) {
   const size_t total = static_cast<size_t>(n) * num_heads * half;
   for (size_t idx = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -23,8 +24,8 @@ __global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq,
     const int t = static_cast<int>(th / num_heads);
     const float position = __fdiv_rn(static_cast<float>(pos[t]), linear_scale);
     const float angle = __fmul_rn(position, inv_freq[i]);
-    const float c = static_cast<float>(cos(static_cast<double>(angle)));
-    const float s = static_cast<float>(sin(static_cast<double>(angle)));
+    const float c = __fmul_rn(static_cast<float>(cos(static_cast<double>(angle))), attn_factor);
+    const float s = __fmul_rn(static_cast<float>(sin(static_cast<double>(angle))), attn_factor);
     float* v = x + th * head_dim;  // [head_dim]
     const int a = neox ? i : 2 * i;
     const int b = neox ? i + half : 2 * i + 1;
@@ -45,6 +46,8 @@ void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, cons
   KVB_CHECK(p.freq_factors.empty() || static_cast<int>(p.freq_factors.size()) == half)
       << "cuda::rope: " << p.freq_factors.size() << " frequency factors for rot_dim " << p.rot_dim;
   KVB_CHECK(p.linear_scale > 0) << "cuda::rope: linear_scale = " << p.linear_scale;
+  KVB_CHECK(std::isfinite(p.attn_factor) && p.attn_factor > 0)
+      << "cuda::rope: attn_factor = " << p.attn_factor;
   if (n == 0 || num_heads == 0) return;
   // The same f32 expression as cpu::rope, evaluated on the host, so the frequencies agree bitwise.
   std::vector<float> inv_freq(half);
@@ -60,7 +63,8 @@ void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, cons
   const size_t total = static_cast<size_t>(n) * num_heads * half;
   const unsigned blocks = grid_for(total, 256) > 65535u ? 65535u : grid_for(total, 256);
   rope_kernel<<<blocks, 256, 0, stream>>>(x, pos, freq.as<float>(), n, num_heads, head_dim, half,
-                                          p.style == RopeStyle::kNeox, p.linear_scale);
+                                          p.style == RopeStyle::kNeox, p.linear_scale,
+                                          p.attn_factor);
   KVB_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,7 @@
 // RoPE, CUDA twin of kernels/cpu/rope.h (pairings kNorm and kNeox, linear scaling, llama3
-// frequency factors). RopeParams is the CPU struct (a host object: its frequencies are computed
-// on the host exactly as the CPU does and copied to the device per call).
+// frequency factors, the attention factor on cos/sin). RopeParams is the CPU struct (a host object:
+// its frequencies are computed on the host exactly as the CPU does and copied to the device per
+// call).
 #pragma once
 
 #include <cuda_runtime.h>

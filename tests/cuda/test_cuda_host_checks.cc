@@ -53,6 +53,11 @@ TEST(CudaHostChecks, LaunchersRejectBadArguments) {
   EXPECT_NE(
       error_of([&] { cuda::rope(dummy, nullptr, 1, 1, 4, factors); }).find("frequency factors"),
       std::string::npos);
+  RopeParams scaled;
+  scaled.rot_dim = 4;
+  scaled.attn_factor = 0.0f;  // YaRN / LongRoPE factors are finite and positive
+  EXPECT_NE(error_of([&] { cuda::rope(dummy, nullptr, 1, 1, 4, scaled); }).find("attn_factor = 0"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { dequantize(16, dummy, dummy, 256); }).find("IQ2_XXS"),
             std::string::npos);
   EXPECT_NE(error_of([&] { dequantize(2, dummy, dummy, 33); }).find("multiple of the block"),

@@ -146,13 +146,15 @@ void run_rmsnorm(int n, int dim) {
   expect_close(to_host(xd), want, 0, 4 * FLT_EPSILON, "rmsnorm");
 }
 
-void run_rope(cpu::RopeStyle style, int rot_dim, bool factors, float linear) {
+void run_rope(cpu::RopeStyle style, int rot_dim, bool factors, float linear,
+              float attn_factor = 1.0f) {
   const int n = 7, heads = 3, d = 64;
   cpu::RopeParams p;
   p.style = style;
   p.rot_dim = rot_dim;
   p.theta = 500000.0f;
   p.linear_scale = linear;
+  p.attn_factor = attn_factor;
   if (factors) {
     for (int i = 0; i < rot_dim / 2; ++i) p.freq_factors.push_back(1.0f + 0.5f * (i % 3));
   }
@@ -488,6 +490,9 @@ std::vector<Case> all_cases() {
   add("rope_neox", [] { run_rope(cpu::RopeStyle::kNeox, 64, false, 1.0f); });
   add("rope_neox_partial_factors", [] { run_rope(cpu::RopeStyle::kNeox, 32, true, 1.0f); });
   add("rope_norm_linear_scale", [] { run_rope(cpu::RopeStyle::kNorm, 48, false, 2.0f); });
+  // YaRN / LongRoPE: per-dimension factors and cos/sin scaled by the attention factor.
+  add("rope_neox_factors_attn_factor",
+      [] { run_rope(cpu::RopeStyle::kNeox, 48, true, 1.0f, 1.1386294f); });
   for (size_t n : {1, 7, 4097}) add("swiglu_" + std::to_string(n), [=] { run_swiglu(n); });
   for (size_t n : {1, 7, 4097}) {
     add("geglu_tanh_" + std::to_string(n), [=] { run_geglu_tanh(n); });

@@ -204,5 +204,27 @@ TEST(PolicyLaws, Gemma3Tiny) {
   check_model(*m, prompt, 12);
 }
 
+// Phi-3's LongRoPE and YaRN scale cos and sin by an attention factor and divide the frequencies
+// per dimension; Phi-3 rotates only half of each head. The rolling-positions path re-rotates the
+// pre-RoPE keys with the same parameters, so every law must hold as on plain RoPE.
+TEST(PolicyLaws, Phi3Tiny) {
+  const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/phi3_tiny.gguf";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  ASSERT_NE(m->config.rope.attn_factor, 1.0f);
+  ASSERT_LT(m->config.rope.rot_dim, m->config.head_dim);
+  const std::string text = "LongRoPE: long factors for the run, cos and sin scaled by 1.265.";
+  const std::vector<int32_t> prompt(text.begin(), text.end());
+  check_model(*m, prompt, 12);
+}
+
+TEST(PolicyLaws, Qwen2YarnTiny) {
+  const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/qwen2_yarn_tiny.gguf";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  ASSERT_EQ(m->config.rope_scaling, "yarn");
+  const std::string text = "YaRN blends interpolated and original frequencies per dimension.";
+  const std::vector<int32_t> prompt(text.begin(), text.end());
+  check_model(*m, prompt, 12);
+}
+
 }  // namespace
 }  // namespace kvb

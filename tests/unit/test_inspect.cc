@@ -42,6 +42,41 @@ TEST(Inspect, Qwen3TinyIsAllGlobalAndJsonlWorks) {
   EXPECT_NE(out.find("1040 per token over 2 global layers"), std::string::npos) << out;
 }
 
+// Mistral: every layer slides over 8 positions with the one RoPE, and inspect says that no
+// layer is left for a policy. Slot: 2 x 16 x 4 + 4 = 132 bytes; windows: 2 layers x 7 rows x 2
+// KV heads x 132 = 3696.
+TEST(Inspect, MistralTinyHasNoGlobalLayer) {
+  std::string out, err;
+  ASSERT_EQ(testing::kvbench({"inspect", kFixtures + "mistral_tiny.gguf"}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("sliding 0-1 (window 8, RoPE as global); no global layer"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("eviction policies have no layer to act on"), std::string::npos) << out;
+  EXPECT_NE(out.find("0 per token over 0 global layers"), std::string::npos) << out;
+  EXPECT_NE(out.find("at most 3696 held by the sliding layers"), std::string::npos) << out;
+}
+
+// Phi-3 and YaRN: the scaling, the factor set chosen for the run and the cos/sin factor
+// (sqrt(1 + ln 8 / ln 32) = 1.26491; 0.1 ln 4 + 1 = 1.13863).
+TEST(Inspect, Phi3AndYarnScalingIsReported) {
+  std::string out, err;
+  ASSERT_EQ(
+      testing::kvbench({"inspect", kFixtures + "phi3_tiny.gguf", "--format", "csv"}, &out, &err), 0)
+      << err;
+  EXPECT_NE(out.find("neox, base 10000, 16 dims, longrope with the long factors (context 256 > "
+                     "original 32; fixed for the run), cos/sin x 1.26491"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("fused QKV (attn_qkv); fused gate/up (ffn_up, gate first)"), std::string::npos)
+      << out;
+  ASSERT_EQ(testing::kvbench({"inspect", kFixtures + "qwen2_yarn_tiny.gguf", "--format", "csv"},
+                             &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("yarn factor 4 over an original context of 64, cos/sin x 1.13863"),
+            std::string::npos)
+      << out;
+}
+
 TEST(Inspect, BadInputsAreUsageErrors) {
   std::string out, err;
   EXPECT_EQ(testing::kvbench({"inspect", kFixtures + "no-such.gguf"}, &out, &err), 2);

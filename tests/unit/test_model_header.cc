@@ -140,6 +140,51 @@ TEST(ModelHeader, WellFormedFilesLoadAndValidate) {
   EXPECT_NO_THROW(harness::read_model_info(t));
 }
 
+// Mistral: llama.attention.sliding_window puts every layer under the window (0 or absent: none;
+// a window covering the whole context can never bind and counts as none), and validate's model
+// info reports that no layer is global.
+TEST(ModelHeader, SlidingWindowOnEveryLlamaLayer) {
+  const std::string g = write_gguf("window", {.u32 = {{"llama.attention.sliding_window", 8}}});
+  const std::unique_ptr<engine::Model> m = engine::load_model(g);
+  ASSERT_EQ(m->config.window, std::vector<int>({8}));
+  EXPECT_EQ(m->config.global_layers(), 0);
+  EXPECT_EQ(&m->config.rope_of(0), &m->config.rope);  // Mistral's window layers: the one RoPE
+  const harness::ModelInfo info = harness::read_model_info(g);
+  EXPECT_EQ(info.global_layers, 0);
+  EXPECT_EQ(info.max_window, 8);
+  for (uint32_t w : {0u, 64u, 100u}) {  // context_length is 64
+    const std::string n =
+        write_gguf("window_" + std::to_string(w), {.u32 = {{"llama.attention.sliding_window", w}}});
+    EXPECT_TRUE(engine::load_model(n)->config.window.empty()) << w;
+    EXPECT_EQ(harness::read_model_info(n).global_layers, 1) << w;
+  }
+}
+
+// YaRN by hand on the tiny Llama (rot_dim 8, theta 10000, original context 64, factor 4):
+// d(r) = 8 ln(64 / (2 pi r)) / (2 ln 10000) gives d(32) = -0.50 and d(1) = 1.01, so the ramp runs
+// over [floor, ceil] = [0, 2]: pair 0 keeps its frequency, pair 1 blends half and half
+// (1 / (0.5 / 4 + 0.5) = 1.6), pairs 2 and 3 are divided by 4. yarn_beta_slow 2 moves the upper
+// end to ceil(d(2) = 0.71) = 1. The attention factor is 0.1 ln 4 + 1, times
+// rope.scaling.attn_factor.
+TEST(ModelHeader, YarnFactorsByHand) {
+  const Edit yarn = {.u32 = {{"llama.rope.scaling.original_context_length", 64}},
+                     .f32 = {{"llama.rope.scaling.factor", 4}},
+                     .str = {{"llama.rope.scaling.type", "yarn"}}};
+  const engine::ModelConfig c = engine::load_model(write_gguf("yarn", yarn))->config;
+  ASSERT_EQ(c.rope.freq_factors.size(), 4u);
+  const float want[4] = {1.0f, 1.6f, 4.0f, 4.0f};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(c.rope.freq_factors[i], want[i], 1e-6) << i;
+  EXPECT_NEAR(c.rope.attn_factor, 0.1 * std::log(4.0) + 1, 1e-7);
+  EXPECT_EQ(c.rope_scaling, "yarn");
+  EXPECT_EQ(c.rope_original_context, 64);
+  Edit slow = yarn;
+  slow.f32["llama.rope.scaling.yarn_beta_slow"] = 2;
+  slow.f32["llama.rope.scaling.attn_factor"] = 2;
+  const engine::ModelConfig s = engine::load_model(write_gguf("yarn_slow", slow))->config;
+  EXPECT_EQ(s.rope.freq_factors, std::vector<float>({1.0f, 4.0f, 4.0f, 4.0f}));
+  EXPECT_NEAR(s.rope.attn_factor, 2 * (0.1 * std::log(4.0) + 1), 1e-6);
+}
+
 TEST(ModelHeader, ValidateRefusesEveryGgufTheLoaderRefuses) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -166,7 +211,43 @@ TEST(ModelHeader, ValidateRefusesEveryGgufTheLoaderRefuses) {
         .str = {{"llama.rope.scaling.type", "linear"}}},
        "rope.scaling.factor = nan is not a finite positive number"},
       {"scale_missing", {.str = {{"llama.rope.scaling.type", "linear"}}}, "factor is missing"},
-      {"scaling_yarn", {.str = {{"llama.rope.scaling.type", "yarn"}}}, "'yarn' is not supported"},
+      {"scaling_dynamic",
+       {.str = {{"llama.rope.scaling.type", "dynamic"}}},
+       "'dynamic' is not supported"},
+      {"yarn_no_factor", {.str = {{"llama.rope.scaling.type", "yarn"}}}, "factor is missing"},
+      {"yarn_factor_below_1",
+       {.f32 = {{"llama.rope.scaling.factor", 0.5f}}, .str = {{"llama.rope.scaling.type", "yarn"}}},
+       "out of range for yarn"},
+      {"yarn_orig_0",
+       {.u32 = {{"llama.rope.scaling.original_context_length", 0}},
+        .f32 = {{"llama.rope.scaling.factor", 4}},
+        .str = {{"llama.rope.scaling.type", "yarn"}}},
+       "original_context_length = 0 is out of range"},
+      {"yarn_base_1",
+       {.f32 = {{"llama.rope.scaling.factor", 4}, {base, 1}},
+        .str = {{"llama.rope.scaling.type", "yarn"}}},
+       "rope.freq_base = 1 with yarn scaling"},
+      {"yarn_ext_factor",
+       {.f32 = {{"llama.rope.scaling.factor", 4}, {"llama.rope.scaling.yarn_ext_factor", 0.5f}},
+        .str = {{"llama.rope.scaling.type", "yarn"}}},
+       "yarn_ext_factor other than 1 is not supported"},
+      {"yarn_attn_factor",
+       {.f32 = {{"llama.rope.scaling.factor", 4}, {"llama.rope.scaling.yarn_attn_factor", 1}},
+        .str = {{"llama.rope.scaling.type", "yarn"}}},
+       "yarn_attn_factor is not supported"},
+      {"yarn_beta_nan",
+       {.f32 = {{"llama.rope.scaling.factor", 4}, {"llama.rope.scaling.yarn_beta_fast", nan}},
+        .str = {{"llama.rope.scaling.type", "yarn"}}},
+       "yarn_beta_fast = nan is not a finite positive number"},
+      {"longrope_no_factors",
+       {.str = {{"llama.rope.scaling.type", "longrope"}}},
+       "needs both rope_factors_long.weight and rope_factors_short.weight"},
+      {"attn_factor_nan",
+       {.f32 = {{"llama.rope.scaling.attn_factor", nan}}},
+       "rope.scaling.attn_factor = nan is not a finite positive number"},
+      {"window_huge",
+       {.u32 = {{"llama.attention.sliding_window", 1u << 25}}},
+       "sliding_window = 33554432 is out of range"},
       {"arch_gpt2", {.str = {{"general.architecture", "gpt2"}}}, "unsupported architecture"},
       {"no_ffn_length", {.drop = {"llama.feed_forward_length"}}, "feed_forward_length"},
       {"ffn_length_0", {.u32 = {{"llama.feed_forward_length", 0}}}, "feed_forward_length = 0"},

@@ -504,5 +504,23 @@ TEST_F(SweepConfigTest, TaskDefinitionErrorsNameFileLineAndKey) {
   EXPECT_NE(e.find("defines task 'td_ok', not 'other'"), std::string::npos) << e;
 }
 
+// A model whose every layer slides (Mistral's window on all layers): the window alone bounds the
+// cache and policies act on global layers only (POLICIES.md "Sliding-window layers"), so a policy
+// other than full would run exactly as full under its own name: refused, naming the policy entry.
+TEST(SweepConfigWindow, AllSlidingModelRunsFullOnly) {
+  const std::string mistral = std::string(KVB_FIXTURES_DIR) + "/engine/mistral_tiny.gguf";
+  const std::string head = "models:\n  - {path: " + mistral + "}\n" +
+                           "tasks:\n  - name: niah\n    options: {context_lengths: [64], "
+                           "depths: [0], haystack: noise, chat: false}\n";
+  const std::string e =
+      load_error("all_sliding.yaml", head + "policies: [full, snapkv]\nkv_budget: [16]\n");
+  EXPECT_NE(e.find(":6: policies[1]"), std::string::npos) << e;
+  EXPECT_NE(e.find("policy 'snapkv' on model 'mistral_tiny'"), std::string::npos) << e;
+  EXPECT_NE(e.find("every layer of the model slides over a window of 8 tokens"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("would run exactly as full"), std::string::npos) << e;
+  EXPECT_NO_THROW(load_sweep_config(write("all_sliding_full.yaml", head + "policies: [full]\n")));
+}
+
 }  // namespace
 }  // namespace kvb::harness

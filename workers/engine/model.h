@@ -3,7 +3,9 @@
 // Supported families: Llama (incl. SmolLM2, stories260K), Qwen2 (QKV bias), Qwen3 (per-head
 // RMSNorm of Q and K before RoPE, head_dim independent of dim / num_heads) and Gemma 3 (Qwen3's
 // q/k norm plus embeddings scaled by sqrt(dim), post-attention and post-MLP norms, a GELU-tanh
-// gated MLP, and sliding-window layers with their own RoPE base beside the global ones).
+// gated MLP, and sliding-window layers with their own RoPE base beside the global ones), Mistral
+// (Llama with a sliding window on every layer) and Phi-3 (fused QKV and gate/up, LongRoPE);
+// YaRN and LongRoPE scaling become per-dimension frequency factors plus a cos/sin factor.
 #pragma once
 
 #include <memory>
@@ -22,7 +24,7 @@ namespace kvb::engine {
 enum class FfnAct { kSilu, kGeluTanh };
 
 struct ModelConfig {
-  std::string arch;          // "llama", "qwen2", "qwen3", "gemma3"
+  std::string arch;          // "llama", "qwen2", "qwen3", "gemma3", "phi3"
   std::string name;          // general.name or the file name
   std::string format;        // "gguf" or "llama2c"
   int dim = 0;               // embedding_length
@@ -38,6 +40,17 @@ struct ModelConfig {
   bool qk_norm = false;      // Qwen3: RMSNorm over each Q and K head (weight [head_dim])
   bool tied_embeddings = false;
   kernels::cpu::RopeParams rope;
+  // How `rope` was derived, for kvbench inspect: "none", "linear", "yarn" or "longrope";
+  // rope_original_context: rope.scaling.original_context_length (yarn, longrope; else 0);
+  // rope_factor_set: which LongRoPE tensor the run uses ("long" or "short"; else empty). The
+  // frequencies themselves live in rope.freq_factors and rope.attn_factor.
+  std::string rope_scaling = "none";
+  int rope_original_context = 0;
+  std::string rope_factor_set;
+  // Phi-3: Q, K and V in one tensor blk.N.attn_qkv.weight and gate and up in blk.N.ffn_up.weight
+  // (gate first), split at load into wq/wk/wv and w_gate/w_up.
+  bool fused_qkv = false;
+  bool fused_gate_up = false;
   // Gemma 3. embed_scale multiplies the token embeddings (sqrt(dim); the tied classifier reads
   // them unscaled). post_norms: RMSNorm of the attention and MLP outputs before each residual add
   // (LayerWeights::post_attn_norm, post_ffn_norm). attn_scale: the softmax scale (0: the usual
@@ -49,13 +62,20 @@ struct ModelConfig {
   // Sliding-window layers: window[l] > 0 is the number of most recent positions (the query's own
   // included) a query of layer l sees, and those layers rotate with rope_local; 0 or an empty
   // vector: global attention with `rope`. POLICIES.md "Sliding-window layers": the window is
-  // the layer's cache, and eviction policies act on the global layers only.
+  // the layer's cache, and eviction policies act on the global layers only. rope_local with
+  // rot_dim 0 (Mistral, Phi-3: one window for every layer) means the sliding layers rotate with
+  // `rope` too.
   std::vector<int> window;
   kernels::cpu::RopeParams rope_local;
 
   bool sliding(int layer) const { return !window.empty() && window[layer] > 0; }
   const kernels::cpu::RopeParams& rope_of(int layer) const {
-    return sliding(layer) ? rope_local : rope;
+    return sliding(layer) && rope_local.rot_dim > 0 ? rope_local : rope;
+  }
+  int global_layers() const {
+    int n = 0;
+    for (int l = 0; l < num_layers; ++l) n += sliding(l) ? 0 : 1;
+    return n;
   }
   float softmax_scale() const;
 };
@@ -91,6 +111,13 @@ struct Model {
   }
   size_t num_parameters() const;
 };
+
+// Usage error when `policy` is not "full" and no layer of the model is global: every layer
+// slides, the window alone bounds the cache, and eviction policies act on global layers only
+// (POLICIES.md "Sliding-window layers"), so the policy would run exactly as full under its name.
+// `model` names the model in the message.
+void require_policy_layers(const std::string& policy, const std::string& model, int global_layers,
+                           int max_window);
 
 // Loads a model, choosing the format by the file's magic bytes ("GGUF" or a llama2.c header).
 // Throws kvb::Error naming the file and what is wrong (unsupported architecture lists the

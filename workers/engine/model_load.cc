@@ -1,7 +1,8 @@
 // Model loading: format detection by magic, and the GGUF -> Model mapping for the Llama, Qwen2,
-// Qwen3 and Gemma 3 families (llama.cpp tensor names blk.N.attn_q.weight etc.; metadata keys
-// <arch>.*; Qwen3 and Gemma 3 add blk.N.attn_q_norm.weight / attn_k_norm.weight, Gemma 3
-// blk.N.post_attention_norm.weight / post_ffw_norm.weight).
+// Qwen3, Gemma 3 and Phi-3 families (llama.cpp tensor names blk.N.attn_q.weight etc.; metadata
+// keys <arch>.*; Qwen3 and Gemma 3 add blk.N.attn_q_norm.weight / attn_k_norm.weight, Gemma 3
+// blk.N.post_attention_norm.weight / post_ffw_norm.weight; Phi-3's fused blk.N.attn_qkv.weight
+// and blk.N.ffn_up.weight are split here, its LongRoPE factor set is loaded here).
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -14,6 +15,15 @@
 namespace kvb::engine {
 float ModelConfig::softmax_scale() const {
   return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+void require_policy_layers(const std::string& policy, const std::string& model, int global_layers,
+                           int max_window) {
+  KVB_USAGE_CHECK(policy == "full" || global_layers > 0)
+      << "policy '" << policy << "' on model '" << model << "': every layer of the model slides "
+      << "over a window of " << max_window << " tokens, which alone bounds its cache; eviction "
+      << "policies act on global layers only, so this policy would run exactly as full. Run only "
+      << "full on this model";
 }
 
 size_t Model::num_parameters() const {
@@ -34,9 +44,18 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
   auto model = std::make_unique<Model>();
   ModelConfig& c = model->config;
   c = read_gguf_config(*g);
+  const uint64_t half = static_cast<uint64_t>(c.rope.rot_dim / 2);
   if (g->find_tensor("rope_freqs.weight")) {
-    c.rope.freq_factors =
-        g->load_f32("rope_freqs.weight", {static_cast<uint64_t>(c.rope.rot_dim / 2)});
+    c.rope.freq_factors = g->load_f32("rope_freqs.weight", {half});
+  }
+  if (!c.rope_factor_set.empty()) {  // LongRoPE: the set read_gguf_config chose for the run
+    c.rope.freq_factors = g->load_f32("rope_factors_" + c.rope_factor_set + ".weight", {half});
+    for (size_t i = 0; i < c.rope.freq_factors.size(); ++i) {
+      const float f = c.rope.freq_factors[i];
+      KVB_CHECK(std::isfinite(f) && f > 0)
+          << path << ": rope_factors_" << c.rope_factor_set << ".weight[" << i << "] = " << f
+          << " is not a finite positive frequency divisor";
+    }
   }
   const uint64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size;
   const uint64_t QD = static_cast<uint64_t>(c.num_heads) * c.head_dim;
@@ -48,9 +67,17 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
     const std::string b = "blk." + std::to_string(l) + ".";
     LayerWeights& w = model->layers[l];
     w.attn_norm = g->load_f32(b + "attn_norm.weight", {D});
-    w.wq = g->load_f32(b + "attn_q.weight", {D, QD});
-    w.wk = g->load_f32(b + "attn_k.weight", {D, KVD});
-    w.wv = g->load_f32(b + "attn_v.weight", {D, KVD});
+    if (c.fused_qkv) {
+      // [QD + 2 KVD rows, D]: Q's rows, then K's, then V's (llama.cpp's phi3 views).
+      const std::vector<float> qkv = g->load_f32(b + "attn_qkv.weight", {D, QD + 2 * KVD});
+      w.wq.assign(qkv.begin(), qkv.begin() + QD * D);
+      w.wk.assign(qkv.begin() + QD * D, qkv.begin() + (QD + KVD) * D);
+      w.wv.assign(qkv.begin() + (QD + KVD) * D, qkv.end());
+    } else {
+      w.wq = g->load_f32(b + "attn_q.weight", {D, QD});
+      w.wk = g->load_f32(b + "attn_k.weight", {D, KVD});
+      w.wv = g->load_f32(b + "attn_v.weight", {D, KVD});
+    }
     if (c.qkv_bias) {
       w.bq = g->load_f32(b + "attn_q.bias", {QD});
       w.bk = g->load_f32(b + "attn_k.bias", {KVD});
@@ -63,8 +90,15 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
     }
     w.wo = g->load_f32(b + "attn_output.weight", {QD, D});
     w.ffn_norm = g->load_f32(b + "ffn_norm.weight", {D});
-    w.w_gate = g->load_f32(b + "ffn_gate.weight", {D, H});
-    w.w_up = g->load_f32(b + "ffn_up.weight", {D, H});
+    if (c.fused_gate_up) {
+      // [2H rows, D]: the gate's rows first (transformers' Phi3MLP chunk(2); ggml_swiglu's halves).
+      const std::vector<float> gate_up = g->load_f32(b + "ffn_up.weight", {D, 2 * H});
+      w.w_gate.assign(gate_up.begin(), gate_up.begin() + H * D);
+      w.w_up.assign(gate_up.begin() + H * D, gate_up.end());
+    } else {
+      w.w_gate = g->load_f32(b + "ffn_gate.weight", {D, H});
+      w.w_up = g->load_f32(b + "ffn_up.weight", {D, H});
+    }
     w.w_down = g->load_f32(b + "ffn_down.weight", {H, D});
     if (c.post_norms) {
       w.post_attn_norm = g->load_f32(b + "post_attention_norm.weight", {D});

@@ -2,6 +2,7 @@
 // the checks the loaders rely on, done once here for the loaders and `kvbench validate` alike.
 #include "workers/formats/model_header.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -13,7 +14,7 @@
 namespace kvb::engine {
 namespace {
 
-const char* const kSupportedArchs[] = {"llama", "qwen2", "qwen3", "gemma3"};
+const char* const kSupportedArchs[] = {"llama", "qwen2", "qwen3", "gemma3", "phi3"};
 
 std::string supported_archs() {
   std::string s;
@@ -68,9 +69,151 @@ void read_gemma3_settings(const formats::GgufFile& g, ModelConfig* c) {
   c->rope_local.theta = 10000.0f;
   c->rope_local.linear_scale = 1.0f;
   c->rope_local.freq_factors.clear();
+  c->rope_local.attn_factor = 1.0f;
   if (c->num_layers == 62) {
     c->attn_scale = 1.0f / std::sqrt(static_cast<float>(c->dim / c->num_heads));
   }
+}
+
+// An optional integer setting in [lo, hi]; `def` when the key is absent.
+int64_t int_in_range(const formats::GgufFile& g, const std::string& key, int64_t def, int64_t lo,
+                     int64_t hi) {
+  const int64_t v = g.get_int_or(key, def);
+  KVB_CHECK(v >= lo && v <= hi) << g.path() << ": metadata " << key << " = " << v
+                                << " is out of range (" << lo << ".." << hi << ")";
+  return v;
+}
+
+// YaRN (Peng et al. 2023) as transformers' _compute_yarn_parameters and ggml's rope_yarn compute
+// it: dimension i keeps its own frequency (extrapolation) below the correction range
+// [low, high] = [floor(d(beta_fast)), ceil(d(beta_slow))], takes frequency / factor
+// (interpolation) above it, and a linear blend inside, where d(r) = rot_dim * ln(orig / (2 pi r))
+// / (2 ln theta). Expressed as per-dimension divisors of the unscaled frequencies, so that the
+// rope kernels need nothing new.
+std::vector<float> yarn_freq_factors(const kernels::cpu::RopeParams& r, float factor, int orig,
+                                     double beta_fast, double beta_slow) {
+  const int dim = r.rot_dim, half = dim / 2;
+  auto corr_dim = [&](double rotations) {
+    return dim * std::log(orig / (rotations * 2 * M_PI)) / (2 * std::log(r.theta));
+  };
+  const double low = std::max(std::floor(corr_dim(beta_fast)), 0.0);
+  double high = std::min(std::ceil(corr_dim(beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // transformers: "prevent singularity"
+  std::vector<float> f(half);
+  for (int i = 0; i < half; ++i) {
+    // The unscaled frequency exactly as cpu::rope computes it; the blend in f32 as transformers.
+    const float base =
+        1.0f / std::pow(r.theta, static_cast<float>(2 * i) / static_cast<float>(dim));
+    const float ramp = std::clamp(static_cast<float>((i - low) / (high - low)), 0.0f, 1.0f);
+    const float extrapolation = 1.0f - ramp;
+    const float blended = base / factor * (1.0f - extrapolation) + base * extrapolation;
+    f[i] = base / blended;
+  }
+  return f;
+}
+
+// RoPE scaling: rope.scaling.type none, linear, yarn or longrope ("su"), and the attention factor
+// on cos/sin. rope.scaling.attn_factor, when present, multiplies it as llama.cpp does (a LongRoPE
+// GGUF from convert_hf_to_gguf holds the whole factor there). LongRoPE (Phi-3) takes its divisors
+// from rope_factors_long.weight or rope_factors_short.weight: like llama.cpp, the long set when
+// the context in use exceeds rope.scaling.original_context_length, fixed for the run; kvbench's
+// context in use is the model's context_length, so a long-context GGUF runs with the long set at
+// every length (transformers switches per call by the current length). Without the key, the
+// factor is sqrt(1 + ln(context / original) / ln(original)) (transformers' default). YaRN's factor
+// is rope.scaling.factor, as llama.cpp reads it (transformers 4.53 instead takes
+// max_position_embeddings / original_max_position_embeddings when the latter is given; a
+// config.json can make the two disagree, a GGUF carries only the factor).
+void read_rope_scaling(const formats::GgufFile& g, const std::string& p, ModelConfig* c) {
+  const std::string& path = g.path();
+  const bool has_long = g.find_tensor("rope_factors_long.weight") != nullptr;
+  const bool has_short = g.find_tensor("rope_factors_short.weight") != nullptr;
+  const bool has_freqs = g.find_tensor("rope_freqs.weight") != nullptr;
+  const uint64_t half = static_cast<uint64_t>(c->rope.rot_dim / 2);
+  std::string scaling = g.get_string_or(p + "rope.scaling.type", "none");
+  if (scaling == "su") scaling = "longrope";  // the name Phi-3's first configs used
+  if (scaling == "none" && (has_long || has_short)) scaling = "longrope";
+  KVB_USAGE_CHECK(scaling == "none" || scaling == "linear" || scaling == "yarn" ||
+                  scaling == "longrope")
+      << path << ": " << p << "rope.scaling.type '" << scaling
+      << "' is not supported (supported: none, linear, yarn, longrope)";
+  KVB_CHECK(!(has_long || has_short) || scaling == "longrope")
+      << path << ": rope_factors_long/short.weight present but " << p << "rope.scaling.type is '"
+      << scaling << "'; LongRoPE factors need type longrope (or no type)";
+  KVB_CHECK(!has_freqs || (scaling != "yarn" && scaling != "longrope"))
+      << path << ": rope_freqs.weight together with " << scaling
+      << " scaling; a file gives one set of frequency factors";
+  if (has_freqs) expect_tensor(g, "rope_freqs.weight", {half});
+  c->rope_scaling = scaling;
+  const bool has_attn = g.has(p + "rope.scaling.attn_factor");
+  if (has_attn) c->rope.attn_factor = positive_finite(g, p + "rope.scaling.attn_factor", 1.0);
+  if (scaling == "linear" || scaling == "yarn") {
+    KVB_CHECK(g.has(p + "rope.scaling.factor"))
+        << path << ": " << p << "rope.scaling.type is " << scaling << " but " << p
+        << "rope.scaling.factor is missing";
+  }
+  if (scaling == "linear") {
+    c->rope.linear_scale = positive_finite(g, p + "rope.scaling.factor", 1.0);
+  } else if (scaling == "yarn") {
+    const float factor = positive_finite(g, p + "rope.scaling.factor", 1.0);
+    KVB_CHECK(c->rope.theta > 1.0f)  // the correction range divides by ln(theta)
+        << path << ": " << p << "rope.freq_base = " << c->rope.theta
+        << " with yarn scaling; expected a base above 1";
+    KVB_CHECK(factor >= 1.0f && factor <= 1024.0f)
+        << path << ": " << p << "rope.scaling.factor = " << factor
+        << " is out of range for yarn (1..1024)";
+    // Keys whose meaning moved between llama.cpp versions (or that no Qwen2.5 GGUF carries):
+    // refused rather than guessed.
+    KVB_USAGE_CHECK(g.get_float_or(p + "rope.scaling.yarn_log_multiplier", 0.0) == 0.0)
+        << path << ": " << p << "rope.scaling.yarn_log_multiplier (DeepSeek's mscale_all_dim) is "
+        << "not supported";
+    KVB_USAGE_CHECK(g.get_float_or(p + "rope.scaling.yarn_ext_factor", 1.0) == 1.0)
+        << path << ": " << p << "rope.scaling.yarn_ext_factor other than 1 is not supported";
+    KVB_USAGE_CHECK(!g.has(p + "rope.scaling.yarn_attn_factor"))
+        << path << ": " << p << "rope.scaling.yarn_attn_factor is not supported (kvbench derives "
+        << "the attention factor 0.1 ln(factor) + 1 and multiplies rope.scaling.attn_factor)";
+    const int orig = static_cast<int>(
+        int_in_range(g, p + "rope.scaling.original_context_length", c->max_seq_len, 1, 1 << 24));
+    const double beta_fast = positive_finite(g, p + "rope.scaling.yarn_beta_fast", 32.0);
+    const double beta_slow = positive_finite(g, p + "rope.scaling.yarn_beta_slow", 1.0);
+    c->rope_original_context = orig;
+    c->rope.freq_factors = yarn_freq_factors(c->rope, factor, orig, beta_fast, beta_slow);
+    // transformers' get_mscale: 0.1 ln(factor) + 1 (llama.cpp: the same times attn_factor).
+    c->rope.attn_factor *= 0.1f * std::log(factor) + 1.0f;
+  } else if (scaling == "longrope") {
+    const char* present = has_long ? "only the long" : has_short ? "only the short" : "neither";
+    KVB_CHECK(has_long && has_short)
+        << path << ": LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight "
+        << "(the file has " << present << ")";
+    expect_tensor(g, "rope_factors_long.weight", {half});
+    expect_tensor(g, "rope_factors_short.weight", {half});
+    const int orig = static_cast<int>(int_in_range(g, p + "rope.scaling.original_context_length",
+                                                   c->max_seq_len, 2, c->max_seq_len));
+    c->rope_original_context = orig;
+    c->rope_factor_set = c->max_seq_len > orig ? "long" : "short";
+    if (!has_attn && c->max_seq_len > orig) {
+      const double ratio = static_cast<double>(c->max_seq_len) / orig;
+      c->rope.attn_factor = static_cast<float>(std::sqrt(1 + std::log(ratio) / std::log(orig)));
+    }
+  }
+}
+
+// One sliding window for every layer (Mistral: llama.attention.sliding_window; Phi-3:
+// phi3.attention.sliding_window): absent or 0 means none. A window that covers the whole context
+// can never bind, so it counts as none (the layers stay global and policies act on them).
+// transformers applies Phi-3's window (Phi-3-mini-4k: 2047 of 4096); llama.cpp ignores it since its
+// PR 13676 ("Phi SWA is currently disabled"). kvbench follows transformers, the golden reference,
+// so past 2047 tokens a Phi-3-mini-4k run differs from llama.cpp's, and only full runs on it.
+void read_sliding_window(const formats::GgufFile& g, const std::string& p, ModelConfig* c) {
+  const std::string key = p + "attention.sliding_window";
+  const int64_t w = int_in_range(g, key, 0, 0, 1 << 24);
+  if (w == 0) return;
+  KVB_USAGE_CHECK(c->arch == "llama" || c->arch == "phi3")
+      << g.path() << ": metadata " << key << " = " << w << ": a sliding window is supported for "
+      << "llama (Mistral) and phi3 only; the " << c->arch << " layout of window layers is not";
+  if (w >= c->max_seq_len) return;
+  c->window.assign(c->num_layers, static_cast<int>(w));
+  c->rope_local = kernels::cpu::RopeParams{};  // rot_dim 0: sliding layers rotate with `rope`
+  c->rope_local.rot_dim = 0;
 }
 
 }  // namespace
@@ -111,6 +254,7 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
   c.head_dim = static_cast<int>(head_dim);
   c.qkv_bias = arch == "qwen2";
   c.qk_norm = arch == "qwen3" || arch == "gemma3";  // per-head RMSNorm of q and k before RoPE
+  c.fused_qkv = c.fused_gate_up = arch == "phi3";
   c.rope.style = arch == "llama" ? kernels::cpu::RopeStyle::kNorm : kernels::cpu::RopeStyle::kNeox;
   c.rope.theta = positive_finite(g, p + "rope.freq_base", 10000.0);
   const int64_t rot_dim = g.get_int_or(p + "rope.dimension_count", c.head_dim);
@@ -118,20 +262,12 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
       << path << ": " << p << "rope.dimension_count = " << rot_dim << " (head_dim " << c.head_dim
       << "; expected even, 2..head_dim)";
   c.rope.rot_dim = static_cast<int>(rot_dim);
-  const std::string scaling = g.get_string_or(p + "rope.scaling.type", "none");
-  if (scaling == "linear") {
-    c.rope.linear_scale = positive_finite(g, p + "rope.scaling.factor", 1.0);
-    KVB_CHECK(g.has(p + "rope.scaling.factor"))
-        << path << ": " << p << "rope.scaling.type is linear but " << p
-        << "rope.scaling.factor is missing";
+  read_rope_scaling(g, p, &c);
+  if (arch == "gemma3") {
+    read_gemma3_settings(g, &c);
   } else {
-    KVB_USAGE_CHECK(scaling == "none") << path << ": " << p << "rope.scaling.type '" << scaling
-                                       << "' is not supported (supported: none, linear)";
+    read_sliding_window(g, p, &c);
   }
-  if (g.find_tensor("rope_freqs.weight")) {
-    expect_tensor(g, "rope_freqs.weight", {static_cast<uint64_t>(c.rope.rot_dim / 2)});
-  }
-  if (arch == "gemma3") read_gemma3_settings(g, &c);
 
   const formats::GgufTensorInfo* emb = g.find_tensor("token_embd.weight");
   KVB_CHECK(emb && emb->dims.size() == 2)
@@ -147,9 +283,13 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     expect_tensor(g, b + "attn_norm.weight", {D});
-    expect_tensor(g, b + "attn_q.weight", {D, QD});
-    expect_tensor(g, b + "attn_k.weight", {D, KVD});
-    expect_tensor(g, b + "attn_v.weight", {D, KVD});
+    if (c.fused_qkv) {
+      expect_tensor(g, b + "attn_qkv.weight", {D, QD + 2 * KVD});  // Q rows, then K, then V
+    } else {
+      expect_tensor(g, b + "attn_q.weight", {D, QD});
+      expect_tensor(g, b + "attn_k.weight", {D, KVD});
+      expect_tensor(g, b + "attn_v.weight", {D, KVD});
+    }
     if (c.qkv_bias) {
       expect_tensor(g, b + "attn_q.bias", {QD});
       expect_tensor(g, b + "attn_k.bias", {KVD});
@@ -162,8 +302,12 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
     }
     expect_tensor(g, b + "attn_output.weight", {QD, D});
     expect_tensor(g, b + "ffn_norm.weight", {D});
-    expect_tensor(g, b + "ffn_gate.weight", {D, H});
-    expect_tensor(g, b + "ffn_up.weight", {D, H});
+    if (c.fused_gate_up) {
+      expect_tensor(g, b + "ffn_up.weight", {D, 2 * H});  // gate rows, then up
+    } else {
+      expect_tensor(g, b + "ffn_gate.weight", {D, H});
+      expect_tensor(g, b + "ffn_up.weight", {D, H});
+    }
     expect_tensor(g, b + "ffn_down.weight", {H, D});
     if (c.post_norms) {
       expect_tensor(g, b + "post_attention_norm.weight", {D});
