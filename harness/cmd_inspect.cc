@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -14,6 +15,8 @@
 #include "harness/cli.h"
 #include "harness/model_info.h"
 #include "workers/formats/gguf.h"
+#include "workers/formats/hf_config.h"
+#include "workers/formats/safetensors.h"
 #include "workers/formats/model_header.h"
 #include "workers/tokenizer/tokenizer.h"
 
@@ -57,7 +60,8 @@ int cmd_inspect(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
   po::options_description desc(
       "usage: kvbench inspect MODEL [--format md|csv|jsonl]\n\n"
-      "Reads a model file's header (GGUF or llama2.c; no weights are loaded) with the loader's own\n"
+      "Reads a model's header (a GGUF or llama2.c file, or a Hugging Face checkpoint folder's\n"
+      "config.json and safetensors headers; no weights are loaded) with the loader's own\n"
       "checks and prints what kvbench will run: architecture, sizes, context length, the kind of\n"
       "every layer (global, or sliding window with its own RoPE base), the tokenizer, the chat\n"
       "template's source and the format kvbench recognizes in it (a task with chat: true needs\n"
@@ -65,7 +69,8 @@ int cmd_inspect(const std::vector<std::string>& args) {
       "options");
   std::string format = "md";
   desc.add_options()("help,h", "print this help")(
-      "model", po::value<std::string>(), "model file: GGUF or llama2.c checkpoint")(
+      "model", po::value<std::string>(),
+      "model: GGUF file, llama2.c checkpoint or Hugging Face checkpoint folder")(
       "format", po::value<std::string>(&format)->default_value("md"), "md, csv or jsonl");
   po::positional_options_description pos;
   pos.add("model", 1);
@@ -92,6 +97,18 @@ int cmd_inspect(const std::vector<std::string>& args) {
     const std::string tmpl = g->get_string_or("tokenizer.chat_template", "");
     if (!tmpl.empty()) {
       chat_source = "GGUF tokenizer.chat_template (" + std::to_string(tmpl.size()) + " bytes)";
+    }
+  } else if (info.format == "hf") {
+    c = engine::read_hf_config(path, *formats::SafetensorsSet::open_dir(path));
+    const engine::HfTokenizerConfig tc = engine::read_hf_tokenizer_config(path);
+    std::error_code ec;
+    tokenizer = std::filesystem::is_regular_file(std::filesystem::path(path) / "tokenizer.json", ec)
+                    ? "HF tokenizer.json"
+                    : "none in the folder (give --tokenizer)";
+    tokenizer += ", add BOS " + std::string(tc.add_bos_token ? "yes" : "no");
+    if (!tc.chat_template.empty()) {
+      chat_source = tc.chat_template_source + " (" + std::to_string(tc.chat_template.size()) +
+                    " bytes)";
     }
   } else {
     c = engine::read_llama2c_header(path).config;

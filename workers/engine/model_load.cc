@@ -4,6 +4,7 @@
 // blk.N.post_attention_norm.weight / post_ffw_norm.weight).
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "common/error.h"
@@ -78,6 +79,8 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
 }
 
 std::unique_ptr<Model> load_model(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return load_hf_model(path);
   std::ifstream in(path, std::ios::binary);
   KVB_USAGE_CHECK(in.good()) << "cannot open model file '" << path << "': " << std::strerror(errno);
   char magic[4] = {0, 0, 0, 0};
