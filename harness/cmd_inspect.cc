@@ -33,6 +33,7 @@ std::string rope_text(const kernels::cpu::RopeParams& r) {
   std::string s = std::string(r.style == kernels::cpu::RopeStyle::kNeox ? "neox" : "norm") +
                   ", base " + num(r.theta) + ", " + std::to_string(r.rot_dim) + " dims";
   if (r.linear_scale != 1.0f) s += ", linear scaling " + num(r.linear_scale);
+  if (!r.freq_factors.empty()) s += ", llama3 frequency factors";
   return s;
 }
 

@@ -157,7 +157,12 @@ void parse_models(const Node& n, SweepConfig& cfg) {
     } else if (m.info.format == "llama2c") {
       fail(*item, key, "llama2.c model '" + m.path + "' needs tokenizer: (its tokenizer.bin)");
     }
-    if (m.name.empty()) m.name = fs::path(m.path).stem().string();
+    if (m.name.empty()) {
+      // A folder's name (a trailing slash leaves the path's stem empty), or the file's stem.
+      const fs::path p = fs::path(m.path).lexically_normal();
+      m.name = fs::is_directory(p) ? p.parent_path().filename().string() : p.stem().string();
+      if (fs::is_directory(p) && !p.filename().empty()) m.name = p.filename().string();
+    }
     for (const ModelEntry& o : cfg.models) {
       if (o.name == m.name)
         fail(*item, key, "model name '" + m.name + "' is used twice; set name:");

@@ -17,22 +17,29 @@ prompts (1, 11 and ~40 tokens). The folders:
     (layer_types), rope_local_base_freq 100 against rope_theta 1e4, query_pre_attn_scalar 24 !=
     head_dim, norm weights stored as w around 0 (Gemma's RMSNorm multiplies by 1 + w).
   - mistral_f16: MistralForCausalLM, f16, sliding_window 5 (every layer), untied.
+Also tests/fixtures/hf/mistral_f16_as_llama.gguf: the mistral_f16 folder's f16 weights as a GGUF
+"llama" file the way convert_hf_to_gguf.py writes one (Q/K rows permuted for llama.cpp's
+adjacent-pair RoPE, norms as F32, no sliding window: the GGUF llama path has none), read back with
+gguf.GGUFReader, so the C++ test can show that both loaders give the same logits (window off).
 Weights are seeded and scaled so that logits are O(1..10) and attention is far from uniform.
 Every folder is also reloaded with AutoModelForCausalLM.from_pretrained (the reference) and its
 tokenizer.json checked with `tokenizers` (the ids are recorded for the C++ test).
 
 Pinned versions (/work/.venv-g3): torch 2.5.1 (CPU), transformers 4.53.3, tokenizers 0.21.4,
-safetensors (as installed; recorded), numpy 1.26.4.
+safetensors 0.8.0, numpy 1.26.4, gguf 0.17.1 (recorded in each JSON).
 Run:  /work/.venv-g3/bin/python scripts/make_hf_folder_fixture.py
 """
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
 import sys
 
+import gguf
 import numpy as np
 import safetensors
+import safetensors.numpy
 import tokenizers
 import torch
 import transformers
@@ -172,6 +179,60 @@ def write_folder(root, name, spec, tok, rng):
             "cases": cases}
 
 
+def permute(w, n_head):
+    """convert_hf_to_gguf.py LlamaModel.permute: HF rotate_half rows -> adjacent pairs."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def write_llama_gguf(folder, out):
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    w = safetensors.numpy.load_file(os.path.join(folder, "model.safetensors"))
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+             "output_norm.weight", "lm_head.weight": "output.weight"}
+    mods = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+            "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+            "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+            "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    wr = gguf.GGUFWriter(out, "llama")
+    wr.add_name("mistral_f16_as_llama")
+    wr.add_block_count(cfg["num_hidden_layers"])
+    wr.add_context_length(cfg["max_position_embeddings"])
+    wr.add_embedding_length(cfg["hidden_size"])
+    wr.add_feed_forward_length(cfg["intermediate_size"])
+    wr.add_head_count(cfg["num_attention_heads"])
+    wr.add_head_count_kv(cfg["num_key_value_heads"])
+    wr.add_rope_freq_base(cfg["rope_theta"])
+    wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    wr.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    written = {}
+    for hf in sorted(w):
+        a = w[hf]
+        if hf in names:
+            name = names[hf]
+        else:
+            parts = hf.split(".")
+            name = f"blk.{parts[2]}.{mods['.'.join(parts[3:-1])]}.{parts[-1]}"
+        if hf.endswith("q_proj.weight"):
+            a = permute(a, cfg["num_attention_heads"])
+        elif hf.endswith("k_proj.weight"):
+            a = permute(a, cfg["num_key_value_heads"])
+        if a.ndim == 1:
+            a = a.astype(np.float32)  # exact: every f16 is an f32
+        written[name] = np.ascontiguousarray(a)
+        wr.add_tensor(name, written[name])
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    r = gguf.GGUFReader(out)
+    assert {t.name for t in r.tensors} == set(written)
+    for t in r.tensors:
+        assert np.array_equal(np.asarray(t.data).reshape(written[t.name].shape), written[t.name])
+    print(f"wrote {out} ({os.path.getsize(out)} bytes, {len(written)} tensors read back equal)",
+          file=sys.stderr)
+
+
 def main():
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "tests", "fixtures", "hf")
@@ -181,7 +242,7 @@ def main():
     rng = np.random.default_rng(SEED)
     versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                 "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__,
-                "numpy": np.__version__}
+                "numpy": np.__version__, "gguf": importlib.metadata.version("gguf")}
     tok_cases = [{"text": t, "ids": tok.encode(t).ids} for t in TOKENIZER_TEXTS]
     for name, spec in FOLDERS.items():
         fx = write_folder(root, name, spec, tok, rng)
@@ -192,6 +253,7 @@ def main():
         with open(path, "w") as f:
             json.dump(fx, f, separators=(",", ":"))
         print(f"wrote {path} ({os.path.getsize(path)} bytes)", file=sys.stderr)
+    write_llama_gguf(os.path.join(root, "mistral_f16"), os.path.join(root, "mistral_f16_as_llama.gguf"))
 
 
 if __name__ == "__main__":

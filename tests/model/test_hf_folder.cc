@@ -12,12 +12,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <span>
 
 #include "harness/model_info.h"
+#include "run_kvbench.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/model.h"
 #include "workers/model_session.h"
@@ -221,6 +223,56 @@ TEST(HfFolderMapping, ConfigOfEachFamily) {
   std::unique_ptr<engine::Model> mistral = engine::load_model(folder("mistral_f16"));
   EXPECT_EQ(mistral->config.arch, "llama");
   EXPECT_EQ(mistral->config.window, (std::vector<int>{5, 5}));
+}
+
+// The same f16 weights as a GGUF "llama" file (convert_hf_to_gguf's Q/K row permutation, run
+// with adjacent-pair RoPE) and as the folder (unpermuted, NEOX RoPE) give the same logits; the
+// GGUF llama path has no sliding window, so the folder's is switched off for the comparison.
+TEST(HfFolderMapping, FolderAndGgufOfTheSameWeightsAgree) {
+  const nlohmann::json fx = load_fixture("mistral_f16");
+  std::unique_ptr<engine::Model> hf = engine::load_model(folder("mistral_f16"));
+  std::unique_ptr<engine::Model> gg =
+      engine::load_model(std::string(KVB_FIXTURES_DIR) + "/hf/mistral_f16_as_llama.gguf");
+  EXPECT_EQ(gg->config.rope.style, kernels::cpu::RopeStyle::kNorm);
+  EXPECT_EQ(hf->config.rope.style, kernels::cpu::RopeStyle::kNeox);
+  EXPECT_NE(hf->layers[0].wq, gg->layers[0].wq);  // permuted rows
+  EXPECT_EQ(hf->layers[0].wv, gg->layers[0].wv);
+  hf->config.window.clear();
+  engine::Engine e_hf(*hf), e_gg(*gg);
+  double max_abs = 0;
+  for (const auto& cs : fx["cases"]) {
+    const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
+    std::vector<float> a, b;
+    kernels::KvCache ca = e_hf.new_cache(static_cast<int>(ids.size()));
+    kernels::KvCache cb = e_gg.new_cache(static_cast<int>(ids.size()));
+    e_hf.forward(ids, ca, engine::LogitsMode::kAll, &a);
+    e_gg.forward(ids, cb, engine::LogitsMode::kAll, &b);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) max_abs = std::max(max_abs, double(std::fabs(a[i] - b[i])));
+  }
+  std::cout << "[ mistral_f16 ] folder vs GGUF of the same weights (window off): max |diff| = "
+            << max_abs << "\n";
+  EXPECT_LT(max_abs, kTol);
+}
+
+// `kvbench inspect DIR` reports the folder with the loader's facts.
+TEST(HfFolderMapping, InspectPrintsTheFolder) {
+  std::string out, err;
+  ASSERT_EQ(testing::kvbench({"inspect", folder("gemma3_f16"), "--format", "csv"}, &out, &err), 0)
+      << err;
+  for (const char* want : {"format,hf", "architecture,gemma3", "\"F16, 0.06984 M parameters\"",
+                           "layer kinds,\"sliding 0-1 (window 4, RoPE neox, base 100, 16 dims); "
+                           "global 2\"",
+                           "chat template,tokenizer_config.json chat_template (199 bytes)",
+                           "chat format kvbench renders,chatml"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+  }
+  ASSERT_EQ(testing::kvbench({"inspect", folder("llama_f32_sharded")}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("llama3 frequency factors"), std::string::npos) << out;
+  const std::string empty = std::string(KVB_BINARY_DIR) + "/test_hf_folder_empty";
+  std::filesystem::create_directories(empty);
+  EXPECT_EQ(testing::kvbench({"inspect", empty}, &out, &err), 2);
+  EXPECT_NE(err.find("is a directory without config.json"), std::string::npos) << err;
 }
 
 }  // namespace
