@@ -13,6 +13,7 @@ prompts (1, 11 and ~40 tokens). The folders:
   - qwen3_bf16: Qwen3ForCausalLM saved in bf16 (head_dim 16 != hidden / heads; q/k norm),
     tied embeddings. The reference runs transformers in f32 on the bf16-rounded weights
     (from_pretrained(torch_dtype=float32) upcasts them), which is what kvbench computes.
+  - qwen2_f16: Qwen2ForCausalLM, f16, q/k/v biases (seeded like the weights), tied embeddings.
   - gemma3_f16: Gemma3ForCausalLM (text), f16, sliding window 4 on layers 0-1 and global layer 2
     (layer_types), rope_local_base_freq 100 against rope_theta 1e4, query_pre_attn_scalar 24 !=
     head_dim, norm weights stored as w around 0 (Gemma's RMSNorm multiplies by 1 + w).
@@ -95,6 +96,11 @@ FOLDERS = {
         cfg=transformers.MistralConfig(
             **COMMON, num_hidden_layers=2, rms_norm_eps=1e-5, rope_theta=10000.0,
             sliding_window=5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=2)),
+    "qwen2_f16": dict(
+        cls="Qwen2ForCausalLM", dtype=torch.float16, shard=None, add_bos=False,
+        cfg=transformers.Qwen2Config(
+            **COMMON, num_hidden_layers=2, rms_norm_eps=1e-6, rope_theta=1.0e6,
+            tie_word_embeddings=True, use_sliding_window=False, eos_token_id=2)),
 }
 
 
@@ -114,7 +120,9 @@ def fill_weights(model, rng, gemma):
     stores w for 1 + w), linear weights N(0, 1/in) times a gain, embeddings N(0, 1)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if name.endswith(".bias"):
+                v = rng.normal(0.0, 0.5, p.shape)
+            elif "norm" in name:
                 v = rng.normal(0.0 if gemma else 1.0, 0.3, p.shape)
             elif "embed_tokens" in name:
                 v = rng.standard_normal(p.shape) * (0.5 if gemma else 1.0)

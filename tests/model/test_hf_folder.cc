@@ -1,7 +1,7 @@
 // Hugging Face checkpoint folders (kvbench --model DIR) against transformers: the tiny
 // random-weight folders scripts/make_hf_folder_fixture.py writes under tests/fixtures/hf/
 // (Llama f32 in 2 shards with llama3 rope_scaling, Qwen3 bf16, Gemma 3 f16 with sliding layers,
-// Mistral f16 with a sliding window) and transformers' eager f32 logits at every position of
+// Mistral f16 with a sliding window, Qwen2 f16 with q/k/v biases) and transformers' eager f32 logits at every position of
 // three prompts, computed from the folder as from_pretrained loads it. kvbench converts the same
 // stored values to f32, so only the summation order differs: 1e-4 max abs, as the GGUF goldens,
 // at every position of prefill, chunked prefill and single-token decode. The folder's
@@ -29,7 +29,7 @@ namespace {
 
 constexpr double kTol = 1e-4;
 const std::vector<std::string> kFolders = {"llama_f32_sharded", "qwen3_bf16", "gemma3_f16",
-                                           "mistral_f16"};
+                                           "mistral_f16", "qwen2_f16"};
 
 std::string folder(const std::string& name) {
   return std::string(KVB_FIXTURES_DIR) + "/hf/" + name;
@@ -187,6 +187,14 @@ TEST(HfFolderMapping, FixturesDetectWrongHandling) {
        [](engine::Model& m) { m.config.window.assign(m.config.num_layers, 0); }},
       {"gemma3_f16", "softmax scale 1/sqrt(head_dim) instead of query_pre_attn_scalar",
        [](engine::Model& m) { m.config.attn_scale = 0; }},
+      {"qwen2_f16", "q/k/v biases dropped",
+       [](engine::Model& m) {
+         for (auto& l : m.layers) {
+           std::fill(l.bq.begin(), l.bq.end(), 0.0f);
+           std::fill(l.bk.begin(), l.bk.end(), 0.0f);
+           std::fill(l.bv.begin(), l.bv.end(), 0.0f);
+         }
+       }},
       {"mistral_f16", "sliding window ignored",
        [](engine::Model& m) { m.config.window.clear(); }},
   };
@@ -213,6 +221,10 @@ TEST(HfFolderMapping, ConfigOfEachFamily) {
   EXPECT_EQ(qwen3->config.head_dim, 16);  // config.json head_dim, not 48 / 4
   EXPECT_TRUE(qwen3->config.qk_norm && qwen3->config.tied_embeddings);
   EXPECT_TRUE(qwen3->output.empty());
+  std::unique_ptr<engine::Model> qwen2 = engine::load_model(folder("qwen2_f16"));
+  EXPECT_EQ(qwen2->config.arch, "qwen2");
+  EXPECT_TRUE(qwen2->config.qkv_bias && !qwen2->config.qk_norm);
+  EXPECT_EQ(qwen2->layers[1].bk.size(), 24u);  // 2 KV heads x head_dim 12
   std::unique_ptr<engine::Model> gemma = engine::load_model(folder("gemma3_f16"));
   EXPECT_EQ(gemma->config.arch, "gemma3");
   EXPECT_EQ(gemma->config.window, (std::vector<int>{4, 4, 0}));
