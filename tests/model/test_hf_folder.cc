@@ -18,6 +18,8 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
+#include <unistd.h>
+
 #include "harness/model_info.h"
 #include "run_kvbench.h"
 #include "workers/engine/forward.h"
@@ -285,6 +287,23 @@ TEST(HfFolderMapping, InspectPrintsTheFolder) {
   std::filesystem::create_directories(empty);
   EXPECT_EQ(testing::kvbench({"inspect", empty}, &out, &err), 2);
   EXPECT_NE(err.find("is a directory without config.json"), std::string::npos) << err;
+}
+
+// A sweep config names folders as it names files: validate reads their headers (format hf, the
+// folder's name as the model name, a trailing slash included).
+TEST(HfFolderMapping, ValidateAcceptsFoldersInSweepConfigs) {
+  const std::string dir =
+      std::string(KVB_BINARY_DIR) + "/test_hf_folder_validate_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string yaml = dir + "/hf.yaml";
+  std::ofstream(yaml) << "models:\n  - path: " << folder("qwen3_bf16") << "\n  - {path: "
+                      << folder("gemma3_f16") << "/}\ntasks:\n  - name: niah\n    options: "
+                      << "{context_lengths: [256], depths: [0], haystack: noise, chat: false}\n"
+                      << "policies: [full]\n";
+  std::string out, err;
+  ASSERT_EQ(testing::kvbench({"validate", yaml}, &out, &err), 0) << err << out;
+  EXPECT_NE(out.find("| qwen3_bf16 | hf     | qwen3  | BF16 |"), std::string::npos) << out;
+  EXPECT_NE(out.find("| gemma3_f16 | hf     | gemma3 | F16  |"), std::string::npos) << out;
 }
 
 }  // namespace
