@@ -132,7 +132,11 @@ void parse_models(const Node& n, SweepConfig& cfg) {
     if (item->kind == Node::Kind::kMap) {
       expect_map(*item, key, {"name", "path", "tokenizer"});
       const Entry* p = item->find("path");
-      if (!p) fail(*item, key, "needs path: (a .gguf or llama2.c .bin model file, or a Hugging Face checkpoint folder)");
+      if (!p) {
+        fail(*item, key,
+             "needs path: (a .gguf or llama2.c .bin model file, or a Hugging Face checkpoint "
+             "folder)");
+      }
       path_node = &p->value;
       if (const Entry* t = item->find("tokenizer")) tok_node = &t->value;
       if (const Entry* nm = item->find("name")) m.name = scalar(nm->value, key + ".name");

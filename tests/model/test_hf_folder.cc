@@ -1,14 +1,15 @@
 // Hugging Face checkpoint folders (kvbench --model DIR) against transformers: the tiny
 // random-weight folders scripts/make_hf_folder_fixture.py writes under tests/fixtures/hf/
 // (Llama f32 in 2 shards with llama3 rope_scaling, Qwen3 bf16, Gemma 3 f16 with sliding layers,
-// Mistral f16 with a sliding window, Qwen2 f16 with q/k/v biases) and transformers' eager f32 logits at every position of
-// three prompts, computed from the folder as from_pretrained loads it. kvbench converts the same
-// stored values to f32, so only the summation order differs: 1e-4 max abs, as the GGUF goldens,
-// at every position of prefill, chunked prefill and single-token decode. The folder's
-// tokenizer.json (a byte-level BPE trained with `tokenizers`) is checked against `tokenizers`'
-// ids, and the prompt ids (with BOS where tokenizer_config.json's add_bos_token says so) against
-// the ones the golden was computed on.
+// Mistral f16 with a sliding window, Qwen2 f16 with q/k/v biases) and transformers' eager f32
+// logits at every position of three prompts, computed from the folder as from_pretrained loads it.
+// kvbench converts the same stored values to f32, so only the summation order differs: 1e-4 max
+// abs, as the GGUF goldens, at every position of prefill, chunked prefill and single-token decode.
+// The folder's tokenizer.json (a byte-level BPE trained with `tokenizers`) is checked against
+// `tokenizers`' ids, and the prompt ids (with BOS where tokenizer_config.json's add_bos_token says
+// so) against the ones the golden was computed on.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,8 +18,6 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <span>
-
-#include <unistd.h>
 
 #include "harness/model_info.h"
 #include "run_kvbench.h"
@@ -197,8 +196,7 @@ TEST(HfFolderMapping, FixturesDetectWrongHandling) {
            std::fill(l.bv.begin(), l.bv.end(), 0.0f);
          }
        }},
-      {"mistral_f16", "sliding window ignored",
-       [](engine::Model& m) { m.config.window.clear(); }},
+      {"mistral_f16", "sliding window ignored", [](engine::Model& m) { m.config.window.clear(); }},
   };
   for (const Mutation& mu : mutations) {
     const nlohmann::json fx = load_fixture(mu.folder);
@@ -262,7 +260,8 @@ TEST(HfFolderMapping, FolderAndGgufOfTheSameWeightsAgree) {
     e_hf.forward(ids, ca, engine::LogitsMode::kAll, &a);
     e_gg.forward(ids, cb, engine::LogitsMode::kAll, &b);
     ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) max_abs = std::max(max_abs, double(std::fabs(a[i] - b[i])));
+    for (size_t i = 0; i < a.size(); ++i)
+      max_abs = std::max(max_abs, double(std::fabs(a[i] - b[i])));
   }
   std::cout << "[ mistral_f16 ] folder vs GGUF of the same weights (window off): max |diff| = "
             << max_abs << "\n";
@@ -296,8 +295,9 @@ TEST(HfFolderMapping, ValidateAcceptsFoldersInSweepConfigs) {
       std::string(KVB_BINARY_DIR) + "/test_hf_folder_validate_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const std::string yaml = dir + "/hf.yaml";
-  std::ofstream(yaml) << "models:\n  - path: " << folder("qwen3_bf16") << "\n  - {path: "
-                      << folder("gemma3_f16") << "/}\ntasks:\n  - name: niah\n    options: "
+  std::ofstream(yaml) << "models:\n  - path: " << folder("qwen3_bf16")
+                      << "\n  - {path: " << folder("gemma3_f16")
+                      << "/}\ntasks:\n  - name: niah\n    options: "
                       << "{context_lengths: [256], depths: [0], haystack: noise, chat: false}\n"
                       << "policies: [full]\n";
   std::string out, err;

@@ -70,9 +70,9 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-#define EXPECT_ERROR_HAS(msg, ...)                                                           \
-  do {                                                                                       \
-    const std::string m_ = (msg);                                                            \
+#define EXPECT_ERROR_HAS(msg, ...)                                                            \
+  do {                                                                                        \
+    const std::string m_ = (msg);                                                             \
     for (const char* part : {__VA_ARGS__}) EXPECT_NE(m_.find(part), std::string::npos) << m_; \
   } while (0)
 
@@ -124,33 +124,33 @@ TEST(Safetensors, MalformedHeadersNameFileAndField) {
   }
   EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32",)", ""), "t.safetensors", "not valid JSON");
   EXPECT_ERROR_HAS(open_error("[1, 2]", ""), "must be a JSON object");
-  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F17","shape":[1],"data_offsets":[0,4]}})",
-                              f32s({1})),
-                   "tensor 'a'", "unknown dtype 'F17'");
-  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})",
-                              f32s({1})),
-                   "tensor 'a'", "outside the data section");
-  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
-                              f32s({1})),
-                   "tensor 'a'", "hold 4 bytes", "needs 8");
+  EXPECT_ERROR_HAS(
+      open_error(R"({"a":{"dtype":"F17","shape":[1],"data_offsets":[0,4]}})", f32s({1})),
+      "tensor 'a'", "unknown dtype 'F17'");
+  EXPECT_ERROR_HAS(
+      open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})", f32s({1})),
+      "tensor 'a'", "outside the data section");
+  EXPECT_ERROR_HAS(
+      open_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", f32s({1})),
+      "tensor 'a'", "hold 4 bytes", "needs 8");
   EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                               R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                               f32s({1, 2})),
                    "overlaps");
-  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                              f32s({1, 2})),
-                   "belong to no tensor");
-  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-                              f32s({1, 2})),
-                   "trailing bytes");
-  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
-                              f32s({1})),
-                   "tensor 'a'", "shape[0]", "non-negative integer");
-  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,"4"]}})",
-                              f32s({1})),
-                   "tensor 'a'", "data_offsets");
-  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[1]}})", f32s({1})),
-                   "tensor 'a'", "dtype, shape and data_offsets");
+  EXPECT_ERROR_HAS(
+      open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f32s({1, 2})),
+      "belong to no tensor");
+  EXPECT_ERROR_HAS(
+      open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", f32s({1, 2})),
+      "trailing bytes");
+  EXPECT_ERROR_HAS(
+      open_error(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", f32s({1})),
+      "tensor 'a'", "shape[0]", "non-negative integer");
+  EXPECT_ERROR_HAS(
+      open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,"4"]}})", f32s({1})),
+      "tensor 'a'", "data_offsets");
+  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[1]}})", f32s({1})), "tensor 'a'",
+                   "dtype, shape and data_offsets");
   EXPECT_ERROR_HAS(open_error(R"({"__metadata__":{"k":1}})", ""), "'__metadata__.k'");
   // Huge shapes: refused by arithmetic, nothing allocated.
   EXPECT_ERROR_HAS(
@@ -256,20 +256,21 @@ TEST(HfFolderHostile, BadConfigJsonNamesTheKey) {
   EXPECT_ERROR_HAS(
       config_error("qwen3_bf16", [](json& c) { c["architectures"] = {"Phi3ForCausalLM"}; }),
       "config.json", "unsupported architecture 'Phi3ForCausalLM'", "Gemma3ForCausalLM");
-  EXPECT_ERROR_HAS(config_error("llama_f32_sharded",
-                                [](json& c) { c["rope_scaling"]["rope_type"] = "yarn"; }),
-                   "config.json", "rope_scaling.rope_type' is 'yarn'", "default, linear, llama3");
+  EXPECT_ERROR_HAS(
+      config_error("llama_f32_sharded", [](json& c) { c["rope_scaling"]["rope_type"] = "yarn"; }),
+      "config.json", "rope_scaling.rope_type' is 'yarn'", "default, linear, llama3");
   EXPECT_ERROR_HAS(config_error("llama_f32_sharded",
                                 [](json& c) { c["rope_scaling"].erase("low_freq_factor"); }),
                    "config.json", "rope_scaling.low_freq_factor' is missing");
-  EXPECT_ERROR_HAS(config_error("gemma3_f16",
-                                [](json& c) { c["layer_types"] = {"sliding_attention"}; }),
-                   "config.json", "key 'layer_types' must list one entry per layer (3)");
+  EXPECT_ERROR_HAS(
+      config_error("gemma3_f16", [](json& c) { c["layer_types"] = {"sliding_attention"}; }),
+      "config.json", "key 'layer_types' must list one entry per layer (3)");
   EXPECT_ERROR_HAS(config_error("gemma3_f16", [](json& c) { c["final_logit_softcapping"] = 30; }),
                    "config.json", "final_logit_softcapping");
   // Sizes that disagree with the tensors: the tensor, the file and both shapes are named.
   EXPECT_ERROR_HAS(config_error("qwen3_bf16", [](json& c) { c["intermediate_size"] = 65; }),
-                   "model.safetensors", "tensor 'model.layers.0.mlp.gate_proj.weight' has shape "
+                   "model.safetensors",
+                   "tensor 'model.layers.0.mlp.gate_proj.weight' has shape "
                    "[64, 48], expected [65, 48]");
   EXPECT_ERROR_HAS(config_error("qwen3_bf16", [](json& c) { c["num_hidden_layers"] = 3; }),
                    "no tensor named 'model.layers.2.");
@@ -311,7 +312,8 @@ TEST(HfFolderHostile, ShardsAndIndexAreChecked) {
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     for (const auto& t : f->tensors()) {
       if (t.name == "model.layers.1.mlp.up_proj.weight") continue;
-      header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape},
+      header[t.name] = {{"dtype", t.dtype},
+                        {"shape", t.shape},
                         {"data_offsets", {data.size(), data.size() + (t.end - t.begin)}}};
       data += bytes.substr(f->data_offset() + t.begin, t.end - t.begin);
     }

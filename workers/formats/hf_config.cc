@@ -52,9 +52,10 @@ struct Config {
     KVB_CHECK(v.is_number_integer())
         << path << ": key '" << k << "' is " << v.dump() << ", expected an integer";
     const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)
-                          ? INT64_MAX : v.get<int64_t>();
-    KVB_CHECK(x >= lo && x <= hi) << path << ": key '" << k << "' = " << x
-                                  << " is out of range (" << lo << ".." << hi << ")";
+                          ? INT64_MAX
+                          : v.get<int64_t>();
+    KVB_CHECK(x >= lo && x <= hi) << path << ": key '" << k << "' = " << x << " is out of range ("
+                                  << lo << ".." << hi << ")";
     return x;
   }
   int need_int(const std::string& k, int64_t hi) const {
@@ -75,14 +76,14 @@ struct Config {
   }
   bool opt_bool(const std::string& k, bool def) const {
     if (!has(k)) return def;
-    KVB_CHECK(root[k].is_boolean()) << path << ": key '" << k << "' is " << root[k].dump()
-                                    << ", expected true or false";
+    KVB_CHECK(root[k].is_boolean())
+        << path << ": key '" << k << "' is " << root[k].dump() << ", expected true or false";
     return root[k].get<bool>();
   }
   std::string opt_string(const std::string& k, const std::string& def) const {
     if (!has(k)) return def;
-    KVB_CHECK(root[k].is_string()) << path << ": key '" << k << "' is " << root[k].dump()
-                                   << ", expected a string";
+    KVB_CHECK(root[k].is_string())
+        << path << ": key '" << k << "' is " << root[k].dump() << ", expected a string";
     return root[k].get<std::string>();
   }
 };
@@ -196,15 +197,14 @@ std::vector<HfTensorSpec> hf_layer_tensors(const ModelConfig& c, int layer) {
   const bool g = hf_norms_add_one(c);
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   using L = LayerWeights;
-  std::vector<HfTensorSpec> t = {
-      {p + "input_layernorm.weight", {D}, &L::attn_norm, g},
-      {p + "self_attn.q_proj.weight", {QD, D}, &L::wq},
-      {p + "self_attn.k_proj.weight", {KVD, D}, &L::wk},
-      {p + "self_attn.v_proj.weight", {KVD, D}, &L::wv},
-      {p + "self_attn.o_proj.weight", {D, QD}, &L::wo},
-      {p + "mlp.gate_proj.weight", {H, D}, &L::w_gate},
-      {p + "mlp.up_proj.weight", {H, D}, &L::w_up},
-      {p + "mlp.down_proj.weight", {D, H}, &L::w_down}};
+  std::vector<HfTensorSpec> t = {{p + "input_layernorm.weight", {D}, &L::attn_norm, g},
+                                 {p + "self_attn.q_proj.weight", {QD, D}, &L::wq},
+                                 {p + "self_attn.k_proj.weight", {KVD, D}, &L::wk},
+                                 {p + "self_attn.v_proj.weight", {KVD, D}, &L::wv},
+                                 {p + "self_attn.o_proj.weight", {D, QD}, &L::wo},
+                                 {p + "mlp.gate_proj.weight", {H, D}, &L::w_gate},
+                                 {p + "mlp.up_proj.weight", {H, D}, &L::w_up},
+                                 {p + "mlp.down_proj.weight", {D, H}, &L::w_down}};
   if (c.qkv_bias) {
     t.push_back({p + "self_attn.q_proj.bias", {QD}, &L::bq});
     t.push_back({p + "self_attn.k_proj.bias", {KVD}, &L::bk});
@@ -259,7 +259,10 @@ ModelConfig read_hf_config(const std::string& dir, const formats::SafetensorsSet
       << path << ": num_attention_heads " << c.num_heads << " is not a multiple of "
       << "num_key_value_heads " << c.num_kv_heads;
   c.vocab_size = cfg.need_int("vocab_size", 1 << 22);
-  const int64_t max_pos_def = gemma ? 131072 : qwen ? 32768 : hf == "MistralForCausalLM" ? 131072 : 2048;
+  const int64_t max_pos_def = gemma                        ? 131072
+                              : qwen                       ? 32768
+                              : hf == "MistralForCausalLM" ? 131072
+                                                           : 2048;
   c.max_seq_len = cfg.opt_int("max_position_embeddings", 1 << 24, max_pos_def);
   c.norm_eps = cfg.opt_positive("rms_norm_eps", 1e-6);
   const int64_t hd_def = gemma ? 256 : c.arch == "qwen3" ? 128 : c.dim / c.num_heads;

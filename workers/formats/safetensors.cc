@@ -81,9 +81,9 @@ bool json_u64(const json& v, uint64_t* out) {
 
 uint64_t safetensors_dtype_bytes(const std::string& d) {
   static const std::map<std::string, uint64_t> kBytes = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},   {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
-      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},     {"U32", 4},     {"F32", 4},
-      {"F64", 8},  {"I64", 8}, {"U64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
   auto it = kBytes.find(d);
   return it == kBytes.end() ? 0 : it->second;
 }
@@ -109,9 +109,9 @@ void SafetensorsFile::parse() {
   pread_fully(fd.fd, path, 0, len_bytes, 8);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];  // little-endian
-  KVB_CHECK(n <= file_size_ - 8)
-      << path << ": header length " << n << " (bytes 0-7) runs past the end of the file ("
-      << file_size_ << " bytes); the file is truncated or not safetensors";
+  KVB_CHECK(n <= file_size_ - 8) << path << ": header length " << n
+                                 << " (bytes 0-7) runs past the end of the file (" << file_size_
+                                 << " bytes); the file is truncated or not safetensors";
   KVB_CHECK(n <= kMaxHeaderBytes) << path << ": header length " << n << " exceeds the format's "
                                   << "limit of " << kMaxHeaderBytes << " bytes";
   KVB_CHECK(n >= 2) << path << ": header length " << n << " is too short for a JSON object";
@@ -123,8 +123,8 @@ void SafetensorsFile::parse() {
   try {
     header = json::parse(text);
   } catch (const json::exception& e) {
-    KVB_FAIL() << path << ": the header (bytes 8.." << data_offset_ << ") is not valid JSON: "
-               << e.what();
+    KVB_FAIL() << path << ": the header (bytes 8.." << data_offset_
+               << ") is not valid JSON: " << e.what();
   }
   KVB_CHECK(header.is_object()) << path << ": the header must be a JSON object, got a "
                                 << header.type_name();
@@ -158,9 +158,8 @@ void SafetensorsFile::parse() {
     t.num_elements = 1;
     for (size_t d = 0; d < shape.size(); ++d) {
       uint64_t dim = 0;
-      KVB_CHECK(json_u64(shape[d], &dim))
-          << who << ": key 'shape[" << d << "]' is " << shape[d].dump()
-          << ", expected a non-negative integer";
+      KVB_CHECK(json_u64(shape[d], &dim)) << who << ": key 'shape[" << d << "]' is "
+                                          << shape[d].dump() << ", expected a non-negative integer";
       t.shape.push_back(dim);
       KVB_CHECK(!__builtin_mul_overflow(t.num_elements, dim, &t.num_elements) &&
                 t.num_elements <= static_cast<uint64_t>(INT64_MAX))
@@ -257,9 +256,8 @@ std::unique_ptr<SafetensorsSet> SafetensorsSet::open_dir(const std::string& dir)
     set->source_ = ipath;
     KVB_USAGE_CHECK(fs::is_regular_file(index, ec)) << ipath << ": not a regular file";
     const uint64_t bytes = fs::file_size(index, ec);
-    KVB_CHECK(!ec && bytes <= kMaxIndexBytes)
-        << ipath << ": " << bytes << " bytes; an index above " << kMaxIndexBytes
-        << " bytes is not plausible";
+    KVB_CHECK(!ec && bytes <= kMaxIndexBytes) << ipath << ": " << bytes << " bytes; an index above "
+                                              << kMaxIndexBytes << " bytes is not plausible";
     std::ifstream in(index);
     json root;
     try {
@@ -284,8 +282,8 @@ std::unique_ptr<SafetensorsSet> SafetensorsSet::open_dir(const std::string& dir)
       if (added) {
         const fs::path shard = fs::path(dir) / file;
         KVB_USAGE_CHECK(fs::is_regular_file(shard, ec))
-            << ipath << ": key '" << key << "' names shard '" << file
-            << "', which is missing from " << dir << " (download every shard the index lists)";
+            << ipath << ": key '" << key << "' names shard '" << file << "', which is missing from "
+            << dir << " (download every shard the index lists)";
         set->files_.push_back(SafetensorsFile::open(shard.string()));
       }
       const SafetensorsFile& f = *set->files_[sit->second];
