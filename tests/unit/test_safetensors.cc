@@ -321,6 +321,10 @@ TEST(HfFolderHostile, ShardsAndIndexAreChecked) {
   write_bytes(st, safetensors_bytes(header.dump(), data));
   EXPECT_ERROR_HAS(error_of([&] { engine::load_model(dir3); }), "model.safetensors",
                    "no tensor named 'model.layers.1.mlp.up_proj.weight'");
+  // model.safetensors wins over an index beside it, as in transformers' from_pretrained.
+  const std::string both = copy_fixture("qwen3_bf16");
+  write_bytes(both + "/model.safetensors.index.json", "not json");
+  EXPECT_EQ(error_of([&] { engine::load_model(both); }), "");
   // An empty folder and a folder without weights.
   const std::string empty = scratch() + "/empty";
   fs::create_directories(empty);

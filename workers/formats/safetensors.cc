@@ -251,7 +251,8 @@ std::unique_ptr<SafetensorsSet> SafetensorsSet::open_dir(const std::string& dir)
   const fs::path single = fs::path(dir) / "model.safetensors";
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::error_code ec;
-  if (fs::exists(index, ec)) {
+  // transformers' order: model.safetensors when present, else the index's shards.
+  if (!fs::exists(single, ec) && fs::exists(index, ec)) {
     const std::string ipath = index.string();
     set->source_ = ipath;
     KVB_USAGE_CHECK(fs::is_regular_file(index, ec)) << ipath << ": not a regular file";

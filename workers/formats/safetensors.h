@@ -57,7 +57,8 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// A checkpoint folder's weights: dir/model.safetensors, or dir/model.safetensors.index.json
+// A checkpoint folder's weights: dir/model.safetensors (preferred when both exist, as
+// transformers' from_pretrained prefers it), or dir/model.safetensors.index.json
 // ({"weight_map": {tensor: shard file}}; shards are plain file names in dir, each tensor present
 // in the shard the index names).
 class SafetensorsSet {
