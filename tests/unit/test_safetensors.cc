@@ -352,6 +352,25 @@ TEST(HfFolderHostile, BadTokenizerConfigNamesTheKey) {
   EXPECT_EQ(got.bos_token, "<|endoftext|>");
   EXPECT_TRUE(got.add_bos_token);
   EXPECT_EQ(got.chat_template, "T");
+  // Without add_bos_token, a TemplateProcessing post-processor that starts with a special token
+  // (Llama 3's <|begin_of_text|>, here inside a Sequence) makes prompts start with it.
+  tc.erase("add_bos_token");
+  write_json(dir + "/tokenizer_config.json", tc);
+  EXPECT_FALSE(workers::load_tokenizer_only(dir, "").add_bos);
+  json tj = read_json(dir + "/tokenizer.json");
+  tj["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}},
+        {{"type", "TemplateProcessing"},
+         {"single",
+          {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
+           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}}}}};
+  write_json(dir + "/tokenizer.json", tj);
+  const workers::LoadedModel lm = workers::load_tokenizer_only(dir, "");
+  EXPECT_TRUE(lm.add_bos);
+  EXPECT_EQ(lm.tokenizer->bos_id(), 0);
+  EXPECT_EQ(workers::encode_prompt(lm, "hi", false, "").front(), 0);
   fs::remove(dir + "/tokenizer.json");
   EXPECT_ERROR_HAS(error_of([&] { workers::load_tokenizer_only(dir, ""); }),
                    "has no tokenizer.json", "--tokenizer");
