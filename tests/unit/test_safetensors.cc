@@ -152,6 +152,14 @@ TEST(Safetensors, MalformedHeadersNameFileAndField) {
   EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[1]}})", f32s({1})), "tensor 'a'",
                    "dtype, shape and data_offsets");
   EXPECT_ERROR_HAS(open_error(R"({"__metadata__":{"k":1}})", ""), "'__metadata__.k'");
+  // Structures the format never has are refused while parsing.
+  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1],)"
+                              R"("data_offsets":[0,4]}})",
+                              f32s({1})),
+                   "t.safetensors", "more than 8 entries");
+  EXPECT_ERROR_HAS(open_error(R"({"a":{"dtype":"F32","shape":[[1]],"data_offsets":[0,4]}})",
+                              f32s({1})),
+                   "t.safetensors", "nests deeper");
   // Huge shapes: refused by arithmetic, nothing allocated.
   EXPECT_ERROR_HAS(
       open_error(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})",

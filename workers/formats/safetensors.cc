@@ -120,8 +120,21 @@ void SafetensorsFile::parse() {
   std::string text(n, '\0');
   pread_fully(fd.fd, path, 8, text.data(), n);
   json header;
+  // The format nests three levels ({name: {dtype, shape: [dims], data_offsets: [b, e]}}) with
+  // short arrays; refusing anything deeper or longer while parsing keeps the parsed document a
+  // small multiple of the header's size (a megabyte-long "shape" is refused, not built).
+  int array_len = 0;
+  auto guard = [&](int depth, json::parse_event_t event, json&) {
+    KVB_CHECK(depth <= 3) << path << ": the header nests deeper than {name: {key: [values]}}";
+    if (event == json::parse_event_t::array_start) array_len = 0;
+    if (event == json::parse_event_t::value && depth == 3) {
+      KVB_CHECK(++array_len <= static_cast<int>(kMaxDims))
+          << path << ": an array in the header has more than " << kMaxDims << " entries";
+    }
+    return true;
+  };
   try {
-    header = json::parse(text);
+    header = json::parse(text, guard);
   } catch (const json::exception& e) {
     KVB_FAIL() << path << ": the header (bytes 8.." << data_offset_
                << ") is not valid JSON: " << e.what();
