@@ -291,6 +291,23 @@ TEST(HfFolderHostile, BadConfigJsonNamesTheKey) {
   }
 }
 
+// Mistral's sliding_window: every layer windowed, unless the window cannot bind in the context.
+TEST(HfFolderConfig, MistralWindowOnlyWhenItBinds) {
+  const std::string dir = copy_fixture("mistral_f16");
+  EXPECT_EQ(engine::load_model(dir)->config.window, (std::vector<int>{5, 5}));
+  json cfg = read_json(dir + "/config.json");
+  cfg["sliding_window"] = cfg["max_position_embeddings"];
+  write_json(dir + "/config.json", cfg);
+  EXPECT_TRUE(engine::load_model(dir)->config.window.empty());
+  cfg["sliding_window"] = nullptr;
+  write_json(dir + "/config.json", cfg);
+  EXPECT_TRUE(engine::load_model(dir)->config.window.empty());
+  cfg["sliding_window"] = 0;
+  write_json(dir + "/config.json", cfg);
+  EXPECT_ERROR_HAS(error_of([&] { engine::load_model(dir); }), "config.json",
+                   "key 'sliding_window' = 0 is out of range");
+}
+
 TEST(HfFolderHostile, ShardsAndIndexAreChecked) {
   const std::string dir = copy_fixture("llama_f32_sharded");
   fs::remove(dir + "/model-00002-of-00002.safetensors");

@@ -296,9 +296,14 @@ ModelConfig read_hf_config(const std::string& dir, const formats::SafetensorsSet
   c.rope.theta = cfg.opt_positive("rope_theta", gemma ? 1e6 : 10000.0);
   read_rope_scaling(cfg, &c.rope);
   if (gemma) read_gemma3(cfg, &c);
+  // Mistral: one window on every layer. A window no shorter than the context never binds, so it
+  // is dropped (the layers stay global and eviction policies act on them).
   if (hf == "MistralForCausalLM" && cfg.has("sliding_window")) {
-    c.window.assign(c.num_layers, cfg.opt_int("sliding_window", 1 << 24, 4096));
-    c.rope_local = c.rope;
+    const int window = cfg.opt_int("sliding_window", 1 << 24, 4096);
+    if (window < c.max_seq_len) {
+      c.window.assign(c.num_layers, window);
+      c.rope_local = c.rope;
+    }
   }
 
   const uint64_t D = c.dim, V = c.vocab_size;
