@@ -17,6 +17,7 @@
 #include "workers/formats/gguf.h"
 #include "workers/formats/hf_config.h"
 #include "workers/formats/safetensors.h"
+#include "workers/model_session.h"
 #include "workers/formats/model_header.h"
 #include "workers/tokenizer/tokenizer.h"
 
@@ -103,10 +104,19 @@ int cmd_inspect(const std::vector<std::string>& args) {
     c = engine::read_hf_config(path, *formats::SafetensorsSet::open_dir(path));
     const engine::HfTokenizerConfig tc = engine::read_hf_tokenizer_config(path);
     std::error_code ec;
-    tokenizer = std::filesystem::is_regular_file(std::filesystem::path(path) / "tokenizer.json", ec)
-                    ? "HF tokenizer.json"
-                    : "none in the folder (give --tokenizer)";
-    tokenizer += ", add BOS " + std::string(tc.add_bos_token ? "yes" : "no");
+    if (!std::filesystem::is_regular_file(std::filesystem::path(path) / "tokenizer.json", ec)) {
+      tokenizer = "none in the folder (give --tokenizer)";
+    } else {
+      // Loaded, because BOS may come from tokenizer.json's post-processor; a tokenizer.json
+      // kvbench cannot read is reported here rather than failing the whole inspection.
+      try {
+        const workers::LoadedModel lm = workers::load_tokenizer_only(path, "");
+        tokenizer = "HF tokenizer.json (" + std::to_string(lm.tokenizer->vocab_size()) +
+                    " tokens), add BOS " + (lm.add_bos ? "yes" : "no");
+      } catch (const Error& e) {
+        tokenizer = std::string("HF tokenizer.json, not readable by kvbench: ") + e.what();
+      }
+    }
     if (!tc.chat_template.empty()) {
       chat_source = tc.chat_template_source + " (" + std::to_string(tc.chat_template.size()) +
                     " bytes)";

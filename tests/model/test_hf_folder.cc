@@ -282,6 +282,7 @@ TEST(HfFolderMapping, InspectPrintsTheFolder) {
   }
   ASSERT_EQ(testing::kvbench({"inspect", folder("llama_f32_sharded")}, &out, &err), 0) << err;
   EXPECT_NE(out.find("llama3 frequency factors"), std::string::npos) << out;
+  EXPECT_NE(out.find("HF tokenizer.json (288 tokens), add BOS yes"), std::string::npos) << out;
   const std::string empty = std::string(KVB_BINARY_DIR) + "/test_hf_folder_empty";
   std::filesystem::create_directories(empty);
   EXPECT_EQ(testing::kvbench({"inspect", empty}, &out, &err), 2);
