@@ -45,7 +45,8 @@ int cmd_eval(const std::vector<std::string>& args) {
       "Tasks and their options: kvbench ls tasks; policies: kvbench ls policies.\n\noptions");
   desc.add_options()
       ("help,h", "print this help")
-      ("model,m", po::value(&model_path), "model file (.gguf or llama2.c .bin)")
+      ("model,m", po::value(&model_path),
+       "model: .gguf, llama2.c .bin or Hugging Face checkpoint folder")
       ("tokenizer,t", po::value(&tokenizer_path), "tokenizer (required for llama2.c models)")
       ("task", po::value(&task_name),
        "task name (built in, or a definition under configs/tasks), or a definition file .yaml")

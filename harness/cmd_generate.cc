@@ -71,9 +71,11 @@ int cmd_generate(const std::vector<std::string>& args) {
       "options");
   desc.add_options()
       ("help,h", "print this help")
-      ("model,m", po::value(&model_path), "model file: GGUF (.gguf) or llama2.c checkpoint (.bin)")
+      ("model,m", po::value(&model_path),
+       "model: GGUF (.gguf), llama2.c checkpoint (.bin) or Hugging Face checkpoint folder")
       ("tokenizer,t", po::value(&tokenizer_path),
-       "tokenizer: llama2.c tokenizer.bin or HF tokenizer.json (default: the GGUF's own; "
+       "tokenizer: llama2.c tokenizer.bin or HF tokenizer.json (default: the GGUF's or the "
+       "folder's own; "
        "required for llama2.c checkpoints)")
       ("prompt,p", po::value(&prompt), "prompt text (may be empty: generation starts from BOS)")
       ("prompt-file", po::value(&prompt_file), "read the prompt from this file instead")

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -14,6 +15,9 @@
 #include "harness/cli.h"
 #include "harness/model_info.h"
 #include "workers/formats/gguf.h"
+#include "workers/formats/hf_config.h"
+#include "workers/formats/safetensors.h"
+#include "workers/model_session.h"
 #include "workers/formats/model_header.h"
 #include "workers/tokenizer/tokenizer.h"
 
@@ -30,6 +34,7 @@ std::string rope_text(const kernels::cpu::RopeParams& r) {
   std::string s = std::string(r.style == kernels::cpu::RopeStyle::kNeox ? "neox" : "norm") +
                   ", base " + num(r.theta) + ", " + std::to_string(r.rot_dim) + " dims";
   if (r.linear_scale != 1.0f) s += ", linear scaling " + num(r.linear_scale);
+  if (!r.freq_factors.empty()) s += ", llama3 frequency factors";
   return s;
 }
 
@@ -81,7 +86,8 @@ int cmd_inspect(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
   po::options_description desc(
       "usage: kvbench inspect MODEL [--format md|csv|jsonl]\n\n"
-      "Reads a model file's header (GGUF or llama2.c; no weights are loaded) with the loader's own\n"
+      "Reads a model's header (a GGUF or llama2.c file, or a Hugging Face checkpoint folder's\n"
+      "config.json and safetensors headers; no weights are loaded) with the loader's own\n"
       "checks and prints what kvbench will run: architecture, sizes, context length, the kind of\n"
       "every layer (global, or sliding window with its own RoPE base), the tokenizer, the chat\n"
       "template's source and the format kvbench recognizes in it (a task with chat: true needs\n"
@@ -89,7 +95,8 @@ int cmd_inspect(const std::vector<std::string>& args) {
       "options");
   std::string format = "md";
   desc.add_options()("help,h", "print this help")(
-      "model", po::value<std::string>(), "model file: GGUF or llama2.c checkpoint")(
+      "model", po::value<std::string>(),
+      "model: GGUF file, llama2.c checkpoint or Hugging Face checkpoint folder")(
       "format", po::value<std::string>(&format)->default_value("md"), "md, csv or jsonl");
   po::positional_options_description pos;
   pos.add("model", 1);
@@ -116,6 +123,27 @@ int cmd_inspect(const std::vector<std::string>& args) {
     const std::string tmpl = g->get_string_or("tokenizer.chat_template", "");
     if (!tmpl.empty()) {
       chat_source = "GGUF tokenizer.chat_template (" + std::to_string(tmpl.size()) + " bytes)";
+    }
+  } else if (info.format == "hf") {
+    c = engine::read_hf_config(path, *formats::SafetensorsSet::open_dir(path));
+    const engine::HfTokenizerConfig tc = engine::read_hf_tokenizer_config(path);
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(std::filesystem::path(path) / "tokenizer.json", ec)) {
+      tokenizer = "none in the folder (give --tokenizer)";
+    } else {
+      // Loaded, because BOS may come from tokenizer.json's post-processor; a tokenizer.json
+      // kvbench cannot read is reported here rather than failing the whole inspection.
+      try {
+        const workers::LoadedModel lm = workers::load_tokenizer_only(path, "");
+        tokenizer = "HF tokenizer.json (" + std::to_string(lm.tokenizer->vocab_size()) +
+                    " tokens), add BOS " + (lm.add_bos ? "yes" : "no");
+      } catch (const Error& e) {
+        tokenizer = std::string("HF tokenizer.json, not readable by kvbench: ") + e.what();
+      }
+    }
+    if (!tc.chat_template.empty()) {
+      chat_source = tc.chat_template_source + " (" + std::to_string(tc.chat_template.size()) +
+                    " bytes)";
     }
   } else {
     c = engine::read_llama2c_header(path).config;

@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -29,7 +30,40 @@ results::FileStamp file_stamp(const std::string& path) {
   return s;
 }
 
+namespace {
+
+// A Hugging Face checkpoint folder's digest: SHA-256 of the lines "<file name> <file SHA-256>\n"
+// over the files kvbench reads from it (config.json, tokenizer.json, tokenizer_config.json,
+// chat_template.jinja, model.safetensors.index.json and every *.safetensors), sorted by name;
+// each file's digest goes through the cache. Other files (README.md, .gitattributes) do not
+// change the key.
+ModelDigest folder_sha256(results::Store& store, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    const bool read = n == "config.json" || n == "tokenizer.json" ||
+                      n == "tokenizer_config.json" || n == "chat_template.jinja" ||
+                      n == "model.safetensors.index.json" ||
+                      (n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0);
+    if (read && e.is_regular_file()) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  std::string lines;
+  bool cached = true;
+  for (const std::string& n : names) {
+    const ModelDigest d = model_file_sha256(store, (fs::path(dir) / n).string());
+    lines += n + " " + d.sha256 + "\n";
+    cached = cached && d.cached;
+  }
+  return {sha256_hex(lines), cached};
+}
+
+}  // namespace
+
 ModelDigest model_file_sha256(results::Store& store, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return folder_sha256(store, path);
   const results::FileStamp stamp = file_stamp(path);
   if (std::optional<std::string> sha = store.cached_digest(stamp)) {
     KVB_LOG_INFO << "model " << stamp.path << ": SHA-256 from the digest cache (size, mtime and "

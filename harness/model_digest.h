@@ -20,7 +20,9 @@ struct ModelDigest {
 
 // The stored digest when the file's stamp equals the one it was hashed under; otherwise reads the
 // whole file, stores the digest under the stamp taken before reading (so a file changed while it
-// was read is hashed again next time) and returns it. Logs which of the two happened.
+// was read is hashed again next time) and returns it. Logs which of the two happened. A
+// directory (Hugging Face checkpoint folder): the SHA-256 of its files' names and digests
+// (model_digest.cc folder_sha256), each file cached as above.
 ModelDigest model_file_sha256(results::Store& store, const std::string& path);
 
 }  // namespace kvb::harness

@@ -12,6 +12,8 @@
 
 #include "common/error.h"
 #include "workers/formats/gguf.h"
+#include "workers/formats/hf_config.h"
+#include "workers/formats/safetensors.h"
 #include "workers/formats/model_header.h"
 #include "workers/tokenizer/tokenizer.h"
 
@@ -56,6 +58,31 @@ void read_gguf(const std::string& path, ModelInfo& info) {
   }
 }
 
+// A Hugging Face checkpoint folder: config.json and the safetensors headers (no data read); the
+// size is the shards' bytes, the weight type the dtype holding most of them.
+void read_hf(const std::string& dir, ModelInfo& info) {
+  std::unique_ptr<formats::SafetensorsSet> st = formats::SafetensorsSet::open_dir(dir);
+  fill_from_config(engine::read_hf_config(dir, *st), info);
+  info.chat_format = tokenizer::chat_format_name(
+      tokenizer::detect_chat_format(engine::read_hf_tokenizer_config(dir).chat_template));
+  std::map<std::string, uint64_t> bytes_by_type;
+  for (const auto& f : st->files()) {
+    info.file_bytes += f->file_size();
+    for (const auto& t : f->tensors()) {
+      if (st->find_tensor(t.name) != &t) continue;  // not in the index's weight_map
+      info.num_params += t.num_elements;
+      bytes_by_type[t.dtype] += t.end - t.begin;
+    }
+  }
+  uint64_t most = 0;
+  for (const auto& [type, bytes] : bytes_by_type) {
+    if (bytes > most) {
+      most = bytes;
+      info.weight_type = type;
+    }
+  }
+}
+
 void read_llama2c(const std::string& path, ModelInfo& info) {
   const engine::Llama2cHeader h = engine::read_llama2c_header(path);
   fill_from_config(h.config, info);
@@ -67,8 +94,15 @@ void read_llama2c(const std::string& path, ModelInfo& info) {
 
 ModelInfo read_model_info(const std::string& path) {
   std::error_code ec;
-  KVB_USAGE_CHECK(!std::filesystem::is_directory(path, ec))
-      << "model '" << path << "' is a directory; give the model file in it";
+  if (std::filesystem::is_directory(path, ec)) {
+    KVB_USAGE_CHECK(std::filesystem::exists(std::filesystem::path(path) / "config.json", ec))
+        << "model '" << path << "' is a directory without config.json; give a model file "
+        << "(.gguf or .bin) or a Hugging Face checkpoint folder";
+    ModelInfo info;
+    info.path = path;
+    read_hf(path, info);
+    return info;
+  }
   KVB_USAGE_CHECK(std::filesystem::is_regular_file(path, ec))
       << "model file '" << path << "' does not exist or is not a file";
   std::ifstream in(path, std::ios::binary);

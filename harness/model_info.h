@@ -14,10 +14,10 @@ namespace kvb::harness {
 
 struct ModelInfo {
   std::string path;
-  std::string format;       // "gguf" or "llama2c"
+  std::string format;       // "gguf", "llama2c" or "hf" (a checkpoint folder)
   std::string arch;         // "llama", "qwen2", ... (llama2.c: "llama")
   std::string name;         // general.name, or the file name
-  std::string weight_type;  // the tensor type holding most bytes ("Q4_1", "F32")
+  std::string weight_type;  // the tensor type holding most bytes ("Q4_1", "F32", "BF16")
   int dim = 0;
   int hidden_dim = 0;  // feed_forward_length (0 if a GGUF does not say)
   int num_layers = 0;
@@ -26,7 +26,7 @@ struct ModelInfo {
   int head_dim = 0;
   int vocab_size = 0;
   int max_seq_len = 0;  // the context length the model was trained for
-  uint64_t file_bytes = 0;
+  uint64_t file_bytes = 0;  // a folder: its safetensors files
   uint64_t num_params = 0;  // GGUF: sum of tensor elements; llama2.c: from the header
   bool tied_embeddings = false;  // the classifier is the embedding (no output.weight)
   // Layers with global attention, and the largest sliding window (0: none). A model whose every
@@ -60,7 +60,8 @@ struct ModelInfo {
   }
 };
 
-// Reads the header (format by magic bytes, as engine::load_model does). Throws a usage error if
+// Reads the header (a directory: a Hugging Face checkpoint folder's config.json and safetensors
+// headers; a file: format by magic bytes, as engine::load_model does). Throws a usage error if
 // the file is missing, and kvb::Error naming the file if the header is malformed or truncated.
 ModelInfo read_model_info(const std::string& path);
 

@@ -133,16 +133,21 @@ void parse_models(const Node& n, SweepConfig& cfg) {
     if (item->kind == Node::Kind::kMap) {
       expect_map(*item, key, {"name", "path", "tokenizer"});
       const Entry* p = item->find("path");
-      if (!p) fail(*item, key, "needs path: (a .gguf or llama2.c .bin model file)");
+      if (!p) {
+        fail(*item, key,
+             "needs path: (a .gguf or llama2.c .bin model file, or a Hugging Face checkpoint "
+             "folder)");
+      }
       path_node = &p->value;
       if (const Entry* t = item->find("tokenizer")) tok_node = &t->value;
       if (const Entry* nm = item->find("name")) m.name = scalar(nm->value, key + ".name");
     }
     const std::string pkey = item->kind == Node::Kind::kMap ? key + ".path" : key;
     m.path = resolve_path(*path_node, scalar(*path_node, pkey));
-    if (fs::is_directory(m.path))
-      fail(*path_node, pkey, "'" + m.path + "' is a directory; give the model file in it");
-    if (!fs::is_regular_file(m.path))
+    if (fs::is_directory(m.path) && !fs::exists(fs::path(m.path) / "config.json"))
+      fail(*path_node, pkey, "'" + m.path + "' is a directory without config.json; give a model "
+           "file, or a Hugging Face checkpoint folder");
+    if (!fs::is_directory(m.path) && !fs::is_regular_file(m.path))
       fail(*path_node, pkey, "model file '" + m.path + "' does not exist");
     try {
       m.info = read_model_info(m.path);
@@ -157,7 +162,12 @@ void parse_models(const Node& n, SweepConfig& cfg) {
     } else if (m.info.format == "llama2c") {
       fail(*item, key, "llama2.c model '" + m.path + "' needs tokenizer: (its tokenizer.bin)");
     }
-    if (m.name.empty()) m.name = fs::path(m.path).stem().string();
+    if (m.name.empty()) {
+      // A folder's name (a trailing slash leaves the path's stem empty), or the file's stem.
+      const fs::path p = fs::path(m.path).lexically_normal();
+      m.name = fs::is_directory(p) ? p.parent_path().filename().string() : p.stem().string();
+      if (fs::is_directory(p) && !p.filename().empty()) m.name = p.filename().string();
+    }
     for (const ModelEntry& o : cfg.models) {
       if (o.name == m.name)
         fail(*item, key, "model name '" + m.name + "' is used twice; set name:");

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "workers/formats/gguf.h"
+#include "workers/formats/hf_config.h"
 
 namespace kvb::workers {
 
@@ -14,20 +15,49 @@ namespace {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
+
+// A Hugging Face checkpoint folder's tokenizer (its tokenizer.json unless --tokenizer names
+// another) and prompt conventions from tokenizer_config.json: BOS when add_bos_token says so,
+// the chat template (tokenizer_config.json or chat_template.jinja), end ids from eos_token and
+// the turn-ending special tokens. vocab_size: the model's, for a llama2.c tokenizer.bin.
+void load_hf_folder_tokenizer(LoadedModel& lm, const std::string& dir,
+                              const std::string& tokenizer_path, int32_t vocab_size) {
+  // Validated first: the tokenizer.json loader reads the same file's bos/eos/add_bos_token.
+  const engine::HfTokenizerConfig tc = engine::read_hf_tokenizer_config(dir);
+  const std::string own = (std::filesystem::path(dir) / "tokenizer.json").string();
+  std::error_code ec;
+  if (!tokenizer_path.empty() && !ends_with(tokenizer_path, ".json")) {
+    lm.tokenizer = tokenizer::load_llama2c_tokenizer(tokenizer_path, vocab_size);
+  } else {
+    const std::string path = tokenizer_path.empty() ? own : tokenizer_path;
+    KVB_USAGE_CHECK(std::filesystem::is_regular_file(path, ec))
+        << dir << " has no tokenizer.json: pass --tokenizer PATH (a tokenizer.json)";
+    lm.tokenizer = tokenizer::load_hf_tokenizer_json(path);
+  }
+  lm.add_bos = lm.tokenizer->default_add_bos();
+  lm.chat_template = tc.chat_template;
+  lm.chat_format = tokenizer::detect_chat_format(lm.chat_template);
+  lm.end_ids = lm.tokenizer->end_ids();
+}
 }  // namespace
 
 LoadedModel load_model_and_tokenizer(const std::string& model_path,
                                      const std::string& tokenizer_path) {
-  KVB_USAGE_CHECK(!model_path.empty()) << "--model is required (a .gguf file or a llama2.c .bin)";
+  KVB_USAGE_CHECK(!model_path.empty())
+      << "--model is required (a .gguf file, a llama2.c .bin or a Hugging Face checkpoint folder)";
   std::error_code ec;
-  KVB_USAGE_CHECK(!std::filesystem::is_directory(model_path, ec))
-      << "model '" << model_path << "' is a directory; give the model file in it (.gguf or .bin)";
+  KVB_USAGE_CHECK(!std::filesystem::is_directory(model_path, ec) ||
+                  std::filesystem::exists(std::filesystem::path(model_path) / "config.json", ec))
+      << "model '" << model_path << "' is a directory without config.json; give a model file "
+      << "(.gguf or .bin) or a Hugging Face checkpoint folder";
   KVB_USAGE_CHECK(tokenizer_path.empty() || !std::filesystem::is_directory(tokenizer_path, ec))
       << "tokenizer '" << tokenizer_path << "' is a directory; give the tokenizer file in it";
   LoadedModel lm;
   lm.model = engine::load_model(model_path);
   const engine::ModelConfig& c = lm.model->config;
-  if (!tokenizer_path.empty()) {
+  if (c.format == "hf") {
+    load_hf_folder_tokenizer(lm, model_path, tokenizer_path, c.vocab_size);
+  } else if (!tokenizer_path.empty()) {
     if (ends_with(tokenizer_path, ".json")) {
       lm.tokenizer = tokenizer::load_hf_tokenizer_json(tokenizer_path);
     } else {
@@ -42,7 +72,9 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   KVB_USAGE_CHECK(lm.tokenizer->vocab_size() <= c.vocab_size)
       << "tokenizer has " << lm.tokenizer->vocab_size() << " tokens but the model only "
       << c.vocab_size << ": wrong --tokenizer for " << model_path << "?";
-  if (lm.model->gguf) {
+  if (c.format == "hf") {
+    // Conventions set by load_hf_folder_tokenizer.
+  } else if (lm.model->gguf) {
     const formats::GgufFile& g = *lm.model->gguf;
     lm.add_bos = g.get_int_or("tokenizer.ggml.add_bos_token", 0) != 0;
     lm.chat_template = g.get_string_or("tokenizer.chat_template", "");
@@ -62,6 +94,16 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
 
 LoadedModel load_tokenizer_only(const std::string& model_path, const std::string& tokenizer_path) {
   LoadedModel lm;
+  std::error_code ec;
+  if (std::filesystem::is_directory(model_path, ec)) {
+    int32_t vocab = 0;
+    if (!tokenizer_path.empty() && !ends_with(tokenizer_path, ".json")) {
+      vocab = engine::read_hf_config(model_path, *formats::SafetensorsSet::open_dir(model_path))
+                  .vocab_size;
+    }
+    load_hf_folder_tokenizer(lm, model_path, tokenizer_path, vocab);
+    return lm;
+  }
   std::ifstream in(model_path, std::ios::binary);
   KVB_USAGE_CHECK(in.good()) << "cannot open model file '" << model_path << "'";
   char magic[4] = {0, 0, 0, 0};

@@ -16,13 +16,15 @@ struct LoadedModel {
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   tokenizer::ChatFormat chat_format = tokenizer::ChatFormat::kNone;
-  std::string chat_template;      // the GGUF's Jinja template ("" if none)
-  bool add_bos = false;           // prepend BOS to prompts (llama2.c: yes; GGUF: add_bos_token)
+  std::string chat_template;      // the GGUF's or tokenizer_config.json's Jinja ("" if none)
+  bool add_bos = false;           // prepend BOS to prompts (llama2.c: yes; GGUF, HF: add_bos_token)
   std::vector<int32_t> end_ids;   // generation stops on these
 };
 
-// tokenizer_path: "" to use the GGUF's own vocabulary; a llama2.c tokenizer.bin or an HF
-// tokenizer.json otherwise. Throws usage errors that say what to pass.
+// model_path: a GGUF file, a llama2.c checkpoint, or a Hugging Face checkpoint folder.
+// tokenizer_path: "" to use the model's own vocabulary (GGUF metadata, the folder's
+// tokenizer.json); a llama2.c tokenizer.bin or an HF tokenizer.json otherwise. Throws usage
+// errors that say what to pass.
 LoadedModel load_model_and_tokenizer(const std::string& model_path,
                                      const std::string& tokenizer_path);
 

@@ -1,5 +1,6 @@
 // A transformer model in memory: configuration and f32 weights (dequantized at load, so every
-// policy sees the same quantization noise). Loaded from a llama2.c checkpoint or a GGUF file.
+// policy sees the same quantization noise). Loaded from a llama2.c checkpoint, a GGUF file or a
+// Hugging Face checkpoint folder (config.json + safetensors).
 // Supported families: Llama (incl. SmolLM2, stories260K), Qwen2 (QKV bias), Qwen3 (per-head
 // RMSNorm of Q and K before RoPE, head_dim independent of dim / num_heads) and Gemma 3 (Qwen3's
 // q/k norm plus embeddings scaled by sqrt(dim), post-attention and post-MLP norms, a GELU-tanh
@@ -26,7 +27,7 @@ enum class FfnAct { kSilu, kGeluTanh };
 struct ModelConfig {
   std::string arch;          // "llama", "qwen2", "qwen3", "gemma3", "phi3"
   std::string name;          // general.name or the file name
-  std::string format;        // "gguf" or "llama2c"
+  std::string format;        // "gguf", "llama2c" or "hf"
   int dim = 0;               // embedding_length
   int hidden_dim = 0;        // feed_forward_length
   int num_layers = 0;
@@ -104,7 +105,7 @@ struct Model {
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;       // [dim]
   std::vector<float> output;           // [vocab_size, dim]; empty when tied to the embedding
-  std::shared_ptr<formats::GgufFile> gguf;  // kept for tokenizer metadata; null for llama2.c
+  std::shared_ptr<formats::GgufFile> gguf;  // kept for tokenizer metadata; null otherwise
 
   const float* output_weight() const {
     return output.empty() ? token_embedding.data() : output.data();
@@ -119,11 +120,12 @@ struct Model {
 void require_policy_layers(const std::string& policy, const std::string& model, int global_layers,
                            int max_window);
 
-// Loads a model, choosing the format by the file's magic bytes ("GGUF" or a llama2.c header).
-// Throws kvb::Error naming the file and what is wrong (unsupported architecture lists the
-// supported ones).
+// Loads a model: a directory is a Hugging Face checkpoint folder; a file's format is chosen by
+// its magic bytes ("GGUF" or a llama2.c header). Throws kvb::Error naming the file and what is
+// wrong (unsupported architecture lists the supported ones).
 std::unique_ptr<Model> load_model(const std::string& path);
 std::unique_ptr<Model> load_llama2c(const std::string& path);
 std::unique_ptr<Model> load_gguf_model(const std::string& path);
+std::unique_ptr<Model> load_hf_model(const std::string& dir);  // workers/engine/model_load_hf.cc
 
 }  // namespace kvb::engine

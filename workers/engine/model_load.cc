@@ -5,6 +5,7 @@
 // and blk.N.ffn_up.weight are split here, its LongRoPE factor set is loaded here).
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "common/error.h"
@@ -112,6 +113,8 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
 }
 
 std::unique_ptr<Model> load_model(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return load_hf_model(path);
   std::ifstream in(path, std::ios::binary);
   KVB_USAGE_CHECK(in.good()) << "cannot open model file '" << path << "': " << std::strerror(errno);
   char magic[4] = {0, 0, 0, 0};

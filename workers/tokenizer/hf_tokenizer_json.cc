@@ -85,6 +85,32 @@ std::string config_token(const json& cfg, const char* key) {
   return "";
 }
 
+// The special token a TemplateProcessing post-processor puts before a single sequence
+// ({"single": [{"SpecialToken": {"id": "<|begin_of_text|>"}}, {"Sequence": ...}]}), also inside
+// a "Sequence" of processors; "" if none.
+std::string template_leading_token(const json& root) {
+  if (!root.contains("post_processor") || !root["post_processor"].is_object()) return "";
+  std::vector<const json*> todo = {&root["post_processor"]};
+  for (size_t i = 0; i < todo.size() && i < 16; ++i) {
+    const json& p = *todo[i];
+    const std::string type = p.is_object() && p.contains("type") && p["type"].is_string()
+                                 ? p["type"].get<std::string>()
+                                 : "";
+    if (type == "Sequence" && p.contains("processors") && p["processors"].is_array()) {
+      for (const json& q : p["processors"]) todo.push_back(&q);
+    } else if (type == "TemplateProcessing" && p.contains("single") && p["single"].is_array() &&
+               !p["single"].empty()) {
+      const json& first = p["single"][0];
+      if (first.is_object() && first.contains("SpecialToken") &&
+          first["SpecialToken"].is_object() && first["SpecialToken"].contains("id") &&
+          first["SpecialToken"]["id"].is_string()) {
+        return first["SpecialToken"]["id"];
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
@@ -229,6 +255,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
     return -1;
   };
   const auto cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  bool add_bos_known = false;  // tokenizer_config.json has add_bos_token
   if (std::filesystem::exists(cfg_path)) {
     std::ifstream cin(cfg_path);
     json cfg;
@@ -239,7 +266,21 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
     }
     v.bos_id = id_of(config_token(cfg, "bos_token"));
     v.eos_id = id_of(config_token(cfg, "eos_token"));
-    v.add_bos = cfg.value("add_bos_token", false) && v.bos_id >= 0;
+    if (cfg.contains("add_bos_token") && !cfg["add_bos_token"].is_null()) {
+      KVB_CHECK(cfg["add_bos_token"].is_boolean())
+          << cfg_path.string() << ": key 'add_bos_token' must be true or false";
+      v.add_bos = cfg["add_bos_token"].get<bool>() && v.bos_id >= 0;
+      add_bos_known = true;
+    }
+  }
+  // Without add_bos_token (e.g. Llama 3's PreTrainedTokenizerFast), the post-processor decides:
+  // a TemplateProcessing whose "single" template starts with a special token prepends it.
+  if (!add_bos_known) {
+    const int32_t lead = id_of(template_leading_token(root));
+    if (lead >= 0 && (v.bos_id < 0 || v.bos_id == lead)) {
+      v.bos_id = lead;
+      v.add_bos = true;
+    }
   }
   if (model.contains("unk_token") && !model["unk_token"].is_null()) {
     if (!model["unk_token"].is_string()) c.bad("model.unk_token", "must be a string or null");

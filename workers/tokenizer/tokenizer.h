@@ -70,8 +70,9 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int32
 // (<|im_end|>, <|eot_id|>, <|eom_id|>, <|end|>, <end_of_turn>, <|endoftext|>, <EOT>).
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const formats::GgufFile& gguf);
 // From a Hugging Face tokenizer.json (model type BPE, byte-level), e.g. Qwen's. Reads bos/eos
-// from a tokenizer_config.json beside it when present; end_ids() also gets the turn-ending
-// added tokens listed above.
+// and add_bos_token from a tokenizer_config.json beside it when present; without add_bos_token,
+// default_add_bos() follows the post_processor (a TemplateProcessing that starts with a special
+// token, as Llama 3's, prepends it). end_ids() also gets the turn-ending added tokens above.
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path);
 
 // Chat templates, chosen by signature of the GGUF's tokenizer.chat_template.
