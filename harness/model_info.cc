@@ -12,7 +12,7 @@
 #include "common/error.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/model_header.h"
-#include "workers/tokenizer/tokenizer.h"
+#include "workers/tokenizer/jinja_chat_template.h"
 
 namespace kvb::harness {
 namespace {
@@ -37,8 +37,16 @@ void fill_from_config(const engine::ModelConfig& c, ModelInfo& info) {
 void read_gguf(const std::string& path, ModelInfo& info) {
   std::unique_ptr<formats::GgufFile> g = formats::GgufFile::open(path);
   fill_from_config(engine::read_gguf_config(*g), info);
-  info.chat_format = tokenizer::chat_format_name(
-      tokenizer::detect_chat_format(g->get_string_or("tokenizer.chat_template", "")));
+  const std::string tmpl = g->get_string_or("tokenizer.chat_template", "");
+  if (!tmpl.empty()) {
+    info.chat_template = "GGUF tokenizer.chat_template";
+    try {
+      // Parsed only (bos/eos do not matter to the syntax): validate refuses a broken template.
+      tokenizer::JinjaChatTemplate(tmpl, "", "", path + ": tokenizer.chat_template");
+    } catch (const Error& e) {
+      info.chat_template_error = e.what();
+    }
+  }
   std::map<uint32_t, uint64_t> bytes_by_type;
   for (const auto& t : g->tensors()) {
     info.num_params += t.num_elements;

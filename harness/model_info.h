@@ -29,10 +29,11 @@ struct ModelInfo {
   uint64_t file_bytes = 0;
   uint64_t num_params = 0;  // GGUF: sum of tensor elements; llama2.c: from the header
   bool tied_embeddings = false;  // the classifier is the embedding (no output.weight)
-  // The chat format kvbench recognizes in the GGUF's tokenizer.chat_template ("chatml",
-  // "llama3", "gemma"), or "none" (no template, an unrecognized one, or a llama2.c checkpoint):
-  // tasks that wrap prompts in the chat template cannot run on "none".
-  std::string chat_format = "none";
+  // Where the model's chat template comes from ("GGUF tokenizer.chat_template"), or "none" (no
+  // template, or a llama2.c checkpoint): tasks that wrap prompts in the chat template cannot run
+  // on "none". chat_template_error: why the template cannot be used ("" if it parses as Jinja).
+  std::string chat_template = "none";
+  std::string chat_template_error;
 
   policies::ModelShape shape() const {
     return {num_layers, num_heads, num_kv_heads, head_dim, max_seq_len};

@@ -14,6 +14,32 @@ namespace {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
+
+const std::string kSentinel = "\x01\x02kvbench-user-content\x02\x01";
+
+// Parses the GGUF's tokenizer.chat_template (bos/eos: the texts of the metadata's BOS and EOS
+// tokens). A template that does not parse leaves lm.chat null and says why in lm.chat_error, so
+// that the model still runs prompts without chat.
+void load_chat_template(LoadedModel& lm, const formats::GgufFile& g, const std::string& path) {
+  lm.chat_template = g.get_string_or("tokenizer.chat_template", "");
+  if (lm.chat_template.empty()) return;
+  const tokenizer::Tokenizer& t = *lm.tokenizer;
+  const std::string bos = t.bos_id() >= 0 && t.bos_id() < t.vocab_size() ? t.token_to_piece(t.bos_id()) : "";
+  const std::string eos = t.eos_id() >= 0 && t.eos_id() < t.vocab_size() ? t.token_to_piece(t.eos_id()) : "";
+  try {
+    lm.chat = std::make_shared<const tokenizer::JinjaChatTemplate>(
+        lm.chat_template, bos, eos, path + ": tokenizer.chat_template");
+  } catch (const Error& e) {
+    lm.chat_error = e.what();
+    return;
+  }
+  try {
+    const std::string probe = lm.chat->render({{"user", kSentinel}}, true);
+    lm.chat_writes_bos = !bos.empty() && probe.compare(0, bos.size(), bos) == 0;
+  } catch (const Error&) {
+    // A template that refuses a lone user message: chat_frame reports it where it is used.
+  }
+}
 }  // namespace
 
 LoadedModel load_model_and_tokenizer(const std::string& model_path,
@@ -45,8 +71,7 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   if (lm.model->gguf) {
     const formats::GgufFile& g = *lm.model->gguf;
     lm.add_bos = g.get_int_or("tokenizer.ggml.add_bos_token", 0) != 0;
-    lm.chat_template = g.get_string_or("tokenizer.chat_template", "");
-    lm.chat_format = tokenizer::detect_chat_format(lm.chat_template);
+    load_chat_template(lm, g, model_path);
     lm.end_ids = lm.tokenizer->end_ids();
   } else {
     // llama2.c models: prompts start with BOS and generation stops on BOS, as run.c does.
@@ -56,7 +81,7 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   KVB_LOG_DEBUG << "model " << c.name << " (" << c.arch << ", " << c.num_layers << " layers, dim "
                 << c.dim << ", " << c.num_heads << "/" << c.num_kv_heads << " heads, vocab "
                 << c.vocab_size << ", " << lm.model->num_parameters() << " parameters), chat "
-                << tokenizer::chat_format_name(lm.chat_format);
+                << "template " << (lm.chat ? "yes" : lm.chat_template.empty() ? "none" : "invalid");
   return lm;
 }
 
@@ -95,8 +120,7 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
     std::shared_ptr<formats::GgufFile> g = formats::GgufFile::open(model_path);
     if (!lm.tokenizer) lm.tokenizer = tokenizer::load_gguf_tokenizer(*g);
     lm.add_bos = g->get_int_or("tokenizer.ggml.add_bos_token", 0) != 0;
-    lm.chat_template = g->get_string_or("tokenizer.chat_template", "");
-    lm.chat_format = tokenizer::detect_chat_format(lm.chat_template);
+    load_chat_template(lm, *g, model_path);
     lm.end_ids = lm.tokenizer->end_ids();
   } else {
     KVB_USAGE_CHECK(lm.tokenizer != nullptr)
@@ -109,21 +133,21 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
 }
 
 ChatFrame chat_frame(const LoadedModel& lm, const std::string& system) {
-  KVB_USAGE_CHECK(lm.chat_format != tokenizer::ChatFormat::kNone)
-      << "the model has no chat template kvbench recognizes (supported: ChatML, Llama-3, Gemma); "
-         "run without chat";
+  KVB_USAGE_CHECK(lm.chat != nullptr)
+      << (lm.chat_error.empty()
+              ? "the model has no chat template (tokenizer.chat_template; a base model has none): "
+                "run without chat, or use an instruction-tuned model"
+              : lm.chat_error + " (run without chat)");
   // Render with a sentinel as the user message and split around it, so that the template's
   // markers are parsed as special tokens and the user's text never is.
-  static const std::string kSentinel = "\x01\x02kvbench-user-content\x02\x01";
   std::vector<tokenizer::ChatMessage> messages;
-  // Templates such as SmolLM2's insert a default system turn when the conversation has none;
-  // rendering that turn explicitly gives the same text.
-  const std::string sys = system.empty() ? tokenizer::chat_default_system(lm.chat_template) : system;
-  if (!sys.empty()) messages.push_back({"system", sys});
+  if (!system.empty()) messages.push_back({"system", system});
   messages.push_back({"user", kSentinel});
-  const std::string text = tokenizer::apply_chat_template(lm.chat_format, messages, true);
+  const std::string text = lm.chat->render(messages, true);
   const size_t at = text.find(kSentinel);
-  KVB_ASSERT(at != std::string::npos && text.find(kSentinel, at + 1) == std::string::npos);
+  KVB_USAGE_CHECK(at != std::string::npos && text.find(kSentinel, at + 1) == std::string::npos)
+      << lm.chat->origin() << ": the chat template does not render the user message exactly once, "
+      << "so kvbench cannot place the prompt in it";
   return {text.substr(0, at), text.substr(at + kSentinel.size())};
 }
 
@@ -137,7 +161,7 @@ std::vector<int32_t> encode_text(const LoadedModel& lm, const std::string& text,
 
 bool prompt_needs_bos(const LoadedModel& lm, bool chat) {
   // Llama-3 and Gemma templates write their BOS text literally; do not add a second one.
-  return lm.add_bos && (!chat || lm.chat_format == tokenizer::ChatFormat::kChatML);
+  return lm.add_bos && (!chat || !lm.chat_writes_bos);
 }
 
 std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& prompt, bool chat,
