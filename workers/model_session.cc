@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "workers/formats/gguf.h"
 
 namespace kvb::workers {
@@ -172,6 +173,19 @@ std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& pro
   for (int32_t id : encode_text(lm, prompt, false, false)) ids.push_back(id);
   for (int32_t id : encode_text(lm, frame.suffix, true, false)) ids.push_back(id);
   return ids;
+}
+
+std::string token_ids_sha256(std::initializer_list<const std::vector<int32_t>*> parts) {
+  Sha256 h;
+  for (const std::vector<int32_t>* ids : parts) {
+    for (int32_t id : *ids) {
+      const uint32_t u = static_cast<uint32_t>(id);
+      const uint8_t le[4] = {static_cast<uint8_t>(u), static_cast<uint8_t>(u >> 8),
+                             static_cast<uint8_t>(u >> 16), static_cast<uint8_t>(u >> 24)};
+      h.update(le, 4);
+    }
+  }
+  return h.hex_digest();
 }
 
 policies::PolicyOptions parse_policy_options(const std::vector<std::string>& entries) {

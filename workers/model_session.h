@@ -2,6 +2,7 @@
 // --model/--tokenizer, encode prompts (optionally through the model's chat template).
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,11 @@ bool prompt_needs_bos(const LoadedModel& lm, bool chat);
 // Encodes a user prompt; with chat, wraps it as one user turn (plus an optional system turn).
 std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& prompt, bool chat,
                                    const std::string& system);
+
+// SHA-256 (lowercase hex) of token ids, each as an int32 in little-endian byte order: the
+// measurement prompt_sha256 (results/schema.sql), so that two runs can be shown to have fed
+// identical prompts. parts are hashed in order, as one sequence.
+std::string token_ids_sha256(std::initializer_list<const std::vector<int32_t>*> parts);
 
 // "key=value" strings from --policy-opt into options; a malformed entry is a usage error.
 policies::PolicyOptions parse_policy_options(const std::vector<std::string>& entries);
