@@ -124,6 +124,19 @@ TEST(JinjaChatTemplate, BosAndEosReachTheTemplate) {
             "x");
 }
 
+// transformers' environment: trim_blocks (the newline after a block tag goes), lstrip_blocks
+// (the indentation before it goes), no trailing newline kept. Expected: transformers 4.53.3
+// _compile_jinja_template(t).render(messages=...). (Not checked: `tools is defined`, which is
+// True in transformers, where tools=None is passed, and False in minja, whose `defined` test is
+// false for none: workers/tokenizer/README.md.)
+TEST(JinjaChatTemplate, WhitespaceControlAsTransformers) {
+  const JinjaChatTemplate t(
+      "{% for m in messages %}\n  {% if m.role == 'user' %}\n[{{ m.content }}]\n  {% endif %}\n"
+      "{% endfor %}\n{{ messages | length }}\n",
+      "", "", "test");
+  EXPECT_EQ(t.render({{"user", "a"}, {"assistant", "b"}}, false), "[a]\n2");
+}
+
 TEST(JinjaChatTemplate, HostileTemplatesAreUsageErrorsNamingTheOrigin) {
   auto fails_with = [](const std::string& text, const std::string& what) {
     try {
