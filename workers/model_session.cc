@@ -52,6 +52,7 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   KVB_USAGE_CHECK(tokenizer_path.empty() || !std::filesystem::is_directory(tokenizer_path, ec))
       << "tokenizer '" << tokenizer_path << "' is a directory; give the tokenizer file in it";
   LoadedModel lm;
+  lm.path = model_path;
   lm.model = engine::load_model(model_path);
   const engine::ModelConfig& c = lm.model->config;
   if (!tokenizer_path.empty()) {
@@ -88,6 +89,7 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
 
 LoadedModel load_tokenizer_only(const std::string& model_path, const std::string& tokenizer_path) {
   LoadedModel lm;
+  lm.path = model_path;
   std::ifstream in(model_path, std::ios::binary);
   KVB_USAGE_CHECK(in.good()) << "cannot open model file '" << model_path << "'";
   char magic[4] = {0, 0, 0, 0};
@@ -136,8 +138,8 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
 ChatFrame chat_frame(const LoadedModel& lm, const std::string& system) {
   KVB_USAGE_CHECK(lm.chat != nullptr)
       << (lm.chat_error.empty()
-              ? "the model has no chat template (tokenizer.chat_template; a base model has none): "
-                "run without chat, or use an instruction-tuned model"
+              ? lm.path + ": the model has no chat template (no tokenizer.chat_template; a base "
+                "model has none): run without chat, or use an instruction-tuned model"
               : lm.chat_error + " (run without chat)");
   // Render with a sentinel as the user message and split around it, so that the template's
   // markers are parsed as special tokens and the user's text never is.

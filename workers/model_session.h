@@ -17,6 +17,7 @@ namespace kvb::workers {
 struct LoadedModel {
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  std::string path;               // the model file (named in errors)
   std::string chat_template;      // the GGUF's Jinja template ("" if none)
   // The model's own chat template, parsed (null if the model has none, or if it is not valid
   // Jinja: chat_error then says why). Shared so that copies of the session share one parse.
