@@ -41,8 +41,10 @@ void read_gguf(const std::string& path, ModelInfo& info) {
   if (!tmpl.empty()) {
     info.chat_template = "GGUF tokenizer.chat_template";
     try {
-      // Parsed only (bos/eos do not matter to the syntax): validate refuses a broken template.
-      tokenizer::JinjaChatTemplate(tmpl, "", "", path + ": tokenizer.chat_template");
+      // Parsed, and rendered on one user turn as chat tasks use it (bos/eos left undefined: the
+      // tokenizer is not loaded here), so validate refuses a template that cannot serve them.
+      tokenizer::JinjaChatTemplate(tmpl, "", "", path + ": tokenizer.chat_template")
+          .render({{"user", "x"}}, true);
     } catch (const Error& e) {
       info.chat_template_error = e.what();
     }
