@@ -169,8 +169,9 @@ int cmd_validate(const std::vector<std::string>& args) {
           << "model";
       KVB_USAGE_CHECK(!chat || info.chat_template_error.empty())
           << cfg.path << ": task '" << t.spec() << "' wraps its prompts in the chat template of "
-          << "model '" << cfg.models[m].name << "', which kvbench cannot use: "
-          << info.chat_template_error << " (give the task the option chat: false)";
+          << "model '" << cfg.models[m].name
+          << "', which kvbench cannot use: " << info.chat_template_error
+          << " (give the task the option chat: false)";
       std::vector<SampleWork> w;
       for (const auto& s : samples) w.push_back(sample_work(s, cfg, info));
       work[m].push_back(std::move(w));

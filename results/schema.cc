@@ -87,8 +87,9 @@ void from_version_4(Db& db) {
 
 // 5 -> 6: measurements.prompt_sha256 (NULL for the units measured before).
 void from_version_5(Db& db) {
-  db.exec("ALTER TABLE measurements ADD COLUMN prompt_sha256 TEXT CHECK (prompt_sha256 IS NULL OR "
-          "(length(prompt_sha256) = 64 AND prompt_sha256 NOT GLOB '*[^0-9a-f]*'))");
+  db.exec(
+      "ALTER TABLE measurements ADD COLUMN prompt_sha256 TEXT CHECK (prompt_sha256 IS NULL OR "
+      "(length(prompt_sha256) = 64 AND prompt_sha256 NOT GLOB '*[^0-9a-f]*'))");
 }
 
 void set_schema_version(Db& db, int version) {

@@ -25,8 +25,10 @@ void load_chat_template(LoadedModel& lm, const formats::GgufFile& g, const std::
   lm.chat_template = g.get_string_or("tokenizer.chat_template", "");
   if (lm.chat_template.empty()) return;
   const tokenizer::Tokenizer& t = *lm.tokenizer;
-  const std::string bos = t.bos_id() >= 0 && t.bos_id() < t.vocab_size() ? t.token_to_piece(t.bos_id()) : "";
-  const std::string eos = t.eos_id() >= 0 && t.eos_id() < t.vocab_size() ? t.token_to_piece(t.eos_id()) : "";
+  const std::string bos =
+      t.bos_id() >= 0 && t.bos_id() < t.vocab_size() ? t.token_to_piece(t.bos_id()) : "";
+  const std::string eos =
+      t.eos_id() >= 0 && t.eos_id() < t.vocab_size() ? t.token_to_piece(t.eos_id()) : "";
   try {
     lm.chat = std::make_shared<const tokenizer::JinjaChatTemplate>(
         lm.chat_template, bos, eos, path + ": tokenizer.chat_template");
@@ -83,7 +85,10 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   KVB_LOG_DEBUG << "model " << c.name << " (" << c.arch << ", " << c.num_layers << " layers, dim "
                 << c.dim << ", " << c.num_heads << "/" << c.num_kv_heads << " heads, vocab "
                 << c.vocab_size << ", " << lm.model->num_parameters() << " parameters), chat "
-                << "template " << (lm.chat ? "yes" : lm.chat_template.empty() ? "none" : "invalid");
+                << "template "
+                << (lm.chat                    ? "yes"
+                    : lm.chat_template.empty() ? "none"
+                                               : "invalid");
   return lm;
 }
 
@@ -138,8 +143,9 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
 ChatFrame chat_frame(const LoadedModel& lm, const std::string& system) {
   KVB_USAGE_CHECK(lm.chat != nullptr)
       << (lm.chat_error.empty()
-              ? lm.path + ": the model has no chat template (no tokenizer.chat_template; a base "
-                "model has none): run without chat, or use an instruction-tuned model"
+              ? lm.path +
+                    ": the model has no chat template (no tokenizer.chat_template; a base "
+                    "model has none): run without chat, or use an instruction-tuned model"
               : lm.chat_error + " (run without chat)");
   // Render with a sentinel as the user message and split around it, so that the template's
   // markers are parsed as special tokens and the user's text never is.

@@ -69,13 +69,11 @@ TEST(PromptSha256Sweep, SameSweepSameHashesAndChatChangesThem) {
                         "haystack: noise, chat: false}\n"
                      << "policies: [full, h2o]\nkv_budget: [48]\nseed: [0]\n";
   std::string err;
-  ASSERT_EQ(testing::kvbench({"sweep", cfg, "--db", dir + "/a.db", "--threads", "1"}, nullptr,
-                             &err),
-            0)
+  ASSERT_EQ(
+      testing::kvbench({"sweep", cfg, "--db", dir + "/a.db", "--threads", "1"}, nullptr, &err), 0)
       << err;
-  ASSERT_EQ(testing::kvbench({"sweep", cfg, "--db", dir + "/b.db", "--threads", "1"}, nullptr,
-                             &err),
-            0)
+  ASSERT_EQ(
+      testing::kvbench({"sweep", cfg, "--db", dir + "/b.db", "--threads", "1"}, nullptr, &err), 0)
       << err;
   const std::vector<Row> a = rows(dir + "/a.db"), b = rows(dir + "/b.db");
   ASSERT_EQ(a.size(), 8u);  // 2 tasks x 2 samples x 2 policies
@@ -119,7 +117,8 @@ TEST(PromptSha256Sweep, SmolLM2ChatPromptEqualsChatMLOracle) {
     const size_t at = oracle.find('\x01');
     std::vector<int32_t> want = workers::encode_text(lm, oracle.substr(0, at), true, false);
     for (int32_t id : workers::encode_text(lm, user, false, false)) want.push_back(id);
-    for (int32_t id : workers::encode_text(lm, oracle.substr(at + 1), true, false)) want.push_back(id);
+    for (int32_t id : workers::encode_text(lm, oracle.substr(at + 1), true, false))
+      want.push_back(id);
     EXPECT_EQ(got, want) << "system '" << system << "'";
   }
   EXPECT_FALSE(workers::prompt_needs_bos(lm, true));

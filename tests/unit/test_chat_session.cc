@@ -36,8 +36,8 @@ std::string write_model(const std::string& name, const std::string& chat_templat
   w.add_u32("tokenizer.ggml.eos_token_id", kEos);
   w.add_bool("tokenizer.ggml.add_bos_token", true);
   if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
-  const std::string dir = std::string(KVB_BINARY_DIR) + "/test_chat_session_" +
-                          std::to_string(getpid());
+  const std::string dir =
+      std::string(KVB_BINARY_DIR) + "/test_chat_session_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/" + name + ".gguf";
   EXPECT_TRUE(w.write(path));
@@ -59,8 +59,9 @@ std::string usage_error(const std::function<void()>& fn) {
 
 TEST(ChatSession, BosOnlyWhenTheTemplateDoesNotWriteIt) {
   const std::string writes = write_model(
-      "writes_bos", "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}"
-                    "{% endfor %}{% if add_generation_prompt %}>{% endif %}");
+      "writes_bos",
+      "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}"
+      "{% endfor %}{% if add_generation_prompt %}>{% endif %}");
   const workers::LoadedModel a = workers::load_tokenizer_only(writes, "");
   ASSERT_NE(a.chat, nullptr) << a.chat_error;
   EXPECT_TRUE(a.chat_writes_bos);
@@ -87,9 +88,10 @@ TEST(ChatSession, BosOnlyWhenTheTemplateDoesNotWriteIt) {
 }
 
 TEST(ChatSession, TemplateErrorsNameTheModel) {
-  const std::string refuses = write_model(
-      "refuses", "{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system message "
-                 "is required') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}");
+  const std::string refuses =
+      write_model("refuses",
+                  "{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system message "
+                  "is required') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}");
   const workers::LoadedModel r = workers::load_tokenizer_only(refuses, "");
   std::string e = usage_error([&] { workers::encode_prompt(r, "x", true, ""); });
   EXPECT_NE(e.find(refuses), std::string::npos) << e;
@@ -107,12 +109,14 @@ TEST(ChatSession, TemplateErrorsNameTheModel) {
 
   const std::string twice =
       write_model("twice", "{% for m in messages %}{{ m.content }}{{ m.content }}{% endfor %}");
-  e = usage_error([&] { workers::encode_prompt(workers::load_tokenizer_only(twice, ""), "x", true, ""); });
+  e = usage_error(
+      [&] { workers::encode_prompt(workers::load_tokenizer_only(twice, ""), "x", true, ""); });
   EXPECT_NE(e.find("exactly once"), std::string::npos) << e;
   EXPECT_NE(e.find(twice), std::string::npos) << e;
 
   const std::string none = write_model("none", "");
-  e = usage_error([&] { workers::encode_prompt(workers::load_tokenizer_only(none, ""), "x", true, ""); });
+  e = usage_error(
+      [&] { workers::encode_prompt(workers::load_tokenizer_only(none, ""), "x", true, ""); });
   EXPECT_NE(e.find("no chat template"), std::string::npos) << e;
   EXPECT_NE(e.find(none), std::string::npos) << e;
 }

@@ -17,8 +17,8 @@ namespace kvb {
 namespace {
 
 std::string dir() {
-  const std::string d = std::string(KVB_BINARY_DIR) + "/test_chat_validate_" +
-                        std::to_string(getpid());
+  const std::string d =
+      std::string(KVB_BINARY_DIR) + "/test_chat_validate_" + std::to_string(getpid());
   std::filesystem::create_directories(d);
   return d;
 }
@@ -67,9 +67,10 @@ int validate(const std::string& model, bool chat, std::string* err) {
 }
 
 TEST(ChatValidate, GoodTemplateAccepted) {
-  const std::string m = write_model(
-      "good", "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
-              "{% if add_generation_prompt %}<assistant>{% endif %}");
+  const std::string m =
+      write_model("good",
+                  "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                  "{% if add_generation_prompt %}<assistant>{% endif %}");
   const harness::ModelInfo info = harness::read_model_info(m);
   EXPECT_EQ(info.chat_template, "GGUF tokenizer.chat_template");
   EXPECT_EQ(info.chat_template_error, "");
@@ -84,8 +85,9 @@ TEST(ChatValidate, GoodTemplateAccepted) {
 
 TEST(ChatValidate, BrokenOrRefusingTemplateRefusedForChatOnly) {
   const std::string broken = write_model("broken", "{% if messages %}never closed");
-  const std::string refusing = write_model(
-      "refusing", "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system message "
+  const std::string refusing =
+      write_model("refusing",
+                  "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system message "
                   "required') }}{% endif %}{{ messages[0]['content'] }}");
   for (const auto& [m, why] : {std::pair<std::string, std::string>{broken, "not valid Jinja"},
                                {refusing, "system message required"}}) {

@@ -90,7 +90,8 @@ INSTANTIATE_TEST_SUITE_P(ChatTemplates, Family,
                                            "mistral-nemo", "phi3.5"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           for (char& ch : n)
+                             ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });
 
@@ -105,23 +106,23 @@ TEST(JinjaChatTemplate, AgreesWithHandWrittenOracles) {
   for (const auto& m : convs) {
     for (bool gen : {true, false}) {
       EXPECT_EQ(smol.render(m, gen),
-                apply_chat_template(ChatFormat::kChatML, m, gen,
-                                    chat_default_system(smol.text())));
+                apply_chat_template(ChatFormat::kChatML, m, gen, chat_default_system(smol.text())));
       EXPECT_EQ(gemma.render(m, gen), apply_chat_template(ChatFormat::kGemma, m, gen));
     }
   }
 }
 
 TEST(JinjaChatTemplate, BosAndEosReachTheTemplate) {
-  const JinjaChatTemplate t("[{{ bos_token }}|{{ eos_token }}|{{ tools is none }}|"
-                            "{{ documents is none }}|{{ messages | length }}]",
-                            "<B>", "<E>", "test");
+  const JinjaChatTemplate t(
+      "[{{ bos_token }}|{{ eos_token }}|{{ tools is none }}|"
+      "{{ documents is none }}|{{ messages | length }}]",
+      "<B>", "<E>", "test");
   EXPECT_EQ(t.render({{"user", "x"}, {"assistant", "y"}}, true), "[<B>|<E>|True|True|2]");
   // An empty token leaves the name undefined, which renders as "".
-  EXPECT_EQ(JinjaChatTemplate("{{ bos_token }}{% if eos_token is defined %}E{% endif %}x", "", "",
-                              "test")
-                .render({}, false),
-            "x");
+  EXPECT_EQ(
+      JinjaChatTemplate("{{ bos_token }}{% if eos_token is defined %}E{% endif %}x", "", "", "test")
+          .render({}, false),
+      "x");
 }
 
 // transformers' environment: trim_blocks (the newline after a block tag goes), lstrip_blocks

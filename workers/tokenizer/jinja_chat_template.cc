@@ -6,10 +6,9 @@
 #include <chrono>
 #include <ctime>
 #include <iomanip>
-#include <sstream>
-
 #include <minja.hpp>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/error.h"
 
@@ -55,8 +54,8 @@ int max_nesting(const std::string& t) {
 
 }  // namespace
 
-JinjaChatTemplate::JinjaChatTemplate(std::string text, std::string bos_token,
-                                     std::string eos_token, std::string origin)
+JinjaChatTemplate::JinjaChatTemplate(std::string text, std::string bos_token, std::string eos_token,
+                                     std::string origin)
     : text_(std::move(text)),
       bos_token_(std::move(bos_token)),
       eos_token_(std::move(eos_token)),
@@ -127,7 +126,8 @@ std::string JinjaChatTemplate::render(const std::vector<ChatMessage>& messages,
 std::string render_chat_template(const std::string& text, const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt, const std::string& bos_token,
                                  const std::string& eos_token, const std::string& origin) {
-  return JinjaChatTemplate(text, bos_token, eos_token, origin).render(messages, add_generation_prompt);
+  return JinjaChatTemplate(text, bos_token, eos_token, origin)
+      .render(messages, add_generation_prompt);
 }
 
 }  // namespace kvb::tokenizer

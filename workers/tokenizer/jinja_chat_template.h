@@ -1,9 +1,10 @@
-// A model's own chat template (Jinja), rendered as transformers' apply_chat_template(tokenize=False)
-// renders it: the same environment (trim_blocks, lstrip_blocks, no trailing newline kept,
-// raise_exception, strftime_now) and the same context (messages, add_generation_prompt,
-// tools = none, documents = none, bos_token, eos_token). The Jinja engine is minja (google/minja,
-// fetched at set-up time by scripts/fetch_models.sh; it stays out of this header). Checked byte for
-// byte against transformers on seven families: tests/unit/test_jinja_chat_template.cc.
+// A model's own chat template (Jinja), rendered as transformers'
+// apply_chat_template(tokenize=False) renders it: the same environment (trim_blocks, lstrip_blocks,
+// no trailing newline kept, raise_exception, strftime_now) and the same context (messages,
+// add_generation_prompt, tools = none, documents = none, bos_token, eos_token). The Jinja engine is
+// minja (google/minja, fetched at set-up time by scripts/fetch_models.sh; it stays out of this
+// header). Checked byte for byte against transformers on seven families:
+// tests/unit/test_jinja_chat_template.cc.
 #pragma once
 
 #include <memory>
