@@ -10,9 +10,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 // X(name, worker C++ type, store kind). Kinds: Int (SQL INTEGER), Real (SQL REAL; NaN as NULL),
-// Bool (0/1), NullableInt (0 on the worker means "unknown": SQL NULL). Comments must be /* */:
+// Bool (0/1), NullableInt (0 on the worker means "unknown": SQL NULL), Text (SQL TEXT; "" on the
+// worker means "unknown": SQL NULL). Comments must be /* */:
 // a // comment would swallow the line continuation.
 #define KVB_MEASUREMENT_FIELDS(X)                                                               \
   X(prompt_tokens, int, Int)           /* tokens of the prompt, after truncation */             \
@@ -37,11 +39,12 @@
   X(host_rss_peak, size_t, Int)        /* bytes (VmHWM of the worker process) */                \
   X(device_peak_bytes, size_t, NullableInt) /* GPU allocator high-water mark; 0/NULL on CPU */  \
   X(prefill_shared, bool, Bool)        /* prompt forward shared with other policies */          \
-  X(decode_batch, double, Real)        /* sequences per decode step, mean over its steps (1) */
+  X(decode_batch, double, Real)        /* sequences per decode step, mean over its steps (1) */ \
+  X(prompt_sha256, std::string, Text)  /* SHA-256 hex of the prompt's token ids (int32 LE) */
 
 namespace kvb::measurement {
 
-enum class Kind { Int, Real, Bool, NullableInt };
+enum class Kind { Int, Real, Bool, NullableInt, Text };
 
 // How the store (and the wire) holds a field of each kind.
 template <Kind K>
@@ -62,12 +65,18 @@ template <>
 struct StoreType<Kind::NullableInt> {
   using type = std::optional<int64_t>;
 };
+template <>
+struct StoreType<Kind::Text> {
+  using type = std::string;
+};
 
 // The worker's value as the store holds it.
 template <Kind K, typename T>
 typename StoreType<K>::type to_store(T v) {
   if constexpr (K == Kind::NullableInt) {
     return v > 0 ? std::optional<int64_t>(static_cast<int64_t>(v)) : std::nullopt;
+  } else if constexpr (K == Kind::Text) {
+    return v;
   } else {
     return static_cast<typename StoreType<K>::type>(v);
   }

@@ -188,7 +188,10 @@ int cmd_inspect(const std::vector<std::string>& args) {
   t.add({"vocabulary", std::to_string(c.vocab_size)});
   t.add({"tokenizer", tokenizer});
   t.add({"chat template", chat_source});
-  t.add({"chat format kvbench renders", info.chat_format});
+  t.add({"chat format kvbench renders",
+         info.chat_template == "none"       ? "none (chat-wrapped tasks are refused)"
+         : info.chat_template_error.empty() ? "the model's own Jinja template (minja)"
+                                            : "none: " + info.chat_template_error});
   t.add({"KV bytes per slot", std::to_string(f32_slot) + " (f32, CPU); " +
                                   std::to_string(bf16_slot) + " (bf16, GPU)"});
   const size_t per_token = static_cast<size_t>(global_layers) * c.num_kv_heads * f32_slot;

@@ -161,11 +161,17 @@ int cmd_validate(const std::vector<std::string>& args) {
       const ModelInfo& info = cfg.models[m].info;
       const bool chat = std::any_of(samples.begin(), samples.end(),
                                     [](const tasks::Sample& s) { return s.chat; });
-      KVB_USAGE_CHECK(!chat || info.chat_format != "none")
+      KVB_USAGE_CHECK(!chat || info.chat_template != "none")
           << cfg.path << ": task '" << t.spec() << "' wraps its prompts in the model's chat "
           << "template, but model '" << cfg.models[m].name << "' (" << info.path
-          << ") has none kvbench recognizes (supported: ChatML, Llama-3, Gemma; a base model "
-          << "has none): give the task the option chat: false, or use an instruction-tuned model";
+          << ") has none kvbench recognizes (no tokenizer.chat_template in the file; a base "
+          << "model has none): give the task the option chat: false, or use an instruction-tuned "
+          << "model";
+      KVB_USAGE_CHECK(!chat || info.chat_template_error.empty())
+          << cfg.path << ": task '" << t.spec() << "' wraps its prompts in the chat template of "
+          << "model '" << cfg.models[m].name
+          << "', which kvbench cannot use: " << info.chat_template_error
+          << " (give the task the option chat: false)";
       std::vector<SampleWork> w;
       for (const auto& s : samples) w.push_back(sample_work(s, cfg, info));
       work[m].push_back(std::move(w));

@@ -15,7 +15,7 @@
 #include "workers/formats/hf_config.h"
 #include "workers/formats/safetensors.h"
 #include "workers/formats/model_header.h"
-#include "workers/tokenizer/tokenizer.h"
+#include "workers/tokenizer/jinja_chat_template.h"
 
 namespace kvb::harness {
 namespace {
@@ -39,11 +39,25 @@ void fill_from_config(const engine::ModelConfig& c, ModelInfo& info) {
   for (int w : c.window) info.max_window = std::max(info.max_window, w);
 }
 
+// The model's chat template `tmpl` ("" if none), from `source`, named `origin` in errors.
+void check_chat_template(const std::string& tmpl, const std::string& source,
+                         const std::string& origin, ModelInfo& info) {
+  if (tmpl.empty()) return;
+  info.chat_template = source;
+  try {
+    // Parsed, and rendered on one user turn as chat tasks use it (bos/eos left undefined: the
+    // tokenizer is not loaded here), so validate refuses a template that cannot serve them.
+    tokenizer::JinjaChatTemplate(tmpl, "", "", origin).render({{"user", "x"}}, true);
+  } catch (const Error& e) {
+    info.chat_template_error = e.what();
+  }
+}
+
 void read_gguf(const std::string& path, ModelInfo& info) {
   std::unique_ptr<formats::GgufFile> g = formats::GgufFile::open(path);
   fill_from_config(engine::read_gguf_config(*g), info);
-  info.chat_format = tokenizer::chat_format_name(
-      tokenizer::detect_chat_format(g->get_string_or("tokenizer.chat_template", "")));
+  check_chat_template(g->get_string_or("tokenizer.chat_template", ""),
+                      "GGUF tokenizer.chat_template", path + ": tokenizer.chat_template", info);
   std::map<uint32_t, uint64_t> bytes_by_type;
   for (const auto& t : g->tensors()) {
     info.num_params += t.num_elements;
@@ -63,8 +77,10 @@ void read_gguf(const std::string& path, ModelInfo& info) {
 void read_hf(const std::string& dir, ModelInfo& info) {
   std::unique_ptr<formats::SafetensorsSet> st = formats::SafetensorsSet::open_dir(dir);
   fill_from_config(engine::read_hf_config(dir, *st), info);
-  info.chat_format = tokenizer::chat_format_name(
-      tokenizer::detect_chat_format(engine::read_hf_tokenizer_config(dir).chat_template));
+  check_chat_template(engine::read_hf_tokenizer_config(dir).chat_template,
+                      "tokenizer_config.json / chat_template.jinja",
+                      dir + ": the chat template (tokenizer_config.json or chat_template.jinja)",
+                      info);
   std::map<std::string, uint64_t> bytes_by_type;
   for (const auto& f : st->files()) {
     info.file_bytes += f->file_size();

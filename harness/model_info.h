@@ -34,10 +34,12 @@ struct ModelInfo {
   // eviction policy to act on (POLICIES.md "Sliding-window layers"): only `full` runs on it.
   int global_layers = 0;
   int max_window = 0;
-  // The chat format kvbench recognizes in the GGUF's tokenizer.chat_template ("chatml",
-  // "llama3", "gemma"), or "none" (no template, an unrecognized one, or a llama2.c checkpoint):
-  // tasks that wrap prompts in the chat template cannot run on "none".
-  std::string chat_format = "none";
+  // Where the model's chat template comes from ("GGUF tokenizer.chat_template", or a folder's
+  // tokenizer_config.json / chat_template.jinja), or "none" (no
+  // template, or a llama2.c checkpoint): tasks that wrap prompts in the chat template cannot run
+  // on "none". chat_template_error: why the template cannot be used ("" if it parses as Jinja).
+  std::string chat_template = "none";
+  std::string chat_template_error;
 
   policies::ModelShape shape() const {
     return {num_layers, num_heads, num_kv_heads, head_dim, max_seq_len};

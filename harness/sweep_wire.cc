@@ -59,9 +59,11 @@ json field_json(int64_t v) { return v; }
 json field_json(double v) { return number(v); }
 json field_json(bool v) { return v; }
 json field_json(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
+json field_json(const std::string& v) { return v; }
 void field_from(const json& j, int64_t* v) { *v = j.get<int64_t>(); }
 void field_from(const json& j, double* v) { *v = number_from(j); }
 void field_from(const json& j, bool* v) { *v = j.get<bool>(); }
+void field_from(const json& j, std::string* v) { *v = j.get<std::string>(); }
 void field_from(const json& j, std::optional<int64_t>* v) {
   if (j.is_null()) {
     v->reset();

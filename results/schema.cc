@@ -85,6 +85,13 @@ void from_version_4(Db& db) {
           "CHECK (decode_batch >= 0)");
 }
 
+// 5 -> 6: measurements.prompt_sha256 (NULL for the units measured before).
+void from_version_5(Db& db) {
+  db.exec(
+      "ALTER TABLE measurements ADD COLUMN prompt_sha256 TEXT CHECK (prompt_sha256 IS NULL OR "
+      "(length(prompt_sha256) = 64 AND prompt_sha256 NOT GLOB '*[^0-9a-f]*'))");
+}
+
 void set_schema_version(Db& db, int version) {
   // PRAGMA arguments cannot be bound parameters; `version` is our own integer, not input.
   db.exec("PRAGMA user_version = " + std::to_string(version));
@@ -99,6 +106,7 @@ const std::vector<Migration>& migrations() {
       {2, "add runs.end_signal", &from_version_2},
       {3, "add the file_digests table (model digest cache)", &from_version_3},
       {4, "add measurements.decode_batch", &from_version_4},
+      {5, "add measurements.prompt_sha256", &from_version_5},
   };
   return steps;
 }

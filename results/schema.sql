@@ -1,4 +1,4 @@
--- kvbench results database, schema version 4 (DESIGN.md "Results", results/README.md).
+-- kvbench results database, schema version 6 (DESIGN.md "Results", results/README.md).
 --
 -- `runs` holds the provenance of each sweep invocation; `units` one row per work unit, keyed by
 -- the SHA-256 of its canonical fields (DESIGN.md "Work unit and its key"), with its progress and
@@ -129,7 +129,13 @@ CREATE TABLE measurements (
   -- decoded alone, as every unit before version 5 did; 0: a writer that did not say). decode_ms,
   -- its percentiles and tokens_per_s are then those of the batch's steps: compare latency only
   -- at equal values.
-  decode_batch        REAL NOT NULL DEFAULT 1 CHECK (decode_batch >= 0)
+  decode_batch        REAL NOT NULL DEFAULT 1 CHECK (decode_batch >= 0),
+  -- Version 6: SHA-256 (lowercase hex) of the token ids the prompt fed the model, each an int32
+  -- in little-endian order: after the chat template, BOS and truncation (generation and choice:
+  -- the prompt before the first generated token or the choices; perplexity: the scored stream).
+  -- Equal hashes show that two runs fed identical prompts. NULL: written before version 6.
+  prompt_sha256       TEXT CHECK (prompt_sha256 IS NULL OR
+                                  (length(prompt_sha256) = 64 AND prompt_sha256 NOT GLOB '*[^0-9a-f]*'))
 );
 
 -- The unit's output and its gold answers (JSON array of strings).
@@ -154,4 +160,4 @@ CREATE TABLE file_digests (
   hashed_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 5;
+PRAGMA user_version = 6;

@@ -39,11 +39,15 @@ void bind_field(Statement& st, int i, int64_t v) { st.bind_int(i, v); }
 void bind_field(Statement& st, int i, double v) { st.bind_real(i, v); }
 void bind_field(Statement& st, int i, bool v) { st.bind_int(i, int64_t{v}); }
 void bind_field(Statement& st, int i, const std::optional<int64_t>& v) { st.bind_int(i, v); }
+void bind_field(Statement& st, int i, const std::string& v) { st.bind_text_or_null(i, v); }
 void read_field(const Statement& st, int i, int64_t* v) { *v = st.column_int(i); }
 void read_field(const Statement& st, int i, double* v) { *v = st.column_real(i); }
 void read_field(const Statement& st, int i, bool* v) { *v = st.column_int(i) != 0; }
 void read_field(const Statement& st, int i, std::optional<int64_t>* v) {
   *v = st.column_opt_int(i);
+}
+void read_field(const Statement& st, int i, std::string* v) {
+  *v = st.column_opt_text(i).value_or("");
 }
 
 // (Appends rather than `"\"" + ...`: GCC 12 raises a false -Wrestrict on the latter.)

@@ -33,6 +33,10 @@ if [ ! -f "$model" ] && [ -f /tmp/kvb-model/model.part-aa ] && [ -f /tmp/kvb-mod
   echo "$(cat .device/model.sha256 2>/dev/null || cat /tmp/kvb-model/sha256)  $model" | sha256sum -c -
 fi
 [ -f .device/model.sha256 ] && cp .device/model.sha256 /tmp/kvb-model/sha256
+# The minja headers (scripts/device_pack.sh carried them in .device/minja).
+if [ ! -f third_party/minja/minja.hpp ] && [ -f .device/minja/minja.hpp ]; then
+  mkdir -p third_party && cp -r .device/minja third_party/
+fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBENCH_CUDA=ON -DKVBENCH_MPI=OFF \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" \
   -DKVB_SHARED_DIR="$root/.device/shared" "$@"

@@ -6,6 +6,7 @@
 # most 64 MiB). Writes .device/ (git-ignored):
 #   .device/debs/*.deb          ~14 MiB   carry in the first call
 #   .device/shared/...          ~2 MiB    carry in the first call
+#   .device/minja/              150 KB    carry in the first call (the Jinja headers)
 #   .device/model.part-aa       38 MiB    carry in the first call
 #   .device/model.part-ab       ~56 MiB   carry in the second call (device_build.sh joins them)
 # Usage: bash scripts/device_pack.sh   (Debian bookworm; apt-get download needs no root)
@@ -28,6 +29,13 @@ packages=(
   exit 1
 }
 cp -r "$shared/models/stories260K" "$out/shared/models/"
+# The minja headers the build needs (scripts/fetch_models.sh fetched them; the GPU machine has no
+# network): ~150 KB, carried with .device/ in the first call.
+[ -f third_party/minja/minja.hpp ] || {
+  echo "device_pack.sh: third_party/minja/minja.hpp missing: run bash scripts/fetch_models.sh first" >&2
+  exit 1
+}
+cp -r third_party/minja "$out/minja"
 cp "$shared/data/wikitext-2/test.txt" "$out/shared/data/wikitext-2/"
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$model" ] || bash scripts/fetch_models.sh

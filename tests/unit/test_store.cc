@@ -651,7 +651,8 @@ TEST(Store, MigratesVersion3DatabasesToTheDigestCache) {
     std::string cols;
     for (const measurement::Field& f : measurement::kFields) {
       const std::string name = f.name;
-      if (name != "decode_batch") cols += (cols.empty() ? "" : ", ") + name;
+      if (name == "decode_batch" || name == "prompt_sha256") continue;
+      cols += (cols.empty() ? "" : ", ") + name;
     }
     db.exec("CREATE TABLE m3 AS SELECT unit_key, " + cols + " FROM measurements");
     db.exec("DROP TABLE measurements");

@@ -14,12 +14,21 @@ namespace kvb::harness {
 namespace {
 
 // Field i (0-based, table order) gets a value that no other field has and that is not the default.
+template <typename T>
+T distinct_value(int i) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return std::string(63, 'a') + static_cast<char>('0' + i % 10);  // 64 hex digits (Text)
+  } else {
+    return static_cast<T>(std::is_same_v<T, double> ? i + 0.25 : i);
+  }
+}
+
 workers::UnitMeasurements distinct_worker_measurements() {
   workers::UnitMeasurements m;
   int i = 0;
 #define KVB_SET(name, ctype, kind) \
   ++i;                             \
-  m.name = static_cast<ctype>(std::is_same_v<ctype, double> ? i + 0.25 : i);
+  m.name = distinct_value<ctype>(i);
   KVB_MEASUREMENT_FIELDS(KVB_SET)
 #undef KVB_SET
   return m;

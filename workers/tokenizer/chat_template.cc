@@ -2,6 +2,8 @@
 // ChatML (SmolLM2-Instruct's tokenizer.chat_template, with its default system message), Llama-3
 // (meta-llama/Meta-Llama-3-8B-Instruct tokenizer_config.json) and Gemma (google/gemma-3-it: a
 // system message is folded into the first user turn). Detection is by signature token.
+// Test oracles only (tests/unit/test_chat_template.cc, test_jinja_chat_template.cc): prompts are
+// rendered from the model's own template by JinjaChatTemplate.
 #include <algorithm>
 
 #include "common/error.h"

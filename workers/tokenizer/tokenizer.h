@@ -75,7 +75,8 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const formats::GgufFile& gguf);
 // token, as Llama 3's, prepends it). end_ids() also gets the turn-ending added tokens above.
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path);
 
-// Chat templates, chosen by signature of the GGUF's tokenizer.chat_template.
+// Hand-written chat formats, chosen by signature of a Jinja template. Test oracles only: kvbench
+// renders a model's own template with JinjaChatTemplate (jinja_chat_template.h); these check it.
 enum class ChatFormat { kNone, kChatML, kLlama3, kGemma };
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"

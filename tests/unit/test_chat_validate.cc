@@ -1,0 +1,114 @@
+// `kvbench validate` and `kvbench inspect` on a model's own chat template, read from the file's
+// header (harness/model_info.cc): a template that parses and renders one user turn is accepted;
+// one that is not valid Jinja, or that refuses a lone user turn, makes validate refuse chat-wrapped
+// tasks with the file, the reason and the way out (chat: false), while the same model runs tasks
+// without chat. On a tiny zero-weight llama GGUF written here.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gguf_writer.h"
+#include "harness/model_info.h"
+#include "run_kvbench.h"
+
+namespace kvb {
+namespace {
+
+std::string dir() {
+  const std::string d =
+      std::string(KVB_BINARY_DIR) + "/test_chat_validate_" + std::to_string(getpid());
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// A 1-layer llama (dim 8, 2 heads, vocab 300, context 512), zero weights; template "" = none.
+std::string write_model(const std::string& name, const std::string& chat_template) {
+  testing::GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_string("general.name", name);
+  using W = testing::GgufWriter;
+  w.add_scalar<uint32_t>("llama.embedding_length", W::kU32, 8);
+  w.add_scalar<uint32_t>("llama.feed_forward_length", W::kU32, 16);
+  w.add_scalar<uint32_t>("llama.block_count", W::kU32, 1);
+  w.add_scalar<uint32_t>("llama.attention.head_count", W::kU32, 2);
+  w.add_scalar<uint32_t>("llama.attention.head_count_kv", W::kU32, 2);
+  w.add_scalar<uint32_t>("llama.context_length", W::kU32, 512);
+  w.add_scalar<float>("llama.attention.layer_norm_rms_epsilon", W::kF32, 1e-5f);
+  if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
+  auto zeros = [](uint64_t n) { return std::vector<uint8_t>(n * sizeof(float), 0); };
+  const uint64_t D = 8, H = 16, V = 300;
+  w.add_tensor("token_embd.weight", {D, V}, 0, zeros(D * V));
+  for (const char* t : {"attn_norm", "ffn_norm"}) {
+    w.add_tensor(std::string("blk.0.") + t + ".weight", {D}, 0, zeros(D));
+  }
+  for (const char* t : {"attn_q", "attn_k", "attn_v", "attn_output"}) {
+    w.add_tensor(std::string("blk.0.") + t + ".weight", {D, D}, 0, zeros(D * D));
+  }
+  w.add_tensor("blk.0.ffn_gate.weight", {D, H}, 0, zeros(D * H));
+  w.add_tensor("blk.0.ffn_up.weight", {D, H}, 0, zeros(D * H));
+  w.add_tensor("blk.0.ffn_down.weight", {H, D}, 0, zeros(H * D));
+  w.add_tensor("output_norm.weight", {D}, 0, zeros(D));
+  w.add_tensor("output.weight", {D, V}, 0, zeros(D * V));
+  const std::string path = dir() + "/" + name + ".gguf";
+  EXPECT_TRUE(testing::GgufWriter::write_file(path, w.bytes()));
+  return path;
+}
+
+// validate on a chat-wrapped NIAH task (chat: true is the task's default) or a plain one.
+int validate(const std::string& model, bool chat, std::string* err) {
+  const std::string cfg = model + (chat ? ".chat.yaml" : ".plain.yaml");
+  std::ofstream(cfg) << "models:\n  - name: tiny\n    path: " << model << "\n"
+                     << "tasks: [{name: niah, options: {context_lengths: [256], depths: [0]"
+                     << (chat ? "" : ", chat: false") << "}}]\npolicies: [full]\n";
+  std::string out;
+  return testing::kvbench({"validate", cfg}, &out, err);
+}
+
+TEST(ChatValidate, GoodTemplateAccepted) {
+  const std::string m =
+      write_model("good",
+                  "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                  "{% if add_generation_prompt %}<assistant>{% endif %}");
+  const harness::ModelInfo info = harness::read_model_info(m);
+  EXPECT_EQ(info.chat_template, "GGUF tokenizer.chat_template");
+  EXPECT_EQ(info.chat_template_error, "");
+  std::string err;
+  EXPECT_EQ(validate(m, true, &err), 0) << err;
+  std::string out;
+  ASSERT_EQ(testing::kvbench({"inspect", m}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("| chat format kvbench renders | the model's own Jinja template (minja)"),
+            std::string::npos)
+      << out;
+}
+
+TEST(ChatValidate, BrokenOrRefusingTemplateRefusedForChatOnly) {
+  const std::string broken = write_model("broken", "{% if messages %}never closed");
+  const std::string refusing =
+      write_model("refusing",
+                  "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system message "
+                  "required') }}{% endif %}{{ messages[0]['content'] }}");
+  for (const auto& [m, why] : {std::pair<std::string, std::string>{broken, "not valid Jinja"},
+                               {refusing, "system message required"}}) {
+    const harness::ModelInfo info = harness::read_model_info(m);
+    EXPECT_NE(info.chat_template_error.find(why), std::string::npos) << info.chat_template_error;
+    std::string err;
+    EXPECT_EQ(validate(m, true, &err), 2) << m;
+    for (const std::string& part : {m, why, std::string("chat: false")}) {
+      EXPECT_NE(err.find(part), std::string::npos) << part << " in: " << err;
+    }
+    EXPECT_EQ(validate(m, false, &err), 0) << err;
+    std::string out;
+    ASSERT_EQ(testing::kvbench({"inspect", m}, &out, &err), 0) << err;
+    EXPECT_NE(out.find("| chat format kvbench renders | none: "), std::string::npos) << out;
+  }
+  // No template at all: the existing refusal.
+  const std::string none = write_model("none", "");
+  std::string err;
+  EXPECT_EQ(validate(none, true, &err), 2);
+  EXPECT_NE(err.find("has none kvbench recognizes"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace kvb
