@@ -1,0 +1,425 @@
+// The protocols that run one unit (workers/unit_run.h).
+#include "workers/unit_run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <new>
+#include <sstream>
+#include <stdexcept>
+
+#include <unistd.h>
+
+#include "common/error.h"
+
+namespace kvb::workers::detail {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+namespace {
+
+// log softmax(logits)[id], in double.
+double log_prob(const std::vector<float>& logits, int32_t id) {
+  double m = -INFINITY;
+  for (float x : logits) m = std::max(m, static_cast<double>(x));
+  double s = 0;
+  for (float x : logits) s += std::exp(static_cast<double>(x) - m);
+  return static_cast<double>(logits[id]) - m - std::log(s);
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  // Nearest-rank on a 0-based index: p50 of 4 values is the 2nd smallest (index 1.5 -> 2).
+  const size_t idx = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p / 100.0 * v.size())) - (p > 0 ? 1 : 0));
+  return v[idx];
+}
+
+// The process's resident set now (/proc/self/statm: pages), in bytes; 0 when unreadable.
+size_t host_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  size_t total = 0, resident = 0;
+  if (!(in >> total >> resident)) return 0;
+  return resident * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+// The unit's limits, checked after the prompt and between tokens. Time: its own since t0 plus
+// `before_ms`, a shared prefill it started from (that pass was its prompt too). Memory: the
+// process's resident set against RunSettings::max_rss_bytes. Under tensor parallelism the ranks
+// decide together (one byte all-gathered per check and limit), so that no rank stops while the
+// others wait in a collective, and all of them record the same status.
+void check_limits(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
+                  double before_ms, const tasks::Sample& s, kernels::Communicator* tp) {
+  if (rs.time_limit_s > 0) {
+    const double spent_ms = before_ms + ms_since(t0);
+    bool over = spent_ms > rs.time_limit_s * 1000.0;
+    if (tp) over = kernels::any_rank(*tp, over);
+    if (over) {
+      std::ostringstream msg;  // default stream format: 600, 0.5 (not 600.000000)
+      msg << "sample " << s.id << ": unit time limit of " << rs.time_limit_s << " s exceeded after "
+          << std::llround(spent_ms) << " ms";
+      if (before_ms > 0) {
+        msg << " (" << std::llround(before_ms)
+            << " ms of it in the prefill shared with the sample's other policies)";
+      }
+      throw UnitTimeout(msg.str());
+    }
+  }
+  if (rs.max_rss_bytes > 0) {
+    const size_t rss = host_rss_bytes();
+    bool over = rss > rs.max_rss_bytes;
+    if (tp) over = kernels::any_rank(*tp, over);
+    if (over) {
+      throw UnitMemoryLimit("sample " + s.id + ": the worker's resident memory, " +
+                            std::to_string(rss >> 20) + " MiB, is above the cap of " +
+                            std::to_string(rs.max_rss_bytes >> 20) +
+                            " MiB (--max-rss-gb; the model's weights count); lower "
+                            "max_prompt_tokens, run fewer ranks per node, or raise the cap");
+    }
+  }
+}
+
+// A model with NaN weights (or an engine bug) gives non-finite logits; greedy decoding would then
+// turn them into an empty prediction that looks like a result. Checked on every logits vector the
+// runner reads (one pass over the vocabulary, next to a forward pass).
+void check_finite(const std::vector<float>& logits, const tasks::Sample& s, const char* step,
+                  size_t index = 0) {
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) {
+      KVB_FAIL() << "sample " << s.id << ": the logits after " << step
+                 << (index ? " " + std::to_string(index) : std::string()) << " are not finite ("
+                 << "token " << i << ": " << logits[i]
+                 << "); the model's weights hold NaN or Inf, or its activations overflow: "
+                    "check the model file (e.g. with `kvbench eval` on one prompt)";
+    }
+  }
+}
+
+void append(std::vector<int32_t>& to, const std::vector<int32_t>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+
+}  // namespace
+
+PromptTokens build_prompt(const LoadedModel& lm, const tasks::Sample& s, const RunSettings& rs) {
+  PromptTokens p;
+  ChatFrame frame;
+  if (s.chat) frame = chat_frame(lm, "");
+  p.head = encode_text(lm, frame.prefix, true, prompt_needs_bos(lm, s.chat));
+  p.context = encode_text(lm, s.context, false, false);
+  p.question = encode_text(lm, s.question, false, false);
+  p.tail = encode_text(lm, frame.suffix, true, false);
+  append(p.tail, encode_text(lm, s.answer_prefix, false, false));
+  const int ctx_limit = lm.model->config.max_seq_len;
+  const int overhead = static_cast<int>(p.head.size() + p.tail.size());
+  int limit = ctx_limit - std::max(0, s.max_new_tokens) - overhead;
+  // The smaller of the run's setting (CLI/YAML) and the task's own (LongBench's max_prompt_tokens).
+  if (rs.max_prompt_tokens > 0) limit = std::min(limit, rs.max_prompt_tokens);
+  if (s.max_prompt_tokens > 0) limit = std::min(limit, s.max_prompt_tokens);
+  KVB_CHECK(limit > 0) << "sample " << s.id << ": the template (" << overhead
+                       << " tokens) and max_new_tokens (" << s.max_new_tokens
+                       << ") leave no room in the model's context of " << ctx_limit;
+  const size_t content = p.context.size() + p.question.size();
+  if (content > static_cast<size_t>(limit)) {
+    std::vector<int32_t> all = p.context;
+    append(all, p.question);
+    const size_t first = limit / 2, last = limit - first;
+    std::vector<int32_t> kept(all.begin(), all.begin() + first);
+    kept.insert(kept.end(), all.end() - last, all.end());
+    const size_t q = std::min(p.question.size(), last);
+    p.context.assign(kept.begin(), kept.end() - q);
+    p.question.assign(kept.end() - q, kept.end());
+    p.truncated = static_cast<int>(content - limit);
+  }
+  return p;
+}
+
+void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int32_t>* first,
+                  std::vector<int32_t>* rest) {
+  *first = p.head;
+  append(*first, p.context);
+  *rest = p.question;
+  append(*rest, p.tail);
+  if (rs.question == QuestionPlacement::kInPrompt || first->empty()) {
+    append(*first, *rest);
+    rest->clear();
+  }
+}
+
+namespace {
+
+kernels::CommStats comm_stats(const engine::EngineBase& engine) {
+  return engine.tp() ? engine.tp()->stats() : kernels::CommStats{};
+}
+
+// Perplexity: the text streamed token by token through the decode rule, scoring each next token.
+void run_perplexity(Unit& u) {
+  const engine::ModelConfig& c = u.lm.model->config;
+  const tasks::Sample& s = u.s;
+  UnitMeasurements& m = u.out.m;
+  std::vector<int32_t> ids = encode_text(u.lm, s.text, false, prompt_needs_bos(u.lm, false));
+  size_t keep = ids.size();
+  if (s.max_tokens > 0) keep = std::min(keep, static_cast<size_t>(s.max_tokens));
+  if (keep > static_cast<size_t>(c.max_seq_len)) {
+    m.truncated_tokens = static_cast<int>(keep - c.max_seq_len);  // documented: the context
+    keep = c.max_seq_len;
+  }
+  ids.resize(keep);
+  KVB_USAGE_CHECK(ids.size() >= 2) << "sample " << s.id << ": the text has " << ids.size()
+                                   << " tokens; perplexity needs at least 2";
+  kernels::KvCache cache = u.engine.new_cache(static_cast<int>(ids.size()), u.policy.get());
+  Tracker tr(cache, u.engine);
+  u.policy->begin_sequence(1);
+  std::vector<double> steps;
+  std::vector<float> logits;
+  const kernels::CommStats comm0 = comm_stats(u.engine);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t t = 0; t + 1 < ids.size(); ++t) {
+    const auto ts = std::chrono::steady_clock::now();
+    u.engine.forward({&ids[t], 1}, cache, engine::LogitsMode::kLast, &logits, u.policy.get(),
+                     engine::PolicyHook::kDecode);
+    steps.push_back(ms_since(ts));
+    check_finite(logits, s, "perplexity step", t + 1);
+    u.out.prediction.token_nll.push_back(-log_prob(logits, ids[t + 1]));
+    check_limits(u.rs, t0, 0, s, u.engine.tp());
+    tr.sample();
+  }
+  m.decode_ms = ms_since(t0);
+  m.tp_decode_comm = comm_stats(u.engine) - comm0;
+  m.tp_decode_steps = static_cast<int>(steps.size());
+  m.prompt_tokens = static_cast<int>(ids.size());
+  m.prompt_sha256 = token_ids_sha256({&ids});
+  m.decode_ms_p50 = percentile(steps, 50);
+  m.decode_ms_p99 = percentile(steps, 99);
+  m.tokens_per_s = steps.empty() ? 0 : steps.size() * 1000.0 / m.decode_ms;
+  tr.finish(m);
+  if (u.rs.on_final_cache) u.rs.on_final_cache(u.index, cache, *u.policy);
+}
+
+// The step every prompted protocol shares: the prompt into `cache` (sized by the caller for the
+// prompt and what follows), by the bundle's shared prefill where the policy allows it or by its
+// own, then a question placed after compression streamed through the decode rule; measures it,
+// checks the logits and the unit's limits.
+Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* shared,
+                      kernels::KvCache& cache) {
+  UnitMeasurements& m = u.out.m;
+  Prompted out;
+  const kernels::CommStats comm0 = comm_stats(u.engine);
+  out.t0 = std::chrono::steady_clock::now();
+  std::vector<int32_t> first, rest;
+  split_prompt(p, u.rs, &first, &rest);
+  if (shared && engine::can_share_prefill(*u.policy)) {
+    // Same cache and logits as prefill_prompt would give (the layer outputs never depend on
+    // the policy); only the compression runs per policy.
+    cache = shared->full;
+    cache.reserve_extra(static_cast<int>(rest.size()) + std::max(1, u.s.max_new_tokens));
+    u.policy->begin_sequence(static_cast<int>(first.size()));
+    u.engine.apply_recorded_prefill(*u.policy, cache, shared->record);
+    out.logits = shared->logits;
+    out.shared_ms = shared->ms;
+  } else {
+    engine::prefill_prompt(u.engine, cache, first, u.policy.get(), &out.logits);
+  }
+  // The question on top of the compressed context, through the decode rule (per token).
+  for (int32_t id : rest) {
+    u.engine.forward({&id, 1}, cache, engine::LogitsMode::kLast, &out.logits, u.policy.get(),
+                     engine::PolicyHook::kDecode);
+  }
+  m.prefill_ms = out.shared_ms + ms_since(out.t0);
+  m.prefill_shared = out.shared_ms > 0;
+  m.tp_prefill_comm = comm_stats(u.engine) - comm0;
+  check_finite(out.logits, u.s, rest.empty() ? "the prompt's prefill" : "the question");
+  if (static_cast<int>(u.index) == u.rs.faults.bad_alloc_unit) {
+    throw std::bad_alloc();  // test hook (RunFaults): as if growing the cache failed
+  }
+  check_limits(u.rs, out.t0, out.shared_ms, u.s, u.engine.tp());
+  return out;
+}
+
+// Multiple choice: each choice scored (sum of its tokens' log-probabilities) on a fork of the
+// prompt's cache and a clone of the policy, so that no choice sees another; a fork holds the
+// prompt's retained rows plus room for the choice, not the prompt cache's spare capacity.
+void score_choices(Unit& u, const kernels::KvCache& cache, const Prompted& pre) {
+  const tasks::Sample& s = u.s;
+  KVB_CHECK(!s.choices.empty()) << "sample " << s.id << ": no choices";
+  for (const std::string& choice : s.choices) {
+    const std::vector<int32_t> ids = encode_text(u.lm, choice, false, false);
+    KVB_CHECK(!ids.empty()) << "sample " << s.id << ": choice '" << choice << "' has no tokens";
+    kernels::KvCache fork = cache.fork(static_cast<int>(ids.size()) - 1);
+    std::unique_ptr<policies::Policy> fork_policy = u.policy->clone();
+    std::vector<float> l = pre.logits;
+    double ll = log_prob(l, ids[0]);
+    for (size_t t = 0; t + 1 < ids.size(); ++t) {
+      u.engine.forward({&ids[t], 1}, fork, engine::LogitsMode::kLast, &l, fork_policy.get(),
+                       engine::PolicyHook::kDecode);
+      check_finite(l, s, "choice scoring step", t + 1);
+      ll += log_prob(l, ids[t + 1]);
+      check_limits(u.rs, pre.t0, pre.shared_ms, s, u.engine.tp());
+    }
+    u.out.prediction.choice_logliks.push_back(ll);
+  }
+  u.out.m.ttft_ms = u.out.m.prefill_ms;
+}
+
+// Generation: decoding from the prompt's logits until an end token, max_new_tokens or a stop
+// string; ttft_ms counts the shared prefill too. The first token is chosen here, right after the
+// prompt (so ttft never waits for a batch); the caller feeds the tokens back (decode_alone, or a
+// bundle's batch) and then calls finish_generation.
+void start_generation(Unit& u, PromptedRun& r) {
+  const tasks::Sample& s = u.s;
+  r.go.max_new_tokens = s.max_new_tokens;
+  r.go.sampling = u.rs.sampling;
+  r.go.end_ids = u.lm.end_ids;
+  auto on_token = [&u, &r](int32_t id) {
+    check_limits(u.rs, r.pre.t0, r.pre.shared_ms, u.s, u.engine.tp());
+    if (static_cast<int>(u.index) == u.rs.faults.timeout_unit &&
+        static_cast<int>(r.ids.size()) + 1 == u.rs.faults.timeout_at_token) {
+      throw UnitTimeout("sample " + u.s.id + ": test hook: timeout at token " +
+                        std::to_string(u.rs.faults.timeout_at_token));
+    }
+    if (r.first_token) {
+      u.out.m.ttft_ms = r.pre.shared_ms + ms_since(r.pre.t0);
+      r.first_token = false;
+    }
+    r.tr.sample();
+    r.ids.push_back(id);
+    if (u.s.stop_strings.empty()) return true;
+    const std::string text = u.lm.tokenizer->decode(r.ids, true);
+    // Stop strings count only after leading whitespace (LongBench strips leading newlines
+    // before cutting few-shot answers at the first "\n").
+    const size_t begin = text.find_first_not_of(" \t\r\n");
+    if (begin == std::string::npos) return true;
+    for (const std::string& stop : u.s.stop_strings) {
+      const size_t at = text.find(stop, begin);
+      if (at != std::string::npos) {
+        r.stopped_text = text.substr(0, at);
+        r.stopped = true;
+        return false;
+      }
+    }
+    return true;
+  };
+  r.comm1 = comm_stats(u.engine);
+  r.decode_t0 = std::chrono::steady_clock::now();
+  r.gen = std::make_unique<engine::Generation>(r.pre.logits, r.go, on_token);
+}
+
+// One sequence alone: generate_from's loop over the started generation.
+void decode_alone(Unit& u, PromptedRun& r) {
+  for (int32_t id = r.gen->next(); id >= 0; id = r.gen->next()) {
+    const auto ts = std::chrono::steady_clock::now();
+    u.engine.forward({&id, 1}, r.cache, engine::LogitsMode::kLast, r.gen->logits(),
+                     u.policy.get(), engine::PolicyHook::kDecode);
+    r.gen->stepped(ms_since(ts));
+    r.batch_sum += 1;
+  }
+}
+
+void finish_generation(Unit& u, PromptedRun& r) {
+  UnitMeasurements& m = u.out.m;
+  engine::GenerateResult& res = r.gen->result();
+  res.decode_ms = ms_since(r.decode_t0);
+  m.tp_decode_comm = comm_stats(u.engine) - r.comm1;
+  m.tp_decode_steps = res.decode_steps;
+  if (r.first_token) m.ttft_ms = r.pre.shared_ms + ms_since(r.pre.t0);
+  u.out.prediction.text = r.stopped ? r.stopped_text : u.lm.tokenizer->decode(res.tokens, true);
+  m.generated_tokens = static_cast<int>(res.tokens.size());
+  m.decode_ms = res.decode_ms;
+  m.decode_ms_p50 = percentile(res.step_ms, 50);
+  m.decode_ms_p99 = percentile(res.step_ms, 99);
+  m.tokens_per_s = res.decode_steps > 0 ? res.decode_steps * 1000.0 / res.decode_ms : 0;
+  m.decode_batch = res.decode_steps > 0 ? r.batch_sum / res.decode_steps : 1.0;
+}
+
+// Choice and generation: the prompt assembled and the prefill step; choices are scored at once,
+// a generation is started (its first token chosen) and left to the caller to decode.
+std::unique_ptr<PromptedRun> start_prompted(Unit& u, const SharedPrefill* shared) {
+  const tasks::Sample& s = u.s;
+  UnitMeasurements& m = u.out.m;
+  const PromptTokens p = build_prompt(u.lm, s, u.rs);
+  m.truncated_tokens = p.truncated;
+  u.out.prediction.truncated_tokens = p.truncated;
+  m.prompt_tokens = static_cast<int>(p.size());
+  m.prompt_sha256 = token_ids_sha256({&p.head, &p.context, &p.question, &p.tail});
+  u.out.prediction.prompt_tokens = m.prompt_tokens;
+  m.decode_batch = 1.0;
+  KVB_CHECK(p.size() > 0) << "sample " << s.id << ": empty prompt";
+  auto r = std::make_unique<PromptedRun>(
+      u.engine.new_cache(static_cast<int>(p.size()) + std::max(1, s.max_new_tokens),
+                         u.policy.get()),
+      u.engine);
+  r->pre = prefill_step(u, p, shared, r->cache);
+  r->tr.sample();
+  if (s.kind == tasks::SampleKind::kChoice) {
+    score_choices(u, r->cache, r->pre);
+  } else {
+    start_generation(u, *r);
+  }
+  return r;
+}
+
+}  // namespace
+
+void finish_prompted(Unit& u, PromptedRun& r) {
+  if (r.gen) finish_generation(u, r);
+  r.tr.finish(u.out.m);
+  if (u.rs.on_final_cache) u.rs.on_final_cache(u.index, r.cache, *u.policy);
+}
+
+std::unique_ptr<Unit> make_unit(const LoadedModel& lm, engine::EngineBase& engine,
+                                const tasks::Sample& s, const policies::PolicyConfig& unit_pc,
+                                const RunSettings& rs, size_t unit_index) {
+  policies::PolicyConfig pc = unit_pc;
+  pc.tp = engine.tp();
+  return std::unique_ptr<Unit>(
+      new Unit{lm, engine, s, rs, unit_index, policies::make_policy(pc), {}, 0.0});
+}
+
+UnitOutput complete_unit(Unit& u) {
+  UnitMeasurements& m = u.out.m;
+  m.policy_ms = u.policy_ms;
+  m.policy_state_bytes = u.policy->state_bytes();
+  if (u.engine.tp()) {
+    // Every rank's policy state (each holds its own heads').
+    uint64_t total = 0;
+    for (uint64_t b : kernels::all_gather_value<uint64_t>(*u.engine.tp(), m.policy_state_bytes)) {
+      total += b;
+    }
+    m.policy_state_bytes = total;
+  }
+  m.host_rss_peak = host_rss_peak_bytes();
+  m.device_peak_bytes = u.engine.device_peak_bytes();
+  return std::move(u.out);
+}
+
+std::unique_ptr<PromptedRun> start_unit(Unit& u, const SharedPrefill* shared) {
+  const double p0 = u.engine.policy_ms();
+  std::unique_ptr<PromptedRun> r;
+  if (u.s.kind == tasks::SampleKind::kPerplexity) {
+    u.out.m.decode_batch = 1.0;
+    run_perplexity(u);
+  } else {
+    r = start_prompted(u, shared);
+  }
+  u.policy_ms += u.engine.policy_ms() - p0;
+  return r;
+}
+
+UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const tasks::Sample& s,
+                   const policies::PolicyConfig& unit_pc, const RunSettings& rs,
+                   const SharedPrefill* shared, size_t unit_index) {
+  std::unique_ptr<Unit> u = make_unit(lm, engine, s, unit_pc, rs, unit_index);
+  std::unique_ptr<PromptedRun> r = start_unit(*u, shared);
+  if (r) {
+    const double p0 = engine.policy_ms();
+    if (r->gen) decode_alone(*u, *r);
+    u->policy_ms += engine.policy_ms() - p0;
+    finish_prompted(*u, *r);
+  }
+  return complete_unit(*u);
+}
+
+}  // namespace kvb::workers::detail
