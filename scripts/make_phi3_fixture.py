@@ -67,19 +67,10 @@ def make_weights(r):
 
 
 def gguf_tensors(w):
-    fixed = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-    names = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_qkv",
-             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    block = dict(tf.GGUF_BLOCK, **{"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"})
     out = {"rope_factors_long.weight": np.array(LONG, np.float32),
            "rope_factors_short.weight": np.array(SHORT, np.float32)}
-    for hf, a in w.items():
-        if hf in fixed:
-            out[fixed[hf]] = a
-        else:
-            parts = hf.split(".")
-            out[f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.weight"] = a
+    out.update({tf.gguf_name(hf, block): a for hf, a in w.items()})
     return out
 
 

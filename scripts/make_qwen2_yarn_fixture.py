@@ -59,20 +59,7 @@ def make_weights(r):
 
 
 def gguf_tensors(w):
-    fixed = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    out = {}
-    for hf, a in w.items():
-        if hf in fixed:
-            out[fixed[hf]] = a
-        else:
-            parts = hf.split(".")
-            out[f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.{parts[-1]}"] = a
-    return out
+    return {tf.gguf_name(hf): a for hf, a in w.items()}
 
 
 def meta(wr):
