@@ -80,12 +80,7 @@ def attn_factor():
 
 
 def meta(wr):
-    wr.add_block_count(CFG["num_hidden_layers"])
-    wr.add_context_length(CFG["max_position_embeddings"])
-    wr.add_embedding_length(CFG["hidden_size"])
-    wr.add_feed_forward_length(CFG["intermediate_size"])
-    wr.add_head_count(CFG["num_attention_heads"])
-    wr.add_head_count_kv(CFG["num_key_value_heads"])
+    tf.add_shape(wr, CFG)
     wr.add_rope_dimension_count(ROT)
     wr.add_rope_freq_base(CFG["rope_theta"])
     wr.add_layer_norm_rms_eps(CFG["rms_norm_eps"])

@@ -72,12 +72,7 @@ def make_weights(r):
 
 
 def meta(wr):
-    wr.add_block_count(CFG["num_hidden_layers"])
-    wr.add_context_length(CFG["max_position_embeddings"])
-    wr.add_embedding_length(CFG["hidden_size"])
-    wr.add_feed_forward_length(CFG["intermediate_size"])
-    wr.add_head_count(CFG["num_attention_heads"])
-    wr.add_head_count_kv(CFG["num_key_value_heads"])
+    tf.add_shape(wr, CFG)
     wr.add_key_length(CFG["head_dim"])
     wr.add_value_length(CFG["head_dim"])
     wr.add_rope_freq_base(CFG["rope_theta"])

@@ -112,6 +112,16 @@ def gguf_name(hf, block=GGUF_BLOCK):
     return f"blk.{parts[2]}.{block['.'.join(parts[3:-1])]}.{parts[-1]}"
 
 
+def add_shape(wr, cfg):
+    """The GGUF keys every family's meta(writer) starts with, from its HF config."""
+    wr.add_block_count(cfg["num_hidden_layers"])
+    wr.add_context_length(cfg["max_position_embeddings"])
+    wr.add_embedding_length(cfg["hidden_size"])
+    wr.add_feed_forward_length(cfg["intermediate_size"])
+    wr.add_head_count(cfg["num_attention_heads"])
+    wr.add_head_count_kv(cfg["num_key_value_heads"])
+
+
 def write_gguf(path, arch, name, meta, tensors, f16=True, tokenizer=gpt2_tokenizer()):
     """meta(writer) adds the architecture's keys, tokenizer(writer) the vocabulary (EOS: the
     newline byte); tensors: GGUF name -> f32 array (numpy [out, in] = ggml ne [in, out]); 2-D
