@@ -29,15 +29,14 @@ Writes tests/fixtures/engine/gemma3_tiny.gguf and tests/fixtures/engine/gemma3_t
 Deterministic: rerunning reproduces both files byte for byte (the JSON records the GGUF's sha256).
 """
 import argparse
-import hashlib
-import json
 import os
 import sys
 
 import numpy as np
-import torch
 import transformers
 import gguf
+
+import tiny_fixture_common as tf
 
 SEED = 20251125
 CFG = dict(
@@ -46,55 +45,35 @@ CFG = dict(
     rope_theta=1.0e6, rope_local_base_freq=10000.0, sliding_window=16, query_pre_attn_scalar=32,
     rms_norm_eps=1e-6,
 )
-MIN_TOP1_GAP = 1e-3
 NORMS = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
          "post_feedforward_layernorm"]
+# llama.cpp LLM_ARCH_GEMMA3: the norm after attention is its own tensor, the one before the MLP
+# takes ffn_norm.
+GGUF_BLOCK = dict(tf.GGUF_BLOCK, post_attention_layernorm="post_attention_norm",
+                  pre_feedforward_layernorm="ffn_norm", post_feedforward_layernorm="post_ffw_norm")
 
 
-def make_weights(rng):
+def make_weights(r):
     """HF-named f32 arrays (nn.Linear weights are [out, in]); HF norm weights w (applied as 1 + w)."""
     D, H, V, hd = CFG["hidden_size"], CFG["intermediate_size"], CFG["vocab_size"], CFG["head_dim"]
     QD, KVD = CFG["num_attention_heads"] * hd, CFG["num_key_value_heads"] * hd
-
-    def lin(out, inp, gain=1.0):
-        return (rng.standard_normal((out, inp)) * gain / np.sqrt(inp)).astype(np.float32)
-
-    def vec(n, mean, std):
-        return (mean + std * rng.standard_normal(n)).astype(np.float32)
-
     # Embeddings are scaled by sqrt(64) = 8 on the way in: keep them small so activations stay O(1).
-    w = {"model.embed_tokens.weight": (rng.standard_normal((V, D)) * 0.25).astype(np.float32)}
+    w = {"model.embed_tokens.weight": r.emb(V, D, 0.25)}
     for l in range(CFG["num_hidden_layers"]):
         p = f"model.layers.{l}."
         for norm in NORMS:
-            w[p + norm + ".weight"] = vec(D, 0.0, 0.3)
-        w[p + "self_attn.q_proj.weight"] = lin(QD, D, 1.5)
-        w[p + "self_attn.k_proj.weight"] = lin(KVD, D, 1.5)
-        w[p + "self_attn.v_proj.weight"] = lin(KVD, D)
-        w[p + "self_attn.o_proj.weight"] = lin(D, QD)
-        w[p + "self_attn.q_norm.weight"] = vec(hd, 0.5, 0.6)
-        w[p + "self_attn.k_norm.weight"] = vec(hd, 0.5, 0.6)
-        w[p + "mlp.gate_proj.weight"] = lin(H, D)
-        w[p + "mlp.up_proj.weight"] = lin(H, D)
-        w[p + "mlp.down_proj.weight"] = lin(D, H)
-    w["model.norm.weight"] = vec(D, 0.0, 0.3)
+            w[p + norm + ".weight"] = r.vec(D, 0.0, 0.3)
+        w[p + "self_attn.q_proj.weight"] = r.lin(QD, D, 1.5)
+        w[p + "self_attn.k_proj.weight"] = r.lin(KVD, D, 1.5)
+        w[p + "self_attn.v_proj.weight"] = r.lin(KVD, D)
+        w[p + "self_attn.o_proj.weight"] = r.lin(D, QD)
+        w[p + "self_attn.q_norm.weight"] = r.vec(hd, 0.5, 0.6)
+        w[p + "self_attn.k_norm.weight"] = r.vec(hd, 0.5, 0.6)
+        w[p + "mlp.gate_proj.weight"] = r.lin(H, D)
+        w[p + "mlp.up_proj.weight"] = r.lin(H, D)
+        w[p + "mlp.down_proj.weight"] = r.lin(D, H)
+    w["model.norm.weight"] = r.vec(D, 0.0, 0.3)
     return w
-
-
-# HF name -> llama.cpp GGUF name (gguf-py tensor_mapping / llama.cpp LLM_ARCH_GEMMA3).
-def gguf_name(hf):
-    fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    if hf in fixed:
-        return fixed[hf]
-    parts = hf.split(".")  # model.layers.N.<module...>.weight
-    l, mod, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
-    m = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-         "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-         "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-         "post_feedforward_layernorm": "post_ffw_norm", "mlp.gate_proj": "ffn_gate",
-         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}[mod]
-    return f"blk.{l}.{m}.{kind}"
 
 
 def gguf_array(hf, a):
@@ -102,59 +81,28 @@ def gguf_array(hf, a):
     return (a + np.float32(1.0)).astype(np.float32) if hf.endswith("norm.weight") else a
 
 
-def write_gguf(path, w):
-    wr = gguf.GGUFWriter(path, "gemma3")
-    wr.add_name("gemma3-tiny-random")
-    wr.add_block_count(CFG["num_hidden_layers"])
-    wr.add_context_length(CFG["max_position_embeddings"])
-    wr.add_embedding_length(CFG["hidden_size"])
-    wr.add_feed_forward_length(CFG["intermediate_size"])
-    wr.add_head_count(CFG["num_attention_heads"])
-    wr.add_head_count_kv(CFG["num_key_value_heads"])
+def meta(wr):
+    tf.add_shape(wr, CFG)
     wr.add_key_length(CFG["head_dim"])
     wr.add_value_length(CFG["head_dim"])
     wr.add_rope_freq_base(CFG["rope_theta"])
     wr.add_layer_norm_rms_eps(CFG["rms_norm_eps"])
     wr.add_sliding_window(CFG["sliding_window"])
-    wr.add_file_type(gguf.LlamaFileType.ALL_F32)
-    # A byte vocabulary in SentencePiece form (the tests feed ids, not text).
+
+
+def byte_vocab(wr):
+    """A byte vocabulary in SentencePiece form (the tests feed ids, not text)."""
     wr.add_tokenizer_model("llama")
     wr.add_token_list([f"<0x{i:02X}>" for i in range(256)])
     wr.add_token_scores([0.0] * 256)
     wr.add_token_types([int(gguf.TokenType.BYTE)] * 256)
-    wr.add_eos_token_id(ord("\n"))
-    for hf, a in w.items():
-        wr.add_tensor(gguf_name(hf), np.ascontiguousarray(gguf_array(hf, a)))
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
 
 
-def check_gguf(path, w):
-    r = gguf.GGUFReader(path)
-    tensors = {t.name: t for t in r.tensors}
-    want = {gguf_name(k): gguf_array(k, a) for k, a in w.items()}
-    assert set(tensors) == set(want), sorted(set(tensors) ^ set(want))
-    for name, a in want.items():
-        t = tensors[name]
-        assert t.tensor_type == gguf.GGMLQuantizationType.F32, (name, t.tensor_type)
-        assert list(t.shape) == list(reversed(a.shape)), (name, list(t.shape), a.shape)
-        assert np.array_equal(np.asarray(t.data).reshape(a.shape), a), name
-
-    def field(key):
-        f = r.fields[key]
-        v = f.parts[f.data[0]]
-        return bytes(v).decode() if f.types[0] == gguf.GGUFValueType.STRING else v[0].item()
-    assert field("general.architecture") == "gemma3"
-    assert field("gemma3.attention.sliding_window") == CFG["sliding_window"]
-    assert field("gemma3.attention.key_length") == CFG["head_dim"]
-    assert "output.weight" not in tensors
-    print(f"GGUF read back: {len(want)} tensors equal bit for bit", file=sys.stderr)
-
-
-def sig(x, digits=8):
-    return float(f"{x:.{digits}g}")
+def check_gguf(r):
+    assert tf.field(r, "general.architecture") == "gemma3"
+    assert tf.field(r, "gemma3.attention.sliding_window") == CFG["sliding_window"]
+    assert tf.field(r, "gemma3.attention.key_length") == CFG["head_dim"]
+    assert "output.weight" not in {t.name for t in r.tensors}
 
 
 def build(w, window=None):
@@ -165,10 +113,8 @@ def build(w, window=None):
         **cfg, hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
         attn_logit_softcapping=None, tie_word_embeddings=True, attention_bias=False,
         rope_scaling=None, attn_implementation="eager")
-    model = transformers.Gemma3ForCausalLM(config).eval()
-    sd = {k: torch.from_numpy(a.copy()) for k, a in w.items()}
-    sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
-    model.load_state_dict(sd, strict=True)
+    model = tf.load(transformers.Gemma3ForCausalLM(config),
+                    dict(w, **{"lm_head.weight": w["model.embed_tokens.weight"]}))
     types = list(model.config.layer_types)
     assert types == ["sliding_attention"] * 5 + ["full_attention"], types
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
@@ -177,23 +123,17 @@ def build(w, window=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    outdir = os.path.join(root, "tests", "fixtures", "engine")
-    ap.add_argument("--gguf", default=os.path.join(outdir, "gemma3_tiny.gguf"))
-    ap.add_argument("--out", default=os.path.join(outdir, "gemma3_tiny.json"))
+    ap.add_argument("--gguf", default=os.path.join(tf.OUT_DIR, "gemma3_tiny.gguf"))
+    ap.add_argument("--out", default=os.path.join(tf.OUT_DIR, "gemma3_tiny.json"))
     args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)  # deterministic f32 summation order
+    tf.setup()
 
-    rng = np.random.default_rng(SEED)
-    w = make_weights(rng)
+    w = make_weights(tf.Rand(SEED, f16=False))
     os.makedirs(os.path.dirname(args.gguf), exist_ok=True)
-    write_gguf(args.gguf, w)
-    with open(args.gguf, "rb") as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
-    print(f"wrote {args.gguf} ({os.path.getsize(args.gguf)} bytes, sha256 {sha[:16]}...)",
-          file=sys.stderr)
-    check_gguf(args.gguf, w)
+    r, sha = tf.write_gguf(args.gguf, "gemma3", "gemma3-tiny-random", meta,
+                           {tf.gguf_name(k, GGUF_BLOCK): gguf_array(k, a) for k, a in w.items()},
+                           f16=False, tokenizer=byte_vocab)
+    check_gguf(r)
 
     model = build(w)
     wide = build(w, window=4096)
@@ -210,46 +150,29 @@ def main():
     out_cases = []
     min_gap, window_effect = float("inf"), 0.0
     for cname, ids in cases:
-        with torch.no_grad():
-            lg = model(torch.tensor([ids])).logits[0].numpy()
-            lw = wide(torch.tensor([ids])).logits[0].numpy()
-        assert lg.dtype == np.float32 and lg.shape == (len(ids), CFG["vocab_size"])
+        lg, lw = tf.logits(model, ids), tf.logits(wide, ids)
         if len(ids) > CFG["sliding_window"]:
-            window_effect = max(window_effect, float(np.abs(lg.astype(np.float64) - lw).max()))
+            window_effect = max(window_effect, tf.max_diff(lg, lw))
         else:
             assert np.array_equal(lg, lw), f"{cname}: a window longer than the text changed logits"
-        srt = np.sort(lg.astype(np.float64), axis=1)
-        gap = float((srt[:, -1] - srt[:, -2]).min())
-        assert gap > MIN_TOP1_GAP, f"{cname}: top-1/top-2 gap {gap}; pick another SEED"
-        min_gap = min(min_gap, gap)
-        print(f"{cname}: {len(ids)} tokens, |logit| <= {np.abs(lg).max():.2f}, "
-              f"min top-1 gap {gap:.3f}", file=sys.stderr)
-        out_cases.append({
-            "name": cname,
-            "ids": [int(i) for i in ids],
-            "top1": [int(i) for i in lg.argmax(axis=1)],
-            "logits": [[sig(float(x)) for x in row] for row in lg],
-        })
+        out_cases.append(tf.case(cname, ids, lg))
+        min_gap = min(min_gap, tf.top1_gap(lg))
     assert window_effect > 1e-2, f"the window barely matters ({window_effect}); pick another SEED"
     print(f"a 4096 window instead of 16 moves the logits by up to {window_effect:.3f}",
           file=sys.stderr)
 
-    out = {
+    tf.write_json(args.out, {
         "generator": "scripts/make_gemma3_fixture.py",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "gguf": getattr(gguf, "__version__", "0.10.0"), "numpy": np.__version__},
+        "versions": tf.versions(gguf_version="0.10.0"),
         "model": os.path.basename(args.gguf),
         "gguf_sha256": sha,
         "seed": SEED,
         "config": CFG,
         "window_effect_max_abs_diff": window_effect,
         "min_top1_gap": min_gap,
-        "logit_digits": 8,
+        "logit_digits": tf.LOGIT_DIGITS,
         "cases": out_cases,
-    }
-    with open(args.out, "w") as f:
-        json.dump(out, f, separators=(",", ":"))
-    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)", file=sys.stderr)
+    })
 
 
 if __name__ == "__main__":

@@ -56,34 +56,18 @@ def permute(a, n_head):
 
 
 def gguf_tensors(w):
-    fixed = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    """GGUF names; Q/K rows permuted as convert_hf_to_gguf.py does for arch "llama"."""
+    heads = {"self_attn.q_proj": CFG["num_attention_heads"],
+             "self_attn.k_proj": CFG["num_key_value_heads"]}
     out = {}
     for hf, a in w.items():
-        if hf in fixed:
-            out[fixed[hf]] = a
-            continue
-        parts = hf.split(".")
-        mod = ".".join(parts[3:-1])
-        if mod == "self_attn.q_proj":
-            a = permute(a, CFG["num_attention_heads"])
-        elif mod == "self_attn.k_proj":
-            a = permute(a, CFG["num_key_value_heads"])
-        out[f"blk.{parts[2]}.{names[mod]}.weight"] = a
+        n_head = heads.get(".".join(hf.split(".")[3:-1]))
+        out[tf.gguf_name(hf)] = permute(a, n_head) if n_head else a
     return out
 
 
 def meta(wr):
-    wr.add_block_count(CFG["num_hidden_layers"])
-    wr.add_context_length(CFG["max_position_embeddings"])
-    wr.add_embedding_length(CFG["hidden_size"])
-    wr.add_feed_forward_length(CFG["intermediate_size"])
-    wr.add_head_count(CFG["num_attention_heads"])
-    wr.add_head_count_kv(CFG["num_key_value_heads"])
+    tf.add_shape(wr, CFG)
     wr.add_rope_dimension_count(CFG["head_dim"])
     wr.add_rope_freq_base(CFG["rope_theta"])
     wr.add_layer_norm_rms_eps(CFG["rms_norm_eps"])

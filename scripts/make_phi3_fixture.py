@@ -67,19 +67,10 @@ def make_weights(r):
 
 
 def gguf_tensors(w):
-    fixed = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-    names = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_qkv",
-             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    block = dict(tf.GGUF_BLOCK, **{"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"})
     out = {"rope_factors_long.weight": np.array(LONG, np.float32),
            "rope_factors_short.weight": np.array(SHORT, np.float32)}
-    for hf, a in w.items():
-        if hf in fixed:
-            out[fixed[hf]] = a
-        else:
-            parts = hf.split(".")
-            out[f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.weight"] = a
+    out.update({tf.gguf_name(hf, block): a for hf, a in w.items()})
     return out
 
 
@@ -89,12 +80,7 @@ def attn_factor():
 
 
 def meta(wr):
-    wr.add_block_count(CFG["num_hidden_layers"])
-    wr.add_context_length(CFG["max_position_embeddings"])
-    wr.add_embedding_length(CFG["hidden_size"])
-    wr.add_feed_forward_length(CFG["intermediate_size"])
-    wr.add_head_count(CFG["num_attention_heads"])
-    wr.add_head_count_kv(CFG["num_key_value_heads"])
+    tf.add_shape(wr, CFG)
     wr.add_rope_dimension_count(ROT)
     wr.add_rope_freq_base(CFG["rope_theta"])
     wr.add_layer_norm_rms_eps(CFG["rms_norm_eps"])

@@ -59,29 +59,11 @@ def make_weights(r):
 
 
 def gguf_tensors(w):
-    fixed = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    out = {}
-    for hf, a in w.items():
-        if hf in fixed:
-            out[fixed[hf]] = a
-        else:
-            parts = hf.split(".")
-            out[f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.{parts[-1]}"] = a
-    return out
+    return {tf.gguf_name(hf): a for hf, a in w.items()}
 
 
 def meta(wr):
-    wr.add_block_count(CFG["num_hidden_layers"])
-    wr.add_context_length(CFG["max_position_embeddings"])
-    wr.add_embedding_length(CFG["hidden_size"])
-    wr.add_feed_forward_length(CFG["intermediate_size"])
-    wr.add_head_count(CFG["num_attention_heads"])
-    wr.add_head_count_kv(CFG["num_key_value_heads"])
+    tf.add_shape(wr, CFG)
     wr.add_rope_freq_base(CFG["rope_theta"])
     wr.add_layer_norm_rms_eps(CFG["rms_norm_eps"])
     wr.add_rope_scaling_type(gguf.RopeScalingType.YARN)

@@ -1,10 +1,12 @@
-"""Shared pieces of scripts/make_{mistral,phi3,qwen2_yarn}_fixture.py: tiny random-weight models
-written as GGUF with gguf's Python writer (2-D weights F16, 1-D F32, as convert_hf_to_gguf.py
-writes an f16 model) and transformers' eager logits as a golden JSON.
+"""Shared pieces of scripts/make_{mistral,phi3,qwen2_yarn,qwen3,gemma3}_fixture.py: tiny
+random-weight models written as GGUF with gguf's Python writer and transformers' eager logits as a
+golden JSON.
 
-The HF model gets the very values the GGUF holds (2-D weights rounded to f16 and widened back to
-f32), so the two sides differ only in f32 summation order. Token id i < 128 is byte i of a GPT-2
-byte-level alphabet (ASCII), ids 128 and 129 two merges, so prompts are plain ASCII text.
+By default 2-D weights are F16 and 1-D F32, as convert_hf_to_gguf.py writes an f16 model, and the
+HF model gets the very values the GGUF holds (2-D weights rounded to f16 and widened back to f32),
+so the two sides differ only in f32 summation order; with f16=False (Qwen3, Gemma 3) every tensor
+is F32. Token id i < 128 is byte i of a GPT-2 byte-level alphabet (ASCII), ids 128 and 129 two
+merges, so prompts are plain ASCII text (the Qwen3 fixture: all 256 bytes, no merges).
 """
 import copy
 import hashlib
@@ -34,9 +36,10 @@ assert len(LONG_TEXT) == 100, len(LONG_TEXT)
 REPEAT = [7, 7, 7, 7, 100, 100, 100, 100, 7, 100, 7, 100]  # only RoPE tells these apart
 
 
-def versions():
+def versions(gguf_version="0.17.1"):
+    """gguf-py has no __version__: the caller names the pinned version its docstring asks for."""
     return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "gguf": gguf.__version__ if hasattr(gguf, "__version__") else "0.17.1",
+            "gguf": gguf.__version__ if hasattr(gguf, "__version__") else gguf_version,
             "numpy": np.__version__}
 
 
@@ -46,23 +49,25 @@ def f16_exact(a):
 
 
 class Rand:
-    """Seeded weights scaled so that activations stay O(1) and logits O(1..10)."""
+    """Seeded weights scaled so that activations stay O(1) and logits O(1..10); 2-D ones hold
+    f16 values unless f16=False (an F32 GGUF)."""
 
-    def __init__(self, seed):
+    def __init__(self, seed, f16=True):
         self.rng = np.random.default_rng(seed)
+        self.exact = f16_exact if f16 else (lambda a: a.astype(np.float32))
 
     def lin(self, out, inp, gain=1.0):
-        return f16_exact(self.rng.standard_normal((out, inp)) * gain / np.sqrt(inp))
+        return self.exact(self.rng.standard_normal((out, inp)) * gain / np.sqrt(inp))
 
     def vec(self, n, mean, std):
         return (mean + std * self.rng.standard_normal(n)).astype(np.float32)
 
-    def emb(self, v, d):
-        return f16_exact(self.rng.standard_normal((v, d)))
+    def emb(self, v, d, scale=1.0):
+        return self.exact(self.rng.standard_normal((v, d)) * scale)
 
 
-def byte_tokens():
-    """GPT-2 byte-level alphabet (bytes_to_unicode); token id i < 128 is byte i, then MERGES."""
+def byte_tokens(count=128, merges=MERGES):
+    """GPT-2 byte-level alphabet (bytes_to_unicode); token id i < count is byte i, then merges."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
         list(range(ord("®"), ord("ÿ") + 1))
     cs, k = bs[:], 0
@@ -72,25 +77,65 @@ def byte_tokens():
             cs.append(256 + k)
             k += 1
     enc = dict(zip(bs, (chr(c) for c in cs)))
-    return [enc[b] for b in range(128)] + [m.replace(" ", "") for m in MERGES]
+    return [enc[b] for b in range(count)] + [m.replace(" ", "") for m in merges]
 
 
-def write_gguf(path, arch, name, meta, tensors):
-    """meta(writer) adds the architecture's keys; tensors: GGUF name -> f32 array (numpy
-    [out, in] = ggml ne [in, out]); 2-D arrays are written as F16."""
+def gpt2_tokenizer(pre="default", count=128, merges=MERGES):
+    """A tokenizer(writer) for write_gguf: the byte-level BPE of byte_tokens(count, merges), as
+    convert_hf_to_gguf writes one (no merges key when there are none)."""
+    def add(wr):
+        wr.add_tokenizer_model("gpt2")
+        wr.add_tokenizer_pre(pre)
+        wr.add_token_list(byte_tokens(count, merges))
+        if merges:
+            wr.add_token_merges(merges)
+        wr.add_token_types([int(gguf.TokenType.NORMAL)] * (count + len(merges)))
+    return add
+
+
+# HF name -> llama.cpp GGUF name (gguf-py tensor_mapping) of the Llama-like families; a family
+# whose blocks differ passes its own table built on GGUF_BLOCK (Phi-3's fused projections, Gemma
+# 3's four norms).
+GGUF_FIXED = {"model.embed_tokens.weight": "token_embd.weight",
+              "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+GGUF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+              "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(hf, block=GGUF_BLOCK):
+    if hf in GGUF_FIXED:
+        return GGUF_FIXED[hf]
+    parts = hf.split(".")  # model.layers.N.<module...>.<weight|bias>
+    return f"blk.{parts[2]}.{block['.'.join(parts[3:-1])]}.{parts[-1]}"
+
+
+def add_shape(wr, cfg):
+    """The GGUF keys every family's meta(writer) starts with, from its HF config."""
+    wr.add_block_count(cfg["num_hidden_layers"])
+    wr.add_context_length(cfg["max_position_embeddings"])
+    wr.add_embedding_length(cfg["hidden_size"])
+    wr.add_feed_forward_length(cfg["intermediate_size"])
+    wr.add_head_count(cfg["num_attention_heads"])
+    wr.add_head_count_kv(cfg["num_key_value_heads"])
+
+
+def write_gguf(path, arch, name, meta, tensors, f16=True, tokenizer=gpt2_tokenizer()):
+    """meta(writer) adds the architecture's keys, tokenizer(writer) the vocabulary (EOS: the
+    newline byte); tensors: GGUF name -> f32 array (numpy [out, in] = ggml ne [in, out]); 2-D
+    arrays are written as F16 unless f16=False. Reads the file back and checks every tensor (type,
+    shape, values) bit for bit; returns the reader and the file's sha256."""
     wr = gguf.GGUFWriter(path, arch)
     wr.add_name(name)
     meta(wr)
-    wr.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    wr.add_tokenizer_model("gpt2")
-    wr.add_tokenizer_pre("default")
-    wr.add_token_list(byte_tokens())
-    wr.add_token_merges(MERGES)
-    wr.add_token_types([int(gguf.TokenType.NORMAL)] * VOCAB)
+    wr.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+    tokenizer(wr)
     wr.add_eos_token_id(ord("\n"))
     for n, a in tensors.items():
         a = np.ascontiguousarray(a)
-        wr.add_tensor(n, a.astype(np.float16) if a.ndim == 2 else a.astype(np.float32))
+        wr.add_tensor(n, a.astype(np.float16) if f16 and a.ndim == 2 else a.astype(np.float32))
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()
@@ -100,6 +145,9 @@ def write_gguf(path, arch, name, meta, tensors):
     assert set(got) == set(tensors), sorted(set(got) ^ set(tensors))
     for n, a in tensors.items():
         t = got[n]
+        want_type = gguf.GGMLQuantizationType.F16 if f16 and a.ndim == 2 else \
+            gguf.GGMLQuantizationType.F32
+        assert t.tensor_type == want_type, (n, t.tensor_type, want_type)
         assert list(t.shape) == list(reversed(a.shape)), (n, list(t.shape), a.shape)
         assert np.array_equal(np.asarray(t.data).reshape(a.shape).astype(np.float32), a), n
     with open(path, "rb") as f:
@@ -123,7 +171,7 @@ def load(model, w):
 def logits(model, ids):
     with torch.no_grad():
         lg = model(torch.tensor([ids])).logits[0].numpy()
-    assert lg.dtype == np.float32 and lg.shape == (len(ids), VOCAB)
+    assert lg.dtype == np.float32 and lg.shape == (len(ids), model.config.vocab_size)
     return lg
 
 
@@ -140,11 +188,16 @@ def sig(x):
     return float(f"{x:.{LOGIT_DIGITS}g}")
 
 
+def top1_gap(lg):
+    """The smallest top-1/top-2 logit gap over the positions of lg."""
+    srt = np.sort(lg.astype(np.float64), axis=1)
+    return float((srt[:, -1] - srt[:, -2]).min())
+
+
 def case(name, ids, lg):
     """A golden case; the top-1/top-2 gap must exceed MIN_TOP1_GAP at every position so that the
     C++ test can require top-1 equality everywhere."""
-    srt = np.sort(lg.astype(np.float64), axis=1)
-    gap = float((srt[:, -1] - srt[:, -2]).min())
+    gap = top1_gap(lg)
     assert gap > MIN_TOP1_GAP, f"{name}: top-1/top-2 gap {gap}; pick another SEED"
     print(f"{name}: {len(ids)} tokens, |logit| <= {np.abs(lg).max():.2f}, min top-1 gap {gap:.3f}",
           file=sys.stderr)

@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
@@ -73,10 +76,67 @@ inline Diff run_case(const engine::Model& model, const nlohmann::json& cs) {
   return compare_rows(logits, cs, 0, static_cast<int>(ids.size()), model.config.vocab_size);
 }
 
+// Called after each piece of run_chunked with its tokens [begin, end), that piece's Diff and the
+// cache after it: a test's own checks per step (top-1 per piece, what the cache holds).
+using StepCheck =
+    std::function<void(int begin, int end, const Diff& d, const kernels::KvCache& cache)>;
+
+// A change to a loaded model that a fixture must detect: what it drops or misapplies.
+struct Mutation {
+  const char* what;
+  void (*apply)(engine::Model&);
+};
+
+// The fixture has teeth: each mutation, applied to a fresh load of `model_path`, moves the case's
+// logits by more than `min_diff` (the tests: 100 times their tolerance). Prints each figure after
+// "[ tag ]".
+inline void expect_mutations_detected(const std::string& tag, const std::string& model_path,
+                                      const nlohmann::json& cs, std::span<const Mutation> mutations,
+                                      double min_diff) {
+  for (const Mutation& mu : mutations) {
+    std::unique_ptr<engine::Model> model = engine::load_model(model_path);
+    mu.apply(*model);
+    const Diff d = run_case(*model, cs);
+    std::cout << "[ " << tag << " ] with " << mu.what
+              << ": max |logit - transformers| = " << d.max_abs << ", top-1 differs at "
+              << d.top1_mismatch << "/" << cs["ids"].size() << " positions\n";
+    EXPECT_GT(d.max_abs, min_diff) << mu.what;
+  }
+}
+
+// A StepCheck: each piece on its own has the reference's top-1 at every position it scores.
+inline void expect_step_top1(int begin, int end, const Diff& d, const kernels::KvCache&) {
+  EXPECT_EQ(d.top1_mismatch, 0) << "tokens [" << begin << ", " << end << "), first at "
+                                << d.first_mismatch;
+}
+
+// Every case of a fixture against the reference, one prefill each: logits within `tol` at every
+// position and the same top-1 everywhere; the fixture must hold a case of 100+ tokens. Prints each
+// figure after "[ tag ]" and records it as a test property (<case>_max_abs_diff).
+inline void expect_every_case_matches(const std::string& tag, const engine::Model& model,
+                                      const nlohmann::json& cases, double tol) {
+  int long_cases = 0;
+  for (const auto& cs : cases) {
+    const size_t n = cs["ids"].size();
+    ASSERT_EQ(cs["logits"].size(), n);
+    const Diff d = run_case(model, cs);
+    std::cout << "[ " << tag << " ] " << cs["name"].get<std::string>() << ": " << n
+              << " tokens, max |logit - transformers| = " << d.max_abs << " over all "
+              << model.config.vocab_size << " logits at every position, top-1 agreement "
+              << n - d.top1_mismatch << "/" << n << "\n";
+    ::testing::Test::RecordProperty(cs["name"].get<std::string>() + "_max_abs_diff",
+                                    std::to_string(d.max_abs));
+    EXPECT_LT(d.max_abs, tol) << cs["name"];
+    EXPECT_EQ(d.top1_mismatch, 0) << cs["name"] << ", first at " << d.first_mismatch;
+    if (n >= 100) ++long_cases;
+  }
+  EXPECT_GE(long_cases, 1) << "the fixture must include a sequence of 100+ tokens";
+}
+
 // The case through the cache in pieces: tokens [0, first), [first, second) with logits at every
 // position, then one decode step per remaining token (last-position logits).
-inline Diff run_chunked(const engine::Model& model, const nlohmann::json& cs, int first,
-                        int second) {
+inline Diff run_chunked(const engine::Model& model, const nlohmann::json& cs, int first, int second,
+                        const StepCheck& check = {}) {
   const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
   const int n = static_cast<int>(ids.size()), V = model.config.vocab_size;
   EXPECT_LT(second, n);
@@ -91,6 +151,7 @@ inline Diff run_chunked(const engine::Model& model, const nlohmann::json& cs, in
     total.max_abs = std::max(total.max_abs, d.max_abs);
     if (d.top1_mismatch > 0 && total.top1_mismatch == 0) total.first_mismatch = d.first_mismatch;
     total.top1_mismatch += d.top1_mismatch;
+    if (check) check(begin, end, d, cache);
   };
   step(0, first, engine::LogitsMode::kAll);
   step(first, second, engine::LogitsMode::kAll);

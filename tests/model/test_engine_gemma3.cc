@@ -12,13 +12,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <iterator>
 #include <fstream>
-#include <nlohmann/json.hpp>
+#include <iostream>
+#include <iterator>
 
 #include "common/error.h"
-#include "workers/engine/forward.h"
-#include "workers/engine/model.h"
+#include "golden_logits.h"
 
 namespace kvb {
 namespace {
@@ -27,49 +26,12 @@ const std::string kModel = std::string(KVB_FIXTURES_DIR) + "/engine/gemma3_tiny.
 const std::string kFixture = std::string(KVB_FIXTURES_DIR) + "/engine/gemma3_tiny.json";
 constexpr double kTol = 1e-4;
 
-nlohmann::json load_fixture() {
-  std::ifstream f(kFixture);
-  EXPECT_TRUE(f.good()) << kFixture << " missing: run scripts/make_gemma3_fixture.py";
-  return nlohmann::json::parse(f);
-}
-
-const nlohmann::json& find_case(const nlohmann::json& fx, const std::string& name) {
-  for (const auto& cs : fx["cases"]) {
-    if (cs["name"] == name) return cs;
-  }
-  throw std::runtime_error("fixture has no case " + name);
-}
-
-struct Diff {
-  double max_abs = 0;
-  int top1_mismatch = 0;
-};
-Diff compare_rows(const std::vector<float>& got, const nlohmann::json& cs, int row0, int rows,
-                  int V) {
-  Diff d;
-  for (int r = 0; r < rows; ++r) {
-    const auto& ref = cs["logits"][row0 + r];
-    const float* g = &got[static_cast<size_t>(r) * V];
-    for (int v = 0; v < V; ++v) {
-      d.max_abs = std::max(d.max_abs, std::fabs(g[v] - ref[v].get<double>()));
-    }
-    const int top1 = static_cast<int>(std::max_element(g, g + V) - g);
-    if (top1 != cs["top1"][row0 + r].get<int>()) ++d.top1_mismatch;
-  }
-  return d;
-}
-
-Diff run_case(const engine::Model& model, const nlohmann::json& cs) {
-  engine::Engine eng(model);
-  const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
-  kernels::KvCache cache = eng.new_cache(static_cast<int>(ids.size()));
-  std::vector<float> logits;
-  eng.forward(ids, cache, engine::LogitsMode::kAll, &logits);
-  return compare_rows(logits, cs, 0, static_cast<int>(ids.size()), model.config.vocab_size);
+nlohmann::json fixture() {
+  return golden::load_fixture(kFixture, "scripts/make_gemma3_fixture.py");
 }
 
 TEST(Gemma3Tiny, ConfigFromGguf) {
-  const nlohmann::json fx = load_fixture();
+  const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
   const engine::ModelConfig& c = model->config;
   const nlohmann::json& want = fx["config"];
@@ -99,12 +61,12 @@ TEST(Gemma3Tiny, ConfigFromGguf) {
 }
 
 TEST(Gemma3Tiny, LogitsMatchTransformers) {
-  const nlohmann::json fx = load_fixture();
+  const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
   int long_cases = 0;
   for (const auto& cs : fx["cases"]) {
     const size_t n = cs["ids"].size();
-    const Diff d = run_case(*model, cs);
+    const golden::Diff d = golden::run_case(*model, cs);
     std::cout << "[ gemma3 ] " << cs["name"].get<std::string>() << ": " << n
               << " tokens, max |logit - transformers| = " << d.max_abs << ", top-1 agreement "
               << n - d.top1_mismatch << "/" << n << "\n";
@@ -119,25 +81,16 @@ TEST(Gemma3Tiny, LogitsMatchTransformers) {
 // chunk (row attention) and single-token decode steps. Each sliding layer keeps only its last
 // window - 1 = 15 rows between passes (the window is the cache), the global layer keeps all.
 TEST(Gemma3Tiny, ChunkedPrefillAndDecodeKeepTheWindowAsTheCache) {
-  const nlohmann::json fx = load_fixture();
+  const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-  const nlohmann::json& cs = find_case(fx, "long");
-  const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
-  const int n = static_cast<int>(ids.size()), V = model->config.vocab_size;
-  engine::Engine eng(*model);
-  kernels::KvCache cache = eng.new_cache(8);
-  std::vector<float> logits;
-  double max_abs = 0;
-  int mismatches = 0;
-  auto step = [&](int begin, int end, engine::LogitsMode mode) {
-    eng.forward(std::span<const int32_t>(ids).subspan(begin, end - begin), cache, mode, &logits);
-    const int row0 = mode == engine::LogitsMode::kAll ? begin : end - 1;
-    const Diff d = compare_rows(logits, cs, row0, end - row0, V);
-    max_abs = std::max(max_abs, d.max_abs);
-    mismatches += d.top1_mismatch;
-    for (int l = 0; l < model->config.num_layers; ++l) {
+  const nlohmann::json& cs = golden::find_case(fx["cases"], "long");
+  const int n = static_cast<int>(cs["ids"].size());
+  const engine::ModelConfig& c = model->config;
+  auto window_is_the_cache = [&c](int, int end, const golden::Diff&,
+                                  const kernels::KvCache& cache) {
+    for (int l = 0; l < c.num_layers; ++l) {
       for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
-        const int want = model->config.sliding(l) ? std::min(end, 15) : end;
+        const int want = c.sliding(l) ? std::min(end, 15) : end;
         ASSERT_EQ(cache.length(l, h), want) << "layer " << l << " head " << h << " after " << end;
       }
     }
@@ -147,25 +100,19 @@ TEST(Gemma3Tiny, ChunkedPrefillAndDecodeKeepTheWindowAsTheCache) {
       EXPECT_EQ(sliding.position(0)[s], std::max(0, end - 15) + s) << "slot " << s;
     }
   };
-  step(0, 40, engine::LogitsMode::kAll);
-  step(40, 47, engine::LogitsMode::kAll);
-  for (int t = 47; t < n; ++t) step(t, t + 1, engine::LogitsMode::kLast);
+  const golden::Diff d = golden::run_chunked(*model, cs, 40, 47, window_is_the_cache);
   std::cout << "[ gemma3 ] long, prefill 40 + chunk 7 + " << n - 47
-            << " decode steps: max |logit - transformers| = " << max_abs << "\n";
-  EXPECT_LT(max_abs, kTol);
-  EXPECT_EQ(mismatches, 0);
+            << " decode steps: max |logit - transformers| = " << d.max_abs << "\n";
+  EXPECT_LT(d.max_abs, kTol);
+  EXPECT_EQ(d.top1_mismatch, 0);
 }
 
 // The fixture has teeth: each Gemma-specific ingredient, dropped or misapplied, moves the logits
 // far beyond the tolerance.
 TEST(Gemma3Tiny, FixtureDetectsWrongGemmaHandling) {
-  const nlohmann::json fx = load_fixture();
-  const nlohmann::json& cs = find_case(fx, "long");
-  struct Mutation {
-    const char* what;
-    void (*apply)(engine::Model&);
-  };
-  const Mutation mutations[] = {
+  const nlohmann::json fx = fixture();
+  const nlohmann::json& cs = golden::find_case(fx["cases"], "long");
+  const golden::Mutation mutations[] = {
       {"no sliding window (every layer global)", [](engine::Model& m) { m.config.window.clear(); }},
       {"one RoPE base for every layer",
        [](engine::Model& m) { m.config.rope_local = m.config.rope; }},
@@ -174,14 +121,7 @@ TEST(Gemma3Tiny, FixtureDetectsWrongGemmaHandling) {
       {"SwiGLU instead of GeGLU", [](engine::Model& m) { m.config.ffn_act = engine::FfnAct::kSilu; }},
       {"no q/k norm", [](engine::Model& m) { m.config.qk_norm = false; }},
   };
-  for (const Mutation& mu : mutations) {
-    std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-    mu.apply(*model);
-    const Diff d = run_case(*model, cs);
-    std::cout << "[ gemma3 ] with " << mu.what << ": max |logit - transformers| = " << d.max_abs
-              << "\n";
-    EXPECT_GT(d.max_abs, 100 * kTol) << mu.what;
-  }
+  golden::expect_mutations_detected("gemma3", kModel, cs, mutations, 100 * kTol);
 }
 
 // A sliding window of 0 in the file is refused, naming the file and the key.

@@ -73,25 +73,14 @@ TEST(MistralTiny, ChunkedPrefillAndDecodeMatchTransformers) {
 TEST(MistralTiny, FixtureDetectsAMissingWindow) {
   const nlohmann::json fx = fixture();
   const nlohmann::json& cs = golden::find_case(fx["cases"], "long");
-  struct Mutation {
-    const char* what;
-    void (*apply)(engine::Model&);
-  };
-  const Mutation mutations[] = {
+  const golden::Mutation mutations[] = {
       {"no sliding window", [](engine::Model& m) { m.config.window.clear(); }},
       {"window 9 instead of 8",
        [](engine::Model& m) { std::fill(m.config.window.begin(), m.config.window.end(), 9); }},
       {"NEOX RoPE pairing",
        [](engine::Model& m) { m.config.rope.style = kernels::cpu::RopeStyle::kNeox; }},
   };
-  for (const Mutation& mu : mutations) {
-    std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-    mu.apply(*model);
-    const golden::Diff d = golden::run_case(*model, cs);
-    std::cout << "[ mistral ] with " << mu.what << ": max |logit - transformers| = " << d.max_abs
-              << "\n";
-    EXPECT_GT(d.max_abs, 100 * kTol) << mu.what;
-  }
+  golden::expect_mutations_detected("mistral", kModel, cs, mutations, 100 * kTol);
 }
 
 // No global layer: a policy would run exactly as full, so every policy but full is refused

@@ -204,11 +204,7 @@ TEST(Phi3Tiny, ChunkedPrefillAndDecodeMatchTransformers) {
 TEST(Phi3Tiny, FixtureDetectsWrongPhi3Handling) {
   const nlohmann::json fx = fixture();
   const nlohmann::json& cs = golden::find_case(fx["cases"], "long");
-  struct Mutation {
-    const char* what;
-    void (*apply)(engine::Model&);
-  };
-  const Mutation mutations[] = {
+  const golden::Mutation mutations[] = {
       {"short factors at 100 tokens",
        [](engine::Model& m) {
          m.config.rope.freq_factors = m.gguf->load_f32("rope_factors_short.weight");
@@ -229,14 +225,7 @@ TEST(Phi3Tiny, FixtureDetectsWrongPhi3Handling) {
          m.config.rope.freq_factors.resize(m.config.head_dim / 2, 1.0f);
        }},
   };
-  for (const Mutation& mu : mutations) {
-    std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-    mu.apply(*model);
-    const golden::Diff d = golden::run_case(*model, cs);
-    std::cout << "[ phi3 ] with " << mu.what << ": max |logit - transformers| = " << d.max_abs
-              << "\n";
-    EXPECT_GT(d.max_abs, 100 * kTol) << mu.what;
-  }
+  golden::expect_mutations_detected("phi3", kModel, cs, mutations, 100 * kTol);
 }
 
 // End to end through the CLI: the GGUF's tokenizer gives the bytes of "Eviction studies need"

@@ -82,11 +82,7 @@ TEST(Qwen2YarnTiny, ChunkedPrefillAndDecodeMatchTransformers) {
 TEST(Qwen2YarnTiny, FixtureDetectsWrongYarnHandling) {
   const nlohmann::json fx = fixture();
   const nlohmann::json& cs = golden::find_case(fx["cases"], "long");
-  struct Mutation {
-    const char* what;
-    void (*apply)(engine::Model&);
-  };
-  const Mutation mutations[] = {
+  const golden::Mutation mutations[] = {
       {"no YaRN frequencies", [](engine::Model& m) { m.config.rope.freq_factors.clear(); }},
       {"attention factor 1", [](engine::Model& m) { m.config.rope.attn_factor = 1.0f; }},
       {"linear interpolation by 4 instead",
@@ -95,14 +91,7 @@ TEST(Qwen2YarnTiny, FixtureDetectsWrongYarnHandling) {
          m.config.rope.linear_scale = 4.0f;
        }},
   };
-  for (const Mutation& mu : mutations) {
-    std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-    mu.apply(*model);
-    const golden::Diff d = golden::run_case(*model, cs);
-    std::cout << "[ qwen2 yarn ] with " << mu.what << ": max |logit - transformers| = " << d.max_abs
-              << "\n";
-    EXPECT_GT(d.max_abs, 100 * kTol) << mu.what;
-  }
+  golden::expect_mutations_detected("qwen2 yarn", kModel, cs, mutations, 100 * kTol);
 }
 
 // End to end through the CLI: the GGUF's tokenizer gives the bytes of "Eviction studies need"

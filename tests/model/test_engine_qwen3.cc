@@ -9,16 +9,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "workers/engine/forward.h"
-#include "workers/engine/model.h"
+#include "golden_logits.h"
 
 namespace kvb {
 namespace {
@@ -27,53 +25,7 @@ const std::string kModel = std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.g
 const std::string kFixture = std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.json";
 constexpr double kTol = 1e-4;
 
-nlohmann::json load_fixture() {
-  std::ifstream f(kFixture);
-  EXPECT_TRUE(f.good()) << kFixture << " missing: run scripts/make_qwen3_fixture.py";
-  return nlohmann::json::parse(f);
-}
-
-const nlohmann::json& find_case(const nlohmann::json& fx, const std::string& name) {
-  for (const auto& cs : fx["cases"]) {
-    if (cs["name"] == name) return cs;
-  }
-  throw std::runtime_error("fixture has no case " + name);
-}
-
-// Max |got - ref| over rows [row0, row0 + rows) of a case; got holds `rows` rows of V logits.
-// Also counts rows whose argmax (ties to the lower id) differs from the reference's top-1.
-struct Diff {
-  double max_abs = 0;
-  int top1_mismatch = 0;
-  std::string first_mismatch;
-};
-Diff compare_rows(const std::vector<float>& got, const nlohmann::json& cs, int row0, int rows,
-                  int V) {
-  Diff d;
-  for (int r = 0; r < rows; ++r) {
-    const auto& ref = cs["logits"][row0 + r];
-    const float* g = &got[static_cast<size_t>(r) * V];
-    for (int v = 0; v < V; ++v)
-      d.max_abs = std::max(d.max_abs, std::fabs(g[v] - ref[v].get<double>()));
-    const int top1 = static_cast<int>(std::max_element(g, g + V) - g);
-    const int want = cs["top1"][row0 + r].get<int>();
-    if (top1 != want && d.top1_mismatch++ == 0) {
-      d.first_mismatch = "position " + std::to_string(row0 + r) + ": top-1 " +
-                         std::to_string(top1) + ", transformers " + std::to_string(want);
-    }
-  }
-  return d;
-}
-
-Diff run_case(const engine::Model& model, const nlohmann::json& cs) {
-  engine::Engine eng(model);
-  const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
-  kernels::KvCache cache = eng.new_cache(static_cast<int>(ids.size()));
-  std::vector<float> logits;
-  eng.forward(ids, cache, engine::LogitsMode::kAll, &logits);
-  EXPECT_EQ(logits.size(), ids.size() * model.config.vocab_size);
-  return compare_rows(logits, cs, 0, static_cast<int>(ids.size()), model.config.vocab_size);
-}
+nlohmann::json fixture() { return golden::load_fixture(kFixture, "scripts/make_qwen3_fixture.py"); }
 
 // The fixture's GGUF bytes with the first dimension of tensor `name`'s info replaced by `dim`.
 // Tensor info layout: u64 name length, name, u32 n_dims, u64 dims[n_dims], u32 type, u64 offset.
@@ -101,7 +53,7 @@ std::string patched_copy(const std::string& name, uint64_t dim, const std::strin
 }
 
 TEST(Qwen3Tiny, ConfigFromGguf) {
-  const nlohmann::json fx = load_fixture();
+  const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
   const engine::ModelConfig& c = model->config;
   const nlohmann::json& want = fx["config"];
@@ -138,69 +90,33 @@ TEST(Qwen3Tiny, ConfigFromGguf) {
 }
 
 TEST(Qwen3Tiny, LogitsMatchTransformers) {
-  const nlohmann::json fx = load_fixture();
+  const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
   ASSERT_EQ(model->config.arch, "qwen3");
-  int long_cases = 0;
-  for (const auto& cs : fx["cases"]) {
-    const size_t n = cs["ids"].size();
-    ASSERT_EQ(cs["logits"].size(), n);
-    const Diff d = run_case(*model, cs);
-    std::cout << "[ qwen3 ] " << cs["name"].get<std::string>() << ": " << n
-              << " tokens, max |logit - transformers| = " << d.max_abs << " over all "
-              << model->config.vocab_size << " logits at every position, top-1 agreement "
-              << n - d.top1_mismatch << "/" << n << "\n";
-    RecordProperty(cs["name"].get<std::string>() + "_max_abs_diff", std::to_string(d.max_abs));
-    EXPECT_LT(d.max_abs, kTol) << cs["name"];
-    EXPECT_EQ(d.top1_mismatch, 0) << cs["name"] << ", first at " << d.first_mismatch;
-    if (n >= 100) ++long_cases;
-  }
-  EXPECT_GE(long_cases, 1) << "the fixture must include a sequence of 100+ tokens";
+  golden::expect_every_case_matches("qwen3", *model, fx["cases"], kTol);
 }
 
 // The same logits when the long sequence goes through the KV cache in pieces: a prefill, a
 // second multi-token chunk at positions 64.., then single-token decode steps.
 TEST(Qwen3Tiny, ChunkedPrefillAndDecodeMatchTransformers) {
-  const nlohmann::json fx = load_fixture();
+  const nlohmann::json fx = fixture();
   std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-  const nlohmann::json& cs = find_case(fx, "long");
-  const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
-  const int n = static_cast<int>(ids.size()), V = model->config.vocab_size;
+  const nlohmann::json& cs = golden::find_case(fx["cases"], "long");
+  const int n = static_cast<int>(cs["ids"].size());
   ASSERT_GE(n, 90);
-  engine::Engine eng(*model);
-  kernels::KvCache cache = eng.new_cache(8);  // small: forces the cache to grow
-  std::vector<float> logits;
-  double max_abs = 0;
-  int mismatches = 0;
-  auto step = [&](int begin, int end, engine::LogitsMode mode) {
-    eng.forward(std::span<const int32_t>(ids).subspan(begin, end - begin), cache, mode, &logits);
-    const int row0 = mode == engine::LogitsMode::kAll ? begin : end - 1;
-    const Diff d = compare_rows(logits, cs, row0, end - row0, V);
-    max_abs = std::max(max_abs, d.max_abs);
-    mismatches += d.top1_mismatch;
-    EXPECT_EQ(d.top1_mismatch, 0) << "tokens [" << begin << ", " << end << "), first at "
-                                  << d.first_mismatch;
-  };
-  step(0, 64, engine::LogitsMode::kAll);
-  step(64, 84, engine::LogitsMode::kAll);
-  for (int t = 84; t < n; ++t) step(t, t + 1, engine::LogitsMode::kLast);
-  EXPECT_EQ(cache.next_position(), n);
+  const golden::Diff d = golden::run_chunked(*model, cs, 64, 84, golden::expect_step_top1);
   std::cout << "[ qwen3 ] long, prefill 64 + chunk 20 + " << n - 84
-            << " decode steps: max |logit - transformers| = " << max_abs << "\n";
-  EXPECT_LT(max_abs, kTol);
-  EXPECT_EQ(mismatches, 0);
+            << " decode steps: max |logit - transformers| = " << d.max_abs << "\n";
+  EXPECT_LT(d.max_abs, kTol);
+  EXPECT_EQ(d.top1_mismatch, 0);
 }
 
 // The fixture has teeth: each Qwen3-specific ingredient, when dropped or misapplied, moves the
 // logits far beyond the tolerance.
 TEST(Qwen3Tiny, FixtureDetectsWrongQwen3Handling) {
-  const nlohmann::json fx = load_fixture();
-  const nlohmann::json& cs = find_case(fx, "long");
-  struct Mutation {
-    const char* what;
-    void (*apply)(engine::Model&);
-  };
-  const Mutation mutations[] = {
+  const nlohmann::json fx = fixture();
+  const nlohmann::json& cs = golden::find_case(fx["cases"], "long");
+  const golden::Mutation mutations[] = {
       {"no q/k norm", [](engine::Model& m) { m.config.qk_norm = false; }},
       {"q/k norm weights of 1 (unweighted RMSNorm)",
        [](engine::Model& m) {
@@ -216,15 +132,7 @@ TEST(Qwen3Tiny, FixtureDetectsWrongQwen3Handling) {
       {"llama (NORM) RoPE pairing",
        [](engine::Model& m) { m.config.rope.style = kernels::cpu::RopeStyle::kNorm; }},
   };
-  for (const Mutation& mu : mutations) {
-    std::unique_ptr<engine::Model> model = engine::load_model(kModel);
-    mu.apply(*model);
-    const Diff d = run_case(*model, cs);
-    std::cout << "[ qwen3 ] with " << mu.what << ": max |logit - transformers| = " << d.max_abs
-              << ", top-1 differs at " << d.top1_mismatch << "/" << cs["ids"].size()
-              << " positions\n";
-    EXPECT_GT(d.max_abs, 100 * kTol) << mu.what;
-  }
+  golden::expect_mutations_detected("qwen3", kModel, cs, mutations, 100 * kTol);
 }
 
 // A q_norm of the wrong size (here dim / num_heads = 16, the mistake of a loader that derives

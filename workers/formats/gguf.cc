@@ -5,19 +5,15 @@
 // crashing or allocating absurd amounts of memory.
 #include "workers/formats/gguf.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
 
 #include "common/error.h"
 #include "kernels/cpu/dequant.h"
+#include "workers/formats/file_io.h"
 
 static_assert(std::endian::native == std::endian::little,
               "the GGUF reader assumes a little-endian host");
@@ -36,43 +32,6 @@ constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 constexpr size_t kReadChunk = size_t{1} << 16;
 constexpr uint64_t kMaxReserve = uint64_t{1} << 16;  // elements reserved ahead of reading them
-
-// Closes a file descriptor on scope exit.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-// Opens path read-only and returns its size; throws if it is not a readable regular file (a usage
-// error: the path came from the user, as in llama2c.cc).
-uint64_t open_regular(const std::string& path, Fd* fd) {
-  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  KVB_USAGE_CHECK(fd->fd >= 0) << "cannot open GGUF file '" << path
-                               << "': " << std::strerror(errno);
-  struct stat st {};
-  KVB_CHECK(::fstat(fd->fd, &st) == 0) << path << ": fstat failed: " << std::strerror(errno);
-  KVB_USAGE_CHECK(S_ISREG(st.st_mode)) << path << ": not a regular file (expected a GGUF file)";
-  return static_cast<uint64_t>(st.st_size);
-}
-
-// pread that retries short reads and EINTR; throws on errors and on early end of file.
-void pread_fully(int fd, const std::string& path, uint64_t offset, void* dst, uint64_t n) {
-  auto* out = static_cast<uint8_t*>(dst);
-  while (n > 0) {
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(n, size_t{1} << 30));
-    const ssize_t got = ::pread(fd, out, want, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    KVB_CHECK(got >= 0) << path << ": read of " << n << " bytes at offset " << offset
-                        << " failed: " << std::strerror(errno);
-    KVB_CHECK(got > 0) << path << ": unexpected end of file at offset " << offset << " (" << n
-                       << " more bytes expected; was the file truncated after opening?)";
-    out += got;
-    offset += static_cast<uint64_t>(got);
-    n -= static_cast<uint64_t>(got);
-  }
-}
 
 // Sequential, buffered, bounds-checked reader of the header region.
 class Reader {
@@ -343,7 +302,7 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
 void GgufFile::parse() {
   const std::string& path = path_;
   Fd fd;
-  file_size_ = open_regular(path, &fd);
+  file_size_ = open_regular(path, "GGUF", &fd);
   Reader r(fd.fd, path, file_size_);
 
   // ---- header: magic, version, counts
@@ -569,7 +528,7 @@ const GgufTensorInfo& GgufFile::tensor_or_throw(const std::string& name) const {
 
 void GgufFile::read_at(uint64_t offset, void* dst, uint64_t n) const {
   Fd fd;
-  const uint64_t size = open_regular(path_, &fd);
+  const uint64_t size = open_regular(path_, "GGUF", &fd);
   KVB_CHECK(size == file_size_) << path_ << ": file size changed from " << file_size_ << " to "
                                 << size << " bytes since it was opened";
   pread_fully(fd.fd, path_, offset, dst, n);

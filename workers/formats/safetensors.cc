@@ -3,12 +3,7 @@
 // ordered, contiguous and covering the data section, byte size = elements * dtype size).
 #include "workers/formats/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +12,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/dequant.h"
+#include "workers/formats/file_io.h"
 
 namespace kvb::formats {
 namespace {
@@ -34,40 +30,6 @@ std::string shape_str(const std::vector<uint64_t>& s) {
   for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
   os << "]";
   return os.str();
-}
-
-// An open file descriptor, closed on scope exit.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-uint64_t open_regular(const std::string& path, Fd* fd) {
-  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  KVB_USAGE_CHECK(fd->fd >= 0) << "cannot open safetensors file '" << path
-                               << "': " << std::strerror(errno);
-  struct stat st {};
-  KVB_CHECK(::fstat(fd->fd, &st) == 0) << path << ": fstat failed: " << std::strerror(errno);
-  KVB_USAGE_CHECK(S_ISREG(st.st_mode)) << path << ": not a regular file";
-  return static_cast<uint64_t>(st.st_size);
-}
-
-void pread_fully(int fd, const std::string& path, uint64_t offset, void* dst, uint64_t n) {
-  auto* out = static_cast<uint8_t*>(dst);
-  while (n > 0) {
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(n, size_t{1} << 30));
-    const ssize_t got = ::pread(fd, out, want, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    KVB_CHECK(got >= 0) << path << ": read of " << n << " bytes at offset " << offset
-                        << " failed: " << std::strerror(errno);
-    KVB_CHECK(got > 0) << path << ": unexpected end of file at offset " << offset << " (" << n
-                       << " more bytes expected; was the file truncated after opening?)";
-    out += got;
-    offset += static_cast<uint64_t>(got);
-    n -= static_cast<uint64_t>(got);
-  }
 }
 
 // A non-negative JSON integer (nlohmann parses those as unsigned).
@@ -102,7 +64,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
 void SafetensorsFile::parse() {
   const std::string& path = path_;
   Fd fd;
-  file_size_ = open_regular(path, &fd);
+  file_size_ = open_regular(path, "safetensors", &fd);
   KVB_CHECK(file_size_ >= 8) << path << ": file is " << file_size_
                              << " bytes, too short for the 8-byte header length";
   uint8_t len_bytes[8];
@@ -235,7 +197,7 @@ std::vector<float> SafetensorsFile::load_f32(const std::string& name,
       << path_ << ": tensor '" << name << "' has dtype " << t->dtype
       << "; kvbench reads F32, F16 and BF16 weights";
   Fd fd;
-  const uint64_t size = open_regular(path_, &fd);
+  const uint64_t size = open_regular(path_, "safetensors", &fd);
   KVB_CHECK(size == file_size_) << path_ << ": the file changed size since it was opened ("
                                 << file_size_ << " -> " << size << " bytes)";
   std::vector<float> out(t->num_elements);
