@@ -13,7 +13,8 @@ Characters the corpus lacks (CJK, emoji, most accents) need byte fallback.
 The golden records, for that file ("llama2") and for variants that swap the normalizer /
 pre-tokenizer / decoder sections (Metaspace prepend_scheme first / always with split, Gemma's
 Replace-only normalizer without Strip), tokenizers' ids (add_special_tokens False and True) and
-decode() with skip_special_tokens False and True, for each text.
+decode() with skip_special_tokens False and True, for each text; and decode() of a few id
+sequences on their own (invalid UTF-8 byte runs, specials, runs of "▁").
 
 Pinned versions: tokenizers 0.21.4 (/work/.venv-g3). Run:
   /work/.venv-g3/bin/python scripts/make_spm_tokenizer_json_fixture.py
@@ -74,6 +75,22 @@ TEXTS = [
     "trailing spaces   ",
     "mixed\r\nline endings\r",
 ]
+
+# Id sequences decoded on their own (not from encode): invalid UTF-8 byte runs (ByteFallback gives
+# one U+FFFD per byte), byte runs split by a piece, leading specials and runs of "▁" pieces.
+def decode_cases(vocab):
+    b = lambda x: vocab[f"<0x{x:02X}>"]
+    sp = vocab[SP]
+    return [
+        [b(0xE2), b(0x96)],
+        [b(0xFF)],
+        [b(0xE2), b(0x96), b(0x81), sp, b(0xC3), vocab["a"], b(0xA9)],
+        [sp, sp, vocab["a"], sp],
+        [1, sp, vocab["a"], 2, sp, 0],
+        [0, b(0x41), 1, b(0x42)],
+        [b(0xF0), b(0x9F), b(0x8D), b(0x95), b(0x9F)],
+    ]
+
 
 LLAMA2 = {
     "normalizer": normalizers.Sequence([normalizers.Prepend(SP), normalizers.Replace(" ", SP)]),
@@ -165,6 +182,10 @@ def main():
         golden["variants"][name] = {key: variant_json[key] for key in
                                     ("normalizer", "pre_tokenizer", "decoder")}
         golden["variants"][name]["cases"] = cases
+        golden["variants"][name]["decode_cases"] = [
+            {"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
+             "decoded_skip_special": tok.decode(ids, skip_special_tokens=True)}
+            for ids in decode_cases(vocab)]
     # Distinct variants must tokenize differently somewhere, or the test could not tell them apart.
     seen = {}
     for name, v in golden["variants"].items():

@@ -100,7 +100,13 @@ TEST(HfSpmJson, MatchesTokenizersOnEveryVariant) {
       }
       ++checked;
     }
-    EXPECT_EQ(checked, 30u) << name;
+    for (const auto& c : variant["decode_cases"]) {  // invalid UTF-8 runs, specials, "▁" runs
+      const std::vector<int32_t> ids = c["ids"];
+      EXPECT_EQ(tok->decode(ids, false), c["decoded"].get<std::string>()) << name << " " << c;
+      EXPECT_EQ(tok->decode(ids, true), c["decoded_skip_special"].get<std::string>()) << name;
+      ++checked;
+    }
+    EXPECT_EQ(checked, 37u) << name;
     EXPECT_GT(byte_tokens, 20u) << name << ": no case needs byte fallback";
     EXPECT_GE(streamed, 20u) << name;
   }
@@ -112,7 +118,8 @@ TEST(HfSpmJson, MatchesTokenizersOnEveryVariant) {
 // merges by rank are not scores. (tokenizers 0.21.4 gives the ids below for this file too.)
 TEST(HfSpmJson, MergesByRankNotByScore) {
   const json vocab = {{"<unk>", 0}, {"a", 1},  {"b", 2},   {"c", 3},
-                      {"ab", 4},    {"bc", 5}, {"abc", 6}, {"\xE2\x96\x81", 7}};
+                      {"ab", 4},    {"bc", 5}, {"abc", 6}, {"\xE2\x96\x81", 7},
+                      {"<0xC3>", 8}, {"<0xA9>", 9}};
   json file = {{"model",
                 {{"type", "BPE"},
                  {"vocab", vocab},
@@ -128,9 +135,13 @@ TEST(HfSpmJson, MergesByRankNotByScore) {
   const auto tok = load_hf_tokenizer_json(write_json(file));
   EXPECT_EQ(tok->encode("abc", {}), (std::vector<int32_t>{4, 3}));
   EXPECT_EQ(tok->encode("bc", {}), (std::vector<int32_t>{5}));
-  // No byte tokens in this vocabulary: unknown characters fall to <unk>, fused when adjacent.
+  // Only é has byte tokens: other unknown characters fall to <unk>, fused when adjacent. As in
+  // HF, a pending <unk> is emitted after byte-fallback tokens that follow it, and fuses across
+  // them ("xéy" -> <0xC3> <0xA9> <unk>).
   EXPECT_EQ(tok->encode("xyza", {}), (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(tok->encode("x a", {}), (std::vector<int32_t>{0, 7, 1}));
+  EXPECT_EQ(tok->encode("x\u00e9 a", {}), (std::vector<int32_t>{8, 9, 0, 7, 1}));
+  EXPECT_EQ(tok->encode("x\u00e9y", {}), (std::vector<int32_t>{8, 9, 0}));
   file["model"]["fuse_unk"] = false;
   EXPECT_EQ(load_hf_tokenizer_json(write_json(file))->encode("xyza", {}),
             (std::vector<int32_t>{0, 0, 0, 1}));
