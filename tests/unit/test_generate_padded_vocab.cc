@@ -38,8 +38,8 @@ std::string write_cut_tokenizer() {
   EXPECT_EQ(merges.size(), 5u);
   t["model"]["vocab"] = vocab;
   t["model"]["merges"] = merges;
-  const fs::path dir = fs::path(::testing::TempDir()) /
-                       ("kvb_padded_vocab_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("kvb_padded_vocab_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string path = (dir / "tokenizer.json").string();
   std::ofstream(path) << t.dump();
@@ -71,9 +71,9 @@ TEST(GeneratePaddedVocab, IdsPastTheTokenizerDecodeToNothing) {
   const std::string cut = write_cut_tokenizer();
   // Seeded sampling at temperature 100 (near-uniform over the random model's 288 rows): ids past
   // the cut (24 of 288) come up; the prompt tokenizes the same with both tokenizers.
-  const std::vector<std::string> args = {"generate", "--model", kFolder, "--prompt", "hello",
-                                         "-n", "32", "--temperature", "100", "--seed", "1",
-                                         "--show-ids", "--threads", "1"};
+  const std::vector<std::string> args = {
+      "generate",      "--model", kFolder,  "--prompt", "hello",      "-n",        "32",
+      "--temperature", "100",     "--seed", "1",        "--show-ids", "--threads", "1"};
   std::string full_out, full_err;
   ASSERT_EQ(run(args, &full_out, &full_err), 0) << full_err;
   auto cut_args = args;

@@ -117,21 +117,22 @@ TEST(HfSpmJson, MatchesTokenizersOnEveryVariant) {
 // score, with every piece scored, joins "ab" + "c" into "abc" because "abc" is in the vocabulary:
 // merges by rank are not scores. (tokenizers 0.21.4 gives the ids below for this file too.)
 TEST(HfSpmJson, MergesByRankNotByScore) {
-  const json vocab = {{"<unk>", 0}, {"a", 1},  {"b", 2},   {"c", 3},
-                      {"ab", 4},    {"bc", 5}, {"abc", 6}, {"\xE2\x96\x81", 7},
+  const json vocab = {{"<unk>", 0},  {"a", 1},     {"b", 2},   {"c", 3},
+                      {"ab", 4},     {"bc", 5},    {"abc", 6}, {"\xE2\x96\x81", 7},
                       {"<0xC3>", 8}, {"<0xA9>", 9}};
-  json file = {{"model",
-                {{"type", "BPE"},
-                 {"vocab", vocab},
-                 {"merges", {"a b", "b c", "a bc"}},
-                 {"unk_token", "<unk>"},
-                 {"byte_fallback", true},
-                 {"fuse_unk", true}}},
-               {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}},
-                               {"content", "\xE2\x96\x81"}}},
-               {"pre_tokenizer", nullptr},
-               {"decoder", {{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}},
-                            {"content", " "}}}};
+  json file = {
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", {"a b", "b c", "a bc"}},
+        {"unk_token", "<unk>"},
+        {"byte_fallback", true},
+        {"fuse_unk", true}}},
+      {"normalizer",
+       {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}}},
+      {"pre_tokenizer", nullptr},
+      {"decoder",
+       {{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}}}};
   const auto tok = load_hf_tokenizer_json(write_json(file));
   EXPECT_EQ(tok->encode("abc", {}), (std::vector<int32_t>{4, 3}));
   EXPECT_EQ(tok->encode("bc", {}), (std::vector<int32_t>{5}));
@@ -177,26 +178,39 @@ TEST(HfSpmJson, SectionErrorsNameTheFileAndKey) {
       }
     }
   };
-  const json metaspace = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"},
-                          {"prepend_scheme", "first"}, {"split", false}};
+  const json metaspace = {{"type", "Metaspace"},
+                          {"replacement", "\xE2\x96\x81"},
+                          {"prepend_scheme", "first"},
+                          {"split", false}};
   expect([&](json& j) { j["pre_tokenizer"] = metaspace, j["pre_tokenizer"].erase("replacement"); },
          {"pre_tokenizer.replacement", "missing"});
   expect([&](json& j) { j["pre_tokenizer"] = metaspace, j["pre_tokenizer"]["replacement"] = "ab"; },
          {"pre_tokenizer.replacement", "one character"});
   expect([&](json& j) { j["pre_tokenizer"] = metaspace, j["pre_tokenizer"]["replacement"] = 7; },
          {"pre_tokenizer.replacement", "string"});
-  expect([&](json& j) {
-    j["pre_tokenizer"] = metaspace, j["pre_tokenizer"]["prepend_scheme"] = "sometimes";
-  }, {"pre_tokenizer.prepend_scheme", "sometimes"});
+  expect(
+      [&](json& j) {
+        j["pre_tokenizer"] = metaspace, j["pre_tokenizer"]["prepend_scheme"] = "sometimes";
+      },
+      {"pre_tokenizer.prepend_scheme", "sometimes"});
   expect([&](json& j) { j["pre_tokenizer"] = metaspace, j["pre_tokenizer"]["split"] = "yes"; },
          {"pre_tokenizer.split", "true or false"});
   // (The byte-level reading checks the normalizer first: these two have none.)
-  expect([&](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}, j["normalizer"] = nullptr; },
-         {"pre_tokenizer.type", "Whitespace"});
-  expect([&](json& j) { j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}}; },
-         {"normalizer.normalizers[1].pattern", "Regex"});
-  expect([&](json& j) { j["normalizer"]["normalizers"][0] = {{"type", "NFKC"}}; },
-         {"normalizer.normalizers[0].type", "NFKC"});
+  expect(
+      [&](json& j) {
+        j["pre_tokenizer"] = {{"type", "Whitespace"}}, j["normalizer"] = nullptr;
+      },
+      {"pre_tokenizer.type", "Whitespace"});
+  expect(
+      [&](json& j) {
+        j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}};
+      },
+      {"normalizer.normalizers[1].pattern", "Regex"});
+  expect(
+      [&](json& j) {
+        j["normalizer"]["normalizers"][0] = {{"type", "NFKC"}};
+      },
+      {"normalizer.normalizers[0].type", "NFKC"});
   expect([&](json& j) { j["normalizer"]["normalizers"][0].erase("prepend"); },
          {"normalizer.normalizers[0].prepend", "missing"});
   expect([&](json& j) { j["normalizer"]["normalizers"] = "Prepend"; },
@@ -206,8 +220,11 @@ TEST(HfSpmJson, SectionErrorsNameTheFileAndKey) {
          {"decoder.decoders[3].start", "-1"});
   expect([&](json& j) { j["decoder"]["decoders"][3]["content"] = ""; },
          {"decoder.decoders[3].content", "one character"});
-  expect([&](json& j) { j["decoder"]["decoders"][2] = {{"type", "CTC"}}; },
-         {"decoder.decoders[2].type", "CTC"});
+  expect(
+      [&](json& j) {
+        j["decoder"]["decoders"][2] = {{"type", "CTC"}};
+      },
+      {"decoder.decoders[2].type", "CTC"});
   expect([&](json& j) { j["decoder"]["decoders"][0]["content"] = nullptr; },
          {"decoder.decoders[0].content", "string"});
   expect([&](json& j) { j["decoder"]["decoders"][1] = 5; }, {"decoder.decoders[1]", "object"});
@@ -217,8 +234,11 @@ TEST(HfSpmJson, SectionErrorsNameTheFileAndKey) {
   expect([&](json& j) { j["added_tokens"][1]["normalized"] = true; },
          {"added_tokens[1].normalized"});
   expect([&](json& j) { j["model"]["merges"][0] = "zz qq"; }, {"merge 0", "not in the vocabulary"});
-  expect([&](json& j) { j["pre_tokenizer"] = {{"type", "ByteLevel"}}, j["normalizer"] = nullptr; },
-         {"model.byte_fallback", "ByteLevel"});
+  expect(
+      [&](json& j) {
+        j["pre_tokenizer"] = {{"type", "ByteLevel"}}, j["normalizer"] = nullptr;
+      },
+      {"model.byte_fallback", "ByteLevel"});
 }
 
 // A model with more logits rows than the tokenizer has tokens: ids in between decode to "" (as

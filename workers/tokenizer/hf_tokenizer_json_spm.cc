@@ -64,14 +64,14 @@ MetaspacePrepend prepend_scheme(const Ctx& c, const json& p, const std::string& 
     if (s == "always") return MetaspacePrepend::kAlways;
     if (s == "first") return MetaspacePrepend::kFirst;
     if (s == "never") return MetaspacePrepend::kNever;
-    c.bad(where + ".prepend_scheme", "is \"" + s + "\"; must be \"always\", \"first\" or \"never\"");
+    c.bad(where + ".prepend_scheme",
+          "is \"" + s + "\"; must be \"always\", \"first\" or \"never\"");
   }
   return c.flag(p, "add_prefix_space", where, true) ? MetaspacePrepend::kAlways
                                                     : MetaspacePrepend::kNever;
 }
 
-void add_normalizer(const Ctx& c, const json& n, const std::string& key, HfSpmVocab& v,
-                    int depth) {
+void add_normalizer(const Ctx& c, const json& n, const std::string& key, HfSpmVocab& v, int depth) {
   if (n.is_null()) return;
   const std::string t = c.type(n, key);
   if (t == "Sequence" && depth < 8) {
@@ -113,7 +113,8 @@ void add_decoder(const Ctx& c, const json& d, const std::string& key, HfSpmVocab
       add_decoder(c, list[i], key + ".decoders[" + std::to_string(i) + "]", v, depth + 1);
     }
   } else if (t == "Replace") {
-    v.decoder.push_back(step(Kind::kReplace, c.literal_pattern(d, key), c.string(d, "content", key)));
+    v.decoder.push_back(
+        step(Kind::kReplace, c.literal_pattern(d, key), c.string(d, "content", key)));
   } else if (t == "ByteFallback") {
     v.decoder.push_back(step(Kind::kByteFallback));
   } else if (t == "Fuse") {
@@ -163,9 +164,10 @@ std::unique_ptr<Tokenizer> make_hf_spm_tokenizer(const std::string& path, const 
   }
   add_decoder(c, c.need(root, "decoder", ""), "decoder", v, 0);
   if (v.normalizer.empty() && !v.metaspace) {
-    c.bad("pre_tokenizer", "is null and the normalizer does not replace spaces: neither a "
-                           "byte-level nor a SentencePiece-style BPE (expected a Metaspace "
-                           "pre_tokenizer or a Replace \" \" -> \"\xE2\x96\x81\" normalizer)");
+    c.bad("pre_tokenizer",
+          "is null and the normalizer does not replace spaces: neither a "
+          "byte-level nor a SentencePiece-style BPE (expected a Metaspace "
+          "pre_tokenizer or a Replace \" \" -> \"\xE2\x96\x81\" normalizer)");
   }
   // HF matches normalized added tokens in the normalized text (after Prepend / Replace), which
   // this reading does not reproduce; all known SentencePiece-style files use normalized: false.

@@ -6,14 +6,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "workers/tokenizer/tokenizer.h"
 
@@ -120,7 +119,7 @@ struct HfTextStep {  // normalizer step, applied in order to each text piece bet
 struct HfDecodeStep {  // decoder step, applied in order to the list of token strings
   enum class Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace };
   Kind kind = Kind::kFuse;
-  std::string from, to;    // kReplace: literal; kMetaspace: from = replacement
+  std::string from, to;     // kReplace: literal; kMetaspace: from = replacement
   int start = 0, stop = 0;  // kStrip: at most this many `from` characters off each token's ends
   bool drop_first = false;  // kMetaspace: the first token loses its replacement characters
 };
@@ -130,10 +129,10 @@ struct HfSpmVocab {
   bool byte_fallback = false;
   bool fuse_unk = false;  // consecutive unknown characters become one <unk>
   std::vector<HfTextStep> normalizer;
-  bool metaspace = false;       // pre_tokenizer is Metaspace
-  std::string replacement;      // its replacement character (UTF-8)
+  bool metaspace = false;   // pre_tokenizer is Metaspace
+  std::string replacement;  // its replacement character (UTF-8)
   MetaspacePrepend prepend = MetaspacePrepend::kNever;
-  bool split = false;           // split words before each replacement character
+  bool split = false;  // split words before each replacement character
   std::vector<HfDecodeStep> decoder;
 };
 std::unique_ptr<Tokenizer> make_hf_spm_tokenizer(HfSpmVocab vocab);
