@@ -65,7 +65,7 @@ std::string ids_str(const std::vector<int32_t>& ids) {
 TEST(HfSpmJson, MatchesTokenizersOnEveryVariant) {
   const json golden = read_json(kDir + "spm_bpe.json");
   const json base = read_json(kDir + "spm_bpe/tokenizer.json");
-  ASSERT_EQ(golden["variants"].size(), 4u);
+  ASSERT_EQ(golden["variants"].size(), 6u);
   for (const auto& [name, variant] : golden["variants"].items()) {
     json file = base;
     for (const char* key : {"normalizer", "pre_tokenizer", "decoder"}) file[key] = variant[key];
@@ -195,12 +195,26 @@ TEST(HfSpmJson, SectionErrorsNameTheFileAndKey) {
       {"pre_tokenizer.prepend_scheme", "sometimes"});
   expect([&](json& j) { j["pre_tokenizer"] = metaspace, j["pre_tokenizer"]["split"] = "yes"; },
          {"pre_tokenizer.split", "true or false"});
-  // (The byte-level reading checks the normalizer first: these two have none.)
   expect(
       [&](json& j) {
-        j["pre_tokenizer"] = {{"type", "Whitespace"}}, j["normalizer"] = nullptr;
+        j["pre_tokenizer"] = {{"type", "Whitespace"}};
       },
       {"pre_tokenizer.type", "Whitespace"});
+  const json split = {{"type", "Split"},
+                      {"pattern", {{"String", " "}}},
+                      {"behavior", "MergedWithPrevious"},
+                      {"invert", false}};
+  expect([&](json& j) { j["pre_tokenizer"] = split, j["pre_tokenizer"]["behavior"] = "Isolated"; },
+         {"pre_tokenizer.behavior", "MergedWithPrevious"});
+  expect([&](json& j) { j["pre_tokenizer"] = split, j["pre_tokenizer"]["invert"] = true; },
+         {"pre_tokenizer.invert"});
+  expect([&](json& j) { j["pre_tokenizer"] = split, j["pre_tokenizer"]["pattern"] = " "; },
+         {"pre_tokenizer.pattern", "String"});
+  expect(
+      [&](json& j) {
+        j["pre_tokenizer"] = {{"type", "Digits"}};
+      },
+      {"pre_tokenizer.type", "Digits", "Metaspace"});
   expect(
       [&](json& j) {
         j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}};

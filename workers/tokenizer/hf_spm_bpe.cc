@@ -1,10 +1,11 @@
 // SentencePiece-style tokenizer.json (Llama-2, Mistral, Gemma): HF tokenizers' BPE model with
 // byte_fallback (tokenizers/src/models/bpe/model.rs merge_word, word.rs merge_all) after the
-// file's normalizer (Prepend, Replace, NFC) and optional Metaspace pre-tokenizer
-// (pre_tokenizers/metaspace.rs), decoded by its decoder chain (decoders/{byte_fallback,fuse,strip,
-// metaspace}.rs, normalizers' Replace). Merges are applied by rank, not by token score: a
-// tokenizer.json carries no scores, and a pair that is not in the merge list never merges even
-// when its concatenation is a token (so llama.cpp's score-driven SPM in spm.cc is not equivalent).
+// file's normalizer (Prepend, Replace, NFC) and optional pre-tokenizer (Metaspace,
+// pre_tokenizers/metaspace.rs; Split on a string, MergedWithPrevious), decoded by its decoder chain
+// (decoders/{byte_fallback,fuse,strip, metaspace}.rs, normalizers' Replace). Merges are applied by
+// rank, not by token score: a tokenizer.json carries no scores, and a pair that is not in the merge
+// list never merges even when its concatenation is a token (so llama.cpp's score-driven SPM in
+// spm.cc is not equivalent).
 #include <array>
 #include <cstdio>
 
@@ -135,6 +136,16 @@ class HfSpmTokenizer final : public Tokenizer {
             s.compare(0, v_.replacement.size(), v_.replacement) != 0) {
           s = v_.replacement + s;
         }
+      }
+      if (!v_.split_after.empty()) {  // Split MergedWithPrevious: words end after the pattern
+        size_t begin = 0;
+        for (size_t hit = s.find(v_.split_after); hit != std::string::npos;
+             hit = s.find(v_.split_after, begin)) {
+          encode_word(std::string_view(s).substr(begin, hit + v_.split_after.size() - begin), out);
+          begin = hit + v_.split_after.size();
+        }
+        encode_word(std::string_view(s).substr(begin), out);
+        continue;
       }
       if (!v_.metaspace || !v_.split) {
         encode_word(s, out);

@@ -1,8 +1,8 @@
 // Hugging Face tokenizer.json loader for model.type "BPE": vocab, merges ("a b" or ["a", "b"]),
 // added_tokens, special ids. Byte-level files (a ByteLevel pre-tokenizer and decoder, e.g.
 // Qwen2/3, SmolLM2): normalizer none or NFC (possibly in a Sequence), pre_tokenizer ByteLevel,
-// Split with a Regex in "Isolated" mode, Digits, Sequence. SentencePiece-style files (pre_tokenizer
-// null or Metaspace: Llama-2, Mistral, Gemma) go to hf_tokenizer_json_spm.cc. Reference:
+// Split with a Regex in "Isolated" mode, Digits, Sequence. Files whose pre_tokenizer has no ByteLevel step
+// (SentencePiece-style: Llama-2, Mistral, Gemma) go to hf_tokenizer_json_spm.cc. Reference:
 // huggingface/tokenizers serialization format.
 #include <filesystem>
 #include <fstream>
@@ -255,7 +255,8 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
     }
   }
 
-  const bool spm = is_sentencepiece_pre_tokenizer(c.need(root, "pre_tokenizer", ""));
+  c.need(root, "pre_tokenizer", "");
+  const bool spm = is_sentencepiece_tokenizer_json(root);
   if (!spm) parse_byte_level_sections(c, root, model, v);
 
   // Special ids: tokenizer_config.json beside the file, then the turn-ending added tokens.

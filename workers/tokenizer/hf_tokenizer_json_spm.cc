@@ -1,8 +1,9 @@
 // The SentencePiece-style sections of a Hugging Face tokenizer.json (Llama-2, Mistral, Gemma 3):
 // model.byte_fallback / fuse_unk, normalizer (Prepend, Replace with a String pattern, NFC,
-// Sequence), pre_tokenizer (null or Metaspace), decoder (Replace, ByteFallback, Fuse, Strip,
-// Metaspace, Sequence). Every field is validated; errors name the file and the key. Reference:
-// huggingface/tokenizers 0.21 serialization (normalizers/, pre_tokenizers/metaspace.rs, decoders/).
+// Sequence), pre_tokenizer (null, Metaspace, or Split on a String MergedWithPrevious), decoder
+// (Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence). Every field is validated; errors name
+// the file and the key. Reference: huggingface/tokenizers 0.21 serialization (normalizers/,
+// pre_tokenizers/metaspace.rs, decoders/).
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -143,8 +144,21 @@ void add_decoder(const Ctx& c, const json& d, const std::string& key, HfSpmVocab
 
 }  // namespace
 
-bool is_sentencepiece_pre_tokenizer(const json& pre) {
-  return pre.is_null() || (pre.is_object() && pre.contains("type") && pre["type"] == "Metaspace");
+namespace {
+bool has_byte_level_step(const json& pre, int depth) {
+  if (!pre.is_object() || !pre.contains("type") || depth > 8) return false;
+  if (pre["type"] == "ByteLevel") return true;
+  if (pre["type"] != "Sequence" || !pre.contains("pretokenizers")) return false;
+  if (!pre["pretokenizers"].is_array()) return false;
+  for (const json& p : pre["pretokenizers"]) {
+    if (has_byte_level_step(p, depth + 1)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+bool is_sentencepiece_tokenizer_json(const json& root) {
+  return !has_byte_level_step(root.at("pre_tokenizer"), 0);
 }
 
 std::unique_ptr<Tokenizer> make_hf_spm_tokenizer(const std::string& path, const json& root,
@@ -156,11 +170,27 @@ std::unique_ptr<Tokenizer> make_hf_spm_tokenizer(const std::string& path, const 
   v.fuse_unk = c.flag(model, "fuse_unk", "model", false);
   add_normalizer(c, root.contains("normalizer") ? root["normalizer"] : json(), "normalizer", v, 0);
   const json& pre = root.at("pre_tokenizer");
-  if (!pre.is_null()) {
+  const std::string pre_type = pre.is_null() ? "" : c.type(pre, "pre_tokenizer");
+  if (pre_type == "Metaspace") {
     v.metaspace = true;
     v.replacement = c.one_char(pre, "replacement", "pre_tokenizer");
     v.prepend = prepend_scheme(c, pre, "pre_tokenizer");
     v.split = c.flag(pre, "split", "pre_tokenizer", true);
+  } else if (pre_type == "Split") {
+    v.split_after = c.literal_pattern(pre, "pre_tokenizer");
+    if (c.string(pre, "behavior", "pre_tokenizer") != "MergedWithPrevious") {
+      c.bad("pre_tokenizer.behavior",
+            "must be \"MergedWithPrevious\" in a SentencePiece-style tokenizer.json (supported)");
+    }
+    if (c.flag(pre, "invert", "pre_tokenizer", false)) {
+      c.bad("pre_tokenizer.invert", "must be false (supported)");
+    }
+  } else if (!pre.is_null()) {
+    c.bad("pre_tokenizer.type",
+          "'" + pre_type +
+              "' is not supported (supported: a ByteLevel step, possibly in a Sequence with "
+              "Split and Digits, for byte-level BPE; null, Metaspace or Split "
+              "MergedWithPrevious for SentencePiece-style BPE)");
   }
   add_decoder(c, c.need(root, "decoder", ""), "decoder", v, 0);
   if (v.normalizer.empty() && !v.metaspace) {

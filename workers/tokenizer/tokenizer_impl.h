@@ -132,18 +132,21 @@ struct HfSpmVocab {
   bool metaspace = false;   // pre_tokenizer is Metaspace
   std::string replacement;  // its replacement character (UTF-8)
   MetaspacePrepend prepend = MetaspacePrepend::kNever;
-  bool split = false;  // split words before each replacement character
+  bool split = false;       // split words before each replacement character
+  std::string split_after;  // pre_tokenizer Split, String pattern, MergedWithPrevious: a word
+                            // ends after each occurrence (Gemma's Split " ")
   std::vector<HfDecodeStep> decoder;
 };
 std::unique_ptr<Tokenizer> make_hf_spm_tokenizer(HfSpmVocab vocab);
 // The SentencePiece-style part of load_hf_tokenizer_json: validates root's model flags,
-// normalizer, pre_tokenizer (null or Metaspace), decoder and added_tokens' "normalized" flags,
-// throwing errors that name `path` and the key; `bpe` holds the already-read vocabulary.
+// normalizer, pre_tokenizer (null, Metaspace, or Split on a string MergedWithPrevious), decoder and
+// added_tokens' "normalized" flags, throwing errors that name `path` and the key; `bpe` holds the
+// already-read vocabulary.
 std::unique_ptr<Tokenizer> make_hf_spm_tokenizer(const std::string& path,
                                                  const nlohmann::json& root, BpeVocab bpe);
-// Whether a tokenizer.json's pre_tokenizer selects the SentencePiece-style reading (null or
-// Metaspace) rather than byte-level BPE.
-bool is_sentencepiece_pre_tokenizer(const nlohmann::json& pre_tokenizer);
+// Whether a tokenizer.json takes the SentencePiece-style reading: its pre_tokenizer has no
+// ByteLevel step (null, Metaspace, Split; anything else is refused there).
+bool is_sentencepiece_tokenizer_json(const nlohmann::json& root);
 
 // SentencePiece-style vocabulary run with llama.cpp's SPM algorithm.
 struct SpmVocab {
