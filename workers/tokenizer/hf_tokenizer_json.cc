@@ -1,9 +1,9 @@
 // Hugging Face tokenizer.json loader for model.type "BPE": vocab, merges ("a b" or ["a", "b"]),
 // added_tokens, special ids. Byte-level files (a ByteLevel pre-tokenizer and decoder, e.g.
 // Qwen2/3, SmolLM2): normalizer none or NFC (possibly in a Sequence), pre_tokenizer ByteLevel,
-// Split with a Regex in "Isolated" mode, Digits, Sequence. Files whose pre_tokenizer has no ByteLevel step
-// (SentencePiece-style: Llama-2, Mistral, Gemma) go to hf_tokenizer_json_spm.cc. Reference:
-// huggingface/tokenizers serialization format.
+// Split with a Regex in "Isolated" mode, Digits, Sequence. Files whose pre_tokenizer has no
+// ByteLevel step (SentencePiece-style: Llama-2, Mistral, Gemma) go to hf_tokenizer_json_spm.cc.
+// Reference: huggingface/tokenizers serialization format.
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
