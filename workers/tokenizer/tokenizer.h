@@ -26,7 +26,9 @@ class Tokenizer {
   // Decodes ids to text (bytes; may end in partial UTF-8). Control tokens (BOS/EOS/chat markers)
   // are rendered as their text unless skip_special is true. SentencePiece-style vocabularies
   // (llama2.c, GGUF "llama") drop the leading space of the first text token when it starts the
-  // sequence or follows BOS (run.c decode), so decode(encode(x)) == x.
+  // sequence or follows BOS (run.c decode), so decode(encode(x)) == x. HF tokenizer.json files
+  // decode as HF tokenizers' decode does (their decoder chain; ByteFallback turns an invalid
+  // UTF-8 run of byte tokens into one U+FFFD per byte).
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
   // Text of one token on its own (raw bytes for byte tokens, which may be partial UTF-8 that
   // callers concatenate). Throws on ids outside [0, vocab_size).
