@@ -103,6 +103,9 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
   KVB_USAGE_CHECK(lm.tokenizer->vocab_size() <= c.vocab_size)
       << "tokenizer has " << lm.tokenizer->vocab_size() << " tokens but the model only "
       << c.vocab_size << ": wrong --tokenizer for " << model_path << "?";
+  // A model may have more logits rows than the tokenizer has tokens (padded vocabularies): ids
+  // sampled there decode to "" with a warning rather than failing the unit.
+  lm.tokenizer = tokenizer::pad_vocabulary(std::move(lm.tokenizer), c.vocab_size);
   if (c.format == "hf") {
     // Conventions set by load_hf_folder_tokenizer.
   } else if (lm.model->gguf) {

@@ -14,8 +14,6 @@
 namespace kvb::tokenizer {
 namespace {
 
-uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
-
 class BpeTokenizer final : public Tokenizer {
  public:
   explicit BpeTokenizer(BpeVocab v) : v_(std::move(v)), splitter_(v_.pre_patterns) {
@@ -35,16 +33,7 @@ class BpeTokenizer final : public Tokenizer {
     KVB_CHECK(known_bytes >= 128) << v_.source << ": only " << known_bytes
                                   << " of the 256 byte-level symbols are in the vocabulary: not "
                                      "a byte-level BPE vocabulary";
-    merges_.reserve(v_.merges.size());
-    for (size_t r = 0; r < v_.merges.size(); ++r) {
-      const auto& [a, b] = v_.merges[r];
-      auto ia = token_to_id_.find(a), ib = token_to_id_.find(b), im = token_to_id_.find(a + b);
-      KVB_CHECK(ia != token_to_id_.end() && ib != token_to_id_.end() && im != token_to_id_.end())
-          << v_.source << ": merge " << r << " '" << a << " " << b
-          << "' uses or produces a token that is not in the vocabulary";
-      merges_.emplace(pair_key(ia->second, ib->second),
-                      std::make_pair(static_cast<int32_t>(r), im->second));  // first rank wins
-    }
+    merges_ = make_merge_table(v_.merges, token_to_id_, v_.source);
     for (size_t i = 0; i < n; ++i) {
       if (v_.kinds[i] == TokenKind::kControl || v_.kinds[i] == TokenKind::kUserDefined) {
         specials_.add(v_.tokens[i], static_cast<int32_t>(i), v_.kinds[i] == TokenKind::kControl);
@@ -121,58 +110,16 @@ class BpeTokenizer final : public Tokenizer {
       auto it = token_to_id_.find(unicode::bytes_to_unicode_text(word));
       if (it != token_to_id_.end()) return {it->second};
     }
-    struct Sym {
-      int32_t id;
-      int prev, next;
-      bool merged;  // absorbed into its left neighbour
-    };
-    std::vector<Sym> syms(word.size());
-    for (size_t i = 0; i < word.size(); ++i) {
-      syms[i] = {byte_token_[static_cast<uint8_t>(word[i])], int(i) - 1,
-                 i + 1 < word.size() ? int(i) + 1 : -1, false};
-    }
-    struct Cand {
-      int32_t rank;
-      int left, right;
-      int32_t left_id, right_id, merged;
-      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
-    };
-    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue;
-    auto push = [&](int l, int r) {
-      if (l < 0 || r < 0 || syms[l].id < 0 || syms[r].id < 0) return;
-      auto it = merges_.find(pair_key(syms[l].id, syms[r].id));
-      if (it == merges_.end()) return;
-      queue.push({it->second.first, l, r, syms[l].id, syms[r].id, it->second.second});
-    };
-    for (size_t i = 0; i + 1 < word.size(); ++i) push(int(i), int(i) + 1);
-    while (!queue.empty()) {
-      const Cand c = queue.top();
-      queue.pop();
-      Sym& l = syms[c.left];
-      // Stale if either side was merged since (a symbol's id only changes by merging).
-      Sym& r = syms[c.right];
-      if (l.merged || r.merged || l.id != c.left_id || l.next != c.right || r.id != c.right_id) {
-        continue;
-      }
-      l.id = c.merged;
-      l.next = r.next;
-      if (r.next >= 0) syms[r.next].prev = c.left;
-      r.merged = true;
-      push(l.prev, c.left);
-      push(c.left, l.next);
-    }
-    std::vector<int32_t> ids;
-    for (int i = 0; i >= 0; i = syms[i].next) {
-      if (syms[i].id >= 0) ids.push_back(syms[i].id);  // -1: a byte with no symbol and no <unk>
-    }
-    return ids;
+    std::vector<int32_t> ids(word.size());
+    for (size_t i = 0; i < word.size(); ++i) ids[i] = byte_token_[static_cast<uint8_t>(word[i])];
+    return apply_merges(std::move(ids), merges_);  // drops -1: a byte with no symbol, no <unk>
   }
 
   static constexpr size_t kMaxCacheEntries = 1 << 18;
   BpeVocab v_;
   RegexSplitter splitter_;
   std::unordered_map<std::string, int32_t> token_to_id_;
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // -> (rank, merged id)
+  MergeTable merges_;
   std::array<int32_t, 256> byte_token_{};
   SpecialSplitter specials_;
   mutable std::mutex cache_mu_;
@@ -180,6 +127,71 @@ class BpeTokenizer final : public Tokenizer {
 };
 
 }  // namespace
+
+MergeTable make_merge_table(const std::vector<std::pair<std::string, std::string>>& merges,
+                            const std::unordered_map<std::string, int32_t>& token_to_id,
+                            const std::string& source) {
+  MergeTable table;
+  table.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const auto& [a, b] = merges[r];
+    auto ia = token_to_id.find(a), ib = token_to_id.find(b), im = token_to_id.find(a + b);
+    KVB_CHECK(ia != token_to_id.end() && ib != token_to_id.end() && im != token_to_id.end())
+        << source << ": merge " << r << " '" << a << " " << b
+        << "' uses or produces a token that is not in the vocabulary";
+    table.emplace(merge_pair_key(ia->second, ib->second),
+                  std::make_pair(static_cast<int32_t>(r), im->second));  // first rank wins
+  }
+  return table;
+}
+
+std::vector<int32_t> apply_merges(std::vector<int32_t> word, const MergeTable& merges) {
+  struct Sym {
+    int32_t id;
+    int prev, next;
+    bool merged;  // absorbed into its left neighbour
+  };
+  if (word.empty()) return word;
+  std::vector<Sym> syms(word.size());
+  for (size_t i = 0; i < word.size(); ++i) {
+    syms[i] = {word[i], int(i) - 1, i + 1 < word.size() ? int(i) + 1 : -1, false};
+  }
+  struct Cand {
+    int32_t rank;
+    int left, right;
+    int32_t left_id, right_id, merged;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue;
+  auto push = [&](int l, int r) {
+    if (l < 0 || r < 0 || syms[l].id < 0 || syms[r].id < 0) return;
+    auto it = merges.find(merge_pair_key(syms[l].id, syms[r].id));
+    if (it == merges.end()) return;
+    queue.push({it->second.first, l, r, syms[l].id, syms[r].id, it->second.second});
+  };
+  for (size_t i = 0; i + 1 < word.size(); ++i) push(int(i), int(i) + 1);
+  while (!queue.empty()) {
+    const Cand c = queue.top();
+    queue.pop();
+    Sym& l = syms[c.left];
+    // Stale if either side was merged since (a symbol's id only changes by merging).
+    Sym& r = syms[c.right];
+    if (l.merged || r.merged || l.id != c.left_id || l.next != c.right || r.id != c.right_id) {
+      continue;
+    }
+    l.id = c.merged;
+    l.next = r.next;
+    if (r.next >= 0) syms[r.next].prev = c.left;
+    r.merged = true;
+    push(l.prev, c.left);
+    push(c.left, l.next);
+  }
+  std::vector<int32_t> ids;
+  for (int i = 0; i >= 0; i = syms[i].next) {
+    if (syms[i].id >= 0) ids.push_back(syms[i].id);
+  }
+  return ids;
+}
 
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeVocab vocab) {
   return std::make_unique<BpeTokenizer>(std::move(vocab));

@@ -1,8 +1,9 @@
-// Hugging Face tokenizer.json loader for byte-level BPE (model.type "BPE" with a ByteLevel
-// pre-tokenizer and decoder, e.g. Qwen2/3, SmolLM2): vocab, merges ("a b" or ["a", "b"]),
-// added_tokens, normalizer (none or NFC, possibly in a Sequence), pre_tokenizer (ByteLevel, Split
-// with a Regex in "Isolated" mode, Digits, Sequence). Reference: huggingface/tokenizers
-// serialization format.
+// Hugging Face tokenizer.json loader for model.type "BPE": vocab, merges ("a b" or ["a", "b"]),
+// added_tokens, special ids. Byte-level files (a ByteLevel pre-tokenizer and decoder, e.g.
+// Qwen2/3, SmolLM2): normalizer none or NFC (possibly in a Sequence), pre_tokenizer ByteLevel,
+// Split with a Regex in "Isolated" mode, Digits, Sequence. Files whose pre_tokenizer has no
+// ByteLevel step (SentencePiece-style: Llama-2, Mistral, Gemma) go to hf_tokenizer_json_spm.cc.
+// Reference: huggingface/tokenizers serialization format.
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -72,7 +73,42 @@ void add_pre_tokenizer(const Ctx& c, const json& p, const std::string& key, BpeV
     v.pre_patterns.push_back(p.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)");
   } else {
     c.bad(key + ".type",
-          "'" + type + "' is not supported (supported: Sequence, ByteLevel, " + "Split, Digits)");
+          "'" + type +
+              "' is not supported (supported: Sequence, ByteLevel, Split, Digits; null or "
+              "Metaspace for SentencePiece-style files)");
+  }
+}
+
+// The byte-level reading: model.byte_fallback false; normalizer null, NFC, or a Sequence of those
+// (transformers writes an empty Sequence for "none"); a ByteLevel step in the pre-tokenizer; a
+// ByteLevel decoder.
+void parse_byte_level_sections(const Ctx& c, const json& root, const json& model, BpeVocab& v) {
+  const json& norm = root.contains("normalizer") ? root["normalizer"] : json();
+  std::vector<std::pair<const json*, std::string>> norms = {{&norm, "normalizer"}};
+  for (size_t k = 0; k < norms.size(); ++k) {
+    const json& n = *norms[k].first;
+    const std::string key = norms[k].second;  // a copy: push_back below reallocates
+    if (n.is_null()) continue;
+    const std::string t = n.is_object() ? n.value("type", "") : "";
+    if (t == "NFC") {
+      v.nfc = true;
+    } else if (t == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
+      for (size_t i = 0; i < n["normalizers"].size(); ++i) {
+        norms.push_back({&n["normalizers"][i], key + ".normalizers[" + std::to_string(i) + "]"});
+      }
+    } else {
+      c.bad(key + ".type", "'" + t + "' is not supported (supported: null, NFC, Sequence)");
+    }
+  }
+  bool byte_level = false;
+  add_pre_tokenizer(c, c.need(root, "pre_tokenizer", ""), "pre_tokenizer", v, byte_level);
+  if (!byte_level) c.bad("pre_tokenizer", "has no ByteLevel step: not a byte-level BPE");
+  if (model.contains("byte_fallback") && model["byte_fallback"] != false) {
+    c.bad("model.byte_fallback", "must be false with a ByteLevel pre_tokenizer");
+  }
+  const json& dec = c.need(root, "decoder", "");
+  if (!dec.is_object() || dec.value("type", "") != "ByteLevel") {
+    c.bad("decoder.type", "must be \"ByteLevel\"");
   }
 }
 
@@ -130,7 +166,6 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
   if (!mtype.is_string() || mtype != "BPE") {
     c.bad("model.type", "is " + mtype.dump() + "; only \"BPE\" is supported");
   }
-  if (model.value("byte_fallback", false)) c.bad("model.byte_fallback", "must be false");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(k) && !model[k].is_null() && model[k] != "") {
       c.bad(std::string("model.") + k, "must be empty (not supported)");
@@ -220,31 +255,9 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
     }
   }
 
-  // null, NFC, or a Sequence of those (transformers writes an empty Sequence for "none").
-  const json& norm = root.contains("normalizer") ? root["normalizer"] : json();
-  std::vector<std::pair<const json*, std::string>> norms = {{&norm, "normalizer"}};
-  for (size_t k = 0; k < norms.size(); ++k) {
-    const json& n = *norms[k].first;
-    const std::string& key = norms[k].second;
-    if (n.is_null()) continue;
-    const std::string t = n.is_object() ? n.value("type", "") : "";
-    if (t == "NFC") {
-      v.nfc = true;
-    } else if (t == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
-      for (size_t i = 0; i < n["normalizers"].size(); ++i) {
-        norms.push_back({&n["normalizers"][i], key + ".normalizers[" + std::to_string(i) + "]"});
-      }
-    } else {
-      c.bad(key + ".type", "'" + t + "' is not supported (supported: null, NFC, Sequence)");
-    }
-  }
-  bool byte_level = false;
-  add_pre_tokenizer(c, c.need(root, "pre_tokenizer", ""), "pre_tokenizer", v, byte_level);
-  if (!byte_level) c.bad("pre_tokenizer", "has no ByteLevel step: not a byte-level BPE");
-  const json& dec = c.need(root, "decoder", "");
-  if (!dec.is_object() || dec.value("type", "") != "ByteLevel") {
-    c.bad("decoder.type", "must be \"ByteLevel\"");
-  }
+  c.need(root, "pre_tokenizer", "");
+  const bool spm = is_sentencepiece_tokenizer_json(root);
+  if (!spm) parse_byte_level_sections(c, root, model, v);
 
   // Special ids: tokenizer_config.json beside the file, then the turn-ending added tokens.
   auto id_of = [&](const std::string& text) -> int32_t {
@@ -294,6 +307,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
     }
   }
   if (v.eos_id < 0 && !v.end_ids.empty()) v.eos_id = v.end_ids.front();
+  if (spm) return make_hf_spm_tokenizer(path, root, std::move(v));
   return make_bpe_tokenizer(std::move(v));
 }
 

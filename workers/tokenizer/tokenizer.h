@@ -26,7 +26,9 @@ class Tokenizer {
   // Decodes ids to text (bytes; may end in partial UTF-8). Control tokens (BOS/EOS/chat markers)
   // are rendered as their text unless skip_special is true. SentencePiece-style vocabularies
   // (llama2.c, GGUF "llama") drop the leading space of the first text token when it starts the
-  // sequence or follows BOS (run.c decode), so decode(encode(x)) == x.
+  // sequence or follows BOS (run.c decode), so decode(encode(x)) == x. HF tokenizer.json files
+  // decode as HF tokenizers' decode does (their decoder chain; ByteFallback turns an invalid
+  // UTF-8 run of byte tokens into one U+FFFD per byte).
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
   // Text of one token on its own (raw bytes for byte tokens, which may be partial UTF-8 that
   // callers concatenate). Throws on ids outside [0, vocab_size).
@@ -69,11 +71,21 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int32
 // end_ids(): eos/eot/eom ids from the metadata plus control tokens whose text ends a turn
 // (<|im_end|>, <|eot_id|>, <|eom_id|>, <|end|>, <end_of_turn>, <|endoftext|>, <EOT>).
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const formats::GgufFile& gguf);
-// From a Hugging Face tokenizer.json (model type BPE, byte-level), e.g. Qwen's. Reads bos/eos
-// and add_bos_token from a tokenizer_config.json beside it when present; without add_bos_token,
-// default_add_bos() follows the post_processor (a TemplateProcessing that starts with a special
-// token, as Llama 3's, prepends it). end_ids() also gets the turn-ending added tokens above.
+// From a Hugging Face tokenizer.json (model type BPE): byte-level (ByteLevel pre-tokenizer, e.g.
+// Qwen's) or SentencePiece-style (byte_fallback with a Metaspace pre-tokenizer or a normalizer
+// replacing " " by U+2581, e.g. Llama-2's, Mistral's, Gemma's), both with HF tokenizers' encode
+// and decode. Reads bos/eos and add_bos_token from a tokenizer_config.json beside it when
+// present; without add_bos_token, default_add_bos() follows the post_processor (a
+// TemplateProcessing that starts with a special token, as Llama 3's, prepends it). end_ids() also
+// gets the turn-ending added tokens above.
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path);
+
+// Wraps a tokenizer for a model with model_vocab_size >= its vocab_size() logits: ids in between
+// (padding rows, sampled by a random or padded model) decode to "" with a one-time warning on
+// stderr, as HF tokenizers' decode skips unknown ids; vocab_size() becomes model_vocab_size.
+// Returns inner itself when the sizes are equal; throws when the model's is smaller.
+std::unique_ptr<Tokenizer> pad_vocabulary(std::unique_ptr<Tokenizer> inner,
+                                          int32_t model_vocab_size);
 
 // Hand-written chat formats, chosen by signature of a Jinja template. Test oracles only: kvbench
 // renders a model's own template with JinjaChatTemplate (jinja_chat_template.h); these check it.

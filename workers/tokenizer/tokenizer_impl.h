@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -91,6 +93,60 @@ struct BpeVocab {
   std::vector<int32_t> end_ids;
 };
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeVocab vocab);
+
+// BPE merge table: (left id, right id) -> (rank, merged id). make_merge_table throws, naming
+// source, when a merge uses or produces a token that is not in the vocabulary; of repeated pairs
+// the first rank wins. apply_merges merges a word's symbol ids lowest rank first, leftmost on ties
+// (HF tokenizers' Word::merge_all, llama.cpp's llm_tokenizer_bpe_session); ids < 0 never merge
+// and are dropped from the result.
+using MergeTable = std::unordered_map<uint64_t, std::pair<int32_t, int32_t>>;
+inline uint64_t merge_pair_key(int32_t a, int32_t b) {
+  return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+}
+MergeTable make_merge_table(const std::vector<std::pair<std::string, std::string>>& merges,
+                            const std::unordered_map<std::string, int32_t>& token_to_id,
+                            const std::string& source);
+std::vector<int32_t> apply_merges(std::vector<int32_t> word, const MergeTable& merges);
+
+// SentencePiece-style BPE of a Hugging Face tokenizer.json (Llama-2, Mistral, Gemma): HF
+// tokenizers' BPE model over Unicode characters with byte_fallback ("<0xXX>" tokens for
+// characters not in the vocabulary) and unk, after the file's normalizer and optional Metaspace
+// pre-tokenizer, decoded by its decoder chain. Each step has HF tokenizers' semantics.
+struct HfTextStep {  // normalizer step, applied in order to each text piece between added tokens
+  enum class Kind { kReplace, kPrepend, kNfc } kind;
+  std::string from, to;  // kReplace: literal from -> to; kPrepend: `to` before non-empty text
+};
+struct HfDecodeStep {  // decoder step, applied in order to the list of token strings
+  enum class Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace };
+  Kind kind = Kind::kFuse;
+  std::string from, to;     // kReplace: literal; kMetaspace: from = replacement
+  int start = 0, stop = 0;  // kStrip: at most this many `from` characters off each token's ends
+  bool drop_first = false;  // kMetaspace: the first token loses its replacement characters
+};
+enum class MetaspacePrepend { kNever, kFirst, kAlways };
+struct HfSpmVocab {
+  BpeVocab bpe;  // tokens, kinds, merges, bos/eos/unk, end_ids, add_bos (no pre_patterns)
+  bool byte_fallback = false;
+  bool fuse_unk = false;  // consecutive unknown characters become one <unk>
+  std::vector<HfTextStep> normalizer;
+  bool metaspace = false;   // pre_tokenizer is Metaspace
+  std::string replacement;  // its replacement character (UTF-8)
+  MetaspacePrepend prepend = MetaspacePrepend::kNever;
+  bool split = false;       // split words before each replacement character
+  std::string split_after;  // pre_tokenizer Split, String pattern, MergedWithPrevious: a word
+                            // ends after each occurrence (Gemma's Split " ")
+  std::vector<HfDecodeStep> decoder;
+};
+std::unique_ptr<Tokenizer> make_hf_spm_tokenizer(HfSpmVocab vocab);
+// The SentencePiece-style part of load_hf_tokenizer_json: validates root's model flags,
+// normalizer, pre_tokenizer (null, Metaspace, or Split on a string MergedWithPrevious), decoder and
+// added_tokens' "normalized" flags, throwing errors that name `path` and the key; `bpe` holds the
+// already-read vocabulary.
+std::unique_ptr<Tokenizer> make_hf_spm_tokenizer(const std::string& path,
+                                                 const nlohmann::json& root, BpeVocab bpe);
+// Whether a tokenizer.json takes the SentencePiece-style reading: its pre_tokenizer has no
+// ByteLevel step (null, Metaspace, Split; anything else is refused there).
+bool is_sentencepiece_tokenizer_json(const nlohmann::json& root);
 
 // SentencePiece-style vocabulary run with llama.cpp's SPM algorithm.
 struct SpmVocab {
