@@ -400,6 +400,26 @@ TEST(HfTokenizerJson, ShapeErrorsNameTheKey) {
   j["pre_tokenizer"] = {{"type", "Whitespace"}};
   write(j);
   expect_error([&] { load_hf_tokenizer_json(path); }, {"pre_tokenizer.type", "Whitespace"});
+  // Wrong JSON types name the file and the key (they were nlohmann type_errors naming neither).
+  j = base;
+  j["normalizer"] = {{"type", 5}};
+  write(j);
+  expect_error([&] { load_hf_tokenizer_json(path); }, {path.c_str(), "normalizer.type", "must be a string"});
+  j = base;
+  j["decoder"] = {{"type", json::array()}};
+  write(j);
+  expect_error([&] { load_hf_tokenizer_json(path); }, {path.c_str(), "decoder.type", "must be a string"});
+  j = base;
+  j["pre_tokenizer"]["add_prefix_space"] = "yes";
+  write(j);
+  expect_error([&] { load_hf_tokenizer_json(path); },
+               {path.c_str(), "pre_tokenizer.add_prefix_space", "must be true or false"});
+  j = base;
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers", {{{"type", "Split"}, {"behavior", 1}}, {{"type", "ByteLevel"}}}}};
+  write(j);
+  expect_error([&] { load_hf_tokenizer_json(path); },
+               {path.c_str(), "pre_tokenizer.pretokenizers[0].behavior", "must be a string"});
   write(base);  // valid shape, but "a" alone is not a byte-level vocabulary
   expect_error([&] { load_hf_tokenizer_json(path); }, {"byte-level"});
   std::ofstream(path) << "{not json";

@@ -27,6 +27,19 @@ struct Ctx {
     KVB_FAIL() << path << ": key '" << key << "' " << what;
     __builtin_unreachable();  // KVB_FAIL throws
   }
+  // obj[key] as a string / bool, `def` when absent; an error naming where.key for another type
+  // (json::value would throw a type_error that names neither the file nor the key).
+  std::string str(const json& obj, const char* key, const std::string& def,
+                  const std::string& where) const {
+    if (!obj.is_object() || !obj.contains(key)) return def;
+    if (!obj[key].is_string()) bad(where + "." + key, "must be a string");
+    return obj[key].get<std::string>();
+  }
+  bool flag(const json& obj, const char* key, bool def, const std::string& where) const {
+    if (!obj.is_object() || !obj.contains(key)) return def;
+    if (!obj[key].is_boolean()) bad(where + "." + key, "must be true or false");
+    return obj[key].get<bool>();
+  }
 };
 
 // "Regex" patterns go to PCRE2 as they are; "String" patterns are literal.
@@ -56,21 +69,21 @@ void add_pre_tokenizer(const Ctx& c, const json& p, const std::string& key, BpeV
                         byte_level);
     }
   } else if (type == "ByteLevel") {
-    if (p.value("add_prefix_space", false)) {
+    if (c.flag(p, "add_prefix_space", false, key)) {
       if (!v.pre_patterns.empty()) {
         c.bad(key + ".add_prefix_space", "is only supported on the first pre-tokenizer");
       }
       v.add_prefix_space = true;
     }
-    if (p.value("use_regex", true)) v.pre_patterns.push_back(kGpt2Pattern);
+    if (c.flag(p, "use_regex", true, key)) v.pre_patterns.push_back(kGpt2Pattern);
     byte_level = true;
   } else if (type == "Split") {
-    const std::string behavior = p.value("behavior", "");
+    const std::string behavior = c.str(p, "behavior", "", key);
     if (behavior != "Isolated") c.bad(key + ".behavior", "must be \"Isolated\" (supported)");
-    if (p.value("invert", false)) c.bad(key + ".invert", "must be false (supported)");
+    if (c.flag(p, "invert", false, key)) c.bad(key + ".invert", "must be false (supported)");
     v.pre_patterns.push_back(split_pattern(c, c.need(p, "pattern", key), key + ".pattern"));
   } else if (type == "Digits") {
-    v.pre_patterns.push_back(p.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)");
+    v.pre_patterns.push_back(c.flag(p, "individual_digits", false, key) ? R"(\p{N})" : R"(\p{N}+)");
   } else {
     c.bad(key + ".type",
           "'" + type +
@@ -89,7 +102,7 @@ void parse_byte_level_sections(const Ctx& c, const json& root, const json& model
     const json& n = *norms[k].first;
     const std::string key = norms[k].second;  // a copy: push_back below reallocates
     if (n.is_null()) continue;
-    const std::string t = n.is_object() ? n.value("type", "") : "";
+    const std::string t = c.str(n, "type", "", key);
     if (t == "NFC") {
       v.nfc = true;
     } else if (t == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
@@ -107,7 +120,7 @@ void parse_byte_level_sections(const Ctx& c, const json& root, const json& model
     c.bad("model.byte_fallback", "must be false with a ByteLevel pre_tokenizer");
   }
   const json& dec = c.need(root, "decoder", "");
-  if (!dec.is_object() || dec.value("type", "") != "ByteLevel") {
+  if (!dec.is_object() || c.str(dec, "type", "", "decoder") != "ByteLevel") {
     c.bad("decoder.type", "must be \"ByteLevel\"");
   }
 }
