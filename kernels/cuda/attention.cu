@@ -46,7 +46,13 @@ struct Common {
   const int32_t* lengths;
   int n, num_heads, group, d;
   float scale;
+  int window;  // > 0: a query sees only the last `window` of its visible keys
 };
+
+// The first key a query with `visible` keys sees.
+__device__ __forceinline__ int first_visible(const Common& c, int visible) {
+  return c.window > 0 ? max(0, visible - c.window) : 0;
+}
 
 // ---- prefill -------------------------------------------------------------------------------
 
@@ -72,6 +78,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int last_row = min(r0 + kRowsPerBlock, rows_total) - 1;
   const int keys_end = before + last_row / c.group + 1;  // keys the block's last query sees
+  // The block's first query sees the earliest keys; with a window, tiles before its window are
+  // skipped (kept aligned to kKeyTile).
+  const int keys_begin = first_visible(c, before + r0 / c.group + 1) / kKeyTile * kKeyTile;
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kLaneDims];
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
@@ -80,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < kLaneDims; ++e) acc[rr][e] = 0.0f;
   }
-  for (int t0 = 0; t0 < keys_end; t0 += kKeyTile) {
+  for (int t0 = keys_begin; t0 < keys_end; t0 += kKeyTile) {
     __syncthreads();  // the previous tile is consumed (first time: q is loaded)
     const int tile = min(kKeyTile, keys_end - t0);
     for (int e = threadIdx.x; e < kKeyTile * d; e += kThreads) {
@@ -101,12 +110,16 @@ __global__ void __launch_bounds__(kThreads)
       if (r >= rows_total) break;  // warp-uniform
       const int visible = before + r / c.group + 1;
       if (t0 >= visible) continue;  // warp-uniform: the whole tile is in this row's future
+      const int lo = first_visible(c, visible);
+      if (t0 + kKeyTile <= lo) continue;  // warp-uniform: the whole tile is before the window
       const int key = t0 + lane;
-      const bool seen = key < visible;
+      const bool seen = key < visible && key >= lo;
       const float s =
           seen ? tile_score(qs + (warp * kRowsPerWarp + rr) * d, ks + lane * ks_stride, d, c.scale)
                : -INFINITY;
-      const float m_new = fmaxf(m[rr], warp_max(s));  // finite: key t0 is visible
+      // Finite: the tile holds a key in [lo, visible) (it starts before `visible` and ends after
+      // `lo`), so some lane has seen it.
+      const float m_new = fmaxf(m[rr], warp_max(s));
       const float corr = expf(m[rr] - m_new);         // 0 on the first tile
       const float p = seen ? expf(s - m_new) : 0.0f;
       l[rr] = l[rr] * corr + warp_sum(p);
@@ -206,7 +219,8 @@ __global__ void __launch_bounds__(kThreads)
   const int h = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const int kvh = h / c.group, warp = threadIdx.x / 32, lane = threadIdx.x % 32, d = c.d;
   const int len = c.lengths[kvh];
-  const int c0 = split * kDecodeChunk, c1 = min(len, c0 + kDecodeChunk);
+  const int c0 = max(split * kDecodeChunk, first_visible(c, len));
+  const int c1 = min(len, split * kDecodeChunk + kDecodeChunk);
   const size_t base = c.offsets[kvh];
   float qreg[kLaneDims], acc[kLaneDims];
 #pragma unroll
@@ -336,7 +350,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const int len = c.lengths[kvh];
-  const int c0 = split * chunk, c1 = min(len, c0 + chunk);
+  const int c0 = max(split * chunk, first_visible(c, len)), c1 = min(len, split * chunk + chunk);
   const size_t base = c.offsets[kvh];
   float m[kG], l[kG], acc[kG][kMaxLaneElems];
 #pragma unroll
@@ -525,7 +539,7 @@ __global__ void decode_probs_kernel(const int32_t* lengths, int group, const flo
 template <typename T>
 void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream) {
   const int d = a.kv.head_dim;
-  const Common c{a.q, a.kv.offsets, a.kv.lengths, a.n, a.num_heads, group, d, a.scale};
+  const Common c{a.q, a.kv.offsets, a.kv.lengths, a.n, a.num_heads, group, d, a.scale, a.window};
   const T* keys = static_cast<const T*>(a.kv.keys);
   const T* values = static_cast<const T*>(a.kv.values);
   const bool stats = a.col_sums != nullptr || a.last_probs != nullptr;
@@ -601,6 +615,8 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
     KVB_CHECK(a.stats_stride >= max_len)
         << "cuda::attention: stats_stride " << a.stats_stride << " < longest head " << max_len;
   }
+  KVB_CHECK(a.window >= 0) << "cuda::attention: window " << a.window;
+  KVB_CHECK(a.window == 0 || !stats) << "cuda::attention: no statistics with a window";
   if (a.last_probs) {
     KVB_CHECK(a.last_w >= 1 && a.last_w <= a.n)
         << "cuda::attention: last_w " << a.last_w << " outside [1, " << a.n << "]";

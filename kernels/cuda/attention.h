@@ -26,9 +26,14 @@ struct AttentionArgs {
   float* last_probs = nullptr;  // [num_heads, last_w, stats_stride]
   int last_w = 0;               // 1 <= last_w <= n when last_probs is set
   int stats_stride = 0;         // >= the longest head; entries past a head's visible keys are 0
+  // Sliding-window attention (Gemma 3's local layers, Mistral, Phi-3), as cpu::AttentionArgs:
+  // > 0 limits query i to the last `window` of its visible slots (its own included). No
+  // statistics with a window.
+  int window = 0;
 };
 
-// Query i of n sees slots [0, length(head) - n + i]. Two paths:
+// Query i of n sees slots [0, length(head) - n + i] (with a window W: only the last W of them).
+// Two paths:
 //  - n >= 2 (prefill): flash-style tiles, a block holds 16 (query, head-of-group) rows and
 //    streams 32-key K/V tiles through shared memory with an online softmax (no n x n matrix);
 //    statistics, when requested, come from a second pass over key tiles that recomputes each

@@ -21,6 +21,7 @@ struct AttentionCase {
   int head_dim;
   cu::KvDtype dtype;
   bool stats;  // col_sums + last_probs
+  int window = 0;  // sliding window (no statistics with one)
 };
 
 inline std::string describe(const AttentionCase& c) {
@@ -28,7 +29,8 @@ inline std::string describe(const AttentionCase& c) {
                   " d=" + std::to_string(c.head_dim) + " " + cu::kv_dtype_name(c.dtype) +
                   " before={";
   for (int b : c.before) s += std::to_string(b) + ",";
-  return s + "}" + (c.stats ? " stats" : "");
+  return s + "}" + (c.stats ? " stats" : "") +
+         (c.window > 0 ? " window=" + std::to_string(c.window) : "");
 }
 
 inline void run_attention_case(const AttentionCase& c) {
@@ -65,6 +67,7 @@ inline void run_attention_case(const AttentionCase& c) {
   const size_t stats_n = static_cast<size_t>(nh) * stride;
   std::vector<float> out(q.size()), cs(stats_n), lp(stats_n * last_w);
   kernels::cpu::AttentionArgs ca{out.data(), q.data(), cpu.layer(0), c.n, nh, scale};
+  ca.window = c.window;
   if (c.stats) {
     ca.col_sums = cs.data();
     ca.last_probs = lp.data();
@@ -86,6 +89,7 @@ inline void run_attention_case(const AttentionCase& c) {
   ga.n = c.n;
   ga.num_heads = nh;
   ga.scale = scale;
+  ga.window = c.window;
   if (c.stats) {
     ga.col_sums = csd.data();
     ga.last_probs = lpd.data();
@@ -116,6 +120,13 @@ inline std::vector<AttentionCase> attention_cases() {
     // into 16-byte vectors over a power of two of lanes: the per-query-head kernel.
     v.push_back({1, {2000, 5, 300, 0}, 8, 256, dt, true});
     v.push_back({1, {70, 3}, 3, 40, dt, true});
+    // Sliding windows (Gemma 3's local layers, Mistral): prefill blocks whose queries start
+    // inside, at and past the window's reach, ragged heads, and decode past the window on both
+    // decode kernels (head_dim 64: grouped; 40: per query head).
+    v.push_back({17, {20, 3, 0}, 2, 64, dt, false, 8});
+    v.push_back({40, {100}, 4, 64, dt, false, 33});
+    v.push_back({1, {300, 12}, 4, 64, dt, false, 16});
+    v.push_back({1, {300, 12}, 3, 40, dt, false, 16});
     // Prefill blocks of 3, 7, 17 over ragged earlier slots; odd head_dim 40 and the maximum 256.
     v.push_back({3, {0, 5}, 2, 40, dt, true});
     v.push_back({7, {17, 0, 1}, 7, 64, dt, true});

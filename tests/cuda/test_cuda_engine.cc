@@ -40,6 +40,7 @@ using engine::DType;
 const std::string kSmol = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 const std::string kStories = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
 const std::string kQwen3 = std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.gguf";
+const std::string kFixtures = std::string(KVB_FIXTURES_DIR) + "/engine/";
 const std::string kEssay = std::string(KVB_SHARED_DIR) + "/data/paulgraham_essays/avg.txt";
 
 #define SKIP_WITHOUT_GPU()                                          \
@@ -221,6 +222,20 @@ TEST(CudaEngineQwen3, F32LogitsWithin1e3EveryStep) {
   const std::string text = "Qwen3 normalises every query and key head before RoPE.";
   expect_f32_gpu_equals_cpu(*m, std::vector<int32_t>(text.begin(), text.end()), 32, 24,
                             "qwen3 tiny");
+}
+
+// Sliding-window models on the GPU: Gemma 3 (five local layers of window 16 around a global one,
+// embedding scale, post-norms, GeGLU, local RoPE base), Mistral (window 8 on every layer) and
+// Phi-3 (partial rotary, LongRoPE, attention factor); prompts longer than the windows, so the
+// windowed prefill, the trimmed caches and decode past the window all run.
+TEST(CudaEngineWindowed, F32LogitsWithin1e3EveryStep) {
+  SKIP_WITHOUT_GPU();
+  for (const char* name : {"gemma3_tiny", "mistral_tiny", "phi3_tiny"}) {
+    SCOPED_TRACE(name);
+    std::unique_ptr<engine::Model> m = engine::load_model(kFixtures + name + ".gguf");
+    const std::string text = "Sliding layers keep a window; only the global layer is evicted.";
+    expect_f32_gpu_equals_cpu(*m, std::vector<int32_t>(text.begin(), text.end()), 24, 20, name);
+  }
 }
 
 TEST(CudaEngineStories, InterleavedSequencesEqualSeparateRuns) {

@@ -83,11 +83,6 @@ CudaBackend::CudaBackend(const Model& model, DType dtype, int gpu)
   const ModelConfig& c = model.config;
   KVB_CHECK(c.head_dim <= cu::kMaxHeadDim) << "--device cuda: head_dim " << c.head_dim
                                            << " above the attention kernel's " << cu::kMaxHeadDim;
-  // Gemma 3's sliding-window layers have no CUDA attention kernel yet (nor its embedding scale):
-  // refused here rather than run with global attention.
-  KVB_USAGE_CHECK(c.window.empty() && c.embed_scale == 1.0f)
-      << "--device cuda: " << model.path << " (" << c.arch
-      << ") has sliding-window layers, which run on --device cpu only in this version";
   KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
   upload_weights();
 }
@@ -329,7 +324,8 @@ void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* pos
   bind_cache(cache, n);
   copy_h2d(s.tokens.data(), tokens_h_.data(), N * 4);
   copy_h2d(s.pos.data(), pos_h_.data(), N * 4);
-  gpu::embed_rows(s.x.data(), embedding_.data(), s.tokens.data(), n, D, stream_);
+  gpu::embed_rows(s.x.data(), embedding_.data(), s.tokens.data(), n, D,
+                  model_.config.embed_scale, stream_);
 }
 
 const float* CudaBackend::norm_weight(int layer, Norm which) const {
@@ -517,6 +513,7 @@ void CudaBackend::attention(int l, int n, float scale, kernels::KvCache& cache, 
     args.last_w = last_w;
   }
   args.stats_stride = stride;
+  args.window = model_.config.sliding(l) ? model_.config.window[l] : 0;
   cu::attention(args, stream_);
   // Device pointers until stats_to_host.
   stats->col_sums = args.col_sums;

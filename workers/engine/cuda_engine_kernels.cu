@@ -13,11 +13,12 @@ namespace {
 constexpr unsigned kThreads = 256;
 
 __global__ void embed_kernel(float* x, const float* table, const int32_t* tokens, int dim,
-                             size_t total) {
+                             size_t total, float scale) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t t = i / dim, c = i % dim;
-    x[i] = table[static_cast<size_t>(tokens[t]) * dim + c];
+    const float v = table[static_cast<size_t>(tokens[t]) * dim + c];
+    x[i] = scale == 1.0f ? v : __fmul_rn(v, scale);  // the CPU's x *= embed_scale, unfused
   }
 }
 
@@ -64,12 +65,12 @@ unsigned blocks(size_t work) {
 }
 }  // namespace
 
-void embed_rows(float* x, const float* table, const int32_t* tokens, int n, int dim,
+void embed_rows(float* x, const float* table, const int32_t* tokens, int n, int dim, float scale,
                 cudaStream_t stream) {
   KVB_CHECK(n >= 0 && dim > 0) << "embed_rows: n " << n << ", dim " << dim;
   const size_t total = static_cast<size_t>(n) * dim;
   if (total == 0) return;
-  embed_kernel<<<blocks(total), kThreads, 0, stream>>>(x, table, tokens, dim, total);
+  embed_kernel<<<blocks(total), kThreads, 0, stream>>>(x, table, tokens, dim, total, scale);
   KVB_CUDA_CHECK_LAUNCH();
 }
 

@@ -12,8 +12,9 @@
 
 namespace kvb::engine::gpu {
 
-// x[t, :] = table[tokens[t], :] for t < n; tokens already validated in [0, vocab).
-void embed_rows(float* x, const float* table, const int32_t* tokens, int n, int dim,
+// x[t, :] = table[tokens[t], :] * scale for t < n (Gemma's sqrt(dim); 1: a copy); tokens
+// already validated in [0, vocab).
+void embed_rows(float* x, const float* table, const int32_t* tokens, int n, int dim, float scale,
                 cudaStream_t stream);
 // x[i] += y[i].
 void add_inplace(float* x, const float* y, size_t count, cudaStream_t stream);
