@@ -43,8 +43,13 @@ std::string rope_global_text(const engine::ModelConfig& c, const formats::GgufFi
   std::string s = rope_text(c.rope);
   const std::string p = c.arch + ".";
   if (c.rope_scaling == "yarn") {
-    s += ", yarn factor " + num(g ? g->get_float_or(p + "rope.scaling.factor", 1.0) : 1.0) +
-         " over an original context of " + std::to_string(c.rope_original_context);
+    // A Hugging Face folder's factor is in its frequency factors (no GGUF key to quote).
+    if (g) {
+      s += ", yarn factor " + num(g->get_float_or(p + "rope.scaling.factor", 1.0));
+    } else {
+      s += ", yarn";
+    }
+    s += " over an original context of " + std::to_string(c.rope_original_context);
   } else if (c.rope_scaling == "longrope") {
     s += ", longrope with the " + c.rope_factor_set + " factors (context " +
          std::to_string(c.max_seq_len) + (c.rope_factor_set == "long" ? " > " : " <= ") +
