@@ -45,8 +45,8 @@ TEST_P(HfRopeFolder, EveryPositionMatchesTransformers) {
     EXPECT_EQ(d.top1_mismatch, 0) << cs["name"] << ", first at " << d.first_mismatch;
   }
   // Prefill 12, a chunk to 24 (past Phi-3's window of 20), then decode steps.
-  const golden::Diff d = golden::run_chunked(*model, golden::find_case(fx["cases"], "long"), 12,
-                                             24, golden::expect_step_top1);
+  const golden::Diff d = golden::run_chunked(*model, golden::find_case(fx["cases"], "long"), 12, 24,
+                                             golden::expect_step_top1);
   std::cout << "[ " << GetParam() << " ] long in pieces: max |logit - transformers| = " << d.max_abs
             << "\n";
   EXPECT_LT(d.max_abs, kTol);
@@ -97,7 +97,9 @@ TEST(HfRopeFolderMapping, Qwen2YarnConfigIsTheGgufPathsYarn) {
 TEST(HfRopeFolderMapping, FixturesDetectWrongHandling) {
   const golden::Mutation phi3[] = {
       {"the short LongRoPE factors instead of the long",
-       [](engine::Model& m) { m.config.rope.freq_factors = {1.0f, 1.2f, 1.5f}; }},
+       [](engine::Model& m) {
+         m.config.rope.freq_factors = {1.0f, 1.2f, 1.5f};
+       }},
       {"no LongRoPE attention factor", [](engine::Model& m) { m.config.rope.attn_factor = 1; }},
       {"full rotary (partial_rotary_factor ignored)",
        [](engine::Model& m) {
@@ -130,14 +132,34 @@ TEST(HfRopeFolderMapping, FixturesDetectWrongHandling) {
   }
 }
 
+// `kvbench inspect DIR` names the scaling and the fused tensors by their HF names.
+TEST(HfRopeFolderMapping, InspectNamesTheScaling) {
+  std::string out, err;
+  ASSERT_EQ(
+      testing::kvbench({"inspect", folder("phi3_longrope_f16"), "--format", "csv"}, &out, &err), 0)
+      << err;
+  for (const char* want : {"neox, base 10000, 6 dims, longrope with the long factors (context 256 "
+                           "> original 16; fixed for the run), cos/sin x 1.41421",
+                           "fused QKV (qkv_proj); fused gate/up (gate_up_proj, gate first)"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+  }
+  ASSERT_EQ(testing::kvbench({"inspect", folder("qwen2_yarn_f16"), "--format", "csv"}, &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("12 dims, yarn over an original context of 64, cos/sin x 1.13863"),
+            std::string::npos)
+      << out;
+}
+
 // A copy of a fixture folder with config.json edited; the loader's message.
 std::string load_error(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(KVB_BINARY_DIR) /
-                       ("test_hf_rope_" + name + "_" + std::to_string(::getpid())) / name;
+  const fs::path dir =
+      fs::path(KVB_BINARY_DIR) / ("test_hf_rope_" + name + "_" + std::to_string(::getpid())) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
-  for (const auto& e : fs::directory_iterator(folder(name))) fs::copy(e.path(), dir / e.path().filename());
+  for (const auto& e : fs::directory_iterator(folder(name)))
+    fs::copy(e.path(), dir / e.path().filename());
   nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "config.json"));
   edit(cfg);
   std::ofstream(dir / "config.json") << cfg.dump(1);
@@ -163,10 +185,12 @@ TEST(HfRopeFolderMapping, RefusesWhatItDoesNotRun) {
       "'longrope', which kvbench does not support for [\"Qwen2ForCausalLM\"]");
   has(load_error("qwen2_yarn_f16", [](J& c) { c["partial_rotary_factor"] = 0.5; }),
       "key 'partial_rotary_factor' must be 1 for Qwen2ForCausalLM");
-  has(load_error("phi3_longrope_f16", [](J& c) { c["rope_scaling"]["long_factor"] = {1.0, 2.0}; }),
-      "rope_scaling.long_factor' must be a list of 3 numbers");
   has(load_error("phi3_longrope_f16",
-                 [](J& c) { c["rope_scaling"]["short_factor"][1] = -1.0; }),
+                 [](J& c) {
+                   c["rope_scaling"]["long_factor"] = {1.0, 2.0};
+                 }),
+      "rope_scaling.long_factor' must be a list of 3 numbers");
+  has(load_error("phi3_longrope_f16", [](J& c) { c["rope_scaling"]["short_factor"][1] = -1.0; }),
       "rope_scaling.short_factor[1]' = -1 is not a finite positive number");
   has(load_error("phi3_longrope_f16", [](J& c) { c["partial_rotary_factor"] = 0.1; }),
       "gives 1 rotary dimensions of head_dim 12");

@@ -35,8 +35,8 @@ std::unique_ptr<Model> load_hf_model(const std::string& dir) {
         const uint64_t cols = t.shape[1];
         uint64_t row = 0;
         for (size_t i = 0; i < t.split.size(); ++i) {
-          model->layers[l].*t.split[i] =
-              std::vector<float>(w.begin() + row * cols, w.begin() + (row + t.split_rows[i]) * cols);
+          model->layers[l].*t.split[i] = std::vector<float>(
+              w.begin() + row * cols, w.begin() + (row + t.split_rows[i]) * cols);
           row += t.split_rows[i];
         }
         continue;

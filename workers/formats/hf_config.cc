@@ -95,12 +95,10 @@ struct Family {
   const char* model_type;
   const char* arch;
 };
-constexpr Family kFamilies[] = {{"LlamaForCausalLM", "llama", "llama"},
-                                {"MistralForCausalLM", "mistral", "llama"},
-                                {"Qwen2ForCausalLM", "qwen2", "qwen2"},
-                                {"Qwen3ForCausalLM", "qwen3", "qwen3"},
-                                {"Gemma3ForCausalLM", "gemma3_text", "gemma3"},
-                                {"Phi3ForCausalLM", "phi3", "phi3"}};
+constexpr Family kFamilies[] = {
+    {"LlamaForCausalLM", "llama", "llama"},         {"MistralForCausalLM", "mistral", "llama"},
+    {"Qwen2ForCausalLM", "qwen2", "qwen2"},         {"Qwen3ForCausalLM", "qwen3", "qwen3"},
+    {"Gemma3ForCausalLM", "gemma3_text", "gemma3"}, {"Phi3ForCausalLM", "phi3", "phi3"}};
 
 std::string supported_classes() {
   std::string s;
@@ -126,10 +124,11 @@ std::vector<float> factor_list(const json& rs, const std::string& key, const cha
 // transformers 4.53's choices where they differ from a GGUF's keys: YaRN's factor must equal
 // max_position_embeddings / rope_scaling.original_max_position_embeddings when the latter is
 // given (transformers uses that ratio, llama.cpp the factor: a folder where they differ is
-// refused); an explicit rope_scaling.attention_factor replaces the derived one; LongRoPE's original context is the top-level original_max_position_embeddings (default
-// 4096, Phi3Config), and its set is chosen once for the run by max_position_embeddings, as the
-// GGUF path does (transformers picks per call by the sequence length: the two agree once a
-// sequence exceeds the original context, or when the context does not).
+// refused); an explicit rope_scaling.attention_factor replaces the derived one; LongRoPE's original
+// context is the top-level original_max_position_embeddings (default 4096, Phi3Config), and its set
+// is chosen once for the run by max_position_embeddings, as the GGUF path does (transformers picks
+// per call by the sequence length: the two agree once a sequence exceeds the original context, or
+// when the context does not).
 void read_rope_scaling(const Config& cfg, ModelConfig* c) {
   kernels::cpu::RopeParams* rope = &c->rope;
   if (!cfg.has("rope_scaling")) return;
@@ -282,8 +281,12 @@ std::vector<HfTensorSpec> hf_layer_tensors(const ModelConfig& c, int layer) {
   using L = LayerWeights;
   std::vector<HfTensorSpec> t = {{p + "input_layernorm.weight", {D}, &L::attn_norm, g}};
   if (c.fused_qkv) {  // Phi-3: Q rows, then K, then V
-    t.push_back({p + "self_attn.qkv_proj.weight", {QD + 2 * KVD, D}, nullptr, false,
-                 {&L::wq, &L::wk, &L::wv}, {QD, KVD, KVD}});
+    t.push_back({p + "self_attn.qkv_proj.weight",
+                 {QD + 2 * KVD, D},
+                 nullptr,
+                 false,
+                 {&L::wq, &L::wk, &L::wv},
+                 {QD, KVD, KVD}});
   } else {
     t.push_back({p + "self_attn.q_proj.weight", {QD, D}, &L::wq});
     t.push_back({p + "self_attn.k_proj.weight", {KVD, D}, &L::wk});
@@ -291,7 +294,11 @@ std::vector<HfTensorSpec> hf_layer_tensors(const ModelConfig& c, int layer) {
   }
   t.push_back({p + "self_attn.o_proj.weight", {D, QD}, &L::wo});
   if (c.fused_gate_up) {  // Phi-3: gate rows, then up (gate_up_proj(x).chunk(2))
-    t.push_back({p + "mlp.gate_up_proj.weight", {2 * H, D}, nullptr, false, {&L::w_gate, &L::w_up},
+    t.push_back({p + "mlp.gate_up_proj.weight",
+                 {2 * H, D},
+                 nullptr,
+                 false,
+                 {&L::w_gate, &L::w_up},
                  {H, H}});
   } else {
     t.push_back({p + "mlp.gate_proj.weight", {H, D}, &L::w_gate});
@@ -382,13 +389,13 @@ ModelConfig read_hf_config(const std::string& dir, const formats::SafetensorsSet
   c.rope.rot_dim = c.head_dim;
   if (cfg.has("partial_rotary_factor")) {
     const double prf = cfg.opt_positive("partial_rotary_factor", 1.0);
-    KVB_USAGE_CHECK(phi3 || prf == 1.0)
-        << path << ": key 'partial_rotary_factor' must be 1 for " << hf
-        << " (partial RoPE is supported for Phi3ForCausalLM)";
+    KVB_USAGE_CHECK(phi3 || prf == 1.0) << path << ": key 'partial_rotary_factor' must be 1 for "
+                                        << hf << " (partial RoPE is supported for Phi3ForCausalLM)";
     const int rot = static_cast<int>(c.head_dim * prf);
     KVB_CHECK(prf <= 1.0 && rot >= 2 && rot % 2 == 0)
         << path << ": key 'partial_rotary_factor' = " << prf << " gives " << rot
-        << " rotary dimensions of head_dim " << c.head_dim << "; expected an even number 2..head_dim";
+        << " rotary dimensions of head_dim " << c.head_dim
+        << "; expected an even number 2..head_dim";
     c.rope.rot_dim = rot;
   }
   c.qkv_bias = c.arch == "qwen2";
@@ -400,8 +407,8 @@ ModelConfig read_hf_config(const std::string& dir, const formats::SafetensorsSet
   c.fused_qkv = c.fused_gate_up = phi3;
   read_rope_scaling(cfg, &c);
   if (gemma) read_gemma3(cfg, &c);
-  // Mistral, Phi-3: one window on every layer. A window no shorter than the context never binds, so it
-  // is dropped (the layers stay global and eviction policies act on them).
+  // Mistral, Phi-3: one window on every layer. A window no shorter than the context never binds, so
+  // it is dropped (the layers stay global and eviction policies act on them).
   if ((hf == "MistralForCausalLM" || phi3) && cfg.has("sliding_window")) {
     const int window = cfg.opt_int("sliding_window", 1 << 24, 4096);
     if (window < c.max_seq_len) {
