@@ -30,21 +30,28 @@ std::string num(double v) {
   return os.str();
 }
 
-std::string rope_text(const kernels::cpu::RopeParams& r) {
+// `scaled`: the frequency factors are yarn's or longrope's (named by rope_global_text), not
+// llama3's.
+std::string rope_text(const kernels::cpu::RopeParams& r, bool scaled = false) {
   std::string s = std::string(r.style == kernels::cpu::RopeStyle::kNeox ? "neox" : "norm") +
                   ", base " + num(r.theta) + ", " + std::to_string(r.rot_dim) + " dims";
   if (r.linear_scale != 1.0f) s += ", linear scaling " + num(r.linear_scale);
-  if (!r.freq_factors.empty()) s += ", llama3 frequency factors";
+  if (!r.freq_factors.empty() && !scaled) s += ", llama3 frequency factors";
   return s;
 }
 
 // The global layers' RoPE with how its scaling was derived ("yarn factor 4 from 32768 tokens ...").
 std::string rope_global_text(const engine::ModelConfig& c, const formats::GgufFile* g) {
-  std::string s = rope_text(c.rope);
+  std::string s = rope_text(c.rope, c.rope_scaling == "yarn" || c.rope_scaling == "longrope");
   const std::string p = c.arch + ".";
   if (c.rope_scaling == "yarn") {
-    s += ", yarn factor " + num(g ? g->get_float_or(p + "rope.scaling.factor", 1.0) : 1.0) +
-         " over an original context of " + std::to_string(c.rope_original_context);
+    // A Hugging Face folder's factor is in its frequency factors (no GGUF key to quote).
+    if (g) {
+      s += ", yarn factor " + num(g->get_float_or(p + "rope.scaling.factor", 1.0));
+    } else {
+      s += ", yarn";
+    }
+    s += " over an original context of " + std::to_string(c.rope_original_context);
   } else if (c.rope_scaling == "longrope") {
     s += ", longrope with the " + c.rope_factor_set + " factors (context " +
          std::to_string(c.max_seq_len) + (c.rope_factor_set == "long" ? " > " : " <= ") +
@@ -179,8 +186,12 @@ int cmd_inspect(const std::vector<std::string>& args) {
   std::string extras;
   if (c.qkv_bias) extras += "QKV bias; ";
   if (c.qk_norm) extras += "per-head q/k RMSNorm; ";
-  if (c.fused_qkv) extras += "fused QKV (attn_qkv); ";
-  if (c.fused_gate_up) extras += "fused gate/up (ffn_up, gate first); ";
+  const bool hf = c.format == "hf";
+  if (c.fused_qkv) extras += hf ? "fused QKV (qkv_proj); " : "fused QKV (attn_qkv); ";
+  if (c.fused_gate_up) {
+    extras +=
+        hf ? "fused gate/up (gate_up_proj, gate first); " : "fused gate/up (ffn_up, gate first); ";
+  }
   if (c.post_norms) extras += "post-attention and post-MLP norms; ";
   if (c.embed_scale != 1.0f) extras += "embeddings x " + num(c.embed_scale) + "; ";
   extras += c.tied_embeddings ? "tied classifier" : "own classifier";

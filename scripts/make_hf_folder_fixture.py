@@ -137,7 +137,7 @@ def sig(x, digits=7):
     return float(f"{x:.{digits}g}")
 
 
-def write_folder(root, name, spec, tok, rng):
+def write_folder(root, name, spec, tok, rng, prompts=PROMPTS):
     out = os.path.join(root, name)
     shutil.rmtree(out, ignore_errors=True)
     torch.manual_seed(0)
@@ -166,7 +166,7 @@ def write_folder(root, name, spec, tok, rng):
         out, torch_dtype=torch.float32, attn_implementation="eager").eval()
     assert type(ref).__name__ == spec["cls"], type(ref).__name__
     cases = []
-    for cname, text in PROMPTS:
+    for cname, text in prompts:
         ids = tok.encode(text).ids
         if spec["add_bos"]:
             ids = [tok.token_to_id(SPECIALS[0])] + ids

@@ -262,11 +262,18 @@ TEST(HfFolderHostile, BadConfigJsonNamesTheKey) {
   EXPECT_ERROR_HAS(config_error("qwen3_bf16", [](json& c) { c["num_key_value_heads"] = 3; }),
                    "config.json", "not a multiple of num_key_value_heads 3");
   EXPECT_ERROR_HAS(
-      config_error("qwen3_bf16", [](json& c) { c["architectures"] = {"Phi3ForCausalLM"}; }),
-      "config.json", "unsupported architecture 'Phi3ForCausalLM'", "Gemma3ForCausalLM");
-  EXPECT_ERROR_HAS(
-      config_error("llama_f32_sharded", [](json& c) { c["rope_scaling"]["rope_type"] = "yarn"; }),
-      "config.json", "rope_scaling.rope_type' is 'yarn'", "default, linear, llama3");
+      config_error("qwen3_bf16", [](json& c) { c["architectures"] = {"PhiForCausalLM"}; }),
+      "config.json", "unsupported architecture 'PhiForCausalLM'", "Phi3ForCausalLM");
+  EXPECT_ERROR_HAS(config_error("llama_f32_sharded",
+                                [](json& c) { c["rope_scaling"]["rope_type"] = "dynamic"; }),
+                   "config.json", "rope_scaling.rope_type' is 'dynamic'",
+                   "default, linear, llama3");
+  EXPECT_ERROR_HAS(config_error("gemma3_f16",
+                                [](json& c) {
+                                  c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+                                }),
+                   "config.json", "rope_scaling.rope_type' is 'yarn'",
+                   "yarn for Llama, Mistral, Qwen2, Qwen3");
   EXPECT_ERROR_HAS(config_error("llama_f32_sharded",
                                 [](json& c) { c["rope_scaling"].erase("low_freq_factor"); }),
                    "config.json", "rope_scaling.low_freq_factor' is missing");

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "workers/formats/model_header.h"
 
 namespace kvb::engine {
 namespace {
@@ -94,11 +95,10 @@ struct Family {
   const char* model_type;
   const char* arch;
 };
-constexpr Family kFamilies[] = {{"LlamaForCausalLM", "llama", "llama"},
-                                {"MistralForCausalLM", "mistral", "llama"},
-                                {"Qwen2ForCausalLM", "qwen2", "qwen2"},
-                                {"Qwen3ForCausalLM", "qwen3", "qwen3"},
-                                {"Gemma3ForCausalLM", "gemma3_text", "gemma3"}};
+constexpr Family kFamilies[] = {
+    {"LlamaForCausalLM", "llama", "llama"},         {"MistralForCausalLM", "mistral", "llama"},
+    {"Qwen2ForCausalLM", "qwen2", "qwen2"},         {"Qwen3ForCausalLM", "qwen3", "qwen3"},
+    {"Gemma3ForCausalLM", "gemma3_text", "gemma3"}, {"Phi3ForCausalLM", "phi3", "phi3"}};
 
 std::string supported_classes() {
   std::string s;
@@ -106,9 +106,31 @@ std::string supported_classes() {
   return s;
 }
 
-// rope_scaling: null / "default", "linear" (positions / factor) or "llama3" (per-frequency
-// divisors, computed as transformers does from the f32 inverse frequencies).
-void read_rope_scaling(const Config& cfg, kernels::cpu::RopeParams* rope) {
+// A list of `n` finite positive numbers at rope_scaling.<k> (LongRoPE's factor sets).
+std::vector<float> factor_list(const json& rs, const std::string& key, const char* k, size_t n) {
+  KVB_CHECK(rs.contains(k) && rs[k].is_array() && rs[k].size() == n)
+      << key << "." << k << "' must be a list of " << n << " numbers (rotary dimensions / 2)";
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) {
+    f[i] = Config::positive(key + "." + k + "[" + std::to_string(i) + "]'", rs[k][i]);
+  }
+  return f;
+}
+
+// rope_scaling: null / "default", "linear" (positions / factor), "llama3" (per-frequency
+// divisors, computed as transformers does from the f32 inverse frequencies), "yarn" (not for
+// Phi-3, whose config reads "yarn" and "su" as "longrope"; not for Gemma 3) and "longrope"
+// (Phi-3 only). YaRN and LongRoPE go through the GGUF reader's code (model_header.h), with
+// transformers 4.53's choices where they differ from a GGUF's keys: YaRN's factor must equal
+// max_position_embeddings / rope_scaling.original_max_position_embeddings when the latter is
+// given (transformers uses that ratio, llama.cpp the factor: a folder where they differ is
+// refused); an explicit rope_scaling.attention_factor replaces the derived one; LongRoPE's original
+// context is the top-level original_max_position_embeddings (default 4096, Phi3Config), and its set
+// is chosen once for the run by max_position_embeddings, as the GGUF path does (transformers picks
+// per call by the sequence length: the two agree once a sequence exceeds the original context, or
+// when the context does not).
+void read_rope_scaling(const Config& cfg, ModelConfig* c) {
+  kernels::cpu::RopeParams* rope = &c->rope;
   if (!cfg.has("rope_scaling")) return;
   const json& rs = cfg.root["rope_scaling"];
   const std::string key = cfg.path + ": key 'rope_scaling";
@@ -116,19 +138,79 @@ void read_rope_scaling(const Config& cfg, kernels::cpu::RopeParams* rope) {
   const char* type_key = rs.contains("rope_type") ? "rope_type" : "type";
   KVB_CHECK(rs.contains(type_key) && rs[type_key].is_string())
       << key << ".rope_type' is missing or not a string";
-  const std::string type = rs[type_key];
+  std::string type = rs[type_key];
+  const bool phi3 = c->arch == "phi3";
+  if (phi3 && (type == "su" || type == "yarn")) type = "longrope";  // Phi3Config's renaming
   auto num = [&](const char* k) {
     KVB_CHECK(rs.contains(k)) << key << "." << k << "' is missing (rope_type " << type << ")";
     return Config::positive(key + "." + k + "'", rs[k]);
   };
+  auto opt_num = [&](const char* k, double def) {
+    return rs.contains(k) && !rs[k].is_null() ? Config::positive(key + "." + k + "'", rs[k])
+                                              : static_cast<float>(def);
+  };
+  const bool yarn_ok = !phi3 && c->arch != "gemma3";
+  KVB_USAGE_CHECK(type == "default" || type == "linear" || type == "llama3" ||
+                  (type == "yarn" && yarn_ok) || (type == "longrope" && phi3))
+      << key << "." << type_key << "' is '" << type << "', which kvbench does not support for "
+      << cfg.root.value("architectures", json::array({c->arch})).dump()
+      << " (supported: default, linear, llama3; yarn for Llama, Mistral, Qwen2, Qwen3; longrope "
+      << "for Phi3ForCausalLM)";
   if (type == "default") return;
+  if (type == "yarn" || type == "longrope") c->rope_scaling = type;
   if (type == "linear") {
     rope->linear_scale = num("factor");
     return;
   }
-  KVB_USAGE_CHECK(type == "llama3")
-      << key << "." << type_key << "' is '" << type
-      << "', which kvbench does not support (supported: default, linear, llama3)";
+  if (type == "yarn") {
+    for (const char* k : {"mscale", "mscale_all_dim", "truncate"}) {
+      KVB_USAGE_CHECK(!rs.contains(k) || rs[k].is_null())
+          << key << "." << k << "' is set; kvbench supports YaRN without it (DeepSeek's variant)";
+    }
+    float factor = num("factor");
+    int orig = c->max_seq_len;
+    if (rs.contains("original_max_position_embeddings")) {
+      const json& o = rs["original_max_position_embeddings"];
+      KVB_CHECK(o.is_number_integer() && o.get<int64_t>() >= 1 && o.get<int64_t>() <= (1 << 24))
+          << key << ".original_max_position_embeddings' is " << o.dump()
+          << ", expected an integer 1.." << (1 << 24);
+      orig = o.get<int>();
+      // transformers 4.53 then takes max_position_embeddings / original as the factor, llama.cpp
+      // rope_scaling.factor: refused where the two readings would run different models.
+      const float implied = static_cast<float>(static_cast<double>(c->max_seq_len) / orig);
+      KVB_USAGE_CHECK(std::fabs(implied - factor) <= 1e-6f * factor)
+          << key << ".factor' is " << factor << " but max_position_embeddings / "
+          << "rope_scaling.original_max_position_embeddings = " << c->max_seq_len << " / " << orig
+          << " = " << implied << " (transformers 4.53 uses the latter, llama.cpp the former); set "
+          << "max_position_embeddings to factor x original (" << factor * orig
+          << ") so that they agree";
+    }
+    KVB_CHECK(factor >= 1.0f && factor <= 1024.0f)
+        << key << "' gives a yarn factor of " << factor << " (max_position_embeddings "
+        << c->max_seq_len << " / original " << orig << ", or .factor); expected 1..1024";
+    KVB_CHECK(rope->theta > 1.0f) << cfg.path << ": key 'rope_theta' = " << rope->theta
+                                  << " with yarn scaling; expected a base above 1";
+    c->rope_original_context = orig;
+    rope->freq_factors = yarn_freq_factors(*rope, factor, orig, opt_num("beta_fast", 32.0),
+                                           opt_num("beta_slow", 1.0));
+    rope->attn_factor = rs.contains("attention_factor") && !rs["attention_factor"].is_null()
+                            ? num("attention_factor")
+                            : yarn_attn_factor(factor);
+    return;
+  }
+  if (type == "longrope") {
+    const size_t half = static_cast<size_t>(rope->rot_dim / 2);
+    const std::vector<float> long_f = factor_list(rs, key, "long_factor", half);
+    const std::vector<float> short_f = factor_list(rs, key, "short_factor", half);
+    const int orig = cfg.opt_int("original_max_position_embeddings", 1 << 24, 4096);
+    c->rope_original_context = orig;
+    c->rope_factor_set = c->max_seq_len > orig ? "long" : "short";
+    rope->freq_factors = c->max_seq_len > orig ? long_f : short_f;
+    rope->attn_factor = rs.contains("attention_factor") && !rs["attention_factor"].is_null()
+                            ? num("attention_factor")
+                            : longrope_attn_factor(c->max_seq_len, orig);
+    return;
+  }
   const double factor = num("factor"), low = num("low_freq_factor"), high = num("high_freq_factor");
   const double old_ctx = num("original_max_position_embeddings");
   KVB_CHECK(high > low) << key << ".high_freq_factor' (" << high
@@ -197,14 +279,32 @@ std::vector<HfTensorSpec> hf_layer_tensors(const ModelConfig& c, int layer) {
   const bool g = hf_norms_add_one(c);
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   using L = LayerWeights;
-  std::vector<HfTensorSpec> t = {{p + "input_layernorm.weight", {D}, &L::attn_norm, g},
-                                 {p + "self_attn.q_proj.weight", {QD, D}, &L::wq},
-                                 {p + "self_attn.k_proj.weight", {KVD, D}, &L::wk},
-                                 {p + "self_attn.v_proj.weight", {KVD, D}, &L::wv},
-                                 {p + "self_attn.o_proj.weight", {D, QD}, &L::wo},
-                                 {p + "mlp.gate_proj.weight", {H, D}, &L::w_gate},
-                                 {p + "mlp.up_proj.weight", {H, D}, &L::w_up},
-                                 {p + "mlp.down_proj.weight", {D, H}, &L::w_down}};
+  std::vector<HfTensorSpec> t = {{p + "input_layernorm.weight", {D}, &L::attn_norm, g}};
+  if (c.fused_qkv) {  // Phi-3: Q rows, then K, then V
+    t.push_back({p + "self_attn.qkv_proj.weight",
+                 {QD + 2 * KVD, D},
+                 nullptr,
+                 false,
+                 {&L::wq, &L::wk, &L::wv},
+                 {QD, KVD, KVD}});
+  } else {
+    t.push_back({p + "self_attn.q_proj.weight", {QD, D}, &L::wq});
+    t.push_back({p + "self_attn.k_proj.weight", {KVD, D}, &L::wk});
+    t.push_back({p + "self_attn.v_proj.weight", {KVD, D}, &L::wv});
+  }
+  t.push_back({p + "self_attn.o_proj.weight", {D, QD}, &L::wo});
+  if (c.fused_gate_up) {  // Phi-3: gate rows, then up (gate_up_proj(x).chunk(2))
+    t.push_back({p + "mlp.gate_up_proj.weight",
+                 {2 * H, D},
+                 nullptr,
+                 false,
+                 {&L::w_gate, &L::w_up},
+                 {H, H}});
+  } else {
+    t.push_back({p + "mlp.gate_proj.weight", {H, D}, &L::w_gate});
+    t.push_back({p + "mlp.up_proj.weight", {H, D}, &L::w_up});
+  }
+  t.push_back({p + "mlp.down_proj.weight", {D, H}, &L::w_down});
   if (c.qkv_bias) {
     t.push_back({p + "self_attn.q_proj.bias", {QD}, &L::bq});
     t.push_back({p + "self_attn.k_proj.bias", {KVD}, &L::bk});
@@ -259,12 +359,14 @@ ModelConfig read_hf_config(const std::string& dir, const formats::SafetensorsSet
       << path << ": num_attention_heads " << c.num_heads << " is not a multiple of "
       << "num_key_value_heads " << c.num_kv_heads;
   c.vocab_size = cfg.need_int("vocab_size", 1 << 22);
+  const bool phi3 = c.arch == "phi3";
   const int64_t max_pos_def = gemma                        ? 131072
                               : qwen                       ? 32768
                               : hf == "MistralForCausalLM" ? 131072
+                              : phi3                       ? 4096
                                                            : 2048;
   c.max_seq_len = cfg.opt_int("max_position_embeddings", 1 << 24, max_pos_def);
-  c.norm_eps = cfg.opt_positive("rms_norm_eps", 1e-6);
+  c.norm_eps = cfg.opt_positive("rms_norm_eps", phi3 ? 1e-5 : 1e-6);
   const int64_t hd_def = gemma ? 256 : c.arch == "qwen3" ? 128 : c.dim / c.num_heads;
   KVB_CHECK(cfg.has("head_dim") || gemma || c.arch == "qwen3" || c.dim % c.num_heads == 0)
       << path << ": hidden_size " << c.dim << " is not a multiple of num_attention_heads "
@@ -283,26 +385,36 @@ ModelConfig read_hf_config(const std::string& dir, const formats::SafetensorsSet
   KVB_USAGE_CHECK(!cfg.opt_bool("use_sliding_window", false))
       << path << ": key 'use_sliding_window' is true; kvbench does not run Qwen's "
       << "max_window_layers scheme";
+  // Partial RoPE (Phi-3): the first int(head_dim * partial_rotary_factor) dimensions rotate.
+  c.rope.rot_dim = c.head_dim;
   if (cfg.has("partial_rotary_factor")) {
-    KVB_USAGE_CHECK(cfg.opt_positive("partial_rotary_factor", 1.0) == 1.0f)
-        << path << ": key 'partial_rotary_factor' must be 1 (partial RoPE is not supported)";
+    const double prf = cfg.opt_positive("partial_rotary_factor", 1.0);
+    KVB_USAGE_CHECK(phi3 || prf == 1.0) << path << ": key 'partial_rotary_factor' must be 1 for "
+                                        << hf << " (partial RoPE is supported for Phi3ForCausalLM)";
+    const int rot = static_cast<int>(c.head_dim * prf);
+    KVB_CHECK(prf <= 1.0 && rot >= 2 && rot % 2 == 0)
+        << path << ": key 'partial_rotary_factor' = " << prf << " gives " << rot
+        << " rotary dimensions of head_dim " << c.head_dim
+        << "; expected an even number 2..head_dim";
+    c.rope.rot_dim = rot;
   }
   c.qkv_bias = c.arch == "qwen2";
   c.qk_norm = c.arch == "qwen3" || gemma;
   c.tied_embeddings = cfg.opt_bool("tie_word_embeddings", gemma);
   // HF checkpoints keep q/k rows unpermuted: rotate_half pairs (i, i + d/2), i.e. NEOX.
   c.rope.style = kernels::cpu::RopeStyle::kNeox;
-  c.rope.rot_dim = c.head_dim;
   c.rope.theta = cfg.opt_positive("rope_theta", gemma ? 1e6 : 10000.0);
-  read_rope_scaling(cfg, &c.rope);
+  c.fused_qkv = c.fused_gate_up = phi3;
+  read_rope_scaling(cfg, &c);
   if (gemma) read_gemma3(cfg, &c);
-  // Mistral: one window on every layer. A window no shorter than the context never binds, so it
-  // is dropped (the layers stay global and eviction policies act on them).
-  if (hf == "MistralForCausalLM" && cfg.has("sliding_window")) {
+  // Mistral, Phi-3: one window on every layer. A window no shorter than the context never binds, so
+  // it is dropped (the layers stay global and eviction policies act on them).
+  if ((hf == "MistralForCausalLM" || phi3) && cfg.has("sliding_window")) {
     const int window = cfg.opt_int("sliding_window", 1 << 24, 4096);
     if (window < c.max_seq_len) {
       c.window.assign(c.num_layers, window);
       c.rope_local = c.rope;
+      if (phi3) c.rope_local.rot_dim = 0;  // as the GGUF path: sliding layers rotate with `rope`
     }
   }
 

@@ -1,8 +1,8 @@
 // A Hugging Face checkpoint folder's configuration: config.json -> engine::ModelConfig for the
 // families the GGUF path runs (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-// Qwen3ForCausalLM, Gemma3ForCausalLM), with transformers' defaults for absent keys, every
-// tensor the loader reads checked for presence, shape and dtype in the safetensors headers
-// (no data read), and the tokenizer_config.json facts (special tokens, add_bos_token, chat
+// Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM), with transformers' defaults for absent
+// keys, every tensor the loader reads checked for presence, shape and dtype in the safetensors
+// headers (no data read), and the tokenizer_config.json facts (special tokens, add_bos_token, chat
 // template). Shared by the loader (workers/engine/model_load_hf.cc) and `kvbench validate` /
 // `inspect` (harness/model_info.cc), as model_header.h is for GGUF. Errors are kvb::Error naming
 // the file and the key; unsupported choices (an architecture, a rope_scaling type) are usage
@@ -26,6 +26,10 @@ struct HfTensorSpec {
   std::vector<uint64_t> shape;
   std::vector<float> LayerWeights::*field;
   bool add_one = false;
+  // A fused tensor (Phi-3's qkv_proj, gate_up_proj): its rows go, in order, split_rows[i] rows
+  // to split[i] (`field` unused); empty for an ordinary tensor.
+  std::vector<std::vector<float> LayerWeights::*> split = {};
+  std::vector<uint64_t> split_rows = {};
 };
 std::vector<HfTensorSpec> hf_layer_tensors(const ModelConfig& c, int layer);
 // Model-level tensors: "model.embed_tokens.weight" [vocab, dim], "model.norm.weight" [dim]

@@ -84,34 +84,6 @@ int64_t int_in_range(const formats::GgufFile& g, const std::string& key, int64_t
   return v;
 }
 
-// YaRN (Peng et al. 2023) as transformers' _compute_yarn_parameters and ggml's rope_yarn compute
-// it: dimension i keeps its own frequency (extrapolation) below the correction range
-// [low, high] = [floor(d(beta_fast)), ceil(d(beta_slow))], takes frequency / factor
-// (interpolation) above it, and a linear blend inside, where d(r) = rot_dim * ln(orig / (2 pi r))
-// / (2 ln theta). Expressed as per-dimension divisors of the unscaled frequencies, so that the
-// rope kernels need nothing new.
-std::vector<float> yarn_freq_factors(const kernels::cpu::RopeParams& r, float factor, int orig,
-                                     double beta_fast, double beta_slow) {
-  const int dim = r.rot_dim, half = dim / 2;
-  auto corr_dim = [&](double rotations) {
-    return dim * std::log(orig / (rotations * 2 * M_PI)) / (2 * std::log(r.theta));
-  };
-  const double low = std::max(std::floor(corr_dim(beta_fast)), 0.0);
-  double high = std::min(std::ceil(corr_dim(beta_slow)), static_cast<double>(dim - 1));
-  if (low == high) high += 0.001;  // transformers: "prevent singularity"
-  std::vector<float> f(half);
-  for (int i = 0; i < half; ++i) {
-    // The unscaled frequency exactly as cpu::rope computes it; the blend in f32 as transformers.
-    const float base =
-        1.0f / std::pow(r.theta, static_cast<float>(2 * i) / static_cast<float>(dim));
-    const float ramp = std::clamp(static_cast<float>((i - low) / (high - low)), 0.0f, 1.0f);
-    const float extrapolation = 1.0f - ramp;
-    const float blended = base / factor * (1.0f - extrapolation) + base * extrapolation;
-    f[i] = base / blended;
-  }
-  return f;
-}
-
 // RoPE scaling: rope.scaling.type none, linear, yarn or longrope ("su"), and the attention factor
 // on cos/sin. rope.scaling.attn_factor, when present, multiplies it as llama.cpp does (a LongRoPE
 // GGUF from convert_hf_to_gguf holds the whole factor there). LongRoPE (Phi-3) takes its divisors
@@ -178,7 +150,7 @@ void read_rope_scaling(const formats::GgufFile& g, const std::string& p, ModelCo
     c->rope_original_context = orig;
     c->rope.freq_factors = yarn_freq_factors(c->rope, factor, orig, beta_fast, beta_slow);
     // transformers' get_mscale: 0.1 ln(factor) + 1 (llama.cpp: the same times attn_factor).
-    c->rope.attn_factor *= 0.1f * std::log(factor) + 1.0f;
+    c->rope.attn_factor *= yarn_attn_factor(factor);
   } else if (scaling == "longrope") {
     const char* present = has_long ? "only the long" : has_short ? "only the short" : "neither";
     KVB_CHECK(has_long && has_short)
@@ -190,10 +162,7 @@ void read_rope_scaling(const formats::GgufFile& g, const std::string& p, ModelCo
                                                    c->max_seq_len, 2, c->max_seq_len));
     c->rope_original_context = orig;
     c->rope_factor_set = c->max_seq_len > orig ? "long" : "short";
-    if (!has_attn && c->max_seq_len > orig) {
-      const double ratio = static_cast<double>(c->max_seq_len) / orig;
-      c->rope.attn_factor = static_cast<float>(std::sqrt(1 + std::log(ratio) / std::log(orig)));
-    }
+    if (!has_attn) c->rope.attn_factor = longrope_attn_factor(c->max_seq_len, orig);
   }
 }
 
@@ -217,6 +186,44 @@ void read_sliding_window(const formats::GgufFile& g, const std::string& p, Model
 }
 
 }  // namespace
+
+// YaRN (model_header.h) as transformers' _compute_yarn_parameters and ggml's rope_yarn compute
+// it: dimension i keeps its own frequency (extrapolation) below the correction range
+// [low, high] = [floor(d(beta_fast)), ceil(d(beta_slow))], takes frequency / factor
+// (interpolation) above it, and a linear blend inside, where d(r) = rot_dim * ln(orig / (2 pi r))
+// / (2 ln theta). Expressed as per-dimension divisors of the unscaled frequencies, so that the
+// rope kernels need nothing new.
+std::vector<float> yarn_freq_factors(const kernels::cpu::RopeParams& r, float factor, int orig,
+                                     double beta_fast, double beta_slow) {
+  const int dim = r.rot_dim, half = dim / 2;
+  auto corr_dim = [&](double rotations) {
+    return dim * std::log(orig / (rotations * 2 * M_PI)) / (2 * std::log(r.theta));
+  };
+  const double low = std::max(std::floor(corr_dim(beta_fast)), 0.0);
+  double high = std::min(std::ceil(corr_dim(beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // transformers: "prevent singularity"
+  std::vector<float> f(half);
+  for (int i = 0; i < half; ++i) {
+    // The unscaled frequency exactly as cpu::rope computes it; the blend in f32 as transformers.
+    const float base =
+        1.0f / std::pow(r.theta, static_cast<float>(2 * i) / static_cast<float>(dim));
+    const float ramp = std::clamp(static_cast<float>((i - low) / (high - low)), 0.0f, 1.0f);
+    const float extrapolation = 1.0f - ramp;
+    const float blended = base / factor * (1.0f - extrapolation) + base * extrapolation;
+    f[i] = base / blended;
+  }
+  return f;
+}
+
+float yarn_attn_factor(float factor) {
+  return factor <= 1.0f ? 1.0f : 0.1f * std::log(factor) + 1.0f;  // transformers' get_mscale
+}
+
+float longrope_attn_factor(int context, int original) {
+  if (context <= original) return 1.0f;
+  const double ratio = static_cast<double>(context) / original;
+  return static_cast<float>(std::sqrt(1 + std::log(ratio) / std::log(original)));
+}
 
 ModelConfig read_gguf_config(const formats::GgufFile& g) {
   const std::string& path = g.path();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "workers/engine/model.h"
 #include "workers/formats/gguf.h"
@@ -18,6 +19,16 @@ namespace kvb::engine {
 // scaling none or linear with a finite positive factor), and every tensor the loader reads
 // present with the shape it expects (ggml order). vocab_size and tied_embeddings are set.
 ModelConfig read_gguf_config(const formats::GgufFile& g);
+
+// RoPE scaling shared by the GGUF and Hugging Face readers (hf_config.cc), so that both paths
+// compute the same frequencies. YaRN: per-dimension divisors of the unscaled frequencies
+// (RopeParams::freq_factors) for `factor` over an original context `orig` (transformers'
+// _compute_yarn_parameters); its cos/sin factor 0.1 ln(factor) + 1 (1 for factor <= 1). LongRoPE:
+// the cos/sin factor sqrt(1 + ln(context / original) / ln(original)) (1 when context <= original).
+std::vector<float> yarn_freq_factors(const kernels::cpu::RopeParams& r, float factor, int orig,
+                                     double beta_fast, double beta_slow);
+float yarn_attn_factor(float factor);
+float longrope_attn_factor(int context, int original);
 
 // llama2.c version-0 checkpoint: the 7-int32 header in range and the file size it implies.
 struct Llama2cHeader {
