@@ -22,6 +22,10 @@ Also tests/fixtures/hf/mistral_f16_as_llama.gguf: the mistral_f16 folder's f16 w
 "llama" file the way convert_hf_to_gguf.py writes one (Q/K rows permuted for llama.cpp's
 adjacent-pair RoPE, norms as F32, no sliding window: the GGUF llama path has none), read back with
 gguf.GGUFReader, so the C++ test can show that both loaders give the same logits (window off).
+And tests/fixtures/hf/llama_f32_sharded_as_llama.gguf: the llama_f32_sharded folder (both shards)
+the same way, with its llama3 rope scaling as convert_hf_to_gguf.py writes it: a
+rope_freqs.weight tensor of per-frequency factors (LlamaModel.generate_extra_tensors), so the
+GGUF path's llama3 scaling is checked against the folder's (and so against transformers).
 Weights are seeded and scaled so that logits are O(1..10) and attention is far from uniform.
 Every folder is also reloaded with AutoModelForCausalLM.from_pretrained (the reference) and its
 tokenizer.json checked with `tokenizers` (the ids are recorded for the C++ test).
@@ -33,6 +37,7 @@ Run:  /work/.venv-g3/bin/python scripts/make_hf_folder_fixture.py
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import shutil
 import sys
@@ -193,9 +198,38 @@ def permute(w, n_head):
             .swapaxes(1, 2).reshape(w.shape))
 
 
+def llama3_rope_factors(cfg):
+    """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors: llama3 scaling as frequency
+    divisors (rope_freqs.weight)."""
+    rs = cfg["rope_scaling"]
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor = rs.get("factor", 8.0)
+    low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+    old = rs.get("original_max_position_embeddings", 8192)
+    low_wavelen, high_wavelen = old / low, old / high
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def write_llama_gguf(folder, out):
     cfg = json.load(open(os.path.join(folder, "config.json")))
-    w = safetensors.numpy.load_file(os.path.join(folder, "model.safetensors"))
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        w = {}
+        for shard in sorted(set(json.load(open(index))["weight_map"].values())):
+            w.update(safetensors.numpy.load_file(os.path.join(folder, shard)))
+    else:
+        w = safetensors.numpy.load_file(os.path.join(folder, "model.safetensors"))
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
              "output_norm.weight", "lm_head.weight": "output.weight"}
     mods = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
@@ -203,7 +237,7 @@ def write_llama_gguf(folder, out):
             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     wr = gguf.GGUFWriter(out, "llama")
-    wr.add_name("mistral_f16_as_llama")
+    wr.add_name(os.path.basename(out)[:-len(".gguf")])
     wr.add_block_count(cfg["num_hidden_layers"])
     wr.add_context_length(cfg["max_position_embeddings"])
     wr.add_embedding_length(cfg["hidden_size"])
@@ -212,8 +246,12 @@ def write_llama_gguf(folder, out):
     wr.add_head_count_kv(cfg["num_key_value_heads"])
     wr.add_rope_freq_base(cfg["rope_theta"])
     wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    wr.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    f32 = all(a.dtype == np.float32 for a in w.values())
+    wr.add_file_type(gguf.LlamaFileType.ALL_F32 if f32 else gguf.LlamaFileType.MOSTLY_F16)
     written = {}
+    if (cfg.get("rope_scaling") or {}).get("rope_type") == "llama3":
+        written["rope_freqs.weight"] = llama3_rope_factors(cfg)
+        wr.add_tensor("rope_freqs.weight", written["rope_freqs.weight"])
     for hf in sorted(w):
         a = w[hf]
         if hf in names:
@@ -262,6 +300,8 @@ def main():
             json.dump(fx, f, separators=(",", ":"))
         print(f"wrote {path} ({os.path.getsize(path)} bytes)", file=sys.stderr)
     write_llama_gguf(os.path.join(root, "mistral_f16"), os.path.join(root, "mistral_f16_as_llama.gguf"))
+    write_llama_gguf(os.path.join(root, "llama_f32_sharded"),
+                     os.path.join(root, "llama_f32_sharded_as_llama.gguf"))
 
 
 if __name__ == "__main__":

@@ -272,6 +272,50 @@ TEST(HfFolderMapping, FolderAndGgufOfTheSameWeightsAgree) {
   EXPECT_LT(max_abs, kTol);
 }
 
+// Llama 3's rope scaling both ways: the folder's config.json rope_scaling (llama3) and the GGUF's
+// rope_freqs.weight that convert_hf_to_gguf.py writes for it (scripts/make_hf_folder_fixture.py),
+// over the same f32 weights; the folder matches transformers (LogitsMatchTransformers), so the
+// GGUF path's llama3 scaling does too. The long prompt crosses every band of the factors.
+TEST(HfFolderMapping, Llama3ScalingAsGgufAgreesWithTheFolder) {
+  const nlohmann::json fx = load_fixture("llama_f32_sharded");
+  std::unique_ptr<engine::Model> hf = engine::load_model(folder("llama_f32_sharded"));
+  std::unique_ptr<engine::Model> gg = engine::load_model(
+      std::string(KVB_FIXTURES_DIR) + "/hf/llama_f32_sharded_as_llama.gguf");
+  ASSERT_EQ(gg->config.rope.freq_factors.size(), hf->config.rope.freq_factors.size());
+  ASSERT_FALSE(gg->config.rope.freq_factors.empty());
+  for (size_t i = 0; i < gg->config.rope.freq_factors.size(); ++i) {
+    EXPECT_NEAR(gg->config.rope.freq_factors[i], hf->config.rope.freq_factors[i], 1e-6) << i;
+  }
+  engine::Engine e_hf(*hf), e_gg(*gg);
+  double max_abs = 0;
+  for (const auto& cs : fx["cases"]) {
+    const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
+    std::vector<float> a, b;
+    kernels::KvCache ca = e_hf.new_cache(static_cast<int>(ids.size()));
+    kernels::KvCache cb = e_gg.new_cache(static_cast<int>(ids.size()));
+    e_hf.forward(ids, ca, engine::LogitsMode::kAll, &a);
+    e_gg.forward(ids, cb, engine::LogitsMode::kAll, &b);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      max_abs = std::max(max_abs, double(std::fabs(a[i] - b[i])));
+  }
+  std::cout << "[ llama_f32_sharded ] folder vs GGUF with rope_freqs.weight: max |diff| = "
+            << max_abs << "\n";
+  EXPECT_LT(max_abs, kTol);
+  // Teeth: the GGUF without its factors is another model.
+  gg->config.rope.freq_factors.clear();
+  engine::Engine e_plain(*gg);
+  const std::vector<int32_t> ids = fx["cases"].back()["ids"].get<std::vector<int32_t>>();
+  std::vector<float> a, b;
+  kernels::KvCache ca = e_hf.new_cache(static_cast<int>(ids.size()));
+  kernels::KvCache cb = e_plain.new_cache(static_cast<int>(ids.size()));
+  e_hf.forward(ids, ca, engine::LogitsMode::kAll, &a);
+  e_plain.forward(ids, cb, engine::LogitsMode::kAll, &b);
+  double moved = 0;
+  for (size_t i = 0; i < a.size(); ++i) moved = std::max(moved, double(std::fabs(a[i] - b[i])));
+  EXPECT_GT(moved, 1e-2) << "dropping rope_freqs.weight should change the logits";
+}
+
 // `kvbench inspect DIR` reports the folder with the loader's facts.
 TEST(HfFolderMapping, InspectPrintsTheFolder) {
   std::string out, err;
