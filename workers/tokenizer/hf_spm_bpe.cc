@@ -60,18 +60,7 @@ bool valid_utf8(const std::string& s) {
 
 // The byte a "<0xXX>" token stands for (decoders/byte_fallback.rs: 6 bytes, u8::from_str_radix
 // of the two between "<0x" and ">"), or -1.
-int byte_of_token(const std::string& t) {
-  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  if (t[3] == '+') return hex(t[4]);  // from_str_radix accepts a leading '+'
-  const int hi = hex(t[3]), lo = hex(t[4]);
-  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
-}
+int byte_of_token(const std::string& t) { return byte_token_value(t, true); }
 
 class HfSpmTokenizer final : public Tokenizer {
  public:

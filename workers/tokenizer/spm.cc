@@ -44,18 +44,8 @@ std::string unescape_spaces(const std::string& text) {
   return out;
 }
 
-// "<0xXX>" -> the byte, or -1.
-int parse_byte_token(const std::string& t) {
-  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  const int hi = hex(t[3]), lo = hex(t[4]);
-  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
-}
+// "<0xXX>" -> the byte, or -1 (llama.cpp's reading: two hex digits).
+int parse_byte_token(const std::string& t) { return byte_token_value(t, false); }
 
 class SpmTokenizer final : public Tokenizer {
  public:
@@ -225,6 +215,19 @@ class SpmTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> make_spm_tokenizer(SpmVocab vocab) {
   return std::make_unique<SpmTokenizer>(std::move(vocab));
+}
+
+int byte_token_value(const std::string& t, bool allow_plus) {
+  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (allow_plus && t[3] == '+') return hex(t[4]);  // from_str_radix accepts a leading '+'
+  const int hi = hex(t[3]), lo = hex(t[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
 }  // namespace kvb::tokenizer

@@ -163,6 +163,9 @@ std::unique_ptr<Tokenizer> make_spm_tokenizer(SpmVocab vocab);
 
 // Texts of control tokens that end generation in chat models (llama.cpp's EOG list).
 bool is_end_of_generation_text(const std::string& text);
+// The byte a "<0xXX>" token stands for, or -1 (spm.cc). allow_plus: also "<0x+X>", as HF's
+// byte-fallback decoder reads it (u8::from_str_radix accepts a leading '+'); llama.cpp does not.
+int byte_token_value(const std::string& t, bool allow_plus);
 // Appends id to ids if id >= 0 and not already present.
 void add_unique(std::vector<int32_t>& ids, int32_t id);
 
