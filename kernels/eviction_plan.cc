@@ -14,6 +14,28 @@ void EvictionPlan::reset(int layer, int num_heads) {
   keep_.resize(num_heads);
   for (auto& k : keep_) k.clear();
   victims_.assign(num_heads, -1);
+  device_slots_ = nullptr;
+  device_ld_ = 0;
+  device_counts_.clear();
+}
+
+void EvictionPlan::keep_on_device(const int32_t* slots, int ld, std::vector<int32_t> counts,
+                                  std::span<const int32_t> lengths) {
+  KVB_CHECK(slots != nullptr && ld >= 0 && static_cast<int>(counts.size()) == num_heads() &&
+            static_cast<int>(lengths.size()) == num_heads())
+      << "eviction plan of layer " << layer_ << ": device lists for " << counts.size() << " of "
+      << num_heads() << " heads";
+  KVB_CHECK(!changes_any()) << "eviction plan of layer " << layer_
+                            << ": device lists beside host decisions";
+  for (int h = 0; h < num_heads(); ++h) {
+    KVB_CHECK(counts[h] >= 0 && counts[h] <= lengths[h] && lengths[h] <= ld)
+        << "eviction plan of layer " << layer_ << ": head " << h << " keeps " << counts[h]
+        << " of " << lengths[h] << " slots (lists of " << ld << ")";
+    if (counts[h] < lengths[h]) kinds_[h] = Kind::kDevice;
+  }
+  device_slots_ = slots;
+  device_ld_ = ld;
+  device_counts_ = std::move(counts);
 }
 
 void EvictionPlan::decide(int head, Kind kind) {
@@ -22,6 +44,8 @@ void EvictionPlan::decide(int head, Kind kind) {
       << num_heads() << ")";
   KVB_CHECK(kinds_[head] == Kind::kKeepAll)
       << "eviction plan of layer " << layer_ << ": head " << head << " decided twice";
+  KVB_CHECK(!on_device()) << "eviction plan of layer " << layer_
+                          << ": a host decision beside device lists";
   kinds_[head] = kind;
 }
 
@@ -61,6 +85,9 @@ void EvictionPlan::keep_list(int head, int len, std::vector<int32_t>* out) const
       out->reserve(len);
       for (int s = 0; s < len; ++s) out->push_back(s);
       return;
+    case Kind::kDevice:
+      KVB_FAIL() << "eviction plan of layer " << layer_ << ": head " << head
+                 << "'s keep list is on the device";
   }
 }
 
@@ -69,6 +96,7 @@ int EvictionPlan::length_after(int head, int len) const {
     case Kind::kKeep: return static_cast<int>(keep_[head].size());
     case Kind::kVictim: return len - 1;
     case Kind::kKeepAll: return len;
+    case Kind::kDevice: return device_counts_[head];
   }
   return len;
 }

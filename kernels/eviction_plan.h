@@ -6,13 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace kvb::kernels {
 
 class EvictionPlan {
  public:
-  enum class Kind : uint8_t { kKeepAll, kKeep, kVictim };
+  // kDevice: the head's keep list is on a device (keep_on_device).
+  enum class Kind : uint8_t { kKeepAll, kKeep, kVictim, kDevice };
 
   // An empty plan (every head keeps everything) for `num_heads` cache heads of `layer`.
   void reset(int layer, int num_heads);
@@ -24,13 +26,24 @@ class EvictionPlan {
   void keep(int head, std::vector<int32_t> slots);
   // Head `head` drops slot `victim` and keeps the rest.
   void evict(int head, int32_t victim);
+  // A device instance of the policy ops (policy_ops.h) decided on the device: `slots` is device
+  // memory [num_heads, ld] whose row h holds head h's keep list (strictly increasing; the
+  // heads that keep everything hold 0..len-1), counts[h] its length, host-known by the policy's
+  // law. Heads whose count is below their length become kDevice; `slots` must stay valid until
+  // the plan is applied. A plan holds device lists or host decisions, not both.
+  void keep_on_device(const int32_t* slots, int ld, std::vector<int32_t> counts,
+                      std::span<const int32_t> lengths);
+  bool on_device() const { return device_slots_ != nullptr; }
+  const int32_t* device_slots() const { return device_slots_; }
+  int device_ld() const { return device_ld_; }
+  const std::vector<int32_t>& device_counts() const { return device_counts_; }
 
   Kind kind(int head) const { return kinds_[head]; }
   bool changes_any() const;
   const std::vector<int32_t>& kept(int head) const { return keep_[head]; }
   int32_t victim(int head) const { return victims_[head]; }
   // The slots `head` keeps when it holds `len` slots (keep-all: 0..len-1; a victim: all but it),
-  // into *out; and how many that is.
+  // into *out (not for kDevice heads: their list is on the device); and how many that is.
   void keep_list(int head, int len, std::vector<int32_t>* out) const;
   int length_after(int head, int len) const;
 
@@ -41,6 +54,9 @@ class EvictionPlan {
   std::vector<Kind> kinds_;
   std::vector<std::vector<int32_t>> keep_;
   std::vector<int32_t> victims_;
+  const int32_t* device_slots_ = nullptr;
+  int device_ld_ = 0;
+  std::vector<int32_t> device_counts_;
 };
 
 }  // namespace kvb::kernels

@@ -30,7 +30,9 @@ KvCache::KvCache(const KvCache& o)
       positions_(o.positions_),
       lengths_(o.lengths_),
       host_rows_(o.host_rows_),
-      device_rows_(o.device_rows_ ? o.device_rows_->clone() : nullptr) {}
+      device_rows_(o.device_rows_ ? o.device_rows_->clone() : nullptr),
+      stale_(o.stale_),
+      position_reads_(o.position_reads_) {}
 
 KvCache& KvCache::operator=(const KvCache& o) {
   if (this != &o) {
@@ -97,11 +99,19 @@ KvCache KvCache::fork(int extra) const {
   out.capacity_ = max_length() + extra;
   live_rows(out.capacity_, &out.keys_, &out.values_, &out.positions_);
   if (device_rows_) out.device_rows_ = device_rows_->fork(extra);
+  out.stale_ = stale_;  // the fork's device rows hold the same positions
   return out;
 }
 
 LayerKvView KvCache::layer(int layer) {
   KVB_ASSERT(layer >= 0 && layer < shape_.num_layers);
+  if (positions_stale(layer)) {
+    KVB_CHECK(device_rows_ != nullptr)
+        << "KvCache: layer " << layer << "'s positions were decided on a device that holds no rows";
+    device_rows_->read_positions(layer, capacity_, positions_[layer].data());
+    stale_[layer] = 0;
+    ++position_reads_;
+  }
   return LayerKvView{host_rows_ ? keys_[layer].data() : nullptr,
                      host_rows_ ? values_[layer].data() : nullptr,
                      positions_[layer].data(),
@@ -178,6 +188,17 @@ void KvCache::apply(const EvictionPlan& plan) {
       case EvictionPlan::Kind::kKeep: keep_slots(layer, h, plan.kept(h)); break;
       case EvictionPlan::Kind::kVictim: evict_slot(layer, h, plan.victim(h)); break;
       case EvictionPlan::Kind::kKeepAll: break;
+      case EvictionPlan::Kind::kDevice: {
+        KVB_CHECK(!host_rows_) << "a device eviction plan on a cache whose rows are on the host";
+        int32_t& len = lengths_[index(layer, h)];
+        KVB_CHECK(plan.device_counts()[h] < len) << "device eviction plan of layer " << layer
+                                                 << " head " << h << " keeps "
+                                                 << plan.device_counts()[h] << " of " << len;
+        len = plan.device_counts()[h];
+        if (stale_.empty()) stale_.assign(shape_.num_layers, 0);
+        stale_[layer] = 1;
+        break;
+      }
     }
   }
 }
@@ -186,6 +207,7 @@ void KvCache::clear() {
   device_rows_.reset();  // a device backend starts the next sequence on fresh rows
   std::fill(lengths_.begin(), lengths_.end(), 0);
   next_position_ = 0;
+  stale_.clear();
 }
 
 size_t KvCache::bytes_per_slot() const {

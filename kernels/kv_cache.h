@@ -51,6 +51,10 @@ class DeviceRows {
   // that will only grow by that much); the parent's spare capacity need not be allocated again.
   // By default a clone.
   virtual std::unique_ptr<DeviceRows> fork(int extra) const { return clone(); }
+  // The positions of every head of `layer` into dst ([num_kv_heads, capacity]: head h's
+  // live slots at h * capacity), for a host index whose positions a device decision made stale
+  // (KvCache::positions_stale). Synchronous.
+  virtual void read_positions(int layer, int capacity, int32_t* dst) const = 0;
 };
 
 class KvCache {
@@ -87,9 +91,16 @@ class KvCache {
   int32_t next_position() const { return next_position_; }
   void advance_position(int n) { next_position_ += n; }
 
+  // A layer whose positions a device decision made stale (apply of an EvictionPlan with device
+  // lists) reads them back from the device rows first (DeviceRows::read_positions): host code
+  // sees true positions, and a decode step that reads none costs no copy.
   LayerKvView layer(int layer);
   // A view for reading (policies see a const cache): its pointers must not be written through.
   LayerKvView layer(int layer) const { return const_cast<KvCache*>(this)->layer(layer); }
+  // Whether `layer`'s host positions wait for a read from the device; how many such reads
+  // happened since construction (copies included).
+  bool positions_stale(int layer) const { return !stale_.empty() && stale_[layer] != 0; }
+  int64_t position_reads() const { return position_reads_; }
   // Appends one slot to (layer, head). Precondition: capacity available (reserve_extra).
   void append(int layer, int head, const float* key, const float* value, int32_t position);
   // Keeps only the listed slots of (layer, head), in the given order (must be increasing slot
@@ -99,7 +110,9 @@ class KvCache {
   // other slot, without building the list).
   void evict_slot(int layer, int head, int victim);
   // Applies a policy's plan to its layer: keep lists through keep_slots, victims through
-  // evict_slot; heads the plan keeps whole are untouched.
+  // evict_slot; heads the plan keeps whole are untouched. Device lists (an index-only cache
+  // whose rows live on a device) set the heads' lengths to the plan's counts and leave the
+  // layer's positions to be read back when host code asks (layer()); the storage applies them.
   void apply(const EvictionPlan& plan);
   // Drops all tokens (keeps allocation).
   void clear();
@@ -133,6 +146,8 @@ class KvCache {
   std::vector<int32_t> lengths_;  // [num_layers * num_kv_heads]
   bool host_rows_ = true;
   std::unique_ptr<DeviceRows> device_rows_;
+  std::vector<uint8_t> stale_;  // [num_layers] once a device plan was applied, else empty
+  int64_t position_reads_ = 0;
 };
 
 }  // namespace kvb::kernels

@@ -448,6 +448,23 @@ std::unique_ptr<DeviceKvCache> DeviceKvCache::grown(int capacity) const {
   return copy;
 }
 
+void DeviceKvCache::read_positions(int layer, int capacity, int32_t* dst) const {
+  check_layer(layer);
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());  // pending compactions on any stream
+  const int slots = layer_slots_[layer];
+  std::vector<int32_t> all(slots);
+  if (slots > 0) {
+    KVB_CUDA_CHECK(cudaMemcpy(all.data(), positions_[layer].data(), slots * sizeof(int32_t),
+                              cudaMemcpyDeviceToHost));
+  }
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    const int len = length(layer, h);
+    KVB_CHECK(len <= capacity) << "read_positions: layer " << layer << " head " << h << " holds "
+                               << len << " slots, the host index room for " << capacity;
+    std::copy_n(all.begin() + offset(layer, h), len, dst + static_cast<size_t>(h) * capacity);
+  }
+}
+
 KvCache DeviceKvCache::download() const {
   KVB_CUDA_CHECK(cudaDeviceSynchronize());  // pending appends/compactions on any stream
   KvCache out(shape_, std::max(1, max_length()));

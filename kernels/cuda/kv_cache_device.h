@@ -91,6 +91,8 @@ class DeviceKvCache final : public DeviceRows {
   // A copy with max_length() + extra slots per head (KvCache::fork: a choice's branch).
   // Synchronous.
   std::unique_ptr<DeviceRows> fork(int extra) const override;
+  // DeviceRows: the live positions of `layer` into a host index's layout. Synchronous.
+  void read_positions(int layer, int capacity, int32_t* dst) const override;
   // A copy with at least `capacity` slots per head (a head about to overflow; rows copied on the
   // device). Synchronous.
   std::unique_ptr<DeviceKvCache> grown(int capacity) const;

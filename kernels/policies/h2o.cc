@@ -12,7 +12,7 @@
 #include "kernels/cpu/budget.h"
 #include "kernels/cpu/select.h"
 #include "kernels/policies/policies.h"
-#include "kernels/policies/slot_state.h"
+#include "kernels/policies/policy_ops.h"
 
 namespace kvb::policies {
 namespace {
@@ -29,7 +29,6 @@ class H2O final : public Policy {
     gqa_ = o.get_string("gqa_reduce", "mean", {"mean", "max"}) == "max" ? GqaReduce::kMax
                                                                         : GqaReduce::kMean;
     split_ = kernels::cpu::split_heavy_recent(c.kv_budget, heavy_fraction_);
-    scores_ = SlotState<float>(c.shape.num_layers, cache_kv_heads());
   }
 
   PrefillMode prefill_mode() const override {
@@ -37,68 +36,76 @@ class H2O final : public Policy {
   }
   StatsRequest prefill_request(int) const override { return {.col_sums = true}; }
   StatsRequest decode_request() const override { return {.col_sums = true}; }
+  bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
-    const int group = st.num_heads / cache.shape().num_kv_heads;
-    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+    const int heads = cache.shape().num_kv_heads;
+    PolicyOps& ops = ops_of(st);
+    SlotRows& score = accumulate(ops, st, cache);
+    tops_.clear();
+    for (int h = 0; h < heads; ++h) {
       const int len = cache.length(st.layer, h);
-      std::vector<float>& score = scores_.at(st.layer, h);
-      // Earlier tokens (a prefill on top of a cache) keep their scores and add this block's.
-      const size_t old = score.size();
-      score.resize(len, 0.0f);
-      std::vector<float> add(len);
-      reduce_gqa(st.col_sums + static_cast<size_t>(h) * group * st.stride, st.stride, group, len,
-                 gqa_, add.data());
-      for (int s = 0; s < len; ++s) score[s] = (static_cast<size_t>(s) < old ? score[s] : 0.0f) + add[s];
       if (len <= kv_budget()) continue;
       // Keep the last `recent` tokens and the top-`heavy` of the rest.
       const int recent = std::min(split_.recent, len);
-      std::vector<int32_t> keep(split_.heavy);
-      const int got = kernels::cpu::select_topk(score.data(), len - recent, split_.heavy, keep.data());
-      keep.resize(got);
-      for (int s = len - recent; s < len; ++s) keep.push_back(s);
-      compact(score, keep);
-      plan.keep(h, std::move(keep));
+      tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = len - recent,
+                       .k = split_.heavy});
     }
+    SlotRows* state[] = {&score};
+    if (!tops_.empty()) ops.keep_top(score, st.layer, cache, tops_, state, plan);
   }
 
   void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
                        kernels::EvictionPlan& plan) override {
-    const int group = st.num_heads / cache.shape().num_kv_heads;
-    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
-      const int len = cache.length(st.layer, h);
-      std::vector<float>& score = scores_.at(st.layer, h);
-      KVB_ASSERT(static_cast<int>(score.size()) == len - 1);
-      score.push_back(0.0f);
-      std::vector<float> add(len);
-      reduce_gqa(st.col_sums + static_cast<size_t>(h) * group * st.stride, st.stride, group, len,
-                 gqa_, add.data());
-      for (int s = 0; s < len; ++s) score[s] += add[s];
-      if (len <= kv_budget()) continue;
-      // Candidates: slots before the recent window (promote_recent: also not the leaving one).
-      const int candidates = len - split_.recent - (promote_recent_ ? 1 : 0);
-      int victim;
-      if (candidates <= 0) {
-        victim = 0;  // no heavy part (heavy_fraction 0): behave as a window
-      } else {
-        victim = kernels::cpu::select_argmin(score.data(), nullptr, candidates);
+    const int heads = cache.shape().num_kv_heads;
+    PolicyOps& ops = ops_of(st);
+    if (scores_) {
+      for (int h = 0; h < heads; ++h) {
+        KVB_ASSERT(scores_->length(st.layer, h) == cache.length(st.layer, h) - 1);
       }
-      plan.evict(h, victim);
-      erase_slot(score, victim);
     }
+    SlotRows& score = accumulate(ops, st, cache);
+    tops_.clear();
+    for (int h = 0; h < heads; ++h) {
+      const int len = cache.length(st.layer, h);
+      if (len <= kv_budget()) continue;
+      // Candidates: slots before the recent window (promote_recent: also not the leaving one);
+      // the lowest-ranked of them goes. None (heavy_fraction 0): slot 0 goes, as a window.
+      const int candidates = len - split_.recent - (promote_recent_ ? 1 : 0);
+      const int prefix = candidates <= 0 ? 1 : candidates;
+      tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = prefix, .k = prefix - 1});
+    }
+    SlotRows* state[] = {&score};
+    if (!tops_.empty()) ops.keep_top(score, st.layer, cache, tops_, state, plan);
   }
 
   size_t state_bytes() const override { return scores_.bytes(); }
   std::unique_ptr<Policy> clone() const override { return std::make_unique<H2O>(*this); }
 
  private:
+  // Each head's scores grow to its length (new tokens start at 0; earlier tokens, e.g. before a
+  // prefill on top of a cache, keep theirs) and add this block's GQA-reduced column sums.
+  SlotRows& accumulate(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) {
+    const int heads = cache.shape().num_kv_heads;
+    SlotRows& score = rows_of(scores_, ops, SlotType::kF32, config().shape.num_layers, heads);
+    lens_.resize(heads);
+    for (int h = 0; h < heads; ++h) lens_[h] = cache.length(st.layer, h);
+    ops.resize(score, st.layer, lens_);
+    const int group = st.num_heads / heads;
+    ops.accumulate(score, st.layer, st.col_sums, static_cast<size_t>(group) * st.stride,
+                   st.stride, group, gqa_);
+    return score;
+  }
+
   double heavy_fraction_ = 0.5;
   bool promote_recent_ = false;
   bool streaming_ = false;
   GqaReduce gqa_ = GqaReduce::kMean;
   kernels::cpu::HeavyRecentSplit split_;
-  SlotState<float> scores_;
+  SlotRowsPtr scores_;  // per slot: accumulated attention, where the ops keep it
+  std::vector<int32_t> lens_;
+  std::vector<KeepTop> tops_;
 };
 
 }  // namespace

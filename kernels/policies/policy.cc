@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "kernels/policies/policy_ops.h"
 
 namespace kvb::policies {
 
@@ -44,17 +45,28 @@ void reduce_gqa(const float* rows, size_t row_stride, int group, int len, GqaRed
   }
 }
 
+PolicyOps& ops_of(const LayerStats& stats) { return stats.ops ? *stats.ops : cpu_policy_ops(); }
+
+SlotRows& rows_of(SlotRowsPtr& rows, PolicyOps& ops, SlotType type, int layers, int heads) {
+  if (!rows) rows = SlotRowsPtr(ops.make_rows(type, layers, heads));
+  return *rows;
+}
+
 void prefill_layer(Policy& policy, const LayerStats& stats, kernels::KvCache& cache) {
   kernels::EvictionPlan plan;
   plan.reset(stats.layer, cache.shape().num_kv_heads);
-  policy.on_prefill_layer(stats, cache, plan);
+  LayerStats st = stats;
+  if (!st.ops) st.ops = &cpu_policy_ops();
+  policy.on_prefill_layer(st, cache, plan);
   cache.apply(plan);
 }
 
 void decode_layer(Policy& policy, const LayerStats& stats, kernels::KvCache& cache) {
   kernels::EvictionPlan plan;
   plan.reset(stats.layer, cache.shape().num_kv_heads);
-  policy.on_decode_layer(stats, cache, plan);
+  LayerStats st = stats;
+  if (!st.ops) st.ops = &cpu_policy_ops();
+  policy.on_decode_layer(st, cache, plan);
   cache.apply(plan);
 }
 

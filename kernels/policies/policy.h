@@ -21,6 +21,8 @@
 
 namespace kvb::policies {
 
+class PolicyOps;  // policy_ops.h
+
 struct ModelShape {
   int num_layers = 0;
   int num_heads = 0;
@@ -60,6 +62,10 @@ struct LayerStats {
   const float* last_probs = nullptr;  // [num_heads, last_w, stride]
   int last_w = 0;
   const float* pre_rope_keys = nullptr;  // [n_new, num_kv_heads, head_dim], if requested
+  // The ops table of the engine's backend (policy_ops.h): where a policy that decides with ops
+  // keeps its state, and where col_sums and last_probs point (host memory for the CPU instance,
+  // device memory for a device instance). Null: the CPU instance (host statistics).
+  PolicyOps* ops = nullptr;
 };
 
 struct StatsRequest {
@@ -122,6 +128,11 @@ class Policy {
   // a device engine must keep the rows on the host too; others read only lengths, positions
   // and the statistics they asked for.
   virtual bool reads_cache_rows() const { return false; }
+  // decides_with_ops: the hooks read the statistics and keep their state through
+  // LayerStats::ops (policy_ops.h), so on a device the statistics stay where attention wrote
+  // them and the decisions are made there; the host sees only lengths (by the policy's law).
+  // Such a policy reads no cache rows and no positions on the host.
+  virtual bool decides_with_ops() const { return false; }
   // replaces_attention: the engine calls attend() instead of its own attention (SubGen).
   virtual bool replaces_attention() const { return false; }
   virtual void attend(const AttendArgs& args, const kernels::KvCache& cache,

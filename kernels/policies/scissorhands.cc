@@ -12,7 +12,7 @@
 #include "kernels/cpu/budget.h"
 #include "kernels/cpu/select.h"
 #include "kernels/policies/policies.h"
-#include "kernels/policies/slot_state.h"
+#include "kernels/policies/policy_ops.h"
 
 namespace kvb::policies {
 namespace {
@@ -50,7 +50,6 @@ class Scissorhands final : public Policy {
           << l << "'s budget " << r.budget;
       rules_.push_back(r);
     }
-    bits_ = SlotState<uint64_t>(layers, cache_kv_heads());
   }
 
   PrefillMode prefill_mode() const override {
@@ -59,6 +58,7 @@ class Scissorhands final : public Policy {
   // The last w queries' probabilities (the engine clamps w to the block; decode: the one query).
   StatsRequest prefill_request(int) const override { return {.last_w = history_}; }
   StatsRequest decode_request() const override { return {.last_w = 1}; }
+  bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
@@ -92,72 +92,48 @@ class Scissorhands final : public Policy {
     return b;
   }
 
-  // Records the bits of this block's last queries, then compresses each over-budget head.
+  // Records the bits of this block's last queries (PolicyOps::history_bits: a head with no
+  // earlier slot starts fresh, as the policy may serve several sequences), then compresses each
+  // over-budget head.
   void update(const LayerStats& st, const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
     const LayerRule& rule = rules_[st.layer];
     const int heads = cache.shape().num_kv_heads;
-    const int group = st.num_heads / heads;
-    const uint64_t window = history_ == 64 ? ~uint64_t{0} : (uint64_t{1} << history_) - 1;
-    const kernels::LayerKvView view = cache.layer(st.layer);
-    std::vector<float> p;
+    PolicyOps& ops = ops_of(st);
+    SlotRows& bits = rows_of(bits_, ops, SlotType::kU64, config().shape.num_layers, heads);
+    for (int h = 0; h < heads; ++h) {
+      const int before = cache.length(st.layer, h) - st.n_new;  // slots cached before this block
+      KVB_ASSERT(before == 0 || bits.length(st.layer, h) == before);
+    }
+    ops.history_bits(bits, st, cache, history_, inv_position_);
+    // Drops `drop` tokens at a time until a head is within its budget. The ranking (counter,
+    // then age) of the tokens outside the recent window does not change between rounds, so the
+    // rounds equal one selection of drop * ceil((len - B) / drop) tokens: keep the candidates
+    // with the smallest counters (score = -counter; ties keep the higher index, so equal
+    // counters drop the older token) and the recent window (counter 0).
+    tops_.clear();
     for (int h = 0; h < heads; ++h) {
       const int len = cache.length(st.layer, h);
-      const int before = len - st.n_new;  // slots cached before this block
-      std::vector<uint64_t>& bits = bits_.at(st.layer, h);
-      if (before == 0) bits.clear();  // a fresh cache (the policy may serve several sequences)
-      KVB_ASSERT(static_cast<int>(bits.size()) == before);
-      bits.resize(len, 0);  // new tokens: "not below" for the queries before they existed
-      // Queries of the block older than the recorded ones only shift bits out of the window.
-      const int unrecorded = st.n_new - st.last_w;
-      for (auto& b : bits) b = unrecorded >= history_ ? 0 : (b << unrecorded) & window;
-      p.resize(len);
-      for (int j = 0; j < st.last_w; ++j) {
-        const int i = unrecorded + j;        // query index in the block
-        const int visible = before + i + 1;  // keys it attended over, itself included
-        const float* row =
-            st.last_probs + (static_cast<size_t>(h) * group * st.last_w + j) * st.stride;
-        reduce_gqa(row, static_cast<size_t>(st.last_w) * st.stride, group, visible,
-                   GqaReduce::kMean, p.data());
-        const int32_t pos = view.position(h)[before + i];
-        const float threshold = 1.0f / static_cast<float>(inv_position_ ? pos + 1 : visible);
-        for (int s = 0; s < len; ++s) {
-          const uint64_t below = s < visible && p[s] < threshold ? 1 : 0;
-          bits[s] = ((bits[s] << 1) | below) & window;
-        }
-      }
       if (len <= rule.budget) continue;
-      compress(st.layer, h, rule, cache, plan);
+      const int rounds = (len - rule.budget + rule.drop - 1) / rule.drop;
+      const int candidates = len - std::min(rule.recent, len);
+      const int dropped = std::min(rounds * rule.drop, candidates);
+      tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = candidates,
+                       .k = candidates - dropped});
     }
-  }
-
-  // Drops `drop` tokens at a time until the head is within its budget. The ranking (counter,
-  // then age) of the tokens outside the recent window does not change between rounds, so the
-  // rounds equal one selection of drop * ceil((len - B) / drop) tokens.
-  void compress(int layer, int h, const LayerRule& rule, const kernels::KvCache& cache,
-                kernels::EvictionPlan& plan) {
-    std::vector<uint64_t>& bits = bits_.at(layer, h);
-    const int len = cache.length(layer, h);
-    const int rounds = (len - rule.budget + rule.drop - 1) / rule.drop;
-    const int candidates = len - std::min(rule.recent, len);
-    const int dropped = std::min(rounds * rule.drop, candidates);
-    // Keep the candidates with the smallest counters: score = -counter; select_topk keeps the
-    // higher score and, on ties, the higher index, so equal counters drop the older token.
-    std::vector<float> score(candidates);
-    for (int s = 0; s < candidates; ++s) score[s] = -static_cast<float>(std::popcount(bits[s]));
-    std::vector<int32_t> keep(len);
-    const int got =
-        kernels::cpu::select_topk(score.data(), candidates, candidates - dropped, keep.data());
-    keep.resize(got);
-    for (int s = candidates; s < len; ++s) keep.push_back(s);  // the recent window (counter 0)
-    compact(bits, keep);
-    plan.keep(h, std::move(keep));
+    if (tops_.empty()) return;
+    SlotRows& score = rows_of(counters_, ops, SlotType::kF32, 1, heads);
+    ops.negated_popcount(bits, st.layer, score, 0);
+    SlotRows* state[] = {&bits};
+    ops.keep_top(score, 0, cache, tops_, state, plan);
   }
 
   int history_ = 32;
   bool inv_position_ = false;
   bool streaming_ = false;
   std::vector<LayerRule> rules_;  // [num_layers]
-  SlotState<uint64_t> bits_;      // per slot: bit k = "below threshold" at the k-th last query
+  SlotRowsPtr bits_;      // per slot: bit k = "below threshold" at the k-th last query
+  SlotRowsPtr counters_;  // one layer's -counter per slot (scratch)
+  std::vector<KeepTop> tops_;
 };
 
 }  // namespace

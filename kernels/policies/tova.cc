@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "kernels/cpu/select.h"
 #include "kernels/policies/policies.h"
+#include "kernels/policies/policy_ops.h"
 
 namespace kvb::policies {
 namespace {
@@ -21,6 +22,7 @@ class Tova final : public Policy {
   // Only the last query matters in both phases (in decode it is the only one).
   StatsRequest prefill_request(int) const override { return {.last_w = 1}; }
   StatsRequest decode_request() const override { return {.last_w = 1}; }
+  bool decides_with_ops() const override { return true; }
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
     evict(st, cache, plan);
@@ -35,15 +37,14 @@ class Tova final : public Policy {
   // Keeps each over-budget head's top kv_budget slots by the last query's probabilities. In
   // decode a head holds kv_budget + 1, so this evicts exactly the argmin (ties: the older goes,
   // as select_topk keeps the higher index among equal scores).
-  void evict(const LayerStats& st, const kernels::KvCache& cache,
-             kernels::EvictionPlan& plan) const {
+  void evict(const LayerStats& st, const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
     const int heads = cache.shape().num_kv_heads;
     const int group = st.num_heads / heads;
     // last_probs: [num_heads, last_w, stride]; the last query is row last_w - 1 of each head.
     const size_t row_stride = static_cast<size_t>(st.last_w) * st.stride;
     const float* last = st.last_probs + static_cast<size_t>(st.last_w - 1) * st.stride;
-    std::vector<float> score;
-    std::vector<int32_t> keep;
+    PolicyOps& ops = ops_of(st);
+    tops_.clear();
     if (layer_reduce_) {
       const int len = cache.length(st.layer, 0);
       for (int h = 1; h < heads; ++h) {
@@ -52,12 +53,21 @@ class Tova final : public Policy {
             << " holds " << cache.length(st.layer, h) << ", head 0 " << len;
       }
       if (len <= kv_budget()) return;
-      score.resize(len);
       // Every query head, each over its own KV head's slots (slot s is the same token in every
       // head, since the heads of this layer always keep the same set).
       if (tp_size() == 1) {
-        reduce_gqa(last, row_stride, st.num_heads, len, GqaReduce::kMean, score.data());
+        // One score row (the mean over all query heads), one keep-set for every head.
+        SlotRows& score = fresh_scores(ops, std::vector<int32_t>{len});
+        ops.accumulate(score, 0, last, 0, row_stride, st.num_heads, GqaReduce::kMean);
+        for (int h = 0; h < heads; ++h) {
+          tops_.push_back({.head = h, .score_head = 0, .len = len, .prefix = len,
+                           .k = kv_budget()});
+        }
+        ops.keep_top(score, 0, cache, tops_, {}, plan);
       } else {
+        KVB_CHECK(!ops.on_device()) << "tova: tensor-parallel groups decide on the host";
+        std::vector<float> score(len);
+        std::vector<int32_t> keep;
         // Tensor parallelism: the mean runs over the query heads of every rank, in global head
         // order, exactly as one device adds them (an all-gather of heads x len floats).
         std::vector<float> rows(static_cast<size_t>(st.num_heads) * len);
@@ -71,25 +81,43 @@ class Tova final : public Policy {
         std::vector<float> all(rows.size() * tp_size());
         config().tp->all_gather(rows.data(), rows.size() * sizeof(float), all.data());
         reduce_gqa(all.data(), len, st.num_heads * tp_size(), len, GqaReduce::kMean, score.data());
+        keep.resize(len);
+        keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
+        for (int h = 0; h < heads; ++h) plan.keep(h, keep);
       }
-      keep.resize(len);
-      keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
-      for (int h = 0; h < heads; ++h) plan.keep(h, keep);
       return;
     }
+    lens_.resize(heads);
     for (int h = 0; h < heads; ++h) {
       const int len = cache.length(st.layer, h);
-      if (len <= kv_budget()) continue;
-      score.resize(len);
-      reduce_gqa(last + h * group * row_stride, row_stride, group, len, GqaReduce::kMean,
-                 score.data());
-      keep.resize(len);
-      keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
-      plan.keep(h, keep);
+      lens_[h] = len;
+      if (len > kv_budget()) {
+        tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = len, .k = kv_budget()});
+      }
     }
+    if (tops_.empty()) return;
+    SlotRows& score = fresh_scores(ops, lens_);
+    ops.accumulate(score, 0, last, static_cast<size_t>(group) * row_stride, row_stride, group,
+                   GqaReduce::kMean);
+    ops.keep_top(score, 0, cache, tops_, {}, plan);
+  }
+
+  // This step's scores: a one-layer scratch of zeros of the given lengths (0 + the mean is the
+  // mean), one row per entry of `lengths`.
+  SlotRows& fresh_scores(PolicyOps& ops, const std::vector<int32_t>& lengths) {
+    const int rows = static_cast<int>(lengths.size());
+    if (scratch_ && scratch_->heads() != rows) scratch_ = SlotRowsPtr();
+    SlotRows& s = rows_of(scratch_, ops, SlotType::kF32, 1, rows);
+    zeros_.assign(rows, 0);
+    ops.resize(s, 0, zeros_);
+    ops.resize(s, 0, lengths);
+    return s;
   }
 
   bool layer_reduce_ = false;
+  SlotRowsPtr scratch_;
+  std::vector<int32_t> lens_, zeros_;
+  std::vector<KeepTop> tops_;
 };
 
 }  // namespace

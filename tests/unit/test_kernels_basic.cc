@@ -213,6 +213,7 @@ struct CountingRows final : DeviceRows {
     ++*clones;
     return std::make_unique<CountingRows>(clones);
   }
+  void read_positions(int, int, int32_t*) const override {}
   int* clones;
 };
 
@@ -270,6 +271,7 @@ struct ForkingRows final : DeviceRows {
     *extra = e;
     return std::make_unique<ForkingRows>(extra);
   }
+  void read_positions(int, int, int32_t*) const override {}
   int* extra;
 };
 

@@ -21,6 +21,7 @@
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
+#include "kernels/policies/policy_ops.h"
 #include "workers/engine/model.h"
 
 namespace kvb::engine {
@@ -74,6 +75,23 @@ class Backend {
   virtual void ensure_host_rows(kernels::KvCache& cache) = 0;
   // Whether a policy that replaces attention (Policy::attend on host K/V) can run here.
   virtual bool runs_replaced_attention() const = 0;
+  // The policy ops table (kernels/policies/policy_ops.h) whose instance lives where this
+  // backend's statistics and storage do: policies that decide with ops (Policy::
+  // decides_with_ops) get it in LayerStats::ops, and on a device their statistics stay there.
+  virtual policies::PolicyOps& policy_ops() = 0;
+  // Makes host statistics (a recorded prefill's) readable by policy_ops(): on a device, copies
+  // them into device buffers and replaces the pointers (valid until the next call).
+  virtual void stats_to_device(policies::LayerStats* stats) { (void)stats; }
+  // policy_ms on the device (issue 13 item 5): where this returns true, the engine brackets each
+  // hook and the application of its plan with begin_policy_span / end_policy_span, and the
+  // backend measures the device time between them (CUDA events: the policy's kernels, and any
+  // host work the device waited on); take_policy_ms() returns the spans completed since the
+  // last call and is called after end_pass (whose sync completes them) or waits for them.
+  // Elsewhere the engine measures host wall time around the hook.
+  virtual bool times_policy_on_device() const { return false; }
+  virtual void begin_policy_span() {}
+  virtual void end_policy_span() {}
+  virtual double take_policy_ms() { return 0; }
   // Tensor-parallel collectives sit behind reduce_add().
 
   // Decode batching (StackEngine::decode_batch): whether the per-sequence ops below can act on

@@ -77,6 +77,7 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
     be.classify(n - first, logits);
   }
   be.end_pass(cache);
+  if (be.times_policy_on_device()) policy_ms_ += be.take_policy_ms();
 }
 
 void StackEngine::decode_batch(std::span<const int32_t> tokens,
@@ -141,6 +142,7 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
   be.rmsnorm(Act::kXb, Act::kX, -1, Norm::kAttn, 0, B);
   be.classify(B, logits);
   be.end_pass(*caches[0]);
+  if (be.times_policy_on_device()) policy_ms_ += be.take_policy_ms();
 }
 
 void StackEngine::project_qkv(int l, int n) {
@@ -178,11 +180,18 @@ void StackEngine::finish_layer(int l, int n) {
 
 template <typename Hook>
 void StackEngine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
+  Backend& be = *backend_;
+  const bool device_time = be.times_policy_on_device();
   const auto t0 = Clock::now();
+  if (device_time) be.begin_policy_span();
   plan_.reset(layer, cache.shape().num_kv_heads);
   hook(plan_);
-  backend_->apply_plan(plan_, cache);
-  policy_ms_ += ms_since(t0);
+  be.apply_plan(plan_, cache);
+  if (device_time) {
+    be.end_policy_span();
+  } else {
+    policy_ms_ += ms_since(t0);
+  }
 }
 
 void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Policy* policy,
@@ -207,6 +216,7 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
   stats.n_new = n;
   stats.num_heads = c.num_heads;
   stats.pre_rope_keys = req.pre_rope_keys ? pre_rope_k_.data() : nullptr;
+  stats.ops = &be.policy_ops();
   if (hook == PolicyHook::kDecode && policy->evict_before_attention()) {
     run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });
     hook = PolicyHook::kNone;
@@ -251,17 +261,27 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
     stats.stride = stride;
   }
   be.attention(l, n, scale, cache, col_sums, stat_rows_w, stride, &stats);
-  if (stats.col_sums || stats.last_probs) {
-    // The statistics where the hook (host code) reads them; on a device, eviction overhead.
-    const double ms = be.stats_to_host(&stats);
-    if (hook != PolicyHook::kNone) policy_ms_ += ms;
+  // A policy that decides with ops reads the statistics where attention wrote them; others
+  // read them on the host (on a device: a copy and a sync, eviction overhead).
+  const bool stats_stay = hook != PolicyHook::kNone && policy->decides_with_ops();
+  policies::LayerStats host = stats;
+  if ((stats.col_sums || stats.last_probs) && (record || !stats_stay)) {
+    const bool device_time = hook != PolicyHook::kNone && be.times_policy_on_device();
+    if (device_time) be.begin_policy_span();
+    const double ms = be.stats_to_host(&host);
+    if (device_time) {
+      be.end_policy_span();
+    } else if (hook != PolicyHook::kNone) {
+      policy_ms_ += ms;
+    }
+    if (!stats_stay) stats = host;
   }
   if (record) {
     const size_t rows = static_cast<size_t>(c.num_heads) * stride;
     record->strides[l] = stride;
-    if (stats.col_sums) record->col_sums[l].assign(stats.col_sums, stats.col_sums + rows);
-    if (stats.last_probs) {
-      record->last_probs[l].assign(stats.last_probs, stats.last_probs + rows * stats.last_w);
+    if (host.col_sums) record->col_sums[l].assign(host.col_sums, host.col_sums + rows);
+    if (host.last_probs) {
+      record->last_probs[l].assign(host.last_probs, host.last_probs + rows * host.last_w);
     }
     if (req.pre_rope_keys) record->pre_rope_keys[l] = pre_rope_k_;
   }
@@ -330,7 +350,10 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCa
              (!req.pre_rope_keys || !rec.pre_rope_keys[g0].empty())))
       << "the recorded prefill lacks statistics this policy needs";
   if (policy.reads_cache_rows()) backend_->ensure_host_rows(cache);
+  Backend& be = *backend_;
+  const bool device_time = be.times_policy_on_device();
   const auto t0 = Clock::now();
+  if (device_time) be.begin_policy_span();
   for (int l = 0; l < c.num_layers; ++l) {
     if (c.sliding(l)) continue;  // the window is the cache; policies act on global layers
     const int stride = rec.strides[l];
@@ -353,11 +376,18 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCa
       st.last_w = w;
     }
     st.pre_rope_keys = req.pre_rope_keys ? rec.pre_rope_keys[l].data() : nullptr;
+    st.ops = &be.policy_ops();
+    if (policy.decides_with_ops()) be.stats_to_device(&st);  // where the ops read them
     plan_.reset(l, cache.shape().num_kv_heads);
     policy.on_prefill_layer(st, cache, plan_);
-    backend_->apply_plan(plan_, cache);  // the index and the storage where it lives
+    be.apply_plan(plan_, cache);  // the index and the storage where it lives
   }
-  policy_ms_ += ms_since(t0);
+  if (device_time) {
+    be.end_policy_span();
+    policy_ms_ += be.take_policy_ms();
+  } else {
+    policy_ms_ += ms_since(t0);
+  }
 }
 
 }  // namespace kvb::engine

@@ -25,8 +25,10 @@ class StackEngine : public EngineBase {
  public:
   const Model& model() const override { return model_; }
   kernels::Communicator* tp() const override { return tp_; }
-  // Milliseconds spent inside policy hooks (scoring, selection, compaction) since construction,
-  // plus, on a device, the copies of the statistics the hooks read and the storage's compaction.
+  // Milliseconds spent inside policy hooks (scoring, selection, compaction) and applying their
+  // plans since construction: host wall time on the CPU; on a device the device time between
+  // CUDA events around the same work (Backend::times_policy_on_device), the copies of the
+  // statistics host-side hooks read included, so the figures compare.
   double policy_ms() const override { return policy_ms_; }
   int64_t prefills() const override { return prefills_; }
   std::string device_description() const override { return backend_->device_description(); }

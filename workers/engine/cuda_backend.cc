@@ -84,11 +84,63 @@ CudaBackend::CudaBackend(const Model& model, DType dtype, int gpu)
   KVB_CHECK(c.head_dim <= cu::kMaxHeadDim) << "--device cuda: head_dim " << c.head_dim
                                            << " above the attention kernel's " << cu::kMaxHeadDim;
   KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
+  ops_ = std::make_unique<cu::CudaPolicyOps>(stream_);
   upload_weights();
 }
 
 CudaBackend::~CudaBackend() {
+  ops_.reset();
+  for (cudaEvent_t e : span_begin_) cudaEventDestroy(e);
+  for (cudaEvent_t e : span_end_) cudaEventDestroy(e);
   if (stream_) cudaStreamDestroy(stream_);  // errors at teardown cannot be reported; ignored
+}
+
+policies::PolicyOps& CudaBackend::policy_ops() { return *ops_; }
+
+void CudaBackend::stats_to_device(policies::LayerStats* stats) {
+  const size_t rows = static_cast<size_t>(stats->num_heads) * stats->stride;
+  if (stats->col_sums) {
+    ensure(s_->col_sums, rows);
+    copy_h2d(s_->col_sums.data(), stats->col_sums, rows * 4);
+    stats->col_sums = s_->col_sums.data();
+  }
+  if (stats->last_probs) {
+    ensure(s_->last_probs, rows * stats->last_w);
+    copy_h2d(s_->last_probs.data(), stats->last_probs, rows * stats->last_w * 4);
+    stats->last_probs = s_->last_probs.data();
+  }
+}
+
+void CudaBackend::begin_policy_span() {
+  if (spans_ == static_cast<int>(span_begin_.size())) {
+    cudaEvent_t b = nullptr, e = nullptr;
+    KVB_CUDA_CHECK(cudaEventCreate(&b));
+    KVB_CUDA_CHECK(cudaEventCreate(&e));
+    span_begin_.push_back(b);
+    span_end_.push_back(e);
+  }
+  KVB_CUDA_CHECK(cudaEventRecord(span_begin_[spans_], stream_));
+}
+
+void CudaBackend::end_policy_span() {
+  KVB_CUDA_CHECK(cudaEventRecord(span_end_[spans_], stream_));
+  ++spans_;
+}
+
+double CudaBackend::take_policy_ms() {
+  if (spans_ == 0) return 0;
+  if (cudaEventQuery(span_end_[spans_ - 1]) == cudaErrorNotReady) {
+    KVB_CUDA_CHECK(cudaEventSynchronize(span_end_[spans_ - 1]));
+    ++counters_.stream_syncs;
+  }
+  double ms = 0;
+  for (int i = 0; i < spans_; ++i) {
+    float span = 0;
+    KVB_CUDA_CHECK(cudaEventElapsedTime(&span, span_begin_[i], span_end_[i]));
+    ms += span;
+  }
+  spans_ = 0;
+  return ms;
 }
 
 void CudaBackend::upload_weights() {
@@ -552,6 +604,19 @@ void CudaBackend::apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache
   if (!plan.changes_any()) return;
   const kernels::KvCacheShape& sh = cache.shape();
   const int l = plan.layer();
+  if (plan.on_device()) {
+    // The ops' lists, on the device already: the index takes the counts (its positions become
+    // stale until host code reads them), the rows keep the listed slots. Nothing waits.
+    cu::DeviceKvCache* rows = rows_of(cache);
+    KVB_CHECK(rows != nullptr) << "--device cuda: a device eviction plan for layer " << l
+                               << " of a cache without device rows";
+    cache.apply(plan);
+    rows->keep_slots(l, plan.device_slots(), plan.device_ld(), plan.device_counts().data(),
+                     stream_, /*validated=*/true);
+    counters_.h2d_copies += 2;  // keep_slots pushes the counts and the new lengths
+    counters_.h2d_bytes += 2 * sh.num_kv_heads * sizeof(int32_t);
+    return;
+  }
   // Keep-lists [heads, ld] for the device, from the plan and the (host-known) lengths.
   int ld = 0;
   for (int h = 0; h < sh.num_kv_heads; ++h) ld = std::max(ld, cache.length(l, h));

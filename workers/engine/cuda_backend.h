@@ -13,8 +13,15 @@
 // sequence's first pass (uploading host rows only for a cache made elsewhere) and grows them on
 // the device (1.5x) when a head would overflow.
 //
-// Policies decide on the host (until they decide on the device, issue 13), from the index and
-// the statistics they asked for:
+// Policies that decide with the ops table (Policy::decides_with_ops: h2o, tova, scissorhands)
+// decide on the device: their state lives in CudaPolicyOps rows, they read the statistics where
+// attention wrote them, and their keep lists stay on the device (apply_plan hands them to
+// DeviceKvCache::keep_slots; the index takes the counts and reads positions back only when host
+// code asks, KvCache::positions_stale). One decode step of theirs copies nothing to the host
+// but the logits and syncs once. policy_ms is device time: CUDA events around each hook and
+// its plan (take_policy_ms).
+//
+// Other policies decide on the host, from the index and the statistics they asked for:
 //  - append_kv appends the block's positions to the index; only for policies that read K/V rows
 //    (Policy::reads_cache_rows) are the new rows (post-RoPE; pre-RoPE for rolling positions;
 //    bf16-rounded in bf16 mode, so host rows == device rows) copied down and kept on the host;
@@ -41,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
 #include "workers/engine/backend.h"
@@ -69,6 +77,12 @@ class CudaBackend final : public Backend {
   size_t kv_physical_bytes(const kernels::KvCache& cache) const override;
   TransferCounters counters() const override { return counters_; }
   bool runs_replaced_attention() const override { return false; }
+  policies::PolicyOps& policy_ops() override;
+  void stats_to_device(policies::LayerStats* stats) override;
+  bool times_policy_on_device() const override { return true; }
+  void begin_policy_span() override;
+  void end_policy_span() override;
+  double take_policy_ms() override;
   bool keeps_host_rows(const policies::Policy* policy) const override {
     return policy && policy->reads_cache_rows();
   }
@@ -134,6 +148,10 @@ class CudaBackend final : public Backend {
   std::vector<float> k_h_, v_h_, col_sums_, last_probs_;
   std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_, keep_scratch_;
   int64_t cache_uploads_ = 0;
+  std::unique_ptr<kernels::cuda::CudaPolicyOps> ops_;
+  // policy_ms spans: event pairs recorded on the stream, read by take_policy_ms.
+  std::vector<cudaEvent_t> span_begin_, span_end_;
+  int spans_ = 0;
   size_t peak_bytes_ = 0, weight_bytes_ = 0;
   TransferCounters counters_;
 };

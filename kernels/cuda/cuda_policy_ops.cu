@@ -1,0 +1,407 @@
+// CudaPolicyOps: the policy ops table on the device (cuda_policy_ops.h).
+#include "kernels/cuda/cuda_policy_ops.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cuda/kv_cache_device.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/scores.h"
+#include "kernels/cuda/select_common.cuh"
+#include "kernels/policies/policy.h"
+
+namespace kvb::kernels::cuda {
+namespace {
+
+using policies::KeepTop;
+using policies::SlotRows;
+using policies::SlotType;
+
+constexpr int kThreads = 512;
+
+// Per-head sizes as a kernel argument (no H2D copy): kMaxOpsHeads int32 values.
+struct HeadTable {
+  int32_t v[kMaxOpsHeads];
+};
+
+size_t entry_bytes(SlotType t) { return t == SlotType::kF32 ? sizeof(float) : sizeof(uint64_t); }
+
+// Device rows: per layer one stream-ordered buffer of [heads, ld] entries.
+class CudaRows final : public SlotRows {
+ public:
+  CudaRows(SlotType type, int layers, int heads, cudaStream_t stream)
+      : SlotRows(type, layers, heads), stream_(stream), bufs_(layers, nullptr), ld_(layers, 0) {}
+  CudaRows(const CudaRows& o)
+      : SlotRows(o), stream_(o.stream_), bufs_(o.layers(), nullptr), ld_(o.ld_) {
+    for (int l = 0; l < layers(); ++l) {
+      const size_t bytes = layer_bytes(l);
+      if (bytes == 0) continue;
+      KVB_CUDA_CHECK(cudaMallocAsync(&bufs_[l], bytes, stream_));
+      KVB_CUDA_CHECK(
+          cudaMemcpyAsync(bufs_[l], o.bufs_[l], bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  CudaRows& operator=(const CudaRows&) = delete;
+  // Freed on the legacy default stream, which waits for the engine's (blocking) stream: a
+  // policy may outlive the engine that made its state. Teardown errors cannot be reported.
+  ~CudaRows() override {
+    for (void* b : bufs_) {
+      if (b) cudaFreeAsync(b, 0);
+    }
+  }
+  std::unique_ptr<SlotRows> clone() const override { return std::make_unique<CudaRows>(*this); }
+
+  void* data(int layer) const { return bufs_[layer]; }
+  int ld(int layer) const { return ld_[layer]; }
+  void set_len(int layer, int head, int len) { set_length(layer, head, len); }
+  // Room for `need` entries per head in `layer`, rows kept (1.5x growth; a stream-ordered copy,
+  // so nothing waits).
+  void reserve(int layer, int need) {
+    if (need <= ld_[layer]) return;
+    const int ld = std::max(need, ld_[layer] + ld_[layer] / 2);
+    const size_t eb = entry_bytes(type());
+    void* fresh = nullptr;
+    KVB_CUDA_CHECK(cudaMallocAsync(&fresh, static_cast<size_t>(heads()) * ld * eb, stream_));
+    if (bufs_[layer]) {
+      KVB_CUDA_CHECK(cudaMemcpy2DAsync(fresh, ld * eb, bufs_[layer], ld_[layer] * eb,
+                                       ld_[layer] * eb, heads(), cudaMemcpyDeviceToDevice,
+                                       stream_));
+      KVB_CUDA_CHECK(cudaFreeAsync(bufs_[layer], stream_));
+    }
+    bufs_[layer] = fresh;
+    ld_[layer] = ld;
+  }
+
+ private:
+  size_t layer_bytes(int l) const {
+    return static_cast<size_t>(heads()) * ld_[l] * entry_bytes(type());
+  }
+  cudaStream_t stream_;
+  std::vector<void*> bufs_;
+  std::vector<int> ld_;
+};
+
+CudaRows& device(SlotRows& rows) {
+  auto* r = dynamic_cast<CudaRows*>(&rows);
+  KVB_CHECK(r != nullptr) << "policy state made by another ops instance reached the CUDA ops";
+  return *r;
+}
+const CudaRows& device(const SlotRows& rows) { return device(const_cast<SlotRows&>(rows)); }
+
+void check_rows(const SlotRows& rows, int layer) {
+  KVB_CHECK(layer >= 0 && layer < rows.layers())
+      << "cuda policy ops: layer " << layer << " of rows for " << rows.layers() << " layers";
+  KVB_USAGE_CHECK(rows.heads() <= kMaxOpsHeads)
+      << "--device cuda decides for at most " << kMaxOpsHeads << " cache heads per layer; this "
+      << "policy's state has " << rows.heads() << " (gqa=expand on a model with many heads?)";
+}
+
+// Entries [from[h], to[h]) of each row h become zero.
+template <typename T>
+__global__ void zero_kernel(T* rows, int ld, HeadTable from, HeadTable to) {
+  const int h = blockIdx.y;
+  T* row = rows + static_cast<size_t>(h) * ld;
+  for (int s = from.v[h] + blockIdx.x * blockDim.x + threadIdx.x; s < to.v[h];
+       s += gridDim.x * blockDim.x) {
+    row[s] = T(0);
+  }
+}
+
+// rows[h][s] += reduce_g src[h * head_stride + g * row_stride + s], s < len[h]: reduce_gqa's
+// order (g increasing; mean divides the sum by group in f32; max as std::max).
+__global__ void accumulate_kernel(float* rows, int ld, HeadTable len, const float* src,
+                                  size_t head_stride, size_t row_stride, int group, bool max) {
+  const int h = blockIdx.y;
+  const float* base = src + h * head_stride;
+  for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < len.v[h]; s += gridDim.x * blockDim.x) {
+    float acc = base[s];
+    for (int g = 1; g < group; ++g) {
+      const float v = base[g * row_stride + s];
+      acc = max ? (acc < v ? v : acc) : acc + v;
+    }
+    rows[static_cast<size_t>(h) * ld + s] += max ? acc : acc / static_cast<float>(group);
+  }
+}
+
+__global__ void negated_popcount_kernel(const uint64_t* bits, int ld_bits, float* out, int ld_out,
+                                        HeadTable len) {
+  const int h = blockIdx.y;
+  for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < len.v[h]; s += gridDim.x * blockDim.x) {
+    out[static_cast<size_t>(h) * ld_out + s] =
+        -static_cast<float>(__popcll(bits[static_cast<size_t>(h) * ld_bits + s]));
+  }
+}
+
+struct KeepParams {
+  const float* scores;
+  int score_ld;
+  int32_t* lists;
+  int ld;
+  HeadTable len, prefix, k, score_head;  // prefix < 0: the head keeps everything
+};
+
+// One block per cache head: the top k of [0, prefix) by (score key, index) in increasing order,
+// then prefix..len-1; a head that keeps everything gets 0..len-1.
+__global__ void __launch_bounds__(kThreads) keep_top_kernel(KeepParams p) {
+  __shared__ detail::RadixShared radix;
+  __shared__ detail::ScanShared scan;
+  const int h = blockIdx.x;
+  const int len = p.len.v[h], prefix = p.prefix.v[h], k = p.k.v[h];
+  int32_t* out = p.lists + static_cast<size_t>(h) * p.ld;
+  if (prefix < 0) {
+    for (int i = threadIdx.x; i < len; i += blockDim.x) out[i] = i;
+    return;
+  }
+  const float* row = p.scores + static_cast<size_t>(p.score_head.v[h]) * p.score_ld;
+  int written = 0;
+  if (k > 0) {
+    const uint64_t threshold = detail::block_kth_largest(
+        [&](int i, bool* ok) {
+          *ok = true;
+          return detail::rank_key(row[i], i);
+        },
+        prefix, k, radix);
+    written = detail::block_ordered_compact(
+        [&](int i) { return detail::rank_key(row[i], i) >= threshold; }, prefix, 0, out, scan);
+  }
+  for (int i = threadIdx.x; i < len - prefix; i += blockDim.x) out[written + i] = prefix + i;
+}
+
+// Row h keeps entries lists[h][j], j < count[h] (count < 0: untouched), in place: each chunk of
+// blockDim entries is read before it is written, and a list never reads below its index, so
+// earlier chunks' writes are never read.
+template <typename T>
+__global__ void compact_kernel(T* rows, int ld, const int32_t* lists, int lists_ld,
+                               HeadTable count) {
+  const int h = blockIdx.x, n = count.v[h];
+  if (n < 0) return;
+  T* row = rows + static_cast<size_t>(h) * ld;
+  const int32_t* list = lists + static_cast<size_t>(h) * lists_ld;
+  for (int c0 = 0; c0 < n; c0 += blockDim.x) {
+    const int j = c0 + threadIdx.x;
+    T v{};
+    if (j < n) v = row[list[j]];
+    __syncthreads();
+    if (j < n) row[j] = v;
+    __syncthreads();
+  }
+}
+
+unsigned blocks_for(int longest) {
+  const unsigned b = grid_for(static_cast<size_t>(std::max(longest, 1)), 256);
+  return b > 64u ? 64u : b;
+}
+
+}  // namespace
+
+CudaPolicyOps::~CudaPolicyOps() {
+  if (lists_) cudaFreeAsync(lists_, 0);  // after the stream's work, as CudaRows
+}
+
+std::unique_ptr<SlotRows> CudaPolicyOps::make_rows(SlotType type, int layers, int heads) {
+  return std::make_unique<CudaRows>(type, layers, heads, stream_);
+}
+
+void CudaPolicyOps::resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) {
+  CudaRows& r = device(rows);
+  check_rows(rows, layer);
+  const int heads = static_cast<int>(lengths.size());
+  KVB_CHECK(heads <= rows.heads()) << "cuda policy ops: " << heads << " lengths for "
+                                   << rows.heads() << " heads";
+  HeadTable from{}, to{};
+  int longest = 0, grow = 0;
+  for (int h = 0; h < heads; ++h) {
+    KVB_CHECK(lengths[h] >= 0) << "cuda policy ops: length " << lengths[h];
+    from.v[h] = std::min<int32_t>(rows.length(layer, h), lengths[h]);
+    to.v[h] = lengths[h];
+    longest = std::max(longest, static_cast<int>(lengths[h]));
+    grow = std::max(grow, static_cast<int>(lengths[h] - from.v[h]));
+  }
+  r.reserve(layer, longest);
+  if (grow > 0) {
+    const dim3 grid(grid_for(grow, 256), heads);
+    if (rows.type() == SlotType::kF32) {
+      zero_kernel<<<grid, 256, 0, stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer),
+                                             from, to);
+    } else {
+      zero_kernel<<<grid, 256, 0, stream_>>>(static_cast<unsigned long long*>(r.data(layer)),
+                                             r.ld(layer), from, to);
+    }
+    KVB_CUDA_CHECK_LAUNCH();
+    ++launches_;
+  }
+  for (int h = 0; h < heads; ++h) r.set_len(layer, h, lengths[h]);
+}
+
+void CudaPolicyOps::accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
+                               size_t row_stride, int group, policies::GqaReduce how) {
+  CudaRows& r = device(rows);
+  check_rows(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && group >= 1 && src != nullptr)
+      << "cuda policy ops: accumulate needs f32 rows, a group >= 1 and statistics";
+  HeadTable len{};
+  int longest = 0;
+  for (int h = 0; h < rows.heads(); ++h) {
+    len.v[h] = rows.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+  }
+  if (longest == 0) return;
+  accumulate_kernel<<<dim3(blocks_for(longest), rows.heads()), 256, 0, stream_>>>(
+      static_cast<float*>(r.data(layer)), r.ld(layer), len, src, head_stride, row_stride, group,
+      how == policies::GqaReduce::kMax);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::history_bits(SlotRows& bits, const policies::LayerStats& st,
+                                 const KvCache& cache, int history, bool inv_position) {
+  CudaRows& r = device(bits);
+  check_rows(bits, st.layer);
+  auto* dev = dynamic_cast<DeviceKvCache*>(cache.device_rows());
+  KVB_CHECK(dev != nullptr) << "cuda policy ops: history bits of a cache without device rows";
+  int longest = 0;
+  for (int h = 0; h < bits.heads(); ++h) longest = std::max(longest, cache.length(st.layer, h));
+  r.reserve(st.layer, longest);
+  HistoryBitsArgs a;
+  a.bits = static_cast<uint64_t*>(r.data(st.layer));
+  a.ld = r.ld(st.layer);
+  a.kv = dev->layer(st.layer);
+  a.last_probs = st.last_probs;
+  a.stride = st.stride;
+  a.last_w = st.last_w;
+  a.n_new = st.n_new;
+  a.num_heads = st.num_heads;
+  a.history = history;
+  a.inv_position = inv_position;
+  scissorhands_update_bits(a, stream_);
+  ++launches_;
+  for (int h = 0; h < bits.heads(); ++h) r.set_len(st.layer, h, cache.length(st.layer, h));
+}
+
+void CudaPolicyOps::negated_popcount(const SlotRows& bits, int layer, SlotRows& out,
+                                     int out_layer) {
+  const CudaRows& b = device(bits);
+  CudaRows& o = device(out);
+  check_rows(bits, layer);
+  check_rows(out, out_layer);
+  KVB_CHECK(bits.type() == SlotType::kU64 && out.type() == SlotType::kF32 &&
+            out.heads() == bits.heads())
+      << "cuda policy ops: negated_popcount of " << bits.heads() << " u64 rows into "
+      << out.heads() << " f32 rows";
+  HeadTable len{};
+  int longest = 0;
+  for (int h = 0; h < bits.heads(); ++h) {
+    len.v[h] = bits.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+  }
+  o.reserve(out_layer, longest);
+  for (int h = 0; h < bits.heads(); ++h) o.set_len(out_layer, h, len.v[h]);
+  if (longest == 0) return;
+  negated_popcount_kernel<<<dim3(blocks_for(longest), bits.heads()), 256, 0, stream_>>>(
+      static_cast<const uint64_t*>(b.data(layer)), b.ld(layer),
+      static_cast<float*>(o.data(out_layer)), o.ld(out_layer), len);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::keep_top(const SlotRows& scores, int score_layer, const KvCache& cache,
+                             std::span<const KeepTop> heads, std::span<SlotRows* const> state,
+                             EvictionPlan& plan) {
+  const CudaRows& sc = device(scores);
+  check_rows(scores, score_layer);
+  const int layer = plan.layer();
+  const int nh = cache.shape().num_kv_heads;
+  KVB_USAGE_CHECK(nh <= kMaxOpsHeads) << "--device cuda decides for at most " << kMaxOpsHeads
+                                      << " cache heads per layer; the cache has " << nh;
+  KVB_CHECK(plan.num_heads() == nh) << "keep_top: a plan for " << plan.num_heads()
+                                    << " heads on a cache of " << nh;
+  HeadTable len{}, prefix{}, k{}, score_head{}, count{};
+  std::vector<int32_t> lengths(nh), counts(nh);
+  int ld = 0;
+  for (int h = 0; h < nh; ++h) {
+    len.v[h] = lengths[h] = counts[h] = cache.length(layer, h);
+    prefix.v[h] = -1;
+    count.v[h] = -1;
+    ld = std::max(ld, static_cast<int>(len.v[h]));
+  }
+  for (const KeepTop& t : heads) {
+    KVB_CHECK(t.head >= 0 && t.head < nh && t.len == lengths[t.head] && t.score_head >= 0 &&
+              t.score_head < scores.heads() && 0 <= t.k && t.k < t.prefix && t.prefix <= t.len &&
+              t.prefix <= scores.length(score_layer, t.score_head) && prefix.v[t.head] < 0)
+        << "keep_top: head " << t.head << " keeps " << t.k << " of [0, " << t.prefix << ") of "
+        << t.len << " slots by a score row of " << scores.length(score_layer, t.score_head);
+    prefix.v[t.head] = t.prefix;
+    k.v[t.head] = t.k;
+    score_head.v[t.head] = t.score_head;
+    count.v[t.head] = counts[t.head] = t.kept();
+  }
+  if (heads.empty() || ld == 0) return;
+  const size_t need = static_cast<size_t>(nh) * ld;
+  if (need > lists_cap_) {
+    if (lists_) KVB_CUDA_CHECK(cudaFreeAsync(lists_, stream_));
+    lists_ = nullptr;
+    lists_cap_ = std::max(need, lists_cap_ + lists_cap_ / 2);
+    KVB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&lists_),
+                                   lists_cap_ * sizeof(int32_t), stream_));
+  }
+  KeepParams p;
+  p.scores = static_cast<const float*>(sc.data(score_layer));
+  p.score_ld = sc.ld(score_layer);
+  p.lists = lists_;
+  p.ld = ld;
+  p.len = len;
+  p.prefix = prefix;
+  p.k = k;
+  p.score_head = score_head;
+  keep_top_kernel<<<nh, kThreads, 0, stream_>>>(p);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+  for (SlotRows* rows : state) {
+    CudaRows& r = device(*rows);
+    check_rows(*rows, layer);
+    KVB_CHECK(rows->heads() == nh) << "keep_top: state of " << rows->heads() << " heads, cache "
+                                   << nh;
+    if (rows->type() == SlotType::kF32) {
+      compact_kernel<<<nh, 256, 0, stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer),
+                                              lists_, ld, count);
+    } else {
+      compact_kernel<<<nh, 256, 0, stream_>>>(static_cast<unsigned long long*>(r.data(layer)),
+                                              r.ld(layer), lists_, ld, count);
+    }
+    KVB_CUDA_CHECK_LAUNCH();
+    ++launches_;
+    for (const KeepTop& t : heads) r.set_len(layer, t.head, t.kept());
+  }
+  plan.keep_on_device(lists_, ld, std::move(counts), lengths);
+}
+
+std::vector<float> CudaPolicyOps::download_f32(const SlotRows& rows, int layer, int head) const {
+  const CudaRows& r = device(rows);
+  KVB_CHECK(rows.type() == SlotType::kF32) << "download_f32 of u64 rows";
+  std::vector<float> out(rows.length(layer, head));
+  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (!out.empty()) {
+    KVB_CUDA_CHECK(cudaMemcpy(out.data(),
+                              static_cast<const float*>(r.data(layer)) +
+                                  static_cast<size_t>(head) * r.ld(layer),
+                              out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+  return out;
+}
+
+std::vector<uint64_t> CudaPolicyOps::download_u64(const SlotRows& rows, int layer,
+                                                  int head) const {
+  const CudaRows& r = device(rows);
+  KVB_CHECK(rows.type() == SlotType::kU64) << "download_u64 of f32 rows";
+  std::vector<uint64_t> out(rows.length(layer, head));
+  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (!out.empty()) {
+    KVB_CUDA_CHECK(cudaMemcpy(out.data(),
+                              static_cast<const uint64_t*>(r.data(layer)) +
+                                  static_cast<size_t>(head) * r.ld(layer),
+                              out.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  }
+  return out;
+}
+
+}  // namespace kvb::kernels::cuda

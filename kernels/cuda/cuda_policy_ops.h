@@ -1,0 +1,58 @@
+// The CUDA instance of the policy ops table (kernels/policies/policy_ops.h; issue 13 "Policy
+// state and statistics live where the storage lives"). Rows are device buffers (one per layer,
+// [heads, ld] entries, stream-ordered allocations), the statistics are the attention kernel's
+// device outputs, and keep_top leaves its keep lists on the device (EvictionPlan::
+// keep_on_device) for the engine to apply to the device cache. Every op is enqueued on the
+// engine's stream: no copy to the host, no stream sync, no H2D copy (per-head sizes travel as
+// kernel arguments). Lengths are host-known (the cache index). Up to kMaxOpsHeads cache heads
+// per layer.
+//
+// Twins (tests/cuda/test_cuda_policy_ops.cc runs both instances on the same inputs):
+//   resize, accumulate, negated_popcount, keep_top  <->  CpuPolicyOps (policies::reduce_gqa,
+//   kernels/cpu/select), history_bits <-> kernels/cpu/history_bits (through
+//   kernels/cuda/scores.h's scissorhands_update_bits).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/policies/policy_ops.h"
+
+namespace kvb::kernels::cuda {
+
+constexpr int kMaxOpsHeads = 128;
+
+class CudaPolicyOps final : public policies::PolicyOps {
+ public:
+  explicit CudaPolicyOps(cudaStream_t stream) : stream_(stream) {}
+  ~CudaPolicyOps() override;
+  CudaPolicyOps(const CudaPolicyOps&) = delete;
+  CudaPolicyOps& operator=(const CudaPolicyOps&) = delete;
+
+  bool on_device() const override { return true; }
+  std::unique_ptr<policies::SlotRows> make_rows(policies::SlotType type, int layers,
+                                                int heads) override;
+  void resize(policies::SlotRows& rows, int layer, std::span<const int32_t> lengths) override;
+  void accumulate(policies::SlotRows& rows, int layer, const float* src, size_t head_stride,
+                  size_t row_stride, int group, policies::GqaReduce how) override;
+  void history_bits(policies::SlotRows& bits, const policies::LayerStats& st,
+                    const KvCache& cache, int history, bool inv_position) override;
+  void negated_popcount(const policies::SlotRows& bits, int layer, policies::SlotRows& out,
+                        int out_layer) override;
+  void keep_top(const policies::SlotRows& scores, int score_layer, const KvCache& cache,
+                std::span<const policies::KeepTop> heads,
+                std::span<policies::SlotRows* const> state, EvictionPlan& plan) override;
+
+  // Row (layer, head) of device rows made here, to the host (tests). Synchronous.
+  std::vector<float> download_f32(const policies::SlotRows& rows, int layer, int head) const;
+  std::vector<uint64_t> download_u64(const policies::SlotRows& rows, int layer, int head) const;
+  // Kernel launches since construction (the ops' cost, countable like the engine's copies).
+  int64_t launches() const { return launches_; }
+
+ private:
+  cudaStream_t stream_;
+  int32_t* lists_ = nullptr;  // keep_top's [heads, ld] lists (stream-ordered allocation)
+  size_t lists_cap_ = 0;
+  int64_t launches_ = 0;
+};
+
+}  // namespace kvb::kernels::cuda

@@ -1,0 +1,204 @@
+// CpuPolicyOps: the host instance of the policy ops table.
+#include "kernels/policies/cpu_policy_ops.h"
+
+#include <bit>
+#include <utility>
+
+#include "common/error.h"
+#include "kernels/cpu/history_bits.h"
+#include "kernels/cpu/select.h"
+#include "kernels/policies/policy.h"
+#include "kernels/policies/slot_state.h"
+
+namespace kvb::policies {
+
+SlotRows::SlotRows(SlotType type, int layers, int heads)
+    : type_(type), layers_(layers), heads_(heads) {
+  KVB_CHECK(layers >= 0 && heads >= 0) << "slot rows of " << layers << " x " << heads;
+  lengths_.assign(static_cast<size_t>(layers) * heads, 0);
+}
+
+size_t SlotRows::bytes() const {
+  size_t slots = 0;
+  for (int32_t l : lengths_) slots += l;
+  return slots * (type_ == SlotType::kF32 ? sizeof(float) : sizeof(uint64_t));
+}
+
+namespace {
+
+// Host rows: SlotState's vectors, one per (layer, head), whose sizes are the lengths.
+class CpuRows final : public SlotRows {
+ public:
+  CpuRows(SlotType type, int layers, int heads)
+      : SlotRows(type, layers, heads), f32_(layers, heads), u64_(layers, heads) {}
+  std::unique_ptr<SlotRows> clone() const override { return std::make_unique<CpuRows>(*this); }
+  std::vector<float>& f32(int layer, int head) {
+    KVB_ASSERT(type() == SlotType::kF32);
+    return f32_.at(layer, head);
+  }
+  std::vector<uint64_t>& u64(int layer, int head) {
+    KVB_ASSERT(type() == SlotType::kU64);
+    return u64_.at(layer, head);
+  }
+  const std::vector<float>& f32(int layer, int head) const {
+    return const_cast<CpuRows*>(this)->f32(layer, head);
+  }
+  const std::vector<uint64_t>& u64(int layer, int head) const {
+    return const_cast<CpuRows*>(this)->u64(layer, head);
+  }
+  // Lengths follow the vectors after every op.
+  void sync_length(int layer, int head) {
+    const size_t n = type() == SlotType::kF32 ? f32_.at(layer, head).size()
+                                              : u64_.at(layer, head).size();
+    set_length(layer, head, static_cast<int>(n));
+  }
+
+ private:
+  SlotState<float> f32_;
+  SlotState<uint64_t> u64_;
+};
+
+CpuRows& host(SlotRows& rows) {
+  auto* r = dynamic_cast<CpuRows*>(&rows);
+  KVB_CHECK(r != nullptr) << "policy state made by another ops instance reached the CPU ops";
+  return *r;
+}
+const CpuRows& host(const SlotRows& rows) { return host(const_cast<SlotRows&>(rows)); }
+
+void check_layer(const SlotRows& rows, int layer) {
+  KVB_CHECK(layer >= 0 && layer < rows.layers())
+      << "policy ops: layer " << layer << " of rows for " << rows.layers() << " layers";
+}
+
+}  // namespace
+
+PolicyOps& cpu_policy_ops() {
+  static CpuPolicyOps ops;  // stateless
+  return ops;
+}
+
+std::unique_ptr<SlotRows> CpuPolicyOps::make_rows(SlotType type, int layers, int heads) {
+  return std::make_unique<CpuRows>(type, layers, heads);
+}
+
+void CpuPolicyOps::resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(static_cast<int>(lengths.size()) <= rows.heads())
+      << "policy ops: " << lengths.size() << " lengths for " << rows.heads() << " heads";
+  for (size_t h = 0; h < lengths.size(); ++h) {
+    const int head = static_cast<int>(h);
+    if (rows.type() == SlotType::kF32) {
+      r.f32(layer, head).resize(lengths[h], 0.0f);
+    } else {
+      r.u64(layer, head).resize(lengths[h], 0);
+    }
+    r.sync_length(layer, head);
+  }
+}
+
+void CpuPolicyOps::accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
+                              size_t row_stride, int group, GqaReduce how) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  std::vector<float> add;
+  for (int h = 0; h < rows.heads(); ++h) {
+    std::vector<float>& row = r.f32(layer, h);
+    const int len = static_cast<int>(row.size());
+    add.resize(len);
+    reduce_gqa(src + h * head_stride, row_stride, group, len, how, add.data());
+    for (int s = 0; s < len; ++s) row[s] += add[s];
+  }
+}
+
+void CpuPolicyOps::history_bits(SlotRows& bits, const LayerStats& st,
+                                const kernels::KvCache& cache, int history, bool inv_position) {
+  CpuRows& r = host(bits);
+  check_layer(bits, st.layer);
+  const int heads = cache.shape().num_kv_heads;
+  KVB_CHECK(bits.heads() == heads) << "history bits for " << bits.heads() << " heads, cache "
+                                   << heads;
+  const int group = st.num_heads / heads;
+  const kernels::LayerKvView view = cache.layer(st.layer);
+  for (int h = 0; h < heads; ++h) {
+    kernels::cpu::HeadHistoryArgs a;
+    a.len = cache.length(st.layer, h);
+    a.n_new = st.n_new;
+    a.last_w = st.last_w;
+    a.group = group;
+    a.history = history;
+    a.inv_position = inv_position;
+    a.last_probs = st.last_probs + static_cast<size_t>(h) * group * st.last_w * st.stride;
+    a.stride = st.stride;
+    a.positions = view.position(h);
+    kernels::cpu::update_history_bits(a, r.u64(st.layer, h));
+    r.sync_length(st.layer, h);
+  }
+}
+
+void CpuPolicyOps::negated_popcount(const SlotRows& bits, int layer, SlotRows& out,
+                                    int out_layer) {
+  const CpuRows& b = host(bits);
+  CpuRows& o = host(out);
+  check_layer(bits, layer);
+  check_layer(out, out_layer);
+  KVB_CHECK(out.heads() == bits.heads()) << "negated_popcount: " << out.heads() << " rows for "
+                                         << bits.heads() << " heads";
+  for (int h = 0; h < bits.heads(); ++h) {
+    const std::vector<uint64_t>& src = b.u64(layer, h);
+    std::vector<float>& dst = o.f32(out_layer, h);
+    dst.resize(src.size());
+    for (size_t s = 0; s < src.size(); ++s) dst[s] = -static_cast<float>(std::popcount(src[s]));
+    o.sync_length(out_layer, h);
+  }
+}
+
+void CpuPolicyOps::keep_top(const SlotRows& scores, int score_layer,
+                            const kernels::KvCache& cache, std::span<const KeepTop> heads,
+                            std::span<SlotRows* const> state, kernels::EvictionPlan& plan) {
+  const CpuRows& sc = host(scores);
+  const int layer = plan.layer();
+  check_layer(scores, score_layer);
+  std::vector<int32_t> keep;
+  for (const KeepTop& t : heads) {
+    KVB_CHECK(t.score_head >= 0 && t.score_head < scores.heads() && 0 <= t.k &&
+              t.k < t.prefix && t.prefix <= t.len && t.head >= 0 &&
+              t.head < cache.shape().num_kv_heads && t.len == cache.length(layer, t.head) &&
+              t.prefix <= scores.length(score_layer, t.score_head))
+        << "keep_top: head " << t.head << " keeps " << t.k << " of [0, " << t.prefix
+        << ") of " << t.len << " slots by a score row of "
+        << scores.length(score_layer, t.score_head);
+    const float* score = sc.f32(score_layer, t.score_head).data();
+    if (t.k == t.prefix - 1) {
+      // One slot goes: the lowest-ranked of the prefix (the same one top-k leaves out).
+      const int victim = kernels::cpu::select_argmin(score, nullptr, t.prefix);
+      plan.evict(t.head, victim);
+      for (SlotRows* rows : state) {
+        CpuRows& r = host(*rows);
+        if (rows->type() == SlotType::kF32) {
+          erase_slot(r.f32(layer, t.head), victim);
+        } else {
+          erase_slot(r.u64(layer, t.head), victim);
+        }
+        r.sync_length(layer, t.head);
+      }
+      continue;
+    }
+    keep.resize(t.len);
+    const int got = kernels::cpu::select_topk(score, t.prefix, t.k, keep.data());
+    keep.resize(got);
+    for (int s = t.prefix; s < t.len; ++s) keep.push_back(s);
+    for (SlotRows* rows : state) {
+      CpuRows& r = host(*rows);
+      if (rows->type() == SlotType::kF32) {
+        compact(r.f32(layer, t.head), keep);
+      } else {
+        compact(r.u64(layer, t.head), keep);
+      }
+      r.sync_length(layer, t.head);
+    }
+    plan.keep(t.head, keep);
+  }
+}
+
+}  // namespace kvb::policies

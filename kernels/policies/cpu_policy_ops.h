@@ -1,0 +1,25 @@
+// The CPU instance of the policy ops table (policy_ops.h): rows are host vectors per
+// (layer, head), statistics host pointers, decisions host keep lists or victims. Its ops are the
+// code the policies ran inline before the table, so CPU results are the same bits.
+#pragma once
+
+#include "kernels/policies/policy_ops.h"
+
+namespace kvb::policies {
+
+class CpuPolicyOps final : public PolicyOps {
+ public:
+  bool on_device() const override { return false; }
+  std::unique_ptr<SlotRows> make_rows(SlotType type, int layers, int heads) override;
+  void resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) override;
+  void accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
+                  size_t row_stride, int group, GqaReduce how) override;
+  void history_bits(SlotRows& bits, const LayerStats& st, const kernels::KvCache& cache,
+                    int history, bool inv_position) override;
+  void negated_popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) override;
+  void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
+                std::span<const KeepTop> heads, std::span<SlotRows* const> state,
+                kernels::EvictionPlan& plan) override;
+};
+
+}  // namespace kvb::policies

@@ -1,0 +1,147 @@
+// The ops table eviction policies decide with (issue 13 "Policy state and statistics live where
+// the storage lives"). A policy that decides through it (Policy::decides_with_ops) keeps its
+// per-slot state in SlotRows made by the table, reads the statistics where the table finds them
+// (LayerStats::ops: host pointers for the CPU instance, device pointers for the CUDA one), and
+// writes its decisions into the layer's EvictionPlan through keep_top. One copy of each policy's
+// logic runs on both instances:
+//  - CpuPolicyOps (kernels/policies/cpu_policy_ops.h): the f32 reference; its ops are
+//    kernels/cpu/ code (select, policy_rows), the bits the policies computed before the table.
+//  - CudaPolicyOps (kernels/cuda/cuda_policy_ops.h): the twins in kernels/cuda/; rows, scores
+//    and keep lists stay on the device, and nothing waits for it (no copy to the host, no sync).
+// Lengths are host-known: every op takes them from the cache index (KvCache::length), which
+// the engine keeps by each plan's law (the counts keep_top reports).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/eviction_plan.h"
+#include "kernels/kv_cache.h"
+
+namespace kvb::policies {
+
+enum class GqaReduce;  // policy.h
+struct LayerStats;     // policy.h
+
+enum class SlotType : uint8_t { kF32, kU64 };
+
+// Per-slot state of a policy (kernels/policies/slot_state.h's SlotState, stored by the ops
+// instance that made it): per (layer, head) one row whose entry i belongs to slot i, with a
+// host-known length. Only the instance that made it may operate on it.
+class SlotRows {
+ public:
+  SlotRows(SlotType type, int layers, int heads);
+  virtual ~SlotRows() = default;
+  virtual std::unique_ptr<SlotRows> clone() const = 0;
+  SlotType type() const { return type_; }
+  int layers() const { return layers_; }
+  int heads() const { return heads_; }
+  int length(int layer, int head) const {
+    return lengths_[static_cast<size_t>(layer) * heads_ + head];
+  }
+  // Live entries x entry size (the policy's state_bytes).
+  size_t bytes() const;
+
+ protected:
+  void set_length(int layer, int head, int len) {
+    lengths_[static_cast<size_t>(layer) * heads_ + head] = len;
+  }
+  friend class PolicyOps;
+
+ private:
+  SlotType type_;
+  int layers_, heads_;
+  std::vector<int32_t> lengths_;  // [layers * heads]
+};
+
+// A copyable owner of SlotRows (policies are copied by Policy::clone; the copy clones the rows
+// where they live: a fork after a shared prefill).
+class SlotRowsPtr {
+ public:
+  SlotRowsPtr() = default;
+  explicit SlotRowsPtr(std::unique_ptr<SlotRows> rows) : rows_(std::move(rows)) {}
+  SlotRowsPtr(const SlotRowsPtr& o) : rows_(o.rows_ ? o.rows_->clone() : nullptr) {}
+  SlotRowsPtr& operator=(const SlotRowsPtr& o) {
+    if (this != &o) rows_ = o.rows_ ? o.rows_->clone() : nullptr;
+    return *this;
+  }
+  SlotRowsPtr(SlotRowsPtr&&) noexcept = default;
+  SlotRowsPtr& operator=(SlotRowsPtr&&) noexcept = default;
+  explicit operator bool() const { return rows_ != nullptr; }
+  SlotRows& operator*() const { return *rows_; }
+  SlotRows* get() const { return rows_.get(); }
+  SlotRows* operator->() const { return rows_.get(); }
+  size_t bytes() const { return rows_ ? rows_->bytes() : 0; }
+
+ private:
+  std::unique_ptr<SlotRows> rows_;
+};
+
+// One head's decision for keep_top: the head keeps the top k of its slots [0, prefix) by row
+// `score_head` of the scores, and every slot of [prefix, len). 0 <= prefix <= len,
+// 0 <= k < prefix (a head that keeps everything gets no KeepTop).
+struct KeepTop {
+  int head = 0;
+  int score_head = 0;
+  int len = 0;
+  int prefix = 0;
+  int k = 0;
+  int kept() const { return k + (len - prefix); }
+};
+
+class PolicyOps {
+ public:
+  virtual ~PolicyOps() = default;
+  // Where the rows and the statistics live: false for the host (the CPU instance).
+  virtual bool on_device() const = 0;
+
+  // State rows of `type` for `layers` x `heads`, every row empty.
+  virtual std::unique_ptr<SlotRows> make_rows(SlotType type, int layers, int heads) = 0;
+  // Row (layer, h) of every head h < lengths.size() becomes lengths[h] entries long: truncated,
+  // or extended with zeros (std::vector::resize).
+  virtual void resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) = 0;
+  // f32 rows: for every head h and s < rows.length(layer, h),
+  //   row(layer, h)[s] += reduce_gqa(src + h * head_stride, row_stride, group, ..., how)[s]
+  // (policies::reduce_gqa's order and bits). src: the statistics where the ops read them
+  // (LayerStats pointers of the engine that hands these ops over).
+  virtual void accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
+                          size_t row_stride, int group, GqaReduce how) = 0;
+  // Scissorhands' below-threshold history (POLICIES.md "scissorhands"), u64 rows of the stats'
+  // layer whose heads hold `before` = length - st.n_new earlier slots: a head with no earlier
+  // slot starts from zeros; new slots start at 0; the block's unrecorded queries shift the old
+  // bits out; each recorded query (st.last_probs, GQA mean) shifts in "p < threshold"
+  // (1 / visible keys, or 1 / (position + 1) with inv_position: the cache's positions where
+  // they live), masked to `history` (1..64) bits. The rows end as long as the cache's heads.
+  virtual void history_bits(SlotRows& bits, const LayerStats& st, const kernels::KvCache& cache,
+                            int history, bool inv_position) = 0;
+  // f32 row (out_layer, h) of `out` = -popcount of u64 row (layer, h) of `bits`, as long.
+  virtual void negated_popcount(const SlotRows& bits, int layer, SlotRows& out,
+                                int out_layer) = 0;
+  // Fills `plan` (for `cache`'s layer plan.layer(); the other heads keep everything) for each
+  // head in `heads`, selecting by row (score_layer, score_head) of `scores` (POLICIES.md
+  // "Ties": higher scores stay, equal scores keep the higher index), and compacts row
+  // (plan.layer(), head) of every rows in `state` with the same list. The CPU instance writes
+  // a victim where one slot goes and a keep list otherwise; a device instance leaves every
+  // list on the device (EvictionPlan::keep_on_device), valid until its next keep_top.
+  virtual void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
+                        std::span<const KeepTop> heads, std::span<SlotRows* const> state,
+                        kernels::EvictionPlan& plan) = 0;
+
+ protected:
+  static void set_length(SlotRows& rows, int layer, int head, int len) {
+    rows.set_length(layer, head, len);
+  }
+};
+
+// The CPU instance every host hook without an engine uses (tests' policies::decode_layer).
+PolicyOps& cpu_policy_ops();
+// The ops a hook decides with: stats.ops, or the CPU instance.
+PolicyOps& ops_of(const LayerStats& stats);
+// rows, made by `ops` on first use (`type`, layers x heads): a policy's state binds to the ops
+// of the first engine that runs it.
+SlotRows& rows_of(SlotRowsPtr& rows, PolicyOps& ops, SlotType type, int layers, int heads);
+
+}  // namespace kvb::policies
