@@ -375,7 +375,7 @@ void CudaPolicyOps::keep_top(const SlotRows& scores, int score_layer, const KvCa
   plan.keep_on_device(lists_, ld, std::move(counts), lengths);
 }
 
-std::vector<float> CudaPolicyOps::download_f32(const SlotRows& rows, int layer, int head) const {
+std::vector<float> CudaPolicyOps::read_f32(const SlotRows& rows, int layer, int head) {
   const CudaRows& r = device(rows);
   KVB_CHECK(rows.type() == SlotType::kF32) << "download_f32 of u64 rows";
   std::vector<float> out(rows.length(layer, head));
@@ -389,8 +389,7 @@ std::vector<float> CudaPolicyOps::download_f32(const SlotRows& rows, int layer, 
   return out;
 }
 
-std::vector<uint64_t> CudaPolicyOps::download_u64(const SlotRows& rows, int layer,
-                                                  int head) const {
+std::vector<uint64_t> CudaPolicyOps::read_u64(const SlotRows& rows, int layer, int head) {
   const CudaRows& r = device(rows);
   KVB_CHECK(rows.type() == SlotType::kU64) << "download_u64 of f32 rows";
   std::vector<uint64_t> out(rows.length(layer, head));

@@ -42,9 +42,9 @@ class CudaPolicyOps final : public policies::PolicyOps {
                 std::span<const policies::KeepTop> heads,
                 std::span<policies::SlotRows* const> state, EvictionPlan& plan) override;
 
-  // Row (layer, head) of device rows made here, to the host (tests). Synchronous.
-  std::vector<float> download_f32(const policies::SlotRows& rows, int layer, int head) const;
-  std::vector<uint64_t> download_u64(const policies::SlotRows& rows, int layer, int head) const;
+  // Synchronous (waits for the stream).
+  std::vector<float> read_f32(const policies::SlotRows& rows, int layer, int head) override;
+  std::vector<uint64_t> read_u64(const policies::SlotRows& rows, int layer, int head) override;
   // Kernel launches since construction (the ops' cost, countable like the engine's copies).
   int64_t launches() const { return launches_; }
 

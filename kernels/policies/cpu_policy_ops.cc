@@ -201,4 +201,14 @@ void CpuPolicyOps::keep_top(const SlotRows& scores, int score_layer,
   }
 }
 
+std::vector<float> CpuPolicyOps::read_f32(const SlotRows& rows, int layer, int head) {
+  check_layer(rows, layer);
+  return host(rows).f32(layer, head);
+}
+
+std::vector<uint64_t> CpuPolicyOps::read_u64(const SlotRows& rows, int layer, int head) {
+  check_layer(rows, layer);
+  return host(rows).u64(layer, head);
+}
+
 }  // namespace kvb::policies

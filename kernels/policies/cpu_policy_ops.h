@@ -20,6 +20,8 @@ class CpuPolicyOps final : public PolicyOps {
   void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
                 std::span<const KeepTop> heads, std::span<SlotRows* const> state,
                 kernels::EvictionPlan& plan) override;
+  std::vector<float> read_f32(const SlotRows& rows, int layer, int head) override;
+  std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) override;
 };
 
 }  // namespace kvb::policies

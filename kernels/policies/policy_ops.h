@@ -130,6 +130,10 @@ class PolicyOps {
                         std::span<const KeepTop> heads, std::span<SlotRows* const> state,
                         kernels::EvictionPlan& plan) = 0;
 
+  // Row (layer, head) on the host (tests, accounting; synchronous on a device).
+  virtual std::vector<float> read_f32(const SlotRows& rows, int layer, int head) = 0;
+  virtual std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) = 0;
+
  protected:
   static void set_length(SlotRows& rows, int layer, int head, int len) {
     rows.set_length(layer, head, len);

@@ -437,9 +437,18 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
       for (int h = 0; h < cache.shape().num_kv_heads; ++h) before.push_back(cache.length(l, h));
     }
     const engine::TransferCounters t0 = gpu.transfer_counters();
+    const int64_t reads0 = cache.position_reads();
+    const double ms0 = gpu.policy_ms();
     gpu.forward({&next, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
                 engine::PolicyHook::kDecode);
     const engine::TransferCounters t1 = gpu.transfer_counters();
+    // Policies that decide with the ops table decide on the device: no statistics come down,
+    // and the host index reads no positions back during the step.
+    const bool on_device = policy->decides_with_ops();
+    if (on_device) {
+      EXPECT_EQ(cache.position_reads(), reads0);
+      EXPECT_GT(gpu.policy_ms(), ms0);  // CUDA events around the hooks and their plans
+    }
     int evicting = 0;  // layers whose plan changed a head
     for (int l = 0, i = 0; l < L; ++l) {
       bool changed = false;
@@ -449,10 +458,11 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
       evicting += changed;
     }
     const policies::StatsRequest req = policy->decode_request();
-    const bool hook_stats = !policy->evict_before_attention() && (req.col_sums || req.last_w > 0);
-    const int stat_copies = policy->evict_before_attention()
-                                ? 0
-                                : static_cast<int>(req.col_sums) + static_cast<int>(req.last_w > 0);
+    const bool hook_stats =
+        !on_device && !policy->evict_before_attention() && (req.col_sums || req.last_w > 0);
+    const int stat_copies = hook_stats ? static_cast<int>(req.col_sums) +
+                                             static_cast<int>(req.last_w > 0)
+                                       : 0;
     // Host rows (a policy that reads them) come down per layer; an index needs nothing.
     const int rows = cache.host_rows() ? 1 : 0;
     EXPECT_EQ(cache.host_rows(), policy->reads_cache_rows());

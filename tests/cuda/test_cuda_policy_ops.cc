@@ -1,0 +1,257 @@
+// The policy ops table's two instances (kernels/policies/policy_ops.h): CudaPolicyOps against
+// CpuPolicyOps, the reference, on the same inputs. Every op's contract is the CPU's exact bits
+// (accumulate keeps reduce_gqa's order; selection is a total order; bits are integers), so the
+// comparisons are exact. Keep lists: the CPU writes a victim or a list per head, the device every
+// head's list; both must keep the same slots, and the state rows compacted with them must
+// match. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "kernels/cuda/cuda_policy_ops.h"
+#include "kernels/cuda/kv_cache_device.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/policies/policy.h"
+#include "parity_util.h"
+
+namespace kvb {
+namespace {
+
+namespace cu = kernels::cuda;
+using kernels::EvictionPlan;
+using kernels::KvCache;
+using policies::GqaReduce;
+using policies::KeepTop;
+using policies::SlotRows;
+using policies::SlotType;
+
+class CudaPolicyOpsParity : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cu::has_device()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount found none)";
+    KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
+    gpu_ = std::make_unique<cu::CudaPolicyOps>(stream_);
+  }
+  void TearDown() override {
+    gpu_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  // One layer whose heads hold `lens` slots at positions 3s + head; a host-rows cache for the
+  // CPU and an index-only copy whose rows live in a DeviceKvCache for the GPU.
+  void make_caches(const std::vector<int>& lens, int extra) {
+    const int heads = static_cast<int>(lens.size());
+    int cap = extra;
+    for (int l : lens) cap = std::max(cap, l + extra);
+    host_ = KvCache({1, heads, 8}, cap);
+    index_ = KvCache({1, heads, 8}, cap, /*host_rows=*/false);
+    std::vector<float> k(8), v(8);
+    for (int h = 0; h < heads; ++h) {
+      for (int s = 0; s < lens[h]; ++s) {
+        for (int i = 0; i < 8; ++i) k[i] = v[i] = parity::uniform(h * 1000 + s, i);
+        host_.append(0, h, k.data(), v.data(), 3 * s + h);
+        index_.append(0, h, nullptr, nullptr, 3 * s + h);
+      }
+    }
+    auto dev = std::make_unique<cu::DeviceKvCache>(host_.shape(), cu::KvDtype::kF32, cap);
+    dev->upload(host_);
+    index_.set_device_rows(std::move(dev));
+  }
+
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cu::CudaPolicyOps> gpu_;
+  policies::CpuPolicyOps cpu_;
+  KvCache host_, index_;
+};
+
+std::vector<float> reduce_rows(const std::vector<float>& src, int head, size_t head_stride,
+                               size_t row_stride, int group, int len, GqaReduce how) {
+  std::vector<float> out(len);
+  policies::reduce_gqa(src.data() + head * head_stride, row_stride, group, len, how, out.data());
+  return out;
+}
+
+TEST_F(CudaPolicyOpsParity, ResizeAndAccumulateAreTheCpuBits) {
+  for (const GqaReduce how : {GqaReduce::kMean, GqaReduce::kMax}) {
+    for (const int group : {1, 4}) {
+      SCOPED_TRACE(testing::Message() << "group " << group << " max " << (how == GqaReduce::kMax));
+      const int heads = 4, stride = 70;
+      const std::vector<int32_t> first = {37, 0, 64, 5}, second = {40, 3, 70, 5};
+      std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 2, heads);
+      std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 2, heads);
+      std::vector<std::vector<float>> want(heads);
+      for (int round = 0; round < 2; ++round) {
+        const std::vector<int32_t>& lens = round == 0 ? first : second;
+        const std::vector<float> src =
+            parity::random_vec(static_cast<size_t>(heads) * group * stride, 11 + round, 0, 1);
+        cpu_.resize(*c, 1, lens);
+        gpu_->resize(*g, 1, lens);
+        const cu::DeviceBuffer<float> d = parity::to_device(src);
+        cpu_.accumulate(*c, 1, src.data(), static_cast<size_t>(group) * stride, stride, group, how);
+        gpu_->accumulate(*g, 1, d.data(), static_cast<size_t>(group) * stride, stride, group, how);
+        for (int h = 0; h < heads; ++h) {
+          want[h].resize(lens[h], 0.0f);
+          const std::vector<float> add = reduce_rows(
+              src, h, static_cast<size_t>(group) * stride, stride, group, lens[h], how);
+          for (int s = 0; s < lens[h]; ++s) want[h][s] += add[s];
+          EXPECT_EQ(c->length(1, h), lens[h]);
+          EXPECT_EQ(g->length(1, h), lens[h]);
+          parity::expect_bits(gpu_->read_f32(*g, 1, h), want[h], "device row");
+          parity::expect_bits(cpu_.read_f32(*c, 1, h), want[h], "host row");
+        }
+        EXPECT_EQ(c->bytes(), g->bytes());
+      }
+    }
+  }
+}
+
+// Scores with many ties, every kind of head decision (none, k = 0, one victim, a list, the
+// whole prefix but one), and two state rows compacted with the lists.
+TEST_F(CudaPolicyOpsParity, KeepTopKeepsTheCpuSlotsAndCompactsTheState) {
+  const std::vector<int> lens = {30, 12, 0, 50, 9, 64};
+  const int heads = static_cast<int>(lens.size());
+  make_caches(lens, 4);
+  const std::vector<int32_t> lens32(lens.begin(), lens.end());
+  std::unique_ptr<SlotRows> cs = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> gs = gpu_->make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> cf = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> gf = gpu_->make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> cb = cpu_.make_rows(SlotType::kU64, 1, heads);
+  std::unique_ptr<SlotRows> gb = gpu_->make_rows(SlotType::kU64, 1, heads);
+  const int stride = 64;
+  const std::vector<float> tied = parity::tied_vec(static_cast<size_t>(heads) * stride, 5, 4);
+  const std::vector<float> state = parity::random_vec(static_cast<size_t>(heads) * stride, 6);
+  const cu::DeviceBuffer<float> dt = parity::to_device(tied), ds = parity::to_device(state);
+  for (SlotRows* r : {cs.get(), cf.get()}) cpu_.resize(*r, 0, lens32);
+  for (SlotRows* r : {gs.get(), gf.get()}) gpu_->resize(*r, 0, lens32);
+  cpu_.resize(*cb, 0, lens32);
+  gpu_->resize(*gb, 0, lens32);
+  cpu_.accumulate(*cs, 0, tied.data(), stride, stride, 1, GqaReduce::kMean);
+  gpu_->accumulate(*gs, 0, dt.data(), stride, stride, 1, GqaReduce::kMean);
+  cpu_.accumulate(*cf, 0, state.data(), stride, stride, 1, GqaReduce::kMean);
+  gpu_->accumulate(*gf, 0, ds.data(), stride, stride, 1, GqaReduce::kMean);
+  const std::vector<KeepTop> tops = {
+      {.head = 0, .score_head = 0, .len = 30, .prefix = 20, .k = 7},   // a list + a window
+      {.head = 1, .score_head = 1, .len = 12, .prefix = 12, .k = 11},  // one victim
+      {.head = 3, .score_head = 3, .len = 50, .prefix = 45, .k = 0},   // only the window
+      {.head = 4, .score_head = 4, .len = 9, .prefix = 1, .k = 0},     // slot 0 goes
+      {.head = 5, .score_head = 0, .len = 64, .prefix = 30, .k = 29},  // another head's scores
+  };
+  EvictionPlan cplan, gplan;
+  cplan.reset(0, heads);
+  gplan.reset(0, heads);
+  SlotRows* cstate[] = {cf.get(), cb.get()};
+  SlotRows* gstate[] = {gf.get(), gb.get()};
+  cpu_.keep_top(*cs, 0, host_, tops, cstate, cplan);
+  gpu_->keep_top(*gs, 0, index_, tops, gstate, gplan);
+  ASSERT_TRUE(gplan.on_device());
+  ASSERT_FALSE(cplan.on_device());
+  EXPECT_EQ(cplan.kind(1), EvictionPlan::Kind::kVictim);
+  const std::vector<int32_t> lists =
+      parity::to_host(gplan.device_slots(), static_cast<size_t>(heads) * gplan.device_ld());
+  std::vector<int32_t> want;
+  for (int h = 0; h < heads; ++h) {
+    SCOPED_TRACE(testing::Message() << "head " << h);
+    cplan.keep_list(h, lens[h], &want);
+    ASSERT_EQ(gplan.device_counts()[h], static_cast<int>(want.size()));
+    EXPECT_EQ(gplan.length_after(h, lens[h]), cplan.length_after(h, lens[h]));
+    const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
+                                   lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
+                                       want.size());
+    EXPECT_EQ(got, want);
+    // The state rows follow the lists: entry j is the old entry want[j].
+    std::vector<float> kept;
+    for (int32_t s : want) kept.push_back(state[static_cast<size_t>(h) * stride + s]);
+    parity::expect_bits(gpu_->read_f32(*gf, 0, h), kept, "compacted f32 state");
+    parity::expect_bits(cpu_.read_f32(*cf, 0, h), kept, "compacted f32 state (cpu)");
+    EXPECT_EQ(gpu_->read_u64(*gb, 0, h), cpu_.read_u64(*cb, 0, h));
+    EXPECT_EQ(gf->length(0, h), cf->length(0, h));
+    EXPECT_EQ(gb->length(0, h), cb->length(0, h));
+  }
+  // Applied to the index and the device rows, the engine's way: the same positions as the host
+  // cache under the CPU plan.
+  host_.apply(cplan);
+  index_.apply(gplan);
+  auto* rows = dynamic_cast<cu::DeviceKvCache*>(index_.device_rows());
+  ASSERT_NE(rows, nullptr);
+  rows->keep_slots(0, gplan.device_slots(), gplan.device_ld(), gplan.device_counts().data(),
+                   stream_, /*validated=*/true);
+  EXPECT_TRUE(index_.positions_stale(0));
+  for (int h = 0; h < heads; ++h) {
+    ASSERT_EQ(index_.length(0, h), host_.length(0, h));
+    const int32_t* a = index_.layer(0).position(h);  // read back from the device once
+    const int32_t* b = host_.layer(0).position(h);
+    EXPECT_EQ(std::vector<int32_t>(a, a + host_.length(0, h)),
+              std::vector<int32_t>(b, b + host_.length(0, h)));
+  }
+  EXPECT_EQ(index_.position_reads(), 1);
+  EXPECT_FALSE(index_.positions_stale(0));
+}
+
+TEST_F(CudaPolicyOpsParity, HistoryBitsAndCountersAreTheCpuBits) {
+  for (const bool inv_position : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "inv_position " << inv_position);
+    const int heads = 2, num_heads = 8, history = 5;
+    // A prompt block of 40 (3 recorded queries), then one decode step.
+    make_caches({40, 40}, 2);
+    std::unique_ptr<SlotRows> cb = cpu_.make_rows(SlotType::kU64, 1, heads);
+    std::unique_ptr<SlotRows> gb = gpu_->make_rows(SlotType::kU64, 1, heads);
+    for (int step = 0; step < 2; ++step) {
+      policies::LayerStats st;
+      st.layer = 0;
+      st.num_heads = num_heads;
+      st.n_new = step == 0 ? 40 : 1;
+      st.last_w = step == 0 ? 3 : 1;
+      st.stride = host_.length(0, 0);
+      // Probabilities around 1 / visible, so both sides of every threshold occur.
+      const std::vector<float> probs = parity::random_vec(
+          static_cast<size_t>(num_heads) * st.last_w * st.stride, 21 + step, 0.0f,
+          2.0f / st.stride);
+      const cu::DeviceBuffer<float> dp = parity::to_device(probs);
+      st.last_probs = probs.data();
+      cpu_.history_bits(*cb, st, host_, history, inv_position);
+      st.last_probs = dp.data();
+      gpu_->history_bits(*gb, st, index_, history, inv_position);
+      for (int h = 0; h < heads; ++h) ASSERT_EQ(gb->length(0, h), cb->length(0, h));
+      std::unique_ptr<SlotRows> cn = cpu_.make_rows(SlotType::kF32, 1, heads);
+      std::unique_ptr<SlotRows> gn = gpu_->make_rows(SlotType::kF32, 1, heads);
+      cpu_.negated_popcount(*cb, 0, *cn, 0);
+      gpu_->negated_popcount(*gb, 0, *gn, 0);
+      for (int h = 0; h < heads; ++h) {
+        const std::vector<uint64_t> bits = gpu_->read_u64(*gb, 0, h);
+        EXPECT_EQ(bits, cpu_.read_u64(*cb, 0, h));
+        std::vector<float> want(bits.size());
+        int set = 0;
+        for (size_t s = 0; s < bits.size(); ++s) {
+          EXPECT_LT(bits[s], uint64_t{1} << history);
+          want[s] = -static_cast<float>(__builtin_popcountll(bits[s]));
+          set += bits[s] != 0;
+        }
+        EXPECT_GT(set, 0);  // the thresholds bite
+        parity::expect_bits(gpu_->read_f32(*gn, 0, h), want, "negated popcount");
+        parity::expect_bits(cpu_.read_f32(*cn, 0, h), want, "negated popcount (cpu)");
+      }
+      if (step == 0) {  // the decode step's token
+        std::vector<float> k(8, 0.5f);
+        for (int h = 0; h < heads; ++h) {
+          host_.append(0, h, k.data(), k.data(), 200 + h);
+        }
+        // Device: the same token, head by head (positions 200 + h).
+        auto* rows = dynamic_cast<cu::DeviceKvCache*>(index_.device_rows());
+        const cu::DeviceBuffer<float> dk = parity::to_device(std::vector<float>(8, 0.5f));
+        for (int h = 0; h < heads; ++h) {
+          rows->append(0, h, dk.data(), dk.data(), 200 + h);
+          index_.append(0, h, nullptr, nullptr, 200 + h);
+        }
+        KVB_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+    }
+    EXPECT_EQ(cb->bytes(), size_t(2 * 41 * 8));
+    EXPECT_EQ(gb->bytes(), cb->bytes());
+  }
+}
+
+}  // namespace
+}  // namespace kvb

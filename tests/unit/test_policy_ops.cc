@@ -1,0 +1,203 @@
+// The policy ops table's CPU instance on hand-computed cases (kernels/policies/policy_ops.h),
+// and what a device instance's decisions do to the host index (EvictionPlan::keep_on_device,
+// KvCache's stale positions), with device rows simulated on the host.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/eviction_plan.h"
+#include "kernels/kv_cache.h"
+#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/policies/policy.h"
+
+namespace kvb {
+namespace {
+
+using kernels::EvictionPlan;
+using kernels::KvCache;
+using policies::GqaReduce;
+using policies::KeepTop;
+using policies::SlotRows;
+using policies::SlotType;
+
+TEST(PolicyOps, ResizeTruncatesOrExtendsWithZeros) {
+  policies::CpuPolicyOps ops;
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 2, 2);
+  EXPECT_EQ(r->bytes(), 0u);
+  ops.resize(*r, 1, std::vector<int32_t>{3, 1});
+  const std::vector<float> src = {1, 2, 3, 4};  // one head row of 4; heads 1 row apart
+  ops.accumulate(*r, 1, src.data(), 0, 4, 1, GqaReduce::kMean);
+  EXPECT_EQ(ops.read_f32(*r, 1, 0), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(ops.read_f32(*r, 1, 1), (std::vector<float>{1}));
+  ops.resize(*r, 1, std::vector<int32_t>{2, 4});
+  EXPECT_EQ(ops.read_f32(*r, 1, 0), (std::vector<float>{1, 2}));
+  EXPECT_EQ(ops.read_f32(*r, 1, 1), (std::vector<float>{1, 0, 0, 0}));
+  EXPECT_EQ(r->length(1, 1), 4);
+  EXPECT_EQ(r->length(0, 0), 0);
+  EXPECT_EQ(r->bytes(), 6 * sizeof(float));
+  std::unique_ptr<SlotRows> u = ops.make_rows(SlotType::kU64, 1, 1);
+  ops.resize(*u, 0, std::vector<int32_t>{5});
+  EXPECT_EQ(u->bytes(), 5 * sizeof(uint64_t));
+}
+
+// Two KV heads of a group of 2 query heads; rows of stride 3.
+TEST(PolicyOps, AccumulateAddsTheGroupsMeanOrMax) {
+  policies::CpuPolicyOps ops;
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.resize(*r, 0, std::vector<int32_t>{3, 2});
+  // query heads 0,1 -> KV head 0; 2,3 -> KV head 1
+  const std::vector<float> col = {1, 2, 3,  3, 6, 1,  0.5f, 1, 9,  1.5f, 0, 9};
+  ops.accumulate(*r, 0, col.data(), 2 * 3, 3, 2, GqaReduce::kMean);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{2, 4, 2}));
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{1, 0.5f}));  // entry 2 is past length
+  ops.accumulate(*r, 0, col.data(), 2 * 3, 3, 2, GqaReduce::kMax);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{5, 10, 5}));
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{2.5f, 1.5f}));
+}
+
+TEST(PolicyOps, KeepTopKeepsTheTopOfThePrefixAndTheRestAndCompactsTheState) {
+  policies::CpuPolicyOps ops;
+  KvCache cache({1, 3, 4}, 8, /*host_rows=*/false);
+  for (int h = 0; h < 3; ++h) {
+    for (int s = 0; s < 5; ++s) cache.append(0, h, nullptr, nullptr, 10 * s);
+  }
+  std::unique_ptr<SlotRows> scores = ops.make_rows(SlotType::kF32, 1, 3);
+  std::unique_ptr<SlotRows> state = ops.make_rows(SlotType::kF32, 1, 3);
+  ops.resize(*scores, 0, std::vector<int32_t>{5, 5, 5});
+  ops.resize(*state, 0, std::vector<int32_t>{5, 5, 5});
+  const std::vector<float> sc = {0.5f, 0.1f, 0.1f, 0.9f, 0.3f};
+  const std::vector<float> st = {10, 11, 12, 13, 14};
+  ops.accumulate(*scores, 0, sc.data(), 0, 5, 1, GqaReduce::kMean);  // every head: sc
+  ops.accumulate(*state, 0, st.data(), 0, 5, 1, GqaReduce::kMean);
+  EvictionPlan plan;
+  plan.reset(0, 3);
+  const std::vector<KeepTop> tops = {
+      // top 2 of {0.5, 0.1, 0.1, 0.9}: slots 3 and 0; slot 4 stays.
+      {.head = 0, .score_head = 0, .len = 5, .prefix = 4, .k = 2},
+      // all but one of the first 4: the lowest (0.1 at 1 and 2: the older, 1, goes).
+      {.head = 1, .score_head = 1, .len = 5, .prefix = 4, .k = 3},
+      // none of the first 2.
+      {.head = 2, .score_head = 2, .len = 5, .prefix = 2, .k = 0},
+  };
+  SlotRows* rows[] = {state.get()};
+  ops.keep_top(*scores, 0, cache, tops, rows, plan);
+  EXPECT_EQ(plan.kind(0), EvictionPlan::Kind::kKeep);
+  EXPECT_EQ(plan.kept(0), (std::vector<int32_t>{0, 3, 4}));
+  ASSERT_EQ(plan.kind(1), EvictionPlan::Kind::kVictim);
+  EXPECT_EQ(plan.victim(1), 1);
+  EXPECT_EQ(plan.kept(2), (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_EQ(ops.read_f32(*state, 0, 0), (std::vector<float>{10, 13, 14}));
+  EXPECT_EQ(ops.read_f32(*state, 0, 1), (std::vector<float>{10, 12, 13, 14}));
+  EXPECT_EQ(ops.read_f32(*state, 0, 2), (std::vector<float>{12, 13, 14}));
+  // Bad decisions name the head.
+  plan.reset(0, 3);
+  const std::vector<KeepTop> bad = {{.head = 0, .score_head = 0, .len = 5, .prefix = 4, .k = 4}};
+  EXPECT_THROW(ops.keep_top(*scores, 0, cache, bad, {}, plan), Error);
+  const std::vector<KeepTop> wrong_len = {
+      {.head = 0, .score_head = 0, .len = 4, .prefix = 4, .k = 1}};
+  EXPECT_THROW(ops.keep_top(*scores, 0, cache, wrong_len, {}, plan), Error);
+}
+
+TEST(PolicyOps, NegatedPopcountCountsTheBits) {
+  policies::CpuPolicyOps ops;
+  // Bits made through the Scissorhands op: one KV head, one query head, a block of 3 tokens
+  // with every query recorded; probabilities below 1 / visible set a bit.
+  KvCache cache({1, 1, 4}, 4, /*host_rows=*/false);
+  for (int s = 0; s < 3; ++s) cache.append(0, 0, nullptr, nullptr, s);
+  std::unique_ptr<SlotRows> bits = ops.make_rows(SlotType::kU64, 1, 1);
+  // Rows: query 0 sees 1 key (threshold 1), query 1 sees 2 (1/2), query 2 sees 3 (1/3).
+  const std::vector<float> probs = {1.0f, 0, 0,  0.4f, 0.6f, 0,  0.2f, 0.5f, 0.3f};
+  policies::LayerStats st;
+  st.layer = 0;
+  st.n_new = 3;
+  st.num_heads = 1;
+  st.stride = 3;
+  st.last_w = 3;
+  st.last_probs = probs.data();
+  ops.history_bits(*bits, st, cache, 8, false);
+  // Slot 0: q0 1.0 !< 1 -> 0; q1 0.4 < 0.5 -> 1; q2 0.2 < 1/3 -> 1: 0b011.
+  // Slot 1: q0 cannot see it -> 0; q1 0.6 -> 0; q2 0.5 -> 0: 0.
+  // Slot 2: q2 0.3 < 1/3 -> 1: 0b001.
+  EXPECT_EQ(ops.read_u64(*bits, 0, 0), (std::vector<uint64_t>{3, 0, 1}));
+  std::unique_ptr<SlotRows> counters = ops.make_rows(SlotType::kF32, 1, 1);
+  ops.negated_popcount(*bits, 0, *counters, 0);
+  EXPECT_EQ(ops.read_f32(*counters, 0, 0), (std::vector<float>{-2, 0, -1}));
+}
+
+// Device rows simulated on the host: positions per head, compacted by the lists the test gives,
+// read back through read_positions (counted).
+struct HostSimRows final : kernels::DeviceRows {
+  std::vector<std::vector<int32_t>> pos;  // per head
+  int* reads = nullptr;
+  std::unique_ptr<DeviceRows> clone() const override {
+    return std::make_unique<HostSimRows>(*this);
+  }
+  void read_positions(int layer, int capacity, int32_t* dst) const override {
+    EXPECT_EQ(layer, 0);
+    ++*reads;
+    for (size_t h = 0; h < pos.size(); ++h) {
+      std::copy(pos[h].begin(), pos[h].end(), dst + h * capacity);
+    }
+  }
+};
+
+TEST(PolicyOps, DeviceListsSetTheIndexLengthsAndPositionsAreReadBackOnce) {
+  KvCache index({1, 2, 4}, 8, /*host_rows=*/false);
+  for (int h = 0; h < 2; ++h) {
+    for (int s = 0; s < 6; ++s) index.append(0, h, nullptr, nullptr, s);
+  }
+  int reads = 0;
+  auto rows = std::make_unique<HostSimRows>();
+  rows->reads = &reads;
+  rows->pos = {{0, 2, 3, 5}, {0, 1, 2, 3, 4, 5}};  // what the device kept
+  HostSimRows* sim = rows.get();
+  index.set_device_rows(std::move(rows));
+  const int32_t fake_lists[12] = {};  // never read by the host
+  EvictionPlan plan;
+  plan.reset(0, 2);
+  plan.keep_on_device(fake_lists, 6, {4, 6}, std::vector<int32_t>{6, 6});
+  EXPECT_TRUE(plan.on_device());
+  EXPECT_EQ(plan.kind(0), EvictionPlan::Kind::kDevice);
+  EXPECT_EQ(plan.kind(1), EvictionPlan::Kind::kKeepAll);
+  EXPECT_EQ(plan.length_after(0, 6), 4);
+  std::vector<int32_t> list;
+  EXPECT_THROW(plan.keep_list(0, 6, &list), Error);  // on the device
+  EXPECT_THROW(plan.evict(1, 0), Error);             // no host decision beside device lists
+  index.apply(plan);
+  EXPECT_EQ(index.length(0, 0), 4);
+  EXPECT_EQ(index.length(0, 1), 6);
+  EXPECT_TRUE(index.positions_stale(0));
+  EXPECT_EQ(reads, 0);  // nothing read until host code asks
+  KvCache copy = index;  // a fork: its (cloned) device rows hold the same positions
+  EXPECT_TRUE(copy.positions_stale(0));
+  const int32_t* p = index.layer(0).position(0);
+  EXPECT_EQ(std::vector<int32_t>(p, p + 4), (std::vector<int32_t>{0, 2, 3, 5}));
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(index.position_reads(), 1);
+  EXPECT_FALSE(index.positions_stale(0));
+  (void)index.layer(0);
+  EXPECT_EQ(reads, 1);  // read once
+  const int32_t* q = copy.layer(0).position(0);
+  EXPECT_EQ(std::vector<int32_t>(q, q + 4), (std::vector<int32_t>{0, 2, 3, 5}));
+  EXPECT_EQ(reads, 2);
+  (void)sim;
+  // Appends after a stale read land after the kept slots.
+  index.append(0, 0, nullptr, nullptr, 6);
+  EXPECT_EQ(index.layer(0).position(0)[4], 6);
+  index.clear();
+  EXPECT_FALSE(index.positions_stale(0));
+  // A cache whose rows are on the host takes no device lists; counts above the length are
+  // refused when the plan is made.
+  KvCache host({1, 2, 4}, 8);
+  std::vector<float> kv(4, 0.0f);
+  for (int h = 0; h < 2; ++h) host.append(0, h, kv.data(), kv.data(), 0);
+  EXPECT_THROW(host.apply(plan), Error);
+  EvictionPlan too_many;
+  too_many.reset(0, 2);
+  EXPECT_THROW(too_many.keep_on_device(fake_lists, 6, {7, 6}, std::vector<int32_t>{6, 6}), Error);
+}
+
+}  // namespace
+}  // namespace kvb
