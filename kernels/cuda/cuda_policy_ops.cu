@@ -123,6 +123,17 @@ __global__ void accumulate_kernel(float* rows, int ld, HeadTable len, const floa
   }
 }
 
+// One thread per (token, cache head): the squares of the key in index order, in f64.
+__global__ void key_norms_kernel(float* rows, int ld, HeadTable before, const float* keys,
+                                 int n_new, int model_kv, int expand, int d) {
+  const int h = blockIdx.y, t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n_new) return;
+  const float* k = keys + (static_cast<size_t>(t) * model_kv + h / expand) * d;
+  double sum = 0;
+  for (int i = 0; i < d; ++i) sum += static_cast<double>(k[i]) * k[i];
+  rows[static_cast<size_t>(h) * ld + before.v[h] + t] = -static_cast<float>(sqrt(sum));
+}
+
 __global__ void negated_popcount_kernel(const uint64_t* bits, int ld_bits, float* out, int ld_out,
                                         HeadTable len) {
   const int h = blockIdx.y;
@@ -276,6 +287,37 @@ void CudaPolicyOps::history_bits(SlotRows& bits, const policies::LayerStats& st,
   scissorhands_update_bits(a, stream_);
   ++launches_;
   for (int h = 0; h < bits.heads(); ++h) r.set_len(st.layer, h, cache.length(st.layer, h));
+}
+
+void CudaPolicyOps::append_negated_key_norms(SlotRows& rows, const policies::LayerStats& st,
+                                             const KvCache& cache, int model_kv_heads,
+                                             int expand) {
+  CudaRows& r = device(rows);
+  check_rows(rows, st.layer);
+  KVB_CHECK(st.pre_rope_keys != nullptr && rows.type() == SlotType::kF32 && expand >= 1 &&
+            st.n_new >= 1)
+      << "cuda policy ops: key norms need f32 rows and the block's pre-RoPE keys";
+  const int heads = cache.shape().num_kv_heads;
+  KVB_CHECK(heads == rows.heads() && (heads - 1) / expand < model_kv_heads)
+      << "cuda policy ops: key norms for " << heads << " cache heads of " << model_kv_heads
+      << " model KV heads (expand " << expand << ")";
+  HeadTable before{};
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) {
+    const int len = cache.length(st.layer, h);
+    before.v[h] = len - st.n_new;
+    KVB_CHECK(before.v[h] >= 0 && (before.v[h] == 0 || rows.length(st.layer, h) == before.v[h]))
+        << "cuda policy ops: head " << h << " holds " << rows.length(st.layer, h)
+        << " norms for " << before.v[h] << " earlier slots";
+    longest = std::max(longest, len);
+  }
+  r.reserve(st.layer, longest);
+  key_norms_kernel<<<dim3(grid_for(st.n_new, 128), heads), 128, 0, stream_>>>(
+      static_cast<float*>(r.data(st.layer)), r.ld(st.layer), before, st.pre_rope_keys, st.n_new,
+      model_kv_heads, expand, cache.shape().head_dim);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+  for (int h = 0; h < heads; ++h) r.set_len(st.layer, h, cache.length(st.layer, h));
 }
 
 void CudaPolicyOps::negated_popcount(const SlotRows& bits, int layer, SlotRows& out,

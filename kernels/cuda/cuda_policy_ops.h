@@ -10,7 +10,9 @@
 // Twins (tests/cuda/test_cuda_policy_ops.cc runs both instances on the same inputs):
 //   resize, accumulate, negated_popcount, keep_top  <->  CpuPolicyOps (policies::reduce_gqa,
 //   kernels/cpu/select), history_bits <-> kernels/cpu/history_bits (through
-//   kernels/cuda/scores.h's scissorhands_update_bits).
+//   kernels/cuda/scores.h's scissorhands_update_bits): bitwise. append_negated_key_norms: f64
+//   sums in the same order, contracted to FMA as the compiler chooses on each side, so equal to
+//   the CPU's within an f32 ulp (equal keys still tie exactly).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,6 +38,8 @@ class CudaPolicyOps final : public policies::PolicyOps {
                   size_t row_stride, int group, policies::GqaReduce how) override;
   void history_bits(policies::SlotRows& bits, const policies::LayerStats& st,
                     const KvCache& cache, int history, bool inv_position) override;
+  void append_negated_key_norms(policies::SlotRows& rows, const policies::LayerStats& st,
+                                const KvCache& cache, int model_kv_heads, int expand) override;
   void negated_popcount(const policies::SlotRows& bits, int layer, policies::SlotRows& out,
                         int out_layer) override;
   void keep_top(const policies::SlotRows& scores, int score_layer, const KvCache& cache,

@@ -2,6 +2,7 @@
 #include "kernels/policies/cpu_policy_ops.h"
 
 #include <bit>
+#include <cmath>
 #include <utility>
 
 #include "common/error.h"
@@ -132,6 +133,29 @@ void CpuPolicyOps::history_bits(SlotRows& bits, const LayerStats& st,
     a.stride = st.stride;
     a.positions = view.position(h);
     kernels::cpu::update_history_bits(a, r.u64(st.layer, h));
+    r.sync_length(st.layer, h);
+  }
+}
+
+void CpuPolicyOps::append_negated_key_norms(SlotRows& rows, const LayerStats& st,
+                                            const kernels::KvCache& cache, int model_kv_heads,
+                                            int expand) {
+  CpuRows& r = host(rows);
+  check_layer(rows, st.layer);
+  KVB_CHECK(st.pre_rope_keys != nullptr) << "knorm: the engine gave no pre-RoPE keys";
+  const int d = cache.shape().head_dim;
+  for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+    const int src = h / expand;
+    const int before = cache.length(st.layer, h) - st.n_new;
+    std::vector<float>& norm = r.f32(st.layer, h);
+    if (before == 0) norm.clear();  // a fresh cache (the policy may serve several sequences)
+    KVB_ASSERT(static_cast<int>(norm.size()) == before);
+    for (int t = 0; t < st.n_new; ++t) {
+      const float* k = st.pre_rope_keys + (static_cast<size_t>(t) * model_kv_heads + src) * d;
+      double sum = 0;  // f32 keys, squares accumulated in f64
+      for (int i = 0; i < d; ++i) sum += static_cast<double>(k[i]) * k[i];
+      norm.push_back(-static_cast<float>(std::sqrt(sum)));
+    }
     r.sync_length(st.layer, h);
   }
 }

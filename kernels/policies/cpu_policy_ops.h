@@ -16,6 +16,9 @@ class CpuPolicyOps final : public PolicyOps {
                   size_t row_stride, int group, GqaReduce how) override;
   void history_bits(SlotRows& bits, const LayerStats& st, const kernels::KvCache& cache,
                     int history, bool inv_position) override;
+  void append_negated_key_norms(SlotRows& rows, const LayerStats& st,
+                                const kernels::KvCache& cache, int model_kv_heads,
+                                int expand) override;
   void negated_popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) override;
   void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
                 std::span<const KeepTop> heads, std::span<SlotRows* const> state,

@@ -117,6 +117,14 @@ class PolicyOps {
   // they live), masked to `history` (1..64) bits. The rows end as long as the cache's heads.
   virtual void history_bits(SlotRows& bits, const LayerStats& st, const kernels::KvCache& cache,
                             int history, bool inv_position) = 0;
+  // Knorm's state (POLICIES.md "Further baselines"): f32 rows of the stats' layer, one per cache
+  // head, whose heads hold `before` = length - st.n_new earlier entries (a head with none starts
+  // empty), grow by the negated L2 norms of the block's pre-RoPE keys (st.pre_rope_keys:
+  // [n_new, model_kv_heads, head_dim]; squares summed in f64 in index order, the root rounded to
+  // f32); cache head h reads model KV head h / expand (expand > 1: GQA expanded to query heads).
+  virtual void append_negated_key_norms(SlotRows& rows, const LayerStats& st,
+                                        const kernels::KvCache& cache, int model_kv_heads,
+                                        int expand) = 0;
   // f32 row (out_layer, h) of `out` = -popcount of u64 row (layer, h) of `bits`, as long.
   virtual void negated_popcount(const SlotRows& bits, int layer, SlotRows& out,
                                 int out_layer) = 0;

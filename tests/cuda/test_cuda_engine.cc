@@ -466,8 +466,9 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
     // Host rows (a policy that reads them) come down per layer; an index needs nothing.
     const int rows = cache.host_rows() ? 1 : 0;
     EXPECT_EQ(cache.host_rows(), policy->reads_cache_rows());
-    const int64_t want_d2h = 2 * L * rows + 1 + (req.pre_rope_keys ? L : 0) + stat_copies * L;
-    const int64_t want_syncs = L * rows + 1 + (req.pre_rope_keys ? L : 0) + (hook_stats ? L : 0);
+    const int keys_down = req.pre_rope_keys && !on_device ? L : 0;  // knorm decides on device
+    const int64_t want_d2h = 2 * L * rows + 1 + keys_down + stat_copies * L;
+    const int64_t want_syncs = L * rows + 1 + keys_down + (hook_stats ? L : 0);
     EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, want_d2h) << evicting << " layers evicted";
     EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, want_syncs) << evicting << " layers evicted";
     if (!cache.host_rows()) {
@@ -475,7 +476,7 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
       EXPECT_EQ(cache.physical_bytes(), static_cast<size_t>(L) * cache.shape().num_kv_heads *
                                             cache.capacity() * sizeof(int32_t));
     }
-    if (!hook_stats && !req.pre_rope_keys && !cache.host_rows()) {
+    if (!hook_stats && keys_down == 0 && !cache.host_rows()) {
       // No statistics to read on the host: the step waits for the device once, at its end.
       EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, 1);
       EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, 1);  // the logits

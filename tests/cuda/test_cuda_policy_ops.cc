@@ -253,5 +253,42 @@ TEST_F(CudaPolicyOpsParity, HistoryBitsAndCountersAreTheCpuBits) {
   }
 }
 
+// Knorm's state: the negated norms of the block's pre-RoPE keys appended per cache head, with
+// GQA expansion (4 cache heads reading 2 model heads); a prompt block, then one decode token.
+TEST_F(CudaPolicyOpsParity, KeyNormsMatchTheCpuWithinAnUlp) {
+  const int model_kv = 2, heads = 4, d = 64;
+  std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
+  // Index-only caches: the norms read only lengths and the keys' width.
+  host_ = KvCache({1, heads, d}, 40, /*host_rows=*/false);
+  index_ = KvCache({1, heads, d}, 40, /*host_rows=*/false);
+  for (int step = 0; step < 2; ++step) {
+    const int n = step == 0 ? 30 : 1;
+    for (int h = 0; h < heads; ++h) {
+      for (int t = 0; t < n; ++t) {
+        host_.append(0, h, nullptr, nullptr, t);
+        index_.append(0, h, nullptr, nullptr, t);
+      }
+    }
+    const std::vector<float> keys =
+        parity::random_vec(static_cast<size_t>(n) * model_kv * d, 31 + step);
+    const cu::DeviceBuffer<float> dk = parity::to_device(keys);
+    policies::LayerStats st;
+    st.layer = 0;
+    st.n_new = n;
+    st.pre_rope_keys = keys.data();
+    cpu_.append_negated_key_norms(*c, st, host_, model_kv, heads / model_kv);
+    st.pre_rope_keys = dk.data();
+    gpu_->append_negated_key_norms(*g, st, index_, model_kv, heads / model_kv);
+    for (int h = 0; h < heads; ++h) {
+      ASSERT_EQ(g->length(0, h), c->length(0, h));
+      parity::expect_close(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), 0, 1.2e-7,
+                           "negated key norms");
+    }
+  }
+  // Expanded heads 0 and 1 read model head 0: the same norms.
+  EXPECT_EQ(gpu_->read_f32(*g, 0, 0), gpu_->read_f32(*g, 0, 1));
+}
+
 }  // namespace
 }  // namespace kvb

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
@@ -133,6 +134,14 @@ class Backend {
   virtual void rope_rows(Act a, int layer, const int32_t* positions, int rows) = 0;
   // Copies `count` floats of `a` to the host (synchronous; host-visible on return).
   virtual void download(Act a, size_t count, float* dst) = 0;
+  // A copy of `count` floats of `a` where policy_ops() reads statistics (a device instance:
+  // device memory, stream-ordered, valid until the next stash): the pre-RoPE keys of a policy
+  // that decides with ops on a device. Only where policy_ops().on_device().
+  virtual const float* stash(Act a, size_t count) {
+    (void)a;
+    (void)count;
+    KVB_FAIL() << "stash: this backend's policy ops read host statistics";
+  }
 
   // Appends the pass's n new K/V rows (kK post-RoPE, or raw for rolling positions; kV) to every
   // head of `layer` at the pass's positions; a cache of num_heads heads (GQA expanded) takes a

@@ -57,10 +57,15 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
       forward_stats_request(n, cache, c.num_layers, policy, &hook, record, &prefills_);
   const int last_w = std::min(req.last_w, n);
   const size_t kv_elems = static_cast<size_t>(n) * c.num_kv_heads * c.head_dim;
+  // A policy deciding with device ops reads the pre-RoPE keys on the device; a recorded prefill
+  // keeps them on the host.
+  const bool device_keys = req.pre_rope_keys && policy && policy->decides_with_ops() &&
+                           be.policy_ops().on_device();
 
   for (int l = 0; l < c.num_layers; ++l) {
     project_qkv(l, n);
-    if (req.pre_rope_keys) {
+    pre_rope_dev_ = device_keys ? be.stash(Act::kK, kv_elems) : nullptr;
+    if (req.pre_rope_keys && (!device_keys || record)) {
       pre_rope_k_.resize(kv_elems);
       be.download(Act::kK, kv_elems, pre_rope_k_.data());
     }
@@ -95,6 +100,7 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
       << "decode_batch: " << B << " tokens, " << caches.size() << " caches, " << policies.size()
       << " policies";
   Backend& be = *backend_;
+  pre_rope_dev_ = nullptr;  // batching backends' ops read host statistics
   pos_.resize(B);
   hooks_.resize(B);
   reqs_.resize(B);
@@ -215,7 +221,9 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
   stats.layer = l;
   stats.n_new = n;
   stats.num_heads = c.num_heads;
-  stats.pre_rope_keys = req.pre_rope_keys ? pre_rope_k_.data() : nullptr;
+  stats.pre_rope_keys = !req.pre_rope_keys ? nullptr
+                        : pre_rope_dev_     ? pre_rope_dev_
+                                            : pre_rope_k_.data();
   stats.ops = &be.policy_ops();
   if (hook == PolicyHook::kDecode && policy->evict_before_attention()) {
     run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });

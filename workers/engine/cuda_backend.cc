@@ -66,7 +66,7 @@ struct CudaBackend::Scratch {
   cu::DeviceBuffer<float> x, xb, q, k, v, kx, vx, att, proj, gate, up, logits;
   cu::DeviceBuffer<__nv_bfloat16> x16;
   cu::DeviceBuffer<int32_t> tokens, pos, qpos, slots, iota;
-  cu::DeviceBuffer<float> col_sums, last_probs, rolled;
+  cu::DeviceBuffer<float> col_sums, last_probs, rolled, stash, pre_k;
   cu::DeviceBuffer<unsigned char> rolled_kv;  // rolled keys in the cache dtype
 };
 
@@ -108,6 +108,13 @@ void CudaBackend::stats_to_device(policies::LayerStats* stats) {
     ensure(s_->last_probs, rows * stats->last_w);
     copy_h2d(s_->last_probs.data(), stats->last_probs, rows * stats->last_w * 4);
     stats->last_probs = s_->last_probs.data();
+  }
+  if (stats->pre_rope_keys) {
+    const ModelConfig& c = model_.config;
+    const size_t count = static_cast<size_t>(stats->n_new) * c.num_kv_heads * c.head_dim;
+    ensure(s_->pre_k, count);
+    copy_h2d(s_->pre_k.data(), stats->pre_rope_keys, count * 4);
+    stats->pre_rope_keys = s_->pre_k.data();
   }
 }
 
@@ -465,6 +472,13 @@ void CudaBackend::rope_rows(Act a, int layer, const int32_t* positions, int rows
 void CudaBackend::download(Act a, size_t count, float* dst) {
   copy_d2h(dst, act(a), count * 4);
   sync();
+}
+
+const float* CudaBackend::stash(Act a, size_t count) {
+  ensure(s_->stash, count);
+  KVB_CUDA_CHECK(cudaMemcpyAsync(s_->stash.data(), act(a), count * 4, cudaMemcpyDeviceToDevice,
+                                 stream_));
+  return s_->stash.data();
 }
 
 void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
