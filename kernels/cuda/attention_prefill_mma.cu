@@ -175,6 +175,9 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(Params p) {
   const int lo_b = p.window > 0 ? max(0, vis_b - p.window) : 0;
   const int warp_end = before + min(q0 + kRows, p.n);
   const int warp_lo = p.window > 0 ? max(0, before + q0 + 1 - p.window) : 0;
+  // Tiles in [all_lo, all_vis) are seen whole by every row: no mask needed there.
+  const int all_vis = before + q0 + 1;
+  const int all_lo = p.window > 0 ? max(0, warp_end - p.window) : 0;
   float o[D / 8][4];
 #pragma unroll
   for (int dn = 0; dn < D / 8; ++dn) {
@@ -190,21 +193,23 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(Params p) {
     if (!active || t0 >= warp_end || t0 + kKeys <= warp_lo) continue;
     float s[kKeys / 8][4];
     tile_scores<D>(qs, ks, p.scale, s);
+    if (t0 + kKeys > all_vis || t0 < all_lo) {  // warp-uniform
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = t0 + 8 * j + 2 * tig + (e & 1);
+          const bool b = e >= 2;
+          const bool seen = key < (b ? vis_b : vis_a) && key >= (b ? lo_b : lo_a);
+          s[j][e] = seen ? s[j][e] : -INFINITY;
+        }
+      }
+    }
     float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = t0 + 8 * j + 2 * tig + (e & 1);
-        const bool b = e >= 2;
-        const bool seen = key < (b ? vis_b : vis_a) && key >= (b ? lo_b : lo_a);
-        s[j][e] = seen ? s[j][e] : -INFINITY;
-        if (b) {
-          mx_b = fmaxf(mx_b, s[j][e]);
-        } else {
-          mx_a = fmaxf(mx_a, s[j][e]);
-        }
-      }
+      mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
+      mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
     }
     const float new_a = fmaxf(m_a, quad_max(mx_a)), new_b = fmaxf(m_b, quad_max(mx_b));
     // A row that has seen no key yet keeps max -inf: subtract 0 instead (every p is then 0).
