@@ -1,7 +1,10 @@
 // Google Benchmark for the CUDA twins (kernels/cuda): decode attention over ragged per-head
 // caches up to 32K tokens (bytes moved, GB/s and percent of a device-to-device cudaMemcpy
 // measured in the same run), and the H2O decode step at budget 1024 (score update + per-head
-// argmin). Every row first checks its result against a CPU computation (counter `correct`).
+// argmin), and prefill attention of a 4K prompt on Llama-3-8B's shape (tokens/s and percent of
+// the bf16 tensor-core rate of a cuBLAS GEMM measured in the same run) for the exact f32 kernel,
+// the exact kernel on a bf16 cache, and the bf16 tensor-core kernel (attention_prefill_mma.h).
+// Every row first checks its result against a CPU computation (counter `correct`).
 // GPU time per iteration from CUDA events (manual time). Without a device: one line, exit 0.
 // Built only when the CUDA backend is (bench/CMakeLists.txt).
 #include <benchmark/benchmark.h>
@@ -27,7 +30,8 @@ namespace {
 
 namespace cu = kvb::kernels::cuda;
 
-double g_d2d_gbps = 0;  // device-to-device copy bandwidth (read + write bytes), this run
+double g_d2d_gbps = 0;     // device-to-device copy bandwidth (read + write bytes), this run
+double g_bf16_tflops = 0;  // cuBLAS bf16 GEMM rate (f32 accumulation), this run
 
 std::vector<float> random_vec(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::vector<float> v(n);
@@ -75,6 +79,33 @@ double measure_d2d_gbps() {
         }));
   }
   return 2.0 * bytes / best / 1e9;
+}
+
+// The tensor-core roof: best of 5 cuBLAS bf16 GEMMs of 8192^3 (f32 accumulation, bf16 out) on
+// pseudo-random operands (zeros run faster than real data), 2 m^3 FLOP each.
+double measure_bf16_tflops() {
+  const int m = 8192;
+  const size_t elems = static_cast<size_t>(m) * m;
+  std::vector<uint16_t> host(elems);
+  uint32_t x = 12345;
+  for (uint16_t& h : host) {  // bf16 bits of values in [1, 2) with random signs
+    x = x * 1664525u + 1013904223u;
+    h = static_cast<uint16_t>(0x3f80u | ((x >> 16) & 0x7fu) | ((x >> 8) & 0x8000u));
+  }
+  cu::DeviceBuffer<uint16_t> a(elems), b(elems), c(elems);
+  a.upload(host.data(), elems);
+  b.upload(host.data(), elems);
+  cublasHandle_t h = cu::cublas_handle(0);
+  const float alpha = 1.0f, beta = 0.0f;
+  auto gemm = [&] {
+    KVB_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a.data(),
+                                  CUDA_R_16BF, m, b.data(), CUDA_R_16BF, m, &beta, c.data(),
+                                  CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  gemm();  // warm-up (handle, heuristics)
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) best = std::min(best, gpu_seconds(gemm));
+  return 2.0 * m * m * static_cast<double>(m) / best / 1e12;
 }
 
 constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128;
@@ -232,6 +263,130 @@ void bm_h2o_step(benchmark::State& state) {
   if (!ok) state.SkipWithError("H2O step differs from the CPU policy arithmetic");
 }
 
+// Prefill attention of an n-token prompt (empty cache before it) on Llama-3-8B's shape: 32 query
+// heads, 8 KV heads, head_dim 128. Args {n, kernel, stats}: kernel 0 = exact f32 kernel on an f32
+// cache, 1 = exact kernel on a bf16 cache (today's bf16 path), 2 = bf16 tensor cores; stats 1 adds
+// col_sums and the last 32 queries' probabilities (a second pass). FLOP counted: the causal
+// Q K^T and P V products, 4 * head_dim per (query head, query, visible key), not the statistics
+// pass. Check: queries 0, n/2, n-1 of heads 0 and 31 against a double loop (with the queries
+// rounded to bf16 for kernel 2, and the tolerance of tests/cuda/parity_prefill_mma.h: 2^-9 max|v|
+// for the P rounding + 4E for the f32 score order), and with stats the last query's
+// probabilities of head 0 (within 1e-5).
+void bm_prefill_attention(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0)), kernel = static_cast<int>(state.range(1));
+  const bool stats = state.range(2) != 0;
+  const cu::KvDtype dtype = kernel == 0 ? cu::KvDtype::kF32 : cu::KvDtype::kBf16;
+  const int nh = kKvHeads * kGroup, d = kHeadDim, last_w = std::min(n, 32);
+  cu::DeviceKvCache cache({1, kKvHeads, d}, dtype, n);
+  const auto kd = to_device(random_vec(static_cast<size_t>(n) * kKvHeads * d, 11, -2, 2));
+  const auto vd = to_device(random_vec(static_cast<size_t>(n) * kKvHeads * d, 12));
+  std::vector<int32_t> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = i;
+  const auto pd = to_device(pos);
+  cache.append(0, kd.data(), vd.data(), pd.data(), n);
+  const std::vector<float> q = random_vec(static_cast<size_t>(n) * nh * d, 13, -2, 2);
+  const auto qd = to_device(q);
+  cu::DeviceBuffer<float> out(q.size()), col(static_cast<size_t>(nh) * n);
+  cu::DeviceBuffer<float> last(static_cast<size_t>(nh) * last_w * n);
+  cu::AttentionArgs a;
+  a.out = out.data();
+  a.q = qd.data();
+  a.kv = cache.layer(0);
+  a.n = n;
+  a.num_heads = nh;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  a.tensor_core_prefill = kernel == 2;
+  if (stats) {
+    a.col_sums = col.data();
+    a.last_probs = last.data();
+    a.last_w = last_w;
+    a.stats_stride = n;
+  }
+  cu::attention(a);  // warm-up, then the check
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> got(q.size()), got_last(stats ? last.size() : 0);
+  out.download(got.data(), got.size());
+  if (stats) last.download(got_last.data(), got_last.size());
+  const kvb::kernels::KvCache host = cache.download();
+  const kvb::kernels::LayerKvView view = host.layer(0);
+  auto q_at = [&](int i, int h, int x) {
+    const float f = q[(static_cast<size_t>(i) * nh + h) * d + x];
+    if (kernel != 2) return double{f};
+    uint32_t bits;  // round to bf16, nearest even
+    std::memcpy(&bits, &f, sizeof bits);
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    float r;
+    std::memcpy(&r, &bits, sizeof r);
+    return double{r};
+  };
+  double max_err = 0, max_p_err = 0;
+  for (int h : {0, nh - 1}) {
+    const int kvh = h / kGroup;
+    for (int i : {0, n / 2, n - 1}) {
+      std::vector<double> s(i + 1), o(d, 0.0);
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (int x = 0; x < d; ++x) dot += q_at(i, h, x) * view.key(kvh, j)[x];
+        s[j] = dot * a.scale;
+        mx = std::max(mx, s[j]);
+      }
+      for (int j = 0; j <= i; ++j) sum += (s[j] = std::exp(s[j] - mx));
+      for (int j = 0; j <= i; ++j) {
+        for (int x = 0; x < d; ++x) o[x] += s[j] / sum * view.value(kvh, j)[x];
+      }
+      for (int x = 0; x < d; ++x) {
+        const float g = got[(static_cast<size_t>(i) * nh + h) * d + x];
+        max_err = std::max(max_err, std::fabs(o[x] - g));
+      }
+      if (stats && h == 0 && i == n - 1) {
+        const float* row = got_last.data() + static_cast<size_t>(last_w - 1) * n;
+        for (int j = 0; j <= i; ++j) {
+          max_p_err = std::max(max_p_err, std::fabs(s[j] / sum - row[j]));
+        }
+      }
+    }
+  }
+  // Kernel 2: 2^-9 max|v| (P in bf16; |v| <= 1 here) + 4E, E = scale d 2^-22 max|q| max|k|
+  // bounding the f32 score-order difference (tests/cuda/parity_prefill_mma.h).
+  double tol = 1e-4;
+  if (kernel == 2) {
+    double qmax = 0, kmax = 0;
+    for (size_t r = 0; r < q.size() / d; ++r) {
+      double s2 = 0;
+      for (int x = 0; x < d; ++x) {
+        const double v = q_at(static_cast<int>(r / nh), static_cast<int>(r % nh), x);
+        s2 += v * v;
+      }
+      qmax = std::max(qmax, std::sqrt(s2));
+    }
+    for (int h = 0; h < kKvHeads; ++h) {
+      for (int j = 0; j < n; ++j) {
+        double s2 = 0;
+        for (int x = 0; x < d; ++x) s2 += double{view.key(h, j)[x]} * view.key(h, j)[x];
+        kmax = std::max(kmax, std::sqrt(s2));
+      }
+    }
+    tol = std::ldexp(1.0, -9) + 4 * a.scale * d * std::ldexp(1.0, -22) * qmax * kmax;
+  }
+  const bool ok = max_err <= tol && max_p_err <= 1e-5;
+  const double flop = 4.0 * d * nh * (static_cast<double>(n) * (n + 1) / 2);
+  double total = 0;
+  for (auto _ : state) {
+    (void)_;
+    const double t = gpu_seconds([&] { cu::attention(a); });
+    state.SetIterationTime(t);
+    total += t;
+  }
+  const double per = total / state.iterations();
+  state.counters["tok/s"] = n / per;
+  state.counters["TFLOP/s"] = flop / per / 1e12;
+  state.counters["pct_bf16_peak"] = 100.0 * flop / per / 1e12 / g_bf16_tflops;
+  state.counters["max_err"] = max_err;
+  state.counters["correct"] = ok ? 1 : 0;
+  if (!ok) state.SkipWithError("prefill attention differs from the double reference");
+}
+
 BENCHMARK(bm_decode_attention)
     ->ArgNames({"ctx", "bf16", "probs", "ragged"})
     ->ArgsProduct({{1024, 4096, 16384, 32768}, {0, 1}, {0, 1}, {0, 1}})
@@ -239,6 +394,13 @@ BENCHMARK(bm_decode_attention)
     ->Repetitions(3)
     ->DisplayAggregatesOnly(true)
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_prefill_attention)
+    ->ArgNames({"n", "kernel", "stats"})
+    ->ArgsProduct({{1024, 4096}, {0, 1, 2}, {0, 1}})
+    ->UseManualTime()
+    ->Repetitions(3)
+    ->DisplayAggregatesOnly(true)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_h2o_step)
     ->UseManualTime()
     ->Repetitions(3)
@@ -259,6 +421,9 @@ int main(int argc, char** argv) {
   g_d2d_gbps = measure_d2d_gbps();
   std::fprintf(stderr, "device-to-device cudaMemcpy: %.1f GB/s (read + write)\n", g_d2d_gbps);
   benchmark::AddCustomContext("d2d_GBps", std::to_string(g_d2d_gbps));
+  g_bf16_tflops = measure_bf16_tflops();
+  std::fprintf(stderr, "cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s\n", g_bf16_tflops);
+  benchmark::AddCustomContext("bf16_gemm_TFLOPs", std::to_string(g_bf16_tflops));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

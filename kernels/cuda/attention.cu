@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/kv_elem.cuh"
 #include "kernels/cuda/runtime.h"
 
@@ -571,6 +573,12 @@ void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream)
       KVB_CUDA_CHECK_LAUNCH();
     }
     return;
+  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (a.tensor_core_prefill && prefill_mma_supported(a.kv)) {
+      prefill_mma(a, group, max_len, rs, stream);
+      return;
+    }
   }
   const size_t smem = sizeof(float) * (kKeyTile * (d + 1) + kKeyTile * d + kRowsPerBlock * d);
   if (smem > 48 * 1024) {

@@ -30,6 +30,11 @@ struct AttentionArgs {
   // > 0 limits query i to the last `window` of its visible slots (its own included). No
   // statistics with a window.
   int window = 0;
+  // Prefill blocks (n >= 2) over a bf16 cache on the bf16 tensor-core kernel
+  // (attention_prefill_mma.h: queries and probabilities rounded to bf16, f32 accumulation)
+  // where it takes the shape; otherwise, and always for an f32 cache or n == 1, the exact f32
+  // kernels below. The engine asks for it on bf16 caches; the f32 cache stays the reference.
+  bool tensor_core_prefill = false;
 };
 
 // Query i of n sees slots [0, length(head) - n + i] (with a window W: only the last W of them).
@@ -39,6 +44,7 @@ struct AttentionArgs {
 //    statistics, when requested, come from a second pass over key tiles that recomputes each
 //    probability exactly as exp(s - m) / l from the first pass's row maxima and sums; a column
 //    sum adds its queries in a fixed blockwise order (deterministic, not the CPU's order).
+//    With tensor_core_prefill on a bf16 cache: attention_prefill_mma.h instead.
 //  - n == 1 (decode): split-K (flash-decoding), partial softmax states merged in chunk order;
 //    probabilities from the raw scores the first pass stores. Where head_dim splits into 16-byte
 //    vectors over a power of two of lanes (bf16: 8..256 in powers of two; f32: 4..256) and the

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/budget.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/kcenter.h"
@@ -128,6 +129,39 @@ TEST(CudaHostChecks, AttentionValidatesAgainstHostLengths) {
   a.last_probs = nullptr;
   a.kv.head_dim = kMaxHeadDim + 1;
   EXPECT_NE(error_of([&] { attention(a); }).find("head_dim"), std::string::npos);
+}
+
+// The tensor-core prefill takes only bf16 caches, its compiled head_dims and 16-byte aligned
+// rows, decided on the host before the device is asked for its compute capability.
+TEST(CudaHostChecks, PrefillMmaTakesOnlyItsShapes) {
+  alignas(16) static unsigned char rows[64];
+  DeviceLayerKvView kv;
+  kv.num_kv_heads = 1;
+  kv.head_dim = 128;
+  kv.keys = rows;
+  kv.values = rows;
+  kv.dtype = KvDtype::kF32;
+  EXPECT_FALSE(prefill_mma_supported(kv));  // an f32 cache: the exact kernel
+  kv.dtype = KvDtype::kBf16;
+  for (int d : {8, 40, 80, 112, 136, 255}) {
+    kv.head_dim = d;
+    EXPECT_FALSE(prefill_mma_supported(kv)) << "head_dim " << d;
+  }
+  kv.head_dim = 64;
+  kv.values = rows + 2;  // bf16 rows 2-byte aligned only
+  EXPECT_FALSE(prefill_mma_supported(kv));
+  kv.values = rows;
+  for (int d : {32, 64, 96, 128, 256}) {
+    kv.head_dim = d;
+    if (has_device()) {
+      int dev = 0, major = 0;
+      KVB_CUDA_CHECK(cudaGetDevice(&dev));
+      KVB_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+      EXPECT_EQ(prefill_mma_supported(kv), major >= 8) << "head_dim " << d;
+    } else {
+      EXPECT_THROW(prefill_mma_supported(kv), Error) << "head_dim " << d;  // no device to ask
+    }
+  }
 }
 
 TEST(CudaHostChecks, DeviceKvCacheValidatesShape) {

@@ -39,6 +39,7 @@
 #include "kernels/cuda/swiglu.h"
 #include "kernels/policies/policy.h"
 #include "tests/cuda/parity_attention.h"
+#include "tests/cuda/parity_prefill_mma.h"
 #include "tests/dequant_fixture.h"
 #include "tests/cuda/parity_util.h"
 
@@ -561,6 +562,12 @@ std::vector<Case> all_cases() {
   for (const AttentionCase& a : attention_cases()) {
     add("attention_" + std::to_string(i++) + "_n" + std::to_string(a.n),
         [=] { run_attention_case(a); });
+  }
+  i = 0;
+  for (const PrefillMmaCase& a : prefill_mma_cases()) {
+    add("prefill_mma_" + std::to_string(i++) + "_n" + std::to_string(a.n) + "_d" +
+            std::to_string(a.head_dim),
+        [=] { run_prefill_mma_case(a); });
   }
   add("kv_cache_f32", [] { run_kv_cache_case(cu::KvDtype::kF32); });
   add("kv_cache_bf16", [] { run_kv_cache_case(cu::KvDtype::kBf16); });

@@ -580,6 +580,9 @@ void CudaBackend::attention(int l, int n, float scale, kernels::KvCache& cache, 
   }
   args.stats_stride = stride;
   args.window = model_.config.sliding(l) ? model_.config.window[l] : 0;
+  // bf16 caches prefill on the tensor cores (issue 16 item 4); an f32 cache keeps the exact
+  // f32 kernel, the precision reference (the flag is ignored there).
+  args.tensor_core_prefill = true;
   cu::attention(args, stream_);
   // Device pointers until stats_to_host.
   stats->col_sums = args.col_sums;
