@@ -6,10 +6,14 @@
 //    on the device); sequences interleaved on one engine (each cache owns its device rows);
 //  - SmolLM2-135M, f32: greedy tokens equal the CPU's for the first 32 tokens of three prompts;
 //    every registered policy (and the variant flags that change the engine's path: GQA expanded,
-//    rolling positions, evict-before-attention) keeps the same positions per (layer, head) as the
-//    CPU at a budget that evicts, the device rows match the host index and the CPU's rows, and
-//    the host keeps rows only for policies that read them; a decode step's copies and syncs are
-//    counted per policy;
+//    rolling positions, evict-before-attention, weighted subgen_kcenter, SubGen with sinks and a
+//    recent window) keeps the same positions per (layer, head) as the CPU at a budget that
+//    evicts, the device rows match the host index and the CPU's rows, and the host keeps rows
+//    only for policies that read them; a decode step's copies and syncs are counted per policy,
+//    those that replace attention (SubGen, weighted subgen_kcenter) included; SubGen and
+//    weighted subgen_kcenter under a budget they never exceed give `full`'s logits (the staged
+//    host attention against the device's); SubGen in bf16 keeps exactly its sinks and recent
+//    window;
 //  - SmolLM2-135M, bf16: teacher-forced top-1 agreement with the CPU >= 95% over ~500 tokens;
 //  - the tiny Qwen3 fixture (q/k norm via head_rmsnorm, head_dim != dim / num_heads), f32:
 //    logits within 1e-3 of the CPU after the prompt and at every decode step, no policy and h2o.
@@ -349,12 +353,27 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
   engine::Engine cpu(m);
   engine::CudaEngine gpu(m, DType::kF32);
   std::vector<std::pair<std::string, std::map<std::string, std::string>>> variants;
-  for (const auto& p : policies::policy_registry()) variants.push_back({p.name, {}});
+  for (const auto& p : policies::policy_registry()) {
+    // SubGen with delta 0 (every key its own cluster until the table is full, then the nearest):
+    // `delta: auto` bisects the radius on the keys, which turns the f32 rounding differences of
+    // the GPU's keys into other radii and other sketches, so other (equally valid) estimates.
+    if (p.name == "subgen") {
+      variants.push_back({p.name, {{"delta", "0"}}});
+    } else {
+      variants.push_back({p.name, {}});
+    }
+  }
   variants.push_back({"h2o", {{"gqa", "expand"}}});
   variants.push_back({"h2o", {{"prefill", "streaming"}}});
   variants.push_back({"snapkv", {{"gqa", "expand"}}});
   variants.push_back({"streaming_llm", {{"positions", "rolling"}, {"evict", "before_attention"}}});
-  int checked = 0;
+  // Policies that replace attention (their attend() runs on the host rows, CudaBackend::
+  // attend_replaced): SubGen's decisions follow the lengths, weighted subgen_kcenter's the
+  // k-center of the keys; outputs from the estimator and the biased softmax.
+  variants.push_back({"subgen", {{"sinks", "1"}, {"recent", "2"}, {"delta", "0"}}});
+  variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}}});
+  variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}}});
+  int checked = 0, replaced = 0;
   for (const std::string& text : kPrompts) {
     const std::vector<int32_t> ids = prompt(text);
     const std::vector<int32_t> forced = greedy(cpu, ids, 16);
@@ -370,11 +389,7 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
                   m.config.head_dim, m.config.max_seq_len};
       pc.options = policies::PolicyOptions(opts);
       const std::unique_ptr<policies::Policy> probe = policies::make_policy(pc);
-      if (probe->replaces_attention()) {
-        // SubGen's estimator replaces attention: refused on cuda with a usage error.
-        EXPECT_THROW(run_policy(gpu, m, name, opts, budget, ids, forced), Error);
-        continue;
-      }
+      replaced += probe->replaces_attention();
       kernels::KvCache gpu_cache, cpu_cache;
       const int b = name == "full" ? 0 : budget;
       const PolicyRun a = run_policy(cpu, m, name, opts, b, ids, forced, &cpu_cache);
@@ -401,6 +416,61 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
     }
   }
   EXPECT_GT(checked, 3 * 12);
+  EXPECT_EQ(replaced, 3 * 4);  // subgen twice, weighted subgen_kcenter twice, per prompt
+}
+
+// The law POLICIES.md states for SubGen ("a budget that is never exceeded is exactly `full`")
+// and weighted subgen_kcenter (no centre, no bias: the engine's attention), on the GPU: the
+// replaced attention runs on the host over the host rows with the downloaded queries, and its
+// output, uploaded, must give the device attention's logits (f32: within 1e-3, the two sum in
+// different orders) at every step, and keep every token.
+TEST_F(CudaEngineSmol, ReplacedAttentionUnderBudgetEqualsFull) {
+  const engine::Model& m = *lm_.model;
+  engine::Engine cpu(m);
+  engine::CudaEngine gpu(m, DType::kF32);
+  const std::vector<int32_t> ids = prompt(kPrompts[0]);
+  const std::vector<int32_t> forced = greedy(cpu, ids, 12);
+  const int budget = static_cast<int>(ids.size() + forced.size()) + 8;  // never exceeded
+  const PolicyRun full = run_policy(gpu, m, "full", {}, 0, ids, forced);
+  for (const auto& [name, opts] :
+       std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
+           {"subgen", {}}, {"subgen_kcenter", {{"weight_by_cluster_size", "true"}}}}) {
+    SCOPED_TRACE(name);
+    const PolicyRun r = run_policy(gpu, m, name, opts, budget, ids, forced);
+    ASSERT_EQ(r.logits.size(), full.logits.size());
+    double worst = 0;
+    for (size_t s = 0; s < r.logits.size(); ++s) {
+      worst = std::max(worst, max_abs_diff(r.logits[s], full.logits[s]));
+    }
+    std::cout << "[ smollm2 f32 ] " << name << " under budget vs full: max |logit diff| = " << worst
+              << "\n";
+    EXPECT_LT(worst, 1e-3);
+    EXPECT_EQ(r.keep, full.keep);  // nothing evicted
+  }
+}
+
+// SubGen in bf16 on the GPU: whatever the values, a head over budget keeps exactly its first
+// `sinks` and last `recent` positions after every step (POLICIES.md `subgen`), the device rows
+// match the host rows bit for bit (both bf16-rounded), and the logits stay finite.
+TEST_F(CudaEngineSmol, Bf16SubgenKeepsSinksAndRecentWindow) {
+  const engine::Model& m = *lm_.model;
+  engine::CudaEngine gpu(m, DType::kBf16);
+  const std::vector<int32_t> ids = prompt(kPrompts[2]);
+  const std::vector<int32_t> forced = {17, 99, 250, 1000, 42, 7};
+  const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
+  ASSERT_GT(static_cast<int>(ids.size()), budget);
+  kernels::KvCache cache;
+  const PolicyRun r =
+      run_policy(gpu, m, "subgen", {{"sinks", "1"}, {"recent", "2"}}, budget, ids, forced, &cache);
+  const int32_t total = static_cast<int32_t>(ids.size() + forced.size());
+  for (const std::vector<int32_t>& keep : r.keep) {
+    EXPECT_EQ(keep, (std::vector<int32_t>{0, total - 2, total - 1}));
+  }
+  for (const std::vector<float>& l : r.logits) {
+    for (float v : l) ASSERT_TRUE(std::isfinite(v));
+  }
+  ASSERT_TRUE(cache.host_rows());
+  expect_device_rows_match(gpu, cache);
 }
 
 // What one decode step copies to the host and waits for, as the backend counts it
@@ -410,24 +480,30 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
 // asked for (1 copy each, 1 sync). Eviction plans are applied on the device without waiting.
 // Policies that still decide on host statistics (h2o, tova, scissorhands, knorm's norms) keep a
 // per-layer sync until they decide on the device (issue 13); this pins the counts so that the
-// change shows.
+// change shows. Policies that replace attention (SubGen, weighted subgen_kcenter) add per layer
+// the queries' download (1 copy, 1 sync) and the output's upload (1 H2D copy), on top of their
+// host rows.
 TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
   const engine::Model& m = *lm_.model;
   engine::CudaEngine gpu(m, DType::kF32);
   const int L = m.config.num_layers;
   const std::vector<int32_t> ids = prompt(kPrompts[1]);
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
-  int checked = 0;
-  for (const auto& info : policies::policy_registry()) {
-    SCOPED_TRACE(info.name);
+  std::vector<std::pair<std::string, std::map<std::string, std::string>>> variants;
+  for (const auto& p : policies::policy_registry()) variants.push_back({p.name, {}});
+  variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}}});
+  int checked = 0, replaced_checked = 0;
+  for (const auto& [name, opts] : variants) {
+    SCOPED_TRACE(name + (opts.empty() ? "" : " weighted"));
     policies::PolicyConfig pc;
-    pc.name = info.name;
-    pc.kv_budget = info.name == "full" ? 0 : budget;
+    pc.name = name;
+    pc.kv_budget = name == "full" ? 0 : budget;
     pc.shape = {L, m.config.num_heads, m.config.num_kv_heads, m.config.head_dim,
                 m.config.max_seq_len};
+    pc.options = policies::PolicyOptions(opts);
     pc.seed = 3;
     std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
-    if (policy->replaces_attention()) continue;  // refused on cuda
+    const int replaced = policy->replaces_attention() ? 1 : 0;
     kernels::KvCache cache = gpu.new_cache(static_cast<int>(ids.size()) + 8, policy.get());
     std::vector<float> logits;
     engine::prefill_prompt(gpu, cache, ids, policy.get(), &logits);
@@ -466,11 +542,25 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
     // Host rows (a policy that reads them) come down per layer; an index needs nothing.
     const int rows = cache.host_rows() ? 1 : 0;
     EXPECT_EQ(cache.host_rows(), policy->reads_cache_rows());
-    const int keys_down = req.pre_rope_keys && !on_device ? L : 0;  // knorm decides on device
-    const int64_t want_d2h = 2 * L * rows + 1 + keys_down + stat_copies * L;
-    const int64_t want_syncs = L * rows + 1 + keys_down + (hook_stats ? L : 0);
+    // knorm decides on the device; a replaced attention's queries come down per layer (1 copy,
+    // 1 sync) and its hook reads no statistics.
+    const int keys_down = req.pre_rope_keys && !on_device ? L : 0;
+    const int64_t want_d2h =
+        2 * L * rows + 1 + keys_down + (replaced ? 0 : stat_copies) * L + replaced * L;
+    const int64_t want_syncs =
+        L * rows + 1 + keys_down + (hook_stats && !replaced ? L : 0) + replaced * L;
     EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, want_d2h) << evicting << " layers evicted";
     EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, want_syncs) << evicting << " layers evicted";
+    if (replaced) {
+      // H2D: the pass's tokens and positions, per layer the lengths (append) and the replaced
+      // attention's output, per evicting layer the keep-lists, counts and lengths (apply_plan).
+      EXPECT_EQ(t1.h2d_copies - t0.h2d_copies, 2 + 2 * L + 3 * evicting);
+      const size_t out_bytes =
+          static_cast<size_t>(L) * m.config.num_heads * m.config.head_dim * sizeof(float);
+      EXPECT_GE(t1.h2d_bytes - t0.h2d_bytes, out_bytes);
+      EXPECT_TRUE(cache.host_rows());
+      ++replaced_checked;
+    }
     if (!cache.host_rows()) {
       // The host holds the index: 4 bytes of position per slot of capacity, whatever head_dim.
       EXPECT_EQ(cache.physical_bytes(), static_cast<size_t>(L) * cache.shape().num_kv_heads *
@@ -483,7 +573,8 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
     }
     ++checked;
   }
-  EXPECT_GE(checked, 10);
+  EXPECT_EQ(checked, static_cast<int>(policies::policy_registry().size()) + 1);  // none skipped
+  EXPECT_EQ(replaced_checked, 2);  // subgen, weighted subgen_kcenter
 }
 
 TEST_F(CudaEngineSmol, Bf16TeacherForcedTop1AgreesWithCpu) {

@@ -74,8 +74,6 @@ class Backend {
   // Gives an index-only cache its rows on the host too (a policy that reads them is about to
   // run on it); no-op where the cache already has them.
   virtual void ensure_host_rows(kernels::KvCache& cache) = 0;
-  // Whether a policy that replaces attention (Policy::attend on host K/V) can run here.
-  virtual bool runs_replaced_attention() const = 0;
   // The policy ops table (kernels/policies/policy_ops.h) whose instance lives where this
   // backend's statistics and storage do: policies that decide with ops (Policy::
   // decides_with_ops) get it in LayerStats::ops, and on a device their statistics stay there.
@@ -161,8 +159,10 @@ class Backend {
   // Makes stats' statistics host-readable (pointers replaced by host copies); returns the
   // milliseconds spent (0 where they already are).
   virtual double stats_to_host(policies::LayerStats* stats) = 0;
-  // A policy's replacement attention (runs_replaced_attention()): q and out are kQ and kAtt;
-  // the policy's eviction plan for the layer goes into *plan (applied by the caller).
+  // A policy's replacement attention (Policy::replaces_attention: Policy::attend over the host
+  // K/V rows its cache keeps, Policy::reads_cache_rows): q and out are kQ and kAtt, wherever they
+  // live; the policy's eviction plan for the layer goes into *plan (applied by the caller).
+  // Both backends run it (the CUDA one stages q and out through the host).
   virtual void attend_replaced(policies::Policy& policy, policies::AttendArgs args,
                                const kernels::KvCache& cache, kernels::EvictionPlan* plan) = 0;
   // Applies a policy's plan for one layer to the host cache (index) and the backend's storage

@@ -36,9 +36,6 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   const ModelConfig& c = model_.config;
   const int n = static_cast<int>(tokens.size());
   KVB_CHECK(n > 0) << "forward: no tokens";
-  KVB_USAGE_CHECK(!policy || !policy->replaces_attention() || backend_->runs_replaced_attention())
-      << "policy " << policy->config().name
-      << " replaces the engine's attention (SubGen's estimator); it runs on --device cpu only";
   Backend& be = *backend_;
   if (policy && policy->reads_cache_rows()) be.ensure_host_rows(cache);
   const int32_t pos0 = cache.next_position();
@@ -111,9 +108,6 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
                                         << " share a cache";
     }
     policies::Policy* policy = policies[b];
-    KVB_USAGE_CHECK(!policy || !policy->replaces_attention() || be.runs_replaced_attention())
-        << "policy " << policy->config().name
-        << " replaces the engine's attention (SubGen's estimator); it runs on --device cpu only";
     if (policy && policy->reads_cache_rows()) be.ensure_host_rows(cache);
     KVB_CHECK(tokens[b] >= 0 && tokens[b] < c.vocab_size)
         << "token id " << tokens[b] << " of sequence " << b << " outside the vocabulary [0, "

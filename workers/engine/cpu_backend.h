@@ -19,7 +19,6 @@ class CpuBackend final : public Backend {
   CpuBackend(const Model& model, kernels::Communicator* tp);
 
   std::string device_description() const override { return "cpu"; }
-  bool runs_replaced_attention() const override { return true; }
   policies::PolicyOps& policy_ops() override { return policies::cpu_policy_ops(); }
   bool keeps_host_rows(const policies::Policy* policy) const override {
     (void)policy;

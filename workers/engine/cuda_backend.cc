@@ -607,14 +607,35 @@ double CudaBackend::stats_to_host(policies::LayerStats* stats) {
   return ms_since(t0);
 }
 
+// A policy that replaces attention (SubGen, weighted subgen_kcenter) runs its own attend() on the
+// host, the same code the CPU engine runs: over the host rows its cache keeps
+// (Policy::reads_cache_rows; bf16-rounded in bf16 mode, so they are the device rows) and the
+// pass's post-RoPE queries, downloaded as the device computed them (f32). Its output goes up into
+// kAtt; its plan is applied by the caller (apply_plan: index, host rows and device rows together).
+// Traffic per call: one D2H of the queries (n * num_heads * head_dim floats) and the sync that
+// makes them host-visible, one H2D of the output (the same size; stream-ordered, no wait). The
+// estimator's query on the device (kernels/cuda/subgen_estimator) would remove both, not the
+// per-layer row copy the host sketch still needs (subgen_absorb runs on the host).
 void CudaBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs args,
                                   const kernels::KvCache& cache, kernels::EvictionPlan* plan) {
-  (void)args;
-  (void)cache;
-  (void)plan;
-  KVB_USAGE_FAIL() << "policy " << policy.config().name
-                   << " replaces the engine's attention (SubGen's estimator); it runs on --device "
-                      "cpu only";
+  KVB_CHECK(cache.host_rows())
+      << "--device cuda: policy " << policy.config().name
+      << " replaces attention, but its cache keeps no K/V rows on the host (such a policy must "
+         "declare Policy::reads_cache_rows)";
+  const ModelConfig& c = model_.config;
+  KVB_CHECK(args.num_heads == c.num_heads && args.head_dim == c.head_dim && args.n > 0)
+      << "--device cuda: attend_replaced with " << args.n << " rows of " << args.num_heads
+      << " heads x " << args.head_dim << ", the model has " << c.num_heads << " x " << c.head_dim;
+  const size_t count = static_cast<size_t>(args.n) * args.num_heads * args.head_dim;
+  q_h_.resize(count);
+  att_h_.assign(count, 0.0f);
+  copy_d2h(q_h_.data(), s_->q.data(), count * sizeof(float));
+  sync();
+  args.q = q_h_.data();
+  args.out = att_h_.data();
+  policy.attend(args, cache, *plan);
+  // Pageable source: the copy returns once att_h_ is staged, so reusing it later is safe.
+  copy_h2d(s_->att.data(), att_h_.data(), count * sizeof(float));
 }
 
 void CudaBackend::apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache& cache) {

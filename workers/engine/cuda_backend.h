@@ -37,8 +37,14 @@
 // kept slot). counters() counts every copy and sync, so these costs show in tests and
 // benchmarks.
 //
-// Not supported on the GPU (clear usage errors): policies that replace attention (SubGen,
-// weighted subgen_kcenter), tensor-parallel groups.
+// Policies that replace attention (SubGen, weighted subgen_kcenter; both read K/V rows, so their
+// caches keep host rows) run their own attend() on the host, as on the CPU: attend_replaced
+// downloads the layer's queries (n * num_heads * head_dim floats, one sync) and uploads its
+// output (the same size), on top of the row copies above. A decode step of these policies thus
+// costs per layer 3 D2H copies and 2 syncs, and H2D the layer's lengths and the output, plus a
+// changed layer's keep-lists (SubGen absorbing a token).
+//
+// Not supported on the GPU (a clear usage error): tensor-parallel groups.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -76,7 +82,6 @@ class CudaBackend final : public Backend {
   size_t kv_logical_bytes(const kernels::KvCache& cache) const override;
   size_t kv_physical_bytes(const kernels::KvCache& cache) const override;
   TransferCounters counters() const override { return counters_; }
-  bool runs_replaced_attention() const override { return false; }
   policies::PolicyOps& policy_ops() override;
   void stats_to_device(policies::LayerStats* stats) override;
   bool times_policy_on_device() const override { return true; }
@@ -147,6 +152,7 @@ class CudaBackend final : public Backend {
   int rolled_layer_ = -1;  // the layer whose next attention reads the rolled keys
   // Host staging.
   std::vector<float> k_h_, v_h_, col_sums_, last_probs_;
+  std::vector<float> q_h_, att_h_;  // a replaced attention's queries and output (attend_replaced)
   std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_, keep_scratch_;
   int64_t cache_uploads_ = 0;
   std::unique_ptr<kernels::cuda::CudaPolicyOps> ops_;
