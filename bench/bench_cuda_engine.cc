@@ -5,9 +5,10 @@
 // contexts (default 4K..32K) x policies (full, snapkv, ada_snapkv, h2o) x budgets (128..2048).
 // Prefill: one pass over `context` pseudo-random tokens with the policy's prefill hook; decode:
 // `--steps` single-token steps after it, each with the decode hook. Policy share = policy_ms
-// (hooks + the statistics copies + plan application) / decode time. Without a GPU: one line, exit 0.
+// (device time between CUDA events around each hook and its plan's application, statistics
+// copies included for host-side hooks) / decode time. Without a GPU: one line, exit 0.
 //   bench_cuda_engine [--dtype bf16|f32] [--contexts 4096,8192] [--budgets 128,2048]
-//     [--policies full,h2o] [--steps 32] [--models smollm2,llama8b] [--layers 32 --dim 4096
+//     [--policies full,h2o | all] [--steps 32] [--models smollm2,llama8b] [--layers 32 --dim 4096
 //     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256]
 #include <omp.h>
 
@@ -215,6 +216,10 @@ int main(int argc, char** argv) {
                    k.c_str());
       return 2;
     }
+  }
+  if (pols == "all") {  // every registered policy, with its default options
+    pols.clear();
+    for (const auto& info : policies::policy_registry()) pols += (pols.empty() ? "" : ",") + info.name;
   }
   try {
     const engine::DType dt = engine::parse_dtype(dtype);
