@@ -90,7 +90,12 @@ class Backend {
   virtual bool times_policy_on_device() const { return false; }
   virtual void begin_policy_span() {}
   virtual void end_policy_span() {}
-  virtual double take_policy_ms() { return 0; }
+  // With per_span, each span's milliseconds in the order begun (a decode batch attributes them
+  // to its sequences).
+  virtual double take_policy_ms(std::vector<double>* per_span = nullptr) {
+    if (per_span) per_span->clear();
+    return 0;
+  }
   // Tensor-parallel collectives sit behind reduce_add().
 
   // Decode batching (StackEngine::decode_batch): whether the per-sequence ops below can act on
@@ -99,6 +104,9 @@ class Backend {
   // the positions of those rows, until the next select_rows or begin_pass (which selects row 0).
   virtual bool batches_rows() const { return false; }
   virtual void select_rows(int row0) { (void)row0; }
+  // After begin_pass (which takes sequence 0's cache), each further sequence of a decode batch
+  // is bound with its cache (a device backend makes or grows its rows there).
+  virtual void bind_sequence(kernels::KvCache& cache) { (void)cache; }
 
   // --- one forward pass of n tokens ---
   // Sizes the activations for n = tokens.size() rows, embeds the tokens (ids already validated)

@@ -97,7 +97,6 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
       << "decode_batch: " << B << " tokens, " << caches.size() << " caches, " << policies.size()
       << " policies";
   Backend& be = *backend_;
-  pre_rope_dev_ = nullptr;  // batching backends' ops read host statistics
   pos_.resize(B);
   hooks_.resize(B);
   reqs_.resize(B);
@@ -119,19 +118,28 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
     cache.reserve_extra(1);
   }
   be.begin_pass(tokens, pos_.data(), *caches[0]);
+  for (int b = 1; b < B; ++b) be.bind_sequence(*caches[b]);
   const float scale = c.softmax_scale();
   const size_t kv_elems = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+  const bool device_ops = be.policy_ops().on_device();
   for (int l = 0; l < c.num_layers; ++l) {
     project_qkv(l, B);
     for (int b = 0; b < B; ++b) {
       be.select_rows(b);
+      pre_rope_dev_ = nullptr;
       if (reqs_[b].pre_rope_keys) {
-        pre_rope_k_.resize(kv_elems);
-        be.download(Act::kK, kv_elems, pre_rope_k_.data());
+        if (device_ops && policies[b]->decides_with_ops()) {
+          pre_rope_dev_ = be.stash(Act::kK, kv_elems);  // the selected row's keys
+        } else {
+          pre_rope_k_.resize(kv_elems);
+          be.download(Act::kK, kv_elems, pre_rope_k_.data());
+        }
       }
       const double p0 = policy_ms_;
+      span_seq_ = b;
       attend_layer(l, 1, *caches[b], policies[b], hooks_[b], reqs_[b],
                    std::min(reqs_[b].last_w, 1), scale, nullptr);
+      span_seq_ = -1;
       if (seq_policy_ms) seq_policy_ms[b] += policy_ms_ - p0;
     }
     be.select_rows(0);
@@ -142,7 +150,17 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
   be.rmsnorm(Act::kXb, Act::kX, -1, Norm::kAttn, 0, B);
   be.classify(B, logits);
   be.end_pass(*caches[0]);
-  if (be.times_policy_on_device()) policy_ms_ += be.take_policy_ms();
+  if (be.times_policy_on_device()) {
+    // Device spans complete at end_pass: each goes to the sequence whose hook it timed.
+    policy_ms_ += be.take_policy_ms(&span_ms_);
+    KVB_CHECK(span_ms_.size() == span_owner_.size())
+        << "decode_batch: " << span_ms_.size() << " policy spans for " << span_owner_.size()
+        << " begun";
+    if (seq_policy_ms) {
+      for (size_t i = 0; i < span_ms_.size(); ++i) seq_policy_ms[span_owner_[i]] += span_ms_[i];
+    }
+  }
+  span_owner_.clear();
 }
 
 void StackEngine::project_qkv(int l, int n) {
@@ -178,12 +196,17 @@ void StackEngine::finish_layer(int l, int n) {
   residual(Norm::kPostFfn);
 }
 
+void StackEngine::begin_span() {
+  if (span_seq_ >= 0) span_owner_.push_back(span_seq_);
+  backend_->begin_policy_span();
+}
+
 template <typename Hook>
 void StackEngine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
   Backend& be = *backend_;
   const bool device_time = be.times_policy_on_device();
   const auto t0 = Clock::now();
-  if (device_time) be.begin_policy_span();
+  if (device_time) begin_span();
   plan_.reset(layer, cache.shape().num_kv_heads);
   hook(plan_);
   be.apply_plan(plan_, cache);
@@ -269,7 +292,7 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
   policies::LayerStats host = stats;
   if ((stats.col_sums || stats.last_probs) && (record || !stats_stay)) {
     const bool device_time = hook != PolicyHook::kNone && be.times_policy_on_device();
-    if (device_time) be.begin_policy_span();
+    if (device_time) begin_span();
     const double ms = be.stats_to_host(&host);
     if (device_time) {
       be.end_policy_span();
@@ -355,7 +378,7 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCa
   Backend& be = *backend_;
   const bool device_time = be.times_policy_on_device();
   const auto t0 = Clock::now();
-  if (device_time) be.begin_policy_span();
+  if (device_time) begin_span();
   for (int l = 0; l < c.num_layers; ++l) {
     if (c.sliding(l)) continue;  // the window is the cache; policies act on global layers
     const int stride = rec.strides[l];

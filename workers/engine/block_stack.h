@@ -76,6 +76,8 @@ class StackEngine : public EngineBase {
   // not std::function: it runs per layer per decode step, and a capturing lambda would allocate.
   template <typename Hook>
   void run_hook(int layer, kernels::KvCache& cache, Hook&& hook);
+  // Backend::begin_policy_span, remembering the sequence of a decode batch it belongs to.
+  void begin_span();
   // A sliding-window layer (ModelConfig::window): RoPE with the layer's base, append, windowed
   // attention, then the cache keeps the last window - 1 rows per head. No policy hook, no
   // statistics, true positions (POLICIES.md "Sliding-window layers").
@@ -94,6 +96,9 @@ class StackEngine : public EngineBase {
   std::vector<int32_t> window_keep_;   // sliding_layer: the slots a head keeps
   std::vector<PolicyHook> hooks_;             // decode_batch: per sequence
   std::vector<policies::StatsRequest> reqs_;  // decode_batch: per sequence
+  int span_seq_ = -1;              // decode_batch: the sequence whose hooks run, else -1
+  std::vector<int> span_owner_;    // decode_batch: the sequence of each device policy span
+  std::vector<double> span_ms_;
 };
 
 }  // namespace kvb::engine

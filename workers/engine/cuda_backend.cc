@@ -134,7 +134,8 @@ void CudaBackend::end_policy_span() {
   ++spans_;
 }
 
-double CudaBackend::take_policy_ms() {
+double CudaBackend::take_policy_ms(std::vector<double>* per_span) {
+  if (per_span) per_span->clear();
   if (spans_ == 0) return 0;
   if (cudaEventQuery(span_end_[spans_ - 1]) == cudaErrorNotReady) {
     KVB_CUDA_CHECK(cudaEventSynchronize(span_end_[spans_ - 1]));
@@ -145,6 +146,7 @@ double CudaBackend::take_policy_ms() {
     float span = 0;
     KVB_CUDA_CHECK(cudaEventElapsedTime(&span, span_begin_[i], span_end_[i]));
     ms += span;
+    if (per_span) per_span->push_back(span);
   }
   spans_ = 0;
   return ms;
@@ -276,6 +278,30 @@ float* CudaBackend::act(Act a) const {
   return table[i];
 }
 
+float* CudaBackend::rows_at(Act a) const {
+  const ModelConfig& c = model_.config;
+  size_t width = c.dim;
+  switch (a) {
+    case Act::kQ:
+    case Act::kAtt: width = static_cast<size_t>(c.num_heads) * c.head_dim; break;
+    case Act::kK:
+    case Act::kV: width = static_cast<size_t>(c.num_kv_heads) * c.head_dim; break;
+    case Act::kGate:
+    case Act::kUp: width = c.hidden_dim; break;
+    default: break;
+  }
+  return act(a) + static_cast<size_t>(row0_) * width;
+}
+
+void CudaBackend::select_rows(int row0) {
+  KVB_CHECK(row0 >= 0 && row0 < static_cast<int>(pos_h_.size()))
+      << "--device cuda: row " << row0 << " of a pass of " << pos_h_.size();
+  row0_ = row0;
+  rolled_layer_ = -1;  // another sequence's rolled keys are not this one's
+}
+
+void CudaBackend::bind_sequence(kernels::KvCache& cache) { bind_cache(cache, 1); }
+
 void CudaBackend::gemm(float* y, const float* x, const void* w, const float* bias, int n, int k,
                        int m) {
   if (dtype_ == DType::kF32) {
@@ -332,12 +358,14 @@ void CudaBackend::bind_cache(kernels::KvCache& cache, int n) {
   const int need = longest + n;
   if (rows && room >= need) {
     dev_ = rows;
+    bound_.push_back(dev_);
     return;
   }
   if (rows) {  // a head about to overflow
     std::unique_ptr<cu::DeviceKvCache> bigger = rows->grown(std::max(need, room + room / 2));
     ++counters_.stream_syncs;  // grown() synchronises the device
     dev_ = bigger.get();
+    bound_.push_back(dev_);
     cache.set_device_rows(std::move(bigger));
     return;
   }
@@ -378,6 +406,8 @@ void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* pos
   ensure(s.tokens, N);
   ensure(s.pos, N);
   rolled_layer_ = -1;
+  row0_ = 0;
+  bound_.clear();
   tokens_h_.assign(tokens.begin(), tokens.end());
   pos_h_.assign(positions, positions + n);
   bind_cache(cache, n);
@@ -458,26 +488,26 @@ void CudaBackend::glu(int n) {
 }
 
 void CudaBackend::rope(Act a, int layer, int heads, int n) {
-  cu::rope(act(a), s_->pos.data(), n, heads, model_.config.head_dim,
+  cu::rope(rows_at(a), s_->pos.data() + row0_, n, heads, model_.config.head_dim,
            model_.config.rope_of(layer), stream_);
 }
 
 void CudaBackend::rope_rows(Act a, int layer, const int32_t* positions, int rows) {
   ensure(s_->qpos, static_cast<size_t>(rows));
   copy_h2d(s_->qpos.data(), positions, static_cast<size_t>(rows) * 4);
-  cu::rope(act(a), s_->qpos.data(), rows, 1, model_.config.head_dim,
+  cu::rope(rows_at(a), s_->qpos.data(), rows, 1, model_.config.head_dim,
            model_.config.rope_of(layer), stream_);
 }
 
 void CudaBackend::download(Act a, size_t count, float* dst) {
-  copy_d2h(dst, act(a), count * 4);
+  copy_d2h(dst, rows_at(a), count * 4);
   sync();
 }
 
 const float* CudaBackend::stash(Act a, size_t count) {
   ensure(s_->stash, count);
-  KVB_CUDA_CHECK(cudaMemcpyAsync(s_->stash.data(), act(a), count * 4, cudaMemcpyDeviceToDevice,
-                                 stream_));
+  KVB_CUDA_CHECK(cudaMemcpyAsync(s_->stash.data(), rows_at(a), count * 4,
+                                 cudaMemcpyDeviceToDevice, stream_));
   return s_->stash.data();
 }
 
@@ -486,24 +516,26 @@ void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
   const int hd = c.head_dim, ckv = cache.shape().num_kv_heads;
   Scratch& s = *s_;
   const size_t N = n;
-  const float* k_new = s.k.data();
-  const float* v_new = s.v.data();
+  dev_ = rows_of(cache);  // the sequence of the selected rows (decode batches bind several)
+  KVB_CHECK(dev_ != nullptr) << "--device cuda: append to a cache without device rows";
+  const float* k_new = rows_at(Act::kK);
+  const float* v_new = rows_at(Act::kV);
   if (ckv != c.num_kv_heads) {  // GQA expanded: one copy per query head
     ensure(s.kx, N * ckv * hd);
     ensure(s.vx, N * ckv * hd);
-    gpu::expand_gqa(s.kx.data(), s.k.data(), n, c.num_kv_heads, ckv, hd, stream_);
-    gpu::expand_gqa(s.vx.data(), s.v.data(), n, c.num_kv_heads, ckv, hd, stream_);
+    gpu::expand_gqa(s.kx.data(), k_new, n, c.num_kv_heads, ckv, hd, stream_);
+    gpu::expand_gqa(s.vx.data(), v_new, n, c.num_kv_heads, ckv, hd, stream_);
     k_new = s.kx.data();
     v_new = s.vx.data();
   }
-  dev_->append(l, k_new, v_new, s.pos.data(), n, stream_);
+  dev_->append(l, k_new, v_new, s.pos.data() + row0_, n, stream_);
   ++counters_.h2d_copies;  // append() pushes the layer's lengths
   counters_.h2d_bytes += ckv * sizeof(int32_t);
 
   if (!cache.host_rows()) {
     // The index only: positions are known here, nothing comes back from the device.
     for (int t = 0; t < n; ++t) {
-      for (int h = 0; h < ckv; ++h) cache.append(l, h, nullptr, nullptr, pos_h_[t]);
+      for (int h = 0; h < ckv; ++h) cache.append(l, h, nullptr, nullptr, pos_h_[row0_ + t]);
     }
     return;
   }
@@ -512,8 +544,8 @@ void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
   const size_t count = N * c.num_kv_heads * hd;
   k_h_.resize(count);
   v_h_.resize(count);
-  copy_d2h(k_h_.data(), s.k.data(), count * 4);
-  copy_d2h(v_h_.data(), s.v.data(), count * 4);
+  copy_d2h(k_h_.data(), rows_at(Act::kK), count * 4);
+  copy_d2h(v_h_.data(), rows_at(Act::kV), count * 4);
   sync();
   if (dtype_ == DType::kBf16) {
     for (size_t i = 0; i < count; ++i) {
@@ -521,12 +553,14 @@ void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
       v_h_[i] = bf16_round(v_h_[i]);
     }
   }
-  append_block_rows(c, l, n, k_h_.data(), v_h_.data(), pos_h_.data(), cache);
+  append_block_rows(c, l, n, k_h_.data(), v_h_.data(), pos_h_.data() + row0_, cache);
 }
 
 void CudaBackend::roll_keys(int l, kernels::KvCache& cache) {
   const int hd = model_.config.head_dim, ckv = cache.shape().num_kv_heads;
   Scratch& s = *s_;
+  dev_ = rows_of(cache);
+  KVB_CHECK(dev_ != nullptr) << "--device cuda: rolled keys of a cache without device rows";
   int slots = 0, longest = 0;
   for (int h = 0; h < ckv; ++h) {
     slots = std::max(slots, dev_->offset(l, h) + dev_->capacity(l, h));
@@ -554,16 +588,17 @@ void CudaBackend::roll_keys(int l, kernels::KvCache& cache) {
 
 void CudaBackend::attention(int l, int n, float scale, kernels::KvCache& cache, bool col_sums,
                             int last_w, int stride, policies::LayerStats* stats) {
-  (void)cache;  // the device cache holds it (bind_cache)
   Scratch& s = *s_;
+  dev_ = rows_of(cache);  // bound at begin_pass / bind_sequence
+  KVB_CHECK(dev_ != nullptr) << "--device cuda: attention over a cache without device rows";
   cu::DeviceLayerKvView view = dev_->layer(l);
   if (rolled_layer_ == l) {
     view.keys = view.dtype == cu::KvDtype::kF32 ? static_cast<void*>(s.rolled.data())
                                                 : static_cast<void*>(s.rolled_kv.data());
   }
   cu::AttentionArgs args;
-  args.out = s.att.data();
-  args.q = s.q.data();
+  args.out = rows_at(Act::kAtt);
+  args.q = rows_at(Act::kQ);
   args.kv = view;
   args.n = n;
   args.num_heads = model_.config.num_heads;
@@ -629,13 +664,13 @@ void CudaBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs
   const size_t count = static_cast<size_t>(args.n) * args.num_heads * args.head_dim;
   q_h_.resize(count);
   att_h_.assign(count, 0.0f);
-  copy_d2h(q_h_.data(), s_->q.data(), count * sizeof(float));
+  copy_d2h(q_h_.data(), rows_at(Act::kQ), count * sizeof(float));
   sync();
   args.q = q_h_.data();
   args.out = att_h_.data();
   policy.attend(args, cache, *plan);
   // Pageable source: the copy returns once att_h_ is staged, so reusing it later is safe.
-  copy_h2d(s_->att.data(), att_h_.data(), count * sizeof(float));
+  copy_h2d(rows_at(Act::kAtt), att_h_.data(), count * sizeof(float));
 }
 
 void CudaBackend::apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache& cache) {
@@ -685,7 +720,9 @@ void CudaBackend::apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache
   }
 }
 
-void CudaBackend::end_layers(int n) { dev_->advance_position(n); }
+void CudaBackend::end_layers(int n) {
+  for (cu::DeviceKvCache* rows : bound_) rows->advance_position(n);
+}
 
 void CudaBackend::classify(int rows, std::vector<float>* logits) {
   const ModelConfig& c = model_.config;

@@ -87,7 +87,7 @@ class CudaBackend final : public Backend {
   bool times_policy_on_device() const override { return true; }
   void begin_policy_span() override;
   void end_policy_span() override;
-  double take_policy_ms() override;
+  double take_policy_ms(std::vector<double>* per_span = nullptr) override;
   bool keeps_host_rows(const policies::Policy* policy) const override {
     return policy && policy->reads_cache_rows();
   }
@@ -101,6 +101,12 @@ class CudaBackend final : public Backend {
   // the cache has none yet.
   kernels::KvCache download_device_rows(const kernels::KvCache& cache) const;
 
+  // Decode batching (Backend::batches_rows): the pass's rows share the weight GEMMs; per row,
+  // RoPE, the append, attention and the policy run on that sequence's own device rows
+  // (bind_sequence binds each; the ops find them through the cache they are given).
+  bool batches_rows() const override { return true; }
+  void select_rows(int row0) override;
+  void bind_sequence(kernels::KvCache& cache) override;
   void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
                   kernels::KvCache& cache) override;
   void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) override;
@@ -131,6 +137,8 @@ class CudaBackend final : public Backend {
   void upload_weights();
   void bind_cache(kernels::KvCache& cache, int n);
   float* act(Act a) const;
+  // act(a) from the selected row (select_rows) on.
+  float* rows_at(Act a) const;
   const float* norm_weight(int layer, Norm which) const;
   // x (f32 [n, k]) times w ([m, k], dtype_) into y [n, m].
   void gemm(float* y, const float* x, const void* w, const float* bias, int n, int k, int m);
@@ -148,7 +156,9 @@ class CudaBackend final : public Backend {
   kernels::cuda::DeviceBuffer<float> embedding_, final_norm_, output_f32_;
   kernels::cuda::DeviceBuffer<__nv_bfloat16> output_bf16_;
   std::unique_ptr<Scratch> s_;
-  kernels::cuda::DeviceKvCache* dev_ = nullptr;  // the rows of the pass's cache (it owns them)
+  kernels::cuda::DeviceKvCache* dev_ = nullptr;  // the rows of the current sequence's cache
+  std::vector<kernels::cuda::DeviceKvCache*> bound_;  // every sequence's rows in this pass
+  int row0_ = 0;                                      // select_rows
   int rolled_layer_ = -1;  // the layer whose next attention reads the rolled keys
   // Host staging.
   std::vector<float> k_h_, v_h_, col_sums_, last_probs_;
