@@ -30,9 +30,9 @@ def run(bench, filt, threads):
         name = re.sub(r"bm_(bf16_|f32_)?", "", b["run_name"]).split("/iterations")[0]
         # tok/s is a rate over real time (UseRealTime) or over the main thread's CPU time.
         real = b["run_name"].endswith("real_time")
-        tokens = b["tok/s"] * (b["real_time"] if real else b["cpu_time"])
-        res.setdefault(name + " [cpu]", []).append(tokens / b["cpu_time"] * 1e3)
-        res.setdefault(name + " [wall]", []).append(tokens / b["real_time"] * 1e3)
+        tokens = b["tok/s"] * (b["real_time"] if real else b["cpu_time"])  # x time unit
+        res.setdefault(name + " [cpu]", []).append(tokens / b["cpu_time"])
+        res.setdefault(name + " [wall]", []).append(tokens / b["real_time"])
     return load, {k: statistics.median(v) for k, v in res.items()}
 
 

@@ -1,8 +1,9 @@
 // matmul_bf16 (matmul_bf16.h): bf16 weights widened to f32 by a 16-bit shift, then matmul's
 // summation order (16 lanes of fused multiply-adds in increasing p, the fixed tree). Decode
 // (n == 1) runs its own register tiles, picked at run time (AVX-512 1x16, AVX2 1x4, portable);
-// n > 1 widens panels of w into per-thread f32 scratch and calls matmul on them, whose contract
-// makes each output's bits independent of the panel split. AVX-512 BF16 (vdpbf16ps) is not used:
+// so do a few rows on AVX-512 (4x4 tiles, 2 <= n < 16); otherwise panels of w are widened into
+// per-thread f32 scratch and matmul runs on them, whose contract makes each output's bits
+// independent of the panel split. AVX-512 BF16 (vdpbf16ps) is not used:
 // it would round x to bf16 and pair the products, so the result would no longer equal the f32
 // reference on the rounded weights; decode streams w from memory, where the shift costs nothing.
 #include "kernels/cpu/matmul_bf16.h"
@@ -137,6 +138,55 @@ KVB_TARGET_AVX512 void decode_avx512(const float* x, const uint16_t* w, int k, i
     _mm512_mask_storeu_ps(out + (jt - j0), static_cast<__mmask16>((1u << cols) - 1u), s);
   }
 }
+// A few rows (decode of a batch, 2 <= n < 16): rows [0, n) of x times outputs [j0, j1), 4 x 4
+// tiles with one zmm per output (acc[r + 4c], reduce16 leaves them [4, 4] row-major); each w
+// row is read from memory once and from cache ceil(n / 4) times. Edge tiles repeat the last
+// row of x / w and drop those outputs. y: [n, m].
+KVB_TARGET_AVX512 void rows_avx512(const float* x, const uint16_t* w, int n, int k, int m,
+                                   int j0, int j1, float* y) {
+  const __mmask16 tail = static_cast<__mmask16>((1u << (k % kLanes)) - 1u);
+  const int kfull = k - k % kLanes;
+  for (int i0 = 0; i0 < n; i0 += 4) {
+    const float* xr[4];
+    for (int r = 0; r < 4; ++r) xr[r] = x + static_cast<size_t>(std::min(i0 + r, n - 1)) * k;
+    for (int jt = j0; jt < j1; jt += 4) {
+      const uint16_t* wr[4];
+      for (int c = 0; c < 4; ++c) wr[c] = w + static_cast<size_t>(std::min(jt + c, j1 - 1)) * k;
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+      for (int p = 0; p < kfull; p += kLanes) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          wv[c] = widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[c] + p)));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          const __m512 xv = _mm512_loadu_ps(xr[r] + p);
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) acc[r + 4 * c] = _mm512_fmadd_ps(xv, wv[c], acc[r + 4 * c]);
+        }
+      }
+      if (tail) {
+        __m512 wv[4];
+        for (int c = 0; c < 4; ++c) wv[c] = widen16(_mm256_maskz_loadu_epi16(tail, wr[c] + kfull));
+        for (int r = 0; r < 4; ++r) {
+          const __m512 xv = _mm512_maskz_loadu_ps(tail, xr[r] + kfull);
+          for (int c = 0; c < 4; ++c) {
+            acc[r + 4 * c] = _mm512_mask3_fmadd_ps(xv, wv[c], acc[r + 4 * c], tail);
+          }
+        }
+      }
+      alignas(64) float out[16];  // [4, 4] row-major
+      _mm512_store_ps(out, reduce16(acc));
+      const int rows = std::min(4, n - i0), cols = std::min(4, j1 - jt);
+      for (int r = 0; r < rows; ++r) {
+        std::memcpy(y + static_cast<size_t>(i0 + r) * m + jt, out + 4 * r, cols * sizeof(float));
+      }
+    }
+  }
+}
 #pragma GCC diagnostic pop
 
 KVB_TARGET_AVX2 inline __m256 widen8(__m128i h) {
@@ -239,14 +289,45 @@ void decode(float* y, const float* x, const uint16_t* w, const float* bias, int 
   }
 }
 
+#if defined(KVB_BF16_X86)
+// 2 <= n < 16 on AVX-512: rows_avx512 over chunks of 64 outputs spread over the threads.
+void few_rows_avx512(float* y, const float* x, const uint16_t* w, const float* bias, int n, int k,
+                     int m) {
+  constexpr int kChunk = 64;
+  const int chunks = (m + kChunk - 1) / kChunk;
+  const bool parallel = chunks > 1 && 2.0 * n * static_cast<double>(k) * m >= 1.0e5 &&
+                        !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int ch = 0; ch < chunks; ++ch) {
+    const int j0 = ch * kChunk, j1 = std::min(m, j0 + kChunk);
+    rows_avx512(x, w, n, k, m, j0, j1, y);
+    if (bias != nullptr) {
+      for (int i = 0; i < n; ++i) {
+        for (int j = j0; j < j1; ++j) y[static_cast<size_t>(i) * m + j] += bias[j];
+      }
+    }
+  }
+}
+#endif
+
 // n > 1: panels of `panel` rows of w widened into f32 scratch, each multiplied by all of x with
 // matmul (one thread per panel; matmul runs serially inside the parallel region).
 void batched(float* y, const float* x, const uint16_t* w, const float* bias, int n, int k, int m) {
-  // A panel of ~128 KiB of f32 stays in L2 while x streams past it; at least 16 rows.
-  const int panel = std::max(16, std::min(64, (32768 / std::max(k, 1)) / 16 * 16));
+  // matmul's own panel width (64 rows of w, while a panel stays <= 1 MiB of f32 in L2), so that x
+  // streams past w as often as on the f32 path.
+  const int panel = std::max(16, std::min(64, (262144 / std::max(k, 1)) / 16 * 16));
   const int panels = (m + panel - 1) / panel;
   const bool parallel = panels > 1 && 2.0 * n * static_cast<double>(k) * m >= 1.0e5 &&
                         !omp_in_parallel();
+  // x once in a 64-byte aligned copy when matmul would otherwise copy its row blocks for every
+  // panel (matmul packs an operand that is misaligned or whose k is not a multiple of 16).
+  thread_local Scratch x_buf;
+  const float* xa = x;
+  if (k % kLanes == 0 && reinterpret_cast<uintptr_t>(x) % 64 != 0) {
+    float* copy = x_buf.get(static_cast<size_t>(n) * k);
+    std::memcpy(copy, x, static_cast<size_t>(n) * k * sizeof(float));
+    xa = copy;
+  }
 #pragma omp parallel if (parallel)
   {
     thread_local Scratch w_buf, y_buf;
@@ -257,7 +338,7 @@ void batched(float* y, const float* x, const uint16_t* w, const float* bias, int
       const uint16_t* src = w + static_cast<size_t>(j0) * k;
       for (size_t i = 0; i < static_cast<size_t>(cols) * k; ++i) wf[i] = f32_from_bf16(src[i]);
       float* yp = y_buf.get(static_cast<size_t>(n) * cols);  // [n, cols]
-      matmul(yp, x, wf, bias != nullptr ? bias + j0 : nullptr, n, k, cols);
+      matmul(yp, xa, wf, bias != nullptr ? bias + j0 : nullptr, n, k, cols);
       for (int i = 0; i < n; ++i) {
         std::memcpy(y + static_cast<size_t>(i) * m + j0, yp + static_cast<size_t>(i) * cols,
                     cols * sizeof(float));
@@ -309,6 +390,10 @@ void matmul_bf16(float* y, const float* x, const uint16_t* w, const float* bias,
   if (n == 0 || m == 0) return;
   if (n == 1) {
     decode(y, x, w, bias, k, m, p);
+#if defined(KVB_BF16_X86)
+  } else if (n < 16 && p == Bf16Path::kAvx512) {
+    few_rows_avx512(y, x, w, bias, n, k, m);
+#endif
   } else {
     batched(y, x, w, bias, n, k, m);
   }

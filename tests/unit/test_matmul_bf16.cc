@@ -143,17 +143,21 @@ TEST(MatmulBf16, NegativeZeroSurvivesTheTail) {
   // Every product -0 (x = -0, w = +1): the dot is +0 + -0 = +0 in every lane; with a tail of k,
   // lanes past k must not be touched. Compare a sign-sensitive case to the f32 matmul.
   const int k = 19, m = 3;
-  std::vector<float> x(k, -1e-30f);
   std::vector<float> wf(static_cast<size_t>(m) * k, 1e-30f);  // products underflow to -0
   std::vector<uint16_t> w(wf.size());
   round_to_bf16(wf.data(), wf.size(), w.data());
   std::vector<float> widened(w.size());
   for (size_t i = 0; i < w.size(); ++i) widened[i] = f32_from_bf16(w[i]);
   for (Bf16Path p : runnable_paths()) {
-    std::vector<float> got(m), want(m);
-    matmul_bf16(got.data(), x.data(), w.data(), nullptr, 1, k, m, p);
-    matmul(want.data(), x.data(), widened.data(), nullptr, 1, k, m);
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), m * sizeof(float)), 0) << bf16_path_name(p);
+    for (int n : {1, 3, 20}) {  // decode tile, few-row tile, widened panels
+      std::vector<float> xn(static_cast<size_t>(n) * k, -1e-30f);
+      std::vector<float> got(static_cast<size_t>(n) * m), want(got.size());
+      matmul_bf16(got.data(), xn.data(), w.data(), nullptr, n, k, m, p);
+      matmul(want.data(), xn.data(), widened.data(), nullptr, n, k, m);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << bf16_path_name(p) << " n=" << n;
+      EXPECT_TRUE(std::signbit(got[0])) << "the dot of -0 products is -0";
+    }
   }
 }
 
