@@ -165,10 +165,11 @@ TEST_F(SmolBf16, LogitsNearF32) {
   std::printf("SmolLM2 bf16 vs f32: %d positions, max |logit diff| %.4f (%.2f%% of max |logit|), "
               "top-1 agreement %d/%d\n",
               rows, max_diff, 100 * max_rel, top1, rows);
-  // Tolerances from the measurement (0.61 max diff, 22/23 top-1; see bench/README.md), with
-  // margin; the f32-vs-transformers difference on the same prompts is 7e-5.
-  EXPECT_LT(max_diff, 1.5);
-  EXPECT_GE(top1, rows * 85 / 100);
+  // Measured (2026-11-26): max diff 0.29 (1.4% of the largest logit), top-1 296/298. Bounds
+  // with a 2x margin and 95%; the f32 engine's own difference to transformers on these prompts
+  // is 7e-5 (test_engine_smollm2), so this is the rounding of the weights alone.
+  EXPECT_LT(max_diff, 0.6);
+  EXPECT_GE(top1, rows * 95 / 100);
 }
 
 }  // namespace
