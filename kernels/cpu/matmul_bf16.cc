@@ -142,8 +142,8 @@ KVB_TARGET_AVX512 void decode_avx512(const float* x, const uint16_t* w, int k, i
 // tiles with one zmm per output (acc[r + 4c], reduce16 leaves them [4, 4] row-major); each w
 // row is read from memory once and from cache ceil(n / 4) times. Edge tiles repeat the last
 // row of x / w and drop those outputs. y: [n, m].
-KVB_TARGET_AVX512 void rows_avx512(const float* x, const uint16_t* w, int n, int k, int m,
-                                   int j0, int j1, float* y) {
+KVB_TARGET_AVX512 void rows_avx512(const float* x, const uint16_t* w, int n, int k, int m, int j0,
+                                   int j1, float* y) {
   const __mmask16 tail = static_cast<__mmask16>((1u << (k % kLanes)) - 1u);
   const int kfull = k - k % kLanes;
   for (int i0 = 0; i0 < n; i0 += 4) {
@@ -198,7 +198,7 @@ KVB_TARGET_AVX2 void decode_avx2(const float* x, const uint16_t* w, int k, int j
                                  float* out) {
   constexpr int C = 4;
   const int kfull = k - k % kLanes;
-  alignas(32) float xt[kLanes] = {};     // x's tail, zero past k
+  alignas(32) float xt[kLanes] = {};        // x's tail, zero past k
   alignas(32) uint16_t wt[C][kLanes] = {};  // w rows' tails
   std::memcpy(xt, x + kfull, (k - kfull) * sizeof(float));
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -221,8 +221,8 @@ KVB_TARGET_AVX2 void decode_avx2(const float* x, const uint16_t* w, int k, int j
     if (kfull < k) {
       for (int c = 0; c < C; ++c) std::memcpy(wt[c], wr[c] + kfull, (k - kfull) * sizeof(uint16_t));
       for (int h = 0; h < 2; ++h) {
-        const __m256 live = _mm256_castsi256_ps(
-            _mm256_cmpgt_epi32(_mm256_set1_epi32(k - kfull - 8 * h), lane));
+        const __m256 live =
+            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(k - kfull - 8 * h), lane));
         const __m256 xv = _mm256_load_ps(xt + 8 * h);
         for (int c = 0; c < C; ++c) {
           const __m128i wh = _mm_load_si128(reinterpret_cast<const __m128i*>(wt[c] + 8 * h));
@@ -278,10 +278,16 @@ void decode(float* y, const float* x, const uint16_t* w, const float* bias, int 
     const int j0 = ch * kChunk, j1 = std::min(m, j0 + kChunk);
     switch (path) {
 #if defined(KVB_BF16_X86)
-      case Bf16Path::kAvx512: decode_avx512(x, w, k, j0, j1, y + j0); break;
-      case Bf16Path::kAvx2: decode_avx2(x, w, k, j0, j1, y + j0); break;
+      case Bf16Path::kAvx512:
+        decode_avx512(x, w, k, j0, j1, y + j0);
+        break;
+      case Bf16Path::kAvx2:
+        decode_avx2(x, w, k, j0, j1, y + j0);
+        break;
 #endif
-      default: decode_portable(x, w, k, j0, j1, y + j0); break;
+      default:
+        decode_portable(x, w, k, j0, j1, y + j0);
+        break;
     }
     if (bias != nullptr) {
       for (int j = j0; j < j1; ++j) y[j] += bias[j];
@@ -295,8 +301,8 @@ void few_rows_avx512(float* y, const float* x, const uint16_t* w, const float* b
                      int m) {
   constexpr int kChunk = 64;
   const int chunks = (m + kChunk - 1) / kChunk;
-  const bool parallel = chunks > 1 && 2.0 * n * static_cast<double>(k) * m >= 1.0e5 &&
-                        !omp_in_parallel();
+  const bool parallel =
+      chunks > 1 && 2.0 * n * static_cast<double>(k) * m >= 1.0e5 && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int ch = 0; ch < chunks; ++ch) {
     const int j0 = ch * kChunk, j1 = std::min(m, j0 + kChunk);
@@ -317,8 +323,8 @@ void batched(float* y, const float* x, const uint16_t* w, const float* bias, int
   // streams past w as often as on the f32 path.
   const int panel = std::max(16, std::min(64, (262144 / std::max(k, 1)) / 16 * 16));
   const int panels = (m + panel - 1) / panel;
-  const bool parallel = panels > 1 && 2.0 * n * static_cast<double>(k) * m >= 1.0e5 &&
-                        !omp_in_parallel();
+  const bool parallel =
+      panels > 1 && 2.0 * n * static_cast<double>(k) * m >= 1.0e5 && !omp_in_parallel();
   // x once in a 64-byte aligned copy when matmul would otherwise copy its row blocks for every
   // panel (matmul packs an operand that is misaligned or whose k is not a multiple of 16).
   thread_local Scratch x_buf;
@@ -352,14 +358,17 @@ void batched(float* y, const float* x, const uint16_t* w, const float* bias, int
 bool bf16_path_supported(Bf16Path path) {
   switch (path) {
     case Bf16Path::kAuto:
-    case Bf16Path::kPortable: return true;
+    case Bf16Path::kPortable:
+      return true;
 #if defined(KVB_BF16_X86)
     case Bf16Path::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
-    case Bf16Path::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Bf16Path::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -372,10 +381,14 @@ Bf16Path bf16_auto_path() {
 
 const char* bf16_path_name(Bf16Path path) {
   switch (path) {
-    case Bf16Path::kAuto: return "auto";
-    case Bf16Path::kAvx512: return "avx512";
-    case Bf16Path::kAvx2: return "avx2";
-    case Bf16Path::kPortable: return "portable";
+    case Bf16Path::kAuto:
+      return "auto";
+    case Bf16Path::kAvx512:
+      return "avx512";
+    case Bf16Path::kAvx2:
+      return "avx2";
+    case Bf16Path::kPortable:
+      return "portable";
   }
   return "?";
 }

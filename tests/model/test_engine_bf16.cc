@@ -5,13 +5,13 @@
 // 2. the f32 engine on the original weights (SmolLM2-135M): the cost of the rounding itself, as a
 //    bound on the logits and a top-1 agreement rate (figures printed).
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "kernels/cpu/matmul_bf16.h"
 #include "workers/engine/engine_base.h"
@@ -39,9 +39,9 @@ engine::Model rounded_copy(const engine::Model& m) {
     }
   }
   if (r.output.empty()) {
-    r.output.assign(m.token_embedding.begin(),
-                    m.token_embedding.begin() +
-                        static_cast<size_t>(m.config.vocab_size) * m.config.dim);
+    r.output.assign(
+        m.token_embedding.begin(),
+        m.token_embedding.begin() + static_cast<size_t>(m.config.vocab_size) * m.config.dim);
   }
   round_in_place(r.output);
   return r;
@@ -162,9 +162,10 @@ TEST_F(SmolBf16, LogitsNearF32) {
       ++rows;
     }
   }
-  std::printf("SmolLM2 bf16 vs f32: %d positions, max |logit diff| %.4f (%.2f%% of max |logit|), "
-              "top-1 agreement %d/%d\n",
-              rows, max_diff, 100 * max_rel, top1, rows);
+  std::printf(
+      "SmolLM2 bf16 vs f32: %d positions, max |logit diff| %.4f (%.2f%% of max |logit|), "
+      "top-1 agreement %d/%d\n",
+      rows, max_diff, 100 * max_rel, top1, rows);
   // Measured (2026-11-26): max diff 0.29 (1.4% of the largest logit), top-1 296/298. Bounds
   // with a 2x margin and 95%; the f32 engine's own difference to transformers on these prompts
   // is 7e-5 (test_engine_smollm2), so this is the rounding of the weights alone.

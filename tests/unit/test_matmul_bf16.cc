@@ -61,7 +61,10 @@ TEST(Bf16Round, NearestEvenLaw) {
     const uint32_t down = b & 0xffff0000u, up = down + 0x10000u;
     const double d_down = std::fabs(double{f} - from_bits(down));
     const double d_up = std::fabs(double{f} - from_bits(up));
-    const uint32_t expect = d_down < d_up ? down : d_up < d_down ? up : ((down >> 16) & 1u) ? up : down;
+    const uint32_t expect = d_down < d_up         ? down
+                            : d_up < d_down       ? up
+                            : ((down >> 16) & 1u) ? up
+                                                  : down;
     ASSERT_EQ(static_cast<uint32_t>(bf16_from_f32(f)) << 16, expect) << std::hex << b;
   }
 }
@@ -107,9 +110,10 @@ TEST(MatmulBf16, BitIdenticalToF32MatmulOnWidenedWeights) {
   std::printf("bf16 paths on this CPU: auto = %s;", bf16_path_name(bf16_auto_path()));
   for (Bf16Path p : runnable_paths()) std::printf(" %s", bf16_path_name(p));
   std::printf("\n");
-  const int shapes[][3] = {{1, 1, 1},   {1, 3, 7},    {1, 17, 33},  {1, 16, 16}, {1, 576, 576},
-                           {1, 1536, 577}, {1, 4097, 19}, {2, 7, 3},  {3, 64, 70}, {5, 33, 129},
-                           {16, 17, 65}, {17, 576, 192}, {40, 100, 31}, {1, 0, 5},  {0, 5, 5}};
+  const int shapes[][3] = {{1, 1, 1},     {1, 3, 7},      {1, 17, 33},   {1, 16, 16},
+                           {1, 576, 576}, {1, 1536, 577}, {1, 4097, 19}, {2, 7, 3},
+                           {3, 64, 70},   {5, 33, 129},   {16, 17, 65},  {17, 576, 192},
+                           {40, 100, 31}, {1, 0, 5},      {0, 5, 5}};
   for (Bf16Path p : runnable_paths()) {
     for (const auto& s : shapes) check_shape(p, s[0], s[1], s[2]);
   }
