@@ -3,17 +3,22 @@
 //    rounded to bf16 beforehand: bit-identical logits, prefill and decode (one sequence and a
 //    batch), because bf16 -> f32 widening is exact and matmul_bf16 keeps matmul's summation order;
 // 2. the f32 engine on the original weights (SmolLM2-135M): the cost of the rounding itself, as a
-//    bound on the logits and a top-1 agreement rate (figures printed).
+//    bound on the logits and a top-1 agreement rate (figures printed);
+// 3. a sweep's provenance: a bf16 run names its device "cpu (bf16 weights)", an f32 run "cpu".
 #include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/matmul_bf16.h"
+#include "run_kvbench.h"
 #include "workers/engine/engine_base.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/model.h"
@@ -171,6 +176,45 @@ TEST_F(SmolBf16, LogitsNearF32) {
   // is 7e-5 (test_engine_smollm2), so this is the rounding of the weights alone.
   EXPECT_LT(max_diff, 0.6);
   EXPECT_GE(top1, rows * 95 / 100);
+}
+
+// The runs table's devices JSON of the only run in `db`.
+std::string run_devices(const std::string& db) {
+  sqlite3* h = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(h, "SELECT devices FROM runs", -1, &st, nullptr), SQLITE_OK);
+  std::string out;
+  if (sqlite3_step(st) == SQLITE_ROW)
+    out = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return out;
+}
+
+TEST_F(SmolBf16, SweepProvenanceNamesTheDtype) {
+  const std::string dir =
+      std::string(KVB_BINARY_DIR) + "/test_engine_bf16/sweep_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string cfg = dir + "/sweep.yaml";
+  std::ofstream(cfg) << "models:\n  - name: smollm2\n    path: " << kSmol << "\n"
+                     << "tasks:\n  - name: niah\n    options: {context_lengths: [96], depths: [0], "
+                        "haystack: noise}\n"
+                     << "policies: [full]\nkv_budget: [48]\nseed: [0]\n";
+  for (const std::string dtype : {"f32", "bf16"}) {
+    const std::string db = dir + "/" + dtype + ".db";
+    std::string err;
+    ASSERT_EQ(testing::kvbench({"sweep", cfg, "--db", db, "--threads", "1", "--dtype", dtype},
+                               nullptr, &err),
+              0)
+        << err;
+    const nlohmann::json devices = nlohmann::json::parse(run_devices(db));
+    ASSERT_EQ(devices.size(), 1u) << devices.dump();
+    EXPECT_EQ(devices[0]["device"], dtype == "bf16" ? "cpu (bf16 weights)" : "cpu")
+        << devices.dump();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
