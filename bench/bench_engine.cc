@@ -4,10 +4,18 @@
 // runs are comparable. bm_decode_batch: B sequences of `context` tokens each (a bundle's units
 // after the shared prefill, policy full) stepped together by EngineBase::decode_batch; its tok/s
 // counts every sequence's tokens (B x 32 per iteration), and B = 1 is the same step alone.
+// bm_bf16_*: the same three with --dtype bf16 weights (CpuBackend), named apart so that filters
+// on bm_decode_batch keep reading f32 only; `wide` is a random-weight Llama of TinyLlama-1.1B's
+// layer shapes (dim 2048, hidden 5632, 32 heads, 4 KV heads, vocabulary 32000) cut to 4 layers,
+// written to a per-process file in $TMPDIR on first use.
 // Usage: bench_engine [--benchmark_filter=...] (model paths from the build).
 // scripts/compare_llamacpp.py section 5 reads bm_decode_batch against llama.cpp's decode.
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -15,9 +23,11 @@
 #include "workers/engine/forward.h"
 #include "workers/engine/model.h"
 #include "workers/engine/sampler.h"
+#include "tests/tp_test_model.h"
 
 namespace {
 
+using kvb::engine::DType;
 using kvb::engine::Engine;
 using kvb::engine::LogitsMode;
 
@@ -30,23 +40,44 @@ std::vector<int32_t> tokens(int n, int vocab) {
 }
 
 struct Loaded {
-  std::unique_ptr<kvb::engine::Model> model;
+  const kvb::engine::Model* model = nullptr;
   std::unique_ptr<Engine> engine;
 };
 
-Loaded* load(const std::string& path) {
-  static std::map<std::string, Loaded> cache;
-  auto it = cache.find(path);
+const char kWide[] = "wide";  // the random-weight model of the header comment
+
+// The model at `path` (or the generated `wide` one) with an engine of `dtype`; one model is
+// shared by both dtypes' engines. Null when the file is missing.
+Loaded* load(const std::string& path, DType dtype) {
+  static std::map<std::string, std::unique_ptr<kvb::engine::Model>> models;
+  static std::map<std::pair<std::string, DType>, Loaded> cache;
+  auto it = cache.find({path, dtype});
   if (it != cache.end()) return &it->second;
-  if (!std::ifstream(path).good()) return nullptr;
+  auto& model = models[path];
+  if (!model) {
+    if (path == kWide) {
+      const char* tmp = std::getenv("TMPDIR");
+      const std::string file = std::string(tmp ? tmp : "/tmp") + "/kvb_bench_wide_" +
+                               std::to_string(getpid()) + ".gguf";
+      kvb::testing::RandomLlamaShape shape;
+      shape.dim = 2048, shape.hidden_dim = 5632, shape.layers = 4, shape.heads = 32;
+      shape.kv_heads = 4, shape.vocab = 32000, shape.context = 4096;
+      if (!kvb::testing::write_random_llama_gguf(file, shape)) return nullptr;
+      model = kvb::engine::load_model(file);
+      std::remove(file.c_str());
+    } else {
+      if (!std::ifstream(path).good()) return nullptr;
+      model = kvb::engine::load_model(path);
+    }
+  }
   Loaded l;
-  l.model = kvb::engine::load_model(path);
-  l.engine = std::make_unique<Engine>(*l.model);
-  return &(cache[path] = std::move(l));
+  l.model = model.get();
+  l.engine = std::make_unique<Engine>(*l.model, nullptr, dtype);
+  return &(cache[{path, dtype}] = std::move(l));
 }
 
-void bm_prefill(benchmark::State& state, std::string path) {
-  Loaded* l = load(path);
+void bm_prefill(benchmark::State& state, std::string path, DType dtype = DType::kF32) {
+  Loaded* l = load(path, dtype);
   if (!l) {
     state.SkipWithError(("model missing: " + path).c_str());
     return;
@@ -63,8 +94,8 @@ void bm_prefill(benchmark::State& state, std::string path) {
       benchmark::Counter(static_cast<double>(n) * state.iterations(), benchmark::Counter::kIsRate);
 }
 
-void bm_decode(benchmark::State& state, std::string path) {
-  Loaded* l = load(path);
+void bm_decode(benchmark::State& state, std::string path, DType dtype = DType::kF32) {
+  Loaded* l = load(path, dtype);
   if (!l) {
     state.SkipWithError(("model missing: " + path).c_str());
     return;
@@ -90,8 +121,8 @@ void bm_decode(benchmark::State& state, std::string path) {
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(decoded), benchmark::Counter::kIsRate);
 }
 
-void bm_decode_batch(benchmark::State& state, std::string path) {
-  Loaded* l = load(path);
+void bm_decode_batch(benchmark::State& state, std::string path, DType dtype = DType::kF32) {
+  Loaded* l = load(path, dtype);
   if (!l) {
     state.SkipWithError(("model missing: " + path).c_str());
     return;
@@ -137,6 +168,31 @@ BENCHMARK_CAPTURE(bm_decode_batch, smollm2, kSmol)
 BENCHMARK_CAPTURE(bm_prefill, stories260K, kStories)->Arg(256)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_decode, stories260K, kStories)->Arg(256)->Unit(benchmark::kMillisecond);
 
+
+void bm_bf16_prefill(benchmark::State& state, std::string path) {
+  bm_prefill(state, path, DType::kBf16);
+}
+void bm_bf16_decode_batch(benchmark::State& state, std::string path) {
+  bm_decode_batch(state, path, DType::kBf16);
+}
+void bm_f32_wide_prefill(benchmark::State& state) { bm_prefill(state, kWide); }
+void bm_f32_wide_decode_batch(benchmark::State& state) { bm_decode_batch(state, kWide); }
+void bm_bf16_wide_prefill(benchmark::State& state) { bm_prefill(state, kWide, DType::kBf16); }
+void bm_bf16_wide_decode_batch(benchmark::State& state) {
+  bm_decode_batch(state, kWide, DType::kBf16);
+}
+
+BENCHMARK_CAPTURE(bm_bf16_prefill, smollm2, kSmol)->Arg(512)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(1)->Repetitions(2);
+BENCHMARK_CAPTURE(bm_bf16_decode_batch, smollm2, kSmol)
+    ->ArgsProduct({{512, 2048}, {1, 4, 11}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1)
+    ->Repetitions(3);
+BENCHMARK(bm_f32_wide_prefill)->Arg(128)->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(bm_bf16_wide_prefill)->Arg(128)->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(bm_f32_wide_decode_batch)->ArgsProduct({{128}, {1, 4}})->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(bm_bf16_wide_decode_batch)->ArgsProduct({{128}, {1, 4}})->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(1);
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -137,8 +137,8 @@ void add_device_options(boost::program_options::options_description& desc, Devic
       ("device", po::value(&o->device)->default_value("cpu"),
        "cpu (the f32 reference) or cuda (GPU 0 of CUDA_VISIBLE_DEVICES; needs a CUDA build)")
       ("dtype", po::value(&o->dtype),
-       "f32 or bf16 (weights, GEMM inputs and KV cache; f32 accumulation); default f32 on cpu, "
-       "bf16 on cuda");
+       "f32 or bf16, f32 accumulation; cuda bf16: weights, GEMM inputs and KV cache (the "
+       "default); cpu bf16: the linear layers' weights only (default f32, the reference)");
 }
 
 DeviceChoice resolve_device_options(const DeviceOptions& o) {

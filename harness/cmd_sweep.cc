@@ -88,7 +88,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
        "where workers run the model: cpu, or cuda (one GPU per worker rank, by its index among "
        "the node's workers; builds with CUDA only; tensor-parallel groups stay on cpu)")
       ("dtype", po::value(&a.dtype),
-       "f32 or bf16 on cuda (default bf16); cpu runs f32")
+       "f32 or bf16; cuda: weights, GEMM inputs and KV cache (default bf16); cpu: bf16 "
+       "weights only, f32 arithmetic and cache (default f32, the reference)")
       ("max-rss-gb", po::value(&a.max_rss_gb)->default_value(0),
        "a unit during which its worker process's resident memory (model weights included) is "
        "above this many GiB ends oom and the worker goes on; checked after the prompt and "
@@ -109,7 +110,7 @@ int cmd_sweep(const std::vector<std::string>& args) {
       << "--rerun runs every finished unit again; --rerun-status " << a.rerun_status
       << " only those with a status: give one of them";
   const engine::Device device = engine::parse_device(a.device);
-  engine::resolve_dtype(device, a.dtype);  // a bad --dtype (or bf16 on cpu) fails before MPI
+  engine::resolve_dtype(device, a.dtype);  // a bad --dtype fails before MPI
   KVB_USAGE_CHECK(device == engine::Device::kCpu || a.gpus_per_worker == 1)
       << "--device cuda with --gpus-per-worker " << a.gpus_per_worker
       << ": tensor-parallel groups run on the CPU engine only (NCCL groups of CUDA engines are "
@@ -125,6 +126,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
   // (one process), else on each worker when it binds its GPU.
   a.device_label = device == engine::Device::kCuda
                        ? engine::cuda_device_label(/*require_device=*/comm.size() == 1)
+                   : engine::resolve_dtype(device, a.dtype) == engine::DType::kBf16
+                       ? "cpu (bf16 weights)"  // not the f32 reference: provenance says so
                        : "cpu";
   KVB_USAGE_CHECK(a.gpus_per_worker == 1 || comm.size() > a.gpus_per_worker)
       << "--gpus-per-worker " << a.gpus_per_worker << " needs mpirun with at least "

@@ -1,4 +1,5 @@
-// CpuBackend: the block stack's ops on the CPU (f32, OpenMP), over the host KvCache.
+// CpuBackend: the block stack's ops on the CPU (f32, OpenMP; optionally bf16 weights), over the
+// host KvCache.
 #include "workers/engine/cpu_backend.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_bf16.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
@@ -16,8 +18,29 @@ namespace kvb::engine {
 
 namespace cpu = kvb::kernels::cpu;
 
-CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp)
-    : model_(model), tp_(tp && tp->size() > 1 ? tp : nullptr) {}
+namespace {
+std::vector<uint16_t> to_bf16(const std::vector<float>& w) {
+  std::vector<uint16_t> out(w.size());
+  cpu::round_to_bf16(w.data(), w.size(), out.data());
+  return out;
+}
+}  // namespace
+
+CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype)
+    : model_(model), tp_(tp && tp->size() > 1 ? tp : nullptr), dtype_(dtype) {
+  if (dtype_ != DType::kBf16) return;
+  bf16_layers_.reserve(model.layers.size());
+  for (const LayerWeights& w : model.layers) {
+    bf16_layers_.push_back({to_bf16(w.wq), to_bf16(w.wk), to_bf16(w.wv), to_bf16(w.wo),
+                            to_bf16(w.w_gate), to_bf16(w.w_up), to_bf16(w.w_down)});
+  }
+  const size_t out_elems = static_cast<size_t>(model.config.vocab_size) * model.config.dim;
+  const std::vector<float>& out = model.output.empty() ? model.token_embedding : model.output;
+  KVB_CHECK(out.size() >= out_elems) << "the classifier holds " << out.size()
+                                     << " weights, fewer than vocab_size x dim = " << out_elems;
+  bf16_output_.resize(out_elems);
+  cpu::round_to_bf16(out.data(), out_elems, bf16_output_.data());
+}
 
 std::vector<float>& CpuBackend::buf(Act a) {
   // In Act's order.
@@ -103,6 +126,18 @@ void CpuBackend::linear(Act out, Act in, int layer, Mat which, int n) {
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
   float* y = buf(out).data();
   const float* x = buf(in).data();
+  if (dtype_ == DType::kBf16) {
+    const Bf16Layer& h = bf16_layers_[layer];
+    switch (which) {
+      case Mat::kWq: return cpu::matmul_bf16(y, x, h.wq.data(), bias(w.bq), n, D, QD);
+      case Mat::kWk: return cpu::matmul_bf16(y, x, h.wk.data(), bias(w.bk), n, D, KVD);
+      case Mat::kWv: return cpu::matmul_bf16(y, x, h.wv.data(), bias(w.bv), n, D, KVD);
+      case Mat::kWo: return cpu::matmul_bf16(y, x, h.wo.data(), nullptr, n, QD, D);
+      case Mat::kGate: return cpu::matmul_bf16(y, x, h.w_gate.data(), nullptr, n, D, H);
+      case Mat::kUp: return cpu::matmul_bf16(y, x, h.w_up.data(), nullptr, n, D, H);
+      case Mat::kDown: return cpu::matmul_bf16(y, x, h.w_down.data(), nullptr, n, H, D);
+    }
+  }
   switch (which) {
     case Mat::kWq: return cpu::matmul(y, x, w.wq.data(), bias(w.bq), n, D, QD);
     case Mat::kWk: return cpu::matmul(y, x, w.wk.data(), bias(w.bk), n, D, KVD);
@@ -212,6 +247,10 @@ void CpuBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs 
 void CpuBackend::classify(int rows, std::vector<float>* logits) {
   const ModelConfig& c = model_.config;
   logits->resize(static_cast<size_t>(rows) * c.vocab_size);
+  if (dtype_ == DType::kBf16) {
+    return cpu::matmul_bf16(logits->data(), xb_.data(), bf16_output_.data(), nullptr, rows, c.dim,
+                            c.vocab_size);
+  }
   cpu::matmul(logits->data(), xb_.data(), model_.output_weight(), nullptr, rows, c.dim,
               c.vocab_size);
 }

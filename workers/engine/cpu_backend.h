@@ -1,14 +1,17 @@
 // The CPU instance of the block stack's Backend (backend.h): f32 weights read in place from the
 // Model, host activations, the host KvCache as the storage, OpenMP kernels of kernels/cpu, and
 // the tensor-parallel group's all-reduce behind reduce_add(). This is the reference every other
-// backend is checked against.
+// backend is checked against. With DType::kBf16 the linear layers and the classifier multiply by
+// bf16 copies of their weights (kernels/cpu/matmul_bf16.h, f32 arithmetic); all else stays f32.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "common/error.h"
 #include "kernels/comm.h"
 #include "workers/engine/backend.h"
+#include "workers/engine/engine_base.h"
 #include "workers/engine/model.h"
 
 namespace kvb::engine {
@@ -16,7 +19,9 @@ namespace kvb::engine {
 class CpuBackend final : public Backend {
  public:
   // `model` (and `tp`, a group of more than one rank, or null) must outlive the backend.
-  CpuBackend(const Model& model, kernels::Communicator* tp);
+  // dtype kBf16: the weights of every Mat and the classifier are rounded to bf16 (nearest even)
+  // here, once, and kept beside the model's f32 (which embeddings and norms still read).
+  CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype = DType::kF32);
 
   std::string device_description() const override { return "cpu"; }
   policies::PolicyOps& policy_ops() override { return policies::cpu_policy_ops(); }
@@ -66,8 +71,16 @@ class CpuBackend final : public Backend {
   float* rows(Act a);
   const std::vector<float>& norm_weight(int layer, Norm which) const;
 
+  // The bf16 copy of one layer's Mat weights, same shapes as LayerWeights'.
+  struct Bf16Layer {
+    std::vector<uint16_t> wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+
   const Model& model_;
   kernels::Communicator* tp_;
+  DType dtype_;
+  std::vector<Bf16Layer> bf16_layers_;  // [num_layers] when dtype_ is kBf16, else empty
+  std::vector<uint16_t> bf16_output_;   // [vocab_size, dim] when dtype_ is kBf16
   const int32_t* pos_ = nullptr;  // the pass's positions [n]
   int row0_ = 0;                  // select_rows
   int rolled_layer_ = -1;         // the layer whose next attention reads rolled_keys_

@@ -47,10 +47,7 @@ DType parse_dtype(const std::string& s) {
 
 DType resolve_dtype(Device d, const std::string& s) {
   if (s.empty()) return d == Device::kCuda ? DType::kBf16 : DType::kF32;
-  const DType t = parse_dtype(s);
-  KVB_USAGE_CHECK(d == Device::kCuda || t == DType::kF32)
-      << "--dtype " << s << " needs --device cuda (the CPU engine is f32 only)";
-  return t;
+  return parse_dtype(s);
 }
 
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
@@ -104,9 +101,7 @@ int node_local_gpu(int worker_index) {
 std::unique_ptr<EngineBase> make_engine(const Model& model, Device device, DType dtype, int gpu,
                                         kernels::Communicator* tp) {
   if (device == Device::kCpu) {
-    KVB_USAGE_CHECK(dtype == DType::kF32)
-        << "--dtype " << dtype_name(dtype) << " needs --device cuda (the CPU engine is f32 only)";
-    return std::make_unique<Engine>(model, tp);
+    return std::make_unique<Engine>(model, tp, dtype);
   }
 #ifdef KVB_WITH_CUDA
   KVB_USAGE_CHECK(!tp || tp->size() <= 1)

@@ -49,8 +49,8 @@ enum class Device { kCpu, kCuda };
 enum class DType { kF32, kBf16 };
 Device parse_device(const std::string& s);  // usage error naming the bad value
 DType parse_dtype(const std::string& s);
-// `--dtype` as given ("" for the device's default: f32 on the CPU, bf16 on the GPU); bf16 on the
-// CPU is a usage error.
+// `--dtype` as given ("" for the device's default: f32 on the CPU, bf16 on the GPU). bf16 on the
+// CPU means bf16 weights, f32 arithmetic and an f32 KV cache (CpuBackend).
 DType resolve_dtype(Device d, const std::string& s);
 const char* device_name(Device d);
 const char* dtype_name(DType t);
@@ -140,7 +140,8 @@ int node_local_gpu(int worker_index);
 // An engine for `device` (the CPU Engine, or CudaEngine on `gpu` with `dtype`). `model` must
 // outlive it. cuda: usage error "this build has no CUDA" without the backend, runtime error "no
 // GPU visible" without a device; tensor-parallel groups (`tp`) run on the CPU only.
-// dtype on the CPU must be f32 (the reference has no bf16 path).
+// On the CPU, f32 is the reference and bf16 rounds the linear layers' weights (CpuBackend; the
+// KV cache stays f32).
 std::unique_ptr<EngineBase> make_engine(const Model& model, Device device, DType dtype, int gpu = 0,
                                         kernels::Communicator* tp = nullptr);
 

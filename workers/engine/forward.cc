@@ -7,7 +7,7 @@
 
 namespace kvb::engine {
 
-Engine::Engine(const Model& model, kernels::Communicator* tp)
-    : StackEngine(model, std::make_unique<CpuBackend>(model, tp), tp) {}
+Engine::Engine(const Model& model, kernels::Communicator* tp, DType dtype)
+    : StackEngine(model, std::make_unique<CpuBackend>(model, tp, dtype), tp) {}
 
 }  // namespace kvb::engine

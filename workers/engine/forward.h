@@ -15,7 +15,9 @@ class Engine final : public StackEngine {
   // null (or a group of 1) for a whole model. With a group, forward() all-reduces the outputs of
   // the two row-parallel projections of every layer (attention output, MLP down), every rank of
   // the group must call forward() with the same tokens, and every rank gets the same logits.
-  explicit Engine(const Model& model, kernels::Communicator* tp = nullptr);
+  // dtype kBf16: the linear layers' weights as bf16 (CpuBackend); kF32 is the reference.
+  explicit Engine(const Model& model, kernels::Communicator* tp = nullptr,
+                  DType dtype = DType::kF32);
 };
 
 }  // namespace kvb::engine
