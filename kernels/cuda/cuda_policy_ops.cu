@@ -417,32 +417,34 @@ void CudaPolicyOps::keep_top(const SlotRows& scores, int score_layer, const KvCa
   plan.keep_on_device(lists_, ld, std::move(counts), lengths);
 }
 
-std::vector<float> CudaPolicyOps::read_f32(const SlotRows& rows, int layer, int head) {
+namespace {
+// Row (layer, head) of device rows of T, after the stream's work.
+template <typename T>
+std::vector<T> read_row(const SlotRows& rows, int layer, int head, SlotType type,
+                        cudaStream_t stream) {
   const CudaRows& r = device(rows);
-  KVB_CHECK(rows.type() == SlotType::kF32) << "download_f32 of u64 rows";
-  std::vector<float> out(rows.length(layer, head));
-  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KVB_CHECK(rows.type() == type && layer >= 0 && layer < rows.layers() && head >= 0 &&
+            head < rows.heads())
+      << "cuda policy ops: reading row (" << layer << ", " << head << ") of the wrong type or "
+      << "outside " << rows.layers() << " x " << rows.heads();
+  std::vector<T> out(rows.length(layer, head));
+  KVB_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (!out.empty()) {
     KVB_CUDA_CHECK(cudaMemcpy(out.data(),
-                              static_cast<const float*>(r.data(layer)) +
+                              static_cast<const T*>(r.data(layer)) +
                                   static_cast<size_t>(head) * r.ld(layer),
-                              out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+                              out.size() * sizeof(T), cudaMemcpyDeviceToHost));
   }
   return out;
 }
+}  // namespace
+
+std::vector<float> CudaPolicyOps::read_f32(const SlotRows& rows, int layer, int head) {
+  return read_row<float>(rows, layer, head, SlotType::kF32, stream_);
+}
 
 std::vector<uint64_t> CudaPolicyOps::read_u64(const SlotRows& rows, int layer, int head) {
-  const CudaRows& r = device(rows);
-  KVB_CHECK(rows.type() == SlotType::kU64) << "download_u64 of f32 rows";
-  std::vector<uint64_t> out(rows.length(layer, head));
-  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (!out.empty()) {
-    KVB_CUDA_CHECK(cudaMemcpy(out.data(),
-                              static_cast<const uint64_t*>(r.data(layer)) +
-                                  static_cast<size_t>(head) * r.ld(layer),
-                              out.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-  }
-  return out;
+  return read_row<uint64_t>(rows, layer, head, SlotType::kU64, stream_);
 }
 
 }  // namespace kvb::kernels::cuda

@@ -19,6 +19,7 @@
 #include "workers/engine/cuda_engine.h"
 #include "workers/engine/generate.h"
 #include "workers/model_session.h"
+#include "decode_batch_check.h"
 
 namespace kvb {
 namespace {
@@ -27,33 +28,6 @@ namespace cu = kernels::cuda;
 using engine::DType;
 
 const std::string kSmol = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-struct Variant {
-  std::string policy;  // "" = no policy
-  std::map<std::string, std::string> options;
-};
-
-std::vector<Variant> variants() {
-  std::vector<Variant> v = {{"", {}}};
-  for (const auto& p : policies::policy_registry()) v.push_back({p.name, {}});
-  v.push_back({"h2o", {{"gqa", "expand"}}});
-  v.push_back({"streaming_llm", {{"positions", "rolling"}, {"evict", "before_attention"}}});
-  v.push_back({"scissorhands", {{"threshold", "inv_position"}}});
-  v.push_back({"tova", {{"tova_reduce", "layer"}}});
-  return v;
-}
-
-std::unique_ptr<policies::Policy> make(const engine::Model& m, const Variant& v, int budget) {
-  if (v.policy.empty()) return nullptr;
-  policies::PolicyConfig pc;
-  pc.name = v.policy;
-  pc.kv_budget = budget;
-  const auto& c = m.config;
-  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-  pc.options = policies::PolicyOptions(v.options);
-  pc.seed = 5;
-  return policies::make_policy(pc);
-}
 
 std::vector<int32_t> positions(const kernels::KvCache& c, int l, int h) {
   const int32_t* p = c.layer(l).position(h);
@@ -66,60 +40,30 @@ TEST(CudaDecodeBatch, EveryPolicyDecidesAsAloneAndLogitsAgree) {
   workers::LoadedModel lm = workers::load_model_and_tokenizer(kSmol, "");
   const engine::Model& m = *lm.model;
   engine::CudaEngine eng(m, DType::kF32);
-  const std::vector<Variant> vars = variants();
-  const int B = static_cast<int>(vars.size()), V = m.config.vocab_size, steps = 12, budget = 24;
-  std::vector<std::unique_ptr<policies::Policy>> pa, pb;
-  std::vector<kernels::KvCache> ca, cb;
-  std::vector<int> stop(B);
-  std::vector<float> logits;
-  for (int b = 0; b < B; ++b) {
-    std::vector<int32_t> prompt;
-    for (int i = 0; i < 40 + 3 * b; ++i) prompt.push_back((7 + 31 * i + 13 * b) % V);
-    pa.push_back(make(m, vars[b], budget));
-    pb.push_back(make(m, vars[b], budget));
-    ca.push_back(eng.new_cache(0, pa[b].get()));
-    cb.push_back(eng.new_cache(0, pb[b].get()));
-    engine::prefill_prompt(eng, ca[b], prompt, pa[b].get(), &logits);
-    engine::prefill_prompt(eng, cb[b], prompt, pb[b].get(), &logits);
-    stop[b] = steps - b % 4;
-  }
   double worst = 0;
   bool bitwise = true;
-  for (int t = 0; t < steps; ++t) {
-    std::vector<int32_t> tokens;
-    std::vector<kernels::KvCache*> caches;
-    std::vector<policies::Policy*> pols;
-    std::vector<int> who;
-    for (int b = 0; b < B; ++b) {
-      if (t >= stop[b]) continue;
-      tokens.push_back((3 + 17 * t + 29 * b) % V);
-      caches.push_back(&cb[b]);
-      pols.push_back(pb[b].get());
-      who.push_back(b);
-    }
-    std::vector<float> batch;
-    eng.decode_batch(tokens, caches, pols, &batch);
-    ASSERT_EQ(batch.size(), tokens.size() * static_cast<size_t>(V));
-    for (size_t i = 0; i < who.size(); ++i) {
-      const int b = who[i];
-      std::vector<float> alone;
-      eng.forward({&tokens[i], 1}, ca[b], engine::LogitsMode::kLast, &alone, pa[b].get(),
-                  engine::PolicyHook::kDecode);
-      const float* row = batch.data() + i * static_cast<size_t>(V);
-      bitwise = bitwise && std::memcmp(row, alone.data(), sizeof(float) * V) == 0;
-      double diff = 0;
-      for (int j = 0; j < V; ++j) diff = std::max(diff, std::fabs(double(row[j]) - alone[j]));
-      worst = std::max(worst, diff);
-      ASSERT_LE(diff, 1e-3) << "sequence " << b << " (" << vars[b].policy << ") step " << t;
-    }
-  }
+  testing_batch::BatchRun run;
+  testing_batch::run_batch_against_alone(
+      eng, m, /*budget=*/24, /*steps=*/12, 40, &run,
+      [&](int b, int t, const std::vector<float>& row, const std::vector<float>& alone) {
+        bitwise = bitwise && row == alone;
+        double diff = 0;
+        for (size_t j = 0; j < row.size(); ++j) {
+          diff = std::max(diff, std::fabs(static_cast<double>(row[j]) - alone[j]));
+        }
+        worst = std::max(worst, diff);
+        ASSERT_LE(diff, 1e-3) << "sequence " << b << " (" << run.vars[b].policy << ") step " << t;
+      });
+  if (::testing::Test::HasFatalFailure()) return;
+  const int B = static_cast<int>(run.vars.size());
   for (int b = 0; b < B; ++b) {
-    SCOPED_TRACE(testing::Message() << "sequence " << b << " (" << vars[b].policy << ")");
-    EXPECT_EQ(ca[b].next_position(), cb[b].next_position());
+    SCOPED_TRACE(testing::Message() << "sequence " << b << " (" << run.vars[b].policy << ")");
+    const kernels::KvCache &ca = run.alone[b], &cb = run.batch[b];
+    EXPECT_EQ(ca.next_position(), cb.next_position());
     for (int l = 0; l < m.config.num_layers; ++l) {
-      for (int h = 0; h < ca[b].shape().num_kv_heads; ++h) {
-        ASSERT_EQ(ca[b].length(l, h), cb[b].length(l, h)) << "layer " << l << " head " << h;
-        EXPECT_EQ(positions(ca[b], l, h), positions(cb[b], l, h)) << "layer " << l;
+      for (int h = 0; h < ca.shape().num_kv_heads; ++h) {
+        ASSERT_EQ(ca.length(l, h), cb.length(l, h)) << "layer " << l << " head " << h;
+        EXPECT_EQ(positions(ca, l, h), positions(cb, l, h)) << "layer " << l;
       }
     }
   }

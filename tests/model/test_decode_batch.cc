@@ -15,37 +15,10 @@
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
+#include "decode_batch_check.h"
 
 namespace kvb {
 namespace {
-
-struct Variant {
-  std::string policy;  // "" = no policy
-  std::map<std::string, std::string> options;
-};
-
-std::vector<Variant> variants() {
-  std::vector<Variant> v = {{"", {}}};
-  for (const auto& p : policies::policy_registry()) v.push_back({p.name, {}});
-  v.push_back({"h2o", {{"gqa", "expand"}}});
-  v.push_back({"h2o", {{"prefill", "streaming"}}});
-  v.push_back({"streaming_llm", {{"positions", "rolling"}, {"evict", "before_attention"}}});
-  v.push_back({"snapkv", {{"gqa", "expand"}}});
-  v.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}}});
-  return v;
-}
-
-std::unique_ptr<policies::Policy> make(const engine::Model& m, const Variant& v, int budget) {
-  if (v.policy.empty()) return nullptr;
-  policies::PolicyConfig pc;
-  pc.name = v.policy;
-  pc.kv_budget = budget;
-  const auto& c = m.config;
-  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-  pc.options = policies::PolicyOptions(v.options);
-  pc.seed = 5;
-  return policies::make_policy(pc);
-}
 
 // Lengths, positions and K/V rows of every (layer, head), bit for bit.
 void expect_same_cache(const kernels::KvCache& a, const kernels::KvCache& b, const std::string& what) {
@@ -67,57 +40,20 @@ void expect_same_cache(const kernels::KvCache& a, const kernels::KvCache& b, con
 
 void check_model(const engine::Model& m, int budget, int steps) {
   engine::Engine eng(m);
-  const std::vector<Variant> vars = variants();
-  const int B = static_cast<int>(vars.size());
-  const int V = m.config.vocab_size;
-  std::vector<std::unique_ptr<policies::Policy>> pa, pb;
-  std::vector<kernels::KvCache> ca, cb;
-  std::vector<int> stop(B);
-  std::vector<float> logits;
+  testing_batch::BatchRun run;
+  testing_batch::run_batch_against_alone(
+      eng, m, budget, steps, 30, &run,
+      [&](int b, int t, const std::vector<float>& row, const std::vector<float>& alone) {
+        ASSERT_EQ(row, alone) << "sequence " << b << " (" << run.vars[b].policy << ") step " << t;
+      });
+  if (::testing::Test::HasFatalFailure()) return;
+  const int B = static_cast<int>(run.vars.size());
+  EXPECT_EQ(run.batched_steps, steps);
   for (int b = 0; b < B; ++b) {
-    // Prompts of different lengths (so positions and cache lengths differ across the batch).
-    std::vector<int32_t> prompt;
-    for (int i = 0; i < 30 + 3 * b; ++i) prompt.push_back((7 + 31 * i + 13 * b) % V);
-    pa.push_back(make(m, vars[b], budget));
-    pb.push_back(make(m, vars[b], budget));
-    ca.push_back(eng.new_cache(0, pa[b].get()));
-    cb.push_back(eng.new_cache(0, pb[b].get()));
-    engine::prefill_prompt(eng, ca[b], prompt, pa[b].get(), &logits);
-    engine::prefill_prompt(eng, cb[b], prompt, pb[b].get(), &logits);
-    stop[b] = steps - b % 4;  // sequences leave the batch at different steps
+    expect_same_cache(run.alone[b], run.batch[b],
+                      "sequence " + std::to_string(b) + " (" + run.vars[b].policy + ")");
   }
-  int batched_steps = 0;
-  for (int t = 0; t < steps; ++t) {
-    std::vector<int32_t> tokens;
-    std::vector<kernels::KvCache*> caches;
-    std::vector<policies::Policy*> pols;
-    std::vector<int> who;
-    for (int b = 0; b < B; ++b) {
-      if (t >= stop[b]) continue;
-      tokens.push_back((3 + 17 * t + 29 * b) % V);
-      caches.push_back(&cb[b]);
-      pols.push_back(pb[b].get());
-      who.push_back(b);
-    }
-    std::vector<float> batch;
-    eng.decode_batch(tokens, caches, pols, &batch);
-    ASSERT_EQ(batch.size(), tokens.size() * static_cast<size_t>(V));
-    batched_steps += tokens.size() > 1;
-    for (size_t i = 0; i < who.size(); ++i) {
-      const int b = who[i];
-      std::vector<float> alone;
-      eng.forward({&tokens[i], 1}, ca[b], engine::LogitsMode::kLast, &alone, pa[b].get(),
-                  engine::PolicyHook::kDecode);
-      const std::vector<float> row(batch.begin() + static_cast<std::ptrdiff_t>(i) * V,
-                                   batch.begin() + static_cast<std::ptrdiff_t>(i + 1) * V);
-      ASSERT_EQ(row, alone) << "sequence " << b << " (" << vars[b].policy << ") step " << t
-                            << " in a batch of " << who.size();
-    }
-  }
-  EXPECT_EQ(batched_steps, steps);
-  for (int b = 0; b < B; ++b) {
-    expect_same_cache(ca[b], cb[b], "sequence " + std::to_string(b) + " (" + vars[b].policy + ")");
-  }
+  std::vector<kernels::KvCache>& ca = run.alone;
   // The budget forced evictions somewhere (else the hooks were not exercised).
   int evicted = 0;
   for (int b = 0; b < B; ++b) evicted += ca[b].max_length() < ca[b].next_position();
