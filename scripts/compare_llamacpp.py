@@ -21,16 +21,19 @@ not the tokenizers.
 3. Greedy agreement: 3 prompts, 32 tokens; llama.cpp picks the argmax of its logits (= greedy,
    temperature 0); a divergence is printed with llama.cpp's logit gap between the two picks.
 4. Speed: a 512-token WikiText-2 prompt and 64 new tokens (63 decode steps, the last token is not
-   fed back, as kvbench counts), 1 and 2 threads, 3 repeats each, medians. kvbench: its own
+   fed back, as kvbench counts), 1 and 2 threads, --repeats (5) pairs each, kvbench then
+   llama.cpp alternating (A B A B), medians, the 1-minute load average before each pair printed
+   beside the figure (the machine is shared). kvbench: its own
    `--timings` line (weights dequantized to f32 before timing). llama.cpp: wall time of
    `Llama.eval(prompt)` and of 63 single-token evals with argmax, n_batch = n_ubatch = 1024,
    one untimed warm-up pass per thread count (mmap'd weights paged in), defaults otherwise
    (flash attention off, f16 KV cache).
 5. Batched decode over a bundle (issue 16): kvbench's `bench_engine` bm_decode_batch (B sequences
    of C context tokens each, policy full, stepped together by EngineBase::decode_batch, 32 steps;
-   tok/s counts every sequence's tokens; medians of its 3 repetitions) against llama.cpp's
-   single-sequence decode at the same context (C WikiText-2 ids evaluated, then 32 single-token
-   evals with argmax; medians of --repeats, one warm-up), per thread count. This is the sweep's
+   tok/s counts every sequence's tokens) against llama.cpp's single-sequence decode at the same
+   context (C WikiText-2 ids evaluated, then 32 single-token evals with argmax; one warm-up), per
+   thread count, in --repeats pairs: one bench_engine run (3 repetitions per row) then llama.cpp
+   at each context, alternating; medians over all repetitions; loads as in section 4. This is the sweep's
    situation: a bundle's units share one sample and decode together in kvbench, while a
    llama.cpp user would decode them one after another.
 
@@ -471,6 +474,12 @@ def section_batched(args, ids):
                 kvb.setdefault(key, []).extend(rates)
             for ctx in BATCH_CONTEXTS:
                 lcp[ctx].append(llamacpp_decode(llm, ids, ctx))
+            # Progress (stderr): each pair's figures, so that an interrupted run still shows them.
+            print(f"  threads {n} pair {len(loads)} (load {loads[-1]:.2f}): kvbench "
+                  + ", ".join(f"{c}/{b} {[round(x, 1) for x in r[-3:]]}"
+                              for (c, b), r in sorted(kvb.items()))
+                  + "; llama.cpp " + ", ".join(f"{c} {lcp[c][-1]:.1f}" for c in BATCH_CONTEXTS),
+                  file=sys.stderr)
         del llm
         for ctx in BATCH_CONTEXTS:
             ld = median(lcp[ctx])
