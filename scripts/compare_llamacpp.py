@@ -41,6 +41,8 @@ llama.cpp multiplies the Q4_1 weights against activations quantized to 8 bits (Q
 dequantizes the weights to f32 and keeps activations in f32. Small perplexity differences and
 greedy divergences at near-ties are expected from that alone; nothing here is tuned.
 
+Later runs (2026-11-26 on: the AMX-free build, loads, section 5) are in bench/README.md.
+
 Measured (2026-11-22, SmolLM2-135M-Instruct Q4_1, llama-cpp-python 0.3.36 built with
 GGML_NATIVE=ON GGML_OPENMP=ON, kvbench c72ca54, 2-core AVX-512 VM):
 
