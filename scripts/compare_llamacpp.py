@@ -21,22 +21,27 @@ not the tokenizers.
 3. Greedy agreement: 3 prompts, 32 tokens; llama.cpp picks the argmax of its logits (= greedy,
    temperature 0); a divergence is printed with llama.cpp's logit gap between the two picks.
 4. Speed: a 512-token WikiText-2 prompt and 64 new tokens (63 decode steps, the last token is not
-   fed back, as kvbench counts), 1 and 2 threads, 3 repeats each, medians. kvbench: its own
+   fed back, as kvbench counts), 1 and 2 threads, --repeats (5) pairs each, kvbench then
+   llama.cpp alternating (A B A B), medians, the 1-minute load average before each pair printed
+   beside the figure (the machine is shared). kvbench: its own
    `--timings` line (weights dequantized to f32 before timing). llama.cpp: wall time of
    `Llama.eval(prompt)` and of 63 single-token evals with argmax, n_batch = n_ubatch = 1024,
    one untimed warm-up pass per thread count (mmap'd weights paged in), defaults otherwise
    (flash attention off, f16 KV cache).
 5. Batched decode over a bundle (issue 16): kvbench's `bench_engine` bm_decode_batch (B sequences
    of C context tokens each, policy full, stepped together by EngineBase::decode_batch, 32 steps;
-   tok/s counts every sequence's tokens; medians of its 3 repetitions) against llama.cpp's
-   single-sequence decode at the same context (C WikiText-2 ids evaluated, then 32 single-token
-   evals with argmax; medians of --repeats, one warm-up), per thread count. This is the sweep's
+   tok/s counts every sequence's tokens) against llama.cpp's single-sequence decode at the same
+   context (C WikiText-2 ids evaluated, then 32 single-token evals with argmax; one warm-up), per
+   thread count, in --repeats pairs: one bench_engine run (3 repetitions per row) then llama.cpp
+   at each context, alternating; medians over all repetitions; loads as in section 4. This is the sweep's
    situation: a bundle's units share one sample and decode together in kvbench, while a
    llama.cpp user would decode them one after another.
 
 llama.cpp multiplies the Q4_1 weights against activations quantized to 8 bits (Q8_1); kvbench
 dequantizes the weights to f32 and keeps activations in f32. Small perplexity differences and
 greedy divergences at near-ties are expected from that alone; nothing here is tuned.
+
+Later runs (2026-11-26 on: the AMX-free build, loads, section 5) are in bench/README.md.
 
 Measured (2026-11-22, SmolLM2-135M-Instruct Q4_1, llama-cpp-python 0.3.36 built with
 GGML_NATIVE=ON GGML_OPENMP=ON, kvbench c72ca54, 2-core AVX-512 VM):
@@ -199,6 +204,17 @@ class Kvbench:
         fail(f"no aggregate row in kvbench eval's output:\n{out}")
 
 
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU model unknown"
+
+
 def median(xs):
     return statistics.median(xs)
 
@@ -341,20 +357,32 @@ def section_greedy(kvb, args, prompts):
     return res
 
 
+def load1():
+    """The 1-minute load average (the machine is shared: every speed figure carries it)."""
+    return os.getloadavg()[0]
+
+
+def load_range(loads):
+    return f"{min(loads):.1f}-{max(loads):.1f}"
+
+
 def section_speed(kvb, args, text):
     n_prompt = len(kvb.generate(text, 1)["prompt"])
     print(f"\n## 4. CPU speed (WikiText-2 prompt of {n_prompt} tokens, {SPEED_NEW_TOKENS} new "
-          f"tokens = {SPEED_NEW_TOKENS - 1} decode steps; median of {args.repeats})\n")
+          f"tokens = {SPEED_NEW_TOKENS - 1} decode steps; kvbench and llama.cpp alternate, "
+          f"{args.repeats} pairs, medians; load: 1-minute load average before each pair, "
+          f"min-max)\n")
     print("| threads | kvbench prefill tok/s | llama.cpp prefill tok/s | ratio | "
-          "kvbench decode tok/s | llama.cpp decode tok/s | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+          "kvbench decode tok/s | llama.cpp decode tok/s | ratio | load |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     res = {}
     for n in args.threads:
         llm = Llama(model_path=args.model, n_ctx=1024, n_batch=1024, n_ubatch=1024,
                     n_threads=n, n_threads_batch=n, verbose=False)
-        kp, kd, lp, ld = [], [], [], []
+        kp, kd, lp, ld, loads = [], [], [], [], []
         for rep in range(args.repeats + 1):  # rep 0: llama.cpp warm-up only
             if rep > 0:
+                loads.append(load1())
                 k = kvb.generate(text, SPEED_NEW_TOKENS, threads=n, timings=True)
                 if k["hit_end"]:
                     print(f"  (kvbench stopped at an end token after {k['decode_steps']} steps)",
@@ -385,10 +413,11 @@ def section_speed(kvb, args, text):
         r = (median(kp), median(lp), median(kd), median(ld))
         res[n] = r
         print(f"| {n} | {r[0]:.1f} | {r[1]:.1f} | {r[0] / r[1]:.2f} | {r[2]:.1f} | {r[3]:.1f} | "
-              f"{r[2] / r[3]:.2f} |")
+              f"{r[2] / r[3]:.2f} | {load_range(loads)} |")
         print(f"  threads {n}: kvbench prefill {[round(x, 1) for x in kp]}, decode "
               f"{[round(x, 1) for x in kd]}; llama.cpp prefill {[round(x, 1) for x in lp]}, "
-              f"decode {[round(x, 1) for x in ld]}", file=sys.stderr)
+              f"decode {[round(x, 1) for x in ld]}; loads {[round(x, 2) for x in loads]}",
+              file=sys.stderr)
     return res
 
 
@@ -398,7 +427,7 @@ BATCH_STEPS = 32
 
 
 def kvbench_batched(args, threads):
-    """bm_decode_batch medians: {(context, batch): tok/s}."""
+    """One bench_engine run of bm_decode_batch: {(context, batch): [tok/s of each repetition]}."""
     out = subprocess.run(
         [args.bench, "--benchmark_filter=bm_decode_batch", "--benchmark_format=json"],
         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
@@ -406,42 +435,67 @@ def kvbench_batched(args, threads):
         fail(f"{args.bench} failed: {out.stderr[-2000:]}")
     res = {}
     for b in json.loads(out.stdout)["benchmarks"]:
-        if b.get("aggregate_name") != "median":
+        if b.get("run_type") != "iteration":  # the repetitions themselves, not their aggregates
             continue
+        if "error_occurred" in b and b["error_occurred"]:
+            fail(f"bench_engine: {b['run_name']}: {b.get('error_message')}")
         m = re.search(r"/(\d+)/(\d+)", b["run_name"])
-        res[(int(m.group(1)), int(m.group(2)))] = b["tok/s"]
+        res.setdefault((int(m.group(1)), int(m.group(2))), []).append(b["tok/s"])
     return res
+
+
+def llamacpp_decode(llm, ids, ctx):
+    """llama.cpp's single-sequence decode at `ctx` tokens of context: tok/s of BATCH_STEPS steps."""
+    # Decode speed does not depend on what the context says: the ids repeated to length.
+    prompt = (ids * (ctx // len(ids) + 1))[:ctx]
+    llm.reset()
+    llm.eval(prompt)
+    t0 = time.perf_counter()
+    for _ in range(BATCH_STEPS):
+        llm.eval([int(np.argmax(last_logits(llm)))])
+    return BATCH_STEPS / (time.perf_counter() - t0)
 
 
 def section_batched(args, ids):
     print(f"\n## 5. Batched decode over a bundle (kvbench bench_engine bm_decode_batch: B sequences "
-          f"stepped together, {BATCH_STEPS} steps; llama.cpp: one sequence)\n")
+          f"stepped together, {BATCH_STEPS} steps; llama.cpp: one sequence; {args.repeats} pairs, "
+          f"kvbench (one bench_engine run, 3 repetitions per row) then llama.cpp, alternating; "
+          f"medians; load: 1-minute load average before each pair, min-max)\n")
     print("| threads | context | B | kvbench tok/s (all B sequences) | llama.cpp tok/s (one sequence) "
-          "| ratio |")
-    print("|---:|---:|---:|---:|---:|---:|")
+          "| ratio | load |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.threads:
-        kvb = kvbench_batched(args, n)
         llm = Llama(model_path=args.model, n_ctx=max(BATCH_CONTEXTS) + BATCH_STEPS + 8,
                     n_batch=1024, n_ubatch=1024, n_threads=n, n_threads_batch=n, verbose=False)
-        for ctx in BATCH_CONTEXTS:
-            # Decode speed does not depend on what the context says: the ids repeated to length.
-            prompt = (ids * (ctx // len(ids) + 1))[:ctx]
-            rates = []
-            for rep in range(args.repeats + 1):  # rep 0: warm-up
-                llm.reset()
-                llm.eval(prompt)
-                t0 = time.perf_counter()
-                for _ in range(BATCH_STEPS):
-                    llm.eval([int(np.argmax(last_logits(llm)))])
-                if rep > 0:
-                    rates.append(BATCH_STEPS / (time.perf_counter() - t0))
-            ld = median(rates)
-            for bsz in BATCH_SIZES:
-                kd = kvb.get((ctx, bsz))
-                if kd is None:
-                    fail(f"bench_engine printed no bm_decode_batch median for {ctx}/{bsz}")
-                print(f"| {n} | {ctx} | {bsz} | {kd:.1f} | {ld:.1f} | {kd / ld:.2f} |")
+        for ctx in BATCH_CONTEXTS:  # warm-up (mmap'd weights paged in), untimed
+            llamacpp_decode(llm, ids, ctx)
+        kvb, lcp, loads = {}, {ctx: [] for ctx in BATCH_CONTEXTS}, []
+        for _ in range(args.repeats):
+            loads.append(load1())
+            for key, rates in kvbench_batched(args, n).items():
+                kvb.setdefault(key, []).extend(rates)
+            for ctx in BATCH_CONTEXTS:
+                lcp[ctx].append(llamacpp_decode(llm, ids, ctx))
+            # Progress (stderr): each pair's figures, so that an interrupted run still shows them.
+            print(f"  threads {n} pair {len(loads)} (load {loads[-1]:.2f}): kvbench "
+                  + ", ".join(f"{c}/{b} {[round(x, 1) for x in r[-3:]]}"
+                              for (c, b), r in sorted(kvb.items()))
+                  + "; llama.cpp " + ", ".join(f"{c} {lcp[c][-1]:.1f}" for c in BATCH_CONTEXTS),
+                  file=sys.stderr)
         del llm
+        for ctx in BATCH_CONTEXTS:
+            ld = median(lcp[ctx])
+            for bsz in BATCH_SIZES:
+                if (ctx, bsz) not in kvb:
+                    fail(f"bench_engine printed no bm_decode_batch run for {ctx}/{bsz}")
+                kd = median(kvb[(ctx, bsz)])
+                print(f"| {n} | {ctx} | {bsz} | {kd:.1f} | {ld:.1f} | {kd / ld:.2f} | "
+                      f"{load_range(loads)} |")
+                print(f"  threads {n} context {ctx} B {bsz}: kvbench "
+                      f"{[round(x, 1) for x in kvb[(ctx, bsz)]]}", file=sys.stderr)
+            print(f"  threads {n} context {ctx}: llama.cpp {[round(x, 1) for x in lcp[ctx]]}",
+                  file=sys.stderr)
+        print(f"  threads {n}: loads {[round(x, 2) for x in loads]}", file=sys.stderr)
 
 
 def main():
@@ -451,7 +505,8 @@ def main():
     ap.add_argument("--shared", default="../shared")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2],
                     help="thread counts for the speed section (the largest is used elsewhere)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="kvbench/llama.cpp pairs per speed figure (sections 4, 5)")
     ap.add_argument("--only", default="12345", help="sections to run, e.g. 13")
     ap.add_argument("--bench", default="build/bench/bench_engine",
                     help="kvbench's bench_engine binary (section 5)")
@@ -465,6 +520,8 @@ def main():
           f"{platform.python_version()}); {kv_version}; model {args.model}; "
           f"{os.cpu_count()} CPUs")
     print("llama.cpp system info: " + llama_cpp.llama_print_system_info().decode().strip())
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_model()}; "
+          f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     vocab = Llama(model_path=args.model, vocab_only=True, verbose=False)
     print(f"GGUF tokenizer.ggml.pre={vocab.metadata.get('tokenizer.ggml.pre')}, "
           f"add_bos_token={vocab.metadata.get('tokenizer.ggml.add_bos_token', '(absent)')}, "
@@ -492,6 +549,7 @@ def main():
             section_speed(kvb, args, text)
         if "5" in args.only:
             section_batched(args, ids)
+    print(f"\nload average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
