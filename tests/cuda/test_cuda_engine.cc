@@ -166,7 +166,9 @@ TEST(CudaEngineHost, CudaWithoutDeviceIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no GPU visible"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(engine::make_engine(m, engine::Device::kCpu, DType::kBf16), Error);
+  // The CPU takes bf16 too since issue 16 item 6 (bf16 weights; test_engine_factory.cc and
+  // tests/model/test_engine_bf16.cc check what it does): asking for it never reaches a device.
+  EXPECT_NO_THROW(engine::make_engine(m, engine::Device::kCpu, DType::kBf16));
 }
 
 // A device allocation that cannot succeed is an error of kind kOutOfMemory, which a sweep records
