@@ -25,6 +25,7 @@
 #endif
 
 #include "common/error.h"
+#include "kernels/cpu/aligned_scratch.h"
 
 namespace kvb::kernels::cpu {
 namespace {
@@ -217,24 +218,7 @@ struct TileAvx2 {
 };
 #endif  // KVB_MATMUL_AVX2
 
-// Per-thread scratch for packed operands, 64-byte aligned, grown on demand and kept for reuse.
-class PackBuffer {
- public:
-  float* get(size_t count) {
-    if (count > size_) {
-      data_.reset(new (std::align_val_t{64}) float[count]);
-      size_ = count;
-    }
-    return data_.get();
-  }
-
- private:
-  struct Free {
-    void operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
-  };
-  std::unique_ptr<float[], Free> data_;
-  size_t size_ = 0;
-};
+using PackBuffer = AlignedScratch;  // aligned_scratch.h
 
 // Rows [r0, r1) of a [*, k] matrix src, either in place or copied into buf with a 64-byte aligned
 // row stride, so that the kernels' 64-byte loads do not straddle cache lines (a misaligned

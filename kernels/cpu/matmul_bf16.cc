@@ -25,6 +25,7 @@
 #endif
 
 #include "common/error.h"
+#include "kernels/cpu/aligned_scratch.h"
 #include "kernels/cpu/matmul.h"
 
 namespace kvb::kernels::cpu {
@@ -248,24 +249,7 @@ Bf16Path resolve(Bf16Path path) {
   return path;
 }
 
-// Per-thread f32 scratch, 64-byte aligned, grown on demand and kept for reuse.
-class Scratch {
- public:
-  float* get(size_t count) {
-    if (count > size_) {
-      data_.reset(new (std::align_val_t{64}) float[count]);
-      size_ = count;
-    }
-    return data_.get();
-  }
-
- private:
-  struct Free {
-    void operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
-  };
-  std::unique_ptr<float[], Free> data_;
-  size_t size_ = 0;
-};
+using Scratch = AlignedScratch;  // aligned_scratch.h
 
 void decode(float* y, const float* x, const uint16_t* w, const float* bias, int k, int m,
             Bf16Path path) {
