@@ -29,7 +29,7 @@ mkdir -p /tmp/kvb-model models
 for p in .device/model.part-*; do [ -f "$p" ] && cp -n "$p" /tmp/kvb-model/; done
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$model" ] && [ -f /tmp/kvb-model/model.part-aa ] && [ -f /tmp/kvb-model/model.part-ab ]; then
-  cat /tmp/kvb-model/model.part-* >"$model"
+  cat /tmp/kvb-model/model.part-* | gunzip >"$model"
   echo "$(cat .device/model.sha256 2>/dev/null || cat /tmp/kvb-model/sha256)  $model" | sha256sum -c -
 fi
 [ -f .device/model.sha256 ] && cp .device/model.sha256 /tmp/kvb-model/sha256

@@ -7,8 +7,8 @@
 #   .device/debs/*.deb          ~14 MiB   carry in the first call
 #   .device/shared/...          ~2 MiB    carry in the first call
 #   .device/minja/              150 KB    carry in the first call (the Jinja headers)
-#   .device/model.part-aa       38 MiB    carry in the first call
-#   .device/model.part-ab       ~56 MiB   carry in the second call (device_build.sh joins them)
+#   .device/model.part-aa       36 MiB    carry in the first call (the gzip'd GGUF's first piece)
+#   .device/model.part-ab       ~53 MiB   carry in the second call (device_build.sh joins them)
 # Usage: bash scripts/device_pack.sh   (Debian bookworm; apt-get download needs no root)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,11 +39,22 @@ cp -r third_party/minja "$out/minja"
 cp "$shared/data/wikitext-2/test.txt" "$out/shared/data/wikitext-2/"
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$model" ] || bash scripts/fetch_models.sh
-# Uneven pieces so that each call stays under 64 MiB with the tree (~3 MiB): the first call also
-# carries the packages and shared files.
-head -c 38M "$model" >"$out/model.part-aa"
-tail -c +$((38 * 1048576 + 1)) "$model" >"$out/model.part-ab"
+# The tree (~10 MB) and the packages travel with the first piece; one call carries at most 64 MiB,
+# so the GGUF travels gzip-compressed (98.4 -> 92.7 MB) in two pieces sized to fill both calls.
+gzip -9 -c "$model" >"$out/model.gz"
+first=$((36 * 1048576))
+head -c "$first" "$out/model.gz" >"$out/model.part-aa"
+tail -c +$((first + 1)) "$out/model.gz" >"$out/model.part-ab"
+rm "$out/model.gz"
 sha256sum "$model" | cut -d' ' -f1 >"$out/model.sha256"
+tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -n 1 | cut -f1)
+call1=$((tree + $(du -cb "$out/debs" "$out/shared" "$out/minja" "$out/model.part-aa" "$out/model.sha256" | tail -n 1 | cut -f1)))
+call2=$((tree + $(du -b "$out/model.part-ab" | cut -f1)))
+echo "device_pack.sh: call 1 carries $((call1 / 1048576)) MiB, call 2 $((call2 / 1048576)) MiB (limit 64)" >&2
+[ "$call1" -lt $((63 * 1048576)) ] && [ "$call2" -lt $((63 * 1048576)) ] || {
+  echo "device_pack.sh: a call would carry over 63 MiB: move the split point ($first bytes)" >&2
+  exit 1
+}
 du -sh "$out"/debs "$out"/shared "$out"/model.part-* >&2
-echo "device_pack.sh: call 1 carries .device/debs .device/shared .device/model.part-aa .device/model.sha256;" \
+echo "device_pack.sh: call 1 carries .device/debs .device/shared .device/minja .device/model.part-aa .device/model.sha256;" \
   "call 2 carries .device/model.part-ab" >&2
