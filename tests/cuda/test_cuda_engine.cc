@@ -410,7 +410,14 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
       for (size_t s = 0; s < a.logits.size(); ++s) {
         worst = std::max(worst, max_abs_diff(a.logits[s], g.logits[s]));
       }
-      EXPECT_LT(worst, 1e-2) << "logits drifted from the CPU's";
+      // SubGen's estimator is not a continuous function of the rows: its reservoir keeps a
+      // token when a counter draw falls below |v|^2 / mu, and a full sketch joins a key to its
+      // nearest representative; the GPU's f32 rows differ from the CPU's in the last bits, so
+      // a draw or a near tie may go the other way (the keep-sets, checked above, stay equal).
+      // Its bound is 1e-1: on an H200 (2026-11-26) the worst step was 0.052, against 1e-5 for
+      // the policies whose decode attention is exact.
+      const double bound = name == "subgen" ? 1e-1 : 1e-2;
+      EXPECT_LT(worst, bound) << "logits drifted from the CPU's";
       // The host holds rows only for policies that read them; otherwise an index.
       EXPECT_EQ(gpu_cache.host_rows(), probe->reads_cache_rows());
       expect_device_rows_match(gpu, gpu_cache, &cpu_cache, 1e-2);

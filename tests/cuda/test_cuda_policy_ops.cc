@@ -205,10 +205,14 @@ TEST_F(CudaPolicyOpsParity, HistoryBitsAndCountersAreTheCpuBits) {
       st.n_new = step == 0 ? 40 : 1;
       st.last_w = step == 0 ? 3 : 1;
       st.stride = host_.length(0, 0);
-      // Probabilities around 1 / visible, so both sides of every threshold occur.
+      // Probabilities around the threshold, 1 / visible or 1 / (position + 1) (positions are
+      // about 3 per slot here), so both sides of every threshold occur. (Drawn around
+      // 1 / visible for both, the inv_position case set no bit on an H200: its threshold is
+      // three times lower.)
+      const float around = inv_position ? 1.0f / (3.0f * st.stride) : 1.0f / st.stride;
       const std::vector<float> probs = parity::random_vec(
           static_cast<size_t>(num_heads) * st.last_w * st.stride, 21 + step, 0.0f,
-          2.0f / st.stride);
+          2.0f * around);
       const cu::DeviceBuffer<float> dp = parity::to_device(probs);
       st.last_probs = probs.data();
       cpu_.history_bits(*cb, st, host_, history, inv_position);

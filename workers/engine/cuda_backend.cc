@@ -382,6 +382,7 @@ void CudaBackend::bind_cache(kernels::KvCache& cache, int n) {
     ++cache_uploads_;
   }
   dev_ = fresh.get();
+  bound_.push_back(dev_);  // end_layers advances its next position with the index's
   cache.set_device_rows(std::move(fresh));
 }
 
