@@ -1,4 +1,4 @@
-// DeviceKvCache: one flat buffer per layer, per-head offset/capacity/length; in-place compaction.
+// DeviceKvCache: one flat buffer per layer, per-head offset/capacity/length; compaction within the buffer.
 // Host mirrors of the per-head arrays are authoritative: every change is made on the host and
 // copied to the device in stream order, so launches can be sized without reading the device.
 #include "kernels/cuda/kv_cache_device.h"
@@ -13,8 +13,6 @@
 
 namespace kvb::kernels::cuda {
 namespace {
-
-constexpr int kCompactChunk = 32;  // slots staged in shared memory per compaction step
 
 // keys/values: f32 [n, num_kv_heads, d] into slot lengths[h] + t of head h.
 template <typename T>
@@ -56,37 +54,81 @@ __global__ void validate_keep_kernel(const int32_t* slots, int ld, const int32_t
   }
 }
 
-// One block per head. Destination j <= source list[j]; chunk c's sources are >= its first
-// destination and every earlier chunk wrote only below it, so staging a chunk (read all, barrier,
-// write all, barrier) makes the in-place move race-free.
-template <typename T>
-__global__ void compact_kernel(T* keys, T* values, int32_t* positions, const int32_t* offsets,
-                               const int32_t* slots, int ld, const int32_t* counts, int d) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* stage = reinterpret_cast<T*>(smem);  // [kCompactChunk, d]
-  __shared__ int32_t stage_pos[kCompactChunk];
-  const int h = blockIdx.x;
-  const int32_t* list = slots + static_cast<size_t>(h) * ld;
-  const size_t base = offsets[h];
-  const int count = counts[h];
-  for (int c0 = 0; c0 < count; c0 += kCompactChunk) {
-    const int rows = min(kCompactChunk, count - c0);
-    if (list[c0 + rows - 1] == c0 + rows - 1) continue;  // increasing: the whole chunk stays put
-    for (T* buf : {keys, values}) {
-      for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
-        stage[e] = buf[(base + list[c0 + e / d]) * d + e % d];
-      }
-      if (buf == keys && threadIdx.x < rows)
-        stage_pos[threadIdx.x] = positions[base + list[c0 + threadIdx.x]];
-      __syncthreads();
-      for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
-        buf[(base + c0 + e / d) * d + e % d] = stage[e];
-      }
-      if (buf == keys && threadIdx.x < rows)
-        positions[base + c0 + threadIdx.x] = stage_pos[threadIdx.x];
-      __syncthreads();
-    }
-  }
+// Compaction out of place, in two launches over every (head, kept slot, 16-byte piece): the
+// gather stages each row that moves (list[c] != c) in scratch, the scatter writes it to slot c.
+// No row is both read and written in one launch, so any number of blocks may run; a list is
+// strictly increasing, so rows with list[c] == c stay put and are not touched. (The kernel this
+// replaces moved one head per block, 32 rows per barrier: on an H200 a single eviction from a
+// 1024-slot bf16 head, shifting every row, cost ~0.3 ms per layer.)
+template <typename V>
+__global__ void gather_kept_kernel(const V* __restrict__ keys, const V* __restrict__ values,
+                                   const int32_t* __restrict__ positions,
+                                   const int32_t* __restrict__ offsets,
+                                   const int32_t* __restrict__ slots, int ld,
+                                   const int32_t* __restrict__ counts, int heads, int vpr,
+                                   V* __restrict__ stage_k, V* __restrict__ stage_v,
+                                   int32_t* __restrict__ stage_pos) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t per_head = static_cast<size_t>(ld) * vpr;
+  if (i >= per_head * heads) return;
+  const int h = static_cast<int>(i / per_head);
+  const size_t hc = i / vpr;  // h * ld + c
+  const int c = static_cast<int>(hc - static_cast<size_t>(h) * ld);
+  const int e = static_cast<int>(i - hc * vpr);
+  if (c >= counts[h]) return;
+  const int32_t src = slots[hc];
+  if (src == c) return;
+  const size_t row = static_cast<size_t>(offsets[h]) + src;
+  stage_k[i] = keys[row * vpr + e];
+  stage_v[i] = values[row * vpr + e];
+  if (e == 0) stage_pos[hc] = positions[row];
+}
+
+template <typename V>
+__global__ void scatter_kept_kernel(V* __restrict__ keys, V* __restrict__ values,
+                                    int32_t* __restrict__ positions,
+                                    const int32_t* __restrict__ offsets,
+                                    const int32_t* __restrict__ slots, int ld,
+                                    const int32_t* __restrict__ counts, int heads, int vpr,
+                                    const V* __restrict__ stage_k, const V* __restrict__ stage_v,
+                                    const int32_t* __restrict__ stage_pos) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t per_head = static_cast<size_t>(ld) * vpr;
+  if (i >= per_head * heads) return;
+  const int h = static_cast<int>(i / per_head);
+  const size_t hc = i / vpr;
+  const int c = static_cast<int>(hc - static_cast<size_t>(h) * ld);
+  const int e = static_cast<int>(i - hc * vpr);
+  if (c >= counts[h] || slots[hc] == c) return;
+  const size_t row = static_cast<size_t>(offsets[h]) + c;
+  keys[row * vpr + e] = stage_k[i];
+  values[row * vpr + e] = stage_v[i];
+  if (e == 0) positions[row] = stage_pos[hc];
+}
+
+// Both launches for rows of `row_bytes` bytes moved as V pieces.
+template <typename V>
+void compact_rows(void* keys, void* values, int32_t* positions, const int32_t* offsets,
+                  const int32_t* slots, int ld, const int32_t* counts, int heads,
+                  size_t row_bytes, cudaStream_t stream) {
+  const int vpr = static_cast<int>(row_bytes / sizeof(V));
+  const size_t rows = static_cast<size_t>(heads) * ld;
+  const size_t total = rows * vpr;
+  if (total == 0) return;
+  StreamScratch stage(2 * rows * row_bytes + rows * sizeof(int32_t), stream);
+  V* sk = stage.as<V>();
+  V* sv = sk + rows * vpr;
+  int32_t* sp = reinterpret_cast<int32_t*>(sv + rows * vpr);
+  const unsigned blocks = static_cast<unsigned>((total + 255) / 256);
+  gather_kept_kernel<V><<<blocks, 256, 0, stream>>>(static_cast<const V*>(keys),
+                                                    static_cast<const V*>(values), positions,
+                                                    offsets, slots, ld, counts, heads, vpr, sk,
+                                                    sv, sp);
+  KVB_CUDA_CHECK_LAUNCH();
+  scatter_kept_kernel<V><<<blocks, 256, 0, stream>>>(static_cast<V*>(keys),
+                                                     static_cast<V*>(values), positions, offsets,
+                                                     slots, ld, counts, heads, vpr, sk, sv, sp);
+  KVB_CUDA_CHECK_LAUNCH();
 }
 
 const char* describe_keep(int) {
@@ -259,28 +301,17 @@ void DeviceKvCache::keep_slots(int layer, const int32_t* slots, int ld, const in
     KVB_CUDA_CHECK_LAUNCH();
     flag.check("DeviceKvCache::keep_slots", describe_keep);
   }
-  const int d = shape_.head_dim;
-  const size_t smem = static_cast<size_t>(kCompactChunk) * d * kv_dtype_bytes(dtype_);
-  if (dtype_ == KvDtype::kF32) {
-    auto kernel = compact_kernel<float>;
-    if (smem > 48 * 1024) {
-      KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    }
-    kernel<<<heads, 256, smem, stream>>>(static_cast<float*>(v.keys), static_cast<float*>(v.values),
-                                         v.positions, v.offsets, slots, ld, counts_d.as<int32_t>(),
-                                         d);
+  const size_t row_bytes = static_cast<size_t>(shape_.head_dim) * kv_dtype_bytes(dtype_);
+  if (row_bytes % 16 == 0) {
+    compact_rows<uint4>(v.keys, v.values, v.positions, v.offsets, slots, ld,
+                        counts_d.as<int32_t>(), heads, row_bytes, stream);
+  } else if (row_bytes % 4 == 0) {
+    compact_rows<uint32_t>(v.keys, v.values, v.positions, v.offsets, slots, ld,
+                           counts_d.as<int32_t>(), heads, row_bytes, stream);
   } else {
-    auto kernel = compact_kernel<__nv_bfloat16>;
-    if (smem > 48 * 1024) {
-      KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    }
-    kernel<<<heads, 256, smem, stream>>>(static_cast<__nv_bfloat16*>(v.keys),
-                                         static_cast<__nv_bfloat16*>(v.values), v.positions,
-                                         v.offsets, slots, ld, counts_d.as<int32_t>(), d);
+    compact_rows<uint16_t>(v.keys, v.values, v.positions, v.offsets, slots, ld,
+                           counts_d.as<int32_t>(), heads, row_bytes, stream);
   }
-  KVB_CUDA_CHECK_LAUNCH();
   for (int h = 0; h < heads; ++h) lengths_h_[index(layer, h)] = counts[h];
   push_lengths(layer, stream);
 }

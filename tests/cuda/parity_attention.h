@@ -141,8 +141,10 @@ inline std::vector<AttentionCase> attention_cases() {
 
 // Append, keep_slots (device lists for all heads, and KvCache's one-head form), clear and the
 // byte accounting, replayed on a CPU KvCache and compared after every step.
-inline void run_kv_cache_case(cu::KvDtype dtype) {
-  const kernels::KvCacheShape shape{2, 3, 20};
+// head_dim picks the compaction's piece size: rows of 16k bytes move as 16-byte pieces, others
+// as 4 or 2 bytes (20: f32 80 bytes, bf16 40; 7: bf16 14 bytes).
+inline void run_kv_cache_case(cu::KvDtype dtype, int head_dim = 20) {
+  const kernels::KvCacheShape shape{2, 3, head_dim};
   const int d = shape.head_dim, heads = shape.num_kv_heads;
   cu::DeviceKvCache dev(shape, dtype, std::vector<int32_t>{40, 17, 33, 8, 40, 40});
   kernels::KvCache cpu(shape, 40);
