@@ -37,6 +37,10 @@ cp -r "$shared/models/stories260K" "$out/shared/models/"
 }
 cp -r third_party/minja "$out/minja"
 cp "$shared/data/wikitext-2/test.txt" "$out/shared/data/wikitext-2/"
+# The essay CudaEngineSmol.Bf16TeacherForcedTop1AgreesWithCpu teacher-forces (it skipped without it
+# on 2026-11-26).
+mkdir -p "$out/shared/data/paulgraham_essays"
+cp "$shared/data/paulgraham_essays/avg.txt" "$out/shared/data/paulgraham_essays/"
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$model" ] || bash scripts/fetch_models.sh
 # The tree (~10 MB) and the packages travel with the first piece; one call carries at most 64 MiB,
