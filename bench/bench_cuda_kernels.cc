@@ -3,8 +3,10 @@
 // measured in the same run), and the H2O decode step at budget 1024 (score update + per-head
 // argmin), and prefill attention of a 4K prompt on Llama-3-8B's shape (tokens/s and percent of
 // the bf16 tensor-core rate of a cuBLAS GEMM measured in the same run) for the exact f32 kernel,
-// the exact kernel on a bf16 cache, and the bf16 tensor-core kernel (attention_prefill_mma.h).
-// Every row first checks its result against a CPU computation (counter `correct`).
+// the exact kernel on a bf16 cache, and the bf16 tensor-core kernel (attention_prefill_mma.h);
+// the decode rows again with the grouped decode kernel's tuning (cu::AttentionArgs::decode_rows,
+// decode_blocks) for an A/B in one run. Every row first checks its result against a CPU
+// computation (counter `correct`).
 // GPU time per iteration from CUDA events (manual time). Without a device: one line, exit 0.
 // Built only when the CUDA backend is (bench/CMakeLists.txt).
 #include <benchmark/benchmark.h>
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/select.h"
@@ -115,7 +118,8 @@ constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128;
 // bench/torch_eager_attention.py compares with PyTorch); the query heads of a group read their KV head once from DRAM
 // (the group's blocks run together and share it through L2), so bytes = sum over KV heads of
 // len * head_dim * 2 (K and V) * element size + q + out (+ the probability rows written).
-void bm_decode_attention(benchmark::State& state) {
+// decode_rows, decode_blocks: cu::AttentionArgs' tuning of the grouped decode kernel (0: default).
+void run_decode_attention(benchmark::State& state, int decode_rows, int decode_blocks) {
   const int ctx = static_cast<int>(state.range(0));
   const cu::KvDtype dtype = state.range(1) ? cu::KvDtype::kBf16 : cu::KvDtype::kF32;
   const bool probs = state.range(2) != 0, ragged = state.range(3) != 0;
@@ -152,6 +156,8 @@ void bm_decode_attention(benchmark::State& state) {
   a.n = 1;
   a.num_heads = nh;
   a.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  a.decode_rows = decode_rows;
+  a.decode_blocks = decode_blocks;
   if (probs) {
     a.col_sums = col.data();
     a.stats_stride = ctx;
@@ -215,6 +221,31 @@ void bm_decode_attention(benchmark::State& state) {
   state.counters["pct_d2d"] = 100.0 * gbps / g_d2d_gbps;
   state.counters["correct"] = max_err <= 1e-4 ? 1 : 0;
   if (max_err > 1e-4) state.SkipWithError("decode attention differs from the double reference");
+}
+
+// Args {context, bf16, probabilities, ragged}: the kernel's default tuning.
+void bm_decode_attention(benchmark::State& state) { run_decode_attention(state, 0, 0); }
+
+// The A/B of the grouped decode kernel's tuning: the first four args as bm_decode_attention's
+// (its rows with the same values are the baseline of the same run), then rows = decode_rows and
+// blocks_per_sm: decode_blocks = blocks_per_sm x the device's multiprocessors (0: default 256).
+// Counter `blocks`: the decode_blocks asked for (0: default).
+void bm_decode_attention_tuning(benchmark::State& state) {
+  int sms = 0;
+  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int blocks = static_cast<int>(state.range(5)) * sms;
+  state.counters["blocks"] = blocks;
+  run_decode_attention(state, static_cast<int>(state.range(4)), blocks);
+}
+
+// Dense, no probabilities: bf16 at 4K and 32K, f32 at 32K; today's kernel (rows 1) with more
+// blocks, and rows 2 and 4 with the default and with more blocks (15 rows).
+void decode_tuning_args(benchmark::internal::Benchmark* b) {
+  for (const auto& [ctx, bf16] : {std::pair{4096, 1}, {32768, 1}, {32768, 0}}) {
+    for (const auto& [rows, per_sm] : {std::pair{2, 0}, {4, 0}, {1, 8}, {2, 8}, {4, 8}}) {
+      b->Args({ctx, bf16, 0, 0, rows, per_sm});
+    }
+  }
 }
 
 // One H2O decode step per iteration at budget 1024 (1025 slots per head before the eviction):
@@ -390,6 +421,13 @@ void bm_prefill_attention(benchmark::State& state) {
 BENCHMARK(bm_decode_attention)
     ->ArgNames({"ctx", "bf16", "probs", "ragged"})
     ->ArgsProduct({{1024, 4096, 16384, 32768}, {0, 1}, {0, 1}, {0, 1}})
+    ->UseManualTime()
+    ->Repetitions(3)
+    ->DisplayAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_decode_attention_tuning)
+    ->ArgNames({"ctx", "bf16", "probs", "ragged", "rows", "blocks_per_sm"})
+    ->Apply(decode_tuning_args)
     ->UseManualTime()
     ->Repetitions(3)
     ->DisplayAggregatesOnly(true)

@@ -329,8 +329,17 @@ int grouped_row_lanes(int d) {
 // so a warp holds 32 / lanes rows at once; each row group keeps its own online softmax state per
 // query head, merged through shared memory at the end into the same [num_heads, splits] partial
 // states decode_combine_kernel reads. Raw scaled scores to scores[h * stride + key] when asked.
-template <typename T, int kG>
-__global__ void __launch_bounds__(kThreads)
+// kRows: keys a row group takes per iteration. It issues all kRows rows' K and V loads before
+// any math (more bytes in flight per warp), then scores the kRows keys and updates its softmax
+// state once per batch: one new maximum over the batch's valid keys, one correction factor.
+// Batch r of the warp's row groups holds keys first + r * rows_per_warp + sub, so each load
+// instruction of the warp still covers adjacent rows. kRows = 1 is the one-key-at-a-time loop
+// (the same operations in the same order as before the batching). Launch bounds: kRows > 1 asks
+// for at least one resident block per multiprocessor, so ptxas sizes registers for the batch
+// rather than for its own occupancy target (with the thread bound alone it held bf16 group-4
+// kRows = 2 to 96 registers and spilled); kRows = 1 keeps the bound it always had.
+template <typename T, int kG, int kRows>
+__global__ void __launch_bounds__(kThreads, kRows > 1 ? 1 : 0)
     decode_grouped_kernel(Common c, const T* keys, const T* values, int lanes, int chunk,
                           float2* part_ml, float* part_acc, float* scores, int stride) {
   constexpr int V = Vec16<T>::kN;
@@ -364,45 +373,81 @@ __global__ void __launch_bounds__(kThreads)
   }
   constexpr int kMaxPer = kMaxLaneElems / V;
   // The warp's trip count is the same for all its lanes (the shuffles need every lane): a row
-  // group past the chunk's end loads nothing and updates nothing.
-  for (int first = c0 + warp * rows_per_warp; first < c1; first += rows) {
-    const int key = first + sub;
-    const bool valid = key < c1;
-    float k[kMaxLaneElems] = {}, v[kMaxLaneElems] = {};
-    if (valid) {
-      const T* krow = keys + (base + key) * d;
-      const T* vrow = values + (base + key) * d;
+  // past the chunk's end loads nothing and updates nothing. Keys grow with r, so when batch 0's
+  // key is past the end, so are all of the batch's.
+  for (int first = c0 + warp * rows_per_warp * kRows; first < c1; first += rows * kRows) {
+    float k[kRows][kMaxLaneElems] = {}, v[kRows][kMaxLaneElems] = {};
+    bool valid[kRows];
 #pragma unroll
-      for (int i = 0; i < kMaxPer; ++i) {
-        if (i >= per_lane) break;
-        Vec16<T>::load(krow + (sl + lanes * i) * V, k + i * V);
-        Vec16<T>::load(vrow + (sl + lanes * i) * V, v + i * V);
+    for (int r = 0; r < kRows; ++r) {
+      const int key = first + r * rows_per_warp + sub;
+      valid[r] = key < c1;
+      if (valid[r]) {
+        const T* krow = keys + (base + key) * d;
+        const T* vrow = values + (base + key) * d;
+#pragma unroll
+        for (int i = 0; i < kMaxPer; ++i) {
+          if (i >= per_lane) break;
+          Vec16<T>::load(krow + (sl + lanes * i) * V, k[r] + i * V);
+          Vec16<T>::load(vrow + (sl + lanes * i) * V, v[r] + i * V);
+        }
       }
     }
 #pragma unroll
     for (int g = 0; g < kG; ++g) {
       if (g >= group) break;
       const float* qg = sq + g * d;
-      float partial = 0.0f;
+      float partial[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) partial[r] = 0.0f;
 #pragma unroll
       for (int i = 0; i < kMaxPer; ++i) {
         if (i >= per_lane) break;
         const int x0 = (sl + lanes * i) * V;
 #pragma unroll
-        for (int j = 0; j < V; ++j) partial = fmaf(qg[x0 + j], k[i * V + j], partial);
+        for (int j = 0; j < V; ++j) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+            partial[r] = fmaf(qg[x0 + j], k[r][i * V + j], partial[r]);
+        }
       }
       // Sum over the row's lanes (xor within the aligned group of `lanes` lanes).
-      for (int o = lanes / 2; o > 0; o /= 2) partial += __shfl_xor_sync(kFull, partial, o);
-      if (!valid) continue;
-      const float s = __fmul_rn(partial, c.scale);
-      if (scores != nullptr && sl == 0) {
-        scores[static_cast<size_t>(kvh * group + g) * stride + key] = s;
-      }
-      const float m_new = fmaxf(m[g], s);
-      const float corr = expf(m[g] - m_new), p = expf(s - m_new);
-      l[g] = l[g] * corr + p;
+      for (int o = lanes / 2; o > 0; o /= 2) {
 #pragma unroll
-      for (int e = 0; e < kMaxLaneElems; ++e) acc[g][e] = fmaf(p, v[e], acc[g][e] * corr);
+        for (int r = 0; r < kRows; ++r) partial[r] += __shfl_xor_sync(kFull, partial[r], o);
+      }
+      if (!valid[0]) continue;
+      float s[kRows];
+      float m_new = m[g];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        s[r] = __fmul_rn(partial[r], c.scale);
+        if (!valid[r]) continue;
+        if (scores != nullptr && sl == 0) {
+          const int key = first + r * rows_per_warp + sub;
+          scores[static_cast<size_t>(kvh * group + g) * stride + key] = s[r];
+        }
+        m_new = fmaxf(m_new, s[r]);
+      }
+      // Batch 0 is valid here: corr and p[0] are as in a one-key step; later keys add in order.
+      const float corr = expf(m[g] - m_new);
+      float p[kRows];
+      p[0] = expf(s[0] - m_new);
+      float psum = p[0];
+#pragma unroll
+      for (int r = 1; r < kRows; ++r) {
+        p[r] = valid[r] ? expf(s[r] - m_new) : 0.0f;
+        psum += p[r];
+      }
+      l[g] = l[g] * corr + psum;
+#pragma unroll
+      for (int e = 0; e < kMaxLaneElems; ++e) acc[g][e] = fmaf(p[0], v[0][e], acc[g][e] * corr);
+#pragma unroll
+      for (int r = 1; r < kRows; ++r) {
+        if (!valid[r]) break;
+#pragma unroll
+        for (int e = 0; e < kMaxLaneElems; ++e) acc[g][e] = fmaf(p[r], v[r][e], acc[g][e]);
+      }
       m[g] = m_new;
     }
   }
@@ -451,16 +496,19 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // How the grouped kernel would run a decode step; lanes == 0 when it cannot take the shape (the
-// caller then uses the per-query-head kernel). Splits: enough blocks to fill a large GPU (~256
-// over the KV heads), never chunks under 64 keys.
+// caller then uses the per-query-head kernel). Splits: enough blocks to fill a large GPU
+// (decode_blocks over the KV heads; 0: 256), never chunks under 64 keys. rows: the kernel's
+// kRows (decode_rows; 0: 1).
 struct GroupedPlan {
-  int lanes = 0, splits = 0, chunk = 0;
+  int lanes = 0, splits = 0, chunk = 0, rows = 1;
   size_t smem = 0;
 };
 
+constexpr int kDefaultDecodeBlocks = 256;
+
 template <typename T>
 GroupedPlan plan_grouped(int d, int group, int num_kv_heads, int max_len, const void* keys,
-                         const void* values) {
+                         const void* values, int decode_rows, int decode_blocks) {
   GroupedPlan p;
   const int lanes = grouped_row_lanes<T>(d);
   if (lanes == 0 || group > 8) return p;
@@ -471,34 +519,56 @@ GroupedPlan plan_grouped(int d, int group, int num_kv_heads, int max_len, const 
   p.smem = sizeof(float) *
            (static_cast<size_t>(group) * d + static_cast<size_t>(rows) * group * (2 + d));
   if (p.smem > 48 * 1024) return p;
-  const int by_blocks = std::max(1, (256 + num_kv_heads - 1) / num_kv_heads);
+  const int blocks = decode_blocks > 0 ? decode_blocks : kDefaultDecodeBlocks;
+  const int by_blocks = std::max(1, (blocks + num_kv_heads - 1) / num_kv_heads);
   const int by_len = std::max(1, (max_len + 63) / 64);
   p.splits = std::min(by_blocks, by_len);
   p.chunk = (max_len + p.splits - 1) / p.splits;
   p.lanes = lanes;
+  p.rows = decode_rows > 0 ? decode_rows : 1;
   return p;
+}
+
+template <typename T, int kRows>
+void launch_grouped_rows(const Common& c, const T* keys, const T* values, int num_kv_heads,
+                         const GroupedPlan& p, float2* part_ml, float* part_acc, float* scores,
+                         int stride, cudaStream_t stream) {
+  const int group = c.group;
+  const dim3 grid(num_kv_heads, p.splits);
+  auto go = [&](auto kernel) {
+    kernel<<<grid, kThreads, p.smem, stream>>>(c, keys, values, p.lanes, p.chunk, part_ml, part_acc,
+                                               scores, stride);
+  };
+  if (group <= 1) {
+    go(decode_grouped_kernel<T, 1, kRows>);
+  } else if (group <= 2) {
+    go(decode_grouped_kernel<T, 2, kRows>);
+  } else if (group <= 4) {
+    go(decode_grouped_kernel<T, 4, kRows>);
+  } else {
+    go(decode_grouped_kernel<T, 8, kRows>);
+  }
+  KVB_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void launch_grouped(const Common& c, const T* keys, const T* values, int num_kv_heads,
                     const GroupedPlan& p, float2* part_ml, float* part_acc, float* scores,
                     int stride, cudaStream_t stream) {
-  const int group = c.group;
-  const dim3 grid(num_kv_heads, p.splits);
-  auto go = [&](auto kernel) {
-    kernel<<<grid, kThreads, p.smem, stream>>>(c, keys, values, p.lanes, p.chunk, part_ml,
-                                               part_acc, scores, stride);
-  };
-  if (group <= 1) {
-    go(decode_grouped_kernel<T, 1>);
-  } else if (group <= 2) {
-    go(decode_grouped_kernel<T, 2>);
-  } else if (group <= 4) {
-    go(decode_grouped_kernel<T, 4>);
-  } else {
-    go(decode_grouped_kernel<T, 8>);
+  switch (p.rows) {
+    case 1:
+      launch_grouped_rows<T, 1>(c, keys, values, num_kv_heads, p, part_ml, part_acc, scores, stride,
+                                stream);
+      break;
+    case 2:
+      launch_grouped_rows<T, 2>(c, keys, values, num_kv_heads, p, part_ml, part_acc, scores, stride,
+                                stream);
+      break;
+    default:
+      launch_grouped_rows<T, 4>(c, keys, values, num_kv_heads, p, part_ml, part_acc, scores, stride,
+                                stream);
+      break;
   }
-  KVB_CUDA_CHECK_LAUNCH();
 }
 
 // Grid num_heads: merges the chunk states in chunk order; row_stats[h] = (max, sum).
@@ -550,8 +620,8 @@ void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream)
   if (a.n == 1) {
     // Raw scores go to the statistics row itself and are normalized in place afterwards.
     float* scores = a.col_sums != nullptr ? a.col_sums : a.last_probs;
-    const GroupedPlan gp =
-        plan_grouped<T>(d, group, a.kv.num_kv_heads, max_len, a.kv.keys, a.kv.values);
+    const GroupedPlan gp = plan_grouped<T>(d, group, a.kv.num_kv_heads, max_len, a.kv.keys,
+                                           a.kv.values, a.decode_rows, a.decode_blocks);
     const int splits =
         gp.lanes > 0 ? gp.splits : std::max(1, (max_len + kDecodeChunk - 1) / kDecodeChunk);
     StreamScratch ml(sizeof(float2) * a.num_heads * splits, stream);
@@ -624,6 +694,11 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
         << "cuda::attention: stats_stride " << a.stats_stride << " < longest head " << max_len;
   }
   KVB_CHECK(a.window >= 0) << "cuda::attention: window " << a.window;
+  KVB_CHECK(a.decode_rows == 0 || a.decode_rows == 1 || a.decode_rows == 2 || a.decode_rows == 4)
+      << "cuda::attention: decode_rows " << a.decode_rows << " not 0, 1, 2 or 4";
+  KVB_CHECK(a.decode_blocks >= 0 && a.decode_blocks <= kMaxDecodeBlocks)
+      << "cuda::attention: decode_blocks " << a.decode_blocks << " outside [0, " << kMaxDecodeBlocks
+      << "]";
   KVB_CHECK(a.window == 0 || !stats) << "cuda::attention: no statistics with a window";
   if (a.last_probs) {
     KVB_CHECK(a.last_w >= 1 && a.last_w <= a.n)

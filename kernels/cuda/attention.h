@@ -12,6 +12,7 @@
 namespace kvb::kernels::cuda {
 
 constexpr int kMaxHeadDim = 256;  // per-lane registers hold head_dim / 32 <= 8 output columns
+constexpr int kMaxDecodeBlocks = 65535;  // AttentionArgs::decode_blocks (a grid's y extent)
 
 // cpu::AttentionArgs with the device view of the layer (flat buffer, per-head offsets) in place
 // of LayerKvView. All pointers are device pointers.
@@ -35,6 +36,15 @@ struct AttentionArgs {
   // where it takes the shape; otherwise, and always for an f32 cache or n == 1, the exact f32
   // kernels below. The engine asks for it on bf16 caches; the f32 cache stays the reference.
   bool tensor_core_prefill = false;
+  // Tuning of the grouped decode kernel (n == 1, see below), for A/B measurements
+  // (bench_cuda_kernels); 0 keeps the measured default. Ignored by prefill (n >= 2) and by the
+  // per-query-head decode kernel; the result is the same softmax up to f32 summation order.
+  // decode_rows: keys a row group loads (K and V) before any math and folds into its online
+  // softmax at once, 1, 2 or 4 (0: 1). decode_blocks: the target number of blocks over all KV
+  // heads, 1 .. kMaxDecodeBlocks (0: 256), e.g. a few per multiprocessor; never more splits of a
+  // head than 64-key chunks of the longest head.
+  int decode_rows = 0;
+  int decode_blocks = 0;
 };
 
 // Query i of n sees slots [0, length(head) - n + i] (with a window W: only the last W of them).
@@ -49,7 +59,8 @@ struct AttentionArgs {
 //    probabilities from the raw scores the first pass stores. Where head_dim splits into 16-byte
 //    vectors over a power of two of lanes (bf16: 8..256 in powers of two; f32: 4..256) and the
 //    GQA group is at most 8, one block per (KV head, chunk) reads each K/V row once for all the
-//    group's query heads (issue 16 item 3); otherwise one block per (query head, 256 keys).
+//    group's query heads (issue 16 item 3), decode_rows keys per row group in flight at once,
+//    about decode_blocks blocks; otherwise one block per (query head, 256 keys).
 // Validates shapes against the view's host lengths and throws kvb::Error. Stream-ordered.
 void attention(const AttentionArgs& args, cudaStream_t stream = 0);
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -20,8 +21,10 @@ struct AttentionCase {
   int group;                // query heads per KV head
   int head_dim;
   cu::KvDtype dtype;
-  bool stats;  // col_sums + last_probs
-  int window = 0;  // sliding window (no statistics with one)
+  bool stats;             // col_sums + last_probs
+  int window = 0;         // sliding window (no statistics with one)
+  int decode_rows = 0;    // cu::AttentionArgs::decode_rows (0: the kernel's default)
+  int decode_blocks = 0;  // cu::AttentionArgs::decode_blocks (0: the kernel's default)
 };
 
 inline std::string describe(const AttentionCase& c) {
@@ -30,7 +33,9 @@ inline std::string describe(const AttentionCase& c) {
                   " before={";
   for (int b : c.before) s += std::to_string(b) + ",";
   return s + "}" + (c.stats ? " stats" : "") +
-         (c.window > 0 ? " window=" + std::to_string(c.window) : "");
+         (c.window > 0 ? " window=" + std::to_string(c.window) : "") +
+         (c.decode_rows > 0 ? " decode_rows=" + std::to_string(c.decode_rows) : "") +
+         (c.decode_blocks > 0 ? " decode_blocks=" + std::to_string(c.decode_blocks) : "");
 }
 
 inline void run_attention_case(const AttentionCase& c) {
@@ -47,9 +52,19 @@ inline void run_attention_case(const AttentionCase& c) {
   cu::DeviceKvCache dev(shape, c.dtype, caps);
   uint64_t seed = 100;
   for (int h = 0; h < kvh; ++h) {
+    // Slot s holds random_vec(d, ...) for its key then its value, seeds in (head, slot) order;
+    // one upload per head (heads of 64K slots), then one append per slot.
+    std::vector<float> hk, hv;
     for (int s = 0; s < c.before[h]; ++s) {
-      const auto k = to_device(random_vec(d, ++seed)), v = to_device(random_vec(d, ++seed));
-      dev.append(0, h, k.data(), v.data(), s);
+      const std::vector<float> k = random_vec(d, ++seed), v = random_vec(d, ++seed);
+      hk.insert(hk.end(), k.begin(), k.end());
+      hv.insert(hv.end(), v.begin(), v.end());
+    }
+    if (c.before[h] == 0) continue;
+    const auto kd = to_device(hk), vd = to_device(hv);
+    for (int s = 0; s < c.before[h]; ++s) {
+      const size_t at = static_cast<size_t>(s) * d;
+      dev.append(0, h, kd.data() + at, vd.data() + at, s);
     }
   }
   const auto kb = to_device(random_vec(static_cast<size_t>(c.n) * kvh * d, ++seed, -2, 2));
@@ -90,6 +105,8 @@ inline void run_attention_case(const AttentionCase& c) {
   ga.num_heads = nh;
   ga.scale = scale;
   ga.window = c.window;
+  ga.decode_rows = c.decode_rows;
+  ga.decode_blocks = c.decode_blocks;
   if (c.stats) {
     ga.col_sums = csd.data();
     ga.last_probs = lpd.data();
@@ -136,6 +153,41 @@ inline std::vector<AttentionCase> attention_cases() {
   // A 4097-token prompt (one head pair, small head_dim to keep the CPU reference quick).
   v.push_back({4097, {0}, 2, 32, K::kF32, true});
   v.push_back({4097, {0}, 1, 32, K::kBf16, false});
+  return v;
+}
+
+// The grouped decode kernel's tuning knobs (cu::AttentionArgs::decode_rows, decode_blocks) on
+// both cache dtypes, named. Ragged heads whose lengths (before + the query: 1, 3, 67, 1201, ...)
+// are not multiples of decode_rows x row groups per block, so batches end part-way; splits from
+// 1 per head to 1024 per head (a 65536-slot head of 64-key chunks: the combine's longest loop);
+// group 7 under the 8-head template; head_dim 256 (f32: two 16-byte vectors per lane, the most
+// registers); windows that start mid-batch; head_dim 40, where the knobs are ignored.
+inline std::vector<std::pair<std::string, AttentionCase>> decode_tuning_cases() {
+  using K = cu::KvDtype;
+  std::vector<std::pair<std::string, AttentionCase>> v;
+  for (K dt : {K::kF32, K::kBf16}) {
+    auto add = [&](const std::string& name, std::vector<int> before, int group, int head_dim,
+                   bool stats, int rows, int blocks, int window = 0) {
+      v.push_back({name + "_" + cu::kv_dtype_name(dt),
+                   {1, std::move(before), group, head_dim, dt, stats, window, rows, blocks}});
+    };
+    const std::vector<int> ragged = {0, 2, 66, 1200}, ragged_long = {16383, 2, 66, 1000};
+    add("rows2_g4_d128_stats", ragged, 4, 128, true, 2, 0);
+    add("rows4_g4_d128", ragged, 4, 128, false, 4, 0);
+    add("rows4_g4_d128_stats", ragged, 4, 128, true, 4, 0);
+    add("rows2_g8_d256_stats", {1000, 66, 2, 0}, 8, 256, true, 2, 0);
+    add("rows4_g8_d256", {1000, 66, 2, 0}, 8, 256, false, 4, 0);
+    add("rows4_g7_d64_stats", {66, 0, 1000}, 7, 64, true, 4, 0);
+    add("rows4_g1_d32", {1000, 3}, 1, 32, false, 4, 0);
+    add("rows2_g4_d64_window16", {300, 12}, 4, 64, false, 2, 0, 16);
+    add("rows4_g4_d64_window33", {300, 12}, 4, 64, false, 4, 0, 33);
+    add("blocks1_rows4_g4_d128_stats", ragged, 4, 128, true, 4, 1);
+    add("blocks1024_g4_d128_stats", ragged_long, 4, 128, true, 0, 1024);
+    add("blocks1024_rows4_g4_d128", ragged_long, 4, 128, false, 4, 1024);
+    add("blocks1024_rows2_g4_d128_stats", ragged_long, 4, 128, true, 2, 1024);
+    add("blocks1024_rows4_one_head_g4_d64_stats", {65535}, 4, 64, true, 4, 1024);
+    add("rows4_blocks1024_g3_d40_stats_ignored", {70, 3}, 3, 40, true, 4, 1024);
+  }
   return v;
 }
 

@@ -131,6 +131,48 @@ TEST(CudaHostChecks, AttentionValidatesAgainstHostLengths) {
   EXPECT_NE(error_of([&] { attention(a); }).find("head_dim"), std::string::npos);
 }
 
+// The decode tuning knobs take 0 (default), decode_rows 1, 2, 4 and decode_blocks up to a grid's
+// y extent; anything else is refused before the first CUDA call (n = 0: a valid call that
+// touches no device, so the accepted values can be checked here too).
+TEST(CudaHostChecks, AttentionRejectsBadDecodeTuning) {
+  const int32_t lengths[2] = {5, 2};
+  DeviceLayerKvView kv;
+  kv.num_kv_heads = 2;
+  kv.head_dim = 8;
+  kv.host_lengths = lengths;
+  kv.lengths = lengths;
+  kv.offsets = lengths;
+  float buf[64] = {};
+  AttentionArgs a;
+  a.out = buf;
+  a.q = buf;
+  a.kv = kv;
+  a.kv.keys = buf;
+  a.kv.values = buf;
+  a.n = 1;
+  a.num_heads = 4;
+  a.scale = 1.0f;
+  a.decode_rows = 3;
+  EXPECT_NE(error_of([&] { attention(a); }).find("decode_rows 3"), std::string::npos);
+  a.decode_rows = 8;
+  EXPECT_NE(error_of([&] { attention(a); }).find("decode_rows 8"), std::string::npos);
+  a.decode_rows = -1;
+  EXPECT_NE(error_of([&] { attention(a); }).find("decode_rows -1"), std::string::npos);
+  a.decode_rows = 4;
+  a.decode_blocks = -1;
+  EXPECT_NE(error_of([&] { attention(a); }).find("decode_blocks -1"), std::string::npos);
+  a.decode_blocks = kMaxDecodeBlocks + 1;
+  EXPECT_NE(error_of([&] { attention(a); }).find("decode_blocks 65536"), std::string::npos);
+  a.n = 0;
+  for (int rows : {0, 1, 2, 4}) {
+    for (int blocks : {0, 1, 1056, kMaxDecodeBlocks}) {
+      a.decode_rows = rows;
+      a.decode_blocks = blocks;
+      EXPECT_NO_THROW(attention(a)) << "decode_rows " << rows << " decode_blocks " << blocks;
+    }
+  }
+}
+
 // The tensor-core prefill takes only bf16 caches, its compiled head_dims and 16-byte aligned
 // rows, decided on the host before the device is asked for its compute capability.
 TEST(CudaHostChecks, PrefillMmaTakesOnlyItsShapes) {
