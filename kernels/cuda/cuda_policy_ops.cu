@@ -164,6 +164,26 @@ __global__ void __launch_bounds__(kThreads) keep_top_kernel(KeepParams p) {
     return;
   }
   const float* row = p.scores + static_cast<size_t>(p.score_head.v[h]) * p.score_ld;
+  if (k > 0 && k == prefix - 1) {
+    // One victim (a decode step at the budget): the smallest rank key of [0, prefix), by one
+    // block-wide min instead of the 8-pass radix select; the same set by the same total order
+    // (rank keys are distinct: their low 32 bits are the index).
+    __shared__ uint64_t warp_min[kThreads / 32];
+    uint64_t least = ~uint64_t{0};
+    for (int i = threadIdx.x; i < prefix; i += blockDim.x) {
+      least = min(least, detail::rank_key(row[i], i));
+    }
+    for (int o = 16; o > 0; o /= 2) least = min(least, __shfl_xor_sync(0xffffffffu, least, o));
+    if (threadIdx.x % 32 == 0) warp_min[threadIdx.x / 32] = least;
+    __syncthreads();
+    least = warp_min[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) least = min(least, warp_min[w]);
+    const int victim = static_cast<int>(least & 0xffffffffu);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      if (i != victim) out[i - (i > victim ? 1 : 0)] = i;
+    }
+    return;
+  }
   int written = 0;
   if (k > 0) {
     const uint64_t threshold = detail::block_kth_largest(

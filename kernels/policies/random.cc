@@ -22,12 +22,16 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 // One 64-bit draw per (seed, layer, head, step, position): a chain of splitmix64 over the fields.
-uint64_t draw(uint64_t seed, int layer, int head, int32_t step, int32_t position) {
+// The chain up to the step is the same for every slot of a head: draw_prefix computes it once,
+// draw finishes it per position.
+uint64_t draw_prefix(uint64_t seed, int layer, int head, int32_t step) {
   uint64_t x = splitmix64(seed);
   x = splitmix64(x ^ static_cast<uint32_t>(layer));
   x = splitmix64(x ^ static_cast<uint32_t>(head));
-  x = splitmix64(x ^ static_cast<uint32_t>(step));
-  return splitmix64(x ^ static_cast<uint32_t>(position));
+  return splitmix64(x ^ static_cast<uint32_t>(step));
+}
+uint64_t draw(uint64_t prefix, int32_t position) {
+  return splitmix64(prefix ^ static_cast<uint32_t>(position));
 }
 
 class Random final : public Policy {
@@ -56,12 +60,26 @@ class Random final : public Policy {
       if (len <= kv_budget()) continue;
       const int32_t* pos = view.position(h);
       const int32_t step = pos[len - 1];
-      keys.resize(len);
-      // Ties between 64-bit draws are practically impossible; the slot index settles them anyway.
       // Global head indices: a tensor-parallel rank draws what one device draws for that head.
-      for (int s = 0; s < len; ++s) {
-        keys[s] = {draw(config().seed, layer, global_head(h), step, pos[s]), s};
+      const uint64_t prefix = draw_prefix(config().seed, layer, global_head(h), step);
+      // Ties between 64-bit draws are practically impossible; the slot index settles them anyway.
+      if (len == kv_budget() + 1) {
+        // One slot goes (a decode step): the largest (draw, slot) pair, the one nth_element
+        // would leave past the kv_budget smallest; a scan instead of a partition and a sort.
+        int victim = 0;
+        uint64_t largest = draw(prefix, pos[0]);
+        for (int s = 1; s < len; ++s) {
+          const uint64_t d = draw(prefix, pos[s]);
+          if (d >= largest) {  // a later slot wins a tie, as the pair order says
+            largest = d;
+            victim = s;
+          }
+        }
+        plan.evict(h, victim);
+        continue;
       }
+      keys.resize(len);
+      for (int s = 0; s < len; ++s) keys[s] = {draw(prefix, pos[s]), s};
       std::nth_element(keys.begin(), keys.begin() + kv_budget(), keys.end());
       keep.resize(kv_budget());
       for (int i = 0; i < kv_budget(); ++i) keep[i] = keys[i].second;

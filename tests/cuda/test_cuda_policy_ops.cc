@@ -107,6 +107,67 @@ TEST_F(CudaPolicyOpsParity, ResizeAndAccumulateAreTheCpuBits) {
   }
 }
 
+// One victim from rows longer than the keep kernel's block (512 threads: several slots per
+// thread, every warp holding candidates), with the lowest score tied many times (3 levels: the
+// total order picks the earliest of the tied slots) or rarely (1000 levels), with and without a
+// window after the prefix; the state row compacted with the list.
+TEST_F(CudaPolicyOpsParity, OneVictimOfALongRowIsTheCpuVictim) {
+  const std::vector<int> lens = {1500, 700, 2049};
+  const int heads = static_cast<int>(lens.size());
+  make_caches(lens, 2);
+  const std::vector<int32_t> lens32(lens.begin(), lens.end());
+  const int stride = 2049;
+  for (const int levels : {3, 1000}) {
+    SCOPED_TRACE(testing::Message() << "levels " << levels);
+    std::unique_ptr<SlotRows> cs = cpu_.make_rows(SlotType::kF32, 1, heads);
+    std::unique_ptr<SlotRows> gs = gpu_->make_rows(SlotType::kF32, 1, heads);
+    std::unique_ptr<SlotRows> cf = cpu_.make_rows(SlotType::kF32, 1, heads);
+    std::unique_ptr<SlotRows> gf = gpu_->make_rows(SlotType::kF32, 1, heads);
+    const std::vector<float> tied =
+        parity::tied_vec(static_cast<size_t>(heads) * stride, 40 + levels, levels);
+    const std::vector<float> state = parity::random_vec(static_cast<size_t>(heads) * stride, 41);
+    const cu::DeviceBuffer<float> dt = parity::to_device(tied), ds = parity::to_device(state);
+    cpu_.resize(*cs, 0, lens32);
+    cpu_.resize(*cf, 0, lens32);
+    gpu_->resize(*gs, 0, lens32);
+    gpu_->resize(*gf, 0, lens32);
+    cpu_.accumulate(*cs, 0, tied.data(), stride, stride, 1, GqaReduce::kMean);
+    gpu_->accumulate(*gs, 0, dt.data(), stride, stride, 1, GqaReduce::kMean);
+    cpu_.accumulate(*cf, 0, state.data(), stride, stride, 1, GqaReduce::kMean);
+    gpu_->accumulate(*gf, 0, ds.data(), stride, stride, 1, GqaReduce::kMean);
+    const std::vector<KeepTop> tops = {
+        {.head = 0, .score_head = 0, .len = 1500, .prefix = 1500, .k = 1499},
+        {.head = 1, .score_head = 1, .len = 700, .prefix = 650, .k = 649},
+        {.head = 2, .score_head = 2, .len = 2049, .prefix = 2040, .k = 2039},
+    };
+    EvictionPlan cplan, gplan;
+    cplan.reset(0, heads);
+    gplan.reset(0, heads);
+    SlotRows* cstate[] = {cf.get()};
+    SlotRows* gstate[] = {gf.get()};
+    cpu_.keep_top(*cs, 0, host_, tops, cstate, cplan);
+    gpu_->keep_top(*gs, 0, index_, tops, gstate, gplan);
+    ASSERT_TRUE(gplan.on_device());
+    const std::vector<int32_t> lists =
+        parity::to_host(gplan.device_slots(), static_cast<size_t>(heads) * gplan.device_ld());
+    std::vector<int32_t> want;
+    for (int h = 0; h < heads; ++h) {
+      SCOPED_TRACE(testing::Message() << "head " << h);
+      EXPECT_EQ(cplan.kind(h), EvictionPlan::Kind::kVictim);
+      cplan.keep_list(h, lens[h], &want);
+      ASSERT_EQ(static_cast<int>(want.size()), lens[h] - 1);
+      ASSERT_EQ(gplan.device_counts()[h], lens[h] - 1);
+      const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
+                                     lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
+                                         want.size());
+      EXPECT_EQ(got, want);
+      std::vector<float> kept;
+      for (int32_t s : want) kept.push_back(state[static_cast<size_t>(h) * stride + s]);
+      parity::expect_bits(gpu_->read_f32(*gf, 0, h), kept, "compacted f32 state");
+    }
+  }
+}
+
 // Scores with many ties, every kind of head decision (none, k = 0, one victim, a list, the
 // whole prefix but one), and two state rows compacted with the lists.
 TEST_F(CudaPolicyOpsParity, KeepTopKeepsTheCpuSlotsAndCompactsTheState) {
