@@ -1,7 +1,7 @@
 // The KV cache on the device (DESIGN.md "KV cache"; the issue "CUDA backend"): per layer ONE
 // flat buffer of slots, each KV head owning the range [offset, offset + capacity) of it with its
 // own length, so heads may hold different numbers of tokens (Ada-KV's layout, but allocated
-// once: eviction compacts in place and never reallocates). Keys/values are f32 or bf16; each
+// once: eviction compacts within the buffer and never reallocates it). Keys/values are f32 or bf16; each
 // slot also keeps the token's original position. Same semantics as kernels/kv_cache.h (slots in
 // increasing position order, keep_slots, logical/physical byte accounting).
 #pragma once
@@ -73,8 +73,9 @@ class DeviceKvCache final : public DeviceRows {
               cudaStream_t stream = 0);
 
   // Keeps, for every head h of `layer`, the slots slots[h * ld + j], j < counts[h] (device
-  // slots, host counts), compacting in place. Each list must be strictly increasing and below
-  // the head's length: checked on the device before anything moves (one stream sync); on a bad
+  // slots, host counts), compacting within the layer's buffer (the rows that move are staged in
+  // stream-ordered scratch: two launches, any number of blocks). Each list must be strictly
+  // increasing and below the head's length: checked on the device before anything moves (one stream sync); on a bad
   // list nothing changes and kvb::Error is thrown. validated = true skips that check (and its
   // sync) for lists the caller has already checked on the host (the engine's eviction plans,
   // validated against the cache index): then nothing waits for the device.
