@@ -75,10 +75,11 @@ class DeviceKvCache final : public DeviceRows {
   // Keeps, for every head h of `layer`, the slots slots[h * ld + j], j < counts[h] (device
   // slots, host counts), compacting within the layer's buffer (the rows that move are staged in
   // stream-ordered scratch: two launches, any number of blocks). Each list must be strictly
-  // increasing and below the head's length: checked on the device before anything moves (one stream sync); on a bad
-  // list nothing changes and kvb::Error is thrown. validated = true skips that check (and its
-  // sync) for lists the caller has already checked on the host (the engine's eviction plans,
-  // validated against the cache index): then nothing waits for the device.
+  // increasing and below the head's length: checked on the device before anything moves (one
+  // stream sync); on a bad list nothing changes and kvb::Error is thrown. validated = true skips
+  // that check (and its sync) for lists the caller has already checked on the host (the
+  // engine's eviction plans, validated against the cache index): then nothing waits for the
+  // device.
   void keep_slots(int layer, const int32_t* slots, int ld, const int32_t* counts,
                   cudaStream_t stream = 0, bool validated = false);
   // KvCache::keep_slots's signature: one head, a host list. Synchronous.
