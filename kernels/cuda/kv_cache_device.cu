@@ -1,4 +1,5 @@
-// DeviceKvCache: one flat buffer per layer, per-head offset/capacity/length; compaction within the buffer.
+// DeviceKvCache: one flat buffer per layer, per-head offset/capacity/length; compaction within
+// the buffer.
 // Host mirrors of the per-head arrays are authoritative: every change is made on the host and
 // copied to the device in stream order, so launches can be sized without reading the device.
 #include "kernels/cuda/kv_cache_device.h"

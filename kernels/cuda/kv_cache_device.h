@@ -1,9 +1,10 @@
 // The KV cache on the device (DESIGN.md "KV cache"; the issue "CUDA backend"): per layer ONE
 // flat buffer of slots, each KV head owning the range [offset, offset + capacity) of it with its
 // own length, so heads may hold different numbers of tokens (Ada-KV's layout, but allocated
-// once: eviction compacts within the buffer and never reallocates it). Keys/values are f32 or bf16; each
-// slot also keeps the token's original position. Same semantics as kernels/kv_cache.h (slots in
-// increasing position order, keep_slots, logical/physical byte accounting).
+// once: eviction compacts within the buffer and never reallocates it). Keys/values are f32 or
+// bf16; each slot also keeps the token's original position. Same semantics as
+// kernels/kv_cache.h (slots in increasing position order, keep_slots, logical/physical byte
+// accounting).
 #pragma once
 
 #include <cuda_runtime.h>
