@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   atomicAdd(&total, mine);
   if (__syncthreads_or(bad)) {
-    if (threadIdx.x == 0) atomicOr(flag, 1);
+    if (threadIdx.x == 0 && flag != nullptr) atomicOr(flag, 1);
     return;
   }
   const int take = min(k, total);
@@ -87,20 +87,33 @@ __global__ void __launch_bounds__(kThreads)
 
 const char* describe(int) { return "a head length is outside [0, ld]"; }
 
-}  // namespace
-
-void global_topk_counts(const RaggedScores& s, int k, int32_t* counts, cudaStream_t stream) {
+// The host checks of both entry points; false: nothing to do.
+bool check_args(const RaggedScores& s, int32_t* counts) {
   KVB_CHECK(s.num_heads >= 0 && s.ld >= 0)
       << "cuda::global_topk_counts: num_heads = " << s.num_heads << ", ld = " << s.ld;
-  if (s.num_heads == 0) return;
+  if (s.num_heads == 0) return false;
   KVB_CHECK(s.lengths != nullptr && counts != nullptr && (s.scores != nullptr || s.ld == 0))
       << "cuda::global_topk_counts: null pointer";
   KVB_CHECK(static_cast<int64_t>(s.num_heads) * s.ld <= INT32_MAX)
       << "cuda::global_topk_counts: " << s.num_heads << " x " << s.ld << " entries";
+  return true;
+}
+
+}  // namespace
+
+void global_topk_counts(const RaggedScores& s, int k, int32_t* counts, cudaStream_t stream) {
+  if (!check_args(s, counts)) return;
   DeviceErrorFlag flag(stream);
   global_topk_kernel<<<1, kThreads, 0, stream>>>(s, k, counts, flag.flag());
   KVB_CUDA_CHECK_LAUNCH();
   flag.check("cuda::global_topk_counts", describe);
+}
+
+void global_topk_counts_unchecked(const RaggedScores& s, int k, int32_t* counts,
+                                  cudaStream_t stream) {
+  if (!check_args(s, counts)) return;
+  global_topk_kernel<<<1, kThreads, 0, stream>>>(s, k, counts, nullptr);
+  KVB_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace kvb::kernels::cuda

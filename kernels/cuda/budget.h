@@ -19,5 +19,10 @@ using cpu::RaggedScores;  // here its scores, positions (nullable) and lengths a
 // plus, in increasing head order, the ones equal to it until k are taken. Lengths are checked on
 // the device (one stream sync).
 void global_topk_counts(const RaggedScores& s, int k, int32_t* counts, cudaStream_t stream = 0);
+// The same counts, stream-ordered and without the device check (no sync, nothing copied): for a
+// caller whose lengths are in [0, ld] by construction (CudaPolicyOps writes them itself). With a
+// length outside, counts are left unwritten.
+void global_topk_counts_unchecked(const RaggedScores& s, int k, int32_t* counts,
+                                  cudaStream_t stream = 0);
 
 }  // namespace kvb::kernels::cuda

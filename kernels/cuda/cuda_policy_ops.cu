@@ -4,11 +4,15 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/budget.h"
+#include "kernels/cuda/budget.h"
 #include "kernels/cuda/kv_cache_device.h"
+#include "kernels/cuda/pool.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/scores.h"
 #include "kernels/cuda/select_common.cuh"
 #include "kernels/policies/policy.h"
+#include "kernels/policies/snapkv_scores.h"
 
 namespace kvb::kernels::cuda {
 namespace {
@@ -218,6 +222,68 @@ __global__ void compact_kernel(T* rows, int ld, const int32_t* lists, int lists_
   }
 }
 
+struct WindowParams {
+  const float* probs;  // (num_heads, w, stride): the block's last w queries per query head
+  size_t stride;
+  int w, group;
+  bool mean, max;  // window reduce mean (else sum); GQA reduce max (else mean)
+  float* out;      // (kv heads, ld)
+  int ld;
+  HeadTable prefix;
+};
+
+// One thread per (KV head, prefix slot j): per query head g of the group the window sum in query
+// order from 0.0f (mean: divided by w, IEEE division as the CPU's `/=`), then reduce_gqa's fold
+// over g (max: `acc < v ? v : acc` as std::max; mean: the sum divided by the group). Adds and
+// divisions only, so no FMA contraction can change a bit.
+__global__ void window_reduce_kernel(WindowParams p) {
+  const int h = blockIdx.y, n = p.prefix.v[h];
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+    float acc = 0.0f;
+    for (int g = 0; g < p.group; ++g) {
+      const float* q = p.probs + (static_cast<size_t>(h) * p.group + g) * p.w * p.stride + j;
+      float sum = 0.0f;
+      for (int a = 0; a < p.w; ++a) sum += q[static_cast<size_t>(a) * p.stride];
+      if (p.mean) sum /= static_cast<float>(p.w);
+      acc = g == 0 ? sum : p.max ? (acc < sum ? sum : acc) : acc + sum;
+    }
+    p.out[static_cast<size_t>(h) * p.ld + j] = p.max ? acc : acc / static_cast<float>(p.group);
+  }
+}
+
+// Row h of `out` = pool1d of row h of `in` over its own n.v[h] entries (pool.cuh: the CPU's loop).
+__global__ void pool_rows_kernel(const float* in, int in_ld, float* out, int out_ld, HeadTable n,
+                                 int kernel, bool max) {
+  const int h = blockIdx.y, len = n.v[h];
+  const float* x = in + static_cast<size_t>(h) * in_ld;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len; j += gridDim.x * blockDim.x) {
+    out[static_cast<size_t>(h) * out_ld + j] = detail::pool_at(x, len, j, kernel, max);
+  }
+}
+
+// Ada-KV's ranking input: positions (heads, ld) of each head's first len.v[h] slots, gathered
+// from the device cache's layer (slot j of head h at offsets[h] + j), and the lengths as a device
+// array (from the kernel argument: no H2D copy).
+__global__ void gather_ranks_kernel(const int32_t* positions, const int32_t* offsets, int32_t* out,
+                                    int ld, int32_t* lengths, HeadTable len) {
+  const int h = blockIdx.y, n = len.v[h];
+  if (blockIdx.x == 0 && threadIdx.x == 0) lengths[h] = n;
+  const int32_t* src = positions + offsets[h];
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+    out[static_cast<size_t>(h) * ld + j] = src[j];
+  }
+}
+
+// *buf holds at least `need` T (stream-ordered; contents not kept).
+template <typename T>
+void grow(T** buf, size_t* cap, size_t need, cudaStream_t stream) {
+  if (need <= *cap) return;
+  if (*buf) KVB_CUDA_CHECK(cudaFreeAsync(*buf, stream));
+  *buf = nullptr;
+  *cap = std::max(need, *cap + *cap / 2);
+  KVB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(buf), *cap * sizeof(T), stream));
+}
+
 unsigned blocks_for(int longest) {
   const unsigned b = grid_for(static_cast<size_t>(std::max(longest, 1)), 256);
   return b > 64u ? 64u : b;
@@ -226,7 +292,10 @@ unsigned blocks_for(int longest) {
 }  // namespace
 
 CudaPolicyOps::~CudaPolicyOps() {
-  if (lists_) cudaFreeAsync(lists_, 0);  // after the stream's work, as CudaRows
+  // After the stream's work, as CudaRows.
+  if (lists_) cudaFreeAsync(lists_, 0);
+  if (reduced_) cudaFreeAsync(reduced_, 0);
+  if (ranks_) cudaFreeAsync(ranks_, 0);
 }
 
 std::unique_ptr<SlotRows> CudaPolicyOps::make_rows(SlotType type, int layers, int heads) {
@@ -340,6 +409,100 @@ void CudaPolicyOps::append_negated_key_norms(SlotRows& rows, const policies::Lay
   for (int h = 0; h < heads; ++h) r.set_len(st.layer, h, cache.length(st.layer, h));
 }
 
+void CudaPolicyOps::window_scores(SlotRows& scores, int score_layer,
+                                  const policies::LayerStats& st, const KvCache& cache,
+                                  const policies::SnapKvScoreOptions& opt) {
+  CudaRows& r = device(scores);
+  check_rows(scores, score_layer);
+  const int heads = cache.shape().num_kv_heads;
+  const int w = st.last_w;
+  KVB_CHECK(scores.type() == SlotType::kF32 && scores.heads() == heads && st.last_probs != nullptr &&
+            w >= 1 && heads >= 1 && st.num_heads % heads == 0)
+      << "cuda policy ops: window scores of " << scores.heads() << " f32 rows for " << heads
+      << " cache heads, " << st.num_heads << " query heads, last_w " << w;
+  KVB_CHECK(opt.pool_kernel >= 1 && opt.pool_kernel % 2 == 1)
+      << "cuda policy ops: pool kernel " << opt.pool_kernel << " must be odd and >= 1";
+  HeadTable prefix{};
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) {
+    const int len = cache.length(st.layer, h);
+    KVB_CHECK(len <= st.stride) << "head " << h << " holds " << len << " slots, stats stride "
+                                << st.stride;
+    prefix.v[h] = std::max(0, len - w);
+    longest = std::max(longest, static_cast<int>(prefix.v[h]));
+  }
+  r.reserve(score_layer, longest);
+  for (int h = 0; h < heads; ++h) r.set_len(score_layer, h, prefix.v[h]);
+  if (longest == 0) return;
+  grow(&reduced_, &reduced_cap_, static_cast<size_t>(heads) * longest, stream_);
+  WindowParams p;
+  p.probs = st.last_probs;
+  p.stride = static_cast<size_t>(st.stride);
+  p.w = w;
+  p.group = st.num_heads / heads;
+  p.mean = opt.window_reduce == policies::WindowReduce::kMean;
+  p.max = opt.gqa_reduce == policies::GqaReduce::kMax;
+  p.out = reduced_;
+  p.ld = longest;
+  p.prefix = prefix;
+  const dim3 grid(blocks_for(longest), heads);
+  window_reduce_kernel<<<grid, 256, 0, stream_>>>(p);
+  KVB_CUDA_CHECK_LAUNCH();
+  pool_rows_kernel<<<grid, 256, 0, stream_>>>(reduced_, longest,
+                                               static_cast<float*>(r.data(score_layer)),
+                                               r.ld(score_layer), prefix, opt.pool_kernel,
+                                               opt.pooling == cpu::PoolKind::kMax);
+  KVB_CUDA_CHECK_LAUNCH();
+  launches_ += 2;
+}
+
+std::vector<int32_t> CudaPolicyOps::ada_head_budgets(const SlotRows& scores, int score_layer,
+                                                     const KvCache& cache, int layer, int base,
+                                                     double alpha) {
+  const CudaRows& sc = device(scores);
+  check_rows(scores, score_layer);
+  const int heads = scores.heads();
+  KVB_CHECK(scores.type() == SlotType::kF32 && heads == cache.shape().num_kv_heads && base >= 0)
+      << "cuda policy ops: ada budgets of " << heads << " f32 rows on a cache of "
+      << cache.shape().num_kv_heads << " heads, base " << base;
+  auto* dev = dynamic_cast<DeviceKvCache*>(cache.device_rows());
+  KVB_CHECK(dev != nullptr) << "cuda policy ops: ada budgets of a cache without device rows";
+  HeadTable len{};
+  std::vector<int32_t> lengths(heads), counts(heads, 0);
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) {
+    len.v[h] = lengths[h] = scores.length(score_layer, h);
+    KVB_CHECK(lengths[h] <= cache.length(layer, h))
+        << "cuda policy ops: head " << h << " scores " << lengths[h] << " slots of "
+        << cache.length(layer, h);
+    longest = std::max(longest, static_cast<int>(lengths[h]));
+  }
+  if (longest > 0) {
+    const int ld = sc.ld(score_layer);  // >= longest
+    // ranks_: positions (heads, ld), then lengths [heads], then counts [heads].
+    const size_t at_lengths = static_cast<size_t>(heads) * ld, at_counts = at_lengths + heads;
+    grow(&ranks_, &ranks_cap_, at_counts + heads, stream_);
+    const DeviceLayerKvView view = dev->layer(layer);
+    gather_ranks_kernel<<<dim3(blocks_for(longest), heads), 256, 0, stream_>>>(
+        view.positions, view.offsets, ranks_, ld, ranks_ + at_lengths, len);
+    KVB_CUDA_CHECK_LAUNCH();
+    const RaggedScores ragged{static_cast<const float*>(sc.data(score_layer)), ranks_,
+                              ranks_ + at_lengths, heads, ld};
+    // Lengths are in [0, ld] by construction: no device check (it would cost a second sync).
+    global_topk_counts_unchecked(ragged, heads * base, ranks_ + at_counts, stream_);
+    launches_ += 2;
+    KVB_CUDA_CHECK(cudaMemcpyAsync(counts.data(), ranks_ + at_counts, heads * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream_));
+    KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ++transfers_.d2h_copies;
+    transfers_.d2h_bytes += heads * sizeof(int32_t);
+    ++transfers_.stream_syncs;
+  }
+  std::vector<int32_t> budgets(heads);
+  cpu::ada_budgets_from_counts(counts.data(), lengths.data(), heads, base, alpha, budgets.data());
+  return budgets;
+}
+
 void CudaPolicyOps::negated_popcount(const SlotRows& bits, int layer, SlotRows& out,
                                      int out_layer) {
   const CudaRows& b = device(bits);
@@ -441,7 +604,7 @@ namespace {
 // Row (layer, head) of device rows of T, after the stream's work.
 template <typename T>
 std::vector<T> read_row(const SlotRows& rows, int layer, int head, SlotType type,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, CudaPolicyOps::Transfers& transfers) {
   const CudaRows& r = device(rows);
   KVB_CHECK(rows.type() == type && layer >= 0 && layer < rows.layers() && head >= 0 &&
             head < rows.heads())
@@ -449,22 +612,25 @@ std::vector<T> read_row(const SlotRows& rows, int layer, int head, SlotType type
       << "outside " << rows.layers() << " x " << rows.heads();
   std::vector<T> out(rows.length(layer, head));
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream));
+  ++transfers.stream_syncs;
   if (!out.empty()) {
     KVB_CUDA_CHECK(cudaMemcpy(out.data(),
                               static_cast<const T*>(r.data(layer)) +
                                   static_cast<size_t>(head) * r.ld(layer),
                               out.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    ++transfers.d2h_copies;
+    transfers.d2h_bytes += out.size() * sizeof(T);
   }
   return out;
 }
 }  // namespace
 
 std::vector<float> CudaPolicyOps::read_f32(const SlotRows& rows, int layer, int head) {
-  return read_row<float>(rows, layer, head, SlotType::kF32, stream_);
+  return read_row<float>(rows, layer, head, SlotType::kF32, stream_, transfers_);
 }
 
 std::vector<uint64_t> CudaPolicyOps::read_u64(const SlotRows& rows, int layer, int head) {
-  return read_row<uint64_t>(rows, layer, head, SlotType::kU64, stream_);
+  return read_row<uint64_t>(rows, layer, head, SlotType::kU64, stream_, transfers_);
 }
 
 }  // namespace kvb::kernels::cuda

@@ -5,14 +5,18 @@
 // keep_on_device) for the engine to apply to the device cache. Every op is enqueued on the
 // engine's stream: no copy to the host, no stream sync, no H2D copy (per-head sizes travel as
 // kernel arguments). Lengths are host-known (the cache index). Up to kMaxOpsHeads cache heads
-// per layer.
+// per layer. One exception, prefill only: ada_head_budgets brings the layer's per-head budgets
+// to the host (one D2H copy of num_kv_heads ints and one sync; counted in transfers()).
 //
 // Twins (tests/cuda/test_cuda_policy_ops.cc runs both instances on the same inputs):
 //   resize, accumulate, negated_popcount, keep_top  <->  CpuPolicyOps (policies::reduce_gqa,
 //   kernels/cpu/select), history_bits <-> kernels/cpu/history_bits (through
 //   kernels/cuda/scores.h's scissorhands_update_bits): bitwise. append_negated_key_norms: f64
 //   sums in the same order, contracted to FMA as the compiler chooses on each side, so equal to
-//   the CPU's within an f32 ulp (equal keys still tie exactly).
+//   the CPU's within an f32 ulp (equal keys still tie exactly). window_scores <-> CpuPolicyOps
+//   (the window sum in query order, IEEE division for mean, reduce_gqa's order, pool1d's loop
+//   through pool.cuh): bitwise. ada_head_budgets: the counts of kernels/cuda/budget (the CPU's
+//   total order) and the CPU's ada_budgets_from_counts on the host: equal budgets.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,6 +44,11 @@ class CudaPolicyOps final : public policies::PolicyOps {
                     const KvCache& cache, int history, bool inv_position) override;
   void append_negated_key_norms(policies::SlotRows& rows, const policies::LayerStats& st,
                                 const KvCache& cache, int model_kv_heads, int expand) override;
+  void window_scores(policies::SlotRows& scores, int score_layer, const policies::LayerStats& st,
+                     const KvCache& cache, const policies::SnapKvScoreOptions& options) override;
+  std::vector<int32_t> ada_head_budgets(const policies::SlotRows& scores, int score_layer,
+                                        const KvCache& cache, int layer, int base,
+                                        double alpha) override;
   void negated_popcount(const policies::SlotRows& bits, int layer, policies::SlotRows& out,
                         int out_layer) override;
   void keep_top(const policies::SlotRows& scores, int score_layer, const KvCache& cache,
@@ -51,12 +60,27 @@ class CudaPolicyOps final : public policies::PolicyOps {
   std::vector<uint64_t> read_u64(const policies::SlotRows& rows, int layer, int head) override;
   // Kernel launches since construction (the ops' cost, countable like the engine's copies).
   int64_t launches() const { return launches_; }
+  // Copies to the host and stream syncs the ops made since construction (ada_head_budgets,
+  // read_f32, read_u64); the engine adds them to its TransferCounters.
+  struct Transfers {
+    int64_t d2h_copies = 0;
+    int64_t stream_syncs = 0;
+    size_t d2h_bytes = 0;
+  };
+  const Transfers& transfers() const { return transfers_; }
 
  private:
   cudaStream_t stream_;
   int32_t* lists_ = nullptr;  // keep_top's [heads, ld] lists (stream-ordered allocation)
   size_t lists_cap_ = 0;
+  // Scratch of window_scores ([heads, ld] window-and-GQA-reduced scores before pooling) and of
+  // ada_head_budgets ([heads, ld] positions, [heads] lengths, [heads] counts).
+  float* reduced_ = nullptr;
+  size_t reduced_cap_ = 0;
+  int32_t* ranks_ = nullptr;
+  size_t ranks_cap_ = 0;
   int64_t launches_ = 0;
+  Transfers transfers_;
 };
 
 }  // namespace kvb::kernels::cuda

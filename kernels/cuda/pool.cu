@@ -1,32 +1,20 @@
-// 1-D pooling, CUDA twin of cpu/pool: one thread per output, the CPU's window loop verbatim.
+// 1-D pooling, CUDA twin of cpu/pool: one thread per output, the CPU's window loop verbatim
+// (pool.cuh).
 #include "kernels/cuda/pool.h"
 
 #include <cstdint>
 
+#include "kernels/cuda/pool.cuh"
 #include "kernels/cuda/runtime.h"
 
 namespace kvb::kernels::cuda {
 namespace {
 __global__ void pool_kernel(const float* in, float* out, int rows, int n, int kernel, bool max) {
   const size_t total = static_cast<size_t>(rows) * n;
-  const int pad = kernel / 2;
   for (size_t idx = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float* x = in + (idx / n) * n;  // [n]
-    const int j = static_cast<int>(idx % n);
-    const int lo = j - pad < 0 ? 0 : j - pad;
-    const int hi = j + pad > n - 1 ? n - 1 : j + pad;
-    if (max) {
-      float m = x[lo];
-      for (int i = lo + 1; i <= hi; ++i) {
-        if (x[i] > m || isnan(x[i])) m = x[i];
-      }
-      out[idx] = m;
-    } else {
-      double s = 0;
-      for (int i = lo; i <= hi; ++i) s += x[i];
-      out[idx] = static_cast<float>(s / kernel);
-    }
+    out[idx] = detail::pool_at(x, n, static_cast<int>(idx % n), kernel, max);
   }
 }
 }  // namespace

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/budget.h"
+#include "common/error.h"
 #include "kernels/policies/policies.h"
 #include "kernels/policies/snapkv_family.h"
 
@@ -24,51 +25,47 @@ class AdaKv final : public SnapKvFamily {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<AdaKv>(*this); }
 
  protected:
-  void allocate(int layer, int prompt_len, int w, const kernels::KvCache& cache, const PrefixScores& s,
-                int32_t* budgets) override {
+  void allocate(PolicyOps& ops, const SlotRows& scores, int layer, int prompt_len, int w,
+                const kernels::KvCache& cache, int32_t* budgets) override {
     int base = kv_budget() - w;
     if (pyramid_) {
       base = kernels::cpu::pyramid_layer_budgets(kv_budget(), w, prompt_len,
                                                  config_.shape.num_layers, beta_)[layer];
     }
-    // Ranking ties go to the more recent position (then the lower head): true positions, since
-    // a cache that was compressed before holds gaps.
-    const int heads = static_cast<int>(s.lengths.size());
-    const kernels::LayerKvView view = cache.layer(layer);
-    std::vector<int32_t> positions(static_cast<size_t>(heads) * s.ld);  // (heads, ld)
-    for (int h = 0; h < heads; ++h) {
-      const int32_t* pos = view.position(h);
-      std::copy(pos, pos + s.lengths[h], &positions[static_cast<size_t>(h) * s.ld]);
-    }
-    const kernels::cpu::RaggedScores ragged{s.scores.data(), positions.data(), s.lengths.data(),
-                                            heads, s.ld};
     if (tp_size() == 1) {
-      kernels::cpu::ada_head_budgets(ragged, base, alpha_, budgets);
+      const std::vector<int32_t> b = ops.ada_head_budgets(scores, 0, cache, layer, base, alpha_);
+      std::copy(b.begin(), b.end(), budgets);
       return;
     }
-    // Tensor parallelism: the top-k spans the heads of every rank. All-gather each local head's
-    // candidates (score, position), rebuild the layer's scores in global head order, and run
-    // the single-device selection on them: the counts, hence the budgets, equal one device's.
-    // (Only a rank's own top-k candidates could be in the global top-k; sending all of them is
-    // simpler and costs heads x prefix x 8 bytes per layer, once per prompt.)
+    // Tensor parallelism (host ops only): the top-k spans the heads of every rank. All-gather
+    // each local head's candidates (score, position), rebuild the layer's scores in global head
+    // order, and run the single-device selection on them: the counts, hence the budgets, equal
+    // one device's. (Only a rank's own top-k candidates could be in the global top-k; sending all
+    // of them is simpler and costs heads x prefix x 8 bytes per layer, once per prompt.)
+    KVB_CHECK(!ops.on_device()) << "ada_kv: tensor parallelism runs on host policy ops";
+    const int heads = scores.heads();
+    std::vector<float> flat;
+    std::vector<int32_t> positions, lengths(heads);
+    const kernels::LayerKvView view = cache.layer(layer);
+    for (int h = 0; h < heads; ++h) {
+      const std::vector<float> row = ops.read_f32(scores, 0, h);
+      lengths[h] = static_cast<int32_t>(row.size());
+      flat.insert(flat.end(), row.begin(), row.end());
+      positions.insert(positions.end(), view.position(h), view.position(h) + lengths[h]);
+    }
     std::vector<int32_t> counts(heads);
-    tp_global_counts(ragged, base, counts.data());
-    kernels::cpu::ada_budgets_from_counts(counts.data(), s.lengths.data(), heads, base, alpha_,
+    tp_global_counts(flat, positions, lengths, base, counts.data());
+    kernels::cpu::ada_budgets_from_counts(counts.data(), lengths.data(), heads, base, alpha_,
                                           budgets);
   }
 
  private:
   // counts[h] for the local heads of the global top-(H * base), H = every rank's heads.
-  void tp_global_counts(const kernels::cpu::RaggedScores& local, int base, int32_t* counts) const {
+  // scores, positions: the local heads' prefix scores and positions, concatenated (local head h
+  // has lengths[h] entries).
+  void tp_global_counts(const std::vector<float>& scores, const std::vector<int32_t>& positions,
+                        const std::vector<int32_t>& lengths, int base, int32_t* counts) const {
     kernels::Communicator& comm = *config_.tp;
-    std::vector<float> scores;
-    std::vector<int32_t> positions, lengths(local.lengths, local.lengths + local.num_heads);
-    for (int h = 0; h < local.num_heads; ++h) {
-      const size_t row = static_cast<size_t>(h) * local.ld;
-      scores.insert(scores.end(), local.scores + row, local.scores + row + local.lengths[h]);
-      positions.insert(positions.end(), local.positions + row,
-                       local.positions + row + local.lengths[h]);
-    }
     const auto all_lengths = kernels::all_gather_vectors(comm, lengths);
     const auto all_scores = kernels::all_gather_vectors(comm, scores);
     const auto all_positions = kernels::all_gather_vectors(comm, positions);
@@ -93,7 +90,7 @@ class AdaKv final : public SnapKvFamily {
     const kernels::cpu::RaggedScores global{g_scores.data(), g_positions.data(), g_lengths.data(),
                                             g_heads, ld};
     kernels::cpu::global_topk_counts(global, g_heads * base, g_counts.data());
-    std::copy_n(g_counts.begin() + global_head(0), local.num_heads, counts);
+    std::copy_n(g_counts.begin() + global_head(0), lengths.size(), counts);
   }
 
   bool pyramid_ = false;

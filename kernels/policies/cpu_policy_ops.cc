@@ -1,15 +1,19 @@
 // CpuPolicyOps: the host instance of the policy ops table.
 #include "kernels/policies/cpu_policy_ops.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <utility>
 
 #include "common/error.h"
+#include "kernels/cpu/budget.h"
 #include "kernels/cpu/history_bits.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/select.h"
 #include "kernels/policies/policy.h"
 #include "kernels/policies/slot_state.h"
+#include "kernels/policies/snapkv_scores.h"
 
 namespace kvb::policies {
 
@@ -158,6 +162,86 @@ void CpuPolicyOps::append_negated_key_norms(SlotRows& rows, const LayerStats& st
     }
     r.sync_length(st.layer, h);
   }
+}
+
+void CpuPolicyOps::window_scores(SlotRows& scores, int score_layer, const LayerStats& st,
+                                 const kernels::KvCache& cache, const SnapKvScoreOptions& opt) {
+  CpuRows& r = host(scores);
+  check_layer(scores, score_layer);
+  const int kv_heads = cache.shape().num_kv_heads;
+  const int w = st.last_w;
+  KVB_CHECK(st.last_probs != nullptr && w >= 1)
+      << "SnapKV scoring needs the last-w probabilities (last_w = " << w << ")";
+  KVB_CHECK(st.num_heads % kv_heads == 0)
+      << st.num_heads << " query heads do not group into " << kv_heads << " KV heads";
+  KVB_CHECK(scores.heads() == kv_heads) << "window_scores: rows for " << scores.heads()
+                                        << " heads, cache " << kv_heads;
+  const int group = st.num_heads / kv_heads;
+  std::vector<float> per_query;  // (group, prefix)
+  std::vector<float> reduced;    // (prefix)
+  for (int h = 0; h < kv_heads; ++h) {
+    const int len = cache.length(st.layer, h);
+    KVB_CHECK(len <= st.stride) << "head " << h << " holds " << len << " slots, stats stride "
+                                << st.stride;
+    const int prefix = std::max(0, len - w);
+    std::vector<float>& out = r.f32(score_layer, h);
+    out.assign(prefix, 0.0f);
+    r.sync_length(score_layer, h);
+    if (prefix == 0) continue;
+    // Window reduce for each query head of the group.
+    per_query.assign(static_cast<size_t>(group) * prefix, 0.0f);
+    for (int g = 0; g < group; ++g) {
+      const float* probs =
+          st.last_probs + static_cast<size_t>(h * group + g) * w * st.stride;  // (w, stride)
+      float* row = &per_query[static_cast<size_t>(g) * prefix];
+      for (int a = 0; a < w; ++a) {
+        const float* p = probs + static_cast<size_t>(a) * st.stride;
+        for (int j = 0; j < prefix; ++j) row[j] += p[j];
+      }
+      if (opt.window_reduce == WindowReduce::kMean) {
+        // Divide (not multiply by 1/w) so that mean equals torch's .mean rounding.
+        for (int j = 0; j < prefix; ++j) row[j] /= static_cast<float>(w);
+      }
+    }
+    reduced.resize(prefix);
+    reduce_gqa(per_query.data(), prefix, group, prefix, opt.gqa_reduce, reduced.data());
+    kernels::cpu::pool1d(reduced.data(), out.data(), 1, prefix, opt.pool_kernel, opt.pooling);
+  }
+}
+
+std::vector<int32_t> CpuPolicyOps::ada_head_budgets(const SlotRows& scores, int score_layer,
+                                                    const kernels::KvCache& cache, int layer,
+                                                    int base, double alpha) {
+  const CpuRows& r = host(scores);
+  check_layer(scores, score_layer);
+  const int heads = scores.heads();
+  KVB_CHECK(heads <= cache.shape().num_kv_heads)
+      << "ada_head_budgets: " << heads << " score rows, cache " << cache.shape().num_kv_heads;
+  std::vector<int32_t> lengths(heads);
+  int ld = 0;
+  for (int h = 0; h < heads; ++h) {
+    lengths[h] = scores.length(score_layer, h);
+    KVB_CHECK(lengths[h] <= cache.length(layer, h))
+        << "ada_head_budgets: head " << h << " scores " << lengths[h] << " slots of "
+        << cache.length(layer, h);
+    ld = std::max(ld, static_cast<int>(lengths[h]));
+  }
+  // Ranking ties go to the more recent position (then the lower head): true positions, since a
+  // cache that was compressed before holds gaps.
+  std::vector<float> flat(static_cast<size_t>(heads) * ld);      // (heads, ld)
+  std::vector<int32_t> positions(flat.size());                    // (heads, ld)
+  const kernels::LayerKvView view = cache.layer(layer);
+  for (int h = 0; h < heads; ++h) {
+    const std::vector<float>& row = r.f32(score_layer, h);
+    std::copy(row.begin(), row.end(), &flat[static_cast<size_t>(h) * ld]);
+    const int32_t* pos = view.position(h);
+    std::copy(pos, pos + lengths[h], &positions[static_cast<size_t>(h) * ld]);
+  }
+  const kernels::cpu::RaggedScores ragged{flat.data(), positions.data(), lengths.data(), heads,
+                                          ld};
+  std::vector<int32_t> budgets(heads);
+  kernels::cpu::ada_head_budgets(ragged, base, alpha, budgets.data());
+  return budgets;
 }
 
 void CpuPolicyOps::negated_popcount(const SlotRows& bits, int layer, SlotRows& out,

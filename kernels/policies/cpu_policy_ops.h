@@ -19,6 +19,11 @@ class CpuPolicyOps final : public PolicyOps {
   void append_negated_key_norms(SlotRows& rows, const LayerStats& st,
                                 const kernels::KvCache& cache, int model_kv_heads,
                                 int expand) override;
+  void window_scores(SlotRows& scores, int score_layer, const LayerStats& st,
+                     const kernels::KvCache& cache, const SnapKvScoreOptions& options) override;
+  std::vector<int32_t> ada_head_budgets(const SlotRows& scores, int score_layer,
+                                        const kernels::KvCache& cache, int layer, int base,
+                                        double alpha) override;
   void negated_popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) override;
   void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
                 std::span<const KeepTop> heads, std::span<SlotRows* const> state,

@@ -2,8 +2,10 @@
 // the storage lives"). A policy that decides through it (Policy::decides_with_ops) keeps its
 // per-slot state in SlotRows made by the table, reads the statistics where the table finds them
 // (LayerStats::ops: host pointers for the CPU instance, device pointers for the CUDA one), and
-// writes its decisions into the layer's EvictionPlan through keep_top. One copy of each policy's
-// logic runs on both instances:
+// writes its decisions into the layer's EvictionPlan through keep_top. Policies that decide
+// through it: h2o, tova, scissorhands, knorm, and the SnapKV family (snapkv, pyramidkv,
+// ada_snapkv, ada_pyramidkv: window_scores, ada_head_budgets, keep_top). One copy of each
+// policy's logic runs on both instances:
 //  - CpuPolicyOps (kernels/policies/cpu_policy_ops.h): the f32 reference; its ops are
 //    kernels/cpu/ code (select, policy_rows), the bits the policies computed before the table.
 //  - CudaPolicyOps (kernels/cuda/cuda_policy_ops.h): the twins in kernels/cuda/; rows, scores
@@ -23,8 +25,9 @@
 
 namespace kvb::policies {
 
-enum class GqaReduce;  // policy.h
-struct LayerStats;     // policy.h
+enum class GqaReduce;       // policy.h
+struct LayerStats;          // policy.h
+struct SnapKvScoreOptions;  // snapkv_scores.h
 
 enum class SlotType : uint8_t { kF32, kU64 };
 
@@ -125,6 +128,29 @@ class PolicyOps {
   virtual void append_negated_key_norms(SlotRows& rows, const LayerStats& st,
                                         const kernels::KvCache& cache, int model_kv_heads,
                                         int expand) = 0;
+  // The SnapKV family's pooled prefix scores (POLICIES.md `snapkv`, "GQA statistics"). For every
+  // cache head h (scores.heads() == the cache's heads, st.num_heads a multiple of them: query
+  // heads h*g..h*g+g-1 belong to h) with prefix_h = max(0, length(st.layer, h) - w), w =
+  // st.last_w >= 1, f32 row (score_layer, h) becomes prefix_h long and holds, for j < prefix_h:
+  //   per query head q: r_q[j] = sum_{a = 0..w-1} st.last_probs[(q * w + a) * st.stride + j]
+  //     (f32, a in increasing order, from 0.0f; window_reduce mean then divides by float(w));
+  //   reduced[j] = reduce_gqa over the group's r_q (g increasing; mean divides by the group);
+  //   row[j] = kernels/cpu/pool1d of `reduced` over the head's own prefix_h (options' kernel
+  //     and kind; stride 1, same padding).
+  // Every step is the CPU's exact arithmetic, so both instances give the same bits.
+  virtual void window_scores(SlotRows& scores, int score_layer, const LayerStats& st,
+                             const kernels::KvCache& cache,
+                             const SnapKvScoreOptions& options) = 0;
+  // Ada-KV's per-head budgets (kernels/cpu/budget.h ada_head_budgets, POLICIES.md `ada_*`) for
+  // the heads h < scores.heads() of f32 rows (score_layer, h), returned to the host: the global
+  // top-(heads * base) over every row together, ranked by score, then the position of slot j of
+  // cache head h in layer `layer` of `cache` (the more recent first), then the lower head; then
+  // B_h = cpu::ada_budgets_from_counts (alpha's floor, half-even rounding, capped by the row's
+  // length). A device instance computes the counts on the device and makes one D2H copy of
+  // `heads` ints and one stream sync (a prefill-only cost, counted in its transfers).
+  virtual std::vector<int32_t> ada_head_budgets(const SlotRows& scores, int score_layer,
+                                                const kernels::KvCache& cache, int layer,
+                                                int base, double alpha) = 0;
   // f32 row (out_layer, h) of `out` = -popcount of u64 row (layer, h) of `bits`, as long.
   virtual void negated_popcount(const SlotRows& bits, int layer, SlotRows& out,
                                 int out_layer) = 0;

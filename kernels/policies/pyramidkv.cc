@@ -16,13 +16,13 @@ class PyramidKv final : public SnapKvFamily {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<PyramidKv>(*this); }
 
  protected:
-  void allocate(int layer, int prompt_len, int w, const kernels::KvCache&, const PrefixScores& s,
-                int32_t* budgets) override {
+  void allocate(PolicyOps&, const SlotRows& s, int layer, int prompt_len, int w,
+                const kernels::KvCache&, int32_t* budgets) override {
     // n in the formula is the prompt length: the layer's longest head (all heads are equal
     // after a fresh prefill).
     const std::vector<int32_t> per_layer = kernels::cpu::pyramid_layer_budgets(
         kv_budget(), w, prompt_len, config_.shape.num_layers, beta_);
-    for (size_t h = 0; h < s.lengths.size(); ++h) budgets[h] = per_layer[layer];
+    for (int h = 0; h < s.heads(); ++h) budgets[h] = per_layer[layer];
   }
 
  private:

@@ -7,7 +7,6 @@
 
 #include "common/error.h"
 #include "kernels/cpu/budget.h"
-#include "kernels/cpu/select.h"
 #include "kernels/policies/policies.h"
 #include "kernels/policies/snapkv_family.h"
 
@@ -59,22 +58,24 @@ void SnapKvFamily::on_prefill_layer(const LayerStats& st, const kernels::KvCache
   const int w = st.last_w;
   KVB_CHECK(st.last_probs != nullptr && w >= 1 && w <= window_)
       << "snapkv family: prefill statistics carry last_w = " << w << ", expected 1.." << window_;
-  const PrefixScores scores = snapkv_prefix_scores(st, cache, scoring_);
-  allocate(st.layer, prompt_len, w, cache, scores, budgets.data());
+  PolicyOps& ops = ops_of(st);
+  SlotRows& scores = rows_of(scores_, ops, SlotType::kF32, 1, heads);
+  ops.window_scores(scores, 0, st, cache, scoring_);
+  allocate(ops, scores, st.layer, prompt_len, w, cache, budgets.data());
 
   // Per-head top-B_h of the prefix (ties: the more recent slot), then the window slots.
-  std::vector<int32_t> picks(static_cast<size_t>(heads) * scores.ld);
-  std::vector<int32_t> counts(heads);
-  kernels::cpu::select_topk_rows(scores.scores.data(), heads, scores.ld, scores.lengths.data(),
-                                 budgets.data(), picks.data(), counts.data());
+  tops_.clear();
   for (int h = 0; h < heads; ++h) {
     const int len = cache.length(st.layer, h);
-    const int32_t* pick = &picks[static_cast<size_t>(h) * scores.ld];
-    std::vector<int32_t> keep(pick, pick + counts[h]);
-    for (int s = scores.lengths[h]; s < len; ++s) keep.push_back(s);
-    budgets[h] = counts[h];  // B_h capped by the head's prefix
-    if (static_cast<int>(keep.size()) < len) plan.keep(h, std::move(keep));
+    const int prefix = scores.length(0, h);
+    budgets[h] = std::clamp(budgets[h], 0, prefix);  // B_h capped by the head's prefix
+    if (budgets[h] < prefix) {
+      tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = prefix, .k = budgets[h]});
+    }
   }
+  if (!tops_.empty()) ops.keep_top(scores, 0, cache, tops_, {}, plan);
+  zeros_.assign(heads, 0);
+  ops.resize(scores, 0, zeros_);  // the scratch holds nothing between layers (forks copy it)
 }
 
 namespace {
@@ -86,9 +87,9 @@ class SnapKv final : public SnapKvFamily {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<SnapKv>(*this); }
 
  protected:
-  void allocate(int, int, int w, const kernels::KvCache&, const PrefixScores& s,
+  void allocate(PolicyOps&, const SlotRows& s, int, int, int w, const kernels::KvCache&,
                 int32_t* budgets) override {
-    for (size_t h = 0; h < s.lengths.size(); ++h) budgets[h] = kv_budget() - w;
+    for (int h = 0; h < s.heads(); ++h) budgets[h] = kv_budget() - w;
   }
 };
 

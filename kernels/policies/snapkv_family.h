@@ -1,13 +1,17 @@
 // The skeleton shared by `snapkv`, `pyramidkv`, `ada_snapkv` and `ada_pyramidkv` (POLICIES.md):
-// after each layer's prefill, score the prefix by the observation window (snapkv_scores.h), let
-// the member decide each KV head's prefix budget B_i, keep every head's top-B_i prefix tokens
-// plus the w window tokens. No decode eviction (each head grows by one per generated token).
+// after each layer's prefill, score the prefix by the observation window (the ops table's
+// window_scores, options in snapkv_scores.h), let the member decide each KV head's prefix budget
+// B_i, keep every head's top-B_i prefix tokens plus the w window tokens (keep_top). It decides
+// through the ops table (policy_ops.h), so on a device the statistics, scores and keep lists stay
+// there; only Ada-KV's per-head budgets come to the host. No decode eviction (each head grows by
+// one per generated token).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "kernels/policies/policy.h"
+#include "kernels/policies/policy_ops.h"
 #include "kernels/policies/snapkv_scores.h"
 
 namespace kvb::policies {
@@ -23,6 +27,7 @@ class SnapKvFamily : public Policy {
     (void)n_new;  // the engine clamps last_w to the block length
     return {.last_w = window_};
   }
+  bool decides_with_ops() const override { return true; }
   // Compresses the layer when its longest head holds more than kv_budget tokens (the prompt-cache
   // budget); otherwise keeps everything. Records the per-head budgets either way.
   void on_prefill_layer(const LayerStats& stats, const kernels::KvCache& cache,
@@ -35,16 +40,22 @@ class SnapKvFamily : public Policy {
   const std::vector<int32_t>& head_budgets(int layer) const;
 
  protected:
-  // Called only when compressing: budgets[h] = B_h for every KV head, from the layer's pooled
-  // prefix scores. prompt_len: the layer's longest head; w: the window in slots (1 <= w <=
+  // Called only when compressing: budgets[h] = B_h for every KV head of `layer`, from the
+  // layer's pooled prefix scores: row (0, h) of `scores` (made by `ops`, as long as head h's
+  // prefix). prompt_len: the layer's longest head; w: the window in slots (1 <= w <=
   // window()). Values above a head's prefix length are capped by the caller.
-  virtual void allocate(int layer, int prompt_len, int w, const kernels::KvCache& cache,
-                        const PrefixScores& scores, int32_t* budgets) = 0;
+  virtual void allocate(PolicyOps& ops, const SlotRows& scores, int layer, int prompt_len, int w,
+                        const kernels::KvCache& cache, int32_t* budgets) = 0;
 
  private:
   int window_ = 0;
   SnapKvScoreOptions scoring_;
   std::vector<std::vector<int32_t>> head_budgets_;  // [num_layers][cache_kv_heads]
+  // One layer's pooled prefix scores, where the ops keep them; a scratch emptied after each
+  // decision (not state: state_bytes counts the budgets).
+  SlotRowsPtr scores_;
+  std::vector<KeepTop> tops_;
+  std::vector<int32_t> zeros_;
 };
 
 }  // namespace kvb::policies

@@ -4,6 +4,7 @@
 // the failed call.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/budget.h"
+#include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/kcenter.h"
 #include "kernels/cuda/kv_cache_device.h"
@@ -21,7 +23,9 @@
 #include "kernels/cuda/scores.h"
 #include "kernels/cuda/select.h"
 #include "kernels/cuda/subgen_estimator.h"
+#include "kernels/policies/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
+#include "kernels/policies/snapkv_scores.h"
 
 namespace kvb::kernels::cuda {
 namespace {
@@ -93,6 +97,42 @@ TEST(CudaHostChecks, LaunchersRejectBadArguments) {
   hb.kv.num_kv_heads = 1;
   hb.num_heads = 1;
   EXPECT_NE(error_of([&] { scissorhands_update_bits(hb); }).find("history 65"), std::string::npos);
+}
+
+// The SnapKV family's ops check their arguments before any CUDA call (rows are allocated lazily,
+// so none of this touches a device).
+TEST(CudaHostChecks, PolicyOpsRejectBadSnapKvArguments) {
+  float dummy[8] = {};
+  int32_t out[8] = {};
+  RaggedScores rs{dummy, nullptr, out, -1, 4};
+  EXPECT_NE(error_of([&] { cuda::global_topk_counts_unchecked(rs, 3, out); }).find("num_heads"),
+            std::string::npos);
+  CudaPolicyOps ops(nullptr);
+  policies::CpuPolicyOps cpu;
+  KvCache cache({1, 1, 4}, 4, /*host_rows=*/false);
+  cache.append(0, 0, nullptr, nullptr, 0);
+  policies::LayerStats st;
+  st.num_heads = 1;
+  st.stride = 1;
+  st.last_w = 1;
+  st.last_probs = dummy;
+  std::unique_ptr<policies::SlotRows> rows = ops.make_rows(policies::SlotType::kF32, 1, 1);
+  policies::SnapKvScoreOptions even;
+  even.pool_kernel = 4;
+  EXPECT_NE(error_of([&] { ops.window_scores(*rows, 0, st, cache, even); }).find("odd"),
+            std::string::npos);
+  // Rows for 2 heads on a cache of 1.
+  std::unique_ptr<policies::SlotRows> two = ops.make_rows(policies::SlotType::kF32, 1, 2);
+  EXPECT_NE(error_of([&] { ops.window_scores(*two, 0, st, cache, {}); }).find("window scores"),
+            std::string::npos);
+  std::unique_ptr<policies::SlotRows> host = cpu.make_rows(policies::SlotType::kF32, 1, 1);
+  EXPECT_NE(error_of([&] { ops.window_scores(*host, 0, st, cache, {}); }).find("another ops"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { (void)ops.ada_head_budgets(*rows, 0, cache, 0, 2, 0.5); })
+                .find("without device rows"),
+            std::string::npos);
+  EXPECT_EQ(ops.launches(), 0);
+  EXPECT_EQ(ops.transfers().d2h_copies, 0);
 }
 
 TEST(CudaHostChecks, AttentionValidatesAgainstHostLengths) {

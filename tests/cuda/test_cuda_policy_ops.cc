@@ -15,6 +15,8 @@
 #include "kernels/cuda/runtime.h"
 #include "kernels/policies/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
+#include "kernels/policies/snapkv_family.h"
+#include "kernels/policies/snapkv_scores.h"
 #include "parity_util.h"
 
 namespace kvb {
@@ -27,6 +29,8 @@ using policies::GqaReduce;
 using policies::KeepTop;
 using policies::SlotRows;
 using policies::SlotType;
+using policies::WindowReduce;
+using PoolKind = kernels::cpu::PoolKind;
 
 class CudaPolicyOpsParity : public ::testing::Test {
  protected:
@@ -353,6 +357,176 @@ TEST_F(CudaPolicyOpsParity, KeyNormsMatchTheCpuWithinAnUlp) {
   }
   // Expanded heads 0 and 1 read model head 0: the same norms.
   EXPECT_EQ(gpu_->read_f32(*g, 0, 0), gpu_->read_f32(*g, 0, 1));
+}
+
+// The SnapKV family's window scores over ragged heads (prefixes 0, 1, < w, long), every option
+// combination: window sum/mean, GQA mean/max, pool max/avg, kernels 1 and 7, groups 1 and 4,
+// w 1 and 32; the same rows written twice (a longer prefix after a shorter one grows them).
+TEST_F(CudaPolicyOpsParity, WindowScoresAreTheCpuBits) {
+  const std::vector<int> lens = {100, 33, 5, 0, 64, 1};
+  const int heads = static_cast<int>(lens.size()), stride = 100;
+  make_caches(lens, 2);
+  for (const int group : {1, 4}) {
+    for (const int w : {1, 32}) {
+      const int num_heads = heads * group;
+      // Probabilities in [0, 1) (the attention's), and a tied set (few levels: pooling ties).
+      const std::vector<float> probs =
+          parity::random_vec(static_cast<size_t>(num_heads) * w * stride, 50 + w + group, 0, 1);
+      const cu::DeviceBuffer<float> dp = parity::to_device(probs);
+      policies::LayerStats st;
+      st.layer = 0;
+      st.num_heads = num_heads;
+      st.stride = stride;
+      st.last_w = w;
+      st.n_new = w;
+      for (const WindowReduce wr : {WindowReduce::kMean, WindowReduce::kSum}) {
+        for (const GqaReduce gr : {GqaReduce::kMean, GqaReduce::kMax}) {
+          for (const int kernel : {1, 7}) {
+            for (const PoolKind kind : {PoolKind::kMax, PoolKind::kAvg}) {
+              SCOPED_TRACE(testing::Message()
+                           << "group " << group << " w " << w << " sum "
+                           << (wr == WindowReduce::kSum) << " gqa max " << (gr == GqaReduce::kMax)
+                           << " kernel " << kernel << " avg " << (kind == PoolKind::kAvg));
+              policies::SnapKvScoreOptions o;
+              o.window_reduce = wr;
+              o.gqa_reduce = gr;
+              o.pool_kernel = kernel;
+              o.pooling = kind;
+              std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 2, heads);
+              std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 2, heads);
+              st.last_probs = probs.data();
+              cpu_.window_scores(*c, 1, st, host_, o);
+              st.last_probs = dp.data();
+              gpu_->window_scores(*g, 1, st, index_, o);
+              for (int h = 0; h < heads; ++h) {
+                ASSERT_EQ(c->length(1, h), std::max(0, lens[h] - w));
+                ASSERT_EQ(g->length(1, h), c->length(1, h));
+                parity::expect_bits(gpu_->read_f32(*g, 1, h), cpu_.read_f32(*c, 1, h),
+                                    "window scores");
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Rows that held a short prefix grow to a longer one (w 32, then w 1).
+  std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
+  for (const int w : {32, 1}) {
+    const std::vector<float> probs =
+        parity::tied_vec(static_cast<size_t>(heads) * w * stride, 60 + w, 3);
+    const cu::DeviceBuffer<float> dp = parity::to_device(probs);
+    policies::LayerStats st;
+    st.num_heads = heads;
+    st.stride = stride;
+    st.last_w = w;
+    st.last_probs = probs.data();
+    cpu_.window_scores(*c, 0, st, host_, {});
+    st.last_probs = dp.data();
+    gpu_->window_scores(*g, 0, st, index_, {});
+    for (int h = 0; h < heads; ++h) {
+      parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "regrown rows");
+    }
+  }
+}
+
+// Ada-KV's budgets from the same score rows on both instances (tied scores, so the position and
+// head tie-breaks decide), for several bases and alphas; one D2H copy and one sync per call, and
+// none when no head has a prefix.
+TEST_F(CudaPolicyOpsParity, AdaHeadBudgetsAreTheCpuBudgets) {
+  const std::vector<int> lens = {100, 33, 5, 0, 64, 1, 100, 80};
+  const int heads = static_cast<int>(lens.size()), stride = 100;
+  make_caches(lens, 2);
+  for (const int group : {1, 4}) {
+    for (const int w : {1, 32}) {
+      const int num_heads = heads * group;
+      const std::vector<float> probs =
+          parity::tied_vec(static_cast<size_t>(num_heads) * w * stride, 70 + w + group, 4);
+      const cu::DeviceBuffer<float> dp = parity::to_device(probs);
+      policies::LayerStats st;
+      st.num_heads = num_heads;
+      st.stride = stride;
+      st.last_w = w;
+      policies::SnapKvScoreOptions o;  // defaults: mean, mean, max pool of 7
+      std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, heads);
+      std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
+      st.last_probs = probs.data();
+      cpu_.window_scores(*c, 0, st, host_, o);
+      st.last_probs = dp.data();
+      gpu_->window_scores(*g, 0, st, index_, o);
+      for (const int base : {0, 1, 7, 30, 1000}) {
+        for (const double alpha : {0.0, 0.5}) {
+          SCOPED_TRACE(testing::Message() << "group " << group << " w " << w << " base " << base
+                                          << " alpha " << alpha);
+          const cu::CudaPolicyOps::Transfers t0 = gpu_->transfers();
+          const std::vector<int32_t> got = gpu_->ada_head_budgets(*g, 0, index_, 0, base, alpha);
+          const cu::CudaPolicyOps::Transfers t1 = gpu_->transfers();
+          EXPECT_EQ(got, cpu_.ada_head_budgets(*c, 0, host_, 0, base, alpha));
+          EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, 1);
+          EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, 1);
+          EXPECT_EQ(t1.d2h_bytes - t0.d2h_bytes, heads * sizeof(int32_t));
+        }
+      }
+    }
+  }
+  std::unique_ptr<SlotRows> empty = gpu_->make_rows(SlotType::kF32, 1, heads);
+  const cu::CudaPolicyOps::Transfers t0 = gpu_->transfers();
+  EXPECT_EQ(gpu_->ada_head_budgets(*empty, 0, index_, 0, 5, 0.5), std::vector<int32_t>(heads, 0));
+  EXPECT_EQ(gpu_->transfers().d2h_copies, t0.d2h_copies);
+}
+
+// Every SnapKV-family member deciding one layer through each instance: the same head budgets
+// and the same kept slots (the CPU's host lists against the device's lists), GQA group 4.
+TEST_F(CudaPolicyOpsParity, SnapKvFamilyDecidesAsOnTheCpu) {
+  const int heads = 4, group = 4, len = 120, layers = 2;
+  for (const char* name : {"snapkv", "pyramidkv", "ada_snapkv", "ada_pyramidkv"}) {
+    SCOPED_TRACE(name);
+    make_caches(std::vector<int>(heads, len), 2);
+    policies::PolicyConfig pc;
+    pc.name = name;
+    pc.kv_budget = 40;
+    pc.shape = {layers, heads * group, heads, 8, 256};
+    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
+    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
+    auto* cf = dynamic_cast<policies::SnapKvFamily*>(cp.get());
+    auto* gf = dynamic_cast<policies::SnapKvFamily*>(gp.get());
+    ASSERT_TRUE(cf && gf && gp->decides_with_ops());
+    const int w = cf->window();
+    const std::vector<float> probs = parity::tied_vec(
+        static_cast<size_t>(heads) * group * w * len, 80 + static_cast<int>(pc.name.size()), 6);
+    const cu::DeviceBuffer<float> dp = parity::to_device(probs);
+    policies::LayerStats st;
+    st.layer = 0;  // the caches have one layer; the policy's layer 0 of 2
+    st.n_new = len;
+    st.num_heads = heads * group;
+    st.stride = len;
+    st.last_w = w;
+    st.last_probs = probs.data();
+    st.ops = &cpu_;
+    EvictionPlan cplan, gplan;
+    cplan.reset(0, heads);
+    gplan.reset(0, heads);
+    cp->on_prefill_layer(st, host_, cplan);
+    st.last_probs = dp.data();
+    st.ops = gpu_.get();
+    gp->on_prefill_layer(st, index_, gplan);
+    EXPECT_EQ(gf->head_budgets(0), cf->head_budgets(0));
+    ASSERT_TRUE(gplan.on_device());
+    const std::vector<int32_t> lists =
+        parity::to_host(gplan.device_slots(), static_cast<size_t>(heads) * gplan.device_ld());
+    std::vector<int32_t> want;
+    for (int h = 0; h < heads; ++h) {
+      SCOPED_TRACE(testing::Message() << "head " << h);
+      cplan.keep_list(h, len, &want);
+      EXPECT_EQ(static_cast<int>(want.size()), cf->head_budgets(0)[h] + w);
+      ASSERT_EQ(gplan.device_counts()[h], static_cast<int>(want.size()));
+      const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
+                                     lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
+                                         want.size());
+      EXPECT_EQ(got, want);
+    }
+  }
 }
 
 }  // namespace

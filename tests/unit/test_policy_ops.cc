@@ -11,6 +11,7 @@
 #include "kernels/kv_cache.h"
 #include "kernels/policies/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
+#include "kernels/policies/snapkv_scores.h"
 
 namespace kvb {
 namespace {
@@ -21,6 +22,42 @@ using policies::GqaReduce;
 using policies::KeepTop;
 using policies::SlotRows;
 using policies::SlotType;
+using policies::SnapKvScoreOptions;
+using policies::WindowReduce;
+using PoolKind = kernels::cpu::PoolKind;
+
+// A host index of one layer whose head h holds the positions pos[h].
+KvCache index_with_positions(const std::vector<std::vector<int32_t>>& pos) {
+  int cap = 1;
+  for (const auto& p : pos) cap = std::max(cap, static_cast<int>(p.size()));
+  KvCache cache({1, static_cast<int>(pos.size()), 4}, cap, /*host_rows=*/false);
+  for (size_t h = 0; h < pos.size(); ++h) {
+    for (int32_t p : pos[h]) cache.append(0, static_cast<int>(h), nullptr, nullptr, p);
+  }
+  return cache;
+}
+
+// Window-scores statistics: probabilities [num_heads, w, stride] of a layer-0 block.
+policies::LayerStats window_stats(const std::vector<float>& probs, int num_heads, int w,
+                                  int stride) {
+  policies::LayerStats st;
+  st.layer = 0;
+  st.n_new = w;
+  st.num_heads = num_heads;
+  st.stride = stride;
+  st.last_w = w;
+  st.last_probs = probs.data();
+  return st;
+}
+
+SnapKvScoreOptions score_options(WindowReduce window, GqaReduce gqa, int kernel, PoolKind kind) {
+  SnapKvScoreOptions o;
+  o.window_reduce = window;
+  o.gqa_reduce = gqa;
+  o.pool_kernel = kernel;
+  o.pooling = kind;
+  return o;
+}
 
 TEST(PolicyOps, ResizeTruncatesOrExtendsWithZeros) {
   policies::CpuPolicyOps ops;
@@ -124,6 +161,135 @@ TEST(PolicyOps, NegatedPopcountCountsTheBits) {
   std::unique_ptr<SlotRows> counters = ops.make_rows(SlotType::kF32, 1, 1);
   ops.negated_popcount(*bits, 0, *counters, 0);
   EXPECT_EQ(ops.read_f32(*counters, 0, 0), (std::vector<float>{-2, 0, -1}));
+}
+
+// Two KV heads of 2 query heads each, w = 2, stride 5; head 0 holds 5 slots (prefix 3), head 1
+// holds 4 (prefix 2). Pool kernel 1 isolates the window and GQA reductions.
+TEST(PolicyOps, WindowScoresReduceTheWindowThenTheGroup) {
+  policies::CpuPolicyOps ops;
+  const KvCache cache = index_with_positions({{0, 1, 2, 3, 4}, {0, 1, 2, 3}});
+  constexpr float x = 100;  // window columns: never read as prefix scores
+  const std::vector<float> probs = {
+      1, 2, 3, x, x,  3, 0, 1, x, x,           // q0 (KV head 0): sums 4 2 4, means 2 1 2
+      0, 4, 1, x, x,  2, 2, 1, x, x,           // q1 (KV head 0): sums 2 6 2, means 1 3 1
+      1, 1, x, x, x,  1, 3, x, x, x,           // q2 (KV head 1): sums 2 4, means 1 2
+      0.5f, 0, x, x, x,  0.5f, 2, x, x, x,     // q3 (KV head 1): sums 1 2, means 0.5 1
+  };
+  const policies::LayerStats st = window_stats(probs, 4, 2, 5);
+  struct Case {
+    WindowReduce window;
+    GqaReduce gqa;
+    std::vector<float> head0, head1;
+  };
+  const std::vector<Case> cases = {
+      {WindowReduce::kSum, GqaReduce::kMean, {3, 4, 3}, {1.5f, 3}},
+      {WindowReduce::kSum, GqaReduce::kMax, {4, 6, 4}, {2, 4}},
+      {WindowReduce::kMean, GqaReduce::kMean, {1.5f, 2, 1.5f}, {0.75f, 1.5f}},
+      {WindowReduce::kMean, GqaReduce::kMax, {2, 3, 2}, {1, 2}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "sum " << (c.window == WindowReduce::kSum) << " max "
+                                    << (c.gqa == GqaReduce::kMax));
+    std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 2, 2);
+    ops.window_scores(*rows, 1, st, cache, score_options(c.window, c.gqa, 1, PoolKind::kMax));
+    EXPECT_EQ(ops.read_f32(*rows, 1, 0), c.head0);
+    EXPECT_EQ(ops.read_f32(*rows, 1, 1), c.head1);
+    EXPECT_EQ(rows->length(0, 0), 0);  // other layers untouched
+  }
+  // The mean divides the f32 sum by w: three ones over a window of 3 give 1 exactly.
+  const std::vector<float> ones(3 * 4, 1.0f);
+  const KvCache four = index_with_positions({{0, 1, 2, 3}});
+  std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 1, 1);
+  ops.window_scores(*rows, 0, window_stats(ones, 1, 3, 4), four,
+                    score_options(WindowReduce::kMean, GqaReduce::kMean, 1, PoolKind::kMax));
+  EXPECT_EQ(ops.read_f32(*rows, 0, 0), (std::vector<float>{1}));
+}
+
+// One KV head, w = 1: prefix scores {1, 5, 2, 0, 3} pooled with kernel 3 and 7 (wider than
+// the prefix): max never takes the padding; avg divides by the kernel (padding counts).
+TEST(PolicyOps, WindowScoresPoolOverTheHeadsOwnPrefix) {
+  policies::CpuPolicyOps ops;
+  const KvCache cache = index_with_positions({{0, 1, 2, 3, 4, 5}});
+  const std::vector<float> probs = {1, 5, 2, 0, 3, 9};
+  const policies::LayerStats st = window_stats(probs, 1, 1, 6);
+  std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 1, 1);
+  const auto run = [&](int kernel, PoolKind kind) {
+    ops.window_scores(*rows, 0, st, cache,
+                      score_options(WindowReduce::kSum, GqaReduce::kMean, kernel, kind));
+    return ops.read_f32(*rows, 0, 0);
+  };
+  const auto div = [](double sum, int kernel) { return static_cast<float>(sum / kernel); };
+  EXPECT_EQ(run(1, PoolKind::kMax), (std::vector<float>{1, 5, 2, 0, 3}));
+  EXPECT_EQ(run(1, PoolKind::kAvg), (std::vector<float>{1, 5, 2, 0, 3}));
+  EXPECT_EQ(run(3, PoolKind::kMax), (std::vector<float>{5, 5, 5, 3, 3}));
+  EXPECT_EQ(run(3, PoolKind::kAvg),
+            (std::vector<float>{div(6, 3), div(8, 3), div(7, 3), div(5, 3), div(3, 3)}));
+  EXPECT_EQ(run(7, PoolKind::kMax), (std::vector<float>{5, 5, 5, 5, 5}));
+  EXPECT_EQ(run(7, PoolKind::kAvg),
+            (std::vector<float>{div(8, 7), div(11, 7), div(11, 7), div(11, 7), div(10, 7)}));
+}
+
+// Ragged heads, w = 3, stride 6: head 0 holds 6 slots (prefix 3), head 1 holds 3 (prefix 0),
+// head 2 holds 2 (fewer than w: prefix 0). Pooling stays inside each head's own prefix; a row
+// that was longer before becomes its new prefix long.
+TEST(PolicyOps, WindowScoresOfRaggedHeadsAndEmptyPrefixes) {
+  policies::CpuPolicyOps ops;
+  const KvCache cache = index_with_positions({{0, 1, 2, 3, 4, 5}, {0, 1, 2}, {0, 1}});
+  std::vector<float> probs(3 * 3 * 6, 7.0f);  // 7: columns no prefix may read
+  for (int a = 0; a < 3; ++a) {
+    for (int j = 0; j < 3; ++j) probs[a * 6 + j] = static_cast<float>(j == a);  // head 0: I
+  }
+  probs[0 * 6 + 1] = 2;  // head 0 column 1 sums to 3
+  const policies::LayerStats st = window_stats(probs, 3, 3, 6);
+  std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 1, 3);
+  ops.resize(*rows, 0, std::vector<int32_t>{9, 9, 9});
+  ops.window_scores(*rows, 0, st, cache,
+                    score_options(WindowReduce::kSum, GqaReduce::kMean, 3, PoolKind::kMax));
+  EXPECT_EQ(ops.read_f32(*rows, 0, 0), (std::vector<float>{3, 3, 3}));  // sums 1 3 1, pooled
+  EXPECT_EQ(rows->length(0, 1), 0);
+  EXPECT_EQ(rows->length(0, 2), 0);
+  ops.window_scores(*rows, 0, st, cache,
+                    score_options(WindowReduce::kSum, GqaReduce::kMean, 1, PoolKind::kMax));
+  EXPECT_EQ(ops.read_f32(*rows, 0, 0), (std::vector<float>{1, 3, 1}));
+  // A cache of 4 KV heads does not group 3 query heads; rows of another head count are refused.
+  const KvCache four = index_with_positions({{0}, {0}, {0}, {0}});
+  std::unique_ptr<SlotRows> rows4 = ops.make_rows(SlotType::kF32, 1, 4);
+  EXPECT_THROW(ops.window_scores(*rows4, 0, st, four, {}), Error);
+  const KvCache one = index_with_positions({{0, 1, 2, 3, 4, 5}});
+  EXPECT_THROW(ops.window_scores(*rows, 0, st, one, {}), Error);
+}
+
+// Ada-KV's budgets from score rows: the global top-(heads * base), ranked by score, then the
+// more recent cache position, then the lower head; B = round_half_even((1-alpha)*count +
+// floor(alpha*base)), capped by the row's length.
+TEST(PolicyOps, AdaHeadBudgetsRankByScoreThenPositionThenHead) {
+  policies::CpuPolicyOps ops;
+  // Head 0 scores {0.5, 0.5, 0.1, 0.1} at positions 0..3; head 1 {0.5, 0.5} at 10, 20; each
+  // head has one more (window) slot the rows do not score.
+  const KvCache cache = index_with_positions({{0, 1, 2, 3, 4}, {10, 20, 30}});
+  std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.resize(*rows, 0, std::vector<int32_t>{4, 2});
+  const std::vector<float> src = {0.5f, 0.5f, 0.1f, 0.1f, 0.5f, 0.5f};  // heads 4 apart
+  ops.accumulate(*rows, 0, src.data(), 4, 4, 1, GqaReduce::kMean);
+  // base 1, k = 2: the 0.5s of head 1 (positions 20 and 10 beat 1 and 0).
+  EXPECT_EQ(ops.ada_head_budgets(*rows, 0, cache, 0, 1, 0.0), (std::vector<int32_t>{0, 2}));
+  // base 2, k = 4: every 0.5; alpha 0.5: round(0.5 * 2 + 1) = 2 each.
+  EXPECT_EQ(ops.ada_head_budgets(*rows, 0, cache, 0, 2, 0.5), (std::vector<int32_t>{2, 2}));
+  // base 1, k = 2, alpha 0.5: counts {0, 2}: round(0 + 0) = 0, round(1 + 0) = 1.
+  EXPECT_EQ(ops.ada_head_budgets(*rows, 0, cache, 0, 1, 0.5), (std::vector<int32_t>{0, 1}));
+  // alpha 1: floor(base) for each head, capped by the row: {3, 2}.
+  EXPECT_EQ(ops.ada_head_budgets(*rows, 0, cache, 0, 3, 1.0), (std::vector<int32_t>{3, 2}));
+  // Equal scores and positions: the lower head first. Three heads, base 1, k = 3: positions
+  // 1 of heads 0 and 1, then position 0 of head 0.
+  const KvCache tie = index_with_positions({{0, 1, 2}, {0, 1, 2}, {0, 2}});
+  std::unique_ptr<SlotRows> tied = ops.make_rows(SlotType::kF32, 1, 3);
+  ops.resize(*tied, 0, std::vector<int32_t>{2, 2, 1});
+  const std::vector<float> half(6, 0.5f);
+  ops.accumulate(*tied, 0, half.data(), 2, 2, 1, GqaReduce::kMean);
+  EXPECT_EQ(ops.ada_head_budgets(*tied, 0, tie, 0, 1, 0.0), (std::vector<int32_t>{2, 1, 0}));
+  // Empty rows (every prefix 0): nothing to rank, every budget 0.
+  std::unique_ptr<SlotRows> empty = ops.make_rows(SlotType::kF32, 1, 2);
+  EXPECT_EQ(ops.ada_head_budgets(*empty, 0, cache, 0, 5, 0.5), (std::vector<int32_t>{0, 0}));
 }
 
 // Device rows simulated on the host: positions per head, compacted by the lists the test gives,

@@ -97,6 +97,15 @@ CudaBackend::~CudaBackend() {
 
 policies::PolicyOps& CudaBackend::policy_ops() { return *ops_; }
 
+TransferCounters CudaBackend::counters() const {
+  TransferCounters t = counters_;
+  const cu::CudaPolicyOps::Transfers& ops = ops_->transfers();
+  t.d2h_copies += ops.d2h_copies;
+  t.stream_syncs += ops.stream_syncs;
+  t.d2h_bytes += ops.d2h_bytes;
+  return t;
+}
+
 void CudaBackend::stats_to_device(policies::LayerStats* stats) {
   const size_t rows = static_cast<size_t>(stats->num_heads) * stats->stride;
   if (stats->col_sums) {

@@ -13,11 +13,13 @@
 // sequence's first pass (uploading host rows only for a cache made elsewhere) and grows them on
 // the device (1.5x) when a head would overflow.
 //
-// Policies that decide with the ops table (Policy::decides_with_ops: h2o, tova, scissorhands)
-// decide on the device: their state lives in CudaPolicyOps rows, they read the statistics where
-// attention wrote them, and their keep lists stay on the device (apply_plan hands them to
-// DeviceKvCache::keep_slots; the index takes the counts and reads positions back only when host
-// code asks, KvCache::positions_stale). One decode step of theirs copies nothing to the host
+// Policies that decide with the ops table (Policy::decides_with_ops: h2o, tova, scissorhands,
+// knorm, snapkv, pyramidkv, ada_snapkv, ada_pyramidkv) decide on the device: their state lives in
+// CudaPolicyOps rows, they read the statistics where attention wrote them (the SnapKV family's
+// last-w probabilities stay on the device; Ada-KV brings one layer's per-head budgets to the host
+// per prefill layer: one D2H copy of num_kv_heads ints and one sync), and their keep lists stay
+// on the device (apply_plan hands them to DeviceKvCache::keep_slots; the index takes the counts
+// and reads positions back only when host code asks, KvCache::positions_stale). One decode step of theirs copies nothing to the host
 // but the logits and syncs once. policy_ms is device time: CUDA events around each hook and
 // its plan (take_policy_ms).
 //
@@ -81,7 +83,8 @@ class CudaBackend final : public Backend {
   // index's capacity at the device's slot size (what binding it would allocate at least).
   size_t kv_logical_bytes(const kernels::KvCache& cache) const override;
   size_t kv_physical_bytes(const kernels::KvCache& cache) const override;
-  TransferCounters counters() const override { return counters_; }
+  // The backend's own copies and syncs plus those of its policy ops (Ada-KV's per-head budgets).
+  TransferCounters counters() const override;
   policies::PolicyOps& policy_ops() override;
   void stats_to_device(policies::LayerStats* stats) override;
   bool times_policy_on_device() const override { return true; }
