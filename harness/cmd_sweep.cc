@@ -124,11 +124,12 @@ int cmd_sweep(const std::vector<std::string>& args) {
   set_process_identity(comm.rank(), comm.size());
   // cuda: "this build has no CUDA" everywhere; "no GPU visible" where this process runs units
   // (one process), else on each worker when it binds its GPU.
-  a.device_label = device == engine::Device::kCuda
-                       ? engine::cuda_device_label(/*require_device=*/comm.size() == 1)
-                   : engine::resolve_dtype(device, a.dtype) == engine::DType::kBf16
-                       ? "cpu (bf16 weights)"  // not the f32 reference: provenance says so
-                       : "cpu";
+  const bool one_process = comm.size() == 1;
+  const std::string cuda_label =
+      device == engine::Device::kCuda ? engine::cuda_device_label(/*require_device=*/one_process)
+                                      : "";
+  a.device_label =
+      engine::run_device_label(device, engine::resolve_dtype(device, a.dtype), cuda_label);
   KVB_USAGE_CHECK(a.gpus_per_worker == 1 || comm.size() > a.gpus_per_worker)
       << "--gpus-per-worker " << a.gpus_per_worker << " needs mpirun with at least "
       << 1 + a.gpus_per_worker << " ranks (a coordinator plus one group); this run has "

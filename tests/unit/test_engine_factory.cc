@@ -26,6 +26,16 @@ TEST(EngineFactory, DeviceAndDtypeErrors) {
     EXPECT_EQ(err.kind(), ErrorKind::kUsage);
     EXPECT_NE(std::string(err.what()).find("--dtype must be f32 or bf16"), std::string::npos);
   }
+  // The device a sweep records: the precision is part of it.
+  EXPECT_EQ(engine::run_device_label(engine::Device::kCpu, engine::DType::kF32, ""), "cpu");
+  EXPECT_EQ(engine::run_device_label(engine::Device::kCpu, engine::DType::kBf16, ""),
+            "cpu (bf16 weights)");
+  EXPECT_EQ(engine::run_device_label(engine::Device::kCuda, engine::DType::kBf16,
+                                     "cuda: NVIDIA H200 x1"),
+            "cuda: NVIDIA H200 x1 (bf16)");
+  EXPECT_EQ(engine::run_device_label(engine::Device::kCuda, engine::DType::kF32,
+                                     "cuda: NVIDIA H200 x1"),
+            "cuda: NVIDIA H200 x1 (f32)");
   engine::Model m;
   m.config.num_layers = 1;
   std::unique_ptr<engine::EngineBase> e =

@@ -57,6 +57,12 @@ size_t kv_slot_bytes(int head_dim, DType dtype) {
   return 2 * static_cast<size_t>(head_dim) * (dtype == DType::kBf16 ? 2 : 4) + sizeof(int32_t);
 }
 
+std::string run_device_label(Device device, DType dtype, const std::string& cuda_label) {
+  if (device == Device::kCuda) return cuda_label + " (" + dtype_name(dtype) + ")";
+  return dtype == DType::kBf16 ? "cpu (bf16 weights)"  // not the f32 reference: provenance says so
+                               : "cpu";
+}
+
 std::string cuda_device_label(bool require_device) {
 #ifdef KVB_WITH_CUDA
   const int count = kernels::cuda::device_count();

@@ -133,6 +133,10 @@ bool can_share_prefill(const policies::Policy& policy);
 // "this build has no CUDA" without the backend; with require_device, error "no GPU visible"
 // when there is none (else the label says so).
 std::string cuda_device_label(bool require_device);
+// What a sweep records as its workers' device (runs.devices): "cpu" (the f32 reference),
+// "cpu (bf16 weights)", or the cuda label with the precision the GPU computes in, e.g.
+// "cuda: NVIDIA H200 x1 (bf16)" (cuda defaults to bf16, so a DB says which it was).
+std::string run_device_label(Device device, DType dtype, const std::string& cuda_label);
 // The GPU a worker binds to: its node-local worker index modulo the visible GPUs (a warning when
 // workers share a GPU). Error "no GPU visible" without one; 0 in builds without CUDA.
 int node_local_gpu(int worker_index);
