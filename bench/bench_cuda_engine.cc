@@ -9,7 +9,7 @@
 // copies included for host-side hooks) / decode time. Without a GPU: one line, exit 0.
 //   bench_cuda_engine [--dtype bf16|f32] [--contexts 4096,8192] [--budgets 128,2048]
 //     [--policies full,h2o | all] [--steps 32] [--models smollm2,llama8b] [--layers 32 --dim 4096
-//     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256]
+//     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256] [--pool-keep-mib 0]
 #include <omp.h>
 
 #include <chrono>
@@ -179,6 +179,7 @@ int main(int argc, char** argv) {
   std::string dtype = "bf16", contexts = "4096,8192,16384,32768", budgets = "128,512,2048",
               pols = "full,snapkv,ada_snapkv,h2o", models = "smollm2,llama8b";
   int steps = 32, layers = 32, dim = 4096, heads = 32, kv_heads = 8, ffn = 14336, vocab = 128256;
+  int pool_keep_mib = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (i + 1 >= argc) {
@@ -211,6 +212,8 @@ int main(int argc, char** argv) {
       ffn = std::stoi(v);
     else if (k == "--vocab")
       vocab = std::stoi(v);
+    else if (k == "--pool-keep-mib")
+      pool_keep_mib = std::stoi(v);
     else {
       std::fprintf(stderr, "bench_cuda_engine: unknown option %s (see the file's header)\n",
                    k.c_str());
@@ -222,6 +225,14 @@ int main(int argc, char** argv) {
     for (const auto& info : policies::policy_registry()) pols += (pols.empty() ? "" : ",") + info.name;
   }
   try {
+    // The default memory pool keeps this much freed memory across syncs (0: CUDA's default,
+    // which returns it at each step's sync): kernels::cuda::keep_pool_memory, for an A/B.
+    KVB_USAGE_CHECK(pool_keep_mib >= 0 && pool_keep_mib <= (1 << 20))
+        << "--pool-keep-mib takes 0..1048576, got " << pool_keep_mib;
+    if (pool_keep_mib > 0) {
+      kernels::cuda::keep_pool_memory(static_cast<uint64_t>(pool_keep_mib) << 20);
+    }
+    std::printf("# memory pool keeps %d MiB across syncs\n", pool_keep_mib);
     const engine::DType dt = engine::parse_dtype(dtype);
     for (const std::string& name : str_list(models)) {
       if (name == "smollm2") {

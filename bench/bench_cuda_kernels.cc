@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -454,8 +455,31 @@ int main(int argc, char** argv) {
                  "nothing to measure\n");
     return 0;
   }
+  // --pool-keep-mib=N (ours, taken out before Google Benchmark reads the rest): the default
+  // memory pool keeps N MiB across syncs (cu::keep_pool_memory); 0, the default, is CUDA's.
+  // Every call below allocates its scratch with cudaMallocAsync and the timing syncs after it.
+  long pool_keep_mib = 0;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--pool-keep-mib=", 0) == 0) {
+      char* end = nullptr;
+      pool_keep_mib = std::strtol(arg.c_str() + 16, &end, 10);
+      if (*end != '\0' || pool_keep_mib < 0 || pool_keep_mib > (1L << 20)) {
+        std::fprintf(stderr, "bench_cuda_kernels: --pool-keep-mib takes 0..1048576, got %s\n",
+                     arg.c_str() + 16);
+        return 2;
+      }
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  if (pool_keep_mib > 0) cu::keep_pool_memory(static_cast<uint64_t>(pool_keep_mib) << 20);
+  std::fprintf(stderr, "memory pool keeps %ld MiB across syncs\n", pool_keep_mib);
+  benchmark::AddCustomContext("pool_keep_MiB", std::to_string(pool_keep_mib));
   g_d2d_gbps = measure_d2d_gbps();
   std::fprintf(stderr, "device-to-device cudaMemcpy: %.1f GB/s (read + write)\n", g_d2d_gbps);
   benchmark::AddCustomContext("d2d_GBps", std::to_string(g_d2d_gbps));

@@ -20,6 +20,14 @@ int device_count() noexcept {
 
 bool has_device() noexcept { return device_count() > 0; }
 
+void keep_pool_memory(uint64_t bytes) {
+  int device = 0;
+  KVB_CUDA_CHECK(cudaGetDevice(&device));
+  cudaMemPool_t pool = nullptr;
+  KVB_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  KVB_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &bytes));
+}
+
 namespace {
 struct HandleDeleter {
   void operator()(cublasContext* h) const noexcept { cublasDestroy(h); }

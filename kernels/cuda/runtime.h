@@ -53,6 +53,12 @@ namespace kvb::kernels::cuda {
 int device_count() noexcept;
 bool has_device() noexcept;
 
+// Lets the current device's default memory pool (the one cudaMallocAsync and StreamScratch draw
+// from) keep up to `bytes` of freed memory across synchronisations. CUDA's default, 0, returns it
+// all at each stream, event or device sync, so the next cudaMallocAsync maps memory again: the
+// benches' --pool-keep-mib A/B measures what that costs (the library leaves the default).
+void keep_pool_memory(uint64_t bytes);
+
 // cuBLAS handle of the calling thread for the current device, created on first use, bound to
 // `stream` on every call (handles are not thread-safe; one per thread avoids locking).
 cublasHandle_t cublas_handle(cudaStream_t stream);
