@@ -16,6 +16,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "common/table.h"
@@ -25,6 +27,7 @@
 #include "harness/sweep_roles.h"
 #include "harness/sweep_wire.h"
 #include "results/analysis.h"
+#include "workers/engine/engine_base.h"
 #include "workers/engine/tensor_parallel.h"
 
 namespace kvb::harness {
@@ -131,6 +134,66 @@ auto retry_while_locked(const std::string& db, const char* what, size_t units, F
   }
 }
 
+// Units of this matrix that earlier runs finished are kept as they are; if those runs computed
+// in another precision (f32 against bf16: the CPU reference against a GPU's default, or CPU bf16
+// weights) than this run, the database would hold one matrix in two precisions under one set of
+// unit keys. Refused, naming the runs and the ways out; a recorded label that does not say its
+// precision (a cuda run of an older kvbench) is only warned about.
+void refuse_mixed_precision(results::Store& store, const std::vector<std::string>& keys,
+                            const SweepArgs& a, int64_t run_id) {
+  const std::string mine = engine::label_precision(a.device_label);
+  if (mine.empty()) return;
+  std::map<int64_t, int> kept_by_run;  // earlier run -> finished units of this matrix it computed
+  for (const auto& [key, st] : store.unit_status(keys)) {
+    if (st.status != results::UnitStatus::kPending && st.status != results::UnitStatus::kRunning &&
+        st.run_id != run_id) {
+      ++kept_by_run[st.run_id];
+    }
+  }
+  int clash = 0, unknown = 0;
+  std::ostringstream which;
+  for (const auto& [run, units] : kept_by_run) {
+    const results::QueryResult r =
+        store.query("SELECT devices FROM runs WHERE run_id = ?", {std::to_string(run)});
+    std::set<std::string> labels;
+    if (!r.rows.empty()) {
+      const nlohmann::json devices = nlohmann::json::parse(r.rows[0][0].text, nullptr, false);
+      if (devices.is_array()) {
+        for (const auto& d : devices) {
+          if (d.is_object() && d.contains("device") && d["device"].is_string()) {
+            labels.insert(d["device"].get<std::string>());
+          }
+        }
+      }
+    }
+    for (const std::string& label : labels) {
+      const std::string theirs = engine::label_precision(label);
+      if (theirs.empty()) {
+        unknown += units;
+      } else if (theirs != mine) {
+        clash += units;
+        which << (clash == units ? "" : "; ") << "run " << run << " ('" << label << "', "
+              << theirs << "): " << units << " unit(s)";
+      }
+    }
+  }
+  if (unknown > 0) {
+    KVB_LOG_WARN << unknown << " finished unit(s) of this matrix in " << a.db
+                 << " come from runs whose device label does not say its precision (an older "
+                    "kvbench); this run computes in "
+                 << mine << " ('" << a.device_label << "')";
+  }
+  if (clash == 0) return;
+  retry_while_locked(a.db, "closing the refused run", 0,
+                     [&] { store.finish_run(run_id, results::RunStatus::kError); });
+  KVB_USAGE_FAIL() << a.db << ": " << clash << " finished unit(s) of this matrix were computed in "
+                   << "another precision than this run's " << mine << " ('" << a.device_label
+                   << "'): " << which.str()
+                   << ". They would be kept beside units computed now, under the same unit keys. "
+                      "Use another --db, or --rerun to recompute every unit in "
+                   << mine << ".";
+}
+
 }  // namespace
 
 int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
@@ -179,6 +242,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     store.rerun_units(again);
     plan = expand(cfg, store, run_id, &model_hashes);
   }
+  refuse_mixed_precision(store, plan.all_keys, a, run_id);
   // Provenance: the digests the unit keys were made from (known only now, after begin_run).
   retry_while_locked(a.db, "recording model hashes", 0,
                      [&] { store.record_model_hashes(run_id, model_hashes); });

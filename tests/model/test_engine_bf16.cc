@@ -217,5 +217,50 @@ TEST_F(SmolBf16, SweepProvenanceNamesTheDtype) {
   std::filesystem::remove_all(dir);
 }
 
+// A database keeps one precision per matrix: resuming an f32 sweep with --dtype bf16 (CPU bf16
+// weights here; a GPU's default on cuda) is refused, names the run and the ways out, and records
+// the refused run as an error; --rerun recomputes every unit in the new precision; the same
+// precision resumes as before.
+TEST_F(SmolBf16, SweepRefusesToMixPrecisionsInOneDatabase) {
+  const std::string dir =
+      std::string(KVB_BINARY_DIR) + "/test_engine_bf16/mix_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string cfg = dir + "/sweep.yaml", db = dir + "/mix.db";
+  std::ofstream(cfg) << "models:\n  - name: smollm2\n    path: " << kSmol << "\n"
+                     << "tasks:\n  - name: niah\n    options: {context_lengths: [96], depths: [0], "
+                        "haystack: noise}\n"
+                     << "policies: [full]\nkv_budget: [48]\nseed: [0]\n";
+  auto sweep = [&](const std::vector<std::string>& extra, std::string* err) {
+    std::vector<std::string> args = {"sweep", cfg, "--db", db, "--threads", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return testing::kvbench(args, nullptr, err);
+  };
+  std::string err;
+  ASSERT_EQ(sweep({"--dtype", "f32"}, &err), 0) << err;
+  EXPECT_EQ(sweep({"--dtype", "f32"}, &err), 0) << err;  // same precision: nothing to redo
+  EXPECT_EQ(sweep({"--dtype", "bf16"}, &err), 2);
+  EXPECT_NE(err.find("another precision than this run's bf16"), std::string::npos) << err;
+  EXPECT_NE(err.find("run 1 ('cpu', f32): 1 unit(s)"), std::string::npos) << err;
+  EXPECT_NE(err.find("--rerun"), std::string::npos) << err;
+  ASSERT_EQ(sweep({"--dtype", "bf16", "--rerun"}, &err), 0) << err;
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(h, "SELECT status FROM runs ORDER BY run_id", -1, &st, nullptr),
+            SQLITE_OK);
+  std::vector<std::string> statuses;
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    statuses.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)));
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  EXPECT_EQ(statuses, (std::vector<std::string>{"ok", "ok", "error", "ok"}));
+  // Now the unit is bf16's: f32 is the other precision.
+  EXPECT_EQ(sweep({"--dtype", "f32"}, &err), 2);
+  EXPECT_NE(err.find("run 4 ('cpu (bf16 weights)', bf16)"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvb

@@ -36,6 +36,15 @@ TEST(EngineFactory, DeviceAndDtypeErrors) {
   EXPECT_EQ(engine::run_device_label(engine::Device::kCuda, engine::DType::kF32,
                                      "cuda: NVIDIA H200 x1"),
             "cuda: NVIDIA H200 x1 (f32)");
+  // ... and is read back from a run's record: the labels above, and older cuda labels that do
+  // not say (unknown: "").
+  EXPECT_EQ(engine::label_precision("cpu"), "f32");
+  EXPECT_EQ(engine::label_precision("cpu (bf16 weights)"), "bf16");
+  EXPECT_EQ(engine::label_precision("cuda: NVIDIA H200 x1 (bf16)"), "bf16");
+  EXPECT_EQ(engine::label_precision("cuda: NVIDIA H200 x1 (f32)"), "f32");
+  EXPECT_EQ(engine::label_precision("cuda: NVIDIA H200 x1"), "");
+  EXPECT_EQ(engine::label_precision("cuda (no GPU visible to the coordinator) (bf16)"), "bf16");
+  EXPECT_EQ(engine::label_precision("tpu (bf16)"), "");
   engine::Model m;
   m.config.num_layers = 1;
   std::unique_ptr<engine::EngineBase> e =

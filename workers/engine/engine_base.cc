@@ -63,6 +63,20 @@ std::string run_device_label(Device device, DType dtype, const std::string& cuda
                                : "cpu";
 }
 
+std::string label_precision(const std::string& label) {
+  auto ends_with = [&](const std::string& tail) {
+    return label.size() >= tail.size() && label.compare(label.size() - tail.size(), tail.size(),
+                                                        tail) == 0;
+  };
+  if (label == "cpu") return "f32";
+  if (label == "cpu (bf16 weights)") return "bf16";
+  if (label.rfind("cuda", 0) == 0) {
+    if (ends_with(" (bf16)")) return "bf16";
+    if (ends_with(" (f32)")) return "f32";
+  }
+  return "";
+}
+
 std::string cuda_device_label(bool require_device) {
 #ifdef KVB_WITH_CUDA
   const int count = kernels::cuda::device_count();

@@ -137,6 +137,9 @@ std::string cuda_device_label(bool require_device);
 // "cpu (bf16 weights)", or the cuda label with the precision the GPU computes in, e.g.
 // "cuda: NVIDIA H200 x1 (bf16)" (cuda defaults to bf16, so a DB says which it was).
 std::string run_device_label(Device device, DType dtype, const std::string& cuda_label);
+// The precision a recorded device label computed in: "f32" or "bf16"; "" when the label does not
+// say (a cuda label written before the precision was recorded, or a foreign one).
+std::string label_precision(const std::string& device_label);
 // The GPU a worker binds to: its node-local worker index modulo the visible GPUs (a warning when
 // workers share a GPU). Error "no GPU visible" without one; 0 in builds without CUDA.
 int node_local_gpu(int worker_index);
