@@ -5,8 +5,9 @@
 // the bf16 tensor-core rate of a cuBLAS GEMM measured in the same run) for the exact f32 kernel,
 // the exact kernel on a bf16 cache, and the bf16 tensor-core kernel (attention_prefill_mma.h);
 // the decode rows again with the grouped decode kernel's tuning (cu::AttentionArgs::decode_rows,
-// decode_blocks) for an A/B in one run. Every row first checks its result against a CPU
-// computation (counter `correct`).
+// decode_blocks) for an A/B in one run; the device half of a decode eviction (append + keep_slots
+// of one slot per head) and CudaPolicyOps::keep_top's one-victim path against its radix select.
+// Every row first checks its result against a CPU computation (counter `correct`).
 // GPU time per iteration from CUDA events (manual time). Without a device: one line, exit 0.
 // Built only when the CUDA backend is (bench/CMakeLists.txt).
 #include <benchmark/benchmark.h>
@@ -24,10 +25,12 @@
 #include "kernels/cpu/select.h"
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/scores.h"
 #include "kernels/cuda/select.h"
+#include "kernels/policies/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
 
 namespace {
@@ -295,6 +298,136 @@ void bm_h2o_step(benchmark::State& state) {
   if (!ok) state.SkipWithError("H2O step differs from the CPU policy arithmetic");
 }
 
+// The device half of one decode step's eviction in one layer of Llama-3-8B's cache shape (8 KV
+// heads, head_dim 128, bf16): every head takes the step's token (append) and drops one slot
+// (DeviceKvCache::keep_slots with device lists, as the engine applies a plan), so each iteration
+// leaves the cache as it found it. Args {len, victim}: len slots per head before the append;
+// victim 0 = the oldest slot (window, streaming_llm: every row moves), 1 = the middle. moved_MB:
+// the K/V bytes of the rows that move, x4 (the compaction stages them: read, write, read,
+// write). Check: after one step, the downloaded rows equal a host KvCache given the same.
+void bm_decode_eviction(benchmark::State& state) {
+  const int len = static_cast<int>(state.range(0)), victim_kind = static_cast<int>(state.range(1));
+  const int d = kHeadDim, victim = victim_kind == 0 ? 0 : len / 2;
+  const kvb::kernels::KvCacheShape shape{1, kKvHeads, d};
+  cu::DeviceKvCache cache(shape, cu::KvDtype::kBf16, len + 1);
+  kvb::kernels::KvCache host(shape, len + 1);
+  const auto kd = to_device(random_vec(static_cast<size_t>(len) * kKvHeads * d, 31, -2, 2));
+  const auto vd = to_device(random_vec(static_cast<size_t>(len) * kKvHeads * d, 32));
+  std::vector<int32_t> pos(len);
+  for (int i = 0; i < len; ++i) pos[i] = i;
+  cache.append(0, kd.data(), vd.data(), to_device(pos).data(), len);
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto k1 = to_device(random_vec(static_cast<size_t>(kKvHeads) * d, 33, -2, 2));
+  const auto v1 = to_device(random_vec(static_cast<size_t>(kKvHeads) * d, 34));
+  const int32_t next = len;  // the step's token: the same position every iteration
+  std::vector<int32_t> list(static_cast<size_t>(kKvHeads) * len), keep(len);
+  for (int j = 0; j < len; ++j) keep[j] = j < victim ? j : j + 1;  // all of len + 1 but victim
+  for (int h = 0; h < kKvHeads; ++h) std::copy(keep.begin(), keep.end(), &list[size_t(h) * len]);
+  const auto lists = to_device(list);
+  const std::vector<int32_t> counts(kKvHeads, len);
+  cu::DeviceBuffer<int32_t> step_pos(1);
+  auto step = [&] {
+    step_pos.upload(&next, 1);
+    cache.append(0, k1.data(), v1.data(), step_pos.data(), 1);
+    cache.keep_slots(0, lists.data(), len, counts.data(), 0, /*validated=*/true);
+  };
+  // The check, in the step's two halves: the append (read back: the host takes the device's
+  // bf16 rows as they are), then the compaction against the host cache's.
+  step_pos.upload(&next, 1);
+  cache.append(0, k1.data(), v1.data(), step_pos.data(), 1);
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());
+  host = cache.download();
+  cache.keep_slots(0, lists.data(), len, counts.data(), 0, /*validated=*/true);
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());
+  const kvb::kernels::KvCache got = cache.download();
+  bool ok = true;
+  for (int h = 0; h < kKvHeads; ++h) {
+    host.keep_slots(0, h, keep);
+    const kvb::kernels::LayerKvView a = got.layer(0), b = host.layer(0);
+    ok = ok && got.length(0, h) == host.length(0, h);
+    for (int s = 0; ok && s < host.length(0, h); ++s) {
+      ok = a.position(h)[s] == b.position(h)[s] &&
+           std::memcmp(a.key(h, s), b.key(h, s), d * sizeof(float)) == 0 &&
+           std::memcmp(a.value(h, s), b.value(h, s), d * sizeof(float)) == 0;
+    }
+  }
+  double total = 0;
+  for (auto _ : state) {
+    (void)_;
+    const double t = gpu_seconds(step);
+    state.SetIterationTime(t);
+    total += t;
+  }
+  const double moved = 4.0 * kKvHeads * (len - victim) * 2.0 * d * 2;  // rows that shift, K+V
+  const double gbps = moved * state.iterations() / total / 1e9;
+  state.counters["moved_MB"] = moved / 1e6;
+  state.counters["GB/s"] = gbps;
+  state.counters["pct_d2d"] = 100.0 * gbps / g_d2d_gbps;
+  state.counters["correct"] = ok ? 1 : 0;
+  if (!ok) state.SkipWithError("keep_slots rows differ from the host cache's");
+}
+
+// CudaPolicyOps::keep_top over 8 heads of `len` slots with a window of 8 after the prefix, as
+// h2o decides a decode step at the budget: path 0 keeps prefix - 1 (one victim: a block-wide
+// minimum), path 1 keeps prefix - 2 (the 8-pass radix select). Check: the device lists equal the
+// CPU instance's plan.
+void bm_keep_top(benchmark::State& state) {
+  using namespace kvb::policies;
+  const int len = static_cast<int>(state.range(0)), path = static_cast<int>(state.range(1));
+  const int prefix = len - 8, k = path == 0 ? prefix - 1 : prefix - 2;
+  kvb::kernels::KvCache index({1, kKvHeads, kHeadDim}, len, /*host_rows=*/false);
+  for (int h = 0; h < kKvHeads; ++h) {
+    for (int s = 0; s < len; ++s) index.append(0, h, nullptr, nullptr, s);
+  }
+  cudaStream_t stream = nullptr;
+  KVB_CUDA_CHECK(cudaStreamCreate(&stream));
+  {
+    cu::CudaPolicyOps gpu(stream);
+    CpuPolicyOps cpu;
+    const std::vector<float> src = random_vec(static_cast<size_t>(kKvHeads) * len, 41, 0, 1);
+    const auto src_d = to_device(src);
+    const std::vector<int32_t> lens(kKvHeads, len);
+    std::unique_ptr<SlotRows> gs = gpu.make_rows(SlotType::kF32, 1, kKvHeads);
+    std::unique_ptr<SlotRows> cs = cpu.make_rows(SlotType::kF32, 1, kKvHeads);
+    gpu.resize(*gs, 0, lens);
+    cpu.resize(*cs, 0, lens);
+    gpu.accumulate(*gs, 0, src_d.data(), len, len, 1, GqaReduce::kMean);
+    cpu.accumulate(*cs, 0, src.data(), len, len, 1, GqaReduce::kMean);
+    std::vector<KeepTop> tops;
+    for (int h = 0; h < kKvHeads; ++h) {
+      tops.push_back({.head = h, .score_head = h, .len = len, .prefix = prefix, .k = k});
+    }
+    kvb::kernels::EvictionPlan gplan, cplan;
+    auto step = [&] {
+      gplan.reset(0, kKvHeads);
+      gpu.keep_top(*gs, 0, index, tops, {}, gplan);
+    };
+    step();
+    cplan.reset(0, kKvHeads);
+    cpu.keep_top(*cs, 0, index, tops, {}, cplan);
+    KVB_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<int32_t> lists(static_cast<size_t>(kKvHeads) * gplan.device_ld()), want;
+    KVB_CUDA_CHECK(cudaMemcpy(lists.data(), gplan.device_slots(), lists.size() * sizeof(int32_t),
+                              cudaMemcpyDeviceToHost));
+    bool ok = true;
+    for (int h = 0; h < kKvHeads; ++h) {
+      cplan.keep_list(h, len, &want);
+      ok = ok && gplan.device_counts()[h] == static_cast<int>(want.size()) &&
+           std::equal(want.begin(), want.end(), &lists[size_t(h) * gplan.device_ld()]);
+    }
+    for (auto _ : state) {
+      (void)_;
+      state.SetIterationTime(gpu_seconds([&] {
+        step();
+        KVB_CUDA_CHECK(cudaStreamSynchronize(stream));  // the timing events are on stream 0
+      }));
+    }
+    state.counters["correct"] = ok ? 1 : 0;
+    if (!ok) state.SkipWithError("keep_top's device lists differ from the CPU instance's");
+  }
+  KVB_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 // Prefill attention of an n-token prompt (empty cache before it) on Llama-3-8B's shape: 32 query
 // heads, 8 KV heads, head_dim 128. Args {n, kernel, stats}: kernel 0 = exact f32 kernel on an f32
 // cache, 1 = exact kernel on a bf16 cache (today's bf16 path), 2 = bf16 tensor cores; stats 1 adds
@@ -440,6 +573,20 @@ BENCHMARK(bm_prefill_attention)
     ->Repetitions(3)
     ->DisplayAggregatesOnly(true)
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_decode_eviction)
+    ->ArgNames({"len", "victim"})
+    ->ArgsProduct({{1024, 32768}, {0, 1}})
+    ->UseManualTime()
+    ->Repetitions(3)
+    ->DisplayAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_keep_top)
+    ->ArgNames({"len", "path"})
+    ->ArgsProduct({{1032, 8200}, {0, 1}})
+    ->UseManualTime()
+    ->Repetitions(3)
+    ->DisplayAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(bm_h2o_step)
     ->UseManualTime()
     ->Repetitions(3)
