@@ -26,19 +26,13 @@
 
 #include "common/error.h"
 #include "kernels/cpu/aligned_scratch.h"
+#include "kernels/cpu/matmul_tree.h"
 
 namespace kvb::kernels::cpu {
 namespace {
 
-constexpr int kLanes = 16;  // width of the lane split of k (one zmm of f32)
-
-// The fixed tree over the 16 lane sums; a: [16].
-inline float reduce_lanes(const float* a) {
-  float s8[8], s4[4];
-  for (int l = 0; l < 8; ++l) s8[l] = a[l] + a[l + 8];
-  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
+using detail::kLanes;        // the lane split of k (matmul_tree.h)
+using detail::reduce_lanes;  // the fixed tree over the 16 lane sums
 
 // One dot product in the contract's order with scalar fma; x, w: [k].
 float dot_portable(const float* x, const float* w, int k) {
@@ -69,26 +63,8 @@ struct TilePortable {
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-// Reduces 16 lane vectors a[r + 4 * c] with the fixed tree, transposed so that the 16 trees run
-// side by side: 128-bit lane r of the result holds the dots (r, c = 0..3). Pairings match
-// reduce_lanes exactly (f32 addition is commutative bit for bit), so the bits are the same.
-inline __m512 reduce16(const __m512* a) {
-  __m512 b[8], c[4], d[2];
-  for (int t = 0; t < 8; ++t) {  // b[t] = [s8 of a[2t] | s8 of a[2t+1]]
-    b[t] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * t], a[2 * t + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * t], a[2 * t + 1], 0xEE));
-  }
-  for (int u = 0; u < 4; ++u) {  // c[u] = [s4 of a[4u] | a[4u+1] | a[4u+2] | a[4u+3]]
-    c[u] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * u], b[2 * u + 1], 0x88),
-                         _mm512_shuffle_f32x4(b[2 * u], b[2 * u + 1], 0xDD));
-  }
-  for (int v = 0; v < 2; ++v) {  // d[v] lane L = [s2 of a[8v+L] (2) | s2 of a[8v+4+L] (2)]
-    d[v] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * v], c[2 * v + 1], 0x44),
-                         _mm512_shuffle_ps(c[2 * v], c[2 * v + 1], 0xEE));
-  }
-  // lane L = [a[L], a[4+L], a[8+L], a[12+L]]
-  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
-}
+
+using detail::reduce16;  // the tree over 16 lane vectors, 16 outputs side by side
 
 // R rows of x times C rows of w with one zmm of lane sums per output (R * C == 16).
 // xr: R pointers to [k]; wr: C pointers to [k]; out: [R, C] row-major.

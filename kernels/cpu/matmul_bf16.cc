@@ -27,23 +27,9 @@
 #include "common/error.h"
 #include "kernels/cpu/aligned_scratch.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_tree.h"
 
 namespace kvb::kernels::cpu {
-
-uint16_t bf16_from_f32(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x0040u);  // NaN
-  b += 0x7fffu + ((b >> 16) & 1u);  // ties to even; overflow rounds to infinity
-  return static_cast<uint16_t>(b >> 16);
-}
-
-float f32_from_bf16(uint16_t h) {
-  const uint32_t b = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
 
 void round_to_bf16(const float* src, size_t count, uint16_t* dst) {
   for (size_t i = 0; i < count; ++i) dst[i] = bf16_from_f32(src[i]);
@@ -51,15 +37,8 @@ void round_to_bf16(const float* src, size_t count, uint16_t* dst) {
 
 namespace {
 
-constexpr int kLanes = 16;  // matmul's lane split of k
-
-// matmul.h's fixed tree over the 16 lane sums; a: [16].
-inline float reduce_lanes(const float* a) {
-  float s8[8], s4[4];
-  for (int l = 0; l < 8; ++l) s8[l] = a[l] + a[l + 8];
-  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
+using detail::kLanes;        // matmul's lane split of k (matmul_tree.h)
+using detail::reduce_lanes;  // matmul's fixed tree over the 16 lane sums
 
 // One output of decode, scalar; x: [k] f32, w: [k] bf16.
 float dot_portable(const float* x, const uint16_t* w, int k) {
@@ -85,24 +64,7 @@ KVB_TARGET_AVX512 inline __m512 widen16(__m256i h) {
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-// matmul.cc's reduce16: the fixed tree over 16 lane vectors a[r + 4 * c], the 16 trees side by
-// side; 128-bit lane r of the result holds the dots (r, c = 0..3), pairings as reduce_lanes.
-KVB_TARGET_AVX512 inline __m512 reduce16(const __m512* a) {
-  __m512 b[8], c[4], d[2];
-  for (int t = 0; t < 8; ++t) {
-    b[t] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * t], a[2 * t + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * t], a[2 * t + 1], 0xEE));
-  }
-  for (int u = 0; u < 4; ++u) {
-    c[u] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * u], b[2 * u + 1], 0x88),
-                         _mm512_shuffle_f32x4(b[2 * u], b[2 * u + 1], 0xDD));
-  }
-  for (int v = 0; v < 2; ++v) {
-    d[v] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * v], c[2 * v + 1], 0x44),
-                         _mm512_shuffle_ps(c[2 * v], c[2 * v + 1], 0xEE));
-  }
-  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
-}
+using detail::reduce16;  // matmul's tree over 16 lane vectors (matmul_tree.h)
 
 // Outputs [j0, j1) 16 at a time, one zmm of lane sums each (acc[c] is a[c] of reduce16, i.e.
 // r = c % 4, column c / 4). Edge tiles repeat the last row and drop its outputs.

@@ -9,12 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/bf16.h"  // bf16_from_f32, f32_from_bf16
+
 namespace kvb::kernels::cpu {
 
-// f32 -> bf16, rounding to nearest with ties to even (as CUDA's __float2bfloat16); infinities stay
-// infinite, NaN stays NaN (quieted). bf16 -> f32 is exact.
-uint16_t bf16_from_f32(float f);
-float f32_from_bf16(uint16_t b);
 // dst[i] = bf16_from_f32(src[i]) for i < count.
 void round_to_bf16(const float* src, size_t count, uint16_t* dst);
 

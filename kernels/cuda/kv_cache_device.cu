@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cuda/kv_elem.cuh"
 
 namespace kvb::kernels::cuda {
@@ -368,22 +369,6 @@ size_t DeviceKvCache::physical_bytes() const {
   return slots * bytes_per_slot();
 }
 
-namespace {
-uint16_t f32_to_bf16_bits(float f) {  // round to nearest even; NaN stays a (quiet) NaN
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40);
-  b += 0x7fffu + ((b >> 16) & 1u);
-  return static_cast<uint16_t>(b >> 16);
-}
-float bf16_bits_to_f32(uint16_t h) {
-  const uint32_t b = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
-}  // namespace
-
 void DeviceKvCache::upload(const KvCache& cpu_cache) {
   const KvCacheShape& s = cpu_cache.shape();
   KVB_CHECK(s.num_layers == shape_.num_layers && s.num_kv_heads == shape_.num_kv_heads &&
@@ -414,7 +399,7 @@ void DeviceKvCache::upload(const KvCache& cpu_cache) {
           KVB_CUDA_CHECK(cudaMemcpy(to, from, elems * 4, cudaMemcpyHostToDevice));
         } else {
           std::vector<uint16_t> tmp(elems);
-          for (size_t i = 0; i < elems; ++i) tmp[i] = f32_to_bf16_bits(from[i]);
+          for (size_t i = 0; i < elems; ++i) tmp[i] = cpu::bf16_from_f32(from[i]);
           KVB_CUDA_CHECK(cudaMemcpy(to, tmp.data(), elems * 2, cudaMemcpyHostToDevice));
         }
       }
@@ -520,7 +505,7 @@ KvCache DeviceKvCache::download() const {
         } else {
           raw.resize(elems);
           KVB_CUDA_CHECK(cudaMemcpy(raw.data(), from, elems * 2, cudaMemcpyDeviceToHost));
-          for (size_t i = 0; i < elems; ++i) to[i] = bf16_bits_to_f32(raw[i]);
+          for (size_t i = 0; i < elems; ++i) to[i] = cpu::f32_from_bf16(raw[i]);
         }
       }
       pos.resize(len);

@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "common/error.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -27,18 +28,6 @@ double ms_since(Clock::time_point t0) {
 template <typename T>
 void ensure(cu::DeviceBuffer<T>& b, size_t count) {
   if (b.size() < count) b = cu::DeviceBuffer<T>(std::max<size_t>(count, b.size() * 3 / 2));
-}
-// Round to bf16 (nearest even) and back, as the device stores a bf16 cache (finite inputs;
-// NaN stays NaN).
-float bf16_round(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return f;
-  b += 0x7fffu + ((b >> 16) & 1u);
-  b &= 0xffff0000u;
-  float r;
-  std::memcpy(&r, &b, sizeof r);
-  return r;
 }
 // The device rows of a cache (null before its first pass on a GPU). DeviceKvCache is the one
 // DeviceRows implementation.
@@ -559,8 +548,8 @@ void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
   sync();
   if (dtype_ == DType::kBf16) {
     for (size_t i = 0; i < count; ++i) {
-      k_h_[i] = bf16_round(k_h_[i]);
-      v_h_[i] = bf16_round(v_h_[i]);
+      k_h_[i] = kernels::cpu::bf16_round(k_h_[i]);
+      v_h_[i] = kernels::cpu::bf16_round(v_h_[i]);
     }
   }
   append_block_rows(c, l, n, k_h_.data(), v_h_.data(), pos_h_.data() + row0_, cache);
