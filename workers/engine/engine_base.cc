@@ -64,15 +64,14 @@ std::string run_device_label(Device device, DType dtype, const std::string& cuda
 }
 
 std::string label_precision(const std::string& label) {
-  auto ends_with = [&](const std::string& tail) {
-    return label.size() >= tail.size() && label.compare(label.size() - tail.size(), tail.size(),
-                                                        tail) == 0;
-  };
-  if (label == "cpu") return "f32";
-  if (label == "cpu (bf16 weights)") return "bf16";
-  if (label.rfind("cuda", 0) == 0) {
-    if (ends_with(" (bf16)")) return "bf16";
-    if (ends_with(" (f32)")) return "f32";
+  // The inverse of run_device_label, from its own spellings.
+  for (const DType t : {DType::kF32, DType::kBf16}) {
+    const std::string tail = std::string(" (") + dtype_name(t) + ")";
+    if (label == run_device_label(Device::kCpu, t, "") ||
+        (label.rfind("cuda", 0) == 0 && label.size() > tail.size() &&
+         label.compare(label.size() - tail.size(), tail.size(), tail) == 0)) {
+      return dtype_name(t);
+    }
   }
   return "";
 }
