@@ -498,13 +498,15 @@ __global__ void __launch_bounds__(kThreads, kRows > 1 ? 1 : 0)
 // How the grouped kernel would run a decode step; lanes == 0 when it cannot take the shape (the
 // caller then uses the per-query-head kernel). Splits: enough blocks to fill a large GPU
 // (decode_blocks over the KV heads; 0: 256), never chunks under 64 keys. rows: the kernel's
-// kRows (decode_rows; 0: 1).
+// kRows (decode_rows; 0: 4, the fastest measured: bench/README.md, H200 2026-11-26, bf16 32K
+// 283 -> 215 us against rows 1, f32 496 -> 275).
 struct GroupedPlan {
   int lanes = 0, splits = 0, chunk = 0, rows = 1;
   size_t smem = 0;
 };
 
 constexpr int kDefaultDecodeBlocks = 256;
+constexpr int kDefaultDecodeRows = 4;
 
 template <typename T>
 GroupedPlan plan_grouped(int d, int group, int num_kv_heads, int max_len, const void* keys,
@@ -525,7 +527,7 @@ GroupedPlan plan_grouped(int d, int group, int num_kv_heads, int max_len, const 
   p.splits = std::min(by_blocks, by_len);
   p.chunk = (max_len + p.splits - 1) / p.splits;
   p.lanes = lanes;
-  p.rows = decode_rows > 0 ? decode_rows : 1;
+  p.rows = decode_rows > 0 ? decode_rows : kDefaultDecodeRows;
   return p;
 }
 

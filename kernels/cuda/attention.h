@@ -40,7 +40,7 @@ struct AttentionArgs {
   // (bench_cuda_kernels); 0 keeps the measured default. Ignored by prefill (n >= 2) and by the
   // per-query-head decode kernel; the result is the same softmax up to f32 summation order.
   // decode_rows: keys a row group loads (K and V) before any math and folds into its online
-  // softmax at once, 1, 2 or 4 (0: 1). decode_blocks: the target number of blocks over all KV
+  // softmax at once, 1, 2 or 4 (0: 4). decode_blocks: the target number of blocks over all KV
   // heads, 1 .. kMaxDecodeBlocks (0: 256), e.g. a few per multiprocessor; never more splits of a
   // head than 64-key chunks of the longest head.
   int decode_rows = 0;

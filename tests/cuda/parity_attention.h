@@ -172,6 +172,7 @@ inline std::vector<std::pair<std::string, AttentionCase>> decode_tuning_cases() 
                    {1, std::move(before), group, head_dim, dt, stats, window, rows, blocks}});
     };
     const std::vector<int> ragged = {0, 2, 66, 1200}, ragged_long = {16383, 2, 66, 1000};
+    add("rows1_g4_d128_stats", ragged, 4, 128, true, 1, 0);
     add("rows2_g4_d128_stats", ragged, 4, 128, true, 2, 0);
     add("rows4_g4_d128", ragged, 4, 128, false, 4, 0);
     add("rows4_g4_d128_stats", ragged, 4, 128, true, 4, 0);
@@ -183,6 +184,7 @@ inline std::vector<std::pair<std::string, AttentionCase>> decode_tuning_cases() 
     add("rows4_g4_d64_window33", {300, 12}, 4, 64, false, 4, 0, 33);
     add("blocks1_rows4_g4_d128_stats", ragged, 4, 128, true, 4, 1);
     add("blocks1024_g4_d128_stats", ragged_long, 4, 128, true, 0, 1024);
+    add("blocks1024_rows1_g4_d128_stats", ragged_long, 4, 128, true, 1, 1024);
     add("blocks1024_rows4_g4_d128", ragged_long, 4, 128, false, 4, 1024);
     add("blocks1024_rows2_g4_d128_stats", ragged_long, 4, 128, true, 2, 1024);
     add("blocks1024_rows4_one_head_g4_d64_stats", {65535}, 4, 64, true, 4, 1024);
