@@ -23,10 +23,8 @@ using policies::SlotType;
 
 constexpr int kThreads = 512;
 
-// Per-head sizes as a kernel argument (no H2D copy): kMaxOpsHeads int32 values.
-struct HeadTable {
-  int32_t v[kMaxOpsHeads];
-};
+// Per-head sizes as a kernel argument (no H2D copy): kv_cache_device.h's HeadTable.
+static_assert(kMaxOpsHeads <= kMaxParamHeads, "a HeadTable holds every head the ops decide for");
 
 size_t entry_bytes(SlotType t) { return t == SlotType::kF32 ? sizeof(float) : sizeof(uint64_t); }
 

@@ -16,33 +16,43 @@
 namespace kvb::kernels::cuda {
 namespace {
 
-// keys/values: f32 [n, num_kv_heads, d] into slot lengths[h] + t of head h.
+// keys/values: f32 [n, num_kv_heads, d] into slot len(h) + t of head h. by_value: len(h) is
+// before.v[h] and the kernel writes the new lengths (no upload); otherwise lengths[h] is read
+// (the caller pushes the new lengths after).
 template <typename T>
 __global__ void append_kernel(T* keys, T* values, int32_t* positions, const int32_t* offsets,
-                              const int32_t* lengths, const float* src_k, const float* src_v,
-                              const int32_t* src_pos, int n, int num_kv_heads, int d) {
+                              int32_t* lengths, HeadTable before, bool by_value,
+                              const float* src_k, const float* src_v, const int32_t* src_pos,
+                              int n, int num_kv_heads, int d) {
   const size_t total = static_cast<size_t>(n) * num_kv_heads * d;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int x = static_cast<int>(i % d);
     const int h = static_cast<int>((i / d) % num_kv_heads);
     const int t = static_cast<int>(i / (static_cast<size_t>(d) * num_kv_heads));
-    const size_t slot = static_cast<size_t>(offsets[h]) + lengths[h] + t;
+    const int32_t len = by_value ? before.v[h] : lengths[h];
+    if (by_value && t == 0 && x == 0) lengths[h] = len + n;  // nobody reads it here
+    const size_t slot = static_cast<size_t>(offsets[h]) + len + t;
     kv_store(keys + slot * d + x, src_k[i]);
     kv_store(values + slot * d + x, src_v[i]);
     if (x == 0) positions[slot] = src_pos[t];
   }
 }
 
-// One slot of one head: key, value f32 [d] into slot `slot` (absolute row in the layer buffer).
+// One slot of one head: key, value f32 [d] into slot `slot` (absolute row in the layer buffer);
+// the head's length becomes new_length.
 template <typename T>
 __global__ void append_one_kernel(T* keys, T* values, int32_t* positions, size_t slot,
-                                  const float* key, const float* value, int32_t position, int d) {
+                                  const float* key, const float* value, int32_t position, int d,
+                                  int32_t* length, int32_t new_length) {
   for (int x = threadIdx.x; x < d; x += blockDim.x) {
     kv_store(keys + slot * d + x, key[x]);
     kv_store(values + slot * d + x, value[x]);
   }
-  if (threadIdx.x == 0) positions[slot] = position;
+  if (threadIdx.x == 0) {
+    positions[slot] = position;
+    *length = new_length;
+  }
 }
 
 // One block per head: list j of head h must be strictly increasing and < lengths[h].
@@ -56,81 +66,129 @@ __global__ void validate_keep_kernel(const int32_t* slots, int ld, const int32_t
   }
 }
 
-// Compaction out of place, in two launches over every (head, kept slot, 16-byte piece): the
-// gather stages each row that moves (list[c] != c) in scratch, the scatter writes it to slot c.
-// No row is both read and written in one launch, so any number of blocks may run; a list is
-// strictly increasing, so rows with list[c] == c stay put and are not touched. (The kernel this
-// replaces moved one head per block, 32 rows per barrier: on an H200 a single eviction from a
-// 1024-slot bf16 head, shifting every row, cost ~0.3 ms per layer.)
-template <typename V>
-__global__ void gather_kept_kernel(const V* __restrict__ keys, const V* __restrict__ values,
-                                   const int32_t* __restrict__ positions,
-                                   const int32_t* __restrict__ offsets,
-                                   const int32_t* __restrict__ slots, int ld,
-                                   const int32_t* __restrict__ counts, int heads, int vpr,
-                                   V* __restrict__ stage_k, V* __restrict__ stage_v,
-                                   int32_t* __restrict__ stage_pos) {
+// Compaction out of place, in two launches over every (head, moving row, 16-byte piece): the
+// gather stages each row that moves in scratch, the scatter writes it to its new slot. No row is
+// both read and written in one launch, so any number of blocks may run; rows that stay put are
+// not touched. (The kernel this replaced moved one head per block, 32 rows per barrier: on an
+// H200 a single eviction from a 1024-slot bf16 head, shifting every row, cost ~0.3 ms per
+// layer.) Which rows move is a Moves type: move(h, m, &src, &dst) for row m < extent of head h,
+// and new_length(h).
+
+// Keep lists: kept slot c of head h comes from slots[h * ld + c]. Counts by value (table) or,
+// past kMaxParamHeads heads, from device memory (dev_counts).
+struct ListMoves {
+  const int32_t* slots;
+  int ld;
+  const int32_t* dev_counts;  // nullable: then table
+  HeadTable table;
+  __device__ int32_t count(int h) const { return dev_counts ? dev_counts[h] : table.v[h]; }
+  __device__ bool move(int h, int m, int* src, int* dst) const {
+    if (m >= count(h)) return false;
+    const int32_t from = slots[static_cast<size_t>(h) * ld + m];
+    if (from == m) return false;
+    *src = from;
+    *dst = m;
+    return true;
+  }
+  __device__ int32_t new_length(int h) const { return count(h); }
+};
+
+// One victim per head (victim < 0: none): the rows after it move down one slot.
+struct VictimMoves {
+  HeadTable victim, length;
+  __device__ bool move(int h, int m, int* src, int* dst) const {
+    const int v = victim.v[h];
+    if (v < 0 || v + 1 + m >= length.v[h]) return false;
+    *src = v + 1 + m;
+    *dst = v + m;
+    return true;
+  }
+  __device__ int32_t new_length(int h) const {
+    return length.v[h] - (victim.v[h] >= 0 ? 1 : 0);
+  }
+};
+
+template <typename V, typename Moves>
+__global__ void gather_moves_kernel(const V* __restrict__ keys, const V* __restrict__ values,
+                                    const int32_t* __restrict__ positions,
+                                    const int32_t* __restrict__ offsets, Moves mv, int extent,
+                                    int heads, int vpr, V* __restrict__ stage_k,
+                                    V* __restrict__ stage_v, int32_t* __restrict__ stage_pos) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t per_head = static_cast<size_t>(ld) * vpr;
+  const size_t per_head = static_cast<size_t>(extent) * vpr;
   if (i >= per_head * heads) return;
   const int h = static_cast<int>(i / per_head);
-  const size_t hc = i / vpr;  // h * ld + c
-  const int c = static_cast<int>(hc - static_cast<size_t>(h) * ld);
-  const int e = static_cast<int>(i - hc * vpr);
-  if (c >= counts[h]) return;
-  const int32_t src = slots[hc];
-  if (src == c) return;
+  const size_t hm = i / vpr;  // h * extent + m
+  const int m = static_cast<int>(hm - static_cast<size_t>(h) * extent);
+  const int e = static_cast<int>(i - hm * vpr);
+  int src = 0, dst = 0;
+  if (!mv.move(h, m, &src, &dst)) return;
   const size_t row = static_cast<size_t>(offsets[h]) + src;
   stage_k[i] = keys[row * vpr + e];
   stage_v[i] = values[row * vpr + e];
-  if (e == 0) stage_pos[hc] = positions[row];
+  if (e == 0) stage_pos[hm] = positions[row];
 }
 
-template <typename V>
-__global__ void scatter_kept_kernel(V* __restrict__ keys, V* __restrict__ values,
-                                    int32_t* __restrict__ positions,
-                                    const int32_t* __restrict__ offsets,
-                                    const int32_t* __restrict__ slots, int ld,
-                                    const int32_t* __restrict__ counts, int heads, int vpr,
-                                    const V* __restrict__ stage_k, const V* __restrict__ stage_v,
-                                    const int32_t* __restrict__ stage_pos) {
+// lengths (nullable): each head's new length is written by its first thread, so the lengths
+// change with the rows in one stream-ordered step and need no upload.
+template <typename V, typename Moves>
+__global__ void scatter_moves_kernel(V* __restrict__ keys, V* __restrict__ values,
+                                     int32_t* __restrict__ positions,
+                                     const int32_t* __restrict__ offsets, Moves mv, int extent,
+                                     int heads, int vpr, const V* __restrict__ stage_k,
+                                     const V* __restrict__ stage_v,
+                                     const int32_t* __restrict__ stage_pos, int32_t* lengths) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t per_head = static_cast<size_t>(ld) * vpr;
+  const size_t per_head = static_cast<size_t>(extent) * vpr;
   if (i >= per_head * heads) return;
   const int h = static_cast<int>(i / per_head);
-  const size_t hc = i / vpr;
-  const int c = static_cast<int>(hc - static_cast<size_t>(h) * ld);
-  const int e = static_cast<int>(i - hc * vpr);
-  if (c >= counts[h] || slots[hc] == c) return;
-  const size_t row = static_cast<size_t>(offsets[h]) + c;
+  const size_t hm = i / vpr;
+  const int m = static_cast<int>(hm - static_cast<size_t>(h) * extent);
+  const int e = static_cast<int>(i - hm * vpr);
+  if (lengths && m == 0 && e == 0) lengths[h] = mv.new_length(h);
+  int src = 0, dst = 0;
+  if (!mv.move(h, m, &src, &dst)) return;
+  const size_t row = static_cast<size_t>(offsets[h]) + dst;
   keys[row * vpr + e] = stage_k[i];
   values[row * vpr + e] = stage_v[i];
-  if (e == 0) positions[row] = stage_pos[hc];
+  if (e == 0) positions[row] = stage_pos[hm];
 }
 
-// Both launches for rows of `row_bytes` bytes moved as V pieces.
-template <typename V>
-void compact_rows(void* keys, void* values, int32_t* positions, const int32_t* offsets,
-                  const int32_t* slots, int ld, const int32_t* counts, int heads,
-                  size_t row_bytes, cudaStream_t stream) {
+// Both launches for rows of `row_bytes` bytes moved as V pieces; `extent` rows per head at most
+// move (at least one thread per head runs, for the lengths).
+template <typename V, typename Moves>
+void move_rows(const DeviceLayerKvView& v, const Moves& mv, int extent, size_t row_bytes,
+               int32_t* lengths, cudaStream_t stream) {
   const int vpr = static_cast<int>(row_bytes / sizeof(V));
-  const size_t rows = static_cast<size_t>(heads) * ld;
+  extent = std::max(extent, 1);
+  const size_t rows = static_cast<size_t>(v.num_kv_heads) * extent;
   const size_t total = rows * vpr;
-  if (total == 0) return;
   StreamScratch stage(2 * rows * row_bytes + rows * sizeof(int32_t), stream);
   V* sk = stage.as<V>();
   V* sv = sk + rows * vpr;
   int32_t* sp = reinterpret_cast<int32_t*>(sv + rows * vpr);
-  const unsigned blocks = static_cast<unsigned>((total + 255) / 256);
-  gather_kept_kernel<V><<<blocks, 256, 0, stream>>>(static_cast<const V*>(keys),
-                                                    static_cast<const V*>(values), positions,
-                                                    offsets, slots, ld, counts, heads, vpr, sk,
-                                                    sv, sp);
+  const unsigned blocks = grid_for(total, 256);
+  gather_moves_kernel<V, Moves><<<blocks, 256, 0, stream>>>(
+      static_cast<const V*>(v.keys), static_cast<const V*>(v.values), v.positions, v.offsets, mv,
+      extent, v.num_kv_heads, vpr, sk, sv, sp);
   KVB_CUDA_CHECK_LAUNCH();
-  scatter_kept_kernel<V><<<blocks, 256, 0, stream>>>(static_cast<V*>(keys),
-                                                     static_cast<V*>(values), positions, offsets,
-                                                     slots, ld, counts, heads, vpr, sk, sv, sp);
+  scatter_moves_kernel<V, Moves><<<blocks, 256, 0, stream>>>(
+      static_cast<V*>(v.keys), static_cast<V*>(v.values), v.positions, v.offsets, mv, extent,
+      v.num_kv_heads, vpr, sk, sv, sp, lengths);
   KVB_CUDA_CHECK_LAUNCH();
+}
+
+// The widest piece that divides a row: 16, 4 or 2 bytes.
+template <typename Moves>
+void move_rows_any(const DeviceLayerKvView& v, const Moves& mv, int extent, size_t row_bytes,
+                   int32_t* lengths, cudaStream_t stream) {
+  if (row_bytes % 16 == 0) {
+    move_rows<uint4>(v, mv, extent, row_bytes, lengths, stream);
+  } else if (row_bytes % 4 == 0) {
+    move_rows<uint32_t>(v, mv, extent, row_bytes, lengths, stream);
+  } else {
+    move_rows<uint16_t>(v, mv, extent, row_bytes, lengths, stream);
+  }
 }
 
 const char* describe_keep(int) {
@@ -218,6 +276,8 @@ DeviceLayerKvView DeviceKvCache::layer(int layer) {
 }
 
 void DeviceKvCache::push_lengths(int layer, cudaStream_t stream) {
+  ++h2d_copies_;
+  h2d_bytes_ += shape_.num_kv_heads * sizeof(int32_t);
   // Pageable source: the call returns once the bytes are staged, so the mirror may change after.
   const size_t i = index(layer, 0);
   KVB_CUDA_CHECK(cudaMemcpyAsync(lengths_d_.data() + i, lengths_h_.data() + i,
@@ -238,20 +298,28 @@ void DeviceKvCache::append(int layer, const float* keys, const float* values,
         << length(layer, h) << " of " << capacity(layer, h) << " slots, no room for " << n;
   }
   const DeviceLayerKvView v = this->layer(layer);
-  const size_t total = static_cast<size_t>(n) * shape_.num_kv_heads * shape_.head_dim;
+  const int heads = shape_.num_kv_heads;
+  const size_t total = static_cast<size_t>(n) * heads * shape_.head_dim;
   const unsigned blocks = std::min(grid_for(total, 256), 65535u);
+  const bool by_value = heads <= kMaxParamHeads;
+  HeadTable before{};
+  if (by_value) {
+    for (int h = 0; h < heads; ++h) before.v[h] = length(layer, h);
+  }
+  int32_t* lengths = lengths_d_.data() + index(layer, 0);
   if (dtype_ == KvDtype::kF32) {
     append_kernel<<<blocks, 256, 0, stream>>>(
         static_cast<float*>(v.keys), static_cast<float*>(v.values), v.positions, v.offsets,
-        v.lengths, keys, values, positions, n, shape_.num_kv_heads, shape_.head_dim);
+        lengths, before, by_value, keys, values, positions, n, heads, shape_.head_dim);
   } else {
     append_kernel<<<blocks, 256, 0, stream>>>(
         static_cast<__nv_bfloat16*>(v.keys), static_cast<__nv_bfloat16*>(v.values), v.positions,
-        v.offsets, v.lengths, keys, values, positions, n, shape_.num_kv_heads, shape_.head_dim);
+        v.offsets, lengths, before, by_value, keys, values, positions, n, heads,
+        shape_.head_dim);
   }
   KVB_CUDA_CHECK_LAUNCH();
-  for (int h = 0; h < shape_.num_kv_heads; ++h) lengths_h_[index(layer, h)] += n;
-  push_lengths(layer, stream);
+  for (int h = 0; h < heads; ++h) lengths_h_[index(layer, h)] += n;
+  if (!by_value) push_lengths(layer, stream);
 }
 
 void DeviceKvCache::append(int layer, int head, const float* key, const float* value,
@@ -265,20 +333,21 @@ void DeviceKvCache::append(int layer, int head, const float* key, const float* v
   KVB_CHECK(key != nullptr && value != nullptr) << "DeviceKvCache::append: null pointer";
   const size_t slot = static_cast<size_t>(offset(layer, head)) + length(layer, head);
   const int d = shape_.head_dim;
+  int32_t* len = lengths_d_.data() + index(layer, head);
+  const int32_t grown = length(layer, head) + 1;
   if (dtype_ == KvDtype::kF32) {
     append_one_kernel<<<1, 256, 0, stream>>>(reinterpret_cast<float*>(keys_[layer].data()),
                                              reinterpret_cast<float*>(values_[layer].data()),
                                              positions_[layer].data(), slot, key, value, position,
-                                             d);
+                                             d, len, grown);
   } else {
     append_one_kernel<<<1, 256, 0, stream>>>(
         reinterpret_cast<__nv_bfloat16*>(keys_[layer].data()),
         reinterpret_cast<__nv_bfloat16*>(values_[layer].data()), positions_[layer].data(), slot,
-        key, value, position, d);
+        key, value, position, d, len, grown);
   }
   KVB_CUDA_CHECK_LAUNCH();
-  ++lengths_h_[index(layer, head)];
-  push_lengths(layer, stream);
+  lengths_h_[index(layer, head)] = grown;
 }
 
 void DeviceKvCache::keep_slots(int layer, const int32_t* slots, int ld, const int32_t* counts,
@@ -292,30 +361,82 @@ void DeviceKvCache::keep_slots(int layer, const int32_t* slots, int ld, const in
         << " of " << length(layer, h) << " slots (ld " << ld << ")";
   }
   KVB_CHECK(slots != nullptr || ld == 0) << "DeviceKvCache::keep_slots: null slot lists";
-  StreamScratch counts_d(heads * sizeof(int32_t), stream);
-  KVB_CUDA_CHECK(cudaMemcpyAsync(counts_d.as<int32_t>(), counts, heads * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice, stream));
   const DeviceLayerKvView v = this->layer(layer);
+  const bool by_value = heads <= kMaxParamHeads;
+  // The counts go up only where the device needs them in memory: to validate the lists, or for
+  // a layer with more heads than a kernel argument holds.
+  std::unique_ptr<StreamScratch> counts_d;
+  if (!validated || !by_value) {
+    counts_d = std::make_unique<StreamScratch>(heads * sizeof(int32_t), stream);
+    KVB_CUDA_CHECK(cudaMemcpyAsync(counts_d->as<int32_t>(), counts, heads * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream));
+    ++h2d_copies_;
+    h2d_bytes_ += heads * sizeof(int32_t);
+  }
   if (!validated) {
     DeviceErrorFlag flag(stream);
-    validate_keep_kernel<<<heads, 256, 0, stream>>>(slots, ld, counts_d.as<int32_t>(), v.lengths,
-                                                    flag.flag());
+    validate_keep_kernel<<<heads, 256, 0, stream>>>(slots, ld, counts_d->as<int32_t>(),
+                                                    v.lengths, flag.flag());
     KVB_CUDA_CHECK_LAUNCH();
     flag.check("DeviceKvCache::keep_slots", describe_keep);
   }
+  ListMoves mv{slots, ld, by_value ? nullptr : counts_d->as<int32_t>(), {}};
+  if (by_value) std::copy(counts, counts + heads, mv.table.v);
   const size_t row_bytes = static_cast<size_t>(shape_.head_dim) * kv_dtype_bytes(dtype_);
-  if (row_bytes % 16 == 0) {
-    compact_rows<uint4>(v.keys, v.values, v.positions, v.offsets, slots, ld,
-                        counts_d.as<int32_t>(), heads, row_bytes, stream);
-  } else if (row_bytes % 4 == 0) {
-    compact_rows<uint32_t>(v.keys, v.values, v.positions, v.offsets, slots, ld,
-                           counts_d.as<int32_t>(), heads, row_bytes, stream);
-  } else {
-    compact_rows<uint16_t>(v.keys, v.values, v.positions, v.offsets, slots, ld,
-                           counts_d.as<int32_t>(), heads, row_bytes, stream);
-  }
+  move_rows_any(v, mv, ld, row_bytes, by_value ? lengths_d_.data() + index(layer, 0) : nullptr,
+                stream);
   for (int h = 0; h < heads; ++h) lengths_h_[index(layer, h)] = counts[h];
-  push_lengths(layer, stream);
+  if (!by_value) push_lengths(layer, stream);
+}
+
+void DeviceKvCache::evict_slots(int layer, const int32_t* victims, cudaStream_t stream) {
+  check_layer(layer);
+  const int heads = shape_.num_kv_heads;
+  KVB_CHECK(victims != nullptr) << "DeviceKvCache::evict_slots: null victims";
+  int extent = 0;
+  bool any = false;
+  for (int h = 0; h < heads; ++h) {
+    KVB_CHECK(victims[h] < length(layer, h))
+        << "DeviceKvCache::evict_slots: layer " << layer << " head " << h << " victim "
+        << victims[h] << " at or past its length " << length(layer, h);
+    if (victims[h] < 0) continue;
+    any = true;
+    extent = std::max(extent, length(layer, h) - 1 - victims[h]);
+  }
+  if (!any) return;
+  if (heads > kMaxParamHeads) {
+    // Past a kernel argument's heads: keep lists, uploaded (validated above).
+    int ld = 0;
+    for (int h = 0; h < heads; ++h) ld = std::max(ld, length(layer, h));
+    std::vector<int32_t> lists(static_cast<size_t>(heads) * ld), counts(heads);
+    for (int h = 0; h < heads; ++h) {
+      int32_t* row = &lists[static_cast<size_t>(h) * ld];
+      int c = 0;
+      for (int s = 0; s < length(layer, h); ++s) {
+        if (s != victims[h]) row[c++] = s;
+      }
+      counts[h] = c;
+    }
+    StreamScratch lists_d(std::max<size_t>(lists.size(), 1) * sizeof(int32_t), stream);
+    KVB_CUDA_CHECK(cudaMemcpyAsync(lists_d.as<int32_t>(), lists.data(),
+                                   lists.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                   stream));
+    ++h2d_copies_;
+    h2d_bytes_ += lists.size() * sizeof(int32_t);
+    keep_slots(layer, lists_d.as<int32_t>(), ld, counts.data(), stream, /*validated=*/true);
+    return;
+  }
+  VictimMoves mv{};
+  for (int h = 0; h < heads; ++h) {
+    mv.victim.v[h] = victims[h] < 0 ? -1 : victims[h];
+    mv.length.v[h] = length(layer, h);
+  }
+  const size_t row_bytes = static_cast<size_t>(shape_.head_dim) * kv_dtype_bytes(dtype_);
+  move_rows_any(this->layer(layer), mv, extent, row_bytes, lengths_d_.data() + index(layer, 0),
+                stream);
+  for (int h = 0; h < heads; ++h) {
+    if (victims[h] >= 0) --lengths_h_[index(layer, h)];
+  }
 }
 
 void DeviceKvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots) {

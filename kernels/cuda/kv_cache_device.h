@@ -20,6 +20,13 @@
 namespace kvb::kernels::cuda {
 
 enum class KvDtype { kF32, kBf16 };
+
+// Per-head values of one layer passed to kernels by value (a kernel argument: no upload, nothing
+// staged). Layers with more heads than this fall back to a stream-ordered upload.
+constexpr int kMaxParamHeads = 128;
+struct HeadTable {
+  int32_t v[kMaxParamHeads];
+};
 size_t kv_dtype_bytes(KvDtype dtype);
 const char* kv_dtype_name(KvDtype dtype);
 
@@ -59,10 +66,11 @@ class DeviceKvCache final : public DeviceRows {
 
   DeviceLayerKvView layer(int layer);
 
-  // Every change to lengths is made on the host mirror and copied to the device in stream order
-  // from pageable memory: the copy call returns once the bytes are staged and takes effect
-  // after the stream's earlier work (append and keep_slots are stream-ordered but not
-  // asynchronous to the host).
+  // Every change to lengths is made on the host mirror and reaches the device in stream order:
+  // for up to kMaxParamHeads heads per layer as a kernel argument (the kernel that moves the
+  // rows writes the new lengths: no copy), otherwise by a copy from pageable memory (the call
+  // returns once the bytes are staged). h2d_copies() counts those copies (and keep_slots'
+  // unvalidated counts), so that an engine can count what a decode step uploads.
 
   // Appends n tokens to every KV head of `layer`. keys, values: device f32 [n, num_kv_heads,
   // head_dim] (post-RoPE; converted to the cache dtype); positions: device [n]. Throws, changing
@@ -85,6 +93,16 @@ class DeviceKvCache final : public DeviceRows {
                   cudaStream_t stream = 0, bool validated = false);
   // KvCache::keep_slots's signature: one head, a host list. Synchronous.
   void keep_slots(int layer, int head, const std::vector<int32_t>& slots);
+  // Head h of `layer` drops slot victims[h] and keeps the rest in order (victims[h] < 0: the
+  // head keeps everything); host victims, checked against the host lengths (throws, changing
+  // nothing, on a victim at or past a head's length). Only the rows after a victim move (staged
+  // as keep_slots'); with up to kMaxParamHeads heads nothing is uploaded and nothing waits.
+  // EvictionPlan's one-victim form (a decode step at the budget), without a keep list.
+  void evict_slots(int layer, const int32_t* victims, cudaStream_t stream = 0);
+  // Host-to-device copies made so far by append / keep_slots / evict_slots (lengths pushed,
+  // counts, lists), and their bytes; upload() and clear() are not counted.
+  int64_t h2d_copies() const { return h2d_copies_; }
+  size_t h2d_bytes() const { return h2d_bytes_; }
 
   void clear();  // lengths 0, position 0; the allocation stays
 
@@ -127,6 +145,8 @@ class DeviceKvCache final : public DeviceRows {
   KvCacheShape shape_;
   KvDtype dtype_;
   int32_t next_position_ = 0;
+  int64_t h2d_copies_ = 0;
+  size_t h2d_bytes_ = 0;
   std::vector<int32_t> capacities_h_, offsets_h_, lengths_h_;  // [num_layers * num_kv_heads]
   std::vector<int> layer_slots_;                               // [num_layers]
   DeviceBuffer<int32_t> capacities_d_, offsets_d_, lengths_d_;

@@ -22,7 +22,11 @@ class Window final : public Policy {
   void trim(int layer, const kernels::KvCache& cache, kernels::EvictionPlan& plan) const {
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(layer, h);
-      if (len > kv_budget()) plan.keep(h, last_slots(len, kv_budget()));
+      if (len == kv_budget() + 1) {
+        plan.evict(h, 0);  // a decode step at the budget: the oldest goes (no keep list)
+      } else if (len > kv_budget()) {
+        plan.keep(h, last_slots(len, kv_budget()));
+      }
     }
   }
 };

@@ -260,6 +260,9 @@ inline void run_kv_cache_case(cu::KvDtype dtype, int head_dim = 20) {
   dev.keep_slots(0, flat_d.data(), ld, counts.data());
   for (int h = 0; h < heads; ++h) cpu.keep_slots(0, h, keep[h]);
   same("after keep_slots");
+  // The lengths went down with the rows: nothing was uploaded but the counts the unvalidated
+  // form checks on the device (the appends above uploaded nothing either).
+  EXPECT_EQ(dev.h2d_copies(), 1);
   // A bad list (not increasing) is refused on the device and leaves the cache as it was.
   std::vector<int32_t> bad = flat;
   bad[2 * ld + 1] = 0;
@@ -270,15 +273,98 @@ inline void run_kv_cache_case(cu::KvDtype dtype, int head_dim = 20) {
   dev.keep_slots(1, 1, {0, 2});
   cpu.keep_slots(1, 1, {0, 2});
   same("after one-head keep_slots");
+  // Validated lists (the engine's plans): no upload at all.
+  const int64_t up0 = dev.h2d_copies();
+  const std::vector<int32_t> keep2_h = {0, 1, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                        0, 2, 3, 4, 5, 6, 0, 0};
+  auto keep2 = to_device(keep2_h);
+  const std::vector<int32_t> counts2 = {3, 0, 6};
+  dev.keep_slots(0, keep2.data(), 8, counts2.data(), 0, /*validated=*/true);
+  cpu.keep_slots(0, 0, {0, 1, 3});
+  cpu.keep_slots(0, 2, {0, 2, 3, 4, 5, 6});
+  same("after validated keep_slots");
+  EXPECT_EQ(dev.h2d_copies(), up0);
+  // One victim per head (EvictionPlan's kVictim): the first slot, none, the last; then a middle
+  // one; a victim at or past a head's length is refused before anything changes.
+  const int32_t bad_victims[] = {3, -1, 6};
+  EXPECT_THROW(dev.evict_slots(0, bad_victims), Error);
+  same("after refused evict_slots");
+  const int32_t victims[] = {0, -1, 5};
+  dev.evict_slots(0, victims);
+  cpu.evict_slot(0, 0, 0);
+  cpu.evict_slot(0, 2, 5);
+  same("after evict_slots");
+  const int32_t middle[] = {-1, -1, 2};
+  dev.evict_slots(0, middle);
+  cpu.evict_slot(0, 2, 2);
+  same("after evict_slots of a middle slot");
+  const int32_t none[] = {-1, -1, -1};
+  dev.evict_slots(0, none);
+  same("after evict_slots of nothing");
+  EXPECT_EQ(dev.h2d_copies(), up0);
+  // Appends after evictions land after the kept rows (the device lengths followed).
+  {
+    std::vector<float> k = random_vec(static_cast<size_t>(heads) * d, ++seed);
+    std::vector<float> v = random_vec(static_cast<size_t>(heads) * d, ++seed);
+    const auto kd = to_device(k), vd = to_device(v);
+    const auto pd = to_device(std::vector<int32_t>{500});
+    dev.append(0, kd.data(), vd.data(), pd.data(), 1);
+    for (float& f : k) f = host_val(f);
+    for (float& f : v) f = host_val(f);
+    for (int h = 0; h < heads; ++h) {
+      cpu.append(0, h, &k[static_cast<size_t>(h) * d], &v[static_cast<size_t>(h) * d], 500);
+    }
+    same("after append past evictions");
+  }
   // Round trip: upload the CPU cache into a fresh device cache.
   cu::DeviceKvCache dev2(shape, dtype, 12);
   dev2.upload(cpu);
   kernels::KvCache back = dev2.download();
   EXPECT_EQ(back.total_slots(), cpu.total_slots());
-  EXPECT_EQ(back.layer(0).key(0, 3)[5], cpu.layer(0).key(0, 3)[5]);
+  EXPECT_EQ(back.layer(0).key(0, 2)[5], cpu.layer(0).key(0, 2)[5]);
   dev.clear();
   cpu.clear();
   same("after clear");
+}
+
+// A layer with more heads than a kernel argument holds (cu::kMaxParamHeads): the lengths, counts
+// and victims' lists go up as copies instead, with the same results; each copy is counted.
+inline void run_kv_cache_many_heads_case() {
+  const int heads = cu::kMaxParamHeads + 3, d = 8;
+  const kernels::KvCacheShape shape{1, heads, d};
+  cu::DeviceKvCache dev(shape, cu::KvDtype::kF32, 12);
+  kernels::KvCache cpu(shape, 12);
+  uint64_t seed = 77;
+  for (int t = 0; t < 6; ++t) {
+    const std::vector<float> k = random_vec(static_cast<size_t>(heads) * d, ++seed);
+    const std::vector<float> v = random_vec(static_cast<size_t>(heads) * d, ++seed);
+    const auto kd = to_device(k), vd = to_device(v);
+    const auto pd = to_device(std::vector<int32_t>{3 * t});
+    dev.append(0, kd.data(), vd.data(), pd.data(), 1);
+    for (int h = 0; h < heads; ++h) {
+      cpu.append(0, h, &k[static_cast<size_t>(h) * d], &v[static_cast<size_t>(h) * d], 3 * t);
+    }
+  }
+  EXPECT_EQ(dev.h2d_copies(), 6);  // one lengths push per append
+  std::vector<int32_t> victims(heads);
+  for (int h = 0; h < heads; ++h) victims[h] = h % 7 == 6 ? -1 : h % 6;
+  dev.evict_slots(0, victims.data());
+  for (int h = 0; h < heads; ++h) {
+    if (victims[h] >= 0) cpu.evict_slot(0, h, victims[h]);
+  }
+  EXPECT_EQ(dev.h2d_copies(), 6 + 3);  // the lists, the counts, the lengths
+  const kernels::KvCache got = dev.download();
+  for (int h = 0; h < heads; ++h) {
+    ASSERT_EQ(got.length(0, h), cpu.length(0, h)) << "head " << h;
+    for (int s = 0; s < cpu.length(0, h); ++s) {
+      ASSERT_EQ(got.layer(0).position(h)[s], cpu.layer(0).position(h)[s])
+          << "head " << h << " slot " << s;
+      for (int x = 0; x < d; ++x) {
+        ASSERT_EQ(got.layer(0).key(h, s)[x], cpu.layer(0).key(h, s)[x]) << h << "," << s;
+        ASSERT_EQ(got.layer(0).value(h, s)[x], cpu.layer(0).value(h, s)[x]) << h << "," << s;
+      }
+    }
+  }
 }
 
 }  // namespace kvb::parity

@@ -577,6 +577,7 @@ std::vector<Case> all_cases() {
   add("kv_cache_bf16", [] { run_kv_cache_case(cu::KvDtype::kBf16); });
   add("kv_cache_bf16_d7", [] { run_kv_cache_case(cu::KvDtype::kBf16, 7); });
   add("kv_cache_f32_d64", [] { run_kv_cache_case(cu::KvDtype::kF32, 64); });
+  add("kv_cache_many_heads", [] { run_kv_cache_many_heads_case(); });
   return c;
 }
 

@@ -527,9 +527,10 @@ void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
     k_new = s.kx.data();
     v_new = s.vx.data();
   }
+  const int64_t c0 = dev_->h2d_copies();
+  const size_t b0 = dev_->h2d_bytes();
   dev_->append(l, k_new, v_new, s.pos.data() + row0_, n, stream_);
-  ++counters_.h2d_copies;  // append() pushes the layer's lengths
-  counters_.h2d_bytes += ckv * sizeof(int32_t);
+  count_uploads(*dev_, c0, b0);  // none up to kMaxParamHeads heads: lengths by kernel argument
 
   if (!cache.host_rows()) {
     // The index only: positions are known here, nothing comes back from the device.
@@ -672,21 +673,55 @@ void CudaBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs
   copy_h2d(rows_at(Act::kAtt), att_h_.data(), count * sizeof(float));
 }
 
+void CudaBackend::count_uploads(const cu::DeviceKvCache& rows, int64_t copies0, size_t bytes0) {
+  counters_.h2d_copies += rows.h2d_copies() - copies0;
+  counters_.h2d_bytes += rows.h2d_bytes() - bytes0;
+}
+
 void CudaBackend::apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache& cache) {
   if (!plan.changes_any()) return;
   const kernels::KvCacheShape& sh = cache.shape();
   const int l = plan.layer();
+  cu::DeviceKvCache* rows = rows_of(cache);
   if (plan.on_device()) {
     // The ops' lists, on the device already: the index takes the counts (its positions become
-    // stale until host code reads them), the rows keep the listed slots. Nothing waits.
-    cu::DeviceKvCache* rows = rows_of(cache);
+    // stale until host code reads them), the rows keep the listed slots, the counts travel as a
+    // kernel argument. Nothing waits, nothing is uploaded (up to kMaxParamHeads heads).
     KVB_CHECK(rows != nullptr) << "--device cuda: a device eviction plan for layer " << l
                                << " of a cache without device rows";
     cache.apply(plan);
+    const int64_t c0 = rows->h2d_copies();
+    const size_t b0 = rows->h2d_bytes();
     rows->keep_slots(l, plan.device_slots(), plan.device_ld(), plan.device_counts().data(),
                      stream_, /*validated=*/true);
-    counters_.h2d_copies += 2;  // keep_slots pushes the counts and the new lengths
-    counters_.h2d_bytes += 2 * sh.num_kv_heads * sizeof(int32_t);
+    count_uploads(*rows, c0, b0);
+    return;
+  }
+  auto same_lengths = [&] {
+    for (int h = 0; h < sh.num_kv_heads; ++h) {
+      KVB_CHECK(rows->length(l, h) == cache.length(l, h))
+          << "--device cuda: device cache layer " << l << " head " << h << " holds "
+          << rows->length(l, h) << " slots after the plan, the index " << cache.length(l, h);
+    }
+  };
+  bool victims_only = true;  // every changed head drops one slot (a decode step at the budget)
+  for (int h = 0; h < sh.num_kv_heads; ++h) {
+    victims_only &= plan.kind(h) != kernels::EvictionPlan::Kind::kKeep;
+  }
+  if (victims_only) {
+    victims_h_.assign(sh.num_kv_heads, -1);
+    for (int h = 0; h < sh.num_kv_heads; ++h) {
+      if (plan.kind(h) == kernels::EvictionPlan::Kind::kVictim) victims_h_[h] = plan.victim(h);
+    }
+    cache.apply(plan);  // the index (and host rows), validating the victims
+    if (!rows) return;  // host rows not on the device yet: uploaded at the cache's next pass
+    // No keep list: the victims and lengths travel as kernel arguments; only the rows after
+    // each victim move.
+    const int64_t c0 = rows->h2d_copies();
+    const size_t b0 = rows->h2d_bytes();
+    rows->evict_slots(l, victims_h_.data(), stream_);
+    count_uploads(*rows, c0, b0);
+    same_lengths();
     return;
   }
   // Keep-lists [heads, ld] for the device, from the plan and the (host-known) lengths.
@@ -701,22 +736,16 @@ void CudaBackend::apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache
     std::copy(list.begin(), list.end(), slots_h_.begin() + static_cast<size_t>(h) * ld);
   }
   cache.apply(plan);  // the index (and host rows), validating the lists
-  cu::DeviceKvCache* rows = rows_of(cache);
-  if (!rows) return;  // host rows not on the device yet: uploaded at the cache's next pass
-  {
-    ensure(s_->slots, std::max<size_t>(slots_h_.size(), 1));
-    copy_h2d(s_->slots.data(), slots_h_.data(), slots_h_.size() * 4);
-    // The lists were validated against the index (cache.apply above): no device-side check, so
-    // nothing waits; the counts and the new lengths go up in stream order.
-    rows->keep_slots(l, s_->slots.data(), ld, counts_h_.data(), stream_, /*validated=*/true);
-    counters_.h2d_copies += 2;
-    counters_.h2d_bytes += 2 * sh.num_kv_heads * sizeof(int32_t);
-    for (int h = 0; h < sh.num_kv_heads; ++h) {
-      KVB_CHECK(rows->length(l, h) == cache.length(l, h))
-          << "--device cuda: device cache layer " << l << " head " << h << " holds "
-          << rows->length(l, h) << " slots after keep_slots, the index " << cache.length(l, h);
-    }
-  }
+  if (!rows) return;
+  ensure(s_->slots, std::max<size_t>(slots_h_.size(), 1));
+  copy_h2d(s_->slots.data(), slots_h_.data(), slots_h_.size() * 4);
+  // The lists were validated against the index (cache.apply above): no device-side check, so
+  // nothing waits; the counts and the new lengths travel as a kernel argument.
+  const int64_t c0 = rows->h2d_copies();
+  const size_t b0 = rows->h2d_bytes();
+  rows->keep_slots(l, s_->slots.data(), ld, counts_h_.data(), stream_, /*validated=*/true);
+  count_uploads(*rows, c0, b0);
+  same_lengths();
 }
 
 void CudaBackend::end_layers(int n) {

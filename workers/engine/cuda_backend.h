@@ -30,13 +30,16 @@
 //  - stats_to_host copies the statistics a hook asked for (col_sums [num_heads, stride],
 //    last_probs [num_heads, last_w, stride]) to the host; pre-RoPE keys come through download();
 //  - apply_plan applies the hook's eviction plan to the index (which validates it) and the same
-//    keep-lists to the device rows, one DeviceKvCache::keep_slots per layer the plan changes,
-//    unchecked on the device and without waiting.
+//    decision to the device rows, unchecked on the device and without waiting: a plan whose
+//    changed heads each drop one slot (window, streaming_llm and random at the budget) as
+//    victims in a kernel argument (DeviceKvCache::evict_slots, nothing uploaded), any other as
+//    keep-lists (one upload, DeviceKvCache::keep_slots). The device lengths follow in the same
+//    kernels (appends too): nothing else goes up per layer.
 // Host traffic per decode step: the logits and one sync at the end; per layer, the statistics a
 // decode hook reads (col_sums of num_heads * stride floats, e.g. H2O, 4 * 32 * 2048 = 256 KiB at
 // budget 2048 on Llama-3-8B; one sync), pre-RoPE keys when asked (one sync), the K/V rows for
-// policies that read them (one sync), and H2D the keep-lists of a changed layer (4 bytes per
-// kept slot). counters() counts every copy and sync, so these costs show in tests and
+// policies that read them (one sync), and H2D the keep-lists of a layer changed by a host
+// plan that is not one victim per head (4 bytes per kept slot). counters() counts every copy and sync, so these costs show in tests and
 // benchmarks.
 //
 // Policies that replace attention (SubGen, weighted subgen_kcenter; both read K/V rows, so their
@@ -148,6 +151,8 @@ class CudaBackend final : public Backend {
   // Counted stream-ordered copies and syncs (TransferCounters).
   void copy_d2h(void* dst, const void* src, size_t bytes);
   void copy_h2d(void* dst, const void* src, size_t bytes);
+  // Adds what `rows` uploaded since (copies0, bytes0) to the transfer counters.
+  void count_uploads(const kernels::cuda::DeviceKvCache& rows, int64_t copies0, size_t bytes0);
   void sync();
 
   const Model& model_;
@@ -166,7 +171,7 @@ class CudaBackend final : public Backend {
   // Host staging.
   std::vector<float> k_h_, v_h_, col_sums_, last_probs_;
   std::vector<float> q_h_, att_h_;  // a replaced attention's queries and output (attend_replaced)
-  std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_, keep_scratch_;
+  std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_, victims_h_, keep_scratch_;
   int64_t cache_uploads_ = 0;
   std::unique_ptr<kernels::cuda::CudaPolicyOps> ops_;
   // policy_ms spans: event pairs recorded on the stream, read by take_policy_ms.
