@@ -10,6 +10,8 @@
 //   bench_cuda_engine [--dtype bf16|f32] [--contexts 4096,8192] [--budgets 128,2048]
 //     [--policies full,h2o | all] [--steps 32] [--models smollm2,llama8b] [--layers 32 --dim 4096
 //     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256] [--pool-keep-mib 0]
+//     [--decode-kernels default,streamed --repeat 5]  (each row on each decode attention kernel,
+//     kernels/cuda/attention.h kDecode*, in turn, repeat rounds: an interleaved A/B)
 #include <omp.h>
 
 #include <chrono>
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/cuda_engine.h"
@@ -110,6 +113,16 @@ std::vector<int32_t> tokens(int n, int vocab) {
   return t;
 }
 
+// --decode-kernels: the decode attention kernels each row runs on (kernels/cuda/attention.h
+// kDecode*), in turn; --repeat: rounds of them (A B A B ...: an interleaved A/B in one process).
+std::vector<int> g_decode_kernels = {kvb::kernels::cuda::kDecodeDefault};
+int g_repeat = 1;
+const char* kernel_name(int k) {
+  return k == kvb::kernels::cuda::kDecodeGrouped    ? "grouped"
+         : k == kvb::kernels::cuda::kDecodeStreamed ? "streamed"
+                                                    : "default";
+}
+
 void run_model(const engine::Model& m, engine::DType dtype, const std::vector<int>& contexts,
                const std::vector<int>& budgets, const std::vector<std::string>& pols, int steps) {
   const auto t0 = Clock::now();
@@ -117,9 +130,9 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
   std::printf("# %s on %s, %s: weights %.2f GiB uploaded in %.1f s\n", m.config.name.c_str(),
               eng.device_description().c_str(), engine::dtype_name(dtype),
               eng.weight_bytes() / 1073741824.0, ms_since(t0) / 1000);
-  std::printf("%-22s %7s %-11s %6s %12s %11s %9s %8s %10s %8s %8s %9s\n", "model", "context",
-              "policy", "budget", "prefill t/s", "decode t/s", "step ms", "policy%", "host MiB",
-              "d2h/step", "sync/step", "peak GiB");
+  std::printf("%-22s %7s %-11s %6s %-8s %12s %11s %9s %8s %10s %8s %8s %8s %9s\n", "model",
+              "context", "policy", "budget", "kernel", "prefill t/s", "decode t/s", "step ms",
+              "policy%", "host MiB", "d2h/step", "h2d/step", "sync/step", "peak GiB");
   const auto& c = m.config;
   for (int ctx : contexts) {
     if (ctx + steps > c.max_seq_len) {
@@ -130,38 +143,46 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
     const std::vector<int32_t> prompt = tokens(ctx, c.vocab_size);
     for (const std::string& pname : pols) {
       for (int budget : (pname == "full" ? std::vector<int>{0} : budgets)) {
-        policies::PolicyConfig pc;
-        pc.name = pname;
-        pc.kv_budget = budget;
-        pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-        std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
-        kernels::KvCache cache = eng.new_cache(ctx + steps, policy.get());
-        std::vector<float> logits;
-        const size_t moved0 = eng.mirror_bytes();
-        auto tp = Clock::now();
-        engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
-        const double prefill_ms = ms_since(tp);
-        const double pol0 = eng.policy_ms();
-        const engine::TransferCounters x0 = eng.transfer_counters();
-        auto td = Clock::now();
-        for (int s = 0; s < steps; ++s) {
-          const int32_t next = 10 + s;
-          eng.forward({&next, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
-                      engine::PolicyHook::kDecode);
+        for (int round = 0; round < g_repeat; ++round) {
+          for (int kernel : g_decode_kernels) {
+            eng.set_decode_kernel(kernel);
+            policies::PolicyConfig pc;
+            pc.name = pname;
+            pc.kv_budget = budget;
+            pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+            std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
+            kernels::KvCache cache = eng.new_cache(ctx + steps, policy.get());
+            std::vector<float> logits;
+            const size_t moved0 = eng.mirror_bytes();
+            auto tp = Clock::now();
+            engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
+            const double prefill_ms = ms_since(tp);
+            const double pol0 = eng.policy_ms();
+            const engine::TransferCounters x0 = eng.transfer_counters();
+            auto td = Clock::now();
+            for (int s = 0; s < steps; ++s) {
+              const int32_t next = 10 + s;
+              eng.forward({&next, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
+                          engine::PolicyHook::kDecode);
+            }
+            const double decode_ms = ms_since(td);
+            const double pol = eng.policy_ms() - pol0;
+            const engine::TransferCounters x1 = eng.transfer_counters();
+            // host MiB: bytes copied either way over prefill and decode; d2h/step, h2d/step and
+            // sync/step: copies each way and stream syncs per decode step (cuda_backend.h).
+            std::printf(
+                "%-22s %7d %-11s %6d %-8s %12.0f %11.1f %9.3f %7.1f%% %10.1f %8.1f %8.1f %8.1f "
+                "%9.2f\n",
+                c.name.c_str(), ctx, pname.c_str(), budget, kernel_name(kernel),
+                ctx * 1000.0 / prefill_ms, steps * 1000.0 / decode_ms, decode_ms / steps,
+                100.0 * pol / decode_ms, (eng.mirror_bytes() - moved0) / 1048576.0,
+                static_cast<double>(x1.d2h_copies - x0.d2h_copies) / steps,
+                static_cast<double>(x1.h2d_copies - x0.h2d_copies) / steps,
+                static_cast<double>(x1.stream_syncs - x0.stream_syncs) / steps,
+                eng.device_peak_bytes() / 1073741824.0);
+            std::fflush(stdout);
+          }
         }
-        const double decode_ms = ms_since(td);
-        const double pol = eng.policy_ms() - pol0;
-        const engine::TransferCounters x1 = eng.transfer_counters();
-        // host MiB: bytes copied either way over prefill and decode; d2h/step and sync/step:
-        // device-to-host copies and stream syncs per decode step (cuda_backend.h).
-        std::printf("%-22s %7d %-11s %6d %12.0f %11.1f %9.3f %7.1f%% %10.1f %8.1f %8.1f %9.2f\n",
-                    c.name.c_str(), ctx, pname.c_str(), budget, ctx * 1000.0 / prefill_ms,
-                    steps * 1000.0 / decode_ms, decode_ms / steps, 100.0 * pol / decode_ms,
-                    (eng.mirror_bytes() - moved0) / 1048576.0,
-                    static_cast<double>(x1.d2h_copies - x0.d2h_copies) / steps,
-                    static_cast<double>(x1.stream_syncs - x0.stream_syncs) / steps,
-                    eng.device_peak_bytes() / 1073741824.0);
-        std::fflush(stdout);
       }
     }
   }
@@ -214,6 +235,33 @@ int main(int argc, char** argv) {
       vocab = std::stoi(v);
     else if (k == "--pool-keep-mib")
       pool_keep_mib = std::stoi(v);
+    else if (k == "--decode-kernels") {
+      namespace cu = kernels::cuda;
+      g_decode_kernels.clear();
+      for (const std::string& name : str_list(v)) {
+        if (name == "default") {
+          g_decode_kernels.push_back(cu::kDecodeDefault);
+        } else if (name == "grouped") {
+          g_decode_kernels.push_back(cu::kDecodeGrouped);
+        } else if (name == "streamed") {
+          g_decode_kernels.push_back(cu::kDecodeStreamed);
+        } else {
+          std::fprintf(stderr, "bench_cuda_engine: --decode-kernels %s: a list of default, "
+                       "grouped, streamed\n", v.c_str());
+          return 2;
+        }
+      }
+      if (g_decode_kernels.empty()) {
+        std::fprintf(stderr, "bench_cuda_engine: --decode-kernels needs at least one kernel\n");
+        return 2;
+      }
+    } else if (k == "--repeat") {
+      g_repeat = std::stoi(v);
+      if (g_repeat < 1 || g_repeat > 100) {
+        std::fprintf(stderr, "bench_cuda_engine: --repeat takes 1..100, got %s\n", v.c_str());
+        return 2;
+      }
+    }
     else {
       std::fprintf(stderr, "bench_cuda_engine: unknown option %s (see the file's header)\n",
                    k.c_str());

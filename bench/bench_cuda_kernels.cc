@@ -5,7 +5,8 @@
 // the bf16 tensor-core rate of a cuBLAS GEMM measured in the same run) for the exact f32 kernel,
 // the exact kernel on a bf16 cache, and the bf16 tensor-core kernel (attention_prefill_mma.h);
 // the decode rows again with the grouped decode kernel's tuning (cu::AttentionArgs::decode_rows,
-// decode_blocks) for an A/B in one run; the device half of a decode eviction (append + keep_slots
+// decode_blocks) and on the streamed decode kernel (attention_decode_stream.h) for A/Bs in one
+// run; the device half of a decode eviction (append + keep_slots
 // of one slot per head) and CudaPolicyOps::keep_top's one-victim path against its radix select.
 // Every row first checks its result against a CPU computation (counter `correct`).
 // GPU time per iteration from CUDA events (manual time). Without a device: one line, exit 0.
@@ -25,6 +26,7 @@
 #include "kernels/cpu/select.h"
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
@@ -122,8 +124,11 @@ constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128;
 // bench/torch_eager_attention.py compares with PyTorch); the query heads of a group read their KV head once from DRAM
 // (the group's blocks run together and share it through L2), so bytes = sum over KV heads of
 // len * head_dim * 2 (K and V) * element size + q + out (+ the probability rows written).
-// decode_rows, decode_blocks: cu::AttentionArgs' tuning of the grouped decode kernel (0: default).
-void run_decode_attention(benchmark::State& state, int decode_rows, int decode_blocks) {
+// decode_rows, decode_blocks: cu::AttentionArgs' tuning of the grouped decode kernel (0: default);
+// decode_kernel: cu::AttentionArgs::decode_kernel (counter `streamed`: whether the streamed
+// kernel took the shape).
+void run_decode_attention(benchmark::State& state, int decode_rows, int decode_blocks,
+                          int decode_kernel = cu::kDecodeDefault) {
   const int ctx = static_cast<int>(state.range(0));
   const cu::KvDtype dtype = state.range(1) ? cu::KvDtype::kBf16 : cu::KvDtype::kF32;
   const bool probs = state.range(2) != 0, ragged = state.range(3) != 0;
@@ -162,9 +167,15 @@ void run_decode_attention(benchmark::State& state, int decode_rows, int decode_b
   a.scale = 1.0f / std::sqrt(static_cast<float>(d));
   a.decode_rows = decode_rows;
   a.decode_blocks = decode_blocks;
+  a.decode_kernel = decode_kernel;
   if (probs) {
     a.col_sums = col.data();
     a.stats_stride = ctx;
+  }
+  if (decode_kernel == cu::kDecodeStreamed) {
+    const cu::DecodeStreamPlan plan = cu::plan_decode_stream(a.kv, kGroup, ctx, decode_blocks);
+    state.counters["streamed"] = plan.splits > 0 ? 1 : 0;
+    state.counters["splits"] = plan.splits;
   }
   cu::attention(a);  // warm-up, then the check: query heads 0 and nh - 1 against a double loop
   KVB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -229,6 +240,17 @@ void run_decode_attention(benchmark::State& state, int decode_rows, int decode_b
 
 // Args {context, bf16, probabilities, ragged}: the kernel's default tuning.
 void bm_decode_attention(benchmark::State& state) { run_decode_attention(state, 0, 0); }
+
+// The streamed decode kernel (attention_decode_stream.h) on bm_decode_attention's shapes (its rows
+// with the same args are the baseline of the same run), then args[4] = blocks_per_sm:
+// decode_blocks = blocks_per_sm x the device's multiprocessors (0: the kernel's default, 4).
+void bm_decode_attention_stream(benchmark::State& state) {
+  int sms = 0;
+  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int blocks = static_cast<int>(state.range(4)) * sms;
+  state.counters["blocks"] = blocks;
+  run_decode_attention(state, 0, blocks, cu::kDecodeStreamed);
+}
 
 // The A/B of the grouped decode kernel's tuning: the first four args as bm_decode_attention's
 // (its rows with the same values are the baseline of the same run), then rows = decode_rows and
@@ -555,6 +577,18 @@ void bm_prefill_attention(benchmark::State& state) {
 BENCHMARK(bm_decode_attention)
     ->ArgNames({"ctx", "bf16", "probs", "ragged"})
     ->ArgsProduct({{1024, 4096, 16384, 32768}, {0, 1}, {0, 1}, {0, 1}})
+    ->UseManualTime()
+    ->Repetitions(3)
+    ->DisplayAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_decode_attention_stream)
+    ->ArgNames({"ctx", "bf16", "probs", "ragged", "blocks_per_sm"})
+    ->ArgsProduct({{1024, 4096, 16384, 32768}, {0, 1}, {0, 1}, {0, 1}, {0}})
+    ->Args({4096, 1, 0, 0, 2})
+    ->Args({4096, 1, 0, 0, 8})
+    ->Args({32768, 1, 0, 0, 2})
+    ->Args({32768, 1, 0, 0, 8})
+    ->Args({32768, 0, 0, 0, 8})
     ->UseManualTime()
     ->Repetitions(3)
     ->DisplayAggregatesOnly(true)

@@ -7,13 +7,15 @@
 #   bash scripts/device_check.sh kernels   # bench_cuda_kernels (decode/prefill attention, H2O)
 #   bash scripts/device_check.sh engine    # bench_cuda_engine: Llama-3-8B shape, bf16, 4K and
 #                                          # 32K, every policy at budget 1024 (issue 13's table)
-# A whole lease in two calls (timed on an H200, 2026-11-26: start ~30 s, build 61 s, tests 40 s +
-# 64 s, kernels 63 s, engine ~170 s), the second within the 30 s the machine stays warm:
+# A whole lease in two calls (timed on an H200, 2026-11-26: start ~30 s, build 61 s, tests 45 s +
+# 65 s, kernels ~100 s, engine ~170 s, decode-kernel A/B ~90 s), the second within the 30 s the
+# machine stays warm:
 #   bash scripts/device_check.sh first     # build, ctest -L cuda without SmolLM2, the kernel
 #                                          # bench (call 1 carries .device/debs .device/shared
 #                                          # .device/minja .device/model.part-aa .device/model.sha256)
 #   bash scripts/device_check.sh second    # joins SmolLM2 (call 2 carries .device/model.part-ab),
 #                                          # its GPU tests, then the engine bench (cut at 240 s)
+#                                          # and the decode kernels' A/B in the engine
 # Usage: bash scripts/device_check.sh tests|kernels|engine [extra args for the bench]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,7 +57,7 @@ case "$stage" in
     echo "ctest: $(($(date +%s) - t0)) s"
     grep -E "tests passed|\((Failed|Timeout)\)" "$out/ctest_first.log" || tail -n 20 "$out/ctest_first.log"
     # The bookworm Google Benchmark takes --benchmark_min_time as a plain number of seconds.
-    timeout 150 "$build/bench/bench_cuda_kernels" --benchmark_min_time=0.2 "$@" \
+    timeout 240 "$build/bench/bench_cuda_kernels" --benchmark_min_time=0.2 "$@" \
       >"$out/bench_cuda_kernels.txt" 2>"$out/bench_cuda_kernels.err" || echo "kernels: rc $?"
     grep -E "_median|GB|TFLOP" "$out/bench_cuda_kernels.err" | head -n 3 || true
     grep -c "correct=1" "$out/bench_cuda_kernels.txt" | sed 's/^/rows with correct=1: /'  || true
@@ -72,6 +74,11 @@ case "$stage" in
       --policies full,window,h2o,tova,random,scissorhands,knorm,streaming_llm,snapkv,pyramidkv,ada_snapkv,ada_pyramidkv,subgen_kcenter,subgen \
       "$@" >"$out/bench_cuda_engine.txt" 2>&1 || true
     cat "$out/bench_cuda_engine.txt"
+    # The decode attention kernels in the engine, interleaved in one process (A B A B A B).
+    timeout 150 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+      --contexts 4096,32768 --budgets 1024 --steps 32 --policies full,h2o \
+      --decode-kernels default,streamed --repeat 3 >"$out/bench_engine_decode_ab.txt" 2>&1 || true
+    cat "$out/bench_engine_decode_ab.txt"
     ;;
   *)
     echo "usage: bash scripts/device_check.sh tests|kernels|engine|first|second [bench args]" >&2

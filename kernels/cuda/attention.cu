@@ -8,14 +8,16 @@
 #include <type_traits>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/kv_elem.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/warp.cuh"
 
 namespace kvb::kernels::cuda {
 namespace {
 
-constexpr unsigned kFull = 0xffffffffu;
+constexpr unsigned kFull = kFullMask;
 constexpr int kLaneDims = kMaxHeadDim / 32;  // output columns per lane: lane + 32 e
 constexpr int kKeyTile = 32;                 // keys per shared-memory tile (one per lane)
 constexpr int kWarps = 4;
@@ -23,16 +25,6 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;  // (query, head) rows per prefill block
 constexpr int kDecodeChunk = 256;                     // keys per decode block
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-}
-// Butterfly: every lane ends with the same bits (each step adds the same two terms).
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
 
 // The prefill score: sequential FMA over d, then the scale without contraction, so the main and
 // the statistics pass compute the same bits for the same (query, key).
@@ -280,35 +272,6 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- decode, GQA-grouped and vectorized (n == 1) ------------------------------------------------
-
-// 16-byte loads of V elements widened to f32 (bf16: 8, f32: 4).
-template <typename T>
-struct Vec16;
-template <>
-struct Vec16<float> {
-  static constexpr int kN = 4;
-  __device__ __forceinline__ static void load(const float* p, float* out) {
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    out[0] = v.x;
-    out[1] = v.y;
-    out[2] = v.z;
-    out[3] = v.w;
-  }
-};
-template <>
-struct Vec16<__nv_bfloat16> {
-  static constexpr int kN = 8;
-  __device__ __forceinline__ static void load(const __nv_bfloat16* p, float* out) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
-    }
-  }
-};
 
 constexpr int kMaxLaneElems = 8;  // elements of a key row per lane: max(V, head_dim / 32)
 
@@ -622,13 +585,23 @@ void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream)
   if (a.n == 1) {
     // Raw scores go to the statistics row itself and are normalized in place afterwards.
     float* scores = a.col_sums != nullptr ? a.col_sums : a.last_probs;
-    const GroupedPlan gp = plan_grouped<T>(d, group, a.kv.num_kv_heads, max_len, a.kv.keys,
-                                           a.kv.values, a.decode_rows, a.decode_blocks);
-    const int splits =
-        gp.lanes > 0 ? gp.splits : std::max(1, (max_len + kDecodeChunk - 1) / kDecodeChunk);
+    const DecodeStreamPlan sp =
+        a.decode_kernel == kDecodeStreamed
+            ? plan_decode_stream(a.kv, group, max_len, a.decode_blocks)
+            : DecodeStreamPlan{};
+    const GroupedPlan gp =
+        sp.splits > 0 ? GroupedPlan{}
+                      : plan_grouped<T>(d, group, a.kv.num_kv_heads, max_len, a.kv.keys,
+                                        a.kv.values, a.decode_rows, a.decode_blocks);
+    const int splits = sp.splits > 0  ? sp.splits
+                       : gp.lanes > 0 ? gp.splits
+                                      : std::max(1, (max_len + kDecodeChunk - 1) / kDecodeChunk);
     StreamScratch ml(sizeof(float2) * a.num_heads * splits, stream);
     StreamScratch acc(sizeof(float) * a.num_heads * splits * d, stream);
-    if (gp.lanes > 0) {
+    if (sp.splits > 0) {
+      decode_stream(a, group, sp, ml.as<float2>(), acc.as<float>(), scores, a.stats_stride,
+                    stream);
+    } else if (gp.lanes > 0) {
       launch_grouped<T>(c, keys, values, a.kv.num_kv_heads, gp, ml.as<float2>(), acc.as<float>(),
                         scores, a.stats_stride, stream);
     } else {
@@ -698,6 +671,10 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   KVB_CHECK(a.window >= 0) << "cuda::attention: window " << a.window;
   KVB_CHECK(a.decode_rows == 0 || a.decode_rows == 1 || a.decode_rows == 2 || a.decode_rows == 4)
       << "cuda::attention: decode_rows " << a.decode_rows << " not 0, 1, 2 or 4";
+  KVB_CHECK(a.decode_kernel == kDecodeDefault || a.decode_kernel == kDecodeGrouped ||
+            a.decode_kernel == kDecodeStreamed)
+      << "cuda::attention: decode_kernel " << a.decode_kernel << " not " << kDecodeDefault
+      << " (default), " << kDecodeGrouped << " (grouped) or " << kDecodeStreamed << " (streamed)";
   KVB_CHECK(a.decode_blocks >= 0 && a.decode_blocks <= kMaxDecodeBlocks)
       << "cuda::attention: decode_blocks " << a.decode_blocks << " outside [0, " << kMaxDecodeBlocks
       << "]";

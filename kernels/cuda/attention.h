@@ -14,6 +14,11 @@ namespace kvb::kernels::cuda {
 constexpr int kMaxHeadDim = 256;  // per-lane registers hold head_dim / 32 <= 8 output columns
 constexpr int kMaxDecodeBlocks = 65535;  // AttentionArgs::decode_blocks (a grid's y extent)
 
+// AttentionArgs::decode_kernel: which partial pass a decode step (n == 1) runs.
+constexpr int kDecodeDefault = 0;   // today: kDecodeGrouped
+constexpr int kDecodeGrouped = 1;   // the GQA-grouped register kernel (or per query head)
+constexpr int kDecodeStreamed = 2;  // attention_decode_stream.h, where it takes the layer
+
 // cpu::AttentionArgs with the device view of the layer (flat buffer, per-head offsets) in place
 // of LayerKvView. All pointers are device pointers.
 struct AttentionArgs {
@@ -45,6 +50,10 @@ struct AttentionArgs {
   // head than 64-key chunks of the longest head.
   int decode_rows = 0;
   int decode_blocks = 0;
+  // kDecodeDefault, kDecodeGrouped or kDecodeStreamed (the streamed kernel for an A/B until it
+  // is measured; where it cannot take the layer, the grouped path runs). decode_blocks applies
+  // to both (streamed: 0 means four blocks per multiprocessor); decode_rows to the grouped one.
+  int decode_kernel = kDecodeDefault;
 };
 
 // Query i of n sees slots [0, length(head) - n + i] (with a window W: only the last W of them).
@@ -60,7 +69,9 @@ struct AttentionArgs {
 //    vectors over a power of two of lanes (bf16: 8..256 in powers of two; f32: 4..256) and the
 //    GQA group is at most 8, one block per (KV head, chunk) reads each K/V row once for all the
 //    group's query heads (issue 16 item 3), decode_rows keys per row group in flight at once,
-//    about decode_blocks blocks; otherwise one block per (query head, 256 keys).
+//    about decode_blocks blocks; otherwise one block per (query head, 256 keys). With
+//    decode_kernel = kDecodeStreamed, where it takes the layer: attention_decode_stream.h (K/V
+//    tiles through a cp.async pipeline in shared memory, one block per (KV head, chunk)).
 // Validates shapes against the view's host lengths and throws kvb::Error. Stream-ordered.
 void attention(const AttentionArgs& args, cudaStream_t stream = 0);
 

@@ -25,6 +25,7 @@ struct AttentionCase {
   int window = 0;         // sliding window (no statistics with one)
   int decode_rows = 0;    // cu::AttentionArgs::decode_rows (0: the kernel's default)
   int decode_blocks = 0;  // cu::AttentionArgs::decode_blocks (0: the kernel's default)
+  int decode_kernel = 0;  // cu::AttentionArgs::decode_kernel (0: the default)
 };
 
 inline std::string describe(const AttentionCase& c) {
@@ -35,7 +36,8 @@ inline std::string describe(const AttentionCase& c) {
   return s + "}" + (c.stats ? " stats" : "") +
          (c.window > 0 ? " window=" + std::to_string(c.window) : "") +
          (c.decode_rows > 0 ? " decode_rows=" + std::to_string(c.decode_rows) : "") +
-         (c.decode_blocks > 0 ? " decode_blocks=" + std::to_string(c.decode_blocks) : "");
+         (c.decode_blocks > 0 ? " decode_blocks=" + std::to_string(c.decode_blocks) : "") +
+         (c.decode_kernel > 0 ? " decode_kernel=" + std::to_string(c.decode_kernel) : "");
 }
 
 inline void run_attention_case(const AttentionCase& c) {
@@ -107,6 +109,7 @@ inline void run_attention_case(const AttentionCase& c) {
   ga.window = c.window;
   ga.decode_rows = c.decode_rows;
   ga.decode_blocks = c.decode_blocks;
+  ga.decode_kernel = c.decode_kernel;
   if (c.stats) {
     ga.col_sums = csd.data();
     ga.last_probs = lpd.data();
@@ -189,6 +192,45 @@ inline std::vector<std::pair<std::string, AttentionCase>> decode_tuning_cases() 
     add("blocks1024_rows2_g4_d128_stats", ragged_long, 4, 128, true, 2, 1024);
     add("blocks1024_rows4_one_head_g4_d64_stats", {65535}, 4, 64, true, 4, 1024);
     add("rows4_blocks1024_g3_d40_stats_ignored", {70, 3}, 3, 40, true, 4, 1024);
+  }
+  return v;
+}
+
+// The streamed decode kernel (cu::kDecodeStreamed, attention_decode_stream.h) on both cache
+// dtypes, named: ragged heads whose lengths (1, 3, 67, 1201, ...) end tiles part-way and leave
+// chunks of some heads empty; GQA groups 1, 2, 3 (rounded up to 4), 4, 7 and 8; head_dim 8 (one
+// 16-byte bf16 vector per row), 40 (bf16: five vectors, not a power of two: the grouped kernel
+// runs), 64, 128 and 256 (f32 group 8: four vectors per thread, the most registers); one split
+// per head and 1024 (a 65536-slot head of 64-key chunks: three-stage pipelines of two tiles);
+// long heads of 16K-64K slots, where every stage cycles many times; windows that start
+// mid-tile; statistics (raw scores for the probabilities) with and without.
+inline std::vector<std::pair<std::string, AttentionCase>> decode_stream_cases() {
+  using K = cu::KvDtype;
+  std::vector<std::pair<std::string, AttentionCase>> v;
+  for (K dt : {K::kF32, K::kBf16}) {
+    auto add = [&](const std::string& name, std::vector<int> before, int group, int head_dim,
+                   bool stats, int blocks, int window = 0) {
+      v.push_back({"stream_" + name + "_" + cu::kv_dtype_name(dt),
+                   {1, std::move(before), group, head_dim, dt, stats, window, 0, blocks,
+                    cu::kDecodeStreamed}});
+    };
+    const std::vector<int> ragged = {0, 2, 66, 1200}, ragged_long = {16383, 2, 66, 1000};
+    add("g4_d128_stats", ragged, 4, 128, true, 0);
+    add("g4_d128", ragged, 4, 128, false, 0);
+    add("g1_d64_stats", {300, 0}, 1, 64, true, 0);
+    add("g2_d64", {31, 32, 33}, 2, 64, false, 0);
+    add("g3_d128_stats", {66, 0, 1000}, 3, 128, true, 0);
+    add("g7_d64_stats", {66, 0, 1000}, 7, 64, true, 0);
+    add("g8_d256_stats", {1000, 66, 2, 0}, 8, 256, true, 0);
+    add("g1_d256", {1000, 3}, 1, 256, false, 0);
+    add("g4_d8_stats", {500, 7}, 4, 8, true, 0);
+    add("g3_d40_stats_fallback", {70, 3}, 3, 40, true, 0);
+    add("g4_d64_window16", {300, 12}, 4, 64, false, 0, 16);
+    add("g4_d64_window33", {300, 12}, 4, 64, false, 0, 33);
+    add("blocks1_g4_d128_stats", ragged, 4, 128, true, 1);
+    add("blocks1024_g4_d128_stats", ragged_long, 4, 128, true, 1024);
+    add("blocks1024_one_head_g4_d64_stats", {65535}, 4, 64, true, 1024);
+    add("long_g2_d128", {32767, 20000}, 2, 128, false, 0);
   }
   return v;
 }

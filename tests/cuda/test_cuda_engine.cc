@@ -27,6 +27,8 @@
 #include <set>
 #include <sstream>
 
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/cuda_engine.h"
@@ -347,6 +349,48 @@ TEST_F(CudaEngineSmol, F32GreedyTokensEqualCpuThreePrompts) {
   for (const std::string& p : kPrompts) {
     const std::vector<int32_t> ids = prompt(p);
     EXPECT_EQ(greedy(gpu, ids, 32), greedy(cpu, ids, 32)) << p;
+  }
+}
+
+// The streamed decode kernel (kernels/cuda/attention_decode_stream.h) in the engine, f32,
+// teacher-forced on the CPU's greedy tokens: logits within 1e-3 of the CPU's after the prompt
+// and at every step (the grouped kernel's bound) and, under h2o (which decides on each decode
+// step's probabilities), the CPU's keep-sets. SmolLM2's layers (3 KV heads, group 3, head_dim
+// 64) are a shape the streamed kernel takes.
+TEST_F(CudaEngineSmol, F32StreamedDecodeKernelKeepsTheCpuKeepSets) {
+  const engine::Model& m = *lm_.model;
+  alignas(16) static float rows[16];
+  cu::DeviceLayerKvView view;
+  view.num_kv_heads = m.config.num_kv_heads;
+  view.head_dim = m.config.head_dim;
+  view.keys = rows;
+  view.values = rows;
+  ASSERT_GT(cu::plan_decode_stream(view, m.config.num_heads / m.config.num_kv_heads, 300, 0)
+                .splits,
+            0);
+  engine::Engine cpu(m);
+  engine::CudaEngine gpu(m, DType::kF32);
+  EXPECT_THROW(gpu.set_decode_kernel(3), Error);
+  gpu.set_decode_kernel(cu::kDecodeStreamed);
+  const std::vector<int32_t> ids = prompt(kPrompts[2]);
+  const std::vector<int32_t> forced = greedy(cpu, ids, 12);
+  const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
+  for (const auto& [name, b] :
+       std::vector<std::pair<std::string, int>>{{"full", 0}, {"h2o", budget}}) {
+    SCOPED_TRACE(name);
+    const PolicyRun want = run_policy(cpu, m, name, {}, b, ids, forced);
+    const PolicyRun got = run_policy(gpu, m, name, {}, b, ids, forced);
+    ASSERT_EQ(want.logits.size(), got.logits.size());
+    for (size_t s = 0; s < want.logits.size(); ++s) {
+      ASSERT_EQ(want.logits[s].size(), got.logits[s].size());
+      double worst = 0;
+      for (size_t i = 0; i < want.logits[s].size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(want.logits[s][i]) -
+                                          got.logits[s][i]));
+      }
+      EXPECT_LT(worst, 1e-3) << "step " << s;
+    }
+    EXPECT_EQ(want.keep, got.keep);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/budget.h"
 #include "kernels/cuda/cuda_policy_ops.h"
@@ -203,14 +204,47 @@ TEST(CudaHostChecks, AttentionRejectsBadDecodeTuning) {
   EXPECT_NE(error_of([&] { attention(a); }).find("decode_blocks -1"), std::string::npos);
   a.decode_blocks = kMaxDecodeBlocks + 1;
   EXPECT_NE(error_of([&] { attention(a); }).find("decode_blocks 65536"), std::string::npos);
+  a.decode_blocks = 0;
+  a.decode_kernel = 3;
+  EXPECT_NE(error_of([&] { attention(a); }).find("decode_kernel 3"), std::string::npos);
+  a.decode_kernel = -1;
+  EXPECT_NE(error_of([&] { attention(a); }).find("decode_kernel -1"), std::string::npos);
   a.n = 0;
-  for (int rows : {0, 1, 2, 4}) {
-    for (int blocks : {0, 1, 1056, kMaxDecodeBlocks}) {
-      a.decode_rows = rows;
-      a.decode_blocks = blocks;
-      EXPECT_NO_THROW(attention(a)) << "decode_rows " << rows << " decode_blocks " << blocks;
+  for (int kernel : {kDecodeDefault, kDecodeGrouped, kDecodeStreamed}) {
+    for (int rows : {0, 1, 2, 4}) {
+      for (int blocks : {0, 1, 1056, kMaxDecodeBlocks}) {
+        a.decode_kernel = kernel;
+        a.decode_rows = rows;
+        a.decode_blocks = blocks;
+        EXPECT_NO_THROW(attention(a)) << "decode_kernel " << kernel << " decode_rows " << rows
+                                      << " decode_blocks " << blocks;
+      }
     }
   }
+}
+
+// The streamed decode kernel refuses, on the host and before asking the device anything, the
+// layers it cannot take (the grouped path runs them): head_dim that is not whole 16-byte
+// vectors, vectors per row not a power of two, groups over 8, misaligned rows.
+TEST(CudaHostChecks, DecodeStreamTakesOnlyItsShapes) {
+  alignas(16) static unsigned char rows[64];
+  DeviceLayerKvView kv;
+  kv.num_kv_heads = 2;
+  kv.keys = rows;
+  kv.values = rows;
+  kv.dtype = KvDtype::kBf16;
+  kv.head_dim = 7;  // 14-byte rows
+  EXPECT_EQ(plan_decode_stream(kv, 4, 100, 0).splits, 0);
+  kv.head_dim = 96;  // 12 vectors
+  EXPECT_EQ(plan_decode_stream(kv, 4, 100, 0).splits, 0);
+  kv.head_dim = 128;
+  EXPECT_EQ(plan_decode_stream(kv, 9, 100, 0).splits, 0);
+  kv.keys = rows + 4;
+  EXPECT_EQ(plan_decode_stream(kv, 4, 100, 0).splits, 0);
+  kv.dtype = KvDtype::kF32;
+  kv.keys = rows;
+  kv.head_dim = 6;  // 24-byte rows
+  EXPECT_EQ(plan_decode_stream(kv, 2, 100, 0).splits, 0);
 }
 
 // The tensor-core prefill takes only bf16 caches, its compiled head_dims and 16-byte aligned

@@ -567,6 +567,10 @@ std::vector<Case> all_cases() {
     const AttentionCase a = named.second;
     add("attention_decode_" + named.first, [a] { run_attention_case(a); });
   }
+  for (const auto& named : decode_stream_cases()) {
+    const AttentionCase a = named.second;
+    add("attention_decode_" + named.first, [a] { run_attention_case(a); });
+  }
   i = 0;
   for (const PrefillMmaCase& a : prefill_mma_cases()) {
     add("prefill_mma_" + std::to_string(i++) + "_n" + std::to_string(a.n) + "_d" +

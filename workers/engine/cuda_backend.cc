@@ -618,6 +618,7 @@ void CudaBackend::attention(int l, int n, float scale, kernels::KvCache& cache, 
   // bf16 caches prefill on the tensor cores (issue 16 item 4); an f32 cache keeps the exact
   // f32 kernel, the precision reference (the flag is ignored there).
   args.tensor_core_prefill = true;
+  args.decode_kernel = decode_kernel_;
   cu::attention(args, stream_);
   // Device pointers until stats_to_host.
   stats->col_sums = args.col_sums;
@@ -671,6 +672,14 @@ void CudaBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs
   policy.attend(args, cache, *plan);
   // Pageable source: the copy returns once att_h_ is staged, so reusing it later is safe.
   copy_h2d(rows_at(Act::kAtt), att_h_.data(), count * sizeof(float));
+}
+
+void CudaBackend::set_decode_kernel(int kernel) {
+  KVB_USAGE_CHECK(kernel == cu::kDecodeDefault || kernel == cu::kDecodeGrouped ||
+                  kernel == cu::kDecodeStreamed)
+      << "decode kernel " << kernel << ": use " << cu::kDecodeDefault << " (default), "
+      << cu::kDecodeGrouped << " (grouped) or " << cu::kDecodeStreamed << " (streamed)";
+  decode_kernel_ = kernel;
 }
 
 void CudaBackend::count_uploads(const cu::DeviceKvCache& rows, int64_t copies0, size_t bytes0) {

@@ -101,6 +101,9 @@ class CudaBackend final : public Backend {
 
   DType dtype() const { return dtype_; }
   int gpu() const { return gpu_; }
+  // cuda::AttentionArgs::decode_kernel for every decode step (A/B of the decode kernels).
+  void set_decode_kernel(int kernel);
+  int decode_kernel() const { return decode_kernel_; }
   size_t weight_bytes() const { return weight_bytes_; }
   int64_t cache_uploads() const { return cache_uploads_; }
   // The cache's device rows as a host KvCache with rows (synchronous; tests). Empty shape when
@@ -171,6 +174,7 @@ class CudaBackend final : public Backend {
   // Host staging.
   std::vector<float> k_h_, v_h_, col_sums_, last_probs_;
   std::vector<float> q_h_, att_h_;  // a replaced attention's queries and output (attend_replaced)
+  int decode_kernel_ = 0;  // cu::kDecodeDefault
   std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_, victims_h_, keep_scratch_;
   int64_t cache_uploads_ = 0;
   std::unique_ptr<kernels::cuda::CudaPolicyOps> ops_;

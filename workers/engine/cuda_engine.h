@@ -16,6 +16,9 @@ class CudaEngine final : public StackEngine {
   CudaEngine(const Model& model, DType dtype, int gpu = 0);
 
   DType dtype() const { return cuda().dtype(); }
+  // Which decode attention kernel decode steps run (kernels/cuda/attention.h kDecode*: default,
+  // grouped, streamed); for A/B measurements and their tests.
+  void set_decode_kernel(int kernel) { cuda_mut().set_decode_kernel(kernel); }
   int gpu() const { return cuda().gpu(); }
   // Bytes of the uploaded weights (both copies where bf16 keeps an f32 embedding).
   size_t weight_bytes() const { return cuda().weight_bytes(); }
@@ -35,6 +38,7 @@ class CudaEngine final : public StackEngine {
 
  private:
   const CudaBackend& cuda() const { return static_cast<const CudaBackend&>(backend()); }
+  CudaBackend& cuda_mut() { return static_cast<CudaBackend&>(backend()); }
 };
 
 }  // namespace kvb::engine

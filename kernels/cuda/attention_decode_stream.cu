@@ -1,0 +1,302 @@
+// The streamed decode partial pass: see attention_decode_stream.h.
+#include "kernels/cuda/attention_decode_stream.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/kv_elem.cuh"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/warp.cuh"
+
+namespace kvb::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 32;    // keys per stage: one per lane when scoring
+constexpr int kStages = 3;   // tiles in shared memory: one scored, two in flight
+constexpr int kPad = 16;     // bytes after each shared row, so 8 lanes' 16-byte reads of 8
+                             // different rows fall in different banks
+constexpr int kMaxAcc = 16;  // output values per thread: head_dim * group-rounded-up / 128 max
+
+// 16-byte global -> shared copy that does not wait; src_bytes 0 writes zeros (rows past the
+// chunk). cp.async needs compute capability 8.0 (plan_decode_stream refuses older devices).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most n of this thread's committed groups are still in flight.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
+#endif
+}
+
+struct Params {
+  const float* q;  // [num_heads, d]
+  const unsigned char* keys;
+  const unsigned char* values;
+  const int32_t* offsets;
+  const int32_t* lengths;
+  float2* part_ml;   // [num_heads, splits]
+  float* part_acc;   // [num_heads, splits, d]
+  float* scores;     // [num_heads, stride] or null
+  int group, d, stride, chunk, window, row_bytes;
+  float scale;
+};
+
+// Grid (num_kv_heads, splits), kThreads threads. kG: the group rounded up to a power of two;
+// the p x V step gives each query head kThreads / kG threads, each holding whole 16-byte vectors
+// of the head's output (the vectors of a row, a power of two, over min(vectors, threads)).
+template <typename T, int kG>
+__global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
+  constexpr int V = Vec16<T>::kN;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int d = p.d, group = p.group, kvh = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row_stride = p.row_bytes + kPad;
+  const int stage_bytes = 2 * kTile * row_stride;  // K tile, then V tile
+  float* sq = reinterpret_cast<float*>(smem + kStages * stage_bytes);  // [group, d]
+  float* sp = sq + group * d;  // [kG, kTile]: the tile's probabilities per query head
+  float* sm = sp + kG * kTile;  // [kG] running max
+  float* sl = sm + kG;          // [kG] running sum
+  float* sc = sl + kG;          // [kG] this tile's correction of the earlier sum and output
+  const int h0 = kvh * group;
+  const int len = p.lengths[kvh];
+  const int lo = p.window > 0 ? max(0, len - p.window) : 0;
+  const int c0 = max(split * p.chunk, lo), c1 = min(len, split * p.chunk + p.chunk);
+  if (c0 >= c1) {  // block-uniform: no visible key of this head in the chunk
+    for (int g = tid; g < group; g += kThreads) {
+      p.part_ml[static_cast<size_t>(h0 + g) * splits + split] = make_float2(-INFINITY, 0.0f);
+    }
+    return;
+  }
+  for (int i = tid; i < group * d; i += kThreads) {
+    sq[i] = p.q[static_cast<size_t>(h0) * d + i];
+  }
+  if (tid < kG) {
+    sm[tid] = -INFINITY;
+    sl[tid] = 0.0f;
+  }
+  const int tiles = (c1 - c0 + kTile - 1) / kTile;
+  const size_t base = p.offsets[kvh];
+  const int pieces = p.row_bytes / 16;
+  auto issue = [&](int t) {
+    unsigned char* st = smem + (t % kStages) * stage_bytes;
+    const int k0 = c0 + t * kTile;
+    for (int i = tid; i < 2 * kTile * pieces; i += kThreads) {
+      const int which = i / (kTile * pieces);  // 0: K, 1: V
+      const int r = (i / pieces) % kTile, piece = i % pieces;
+      const bool valid = k0 + r < c1;
+      const size_t row = base + (valid ? k0 + r : c0);  // a readable address either way
+      const unsigned char* src = (which ? p.values : p.keys) + row * p.row_bytes + piece * 16;
+      cp_async16(st + (which * kTile + r) * row_stride + piece * 16, src, valid ? 16 : 0);
+    }
+  };
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < tiles) issue(t);
+    cp_async_commit();  // one group per tile, empty past the last, so the counts stay uniform
+  }
+  // The p x V step's share of this thread.
+  const int tph = kThreads / kG, dt = d / V;
+  const int dth = min(dt, tph), vpt = dt / dth;
+  const int gv = tid / tph, u = tid % tph;
+  const bool pv = gv < group && u < dth;
+  float acc[kMaxAcc];
+#pragma unroll
+  for (int e = 0; e < kMaxAcc; ++e) acc[e] = 0.0f;
+
+  for (int t = 0; t < tiles; ++t) {
+    if (t + kStages - 1 < tiles) issue(t + kStages - 1);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();  // this thread's copies of tile t have landed
+    __syncthreads();               // ... and everyone's
+    const unsigned char* ks = smem + (t % kStages) * stage_bytes;
+    const unsigned char* vs = ks + kTile * row_stride;
+    const int k0 = c0 + t * kTile, valid_n = min(kTile, c1 - k0);
+    for (int g = warp; g < group; g += kWarps) {
+      const bool valid = lane < valid_n;
+      const float* qg = sq + g * d;
+      const T* krow = reinterpret_cast<const T*>(ks + lane * row_stride);
+      float dot = 0.0f;
+      for (int x0 = 0; x0 < d; x0 += V) {
+        float kf[V];
+        Vec16<T>::load(krow + x0, kf);
+#pragma unroll
+        for (int e = 0; e < V; ++e) dot = fmaf(qg[x0 + e], kf[e], dot);
+      }
+      const float s = __fmul_rn(dot, p.scale);
+      if (p.scores != nullptr && valid) {
+        p.scores[static_cast<size_t>(h0 + g) * p.stride + k0 + lane] = s;
+      }
+      const float m_old = sm[g];
+      // Finite: lane 0's key is valid (k0 < c1).
+      const float m_new = fmaxf(m_old, warp_max(valid ? s : -INFINITY));
+      const float pr = valid ? expf(s - m_new) : 0.0f;
+      const float psum = warp_sum(pr);
+      sp[g * kTile + lane] = pr;
+      __syncwarp();  // every lane has read sm[g] before lane 0 replaces it
+      if (lane == 0) {
+        const float corr = expf(m_old - m_new);  // 0 on the first tile
+        sc[g] = corr;
+        sl[g] = sl[g] * corr + psum;
+        sm[g] = m_new;
+      }
+    }
+    __syncthreads();
+    if (pv) {
+      const float corr = sc[gv];
+      const float* pg = sp + gv * kTile;
+#pragma unroll
+      for (int e = 0; e < kMaxAcc; ++e) acc[e] *= corr;
+      for (int r = 0; r < valid_n; ++r) {
+        const float pr = pg[r];
+        const T* vrow = reinterpret_cast<const T*>(vs + r * row_stride);
+#pragma unroll
+        for (int c = 0; c < kMaxAcc / V; ++c) {
+          if (c >= vpt) break;
+          float vf[V];
+          Vec16<T>::load(vrow + (u + dth * c) * V, vf);
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[c * V + e] = fmaf(pr, vf[e], acc[c * V + e]);
+        }
+      }
+    }
+    __syncthreads();  // the stage is consumed before a later issue() refills it
+  }
+  cp_async_wait<0>();  // only empty groups remain; nothing in flight at exit
+  if (pv) {
+    const size_t at = static_cast<size_t>(h0 + gv) * splits + split;
+#pragma unroll
+    for (int c = 0; c < kMaxAcc / V; ++c) {
+      if (c >= vpt) break;
+      const int x0 = (u + dth * c) * V;
+#pragma unroll
+      for (int e = 0; e < V; ++e) p.part_acc[at * d + x0 + e] = acc[c * V + e];
+    }
+    if (u == 0) p.part_ml[at] = make_float2(sm[gv], sl[gv]);
+  }
+}
+
+int pow2_at_least(int x) {
+  int p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+constexpr int kMaxDevices = 64;
+
+// Opts the kernel into more than 48 KiB of dynamic shared memory on the plan's device, once per
+// size it grows to (the attribute is per device).
+template <typename K>
+void allow_smem(K kernel, const DecodeStreamPlan& plan, std::atomic<size_t>* allowed) {
+  if (plan.smem <= 48 * 1024) return;
+  std::atomic<size_t>* seen = plan.device < kMaxDevices ? &allowed[plan.device] : nullptr;
+  if (seen && plan.smem <= seen->load()) return;
+  KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(plan.smem)));
+  if (seen) seen->store(plan.smem);
+}
+
+template <typename T, int kG>
+void launch_kg(const Params& prm, int num_kv_heads, const DecodeStreamPlan& plan,
+               cudaStream_t stream) {
+  static std::atomic<size_t> allowed[kMaxDevices] = {};
+  allow_smem(decode_stream_kernel<T, kG>, plan, allowed);
+  decode_stream_kernel<T, kG>
+      <<<dim3(num_kv_heads, plan.splits), kThreads, plan.smem, stream>>>(prm);
+  KVB_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void launch_t(const Params& prm, int num_kv_heads, const DecodeStreamPlan& plan,
+              cudaStream_t stream) {
+  switch (pow2_at_least(prm.group)) {
+    case 1: launch_kg<T, 1>(prm, num_kv_heads, plan, stream); break;
+    case 2: launch_kg<T, 2>(prm, num_kv_heads, plan, stream); break;
+    case 4: launch_kg<T, 4>(prm, num_kv_heads, plan, stream); break;
+    default: launch_kg<T, 8>(prm, num_kv_heads, plan, stream); break;
+  }
+}
+
+}  // namespace
+
+DecodeStreamPlan plan_decode_stream(const DeviceLayerKvView& kv, int group, int max_len,
+                                    int decode_blocks) {
+  DecodeStreamPlan p;
+  const size_t eb = kv_dtype_bytes(kv.dtype);
+  const int v = static_cast<int>(16 / eb), d = kv.head_dim;
+  if (group < 1 || group > 8 || max_len < 1 || kv.num_kv_heads < 1 || d % v != 0) return p;
+  const int dt = d / v;
+  if ((dt & (dt - 1)) != 0) return p;  // the p x V step splits whole vectors over powers of two
+  const int kg = pow2_at_least(group);
+  if ((dt / std::min(dt, kThreads / kg)) * v > kMaxAcc) return p;
+  if (reinterpret_cast<uintptr_t>(kv.keys) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(kv.values) % 16 != 0) {
+    return p;
+  }
+  int device = 0, major = 0, sms = 0, optin = 0;
+  KVB_CUDA_CHECK(cudaGetDevice(&device));
+  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (major < 8) return p;
+  const size_t row = static_cast<size_t>(d) * eb;
+  const size_t smem = kStages * 2 * kTile * (row + kPad) +
+                      sizeof(float) * (static_cast<size_t>(group) * d + kg * kTile + 3 * kg);
+  if (smem > static_cast<size_t>(optin)) return p;
+  const int target = decode_blocks > 0 ? decode_blocks : 4 * std::max(sms, 1);
+  const int by_blocks = std::max(1, (target + kv.num_kv_heads - 1) / kv.num_kv_heads);
+  const int tiles = (max_len + kTile - 1) / kTile;
+  const int splits = std::min(by_blocks, tiles);
+  p.chunk = (tiles + splits - 1) / splits * kTile;
+  p.splits = (max_len + p.chunk - 1) / p.chunk;
+  p.smem = smem;
+  p.device = device;
+  return p;
+}
+
+void decode_stream(const AttentionArgs& a, int group, const DecodeStreamPlan& plan,
+                   float2* part_ml, float* part_acc, float* scores, int stride,
+                   cudaStream_t stream) {
+  KVB_CHECK(plan.splits > 0 && a.n == 1) << "cuda::decode_stream: no plan for this layer";
+  Params prm;
+  prm.q = a.q;
+  prm.keys = static_cast<const unsigned char*>(a.kv.keys);
+  prm.values = static_cast<const unsigned char*>(a.kv.values);
+  prm.offsets = a.kv.offsets;
+  prm.lengths = a.kv.lengths;
+  prm.part_ml = part_ml;
+  prm.part_acc = part_acc;
+  prm.scores = scores;
+  prm.group = group;
+  prm.d = a.kv.head_dim;
+  prm.stride = stride;
+  prm.chunk = plan.chunk;
+  prm.window = a.window;
+  prm.row_bytes = static_cast<int>(a.kv.head_dim * kv_dtype_bytes(a.kv.dtype));
+  prm.scale = a.scale;
+  if (a.kv.dtype == KvDtype::kF32) {
+    launch_t<float>(prm, a.kv.num_kv_heads, plan, stream);
+  } else {
+    launch_t<__nv_bfloat16>(prm, a.kv.num_kv_heads, plan, stream);
+  }
+}
+
+}  // namespace kvb::kernels::cuda
