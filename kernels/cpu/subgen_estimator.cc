@@ -42,6 +42,23 @@ Nearest nearest_rep(const float* reps, int m, int ld, const float* key, int dim)
 
 }  // namespace
 
+bool subgen_distance_fuses() {
+  // Coordinates 0-3 sum exactly to 2^-29 + 2^-53 (float differences, squares exact in double);
+  // coordinate 4's d = 1 - 2^-30 has d^2 = 1 - 2^-29 + 2^-60. Unfused, d^2 rounds to
+  // 1 - 2^-29 and the sum 1 + 2^-53 is a tie that rounds to even, 1; fused, the 2^-60 breaks
+  // the tie upwards to 1 + 2^-52. Volatile inputs keep the compiler from folding the call with
+  // constants (a fold need not round as the compiled loop does).
+  static volatile float a_in[5] = {0x1.0p-15f, 0x1.0p-15f, 0x1.0p-27f, 0x1.0p-27f, 1.0f};
+  static volatile float b_in[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0x1.0p-30f};
+  float a[5], b[5];
+  for (int i = 0; i < 5; ++i) {
+    a[i] = a_in[i];
+    b[i] = b_in[i];
+  }
+  static const bool fused = squared_distance(a, b, 5) != 1.0;
+  return fused;
+}
+
 double value_sqnorm(const float* v, int head_dim) {
   double s = 0;
   for (int i = 0; i < head_dim; ++i) s += static_cast<double>(v[i]) * v[i];

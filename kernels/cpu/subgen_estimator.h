@@ -9,29 +9,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/subgen_counter.h"
+
 namespace kvb::kernels::cpu {
 
 // ---- counter-based randomness ----------------------------------------------------------------
 
-// splitmix64's finalizer (Steele, Lea, Flood 2014): a bijective 64-bit mix.
-inline uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// A uniform double in [0, 1) that depends only on the counter (seed, layer, head, step, slot):
-// no generator state, so any draw can be made in any order, on any thread or device, and give the
-// same bits. 53 random mantissa bits.
-inline double counter_uniform(uint64_t seed, uint32_t layer, uint32_t head, uint64_t step,
-                              uint64_t slot) {
-  uint64_t h = mix64(seed);
-  h = mix64(h ^ ((static_cast<uint64_t>(layer) << 32) | head));
-  h = mix64(h ^ step);
-  h = mix64(h ^ slot);
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
-}
+// mix64, counter_uniform: kernels/cpu/subgen_counter.h (shared with the CUDA twins).
 
 // The counter of one token's draws: the stream (seed, layer, KV head) and the token's sequence
 // position as the step. Slots: M's reservoir j uses slot j, a cluster's sample j uses
@@ -71,6 +55,15 @@ struct SubgenSketch {
 // |v|^2 accumulated in double in coordinate order; the reservoir probability and the query-time
 // weight mu / (s |v|^2) both use it, so they agree bit for bit.
 double value_sqnorm(const float* v, int head_dim);
+
+// Whether this build's squared distances (subgen_absorb's nearest representative, and
+// subgen_count_clusters) fuse each `s += d * d` into one fma: the host compiler contracts the
+// expression where the target has FMA (GCC's default -ffp-contract=fast with -march=native),
+// and not otherwise. Measured once on the real function with inputs whose fused and unfused sums
+// differ, so the CUDA twin (kernels/cuda/subgen_sketch.h) can take the same rounding and make
+// the same decisions bit for bit. |v|^2 needs no such choice: a float times a float is exact in
+// double, so fused and unfused sums agree.
+bool subgen_distance_fuses();
 
 // Streams one token into the sketch (Algorithm 1 lines 4-6):
 //  - M: with p = |v|^2 / (mu + |v|^2), each of the s slots independently takes (k, v) when

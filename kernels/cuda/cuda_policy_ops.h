@@ -6,7 +6,8 @@
 // engine's stream: no copy to the host, no stream sync, no H2D copy (per-head sizes travel as
 // kernel arguments). Lengths are host-known (the cache index). Up to kMaxOpsHeads cache heads
 // per layer. One exception, prefill only: ada_head_budgets brings the layer's per-head budgets
-// to the host (one D2H copy of num_kv_heads ints and one sync; counted in transfers()).
+// to the host (one D2H copy of num_kv_heads ints and one sync; counted in transfers()); and
+// SubGen's `delta: auto` reads a head's keys once, at its first compression (read_keys).
 //
 // Twins (tests/cuda/test_cuda_policy_ops.cc runs both instances on the same inputs):
 //   resize, accumulate, negated_popcount, keep_top  <->  CpuPolicyOps (policies::reduce_gqa,
@@ -54,6 +55,20 @@ class CudaPolicyOps final : public policies::PolicyOps {
   void keep_top(const policies::SlotRows& scores, int score_layer, const KvCache& cache,
                 std::span<const policies::KeepTop> heads,
                 std::span<policies::SlotRows* const> state, EvictionPlan& plan) override;
+
+  // SubGen (cuda_policy_ops_subgen.cu): sketches in kernels/cuda/subgen_sketch.h storage,
+  // absorbed and queried by its kernels on the engine's stream; read_keys and read_subgen are
+  // synchronous (one sync each; read_keys counts its copy in transfers()).
+  std::unique_ptr<policies::SubgenState> make_subgen_state(const cpu::SubgenParams& p, int layers,
+                                                           int heads) override;
+  void subgen_query(const policies::SubgenState& state, const policies::SubgenAttend& args,
+                    const KvCache& cache) override;
+  void subgen_absorb(policies::SubgenState& state, int layer, const KvCache& cache,
+                     std::span<const policies::SubgenAbsorb> heads, uint64_t seed) override;
+  std::vector<float> read_keys(const KvCache& cache, int layer, int head, int first,
+                               int count) override;
+  cpu::SubgenSketch read_subgen(const policies::SubgenState& state, int layer,
+                                int head) override;
 
   // Synchronous (waits for the stream).
   std::vector<float> read_f32(const policies::SlotRows& rows, int layer, int head) override;

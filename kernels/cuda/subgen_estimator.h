@@ -1,7 +1,7 @@
 // SubGen's query-time estimator (seed 003, Algorithm 1 lines 29-30; POLICIES.md `subgen`),
-// CUDA twin of kernels/cpu/subgen_estimator.h subgen_query. The sketch is built on the host
-// (subgen_absorb is sequential per stream and stays there); its arrays are copied to the device
-// and queried here.
+// CUDA twin of kernels/cpu/subgen_estimator.h subgen_query, for one query against a sketch
+// described by the host (its arrays on the device). The engine's sketches live and are absorbed
+// on the device (kernels/cuda/subgen_sketch.h), whose batched query shares this one's body.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -77,6 +77,32 @@ void check_layer(const SlotRows& rows, int layer) {
 
 }  // namespace
 
+// SubGen's device ops: an instance without them (the CPU's: its policy keeps host sketches).
+namespace {
+[[noreturn]] void no_subgen_ops(const PolicyOps& ops, const char* op) {
+  KVB_FAIL() << "policy ops: " << op << " is a device op (SubGen on a device); this "
+             << (ops.on_device() ? "device" : "host") << " instance has no SubGen sketches";
+}
+}  // namespace
+
+std::unique_ptr<SubgenState> PolicyOps::make_subgen_state(const kernels::cpu::SubgenParams&, int,
+                                                          int) {
+  no_subgen_ops(*this, "make_subgen_state");
+}
+void PolicyOps::subgen_query(const SubgenState&, const SubgenAttend&, const kernels::KvCache&) {
+  no_subgen_ops(*this, "subgen_query");
+}
+void PolicyOps::subgen_absorb(SubgenState&, int, const kernels::KvCache&,
+                              std::span<const SubgenAbsorb>, uint64_t) {
+  no_subgen_ops(*this, "subgen_absorb");
+}
+std::vector<float> PolicyOps::read_keys(const kernels::KvCache&, int, int, int, int) {
+  no_subgen_ops(*this, "read_keys");
+}
+kernels::cpu::SubgenSketch PolicyOps::read_subgen(const SubgenState&, int, int) {
+  no_subgen_ops(*this, "read_subgen");
+}
+
 PolicyOps& cpu_policy_ops() {
   static CpuPolicyOps ops;  // stateless
   return ops;

@@ -88,6 +88,13 @@ struct AttendArgs {
   const float* q = nullptr;   // [n, num_heads, head_dim], post-RoPE
   float* out = nullptr;       // [n, num_heads, head_dim]
   bool prefill = false;       // part of the prompt (oneshot block) rather than a decode step
+  // A device engine's call to a policy that attends with ops (Policy::attends_with_ops): `ops`
+  // is its device ops table, q and out are device pointers, the cache keeps its rows on the
+  // device only, and `exact` runs the engine's own attention of q over the layer's cache into
+  // out (what a layer owes `full` while nothing is compressed). Null and empty elsewhere: q and
+  // out are host rows, the cache's rows are on the host.
+  PolicyOps* ops = nullptr;
+  std::function<void()> exact;
 };
 
 class Policy {
@@ -125,8 +132,8 @@ class Policy {
   // token is appended and before the query attends (the original StreamingLLM order).
   virtual bool evict_before_attention() const { return false; }
   // reads_cache_rows: the hooks read the cache's keys or values (k-center, SubGen's sketch), so
-  // a device engine must keep the rows on the host too; others read only lengths, positions
-  // and the statistics they asked for.
+  // a device engine must keep the rows on the host too (unless the policy attends with ops,
+  // below); others read only lengths, positions and the statistics they asked for.
   virtual bool reads_cache_rows() const { return false; }
   // decides_with_ops: the hooks read the statistics and keep their state through
   // LayerStats::ops (policy_ops.h), so on a device the statistics stay where attention wrote
@@ -135,6 +142,10 @@ class Policy {
   virtual bool decides_with_ops() const { return false; }
   // replaces_attention: the engine calls attend() instead of its own attention (SubGen).
   virtual bool replaces_attention() const { return false; }
+  // attends_with_ops: on a device engine attend() keeps its state and reads the cache rows
+  // through AttendArgs::ops (policy_ops.h: SubGen's sketches), so the rows it reads on the CPU
+  // (reads_cache_rows) need no host copy there; on the CPU it runs its host code as before.
+  virtual bool attends_with_ops() const { return false; }
   virtual void attend(const AttendArgs& args, const kernels::KvCache& cache,
                       kernels::EvictionPlan& plan) {
     (void)args;

@@ -20,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/subgen_estimator.h"
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
 
@@ -95,6 +96,64 @@ struct KeepTop {
   int kept() const { return k + (len - prefix); }
 };
 
+// SubGen's sketches where a device ops instance keeps them (Policy::attends_with_ops: `subgen`
+// on a device; its CPU path keeps cpu::SubgenSketch values itself). Copyable through
+// SubgenStatePtr: a copy clones the sketches where they live.
+class SubgenState {
+ public:
+  virtual ~SubgenState() = default;
+  virtual std::unique_ptr<SubgenState> clone() const = 0;
+  // cpu::subgen_sketch_bytes summed over every stream (synchronous on a device: the cluster
+  // counts come back; accounting, not a decode step).
+  virtual size_t bytes() const = 0;
+};
+
+class SubgenStatePtr {
+ public:
+  SubgenStatePtr() = default;
+  explicit SubgenStatePtr(std::unique_ptr<SubgenState> s) : s_(std::move(s)) {}
+  SubgenStatePtr(const SubgenStatePtr& o) : s_(o.s_ ? o.s_->clone() : nullptr) {}
+  SubgenStatePtr& operator=(const SubgenStatePtr& o) {
+    if (this != &o) s_ = o.s_ ? o.s_->clone() : nullptr;
+    return *this;
+  }
+  SubgenStatePtr(SubgenStatePtr&&) noexcept = default;
+  SubgenStatePtr& operator=(SubgenStatePtr&&) noexcept = default;
+  explicit operator bool() const { return s_ != nullptr; }
+  SubgenState& operator*() const { return *s_; }
+  SubgenState* get() const { return s_.get(); }
+  SubgenState* operator->() const { return s_.get(); }
+
+ private:
+  std::unique_ptr<SubgenState> s_;
+};
+
+// One layer's queries for SubGen's estimator (the policy's AttendArgs where the ops live):
+// query i of n, head h sees its cache head's sketch when compressed[cache head], plus the
+// head's exact slots [0, length - n + i] (the block is appended already).
+struct SubgenAttend {
+  int layer = 0;
+  int n = 0;
+  int num_heads = 0;
+  int head_dim = 0;
+  float scale = 0;
+  const float* q = nullptr;  // [n, num_heads, head_dim] where the ops read
+  float* out = nullptr;      // [n, num_heads, head_dim]
+  std::span<const uint8_t> compressed;  // host [cache heads]
+};
+
+// One head's absorb: cache slots [first, end) of `head`, in order, into its sketch with radius
+// delta2 (cpu::subgen_absorb's rule); counter_head: the coins' head index (global); fresh: the
+// head's first compression, its sketch starts empty.
+struct SubgenAbsorb {
+  int head = 0;
+  int first = 0;
+  int end = 0;
+  uint32_t counter_head = 0;
+  bool fresh = false;
+  double delta2 = 0;
+};
+
 class PolicyOps {
  public:
   virtual ~PolicyOps() = default;
@@ -163,6 +222,27 @@ class PolicyOps {
   virtual void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
                         std::span<const KeepTop> heads, std::span<SlotRows* const> state,
                         kernels::EvictionPlan& plan) = 0;
+
+  // SubGen on a device (Policy::attends_with_ops; kernels/policies/subgen.cc). The CPU policy
+  // runs the reference (kernels/cpu/subgen_estimator.h) on host rows itself, so the CPU
+  // instance has none of these (they throw); a device instance keeps the sketches, reads the
+  // cache's device rows and waits for nothing, except read_keys and read_subgen (synchronous,
+  // counted in its transfers).
+  // Sketches of layers x heads streams (p: head_dim, s, t, max_clusters), every one empty.
+  virtual std::unique_ptr<SubgenState> make_subgen_state(const kernels::cpu::SubgenParams& p,
+                                                         int layers, int heads);
+  // The estimator's answer for every query of a layer (cpu::subgen_query per row and head).
+  virtual void subgen_query(const SubgenState& state, const SubgenAttend& args,
+                            const kernels::KvCache& cache);
+  // cpu::subgen_absorb of each listed head's slots (distinct heads), bit for bit.
+  virtual void subgen_absorb(SubgenState& state, int layer, const kernels::KvCache& cache,
+                             std::span<const SubgenAbsorb> heads, uint64_t seed);
+  // Keys of slots [first, first + count) of (layer, head) as f32 on the host [count, head_dim]
+  // (`delta: auto` at a head's first compression).
+  virtual std::vector<float> read_keys(const kernels::KvCache& cache, int layer, int head,
+                                       int first, int count);
+  // One stream's sketch in the CPU's layout (tests).
+  virtual kernels::cpu::SubgenSketch read_subgen(const SubgenState& state, int layer, int head);
 
   // Row (layer, head) on the host (tests, accounting; synchronous on a device).
   virtual std::vector<float> read_f32(const SlotRows& rows, int layer, int head) = 0;

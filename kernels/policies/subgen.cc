@@ -11,6 +11,9 @@
 // prompt token by token instead. Decode (POLICIES.md "Decode step order"): the new token is
 // appended and attended exactly for its own query, then absorbed when it leaves `recent`
 // (immediately when recent = 0), so the cache ends each step with only sinks + recent.
+// On a device engine (AttendArgs::ops) the same choices are made on the host from lengths, and
+// the sketches, queries and absorbs live on the device (attend_on_device); the CPU path below
+// is the reference and is unchanged by it.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -21,6 +24,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/policies/policies.h"
+#include "kernels/policies/policy_ops.h"
 
 namespace kvb::policies {
 namespace {
@@ -68,9 +72,14 @@ class SubGen final : public Policy {
   }
   bool replaces_attention() const override { return true; }
   bool reads_cache_rows() const override { return true; }
+  bool attends_with_ops() const override { return true; }
 
   void attend(const AttendArgs& a, const kernels::KvCache& cache,
               kernels::EvictionPlan& plan) override {
+    if (a.ops && a.ops->on_device()) {
+      attend_on_device(a, *a.ops, cache, plan);
+      return;
+    }
     const int layer = a.layer, d = a.head_dim;
     const int ckv = cache.shape().num_kv_heads;
     KVB_CHECK(a.num_heads % ckv == 0 && d == params_.head_dim)
@@ -112,7 +121,7 @@ class SubGen final : public Policy {
   }
 
   size_t state_bytes() const override {
-    size_t b = 0;
+    size_t b = device_ ? device_->bytes() : 0;
     for (const Unit& u : units_) b += cpu::subgen_sketch_bytes(u.sketch);
     return b;
   }
@@ -160,11 +169,102 @@ class SubGen final : public Policy {
                                        static_cast<uint64_t>(pos[slot])};
       cpu::subgen_absorb(p, counter, view.key(h, slot), view.value(h, slot), u.sketch);
     }
+    drop_absorbed(plan, h, sinks, first_recent, len);  // heads are distinct plan entries
+  }
+
+  // The plan of head h once slots [sinks, first_recent) of its len are in the sketch: one victim
+  // when one slot goes (a decode step; a device applies it without a keep list), else the
+  // sinks and the recent window as a keep list. Both leave the cache the same.
+  static void drop_absorbed(kernels::EvictionPlan& plan, int h, int sinks, int first_recent,
+                            int len) {
+    if (first_recent - sinks == 1) {
+      plan.evict(h, sinks);
+      return;
+    }
     std::vector<int32_t> keep;
     keep.reserve(sinks + len - first_recent);
     for (int slot = 0; slot < sinks; ++slot) keep.push_back(slot);
     for (int slot = first_recent; slot < len; ++slot) keep.push_back(slot);
-    plan.keep(h, std::move(keep));  // heads are distinct entries: safe from parallel threads
+    plan.keep(h, std::move(keep));
+  }
+
+  // The device path (AttendArgs::ops, a device engine): the host makes the same choices as
+  // attend() above from what it knows (which heads are compressed, their radius, which slots
+  // leave the window: lengths only), and the device does the work on its own rows and sketches
+  // (kernels/cuda/subgen_sketch.h through the ops): the queries (the engine's own attention
+  // while no head of the layer is compressed), then the absorbs, bit for bit the CPU's on the
+  // same rows. Nothing comes back to the host, except with `delta: auto` the keys a head
+  // absorbs at its first compression (one copy and one sync per (layer, head) and sequence).
+  void attend_on_device(const AttendArgs& a, PolicyOps& ops, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) {
+    const int layer = a.layer, ckv = cache.shape().num_kv_heads;
+    KVB_CHECK(a.num_heads % ckv == 0 && a.head_dim == params_.head_dim)
+        << "subgen: " << a.num_heads << " query heads over " << ckv << " KV heads, head_dim "
+        << a.head_dim << " (configured " << params_.head_dim << ")";
+    if (!device_) {
+      device_ = SubgenStatePtr(ops.make_subgen_state(params_, config().shape.num_layers, ckv));
+    }
+    absorb_.clear();
+    if (cache.next_position() == 0) {
+      // A new sequence: forget the earlier one's sketches (an empty absorb clears one).
+      for (int h = 0; h < ckv; ++h) {
+        if (unit(layer, h).compressed) absorb_.push_back({.head = h, .fresh = true});
+        unit(layer, h) = Unit{};
+      }
+      ops.subgen_absorb(*device_, layer, cache, absorb_, config().seed);
+      absorb_.clear();
+    }
+    compressed_.assign(ckv, 0);
+    bool any_sketch = false;
+    for (int h = 0; h < ckv; ++h) {
+      compressed_[h] = unit(layer, h).compressed ? 1 : 0;
+      any_sketch |= compressed_[h] != 0;
+    }
+    if (!any_sketch) {
+      KVB_CHECK(static_cast<bool>(a.exact)) << "subgen: a device call without the engine's "
+                                               "attention (AttendArgs::exact)";
+      a.exact();
+    } else {
+      ops.subgen_query(*device_,
+                       {.layer = layer,
+                        .n = a.n,
+                        .num_heads = a.num_heads,
+                        .head_dim = a.head_dim,
+                        .scale = a.scale,
+                        .q = a.q,
+                        .out = a.out,
+                        .compressed = compressed_},
+                       cache);
+    }
+    for (int h = 0; h < ckv; ++h) {
+      Unit& u = unit(layer, h);
+      const int len = cache.length(layer, h);
+      if (!u.compressed && len <= kv_budget()) continue;
+      const int sinks = std::min(sinks_, len);
+      const int first_recent = std::max(sinks, len - recent_);
+      if (first_recent <= sinks) continue;
+      const bool fresh = !u.compressed;
+      if (fresh) {
+        if (fixed_delta2_ >= 0) {
+          u.delta2 = fixed_delta2_;
+        } else {
+          const int d = params_.head_dim;
+          const std::vector<float> keys =
+              ops.read_keys(cache, layer, h, sinks, first_recent - sinks);
+          u.delta2 = cpu::subgen_auto_delta2(keys.data(), first_recent - sinks, d, d,
+                                             params_.max_clusters);
+        }
+        u.compressed = true;
+      }
+      absorb_.push_back({.head = h,
+                         .first = sinks,
+                         .end = first_recent,
+                         .counter_head = static_cast<uint32_t>(global_head(h)),
+                         .fresh = fresh,
+                         .delta2 = u.delta2});
+      drop_absorbed(plan, h, sinks, first_recent, len);
+    }
+    ops.subgen_absorb(*device_, layer, cache, absorb_, config().seed);
   }
 
   int s_ = 0, t_ = 4, sinks_ = 0, recent_ = 0;
@@ -172,6 +272,11 @@ class SubGen final : public Policy {
   bool streaming_ = false;
   cpu::SubgenParams params_;
   std::vector<Unit> units_;  // [num_layers, cache_kv_heads]
+  // The device path's sketches (made by the first device ops that run the policy; a clone
+  // copies them on the device) and its per-layer scratch.
+  SubgenStatePtr device_;
+  std::vector<uint8_t> compressed_;
+  std::vector<SubgenAbsorb> absorb_;
 };
 
 }  // namespace

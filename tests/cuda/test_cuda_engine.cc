@@ -413,10 +413,13 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
   variants.push_back({"h2o", {{"prefill", "streaming"}}});
   variants.push_back({"snapkv", {{"gqa", "expand"}}});
   variants.push_back({"streaming_llm", {{"positions", "rolling"}, {"evict", "before_attention"}}});
-  // Policies that replace attention (their attend() runs on the host rows, CudaBackend::
-  // attend_replaced): SubGen's decisions follow the lengths, weighted subgen_kcenter's the
-  // k-center of the keys; outputs from the estimator and the biased softmax.
+  // Policies that replace attention (CudaBackend::attend_replaced): SubGen's sketches and
+  // estimator run on the device (its absorbs are the CPU's bit for bit on the same rows), its
+  // decisions follow the lengths; weighted subgen_kcenter's attend() runs on the host rows and
+  // its decisions follow the k-center of the keys; outputs from the estimator and the biased
+  // softmax.
   variants.push_back({"subgen", {{"sinks", "1"}, {"recent", "2"}, {"delta", "0"}}});
+  variants.push_back({"subgen", {{"delta", "0"}, {"prefill", "streaming"}}});
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}}});
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}}});
   int checked = 0, replaced = 0;
@@ -462,14 +465,15 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
       // the policies whose decode attention is exact.
       const double bound = name == "subgen" ? 1e-1 : 1e-2;
       EXPECT_LT(worst, bound) << "logits drifted from the CPU's";
-      // The host holds rows only for policies that read them; otherwise an index.
-      EXPECT_EQ(gpu_cache.host_rows(), probe->reads_cache_rows());
+      // The host holds rows only for policies that read them there; otherwise an index
+      // (SubGen reads its rows on the device).
+      EXPECT_EQ(gpu_cache.host_rows(), probe->reads_cache_rows() && !probe->attends_with_ops());
       expect_device_rows_match(gpu, gpu_cache, &cpu_cache, 1e-2);
       ++checked;
     }
   }
   EXPECT_GT(checked, 3 * 12);
-  EXPECT_EQ(replaced, 3 * 4);  // subgen twice, weighted subgen_kcenter twice, per prompt
+  EXPECT_EQ(replaced, 3 * 5);  // subgen 3 times, weighted subgen_kcenter twice, per prompt
 }
 
 // The law POLICIES.md states for SubGen ("a budget that is never exceeded is exactly `full`")
@@ -504,7 +508,8 @@ TEST_F(CudaEngineSmol, ReplacedAttentionUnderBudgetEqualsFull) {
 
 // SubGen in bf16 on the GPU: whatever the values, a head over budget keeps exactly its first
 // `sinks` and last `recent` positions after every step (POLICIES.md `subgen`), the device rows
-// match the host rows bit for bit (both bf16-rounded), and the logits stay finite.
+// hold what the index says (the host keeps no rows: SubGen reads them on the device), and the
+// logits stay finite.
 TEST_F(CudaEngineSmol, Bf16SubgenKeepsSinksAndRecentWindow) {
   const engine::Model& m = *lm_.model;
   engine::CudaEngine gpu(m, DType::kBf16);
@@ -522,7 +527,7 @@ TEST_F(CudaEngineSmol, Bf16SubgenKeepsSinksAndRecentWindow) {
   for (const std::vector<float>& l : r.logits) {
     for (float v : l) ASSERT_TRUE(std::isfinite(v));
   }
-  ASSERT_TRUE(cache.host_rows());
+  ASSERT_FALSE(cache.host_rows());
   expect_device_rows_match(gpu, cache);
 }
 
@@ -533,9 +538,10 @@ TEST_F(CudaEngineSmol, Bf16SubgenKeepsSinksAndRecentWindow) {
 // asked for (1 copy each, 1 sync). Eviction plans are applied on the device without waiting.
 // Policies that still decide on host statistics (h2o, tova, scissorhands, knorm's norms) keep a
 // per-layer sync until they decide on the device (issue 13); this pins the counts so that the
-// change shows. Policies that replace attention (SubGen, weighted subgen_kcenter) add per layer
-// the queries' download (1 copy, 1 sync) and the output's upload (1 H2D copy), on top of their
-// host rows.
+// change shows. Weighted subgen_kcenter replaces attention on the host: per layer the queries'
+// download (1 copy, 1 sync) and the output's upload (1 H2D copy), on top of its host rows.
+// SubGen replaces attention on the device (Policy::attends_with_ops): its step copies the logits
+// and syncs once, as `full`, while it absorbs a token per layer (its keep-lists go up, H2D).
 TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
   const engine::Model& m = *lm_.model;
   engine::CudaEngine gpu(m, DType::kF32);
@@ -545,7 +551,7 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
   std::vector<std::pair<std::string, std::map<std::string, std::string>>> variants;
   for (const auto& p : policies::policy_registry()) variants.push_back({p.name, {}});
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}}});
-  int checked = 0, replaced_checked = 0;
+  int checked = 0, replaced_checked = 0, device_replaced_checked = 0;
   for (const auto& [name, opts] : variants) {
     SCOPED_TRACE(name + (opts.empty() ? "" : " weighted"));
     policies::PolicyConfig pc;
@@ -556,7 +562,8 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
     pc.options = policies::PolicyOptions(opts);
     pc.seed = 3;
     std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
-    const int replaced = policy->replaces_attention() ? 1 : 0;
+    // Replaced on the host (the queries come down and the output goes up per layer).
+    const int replaced = policy->replaces_attention() && !policy->attends_with_ops() ? 1 : 0;
     kernels::KvCache cache = gpu.new_cache(static_cast<int>(ids.size()) + 8, policy.get());
     std::vector<float> logits;
     engine::prefill_prompt(gpu, cache, ids, policy.get(), &logits);
@@ -599,7 +606,7 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
                                        : 0;
     // Host rows (a policy that reads them) come down per layer; an index needs nothing.
     const int rows = cache.host_rows() ? 1 : 0;
-    EXPECT_EQ(cache.host_rows(), policy->reads_cache_rows());
+    EXPECT_EQ(cache.host_rows(), policy->reads_cache_rows() && !policy->attends_with_ops());
     // knorm decides on the device; a replaced attention's queries come down per layer (1 copy,
     // 1 sync) and its hook reads no statistics.
     const int keys_down = req.pre_rope_keys && !on_device ? L : 0;
@@ -610,9 +617,9 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
     EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, want_d2h) << evicting << " layers evicted";
     EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, want_syncs) << evicting << " layers evicted";
     // H2D: the pass's tokens and positions; the device lengths follow the appends and plans as
-    // kernel arguments. A plan that drops one slot per head (window, streaming_llm and random
-    // at the budget) or that the ops made on the device uploads nothing; keep-lists made on the
-    // host (SubGen's, subgen_kcenter's) go up once per layer they change.
+    // kernel arguments. A plan that drops one slot per head (window, streaming_llm, random and
+    // SubGen at the budget) or that the ops made on the device uploads nothing; keep-lists made
+    // on the host (subgen_kcenter's) go up once per layer they change.
     const bool one_victim = name == "window" || name == "streaming_llm" || name == "random";
     if (!replaced && (on_device || one_victim || name == "full")) {
       EXPECT_EQ(t1.h2d_copies - t0.h2d_copies, 2) << evicting << " layers evicted";
@@ -634,6 +641,17 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
       EXPECT_EQ(cache.physical_bytes(), static_cast<size_t>(L) * cache.shape().num_kv_heads *
                                             cache.capacity() * sizeof(int32_t));
     }
+    if (policy->attends_with_ops()) {
+      // SubGen on the device: compressed at the prompt (budget below it), so every layer
+      // absorbs the new token (recent 0) and its plan drops it as one victim per head; H2D:
+      // the pass's tokens and positions only (lengths and victims travel as kernel arguments,
+      // the absorbs' and queries' tables too). No query, statistic, row or key comes down.
+      EXPECT_EQ(evicting, L);
+      EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, 1);  // the logits
+      EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, 1);
+      EXPECT_EQ(t1.h2d_copies - t0.h2d_copies, 2);
+      ++device_replaced_checked;
+    }
     if (!hook_stats && keys_down == 0 && !cache.host_rows()) {
       // No statistics to read on the host: the step waits for the device once, at its end.
       EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, 1);
@@ -642,7 +660,8 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
     ++checked;
   }
   EXPECT_EQ(checked, static_cast<int>(policies::policy_registry().size()) + 1);  // none skipped
-  EXPECT_EQ(replaced_checked, 2);  // subgen, weighted subgen_kcenter
+  EXPECT_EQ(replaced_checked, 1);         // weighted subgen_kcenter
+  EXPECT_EQ(device_replaced_checked, 1);  // subgen
 }
 
 TEST_F(CudaEngineSmol, Bf16TeacherForcedTop1AgreesWithCpu) {

@@ -24,6 +24,7 @@
 #include "kernels/cuda/scores.h"
 #include "kernels/cuda/select.h"
 #include "kernels/cuda/subgen_estimator.h"
+#include "kernels/cuda/subgen_sketch.h"
 #include "kernels/policies/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
 #include "kernels/policies/snapkv_scores.h"
@@ -98,6 +99,45 @@ TEST(CudaHostChecks, LaunchersRejectBadArguments) {
   hb.kv.num_kv_heads = 1;
   hb.num_heads = 1;
   EXPECT_NE(error_of([&] { scissorhands_update_bits(hb); }).find("history 65"), std::string::npos);
+}
+
+// SubGen's device sketches check their arguments before any CUDA call.
+TEST(CudaHostChecks, SubgenSketchesRejectBadArguments) {
+  cpu::SubgenParams p;
+  p.head_dim = 4;
+  p.s = 2;
+  p.t = 0;  // >= 1
+  p.max_clusters = 3;
+  EXPECT_NE(error_of([&] { DeviceSubgenSketches bad(p, 1, 2, nullptr); }).find("t 0"),
+            std::string::npos);
+  p.t = 2;
+  float dummy[8] = {};
+  const int32_t lengths[2] = {3, 5};
+  DeviceLayerKvView kv;
+  kv.keys = kv.values = dummy;
+  kv.host_lengths = lengths;
+  kv.num_kv_heads = 2;
+  kv.head_dim = 4;
+  SubgenLayerSketches sk;
+  sk.m_keys = dummy;
+  const SubgenAbsorbHead past{.head = 0, .first = 2, .end = 4};  // head 0 holds 3 slots
+  EXPECT_NE(error_of([&] { cuda::subgen_absorb(p, sk, kv, {&past, 1}, 0, 0, true); })
+                .find("slots [2, 4)"),
+            std::string::npos);
+  const SubgenAbsorbHead twice[2] = {{.head = 1, .end = 1}, {.head = 1, .end = 2}};
+  EXPECT_NE(error_of([&] { cuda::subgen_absorb(p, sk, kv, twice, 0, 0, true); }).find("twice"),
+            std::string::npos);
+  SubgenQueryHeadsArgs q;
+  q.n = 1;
+  q.num_heads = 4;
+  q.head_dim = 4;
+  q.kv = kv;
+  q.s = q.t = q.max_clusters = 1;
+  const uint8_t flags[1] = {0};
+  q.compressed = flags;  // one flag for two KV heads
+  q.lengths = lengths;
+  EXPECT_NE(error_of([&] { cuda::subgen_query_heads(q); }).find("1 compressed flags"),
+            std::string::npos);
 }
 
 // The SnapKV family's ops check their arguments before any CUDA call (rows are allocated lazily,

@@ -17,6 +17,7 @@
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
+#include "kernels/policies/policy_ops.h"
 
 namespace kvb {
 namespace {
@@ -321,6 +322,34 @@ TEST(SubgenEstimator, CounterUniformIsAFunctionOfTheCounter) {
   double mean = 0;
   for (int i = 0; i < 10000; ++i) mean += cpu::counter_uniform(7, 0, 0, i, 0);
   EXPECT_NEAR(mean / 10000, 0.5, 0.01);
+}
+
+// subgen_distance_fuses, the rounding switch of the CUDA absorb (kernels/cuda/subgen_sketch.h),
+// says how this build's squared distances round: keys whose distance is 1 + 2^-52 when each
+// `s += d * d` is fused and exactly 1 when it is not make two clusters at delta^2 = 1 in the
+// first case and one in the second, whatever the build chose.
+TEST(SubgenEstimator, DistanceFusionProbeMatchesTheClustering) {
+  const float keys[2][5] = {{0.0f, 0.0f, 0.0f, 0.0f, 0x1.0p-30f},
+                            {0x1.0p-15f, 0x1.0p-15f, 0x1.0p-27f, 0x1.0p-27f, 1.0f}};
+  const int clusters = cpu::subgen_count_clusters(&keys[0][0], 2, 5, 5, 1.0, 4);
+  EXPECT_EQ(clusters, cpu::subgen_distance_fuses() ? 2 : 1);
+  EXPECT_EQ(cpu::subgen_distance_fuses(), cpu::subgen_distance_fuses());  // measured once
+}
+
+// The CPU instance of the ops table has no SubGen sketches (the CPU policy keeps its own): its
+// device ops refuse, naming themselves.
+TEST(SubgenPolicy, HostOpsHaveNoDeviceSketches) {
+  policies::PolicyOps& ops = policies::cpu_policy_ops();
+  cpu::SubgenParams p;
+  p.head_dim = 4;
+  p.s = p.t = p.max_clusters = 1;
+  try {
+    ops.make_subgen_state(p, 1, 1);
+    FAIL() << "the host ops made SubGen device state";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("make_subgen_state is a device op"), std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- the policies through their hooks --------------------------------------------------------

@@ -37,7 +37,9 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   const int n = static_cast<int>(tokens.size());
   KVB_CHECK(n > 0) << "forward: no tokens";
   Backend& be = *backend_;
-  if (policy && policy->reads_cache_rows()) be.ensure_host_rows(cache);
+  if (policy && policy->reads_cache_rows() && be.keeps_host_rows(policy)) {
+    be.ensure_host_rows(cache);
+  }
   const int32_t pos0 = cache.next_position();
   pos_.resize(n);
   for (int t = 0; t < n; ++t) {
@@ -107,7 +109,9 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
                                         << " share a cache";
     }
     policies::Policy* policy = policies[b];
-    if (policy && policy->reads_cache_rows()) be.ensure_host_rows(cache);
+    if (policy && policy->reads_cache_rows() && be.keeps_host_rows(policy)) {
+      be.ensure_host_rows(cache);
+    }
     KVB_CHECK(tokens[b] >= 0 && tokens[b] < c.vocab_size)
         << "token id " << tokens[b] << " of sequence " << b << " outside the vocabulary [0, "
         << c.vocab_size << ")";
@@ -374,7 +378,9 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCa
             ((!req.col_sums || !rec.col_sums[g0].empty()) && w <= rec.last_w &&
              (!req.pre_rope_keys || !rec.pre_rope_keys[g0].empty())))
       << "the recorded prefill lacks statistics this policy needs";
-  if (policy.reads_cache_rows()) backend_->ensure_host_rows(cache);
+  if (policy.reads_cache_rows() && backend_->keeps_host_rows(&policy)) {
+    backend_->ensure_host_rows(cache);
+  }
   Backend& be = *backend_;
   const bool device_time = be.times_policy_on_device();
   const auto t0 = Clock::now();

@@ -643,17 +643,34 @@ double CudaBackend::stats_to_host(policies::LayerStats* stats) {
   return ms_since(t0);
 }
 
-// A policy that replaces attention (SubGen, weighted subgen_kcenter) runs its own attend() on the
-// host, the same code the CPU engine runs: over the host rows its cache keeps
+// A policy that replaces attention on the host (weighted subgen_kcenter) runs its own attend()
+// there, the same code the CPU engine runs: over the host rows its cache keeps
 // (Policy::reads_cache_rows; bf16-rounded in bf16 mode, so they are the device rows) and the
 // pass's post-RoPE queries, downloaded as the device computed them (f32). Its output goes up into
 // kAtt; its plan is applied by the caller (apply_plan: index, host rows and device rows together).
 // Traffic per call: one D2H of the queries (n * num_heads * head_dim floats) and the sync that
-// makes them host-visible, one H2D of the output (the same size; stream-ordered, no wait). The
-// estimator's query on the device (kernels/cuda/subgen_estimator) would remove both, not the
-// per-layer row copy the host sketch still needs (subgen_absorb runs on the host).
+// makes them host-visible, one H2D of the output (the same size; stream-ordered, no wait).
+// A policy that attends with ops (SubGen: Policy::attends_with_ops) instead runs on the device:
+// its attend() gets the device queries and output, the ops table and this backend's attention,
+// and copies nothing (cuda_backend.h).
 void CudaBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs args,
                                   const kernels::KvCache& cache, kernels::EvictionPlan* plan) {
+  if (policy.attends_with_ops()) {
+    // SubGen: queries, sketches and rows stay on the device (the policy works through ops_;
+    // its `exact` is this backend's attention, what `full` computes). Nothing waits.
+    args.q = rows_at(Act::kQ);
+    args.out = rows_at(Act::kAtt);
+    args.ops = ops_.get();
+    // attention() reads the rows and writes kAtt; it takes the index non-const for the
+    // statistics paths, which this call does not use.
+    kernels::KvCache& rows = const_cast<kernels::KvCache&>(cache);
+    args.exact = [this, &rows, &args] {
+      policies::LayerStats none;
+      attention(args.layer, args.n, args.scale, rows, false, 0, 0, &none);
+    };
+    policy.attend(args, cache, *plan);
+    return;
+  }
   KVB_CHECK(cache.host_rows())
       << "--device cuda: policy " << policy.config().name
       << " replaces attention, but its cache keeps no K/V rows on the host (such a policy must "

@@ -42,12 +42,19 @@
 // plan that is not one victim per head (4 bytes per kept slot). counters() counts every copy and sync, so these costs show in tests and
 // benchmarks.
 //
-// Policies that replace attention (SubGen, weighted subgen_kcenter; both read K/V rows, so their
-// caches keep host rows) run their own attend() on the host, as on the CPU: attend_replaced
-// downloads the layer's queries (n * num_heads * head_dim floats, one sync) and uploads its
-// output (the same size), on top of the row copies above. A decode step of these policies thus
-// costs per layer 3 D2H copies and 2 syncs, and H2D the layer's lengths and the output, plus a
-// changed layer's keep-lists (SubGen absorbing a token).
+// Policies that replace attention:
+//  - SubGen attends with ops (Policy::attends_with_ops): its sketches live in CudaPolicyOps'
+//    device storage (kernels/cuda/subgen_sketch.h), attend_replaced hands it the device queries
+//    and output, the ops and this backend's attention (while no head of the layer is
+//    compressed); the absorbs run on the device rows, bit for bit the CPU's decisions, and its
+//    keep-lists go up as H2D lists. Its cache keeps no host rows. A decode step copies the
+//    logits to the host and syncs once, as `full`; `delta: auto` reads a head's keys once, at
+//    its first compression (counted in the ops' transfers).
+//  - Weighted subgen_kcenter reads K/V rows on the host, so its caches keep host rows, and runs
+//    its own attend() there, as on the CPU: attend_replaced downloads the layer's queries
+//    (n * num_heads * head_dim floats, one sync) and uploads its output (the same size), on top
+//    of the row copies above: per layer 3 D2H copies and 2 syncs, and H2D the layer's lengths
+//    and the output, plus a changed layer's keep-lists.
 //
 // Not supported on the GPU (a clear usage error): tensor-parallel groups.
 #pragma once
@@ -94,8 +101,9 @@ class CudaBackend final : public Backend {
   void begin_policy_span() override;
   void end_policy_span() override;
   double take_policy_ms(std::vector<double>* per_span = nullptr) override;
+  // A policy that attends with ops (SubGen) reads its rows on the device.
   bool keeps_host_rows(const policies::Policy* policy) const override {
-    return policy && policy->reads_cache_rows();
+    return policy && policy->reads_cache_rows() && !policy->attends_with_ops();
   }
   void ensure_host_rows(kernels::KvCache& cache) override;
 

@@ -1,0 +1,131 @@
+// CudaPolicyOps' SubGen ops (cuda_policy_ops.h): the policy's sketches in device memory
+// (kernels/cuda/subgen_sketch.h), absorbed and queried over the cache's device rows.
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/cpu/bf16.h"
+#include "kernels/cuda/cuda_policy_ops.h"
+#include "kernels/cuda/kv_cache_device.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/subgen_sketch.h"
+
+namespace kvb::kernels::cuda {
+namespace {
+
+class CudaSubgenState final : public policies::SubgenState {
+ public:
+  CudaSubgenState(const cpu::SubgenParams& p, int layers, int heads, cudaStream_t stream)
+      : sketches(p, layers, heads, stream) {}
+  std::unique_ptr<policies::SubgenState> clone() const override {
+    return std::make_unique<CudaSubgenState>(*this);  // deep: DeviceSubgenSketches' copy
+  }
+  size_t bytes() const override { return sketches.sketch_bytes(); }
+
+  DeviceSubgenSketches sketches;
+};
+
+CudaSubgenState& device(policies::SubgenState& s) {
+  auto* d = dynamic_cast<CudaSubgenState*>(&s);
+  KVB_CHECK(d != nullptr) << "SubGen state made by another ops instance reached the CUDA ops";
+  return *d;
+}
+const CudaSubgenState& device(const policies::SubgenState& s) {
+  return device(const_cast<policies::SubgenState&>(s));
+}
+
+DeviceKvCache& rows_of(const KvCache& cache, const char* op) {
+  auto* dev = dynamic_cast<DeviceKvCache*>(cache.device_rows());
+  KVB_CHECK(dev != nullptr) << "cuda policy ops: " << op << " on a cache without device rows";
+  return *dev;
+}
+
+}  // namespace
+
+std::unique_ptr<policies::SubgenState> CudaPolicyOps::make_subgen_state(const cpu::SubgenParams& p,
+                                                                        int layers, int heads) {
+  return std::make_unique<CudaSubgenState>(p, layers, heads, stream_);
+}
+
+void CudaPolicyOps::subgen_query(const policies::SubgenState& state,
+                                 const policies::SubgenAttend& a, const KvCache& cache) {
+  // The layer's arrays are allocated on first use: a const state may hand them out because
+  // no head reads an array it has not absorbed into (compressed heads were absorbed first).
+  auto& sk = const_cast<DeviceSubgenSketches&>(device(state).sketches);
+  DeviceKvCache& dev = rows_of(cache, "subgen_query");
+  const int ckv = cache.shape().num_kv_heads;
+  std::vector<int32_t> lengths(ckv);
+  for (int h = 0; h < ckv; ++h) lengths[h] = cache.length(a.layer, h);
+  bool any = false;
+  for (uint8_t c : a.compressed) any |= c != 0;
+  SubgenQueryHeadsArgs q;
+  q.q = a.q;
+  q.out = a.out;
+  q.n = a.n;
+  q.num_heads = a.num_heads;
+  q.head_dim = a.head_dim;
+  q.scale = a.scale;
+  q.s = sk.params().s;
+  q.t = sk.params().t;
+  q.max_clusters = sk.params().max_clusters;
+  if (any) q.sketches = sk.layer(a.layer);
+  q.kv = dev.layer(a.layer);
+  q.compressed = a.compressed;
+  q.lengths = lengths;
+  cuda::subgen_query_heads(q, stream_);
+  ++launches_;  // the row chunks of one call count as one
+}
+
+void CudaPolicyOps::subgen_absorb(policies::SubgenState& state, int layer, const KvCache& cache,
+                                  std::span<const policies::SubgenAbsorb> heads, uint64_t seed) {
+  if (heads.empty()) return;
+  DeviceSubgenSketches& sk = device(state).sketches;
+  DeviceKvCache& dev = rows_of(cache, "subgen_absorb");
+  std::vector<SubgenAbsorbHead> table(heads.size());
+  for (size_t i = 0; i < heads.size(); ++i) {
+    const policies::SubgenAbsorb& h = heads[i];
+    table[i] = {h.head, h.first, h.end, h.counter_head, h.fresh ? 1 : 0, h.delta2};
+  }
+  cuda::subgen_absorb(sk.params(), sk.layer(layer), dev.layer(layer), table, seed,
+                      static_cast<uint32_t>(layer), cpu::subgen_distance_fuses(), stream_);
+  launches_ +=
+      (static_cast<int64_t>(heads.size()) + kMaxSubgenAbsorbHeads - 1) / kMaxSubgenAbsorbHeads;
+}
+
+std::vector<float> CudaPolicyOps::read_keys(const KvCache& cache, int layer, int head, int first,
+                                            int count) {
+  DeviceKvCache& dev = rows_of(cache, "read_keys");
+  KVB_CHECK(head >= 0 && head < cache.shape().num_kv_heads && first >= 0 && count >= 0 &&
+            first + count <= dev.length(layer, head))
+      << "cuda policy ops: read_keys of slots [" << first << ", " << first + count << ") of layer "
+      << layer << " head " << head << ", which holds "
+      << (head >= 0 && head < cache.shape().num_kv_heads ? dev.length(layer, head) : -1);
+  const int d = cache.shape().head_dim;
+  const size_t elems = static_cast<size_t>(count) * d;
+  std::vector<float> out(elems);
+  if (elems == 0) return out;
+  const DeviceLayerKvView v = dev.layer(layer);
+  const size_t at = (static_cast<size_t>(dev.offset(layer, head)) + first) * d;
+  const size_t eb = kv_dtype_bytes(v.dtype);
+  std::vector<unsigned char> raw(elems * eb);
+  KVB_CUDA_CHECK(cudaMemcpyAsync(raw.data(), static_cast<const unsigned char*>(v.keys) + at * eb,
+                                 raw.size(), cudaMemcpyDeviceToHost, stream_));
+  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  ++transfers_.d2h_copies;
+  ++transfers_.stream_syncs;
+  transfers_.d2h_bytes += raw.size();
+  if (v.dtype == KvDtype::kF32) {
+    std::memcpy(out.data(), raw.data(), raw.size());
+  } else {
+    const auto* b = reinterpret_cast<const uint16_t*>(raw.data());
+    for (size_t i = 0; i < elems; ++i) out[i] = cpu::f32_from_bf16(b[i]);  // exact widening
+  }
+  return out;
+}
+
+cpu::SubgenSketch CudaPolicyOps::read_subgen(const policies::SubgenState& state, int layer,
+                                             int head) {
+  return device(state).sketches.download(layer, head);
+}
+
+}  // namespace kvb::kernels::cuda
