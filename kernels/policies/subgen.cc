@@ -148,10 +148,8 @@ class SubGen final : public Policy {
                              const kernels::LayerKvView& view, kernels::EvictionPlan& plan) {
     Unit& u = unit(layer, h);
     const int len = cache.length(layer, h);
-    if (!u.compressed && len <= kv_budget()) return;
-    const int sinks = std::min(sinks_, len);
-    const int first_recent = std::max(sinks, len - recent_);
-    if (first_recent <= sinks) return;
+    int sinks = 0, first_recent = 0;
+    if (!leaving(layer, h, len, &sinks, &first_recent)) return;
     const int d = params_.head_dim;
     if (!u.compressed) {
       // delta: auto fits the clusters of the keys absorbed now (the prompt's) into the budget.
@@ -170,6 +168,15 @@ class SubGen final : public Policy {
       cpu::subgen_absorb(p, counter, view.key(h, slot), view.value(h, slot), u.sketch);
     }
     drop_absorbed(plan, h, sinks, first_recent, len);  // heads are distinct plan entries
+  }
+
+  // The slots [*sinks, *first_recent) of head h (holding len) that leave the exact window now;
+  // false when none does (never over budget, or nothing outside the sinks and the recent ones).
+  bool leaving(int layer, int h, int len, int* sinks, int* first_recent) {
+    if (!unit(layer, h).compressed && len <= kv_budget()) return false;
+    *sinks = std::min(sinks_, len);
+    *first_recent = std::max(*sinks, len - recent_);
+    return *first_recent > *sinks;
   }
 
   // The plan of head h once slots [sinks, first_recent) of its len are in the sketch: one victim
@@ -239,10 +246,8 @@ class SubGen final : public Policy {
     for (int h = 0; h < ckv; ++h) {
       Unit& u = unit(layer, h);
       const int len = cache.length(layer, h);
-      if (!u.compressed && len <= kv_budget()) continue;
-      const int sinks = std::min(sinks_, len);
-      const int first_recent = std::max(sinks, len - recent_);
-      if (first_recent <= sinks) continue;
+      int sinks = 0, first_recent = 0;
+      if (!leaving(layer, h, len, &sinks, &first_recent)) continue;
       const bool fresh = !u.compressed;
       if (fresh) {
         if (fixed_delta2_ >= 0) {
