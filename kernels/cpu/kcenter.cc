@@ -4,6 +4,7 @@
 #include "kernels/cpu/kcenter.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -72,6 +73,27 @@ int kcenter_greedy(const KCenterArgs& args, int32_t* centres, int32_t* assignmen
       KVB_ASSERT(at != centres + m && *at == nearest[j]) << "point " << j;
       ++cluster_sizes[at - centres];
     }
+  }
+  return m;
+}
+
+int kcenter_keep_list(const float* keys, int prefix, int len, int dim, int k,
+                      std::vector<int32_t>* keep, std::vector<float>* log_sizes) {
+  KVB_CHECK(0 <= prefix && prefix <= len && k >= 0)
+      << "kcenter_keep_list: " << k << " centres of [0, " << prefix << ") of " << len << " slots";
+  std::vector<int32_t> centres(k), sizes(k);
+  KCenterArgs args;
+  args.keys = keys;
+  args.n = prefix;
+  args.dim = dim;
+  args.ld = dim;
+  args.k = k;
+  const int m = kcenter_greedy(args, centres.data(), nullptr, sizes.data());
+  keep->assign(centres.begin(), centres.begin() + m);
+  for (int s = prefix; s < len; ++s) keep->push_back(s);
+  if (log_sizes != nullptr) {
+    log_sizes->assign(keep->size(), 0.0f);
+    for (int c = 0; c < m; ++c) (*log_sizes)[c] = std::log(static_cast<float>(sizes[c]));
   }
   return m;
 }

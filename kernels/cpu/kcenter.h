@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace kvb::kernels::cpu {
 
@@ -25,5 +26,13 @@ struct KCenterArgs {
 // cluster_sizes: [k], nullable: the number of points assigned to centres[c] (itself included).
 int kcenter_greedy(const KCenterArgs& args, int32_t* centres, int32_t* assignment = nullptr,
                    int32_t* cluster_sizes = nullptr);
+
+// `subgen_kcenter`'s compression of one head (POLICIES.md): the head of `len` slots keeps the
+// min(k, prefix) centres of its keys [0, prefix) (kcenter_greedy over `keys` [prefix, dim],
+// ld = dim), then every slot of [prefix, len). *keep: that list; log_sizes (nullable): one entry
+// per kept slot, std::log(float(cluster size)) for a centre and 0 for the rest (the weighted
+// variant's logit bias). Returns the centre count. The CPU policy and the CPU policy ops share it.
+int kcenter_keep_list(const float* keys, int prefix, int len, int dim, int k,
+                      std::vector<int32_t>* keep, std::vector<float>* log_sizes);
 
 }  // namespace kvb::kernels::cpu

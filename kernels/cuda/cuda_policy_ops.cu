@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/budget.h"
 #include "kernels/cuda/budget.h"
+#include "kernels/cuda/cuda_rows.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/pool.cuh"
 #include "kernels/cuda/runtime.h"
@@ -17,6 +18,8 @@
 namespace kvb::kernels::cuda {
 namespace {
 
+using ops_detail::CudaRows;
+using ops_detail::device;
 using policies::KeepTop;
 using policies::SlotRows;
 using policies::SlotType;
@@ -25,70 +28,6 @@ constexpr int kThreads = 512;
 
 // Per-head sizes as a kernel argument (no H2D copy): kv_cache_device.h's HeadTable.
 static_assert(kMaxOpsHeads <= kMaxParamHeads, "a HeadTable holds every head the ops decide for");
-
-size_t entry_bytes(SlotType t) { return t == SlotType::kF32 ? sizeof(float) : sizeof(uint64_t); }
-
-// Device rows: per layer one stream-ordered buffer of [heads, ld] entries.
-class CudaRows final : public SlotRows {
- public:
-  CudaRows(SlotType type, int layers, int heads, cudaStream_t stream)
-      : SlotRows(type, layers, heads), stream_(stream), bufs_(layers, nullptr), ld_(layers, 0) {}
-  CudaRows(const CudaRows& o)
-      : SlotRows(o), stream_(o.stream_), bufs_(o.layers(), nullptr), ld_(o.ld_) {
-    for (int l = 0; l < layers(); ++l) {
-      const size_t bytes = layer_bytes(l);
-      if (bytes == 0) continue;
-      KVB_CUDA_CHECK(cudaMallocAsync(&bufs_[l], bytes, stream_));
-      KVB_CUDA_CHECK(
-          cudaMemcpyAsync(bufs_[l], o.bufs_[l], bytes, cudaMemcpyDeviceToDevice, stream_));
-    }
-  }
-  CudaRows& operator=(const CudaRows&) = delete;
-  // Freed on the legacy default stream, which waits for the engine's (blocking) stream: a
-  // policy may outlive the engine that made its state. Teardown errors cannot be reported.
-  ~CudaRows() override {
-    for (void* b : bufs_) {
-      if (b) cudaFreeAsync(b, 0);
-    }
-  }
-  std::unique_ptr<SlotRows> clone() const override { return std::make_unique<CudaRows>(*this); }
-
-  void* data(int layer) const { return bufs_[layer]; }
-  int ld(int layer) const { return ld_[layer]; }
-  void set_len(int layer, int head, int len) { set_length(layer, head, len); }
-  // Room for `need` entries per head in `layer`, rows kept (1.5x growth; a stream-ordered copy,
-  // so nothing waits).
-  void reserve(int layer, int need) {
-    if (need <= ld_[layer]) return;
-    const int ld = std::max(need, ld_[layer] + ld_[layer] / 2);
-    const size_t eb = entry_bytes(type());
-    void* fresh = nullptr;
-    KVB_CUDA_CHECK(cudaMallocAsync(&fresh, static_cast<size_t>(heads()) * ld * eb, stream_));
-    if (bufs_[layer]) {
-      KVB_CUDA_CHECK(cudaMemcpy2DAsync(fresh, ld * eb, bufs_[layer], ld_[layer] * eb,
-                                       ld_[layer] * eb, heads(), cudaMemcpyDeviceToDevice,
-                                       stream_));
-      KVB_CUDA_CHECK(cudaFreeAsync(bufs_[layer], stream_));
-    }
-    bufs_[layer] = fresh;
-    ld_[layer] = ld;
-  }
-
- private:
-  size_t layer_bytes(int l) const {
-    return static_cast<size_t>(heads()) * ld_[l] * entry_bytes(type());
-  }
-  cudaStream_t stream_;
-  std::vector<void*> bufs_;
-  std::vector<int> ld_;
-};
-
-CudaRows& device(SlotRows& rows) {
-  auto* r = dynamic_cast<CudaRows*>(&rows);
-  KVB_CHECK(r != nullptr) << "policy state made by another ops instance reached the CUDA ops";
-  return *r;
-}
-const CudaRows& device(const SlotRows& rows) { return device(const_cast<SlotRows&>(rows)); }
 
 void check_rows(const SlotRows& rows, int layer) {
   KVB_CHECK(layer >= 0 && layer < rows.layers())
@@ -294,6 +233,18 @@ CudaPolicyOps::~CudaPolicyOps() {
   if (lists_) cudaFreeAsync(lists_, 0);
   if (reduced_) cudaFreeAsync(reduced_, 0);
   if (ranks_) cudaFreeAsync(ranks_, 0);
+  if (log_table_) cudaFreeAsync(log_table_, 0);
+}
+
+int32_t* CudaPolicyOps::plan_lists(size_t need) {
+  if (need > lists_cap_) {
+    if (lists_) KVB_CUDA_CHECK(cudaFreeAsync(lists_, stream_));
+    lists_ = nullptr;
+    lists_cap_ = std::max(need, lists_cap_ + lists_cap_ / 2);
+    KVB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&lists_),
+                                   lists_cap_ * sizeof(int32_t), stream_));
+  }
+  return lists_;
 }
 
 std::unique_ptr<SlotRows> CudaPolicyOps::make_rows(SlotType type, int layers, int heads) {
@@ -559,14 +510,7 @@ void CudaPolicyOps::keep_top(const SlotRows& scores, int score_layer, const KvCa
     count.v[t.head] = counts[t.head] = t.kept();
   }
   if (heads.empty() || ld == 0) return;
-  const size_t need = static_cast<size_t>(nh) * ld;
-  if (need > lists_cap_) {
-    if (lists_) KVB_CUDA_CHECK(cudaFreeAsync(lists_, stream_));
-    lists_ = nullptr;
-    lists_cap_ = std::max(need, lists_cap_ + lists_cap_ / 2);
-    KVB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&lists_),
-                                   lists_cap_ * sizeof(int32_t), stream_));
-  }
+  plan_lists(static_cast<size_t>(nh) * ld);
   KeepParams p;
   p.scores = static_cast<const float*>(sc.data(score_layer));
   p.score_ld = sc.ld(score_layer);

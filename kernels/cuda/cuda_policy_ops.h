@@ -18,9 +18,16 @@
 //   (the window sum in query order, IEEE division for mean, reduce_gqa's order, pool1d's loop
 //   through pool.cuh): bitwise. ada_head_budgets: the counts of kernels/cuda/budget (the CPU's
 //   total order) and the CPU's ada_budgets_from_counts on the host: equal budgets.
+//   kcenter_keep <-> CpuPolicyOps (cpu::kcenter_keep_list; cuda::kcenter_greedy is the CPU's
+//   bit for bit on finite keys): equal lists; log sizes looked up in a table of the host's
+//   std::log(float(i)) (the CPU's bits: glibc's logf is not the rounded double log for every
+//   size, e.g. 1579), uploaded when a longer prefix than before is compressed (one H2D copy,
+//   counted in transfers(); a prefill cost). erase <-> CpuPolicyOps: bitwise (a move).
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <vector>
 
 #include "kernels/policies/policy_ops.h"
 
@@ -56,12 +63,21 @@ class CudaPolicyOps final : public policies::PolicyOps {
                 std::span<const policies::KeepTop> heads,
                 std::span<policies::SlotRows* const> state, EvictionPlan& plan) override;
 
+  // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy per listed head on the
+  // cache's device rows (bf16 rows widened exactly into scratch first), the lists and log sizes
+  // written on the device; erase moves a row's later entries down in place.
+  void erase(policies::SlotRows& rows, int layer,
+             std::span<const policies::RowErase> heads) override;
+  void kcenter_keep(const KvCache& cache, std::span<const policies::KCenterKeep> heads,
+                    policies::SlotRows* log_sizes, EvictionPlan& plan) override;
+
   // SubGen (cuda_policy_ops_subgen.cu): sketches in kernels/cuda/subgen_sketch.h storage,
   // absorbed and queried by its kernels on the engine's stream; read_keys and read_subgen are
-  // synchronous (one sync each; read_keys counts its copy in transfers()).
+  // synchronous (one sync each; read_keys counts its copy in transfers()). subgen_query also
+  // serves weighted subgen_kcenter (no state; exact slots with their bias rows).
   std::unique_ptr<policies::SubgenState> make_subgen_state(const cpu::SubgenParams& p, int layers,
                                                            int heads) override;
-  void subgen_query(const policies::SubgenState& state, const policies::SubgenAttend& args,
+  void subgen_query(const policies::SubgenState* state, const policies::SubgenAttend& args,
                     const KvCache& cache) override;
   void subgen_absorb(policies::SubgenState& state, int layer, const KvCache& cache,
                      std::span<const policies::SubgenAbsorb> heads, uint64_t seed) override;
@@ -76,17 +92,26 @@ class CudaPolicyOps final : public policies::PolicyOps {
   // Kernel launches since construction (the ops' cost, countable like the engine's copies).
   int64_t launches() const { return launches_; }
   // Copies to the host and stream syncs the ops made since construction (ada_head_budgets,
-  // read_f32, read_u64); the engine adds them to its TransferCounters.
+  // read_f32, read_u64), and their uploads (kcenter_keep's log table); the engine adds them to
+  // its TransferCounters.
   struct Transfers {
     int64_t d2h_copies = 0;
     int64_t stream_syncs = 0;
     size_t d2h_bytes = 0;
+    int64_t h2d_copies = 0;
+    size_t h2d_bytes = 0;
   };
   const Transfers& transfers() const { return transfers_; }
 
  private:
+  // lists_ with room for `need` entries (contents not kept).
+  int32_t* plan_lists(size_t need);
+  // log_table_ with at least `need` entries (filled and uploaded when it grows).
+  const float* log_table(size_t need);
+
   cudaStream_t stream_;
-  int32_t* lists_ = nullptr;  // keep_top's [heads, ld] lists (stream-ordered allocation)
+  // keep_top's and kcenter_keep's [heads, ld] lists (stream-ordered allocation)
+  int32_t* lists_ = nullptr;
   size_t lists_cap_ = 0;
   // Scratch of window_scores ([heads, ld] window-and-GQA-reduced scores before pooling) and of
   // ada_head_budgets ([heads, ld] positions, [heads] lengths, [heads] counts).
@@ -94,6 +119,11 @@ class CudaPolicyOps final : public policies::PolicyOps {
   size_t reduced_cap_ = 0;
   int32_t* ranks_ = nullptr;
   size_t ranks_cap_ = 0;
+  // kcenter_keep's log sizes: entry i = std::log(float(i)) on the host, i < log_cap_ (entry 0
+  // unused); the host copy stays for the stream-ordered upload.
+  float* log_table_ = nullptr;
+  size_t log_cap_ = 0;
+  std::vector<float> log_host_;
   int64_t launches_ = 0;
   Transfers transfers_;
 };

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cuda/cuda_policy_ops.h"
+#include "kernels/cuda/cuda_rows.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/subgen_sketch.h"
@@ -34,12 +35,6 @@ const CudaSubgenState& device(const policies::SubgenState& s) {
   return device(const_cast<policies::SubgenState&>(s));
 }
 
-DeviceKvCache& rows_of(const KvCache& cache, const char* op) {
-  auto* dev = dynamic_cast<DeviceKvCache*>(cache.device_rows());
-  KVB_CHECK(dev != nullptr) << "cuda policy ops: " << op << " on a cache without device rows";
-  return *dev;
-}
-
 }  // namespace
 
 std::unique_ptr<policies::SubgenState> CudaPolicyOps::make_subgen_state(const cpu::SubgenParams& p,
@@ -47,17 +42,16 @@ std::unique_ptr<policies::SubgenState> CudaPolicyOps::make_subgen_state(const cp
   return std::make_unique<CudaSubgenState>(p, layers, heads, stream_);
 }
 
-void CudaPolicyOps::subgen_query(const policies::SubgenState& state,
+void CudaPolicyOps::subgen_query(const policies::SubgenState* state,
                                  const policies::SubgenAttend& a, const KvCache& cache) {
-  // The layer's arrays are allocated on first use: a const state may hand them out because
-  // no head reads an array it has not absorbed into (compressed heads were absorbed first).
-  auto& sk = const_cast<DeviceSubgenSketches&>(device(state).sketches);
-  DeviceKvCache& dev = rows_of(cache, "subgen_query");
+  DeviceKvCache& dev = ops_detail::cache_rows(cache, "subgen_query");
   const int ckv = cache.shape().num_kv_heads;
   std::vector<int32_t> lengths(ckv);
   for (int h = 0; h < ckv; ++h) lengths[h] = cache.length(a.layer, h);
   bool any = false;
   for (uint8_t c : a.compressed) any |= c != 0;
+  KVB_CHECK(state != nullptr || !any)
+      << "cuda policy ops: subgen_query with a compressed head and no SubGen state";
   SubgenQueryHeadsArgs q;
   q.q = a.q;
   q.out = a.out;
@@ -65,10 +59,29 @@ void CudaPolicyOps::subgen_query(const policies::SubgenState& state,
   q.num_heads = a.num_heads;
   q.head_dim = a.head_dim;
   q.scale = a.scale;
-  q.s = sk.params().s;
-  q.t = sk.params().t;
-  q.max_clusters = sk.params().max_clusters;
-  if (any) q.sketches = sk.layer(a.layer);
+  if (state != nullptr) {
+    // The layer's arrays are allocated on first use: a const state may hand them out because
+    // no head reads an array it has not absorbed into (compressed heads were absorbed first).
+    auto& sk = const_cast<DeviceSubgenSketches&>(device(*state).sketches);
+    q.s = sk.params().s;
+    q.t = sk.params().t;
+    q.max_clusters = sk.params().max_clusters;
+    if (any) q.sketches = sk.layer(a.layer);
+  }
+  if (a.exact_bias != nullptr) {
+    const ops_detail::CudaRows& b = ops_detail::device(*a.exact_bias);
+    KVB_CHECK(b.type() == policies::SlotType::kF32 && a.layer >= 0 && a.layer < b.layers() &&
+              b.heads() == ckv)
+        << "cuda policy ops: subgen_query's bias rows (" << b.layers() << " x " << b.heads()
+        << ") for layer " << a.layer << " of a cache of " << ckv << " heads";
+    for (int h = 0; h < ckv; ++h) {
+      KVB_CHECK(b.length(a.layer, h) == lengths[h])
+          << "cuda policy ops: subgen_query's bias row (" << a.layer << ", " << h << ") holds "
+          << b.length(a.layer, h) << " entries for " << lengths[h] << " slots";
+    }
+    q.exact_bias = static_cast<const float*>(b.data(a.layer));
+    q.bias_ld = b.ld(a.layer);
+  }
   q.kv = dev.layer(a.layer);
   q.compressed = a.compressed;
   q.lengths = lengths;
@@ -80,7 +93,7 @@ void CudaPolicyOps::subgen_absorb(policies::SubgenState& state, int layer, const
                                   std::span<const policies::SubgenAbsorb> heads, uint64_t seed) {
   if (heads.empty()) return;
   DeviceSubgenSketches& sk = device(state).sketches;
-  DeviceKvCache& dev = rows_of(cache, "subgen_absorb");
+  DeviceKvCache& dev = ops_detail::cache_rows(cache, "subgen_absorb");
   std::vector<SubgenAbsorbHead> table(heads.size());
   for (size_t i = 0; i < heads.size(); ++i) {
     const policies::SubgenAbsorb& h = heads[i];
@@ -94,7 +107,7 @@ void CudaPolicyOps::subgen_absorb(policies::SubgenState& state, int layer, const
 
 std::vector<float> CudaPolicyOps::read_keys(const KvCache& cache, int layer, int head, int first,
                                             int count) {
-  DeviceKvCache& dev = rows_of(cache, "read_keys");
+  DeviceKvCache& dev = ops_detail::cache_rows(cache, "read_keys");
   KVB_CHECK(head >= 0 && head < cache.shape().num_kv_heads && first >= 0 && count >= 0 &&
             first + count <= dev.length(layer, head))
       << "cuda policy ops: read_keys of slots [" << first << ", " << first + count << ") of layer "

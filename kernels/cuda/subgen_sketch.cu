@@ -200,6 +200,8 @@ struct QueryLaunch {
   int s, t, max_clusters;
   SubgenLayerSketches sketches;
   const int32_t* offsets;
+  const float* bias;  // [kv_heads, bias_ld], nullable
+  int bias_ld;
 };
 
 template <typename T>
@@ -228,6 +230,7 @@ __global__ void __launch_bounds__(subgen_detail::kQueryThreads)
     in.t = a.t;
   }
   in.n_exact = table.lengths[kvh] - a.n + i + 1;
+  if (a.bias) in.exact_bias = a.bias + static_cast<size_t>(kvh) * a.bias_ld;
   const size_t first = static_cast<size_t>(a.offsets[kvh]) * d;
   const size_t b = blockIdx.x;
   subgen_detail::query_block(in, keys + first, values + first, logit + b * per_block,
@@ -413,9 +416,12 @@ void subgen_query_heads(const SubgenQueryHeadsArgs& a, cudaStream_t stream) {
             a.lengths.size() == static_cast<size_t>(ckv))
       << "cuda::subgen_query_heads: " << a.compressed.size() << " compressed flags and "
       << a.lengths.size() << " lengths for " << ckv << " KV heads";
-  KVB_CHECK(a.s >= 1 && a.t >= 1 && a.max_clusters >= 1)
+  bool any_compressed = false;
+  for (uint8_t c : a.compressed) any_compressed |= c != 0;
+  KVB_CHECK(any_compressed ? a.s >= 1 && a.t >= 1 && a.max_clusters >= 1
+                           : a.s >= 0 && a.t >= 0 && a.max_clusters >= 0)
       << "cuda::subgen_query_heads: s " << a.s << ", t " << a.t << ", max_clusters "
-      << a.max_clusters;
+      << a.max_clusters << (any_compressed ? " with a compressed head" : "");
   QueryTable table{};
   int longest = 0;
   for (int h = 0; h < ckv; ++h) {
@@ -428,6 +434,9 @@ void subgen_query_heads(const SubgenQueryHeadsArgs& a, cudaStream_t stream) {
     table.compressed[h] = a.compressed[h] ? 1 : 0;
     longest = std::max(longest, a.lengths[h]);
   }
+  KVB_CHECK(a.exact_bias == nullptr || a.bias_ld >= longest)
+      << "cuda::subgen_query_heads: bias rows of " << a.bias_ld << " entries for a head of "
+      << longest << " slots";
   const size_t per_block =
       static_cast<size_t>(a.s) + static_cast<size_t>(a.max_clusters) * a.t + longest;
   const size_t block_bytes = per_block * (sizeof(double) + sizeof(float));
@@ -436,8 +445,9 @@ void subgen_query_heads(const SubgenQueryHeadsArgs& a, cudaStream_t stream) {
   StreamScratch scratch(block_bytes * a.num_heads * rows_per_launch, stream);
   double* weight = scratch.as<double>();
   float* logit = reinterpret_cast<float*>(weight + per_block * a.num_heads * rows_per_launch);
-  const QueryLaunch launch{a.q,     a.out, a.n, a.num_heads,    ckv,        a.head_dim,
-                           a.scale, a.s,   a.t, a.max_clusters, a.sketches, a.kv.offsets};
+  const QueryLaunch launch{a.q,       a.out,       a.n,          a.num_heads, ckv,
+                           a.head_dim, a.scale,     a.s,          a.t,         a.max_clusters,
+                           a.sketches, a.kv.offsets, a.exact_bias, a.bias_ld};
   for (int row0 = 0; row0 < a.n; row0 += rows_per_launch) {
     const int rows = std::min(rows_per_launch, a.n - row0);
     const int blocks = rows * a.num_heads;

@@ -103,8 +103,11 @@ void subgen_absorb(const cpu::SubgenParams& p, const SubgenLayerSketches& sketch
 // The estimator's answer for every query of a layer (what the CPU policy computes per (row,
 // query head) with cpu::subgen_query): query i of n, head h (KV head h / (num_heads /
 // kv.num_kv_heads)) sees its KV head's sketch when compressed[kv head] (else none) plus the
-// head's exact slots [0, lengths[kv head] - n + i] of `kv`. One block per (row, head); the
-// scratch (12 bytes per logit) is bounded by launching the rows in chunks.
+// head's exact slots [0, lengths[kv head] - n + i] of `kv`, exact slot j's logit plus
+// exact_bias[kv head * bias_ld + j] when exact_bias is given (cpu::SubgenQueryArgs::exact_bias;
+// with no head compressed: weighted subgen_kcenter's biased softmax, s, t and max_clusters may
+// then be 0). One block per (row, head); the scratch (12 bytes per logit) is bounded by
+// launching the rows in chunks.
 struct SubgenQueryHeadsArgs {
   const float* q = nullptr;  // device [n, num_heads, head_dim], post-RoPE
   float* out = nullptr;      // device [n, num_heads, head_dim]
@@ -117,6 +120,8 @@ struct SubgenQueryHeadsArgs {
   DeviceLayerKvView kv;
   std::span<const uint8_t> compressed;  // host [kv.num_kv_heads]
   std::span<const int32_t> lengths;     // host [kv.num_kv_heads]: the heads' slots now
+  const float* exact_bias = nullptr;    // device [kv.num_kv_heads, bias_ld], nullable
+  int bias_ld = 0;                      // >= every length when exact_bias is given
 };
 void subgen_query_heads(const SubgenQueryHeadsArgs& args, cudaStream_t stream = 0);
 

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "kernels/cpu/budget.h"
 #include "kernels/cpu/history_bits.h"
+#include "kernels/cpu/kcenter.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/select.h"
 #include "kernels/policies/policy.h"
@@ -80,7 +81,8 @@ void check_layer(const SlotRows& rows, int layer) {
 // SubGen's device ops: an instance without them (the CPU's: its policy keeps host sketches).
 namespace {
 [[noreturn]] void no_subgen_ops(const PolicyOps& ops, const char* op) {
-  KVB_FAIL() << "policy ops: " << op << " is a device op (SubGen on a device); this "
+  KVB_FAIL() << "policy ops: " << op << " is a device op (SubGen, and weighted subgen_kcenter's "
+             << "query, on a device); this "
              << (ops.on_device() ? "device" : "host") << " instance has no SubGen sketches";
 }
 }  // namespace
@@ -89,7 +91,7 @@ std::unique_ptr<SubgenState> PolicyOps::make_subgen_state(const kernels::cpu::Su
                                                           int) {
   no_subgen_ops(*this, "make_subgen_state");
 }
-void PolicyOps::subgen_query(const SubgenState&, const SubgenAttend&, const kernels::KvCache&) {
+void PolicyOps::subgen_query(const SubgenState*, const SubgenAttend&, const kernels::KvCache&) {
   no_subgen_ops(*this, "subgen_query");
 }
 void PolicyOps::subgen_absorb(SubgenState&, int, const kernels::KvCache&,
@@ -329,6 +331,52 @@ void CpuPolicyOps::keep_top(const SlotRows& scores, int score_layer,
       } else {
         compact(r.u64(layer, t.head), keep);
       }
+      r.sync_length(layer, t.head);
+    }
+    plan.keep(t.head, keep);
+  }
+}
+
+void CpuPolicyOps::erase(SlotRows& rows, int layer, std::span<const RowErase> heads) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  for (const RowErase& e : heads) {
+    KVB_CHECK(e.head >= 0 && e.head < rows.heads() && e.first >= 0 && e.count >= 0 &&
+              e.first + e.count <= rows.length(layer, e.head))
+        << "erase: entries [" << e.first << ", " << e.first + e.count << ") of head " << e.head
+        << " of " << rows.heads() << ", holding "
+        << (e.head >= 0 && e.head < rows.heads() ? rows.length(layer, e.head) : -1);
+    if (rows.type() == SlotType::kF32) {
+      std::vector<float>& v = r.f32(layer, e.head);
+      v.erase(v.begin() + e.first, v.begin() + e.first + e.count);
+    } else {
+      std::vector<uint64_t>& v = r.u64(layer, e.head);
+      v.erase(v.begin() + e.first, v.begin() + e.first + e.count);
+    }
+    r.sync_length(layer, e.head);
+  }
+}
+
+void CpuPolicyOps::kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
+                                SlotRows* log_sizes, kernels::EvictionPlan& plan) {
+  const int layer = plan.layer();
+  const int nh = cache.shape().num_kv_heads;
+  KVB_CHECK(cache.host_rows()) << "kcenter_keep: the CPU ops read host rows; the cache has none";
+  if (log_sizes) check_layer(*log_sizes, layer);
+  const kernels::LayerKvView view = cache.layer(layer);
+  std::vector<int32_t> keep;
+  std::vector<float> bias;
+  for (const KCenterKeep& t : heads) {
+    const int len = t.head >= 0 && t.head < nh ? cache.length(layer, t.head) : -1;
+    KVB_CHECK(len >= 0 && 0 <= t.prefix && t.prefix <= len && t.k >= 0 &&
+              (!log_sizes || t.head < log_sizes->heads()))
+        << "kcenter_keep: head " << t.head << " of " << nh << " keeps " << t.k
+        << " centres of [0, " << t.prefix << ") of " << len << " slots";
+    kernels::cpu::kcenter_keep_list(view.key(t.head, 0), t.prefix, len, view.head_dim, t.k,
+                                    &keep, log_sizes ? &bias : nullptr);
+    if (log_sizes) {
+      CpuRows& r = host(*log_sizes);
+      r.f32(layer, t.head) = bias;
       r.sync_length(layer, t.head);
     }
     plan.keep(t.head, keep);

@@ -28,6 +28,9 @@ class CpuPolicyOps final : public PolicyOps {
   void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
                 std::span<const KeepTop> heads, std::span<SlotRows* const> state,
                 kernels::EvictionPlan& plan) override;
+  void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
+  void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
+                    SlotRows* log_sizes, kernels::EvictionPlan& plan) override;
   std::vector<float> read_f32(const SlotRows& rows, int layer, int head) override;
   std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) override;
 };

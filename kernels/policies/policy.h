@@ -132,13 +132,14 @@ class Policy {
   // token is appended and before the query attends (the original StreamingLLM order).
   virtual bool evict_before_attention() const { return false; }
   // reads_cache_rows: the hooks read the cache's keys or values (k-center, SubGen's sketch), so
-  // a device engine must keep the rows on the host too (unless the policy attends with ops,
-  // below); others read only lengths, positions and the statistics they asked for.
+  // a device engine must keep the rows on the host too (unless the policy attends or decides
+  // with ops, below); others read only lengths, positions and the statistics they asked for.
   virtual bool reads_cache_rows() const { return false; }
   // decides_with_ops: the hooks read the statistics and keep their state through
   // LayerStats::ops (policy_ops.h), so on a device the statistics stay where attention wrote
   // them and the decisions are made there; the host sees only lengths (by the policy's law).
-  // Such a policy reads no cache rows and no positions on the host.
+  // Such a policy reads no cache rows and no positions on the host (subgen_kcenter reads its
+  // keys through the ops: kcenter_keep).
   virtual bool decides_with_ops() const { return false; }
   // replaces_attention: the engine calls attend() instead of its own attention (SubGen).
   virtual bool replaces_attention() const { return false; }

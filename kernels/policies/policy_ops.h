@@ -3,9 +3,10 @@
 // per-slot state in SlotRows made by the table, reads the statistics where the table finds them
 // (LayerStats::ops: host pointers for the CPU instance, device pointers for the CUDA one), and
 // writes its decisions into the layer's EvictionPlan through keep_top. Policies that decide
-// through it: h2o, tova, scissorhands, knorm, and the SnapKV family (snapkv, pyramidkv,
-// ada_snapkv, ada_pyramidkv: window_scores, ada_head_budgets, keep_top). One copy of each
-// policy's logic runs on both instances:
+// through it: h2o, tova, scissorhands, knorm, the SnapKV family (snapkv, pyramidkv,
+// ada_snapkv, ada_pyramidkv: window_scores, ada_head_budgets, keep_top) and subgen_kcenter on a
+// device (kcenter_keep, erase; its weighted variant attends through subgen_query). One copy of
+// each policy's logic runs on both instances:
 //  - CpuPolicyOps (kernels/policies/cpu_policy_ops.h): the f32 reference; its ops are
 //    kernels/cpu/ code (select, policy_rows), the bits the policies computed before the table.
 //  - CudaPolicyOps (kernels/cuda/cuda_policy_ops.h): the twins in kernels/cuda/; rows, scores
@@ -130,7 +131,10 @@ class SubgenStatePtr {
 
 // One layer's queries for SubGen's estimator (the policy's AttendArgs where the ops live):
 // query i of n, head h sees its cache head's sketch when compressed[cache head], plus the
-// head's exact slots [0, length - n + i] (the block is appended already).
+// head's exact slots [0, length - n + i] (the block is appended already), each exact logit
+// plus its slot's entry of exact_bias when given (cpu::SubgenQueryArgs::exact_bias). With no
+// sketch and a bias this is weighted subgen_kcenter's attention: an exact softmax with a
+// per-slot logit bias.
 struct SubgenAttend {
   int layer = 0;
   int n = 0;
@@ -140,6 +144,26 @@ struct SubgenAttend {
   const float* q = nullptr;  // [n, num_heads, head_dim] where the ops read
   float* out = nullptr;      // [n, num_heads, head_dim]
   std::span<const uint8_t> compressed;  // host [cache heads]
+  // f32 rows made by the same ops, nullable: row (layer, cache head) as long as the head, entry
+  // j added to slot j's logit.
+  const SlotRows* exact_bias = nullptr;
+};
+
+// One head's compression for subgen_kcenter's kcenter_keep: the head keeps the min(k, prefix)
+// centres of greedy k-center over the keys of its slots [0, prefix), then every slot of
+// [prefix, len) (len: the cache's length). 0 <= prefix <= len, k >= 0.
+struct KCenterKeep {
+  int head = 0;
+  int prefix = 0;
+  int k = 0;
+};
+
+// One head's share of erase: entries [first, first + count) of its row leave, the later ones
+// move down (a slide's compaction of per-slot state).
+struct RowErase {
+  int head = 0;
+  int first = 0;
+  int count = 0;
 };
 
 // One head's absorb: cache slots [first, end) of `head`, in order, into its sketch with radius
@@ -223,6 +247,21 @@ class PolicyOps {
                         std::span<const KeepTop> heads, std::span<SlotRows* const> state,
                         kernels::EvictionPlan& plan) = 0;
 
+  // Row (layer, head) of each listed head (distinct) loses entries [first, first + count).
+  virtual void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) = 0;
+  // subgen_kcenter's one-shot compression (POLICIES.md `subgen_kcenter`; the CPU's
+  // cpu::kcenter_keep_list per head, keys as the cache holds them, post-RoPE): fills `plan` (for
+  // `cache`'s layer plan.layer(); the other heads keep everything) with each listed head's keep
+  // list, its centres in increasing index order then [prefix, len), min(k, prefix) + len - prefix
+  // slots (host-known). log_sizes (nullable; f32 rows made by these ops): row (plan.layer(),
+  // head) of each listed head becomes as long as its list, log(cluster size) for a centre (the
+  // CPU's std::log(float) bits) and 0 for the rest. The CPU instance writes host keep lists; a
+  // device instance runs cuda::kcenter_greedy per head on the cache's device rows and leaves
+  // every list on the device (EvictionPlan::keep_on_device), valid until its next keep_top or
+  // kcenter_keep: no copy, no sync.
+  virtual void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
+                            SlotRows* log_sizes, kernels::EvictionPlan& plan) = 0;
+
   // SubGen on a device (Policy::attends_with_ops; kernels/policies/subgen.cc). The CPU policy
   // runs the reference (kernels/cpu/subgen_estimator.h) on host rows itself, so the CPU
   // instance has none of these (they throw); a device instance keeps the sketches, reads the
@@ -232,7 +271,9 @@ class PolicyOps {
   virtual std::unique_ptr<SubgenState> make_subgen_state(const kernels::cpu::SubgenParams& p,
                                                          int layers, int heads);
   // The estimator's answer for every query of a layer (cpu::subgen_query per row and head).
-  virtual void subgen_query(const SubgenState& state, const SubgenAttend& args,
+  // state: null when no head is compressed (weighted subgen_kcenter: no sketch, only exact
+  // slots with their bias).
+  virtual void subgen_query(const SubgenState* state, const SubgenAttend& args,
                             const kernels::KvCache& cache);
   // cpu::subgen_absorb of each listed head's slots (distinct heads), bit for bit.
   virtual void subgen_absorb(SubgenState& state, int layer, const kernels::KvCache& cache,

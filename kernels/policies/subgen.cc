@@ -232,7 +232,7 @@ class SubGen final : public Policy {
                                                "attention (AttendArgs::exact)";
       a.exact();
     } else {
-      ops.subgen_query(*device_,
+      ops.subgen_query(device_.get(),
                        {.layer = layer,
                         .n = a.n,
                         .num_heads = a.num_heads,

@@ -413,15 +413,17 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
   variants.push_back({"h2o", {{"prefill", "streaming"}}});
   variants.push_back({"snapkv", {{"gqa", "expand"}}});
   variants.push_back({"streaming_llm", {{"positions", "rolling"}, {"evict", "before_attention"}}});
-  // Policies that replace attention (CudaBackend::attend_replaced): SubGen's sketches and
-  // estimator run on the device (its absorbs are the CPU's bit for bit on the same rows), its
-  // decisions follow the lengths; weighted subgen_kcenter's attend() runs on the host rows and
-  // its decisions follow the k-center of the keys; outputs from the estimator and the biased
-  // softmax.
+  // Policies that replace attention (CudaBackend::attend_replaced), both on the device: SubGen's
+  // sketches and estimator (its absorbs are the CPU's bit for bit on the same rows), its
+  // decisions follow the lengths; weighted subgen_kcenter's k-center on the device rows
+  // (cuda::kcenter_greedy, the CPU's picks on finite keys), its biased softmax through the ops'
+  // subgen_query. subgen_kcenter's plain variant (the registry's entry, and `slide` here)
+  // decides with ops in its hooks.
   variants.push_back({"subgen", {{"sinks", "1"}, {"recent", "2"}, {"delta", "0"}}});
   variants.push_back({"subgen", {{"delta", "0"}, {"prefill", "streaming"}}});
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}}});
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}}});
+  variants.push_back({"subgen_kcenter", {{"decode", "slide"}}});
   int checked = 0, replaced = 0;
   for (const std::string& text : kPrompts) {
     const std::vector<int32_t> ids = prompt(text);
@@ -466,8 +468,9 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
       const double bound = name == "subgen" ? 1e-1 : 1e-2;
       EXPECT_LT(worst, bound) << "logits drifted from the CPU's";
       // The host holds rows only for policies that read them there; otherwise an index
-      // (SubGen reads its rows on the device).
-      EXPECT_EQ(gpu_cache.host_rows(), probe->reads_cache_rows() && !probe->attends_with_ops());
+      // (SubGen and subgen_kcenter read their rows on the device).
+      EXPECT_EQ(gpu_cache.host_rows(), probe->reads_cache_rows() && !probe->attends_with_ops() &&
+                                           !probe->decides_with_ops());
       expect_device_rows_match(gpu, gpu_cache, &cpu_cache, 1e-2);
       ++checked;
     }
@@ -478,9 +481,9 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
 
 // The law POLICIES.md states for SubGen ("a budget that is never exceeded is exactly `full`")
 // and weighted subgen_kcenter (no centre, no bias: the engine's attention), on the GPU: the
-// replaced attention runs on the host over the host rows with the downloaded queries, and its
-// output, uploaded, must give the device attention's logits (f32: within 1e-3, the two sum in
-// different orders) at every step, and keep every token.
+// replaced attention runs on the device through the ops and, with nothing compressed, is the
+// backend's own attention (AttendArgs::exact), so it must give `full`'s logits (within 1e-3)
+// at every step, and keep every token.
 TEST_F(CudaEngineSmol, ReplacedAttentionUnderBudgetEqualsFull) {
   const engine::Model& m = *lm_.model;
   engine::Engine cpu(m);
@@ -538,10 +541,10 @@ TEST_F(CudaEngineSmol, Bf16SubgenKeepsSinksAndRecentWindow) {
 // asked for (1 copy each, 1 sync). Eviction plans are applied on the device without waiting.
 // Policies that still decide on host statistics (h2o, tova, scissorhands, knorm's norms) keep a
 // per-layer sync until they decide on the device (issue 13); this pins the counts so that the
-// change shows. Weighted subgen_kcenter replaces attention on the host: per layer the queries'
-// download (1 copy, 1 sync) and the output's upload (1 H2D copy), on top of its host rows.
-// SubGen replaces attention on the device (Policy::attends_with_ops): its step copies the logits
-// and syncs once, as `full`, while it absorbs a token per layer (its keep-lists go up, H2D).
+// change shows. SubGen and weighted subgen_kcenter replace attention on the device
+// (Policy::attends_with_ops), plain subgen_kcenter decides with ops: a step copies the logits
+// and syncs once, as `full`, while SubGen absorbs a token per layer and subgen_kcenter's `slide`
+// drops one per head (victims: nothing uploaded but the pass's token and position).
 TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
   const engine::Model& m = *lm_.model;
   engine::CudaEngine gpu(m, DType::kF32);
@@ -551,9 +554,13 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
   std::vector<std::pair<std::string, std::map<std::string, std::string>>> variants;
   for (const auto& p : policies::policy_registry()) variants.push_back({p.name, {}});
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}}});
+  variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}}});
+  variants.push_back({"subgen_kcenter", {{"decode", "slide"}}});
   int checked = 0, replaced_checked = 0, device_replaced_checked = 0;
   for (const auto& [name, opts] : variants) {
-    SCOPED_TRACE(name + (opts.empty() ? "" : " weighted"));
+    std::string label = name;
+    for (const auto& [k, v] : opts) label += " " + k + "=" + v;
+    SCOPED_TRACE(label);
     policies::PolicyConfig pc;
     pc.name = name;
     pc.kv_budget = name == "full" ? 0 : budget;
@@ -606,7 +613,8 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
                                        : 0;
     // Host rows (a policy that reads them) come down per layer; an index needs nothing.
     const int rows = cache.host_rows() ? 1 : 0;
-    EXPECT_EQ(cache.host_rows(), policy->reads_cache_rows() && !policy->attends_with_ops());
+    EXPECT_EQ(cache.host_rows(), policy->reads_cache_rows() && !policy->attends_with_ops() &&
+                                     !policy->decides_with_ops());
     // knorm decides on the device; a replaced attention's queries come down per layer (1 copy,
     // 1 sync) and its hook reads no statistics.
     const int keys_down = req.pre_rope_keys && !on_device ? L : 0;
@@ -641,12 +649,17 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
       EXPECT_EQ(cache.physical_bytes(), static_cast<size_t>(L) * cache.shape().num_kv_heads *
                                             cache.capacity() * sizeof(int32_t));
     }
-    if (policy->attends_with_ops()) {
+    if (policy->attends_with_ops() || name == "subgen_kcenter") {
       // SubGen on the device: compressed at the prompt (budget below it), so every layer
-      // absorbs the new token (recent 0) and its plan drops it as one victim per head; H2D:
-      // the pass's tokens and positions only (lengths and victims travel as kernel arguments,
-      // the absorbs' and queries' tables too). No query, statistic, row or key comes down.
-      EXPECT_EQ(evicting, L);
+      // absorbs the new token (recent 0) and its plan drops it as one victim per head.
+      // subgen_kcenter: compressed at the prompt (k-center on the device, its lists left
+      // there), each head at the budget; `slide` drops the oldest slot after the centres as one
+      // victim per head, `append` keeps the token; the weighted query reads the bias rows
+      // where the ops keep them. H2D: the pass's tokens and positions only (lengths and
+      // victims travel as kernel arguments, the absorbs', queries' and erases' tables too).
+      // No query, statistic, row or key comes down.
+      const bool drops = name == "subgen" || (opts.count("decode") && opts.at("decode") == "slide");
+      EXPECT_EQ(evicting, drops ? L : 0);
       EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, 1);  // the logits
       EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, 1);
       EXPECT_EQ(t1.h2d_copies - t0.h2d_copies, 2);
@@ -659,9 +672,10 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, static_cast<int>(policies::policy_registry().size()) + 1);  // none skipped
-  EXPECT_EQ(replaced_checked, 1);         // weighted subgen_kcenter
-  EXPECT_EQ(device_replaced_checked, 1);  // subgen
+  EXPECT_EQ(checked, static_cast<int>(policies::policy_registry().size()) + 3);  // none skipped
+  EXPECT_EQ(replaced_checked, 0);  // every policy that replaces attention does so on the device
+  // subgen; subgen_kcenter plain (append, slide) and weighted (append, slide)
+  EXPECT_EQ(device_replaced_checked, 5);
 }
 
 TEST_F(CudaEngineSmol, Bf16TeacherForcedTop1AgreesWithCpu) {

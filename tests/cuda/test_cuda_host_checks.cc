@@ -25,6 +25,7 @@
 #include "kernels/cuda/select.h"
 #include "kernels/cuda/subgen_estimator.h"
 #include "kernels/cuda/subgen_sketch.h"
+#include "kernels/eviction_plan.h"
 #include "kernels/policies/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
 #include "kernels/policies/snapkv_scores.h"
@@ -174,6 +175,49 @@ TEST(CudaHostChecks, PolicyOpsRejectBadSnapKvArguments) {
             std::string::npos);
   EXPECT_EQ(ops.launches(), 0);
   EXPECT_EQ(ops.transfers().d2h_copies, 0);
+}
+
+// subgen_kcenter's ops and the biased batched query check their arguments before any CUDA call.
+TEST(CudaHostChecks, KCenterOpsRejectBadArguments) {
+  CudaPolicyOps ops(nullptr);
+  std::unique_ptr<policies::SlotRows> rows = ops.make_rows(policies::SlotType::kF32, 1, 2);
+  const policies::RowErase past[] = {{.head = 1, .first = 0, .count = 1}};  // the row is empty
+  EXPECT_NE(
+      error_of([&] { ops.erase(*rows, 0, past); }).find("[0, 1) of head 1 of 2, holding 0"),
+      std::string::npos);
+  KvCache cache({1, 2, 4}, 4, /*host_rows=*/false);
+  EvictionPlan plan;
+  plan.reset(0, 2);
+  const policies::KCenterKeep keep[] = {{.head = 0, .prefix = 0, .k = 1}};
+  EXPECT_NE(error_of([&] { ops.kcenter_keep(cache, keep, nullptr, plan); })
+                .find("kcenter_keep on a cache without device rows"),
+            std::string::npos);
+  EvictionPlan three;
+  three.reset(0, 3);
+  EXPECT_NE(error_of([&] { ops.kcenter_keep(cache, keep, nullptr, three); }).find("3 heads"),
+            std::string::npos);
+  float dummy[8] = {};
+  const int32_t lengths[2] = {3, 5};
+  SubgenQueryHeadsArgs q;
+  q.n = 1;
+  q.num_heads = 2;
+  q.head_dim = 4;
+  q.kv.keys = q.kv.values = dummy;
+  q.kv.host_lengths = lengths;
+  q.kv.num_kv_heads = 2;
+  q.kv.head_dim = 4;
+  const uint8_t one[2] = {1, 0};
+  q.compressed = one;  // a compressed head needs s, t, max_clusters >= 1
+  q.lengths = lengths;
+  EXPECT_NE(error_of([&] { subgen_query_heads(q); }).find("with a compressed head"),
+            std::string::npos);
+  const uint8_t none[2] = {0, 0};
+  q.compressed = none;
+  q.exact_bias = dummy;
+  q.bias_ld = 4;  // head 1 holds 5 slots
+  EXPECT_NE(error_of([&] { subgen_query_heads(q); }).find("bias rows of 4 entries"),
+            std::string::npos);
+  EXPECT_EQ(ops.launches(), 0);
 }
 
 TEST(CudaHostChecks, AttentionValidatesAgainstHostLengths) {

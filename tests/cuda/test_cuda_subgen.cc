@@ -185,7 +185,7 @@ TEST_P(CudaSubgen, BatchedQueryIsTheCpuEstimator) {
   cu::DeviceBuffer<float> qd = parity::to_device(q);
   cu::DeviceBuffer<float> outd(q.size());
   const std::vector<uint8_t> compressed = {1, 0, 1};
-  ops_->subgen_query(*st,
+  ops_->subgen_query(st.get(),
                      {.layer = kLayer, .n = n, .num_heads = num_heads, .head_dim = kDim,
                       .scale = scale, .q = qd.data(), .out = outd.data(),
                       .compressed = compressed},

@@ -92,6 +92,8 @@ TransferCounters CudaBackend::counters() const {
   t.d2h_copies += ops.d2h_copies;
   t.stream_syncs += ops.stream_syncs;
   t.d2h_bytes += ops.d2h_bytes;
+  t.h2d_copies += ops.h2d_copies;
+  t.h2d_bytes += ops.h2d_bytes;
   return t;
 }
 
@@ -643,20 +645,21 @@ double CudaBackend::stats_to_host(policies::LayerStats* stats) {
   return ms_since(t0);
 }
 
-// A policy that replaces attention on the host (weighted subgen_kcenter) runs its own attend()
-// there, the same code the CPU engine runs: over the host rows its cache keeps
-// (Policy::reads_cache_rows; bf16-rounded in bf16 mode, so they are the device rows) and the
-// pass's post-RoPE queries, downloaded as the device computed them (f32). Its output goes up into
-// kAtt; its plan is applied by the caller (apply_plan: index, host rows and device rows together).
-// Traffic per call: one D2H of the queries (n * num_heads * head_dim floats) and the sync that
-// makes them host-visible, one H2D of the output (the same size; stream-ordered, no wait).
-// A policy that attends with ops (SubGen: Policy::attends_with_ops) instead runs on the device:
-// its attend() gets the device queries and output, the ops table and this backend's attention,
-// and copies nothing (cuda_backend.h).
+// A policy that replaces attention without ops (none registered today: SubGen and weighted
+// subgen_kcenter attend with ops) would run its own attend() on the host, the CPU engine's
+// code: over the host rows its cache keeps (Policy::reads_cache_rows; bf16-rounded in bf16
+// mode, so they are the device rows) and the pass's post-RoPE queries, downloaded as the device
+// computed them (f32). Its output goes up into kAtt; its plan is applied by the caller
+// (apply_plan: index, host rows and device rows together). Traffic per call: one D2H of the
+// queries (n * num_heads * head_dim floats) and the sync that makes them host-visible, one H2D
+// of the output (the same size; stream-ordered, no wait).
+// A policy that attends with ops (SubGen, weighted subgen_kcenter: Policy::attends_with_ops)
+// instead runs on the device: its attend() gets the device queries and output, the ops table
+// and this backend's attention, and copies nothing (cuda_backend.h).
 void CudaBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs args,
                                   const kernels::KvCache& cache, kernels::EvictionPlan* plan) {
   if (policy.attends_with_ops()) {
-    // SubGen: queries, sketches and rows stay on the device (the policy works through ops_;
+    // Queries, policy state and rows stay on the device (the policy works through ops_;
     // its `exact` is this backend's attention, what `full` computes). Nothing waits.
     args.q = rows_at(Act::kQ);
     args.out = rows_at(Act::kAtt);

@@ -50,11 +50,15 @@
 //    keep-lists go up as H2D lists. Its cache keeps no host rows. A decode step copies the
 //    logits to the host and syncs once, as `full`; `delta: auto` reads a head's keys once, at
 //    its first compression (counted in the ops' transfers).
-//  - Weighted subgen_kcenter reads K/V rows on the host, so its caches keep host rows, and runs
-//    its own attend() there, as on the CPU: attend_replaced downloads the layer's queries
-//    (n * num_heads * head_dim floats, one sync) and uploads its output (the same size), on top
-//    of the row copies above: per layer 3 D2H copies and 2 syncs, and H2D the layer's lengths
-//    and the output, plus a changed layer's keep-lists.
+//  - Weighted subgen_kcenter attends with ops too: its bias rows (log cluster size per slot)
+//    are CudaPolicyOps rows, its k-center runs on the device rows (kcenter_keep: device keep
+//    lists), and its biased softmax is the ops' subgen_query with no sketch (this backend's
+//    attention while no head of the layer has a centre). The plain variant decides with ops in
+//    its hooks (Policy::decides_with_ops) the same way. Neither keeps host rows; a `slide` step
+//    drops one slot per head as a victim, so a decode step copies the logits and syncs once.
+//    (The ops upload their log-size table when a longer prefix than before compresses.)
+//  - A policy that replaced attention without ops would run its attend() on the host: the
+//    backend downloads the layer's queries (one copy, one sync) and uploads its output.
 //
 // Not supported on the GPU (a clear usage error): tensor-parallel groups.
 #pragma once
@@ -101,9 +105,11 @@ class CudaBackend final : public Backend {
   void begin_policy_span() override;
   void end_policy_span() override;
   double take_policy_ms(std::vector<double>* per_span = nullptr) override;
-  // A policy that attends with ops (SubGen) reads its rows on the device.
+  // A policy that attends or decides with ops (SubGen, subgen_kcenter) reads its rows on the
+  // device.
   bool keeps_host_rows(const policies::Policy* policy) const override {
-    return policy && policy->reads_cache_rows() && !policy->attends_with_ops();
+    return policy && policy->reads_cache_rows() && !policy->attends_with_ops() &&
+           !policy->decides_with_ops();
   }
   void ensure_host_rows(kernels::KvCache& cache) override;
 

@@ -1,0 +1,96 @@
+// CudaPolicyOps' device rows (cuda_policy_ops.h): the SlotRows its ops make, shared by the
+// files that implement the ops (cuda_policy_ops*.cu). Per layer one stream-ordered buffer of
+// [heads, ld] entries; copying deep-copies every layer on the device (Policy::clone). And the
+// lookup of a cache's device rows.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/cuda/kv_cache_device.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/policies/policy_ops.h"
+
+namespace kvb::kernels::cuda::ops_detail {
+
+inline size_t entry_bytes(policies::SlotType t) {
+  return t == policies::SlotType::kF32 ? sizeof(float) : sizeof(uint64_t);
+}
+
+class CudaRows final : public policies::SlotRows {
+ public:
+  CudaRows(policies::SlotType type, int layers, int heads, cudaStream_t stream)
+      : SlotRows(type, layers, heads), stream_(stream), bufs_(layers, nullptr), ld_(layers, 0) {}
+  CudaRows(const CudaRows& o)
+      : SlotRows(o), stream_(o.stream_), bufs_(o.layers(), nullptr), ld_(o.ld_) {
+    for (int l = 0; l < layers(); ++l) {
+      const size_t bytes = layer_bytes(l);
+      if (bytes == 0) continue;
+      KVB_CUDA_CHECK(cudaMallocAsync(&bufs_[l], bytes, stream_));
+      KVB_CUDA_CHECK(
+          cudaMemcpyAsync(bufs_[l], o.bufs_[l], bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  CudaRows& operator=(const CudaRows&) = delete;
+  // Freed on the legacy default stream, which waits for the engine's (blocking) stream: a
+  // policy may outlive the engine that made its state. Teardown errors cannot be reported.
+  ~CudaRows() override {
+    for (void* b : bufs_) {
+      if (b) cudaFreeAsync(b, 0);
+    }
+  }
+  std::unique_ptr<policies::SlotRows> clone() const override {
+    return std::make_unique<CudaRows>(*this);
+  }
+
+  void* data(int layer) const { return bufs_[layer]; }
+  int ld(int layer) const { return ld_[layer]; }
+  void set_len(int layer, int head, int len) { set_length(layer, head, len); }
+  // Room for `need` entries per head in `layer`, rows kept (1.5x growth; a stream-ordered copy,
+  // so nothing waits).
+  void reserve(int layer, int need) {
+    if (need <= ld_[layer]) return;
+    const int ld = std::max(need, ld_[layer] + ld_[layer] / 2);
+    const size_t eb = entry_bytes(type());
+    void* fresh = nullptr;
+    KVB_CUDA_CHECK(cudaMallocAsync(&fresh, static_cast<size_t>(heads()) * ld * eb, stream_));
+    if (bufs_[layer]) {
+      KVB_CUDA_CHECK(cudaMemcpy2DAsync(fresh, ld * eb, bufs_[layer], ld_[layer] * eb,
+                                       ld_[layer] * eb, heads(), cudaMemcpyDeviceToDevice,
+                                       stream_));
+      KVB_CUDA_CHECK(cudaFreeAsync(bufs_[layer], stream_));
+    }
+    bufs_[layer] = fresh;
+    ld_[layer] = ld;
+  }
+
+ private:
+  size_t layer_bytes(int l) const {
+    return static_cast<size_t>(heads()) * ld_[l] * entry_bytes(type());
+  }
+  cudaStream_t stream_;
+  std::vector<void*> bufs_;
+  std::vector<int> ld_;
+};
+
+inline CudaRows& device(policies::SlotRows& rows) {
+  auto* r = dynamic_cast<CudaRows*>(&rows);
+  KVB_CHECK(r != nullptr) << "policy state made by another ops instance reached the CUDA ops";
+  return *r;
+}
+inline const CudaRows& device(const policies::SlotRows& rows) {
+  return device(const_cast<policies::SlotRows&>(rows));
+}
+
+// The device rows of the cache an op was given (what `op` reads).
+inline DeviceKvCache& cache_rows(const KvCache& cache, const char* op) {
+  auto* dev = dynamic_cast<DeviceKvCache*>(cache.device_rows());
+  KVB_CHECK(dev != nullptr) << "cuda policy ops: " << op << " on a cache without device rows";
+  return *dev;
+}
+
+}  // namespace kvb::kernels::cuda::ops_detail

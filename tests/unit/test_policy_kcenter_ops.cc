@@ -1,0 +1,331 @@
+// subgen_kcenter's ops (kernels/policies/policy_ops.h kcenter_keep, erase; the biased
+// subgen_query) on the CPU: the CPU instance against cpu::kcenter_keep_list and hand cases, the
+// rounding that lets the device's log cluster sizes equal the CPU's, and the policy's device path
+// (taken when the ops are a device instance) run here over host rows by ops that call
+// themselves a device: the same caches, outputs and bias rows as the CPU path, with one victim
+// per head at a `slide` decode step (what a device applies without uploading a list).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/kcenter.h"
+#include "kernels/cpu/subgen_counter.h"
+#include "kernels/cpu/subgen_estimator.h"
+#include "kernels/eviction_plan.h"
+#include "kernels/kv_cache.h"
+#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/policies/policy.h"
+
+namespace kvb {
+namespace {
+
+namespace cpu = kernels::cpu;
+using kernels::EvictionPlan;
+using kernels::KvCache;
+using policies::SlotRows;
+using policies::SlotType;
+
+float uniform(uint64_t stream, uint64_t i) {
+  return static_cast<float>(2.0 * cpu::counter_uniform(17, 0, static_cast<uint32_t>(stream), i,
+                                                       0) -
+                            1.0);
+}
+
+// A host cache of `layers` x `heads` whose slots hold seeded random keys and values.
+KvCache random_cache(int layers, int heads, int d, int len, uint64_t seed) {
+  KvCache cache({layers, heads, d}, len + 16);
+  std::vector<float> k(d), v(d);
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < heads; ++h) {
+      for (int s = 0; s < len; ++s) {
+        for (int x = 0; x < d; ++x) {
+          const uint64_t i = ((static_cast<uint64_t>(l) * heads + h) * 4096 + s) * d + x;
+          k[x] = uniform(seed, i);
+          v[x] = uniform(seed + 1, i);
+        }
+        cache.append(l, h, k.data(), v.data(), s);
+      }
+    }
+  }
+  return cache;
+}
+
+TEST(KCenterOps, CpuInstanceKeepsTheCentresTheWindowAndLogSizes) {
+  policies::CpuPolicyOps ops;
+  const int d = 5;
+  KvCache cache = random_cache(1, 3, d, 14, 3);
+  std::unique_ptr<SlotRows> bias = ops.make_rows(SlotType::kF32, 1, 3);
+  EvictionPlan plan;
+  plan.reset(0, 3);
+  // Head 0: 4 centres of 10 + a window of 4; head 2: more centres than points (all kept).
+  const policies::KCenterKeep heads[] = {{.head = 0, .prefix = 10, .k = 4},
+                                         {.head = 2, .prefix = 3, .k = 5}};
+  ops.kcenter_keep(cache, heads, bias.get(), plan);
+  for (const auto& t : heads) {
+    SCOPED_TRACE(t.head);
+    std::vector<int32_t> want;
+    std::vector<float> want_bias;
+    cpu::kcenter_keep_list(cache.layer(0).key(t.head, 0), t.prefix, 14, d, t.k, &want,
+                           &want_bias);
+    ASSERT_EQ(plan.kind(t.head), EvictionPlan::Kind::kKeep);
+    EXPECT_EQ(plan.kept(t.head), want);
+    EXPECT_EQ(ops.read_f32(*bias, 0, t.head), want_bias);
+  }
+  EXPECT_EQ(plan.kind(1), EvictionPlan::Kind::kKeepAll);
+  EXPECT_EQ(plan.kept(0).size(), 8u);
+  EXPECT_EQ(plan.kept(2).size(), 14u);
+  // Sizes: the 10 points fall into 4 clusters, so some centre's log is >= log 2; the window 0.
+  const std::vector<float> b = ops.read_f32(*bias, 0, 0);
+  float sum = 0;
+  for (int c = 0; c < 4; ++c) sum += std::exp(b[c]);
+  EXPECT_FLOAT_EQ(sum, 10.0f);
+  for (int c = 4; c < 8; ++c) EXPECT_EQ(b[c], 0.0f);
+  // Bad heads are named.
+  plan.reset(0, 3);
+  const policies::KCenterKeep bad[] = {{.head = 1, .prefix = 15, .k = 2}};
+  try {
+    ops.kcenter_keep(cache, bad, nullptr, plan);
+    ADD_FAILURE() << "accepted a prefix past the head";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[0, 15) of 14 slots"), std::string::npos) << e.what();
+  }
+}
+
+TEST(KCenterOps, CpuInstanceErasesARangeOfEachListedRow) {
+  policies::CpuPolicyOps ops;
+  for (SlotType type : {SlotType::kF32, SlotType::kU64}) {
+    std::unique_ptr<SlotRows> rows = ops.make_rows(type, 2, 2);
+    const int32_t lengths[] = {6, 4};
+    ops.resize(*rows, 1, lengths);
+    const policies::RowErase erase[] = {{.head = 0, .first = 2, .count = 3},
+                                        {.head = 1, .first = 3, .count = 1}};
+    ops.erase(*rows, 1, erase);
+    EXPECT_EQ(rows->length(1, 0), 3);
+    EXPECT_EQ(rows->length(1, 1), 3);
+    const policies::RowErase past[] = {{.head = 1, .first = 2, .count = 2}};
+    try {
+      ops.erase(*rows, 1, past);
+      ADD_FAILURE() << "erased past the row";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("[2, 4) of head 1"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Ops that call themselves a device but keep host rows (the CPU instance's): the policy takes
+// its device path, whose every step is then checked here against the CPU path. subgen_query is
+// cpu::subgen_query per (row, head) over the host rows with the bias rows.
+class HostAsDeviceOps final : public policies::PolicyOps {
+ public:
+  bool on_device() const override { return true; }
+  std::unique_ptr<SlotRows> make_rows(SlotType type, int layers, int heads) override {
+    return cpu_.make_rows(type, layers, heads);
+  }
+  void resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) override {
+    cpu_.resize(rows, layer, lengths);
+  }
+  void accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
+                  size_t row_stride, int group, policies::GqaReduce how) override {
+    cpu_.accumulate(rows, layer, src, head_stride, row_stride, group, how);
+  }
+  void history_bits(SlotRows& bits, const policies::LayerStats& st, const KvCache& cache,
+                    int history, bool inv_position) override {
+    cpu_.history_bits(bits, st, cache, history, inv_position);
+  }
+  void append_negated_key_norms(SlotRows& rows, const policies::LayerStats& st,
+                                const KvCache& cache, int model_kv_heads, int expand) override {
+    cpu_.append_negated_key_norms(rows, st, cache, model_kv_heads, expand);
+  }
+  void window_scores(SlotRows& scores, int score_layer, const policies::LayerStats& st,
+                     const KvCache& cache, const policies::SnapKvScoreOptions& o) override {
+    cpu_.window_scores(scores, score_layer, st, cache, o);
+  }
+  std::vector<int32_t> ada_head_budgets(const SlotRows& scores, int score_layer,
+                                        const KvCache& cache, int layer, int base,
+                                        double alpha) override {
+    return cpu_.ada_head_budgets(scores, score_layer, cache, layer, base, alpha);
+  }
+  void negated_popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) override {
+    cpu_.negated_popcount(bits, layer, out, out_layer);
+  }
+  void keep_top(const SlotRows& scores, int score_layer, const KvCache& cache,
+                std::span<const policies::KeepTop> heads, std::span<SlotRows* const> state,
+                EvictionPlan& plan) override {
+    cpu_.keep_top(scores, score_layer, cache, heads, state, plan);
+  }
+  void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
+    ++erases;
+    cpu_.erase(rows, layer, heads);
+  }
+  void kcenter_keep(const KvCache& cache, std::span<const policies::KCenterKeep> heads,
+                    SlotRows* log_sizes, EvictionPlan& plan) override {
+    ++kcenters;
+    cpu_.kcenter_keep(cache, heads, log_sizes, plan);
+  }
+  void subgen_query(const policies::SubgenState* state, const policies::SubgenAttend& a,
+                    const KvCache& cache) override {
+    ASSERT_EQ(state, nullptr);
+    ASSERT_NE(a.exact_bias, nullptr);
+    ++queries;
+    const int ckv = cache.shape().num_kv_heads, group = a.num_heads / ckv, d = a.head_dim;
+    const kernels::LayerKvView view = cache.layer(a.layer);
+    for (int i = 0; i < a.n; ++i) {
+      for (int h = 0; h < a.num_heads; ++h) {
+        const int kvh = h / group;
+        ASSERT_EQ(a.compressed[kvh], 0);
+        const std::vector<float> bias = cpu_.read_f32(*a.exact_bias, a.layer, kvh);
+        ASSERT_EQ(static_cast<int>(bias.size()), cache.length(a.layer, kvh));
+        cpu::SubgenQueryArgs q;
+        q.q = a.q + (static_cast<size_t>(i) * a.num_heads + h) * d;
+        q.out = a.out + (static_cast<size_t>(i) * a.num_heads + h) * d;
+        q.head_dim = d;
+        q.scale = a.scale;
+        q.exact_keys = view.key(kvh, 0);
+        q.exact_values = view.value(kvh, 0);
+        q.exact_bias = bias.data();
+        q.n_exact = cache.length(a.layer, kvh) - a.n + i + 1;
+        cpu::subgen_query(q);
+      }
+    }
+  }
+  std::vector<float> read_f32(const SlotRows& rows, int layer, int head) override {
+    return cpu_.read_f32(rows, layer, head);
+  }
+  std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) override {
+    return cpu_.read_u64(rows, layer, head);
+  }
+
+  int kcenters = 0, erases = 0, queries = 0;
+
+ private:
+  policies::CpuPolicyOps cpu_;
+};
+
+std::vector<std::vector<int32_t>> positions(const KvCache& cache) {
+  std::vector<std::vector<int32_t>> out;
+  for (int l = 0; l < cache.shape().num_layers; ++l) {
+    const kernels::LayerKvView v = cache.layer(l);
+    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+      out.emplace_back(v.position(h), v.position(h) + cache.length(l, h));
+    }
+  }
+  return out;
+}
+
+// The policy's CPU path and its device path (HostAsDeviceOps) over the same tokens: a prompt of
+// 20 over budget 8 (recent 3: 5 centres), then 6 decode steps, 2 layers of 2 KV heads and 4
+// query heads. Caches, attention outputs and plans' kinds are compared at every step.
+void run_both(const std::map<std::string, std::string>& opts) {
+  const int layers = 2, kv = 2, heads = 4, d = 6, prompt = 20, steps = 6;
+  policies::PolicyConfig pc;
+  pc.name = "subgen_kcenter";
+  pc.kv_budget = 8;
+  pc.shape = {layers, heads, kv, d, 4096};
+  std::map<std::string, std::string> o = opts;
+  o["recent"] = "3";
+  pc.options = policies::PolicyOptions(o);
+  std::unique_ptr<policies::Policy> host = policies::make_policy(pc);
+  std::unique_ptr<policies::Policy> dev = policies::make_policy(pc);
+  const bool weighted = host->replaces_attention();
+  const bool slide = opts.count("decode") && opts.at("decode") == "slide";
+  EXPECT_EQ(dev->attends_with_ops(), weighted);
+  EXPECT_EQ(dev->decides_with_ops(), !weighted);
+  HostAsDeviceOps ops;
+  KvCache hc({layers, kv, d}, prompt + steps + 4), dc({layers, kv, d}, prompt + steps + 4);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  uint64_t counter = 0;
+  auto block = [&](int n, bool prefill) {
+    std::vector<float> k(d), v(d);
+    for (int l = 0; l < layers; ++l) {
+      for (int t = 0; t < n; ++t) {
+        for (int h = 0; h < kv; ++h) {
+          for (int x = 0; x < d; ++x) {
+            k[x] = uniform(5, counter);
+            v[x] = uniform(6, counter++);
+          }
+          hc.append(l, h, k.data(), v.data(), hc.next_position() + t);
+          dc.append(l, h, k.data(), v.data(), dc.next_position() + t);
+        }
+      }
+      std::vector<float> q(static_cast<size_t>(n) * heads * d);
+      for (float& x : q) x = 3 * uniform(7, counter++);
+      EvictionPlan hp, dp;
+      hp.reset(l, kv);
+      dp.reset(l, kv);
+      if (weighted) {
+        std::vector<float> ho(q.size()), dout(q.size(), 9.0f);
+        policies::AttendArgs a;
+        a.layer = l;
+        a.n = n;
+        a.num_heads = heads;
+        a.head_dim = d;
+        a.scale = scale;
+        a.q = q.data();
+        a.out = ho.data();
+        a.prefill = prefill;
+        host->attend(a, hc, hp);
+        a.out = dout.data();
+        a.ops = &ops;
+        a.exact = [&] { cpu::attention({dout.data(), q.data(), dc.layer(l), n, heads, scale}); };
+        dev->attend(a, dc, dp);
+        EXPECT_EQ(ho, dout) << "layer " << l;
+      } else {
+        policies::LayerStats st;
+        st.layer = l;
+        st.n_new = n;
+        st.num_heads = heads;
+        st.ops = &policies::cpu_policy_ops();
+        if (prefill) {
+          host->on_prefill_layer(st, hc, hp);
+        } else {
+          host->on_decode_layer(st, hc, hp);
+        }
+        st.ops = &ops;
+        if (prefill) {
+          dev->on_prefill_layer(st, dc, dp);
+        } else {
+          dev->on_decode_layer(st, dc, dp);
+        }
+      }
+      if (!prefill && slide) {
+        // At the budget a step drops one slot per head: a victim, no list.
+        for (int h = 0; h < kv; ++h) EXPECT_EQ(dp.kind(h), EvictionPlan::Kind::kVictim);
+      }
+      hc.apply(hp);
+      dc.apply(dp);
+    }
+    hc.advance_position(n);
+    dc.advance_position(n);
+    EXPECT_EQ(positions(hc), positions(dc));
+  };
+  block(prompt, true);
+  for (const auto& p : positions(dc)) EXPECT_EQ(p.size(), 8u);
+  EXPECT_EQ(ops.kcenters, layers);  // one kcenter_keep per layer, every head in it
+  for (int s = 0; s < steps; ++s) block(1, false);
+  for (const auto& p : positions(dc)) EXPECT_EQ(p.size(), slide ? 8u : 8u + steps);
+  EXPECT_EQ(ops.erases, weighted && slide ? layers * steps : 0);
+  EXPECT_EQ(ops.queries, weighted ? layers * steps : 0);  // the prompt's queries see no bias
+  EXPECT_EQ(dev->state_bytes(), host->state_bytes());
+  // A clone carries the device state: both continue alike.
+  std::unique_ptr<policies::Policy> fork = dev->clone();
+  EXPECT_EQ(fork->state_bytes(), dev->state_bytes());
+}
+
+TEST(SubgenKCenterDevicePath, PlainAppendMatchesTheCpuPath) { run_both({}); }
+TEST(SubgenKCenterDevicePath, PlainSlideMatchesTheCpuPath) { run_both({{"decode", "slide"}}); }
+TEST(SubgenKCenterDevicePath, WeightedAppendMatchesTheCpuPath) {
+  run_both({{"weight_by_cluster_size", "true"}});
+}
+TEST(SubgenKCenterDevicePath, WeightedSlideMatchesTheCpuPath) {
+  run_both({{"weight_by_cluster_size", "true"}, {"decode", "slide"}});
+}
+
+}  // namespace
+}  // namespace kvb
