@@ -75,7 +75,7 @@ case "$stage" in
       "$@" >"$out/bench_cuda_engine.txt" 2>&1 || true
     cat "$out/bench_cuda_engine.txt"
     # The decode attention kernels in the engine, interleaved in one process (A B A B A B).
-    timeout 150 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+    timeout 120 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
       --contexts 4096,32768 --budgets 1024 --steps 32 --policies full,h2o \
       --decode-kernels default,streamed --repeat 3 >"$out/bench_engine_decode_ab.txt" 2>&1 || true
     cat "$out/bench_engine_decode_ab.txt"
