@@ -261,9 +261,10 @@ std::vector<int32_t> CpuPolicyOps::ada_head_budgets(const SlotRows& scores, int 
   const kernels::LayerKvView view = cache.layer(layer);
   for (int h = 0; h < heads; ++h) {
     const std::vector<float>& row = r.f32(score_layer, h);
-    std::copy(row.begin(), row.end(), &flat[static_cast<size_t>(h) * ld]);
+    // data() + offset: with every row empty (ld 0) the vectors are empty and [] would be UB.
+    std::copy(row.begin(), row.end(), flat.data() + static_cast<size_t>(h) * ld);
     const int32_t* pos = view.position(h);
-    std::copy(pos, pos + lengths[h], &positions[static_cast<size_t>(h) * ld]);
+    std::copy(pos, pos + lengths[h], positions.data() + static_cast<size_t>(h) * ld);
   }
   const kernels::cpu::RaggedScores ragged{flat.data(), positions.data(), lengths.data(), heads,
                                           ld};
