@@ -14,7 +14,9 @@
 //     kernels/cuda/attention.h kDecode*, in turn, repeat rounds: an interleaved A/B)
 #include <omp.h>
 
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -117,6 +119,17 @@ std::vector<int32_t> tokens(int n, int vocab) {
 // kDecode*), in turn; --repeat: rounds of them (A B A B ...: an interleaved A/B in one process).
 std::vector<int> g_decode_kernels = {kvb::kernels::cuda::kDecodeDefault};
 int g_repeat = 1;
+
+// A whole int, all of v (strtol, no trailing characters, in int's range).
+bool parse_int(const std::string& v, int* out) {
+  if (v.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE || x < INT_MIN || x > INT_MAX) return false;
+  *out = static_cast<int>(x);
+  return true;
+}
 const char* kernel_name(int k) {
   return k == kvb::kernels::cuda::kDecodeGrouped    ? "grouped"
          : k == kvb::kernels::cuda::kDecodeStreamed ? "streamed"
@@ -209,6 +222,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     const std::string v = argv[++i];
+    bool ok = true;
     if (k == "--dtype")
       dtype = v;
     else if (k == "--contexts")
@@ -220,21 +234,21 @@ int main(int argc, char** argv) {
     else if (k == "--models")
       models = v;
     else if (k == "--steps")
-      steps = std::stoi(v);
+      ok = parse_int(v, &steps);
     else if (k == "--layers")
-      layers = std::stoi(v);
+      ok = parse_int(v, &layers);
     else if (k == "--dim")
-      dim = std::stoi(v);
+      ok = parse_int(v, &dim);
     else if (k == "--heads")
-      heads = std::stoi(v);
+      ok = parse_int(v, &heads);
     else if (k == "--kv-heads")
-      kv_heads = std::stoi(v);
+      ok = parse_int(v, &kv_heads);
     else if (k == "--ffn")
-      ffn = std::stoi(v);
+      ok = parse_int(v, &ffn);
     else if (k == "--vocab")
-      vocab = std::stoi(v);
+      ok = parse_int(v, &vocab);
     else if (k == "--pool-keep-mib")
-      pool_keep_mib = std::stoi(v);
+      ok = parse_int(v, &pool_keep_mib);
     else if (k == "--decode-kernels") {
       namespace cu = kernels::cuda;
       g_decode_kernels.clear();
@@ -256,8 +270,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (k == "--repeat") {
-      g_repeat = std::stoi(v);
-      if (g_repeat < 1 || g_repeat > 100) {
+      if (!parse_int(v, &g_repeat) || g_repeat < 1 || g_repeat > 100) {
         std::fprintf(stderr, "bench_cuda_engine: --repeat takes 1..100, got %s\n", v.c_str());
         return 2;
       }
@@ -265,6 +278,11 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr, "bench_cuda_engine: unknown option %s (see the file's header)\n",
                    k.c_str());
+      return 2;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "bench_cuda_engine: %s takes a whole number, got '%s'\n", k.c_str(),
+                   v.c_str());
       return 2;
     }
   }

@@ -54,6 +54,22 @@ void EvictionPlan::keep(int head, std::vector<int32_t> slots) {
   keep_[head] = std::move(slots);
 }
 
+void EvictionPlan::drop(int head, int first, int count, int len) {
+  KVB_CHECK(first >= 0 && count >= 0 && first + count <= len)
+      << "eviction plan of layer " << layer_ << ": head " << head << " drops [" << first << ", "
+      << first + count << ") of " << len << " slots";
+  if (count == 0) return;
+  if (count == 1) {
+    evict(head, first);
+    return;
+  }
+  std::vector<int32_t> kept;
+  kept.reserve(len - count);
+  for (int s = 0; s < first; ++s) kept.push_back(s);
+  for (int s = first + count; s < len; ++s) kept.push_back(s);
+  keep(head, std::move(kept));
+}
+
 void EvictionPlan::evict(int head, int32_t victim) {
   decide(head, Kind::kVictim);
   victims_[head] = victim;

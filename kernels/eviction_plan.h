@@ -26,6 +26,10 @@ class EvictionPlan {
   void keep(int head, std::vector<int32_t> slots);
   // Head `head` drops slot `victim` and keeps the rest.
   void evict(int head, int32_t victim);
+  // Head `head`, holding len slots, drops the run [first, first + count) and keeps the rest in
+  // order: nothing when count is 0, one victim when it is 1 (a decode step at the budget: a
+  // device applies it without a keep list), else the keep list. Both forms leave the same cache.
+  void drop(int head, int first, int count, int len);
   // A device instance of the policy ops (policy_ops.h) decided on the device: `slots` is device
   // memory [num_heads, ld] whose row h holds head h's keep list (strictly increasing; the
   // heads that keep everything hold 0..len-1), counts[h] its length, host-known by the policy's

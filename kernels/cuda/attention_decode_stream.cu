@@ -194,6 +194,23 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
   }
 }
 
+// What the plan needs of a device, queried once per thread and device (every decode layer plans).
+struct DeviceLimits {
+  int major = 0, sms = 0, optin = 0;
+};
+const DeviceLimits& device_limits(int device) {
+  thread_local int cached = -1;
+  thread_local DeviceLimits dl;
+  if (device != cached) {
+    KVB_CUDA_CHECK(cudaDeviceGetAttribute(&dl.major, cudaDevAttrComputeCapabilityMajor, device));
+    KVB_CUDA_CHECK(cudaDeviceGetAttribute(&dl.sms, cudaDevAttrMultiProcessorCount, device));
+    KVB_CUDA_CHECK(
+        cudaDeviceGetAttribute(&dl.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cached = device;
+  }
+  return dl;
+}
+
 int pow2_at_least(int x) {
   int p = 1;
   while (p < x) p *= 2;
@@ -251,12 +268,11 @@ DecodeStreamPlan plan_decode_stream(const DeviceLayerKvView& kv, int group, int 
       reinterpret_cast<uintptr_t>(kv.values) % 16 != 0) {
     return p;
   }
-  int device = 0, major = 0, sms = 0, optin = 0;
+  int device = 0;
   KVB_CUDA_CHECK(cudaGetDevice(&device));
-  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (major < 8) return p;
+  const DeviceLimits& dl = device_limits(device);
+  const int sms = dl.sms, optin = dl.optin;
+  if (dl.major < 8) return p;
   const size_t row = static_cast<size_t>(d) * eb;
   const size_t smem = kStages * 2 * kTile * (row + kPad) +
                       sizeof(float) * (static_cast<size_t>(group) * d + kg * kTile + 3 * kg);

@@ -37,27 +37,10 @@ void compact(std::vector<T>& v, const std::vector<int32_t>& keep) {
   v.resize(keep.size());
 }
 
-// v without entry `slot` (what compact() does with all_but(v.size(), slot)).
+// v without entry `slot` (what compact() does with every index but `slot`).
 template <typename T>
 void erase_slot(std::vector<T>& v, int slot) {
   v.erase(v.begin() + slot);
-}
-
-// All slot indices except `drop` (increasing).
-inline std::vector<int32_t> all_but(int len, int drop) {
-  std::vector<int32_t> keep;
-  keep.reserve(len > 0 ? len - 1 : 0);
-  for (int s = 0; s < len; ++s) {
-    if (s != drop) keep.push_back(s);
-  }
-  return keep;
-}
-
-// The last `count` slots of a head of length len (increasing).
-inline std::vector<int32_t> last_slots(int len, int count) {
-  std::vector<int32_t> keep;
-  for (int s = len - count < 0 ? 0 : len - count; s < len; ++s) keep.push_back(s);
-  return keep;
 }
 
 }  // namespace kvb::policies

@@ -54,15 +54,7 @@ class StreamingLlm final : public Policy {
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(layer, h);
       if (len <= kv_budget()) continue;  // len > budget > sinks from here on
-      if (len == kv_budget() + 1) {
-        plan.evict(h, sinks_);  // a decode step at the budget: the oldest after the sinks
-        continue;
-      }
-      std::vector<int32_t> keep;
-      keep.reserve(kv_budget());
-      for (int s = 0; s < sinks_; ++s) keep.push_back(s);
-      for (int s = len - recent; s < len; ++s) keep.push_back(s);
-      plan.keep(h, std::move(keep));
+      plan.drop(h, sinks_, len - recent - sinks_, len);  // the oldest after the sinks
     }
   }
 

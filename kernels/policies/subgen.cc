@@ -167,7 +167,7 @@ class SubGen final : public Policy {
                                        static_cast<uint64_t>(pos[slot])};
       cpu::subgen_absorb(p, counter, view.key(h, slot), view.value(h, slot), u.sketch);
     }
-    drop_absorbed(plan, h, sinks, first_recent, len);  // heads are distinct plan entries
+    plan.drop(h, sinks, first_recent - sinks, len);  // heads are distinct plan entries
   }
 
   // The slots [*sinks, *first_recent) of head h (holding len) that leave the exact window now;
@@ -179,21 +179,6 @@ class SubGen final : public Policy {
     return *first_recent > *sinks;
   }
 
-  // The plan of head h once slots [sinks, first_recent) of its len are in the sketch: one victim
-  // when one slot goes (a decode step; a device applies it without a keep list), else the
-  // sinks and the recent window as a keep list. Both leave the cache the same.
-  static void drop_absorbed(kernels::EvictionPlan& plan, int h, int sinks, int first_recent,
-                            int len) {
-    if (first_recent - sinks == 1) {
-      plan.evict(h, sinks);
-      return;
-    }
-    std::vector<int32_t> keep;
-    keep.reserve(sinks + len - first_recent);
-    for (int slot = 0; slot < sinks; ++slot) keep.push_back(slot);
-    for (int slot = first_recent; slot < len; ++slot) keep.push_back(slot);
-    plan.keep(h, std::move(keep));
-  }
 
   // The device path (AttendArgs::ops, a device engine): the host makes the same choices as
   // attend() above from what it knows (which heads are compressed, their radius, which slots
@@ -267,7 +252,7 @@ class SubGen final : public Policy {
                          .counter_head = static_cast<uint32_t>(global_head(h)),
                          .fresh = fresh,
                          .delta2 = u.delta2});
-      drop_absorbed(plan, h, sinks, first_recent, len);
+      plan.drop(h, sinks, first_recent - sinks, len);
     }
     ops.subgen_absorb(*device_, layer, cache, absorb_, config().seed);
   }

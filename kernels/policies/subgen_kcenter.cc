@@ -152,10 +152,9 @@ class SubgenKCenter final : public Policy {
     compressed_[u] = 1;
   }
 
-  // decode: slide: drop the oldest tokens after the protected centres while over budget. One
-  // slot (a decode step at the budget) goes as a victim, which a device applies without a keep
-  // list (the CPU's KvCache::evict_slot leaves the same cache as the list would); `device`: the
-  // bias rows live there, their entries leave at flush_erase.
+  // decode: slide: drop the oldest tokens after the protected centres while over budget
+  // (EvictionPlan::drop: one victim at a decode step); `device`: the bias rows live there,
+  // their entries leave at flush_erase.
   void slide(int layer, int h, const kernels::KvCache& cache, kernels::EvictionPlan& plan,
              PolicyOps* device) {
     if (!slide_) return;
@@ -165,18 +164,11 @@ class SubgenKCenter final : public Policy {
     if (over <= 0 || first >= len) return;
     const int drop = std::min(over, len - first);
     if (weighted_ && device) erase_.push_back({.head = h, .first = first, .count = drop});
-    if (drop == 1) {
-      if (weighted_ && !device) erase_slot(log_size_.at(layer, h), first);
-      plan.evict(h, first);
-      return;
+    if (weighted_ && !device) {
+      std::vector<float>& bias = log_size_.at(layer, h);  // one entry per slot
+      bias.erase(bias.begin() + first, bias.begin() + first + drop);
     }
-    std::vector<int32_t> keep;
-    keep.reserve(len - drop);
-    for (int s = 0; s < len; ++s) {
-      if (s < first || s >= first + drop) keep.push_back(s);
-    }
-    if (weighted_ && !device) compact(log_size_.at(layer, h), keep);
-    plan.keep(h, std::move(keep));
+    plan.drop(h, first, drop, len);
   }
 
   // ---- the device path: the CPU's choices from lengths, the work on the device's rows ----

@@ -1,7 +1,6 @@
 // `window` (Local): keep the most recent kv_budget tokens, after prefill and at every decode step
 // (POLICIES.md).
 #include "kernels/policies/policies.h"
-#include "kernels/policies/slot_state.h"
 
 namespace kvb::policies {
 namespace {
@@ -22,11 +21,7 @@ class Window final : public Policy {
   void trim(int layer, const kernels::KvCache& cache, kernels::EvictionPlan& plan) const {
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(layer, h);
-      if (len == kv_budget() + 1) {
-        plan.evict(h, 0);  // a decode step at the budget: the oldest goes (no keep list)
-      } else if (len > kv_budget()) {
-        plan.keep(h, last_slots(len, kv_budget()));
-      }
+      if (len > kv_budget()) plan.drop(h, 0, len - kv_budget(), len);  // the oldest go
     }
   }
 };

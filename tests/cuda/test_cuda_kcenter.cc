@@ -30,6 +30,7 @@
 #include "kernels/kv_cache.h"
 #include "kernels/policies/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
+#include "device_state_checks.h"
 #include "parity_util.h"
 #include "workers/engine/cuda_engine.h"
 #include "workers/engine/generate.h"
@@ -50,51 +51,21 @@ const int kLen[kHeads] = {37, 600, 9, 52};
 
 // Host rows and their device copy (an index whose rows live on the device), keys on a coarse
 // grid (ties between distances) and bf16-rounded when the device stores bf16.
-struct Rows {
-  KvCache host;
-  KvCache index;
-  explicit Rows(cu::KvDtype dtype) {
-    int cap = 0;
-    for (int l : kLen) cap = std::max(cap, l);
-    host = KvCache({kLayers, kHeads, kDim}, cap);
-    index = KvCache({kLayers, kHeads, kDim}, cap, /*host_rows=*/false);
-    std::vector<float> k(kDim), v(kDim);
-    for (int l = 0; l < kLayers; ++l) {
-      for (int h = 0; h < kHeads; ++h) {
-        for (int s = 0; s < kLen[h]; ++s) {
-          const uint64_t row = (l * 100 + h) * 10000 + s;
-          for (int i = 0; i < kDim; ++i) {
-            k[i] = std::floor(parity::uniform(row, i, 0.0f, 4.0f)) * 0.75f;
-            v[i] = parity::uniform(row + 7, i);
-            if (dtype == cu::KvDtype::kBf16) {
-              k[i] = parity::bf16_round(k[i]);
-              v[i] = parity::bf16_round(v[i]);
-            }
-          }
-          host.append(l, h, k.data(), v.data(), s);
-          index.append(l, h, nullptr, nullptr, s);
-        }
-      }
-    }
-    auto dev = std::make_unique<cu::DeviceKvCache>(host.shape(), dtype, cap);
-    dev->upload(host);
-    index.set_device_rows(std::move(dev));
-  }
+struct Rows : parity::HostAndDeviceRows {
+  explicit Rows(cu::KvDtype dtype)
+      : HostAndDeviceRows(dtype, kLayers, {kLen, kLen + kHeads}, kDim,
+                          [](int l, int h, int s, float* k, float* v) {
+                            const uint64_t row = (l * 100 + h) * 10000 + s;
+                            for (int i = 0; i < kDim; ++i) {
+                              k[i] = std::floor(parity::uniform(row, i, 0.0f, 4.0f)) * 0.75f;
+                              v[i] = parity::uniform(row + 7, i);
+                            }
+                            return s;
+                          }) {}
 };
 
-class CudaKCenter : public ::testing::TestWithParam<cu::KvDtype> {
+class CudaKCenter : public parity::CudaOpsTest {
  protected:
-  void SetUp() override {
-    if (!cu::has_device()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount found none)";
-    KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
-    ops_ = std::make_unique<cu::CudaPolicyOps>(stream_);
-  }
-  void TearDown() override {
-    ops_.reset();
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<cu::CudaPolicyOps> ops_;
   policies::CpuPolicyOps cpu_;
 };
 
@@ -219,51 +190,16 @@ TEST_P(CudaKCenter, BiasedQueryWithoutASketchIsTheCpuFormula) {
 // original does afterwards (weighted, `slide`: bias rows resized, erased and queried on both),
 // and the host keeps no rows for either.
 TEST(CudaKCenterEngine, ForkedWeightedSlideDecodesAsTheOriginal) {
-  if (!cu::has_device()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount found none)";
-  const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  if (!std::ifstream(path).good()) GTEST_SKIP() << path << " missing";
-  const std::unique_ptr<engine::Model> m = engine::load_model(path);
-  const engine::ModelConfig& c = m->config;
-  engine::CudaEngine gpu(*m, engine::DType::kF32);
-  std::vector<int32_t> prompt(40);
-  for (int i = 0; i < 40; ++i) prompt[i] = (i * 37 + 5) % c.vocab_size;
-  policies::PolicyConfig pc;
-  pc.name = "subgen_kcenter";
-  pc.kv_budget = 16;
-  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-  pc.options = policies::PolicyOptions(std::map<std::string, std::string>{
-      {"weight_by_cluster_size", "true"}, {"decode", "slide"}});
-  std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
-  KvCache cache = gpu.new_cache(0, policy.get());
-  std::vector<float> logits;
-  engine::prefill_prompt(gpu, cache, prompt, policy.get(), &logits);
-  ASSERT_FALSE(cache.host_rows());
-  std::unique_ptr<policies::Policy> forked = policy->clone();
-  KvCache fork = cache;
-  const std::vector<int32_t> forced = {3, 17, 29, 4};
-  auto decode = [&](policies::Policy& p, KvCache& kv) {
-    std::vector<std::vector<float>> out;
-    for (int32_t t : forced) {
-      gpu.forward({&t, 1}, kv, engine::LogitsMode::kLast, &logits, &p,
-                  engine::PolicyHook::kDecode);
-      out.push_back(logits);
-    }
-    return out;
-  };
-  const std::vector<std::vector<float>> from_fork = decode(*forked, fork);
-  const std::vector<std::vector<float>> from_original = decode(*policy, cache);
-  ASSERT_EQ(from_fork.size(), from_original.size());
-  for (size_t i = 0; i < from_fork.size(); ++i) {
-    ASSERT_EQ(from_fork[i].size(), from_original[i].size());
-    EXPECT_EQ(std::memcmp(from_fork[i].data(), from_original[i].data(),
-                          from_fork[i].size() * sizeof(float)),
-              0)
-        << "step " << i;
+  parity::ForkRun run;
+  std::string why;
+  if (!parity::fork_decodes_as_original(
+          "subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}}, 0, &run,
+          &why)) {
+    GTEST_SKIP() << why;
   }
-  EXPECT_EQ(forked->state_bytes(), policy->state_bytes());
-  for (int l = 0; l < c.num_layers; ++l) {
-    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
-      EXPECT_EQ(cache.length(l, h), 16) << "layer " << l << " head " << h;  // the budget
+  for (int l = 0; l < run.num_layers; ++l) {
+    for (int h = 0; h < run.cache.shape().num_kv_heads; ++h) {
+      EXPECT_EQ(run.cache.length(l, h), 16) << "layer " << l << " head " << h;  // the budget
     }
   }
 }

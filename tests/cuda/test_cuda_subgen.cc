@@ -27,6 +27,7 @@
 #include "kernels/cuda/subgen_sketch.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
+#include "device_state_checks.h"
 #include "parity_util.h"
 #include "workers/engine/cuda_engine.h"
 #include "workers/engine/generate.h"
@@ -62,37 +63,18 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // A host-rows cache (kLayers x kHeads, slot s of head h at position 3s + h, as in a cache whose
 // heads evicted differently) with tied keys (few levels) and some zero values, bf16-rounded when
 // the device stores bf16 (so the CPU reads the rows the device widens), plus its device copy.
-struct Rows {
-  KvCache host;
-  KvCache index;  // the same, rows on the device only
-  explicit Rows(cu::KvDtype dtype) {
-    int cap = 0;
-    for (int l : kLen) cap = std::max(cap, l);
-    host = KvCache({kLayers, kHeads, kDim}, cap);
-    index = KvCache({kLayers, kHeads, kDim}, cap, /*host_rows=*/false);
-    std::vector<float> k(kDim), v(kDim);
-    for (int l = 0; l < kLayers; ++l) {
-      for (int h = 0; h < kHeads; ++h) {
-        for (int s = 0; s < kLen[h]; ++s) {
-          const uint64_t row = (l * 100 + h) * 1000 + s;
-          for (int i = 0; i < kDim; ++i) {
-            k[i] = std::floor(parity::uniform(row, i, 0.0f, 3.0f)) * 0.5f;  // 0, 0.5, 1
-            v[i] = s % 7 == 0 || (h == 1 && s < 3) ? 0.0f : parity::uniform(row + 7, i);
-            if (dtype == cu::KvDtype::kBf16) {
-              k[i] = parity::bf16_round(k[i]);
-              v[i] = parity::bf16_round(v[i]);
-            }
-          }
-          host.append(l, h, k.data(), v.data(), 3 * s + h);
-          index.append(l, h, nullptr, nullptr, 3 * s + h);
-        }
-      }
-    }
-    auto dev = std::make_unique<cu::DeviceKvCache>(host.shape(), dtype, cap);
-    dev->upload(host);
-    index.set_device_rows(std::move(dev));
-  }
-  cu::DeviceKvCache& dev() const { return *static_cast<cu::DeviceKvCache*>(index.device_rows()); }
+struct Rows : parity::HostAndDeviceRows {
+  explicit Rows(cu::KvDtype dtype)
+      : HostAndDeviceRows(dtype, kLayers, {kLen, kLen + kHeads}, kDim,
+                          [](int l, int h, int s, float* k, float* v) {
+                            const uint64_t row = (l * 100 + h) * 1000 + s;
+                            for (int i = 0; i < kDim; ++i) {
+                              k[i] = std::floor(parity::uniform(row, i, 0.0f, 3.0f)) * 0.5f;
+                              v[i] = s % 7 == 0 || (h == 1 && s < 3) ? 0.0f
+                                                                     : parity::uniform(row + 7, i);
+                            }
+                            return 3 * s + h;
+                          }) {}
 };
 
 // The CPU's sketch of head h after slots [first, end) of layer kLayer.
@@ -119,17 +101,8 @@ void expect_same_sketch(const cpu::SubgenSketch& got, const cpu::SubgenSketch& w
   EXPECT_TRUE(same_bits(got.samples, want.samples)) << "samples";
 }
 
-class CudaSubgen : public ::testing::TestWithParam<cu::KvDtype> {
+class CudaSubgen : public parity::CudaOpsTest {
  protected:
-  void SetUp() override {
-    if (!cu::has_device()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount found none)";
-    KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
-    ops_ = std::make_unique<cu::CudaPolicyOps>(stream_);
-  }
-  void TearDown() override {
-    ops_.reset();
-    if (stream_) cudaStreamDestroy(stream_);
-  }
   // Absorbs [first[h], end[h]) of every head through the ops (fresh: first compression).
   void absorb(policies::SubgenState& st, const Rows& rows, const int* first, const int* end,
               bool fresh) {
@@ -141,8 +114,6 @@ class CudaSubgen : public ::testing::TestWithParam<cu::KvDtype> {
     }
     ops_->subgen_absorb(st, kLayer, rows.index, heads, kSeed);
   }
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<cu::CudaPolicyOps> ops_;
 };
 
 TEST_P(CudaSubgen, AbsorbIsTheCpuBitForBit) {
@@ -249,52 +220,17 @@ TEST_P(CudaSubgen, StateClonesDeepAndKeysReadBack) {
 // decodes the same tokens to the same logits, bit for bit, as the original does afterwards: the
 // two share nothing. The keep-sets follow SubGen's law (sinks and recent window).
 TEST(CudaSubgenEngine, ForkedPolicyDecodesAsTheOriginal) {
-  if (!cu::has_device()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount found none)";
-  const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  if (!std::ifstream(path).good()) GTEST_SKIP() << path << " missing";
-  const std::unique_ptr<engine::Model> m = engine::load_model(path);
-  const engine::ModelConfig& c = m->config;
-  engine::CudaEngine gpu(*m, engine::DType::kF32);
-  std::vector<int32_t> prompt(40);
-  for (int i = 0; i < 40; ++i) prompt[i] = (i * 37 + 5) % c.vocab_size;
-  policies::PolicyConfig pc;
-  pc.name = "subgen";
-  pc.kv_budget = 16;
-  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-  pc.options = policies::PolicyOptions(
-      std::map<std::string, std::string>{{"sinks", "1"}, {"recent", "2"}});  // delta: auto
-  pc.seed = 9;
-  std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
-  KvCache cache = gpu.new_cache(0, policy.get());
-  std::vector<float> logits;
-  engine::prefill_prompt(gpu, cache, prompt, policy.get(), &logits);
-  ASSERT_FALSE(cache.host_rows());
-  std::unique_ptr<policies::Policy> forked = policy->clone();
-  KvCache fork = cache;
-  const std::vector<int32_t> forced = {3, 17, 29, 4};
-  auto decode = [&](policies::Policy& p, KvCache& kv) {
-    std::vector<std::vector<float>> out;
-    for (int32_t t : forced) {
-      gpu.forward({&t, 1}, kv, engine::LogitsMode::kLast, &logits, &p,
-                  engine::PolicyHook::kDecode);
-      out.push_back(logits);
-    }
-    return out;
-  };
-  const size_t bytes_before = policy->state_bytes();
-  const std::vector<std::vector<float>> from_fork = decode(*forked, fork);
-  EXPECT_EQ(policy->state_bytes(), bytes_before) << "the fork's absorbs reached the original";
-  const std::vector<std::vector<float>> from_original = decode(*policy, cache);
-  ASSERT_EQ(from_fork.size(), from_original.size());
-  for (size_t i = 0; i < from_fork.size(); ++i) {
-    EXPECT_TRUE(same_bits(from_fork[i], from_original[i])) << "step " << i;
+  parity::ForkRun run;
+  std::string why;
+  if (!parity::fork_decodes_as_original("subgen", {{"sinks", "1"}, {"recent", "2"}},  // delta auto
+                                        9, &run, &why)) {
+    GTEST_SKIP() << why;
   }
-  EXPECT_EQ(forked->state_bytes(), policy->state_bytes());
-  const int32_t total = static_cast<int32_t>(prompt.size() + forced.size());
-  for (int l = 0; l < c.num_layers; ++l) {
-    const kernels::LayerKvView v = cache.layer(l);
-    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
-      ASSERT_EQ(cache.length(l, h), 3) << "layer " << l << " head " << h;
+  const int32_t total = run.tokens;
+  for (int l = 0; l < run.num_layers; ++l) {
+    const kernels::LayerKvView v = run.cache.layer(l);
+    for (int h = 0; h < run.cache.shape().num_kv_heads; ++h) {
+      ASSERT_EQ(run.cache.length(l, h), 3) << "layer " << l << " head " << h;
       EXPECT_EQ(std::vector<int32_t>(v.position(h), v.position(h) + 3),
                 (std::vector<int32_t>{0, total - 2, total - 1}));
     }

@@ -206,6 +206,28 @@ TEST(EvictionPlan, EvictSlotEqualsKeepingEveryOtherSlot) {
   }
 }
 
+// drop(head, first, count, len): nothing for 0, a victim for 1, otherwise the keep list of
+// every slot outside [first, first + count); a run past the head is refused.
+TEST(EvictionPlan, DropIsAVictimForOneSlotAndAKeepListOtherwise) {
+  EvictionPlan plan;
+  plan.reset(0, 4);
+  plan.drop(0, 2, 0, 5);
+  plan.drop(1, 3, 1, 5);
+  plan.drop(2, 0, 3, 5);
+  plan.drop(3, 1, 2, 5);
+  EXPECT_EQ(plan.kind(0), EvictionPlan::Kind::kKeepAll);
+  EXPECT_EQ(plan.kind(1), EvictionPlan::Kind::kVictim);
+  EXPECT_EQ(plan.victim(1), 3);
+  EXPECT_EQ(plan.kind(2), EvictionPlan::Kind::kKeep);
+  EXPECT_EQ(plan.kept(2), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(plan.kept(3), (std::vector<int32_t>{0, 3, 4}));
+  EvictionPlan bad;
+  bad.reset(0, 1);
+  EXPECT_THROW(bad.drop(0, 4, 2, 5), Error);
+  EXPECT_THROW(bad.drop(0, -1, 1, 5), Error);
+  EXPECT_EQ(bad.kind(0), EvictionPlan::Kind::kKeepAll);
+}
+
 // Device rows that count how often they are copied (the host cannot see real ones).
 struct CountingRows final : DeviceRows {
   explicit CountingRows(int* clones) : clones(clones) {}
