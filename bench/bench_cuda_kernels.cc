@@ -126,9 +126,9 @@ constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128;
 // len * head_dim * 2 (K and V) * element size + q + out (+ the probability rows written).
 // decode_rows, decode_blocks: cu::AttentionArgs' tuning of the grouped decode kernel (0: default);
 // decode_kernel: cu::AttentionArgs::decode_kernel (counter `streamed`: whether the streamed
-// kernel took the shape).
+// kernel took the shape); the grouped kernel unless asked (the default is the streamed one).
 void run_decode_attention(benchmark::State& state, int decode_rows, int decode_blocks,
-                          int decode_kernel = cu::kDecodeDefault) {
+                          int decode_kernel = cu::kDecodeGrouped) {
   const int ctx = static_cast<int>(state.range(0));
   const cu::KvDtype dtype = state.range(1) ? cu::KvDtype::kBf16 : cu::KvDtype::kF32;
   const bool probs = state.range(2) != 0, ragged = state.range(3) != 0;
@@ -238,7 +238,8 @@ void run_decode_attention(benchmark::State& state, int decode_rows, int decode_b
   if (max_err > 1e-4) state.SkipWithError("decode attention differs from the double reference");
 }
 
-// Args {context, bf16, probabilities, ragged}: the kernel's default tuning.
+// Args {context, bf16, probabilities, ragged}: the grouped kernel at its default tuning (the
+// baseline of bm_decode_attention_stream, which runs the default decode kernel).
 void bm_decode_attention(benchmark::State& state) { run_decode_attention(state, 0, 0); }
 
 // The streamed decode kernel (attention_decode_stream.h) on bm_decode_attention's shapes (its rows

@@ -586,7 +586,7 @@ void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream)
     // Raw scores go to the statistics row itself and are normalized in place afterwards.
     float* scores = a.col_sums != nullptr ? a.col_sums : a.last_probs;
     const DecodeStreamPlan sp =
-        a.decode_kernel == kDecodeStreamed
+        a.decode_kernel != kDecodeGrouped
             ? plan_decode_stream(a.kv, group, max_len, a.decode_blocks)
             : DecodeStreamPlan{};
     const GroupedPlan gp =

@@ -15,7 +15,11 @@ constexpr int kMaxHeadDim = 256;  // per-lane registers hold head_dim / 32 <= 8 
 constexpr int kMaxDecodeBlocks = 65535;  // AttentionArgs::decode_blocks (a grid's y extent)
 
 // AttentionArgs::decode_kernel: which partial pass a decode step (n == 1) runs.
-constexpr int kDecodeDefault = 0;   // today: kDecodeGrouped
+// The default is the streamed kernel where it takes the layer (else the grouped one): on an H200
+// (2026-11-26, bench_cuda_engine, Llama-3-8B shape, bf16, 3 interleaved pairs) it took `full`
+// at 32K from 77.0 to 87.4 decode tok/s and at 4K from 110.0 to 111.3, h2o at 4K from 107.7
+// to 109.6; in bench_cuda_kernels it was faster in every row measured (bf16 32K 227 -> 167 us).
+constexpr int kDecodeDefault = 0;   // kDecodeStreamed where it takes the layer, else grouped
 constexpr int kDecodeGrouped = 1;   // the GQA-grouped register kernel (or per query head)
 constexpr int kDecodeStreamed = 2;  // attention_decode_stream.h, where it takes the layer
 
@@ -50,9 +54,9 @@ struct AttentionArgs {
   // head than 64-key chunks of the longest head.
   int decode_rows = 0;
   int decode_blocks = 0;
-  // kDecodeDefault, kDecodeGrouped or kDecodeStreamed (the streamed kernel for an A/B until it
-  // is measured; where it cannot take the layer, the grouped path runs). decode_blocks applies
-  // to both (streamed: 0 means four blocks per multiprocessor); decode_rows to the grouped one.
+  // kDecodeDefault (= kDecodeStreamed), kDecodeGrouped or kDecodeStreamed (where the streamed
+  // kernel cannot take the layer, the grouped path runs). decode_blocks applies to both
+  // (streamed: 0 means four blocks per multiprocessor); decode_rows to the grouped one.
   int decode_kernel = kDecodeDefault;
 };
 
@@ -69,9 +73,10 @@ struct AttentionArgs {
 //    vectors over a power of two of lanes (bf16: 8..256 in powers of two; f32: 4..256) and the
 //    GQA group is at most 8, one block per (KV head, chunk) reads each K/V row once for all the
 //    group's query heads (issue 16 item 3), decode_rows keys per row group in flight at once,
-//    about decode_blocks blocks; otherwise one block per (query head, 256 keys). With
-//    decode_kernel = kDecodeStreamed, where it takes the layer: attention_decode_stream.h (K/V
-//    tiles through a cp.async pipeline in shared memory, one block per (KV head, chunk)).
+//    about decode_blocks blocks; otherwise one block per (query head, 256 keys). By default
+//    (and with kDecodeStreamed), where it takes the layer: attention_decode_stream.h (K/V tiles
+//    through a cp.async pipeline in shared memory, one block per (KV head, chunk)) instead;
+//    kDecodeGrouped keeps the grouped kernel.
 // Validates shapes against the view's host lengths and throws kvb::Error. Stream-ordered.
 void attention(const AttentionArgs& args, cudaStream_t stream = 0);
 

@@ -172,7 +172,8 @@ inline std::vector<std::pair<std::string, AttentionCase>> decode_tuning_cases() 
     auto add = [&](const std::string& name, std::vector<int> before, int group, int head_dim,
                    bool stats, int rows, int blocks, int window = 0) {
       v.push_back({name + "_" + cu::kv_dtype_name(dt),
-                   {1, std::move(before), group, head_dim, dt, stats, window, rows, blocks}});
+                   {1, std::move(before), group, head_dim, dt, stats, window, rows, blocks,
+                    cu::kDecodeGrouped}});
     };
     const std::vector<int> ragged = {0, 2, 66, 1200}, ragged_long = {16383, 2, 66, 1000};
     add("rows1_g4_d128_stats", ragged, 4, 128, true, 1, 0);

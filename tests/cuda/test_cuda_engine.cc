@@ -26,6 +26,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_decode_stream.h"
@@ -325,6 +326,38 @@ TEST(CudaEngineStories, RunnerBundleWithSharedPrefillEqualsCpu) {
   EXPECT_EQ(gpu.cache_uploads(), 0);  // forks are device copies: nothing went up from the host
 }
 
+// The largest |logit| difference over every step of two runs.
+double worst_drift(const PolicyRun& a, const PolicyRun& b) {
+  double worst = 0;
+  for (size_t s = 0; s < std::min(a.logits.size(), b.logits.size()); ++s) {
+    worst = std::max(worst, max_abs_diff(a.logits[s], b.logits[s]));
+  }
+  return worst;
+}
+
+// How far the CPU engine's own logits move under a policy when about half of the embedding
+// table's entries move by one ulp (a deterministic pattern per seed): the policy's sensitivity
+// to rounding, measured on the reference itself. The largest drift over `seeds` patterns.
+double cpu_rounding_envelope(const engine::Model& m, const std::string& name,
+                             const std::map<std::string, std::string>& opts, int budget,
+                             const std::vector<int32_t>& ids, const std::vector<int32_t>& forced,
+                             const PolicyRun& reference, int seeds) {
+  double envelope = 0;
+  for (uint32_t seed = 1; seed <= static_cast<uint32_t>(seeds); ++seed) {
+    engine::Model nudged = m;
+    uint32_t x = seed * 7919u;
+    for (float& w : nudged.token_embedding) {
+      x = x * 1664525u + 1013904223u;  // a 32-bit LCG: bit 31 picks, bit 1 gives the direction
+      if (x >> 31) w = std::nextafter(w, (x & 2) ? INFINITY : -INFINITY);
+    }
+    engine::Engine cpu(nudged);
+    envelope = std::max(envelope,
+                        worst_drift(reference, run_policy(cpu, nudged, name, opts, budget, ids,
+                                                          forced)));
+  }
+  return envelope;
+}
+
 class CudaEngineSmol : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -352,12 +385,12 @@ TEST_F(CudaEngineSmol, F32GreedyTokensEqualCpuThreePrompts) {
   }
 }
 
-// The streamed decode kernel (kernels/cuda/attention_decode_stream.h) in the engine, f32,
-// teacher-forced on the CPU's greedy tokens: logits within 1e-3 of the CPU's after the prompt
-// and at every step (the grouped kernel's bound) and, under h2o (which decides on each decode
-// step's probabilities), the CPU's keep-sets. SmolLM2's layers (3 KV heads, group 3, head_dim
-// 64) are a shape the streamed kernel takes.
-TEST_F(CudaEngineSmol, F32StreamedDecodeKernelKeepsTheCpuKeepSets) {
+// Both decode kernels in the engine, the streamed one (kernels/cuda/attention_decode_stream.h,
+// the default since 2026-11-26) and the grouped one, f32, teacher-forced on the CPU's greedy
+// tokens: logits within 1e-3 of the CPU's after the prompt and at every step and, under h2o
+// (which decides on each decode step's probabilities), the CPU's keep-sets. SmolLM2's layers
+// (3 KV heads, group 3, head_dim 64) are a shape the streamed kernel takes.
+TEST_F(CudaEngineSmol, F32BothDecodeKernelsKeepTheCpuKeepSets) {
   const engine::Model& m = *lm_.model;
   alignas(16) static float rows[16];
   cu::DeviceLayerKvView view;
@@ -371,13 +404,16 @@ TEST_F(CudaEngineSmol, F32StreamedDecodeKernelKeepsTheCpuKeepSets) {
   engine::Engine cpu(m);
   engine::CudaEngine gpu(m, DType::kF32);
   EXPECT_THROW(gpu.set_decode_kernel(3), Error);
-  gpu.set_decode_kernel(cu::kDecodeStreamed);
   const std::vector<int32_t> ids = prompt(kPrompts[2]);
   const std::vector<int32_t> forced = greedy(cpu, ids, 12);
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
-  for (const auto& [name, b] :
-       std::vector<std::pair<std::string, int>>{{"full", 0}, {"h2o", budget}}) {
-    SCOPED_TRACE(name);
+  for (const auto& [kernel, name, b] : std::vector<std::tuple<int, std::string, int>>{
+           {cu::kDecodeStreamed, "full", 0},
+           {cu::kDecodeStreamed, "h2o", budget},
+           {cu::kDecodeGrouped, "full", 0},
+           {cu::kDecodeGrouped, "h2o", budget}}) {
+    SCOPED_TRACE(name + (kernel == cu::kDecodeGrouped ? " grouped" : " streamed"));
+    gpu.set_decode_kernel(kernel);
     const PolicyRun want = run_policy(cpu, m, name, {}, b, ids, forced);
     const PolicyRun got = run_policy(gpu, m, name, {}, b, ids, forced);
     ASSERT_EQ(want.logits.size(), got.logits.size());
@@ -455,17 +491,28 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
         for (const auto& k : a.keep) kept += k.size();
         EXPECT_LT(kept, prompt_slots) << "budget " << b << " evicted nothing";
       }
-      double worst = 0;
-      for (size_t s = 0; s < a.logits.size(); ++s) {
-        worst = std::max(worst, max_abs_diff(a.logits[s], g.logits[s]));
-      }
+      const double worst = worst_drift(a, g);
       // SubGen's estimator is not a continuous function of the rows: its reservoir keeps a
       // token when a counter draw falls below |v|^2 / mu, and a full sketch joins a key to its
       // nearest representative; the GPU's f32 rows differ from the CPU's in the last bits, so
       // a draw or a near tie may go the other way (the keep-sets, checked above, stay equal).
       // Its bound is 1e-1: on an H200 (2026-11-26) the worst step was 0.052, against 1e-5 for
       // the policies whose decode attention is exact.
-      const double bound = name == "subgen" ? 1e-1 : 1e-2;
+      double bound = name == "subgen" ? 1e-1 : 1e-2;
+      if (name == "subgen" && opts.count("prefill")) {
+        // Streamed prompts attend through the sketch from the first compression on, so a flip
+        // in one layer moves the next layer's keys and so its nearest representatives: the
+        // drift compounds over the prompt. The CPU shows it against itself (one-ulp nudges of
+        // the embeddings, five patterns; 2026-11-26): worst 0.03-0.08, 0.04-0.58 and 1.3-8.3
+        // on the three prompts, where full and h2o move 3e-5. The first H200 run of this case
+        // drifted <0.1, 0.73 and 3.76 from the CPU, inside that spread. So the device may not
+        // be more than twice as far from the CPU as the CPU's own worst nudge (nor 1e-1); the
+        // sketches' arithmetic itself is checked bit for bit in test_cuda_subgen.cc.
+        const double envelope = cpu_rounding_envelope(m, name, opts, b, ids, forced, a, 5);
+        bound = std::max(bound, 2 * envelope);
+        std::cout << "[ " << label << " ] |gpu - cpu| " << worst << ", CPU's own envelope "
+                  << envelope << "\n";
+      }
       EXPECT_LT(worst, bound) << "logits drifted from the CPU's";
       // The host holds rows only for policies that read them there; otherwise an index
       // (SubGen and subgen_kcenter read their rows on the device).

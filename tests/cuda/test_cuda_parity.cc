@@ -560,8 +560,16 @@ std::vector<Case> all_cases() {
   add("subgen_sketch_exact", [] { run_subgen(17, 7); });
   int i = 0;
   for (const AttentionCase& a : attention_cases()) {
-    add("attention_" + std::to_string(i++) + "_n" + std::to_string(a.n),
+    add("attention_" + std::to_string(i) + "_n" + std::to_string(a.n),
         [=] { run_attention_case(a); });
+    if (a.n == 1) {
+      // Decode runs the streamed kernel by default where it takes the layer: the same case on
+      // the grouped kernel too.
+      AttentionCase g = a;
+      g.decode_kernel = cu::kDecodeGrouped;
+      add("attention_" + std::to_string(i) + "_n1_grouped", [=] { run_attention_case(g); });
+    }
+    ++i;
   }
   for (const auto& named : decode_tuning_cases()) {
     const AttentionCase a = named.second;
