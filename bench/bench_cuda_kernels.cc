@@ -125,8 +125,8 @@ constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128;
 // (the group's blocks run together and share it through L2), so bytes = sum over KV heads of
 // len * head_dim * 2 (K and V) * element size + q + out (+ the probability rows written).
 // decode_rows, decode_blocks: cu::AttentionArgs' tuning of the grouped decode kernel (0: default);
-// decode_kernel: cu::AttentionArgs::decode_kernel (counter `streamed`: whether the streamed
-// kernel took the shape); the grouped kernel unless asked (the default is the streamed one).
+// decode_kernel: cu::AttentionArgs::decode_kernel (counters `streamed`: whether the streamed
+// kernel took the shape, `per_sm`: its blocks resident per multiprocessor); the grouped kernel unless asked (the default is the streamed one).
 void run_decode_attention(benchmark::State& state, int decode_rows, int decode_blocks,
                           int decode_kernel = cu::kDecodeGrouped) {
   const int ctx = static_cast<int>(state.range(0));
@@ -176,6 +176,7 @@ void run_decode_attention(benchmark::State& state, int decode_rows, int decode_b
     const cu::DecodeStreamPlan plan = cu::plan_decode_stream(a.kv, kGroup, ctx, decode_blocks);
     state.counters["streamed"] = plan.splits > 0 ? 1 : 0;
     state.counters["splits"] = plan.splits;
+    state.counters["per_sm"] = plan.blocks_per_sm;  // blocks a multiprocessor holds
   }
   cu::attention(a);  // warm-up, then the check: query heads 0 and nh - 1 against a double loop
   KVB_CUDA_CHECK(cudaDeviceSynchronize());

@@ -4,9 +4,12 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
 
 #include "kernels/cuda/kv_elem.cuh"
 #include "kernels/cuda/runtime.h"
@@ -113,11 +116,13 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
     if (t < tiles) issue(t);
     cp_async_commit();  // one group per tile, empty past the last, so the counts stay uniform
   }
-  // The p x V step's share of this thread.
+  // The p x V step's share of this thread: head gv's output vectors col, col + dth, ... (vpt of
+  // them) over the tile's keys sub, sub + kr, ...; where a head's vectors are fewer than its
+  // threads (kr > 1), the key subsets' sums are added at the end, in subset order.
   const int tph = kThreads / kG, dt = d / V;
-  const int dth = min(dt, tph), vpt = dt / dth;
-  const int gv = tid / tph, u = tid % tph;
-  const bool pv = gv < group && u < dth;
+  const int dth = min(dt, tph), vpt = dt / dth, kr = tph / dth;
+  const int gv = tid / tph, u = tid % tph, col = u % dth, sub = u / dth;
+  const bool pv = gv < group;
   float acc[kMaxAcc];
 #pragma unroll
   for (int e = 0; e < kMaxAcc; ++e) acc[e] = 0.0f;
@@ -134,12 +139,17 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
       const bool valid = lane < valid_n;
       const float* qg = sq + g * d;
       const T* krow = reinterpret_cast<const T*>(ks + lane * row_stride);
+      // Each 16-byte vector's products summed on their own, then the vectors' sums in order:
+      // the vectors' chains overlap, the dependent chain is d / V adds long instead of d FMAs.
       float dot = 0.0f;
+#pragma unroll 4
       for (int x0 = 0; x0 < d; x0 += V) {
         float kf[V];
         Vec16<T>::load(krow + x0, kf);
+        float part = __fmul_rn(qg[x0], kf[0]);
 #pragma unroll
-        for (int e = 0; e < V; ++e) dot = fmaf(qg[x0 + e], kf[e], dot);
+        for (int e = 1; e < V; ++e) part = fmaf(qg[x0 + e], kf[e], part);
+        dot = __fadd_rn(dot, part);
       }
       const float s = __fmul_rn(dot, p.scale);
       if (p.scores != nullptr && valid) {
@@ -165,14 +175,17 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
       const float* pg = sp + gv * kTile;
 #pragma unroll
       for (int e = 0; e < kMaxAcc; ++e) acc[e] *= corr;
-      for (int r = 0; r < valid_n; ++r) {
+      // Every row of the tile: rows past the chunk are zero-filled and their probabilities 0,
+      // so they add exact zeros, and the trip count is fixed (unrolled, loads ahead of use).
+#pragma unroll 8
+      for (int r = sub; r < kTile; r += kr) {
         const float pr = pg[r];
         const T* vrow = reinterpret_cast<const T*>(vs + r * row_stride);
 #pragma unroll
         for (int c = 0; c < kMaxAcc / V; ++c) {
           if (c >= vpt) break;
           float vf[V];
-          Vec16<T>::load(vrow + (u + dth * c) * V, vf);
+          Vec16<T>::load(vrow + (col + dth * c) * V, vf);
 #pragma unroll
           for (int e = 0; e < V; ++e) acc[c * V + e] = fmaf(pr, vf[e], acc[c * V + e]);
         }
@@ -181,12 +194,28 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
     __syncthreads();  // the stage is consumed before a later issue() refills it
   }
   cp_async_wait<0>();  // only empty groups remain; nothing in flight at exit
-  if (pv) {
+  if (kr > 1) {
+    // The key subsets' sums (vpt == 1 here: one vector of V values per thread) through the
+    // stages' memory, which the loop's last barrier freed; subset 0 adds them in order.
+    float* red = reinterpret_cast<float*>(smem);  // [kThreads, V]
+    if (pv && sub > 0) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) red[tid * V + e] = acc[e];
+    }
+    __syncthreads();
+    if (pv && sub == 0) {
+      for (int s = 1; s < kr; ++s) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] += red[(tid + s * dth) * V + e];
+      }
+    }
+  }
+  if (pv && sub == 0) {
     const size_t at = static_cast<size_t>(h0 + gv) * splits + split;
 #pragma unroll
     for (int c = 0; c < kMaxAcc / V; ++c) {
       if (c >= vpt) break;
-      const int x0 = (u + dth * c) * V;
+      const int x0 = (col + dth * c) * V;
 #pragma unroll
       for (int e = 0; e < V; ++e) p.part_acc[at * d + x0 + e] = acc[c * V + e];
     }
@@ -217,25 +246,49 @@ int pow2_at_least(int x) {
   return p;
 }
 
-constexpr int kMaxDevices = 64;
+// The kernel instance for a cache dtype and a group rounded up to a power of two.
+template <typename T>
+const void* kernel_for(int kg) {
+  switch (kg) {
+    case 1: return reinterpret_cast<const void*>(decode_stream_kernel<T, 1>);
+    case 2: return reinterpret_cast<const void*>(decode_stream_kernel<T, 2>);
+    case 4: return reinterpret_cast<const void*>(decode_stream_kernel<T, 4>);
+    default: return reinterpret_cast<const void*>(decode_stream_kernel<T, 8>);
+  }
+}
 
-// Opts the kernel into more than 48 KiB of dynamic shared memory on the plan's device, once per
-// size it grows to (the attribute is per device).
-template <typename K>
-void allow_smem(K kernel, const DecodeStreamPlan& plan, std::atomic<size_t>* allowed) {
-  if (plan.smem <= 48 * 1024) return;
-  std::atomic<size_t>* seen = plan.device < kMaxDevices ? &allowed[plan.device] : nullptr;
-  if (seen && plan.smem <= seen->load()) return;
-  KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(plan.smem)));
-  if (seen) seen->store(plan.smem);
+// Readies `kernel` on the current device (`device`) for launches of `smem` bytes of dynamic
+// shared memory and returns how many of its blocks fit on a multiprocessor. The attributes are
+// per device and kernel: the opt-in above 48 KiB (raised to the largest size asked for so far,
+// never lowered under a size already planned) and the carveout: all the shared memory the
+// multiprocessor has (the driver's default may keep more L1 and fit fewer blocks; this kernel
+// reads through cp.async.cg, which skips L1). Once per (device, kernel, size).
+int ready_kernel(const void* kernel, int device, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> opted;  // the opt-in set so far
+  static std::map<std::tuple<int, const void*, size_t>, int> fits;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(device, kernel, smem);
+  if (const auto it = fits.find(key); it != fits.end()) return it->second;
+  size_t& opt = opted[{device, kernel}];
+  if (opt == 0) {
+    KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+  }
+  if (smem > 48 * 1024 && smem > opt) {
+    KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+  }
+  opt = std::max({opt, smem, size_t{1}});
+  int blocks = 0;
+  KVB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
+  fits[key] = blocks;
+  return blocks;
 }
 
 template <typename T, int kG>
 void launch_kg(const Params& prm, int num_kv_heads, const DecodeStreamPlan& plan,
                cudaStream_t stream) {
-  static std::atomic<size_t> allowed[kMaxDevices] = {};
-  allow_smem(decode_stream_kernel<T, kG>, plan, allowed);
   decode_stream_kernel<T, kG>
       <<<dim3(num_kv_heads, plan.splits), kThreads, plan.smem, stream>>>(prm);
   KVB_CUDA_CHECK_LAUNCH();
@@ -277,7 +330,11 @@ DecodeStreamPlan plan_decode_stream(const DeviceLayerKvView& kv, int group, int 
   const size_t smem = kStages * 2 * kTile * (row + kPad) +
                       sizeof(float) * (static_cast<size_t>(group) * d + kg * kTile + 3 * kg);
   if (smem > static_cast<size_t>(optin)) return p;
-  const int target = decode_blocks > 0 ? decode_blocks : 4 * std::max(sms, 1);
+  const int fit = ready_kernel(kv.dtype == KvDtype::kF32 ? kernel_for<float>(kg)
+                                                         : kernel_for<__nv_bfloat16>(kg),
+                               device, smem);
+  if (fit < 1) return p;
+  const int target = decode_blocks > 0 ? decode_blocks : fit * std::max(sms, 1);
   const int by_blocks = std::max(1, (target + kv.num_kv_heads - 1) / kv.num_kv_heads);
   const int tiles = (max_len + kTile - 1) / kTile;
   const int splits = std::min(by_blocks, tiles);
@@ -285,6 +342,7 @@ DecodeStreamPlan plan_decode_stream(const DeviceLayerKvView& kv, int group, int 
   p.splits = (max_len + p.chunk - 1) / p.chunk;
   p.smem = smem;
   p.device = device;
+  p.blocks_per_sm = fit;
   return p;
 }
 

@@ -1,13 +1,15 @@
 // Decode attention (n == 1) streamed through shared memory (issue 16 item 3): the split-K
-// partial pass of cuda::attention's decode path when AttentionArgs::decode_kernel asks for it.
+// partial pass of cuda::attention's decode path by default (AttentionArgs::decode_kernel).
 // One block per (KV head, chunk of keys) serves every query head of the GQA group, so each K/V
 // row is read from memory once. The chunk's rows arrive in 32-key tiles through a three-stage
 // cp.async pipeline (16-byte copies, zero-filled past the chunk): while a tile is scored, the
 // next two are in flight, and several blocks share a multiprocessor, so the loads in flight
 // cover the memory latency. Per tile: warp w scores the tile's keys for query heads w, w + 4,
-// ... (one key per lane, the dot over head_dim in order from shared memory), folds the tile into
-// the head's online softmax (one new maximum per tile), and stores the probabilities; then every
-// thread adds p x V for its slice of its head's output dimensions. The block ends with one
+// ... (one key per lane; the dot over head_dim as per-16-byte-vector sums added in order, from
+// shared memory), folds the tile into the head's online softmax (one new maximum per tile), and
+// stores the probabilities; then every thread adds p x V for its slice of its head's output
+// dimensions over its subset of the tile's keys (subsets where a head has more threads than
+// output vectors, added in order at the end). The block ends with one
 // partial state per query head: the [num_heads, splits] (max, sum) and [num_heads, splits,
 // head_dim] arrays decode_combine_kernel merges, and the raw scaled scores for statistics
 // (scores[h * stride + key]) when asked. The softmax is the CPU's up to f32 summation order.
@@ -26,12 +28,15 @@ struct DecodeStreamPlan {
   int chunk = 0;   // keys per block (a multiple of 32)
   size_t smem = 0;
   int device = 0;  // the device planned for (its kernels' shared-memory opt-in)
+  int blocks_per_sm = 0;  // blocks of the kernel a multiprocessor holds (occupancy API)
 };
 
 // How the streamed kernel would run: rows of 16k bytes (bf16 head_dim % 8 == 0, f32 % 4), keys
 // and values 16-byte aligned, group <= 8, a device of compute capability >= 8.0 (cp.async) whose
 // shared memory per block holds three stages; otherwise splits == 0. Splits: about
-// decode_blocks blocks over the KV heads (0: four per multiprocessor), chunks of whole tiles.
+// decode_blocks blocks over the KV heads (0: as many as fit on every multiprocessor at once,
+// with the carveout set to all shared memory: four at bf16 head_dim 128), chunks of whole
+// tiles. Sets the kernel's shared-memory attributes on the current device (once).
 DecodeStreamPlan plan_decode_stream(const DeviceLayerKvView& kv, int group, int max_len,
                                     int decode_blocks);
 
