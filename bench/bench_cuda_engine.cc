@@ -143,9 +143,9 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
   std::printf("# %s on %s, %s: weights %.2f GiB uploaded in %.1f s\n", m.config.name.c_str(),
               eng.device_description().c_str(), engine::dtype_name(dtype),
               eng.weight_bytes() / 1073741824.0, ms_since(t0) / 1000);
-  std::printf("%-22s %7s %-11s %6s %-8s %12s %11s %9s %8s %10s %8s %8s %8s %9s\n", "model",
+  std::printf("%-22s %7s %-11s %6s %-8s %12s %11s %9s %8s %10s %8s %8s %8s %9s %9s\n", "model",
               "context", "policy", "budget", "kernel", "prefill t/s", "decode t/s", "step ms",
-              "policy%", "host MiB", "d2h/step", "h2d/step", "sync/step", "peak GiB");
+              "policy%", "host MiB", "d2h/step", "h2d/step", "sync/step", "wait ms", "peak GiB");
   const auto& c = m.config;
   for (int ctx : contexts) {
     if (ctx + steps > c.max_seq_len) {
@@ -182,17 +182,19 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
             const double pol = eng.policy_ms() - pol0;
             const engine::TransferCounters x1 = eng.transfer_counters();
             // host MiB: bytes copied either way over prefill and decode; d2h/step, h2d/step and
-            // sync/step: copies each way and stream syncs per decode step (cuda_backend.h).
+            // sync/step: copies each way and stream syncs per decode step (cuda_backend.h); wait
+            // ms: the host's time per step blocked in those syncs (step ms minus it: the host's
+            // own time, launches included; if that is most of the step, launches bound it).
             std::printf(
                 "%-22s %7d %-11s %6d %-8s %12.0f %11.1f %9.3f %7.1f%% %10.1f %8.1f %8.1f %8.1f "
-                "%9.2f\n",
+                "%9.3f %9.2f\n",
                 c.name.c_str(), ctx, pname.c_str(), budget, kernel_name(kernel),
                 ctx * 1000.0 / prefill_ms, steps * 1000.0 / decode_ms, decode_ms / steps,
                 100.0 * pol / decode_ms, (eng.mirror_bytes() - moved0) / 1048576.0,
                 static_cast<double>(x1.d2h_copies - x0.d2h_copies) / steps,
                 static_cast<double>(x1.h2d_copies - x0.h2d_copies) / steps,
                 static_cast<double>(x1.stream_syncs - x0.stream_syncs) / steps,
-                eng.device_peak_bytes() / 1073741824.0);
+                (x1.sync_wait_ms - x0.sync_wait_ms) / steps, eng.device_peak_bytes() / 1073741824.0);
             std::fflush(stdout);
           }
         }

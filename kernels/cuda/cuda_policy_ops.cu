@@ -49,9 +49,11 @@ __global__ void zero_kernel(T* rows, int ld, HeadTable from, HeadTable to) {
 }
 
 // rows[h][s] += reduce_g src[h * head_stride + g * row_stride + s], s < len[h]: reduce_gqa's
-// order (g increasing; mean divides the sum by group in f32; max as std::max).
-__global__ void accumulate_kernel(float* rows, int ld, HeadTable len, const float* src,
-                                  size_t head_stride, size_t row_stride, int group, bool max) {
+// order (g increasing; mean divides the sum by group in f32; max as std::max). Entries at or
+// past fresh[h] are new: they start from 0 (what resize writes) instead of being read.
+__global__ void accumulate_kernel(float* rows, int ld, HeadTable len, HeadTable fresh,
+                                  const float* src, size_t head_stride, size_t row_stride,
+                                  int group, bool max) {
   const int h = blockIdx.y;
   const float* base = src + h * head_stride;
   for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < len.v[h]; s += gridDim.x * blockDim.x) {
@@ -60,7 +62,8 @@ __global__ void accumulate_kernel(float* rows, int ld, HeadTable len, const floa
       const float v = base[g * row_stride + s];
       acc = max ? (acc < v ? v : acc) : acc + v;
     }
-    rows[static_cast<size_t>(h) * ld + s] += max ? acc : acc / static_cast<float>(group);
+    float& out = rows[static_cast<size_t>(h) * ld + s];
+    out = (s >= fresh.v[h] ? 0.0f : out) + (max ? acc : acc / static_cast<float>(group));
   }
 }
 
@@ -84,16 +87,60 @@ __global__ void negated_popcount_kernel(const uint64_t* bits, int ld_bits, float
   }
 }
 
+// Entries list[j], j < n, of a row move to j, in place, by the calling block: each chunk of
+// blockDim entries is read before it is written, and a list never reads below its index, so
+// earlier chunks' writes are never read. Every thread of the block calls it.
+template <typename T>
+__device__ void compact_row(T* row, const int32_t* list, int n) {
+  for (int c0 = 0; c0 < n; c0 += blockDim.x) {
+    const int j = c0 + threadIdx.x;
+    T v{};
+    if (j < n) v = row[list[j]];
+    __syncthreads();
+    if (j < n) row[j] = v;
+    __syncthreads();
+  }
+}
+
+// State rows keep_top compacts in its own launch (more go through compact_kernel).
+constexpr int kMaxFusedStates = 2;
+struct FusedState {
+  void* rows = nullptr;  // [heads, ld] of the plan's layer
+  int ld = 0;
+  bool u64 = false;  // else f32
+};
+
 struct KeepParams {
   const float* scores;
   int score_ld;
   int32_t* lists;
   int ld;
   HeadTable len, prefix, k, score_head;  // prefix < 0: the head keeps everything
+  HeadTable count;                       // kept entries of a deciding head (-1: untouched)
+  FusedState states[kMaxFusedStates];
+  int num_states;
 };
 
+// After a head's list is written: its state rows follow it (the block's own list: its global
+// writes are visible to the block after the barrier).
+__device__ void compact_states(const KeepParams& p, int h, const int32_t* list) {
+  const int n = p.count.v[h];
+  if (n < 0 || p.num_states == 0) return;
+  __syncthreads();
+  for (int i = 0; i < p.num_states; ++i) {
+    const FusedState& s = p.states[i];
+    if (s.u64) {
+      compact_row(static_cast<unsigned long long*>(s.rows) + static_cast<size_t>(h) * s.ld, list,
+                  n);
+    } else {
+      compact_row(static_cast<float*>(s.rows) + static_cast<size_t>(h) * s.ld, list, n);
+    }
+  }
+}
+
 // One block per cache head: the top k of [0, prefix) by (score key, index) in increasing order,
-// then prefix..len-1; a head that keeps everything gets 0..len-1.
+// then prefix..len-1; a head that keeps everything gets 0..len-1. Then the state rows of a
+// deciding head follow its list (compact_states).
 __global__ void __launch_bounds__(kThreads) keep_top_kernel(KeepParams p) {
   __shared__ detail::RadixShared radix;
   __shared__ detail::ScanShared scan;
@@ -123,6 +170,7 @@ __global__ void __launch_bounds__(kThreads) keep_top_kernel(KeepParams p) {
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
       if (i != victim) out[i - (i > victim ? 1 : 0)] = i;
     }
+    compact_states(p, h, out);
     return;
   }
   int written = 0;
@@ -137,26 +185,16 @@ __global__ void __launch_bounds__(kThreads) keep_top_kernel(KeepParams p) {
         [&](int i) { return detail::rank_key(row[i], i) >= threshold; }, prefix, 0, out, scan);
   }
   for (int i = threadIdx.x; i < len - prefix; i += blockDim.x) out[written + i] = prefix + i;
+  compact_states(p, h, out);
 }
 
-// Row h keeps entries lists[h][j], j < count[h] (count < 0: untouched), in place: each chunk of
-// blockDim entries is read before it is written, and a list never reads below its index, so
-// earlier chunks' writes are never read.
+// Row h keeps entries lists[h][j], j < count[h] (count < 0: untouched), in place (compact_row).
 template <typename T>
 __global__ void compact_kernel(T* rows, int ld, const int32_t* lists, int lists_ld,
                                HeadTable count) {
   const int h = blockIdx.x, n = count.v[h];
   if (n < 0) return;
-  T* row = rows + static_cast<size_t>(h) * ld;
-  const int32_t* list = lists + static_cast<size_t>(h) * lists_ld;
-  for (int c0 = 0; c0 < n; c0 += blockDim.x) {
-    const int j = c0 + threadIdx.x;
-    T v{};
-    if (j < n) v = row[list[j]];
-    __syncthreads();
-    if (j < n) row[j] = v;
-    __syncthreads();
-  }
+  compact_row(rows + static_cast<size_t>(h) * ld, lists + static_cast<size_t>(h) * lists_ld, n);
 }
 
 struct WindowParams {
@@ -251,22 +289,36 @@ std::unique_ptr<SlotRows> CudaPolicyOps::make_rows(SlotType type, int layers, in
   return std::make_unique<CudaRows>(type, layers, heads, stream_);
 }
 
-void CudaPolicyOps::resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) {
-  CudaRows& r = device(rows);
+namespace {
+// resize's bookkeeping: row h < lengths.size() keeps [0, from[h]) and becomes to[h] long (its
+// entries [from, to) are new), the others keep theirs (from = to = length); rows reserved for
+// the longest. Returns the most new entries of a row.
+int plan_resize(CudaRows& r, const SlotRows& rows, int layer, std::span<const int32_t> lengths,
+                HeadTable* from, HeadTable* to) {
   check_rows(rows, layer);
   const int heads = static_cast<int>(lengths.size());
   KVB_CHECK(heads <= rows.heads()) << "cuda policy ops: " << heads << " lengths for "
                                    << rows.heads() << " heads";
-  HeadTable from{}, to{};
   int longest = 0, grow = 0;
-  for (int h = 0; h < heads; ++h) {
-    KVB_CHECK(lengths[h] >= 0) << "cuda policy ops: length " << lengths[h];
-    from.v[h] = std::min<int32_t>(rows.length(layer, h), lengths[h]);
-    to.v[h] = lengths[h];
-    longest = std::max(longest, static_cast<int>(lengths[h]));
-    grow = std::max(grow, static_cast<int>(lengths[h] - from.v[h]));
+  for (int h = 0; h < rows.heads(); ++h) {
+    const int32_t now = rows.length(layer, h);
+    const int32_t want = h < heads ? lengths[h] : now;
+    KVB_CHECK(want >= 0) << "cuda policy ops: length " << want;
+    from->v[h] = std::min(now, want);
+    to->v[h] = want;
+    longest = std::max(longest, static_cast<int>(want));
+    grow = std::max(grow, static_cast<int>(want - from->v[h]));
   }
   r.reserve(layer, longest);
+  return grow;
+}
+}  // namespace
+
+void CudaPolicyOps::resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) {
+  CudaRows& r = device(rows);
+  const int heads = static_cast<int>(lengths.size());
+  HeadTable from{}, to{};
+  const int grow = plan_resize(r, rows, layer, lengths, &from, &to);
   if (grow > 0) {
     const dim3 grid(grid_for(grow, 256), heads);
     if (rows.type() == SlotType::kF32) {
@@ -284,20 +336,38 @@ void CudaPolicyOps::resize(SlotRows& rows, int layer, std::span<const int32_t> l
 
 void CudaPolicyOps::accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
                                size_t row_stride, int group, policies::GqaReduce how) {
-  CudaRows& r = device(rows);
   check_rows(rows, layer);
+  HeadTable len{};
+  for (int h = 0; h < rows.heads(); ++h) len.v[h] = rows.length(layer, h);
+  launch_accumulate(rows, layer, len, len, src, head_stride, row_stride, group, how);
+}
+
+void CudaPolicyOps::resize_and_accumulate(SlotRows& rows, int layer,
+                                          std::span<const int32_t> lengths, const float* src,
+                                          size_t head_stride, size_t row_stride, int group,
+                                          policies::GqaReduce how) {
+  CudaRows& r = device(rows);
+  KVB_CHECK(rows.type() == SlotType::kF32)
+      << "cuda policy ops: resize_and_accumulate needs f32 rows";
+  HeadTable from{}, to{};
+  plan_resize(r, rows, layer, lengths, &from, &to);
+  launch_accumulate(rows, layer, to, from, src, head_stride, row_stride, group, how);
+  for (int h = 0; h < static_cast<int>(lengths.size()); ++h) r.set_len(layer, h, lengths[h]);
+}
+
+void CudaPolicyOps::launch_accumulate(SlotRows& rows, int layer, const HeadTable& len,
+                                      const HeadTable& fresh, const float* src,
+                                      size_t head_stride, size_t row_stride, int group,
+                                      policies::GqaReduce how) {
+  CudaRows& r = device(rows);
   KVB_CHECK(rows.type() == SlotType::kF32 && group >= 1 && src != nullptr)
       << "cuda policy ops: accumulate needs f32 rows, a group >= 1 and statistics";
-  HeadTable len{};
   int longest = 0;
-  for (int h = 0; h < rows.heads(); ++h) {
-    len.v[h] = rows.length(layer, h);
-    longest = std::max(longest, static_cast<int>(len.v[h]));
-  }
+  for (int h = 0; h < rows.heads(); ++h) longest = std::max(longest, static_cast<int>(len.v[h]));
   if (longest == 0) return;
   accumulate_kernel<<<dim3(blocks_for(longest), rows.heads()), 256, 0, stream_>>>(
-      static_cast<float*>(r.data(layer)), r.ld(layer), len, src, head_stride, row_stride, group,
-      how == policies::GqaReduce::kMax);
+      static_cast<float*>(r.data(layer)), r.ld(layer), len, fresh, src, head_stride, row_stride,
+      group, how == policies::GqaReduce::kMax);
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
 }
@@ -520,14 +590,37 @@ void CudaPolicyOps::keep_top(const SlotRows& scores, int score_layer, const KvCa
   p.prefix = prefix;
   p.k = k;
   p.score_head = score_head;
-  keep_top_kernel<<<nh, kThreads, 0, stream_>>>(p);
-  KVB_CUDA_CHECK_LAUNCH();
-  ++launches_;
+  p.count = count;
+  p.num_states = 0;
   for (SlotRows* rows : state) {
-    CudaRows& r = device(*rows);
     check_rows(*rows, layer);
     KVB_CHECK(rows->heads() == nh) << "keep_top: state of " << rows->heads() << " heads, cache "
                                    << nh;
+  }
+  // The first kMaxFusedStates state rows are compacted by the keep kernel itself, block h after
+  // head h's decision. A state that is the scores' own rows is safe there only when every
+  // deciding head reads its own score row (no block reads a row another block compacts);
+  // otherwise every state waits for its own launch, after all decisions.
+  bool own_rows = true;
+  for (const KeepTop& t : heads) own_rows &= t.score_head == t.head;
+  bool alias = false;
+  for (SlotRows* rows : state) alias |= rows == &scores && score_layer == layer;
+  const size_t fused = alias && !own_rows ? 0 : std::min<size_t>(state.size(), kMaxFusedStates);
+  for (size_t i = 0; i < fused; ++i) {
+    CudaRows& r = device(*state[i]);
+    p.states[i] = {r.data(layer), r.ld(layer), state[i]->type() == SlotType::kU64};
+    ++p.num_states;
+  }
+  keep_top_kernel<<<nh, kThreads, 0, stream_>>>(p);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+  for (size_t i = 0; i < state.size(); ++i) {
+    SlotRows* rows = state[i];
+    CudaRows& r = device(*rows);
+    if (i < fused) {
+      for (const KeepTop& t : heads) r.set_len(layer, t.head, t.kept());
+      continue;
+    }
     if (rows->type() == SlotType::kF32) {
       compact_kernel<<<nh, 256, 0, stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer),
                                               lists_, ld, count);

@@ -29,6 +29,7 @@
 
 #include <vector>
 
+#include "kernels/cuda/kv_cache_device.h"
 #include "kernels/policies/policy_ops.h"
 
 namespace kvb::kernels::cuda {
@@ -48,6 +49,10 @@ class CudaPolicyOps final : public policies::PolicyOps {
   void resize(policies::SlotRows& rows, int layer, std::span<const int32_t> lengths) override;
   void accumulate(policies::SlotRows& rows, int layer, const float* src, size_t head_stride,
                   size_t row_stride, int group, policies::GqaReduce how) override;
+  void resize_and_accumulate(policies::SlotRows& rows, int layer,
+                             std::span<const int32_t> lengths, const float* src,
+                             size_t head_stride, size_t row_stride, int group,
+                             policies::GqaReduce how) override;
   void history_bits(policies::SlotRows& bits, const policies::LayerStats& st,
                     const KvCache& cache, int history, bool inv_position) override;
   void append_negated_key_norms(policies::SlotRows& rows, const policies::LayerStats& st,
@@ -104,6 +109,11 @@ class CudaPolicyOps final : public policies::PolicyOps {
   const Transfers& transfers() const { return transfers_; }
 
  private:
+  // accumulate's kernel over rows [0, len[h]) of every head, entries at or past fresh[h] new
+  // (from 0).
+  void launch_accumulate(policies::SlotRows& rows, int layer, const HeadTable& len,
+                         const HeadTable& fresh, const float* src, size_t head_stride,
+                         size_t row_stride, int group, policies::GqaReduce how);
   // lists_ with room for `need` entries (contents not kept).
   int32_t* plan_lists(size_t need);
   // log_table_ with at least `need` entries (filled and uploaded when it grows).

@@ -91,10 +91,9 @@ class H2O final : public Policy {
     SlotRows& score = rows_of(scores_, ops, SlotType::kF32, config().shape.num_layers, heads);
     lens_.resize(heads);
     for (int h = 0; h < heads; ++h) lens_[h] = cache.length(st.layer, h);
-    ops.resize(score, st.layer, lens_);
     const int group = st.num_heads / heads;
-    ops.accumulate(score, st.layer, st.col_sums, static_cast<size_t>(group) * st.stride,
-                   st.stride, group, gqa_);
+    ops.resize_and_accumulate(score, st.layer, lens_, st.col_sums,
+                              static_cast<size_t>(group) * st.stride, st.stride, group, gqa_);
     return score;
   }
 

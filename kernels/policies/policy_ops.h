@@ -195,6 +195,14 @@ class PolicyOps {
   // (LayerStats pointers of the engine that hands these ops over).
   virtual void accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
                           size_t row_stride, int group, GqaReduce how) = 0;
+  // resize(rows, layer, lengths), then accumulate(rows, layer, src, ...): a device fuses the
+  // new entries' zeros into the sum (one launch; 0 + x is x, so the bits are the two ops').
+  virtual void resize_and_accumulate(SlotRows& rows, int layer, std::span<const int32_t> lengths,
+                                     const float* src, size_t head_stride, size_t row_stride,
+                                     int group, GqaReduce how) {
+    resize(rows, layer, lengths);
+    accumulate(rows, layer, src, head_stride, row_stride, group, how);
+  }
   // Scissorhands' below-threshold history (POLICIES.md "scissorhands"), u64 rows of the stats'
   // layer whose heads hold `before` = length - st.n_new earlier slots: a head with no earlier
   // slot starts from zeros; new slots start at 0; the block's unrecorded queries shift the old

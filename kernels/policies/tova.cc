@@ -57,8 +57,10 @@ class Tova final : public Policy {
       // head, since the heads of this layer always keep the same set).
       if (tp_size() == 1) {
         // One score row (the mean over all query heads), one keep-set for every head.
-        SlotRows& score = fresh_scores(ops, std::vector<int32_t>{len});
-        ops.accumulate(score, 0, last, 0, row_stride, st.num_heads, GqaReduce::kMean);
+        SlotRows& score = cleared_scores(ops, 1);
+        const int32_t one_len[] = {len};
+        ops.resize_and_accumulate(score, 0, one_len, last, 0, row_stride, st.num_heads,
+                                  GqaReduce::kMean);
         for (int h = 0; h < heads; ++h) {
           tops_.push_back({.head = h, .score_head = 0, .len = len, .prefix = len,
                            .k = kv_budget()});
@@ -96,21 +98,19 @@ class Tova final : public Policy {
       }
     }
     if (tops_.empty()) return;
-    SlotRows& score = fresh_scores(ops, lens_);
-    ops.accumulate(score, 0, last, static_cast<size_t>(group) * row_stride, row_stride, group,
-                   GqaReduce::kMean);
+    SlotRows& score = cleared_scores(ops, heads);
+    ops.resize_and_accumulate(score, 0, lens_, last, static_cast<size_t>(group) * row_stride,
+                              row_stride, group, GqaReduce::kMean);
     ops.keep_top(score, 0, cache, tops_, {}, plan);
   }
 
-  // This step's scores: a one-layer scratch of zeros of the given lengths (0 + the mean is the
-  // mean), one row per entry of `lengths`.
-  SlotRows& fresh_scores(PolicyOps& ops, const std::vector<int32_t>& lengths) {
-    const int rows = static_cast<int>(lengths.size());
+  // This step's scores: a one-layer scratch of `rows` empty rows, which resize_and_accumulate
+  // then grows with zeros to the heads' lengths and adds the mean to (0 + the mean is the mean).
+  SlotRows& cleared_scores(PolicyOps& ops, int rows) {
     if (scratch_ && scratch_->heads() != rows) scratch_ = SlotRowsPtr();
     SlotRows& s = rows_of(scratch_, ops, SlotType::kF32, 1, rows);
     zeros_.assign(rows, 0);
     ops.resize(s, 0, zeros_);
-    ops.resize(s, 0, lengths);
     return s;
   }
 

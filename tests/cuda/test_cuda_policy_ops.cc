@@ -82,12 +82,17 @@ TEST_F(CudaPolicyOpsParity, ResizeAndAccumulateAreTheCpuBits) {
     for (const int group : {1, 4}) {
       SCOPED_TRACE(testing::Message() << "group " << group << " max " << (how == GqaReduce::kMax));
       const int heads = 4, stride = 70;
-      const std::vector<int32_t> first = {37, 0, 64, 5}, second = {40, 3, 70, 5};
+      // Growing, then growing and keeping, then shrinking and growing (resize's truncation).
+      const std::vector<std::vector<int32_t>> rounds = {
+          {37, 0, 64, 5}, {40, 3, 70, 5}, {12, 9, 70, 1}};
       std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 2, heads);
       std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 2, heads);
+      // resize_and_accumulate: the device's one launch against the CPU's two ops.
+      std::unique_ptr<SlotRows> cf = cpu_.make_rows(SlotType::kF32, 2, heads);
+      std::unique_ptr<SlotRows> gf = gpu_->make_rows(SlotType::kF32, 2, heads);
       std::vector<std::vector<float>> want(heads);
-      for (int round = 0; round < 2; ++round) {
-        const std::vector<int32_t>& lens = round == 0 ? first : second;
+      for (int round = 0; round < static_cast<int>(rounds.size()); ++round) {
+        const std::vector<int32_t>& lens = rounds[round];
         const std::vector<float> src =
             parity::random_vec(static_cast<size_t>(heads) * group * stride, 11 + round, 0, 1);
         cpu_.resize(*c, 1, lens);
@@ -95,6 +100,12 @@ TEST_F(CudaPolicyOpsParity, ResizeAndAccumulateAreTheCpuBits) {
         const cu::DeviceBuffer<float> d = parity::to_device(src);
         cpu_.accumulate(*c, 1, src.data(), static_cast<size_t>(group) * stride, stride, group, how);
         gpu_->accumulate(*g, 1, d.data(), static_cast<size_t>(group) * stride, stride, group, how);
+        cpu_.resize_and_accumulate(*cf, 1, lens, src.data(), static_cast<size_t>(group) * stride,
+                                   stride, group, how);
+        const int64_t l0 = gpu_->launches();
+        gpu_->resize_and_accumulate(*gf, 1, lens, d.data(), static_cast<size_t>(group) * stride,
+                                    stride, group, how);
+        EXPECT_EQ(gpu_->launches() - l0, 1) << "resize_and_accumulate is one launch";
         for (int h = 0; h < heads; ++h) {
           want[h].resize(lens[h], 0.0f);
           const std::vector<float> add = reduce_rows(
@@ -104,8 +115,12 @@ TEST_F(CudaPolicyOpsParity, ResizeAndAccumulateAreTheCpuBits) {
           EXPECT_EQ(g->length(1, h), lens[h]);
           parity::expect_bits(gpu_->read_f32(*g, 1, h), want[h], "device row");
           parity::expect_bits(cpu_.read_f32(*c, 1, h), want[h], "host row");
+          EXPECT_EQ(gf->length(1, h), lens[h]);
+          parity::expect_bits(gpu_->read_f32(*gf, 1, h), want[h], "device row, fused");
+          parity::expect_bits(cpu_.read_f32(*cf, 1, h), want[h], "host row, fused");
         }
         EXPECT_EQ(c->bytes(), g->bytes());
+        EXPECT_EQ(cf->bytes(), gf->bytes());
       }
     }
   }
@@ -185,6 +200,9 @@ TEST_F(CudaPolicyOpsParity, KeepTopKeepsTheCpuSlotsAndCompactsTheState) {
   std::unique_ptr<SlotRows> gf = gpu_->make_rows(SlotType::kF32, 1, heads);
   std::unique_ptr<SlotRows> cb = cpu_.make_rows(SlotType::kU64, 1, heads);
   std::unique_ptr<SlotRows> gb = gpu_->make_rows(SlotType::kU64, 1, heads);
+  // A third state row: past the two the keep kernel compacts itself, its own launch.
+  std::unique_ptr<SlotRows> c3 = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> g3 = gpu_->make_rows(SlotType::kF32, 1, heads);
   const int stride = 64;
   const std::vector<float> tied = parity::tied_vec(static_cast<size_t>(heads) * stride, 5, 4);
   const std::vector<float> state = parity::random_vec(static_cast<size_t>(heads) * stride, 6);
@@ -197,6 +215,8 @@ TEST_F(CudaPolicyOpsParity, KeepTopKeepsTheCpuSlotsAndCompactsTheState) {
   gpu_->accumulate(*gs, 0, dt.data(), stride, stride, 1, GqaReduce::kMean);
   cpu_.accumulate(*cf, 0, state.data(), stride, stride, 1, GqaReduce::kMean);
   gpu_->accumulate(*gf, 0, ds.data(), stride, stride, 1, GqaReduce::kMean);
+  cpu_.resize_and_accumulate(*c3, 0, lens32, tied.data(), stride, stride, 1, GqaReduce::kMean);
+  gpu_->resize_and_accumulate(*g3, 0, lens32, dt.data(), stride, stride, 1, GqaReduce::kMean);
   const std::vector<KeepTop> tops = {
       {.head = 0, .score_head = 0, .len = 30, .prefix = 20, .k = 7},   // a list + a window
       {.head = 1, .score_head = 1, .len = 12, .prefix = 12, .k = 11},  // one victim
@@ -207,10 +227,12 @@ TEST_F(CudaPolicyOpsParity, KeepTopKeepsTheCpuSlotsAndCompactsTheState) {
   EvictionPlan cplan, gplan;
   cplan.reset(0, heads);
   gplan.reset(0, heads);
-  SlotRows* cstate[] = {cf.get(), cb.get()};
-  SlotRows* gstate[] = {gf.get(), gb.get()};
+  SlotRows* cstate[] = {cf.get(), cb.get(), c3.get()};
+  SlotRows* gstate[] = {gf.get(), gb.get(), g3.get()};
   cpu_.keep_top(*cs, 0, host_, tops, cstate, cplan);
+  const int64_t l0 = gpu_->launches();
   gpu_->keep_top(*gs, 0, index_, tops, gstate, gplan);
+  EXPECT_EQ(gpu_->launches() - l0, 2) << "two states in the keep kernel, the third apart";
   ASSERT_TRUE(gplan.on_device());
   ASSERT_FALSE(cplan.on_device());
   EXPECT_EQ(cplan.kind(1), EvictionPlan::Kind::kVictim);
@@ -234,6 +256,10 @@ TEST_F(CudaPolicyOpsParity, KeepTopKeepsTheCpuSlotsAndCompactsTheState) {
     EXPECT_EQ(gpu_->read_u64(*gb, 0, h), cpu_.read_u64(*cb, 0, h));
     EXPECT_EQ(gf->length(0, h), cf->length(0, h));
     EXPECT_EQ(gb->length(0, h), cb->length(0, h));
+    std::vector<float> kept3;
+    for (int32_t s : want) kept3.push_back(tied[static_cast<size_t>(h) * stride + s]);
+    parity::expect_bits(gpu_->read_f32(*g3, 0, h), kept3, "third state, its own launch");
+    parity::expect_bits(cpu_.read_f32(*c3, 0, h), kept3, "third state (cpu)");
   }
   // Applied to the index and the device rows, the engine's way: the same positions as the host
   // cache under the CPU plan.
@@ -253,6 +279,59 @@ TEST_F(CudaPolicyOpsParity, KeepTopKeepsTheCpuSlotsAndCompactsTheState) {
   }
   EXPECT_EQ(index_.position_reads(), 1);
   EXPECT_FALSE(index_.positions_stale(0));
+}
+
+// H2O's call: the state is the score rows themselves. Where every deciding head reads its own
+// row, the keep kernel compacts each row after its block's decision; where a head reads another
+// head's row, the compaction waits for its own launch after every decision. Both: the CPU's
+// slots and rows.
+TEST_F(CudaPolicyOpsParity, KeepTopCompactsTheScoreRowsItDecidesBy) {
+  const std::vector<int> lens = {30, 12, 50, 1025};
+  const int heads = static_cast<int>(lens.size());
+  const std::vector<int32_t> lens32(lens.begin(), lens.end());
+  const int stride = 1025;
+  const std::vector<float> tied = parity::tied_vec(static_cast<size_t>(heads) * stride, 7, 5);
+  const cu::DeviceBuffer<float> dt = parity::to_device(tied);
+  for (const bool own : {true, false}) {
+    SCOPED_TRACE(testing::Message() << "own rows " << own);
+    make_caches(lens, 2);
+    std::unique_ptr<SlotRows> cs = cpu_.make_rows(SlotType::kF32, 1, heads);
+    std::unique_ptr<SlotRows> gs = gpu_->make_rows(SlotType::kF32, 1, heads);
+    cpu_.resize_and_accumulate(*cs, 0, lens32, tied.data(), stride, stride, 1, GqaReduce::kMean);
+    gpu_->resize_and_accumulate(*gs, 0, lens32, dt.data(), stride, stride, 1, GqaReduce::kMean);
+    const std::vector<KeepTop> tops = {
+        {.head = 0, .score_head = 0, .len = 30, .prefix = 20, .k = 7},       // a list + a window
+        {.head = 1, .score_head = own ? 1 : 3, .len = 12, .prefix = 12, .k = 11},  // one victim
+        {.head = 3, .score_head = 3, .len = 1025, .prefix = 1000, .k = 999},      // one victim
+    };
+    EvictionPlan cplan, gplan;
+    cplan.reset(0, heads);
+    gplan.reset(0, heads);
+    SlotRows* cstate[] = {cs.get()};
+    SlotRows* gstate[] = {gs.get()};
+    cpu_.keep_top(*cs, 0, host_, tops, cstate, cplan);
+    const int64_t l0 = gpu_->launches();
+    gpu_->keep_top(*gs, 0, index_, tops, gstate, gplan);
+    EXPECT_EQ(gpu_->launches() - l0, own ? 1 : 2) << "the keep kernel compacts its own rows";
+    ASSERT_TRUE(gplan.on_device());
+    const std::vector<int32_t> lists =
+        parity::to_host(gplan.device_slots(), static_cast<size_t>(heads) * gplan.device_ld());
+    std::vector<int32_t> want;
+    for (int h = 0; h < heads; ++h) {
+      SCOPED_TRACE(testing::Message() << "head " << h);
+      cplan.keep_list(h, lens[h], &want);
+      ASSERT_EQ(gplan.device_counts()[h], static_cast<int>(want.size()));
+      const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
+                                     lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
+                                         want.size());
+      EXPECT_EQ(got, want);
+      EXPECT_EQ(gs->length(0, h), cs->length(0, h));
+      std::vector<float> kept;
+      for (int32_t s : want) kept.push_back(tied[static_cast<size_t>(h) * stride + s]);
+      parity::expect_bits(gpu_->read_f32(*gs, 0, h), kept, "compacted scores");
+      parity::expect_bits(cpu_.read_f32(*cs, 0, h), kept, "compacted scores (cpu)");
+    }
+  }
 }
 
 TEST_F(CudaPolicyOpsParity, HistoryBitsAndCountersAreTheCpuBits) {

@@ -44,6 +44,10 @@ struct TransferCounters {
   int64_t stream_syncs = 0;
   size_t d2h_bytes = 0;
   size_t h2d_bytes = 0;
+  // Host milliseconds spent blocked in those syncs: near a step's time, the host queued its
+  // launches well ahead of the device (device-bound); near 0, the device waited on the host's
+  // launches (launch-bound). The CPU backend has none.
+  double sync_wait_ms = 0;
 };
 
 // Appends a block's n new K/V rows (host, [n, num_kv_heads, head_dim]) to every head of `layer`

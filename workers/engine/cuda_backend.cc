@@ -138,7 +138,9 @@ double CudaBackend::take_policy_ms(std::vector<double>* per_span) {
   if (per_span) per_span->clear();
   if (spans_ == 0) return 0;
   if (cudaEventQuery(span_end_[spans_ - 1]) == cudaErrorNotReady) {
+    const auto t0 = Clock::now();
     KVB_CUDA_CHECK(cudaEventSynchronize(span_end_[spans_ - 1]));
+    counters_.sync_wait_ms += ms_since(t0);
     ++counters_.stream_syncs;
   }
   double ms = 0;
@@ -227,7 +229,9 @@ void CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaBackend::sync() {
+  const auto t0 = Clock::now();
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  counters_.sync_wait_ms += ms_since(t0);
   ++counters_.stream_syncs;
 }
 
