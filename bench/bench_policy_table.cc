@@ -2,6 +2,8 @@
 // prompt and after decoding, as a share of `full`'s, the policy's own state, the time spent
 // inside policy hooks (eviction overhead) and decode ms/token. Prints an md table on stdout.
 //   bench_policy_table [--model PATH] [--prompt-tokens 2048] [--kv-budget 256] [--new-tokens 16]
+//                      [--policies full,h2o,...]   (default: every registered policy; the "% of
+//                                                   full" columns need `full` among them)
 // The prompt is WikiText-2 test text from ../shared (a fixed slice), so runs are comparable.
 #include <chrono>
 #include <cstdlib>
@@ -9,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
@@ -30,13 +33,17 @@ int main(int argc, char** argv) {
   std::string model = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string text_file = std::string(KVB_SHARED_DIR) + "/data/wikitext-2/test.txt";
   int prompt_tokens = 2048, budget = 256, new_tokens = 16;
+  std::set<std::string> only;  // --policies: empty runs every registered policy
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
     else if (!std::strcmp(argv[i], "--text")) text_file = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt-tokens")) prompt_tokens = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--kv-budget")) budget = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--new-tokens")) new_tokens = std::atoi(argv[i + 1]);
-    else {
+    else if (!std::strcmp(argv[i], "--policies")) {
+      std::stringstream list(argv[i + 1]);
+      for (std::string name; std::getline(list, name, ',');) only.insert(name);
+    } else {
       std::cerr << "unknown flag " << argv[i] << "\n";
       return 2;
     }
@@ -56,7 +63,11 @@ int main(int argc, char** argv) {
                           "% of full", "KV bytes final", "% of full (final)", "state bytes",
                           "peak head len", "prefill ms", "policy ms", "decode ms/tok", "status"});
     double full_prompt = 0, full_final = 0;
+    for (const std::string& name : only) {
+      if (!policies::find_policy(name)) throw Error("--policies: unknown policy '" + name + "'");
+    }
     for (const auto& info : policies::policy_registry()) {
+      if (!only.empty() && !only.count(info.name)) continue;
       policies::PolicyConfig pc;
       pc.name = info.name;
       pc.kv_budget = info.name == "full" ? 0 : budget;
@@ -82,8 +93,10 @@ int main(int argc, char** argv) {
         full_final = final_bytes;
       }
       table.add({info.name, std::to_string(pc.kv_budget), std::to_string(prompt_tokens),
-                 fmt(after_prompt, 0), fmt(100.0 * after_prompt / full_prompt, 2),
-                 fmt(final_bytes, 0), fmt(100.0 * final_bytes / full_final, 2),
+                 fmt(after_prompt, 0),
+                 full_prompt > 0 ? fmt(100.0 * after_prompt / full_prompt, 2) : "n/a",
+                 fmt(final_bytes, 0),
+                 full_final > 0 ? fmt(100.0 * final_bytes / full_final, 2) : "n/a",
                  std::to_string(policy->state_bytes()), std::to_string(peak), fmt(prefill_ms, 0),
                  fmt(eng.policy_ms() - pol0, 1),
                  fmt(r.decode_steps ? r.decode_ms / r.decode_steps : 0, 2), "ok"});

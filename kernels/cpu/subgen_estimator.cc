@@ -191,32 +191,102 @@ int subgen_max_clusters(int kv_budget, int s, int t, int sinks, int recent) {
   return static_cast<int>(2 * room / (t + 1));
 }
 
-int subgen_count_clusters(const float* keys, int n, int ld, int head_dim, double delta2,
-                          int limit) {
-  std::vector<float> reps;
+namespace {
+
+// Whether nearest_rep(reps, m, dim, key, dim).dist2 <= delta2, for finite keys and
+// representatives, without finding the nearest: with no NaN anywhere the nearest's distance is
+// the least, so some representative within delta2 decides it; and a distance is summed as
+// squared_distance sums it (the same `s += d * d` per coordinate in order, so the same bits),
+// except that it stops once the partial sum exceeds delta2: each d * d added is >= 0 and
+// rounding to nearest is monotone, so the full sum would exceed it too. Checked every 8
+// coordinates.
+bool some_rep_within(const float* reps, int m, const float* key, int dim, double delta2) {
+  for (int i = 0; i < m; ++i) {
+    const float* r = reps + static_cast<size_t>(i) * dim;
+    double s = 0;
+    int x = 0;
+    bool over = false;
+    for (; x + 8 <= dim; x += 8) {
+      for (int e = x; e < x + 8; ++e) {
+        const double d = static_cast<double>(r[e]) - static_cast<double>(key[e]);
+        s += d * d;
+      }
+      if (s > delta2) {
+        over = true;
+        break;
+      }
+    }
+    if (over) continue;
+    for (; x < dim; ++x) {
+      const double d = static_cast<double>(r[x]) - static_cast<double>(key[x]);
+      s += d * d;
+    }
+    if (s <= delta2) return true;
+  }
+  return false;
+}
+
+bool all_finite(const float* keys, int n, int ld, int head_dim) {
+  for (int j = 0; j < n; ++j) {
+    const float* k = keys + static_cast<size_t>(j) * ld;
+    for (int i = 0; i < head_dim; ++i) {
+      if (!std::isfinite(k[i])) return false;
+    }
+  }
+  return true;
+}
+
+// subgen_count_clusters; finite: every key is finite (some_rep_within decides then).
+int count_clusters(const float* keys, int n, int ld, int head_dim, double delta2, int limit,
+                   bool finite, std::vector<float>& reps) {
+  reps.clear();
   int m = 0;
   for (int j = 0; j < n; ++j) {
     const float* k = keys + static_cast<size_t>(j) * ld;
-    const Nearest near = nearest_rep(reps.data(), m, head_dim, k, head_dim);
-    if (near.index >= 0 && near.dist2 <= delta2) continue;
+    if (finite) {
+      if (some_rep_within(reps.data(), m, k, head_dim, delta2)) continue;
+    } else {
+      const Nearest near = nearest_rep(reps.data(), m, head_dim, k, head_dim);
+      if (near.index >= 0 && near.dist2 <= delta2) continue;
+    }
     if (++m > limit) return m;
     reps.insert(reps.end(), k, k + head_dim);
   }
   return m;
 }
 
+}  // namespace
+
+int subgen_count_clusters(const float* keys, int n, int ld, int head_dim, double delta2,
+                          int limit) {
+  std::vector<float> reps;
+  return count_clusters(keys, n, ld, head_dim, delta2, limit, all_finite(keys, n, ld, head_dim),
+                        reps);
+}
+
+int subgen_count_clusters_by_nearest(const float* keys, int n, int ld, int head_dim,
+                                     double delta2, int limit) {
+  std::vector<float> reps;
+  return count_clusters(keys, n, ld, head_dim, delta2, limit, /*finite=*/false, reps);
+}
+
 double subgen_auto_delta2(const float* keys, int n, int ld, int head_dim, int max_clusters,
                           int iterations) {
   KVB_CHECK(max_clusters >= 1 && n >= 0) << "subgen_auto_delta2: max_clusters " << max_clusters;
   if (n == 0) return 0;
-  if (subgen_count_clusters(keys, n, ld, head_dim, 0.0, max_clusters) <= max_clusters) return 0;
+  const bool finite = all_finite(keys, n, ld, head_dim);
+  std::vector<float> reps;
+  auto count = [&](double delta2) {
+    return count_clusters(keys, n, ld, head_dim, delta2, max_clusters, finite, reps);
+  };
+  if (count(0.0) <= max_clusters) return 0;
   double lo = 0, hi = 0;  // count(lo) > max_clusters >= count(hi)
   for (int j = 1; j < n; ++j) {
     hi = std::max(hi, squared_distance(keys + static_cast<size_t>(j) * ld, keys, head_dim));
   }
   for (int it = 0; it < iterations; ++it) {
     const double mid = 0.5 * (lo + hi);
-    if (subgen_count_clusters(keys, n, ld, head_dim, mid, max_clusters) <= max_clusters) {
+    if (count(mid) <= max_clusters) {
       hi = mid;
     } else {
       lo = mid;

@@ -128,8 +128,14 @@ size_t subgen_sketch_bytes(const SubgenSketch& sketch);
 int subgen_max_clusters(int kv_budget, int s, int t, int sinks, int recent);
 
 // Clusters the rule of subgen_absorb forms (without a cap) on keys streamed in order with
-// threshold delta2; stops counting past `limit` (returns limit + 1 then). keys: [n, ld].
+// threshold delta2; stops counting past `limit` (returns limit + 1 then). keys: [n, ld]. With
+// finite keys a key joins as soon as some representative is within delta2 (a distance summed
+// only until it passes delta2); otherwise by its nearest, as subgen_absorb finds it. The same
+// count either way (subgen_count_clusters_by_nearest, always the nearest: the reference the
+// tests hold it to).
 int subgen_count_clusters(const float* keys, int n, int ld, int head_dim, double delta2, int limit);
+int subgen_count_clusters_by_nearest(const float* keys, int n, int ld, int head_dim,
+                                     double delta2, int limit);
 
 // `delta: auto`: the smallest squared radius (to the bisection's resolution) whose clustering of
 // `keys` (in order) has at most max_clusters clusters. 0 when the distinct keys already fit;

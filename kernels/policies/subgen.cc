@@ -228,6 +228,27 @@ class SubGen final : public Policy {
                         .compressed = compressed_},
                        cache);
     }
+    // `delta: auto` at a head's first compression: its keys come back once (a copy and a
+    // sync per head), and the heads' radii are bisected on the host side by side (the CPU path
+    // runs its heads in parallel too).
+    fresh_keys_.clear();
+    fresh_heads_.clear();
+    for (int h = 0; h < ckv && fixed_delta2_ < 0; ++h) {
+      int sinks = 0, first_recent = 0;
+      if (unit(layer, h).compressed ||
+          !leaving(layer, h, cache.length(layer, h), &sinks, &first_recent)) {
+        continue;
+      }
+      fresh_heads_.push_back(h);
+      fresh_keys_.push_back(ops.read_keys(cache, layer, h, sinks, first_recent - sinks));
+    }
+    const int d = params_.head_dim, nfresh = static_cast<int>(fresh_heads_.size());
+#pragma omp parallel for schedule(dynamic, 1) if (nfresh > 1)
+    for (int i = 0; i < nfresh; ++i) {
+      const std::vector<float>& keys = fresh_keys_[i];
+      unit(layer, fresh_heads_[i]).delta2 = cpu::subgen_auto_delta2(
+          keys.data(), static_cast<int>(keys.size()) / d, d, d, params_.max_clusters);
+    }
     for (int h = 0; h < ckv; ++h) {
       Unit& u = unit(layer, h);
       const int len = cache.length(layer, h);
@@ -235,15 +256,7 @@ class SubGen final : public Policy {
       if (!leaving(layer, h, len, &sinks, &first_recent)) continue;
       const bool fresh = !u.compressed;
       if (fresh) {
-        if (fixed_delta2_ >= 0) {
-          u.delta2 = fixed_delta2_;
-        } else {
-          const int d = params_.head_dim;
-          const std::vector<float> keys =
-              ops.read_keys(cache, layer, h, sinks, first_recent - sinks);
-          u.delta2 = cpu::subgen_auto_delta2(keys.data(), first_recent - sinks, d, d,
-                                             params_.max_clusters);
-        }
+        if (fixed_delta2_ >= 0) u.delta2 = fixed_delta2_;  // else bisected above
         u.compressed = true;
       }
       absorb_.push_back({.head = h,
@@ -267,6 +280,8 @@ class SubGen final : public Policy {
   SubgenStatePtr device_;
   std::vector<uint8_t> compressed_;
   std::vector<SubgenAbsorb> absorb_;
+  std::vector<int> fresh_heads_;                 // auto-delta heads compressed this layer
+  std::vector<std::vector<float>> fresh_keys_;  // their keys, read back once
 };
 
 }  // namespace

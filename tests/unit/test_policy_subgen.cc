@@ -192,6 +192,82 @@ TEST(SubgenEstimator, MemoryFormulaAndAutoDelta) {
   EXPECT_EQ(cpu::subgen_auto_delta2(syn.keys.data(), 50, d, d, 50), 0.0);
 }
 
+// The count decides a key by "some representative within delta2", summing a distance only until
+// it passes delta2; subgen_absorb's rule is "the nearest is within delta2". They must agree
+// exactly, at thresholds that are themselves distances of the data (where `<=` bites), in
+// dimensions that are and are not multiples of the 8-coordinate check, and with non-finite keys
+// (where the count falls back to the nearest). And `delta: auto` must pick the radius the
+// nearest-rule bisection (written out here) picks.
+TEST(SubgenEstimator, CountByAnyWithinEqualsCountByNearest) {
+  for (const int d : {5, 8, 16, 64, 67}) {
+    for (const uint64_t seed : {3u, 4u}) {
+      SCOPED_TRACE(testing::Message() << "d " << d << " seed " << seed);
+      const int n = 600;
+      std::vector<float> keys(static_cast<size_t>(n) * d);
+      for (int j = 0; j < n; ++j) {
+        const int c = static_cast<int>(cpu::counter_uniform(seed, 1, 0, j, 0) * 12);
+        for (int x = 0; x < d; ++x) {
+          keys[static_cast<size_t>(j) * d + x] =
+              (x % 12 == c ? 3.0f : 0.0f) + 0.5f * gauss(seed, 2, j * d + x);
+        }
+      }
+      // Thresholds: exact squared distances between keys (ties at the boundary), and between.
+      std::vector<double> deltas = {0.0, 1e300};
+      for (int j = 1; j < 40; ++j) {
+        double s = 0;
+        for (int x = 0; x < d; ++x) {
+          const double diff = static_cast<double>(keys[static_cast<size_t>(j) * d + x]) -
+                              static_cast<double>(keys[static_cast<size_t>(j - 1) * d + x]);
+          s += diff * diff;
+        }
+        deltas.push_back(s);
+        deltas.push_back(s * 0.5);
+        deltas.push_back(std::nextafter(s, 0.0));
+      }
+      for (const double delta2 : deltas) {
+        for (const int limit : {5, 60, 1 << 20}) {
+          ASSERT_EQ(cpu::subgen_count_clusters(keys.data(), n, d, d, delta2, limit),
+                    cpu::subgen_count_clusters_by_nearest(keys.data(), n, d, d, delta2, limit))
+              << "delta2 " << delta2 << " limit " << limit;
+        }
+      }
+      for (const int max_clusters : {4, 12, 50, 200}) {
+        double want = 0;
+        if (cpu::subgen_count_clusters_by_nearest(keys.data(), n, d, d, 0.0, max_clusters) >
+            max_clusters) {
+          double lo = 0, hi = 0;
+          for (int j = 1; j < n; ++j) {
+            double s = 0;
+            for (int x = 0; x < d; ++x) {
+              const double diff = static_cast<double>(keys[static_cast<size_t>(j) * d + x]) -
+                                  static_cast<double>(keys[x]);
+              s += diff * diff;
+            }
+            hi = std::max(hi, s);
+          }
+          for (int it = 0; it < 24; ++it) {
+            const double mid = 0.5 * (lo + hi);
+            (cpu::subgen_count_clusters_by_nearest(keys.data(), n, d, d, mid, max_clusters) <=
+                     max_clusters
+                 ? hi
+                 : lo) = mid;
+          }
+          want = hi;
+        }
+        EXPECT_EQ(cpu::subgen_auto_delta2(keys.data(), n, d, d, max_clusters), want)
+            << "max_clusters " << max_clusters;
+      }
+      // A NaN and an infinity among the keys: the nearest rule, both ways.
+      keys[static_cast<size_t>(7) * d] = NAN;
+      keys[static_cast<size_t>(20) * d + 1] = INFINITY;
+      for (const double delta2 : {0.5, 5.0, 50.0}) {
+        EXPECT_EQ(cpu::subgen_count_clusters(keys.data(), n, d, d, delta2, 1 << 20),
+                  cpu::subgen_count_clusters_by_nearest(keys.data(), n, d, d, delta2, 1 << 20));
+      }
+    }
+  }
+}
+
 TEST(SubgenEstimator, CapForcesJoinsIntoTheNearestCluster) {
   // Keys 0, 10, 20, 30 on a line, delta 1, room for 2 clusters: 20 joins 10's, 30 joins 10's.
   cpu::SubgenParams p{1, 2, 2, 2, 1.0};
