@@ -18,8 +18,8 @@
 //   (the window sum in query order, IEEE division for mean, reduce_gqa's order, pool1d's loop
 //   through pool.cuh): bitwise. ada_head_budgets: the counts of kernels/cuda/budget (the CPU's
 //   total order) and the CPU's ada_budgets_from_counts on the host: equal budgets.
-//   kcenter_keep <-> CpuPolicyOps (cpu::kcenter_keep_list; cuda::kcenter_greedy is the CPU's
-//   bit for bit on finite keys): equal lists; log sizes looked up in a table of the host's
+//   kcenter_keep <-> CpuPolicyOps (cpu::kcenter_keep_list; cuda::kcenter_greedy_batch is the
+//   CPU's kcenter_greedy per head, bit for bit on finite keys): equal lists; log sizes looked up in a table of the host's
 //   std::log(float(i)) (the CPU's bits: glibc's logf is not the rounded double log for every
 //   size, e.g. 1579), uploaded when a longer prefix than before is compressed (one H2D copy,
 //   counted in transfers(); a prefill cost). erase <-> CpuPolicyOps: bitwise (a move).
@@ -68,9 +68,10 @@ class CudaPolicyOps final : public policies::PolicyOps {
                 std::span<const policies::KeepTop> heads,
                 std::span<policies::SlotRows* const> state, EvictionPlan& plan) override;
 
-  // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy per listed head on the
-  // cache's device rows (bf16 rows widened exactly into scratch first), the lists and log sizes
-  // written on the device; erase moves a row's later entries down in place.
+  // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy_batch over the listed
+  // heads on the cache's device rows, one block a head in one launch (bf16 rows widened exactly
+  // into scratch first, all heads in one launch), the lists and log sizes written on the device
+  // by a third; erase moves a row's later entries down in place.
   void erase(policies::SlotRows& rows, int layer,
              std::span<const policies::RowErase> heads) override;
   void kcenter_keep(const KvCache& cache, std::span<const policies::KCenterKeep> heads,

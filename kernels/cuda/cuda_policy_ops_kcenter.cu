@@ -2,6 +2,9 @@
 // one-shot k-center compression of a layer's heads on the cache's device rows, its keep lists
 // and log cluster sizes written on the device, and erase (the slide's compaction of the bias
 // rows). Nothing is copied to the host and nothing waits; the log table goes up when it grows.
+// A layer's compression is three launches: the bf16 prefixes widened (all heads, one launch;
+// none for f32 rows), the k-center of every listed head (cuda::kcenter_greedy_batch, one block
+// a head, one launch up to kMaxKCenterBatch heads), and the lists' windows and bias rows.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -20,13 +23,24 @@ namespace {
 using ops_detail::CudaRows;
 using policies::SlotType;
 
-// The first n keys of one head widened to f32 (exact for bf16): kcenter_greedy reads f32 rows,
-// as the CPU reads the host rows the device's bf16 rows widen to.
+// The prefixes of a layer's listed heads widened to f32 (exact for bf16), back to back:
+// kcenter_greedy_batch reads f32 rows, as the CPU reads the host rows the device's bf16 rows
+// widen to. blockIdx.y is the head's entry in the tables; its rows are [src_row, src_row + rows)
+// of the layer's keys ([slots, d]) and land at [dst_row, dst_row + rows) of dst ([sum rows, d]).
+struct WidenParams {
+  int d;
+  HeadTable src_row, dst_row, rows;
+};
+
 template <typename T>
-__global__ void widen_kernel(const T* src, float* dst, size_t n) {
+__global__ void widen_kernel(const T* src, float* dst, WidenParams p) {
+  const int e = blockIdx.y;
+  const size_t n = static_cast<size_t>(p.rows.v[e]) * p.d;
+  const T* from = src + static_cast<size_t>(p.src_row.v[e]) * p.d;
+  float* to = dst + static_cast<size_t>(p.dst_row.v[e]) * p.d;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    dst[i] = kv_load(src + i);
+    to[i] = kv_load(from + i);
   }
 }
 
@@ -174,34 +188,48 @@ void CudaPolicyOps::kcenter_keep(const KvCache& cache,
   const DeviceLayerKvView v = dev.layer(layer);
   const int d = cache.shape().head_dim;
   const bool widen = v.dtype != KvDtype::kF32;
-  StreamScratch wide(widen ? static_cast<size_t>(std::max(longest_prefix, 1)) * d * sizeof(float)
-                           : 0,
-                     stream_);
+  // The heads that choose a centre, in the order of `heads`; bf16 rows: their prefixes widened
+  // back to back into one scratch by one launch (entry e of the widen tables).
+  std::vector<const policies::KCenterKeep*> run;
+  WidenParams w{};
+  w.d = d;
+  size_t wide_rows = 0;
   for (const policies::KCenterKeep& t : heads) {
     if (centres.v[t.head] == 0) continue;
-    const size_t at = static_cast<size_t>(dev.offset(layer, t.head)) * d;
-    const float* keys = static_cast<const float*>(v.keys) + at;
+    const int e = static_cast<int>(run.size());
+    run.push_back(&t);
+    w.src_row.v[e] = dev.offset(layer, t.head);
+    w.dst_row.v[e] = static_cast<int32_t>(wide_rows);
+    w.rows.v[e] = t.prefix;
+    wide_rows += static_cast<size_t>(t.prefix);
+  }
+  if (!run.empty()) {
+    StreamScratch wide(widen ? wide_rows * d * sizeof(float) : 0, stream_);
     if (widen) {
-      // One head at a time through the same scratch: stream order keeps the uses apart.
-      const size_t n = static_cast<size_t>(t.prefix) * d;
-      widen_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(
-          static_cast<const __nv_bfloat16*>(v.keys) + at, wide.as<float>(), n);
+      const dim3 grid(grid_for(static_cast<size_t>(longest_prefix) * d, 256),
+                      static_cast<unsigned>(run.size()));
+      widen_kernel<<<grid, 256, 0, stream_>>>(static_cast<const __nv_bfloat16*>(v.keys),
+                                              wide.as<float>(), w);
       KVB_CUDA_CHECK_LAUNCH();
       ++launches_;
-      keys = wide.as<float>();
     }
-    KCenterArgs a;
-    a.keys = keys;
-    a.n = t.prefix;
-    a.dim = d;
-    a.ld = d;
-    a.k = t.k;
-    const int m = kcenter_greedy(a, lists + static_cast<size_t>(t.head) * ld, nullptr,
-                                 sizes.as<int32_t>() + static_cast<size_t>(t.head) * sizes_ld,
-                                 stream_);
-    KVB_CHECK(m == centres.v[t.head]) << "kcenter_keep: " << m << " centres, expected "
-                                      << centres.v[t.head];
-    ++launches_;
+    std::vector<KCenterProblem> problems(run.size());
+    for (size_t e = 0; e < run.size(); ++e) {
+      const policies::KCenterKeep& t = *run[e];
+      KCenterProblem& q = problems[e];
+      q.args.keys = widen ? wide.as<float>() + static_cast<size_t>(w.dst_row.v[e]) * d
+                          : static_cast<const float*>(v.keys) +
+                                static_cast<size_t>(w.src_row.v[e]) * d;
+      q.args.n = t.prefix;
+      q.args.dim = d;
+      q.args.ld = d;
+      q.args.k = t.k;
+      q.centres = lists + static_cast<size_t>(t.head) * ld;
+      q.cluster_sizes = sizes.as<int32_t>() + static_cast<size_t>(t.head) * sizes_ld;
+    }
+    // Stream order keeps the widened keys alive for the k-center (the scratch is freed after
+    // it, on the same stream).
+    launches_ += kcenter_greedy_batch(problems, stream_);
   }
   FinishParams p;
   p.lists = lists;

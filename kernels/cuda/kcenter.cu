@@ -1,8 +1,7 @@
-// Greedy k-center on the device, one block: each step updates every point's distance to its
-// nearest centre (threads over points) and picks the farthest non-centre by a block argmax.
+// Greedy k-center on the device, one block per problem: each step updates every point's distance
+// to its nearest centre (threads over points) and picks the farthest non-centre by a block
+// argmax. A batch of independent problems (a layer's heads) runs as one launch, grid = problems.
 #include "kernels/cuda/kcenter.h"
-
-#include <algorithm>
 
 #include "kernels/cuda/runtime.h"
 
@@ -28,13 +27,29 @@ __device__ bool farther(double da, int a, double db, int b) {
   return da > db || (da == db && a < b);
 }
 
-__global__ void __launch_bounds__(kThreads)
-    kcenter_kernel(KCenterArgs args, int m, int32_t* centres, double* dist, int32_t* nearest,
-                   uint8_t* is_centre, int32_t* rank, int32_t* assignment, int32_t* cluster_sizes) {
+// Per-point scratch of one problem, [n] each: distance to the nearest centre, that centre,
+// the point's rank among the centres (prefix count of centres before it), centre flag.
+struct PointScratch {
+  double* dist;
+  int32_t* nearest;
+  int32_t* rank;
+  uint8_t* is_centre;
+};
+
+// The greedy loop of one problem (args.n >= 1, args.k >= 1), run by the whole block: the only
+// copy of it (cpu::kcenter_greedy's algorithm and tie rules); the outputs depend on nothing but
+// this problem's inputs.
+__device__ void kcenter_block(const KCenterArgs& args, int32_t* centres, int32_t* assignment,
+                              int32_t* cluster_sizes, PointScratch s) {
   __shared__ double best_d[kThreads / 32];
   __shared__ int best_i[kThreads / 32];
   __shared__ int chosen;
   const int n = args.n;
+  const int m = min(max(args.k, 0), n);  // kcenter_count
+  double* dist = s.dist;
+  int32_t* nearest = s.nearest;
+  int32_t* rank = s.rank;
+  uint8_t* is_centre = s.is_centre;
   auto point = [&](int j) { return args.keys + static_cast<size_t>(j) * args.ld; };
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
     dist[j] = squared_distance(point(j), point(0), args.dim);
@@ -111,26 +126,83 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One launch's problems, by value (a kernel argument): block b runs p[b] on the batch scratch's
+// entries [first[b], first[b] + p[b].args.n).
+struct KCenterBatch {
+  KCenterProblem p[kMaxKCenterBatch];
+  int64_t first[kMaxKCenterBatch];
+};
+// The 4 KiB kernel-argument limit every driver accepts (CUDA 12.1+ drivers take 32 KiB on
+// Volta and later; not relied on).
+static_assert(sizeof(KCenterBatch) + sizeof(PointScratch) <= 4096,
+              "kMaxKCenterBatch problems must fit a kernel argument");
+
+__global__ void __launch_bounds__(kThreads)
+    kcenter_batch_kernel(KCenterBatch batch, PointScratch all) {
+  const KCenterProblem& pr = batch.p[blockIdx.x];
+  const int64_t f = batch.first[blockIdx.x];
+  const PointScratch s{all.dist + f, all.nearest + f, all.rank + f, all.is_centre + f};
+  kcenter_block(pr.args, pr.centres, pr.assignment, pr.cluster_sizes, s);
+}
+
+// kcenter_greedy_batch, its messages naming `who`.
+int run_batch(std::span<const KCenterProblem> problems, const char* who, cudaStream_t stream) {
+  size_t points = 0;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const KCenterProblem& p = problems[i];
+    const KCenterArgs& a = p.args;
+    KVB_CHECK(a.n >= 0 && a.dim >= 0 && a.ld >= a.dim)
+        << who << ": problem " << i << " of " << problems.size() << ": n = " << a.n
+        << ", dim = " << a.dim << ", ld = " << a.ld;
+    if (kcenter_count(a) == 0) continue;
+    KVB_CHECK(a.keys != nullptr && p.centres != nullptr)
+        << who << ": problem " << i << " of " << problems.size() << " (n = " << a.n
+        << ", k = " << a.k << "): null " << (a.keys == nullptr ? "keys" : "centres");
+    points += static_cast<size_t>(a.n);
+  }
+  if (points == 0) return 0;  // every problem chooses no centre: no CUDA call
+  // One scratch for the batch, the arrays back to back (doubles first: aligned).
+  StreamScratch scratch(points * (sizeof(double) + 2 * sizeof(int32_t) + 1), stream);
+  PointScratch all;
+  all.dist = scratch.as<double>();
+  all.nearest = reinterpret_cast<int32_t*>(all.dist + points);
+  all.rank = all.nearest + points;
+  all.is_centre = reinterpret_cast<uint8_t*>(all.rank + points);
+  KCenterBatch batch;
+  int in_batch = 0, launches = 0;
+  int64_t first = 0;
+  auto launch = [&] {
+    kcenter_batch_kernel<<<in_batch, kThreads, 0, stream>>>(batch, all);
+    KVB_CUDA_CHECK_LAUNCH();
+    ++launches;
+    in_batch = 0;
+  };
+  for (const KCenterProblem& p : problems) {
+    if (kcenter_count(p.args) == 0) continue;
+    batch.p[in_batch] = p;
+    batch.first[in_batch] = first;
+    first += p.args.n;
+    if (++in_batch == kMaxKCenterBatch) launch();
+  }
+  if (in_batch > 0) launch();
+  return launches;
+}
+
 }  // namespace
+
+int kcenter_greedy_batch(std::span<const KCenterProblem> problems, cudaStream_t stream) {
+  return run_batch(problems, "cuda::kcenter_greedy_batch", stream);
+}
 
 int kcenter_greedy(const KCenterArgs& args, int32_t* centres, int32_t* assignment,
                    int32_t* cluster_sizes, cudaStream_t stream) {
-  const int n = args.n;
-  KVB_CHECK(n >= 0 && args.dim >= 0 && args.ld >= args.dim)
-      << "cuda::kcenter_greedy: n = " << n << ", dim = " << args.dim << ", ld = " << args.ld;
-  const int m = std::min(std::max(args.k, 0), n);
-  if (m == 0) return 0;
-  KVB_CHECK(args.keys != nullptr && centres != nullptr) << "cuda::kcenter_greedy: null pointer";
-  const size_t np = static_cast<size_t>(n);
-  StreamScratch scratch(np * (sizeof(double) + 2 * sizeof(int32_t) + 1), stream);
-  double* dist = scratch.as<double>();
-  int32_t* nearest = reinterpret_cast<int32_t*>(dist + np);
-  int32_t* rank = nearest + np;
-  uint8_t* is_centre = reinterpret_cast<uint8_t*>(rank + np);
-  kcenter_kernel<<<1, kThreads, 0, stream>>>(args, m, centres, dist, nearest, is_centre, rank,
-                                             assignment, cluster_sizes);
-  KVB_CUDA_CHECK_LAUNCH();
-  return m;
+  KCenterProblem p;
+  p.args = args;
+  p.centres = centres;
+  p.assignment = assignment;
+  p.cluster_sizes = cluster_sizes;
+  run_batch({&p, 1}, "cuda::kcenter_greedy", stream);
+  return kcenter_count(args);
 }
 
 }  // namespace kvb::kernels::cuda

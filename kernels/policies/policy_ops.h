@@ -264,9 +264,9 @@ class PolicyOps {
   // slots (host-known). log_sizes (nullable; f32 rows made by these ops): row (plan.layer(),
   // head) of each listed head becomes as long as its list, log(cluster size) for a centre (the
   // CPU's std::log(float) bits) and 0 for the rest. The CPU instance writes host keep lists; a
-  // device instance runs cuda::kcenter_greedy per head on the cache's device rows and leaves
-  // every list on the device (EvictionPlan::keep_on_device), valid until its next keep_top or
-  // kcenter_keep: no copy, no sync.
+  // device instance runs cuda::kcenter_greedy_batch (every head in one launch) on the cache's
+  // device rows and leaves every list on the device (EvictionPlan::keep_on_device), valid until
+  // its next keep_top or kcenter_keep: no copy, no sync.
   virtual void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                             SlotRows* log_sizes, kernels::EvictionPlan& plan) = 0;
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -218,6 +219,47 @@ TEST(CudaHostChecks, KCenterOpsRejectBadArguments) {
   EXPECT_NE(error_of([&] { subgen_query_heads(q); }).find("bias rows of 4 entries"),
             std::string::npos);
   EXPECT_EQ(ops.launches(), 0);
+}
+
+// The batched k-center validates every problem before its first CUDA call: a bad problem after
+// a good one is named (index and values) instead of the good one being launched first (which,
+// without a device, would fail as a CUDA call); a batch that chooses no centre makes no call.
+TEST(CudaHostChecks, KCenterBatchRejectsBadProblems) {
+  float dummy[8] = {};
+  int32_t out[8] = {};
+  KCenterProblem good;
+  good.args = {dummy, 2, 3, 4, 2};
+  good.centres = out;
+  KCenterProblem bad_ld = good;
+  bad_ld.args.ld = 2;  // < dim
+  KCenterProblem no_centres = good;
+  no_centres.centres = nullptr;
+  KCenterProblem no_keys = good;
+  no_keys.args.keys = nullptr;
+  KCenterProblem negative = good;
+  negative.args.n = -3;
+  // The message of a batch's error (checked with find: it also names the file and line).
+  auto batch_error = [](std::span<const KCenterProblem> batch) {
+    return error_of([&] { kcenter_greedy_batch(batch); });
+  };
+  const KCenterProblem b1[] = {good, good, bad_ld};
+  EXPECT_NE(batch_error(b1).find("problem 2 of 3: n = 2, dim = 3, ld = 2"), std::string::npos);
+  const KCenterProblem b2[] = {good, no_centres};
+  EXPECT_NE(batch_error(b2).find("problem 1 of 2 (n = 2, k = 2): null centres"),
+            std::string::npos);
+  const KCenterProblem b3[] = {no_keys};
+  EXPECT_NE(batch_error(b3).find("problem 0 of 1 (n = 2, k = 2): null keys"), std::string::npos);
+  const KCenterProblem b4[] = {good, negative};
+  EXPECT_NE(batch_error(b4).find("problem 1 of 2: n = -3"), std::string::npos);
+  // Null pointers are fine where nothing is chosen (k = 0 or n = 0): skipped, never read.
+  KCenterProblem k0 = no_centres;
+  k0.args.k = 0;
+  KCenterProblem n0 = no_keys;
+  n0.args.n = 0;
+  const KCenterProblem none[] = {k0, n0};
+  EXPECT_EQ(kcenter_greedy_batch(none), 0);
+  EXPECT_EQ(kcenter_greedy_batch({}), 0);
+  EXPECT_EQ(out[0], 0);
 }
 
 TEST(CudaHostChecks, AttentionValidatesAgainstHostLengths) {

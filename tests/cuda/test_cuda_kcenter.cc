@@ -3,7 +3,9 @@
 // CPU reading their widened copy):
 //  - kcenter_keep: the same keep lists (device lists on the plan, no copy, no sync) and the same
 //    log-size bias rows, bit for bit, for heads with ties, a head with more centres than points
-//    and a head left alone;
+//    and a head left alone, in three launches for the layer (bf16 keys widened, every head's
+//    k-center, the lists' windows and bias rows; two for f32); heads that choose no centre
+//    launch only the last;
 //  - erase: the same rows as the CPU instance's, across more than one 256-entry chunk;
 //  - the batched query with an empty sketch and a bias row per KV head is cpu::subgen_query
 //    with that bias (within the single query's parity bounds);
@@ -84,9 +86,12 @@ TEST_P(CudaKCenter, KeepListsAndLogSizesAreTheCpuInstance) {
   gplan.reset(kLayer, kHeads);
   cpu_.kcenter_keep(rows.host, kHeadsToKeep, cbias.get(), cplan);
   const cu::CudaPolicyOps::Transfers t0 = ops_->transfers();
+  const int64_t l0 = ops_->launches();
   ops_->kcenter_keep(rows.index, kHeadsToKeep, gbias.get(), gplan);
   EXPECT_EQ(ops_->transfers().d2h_copies, t0.d2h_copies);
   EXPECT_EQ(ops_->transfers().stream_syncs, t0.stream_syncs);
+  // The layer's three listed heads in one k-center launch (and one widen launch for bf16).
+  EXPECT_EQ(ops_->launches() - l0, GetParam() == cu::KvDtype::kBf16 ? 3 : 2);
   ASSERT_TRUE(gplan.on_device());
   const std::vector<int32_t> lists =
       parity::to_host(gplan.device_slots(), static_cast<size_t>(kHeads) * gplan.device_ld());
@@ -104,6 +109,35 @@ TEST_P(CudaKCenter, KeepListsAndLogSizesAreTheCpuInstance) {
     EXPECT_EQ(std::memcmp(gb.data(), cb.data(), gb.size() * sizeof(float)), 0);
   }
   EXPECT_EQ(gplan.device_counts()[3], kLen[3]);  // not listed: keeps everything
+}
+
+// k = 0 and an empty prefix choose no centre: the lists are the windows, the bias rows all 0,
+// and only the finishing launch runs.
+TEST_P(CudaKCenter, HeadsWithoutCentresLaunchOnlyTheFinish) {
+  const Rows rows(GetParam());
+  const policies::KCenterKeep none[] = {{.head = 0, .prefix = 30, .k = 0},
+                                        {.head = 2, .prefix = 0, .k = 5}};
+  std::unique_ptr<SlotRows> cbias = cpu_.make_rows(SlotType::kF32, kLayers, kHeads);
+  std::unique_ptr<SlotRows> gbias = ops_->make_rows(SlotType::kF32, kLayers, kHeads);
+  EvictionPlan cplan, gplan;
+  cplan.reset(kLayer, kHeads);
+  gplan.reset(kLayer, kHeads);
+  cpu_.kcenter_keep(rows.host, none, cbias.get(), cplan);
+  const int64_t l0 = ops_->launches();
+  ops_->kcenter_keep(rows.index, none, gbias.get(), gplan);
+  EXPECT_EQ(ops_->launches() - l0, 1);
+  ASSERT_TRUE(gplan.on_device());
+  const std::vector<int32_t> lists =
+      parity::to_host(gplan.device_slots(), static_cast<size_t>(kHeads) * gplan.device_ld());
+  for (int h = 0; h < kHeads; ++h) {
+    SCOPED_TRACE(testing::Message() << "head " << h);
+    std::vector<int32_t> want;
+    cplan.keep_list(h, kLen[h], &want);
+    ASSERT_EQ(gplan.device_counts()[h], static_cast<int32_t>(want.size()));
+    const int32_t* got = lists.data() + static_cast<size_t>(h) * gplan.device_ld();
+    EXPECT_EQ(std::vector<int32_t>(got, got + want.size()), want);
+    EXPECT_EQ(ops_->read_f32(*gbias, kLayer, h), cpu_.read_f32(*cbias, kLayer, h));
+  }
 }
 
 TEST_P(CudaKCenter, EraseIsTheCpuInstance) {

@@ -18,7 +18,6 @@
 
 #include "kernels/cpu/budget.h"
 #include "kernels/cpu/dequant.h"
-#include "kernels/cpu/kcenter.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -28,7 +27,6 @@
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cuda/budget.h"
 #include "kernels/cuda/dequant.h"
-#include "kernels/cuda/kcenter.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/pool.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -39,6 +37,7 @@
 #include "kernels/cuda/swiglu.h"
 #include "kernels/policies/policy.h"
 #include "tests/cuda/parity_attention.h"
+#include "tests/cuda/parity_kcenter.h"
 #include "tests/cuda/parity_prefill_mma.h"
 #include "tests/dequant_fixture.h"
 #include "tests/cuda/parity_util.h"
@@ -393,30 +392,6 @@ void run_history_bits(int group, int n_new, int last_w, int history, bool inv_po
   }
 }
 
-void run_kcenter(int n, int dim, int k, bool duplicates) {
-  std::vector<float> keys = random_vec(static_cast<size_t>(n) * (dim + 3), 101);  // ld = dim + 3
-  if (duplicates) {  // every third point repeats an earlier one: distance-0 ties
-    for (int j = 3; j < n; j += 3) {
-      std::copy_n(&keys[static_cast<size_t>(j / 2) * (dim + 3)], dim,
-                  &keys[static_cast<size_t>(j) * (dim + 3)]);
-    }
-  }
-  const int m = std::min(std::max(k, 0), n);
-  std::vector<int32_t> wc(std::max(m, 1)), wa(n), ws(std::max(m, 1));
-  cpu::KCenterArgs a{keys.data(), n, dim, dim + 3, k};
-  ASSERT_EQ(cpu::kcenter_greedy(a, wc.data(), wa.data(), ws.data()), m);
-  const auto kd = to_device(keys);
-  cu::DeviceBuffer<int32_t> gc(std::max(m, 1)), ga(n), gs(std::max(m, 1));
-  cpu::KCenterArgs b{kd.data(), n, dim, dim + 3, k};
-  ASSERT_EQ(cu::kcenter_greedy(b, gc.data(), ga.data(), gs.data()), m);
-  if (m == 0) return;
-  wc.resize(m);
-  ws.resize(m);
-  EXPECT_EQ(to_host(gc.data(), m), wc) << "centres";
-  EXPECT_EQ(to_host(ga), wa) << "assignment";
-  EXPECT_EQ(to_host(gs.data(), m), ws) << "cluster sizes";
-}
-
 void run_subgen(int tokens, int n_exact) {
   const int d = 16;
   cpu::SubgenParams p{d, 4, 3, 6, 0.5};
@@ -554,6 +529,10 @@ std::vector<Case> all_cases() {
   add("kcenter_17_dup", [] { run_kcenter(17, 5, 7, true); });
   add("kcenter_4097", [] { run_kcenter(4097, 16, 64, true); });
   add("kcenter_k_above_n", [] { run_kcenter(7, 4, 20, false); });
+  for (const auto& named : kcenter_batch_cases()) {
+    const std::vector<KCenterSpec> specs = named.second;
+    add("kcenter_batch_" + named.first, [specs] { run_kcenter_batch(specs); });
+  }
   add("subgen_empty", [] { run_subgen(0, 0); });
   add("subgen_exact_only", [] { run_subgen(0, 3); });
   add("subgen_sketch", [] { run_subgen(40, 0); });
