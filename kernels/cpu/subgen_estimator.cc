@@ -10,6 +10,11 @@
 #include "common/error.h"
 #include "kernels/cpu/vec.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KVB_SUBGEN_AVX2 1
+#endif
+
 namespace kvb::kernels::cpu {
 namespace {
 
@@ -193,6 +198,28 @@ int subgen_max_clusters(int kv_budget, int s, int t, int sinks, int recent) {
 
 namespace {
 
+// The representatives of a count: rows [m, dim] (the nearest rule's layout) and, for the vector
+// path, blocks of 4 coordinate-major ([ceil(m / 4), dim, 4], lanes past m zero).
+struct RepSet {
+  int dim = 0, m = 0;
+  std::vector<float> rows, blocks;
+  void clear(int d) {
+    dim = d;
+    m = 0;
+    rows.clear();
+    blocks.clear();
+  }
+  void add(const float* k) {
+    rows.insert(rows.end(), k, k + dim);
+#ifdef KVB_SUBGEN_AVX2
+    if (m % 4 == 0) blocks.resize(blocks.size() + static_cast<size_t>(dim) * 4, 0.0f);
+    float* b = blocks.data() + static_cast<size_t>(m / 4) * dim * 4 + m % 4;
+    for (int x = 0; x < dim; ++x) b[static_cast<size_t>(x) * 4] = k[x];
+#endif
+    ++m;
+  }
+};
+
 // Whether nearest_rep(reps, m, dim, key, dim).dist2 <= delta2, for finite keys and
 // representatives, without finding the nearest: with no NaN anywhere the nearest's distance is
 // the least, so some representative within delta2 decides it; and a distance is summed as
@@ -226,6 +253,42 @@ bool some_rep_within(const float* reps, int m, const float* key, int dim, double
   return false;
 }
 
+#ifdef KVB_SUBGEN_AVX2
+// some_rep_within over 4 representatives at a time (AVX2: a lane per representative, each
+// summing its own distance in coordinate order with the operation squared_distance compiles
+// to: one fma per coordinate where the build fuses `s += d * d`, else a multiply and an add;
+// `fused` is subgen_distance_fuses()). A block stops once all its lanes passed delta2.
+bool some_rep_within4(const RepSet& reps, const float* key, double delta2, bool fused) {
+  const int dim = reps.dim;
+  const __m256d lim = _mm256_set1_pd(delta2);
+  for (int g = 0; g * 4 < reps.m; ++g) {
+    const int live = std::min(4, reps.m - g * 4);
+    const int lanes = (1 << live) - 1;
+    const float* b = reps.blocks.data() + static_cast<size_t>(g) * dim * 4;
+    __m256d s = _mm256_setzero_pd();
+    auto step = [&](int x) {
+      const __m256d r = _mm256_cvtps_pd(_mm_loadu_ps(b + static_cast<size_t>(x) * 4));
+      const __m256d d = _mm256_sub_pd(r, _mm256_set1_pd(static_cast<double>(key[x])));
+      s = fused ? _mm256_fmadd_pd(d, d, s) : _mm256_add_pd(s, _mm256_mul_pd(d, d));
+    };
+    int x = 0;
+    bool over = false;
+    for (; x + 8 <= dim; x += 8) {
+      for (int e = x; e < x + 8; ++e) step(e);
+      const int past = _mm256_movemask_pd(_mm256_cmp_pd(s, lim, _CMP_GT_OQ));
+      if ((past & lanes) == lanes) {
+        over = true;
+        break;
+      }
+    }
+    if (over) continue;
+    for (; x < dim; ++x) step(x);
+    if (_mm256_movemask_pd(_mm256_cmp_pd(s, lim, _CMP_LE_OQ)) & lanes) return true;
+  }
+  return false;
+}
+#endif
+
 bool all_finite(const float* keys, int n, int ld, int head_dim) {
   for (int j = 0; j < n; ++j) {
     const float* k = keys + static_cast<size_t>(j) * ld;
@@ -236,38 +299,57 @@ bool all_finite(const float* keys, int n, int ld, int head_dim) {
   return true;
 }
 
-// subgen_count_clusters; finite: every key is finite (some_rep_within decides then).
+// subgen_count_clusters; finite: every key is finite (some_rep_within decides then, 4 lanes at
+// a time where the build has AVX2 and FMA and `vector`).
 int count_clusters(const float* keys, int n, int ld, int head_dim, double delta2, int limit,
-                   bool finite, std::vector<float>& reps) {
-  reps.clear();
-  int m = 0;
+                   bool finite, RepSet& reps, bool vector = true) {
+  reps.clear(head_dim);
+#ifdef KVB_SUBGEN_AVX2
+  const bool fused = subgen_distance_fuses();
+#else
+  vector = false;
+#endif
   for (int j = 0; j < n; ++j) {
     const float* k = keys + static_cast<size_t>(j) * ld;
     if (finite) {
-      if (some_rep_within(reps.data(), m, k, head_dim, delta2)) continue;
+#ifdef KVB_SUBGEN_AVX2
+      if (vector ? some_rep_within4(reps, k, delta2, fused)
+                 : some_rep_within(reps.rows.data(), reps.m, k, head_dim, delta2)) {
+        continue;
+      }
+#else
+      if (some_rep_within(reps.rows.data(), reps.m, k, head_dim, delta2)) continue;
+#endif
     } else {
-      const Nearest near = nearest_rep(reps.data(), m, head_dim, k, head_dim);
+      const Nearest near = nearest_rep(reps.rows.data(), reps.m, head_dim, k, head_dim);
       if (near.index >= 0 && near.dist2 <= delta2) continue;
     }
-    if (++m > limit) return m;
-    reps.insert(reps.end(), k, k + head_dim);
+    if (reps.m + 1 > limit) return reps.m + 1;
+    reps.add(k);
   }
-  return m;
+  return reps.m;
 }
 
 }  // namespace
 
 int subgen_count_clusters(const float* keys, int n, int ld, int head_dim, double delta2,
                           int limit) {
-  std::vector<float> reps;
+  RepSet reps;
   return count_clusters(keys, n, ld, head_dim, delta2, limit, all_finite(keys, n, ld, head_dim),
                         reps);
 }
 
 int subgen_count_clusters_by_nearest(const float* keys, int n, int ld, int head_dim,
                                      double delta2, int limit) {
-  std::vector<float> reps;
+  RepSet reps;
   return count_clusters(keys, n, ld, head_dim, delta2, limit, /*finite=*/false, reps);
+}
+
+int subgen_count_clusters_scalar(const float* keys, int n, int ld, int head_dim, double delta2,
+                                 int limit) {
+  RepSet reps;
+  return count_clusters(keys, n, ld, head_dim, delta2, limit, all_finite(keys, n, ld, head_dim),
+                        reps, /*vector=*/false);
 }
 
 double subgen_auto_delta2(const float* keys, int n, int ld, int head_dim, int max_clusters,
@@ -275,7 +357,7 @@ double subgen_auto_delta2(const float* keys, int n, int ld, int head_dim, int ma
   KVB_CHECK(max_clusters >= 1 && n >= 0) << "subgen_auto_delta2: max_clusters " << max_clusters;
   if (n == 0) return 0;
   const bool finite = all_finite(keys, n, ld, head_dim);
-  std::vector<float> reps;
+  RepSet reps;
   auto count = [&](double delta2) {
     return count_clusters(keys, n, ld, head_dim, delta2, max_clusters, finite, reps);
   };

@@ -136,6 +136,10 @@ int subgen_max_clusters(int kv_budget, int s, int t, int sinks, int recent);
 int subgen_count_clusters(const float* keys, int n, int ld, int head_dim, double delta2, int limit);
 int subgen_count_clusters_by_nearest(const float* keys, int n, int ld, int head_dim,
                                      double delta2, int limit);
+// The "some representative within" rule one representative at a time (where the build has the
+// 4-lane AVX2 path, the tests hold both to the nearest rule).
+int subgen_count_clusters_scalar(const float* keys, int n, int ld, int head_dim, double delta2,
+                                 int limit);
 
 // `delta: auto`: the smallest squared radius (to the bisection's resolution) whose clustering of
 // `keys` (in order) has at most max_clusters clusters. 0 when the distinct keys already fit;

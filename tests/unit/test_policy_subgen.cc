@@ -226,9 +226,12 @@ TEST(SubgenEstimator, CountByAnyWithinEqualsCountByNearest) {
       }
       for (const double delta2 : deltas) {
         for (const int limit : {5, 60, 1 << 20}) {
-          ASSERT_EQ(cpu::subgen_count_clusters(keys.data(), n, d, d, delta2, limit),
-                    cpu::subgen_count_clusters_by_nearest(keys.data(), n, d, d, delta2, limit))
+          const int want =
+              cpu::subgen_count_clusters_by_nearest(keys.data(), n, d, d, delta2, limit);
+          ASSERT_EQ(cpu::subgen_count_clusters(keys.data(), n, d, d, delta2, limit), want)
               << "delta2 " << delta2 << " limit " << limit;
+          ASSERT_EQ(cpu::subgen_count_clusters_scalar(keys.data(), n, d, d, delta2, limit), want)
+              << "delta2 " << delta2 << " limit " << limit << " (one representative at a time)";
         }
       }
       for (const int max_clusters : {4, 12, 50, 200}) {
