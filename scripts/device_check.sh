@@ -7,15 +7,16 @@
 #   bash scripts/device_check.sh kernels   # bench_cuda_kernels (decode/prefill attention, H2O)
 #   bash scripts/device_check.sh engine    # bench_cuda_engine: Llama-3-8B shape, bf16, 4K and
 #                                          # 32K, every policy at budget 1024 (issue 13's table)
-# A whole lease in two calls (timed on an H200, 2026-11-26: start ~30 s, build 61 s, tests 45 s +
-# 65 s, kernels ~100 s, engine ~170 s, decode-kernel A/B ~90 s), the second within the 30 s the
-# machine stays warm:
+# A whole lease in two calls (timed on an H200, 2026-11-26, third lease: first 306 s (build,
+# tests 57 s, kernels), second 400 s (tests 78 s, engine 240 s, A/B ~80 s); the second within the
+# 30 s the machine stays warm, with a timeout_s of 600):
 #   bash scripts/device_check.sh first     # build, ctest -L cuda without SmolLM2, the kernel
 #                                          # bench (call 1 carries .device/debs .device/shared
 #                                          # .device/minja .device/model.part-aa .device/model.sha256)
 #   bash scripts/device_check.sh second    # joins SmolLM2 (call 2 carries .device/model.part-ab),
-#                                          # its GPU tests, then the engine bench (cut at 240 s)
-#                                          # and the decode kernels' A/B in the engine
+#                                          # its GPU tests (cut at 150 s), the engine bench: every
+#                                          # policy at 4K (cut at 200 s), five at 32K (80 s),
+#                                          # then the decode kernels' A/B in the engine (100 s)
 # Usage: bash scripts/device_check.sh tests|kernels|engine [extra args for the bench]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -64,20 +65,24 @@ case "$stage" in
     ;;
   second)
     t0=$(date +%s)
-    timeout 240 ctest --test-dir "$build" -L cuda -R 'Smol|DecodeBatch' --timeout 200 -j 8 \
+    timeout 150 ctest --test-dir "$build" -L cuda -R 'Smol|DecodeBatch' --timeout 140 -j 8 \
       --output-on-failure >"$out/ctest_second.log" 2>&1 || true
     echo "ctest: $(($(date +%s) - t0)) s"
     grep -E "tests passed|\((Failed|Timeout|Skipped)\)" "$out/ctest_second.log" || tail -n 20 "$out/ctest_second.log"
-    # Line-buffered, so that rows printed before the cut come back; SubGen last (host attention).
-    timeout 240 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
-      --contexts 4096,32768 --budgets 1024 --steps 32 \
+    # Line-buffered, so that rows printed before the cut come back. Every policy at 4K (SubGen
+    # last: its first compression bisects radii on the host), then the 32K rows that matter.
+    timeout 200 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+      --contexts 4096 --budgets 1024 --steps 32 \
       --policies full,window,h2o,tova,random,scissorhands,knorm,streaming_llm,snapkv,pyramidkv,ada_snapkv,ada_pyramidkv,subgen_kcenter,subgen \
       "$@" >"$out/bench_cuda_engine.txt" 2>&1 || true
+    timeout 80 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+      --contexts 32768 --budgets 1024 --steps 32 --policies full,window,h2o,tova,snapkv \
+      "$@" >>"$out/bench_cuda_engine.txt" 2>&1 || true
     cat "$out/bench_cuda_engine.txt"
     # The decode attention kernels in the engine, interleaved in one process (A B A B A B).
-    timeout 120 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+    timeout 100 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
       --contexts 4096,32768 --budgets 1024 --steps 32 --policies full,h2o \
-      --decode-kernels default,streamed --repeat 3 >"$out/bench_engine_decode_ab.txt" 2>&1 || true
+      --decode-kernels grouped,streamed --repeat 3 >"$out/bench_engine_decode_ab.txt" 2>&1 || true
     cat "$out/bench_engine_decode_ab.txt"
     ;;
   *)
