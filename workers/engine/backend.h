@@ -129,6 +129,17 @@ class Backend {
   virtual void head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) = 0;
   // out = in x W^T (+ bias) over n rows.
   virtual void linear(Act out, Act in, int layer, Mat which, int n) = 0;
+  // q, k and v of xb (the three linears in that order); gate and up of xb (the two). A device
+  // runs each as one product of the concatenated weights; the CPU as the separate ones.
+  virtual void linear_qkv(int layer, int n) {
+    linear(Act::kQ, Act::kXb, layer, Mat::kWq, n);
+    linear(Act::kK, Act::kXb, layer, Mat::kWk, n);
+    linear(Act::kV, Act::kXb, layer, Mat::kWv, n);
+  }
+  virtual void linear_gate_up(int layer, int n) {
+    linear(Act::kGate, Act::kXb, layer, Mat::kGate, n);
+    linear(Act::kUp, Act::kXb, layer, Mat::kUp, n);
+  }
   // x += y over n rows of dim, after summing y over the tensor-parallel group (row-parallel
   // projections: each rank's product is a partial sum).
   virtual void reduce_add(Act x, Act y, int n) = 0;

@@ -171,9 +171,7 @@ void StackEngine::project_qkv(int l, int n) {
   const ModelConfig& c = model_.config;
   Backend& be = *backend_;
   be.rmsnorm(Act::kXb, Act::kX, l, Norm::kAttn, 0, n);
-  be.linear(Act::kQ, Act::kXb, l, Mat::kWq, n);
-  be.linear(Act::kK, Act::kXb, l, Mat::kWk, n);
-  be.linear(Act::kV, Act::kXb, l, Mat::kWv, n);
+  be.linear_qkv(l, n);
   if (c.qk_norm) {  // Qwen3, Gemma 3: per-head RMSNorm of Q and K, before RoPE (and pre-RoPE keys)
     be.head_rmsnorm(Act::kQ, l, QkNorm::kQ, c.num_heads, n);
     be.head_rmsnorm(Act::kK, l, QkNorm::kK, c.num_kv_heads, n);
@@ -193,8 +191,7 @@ void StackEngine::finish_layer(int l, int n) {
   be.linear(Act::kProj, Act::kAtt, l, Mat::kWo, n);
   residual(Norm::kPostAttn);
   be.rmsnorm(Act::kXb, Act::kX, l, Norm::kFfn, 0, n);
-  be.linear(Act::kGate, Act::kXb, l, Mat::kGate, n);
-  be.linear(Act::kUp, Act::kXb, l, Mat::kUp, n);
+  be.linear_gate_up(l, n);
   be.glu(n);
   be.linear(Act::kProj, Act::kGate, l, Mat::kDown, n);
   residual(Norm::kPostFfn);

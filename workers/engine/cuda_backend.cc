@@ -38,7 +38,9 @@ cu::DeviceKvCache* rows_of(const kernels::KvCache& cache) {
 
 // One layer's weights: matrices in the engine's dtype (one of the two buffers is used).
 struct CudaBackend::DeviceLayer {
-  cu::DeviceBuffer<float> attn_norm, ffn_norm, bq, bk, bv;
+  // bqkv: the q, k and v biases back to back [QD + 2 KVD] (zeros for a missing one: adding 0
+  // changes no bit), empty when the model has none.
+  cu::DeviceBuffer<float> attn_norm, ffn_norm, bqkv;
   cu::DeviceBuffer<float> q_norm, k_norm;  // [head_dim] (Qwen3, Gemma 3), else empty
   cu::DeviceBuffer<float> post_attn_norm, post_ffn_norm;  // [dim] (Gemma 3), else empty
   struct Matrix {
@@ -48,11 +50,14 @@ struct CudaBackend::DeviceLayer {
       return t == DType::kBf16 ? static_cast<const void*>(bf16.data()) : f32.data();
     }
   };
-  Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  // wqkv: wq, wk and wv stacked [QD + 2 KVD, dim]; w_gu: w_gate and w_up [2 hidden, dim]. One
+  // product each (linear_qkv, linear_gate_up); a single matrix is a block of rows.
+  Matrix wqkv, wo, w_gu, w_down;
 };
 
 struct CudaBackend::Scratch {
   cu::DeviceBuffer<float> x, xb, q, k, v, kx, vx, att, proj, gate, up, logits;
+  cu::DeviceBuffer<float> fused;  // [n, QD + 2 KVD] or [n, 2 hidden]: a stacked product
   cu::DeviceBuffer<__nv_bfloat16> x16;
   cu::DeviceBuffer<int32_t> tokens, pos, qpos, slots, iota;
   cu::DeviceBuffer<float> col_sums, last_probs, rolled, stash, pre_k;
@@ -163,6 +168,14 @@ void CudaBackend::upload_weights() {
     weight_bytes_ += d.bytes();
     return d;
   };
+  // Row blocks [m_i, k] stacked into one [sum m_i, k] (host, for the upload).
+  std::vector<float> stack;
+  auto stacked = [&](std::initializer_list<const std::vector<float>*> parts)
+      -> const std::vector<float>& {
+    stack.clear();
+    for (const std::vector<float>* p : parts) stack.insert(stack.end(), p->begin(), p->end());
+    return stack;
+  };
   auto matrix = [&](const std::vector<float>& v, DeviceLayer::Matrix& m) {
     if (dtype_ == DType::kF32) {
       m.f32 = vec(v);
@@ -181,19 +194,23 @@ void CudaBackend::upload_weights() {
     DeviceLayer& d = layers_[l];
     d.attn_norm = vec(w.attn_norm);
     d.ffn_norm = vec(w.ffn_norm);
-    d.bq = vec(w.bq);
-    d.bk = vec(w.bk);
-    d.bv = vec(w.bv);
+    if (!w.bq.empty() || !w.bk.empty() || !w.bv.empty()) {
+      std::vector<float> b(static_cast<size_t>(c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
+                           0.0f);
+      const size_t qd = static_cast<size_t>(c.num_heads) * c.head_dim;
+      const size_t kvd = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+      std::copy(w.bq.begin(), w.bq.end(), b.begin());
+      std::copy(w.bk.begin(), w.bk.end(), b.begin() + qd);
+      std::copy(w.bv.begin(), w.bv.end(), b.begin() + qd + kvd);
+      d.bqkv = vec(b);
+    }
     d.q_norm = vec(w.q_norm);
     d.k_norm = vec(w.k_norm);
     d.post_attn_norm = vec(w.post_attn_norm);
     d.post_ffn_norm = vec(w.post_ffn_norm);
-    matrix(w.wq, d.wq);
-    matrix(w.wk, d.wk);
-    matrix(w.wv, d.wv);
+    matrix(stacked({&w.wq, &w.wk, &w.wv}), d.wqkv);
     matrix(w.wo, d.wo);
-    matrix(w.w_gate, d.w_gate);
-    matrix(w.w_up, d.w_up);
+    matrix(stacked({&w.w_gate, &w.w_up}), d.w_gu);
     matrix(w.w_down, d.w_down);
   }
   embedding_ = vec(model_.token_embedding);
@@ -461,15 +478,55 @@ void CudaBackend::linear(Act out, Act in, int layer, Mat which, int n) {
   const int QD = c.num_heads * c.head_dim, KVD = c.num_kv_heads * c.head_dim;
   float* y = act(out);
   const float* x = act(in);
+  // Rows [row, row + m) of a stacked matrix, and of the stacked bias (null without one).
+  auto rows = [&](const DeviceLayer::Matrix& s, size_t row, int k) -> const void* {
+    return dtype_ == DType::kBf16 ? static_cast<const void*>(s.bf16.data() + row * k)
+                                  : s.f32.data() + row * k;
+  };
+  auto bias = [&](size_t at) { return w.bqkv.size() ? w.bqkv.data() + at : nullptr; };
   switch (which) {
-    case Mat::kWq: return gemm(y, x, w.wq.ptr(dtype_), w.bq.data(), n, D, QD);
-    case Mat::kWk: return gemm(y, x, w.wk.ptr(dtype_), w.bk.data(), n, D, KVD);
-    case Mat::kWv: return gemm(y, x, w.wv.ptr(dtype_), w.bv.data(), n, D, KVD);
+    case Mat::kWq: return gemm(y, x, rows(w.wqkv, 0, D), bias(0), n, D, QD);
+    case Mat::kWk: return gemm(y, x, rows(w.wqkv, QD, D), bias(QD), n, D, KVD);
+    case Mat::kWv: return gemm(y, x, rows(w.wqkv, QD + KVD, D), bias(QD + KVD), n, D, KVD);
     case Mat::kWo: return gemm(y, x, w.wo.ptr(dtype_), nullptr, n, QD, D);
-    case Mat::kGate: return gemm(y, x, w.w_gate.ptr(dtype_), nullptr, n, D, H);
-    case Mat::kUp: return gemm(y, x, w.w_up.ptr(dtype_), nullptr, n, D, H);
+    case Mat::kGate: return gemm(y, x, rows(w.w_gu, 0, D), nullptr, n, D, H);
+    case Mat::kUp: return gemm(y, x, rows(w.w_gu, H, D), nullptr, n, D, H);
     case Mat::kDown: return gemm(y, x, w.w_down.ptr(dtype_), nullptr, n, H, D);
   }
+}
+
+// One product of xb and the stacked q|k|v rows into the fused scratch, then its columns into
+// q, k and v: three launches (with bf16 weights: convert, GEMM, split) instead of six.
+void CudaBackend::linear_qkv(int layer, int n) {
+  const ModelConfig& c = model_.config;
+  const DeviceLayer& w = layers_[layer];
+  const int QD = c.num_heads * c.head_dim, KVD = c.num_kv_heads * c.head_dim;
+  const int width = QD + 2 * KVD;
+  ensure(s_->fused, static_cast<size_t>(n) * width);
+  gemm(s_->fused.data(), act(Act::kXb), w.wqkv.ptr(dtype_),
+       w.bqkv.size() ? w.bqkv.data() : nullptr, n, c.dim, width);
+  gpu::ColumnSplit split;
+  split.parts = 3;
+  split.dst[0] = act(Act::kQ);
+  split.dst[1] = act(Act::kK);
+  split.dst[2] = act(Act::kV);
+  split.width[0] = QD;
+  split.width[1] = split.width[2] = KVD;
+  gpu::split_columns(s_->fused.data(), n, split, stream_);
+}
+
+void CudaBackend::linear_gate_up(int layer, int n) {
+  const ModelConfig& c = model_.config;
+  const int H = c.hidden_dim;
+  ensure(s_->fused, static_cast<size_t>(n) * 2 * H);
+  gemm(s_->fused.data(), act(Act::kXb), layers_[layer].w_gu.ptr(dtype_), nullptr, n, c.dim,
+       2 * H);
+  gpu::ColumnSplit split;
+  split.parts = 2;
+  split.dst[0] = act(Act::kGate);
+  split.dst[1] = act(Act::kUp);
+  split.width[0] = split.width[1] = H;
+  gpu::split_columns(s_->fused.data(), n, split, stream_);
 }
 
 void CudaBackend::reduce_add(Act x, Act y, int n) {

@@ -135,6 +135,8 @@ class CudaBackend final : public Backend {
   void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) override;
   void head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) override;
   void linear(Act out, Act in, int layer, Mat which, int n) override;
+  void linear_qkv(int layer, int n) override;
+  void linear_gate_up(int layer, int n) override;
   void reduce_add(Act x, Act y, int n) override;
   void reduce_norm_add(Act x, Act y, int layer, Norm which, int n) override;
   void glu(int n) override;

@@ -59,6 +59,16 @@ __global__ void iota_kernel(int32_t* dst, int count) {
   }
 }
 
+__global__ void split_kernel(const float* src, ColumnSplit split, int width, size_t total) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t t = i / width;
+    int j = static_cast<int>(i - t * width), p = 0;
+    while (j >= split.width[p]) j -= split.width[p++];
+    split.dst[p][t * split.width[p] + j] = src[i];
+  }
+}
+
 unsigned blocks(size_t work) {
   const unsigned b = cu::grid_for(work, kThreads);
   return b > 65535u * 16u ? 65535u * 16u : b;  // grid-stride loops cover the rest
@@ -109,6 +119,21 @@ void widen_to_f32(float* dst, const void* src, cu::KvDtype dtype, size_t count,
 void iota(int32_t* dst, int count, cudaStream_t stream) {
   if (count <= 0) return;
   iota_kernel<<<blocks(count), kThreads, 0, stream>>>(dst, count);
+  KVB_CUDA_CHECK_LAUNCH();
+}
+
+void split_columns(const float* src, int n, const ColumnSplit& split, cudaStream_t stream) {
+  KVB_CHECK(n >= 0 && split.parts >= 1 && split.parts <= 3)
+      << "split_columns: n " << n << ", " << split.parts << " parts";
+  int width = 0;
+  for (int p = 0; p < split.parts; ++p) {
+    KVB_CHECK(split.width[p] > 0 && split.dst[p] != nullptr)
+        << "split_columns: part " << p << " of width " << split.width[p];
+    width += split.width[p];
+  }
+  const size_t total = static_cast<size_t>(n) * width;
+  if (total == 0) return;
+  split_kernel<<<blocks(total), kThreads, 0, stream>>>(src, split, width, total);
   KVB_CUDA_CHECK_LAUNCH();
 }
 

@@ -26,5 +26,13 @@ void widen_to_f32(float* dst, const void* src, kernels::cuda::KvDtype dtype, siz
                   cudaStream_t stream);
 // dst[i] = i for i < count.
 void iota(int32_t* dst, int count, cudaStream_t stream);
+// The columns of src [n, sum of widths] into parts: dst[p][t, j] = src[t, begin_p + j] for
+// j < width[p], begin_p the widths before p (a fused projection's output into its matrices').
+struct ColumnSplit {
+  float* dst[3] = {};
+  int width[3] = {};
+  int parts = 0;
+};
+void split_columns(const float* src, int n, const ColumnSplit& split, cudaStream_t stream);
 
 }  // namespace kvb::engine::gpu
