@@ -8,7 +8,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void rmsnorm_kernel(float* y, const float* x, const float* weight, int dim, float eps) {
+__global__ void rmsnorm_kernel(float* y, const float* x, const float* weight, int dim, float eps,
+                               __nv_bfloat16* y16) {
   const float* xt = x + static_cast<size_t>(blockIdx.x) * dim;  // [dim]
   float* yt = y + static_cast<size_t>(blockIdx.x) * dim;        // [dim]
   double ss = 0;
@@ -22,17 +23,22 @@ __global__ void rmsnorm_kernel(float* y, const float* x, const float* weight, in
   }
   const float inv = static_cast<float>(1.0 / sqrt(part[0] / dim + eps));
   // All reads of x happened before the barriers above, so y may alias x.
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) yt[i] = __fmul_rn(xt[i], inv) * weight[i];
+  __nv_bfloat16* y16t = y16 ? y16 + static_cast<size_t>(blockIdx.x) * dim : nullptr;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = __fmul_rn(xt[i], inv) * weight[i];
+    yt[i] = v;
+    if (y16t) y16t[i] = __float2bfloat16_rn(v);
+  }
 }
 
 }  // namespace
 
 void rmsnorm(float* y, const float* x, const float* weight, int n, int dim, float eps,
-             cudaStream_t stream) {
+             cudaStream_t stream, __nv_bfloat16* y16) {
   KVB_CHECK(n >= 0 && dim > 0) << "cuda::rmsnorm: n = " << n << ", dim = " << dim;
   KVB_CHECK(eps >= 0) << "cuda::rmsnorm: eps = " << eps;
   if (n == 0) return;
-  rmsnorm_kernel<<<n, kThreads, 0, stream>>>(y, x, weight, dim, eps);
+  rmsnorm_kernel<<<n, kThreads, 0, stream>>>(y, x, weight, dim, eps, y16);
   KVB_CUDA_CHECK_LAUNCH();
 }
 

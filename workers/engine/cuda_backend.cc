@@ -329,8 +329,12 @@ void CudaBackend::gemm(float* y, const float* x, const void* w, const float* bia
     cu::matmul(y, x, static_cast<const float*>(w), bias, n, k, m, stream_);
     return;
   }
-  ensure(s_->x16, static_cast<size_t>(n) * k);
-  cu::f32_to_bf16(s_->x16.data(), x, static_cast<size_t>(n) * k, stream_);
+  const size_t count = static_cast<size_t>(n) * k;
+  if (x != x16_src_ || count != x16_count_) {
+    ensure(s_->x16, count);
+    cu::f32_to_bf16(s_->x16.data(), x, count, stream_);
+    x16_src_ = nullptr;  // x16 now holds a copy no op keeps in step with its source
+  }
   cu::matmul(y, s_->x16.data(), static_cast<const __nv_bfloat16*>(w), bias, n, k, m, stream_);
 }
 
@@ -428,6 +432,8 @@ void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* pos
   ensure(s.tokens, N);
   ensure(s.pos, N);
   rolled_layer_ = -1;
+  x16_src_ = nullptr;  // buffers may have moved
+  gu_pending_ = 0;
   row0_ = 0;
   bound_.clear();
   tokens_h_.assign(tokens.begin(), tokens.end());
@@ -455,8 +461,24 @@ const float* CudaBackend::norm_weight(int layer, Norm which) const {
 void CudaBackend::rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) {
   const ModelConfig& c = model_.config;
   const float* w = norm_weight(layer, which);
+  __nv_bfloat16* y16 = nullptr;
+  if (dtype_ == DType::kBf16 && out == Act::kXb) {
+    // xb is the next products' input: its bf16 copy in the same launch (gemm reuses it).
+    ensure(s_->x16, static_cast<size_t>(rows) * c.dim);
+    y16 = s_->x16.data();
+  }
   cu::rmsnorm(act(out), act(in) + static_cast<size_t>(row0) * c.dim, w, rows, c.dim, c.norm_eps,
-              stream_);
+              stream_, y16);
+  wrote(act(out), y16, static_cast<size_t>(rows) * c.dim);
+}
+
+void CudaBackend::wrote(const float* dst, bool with_x16, size_t count) {
+  if (with_x16) {
+    x16_src_ = dst;
+    x16_count_ = count;
+  } else if (dst == x16_src_) {
+    x16_src_ = nullptr;
+  }
 }
 
 void CudaBackend::head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) {
@@ -484,6 +506,8 @@ void CudaBackend::linear(Act out, Act in, int layer, Mat which, int n) {
                                   : s.f32.data() + row * k;
   };
   auto bias = [&](size_t at) { return w.bqkv.size() ? w.bqkv.data() + at : nullptr; };
+  wrote(y, false, 0);
+  if (out == Act::kGate || out == Act::kUp) gu_pending_ = 0;
   switch (which) {
     case Mat::kWq: return gemm(y, x, rows(w.wqkv, 0, D), bias(0), n, D, QD);
     case Mat::kWk: return gemm(y, x, rows(w.wqkv, QD, D), bias(QD), n, D, KVD);
@@ -515,18 +539,15 @@ void CudaBackend::linear_qkv(int layer, int n) {
   gpu::split_columns(s_->fused.data(), n, split, stream_);
 }
 
+// The stacked gate|up product stays in the fused scratch for glu, which reads it there (no
+// split; the block stack calls glu next): two launches with glu instead of five.
 void CudaBackend::linear_gate_up(int layer, int n) {
   const ModelConfig& c = model_.config;
   const int H = c.hidden_dim;
   ensure(s_->fused, static_cast<size_t>(n) * 2 * H);
   gemm(s_->fused.data(), act(Act::kXb), layers_[layer].w_gu.ptr(dtype_), nullptr, n, c.dim,
        2 * H);
-  gpu::ColumnSplit split;
-  split.parts = 2;
-  split.dst[0] = act(Act::kGate);
-  split.dst[1] = act(Act::kUp);
-  split.width[0] = split.width[1] = H;
-  gpu::split_columns(s_->fused.data(), n, split, stream_);
+  gu_pending_ = n;
 }
 
 void CudaBackend::reduce_add(Act x, Act y, int n) {
@@ -542,7 +563,25 @@ void CudaBackend::reduce_norm_add(Act x, Act y, int layer, Norm which, int n) {
 
 void CudaBackend::glu(int n) {
   const size_t count = static_cast<size_t>(n) * model_.config.hidden_dim;
-  if (model_.config.ffn_act == FfnAct::kGeluTanh) {
+  const bool gelu = model_.config.ffn_act == FfnAct::kGeluTanh;
+  if (gu_pending_ == n && n > 0) {
+    // From linear_gate_up's stacked product into gate, and (bf16 weights) the down product's
+    // bf16 input in the same launch.
+    __nv_bfloat16* out16 = nullptr;
+    if (dtype_ == DType::kBf16) {
+      ensure(s_->x16, count);
+      out16 = s_->x16.data();
+    }
+    cu::glu_stacked(s_->gate.data(), out16, s_->fused.data(), n, model_.config.hidden_dim, gelu,
+                    stream_);
+    gu_pending_ = 0;
+    wrote(s_->gate.data(), out16 != nullptr, count);
+    return;
+  }
+  KVB_CHECK(gu_pending_ == 0) << "glu over " << n << " rows after a gate|up product of "
+                              << gu_pending_;
+  wrote(s_->gate.data(), false, 0);
+  if (gelu) {
     cu::geglu_tanh(s_->gate.data(), s_->up.data(), count, stream_);
   } else {
     cu::swiglu(s_->gate.data(), s_->up.data(), count, stream_);

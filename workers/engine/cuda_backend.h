@@ -173,6 +173,9 @@ class CudaBackend final : public Backend {
   // Adds what `rows` uploaded since (copies0, bytes0) to the transfer counters.
   void count_uploads(const kernels::cuda::DeviceKvCache& rows, int64_t copies0, size_t bytes0);
   void sync();
+  // An op wrote `count` floats at dst; with_x16: and their bf16 copy into x16 (gemm then skips
+  // converting dst); else a copy of dst's old contents in x16 is stale.
+  void wrote(const float* dst, bool with_x16, size_t count);
 
   const Model& model_;
   DType dtype_;
@@ -187,6 +190,12 @@ class CudaBackend final : public Backend {
   std::vector<kernels::cuda::DeviceKvCache*> bound_;  // every sequence's rows in this pass
   int row0_ = 0;                                      // select_rows
   int rolled_layer_ = -1;  // the layer whose next attention reads the rolled keys
+  // x16 holds bf16(x16_src_[0, x16_count_)) while x16_src_ is set (by rmsnorm into xb and by
+  // glu: the inputs of the next products); gu_pending_: rows of a gate|up product glu has not
+  // read yet (it stays in the fused scratch: act(kGate) and act(kUp) do not hold it).
+  const float* x16_src_ = nullptr;
+  size_t x16_count_ = 0;
+  int gu_pending_ = 0;
   // Host staging.
   std::vector<float> k_h_, v_h_, col_sums_, last_probs_;
   std::vector<float> q_h_, att_h_;  // a replaced attention's queries and output (attend_replaced)
