@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/subgen_estimator.h"  // counter_uniform
 #include "kernels/cuda/runtime.h"
+#include "kernels/eviction_plan.h"
 
 namespace kvb::parity {
 
@@ -132,6 +133,22 @@ inline void expect_keep_sets_match(std::vector<int32_t> got, std::vector<int32_t
     EXPECT_TRUE(tie) << what << ": index " << i << " (score " << scores[i]
                      << ") differs and does not tie the boundary score " << bscore;
   }
+}
+
+// Head h (len slots) of a device plan (`gpu`, its lists downloaded into `lists`) keeps what
+// the CPU instance's plan keeps: the count and the slots. Returns the CPU's list (the slots the
+// state rows compacted with it must hold), empty after a count mismatch.
+inline std::vector<int32_t> expect_same_keep_list(const kernels::EvictionPlan& gpu,
+                                                  const std::vector<int32_t>& lists,
+                                                  const kernels::EvictionPlan& cpu, int h,
+                                                  int len) {
+  std::vector<int32_t> want;
+  cpu.keep_list(h, len, &want);
+  EXPECT_EQ(gpu.device_counts()[h], static_cast<int32_t>(want.size())) << "head " << h;
+  if (gpu.device_counts()[h] != static_cast<int32_t>(want.size())) return {};
+  const int32_t* got = lists.data() + static_cast<size_t>(h) * gpu.device_ld();
+  EXPECT_EQ(std::vector<int32_t>(got, got + want.size()), want) << "head " << h;
+  return want;
 }
 
 }  // namespace kvb::parity

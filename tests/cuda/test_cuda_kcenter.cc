@@ -97,11 +97,7 @@ TEST_P(CudaKCenter, KeepListsAndLogSizesAreTheCpuInstance) {
       parity::to_host(gplan.device_slots(), static_cast<size_t>(kHeads) * gplan.device_ld());
   for (int h = 0; h < kHeads; ++h) {
     SCOPED_TRACE(testing::Message() << "head " << h);
-    std::vector<int32_t> want;
-    cplan.keep_list(h, kLen[h], &want);
-    ASSERT_EQ(gplan.device_counts()[h], static_cast<int32_t>(want.size()));
-    const int32_t* got = lists.data() + static_cast<size_t>(h) * gplan.device_ld();
-    EXPECT_EQ(std::vector<int32_t>(got, got + want.size()), want);
+    parity::expect_same_keep_list(gplan, lists, cplan, h, kLen[h]);
     EXPECT_EQ(gbias->length(kLayer, h), cbias->length(kLayer, h));
     const std::vector<float> gb = ops_->read_f32(*gbias, kLayer, h);
     const std::vector<float> cb = cpu_.read_f32(*cbias, kLayer, h);
@@ -131,11 +127,7 @@ TEST_P(CudaKCenter, HeadsWithoutCentresLaunchOnlyTheFinish) {
       parity::to_host(gplan.device_slots(), static_cast<size_t>(kHeads) * gplan.device_ld());
   for (int h = 0; h < kHeads; ++h) {
     SCOPED_TRACE(testing::Message() << "head " << h);
-    std::vector<int32_t> want;
-    cplan.keep_list(h, kLen[h], &want);
-    ASSERT_EQ(gplan.device_counts()[h], static_cast<int32_t>(want.size()));
-    const int32_t* got = lists.data() + static_cast<size_t>(h) * gplan.device_ld();
-    EXPECT_EQ(std::vector<int32_t>(got, got + want.size()), want);
+    parity::expect_same_keep_list(gplan, lists, cplan, h, kLen[h]);
     EXPECT_EQ(ops_->read_f32(*gbias, kLayer, h), cpu_.read_f32(*cbias, kLayer, h));
   }
 }
