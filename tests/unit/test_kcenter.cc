@@ -114,6 +114,74 @@ TEST(KCenter, SizeEdges) {
   EXPECT_THROW(kcenter_greedy(a, c), kvb::Error);
 }
 
+// The greedy loop written out plainly (one point at a time, squared distances in double in
+// coordinate order): the library's (points four to a vector, in parallel) must give the same
+// centres, assignments and sizes, on data with many exact ties (coordinates on a coarse grid),
+// counts of points that do and do not fill the last vector, and dimensions 1 to 70.
+KCenterRun reference(const std::vector<float>& keys, int dim, int k) {
+  const int n = static_cast<int>(keys.size()) / dim;
+  auto dist2 = [&](int i, int j) {
+    double s = 0;
+    for (int c = 0; c < dim; ++c) {
+      const double t = static_cast<double>(keys[static_cast<size_t>(i) * dim + c]) -
+                       static_cast<double>(keys[static_cast<size_t>(j) * dim + c]);
+      s += t * t;
+    }
+    return s;
+  };
+  const int m = std::min(std::max(k, 0), n);
+  KCenterRun r;
+  if (m == 0) return r;
+  std::vector<double> best(n);
+  std::vector<int32_t> near(n, 0);
+  std::vector<bool> chosen(n, false);
+  r.centres.push_back(0);
+  chosen[0] = true;
+  for (int j = 0; j < n; ++j) best[j] = dist2(j, 0);
+  while (static_cast<int>(r.centres.size()) < m) {
+    int far = -1;
+    for (int j = 0; j < n; ++j) {
+      if (!chosen[j] && (far < 0 || best[j] > best[far])) far = j;
+    }
+    r.centres.push_back(far);
+    chosen[far] = true;
+    for (int j = 0; j < n; ++j) {
+      const double d = dist2(j, far);
+      if (d < best[j] || (d == best[j] && far < near[j])) {
+        best[j] = d;
+        near[j] = far;
+      }
+    }
+  }
+  std::sort(r.centres.begin(), r.centres.end());
+  for (int c : r.centres) near[c] = c;
+  r.assignment = near;
+  r.sizes.assign(m, 0);
+  for (int j = 0; j < n; ++j) {
+    ++r.sizes[std::lower_bound(r.centres.begin(), r.centres.end(), near[j]) - r.centres.begin()];
+  }
+  return r;
+}
+
+TEST(KCenter, EqualsThePlainGreedyLoop) {
+  std::mt19937 gen(5);
+  std::uniform_int_distribution<int> grid(-3, 3);
+  for (const int dim : {1, 3, 8, 64, 70}) {
+    for (const int n : {1, 2, 5, 8, 9, 1027, 2050}) {
+      for (const int k : {1, 4, 33}) {
+        SCOPED_TRACE(testing::Message() << "dim " << dim << " n " << n << " k " << k);
+        std::vector<float> keys(static_cast<size_t>(n) * dim);
+        for (float& x : keys) x = 0.5f * static_cast<float>(grid(gen));
+        const KCenterRun want = reference(keys, dim, k);
+        const KCenterRun got = run(keys, dim, k);
+        EXPECT_EQ(got.centres, want.centres);
+        EXPECT_EQ(got.assignment, want.assignment);
+        EXPECT_EQ(got.sizes, want.sizes);
+      }
+    }
+  }
+}
+
 TEST(KCenter, ParallelPathMatchesSerialAndIsAGreedyCover) {
   // n above the OpenMP threshold: 1 thread and 4 threads must give identical results, and the
   // result must satisfy the farthest-point invariant checked from scratch: every chosen centre
