@@ -17,8 +17,9 @@ constexpr int kMaxDecodeBlocks = 65535;  // AttentionArgs::decode_blocks (a grid
 // AttentionArgs::decode_kernel: which partial pass a decode step (n == 1) runs.
 // The default is the streamed kernel where it takes the layer (else the grouped one): on an H200
 // (2026-11-26, bench_cuda_engine, Llama-3-8B shape, bf16, 3 interleaved pairs) it took `full`
-// at 32K from 77.0 to 87.4 decode tok/s and at 4K from 110.0 to 111.3, h2o at 4K from 107.7
-// to 109.6; in bench_cuda_kernels it was faster in every row measured (bf16 32K 227 -> 167 us).
+// at 32K from 76.9 to 87.3 decode tok/s (medians) and at 4K from 109.9 to 111.3, h2o at 4K
+// from 107.7 to 109.6; in bench_cuda_kernels faster in every row but one (bf16 4K, equal) and
+// bf16 32K 227 -> 167 us.
 constexpr int kDecodeDefault = 0;   // kDecodeStreamed where it takes the layer, else grouped
 constexpr int kDecodeGrouped = 1;   // the GQA-grouped register kernel (or per query head)
 constexpr int kDecodeStreamed = 2;  // attention_decode_stream.h, where it takes the layer
