@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -233,22 +234,41 @@ void matmul_tiled(float* y, const float* x, const float* w, const float* bias, i
   const int64_t nbj = (m + panel_cols - 1) / panel_cols;
   const int64_t units = nbi * nbj;
   // Pack misaligned operands of multi-row tiles; w only when a panel meets enough rows of x to
-  // pay for the copy (decode-sized calls stream w once and stay unpacked).
+  // pay for the copy (decode-sized calls stream w once and stay unpacked). x is packed once for
+  // the call (every unit reads its rows from that copy) and a w panel once per thread: a
+  // thread's units are consecutive and run over the x row blocks of a panel first, so it keeps
+  // its last panel for the next unit of the same call (before: both were copied again for
+  // every unit, e.g. each weight 32 times in a 2,048-token prefill).
   const bool pack_x = R > 1 && !aligned64(x, k);
   const bool pack_w = R > 1 && n >= 16 && !aligned64(w, k);
   const double flops = 2.0 * n * static_cast<double>(k) * m;
   const bool parallel = units > 1 && flops >= 1.0e5 && !omp_in_parallel();
+  thread_local PackBuffer x_buf;  // the calling thread's; the team reads it
+  const RowBlock xs = pack_rows(x, k, 0, n, pack_x, &x_buf);
+  static std::atomic<uint64_t> calls{0};
+  const uint64_t call = ++calls;
 #pragma omp parallel if (parallel)
   {
-    thread_local PackBuffer x_buf, w_buf;
+    thread_local PackBuffer w_buf;
+    thread_local uint64_t w_call = 0;  // the call and panel w_buf holds
+    thread_local int w_panel = -1;
+    thread_local RowBlock w_kept{nullptr, 0};
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; ++u) {
       const int i_begin = static_cast<int>(u % nbi) * block_rows;
       const int j_begin = static_cast<int>(u / nbi) * panel_cols;
       const int i_end = std::min(n, i_begin + block_rows);
       const int j_end = std::min(m, j_begin + panel_cols);
-      const RowBlock xb = pack_rows(x, k, i_begin, i_end, pack_x, &x_buf);
-      const RowBlock wb = pack_rows(w, k, j_begin, j_end, pack_w, &w_buf);
+      const RowBlock xb{xs.base + static_cast<size_t>(i_begin) * xs.stride, xs.stride};
+      RowBlock wb{w + static_cast<size_t>(j_begin) * k, static_cast<size_t>(k)};
+      if (pack_w) {
+        if (w_call != call || w_panel != j_begin) {
+          w_kept = pack_rows(w, k, j_begin, j_end, true, &w_buf);
+          w_call = call;
+          w_panel = j_begin;
+        }
+        wb = w_kept;
+      }
       for (int i0 = i_begin; i0 < i_end; i0 += R) {
         const float* xr[R];  // R pointers to rows of x: [k]
         for (int r = 0; r < R; ++r)
