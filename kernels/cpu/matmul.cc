@@ -245,8 +245,10 @@ void matmul_tiled(float* y, const float* x, const float* w, const float* bias, i
   const bool parallel = units > 1 && flops >= 1.0e5 && !omp_in_parallel();
   thread_local PackBuffer x_buf;  // the calling thread's; the team reads it
   const RowBlock xs = pack_rows(x, k, 0, n, pack_x, &x_buf);
+  // A call id for the threads' kept w panels, drawn only when w is packed (decode-sized calls,
+  // made concurrently by attention's threads, touch no shared counter).
   static std::atomic<uint64_t> calls{0};
-  const uint64_t call = ++calls;
+  const uint64_t call = pack_w ? ++calls : 0;
 #pragma omp parallel if (parallel)
   {
     thread_local PackBuffer w_buf;

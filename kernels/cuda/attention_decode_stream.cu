@@ -264,12 +264,20 @@ const void* kernel_for(int kg) {
 // multiprocessor has (the driver's default may keep more L1 and fit fewer blocks; this kernel
 // reads through cp.async.cg, which skips L1). Once per (device, kernel, size).
 int ready_kernel(const void* kernel, int device, size_t smem) {
+  // Every decode layer asks again for the same answer: the thread's last one without the lock.
+  thread_local std::tuple<int, const void*, size_t> last_key{-1, nullptr, 0};
+  thread_local int last_fit = 0;
+  if (last_key == std::make_tuple(device, kernel, smem)) return last_fit;
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, size_t> opted;  // the opt-in set so far
   static std::map<std::tuple<int, const void*, size_t>, int> fits;
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_tuple(device, kernel, smem);
-  if (const auto it = fits.find(key); it != fits.end()) return it->second;
+  if (const auto it = fits.find(key); it != fits.end()) {
+    last_key = key;
+    last_fit = it->second;
+    return last_fit;
+  }
   size_t& opt = opted[{device, kernel}];
   if (opt == 0) {
     KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -283,6 +291,8 @@ int ready_kernel(const void* kernel, int device, size_t smem) {
   int blocks = 0;
   KVB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
   fits[key] = blocks;
+  last_key = key;
+  last_fit = blocks;
   return blocks;
 }
 
