@@ -10,7 +10,8 @@
 //   bench_cuda_engine [--dtype bf16|f32] [--contexts 4096,8192] [--budgets 128,2048]
 //     [--policies full,h2o | all] [--steps 32] [--models smollm2,llama8b] [--layers 32 --dim 4096
 //     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256] [--pool-keep-mib 0]
-//     [--decode-kernels default,streamed --repeat 5]  (each row on each decode attention kernel,
+//     [--decode-kernels default,streamed,grouped,tensor --repeat 5]  (each row on each decode
+//     attention kernel,
 //     kernels/cuda/attention.h kDecode*, in turn, repeat rounds: an interleaved A/B)
 #include <omp.h>
 
@@ -131,9 +132,10 @@ bool parse_int(const std::string& v, int* out) {
   return true;
 }
 const char* kernel_name(int k) {
-  return k == kvb::kernels::cuda::kDecodeGrouped    ? "grouped"
-         : k == kvb::kernels::cuda::kDecodeStreamed ? "streamed"
-                                                    : "default";
+  return k == kvb::kernels::cuda::kDecodeGrouped      ? "grouped"
+         : k == kvb::kernels::cuda::kDecodeStreamed   ? "streamed"
+         : k == kvb::kernels::cuda::kDecodeTensorCore ? "tensor"
+                                                      : "default";
 }
 
 void run_model(const engine::Model& m, engine::DType dtype, const std::vector<int>& contexts,
@@ -261,9 +263,13 @@ int main(int argc, char** argv) {
           g_decode_kernels.push_back(cu::kDecodeGrouped);
         } else if (name == "streamed") {
           g_decode_kernels.push_back(cu::kDecodeStreamed);
+        } else if (name == "tensor") {
+          g_decode_kernels.push_back(cu::kDecodeTensorCore);
         } else {
-          std::fprintf(stderr, "bench_cuda_engine: --decode-kernels %s: a list of default, "
-                       "grouped, streamed\n", v.c_str());
+          std::fprintf(stderr,
+                       "bench_cuda_engine: --decode-kernels %s: a list of default, "
+                       "grouped, streamed, tensor\n",
+                       v.c_str());
           return 2;
         }
       }

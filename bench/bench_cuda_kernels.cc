@@ -26,6 +26,7 @@
 #include "kernels/cpu/select.h"
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_decode_mma.h"
 #include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/kv_cache_device.h"
@@ -38,6 +39,22 @@
 namespace {
 
 namespace cu = kvb::kernels::cuda;
+
+// f rounded to bf16, nearest even (finite inputs): what the tensor-core kernels do to a query.
+float round_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  std::memcpy(&r, &bits, sizeof r);
+  return r;
+}
+// The tensor-core kernels' bound against a double reference fed the bf16-rounded queries, with
+// |v| <= 1: 2^-9 (P in bf16) + 4E, E = scale d 2^-22 max|q| max|k| bounding the f32 score-order
+// difference (tests/cuda/parity_prefill_mma.h).
+double mma_tolerance(float scale, int d, double qmax, double kmax) {
+  return std::ldexp(1.0, -9) + 4 * scale * d * std::ldexp(1.0, -22) * qmax * kmax;
+}
 
 double g_d2d_gbps = 0;     // device-to-device copy bandwidth (read + write bytes), this run
 double g_bf16_tflops = 0;  // cuBLAS bf16 GEMM rate (f32 accumulation), this run
@@ -172,12 +189,22 @@ void run_decode_attention(benchmark::State& state, int decode_rows, int decode_b
     a.col_sums = col.data();
     a.stats_stride = ctx;
   }
+  const bool tensor = decode_kernel == cu::kDecodeTensorCore;
   if (decode_kernel == cu::kDecodeStreamed) {
     const cu::DecodeStreamPlan plan = cu::plan_decode_stream(a.kv, kGroup, ctx, decode_blocks);
     state.counters["streamed"] = plan.splits > 0 ? 1 : 0;
     state.counters["splits"] = plan.splits;
     state.counters["per_sm"] = plan.blocks_per_sm;  // blocks a multiprocessor holds
+  } else if (tensor) {
+    const cu::DecodeMmaPlan plan = cu::plan_decode_mma(a.kv, kGroup, ctx, decode_blocks);
+    state.counters["tensor"] = plan.splits > 0 && !probs ? 1 : 0;  // else the default ran
+    state.counters["splits"] = plan.splits;
+    state.counters["per_sm"] = plan.blocks_per_sm;
   }
+  // The tensor-core kernel's reference takes the queries rounded to bf16 (mma_tolerance).
+  const bool rounded = tensor && !probs && dtype == cu::KvDtype::kBf16;
+  auto q_ref = [&](size_t i) { return rounded ? double{round_bf16(q[i])} : double{q[i]}; };
+  double qmax = 0, kmax = 0;
   cu::attention(a);  // warm-up, then the check: query heads 0 and nh - 1 against a double loop
   KVB_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> got(static_cast<size_t>(nh) * d);
@@ -201,12 +228,18 @@ void run_decode_attention(benchmark::State& state, int decode_rows, int decode_b
       return f;
     };
     std::vector<double> s(len), o(d, 0.0);
-    double mx = -1e300, sum = 0;
+    double mx = -1e300, sum = 0, q2 = 0;
+    for (int x = 0; x < d; ++x)
+      q2 += q_ref(static_cast<size_t>(h) * d + x) * q_ref(static_cast<size_t>(h) * d + x);
+    qmax = std::max(qmax, std::sqrt(q2));
     for (int j = 0; j < len; ++j) {
-      double dot = 0;
-      for (int x = 0; x < d; ++x)
-        dot +=
-            double{q[static_cast<size_t>(h) * d + x]} * elem(kraw, static_cast<size_t>(j) * d + x);
+      double dot = 0, k2 = 0;
+      for (int x = 0; x < d; ++x) {
+        const double k = elem(kraw, static_cast<size_t>(j) * d + x);
+        dot += q_ref(static_cast<size_t>(h) * d + x) * k;
+        k2 += k * k;
+      }
+      kmax = std::max(kmax, std::sqrt(k2));
       s[j] = dot * a.scale;
       mx = std::max(mx, s[j]);
     }
@@ -235,8 +268,11 @@ void run_decode_attention(benchmark::State& state, int decode_rows, int decode_b
   state.counters["MB"] = bytes / 1e6;
   state.counters["GB/s"] = gbps;
   state.counters["pct_d2d"] = 100.0 * gbps / g_d2d_gbps;
-  state.counters["correct"] = max_err <= 1e-4 ? 1 : 0;
-  if (max_err > 1e-4) state.SkipWithError("decode attention differs from the double reference");
+  // Checked heads only for qmax, kmax: the bound's E from the rows the check read.
+  const double tol = rounded ? mma_tolerance(a.scale, d, qmax, kmax) : 1e-4;
+  state.counters["max_err"] = max_err;
+  state.counters["correct"] = max_err <= tol ? 1 : 0;
+  if (max_err > tol) state.SkipWithError("decode attention differs from the double reference");
 }
 
 // Args {context, bf16, probabilities, ragged}: the grouped kernel at its default tuning (the
@@ -252,6 +288,19 @@ void bm_decode_attention_stream(benchmark::State& state) {
   const int blocks = static_cast<int>(state.range(4)) * sms;
   state.counters["blocks"] = blocks;
   run_decode_attention(state, 0, blocks, cu::kDecodeStreamed);
+}
+
+// The tensor-core decode kernel (attention_decode_mma.h) on bm_decode_attention's shapes (its rows
+// and bm_decode_attention_stream's with the same args are the baselines of the same run; with
+// probabilities or an f32 cache the default kernel runs: counter `tensor` 0), then args[4] =
+// blocks_per_sm as there. Correct: within mma_tolerance of the double reference fed the
+// bf16-rounded queries.
+void bm_decode_attention_mma(benchmark::State& state) {
+  int sms = 0;
+  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int blocks = static_cast<int>(state.range(4)) * sms;
+  state.counters["blocks"] = blocks;
+  run_decode_attention(state, 0, blocks, cu::kDecodeTensorCore);
 }
 
 // The A/B of the grouped decode kernel's tuning: the first four args as bm_decode_attention's
@@ -500,13 +549,7 @@ void bm_prefill_attention(benchmark::State& state) {
   const kvb::kernels::LayerKvView view = host.layer(0);
   auto q_at = [&](int i, int h, int x) {
     const float f = q[(static_cast<size_t>(i) * nh + h) * d + x];
-    if (kernel != 2) return double{f};
-    uint32_t bits;  // round to bf16, nearest even
-    std::memcpy(&bits, &f, sizeof bits);
-    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-    float r;
-    std::memcpy(&r, &bits, sizeof r);
-    return double{r};
+    return kernel != 2 ? double{f} : double{round_bf16(f)};
   };
   double max_err = 0, max_p_err = 0;
   for (int h : {0, nh - 1}) {
@@ -536,8 +579,7 @@ void bm_prefill_attention(benchmark::State& state) {
       }
     }
   }
-  // Kernel 2: 2^-9 max|v| (P in bf16; |v| <= 1 here) + 4E, E = scale d 2^-22 max|q| max|k|
-  // bounding the f32 score-order difference (tests/cuda/parity_prefill_mma.h).
+  // Kernel 2: mma_tolerance.
   double tol = 1e-4;
   if (kernel == 2) {
     double qmax = 0, kmax = 0;
@@ -556,7 +598,7 @@ void bm_prefill_attention(benchmark::State& state) {
         kmax = std::max(kmax, std::sqrt(s2));
       }
     }
-    tol = std::ldexp(1.0, -9) + 4 * a.scale * d * std::ldexp(1.0, -22) * qmax * kmax;
+    tol = mma_tolerance(a.scale, d, qmax, kmax);
   }
   const bool ok = max_err <= tol && max_p_err <= 1e-5;
   const double flop = 4.0 * d * nh * (static_cast<double>(n) * (n + 1) / 2);
@@ -591,6 +633,15 @@ BENCHMARK(bm_decode_attention_stream)
     ->Args({32768, 1, 0, 0, 2})
     ->Args({32768, 1, 0, 0, 8})
     ->Args({32768, 0, 0, 0, 8})
+    ->UseManualTime()
+    ->Repetitions(3)
+    ->DisplayAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_decode_attention_mma)
+    ->ArgNames({"ctx", "bf16", "probs", "ragged", "blocks_per_sm"})
+    ->ArgsProduct({{1024, 4096, 16384, 32768}, {1}, {0}, {0, 1}, {0}})
+    ->Args({32768, 1, 0, 0, 2})
+    ->Args({4096, 1, 0, 0, 2})
     ->UseManualTime()
     ->Repetitions(3)
     ->DisplayAggregatesOnly(true)

@@ -10,6 +10,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_decode_grouped.h"
+#include "kernels/cuda/attention_decode_mma.h"
 #include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/kv_elem.cuh"
@@ -311,20 +312,25 @@ void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream)
   if (a.n == 1) {
     // Raw scores go to the statistics row itself and are normalized in place afterwards.
     float* scores = a.col_sums != nullptr ? a.col_sums : a.last_probs;
-    const DecodeStreamPlan sp =
-        a.decode_kernel != kDecodeGrouped
-            ? plan_decode_stream(a.kv, group, max_len, a.decode_blocks)
-            : DecodeStreamPlan{};
+    const DecodeMmaPlan mp = a.decode_kernel == kDecodeTensorCore && !stats
+                                 ? plan_decode_mma(a.kv, group, max_len, a.decode_blocks)
+                                 : DecodeMmaPlan{};
+    const DecodeStreamPlan sp = mp.splits == 0 && a.decode_kernel != kDecodeGrouped
+                                    ? plan_decode_stream(a.kv, group, max_len, a.decode_blocks)
+                                    : DecodeStreamPlan{};
     const GroupedPlan gp =
         sp.splits > 0 ? GroupedPlan{}
                       : plan_grouped(a.kv.dtype, d, group, a.kv.num_kv_heads, max_len, a.kv.keys,
                                         a.kv.values, a.decode_rows, a.decode_blocks);
-    const int splits = sp.splits > 0  ? sp.splits
-                       : gp.lanes > 0 ? gp.splits
-                                      : std::max(1, (max_len + kDecodeChunk - 1) / kDecodeChunk);
+    const int splits = mp.splits > 0   ? mp.splits
+                       : sp.splits > 0 ? sp.splits
+                       : gp.lanes > 0  ? gp.splits
+                                       : std::max(1, (max_len + kDecodeChunk - 1) / kDecodeChunk);
     StreamScratch ml(sizeof(float2) * a.num_heads * splits, stream);
     StreamScratch acc(sizeof(float) * a.num_heads * splits * d, stream);
-    if (sp.splits > 0) {
+    if (mp.splits > 0) {
+      decode_mma(a, group, mp, ml.as<float2>(), acc.as<float>(), stream);
+    } else if (sp.splits > 0) {
       decode_stream(a, group, sp, ml.as<float2>(), acc.as<float>(), scores, a.stats_stride,
                     stream);
     } else if (gp.lanes > 0) {
@@ -398,9 +404,10 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   KVB_CHECK(a.decode_rows == 0 || a.decode_rows == 1 || a.decode_rows == 2 || a.decode_rows == 4)
       << "cuda::attention: decode_rows " << a.decode_rows << " not 0, 1, 2 or 4";
   KVB_CHECK(a.decode_kernel == kDecodeDefault || a.decode_kernel == kDecodeGrouped ||
-            a.decode_kernel == kDecodeStreamed)
+            a.decode_kernel == kDecodeStreamed || a.decode_kernel == kDecodeTensorCore)
       << "cuda::attention: decode_kernel " << a.decode_kernel << " not " << kDecodeDefault
-      << " (default), " << kDecodeGrouped << " (grouped) or " << kDecodeStreamed << " (streamed)";
+      << " (default), " << kDecodeGrouped << " (grouped), " << kDecodeStreamed << " (streamed) or "
+      << kDecodeTensorCore << " (tensor cores)";
   KVB_CHECK(a.decode_blocks >= 0 && a.decode_blocks <= kMaxDecodeBlocks)
       << "cuda::attention: decode_blocks " << a.decode_blocks << " outside [0, " << kMaxDecodeBlocks
       << "]";

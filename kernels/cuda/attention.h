@@ -23,6 +23,10 @@ constexpr int kMaxDecodeBlocks = 65535;  // AttentionArgs::decode_blocks (a grid
 constexpr int kDecodeDefault = 0;   // kDecodeStreamed where it takes the layer, else grouped
 constexpr int kDecodeGrouped = 1;   // the GQA-grouped register kernel (or per query head)
 constexpr int kDecodeStreamed = 2;  // attention_decode_stream.h, where it takes the layer
+// attention_decode_mma.h (bf16 tensor cores: the query and the probabilities rounded to bf16, the
+// prefill tensor-core kernel's contract) where it takes the layer: a bf16 cache and no
+// statistics asked; otherwise what kDecodeDefault runs. Opt-in until measured on a GPU.
+constexpr int kDecodeTensorCore = 3;
 
 // cpu::AttentionArgs with the device view of the layer (flat buffer, per-head offsets) in place
 // of LayerKvView. All pointers are device pointers.
@@ -55,9 +59,10 @@ struct AttentionArgs {
   // head than 64-key chunks of the longest head.
   int decode_rows = 0;
   int decode_blocks = 0;
-  // kDecodeDefault (= kDecodeStreamed), kDecodeGrouped or kDecodeStreamed (where the streamed
-  // kernel cannot take the layer, the grouped path runs). decode_blocks applies to both
-  // (streamed: 0 means four blocks per multiprocessor); decode_rows to the grouped one.
+  // kDecodeDefault (= kDecodeStreamed), kDecodeGrouped, kDecodeStreamed (where the streamed
+  // kernel cannot take the layer, the grouped path runs) or kDecodeTensorCore (where it cannot,
+  // the default). decode_blocks applies to all (streamed and tensor cores: 0 means as many
+  // blocks as fit on every multiprocessor at once); decode_rows to the grouped one.
   int decode_kernel = kDecodeDefault;
 };
 
@@ -77,7 +82,8 @@ struct AttentionArgs {
 //    about decode_blocks blocks; otherwise one block per (query head, 256 keys). By default
 //    (and with kDecodeStreamed), where it takes the layer: attention_decode_stream.h (K/V tiles
 //    through a cp.async pipeline in shared memory, one block per (KV head, chunk)) instead;
-//    kDecodeGrouped keeps the grouped kernel.
+//    kDecodeGrouped keeps the grouped kernel; kDecodeTensorCore runs attention_decode_mma.h on a
+//    bf16 cache when no statistics are asked.
 // Validates shapes against the view's host lengths and throws kvb::Error. Stream-ordered.
 void attention(const AttentionArgs& args, cudaStream_t stream = 0);
 

@@ -1,16 +1,13 @@
 // The streamed decode partial pass: see attention_decode_stream.h.
-#include "kernels/cuda/attention_decode_stream.h"
-
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
-#include <utility>
 
+#include "kernels/cuda/attention_decode_stream.h"
+#include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/kernel_ready.h"
 #include "kernels/cuda/kv_elem.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/warp.cuh"
@@ -25,31 +22,6 @@ constexpr int kStages = 3;   // tiles in shared memory: one scored, two in fligh
 constexpr int kPad = 16;     // bytes after each shared row, so 8 lanes' 16-byte reads of 8
                              // different rows fall in different banks
 constexpr int kMaxAcc = 16;  // output values per thread: head_dim * group-rounded-up / 128 max
-
-// 16-byte global -> shared copy that does not wait; src_bytes 0 writes zeros (rows past the
-// chunk). cp.async needs compute capability 8.0 (plan_decode_stream refuses older devices).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-// Waits until at most n of this thread's committed groups are still in flight.
-template <int n>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
-#endif
-}
 
 struct Params {
   const float* q;  // [num_heads, d]
@@ -223,23 +195,6 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
   }
 }
 
-// What the plan needs of a device, queried once per thread and device (every decode layer plans).
-struct DeviceLimits {
-  int major = 0, sms = 0, optin = 0;
-};
-const DeviceLimits& device_limits(int device) {
-  thread_local int cached = -1;
-  thread_local DeviceLimits dl;
-  if (device != cached) {
-    KVB_CUDA_CHECK(cudaDeviceGetAttribute(&dl.major, cudaDevAttrComputeCapabilityMajor, device));
-    KVB_CUDA_CHECK(cudaDeviceGetAttribute(&dl.sms, cudaDevAttrMultiProcessorCount, device));
-    KVB_CUDA_CHECK(
-        cudaDeviceGetAttribute(&dl.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cached = device;
-  }
-  return dl;
-}
-
 int pow2_at_least(int x) {
   int p = 1;
   while (p < x) p *= 2;
@@ -255,45 +210,6 @@ const void* kernel_for(int kg) {
     case 4: return reinterpret_cast<const void*>(decode_stream_kernel<T, 4>);
     default: return reinterpret_cast<const void*>(decode_stream_kernel<T, 8>);
   }
-}
-
-// Readies `kernel` on the current device (`device`) for launches of `smem` bytes of dynamic
-// shared memory and returns how many of its blocks fit on a multiprocessor. The attributes are
-// per device and kernel: the opt-in above 48 KiB (raised to the largest size asked for so far,
-// never lowered under a size already planned) and the carveout: all the shared memory the
-// multiprocessor has (the driver's default may keep more L1 and fit fewer blocks; this kernel
-// reads through cp.async.cg, which skips L1). Once per (device, kernel, size).
-int ready_kernel(const void* kernel, int device, size_t smem) {
-  // Every decode layer asks again for the same answer: the thread's last one without the lock.
-  thread_local std::tuple<int, const void*, size_t> last_key{-1, nullptr, 0};
-  thread_local int last_fit = 0;
-  if (last_key == std::make_tuple(device, kernel, smem)) return last_fit;
-  static std::mutex mu;
-  static std::map<std::pair<int, const void*>, size_t> opted;  // the opt-in set so far
-  static std::map<std::tuple<int, const void*, size_t>, int> fits;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(device, kernel, smem);
-  if (const auto it = fits.find(key); it != fits.end()) {
-    last_key = key;
-    last_fit = it->second;
-    return last_fit;
-  }
-  size_t& opt = opted[{device, kernel}];
-  if (opt == 0) {
-    KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
-  }
-  if (smem > 48 * 1024 && smem > opt) {
-    KVB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-  }
-  opt = std::max({opt, smem, size_t{1}});
-  int blocks = 0;
-  KVB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
-  fits[key] = blocks;
-  last_key = key;
-  last_fit = blocks;
-  return blocks;
 }
 
 template <typename T, int kG>
@@ -340,16 +256,14 @@ DecodeStreamPlan plan_decode_stream(const DeviceLayerKvView& kv, int group, int 
   const size_t smem = kStages * 2 * kTile * (row + kPad) +
                       sizeof(float) * (static_cast<size_t>(group) * d + kg * kTile + 3 * kg);
   if (smem > static_cast<size_t>(optin)) return p;
-  const int fit = ready_kernel(kv.dtype == KvDtype::kF32 ? kernel_for<float>(kg)
-                                                         : kernel_for<__nv_bfloat16>(kg),
-                               device, smem);
+  const int fit = ready_kernel(
+      kv.dtype == KvDtype::kF32 ? kernel_for<float>(kg) : kernel_for<__nv_bfloat16>(kg), kThreads,
+      device, smem);
   if (fit < 1) return p;
-  const int target = decode_blocks > 0 ? decode_blocks : fit * std::max(sms, 1);
-  const int by_blocks = std::max(1, (target + kv.num_kv_heads - 1) / kv.num_kv_heads);
-  const int tiles = (max_len + kTile - 1) / kTile;
-  const int splits = std::min(by_blocks, tiles);
-  p.chunk = (tiles + splits - 1) / splits * kTile;
-  p.splits = (max_len + p.chunk - 1) / p.chunk;
+  const SplitGrid g = split_grid(decode_blocks > 0 ? decode_blocks : fit * std::max(sms, 1),
+                                 kv.num_kv_heads, max_len, kTile, 1);
+  p.chunk = g.chunk;
+  p.splits = g.splits;
   p.smem = smem;
   p.device = device;
   p.blocks_per_sm = fit;

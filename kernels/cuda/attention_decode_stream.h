@@ -24,7 +24,7 @@
 namespace kvb::kernels::cuda {
 
 struct DecodeStreamPlan {
-  int splits = 0;  // 0: the streamed kernel does not take this layer
+  int splits = 0;  // 0: the kernel planned for does not take this layer
   int chunk = 0;   // keys per block (a multiple of 32)
   size_t smem = 0;
   int device = 0;  // the device planned for (its kernels' shared-memory opt-in)

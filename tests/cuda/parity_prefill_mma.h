@@ -2,7 +2,9 @@
 // (kernels/cuda/attention_prefill_mma.h, AttentionArgs::tensor_core_prefill): bf16 caches,
 // ragged heads with earlier slots (the block on top of an existing cache), GQA groups 1/2/4/7/8,
 // head_dim 32..256, statistics, sliding windows; head_dims it lacks and f32 caches fall back to
-// the exact kernel.
+// the exact kernel. The same contract for one query (n == 1): the tensor-core decode kernel
+// (attention_decode_mma.h, AttentionArgs::decode_kernel = kDecodeTensorCore), decode_mma_cases();
+// its fallbacks (statistics asked, f32 caches, head_dims it lacks) run the default decode kernel.
 //
 // Reference: the CPU twin on the device cache's own bf16 values, fed the queries rounded to bf16
 // (nearest even, as the kernel rounds them), so what remains is
@@ -29,7 +31,7 @@
 namespace kvb::parity {
 
 struct PrefillMmaCase {
-  int n;                    // query tokens (>= 2: the prefill path)
+  int n;                    // query tokens (>= 2: the prefill path; 1: the decode path)
   std::vector<int> before;  // per KV head: slots cached before the block (ragged)
   int group;
   int head_dim;
@@ -37,15 +39,17 @@ struct PrefillMmaCase {
   int window = 0;
   bool expect_mma = true;  // false: the exact f32 kernel must run (its tolerances, its bits)
   cu::KvDtype dtype = cu::KvDtype::kBf16;
+  int decode_blocks = 0;  // n == 1: AttentionArgs::decode_blocks (0: as many as fit)
 };
 
 inline std::string describe(const PrefillMmaCase& c) {
-  std::string s = "mma n=" + std::to_string(c.n) + " group=" + std::to_string(c.group) +
-                  " d=" + std::to_string(c.head_dim) + " " + cu::kv_dtype_name(c.dtype) +
-                  " before={";
+  std::string s = std::string(c.n == 1 ? "decode " : "") + "mma n=" + std::to_string(c.n) +
+                  " group=" + std::to_string(c.group) + " d=" + std::to_string(c.head_dim) + " " +
+                  cu::kv_dtype_name(c.dtype) + " before={";
   for (int b : c.before) s += std::to_string(b) + ",";
   return s + "}" + (c.stats ? " stats" : "") +
          (c.window > 0 ? " window=" + std::to_string(c.window) : "") +
+         (c.decode_blocks > 0 ? " blocks=" + std::to_string(c.decode_blocks) : "") +
          (c.expect_mma ? "" : " (exact kernel)");
 }
 
@@ -129,6 +133,10 @@ inline void run_prefill_mma_case(const PrefillMmaCase& c) {
   ga.scale = scale;
   ga.window = c.window;
   ga.tensor_core_prefill = true;
+  if (c.n == 1) {
+    ga.decode_kernel = cu::kDecodeTensorCore;
+    ga.decode_blocks = c.decode_blocks;
+  }
   if (c.stats) {
     ga.col_sums = csd.data();
     ga.last_probs = lpd.data();
@@ -162,9 +170,14 @@ inline void run_prefill_mma_case(const PrefillMmaCase& c) {
   expect_bits(to_host(outd), got, what + " out, second run");
   expect_bits(to_host(csd), got_cs, what + " col_sums, second run");
   expect_bits(to_host(lpd), got_lp, what + " last_probs, second run");
-  // The path taken: the exact kernel (flag off) gives the same bits iff the flag fell back; the
-  // tensor-core path rounds the queries, so some output differs.
-  ga.tensor_core_prefill = false;
+  // The path taken: the exact kernel (flag off; for one query the default decode kernel) gives
+  // the same bits iff the flag fell back; the tensor-core path rounds the queries, so some output
+  // differs.
+  if (c.n == 1) {
+    ga.decode_kernel = cu::kDecodeDefault;
+  } else {
+    ga.tensor_core_prefill = false;
+  }
   run();
   const std::vector<float> exact = to_host(outd);
   size_t differ = 0;
@@ -201,6 +214,31 @@ inline std::vector<PrefillMmaCase> prefill_mma_cases() {
   // Fallbacks to the exact kernel: a head_dim the kernel lacks (40), and an f32 cache.
   v.push_back({7, {17, 0, 1}, 7, 40, true, 0, false});
   v.push_back({17, {5, 30}, 4, 64, true, 0, false, cu::KvDtype::kF32});
+  return v;
+}
+
+// One query over ragged heads (lengths before + 1): Llama-3's group of 4 at head_dim 128 with
+// heads of 1, 3, 67 and 1201 slots (tiles that end part-way, chunks of short heads empty); 1024
+// blocks asked over a 16K head (a chunk of a few tiles, warps without tiles); group 1, 2, 3, 7, 8
+// (query rows gid only) and 16 (rows gid + 8 too); head_dim 32, 64, 96, 256 (16-key tiles); a
+// window that starts mid-tile; one block (every warp cycles its stages many times); heads of
+// 20K-32K slots. Fallbacks to the default decode kernel, bit for bit: statistics asked, an f32
+// cache, head_dim 40.
+inline std::vector<PrefillMmaCase> decode_mma_cases() {
+  std::vector<PrefillMmaCase> v;
+  v.push_back({1, {0, 2, 66, 1200}, 4, 128, false});
+  v.push_back({1, {16383, 2, 66, 1000}, 4, 128, false, 0, true, cu::KvDtype::kBf16, 1024});
+  v.push_back({1, {300, 0}, 1, 64, false});
+  v.push_back({1, {31, 32, 33}, 2, 64, false});
+  v.push_back({1, {66, 0, 1000}, 3, 96, false});
+  v.push_back({1, {1000, 66, 2, 0}, 8, 256, false});
+  v.push_back({1, {500, 7}, 16, 32, false});
+  v.push_back({1, {300, 12}, 7, 64, false, 33});
+  v.push_back({1, {4000, 12}, 4, 128, false, 0, true, cu::KvDtype::kBf16, 1});
+  v.push_back({1, {32767, 20000}, 2, 128, false});
+  v.push_back({1, {0, 2, 66, 1200}, 4, 128, true, 0, false});
+  v.push_back({1, {0, 2, 66, 1200}, 4, 128, false, 0, false, cu::KvDtype::kF32});
+  v.push_back({1, {70, 3}, 3, 40, false, 0, false});
   return v;
 }
 

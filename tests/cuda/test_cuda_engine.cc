@@ -403,7 +403,8 @@ TEST_F(CudaEngineSmol, F32BothDecodeKernelsKeepTheCpuKeepSets) {
             0);
   engine::Engine cpu(m);
   engine::CudaEngine gpu(m, DType::kF32);
-  EXPECT_THROW(gpu.set_decode_kernel(3), Error);
+  EXPECT_THROW(gpu.set_decode_kernel(4), Error);  // one past kDecodeTensorCore
+  EXPECT_THROW(gpu.set_decode_kernel(-1), Error);
   const std::vector<int32_t> ids = prompt(kPrompts[2]);
   const std::vector<int32_t> forced = greedy(cpu, ids, 12);
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
@@ -742,22 +743,27 @@ TEST_F(CudaEngineSmol, Bf16TeacherForcedTop1AgreesWithCpu) {
     kernels::KvCache c = cpu.new_cache(static_cast<int>(ids.size()));
     cpu.forward(ids, c, engine::LogitsMode::kAll, &ref);
   }
-  // GPU: a 64-token prefill (all logits), then one decode step per token (the decode path).
+  // GPU: a 64-token prefill (all logits), then one decode step per token (the decode path), on
+  // the default decode kernel and on the tensor-core one (SmolLM2: head_dim 64, group 3).
   constexpr int kPrefill = 64;
-  kernels::KvCache c = gpu.new_cache(static_cast<int>(ids.size()));
-  std::vector<float> got;
-  gpu.forward({ids.data(), kPrefill}, c, engine::LogitsMode::kAll, &got);
-  int agree = 0, total = 0;
-  for (int p = 0; p < static_cast<int>(ids.size()); ++p) {
-    if (p >= kPrefill) gpu.forward({&ids[p], 1}, c, engine::LogitsMode::kLast, &got);
-    const float* g = p < kPrefill ? &got[p * V] : got.data();
-    agree += argmax(g, V) == argmax(&ref[p * V], V);
-    ++total;
+  for (int kernel : {cu::kDecodeDefault, cu::kDecodeTensorCore}) {
+    gpu.set_decode_kernel(kernel);
+    kernels::KvCache c = gpu.new_cache(static_cast<int>(ids.size()));
+    std::vector<float> got;
+    gpu.forward({ids.data(), kPrefill}, c, engine::LogitsMode::kAll, &got);
+    int agree = 0, total = 0;
+    for (int p = 0; p < static_cast<int>(ids.size()); ++p) {
+      if (p >= kPrefill) gpu.forward({&ids[p], 1}, c, engine::LogitsMode::kLast, &got);
+      const float* g = p < kPrefill ? &got[p * V] : got.data();
+      agree += argmax(g, V) == argmax(&ref[p * V], V);
+      ++total;
+    }
+    const double rate = static_cast<double>(agree) / total;
+    std::cout << "[ smollm2 bf16 ] decode kernel " << kernel
+              << ": teacher-forced top-1 agreement with the CPU: " << agree << "/" << total << " = "
+              << rate << "\n";
+    EXPECT_GE(rate, 0.95) << "decode kernel " << kernel;
   }
-  const double rate = static_cast<double>(agree) / total;
-  std::cout << "[ smollm2 bf16 ] teacher-forced top-1 agreement with the CPU: " << agree << "/"
-            << total << " = " << rate << "\n";
-  EXPECT_GE(rate, 0.95);
 }
 
 }  // namespace

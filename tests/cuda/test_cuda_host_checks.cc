@@ -11,12 +11,14 @@
 
 #include "common/error.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_decode_mma.h"
 #include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/budget.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/kcenter.h"
+#include "kernels/cuda/kernel_ready.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/pool.h"
@@ -331,12 +333,12 @@ TEST(CudaHostChecks, AttentionRejectsBadDecodeTuning) {
   a.decode_blocks = kMaxDecodeBlocks + 1;
   EXPECT_NE(error_of([&] { attention(a); }).find("decode_blocks 65536"), std::string::npos);
   a.decode_blocks = 0;
-  a.decode_kernel = 3;
-  EXPECT_NE(error_of([&] { attention(a); }).find("decode_kernel 3"), std::string::npos);
+  a.decode_kernel = 4;  // one past kDecodeTensorCore (3 until that kernel was added)
+  EXPECT_NE(error_of([&] { attention(a); }).find("decode_kernel 4"), std::string::npos);
   a.decode_kernel = -1;
   EXPECT_NE(error_of([&] { attention(a); }).find("decode_kernel -1"), std::string::npos);
   a.n = 0;
-  for (int kernel : {kDecodeDefault, kDecodeGrouped, kDecodeStreamed}) {
+  for (int kernel : {kDecodeDefault, kDecodeGrouped, kDecodeStreamed, kDecodeTensorCore}) {
     for (int rows : {0, 1, 2, 4}) {
       for (int blocks : {0, 1, 1056, kMaxDecodeBlocks}) {
         a.decode_kernel = kernel;
@@ -371,6 +373,59 @@ TEST(CudaHostChecks, DecodeStreamTakesOnlyItsShapes) {
   kv.keys = rows;
   kv.head_dim = 6;  // 24-byte rows
   EXPECT_EQ(plan_decode_stream(kv, 2, 100, 0).splits, 0);
+}
+
+// The tensor-core decode kernel refuses, on the host and before asking the device anything, the
+// layers it cannot take (the default decode kernel runs them): f32 caches, head_dims it has no
+// instance for, groups over 16, misaligned rows.
+TEST(CudaHostChecks, DecodeMmaTakesOnlyItsShapes) {
+  alignas(16) static unsigned char rows[64];
+  DeviceLayerKvView kv;
+  kv.num_kv_heads = 2;
+  kv.keys = rows;
+  kv.values = rows;
+  kv.dtype = KvDtype::kF32;
+  kv.head_dim = 128;
+  EXPECT_EQ(plan_decode_mma(kv, 4, 100, 0).splits, 0);
+  kv.dtype = KvDtype::kBf16;
+  for (int d : {8, 40, 48, 80, 112, 160, 192}) {
+    kv.head_dim = d;
+    EXPECT_EQ(plan_decode_mma(kv, 4, 100, 0).splits, 0) << "head_dim " << d;
+  }
+  kv.head_dim = 128;
+  EXPECT_EQ(plan_decode_mma(kv, 17, 100, 0).splits, 0);
+  EXPECT_EQ(plan_decode_mma(kv, 0, 100, 0).splits, 0);
+  EXPECT_EQ(plan_decode_mma(kv, 4, 0, 0).splits, 0);
+  kv.values = rows + 8;
+  EXPECT_EQ(plan_decode_mma(kv, 4, 100, 0).splits, 0);
+}
+
+// A split-K grid (kernel_ready.h) covers the longest head in whole tiles, gives each chunk at
+// least min_tiles tiles where the head has them, and asks for about `target` blocks: hand-worked
+// cases.
+TEST(CudaHostChecks, SplitGridSizes) {
+  // 4K keys, 8 KV heads, 132 blocks wanted: 17 chunks a head by blocks; 128 tiles of 32 split
+  // into chunks of 8 tiles (256 keys), 16 of them.
+  SplitGrid g = split_grid(132, 8, 4096, 32, 4);
+  EXPECT_EQ(g.chunk, 256);
+  EXPECT_EQ(g.splits, 16);
+  // Five tiles and four at least a chunk: one chunk of all five.
+  g = split_grid(1000, 1, 150, 32, 4);
+  EXPECT_EQ(g.chunk, 160);
+  EXPECT_EQ(g.splits, 1);
+  // The streamed kernel's form (min_tiles 1): one chunk per tile when blocks are plenty; a
+  // 1-key head is one tile.
+  g = split_grid(1000, 2, 100, 32, 1);
+  EXPECT_EQ(g.chunk, 32);
+  EXPECT_EQ(g.splits, 4);
+  g = split_grid(0, 3, 1, 32, 1);
+  EXPECT_EQ(g.chunk, 32);
+  EXPECT_EQ(g.splits, 1);
+  // 32K keys over 8 heads at 264 blocks (2 per multiprocessor on 132): 33 chunks a head by
+  // blocks, 1024 tiles: chunks of 32 tiles (1024 keys), 32 of them.
+  g = split_grid(264, 8, 32768, 32, 4);
+  EXPECT_EQ(g.chunk, 1024);
+  EXPECT_EQ(g.splits, 32);
 }
 
 // The tensor-core prefill takes only bf16 caches, its compiled head_dims and 16-byte aligned

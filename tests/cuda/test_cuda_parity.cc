@@ -564,6 +564,12 @@ std::vector<Case> all_cases() {
             std::to_string(a.head_dim),
         [=] { run_prefill_mma_case(a); });
   }
+  i = 0;
+  for (const PrefillMmaCase& a : decode_mma_cases()) {
+    add("decode_mma_" + std::to_string(i++) + "_g" + std::to_string(a.group) + "_d" +
+            std::to_string(a.head_dim) + (a.expect_mma ? "" : "_fallback"),
+        [=] { run_prefill_mma_case(a); });
+  }
   add("kv_cache_f32", [] { run_kv_cache_case(cu::KvDtype::kF32); });
   add("kv_cache_bf16", [] { run_kv_cache_case(cu::KvDtype::kBf16); });
   add("kv_cache_bf16_d7", [] { run_kv_cache_case(cu::KvDtype::kBf16, 7); });

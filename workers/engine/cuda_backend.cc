@@ -532,9 +532,10 @@ void CudaBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs
 
 void CudaBackend::set_decode_kernel(int kernel) {
   KVB_USAGE_CHECK(kernel == cu::kDecodeDefault || kernel == cu::kDecodeGrouped ||
-                  kernel == cu::kDecodeStreamed)
+                  kernel == cu::kDecodeStreamed || kernel == cu::kDecodeTensorCore)
       << "decode kernel " << kernel << ": use " << cu::kDecodeDefault << " (default), "
-      << cu::kDecodeGrouped << " (grouped) or " << cu::kDecodeStreamed << " (streamed)";
+      << cu::kDecodeGrouped << " (grouped), " << cu::kDecodeStreamed << " (streamed) or "
+      << cu::kDecodeTensorCore << " (tensor cores)";
   decode_kernel_ = kernel;
 }
 

@@ -17,7 +17,7 @@ class CudaEngine final : public StackEngine {
 
   DType dtype() const { return cuda().dtype(); }
   // Which decode attention kernel decode steps run (kernels/cuda/attention.h kDecode*: default,
-  // grouped, streamed); for A/B measurements and their tests.
+  // grouped, streamed, tensor cores); for A/B measurements and their tests.
   void set_decode_kernel(int kernel) { cuda_mut().set_decode_kernel(kernel); }
   int gpu() const { return cuda().gpu(); }
   // Bytes of the uploaded weights (both copies where bf16 keeps an f32 embedding).
