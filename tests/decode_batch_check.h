@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/kv_cache.h"
@@ -59,11 +60,12 @@ struct BatchRun {
   int batched_steps = 0;                        // steps that ran more than one sequence
 };
 
-// prompt_len: sequence b's prompt has prompt_len + 3 b tokens.
+// prompt_len: sequence b's prompt has prompt_len + 3 b tokens. vars: the sequences' policies.
 template <typename Compare>
-void run_batch_against_alone(engine::EngineBase& eng, const engine::Model& m, int budget,
-                             int steps, int prompt_len, BatchRun* run, Compare compare) {
-  run->vars = variants();
+void run_variants_against_alone(engine::EngineBase& eng, const engine::Model& m,
+                                std::vector<Variant> vars, int budget, int steps, int prompt_len,
+                                BatchRun* run, Compare compare) {
+  run->vars = std::move(vars);
   const int B = static_cast<int>(run->vars.size());
   const int V = m.config.vocab_size;
   std::vector<int> stop(B);
@@ -106,6 +108,13 @@ void run_batch_against_alone(engine::EngineBase& eng, const engine::Model& m, in
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
+}
+
+// Every variant of variants() in one batch.
+template <typename Compare>
+void run_batch_against_alone(engine::EngineBase& eng, const engine::Model& m, int budget, int steps,
+                             int prompt_len, BatchRun* run, Compare compare) {
+  run_variants_against_alone(eng, m, variants(), budget, steps, prompt_len, run, compare);
 }
 
 }  // namespace kvb::testing_batch

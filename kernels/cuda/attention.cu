@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_decode_grouped.h"
 #include "kernels/cuda/attention_decode_mma.h"
+#include "kernels/cuda/attention_decode_seq.h"
 #include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/kv_elem.cuh"
@@ -263,11 +266,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Grid num_heads: merges the chunk states in chunk order; row_stats[h] = (max, sum).
-__global__ void decode_combine_kernel(const float2* part_ml, const float* part_acc, int splits,
-                                      int d, float* out, float2* row_stats) {
-  const int h = blockIdx.x;
-  const float2* ml = part_ml + static_cast<size_t>(h) * splits;
+// Grid (num_heads, sequences): merges sequence blockIdx.y's chunk states in chunk order;
+// row_stats[h] = (max, sum) where the sequence asked for statistics.
+__global__ void decode_combine_kernel(DecodeSeqs p, int d) {
+  const DecodeSeq seq = p.s[blockIdx.y];
+  const int h = blockIdx.x, splits = seq.splits;
+  const float2* ml = seq.part_ml + static_cast<size_t>(h) * splits;
   float mx = -INFINITY;
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ml[s].x);
   float sum = 0.0f;
@@ -278,28 +282,198 @@ __global__ void decode_combine_kernel(const float2* part_ml, const float* part_a
     float a = 0.0f;
     for (int s = 0; s < splits; ++s) {
       if (ml[s].x != -INFINITY) {
-        a += part_acc[(static_cast<size_t>(h) * splits + s) * d + x] * expf(ml[s].x - mx);
+        a += seq.part_acc[(static_cast<size_t>(h) * splits + s) * d + x] * expf(ml[s].x - mx);
       }
     }
-    out[static_cast<size_t>(h) * d + x] = a / sum;
+    seq.out[static_cast<size_t>(h) * d + x] = a / sum;
   }
-  if (threadIdx.x == 0 && row_stats != nullptr) row_stats[h] = make_float2(mx, sum);
+  if (threadIdx.x == 0 && seq.row_stats != nullptr) seq.row_stats[h] = make_float2(mx, sum);
 }
 
-// Grid (ceil(max_len / 256), num_heads): raw scores (in `scores`) to probabilities, written to
-// col_sums and/or last_probs (for n == 1 both are the one row of probabilities).
-__global__ void decode_probs_kernel(const int32_t* lengths, int group, const float2* row_stats,
-                                    const float* scores, float* col_sums, float* last_probs,
-                                    int stride) {
+// Grid (ceil(the longest stride / 256), num_heads, sequences): sequence blockIdx.z's raw scores
+// (in `scores`, one of its statistics rows) to probabilities, written to col_sums and/or
+// last_probs (for n == 1 both are the one row of probabilities); entries past the head's keys,
+// up to the stride, are 0. Sequences without statistics (row_stats null) have nothing to do.
+__global__ void decode_probs_kernel(DecodeSeqs p, int group) {
+  const DecodeSeq seq = p.s[blockIdx.z];
   const int h = blockIdx.y, key = blockIdx.x * blockDim.x + threadIdx.x;
-  if (key >= lengths[h / group]) return;
-  const float2 st = row_stats[h];
-  const size_t at = static_cast<size_t>(h) * stride + key;
-  const float p = expf(scores[at] - st.x) / st.y;
-  if (col_sums != nullptr) col_sums[at] = p;
-  if (last_probs != nullptr) last_probs[at] = p;
+  if (seq.row_stats == nullptr || key >= seq.stride) return;
+  const size_t at = static_cast<size_t>(h) * seq.stride + key;
+  float pr = 0.0f;
+  if (key < seq.lengths[h / group]) {
+    const float2 st = seq.row_stats[h];
+    pr = expf(seq.scores[at] - st.x) / st.y;
+  }
+  if (seq.col_sums != nullptr) seq.col_sums[at] = pr;
+  if (seq.last_probs != nullptr) seq.last_probs[at] = pr;
 }
 
+// ---- the decode driver: one or several sequences ----------------------------------------------
+
+enum class DecodePath { kTensor, kStreamed, kGrouped, kPerHead };
+
+struct DecodeChoice {
+  DecodePath path = DecodePath::kPerHead;
+  DecodeStreamPlan plan;  // kTensor (a DecodeMmaPlan is one) and kStreamed
+  GroupedPlan grouped;    // kGrouped
+  int splits = 0;
+};
+
+// The partial kernel a decode step runs (AttentionArgs::decode_kernel's rule) and its plan.
+DecodeChoice choose_decode(const AttentionArgs& a, int group, int max_len) {
+  const bool stats = a.col_sums != nullptr || a.last_probs != nullptr;
+  DecodeChoice c;
+  if (a.decode_kernel == kDecodeTensorCore && !stats) {
+    c.plan = plan_decode_mma(a.kv, group, max_len, a.decode_blocks);
+    if (c.plan.splits > 0) {
+      c.path = DecodePath::kTensor;
+      c.splits = c.plan.splits;
+      return c;
+    }
+  }
+  if (a.decode_kernel != kDecodeGrouped) {
+    c.plan = plan_decode_stream(a.kv, group, max_len, a.decode_blocks);
+    if (c.plan.splits > 0) {
+      c.path = DecodePath::kStreamed;
+      c.splits = c.plan.splits;
+      return c;
+    }
+  }
+  c.plan = DecodeStreamPlan{};
+  c.grouped = plan_grouped(a.kv.dtype, a.kv.head_dim, group, a.kv.num_kv_heads, max_len, a.kv.keys,
+                           a.kv.values, a.decode_rows, a.decode_blocks);
+  if (c.grouped.lanes > 0) {
+    c.path = DecodePath::kGrouped;
+    c.splits = c.grouped.splits;
+  } else {
+    c.path = DecodePath::kPerHead;
+    c.splits = std::max(1, (max_len + kDecodeChunk - 1) / kDecodeChunk);
+  }
+  return c;
+}
+
+// Decode steps (n == 1) of seqs.size() sequences that share the shape of seqs[0] (validated):
+// each one's partial pass on its own kernel and plan, the streamed and tensor-core ones up to
+// kMaxDecodeSeqs sequences a launch; then one combine launch and, where any asked, one
+// probabilities launch per kMaxDecodeSeqs sequences. Every sequence gets the bits its own call
+// would. Returns the kernel launches.
+int decode(std::span<const AttentionArgs> seqs, std::span<const int> max_lens, int group,
+           cudaStream_t stream) {
+  const int count = static_cast<int>(seqs.size());
+  const AttentionArgs& a0 = seqs[0];
+  const int d = a0.kv.head_dim, nh = a0.num_heads;
+  std::vector<DecodeChoice> choice(count);
+  size_t parts = 0, stat_rows = 0;
+  for (int b = 0; b < count; ++b) {
+    choice[b] = choose_decode(seqs[b], group, max_lens[b]);
+    parts += static_cast<size_t>(nh) * choice[b].splits;
+    if (seqs[b].col_sums != nullptr || seqs[b].last_probs != nullptr) stat_rows += nh;
+  }
+  StreamScratch ml(sizeof(float2) * parts, stream);
+  StreamScratch acc(sizeof(float) * parts * d, stream);
+  StreamScratch row_stats(sizeof(float2) * stat_rows, stream);
+  std::vector<DecodeSeq> all(count);
+  size_t part_at = 0, stat_at = 0;
+  for (int b = 0; b < count; ++b) {
+    const AttentionArgs& a = seqs[b];
+    DecodeSeq& q = all[b];
+    q.q = a.q;
+    q.out = a.out;
+    q.keys = a.kv.keys;
+    q.values = a.kv.values;
+    q.offsets = a.kv.offsets;
+    q.lengths = a.kv.lengths;
+    q.part_ml = ml.as<float2>() + part_at;
+    q.part_acc = acc.as<float>() + part_at * d;
+    part_at += static_cast<size_t>(nh) * choice[b].splits;
+    // Raw scores go to the statistics row itself and are normalized in place afterwards.
+    q.scores = a.col_sums != nullptr ? a.col_sums : a.last_probs;
+    if (q.scores != nullptr) {
+      q.row_stats = row_stats.as<float2>() + stat_at;
+      stat_at += nh;
+    }
+    q.col_sums = a.col_sums;
+    q.last_probs = a.last_probs;
+    q.stride = a.stats_stride;
+    q.chunk = choice[b].plan.chunk;
+    q.splits = choice[b].splits;
+    q.max_len = max_lens[b];
+  }
+  int launches = 0;
+  DecodeSeqs pack;
+  auto flush = [&](DecodePath path, size_t smem) {
+    if (pack.count == 0) return;
+    if (path == DecodePath::kTensor) {
+      decode_mma(a0, group, smem, pack, stream);
+    } else {
+      decode_stream(a0, group, smem, pack, stream);
+    }
+    ++launches;
+    pack.count = 0;
+  };
+  for (const DecodePath path : {DecodePath::kTensor, DecodePath::kStreamed}) {
+    size_t smem = 0;
+    for (int b = 0; b < count; ++b) {
+      if (choice[b].path != path) continue;
+      smem = choice[b].plan.smem;  // the shape's: the same for every sequence
+      pack.s[pack.count++] = all[b];
+      if (pack.count == kMaxDecodeSeqs) flush(path, smem);
+    }
+    flush(path, smem);
+  }
+  for (int b = 0; b < count; ++b) {
+    const AttentionArgs& a = seqs[b];
+    const DecodeSeq& q = all[b];
+    const Common c{a.q, a.kv.offsets, a.kv.lengths, a.n, nh, group, d, a.scale, a.window};
+    if (choice[b].path == DecodePath::kGrouped) {
+      launch_grouped(c, a.kv.dtype, a.kv.keys, a.kv.values, a.kv.num_kv_heads, choice[b].grouped,
+                     q.part_ml, q.part_acc, q.scores, q.stride, stream);
+      ++launches;
+    } else if (choice[b].path == DecodePath::kPerHead) {
+      const dim3 grid(nh, q.splits);
+      if (a.kv.dtype == KvDtype::kF32) {
+        decode_partial_kernel<float><<<grid, kThreads, 0, stream>>>(
+            c, static_cast<const float*>(a.kv.keys), static_cast<const float*>(a.kv.values),
+            q.part_ml, q.part_acc, q.scores, q.stride);
+      } else {
+        decode_partial_kernel<__nv_bfloat16>
+            <<<grid, kThreads, 0, stream>>>(c, static_cast<const __nv_bfloat16*>(a.kv.keys),
+                                            static_cast<const __nv_bfloat16*>(a.kv.values),
+                                            q.part_ml, q.part_acc, q.scores, q.stride);
+      }
+      KVB_CUDA_CHECK_LAUNCH();
+      ++launches;
+    }
+  }
+  for (int b0 = 0; b0 < count; b0 += kMaxDecodeSeqs) {
+    pack.count = std::min(kMaxDecodeSeqs, count - b0);
+    for (int i = 0; i < pack.count; ++i) pack.s[i] = all[b0 + i];
+    decode_combine_kernel<<<dim3(nh, pack.count), kThreads, 0, stream>>>(pack, d);
+    KVB_CUDA_CHECK_LAUNCH();
+    ++launches;
+  }
+  pack.count = 0;
+  int longest_stride = 0;
+  auto flush_probs = [&] {
+    if (pack.count == 0) return;
+    decode_probs_kernel<<<dim3((longest_stride + 255) / 256, nh, pack.count), 256, 0, stream>>>(
+        pack, group);
+    KVB_CUDA_CHECK_LAUNCH();
+    ++launches;
+    pack.count = 0;
+    longest_stride = 0;
+  };
+  for (int b = 0; b < count; ++b) {
+    if (all[b].row_stats == nullptr) continue;
+    pack.s[pack.count++] = all[b];
+    longest_stride = std::max(longest_stride, all[b].stride);
+    if (pack.count == kMaxDecodeSeqs) flush_probs();
+  }
+  flush_probs();
+  return launches;
+}
+
+// Prefill (n >= 2).
 template <typename T>
 void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream) {
   const int d = a.kv.head_dim;
@@ -309,48 +483,6 @@ void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream)
   const bool stats = a.col_sums != nullptr || a.last_probs != nullptr;
   StreamScratch row_stats(stats ? sizeof(float2) * a.num_heads * a.n : 0, stream);
   float2* rs = stats ? row_stats.as<float2>() : nullptr;
-  if (a.n == 1) {
-    // Raw scores go to the statistics row itself and are normalized in place afterwards.
-    float* scores = a.col_sums != nullptr ? a.col_sums : a.last_probs;
-    const DecodeMmaPlan mp = a.decode_kernel == kDecodeTensorCore && !stats
-                                 ? plan_decode_mma(a.kv, group, max_len, a.decode_blocks)
-                                 : DecodeMmaPlan{};
-    const DecodeStreamPlan sp = mp.splits == 0 && a.decode_kernel != kDecodeGrouped
-                                    ? plan_decode_stream(a.kv, group, max_len, a.decode_blocks)
-                                    : DecodeStreamPlan{};
-    const GroupedPlan gp =
-        sp.splits > 0 ? GroupedPlan{}
-                      : plan_grouped(a.kv.dtype, d, group, a.kv.num_kv_heads, max_len, a.kv.keys,
-                                        a.kv.values, a.decode_rows, a.decode_blocks);
-    const int splits = mp.splits > 0   ? mp.splits
-                       : sp.splits > 0 ? sp.splits
-                       : gp.lanes > 0  ? gp.splits
-                                       : std::max(1, (max_len + kDecodeChunk - 1) / kDecodeChunk);
-    StreamScratch ml(sizeof(float2) * a.num_heads * splits, stream);
-    StreamScratch acc(sizeof(float) * a.num_heads * splits * d, stream);
-    if (mp.splits > 0) {
-      decode_mma(a, group, mp, ml.as<float2>(), acc.as<float>(), stream);
-    } else if (sp.splits > 0) {
-      decode_stream(a, group, sp, ml.as<float2>(), acc.as<float>(), scores, a.stats_stride,
-                    stream);
-    } else if (gp.lanes > 0) {
-      launch_grouped(c, a.kv.dtype, keys, values, a.kv.num_kv_heads, gp, ml.as<float2>(), acc.as<float>(),
-                        scores, a.stats_stride, stream);
-    } else {
-      decode_partial_kernel<T><<<dim3(a.num_heads, splits), kThreads, 0, stream>>>(
-          c, keys, values, ml.as<float2>(), acc.as<float>(), scores, a.stats_stride);
-      KVB_CUDA_CHECK_LAUNCH();
-    }
-    decode_combine_kernel<<<a.num_heads, kThreads, 0, stream>>>(ml.as<float2>(), acc.as<float>(),
-                                                                splits, d, a.out, rs);
-    KVB_CUDA_CHECK_LAUNCH();
-    if (stats) {
-      decode_probs_kernel<<<dim3((max_len + 255) / 256, a.num_heads), 256, 0, stream>>>(
-          a.kv.lengths, group, rs, scores, a.col_sums, a.last_probs, a.stats_stride);
-      KVB_CUDA_CHECK_LAUNCH();
-    }
-    return;
-  }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (a.tensor_core_prefill && prefill_mma_supported(a.kv)) {
       prefill_mma(a, group, max_len, rs, stream);
@@ -374,9 +506,9 @@ void launch(const AttentionArgs& a, int group, int max_len, cudaStream_t stream)
   KVB_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
-void attention(const AttentionArgs& a, cudaStream_t stream) {
+// Every check of cuda::attention, before any CUDA call (a bad call changes nothing); the
+// longest head.
+int validate(const AttentionArgs& a) {
   const DeviceLayerKvView& kv = a.kv;
   KVB_CHECK(kv.num_kv_heads > 0 && a.num_heads > 0 && a.num_heads % kv.num_kv_heads == 0)
       << "cuda::attention: num_heads " << a.num_heads << " not a positive multiple of "
@@ -386,7 +518,6 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   KVB_CHECK(a.n >= 0) << "cuda::attention: n = " << a.n;
   KVB_CHECK(kv.host_lengths != nullptr && kv.lengths != nullptr && kv.offsets != nullptr)
       << "cuda::attention: the view has no lengths/offsets";
-  const int group = a.num_heads / kv.num_kv_heads;
   int max_len = 0;
   for (int h = 0; h < kv.num_kv_heads; ++h) {
     KVB_CHECK(kv.host_lengths[h] >= a.n)
@@ -421,17 +552,50 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
         << "cuda::attention: null pointer";
     KVB_CHECK(std::isfinite(a.scale)) << "cuda::attention: scale " << a.scale;
   }
+  return max_len;
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a, cudaStream_t stream) {
+  const int max_len = validate(a);
+  const int group = a.num_heads / a.kv.num_kv_heads;
+  if (a.n == 1) {
+    decode({&a, 1}, {&max_len, 1}, group, stream);
+    return;
+  }
   const size_t rows = static_cast<size_t>(a.num_heads) * a.stats_stride;
   if (a.col_sums) KVB_CUDA_CHECK(cudaMemsetAsync(a.col_sums, 0, rows * sizeof(float), stream));
   if (a.last_probs) {
     KVB_CUDA_CHECK(cudaMemsetAsync(a.last_probs, 0, rows * a.last_w * sizeof(float), stream));
   }
   if (a.n == 0) return;
-  if (kv.dtype == KvDtype::kF32) {
+  if (a.kv.dtype == KvDtype::kF32) {
     launch<float>(a, group, max_len, stream);
   } else {
     launch<__nv_bfloat16>(a, group, max_len, stream);
   }
+}
+
+int attention_batch(std::span<const AttentionArgs> seqs, cudaStream_t stream) {
+  KVB_CHECK(!seqs.empty()) << "cuda::attention_batch: no sequences";
+  std::vector<int> max_lens(seqs.size());
+  const AttentionArgs& a0 = seqs[0];
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const AttentionArgs& a = seqs[b];
+    max_lens[b] = validate(a);
+    KVB_CHECK(a.n == 1) << "cuda::attention_batch: sequence " << b << " has n = " << a.n
+                        << " (decode steps only: one query each)";
+    KVB_CHECK(a.num_heads == a0.num_heads && a.kv.num_kv_heads == a0.kv.num_kv_heads &&
+              a.kv.head_dim == a0.kv.head_dim && a.kv.dtype == a0.kv.dtype &&
+              a.window == a0.window && a.scale == a0.scale)
+        << "cuda::attention_batch: sequence " << b << " (" << a.num_heads << " heads over "
+        << a.kv.num_kv_heads << ", head_dim " << a.kv.head_dim << ", " << kv_dtype_name(a.kv.dtype)
+        << ", window " << a.window << ", scale " << a.scale << ") differs from sequence 0's shape ("
+        << a0.num_heads << " over " << a0.kv.num_kv_heads << ", " << a0.kv.head_dim << ", "
+        << kv_dtype_name(a0.kv.dtype) << ", " << a0.window << ", " << a0.scale << ")";
+  }
+  return decode(seqs, max_lens, a0.num_heads / a0.kv.num_kv_heads, stream);
 }
 
 }  // namespace kvb::kernels::cuda

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <span>
+
 #include "kernels/cuda/kv_cache_device.h"
 
 namespace kvb::kernels::cuda {
@@ -86,5 +88,16 @@ struct AttentionArgs {
 //    bf16 cache when no statistics are asked.
 // Validates shapes against the view's host lengths and throws kvb::Error. Stream-ordered.
 void attention(const AttentionArgs& args, cudaStream_t stream = 0);
+
+// Decode steps (n == 1 each) of several sequences over their own caches that share a shape
+// (num_heads, the view's num_kv_heads, head_dim and dtype, window, scale; each its own decode
+// settings): every sequence gets the bits attention() gives it alone (outputs, statistics), in
+// fewer launches: the streamed and tensor-core partial passes take up to kMaxDecodeSeqs (16)
+// sequences a launch, then one combine and, where any sequence asked for statistics, one
+// probabilities launch per 16 (issue 16 items 1 and 3: a bundle's decode batch). A sequence
+// whose layer the grouped or per-query-head kernel takes gets its own partial launch. Validates
+// every sequence before any CUDA call (attention()'s checks, n == 1, the shared shape). Returns
+// the kernel launches made. Stream-ordered.
+int attention_batch(std::span<const AttentionArgs> seqs, cudaStream_t stream = 0);
 
 }  // namespace kvb::kernels::cuda

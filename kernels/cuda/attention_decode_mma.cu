@@ -41,18 +41,13 @@ constexpr size_t kSmemOf = sizeof(uint16_t) * (static_cast<size_t>(kRows) * kStr
                                                kWarps * kStages * kStageOf<D>);
 
 struct Params {
-  const float* q;          // [num_heads, D], post-RoPE, f32
-  const uint16_t* keys;    // bf16 bits [slots_in_layer, D]
-  const uint16_t* values;  // bf16 bits [slots_in_layer, D]
-  const int32_t* offsets;  // device [num_kv_heads]
-  const int32_t* lengths;  // device [num_kv_heads]
-  float2* part_ml;         // [num_heads, splits]
-  float* part_acc;         // [num_heads, splits, D]
-  int group, chunk, window;
+  DecodeSeqs seqs;  // blockIdx.z's: bf16 rows, lengths, query, partial states, plan
+  int group, window;
   float scale;
 };
 
-// Grid (num_kv_heads, splits), kThreads threads. Block (kvh, split) covers keys [c0, c1) of KV
+// Grid (num_kv_heads, the sequences' most splits, sequences), kThreads threads. Block (kvh,
+// split) of sequence blockIdx.z covers keys [c0, c1) of KV
 // head kvh: chunk `split`, from the window's first visible key on. Query row r of the mma tile is
 // query head kvh * group + r (r < group), a zero row past the group: its scores are 0, finite,
 // and never written out.
@@ -62,27 +57,29 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(Params p) {
   constexpr int kChunks = D / 8;  // 16-byte pieces of a row
   extern __shared__ uint4 smem_raw[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(smem_raw);  // [kRows, kS]
-  const int kvh = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const DecodeSeq seq = p.seqs.s[blockIdx.z];
+  const int kvh = blockIdx.x, split = blockIdx.y, splits = seq.splits;
+  if (split >= splits) return;  // block-uniform: past this sequence's chunks
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   uint16_t* stages = qs + kRows * kS + warp * kStages * kStage;  // this warp's
   const int h0 = kvh * p.group;
-  const int len = p.lengths[kvh];
+  const int len = seq.lengths[kvh];
   const int lo = p.window > 0 ? max(0, len - p.window) : 0;
-  const int c0 = max(split * p.chunk, lo), c1 = min(len, split * p.chunk + p.chunk);
+  const int c0 = max(split * seq.chunk, lo), c1 = min(len, split * seq.chunk + seq.chunk);
   if (c0 >= c1) {  // block-uniform: no visible key of this head in the chunk
     for (int g = threadIdx.x; g < p.group; g += kThreads) {
-      p.part_ml[static_cast<size_t>(h0 + g) * splits + split] = make_float2(-INFINITY, 0.0f);
+      seq.part_ml[static_cast<size_t>(h0 + g) * splits + split] = make_float2(-INFINITY, 0.0f);
     }
     return;
   }
   for (int e = threadIdx.x; e < kRows * D; e += kThreads) {
     const int r = e / D, x = e % D;
-    const float v = r < p.group ? p.q[static_cast<size_t>(h0 + r) * D + x] : 0.0f;
+    const float v = r < p.group ? seq.q[static_cast<size_t>(h0 + r) * D + x] : 0.0f;
     qs[r * kS + x] = bf16_bits(v);
   }
   __syncthreads();
 
-  const size_t base = p.offsets[kvh];
+  const size_t base = seq.offsets[kvh];
   const int tiles = (c1 - c0 + kKeys - 1) / kKeys;
   const int mine = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's tiles
   // The warp's i-th tile (chunk tile warp + i * kWarps) into stage i % kStages; rows past c1 are
@@ -95,7 +92,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(Params p) {
       const int r = (e / kChunks) % kKeys, c = e % kChunks;
       const bool valid = k0 + r < c1;
       const size_t row = base + (valid ? k0 + r : c0);
-      const uint16_t* src = (which ? p.values : p.keys) + row * D + c * 8;
+      const uint16_t* src =
+          static_cast<const uint16_t*>(which ? seq.values : seq.keys) + row * D + c * 8;
       cp_async16(st + (which * kKeys + r) * kS + c * 8, src, valid ? 16 : 0);
     }
   };
@@ -243,8 +241,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(Params p) {
       lb += wml[(w * kMaxGroup + g) * 2 + 1] * f;
     }
     const size_t at = static_cast<size_t>(h0 + g) * splits + split;
-    p.part_acc[at * D + x] = acc;
-    if (x == 0) p.part_ml[at] = make_float2(mb, lb);
+    seq.part_acc[at * D + x] = acc;
+    if (x == 0) seq.part_ml[at] = make_float2(mb, lb);
   }
 }
 
@@ -308,26 +306,27 @@ DecodeMmaPlan plan_decode_mma(const DeviceLayerKvView& kv, int group, int max_le
   return p;
 }
 
-void decode_mma(const AttentionArgs& a, int group, const DecodeMmaPlan& plan, float2* part_ml,
-                float* part_acc, cudaStream_t stream) {
-  KVB_CHECK(plan.splits > 0 && a.n == 1 && a.col_sums == nullptr && a.last_probs == nullptr)
-      << "cuda::decode_mma: no plan for this layer";
+void decode_mma(const AttentionArgs& a, int group, size_t smem, const DecodeSeqs& seqs,
+                cudaStream_t stream) {
+  KVB_CHECK(seqs.count >= 1 && seqs.count <= kMaxDecodeSeqs && a.n == 1 && a.col_sums == nullptr &&
+            a.last_probs == nullptr && a.kv.dtype == KvDtype::kBf16)
+      << "cuda::decode_mma: " << seqs.count << " sequences, n = " << a.n
+      << (a.col_sums || a.last_probs ? ", statistics asked" : "");
   Params prm;
-  prm.q = a.q;
-  prm.keys = static_cast<const uint16_t*>(a.kv.keys);
-  prm.values = static_cast<const uint16_t*>(a.kv.values);
-  prm.offsets = a.kv.offsets;
-  prm.lengths = a.kv.lengths;
-  prm.part_ml = part_ml;
-  prm.part_acc = part_acc;
+  prm.seqs = seqs;
   prm.group = group;
-  prm.chunk = plan.chunk;
   prm.window = a.window;
   prm.scale = a.scale;
+  int splits = 0;
+  for (int i = 0; i < seqs.count; ++i) {
+    KVB_CHECK(seqs.s[i].splits > 0 && seqs.s[i].scores == nullptr)
+        << "cuda::decode_mma: sequence " << i << " has no plan or asks for scores";
+    splits = std::max(splits, seqs.s[i].splits);
+  }
   const bool compiled = with_head_dim(a.kv.head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
     decode_mma_kernel<D>
-        <<<dim3(a.kv.num_kv_heads, plan.splits), kThreads, plan.smem, stream>>>(prm);
+        <<<dim3(a.kv.num_kv_heads, splits, seqs.count), kThreads, smem, stream>>>(prm);
   });
   KVB_CHECK(compiled) << "cuda::decode_mma: head_dim " << a.kv.head_dim << " not compiled";
   KVB_CUDA_CHECK_LAUNCH();

@@ -33,9 +33,11 @@ using DecodeMmaPlan = DecodeStreamPlan;  // the same grid fields; splits 0: not 
 DecodeMmaPlan plan_decode_mma(const DeviceLayerKvView& kv, int group, int max_len,
                               int decode_blocks);
 
-// The partial pass (a.n == 1, no statistics, validated by cuda::attention). part_ml, part_acc:
-// device [num_heads, p.splits] and [num_heads, p.splits, head_dim]. One launch, stream-ordered.
-void decode_mma(const AttentionArgs& a, int group, const DecodeMmaPlan& p, float2* part_ml,
-                float* part_acc, cudaStream_t stream);
+// The partial pass of seqs.count decode steps (1..kMaxDecodeSeqs; a.n == 1, no statistics,
+// validated by cuda::attention) that share a's shape, as decode_stream (attention_decode_stream.h):
+// sequence i's rows, lengths, query, partial states and plan (plan_decode_mma's) in seqs.s[i],
+// no scores. One launch, stream-ordered.
+void decode_mma(const AttentionArgs& a, int group, size_t smem, const DecodeSeqs& seqs,
+                cudaStream_t stream);
 
 }  // namespace kvb::kernels::cuda

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/attention_decode_seq.h"
 #include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/kernel_ready.h"
@@ -24,26 +25,22 @@ constexpr int kPad = 16;     // bytes after each shared row, so 8 lanes' 16-byte
 constexpr int kMaxAcc = 16;  // output values per thread: head_dim * group-rounded-up / 128 max
 
 struct Params {
-  const float* q;  // [num_heads, d]
-  const unsigned char* keys;
-  const unsigned char* values;
-  const int32_t* offsets;
-  const int32_t* lengths;
-  float2* part_ml;   // [num_heads, splits]
-  float* part_acc;   // [num_heads, splits, d]
-  float* scores;     // [num_heads, stride] or null
-  int group, d, stride, chunk, window, row_bytes;
+  DecodeSeqs seqs;  // blockIdx.z's: rows, lengths, query, partial states, raw scores, plan
+  int group, d, window, row_bytes;
   float scale;
 };
 
-// Grid (num_kv_heads, splits), kThreads threads. kG: the group rounded up to a power of two;
-// the p x V step gives each query head kThreads / kG threads, each holding whole 16-byte vectors
-// of the head's output (the vectors of a row, a power of two, over min(vectors, threads)).
+// Grid (num_kv_heads, the sequences' most splits, sequences), kThreads threads. kG: the group
+// rounded up to a power of two; the p x V step gives each query head kThreads / kG threads, each
+// holding whole 16-byte vectors of the head's output (the vectors of a row, a power of two, over
+// min(vectors, threads)).
 template <typename T, int kG>
 __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
   constexpr int V = Vec16<T>::kN;
   extern __shared__ __align__(16) unsigned char smem[];
-  const int d = p.d, group = p.group, kvh = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const DecodeSeq seq = p.seqs.s[blockIdx.z];
+  const int d = p.d, group = p.group, kvh = blockIdx.x, split = blockIdx.y, splits = seq.splits;
+  if (split >= splits) return;  // block-uniform: past this sequence's chunks
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row_stride = p.row_bytes + kPad;
   const int stage_bytes = 2 * kTile * row_stride;  // K tile, then V tile
@@ -53,24 +50,24 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
   float* sl = sm + kG;          // [kG] running sum
   float* sc = sl + kG;          // [kG] this tile's correction of the earlier sum and output
   const int h0 = kvh * group;
-  const int len = p.lengths[kvh];
+  const int len = seq.lengths[kvh];
   const int lo = p.window > 0 ? max(0, len - p.window) : 0;
-  const int c0 = max(split * p.chunk, lo), c1 = min(len, split * p.chunk + p.chunk);
+  const int c0 = max(split * seq.chunk, lo), c1 = min(len, split * seq.chunk + seq.chunk);
   if (c0 >= c1) {  // block-uniform: no visible key of this head in the chunk
     for (int g = tid; g < group; g += kThreads) {
-      p.part_ml[static_cast<size_t>(h0 + g) * splits + split] = make_float2(-INFINITY, 0.0f);
+      seq.part_ml[static_cast<size_t>(h0 + g) * splits + split] = make_float2(-INFINITY, 0.0f);
     }
     return;
   }
   for (int i = tid; i < group * d; i += kThreads) {
-    sq[i] = p.q[static_cast<size_t>(h0) * d + i];
+    sq[i] = seq.q[static_cast<size_t>(h0) * d + i];
   }
   if (tid < kG) {
     sm[tid] = -INFINITY;
     sl[tid] = 0.0f;
   }
   const int tiles = (c1 - c0 + kTile - 1) / kTile;
-  const size_t base = p.offsets[kvh];
+  const size_t base = seq.offsets[kvh];
   const int pieces = p.row_bytes / 16;
   auto issue = [&](int t) {
     unsigned char* st = smem + (t % kStages) * stage_bytes;
@@ -80,7 +77,8 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
       const int r = (i / pieces) % kTile, piece = i % pieces;
       const bool valid = k0 + r < c1;
       const size_t row = base + (valid ? k0 + r : c0);  // a readable address either way
-      const unsigned char* src = (which ? p.values : p.keys) + row * p.row_bytes + piece * 16;
+      const unsigned char* src = static_cast<const unsigned char*>(which ? seq.values : seq.keys) +
+                                 row * p.row_bytes + piece * 16;
       cp_async16(st + (which * kTile + r) * row_stride + piece * 16, src, valid ? 16 : 0);
     }
   };
@@ -124,8 +122,8 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
         dot = __fadd_rn(dot, part);
       }
       const float s = __fmul_rn(dot, p.scale);
-      if (p.scores != nullptr && valid) {
-        p.scores[static_cast<size_t>(h0 + g) * p.stride + k0 + lane] = s;
+      if (seq.scores != nullptr && valid) {
+        seq.scores[static_cast<size_t>(h0 + g) * seq.stride + k0 + lane] = s;
       }
       const float m_old = sm[g];
       // Finite: lane 0's key is valid (k0 < c1).
@@ -189,9 +187,9 @@ __global__ void __launch_bounds__(kThreads) decode_stream_kernel(Params p) {
       if (c >= vpt) break;
       const int x0 = (col + dth * c) * V;
 #pragma unroll
-      for (int e = 0; e < V; ++e) p.part_acc[at * d + x0 + e] = acc[c * V + e];
+      for (int e = 0; e < V; ++e) seq.part_acc[at * d + x0 + e] = acc[c * V + e];
     }
-    if (u == 0) p.part_ml[at] = make_float2(sm[gv], sl[gv]);
+    if (u == 0) seq.part_ml[at] = make_float2(sm[gv], sl[gv]);
   }
 }
 
@@ -213,21 +211,27 @@ const void* kernel_for(int kg) {
 }
 
 template <typename T, int kG>
-void launch_kg(const Params& prm, int num_kv_heads, const DecodeStreamPlan& plan,
-               cudaStream_t stream) {
+void launch_kg(const Params& prm, int num_kv_heads, int splits, size_t smem, cudaStream_t stream) {
   decode_stream_kernel<T, kG>
-      <<<dim3(num_kv_heads, plan.splits), kThreads, plan.smem, stream>>>(prm);
+      <<<dim3(num_kv_heads, splits, prm.seqs.count), kThreads, smem, stream>>>(prm);
   KVB_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-void launch_t(const Params& prm, int num_kv_heads, const DecodeStreamPlan& plan,
-              cudaStream_t stream) {
+void launch_t(const Params& prm, int num_kv_heads, int splits, size_t smem, cudaStream_t stream) {
   switch (pow2_at_least(prm.group)) {
-    case 1: launch_kg<T, 1>(prm, num_kv_heads, plan, stream); break;
-    case 2: launch_kg<T, 2>(prm, num_kv_heads, plan, stream); break;
-    case 4: launch_kg<T, 4>(prm, num_kv_heads, plan, stream); break;
-    default: launch_kg<T, 8>(prm, num_kv_heads, plan, stream); break;
+    case 1:
+      launch_kg<T, 1>(prm, num_kv_heads, splits, smem, stream);
+      break;
+    case 2:
+      launch_kg<T, 2>(prm, num_kv_heads, splits, smem, stream);
+      break;
+    case 4:
+      launch_kg<T, 4>(prm, num_kv_heads, splits, smem, stream);
+      break;
+    default:
+      launch_kg<T, 8>(prm, num_kv_heads, splits, smem, stream);
+      break;
   }
 }
 
@@ -270,30 +274,26 @@ DecodeStreamPlan plan_decode_stream(const DeviceLayerKvView& kv, int group, int 
   return p;
 }
 
-void decode_stream(const AttentionArgs& a, int group, const DecodeStreamPlan& plan,
-                   float2* part_ml, float* part_acc, float* scores, int stride,
+void decode_stream(const AttentionArgs& a, int group, size_t smem, const DecodeSeqs& seqs,
                    cudaStream_t stream) {
-  KVB_CHECK(plan.splits > 0 && a.n == 1) << "cuda::decode_stream: no plan for this layer";
+  KVB_CHECK(seqs.count >= 1 && seqs.count <= kMaxDecodeSeqs && a.n == 1)
+      << "cuda::decode_stream: " << seqs.count << " sequences";
   Params prm;
-  prm.q = a.q;
-  prm.keys = static_cast<const unsigned char*>(a.kv.keys);
-  prm.values = static_cast<const unsigned char*>(a.kv.values);
-  prm.offsets = a.kv.offsets;
-  prm.lengths = a.kv.lengths;
-  prm.part_ml = part_ml;
-  prm.part_acc = part_acc;
-  prm.scores = scores;
+  prm.seqs = seqs;
   prm.group = group;
   prm.d = a.kv.head_dim;
-  prm.stride = stride;
-  prm.chunk = plan.chunk;
   prm.window = a.window;
   prm.row_bytes = static_cast<int>(a.kv.head_dim * kv_dtype_bytes(a.kv.dtype));
   prm.scale = a.scale;
+  int splits = 0;
+  for (int i = 0; i < seqs.count; ++i) {
+    KVB_CHECK(seqs.s[i].splits > 0) << "cuda::decode_stream: sequence " << i << " has no plan";
+    splits = std::max(splits, seqs.s[i].splits);
+  }
   if (a.kv.dtype == KvDtype::kF32) {
-    launch_t<float>(prm, a.kv.num_kv_heads, plan, stream);
+    launch_t<float>(prm, a.kv.num_kv_heads, splits, smem, stream);
   } else {
-    launch_t<__nv_bfloat16>(prm, a.kv.num_kv_heads, plan, stream);
+    launch_t<__nv_bfloat16>(prm, a.kv.num_kv_heads, splits, smem, stream);
   }
 }
 

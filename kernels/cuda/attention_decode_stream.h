@@ -20,6 +20,7 @@
 #include <cstddef>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_decode_seq.h"
 
 namespace kvb::kernels::cuda {
 
@@ -40,10 +41,14 @@ struct DecodeStreamPlan {
 DecodeStreamPlan plan_decode_stream(const DeviceLayerKvView& kv, int group, int max_len,
                                     int decode_blocks);
 
-// The partial pass (a.n == 1, validated by cuda::attention). part_ml, part_acc: device
-// [num_heads, p.splits] and [num_heads, p.splits, head_dim]; scores: device [num_heads,
-// stride] or null. One launch, stream-ordered.
-void decode_stream(const AttentionArgs& a, int group, const DecodeStreamPlan& p, float2* part_ml,
-                   float* part_acc, float* scores, int stride, cudaStream_t stream);
+// The partial pass of seqs.count decode steps (1..kMaxDecodeSeqs; a.n == 1, validated by
+// cuda::attention) that share a's shape (its view's num_kv_heads, head_dim and dtype; its
+// window and scale; the group): sequence i's rows, lengths, query, partial states ([num_heads,
+// splits] and [num_heads, splits, head_dim]), raw scores ([num_heads, stride] or null) and plan
+// (chunk, splits: plan_decode_stream's for its own longest head) in seqs.s[i]. smem: the plan's
+// (the same for every sequence of the shape). Grid (num_kv_heads, the most splits, count): one
+// launch, stream-ordered; each sequence's blocks compute what its own launch would.
+void decode_stream(const AttentionArgs& a, int group, size_t smem, const DecodeSeqs& seqs,
+                   cudaStream_t stream);
 
 }  // namespace kvb::kernels::cuda

@@ -12,14 +12,15 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "decode_batch_check.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/cuda_engine.h"
 #include "workers/engine/generate.h"
 #include "workers/model_session.h"
-#include "decode_batch_check.h"
 
 namespace kvb {
 namespace {
@@ -74,6 +75,68 @@ TEST(CudaDecodeBatch, EveryPolicyDecidesAsAloneAndLogitsAgree) {
   }
   std::printf("decode batch of %d on the GPU: logits %s (max |diff| %.3g against alone)\n", B,
               bitwise ? "bit-identical" : "not bit-identical", worst);
+}
+
+// A batch whose policies all let a layer attend for every sequence at once (no rolled
+// positions, no replaced attention, no pre-RoPE keys, caches of one shape): the layers run
+// cuda::attention_batch (counted), and each sequence still decides as alone, its logits within
+// the same bound (the attention bits are its own; only the GEMMs' rows may round otherwise).
+// Both cache dtypes; the bf16 run on the tensor-core decode kernel too.
+TEST(CudaDecodeBatch, BatchedAttentionLayersDecideAsAlone) {
+  if (!cu::has_device()) GTEST_SKIP() << "no CUDA device visible";
+  if (!std::ifstream(kSmol).good()) GTEST_SKIP() << kSmol << " missing (scripts/fetch_models.sh)";
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(kSmol, "");
+  const engine::Model& m = *lm.model;
+  const std::vector<testing_batch::Variant> vars = {
+      {"", {}},       {"h2o", {}},    {"tova", {}},         {"snapkv", {}},
+      {"window", {}}, {"random", {}}, {"scissorhands", {}}, {"h2o", {{"prefill", "streaming"}}}};
+  for (const auto& [dtype, kernel] :
+       std::vector<std::pair<DType, int>>{{DType::kF32, cu::kDecodeDefault},
+                                          {DType::kBf16, cu::kDecodeDefault},
+                                          {DType::kBf16, cu::kDecodeTensorCore}}) {
+    SCOPED_TRACE(testing::Message()
+                 << (dtype == DType::kF32 ? "f32" : "bf16") << " decode kernel " << kernel);
+    engine::CudaEngine eng(m, dtype);
+    eng.set_decode_kernel(kernel);
+    testing_batch::BatchRun run;
+    double worst = 0;
+    // bf16: the batch's GEMM rows may round otherwise than alone, and a bf16 cache stores the
+    // rounded keys: the f32 run's 1e-3 grows by the bf16 step (2^-8 relative) of the logits.
+    const double bound = dtype == DType::kF32 ? 1e-3 : 5e-2;
+    testing_batch::run_variants_against_alone(
+        eng, m, vars, /*budget=*/24, /*steps=*/12, 40, &run,
+        [&](int b, int t, const std::vector<float>& row, const std::vector<float>& alone) {
+          double diff = 0;
+          for (size_t j = 0; j < row.size(); ++j) {
+            diff = std::max(diff, std::fabs(static_cast<double>(row[j]) - alone[j]));
+          }
+          worst = std::max(worst, diff);
+          ASSERT_LE(diff, bound) << "sequence " << b << " (" << run.vars[b].policy << ") step "
+                                 << t;
+        });
+    if (::testing::Test::HasFatalFailure()) return;
+    for (size_t b = 0; b < run.vars.size(); ++b) {
+      const kernels::KvCache &ca = run.alone[b], &cb = run.batch[b];
+      EXPECT_EQ(ca.next_position(), cb.next_position());
+      for (int l = 0; l < m.config.num_layers; ++l) {
+        for (int h = 0; h < ca.shape().num_kv_heads; ++h) {
+          ASSERT_EQ(ca.length(l, h), cb.length(l, h)) << "sequence " << b << " layer " << l;
+          EXPECT_EQ(positions(ca, l, h), positions(cb, l, h)) << "sequence " << b << " layer " << l;
+        }
+      }
+    }
+    // Every batched step's every layer attended at once (the first steps run all 8 sequences).
+    EXPECT_EQ(eng.batch_attention_calls(), run.batched_steps * m.config.num_layers);
+    // Up to 16 sequences a call: a partial pass, a combine and a probabilities pass at most.
+    EXPECT_LE(eng.batch_attention_launches(), 3 * eng.batch_attention_calls());
+    EXPECT_GT(eng.batch_attention_seqs(), eng.batch_attention_calls());
+    std::printf(
+        "batched attention (%s, kernel %d): %lld layer calls, %lld launches, max |diff| "
+        "%.3g against alone\n",
+        dtype == DType::kF32 ? "f32" : "bf16", kernel,
+        static_cast<long long>(eng.batch_attention_calls()),
+        static_cast<long long>(eng.batch_attention_launches()), worst);
+  }
 }
 
 }  // namespace

@@ -56,6 +56,17 @@ struct TransferCounters {
 void append_block_rows(const ModelConfig& config, int layer, int n, const float* keys,
                        const float* values, const int32_t* positions, kernels::KvCache& cache);
 
+// One sequence of a decode batch in Backend::attention_batch: its row of the pass, its cache,
+// and the statistics attention() would be asked for (stats receives their pointers).
+struct BatchAttention {
+  int row = 0;
+  kernels::KvCache* cache = nullptr;
+  bool col_sums = false;
+  int last_w = 0;
+  int stride = 0;
+  policies::LayerStats* stats = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -179,6 +190,19 @@ class Backend {
   // stats_to_host before a host reads).
   virtual void attention(int layer, int n, float scale, kernels::KvCache& cache, bool col_sums,
                          int last_w, int stride, policies::LayerStats* stats) = 0;
+  // A decode batch's attention on a global layer for several sequences at once (one query row
+  // each, every cache of the same shape, no rolled keys), where attends_batch(): the results
+  // of select_rows(item.row) then attention(layer, 1, scale, *item.cache, ...) for each item
+  // in turn, the statistics of each in its own rows (valid until the next attention call).
+  // The CUDA instance runs them in a few launches (cuda::attention_batch); elsewhere the stack
+  // calls attention() per sequence.
+  virtual bool attends_batch() const { return false; }
+  virtual void attention_batch(int layer, float scale, std::span<const BatchAttention> items) {
+    (void)layer;
+    (void)scale;
+    (void)items;
+    KVB_FAIL() << "attention_batch: this backend attends one sequence at a time";
+  }
   // Makes stats' statistics host-readable (pointers replaced by host copies); returns the
   // milliseconds spent (0 where they already are).
   virtual double stats_to_host(policies::LayerStats* stats) = 0;

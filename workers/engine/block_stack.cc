@@ -128,6 +128,12 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
   const bool device_ops = be.policy_ops().on_device();
   for (int l = 0; l < c.num_layers; ++l) {
     project_qkv(l, B);
+    if (attention_batches(l, caches, policies)) {
+      attend_layer_batch(l, caches, policies, scale, seq_policy_ms);
+      be.select_rows(0);
+      finish_layer(l, B);
+      continue;
+    }
     for (int b = 0; b < B; ++b) {
       be.select_rows(b);
       pre_rope_dev_ = nullptr;
@@ -218,22 +224,22 @@ void StackEngine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
   }
 }
 
-void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Policy* policy,
-                               PolicyHook hook, const policies::StatsRequest& req, int last_w,
-                               float scale, PrefillRecord* record) {
+void StackEngine::check_cache_heads(const kernels::KvCache& cache) const {
   const ModelConfig& c = model_.config;
-  Backend& be = *backend_;
   const int ckv = cache.shape().num_kv_heads;  // num_kv_heads, or num_heads when GQA is expanded
   KVB_CHECK(ckv == c.num_kv_heads || ckv == c.num_heads)
       << "cache has " << ckv << " KV heads; the model " << c.num_kv_heads << " (or " << c.num_heads
       << " expanded)";
-  if (c.sliding(l)) {
-    sliding_layer(l, n, scale, cache);
-    return;
-  }
+}
+
+policies::LayerStats StackEngine::prepare_layer(int l, int n, kernels::KvCache& cache,
+                                                policies::Policy* policy, PolicyHook* hook,
+                                                const policies::StatsRequest& req, bool rope_keys) {
+  const ModelConfig& c = model_.config;
+  Backend& be = *backend_;
   const bool rolling = policy && policy->rolling_positions();
   // New K/V into the cache (expanded caches get a copy per query head).
-  if (!rolling) be.rope(Act::kK, l, c.num_kv_heads, n);
+  if (rope_keys && !rolling) be.rope(Act::kK, l, c.num_kv_heads, n);
   be.append_kv(l, n, cache);
   policies::LayerStats stats;
   stats.layer = l;
@@ -243,12 +249,80 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
                         : pre_rope_dev_     ? pre_rope_dev_
                                             : pre_rope_k_.data();
   stats.ops = &be.policy_ops();
-  if (hook == PolicyHook::kDecode && policy->evict_before_attention()) {
+  if (*hook == PolicyHook::kDecode && policy->evict_before_attention()) {
     run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });
-    hook = PolicyHook::kNone;
+    *hook = PolicyHook::kNone;
   }
+  return stats;
+}
 
-  if (rolling) {
+StackEngine::StatsShape StackEngine::stats_shape(int l, const kernels::KvCache& cache,
+                                                 PolicyHook hook, const policies::StatsRequest& req,
+                                                 int last_w, bool record,
+                                                 policies::LayerStats* stats) const {
+  StatsShape sh;
+  if (hook != PolicyHook::kNone || record) {
+    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+      sh.stride = std::max(sh.stride, cache.length(l, h));
+    }
+    sh.col_sums = req.col_sums;
+    sh.last_w = last_w;
+    stats->stride = sh.stride;
+  }
+  return sh;
+}
+
+void StackEngine::after_attention(int l, kernels::KvCache& cache, policies::Policy* policy,
+                                  PolicyHook hook, const policies::StatsRequest& req,
+                                  PrefillRecord* record, policies::LayerStats stats) {
+  const ModelConfig& c = model_.config;
+  Backend& be = *backend_;
+  // A policy that decides with ops reads the statistics where attention wrote them; others
+  // read them on the host (on a device: a copy and a sync, eviction overhead).
+  const bool stats_stay = hook != PolicyHook::kNone && policy->decides_with_ops();
+  policies::LayerStats host = stats;
+  if ((stats.col_sums || stats.last_probs) && (record || !stats_stay)) {
+    const bool device_time = hook != PolicyHook::kNone && be.times_policy_on_device();
+    if (device_time) begin_span();
+    const double ms = be.stats_to_host(&host);
+    if (device_time) {
+      be.end_policy_span();
+    } else if (hook != PolicyHook::kNone) {
+      policy_ms_ += ms;
+    }
+    if (!stats_stay) stats = host;
+  }
+  if (record) {
+    const size_t rows = static_cast<size_t>(c.num_heads) * stats.stride;
+    record->strides[l] = stats.stride;
+    if (host.col_sums) record->col_sums[l].assign(host.col_sums, host.col_sums + rows);
+    if (host.last_probs) {
+      record->last_probs[l].assign(host.last_probs, host.last_probs + rows * host.last_w);
+    }
+    if (req.pre_rope_keys) record->pre_rope_keys[l] = pre_rope_k_;
+  }
+  // The layer's output used the full cache; the policy's decision shapes what later steps see.
+  if (hook == PolicyHook::kPrefill) {
+    run_hook(l, cache,
+             [&](kernels::EvictionPlan& p) { policy->on_prefill_layer(stats, cache, p); });
+  } else if (hook == PolicyHook::kDecode) {
+    run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });
+  }
+}
+
+void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Policy* policy,
+                               PolicyHook hook, const policies::StatsRequest& req, int last_w,
+                               float scale, PrefillRecord* record) {
+  const ModelConfig& c = model_.config;
+  Backend& be = *backend_;
+  check_cache_heads(cache);
+  if (c.sliding(l)) {
+    sliding_layer(l, n, scale, cache);
+    return;
+  }
+  policies::LayerStats stats = prepare_layer(l, n, cache, policy, &hook, req, true);
+  const int ckv = cache.shape().num_kv_heads;
+  if (policy && policy->rolling_positions()) {
     // Positions are indices in the cache: query i of the block sits at len - n + i of its head;
     // keys are rotated by their slot index for this attention (the cache keeps them raw).
     const int cache_group = c.num_heads / ckv;
@@ -278,44 +352,67 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
     be.apply_plan(plan_, cache);
     return;
   }
-  bool col_sums = false;
-  int stat_rows_w = 0, stride = 0;
-  if (hook != PolicyHook::kNone || record) {
-    for (int h = 0; h < ckv; ++h) stride = std::max(stride, cache.length(l, h));
-    col_sums = req.col_sums;
-    stat_rows_w = last_w;
-    stats.stride = stride;
+  const StatsShape sh = stats_shape(l, cache, hook, req, last_w, record != nullptr, &stats);
+  be.attention(l, n, scale, cache, sh.col_sums, sh.last_w, sh.stride, &stats);
+  after_attention(l, cache, policy, hook, req, record, stats);
+}
+
+bool StackEngine::attention_batches(int l, std::span<kernels::KvCache* const> caches,
+                                    std::span<policies::Policy* const> policies) const {
+  const ModelConfig& c = model_.config;
+  if (!backend_->attends_batch() || c.sliding(l)) return false;
+  const int ckv = caches[0]->shape().num_kv_heads;
+  for (size_t b = 0; b < caches.size(); ++b) {
+    const policies::Policy* p = policies[b];
+    if (caches[b]->shape().num_kv_heads != ckv || reqs_[b].pre_rope_keys) return false;
+    if (p && (p->rolling_positions() || p->replaces_attention())) return false;
   }
-  be.attention(l, n, scale, cache, col_sums, stat_rows_w, stride, &stats);
-  // A policy that decides with ops reads the statistics where attention wrote them; others
-  // read them on the host (on a device: a copy and a sync, eviction overhead).
-  const bool stats_stay = hook != PolicyHook::kNone && policy->decides_with_ops();
-  policies::LayerStats host = stats;
-  if ((stats.col_sums || stats.last_probs) && (record || !stats_stay)) {
-    const bool device_time = hook != PolicyHook::kNone && be.times_policy_on_device();
-    if (device_time) begin_span();
-    const double ms = be.stats_to_host(&host);
-    if (device_time) {
-      be.end_policy_span();
-    } else if (hook != PolicyHook::kNone) {
-      policy_ms_ += ms;
-    }
-    if (!stats_stay) stats = host;
+  return true;
+}
+
+void StackEngine::attend_layer_batch(int l, std::span<kernels::KvCache* const> caches,
+                                     std::span<policies::Policy* const> policies, float scale,
+                                     double* seq_policy_ms) {
+  const ModelConfig& c = model_.config;
+  Backend& be = *backend_;
+  const int B = static_cast<int>(caches.size());
+  // Every row's keys in one RoPE (no sequence rolls its positions), then per sequence its
+  // append and any before-attention hook, every row's queries in one RoPE, one attention for
+  // all, and per sequence its statistics and hook: per sequence the ops of attend_layer in its
+  // order, the same bits.
+  for (int b = 0; b < B; ++b) check_cache_heads(*caches[b]);
+  be.select_rows(0);
+  be.rope(Act::kK, l, c.num_kv_heads, B);
+  batch_stats_.resize(B);
+  batch_hooks_.resize(B);
+  batch_items_.resize(B);
+  pre_rope_dev_ = nullptr;
+  for (int b = 0; b < B; ++b) {
+    be.select_rows(b);
+    const double p0 = policy_ms_;
+    span_seq_ = b;
+    batch_hooks_[b] = hooks_[b];
+    batch_stats_[b] =
+        prepare_layer(l, 1, *caches[b], policies[b], &batch_hooks_[b], reqs_[b], false);
+    span_seq_ = -1;
+    if (seq_policy_ms) seq_policy_ms[b] += policy_ms_ - p0;
   }
-  if (record) {
-    const size_t rows = static_cast<size_t>(c.num_heads) * stride;
-    record->strides[l] = stride;
-    if (host.col_sums) record->col_sums[l].assign(host.col_sums, host.col_sums + rows);
-    if (host.last_probs) {
-      record->last_probs[l].assign(host.last_probs, host.last_probs + rows * host.last_w);
-    }
-    if (req.pre_rope_keys) record->pre_rope_keys[l] = pre_rope_k_;
+  be.select_rows(0);
+  be.rope(Act::kQ, l, c.num_heads, B);
+  for (int b = 0; b < B; ++b) {
+    const StatsShape sh = stats_shape(l, *caches[b], batch_hooks_[b], reqs_[b],
+                                      std::min(reqs_[b].last_w, 1), false, &batch_stats_[b]);
+    batch_items_[b] = {b, caches[b], sh.col_sums, sh.last_w, sh.stride, &batch_stats_[b]};
   }
-  // The layer's output used the full cache; the policy's decision shapes what later steps see.
-  if (hook == PolicyHook::kPrefill) {
-    run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_prefill_layer(stats, cache, p); });
-  } else if (hook == PolicyHook::kDecode) {
-    run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });
+  be.attention_batch(l, scale, batch_items_);
+  for (int b = 0; b < B; ++b) {
+    be.select_rows(b);
+    const double p0 = policy_ms_;
+    span_seq_ = b;
+    after_attention(l, *caches[b], policies[b], batch_hooks_[b], reqs_[b], nullptr,
+                    batch_stats_[b]);
+    span_seq_ = -1;
+    if (seq_policy_ms) seq_policy_ms[b] += policy_ms_ - p0;
   }
 }
 

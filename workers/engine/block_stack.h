@@ -72,6 +72,37 @@ class StackEngine : public EngineBase {
   void attend_layer(int layer, int n, kernels::KvCache& cache, policies::Policy* policy,
                     PolicyHook hook, const policies::StatsRequest& req, int last_w, float scale,
                     PrefillRecord* record);
+  // A cache of the model's KV heads, or of its query heads (GQA expanded); else throws.
+  void check_cache_heads(const kernels::KvCache& cache) const;
+  // attend_layer's parts. Before attention: RoPE of the keys (when rope_keys and the policy
+  // does not roll positions), the append, the layer's statistics header, and a policy's
+  // before-attention hook (after which *hook is kNone).
+  policies::LayerStats prepare_layer(int layer, int n, kernels::KvCache& cache,
+                                     policies::Policy* policy, PolicyHook* hook,
+                                     const policies::StatsRequest& req, bool rope_keys);
+  // The statistics attention is asked for (none without a hook or a record) and their stride
+  // (the longest head), also set in stats.
+  struct StatsShape {
+    bool col_sums = false;
+    int last_w = 0;
+    int stride = 0;
+  };
+  StatsShape stats_shape(int layer, const kernels::KvCache& cache, PolicyHook hook,
+                         const policies::StatsRequest& req, int last_w, bool record,
+                         policies::LayerStats* stats) const;
+  // After attention: the statistics to the host where the policy reads them there, the record,
+  // and the policy's prefill or decode hook.
+  void after_attention(int layer, kernels::KvCache& cache, policies::Policy* policy,
+                       PolicyHook hook, const policies::StatsRequest& req, PrefillRecord* record,
+                       policies::LayerStats stats);
+  // decode_batch: whether layer `layer` attends for all sequences at once (the backend batches
+  // attention, a global layer, caches of one shape, and no sequence whose policy rolls
+  // positions, replaces attention or reads pre-RoPE keys); then attend_layer_batch runs it.
+  bool attention_batches(int layer, std::span<kernels::KvCache* const> caches,
+                         std::span<policies::Policy* const> policies) const;
+  void attend_layer_batch(int layer, std::span<kernels::KvCache* const> caches,
+                          std::span<policies::Policy* const> policies, float scale,
+                          double* seq_policy_ms);
   // Runs `hook(plan)` to fill the layer's plan and applies it (timed as policy_ms). A template,
   // not std::function: it runs per layer per decode step, and a capturing lambda would allocate.
   template <typename Hook>
@@ -99,6 +130,9 @@ class StackEngine : public EngineBase {
   int span_seq_ = -1;              // decode_batch: the sequence whose hooks run, else -1
   std::vector<int> span_owner_;    // decode_batch: the sequence of each device policy span
   std::vector<double> span_ms_;
+  std::vector<policies::LayerStats> batch_stats_;  // attend_layer_batch: per sequence
+  std::vector<PolicyHook> batch_hooks_;
+  std::vector<BatchAttention> batch_items_;
 };
 
 }  // namespace kvb::engine

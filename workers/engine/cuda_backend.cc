@@ -464,6 +464,61 @@ void CudaBackend::attention(int l, int n, float scale, kernels::KvCache& cache, 
   stats->last_w = args.last_w;
 }
 
+void CudaBackend::attention_batch(int l, float scale, std::span<const BatchAttention> items) {
+  Scratch& s = *s_;
+  const ModelConfig& c = model_.config;
+  const size_t width = static_cast<size_t>(c.num_heads) * c.head_dim;
+  size_t sum_rows = 0, prob_rows = 0;
+  for (const BatchAttention& it : items) {
+    const size_t rows = static_cast<size_t>(c.num_heads) * it.stride;
+    if (it.col_sums) sum_rows += rows;
+    prob_rows += rows * it.last_w;
+  }
+  ensure(s.col_sums, sum_rows);
+  ensure(s.last_probs, prob_rows);
+  batch_args_.assign(items.size(), cu::AttentionArgs{});
+  size_t sum_at = 0, prob_at = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchAttention& it = items[i];
+    KVB_CHECK(it.row >= 0 && it.row < static_cast<int>(pos_h_.size()) && it.cache != nullptr &&
+              it.stats != nullptr)
+        << "--device cuda: attention_batch item " << i << " (row " << it.row << ")";
+    cu::DeviceKvCache* rows = rows_of(*it.cache);
+    KVB_CHECK(rows != nullptr) << "--device cuda: attention over a cache without device rows";
+    cu::AttentionArgs& a = batch_args_[i];
+    a.out = act(Act::kAtt) + static_cast<size_t>(it.row) * width;
+    a.q = act(Act::kQ) + static_cast<size_t>(it.row) * width;
+    a.kv = rows->layer(l);
+    a.n = 1;
+    a.num_heads = c.num_heads;
+    a.scale = scale;
+    const size_t n_rows = static_cast<size_t>(c.num_heads) * it.stride;
+    if (it.col_sums) {
+      a.col_sums = s.col_sums.data() + sum_at;
+      sum_at += n_rows;
+    }
+    if (it.last_w > 0) {
+      a.last_probs = s.last_probs.data() + prob_at;
+      a.last_w = it.last_w;
+      prob_at += n_rows * it.last_w;
+    }
+    a.stats_stride = it.stride;
+    a.window = c.sliding(l) ? c.window[l] : 0;
+    a.tensor_core_prefill = true;
+    a.decode_kernel = decode_kernel_;
+  }
+  batch_launches_ += cu::attention_batch(batch_args_, stream_);
+  ++batch_calls_;
+  batch_seqs_ += static_cast<int64_t>(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    // Device pointers until stats_to_host.
+    items[i].stats->col_sums = batch_args_[i].col_sums;
+    items[i].stats->last_probs = batch_args_[i].last_probs;
+    items[i].stats->last_w = batch_args_[i].last_w;
+  }
+  rolled_layer_ = -1;  // the stack batches no rolled keys; none stay bound to a later call
+}
+
 double CudaBackend::stats_to_host(policies::LayerStats* stats) {
   const auto t0 = Clock::now();
   const size_t rows = static_cast<size_t>(stats->num_heads) * stats->stride;

@@ -70,6 +70,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
@@ -148,6 +149,15 @@ class CudaBackend final : public Backend {
   void roll_keys(int layer, kernels::KvCache& cache) override;
   void attention(int layer, int n, float scale, kernels::KvCache& cache, bool col_sums,
                  int last_w, int stride, policies::LayerStats* stats) override;
+  // A decode batch's attention in a few launches (cuda::attention_batch): each sequence's
+  // statistics in its own rows of the shared scratch.
+  bool attends_batch() const override { return true; }
+  void attention_batch(int layer, float scale, std::span<const BatchAttention> items) override;
+  // attention_batch calls, the sequences they took, and the kernel launches they made, since
+  // construction (tests: the batched path ran; benches: launches per step).
+  int64_t batch_attention_calls() const { return batch_calls_; }
+  int64_t batch_attention_seqs() const { return batch_seqs_; }
+  int64_t batch_attention_launches() const { return batch_launches_; }
   double stats_to_host(policies::LayerStats* stats) override;
   void attend_replaced(policies::Policy& policy, policies::AttendArgs args,
                        const kernels::KvCache& cache, kernels::EvictionPlan* plan) override;
@@ -208,6 +218,8 @@ class CudaBackend final : public Backend {
   int spans_ = 0;
   size_t peak_bytes_ = 0, weight_bytes_ = 0;
   TransferCounters counters_;
+  int64_t batch_calls_ = 0, batch_seqs_ = 0, batch_launches_ = 0;
+  std::vector<kernels::cuda::AttentionArgs> batch_args_;  // attention_batch's, reused
 };
 
 }  // namespace kvb::engine

@@ -30,6 +30,11 @@ class CudaEngine final : public StackEngine {
   }
   // Full uploads of a host cache to the device (a switch of sequence or a capacity growth).
   int64_t cache_uploads() const { return cuda().cache_uploads(); }
+  // Decode-batch layers whose attention ran for all sequences at once (Backend::
+  // attention_batch), the sequences they covered and the kernel launches they made.
+  int64_t batch_attention_calls() const { return cuda().batch_attention_calls(); }
+  int64_t batch_attention_seqs() const { return cuda().batch_attention_seqs(); }
+  int64_t batch_attention_launches() const { return cuda().batch_attention_launches(); }
   // A cache's device rows as a host KvCache with rows (synchronous; tests compare them with
   // the index and with the CPU's cache). Empty shape before the cache's first forward().
   kernels::KvCache download_device_rows(const kernels::KvCache& cache) const {
