@@ -35,37 +35,70 @@ __global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq,
   }
 }
 
-}  // namespace
-
-void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, const RopeParams& p,
-          cudaStream_t stream) {
+// rope()'s checks of the parameters and the head_dim they rotate; returns half the rotated dims.
+int check_params(const RopeParams& p, int head_dim) {
   KVB_CHECK(p.rot_dim > 0 && p.rot_dim <= head_dim && p.rot_dim % 2 == 0)
       << "cuda::rope: rot_dim " << p.rot_dim << " head_dim " << head_dim;
-  KVB_CHECK(n >= 0 && num_heads >= 0) << "cuda::rope: n = " << n << ", num_heads = " << num_heads;
   const int half = p.rot_dim / 2;
   KVB_CHECK(p.freq_factors.empty() || static_cast<int>(p.freq_factors.size()) == half)
       << "cuda::rope: " << p.freq_factors.size() << " frequency factors for rot_dim " << p.rot_dim;
   KVB_CHECK(p.linear_scale > 0) << "cuda::rope: linear_scale = " << p.linear_scale;
   KVB_CHECK(std::isfinite(p.attn_factor) && p.attn_factor > 0)
       << "cuda::rope: attn_factor = " << p.attn_factor;
-  if (n == 0 || num_heads == 0) return;
-  // The same f32 expression as cpu::rope, evaluated on the host, so the frequencies agree bitwise.
+  return half;
+}
+
+// The same f32 expression as cpu::rope, evaluated on the host, so the frequencies agree bitwise.
+std::vector<float> inv_freq_of(const RopeParams& p) {
+  const int half = p.rot_dim / 2;
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) {
     float f = 1.0f / std::pow(p.theta, static_cast<float>(2 * i) / static_cast<float>(p.rot_dim));
     if (!p.freq_factors.empty()) f /= p.freq_factors[i];
     inv_freq[i] = f;
   }
+  return inv_freq;
+}
+
+void launch(float* x, const int32_t* pos, const float* inv_freq, int n, int num_heads, int head_dim,
+            const RopeParams& p, cudaStream_t stream) {
+  const int half = p.rot_dim / 2;
+  const size_t total = static_cast<size_t>(n) * num_heads * half;
+  const unsigned blocks = grid_for(total, 256) > 65535u ? 65535u : grid_for(total, 256);
+  rope_kernel<<<blocks, 256, 0, stream>>>(x, pos, inv_freq, n, num_heads, head_dim, half,
+                                          p.style == RopeStyle::kNeox, p.linear_scale,
+                                          p.attn_factor);
+  KVB_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, const RopeParams& p,
+          cudaStream_t stream) {
+  const int half = check_params(p, head_dim);
+  KVB_CHECK(n >= 0 && num_heads >= 0) << "cuda::rope: n = " << n << ", num_heads = " << num_heads;
+  if (n == 0 || num_heads == 0) return;
+  const std::vector<float> inv_freq = inv_freq_of(p);
   StreamScratch freq(half * sizeof(float), stream);
   KVB_CUDA_CHECK(cudaMemcpyAsync(freq.as<float>(), inv_freq.data(), half * sizeof(float),
                                  cudaMemcpyHostToDevice, stream));
   // From pageable memory the call returns once inv_freq is staged, so it may go out of scope.
-  const size_t total = static_cast<size_t>(n) * num_heads * half;
-  const unsigned blocks = grid_for(total, 256) > 65535u ? 65535u : grid_for(total, 256);
-  rope_kernel<<<blocks, 256, 0, stream>>>(x, pos, freq.as<float>(), n, num_heads, head_dim, half,
-                                          p.style == RopeStyle::kNeox, p.linear_scale,
-                                          p.attn_factor);
-  KVB_CUDA_CHECK_LAUNCH();
+  launch(x, pos, freq.as<float>(), n, num_heads, head_dim, p, stream);
+}
+
+RopeTable::RopeTable(const RopeParams& p, int head_dim) : params_(p), head_dim_(head_dim) {
+  check_params(p, head_dim);
+  const std::vector<float> inv_freq = inv_freq_of(p);
+  inv_freq_ = DeviceBuffer<float>(inv_freq.size());
+  KVB_CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float),
+                            cudaMemcpyHostToDevice));
+}
+
+void rope(float* x, const int32_t* pos, int n, int num_heads, const RopeTable& table,
+          cudaStream_t stream) {
+  KVB_CHECK(n >= 0 && num_heads >= 0) << "cuda::rope: n = " << n << ", num_heads = " << num_heads;
+  if (n == 0 || num_heads == 0) return;
+  launch(x, pos, table.inv_freq(), n, num_heads, table.head_dim(), table.params(), stream);
 }
 
 }  // namespace kvb::kernels::cuda

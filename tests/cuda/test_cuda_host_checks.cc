@@ -69,6 +69,16 @@ TEST(CudaHostChecks, LaunchersRejectBadArguments) {
   scaled.attn_factor = 0.0f;  // YaRN / LongRoPE factors are finite and positive
   EXPECT_NE(error_of([&] { cuda::rope(dummy, nullptr, 1, 1, 4, scaled); }).find("attn_factor = 0"),
             std::string::npos);
+  // A RopeTable checks the same before it uploads anything.
+  EXPECT_NE(error_of([&] { cuda::RopeTable t(odd, 4); }).find("rot_dim 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { cuda::RopeTable t(factors, 4); }).find("frequency factors"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { cuda::RopeTable t(scaled, 4); }).find("attn_factor = 0"),
+            std::string::npos);
+  RopeParams wide;
+  wide.rot_dim = 8;
+  EXPECT_NE(error_of([&] { cuda::RopeTable t(wide, 4); }).find("rot_dim 8 head_dim 4"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { dequantize(16, dummy, dummy, 256); }).find("IQ2_XXS"),
             std::string::npos);
   EXPECT_NE(error_of([&] { dequantize(2, dummy, dummy, 33); }).find("multiple of the block"),

@@ -162,10 +162,16 @@ void run_rope(cpu::RopeStyle style, int rot_dim, bool factors, float linear,
   std::vector<float> want = random_vec(static_cast<size_t>(n) * heads * d, 31);
   auto xd = to_device(want);
   const auto pd = to_device(pos);
+  auto td = to_device(want);
   cpu::rope(want.data(), pos.data(), n, heads, d, p);
   cu::rope(xd.data(), pd.data(), n, heads, d, p);
   // cos/sin of the same f32 angle, rounded from double on both sides: at most an ulp apart.
-  expect_close(to_host(xd), want, 4e-7, 4 * FLT_EPSILON, "rope");
+  const std::vector<float> got = to_host(xd);
+  expect_close(got, want, 4e-7, 4 * FLT_EPSILON, "rope");
+  // The frequencies uploaded once (the engine's tables): the same bits as per call.
+  const cu::RopeTable table(p, d);
+  cu::rope(td.data(), pd.data(), n, heads, table);
+  expect_bits(to_host(td), got, "rope with a table");
 }
 
 void run_swiglu(size_t n) {

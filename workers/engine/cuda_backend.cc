@@ -47,6 +47,10 @@ CudaBackend::CudaBackend(const Model& model, DType dtype, int gpu)
   KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
   ops_ = std::make_unique<cu::CudaPolicyOps>(stream_);
   upload_weights();
+  // Every layer's RoPE frequencies on the device once: a rope call then copies nothing (before,
+  // each of a decode step's 2 x layers calls staged them from pageable memory, uncounted).
+  rope_tables_.reserve(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) rope_tables_.emplace_back(c.rope_of(l), c.head_dim);
 }
 
 CudaBackend::~CudaBackend() {
@@ -325,15 +329,13 @@ void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* pos
 }
 
 void CudaBackend::rope(Act a, int layer, int heads, int n) {
-  cu::rope(rows_at(a), s_->pos.data() + row0_, n, heads, model_.config.head_dim,
-           model_.config.rope_of(layer), stream_);
+  cu::rope(rows_at(a), s_->pos.data() + row0_, n, heads, rope_tables_[layer], stream_);
 }
 
 void CudaBackend::rope_rows(Act a, int layer, const int32_t* positions, int rows) {
   ensure(s_->qpos, static_cast<size_t>(rows));
   copy_h2d(s_->qpos.data(), positions, static_cast<size_t>(rows) * 4);
-  cu::rope(rows_at(a), s_->qpos.data(), rows, 1, model_.config.head_dim,
-           model_.config.rope_of(layer), stream_);
+  cu::rope(rows_at(a), s_->qpos.data(), rows, 1, rope_tables_[layer], stream_);
 }
 
 void CudaBackend::download(Act a, size_t count, float* dst) {
@@ -414,7 +416,7 @@ void CudaBackend::roll_keys(int l, kernels::KvCache& cache) {
     const int len = dev_->length(l, h);
     if (len == 0) continue;
     cu::rope(s.rolled.data() + static_cast<size_t>(dev_->offset(l, h)) * hd, s.iota.data(), len, 1,
-             hd, model_.config.rope_of(l), stream_);
+             rope_tables_[l], stream_);
   }
   if (view.dtype == cu::KvDtype::kBf16) {
     ensure(s.rolled_kv, elems * sizeof(__nv_bfloat16));

@@ -73,6 +73,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/kv_cache_device.h"
+#include "kernels/cuda/rope.h"
 #include "kernels/cuda/runtime.h"
 #include "workers/engine/backend.h"
 #include "workers/engine/engine_base.h"
@@ -218,6 +219,7 @@ class CudaBackend final : public Backend {
   int spans_ = 0;
   size_t peak_bytes_ = 0, weight_bytes_ = 0;
   TransferCounters counters_;
+  std::vector<kernels::cuda::RopeTable> rope_tables_;  // per layer (ModelConfig::rope_of)
   int64_t batch_calls_ = 0, batch_seqs_ = 0, batch_launches_ = 0;
   std::vector<kernels::cuda::AttentionArgs> batch_args_;  // attention_batch's, reused
 };
