@@ -51,7 +51,7 @@ def mma(d, a, b):
 
 
 def split_grid(target, kvh, max_len, tile, min_tiles):
-    by_blocks = max(1, (max(target, 1) + kvh - 1) // kvh)
+    by_blocks = max(1, target // kvh)
     tiles = (max_len + tile - 1) // tile
     splits = min(by_blocks, max(1, tiles // max(min_tiles, 1)))
     chunk = (tiles + splits - 1) // splits * tile

@@ -369,9 +369,14 @@ int decode(std::span<const AttentionArgs> seqs, std::span<const int> max_lens, i
     parts += static_cast<size_t>(nh) * choice[b].splits;
     if (seqs[b].col_sums != nullptr || seqs[b].last_probs != nullptr) stat_rows += nh;
   }
-  StreamScratch ml(sizeof(float2) * parts, stream);
-  StreamScratch acc(sizeof(float) * parts * d, stream);
-  StreamScratch row_stats(sizeof(float2) * stat_rows, stream);
+  // One allocation for the partial states and the combined row statistics (each a stream-ordered
+  // cudaMallocAsync / cudaFreeAsync pair: one per call, not three).
+  // The output partials start 256-byte aligned, as an allocation of their own would.
+  const size_t acc_at = (sizeof(float2) * (parts + stat_rows) + 255) / 256 * 256;
+  StreamScratch scratch(acc_at + sizeof(float) * parts * d, stream);
+  float2* const ml = scratch.as<float2>();
+  float2* const row_stats = ml + parts;
+  float* const acc = reinterpret_cast<float*>(scratch.as<unsigned char>() + acc_at);
   std::vector<DecodeSeq> all(count);
   size_t part_at = 0, stat_at = 0;
   for (int b = 0; b < count; ++b) {
@@ -383,13 +388,13 @@ int decode(std::span<const AttentionArgs> seqs, std::span<const int> max_lens, i
     q.values = a.kv.values;
     q.offsets = a.kv.offsets;
     q.lengths = a.kv.lengths;
-    q.part_ml = ml.as<float2>() + part_at;
-    q.part_acc = acc.as<float>() + part_at * d;
+    q.part_ml = ml + part_at;
+    q.part_acc = acc + part_at * d;
     part_at += static_cast<size_t>(nh) * choice[b].splits;
     // Raw scores go to the statistics row itself and are normalized in place afterwards.
     q.scores = a.col_sums != nullptr ? a.col_sums : a.last_probs;
     if (q.scores != nullptr) {
-      q.row_stats = row_stats.as<float2>() + stat_at;
+      q.row_stats = row_stats + stat_at;
       stat_at += nh;
     }
     q.col_sums = a.col_sums;

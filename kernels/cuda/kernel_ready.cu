@@ -59,7 +59,10 @@ int ready_kernel(const void* kernel, int threads, int device, size_t smem) {
 }
 
 SplitGrid split_grid(int target, int num_kv_heads, int max_len, int tile, int min_tiles) {
-  const int by_blocks = std::max(1, (std::max(target, 1) + num_kv_heads - 1) / num_kv_heads);
+  // At most `target` blocks (rounded down, at least one chunk a head): a grid sized to what the
+  // device holds at once must not spill a few blocks into a second wave (132 multiprocessors
+  // over 8 heads: 16 chunks a head, 128 blocks, not 17 and 136, whose last 4 would run alone).
+  const int by_blocks = std::max(1, target / std::max(num_kv_heads, 1));
   const int tiles = (max_len + tile - 1) / tile;
   const int splits = std::min(by_blocks, std::max(1, tiles / std::max(min_tiles, 1)));
   SplitGrid g;

@@ -26,8 +26,9 @@ const DeviceLimits& device_limits(int device);
 int ready_kernel(const void* kernel, int threads, int device, size_t smem);
 
 // A split-K grid: every KV head's keys in chunks of `chunk` keys (whole tiles of `tile` keys),
-// `splits` chunks covering the longest head (max_len >= 1). About `target` blocks over the
-// num_kv_heads heads, and at least min_tiles tiles a chunk where the longest head has them.
+// `splits` chunks covering the longest head (max_len >= 1). At most `target` blocks over the
+// num_kv_heads heads (at least one chunk a head), and at least min_tiles tiles a chunk where
+// the longest head has them.
 struct SplitGrid {
   int splits = 0;
   int chunk = 0;

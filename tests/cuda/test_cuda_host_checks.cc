@@ -414,8 +414,8 @@ TEST(CudaHostChecks, DecodeMmaTakesOnlyItsShapes) {
 // least min_tiles tiles where the head has them, and asks for about `target` blocks: hand-worked
 // cases.
 TEST(CudaHostChecks, SplitGridSizes) {
-  // 4K keys, 8 KV heads, 132 blocks wanted: 17 chunks a head by blocks; 128 tiles of 32 split
-  // into chunks of 8 tiles (256 keys), 16 of them.
+  // 4K keys, 8 KV heads, 132 blocks wanted: 16 chunks a head by blocks (rounded down); 128
+  // tiles of 32 split into chunks of 8 tiles (256 keys), 16 of them.
   SplitGrid g = split_grid(132, 8, 4096, 32, 4);
   EXPECT_EQ(g.chunk, 256);
   EXPECT_EQ(g.splits, 16);
@@ -436,6 +436,16 @@ TEST(CudaHostChecks, SplitGridSizes) {
   g = split_grid(264, 8, 32768, 32, 4);
   EXPECT_EQ(g.chunk, 1024);
   EXPECT_EQ(g.splits, 32);
+  // One block per multiprocessor on 132 (the tensor-core kernel's fit), 32K keys over 8 heads:
+  // 16 chunks of 2048 keys, 128 blocks (rounding up would give 17 of 1952 keys, 136 blocks,
+  // four of them in a second wave).
+  g = split_grid(132, 8, 32768, 32, 4);
+  EXPECT_EQ(g.chunk, 2048);
+  EXPECT_EQ(g.splits, 16);
+  // Fewer blocks wanted than heads: one chunk a head.
+  g = split_grid(5, 8, 4096, 32, 4);
+  EXPECT_EQ(g.chunk, 4096);
+  EXPECT_EQ(g.splits, 1);
 }
 
 // The tensor-core prefill takes only bf16 caches, its compiled head_dims and 16-byte aligned
