@@ -240,7 +240,8 @@ for lens, g, d, w, target in [([1, 3, 67, 300], 4, 32, 0, 8),      # short heads
                               ([250], 3, 96, 0, 1),                # d 96, one block, 8 tiles
                               ([600, 40], 7, 32, 33, 8),           # window mid-tile
                               ([100], 2, 256, 0, 2),               # d 256: 16-key tiles
-                              ([1000, 999], 4, 32, 0, 3)]:         # many tiles a warp
+                              ([1000, 999], 4, 32, 0, 3),          # many tiles a warp
+                              ([1000, 999], 4, 32, 0, 16)]:        # a tile a warp, 8 splits
     err, splits, chunk = run(lens, g, d, w, target)
     ok = err <= 2.0**-9
     bad += not ok
