@@ -308,10 +308,12 @@ DecodeMmaPlan plan_decode_mma(const DeviceLayerKvView& kv, int group, int max_le
 
 void decode_mma(const AttentionArgs& a, int group, size_t smem, const DecodeSeqs& seqs,
                 cudaStream_t stream) {
-  KVB_CHECK(seqs.count >= 1 && seqs.count <= kMaxDecodeSeqs && a.n == 1 && a.col_sums == nullptr &&
-            a.last_probs == nullptr && a.kv.dtype == KvDtype::kBf16)
-      << "cuda::decode_mma: " << seqs.count << " sequences, n = " << a.n
-      << (a.col_sums || a.last_probs ? ", statistics asked" : "");
+  // `a` gives the shape only (its own statistics may differ: it can be another sequence of the
+  // batch, on another kernel); each sequence's are checked below.
+  KVB_CHECK(seqs.count >= 1 && seqs.count <= kMaxDecodeSeqs && a.n == 1 &&
+            a.kv.dtype == KvDtype::kBf16)
+      << "cuda::decode_mma: " << seqs.count << " sequences, n = " << a.n << ", "
+      << kv_dtype_name(a.kv.dtype);
   Params prm;
   prm.seqs = seqs;
   prm.group = group;

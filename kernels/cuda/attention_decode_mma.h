@@ -33,10 +33,11 @@ using DecodeMmaPlan = DecodeStreamPlan;  // the same grid fields; splits 0: not 
 DecodeMmaPlan plan_decode_mma(const DeviceLayerKvView& kv, int group, int max_len,
                               int decode_blocks);
 
-// The partial pass of seqs.count decode steps (1..kMaxDecodeSeqs; a.n == 1, no statistics,
-// validated by cuda::attention) that share a's shape, as decode_stream (attention_decode_stream.h):
-// sequence i's rows, lengths, query, partial states and plan (plan_decode_mma's) in seqs.s[i],
-// no scores. One launch, stream-ordered.
+// The partial pass of seqs.count decode steps (1..kMaxDecodeSeqs; a.n == 1, validated by
+// cuda::attention) that share a's shape, as decode_stream (attention_decode_stream.h): sequence
+// i's rows, lengths, query, partial states and plan (plan_decode_mma's) in seqs.s[i], no scores
+// (a sequence that asks for statistics runs another kernel; a's own statistics are not looked
+// at). One launch, stream-ordered.
 void decode_mma(const AttentionArgs& a, int group, size_t smem, const DecodeSeqs& seqs,
                 cudaStream_t stream);
 
