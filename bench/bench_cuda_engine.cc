@@ -11,8 +11,9 @@
 //     [--policies full,h2o | all] [--steps 32] [--models smollm2,llama8b] [--layers 32 --dim 4096
 //     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256] [--pool-keep-mib 0]
 //     [--decode-kernels default,streamed,grouped,tensor --repeat 5]  (each row on each decode
-//     attention kernel,
-//     kernels/cuda/attention.h kDecode*, in turn, repeat rounds: an interleaved A/B)
+//     attention kernel, kernels/cuda/attention.h kDecode*, in turn, repeat rounds: an
+//     interleaved A/B) [--batch 8]  (sequences decoding together, as a bundle's units:
+//     decode t/s is the batch's)
 #include <omp.h>
 
 #include <cerrno>
@@ -120,6 +121,10 @@ std::vector<int32_t> tokens(int n, int vocab) {
 // kDecode*), in turn; --repeat: rounds of them (A B A B ...: an interleaved A/B in one process).
 std::vector<int> g_decode_kernels = {kvb::kernels::cuda::kDecodeDefault};
 int g_repeat = 1;
+// --batch: sequences per row decoding together (StackEngine::decode_batch; a bundle's units),
+// each with its own policy and cache over the same prompt; decode t/s is then the batch's tokens
+// per second and step ms a batch step.
+int g_batch = 1;
 
 // A whole int, all of v (strtol, no trailing characters, in int's range).
 bool parse_int(const std::string& v, int* out) {
@@ -145,9 +150,10 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
   std::printf("# %s on %s, %s: weights %.2f GiB uploaded in %.1f s\n", m.config.name.c_str(),
               eng.device_description().c_str(), engine::dtype_name(dtype),
               eng.weight_bytes() / 1073741824.0, ms_since(t0) / 1000);
-  std::printf("%-22s %7s %-11s %6s %-8s %12s %11s %9s %8s %10s %8s %8s %8s %9s %9s\n", "model",
-              "context", "policy", "budget", "kernel", "prefill t/s", "decode t/s", "step ms",
-              "policy%", "host MiB", "d2h/step", "h2d/step", "sync/step", "wait ms", "peak GiB");
+  std::printf("%-22s %7s %-11s %6s %-8s %5s %12s %11s %9s %8s %10s %8s %8s %8s %9s %9s %10s\n",
+              "model", "context", "policy", "budget", "kernel", "batch", "prefill t/s",
+              "decode t/s", "step ms", "policy%", "host MiB", "d2h/step", "h2d/step", "sync/step",
+              "wait ms", "peak GiB", "attn/layer");
   const auto& c = m.config;
   for (int ctx : contexts) {
     if (ctx + steps > c.max_seq_len) {
@@ -165,22 +171,50 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
             pc.name = pname;
             pc.kv_budget = budget;
             pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-            std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
-            kernels::KvCache cache = eng.new_cache(ctx + steps, policy.get());
+            const int B = g_batch;
+            std::vector<std::unique_ptr<policies::Policy>> owned;
+            std::vector<policies::Policy*> policy;
+            std::vector<kernels::KvCache> cache;
+            for (int b = 0; b < B; ++b) {
+              owned.push_back(policies::make_policy(pc));
+              policy.push_back(owned.back().get());
+              cache.push_back(eng.new_cache(ctx + steps, policy.back()));
+            }
+            std::vector<kernels::KvCache*> caches;
+            for (kernels::KvCache& k : cache) caches.push_back(&k);
             std::vector<float> logits;
             const size_t moved0 = eng.mirror_bytes();
             auto tp = Clock::now();
-            engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
+            for (int b = 0; b < B; ++b) {
+              engine::prefill_prompt(eng, cache[b], prompt, policy[b], &logits);
+            }
             const double prefill_ms = ms_since(tp);
             const double pol0 = eng.policy_ms();
             const engine::TransferCounters x0 = eng.transfer_counters();
+            const int64_t calls0 = eng.batch_attention_calls();
+            const int64_t launches0 = eng.batch_attention_launches();
+            std::vector<int32_t> next(B);
             auto td = Clock::now();
             for (int s = 0; s < steps; ++s) {
-              const int32_t next = 10 + s;
-              eng.forward({&next, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
-                          engine::PolicyHook::kDecode);
+              for (int b = 0; b < B; ++b) next[b] = 10 + s + b;
+              if (B == 1) {
+                eng.forward({next.data(), 1}, cache[0], engine::LogitsMode::kLast, &logits,
+                            policy[0], engine::PolicyHook::kDecode);
+              } else {
+                eng.decode_batch(next, caches, policy, &logits);
+              }
             }
             const double decode_ms = ms_since(td);
+            // attn/layer: attention launches per batched layer (cuda::attention_batch; "-"
+            // where no layer attended for the batch at once: one sequence, or a policy that
+            // keeps its layers per sequence).
+            const int64_t calls = eng.batch_attention_calls() - calls0;
+            char attn[16] = "-";
+            if (calls > 0) {
+              std::snprintf(attn, sizeof attn, "%.1f",
+                            static_cast<double>(eng.batch_attention_launches() - launches0) /
+                                static_cast<double>(calls));
+            }
             const double pol = eng.policy_ms() - pol0;
             const engine::TransferCounters x1 = eng.transfer_counters();
             // host MiB: bytes copied either way over prefill and decode; d2h/step, h2d/step and
@@ -188,15 +222,17 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
             // ms: the host's time per step blocked in those syncs (step ms minus it: the host's
             // own time, launches included; if that is most of the step, launches bound it).
             std::printf(
-                "%-22s %7d %-11s %6d %-8s %12.0f %11.1f %9.3f %7.1f%% %10.1f %8.1f %8.1f %8.1f "
-                "%9.3f %9.2f\n",
-                c.name.c_str(), ctx, pname.c_str(), budget, kernel_name(kernel),
-                ctx * 1000.0 / prefill_ms, steps * 1000.0 / decode_ms, decode_ms / steps,
-                100.0 * pol / decode_ms, (eng.mirror_bytes() - moved0) / 1048576.0,
+                "%-22s %7d %-11s %6d %-8s %5d %12.0f %11.1f %9.3f %7.1f%% %10.1f %8.1f %8.1f "
+                "%8.1f %9.3f %9.2f %10s\n",
+                c.name.c_str(), ctx, pname.c_str(), budget, kernel_name(kernel), B,
+                static_cast<double>(ctx) * B * 1000.0 / prefill_ms, B * steps * 1000.0 / decode_ms,
+                decode_ms / steps, 100.0 * pol / decode_ms,
+                (eng.mirror_bytes() - moved0) / 1048576.0,
                 static_cast<double>(x1.d2h_copies - x0.d2h_copies) / steps,
                 static_cast<double>(x1.h2d_copies - x0.h2d_copies) / steps,
                 static_cast<double>(x1.stream_syncs - x0.stream_syncs) / steps,
-                (x1.sync_wait_ms - x0.sync_wait_ms) / steps, eng.device_peak_bytes() / 1073741824.0);
+                (x1.sync_wait_ms - x0.sync_wait_ms) / steps, eng.device_peak_bytes() / 1073741824.0,
+                attn);
             std::fflush(stdout);
           }
         }
@@ -277,13 +313,17 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_cuda_engine: --decode-kernels needs at least one kernel\n");
         return 2;
       }
+    } else if (k == "--batch") {
+      if (!parse_int(v, &g_batch) || g_batch < 1 || g_batch > 256) {
+        std::fprintf(stderr, "bench_cuda_engine: --batch takes 1..256, got %s\n", v.c_str());
+        return 2;
+      }
     } else if (k == "--repeat") {
       if (!parse_int(v, &g_repeat) || g_repeat < 1 || g_repeat > 100) {
         std::fprintf(stderr, "bench_cuda_engine: --repeat takes 1..100, got %s\n", v.c_str());
         return 2;
       }
-    }
-    else {
+    } else {
       std::fprintf(stderr, "bench_cuda_engine: unknown option %s (see the file's header)\n",
                    k.c_str());
       return 2;

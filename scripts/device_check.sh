@@ -17,7 +17,8 @@
 #                                          # its GPU tests (cut at 150 s), the engine bench: every
 #                                          # policy at 4K (cut at 200 s), five at 32K (80 s),
 #                                          # then the decode kernels' A/B in the engine (100 s:
-#                                          # streamed against tensor cores)
+#                                          # streamed against tensor cores), then a batch of
+#                                          # 8 sequences (60 s)
 # Usage: bash scripts/device_check.sh tests|kernels|engine [extra args for the bench]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -93,6 +94,12 @@ case "$stage" in
       --contexts 4096,32768 --budgets 1024 --steps 32 --policies full,snapkv \
       --decode-kernels streamed,tensor --repeat 3 >"$out/bench_engine_decode_ab.txt" 2>&1 || true
     cat "$out/bench_engine_decode_ab.txt"
+    # A bundle's decode: 8 sequences stepping together (decode t/s is the batch's; attn/layer:
+    # attention launches per layer, cuda::attention_batch), against the rows above (batch 1).
+    timeout 60 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+      --contexts 4096 --budgets 1024 --steps 16 --policies full,h2o --batch 8 \
+      >"$out/bench_engine_batch.txt" 2>&1 || true
+    cat "$out/bench_engine_batch.txt"
     ;;
   *)
     echo "usage: bash scripts/device_check.sh tests|kernels|engine|first|second [bench args]" >&2
