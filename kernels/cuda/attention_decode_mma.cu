@@ -118,78 +118,21 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(Params p) {
     const uint16_t* ks = stages + (i % kStages) * kStage;
     const uint16_t* vs = ks + kKeys * kS;
     const int k0 = c0 + (warp + i * kWarps) * kKeys;
-    // Scores: s[j] is the accumulator fragment of keys 8j .. 8j + 7 of the tile.
+    // Scores: s[j] is the accumulator fragment of keys 8j .. 8j + 7 of the tile; keys past the
+    // chunk (zero rows) masked.
     float s[kKeys / 8][4];
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
-    }
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc) {
-      const uint16_t* qa = qs + gid * kS + kc * 16 + 2 * tig;
-      const uint32_t a[4] = {ld32(qa), ld32(qa + 8 * kS), ld32(qa + 8), ld32(qa + 8 * kS + 8)};
+    tile_scores<D, kKeys, kS>(qs, ks, p.scale, s);
+    if (k0 + kKeys > c1) {  // warp-uniform: the chunk ends inside this tile
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) {
-        const uint16_t* kb = ks + (8 * j + gid) * kS + kc * 16 + 2 * tig;
-        mma_bf16(s[j], a, ld32(kb), ld32(kb + 8));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (k0 + 8 * j + 2 * tig + (e & 1) >= c1) s[j][e] = -INFINITY;
+        }
       }
     }
-    const bool tail = k0 + kKeys > c1;  // warp-uniform: the chunk ends inside this tile
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + 8 * j + 2 * tig + (e & 1);
-        s[j][e] = tail && key >= c1 ? -INFINITY : __fmul_rn(s[j][e], p.scale);
-      }
-    }
-    float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-      mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
-      mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
-    }
-    // Finite: the tile's first key is visible (k0 < c1), and every row scores it.
-    const float new_a = fmaxf(m_a, quad_max(mx_a)), new_b = fmaxf(m_b, quad_max(mx_b));
-    const float corr_a = expf(m_a - new_a), corr_b = expf(m_b - new_b);  // 0 on the first tile
-    m_a = new_a;
-    m_b = new_b;
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-      s[j][0] = expf(s[j][0] - new_a);
-      s[j][1] = expf(s[j][1] - new_a);
-      s[j][2] = expf(s[j][2] - new_b);
-      s[j][3] = expf(s[j][3] - new_b);
-      sum_a += s[j][0] + s[j][1];
-      sum_b += s[j][2] + s[j][3];
-    }
-    l_a = l_a * corr_a + sum_a;
-    l_b = l_b * corr_b + sum_b;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      o[dn][0] *= corr_a;
-      o[dn][1] *= corr_a;
-      o[dn][2] *= corr_b;
-      o[dn][3] *= corr_b;
-    }
-    // P (bf16) x V: the score fragments of keys 16kk .. 16kk + 15 are the A fragment as they lie.
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                             pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      const uint16_t* vk = vs + (16 * kk + 2 * tig) * kS + gid;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        const uint16_t* v = vk + 8 * dn;  // keys 2tig, 2tig + 1 (+8, +9), column 8dn + gid
-        const uint32_t b0 = v[0] | static_cast<uint32_t>(v[kS]) << 16;
-        const uint32_t b1 = v[8 * kS] | static_cast<uint32_t>(v[9 * kS]) << 16;
-        mma_bf16(o[dn], a, b0, b1);
-      }
-    }
+    online_softmax<D, kKeys>(s, m_a, m_b, l_a, l_b, o);
+    tile_pv<D, kKeys, kS>(s, vs, o);  // P (bf16) x V
     __syncwarp();  // every lane is done with stage i % kStages before a later issue() refills it
   }
   cp_async_wait<0>();  // only empty groups remain; nothing in flight past here
@@ -290,20 +233,8 @@ DecodeMmaPlan plan_decode_mma(const DeviceLayerKvView& kv, int group, int max_le
       reinterpret_cast<uintptr_t>(kv.values) % 16 != 0) {
     return p;
   }
-  int device = 0;
-  KVB_CUDA_CHECK(cudaGetDevice(&device));
-  const DeviceLimits& dl = device_limits(device);
-  if (dl.major < 8 || smem > static_cast<size_t>(dl.optin)) return p;
-  const int fit = ready_kernel(kernel, kThreads, device, smem);
-  if (fit < 1) return p;
-  const SplitGrid g = split_grid(decode_blocks > 0 ? decode_blocks : fit * std::max(dl.sms, 1),
-                                 kv.num_kv_heads, max_len, keys, kMinTiles);
-  p.splits = g.splits;
-  p.chunk = g.chunk;
-  p.smem = smem;
-  p.device = device;
-  p.blocks_per_sm = fit;
-  return p;
+  return plan_decode_grid(kernel, kThreads, smem, decode_blocks, kv.num_kv_heads, max_len, keys,
+                          kMinTiles);
 }
 
 void decode_mma(const AttentionArgs& a, int group, size_t smem, const DecodeSeqs& seqs,

@@ -22,7 +22,7 @@
 
 namespace kvb::kernels::cuda {
 
-using DecodeMmaPlan = DecodeStreamPlan;  // the same grid fields; splits 0: not this kernel
+using DecodeMmaPlan = DecodeGridPlan;  // splits 0: the tensor-core kernel does not take it
 
 // How the tensor-core decode kernel would run: a bf16 cache, head_dim one of 32, 64, 96, 128,
 // 256, group <= 16, keys and values 16-byte aligned, a device of compute capability >= 8.0 whose

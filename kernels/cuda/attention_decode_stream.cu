@@ -251,27 +251,12 @@ DecodeStreamPlan plan_decode_stream(const DeviceLayerKvView& kv, int group, int 
       reinterpret_cast<uintptr_t>(kv.values) % 16 != 0) {
     return p;
   }
-  int device = 0;
-  KVB_CUDA_CHECK(cudaGetDevice(&device));
-  const DeviceLimits& dl = device_limits(device);
-  const int sms = dl.sms, optin = dl.optin;
-  if (dl.major < 8) return p;
   const size_t row = static_cast<size_t>(d) * eb;
   const size_t smem = kStages * 2 * kTile * (row + kPad) +
                       sizeof(float) * (static_cast<size_t>(group) * d + kg * kTile + 3 * kg);
-  if (smem > static_cast<size_t>(optin)) return p;
-  const int fit = ready_kernel(
+  return plan_decode_grid(
       kv.dtype == KvDtype::kF32 ? kernel_for<float>(kg) : kernel_for<__nv_bfloat16>(kg), kThreads,
-      device, smem);
-  if (fit < 1) return p;
-  const SplitGrid g = split_grid(decode_blocks > 0 ? decode_blocks : fit * std::max(sms, 1),
-                                 kv.num_kv_heads, max_len, kTile, 1);
-  p.chunk = g.chunk;
-  p.splits = g.splits;
-  p.smem = smem;
-  p.device = device;
-  p.blocks_per_sm = fit;
-  return p;
+      smem, decode_blocks, kv.num_kv_heads, max_len, kTile, 1);
 }
 
 void decode_stream(const AttentionArgs& a, int group, size_t smem, const DecodeSeqs& seqs,

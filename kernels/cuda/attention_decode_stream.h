@@ -21,16 +21,11 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_decode_seq.h"
+#include "kernels/cuda/kernel_ready.h"
 
 namespace kvb::kernels::cuda {
 
-struct DecodeStreamPlan {
-  int splits = 0;  // 0: the kernel planned for does not take this layer
-  int chunk = 0;   // keys per block (a multiple of 32)
-  size_t smem = 0;
-  int device = 0;  // the device planned for (its kernels' shared-memory opt-in)
-  int blocks_per_sm = 0;  // blocks of the kernel a multiprocessor holds (occupancy API)
-};
+using DecodeStreamPlan = DecodeGridPlan;  // splits 0: the streamed kernel does not take it
 
 // How the streamed kernel would run: rows of 16k bytes (bf16 head_dim % 8 == 0, f32 % 4), keys
 // and values 16-byte aligned, group <= 8, a device of compute capability >= 8.0 (cp.async) whose

@@ -74,36 +74,6 @@ __device__ __forceinline__ void load_kv_tile(const uint16_t* keys, const uint16_
   }
 }
 
-// Scaled scores of the warp's 16 query rows against the kKeys keys of the shared tile:
-// s[j] is the accumulator fragment of keys 8j .. 8j + 7. Both passes call this on the same
-// operands at the same tile positions, so a (query, key) gets the same bits in both.
-template <int D>
-__device__ __forceinline__ void tile_scores(const uint16_t* qs, const uint16_t* ks, float scale,
-                                            float (&s)[kKeyTileOf<D> / 8][4]) {
-  constexpr int kS = kStrideOf<D>;
-  const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-#pragma unroll
-  for (int j = 0; j < kKeyTileOf<D> / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
-  }
-#pragma unroll
-  for (int kc = 0; kc < D / 16; ++kc) {
-    const uint16_t* qa = qs + gid * kS + kc * 16 + 2 * tig;
-    const uint32_t a[4] = {ld32(qa), ld32(qa + 8 * kS), ld32(qa + 8), ld32(qa + 8 * kS + 8)};
-#pragma unroll
-    for (int j = 0; j < kKeyTileOf<D> / 8; ++j) {
-      const uint16_t* kb = ks + (8 * j + gid) * kS + kc * 16 + 2 * tig;
-      mma_bf16(s[j], a, ld32(kb), ld32(kb + 8));
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kKeyTileOf<D> / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = __fmul_rn(s[j][e], scale);
-  }
-}
-
 // Grid (ceil(tiles / 4), num_kv_heads), tiles = ceil(n / 16) * group. Warp tile T of a KV head is
 // queries [16 (T / group), +16) of query head kvh * group + T % group; a block's 4 warps share
 // each K/V tile (for group >= 4: one query tile of 4 heads of the group). Blocks run in reverse
@@ -156,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(Params p) {
     // Warp-uniform: the tile lies wholly in the future of, or before the window of, all 16 rows.
     if (!active || t0 >= warp_end || t0 + kKeys <= warp_lo) continue;
     float s[kKeys / 8][4];
-    tile_scores<D>(qs, ks, p.scale, s);
+    tile_scores<D, kKeys, kS>(qs, ks, p.scale, s);  // both passes: the same bits
     if (t0 + kKeys > all_vis || t0 < all_lo) {  // warp-uniform
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) {
@@ -169,54 +139,8 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(Params p) {
         }
       }
     }
-    float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-      mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
-      mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
-    }
-    const float new_a = fmaxf(m_a, quad_max(mx_a)), new_b = fmaxf(m_b, quad_max(mx_b));
-    // A row that has seen no key yet keeps max -inf: subtract 0 instead (every p is then 0).
-    const float use_a = new_a == -INFINITY ? 0.0f : new_a;
-    const float use_b = new_b == -INFINITY ? 0.0f : new_b;
-    const float corr_a = expf(m_a - use_a), corr_b = expf(m_b - use_b);  // 0 on the first keys
-    m_a = new_a;
-    m_b = new_b;
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-      s[j][0] = expf(s[j][0] - use_a);
-      s[j][1] = expf(s[j][1] - use_a);
-      s[j][2] = expf(s[j][2] - use_b);
-      s[j][3] = expf(s[j][3] - use_b);
-      sum_a += s[j][0] + s[j][1];
-      sum_b += s[j][2] + s[j][3];
-    }
-    l_a = l_a * corr_a + sum_a;
-    l_b = l_b * corr_b + sum_b;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      o[dn][0] *= corr_a;
-      o[dn][1] *= corr_a;
-      o[dn][2] *= corr_b;
-      o[dn][3] *= corr_b;
-    }
-    // P (bf16) x V: the score fragments of keys 16kk .. 16kk + 15 are the A fragment as they lie.
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                             pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      const uint16_t* vk = vs + (16 * kk + 2 * tig) * kS + gid;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        const uint16_t* v = vk + 8 * dn;  // keys 2tig, 2tig + 1 (+8, +9), column 8dn + gid
-        const uint32_t b0 = v[0] | static_cast<uint32_t>(v[kS]) << 16;
-        const uint32_t b1 = v[8 * kS] | static_cast<uint32_t>(v[9 * kS]) << 16;
-        mma_bf16(o[dn], a, b0, b1);
-      }
-    }
+    online_softmax<D, kKeys>(s, m_a, m_b, l_a, l_b, o);
+    tile_pv<D, kKeys, kS>(s, vs, o);  // P (bf16) x V
   }
   if (!active) return;
   l_a = quad_sum(l_a);
@@ -271,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_stats_kernel(Params p) {
     load_q_tile<D>(p, q0, h, qs);
     __syncwarp();
     float s[kKeys / 8][4];
-    tile_scores<D>(qs, ks, p.scale, s);
+    tile_scores<D, kKeys, kS>(qs, ks, p.scale, s);  // both passes: the same bits
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = q0 + gid + 8 * half;

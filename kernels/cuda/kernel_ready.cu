@@ -71,4 +71,23 @@ SplitGrid split_grid(int target, int num_kv_heads, int max_len, int tile, int mi
   return g;
 }
 
+DecodeGridPlan plan_decode_grid(const void* kernel, int threads, size_t smem, int decode_blocks,
+                                int num_kv_heads, int max_len, int tile, int min_tiles) {
+  DecodeGridPlan p;
+  int device = 0;
+  KVB_CUDA_CHECK(cudaGetDevice(&device));
+  const DeviceLimits& dl = device_limits(device);
+  if (dl.major < 8 || smem > static_cast<size_t>(dl.optin)) return p;
+  const int fit = ready_kernel(kernel, threads, device, smem);
+  if (fit < 1) return p;
+  const SplitGrid g = split_grid(decode_blocks > 0 ? decode_blocks : fit * std::max(dl.sms, 1),
+                                 num_kv_heads, max_len, tile, min_tiles);
+  p.splits = g.splits;
+  p.chunk = g.chunk;
+  p.smem = smem;
+  p.device = device;
+  p.blocks_per_sm = fit;
+  return p;
+}
+
 }  // namespace kvb::kernels::cuda

@@ -35,4 +35,19 @@ struct SplitGrid {
 };
 SplitGrid split_grid(int target, int num_kv_heads, int max_len, int tile, int min_tiles);
 
+// How a split-K decode kernel runs a layer.
+struct DecodeGridPlan {
+  int splits = 0;  // 0: the kernel planned for does not take this layer
+  int chunk = 0;   // keys per block (whole tiles)
+  size_t smem = 0;
+  int device = 0;         // the device planned for (its kernels' shared-memory opt-in)
+  int blocks_per_sm = 0;  // blocks of the kernel a multiprocessor holds (occupancy API)
+};
+// The plan of `kernel` (launched with `threads` threads and `smem` bytes of dynamic shared
+// memory) on the current device: none below compute capability 8.0 (cp.async, bf16 mma) or
+// where smem exceeds the block opt-in; otherwise the kernel readied (ready_kernel) and the
+// split_grid of about decode_blocks blocks (0: as many as fit on every multiprocessor at once).
+DecodeGridPlan plan_decode_grid(const void* kernel, int threads, size_t smem, int decode_blocks,
+                                int num_kv_heads, int max_len, int tile, int min_tiles);
+
 }  // namespace kvb::kernels::cuda

@@ -414,38 +414,35 @@ TEST(CudaHostChecks, DecodeMmaTakesOnlyItsShapes) {
 // least min_tiles tiles where the head has them, and asks for about `target` blocks: hand-worked
 // cases.
 TEST(CudaHostChecks, SplitGridSizes) {
-  // 4K keys, 8 KV heads, 132 blocks wanted: 16 chunks a head by blocks (rounded down); 128
-  // tiles of 32 split into chunks of 8 tiles (256 keys), 16 of them.
-  SplitGrid g = split_grid(132, 8, 4096, 32, 4);
-  EXPECT_EQ(g.chunk, 256);
-  EXPECT_EQ(g.splits, 16);
-  // Five tiles and four at least a chunk: one chunk of all five.
-  g = split_grid(1000, 1, 150, 32, 4);
-  EXPECT_EQ(g.chunk, 160);
-  EXPECT_EQ(g.splits, 1);
-  // The streamed kernel's form (min_tiles 1): one chunk per tile when blocks are plenty; a
-  // 1-key head is one tile.
-  g = split_grid(1000, 2, 100, 32, 1);
-  EXPECT_EQ(g.chunk, 32);
-  EXPECT_EQ(g.splits, 4);
-  g = split_grid(0, 3, 1, 32, 1);
-  EXPECT_EQ(g.chunk, 32);
-  EXPECT_EQ(g.splits, 1);
-  // 32K keys over 8 heads at 264 blocks (2 per multiprocessor on 132): 33 chunks a head by
-  // blocks, 1024 tiles: chunks of 32 tiles (1024 keys), 32 of them.
-  g = split_grid(264, 8, 32768, 32, 4);
-  EXPECT_EQ(g.chunk, 1024);
-  EXPECT_EQ(g.splits, 32);
-  // One block per multiprocessor on 132 (the tensor-core kernel's fit), 32K keys over 8 heads:
-  // 16 chunks of 2048 keys, 128 blocks (rounding up would give 17 of 1952 keys, 136 blocks,
-  // four of them in a second wave).
-  g = split_grid(132, 8, 32768, 32, 4);
-  EXPECT_EQ(g.chunk, 2048);
-  EXPECT_EQ(g.splits, 16);
-  // Fewer blocks wanted than heads: one chunk a head.
-  g = split_grid(5, 8, 4096, 32, 4);
-  EXPECT_EQ(g.chunk, 4096);
-  EXPECT_EQ(g.splits, 1);
+  struct Case {
+    int target, heads, max_len, tile, min_tiles;
+    int chunk, splits;  // hand-worked
+  };
+  const Case cases[] = {
+      // 4K keys, 8 KV heads, 132 blocks wanted: 16 chunks a head by blocks (rounded down); 128
+      // tiles of 32 split into chunks of 8 tiles (256 keys), 16 of them.
+      {132, 8, 4096, 32, 4, 256, 16},
+      // Five tiles and four at least a chunk: one chunk of all five.
+      {1000, 1, 150, 32, 4, 160, 1},
+      // The streamed kernel's form (min_tiles 1): one chunk per tile when blocks are plenty; a
+      // 1-key head is one tile.
+      {1000, 2, 100, 32, 1, 32, 4},
+      {0, 3, 1, 32, 1, 32, 1},
+      // 32K keys over 8 heads at 264 blocks (2 per multiprocessor on 132): 33 chunks a head by
+      // blocks, 1024 tiles: chunks of 32 tiles (1024 keys), 32 of them.
+      {264, 8, 32768, 32, 4, 1024, 32},
+      // One block per multiprocessor on 132 (the tensor-core kernel's fit), 32K keys over 8
+      // heads: 16 chunks of 2048 keys, 128 blocks (rounding up would give 17 of 1952 keys, 136
+      // blocks, four of them in a second wave).
+      {132, 8, 32768, 32, 4, 2048, 16},
+      // Fewer blocks wanted than heads: one chunk a head.
+      {5, 8, 4096, 32, 4, 4096, 1},
+  };
+  for (const Case& c : cases) {
+    const SplitGrid g = split_grid(c.target, c.heads, c.max_len, c.tile, c.min_tiles);
+    EXPECT_EQ(g.chunk, c.chunk) << c.target << " blocks, " << c.heads << " heads, " << c.max_len;
+    EXPECT_EQ(g.splits, c.splits) << c.target << " blocks, " << c.heads << " heads, " << c.max_len;
+  }
 }
 
 // The tensor-core prefill takes only bf16 caches, its compiled head_dims and 16-byte aligned
