@@ -15,7 +15,7 @@
 #                                          # .device/minja .device/model.part-aa .device/model.sha256)
 #   bash scripts/device_check.sh second    # joins SmolLM2 (call 2 carries .device/model.part-ab),
 #                                          # its GPU tests (cut at 150 s), the engine bench: every
-#                                          # policy at 4K (cut at 200 s), five at 32K (80 s),
+#                                          # policy at 4K (cut at 180 s), five at 32K (80 s),
 #                                          # then the decode kernels' A/B in the engine (100 s:
 #                                          # streamed against tensor cores), then a batch of
 #                                          # 8 sequences (60 s)
@@ -79,7 +79,7 @@ case "$stage" in
     grep -E "tests passed|\((Failed|Timeout|Skipped)\)" "$out/ctest_second.log" || tail -n 20 "$out/ctest_second.log"
     # Line-buffered, so that rows printed before the cut come back. Every policy at 4K (SubGen
     # last: its first compression bisects radii on the host), then the 32K rows that matter.
-    timeout 200 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+    timeout 180 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
       --contexts 4096 --budgets 1024 --steps 32 \
       --policies full,window,h2o,tova,random,scissorhands,knorm,streaming_llm,snapkv,pyramidkv,ada_snapkv,ada_pyramidkv,subgen_kcenter,subgen \
       "$@" >"$out/bench_cuda_engine.txt" 2>&1 || true
@@ -90,13 +90,13 @@ case "$stage" in
     # The decode attention kernels in the engine, interleaved in one process (A B A B A B): the
     # default (streamed) against the tensor-core kernel, on policies that ask no decode
     # statistics (with statistics the tensor-core choice runs the default kernel).
-    timeout 100 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+    timeout 90 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
       --contexts 4096,32768 --budgets 1024 --steps 32 --policies full,snapkv \
       --decode-kernels streamed,tensor --repeat 3 >"$out/bench_engine_decode_ab.txt" 2>&1 || true
     cat "$out/bench_engine_decode_ab.txt"
     # A bundle's decode: 8 sequences stepping together (decode t/s is the batch's; attn/layer:
     # attention launches per layer, cuda::attention_batch), against the rows above (batch 1).
-    timeout 60 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+    timeout 50 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
       --contexts 4096 --budgets 1024 --steps 16 --policies full,h2o --batch 8 \
       >"$out/bench_engine_batch.txt" 2>&1 || true
     cat "$out/bench_engine_batch.txt"

@@ -402,7 +402,6 @@ int decode(std::span<const AttentionArgs> seqs, std::span<const int> max_lens, i
     q.stride = a.stats_stride;
     q.chunk = choice[b].plan.chunk;
     q.splits = choice[b].splits;
-    q.max_len = max_lens[b];
   }
   int launches = 0;
   DecodeSeqs pack;

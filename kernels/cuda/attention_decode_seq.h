@@ -28,10 +28,9 @@ struct DecodeSeq {
   float2* row_stats = nullptr;       // [num_heads]: the combined (max, sum), with statistics
   float* col_sums = nullptr;         // [num_heads, stride] probabilities, or null
   float* last_probs = nullptr;       // [num_heads, stride] probabilities, or null
-  int stride = 0;                    // statistics row length (>= max_len)
+  int stride = 0;                    // statistics row length (>= the longest head)
   int chunk = 0;                     // keys per partial block
-  int splits = 0;                    // chunks covering max_len (<= the grid's y extent)
-  int max_len = 0;                   // the sequence's longest head
+  int splits = 0;                    // chunks covering the longest head (<= grid y extent)
 };
 
 struct DecodeSeqs {

@@ -1,11 +1,12 @@
-// CudaBackend's private state shared by its two files (cuda_backend.cc, cuda_backend_dense.cc):
-// the per-layer weights, the activation scratch and two helpers. Compiled only with
-// KVB_WITH_CUDA.
+// CudaBackend's private state shared by its files (cuda_backend.cc, cuda_backend_dense.cc,
+// cuda_backend_attention.cc): the per-layer weights, the activation scratch and three helpers.
+// Compiled only with KVB_WITH_CUDA.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -29,6 +30,10 @@ void ensure(cu::DeviceBuffer<T>& b, size_t count) {
 // DeviceRows implementation.
 inline cu::DeviceKvCache* rows_of(const kernels::KvCache& cache) {
   return static_cast<cu::DeviceKvCache*>(cache.device_rows());
+}
+
+inline double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace cuda_backend_detail
