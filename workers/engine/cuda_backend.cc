@@ -191,7 +191,9 @@ float* CudaBackend::act(Act a) const {
   return table[i];
 }
 
-float* CudaBackend::rows_at(Act a) const {
+float* CudaBackend::rows_at(Act a) const { return rows_at(a, row0_); }
+
+float* CudaBackend::rows_at(Act a, int row) const {
   const ModelConfig& c = model_.config;
   size_t width = c.dim;
   switch (a) {
@@ -203,7 +205,7 @@ float* CudaBackend::rows_at(Act a) const {
     case Act::kUp: width = c.hidden_dim; break;
     default: break;
   }
-  return act(a) + static_cast<size_t>(row0_) * width;
+  return act(a) + static_cast<size_t>(row) * width;
 }
 
 void CudaBackend::select_rows(int row0) {

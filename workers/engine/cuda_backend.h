@@ -175,6 +175,7 @@ class CudaBackend final : public Backend {
   float* act(Act a) const;
   // act(a) from the selected row (select_rows) on.
   float* rows_at(Act a) const;
+  float* rows_at(Act a, int row) const;  // from row `row` on (attention_batch: any sequence's)
   const float* norm_weight(int layer, Norm which) const;
   // x (f32 [n, k]) times w ([m, k], dtype_) into y [n, m].
   void gemm(float* y, const float* x, const void* w, const float* bias, int n, int k, int m);

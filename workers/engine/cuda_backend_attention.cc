@@ -93,7 +93,6 @@ void CudaBackend::attention(int l, int n, float scale, kernels::KvCache& cache, 
 void CudaBackend::attention_batch(int l, float scale, std::span<const BatchAttention> items) {
   Scratch& s = *s_;
   const ModelConfig& c = model_.config;
-  const size_t width = static_cast<size_t>(c.num_heads) * c.head_dim;
   size_t sum_rows = 0, prob_rows = 0;
   for (const BatchAttention& it : items) {
     const size_t rows = static_cast<size_t>(c.num_heads) * it.stride;
@@ -112,8 +111,8 @@ void CudaBackend::attention_batch(int l, float scale, std::span<const BatchAtten
     cu::DeviceKvCache* rows = rows_of(*it.cache);
     KVB_CHECK(rows != nullptr) << "--device cuda: attention over a cache without device rows";
     cu::AttentionArgs& a = batch_args_[i];
-    a.out = act(Act::kAtt) + static_cast<size_t>(it.row) * width;
-    a.q = act(Act::kQ) + static_cast<size_t>(it.row) * width;
+    a.out = rows_at(Act::kAtt, it.row);
+    a.q = rows_at(Act::kQ, it.row);
     a.kv = rows->layer(l);
     a.n = 1;
     a.num_heads = c.num_heads;
