@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/aligned_scratch.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec.h"
 
@@ -50,69 +52,188 @@ void attend_row(const float* q, const LayerKvView& kv, int kvh, int first, int v
 // scores of the group's query heads against the visible keys in one matmul, a masked softmax
 // per row, then P x V in a second matmul (V transposed once per call). Probabilities, outputs and
 // statistics are the same quantities as the row path, up to f32 summation order.
+//
+// The bits are those of the first version of this path (kept by the tests in
+// test_attention_cpu.cc against a plain transcription of it): scores = matmul(q rows, keys);
+// per row, p = scores * scale, max, p = exp(p - max) with a double sum in slot order, p *= 1/sum;
+// P x V = matmul(P, V^T) over k = the head's length (window: the block's span), P zero past a
+// row's visible slots. What changed is only where the work goes: keys, V^T, P and the queries
+// sit in 64-byte aligned rows, so the matmul reads them in place (it copied P and V^T for every
+// block, about 35 GB per layer stack at 4K); P x V stops at the block's last visible slot
+// instead of the head's length (half the products, all of them 0 x v); the rows' max and sum
+// chains run eight rows at a time.
 constexpr int kBlockedMinQueries = 32;
 constexpr int kQueryBlock = 32;
+constexpr int kRowGroup = 8;  // rows whose max and sum chains are interleaved
+
+size_t round16(size_t x) { return (x + 15) / 16 * 16; }
+
+// max over p[first, visible), -inf when empty. In 16 interleaved lanes: the maximum is the same
+// number in any order (a NaN is skipped as std::max(acc, NaN) skips it); only the sign of a zero
+// maximum may differ, and exp(p - (+0)) == exp(p - (-0)) for every p.
+float row_max(const float* p, int first, int visible) {
+  float acc[16];
+  std::fill(acc, acc + 16, -INFINITY);
+  int s = first;
+  for (; s + 16 <= visible; s += 16) {
+    for (int l = 0; l < 16; ++l) acc[l] = std::max(acc[l], p[s + l]);
+  }
+  for (int l = 0; s < visible; ++s, ++l) acc[l] = std::max(acc[l], p[s]);
+  float m = -INFINITY;
+  for (int l = 0; l < 16; ++l) m = std::max(m, acc[l]);
+  return m;
+}
+
+// sum[r] = sum of p[r][first[r], visible[r]) in double, each row in increasing slot order, for
+// kRowGroup rows: the rows' chains interleaved where they all have slots, so that the adds'
+// latency overlaps.
+void row_sums(float* const* p, const int* first, const int* visible, double* sum) {
+  int lo = 0, hi = INT32_MAX;
+  for (int r = 0; r < kRowGroup; ++r) {
+    lo = std::max(lo, first[r]);
+    hi = std::min(hi, visible[r]);
+  }
+  hi = std::max(hi, lo);
+  double acc[kRowGroup];
+  for (int r = 0; r < kRowGroup; ++r) {
+    acc[r] = 0;
+    for (int s = first[r]; s < std::min(lo, visible[r]); ++s) acc[r] += p[r][s];
+  }
+  for (int s = lo; s < hi; ++s) {
+#pragma GCC unroll 8
+    for (int r = 0; r < kRowGroup; ++r) acc[r] += p[r][s];
+  }
+  for (int r = 0; r < kRowGroup; ++r) {
+    for (int s = std::max(hi, first[r]); s < visible[r]; ++s) acc[r] += p[r][s];
+    sum[r] = acc[r];
+  }
+}
+
+// Per row r of rows: p[r] = softmax(scale * src[r]) over [first[r], visible[r]), in place
+// (src may be p), as the row path computes it: p = src * scale, its max, p = exp(p - max) with
+// a double sum in increasing slot order, p *= (float)(1 / sum). p, src: row r at r * ld.
+void softmax_rows(float* p, const float* src, size_t ld, int rows, const int* first,
+                  const int* visible, float scale) {
+  std::vector<float*> pr(rows);
+  std::vector<double> sum(rows);
+  for (int r = 0; r < rows; ++r) {
+    pr[r] = p + static_cast<size_t>(r) * ld;
+    const float* sr = src + static_cast<size_t>(r) * ld;
+    for (int s = first[r]; s < visible[r]; ++s) pr[r][s] = sr[s] * scale;
+    const float mx = row_max(pr[r], first[r], visible[r]);
+    for (int s = first[r]; s < visible[r]; ++s) pr[r][s] = std::exp(pr[r][s] - mx);
+  }
+  int r = 0;
+  for (; r + kRowGroup <= rows; r += kRowGroup) {
+    row_sums(&pr[r], first + r, visible + r, &sum[r]);
+  }
+  for (; r < rows; ++r) {
+    double acc = 0;
+    for (int s = first[r]; s < visible[r]; ++s) acc += pr[r][s];
+    sum[r] = acc;
+  }
+  for (r = 0; r < rows; ++r) {
+    const float inv = static_cast<float>(1.0 / sum[r]);
+    for (int s = first[r]; s < visible[r]; ++s) pr[r][s] *= inv;
+  }
+}
+
+// One output of P x V over k = len slots in the matmul's order, P's row zero from `cut` on:
+// what the first version of this path computed for it. P x V now stops at `cut` (the products
+// past it are 0 x v); a lane sum that is -0 there would have become +0 by adding a 0 x v of
+// positive v, which can change only an output that is zero, so those are computed again here.
+float pv_full_width(const float* p, int cut, const LayerKvView& kv, int kvh, int len, int j) {
+  float lanes[16] = {};
+  for (int s = 0; s < len; ++s) {
+    const float ps = s < cut ? p[s] : 0.0f;
+    lanes[s & 15] = std::fma(ps, kv.value(kvh, s)[j], lanes[s & 15]);
+  }
+  return tree16(lanes);
+}
+
+// Per-thread buffers of one block: the group's queries, scores/probabilities, outputs, and
+// under a window the block's V^T span; 64-byte aligned (matmul reads aligned rows in place).
+struct BlockScratch {
+  AlignedScratch qb, sc, ob, vt_span;
+  std::vector<int> first, visible;
+};
 
 void attention_blocked(const AttentionArgs& a, int group) {
   const LayerKvView& kv = a.kv;
   const int d = kv.head_dim;
+  const size_t d16 = round16(d);
   const int n = a.n;
-  // V^T per KV head: [num_kv_heads][d, len] (the matmul's weight layout for P x V). Under a
-  // window each block transposes only the span it sees.
-  std::vector<std::vector<float>> vt(a.window > 0 ? 0 : kv.num_kv_heads);
-  for (int h = 0; h < static_cast<int>(vt.size()); ++h) {
+  // Keys per KV head in aligned rows ([len, d16]) and V^T ([d, ldv[h]], ldv[h] = round16(len):
+  // the matmul's weight layout for P x V), copied once per call; the cache's own key rows where
+  // they are aligned already. Under a window each block transposes only the span of V it sees.
+  const bool keys_aligned = reinterpret_cast<uintptr_t>(kv.keys) % 64 == 0 && d % 16 == 0;
+  std::vector<AlignedScratch> kc(keys_aligned ? 0 : kv.num_kv_heads);
+  std::vector<AlignedScratch> vt(a.window > 0 ? 0 : kv.num_kv_heads);
+  std::vector<const float*> keys(kv.num_kv_heads), vts(kv.num_kv_heads, nullptr);
+  std::vector<size_t> ldv(kv.num_kv_heads, 0);
+  const size_t ldk = keys_aligned ? static_cast<size_t>(d) : d16;
+  for (int h = 0; h < kv.num_kv_heads; ++h) {
     const int len = kv.lengths[h];
-    vt[h].resize(static_cast<size_t>(d) * len);
+    if (keys_aligned) {
+      keys[h] = kv.key(h, 0);
+    } else {
+      float* dst = kc[h].get(static_cast<size_t>(len) * d16);
+      for (int s = 0; s < len; ++s) std::memcpy(dst + s * d16, kv.key(h, s), d * sizeof(float));
+      keys[h] = dst;
+    }
+    if (a.window > 0) continue;
+    ldv[h] = round16(len);
+    float* t = vt[h].get(static_cast<size_t>(d) * ldv[h]);
     for (int s = 0; s < len; ++s) {
       const float* v = kv.value(h, s);
-      for (int j = 0; j < d; ++j) vt[h][static_cast<size_t>(j) * len + s] = v[j];
+      for (int j = 0; j < d; ++j) t[static_cast<size_t>(j) * ldv[h] + s] = v[j];
     }
+    vts[h] = t;
   }
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
-  auto run_block = [&](int kvh, int b, std::vector<float>& qb, std::vector<float>& sc,
-                       std::vector<float>& ob, std::vector<float>& vt_span) {
+  // Query heads [g0, g1) of KV head kvh's group, query block b.
+  auto run_block = [&](int kvh, int g0, int g1, int b, BlockScratch& t) {
     const int len = kv.lengths[kvh];
     const int i0 = b * kQueryBlock, i1 = std::min(n, i0 + kQueryBlock), nb = i1 - i0;
-    const int rows = group * nb;
+    const int rows = (g1 - g0) * nb;
     const int vis_max = len - n + i1;  // keys the last query of the block sees
-    // Without a window the block's keys are [0, vis_max) and probability rows have len entries;
-    // with one, [lo, vis_max) (the first query's window onwards) and rows of that span.
+    // Without a window the block's keys are [0, vis_max); with one, [lo, vis_max) (the first
+    // query's window onwards). Probability rows hold the span in aligned rows of lds.
     const int lo = a.window > 0 ? std::max(0, len - n + i0 - a.window + 1) : 0;
     const int span = vis_max - lo;
-    const int width = a.window > 0 ? span : len;
-    qb.resize(static_cast<size_t>(rows) * d);
-    for (int g = 0; g < group; ++g) {
+    const size_t lds = round16(span);
+    float* qb = t.qb.get(static_cast<size_t>(rows) * d16);
+    for (int g = g0; g < g1; ++g) {
       const int h = kvh * group + g;
       for (int r = 0; r < nb; ++r) {
-        std::memcpy(&qb[(static_cast<size_t>(g) * nb + r) * d],
+        std::memcpy(qb + (static_cast<size_t>(g - g0) * nb + r) * d16,
                     a.q + (static_cast<size_t>(i0 + r) * a.num_heads + h) * d, d * sizeof(float));
       }
     }
-    // Scores [rows, span], then probabilities padded with zeros to [rows, width].
-    sc.assign(static_cast<size_t>(rows) * width, 0.0f);
-    std::vector<float> tmp(static_cast<size_t>(rows) * span);
-    matmul(tmp.data(), qb.data(), kv.key(kvh, lo), nullptr, rows, d, span);
-    for (int g = 0; g < group; ++g) {
+    float* sc = t.sc.get(static_cast<size_t>(rows) * lds);
+    matmul_strided(sc, lds, qb, d16, keys[kvh] + lo * ldk, ldk, nullptr, rows, d, span);
+    t.first.resize(rows);
+    t.visible.resize(rows);
+    for (int g = g0; g < g1; ++g) {
+      for (int r = 0; r < nb; ++r) {
+        // Row entries [first, visible) relative to lo (first > 0 only under a window).
+        const int visible = len - n + i0 + r + 1 - lo;
+        const int row = (g - g0) * nb + r;
+        t.first[row] = a.window > 0 ? std::max(0, visible - a.window) : 0;
+        t.visible[row] = visible;
+      }
+    }
+    softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale);
+    for (int g = g0; g < g1; ++g) {
       const int h = kvh * group + g;
       for (int r = 0; r < nb; ++r) {
         const int i = i0 + r;
-        // Row entries [first, visible) relative to lo (first > 0 only under a window).
-        const int visible = len - n + i + 1 - lo;
-        const int first = a.window > 0 ? std::max(0, visible - a.window) : 0;
-        const float* srow = &tmp[(static_cast<size_t>(g) * nb + r) * span];
-        float* p = &sc[(static_cast<size_t>(g) * nb + r) * width];
-        float max_score = -INFINITY;
-        for (int s = first; s < visible; ++s) {
-          p[s] = srow[s] * a.scale;
-          max_score = std::max(max_score, p[s]);
-        }
-        double sum = 0;
-        for (int s = first; s < visible; ++s) {
-          p[s] = std::exp(p[s] - max_score);
-          sum += p[s];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int s = first; s < visible; ++s) p[s] *= inv;
+        const int row = (g - g0) * nb + r;
+        float* p = sc + static_cast<size_t>(row) * lds;
+        const int first = t.first[row], visible = t.visible[row];
+        // P x V reads [0, span): zero what the softmax left out.
+        std::fill(p, p + first, 0.0f);
+        std::fill(p + visible, p + span, 0.0f);
         if (a.col_sums) {
           float* cs = a.col_sums + static_cast<size_t>(h) * a.stats_stride;
           for (int s = 0; s < visible; ++s) cs[s] += p[s];
@@ -124,32 +245,43 @@ void attention_blocked(const AttentionArgs& a, int group) {
         }
       }
     }
-    ob.resize(static_cast<size_t>(rows) * d);
+    float* ob = t.ob.get(static_cast<size_t>(rows) * d);
     if (a.window > 0) {
-      vt_span.resize(static_cast<size_t>(d) * span);
+      float* vt_span = t.vt_span.get(static_cast<size_t>(d) * lds);  // [d, lds]
       for (int s = 0; s < span; ++s) {
         const float* v = kv.value(kvh, lo + s);
-        for (int j = 0; j < d; ++j) vt_span[static_cast<size_t>(j) * span + s] = v[j];
+        for (int j = 0; j < d; ++j) vt_span[static_cast<size_t>(j) * lds + s] = v[j];
+      }
+      matmul_strided(ob, d, sc, lds, vt_span, lds, nullptr, rows, span, d);
+    } else {
+      matmul_strided(ob, d, sc, lds, vts[kvh], ldv[kvh], nullptr, rows, span, d);
+      if (span < len) {
+        for (int row = 0; row < rows; ++row) {
+          float* o = ob + static_cast<size_t>(row) * d;
+          for (int j = 0; j < d; ++j) {
+            if (o[j] == 0.0f) {
+              o[j] = pv_full_width(sc + static_cast<size_t>(row) * lds, span, kv, kvh, len, j);
+            }
+          }
+        }
       }
     }
-    matmul(ob.data(), sc.data(), a.window > 0 ? vt_span.data() : vt[kvh].data(), nullptr, rows,
-           width, d);
-    for (int g = 0; g < group; ++g) {
+    for (int g = g0; g < g1; ++g) {
       const int h = kvh * group + g;
       for (int r = 0; r < nb; ++r) {
         std::memcpy(a.out + (static_cast<size_t>(i0 + r) * a.num_heads + h) * d,
-                    &ob[(static_cast<size_t>(g) * nb + r) * d], d * sizeof(float));
+                    ob + (static_cast<size_t>(g - g0) * nb + r) * d, d * sizeof(float));
       }
     }
   };
   if (a.col_sums) {
-    // Column sums accumulate in query order: one KV head per thread, its blocks in order.
+    // Column sums accumulate in query order: one query head per thread, its blocks in order.
 #pragma omp parallel
     {
-      std::vector<float> qb, sc, ob, vt_span;
+      BlockScratch t;
 #pragma omp for schedule(dynamic, 1)
-      for (int kvh = 0; kvh < kv.num_kv_heads; ++kvh) {
-        for (int b = 0; b < blocks; ++b) run_block(kvh, b, qb, sc, ob, vt_span);
+      for (int h = 0; h < a.num_heads; ++h) {
+        for (int b = 0; b < blocks; ++b) run_block(h / group, h % group, h % group + 1, b, t);
       }
     }
     return;
@@ -157,12 +289,12 @@ void attention_blocked(const AttentionArgs& a, int group) {
   const int jobs = kv.num_kv_heads * blocks;
 #pragma omp parallel
   {
-    std::vector<float> qb, sc, ob, vt_span;
+    BlockScratch t;
     // Later blocks see more keys: hand them out first.
 #pragma omp for schedule(dynamic, 1)
     for (int j = 0; j < jobs; ++j) {
       const int b = blocks - 1 - j / kv.num_kv_heads;
-      run_block(j % kv.num_kv_heads, b, qb, sc, ob, vt_span);
+      run_block(j % kv.num_kv_heads, 0, group, b, t);
     }
   }
 }

@@ -204,18 +204,22 @@ struct RowBlock {
   const float* base;  // [r1 - r0, stride]: row r0 of the block
   size_t stride;      // floats between rows
 };
-RowBlock pack_rows(const float* src, int k, int r0, int r1, bool pack, PackBuffer* buf) {
-  if (!pack) return {src + static_cast<size_t>(r0) * k, static_cast<size_t>(k)};
+// src: rows of k floats, `ld` floats apart.
+RowBlock pack_rows(const float* src, size_t ld, int k, int r0, int r1, bool pack,
+                   PackBuffer* buf) {
+  if (!pack) return {src + static_cast<size_t>(r0) * ld, ld};
   const size_t stride = (static_cast<size_t>(k) + kLanes - 1) / kLanes * kLanes;
   float* dst = buf->get(stride * (r1 - r0));  // [r1 - r0, stride]
   for (int r = r0; r < r1; ++r) {
-    std::memcpy(dst + (r - r0) * stride, src + static_cast<size_t>(r) * k, k * sizeof(float));
+    std::memcpy(dst + (r - r0) * stride, src + static_cast<size_t>(r) * ld, k * sizeof(float));
   }
   return {dst, stride};
 }
 
-bool aligned64(const float* p, int k) {
-  return reinterpret_cast<uintptr_t>(p) % 64 == 0 && k % kLanes == 0;
+// Rows that start on 64-byte boundaries: the base aligned and the row stride a whole number of
+// 16-float vectors.
+bool aligned64(const float* p, size_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % 64 == 0 && ld % kLanes == 0;
 }
 
 // Runs Tile over all outputs. Work units are (x row block, w panel) pairs: inside one, each R-row
@@ -223,9 +227,10 @@ bool aligned64(const float* p, int k) {
 // of x / w and drop those outputs; every output is computed by the same Tile in the same order.
 // No k-blocking: a tile keeps its lane sums in registers over the whole of k (splitting k would
 // spill 16 zmm per tile); for the model sizes (k <= 1536) a 4-row tile of x is <= 24 KiB (L1).
+// x: [n] rows of k floats, ldx apart; w: [m] rows of k, ldw apart; y: [n] rows of m, ldy apart.
 template <typename Tile>
-void matmul_tiled(float* y, const float* x, const float* w, const float* bias, int n, int k, int m,
-                  Tile tile) {
+void matmul_tiled(float* y, size_t ldy, const float* x, size_t ldx, const float* w, size_t ldw,
+                  const float* bias, int n, int k, int m, Tile tile) {
   constexpr int R = Tile::kRows, C = Tile::kCols;
   const int block_rows = R * std::max(1, 64 / R);
   // n <= R: one row block, so split m finely for the threads (decode: parallel over m).
@@ -239,12 +244,12 @@ void matmul_tiled(float* y, const float* x, const float* w, const float* bias, i
   // thread's units are consecutive and run over the x row blocks of a panel first, so it keeps
   // its last panel for the next unit of the same call (before: both were copied again for
   // every unit, e.g. each weight 32 times in a 2,048-token prefill).
-  const bool pack_x = R > 1 && !aligned64(x, k);
-  const bool pack_w = R > 1 && n >= 16 && !aligned64(w, k);
+  const bool pack_x = R > 1 && !aligned64(x, ldx);
+  const bool pack_w = R > 1 && n >= 16 && !aligned64(w, ldw);
   const double flops = 2.0 * n * static_cast<double>(k) * m;
   const bool parallel = units > 1 && flops >= 1.0e5 && !omp_in_parallel();
   thread_local PackBuffer x_buf;  // the calling thread's; the team reads it
-  const RowBlock xs = pack_rows(x, k, 0, n, pack_x, &x_buf);
+  const RowBlock xs = pack_rows(x, ldx, k, 0, n, pack_x, &x_buf);
   // A call id for the threads' kept w panels, drawn only when w is packed (decode-sized calls,
   // made concurrently by attention's threads, touch no shared counter).
   static std::atomic<uint64_t> calls{0};
@@ -262,10 +267,10 @@ void matmul_tiled(float* y, const float* x, const float* w, const float* bias, i
       const int i_end = std::min(n, i_begin + block_rows);
       const int j_end = std::min(m, j_begin + panel_cols);
       const RowBlock xb{xs.base + static_cast<size_t>(i_begin) * xs.stride, xs.stride};
-      RowBlock wb{w + static_cast<size_t>(j_begin) * k, static_cast<size_t>(k)};
+      RowBlock wb{w + static_cast<size_t>(j_begin) * ldw, ldw};
       if (pack_w) {
         if (w_call != call || w_panel != j_begin) {
-          w_kept = pack_rows(w, k, j_begin, j_end, true, &w_buf);
+          w_kept = pack_rows(w, ldw, k, j_begin, j_end, true, &w_buf);
           w_call = call;
           w_panel = j_begin;
         }
@@ -284,7 +289,7 @@ void matmul_tiled(float* y, const float* x, const float* w, const float* bias, i
           tile(xr, wr, k, out);
           const int cols = std::min(C, m - j0);
           for (int r = 0; r < rows; ++r) {
-            float* yr = y + static_cast<size_t>(i0 + r) * m + j0;  // [cols]
+            float* yr = y + static_cast<size_t>(i0 + r) * ldy + j0;  // [cols]
             if (bias != nullptr) {
               for (int c = 0; c < cols; ++c) yr[c] = out[r * C + c] + bias[j0 + c];
             } else {
@@ -305,24 +310,34 @@ void check_args(float* y, const float* x, const float* w, int n, int k, int m) {
 
 }  // namespace
 
-void matmul(float* y, const float* x, const float* w, const float* bias, int n, int k, int m) {
+void matmul_strided(float* y, size_t ldy, const float* x, size_t ldx, const float* w, size_t ldw,
+                    const float* bias, int n, int k, int m) {
   check_args(y, x, w, n, k, m);
+  KVB_CHECK(ldx >= static_cast<size_t>(k) && ldw >= static_cast<size_t>(k) &&
+            ldy >= static_cast<size_t>(m))
+      << "matmul_strided: row strides x " << ldx << ", w " << ldw << " below k=" << k
+      << " or y " << ldy << " below m=" << m;
   if (n == 0 || m == 0) return;
 #if defined(KVB_MATMUL_AVX512)
   if (n == 1) {
-    matmul_tiled(y, x, w, bias, n, k, m, TileAvx512<1, 16>{});
+    matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx512<1, 16>{});
   } else {
-    matmul_tiled(y, x, w, bias, n, k, m, TileAvx512<4, 4>{});
+    matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx512<4, 4>{});
   }
 #elif defined(KVB_MATMUL_AVX2)
   if (n == 1) {
-    matmul_tiled(y, x, w, bias, n, k, m, TileAvx2<1, 4>{});
+    matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx2<1, 4>{});
   } else {
-    matmul_tiled(y, x, w, bias, n, k, m, TileAvx2<2, 3>{});
+    matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx2<2, 3>{});
   }
 #else
-  matmul_tiled(y, x, w, bias, n, k, m, TilePortable{});
+  matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TilePortable{});
 #endif
+}
+
+void matmul(float* y, const float* x, const float* w, const float* bias, int n, int k, int m) {
+  matmul_strided(y, static_cast<size_t>(m), x, static_cast<size_t>(k), w, static_cast<size_t>(k),
+                 bias, n, k, m);
 }
 
 void matmul_portable(float* y, const float* x, const float* w, const float* bias, int n, int k,

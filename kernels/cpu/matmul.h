@@ -4,6 +4,8 @@
 // or the code path taken (AVX-512, AVX2 or portable).
 #pragma once
 
+#include <cstddef>
+
 namespace kvb::kernels::cpu {
 
 // y[i][j] = sum_p x[i][p] * w[j][p] (+ bias[j] when bias != nullptr), f32 accumulation.
@@ -17,6 +19,14 @@ namespace kvb::kernels::cpu {
 //   s2[l] = s4[l] + s4[l + 2], dot = s2[0] + s2[1]; then y = dot + bias[j].
 // Large calls run on OpenMP threads (over output tiles; over m when n == 1).
 void matmul(float* y, const float* x, const float* w, const float* bias, int n, int k, int m);
+
+// matmul over rows wider than their use: row i of x is x[i * ldx, i * ldx + k), row j of w is
+// w[j * ldw, j * ldw + k), row i of y is y[i * ldy, i * ldy + m) (ldx, ldw >= k; ldy >= m; the
+// rest of y's rows is not written). The same contract and bits as matmul on those entries.
+// Operands whose rows start on 64-byte boundaries (an aligned base and a stride of a multiple of
+// 16 floats) are read in place; others are copied once per call (x) or per panel (w).
+void matmul_strided(float* y, size_t ldy, const float* x, size_t ldx, const float* w, size_t ldw,
+                    const float* bias, int n, int k, int m);
 
 // The same contract and bit-identical results as matmul, computed one dot product at a time with
 // scalar std::fma (no SIMD, no threads). Slow; for tests that pin matmul's bits.
