@@ -1,11 +1,16 @@
 // Causal GQA attention over the ragged per-head cache with optional statistics, CPU reference.
 #include "kernels/cpu/attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "common/error.h"
 #include "kernels/cpu/aligned_scratch.h"
@@ -15,39 +20,6 @@
 namespace kvb::kernels::cpu {
 
 namespace {
-// One query row: probabilities into `p` ([visible]), output into `out` ([head_dim]). Scores and
-// the P x V sum use matmul's summation order (16 fma lanes over the summed index, then its fixed
-// tree), so a row gives the same bits here as in the blocked prefill path below.
-// Slots [first, visible) take part (first > 0 only under a window; p[0, first) is not written).
-void attend_row(const float* q, const LayerKvView& kv, int kvh, int first, int visible,
-                float scale, std::vector<float>& p, std::vector<float>& lanes, float* out) {
-  const int d = kv.head_dim;
-  p.resize(visible);
-  float max_score = -INFINITY;
-  for (int s = first; s < visible; ++s) {
-    p[s] = dot_matmul_order(q, kv.key(kvh, s), d) * scale;
-    max_score = std::max(max_score, p[s]);
-  }
-  double sum = 0;
-  for (int s = first; s < visible; ++s) {
-    p[s] = std::exp(p[s] - max_score);
-    sum += p[s];
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  lanes.assign(static_cast<size_t>(16) * d, 0.0f);  // [16 lanes, d]
-  for (int s = first; s < visible; ++s) {
-    p[s] *= inv;
-    float* acc = &lanes[static_cast<size_t>(s & 15) * d];
-    const float* v = kv.value(kvh, s);
-    for (int j = 0; j < d; ++j) acc[j] = std::fma(p[s], v[j], acc[j]);
-  }
-  float col[16];
-  for (int j = 0; j < d; ++j) {
-    for (int l = 0; l < 16; ++l) col[l] = lanes[static_cast<size_t>(l) * d + j];
-    out[j] = tree16(col);
-  }
-}
-
 // Prefill blocks of many queries go through the GEMM kernel: per (KV head, query block), the
 // scores of the group's query heads against the visible keys in one matmul, a masked softmax
 // per row, then P x V in a second matmul (V transposed once per call). Probabilities, outputs and
@@ -299,6 +271,168 @@ void attention_blocked(const AttentionArgs& a, int group) {
   }
 }
 
+// P x V of the row path for `rows` rows of KV head kvh: out[r][j] = tree16 over lanes l of the
+// sum, in increasing slot order with fused multiply-adds from +0, of p_r[s] * v_s[j] over the
+// slots s = l (mod 16) of [first[r], visible[r]) (absolute slots; p_r[s] at p + r * ldp + s -
+// lo). Each lane's sums stay in registers while the V rows of its slots stream by once for all
+// the rows (a query head's own pass kept 16 lane rows in memory and read V once per head).
+// lanes: scratch [rows, 16, d]; out: [rows, d].
+#if defined(__AVX512F__)
+constexpr int kPvRows = 4;  // rows per register block: 4 x 4 zmm of lane sums (64 columns)
+void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* visible, int rows,
+              const LayerKvView& kv, int kvh, float* lanes) {
+  const int d = kv.head_dim;
+  int lo_all = INT32_MAX, hi_all = 0;
+  for (int r = 0; r < rows; ++r) {
+    lo_all = std::min(lo_all, first[r]);
+    hi_all = std::max(hi_all, visible[r]);
+  }
+  for (int r0 = 0; r0 < rows; r0 += kPvRows) {
+    const int nr = std::min(kPvRows, rows - r0);
+    for (int j0 = 0; j0 < d; j0 += 64) {
+      const int nc = std::min(4, (d - j0 + 15) / 16);  // zmm columns in this group
+      __mmask16 mask[4];
+      for (int c = 0; c < 4; ++c) {
+        const int left = std::clamp(d - j0 - 16 * c, 0, 16);
+        mask[c] = static_cast<__mmask16>(left == 16 ? 0xFFFF : (1u << left) - 1u);
+      }
+      for (int l = 0; l < 16; ++l) {
+        __m512 acc[kPvRows][4];
+        for (int r = 0; r < kPvRows; ++r) {
+          for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+        }
+        // The first slot = l (mod 16) at or after lo_all.
+        for (int s = lo_all + ((l - lo_all) % 16 + 16) % 16; s < hi_all; s += 16) {
+          const float* v = kv.value(kvh, s) + j0;
+          __m512 vv[4];
+          for (int c = 0; c < nc; ++c) vv[c] = _mm512_maskz_loadu_ps(mask[c], v + 16 * c);
+          for (int r = 0; r < nr; ++r) {
+            if (s < first[r0 + r] || s >= visible[r0 + r]) continue;
+            const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(r0 + r) * ldp + (s - lo)]);
+            for (int c = 0; c < nc; ++c) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
+          }
+        }
+        for (int r = 0; r < nr; ++r) {
+          float* dst = lanes + (static_cast<size_t>(r0 + r) * 16 + l) * d + j0;
+          for (int c = 0; c < nc; ++c) _mm512_mask_storeu_ps(dst + 16 * c, mask[c], acc[r][c]);
+        }
+      }
+    }
+  }
+}
+#else
+void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* visible, int rows,
+              const LayerKvView& kv, int kvh, float* lanes) {
+  const int d = kv.head_dim;
+  std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    for (int s = first[r]; s < visible[r]; ++s) {
+      const float ps = p[static_cast<size_t>(r) * ldp + (s - lo)];
+      const float* v = kv.value(kvh, s);
+      float* acc = lanes + (static_cast<size_t>(r) * 16 + (s & 15)) * d;
+      for (int j = 0; j < d; ++j) acc[j] = std::fma(ps, v[j], acc[j]);
+    }
+  }
+}
+#endif
+
+// Per-thread buffers of attention_few.
+struct FewScratch {
+  AlignedScratch qb, sc, lanes;
+  std::vector<int> first, visible, rel_first, rel_visible;
+  float col[16];
+};
+
+// Fewer queries than a block (decode steps): each query row as the row path defines it (scores
+// in matmul's order, softmax_rows, P x V over the row's visible slots with lanes by slot), for
+// the rows of one KV head's query heads [g0, g1) together: one scores matmul over the keys they
+// see, P x V reading V once (pv_lanes). Row (g - g0) * n + i is query i of query head g.
+void attention_few(const AttentionArgs& a, int group) {
+  const LayerKvView& kv = a.kv;
+  const int d = kv.head_dim;
+  const size_t d16 = round16(d);
+  const int n = a.n;
+  auto run_job = [&](int kvh, int g0, int g1, FewScratch& t) {
+    const int len = kv.lengths[kvh];
+    const int rows = (g1 - g0) * n;
+    t.first.resize(rows);
+    t.visible.resize(rows);
+    int lo = len;
+    for (int row = 0; row < rows; ++row) {
+      const int visible = len - n + row % n + 1;
+      t.first[row] = a.window > 0 ? std::max(0, visible - a.window) : 0;
+      t.visible[row] = visible;
+      lo = std::min(lo, t.first[row]);
+    }
+    const int span = len - lo;  // slots [lo, len): what the last query sees, and every window
+    const size_t lds = round16(span);
+    float* qb = t.qb.get(static_cast<size_t>(rows) * d16);
+    for (int row = 0; row < rows; ++row) {
+      const int h = kvh * group + g0 + row / n, i = row % n;
+      std::memcpy(qb + row * d16, a.q + (static_cast<size_t>(i) * a.num_heads + h) * d,
+                  d * sizeof(float));
+    }
+    float* sc = t.sc.get(static_cast<size_t>(rows) * lds);
+    matmul_strided(sc, lds, qb, d16, kv.key(kvh, lo), d, nullptr, rows, d, span);
+    // The softmax on rows relative to lo.
+    t.rel_first.resize(rows);
+    t.rel_visible.resize(rows);
+    for (int row = 0; row < rows; ++row) {
+      t.rel_first[row] = t.first[row] - lo;
+      t.rel_visible[row] = t.visible[row] - lo;
+    }
+    softmax_rows(sc, sc, lds, rows, t.rel_first.data(), t.rel_visible.data(), a.scale);
+    float* lanes = t.lanes.get(static_cast<size_t>(rows) * 16 * d);
+    pv_lanes(sc, lds, lo, t.first.data(), t.visible.data(), rows, kv, kvh, lanes);
+    for (int row = 0; row < rows; ++row) {
+      const int h = kvh * group + g0 + row / n, i = row % n;
+      float* out = a.out + (static_cast<size_t>(i) * a.num_heads + h) * d;
+      const float* lr = lanes + static_cast<size_t>(row) * 16 * d;
+      for (int j = 0; j < d; ++j) {
+        for (int l = 0; l < 16; ++l) t.col[l] = lr[static_cast<size_t>(l) * d + j];
+        out[j] = tree16(t.col);
+      }
+      // Statistics are asked only without a window, where lo == 0.
+      const float* p = sc + static_cast<size_t>(row) * lds;
+      const int visible = t.visible[row];
+      if (a.col_sums) {
+        float* cs = a.col_sums + static_cast<size_t>(h) * a.stats_stride;
+        for (int s = 0; s < visible; ++s) cs[s] += p[s];
+      }
+      const int w_index = i - (n - a.last_w);
+      if (a.last_probs && w_index >= 0) {
+        float* lp = a.last_probs + (static_cast<size_t>(h) * a.last_w + w_index) * a.stats_stride;
+        std::memcpy(lp, p, visible * sizeof(float));
+      }
+    }
+  };
+  if (a.col_sums) {
+    // Column sums accumulate over queries: one query head per thread, its queries in order.
+#pragma omp parallel
+    {
+      FewScratch t;
+#pragma omp for schedule(dynamic, 1)
+      for (int h = 0; h < a.num_heads; ++h) run_job(h / group, h % group, h % group + 1, t);
+    }
+    return;
+  }
+  // Jobs of `chunk` query heads of one group: whole groups (V read once per KV head) when there
+  // are enough of them to share among the threads, down to single heads otherwise.
+  const int target = 4 * omp_get_max_threads();
+  const int chunk = std::clamp(a.num_heads / std::max(1, target), 1, group);
+  const int per_group = (group + chunk - 1) / chunk;
+  const int jobs = kv.num_kv_heads * per_group;
+#pragma omp parallel
+  {
+    FewScratch t;
+#pragma omp for schedule(dynamic, 1)
+    for (int j = 0; j < jobs; ++j) {
+      const int kvh = j / per_group, g0 = j % per_group * chunk;
+      run_job(kvh, g0, std::min(group, g0 + chunk), t);
+    }
+  }
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a) {
@@ -327,45 +461,10 @@ void attention(const AttentionArgs& a) {
       std::memset(a.last_probs, 0, rows * a.last_w * sizeof(float));
     }
   }
-  auto row = [&](int h, int i, std::vector<float>& p, std::vector<float>& lanes) {
-    const int kvh = h / group;
-    const int visible = kv.lengths[kvh] - a.n + i + 1;
-    const int first = a.window > 0 ? std::max(0, visible - a.window) : 0;
-    const float* q = a.q + (static_cast<size_t>(i) * a.num_heads + h) * d;
-    float* out = a.out + (static_cast<size_t>(i) * a.num_heads + h) * d;
-    attend_row(q, kv, kvh, first, visible, a.scale, p, lanes, out);
-    if (a.col_sums) {
-      float* cs = a.col_sums + static_cast<size_t>(h) * a.stats_stride;
-      for (int s = 0; s < visible; ++s) cs[s] += p[s];
-    }
-    const int w_index = i - (a.n - a.last_w);
-    if (a.last_probs && w_index >= 0) {
-      float* lp = a.last_probs + (static_cast<size_t>(h) * a.last_w + w_index) * a.stats_stride;
-      std::memcpy(lp, p.data(), visible * sizeof(float));
-    }
-  };
   if (a.n >= kBlockedMinQueries) {
     attention_blocked(a, group);
-    return;
-  }
-  if (a.col_sums) {
-    // Column sums accumulate over queries: one head per thread keeps the order fixed.
-#pragma omp parallel
-    {
-      std::vector<float> p, lanes;
-#pragma omp for schedule(dynamic, 1)
-      for (int h = 0; h < a.num_heads; ++h) {
-        for (int i = 0; i < a.n; ++i) row(h, i, p, lanes);
-      }
-    }
-    return;
-  }
-  const int total = a.num_heads * a.n;
-#pragma omp parallel
-  {
-    std::vector<float> p, lanes;
-#pragma omp for schedule(dynamic, 4)
-    for (int job = 0; job < total; ++job) row(job / a.n, job % a.n, p, lanes);
+  } else {
+    attention_few(a, group);
   }
 }
 
