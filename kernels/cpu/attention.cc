@@ -437,7 +437,6 @@ void attention_few(const AttentionArgs& a, int group) {
 
 void attention(const AttentionArgs& a) {
   const LayerKvView& kv = a.kv;
-  const int d = kv.head_dim;
   KVB_CHECK(a.num_heads % kv.num_kv_heads == 0)
       << "num_heads " << a.num_heads << " not a multiple of num_kv_heads " << kv.num_kv_heads;
   const int group = a.num_heads / kv.num_kv_heads;
