@@ -292,6 +292,10 @@ void matmul_tiled(float* y, size_t ldy, const float* x, size_t ldx, const float*
             float* yr = y + static_cast<size_t>(i0 + r) * ldy + j0;  // [cols]
             if (bias != nullptr) {
               for (int c = 0; c < cols; ++c) yr[c] = out[r * C + c] + bias[j0 + c];
+            } else if (cols == C) {
+              // A whole tile row: a fixed-size copy the compiler inlines (the variable-length
+              // loop below became a memcpy call per row of every tile).
+              std::memcpy(yr, &out[r * C], C * sizeof(float));
             } else {
               for (int c = 0; c < cols; ++c) yr[c] = out[r * C + c];
             }

@@ -133,6 +133,45 @@ TEST(Matmul, AlignedAndMisalignedOperands) {
   }
 }
 
+// matmul_strided reads rows of k from wider rows (aligned strides read in place, others
+// copied) and writes rows of m into wider rows, leaving the rest of them alone: the bits of
+// matmul on the packed operands.
+TEST(Matmul, StridedRowsGiveTheSameBits) {
+  for (const Shape& s :
+       {Shape{1, 64, 300}, Shape{3, 40, 17}, Shape{40, 64, 70}, Shape{96, 33, 129}}) {
+    for (const size_t pad : {size_t{0}, size_t{7}, size_t{16}, size_t{24}}) {
+      SCOPED_TRACE(testing::Message()
+                   << "n=" << s.n << " k=" << s.k << " m=" << s.m << " pad=" << pad);
+      const size_t ldx = s.k + pad, ldw = s.k + pad + (pad == 16 ? 0 : 3), ldy = s.m + pad + 1;
+      const std::vector<float> x = random_vec(static_cast<size_t>(s.n) * ldx, 31);  // [n, ldx]
+      const std::vector<float> w = random_vec(static_cast<size_t>(s.m) * ldw, 32);  // [m, ldw]
+      std::vector<float> xp(static_cast<size_t>(s.n) * s.k), wp(static_cast<size_t>(s.m) * s.k);
+      for (int i = 0; i < s.n; ++i) {
+        std::memcpy(&xp[static_cast<size_t>(i) * s.k], &x[i * ldx], s.k * sizeof(float));
+      }
+      for (int j = 0; j < s.m; ++j) {
+        std::memcpy(&wp[static_cast<size_t>(j) * s.k], &w[j * ldw], s.k * sizeof(float));
+      }
+      std::vector<float> emu(static_cast<size_t>(s.n) * s.m);  // [n, m]
+      matmul_portable(emu.data(), xp.data(), wp.data(), nullptr, s.n, s.k, s.m);
+      // On 64-byte boundaries (pad 16: rows of whole vectors) and off them.
+      for (const int off : {0, 3}) {
+        std::vector<float> xs, ws;
+        std::vector<float> y(static_cast<size_t>(s.n) * ldy, -5.0f);  // [n, ldy]
+        matmul_strided(y.data(), ldy, place(x, off, &xs), ldx, place(w, off, &ws), ldw, nullptr,
+                       s.n, s.k, s.m);
+        for (int i = 0; i < s.n; ++i) {
+          ASSERT_TRUE(same_bits(&y[i * ldy], &emu[static_cast<size_t>(i) * s.m], s.m))
+              << "row " << i << " offset " << off;
+          for (size_t j = s.m; j < ldy; ++j) ASSERT_EQ(y[i * ldy + j], -5.0f) << "row " << i;
+        }
+      }
+    }
+  }
+  std::vector<float> y(8), x(8), w(8);
+  EXPECT_THROW(matmul_strided(y.data(), 2, x.data(), 1, w.data(), 2, nullptr, 1, 2, 2), kvb::Error);
+}
+
 // Row i of y depends only on row i of x and on w: same bits alone (n = 1, the decode kernel),
 // inside a batch of 37 (the tiled kernel, rows at every position of a tile and edge tiles),
 // and with 1, 2 or 3 OpenMP threads.
