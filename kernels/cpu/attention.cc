@@ -30,10 +30,11 @@ namespace {
 // per row, p = scores * scale, max, p = exp(p - max) with a double sum in slot order, p *= 1/sum;
 // P x V = matmul(P, V^T) over k = the head's length (window: the block's span), P zero past a
 // row's visible slots. What changed is only where the work goes: keys, V^T, P and the queries
-// sit in 64-byte aligned rows, so the matmul reads them in place (it copied P and V^T for every
-// block, about 35 GB per layer stack at 4K); P x V stops at the block's last visible slot
-// instead of the head's length (half the products, all of them 0 x v); the rows' max and sum
-// chains run eight rows at a time.
+// sit in 64-byte aligned rows, so the matmul reads them in place (it copied P, V^T and the keys
+// for every block: about 35 GB for a 4,096-token prompt on SmolLM2); P x V stops at the block's
+// last visible slot instead of the head's length (half the products, all of them 0 x v); the
+// rows' max and sum chains run eight rows at a time. Fewer queries than a block (decode) take
+// attention_few below, with the row path's definition.
 constexpr int kBlockedMinQueries = 32;
 constexpr int kQueryBlock = 32;
 constexpr int kRowGroup = 8;  // rows whose max and sum chains are interleaved

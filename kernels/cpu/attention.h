@@ -29,9 +29,11 @@ struct AttentionArgs {
 
 // Query i of n (0-based) sees slots [0, length(head) - n + i] of its KV head: everything cached
 // before the block plus the block's tokens up to itself (with a window W: only the slots
-// [max(0, length - n + i - W + 1), length - n + i]). Softmax in f32 with max subtraction;
-// one score row per thread, never an n x n matrix. Column sums add queries in increasing order
-// (deterministic); when they are requested, threads split heads rather than queries.
+// [max(0, length - n + i - W + 1), length - n + i]). Softmax in f32 with max subtraction and a
+// double sum; never an n x n matrix (blocks of 32 queries). Scores and P x V in matmul's
+// summation order. Column sums add queries in increasing order (deterministic); when they are
+// requested, threads split query heads rather than queries. The bits do not depend on the
+// thread count; test_attention_cpu pins them to a plain transcription of the definition.
 void attention(const AttentionArgs& args);
 
 }  // namespace kvb::kernels::cpu

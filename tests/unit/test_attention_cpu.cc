@@ -1,10 +1,11 @@
 // cpu::attention against a plain transcription of its first version (kernels/cpu/attention.cc
 // before the aligned-rows rework), bit for bit: outputs, column sums and last-w probabilities,
 // every shape class (one query, a few, blocks of 32 with a partial last one, ragged heads, GQA
-// groups 1-4, head_dim not a multiple of 16, windows, statistics, aligned and unaligned caches)
-// and the one case where dropping P x V's trailing 0 x v products could change a bit (an output
-// that is zero with every lane at -0).
+// groups 1-8, head_dim not a multiple of 16, windows, statistics, aligned and unaligned caches,
+// 1-3 threads) and the one case where dropping P x V's trailing 0 x v products could change a
+// bit (an output that is zero with every lane at -0).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -200,7 +201,14 @@ TEST(AttentionCpu, EveryShapeGivesTheFirstVersionsBits) {
     // Sharp rows too: scaled queries make some probabilities underflow to 0.
     std::vector<float> q(static_cast<size_t>(c.n) * c.num_heads * c.head_dim);
     for (size_t i = 0; i < q.size(); ++i) q[i] = normal(rng) * (i % 7 == 0 ? 30.0f : 1.0f);
-    run_case(c, layer, q);
+    // Thread counts change how the heads are split into jobs, not the bits.
+    const int threads = omp_get_max_threads();
+    for (const int t : {1, 2, 3}) {
+      SCOPED_TRACE(testing::Message() << t << " threads");
+      omp_set_num_threads(t);
+      run_case(c, layer, q);
+    }
+    omp_set_num_threads(threads);
   }
 }
 
