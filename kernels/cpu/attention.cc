@@ -34,7 +34,7 @@ namespace {
 // for every block: about 35 GB for a 4,096-token prompt on SmolLM2); P x V stops at the block's
 // last visible slot instead of the head's length (half the products, all of them 0 x v); the
 // rows' max and sum chains run eight rows at a time. Fewer queries than a block (decode) take
-// attention_few below, with the row path's definition.
+// run_few_job below, with the row path's definition.
 constexpr int kBlockedMinQueries = 32;
 constexpr int kQueryBlock = 32;
 constexpr int kRowGroup = 8;  // rows whose max and sum chains are interleaved
@@ -337,110 +337,118 @@ void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* v
 }
 #endif
 
-// Per-thread buffers of attention_few.
+// Per-thread buffers of run_few_job.
 struct FewScratch {
   AlignedScratch qb, sc, lanes;
   std::vector<int> first, visible, rel_first, rel_visible;
   float col[16];
 };
 
+// One job of run_few_job: query heads [g0, g1) of KV head kvh's group in call `a`.
+struct FewJob {
+  const AttentionArgs* a;
+  int group, kvh, g0, g1;
+};
+
 // Fewer queries than a block (decode steps): each query row as the row path defines it (scores
 // in matmul's order, softmax_rows, P x V over the row's visible slots with lanes by slot), for
 // the rows of one KV head's query heads [g0, g1) together: one scores matmul over the keys they
 // see, P x V reading V once (pv_lanes). Row (g - g0) * n + i is query i of query head g.
-void attention_few(const AttentionArgs& a, int group) {
+void run_few_job(const FewJob& job, FewScratch& t) {
+  const AttentionArgs& a = *job.a;
   const LayerKvView& kv = a.kv;
   const int d = kv.head_dim;
   const size_t d16 = round16(d);
-  const int n = a.n;
-  auto run_job = [&](int kvh, int g0, int g1, FewScratch& t) {
-    const int len = kv.lengths[kvh];
-    const int rows = (g1 - g0) * n;
-    t.first.resize(rows);
-    t.visible.resize(rows);
-    int lo = len;
-    for (int row = 0; row < rows; ++row) {
-      const int visible = len - n + row % n + 1;
-      t.first[row] = a.window > 0 ? std::max(0, visible - a.window) : 0;
-      t.visible[row] = visible;
-      lo = std::min(lo, t.first[row]);
-    }
-    const int span = len - lo;  // slots [lo, len): what the last query sees, and every window
-    const size_t lds = round16(span);
-    float* qb = t.qb.get(static_cast<size_t>(rows) * d16);
-    for (int row = 0; row < rows; ++row) {
-      const int h = kvh * group + g0 + row / n, i = row % n;
-      std::memcpy(qb + row * d16, a.q + (static_cast<size_t>(i) * a.num_heads + h) * d,
-                  d * sizeof(float));
-    }
-    float* sc = t.sc.get(static_cast<size_t>(rows) * lds);
-    matmul_strided(sc, lds, qb, d16, kv.key(kvh, lo), d, nullptr, rows, d, span);
-    // The softmax on rows relative to lo.
-    t.rel_first.resize(rows);
-    t.rel_visible.resize(rows);
-    for (int row = 0; row < rows; ++row) {
-      t.rel_first[row] = t.first[row] - lo;
-      t.rel_visible[row] = t.visible[row] - lo;
-    }
-    softmax_rows(sc, sc, lds, rows, t.rel_first.data(), t.rel_visible.data(), a.scale);
-    float* lanes = t.lanes.get(static_cast<size_t>(rows) * 16 * d);
-    pv_lanes(sc, lds, lo, t.first.data(), t.visible.data(), rows, kv, kvh, lanes);
-    for (int row = 0; row < rows; ++row) {
-      const int h = kvh * group + g0 + row / n, i = row % n;
-      float* out = a.out + (static_cast<size_t>(i) * a.num_heads + h) * d;
-      const float* lr = lanes + static_cast<size_t>(row) * 16 * d;
-      for (int j = 0; j < d; ++j) {
-        for (int l = 0; l < 16; ++l) t.col[l] = lr[static_cast<size_t>(l) * d + j];
-        out[j] = tree16(t.col);
-      }
-      // Statistics are asked only without a window, where lo == 0.
-      const float* p = sc + static_cast<size_t>(row) * lds;
-      const int visible = t.visible[row];
-      if (a.col_sums) {
-        float* cs = a.col_sums + static_cast<size_t>(h) * a.stats_stride;
-        for (int s = 0; s < visible; ++s) cs[s] += p[s];
-      }
-      const int w_index = i - (n - a.last_w);
-      if (a.last_probs && w_index >= 0) {
-        float* lp = a.last_probs + (static_cast<size_t>(h) * a.last_w + w_index) * a.stats_stride;
-        std::memcpy(lp, p, visible * sizeof(float));
-      }
-    }
-  };
-  if (a.col_sums) {
-    // Column sums accumulate over queries: one query head per thread, its queries in order.
-#pragma omp parallel
-    {
-      FewScratch t;
-#pragma omp for schedule(dynamic, 1)
-      for (int h = 0; h < a.num_heads; ++h) run_job(h / group, h % group, h % group + 1, t);
-    }
-    return;
+  const int n = a.n, group = job.group, kvh = job.kvh, g0 = job.g0, g1 = job.g1;
+  const int len = kv.lengths[kvh];
+  const int rows = (g1 - g0) * n;
+  t.first.resize(rows);
+  t.visible.resize(rows);
+  int lo = len;
+  for (int row = 0; row < rows; ++row) {
+    const int visible = len - n + row % n + 1;
+    t.first[row] = a.window > 0 ? std::max(0, visible - a.window) : 0;
+    t.visible[row] = visible;
+    lo = std::min(lo, t.first[row]);
   }
-  // Jobs of `chunk` query heads of one group: whole groups (V read once per KV head) when there
-  // are enough of them to share among the threads, down to single heads otherwise.
-  const int target = 4 * omp_get_max_threads();
-  const int chunk = std::clamp(a.num_heads / std::max(1, target), 1, group);
-  const int per_group = (group + chunk - 1) / chunk;
-  const int jobs = kv.num_kv_heads * per_group;
-#pragma omp parallel
-  {
-    FewScratch t;
-#pragma omp for schedule(dynamic, 1)
-    for (int j = 0; j < jobs; ++j) {
-      const int kvh = j / per_group, g0 = j % per_group * chunk;
-      run_job(kvh, g0, std::min(group, g0 + chunk), t);
+  const int span = len - lo;  // slots [lo, len): what the last query sees, and every window
+  const size_t lds = round16(span);
+  float* qb = t.qb.get(static_cast<size_t>(rows) * d16);
+  for (int row = 0; row < rows; ++row) {
+    const int h = kvh * group + g0 + row / n, i = row % n;
+    std::memcpy(qb + row * d16, a.q + (static_cast<size_t>(i) * a.num_heads + h) * d,
+                d * sizeof(float));
+  }
+  float* sc = t.sc.get(static_cast<size_t>(rows) * lds);
+  matmul_strided(sc, lds, qb, d16, kv.key(kvh, lo), d, nullptr, rows, d, span);
+  // The softmax on rows relative to lo.
+  t.rel_first.resize(rows);
+  t.rel_visible.resize(rows);
+  for (int row = 0; row < rows; ++row) {
+    t.rel_first[row] = t.first[row] - lo;
+    t.rel_visible[row] = t.visible[row] - lo;
+  }
+  softmax_rows(sc, sc, lds, rows, t.rel_first.data(), t.rel_visible.data(), a.scale);
+  float* lanes = t.lanes.get(static_cast<size_t>(rows) * 16 * d);
+  pv_lanes(sc, lds, lo, t.first.data(), t.visible.data(), rows, kv, kvh, lanes);
+  for (int row = 0; row < rows; ++row) {
+    const int h = kvh * group + g0 + row / n, i = row % n;
+    float* out = a.out + (static_cast<size_t>(i) * a.num_heads + h) * d;
+    const float* lr = lanes + static_cast<size_t>(row) * 16 * d;
+    for (int j = 0; j < d; ++j) {
+      for (int l = 0; l < 16; ++l) t.col[l] = lr[static_cast<size_t>(l) * d + j];
+      out[j] = tree16(t.col);
+    }
+    // Statistics are asked only without a window, where lo == 0.
+    const float* p = sc + static_cast<size_t>(row) * lds;
+    const int visible = t.visible[row];
+    if (a.col_sums) {
+      float* cs = a.col_sums + static_cast<size_t>(h) * a.stats_stride;
+      for (int s = 0; s < visible; ++s) cs[s] += p[s];
+    }
+    const int w_index = i - (n - a.last_w);
+    if (a.last_probs && w_index >= 0) {
+      float* lp = a.last_probs + (static_cast<size_t>(h) * a.last_w + w_index) * a.stats_stride;
+      std::memcpy(lp, p, visible * sizeof(float));
     }
   }
 }
 
-}  // namespace
+// Appends the jobs of call `a`: with column sums one query head each (they accumulate over its
+// queries in order), otherwise `chunk` query heads of a group each (whole groups read K and V
+// once per KV head).
+void add_few_jobs(const AttentionArgs& a, int group, int chunk, std::vector<FewJob>* jobs) {
+  if (a.col_sums) chunk = 1;
+  for (int kvh = 0; kvh < a.kv.num_kv_heads; ++kvh) {
+    for (int g0 = 0; g0 < group; g0 += chunk) {
+      jobs->push_back({&a, group, kvh, g0, std::min(group, g0 + chunk)});
+    }
+  }
+}
 
-void attention(const AttentionArgs& a) {
+// Runs the jobs on the OpenMP threads; a job's bits do not depend on which thread or with which
+// other jobs it runs.
+void run_few_jobs(const std::vector<FewJob>& jobs) {
+  const int count = static_cast<int>(jobs.size());
+#pragma omp parallel if (count > 1)
+  {
+    FewScratch t;
+#pragma omp for schedule(dynamic, 1)
+    for (int j = 0; j < count; ++j) run_few_job(jobs[j], t);
+  }
+}
+
+// Query heads per job: whole groups when there are enough jobs to share among the threads
+// (`heads` query heads in all), down to single heads otherwise.
+int few_chunk(int heads, int group) {
+  return std::clamp(heads / std::max(1, 4 * omp_get_max_threads()), 1, group);
+}
+
+// Checks a call's arguments and zeroes its statistics; returns its GQA group size.
+int prepare(const AttentionArgs& a) {
   const LayerKvView& kv = a.kv;
   KVB_CHECK(a.num_heads % kv.num_kv_heads == 0)
       << "num_heads " << a.num_heads << " not a multiple of num_kv_heads " << kv.num_kv_heads;
-  const int group = a.num_heads / kv.num_kv_heads;
   int max_len = 0;
   for (int h = 0; h < kv.num_kv_heads; ++h) {
     KVB_CHECK(kv.lengths[h] >= a.n) << "attention: head " << h << " holds " << kv.lengths[h]
@@ -461,11 +469,32 @@ void attention(const AttentionArgs& a) {
       std::memset(a.last_probs, 0, rows * a.last_w * sizeof(float));
     }
   }
-  if (a.n >= kBlockedMinQueries) {
-    attention_blocked(a, group);
-  } else {
-    attention_few(a, group);
+  return a.num_heads / kv.num_kv_heads;
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a) {
+  const int group = prepare(a);
+  if (a.n >= kBlockedMinQueries) return attention_blocked(a, group);
+  std::vector<FewJob> jobs;
+  add_few_jobs(a, group, few_chunk(a.num_heads, group), &jobs);
+  run_few_jobs(jobs);
+}
+
+void attention_batch(std::span<const AttentionArgs> calls) {
+  std::vector<FewJob> jobs;
+  int heads = 0;
+  for (const AttentionArgs& a : calls) heads += a.n < kBlockedMinQueries ? a.num_heads : 0;
+  for (const AttentionArgs& a : calls) {
+    const int group = prepare(a);
+    if (a.n >= kBlockedMinQueries) {
+      attention_blocked(a, group);
+    } else {
+      add_few_jobs(a, group, few_chunk(heads, group), &jobs);
+    }
   }
+  run_few_jobs(jobs);
 }
 
 }  // namespace kvb::kernels::cpu

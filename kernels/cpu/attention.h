@@ -4,6 +4,8 @@
 // Query head h reads KV head h / (num_heads / num_kv_heads).
 #pragma once
 
+#include <span>
+
 #include "kernels/kv_cache.h"
 
 namespace kvb::kernels::cpu {
@@ -35,5 +37,11 @@ struct AttentionArgs {
 // requested, threads split query heads rather than queries. The bits do not depend on the
 // thread count; test_attention_cpu pins them to a plain transcription of the definition.
 void attention(const AttentionArgs& args);
+
+// Several independent calls (a decode batch's sequences, one layer): the results of
+// attention(calls[i]) for every i, bit for bit, with the KV heads of all the calls shared among
+// the threads in one parallel region (calls of fewer than 32 queries; larger ones run one
+// after another). The calls must not write to the same memory.
+void attention_batch(std::span<const AttentionArgs> calls);
 
 }  // namespace kvb::kernels::cpu

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <random>
 #include <vector>
@@ -210,6 +211,75 @@ TEST(AttentionCpu, EveryShapeGivesTheFirstVersionsBits) {
     }
     omp_set_num_threads(threads);
   }
+}
+
+// attention_batch: each call's outputs and statistics are those of the first version alone,
+// with the calls' heads shared among 1-3 threads in one region (and a call of 40 queries, which
+// takes the blocked path, among them).
+TEST(AttentionCpu, BatchGivesEachCallsBits) {
+  const std::vector<Case> cases = {
+      {"seq 0, h2o-like", 1, 9, 3, 64, {300, 120, 301}, 0, true, 0},
+      {"seq 1, full", 1, 9, 3, 64, {1000, 1000, 1000}},
+      {"seq 2, snapkv-like last-w", 1, 9, 3, 64, {129, 130, 128}, 0, false, 1, 4},
+      {"seq 3, a few queries", 4, 9, 3, 64, {50, 60, 70}, 0, true, 2},
+      {"seq 4, a block", 40, 9, 3, 64, {40, 41, 90}, 0, true, 8},
+  };
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Call {
+    std::unique_ptr<Layer> layer;
+    std::vector<float> q, out, cs, lp;
+  };
+  std::vector<Call> calls(cases.size());
+  std::vector<cpu::AttentionArgs> args(cases.size());
+  for (size_t b = 0; b < cases.size(); ++b) {
+    const Case& c = cases[b];
+    const int capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 2;
+    Call& k = calls[b];
+    k.layer = std::make_unique<Layer>(c.num_kv_heads, c.head_dim, capacity, c.lengths, c.offset);
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      for (int s = 0; s < capacity; ++s) {
+        for (int j = 0; j < c.head_dim; ++j) {
+          k.layer->view.key(h, s)[j] = normal(rng);
+          k.layer->view.value(h, s)[j] = normal(rng);
+        }
+      }
+    }
+    k.q.resize(static_cast<size_t>(c.n) * c.num_heads * c.head_dim);
+    for (float& x : k.q) x = normal(rng);
+    k.out.assign(k.q.size(), -1.0f);
+    cpu::AttentionArgs& a = args[b];
+    a.out = k.out.data();
+    a.q = k.q.data();
+    a.kv = k.layer->view;
+    a.n = c.n;
+    a.num_heads = c.num_heads;
+    a.scale = 0.125f;
+    a.stats_stride = capacity;
+    if (c.col_sums) {
+      k.cs.assign(static_cast<size_t>(c.num_heads) * capacity, 3.0f);
+      a.col_sums = k.cs.data();
+    }
+    if (c.last_w > 0) {
+      k.lp.assign(static_cast<size_t>(c.num_heads) * c.last_w * capacity, 3.0f);
+      a.last_probs = k.lp.data();
+      a.last_w = c.last_w;
+    }
+  }
+  const int threads = omp_get_max_threads();
+  for (const int t : {1, 2, 3}) {
+    SCOPED_TRACE(testing::Message() << t << " threads");
+    omp_set_num_threads(t);
+    cpu::attention_batch(args);
+    for (size_t b = 0; b < cases.size(); ++b) {
+      std::vector<float> want_out, want_cs, want_lp;
+      first_version(args[b], &want_out, &want_cs, &want_lp);
+      same_bits(calls[b].out, want_out, "out", cases[b].name);
+      if (cases[b].col_sums) same_bits(calls[b].cs, want_cs, "col_sums", cases[b].name);
+      if (cases[b].last_w > 0) same_bits(calls[b].lp, want_lp, "last_probs", cases[b].name);
+    }
+  }
+  omp_set_num_threads(threads);
 }
 
 // P x V stops at a block's last visible slot; the first version went on over the rest of the

@@ -237,6 +237,44 @@ void CpuBackend::attention(int l, int n, float scale, kernels::KvCache& cache, b
   stats->last_w = args.last_w;
 }
 
+void CpuBackend::attention_batch(int l, float scale, std::span<const BatchAttention> items) {
+  const ModelConfig& c = model_.config;
+  const size_t width = static_cast<size_t>(c.num_heads) * c.head_dim;
+  const int B = static_cast<int>(items.size());
+  batch_col_sums_.resize(B);
+  batch_last_probs_.resize(B);
+  batch_args_.resize(B);
+  for (int b = 0; b < B; ++b) {
+    const BatchAttention& it = items[b];
+    kernels::LayerKvView view = it.cache->layer(l);
+    cpu::AttentionArgs& args = batch_args_[b];
+    args = {buf(Act::kAtt).data() + it.row * width,
+            buf(Act::kQ).data() + it.row * width,
+            view,
+            1,
+            c.num_heads,
+            scale};
+    const size_t rows = static_cast<size_t>(c.num_heads) * it.stride;
+    if (it.col_sums) {
+      batch_col_sums_[b].resize(rows);
+      args.col_sums = batch_col_sums_[b].data();
+    }
+    if (it.last_w > 0) {
+      batch_last_probs_[b].resize(rows * it.last_w);
+      args.last_probs = batch_last_probs_[b].data();
+      args.last_w = it.last_w;
+    }
+    args.stats_stride = it.stride;
+    args.window = c.sliding(l) ? c.window[l] : 0;
+  }
+  cpu::attention_batch(batch_args_);
+  for (int b = 0; b < B; ++b) {
+    items[b].stats->col_sums = batch_args_[b].col_sums;
+    items[b].stats->last_probs = batch_args_[b].last_probs;
+    items[b].stats->last_w = batch_args_[b].last_w;
+  }
+}
+
 void CpuBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs args,
                                  const kernels::KvCache& cache, kernels::EvictionPlan* plan) {
   args.q = rows(Act::kQ);

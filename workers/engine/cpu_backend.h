@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "common/error.h"
 #include "kernels/comm.h"
+#include "kernels/cpu/attention.h"
 #include "workers/engine/backend.h"
 #include "workers/engine/engine_base.h"
 #include "workers/engine/model.h"
@@ -54,6 +56,10 @@ class CpuBackend final : public Backend {
   void roll_keys(int layer, kernels::KvCache& cache) override;
   void attention(int layer, int n, float scale, kernels::KvCache& cache, bool col_sums,
                  int last_w, int stride, policies::LayerStats* stats) override;
+  // A decode batch's attention in one parallel region (cpu::attention_batch): the bits of
+  // attention() per sequence, each sequence's statistics in its own buffers.
+  bool attends_batch() const override { return true; }
+  void attention_batch(int layer, float scale, std::span<const BatchAttention> items) override;
   double stats_to_host(policies::LayerStats* stats) override {
     (void)stats;
     return 0;
@@ -87,6 +93,9 @@ class CpuBackend final : public Backend {
   // Activations, reused across passes: [n, dim], [n, q_dim], [n, kv_dim], [n, hidden_dim].
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<float> col_sums_, last_probs_;  // policy statistics
+  // attention_batch's: per sequence its statistics, and the calls.
+  std::vector<std::vector<float>> batch_col_sums_, batch_last_probs_;
+  std::vector<kernels::cpu::AttentionArgs> batch_args_;
   std::vector<float> rolled_keys_;            // rolling positions: rotated keys
   std::vector<int32_t> rolled_pos_;
 };
