@@ -205,8 +205,7 @@ struct RowBlock {
   size_t stride;      // floats between rows
 };
 // src: rows of k floats, `ld` floats apart.
-RowBlock pack_rows(const float* src, size_t ld, int k, int r0, int r1, bool pack,
-                   PackBuffer* buf) {
+RowBlock pack_rows(const float* src, size_t ld, int k, int r0, int r1, bool pack, PackBuffer* buf) {
   if (!pack) return {src + static_cast<size_t>(r0) * ld, ld};
   const size_t stride = (static_cast<size_t>(k) + kLanes - 1) / kLanes * kLanes;
   float* dst = buf->get(stride * (r1 - r0));  // [r1 - r0, stride]
@@ -319,8 +318,8 @@ void matmul_strided(float* y, size_t ldy, const float* x, size_t ldx, const floa
   check_args(y, x, w, n, k, m);
   KVB_CHECK(ldx >= static_cast<size_t>(k) && ldw >= static_cast<size_t>(k) &&
             ldy >= static_cast<size_t>(m))
-      << "matmul_strided: row strides x " << ldx << ", w " << ldw << " below k=" << k
-      << " or y " << ldy << " below m=" << m;
+      << "matmul_strided: row strides x " << ldx << ", w " << ldw << " below k=" << k << " or y "
+      << ldy << " below m=" << m;
   if (n == 0 || m == 0) return;
 #if defined(KVB_MATMUL_AVX512)
   if (n == 1) {

@@ -76,9 +76,9 @@ void first_version(const cpu::AttentionArgs& a, std::vector<float>* out,
       }
       const int w_index = i - (n - a.last_w);
       if (a.last_probs && w_index >= 0) {
-        std::memcpy(last_probs->data() +
-                        (static_cast<size_t>(h) * a.last_w + w_index) * a.stats_stride,
-                    p.data(), visible * sizeof(float));
+        std::memcpy(
+            last_probs->data() + (static_cast<size_t>(h) * a.last_w + w_index) * a.stats_stride,
+            p.data(), visible * sizeof(float));
       }
     }
   }
@@ -96,8 +96,13 @@ struct Layer {
     const size_t count = static_cast<size_t>(heads) * capacity * d + 16;
     keys_base = new (std::align_val_t{64}) float[count]();
     values_base = new (std::align_val_t{64}) float[count]();
-    view = {keys_base + offset, values_base + offset, positions.data(), lengths.data(),
-            heads, d, capacity};
+    view = {keys_base + offset,
+            values_base + offset,
+            positions.data(),
+            lengths.data(),
+            heads,
+            d,
+            capacity};
   }
   ~Layer() {
     ::operator delete[](keys_base, std::align_val_t{64});
@@ -126,8 +131,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b, const c
     std::memcpy(&x, &a[i], 4);
     std::memcpy(&y, &b[i], 4);
     if (x != y) {
-      ADD_FAILURE() << name << " " << what << "[" << i << "]: " << a[i] << " (0x" << std::hex
-                    << x << ") vs first version " << b[i] << " (0x" << y << ")" << std::dec;
+      ADD_FAILURE() << name << " " << what << "[" << i << "]: " << a[i] << " (0x" << std::hex << x
+                    << ") vs first version " << b[i] << " (0x" << y << ")" << std::dec;
       return false;
     }
   }
@@ -294,9 +299,8 @@ TEST(AttentionCpu, ZeroOutputsKeepTheFirstVersionsSign) {
   for (int s = 0; s < n; ++s) {
     for (int j = 0; j < d; ++j) {
       layer.view.key(0, s)[j] = 0.25f * static_cast<float>((s * 7 + j) % 5);
-      layer.view.value(0, s)[j] = j == 3 ? (s < 32 ? -std::numeric_limits<float>::denorm_min()
-                                                   : 1.0f)
-                                         : 0.5f;
+      layer.view.value(0, s)[j] =
+          j == 3 ? (s < 32 ? -std::numeric_limits<float>::denorm_min() : 1.0f) : 0.5f;
     }
   }
   std::vector<float> q(static_cast<size_t>(n) * d, 0.0f);
