@@ -282,12 +282,17 @@ void bm_decode_attention(benchmark::State& state) { run_decode_attention(state, 
 // The streamed decode kernel (attention_decode_stream.h) on bm_decode_attention's shapes (its rows
 // with the same args are the baseline of the same run), then args[4] = blocks_per_sm:
 // decode_blocks = blocks_per_sm x the device's multiprocessors (0: the kernel's default, 4).
-void bm_decode_attention_stream(benchmark::State& state) {
+// run_decode_attention with `kernel` on args[4] x the device's multiprocessors blocks.
+void run_decode_blocks_per_sm(benchmark::State& state, int kernel) {
   int sms = 0;
   KVB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int blocks = static_cast<int>(state.range(4)) * sms;
   state.counters["blocks"] = blocks;
-  run_decode_attention(state, 0, blocks, cu::kDecodeStreamed);
+  run_decode_attention(state, 0, blocks, kernel);
+}
+
+void bm_decode_attention_stream(benchmark::State& state) {
+  run_decode_blocks_per_sm(state, cu::kDecodeStreamed);
 }
 
 // The tensor-core decode kernel (attention_decode_mma.h) on bm_decode_attention's shapes (its rows
@@ -296,11 +301,7 @@ void bm_decode_attention_stream(benchmark::State& state) {
 // blocks_per_sm as there. Correct: within mma_tolerance of the double reference fed the
 // bf16-rounded queries.
 void bm_decode_attention_mma(benchmark::State& state) {
-  int sms = 0;
-  KVB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int blocks = static_cast<int>(state.range(4)) * sms;
-  state.counters["blocks"] = blocks;
-  run_decode_attention(state, 0, blocks, cu::kDecodeTensorCore);
+  run_decode_blocks_per_sm(state, cu::kDecodeTensorCore);
 }
 
 // The A/B of the grouped decode kernel's tuning: the first four args as bm_decode_attention's

@@ -87,8 +87,10 @@ void row_sums(float* const* p, const int* first, const int* visible, double* sum
 // a double sum in increasing slot order, p *= (float)(1 / sum). p, src: row r at r * ld.
 void softmax_rows(float* p, const float* src, size_t ld, int rows, const int* first,
                   const int* visible, float scale) {
-  std::vector<float*> pr(rows);
-  std::vector<double> sum(rows);
+  thread_local std::vector<float*> pr;  // the rows, and their sums: kept for the next call
+  thread_local std::vector<double> sum;
+  pr.resize(rows);
+  sum.resize(rows);
   for (int r = 0; r < rows; ++r) {
     pr[r] = p + static_cast<size_t>(r) * ld;
     const float* sr = src + static_cast<size_t>(r) * ld;
@@ -274,8 +276,8 @@ void attention_blocked(const AttentionArgs& a, int group) {
 
 // P x V of the row path for `rows` rows of KV head kvh: out[r][j] = tree16 over lanes l of the
 // sum, in increasing slot order with fused multiply-adds from +0, of p_r[s] * v_s[j] over the
-// slots s = l (mod 16) of [first[r], visible[r]) (absolute slots; p_r[s] at p + r * ldp + s -
-// lo). Each lane's sums stay in registers while the V rows of its slots stream by once for all
+// slots s = l (mod 16) of [lo + first[r], lo + visible[r]) (first, visible relative to lo, as
+// the softmax's; p_r[s] at p + r * ldp + s - lo). Each lane's sums stay in registers while the V rows of its slots stream by once for all
 // the rows (a query head's own pass kept 16 lane rows in memory and read V once per head).
 // lanes: scratch [rows, 16, d]; out: [rows, d].
 #if defined(__AVX512F__)
@@ -285,8 +287,8 @@ void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* v
   const int d = kv.head_dim;
   int lo_all = INT32_MAX, hi_all = 0;
   for (int r = 0; r < rows; ++r) {
-    lo_all = std::min(lo_all, first[r]);
-    hi_all = std::max(hi_all, visible[r]);
+    lo_all = std::min(lo_all, lo + first[r]);
+    hi_all = std::max(hi_all, lo + visible[r]);
   }
   for (int r0 = 0; r0 < rows; r0 += kPvRows) {
     const int nr = std::min(kPvRows, rows - r0);
@@ -308,7 +310,7 @@ void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* v
           __m512 vv[4];
           for (int c = 0; c < nc; ++c) vv[c] = _mm512_maskz_loadu_ps(mask[c], v + 16 * c);
           for (int r = 0; r < nr; ++r) {
-            if (s < first[r0 + r] || s >= visible[r0 + r]) continue;
+            if (s < lo + first[r0 + r] || s >= lo + visible[r0 + r]) continue;
             const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(r0 + r) * ldp + (s - lo)]);
             for (int c = 0; c < nc; ++c) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
           }
@@ -327,7 +329,7 @@ void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* v
   const int d = kv.head_dim;
   std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
   for (int r = 0; r < rows; ++r) {
-    for (int s = first[r]; s < visible[r]; ++s) {
+    for (int s = lo + first[r]; s < lo + visible[r]; ++s) {
       const float ps = p[static_cast<size_t>(r) * ldp + (s - lo)];
       const float* v = kv.value(kvh, s);
       float* acc = lanes + (static_cast<size_t>(r) * 16 + (s & 15)) * d;
@@ -340,7 +342,7 @@ void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* v
 // Per-thread buffers of run_few_job.
 struct FewScratch {
   AlignedScratch qb, sc, lanes;
-  std::vector<int> first, visible, rel_first, rel_visible;
+  std::vector<int> first, visible;  // a row's slots relative to the job's lo
   float col[16];
 };
 
@@ -371,6 +373,10 @@ void run_few_job(const FewJob& job, FewScratch& t) {
     t.visible[row] = visible;
     lo = std::min(lo, t.first[row]);
   }
+  for (int row = 0; row < rows; ++row) {
+    t.first[row] -= lo;
+    t.visible[row] -= lo;
+  }
   const int span = len - lo;  // slots [lo, len): what the last query sees, and every window
   const size_t lds = round16(span);
   float* qb = t.qb.get(static_cast<size_t>(rows) * d16);
@@ -381,14 +387,7 @@ void run_few_job(const FewJob& job, FewScratch& t) {
   }
   float* sc = t.sc.get(static_cast<size_t>(rows) * lds);
   matmul_strided(sc, lds, qb, d16, kv.key(kvh, lo), d, nullptr, rows, d, span);
-  // The softmax on rows relative to lo.
-  t.rel_first.resize(rows);
-  t.rel_visible.resize(rows);
-  for (int row = 0; row < rows; ++row) {
-    t.rel_first[row] = t.first[row] - lo;
-    t.rel_visible[row] = t.visible[row] - lo;
-  }
-  softmax_rows(sc, sc, lds, rows, t.rel_first.data(), t.rel_visible.data(), a.scale);
+  softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale);
   float* lanes = t.lanes.get(static_cast<size_t>(rows) * 16 * d);
   pv_lanes(sc, lds, lo, t.first.data(), t.visible.data(), rows, kv, kvh, lanes);
   for (int row = 0; row < rows; ++row) {
@@ -401,7 +400,7 @@ void run_few_job(const FewJob& job, FewScratch& t) {
     }
     // Statistics are asked only without a window, where lo == 0.
     const float* p = sc + static_cast<size_t>(row) * lds;
-    const int visible = t.visible[row];
+    const int visible = lo + t.visible[row];
     if (a.col_sums) {
       float* cs = a.col_sums + static_cast<size_t>(h) * a.stats_stride;
       for (int s = 0; s < visible; ++s) cs[s] += p[s];

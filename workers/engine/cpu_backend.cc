@@ -213,24 +213,32 @@ void CpuBackend::roll_keys(int l, kernels::KvCache& cache) {
   rolled_layer_ = l;
 }
 
-void CpuBackend::attention(int l, int n, float scale, kernels::KvCache& cache, bool col_sums,
-                           int last_w, int stride, policies::LayerStats* stats) {
+cpu::AttentionArgs CpuBackend::attention_args(int l, int n, float* out, const float* q,
+                                              kernels::KvCache& cache, float scale,
+                                              bool col_sums, int last_w, int stride,
+                                              std::vector<float>* cs, std::vector<float>* lp) {
   const ModelConfig& c = model_.config;
-  kernels::LayerKvView view = cache.layer(l);
-  if (rolled_layer_ == l) view.keys = rolled_keys_.data();
-  cpu::AttentionArgs args{rows(Act::kAtt), rows(Act::kQ), view, n, c.num_heads, scale};
+  cpu::AttentionArgs args{out, q, cache.layer(l), n, c.num_heads, scale};
   const size_t rows = static_cast<size_t>(c.num_heads) * stride;
   if (col_sums) {
-    col_sums_.resize(rows);
-    args.col_sums = col_sums_.data();
+    cs->resize(rows);
+    args.col_sums = cs->data();
   }
   if (last_w > 0) {
-    last_probs_.resize(rows * last_w);
-    args.last_probs = last_probs_.data();
+    lp->resize(rows * last_w);
+    args.last_probs = lp->data();
     args.last_w = last_w;
   }
   args.stats_stride = stride;
   args.window = c.sliding(l) ? c.window[l] : 0;
+  return args;
+}
+
+void CpuBackend::attention(int l, int n, float scale, kernels::KvCache& cache, bool col_sums,
+                           int last_w, int stride, policies::LayerStats* stats) {
+  cpu::AttentionArgs args = attention_args(l, n, rows(Act::kAtt), rows(Act::kQ), cache, scale,
+                                           col_sums, last_w, stride, &col_sums_, &last_probs_);
+  if (rolled_layer_ == l) args.kv.keys = rolled_keys_.data();
   cpu::attention(args);
   stats->col_sums = args.col_sums;
   stats->last_probs = args.last_probs;
@@ -246,26 +254,10 @@ void CpuBackend::attention_batch(int l, float scale, std::span<const BatchAttent
   batch_args_.resize(B);
   for (int b = 0; b < B; ++b) {
     const BatchAttention& it = items[b];
-    kernels::LayerKvView view = it.cache->layer(l);
-    cpu::AttentionArgs& args = batch_args_[b];
-    args = {buf(Act::kAtt).data() + it.row * width,
-            buf(Act::kQ).data() + it.row * width,
-            view,
-            1,
-            c.num_heads,
-            scale};
-    const size_t rows = static_cast<size_t>(c.num_heads) * it.stride;
-    if (it.col_sums) {
-      batch_col_sums_[b].resize(rows);
-      args.col_sums = batch_col_sums_[b].data();
-    }
-    if (it.last_w > 0) {
-      batch_last_probs_[b].resize(rows * it.last_w);
-      args.last_probs = batch_last_probs_[b].data();
-      args.last_w = it.last_w;
-    }
-    args.stats_stride = it.stride;
-    args.window = c.sliding(l) ? c.window[l] : 0;
+    batch_args_[b] = attention_args(l, 1, buf(Act::kAtt).data() + it.row * width,
+                                    buf(Act::kQ).data() + it.row * width, *it.cache, scale,
+                                    it.col_sums, it.last_w, it.stride, &batch_col_sums_[b],
+                                    &batch_last_probs_[b]);
   }
   cpu::attention_batch(batch_args_);
   for (int b = 0; b < B; ++b) {

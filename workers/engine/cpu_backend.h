@@ -76,6 +76,12 @@ class CpuBackend final : public Backend {
   // buf(a) from the selected row on (select_rows), for the per-sequence ops.
   float* rows(Act a);
   const std::vector<float>& norm_weight(int layer, Norm which) const;
+  // The cpu::attention call of `layer` over `cache` for n query rows at q, out, its statistics
+  // (when asked) in *cs and *lp: what attention() and attention_batch() run.
+  kernels::cpu::AttentionArgs attention_args(int layer, int n, float* out, const float* q,
+                                             kernels::KvCache& cache, float scale, bool col_sums,
+                                             int last_w, int stride, std::vector<float>* cs,
+                                             std::vector<float>* lp);
 
   // The bf16 copy of one layer's Mat weights, same shapes as LayerWeights'.
   struct Bf16Layer {
