@@ -54,17 +54,16 @@ void KvCache::reserve_extra(int extra) {
   grow_to(std::max(need, capacity_ + capacity_ / 2));
 }
 
-void KvCache::live_rows(int capacity, std::vector<std::vector<float>>* keys,
-                        std::vector<std::vector<float>>* values,
-                        std::vector<std::vector<int32_t>>* positions) const {
+void KvCache::live_rows(int capacity, std::vector<Rows>* keys, std::vector<Rows>* values,
+                        std::vector<Positions>* positions) const {
   const int h = shape_.num_kv_heads, d = shape_.head_dim;
   keys->resize(shape_.num_layers);
   values->resize(shape_.num_layers);
   positions->resize(shape_.num_layers);
   for (int l = 0; l < shape_.num_layers; ++l) {
-    std::vector<float> k(host_rows_ ? static_cast<size_t>(h) * capacity * d : 0);
-    std::vector<float> v(k.size());
-    std::vector<int32_t> p(static_cast<size_t>(h) * capacity);
+    Rows k(host_rows_ ? static_cast<size_t>(h) * capacity * d : 0);
+    Rows v(k.size());
+    Positions p(static_cast<size_t>(h) * capacity);
     for (int head = 0; head < h; ++head) {
       const size_t len = lengths_[index(l, head)];
       if (len == 0) continue;
@@ -101,6 +100,89 @@ KvCache KvCache::fork(int extra) const {
   if (device_rows_) out.device_rows_ = device_rows_->fork(extra);
   out.stale_ = stale_;  // the fork's device rows hold the same positions
   return out;
+}
+
+KvCache KvCache::empty_copy(int extra) const {
+  KVB_CHECK(host_rows_ && device_rows_ == nullptr)
+      << "KvCache::empty_copy: only for a cache whose rows are on the host";
+  KVB_CHECK(extra >= 0) << "KvCache::empty_copy: extra slots must be >= 0, got " << extra;
+  KvCache out(shape_, 0, true);
+  const int need = max_length() + extra;
+  out.grow_to(need <= capacity_ ? capacity_ : std::max(need, capacity_ + capacity_ / 2));
+  out.next_position_ = next_position_;
+  out.position_reads_ = position_reads_;
+  return out;
+}
+
+void KvCache::fill_layer(const KvCache& src, const EvictionPlan& plan) {
+  const int layer = plan.layer();
+  KVB_CHECK(host_rows_ && src.host_rows_ && src.device_rows_ == nullptr &&
+            src.shape_.num_layers == shape_.num_layers &&
+            src.shape_.num_kv_heads == shape_.num_kv_heads &&
+            src.shape_.head_dim == shape_.head_dim)
+      << "KvCache::fill_layer: the source is not a host cache of this shape";
+  KVB_CHECK(layer >= 0 && layer < shape_.num_layers && plan.num_heads() == shape_.num_kv_heads)
+      << "eviction plan for layer " << layer << " with " << plan.num_heads()
+      << " heads on a cache of " << shape_.num_layers << " layers x " << shape_.num_kv_heads
+      << " heads";
+  const size_t d = shape_.head_dim;
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    int32_t& len = lengths_[index(layer, h)];
+    const int src_len = src.length(layer, h);
+    KVB_CHECK(len == 0) << "KvCache::fill_layer: layer " << layer << " head " << h << " holds "
+                        << len << " slots already";
+    KVB_CHECK(src_len <= capacity_)
+        << "KvCache::fill_layer: " << src_len << " source slots for a capacity of " << capacity_;
+    const float* sk = &src.keys_[layer][static_cast<size_t>(h) * src.capacity_ * d];
+    const float* sv = &src.values_[layer][static_cast<size_t>(h) * src.capacity_ * d];
+    const int32_t* sp = &src.positions_[layer][static_cast<size_t>(h) * src.capacity_];
+    float* k = &keys_[layer][static_cast<size_t>(h) * capacity_ * d];
+    float* v = &values_[layer][static_cast<size_t>(h) * capacity_ * d];
+    int32_t* p = &positions_[layer][static_cast<size_t>(h) * capacity_];
+    // Source slots [from, from + count) to slots [len, len + count).
+    auto copy_run = [&](int from, int count) {
+      if (count <= 0) return;
+      std::memcpy(k + len * d, sk + from * d, count * d * sizeof(float));
+      std::memcpy(v + len * d, sv + from * d, count * d * sizeof(float));
+      std::memcpy(p + len, sp + from, count * sizeof(int32_t));
+      len += count;
+    };
+    switch (plan.kind(h)) {
+      case EvictionPlan::Kind::kKeepAll:
+        copy_run(0, src_len);
+        break;
+      case EvictionPlan::Kind::kVictim: {
+        const int victim = plan.victim(h);
+        KVB_CHECK(victim >= 0 && victim < src_len)
+            << "evict_slot: slot " << victim << " of layer " << layer << " head " << h
+            << " holding " << src_len;
+        copy_run(0, victim);
+        copy_run(victim + 1, src_len - victim - 1);
+        break;
+      }
+      case EvictionPlan::Kind::kKeep: {
+        const std::vector<int32_t>& slots = plan.kept(h);
+        int32_t prev = -1;
+        size_t i = 0;
+        while (i < slots.size()) {  // runs of consecutive slots, one copy each
+          size_t j = i;
+          while (true) {
+            const int32_t s = slots[j];
+            KVB_CHECK(s > prev && s < src_len) << "keep_slots: slots must be increasing and < "
+                                               << src_len << ", got " << s << " after " << prev;
+            prev = s;
+            if (j + 1 == slots.size() || slots[j + 1] != s + 1) break;
+            ++j;
+          }
+          copy_run(slots[i], static_cast<int>(j - i + 1));
+          i = j + 1;
+        }
+        break;
+      }
+      case EvictionPlan::Kind::kDevice:
+        KVB_FAIL() << "a device eviction plan on a cache whose rows are on the host";
+    }
+  }
 }
 
 LayerKvView KvCache::layer(int layer) {

@@ -6,7 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <new>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/eviction_plan.h"
@@ -32,6 +35,37 @@ struct LayerKvView {
     return values + (static_cast<size_t>(head) * capacity + slot) * head_dim;
   }
   int32_t* position(int head) const { return positions + static_cast<size_t>(head) * capacity; }
+};
+
+// Storage that is zero when allocated and costs memory only where written: calloc (large blocks
+// come from fresh pages the kernel maps on first touch, already zero) and a value-initialisation
+// that writes nothing. A cache's spare capacity (the prompt's length plus every new token, per
+// head) then costs address space until slots fill it. Only for trivial element types, in
+// containers that never shrink and grow again (the cache sizes its buffers once each).
+template <typename T>
+struct ZeroedAllocator {
+  static_assert(std::is_trivially_default_constructible_v<T> && std::is_trivially_copyable_v<T>);
+  using value_type = T;
+  ZeroedAllocator() = default;
+  template <typename U>
+  ZeroedAllocator(const ZeroedAllocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor)
+  T* allocate(size_t n) {
+    void* p = std::calloc(n == 0 ? 1 : n, sizeof(T));
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) noexcept { std::free(p); }
+  // Value-initialisation: the memory is zero already.
+  template <typename U>
+  void construct(U*) noexcept {}
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  template <typename U>
+  bool operator==(const ZeroedAllocator<U>&) const noexcept {
+    return true;
+  }
 };
 
 struct KvCacheShape {
@@ -72,6 +106,14 @@ class KvCache {
   // rows are copied and the capacity is max_length() + extra, not the parent's. Device rows are
   // forked the same way (DeviceRows::fork). Reads give the same values as a full copy.
   KvCache fork(int extra) const;
+  // A cache of this one's shape and next position with no slots yet, whose capacity is what a
+  // copy of this cache followed by reserve_extra(extra) would have (so its physical bytes are
+  // that copy's). fill_layer() then writes each layer. Host rows only.
+  KvCache empty_copy(int extra) const;
+  // Writes layer plan.layer() of this cache, which holds no slots there yet, as `src`'s same
+  // layer after `plan`: the rows, positions and lengths a copy of src compacted by apply(plan)
+  // holds, bit for bit, copying only the slots the plan keeps. src: this cache's shape, host rows.
+  void fill_layer(const KvCache& src, const EvictionPlan& plan);
   KvCache(KvCache&&) noexcept = default;
   KvCache& operator=(KvCache&&) noexcept = default;
 
@@ -133,16 +175,17 @@ class KvCache {
   // Buffers of `capacity` (>= max_length()) slots per head holding this cache's live rows, for
   // grow_to and fork. Each layer is read before its buffers are replaced, so the outputs may be
   // this cache's own keys_, values_, positions_.
-  void live_rows(int capacity, std::vector<std::vector<float>>* keys,
-                 std::vector<std::vector<float>>* values,
-                 std::vector<std::vector<int32_t>>* positions) const;
+  using Rows = std::vector<float, ZeroedAllocator<float>>;
+  using Positions = std::vector<int32_t, ZeroedAllocator<int32_t>>;
+  void live_rows(int capacity, std::vector<Rows>* keys, std::vector<Rows>* values,
+                 std::vector<Positions>* positions) const;
 
   KvCacheShape shape_;
   int capacity_ = 0;
   int32_t next_position_ = 0;
   // Per layer: keys/values [num_kv_heads, capacity, head_dim]; positions [num_kv_heads, capacity].
-  std::vector<std::vector<float>> keys_, values_;
-  std::vector<std::vector<int32_t>> positions_;
+  std::vector<Rows> keys_, values_;
+  std::vector<Positions> positions_;
   std::vector<int32_t> lengths_;  // [num_layers * num_kv_heads]
   bool host_rows_ = true;
   std::unique_ptr<DeviceRows> device_rows_;

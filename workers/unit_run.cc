@@ -214,10 +214,10 @@ Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* share
   if (shared && engine::can_share_prefill(*u.policy)) {
     // Same cache and logits as prefill_prompt would give (the layer outputs never depend on
     // the policy); only the compression runs per policy.
-    cache = shared->full;
-    cache.reserve_extra(static_cast<int>(rest.size()) + std::max(1, u.s.max_new_tokens));
     u.policy->begin_sequence(static_cast<int>(first.size()));
-    u.engine.apply_recorded_prefill(*u.policy, cache, shared->record);
+    u.engine.apply_recorded_prefill(*u.policy, shared->full,
+                                    static_cast<int>(rest.size()) + std::max(1, u.s.max_new_tokens),
+                                    shared->record, cache);
     out.logits = shared->logits;
     out.shared_ms = shared->ms;
   } else {

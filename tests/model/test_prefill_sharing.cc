@@ -3,12 +3,36 @@
 // of running it alone, bit for bit.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 
+#include "kernels/policies/policy.h"
+#include "workers/engine/forward.h"
+#include "workers/engine/generate.h"
 #include "workers/runner.h"
 
 namespace kvb {
 namespace {
+
+// The same lengths, positions, rows (bit for bit) and capacity.
+void expect_same_cache(const kernels::KvCache& a, const kernels::KvCache& b) {
+  ASSERT_EQ(a.shape().num_layers, b.shape().num_layers);
+  ASSERT_EQ(a.shape().num_kv_heads, b.shape().num_kv_heads);
+  EXPECT_EQ(a.capacity(), b.capacity());
+  EXPECT_EQ(a.physical_bytes(), b.physical_bytes());
+  EXPECT_EQ(a.next_position(), b.next_position());
+  const int d = a.shape().head_dim;
+  for (int l = 0; l < a.shape().num_layers; ++l) {
+    const kernels::LayerKvView va = a.layer(l), vb = b.layer(l);
+    for (int h = 0; h < a.shape().num_kv_heads; ++h) {
+      ASSERT_EQ(a.length(l, h), b.length(l, h)) << "layer " << l << " head " << h;
+      const size_t rows = static_cast<size_t>(a.length(l, h)) * d;
+      EXPECT_EQ(0, std::memcmp(va.key(h, 0), vb.key(h, 0), rows * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(va.value(h, 0), vb.value(h, 0), rows * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(va.position(h), vb.position(h), a.length(l, h) * 4));
+    }
+  }
+}
 
 TEST(PrefillSharing, OnePrefillForTheBundleSameResults) {
   const std::string model = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
@@ -36,12 +60,20 @@ TEST(PrefillSharing, OnePrefillForTheBundleSameResults) {
       pcs.push_back(pc);
     }
   }
+  // Each unit's final cache (a shared unit's holds only what its policy kept of the shared
+  // prefill's rows: KvCache::fill_layer).
+  std::vector<kernels::KvCache> shared_caches(pcs.size()), alone_caches(pcs.size());
+  workers::RunSettings rs_shared, rs_alone;
+  rs_shared.on_final_cache = [&](size_t unit, const kernels::KvCache& cache,
+                                 const policies::Policy&) { shared_caches[unit] = cache; };
+  rs_alone.on_final_cache = [&](size_t unit, const kernels::KvCache& cache,
+                                const policies::Policy&) { alone_caches[unit] = cache; };
   const int64_t before = eng.prefills();
-  std::vector<workers::UnitOutput> shared = workers::run_bundle(lm, eng, s, pcs, {}, true);
+  std::vector<workers::UnitOutput> shared = workers::run_bundle(lm, eng, s, pcs, rs_shared, true);
   const int64_t shared_prefills = eng.prefills() - before;
   EXPECT_EQ(shared_prefills, 1) << "prefills executed for a bundle of 12 shareable units";
   const int64_t before2 = eng.prefills();
-  std::vector<workers::UnitOutput> alone = workers::run_bundle(lm, eng, s, pcs, {}, false);
+  std::vector<workers::UnitOutput> alone = workers::run_bundle(lm, eng, s, pcs, rs_alone, false);
   EXPECT_EQ(eng.prefills() - before2, 12);
   ASSERT_EQ(shared.size(), alone.size());
   int differ = 0;
@@ -52,6 +84,10 @@ TEST(PrefillSharing, OnePrefillForTheBundleSameResults) {
     EXPECT_EQ(shared[i].prediction.text, alone[i].prediction.text);
     EXPECT_EQ(shared[i].m.kv_bytes_final, alone[i].m.kv_bytes_final);
     EXPECT_EQ(shared[i].m.occupancy_mean, alone[i].m.occupancy_mean);
+    EXPECT_EQ(shared[i].m.kv_bytes_peak, alone[i].m.kv_bytes_peak);
+    EXPECT_EQ(shared[i].m.kv_physical_peak, alone[i].m.kv_physical_peak);
+    EXPECT_EQ(shared[i].m.policy_state_bytes, alone[i].m.policy_state_bytes);
+    expect_same_cache(shared_caches[i], alone_caches[i]);
     differ += shared[i].prediction.text != shared[0].prediction.text;
   }
   // The budgets bite: some policy's continuation differs from full's.
@@ -82,6 +118,74 @@ TEST(PrefillSharing, StreamingPolicyRunsItsOwnPrefill) {
   EXPECT_EQ(eng.prefills() - before, 2);  // the shared one, and the streaming policy's own
   EXPECT_TRUE(outs[0].m.prefill_shared);
   EXPECT_FALSE(outs[1].m.prefill_shared);
+}
+
+// The engine's side of sharing, for every registered policy that can share: the cache
+// apply_recorded_prefill makes from a recorded prefill (only the kept rows copied, the hooks
+// reading the shared cache) is the cache of the policy's own prefill, bit for bit, with the
+// same capacity, and both decode the same logits afterwards. Gemma 3 tiny has sliding-window
+// layers (copied whole; policies act on the global layers).
+void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>& prompt,
+                              int budget) {
+  engine::Engine eng(m);
+  const auto& c = m.config;
+  const int n = static_cast<int>(prompt.size());
+  const int extra = 3;
+  int shared_policies = 0;
+  for (const auto& entry : policies::policy_registry()) {
+    policies::PolicyConfig pc;
+    pc.name = entry.name;
+    pc.kv_budget = entry.name == "full" ? 0 : budget;
+    pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+    pc.seed = 5;
+    std::unique_ptr<policies::Policy> mine = policies::make_policy(pc);
+    if (!engine::can_share_prefill(*mine)) continue;
+    ++shared_policies;
+    SCOPED_TRACE(entry.name);
+    engine::PrefillRecord rec;
+    rec.request = mine->prefill_request(n);
+    kernels::KvCache full = eng.new_cache(n + extra);
+    std::vector<float> full_logits;
+    eng.forward(prompt, full, engine::LogitsMode::kLast, &full_logits, nullptr,
+                engine::PolicyHook::kNone, &rec);
+    const kernels::KvCache full_before = full;
+    std::unique_ptr<policies::Policy> shared_policy = policies::make_policy(pc);
+    shared_policy->begin_sequence(n);
+    kernels::KvCache shared;
+    eng.apply_recorded_prefill(*shared_policy, full, extra, rec, shared);
+    kernels::KvCache own = eng.new_cache(n + extra, mine.get());
+    std::vector<float> own_logits;
+    engine::prefill_prompt(eng, own, prompt, mine.get(), &own_logits);
+    EXPECT_EQ(own_logits, full_logits);
+    expect_same_cache(shared, own);
+    expect_same_cache(full, full_before);  // untouched: the bundle's next unit reads it
+    std::vector<float> a_logits, b_logits;
+    for (int32_t t : {prompt[1], prompt[2], prompt[0]}) {
+      eng.forward({&t, 1}, shared, engine::LogitsMode::kLast, &a_logits, shared_policy.get(),
+                  engine::PolicyHook::kDecode);
+      eng.forward({&t, 1}, own, engine::LogitsMode::kLast, &b_logits, mine.get(),
+                  engine::PolicyHook::kDecode);
+      EXPECT_EQ(a_logits, b_logits);
+    }
+  }
+  EXPECT_GE(shared_policies, 10);
+}
+
+TEST(PrefillSharing, RecordedPrefillGivesTheOwnPrefillsCacheStories260K) {
+  const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 37) % 500));
+  expect_shared_equals_own(*m, prompt, 12);
+}
+
+TEST(PrefillSharing, RecordedPrefillGivesTheOwnPrefillsCacheGemma3Tiny) {
+  const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/gemma3_tiny.gguf";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  ASSERT_TRUE(m->config.sliding(0));
+  const std::string text = "Sliding layers keep a window; only the global layer is evicted.";
+  const std::vector<int32_t> prompt(text.begin(), text.end());
+  expect_shared_equals_own(*m, prompt, 20);
 }
 
 }  // namespace

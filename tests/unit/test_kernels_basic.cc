@@ -2,6 +2,7 @@
 // and the KvCache's compaction and byte accounting.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -340,6 +341,118 @@ TEST(KvCache, ForkCopiesOnlyTheLiveRows) {
   const KvCache on_device = parent.fork(4);
   EXPECT_EQ(extra, 4);
   EXPECT_NE(on_device.device_rows(), nullptr);
+}
+
+// Every row, position and length of two caches, and their capacity and accounting.
+void expect_same_cache(const KvCache& a, const KvCache& b) {
+  ASSERT_EQ(a.capacity(), b.capacity());
+  EXPECT_EQ(a.physical_bytes(), b.physical_bytes());
+  EXPECT_EQ(a.logical_bytes(), b.logical_bytes());
+  EXPECT_EQ(a.next_position(), b.next_position());
+  const int d = a.shape().head_dim;
+  for (int l = 0; l < a.shape().num_layers; ++l) {
+    const LayerKvView va = a.layer(l), vb = b.layer(l);
+    for (int h = 0; h < a.shape().num_kv_heads; ++h) {
+      ASSERT_EQ(a.length(l, h), b.length(l, h)) << "layer " << l << " head " << h;
+      EXPECT_EQ(positions(a, l, h), positions(b, l, h));
+      for (int s = 0; s < a.length(l, h); ++s) {
+        for (int i = 0; i < d; ++i) {
+          EXPECT_EQ(va.key(h, s)[i], vb.key(h, s)[i]);
+          EXPECT_EQ(va.value(h, s)[i], vb.value(h, s)[i]);
+        }
+      }
+    }
+  }
+}
+
+// KvCache::empty_copy + fill_layer (a shared prefill's unit): the cache a copy of the source,
+// reserve_extra(extra) and apply(plan) per layer give, bit for bit, for every kind of plan: keep
+// all, a victim first, inside and last, keep lists with runs, single slots and nothing.
+TEST(KvCache, FillLayerGivesTheCopyCompactedByThePlan) {
+  for (int extra : {0, 3, 60}) {  // within the source's capacity, and beyond it (a grown copy)
+    SCOPED_TRACE("extra " + std::to_string(extra));
+    KvCache src = filled(4, 3, 9);
+    src.reserve_extra(20);
+    src.advance_position(9);
+    std::vector<EvictionPlan> plans(4);
+    for (int l = 0; l < 4; ++l) plans[l].reset(l, 3);
+    plans[1].evict(0, 0);
+    plans[1].evict(1, 4);
+    plans[1].evict(2, 8);
+    plans[2].keep(0, {0, 1, 2, 5, 7, 8});
+    plans[2].keep(1, {3});
+    plans[2].keep(2, {});
+    plans[3].keep(1, {1, 2, 3, 4, 5, 6, 7, 8});  // layer 3's heads 0 and 2 kept whole
+    KvCache copied = src;
+    copied.reserve_extra(extra);
+    for (const EvictionPlan& p : plans) copied.apply(p);
+    KvCache filled_cache = src.empty_copy(extra);
+    EXPECT_EQ(filled_cache.total_slots(), 0);
+    for (const EvictionPlan& p : plans) filled_cache.fill_layer(src, p);
+    expect_same_cache(filled_cache, copied);
+    // It grows and appends like the copy.
+    float kv[3] = {5, 5, 5};
+    copied.reserve_extra(1);
+    filled_cache.reserve_extra(1);
+    copied.append(2, 2, kv, kv, 50);
+    filled_cache.append(2, 2, kv, kv, 50);
+    expect_same_cache(filled_cache, copied);
+  }
+}
+
+TEST(KvCache, FillLayerRefusesBadPlansAndTargets) {
+  const KvCache src = filled(2, 2, 5);
+  KvCache dst = src.empty_copy(0);
+  EvictionPlan plan;
+  plan.reset(0, 2);
+  plan.keep(0, {1, 1});  // not increasing
+  EXPECT_THROW(dst.fill_layer(src, plan), Error);
+  plan.reset(0, 2);
+  plan.keep(1, {0, 5});  // past the source's length
+  EXPECT_THROW(dst.fill_layer(src, plan), Error);
+  plan.reset(0, 2);
+  plan.evict(0, 5);
+  EXPECT_THROW(dst.fill_layer(src, plan), Error);
+  KvCache fresh = src.empty_copy(0);
+  plan.reset(1, 2);
+  fresh.fill_layer(src, plan);
+  EXPECT_THROW(fresh.fill_layer(src, plan), Error);  // the layer holds its slots already
+  plan.reset(0, 3);
+  EXPECT_THROW(fresh.fill_layer(src, plan), Error);  // a plan for 3 heads
+  const KvCache other = filled(2, 3, 5);
+  plan.reset(0, 2);
+  EXPECT_THROW(fresh.fill_layer(other, plan), Error);  // another shape
+  KvCache index_only({2, 2, 3}, 4, /*host_rows=*/false);
+  EXPECT_THROW(index_only.empty_copy(0), Error);
+  EXPECT_THROW(src.empty_copy(-1), Error);
+}
+
+// The cache's storage reads as zeros where nothing was written, also when its memory was used
+// and freed before (calloc semantics), and copies copy.
+TEST(KvCache, ZeroedStorageReadsZero) {
+  using Rows = std::vector<float, ZeroedAllocator<float>>;
+  for (int round = 0; round < 3; ++round) {
+    for (size_t n : {size_t(7), size_t(5000), size_t(1) << 20}) {
+      Rows dirty(n);
+      std::fill(dirty.begin(), dirty.end(), 3.5f);
+      dirty = Rows();  // freed: the next allocation may reuse it
+      Rows fresh(n);
+      ASSERT_EQ(fresh.size(), n);
+      EXPECT_EQ(std::count(fresh.begin(), fresh.end(), 0.0f), static_cast<long>(n)) << n;
+      fresh[n / 2] = 2.0f;
+      const Rows copy = fresh;
+      EXPECT_EQ(copy[n / 2], 2.0f);
+      EXPECT_EQ(copy[0], 0.0f);
+    }
+  }
+  const KvCache cache({1, 2, 4}, 16);
+  const LayerKvView v = cache.layer(0);
+  for (int h = 0; h < 2; ++h) {
+    for (int s = 0; s < 16; ++s) {
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(v.key(h, s)[i], 0.0f);
+      EXPECT_EQ(v.position(h)[s], 0);
+    }
+  }
 }
 
 TEST(EvictionPlan, BadPlansAreRefusedNamingTheHead) {

@@ -459,9 +459,18 @@ bool can_share_prefill(const policies::Policy& policy) {
          !policy.rolling_positions() && !policy.replaces_attention();
 }
 
-void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
-                                         const PrefillRecord& rec) {
+void StackEngine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvCache& full,
+                                         int extra, const PrefillRecord& rec,
+                                         kernels::KvCache& cache) {
   KVB_CHECK(can_share_prefill(policy)) << "policy cannot use a shared prefill";
+  KVB_CHECK(&full != &cache) << "apply_recorded_prefill: the prefill's cache is its own target";
+  const bool host = full.host_rows() && full.device_rows() == nullptr;
+  if (host) {
+    cache = full.empty_copy(extra);
+  } else {
+    cache = full;
+    cache.reserve_extra(extra);
+  }
   const ModelConfig& c = model_.config;
   const int n = rec.n_new;
   const policies::StatsRequest req = policy.prefill_request(n);
@@ -472,15 +481,22 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCa
             ((!req.col_sums || !rec.col_sums[g0].empty()) && w <= rec.last_w &&
              (!req.pre_rope_keys || !rec.pre_rope_keys[g0].empty())))
       << "the recorded prefill lacks statistics this policy needs";
-  if (policy.reads_cache_rows() && backend_->keeps_host_rows(&policy)) {
+  if (!host && policy.reads_cache_rows() && backend_->keeps_host_rows(&policy)) {
     backend_->ensure_host_rows(cache);
   }
   Backend& be = *backend_;
+  const int heads = cache.shape().num_kv_heads;
   const bool device_time = be.times_policy_on_device();
   const auto t0 = Clock::now();
   if (device_time) begin_span();
   for (int l = 0; l < c.num_layers; ++l) {
-    if (c.sliding(l)) continue;  // the window is the cache; policies act on global layers
+    if (c.sliding(l)) {  // the window is the cache; policies act on global layers
+      if (host) {
+        plan_.reset(l, heads);
+        cache.fill_layer(full, plan_);
+      }
+      continue;
+    }
     const int stride = rec.strides[l];
     policies::LayerStats st;
     st.layer = l;
@@ -503,9 +519,14 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, kernels::KvCa
     st.pre_rope_keys = req.pre_rope_keys ? rec.pre_rope_keys[l].data() : nullptr;
     st.ops = &be.policy_ops();
     if (policy.decides_with_ops()) be.stats_to_device(&st);  // where the ops read them
-    plan_.reset(l, cache.shape().num_kv_heads);
-    policy.on_prefill_layer(st, cache, plan_);
-    be.apply_plan(plan_, cache);  // the index and the storage where it lives
+    plan_.reset(l, heads);
+    if (host) {  // full's layer l is what cache's would be before this hook
+      policy.on_prefill_layer(st, full, plan_);
+      cache.fill_layer(full, plan_);
+    } else {
+      policy.on_prefill_layer(st, cache, plan_);
+      be.apply_plan(plan_, cache);  // the index and the storage where it lives
+    }
   }
   if (device_time) {
     be.end_policy_span();

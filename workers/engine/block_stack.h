@@ -47,10 +47,12 @@ class StackEngine : public EngineBase {
   void forward(std::span<const int32_t> tokens, kernels::KvCache& cache, LogitsMode mode,
                std::vector<float>* logits, policies::Policy* policy = nullptr,
                PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr) override;
-  // Host code on the cache index and the recorded statistics; the plans go through the backend
-  // (a device cache's rows are compacted where they live).
-  void apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
-                              const PrefillRecord& record) override;
+  // Host code on the cache index and the recorded statistics. Host rows: the hooks read `full`
+  // and each layer of `cache` receives only the rows its plan keeps (KvCache::fill_layer), so a
+  // unit neither copies nor touches the pages of the slots its policy drops. Device rows: a
+  // copy of full whose plans go through the backend (compacted where they live).
+  void apply_recorded_prefill(policies::Policy& policy, const kernels::KvCache& full, int extra,
+                              const PrefillRecord& record, kernels::KvCache& cache) override;
   // One pass over the B sequences' tokens where the backend batches rows (Backend::batches_rows):
   // norms, projections and the MLP over [B, dim]; per sequence (select_rows), RoPE, its cache's
   // append and attention, and its policy's decode hook. Otherwise EngineBase's one-by-one loop.

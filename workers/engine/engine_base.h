@@ -107,10 +107,12 @@ class EngineBase {
                        std::vector<float>* logits, policies::Policy* policy = nullptr,
                        PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr) = 0;
 
-  // Applies `policy`'s oneshot compression to `cache`, a copy of the cache right after the
-  // recorded prefill (no policy), layer by layer, exactly as a prefill with the policy would.
-  virtual void apply_recorded_prefill(policies::Policy& policy, kernels::KvCache& cache,
-                                      const PrefillRecord& record) = 0;
+  // Sets `cache` to `full` (the cache right after the recorded prefill, no policy) with room for
+  // `extra` more slots per head, as a copy of full and reserve_extra(extra) would, compressed by
+  // `policy`'s oneshot rule layer by layer, exactly as a prefill with the policy would.
+  virtual void apply_recorded_prefill(policies::Policy& policy, const kernels::KvCache& full,
+                                      int extra, const PrefillRecord& record,
+                                      kernels::KvCache& cache) = 0;
   // One decode step of B independent sequences (issue 16 "batched decode"): tokens[b] runs at
   // caches[b]->next_position() under policies[b] (null: none) with the decode hook; *logits gets
   // [B, vocab], row b the last-token logits of sequence b. Each sequence's logits, cache and
