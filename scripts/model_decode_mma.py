@@ -8,7 +8,7 @@ shared rows, mma.sync.m16n8k16 emulated from the PTX ISA's fragment layouts (in 
 tail mask, the online softmax, P rounded to bf16, the quad sums, the warps' merge through shared
 memory, and decode_combine_kernel's merge of the chunks are transcribed line by line. Each case
 compares with a float64 reference on the same bf16 operands (the query rounded to bf16): outputs
-within 2^-9 max|v| (the P rounding). A transcription can drift from the kernel: it is evidence
+within 2^-8 max|v| (the P rounding: bf16's unit roundoff). A transcription can drift from the kernel: it is evidence
 for the index math, not a substitute for the decode cases of tests/cuda/parity_prefill_mma.h on
 a GPU.
 
@@ -237,13 +237,14 @@ for lens, g, d, w, target in [([1, 3, 67, 300], 4, 32, 0, 8),      # short heads
                               ([300, 1], 1, 64, 0, 4),             # group 1, a one-slot head
                               ([129, 700], 8, 32, 0, 6),           # group 8: rows gid only
                               ([200, 90], 16, 32, 0, 4),           # group 16: rows gid + 8 too
+                              ([200, 40], 12, 64, 0, 4),           # group 12: some gid + 8 rows
                               ([250], 3, 96, 0, 1),                # d 96, one block, 8 tiles
                               ([600, 40], 7, 32, 33, 8),           # window mid-tile
                               ([100], 2, 256, 0, 2),               # d 256: 16-key tiles
                               ([1000, 999], 4, 32, 0, 3),          # many tiles a warp
                               ([1000, 999], 4, 32, 0, 16)]:        # a tile a warp, 8 splits
     err, splits, chunk = run(lens, g, d, w, target)
-    ok = err <= 2.0**-9
+    ok = err <= 2.0**-8
     bad += not ok
     print("%s lens=%s group=%d d=%d window=%d splits=%d chunk=%d  max err %.3g" %
           ("ok " if ok else "BAD", lens, g, d, w, splits, chunk, err))
