@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/aligned_scratch.h"
+#include "kernels/cpu/exp_exact.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec.h"
 
@@ -96,7 +97,8 @@ void softmax_rows(float* p, const float* src, size_t ld, int rows, const int* fi
     const float* sr = src + static_cast<size_t>(r) * ld;
     for (int s = first[r]; s < visible[r]; ++s) pr[r][s] = sr[s] * scale;
     const float mx = row_max(pr[r], first[r], visible[r]);
-    for (int s = first[r]; s < visible[r]; ++s) pr[r][s] = std::exp(pr[r][s] - mx);
+    for (int s = first[r]; s < visible[r]; ++s) pr[r][s] -= mx;
+    exp_floats(pr[r] + first[r], pr[r] + first[r], visible[r] - first[r]);  // std::exp's bits
   }
   int r = 0;
   for (; r + kRowGroup <= rows; r += kRowGroup) {

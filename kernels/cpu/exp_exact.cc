@@ -1,0 +1,96 @@
+// exp_floats: std::exp's bits, eight values at a time where AVX-512 can certify them
+// (exp_exact.h has the argument).
+#include "kernels/cpu/exp_exact.h"
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace kvb::kernels::cpu {
+
+#if defined(__AVX512F__)
+namespace {
+
+// ln 2 split in two doubles (the nearest double, then the remainder): n * ln2 / 16 for integer
+// |n| < 2^12 subtracted in two fused steps loses nothing that matters at 2^-48.
+constexpr double kLn2Hi = 0x1.62e42fefa39efp-1;
+constexpr double kLn2Lo = 0x1.abc9e3b39803fp-56;
+constexpr double kShift = 0x1.8p52;  // x + kShift rounds x to an integer, kept in the low bits
+
+struct Exp2Table {  // 2^(i/16), i in [0, 16)
+  alignas(64) double t[16];
+  Exp2Table() {
+    for (int i = 0; i < 16; ++i) t[i] = std::exp2(i / 16.0);
+  }
+};
+
+// e^x for x in [-87, 0] (other lanes: unspecified values), relative error below 2^-48:
+// e^x = 2^(n/16) e^r, n = round(16 x / ln 2), r = x - n ln2 / 16 in [-ln2/32, ln2/32], e^r by
+// Taylor to degree 6 (truncation below 2^-51), 2^(n/16) = 2^(n >> 4) * 2^((n & 15) / 16).
+inline __m512d exp_pd(__m512d x, __m512d t_lo, __m512d t_hi) {
+  const __m512d shift = _mm512_set1_pd(kShift);
+  const __m512d z = _mm512_mul_pd(x, _mm512_set1_pd(16 / kLn2Hi));
+  __m512d nd = _mm512_add_pd(z, shift);
+  const __m512i n = _mm512_sub_epi64(_mm512_castpd_si512(nd), _mm512_castpd_si512(shift));
+  nd = _mm512_sub_pd(nd, shift);
+  __m512d r = _mm512_fnmadd_pd(nd, _mm512_set1_pd(kLn2Hi / 16), x);
+  r = _mm512_fnmadd_pd(nd, _mm512_set1_pd(kLn2Lo / 16), r);
+  __m512d p = _mm512_set1_pd(1.0 / 720);
+  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 120));
+  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 24));
+  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 6));
+  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(0.5));
+  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
+  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
+  const __m512d t = _mm512_permutex2var_pd(t_lo, _mm512_and_si512(n, _mm512_set1_epi64(15)), t_hi);
+  const __m512i e = _mm512_slli_epi64(_mm512_srai_epi64(n, 4), 52);  // n >= -2009: n >> 4 >= -126
+  return _mm512_mul_pd(_mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(t), e)), p);
+}
+
+}  // namespace
+
+void exp_floats(float* y, const float* x, int n) {
+  static const Exp2Table table;
+  const __m512d t_lo = _mm512_load_pd(table.t), t_hi = _mm512_load_pd(table.t + 8);
+  const __m512d lowest = _mm512_set1_pd(-87.0), zero = _mm512_setzero_pd();
+  // A float keeps the top 23 of a double's 52 fraction bits: the 29 it drops say how far the
+  // double is from the midpoint between two floats (2^28), in units of the double's last bit.
+  // Farther than 2^22 of them: more than 2^-31 relative (2^22 / 2^53, the smallest value of a
+  // binade), twice glibc's error bound and ours together.
+  const __m512i dropped = _mm512_set1_epi64((int64_t{1} << 29) - 1);
+  const __m512i midpoint = _mm512_set1_epi64(int64_t{1} << 28);
+  const __m512i margin = _mm512_set1_epi64(int64_t{1} << 22);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xf = _mm256_loadu_ps(x + i);
+    const __m512d xd = _mm512_cvtps_pd(xf);
+    const __mmask8 in = _mm512_cmp_pd_mask(xd, lowest, _CMP_GE_OQ) &
+                        _mm512_cmp_pd_mask(xd, zero, _CMP_LE_OQ);  // NaN: neither
+    const __m512d yd = exp_pd(xd, t_lo, t_hi);
+    const __m512i off =
+        _mm512_sub_epi64(_mm512_and_si512(_mm512_castpd_si512(yd), dropped), midpoint);
+    const __mmask8 sure = in & _mm512_cmpgt_epi64_mask(_mm512_abs_epi64(off), margin);
+    if (sure == 0xff) {
+      _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(yd));
+      continue;
+    }
+    alignas(32) float xs[8], ys[8];
+    _mm256_store_ps(xs, xf);  // y may be x
+    _mm256_store_ps(ys, _mm512_cvtpd_ps(yd));
+    for (int l = 0; l < 8; ++l) y[i + l] = (sure >> l) & 1 ? ys[l] : std::exp(xs[l]);
+  }
+  for (; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+#else
+
+void exp_floats(float* y, const float* x, int n) {
+  for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+#endif
+
+}  // namespace kvb::kernels::cpu
