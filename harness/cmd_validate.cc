@@ -7,6 +7,7 @@
 #include <cmath>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -46,8 +47,24 @@ std::string count(size_t n, const std::string& one, const std::string& many = ""
 struct SampleWork {
   int64_t prefill = 0;  // prompt tokens through a oneshot forward pass
   int64_t decode = 0;   // tokens one at a time: generated (at most), or perplexity's stream
+  bool generates = false;  // generation: a bundle's units decode together (decode_batch)
   bool over_context = false;
 };
+
+// What a decode step of b sequences costs in single-sequence steps: the weights are read once
+// for all of them, each sequence's attention and policy are its own. 1 + 0.3 (b - 1): SmolLM2
+// on 2 cores measured 0.18 (512-token contexts) to 0.32 (2,048) (bench/README.md, bm_decode_batch).
+constexpr double kBatchStepCost = 0.3;
+
+// Single-sequence steps for the decode of one bundle's k generation units of g tokens each, in
+// batches of at most `batch` units (0: all of them, decode_batch: auto).
+double bundle_decode_steps(int64_t k, int64_t g, int batch) {
+  const int64_t b = batch <= 0 ? k : std::min<int64_t>(k, batch);
+  if (b <= 0 || g <= 0) return 0;
+  const int64_t full = k / b, rest = k % b;
+  auto steps = [&](int64_t size) { return g * (1 + kBatchStepCost * (size - 1)); };
+  return full * steps(b) + (rest > 0 ? steps(rest) : 0);
+}
 
 SampleWork sample_work(const tasks::Sample& s, const SweepConfig& cfg, const ModelInfo& info) {
   SampleWork w;
@@ -73,7 +90,15 @@ SampleWork sample_work(const tasks::Sample& s, const SweepConfig& cfg, const Mod
   }
   w.prefill = prompt;
   w.decode = gen;
+  w.generates = s.kind == tasks::SampleKind::kGenerate;
   return w;
+}
+
+// Cells per (model, task): the units of each of its samples' bundles.
+std::map<std::pair<int, int>, int64_t> cells_by(const std::vector<ConfigCell>& cells) {
+  std::map<std::pair<int, int>, int64_t> n;
+  for (const ConfigCell& c : cells) ++n[{c.model, c.task}];
+  return n;
 }
 
 // The longest sequence (prompt + decode, capped at the context) among a model's samples.
@@ -103,7 +128,8 @@ int cmd_validate(const std::vector<std::string>& args) {
       "prefill-tok-s", po::value(&prefill_rate)->default_value(400),
       "assumed prefill speed per rank for the estimate (tokens/s)")(
       "decode-tok-s", po::value(&decode_rate)->default_value(20),
-      "assumed decode speed per rank for the estimate (tokens/s)")(
+      "assumed decode speed of one sequence per rank for the estimate (tokens/s; a decode batch's "
+      "steps are costed from it)")(
       "ranks", po::value(&ranks)->default_value(1),
       "worker ranks (GPUs) for the estimate, the coordinator not counted")(
       "gpus-per-worker", po::value(&gpus_per_worker)->default_value(1),
@@ -195,6 +221,16 @@ int cmd_validate(const std::vector<std::string>& args) {
     }
   }
 
+  // Decode in single-sequence steps, the config's decode_batch applied: a bundle is one sample
+  // of a (model, task) with a unit per cell; its generation units decode together.
+  double decode_steps = 0;
+  for (const auto& [mt, k] : cells_by(cells)) {
+    for (const SampleWork& s : work[mt.first][mt.second]) {
+      decode_steps += s.generates ? bundle_decode_steps(k, s.decode, cfg.decode_batch)
+                                  : static_cast<double>(k) * s.decode;
+    }
+  }
+
   std::cout << "# kvbench validate: " << cfg.path
             << "\n\nconfig OK: " << count(cfg.models.size(), "model") << ", "
             << count(cfg.tasks.size(), "task") << ", "
@@ -280,13 +316,22 @@ int cmd_validate(const std::vector<std::string>& args) {
             << (cfg.limit > 0 ? std::to_string(cfg.limit) + " samples per task" : "the tasks' own")
             << "\nexclusion rules: " << cfg.exclude.size() << "\n";
 
-  const double t_full = (prefill / prefill_rate + decode / decode_rate) / groups;
-  const double t_shared = (shared_prefill / prefill_rate + decode / decode_rate) / groups;
+  const double t_full = (prefill / prefill_rate + decode_steps / decode_rate) / groups;
+  const double t_shared = (shared_prefill / prefill_rate + decode_steps / decode_rate) / groups;
+  const std::string batching =
+      cfg.decode_batch == 1
+          ? "one unit at a time (decode_batch: 1)"
+          : "each bundle's generation units in batches of " +
+                (cfg.decode_batch == 0 ? std::string("all of them (decode_batch: auto)")
+                                       : "up to " + std::to_string(cfg.decode_batch)) +
+                ", a step of b sequences costing 1 + " + fixed(kBatchStepCost, 1) +
+                " (b - 1) single steps";
   std::cout << "\n## Work estimate (approximate)\n\n"
             << "- units: " << units << " in " << cells.size() << " cells\n"
             << "- prompt tokens: " << prefill << " over all units; " << shared_prefill
             << " if each (model, sample, question) prefill is shared across policies\n"
-            << "- generated or streamed tokens: at most " << decode << "\n"
+            << "- generated or streamed tokens: at most " << decode << "; decoded " << batching
+            << ": " << fixed(decode_steps, 0) << " single-sequence steps\n"
             << "- time: " << duration(t_full) << " without prefill sharing, " << duration(t_shared)
             << " with it, on " << groups << (gpus_per_worker > 1 ? " worker group" : " rank")
             << (groups > 1 ? "s" : "") << ", ASSUMING " << fixed(prefill_rate, 0)

@@ -295,6 +295,24 @@ TEST_F(SweepConfigTest, ValidateCommand) {
   EXPECT_NE(out.find("approximate"), std::string::npos);
   EXPECT_NE(out.find("ASSUMING 400 prefill tok/s and 20 decode tok/s per rank"), std::string::npos);
 
+  // The decode estimate under decode_batch: 12 cells, so each of the 6 samples is a bundle of
+  // 12 generation units of 10 tokens. One at a time: 6 x 12 x 10 = 720 steps; all together
+  // (auto): 6 x 10 x (1 + 0.3 x 11) = 258; up to 5: 6 x 10 x (2 x (1 + 0.3 x 4) + (1 + 0.3)) = 342.
+  for (const auto& [batch, steps] : std::vector<std::pair<std::string, std::string>>{
+           {"1", "720"}, {"auto", "258"}, {"5", "342"}}) {
+    const std::string p = write("validate_batch_" + batch + ".yaml",
+                                base_yaml("policies:\n  - full\n  - {name: snapkv, options: "
+                                          "{window: [8, 16]}}\n") +
+                                    "budgets: [\"64-256*2\"]\nseeds: [0, 1]\n"
+                                    "exclude: [{policy: snapkv, kv_budget: 256, seed: 1}]\n"
+                                    "generation: {max_new_tokens: 10}\ndecode_batch: " +
+                                    batch + "\n");
+    ASSERT_EQ(run_kvbench({"validate", p}, out, err), 0) << err;
+    EXPECT_NE(out.find(": " + steps + " single-sequence steps\n"), std::string::npos)
+        << batch << "\n"
+        << out;
+  }
+
   const std::string bad =
       write("validate_bad.yaml", base_yaml("policies: [h2o]\n") + "budgets: [0]\n");
   EXPECT_EQ(run_kvbench({"validate", bad}, out, err), 2);
