@@ -126,10 +126,12 @@ class Backend {
   // --- one forward pass of n tokens ---
   // Sizes the activations for n = tokens.size() rows, embeds the tokens (ids already validated)
   // into kX, times ModelConfig::embed_scale where it is not 1, and takes positions[0, n) as the
-  // pass's positions. `cache` already has room for n
-  // more slots per head (KvCache::reserve_extra); the backend makes its storage hold the cache.
+  // pass's positions. cache_rows: how many of the pass's rows go into `cache` (n for one
+  // sequence; 1 for a decode batch, whose other sequences bind_sequence binds); `cache` already
+  // has room for that many more slots per head (KvCache::reserve_extra), and the backend makes
+  // its storage hold the cache.
   virtual void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
-                          kernels::KvCache& cache) = 0;
+                          kernels::KvCache& cache, int cache_rows) = 0;
   // out[r] = rmsnorm(in[r]) * weight for rows [row0, row0 + rows); out's rows start at 0.
   // layer < 0 selects the final norm.
   virtual void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) = 0;

@@ -50,7 +50,7 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
     pos_[t] = pos0 + t;
   }
   cache.reserve_extra(n);
-  be.begin_pass(tokens, pos_.data(), cache);
+  be.begin_pass(tokens, pos_.data(), cache, n);
   const float scale = c.softmax_scale();
   const policies::StatsRequest req =
       forward_stats_request(n, cache, c.num_layers, policy, &hook, record, &prefills_);
@@ -121,7 +121,7 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
                                      &prefills_);
     cache.reserve_extra(1);
   }
-  be.begin_pass(tokens, pos_.data(), *caches[0]);
+  be.begin_pass(tokens, pos_.data(), *caches[0], 1);
   for (int b = 1; b < B; ++b) be.bind_sequence(*caches[b]);
   const float scale = c.softmax_scale();
   const size_t kv_elems = static_cast<size_t>(c.num_kv_heads) * c.head_dim;

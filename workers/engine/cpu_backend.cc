@@ -60,8 +60,9 @@ float* CpuBackend::rows(Act a) {
 }
 
 void CpuBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
-                            kernels::KvCache& cache) {
+                            kernels::KvCache& cache, int cache_rows) {
   (void)cache;  // the host cache is the storage
+  (void)cache_rows;
   const ModelConfig& c = model_.config;
   const size_t N = tokens.size();
   const int D = c.dim, H = c.hidden_dim, hd = c.head_dim;

@@ -42,7 +42,7 @@ class CpuBackend final : public Backend {
     rolled_layer_ = -1;
   }
   void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
-                  kernels::KvCache& cache) override;
+                  kernels::KvCache& cache, int cache_rows) override;
   void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) override;
   void head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) override;
   void linear(Act out, Act in, int layer, Mat which, int n) override;

@@ -291,7 +291,7 @@ void CudaBackend::bind_cache(kernels::KvCache& cache, int n) {
 }
 
 void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
-                             kernels::KvCache& cache) {
+                             kernels::KvCache& cache, int cache_rows) {
   const ModelConfig& c = model_.config;
   KVB_CUDA_CHECK(cudaSetDevice(gpu_));
   const int n = static_cast<int>(tokens.size());
@@ -318,7 +318,9 @@ void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* pos
   bound_.clear();
   tokens_h_.assign(tokens.begin(), tokens.end());
   pos_h_.assign(positions, positions + n);
-  bind_cache(cache, n);
+  KVB_CHECK(cache_rows >= 1 && cache_rows <= n)
+      << "--device cuda: a pass of " << n << " rows with " << cache_rows << " for its first cache";
+  bind_cache(cache, cache_rows);  // a decode batch's first sequence appends one row, not n
   copy_h2d(s.tokens.data(), tokens_h_.data(), N * 4);
   copy_h2d(s.pos.data(), pos_h_.data(), N * 4);
   gpu::embed_rows(s.x.data(), embedding_.data(), s.tokens.data(), n, D,

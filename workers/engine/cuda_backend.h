@@ -133,7 +133,7 @@ class CudaBackend final : public Backend {
   void select_rows(int row0) override;
   void bind_sequence(kernels::KvCache& cache) override;
   void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
-                  kernels::KvCache& cache) override;
+                  kernels::KvCache& cache, int cache_rows) override;
   void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) override;
   void head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) override;
   void linear(Act out, Act in, int layer, Mat which, int n) override;
