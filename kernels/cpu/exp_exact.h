@@ -5,8 +5,8 @@
 // Its results are part of the reference bits, so any replacement must return exactly them.
 //
 // How (AVX-512): each x in [-87, 0] is evaluated in double, e^x = 2^(n/16) e^r with n =
-// round(16 x / ln 2), |r| <= ln2 / 32, a table of 2^(i/16) and a degree-6 Taylor polynomial:
-// relative error below 2^-48. glibc's expf computes a double within 1.69 * 2^-34 (relative) of
+// round(16 x / ln 2), |r| <= ln2 / 32, a table of 2^(i/16) and a degree-5 Taylor polynomial:
+// relative error below 2^-42. glibc's expf computes a double within 1.69 * 2^-34 (relative) of
 // e^x and rounds it to float once (its comments: 0.502 ULP); so where our double is farther than
 // 2^-31 (relative) from the midpoint between two floats, e^x is on the same side of that
 // midpoint as ours and as glibc's double, and both round to the same float. Values closer to a
