@@ -28,7 +28,7 @@ struct Exp2Table {  // 2^(i/16), i in [0, 16)
   }
 };
 
-// e^x for x in [-87, 0] (other lanes: unspecified values), relative error below 2^-42:
+// e^x for x in [-87, 88] (other lanes: unspecified values), relative error below 2^-42:
 // e^x = 2^(n/16) e^r, n = round(16 x / ln 2), r = x - n ln2 / 16 in [-ln2/32, ln2/32], e^r by
 // Taylor to degree 5 (truncation below 2^-42.6), 2^(n/16) = 2^(n >> 4) * 2^((n & 15) / 16).
 inline __m512d exp_pd(__m512d x, __m512d t_lo, __m512d t_hi) {
@@ -46,7 +46,7 @@ inline __m512d exp_pd(__m512d x, __m512d t_lo, __m512d t_hi) {
   p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
   p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
   const __m512d t = _mm512_permutex2var_pd(t_lo, _mm512_and_si512(n, _mm512_set1_epi64(15)), t_hi);
-  const __m512i e = _mm512_slli_epi64(_mm512_srai_epi64(n, 4), 52);  // n >= -2009: n >> 4 >= -126
+  const __m512i e = _mm512_slli_epi64(_mm512_srai_epi64(n, 4), 52);  // |n| <= 2031: n >> 4 in [-126, 126]
   return _mm512_mul_pd(_mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(t), e)), p);
 }
 
@@ -55,7 +55,7 @@ inline __m512d exp_pd(__m512d x, __m512d t_lo, __m512d t_hi) {
 void exp_floats(float* y, const float* x, int n) {
   static const Exp2Table table;
   const __m512d t_lo = _mm512_load_pd(table.t), t_hi = _mm512_load_pd(table.t + 8);
-  const __m512d lowest = _mm512_set1_pd(-87.0), zero = _mm512_setzero_pd();
+  const __m512d lowest = _mm512_set1_pd(-87.0), highest = _mm512_set1_pd(88.0);
   // A float keeps the top 23 of a double's 52 fraction bits: the 29 it drops say how far the
   // double is from the midpoint between two floats (2^28), in units of the double's last bit.
   // Farther than 2^22 of them: more than 2^-31 relative (2^22 / 2^53, the smallest value of a
@@ -75,7 +75,7 @@ void exp_floats(float* y, const float* x, int n) {
       const __m256 xf = _mm256_loadu_ps(x + i + 8 * v);
       const __m512d xd = _mm512_cvtps_pd(xf);
       const __mmask8 in = _mm512_cmp_pd_mask(xd, lowest, _CMP_GE_OQ) &
-                          _mm512_cmp_pd_mask(xd, zero, _CMP_LE_OQ);  // NaN: neither
+                          _mm512_cmp_pd_mask(xd, highest, _CMP_LE_OQ);  // NaN: neither
       const __m512d yd = exp_pd(xd, t_lo, t_hi);
       const __m512i off =
           _mm512_sub_epi64(_mm512_and_si512(_mm512_castpd_si512(yd), dropped), midpoint);

@@ -1,6 +1,6 @@
 // exp_floats (kernels/cpu/exp_exact.h) against the C library's expf, bit for bit: every float of
-// [-87.5, 0] (the softmax's domain: x - max; the fast path takes [-87, 0]), in shards that ctest
-// runs side by side, and the values outside it (which take std::exp).
+// [-87.5, 88.5] (the softmax's x - max <= 0 and SiLU's -g; the fast path takes [-87, 88]), in
+// shards that ctest runs side by side, and the values outside it (which take std::exp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,14 +59,16 @@ void expect_bits_over(uint32_t lo, uint32_t hi) {
 constexpr int kShards = 8;
 class ExpFloatsShard : public ::testing::TestWithParam<int> {};
 
-TEST_P(ExpFloatsShard, EveryFloatOfTheSoftmaxDomainIsStdExp) {
-  const uint32_t lo = 0x80000000u;          // -0
-  const uint32_t hi = to_bits(-87.5f) + 1;  // through -87.5
+// Shards 0 .. kShards-1: [-87.5, -0]; kShards .. 2 kShards-1: [+0, 88.5] (SiLU's exp(-g)).
+TEST_P(ExpFloatsShard, EveryFloatOfTheFastDomainIsStdExp) {
+  const bool negative = GetParam() < kShards;
+  const uint32_t lo = negative ? 0x80000000u : 0u;                         // -0 or +0
+  const uint32_t hi = (negative ? to_bits(-87.5f) : to_bits(88.5f)) + 1;  // through -87.5, 88.5
   const uint32_t per = (hi - lo + kShards - 1) / kShards;
-  const uint32_t a = lo + per * GetParam();
+  const uint32_t a = lo + per * (GetParam() % kShards);
   expect_bits_over(a, std::min(hi, a + per));
 }
-INSTANTIATE_TEST_SUITE_P(ExpFloats, ExpFloatsShard, ::testing::Range(0, kShards));
+INSTANTIATE_TEST_SUITE_P(ExpFloats, ExpFloatsShard, ::testing::Range(0, 2 * kShards));
 
 TEST(ExpFloats, OutsideTheDomainIsStdExp) {
   const float inf = std::numeric_limits<float>::infinity();
@@ -106,7 +108,7 @@ TEST(ExpFloats, OutsideTheDomainIsStdExp) {
   std::vector<float> xs, ys;
   for (uint64_t b = 0; b < 0x100000000ull; b += 65537) {
     const float v = from_bits(static_cast<uint32_t>(b));
-    if (v <= 0 && v >= -87.5f) continue;
+    if (v >= -87.5f && v <= 88.5f) continue;  // the shards' ranges
     xs.push_back(v);
   }
   ys.resize(xs.size());

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
@@ -21,6 +23,34 @@ TEST(RmsNorm, HandComputed) {
   cpu::rmsnorm(y, x, w, 1, 2, 0.0f);
   EXPECT_NEAR(y[0], 3 * 0.28284271f, 1e-6);
   EXPECT_NEAR(y[1], 2 * 4 * 0.28284271f, 1e-6);
+}
+
+// swiglu takes its exponentials a chunk at a time (exp_floats): the bits of the one-line
+// definition g / (1 + std::exp(-g)) * up for every element, over sizes around the chunk and the
+// parallel threshold, values from -100 to 100 (both signs of -g, both fallbacks) and specials.
+TEST(SwiGlu, EqualsTheDefinitionBitForBit) {
+  for (size_t n : {size_t(1), size_t(255), size_t(256), size_t(257), size_t(70001)}) {
+    std::vector<float> g(n), u(n);
+    uint32_t state = 12345;
+    for (size_t i = 0; i < n; ++i) {
+      state = state * 1664525u + 1013904223u;
+      g[i] = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 200.0f;
+      u[i] = static_cast<float>(i % 7) - 3.0f;
+    }
+    if (n > 5) {
+      g[0] = 0.0f;
+      g[1] = -0.0f;
+      g[2] = 88.5f;
+      g[3] = -88.5f;
+      g[4] = 1e-40f;
+    }
+    std::vector<float> got = g;
+    cpu::swiglu(got.data(), u.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const float want = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << n << " " << i << " g=" << g[i];
+    }
+  }
 }
 
 TEST(Rope, NormAndNeoxPairings) {
