@@ -46,7 +46,8 @@ inline __m512d exp_pd(__m512d x, __m512d t_lo, __m512d t_hi) {
   p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
   p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
   const __m512d t = _mm512_permutex2var_pd(t_lo, _mm512_and_si512(n, _mm512_set1_epi64(15)), t_hi);
-  const __m512i e = _mm512_slli_epi64(_mm512_srai_epi64(n, 4), 52);  // |n| <= 2031: n >> 4 in [-126, 126]
+  const __m512i e =
+      _mm512_slli_epi64(_mm512_srai_epi64(n, 4), 52);  // |n| <= 2031: n >> 4 in [-126, 126]
   return _mm512_mul_pd(_mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(t), e)), p);
 }
 

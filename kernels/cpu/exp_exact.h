@@ -1,8 +1,9 @@
 // exp of many floats with the bits of the C library's expf (std::exp(float)), faster.
 //
-// Why: the attention softmax takes one exp per probability (and SiLU one per hidden unit) (a 4,096-token prompt on SmolLM2: 2.3
-// billion), and glibc's expf, called one value at a time, was 15% of a CPU prefill's cycles.
-// Its results are part of the reference bits, so any replacement must return exactly them.
+// Why: the attention softmax takes one exp per probability (and SiLU one per hidden unit) (a
+// 4,096-token prompt on SmolLM2: 2.3 billion), and glibc's expf, called one value at a time, was
+// 15% of a CPU prefill's cycles. Its results are part of the reference bits, so any replacement
+// must return exactly them.
 //
 // How (AVX-512): each x in [-87, 88] is evaluated in double, e^x = 2^(n/16) e^r with n =
 // round(16 x / ln 2), |r| <= ln2 / 32, a table of 2^(i/16) and a degree-5 Taylor polynomial:

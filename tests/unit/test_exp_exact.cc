@@ -62,7 +62,7 @@ class ExpFloatsShard : public ::testing::TestWithParam<int> {};
 // Shards 0 .. kShards-1: [-87.5, -0]; kShards .. 2 kShards-1: [+0, 88.5] (SiLU's exp(-g)).
 TEST_P(ExpFloatsShard, EveryFloatOfTheFastDomainIsStdExp) {
   const bool negative = GetParam() < kShards;
-  const uint32_t lo = negative ? 0x80000000u : 0u;                         // -0 or +0
+  const uint32_t lo = negative ? 0x80000000u : 0u;                        // -0 or +0
   const uint32_t hi = (negative ? to_bits(-87.5f) : to_bits(88.5f)) + 1;  // through -87.5, 88.5
   const uint32_t per = (hi - lo + kShards - 1) / kShards;
   const uint32_t a = lo + per * (GetParam() % kShards);
