@@ -48,10 +48,14 @@ int KvCache::max_length() const {
   return m;
 }
 
+int KvCache::capacity_for(int extra) const {
+  const int need = max_length() + extra;
+  return need <= capacity_ ? capacity_ : std::max(need, capacity_ + capacity_ / 2);
+}
+
 void KvCache::reserve_extra(int extra) {
-  int need = max_length() + extra;
-  if (need <= capacity_) return;
-  grow_to(std::max(need, capacity_ + capacity_ / 2));
+  const int capacity = capacity_for(extra);
+  if (capacity != capacity_) grow_to(capacity);
 }
 
 void KvCache::live_rows(int capacity, std::vector<Rows>* keys, std::vector<Rows>* values,
@@ -107,8 +111,7 @@ KvCache KvCache::empty_copy(int extra) const {
       << "KvCache::empty_copy: only for a cache whose rows are on the host";
   KVB_CHECK(extra >= 0) << "KvCache::empty_copy: extra slots must be >= 0, got " << extra;
   KvCache out(shape_, 0, true);
-  const int need = max_length() + extra;
-  out.grow_to(need <= capacity_ ? capacity_ : std::max(need, capacity_ + capacity_ / 2));
+  out.grow_to(capacity_for(extra));
   out.next_position_ = next_position_;
   out.position_reads_ = position_reads_;
   return out;
@@ -125,60 +128,23 @@ void KvCache::fill_layer(const KvCache& src, const EvictionPlan& plan) {
       << "eviction plan for layer " << layer << " with " << plan.num_heads()
       << " heads on a cache of " << shape_.num_layers << " layers x " << shape_.num_kv_heads
       << " heads";
-  const size_t d = shape_.head_dim;
   for (int h = 0; h < shape_.num_kv_heads; ++h) {
-    int32_t& len = lengths_[index(layer, h)];
+    KVB_CHECK(length(layer, h) == 0) << "KvCache::fill_layer: layer " << layer << " head " << h
+                                     << " holds " << length(layer, h) << " slots already";
     const int src_len = src.length(layer, h);
-    KVB_CHECK(len == 0) << "KvCache::fill_layer: layer " << layer << " head " << h << " holds "
-                        << len << " slots already";
     KVB_CHECK(src_len <= capacity_)
         << "KvCache::fill_layer: " << src_len << " source slots for a capacity of " << capacity_;
-    const float* sk = &src.keys_[layer][static_cast<size_t>(h) * src.capacity_ * d];
-    const float* sv = &src.values_[layer][static_cast<size_t>(h) * src.capacity_ * d];
-    const int32_t* sp = &src.positions_[layer][static_cast<size_t>(h) * src.capacity_];
-    float* k = &keys_[layer][static_cast<size_t>(h) * capacity_ * d];
-    float* v = &values_[layer][static_cast<size_t>(h) * capacity_ * d];
-    int32_t* p = &positions_[layer][static_cast<size_t>(h) * capacity_];
-    // Source slots [from, from + count) to slots [len, len + count).
-    auto copy_run = [&](int from, int count) {
-      if (count <= 0) return;
-      std::memcpy(k + len * d, sk + from * d, count * d * sizeof(float));
-      std::memcpy(v + len * d, sv + from * d, count * d * sizeof(float));
-      std::memcpy(p + len, sp + from, count * sizeof(int32_t));
-      len += count;
-    };
     switch (plan.kind(h)) {
       case EvictionPlan::Kind::kKeepAll:
-        copy_run(0, src_len);
+        move_run(layer, h, src, 0, 0, src_len);
+        lengths_[index(layer, h)] = src_len;
         break;
-      case EvictionPlan::Kind::kVictim: {
-        const int victim = plan.victim(h);
-        KVB_CHECK(victim >= 0 && victim < src_len)
-            << "evict_slot: slot " << victim << " of layer " << layer << " head " << h
-            << " holding " << src_len;
-        copy_run(0, victim);
-        copy_run(victim + 1, src_len - victim - 1);
+      case EvictionPlan::Kind::kKeep:
+        keep_from(layer, h, src, plan.kept(h));
         break;
-      }
-      case EvictionPlan::Kind::kKeep: {
-        const std::vector<int32_t>& slots = plan.kept(h);
-        int32_t prev = -1;
-        size_t i = 0;
-        while (i < slots.size()) {  // runs of consecutive slots, one copy each
-          size_t j = i;
-          while (true) {
-            const int32_t s = slots[j];
-            KVB_CHECK(s > prev && s < src_len) << "keep_slots: slots must be increasing and < "
-                                               << src_len << ", got " << s << " after " << prev;
-            prev = s;
-            if (j + 1 == slots.size() || slots[j + 1] != s + 1) break;
-            ++j;
-          }
-          copy_run(slots[i], static_cast<int>(j - i + 1));
-          i = j + 1;
-        }
+      case EvictionPlan::Kind::kVictim:
+        drop_from(layer, h, src, plan.victim(h));
         break;
-      }
       case EvictionPlan::Kind::kDevice:
         KVB_FAIL() << "a device eviction plan on a cache whose rows are on the host";
     }
@@ -217,47 +183,53 @@ void KvCache::append(int layer, int head, const float* key, const float* value,
   ++len;
 }
 
-void KvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots) {
-  int32_t& len = lengths_[index(layer, head)];
+void KvCache::move_run(int layer, int head, const KvCache& src, int from, int to, int count) {
+  if (count <= 0 || (&src == this && from == to)) return;
   const size_t d = shape_.head_dim;
-  // Index-only caches move positions alone (k, v stay null).
-  float* k = host_rows_ ? &keys_[layer][static_cast<size_t>(head) * capacity_ * d] : nullptr;
-  float* v = host_rows_ ? &values_[layer][static_cast<size_t>(head) * capacity_ * d] : nullptr;
-  int32_t* p = &positions_[layer][static_cast<size_t>(head) * capacity_];
-  int32_t prev = -1;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const int32_t s = slots[i];
-    KVB_CHECK(s > prev && s < len) << "keep_slots: slots must be increasing and < " << len
-                                   << ", got " << s << " after " << prev;
-    prev = s;
-    if (static_cast<size_t>(s) != i) {
-      if (k) {
-        std::memmove(k + i * d, k + s * d, d * sizeof(float));
-        std::memmove(v + i * d, v + s * d, d * sizeof(float));
-      }
-      p[i] = p[s];
-    }
+  const size_t s0 = static_cast<size_t>(head) * src.capacity_ + from;
+  const size_t t0 = static_cast<size_t>(head) * capacity_ + to;
+  if (host_rows_) {  // index-only caches move positions alone
+    std::memmove(&keys_[layer][t0 * d], &src.keys_[layer][s0 * d], count * d * sizeof(float));
+    std::memmove(&values_[layer][t0 * d], &src.values_[layer][s0 * d], count * d * sizeof(float));
   }
-  len = static_cast<int32_t>(slots.size());
+  std::memmove(&positions_[layer][t0], &src.positions_[layer][s0], count * sizeof(int32_t));
 }
 
-void KvCache::evict_slot(int layer, int head, int victim) {
-  int32_t& len = lengths_[index(layer, head)];
+void KvCache::keep_from(int layer, int head, const KvCache& src, std::span<const int32_t> slots) {
+  const int len = src.length(layer, head);
+  int32_t prev = -1;
+  size_t i = 0;
+  while (i < slots.size()) {  // a run of consecutive slots, one move
+    size_t j = i;
+    while (true) {
+      const int32_t s = slots[j];
+      KVB_CHECK(s > prev && s < len) << "keep_slots: slots must be increasing and < " << len
+                                     << ", got " << s << " after " << prev;
+      prev = s;
+      if (j + 1 == slots.size() || slots[j + 1] != s + 1) break;
+      ++j;
+    }
+    move_run(layer, head, src, slots[i], static_cast<int>(i), static_cast<int>(j - i + 1));
+    i = j + 1;
+  }
+  lengths_[index(layer, head)] = static_cast<int32_t>(slots.size());
+}
+
+void KvCache::drop_from(int layer, int head, const KvCache& src, int victim) {
+  const int len = src.length(layer, head);
   KVB_CHECK(victim >= 0 && victim < len)
       << "evict_slot: slot " << victim << " of layer " << layer << " head " << head << " holding "
       << len;
-  const size_t d = shape_.head_dim;
-  const size_t tail = static_cast<size_t>(len - victim - 1);
-  if (host_rows_) {
-    float* k = &keys_[layer][(static_cast<size_t>(head) * capacity_ + victim) * d];
-    float* v = &values_[layer][(static_cast<size_t>(head) * capacity_ + victim) * d];
-    std::memmove(k, k + d, tail * d * sizeof(float));
-    std::memmove(v, v + d, tail * d * sizeof(float));
-  }
-  int32_t* p = &positions_[layer][static_cast<size_t>(head) * capacity_ + victim];
-  std::memmove(p, p + 1, tail * sizeof(int32_t));
-  --len;
+  move_run(layer, head, src, 0, 0, victim);
+  move_run(layer, head, src, victim + 1, victim, len - victim - 1);
+  lengths_[index(layer, head)] = len - 1;
 }
+
+void KvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots) {
+  keep_from(layer, head, *this, slots);
+}
+
+void KvCache::evict_slot(int layer, int head, int victim) { drop_from(layer, head, *this, victim); }
 
 void KvCache::apply(const EvictionPlan& plan) {
   const int layer = plan.layer();

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -172,6 +173,15 @@ class KvCache {
     return static_cast<size_t>(layer) * shape_.num_kv_heads + head;
   }
   void grow_to(int new_capacity);
+  // The capacity reserve_extra(extra) gives (grows 1.5x at least).
+  int capacity_for(int extra) const;
+  // Compaction, in place (src == *this: runs move down) or from another cache of this shape
+  // (fill_layer): src's slots [from, from + count) of (layer, head) to this cache's [to, ...);
+  // this (layer, head) as src's after keeping `slots` (strictly increasing, below src's length:
+  // checked; consecutive slots move as one run), or after dropping `victim` (checked).
+  void move_run(int layer, int head, const KvCache& src, int from, int to, int count);
+  void keep_from(int layer, int head, const KvCache& src, std::span<const int32_t> slots);
+  void drop_from(int layer, int head, const KvCache& src, int victim);
   // Buffers of `capacity` (>= max_length()) slots per head holding this cache's live rows, for
   // grow_to and fork. Each layer is read before its buffers are replaced, so the outputs may be
   // this cache's own keys_, values_, positions_.
