@@ -13,7 +13,9 @@
 //     [--decode-kernels default,streamed,grouped,tensor --repeat 5]  (each row on each decode
 //     attention kernel, kernels/cuda/attention.h kDecode*, in turn, repeat rounds: an
 //     interleaved A/B) [--batch 8]  (sequences decoding together, as a bundle's units:
-//     decode t/s is the batch's)
+//     decode t/s is the batch's) [--graphs off,on]  (decode steps launched one by one, or each
+//     captured and launched as one CUDA graph, kernels/cuda/graph.h; in turn within a round;
+//     `graphs` = steps that ran as a graph / steps, `nodes` = the last graph's nodes)
 #include <omp.h>
 
 #include <cerrno>
@@ -125,6 +127,8 @@ int g_repeat = 1;
 // each with its own policy and cache over the same prompt; decode t/s is then the batch's tokens
 // per second and step ms a batch step.
 int g_batch = 1;
+// --graphs: each row's decode steps launched one by one (off) and/or as CUDA graphs (on).
+std::vector<bool> g_graphs = {false};
 
 // A whole int, all of v (strtol, no trailing characters, in int's range).
 bool parse_int(const std::string& v, int* out) {
@@ -150,10 +154,11 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
   std::printf("# %s on %s, %s: weights %.2f GiB uploaded in %.1f s\n", m.config.name.c_str(),
               eng.device_description().c_str(), engine::dtype_name(dtype),
               eng.weight_bytes() / 1073741824.0, ms_since(t0) / 1000);
-  std::printf("%-22s %7s %-11s %6s %-8s %5s %12s %11s %9s %8s %10s %8s %8s %8s %9s %9s %10s\n",
-              "model", "context", "policy", "budget", "kernel", "batch", "prefill t/s",
-              "decode t/s", "step ms", "policy%", "host MiB", "d2h/step", "h2d/step", "sync/step",
-              "wait ms", "peak GiB", "attn/layer");
+  std::printf(
+      "%-22s %7s %-11s %6s %-8s %5s %12s %11s %9s %8s %10s %8s %8s %8s %9s %9s %10s %7s %6s\n",
+      "model", "context", "policy", "budget", "kernel", "batch", "prefill t/s", "decode t/s",
+      "step ms", "policy%", "host MiB", "d2h/step", "h2d/step", "sync/step", "wait ms", "peak GiB",
+      "attn/layer", "graphs", "nodes");
   const auto& c = m.config;
   for (int ctx : contexts) {
     if (ctx + steps > c.max_seq_len) {
@@ -165,8 +170,10 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
     for (const std::string& pname : pols) {
       for (int budget : (pname == "full" ? std::vector<int>{0} : budgets)) {
         for (int round = 0; round < g_repeat; ++round) {
-          for (int kernel : g_decode_kernels) {
+          for (size_t run = 0; run < g_decode_kernels.size() * g_graphs.size(); ++run) {
+            const int kernel = g_decode_kernels[run / g_graphs.size()];
             eng.set_decode_kernel(kernel);
+            eng.set_graphs(g_graphs[run % g_graphs.size()]);
             policies::PolicyConfig pc;
             pc.name = pname;
             pc.kv_budget = budget;
@@ -193,6 +200,7 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
             const engine::TransferCounters x0 = eng.transfer_counters();
             const int64_t calls0 = eng.batch_attention_calls();
             const int64_t launches0 = eng.batch_attention_launches();
+            const int64_t graphs0 = eng.graph_counters().captures;
             std::vector<int32_t> next(B);
             auto td = Clock::now();
             for (int s = 0; s < steps; ++s) {
@@ -221,9 +229,14 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
             // sync/step: copies each way and stream syncs per decode step (cuda_backend.h); wait
             // ms: the host's time per step blocked in those syncs (step ms minus it: the host's
             // own time, launches included; if that is most of the step, launches bound it).
+            char graphs[24] = "off";
+            if (eng.graphs()) {
+              std::snprintf(graphs, sizeof graphs, "%lld/%d",
+                            static_cast<long long>(eng.graph_counters().captures - graphs0), steps);
+            }
             std::printf(
                 "%-22s %7d %-11s %6d %-8s %5d %12.0f %11.1f %9.3f %7.1f%% %10.1f %8.1f %8.1f "
-                "%8.1f %9.3f %9.2f %10s\n",
+                "%8.1f %9.3f %9.2f %10s %7s %6zu\n",
                 c.name.c_str(), ctx, pname.c_str(), budget, kernel_name(kernel), B,
                 static_cast<double>(ctx) * B * 1000.0 / prefill_ms, B * steps * 1000.0 / decode_ms,
                 decode_ms / steps, 100.0 * pol / decode_ms,
@@ -232,7 +245,7 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
                 static_cast<double>(x1.h2d_copies - x0.h2d_copies) / steps,
                 static_cast<double>(x1.stream_syncs - x0.stream_syncs) / steps,
                 (x1.sync_wait_ms - x0.sync_wait_ms) / steps, eng.device_peak_bytes() / 1073741824.0,
-                attn);
+                attn, graphs, eng.graphs() ? eng.graph_counters().last_nodes : size_t{0});
             std::fflush(stdout);
           }
         }
@@ -311,6 +324,19 @@ int main(int argc, char** argv) {
       }
       if (g_decode_kernels.empty()) {
         std::fprintf(stderr, "bench_cuda_engine: --decode-kernels needs at least one kernel\n");
+        return 2;
+      }
+    } else if (k == "--graphs") {
+      g_graphs.clear();
+      for (const std::string& mode : str_list(v)) {
+        if (mode != "off" && mode != "on") {
+          std::fprintf(stderr, "bench_cuda_engine: --graphs %s: a list of off, on\n", v.c_str());
+          return 2;
+        }
+        g_graphs.push_back(mode == "on");
+      }
+      if (g_graphs.empty()) {
+        std::fprintf(stderr, "bench_cuda_engine: --graphs needs off, on or both\n");
         return 2;
       }
     } else if (k == "--batch") {

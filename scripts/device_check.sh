@@ -8,11 +8,13 @@
 #   bash scripts/device_check.sh engine    # bench_cuda_engine: Llama-3-8B shape, bf16, 4K and
 #                                          # 32K, every policy at budget 1024 (issue 13's table)
 # A whole lease in two calls (timed on an H200, 2026-11-26, third lease: first 306 s (build,
-# tests 57 s, kernels), second 400 s (tests 78 s, engine 240 s, A/B ~80 s); the second within the
-# 30 s the machine stays warm, with a timeout_s of 600):
+# tests 57 s, kernels; since then up to 70 s more: the CUDA graphs' A/B), second 400 s (tests
+# 78 s, engine 240 s, A/B ~80 s); the second within the 30 s the machine stays warm, with a
+# timeout_s of 600):
 #   bash scripts/device_check.sh first     # build, ctest -L cuda without SmolLM2, the kernel
-#                                          # bench (call 1 carries .device/debs .device/shared
-#                                          # .device/minja .device/model.part-aa .device/model.sha256)
+#                                          # bench, graphs off/on in the engine (call 1 carries
+#                                          # .device/debs .device/shared .device/minja
+#                                          # .device/model.part-aa .device/model.sha256)
 #   bash scripts/device_check.sh second    # joins SmolLM2 (call 2 carries .device/model.part-ab),
 #                                          # its GPU tests (cut at 150 s), the engine bench: every
 #                                          # policy at 4K (cut at 180 s), five at 32K (80 s),
@@ -70,6 +72,14 @@ case "$stage" in
     timeout 60 "$build/bench/bench_cuda_kernels" --benchmark_min_time=0.2 --pool-keep-mib=256 \
       '--benchmark_filter=bm_decode_attention(_stream|_mma)?/ctx:(4096|32768)/bf16:1/probs:0/ragged:0' \
       >"$out/bench_cuda_kernels_pool.txt" 2>&1 || echo "kernels (pool kept): rc $?"
+    # Decode steps as CUDA graphs against launched one by one (issue 16 item 5), interleaved in
+    # one process (off on off on off on): a short and a 4K context, where launches weigh most;
+    # `wait ms` near `step ms` says the step was device-bound already. The graphs' law (same
+    # bits) is CudaGraphsStories above and CudaGraphsSmol in `second`.
+    timeout 70 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
+      --contexts 512,4096 --budgets 1024 --steps 32 --policies full,h2o,window \
+      --graphs off,on --repeat 3 >"$out/bench_engine_graphs.txt" 2>&1 || true
+    cat "$out/bench_engine_graphs.txt"
     ;;
   second)
     t0=$(date +%s)

@@ -7,6 +7,7 @@
 #include "kernels/cpu/budget.h"
 #include "kernels/cuda/budget.h"
 #include "kernels/cuda/cuda_rows.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/pool.cuh"
 #include "kernels/cuda/runtime.h"
@@ -253,10 +254,10 @@ __global__ void gather_ranks_kernel(const int32_t* positions, const int32_t* off
 template <typename T>
 void grow(T** buf, size_t* cap, size_t need, cudaStream_t stream) {
   if (need <= *cap) return;
-  if (*buf) KVB_CUDA_CHECK(cudaFreeAsync(*buf, stream));
+  free_async(*buf, stream);  // capture-aware (graph.h): a captured step may grow it
   *buf = nullptr;
   *cap = std::max(need, *cap + *cap / 2);
-  KVB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(buf), *cap * sizeof(T), stream));
+  *buf = static_cast<T*>(malloc_async(*cap * sizeof(T), stream));
 }
 
 unsigned blocks_for(int longest) {
@@ -276,11 +277,10 @@ CudaPolicyOps::~CudaPolicyOps() {
 
 int32_t* CudaPolicyOps::plan_lists(size_t need) {
   if (need > lists_cap_) {
-    if (lists_) KVB_CUDA_CHECK(cudaFreeAsync(lists_, stream_));
+    free_async(lists_, stream_);
     lists_ = nullptr;
     lists_cap_ = std::max(need, lists_cap_ + lists_cap_ / 2);
-    KVB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&lists_),
-                                   lists_cap_ * sizeof(int32_t), stream_));
+    lists_ = static_cast<int32_t*>(malloc_async(lists_cap_ * sizeof(int32_t), stream_));
   }
   return lists_;
 }

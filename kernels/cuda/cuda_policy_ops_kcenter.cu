@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/cuda_rows.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/kcenter.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/kv_elem.cuh"
@@ -101,12 +102,10 @@ const float* CudaPolicyOps::log_table(size_t need) {
   log_host_.resize(cap);
   log_host_[0] = 0.0f;  // no cluster is empty
   for (size_t i = 1; i < cap; ++i) log_host_[i] = std::log(static_cast<float>(i));
-  if (log_table_) KVB_CUDA_CHECK(cudaFreeAsync(log_table_, stream_));
+  free_async(log_table_, stream_);  // capture-aware (graph.h)
   log_table_ = nullptr;
-  KVB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&log_table_), cap * sizeof(float),
-                                 stream_));
-  KVB_CUDA_CHECK(cudaMemcpyAsync(log_table_, log_host_.data(), cap * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream_));
+  log_table_ = static_cast<float*>(malloc_async(cap * sizeof(float), stream_));
+  upload_async(log_table_, log_host_.data(), cap * sizeof(float), stream_);
   log_cap_ = cap;
   ++transfers_.h2d_copies;
   transfers_.h2d_bytes += cap * sizeof(float);

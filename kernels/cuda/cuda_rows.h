@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/policies/policy_ops.h"
@@ -56,13 +57,13 @@ class CudaRows final : public policies::SlotRows {
     if (need <= ld_[layer]) return;
     const int ld = std::max(need, ld_[layer] + ld_[layer] / 2);
     const size_t eb = entry_bytes(type());
-    void* fresh = nullptr;
-    KVB_CUDA_CHECK(cudaMallocAsync(&fresh, static_cast<size_t>(heads()) * ld * eb, stream_));
+    // Capture-aware (graph.h): a captured decode step may grow the rows.
+    void* fresh = malloc_async(static_cast<size_t>(heads()) * ld * eb, stream_);
     if (bufs_[layer]) {
       KVB_CUDA_CHECK(cudaMemcpy2DAsync(fresh, ld * eb, bufs_[layer], ld_[layer] * eb,
                                        ld_[layer] * eb, heads(), cudaMemcpyDeviceToDevice,
                                        stream_));
-      KVB_CUDA_CHECK(cudaFreeAsync(bufs_[layer], stream_));
+      free_async(bufs_[layer], stream_);
     }
     bufs_[layer] = fresh;
     ld_[layer] = ld;

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "kernels/cpu/bf16.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/kv_elem.cuh"
 
 namespace kvb::kernels::cuda {
@@ -278,11 +279,11 @@ DeviceLayerKvView DeviceKvCache::layer(int layer) {
 void DeviceKvCache::push_lengths(int layer, cudaStream_t stream) {
   ++h2d_copies_;
   h2d_bytes_ += shape_.num_kv_heads * sizeof(int32_t);
-  // Pageable source: the call returns once the bytes are staged, so the mirror may change after.
+  // The call returns once the bytes are staged (or copied for a captured step's graph, graph.h),
+  // so the mirror may change after.
   const size_t i = index(layer, 0);
-  KVB_CUDA_CHECK(cudaMemcpyAsync(lengths_d_.data() + i, lengths_h_.data() + i,
-                                 shape_.num_kv_heads * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                 stream));
+  upload_async(lengths_d_.data() + i, lengths_h_.data() + i, shape_.num_kv_heads * sizeof(int32_t),
+               stream);
 }
 
 void DeviceKvCache::append(int layer, const float* keys, const float* values,
@@ -368,8 +369,7 @@ void DeviceKvCache::keep_slots(int layer, const int32_t* slots, int ld, const in
   std::unique_ptr<StreamScratch> counts_d;
   if (!validated || !by_value) {
     counts_d = std::make_unique<StreamScratch>(heads * sizeof(int32_t), stream);
-    KVB_CUDA_CHECK(cudaMemcpyAsync(counts_d->as<int32_t>(), counts, heads * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, stream));
+    upload_async(counts_d->as<int32_t>(), counts, heads * sizeof(int32_t), stream);
     ++h2d_copies_;
     h2d_bytes_ += heads * sizeof(int32_t);
   }
@@ -418,9 +418,7 @@ void DeviceKvCache::evict_slots(int layer, const int32_t* victims, cudaStream_t 
       counts[h] = c;
     }
     StreamScratch lists_d(std::max<size_t>(lists.size(), 1) * sizeof(int32_t), stream);
-    KVB_CUDA_CHECK(cudaMemcpyAsync(lists_d.as<int32_t>(), lists.data(),
-                                   lists.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                   stream));
+    upload_async(lists_d.as<int32_t>(), lists.data(), lists.size() * sizeof(int32_t), stream);
     ++h2d_copies_;
     h2d_bytes_ += lists.size() * sizeof(int32_t);
     keep_slots(layer, lists_d.as<int32_t>(), ld, counts.data(), stream, /*validated=*/true);

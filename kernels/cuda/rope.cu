@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/runtime.h"
 
 namespace kvb::kernels::cuda {
@@ -80,9 +81,9 @@ void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, cons
   if (n == 0 || num_heads == 0) return;
   const std::vector<float> inv_freq = inv_freq_of(p);
   StreamScratch freq(half * sizeof(float), stream);
-  KVB_CUDA_CHECK(cudaMemcpyAsync(freq.as<float>(), inv_freq.data(), half * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream));
-  // From pageable memory the call returns once inv_freq is staged, so it may go out of scope.
+  // From pageable memory the call returns once inv_freq is staged (copied, in a captured step's
+  // graph: graph.h), so it may go out of scope.
+  upload_async(freq.as<float>(), inv_freq.data(), half * sizeof(float), stream);
   launch(x, pos, freq.as<float>(), n, num_heads, head_dim, p, stream);
 }
 

@@ -1,7 +1,11 @@
 // CUDA runtime helpers: device queries that never throw, per-thread cuBLAS handles, scratch.
 #include "kernels/cuda/runtime.h"
 
+#include "kernels/cuda/graph.h"
+
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace kvb::kernels::cuda {
@@ -37,6 +41,12 @@ struct HandleDeleter {
 cublasHandle_t cublas_handle(cudaStream_t stream) {
   // One handle per (thread, device): a handle is tied to the device current at creation.
   thread_local std::vector<std::unique_ptr<cublasContext, HandleDeleter>> handles;
+  // One workspace per (device, stream), ours: cuBLAS's own default workspace is allocated anew
+  // for each captured graph (graph.h captures every decode step: memory would grow per step),
+  // and cublasSetStream resets a handle to that default, so it is set again on every call.
+  // Separate per stream, as cuBLAS's default: work on two streams may overlap.
+  thread_local std::map<std::pair<int, cudaStream_t>, DeviceBuffer<unsigned char>> workspaces;
+  constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
   int dev = 0;
   KVB_CUDA_CHECK(cudaGetDevice(&dev));
   if (static_cast<size_t>(dev) >= handles.size()) handles.resize(dev + 1);
@@ -46,15 +56,25 @@ cublasHandle_t cublas_handle(cudaStream_t stream) {
     handles[dev].reset(h);
   }
   KVB_CUBLAS_CHECK(cublasSetStream(handles[dev].get(), stream));
+  DeviceBuffer<unsigned char>& ws = workspaces[{dev, stream}];
+  if (ws.size() == 0) ws = DeviceBuffer<unsigned char>(kWorkspaceBytes);
+  KVB_CUBLAS_CHECK(cublasSetWorkspace(handles[dev].get(), ws.data(), ws.bytes()));
   return handles[dev].get();
 }
 
 StreamScratch::StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-  if (bytes > 0) KVB_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream));
+  if (bytes == 0) return;
+  if (capturing(stream)) {
+    ptr_ = detail::capture_scratch(bytes, stream);
+    arena_ = true;
+    return;
+  }
+  KVB_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream));
 }
 
 StreamScratch::~StreamScratch() {
-  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);  // teardown errors cannot be reported
+  // Teardown errors cannot be reported; arena memory lives until the next capture.
+  if (ptr_ != nullptr && !arena_) cudaFreeAsync(ptr_, stream_);
 }
 
 DeviceErrorFlag::DeviceErrorFlag(cudaStream_t stream)
@@ -63,6 +83,7 @@ DeviceErrorFlag::DeviceErrorFlag(cudaStream_t stream)
 }
 
 void DeviceErrorFlag::check(const char* what, const char* (*describe)(int code)) const {
+  require_not_capturing(stream_, what);
   int code = 0;
   KVB_CUDA_CHECK(
       cudaMemcpyAsync(&code, flag_.as<int>(), sizeof(int), cudaMemcpyDeviceToHost, stream_));

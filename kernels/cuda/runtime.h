@@ -48,6 +48,15 @@
 
 namespace kvb::kernels::cuda {
 
+namespace detail {
+// graph.cu: while the calling thread captures a step (graph.h), the memory a DeviceBuffer
+// releases may still be read by captured work that has not run: its cudaFree waits until the
+// host's next wait for the stream (StepGraph::after_sync). False: not capturing, free it now.
+bool defer_device_free(void* p) noexcept;
+// A capture's temporary device memory (StreamScratch while capturing `stream`).
+void* capture_scratch(size_t bytes, cudaStream_t stream);
+}  // namespace detail
+
 // Number of visible CUDA devices; 0 when there is no driver, no device or any runtime error
 // (never throws: tests and benchmarks call it to decide whether to skip).
 int device_count() noexcept;
@@ -102,7 +111,9 @@ class DeviceBuffer {
 
  private:
   void release() noexcept {
-    if (data_ != nullptr) cudaFree(data_);  // errors at teardown cannot be reported; ignored
+    // Errors at teardown cannot be reported; ignored. During a captured step (graph.h) the free
+    // waits for the graph to have run.
+    if (data_ != nullptr && !detail::defer_device_free(data_)) cudaFree(data_);
     data_ = nullptr;
     count_ = 0;
   }
@@ -111,7 +122,9 @@ class DeviceBuffer {
 };
 
 // Stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on `stream`): for temporaries of one
-// op call; freed in stream order, so kernels queued on the stream may still use it.
+// op call; freed in stream order, so kernels queued on the stream may still use it. While the
+// calling thread captures `stream` (graph.h), from the capture's arena instead: no graph memory
+// node, and the memory stays until the graph has run.
 class StreamScratch {
  public:
   StreamScratch(size_t bytes, cudaStream_t stream);
@@ -126,11 +139,13 @@ class StreamScratch {
  private:
   void* ptr_ = nullptr;
   cudaStream_t stream_;
+  bool arena_ = false;
 };
 
 // Input checks only the device can make (lengths, keep lists in device memory): kernels
 // atomicOr a code into flag(); check() waits for the stream and throws with `what` and the
-// code's meaning when it is non-zero. One sync per op call that uses it.
+// code's meaning when it is non-zero. One sync per op call that uses it (so never inside a
+// captured step: check() throws there).
 class DeviceErrorFlag {
  public:
   explicit DeviceErrorFlag(cudaStream_t stream);

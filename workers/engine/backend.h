@@ -224,6 +224,16 @@ class Backend {
   // End of the pass: host-visible results (logits) are complete; `cache` is what the storage
   // holds.
   virtual void end_pass(kernels::KvCache& cache) { (void)cache; }
+
+  // Decode steps as CUDA graphs (kernels/cuda/graph.h, issue 16 "launch overhead"): where a
+  // backend has them on, the stack brackets the layers of a decode step whose host code never
+  // waits for the device (decode_step_capturable, block_stack.h) with begin_graph, which starts
+  // capturing the ops and returns true, and end_graph, which launches what was captured;
+  // abort_graph ends a capture that an error interrupted (its work never runs). Elsewhere
+  // begin_graph returns false and the ops run as they are called.
+  virtual bool begin_graph() { return false; }
+  virtual void end_graph() {}
+  virtual void abort_graph() noexcept {}
 };
 
 }  // namespace kvb::engine

@@ -16,6 +16,33 @@ double ms_since(Clock::time_point t0) {
 }
 }  // namespace
 
+bool decode_step_capturable(const policies::Policy* policy, const policies::StatsRequest& req,
+                            bool host_rows, bool device_ops) {
+  if (host_rows) return false;
+  if (!policy) return true;
+  if (policy->replaces_attention()) return false;
+  const bool asks = req.col_sums || req.last_w > 0 || req.pre_rope_keys;
+  return !asks || (device_ops && policy->decides_with_ops());
+}
+
+namespace {
+// Ends a step's capture that an exception interrupted (Backend::abort_graph).
+struct GraphScope {
+  Backend* be = nullptr;
+  GraphScope() = default;
+  GraphScope(const GraphScope&) = delete;
+  GraphScope& operator=(const GraphScope&) = delete;
+  ~GraphScope() {
+    if (be) be->abort_graph();
+  }
+  void end() {
+    Backend* b = be;
+    be = nullptr;
+    b->end_graph();
+  }
+};
+}  // namespace
+
 StackEngine::StackEngine(const Model& model, std::unique_ptr<Backend> backend,
                          kernels::Communicator* tp)
     : model_(model), backend_(std::move(backend)), tp_(tp && tp->size() > 1 ? tp : nullptr) {
@@ -60,6 +87,14 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   // keeps them on the host.
   const bool device_keys = req.pre_rope_keys && policy && policy->decides_with_ops() &&
                            be.policy_ops().on_device();
+  // A decode step whose host code never waits for the device runs its layers as one graph
+  // where the backend has graphs on.
+  GraphScope graph;
+  if (n == 1 && hook != PolicyHook::kPrefill && record == nullptr &&
+      decode_step_capturable(policy, req, cache.host_rows(), be.policy_ops().on_device()) &&
+      be.begin_graph()) {
+    graph.be = &be;
+  }
 
   for (int l = 0; l < c.num_layers; ++l) {
     project_qkv(l, n);
@@ -73,6 +108,7 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   }
   cache.advance_position(n);
   be.end_layers(n);
+  if (graph.be) graph.end();
 
   if (mode != LogitsMode::kNone) {
     KVB_CHECK(logits != nullptr) << "forward: logits requested into a null vector";
@@ -123,6 +159,13 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
   }
   be.begin_pass(tokens, pos_.data(), *caches[0], 1);
   for (int b = 1; b < B; ++b) be.bind_sequence(*caches[b]);
+  GraphScope graph;  // as forward(): one graph when every sequence's step qualifies
+  bool capturable = true;
+  for (int b = 0; b < B && capturable; ++b) {
+    capturable = decode_step_capturable(policies[b], reqs_[b], caches[b]->host_rows(),
+                                        be.policy_ops().on_device());
+  }
+  if (capturable && be.begin_graph()) graph.be = &be;
   const float scale = c.softmax_scale();
   const size_t kv_elems = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
   const bool device_ops = be.policy_ops().on_device();
@@ -157,6 +200,7 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
   }
   for (int b = 0; b < B; ++b) caches[b]->advance_position(1);
   be.end_layers(1);
+  if (graph.be) graph.end();
   be.rmsnorm(Act::kXb, Act::kX, -1, Norm::kAttn, 0, B);
   be.classify(B, logits);
   be.end_pass(*caches[0]);

@@ -21,6 +21,18 @@
 
 namespace kvb::engine {
 
+// Whether a decode step of one sequence can run as a captured CUDA graph (Backend::begin_graph,
+// kernels/cuda/graph.h): its host code must never wait for the device before the step ends, so
+// its decisions may only depend on what the host knows (the index, the policy's own host state)
+// and the ops it launches. `policy` may be null (no policy); `req` is the step's statistics
+// request (forward_stats_request); `host_rows`: the cache keeps K/V rows on the host;
+// `device_ops`: the backend's policy ops work on the device. Not capturable: a cache with host
+// rows (every layer's new rows come down), a policy that replaces attention (SubGen's first
+// compression reads keys back; a host attend() reads the queries), and a policy that decides on
+// the host from statistics or pre-RoPE keys it asked for (they come down per layer).
+bool decode_step_capturable(const policies::Policy* policy, const policies::StatsRequest& req,
+                            bool host_rows, bool device_ops);
+
 class StackEngine : public EngineBase {
  public:
   const Model& model() const override { return model_; }

@@ -41,6 +41,7 @@ CudaBackend::CudaBackend(const Model& model, DType dtype, int gpu)
                                            << " above the attention kernel's " << cu::kMaxHeadDim;
   KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
   ops_ = std::make_unique<cu::CudaPolicyOps>(stream_);
+  graph_ = std::make_unique<cu::StepGraph>(stream_);
   upload_weights();
   // Every layer's RoPE frequencies on the device once: a rope call then copies nothing (before,
   // each of a decode step's 2 x layers calls staged them from pageable memory, uncounted).
@@ -49,6 +50,7 @@ CudaBackend::CudaBackend(const Model& model, DType dtype, int gpu)
 }
 
 CudaBackend::~CudaBackend() {
+  graph_.reset();
   ops_.reset();
   for (cudaEvent_t e : span_begin_) cudaEventDestroy(e);
   for (cudaEvent_t e : span_end_) cudaEventDestroy(e);
@@ -97,13 +99,31 @@ void CudaBackend::begin_policy_span() {
     span_begin_.push_back(b);
     span_end_.push_back(e);
   }
-  KVB_CUDA_CHECK(cudaEventRecord(span_begin_[spans_], stream_));
+  // In a captured step the event is a node of the graph (recorded when the graph runs).
+  KVB_CUDA_CHECK(cudaEventRecordWithFlags(span_begin_[spans_], stream_,
+                                          graph_->active() ? cudaEventRecordExternal : 0));
 }
 
 void CudaBackend::end_policy_span() {
-  KVB_CUDA_CHECK(cudaEventRecord(span_end_[spans_], stream_));
+  KVB_CUDA_CHECK(cudaEventRecordWithFlags(span_end_[spans_], stream_,
+                                          graph_->active() ? cudaEventRecordExternal : 0));
   ++spans_;
 }
+
+void CudaBackend::set_graphs(bool on) {
+  KVB_CHECK(!graph_->active()) << "--device cuda: CUDA graphs switched during a captured step";
+  graphs_ = on;
+}
+
+bool CudaBackend::begin_graph() {
+  if (!graphs_) return false;
+  graph_->begin();
+  return true;
+}
+
+void CudaBackend::end_graph() { graph_->end_and_launch(); }
+
+void CudaBackend::abort_graph() noexcept { graph_->abort(); }
 
 double CudaBackend::take_policy_ms(std::vector<double>* per_span) {
   if (per_span) per_span->clear();
@@ -126,18 +146,20 @@ double CudaBackend::take_policy_ms(std::vector<double>* per_span) {
 }
 
 void CudaBackend::copy_d2h(void* dst, const void* src, size_t bytes) {
+  cu::require_not_capturing(stream_, "a copy to the host");
   KVB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   ++counters_.d2h_copies;
   counters_.d2h_bytes += bytes;
 }
 
 void CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes) {
-  KVB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  cu::upload_async(dst, src, bytes, stream_);  // staged in pinned memory inside a capture
   ++counters_.h2d_copies;
   counters_.h2d_bytes += bytes;
 }
 
 void CudaBackend::sync() {
+  cu::require_not_capturing(stream_, "a wait for the device");
   const auto t0 = Clock::now();
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
   counters_.sync_wait_ms += ms_since(t0);
@@ -486,6 +508,7 @@ void CudaBackend::end_layers(int n) {
 void CudaBackend::end_pass(kernels::KvCache& cache) {
   (void)cache;
   sync();
+  graph_->after_sync();  // what a captured step freed or outgrew, now that its graph has run
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
     peak_bytes_ = std::max(peak_bytes_, total_b - free_b);

@@ -19,9 +19,9 @@
 // last-w probabilities stay on the device; Ada-KV brings one layer's per-head budgets to the host
 // per prefill layer: one D2H copy of num_kv_heads ints and one sync), and their keep lists stay
 // on the device (apply_plan hands them to DeviceKvCache::keep_slots; the index takes the counts
-// and reads positions back only when host code asks, KvCache::positions_stale). One decode step of theirs copies nothing to the host
-// but the logits and syncs once. policy_ms is device time: CUDA events around each hook and
-// its plan (take_policy_ms).
+// and reads positions back only when host code asks, KvCache::positions_stale). One decode step of
+// theirs copies nothing to the host but the logits and syncs once. policy_ms is device time: CUDA
+// events around each hook and its plan (take_policy_ms).
 //
 // Other policies decide on the host, from the index and the statistics they asked for:
 //  - append_kv appends the block's positions to the index; only for policies that read K/V rows
@@ -39,8 +39,8 @@
 // decode hook reads (col_sums of num_heads * stride floats, e.g. H2O, 4 * 32 * 2048 = 256 KiB at
 // budget 2048 on Llama-3-8B; one sync), pre-RoPE keys when asked (one sync), the K/V rows for
 // policies that read them (one sync), and H2D the keep-lists of a layer changed by a host
-// plan that is not one victim per head (4 bytes per kept slot). counters() counts every copy and sync, so these costs show in tests and
-// benchmarks.
+// plan that is not one victim per head (4 bytes per kept slot). counters() counts every copy and
+// sync, so these costs show in tests and benchmarks.
 //
 // Policies that replace attention:
 //  - SubGen attends with ops (Policy::attends_with_ops): its sketches live in CudaPolicyOps'
@@ -60,6 +60,14 @@
 //  - A policy that replaced attention without ops would run its attend() on the host: the
 //    backend downloads the layer's queries (one copy, one sync) and uploads its output.
 //
+// CUDA graphs (set_graphs, off by default): a decode step whose host code never waits for the
+// device (block_stack.h decode_step_capturable) is captured from stream_ between begin_graph and
+// end_graph and launched as one graph (kernels/cuda/graph.h): the same kernels with the same
+// arguments, so the same bits as launching them one by one. Inside a capture copy_h2d stages
+// its bytes in pinned memory, copy_d2h and sync throw (they would wait for work that has not
+// run), and the policy spans' events are graph nodes. end_pass's sync completes the graph; the
+// logits' copy runs after it, outside the graph.
+//
 // Not supported on the GPU (a clear usage error): tensor-parallel groups.
 #pragma once
 
@@ -72,6 +80,7 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_policy_ops.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/runtime.h"
@@ -120,6 +129,14 @@ class CudaBackend final : public Backend {
   // cuda::AttentionArgs::decode_kernel for every decode step (A/B of the decode kernels).
   void set_decode_kernel(int kernel);
   int decode_kernel() const { return decode_kernel_; }
+  // Decode steps the stack finds capturable run as one CUDA graph each (kernels/cuda/graph.h;
+  // off by default). Not while a step is being captured.
+  void set_graphs(bool on);
+  bool graphs() const { return graphs_; }
+  const kernels::cuda::GraphCounters& graph_counters() const { return graph_->counters(); }
+  bool begin_graph() override;
+  void end_graph() override;
+  void abort_graph() noexcept override;
   size_t weight_bytes() const { return weight_bytes_; }
   int64_t cache_uploads() const { return cache_uploads_; }
   // The cache's device rows as a host KvCache with rows (synchronous; tests). Empty shape when
@@ -215,6 +232,8 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_, victims_h_, keep_scratch_;
   int64_t cache_uploads_ = 0;
   std::unique_ptr<kernels::cuda::CudaPolicyOps> ops_;
+  bool graphs_ = false;
+  std::unique_ptr<kernels::cuda::StepGraph> graph_;  // on stream_
   // policy_ms spans: event pairs recorded on the stream, read by take_policy_ms.
   std::vector<cudaEvent_t> span_begin_, span_end_;
   int spans_ = 0;

@@ -19,6 +19,13 @@ class CudaEngine final : public StackEngine {
   // Which decode attention kernel decode steps run (kernels/cuda/attention.h kDecode*: default,
   // grouped, streamed, tensor cores); for A/B measurements and their tests.
   void set_decode_kernel(int kernel) { cuda_mut().set_decode_kernel(kernel); }
+  // Decode steps as CUDA graphs (kernels/cuda/graph.h; off by default): each decode step whose
+  // host code never waits for the device (decode_step_capturable) is captured and launched as
+  // one graph; the same kernels and arguments, so the same bits. graph_counters() counts the
+  // captured steps, in-place updates, instantiations and nodes.
+  void set_graphs(bool on) { cuda_mut().set_graphs(on); }
+  bool graphs() const { return cuda().graphs(); }
+  const kernels::cuda::GraphCounters& graph_counters() const { return cuda().graph_counters(); }
   int gpu() const { return cuda().gpu(); }
   // Bytes of the uploaded weights (both copies where bf16 keeps an f32 embedding).
   size_t weight_bytes() const { return cuda().weight_bytes(); }
