@@ -510,6 +510,7 @@ std::vector<int32_t> CudaPolicyOps::ada_head_budgets(const SlotRows& scores, int
     // Lengths are in [0, ld] by construction: no device check (it would cost a second sync).
     global_topk_counts_unchecked(ragged, heads * base, ranks_ + at_counts, stream_);
     launches_ += 2;
+    require_not_capturing(stream_, "Ada-KV's per-head budgets to the host");
     KVB_CUDA_CHECK(cudaMemcpyAsync(counts.data(), ranks_ + at_counts, heads * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
     KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -646,6 +647,7 @@ std::vector<T> read_row(const SlotRows& rows, int layer, int head, SlotType type
       << "cuda policy ops: reading row (" << layer << ", " << head << ") of the wrong type or "
       << "outside " << rows.layers() << " x " << rows.heads();
   std::vector<T> out(rows.length(layer, head));
+  require_not_capturing(stream, "a policy state row to the host");
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream));
   ++transfers.stream_syncs;
   if (!out.empty()) {

@@ -39,9 +39,17 @@ class CudaRows final : public policies::SlotRows {
   CudaRows& operator=(const CudaRows&) = delete;
   // Freed on the legacy default stream, which waits for the engine's (blocking) stream: a
   // policy may outlive the engine that made its state. Teardown errors cannot be reported.
+  // Inside a captured step (graph.h) a legacy-stream op would invalidate the capture, and the
+  // captured work may still read the rows: freed after the graph's launch instead.
   ~CudaRows() override {
+    const bool captured = capturing(stream_);
     for (void* b : bufs_) {
-      if (b) cudaFreeAsync(b, 0);
+      if (!b) continue;
+      if (captured) {
+        free_async(b, stream_);
+      } else {
+        cudaFreeAsync(b, 0);
+      }
     }
   }
   std::unique_ptr<policies::SlotRows> clone() const override {

@@ -171,6 +171,7 @@ StepGraph::StepGraph(cudaStream_t stream)
     : stream_(stream), state_(std::make_unique<detail::CaptureState>()) {
   state_->stream = stream;
   KVB_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->side, cudaStreamNonBlocking));
+  KVB_CUDA_CHECK(cudaEventCreateWithFlags(&launched_, cudaEventDisableTiming));
 }
 
 StepGraph::~StepGraph() {
@@ -179,13 +180,23 @@ StepGraph::~StepGraph() {
   // Teardown errors cannot be reported; the stream's work has run or is dropped.
   cudaStreamSynchronize(stream_);
   for (void* p : state_->device_frees) cudaFree(p);
+  if (launched_) cudaEventDestroy(launched_);
   if (state_->side) cudaStreamDestroy(state_->side);
 }
 
 bool StepGraph::active() const { return state_->active; }
 
+void StepGraph::issue_stream_frees() noexcept {
+  for (void* p : state_->stream_frees) cudaFreeAsync(p, stream_);
+  state_->stream_frees.clear();
+}
+
 void StepGraph::begin() {
   KVB_CHECK(t_capture == nullptr) << "StepGraph::begin: this thread already captures a step";
+  if (pending_) {  // the last launch may still read the arena and the staging this capture reuses
+    KVB_CUDA_CHECK(cudaEventSynchronize(launched_));
+    after_sync();
+  }
   state_->scratch.reset();
   state_->staging.reset();
   KVB_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
@@ -197,6 +208,12 @@ void StepGraph::end_and_launch() {
   KVB_CHECK(state_->active) << "StepGraph::end_and_launch without begin";
   t_capture = nullptr;
   state_->active = false;
+  // Frees deferred during the capture go on the stream after whatever this call launches, on
+  // every path out of it.
+  struct FreesGuard {
+    StepGraph* g;
+    ~FreesGuard() { g->issue_stream_frees(); }
+  } frees{this};
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
   struct GraphGuard {
@@ -205,13 +222,8 @@ void StepGraph::end_and_launch() {
       if (g) cudaGraphDestroy(g);
     }
   } guard{graph};
-  auto issue_frees = [&] {
-    for (void* p : state_->stream_frees) cudaFreeAsync(p, stream_);
-    state_->stream_frees.clear();
-  };
   if (ended != cudaSuccess || graph == nullptr) {
     ++counters_.aborted;
-    issue_frees();
     KVB_CUDA_CHECK(ended);
     KVB_FAIL() << "cudaStreamEndCapture returned no graph";
   }
@@ -235,22 +247,32 @@ void StepGraph::end_and_launch() {
     ++counters_.instantiations;
   }
   KVB_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+  KVB_CUDA_CHECK(cudaEventRecord(launched_, stream_));
+  pending_ = true;
   ++counters_.captures;
   counters_.last_nodes = nodes;
-  issue_frees();
 }
 
-void StepGraph::abort() noexcept {
-  if (!state_->active) return;
+bool StepGraph::abort() noexcept {
+  if (!state_->active) return false;
   t_capture = nullptr;
   state_->active = false;
+  ++counters_.aborted;
   cudaGraph_t graph = nullptr;
-  cudaStreamEndCapture(stream_, &graph);  // ends an invalidated capture too
+  bool launched = false;
+  // Ends an invalidated capture too (then with an error and no graph).
+  if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) {
+    cudaGraphExec_t once = nullptr;
+    if (cudaGraphInstantiate(&once, graph, 0) == cudaSuccess) {
+      launched = cudaGraphLaunch(once, stream_) == cudaSuccess;
+      if (launched && cudaEventRecord(launched_, stream_) == cudaSuccess) pending_ = true;
+      cudaGraphExecDestroy(once);  // a launched graph's work completes regardless
+    }
+  }
   if (graph) cudaGraphDestroy(graph);
   (void)cudaGetLastError();
-  for (void* p : state_->stream_frees) cudaFreeAsync(p, stream_);
-  state_->stream_frees.clear();
-  ++counters_.aborted;
+  issue_stream_frees();
+  return launched;
 }
 
 void StepGraph::after_sync() {
@@ -259,6 +281,7 @@ void StepGraph::after_sync() {
   state_->scratch.consolidate();
   state_->staging.consolidate();
   counters_.arena_bytes = state_->scratch.bytes();
+  pending_ = false;
 }
 
 }  // namespace kvb::kernels::cuda

@@ -69,24 +69,31 @@ class StepGraph {
   StepGraph& operator=(const StepGraph&) = delete;
 
   // Starts capturing the stream (relaxed mode: allocations on the host thread are allowed).
-  // Preconditions: nothing captures on this thread, and the stream has no work of a previous
-  // launch that used the arena or the staging (the caller waited for it: after_sync()).
+  // Precondition: nothing captures on this thread. The previous launch reads the arena and the
+  // staging that this capture reuses: if the host has not waited for it (after_sync()), begin
+  // waits for it first (an error path: the engine's passes end with a wait).
   void begin();
   bool active() const;
   // Ends the capture, updates the executable graph in place or instantiates it, launches it on
   // the stream, then issues the frees deferred during the capture (stream-ordered after it).
   void end_and_launch();
-  // Ends a capture that an error interrupted: the captured work is dropped (it never runs),
-  // deferred frees are issued. Safe to call when not active.
-  void abort() noexcept;
+  // Ends a capture that an error interrupted. Where the capture is still valid (the error was
+  // the host's), what was captured is launched, as the same ops launched one by one would have
+  // run before the error, so the device state matches the host's; where CUDA invalidated the
+  // capture, nothing of it runs. Deferred frees are issued. Returns whether the captured work
+  // was launched; false when not active.
+  bool abort() noexcept;
   // The host has waited for the stream (every launch has run): frees deferred until then
   // happen, and the arenas, if a step outgrew them, become one chunk of the size it needed.
   void after_sync();
   const GraphCounters& counters() const { return counters_; }
 
  private:
+  void issue_stream_frees() noexcept;
   cudaStream_t stream_;
   cudaGraphExec_t exec_ = nullptr;
+  cudaEvent_t launched_ = nullptr;  // recorded after each launch
+  bool pending_ = false;            // a launch the host has not waited for (after_sync)
   std::unique_ptr<detail::CaptureState> state_;
   GraphCounters counters_;
 };

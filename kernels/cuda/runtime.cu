@@ -38,14 +38,27 @@ struct HandleDeleter {
 };
 }  // namespace
 
+namespace {
+// One cuBLAS workspace per (device, stream) of this thread, ours: cuBLAS's own default
+// workspace is allocated anew for each captured graph (graph.h captures every decode step:
+// memory would grow per step), and cublasSetStream resets a handle to that default, so
+// cublas_handle sets it again on every call. Separate per stream, as cuBLAS's default: work on
+// two streams may overlap.
+std::map<std::pair<int, cudaStream_t>, DeviceBuffer<unsigned char>>& workspaces() {
+  thread_local std::map<std::pair<int, cudaStream_t>, DeviceBuffer<unsigned char>> w;
+  return w;
+}
+}  // namespace
+
+void release_cublas_workspace(cudaStream_t stream) noexcept {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return;
+  workspaces().erase({dev, stream});
+}
+
 cublasHandle_t cublas_handle(cudaStream_t stream) {
   // One handle per (thread, device): a handle is tied to the device current at creation.
   thread_local std::vector<std::unique_ptr<cublasContext, HandleDeleter>> handles;
-  // One workspace per (device, stream), ours: cuBLAS's own default workspace is allocated anew
-  // for each captured graph (graph.h captures every decode step: memory would grow per step),
-  // and cublasSetStream resets a handle to that default, so it is set again on every call.
-  // Separate per stream, as cuBLAS's default: work on two streams may overlap.
-  thread_local std::map<std::pair<int, cudaStream_t>, DeviceBuffer<unsigned char>> workspaces;
   constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
   int dev = 0;
   KVB_CUDA_CHECK(cudaGetDevice(&dev));
@@ -56,7 +69,7 @@ cublasHandle_t cublas_handle(cudaStream_t stream) {
     handles[dev].reset(h);
   }
   KVB_CUBLAS_CHECK(cublasSetStream(handles[dev].get(), stream));
-  DeviceBuffer<unsigned char>& ws = workspaces[{dev, stream}];
+  DeviceBuffer<unsigned char>& ws = workspaces()[{dev, stream}];
   if (ws.size() == 0) ws = DeviceBuffer<unsigned char>(kWorkspaceBytes);
   KVB_CUBLAS_CHECK(cublasSetWorkspace(handles[dev].get(), ws.data(), ws.bytes()));
   return handles[dev].get();
@@ -73,8 +86,18 @@ StreamScratch::StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream
 }
 
 StreamScratch::~StreamScratch() {
-  // Teardown errors cannot be reported; arena memory lives until the next capture.
-  if (ptr_ != nullptr && !arena_) cudaFreeAsync(ptr_, stream_);
+  // Teardown errors cannot be reported; arena memory lives until the next capture. Scratch
+  // taken before a capture and released inside it is freed after the graph's launch (a capture
+  // may only free graph allocations, and the captured work may still read it).
+  if (ptr_ == nullptr || arena_) return;
+  if (capturing(stream_)) {
+    try {
+      free_async(ptr_, stream_);
+    } catch (...) {
+    }
+    return;
+  }
+  cudaFreeAsync(ptr_, stream_);
 }
 
 DeviceErrorFlag::DeviceErrorFlag(cudaStream_t stream)

@@ -54,7 +54,11 @@ CudaBackend::~CudaBackend() {
   ops_.reset();
   for (cudaEvent_t e : span_begin_) cudaEventDestroy(e);
   for (cudaEvent_t e : span_end_) cudaEventDestroy(e);
-  if (stream_) cudaStreamDestroy(stream_);  // errors at teardown cannot be reported; ignored
+  if (stream_) {  // errors at teardown cannot be reported; ignored
+    cudaStreamSynchronize(stream_);
+    cu::release_cublas_workspace(stream_);
+    cudaStreamDestroy(stream_);
+  }
 }
 
 policies::PolicyOps& CudaBackend::policy_ops() { return *ops_; }
@@ -116,14 +120,27 @@ void CudaBackend::set_graphs(bool on) {
 }
 
 bool CudaBackend::begin_graph() {
-  if (!graphs_) return false;
+  // The backend's first capturable step runs op by op whatever the setting: it loads the
+  // decode kernels (lazily loaded modules) outside any capture.
+  const bool first = !warmed_;
+  warmed_ = true;
+  if (!graphs_ || first) return false;
+  spans_at_graph_ = spans_;
   graph_->begin();
   return true;
 }
 
 void CudaBackend::end_graph() { graph_->end_and_launch(); }
 
-void CudaBackend::abort_graph() noexcept { graph_->abort(); }
+void CudaBackend::abort_graph() noexcept {
+  if (graph_->abort()) return;
+  // Nothing captured ran: the policy spans begun since begin_graph were events of the dropped
+  // graph; recorded now (empty spans), so that take_policy_ms finds every span it counts.
+  for (int i = spans_at_graph_; i < spans_; ++i) {
+    cudaEventRecord(span_begin_[i], stream_);
+    cudaEventRecord(span_end_[i], stream_);
+  }
+}
 
 double CudaBackend::take_policy_ms(std::vector<double>* per_span) {
   if (per_span) per_span->clear();

@@ -130,7 +130,8 @@ class CudaBackend final : public Backend {
   void set_decode_kernel(int kernel);
   int decode_kernel() const { return decode_kernel_; }
   // Decode steps the stack finds capturable run as one CUDA graph each (kernels/cuda/graph.h;
-  // off by default). Not while a step is being captured.
+  // off by default), but the backend's first (it loads the decode kernels outside a capture).
+  // Not while a step is being captured.
   void set_graphs(bool on);
   bool graphs() const { return graphs_; }
   const kernels::cuda::GraphCounters& graph_counters() const { return graph_->counters(); }
@@ -233,6 +234,8 @@ class CudaBackend final : public Backend {
   int64_t cache_uploads_ = 0;
   std::unique_ptr<kernels::cuda::CudaPolicyOps> ops_;
   bool graphs_ = false;
+  bool warmed_ = false;     // a capturable step has run (begin_graph)
+  int spans_at_graph_ = 0;  // spans_ when the current capture began
   std::unique_ptr<kernels::cuda::StepGraph> graph_;  // on stream_
   // policy_ms spans: event pairs recorded on the stream, read by take_policy_ms.
   std::vector<cudaEvent_t> span_begin_, span_end_;
