@@ -234,8 +234,8 @@ class CudaBackend final : public Backend {
   int64_t cache_uploads_ = 0;
   std::unique_ptr<kernels::cuda::CudaPolicyOps> ops_;
   bool graphs_ = false;
-  bool warmed_ = false;     // a capturable step has run (begin_graph)
-  int spans_at_graph_ = 0;  // spans_ when the current capture began
+  bool warmed_ = false;                              // a capturable step has run (begin_graph)
+  int spans_at_graph_ = 0;                           // spans_ when the current capture began
   std::unique_ptr<kernels::cuda::StepGraph> graph_;  // on stream_
   // policy_ms spans: event pairs recorded on the stream, read by take_policy_ms.
   std::vector<cudaEvent_t> span_begin_, span_end_;
