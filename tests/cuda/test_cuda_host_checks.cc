@@ -17,6 +17,7 @@
 #include "kernels/cuda/budget.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/dequant.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/kcenter.h"
 #include "kernels/cuda/kernel_ready.h"
 #include "kernels/cuda/kv_cache_device.h"
@@ -503,6 +504,22 @@ TEST(CudaHostChecks, NoDeviceMeansZeroAndNamedErrors) {
   // Zero-sized buffers allocate nothing, so they work anywhere.
   DeviceBuffer<float> empty(0);
   EXPECT_EQ(empty.data(), nullptr);
+}
+
+// Outside a capture (kernels/cuda/graph.h) the capture-aware helpers are the plain calls: nothing
+// is captured, waits and host copies are allowed, empty work touches no CUDA call (so this runs
+// without a device), and a StepGraph without a driver fails as a named error.
+TEST(CudaHostChecks, CaptureHelpersOutsideACapture) {
+  EXPECT_FALSE(capturing(nullptr));
+  EXPECT_FALSE(capturing_any());
+  EXPECT_NO_THROW(require_not_capturing(nullptr, "a wait for the device"));
+  EXPECT_NO_THROW(free_async(nullptr, nullptr));
+  const int host = 7;
+  EXPECT_NO_THROW(upload_async(nullptr, &host, 0, nullptr));
+  if (has_device()) return;
+  const std::string msg = error_of([] { StepGraph g(nullptr); });
+  EXPECT_NE(msg.find("cudaStreamCreateWithFlags"), std::string::npos) << msg;
+  EXPECT_FALSE(capturing_any());  // the failed construction left no capture behind
 }
 
 }  // namespace
