@@ -352,10 +352,12 @@ std::unique_ptr<PromptedRun> start_prompted(Unit& u, const SharedPrefill* shared
                          u.policy.get()),
       u.engine);
   r->pre = prefill_step(u, p, shared, r->cache);
-  r->tr.sample();
+  r->tr.sample();  // the prompt-sized storage counts toward kv_physical_peak
   if (s.kind == tasks::SampleKind::kChoice) {
-    score_choices(u, r->cache, r->pre);
+    score_choices(u, r->cache, r->pre);  // each choice on a fork: the prompt's rows + its own
   } else {
+    // What the decode needs: a bundle's units decode together, each holding only this.
+    u.engine.trim_storage(r->cache, std::max(1, s.max_new_tokens));
     start_generation(u, *r);
   }
   return r;

@@ -275,6 +275,57 @@ TEST(CudaEngineStories, InterleavedSequencesEqualSeparateRuns) {
   EXPECT_EQ(gpu.cache_uploads(), 0);
 }
 
+// EngineBase::trim_storage on the GPU (the runner's call after a unit's prompt): the device rows
+// move into an allocation of the longest head + extra slots per head, every row, position and
+// length kept, and the decode after it gives the untrimmed twin's logits bit for bit (same
+// kernels, same rows; the layout's offsets differ). h2o at a budget, then decode steps that first
+// grow the trimmed rows again.
+TEST(CudaEngineStories, TrimStorageKeepsRowsAndFreesSpareCapacity) {
+  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_FILE(kStories);
+  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
+  engine::CudaEngine gpu(*m, DType::kF32);
+  const auto& c = m->config;
+  policies::PolicyConfig pc;
+  pc.name = "h2o";
+  pc.kv_budget = 12;
+  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+  std::unique_ptr<policies::Policy> pa = policies::make_policy(pc), pb = policies::make_policy(pc);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((5 + 37 * i) % c.vocab_size);
+  kernels::KvCache a = gpu.new_cache(200, pa.get()), b = gpu.new_cache(200, pb.get());
+  std::vector<float> la, lb;
+  engine::prefill_prompt(gpu, a, prompt, pa.get(), &la);
+  engine::prefill_prompt(gpu, b, prompt, pb.get(), &lb);
+  const size_t before = gpu.kv_physical_bytes(a);
+  kernels::KvCache rows_before = gpu.download_device_rows(a);
+  // extra 0: the first decode step's append overflows, so the rows grow again (bind_cache).
+  gpu.trim_storage(a, 0);
+  const size_t slot = 2 * c.head_dim * sizeof(float) + sizeof(int32_t);  // f32 rows + position
+  EXPECT_EQ(gpu.kv_physical_bytes(a),
+            static_cast<size_t>(c.num_layers) * c.num_kv_heads * a.max_length() * slot);
+  EXPECT_LT(gpu.kv_physical_bytes(a), before);
+  kernels::KvCache rows_after = gpu.download_device_rows(a);
+  EXPECT_EQ(keep_sets(rows_before), keep_sets(rows_after));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const kernels::LayerKvView x = rows_before.layer(l), y = rows_after.layer(l);
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      const size_t bytes = static_cast<size_t>(rows_before.length(l, h)) * c.head_dim * 4;
+      EXPECT_EQ(0, std::memcmp(x.key(h, 0), y.key(h, 0), bytes)) << "layer " << l << " head " << h;
+      EXPECT_EQ(0, std::memcmp(x.value(h, 0), y.value(h, 0), bytes))
+          << "layer " << l << " head " << h;
+    }
+  }
+  expect_device_rows_match(gpu, a);
+  for (int32_t t : {17, 99, 250, 3, 44, 101, 7, 8}) {
+    gpu.forward({&t, 1}, a, engine::LogitsMode::kLast, &la, pa.get(), engine::PolicyHook::kDecode);
+    gpu.forward({&t, 1}, b, engine::LogitsMode::kLast, &lb, pb.get(), engine::PolicyHook::kDecode);
+    ASSERT_EQ(la, lb) << "token " << t;
+  }
+  expect_device_rows_match(gpu, a);
+  EXPECT_EQ(keep_sets(a), keep_sets(b));
+}
+
 // The runner's bundle with prefill sharing (PrefillRecord from the GPU pass; each unit's fork of
 // the shared cache is a device copy, compressed by its policy's plans on the device) gives the
 // CPU's predictions and keep-sets.

@@ -9,6 +9,7 @@
 #include "kernels/policies/policy.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
+#include "workers/engine/model.h"
 #include "workers/runner.h"
 
 namespace kvb {
@@ -186,6 +187,31 @@ TEST(PrefillSharing, RecordedPrefillGivesTheOwnPrefillsCacheGemma3Tiny) {
   const std::string text = "Sliding layers keep a window; only the global layer is evicted.";
   const std::vector<int32_t> prompt(text.begin(), text.end());
   expect_shared_equals_own(*m, prompt, 20);
+}
+
+// EngineBase::trim_storage on the CPU changes nothing (the spare capacity of a calloc'd cache
+// is not resident): the cache after it equals a copy taken before, capacity and physical bytes
+// included, and both decode the same logits.
+TEST(PrefillSharing, TrimStorageIsANoOpOnTheCpu) {
+  const std::string model = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  ASSERT_TRUE(std::ifstream(model).good()) << model;
+  std::unique_ptr<engine::Model> m = engine::load_model(model);
+  engine::Engine eng(*m);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((5 + 37 * i) % m->config.vocab_size);
+  kernels::KvCache cache = eng.new_cache(200);
+  std::vector<float> logits;
+  engine::prefill_prompt(eng, cache, prompt, nullptr, &logits);
+  const kernels::KvCache before = cache;
+  eng.trim_storage(cache, 3);
+  expect_same_cache(before, cache);
+  EXPECT_EQ(eng.kv_physical_bytes(cache), eng.kv_physical_bytes(before));
+  kernels::KvCache twin = before;
+  std::vector<float> a, b;
+  const int32_t token = 7;
+  eng.forward({&token, 1}, cache, engine::LogitsMode::kLast, &a);
+  eng.forward({&token, 1}, twin, engine::LogitsMode::kLast, &b);
+  EXPECT_EQ(a, b);
 }
 
 }  // namespace

@@ -81,6 +81,12 @@ class Backend {
   virtual size_t kv_physical_bytes(const kernels::KvCache& cache) const {
     return cache.physical_bytes();
   }
+  // EngineBase::trim_storage: the storage of `cache` beyond its longest head + extra slots per
+  // head is freed, rows kept (nothing to do where the host cache is the storage).
+  virtual void trim_storage(kernels::KvCache& cache, int extra) {
+    (void)cache;
+    (void)extra;
+  }
   virtual TransferCounters counters() const { return {}; }
   // Whether a new cache for `policy` (null: none) keeps its K/V rows on the host: always on the
   // CPU (they are the storage); on a device only for policies that read them

@@ -51,6 +51,9 @@ class StackEngine : public EngineBase {
   size_t kv_physical_bytes(const kernels::KvCache& cache) const override {
     return backend_->kv_physical_bytes(cache);
   }
+  void trim_storage(kernels::KvCache& cache, int extra) override {
+    backend_->trim_storage(cache, extra);
+  }
   // Host<->device copies and stream syncs since construction (zero on the CPU).
   TransferCounters transfer_counters() const { return backend_->counters(); }
 

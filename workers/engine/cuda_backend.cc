@@ -269,6 +269,20 @@ size_t CudaBackend::kv_physical_bytes(const kernels::KvCache& cache) const {
          kv_slot_bytes(sh.head_dim, dtype_);
 }
 
+void CudaBackend::trim_storage(kernels::KvCache& cache, int extra) {
+  KVB_CHECK(extra >= 0) << "trim_storage: extra slots must be >= 0, got " << extra;
+  const cu::DeviceKvCache* rows = rows_of(cache);
+  if (!rows) return;
+  const kernels::KvCacheShape& sh = cache.shape();
+  const size_t want = static_cast<size_t>(sh.num_layers) * sh.num_kv_heads *
+                      (rows->max_length() + extra) * rows->bytes_per_slot();
+  if (want >= rows->physical_bytes()) return;
+  KVB_CUDA_CHECK(cudaSetDevice(gpu_));
+  std::unique_ptr<kernels::DeviceRows> trimmed = rows->fork(extra);
+  ++counters_.stream_syncs;  // fork() synchronises the device
+  cache.set_device_rows(std::move(trimmed));
+}
+
 // The cache's device rows, with room for n more slots per head: created at a sequence's first
 // pass (uploaded from host rows when a cache made elsewhere brings some), grown on the device
 // when a head would overflow (1.5x).

@@ -108,6 +108,9 @@ class CudaBackend final : public Backend {
   // index's capacity at the device's slot size (what binding it would allocate at least).
   size_t kv_logical_bytes(const kernels::KvCache& cache) const override;
   size_t kv_physical_bytes(const kernels::KvCache& cache) const override;
+  // The device rows copied into an allocation of max_length() + extra slots per head
+  // (DeviceKvCache::fork: synchronous, counted as one sync), when that is smaller.
+  void trim_storage(kernels::KvCache& cache, int extra) override;
   // The backend's own copies and syncs plus those of its policy ops (Ada-KV's per-head budgets).
   TransferCounters counters() const override;
   policies::PolicyOps& policy_ops() override;

@@ -93,6 +93,16 @@ class EngineBase {
   virtual size_t kv_physical_bytes(const kernels::KvCache& cache) const {
     return cache.physical_bytes();
   }
+  // Frees the storage `cache` holds beyond its longest head + `extra` slots per head, keeping
+  // every row, position and length (the runner, after a unit's prompt: its decode needs no
+  // more). Results do not change; kv_physical_bytes may fall. A no-op on the CPU, whose spare
+  // capacity is address space that no slot has touched (KvCache's storage is calloc'd); the GPU
+  // engine copies the device rows into an allocation of that size (a prompt-sized device cache
+  // per unit would otherwise stay allocated while a bundle's units decode together).
+  virtual void trim_storage(kernels::KvCache& cache, int extra) {
+    (void)cache;
+    (void)extra;
+  }
 
   // A fresh cache for this model, with room for `initial_capacity` tokens per head.
   // With a policy that expands GQA, the cache has one "KV head" per query head.
