@@ -80,6 +80,7 @@ case "$stage" in
       --contexts 512,4096 --budgets 1024 --steps 32 --policies full,h2o,window \
       --graphs off,on --repeat 3 >"$out/bench_engine_graphs.txt" 2>&1 || true
     cat "$out/bench_engine_graphs.txt"
+    awk -f scripts/bench_medians.awk "$out/bench_engine_graphs.txt" | tee "$out/bench_engine_graphs_medians.txt" || true
     ;;
   second)
     t0=$(date +%s)
@@ -104,6 +105,7 @@ case "$stage" in
       --contexts 4096,32768 --budgets 1024 --steps 32 --policies full,snapkv \
       --decode-kernels streamed,tensor --repeat 3 >"$out/bench_engine_decode_ab.txt" 2>&1 || true
     cat "$out/bench_engine_decode_ab.txt"
+    awk -f scripts/bench_medians.awk "$out/bench_engine_decode_ab.txt" || true  # medians per kernel
     # A bundle's decode: 8 sequences stepping together (decode t/s is the batch's; attn/layer:
     # attention launches per layer, cuda::attention_batch), against the rows above (batch 1).
     timeout 50 stdbuf -oL "$build/bench/bench_cuda_engine" --models llama8b \
