@@ -5,7 +5,6 @@
 
 #include <map>
 #include <memory>
-#include <utility>
 #include <vector>
 
 namespace kvb::kernels::cuda {
@@ -36,43 +35,57 @@ namespace {
 struct HandleDeleter {
   void operator()(cublasContext* h) const noexcept { cublasDestroy(h); }
 };
-}  // namespace
 
-namespace {
-// One cuBLAS workspace per (device, stream) of this thread, ours: cuBLAS's own default
+// This thread's cuBLAS handle on one device (a handle is tied to the device current at its
+// creation), the stream it is bound to, and a workspace per stream, ours: cuBLAS's own default
 // workspace is allocated anew for each captured graph (graph.h captures every decode step:
-// memory would grow per step), and cublasSetStream resets a handle to that default, so
-// cublas_handle sets it again on every call. Separate per stream, as cuBLAS's default: work on
-// two streams may overlap.
-std::map<std::pair<int, cudaStream_t>, DeviceBuffer<unsigned char>>& workspaces() {
-  thread_local std::map<std::pair<int, cudaStream_t>, DeviceBuffer<unsigned char>> w;
-  return w;
+// memory would grow per step), and cublasSetStream resets a handle to that default. Separate per
+// stream, as cuBLAS's default: work on two streams may overlap.
+struct DeviceHandle {
+  std::unique_ptr<cublasContext, HandleDeleter> handle;
+  cudaStream_t stream = nullptr;
+  bool bound = false;  // handle set to `stream` and that stream's workspace
+  std::map<cudaStream_t, DeviceBuffer<unsigned char>> workspaces;
+};
+
+std::vector<DeviceHandle>& device_handles() {
+  thread_local std::vector<DeviceHandle> h;
+  return h;
 }
 }  // namespace
 
 void release_cublas_workspace(cudaStream_t stream) noexcept {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return;
-  workspaces().erase({dev, stream});
+  std::vector<DeviceHandle>& all = device_handles();
+  if (static_cast<size_t>(dev) >= all.size()) return;
+  DeviceHandle& d = all[dev];
+  if (d.bound && d.stream == stream) d.bound = false;  // its workspace is about to go
+  d.workspaces.erase(stream);
 }
 
 cublasHandle_t cublas_handle(cudaStream_t stream) {
-  // One handle per (thread, device): a handle is tied to the device current at creation.
-  thread_local std::vector<std::unique_ptr<cublasContext, HandleDeleter>> handles;
   constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
   int dev = 0;
   KVB_CUDA_CHECK(cudaGetDevice(&dev));
-  if (static_cast<size_t>(dev) >= handles.size()) handles.resize(dev + 1);
-  if (!handles[dev]) {
+  std::vector<DeviceHandle>& all = device_handles();
+  if (static_cast<size_t>(dev) >= all.size()) all.resize(dev + 1);
+  DeviceHandle& d = all[dev];
+  if (!d.handle) {
     cublasHandle_t h = nullptr;
     KVB_CUBLAS_CHECK(cublasCreate(&h));
-    handles[dev].reset(h);
+    d.handle.reset(h);
   }
-  KVB_CUBLAS_CHECK(cublasSetStream(handles[dev].get(), stream));
-  DeviceBuffer<unsigned char>& ws = workspaces()[{dev, stream}];
+  // Bound already (the usual case: every product of a pass on one stream): nothing to set.
+  if (d.bound && d.stream == stream) return d.handle.get();
+  d.bound = false;
+  KVB_CUBLAS_CHECK(cublasSetStream(d.handle.get(), stream));
+  DeviceBuffer<unsigned char>& ws = d.workspaces[stream];
   if (ws.size() == 0) ws = DeviceBuffer<unsigned char>(kWorkspaceBytes);
-  KVB_CUBLAS_CHECK(cublasSetWorkspace(handles[dev].get(), ws.data(), ws.bytes()));
-  return handles[dev].get();
+  KVB_CUBLAS_CHECK(cublasSetWorkspace(d.handle.get(), ws.data(), ws.bytes()));
+  d.stream = stream;
+  d.bound = true;
+  return d.handle.get();
 }
 
 StreamScratch::StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {

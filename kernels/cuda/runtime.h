@@ -69,8 +69,9 @@ bool has_device() noexcept;
 void keep_pool_memory(uint64_t bytes);
 
 // cuBLAS handle of the calling thread for the current device, created on first use, bound to
-// `stream` on every call (handles are not thread-safe; one per thread avoids locking), with a
-// 32 MiB workspace of its own per stream (set on every call; runtime.cu says why).
+// `stream` (handles are not thread-safe; one per thread avoids locking), with a 32 MiB
+// workspace of its own per stream (runtime.cu says why); nothing is set again while calls keep
+// to the stream of the previous one.
 cublasHandle_t cublas_handle(cudaStream_t stream);
 // Frees the calling thread's cuBLAS workspace for `stream` on the current device (call after
 // the stream's work has finished, before destroying it); no-op if it has none.
