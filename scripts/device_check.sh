@@ -4,23 +4,25 @@
 # to $OUT (the device tool's return folder) or ./device-out.
 #   bash scripts/device_check.sh tests     # ctest -L cuda: every twin's parity (policy ops and
 #                                          # tensor-core prefill included), then the engine tests
-#   bash scripts/device_check.sh kernels   # bench_cuda_kernels (decode/prefill attention, H2O)
+#   bash scripts/device_check.sh kernels   # bench_cuda_kernels, every row (decode/prefill
+#                                          # attention, tuning, eviction, H2O; ~240 s)
 #   bash scripts/device_check.sh engine    # bench_cuda_engine: Llama-3-8B shape, bf16, 4K and
 #                                          # 32K, every policy at budget 1024 (issue 13's table)
-# A whole lease in two calls (timed on an H200, 2026-11-26, third lease: first 306 s (build,
-# tests 57 s, kernels; since then up to 70 s more: the CUDA graphs' A/B), second 400 s (tests
-# 78 s, engine 240 s, A/B ~80 s); the second within the 30 s the machine stays warm, with a
-# timeout_s of 600):
+# A whole lease in two calls (timed on an H200, 2026-11-26, third lease: first 306 s, second
+# 400 s, 744 s held of the 900; the second within the 30 s the machine stays warm, with a
+# timeout_s of 600). Since then `first` runs only the kernel rows the open issues need (33 of
+# 115, ~70 s instead of ~240 s) and gained the CUDA graphs' A/B (up to 70 s): about 260 s, which
+# leaves room to rerun one failing stage:
 #   bash scripts/device_check.sh first     # build, ctest -L cuda without SmolLM2, the kernel
-#                                          # bench, graphs off/on in the engine (call 1 carries
-#                                          # .device/debs .device/shared .device/minja
+#                                          # rows (pool kept), graphs off/on in the engine (call 1
+#                                          # carries .device/debs .device/shared .device/minja
 #                                          # .device/model.part-aa .device/model.sha256)
 #   bash scripts/device_check.sh second    # joins SmolLM2 (call 2 carries .device/model.part-ab),
 #                                          # its GPU tests (cut at 150 s), the engine bench: every
 #                                          # policy at 4K (cut at 180 s), five at 32K (80 s),
-#                                          # then the decode kernels' A/B in the engine (100 s:
+#                                          # then the decode kernels' A/B in the engine (90 s:
 #                                          # streamed against tensor cores), then a batch of
-#                                          # 8 sequences (60 s)
+#                                          # 8 sequences (50 s)
 # Usage: bash scripts/device_check.sh tests|kernels|engine [extra args for the bench]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,6 +42,11 @@ case "$stage" in
 esac
 [ -f /tmp/kvb-prefix/env.sh ] && . /tmp/kvb-prefix/env.sh
 [ -d "$build" ] || { echo "device_check.sh: no $build (run scripts/device_build.sh first)" >&2; exit 2; }
+# The kernel bench rows of `first` (Google Benchmark's filter, a POSIX extended regex over
+# "name/arg:value/..."): every tensor-core decode row; the streamed decode kernel dense at 1K, 4K
+# and 32K (f32 and bf16), its 32K bf16 variants and its grid sizes; the grouped kernel at 4K and
+# 32K bf16; tensor-core prefill at 4K; keep_top and H2O's step.
+first_kernels='bm_decode_attention_mma/|bm_decode_attention_stream/ctx:(1024|4096|32768)/bf16:[01]/probs:0/ragged:0/|bm_decode_attention_stream/ctx:32768/bf16:1/|bm_decode_attention/ctx:(4096|32768)/bf16:1/probs:0/ragged:0/|bm_prefill_attention/n:4096/kernel:2/|bm_keep_top/|bm_h2o_step'
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/gpu.csv" 2>&1 || true
 case "$stage" in
   tests)
@@ -61,17 +68,19 @@ case "$stage" in
       --output-on-failure >"$out/ctest_first.log" 2>&1 || true
     echo "ctest: $(($(date +%s) - t0)) s"
     grep -E "tests passed|\((Failed|Timeout)\)" "$out/ctest_first.log" || tail -n 20 "$out/ctest_first.log"
+    # The kernel rows the open issues still need, with the memory pool keeping its memory
+    # across the timing's syncs (the engine syncs once a step; the bench once a call, where ~41 us
+    # of cudaMallocAsync re-mapping showed in every 4K row of the second lease): the streamed
+    # and tensor-core decode kernels (issue 16 item 3: 70% of the copy roof at 32K bf16, 40% at
+    # 4K), the grouped kernel as their baseline, tensor-core prefill, and H2O's step (issue 13).
+    # 33 rows, about 70 s; the whole bench (115 rows, about 240 s) is `device_check.sh kernels`.
     # The bookworm Google Benchmark takes --benchmark_min_time as a plain number of seconds.
-    timeout 240 "$build/bench/bench_cuda_kernels" --benchmark_min_time=0.2 "$@" \
+    timeout 150 "$build/bench/bench_cuda_kernels" --benchmark_min_time=0.2 --pool-keep-mib=256 \
+      "--benchmark_filter=$first_kernels" "$@" \
       >"$out/bench_cuda_kernels.txt" 2>"$out/bench_cuda_kernels.err" || echo "kernels: rc $?"
     grep -E "_median|GB|TFLOP" "$out/bench_cuda_kernels.err" | head -n 3 || true
     grep -c "correct=1" "$out/bench_cuda_kernels.txt" | sed 's/^/rows with correct=1: /'  || true
-    # The decode kernels again with the memory pool keeping its memory across the timing's syncs
-    # (the engine syncs once a step; the bench once a call, where ~41 us of cudaMallocAsync
-    # re-mapping showed in every 4K row of the second lease).
-    timeout 60 "$build/bench/bench_cuda_kernels" --benchmark_min_time=0.2 --pool-keep-mib=256 \
-      '--benchmark_filter=bm_decode_attention(_stream|_mma)?/ctx:(4096|32768)/bf16:1/probs:0/ragged:0' \
-      >"$out/bench_cuda_kernels_pool.txt" 2>&1 || echo "kernels (pool kept): rc $?"
+    grep -E "_median" "$out/bench_cuda_kernels.txt" || true
     # Decode steps as CUDA graphs against launched one by one (issue 16 item 5), interleaved in
     # one process (off on off on off on): a short and a 4K context, where launches weigh most;
     # `wait ms` near `step ms` says the step was device-bound already. The graphs' law (same
