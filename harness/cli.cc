@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "harness/git_rev.h"
 
 namespace kvb::harness {
 
@@ -41,8 +42,8 @@ void print_usage(std::ostream& os) {
     name.resize(12, ' ');
     os << "  " << name << s.summary << "\n";
   }
-  os << "\n`kvbench <command> --help` lists a command's options. Version " KVB_VERSION
-        " (git " KVB_GIT_REV ").\n";
+  os << "\n`kvbench <command> --help` lists a command's options. Version " KVB_VERSION " (git "
+     << git_rev() << ").\n";
 }
 }  // namespace
 
@@ -92,7 +93,7 @@ int run_cli(int argc, char** argv) {
     return 0;
   }
   if (cmd == "--version") {
-    std::cout << "kvbench " KVB_VERSION " (git " KVB_GIT_REV ")\n";
+    std::cout << "kvbench " KVB_VERSION " (git " << git_rev() << ")\n";
     return 0;
   }
   std::vector<std::string> args(argv + 2, argv + argc);

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/table.h"
 #include "harness/bundle_runner.h"
+#include "harness/git_rev.h"
 #include "harness/model_info.h"
 #include "harness/sweep_plan.h"
 #include "harness/sweep_roles.h"
@@ -210,7 +211,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
       << " units in flight from a run that did not finish; continue it with --resume";
   results::RunInfo info;
   info.config_text = cfg.text;
-  info.git_rev = KVB_GIT_REV;
+  info.git_rev = git_rev();
   info.kvbench_version = KVB_VERSION;
   info.host = process_host();
   info.ranks = comm.size();
