@@ -82,6 +82,13 @@ class GitRevScript : public testing::Test {
               0)
         << args;
   }
+  // A repository whose one commit holds a.txt = "one\n".
+  void init_with_one_commit() {
+    git("init -q");
+    write_file(src() / "a.txt", "one\n");
+    git("add a.txt");
+    git("commit -q -m one");
+  }
   std::string head() {
     const std::string cmd = "git -C " + quoted(src()) + " rev-parse HEAD";
     FILE* f = popen(cmd.c_str(), "r");
@@ -95,10 +102,7 @@ class GitRevScript : public testing::Test {
 };
 
 TEST_F(GitRevScript, NamesTheCommitAndWhetherTrackedFilesDiffer) {
-  git("init -q");
-  write_file(src() / "a.txt", "one\n");
-  git("add a.txt");
-  git("commit -q -m one");
+  init_with_one_commit();
   const std::string first = head();
   ASSERT_EQ(first.size(), 12u);
   EXPECT_EQ(run_script(), first);
@@ -125,10 +129,7 @@ TEST_F(GitRevScript, UnknownOutsideAGitWorkTree) {
 }
 
 TEST_F(GitRevScript, AnUnchangedTreeLeavesTheHeaderAlone) {
-  git("init -q");
-  write_file(src() / "a.txt", "one\n");
-  git("add a.txt");
-  git("commit -q -m one");
+  init_with_one_commit();
   const std::string rev = run_script();
   ASSERT_EQ(rev, head());
   const auto past = fs::file_time_type::clock::now() - std::chrono::hours(24 * 365);
