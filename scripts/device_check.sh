@@ -23,7 +23,13 @@
 #                                          # then the decode kernels' A/B in the engine (90 s:
 #                                          # streamed against tensor cores), then a batch of
 #                                          # 8 sequences (50 s)
-# Usage: bash scripts/device_check.sh tests|kernels|engine [extra args for the bench]
+# Then, when at least ~2 minutes of device time remain, a third call on the machine `second`
+# left warm (it carries .device/kjv.gz, the output of Debian's `bible` that the KJV haystack reads):
+#   bash scripts/device_check.sh sweep     # the README's quickstart as `kvbench sweep --device cuda`
+#                                          # (f32): decode_batch auto, then 1 (75 s each at most);
+#                                          # the databases come back in $OUT for comparing with the
+#                                          # CPU's (prompt hashes, predictions, summary)
+# Usage: bash scripts/device_check.sh tests|kernels|engine|first|second|sweep [extra bench args]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -122,8 +128,37 @@ case "$stage" in
       >"$out/bench_engine_batch.txt" 2>&1 || true
     cat "$out/bench_engine_batch.txt"
     ;;
+  sweep)
+    # The product's path end to end on the GPU (CLI, sweep, bundles of a shared prefill decoding
+    # together, results database), which no test runs: the README's quickstart, f32, so that its
+    # predictions can be compared with the CPU's (f32 logits agree within 1e-3; a greedy pick
+    # may flip only at a near tie), with decode_batch auto and 1 (issue 16's end-to-end figure).
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    [ -f "$model" ] || { echo "device_check.sh: no $model here (stage second joins it on this machine)" >&2; exit 2; }
+    [ -f .device/kjv.gz ] || { echo "device_check.sh: carry .device/kjv.gz (scripts/device_pack.sh writes it)" >&2; exit 2; }
+    # The KJV haystack runs `bible "Gen1:1-Rev22:21"` (Debian's bible-kjv); this machine has no
+    # Debian packages, so a `bible` on PATH prints that command's output as packed here.
+    kjv=/tmp/kvb-kjv
+    mkdir -p "$kjv"
+    gunzip -c .device/kjv.gz >"$kjv/bible.txt"
+    printf '#!/bin/sh\nexec cat %s/bible.txt\n' "$kjv" >"$kjv/bible"
+    chmod +x "$kjv/bible"
+    dbdir="$(cd "$out" && pwd)"
+    for mode in auto 1; do
+      db="$dbdir/gpu_quickstart_b$mode.db"
+      rm -f "$db" "$db-wal" "$db-shm"
+      t0=$(date +%s%N)
+      rc=0
+      (cd configs && PATH="$kjv:$PATH" timeout 75 "../$build/kvbench" sweep quickstart.yaml \
+        --device cuda --dtype f32 --db "$db" --decode-batch "$mode") \
+        >"$out/gpu_quickstart_b$mode.log" 2>&1 || rc=$?
+      echo "decode_batch $mode: rc $rc, $((($(date +%s%N) - t0) / 1000000)) ms wall"
+      tail -n 3 "$out/gpu_quickstart_b$mode.log"
+      "$build/kvbench" query --db "$db" summary || true
+    done
+    ;;
   *)
-    echo "usage: bash scripts/device_check.sh tests|kernels|engine|first|second [bench args]" >&2
+    echo "usage: bash scripts/device_check.sh tests|kernels|engine|first|second|sweep [bench args]" >&2
     exit 2
     ;;
 esac

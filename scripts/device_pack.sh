@@ -9,6 +9,8 @@
 #   .device/minja/              150 KB    carry in the first call (the Jinja headers)
 #   .device/model.part-aa       ~36 MiB   carry in the first call (the gzip'd GGUF's first piece)
 #   .device/model.part-ab       ~53 MiB   carry in the second call (device_build.sh joins them)
+#   .device/kjv.gz              ~1.3 MiB  carry in a third call (device_check.sh sweep: the output
+#                                         of Debian's `bible "Gen1:1-Rev22:21"`, the KJV haystack)
 # Usage: bash scripts/device_pack.sh   (Debian bookworm; apt-get download needs no root)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,6 +43,13 @@ cp "$shared/data/wikitext-2/test.txt" "$out/shared/data/wikitext-2/"
 # on 2026-11-26).
 mkdir -p "$out/shared/data/paulgraham_essays"
 cp "$shared/data/paulgraham_essays/avg.txt" "$out/shared/data/paulgraham_essays/"
+# The KJV haystack's source text for the GPU quickstart (its machine has no Debian packages):
+# the exact output of the command tasks/haystack.cc runs.
+command -v bible >/dev/null || {
+  echo "device_pack.sh: no \`bible\` (Debian's bible-kjv): run bash scripts/setup.sh" >&2
+  exit 1
+}
+bible "Gen1:1-Rev22:21" | gzip -9 >"$out/kjv.gz"
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$model" ] || bash scripts/fetch_models.sh
 # The tree (~10 MB) and the packages travel with the first piece; one call carries at most 64 MiB,
@@ -63,4 +72,4 @@ echo "device_pack.sh: call 1 carries $((call1 / 1048576)) MiB, call 2 $((call2 /
 }
 du -sh "$out"/debs "$out"/shared "$out"/model.part-* >&2
 echo "device_pack.sh: call 1 carries .device/debs .device/shared .device/minja .device/model.part-aa .device/model.sha256;" \
-  "call 2 carries .device/model.part-ab" >&2
+  "call 2 carries .device/model.part-ab; call 3 (device_check.sh sweep) carries .device/kjv.gz" >&2
