@@ -251,13 +251,17 @@ __global__ void gather_ranks_kernel(const int32_t* positions, const int32_t* off
 }
 
 // *buf holds at least `need` T (stream-ordered; contents not kept).
+// An allocation that throws (out of memory, which a sweep survives) leaves an empty buffer of
+// capacity 0, so that the next call allocates again instead of returning a null pointer.
 template <typename T>
 void grow(T** buf, size_t* cap, size_t need, cudaStream_t stream) {
   if (need <= *cap) return;
+  const size_t want = std::max(need, *cap + *cap / 2);
   free_async(*buf, stream);  // capture-aware (graph.h): a captured step may grow it
   *buf = nullptr;
-  *cap = std::max(need, *cap + *cap / 2);
-  *buf = static_cast<T*>(malloc_async(*cap * sizeof(T), stream));
+  *cap = 0;
+  *buf = static_cast<T*>(malloc_async(want * sizeof(T), stream));
+  *cap = want;
 }
 
 unsigned blocks_for(int longest) {
@@ -276,12 +280,7 @@ CudaPolicyOps::~CudaPolicyOps() {
 }
 
 int32_t* CudaPolicyOps::plan_lists(size_t need) {
-  if (need > lists_cap_) {
-    free_async(lists_, stream_);
-    lists_ = nullptr;
-    lists_cap_ = std::max(need, lists_cap_ + lists_cap_ / 2);
-    lists_ = static_cast<int32_t*>(malloc_async(lists_cap_ * sizeof(int32_t), stream_));
-  }
+  grow(&lists_, &lists_cap_, need, stream_);
   return lists_;
 }
 

@@ -104,6 +104,7 @@ const float* CudaPolicyOps::log_table(size_t need) {
   for (size_t i = 1; i < cap; ++i) log_host_[i] = std::log(static_cast<float>(i));
   free_async(log_table_, stream_);  // capture-aware (graph.h)
   log_table_ = nullptr;
+  log_cap_ = 0;  // until the allocation below succeeds (an out-of-memory leaves no null table)
   log_table_ = static_cast<float*>(malloc_async(cap * sizeof(float), stream_));
   upload_async(log_table_, log_host_.data(), cap * sizeof(float), stream_);
   log_cap_ = cap;

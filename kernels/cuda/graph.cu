@@ -114,7 +114,8 @@ bool defer_device_free(void* p) noexcept {
   try {
     t_capture->device_frees.push_back(p);
   } catch (...) {
-    return false;  // out of host memory: free now (the device waits for its work first)
+    // Out of host memory: leaked, not freed, since the captured work that may use it has not
+    // run yet (cudaFree now would free it under that work).
   }
   return true;
 }
@@ -194,7 +195,9 @@ void StepGraph::issue_stream_frees() noexcept {
 void StepGraph::begin() {
   KVB_CHECK(t_capture == nullptr) << "StepGraph::begin: this thread already captures a step";
   if (pending_) {  // the last launch may still read the arena and the staging this capture reuses
-    KVB_CUDA_CHECK(cudaEventSynchronize(launched_));
+    // Its event if it was recorded, else the stream (whose work includes the launch).
+    KVB_CUDA_CHECK(launch_recorded_ ? cudaEventSynchronize(launched_)
+                                    : cudaStreamSynchronize(stream_));
     after_sync();
   }
   state_->scratch.reset();
@@ -247,8 +250,10 @@ void StepGraph::end_and_launch() {
     ++counters_.instantiations;
   }
   KVB_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+  pending_ = true;  // from here the launch may read the arena and the staging
+  launch_recorded_ = false;
   KVB_CUDA_CHECK(cudaEventRecord(launched_, stream_));
-  pending_ = true;
+  launch_recorded_ = true;
   ++counters_.captures;
   counters_.last_nodes = nodes;
 }
@@ -265,7 +270,10 @@ bool StepGraph::abort() noexcept {
     cudaGraphExec_t once = nullptr;
     if (cudaGraphInstantiate(&once, graph, 0) == cudaSuccess) {
       launched = cudaGraphLaunch(once, stream_) == cudaSuccess;
-      if (launched && cudaEventRecord(launched_, stream_) == cudaSuccess) pending_ = true;
+      if (launched) {
+        pending_ = true;
+        launch_recorded_ = cudaEventRecord(launched_, stream_) == cudaSuccess;
+      }
       cudaGraphExecDestroy(once);  // a launched graph's work completes regardless
     }
   }

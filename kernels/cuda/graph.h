@@ -77,6 +77,9 @@ class StepGraph {
   // Ends the capture, updates the executable graph in place or instantiates it, launches it on
   // the stream, then issues the frees deferred during the capture (stream-ordered after it).
   void end_and_launch();
+  // A launch the host has not waited for yet (after end_and_launch or abort launched one; false
+  // after after_sync). After end_and_launch threw, false means the step's graph never ran.
+  bool pending() const { return pending_; }
   // Ends a capture that an error interrupted. Where the capture is still valid (the error was
   // the host's), what was captured is launched, as the same ops launched one by one would have
   // run before the error, so the device state matches the host's; where CUDA invalidated the
@@ -94,6 +97,7 @@ class StepGraph {
   cudaGraphExec_t exec_ = nullptr;
   cudaEvent_t launched_ = nullptr;  // recorded after each launch
   bool pending_ = false;            // a launch the host has not waited for (after_sync)
+  bool launch_recorded_ = false;    // launched_ follows that launch (else wait for the stream)
   std::unique_ptr<detail::CaptureState> state_;
   GraphCounters counters_;
 };

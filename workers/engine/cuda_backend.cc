@@ -130,12 +130,22 @@ bool CudaBackend::begin_graph() {
   return true;
 }
 
-void CudaBackend::end_graph() { graph_->end_and_launch(); }
+void CudaBackend::end_graph() {
+  try {
+    graph_->end_and_launch();
+  } catch (...) {
+    if (!graph_->pending()) record_dropped_spans();  // the step's graph never ran
+    throw;
+  }
+}
 
 void CudaBackend::abort_graph() noexcept {
-  if (graph_->abort()) return;
-  // Nothing captured ran: the policy spans begun since begin_graph were events of the dropped
-  // graph; recorded now (empty spans), so that take_policy_ms finds every span it counts.
+  if (!graph_->abort()) record_dropped_spans();
+}
+
+void CudaBackend::record_dropped_spans() noexcept {
+  // The policy spans begun since begin_graph were events of a graph that did not run; recorded
+  // now (empty spans), so that take_policy_ms finds every span it counts recorded.
   for (int i = spans_at_graph_; i < spans_; ++i) {
     cudaEventRecord(span_begin_[i], stream_);
     cudaEventRecord(span_end_[i], stream_);

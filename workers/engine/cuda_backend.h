@@ -189,6 +189,8 @@ class CudaBackend final : public Backend {
   void end_pass(kernels::KvCache& cache) override;
 
  private:
+  // Records the policy spans of a captured step whose graph did not run (empty spans).
+  void record_dropped_spans() noexcept;
   struct DeviceLayer;  // one layer's weights on the device
   struct Scratch;      // activations, sized for the largest n seen
   void upload_weights();
