@@ -112,6 +112,16 @@ void run_case(const BatchCase& c) {
     poison(seqs[b], 0x7f);
     cu::attention(args_of(c, seqs[b]));
     alone[b] = results(seqs[b]);
+    // A law, so that the comparison below cannot pass on two equally broken runs: every output
+    // is a convex combination of values in [-1, 1] and every statistic a probability (or 0 past
+    // a head's length), so all lie in [-1, 1] (5% for bf16-rounded probabilities); the poison
+    // (3.4e38) and NaN or infinity do not.
+    for (size_t i = 0; i < alone[b].size(); ++i) {
+      size_t outside = 0;
+      for (float x : alone[b][i]) outside += !(std::fabs(x) <= 1.05f);
+      EXPECT_EQ(outside, 0u) << "sequence " << b << (i == 0 ? " out" : " statistics")
+                             << ": elements outside [-1.05, 1.05] (unwritten, NaN or inf)";
+    }
   }
   std::vector<cu::AttentionArgs> batch;
   for (int b = 0; b < count; ++b) {
