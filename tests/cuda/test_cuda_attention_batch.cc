@@ -178,9 +178,8 @@ std::vector<BatchCase> cases() {
   v.push_back({"streamed_bf16_window", K::kBf16, 2, 4, 64, {{300, 12}, {33, 900}}, {0, 0}});
   v.back().window = 33;
   v.back().want_launches = 2;
-  // The tensor-core kernel (bf16, no statistics): one partial launch for three; a fourth
-  // sequence with statistics runs the streamed kernel in a launch of its own (put first: the
-  // launches take their shape from sequence 0, never its statistics).
+  // The tensor-core kernel (bf16, no statistics): one partial launch for the three sequences,
+  // then the combine.
   v.push_back({"tensor_bf16",
                K::kBf16,
                4,
@@ -190,6 +189,9 @@ std::vector<BatchCase> cases() {
                {0, 0, 0}});
   v.back().decode_kernel = cu::kDecodeTensorCore;
   v.back().want_launches = 2;
+  // The same three and a fourth sequence with statistics, which runs the streamed kernel in a
+  // launch of its own (put first: the launches take their shape from sequence 0, never its
+  // statistics).
   v.push_back({"tensor_bf16_one_with_stats",
                K::kBf16,
                4,
