@@ -162,7 +162,11 @@ void upload_async(void* dst, const void* src, size_t bytes, cudaStream_t stream)
 }
 
 void require_not_capturing(cudaStream_t stream, const char* what) {
-  KVB_CHECK(!capturing(stream))
+  if (capturing(stream)) require_no_capture(what);
+}
+
+void require_no_capture(const char* what) {
+  KVB_CHECK(!capturing_any())
       << what << " inside a decode step captured as a CUDA graph: the step's host code cannot "
       << "wait for results its graph has not produced yet (a bug in the choice of capturable "
       << "steps, workers/engine/block_stack.h; run without CUDA graphs meanwhile)";

@@ -46,6 +46,9 @@ void upload_async(void* dst, const void* src, size_t bytes, cudaStream_t stream)
 // Throws kvb::Error when the calling thread captures `stream`: `what` (a wait for the device or
 // a copy to the host) cannot be part of a captured step.
 void require_not_capturing(cudaStream_t stream, const char* what);
+// The same for an operation on no particular stream (a device-wide wait: cudaDeviceSynchronize,
+// a synchronous copy): throws when the calling thread captures any stream.
+void require_no_capture(const char* what);
 
 struct GraphCounters {
   int64_t captures = 0;        // steps captured and launched as a graph

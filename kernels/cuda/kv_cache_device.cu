@@ -15,16 +15,7 @@
 #include "kernels/cuda/kv_elem.cuh"
 
 namespace kvb::kernels::cuda {
-
 namespace {
-
-// The whole-cache operations below wait for the device (cudaDeviceSynchronize, synchronous
-// copies), which a captured decode step must not do: inside one they would invalidate the
-// capture, and nothing captured would run while the host's index moved on. Named instead.
-void no_capture(const char* op) {
-  KVB_CHECK(!capturing_any()) << "DeviceKvCache::" << op
-                              << " inside a captured decode step (it waits for the device)";
-}
 
 // keys/values: f32 [n, num_kv_heads, d] into slot len(h) + t of head h. by_value: len(h) is
 // before.v[h] and the kernel writes the new lengths (no upload); otherwise lengths[h] is read
@@ -498,7 +489,7 @@ size_t DeviceKvCache::physical_bytes() const {
 }
 
 void DeviceKvCache::upload(const KvCache& cpu_cache) {
-  no_capture("upload");
+  require_no_capture("DeviceKvCache::upload (a wait for the device)");
   const KvCacheShape& s = cpu_cache.shape();
   KVB_CHECK(s.num_layers == shape_.num_layers && s.num_kv_heads == shape_.num_kv_heads &&
             s.head_dim == shape_.head_dim)
@@ -542,7 +533,7 @@ void DeviceKvCache::upload(const KvCache& cpu_cache) {
 }
 
 void DeviceKvCache::copy_into(DeviceKvCache& dst) const {
-  no_capture("copy_into");
+  require_no_capture("DeviceKvCache::copy_into (a wait for the device)");
   KVB_CHECK(dst.shape_.num_layers == shape_.num_layers &&
             dst.shape_.num_kv_heads == shape_.num_kv_heads &&
             dst.shape_.head_dim == shape_.head_dim && dst.dtype_ == dtype_)
@@ -596,7 +587,7 @@ std::unique_ptr<DeviceKvCache> DeviceKvCache::grown(int capacity) const {
 }
 
 void DeviceKvCache::read_positions(int layer, int capacity, int32_t* dst) const {
-  no_capture("read_positions");
+  require_no_capture("DeviceKvCache::read_positions (a wait for the device)");
   check_layer(layer);
   KVB_CUDA_CHECK(cudaDeviceSynchronize());  // pending compactions on any stream
   const int slots = layer_slots_[layer];
@@ -614,7 +605,7 @@ void DeviceKvCache::read_positions(int layer, int capacity, int32_t* dst) const 
 }
 
 KvCache DeviceKvCache::download() const {
-  no_capture("download");
+  require_no_capture("DeviceKvCache::download (a wait for the device)");
   KVB_CUDA_CHECK(cudaDeviceSynchronize());  // pending appends/compactions on any stream
   KvCache out(shape_, std::max(1, max_length()));
   const int d = shape_.head_dim;

@@ -103,14 +103,10 @@ StreamScratch::~StreamScratch() {
   // taken before a capture and released inside it is freed after the graph's launch (a capture
   // may only free graph allocations, and the captured work may still read it).
   if (ptr_ == nullptr || arena_) return;
-  if (capturing(stream_)) {
-    try {
-      free_async(ptr_, stream_);
-    } catch (...) {
-    }
-    return;
+  try {
+    free_async(ptr_, stream_);  // capture-aware: deferred while capturing, else cudaFreeAsync
+  } catch (...) {
   }
-  cudaFreeAsync(ptr_, stream_);
 }
 
 DeviceErrorFlag::DeviceErrorFlag(cudaStream_t stream)
