@@ -16,31 +16,32 @@
 // Bool (0/1), NullableInt (0 on the worker means "unknown": SQL NULL), Text (SQL TEXT; "" on the
 // worker means "unknown": SQL NULL). Comments must be /* */:
 // a // comment would swallow the line continuation.
-#define KVB_MEASUREMENT_FIELDS(X)                                                               \
-  X(prompt_tokens, int, Int)           /* tokens of the prompt, after truncation */             \
-  X(generated_tokens, int, Int)                                                                 \
-  X(truncated_tokens, int, Int)        /* removed by middle truncation */                      \
-  X(prefill_ms, double, Real)          /* prompt forward, compression included */               \
-  X(ttft_ms, double, Real)             /* prefill + choosing the first token */                 \
-  X(decode_ms, double, Real)           /* all decode steps */                                   \
-  X(decode_ms_p50, double, Real)       /* per decode step */                                    \
-  X(decode_ms_p99, double, Real)                                                                \
-  X(tokens_per_s, double, Real)        /* generated tokens / decode time */                     \
-  X(policy_ms, double, Real)           /* inside policy hooks (eviction/scoring overhead) */    \
-  X(kv_bytes_final, size_t, Int)       /* logical: retained slots x slot bytes */               \
-  X(kv_bytes_peak, size_t, Int)                                                                 \
-  X(kv_physical_peak, size_t, Int)     /* allocated */                                          \
-  X(policy_state_bytes, size_t, Int)   /* at the end */                                         \
-  X(occupancy_mean, double, Real)      /* retained tokens per (layer, head), mean over steps */ \
-  X(occupancy_final, double, Real)     /* the same after the last step */                       \
-  X(occupancy_peak, int, Int)          /* the longest head at any step */                       \
-  X(occupancy_min_final, int, Int)                                                              \
-  X(occupancy_max_final, int, Int)                                                              \
-  X(host_rss_peak, size_t, Int)        /* bytes (VmHWM of the worker process) */                \
-  X(device_peak_bytes, size_t, NullableInt) /* GPU allocator high-water mark; 0/NULL on CPU */  \
-  X(prefill_shared, bool, Bool)        /* prompt forward shared with other policies */          \
-  X(decode_batch, double, Real)        /* sequences per decode step, mean over its steps (1) */ \
-  X(prompt_sha256, std::string, Text)  /* SHA-256 hex of the prompt's token ids (int32 LE) */
+#define KVB_MEASUREMENT_FIELDS(X)                                                              \
+  X(prompt_tokens, int, Int) /* tokens of the prompt, after truncation */                      \
+  X(generated_tokens, int, Int)                                                                \
+  X(truncated_tokens, int, Int)  /* removed by middle truncation */                            \
+  X(prefill_ms, double, Real)    /* prompt forward, compression included */                    \
+  X(ttft_ms, double, Real)       /* prefill + choosing the first token */                      \
+  X(decode_ms, double, Real)     /* all decode steps */                                        \
+  X(decode_ms_p50, double, Real) /* per decode step */                                         \
+  X(decode_ms_p99, double, Real)                                                               \
+  X(tokens_per_s, double, Real)  /* generated tokens / decode time */                          \
+  X(policy_ms, double, Real)     /* inside policy hooks (eviction/scoring overhead) */         \
+  X(kv_bytes_final, size_t, Int) /* logical: retained slots x slot bytes */                    \
+  X(kv_bytes_peak, size_t, Int)                                                                \
+  X(kv_physical_peak, size_t, Int)   /* allocated */                                           \
+  X(policy_state_bytes, size_t, Int) /* at the end */                                          \
+  X(occupancy_mean, double, Real)    /* retained tokens per (layer, head), mean over steps */  \
+  X(occupancy_final, double, Real)   /* the same after the last step */                        \
+  X(occupancy_peak, int, Int)        /* the longest head at any step */                        \
+  X(occupancy_min_final, int, Int)                                                             \
+  X(occupancy_max_final, int, Int)                                                             \
+  X(host_rss_peak, size_t, Int)             /* bytes (VmHWM of the worker process) */          \
+  X(device_peak_bytes, size_t, NullableInt) /* GPU allocator high-water mark; 0/NULL on CPU */ \
+  X(prefill_shared, bool, Bool)             /* prompt forward shared with other policies */    \
+  X(decode_batch, double, Real)       /* sequences per decode step, mean over its steps (1) */ \
+  X(prompt_sha256, std::string, Text) /* SHA-256 hex of the prompt's token ids (int32 LE) */   \
+  X(prefill_reused, int, Int)         /* prompt tokens an earlier prompt's prefill computed */
 
 namespace kvb::measurement {
 

@@ -50,6 +50,10 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
                    << engine_->device_description() << " (" << engine::dtype_name(dtype_) << ")";
     }
     loaded_model_ = b.model;
+    const int mib = prefix_cache_mib_ >= 0 ? prefix_cache_mib_ : cfg_.prefix_cache_mib;
+    prefixes_ = std::make_unique<workers::PrefixStore>(
+        share_ && workers::PrefixStore::serves(*engine_) ? static_cast<size_t>(mib) << 20 : 0);
+    planned_.clear();
   }
   std::unique_ptr<tasks::Task> task =
       make_any_task(cfg_.tasks[b.task].name, keyed_task_options(cfg_, cfg_.tasks[b.task]));
@@ -67,6 +71,12 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
     rs.max_rss_bytes = max_rss_bytes_;
     rs.decode_batch = decode_batch_ >= 0 ? decode_batch_ : cfg_.decode_batch;
     rs.sampling = {cfg_.generation.temperature, cfg_.generation.top_k, cfg_.generation.top_p, 0};
+    if (prefixes_->max_bytes() > 0) {
+      // The store learns every prompt of this (task, question placement) once, so that a
+      // prefill checkpoints where a later prompt branches off.
+      if (planned_.insert({b.task, q}).second) learn_prompts(*task, rs);
+      rs.prefix_store = prefixes_.get();
+    }
     if (const char* dir = std::getenv("KVB_DUMP_KEEPSETS")) {
       rs.on_final_cache = [&, dir](size_t k, const kernels::KvCache& cache,
                                    const policies::Policy& policy) {
@@ -152,6 +162,19 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
     }
   }
   return out;
+}
+
+void BundleRunner::learn_prompts(tasks::Task& task, const workers::RunSettings& rs) {
+  tasks::TaskContext ctx;
+  ctx.count_tokens = [&](const std::string& t) {
+    return static_cast<int>(workers::encode_text(lm_, t, false, false).size());
+  };
+  ctx.max_context = lm_.model->config.max_seq_len;
+  for (tasks::Sample& s : task.samples(ctx)) {
+    if (s.kind == tasks::SampleKind::kPerplexity) continue;  // no shared prefill
+    if (cfg_.generation.max_new_tokens > 0) s.max_new_tokens = cfg_.generation.max_new_tokens;
+    prefixes_->add_prompt(workers::shared_prefill_tokens(lm_, s, rs));
+  }
 }
 
 std::vector<results::UnitResult> BundleRunner::run_or_fail(const WireBundle& b) {

@@ -6,6 +6,9 @@
 
 #include <exception>
 #include <memory>
+#include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/sweep_config.h"
@@ -13,6 +16,7 @@
 #include "harness/sweep_wire.h"
 #include "results/store.h"
 #include "workers/engine/engine_base.h"
+#include "workers/prefix_store.h"
 #include "workers/runner.h"
 
 namespace kvb::harness {
@@ -37,6 +41,9 @@ class BundleRunner {
   void limit_rss(double gib) { max_rss_bytes_ = static_cast<size_t>(gib * (1 << 30)); }
   // --decode-batch (parse_decode_batch's value; -1: the config's decode_batch).
   void set_decode_batch(int n) { decode_batch_ = n; }
+  // --prefix-cache-mib (-1: the config's prefix_cache_mib): the memory of this process's prefix
+  // store (workers/prefix_store.h), which the bundles' shared prefills use on CPU engines.
+  void set_prefix_cache_mib(int mib) { prefix_cache_mib_ = mib; }
 
   // Runs every unit of the bundle and scores it; a unit's failure is its result (typed). Throws
   // what escapes a tensor-parallel group's units (the job must stop) and usage errors.
@@ -50,6 +57,9 @@ class BundleRunner {
   std::vector<results::UnitResult> run_or_fail(const WireBundle& b);
 
  private:
+  // Tells the prefix store the shared-prefill tokens of every sample of `task` under `rs`.
+  void learn_prompts(tasks::Task& task, const workers::RunSettings& rs);
+
   const SweepConfig& cfg_;
   bool share_;
   engine::Device device_;
@@ -58,6 +68,11 @@ class BundleRunner {
   kernels::Communicator* tp_ = nullptr;
   size_t max_rss_bytes_ = 0;
   int decode_batch_ = -1;
+  int prefix_cache_mib_ = -1;
+  // The prefix store of the loaded model, and the (task, question placement) groups whose
+  // prompts it knows.
+  std::unique_ptr<workers::PrefixStore> prefixes_;
+  std::set<std::pair<int, std::string>> planned_;
   FaultInjection faults_ = FaultInjection::from_env();
   int loaded_model_ = -1;
   workers::LoadedModel lm_;

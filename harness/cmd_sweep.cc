@@ -68,38 +68,44 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "With --gpus-per-worker G, ranks 1.. form groups of G ranks that each run one model split\n"
       "over their ranks (tensor parallelism; harness/README.md \"Tensor-parallel workers\").\n"
       "Prints a summary table (md) on stdout; progress with an ETA on stderr.\n\noptions");
-  desc.add_options()("help,h", "print this help")
-      ("db", po::value(&a.db),
-       "results database (SQLite; created if missing); default out/<config name>.db")
-      ("resume", po::bool_switch(&a.resume),
-       "continue after a crash: units in flight go back to pending (crashed after 2 crashes)")
-      ("rerun", po::bool_switch(&a.rerun), "run finished units of this matrix again")
-      ("rerun-status", po::value(&a.rerun_status),
-       "run again only the units of this matrix with these statuses, comma-separated: ok, error, "
-       "oom, timeout, crashed (e.g. --rerun-status oom,timeout after freeing memory)")
-      ("no-share-prefill", po::bool_switch(), "run every unit's own prefill (for comparisons)")
-      ("progress", po::bool_switch(&a.progress), "progress lines even when stderr is not a terminal")
-      ("threads", po::value(&a.threads)->default_value(0),
-       "OpenMP threads per worker (0: OMP_NUM_THREADS when set, else cores / ranks on this node)")
-      ("gpus-per-worker", po::value(&a.gpus_per_worker)->default_value(1),
-       "ranks (GPUs) per worker group: each group runs one model split over its ranks (tensor "
-       "parallelism: heads and MLP columns); -np must be 1 + a multiple of it")
-      ("device", po::value(&a.device)->default_value("cpu"),
-       "where workers run the model: cpu, or cuda (one GPU per worker rank, by its index among "
-       "the node's workers; builds with CUDA only; tensor-parallel groups stay on cpu)")
-      ("dtype", po::value(&a.dtype),
-       "f32 or bf16; cuda: weights, GEMM inputs and KV cache (default bf16); cpu: bf16 "
-       "weights only, f32 arithmetic and cache (default f32, the reference)")
-      ("max-rss-gb", po::value(&a.max_rss_gb)->default_value(0),
-       "a unit during which its worker process's resident memory (model weights included) is "
-       "above this many GiB ends oom and the worker goes on; checked after the prompt and "
-       "between tokens, so not a hard cap (use ulimit -v / prlimit --as for that); 0: none")
-      ("decode-batch", po::value(&a.decode_batch),
-       "how many generation units of a bundle decode together: auto (all of them) or N; 1 runs "
-       "each unit alone (latency measurements); default: the config's decode_batch, else 1. "
-       "Tokens and scores are the same bits; decode times are the batch's (measurements."
-       "decode_batch records the size)")
-      ("config", po::value(&a.config), "the YAML matrix (positional)");
+  desc.add_options()("help,h", "print this help")(
+      "db", po::value(&a.db),
+      "results database (SQLite; created if missing); default out/<config name>.db")(
+      "resume", po::bool_switch(&a.resume),
+      "continue after a crash: units in flight go back to pending (crashed after 2 crashes)")(
+      "rerun", po::bool_switch(&a.rerun), "run finished units of this matrix again")(
+      "rerun-status", po::value(&a.rerun_status),
+      "run again only the units of this matrix with these statuses, comma-separated: ok, error, "
+      "oom, timeout, crashed (e.g. --rerun-status oom,timeout after freeing memory)")(
+      "no-share-prefill", po::bool_switch(), "run every unit's own prefill (for comparisons)")(
+      "progress", po::bool_switch(&a.progress),
+      "progress lines even when stderr is not a terminal")(
+      "threads", po::value(&a.threads)->default_value(0),
+      "OpenMP threads per worker (0: OMP_NUM_THREADS when set, else cores / ranks on this node)")(
+      "gpus-per-worker", po::value(&a.gpus_per_worker)->default_value(1),
+      "ranks (GPUs) per worker group: each group runs one model split over its ranks (tensor "
+      "parallelism: heads and MLP columns); -np must be 1 + a multiple of it")(
+      "device", po::value(&a.device)->default_value("cpu"),
+      "where workers run the model: cpu, or cuda (one GPU per worker rank, by its index among "
+      "the node's workers; builds with CUDA only; tensor-parallel groups stay on cpu)")(
+      "dtype", po::value(&a.dtype),
+      "f32 or bf16; cuda: weights, GEMM inputs and KV cache (default bf16); cpu: bf16 "
+      "weights only, f32 arithmetic and cache (default f32, the reference)")(
+      "max-rss-gb", po::value(&a.max_rss_gb)->default_value(0),
+      "a unit during which its worker process's resident memory (model weights included) is "
+      "above this many GiB ends oom and the worker goes on; checked after the prompt and "
+      "between tokens, so not a hard cap (use ulimit -v / prlimit --as for that); 0: none")(
+      "decode-batch", po::value(&a.decode_batch),
+      "how many generation units of a bundle decode together: auto (all of them) or N; 1 runs "
+      "each unit alone (latency measurements); default: the config's decode_batch, else 1. "
+      "Tokens and scores are the same bits; decode times are the batch's (measurements."
+      "decode_batch records the size)")(
+      "prefix-cache-mib", po::value(&a.prefix_cache_mib),
+      "memory (MiB) each CPU worker may keep for prefix reuse: a bundle's shared prefill starts "
+      "from the K/V rows and statistics of an earlier prompt's identical first tokens (NIAH "
+      "depths of one haystack); the same bits, less prefill time (measurements.prefill_reused "
+      "counts the tokens); 0: off; default: the config's prefix_cache_mib, else 1024")(
+      "config", po::value(&a.config), "the YAML matrix (positional)");
   po::positional_options_description pos;
   pos.add("config", 1);
   po::variables_map vm;
@@ -118,6 +124,9 @@ int cmd_sweep(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(a.gpus_per_worker >= 1)
       << "--gpus-per-worker must be >= 1, got " << a.gpus_per_worker;
   parse_decode_batch(a.decode_batch);  // a bad value fails before MPI
+  KVB_USAGE_CHECK(a.prefix_cache_mib >= -1 && a.prefix_cache_mib <= 1 << 20)
+      << "--prefix-cache-mib must be a number of MiB in [0, 1048576] (0: off), got "
+      << a.prefix_cache_mib;
   KVB_USAGE_CHECK(std::isfinite(a.max_rss_gb) && a.max_rss_gb >= 0 && a.max_rss_gb <= 1 << 20)
       << "--max-rss-gb must be a number of GiB in [0, 1048576] (0: no cap), got " << a.max_rss_gb;
   MpiComm comm = MpiComm::init_if_launched();

@@ -329,7 +329,11 @@ int cmd_validate(const std::vector<std::string>& args) {
   std::cout << "\n## Work estimate (approximate)\n\n"
             << "- units: " << units << " in " << cells.size() << " cells\n"
             << "- prompt tokens: " << prefill << " over all units; " << shared_prefill
-            << " if each (model, sample, question) prefill is shared across policies\n"
+            << " if each (model, sample, question) prefill is shared across policies"
+            << (cfg.prefix_cache_mib > 0
+                    ? " (fewer where prompts begin alike: prefix reuse, not estimated)"
+                    : "")
+            << "\n"
             << "- generated or streamed tokens: at most " << decode << "; decoded " << batching
             << ": " << fixed(decode_steps, 0) << " single-sequence steps\n"
             << "- time: " << duration(t_full) << " without prefill sharing, " << duration(t_shared)

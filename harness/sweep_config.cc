@@ -567,9 +567,10 @@ SweepConfig load_sweep_config(const std::string& path) {
   const Node root = load_tree(path, state, nullptr, "");
   cfg.text = std::move(state.text);
   expect_map(root, "",
-             {"description", "models", "tasks", "policies", "kv_budget", "question", "seed", "limit",
-              "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude",
-              "decode_batch", "budgets", "seeds"});  // the last two: deprecated spellings of kv_budget, seed
+             {"description", "models", "tasks", "policies", "kv_budget", "question", "seed",
+              "limit", "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude",
+              "decode_batch", "prefix_cache_mib", "budgets",
+              "seeds"});  // the last two: deprecated spellings of kv_budget, seed
   auto get = [&](const char* key) -> const Node* {
     const Entry* e = root.find(key);
     return e ? &e->value : nullptr;
@@ -584,6 +585,10 @@ SweepConfig load_sweep_config(const std::string& path) {
     cfg.decode_batch = n->scalar == "auto"
                            ? 0
                            : static_cast<int>(to_int(*n, "decode_batch (auto or 1..4096)", 1, 4096));
+  }
+  if (const Node* n = get("prefix_cache_mib")) {
+    cfg.prefix_cache_mib =
+        static_cast<int>(to_int(*n, "prefix_cache_mib (MiB, 0: off)", 0, 1 << 20));
   }
   if (const Node* n = get("unit_time_limit_s")) {
     cfg.unit_time_limit_s = to_double(*n, "unit_time_limit_s");

@@ -75,6 +75,10 @@ struct SweepConfig {
   // `decode_batch: auto | N`: how many generation units of a bundle decode together
   // (workers::RunSettings::decode_batch; 0 = auto: all of them). 1: one at a time.
   int decode_batch = 1;
+  // `prefix_cache_mib: N`: memory a worker's prefix store may hold (workers/prefix_store.h:
+  // shared prefills start from an earlier prompt's identical first tokens; the same bits, less
+  // prefill time). 0 turns it off. CPU workers only.
+  int prefix_cache_mib = 1024;
   // Deprecated spellings read (`budgets:`, `seeds:`, exclude's `kv_ratio:`), one note each:
   // "FILE:LINE: budgets is a deprecated spelling; write kv_budget: (...)".
   std::vector<std::string> notes;

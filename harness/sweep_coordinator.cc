@@ -283,6 +283,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
                         engine::resolve_dtype(engine::parse_device(a.device), a.dtype), 0);
     runner.limit_rss(a.max_rss_gb);
     runner.set_decode_batch(parse_decode_batch(a.decode_batch));
+    runner.set_prefix_cache_mib(a.prefix_cache_mib);
     for (int bi : order) {
       retry_while_locked(a.db, "handing out a bundle", 0, [&] {
         store.mark_running(run_id, keys_of(plan.bundles[bi]), 0, process_host());

@@ -22,6 +22,7 @@ struct SweepArgs {
   int gpus_per_worker = 1;  // tensor-parallel degree of each worker group
   double max_rss_gb = 0;    // --max-rss-gb: per-unit resident-memory check (0: none)
   std::string decode_batch;  // --decode-batch auto|N ("": the config's decode_batch)
+  int prefix_cache_mib = -1;  // --prefix-cache-mib (-1: the config's prefix_cache_mib)
   std::string device = "cpu";
   std::string dtype;  // "" : the device's default (engine::resolve_dtype)
   std::string device_label;  // the run's provenance: "cpu", or "cuda: <GPU name> x<count>"

@@ -55,6 +55,7 @@ int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGr
                       group.comm.get());
   runner.limit_rss(a.max_rss_gb);
   runner.set_decode_batch(parse_decode_batch(a.decode_batch));
+  runner.set_prefix_cache_mib(a.prefix_cache_mib);
   if (layout.leader) comm.send(0, "ready");
   while (true) {
     std::string msg;

@@ -151,6 +151,30 @@ void KvCache::fill_layer(const KvCache& src, const EvictionPlan& plan) {
   }
 }
 
+void KvCache::assign_prefix(const KvCache& src, int p) {
+  KVB_CHECK(host_rows_ && device_rows_ == nullptr && src.host_rows_ &&
+            src.device_rows_ == nullptr && src.shape_.num_layers == shape_.num_layers &&
+            src.shape_.num_kv_heads == shape_.num_kv_heads &&
+            src.shape_.head_dim == shape_.head_dim)
+      << "KvCache::assign_prefix: the source is not a host cache of this shape";
+  KVB_CHECK(p >= 0 && p <= capacity_ && p <= src.next_position_)
+      << "KvCache::assign_prefix: " << p << " tokens into a capacity of " << capacity_
+      << " from a sequence of " << src.next_position_;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      KVB_CHECK(length(l, h) == 0) << "KvCache::assign_prefix: layer " << l << " head " << h
+                                   << " holds " << length(l, h) << " slots already";
+      const int32_t* pos = &src.positions_[l][static_cast<size_t>(h) * src.capacity_];
+      KVB_CHECK(src.length(l, h) >= p && (p == 0 || (pos[0] == 0 && pos[p - 1] == p - 1)))
+          << "KvCache::assign_prefix: layer " << l << " head " << h << " of the source does not "
+          << "hold positions 0.." << p - 1 << " in its first " << p << " slots";
+      move_run(l, h, src, 0, 0, p);
+      lengths_[index(l, h)] = p;
+    }
+  }
+  next_position_ = p;
+}
+
 LayerKvView KvCache::layer(int layer) {
   KVB_ASSERT(layer >= 0 && layer < shape_.num_layers);
   if (positions_stale(layer)) {

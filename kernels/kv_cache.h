@@ -115,6 +115,12 @@ class KvCache {
   // layer after `plan`: the rows, positions and lengths a copy of src compacted by apply(plan)
   // holds, bit for bit, copying only the slots the plan keeps. src: this cache's shape, host rows.
   void fill_layer(const KvCache& src, const EvictionPlan& plan);
+  // Sets this cache, which holds no slots yet, to the first p tokens of a sequence whose cache
+  // `src` is (prefix reuse, workers/prefix_store.h): every head of src keeps positions 0..p-1
+  // in its first p slots (a prompt's prefill, nothing evicted: checked); those slots' rows and
+  // positions are copied, and the next position is p. Both hold their rows on the host, of one
+  // shape; this cache's capacity must be >= p. Its capacity is unchanged.
+  void assign_prefix(const KvCache& src, int p);
   KvCache(KvCache&&) noexcept = default;
   KvCache& operator=(KvCache&&) noexcept = default;
 

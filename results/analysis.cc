@@ -230,12 +230,14 @@ std::vector<CostRow> cost_rows(const Store& store, const Filter& filter) {
       "SELECT u.task, u.policy, u.kv_budget_spec, COALESCE(u.context_length, -1), COUNT(*), "
       "AVG(x.prompt_tokens), AVG(x.kv_bytes_final), AVG(x.kv_bytes_peak), "
       "AVG(x.kv_physical_peak), AVG(x.policy_state_bytes), AVG(x.occupancy_mean), "
-      "MAX(x.occupancy_peak), AVG(x.prefill_ms), "
+      "MAX(x.occupancy_peak), "
+      // Prefill times of units that prefilled their whole prompt only (prefix reuse: not alike).
+      "AVG(CASE WHEN x.prefill_reused = 0 THEN x.prefill_ms END), "
       // Decode times of units that decoded alone only (a batch's steps are shared: not alike).
       "AVG(CASE WHEN x.decode_batch < 1.5 THEN x.decode_ms_p50 END), "
       "MAX(CASE WHEN x.decode_batch < 1.5 THEN x.decode_ms_p99 END), "
       "AVG(CASE WHEN x.decode_batch < 1.5 THEN x.tokens_per_s END), AVG(x.policy_ms), u.model, "
-      "AVG(x.prefill_shared), SUM(x.decode_batch >= 1.5) "
+      "AVG(x.prefill_shared), SUM(x.decode_batch >= 1.5), SUM(x.prefill_reused > 0) "
       "FROM units u JOIN measurements x ON x.unit_key = u.unit_key WHERE u.status = 'ok'" +
           where + " GROUP BY u.model, u.task, u.policy, u.kv_budget_spec, u.context_length",
       params);
@@ -262,6 +264,7 @@ std::vector<CostRow> cost_rows(const Store& store, const Filter& filter) {
     c.model = row[17].text;
     c.prefill_shared = num(row[18]);
     c.batched = std::atoi(row[19].text.c_str());
+    c.reused = std::atoi(row[20].text.c_str());
     out.push_back(std::move(c));
   }
   std::stable_sort(out.begin(), out.end(), [](const CostRow& a, const CostRow& b) {
@@ -380,12 +383,12 @@ Table memory_table(const std::vector<CostRow>& rows) {
 Table latency_table(const std::vector<CostRow>& rows) {
   Table t({"model", "task", "policy", "kv_budget", "context_length", "n", "prefill ms",
            "decode ms/tok p50", "decode ms/tok p99", "tok/s", "policy ms", "prefill shared",
-           "batched units"});
+           "batched units", "prefix-reuse units"});
   for (const auto& c : rows) {
     t.add({c.model, c.task, c.policy, c.budget, ctx(c.context_length), std::to_string(c.n),
            fixed(c.prefill_ms, 1), fixed(c.decode_p50, 2), fixed(c.decode_p99, 2),
            fixed(c.tokens_per_s, 1), fixed(c.policy_ms, 2), fixed(c.prefill_shared, 2),
-           std::to_string(c.batched)});
+           std::to_string(c.batched), std::to_string(c.reused)});
   }
   return t;
 }

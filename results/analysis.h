@@ -70,6 +70,10 @@ struct CostRow {
   // Units that decoded in a batch (measurements.decode_batch > 1): counted in n, left out of the
   // decode columns, which average units that decoded alone (NaN when there are none).
   int batched = 0;
+  // Units whose shared prefill started from an earlier prompt's prefix (measurements.
+  // prefill_reused > 0): counted in n, left out of prefill_ms, which averages units that
+  // prefilled their whole prompt (NaN when there are none).
+  int reused = 0;
 };
 std::vector<CostRow> cost_rows(const Store& store, const Filter& filter);
 

@@ -438,14 +438,18 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   }
   {
     Section s{"latency", "Latency vs context length", "", {}, {}, ""};
-    s.intro = "Prefill (prompt forward with compression), decode per token (p50 mean over units, "
-              "p99 max over units), throughput and time inside the policy's hooks. Where "
-              "\"prefill shared\" is above 0, a sample's prompt forward pass ran once for all "
-              "its oneshot policies, so their prefill times are that one pass. Decode times "
-              "compare like with like: they average only units that decoded alone; units that "
-              "decoded in a batch with other units (kvbench sweep --decode-batch; \"batched "
-              "units\") shared each step's time and are left out of them (run with "
-              "--decode-batch 1 to measure latency).";
+    s.intro =
+        "Prefill (prompt forward with compression), decode per token (p50 mean over units, "
+        "p99 max over units), throughput and time inside the policy's hooks. Where "
+        "\"prefill shared\" is above 0, a sample's prompt forward pass ran once for all "
+        "its oneshot policies, so their prefill times are that one pass. Decode times "
+        "compare like with like: they average only units that decoded alone; units that "
+        "decoded in a batch with other units (kvbench sweep --decode-batch; \"batched "
+        "units\") shared each step's time and are left out of them (run with "
+        "--decode-batch 1 to measure latency). Prefill times likewise average only units that "
+        "prefilled their whole prompt: a unit whose shared prefill started from an earlier "
+        "prompt's identical first tokens (prefix reuse; \"prefix-reuse units\") is left "
+        "out of them (run with --prefix-cache-mib 0 to measure every prefill).";
     s.plots = cost_plots(cost, styles, scope, false);
     s.tables.push_back({"latency", "Latency by policy, budget and context length", latency_table(cost)});
     sections.push_back(std::move(s));

@@ -92,6 +92,13 @@ void from_version_5(Db& db) {
       "(length(prompt_sha256) = 64 AND prompt_sha256 NOT GLOB '*[^0-9a-f]*'))");
 }
 
+// 6 -> 7: measurements.prefill_reused (existing units prefilled their own prompts: 0).
+void from_version_6(Db& db) {
+  db.exec(
+      "ALTER TABLE measurements ADD COLUMN prefill_reused INTEGER NOT NULL DEFAULT 0 "
+      "CHECK (prefill_reused >= 0)");
+}
+
 void set_schema_version(Db& db, int version) {
   // PRAGMA arguments cannot be bound parameters; `version` is our own integer, not input.
   db.exec("PRAGMA user_version = " + std::to_string(version));
@@ -107,6 +114,7 @@ const std::vector<Migration>& migrations() {
       {3, "add the file_digests table (model digest cache)", &from_version_3},
       {4, "add measurements.decode_batch", &from_version_4},
       {5, "add measurements.prompt_sha256", &from_version_5},
+      {6, "add measurements.prefill_reused", &from_version_6},
   };
   return steps;
 }

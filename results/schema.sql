@@ -1,4 +1,4 @@
--- kvbench results database, schema version 6 (DESIGN.md "Results", results/README.md).
+-- kvbench results database, schema version 7 (DESIGN.md "Results", results/README.md).
 --
 -- `runs` holds the provenance of each sweep invocation; `units` one row per work unit, keyed by
 -- the SHA-256 of its canonical fields (DESIGN.md "Work unit and its key"), with its progress and
@@ -135,7 +135,11 @@ CREATE TABLE measurements (
   -- the prompt before the first generated token or the choices; perplexity: the scored stream).
   -- Equal hashes show that two runs fed identical prompts. NULL: written before version 6.
   prompt_sha256       TEXT CHECK (prompt_sha256 IS NULL OR
-                                  (length(prompt_sha256) = 64 AND prompt_sha256 NOT GLOB '*[^0-9a-f]*'))
+                                  (length(prompt_sha256) = 64 AND prompt_sha256 NOT GLOB '*[^0-9a-f]*')),
+  -- Version 7: prompt tokens whose forward pass came from an earlier prompt's prefill on the
+  -- same worker (prefix reuse: the prompts began with the same tokens; results are the same
+  -- bits, prefill_ms counts only the rest). 0: a prefill of its own (and every unit before 7).
+  prefill_reused      INTEGER NOT NULL DEFAULT 0 CHECK (prefill_reused >= 0)
 );
 
 -- The unit's output and its gold answers (JSON array of strings).
@@ -160,4 +164,4 @@ CREATE TABLE file_digests (
   hashed_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 6;
+PRAGMA user_version = 7;

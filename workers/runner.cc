@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "workers/prefix_store.h"
 #include "workers/unit_run.h"
 
 namespace kvb::workers {
@@ -26,6 +27,13 @@ using detail::SharedPrefill;
 using detail::split_prompt;
 using detail::start_unit;
 using detail::Unit;
+
+std::vector<int32_t> shared_prefill_tokens(const LoadedModel& lm, const tasks::Sample& s,
+                                           const RunSettings& rs) {
+  std::vector<int32_t> first, rest;
+  split_prompt(build_prompt(lm, s, rs), rs, &first, &rest);
+  return first;
+}
 
 QuestionPlacement parse_question_placement(const std::string& s) {
   if (s == "in_prompt") return QuestionPlacement::kInPrompt;
@@ -129,8 +137,13 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       shared->record.request = req;
       shared->full = engine.new_cache(static_cast<int>(pt.size()) + std::max(1, s.max_new_tokens));
       const auto t0 = std::chrono::steady_clock::now();
-      engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits, nullptr,
-                     engine::PolicyHook::kNone, &shared->record);
+      if (rs.prefix_store) {
+        shared->reused =
+            rs.prefix_store->prefill(engine, first, shared->full, &shared->record, &shared->logits);
+      } else {
+        engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits, nullptr,
+                       engine::PolicyHook::kNone, &shared->record);
+      }
       if (rs.faults.shared_prefill_sleep_ms > 0) {
         std::this_thread::sleep_for(
             std::chrono::duration<double, std::milli>(rs.faults.shared_prefill_sleep_ms));

@@ -69,6 +69,8 @@ struct RunFaults {
   int timeout_at_token = 0;        //   number timeout_at_token (1-based), batched or not
 };
 
+class PrefixStore;
+
 struct RunSettings {
   int max_prompt_tokens = 0;  // middle-truncate the user message above this (0: fit the context)
   double time_limit_s = 0;    // per unit (0: none)
@@ -80,6 +82,11 @@ struct RunSettings {
   // tensor parallelism. The bundle's decoding units hold their caches at once.
   int decode_batch = 1;
   QuestionPlacement question = QuestionPlacement::kInPrompt;
+  // run_bundle's shared prefill starts from a prefix an earlier prompt of this store computed
+  // and keeps its own for later ones (workers/prefix_store.h; null: a prefill of its own).
+  // Results are the same bits; prefill_ms falls, UnitMeasurements::prefill_reused says by how
+  // many tokens. The store must outlive the call and belong to this engine.
+  PrefixStore* prefix_store = nullptr;
   engine::SamplingParams sampling;  // greedy by default
   // Called with each unit's final cache (index into run_bundle's policies; 0 for run_sample):
   // after generation, after the prompt for choice scoring, after the stream for perplexity.
@@ -120,6 +127,11 @@ struct UnitOutput {
 UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
                       const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings);
+
+// The tokens run_bundle's shared prefill of sample `s` runs under `settings` (the chat template,
+// truncation and question placement applied): what a PrefixStore learns of the prompts to come.
+std::vector<int32_t> shared_prefill_tokens(const LoadedModel& lm, const tasks::Sample& s,
+                                           const RunSettings& settings);
 
 // Runs one sample under several policies (a bundle), prefilling the prompt once for every policy
 // whose compression can start from a shared full prefill (engine::can_share_prefill); the others

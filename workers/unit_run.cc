@@ -220,6 +220,7 @@ Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* share
                                     shared->record, cache);
     out.logits = shared->logits;
     out.shared_ms = shared->ms;
+    m.prefill_reused = shared->reused;
   } else {
     engine::prefill_prompt(u.engine, cache, first, u.policy.get(), &out.logits);
   }

@@ -104,6 +104,7 @@ struct SharedPrefill {
   kernels::KvCache full;
   std::vector<float> logits;
   double ms = 0;
+  int reused = 0;  // prompt tokens whose forward pass an earlier prompt's prefill computed
 };
 
 // The tokens prefilled at once (`first`) and those streamed after compression (`rest`: the

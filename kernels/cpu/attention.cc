@@ -463,7 +463,7 @@ int prepare(const AttentionArgs& a) {
     KVB_CHECK(a.stats_stride >= max_len) << "attention: stats_stride " << a.stats_stride
                                          << " < longest head " << max_len;
     const size_t rows = static_cast<size_t>(a.num_heads) * a.stats_stride;
-    if (a.col_sums) std::memset(a.col_sums, 0, rows * sizeof(float));
+    if (a.col_sums && !a.accumulate_col_sums) std::memset(a.col_sums, 0, rows * sizeof(float));
     if (a.last_probs) {
       KVB_CHECK(a.last_w >= 1 && a.last_w <= a.n) << "attention: last_w " << a.last_w
                                                   << " outside [1, " << a.n << "]";

@@ -23,6 +23,10 @@ struct AttentionArgs {
   float* last_probs = nullptr;  // [num_heads, last_w, stats_stride]: p of queries n-last_w..n-1
   int last_w = 0;               // 1 <= last_w <= n when last_probs is set
   int stats_stride = 0;
+  // A prefill continued from a checkpoint (workers/prefix_store.h): col_sums already hold the
+  // sums of the earlier queries, and this call adds its queries to them (in the same order one
+  // call over all the queries would, so the bits are that call's) instead of starting from 0.
+  bool accumulate_col_sums = false;
   // Sliding-window attention (Gemma's local layers): > 0 limits query i to the last `window`
   // of its visible slots (its own included), which are consecutive positions in a sliding
   // layer's cache. No statistics with a window.

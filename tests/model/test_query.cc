@@ -105,8 +105,9 @@ TEST_F(Query, OtherNamedQueries) {
   };
   EXPECT_EQ(squeeze(head(out, 2)),
             "| model | task | policy | kv_budget | context_length | decode batch | n | prefill ms "
-            "| decode ms/tok p50 | decode ms/tok p99 | tok/s | policy ms | prefill shared |\n"
-            "| - | - | - | - | - | -: | -: | -: | -: | -: | -: | -: | -: |\n");
+            "| decode ms/tok p50 | decode ms/tok p99 | tok/s | policy ms | prefill shared "
+            "| prefix reused |\n"
+            "| - | - | - | - | - | -: | -: | -: | -: | -: | -: | -: | -: | -: |\n");
   // decode batch 1: the fixture's sweep decodes one unit at a time (the default).
   EXPECT_EQ(squeeze(head(out, 3).substr(head(out, 2).size())).substr(0, 48),
             "| stories260K | niah | full | - | 128 | 1 | 3 | ");

@@ -100,7 +100,9 @@ const std::set<std::string> kRunDependent = {
     "file_digests.hashed_at",  // when the model was hashed (schema v4's digest cache)
     "measurements.prefill_ms", "measurements.ttft_ms", "measurements.decode_ms",
     "measurements.decode_ms_p50", "measurements.decode_ms_p99", "measurements.tokens_per_s",
-    "measurements.policy_ms", "measurements.host_rss_peak"};
+    "measurements.policy_ms", "measurements.host_rss_peak",
+    // Prefix reuse depends on which bundles a worker ran before (one process: all of them).
+    "measurements.prefill_reused"};
 
 const char* kMetrics =
     "SELECT unit_key || '/' || name, printf('%.17g', value) FROM metrics ORDER BY 1";

@@ -373,6 +373,58 @@ TEST(KvCache, ForkCopiesOnlyTheLiveRows) {
   EXPECT_NE(on_device.device_rows(), nullptr);
 }
 
+// KvCache::assign_prefix (prefix reuse): an empty cache takes the first p slots of a prompt's
+// cache (positions 0..p-1 in every head), rows and positions as they are, next position p, its
+// own capacity; refused where the source's heads do not start with those positions (evicted,
+// or not a prompt from position 0), where the target holds slots, or beyond its capacity.
+TEST(KvCache, AssignPrefixCopiesAPromptsFirstSlots) {
+  KvCache src({2, 3, 3}, 6);
+  for (int t = 0; t < 6; ++t) {
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 3; ++h) {
+        float k[3] = {float(t), float(l), float(h)}, v[3] = {-float(t), 0.5f, float(h)};
+        src.append(l, h, k, v, t);
+      }
+    }
+  }
+  src.advance_position(6);
+  KvCache dst({2, 3, 3}, 9);
+  dst.assign_prefix(src, 4);
+  EXPECT_EQ(dst.capacity(), 9);
+  EXPECT_EQ(dst.next_position(), 4);
+  for (int l = 0; l < 2; ++l) {
+    const LayerKvView v = dst.layer(l);
+    for (int h = 0; h < 3; ++h) {
+      ASSERT_EQ(dst.length(l, h), 4);
+      EXPECT_EQ(positions(dst, l, h), (std::vector<int32_t>{0, 1, 2, 3}));
+      for (int t = 0; t < 4; ++t) {
+        EXPECT_EQ(v.key(h, t)[0], float(t));
+        EXPECT_EQ(v.key(h, t)[1], float(l));
+        EXPECT_EQ(v.value(h, t)[0], -float(t));
+        EXPECT_EQ(v.value(h, t)[1], 0.5f);
+        EXPECT_EQ(v.value(h, t)[2], float(h));
+      }
+    }
+  }
+  EXPECT_THROW(dst.assign_prefix(src, 2), Error);  // dst holds slots already
+  KvCache small({2, 3, 3}, 3);
+  EXPECT_THROW(small.assign_prefix(src, 4), Error);  // beyond its capacity
+  KvCache evicted = src;
+  EvictionPlan plan;
+  plan.reset(1, 3);
+  plan.keep(2, {0, 2, 3, 4, 5});  // head 2 of layer 1 lost position 1
+  evicted.apply(plan);
+  KvCache none({2, 3, 3}, 9);
+  EXPECT_THROW(none.assign_prefix(evicted, 3), Error);
+  KvCache ok({2, 3, 3}, 9);
+  ok.assign_prefix(evicted, 1);  // position 0 is still every head's first slot
+  EXPECT_EQ(ok.length(1, 2), 1);
+  KvCache later = filled(2, 3, 5);  // positions 10..14: not a prompt from position 0
+  later.advance_position(15);
+  KvCache none2({2, 3, 3}, 9);
+  EXPECT_THROW(none2.assign_prefix(later, 2), Error);
+}
+
 // Every row, position and length of two caches, and their capacity and accounting.
 void expect_same_cache(const KvCache& a, const KvCache& b) {
   ASSERT_EQ(a.capacity(), b.capacity());

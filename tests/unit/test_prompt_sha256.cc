@@ -94,12 +94,14 @@ TEST(PromptSha256, MigratesVersion5Databases) {
     write_unit(s, h);
   }
   {
-    // The version-5 layout: today's measurements without the column 5 -> 6 adds (rebuilt, as
-    // test_store does for version 3).
+    // The version-5 layout: today's measurements without the columns 5 -> 6 and later add
+    // (rebuilt, as test_store does for version 3).
     results::Db db(path, SQLITE_OPEN_READWRITE);
     std::string cols;
     for (const measurement::Field& f : measurement::kFields) {
-      if (std::string(f.name) == "prompt_sha256") continue;
+      if (std::string(f.name) == "prompt_sha256" || std::string(f.name) == "prefill_reused") {
+        continue;
+      }
       cols += std::string(cols.empty() ? "" : ", ") + f.name;
     }
     db.exec("CREATE TABLE m5 AS SELECT unit_key, " + cols + " FROM measurements");
@@ -110,7 +112,7 @@ TEST(PromptSha256, MigratesVersion5Databases) {
   EXPECT_THROW((void)results::Store::open(path, results::Mode::kReadOnly), Error);
   results::Store s = results::Store::open(path, results::Mode::kReadWrite);
   EXPECT_EQ(one_value(s, "PRAGMA user_version"), std::to_string(results::kSchemaVersion));
-  EXPECT_EQ(results::kSchemaVersion, 6);
+  EXPECT_EQ(results::kSchemaVersion, 7);  // 5 -> 6 -> 7 (prefill_reused)
   EXPECT_EQ(one_value(s, "SELECT COUNT(*) FROM measurements WHERE prompt_sha256 IS NULL"), "1");
   // The migrated column has the fresh schema's CHECK.
   results::Db db(path, SQLITE_OPEN_READWRITE);

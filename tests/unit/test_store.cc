@@ -613,6 +613,7 @@ TEST(Store, MigratesVersion1Databases) {
   EXPECT_FALSE(m->device_peak_bytes.has_value());
   EXPECT_FALSE(m->prefill_shared);  // nothing recorded it before version 2
   EXPECT_EQ(m->decode_batch, 1.0);   // version 5: every earlier unit decoded alone
+  EXPECT_EQ(m->prefill_reused, 0);   // version 7: every earlier unit prefilled its own prompt
   EXPECT_EQ(one_value(store, "SELECT count(*) FROM file_digests"), "0");  // added by 3 -> 4
   // The migrated table takes the new column like a fresh one.
   EXPECT_EQ(store.query("SELECT COUNT(*) FROM pragma_table_info('measurements') "
@@ -651,7 +652,7 @@ TEST(Store, MigratesVersion3DatabasesToTheDigestCache) {
     std::string cols;
     for (const measurement::Field& f : measurement::kFields) {
       const std::string name = f.name;
-      if (name == "decode_batch" || name == "prompt_sha256") continue;
+      if (name == "decode_batch" || name == "prompt_sha256" || name == "prefill_reused") continue;
       cols += (cols.empty() ? "" : ", ") + name;
     }
     db.exec("CREATE TABLE m3 AS SELECT unit_key, " + cols + " FROM measurements");
@@ -675,6 +676,42 @@ TEST(Store, MigratesVersion3DatabasesToTheDigestCache) {
   // The table's CHECK refuses what is not a digest.
   expect_error([&] { store.remember_digest(stamp, "DROP TABLE units"); }, {"CHECK constraint"});
   EXPECT_EQ(store.cached_digest(stamp), std::string(64, 'b'));
+}
+
+// A version-6 database (today's measurements without prefill_reused) migrates to 7: its units
+// read 0 (each prefilled its own prompt), and the column takes the fresh schema's CHECK.
+TEST(Store, MigratesVersion6DatabasesToPrefillReused) {
+  const std::string path = fresh_dir() + "/v6.db";
+  {
+    Store s = Store::open(path, Mode::kReadWrite);
+    const int64_t run = s.begin_run(run_info());
+    (void)run;
+  }
+  {
+    Db db(path, SQLITE_OPEN_READWRITE);
+    std::string cols;
+    for (const measurement::Field& f : measurement::kFields) {
+      if (std::string(f.name) == "prefill_reused") continue;
+      cols += (cols.empty() ? "" : ", ") + std::string(f.name);
+    }
+    db.exec("CREATE TABLE m6 AS SELECT unit_key, " + cols + " FROM measurements");
+    db.exec("DROP TABLE measurements");
+    db.exec("ALTER TABLE m6 RENAME TO measurements");
+    db.exec("PRAGMA user_version = 6");
+  }
+  expect_error([&] { (void)Store::open(path, Mode::kReadOnly); },
+               {path, "schema version 6 is older than this kvbench (7)"});
+  Store store = Store::open(path, Mode::kReadWrite);
+  EXPECT_EQ(one_value(store, "PRAGMA user_version"), "7");
+  EXPECT_EQ(store
+                .query("SELECT COUNT(*) FROM pragma_table_info('measurements') "
+                       "WHERE name = 'prefill_reused' AND \"notnull\" = 1 AND dflt_value = '0'")
+                .rows[0][0]
+                .text,
+            "1");
+  EXPECT_NE(one_value(store, "SELECT sql FROM sqlite_master WHERE name = 'measurements'")
+                .find("prefill_reused INTEGER NOT NULL DEFAULT 0 CHECK (prefill_reused >= 0)"),
+            std::string::npos);
 }
 
 // The cache answers only for the exact stamp; a new stamp replaces the path's row.

@@ -446,6 +446,23 @@ TEST_F(SweepConfigTest, DecodeBatchSetting) {
   }
 }
 
+// prefix_cache_mib: the worker's prefix store in MiB, 1024 by default, 0 off; bad values name
+// the key.
+TEST_F(SweepConfigTest, PrefixCacheSetting) {
+  EXPECT_EQ(load_sweep_config(write("pc_default.yaml", base_yaml())).prefix_cache_mib, 1024);
+  EXPECT_EQ(
+      load_sweep_config(write("pc_0.yaml", base_yaml() + "prefix_cache_mib: 0\n")).prefix_cache_mib,
+      0);
+  EXPECT_EQ(load_sweep_config(write("pc_64.yaml", base_yaml() + "prefix_cache_mib: 64\n"))
+                .prefix_cache_mib,
+            64);
+  for (const char* bad : {"-1", "lots", "2000000", "1.5"}) {
+    const std::string e = load_error(std::string("pc_bad_") + bad + ".yaml",
+                                     base_yaml() + "prefix_cache_mib: " + bad + "\n");
+    EXPECT_NE(e.find(":7: prefix_cache_mib"), std::string::npos) << e;
+  }
+}
+
 // Task definitions (issue 17) are named in a matrix like built-in tasks: found by name under the
 // config's tasks/ folder, then configs/tasks, or given as task_file: relative to the config.
 TEST_F(SweepConfigTest, TaskDefinitionsAreFoundByNameOrFile) {

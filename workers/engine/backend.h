@@ -198,6 +198,17 @@ class Backend {
   // stats_to_host before a host reads).
   virtual void attention(int layer, int n, float scale, kernels::KvCache& cache, bool col_sums,
                          int last_w, int stride, policies::LayerStats* stats) = 0;
+  // A prefill continued from a checkpoint (PrefillRecord::continues): the next attention() with
+  // col_sums starts its sums from `seed` ([num_heads, seed_stride]: the earlier queries' sums;
+  // seed_stride <= its stride, entries past it 0) and adds its queries to them, so they equal
+  // one pass's over all the queries, bit for bit. Where seeds_col_sums() (the CPU); the
+  // pointer must stay valid until that call.
+  virtual bool seeds_col_sums() const { return false; }
+  virtual void seed_col_sums(const float* seed, int seed_stride) {
+    (void)seed;
+    (void)seed_stride;
+    KVB_FAIL() << "this backend cannot continue a recorded prefill (prefix reuse is CPU-only)";
+  }
   // A decode batch's attention on a global layer for several sequences at once (one query row
   // each, every cache of the same shape, no rolled keys), where attends_batch(): the results
   // of select_rows(item.row) then attention(layer, 1, scale, *item.cache, ...) for each item

@@ -76,6 +76,8 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
         << c.vocab_size << ")";
     pos_[t] = pos0 + t;
   }
+  KVB_CHECK(record == nullptr || !record->continues || continues_prefill())
+      << "forward: this engine cannot continue a recorded prefill (prefix reuse is CPU-only)";
   cache.reserve_extra(n);
   be.begin_pass(tokens, pos_.data(), cache, n);
   const float scale = c.softmax_scale();
@@ -397,6 +399,13 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
     return;
   }
   const StatsShape sh = stats_shape(l, cache, hook, req, last_w, record != nullptr, &stats);
+  if (sh.col_sums && record && !record->seed_col_sums.empty()) {
+    const std::vector<float>& seed = record->seed_col_sums[l];
+    KVB_CHECK(seed.size() == static_cast<size_t>(c.num_heads) * record->seed_strides[l])
+        << "forward: layer " << l << "'s column sums to continue hold " << seed.size()
+        << " entries, not " << c.num_heads << " x " << record->seed_strides[l];
+    be.seed_col_sums(seed.data(), record->seed_strides[l]);
+  }
   be.attention(l, n, scale, cache, sh.col_sums, sh.last_w, sh.stride, &stats);
   after_attention(l, cache, policy, hook, req, record, stats);
 }

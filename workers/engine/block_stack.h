@@ -43,6 +43,9 @@ class StackEngine : public EngineBase {
   // statistics host-side hooks read included, so the figures compare.
   double policy_ms() const override { return policy_ms_; }
   int64_t prefills() const override { return prefills_; }
+  bool continues_prefill() const override {
+    return backend_->seeds_col_sums() && (tp_ == nullptr || tp_->size() == 1);
+  }
   std::string device_description() const override { return backend_->device_description(); }
   size_t device_peak_bytes() const override { return backend_->device_peak_bytes(); }
   size_t kv_logical_bytes(const kernels::KvCache& cache) const override {

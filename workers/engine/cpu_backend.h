@@ -60,6 +60,11 @@ class CpuBackend final : public Backend {
   // attention() per sequence, each sequence's statistics in its own buffers.
   bool attends_batch() const override { return true; }
   void attention_batch(int layer, float scale, std::span<const BatchAttention> items) override;
+  bool seeds_col_sums() const override { return true; }
+  void seed_col_sums(const float* seed, int seed_stride) override {
+    seed_ = seed;
+    seed_stride_ = seed_stride;
+  }
   double stats_to_host(policies::LayerStats* stats) override {
     (void)stats;
     return 0;
@@ -99,6 +104,8 @@ class CpuBackend final : public Backend {
   // Activations, reused across passes: [n, dim], [n, q_dim], [n, kv_dim], [n, hidden_dim].
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<float> col_sums_, last_probs_;  // policy statistics
+  const float* seed_ = nullptr;  // seed_col_sums, for the next attention() with col_sums
+  int seed_stride_ = 0;
   // attention_batch's: per sequence its statistics, and the calls.
   std::vector<std::vector<float>> batch_col_sums_, batch_last_probs_;
   std::vector<kernels::cpu::AttentionArgs> batch_args_;

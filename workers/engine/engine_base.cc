@@ -152,6 +152,17 @@ policies::StatsRequest forward_stats_request(int n, const kernels::KvCache& cach
   if (*hook == PolicyHook::kDecode) req = policy->decode_request();
   if (record) {
     req = record->request;
+    if (record->continues) {
+      KVB_CHECK(!req.pre_rope_keys) << "a recorded prefill with pre-RoPE keys cannot be continued";
+      KVB_CHECK(!req.col_sums || record->col_sums.size() == static_cast<size_t>(num_layers))
+          << "a continued prefill record holds no column sums to continue";
+      record->seed_col_sums = std::move(record->col_sums);
+      record->seed_strides = std::move(record->strides);
+      record->continues = false;
+    } else {
+      record->seed_col_sums.clear();
+      record->seed_strides.clear();
+    }
     record->n_new = n;
     record->last_w = std::min(req.last_w, n);
     record->strides.assign(num_layers, 0);

@@ -42,6 +42,15 @@ struct PrefillRecord {
   std::vector<std::vector<float>> col_sums;       // [layer][num_heads, stride]
   std::vector<std::vector<float>> last_probs;     // [layer][num_heads, last_w, stride]
   std::vector<std::vector<float>> pre_rope_keys;  // [layer][n_new, num_kv_heads, head_dim]
+  // A prefill in pieces (prefix reuse, workers/prefix_store.h): set before a forward() that
+  // continues the same sequence's recorded prefill, whose col_sums (and strides) this record
+  // holds. That pass adds its queries' probabilities to those sums, so after the last piece
+  // they are, bit for bit, what one pass over every query records; last_probs and n_new are
+  // the last piece's (the caller sets n_new to the whole prompt's length). Needs an engine
+  // whose continues_prefill(); pre_rope_keys cannot be continued. forward() clears the flag.
+  bool continues = false;
+  std::vector<std::vector<float>> seed_col_sums;  // forward()'s working copy of the sums
+  std::vector<int> seed_strides;
 };
 
 // Where an engine runs and in which precision: `--device cpu|cuda`, `--dtype f32|bf16`.
@@ -120,6 +129,10 @@ class EngineBase {
   // Sets `cache` to `full` (the cache right after the recorded prefill, no policy) with room for
   // `extra` more slots per head, as a copy of full and reserve_extra(extra) would, compressed by
   // `policy`'s oneshot rule layer by layer, exactly as a prefill with the policy would.
+  // Whether forward() takes a PrefillRecord with `continues` set (StackEngine over the CPU
+  // backend; not under tensor parallelism).
+  virtual bool continues_prefill() const { return false; }
+
   virtual void apply_recorded_prefill(policies::Policy& policy, const kernels::KvCache& full,
                                       int extra, const PrefillRecord& record,
                                       kernels::KvCache& cache) = 0;

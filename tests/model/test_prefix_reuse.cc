@@ -1,0 +1,369 @@
+// Prefix reuse (workers/prefix_store.h): a prefill in pieces records what one pass records, bit
+// for bit (the law that makes reuse exact), and a shared prefill that starts from an earlier
+// prompt's prefix gives the logits, cache and record of its own prefill; bundle units run with
+// the store equal those run without it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "kernels/policies/policy.h"
+#include "workers/engine/forward.h"
+#include "workers/engine/model.h"
+#include "workers/prefix_store.h"
+#include "workers/runner.h"
+
+namespace kvb {
+namespace {
+
+const std::string kStories = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+const std::string kStoriesTok = std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin";
+
+void expect_same_cache(const kernels::KvCache& a, const kernels::KvCache& b) {
+  ASSERT_EQ(a.shape().num_layers, b.shape().num_layers);
+  ASSERT_EQ(a.shape().num_kv_heads, b.shape().num_kv_heads);
+  EXPECT_EQ(a.capacity(), b.capacity());
+  EXPECT_EQ(a.physical_bytes(), b.physical_bytes());
+  EXPECT_EQ(a.next_position(), b.next_position());
+  const int d = a.shape().head_dim;
+  for (int l = 0; l < a.shape().num_layers; ++l) {
+    const kernels::LayerKvView va = a.layer(l), vb = b.layer(l);
+    for (int h = 0; h < a.shape().num_kv_heads; ++h) {
+      ASSERT_EQ(a.length(l, h), b.length(l, h)) << "layer " << l << " head " << h;
+      const size_t rows = static_cast<size_t>(a.length(l, h)) * d;
+      EXPECT_EQ(0, std::memcmp(va.key(h, 0), vb.key(h, 0), rows * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(va.value(h, 0), vb.value(h, 0), rows * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(va.position(h), vb.position(h), a.length(l, h) * 4));
+    }
+  }
+}
+
+// Bitwise equality of float vectors (EXPECT_EQ on vectors compares with ==: -0 == 0, NaN != NaN).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void expect_same_record(const engine::PrefillRecord& a, const engine::PrefillRecord& b) {
+  EXPECT_EQ(a.n_new, b.n_new);
+  EXPECT_EQ(a.last_w, b.last_w);
+  EXPECT_EQ(a.strides, b.strides);
+  ASSERT_EQ(a.col_sums.size(), b.col_sums.size());
+  ASSERT_EQ(a.last_probs.size(), b.last_probs.size());
+  for (size_t l = 0; l < a.col_sums.size(); ++l) {
+    EXPECT_TRUE(same_bits(a.col_sums[l], b.col_sums[l])) << "col_sums of layer " << l;
+    EXPECT_TRUE(same_bits(a.last_probs[l], b.last_probs[l])) << "last_probs of layer " << l;
+  }
+}
+
+std::vector<int32_t> random_tokens(int n, uint32_t seed, int vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+  return t;
+}
+
+struct OnePass {
+  kernels::KvCache cache;
+  engine::PrefillRecord record;
+  std::vector<float> logits;
+};
+
+OnePass one_pass(engine::EngineBase& eng, const std::vector<int32_t>& prompt,
+                 const policies::StatsRequest& req, int capacity) {
+  OnePass o;
+  o.cache = eng.new_cache(capacity);
+  o.record.request = req;
+  eng.forward(prompt, o.cache, engine::LogitsMode::kLast, &o.logits, nullptr,
+              engine::PolicyHook::kNone, &o.record);
+  return o;
+}
+
+// The law under prefix reuse: the prompt's forward pass in pieces, each continuing the record of
+// the pieces before it, gives one pass's logits, rows and statistics bit for bit (column sums
+// add the queries in the same order; a query row's arithmetic does not depend on its piece).
+void pieces_equal_one_pass(engine::EngineBase& eng, int vocab) {
+  ASSERT_TRUE(eng.continues_prefill());
+  const int n = 300;
+  const std::vector<int32_t> prompt = random_tokens(n, 11, vocab);
+  policies::StatsRequest both, sums, window;
+  both.col_sums = true;
+  both.last_w = 16;
+  sums.col_sums = true;
+  window.last_w = 8;
+  for (const policies::StatsRequest& req : {both, sums, window}) {
+    const OnePass ref = one_pass(eng, prompt, req, n + 4);
+    for (const std::vector<int>& cuts :
+         {std::vector<int>{150}, {1, 2, 33, 64, 200}, {n - 16}, {31, 32, 280}}) {
+      SCOPED_TRACE("col_sums " + std::to_string(req.col_sums) + " last_w " +
+                   std::to_string(req.last_w) + ", " + std::to_string(cuts.size()) + " cuts");
+      kernels::KvCache cache = eng.new_cache(n + 4);
+      engine::PrefillRecord rec;
+      std::vector<float> logits;
+      int at = 0;
+      std::vector<int> ends = cuts;
+      ends.push_back(n);
+      for (int end : ends) {
+        rec.request = req;
+        if (end < n) rec.request.last_w = 0;  // the window's rows are the last piece's
+        rec.continues = at > 0;
+        eng.forward(std::span(prompt).subspan(at, end - at), cache,
+                    end == n ? engine::LogitsMode::kLast : engine::LogitsMode::kNone, &logits,
+                    nullptr, engine::PolicyHook::kNone, &rec);
+        EXPECT_FALSE(rec.continues);  // forward() consumed it
+        at = end;
+      }
+      rec.n_new = n;
+      EXPECT_TRUE(same_bits(logits, ref.logits));
+      expect_same_cache(cache, ref.cache);
+      expect_same_record(rec, ref.record);
+    }
+  }
+  // Without the earlier sums, a piece's column sums are its own queries' only: not one pass's.
+  kernels::KvCache cache = eng.new_cache(n + 4);
+  engine::PrefillRecord rec;
+  rec.request = sums;
+  std::vector<float> logits;
+  eng.forward(std::span(prompt).first(150), cache, engine::LogitsMode::kNone, &logits, nullptr,
+              engine::PolicyHook::kNone, &rec);
+  eng.forward(std::span(prompt).subspan(150), cache, engine::LogitsMode::kLast, &logits, nullptr,
+              engine::PolicyHook::kNone, &rec);
+  EXPECT_FALSE(same_bits(rec.col_sums[0], one_pass(eng, prompt, sums, n + 4).record.col_sums[0]));
+  // Pre-RoPE keys cannot be continued.
+  engine::PrefillRecord keys;
+  keys.request.pre_rope_keys = true;
+  keys.continues = true;
+  kernels::KvCache c2 = eng.new_cache(n + 4);
+  EXPECT_THROW(eng.forward(std::span(prompt).first(10), c2, engine::LogitsMode::kNone, &logits,
+                           nullptr, engine::PolicyHook::kNone, &keys),
+               Error);
+}
+
+// f32 (the reference) and bf16 weights.
+TEST(PrefixReuse, PiecesRecordWhatOnePassRecords) {
+  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
+  for (engine::DType dtype : {engine::DType::kF32, engine::DType::kBf16}) {
+    SCOPED_TRACE(engine::dtype_name(dtype));
+    std::unique_ptr<engine::EngineBase> e = engine::make_engine(*m, engine::Device::kCpu, dtype);
+    pieces_equal_one_pass(*e, m->config.vocab_size);
+  }
+}
+
+// Five prompts: A, B, C and F share a stem (B and C branch off A at 200 and 150 tokens, F at 250
+// with 5 tokens of its own), D shares nothing. With the store knowing all five, A's prefill
+// checkpoints at 150, 200 and 239; B starts from A's 200 tokens, C from 150, F from 239, not 250:
+// its last piece must hold the 16 rows the record keeps probabilities of. D prefills alone.
+// Every prefill equals its own one pass.
+TEST(PrefixReuse, StoreStartsFromAnEarlierPromptsPrefix) {
+  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
+  engine::Engine eng(*m);
+  const int vocab = m->config.vocab_size;
+  const std::vector<int32_t> stem = random_tokens(280, 1, vocab);
+  auto branch = [&](int at, int tail, uint32_t seed) {
+    std::vector<int32_t> p(stem.begin(), stem.begin() + at);
+    std::vector<int32_t> t = random_tokens(tail, seed, vocab);
+    if (t[0] == stem[at]) t[0] = stem[at] == 3 ? 4 : 3;  // branch exactly at `at`
+    p.insert(p.end(), t.begin(), t.end());
+    return p;
+  };
+  const std::vector<int32_t> a = branch(260, 30, 2), b = branch(200, 40, 3), c = branch(150, 90, 4);
+  const std::vector<int32_t> d = random_tokens(250, 5, vocab);
+  const std::vector<int32_t> f = branch(250, 5, 7);
+  policies::StatsRequest req;  // h2o's and snapkv's union
+  req.col_sums = true;
+  req.last_w = 16;
+  workers::PrefixStore store(size_t(1) << 30);
+  for (const auto* p : {&a, &b, &c, &d, &f}) store.add_prompt(*p);
+  store.add_prompt(b);  // a duplicate is ignored
+  const std::vector<std::pair<const std::vector<int32_t>*, int>> runs = {
+      {&a, 0}, {&b, 200}, {&c, 150}, {&d, 0}, {&f, 250 - 16 + 5}};
+  for (const auto& [prompt, expect_reused] : runs) {
+    const int n = static_cast<int>(prompt->size());
+    SCOPED_TRACE("prompt of " + std::to_string(n) + " tokens");
+    kernels::KvCache cache = eng.new_cache(n + 5);
+    engine::PrefillRecord rec;
+    rec.request = req;
+    std::vector<float> logits;
+    EXPECT_EQ(store.prefill(eng, *prompt, cache, &rec, &logits), expect_reused);
+    const OnePass ref = one_pass(eng, *prompt, req, n + 5);
+    EXPECT_TRUE(same_bits(logits, ref.logits));
+    expect_same_cache(cache, ref.cache);
+    expect_same_record(rec, ref.record);
+    EXPECT_EQ(rec.request.last_w, req.last_w);
+  }
+  // Only A keeps a prefix: the others branch off nothing beyond where they started.
+  EXPECT_EQ(store.entries(), 1u);
+  EXPECT_LE(store.bytes(), store.max_bytes());
+
+  // A request without column sums reuses rows at any length, not only at checkpoints: a prompt
+  // that follows A for 230 tokens starts from A's 230th (A keeps 239 rows: its last checkpoint).
+  policies::StatsRequest rows_only;
+  rows_only.last_w = 4;
+  const std::vector<int32_t> e = branch(230, 20, 6);
+  kernels::KvCache cache = eng.new_cache(260);
+  engine::PrefillRecord rec;
+  rec.request = rows_only;
+  std::vector<float> logits;
+  EXPECT_EQ(store.prefill(eng, e, cache, &rec, &logits), 230);
+  const OnePass ref = one_pass(eng, e, rows_only, 260);
+  EXPECT_TRUE(same_bits(logits, ref.logits));
+  expect_same_cache(cache, ref.cache);
+  expect_same_record(rec, ref.record);
+}
+
+// The store's bytes bound what it keeps (the oldest go first; a prefix larger than the whole
+// budget is not kept), and a store of 0 bytes, a request with pre-RoPE keys and a model with
+// sliding-window layers prefill in one pass.
+TEST(PrefixReuse, BoundedStoreAndOnePassWhereReuseCannotHold) {
+  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
+  engine::Engine eng(*m);
+  const int vocab = m->config.vocab_size;
+  const std::vector<int32_t> stem = random_tokens(300, 7, vocab);
+  std::vector<int32_t> x(stem.begin(), stem.begin() + 290), y(stem.begin(), stem.begin() + 200);
+  y.push_back(stem[200] == 3 ? 4 : 3);
+  for (int i = 0; i < 40; ++i) y.push_back(5 + i);
+  policies::StatsRequest req;
+  req.col_sums = true;
+  auto prefill = [&](workers::PrefixStore& store, const std::vector<int32_t>& p,
+                     const policies::StatsRequest& r, engine::EngineBase& e) {
+    kernels::KvCache cache = e.new_cache(static_cast<int>(p.size()) + 1);
+    engine::PrefillRecord rec;
+    rec.request = r;
+    std::vector<float> logits;
+    return store.prefill(e, p, cache, &rec, &logits);
+  };
+  workers::PrefixStore off(0);
+  off.add_prompt(x);
+  off.add_prompt(y);
+  EXPECT_EQ(prefill(off, x, req, eng), 0);
+  EXPECT_EQ(prefill(off, y, req, eng), 0);
+  EXPECT_EQ(off.entries(), 0u);
+
+  // x's kept prefix: 200 rows of every layer and head, and one checkpoint's sums.
+  const auto& c = m->config;
+  const size_t rows = size_t(200) * c.num_layers * c.num_kv_heads * (2 * c.head_dim + 1) * 4;
+  const size_t sums = size_t(200) * c.num_layers * c.num_heads * 4;
+  workers::PrefixStore small(rows + sums - 1);  // one byte short of x's prefix
+  small.add_prompt(x);
+  small.add_prompt(y);
+  EXPECT_EQ(prefill(small, x, req, eng), 0);
+  EXPECT_EQ(small.entries(), 0u);
+  EXPECT_EQ(prefill(small, y, req, eng), 0);
+  workers::PrefixStore fits(rows + sums + 200 * 4);
+  fits.add_prompt(x);
+  fits.add_prompt(y);
+  EXPECT_EQ(prefill(fits, x, req, eng), 0);
+  EXPECT_EQ(fits.entries(), 1u);
+  EXPECT_EQ(fits.bytes(), rows + sums + 200 * 4);
+  EXPECT_EQ(prefill(fits, y, req, eng), 200);
+
+  policies::StatsRequest keys = req;
+  keys.pre_rope_keys = true;  // knorm's: its keys are not continued
+  workers::PrefixStore big(size_t(1) << 30);
+  big.add_prompt(x);
+  big.add_prompt(y);
+  EXPECT_EQ(prefill(big, x, keys, eng), 0);
+  EXPECT_EQ(big.entries(), 0u);
+
+  std::unique_ptr<engine::Model> g =
+      engine::load_model(std::string(KVB_FIXTURES_DIR) + "/engine/gemma3_tiny.gguf");
+  ASSERT_TRUE(g->config.sliding(0));
+  engine::Engine geng(*g);
+  const std::vector<int32_t> gx = random_tokens(290, 8, g->config.vocab_size);
+  std::vector<int32_t> gy(gx.begin(), gx.begin() + 200);
+  gy.push_back(gx[200] == 3 ? 4 : 3);
+  workers::PrefixStore gs(size_t(1) << 30);
+  gs.add_prompt(gx);
+  gs.add_prompt(gy);
+  EXPECT_EQ(prefill(gs, gx, req, geng), 0);
+  EXPECT_EQ(prefill(gs, gy, req, geng), 0);
+  EXPECT_EQ(gs.entries(), 0u);  // a window evicts the rows a later prompt would start from
+}
+
+// run_bundle with a prefix store: two samples whose contexts share their first sentences, six
+// policies x two budgets each. Every unit's prediction, measurements (times aside) and final
+// cache equal those of the same bundle without the store; the second sample's shared units say
+// how many tokens they reused, the first's and the unshared unit's say 0.
+TEST(PrefixReuse, BundleUnitsEqualTheirOwnPrefill) {
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(kStories, kStoriesTok);
+  engine::Engine eng(*lm.model);
+  const std::string stem =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high. "
+      "Lily asked her mom for help. Her mom said, \"Let's try to get it together.\" They went to "
+      "the tree and found a long stick. Lily held the stick and reached up high. The ball fell "
+      "down and bounced on the grass. Lily laughed and ran after it. She was very happy. Then a "
+      "small dog came to play too. The dog liked the ball. Lily threw the ball and the dog ran "
+      "to get it. They played all day until the sun went down. ";
+  tasks::Sample s1, s2;
+  s1.id = "one";
+  s2.id = "two";
+  s1.chat = s2.chat = false;
+  s1.context = stem +
+               "At night Lily went to bed and dreamed of the ball. In her dream the ball could "
+               "fly over the houses and the trees. She flew with it to a big castle in the sky.";
+  s2.context = stem +
+               "The next morning, Lily woke up early and looked outside. It was raining, so she "
+               "could not go to the park. She sat by the window with her dog and a book.";
+  s1.question = s2.question = " Then Lily";
+  s1.max_new_tokens = s2.max_new_tokens = 12;
+  const auto& c = lm.model->config;
+  std::vector<policies::PolicyConfig> pcs;
+  for (const char* name : {"full", "window", "streaming_llm", "h2o", "snapkv", "ada_snapkv"}) {
+    for (int budget : {24, 48}) {
+      policies::PolicyConfig pc;
+      pc.name = name;
+      pc.kv_budget = std::string(name) == "full" ? 0 : budget;
+      pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+      pcs.push_back(pc);
+    }
+  }
+  policies::PolicyConfig streamed = pcs[6];  // h2o streaming its prompt: no shared prefill
+  streamed.options =
+      policies::PolicyOptions(std::map<std::string, std::string>{{"prefill", "streaming"}});
+  pcs.push_back(streamed);
+  workers::PrefixStore store(size_t(256) << 20);
+  workers::RunSettings with, without;
+  with.prefix_store = &store;
+  store.add_prompt(workers::shared_prefill_tokens(lm, s1, with));
+  store.add_prompt(workers::shared_prefill_tokens(lm, s2, with));
+  const int shared_tokens = [&] {
+    const auto a = workers::shared_prefill_tokens(lm, s1, with);
+    const auto b = workers::shared_prefill_tokens(lm, s2, with);
+    int i = 0;
+    while (a[i] == b[i]) ++i;
+    return i;
+  }();
+  ASSERT_GE(shared_tokens, workers::PrefixStore::kMinReuse);
+  std::vector<kernels::KvCache> caches_with(pcs.size()), caches_without(pcs.size());
+  with.on_final_cache = [&](size_t i, const kernels::KvCache& k, const policies::Policy&) {
+    caches_with[i] = k;
+  };
+  without.on_final_cache = [&](size_t i, const kernels::KvCache& k, const policies::Policy&) {
+    caches_without[i] = k;
+  };
+  for (const tasks::Sample* s : {&s1, &s2}) {
+    SCOPED_TRACE("sample " + s->id);
+    const auto a = workers::run_bundle(lm, eng, *s, pcs, with, true);
+    const auto b = workers::run_bundle(lm, eng, *s, pcs, without, true);
+    for (size_t i = 0; i < pcs.size(); ++i) {
+      SCOPED_TRACE(pcs[i].name + " " + std::to_string(pcs[i].kv_budget));
+      const bool shares = i + 1 < pcs.size();
+      EXPECT_EQ(a[i].m.prefill_shared, shares);
+      EXPECT_EQ(a[i].m.prefill_reused, s == &s2 && shares ? shared_tokens : 0);
+      EXPECT_EQ(b[i].m.prefill_reused, 0);
+      EXPECT_EQ(a[i].prediction.text, b[i].prediction.text);
+      EXPECT_EQ(a[i].m.prompt_sha256, b[i].m.prompt_sha256);
+      EXPECT_EQ(a[i].m.generated_tokens, b[i].m.generated_tokens);
+      EXPECT_EQ(a[i].m.kv_bytes_final, b[i].m.kv_bytes_final);
+      EXPECT_EQ(a[i].m.kv_bytes_peak, b[i].m.kv_bytes_peak);
+      EXPECT_EQ(a[i].m.kv_physical_peak, b[i].m.kv_physical_peak);
+      EXPECT_EQ(a[i].m.occupancy_mean, b[i].m.occupancy_mean);
+      EXPECT_EQ(a[i].m.policy_state_bytes, b[i].m.policy_state_bytes);
+      expect_same_cache(caches_with[i], caches_without[i]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvb

@@ -1,0 +1,154 @@
+// PrefixStore (workers/prefix_store.h): reuse of a stored prefix, pieces between checkpoints,
+// and the bounded store of prefixes.
+#include "workers/prefix_store.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "common/error.h"
+
+namespace kvb::workers {
+namespace {
+
+// Tokens the two sequences share from the start.
+int common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return static_cast<int>(i);
+}
+
+size_t checkpoint_bytes(const std::vector<std::vector<float>>& col_sums) {
+  size_t n = 0;
+  for (const auto& layer : col_sums) n += layer.size() * sizeof(float);
+  return n;
+}
+
+}  // namespace
+
+void PrefixStore::clear() {
+  entries_.clear();
+  prompts_.clear();
+  bytes_ = 0;
+}
+
+void PrefixStore::add_prompt(std::vector<int32_t> tokens) {
+  if (max_bytes_ == 0) return;
+  for (const auto& p : prompts_) {
+    if (p == tokens) return;
+  }
+  prompts_.push_back(std::move(tokens));
+}
+
+bool PrefixStore::serves(const engine::EngineBase& engine) {
+  if (!engine.continues_prefill()) return false;
+  const engine::ModelConfig& c = engine.config();
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.sliding(l)) return false;
+  }
+  return true;
+}
+
+std::vector<int> PrefixStore::branch_points(std::span<const int32_t> tokens, int from, int limit,
+                                            int last_w) const {
+  std::vector<int> points;
+  for (const auto& other : prompts_) {
+    const int shared = common_prefix(tokens, other);
+    if (shared == static_cast<int>(tokens.size()) && other.size() == tokens.size()) continue;
+    // The other prompt's own last piece must hold its last_w rows too.
+    const int other_limit = static_cast<int>(other.size()) - std::max(1, last_w);
+    const int at = std::min({shared, limit, other_limit});
+    if (at > from && at >= kMinReuse) points.push_back(at);
+  }
+  std::sort(points.begin(), points.end());
+  points.erase(std::unique(points.begin(), points.end()), points.end());
+  return points;
+}
+
+int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> tokens,
+                         kernels::KvCache& cache, engine::PrefillRecord* record,
+                         std::vector<float>* logits) {
+  KVB_CHECK(record != nullptr) << "PrefixStore::prefill: no record";
+  const int n = static_cast<int>(tokens.size());
+  const policies::StatsRequest req = record->request;
+  const int last_w = std::max(1, req.last_w);
+  const int limit = n - last_w;  // the last piece holds the recorded last_w rows
+  if (max_bytes_ == 0 || req.pre_rope_keys || !serves(engine) || limit < kMinReuse) {
+    engine.forward(tokens, cache, engine::LogitsMode::kLast, logits, nullptr,
+                   engine::PolicyHook::kNone, record);
+    return 0;
+  }
+  // The longest stored prefix this prefill can start from: its rows, and with column sums a
+  // checkpoint (the sums after exactly that many queries).
+  auto best = entries_.end();
+  int reused = 0;
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (req.col_sums && !it->col_sums) continue;
+    int at = std::min(common_prefix(tokens, it->tokens), limit);
+    if (req.col_sums) {
+      auto c = it->checkpoints.upper_bound(at);
+      if (c == it->checkpoints.begin()) continue;
+      at = std::prev(c)->first;
+    }
+    if (at >= kMinReuse && at > reused) {
+      reused = at;
+      best = it;
+    }
+  }
+  const std::vector<int> points = branch_points(tokens, reused, limit, req.last_w);
+  if (best == entries_.end() && points.empty()) {
+    engine.forward(tokens, cache, engine::LogitsMode::kLast, logits, nullptr,
+                   engine::PolicyHook::kNone, record);
+    return 0;
+  }
+  if (best != entries_.end()) {
+    cache.assign_prefix(best->rows, reused);
+    if (req.col_sums) {
+      const Checkpoint& c = best->checkpoints.at(reused);
+      record->col_sums = c.col_sums;
+      record->strides = c.strides;
+    }
+    entries_.splice(entries_.end(), entries_, best);  // the most recently used goes last
+  }
+  // Pieces end at the checkpoints (only column sums need them: rows are kept whole) and at n.
+  Entry mine;
+  mine.col_sums = req.col_sums;
+  std::vector<int> ends;
+  if (req.col_sums) ends = points;
+  ends.push_back(n);
+  int at = reused;
+  for (int end : ends) {
+    record->request = req;
+    if (end < n) record->request.last_w = 0;
+    record->continues = at > 0 && req.col_sums;
+    engine.forward(tokens.subspan(at, end - at), cache,
+                   end == n ? engine::LogitsMode::kLast : engine::LogitsMode::kNone, logits,
+                   nullptr, engine::PolicyHook::kNone, record);
+    if (end < n) mine.checkpoints[end] = {record->col_sums, record->strides};
+    at = end;
+  }
+  record->request = req;
+  record->n_new = n;
+  if (!points.empty()) {
+    const int rows = points.back();
+    mine.tokens.assign(tokens.begin(), tokens.begin() + rows);
+    mine.rows = kernels::KvCache(cache.shape(), rows, /*host_rows=*/true);
+    mine.rows.assign_prefix(cache, rows);
+    mine.bytes = mine.rows.physical_bytes() + mine.tokens.size() * sizeof(int32_t);
+    for (const auto& [p, c] : mine.checkpoints) mine.bytes += checkpoint_bytes(c.col_sums);
+    keep(std::move(mine));
+  }
+  return reused;
+}
+
+void PrefixStore::keep(Entry entry) {
+  if (entry.bytes > max_bytes_) return;
+  bytes_ += entry.bytes;
+  entries_.push_back(std::move(entry));
+  while (bytes_ > max_bytes_) {
+    bytes_ -= entries_.front().bytes;
+    entries_.pop_front();
+  }
+}
+
+}  // namespace kvb::workers

@@ -1,0 +1,86 @@
+// Prefix reuse (DESIGN.md "Scheduling"): a worker's shared prefills whose prompts begin with the
+// same tokens compute the common part once. NIAH's depths of one haystack cut are the case: the
+// prompt with the needle at 75% repeats the first 75% of the one with the needle at 100%.
+//
+// The prompt's forward pass is causal, so the K/V rows of its first p tokens are those of any
+// other prompt with the same first p tokens, and a prefill in pieces gives the rows, the logits
+// and the statistics of one pass bit for bit (the CPU kernels' rows do not depend on how many
+// rows a call takes; column sums add queries in order and a continued piece adds to the earlier
+// pieces' sums: PrefillRecord::continues). The column sums after exactly p queries are not in a
+// finished prefill's record, so a prefill stops at the places where another known prompt
+// branches off (checkpoints) and keeps the sums there.
+//
+// A unit's results are those of its own full prefill, bit for bit; only its prefill time falls,
+// and measurements.prefill_reused says by how many tokens. CPU engines only (continues_prefill),
+// models without sliding-window layers (their window evicts the rows a later prompt would
+// reuse), and records without pre-RoPE keys; elsewhere prefill() is one forward pass.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "kernels/kv_cache.h"
+#include "workers/engine/engine_base.h"
+
+namespace kvb::workers {
+
+class PrefixStore {
+ public:
+  // Prefixes of fewer tokens are not worth a checkpoint (a chat template's head, an instruction).
+  static constexpr int kMinReuse = 128;
+
+  // max_bytes: what the stored rows and checkpoints may hold (0: no reuse at all).
+  explicit PrefixStore(size_t max_bytes = 0) : max_bytes_(max_bytes) {}
+
+  size_t max_bytes() const { return max_bytes_; }
+  // Whether prefill() can start from a stored prefix on this engine: a CPU engine that continues
+  // a recorded prefill, and a model without sliding-window layers.
+  static bool serves(const engine::EngineBase& engine);
+  // Forgets every stored prefix and known prompt (another model, or another engine).
+  void clear();
+  // A prompt (the tokens a shared prefill runs) that this worker may prefill later: a prefill
+  // of another prompt checkpoints where this one branches off. Duplicates are ignored.
+  void add_prompt(std::vector<int32_t> tokens);
+
+  // The shared prefill of `tokens` into `cache` (no slots yet, room for every token), recording
+  // per record->request, with the last token's logits: what engine.forward(tokens, cache,
+  // LogitsMode::kLast, logits, nullptr, PolicyHook::kNone, record) gives, bit for bit. Starts
+  // from the longest stored prefix it can use and keeps this prompt's rows and checkpoints for
+  // later prompts, within max_bytes (the oldest go first). Returns the tokens reused (0: none).
+  int prefill(engine::EngineBase& engine, std::span<const int32_t> tokens, kernels::KvCache& cache,
+              engine::PrefillRecord* record, std::vector<float>* logits);
+
+  // What the store holds now: prefixes, checkpoints and bytes (tests, logs).
+  size_t entries() const { return entries_.size(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  struct Checkpoint {
+    std::vector<std::vector<float>> col_sums;  // [layer][num_heads, strides[layer]]
+    std::vector<int> strides;
+  };
+  struct Entry {
+    std::vector<int32_t> tokens;            // the prefix whose rows `rows` holds
+    kernels::KvCache rows;                  // its rows (capacity: tokens.size())
+    bool col_sums = false;                  // whether its checkpoints hold column sums
+    std::map<int, Checkpoint> checkpoints;  // by tokens before it
+    size_t bytes = 0;
+  };
+
+  // Where `tokens` branches off a known prompt, within (from, limit] and where that prompt
+  // could start from it (its own last piece holds last_w rows), ascending.
+  std::vector<int> branch_points(std::span<const int32_t> tokens, int from, int limit,
+                                 int last_w) const;
+  void keep(Entry entry);
+
+  size_t max_bytes_ = 0;
+  size_t bytes_ = 0;
+  std::vector<std::vector<int32_t>> prompts_;
+  std::list<Entry> entries_;  // oldest first
+};
+
+}  // namespace kvb::workers
