@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "kernels/policies/policy.h"
+#include "cache_check.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
@@ -14,26 +15,6 @@
 
 namespace kvb {
 namespace {
-
-// The same lengths, positions, rows (bit for bit) and capacity.
-void expect_same_cache(const kernels::KvCache& a, const kernels::KvCache& b) {
-  ASSERT_EQ(a.shape().num_layers, b.shape().num_layers);
-  ASSERT_EQ(a.shape().num_kv_heads, b.shape().num_kv_heads);
-  EXPECT_EQ(a.capacity(), b.capacity());
-  EXPECT_EQ(a.physical_bytes(), b.physical_bytes());
-  EXPECT_EQ(a.next_position(), b.next_position());
-  const int d = a.shape().head_dim;
-  for (int l = 0; l < a.shape().num_layers; ++l) {
-    const kernels::LayerKvView va = a.layer(l), vb = b.layer(l);
-    for (int h = 0; h < a.shape().num_kv_heads; ++h) {
-      ASSERT_EQ(a.length(l, h), b.length(l, h)) << "layer " << l << " head " << h;
-      const size_t rows = static_cast<size_t>(a.length(l, h)) * d;
-      EXPECT_EQ(0, std::memcmp(va.key(h, 0), vb.key(h, 0), rows * sizeof(float)));
-      EXPECT_EQ(0, std::memcmp(va.value(h, 0), vb.value(h, 0), rows * sizeof(float)));
-      EXPECT_EQ(0, std::memcmp(va.position(h), vb.position(h), a.length(l, h) * 4));
-    }
-  }
-}
 
 TEST(PrefillSharing, OnePrefillForTheBundleSameResults) {
   const std::string model = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "kernels/policies/policy.h"
+#include "cache_check.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/model.h"
 #include "workers/prefix_store.h"
@@ -19,25 +20,6 @@ namespace {
 
 const std::string kStories = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
 const std::string kStoriesTok = std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin";
-
-void expect_same_cache(const kernels::KvCache& a, const kernels::KvCache& b) {
-  ASSERT_EQ(a.shape().num_layers, b.shape().num_layers);
-  ASSERT_EQ(a.shape().num_kv_heads, b.shape().num_kv_heads);
-  EXPECT_EQ(a.capacity(), b.capacity());
-  EXPECT_EQ(a.physical_bytes(), b.physical_bytes());
-  EXPECT_EQ(a.next_position(), b.next_position());
-  const int d = a.shape().head_dim;
-  for (int l = 0; l < a.shape().num_layers; ++l) {
-    const kernels::LayerKvView va = a.layer(l), vb = b.layer(l);
-    for (int h = 0; h < a.shape().num_kv_heads; ++h) {
-      ASSERT_EQ(a.length(l, h), b.length(l, h)) << "layer " << l << " head " << h;
-      const size_t rows = static_cast<size_t>(a.length(l, h)) * d;
-      EXPECT_EQ(0, std::memcmp(va.key(h, 0), vb.key(h, 0), rows * sizeof(float)));
-      EXPECT_EQ(0, std::memcmp(va.value(h, 0), vb.value(h, 0), rows * sizeof(float)));
-      EXPECT_EQ(0, std::memcmp(va.position(h), vb.position(h), a.length(l, h) * 4));
-    }
-  }
-}
 
 // Bitwise equality of float vectors (EXPECT_EQ on vectors compares with ==: -0 == 0, NaN != NaN).
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
