@@ -151,7 +151,7 @@ void KvCache::fill_layer(const KvCache& src, const EvictionPlan& plan) {
   }
 }
 
-void KvCache::assign_prefix(const KvCache& src, int p) {
+void KvCache::assign_prefix(const KvCache& src, int p, const std::vector<uint8_t>& skip) {
   KVB_CHECK(host_rows_ && device_rows_ == nullptr && src.host_rows_ &&
             src.device_rows_ == nullptr && src.shape_.num_layers == shape_.num_layers &&
             src.shape_.num_kv_heads == shape_.num_kv_heads &&
@@ -160,7 +160,11 @@ void KvCache::assign_prefix(const KvCache& src, int p) {
   KVB_CHECK(p >= 0 && p <= capacity_ && p <= src.next_position_)
       << "KvCache::assign_prefix: " << p << " tokens into a capacity of " << capacity_
       << " from a sequence of " << src.next_position_;
+  KVB_CHECK(skip.empty() || skip.size() == static_cast<size_t>(shape_.num_layers))
+      << "KvCache::assign_prefix: " << skip.size() << " layer flags for " << shape_.num_layers
+      << " layers";
   for (int l = 0; l < shape_.num_layers; ++l) {
+    if (!skip.empty() && skip[l] != 0) continue;
     for (int h = 0; h < shape_.num_kv_heads; ++h) {
       KVB_CHECK(length(l, h) == 0) << "KvCache::assign_prefix: layer " << l << " head " << h
                                    << " holds " << length(l, h) << " slots already";

@@ -119,8 +119,9 @@ class KvCache {
   // `src` is (prefix reuse, workers/prefix_store.h): every head of src keeps positions 0..p-1
   // in its first p slots (a prompt's prefill, nothing evicted: checked); those slots' rows and
   // positions are copied, and the next position is p. Both hold their rows on the host, of one
-  // shape; this cache's capacity must be >= p. Its capacity is unchanged.
-  void assign_prefix(const KvCache& src, int p);
+  // shape; this cache's capacity must be >= p. Its capacity is unchanged. Layers l with
+  // skip[l] != 0 (a sliding window's, whose rows the source no longer holds) stay empty.
+  void assign_prefix(const KvCache& src, int p, const std::vector<uint8_t>& skip = {});
   KvCache(KvCache&&) noexcept = default;
   KvCache& operator=(KvCache&&) noexcept = default;
 

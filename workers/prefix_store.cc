@@ -18,8 +18,44 @@ int common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   return static_cast<int>(i);
 }
 
-size_t checkpoint_bytes(const std::vector<std::vector<float>>& col_sums) {
-  size_t n = 0;
+// Layer l slides (ModelConfig::sliding): 1, else 0.
+std::vector<uint8_t> sliding_layers(const engine::ModelConfig& c) {
+  std::vector<uint8_t> s(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) s[l] = c.sliding(l) ? 1 : 0;
+  return s;
+}
+
+// Appends the sliding layers' slots of `from` to those of `to` (rows, positions, in order).
+void copy_windows(const kernels::KvCache& from, const std::vector<uint8_t>& sliding,
+                  kernels::KvCache& to) {
+  for (size_t l = 0; l < sliding.size(); ++l) {
+    if (!sliding[l]) continue;
+    const kernels::LayerKvView v = from.layer(static_cast<int>(l));
+    for (int h = 0; h < v.num_kv_heads; ++h) {
+      for (int s = 0; s < from.length(static_cast<int>(l), h); ++s) {
+        to.append(static_cast<int>(l), h, v.key(h, s), v.value(h, s), v.position(h)[s]);
+      }
+    }
+  }
+}
+
+// The sliding layers' rows of `cache` now, in a cache of their own.
+kernels::KvCache window_rows(const kernels::KvCache& cache, const std::vector<uint8_t>& sliding) {
+  int longest = 1;
+  for (size_t l = 0; l < sliding.size(); ++l) {
+    if (!sliding[l]) continue;
+    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+      longest = std::max(longest, cache.length(static_cast<int>(l), h));
+    }
+  }
+  kernels::KvCache w(cache.shape(), longest, /*host_rows=*/true);
+  copy_windows(cache, sliding, w);
+  return w;
+}
+
+size_t checkpoint_bytes(const std::vector<std::vector<float>>& col_sums,
+                        const kernels::KvCache& windows) {
+  size_t n = windows.logical_bytes();  // its other layers' capacity is never touched
   for (const auto& layer : col_sums) n += layer.size() * sizeof(float);
   return n;
 }
@@ -40,14 +76,7 @@ void PrefixStore::add_prompt(std::vector<int32_t> tokens) {
   prompts_.push_back(std::move(tokens));
 }
 
-bool PrefixStore::serves(const engine::EngineBase& engine) {
-  if (!engine.continues_prefill()) return false;
-  const engine::ModelConfig& c = engine.config();
-  for (int l = 0; l < c.num_layers; ++l) {
-    if (c.sliding(l)) return false;
-  }
-  return true;
-}
+bool PrefixStore::serves(const engine::EngineBase& engine) { return engine.continues_prefill(); }
 
 std::vector<int> PrefixStore::branch_points(std::span<const int32_t> tokens, int from, int limit,
                                             int last_w) const {
@@ -78,14 +107,17 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
                    engine::PolicyHook::kNone, record);
     return 0;
   }
-  // The longest stored prefix this prefill can start from: its rows, and with column sums a
-  // checkpoint (the sums after exactly that many queries).
+  // The longest stored prefix this prefill can start from: its rows, and with column sums or
+  // sliding windows a checkpoint (the sums after exactly that many queries, the windows then).
+  const std::vector<uint8_t> sliding = sliding_layers(engine.config());
+  const bool windows = std::find(sliding.begin(), sliding.end(), 1) != sliding.end();
+  const bool at_checkpoints = req.col_sums || windows;
   auto best = entries_.end();
   int reused = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (req.col_sums && !it->col_sums) continue;
     int at = std::min(common_prefix(tokens, it->tokens), limit);
-    if (req.col_sums) {
+    if (at_checkpoints) {
       auto c = it->checkpoints.upper_bound(at);
       if (c == it->checkpoints.begin()) continue;
       at = std::prev(c)->first;
@@ -102,19 +134,23 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
     return 0;
   }
   if (best != entries_.end()) {
-    cache.assign_prefix(best->rows, reused);
-    if (req.col_sums) {
+    cache.assign_prefix(best->rows, reused, sliding);
+    if (at_checkpoints) {
       const Checkpoint& c = best->checkpoints.at(reused);
-      record->col_sums = c.col_sums;
-      record->strides = c.strides;
+      if (req.col_sums) {
+        record->col_sums = c.col_sums;
+        record->strides = c.strides;
+      }
+      copy_windows(c.windows, sliding, cache);
     }
     entries_.splice(entries_.end(), entries_, best);  // the most recently used goes last
   }
-  // Pieces end at the checkpoints (only column sums need them: rows are kept whole) and at n.
+  // Pieces end at the checkpoints (only column sums and windows need them: the global layers'
+  // rows are kept whole) and at n.
   Entry mine;
   mine.col_sums = req.col_sums;
   std::vector<int> ends;
-  if (req.col_sums) ends = points;
+  if (at_checkpoints) ends = points;
   ends.push_back(n);
   int at = reused;
   for (int end : ends) {
@@ -124,7 +160,14 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
     engine.forward(tokens.subspan(at, end - at), cache,
                    end == n ? engine::LogitsMode::kLast : engine::LogitsMode::kNone, logits,
                    nullptr, engine::PolicyHook::kNone, record);
-    if (end < n) mine.checkpoints[end] = {record->col_sums, record->strides};
+    if (end < n) {
+      Checkpoint& cp = mine.checkpoints[end];
+      if (req.col_sums) {
+        cp.col_sums = record->col_sums;
+        cp.strides = record->strides;
+      }
+      if (windows) cp.windows = window_rows(cache, sliding);
+    }
     at = end;
   }
   record->request = req;
@@ -133,9 +176,10 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
     const int rows = points.back();
     mine.tokens.assign(tokens.begin(), tokens.begin() + rows);
     mine.rows = kernels::KvCache(cache.shape(), rows, /*host_rows=*/true);
-    mine.rows.assign_prefix(cache, rows);
-    mine.bytes = mine.rows.physical_bytes() + mine.tokens.size() * sizeof(int32_t);
-    for (const auto& [p, c] : mine.checkpoints) mine.bytes += checkpoint_bytes(c.col_sums);
+    mine.rows.assign_prefix(cache, rows, sliding);
+    // Slots held (a sliding layer's capacity in `rows` is never touched: not resident).
+    mine.bytes = mine.rows.logical_bytes() + mine.tokens.size() * sizeof(int32_t);
+    for (const auto& [p, c] : mine.checkpoints) mine.bytes += checkpoint_bytes(c.col_sums, c.windows);
     keep(std::move(mine));
   }
   return reused;

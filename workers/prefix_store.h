@@ -10,10 +10,13 @@
 // finished prefill's record, so a prefill stops at the places where another known prompt
 // branches off (checkpoints) and keeps the sums there.
 //
+// On a model with sliding-window layers a checkpoint also keeps those layers' windows (the rows
+// a window holds after that many tokens: the stored prompt's own windows moved on), so a
+// prefill of such a model starts only at a checkpoint.
+//
 // A unit's results are those of its own full prefill, bit for bit; only its prefill time falls,
-// and measurements.prefill_reused says by how many tokens. CPU engines only (continues_prefill),
-// models without sliding-window layers (their window evicts the rows a later prompt would
-// reuse), and records without pre-RoPE keys; elsewhere prefill() is one forward pass.
+// and measurements.prefill_reused says by how many tokens. CPU engines only (continues_prefill)
+// and records without pre-RoPE keys; elsewhere prefill() is one forward pass.
 #pragma once
 
 #include <cstddef>
@@ -38,7 +41,7 @@ class PrefixStore {
 
   size_t max_bytes() const { return max_bytes_; }
   // Whether prefill() can start from a stored prefix on this engine: a CPU engine that continues
-  // a recorded prefill, and a model without sliding-window layers.
+  // a recorded prefill.
   static bool serves(const engine::EngineBase& engine);
   // Forgets every stored prefix and known prompt (another model, or another engine).
   void clear();
@@ -60,12 +63,13 @@ class PrefixStore {
 
  private:
   struct Checkpoint {
-    std::vector<std::vector<float>> col_sums;  // [layer][num_heads, strides[layer]]
+    std::vector<std::vector<float>> col_sums;  // [layer][num_heads, strides[layer]] (if recorded)
     std::vector<int> strides;
+    kernels::KvCache windows;  // the sliding layers' rows after these tokens (if the model has)
   };
   struct Entry {
     std::vector<int32_t> tokens;            // the prefix whose rows `rows` holds
-    kernels::KvCache rows;                  // its rows (capacity: tokens.size())
+    kernels::KvCache rows;                  // its global layers' rows (capacity: tokens.size())
     bool col_sums = false;                  // whether its checkpoints hold column sums
     std::map<int, Checkpoint> checkpoints;  // by tokens before it
     size_t bytes = 0;

@@ -194,8 +194,8 @@ TEST(PrefixReuse, StoreStartsFromAnEarlierPromptsPrefix) {
 }
 
 // The store's bytes bound what it keeps (the oldest go first; a prefix larger than the whole
-// budget is not kept), and a store of 0 bytes, a request with pre-RoPE keys and a model with
-// sliding-window layers prefill in one pass.
+// budget is not kept), and a store of 0 bytes and a request with pre-RoPE keys prefill in one
+// pass.
 TEST(PrefixReuse, BoundedStoreAndOnePassWhereReuseCannotHold) {
   std::unique_ptr<engine::Model> m = engine::load_model(kStories);
   engine::Engine eng(*m);
@@ -247,19 +247,59 @@ TEST(PrefixReuse, BoundedStoreAndOnePassWhereReuseCannotHold) {
   EXPECT_EQ(prefill(big, x, keys, eng), 0);
   EXPECT_EQ(big.entries(), 0u);
 
+}
+
+// A model with sliding-window layers (Gemma 3 tiny: five layers of window 16, one global): the
+// stored prompt's windows moved on, so a prefill starts from a checkpoint, which keeps the
+// windows there. Prompts that branch off at 150 and 200 tokens give their own one pass's logits,
+// cache (every layer's rows) and record, and then decode the same logits; with column sums and
+// without.
+TEST(PrefixReuse, SlidingWindowModelStartsFromACheckpointsWindows) {
   std::unique_ptr<engine::Model> g =
       engine::load_model(std::string(KVB_FIXTURES_DIR) + "/engine/gemma3_tiny.gguf");
   ASSERT_TRUE(g->config.sliding(0));
-  engine::Engine geng(*g);
-  const std::vector<int32_t> gx = random_tokens(290, 8, g->config.vocab_size);
-  std::vector<int32_t> gy(gx.begin(), gx.begin() + 200);
-  gy.push_back(gx[200] == 3 ? 4 : 3);
-  workers::PrefixStore gs(size_t(1) << 30);
-  gs.add_prompt(gx);
-  gs.add_prompt(gy);
-  EXPECT_EQ(prefill(gs, gx, req, geng), 0);
-  EXPECT_EQ(prefill(gs, gy, req, geng), 0);
-  EXPECT_EQ(gs.entries(), 0u);  // a window evicts the rows a later prompt would start from
+  ASSERT_FALSE(g->config.sliding(5));
+  engine::Engine eng(*g);
+  const int vocab = g->config.vocab_size;
+  const std::vector<int32_t> stem = random_tokens(290, 8, vocab);
+  auto branch = [&](int at, int tail, uint32_t seed) {
+    std::vector<int32_t> p(stem.begin(), stem.begin() + at);
+    std::vector<int32_t> t = random_tokens(tail, seed, vocab);
+    if (t[0] == stem[at]) t[0] = stem[at] == 3 ? 4 : 3;
+    p.insert(p.end(), t.begin(), t.end());
+    return p;
+  };
+  policies::StatsRequest sums, rows_only;
+  sums.col_sums = true;
+  sums.last_w = 16;
+  rows_only.last_w = 4;
+  for (const policies::StatsRequest& req : {sums, rows_only}) {
+    SCOPED_TRACE(req.col_sums ? "column sums" : "no column sums");
+    const std::vector<int32_t> x = stem, y = branch(200, 40, 9), z = branch(150, 50, 10);
+    workers::PrefixStore store(size_t(1) << 30);
+    for (const auto* p : {&x, &y, &z}) store.add_prompt(*p);
+    for (const auto& [prompt, expect_reused] :
+         std::vector<std::pair<const std::vector<int32_t>*, int>>{{&x, 0}, {&y, 200}, {&z, 150}}) {
+      const int n = static_cast<int>(prompt->size());
+      kernels::KvCache cache = eng.new_cache(n + 5);
+      engine::PrefillRecord rec;
+      rec.request = req;
+      std::vector<float> logits;
+      EXPECT_EQ(store.prefill(eng, *prompt, cache, &rec, &logits), expect_reused);
+      OnePass ref = one_pass(eng, *prompt, req, n + 5);
+      EXPECT_TRUE(same_bits(logits, ref.logits));
+      expect_same_cache(cache, ref.cache);
+      expect_same_record(rec, ref.record);
+      for (int32_t t : {(*prompt)[3], (*prompt)[1], (*prompt)[4]}) {
+        std::vector<float> a, b;
+        eng.forward({&t, 1}, cache, engine::LogitsMode::kLast, &a);
+        eng.forward({&t, 1}, ref.cache, engine::LogitsMode::kLast, &b);
+        EXPECT_TRUE(same_bits(a, b));
+      }
+      expect_same_cache(cache, ref.cache);
+    }
+    EXPECT_EQ(store.entries(), 1u);
+  }
 }
 
 // run_bundle with a prefix store: two samples whose contexts share their first sentences, six
