@@ -170,10 +170,24 @@ void BundleRunner::learn_prompts(tasks::Task& task, const workers::RunSettings& 
     return static_cast<int>(workers::encode_text(lm_, t, false, false).size());
   };
   ctx.max_context = lm_.model->config.max_seq_len;
-  for (tasks::Sample& s : task.samples(ctx)) {
+  // Only an optimisation: a sample whose prompt cannot be built (its own bundle will say why)
+  // or a task that fails here leaves the store knowing fewer prompts, never fails a bundle.
+  std::vector<tasks::Sample> samples;
+  try {
+    samples = task.samples(ctx);
+  } catch (const std::exception& e) {
+    KVB_LOG_WARN << "prefix reuse: the samples of task " << task.name()
+                 << " could not be listed (" << e.what() << "); its prefills start from nothing";
+    return;
+  }
+  for (tasks::Sample& s : samples) {
     if (s.kind == tasks::SampleKind::kPerplexity) continue;  // no shared prefill
     if (cfg_.generation.max_new_tokens > 0) s.max_new_tokens = cfg_.generation.max_new_tokens;
-    prefixes_->add_prompt(workers::shared_prefill_tokens(lm_, s, rs));
+    try {
+      prefixes_->add_prompt(workers::shared_prefill_tokens(lm_, s, rs));
+    } catch (const std::exception&) {
+      continue;
+    }
   }
 }
 

@@ -104,7 +104,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "memory (MiB) each CPU worker may keep for prefix reuse: a bundle's shared prefill starts "
       "from the K/V rows and statistics of an earlier prompt's identical first tokens (NIAH "
       "depths of one haystack); the same bits, less prefill time (measurements.prefill_reused "
-      "counts the tokens); 0: off; default: the config's prefix_cache_mib, else 1024")(
+      "counts the tokens; the store counts toward --max-rss-gb); 0: off; default: the "
+      "config's prefix_cache_mib, else 1024")(
       "config", po::value(&a.config), "the YAML matrix (positional)");
   po::positional_options_description pos;
   pos.add("config", 1);
@@ -124,7 +125,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(a.gpus_per_worker >= 1)
       << "--gpus-per-worker must be >= 1, got " << a.gpus_per_worker;
   parse_decode_batch(a.decode_batch);  // a bad value fails before MPI
-  KVB_USAGE_CHECK(a.prefix_cache_mib >= -1 && a.prefix_cache_mib <= 1 << 20)
+  KVB_USAGE_CHECK(vm.count("prefix-cache-mib") == 0 ||
+                  (a.prefix_cache_mib >= 0 && a.prefix_cache_mib <= 1 << 20))
       << "--prefix-cache-mib must be a number of MiB in [0, 1048576] (0: off), got "
       << a.prefix_cache_mib;
   KVB_USAGE_CHECK(std::isfinite(a.max_rss_gb) && a.max_rss_gb >= 0 && a.max_rss_gb <= 1 << 20)
