@@ -3,7 +3,9 @@
 #include "workers/prefix_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
+#include <new>
 
 #include "common/error.h"
 
@@ -65,14 +67,20 @@ size_t checkpoint_bytes(const std::vector<std::vector<float>>& col_sums,
 void PrefixStore::clear() {
   entries_.clear();
   prompts_.clear();
+  prompt_index_.clear();
   bytes_ = 0;
+  engine_ = nullptr;
 }
 
 void PrefixStore::add_prompt(std::vector<int32_t> tokens) {
   if (max_bytes_ == 0) return;
-  for (const auto& p : prompts_) {
-    if (p == tokens) return;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the ids
+  for (int32_t t : tokens) h = (h ^ static_cast<uint32_t>(t)) * 1099511628211ull;
+  const auto [lo, hi] = prompt_index_.equal_range(h);
+  for (auto it = lo; it != hi; ++it) {
+    if (prompts_[it->second] == tokens) return;
   }
+  prompt_index_.emplace(h, prompts_.size());
   prompts_.push_back(std::move(tokens));
 }
 
@@ -98,6 +106,12 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
                          kernels::KvCache& cache, engine::PrefillRecord* record,
                          std::vector<float>* logits) {
   KVB_CHECK(record != nullptr) << "PrefixStore::prefill: no record";
+  keep_ms_ = 0;
+  if (engine_ != &engine) {  // rows of another engine (or model) are not this one's
+    entries_.clear();
+    bytes_ = 0;
+    engine_ = &engine;
+  }
   const int n = static_cast<int>(tokens.size());
   const policies::StatsRequest req = record->request;
   const int last_w = std::max(1, req.last_w);
@@ -127,7 +141,11 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
       best = it;
     }
   }
-  const std::vector<int> points = branch_points(tokens, reused, limit, req.last_w);
+  std::vector<int> points = branch_points(tokens, reused, limit, req.last_w);
+  // Keep only what fits: the largest checkpoints go first (each takes its rows with it).
+  while (!points.empty() && entry_bytes(engine.config(), cache, req.col_sums, points) > max_bytes_) {
+    points.pop_back();
+  }
   if (best == entries_.end() && points.empty()) {
     engine.forward(tokens, cache, engine::LogitsMode::kLast, logits, nullptr,
                    engine::PolicyHook::kNone, record);
@@ -147,8 +165,23 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
   }
   // Pieces end at the checkpoints (only column sums and windows need them: the global layers'
   // rows are kept whole) and at n.
+  // What is kept for later prompts is bookkeeping, not this prompt's forward pass: timed apart
+  // (keep_ms) and dropped, results unchanged, when memory runs out.
   Entry mine;
   mine.col_sums = req.col_sums;
+  bool keeping = !points.empty();
+  auto bookkeeping = [&](auto&& f) {
+    if (!keeping) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      f();
+    } catch (const std::bad_alloc&) {
+      keeping = false;
+      mine = Entry();
+    }
+    keep_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count();
+  };
   std::vector<int> ends;
   if (at_checkpoints) ends = points;
   ends.push_back(n);
@@ -161,34 +194,56 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
                    end == n ? engine::LogitsMode::kLast : engine::LogitsMode::kNone, logits,
                    nullptr, engine::PolicyHook::kNone, record);
     if (end < n) {
-      Checkpoint& cp = mine.checkpoints[end];
-      if (req.col_sums) {
-        cp.col_sums = record->col_sums;
-        cp.strides = record->strides;
-      }
-      if (windows) cp.windows = window_rows(cache, sliding);
+      bookkeeping([&] {
+        Checkpoint& cp = mine.checkpoints[end];
+        if (req.col_sums) {
+          cp.col_sums = record->col_sums;
+          cp.strides = record->strides;
+        }
+        if (windows) cp.windows = window_rows(cache, sliding);
+      });
     }
     at = end;
   }
   record->request = req;
   record->n_new = n;
-  if (!points.empty()) {
+  bookkeeping([&] {
     const int rows = points.back();
     mine.tokens.assign(tokens.begin(), tokens.begin() + rows);
     mine.rows = kernels::KvCache(cache.shape(), rows, /*host_rows=*/true);
     mine.rows.assign_prefix(cache, rows, sliding);
     // Slots held (a sliding layer's capacity in `rows` is never touched: not resident).
     mine.bytes = mine.rows.logical_bytes() + mine.tokens.size() * sizeof(int32_t);
-    for (const auto& [p, c] : mine.checkpoints) mine.bytes += checkpoint_bytes(c.col_sums, c.windows);
+    for (const auto& [p, c] : mine.checkpoints) {
+      mine.bytes += checkpoint_bytes(c.col_sums, c.windows);
+    }
     keep(std::move(mine));
-  }
+  });
   return reused;
+}
+
+size_t PrefixStore::entry_bytes(const engine::ModelConfig& c, const kernels::KvCache& cache,
+                                bool col_sums, const std::vector<int>& points) {
+  const size_t slot = cache.bytes_per_slot(), heads = cache.shape().num_kv_heads;
+  size_t global = 0;
+  for (int l = 0; l < c.num_layers; ++l) global += c.sliding(l) ? 0 : 1;
+  const size_t rows = static_cast<size_t>(points.back());
+  size_t bytes = rows * global * heads * slot + rows * sizeof(int32_t);
+  for (int p : points) {
+    if (col_sums) bytes += static_cast<size_t>(p) * global * c.num_heads * sizeof(float);
+    for (int l = 0; l < c.num_layers; ++l) {
+      // A sliding layer keeps its last window - 1 rows after a forward pass.
+      if (c.sliding(l)) bytes += static_cast<size_t>(std::min(p, c.window[l] - 1)) * heads * slot;
+    }
+  }
+  return bytes;
 }
 
 void PrefixStore::keep(Entry entry) {
   if (entry.bytes > max_bytes_) return;
-  bytes_ += entry.bytes;
+  const size_t bytes = entry.bytes;
   entries_.push_back(std::move(entry));
+  bytes_ += bytes;
   while (bytes_ > max_bytes_) {
     bytes_ -= entries_.front().bytes;
     entries_.pop_front();

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <unordered_map>
 #include <span>
 #include <vector>
 
@@ -57,6 +58,11 @@ class PrefixStore {
   int prefill(engine::EngineBase& engine, std::span<const int32_t> tokens, kernels::KvCache& cache,
               engine::PrefillRecord* record, std::vector<float>* logits);
 
+  // Milliseconds the last prefill() spent keeping its prefix for later prompts (copies of rows,
+  // sums and windows), which are not the prompt's forward pass: the runner leaves them out of
+  // the shared prefill's time.
+  double keep_ms() const { return keep_ms_; }
+
   // What the store holds now: prefixes, checkpoints and bytes (tests, logs).
   size_t entries() const { return entries_.size(); }
   size_t bytes() const { return bytes_; }
@@ -80,10 +86,17 @@ class PrefixStore {
   std::vector<int> branch_points(std::span<const int32_t> tokens, int from, int limit,
                                  int last_w) const;
   void keep(Entry entry);
+  // The bytes an entry of this prompt would hold with checkpoints at `points` (ascending, not
+  // empty): what keep() will count.
+  static size_t entry_bytes(const engine::ModelConfig& c, const kernels::KvCache& cache,
+                            bool col_sums, const std::vector<int>& points);
 
   size_t max_bytes_ = 0;
   size_t bytes_ = 0;
+  double keep_ms_ = 0;
+  const engine::EngineBase* engine_ = nullptr;  // whose rows the entries hold
   std::vector<std::vector<int32_t>> prompts_;
+  std::unordered_multimap<uint64_t, size_t> prompt_index_;  // hash of a prompt -> its index
   std::list<Entry> entries_;  // oldest first
 };
 

@@ -137,9 +137,11 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       shared->record.request = req;
       shared->full = engine.new_cache(static_cast<int>(pt.size()) + std::max(1, s.max_new_tokens));
       const auto t0 = std::chrono::steady_clock::now();
+      double keep_ms = 0;
       if (rs.prefix_store) {
         shared->reused =
             rs.prefix_store->prefill(engine, first, shared->full, &shared->record, &shared->logits);
+        keep_ms = rs.prefix_store->keep_ms();
       } else {
         engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits, nullptr,
                        engine::PolicyHook::kNone, &shared->record);
@@ -148,7 +150,7 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
         std::this_thread::sleep_for(
             std::chrono::duration<double, std::milli>(rs.faults.shared_prefill_sleep_ms));
       }
-      shared->ms = ms_since(t0);
+      shared->ms = ms_since(t0) - keep_ms;  // the prompt's forward pass, not the store's copies
     }
   }
   const bool grouped = engine.tp() && engine.tp()->size() > 1;

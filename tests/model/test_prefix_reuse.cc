@@ -4,7 +4,11 @@
 // the store equal those run without it.
 #include <gtest/gtest.h>
 
+#include <sqlite3.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -14,6 +18,7 @@
 #include "workers/engine/model.h"
 #include "workers/prefix_store.h"
 #include "workers/runner.h"
+#include "run_kvbench.h"
 
 namespace kvb {
 namespace {
@@ -239,6 +244,38 @@ TEST(PrefixReuse, BoundedStoreAndOnePassWhereReuseCannotHold) {
   EXPECT_EQ(fits.bytes(), rows + sums + 200 * 4);
   EXPECT_EQ(prefill(fits, y, req, eng), 200);
 
+  // Least recently used goes first: three stems whose prefixes (one each) fit the store only two
+  // at a time. s1 and s2 are kept; a prompt starting from s1 makes s2 the oldest; s3 then pushes
+  // s2 out, so s1's and s3's other prompts still reuse and s2's starts from nothing.
+  {
+    auto family = [&](uint32_t seed) {
+      const std::vector<int32_t> base = random_tokens(300, seed, vocab);
+      std::vector<int32_t> a(base.begin(), base.begin() + 290), b(base.begin(), base.begin() + 200),
+          c2(base.begin(), base.begin() + 200);
+      b.push_back(base[200] == 3 ? 4 : 3);
+      for (int i = 0; i < 40; ++i) b.push_back(5 + i);
+      c2.push_back(base[200] == 6 ? 7 : 6);
+      for (int i = 0; i < 40; ++i) c2.push_back(9 + i);
+      return std::vector<std::vector<int32_t>>{a, b, c2};
+    };
+    const auto f1 = family(21), f2 = family(22), f3 = family(23);
+    workers::PrefixStore lru(2 * (rows + sums + 200 * 4));
+    for (const auto* f : {&f1, &f2, &f3}) {
+      for (const auto& p : *f) lru.add_prompt(p);
+    }
+    EXPECT_EQ(prefill(lru, f1[0], req, eng), 0);
+    EXPECT_EQ(prefill(lru, f2[0], req, eng), 0);
+    EXPECT_EQ(lru.entries(), 2u);
+    EXPECT_EQ(prefill(lru, f1[1], req, eng), 200);  // s1 is now the most recent
+    EXPECT_GE(lru.keep_ms(), 0.0);
+    EXPECT_EQ(prefill(lru, f3[0], req, eng), 0);     // kept: s2, the oldest, goes
+    EXPECT_EQ(lru.entries(), 2u);
+    EXPECT_EQ(lru.bytes(), 2 * (rows + sums + 200 * 4));
+    EXPECT_EQ(prefill(lru, f1[2], req, eng), 200);  // these keep nothing new: they branch
+    EXPECT_EQ(prefill(lru, f3[1], req, eng), 200);  // off nothing beyond their start
+    EXPECT_EQ(prefill(lru, f2[1], req, eng), 0);
+  }
+
   policies::StatsRequest keys = req;
   keys.pre_rope_keys = true;  // knorm's: its keys are not continued
   workers::PrefixStore big(size_t(1) << 30);
@@ -300,6 +337,25 @@ TEST(PrefixReuse, SlidingWindowModelStartsFromACheckpointsWindows) {
     }
     EXPECT_EQ(store.entries(), 1u);
   }
+  // An entry kept without column sums cannot start a prefill that records them (its checkpoints
+  // hold windows only): one pass, 0 reused; a request without sums still starts from it.
+  const std::vector<int32_t> x = stem, y = branch(200, 40, 9), y2 = branch(200, 30, 11);
+  workers::PrefixStore store(size_t(1) << 30);
+  for (const auto* p : {&x, &y, &y2}) store.add_prompt(*p);
+  auto run = [&](const std::vector<int32_t>& p, const policies::StatsRequest& r) {
+    kernels::KvCache cache = eng.new_cache(static_cast<int>(p.size()) + 1);
+    engine::PrefillRecord rec;
+    rec.request = r;
+    std::vector<float> logits;
+    const int reused = store.prefill(eng, p, cache, &rec, &logits);
+    const OnePass ref = one_pass(eng, p, r, static_cast<int>(p.size()) + 1);
+    EXPECT_TRUE(same_bits(logits, ref.logits));
+    expect_same_record(rec, ref.record);
+    return reused;
+  };
+  EXPECT_EQ(run(x, rows_only), 0);
+  EXPECT_EQ(run(y, sums), 0);
+  EXPECT_EQ(run(y2, rows_only), 200);
 }
 
 // run_bundle with a prefix store: two samples whose contexts share their first sentences, six
@@ -385,6 +441,87 @@ TEST(PrefixReuse, BundleUnitsEqualTheirOwnPrefill) {
       expect_same_cache(caches_with[i], caches_without[i]);
     }
   }
+}
+
+// One value of a read-only query.
+std::string sql_value(const std::string& db, const std::string& sql) {
+  sqlite3* h = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sql;
+  std::string out = "no row";
+  if (sqlite3_step(st) == SQLITE_ROW) {
+    const auto* t = sqlite3_column_text(st, 0);
+    out = t ? reinterpret_cast<const char*>(t) : "NULL";
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return out;
+}
+
+// `kvbench sweep` with the store on (the default) and off (--prefix-cache-mib 0): a NIAH grid of
+// one haystack (its depths share the haystack before their needles) under four policies. The
+// same predictions, metrics and non-time measurements; units reused prefixes only with the
+// store on; a negative size is refused.
+TEST(PrefixReuse, SweepWithTheStoreEqualsTheSweepWithout) {
+  const std::string dir = std::string(KVB_BINARY_DIR) + "/test_prefix_reuse_sweep_" +
+                          std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string cfg = dir + "/sweep.yaml";
+  std::ofstream(cfg) << "models:\n  - name: stories\n    path: " << kStories
+                     << "\n    tokenizer: " << kStoriesTok << "\n"
+                     << "tasks:\n  - name: niah\n    options: {context_lengths: [320, 448], "
+                        "depths: [0, 60, 100], haystack: noise, chat: false}\n"
+                     << "policies: [full, h2o, snapkv, window]\nkv_budget: [48]\nseed: [0]\n"
+                     << "decode_batch: auto\n";
+  std::string err;
+  ASSERT_EQ(testing::kvbench({"sweep", cfg, "--db", dir + "/on.db", "--threads", "1"}, nullptr,
+                             &err),
+            0)
+      << err;
+  ASSERT_EQ(testing::kvbench({"sweep", cfg, "--db", dir + "/off.db", "--threads", "1",
+                              "--prefix-cache-mib", "0"},
+                             nullptr, &err),
+            0)
+      << err;
+  const std::string on = dir + "/on.db", off = dir + "/off.db";
+  EXPECT_EQ(sql_value(on, "SELECT COUNT(*) FROM measurements"), "24");
+  EXPECT_NE(sql_value(on, "SELECT SUM(prefill_reused > 0) FROM measurements"), "0");
+  EXPECT_EQ(sql_value(off, "SELECT SUM(prefill_reused > 0) FROM measurements"), "0");
+  const std::string cols =
+      "unit_key, prompt_tokens, generated_tokens, kv_bytes_final, kv_bytes_peak, "
+      "kv_physical_peak, policy_state_bytes, occupancy_mean, occupancy_peak, prefill_shared, "
+      "decode_batch, prompt_sha256";
+  for (const std::string& q : std::vector<std::string>{
+           "SELECT unit_key, prediction FROM %s.predictions",
+        "SELECT unit_key, name, value FROM %s.metrics", "SELECT " + cols + " FROM %s.measurements"}) {
+    auto with = [&](const char* schema) {
+      std::string s = q;
+      s.replace(s.find("%s"), 2, schema);
+      return s;
+    };
+    // Both ways: rows of one that the other lacks.
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open_v2(on.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(h, ("ATTACH '" + off + "' AS b").c_str(), nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    for (const auto& [x, y] : {std::pair{"main", "b"}, std::pair{"b", "main"}}) {
+      sqlite3_stmt* st = nullptr;
+      const std::string sql =
+          "SELECT COUNT(*) FROM (" + with(x) + " EXCEPT " + with(y) + ")";
+      ASSERT_EQ(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sql;
+      ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+      EXPECT_EQ(sqlite3_column_int(st, 0), 0) << sql;
+      sqlite3_finalize(st);
+    }
+    sqlite3_close(h);
+  }
+  std::string out;
+  EXPECT_EQ(testing::kvbench({"sweep", cfg, "--db", dir + "/bad.db", "--prefix-cache-mib", "-2"},
+                             &out, &err),
+            2);
+  EXPECT_NE(err.find("--prefix-cache-mib must be a number of MiB"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -111,6 +111,10 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   cache.advance_position(n);
   be.end_layers(n);
   if (graph.be) graph.end();
+  if (record) {  // the continued sums are in record->col_sums now
+    record->seed_col_sums = {};
+    record->seed_strides = {};
+  }
 
   if (mode != LogitsMode::kNone) {
     KVB_CHECK(logits != nullptr) << "forward: logits requested into a null vector";

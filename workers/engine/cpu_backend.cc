@@ -240,17 +240,18 @@ void CpuBackend::attention(int l, int n, float scale, kernels::KvCache& cache, b
   cpu::AttentionArgs args = attention_args(l, n, rows(Act::kAtt), rows(Act::kQ), cache, scale,
                                            col_sums, last_w, stride, &col_sums_, &last_probs_);
   if (rolled_layer_ == l) args.kv.keys = rolled_keys_.data();
-  if (seed_ != nullptr && args.col_sums != nullptr) {
+  const float* seed = seed_;
+  seed_ = nullptr;  // this call's only, also when the check below throws
+  if (seed != nullptr && args.col_sums != nullptr) {
     KVB_CHECK(seed_stride_ <= stride)
         << "seed_col_sums: seed stride " << seed_stride_ << " beyond the pass's " << stride;
     for (int h = 0; h < model_.config.num_heads; ++h) {
       float* row = args.col_sums + static_cast<size_t>(h) * stride;
-      std::copy(seed_ + static_cast<size_t>(h) * seed_stride_,
-                seed_ + static_cast<size_t>(h + 1) * seed_stride_, row);
+      std::copy(seed + static_cast<size_t>(h) * seed_stride_,
+                seed + static_cast<size_t>(h + 1) * seed_stride_, row);
       std::fill(row + seed_stride_, row + stride, 0.0f);
     }
     args.accumulate_col_sums = true;
-    seed_ = nullptr;
   }
   cpu::attention(args);
   stats->col_sums = args.col_sums;

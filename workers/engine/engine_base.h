@@ -126,13 +126,13 @@ class EngineBase {
                        std::vector<float>* logits, policies::Policy* policy = nullptr,
                        PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr) = 0;
 
-  // Sets `cache` to `full` (the cache right after the recorded prefill, no policy) with room for
-  // `extra` more slots per head, as a copy of full and reserve_extra(extra) would, compressed by
-  // `policy`'s oneshot rule layer by layer, exactly as a prefill with the policy would.
   // Whether forward() takes a PrefillRecord with `continues` set (StackEngine over the CPU
   // backend; not under tensor parallelism).
   virtual bool continues_prefill() const { return false; }
 
+  // Sets `cache` to `full` (the cache right after the recorded prefill, no policy) with room for
+  // `extra` more slots per head, as a copy of full and reserve_extra(extra) would, compressed by
+  // `policy`'s oneshot rule layer by layer, exactly as a prefill with the policy would.
   virtual void apply_recorded_prefill(policies::Policy& policy, const kernels::KvCache& full,
                                       int extra, const PrefillRecord& record,
                                       kernels::KvCache& cache) = 0;
