@@ -55,12 +55,6 @@ kernels::KvCache window_rows(const kernels::KvCache& cache, const std::vector<ui
   return w;
 }
 
-size_t checkpoint_bytes(const std::vector<std::vector<float>>& col_sums,
-                        const kernels::KvCache& windows) {
-  size_t n = windows.logical_bytes();  // its other layers' capacity is never touched
-  for (const auto& layer : col_sums) n += layer.size() * sizeof(float);
-  return n;
-}
 
 }  // namespace
 
@@ -212,11 +206,7 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
     mine.tokens.assign(tokens.begin(), tokens.begin() + rows);
     mine.rows = kernels::KvCache(cache.shape(), rows, /*host_rows=*/true);
     mine.rows.assign_prefix(cache, rows, sliding);
-    // Slots held (a sliding layer's capacity in `rows` is never touched: not resident).
-    mine.bytes = mine.rows.logical_bytes() + mine.tokens.size() * sizeof(int32_t);
-    for (const auto& [p, c] : mine.checkpoints) {
-      mine.bytes += checkpoint_bytes(c.col_sums, c.windows);
-    }
+    mine.bytes = entry_bytes(engine.config(), cache, req.col_sums, points);
     keep(std::move(mine));
   });
   return reused;

@@ -86,8 +86,10 @@ class PrefixStore {
   std::vector<int> branch_points(std::span<const int32_t> tokens, int from, int limit,
                                  int last_w) const;
   void keep(Entry entry);
-  // The bytes an entry of this prompt would hold with checkpoints at `points` (ascending, not
-  // empty): what keep() will count.
+  // The bytes an entry of this prompt holds with checkpoints at `points` (ascending, not empty):
+  // the slots of its global layers' rows, its tokens, and per checkpoint the column sums and the
+  // sliding layers' windows (a cache's untouched capacity is not resident). What the entry is
+  // sized by before the prefill and counted as in the store.
   static size_t entry_bytes(const engine::ModelConfig& c, const kernels::KvCache& cache,
                             bool col_sums, const std::vector<int>& points);
 

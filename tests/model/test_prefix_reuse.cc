@@ -50,6 +50,17 @@ std::vector<int32_t> random_tokens(int n, uint32_t seed, int vocab) {
   return t;
 }
 
+// stem's first `at` tokens, then `tail` random ones, the first of which differs from stem[at]:
+// a prompt that branches off stem exactly at `at`.
+std::vector<int32_t> branch_off(const std::vector<int32_t>& stem, int at, int tail, uint32_t seed,
+                                int vocab) {
+  std::vector<int32_t> p(stem.begin(), stem.begin() + at);
+  std::vector<int32_t> t = random_tokens(tail, seed, vocab);
+  if (t[0] == stem[at]) t[0] = stem[at] == 3 ? 4 : 3;
+  p.insert(p.end(), t.begin(), t.end());
+  return p;
+}
+
 struct OnePass {
   kernels::KvCache cache;
   engine::PrefillRecord record;
@@ -146,13 +157,7 @@ TEST(PrefixReuse, StoreStartsFromAnEarlierPromptsPrefix) {
   engine::Engine eng(*m);
   const int vocab = m->config.vocab_size;
   const std::vector<int32_t> stem = random_tokens(280, 1, vocab);
-  auto branch = [&](int at, int tail, uint32_t seed) {
-    std::vector<int32_t> p(stem.begin(), stem.begin() + at);
-    std::vector<int32_t> t = random_tokens(tail, seed, vocab);
-    if (t[0] == stem[at]) t[0] = stem[at] == 3 ? 4 : 3;  // branch exactly at `at`
-    p.insert(p.end(), t.begin(), t.end());
-    return p;
-  };
+  auto branch = [&](int at, int tail, uint32_t seed) { return branch_off(stem, at, tail, seed, vocab); };
   const std::vector<int32_t> a = branch(260, 30, 2), b = branch(200, 40, 3), c = branch(150, 90, 4);
   const std::vector<int32_t> d = random_tokens(250, 5, vocab);
   const std::vector<int32_t> f = branch(250, 5, 7);
@@ -299,13 +304,7 @@ TEST(PrefixReuse, SlidingWindowModelStartsFromACheckpointsWindows) {
   engine::Engine eng(*g);
   const int vocab = g->config.vocab_size;
   const std::vector<int32_t> stem = random_tokens(290, 8, vocab);
-  auto branch = [&](int at, int tail, uint32_t seed) {
-    std::vector<int32_t> p(stem.begin(), stem.begin() + at);
-    std::vector<int32_t> t = random_tokens(tail, seed, vocab);
-    if (t[0] == stem[at]) t[0] = stem[at] == 3 ? 4 : 3;
-    p.insert(p.end(), t.begin(), t.end());
-    return p;
-  };
+  auto branch = [&](int at, int tail, uint32_t seed) { return branch_off(stem, at, tail, seed, vocab); };
   policies::StatsRequest sums, rows_only;
   sums.col_sums = true;
   sums.last_w = 16;
