@@ -110,5 +110,89 @@ TEST(ChatValidate, BrokenOrRefusingTemplateRefusedForChatOnly) {
   EXPECT_NE(err.find("has none kvbench recognizes"), std::string::npos) << err;
 }
 
+// Templates that crashed kvbench (SIGSEGV in inspect, validate, generate --chat and on every rank
+// of a sweep) before renders ran in an isolated child under limits: now validate refuses the chat
+// task naming the file and the limit, inspect says why chat is unavailable, generate --chat is a
+// usage error, and a sweep that runs anyway records its chat units as `error` rows and goes on.
+const char* const kRecursive[] = {
+    "{% macro f(n) %}{{ f(n+1) }}{% endmacro %}{{ f(0) }}",
+    "{% macro a(n) %}{{ b(n) }}{% endmacro %}{% macro b(n) %}{{ a(n) }}{% endmacro %}{{ a(0) }}",
+    "{% for x in messages recursive %}{{ loop(messages) }}{% endfor %}"};
+const std::string kRecursionLimit = "exceeded the recursion depth limit";
+
+TEST(ChatValidate, EndlessRecursionInAModelsTemplateIsRefusedNotACrash) {
+  int i = 0;
+  for (const char* tmpl : kRecursive) {
+    SCOPED_TRACE(tmpl);
+    const std::string m = write_model("recursive" + std::to_string(i++), tmpl);
+    std::string out, err;
+    EXPECT_EQ(validate(m, true, &err), 2);
+    for (const std::string& part : {m + ": tokenizer.chat_template", kRecursionLimit,
+                                    std::string("chat: false")}) {
+      EXPECT_NE(err.find(part), std::string::npos) << part << " in: " << err;
+    }
+    EXPECT_EQ(validate(m, false, &err), 0) << err;
+    ASSERT_EQ(testing::kvbench({"inspect", m}, &out, &err), 0) << err;
+    EXPECT_NE(out.find("| chat format kvbench renders | none: " + m), std::string::npos) << out;
+    EXPECT_NE(out.find(kRecursionLimit), std::string::npos) << out;
+  }
+}
+
+// The same through a Hugging Face folder's tokenizer_config.json (a copy of a test checkpoint).
+TEST(ChatValidate, HostileTemplateInAFoldersTokenizerConfig) {
+  namespace fs = std::filesystem;
+  const fs::path folder = fs::path(dir()) / "qwen2_hostile";
+  fs::remove_all(folder);
+  fs::copy(fs::path(KVB_FIXTURES_DIR) / "hf" / "qwen2_f16", folder, fs::copy_options::recursive);
+  const fs::path tc = folder / "tokenizer_config.json";
+  std::string text;
+  {
+    std::ifstream in(tc);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t at = text.find("\"chat_template\"");
+  ASSERT_NE(at, std::string::npos);
+  const size_t colon = text.find(':', at);
+  const size_t q1 = text.find('"', colon);
+  size_t q2 = q1 + 1;
+  while (text[q2] != '"') q2 += text[q2] == '\\' ? 2 : 1;
+  text.replace(q1, q2 - q1 + 1,
+               "\"{% macro a(n) %}{{ b(n) }}{% endmacro %}{% macro b(n) %}{{ a(n) }}{% endmacro "
+               "%}{{ a(0) }}\"");
+  std::ofstream(tc) << text;
+  std::string out, err;
+  ASSERT_EQ(testing::kvbench({"inspect", folder.string()}, &out, &err), 0) << err;
+  EXPECT_NE(out.find(kRecursionLimit), std::string::npos) << out;
+  EXPECT_EQ(testing::kvbench({"generate", "--model", folder.string(), "--prompt", "hi", "--chat",
+                              "-n", "1"},
+                             &out, &err),
+            2);
+  EXPECT_NE(err.find(folder.string()), std::string::npos) << err;
+  EXPECT_NE(err.find(kRecursionLimit), std::string::npos) << err;
+  EXPECT_EQ(testing::kvbench({"generate", "--model", folder.string(), "--prompt", "hi", "-n", "1"},
+                             &out, &err),
+            0)
+      << err;
+  // A sweep that runs anyway (no validate first): the chat unit is an `error` row naming the
+  // limit, the plain unit runs, and the sweep exits 1 (a unit failed) instead of dying.
+  const std::string cfg = folder.string() + ".sweep.yaml";
+  const std::string db = folder.string() + ".db";
+  std::filesystem::remove(db);
+  std::ofstream(cfg) << "models:\n  - name: tiny\n    path: " << folder.string() << "\n"
+                     << "tasks:\n  - {name: niah, options: {context_lengths: [256], depths: [0]}}\n"
+                     << "  - {name: niah, options: {context_lengths: [256], depths: [0], "
+                        "chat: false}}\n"
+                     << "policies: [full]\n";
+  EXPECT_EQ(testing::kvbench({"sweep", cfg, "--db", db, "--threads", "1"}, &out, &err), 1) << err;
+  ASSERT_EQ(testing::kvbench({"query", "--db", db,
+                              "SELECT status, instr(coalesce(error, ''), 'exceeded the recursion "
+                              "depth limit') > 0 AS hit FROM units ORDER BY status"},
+                             &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("| error  |   1 |"), std::string::npos) << out;  // the chat unit
+  EXPECT_NE(out.find("| ok     |   0 |"), std::string::npos) << out;  // the plain one ran
+}
+
 }  // namespace
 }  // namespace kvb

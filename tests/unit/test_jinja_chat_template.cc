@@ -6,6 +6,8 @@
 // The hand-written formats (workers/tokenizer/chat_template.cc) serve as a second oracle.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -158,6 +160,140 @@ TEST(JinjaChatTemplate, HostileTemplatesAreUsageErrorsNamingTheOrigin) {
   fails_with(std::string(JinjaChatTemplate::kMaxTemplateBytes + 1, 'a'), "bytes");
   fails_with("{{ raise_exception('no tools here') }}", "no tools here");
   fails_with("{{ messages[5]['content'] }}", "refused the conversation");
+}
+
+// A model file's template is code from a stranger. Each of these crashed (SIGSEGV) or hung kvbench
+// before the render was isolated (render_sandbox.h); each is now a usage error naming the template's
+// source and the limit it hit, and the process (and the next render) carry on. Small limits keep
+// the cases fast; the defaults are checked on the recursion cases and in test_chat_validate.cc.
+std::string render_error(const std::string& text, const SandboxLimits& limits) {
+  JinjaChatTemplate t(text, "", "", "evil/tokenizer_config.json: chat_template");
+  t.set_limits(limits);
+  try {
+    const std::string out = t.render({{"user", "x"}}, true);
+    ADD_FAILURE() << "rendered " << out.size() << " bytes: " << text;
+  } catch (const kvb::Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+    EXPECT_NE(std::string(e.what()).find("evil/tokenizer_config.json: chat_template"),
+              std::string::npos)
+        << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+SandboxLimits small_limits() {
+  SandboxLimits l;
+  l.seconds = 60;  // never the limit that trips below: the others are met in well under a second
+  l.max_steps = 200'000;
+  l.max_live_bytes = size_t{16} << 20;  // 'x' * n reaches it in ~1.5 s (90 ns an append)
+  l.max_output_bytes = size_t{1} << 20;
+  return l;
+}
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(JinjaChatTemplate, EndlessRecursionIsARecursionLimitNotACrash) {
+  const SandboxLimits defaults;
+  for (const std::string text :
+       {"{% macro f(n) %}{{ f(n+1) }}{% endmacro %}{{ f(0) }}",
+        "{% macro a(n) %}{{ b(n) }}{% endmacro %}{% macro b(n) %}{{ a(n) }}{% endmacro %}{{ a(0) }}",
+        "{% set xs = [1, 2] %}{% for x in xs recursive %}{{ loop(xs) }}{% endfor %}",
+        "{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}"}) {
+    SCOPED_TRACE(text);
+    const std::string e = render_error(text, defaults);
+    EXPECT_TRUE(has(e, "exceeded the recursion depth limit: the render went deeper than 2048 KiB "
+                       "of stack"))
+        << e;
+  }
+  // A bounded recursion as deep as real templates go renders.
+  JinjaChatTemplate ok(
+      "{% macro f(n) %}{% if n < 100 %}{{ f(n + 1) }}{% else %}{{ n }}{% endif %}{% endmacro %}"
+      "{{ f(0) }}",
+      "", "", "t");
+  EXPECT_EQ(ok.render({{"user", "x"}}, true), "100");
+}
+
+TEST(JinjaChatTemplate, LoopAndAllocationBombsHitTheirLimits) {
+  const SandboxLimits l = small_limits();
+  // Steps: 10^10 iterations that allocate a little each (memory to spare for the ranges).
+  SandboxLimits roomy = l;
+  roomy.max_live_bytes = size_t{256} << 20;
+  EXPECT_TRUE(has(render_error("{% for i in range(100000) %}{% for j in range(100000) %}x"
+                               "{% endfor %}{% endfor %}",
+                               roomy),
+                  "exceeded the evaluation step limit: the render made more than 200000 steps"));
+  // Memory: a 3 GB string, a billion-element list, a doubling list, a string doubled by a loop.
+  for (const std::string text :
+       {"{{ 'x' * 3000000000 }}", "{{ range(1000000000) }}",
+        "{% for i in range(1000000000) %}{% endfor %}",
+        "{% set ns = namespace(l=[0]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}"
+        "{% endfor %}{{ ns.l | length }}",
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
+        "{% endfor %}{{ ns.s | length }}"}) {
+    SCOPED_TRACE(text);
+    EXPECT_TRUE(has(render_error(text, l),
+                    "exceeded the memory limit: the render built more than 16 MiB of values"));
+  }
+  // A dict bomb ("billion laughs"): 64 levels of a dict holding the previous level twice cost
+  // nothing until tojson writes 2^64 leaves.
+  const std::string dict = render_error(
+      "{% set ns = namespace(d={}) %}{% for i in range(64) %}"
+      "{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d | tojson }}",
+      l);
+  EXPECT_TRUE(has(dict, "exceeded the evaluation step limit")) << dict;
+  SandboxLimits big = l;
+  big.max_live_bytes = size_t{1} << 30;
+  big.max_steps = 10'000'000;
+  // Output: 2 MB of text against a 1 MiB limit (steps and memory to spare).
+  const std::string out =
+      render_error("{% for i in range(20000) %}" + std::string(100, 'y') + "{% endfor %}", big);
+  EXPECT_TRUE(has(out, "exceeded the output size limit: the render wrote 2000000 bytes, more than "
+                       "1 MiB"))
+      << out;
+}
+
+TEST(JinjaChatTemplate, ALoopThatNeverAllocatesIsStoppedByTheTimeLimit) {
+  // minja multiplies a string by appending it n times: with '' nothing grows, nothing allocates,
+  // and 10^12 appends take hours. Only a process that can be killed stops it.
+  SandboxLimits l = small_limits();
+  l.seconds = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = render_error("{{ '' * 1000000000000 }}", l);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(has(e, "exceeded the time limit: the render took longer than 1 s")) << e;
+  EXPECT_LT(took, 30.0);  // killed at 1 s; generous for a loaded machine
+}
+
+TEST(JinjaChatTemplate, ACrashOfTheRendererIsAnErrorNotOurs) {
+  // A recursion limit above the render thread's stack: the child overflows its stack and dies by
+  // SIGSEGV, as minja did inside kvbench before; the caller gets an error and carries on.
+  SandboxLimits l = small_limits();
+  l.max_stack_bytes = size_t{64} << 20;
+  l.thread_stack_bytes = size_t{1} << 20;
+  l.max_steps = 100'000'000;
+  const std::string e = render_error("{% macro f(n) %}{{ f(n+1) }}{% endmacro %}{{ f(0) }}", l);
+  EXPECT_TRUE(has(e, "crashed kvbench's isolated renderer: the renderer died with signal 11 "
+                     "(SIGSEGV"))
+      << e;
+  // The same process renders the next template.
+  JinjaChatTemplate ok("{{ messages[0]['content'] }}!", "", "", "t");
+  EXPECT_EQ(ok.render({{"user", "after"}}, true), "after!");
+}
+
+TEST(JinjaChatTemplate, SandboxReportsWhatTheWorkThrowsAndReturns) {
+  SandboxLimits l;
+  SandboxResult r = run_sandboxed([] { return std::string(100000, 'z'); }, l);
+  EXPECT_EQ(r.status, SandboxResult::Status::kOk);
+  EXPECT_EQ(r.output, std::string(100000, 'z'));
+  r = run_sandboxed([]() -> std::string { throw std::runtime_error("bad input at line 3"); }, l);
+  EXPECT_EQ(r.status, SandboxResult::Status::kFailed);
+  EXPECT_EQ(r.message, "bad input at line 3");
+  r = run_sandboxed([]() -> std::string { std::abort(); }, l);
+  EXPECT_EQ(r.status, SandboxResult::Status::kCrashed);
+  EXPECT_TRUE(has(r.message, "(SIGABRT")) << r.message;
 }
 
 }  // namespace

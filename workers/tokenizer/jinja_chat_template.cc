@@ -5,12 +5,14 @@
 
 #include <chrono>
 #include <ctime>
+#include <functional>
 #include <iomanip>
 #include <minja.hpp>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/error.h"
+#include "workers/tokenizer/render_sandbox.h"
 
 namespace kvb::tokenizer {
 
@@ -90,9 +92,12 @@ JinjaChatTemplate& JinjaChatTemplate::operator=(JinjaChatTemplate&&) noexcept = 
 std::string JinjaChatTemplate::render(const std::vector<ChatMessage>& messages,
                                       bool add_generation_prompt) const {
   using json = nlohmann::ordered_json;
-  json msgs = json::array();
-  for (const auto& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
-  try {
+  // The render runs in a forked child under limits (render_sandbox.h): the template is code from
+  // whoever made the model file, and minja can recurse without end, loop without end or allocate
+  // without bound, none of which can be stopped inside this process.
+  const std::function<std::string()> work = [&]() -> std::string {
+    json msgs = json::array();
+    for (const auto& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
     auto ctx = minja::Context::make(json({{"messages", msgs},
                                           {"add_generation_prompt", add_generation_prompt},
                                           {"tools", nullptr},
@@ -114,12 +119,27 @@ std::string JinjaChatTemplate::render(const std::vector<ChatMessage>& messages,
                return minja::Value(ss.str());
              }));
     return parsed_->root->render(ctx);
-  } catch (const kvb::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    KVB_USAGE_FAIL() << origin_ << ": the chat template refused the conversation ("
-                     << messages.size() << " messages): " << e.what();
+  };
+  SandboxResult r = run_sandboxed(work, limits_);
+  switch (r.status) {
+    case SandboxResult::Status::kOk:
+      return std::move(r.output);
+    case SandboxResult::Status::kFailed:
+      KVB_USAGE_FAIL() << origin_ << ": the chat template refused the conversation ("
+                       << messages.size() << " messages): " << r.message;
+    case SandboxResult::Status::kLimit:
+      KVB_USAGE_FAIL() << origin_ << ": the chat template exceeded the " << r.message
+                       << ". A model file's template is code from whoever made the file; kvbench "
+                          "renders it in an isolated process under limits. Run without chat, or "
+                          "use a model file with a sound template";
+    case SandboxResult::Status::kCrashed:
+      KVB_USAGE_FAIL() << origin_ << ": the chat template crashed kvbench's isolated renderer: "
+                       << r.message << ". Run without chat, or use a model file with a sound "
+                                       "template";
+    case SandboxResult::Status::kUnavailable:
+      break;
   }
+  KVB_FAIL() << origin_ << ": cannot render the chat template: " << r.message;
   return "";
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "workers/tokenizer/render_sandbox.h"
 #include "workers/tokenizer/tokenizer.h"
 
 namespace kvb::tokenizer {
@@ -30,8 +31,13 @@ class JinjaChatTemplate {
 
   // The rendered prompt. A template that raises (raise_exception: "roles must alternate", "System
   // role not supported") or fails while rendering gives a usage error naming origin and carrying
-  // the template's message.
+  // the template's message. The render runs in an isolated child process under limits()
+  // (render_sandbox.h: time, evaluation steps, memory, recursion depth, output size); a template
+  // that exceeds one, or crashes the child, is a usage error naming origin and the limit.
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+
+  const SandboxLimits& limits() const { return limits_; }
+  void set_limits(const SandboxLimits& limits) { limits_ = limits; }
 
   const std::string& text() const { return text_; }
   const std::string& origin() const { return origin_; }
@@ -43,6 +49,7 @@ class JinjaChatTemplate {
  private:
   struct Parsed;
   std::string text_, bos_token_, eos_token_, origin_;
+  SandboxLimits limits_;
   std::unique_ptr<const Parsed> parsed_;
 };
 
