@@ -2,6 +2,8 @@
 // unbounded line), one nlohmann parse per line, typed accessors with file/line/key errors.
 #include "tasks/jsonl.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <memory>
 
 #include "common/error.h"
+#include "common/escape.h"
 
 namespace kvb::tasks {
 
@@ -107,6 +110,16 @@ std::string key_at(const std::string& s, size_t pos) {
 
 }  // namespace
 
+void UniqueSampleIds::add(const std::string& id, const JsonlItem& item) {
+  const auto [it, inserted] = line_of_.emplace(id, item.line());
+  if (inserted) return;
+  // Shown escaped (ids come from the data) and cut: an id may be megabytes long.
+  item.fail("sample id \"" + json_escape(cut_chars(id, 200)) + "\" (" + source_ +
+            ") repeats the id of line " + std::to_string(it->second) +
+            "; sample ids key the results, so each must name one sample: remove the repeated "
+            "item or give it an id of its own");
+}
+
 bool JsonlItem::has(const std::string& key) const {
   auto it = value_.find(key);
   return it != value_.end() && !it->is_null();
@@ -181,10 +194,20 @@ std::optional<std::vector<std::string>> JsonlItem::str_list_opt(const std::strin
 }
 
 JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
-  // zlib reads a gzip file through its inflater and any other file as it is.
+  // zlib reads a gzip file through its inflater and any other file as it is. Opened without
+  // blocking: a FIFO with no writer would otherwise hang open(2); it then reads as empty, while a
+  // pipe with a writer (a shell's <(zcat data.gz)) reads as usual once blocking is restored.
   std::error_code ec;
   gzFile in = nullptr;
-  if (!path.empty() && !std::filesystem::is_directory(path, ec)) in = gzopen(path.c_str(), "rb");
+  if (!path.empty() && !std::filesystem::is_directory(path, ec)) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0) {
+      const int flags = ::fcntl(fd, F_GETFL);
+      if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0 || !(in = gzdopen(fd, "rb"))) {
+        ::close(fd);
+      }
+    }
+  }
   if (!in) missing_file(path, options.option, options.how_to_obtain);
   const std::unique_ptr<gzFile_s, int (*)(gzFile)> closer(in, gzclose);
   JsonlFile file;
@@ -260,6 +283,10 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
     }
   }
   if (more && !line.empty()) take(line);  // last line without '\n'
+  // No items would be a task of no samples: zero units that look like a finished run.
+  KVB_USAGE_CHECK(!file.items.empty())
+      << path << ": no items (" << (total == 0 ? "the file is empty" : "only blank lines")
+      << "); a data file holds one JSON object per line";
   return file;
 }
 
