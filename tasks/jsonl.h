@@ -85,7 +85,7 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options);
 std::string py_strip(std::string_view s);
 
 // Reads a whole text file (perplexity corpora), bounded by max_bytes; a missing file names the
-// option and how to obtain it.
+// option and how to obtain it. As read_jsonl, the open never blocks on a FIFO.
 std::string read_text_file(const std::string& path, const std::string& option,
                            const std::string& how_to_obtain, size_t max_bytes);
 

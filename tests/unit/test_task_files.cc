@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "harness/task_file.h"
+#include "tasks/jsonl.h"
 
 namespace kvb::harness {
 namespace {
@@ -493,6 +494,10 @@ TEST(TaskFiles, EmptyDataAndWriterlessFifoAreRefusedWithoutBlocking) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   ::alarm(60);  // ends the process if the open blocks, instead of hanging the suite
   EXPECT_HAS(error_of([&] { samples_of(fifo); }), fifo + ": no items (the file is empty)");
+  // Text corpora (perplexity) alike: read as empty, which the task refuses.
+  EXPECT_EQ(tasks::read_text_file(fifo, "file", "", 1 << 20), "");
+  EXPECT_HAS(error_of([&] { task("perplexity", {{"file", fifo}})->samples(ctx()); }),
+             "task perplexity: " + fifo + " is empty");
   // With a writer, the pipe is read like a file. The writer (O_RDWR: its open does not wait for a
   // reader) holds the line in the pipe; once the reader has taken it, the writer closes, which is
   // the reader's end of file.
