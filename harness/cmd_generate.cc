@@ -162,6 +162,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   opt.max_new_tokens = max_new_tokens;
   opt.sampling = {temperature, top_k, top_p, seed};
   opt.end_ids = lm.end_ids;
+  opt.model = model_path;
   // Stream text as it is produced: print the growing decode's new suffix.
   std::vector<int32_t> out_ids;
   std::string printed;

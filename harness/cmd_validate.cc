@@ -1,7 +1,8 @@
 // `kvbench validate CONFIG`: loads and validates a sweep config (harness/sweep_config.h) without
 // loading any model weights, then prints a Markdown summary on stdout: the models (from their
 // headers), tasks with their sample counts, policies, budgets, the number of units and a rough
-// estimate of the work. Token counts are approximate (bytes / 4): no tokenizer is loaded.
+// estimate of the work. Each model's tokenizer is loaded as the sweep loads it, to refuse what
+// would stop the sweep; token counts stay approximate (bytes / 4).
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "harness/task_file.h"
 #include "tasks/task.h"
 #include "workers/engine/tensor_parallel.h"
+#include "workers/model_session.h"
 
 namespace po = boost::program_options;
 
@@ -167,6 +169,21 @@ int cmd_validate(const std::vector<std::string>& args) {
                                                     me.info.num_kv_heads, me.info.hidden_dim,
                                                     gpus_per_worker);
     KVB_USAGE_CHECK(err.empty()) << config_path << ": " << err;
+    // The sweep's coordinator loads this before any unit runs (sweep_plan.cc), and a worker then
+    // checks it against the model's vocabulary (load_model_and_tokenizer): refused here alike.
+    const std::string tok_file =
+        me.tokenizer.empty() ? "the model's own" : "'" + me.tokenizer + "'";
+    int vocab = 0;
+    try {
+      vocab = workers::load_tokenizer_only(me.path, me.tokenizer).tokenizer->vocab_size();
+    } catch (const Error& e) {
+      KVB_USAGE_FAIL() << config_path << ": model '" << me.name << "': tokenizer " << tok_file
+                       << " cannot be loaded: " << e.what();
+    }
+    KVB_USAGE_CHECK(vocab <= me.info.vocab_size)
+        << config_path << ": model '" << me.name << "': tokenizer " << tok_file << " has " << vocab
+        << " tokens but the model only " << me.info.vocab_size << ": wrong tokenizer: for "
+        << me.path << "?";
   }
 
   // Samples per (model, task): the task's own generator with approximate token counts.

@@ -57,6 +57,19 @@ bool is_yaml(const fs::path& p) { return p.extension() == ".yaml" || p.extension
 
 }  // namespace
 
+// A field named `model` would stand beside, or in place of, the unit's own model wherever results
+// are shown by field. tests/unit/test_task_files.cc checks the list against the schema.
+const std::vector<std::string>& reserved_field_names() {
+  static const std::vector<std::string> names = {
+      "unit_key",       "run_id",        "model",       "model_sha256",   "task",
+      "task_version",   "task_options",  "sample_id",   "policy",         "policy_options",
+      "kv_budget_spec", "kv_budget",     "question",    "max_new_tokens", "seed",
+      "generation",     "sample_fields", "status",      "attempts",       "crash_count",
+      "error",          "started_at",    "finished_at", "rank",           "host",
+      "sample",         "prediction",    "task_group"};
+  return names;
+}
+
 tasks::DataTaskDef load_task_file(const std::string& path) {
   const std::string stem = fs::path(path).stem().string();
   if (!stem.empty() && stem[0] == '_') {
@@ -142,6 +155,13 @@ tasks::DataTaskDef load_task_file(const std::string& path) {
                    const std::string& in) {
       if (!valid_name(out)) fail(at, key, "'" + out + "' is not a field name");
       if (out == "task_group") fail(at, key, "task_group is set by group:");
+      const auto& reserved = reserved_field_names();
+      if (std::find(reserved.begin(), reserved.end(), out) != reserved.end()) {
+        fail(at, key,
+             "'" + out + "' is a column of every result (the unit's own " + out +
+                 "); keep the item field under another name: fields: {item_" + out + ": " + in +
+                 "}");
+      }
       if (!seen.insert(out).second) fail(at, key, "'" + out + "' is kept twice");
       d.fields.push_back({out, in});
     };

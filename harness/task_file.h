@@ -16,6 +16,10 @@ namespace kvb::harness {
 // is `task:` or else the file name without .yaml; files whose name starts with '_' are fragments
 // for `include:` and are refused here.
 tasks::DataTaskDef load_task_file(const std::string& path);
+// The names `fields:` refuses for a kept field: the columns of the results' units table
+// (results/schema.sql) except context_length and depth, which fields fill on purpose, and the
+// columns `kvbench eval` prints beside the fields (sample, prediction), and task_group (group:).
+const std::vector<std::string>& reserved_field_names();
 
 // The folder of the definitions shipped with kvbench (configs/tasks of the source tree).
 std::string builtin_task_dir();

@@ -191,7 +191,12 @@ class DataTask : public Task {
     const JsonlFile f = read_jsonl(path_, ro);
     std::vector<Sample> out;
     out.reserve(f.items.size());
-    for (size_t i = 0; i < f.items.size(); ++i) out.push_back(sample_of(f.items[i], i));
+    UniqueSampleIds ids("the field '" + def_.id_field + "' named by id: in " + def_.file);
+    for (size_t i = 0; i < f.items.size(); ++i) {
+      out.push_back(sample_of(f.items[i], i));
+      // Numbered ids (no id:) cannot repeat.
+      if (!def_.id_field.empty()) ids.add(out.back().id, f.items[i]);
+    }
     return out;
   }
 
@@ -250,9 +255,6 @@ class DataTask : public Task {
 
   Sample sample_of(const JsonlItem& it, size_t index) const {
     Sample s;
-    s.id = def_.id_field.empty() || !it.has(def_.id_field)
-               ? def_.name + "-" + std::to_string(index)
-               : item_value_text(it, def_.id_field, "id");
     s.kind = SampleKind::kGenerate;
     s.context = render(def_.context, "context", it);
     s.question = render(def_.question, "question", it);
@@ -274,6 +276,17 @@ class DataTask : public Task {
       if (it.has(in)) s.fields[out] = item_value_text(it, in, "kept by fields:");
     }
     if (!def_.group.empty()) s.fields["task_group"] = def_.group;
+    // Last, so that a broken prompt or reference is what an item is refused for first.
+    if (def_.id_field.empty()) {
+      s.id = def_.name + "-" + std::to_string(index);
+    } else if (it.has(def_.id_field)) {
+      s.id = item_value_text(it, def_.id_field, "id");
+    } else {
+      // Numbering this item instead would mix two kinds of id in one task's results.
+      it.fail("the id field '" + def_.id_field + "' (id: in " + def_.file +
+              ") is missing; the item has: " + item_keys(it) +
+              " (fix id:, or drop it to number the samples " + def_.name + "-<item number>)");
+    }
     return s;
   }
 

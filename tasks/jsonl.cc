@@ -2,8 +2,11 @@
 // unbounded line), one nlohmann parse per line, typed accessors with file/line/key errors.
 #include "tasks/jsonl.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +14,7 @@
 #include <memory>
 
 #include "common/error.h"
+#include "common/escape.h"
 
 namespace kvb::tasks {
 
@@ -43,6 +47,20 @@ const char* type_name(const nlohmann::json& v) {
   KVB_USAGE_FAIL() << "cannot open data file '" << path << "'"
                    << (option.empty() ? "" : " (task option " + option + ")")
                    << (how_to_obtain.empty() ? "" : "; " + how_to_obtain);
+}
+
+// open(2) for reading that does not wait for a FIFO's writer: a FIFO with none then reads as
+// empty, while a pipe with one (a shell's <(zcat data.gz)) reads as usual once blocking is
+// restored. -1 on failure, errno set.
+int open_without_waiting(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return -1;
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 std::string human_bytes(size_t n) {
@@ -106,6 +124,16 @@ std::string key_at(const std::string& s, size_t pos) {
 }
 
 }  // namespace
+
+void UniqueSampleIds::add(const std::string& id, const JsonlItem& item) {
+  const auto [it, inserted] = line_of_.emplace(id, item.line());
+  if (inserted) return;
+  // Shown escaped (ids come from the data) and cut: an id may be megabytes long.
+  item.fail("sample id \"" + json_escape(cut_chars(id, 200)) + "\" (" + source_ +
+            ") repeats the id of line " + std::to_string(it->second) +
+            "; sample ids key the results, so each must name one sample: remove the repeated "
+            "item or give it an id of its own");
+}
 
 bool JsonlItem::has(const std::string& key) const {
   auto it = value_.find(key);
@@ -184,7 +212,10 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
   // zlib reads a gzip file through its inflater and any other file as it is.
   std::error_code ec;
   gzFile in = nullptr;
-  if (!path.empty() && !std::filesystem::is_directory(path, ec)) in = gzopen(path.c_str(), "rb");
+  if (!path.empty() && !std::filesystem::is_directory(path, ec)) {
+    const int fd = open_without_waiting(path);  // a FIFO without a writer reads as empty
+    if (fd >= 0 && !(in = gzdopen(fd, "rb"))) ::close(fd);
+  }
   if (!in) missing_file(path, options.option, options.how_to_obtain);
   const std::unique_ptr<gzFile_s, int (*)(gzFile)> closer(in, gzclose);
   JsonlFile file;
@@ -260,25 +291,35 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
     }
   }
   if (more && !line.empty()) take(line);  // last line without '\n'
+  // No items would be a task of no samples: zero units that look like a finished run.
+  KVB_USAGE_CHECK(!file.items.empty())
+      << path << ": no items (" << (total == 0 ? "the file is empty" : "only blank lines")
+      << "); a data file holds one JSON object per line";
   return file;
 }
 
 std::string read_text_file(const std::string& path, const std::string& option,
                            const std::string& how_to_obtain, size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (path.empty() || std::filesystem::is_directory(path) || !in.good()) {
-    missing_file(path, option, how_to_obtain);
-  }
+  std::error_code ec;
+  const int fd = path.empty() || std::filesystem::is_directory(path, ec)
+                     ? -1
+                     : open_without_waiting(path);  // a FIFO without a writer reads as empty
+  if (fd < 0) missing_file(path, option, how_to_obtain);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   std::string text;
   std::vector<char> block(size_t{1} << 20);
-  while (in) {
-    in.read(block.data(), static_cast<std::streamsize>(block.size()));
-    const size_t got = static_cast<size_t>(in.gcount());
-    KVB_USAGE_CHECK(text.size() + got <= max_bytes)
+  for (;;) {
+    const ssize_t got = ::read(fd, block.data(), block.size());
+    if (got < 0 && errno == EINTR) continue;
+    KVB_USAGE_CHECK(got >= 0) << path << ": read error: " << std::strerror(errno);
+    if (got == 0) break;
+    KVB_USAGE_CHECK(text.size() + static_cast<size_t>(got) <= max_bytes)
         << path << ": larger than the limit of " << human_bytes(max_bytes);
-    text.append(block.data(), got);
+    text.append(block.data(), static_cast<size_t>(got));
   }
-  KVB_USAGE_CHECK(!in.bad()) << path << ": read error";
   return text;
 }
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace kvb::tasks {
@@ -53,10 +54,25 @@ class JsonlItem {
   nlohmann::json value_;
 };
 
+// Sample ids key the results (a unit is a model, a task, a sample id, a policy, ...): two items
+// with one id would make one unit, and the second item would silently never run. Each data task
+// adds every sample's id here; a repeat is a usage error naming the file, the id and both lines.
+class UniqueSampleIds {
+ public:
+  // `source` says where the ids come from, for the message: "key '_id'", "the id: field 'qid'".
+  explicit UniqueSampleIds(std::string source) : source_(std::move(source)) {}
+  void add(const std::string& id, const JsonlItem& item);
+
+ private:
+  std::string source_;
+  std::unordered_map<std::string, size_t> line_of_;
+};
+
 // All items of a file, in file order; a gzip file (by its magic bytes, whatever its name) is
 // read through zlib, its decompressed size bounded like a plain file's. Blank lines are skipped;
 // CRLF line ends and a UTF-8 BOM are accepted; every other line must parse as one JSON object
-// (strings must be valid UTF-8: an invalid byte is reported with its offset and its key).
+// (strings must be valid UTF-8: an invalid byte is reported with its offset and its key). A file
+// without items is a usage error. The open never blocks: a FIFO with no writer reads as empty.
 struct JsonlFile {
   std::string path;
   std::vector<JsonlItem> items;
@@ -69,7 +85,7 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options);
 std::string py_strip(std::string_view s);
 
 // Reads a whole text file (perplexity corpora), bounded by max_bytes; a missing file names the
-// option and how to obtain it.
+// option and how to obtain it. As read_jsonl, the open never blocks on a FIFO.
 std::string read_text_file(const std::string& path, const std::string& option,
                            const std::string& how_to_obtain, size_t max_bytes);
 

@@ -159,6 +159,7 @@ class LongBenchTask : public Task {
     const std::string tmpl = longbench_config::prompt_template(dataset_);
     std::vector<Sample> out;
     out.reserve(f.items.size());
+    UniqueSampleIds ids("key '_id', or <dataset>-<item number> without it");
     for (size_t i = 0; i < f.items.size(); ++i) {
       const JsonlItem& it = f.items[i];
       const std::string ds = it.str_or("dataset", dataset_);
@@ -168,6 +169,7 @@ class LongBenchTask : public Task {
       }
       Sample s;
       s.id = it.str_or("_id", dataset_ + "-" + std::to_string(i));
+      ids.add(s.id, it);
       s.kind = SampleKind::kGenerate;
       fill_prompt(tmpl, it.str("context"), it.str("input"), s);
       s.chat = rule_->chat;

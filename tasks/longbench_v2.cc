@@ -48,9 +48,11 @@ class LongBenchV2Task : public Task {
     const JsonlFile f = read_jsonl(path_, ro);
     std::vector<Sample> out;
     out.reserve(f.items.size());
+    UniqueSampleIds ids("key '_id'");
     for (const JsonlItem& it : f.items) {
       Sample s;
       s.id = it.str("_id");
+      ids.add(s.id, it);
       const std::string answer = it.str("answer");
       if (answer.size() != 1 || answer[0] < 'A' || answer[0] > 'D') {
         it.fail("key 'answer' must be one of A, B, C, D, not '" + answer + "'");

@@ -21,6 +21,10 @@ class GgufMetadataWriter {
     head(key, kU32);
     pod(v);
   }
+  void add_i32(const std::string& key, int32_t v) {
+    head(key, kI32);
+    pod(v);
+  }
   void add_bool(const std::string& key, bool v) {
     head(key, kBool);
     pod(static_cast<uint8_t>(v));

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "workers/formats/file_io.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/hf_config.h"
 
@@ -142,6 +143,7 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
     load_hf_folder_tokenizer(lm, model_path, tokenizer_path, vocab);
     return lm;
   }
+  formats::regular_file_size(model_path, "model file");  // a FIFO would block the open below
   std::ifstream in(model_path, std::ios::binary);
   KVB_USAGE_CHECK(in.good()) << "cannot open model file '" << model_path << "'";
   char magic[4] = {0, 0, 0, 0};

@@ -2,7 +2,9 @@
 // header (harness/model_info.cc): a template that parses and renders one user turn is accepted;
 // one that is not valid Jinja, or that refuses a lone user turn, makes validate refuse chat-wrapped
 // tasks with the file, the reason and the way out (chat: false), while the same model runs tasks
-// without chat. On a tiny zero-weight llama GGUF written here.
+// without chat. On a tiny zero-weight llama GGUF written here. validate also loads each model's
+// tokenizer as the sweep does (issue 31): a corrupt one, one that is the model file, or one larger
+// than the model's vocabulary is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include "gguf_writer.h"
 #include "harness/model_info.h"
 #include "run_kvbench.h"
+#include "workers/tokenizer/unicode.h"
 
 namespace kvb {
 namespace {
@@ -23,11 +26,20 @@ std::string dir() {
   return d;
 }
 
-// A 1-layer llama (dim 8, 2 heads, vocab 300, context 512), zero weights; template "" = none.
-std::string write_model(const std::string& name, const std::string& chat_template) {
+// A 1-layer llama (dim 8, 2 heads, vocab 300, context 512), zero weights, a byte-level BPE
+// vocabulary of the 256 byte tokens (none with with_tokenizer false); template "" = none.
+std::string write_model(const std::string& name, const std::string& chat_template,
+                        bool with_tokenizer = true) {
   testing::GgufWriter w;
   w.add_string("general.architecture", "llama");
   w.add_string("general.name", name);
+  if (with_tokenizer) {
+    std::vector<std::string> tokens;
+    for (int b = 0; b < 256; ++b) tokens.push_back(tokenizer::unicode::byte_to_unicode()[b]);
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    w.add_string_array("tokenizer.ggml.tokens", tokens);
+    w.add_string_array("tokenizer.ggml.merges", {});
+  }
   using W = testing::GgufWriter;
   w.add_scalar<uint32_t>("llama.embedding_length", W::kU32, 8);
   w.add_scalar<uint32_t>("llama.feed_forward_length", W::kU32, 16);
@@ -57,9 +69,11 @@ std::string write_model(const std::string& name, const std::string& chat_templat
 }
 
 // validate on a chat-wrapped NIAH task (chat: true is the task's default) or a plain one.
-int validate(const std::string& model, bool chat, std::string* err) {
+int validate(const std::string& model, bool chat, std::string* err,
+             const std::string& tokenizer = "") {
   const std::string cfg = model + (chat ? ".chat.yaml" : ".plain.yaml");
   std::ofstream(cfg) << "models:\n  - name: tiny\n    path: " << model << "\n"
+                     << (tokenizer.empty() ? "" : "    tokenizer: " + tokenizer + "\n")
                      << "tasks: [{name: niah, options: {context_lengths: [256], depths: [0]"
                      << (chat ? "" : ", chat: false") << "}}]\npolicies: [full]\n";
   std::string out;
@@ -192,6 +206,44 @@ TEST(ChatValidate, HostileTemplateInAFoldersTokenizerConfig) {
       << err;
   EXPECT_NE(out.find("| error  |   1 |"), std::string::npos) << out;  // the chat unit
   EXPECT_NE(out.find("| ok     |   0 |"), std::string::npos) << out;  // the plain one ran
+}
+
+// What the sweep's coordinator would refuse at start (it loads each tokenizer to plan the units),
+// validate refuses too, as a usage error naming the config, the model and the tokenizer.
+TEST(ChatValidate, TokenizerIsLoadedAsTheSweepLoadsIt) {
+  const std::string m = write_model("tok_ok", "");
+  std::string err;
+  EXPECT_EQ(validate(m, false, &err), 0) << err;
+  // No vocabulary in the file and no tokenizer: given.
+  const std::string bare = write_model("tok_none", "", false);
+  EXPECT_EQ(validate(bare, false, &err), 2);
+  EXPECT_NE(err.find(bare + ".plain.yaml: model 'tiny': tokenizer the model's own cannot be "
+                            "loaded: "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(bare + ": metadata key 'tokenizer.ggml.model' not found"), std::string::npos)
+      << err;
+  // tokenizer: naming the model file itself (read as a llama2.c tokenizer.bin).
+  EXPECT_EQ(validate(m, false, &err, m), 2);
+  EXPECT_NE(err.find("model 'tiny': tokenizer '" + m + "' cannot be loaded: "), std::string::npos)
+      << err;
+  EXPECT_NE(err.find(m + ": bad max_token_length"), std::string::npos) << err;
+  // A corrupt tokenizer.json, and one with more tokens than the model has rows.
+  const std::string corrupt = dir() + "/corrupt.json";
+  std::ofstream(corrupt) << "{\"model\": {\"type\": \"BPE\", \"vocab\": ";
+  EXPECT_EQ(validate(m, false, &err, corrupt), 2);
+  EXPECT_NE(err.find("tokenizer '" + corrupt + "' cannot be loaded: "), std::string::npos) << err;
+  // Qwen3's tokenizer.json on this 300-row model: the worker's loader would refuse the pair.
+  const std::string qwen3 = KVB_SHARED_DIR "/models/tokenizers/qwen3/tokenizer.json";
+  if (std::filesystem::exists(qwen3)) {
+    EXPECT_EQ(validate(m, false, &err, qwen3), 2);
+    EXPECT_NE(err.find("model 'tiny': tokenizer '" + qwen3 +
+                       "' has 151669 tokens but the model "
+                       "only 300: wrong tokenizer: for " +
+                       m + "?"),
+              std::string::npos)
+        << err;
+  }
 }
 
 }  // namespace

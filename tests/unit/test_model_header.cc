@@ -34,6 +34,7 @@ struct Edit {
   std::set<std::string> drop;  // metadata keys or tensor names left out
   std::map<std::string, std::vector<uint64_t>> shape;
   int tensor_count_delta = 0;  // written into the header's tensor_count
+  std::vector<std::string> extra;  // tensors of shape [16] added before output_norm.weight
 };
 
 std::string write_gguf(const std::string& name, const Edit& e) {
@@ -66,7 +67,11 @@ std::string write_gguf(const std::string& name, const Edit& e) {
       {"blk.0.ffn_norm.weight", {16}},   {"blk.0.ffn_gate.weight", {16, 32}},
       {"blk.0.ffn_up.weight", {16, 32}}, {"blk.0.ffn_down.weight", {32, 16}},
       {"output.weight", {16, 32}},       {"output_norm.weight", {16}}};
-  for (const auto& [t, dims0] : tensors) {
+  std::vector<std::pair<std::string, std::vector<uint64_t>>> all(tensors.begin(),
+                                                                 tensors.end() - 1);
+  for (const std::string& t : e.extra) all.push_back({t, {16}});
+  all.push_back(tensors.back());
+  for (const auto& [t, dims0] : all) {
     if (e.drop.count(t)) continue;
     const auto it = e.shape.find(t);
     const std::vector<uint64_t> dims = it == e.shape.end() ? dims0 : it->second;
@@ -255,6 +260,24 @@ TEST(ModelHeader, ValidateRefusesEveryGgufTheLoaderRefuses) {
       {"kv_heads_3", {.u32 = {{"llama.attention.head_count_kv", 3}}}, "head_count_kv = 3"},
       {"key_length_odd", {.u32 = {{"llama.attention.key_length", 7}}}, "head dimension 7"},
       {"context_0", {.u32 = {{"llama.context_length", 0}}}, "context_length = 0"},
+      // Issue 31: no default context (it was 2048), no layer left unread past block_count.
+      {"no_context_length",
+       {.drop = {"llama.context_length"}},
+       "metadata llama.context_length is missing; kvbench bounds prompts and budgets by the "
+       "model's context"},
+      {"block_count_short",
+       {.extra = {"blk.1.attn_norm.weight"}},
+       "tensor 'blk.1.attn_norm.weight' belongs to no layer of metadata llama.block_count = 1 "
+       "(layers blk.0 to blk.0); the file holds more layers than block_count says"},
+      {"block_not_a_number",
+       {.extra = {"blk.x.attn_norm.weight"}},
+       "tensor 'blk.x.attn_norm.weight' belongs to no layer"},
+      {"block_number_huge",
+       {.extra = {"blk.99999999999999999999.attn_norm.weight"}},
+       "tensor 'blk.99999999999999999999.attn_norm.weight' belongs to no layer"},
+      {"block_name_control_bytes",
+       {.extra = {std::string("blk.1\n\x1b[2J.w")}},
+       "tensor 'blk.1\\x0a\\x1b[2J.w' belongs to no layer"},
       {"no_ffn_up", {.drop = {"blk.0.ffn_up.weight"}}, "no tensor named 'blk.0.ffn_up.weight'"},
       {"no_output_norm", {.drop = {"output_norm.weight"}}, "'output_norm.weight'"},
       {"q_shape", {.shape = {{"blk.0.attn_q.weight", {16, 8}}}}, "'blk.0.attn_q.weight' has shape"},

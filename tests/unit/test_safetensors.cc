@@ -298,6 +298,60 @@ TEST(HfFolderHostile, BadConfigJsonNamesTheKey) {
   }
 }
 
+// null in config.json (issue 31): accepted only where transformers reads None as the default
+// kvbench takes (the fixtures' "rope_scaling", "sliding_window", "head_dim": null load), refused
+// naming the file and the key everywhere else, instead of being replaced by a default.
+TEST(HfFolderHostile, NullKeysAreRefusedUnlessNullMeansTheDefault) {
+  for (const char* key : {"hidden_size", "rms_norm_eps", "rope_theta", "max_position_embeddings",
+                          "tie_word_embeddings", "vocab_size", "hidden_act"}) {
+    EXPECT_ERROR_HAS(config_error("qwen3_bf16", [&](json& c) { c[key] = nullptr; }),
+                     "qwen3_bf16/config.json: key '", key,
+                     "' is null, which transformers does not read as the default: give the value");
+  }
+  // Qwen3's head_dim defaults to 128, but None means hidden_size / heads; Gemma 3 keeps None.
+  EXPECT_ERROR_HAS(config_error("qwen3_bf16", [](json& c) { c["head_dim"] = nullptr; }),
+                   "key 'head_dim' is null");
+  EXPECT_ERROR_HAS(config_error("gemma3_f16", [](json& c) { c["num_key_value_heads"] = nullptr; }),
+                   "key 'num_key_value_heads' is null");
+  // null num_key_value_heads is read as transformers reads None: as many as the heads (4 here),
+  // which the fixture's 2-head K and V weights then contradict.
+  EXPECT_ERROR_HAS(config_error("qwen2_f16", [](json& c) { c["num_key_value_heads"] = nullptr; }),
+                   "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [24, 48], expected "
+                   "[48, 48]");
+  // Where None is the default, null loads as the absent key does.
+  for (const char* key : {"head_dim", "rope_scaling", "attention_bias", "layer_types"}) {
+    const std::string dir = copy_fixture("qwen2_f16");
+    json cfg = read_json(dir + "/config.json");
+    cfg[key] = nullptr;
+    write_json(dir + "/config.json", cfg);
+    EXPECT_EQ(error_of([&] { engine::load_model(dir); }), "") << key;
+  }
+}
+
+// layer_types is checked for every family that writes it, not only Gemma 3 (which reads its
+// windows from it): a list shorter than the layers, a wrong entry or a Qwen sliding layer.
+TEST(HfFolderHostile, LayerTypesMustDescribeEveryLayer) {
+  EXPECT_ERROR_HAS(
+      config_error("qwen2_f16", [](json& c) { c["layer_types"] = {"full_attention"}; }),
+      "qwen2_f16/config.json: key 'layer_types' must list one entry per layer (2); it is a list "
+      "of 1");
+  EXPECT_ERROR_HAS(config_error("qwen3_bf16", [](json& c) { c["layer_types"] = "full_attention"; }),
+                   "key 'layer_types' must list one entry per layer (2); it is not a list");
+  EXPECT_ERROR_HAS(config_error("qwen3_bf16",
+                                [](json& c) {
+                                  c["layer_types"] = {"full_attention", 7};
+                                }),
+                   "key 'layer_types[1]' is 7, expected \"sliding_attention\" or");
+  const std::string e = config_error("qwen2_f16", [](json& c) {
+    c["layer_types"] = {"full_attention", "sliding_attention"};
+  });
+  EXPECT_ERROR_HAS(e,
+                   "key 'layer_types[1]' is \"sliding_attention\"; kvbench does not run "
+                   "Qwen's sliding layers");
+  // The fixture's own ["full_attention", "full_attention"] loads.
+  EXPECT_EQ(error_of([] { engine::load_model(copy_fixture("qwen2_f16")); }), "");
+}
+
 // Mistral's sliding_window: every layer windowed, unless the window cannot bind in the context.
 TEST(HfFolderConfig, MistralWindowOnlyWhenItBinds) {
   const std::string dir = copy_fixture("mistral_f16");

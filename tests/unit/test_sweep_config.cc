@@ -516,6 +516,48 @@ TEST_F(SweepConfigTest, TaskDefinitionsAreFoundByNameOrFile) {
   EXPECT_NE(out.find("| stories260K | local_qa "), std::string::npos) << out;
 }
 
+// Issue 31: three items with one id used to count as 3 units in validate and run as 1 in the
+// sweep. validate now refuses them (the sweep's planner reads the samples the same way), naming
+// the data file, the id and both lines; LongBench's `_id` alike.
+TEST_F(SweepConfigTest, ValidateRefusesRepeatedSampleIds) {
+  write("dup_ids/tasks/dup_qa.yaml",
+        "context: \"{input}\"\nreference: outputs\nmetric: string_match_part\nid: qid\n"
+        "data: ../data/qa.jsonl\n");
+  const std::string item = "\"input\": \"Where?\", \"outputs\": [\"here\"]}\n";
+  const std::string data =
+      write("dup_ids/data/qa.jsonl", "{\"qid\": \"q1\", " + item + "{\"qid\": \"q1\", " + item +
+                                         "{\"qid\": \"q1\", " + item);
+  const std::string lb = "\"input\": \"q\", \"context\": \"c\", \"answers\": [\"x\"]}\n";
+  const std::string lb_data =
+      write("dup_ids/lb/triviaqa.jsonl",
+            "{\"_id\": \"a\", " + lb + "{\"_id\": \"b\", " + lb + "{\"_id\": \"b\", " + lb);
+  const std::string path = write(
+      "dup_ids/config.yaml",
+      model_yaml() + "tasks:\n  - {name: dup_qa, options: {chat: false}}\npolicies: [full]\n");
+  std::string out, err;
+  EXPECT_EQ(run_kvbench({"validate", path}, out, err), 2);
+  EXPECT_NE(err.find(kDir + "/dup_ids/tasks/../data/qa.jsonl:2: sample id \"q1\" (the field 'qid' "
+                            "named by id: in "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(") repeats the id of line 1; sample ids key the results"), std::string::npos)
+      << err;
+  const std::string lb_path =
+      write("dup_ids/lb_config.yaml",
+            model_yaml() + "tasks:\n  - {name: longbench, options: {dataset: triviaqa, data_dir: " +
+                kDir + "/dup_ids/lb}}\npolicies: [full]\n");  // triviaqa: no chat template
+  EXPECT_EQ(run_kvbench({"validate", lb_path}, out, err), 2);
+  EXPECT_NE(err.find(lb_data + ":3: sample id \"b\" (key '_id', or <dataset>-<item number> "
+                               "without it) repeats the id of line 2"),
+            std::string::npos)
+      << err;
+  // Distinct ids: 3 samples, 3 units.
+  write("dup_ids/data/qa.jsonl",
+        "{\"qid\": \"q1\", " + item + "{\"qid\": \"q2\", " + item + "{\"qid\": \"q3\", " + item);
+  ASSERT_EQ(run_kvbench({"validate", path}, out, err), 0) << err;
+  EXPECT_NE(out.find("units: 3\n"), std::string::npos) << out;
+}
+
 TEST_F(SweepConfigTest, TaskDefinitionErrorsNameFileLineAndKey) {
   auto cfg = [](const std::string& task) {
     return model_yaml() + "tasks:\n  - " + task + "\npolicies: [full]\n";

@@ -3,15 +3,25 @@
 // fixtures in RULER's schema, tests/fixtures/tasks/ruler), gzip data, and the errors for bad
 // definitions and bad data, each naming the file, the line and the key or field. Files are
 // written under KVB_BINARY_DIR/test_task_files.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "common/error.h"
 #include "harness/task_file.h"
+#include "tasks/jsonl.h"
 
 namespace kvb::harness {
 namespace {
@@ -317,6 +327,194 @@ TEST(TaskFiles, BadDataNamesFileLineAndField) {
   // qa_f1: "the red fox" vs "red fox" is 1; vs "blue" 0; the max is taken.
   EXPECT_DOUBLE_EQ(score(*t, s[0], "the red fox"), 1.0);
   EXPECT_DOUBLE_EQ(score(*t, s[0], "a red cat"), 0.5);  // P = 1/2, R = 1/2
+}
+
+// Issue 31: a kept field may not take the name of a column every result has (`model`, `policy`,
+// `unit_key`...), in either form of fields:, and the list of such names is the units table's
+// columns (results/schema.sql, context_length and depth excepted: fields fill those on purpose).
+TEST(TaskFiles, FieldsMustNotShadowUnitColumns) {
+  EXPECT_HAS(error_of([] { load_task_file(qa_def("shadow1", "fields: [length, model]\n")); }),
+             "shadow1.yaml:7: fields[1]: 'model' is a column of every result (the unit's own "
+             "model); keep the item field under another name: fields: {item_model: model}");
+  EXPECT_HAS(error_of([] { load_task_file(qa_def("shadow2", "fields: {policy: strategy}\n")); }),
+             "shadow2.yaml:7: fields.policy: 'policy' is a column of every result");
+  EXPECT_HAS(error_of([] { load_task_file(qa_def("shadow3", "fields: [unit_key]\n")); }),
+             "shadow3.yaml:7: fields[0]: 'unit_key' is a column of every result");
+  // Renamed, the item's `model` field is kept.
+  EXPECT_EQ(load_task_file(qa_def("shadow4", "fields: {item_model: model}\n")).fields.at(0),
+            (std::pair<std::string, std::string>{"item_model", "model"}));
+
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(":memory:", &db), SQLITE_OK);
+  std::ifstream in(KVB_FIXTURES_DIR "/../../results/schema.sql");
+  const std::string schema((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(sqlite3_exec(db, schema.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_stmt* st = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info('units')", -1, &st, nullptr),
+            SQLITE_OK);
+  int columns = 0;
+  const auto& reserved = reserved_field_names();
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    const std::string col = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+    ++columns;
+    const bool is_reserved = std::find(reserved.begin(), reserved.end(), col) != reserved.end();
+    EXPECT_EQ(is_reserved, col != "context_length" && col != "depth") << col;
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  EXPECT_GT(columns, 20);
+}
+
+// Issue 31: `id:` naming a field an item lacks is refused (it used to number that item instead,
+// mixing two kinds of id), after the item's prompt and reference checks.
+TEST(TaskFiles, IdFieldMissingFromAnItemIsRefused) {
+  const std::string def = qa_def("ids", "id: qid\n");
+  const std::string data =
+      write("noid.jsonl",
+            "{\"qid\": \"a\", \"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\"]}\n"
+            "{\"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\"], \"id\": 2}\n");
+  EXPECT_HAS(error_of([&] {
+               make_any_task("ids", Options({{"task_file", def}, {"data", data}}, "task option"))
+                   ->samples(ctx());
+             }),
+             "noid.jsonl:2: the id field 'qid' (id: in " + def +
+                 ") is missing; the item has: answers, doc, id, query (fix id:, or drop it to "
+                 "number the samples ids-<item number>)");
+  // null is missing too; a list is not an id.
+  const std::string null_id = write(
+      "nullid.jsonl", "{\"qid\": null, \"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\"]}\n");
+  EXPECT_HAS(error_of([&] {
+               make_any_task("ids", Options({{"task_file", def}, {"data", null_id}}, "task option"))
+                   ->samples(ctx());
+             }),
+             "nullid.jsonl:1: the id field 'qid'");
+  const std::string list_id = write(
+      "listid.jsonl", "{\"qid\": [1], \"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\"]}\n");
+  EXPECT_HAS(error_of([&] {
+               make_any_task("ids", Options({{"task_file", def}, {"data", list_id}}, "task option"))
+                   ->samples(ctx());
+             }),
+             "listid.jsonl:1: field 'qid' (id) must be a string or a number, not a list");
+}
+
+// Issue 31: sample ids key the results, so a repeated id would make one unit of two samples and
+// the second would never run. Refused in every data task, naming the file, the id and both lines.
+TEST(TaskFiles, DuplicateSampleIdsAreRefusedNamingBothLines) {
+  const std::string def = qa_def("dups", "id: qid\n");
+  auto samples_of = [&](const std::string& data) {
+    return make_any_task("dups", Options({{"task_file", def}, {"data", data}}, "task option"))
+        ->samples(ctx());
+  };
+  const std::string item = "\"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\"]}\n";
+  const std::string three = write("three.jsonl", "{\"qid\": \"a\", " + item + "{\"qid\": \"b\", " +
+                                                     item + "\n{\"qid\": \"a\", " + item);
+  EXPECT_HAS(error_of([&] { samples_of(three); }),
+             kDir + "/three.jsonl:4: sample id \"a\" (the field 'qid' named by id: in " + def +
+                 ") repeats the id of line 1; sample ids key the results, so each must name one "
+                 "sample: remove the repeated item or give it an id of its own");
+  // A number and a string of the same text are one id; control characters are escaped.
+  EXPECT_HAS(
+      error_of([&] {
+        samples_of(write("numstr.jsonl", "{\"qid\": 7, " + item + "{\"qid\": \"7\", " + item));
+      }),
+      "numstr.jsonl:2: sample id \"7\"");
+  EXPECT_HAS(error_of([&] {
+               samples_of(write("ctrl.jsonl", "{\"qid\": \"a\\u001b[2J\\nb\", " + item +
+                                                  "{\"qid\": \"a\\u001b[2J\\nb\", " + item));
+             }),
+             "ctrl.jsonl:2: sample id \"a\\u001b[2J\\nb\" (the field 'qid'");
+  // A 1 MB id is shown cut, not whole.
+  const std::string big(size_t{1} << 20, 'z');
+  const std::string e = error_of([&] {
+    samples_of(write("bigid.jsonl",
+                     "{\"qid\": \"" + big + "\", " + item + "{\"qid\": \"" + big + "\", " + item));
+  });
+  EXPECT_HAS(e, "bigid.jsonl:2: sample id \"" + std::string(200, 'z') + "…\" (the field 'qid'");
+  EXPECT_LT(e.size(), 1000u);
+  // limit= stops before the repeat: the samples read are distinct.
+  EXPECT_EQ(make_any_task("dups", Options({{"task_file", def}, {"data", three}, {"limit", "2"}},
+                                          "task option"))
+                ->samples(ctx())
+                .size(),
+            2u);
+  // Without id: the samples are numbered and cannot repeat.
+  const std::string numbered = qa_def("numbered", "");
+  EXPECT_EQ(
+      make_any_task("numbered", Options({{"task_file", numbered}, {"data", three}}, "task option"))
+          ->samples(ctx())
+          .size(),
+      3u);
+
+  // LongBench v1: _id, or <dataset>-<item number> without one (which an explicit _id can repeat).
+  const std::string lb = "\"input\": \"q\", \"context\": \"c\", \"answers\": [\"x\"]}\n";
+  const std::string lb3 =
+      write("lb_dups.jsonl", "{\"_id\": \"same\", " + lb + "{\"_id\": \"other\", " + lb +
+                                 "{\"_id\": \"same\", " + lb);
+  EXPECT_HAS(error_of([&] {
+               task("longbench", {{"dataset", "hotpotqa"}, {"data", lb3}})->samples(ctx());
+             }),
+             "lb_dups.jsonl:3: sample id \"same\" (key '_id', or <dataset>-<item number> without "
+             "it) repeats the id of line 1");
+  const std::string lb_mixed =
+      write("lb_mixed.jsonl", "{\"_id\": \"hotpotqa-1\", " + lb + "{" + lb);
+  EXPECT_HAS(error_of([&] {
+               task("longbench", {{"dataset", "hotpotqa"}, {"data", lb_mixed}})->samples(ctx());
+             }),
+             "lb_mixed.jsonl:2: sample id \"hotpotqa-1\"");
+  // LongBench v2.
+  const std::string v2 =
+      "\"domain\": \"d\", \"difficulty\": \"easy\", \"length\": \"short\", \"question\": \"q\", "
+      "\"choice_A\": \"a\", \"choice_B\": \"b\", \"choice_C\": \"c\", \"choice_D\": \"d\", "
+      "\"answer\": \"B\", \"context\": \"c\"}\n";
+  const std::string v2dups = write("v2_dups.jsonl", "{\"_id\": \"x\", " + v2 + "{\"_id\": \"y\", " +
+                                                        v2 + "{\"_id\": \"x\", " + v2);
+  EXPECT_HAS(error_of([&] {
+               task("longbench_v2", {{"data", v2dups}})->samples(ctx());
+             }),
+             "v2_dups.jsonl:3: sample id \"x\" (key '_id') repeats the id of line 1");
+}
+
+// Issue 31: a data file without items made a task of no samples (validate: 0 units, a sweep that
+// "finished"); a FIFO with no writer blocked the open forever. Both are refused now, and a pipe
+// with a writer (a shell's <(zcat data.gz)) still reads.
+TEST(TaskFiles, EmptyDataAndWriterlessFifoAreRefusedWithoutBlocking) {
+  const std::string def = qa_def("emptydata", "");
+  auto samples_of = [&](const std::string& data) {
+    return make_any_task("emptydata", Options({{"task_file", def}, {"data", data}}, "task option"))
+        ->samples(ctx());
+  };
+  const std::string empty = write("empty.jsonl", "");
+  EXPECT_HAS(error_of([&] { samples_of(empty); }),
+             empty + ": no items (the file is empty); a data file holds one JSON object per line");
+  const std::string blank = write("blank.jsonl", "\n  \n\r\n");
+  EXPECT_HAS(error_of([&] { samples_of(blank); }), blank + ": no items (only blank lines)");
+  const std::string fifo = kDir + "/fifo.jsonl";
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::alarm(60);  // ends the process if the open blocks, instead of hanging the suite
+  EXPECT_HAS(error_of([&] { samples_of(fifo); }), fifo + ": no items (the file is empty)");
+  // Text corpora (perplexity) alike: read as empty, which the task refuses.
+  EXPECT_EQ(tasks::read_text_file(fifo, "file", "", 1 << 20), "");
+  EXPECT_HAS(error_of([&] { task("perplexity", {{"file", fifo}})->samples(ctx()); }),
+             "task perplexity: " + fifo + " is empty");
+  // With a writer, the pipe is read like a file. The writer (O_RDWR: its open does not wait for a
+  // reader) holds the line in the pipe; once the reader has taken it, the writer closes, which is
+  // the reader's end of file.
+  const int w = ::open(fifo.c_str(), O_RDWR);
+  ASSERT_GE(w, 0);
+  const std::string line = "{\"doc\": \"d\", \"query\": \"q\", \"answers\": [\"x\"]}\n";
+  ASSERT_EQ(::write(w, line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  std::thread closer([w] {
+    for (int unread = 1; unread > 0;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (::ioctl(w, FIONREAD, &unread) != 0) break;
+    }
+    ::close(w);
+  });
+  EXPECT_EQ(samples_of(fifo).size(), 1u);
+  closer.join();
+  ::alarm(0);
 }
 
 TEST(TaskFiles, UnknownNamesAndChangedDefinitions) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "common/error.h"
 
@@ -38,6 +39,17 @@ Generation::Generation(std::vector<float> logits, const GenerateOptions& options
 int32_t Generation::next() {
   if (done_) return -1;
   const int step = step_++;
+  // One pass over the vocabulary beside a forward pass that reads vocabulary x dim weights.
+  for (size_t i = 0; i < logits_.size(); ++i) {
+    if (!std::isfinite(logits_[i])) {
+      KVB_FAIL() << (options_.model.empty() ? "" : "model '" + options_.model + "': ")
+                 << "the logits for generated token " << step + 1 << " (after "
+                 << (step == 0 ? std::string("the prompt") : "token " + std::to_string(step))
+                 << ") are not finite (token " << i << ": " << logits_[i]
+                 << "); the model's weights hold NaN or Inf, or its activations overflow: check "
+                    "the model file";
+    }
+  }
   const int32_t id = sample_token(logits_, options_.sampling, static_cast<uint64_t>(step));
   if (std::find(options_.end_ids.begin(), options_.end_ids.end(), id) != options_.end_ids.end()) {
     result_.hit_end = true;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "workers/engine/forward.h"
@@ -16,6 +17,7 @@ struct GenerateOptions {
   int max_new_tokens = 128;
   SamplingParams sampling;
   std::vector<int32_t> end_ids;  // generation stops when one of these is produced
+  std::string model;             // named in errors ("" : not named)
 };
 
 struct GenerateResult {
@@ -38,7 +40,9 @@ void prefill_prompt(EngineBase& engine, kernels::KvCache& cache, const std::vect
 // (EngineBase::decode_batch) and each still follows generate_from's rule exactly: next() samples
 // from the current logits (the sampler's counter is the sequence's own step), stops on an end
 // token, on_token returning false or the limit (the last token is not fed back), and otherwise
-// returns the token to feed back; the caller runs it into logits() and calls stepped().
+// returns the token to feed back; the caller runs it into logits() and calls stepped(). Logits
+// that are not all finite are a runtime error naming options.model and the step: sampling would
+// turn them into tokens (greedy's argmax over NaN is token 0) that look like a result.
 class Generation {
  public:
   Generation(std::vector<float> logits, const GenerateOptions& options,

@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "workers/engine/model.h"
+#include "workers/formats/file_io.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/model_header.h"
 
@@ -115,6 +116,7 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
 std::unique_ptr<Model> load_model(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return load_hf_model(path);
+  formats::regular_file_size(path, "model file");  // a FIFO would block the open below
   std::ifstream in(path, std::ios::binary);
   KVB_USAGE_CHECK(in.good()) << "cannot open model file '" << path << "': " << std::strerror(errno);
   char magic[4] = {0, 0, 0, 0};

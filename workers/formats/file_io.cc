@@ -12,14 +12,36 @@
 
 namespace kvb::formats {
 
+namespace {
+const char* file_type(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "of an unknown type";
+}
+}  // namespace
+
 uint64_t open_regular(const std::string& path, const char* kind, Fd* fd) {
-  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer, forever; on a regular
+  // file it changes nothing (reads of regular files never block in that sense).
+  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   KVB_USAGE_CHECK(fd->fd >= 0) << "cannot open " << kind << " file '" << path
                                << "': " << std::strerror(errno);
   struct stat st {};
   KVB_CHECK(::fstat(fd->fd, &st) == 0) << path << ": fstat failed: " << std::strerror(errno);
-  KVB_USAGE_CHECK(S_ISREG(st.st_mode))
-      << path << ": not a regular file (expected a " << kind << " file)";
+  KVB_USAGE_CHECK(S_ISREG(st.st_mode)) << path << ": not a regular file (expected a " << kind
+                                       << " file); it is " << file_type(st.st_mode);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+uint64_t regular_file_size(const std::string& path, const char* what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;  // missing: the caller's open names it
+  KVB_USAGE_CHECK(S_ISREG(st.st_mode)) << what << " '" << path << "' is " << file_type(st.st_mode)
+                                       << ", not a regular file; give the file itself (a "
+                                       << "symbolic link to one is fine)";
   return static_cast<uint64_t>(st.st_size);
 }
 

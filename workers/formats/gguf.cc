@@ -181,6 +181,12 @@ std::string quoted(const std::string& s) {
   return out + "'";
 }
 
+}  // namespace
+
+std::string quoted_name(const std::string& s) { return quoted(s); }
+
+namespace {
+
 std::string dims_str(const std::vector<uint64_t>& dims) {
   std::ostringstream os;
   os << "[";

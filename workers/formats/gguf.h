@@ -35,6 +35,9 @@ enum class GgmlType : uint32_t {
   kBF16 = 30,
 };
 const char* ggml_type_name(uint32_t type);  // "Q4_K", or "unknown" for ids we do not know
+// A metadata key or tensor name from a file, for messages: in single quotes, control bytes escaped
+// as \xNN, cut after 96 bytes.
+std::string quoted_name(const std::string& s);
 
 // One metadata value. Arrays hold scalars of one type (nested arrays are rejected as unsupported).
 struct GgufValue {

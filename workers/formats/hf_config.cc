@@ -37,12 +37,39 @@ json read_json_file(const std::string& path) {
   return root;
 }
 
-// Typed, range-checked access to config.json; null counts as absent (transformers writes
-// "head_dim": null, "rope_scaling": null).
+// Keys whose null transformers reads as "none" or as the very default kvbench takes when the key
+// is absent (transformers writes "rope_scaling": null, "sliding_window": null, "head_dim": null).
+// A null anywhere else is refused: transformers keeps None there (and fails, or reads it as False
+// where kvbench's default is true), so filling in a default would run a model it does not.
+bool null_means_default(const std::string& k, const std::string& arch) {
+  for (const char* n :
+       {"architectures", "rope_scaling", "sliding_window", "layer_types", "attn_logit_softcapping",
+        "final_logit_softcapping", "use_sliding_window", "attention_bias", "mlp_bias"}) {
+    if (k == n) return true;
+  }
+  // None: hidden_size / num_attention_heads, and as many KV heads as heads (LlamaConfig,
+  // MistralConfig, Qwen2Config, Phi3Config). Qwen3's head_dim default is 128 but its None means
+  // hidden_size / heads; Gemma3TextConfig keeps None: both refused.
+  if (k == "head_dim") return arch == "llama" || arch == "qwen2" || arch == "phi3";
+  if (k == "num_key_value_heads") return arch != "gemma3" && !arch.empty();
+  return false;
+}
+
+// Typed, range-checked access to config.json; null counts as absent only where
+// null_means_default says so, and is an error naming the key elsewhere.
 struct Config {
   std::string path;
   json root;
-  bool has(const std::string& k) const { return root.contains(k) && !root[k].is_null(); }
+  std::string arch;  // kvbench's arch once known ("" while the family is being read)
+  bool has(const std::string& k) const {
+    const auto it = root.find(k);
+    if (it == root.end()) return false;
+    if (!it->is_null()) return true;
+    KVB_CHECK(null_means_default(k, arch))
+        << path << ": key '" << k << "' is null, which transformers does not read as the "
+        << "default: give the value (or, where the key has a default, leave it out)";
+    return false;
+  }
   int64_t integer(const std::string& k, int64_t lo, int64_t hi, const int64_t* def) const {
     if (!has(k)) {
       KVB_CHECK(def != nullptr) << path << ": key '" << k << "' is missing (expected an integer "
@@ -233,20 +260,36 @@ void read_rope_scaling(const Config& cfg, ModelConfig* c) {
   }
 }
 
+// layer_types (transformers >= 4.53 writes it for every family that has it): one entry per layer,
+// each "sliding_attention" or "full_attention". Gemma 3 reads its windows from it (read_gemma3);
+// the other families only have it checked.
+// Qwen2/Qwen3 mark sliding layers only with use_sliding_window, which kvbench refuses, so a sliding
+// entry there describes a model kvbench would run differently.
+void check_layer_types(const Config& cfg, const ModelConfig& c) {
+  if (!cfg.has("layer_types")) return;
+  const json& lt = cfg.root["layer_types"];
+  KVB_CHECK(lt.is_array() && lt.size() == static_cast<size_t>(c.num_layers))
+      << cfg.path << ": key 'layer_types' must list one entry per layer (" << c.num_layers
+      << "); it is " << (lt.is_array() ? "a list of " + std::to_string(lt.size()) : "not a list");
+  for (int l = 0; l < c.num_layers; ++l) {
+    KVB_CHECK(lt[l] == "sliding_attention" || lt[l] == "full_attention")
+        << cfg.path << ": key 'layer_types[" << l << "]' is " << lt[l].dump()
+        << ", expected \"sliding_attention\" or \"full_attention\"";
+    KVB_USAGE_CHECK(lt[l] == "full_attention" || (c.arch != "qwen2" && c.arch != "qwen3"))
+        << cfg.path << ": key 'layer_types[" << l << "]' is \"sliding_attention\"; kvbench does "
+        << "not run Qwen's sliding layers (use_sliding_window)";
+  }
+}
+
 // Gemma 3 text: sliding layers from layer_types (or every sliding_window_pattern-th layer
 // global), their own RoPE base, softmax scale from query_pre_attn_scalar.
 void read_gemma3(const Config& cfg, ModelConfig* c) {
   const int window = cfg.opt_int("sliding_window", 1 << 24, 4096);
   c->window.assign(c->num_layers, 0);
   if (cfg.has("layer_types")) {
+    check_layer_types(cfg, *c);
     const json& lt = cfg.root["layer_types"];
-    KVB_CHECK(lt.is_array() && lt.size() == static_cast<size_t>(c->num_layers))
-        << cfg.path << ": key 'layer_types' must list one entry per layer (" << c->num_layers
-        << ")";
     for (int l = 0; l < c->num_layers; ++l) {
-      KVB_CHECK(lt[l] == "sliding_attention" || lt[l] == "full_attention")
-          << cfg.path << ": key 'layer_types[" << l << "]' is " << lt[l].dump()
-          << ", expected \"sliding_attention\" or \"full_attention\"";
       c->window[l] = lt[l] == "sliding_attention" ? window : 0;
     }
   } else {
@@ -325,7 +368,7 @@ std::vector<HfTensorSpec> hf_layer_tensors(const ModelConfig& c, int layer) {
 }
 
 ModelConfig read_hf_config(const std::string& dir, const formats::SafetensorsSet& weights) {
-  Config cfg{(std::filesystem::path(dir) / "config.json").string(), {}};
+  Config cfg{(std::filesystem::path(dir) / "config.json").string(), {}, ""};
   cfg.root = read_json_file(cfg.path);
   const std::string& path = cfg.path;
   const Family* fam = nullptr;
@@ -345,6 +388,7 @@ ModelConfig read_hf_config(const std::string& dir, const formats::SafetensorsSet
                                   << supported_classes();
   ModelConfig c;
   c.arch = fam->arch;
+  cfg.arch = c.arch;
   c.format = "hf";
   c.name = std::filesystem::path(dir).lexically_normal().filename().string();
   if (c.name.empty()) c.name = std::filesystem::path(dir).parent_path().filename().string();
@@ -425,6 +469,9 @@ ModelConfig read_hf_config(const std::string& dir, const formats::SafetensorsSet
   }
   weights.expect_tensor("model.norm.weight", {D});
   if (!c.tied_embeddings) weights.expect_tensor("lm_head.weight", {V, D});
+  // After the tensors, which name a wrong num_hidden_layers more plainly (Gemma 3 checked it first:
+  // its windows come from it).
+  if (!gemma) check_layer_types(cfg, c);
   return c;
 }
 

@@ -249,7 +249,13 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
   c.num_heads = sized(p + "attention.head_count", g.get_int(p + "attention.head_count"), 1024);
   c.num_kv_heads = sized(p + "attention.head_count_kv",
                          g.get_int_or(p + "attention.head_count_kv", c.num_heads), c.num_heads);
-  c.max_seq_len = sized(p + "context_length", g.get_int_or(p + "context_length", 2048), 1 << 24);
+  // No default: prompts, budgets and truncation are all bounded by it, and a guess (llama.cpp's
+  // reader has none either) would run a long-context model short or a short one past its training.
+  KVB_CHECK(g.has(p + "context_length"))
+      << path << ": metadata " << p << "context_length is missing; kvbench bounds prompts and "
+      << "budgets by the model's context, so the file must say it (convert_hf_to_gguf.py writes it "
+      << "from max_position_embeddings)";
+  c.max_seq_len = sized(p + "context_length", g.get_int(p + "context_length"), 1 << 24);
   c.norm_eps = positive_finite(g, p + "attention.layer_norm_rms_epsilon", 1e-5);
   KVB_CHECK(c.num_heads % c.num_kv_heads == 0)
       << path << ": head_count " << c.num_heads << " is not a multiple of head_count_kv "
@@ -322,6 +328,21 @@ ModelConfig read_gguf_config(const formats::GgufFile& g) {
     }
   }
   expect_tensor(g, "output_norm.weight", {D});
+  // A block past block_count would be left unread: the model would run with fewer layers than its
+  // weights hold and still produce text (a file with block_count lowered by hand, or cut short).
+  for (const formats::GgufTensorInfo& t : g.tensors()) {
+    if (t.name.rfind("blk.", 0) != 0) continue;
+    const size_t dot = t.name.find('.', 4);
+    const std::string num = t.name.substr(4, dot == std::string::npos ? dot : dot - 4);
+    const bool digits =
+        !num.empty() && num.size() <= 9 &&
+        std::all_of(num.begin(), num.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    KVB_CHECK(digits && std::stoll(num) < c.num_layers)
+        << path << ": tensor " << formats::quoted_name(t.name)
+        << " belongs to no layer of metadata " << p << "block_count = " << c.num_layers
+        << " (layers blk.0 to blk." << c.num_layers - 1
+        << "); the file holds more layers than block_count says: fix block_count";
+  }
   c.tied_embeddings = g.find_tensor("output.weight") == nullptr;
   if (!c.tied_embeddings) expect_tensor(g, "output.weight", {D, V});
   return c;

@@ -1,6 +1,8 @@
 // Tokenizer from GGUF metadata (ggml/docs/gguf.md "Tokenizer" keys; llama.cpp llama_vocab::load):
 // tokenizer.ggml.model "gpt2" -> byte-level BPE with the pre-split regexes of tokenizer.ggml.pre;
 // "llama" -> SentencePiece-style scores run with llama.cpp's SPM algorithm.
+#include <cmath>
+
 #include "common/error.h"
 #include "workers/formats/gguf.h"
 #include "workers/tokenizer/tokenizer_impl.h"
@@ -10,11 +12,15 @@ namespace {
 
 using formats::GgufFile;
 
+// A special token's id: `def` when the key is absent (-1: none). A key that is present must name a
+// token: GGUF writes these as u32, so -1 (llama.cpp's LLAMA_TOKEN_NULL) is no id a file can hold,
+// and reading it as "none" would silently drop an end-of-generation token or the BOS.
 int32_t id_or(const GgufFile& g, const std::string& key, int32_t def, size_t n_tokens) {
-  const int64_t id = g.get_int_or(key, def);
-  KVB_CHECK(id >= -1 && id < int64_t(n_tokens))
-      << g.path() << ": metadata key '" << key << "' = " << id << " is not a token id (vocabulary "
-      << "of " << n_tokens << ")";
+  if (!g.has(key)) return def;
+  const int64_t id = g.get_int(key);
+  KVB_CHECK(id >= 0 && id < int64_t(n_tokens))
+      << g.path() << ": metadata key '" << key << "' = " << id << " is not a token id (0.."
+      << int64_t(n_tokens) - 1 << "; leave the key out when the vocabulary has no such token)";
   return static_cast<int32_t>(id);
 }
 
@@ -86,6 +92,12 @@ std::unique_ptr<Tokenizer> load_spm(const GgufFile& g) {
   const auto& scores = g.get_float_array("tokenizer.ggml.scores");
   KVB_CHECK(scores.size() == n) << g.path() << ": metadata key 'tokenizer.ggml.scores' has "
                                 << scores.size() << " entries for " << n << " tokens";
+  for (size_t i = 0; i < n; ++i) {
+    // SPM merges compare scores: a NaN breaks the ordering, an infinity makes one merge win or
+    // lose against everything (convert_hf_to_gguf writes finite scores, -1000 for added tokens).
+    KVB_CHECK(std::isfinite(scores[i])) << g.path() << ": metadata key 'tokenizer.ggml.scores'["
+                                        << i << "] = " << scores[i] << " is not a finite number";
+  }
   v.scores.assign(scores.begin(), scores.end());
   // llama.cpp's defaults for SPM vocabularies: <unk> 0, <s> 1, </s> 2, add BOS, prefix a space.
   v.unk_id = id_or(g, "tokenizer.ggml.unknown_token_id", 0, n);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "workers/formats/file_io.h"
 #include "workers/tokenizer/tokenizer_impl.h"
 
 namespace kvb::tokenizer {
@@ -164,6 +165,10 @@ std::string template_leading_token(const json& root) {
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
   const Ctx c{path};
+  const uint64_t bytes = formats::regular_file_size(path, "tokenizer.json");
+  KVB_USAGE_CHECK(bytes <= kMaxTokenizerBytes)
+      << path << ": " << bytes << " bytes; a tokenizer.json above " << (kMaxTokenizerBytes >> 20)
+      << " MiB is not plausible (is it the model file?)";
   std::ifstream in(path);
   KVB_CHECK(in.good()) << "cannot open tokenizer.json " << path;
   json root;
@@ -283,6 +288,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
   const auto cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
   bool add_bos_known = false;  // tokenizer_config.json has add_bos_token
   if (std::filesystem::exists(cfg_path)) {
+    formats::regular_file_size(cfg_path.string(), "tokenizer_config.json");
     std::ifstream cin(cfg_path);
     json cfg;
     try {

@@ -3,6 +3,7 @@
 // prefix " " token for non-empty text, one token per UTF-8 code point with "<0xXX>" byte fallback
 // at id byte+3, then repeatedly merge the adjacent pair whose concatenation is the best-scoring
 // token (leftmost on ties). run.c rescans all pairs per merge; a heap gives the same merges.
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -10,6 +11,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "workers/formats/file_io.h"
 #include "workers/tokenizer/tokenizer_impl.h"
 
 namespace kvb::tokenizer {
@@ -172,6 +174,12 @@ class Llama2cTokenizer final : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int32_t vocab_size) {
+  // Read whole: bounded first, so that a model file given as the tokenizer is refused by its size
+  // rather than read into memory (Llama 2's 32,000 tokens take 0.5 MiB).
+  const uint64_t bytes = formats::regular_file_size(path, "llama2.c tokenizer");
+  KVB_USAGE_CHECK(bytes <= kMaxTokenizerBytes)
+      << path << ": " << bytes << " bytes; a llama2.c tokenizer.bin above "
+      << (kMaxTokenizerBytes >> 20) << " MiB is not plausible (is it the model file?)";
   std::ifstream in(path, std::ios::binary);
   KVB_CHECK(in.good()) << "cannot open llama2.c tokenizer " << path;
   const std::vector<char> data((std::istreambuf_iterator<char>(in)),
@@ -197,6 +205,10 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int32
   for (int32_t i = 0; i < vocab_size; ++i) {
     const int32_t score_bits = read_i32(off, "the score", i);
     std::memcpy(&scores[i], &score_bits, 4);
+    // run.c's merge loop compares scores: a NaN breaks its ordering, an infinity wins or loses
+    // every comparison (sentencepiece's exports hold finite scores).
+    KVB_CHECK(std::isfinite(scores[i])) << path << ": token " << i << " has score " << scores[i]
+                                        << " at offset " << off << "; expected a finite number";
     const int32_t len = read_i32(off + 4, "the length", i);
     KVB_CHECK(len >= 0 && len <= max_len)
         << path << ": token " << i << " has length " << len << " at offset " << off + 4

@@ -18,6 +18,10 @@
 
 namespace kvb::tokenizer {
 
+// The largest tokenizer file read (tokenizer.json, tokenizer.bin): Gemma 3's tokenizer.json, the
+// largest in common use, is 33 MiB; a file above this is refused before it is read.
+constexpr uint64_t kMaxTokenizerBytes = uint64_t{256} << 20;
+
 // llama.cpp's llama_token_type (the values stored in tokenizer.ggml.token_type).
 enum class TokenKind : uint8_t {
   kUndefined = 0,
