@@ -260,6 +260,10 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
     }
   }
   if (more && !line.empty()) take(line);  // last line without '\n'
+  KVB_USAGE_CHECK(!file.items.empty())
+      << "data file '" << path << "'"
+      << (options.option.empty() ? "" : " (task option " + options.option + ")")
+      << " holds no items: it is empty or has only blank lines (each line must be one JSON object)";
   return file;
 }
 

@@ -56,7 +56,8 @@ class JsonlItem {
 // All items of a file, in file order; a gzip file (by its magic bytes, whatever its name) is
 // read through zlib, its decompressed size bounded like a plain file's. Blank lines are skipped;
 // CRLF line ends and a UTF-8 BOM are accepted; every other line must parse as one JSON object
-// (strings must be valid UTF-8: an invalid byte is reported with its offset and its key).
+// (strings must be valid UTF-8: an invalid byte is reported with its offset and its key). A file
+// without any item is a usage error naming it (a task would otherwise have no samples).
 struct JsonlFile {
   std::string path;
   std::vector<JsonlItem> items;
