@@ -46,8 +46,9 @@ ErrorBuilder::~ErrorBuilder() noexcept(false) {
          << (what_.empty() ? std::string("unexpected failure") : "check failed: " + what_)
          << (text.empty() ? "" : ": ") << text << " (" << where << ")";
   } else if (source_ == ErrorSource::kCall) {
-    // A library call that failed (CUDA, cuBLAS, SQLite): the call names the operation.
-    full << what_ << (text.empty() ? " failed" : ": ") << text;
+    // A library call that failed (CUDA, cuBLAS, SQLite): its function names the operation; the
+    // C++ arguments are for the debug log.
+    full << what_.substr(0, what_.find('(')) << (text.empty() ? " failed" : ": ") << text;
   } else {
     // A check of input: its text says what is wrong and how to fix it; the location and the
     // C++ condition are for the debug log (Error::origin).

@@ -2,7 +2,7 @@
 // The message is written for the user: what is wrong with their input and how to fix it, plus
 // "[rank r host h]" on multi-rank runs. Where it was raised ("<file>:<line> check failed: <cond>")
 // travels beside it (Error::origin) for the debug log (kvbench -v); a failed call of a library
-// (CUDA, SQLite, MPI) keeps the call in the message. A check without text and KVB_ASSERT are
+// (CUDA, SQLite) keeps its function in the message. A check without text and KVB_ASSERT are
 // our own bugs: their message says "internal error" and keeps the location. main() turns
 // errors into exit codes.
 #pragma once
@@ -40,8 +40,8 @@ int process_world_size();
 const std::string& process_host();
 
 namespace detail {
-// What raised an error: a failed library call (`what` is the call, kept in the message: CUDA,
-// cuBLAS, SQLite), a failed check of input (KVB_CHECK, KVB_USAGE_CHECK, KVB_FAIL: the streamed
+// What raised an error: a failed library call (`what` is the call; its function is kept in the
+// message: CUDA, SQLite), a failed check of input (KVB_CHECK, KVB_USAGE_CHECK, KVB_FAIL: the streamed
 // text is the message; without text it is an internal error) or a broken invariant of our own
 // code (KVB_ASSERT: always an internal error).
 enum class ErrorSource { kCall, kCheck, kAssert };

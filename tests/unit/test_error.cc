@@ -1,7 +1,7 @@
 // kvb::Error messages (issue 31 "Errors written for the user"): a check's message is its text
 // alone, written for the user; where it was raised ("file:line check failed: <cond>") travels in
 // Error::origin for the debug log; a check without text and KVB_ASSERT say "internal error" and
-// keep the location; a failed library call keeps the call. `kvbench -v` logs the origin.
+// keep the location; a failed library call keeps its function. `kvbench -v` logs the origin.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -65,14 +65,15 @@ TEST(ErrorMessage, ChecksWithoutTextAndAssertsAreInternalErrors) {
             "internal error (a bug in kvbench): unexpected failure (" + here(fline) + ")");
 }
 
-TEST(ErrorMessage, AFailedLibraryCallKeepsTheCall) {
-  // As KVB_CUDA_CHECK and KVB_SQLITE_CHECK raise them: the call names the failed operation.
+TEST(ErrorMessage, AFailedLibraryCallKeepsTheFunction) {
+  // As KVB_CUDA_CHECK and KVB_SQLITE_CHECK raise them: the function names the failed operation,
+  // the call with its C++ arguments is the origin.
   const int line = __LINE__ + 2;
   const Error e = caught([] {
     detail::ErrorBuilder(__FILE__, __LINE__, "cudaMalloc(&p, bytes)", ErrorKind::kOutOfMemory)
         << "cudaErrorMemoryAllocation: out of memory";
   });
-  EXPECT_STREQ(e.what(), "cudaMalloc(&p, bytes): cudaErrorMemoryAllocation: out of memory");
+  EXPECT_STREQ(e.what(), "cudaMalloc: cudaErrorMemoryAllocation: out of memory");
   EXPECT_EQ(e.kind(), ErrorKind::kOutOfMemory);
   EXPECT_EQ(e.origin(), here(line) + " cudaMalloc(&p, bytes)");
 }
