@@ -41,9 +41,9 @@ const std::string& process_host();
 
 namespace detail {
 // What raised an error: a failed library call (`what` is the call; its function is kept in the
-// message: CUDA, SQLite), a failed check of input (KVB_CHECK, KVB_USAGE_CHECK, KVB_FAIL: the streamed
-// text is the message; without text it is an internal error) or a broken invariant of our own
-// code (KVB_ASSERT: always an internal error).
+// message: CUDA, SQLite), a failed check of input (KVB_CHECK, KVB_USAGE_CHECK, KVB_FAIL: the
+// streamed text is the message; without text it is an internal error) or a broken invariant of our
+// own code (KVB_ASSERT: always an internal error).
 enum class ErrorSource { kCall, kCheck, kAssert };
 
 // Collects a streamed message and throws kvb::Error when destroyed (used by KVB_CHECK(...) << ...).
