@@ -29,23 +29,33 @@ int process_world_size() { return g_world; }
 const std::string& process_host() { return host_storage(); }
 
 namespace detail {
-ErrorBuilder::ErrorBuilder(const char* file, int line, const char* what, ErrorKind kind)
-    : file_(file), line_(line), what_(what), kind_(kind) {}
+ErrorBuilder::ErrorBuilder(const char* file, int line, const char* what, ErrorKind kind,
+                           ErrorSource source)
+    : file_(file), line_(line), what_(what), kind_(kind), source_(source) {}
 
 ErrorBuilder::~ErrorBuilder() noexcept(false) {
-  std::string text = msg_.str();
+  const std::string text = msg_.str();
+  const char* base = std::strrchr(file_, '/');
+  const std::string where = std::string(base ? base + 1 : file_) + ":" + std::to_string(line_);
+  std::string origin = where;
+  if (!what_.empty()) origin += (source_ == ErrorSource::kCall ? " " : " check failed: ") + what_;
   std::ostringstream full;
-  if (kind_ == ErrorKind::kUsage) {
-    // User-facing errors read as a sentence; the source location is noise for them.
-    full << text;
+  if (source_ == ErrorSource::kAssert || (source_ == ErrorSource::kCheck && text.empty())) {
+    // Not the user's input but our bug: say so, and keep what a bug report needs.
+    full << "internal error (a bug in kvbench): "
+         << (what_.empty() ? std::string("unexpected failure") : "check failed: " + what_)
+         << (text.empty() ? "" : ": ") << text << " (" << where << ")";
+  } else if (source_ == ErrorSource::kCall) {
+    // A library call that failed (CUDA, cuBLAS, SQLite): its function names the operation; the
+    // C++ arguments are for the debug log.
+    full << what_.substr(0, what_.find('(')) << (text.empty() ? " failed" : ": ") << text;
   } else {
-    const char* base = std::strrchr(file_, '/');
-    full << (base ? base + 1 : file_) << ":" << line_ << " ";
-    if (!what_.empty()) full << what_ << (text.empty() ? "" : ": ");
+    // A check of input: its text says what is wrong and how to fix it; the location and the
+    // C++ condition are for the debug log (Error::origin).
     full << text;
   }
   if (g_world > 1) full << " [rank " << g_rank << " host " << process_host() << "]";
-  throw Error(full.str(), kind_);
+  throw Error(full.str(), kind_, origin);
 }
 }  // namespace detail
 }  // namespace kvb

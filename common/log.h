@@ -1,5 +1,6 @@
 // Logging to stderr, prefixed with rank and host on multi-rank runs (STYLE.md "Output").
-// Levels: 0 error, 1 warn, 2 info (default), 3 debug; set with -v or KVB_LOG_LEVEL.
+// Levels: 0 error, 1 warn, 2 info (default), 3 debug; set with kvbench -v / --verbose (debug)
+// or KVB_LOG_LEVEL.
 #pragma once
 
 #include <sstream>

@@ -42,19 +42,56 @@ void print_usage(std::ostream& os) {
     name.resize(12, ' ');
     os << "  " << name << s.summary << "\n";
   }
-  os << "\n`kvbench <command> --help` lists a command's options. Version " KVB_VERSION " (git "
+  os << "\n`kvbench <command> --help` lists a command's options; -v (--verbose), before or after\n"
+        "the command, adds the debug log (an error's source location among it).\n"
+        "Version " KVB_VERSION " (git "
      << git_rev() << ").\n";
 }
+
+bool is_verbose_flag(const std::string& a) { return a == "-v" || a == "--verbose"; }
+
+// Restores the log level when a command returns: tests run many commands in one process, and
+// one's -v must not make the next one verbose.
+class LogLevelScope {
+ public:
+  LogLevelScope() : saved_(log_level()) {}
+  ~LogLevelScope() { set_log_level(saved_); }
+
+ private:
+  LogLevel saved_;
+};
+
+// The error as the user reads it, and where it was raised for the debug log (-v).
+int report_error(const std::string& cmd, const std::string& what, const std::string& origin,
+                 int code) {
+  std::cerr << "kvbench " << cmd << ": error: " << what << "\n";
+  if (!origin.empty()) KVB_LOG_DEBUG << "kvbench " << cmd << ": the error was raised at " << origin;
+  return code;
+}
 }  // namespace
+
+boost::program_options::options_description common_options() {
+  boost::program_options::options_description common("options of every command");
+  common.add_options()("verbose,v",
+                       "debug log on stderr, with the source location of an error (the same as "
+                       "KVB_LOG_LEVEL=3)");
+  return common;
+}
+
+void apply_common_options(const boost::program_options::variables_map& vm) {
+  if (vm.count("verbose")) set_log_level(LogLevel::kDebug);
+}
 
 bool parse_command_line(const std::vector<std::string>& args,
                         const boost::program_options::options_description& desc,
                         const boost::program_options::positional_options_description* positional,
                         const char* command, boost::program_options::variables_map* vm) {
   namespace po = boost::program_options;
+  po::options_description all;
+  all.add(desc).add(common_options());
   try {
     po::command_line_parser parser(args);
-    parser.options(desc);
+    parser.options(all);
     if (positional) parser.positional(*positional);
     const po::parsed_options parsed = parser.run();
     // Without a positional description boost keeps stray words unnamed and store() drops them
@@ -75,19 +112,27 @@ bool parse_command_line(const std::vector<std::string>& args,
   } catch (const po::error& e) {
     KVB_USAGE_FAIL() << e.what() << " (see kvbench " << command << " --help)";
   }
+  apply_common_options(*vm);
   if (vm->count("help")) {
-    std::cout << desc << "\n";
+    std::cout << all << "\n";
     return false;
   }
   return true;
 }
 
 int run_cli(int argc, char** argv) {
-  if (argc < 2) {
+  const LogLevelScope log_scope;
+  // `kvbench -v CMD ...`: the flag before the command (after it, each command's parser takes it).
+  int first = 1;
+  while (first < argc && is_verbose_flag(argv[first])) {
+    set_log_level(LogLevel::kDebug);
+    ++first;
+  }
+  if (argc - first < 1) {
     print_usage(std::cerr);
     return 2;
   }
-  std::string cmd = argv[1];
+  std::string cmd = argv[first];
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     print_usage(std::cout);
     return 0;
@@ -96,17 +141,15 @@ int run_cli(int argc, char** argv) {
     std::cout << "kvbench " KVB_VERSION " (git " << git_rev() << ")\n";
     return 0;
   }
-  std::vector<std::string> args(argv + 2, argv + argc);
+  std::vector<std::string> args(argv + first + 1, argv + argc);
   for (const auto& s : subcommands()) {
     if (cmd != s.name) continue;
     try {
       return s.run(args);
     } catch (const Error& e) {
-      std::cerr << "kvbench " << cmd << ": error: " << e.what() << "\n";
-      return e.kind() == ErrorKind::kUsage ? 2 : 1;
+      return report_error(cmd, e.what(), e.origin(), e.kind() == ErrorKind::kUsage ? 2 : 1);
     } catch (const std::exception& e) {
-      std::cerr << "kvbench " << cmd << ": error: " << e.what() << "\n";
-      return 1;
+      return report_error(cmd, e.what(), "", 1);
     }
   }
   std::cerr << "kvbench: unknown command '" << cmd << "'. Commands:";
@@ -137,7 +180,9 @@ void add_device_options(boost::program_options::options_description& desc, Devic
   desc.add_options()
       ("device", po::value(&o->device)->default_value("cpu"),
        "cpu (the f32 reference) or cuda (GPU 0 of CUDA_VISIBLE_DEVICES; needs a CUDA build)")
-      ("dtype", po::value(&o->dtype),
+      ("dtype", po::value(&o->dtype)->notifier([](const std::string& s) {
+         engine::parse_dtype(s);  // given empty, it would mean the device's default
+       }),
        "f32 or bf16, f32 accumulation; cuda bf16: weights, GEMM inputs and KV cache (the "
        "default); cpu bf16: the linear layers' weights only (default f32, the reference)");
 }

@@ -24,12 +24,18 @@ const std::vector<Subcommand>& subcommands();
 // Entry point shared by main() and tests: parses argv, dispatches, maps errors to exit codes.
 int run_cli(int argc, char** argv);
 
-// Parses a subcommand's options into vm; returns false (after printing the help to stdout) when
-// --help was given. Parse errors are usage errors naming the subcommand's --help.
+// Parses a subcommand's options (and common_options()) into vm; returns false (after printing
+// the help to stdout) when --help was given. Parse errors are usage errors naming the
+// subcommand's --help.
 bool parse_command_line(const std::vector<std::string>& args,
                         const boost::program_options::options_description& desc,
                         const boost::program_options::positional_options_description* positional,
                         const char* command, boost::program_options::variables_map* vm);
+
+// The options every command takes: -v / --verbose (the debug log: an error's source location,
+// Error::origin). apply_common_options sets the log level from them.
+boost::program_options::options_description common_options();
+void apply_common_options(const boost::program_options::variables_map& vm);
 
 // `--threads` of the one-process commands: 0 (all cores) up to kMaxThreads, else a usage error
 // (100000 threads crashed the OpenMP runtime); sets the OpenMP thread count when positive.

@@ -74,6 +74,11 @@ int cmd_eval(const std::vector<std::string>& args) {
       << "--output must be md, csv or jsonl, got " << output;
   KVB_USAGE_CHECK(limit >= 0 || vm["limit"].defaulted())
       << "--limit must be >= 0 (samples), got " << limit;
+  KVB_USAGE_CHECK(max_prompt_tokens >= 0)
+      << "--max-prompt-tokens must be >= 0 (tokens; 0: the model's context), got "
+      << max_prompt_tokens;
+  KVB_USAGE_CHECK(show_prediction >= 0)
+      << "--show-prediction must be >= 0 (characters; 0: hide the column), got " << show_prediction;
   const uint64_t seed = parse_seed_option(seed_text);
   set_threads_option(threads);
   const DeviceChoice dc = resolve_device_options(dev_opts);  // before the (slow) model load
@@ -114,7 +119,15 @@ int cmd_eval(const std::vector<std::string>& args) {
   };
   ctx.max_context = c.max_seq_len;
   std::vector<tasks::Sample> samples = task->samples(ctx);
-  KVB_USAGE_CHECK(!samples.empty()) << "task " << task_name << " produced no samples";
+  if (samples.empty()) {
+    // Name what the samples came from: the task's options hold its data file or folder.
+    std::string given;
+    for (const std::string& kv : task_opts) given += (given.empty() ? "" : ", ") + kv;
+    if (limit >= 0) given += (given.empty() ? "" : ", ") + ("limit=" + std::to_string(limit));
+    KVB_USAGE_FAIL() << "task " << task_name << " produced no samples"
+                     << (given.empty() ? " with its default options" : " with the options " + given)
+                     << "; check its data (kvbench ls tasks lists each task's options)";
+  }
   std::unique_ptr<engine::EngineBase> engp = engine::make_engine(*lm.model, dev, dt);
   engine::EngineBase& eng = *engp;
   if (dev == engine::Device::kCuda) {
@@ -159,6 +172,7 @@ int cmd_eval(const std::vector<std::string>& args) {
       status = "error";
       error = e.what();
       ++failed;
+      if (!e.origin().empty()) KVB_LOG_DEBUG << "sample " << s.id << ": raised at " << e.origin();
     }
     for (const auto& mi : task->metrics()) row.push_back(sc.count(mi.name) ? fmt(sc[mi.name]) : "");
     const double per_tok = u.m.generated_tokens > 1 ? u.m.decode_ms / (u.m.generated_tokens - 1) : 0;

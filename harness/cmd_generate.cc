@@ -1,6 +1,8 @@
 // `kvbench generate`: load a model, encode a prompt, generate, print the text to stdout;
 // timings and model facts go to stderr.
 #include <boost/program_options.hpp>
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +32,9 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
+// errno names the cause where a stream's system call set it; streams do not promise that.
+const char* stream_error() { return errno != 0 ? std::strerror(errno) : "the stream failed"; }
+
 // {"policy", "kv_budget", "prompt_ids", "positions": [layer][kv head][retained positions]}: what
 // scripts/compare_kvpress.py compares with kvpress's presses on the same prompt.
 void write_keep_sets(const std::string& path, kernels::KvCache& cache,
@@ -48,9 +53,15 @@ void write_keep_sets(const std::string& path, kernels::KvCache& cache,
     layers.push_back(std::move(heads));
   }
   j["positions"] = std::move(layers);
+  errno = 0;
   std::ofstream out(path);
+  KVB_USAGE_CHECK(out.is_open()) << "cannot open --dump-keep-sets file '" << path
+                                 << "' for writing: " << stream_error();
   out << j.dump() << "\n";
-  KVB_USAGE_CHECK(out.good()) << "cannot write --dump-keep-sets file '" << path << "'";
+  // The text sits in the stream's buffer until close(): a full disk (/dev/full) fails there.
+  out.close();
+  KVB_CHECK(!out.fail()) << "error writing --dump-keep-sets file '" << path
+                         << "': " << stream_error() << " (the file is incomplete)";
 }
 }  // namespace
 
@@ -118,6 +129,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   const engine::Device dev = dc.device;
   const engine::DType dt = dc.dtype;
   if (vm.count("prompt-file")) prompt = read_text_file(prompt_file);
+  KVB_USAGE_CHECK(!vm.count("dump-keep-sets") || !dump_path.empty())
+      << "--dump-keep-sets needs a file name";
 
   // Fail on a bad policy name before the (slow) model load; budgets are checked against the model.
   policies::require_policy(policy_name);

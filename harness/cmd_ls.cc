@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "harness/cli.h"
 #include "harness/task_file.h"
 #include "kernels/policies/policy.h"
@@ -11,7 +12,16 @@
 
 namespace kvb::harness {
 
-int cmd_ls(const std::vector<std::string>& args) {
+int cmd_ls(const std::vector<std::string>& all_args) {
+  // -v / --verbose anywhere (the option every command takes); the rest are words.
+  std::vector<std::string> args;
+  for (const std::string& a : all_args) {
+    if (a == "-v" || a == "--verbose") {
+      set_log_level(LogLevel::kDebug);
+    } else {
+      args.push_back(a);
+    }
+  }
   const std::string usage =
       "usage: kvbench ls policies | tasks\n\n"
       "Lists the registered eviction policies or tasks: name, description, and each option with\n"
@@ -52,6 +62,7 @@ int cmd_ls(const std::vector<std::string>& args) {
                   << "]\n";
       } catch (const Error& e) {
         std::cout << f << "\n    INVALID: " << e.what() << "\n";
+        if (!e.origin().empty()) KVB_LOG_DEBUG << f << ": raised at " << e.origin();
       }
     }
     std::cout << "\nEvery task definition takes:\n";

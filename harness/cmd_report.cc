@@ -33,7 +33,8 @@ int cmd_report(const std::vector<std::string>& args) {
       "options");
   desc.add_options()("help,h", "print this help")
       ("db", po::value(&db), "the results database (SQLite) written by kvbench sweep")
-      ("out", po::value(&out), "output directory (created; the report's own earlier files in it are replaced, others kept)")
+      ("out", po::value(&out), "output directory (created; the report's own earlier files in it are replaced, others "
+       "kept; an index.html or report.md that kvbench did not write is refused)")
       ("filter", po::value(&filters)->composing(), "KEY=V1[,V2...] (repeatable)")
       ("title", po::value(&opt.title)->default_value("kvbench report"), "page title");
   po::variables_map vm;

@@ -35,7 +35,10 @@ namespace {
 // --rerun-status "oom,timeout" -> {kOom, kTimeout}; a usage error names a bad status.
 std::set<results::UnitStatus> parse_rerun_statuses(const std::string& text) {
   std::set<results::UnitStatus> out;
-  if (text.empty()) return out;
+  // Given empty, it ran nothing again without a word.
+  KVB_USAGE_CHECK(!text.empty())
+      << "--rerun-status needs at least one status: ok, error, oom, timeout or crashed, "
+         "comma-separated";
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) {
     bool found = false;
@@ -88,7 +91,9 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "device", po::value(&a.device)->default_value("cpu"),
       "where workers run the model: cpu, or cuda (one GPU per worker rank, by its index among "
       "the node's workers; builds with CUDA only; tensor-parallel groups stay on cpu)")(
-      "dtype", po::value(&a.dtype),
+      "dtype", po::value(&a.dtype)->notifier([](const std::string& s) {
+        engine::parse_dtype(s);  // given empty, it would mean the device's default
+      }),
       "f32 or bf16; cuda: weights, GEMM inputs and KV cache (default bf16); cpu: bf16 "
       "weights only, f32 arithmetic and cache (default f32, the reference)")(
       "max-rss-gb", po::value(&a.max_rss_gb)->default_value(0),
@@ -112,10 +117,20 @@ int cmd_sweep(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_command_line(args, desc, &pos, "sweep", &vm)) return 0;
   a.share_prefill = !vm["no-share-prefill"].as<bool>();
-  a.rerun_statuses = parse_rerun_statuses(a.rerun_status);
+  // Given empty, --db meant the default out/<config>.db.
+  KVB_USAGE_CHECK(!vm.count("db") || !a.db.empty())
+      << "--db needs a file name (without --db, results go to out/<config name>.db)";
+  if (vm.count("rerun-status")) a.rerun_statuses = parse_rerun_statuses(a.rerun_status);
   KVB_USAGE_CHECK(!(a.rerun && !a.rerun_statuses.empty()))
       << "--rerun runs every finished unit again; --rerun-status " << a.rerun_status
       << " only those with a status: give one of them";
+  // Together, --resume marked the units in flight during two crashes `crashed` (so that they
+  // cannot crash the sweep again) and --rerun then cleared their crash counts and ran them.
+  KVB_USAGE_CHECK(!(a.resume && a.rerun))
+      << "--resume continues a run that did not finish and skips the units that were in flight "
+         "when it crashed twice; --rerun would clear their crash counts and run them again: give "
+         "one of them. To run the matrix again after a crash: --resume --rerun-status "
+         "ok,error,oom,timeout (add crashed to retry the units that crashed it)";
   const engine::Device device = engine::parse_device(a.device);
   engine::resolve_dtype(device, a.dtype);  // a bad --dtype fails before MPI
   KVB_USAGE_CHECK(device == engine::Device::kCpu || a.gpus_per_worker == 1)
@@ -199,6 +214,7 @@ int cmd_sweep(const std::vector<std::string>& args) {
   } catch (const Error& e) {
     if (comm.size() > 1) {
       std::cerr << "kvbench sweep: error: " << e.what() << "\n";
+      if (!e.origin().empty()) KVB_LOG_DEBUG << "kvbench sweep: raised at " << e.origin();
       comm.abort(e.kind() == ErrorKind::kUsage ? 2 : 1);
     }
     throw;

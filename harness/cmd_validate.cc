@@ -140,7 +140,7 @@ int cmd_validate(const std::vector<std::string>& args) {
   po::options_description hidden;
   hidden.add_options()("config", po::value(&config_path));
   po::options_description all;
-  all.add(desc).add(hidden);
+  all.add(desc).add(hidden).add(common_options());
   po::positional_options_description pos;
   pos.add("config", 1);
   po::variables_map vm;
@@ -150,13 +150,19 @@ int cmd_validate(const std::vector<std::string>& args) {
   } catch (const po::error& e) {
     KVB_USAGE_FAIL() << e.what() << " (see kvbench validate --help)";
   }
+  apply_common_options(vm);
   if (vm.count("help")) {
-    std::cout << desc << "\n";
+    std::cout << desc << "\n" << common_options() << "\n";
     return 0;
   }
   KVB_USAGE_CHECK(!config_path.empty()) << "a config file is required: kvbench validate CONFIG";
-  KVB_USAGE_CHECK(prefill_rate > 0 && decode_rate > 0 && ranks >= 1)
-      << "--prefill-tok-s and --decode-tok-s must be positive and --ranks >= 1";
+  // inf passed a plain `> 0` and made every estimate 0 s.
+  for (const auto& [flag, rate] :
+       {std::pair{"--prefill-tok-s", prefill_rate}, std::pair{"--decode-tok-s", decode_rate}}) {
+    KVB_USAGE_CHECK(std::isfinite(rate) && rate > 0)
+        << flag << " must be a positive, finite speed in tokens/s, got " << rate;
+  }
+  KVB_USAGE_CHECK(ranks >= 1) << "--ranks must be >= 1, got " << ranks;
   KVB_USAGE_CHECK(gpus_per_worker >= 1)
       << "--gpus-per-worker must be >= 1, got " << gpus_per_worker;
   if (ranks < gpus_per_worker) ranks = gpus_per_worker;  // at least one group
@@ -199,7 +205,7 @@ int cmd_validate(const std::vector<std::string>& args) {
       } catch (const Error& e) {
         throw Error(cfg.path + ": task '" + t.spec() + "' on model '" + cfg.models[m].name +
                         "': " + e.what(),
-                    e.kind());
+                    e.kind(), e.origin());
       }
       const ModelInfo& info = cfg.models[m].info;
       const bool chat = std::any_of(samples.begin(), samples.end(),

@@ -83,7 +83,9 @@ std::string MpiComm::recv(int source) {
 #ifdef KVB_WITH_MPI
   unsigned long long n = 0;
   KVB_MPI_CHECK(MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, source, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-  KVB_CHECK(n < (1ull << 31)) << "message of " << n << " bytes from rank " << source;
+  KVB_CHECK(n < (1ull << 31))
+      << "message of " << n << " bytes from rank " << source
+      << ": above MPI's count limit of 2^31 - 1 (a worker of another kvbench?)";
   std::string msg(n, '\0');
   KVB_MPI_CHECK(MPI_Recv(msg.data(), static_cast<int>(n), MPI_CHAR, source, 2, MPI_COMM_WORLD,
                          MPI_STATUS_IGNORE));
@@ -109,7 +111,9 @@ std::string MpiComm::recv_any(int* source, const std::function<void()>& while_wa
   KVB_MPI_CHECK(
       MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, st.MPI_SOURCE, 1, MPI_COMM_WORLD, &st));
   *source = st.MPI_SOURCE;
-  KVB_CHECK(n < (1ull << 31)) << "message of " << n << " bytes from rank " << *source;
+  KVB_CHECK(n < (1ull << 31))
+      << "message of " << n << " bytes from rank " << *source
+      << ": above MPI's count limit of 2^31 - 1 (a worker of another kvbench?)";
   std::string msg(n, '\0');
   KVB_MPI_CHECK(MPI_Recv(msg.data(), static_cast<int>(n), MPI_CHAR, *source, 2, MPI_COMM_WORLD,
                          MPI_STATUS_IGNORE));

@@ -74,7 +74,8 @@ class MpiTensorComm final : public kernels::Communicator {
 
  protected:
   void do_all_reduce_sum(float* data, size_t count) override {
-    KVB_CHECK(count < (1ull << 31)) << "all_reduce_sum of " << count << " floats";
+    KVB_CHECK(count < (1ull << 31))
+        << "all_reduce_sum of " << count << " floats: above MPI's count limit of 2^31 - 1";
     gathered_.resize(count * size_);
     KVB_MPI_CHECK(MPI_Allgather(data, static_cast<int>(count), MPI_FLOAT, gathered_.data(),
                              static_cast<int>(count), MPI_FLOAT, comm_));
@@ -85,12 +86,14 @@ class MpiTensorComm final : public kernels::Communicator {
     }
   }
   void do_all_gather(const void* in, size_t bytes, void* out) override {
-    KVB_CHECK(bytes < (1ull << 31)) << "all_gather of " << bytes << " bytes";
+    KVB_CHECK(bytes < (1ull << 31))
+        << "all_gather of " << bytes << " bytes: above MPI's count limit of 2^31 - 1";
     KVB_MPI_CHECK(MPI_Allgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes),
                              MPI_BYTE, comm_));
   }
   void do_broadcast(void* data, size_t bytes, int root) override {
-    KVB_CHECK(bytes < (1ull << 31)) << "broadcast of " << bytes << " bytes";
+    KVB_CHECK(bytes < (1ull << 31))
+        << "broadcast of " << bytes << " bytes: above MPI's count limit of 2^31 - 1";
     KVB_MPI_CHECK(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_));
   }
 

@@ -504,6 +504,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   }
   std::ostringstream html, md;
   html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+       << ReportDir::kHtmlMarker
        << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
           "style-src 'unsafe-inline'\">"
        << "<title>" << html_escape(opt.title) << "</title><style>" << kCss << "</style></head>\n"
@@ -511,8 +512,9 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
        << html_escape(store.path()) << " &middot; " << files.units << " units, " << files.ok_units
        << " ok" << (filter_text.empty() ? "" : " &middot; filter: " + html_escape(filter_text))
        << "</p>\n<nav>";
-  md << "# " << md_cell(opt.title) << "\n\n" << md_cell(store.path()) << ": " << files.units
-     << " units, " << files.ok_units << " ok"
+  md << ReportDir::kMarkdownMarker << "\n"
+     << "# " << md_cell(opt.title) << "\n\n"
+     << md_cell(store.path()) << ": " << files.units << " units, " << files.ok_units << " ok"
      << (filter_text.empty() ? "" : "; filter: " + md_cell(filter_text)) << "\n";
   for (const auto& s : sections) html << "<a href=\"#" << s.id << "\">" << s.title << "</a>";
   html << "</nav>\n";

@@ -29,7 +29,8 @@ struct ReportFiles {
 // Writes the report; the directory is created if needed. Files this report wrote before (listed
 // in DIR/.kvbench-report) are replaced or, if this one does not write them, deleted; other files
 // are left alone (results/report_dir.h). Usage errors: a database without units, a filter value
-// the database does not hold, csv/ or plots/ being symbolic links.
+// the database does not hold, csv/ or plots/ being symbolic links, an index.html or report.md in
+// DIR that an earlier report did not write (it lacks the report's marker).
 ReportFiles write_report(const Store& store, const ReportOptions& options);
 
 }  // namespace kvb::results

@@ -36,10 +36,32 @@ bool own_name(const std::string& rel) {
   return false;
 }
 
+// Whether a regular file carries `marker` in its first 4 KiB (the report writes it in its first
+// line).
+bool has_marker(const fs::path& p, const std::string& marker) {
+  std::ifstream in(p, std::ios::binary);
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  return head.find(marker) != std::string::npos;
+}
+
 }  // namespace
 
 ReportDir::ReportDir(const std::string& dir) : dir_(dir) {
   const fs::path d(dir);
+  // A page of the user's own (or one an older kvbench wrote without the marker) is theirs: the
+  // report never overwrites it. A link is replaced by write(), its target left alone.
+  for (const auto& [name, marker] :
+       {std::pair{"index.html", kHtmlMarker}, std::pair{"report.md", kMarkdownMarker}}) {
+    std::error_code ec;
+    const fs::path p = d / name;
+    if (!fs::is_regular_file(fs::symlink_status(p, ec))) continue;
+    KVB_USAGE_CHECK(has_marker(p, marker))
+        << "refusing to write the report: " << p.string()
+        << " exists and kvbench report did not write it (it lacks the marker " << marker
+        << "); move it away, or choose another --out";
+  }
   for (const char* sub : {"csv", "plots"}) {
     KVB_USAGE_CHECK(!is_link(d / sub))
         << "refusing to write the report: " << (d / sub).string()

@@ -294,7 +294,8 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
   // No items would be a task of no samples: zero units that look like a finished run.
   KVB_USAGE_CHECK(!file.items.empty())
       << path << ": no items (" << (total == 0 ? "the file is empty" : "only blank lines")
-      << "); a data file holds one JSON object per line";
+      << "); a data file holds one JSON object per line"
+      << (options.option.empty() ? "" : " (task option " + options.option + ")");
   return file;
 }
 

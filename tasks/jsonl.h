@@ -72,7 +72,8 @@ class UniqueSampleIds {
 // read through zlib, its decompressed size bounded like a plain file's. Blank lines are skipped;
 // CRLF line ends and a UTF-8 BOM are accepted; every other line must parse as one JSON object
 // (strings must be valid UTF-8: an invalid byte is reported with its offset and its key). A file
-// without items is a usage error. The open never blocks: a FIFO with no writer reads as empty.
+// without items is a usage error naming it and its task option. The open never blocks: a FIFO
+// with no writer reads as empty.
 struct JsonlFile {
   std::string path;
   std::vector<JsonlItem> items;

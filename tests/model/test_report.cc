@@ -125,6 +125,7 @@ TEST(Report, SmallNiahSweepRendersEveryPlotInChromium) {
   const std::string db = fresh_db("report_small.db");
   ASSERT_EQ(kvbench({"sweep", kConfigs + "ci_report.yaml", "--db", db}), 0);
   const fs::path dir = kBuild + "/report_small";
+  fs::remove_all(dir);  // a page of an older kvbench, without the marker, would be refused
   std::string out;
   ASSERT_EQ(kvbench({"report", "--db", db, "--out", dir.string()}, &out), 0);
   EXPECT_NE(out.find("from 12 units (12 ok)"), std::string::npos) << out;
@@ -181,6 +182,7 @@ std::string SmokeReport::db_;
 
 TEST_F(SmokeReport, WritesHtmlMarkdownCsvAndSvg) {
   const fs::path dir = kBuild + "/report_smoke";
+  fs::remove_all(dir);
   fs::create_directories(dir / "plots");
   std::ofstream(dir / "plots" / "stale.svg") << "<svg/>";  // from an earlier report,
   std::ofstream(dir / ".kvbench-report", std::ios::app) << "plots/stale.svg\n";  // which listed it
@@ -231,6 +233,7 @@ TEST_F(SmokeReport, HostileTextIsEscaped) {
             SQLITE_OK);
   sqlite3_close(h);
   const fs::path dir = kBuild + "/report_hostile";
+  fs::remove_all(dir);
   ASSERT_EQ(kvbench({"report", "--db", db, "--out", dir.string()}), 0);
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
     if (e.path().extension() != ".html" && e.path().extension() != ".svg") continue;
@@ -258,6 +261,7 @@ TEST_F(SmokeReport, SeveralModelsAreKeptApart) {
             SQLITE_OK);
   sqlite3_close(h);
   const fs::path dir = kBuild + "/report_two_models";
+  fs::remove_all(dir);
   ASSERT_EQ(kvbench({"report", "--db", db, "--out", dir.string()}), 0);
   const std::string csv = slurp(dir / "csv" / "summary.csv");
   EXPECT_NE(csv.find("\nother,niah,full,-,recall ↑,2,"), std::string::npos) << csv;
@@ -343,8 +347,38 @@ TEST_F(SmokeReport, OutDirKeepsTheUsersFilesAndFollowsNoLinks) {
   EXPECT_EQ(hashed, 1u);
 }
 
+// --out may be a folder with the user's own web page (issue 31): index.html and report.md are
+// replaced only when an earlier report wrote them (its marker), never the user's.
+TEST_F(SmokeReport, OutDirRefusesToOverwriteTheUsersPages) {
+  for (const char* page : {"index.html", "report.md"}) {
+    SCOPED_TRACE(page);
+    const fs::path dir = kBuild + "/report_users_page";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ofstream(dir / page) << "my own page\n";
+    std::string out, err;
+    EXPECT_EQ(kvbench({"report", "--db", db_, "--out", dir.string()}, &out, &err), 2);
+    EXPECT_NE(err.find("refusing to write the report: " + (dir / page).string() +
+                       " exists and kvbench report did not write it"),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find("move it away, or choose another --out"), std::string::npos) << err;
+    EXPECT_EQ(slurp(dir / page), "my own page\n");
+    EXPECT_FALSE(fs::exists(dir / "csv" / "summary.csv"));  // refused before writing anything
+    // Moved away, the report is written; run again, it replaces its own pages.
+    fs::remove(dir / page);
+    ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string()}, &out, &err), 0) << err;
+    ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string()}, &out, &err), 0) << err;
+    EXPECT_NE(
+        slurp(dir / "index.html").find("<meta name=\"generator\" content=\"kvbench report\">"),
+        std::string::npos);
+    EXPECT_EQ(slurp(dir / "report.md").rfind("<!-- generator: kvbench report -->\n# ", 0), 0u);
+  }
+}
+
 TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {
   const fs::path dir = kBuild + "/report_filtered";
+  fs::remove_all(dir);
   ASSERT_EQ(kvbench({"report", "--db", db_, "--out", dir.string(), "--filter", "policy=snapkv",
                      "--filter", "budget=32", "--filter", "task=niah"}),
             0);
@@ -370,6 +404,7 @@ TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {
   EXPECT_NE(err.find("unknown key 'colour'"), std::string::npos) << err;
   // kv_budget= is the axis's one name; budget= (above) its older spelling: the same report.
   const fs::path named = kBuild + "/report_filtered_kv_budget";
+  fs::remove_all(named);
   ASSERT_EQ(kvbench({"report", "--db", db_, "--out", named.string(), "--filter",
                      "policy=snapkv", "--filter", "kv_budget=32", "--filter", "task=niah"}),
             0);

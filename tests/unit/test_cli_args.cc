@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,8 @@ TEST_F(CliArgs, GenerateRefusesHostileArguments) {
           {{"--prompt", "x", "--temperature", "inf"}, "--temperature must be in [0, 100]"},
           {{"--prompt", "x", "--temperature", "nan"}, "--temperature must be in [0, 100]"},
           {{"--prompt", "x", "--system", "be brief"}, "--system is the system message of --chat"},
+          {{"--prompt", "x", "--dtype", ""}, "--dtype must be f32 or bf16, got ''"},
+          {{"--prompt", "x", "--dump-keep-sets", ""}, "--dump-keep-sets needs a file name"},
           {{"--prompt-file", KVB_BINARY_DIR "/test_cli_args/a_folder"},
            "--prompt-file '" KVB_BINARY_DIR "/test_cli_args/a_folder' is a directory"},
       });
@@ -70,7 +73,86 @@ TEST_F(CliArgs, EvalRefusesHostileArguments) {
                           {{"--limit", "-5"}, "--limit must be >= 0 (samples), got -5"},
                           {{"--seed", "-1"}, "--seed must be an integer"},
                           {{"stray"}, "unexpected argument(s) 'stray'"},
+                          // Issue 31: both were taken as given (-1 prompt tokens: no cap).
+                          {{"--max-prompt-tokens", "-1"},
+                           "--max-prompt-tokens must be >= 0 (tokens; 0: the model's context), "
+                           "got -1"},
+                          {{"--show-prediction", "-1"},
+                           "--show-prediction must be >= 0 (characters; 0: hide the column), got "
+                           "-1"},
+                          {{"--dtype", ""}, "--dtype must be f32 or bf16, got ''"},
                       });
+}
+
+// Issue 31: an empty data file said "task mc produced no samples", naming no file.
+TEST_F(CliArgs, EvalNamesAnEmptyDataFile) {
+  const std::string dir = KVB_BINARY_DIR "/test_cli_args";
+  fs::create_directories(dir);
+  const std::string data = dir + "/empty.jsonl";
+  std::ofstream(data) << "\n  \n";  // blank lines only
+  expect_usage_errors("eval", {"--model", kModel, "--tokenizer", kTokenizer, "--task", "mc"},
+                      {{{"--task-opt", "data=" + data},
+                        data + ": no items (only blank lines); a data file holds one JSON "
+                               "object per line (task option data)"}});
+}
+
+// Issue 31: the write error of --dump-keep-sets on a full disk was lost (exit 0, no file).
+TEST_F(CliArgs, GenerateReportsAFailedKeepSetsWrite) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  std::string out, err;
+  EXPECT_EQ(
+      testing::kvbench({"generate", "--model", kModel, "--tokenizer", kTokenizer, "--prompt", "x",
+                        "--max-new-tokens", "1", "--threads", "1", "--dump-keep-sets", "/dev/full"},
+                       &out, &err),
+      1);
+  EXPECT_NE(err.find("kvbench generate: error: error writing --dump-keep-sets file '/dev/full': "
+                     "No space left on device (the file is incomplete)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(testing::kvbench({"generate", "--model", kModel, "--tokenizer", kTokenizer, "--prompt",
+                              "x", "--max-new-tokens", "1", "--dump-keep-sets",
+                              KVB_BINARY_DIR "/test_cli_args/no_such_folder/k.json"},
+                             &out, &err),
+            2);
+  EXPECT_NE(
+      err.find("cannot open --dump-keep-sets file '" KVB_BINARY_DIR
+               "/test_cli_args/no_such_folder/k.json' for writing: No such file or directory"),
+      std::string::npos)
+      << err;
+}
+
+// Options of validate and sweep, refused before any config, model or database is read (none of
+// these files need to exist).
+TEST(CliArgsNoModel, ValidateAndSweepRefuseHostileOptions) {
+  expect_usage_errors(
+      "validate", {"no_such.yaml"},
+      {
+          {{"--decode-tok-s", "inf"},
+           "--decode-tok-s must be a positive, finite speed in tokens/s, got inf"},
+          {{"--prefill-tok-s", "nan"},
+           "--prefill-tok-s must be a positive, finite speed in tokens/s, got nan"},
+          {{"--decode-tok-s", "0"}, "--decode-tok-s must be a positive, finite speed"},
+          {{"--ranks", "0"}, "--ranks must be >= 1, got 0"},
+      });
+  const std::string db = KVB_BINARY_DIR "/test_cli_args_no_such.db";
+  expect_usage_errors(
+      "sweep", {"no_such.yaml"},
+      {
+          {{"--db", ""},
+           "--db needs a file name (without --db, results go to out/<config name>.db)"},
+          {{"--db", db, "--rerun-status", ""},
+           "--rerun-status needs at least one status: ok, error, oom, timeout or crashed"},
+          {{"--db", db, "--rerun-status", "oom,,timeout"},
+           "--rerun-status oom,,timeout: '' is not"},
+          {{"--db", db, "--dtype", ""}, "--dtype must be f32 or bf16, got ''"},
+          {{"--db", db, "--resume", "--rerun"},
+           "--resume continues a run that did not finish and skips the units that were in flight "
+           "when it crashed twice; --rerun would clear their crash counts and run them again: give "
+           "one of them. To run the matrix again after a crash: --resume --rerun-status "
+           "ok,error,oom,timeout"},
+      });
+  EXPECT_FALSE(fs::exists(db));
+  EXPECT_FALSE(fs::exists("out/no_such.db"));
 }
 
 // The accepted forms still work: a quoted prompt, a seed, a thread count.

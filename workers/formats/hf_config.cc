@@ -520,7 +520,9 @@ HfTokenizerConfig read_hf_tokenizer_config(const std::string& dir) {
   const fs::path jinja = fs::path(dir) / "chat_template.jinja";  // transformers >= 4.50 writes it
   if (t.chat_template.empty() && fs::is_regular_file(jinja, ec)) {
     const uint64_t bytes = fs::file_size(jinja, ec);
-    KVB_CHECK(!ec && bytes <= kMaxJsonBytes) << jinja.string() << ": " << bytes << " bytes";
+    KVB_CHECK(!ec && bytes <= kMaxJsonBytes)
+        << jinja.string() << ": " << bytes << " bytes; a chat template above " << kMaxJsonBytes
+        << " bytes is not plausible";
     std::ifstream in(jinja, std::ios::binary);
     std::ostringstream os;
     os << in.rdbuf();
