@@ -235,7 +235,7 @@ struct RepSet {
 // representatives, without finding the nearest: with no NaN anywhere the nearest's distance is
 // the least, so some representative within delta2 decides it; and a distance is summed as
 // squared_distance sums it (the same fma(d, d, s) per coordinate in order, so the same bits),
-// except that it stops once the partial sum exceeds delta2: each d * d added is >= 0 and
+// except that it stops once the partial sum exceeds delta2: each fma adds d * d >= 0 and
 // rounding to nearest is monotone, so the full sum would exceed it too. Checked every 8
 // coordinates.
 bool some_rep_within(const float* reps, int m, const float* key, int dim, double delta2) {
