@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/escape.h"
 
 namespace kvb::kernels::cpu {
 namespace {
@@ -47,6 +48,10 @@ bool cpu_runs(Isa isa) {
   return isa == Isa::kPortable;
 #endif
 }
+
+// A value from the environment as an error shows it: control characters escaped, at most 40
+// characters.
+std::string shown(const char* value) { return cut_chars(json_escape(value), 40); }
 
 std::string names(const std::vector<Isa>& isas) {
   std::string s;
@@ -97,7 +102,7 @@ Isa resolve_isa(const char* value, const std::vector<Isa>& avail) {
                                          "KVBENCH_NATIVE=ON, the default, on such a machine)")
                      << "; available here: auto " << names(avail);
   }
-  KVB_USAGE_FAIL() << "KVB_ISA=" << value
+  KVB_USAGE_FAIL() << "KVB_ISA=" << shown(value)
                    << ": unknown value; use auto (the widest path) or one of the paths available "
                       "here: "
                    << names(avail);

@@ -186,6 +186,14 @@ TEST(Isa, ValuesResolveOrAreRefusedNamingTheVariableAndThePaths) {
     EXPECT_NE(e.find(std::string("KVB_ISA=") + bad + ": unknown value"), std::string::npos) << e;
     EXPECT_NE(e.find("available here: avx2 portable"), std::string::npos) << e;
   }
+  // The value is shown escaped and cut.
+  const std::string ctl = refusal("avx2\n\x1b[31m", avx2_cpu);
+  EXPECT_NE(ctl.find("KVB_ISA=avx2\\n\\u001b[31m: unknown value"), std::string::npos) << ctl;
+  const std::string long_value(5000, 'x');
+  const std::string cut = refusal(long_value.c_str(), avx2_cpu);
+  EXPECT_NE(cut.find("KVB_ISA=" + std::string(40, 'x') + "\xE2\x80\xA6: unknown value"),
+            std::string::npos)
+      << cut.size();
   // A path that exists but not here: the build's own (compiled) paths say "this CPU lacks" it,
   // the others "this build has no" path.
   const std::string e = refusal("avx512", avx2_cpu);
