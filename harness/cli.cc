@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "harness/git_rev.h"
+#include "kernels/cpu/isa.h"
 
 namespace kvb::harness {
 
@@ -138,13 +139,26 @@ int run_cli(int argc, char** argv) {
     return 0;
   }
   if (cmd == "--version") {
-    std::cout << "kvbench " KVB_VERSION " (git " << git_rev() << ")\n";
+    std::string isa;
+    try {
+      isa = kernels::cpu::isa_summary();
+    } catch (const Error& e) {  // a bad KVB_ISA
+      std::cerr << "kvbench: error: " << e.what() << "\n";
+      return 2;
+    }
+    std::cout << "kvbench " KVB_VERSION " (git " << git_rev() << "), cpu kernels: " << isa << "\n";
     return 0;
   }
   std::vector<std::string> args(argv + first + 1, argv + argc);
   for (const auto& s : subcommands()) {
     if (cmd != s.name) continue;
     try {
+      // KVB_ISA (kernels/cpu/isa.h) is read before any work, so a bad value stops every command
+      // at once, and a forced path is said where its timings are recorded.
+      if (kernels::cpu::isa_forced()) {
+        KVB_LOG_INFO << "cpu kernels: " << kernels::cpu::isa_summary()
+                     << "; timings are of this path";
+      }
       return s.run(args);
     } catch (const Error& e) {
       return report_error(cmd, e.what(), e.origin(), e.kind() == ErrorKind::kUsage ? 2 : 1);

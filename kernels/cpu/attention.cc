@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "kernels/cpu/aligned_scratch.h"
 #include "kernels/cpu/exp_exact.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec.h"
 
@@ -279,13 +280,14 @@ void attention_blocked(const AttentionArgs& a, int group) {
 // P x V of the row path for `rows` rows of KV head kvh: out[r][j] = tree16 over lanes l of the
 // sum, in increasing slot order with fused multiply-adds from +0, of p_r[s] * v_s[j] over the
 // slots s = l (mod 16) of [lo + first[r], lo + visible[r]) (first, visible relative to lo, as
-// the softmax's; p_r[s] at p + r * ldp + s - lo). Each lane's sums stay in registers while the V rows of its slots stream by once for all
-// the rows (a query head's own pass kept 16 lane rows in memory and read V once per head).
-// lanes: scratch [rows, 16, d]; out: [rows, d].
+// the softmax's; p_r[s] at p + r * ldp + s - lo). Each lane's sums stay in registers while the V
+// rows of its slots stream by once for all the rows (a query head's own pass kept 16 lane rows in
+// memory and read V once per head). lanes: scratch [rows, 16, d]; out: [rows, d]. Both paths give
+// these bits (the portable one is the definition written out); active_isa() picks.
 #if defined(__AVX512F__)
 constexpr int kPvRows = 4;  // rows per register block: 4 x 4 zmm of lane sums (64 columns)
-void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* visible, int rows,
-              const LayerKvView& kv, int kvh, float* lanes) {
+void pv_lanes_avx512(const float* p, size_t ldp, int lo, const int* first, const int* visible,
+                     int rows, const LayerKvView& kv, int kvh, float* lanes) {
   const int d = kv.head_dim;
   int lo_all = INT32_MAX, hi_all = 0;
   for (int r = 0; r < rows; ++r) {
@@ -325,9 +327,9 @@ void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* v
     }
   }
 }
-#else
-void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* visible, int rows,
-              const LayerKvView& kv, int kvh, float* lanes) {
+#endif
+void pv_lanes_portable(const float* p, size_t ldp, int lo, const int* first, const int* visible,
+                       int rows, const LayerKvView& kv, int kvh, float* lanes) {
   const int d = kv.head_dim;
   std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
   for (int r = 0; r < rows; ++r) {
@@ -339,7 +341,19 @@ void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* v
     }
   }
 }
+
+void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* visible, int rows,
+              const LayerKvView& kv, int kvh, float* lanes) {
+#if defined(__AVX512F__)
+  if (active_isa() == Isa::kAvx512) {
+    count_dispatch(SimdKernel::kAttentionPv, Isa::kAvx512);
+    pv_lanes_avx512(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    return;
+  }
 #endif
+  count_dispatch(SimdKernel::kAttentionPv, Isa::kPortable);
+  pv_lanes_portable(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+}
 
 // Per-thread buffers of run_few_job.
 struct FewScratch {

@@ -10,11 +10,12 @@
 #include <immintrin.h>
 #endif
 
-namespace kvb::kernels::cpu {
+#include "kernels/cpu/isa.h"
 
-#if defined(__AVX512F__)
+namespace kvb::kernels::cpu {
 namespace {
 
+#if defined(__AVX512F__)
 // ln 2 split in two doubles (the nearest double, then the remainder): n * ln2 / 16 for integer
 // |n| < 2^12 subtracted in two fused steps loses nothing that matters at 2^-42.
 constexpr double kLn2Hi = 0x1.62e42fefa39efp-1;
@@ -51,9 +52,7 @@ inline __m512d exp_pd(__m512d x, __m512d t_lo, __m512d t_hi) {
   return _mm512_mul_pd(_mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(t), e)), p);
 }
 
-}  // namespace
-
-void exp_floats(float* y, const float* x, int n) {
+void exp_floats_avx512(float* y, const float* x, int n) {
   static const Exp2Table table;
   const __m512d t_lo = _mm512_load_pd(table.t), t_hi = _mm512_load_pd(table.t + 8);
   const __m512d lowest = _mm512_set1_pd(-87.0), highest = _mm512_set1_pd(88.0);
@@ -95,13 +94,25 @@ void exp_floats(float* y, const float* x, int n) {
   }
   for (; i < n; ++i) y[i] = std::exp(x[i]);
 }
+#endif  // __AVX512F__
 
-#else
-
-void exp_floats(float* y, const float* x, int n) {
+// std::exp one value at a time: the path without AVX-512 (no AVX2 one: isa.h).
+void exp_floats_portable(float* y, const float* x, int n) {
   for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
+}  // namespace
+
+void exp_floats(float* y, const float* x, int n) {
+#if defined(__AVX512F__)
+  if (active_isa() == Isa::kAvx512) {
+    count_dispatch(SimdKernel::kExpFloats, Isa::kAvx512);
+    exp_floats_avx512(y, x, n);
+    return;
+  }
 #endif
+  count_dispatch(SimdKernel::kExpFloats, Isa::kPortable);
+  exp_floats_portable(y, x, n);
+}
 
 }  // namespace kvb::kernels::cpu

@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/isa.h"
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define KVB_KCENTER_AVX2 1
 #endif
@@ -19,23 +20,30 @@
 namespace kvb::kernels::cpu {
 namespace {
 
-[[maybe_unused]] double squared_distance(const float* a, const float* b, int dim) {
+// Squared L2 in double: per coordinate in increasing order d = a - b (exact) and s = fma(d, d,
+// s), one rounding per coordinate. The fma is written out, not left to the compiler: GCC
+// contracted the vector path's multiply and add into an fma (-ffp-contract=fast) while a scalar
+// loop, under tunings that avoid fma chains (-mtune=znver*), stays unfused, so paths and
+// machines rounded differently (issue 31). std::fma is exact everywhere (an instruction with
+// FMA, the C library's otherwise).
+double squared_distance(const float* a, const float* b, int dim) {
   double s = 0;
   for (int i = 0; i < dim; ++i) {
     const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
-    s += d * d;
+    s = std::fma(d, d, s);
   }
   return s;
 }
 
-// Every point's squared distance to `centre`, into out[0, n): squared_distance's operations
-// (a double difference, a product and a sum per coordinate, in order, never fused: the CUDA
-// twin's contract), four points at a time where the build has AVX2 (a lane per point over a
-// coordinate-major copy of the points in blocks of 4), one at a time otherwise.
+// Every point's squared distance to `centre`, into out[0, n): squared_distance's operations,
+// four points at a time on the AVX2 path (a lane per point over a coordinate-major copy of the
+// points in blocks of 4), one at a time on the portable one (isa.h picks).
 class PointDistances {
  public:
   PointDistances(const KCenterArgs& a) : a_(a) {
 #ifdef KVB_KCENTER_AVX2
+    vector_ = active_isa() >= Isa::kAvx2;
+    if (!vector_) return;
     const int groups = (a.n + 3) / 4;
     blocks_.assign(static_cast<size_t>(groups) * a.dim * 4, 0.0f);
     for (int j = 0; j < a.n; ++j) {
@@ -45,35 +53,40 @@ class PointDistances {
     }
 #endif
   }
+  // Which path each() takes.
+  Isa path() const { return vector_ ? Isa::kAvx2 : Isa::kPortable; }
   // f(j, d) for every point j, d its squared distance to centre; points in parallel.
   template <typename F>
   void each(const float* centre, F f) const {
     const int n = a_.n;
 #ifdef KVB_KCENTER_AVX2
-    const int groups = (n + 3) / 4, dim = a_.dim;
+    if (vector_) {
+      const int groups = (n + 3) / 4, dim = a_.dim;
 #pragma omp parallel for schedule(static) if (n > 1024)
-    for (int g = 0; g < groups; ++g) {
-      const float* b = blocks_.data() + static_cast<size_t>(g) * dim * 4;
-      __m256d s = _mm256_setzero_pd();
-      for (int x = 0; x < dim; ++x) {
-        const __m256d p = _mm256_cvtps_pd(_mm_loadu_ps(b + static_cast<size_t>(x) * 4));
-        const __m256d d = _mm256_sub_pd(p, _mm256_set1_pd(static_cast<double>(centre[x])));
-        s = _mm256_add_pd(s, _mm256_mul_pd(d, d));
+      for (int g = 0; g < groups; ++g) {
+        const float* b = blocks_.data() + static_cast<size_t>(g) * dim * 4;
+        __m256d s = _mm256_setzero_pd();
+        for (int x = 0; x < dim; ++x) {
+          const __m256d p = _mm256_cvtps_pd(_mm_loadu_ps(b + static_cast<size_t>(x) * 4));
+          const __m256d d = _mm256_sub_pd(p, _mm256_set1_pd(static_cast<double>(centre[x])));
+          s = _mm256_fmadd_pd(d, d, s);
+        }
+        alignas(32) double out[4];
+        _mm256_store_pd(out, s);
+        for (int l = 0; l < 4 && g * 4 + l < n; ++l) f(g * 4 + l, out[l]);
       }
-      alignas(32) double out[4];
-      _mm256_store_pd(out, s);
-      for (int l = 0; l < 4 && g * 4 + l < n; ++l) f(g * 4 + l, out[l]);
+      return;
     }
-#else
+#endif
 #pragma omp parallel for schedule(static) if (n > 1024)
     for (int j = 0; j < n; ++j) {
       f(j, squared_distance(a_.keys + static_cast<size_t>(j) * a_.ld, centre, a_.dim));
     }
-#endif
   }
 
  private:
   const KCenterArgs& a_;
+  bool vector_ = false;
   std::vector<float> blocks_;
 };
 
@@ -94,6 +107,7 @@ int kcenter_greedy(const KCenterArgs& args, int32_t* centres, int32_t* assignmen
   centres[0] = 0;
   is_centre[0] = 1;
   const PointDistances distances(args);
+  count_dispatch(SimdKernel::kKCenter, distances.path());
   distances.each(point(0), [&](int j, double d) {
     dist[j] = d;
     nearest[j] = 0;

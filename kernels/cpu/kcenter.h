@@ -19,7 +19,8 @@ struct KCenterArgs {
 // squared L2 distance to its nearest chosen centre is largest, ties to the lower index. Points
 // identical to a centre (distance 0) are still taken once the others are exhausted, so exactly
 // min(k, n) distinct indices come back. Distances are squared L2 accumulated in double in
-// increasing coordinate order (bit-reproducible; squaring keeps the order of the distances).
+// increasing coordinate order, s = fma(d, d, s) per coordinate (bit-reproducible on every path
+// and compiler; squaring keeps the order of the distances).
 // centres: [k] (at least min(k, n) entries) filled in increasing index order; returns the count.
 // assignment: [n], nullable: for each point the index (into keys) of its nearest centre, ties to
 // the lower centre index; a centre is assigned to itself.

@@ -2,6 +2,7 @@
 // split of k with fused multiply-adds, then a fixed reduction tree. Register tiles of R rows of x
 // times C rows of w (AVX-512: 4x4, one zmm accumulator per output; AVX2: 2x3, two ymm per output;
 // portable: 1x1 emulating the lanes with std::fma), cache blocks of x rows and w panels, OpenMP.
+// Every path the build targets is compiled; the active one (isa.h, KVB_ISA) is chosen per call.
 #include "kernels/cpu/matmul.h"
 
 #include <omp.h>
@@ -15,10 +16,11 @@
 #include <memory>
 #include <new>
 
-// One SIMD path per build: the widest the compiler targets.
+// The SIMD paths this build can hold (isa.cc's conditions); which one runs is active_isa()'s.
 #if defined(__AVX512F__)
 #define KVB_MATMUL_AVX512 1
-#elif defined(__AVX2__) && defined(__FMA__)
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
 #define KVB_MATMUL_AVX2 1
 #endif
 #if defined(KVB_MATMUL_AVX512) || defined(KVB_MATMUL_AVX2)
@@ -27,6 +29,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/aligned_scratch.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul_tree.h"
 
 namespace kvb::kernels::cpu {
@@ -46,15 +49,13 @@ float dot_portable(const float* x, const float* w, int k) {
   return reduce_lanes(a);
 }
 
-#if !defined(KVB_MATMUL_AVX512) && !defined(KVB_MATMUL_AVX2)
-// 1x1 tile for the portable build: out[0] = dot(x row, w row).
+// 1x1 tile for the portable path: out[0] = dot(x row, w row).
 struct TilePortable {
   static constexpr int kRows = 1, kCols = 1;
   void operator()(const float* const* xr, const float* const* wr, int k, float* out) const {
     out[0] = dot_portable(xr[0], wr[0], k);
   }
 };
-#endif
 
 #if defined(KVB_MATMUL_AVX512)
 // GCC 12 warns that _mm512_undefined_ps (inside _mm512_shuffle_f32x4 and _mm512_permutexvar_ps)
@@ -321,21 +322,31 @@ void matmul_strided(float* y, size_t ldy, const float* x, size_t ldx, const floa
       << "matmul_strided: row strides x " << ldx << ", w " << ldw << " below k=" << k << " or y "
       << ldy << " below m=" << m;
   if (n == 0 || m == 0) return;
+  const Isa isa = active_isa();
 #if defined(KVB_MATMUL_AVX512)
-  if (n == 1) {
-    matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx512<1, 16>{});
-  } else {
-    matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx512<4, 4>{});
+  if (isa == Isa::kAvx512) {
+    count_dispatch(SimdKernel::kMatmul, Isa::kAvx512);
+    if (n == 1) {
+      matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx512<1, 16>{});
+    } else {
+      matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx512<4, 4>{});
+    }
+    return;
   }
-#elif defined(KVB_MATMUL_AVX2)
-  if (n == 1) {
-    matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx2<1, 4>{});
-  } else {
-    matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx2<2, 3>{});
-  }
-#else
-  matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TilePortable{});
 #endif
+#if defined(KVB_MATMUL_AVX2)
+  if (isa >= Isa::kAvx2) {
+    count_dispatch(SimdKernel::kMatmul, Isa::kAvx2);
+    if (n == 1) {
+      matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx2<1, 4>{});
+    } else {
+      matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TileAvx2<2, 3>{});
+    }
+    return;
+  }
+#endif
+  count_dispatch(SimdKernel::kMatmul, Isa::kPortable);
+  matmul_tiled(y, ldy, x, ldx, w, ldw, bias, n, k, m, TilePortable{});
 }
 
 void matmul(float* y, const float* x, const float* w, const float* bias, int n, int k, int m) {

@@ -1,7 +1,7 @@
 // f32 matrix multiplication against a weight matrix stored [out, in] (GGUF / llama2.c layout):
 // y = x * w^T (+ bias). One fixed summation order per output element (see matmul below), so the
 // bits of a row of y depend only on that row of x and on w: not on the batch, the thread count
-// or the code path taken (AVX-512, AVX2 or portable).
+// or the code path taken (AVX-512, AVX2 or portable; KVB_ISA picks among the build's: isa.h).
 #pragma once
 
 #include <cstddef>

@@ -1,11 +1,12 @@
 // matmul_bf16 (matmul_bf16.h): bf16 weights widened to f32 by a 16-bit shift, then matmul's
 // summation order (16 lanes of fused multiply-adds in increasing p, the fixed tree). Decode
-// (n == 1) runs its own register tiles, picked at run time (AVX-512 1x16, AVX2 1x4, portable);
-// so do a few rows on AVX-512 (4x4 tiles, 2 <= n < 16); otherwise panels of w are widened into
-// per-thread f32 scratch and matmul runs on them, whose contract makes each output's bits
-// independent of the panel split. AVX-512 BF16 (vdpbf16ps) is not used:
-// it would round x to bf16 and pair the products, so the result would no longer equal the f32
-// reference on the rounded weights; decode streams w from memory, where the shift costs nothing.
+// (n == 1) runs its own register tiles, picked at run time (AVX-512 1x16, AVX2 1x4, portable:
+// the CPU's widest, or the one KVB_ISA forces, isa.h); so do a few rows on AVX-512 (4x4 tiles, 2 <=
+// n < 16); otherwise panels of w are widened into per-thread f32 scratch and matmul runs on them,
+// whose contract makes each output's bits independent of the panel split. AVX-512 BF16 (vdpbf16ps)
+// is not used: it would round x to bf16 and pair the products, so the result would no longer equal
+// the f32 reference on the rounded weights; decode streams w from memory, where the shift costs
+// nothing.
 #include "kernels/cpu/matmul_bf16.h"
 
 #include <omp.h>
@@ -26,6 +27,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/aligned_scratch.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_tree.h"
 
@@ -207,7 +209,8 @@ KVB_TARGET_AVX2 void decode_avx2(const float* x, const uint16_t* w, int k, int j
 Bf16Path resolve(Bf16Path path) {
   if (path == Bf16Path::kAuto) return bf16_auto_path();
   KVB_CHECK(bf16_path_supported(path))
-      << "matmul_bf16: path " << bf16_path_name(path) << " is not supported on this CPU";
+      << "matmul_bf16: path " << bf16_path_name(path) << " is not supported on this CPU"
+      << (isa_forced() ? std::string(" under KVB_ISA=") + isa_name(active_isa()) : "");
   return path;
 }
 
@@ -302,6 +305,8 @@ void batched(float* y, const float* x, const uint16_t* w, const float* bias, int
 }  // namespace
 
 bool bf16_path_supported(Bf16Path path) {
+  // A forced KVB_ISA allows no path wider than itself (a run as on a CPU without the rest).
+  const auto allowed = [](Isa isa) { return !isa_forced() || active_isa() >= isa; };
   switch (path) {
     case Bf16Path::kAuto:
     case Bf16Path::kPortable:
@@ -309,9 +314,9 @@ bool bf16_path_supported(Bf16Path path) {
 #if defined(KVB_BF16_X86)
     case Bf16Path::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl");
+             __builtin_cpu_supports("avx512vl") && allowed(Isa::kAvx512);
     case Bf16Path::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && allowed(Isa::kAvx2);
 #endif
     default:
       return false;
@@ -348,9 +353,13 @@ void matmul_bf16(float* y, const float* x, const uint16_t* w, const float* bias,
   const Bf16Path p = resolve(path);
   if (n == 0 || m == 0) return;
   if (n == 1) {
+    count_dispatch(SimdKernel::kMatmulBf16, p == Bf16Path::kAvx512 ? Isa::kAvx512
+                                            : p == Bf16Path::kAvx2 ? Isa::kAvx2
+                                                                   : Isa::kPortable);
     decode(y, x, w, bias, k, m, p);
 #if defined(KVB_BF16_X86)
   } else if (n < 16 && p == Bf16Path::kAvx512) {
+    count_dispatch(SimdKernel::kMatmulBf16, Isa::kAvx512);
     few_rows_avx512(y, x, w, bias, n, k, m);
 #endif
   } else {

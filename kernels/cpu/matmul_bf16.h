@@ -3,7 +3,8 @@
 // in matmul's summation order (matmul.h). So matmul_bf16(x, w16) is bit-identical to
 // matmul(x, widen(w16)): the bf16 path differs from the f32 reference only by the rounding of the
 // weights, never by the arithmetic. The SIMD path is chosen at run time from the CPU's features
-// (AVX-512, AVX2 + FMA, or portable); all give the same bits.
+// (AVX-512, AVX2 + FMA, or portable), none wider than a path KVB_ISA forces (isa.h); all give
+// the same bits.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +18,8 @@ namespace kvb::kernels::cpu {
 void round_to_bf16(const float* src, size_t count, uint16_t* dst);
 
 enum class Bf16Path { kAuto, kAvx512, kAvx2, kPortable };
-// Whether this CPU (and this compiler) runs `path`; kAuto and kPortable always.
+// Whether this CPU (and this compiler) runs `path`, and a forced KVB_ISA allows it (no path wider
+// than the forced one); kAuto and kPortable always.
 bool bf16_path_supported(Bf16Path path);
 // The path kAuto takes here; its name ("avx512", "avx2", "portable").
 Bf16Path bf16_auto_path();

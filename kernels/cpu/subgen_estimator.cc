@@ -8,21 +8,28 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-#define KVB_SUBGEN_AVX2 1
+#define KVB_SUBGEN_AVX2 1  // compiled; taken when active_isa() >= Isa::kAvx2 (isa.h)
 #endif
 
 namespace kvb::kernels::cpu {
 namespace {
 
+// Squared L2 in double: per coordinate in increasing order d = a - b (exact) and s = fma(d, d,
+// s). The fma is written out, not left to the compiler: GCC's contraction of `s += d * d` varied
+// with the tuning (a scalar loop stays unfused under -mtune=znver*, which avoids fma chains,
+// while straight-line code and the vector path fused), so the paths of one build disagreed on
+// a distance at a threshold (issue 31). std::fma is exact everywhere (an instruction with FMA,
+// the C library's otherwise).
 double squared_distance(const float* a, const float* b, int dim) {
   double s = 0;
   for (int i = 0; i < dim; ++i) {
     const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
-    s += d * d;
+    s = std::fma(d, d, s);
   }
   return s;
 }
@@ -48,6 +55,8 @@ Nearest nearest_rep(const float* reps, int m, int ld, const float* key, int dim)
 }  // namespace
 
 bool subgen_distance_fuses() {
+  // squared_distance fuses by construction; this measures the compiled function, so the CUDA
+  // twin's rounding switch and its test follow what the CPU really does.
   // Coordinates 0-3 sum exactly to 2^-29 + 2^-53 (float differences, squares exact in double);
   // coordinate 4's d = 1 - 2^-30 has d^2 = 1 - 2^-29 + 2^-60. Unfused, d^2 rounds to
   // 1 - 2^-29 and the sum 1 + 2^-53 is a tie that rounds to even, 1; fused, the 2^-60 breaks
@@ -199,23 +208,25 @@ int subgen_max_clusters(int kv_budget, int s, int t, int sinks, int recent) {
 namespace {
 
 // The representatives of a count: rows [m, dim] (the nearest rule's layout) and, for the vector
-// path, blocks of 4 coordinate-major ([ceil(m / 4), dim, 4], lanes past m zero).
+// path (`blocked`), blocks of 4 coordinate-major ([ceil(m / 4), dim, 4], lanes past m zero).
 struct RepSet {
   int dim = 0, m = 0;
+  bool blocked = false;
   std::vector<float> rows, blocks;
-  void clear(int d) {
+  void clear(int d, bool with_blocks) {
     dim = d;
     m = 0;
+    blocked = with_blocks;
     rows.clear();
     blocks.clear();
   }
   void add(const float* k) {
     rows.insert(rows.end(), k, k + dim);
-#ifdef KVB_SUBGEN_AVX2
-    if (m % 4 == 0) blocks.resize(blocks.size() + static_cast<size_t>(dim) * 4, 0.0f);
-    float* b = blocks.data() + static_cast<size_t>(m / 4) * dim * 4 + m % 4;
-    for (int x = 0; x < dim; ++x) b[static_cast<size_t>(x) * 4] = k[x];
-#endif
+    if (blocked) {
+      if (m % 4 == 0) blocks.resize(blocks.size() + static_cast<size_t>(dim) * 4, 0.0f);
+      float* b = blocks.data() + static_cast<size_t>(m / 4) * dim * 4 + m % 4;
+      for (int x = 0; x < dim; ++x) b[static_cast<size_t>(x) * 4] = k[x];
+    }
     ++m;
   }
 };
@@ -223,8 +234,8 @@ struct RepSet {
 // Whether nearest_rep(reps, m, dim, key, dim).dist2 <= delta2, for finite keys and
 // representatives, without finding the nearest: with no NaN anywhere the nearest's distance is
 // the least, so some representative within delta2 decides it; and a distance is summed as
-// squared_distance sums it (the same `s += d * d` per coordinate in order, so the same bits),
-// except that it stops once the partial sum exceeds delta2: each d * d added is >= 0 and
+// squared_distance sums it (the same fma(d, d, s) per coordinate in order, so the same bits),
+// except that it stops once the partial sum exceeds delta2: each fma adds d * d >= 0 and
 // rounding to nearest is monotone, so the full sum would exceed it too. Checked every 8
 // coordinates.
 bool some_rep_within(const float* reps, int m, const float* key, int dim, double delta2) {
@@ -236,7 +247,7 @@ bool some_rep_within(const float* reps, int m, const float* key, int dim, double
     for (; x + 8 <= dim; x += 8) {
       for (int e = x; e < x + 8; ++e) {
         const double d = static_cast<double>(r[e]) - static_cast<double>(key[e]);
-        s += d * d;
+        s = std::fma(d, d, s);
       }
       if (s > delta2) {
         over = true;
@@ -246,7 +257,7 @@ bool some_rep_within(const float* reps, int m, const float* key, int dim, double
     if (over) continue;
     for (; x < dim; ++x) {
       const double d = static_cast<double>(r[x]) - static_cast<double>(key[x]);
-      s += d * d;
+      s = std::fma(d, d, s);
     }
     if (s <= delta2) return true;
   }
@@ -255,10 +266,9 @@ bool some_rep_within(const float* reps, int m, const float* key, int dim, double
 
 #ifdef KVB_SUBGEN_AVX2
 // some_rep_within over 4 representatives at a time (AVX2: a lane per representative, each
-// summing its own distance in coordinate order with the operation squared_distance compiles
-// to: one fma per coordinate where the build fuses `s += d * d`, else a multiply and an add;
-// `fused` is subgen_distance_fuses()). A block stops once all its lanes passed delta2.
-bool some_rep_within4(const RepSet& reps, const float* key, double delta2, bool fused) {
+// summing its own distance in coordinate order with squared_distance's fma). A block stops once
+// all its lanes passed delta2.
+bool some_rep_within4(const RepSet& reps, const float* key, double delta2) {
   const int dim = reps.dim;
   const __m256d lim = _mm256_set1_pd(delta2);
   for (int g = 0; g * 4 < reps.m; ++g) {
@@ -269,7 +279,7 @@ bool some_rep_within4(const RepSet& reps, const float* key, double delta2, bool 
     auto step = [&](int x) {
       const __m256d r = _mm256_cvtps_pd(_mm_loadu_ps(b + static_cast<size_t>(x) * 4));
       const __m256d d = _mm256_sub_pd(r, _mm256_set1_pd(static_cast<double>(key[x])));
-      s = fused ? _mm256_fmadd_pd(d, d, s) : _mm256_add_pd(s, _mm256_mul_pd(d, d));
+      s = _mm256_fmadd_pd(d, d, s);
     };
     int x = 0;
     bool over = false;
@@ -300,20 +310,21 @@ bool all_finite(const float* keys, int n, int ld, int head_dim) {
 }
 
 // subgen_count_clusters; finite: every key is finite (some_rep_within decides then, 4 lanes at
-// a time where the build has AVX2 and FMA and `vector`).
+// a time on the AVX2 path (isa.h) when `vector`).
 int count_clusters(const float* keys, int n, int ld, int head_dim, double delta2, int limit,
                    bool finite, RepSet& reps, bool vector = true) {
-  reps.clear(head_dim);
 #ifdef KVB_SUBGEN_AVX2
-  const bool fused = subgen_distance_fuses();
+  vector = vector && active_isa() >= Isa::kAvx2;
 #else
   vector = false;
 #endif
+  reps.clear(head_dim, vector);
+  if (finite) count_dispatch(SimdKernel::kSubgenCount, vector ? Isa::kAvx2 : Isa::kPortable);
   for (int j = 0; j < n; ++j) {
     const float* k = keys + static_cast<size_t>(j) * ld;
     if (finite) {
 #ifdef KVB_SUBGEN_AVX2
-      if (vector ? some_rep_within4(reps, k, delta2, fused)
+      if (vector ? some_rep_within4(reps, k, delta2)
                  : some_rep_within(reps.rows.data(), reps.m, k, head_dim, delta2)) {
         continue;
       }

@@ -56,13 +56,14 @@ struct SubgenSketch {
 // weight mu / (s |v|^2) both use it, so they agree bit for bit.
 double value_sqnorm(const float* v, int head_dim);
 
-// Whether this build's squared distances (subgen_absorb's nearest representative, and
-// subgen_count_clusters) fuse each `s += d * d` into one fma: the host compiler contracts the
-// expression where the target has FMA (GCC's default -ffp-contract=fast with -march=native),
-// and not otherwise. Measured once on the real function with inputs whose fused and unfused sums
-// differ, so the CUDA twin (kernels/cuda/subgen_sketch.h) can take the same rounding and make
-// the same decisions bit for bit. |v|^2 needs no such choice: a float times a float is exact in
-// double, so fused and unfused sums agree.
+// Whether the squared distances (subgen_absorb's nearest representative, subgen_count_clusters
+// on every path, subgen_auto_delta2) fuse each coordinate's square into the sum, s = fma(d, d,
+// s). They do, on every build: the fma is written out (std::fma, _mm256_fmadd_pd), since the
+// compiler's own contraction of `s += d * d` differed between loops of one build under some
+// tunings (issue 31). Measured once on the real function with inputs whose fused and unfused
+// sums differ, so the CUDA twin (kernels/cuda/subgen_sketch.h) takes the CPU's actual rounding
+// and makes the same decisions bit for bit. |v|^2 needs no such choice: a float times a float
+// is exact in double, so fused and unfused sums agree.
 bool subgen_distance_fuses();
 
 // Streams one token into the sketch (Algorithm 1 lines 4-6):
@@ -134,10 +135,11 @@ int subgen_max_clusters(int kv_budget, int s, int t, int sinks, int recent);
 // count either way (subgen_count_clusters_by_nearest, always the nearest: the reference the
 // tests hold it to).
 int subgen_count_clusters(const float* keys, int n, int ld, int head_dim, double delta2, int limit);
-int subgen_count_clusters_by_nearest(const float* keys, int n, int ld, int head_dim,
-                                     double delta2, int limit);
-// The "some representative within" rule one representative at a time (where the build has the
-// 4-lane AVX2 path, the tests hold both to the nearest rule).
+int subgen_count_clusters_by_nearest(const float* keys, int n, int ld, int head_dim, double delta2,
+                                     int limit);
+// The "some representative within" rule one representative at a time, whatever the active path
+// (subgen_count_clusters takes 4 at a time on the AVX2 path: the tests hold both to the nearest
+// rule).
 int subgen_count_clusters_scalar(const float* keys, int n, int ld, int head_dim, double delta2,
                                  int limit);
 

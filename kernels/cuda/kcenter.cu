@@ -10,12 +10,13 @@ namespace {
 
 constexpr int kThreads = 1024;
 
-// Squared L2 in double in increasing coordinate order, no FMA: cpu::kcenter's bits.
+// Squared L2 in double in increasing coordinate order, s = fma(d, d, s): cpu::kcenter's bits
+// (its distances fuse every square into the sum on every path: kernels/cpu/kcenter.cc).
 __device__ double squared_distance(const float* a, const float* b, int dim) {
   double s = 0;
   for (int i = 0; i < dim; ++i) {
     const double d = __dsub_rn(static_cast<double>(a[i]), static_cast<double>(b[i]));
-    s = __dadd_rn(s, __dmul_rn(d, d));
+    s = __fma_rn(d, d, s);
   }
   return s;
 }

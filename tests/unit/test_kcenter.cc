@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -115,9 +116,9 @@ TEST(KCenter, SizeEdges) {
 }
 
 // The greedy loop written out plainly (one point at a time, squared distances in double in
-// coordinate order): the library's (points four to a vector, in parallel) must give the same
-// centres, assignments and sizes, on data with many exact ties (coordinates on a coarse grid),
-// counts of points that do and do not fill the last vector, and dimensions 1 to 70.
+// coordinate order, an fma per coordinate): the library's (points four to a vector, in parallel)
+// must give the same centres, assignments and sizes, on data with many exact ties (coordinates on a
+// coarse grid), counts of points that do and do not fill the last vector, and dimensions 1 to 70.
 KCenterRun reference(const std::vector<float>& keys, int dim, int k) {
   const int n = static_cast<int>(keys.size()) / dim;
   auto dist2 = [&](int i, int j) {
@@ -125,7 +126,7 @@ KCenterRun reference(const std::vector<float>& keys, int dim, int k) {
     for (int c = 0; c < dim; ++c) {
       const double t = static_cast<double>(keys[static_cast<size_t>(i) * dim + c]) -
                        static_cast<double>(keys[static_cast<size_t>(j) * dim + c]);
-      s += t * t;
+      s = std::fma(t, t, s);
     }
     return s;
   };
@@ -161,6 +162,19 @@ KCenterRun reference(const std::vector<float>& keys, int dim, int k) {
     ++r.sizes[std::lower_bound(r.centres.begin(), r.centres.end(), near[j]) - r.centres.begin()];
   }
   return r;
+}
+
+// The distances fuse each square into the sum (kcenter.h), on every path (this binary runs under
+// each KVB_ISA the build has): point 1 is 1 + 2^-52 from point 0 when `s = fma(d, d, s)` and
+// exactly 1 when the square is rounded first (the tie 1 + 2^-53 rounds to even); point 2 is
+// 1 + 2^-52 away either way (exact squares). Fused, the farthest is a tie that goes to the lower
+// index, point 1; unfused it would be point 2.
+TEST(KCenter, DistancesFuseEachSquareIntoTheSum) {
+  const std::vector<float> keys = {0.0f,       0.0f,       0.0f,       0.0f,       0x1.0p-30f,
+                                   0x1.0p-15f, 0x1.0p-15f, 0x1.0p-27f, 0x1.0p-27f, 1.0f,
+                                   1.0f,       0x1.0p-26f, 0.0f,       0.0f,       0x1.0p-30f};
+  const KCenterRun r = run(keys, 5, 2);
+  EXPECT_EQ(r.centres, (V{0, 1}));
 }
 
 TEST(KCenter, EqualsThePlainGreedyLoop) {
@@ -210,7 +224,7 @@ TEST(KCenter, ParallelPathMatchesSerialAndIsAGreedyCover) {
     double s = 0;
     for (int c = 0; c < dim; ++c) {
       const double t = static_cast<double>(keys[i * dim + c]) - keys[j * dim + c];
-      s += t * t;
+      s = std::fma(t, t, s);
     }
     return s;
   };

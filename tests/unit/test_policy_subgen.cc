@@ -211,14 +211,15 @@ TEST(SubgenEstimator, CountByAnyWithinEqualsCountByNearest) {
               (x % 12 == c ? 3.0f : 0.0f) + 0.5f * gauss(seed, 2, j * d + x);
         }
       }
-      // Thresholds: exact squared distances between keys (ties at the boundary), and between.
+      // Thresholds: exact squared distances between keys (ties at the boundary), and between;
+      // summed as the kernel sums them (an fma per coordinate), so they are its distances.
       std::vector<double> deltas = {0.0, 1e300};
       for (int j = 1; j < 40; ++j) {
         double s = 0;
         for (int x = 0; x < d; ++x) {
           const double diff = static_cast<double>(keys[static_cast<size_t>(j) * d + x]) -
                               static_cast<double>(keys[static_cast<size_t>(j - 1) * d + x]);
-          s += diff * diff;
+          s = std::fma(diff, diff, s);
         }
         deltas.push_back(s);
         deltas.push_back(s * 0.5);
@@ -244,7 +245,7 @@ TEST(SubgenEstimator, CountByAnyWithinEqualsCountByNearest) {
             for (int x = 0; x < d; ++x) {
               const double diff = static_cast<double>(keys[static_cast<size_t>(j) * d + x]) -
                                   static_cast<double>(keys[x]);
-              s += diff * diff;
+              s = std::fma(diff, diff, s);
             }
             hi = std::max(hi, s);
           }
@@ -404,15 +405,28 @@ TEST(SubgenEstimator, CounterUniformIsAFunctionOfTheCounter) {
 }
 
 // subgen_distance_fuses, the rounding switch of the CUDA absorb (kernels/cuda/subgen_sketch.h),
-// says how this build's squared distances round: keys whose distance is 1 + 2^-52 when each
+// says how the squared distances round: keys whose distance is 1 + 2^-52 when each
 // `s += d * d` is fused and exactly 1 when it is not make two clusters at delta^2 = 1 in the
-// first case and one in the second, whatever the build chose.
+// first case and one in the second. The distances fuse on every build and path (an explicit
+// fma: the compiler's contraction differed between loops under -mtune=znver*, issue 31), by
+// each rule of the count: the active path's, one representative at a time, and the nearest.
 TEST(SubgenEstimator, DistanceFusionProbeMatchesTheClustering) {
   const float keys[2][5] = {{0.0f, 0.0f, 0.0f, 0.0f, 0x1.0p-30f},
                             {0x1.0p-15f, 0x1.0p-15f, 0x1.0p-27f, 0x1.0p-27f, 1.0f}};
-  const int clusters = cpu::subgen_count_clusters(&keys[0][0], 2, 5, 5, 1.0, 4);
-  EXPECT_EQ(clusters, cpu::subgen_distance_fuses() ? 2 : 1);
-  EXPECT_EQ(cpu::subgen_distance_fuses(), cpu::subgen_distance_fuses());  // measured once
+  EXPECT_TRUE(cpu::subgen_distance_fuses());
+  EXPECT_EQ(cpu::subgen_count_clusters(&keys[0][0], 2, 5, 5, 1.0, 4), 2);
+  EXPECT_EQ(cpu::subgen_count_clusters_scalar(&keys[0][0], 2, 5, 5, 1.0, 4), 2);
+  EXPECT_EQ(cpu::subgen_count_clusters_by_nearest(&keys[0][0], 2, 5, 5, 1.0, 4), 2);
+  // The same on the vector path's blocks of 4 (representatives 0-3, then the key at 2^-52 past
+  // delta^2 from the last): 5 clusters, not 4.
+  std::vector<float> five(5 * 5, 0.0f);
+  for (int r = 0; r < 4; ++r) five[r * 5 + 0] = 10.0f * static_cast<float>(r + 1);
+  for (int x = 0; x < 5; ++x) {
+    five[3 * 5 + x] = keys[0][x] + (x == 0 ? 40.0f : 0.0f);
+    five[4 * 5 + x] = keys[1][x] + (x == 0 ? 40.0f : 0.0f);
+  }
+  EXPECT_EQ(cpu::subgen_count_clusters(five.data(), 5, 5, 5, 1.0, 10), 5);
+  EXPECT_EQ(cpu::subgen_count_clusters_by_nearest(five.data(), 5, 5, 5, 1.0, 10), 5);
 }
 
 // The CPU instance of the ops table has no SubGen sketches (the CPU policy keeps its own): its
