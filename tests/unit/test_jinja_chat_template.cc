@@ -278,9 +278,52 @@ TEST(JinjaChatTemplate, ACrashOfTheRendererIsAnErrorNotOurs) {
   EXPECT_TRUE(has(e, "crashed kvbench's isolated renderer: the renderer died with signal 11 "
                      "(SIGSEGV"))
       << e;
+  // minja divides integers by zero: SIGFPE, which would have killed kvbench (found by a random
+  // corpus of hostile templates through kvbench generate --chat).
+  for (const std::string text : {"{{ 1 // 0 }}", "{{ 1 % 0 }}"}) {
+    EXPECT_TRUE(has(render_error(text, small_limits()),
+                    "crashed kvbench's isolated renderer: the renderer died with signal 8 "
+                    "(SIGFPE"))
+        << text;
+  }
   // The same process renders the next template.
   JinjaChatTemplate ok("{{ messages[0]['content'] }}!", "", "", "t");
   EXPECT_EQ(ok.render({{"user", "after"}}, true), "after!");
+}
+
+TEST(JinjaChatTemplate, AHostileTemplateFailsAgainAtOnce) {
+  // The time limit is paid once per template object: its later renders (a worker renders a
+  // model's template once per chat prompt) fail with the same error without a second wait.
+  JinjaChatTemplate t("{{ '' * 1000000000000 }}", "", "", "slow.gguf: tokenizer.chat_template");
+  SandboxLimits l;
+  l.seconds = 1;
+  t.set_limits(l);
+  std::string first;
+  try {
+    t.render({{"user", "x"}}, true);
+  } catch (const kvb::Error& e) {
+    first = e.what();
+  }
+  EXPECT_TRUE(has(first, "slow.gguf: tokenizer.chat_template: the chat template exceeded the time "
+                         "limit"))
+      << first;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) {
+    try {
+      t.render({{"user", "y"}}, false);
+      ADD_FAILURE() << "rendered";
+    } catch (const kvb::Error& e) {
+      EXPECT_EQ(e.what(), first);
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    }
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  // A template that only refuses a conversation is not hostile: the next conversation renders.
+  JinjaChatTemplate picky(
+      "{% if messages | length > 1 %}{{ raise_exception('one turn only') }}{% endif %}ok", "", "",
+      "t");
+  EXPECT_THROW(picky.render({{"user", "a"}, {"user", "b"}}, true), kvb::Error);
+  EXPECT_EQ(picky.render({{"user", "a"}}, true), "ok");
 }
 
 TEST(JinjaChatTemplate, SandboxReportsWhatTheWorkThrowsAndReturns) {

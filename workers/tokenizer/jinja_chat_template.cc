@@ -6,6 +6,7 @@
 #include <chrono>
 #include <ctime>
 #include <functional>
+#include <mutex>
 #include <iomanip>
 #include <minja.hpp>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,11 @@ namespace kvb::tokenizer {
 
 struct JinjaChatTemplate::Parsed {
   std::shared_ptr<minja::TemplateNode> root;
+};
+
+struct JinjaChatTemplate::Verdict {
+  std::mutex mu;
+  std::string error;  // "" until a render exceeded a limit or crashed the renderer
 };
 
 namespace {
@@ -83,6 +89,7 @@ JinjaChatTemplate::JinjaChatTemplate(std::string text, std::string bos_token, st
     KVB_USAGE_FAIL() << origin_ << ": the chat template is not valid Jinja: " << e.what();
   }
   parsed_ = std::move(parsed);
+  verdict_ = std::make_shared<Verdict>();
 }
 
 JinjaChatTemplate::~JinjaChatTemplate() = default;
@@ -120,7 +127,12 @@ std::string JinjaChatTemplate::render(const std::vector<ChatMessage>& messages,
              }));
     return parsed_->root->render(ctx);
   };
+  {
+    std::lock_guard<std::mutex> lock(verdict_->mu);
+    KVB_USAGE_CHECK(verdict_->error.empty()) << verdict_->error;
+  }
   SandboxResult r = run_sandboxed(work, limits_);
+  std::string hostile;
   switch (r.status) {
     case SandboxResult::Status::kOk:
       return std::move(r.output);
@@ -128,18 +140,23 @@ std::string JinjaChatTemplate::render(const std::vector<ChatMessage>& messages,
       KVB_USAGE_FAIL() << origin_ << ": the chat template refused the conversation ("
                        << messages.size() << " messages): " << r.message;
     case SandboxResult::Status::kLimit:
-      KVB_USAGE_FAIL() << origin_ << ": the chat template exceeded the " << r.message
-                       << ". A model file's template is code from whoever made the file; kvbench "
-                          "renders it in an isolated process under limits. Run without chat, or "
-                          "use a model file with a sound template";
-    case SandboxResult::Status::kCrashed:
-      KVB_USAGE_FAIL() << origin_ << ": the chat template crashed kvbench's isolated renderer: "
-                       << r.message << ". Run without chat, or use a model file with a sound "
-                                       "template";
-    case SandboxResult::Status::kUnavailable:
+      hostile = origin_ + ": the chat template exceeded the " + r.message +
+                ". A model file's template is code from whoever made the file; kvbench renders "
+                "it in an isolated process under limits. Run without chat, or use a model file "
+                "with a sound template";
       break;
+    case SandboxResult::Status::kCrashed:
+      hostile = origin_ + ": the chat template crashed kvbench's isolated renderer: " + r.message +
+                ". Run without chat, or use a model file with a sound template";
+      break;
+    case SandboxResult::Status::kUnavailable:
+      KVB_FAIL() << origin_ << ": cannot render the chat template: " << r.message;
   }
-  KVB_FAIL() << origin_ << ": cannot render the chat template: " << r.message;
+  {
+    std::lock_guard<std::mutex> lock(verdict_->mu);
+    if (verdict_->error.empty()) verdict_->error = hostile;
+  }
+  KVB_USAGE_FAIL() << hostile;
   return "";
 }
 

@@ -36,6 +36,8 @@ class JinjaChatTemplate {
   // that exceeds one, or crashes the child, is a usage error naming origin and the limit.
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
 
+  // A template that exceeded a limit or crashed the renderer fails every later render of this
+  // object at once with the same error (it is hostile: no second fork, no second 10 s wait).
   const SandboxLimits& limits() const { return limits_; }
   void set_limits(const SandboxLimits& limits) { limits_ = limits; }
 
@@ -50,6 +52,8 @@ class JinjaChatTemplate {
   struct Parsed;
   std::string text_, bos_token_, eos_token_, origin_;
   SandboxLimits limits_;
+  struct Verdict;                      // the first limit or crash, shared by moved-from copies
+  std::shared_ptr<Verdict> verdict_;
   std::unique_ptr<const Parsed> parsed_;
 };
 
