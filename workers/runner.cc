@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include <unistd.h>
+#include <unistd.h>  // sysconf
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -177,8 +177,8 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
           shared->reused = rs.prefix_store->prefill(engine, first, shared->full, &shared->record,
                                                     &shared->logits);
         } else {
-          engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits,
-                         nullptr, engine::PolicyHook::kNone, &shared->record);
+          engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits, nullptr,
+                         engine::PolicyHook::kNone, &shared->record);
         }
       } catch (const UnitTimeout&) {
         // Under tensor parallelism every rank agreed (check_time).

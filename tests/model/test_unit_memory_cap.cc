@@ -86,8 +86,8 @@ TEST(UnitMemoryCap, ALargerModelRunBeforeIsNotChargedToTheNextModelsUnits) {
   const std::vector<results::UnitResult> after = runner.run(bundle(1));
   ASSERT_EQ(after.size(), 2u);
   for (size_t i = 0; i < after.size(); ++i) {
-    ASSERT_EQ(after[i].status, results::UnitStatus::kOk) << after[i].unit_key << ": "
-                                                         << after[i].error;
+    ASSERT_EQ(after[i].status, results::UnitStatus::kOk)
+        << after[i].unit_key << ": " << after[i].error;
     ASSERT_TRUE(after[i].prediction && alone[i].prediction);
     EXPECT_EQ(after[i].prediction->text, alone[i].prediction->text);
   }
