@@ -84,14 +84,17 @@ void check_limits(const RunSettings& rs, std::chrono::steady_clock::time_point t
     bool over = charged > rs.max_rss_bytes;
     if (tp) over = kernels::any_rank(*tp, over);
     if (over) {
+      // Whole MiB, or KiB below one (a tiny model's store).
+      auto size = [](size_t b) {
+        return b >= (size_t{1} << 20) ? std::to_string(b >> 20) + " MiB"
+                                      : std::to_string((b + 1023) >> 10) + " KiB";
+      };
       std::string not_counted;
       if (rs.rss_not_charged_bytes > 0) {
-        not_counted += std::to_string(rs.rss_not_charged_bytes >> 20) +
-                       " MiB that earlier models left resident";
+        not_counted += size(rs.rss_not_charged_bytes) + " that earlier models left resident";
       }
       if (store > 0) {
-        not_counted += (not_counted.empty() ? "" : ", ") + std::to_string(store >> 20) +
-                       " MiB of prefix store";
+        not_counted += (not_counted.empty() ? "" : ", ") + size(store) + " of prefix store";
       }
       throw UnitMemoryLimit("sample " + s.id + ": the worker's resident memory, " +
                             std::to_string(charged >> 20) + " MiB, is above the cap of " +

@@ -124,6 +124,27 @@ TEST(UnitMemoryCap, WhatIsNotChargedIsTakenOffAndNamed) {
   // Everything resident not charged (more than the process holds): the unit passes a 1 MiB cap.
   rs.rss_not_charged_bytes = workers::host_rss_bytes() + (size_t{1} << 30);
   EXPECT_EQ(workers::run_sample(lm, eng, s, pc, rs).m.generated_tokens, 6);
+  // A prefix store holding an earlier prompt's rows: taken off too, and named.
+  tasks::Sample a = s, b = s;
+  for (int i = 0; i < 4; ++i) a.context += " " + s.context;
+  b.context = a.context + " The ball was blue.";
+  workers::PrefixStore store(size_t{64} << 20);
+  workers::RunSettings with;
+  with.prefix_store = &store;
+  store.add_prompt(workers::shared_prefill_tokens(lm, a, with));
+  store.add_prompt(workers::shared_prefill_tokens(lm, b, with));
+  workers::run_bundle(lm, eng, a, {pc}, with, true);
+  ASSERT_GT(store.bytes(), 0u);
+  with.max_rss_bytes = size_t{1} << 20;
+  std::vector<std::optional<workers::UnitFailure>> failures;
+  workers::run_bundle(lm, eng, b, {pc}, with, true, &failures);
+  ASSERT_TRUE(failures[0].has_value());
+  EXPECT_EQ(failures[0]->status, workers::FailureStatus::kOom);
+  const std::string kib = std::to_string((store.bytes() + 1023) >> 10) + " KiB of prefix store";
+  EXPECT_NE(failures[0]->message.find(
+                "(--max-rss-gb; the model's weights count; not counted: " + kib + "); "),
+            std::string::npos)
+      << failures[0]->message;
 }
 
 }  // namespace
