@@ -36,8 +36,14 @@ class BundleRunner {
                int gpu, kernels::Communicator* tp = nullptr)
       : cfg_(cfg), share_(share), device_(device), dtype_(dtype), gpu_(gpu), tp_(tp) {}
 
-  // --max-rss-gb: a unit during which this process's resident set exceeds `gib` GiB ends `oom`
-  // (workers::UnitMemoryLimit; checked after the prompt and between tokens). 0: no cap.
+  // --max-rss-gb: a unit during which the memory charged to it exceeds `gib` GiB ends `oom`
+  // (workers::UnitMemoryLimit; checked after the prompt and between tokens). 0: no cap. A unit is
+  // charged what it would be in a worker that started with its model: this process's resident
+  // set less what earlier models left resident (measured when a model is loaded, after the
+  // previous model, engine and prefix store were freed and free heap memory was returned to the
+  // system: workers::release_free_memory) and less the prefix store (--prefix-cache-mib bounds
+  // it). Under a cap, free heap memory is also returned before every bundle, so that what an
+  // earlier bundle freed does not count either.
   void limit_rss(double gib) { max_rss_bytes_ = static_cast<size_t>(gib * (1 << 30)); }
   // --decode-batch (parse_decode_batch's value; -1: the config's decode_batch).
   void set_decode_batch(int n) { decode_batch_ = n; }
@@ -67,6 +73,11 @@ class BundleRunner {
   int gpu_ = 0;
   kernels::Communicator* tp_ = nullptr;
   size_t max_rss_bytes_ = 0;
+  // The resident set before the first model was loaded (the program's own), and what earlier
+  // models left above it when the current one was loaded (RunSettings::rss_not_charged_bytes).
+  size_t rss_before_models_ = 0;
+  bool rss_measured_ = false;
+  size_t rss_left_by_models_ = 0;
   int decode_batch_ = -1;
   int prefix_cache_mib_ = -1;
   // The prefix store of the loaded model, and the (task, question placement) groups whose

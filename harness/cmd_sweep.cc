@@ -97,9 +97,12 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "f32 or bf16; cuda: weights, GEMM inputs and KV cache (default bf16); cpu: bf16 "
       "weights only, f32 arithmetic and cache (default f32, the reference)")(
       "max-rss-gb", po::value(&a.max_rss_gb)->default_value(0),
-      "a unit during which its worker process's resident memory (model weights included) is "
-      "above this many GiB ends oom and the worker goes on; checked after the prompt and "
-      "between tokens, so not a hard cap (use ulimit -v / prlimit --as for that); 0: none")(
+      "a unit whose memory is above this many GiB ends oom and the worker goes on. A unit's "
+      "memory: its worker process's resident set (the program, the model's weights, the "
+      "bundle's caches) less what earlier models left resident and less the prefix store "
+      "(bounded by --prefix-cache-mib), i.e. what it would hold in a worker that started with "
+      "its model; checked after the prompt and between tokens, so not a hard cap (use ulimit "
+      "-v / prlimit --as for that); 0: none")(
       "decode-batch", po::value(&a.decode_batch),
       "how many generation units of a bundle decode together: auto (all of them) or N; 1 runs "
       "each unit alone (latency measurements); default: the config's decode_batch, else 1. "
@@ -109,8 +112,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "memory (MiB) each CPU worker may keep for prefix reuse: a bundle's shared prefill starts "
       "from the K/V rows and statistics of an earlier prompt's identical first tokens (NIAH "
       "depths of one haystack); the same bits, less prefill time (measurements.prefill_reused "
-      "counts the tokens; the store counts toward --max-rss-gb); 0: off; default: the "
-      "config's prefix_cache_mib, else 1024")(
+      "counts the tokens; the store is not charged to units under --max-rss-gb); 0: off; "
+      "default: the config's prefix_cache_mib, else 1024")(
       "config", po::value(&a.config), "the YAML matrix (positional)");
   po::positional_options_description pos;
   pos.add("config", 1);

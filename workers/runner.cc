@@ -9,6 +9,11 @@
 #include <stdexcept>
 #include <thread>
 
+#include <unistd.h>  // sysconf
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "common/error.h"
 #include "common/log.h"
 #include "workers/prefix_store.h"
@@ -83,6 +88,19 @@ UnitFailure current_failure(const std::string& context) {
   }
 }
 
+size_t host_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  size_t total = 0, resident = 0;
+  if (!(in >> total >> resident)) return 0;
+  return resident * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+void release_free_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 size_t host_rss_peak_bytes() {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -118,6 +136,8 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
   std::vector<UnitOutput> outs(policies.size());
   if (failures) failures->assign(policies.size(), std::nullopt);
   std::unique_ptr<SharedPrefill> shared;
+  std::vector<char> uses_shared(policies.size(), 0);  // units that start from the shared prefill
+  std::optional<UnitFailure> shared_timeout;  // the shared prefill ran past the unit time limit
   if (share_prefill && s.kind != tasks::SampleKind::kPerplexity) {
     // The union of the shareable policies' prefill requests.
     policies::StatsRequest req;
@@ -125,9 +145,10 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
     const PromptTokens pt = build_prompt(lm, s, rs);
     std::vector<int32_t> first, rest;
     split_prompt(pt, rs, &first, &rest);
-    for (const auto& pc : policies) {
-      std::unique_ptr<policies::Policy> p = policies::make_policy(pc);
+    for (size_t i = 0; i < policies.size(); ++i) {
+      std::unique_ptr<policies::Policy> p = policies::make_policy(policies[i]);
       if (!engine::can_share_prefill(*p)) continue;
+      uses_shared[i] = 1;
       ++shareable;
       const policies::StatsRequest r = p->prefill_request(static_cast<int>(first.size()));
       req.col_sums |= r.col_sums;
@@ -139,20 +160,41 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       shared->record.request = req;
       shared->full = engine.new_cache(static_cast<int>(pt.size()) + std::max(1, s.max_new_tokens));
       const auto t0 = std::chrono::steady_clock::now();
-      double keep_ms = 0;
-      if (rs.prefix_store) {
-        shared->reused =
-            rs.prefix_store->prefill(engine, first, shared->full, &shared->record, &shared->logits);
-        keep_ms = rs.prefix_store->keep_ms();
-      } else {
-        engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits, nullptr,
-                       engine::PolicyHook::kNone, &shared->record);
+      // The pass counts toward the limit of every unit that uses it, so once it alone is past
+      // the limit all of them are: it stops between two layers (the store's copies between its
+      // pieces are not its time, as below).
+      auto spent_ms = [&] {
+        return ms_since(t0) - (rs.prefix_store ? rs.prefix_store->keep_ms() : 0.0);
+      };
+      try {
+        std::optional<detail::LayerDeadline> deadline;
+        if (rs.time_limit_s > 0) {
+          deadline.emplace(engine, [&](int layer, int layers) {
+            detail::check_time(rs, spent_ms(), 0, s, engine.tp(),
+                               "in the prefill shared with the sample's other policies", layer,
+                               layers);
+          });
+        }
+        if (rs.prefix_store) {
+          shared->reused = rs.prefix_store->prefill(engine, first, shared->full, &shared->record,
+                                                    &shared->logits);
+        } else {
+          engine.forward(first, shared->full, engine::LogitsMode::kLast, &shared->logits, nullptr,
+                         engine::PolicyHook::kNone, &shared->record);
+        }
+      } catch (const UnitTimeout&) {
+        // Under tensor parallelism every rank agreed (check_time).
+        if (!failures) throw;
+        shared_timeout = current_failure("");
+        shared.reset();
       }
-      if (rs.faults.shared_prefill_sleep_ms > 0) {
-        std::this_thread::sleep_for(
-            std::chrono::duration<double, std::milli>(rs.faults.shared_prefill_sleep_ms));
+      if (shared) {
+        if (rs.faults.shared_prefill_sleep_ms > 0) {
+          std::this_thread::sleep_for(
+              std::chrono::duration<double, std::milli>(rs.faults.shared_prefill_sleep_ms));
+        }
+        shared->ms = spent_ms();  // the prompt's forward pass, not the store's copies
       }
-      shared->ms = ms_since(t0) - keep_ms;  // the prompt's forward pass, not the store's copies
     }
   }
   const bool grouped = engine.tp() && engine.tp()->size() > 1;
@@ -187,6 +229,10 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
                                                               : static_cast<size_t>(rs.decode_batch);
   std::vector<Decoding> decoding;
   for (size_t i = 0; i < policies.size(); ++i) {
+    if (shared_timeout && uses_shared[i]) {
+      (*failures)[i] = shared_timeout;
+      continue;
+    }
     try {
       if (batch_max <= 1) {
         outs[i] = run_one(lm, engine, s, policies[i], rs, shared.get(), i);

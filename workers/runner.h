@@ -25,19 +25,28 @@ enum class QuestionPlacement {
 };
 QuestionPlacement parse_question_placement(const std::string& s);
 
-// A unit that ran past RunSettings::time_limit_s (checked after the prompt and between tokens;
-// a prefill in progress finishes first; a shared prefill counts toward every unit that used it).
+// A unit that ran past RunSettings::time_limit_s. Checked at the start of every forward pass of
+// its prompt and between the layers of a pass over several tokens (its own prefill, each piece
+// of a bundle's shared prefill), after the prompt, and between tokens; so a unit runs past its
+// limit by at most the longest stretch between two checks: one layer of its prompt's pass, a
+// one-token pass, the last layer with the final norm and classifier, or the compression of a
+// shared prefill by its policy (on a GPU, also work the host queued before a check). A shared
+// prefill counts toward every unit that used it; when it alone runs past the limit it stops,
+// and every unit that would have used it ends `timeout` (the bundle's other units still run).
 // Recorded as status `timeout`.
 class UnitTimeout : public Error {
  public:
   using Error::Error;
 };
 
-// A unit during which the process's resident set (/proc/self/statm) was above
-// RunSettings::max_rss_bytes (`kvbench sweep --max-rss-gb`), checked where the time limit is:
-// after the prompt and between tokens. Not a hard cap: an allocation between two checks is not
-// stopped (a hard cap is the kernel's: ulimit -v / prlimit --as, cgroups; what they refuse ends
-// `oom` as std::bad_alloc). Recorded as status `oom`.
+// A unit during which the memory charged to it was above RunSettings::max_rss_bytes (`kvbench
+// sweep --max-rss-gb`): the process's resident set (/proc/self/statm) less
+// RunSettings::rss_not_charged_bytes (what the worker's earlier models left resident) and the
+// prefix store's bytes (PrefixStore::bytes: earlier prompts' rows, bounded by its own budget).
+// So the program, the model's weights, the engine's buffers and the caches alive in the bundle
+// count. Checked after the prompt and between tokens. Not a hard cap: an allocation between two
+// checks is not stopped (a hard cap is the kernel's: ulimit -v / prlimit --as, cgroups; what
+// they refuse ends `oom` as std::bad_alloc). Recorded as status `oom`.
 class UnitMemoryLimit : public Error {
  public:
   using Error::Error;
@@ -74,7 +83,10 @@ class PrefixStore;
 struct RunSettings {
   int max_prompt_tokens = 0;  // middle-truncate the user message above this (0: fit the context)
   double time_limit_s = 0;    // per unit (0: none)
-  size_t max_rss_bytes = 0;   // the process's resident set, per check (0: none; UnitMemoryLimit)
+  size_t max_rss_bytes = 0;   // the memory charged to a unit, per check (0: none; UnitMemoryLimit)
+  // Resident bytes the memory cap does not charge to units: what the worker's earlier models
+  // left resident (harness/bundle_runner.h measures it when a model is loaded).
+  size_t rss_not_charged_bytes = 0;
   // run_bundle: how many generation units of a bundle decode together (EngineBase::decode_batch;
   // `kvbench sweep --decode-batch`): 1 one at a time (each unit alone, start to end), 0 all of
   // them, N at most N. The tokens, scores and caches are the same bits either way; the decode
@@ -136,7 +148,9 @@ std::vector<int32_t> shared_prefill_tokens(const LoadedModel& lm, const tasks::S
 // Runs one sample under several policies (a bundle), prefilling the prompt once for every policy
 // whose compression can start from a shared full prefill (engine::can_share_prefill); the others
 // run their own prefill. Results equal run_sample's for each policy, bit for bit; the shared pass
-// counts toward every unit that used it (prefill_ms, ttft_ms and the unit time limit). With
+// counts toward every unit that used it (prefill_ms, ttft_ms and the unit time limit); one that
+// alone runs past the limit stops between two layers and fails every unit that would have used
+// it with UnitTimeout (the others run). With
 // `failures` (one entry per policy; empty for a unit that finished), a unit that fails gets its
 // typed failure there (current_failure) and the others still run; without, it propagates. Usage
 // errors propagate always; so does every failure under a tensor-parallel group of more than one
@@ -149,5 +163,11 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
 
 // Resident-set high-water mark of this process, bytes (0 where /proc is unavailable).
 size_t host_rss_peak_bytes();
+// The process's resident set now (/proc/self/statm), bytes (0 where /proc is unavailable).
+size_t host_rss_bytes();
+// Returns the heap's free memory to the system (glibc malloc_trim(0): free pages of every arena,
+// not only the top), so that the resident set holds what is in use. Results do not change; a
+// later allocation faults its pages in again. A no-op without glibc.
+void release_free_memory();
 
 }  // namespace kvb::workers

@@ -4,14 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
-#include <unistd.h>
-
 #include "common/error.h"
+#include "workers/prefix_store.h"
 
 namespace kvb::workers::detail {
 
@@ -38,46 +37,72 @@ double percentile(std::vector<double> v, double p) {
   return v[idx];
 }
 
-// The process's resident set now (/proc/self/statm: pages), in bytes; 0 when unreadable.
-size_t host_rss_bytes() {
-  std::ifstream in("/proc/self/statm");
-  size_t total = 0, resident = 0;
-  if (!(in >> total >> resident)) return 0;
-  return resident * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}  // namespace
+
+void check_time(const RunSettings& rs, double spent_ms, double before_ms, const tasks::Sample& s,
+                kernels::Communicator* tp, const char* pass, int layer, int layers) {
+  if (rs.time_limit_s <= 0) return;
+  bool over = spent_ms > rs.time_limit_s * 1000.0;
+  if (tp) over = kernels::any_rank(*tp, over);
+  if (!over) return;
+  std::ostringstream msg;  // default stream format: 600, 0.5 (not 600.000000)
+  msg << "sample " << s.id << ": unit time limit of " << rs.time_limit_s << " s exceeded after "
+      << std::llround(spent_ms) << " ms";
+  if (before_ms > 0) {
+    msg << " (" << std::llround(before_ms)
+        << " ms of it in the prefill shared with the sample's other policies)";
+  }
+  if (pass) msg << "; stopped " << pass << " before layer " << layer << " of " << layers;
+  throw UnitTimeout(msg.str());
 }
 
-// The unit's limits, checked after the prompt and between tokens. Time: its own since t0 plus
-// `before_ms`, a shared prefill it started from (that pass was its prompt too). Memory: the
-// process's resident set against RunSettings::max_rss_bytes. Under tensor parallelism the ranks
-// decide together (one byte all-gathered per check and limit), so that no rank stops while the
-// others wait in a collective, and all of them record the same status.
+LayerDeadline::LayerDeadline(engine::EngineBase& engine, engine::EngineBase::LayerCheck check)
+    : engine_(engine) {
+  KVB_CHECK(!engine.layer_check()) << "a layer check is already set on this engine";
+  engine.set_layer_check(std::move(check));
+}
+
+LayerDeadline::~LayerDeadline() { engine_.set_layer_check(nullptr); }
+
+namespace {
+
+// The unit's limits, checked after the prompt and between tokens (its time also between the
+// layers of its prompt's passes: LayerDeadline). Time: its own since t0 plus `before_ms`, a
+// shared prefill it started from (that pass was its prompt too). Memory: the process's resident
+// set, less what RunSettings::rss_not_charged_bytes and the prefix store hold, against
+// RunSettings::max_rss_bytes. Under tensor parallelism the ranks decide together (one byte
+// all-gathered per check and limit), so that no rank stops while the others wait in a
+// collective, and all of them record the same status.
 void check_limits(const RunSettings& rs, std::chrono::steady_clock::time_point t0,
                   double before_ms, const tasks::Sample& s, kernels::Communicator* tp) {
-  if (rs.time_limit_s > 0) {
-    const double spent_ms = before_ms + ms_since(t0);
-    bool over = spent_ms > rs.time_limit_s * 1000.0;
-    if (tp) over = kernels::any_rank(*tp, over);
-    if (over) {
-      std::ostringstream msg;  // default stream format: 600, 0.5 (not 600.000000)
-      msg << "sample " << s.id << ": unit time limit of " << rs.time_limit_s << " s exceeded after "
-          << std::llround(spent_ms) << " ms";
-      if (before_ms > 0) {
-        msg << " (" << std::llround(before_ms)
-            << " ms of it in the prefill shared with the sample's other policies)";
-      }
-      throw UnitTimeout(msg.str());
-    }
-  }
+  check_time(rs, before_ms + ms_since(t0), before_ms, s, tp, nullptr, 0, 0);
   if (rs.max_rss_bytes > 0) {
     const size_t rss = host_rss_bytes();
-    bool over = rss > rs.max_rss_bytes;
+    const size_t store = rs.prefix_store ? rs.prefix_store->bytes() : 0;
+    const size_t not_charged = std::min(rss, rs.rss_not_charged_bytes + store);
+    const size_t charged = rss - not_charged;
+    bool over = charged > rs.max_rss_bytes;
     if (tp) over = kernels::any_rank(*tp, over);
     if (over) {
+      // Whole MiB, or KiB below one (a tiny model's store).
+      auto size = [](size_t b) {
+        return b >= (size_t{1} << 20) ? std::to_string(b >> 20) + " MiB"
+                                      : std::to_string((b + 1023) >> 10) + " KiB";
+      };
+      std::string not_counted;
+      if (rs.rss_not_charged_bytes > 0) {
+        not_counted += size(rs.rss_not_charged_bytes) + " that earlier models left resident";
+      }
+      if (store > 0) {
+        not_counted += (not_counted.empty() ? "" : ", ") + size(store) + " of prefix store";
+      }
       throw UnitMemoryLimit("sample " + s.id + ": the worker's resident memory, " +
-                            std::to_string(rss >> 20) + " MiB, is above the cap of " +
+                            std::to_string(charged >> 20) + " MiB, is above the cap of " +
                             std::to_string(rs.max_rss_bytes >> 20) +
-                            " MiB (--max-rss-gb; the model's weights count); lower "
-                            "max_prompt_tokens, run fewer ranks per node, or raise the cap");
+                            " MiB (--max-rss-gb; the model's weights count" +
+                            (not_counted.empty() ? "" : "; not counted: " + not_counted) +
+                            "); lower max_prompt_tokens, run fewer ranks per node, or raise the "
+                            "cap");
     }
   }
 }
@@ -211,6 +236,16 @@ Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* share
   out.t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> first, rest;
   split_prompt(p, u.rs, &first, &rest);
+  // The time limit between the layers of the prompt's passes too: a long prefill stops within
+  // one layer of its limit instead of after the whole prompt.
+  const char* pass = "in the prompt's prefill";
+  std::optional<LayerDeadline> deadline;
+  if (u.rs.time_limit_s > 0) {
+    deadline.emplace(u.engine, [&](int layer, int layers) {
+      check_time(u.rs, out.shared_ms + ms_since(out.t0), out.shared_ms, u.s, u.engine.tp(), pass,
+                 layer, layers);
+    });
+  }
   if (shared && engine::can_share_prefill(*u.policy)) {
     // Same cache and logits as prefill_prompt would give (the layer outputs never depend on
     // the policy); only the compression runs per policy.
@@ -225,10 +260,12 @@ Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* share
     engine::prefill_prompt(u.engine, cache, first, u.policy.get(), &out.logits);
   }
   // The question on top of the compressed context, through the decode rule (per token).
+  pass = "in the question's pass";
   for (int32_t id : rest) {
     u.engine.forward({&id, 1}, cache, engine::LogitsMode::kLast, &out.logits, u.policy.get(),
                      engine::PolicyHook::kDecode);
   }
+  deadline.reset();
   m.prefill_ms = out.shared_ms + ms_since(out.t0);
   m.prefill_shared = out.shared_ms > 0;
   m.tp_prefill_comm = comm_stats(u.engine) - comm0;

@@ -19,6 +19,27 @@ namespace kvb::workers::detail {
 // Milliseconds since t0 (steady clock).
 double ms_since(std::chrono::steady_clock::time_point t0);
 
+// The unit time limit: throws UnitTimeout when `spent_ms` (of which `before_ms` in a shared
+// prefill the unit started from) is above RunSettings::time_limit_s. With `pass`, the message
+// says where the pass stopped ("stopped <pass> before layer <layer> of <layers>"). Under tensor
+// parallelism the ranks decide together (kernels::any_rank): every rank must call it at the same
+// points.
+void check_time(const RunSettings& rs, double spent_ms, double before_ms, const tasks::Sample& s,
+                kernels::Communicator* tp, const char* pass, int layer, int layers);
+
+// While alive, `engine` calls `check` before each layer of its passes
+// (EngineBase::set_layer_check); cleared when it goes, an exception included. One at a time.
+class LayerDeadline {
+ public:
+  LayerDeadline(engine::EngineBase& engine, engine::EngineBase::LayerCheck check);
+  ~LayerDeadline();
+  LayerDeadline(const LayerDeadline&) = delete;
+  LayerDeadline& operator=(const LayerDeadline&) = delete;
+
+ private:
+  engine::EngineBase& engine_;
+};
+
 // Occupancy and memory sampled after prefill compression and after each step. Under tensor
 // parallelism each rank records its own heads per sample and finish() combines the ranks once
 // (sums of slots and bytes, maxima of lengths, per sample), so no step pays a collective.

@@ -214,6 +214,34 @@ TEST_F(SweepTp, OneRanksErrorStopsTheJobAndResumeFinishesIt) {
   EXPECT_EQ(query(db, kStatus), (decltype(query(db, kStatus)){{"ok", {"40", ""}}}));
 }
 
+// The unit time limit inside a tensor-parallel group (issue 31): the ranks agree at every check,
+// also between the layers of the shared prefill, so a limit that the shared prefill alone runs
+// past stops it on every rank at the same layer; each unit ends `timeout` saying where, no rank
+// dies or waits, and the sweep finishes (exit 1: units failed).
+TEST_F(SweepTp, TimeLimitDuringTheSharedPrefillStopsEveryRankTogether) {
+  const std::string config = std::string(KVB_BINARY_DIR) + "/ci_tp_time_limit.yaml";
+  {
+    std::ifstream in(kConfig);
+    std::ofstream out(config);
+    out << in.rdbuf() << "unit_time_limit_s: 0.000001\n";
+  }
+  const std::string db = std::string(KVB_BINARY_DIR) + "/sweep_tp_time_limit.db";
+  for (const char* ext : {"", "-wal", "-shm"}) fs::remove(db + ext);
+  std::string out;
+  const int rc = run(mpirun(3, 120) + kBin + " sweep " + config + " --db " + db +
+                         " --threads 1 --gpus-per-worker 2 --device cpu",
+                     &out);
+  EXPECT_NE(rc, kvb::testing::kTimedOut) << "the group hung:\n" << out;
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(query(db, kStatus), (decltype(query(db, kStatus)){{"timeout", {"40", ""}}}));
+  // The NIAH units (the shared prefill's) say that it stopped between layers.
+  const auto stopped = query(db,
+                             "SELECT task, COUNT(*) FROM units WHERE instr(error, 'stopped in the "
+                             "prefill shared with the sample''s other policies before layer ') > 0 "
+                             "GROUP BY task");
+  EXPECT_EQ(stopped, (decltype(stopped){{"niah", {"32", ""}}})) << out;
+}
+
 TEST_F(SweepTp, BadLayoutsAreRefused) {
   std::string out;
   // 3 divides neither model's KV heads: the error names the model, its numbers, what fits.

@@ -63,6 +63,7 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   const ModelConfig& c = model_.config;
   const int n = static_cast<int>(tokens.size());
   KVB_CHECK(n > 0) << "forward: no tokens";
+  check_layer(0);  // before anything of the pass is done: a pass stopped here changed nothing
   Backend& be = *backend_;
   if (policy && policy->reads_cache_rows() && be.keeps_host_rows(policy)) {
     be.ensure_host_rows(cache);
@@ -99,6 +100,9 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   }
 
   for (int l = 0; l < c.num_layers; ++l) {
+    // Between the layers of a pass over several tokens (a prompt's; a one-token pass is
+    // checked at its start, and a captured step's host code must not stop halfway).
+    if (l > 0 && n > 1 && !graph.be) check_layer(l);
     project_qkv(l, n);
     pre_rope_dev_ = device_keys ? be.stash(Act::kK, kv_elems) : nullptr;
     if (req.pre_rope_keys && (!device_keys || record)) {

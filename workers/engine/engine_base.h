@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -126,6 +127,18 @@ class EngineBase {
                        std::vector<float>* logits, policies::Policy* policy = nullptr,
                        PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr) = 0;
 
+  // A check forward() calls while it is set: check(layer, layers) at the start of every pass
+  // (layer 0, before anything is appended or counted) and, in a pass of more than one token,
+  // before each later layer. It may throw to abandon a long pass (the runner's unit time limit
+  // during a prompt's prefill, workers/unit_run.cc), which then leaves `cache` and a
+  // PrefillRecord partly written: discard them. It reads, it never changes what a pass
+  // computes. Not called by decode_batch or apply_recorded_prefill. On a GPU it runs on the
+  // host, which may have queued earlier layers' work without waiting for it. Empty: none (the
+  // default).
+  using LayerCheck = std::function<void(int layer, int layers)>;
+  void set_layer_check(LayerCheck check) { layer_check_ = std::move(check); }
+  const LayerCheck& layer_check() const { return layer_check_; }
+
   // Whether forward() takes a PrefillRecord with `continues` set (StackEngine over the CPU
   // backend; not under tensor parallelism).
   virtual bool continues_prefill() const { return false; }
@@ -148,6 +161,15 @@ class EngineBase {
                             std::span<kernels::KvCache* const> caches,
                             std::span<policies::Policy* const> policies,
                             std::vector<float>* logits, double* seq_policy_ms = nullptr);
+
+ protected:
+  // Calls the layer check, if any, before `layer` of a pass.
+  void check_layer(int layer) const {
+    if (layer_check_) layer_check_(layer, config().num_layers);
+  }
+
+ private:
+  LayerCheck layer_check_;
 };
 
 // Whether a policy's prompt compression can be applied from a PrefillRecord: oneshot prefill on a
