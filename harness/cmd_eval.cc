@@ -172,7 +172,9 @@ int cmd_eval(const std::vector<std::string>& args) {
       status = "error";
       error = e.what();
       ++failed;
-      if (!e.origin().empty()) KVB_LOG_DEBUG << "sample " << s.id << ": raised at " << e.origin();
+      if (!e.origin().empty()) {
+        KVB_LOG_DEBUG << "sample " << s.id << ": raised at " << e.origin();
+      }
     }
     for (const auto& mi : task->metrics()) row.push_back(sc.count(mi.name) ? fmt(sc[mi.name]) : "");
     const double per_tok = u.m.generated_tokens > 1 ? u.m.decode_ms / (u.m.generated_tokens - 1) : 0;

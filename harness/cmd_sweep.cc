@@ -217,7 +217,9 @@ int cmd_sweep(const std::vector<std::string>& args) {
   } catch (const Error& e) {
     if (comm.size() > 1) {
       std::cerr << "kvbench sweep: error: " << e.what() << "\n";
-      if (!e.origin().empty()) KVB_LOG_DEBUG << "kvbench sweep: raised at " << e.origin();
+      if (!e.origin().empty()) {
+        KVB_LOG_DEBUG << "kvbench sweep: raised at " << e.origin();
+      }
       comm.abort(e.kind() == ErrorKind::kUsage ? 2 : 1);
     }
     throw;

@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -12,6 +14,11 @@
 #include "workers/formats/hf_config.h"
 
 namespace kvb::workers {
+
+struct LoadedModel::FrameCache {
+  std::mutex mu;
+  std::map<std::string, ChatFrame> by_system;
+};
 
 namespace {
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -35,6 +42,7 @@ void set_chat_template(LoadedModel& lm, const std::string& text, const std::stri
   try {
     lm.chat = std::make_shared<const tokenizer::JinjaChatTemplate>(
         lm.chat_template, bos, eos, origin);
+    lm.chat_frames = std::make_shared<LoadedModel::FrameCache>();
   } catch (const Error& e) {
     lm.chat_error = e.what();
     return;
@@ -42,6 +50,12 @@ void set_chat_template(LoadedModel& lm, const std::string& text, const std::stri
   try {
     const std::string probe = lm.chat->render({{"user", kSentinel}}, true);
     lm.chat_writes_bos = !bos.empty() && probe.compare(0, bos.size(), bos) == 0;
+    // The probe is chat_frame(lm, "")'s render: keep its frame (one render per load).
+    const size_t at = probe.find(kSentinel);
+    if (at != std::string::npos && probe.find(kSentinel, at + 1) == std::string::npos) {
+      lm.chat_frames->by_system.emplace(
+          "", ChatFrame{probe.substr(0, at), probe.substr(at + kSentinel.size())});
+    }
   } catch (const Error&) {
     // A template that refuses a lone user message: chat_frame reports it where it is used.
   }
@@ -191,6 +205,12 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
 }
 
 ChatFrame chat_frame(const LoadedModel& lm, const std::string& system) {
+  std::unique_lock<std::mutex> lock;
+  if (lm.chat_frames) {
+    lock = std::unique_lock<std::mutex>(lm.chat_frames->mu);
+    const auto it = lm.chat_frames->by_system.find(system);
+    if (it != lm.chat_frames->by_system.end()) return it->second;
+  }
   KVB_USAGE_CHECK(lm.chat != nullptr)
       << (lm.chat_error.empty()
               ? lm.path +
@@ -207,7 +227,9 @@ ChatFrame chat_frame(const LoadedModel& lm, const std::string& system) {
   KVB_USAGE_CHECK(at != std::string::npos && text.find(kSentinel, at + 1) == std::string::npos)
       << lm.chat->origin() << ": the chat template does not render the user message exactly once, "
       << "so kvbench cannot place the prompt in it";
-  return {text.substr(0, at), text.substr(at + kSentinel.size())};
+  ChatFrame frame{text.substr(0, at), text.substr(at + kSentinel.size())};
+  if (lm.chat_frames) lm.chat_frames->by_system.emplace(system, frame);
+  return frame;
 }
 
 std::vector<int32_t> encode_text(const LoadedModel& lm, const std::string& text, bool special,

@@ -23,6 +23,11 @@ struct LoadedModel {
   // Jinja: chat_error then says why). Shared so that copies of the session share one parse.
   std::shared_ptr<const tokenizer::JinjaChatTemplate> chat;
   std::string chat_error;         // why chat prompts cannot be rendered ("" if they can)
+  // chat_frame's renders, by system message: a render runs in a forked child (render_sandbox.h),
+  // which costs ~30 ms of the parent's time per GiB it holds, so a worker renders a model's frame
+  // once per load rather than once per prompt. Shared like `chat`.
+  struct FrameCache;
+  std::shared_ptr<FrameCache> chat_frames;
   bool chat_writes_bos = false;   // the rendered prompt starts with the BOS token's text
   bool add_bos = false;           // prepend BOS to prompts (llama2.c: yes; GGUF, HF: add_bos_token)
   std::vector<int32_t> end_ids;   // generation stops on these

@@ -77,7 +77,9 @@ UnitFailure current_failure(const std::string& context) {
     return {FailureStatus::kOom, prefix + "an allocation larger than the address space (" +
                                      e.what() + "); lower max_prompt_tokens"};
   } catch (const Error& e) {
-    if (!e.origin().empty()) KVB_LOG_DEBUG << prefix << "raised at " << e.origin();
+    if (!e.origin().empty()) {
+      KVB_LOG_DEBUG << prefix << "raised at " << e.origin();
+    }
     if (e.kind() == ErrorKind::kOutOfMemory) {
       return {FailureStatus::kOom, prefix + "out of device memory (" + e.what() +
                                        "); lower max_prompt_tokens or use --dtype bf16"};
