@@ -108,8 +108,9 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
   }
   const int n = static_cast<int>(tokens.size());
   const policies::StatsRequest req = record->request;
-  const int last_w = std::max(1, req.last_w);
-  const int limit = n - last_w;  // the last piece holds the recorded last_w rows
+  // The last piece holds the recorded last_w probability rows and last_queries queries.
+  const int last_w = std::max({1, req.last_w, req.last_queries});
+  const int limit = n - last_w;
   if (max_bytes_ == 0 || req.pre_rope_keys || !serves(engine) || limit < kMinReuse) {
     engine.forward(tokens, cache, engine::LogitsMode::kLast, logits, nullptr,
                    engine::PolicyHook::kNone, record);
@@ -135,7 +136,7 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
       best = it;
     }
   }
-  std::vector<int> points = branch_points(tokens, reused, limit, req.last_w);
+  std::vector<int> points = branch_points(tokens, reused, limit, last_w);
   // Keep only what fits: the largest checkpoints go first (each takes its rows with it).
   while (!points.empty() && entry_bytes(engine.config(), cache, req.col_sums, points) > max_bytes_) {
     points.pop_back();
@@ -182,7 +183,10 @@ int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> to
   int at = reused;
   for (int end : ends) {
     record->request = req;
-    if (end < n) record->request.last_w = 0;
+    if (end < n) {
+      record->request.last_w = 0;
+      record->request.last_queries = 0;
+    }
     record->continues = at > 0 && req.col_sums;
     engine.forward(tokens.subspan(at, end - at), cache,
                    end == n ? engine::LogitsMode::kLast : engine::LogitsMode::kNone, logits,

@@ -156,6 +156,7 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       req.col_sums |= r.col_sums;
       req.last_w = std::max(req.last_w, r.last_w);
       req.pre_rope_keys |= r.pre_rope_keys;
+      req.last_queries = std::max(req.last_queries, r.last_queries);
     }
     if (shareable > 0) {
       shared = std::make_unique<SharedPrefill>();

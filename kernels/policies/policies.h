@@ -18,4 +18,5 @@ PolicyInfo subgen_kcenter_policy_info();
 PolicyInfo tova_policy_info();
 PolicyInfo knorm_policy_info();
 PolicyInfo random_policy_info();
+PolicyInfo python_policy_info();  // python_policy.cc: a policy in one Python file
 }  // namespace kvb::policies

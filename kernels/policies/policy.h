@@ -62,6 +62,10 @@ struct LayerStats {
   const float* last_probs = nullptr;  // [num_heads, last_w, stride]
   int last_w = 0;
   const float* pre_rope_keys = nullptr;  // [n_new, num_kv_heads, head_dim], if requested
+  // The block's last n_queries queries after RoPE, [n_queries, num_heads, head_dim], on the host,
+  // if requested (StatsRequest::last_queries; the Python policy's ctx.queries).
+  const float* last_queries = nullptr;
+  int n_queries = 0;
   // The ops table of the engine's backend (policy_ops.h): where a policy that decides with ops
   // keeps its state, and where col_sums and last_probs point (host memory for the CPU instance,
   // device memory for a device instance). Null: the CPU instance (host statistics).
@@ -72,6 +76,7 @@ struct StatsRequest {
   bool col_sums = false;
   int last_w = 0;                // probabilities of the last w queries (clamped to n_new)
   bool pre_rope_keys = false;
+  int last_queries = 0;          // the block's last q queries after RoPE (clamped to n_new)
 };
 
 enum class PrefillMode { kOneshot, kStreaming };

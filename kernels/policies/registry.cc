@@ -19,6 +19,7 @@ const std::vector<PolicyInfo>& policy_registry() {
       tova_policy_info(),
       knorm_policy_info(),
       random_policy_info(),
+      python_policy_info(),
   };
   return table;
 }

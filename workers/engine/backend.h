@@ -172,8 +172,9 @@ class Backend {
   virtual void rope(Act a, int layer, int heads, int n) = 0;
   // Rotates `rows` rows of one head of `a` ([rows, head_dim]) by positions[r] (host array).
   virtual void rope_rows(Act a, int layer, const int32_t* positions, int rows) = 0;
-  // Copies `count` floats of `a` to the host (synchronous; host-visible on return).
-  virtual void download(Act a, size_t count, float* dst) = 0;
+  // Copies `count` floats of `a`, from float `offset` on, to the host (synchronous; host-visible
+  // on return).
+  virtual void download(Act a, size_t count, float* dst, size_t offset = 0) = 0;
   // A copy of `count` floats of `a` where policy_ops() reads statistics (a device instance:
   // device memory, stream-ordered, valid until the next stash): the pre-RoPE keys of a policy
   // that decides with ops on a device. Only where policy_ops().on_device().

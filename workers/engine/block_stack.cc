@@ -392,6 +392,16 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
   } else {
     be.rope(Act::kQ, l, c.num_heads, n);
   }
+  // The block's last queries after RoPE, for a policy that reads them (or a record of them).
+  if (req.last_queries > 0 && (hook != PolicyHook::kNone || record)) {
+    const int q = std::min(req.last_queries, n);
+    const size_t row = static_cast<size_t>(c.num_heads) * c.head_dim;
+    last_q_.resize(q * row);
+    be.download(Act::kQ, last_q_.size(), last_q_.data(), (n - q) * row);
+    stats.last_queries = last_q_.data();
+    stats.n_queries = q;
+    if (record) record->last_queries[l] = last_q_;
+  }
 
   if (policy && policy->replaces_attention()) {
     policies::AttendArgs a;
@@ -425,7 +435,10 @@ bool StackEngine::attention_batches(int l, std::span<kernels::KvCache* const> ca
   const int ckv = caches[0]->shape().num_kv_heads;
   for (size_t b = 0; b < caches.size(); ++b) {
     const policies::Policy* p = policies[b];
-    if (caches[b]->shape().num_kv_heads != ckv || reqs_[b].pre_rope_keys) return false;
+    if (caches[b]->shape().num_kv_heads != ckv || reqs_[b].pre_rope_keys ||
+        reqs_[b].last_queries > 0) {
+      return false;
+    }
     if (p && (p->rolling_positions() || p->replaces_attention())) return false;
   }
   return true;
@@ -536,10 +549,12 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, const kernels
   const int n = rec.n_new;
   const policies::StatsRequest req = policy.prefill_request(n);
   const int w = std::min(req.last_w, n);
+  const int q = std::min(req.last_queries, n);
   int g0 = 0;  // the first global layer: sliding-window layers record nothing
   while (g0 < c.num_layers && c.sliding(g0)) ++g0;
   KVB_CHECK(g0 == c.num_layers ||
             ((!req.col_sums || !rec.col_sums[g0].empty()) && w <= rec.last_w &&
+             q <= rec.n_queries &&
              (!req.pre_rope_keys || !rec.pre_rope_keys[g0].empty())))
       << "the recorded prefill lacks statistics this policy needs";
   if (!host && policy.reads_cache_rows() && backend_->keeps_host_rows(&policy)) {
@@ -578,6 +593,11 @@ void StackEngine::apply_recorded_prefill(policies::Policy& policy, const kernels
       st.last_w = w;
     }
     st.pre_rope_keys = req.pre_rope_keys ? rec.pre_rope_keys[l].data() : nullptr;
+    if (q > 0) {  // the policy's last q of the recorded queries
+      const size_t row = static_cast<size_t>(c.num_heads) * c.head_dim;
+      st.last_queries = rec.last_queries[l].data() + (rec.n_queries - q) * row;
+      st.n_queries = q;
+    }
     st.ops = &be.policy_ops();
     if (policy.decides_with_ops()) be.stats_to_device(&st);  // where the ops read them
     plan_.reset(l, heads);

@@ -187,9 +187,9 @@ void CpuBackend::rope_rows(Act a, int layer, const int32_t* positions, int count
             model_.config.rope_of(layer));
 }
 
-void CpuBackend::download(Act a, size_t count, float* dst) {
+void CpuBackend::download(Act a, size_t count, float* dst, size_t offset) {
   const std::vector<float>& b = buf(a);
-  const float* from = rows(a);
+  const float* from = rows(a) + offset;
   KVB_CHECK(from + count <= b.data() + b.size())
       << "download of " << count << " floats past the " << b.size() << " of the activation";
   std::copy(from, from + count, dst);

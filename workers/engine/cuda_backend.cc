@@ -400,8 +400,8 @@ void CudaBackend::rope_rows(Act a, int layer, const int32_t* positions, int rows
   cu::rope(rows_at(a), s_->qpos.data(), rows, 1, rope_tables_[layer], stream_);
 }
 
-void CudaBackend::download(Act a, size_t count, float* dst) {
-  copy_d2h(dst, rows_at(a), count * 4);
+void CudaBackend::download(Act a, size_t count, float* dst, size_t offset) {
+  copy_d2h(dst, rows_at(a) + offset, count * 4);
   sync();
 }
 

@@ -165,7 +165,7 @@ class CudaBackend final : public Backend {
   void glu(int n) override;
   void rope(Act a, int layer, int heads, int n) override;
   void rope_rows(Act a, int layer, const int32_t* positions, int rows) override;
-  void download(Act a, size_t count, float* dst) override;
+  void download(Act a, size_t count, float* dst, size_t offset = 0) override;
   const float* stash(Act a, size_t count) override;
   void append_kv(int layer, int n, kernels::KvCache& cache) override;
   void roll_keys(int layer, kernels::KvCache& cache) override;

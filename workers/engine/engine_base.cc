@@ -169,6 +169,8 @@ policies::StatsRequest forward_stats_request(int n, const kernels::KvCache& cach
     record->col_sums.assign(num_layers, {});
     record->last_probs.assign(num_layers, {});
     record->pre_rope_keys.assign(num_layers, {});
+    record->n_queries = std::min(req.last_queries, n);
+    record->last_queries.assign(num_layers, {});
   }
   return req;
 }

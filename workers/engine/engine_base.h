@@ -43,6 +43,8 @@ struct PrefillRecord {
   std::vector<std::vector<float>> col_sums;       // [layer][num_heads, stride]
   std::vector<std::vector<float>> last_probs;     // [layer][num_heads, last_w, stride]
   std::vector<std::vector<float>> pre_rope_keys;  // [layer][n_new, num_kv_heads, head_dim]
+  int n_queries = 0;  // rows recorded (request.last_queries clamped to n_new)
+  std::vector<std::vector<float>> last_queries;   // [layer][n_queries, num_heads, head_dim]
   // A prefill in pieces (prefix reuse, workers/prefix_store.h): set before a forward() that
   // continues the same sequence's recorded prefill, whose col_sums (and strides) this record
   // holds. That pass adds its queries' probabilities to those sums, so after the last piece
