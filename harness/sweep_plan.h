@@ -29,7 +29,8 @@ struct Plan {
 Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te);
 
 // Expands the matrix: for every model, its tokenizer (no weights) builds every task's samples;
-// every (sample, policy entry, budget, question, seed) not excluded is a unit. Registers them all
+// every sample of a cell of expand_config_cells (the one expansion of the matrix, which `kvbench
+// validate` counts too) is a unit. Registers them all
 // under run_id; bundles hold only the units still `pending`. Fills model name -> file SHA-256
 // (harness/model_digest.h: from the store's digest cache when the file is unchanged).
 Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
