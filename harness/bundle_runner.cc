@@ -39,42 +39,47 @@ bool is_usage_error(std::exception_ptr e) {
   }
 }
 
-std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
-  if (loaded_model_ != b.model) {
-    // The previous model goes first (its weights, engine and prefix store), and the heap's free
-    // memory back to the system, so that what it leaves resident can be measured and is not
-    // charged to this model's units (--max-rss-gb).
-    loaded_model_ = -1;
-    engine_.reset();
-    prefixes_.reset();
-    lm_ = workers::LoadedModel();
-    workers::release_free_memory();
-    const size_t rss = workers::host_rss_bytes();
-    if (!rss_measured_) {
-      rss_before_models_ = rss;
-      rss_measured_ = true;
-    }
-    rss_left_by_models_ = rss > rss_before_models_ ? rss - rss_before_models_ : 0;
-    if (max_rss_bytes_ > 0 && rss_left_by_models_ >= (size_t{1} << 20)) {
-      KVB_LOG_INFO << "--max-rss-gb: " << (rss_left_by_models_ >> 20)
-                   << " MiB that earlier models left resident are not charged to the units of "
-                   << cfg_.models[b.model].name;
-    }
-    lm_ = workers::load_model_and_tokenizer(cfg_.models[b.model].path, cfg_.models[b.model].tokenizer);
-    if (tp_) *lm_.model = engine::shard_model(*lm_.model, tp_->rank(), tp_->size());
-    engine_ = engine::make_engine(*lm_.model, device_, dtype_, gpu_, tp_);
-    if (device_ == engine::Device::kCuda) {
-      KVB_LOG_INFO << "model " << lm_.model->config.name << " on "
-                   << engine_->device_description() << " (" << engine::dtype_name(dtype_) << ")";
-    }
-    loaded_model_ = b.model;
-    const int mib = prefix_cache_mib_ >= 0 ? prefix_cache_mib_ : cfg_.prefix_cache_mib;
-    prefixes_ = std::make_unique<workers::PrefixStore>(
-        share_ && workers::PrefixStore::serves(*engine_) ? static_cast<size_t>(mib) << 20 : 0);
-    planned_.clear();
-  } else if (max_rss_bytes_ > 0) {
-    workers::release_free_memory();  // what earlier bundles freed is not this one's
+const workers::LoadedModel& BundleRunner::model(int index) {
+  if (loaded_model_ == index) {
+    if (max_rss_bytes_ > 0) workers::release_free_memory();  // what earlier bundles freed
+    return lm_;
   }
+  // The previous model goes first (its weights, engine and prefix store), and the heap's free
+  // memory back to the system, so that what it leaves resident can be measured and is not
+  // charged to this model's units (--max-rss-gb).
+  loaded_model_ = -1;
+  engine_.reset();
+  prefixes_.reset();
+  lm_ = workers::LoadedModel();
+  workers::release_free_memory();
+  const size_t rss = workers::host_rss_bytes();
+  if (!rss_measured_) {
+    rss_before_models_ = rss;
+    rss_measured_ = true;
+  }
+  rss_left_by_models_ = rss > rss_before_models_ ? rss - rss_before_models_ : 0;
+  if (max_rss_bytes_ > 0 && rss_left_by_models_ >= (size_t{1} << 20)) {
+    KVB_LOG_INFO << "--max-rss-gb: " << (rss_left_by_models_ >> 20)
+                 << " MiB that earlier models left resident are not charged to the units of "
+                 << cfg_.models[index].name;
+  }
+  lm_ = workers::load_model_and_tokenizer(cfg_.models[index].path, cfg_.models[index].tokenizer);
+  if (tp_) *lm_.model = engine::shard_model(*lm_.model, tp_->rank(), tp_->size());
+  engine_ = engine::make_engine(*lm_.model, device_, dtype_, gpu_, tp_);
+  if (device_ == engine::Device::kCuda) {
+    KVB_LOG_INFO << "model " << lm_.model->config.name << " on " << engine_->device_description()
+                 << " (" << engine::dtype_name(dtype_) << ")";
+  }
+  loaded_model_ = index;
+  const int mib = prefix_cache_mib_ >= 0 ? prefix_cache_mib_ : cfg_.prefix_cache_mib;
+  prefixes_ = std::make_unique<workers::PrefixStore>(
+      share_ && workers::PrefixStore::serves(*engine_) ? static_cast<size_t>(mib) << 20 : 0);
+  planned_.clear();
+  return lm_;
+}
+
+std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
+  model(b.model);
   std::unique_ptr<tasks::Task> task =
       make_any_task(cfg_.tasks[b.task].name, keyed_task_options(cfg_, cfg_.tasks[b.task]));
   const engine::ModelConfig& c = lm_.model->config;

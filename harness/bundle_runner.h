@@ -51,6 +51,12 @@ class BundleRunner {
   // store (workers/prefix_store.h), which the bundles' shared prefills use on CPU engines.
   void set_prefix_cache_mib(int mib) { prefix_cache_mib_ = mib; }
 
+  // The config's model `index` with its tokenizer, loaded (with its engine and prefix store) if
+  // it is not the one loaded now; the previous one is freed first. run() calls it for its
+  // bundle's model; `kvbench eval` calls it first, to list the task's samples with the model's
+  // tokenizer and check the policy against its shape, and its bundles then reuse the load.
+  const workers::LoadedModel& model(int index);
+
   // Runs every unit of the bundle and scores it; a unit's failure is its result (typed). Throws
   // what escapes a tensor-parallel group's units (the job must stop) and usage errors.
   std::vector<results::UnitResult> run(const WireBundle& b);

@@ -87,6 +87,10 @@ UnitFailure current_failure(const std::string& context) {
     return {FailureStatus::kError, e.what()};
   } catch (const std::exception& e) {
     return {FailureStatus::kError, prefix + e.what()};
+  } catch (...) {
+    // A library (or a Python policy's interpreter) may throw what is not a std::exception.
+    return {FailureStatus::kError,
+            prefix + "an exception that is not a std::exception (it carries no message)"};
   }
 }
 
@@ -216,9 +220,10 @@ std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& en
       // rank's alone while the others wait in a collective of this unit: the caller must stop.
       if (!failures || e.kind() == ErrorKind::kUsage || grouped) throw;
       (*failures)[i] = current_failure("");
-    } catch (const std::exception&) {
-      // std::bad_alloc (oom) and the standard library's other errors: the unit fails, the
-      // bundle goes on (its other units may need less memory).
+    } catch (...) {
+      // std::bad_alloc (oom), the standard library's other errors and exceptions that are not
+      // std::exceptions: the unit fails, the bundle goes on (its other units may need less
+      // memory).
       if (!failures || grouped) throw;
       (*failures)[i] = current_failure("sample " + s.id + ", policy " + policies[i].name);
     }
