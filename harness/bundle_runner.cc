@@ -39,6 +39,33 @@ bool is_usage_error(std::exception_ptr e) {
   }
 }
 
+BundleRunner::BundleRunner(const SweepConfig& cfg, bool share, engine::Device device,
+                           engine::DType dtype, int gpu, kernels::Communicator* tp)
+    : cfg_(cfg), share_(share), device_(device), dtype_(dtype), gpu_(gpu), tp_(tp) {
+  for (const TaskEntry& te : cfg_.tasks) {
+    tasks_.push_back(make_any_task(te.name, keyed_task_options(cfg_, te)));
+  }
+}
+
+ResolvedBundle BundleRunner::resolve(const WireBundle& b) {
+  KVB_USAGE_CHECK(b.model >= 0 && b.model < static_cast<int>(cfg_.models.size()) && b.task >= 0 &&
+                  b.task < static_cast<int>(tasks_.size()))
+      << "bundle of sample " << b.sample.id << ": model " << b.model << " or task " << b.task
+      << " is not in config " << cfg_.path << " (" << cfg_.models.size() << " models, "
+      << tasks_.size() << " tasks); every rank must read the same config";
+  ResolvedBundle rb{b, *tasks_[b.task], {}};
+  for (const WireUnit& u : b.units) {
+    policies::require_policy(u.policy);
+    policies::PolicyConfig pc;
+    pc.name = u.policy;
+    pc.kv_budget = u.kv_budget;
+    pc.options = policies::PolicyOptions(u.policy_options);
+    pc.seed = u.seed;
+    rb.policies.push_back(pc);
+  }
+  return rb;
+}
+
 const workers::LoadedModel& BundleRunner::model(int index) {
   if (loaded_model_ == index) {
     if (max_rss_bytes_ > 0) workers::release_free_memory();  // what earlier bundles freed
@@ -78,12 +105,11 @@ const workers::LoadedModel& BundleRunner::model(int index) {
   return lm_;
 }
 
-std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
+std::vector<results::UnitResult> BundleRunner::run(const ResolvedBundle& rb) {
+  const WireBundle& b = rb.wire;
+  tasks::Task& task = rb.task;
   model(b.model);
-  std::unique_ptr<tasks::Task> task =
-      make_any_task(cfg_.tasks[b.task].name, keyed_task_options(cfg_, cfg_.tasks[b.task]));
   const engine::ModelConfig& c = lm_.model->config;
-  std::vector<policies::PolicyConfig> pcs;
   std::vector<results::UnitResult> out(b.units.size());
   // Units of one bundle may differ in question placement: run each placement as a group.
   std::map<std::string, std::vector<size_t>> by_question;
@@ -100,7 +126,7 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
     if (prefixes_->max_bytes() > 0) {
       // The store learns every prompt of this (task, question placement) once, so that a
       // prefill checkpoints where a later prompt branches off.
-      if (planned_.insert({b.task, q}).second) learn_prompts(*task, rs);
+      if (planned_.insert({b.task, q}).second) learn_prompts(task, rs);
       rs.prefix_store = prefixes_.get();
     }
     if (const char* dir = std::getenv("KVB_DUMP_KEEPSETS")) {
@@ -111,13 +137,8 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
     }
     std::vector<policies::PolicyConfig> group;
     for (size_t i : idx) {
-      const WireUnit& u = b.units[i];
-      policies::PolicyConfig pc;
-      pc.name = u.policy;
-      pc.kv_budget = u.kv_budget;
+      policies::PolicyConfig pc = rb.policies[i];
       pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-      pc.options = policies::PolicyOptions(u.policy_options);
-      pc.seed = u.seed;
       group.push_back(pc);
     }
     faults_.crash_if(b.sample.id);
@@ -166,13 +187,13 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
       }
       const workers::UnitOutput& o = outs[k];
       try {
-        const tasks::Scores sc = task->score(b.sample, o.prediction);
-        for (const auto& mi : task->metrics()) {
+        const tasks::Scores sc = task.score(b.sample, o.prediction);
+        for (const auto& mi : task.metrics()) {
           if (sc.count(mi.name)) r.metrics.push_back({mi.name, sc.at(mi.name), mi.higher_is_better});
         }
         for (const auto& [name, v] : sc) {
           bool declared = false;
-          for (const auto& mi : task->metrics()) declared |= mi.name == name;
+          for (const auto& mi : task.metrics()) declared |= mi.name == name;
           if (!declared) r.metrics.push_back({name, v, true});
         }
       } catch (const std::exception& e) {
@@ -219,7 +240,7 @@ void BundleRunner::learn_prompts(tasks::Task& task, const workers::RunSettings& 
 
 std::vector<results::UnitResult> BundleRunner::run_or_fail(const WireBundle& b) {
   try {
-    return run(b);
+    return run(resolve(b));
   } catch (...) {
     if ((tp_ && tp_->size() > 1) || is_usage_error(std::current_exception())) throw;
     const workers::UnitFailure f = workers::current_failure("sample " + b.sample.id);
