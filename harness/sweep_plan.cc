@@ -26,8 +26,17 @@ Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te) {
 }
 
 Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
-            std::map<std::string, std::string>* model_hashes) {
+            std::map<std::string, std::string>* model_hashes, FileDigests* file_digests) {
   Plan plan;
+  // Each policy entry's options as the keys hash them (a Python policy's script by content;
+  // relative paths from the config file's folder).
+  FileDigests own_digests;
+  const std::string config_dir = std::filesystem::path(cfg.path).parent_path().string();
+  std::vector<std::map<std::string, std::string>> keyed_policy(cfg.policies.size());
+  for (size_t pi = 0; pi < cfg.policies.size(); ++pi) {
+    keyed_policy[pi] = keyed_policy_options(cfg.policies[pi].name, cfg.policies[pi].options,
+                                            config_dir, file_digests ? *file_digests : own_digests);
+  }
   std::vector<results::UnitRow> rows;
   std::vector<std::pair<int, WireUnit>> units;  // bundle index, unit
   // The matrix's cells (sweep_cells.cc, the one expansion: `kvbench validate` counts the same),
@@ -78,7 +87,8 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
           row.spec.task_options = topts.values();
           row.spec.sample_id = s.id;
           row.spec.policy = pe.name;
-          row.spec.policy_options = pe.options;
+          row.spec.policy_options = keyed_policy[cell.policy];
+          if (keyed_policy[cell.policy] != pe.options) row.shown_policy_options = pe.options;
           row.spec.kv_budget_spec = spec;
           row.spec.question = q;
           row.spec.max_new_tokens = s.max_new_tokens;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
+#include "common/sha256.h"
+#include "harness/policy_files.h"
 #include "harness/sweep_config.h"
 #include "harness/sweep_plan.h"
 #include "results/store.h"
@@ -120,6 +124,72 @@ TEST(UnitKeys, PinnedKeysOfAMatrixWithExclusions) {
   }
   // `kvbench validate`'s count is the same expansion: cells x samples.
   EXPECT_EQ(expand_config_cells(load_sweep_config(config)).size() * 2, pinned.size());
+  fs::remove_all(dir);
+}
+
+// A Python policy's script enters the key by content (harness/policy_files.h): the same script
+// at two paths gives one key, an edited script another; each file is read once per stamp; the
+// units table keeps showing the path. (Policy `python` itself is not in the registry yet, so
+// the key function is tested directly, not through a config.)
+TEST(UnitKeys, PythonPolicyScriptEntersTheKeyByContentNotPath) {
+  const std::string dir = scratch();
+  const std::string script = "def score(stats):\n    return stats.col_sums\n";
+  const std::string a = dir + "/a.py";
+  fs::create_directories(dir + "/moved");
+  const std::string b = dir + "/moved/b.py";
+  std::ofstream(a) << script;
+  std::ofstream(b) << script;
+  FileDigests digests;
+  results::UnitSpec spec;
+  spec.model_sha256 = std::string(64, '0');
+  spec.task = "niah";
+  spec.sample_id = "len128_depth0_s0";
+  spec.policy = kPythonPolicy;
+  spec.kv_budget_spec = "64";
+  auto key_of = [&](const std::string& file, const std::string& base_dir) {
+    results::UnitSpec s = spec;
+    s.policy_options = keyed_policy_options(kPythonPolicy, {{"file", file}, {"window", "8"}},
+                                            base_dir, digests);
+    return results::unit_key(s);
+  };
+  const std::map<std::string, std::string> keyed =
+      keyed_policy_options(kPythonPolicy, {{"file", a}, {"window", "8"}}, "", digests);
+  EXPECT_EQ(keyed.at("file"), "sha256:" + sha256_hex(script));
+  EXPECT_EQ(keyed.at("window"), "8");
+  const std::string key_a = key_of(a, "");
+  EXPECT_EQ(key_of(b, ""), key_a);         // moved or copied: the same unit
+  EXPECT_EQ(key_of("a.py", dir), key_a);   // relative to the config's folder
+  EXPECT_EQ(digests.files_read(), 2);      // a once (unchanged since), b once
+  // Edited: another unit. The new stamp (size and modification time) makes it read again.
+  std::ofstream(a) << script << "# tuned\n";
+  fs::last_write_time(a, fs::last_write_time(a) + std::chrono::seconds(2));
+  EXPECT_NE(key_of(a, ""), key_a);
+  EXPECT_EQ(digests.files_read(), 3);
+  // Other policies' options, paths or not, are hashed as given.
+  const std::map<std::string, std::string> other = {{"file", dir + "/absent.py"}};
+  EXPECT_EQ(keyed_policy_options("h2o", other, "", digests), other);
+  try {
+    keyed_policy_options(kPythonPolicy, other, "", digests);
+    ADD_FAILURE() << "a missing script was hashed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(e.what()).find("policy python option file '" + dir +
+                                         "/absent.py' does not exist"),
+              std::string::npos)
+        << e.what();
+  }
+  // The units table shows the path; the key is the content's.
+  results::Store store = results::Store::open(dir + "/keys.db", results::Mode::kReadWrite);
+  results::UnitRow row;
+  row.spec = spec;
+  row.spec.policy_options = keyed_policy_options(kPythonPolicy, {{"file", b}}, "", digests);
+  row.shown_policy_options = std::map<std::string, std::string>{{"file", b}};
+  row.model = "m";
+  const std::vector<std::string> keys = store.register_units(store.begin_run({}), {row});
+  EXPECT_EQ(keys.at(0), results::unit_key(row.spec));
+  const results::QueryResult shown = store.query("SELECT policy_options FROM units");
+  ASSERT_EQ(shown.rows.size(), 1u);
+  EXPECT_EQ(shown.rows[0][0].text, "{\"file\":\"" + b + "\"}");
   fs::remove_all(dir);
 }
 
