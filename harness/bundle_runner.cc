@@ -39,46 +39,77 @@ bool is_usage_error(std::exception_ptr e) {
   }
 }
 
-std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
-  if (loaded_model_ != b.model) {
-    // The previous model goes first (its weights, engine and prefix store), and the heap's free
-    // memory back to the system, so that what it leaves resident can be measured and is not
-    // charged to this model's units (--max-rss-gb).
-    loaded_model_ = -1;
-    engine_.reset();
-    prefixes_.reset();
-    lm_ = workers::LoadedModel();
-    workers::release_free_memory();
-    const size_t rss = workers::host_rss_bytes();
-    if (!rss_measured_) {
-      rss_before_models_ = rss;
-      rss_measured_ = true;
-    }
-    rss_left_by_models_ = rss > rss_before_models_ ? rss - rss_before_models_ : 0;
-    if (max_rss_bytes_ > 0 && rss_left_by_models_ >= (size_t{1} << 20)) {
-      KVB_LOG_INFO << "--max-rss-gb: " << (rss_left_by_models_ >> 20)
-                   << " MiB that earlier models left resident are not charged to the units of "
-                   << cfg_.models[b.model].name;
-    }
-    lm_ = workers::load_model_and_tokenizer(cfg_.models[b.model].path, cfg_.models[b.model].tokenizer);
-    if (tp_) *lm_.model = engine::shard_model(*lm_.model, tp_->rank(), tp_->size());
-    engine_ = engine::make_engine(*lm_.model, device_, dtype_, gpu_, tp_);
-    if (device_ == engine::Device::kCuda) {
-      KVB_LOG_INFO << "model " << lm_.model->config.name << " on "
-                   << engine_->device_description() << " (" << engine::dtype_name(dtype_) << ")";
-    }
-    loaded_model_ = b.model;
-    const int mib = prefix_cache_mib_ >= 0 ? prefix_cache_mib_ : cfg_.prefix_cache_mib;
-    prefixes_ = std::make_unique<workers::PrefixStore>(
-        share_ && workers::PrefixStore::serves(*engine_) ? static_cast<size_t>(mib) << 20 : 0);
-    planned_.clear();
-  } else if (max_rss_bytes_ > 0) {
-    workers::release_free_memory();  // what earlier bundles freed is not this one's
+BundleRunner::BundleRunner(const SweepConfig& cfg, bool share, engine::Device device,
+                           engine::DType dtype, int gpu, kernels::Communicator* tp)
+    : cfg_(cfg), share_(share), device_(device), dtype_(dtype), gpu_(gpu), tp_(tp) {
+  for (const TaskEntry& te : cfg_.tasks) {
+    tasks_.push_back(make_any_task(te.name, keyed_task_options(cfg_, te)));
   }
-  std::unique_ptr<tasks::Task> task =
-      make_any_task(cfg_.tasks[b.task].name, keyed_task_options(cfg_, cfg_.tasks[b.task]));
+}
+
+ResolvedBundle BundleRunner::resolve(const WireBundle& b) {
+  KVB_USAGE_CHECK(b.model >= 0 && b.model < static_cast<int>(cfg_.models.size()) && b.task >= 0 &&
+                  b.task < static_cast<int>(tasks_.size()))
+      << "bundle of sample " << b.sample.id << ": model " << b.model << " or task " << b.task
+      << " is not in config " << cfg_.path << " (" << cfg_.models.size() << " models, "
+      << tasks_.size() << " tasks); every rank must read the same config";
+  ResolvedBundle rb{b, *tasks_[b.task], {}};
+  for (const WireUnit& u : b.units) {
+    policies::require_policy(u.policy);
+    policies::PolicyConfig pc;
+    pc.name = u.policy;
+    pc.kv_budget = u.kv_budget;
+    pc.options = policies::PolicyOptions(u.policy_options);
+    pc.seed = u.seed;
+    rb.policies.push_back(pc);
+  }
+  return rb;
+}
+
+const workers::LoadedModel& BundleRunner::model(int index) {
+  if (loaded_model_ == index) {
+    if (max_rss_bytes_ > 0) workers::release_free_memory();  // what earlier bundles freed
+    return lm_;
+  }
+  // The previous model goes first (its weights, engine and prefix store), and the heap's free
+  // memory back to the system, so that what it leaves resident can be measured and is not
+  // charged to this model's units (--max-rss-gb).
+  loaded_model_ = -1;
+  engine_.reset();
+  prefixes_.reset();
+  lm_ = workers::LoadedModel();
+  workers::release_free_memory();
+  const size_t rss = workers::host_rss_bytes();
+  if (!rss_measured_) {
+    rss_before_models_ = rss;
+    rss_measured_ = true;
+  }
+  rss_left_by_models_ = rss > rss_before_models_ ? rss - rss_before_models_ : 0;
+  if (max_rss_bytes_ > 0 && rss_left_by_models_ >= (size_t{1} << 20)) {
+    KVB_LOG_INFO << "--max-rss-gb: " << (rss_left_by_models_ >> 20)
+                 << " MiB that earlier models left resident are not charged to the units of "
+                 << cfg_.models[index].name;
+  }
+  lm_ = workers::load_model_and_tokenizer(cfg_.models[index].path, cfg_.models[index].tokenizer);
+  if (tp_) *lm_.model = engine::shard_model(*lm_.model, tp_->rank(), tp_->size());
+  engine_ = engine::make_engine(*lm_.model, device_, dtype_, gpu_, tp_);
+  if (device_ == engine::Device::kCuda) {
+    KVB_LOG_INFO << "model " << lm_.model->config.name << " on " << engine_->device_description()
+                 << " (" << engine::dtype_name(dtype_) << ")";
+  }
+  loaded_model_ = index;
+  const int mib = prefix_cache_mib_ >= 0 ? prefix_cache_mib_ : cfg_.prefix_cache_mib;
+  prefixes_ = std::make_unique<workers::PrefixStore>(
+      share_ && workers::PrefixStore::serves(*engine_) ? static_cast<size_t>(mib) << 20 : 0);
+  planned_.clear();
+  return lm_;
+}
+
+std::vector<results::UnitResult> BundleRunner::run(const ResolvedBundle& rb) {
+  const WireBundle& b = rb.wire;
+  tasks::Task& task = rb.task;
+  model(b.model);
   const engine::ModelConfig& c = lm_.model->config;
-  std::vector<policies::PolicyConfig> pcs;
   std::vector<results::UnitResult> out(b.units.size());
   // Units of one bundle may differ in question placement: run each placement as a group.
   std::map<std::string, std::vector<size_t>> by_question;
@@ -95,7 +126,7 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
     if (prefixes_->max_bytes() > 0) {
       // The store learns every prompt of this (task, question placement) once, so that a
       // prefill checkpoints where a later prompt branches off.
-      if (planned_.insert({b.task, q}).second) learn_prompts(*task, rs);
+      if (planned_.insert({b.task, q}).second) learn_prompts(task, rs);
       rs.prefix_store = prefixes_.get();
     }
     if (const char* dir = std::getenv("KVB_DUMP_KEEPSETS")) {
@@ -106,13 +137,8 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
     }
     std::vector<policies::PolicyConfig> group;
     for (size_t i : idx) {
-      const WireUnit& u = b.units[i];
-      policies::PolicyConfig pc;
-      pc.name = u.policy;
-      pc.kv_budget = u.kv_budget;
+      policies::PolicyConfig pc = rb.policies[i];
       pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-      pc.options = policies::PolicyOptions(u.policy_options);
-      pc.seed = u.seed;
       group.push_back(pc);
     }
     faults_.crash_if(b.sample.id);
@@ -161,13 +187,13 @@ std::vector<results::UnitResult> BundleRunner::run(const WireBundle& b) {
       }
       const workers::UnitOutput& o = outs[k];
       try {
-        const tasks::Scores sc = task->score(b.sample, o.prediction);
-        for (const auto& mi : task->metrics()) {
+        const tasks::Scores sc = task.score(b.sample, o.prediction);
+        for (const auto& mi : task.metrics()) {
           if (sc.count(mi.name)) r.metrics.push_back({mi.name, sc.at(mi.name), mi.higher_is_better});
         }
         for (const auto& [name, v] : sc) {
           bool declared = false;
-          for (const auto& mi : task->metrics()) declared |= mi.name == name;
+          for (const auto& mi : task.metrics()) declared |= mi.name == name;
           if (!declared) r.metrics.push_back({name, v, true});
         }
       } catch (const std::exception& e) {
@@ -214,7 +240,7 @@ void BundleRunner::learn_prompts(tasks::Task& task, const workers::RunSettings& 
 
 std::vector<results::UnitResult> BundleRunner::run_or_fail(const WireBundle& b) {
   try {
-    return run(b);
+    return run(resolve(b));
   } catch (...) {
     if ((tp_ && tp_->size() > 1) || is_usage_error(std::current_exception())) throw;
     const workers::UnitFailure f = workers::current_failure("sample " + b.sample.id);

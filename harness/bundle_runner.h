@@ -26,15 +26,27 @@ results::UnitStatus unit_status(workers::FailureStatus s);
 // Whether the exception is a kvb::Error of kind kUsage.
 bool is_usage_error(std::exception_ptr e);
 
+// A bundle ready to run: what its units name is resolved before the run starts (BundleRunner::
+// resolve), so that nothing is looked up by name in the middle of it: the task (built once per
+// config task, from the options the sweep keys it by; it scores the units and lists the prompts
+// of the prefix store) and each unit's policy (its name checked against the registry) with its
+// configuration, all but the model's shape, which the loaded model gives (a rank's shard under
+// tensor parallelism). The model is the config's entry at wire.model, loaded by that index.
+struct ResolvedBundle {
+  const WireBundle& wire;
+  tasks::Task& task;  // one of the runner's: it lives as long as the runner
+  std::vector<policies::PolicyConfig> policies;  // one per wire.units; shape unset
+};
+
 // Runs a bundle on this process: loads (and caches) the model, runs every unit, scores. With a
 // tensor-parallel group, every rank of the group runs the same bundle on its shard of the model
 // (the leader's results are the group's).
 class BundleRunner {
  public:
   // device/dtype/gpu: where this process runs the model (--device, --dtype, the GPU index).
+  // Builds every task of the config (usage errors name a task that cannot be built).
   BundleRunner(const SweepConfig& cfg, bool share, engine::Device device, engine::DType dtype,
-               int gpu, kernels::Communicator* tp = nullptr)
-      : cfg_(cfg), share_(share), device_(device), dtype_(dtype), gpu_(gpu), tp_(tp) {}
+               int gpu, kernels::Communicator* tp = nullptr);
 
   // --max-rss-gb: a unit during which the memory charged to it exceeds `gib` GiB ends `oom`
   // (workers::UnitMemoryLimit; checked after the prompt and between tokens). 0: no cap. A unit is
@@ -51,13 +63,25 @@ class BundleRunner {
   // store (workers/prefix_store.h), which the bundles' shared prefills use on CPU engines.
   void set_prefix_cache_mib(int mib) { prefix_cache_mib_ = mib; }
 
+  // The config's model `index` with its tokenizer, loaded (with its engine and prefix store) if
+  // it is not the one loaded now; the previous one is freed first. run() calls it for its
+  // bundle's model; `kvbench eval` calls it first, to list the task's samples with the model's
+  // tokenizer and check the policy against its shape, and its bundles then reuse the load.
+  const workers::LoadedModel& model(int index);
+
+  // The bundle with its task and policies resolved (ResolvedBundle). Throws a usage error for a
+  // model or task index outside the config or an unknown policy name. `b` must outlive the
+  // result.
+  ResolvedBundle resolve(const WireBundle& b);
+
   // Runs every unit of the bundle and scores it; a unit's failure is its result (typed). Throws
   // what escapes a tensor-parallel group's units (the job must stop) and usage errors.
-  std::vector<results::UnitResult> run(const WireBundle& b);
+  std::vector<results::UnitResult> run(const ResolvedBundle& rb);
+  std::vector<results::UnitResult> run(const WireBundle& b) { return run(resolve(b)); }
 
-  // run(), with a failure outside the units' own runs (loading the model, an exception this code
-  // did not expect) recorded on every unit of the bundle, typed, so that the rank goes on with
-  // its next bundle and the coordinator gets an answer. Usage errors (a bad config or model,
+  // resolve() and run(), with a failure outside the units' own runs (loading the model, an
+  // exception this code did not expect) recorded on every unit of the bundle, typed, so that the
+  // rank goes on with its next bundle and the coordinator gets an answer. Usage errors (a bad config or model,
   // the same for every bundle) and any failure of a tensor-parallel group still propagate: the
   // job stops (cmd_sweep aborts it under mpirun).
   std::vector<results::UnitResult> run_or_fail(const WireBundle& b);
@@ -67,6 +91,8 @@ class BundleRunner {
   void learn_prompts(tasks::Task& task, const workers::RunSettings& rs);
 
   const SweepConfig& cfg_;
+  // The config's tasks, built once (by index, as WireBundle::task names them).
+  std::vector<std::unique_ptr<tasks::Task>> tasks_;
   bool share_;
   engine::Device device_;
   engine::DType dtype_;

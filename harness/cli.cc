@@ -66,7 +66,9 @@ class LogLevelScope {
 int report_error(const std::string& cmd, const std::string& what, const std::string& origin,
                  int code) {
   std::cerr << "kvbench " << cmd << ": error: " << what << "\n";
-  if (!origin.empty()) KVB_LOG_DEBUG << "kvbench " << cmd << ": the error was raised at " << origin;
+  if (!origin.empty()) {
+    KVB_LOG_DEBUG << "kvbench " << cmd << ": the error was raised at " << origin;
+  }
   return code;
 }
 }  // namespace
@@ -164,6 +166,8 @@ int run_cli(int argc, char** argv) {
       return report_error(cmd, e.what(), e.origin(), e.kind() == ErrorKind::kUsage ? 2 : 1);
     } catch (const std::exception& e) {
       return report_error(cmd, e.what(), "", 1);
+    } catch (...) {
+      return report_error(cmd, "an exception that is not a std::exception (it carries no message)", "", 1);
     }
   }
   std::cerr << "kvbench: unknown command '" << cmd << "'. Commands:";

@@ -1,6 +1,6 @@
 // `kvbench eval`: one task end to end in one process under one policy and budget; prints a
-// per-sample table and the aggregate (md, csv or jsonl on stdout), progress on stderr. The sweep
-// runs units through the same workers::run_sample.
+// per-sample table and the aggregate (md, csv or jsonl on stdout), progress on stderr. Each sample
+// is a bundle of one unit, run, scored and failed by the sweep's own BundleRunner.
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
@@ -11,7 +11,10 @@
 #include "common/error.h"
 #include "common/escape.h"
 #include "common/log.h"
+#include "harness/bundle_runner.h"
 #include "harness/cli.h"
+#include "harness/sweep_config.h"
+#include "harness/sweep_wire.h"
 #include "harness/task_file.h"
 #include "common/table.h"
 #include "tasks/task.h"
@@ -28,6 +31,26 @@ std::string fmt(double v, int prec = 4) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(prec) << v;
   return s.str();
+}
+
+// An eval run as the sweep's runner takes it: a matrix of one model, one task and one policy,
+// whose units (one per sample) come as bundles of one. As `kvbench eval` always ran them: no
+// time limit, each unit prefills its own prompt (no shared prefill, no prefix store), one unit
+// at a time.
+SweepConfig eval_config(const std::string& model_path, const std::string& tokenizer_path,
+                        const std::string& task_name, const Options& task_options,
+                        const std::string& policy_name, const policies::PolicyOptions& popts,
+                        int max_prompt_tokens) {
+  SweepConfig cfg;
+  cfg.path = "(kvbench eval)";
+  cfg.models = {ModelEntry{model_path, model_path, tokenizer_path, ModelInfo{}}};
+  cfg.tasks = {TaskEntry{task_name, task_options.values()}};
+  cfg.policies = {PolicyEntry{policy_name, popts.values()}};
+  cfg.max_prompt_tokens = max_prompt_tokens;
+  cfg.unit_time_limit_s = 0;  // none
+  cfg.decode_batch = 1;
+  cfg.prefix_cache_mib = 0;
+  return cfg;
 }
 }  // namespace
 
@@ -82,16 +105,12 @@ int cmd_eval(const std::vector<std::string>& args) {
   const uint64_t seed = parse_seed_option(seed_text);
   set_threads_option(threads);
   const DeviceChoice dc = resolve_device_options(dev_opts);  // before the (slow) model load
-  const engine::Device dev = dc.device;
-  const engine::DType dt = dc.dtype;
   Options topts = Options::from_key_values(task_opts, "--task-opt", "task option");
   if (limit >= 0) {
     KVB_USAGE_CHECK(!topts.has("limit")) << "give --limit or --task-opt limit, not both";
     topts.set("limit", std::to_string(limit));
   }
-  workers::RunSettings rs;
-  rs.question = workers::parse_question_placement(question);
-  rs.max_prompt_tokens = max_prompt_tokens;
+  workers::parse_question_placement(question);  // checked before the model is loaded
   // Names and options are checked before the model is loaded.
   if (task_name.size() > 5 && (task_name.ends_with(".yaml") || task_name.ends_with(".yml"))) {
     KVB_USAGE_CHECK(!topts.has("task_file")) << "give --task FILE.yaml or task_file, not both";
@@ -100,14 +119,20 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   std::unique_ptr<tasks::Task> task = make_any_task(task_name, topts);
   policies::require_policy(policy_name);
+  const policies::PolicyOptions popts = workers::parse_policy_options(policy_opts);
 
-  workers::LoadedModel lm = workers::load_model_and_tokenizer(model_path, tokenizer_path);
+  // The sweep's own runner (harness/bundle_runner.h) runs each sample as a bundle of one unit, so
+  // that eval and sweep build, run, score and fail units the same way.
+  const SweepConfig cfg = eval_config(model_path, tokenizer_path, task_name, topts, policy_name,
+                                      popts, max_prompt_tokens);
+  BundleRunner runner(cfg, /*share=*/false, dc.device, dc.dtype, /*gpu=*/0);
+  const workers::LoadedModel& lm = runner.model(0);
   const engine::ModelConfig& c = lm.model->config;
   policies::PolicyConfig pc;
   pc.name = policy_name;
   pc.kv_budget = kv_budget;
   pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-  pc.options = workers::parse_policy_options(policy_opts);
+  pc.options = popts;
   pc.seed = seed;
   policies::make_policy(pc);  // validate budget and options against the model
   engine::require_policy_layers(policy_name, model_path, c.global_layers(),
@@ -127,11 +152,6 @@ int cmd_eval(const std::vector<std::string>& args) {
     KVB_USAGE_FAIL() << "task " << task_name << " produced no samples"
                      << (given.empty() ? " with its default options" : " with the options " + given)
                      << "; check its data (kvbench ls tasks lists each task's options)";
-  }
-  std::unique_ptr<engine::EngineBase> engp = engine::make_engine(*lm.model, dev, dt);
-  engine::EngineBase& eng = *engp;
-  if (dev == engine::Device::kCuda) {
-    KVB_LOG_INFO << "engine: " << eng.device_description() << ", " << engine::dtype_name(dt);
   }
 
   // Columns: sample fields (union, in first-seen order), metrics, measurements.
@@ -159,30 +179,30 @@ int cmd_eval(const std::vector<std::string>& args) {
     const tasks::Sample& s = samples[i];
     std::vector<std::string> row = {s.id};
     for (const auto& f : field_names) row.push_back(s.fields.count(f) ? s.fields.at(f) : "");
-    std::string status = "ok", error, prediction;
-    workers::UnitOutput u;
+    // A failure of the unit, of any exception type, is its result (status and message), as in
+    // the sweep; usage errors outside the unit's own run (the model, the config) stop eval.
+    const WireBundle bundle{0, 0, s, {WireUnit{s.id, policy_name, popts.values(), kv_budget,
+                                               question, seed}}};
+    const results::UnitResult r = runner.run_or_fail(bundle).at(0);
+    const results::Measurements m = r.measurements.value_or(results::Measurements{});
+    const std::string prediction = r.prediction ? r.prediction->text : "";
+    std::string status = "ok", error;
     tasks::Scores sc;
-    try {
-      u = workers::run_sample(lm, eng, s, pc, rs);
-      sc = task->score(s, u.prediction);
+    if (r.status == results::UnitStatus::kOk) {
+      for (const results::Metric& metric : r.metrics) sc[metric.name] = metric.value;
       per_sample.push_back(sc);
-      prediction = u.prediction.text;
-    } catch (const Error& e) {
-      if (e.kind() == ErrorKind::kUsage) throw;
-      status = "error";
-      error = e.what();
+    } else {
+      status = results::to_string(r.status);
+      error = r.error;
       ++failed;
-      if (!e.origin().empty()) {
-        KVB_LOG_DEBUG << "sample " << s.id << ": raised at " << e.origin();
-      }
     }
     for (const auto& mi : task->metrics()) row.push_back(sc.count(mi.name) ? fmt(sc[mi.name]) : "");
-    const double per_tok = u.m.generated_tokens > 1 ? u.m.decode_ms / (u.m.generated_tokens - 1) : 0;
-    row.push_back(std::to_string(u.m.prompt_tokens));
-    row.push_back(std::to_string(u.m.generated_tokens));
-    row.push_back(fmt(u.m.prefill_ms, 1));
+    const double per_tok = m.generated_tokens > 1 ? m.decode_ms / (m.generated_tokens - 1) : 0;
+    row.push_back(std::to_string(m.prompt_tokens));
+    row.push_back(std::to_string(m.generated_tokens));
+    row.push_back(fmt(m.prefill_ms, 1));
     row.push_back(fmt(per_tok, 2));
-    row.push_back(fmt(u.m.kv_bytes_final / 1048576.0, 3));
+    row.push_back(fmt(m.kv_bytes_final / 1048576.0, 3));
     row.push_back(status == "ok" ? status : status + ": " + error);
     if (output == "md" && show_prediction > 0) row.push_back(cut_chars(prediction, show_prediction));
     table.add(row);

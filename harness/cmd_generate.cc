@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/file_io.h"
 #include "common/log.h"
 #include "harness/cli.h"
 #include "workers/model_session.h"
@@ -22,10 +23,9 @@ namespace kvb::harness {
 
 namespace {
 std::string read_text_file(const std::string& path) {
+  // Before the open: a FIFO would block it forever, a device (/dev/zero) never end.
+  require_regular_file(path, "--prompt-file", "give a text file");
   std::ifstream in(path, std::ios::binary);
-  std::error_code ec;
-  KVB_USAGE_CHECK(!std::filesystem::is_directory(path, ec))
-      << "--prompt-file '" << path << "' is a directory; give a text file";
   KVB_USAGE_CHECK(in.good()) << "cannot open --prompt-file '" << path << "'";
   std::ostringstream ss;
   ss << in.rdbuf();

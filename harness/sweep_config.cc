@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "harness/policy_files.h"
 #include "harness/task_file.h"
 #include "harness/yaml_tree.h"
 #include "kernels/policies/policy.h"
@@ -380,6 +381,12 @@ std::vector<Origin> parse_policies(const Node& n, SweepConfig& cfg) {
       std::vector<std::string> values;
       for (const auto& [v, vkey] : items_of(e.value, key + ".options." + e.key))
         values.push_back(scalar(*v, vkey));
+      // A Python policy's script resolves against the file it is written in, as task file
+      // options do, so that the worker opens the file whose content the unit key hashed
+      // (harness/policy_files.h).
+      if (name == kPythonPolicy && e.key == kPythonPolicyFileOption) {
+        for (std::string& v : values) v = resolve_path(e.value, v);
+      }
       axes.push_back({e.key, values});
     }
     for (const Combo& combo : cartesian(axes, *item, key + ".options")) {

@@ -229,10 +229,11 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
                  << rec.dead_runs << " dead runs";
   }
   std::map<std::string, std::string> model_hashes;
-  Plan plan = expand(cfg, store, run_id, &model_hashes);
+  FileDigests file_digests;  // a policy's files, hashed once for every expansion of this run
+  Plan plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
   if (a.rerun) {
     store.rerun_units(plan.all_keys);
-    plan = expand(cfg, store, run_id, &model_hashes);
+    plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
   } else if (!a.rerun_statuses.empty()) {
     std::vector<std::string> again;
     for (const auto& [key, st] : store.unit_status(plan.all_keys)) {
@@ -241,7 +242,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     KVB_LOG_INFO << "--rerun-status " << a.rerun_status << ": " << again.size()
                  << " unit(s) of this matrix run again";
     store.rerun_units(again);
-    plan = expand(cfg, store, run_id, &model_hashes);
+    plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
   }
   refuse_mixed_precision(store, plan.all_keys, a, run_id);
   // Provenance: the digests the unit keys were made from (known only now, after begin_run).

@@ -26,10 +26,22 @@ Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te) {
 }
 
 Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
-            std::map<std::string, std::string>* model_hashes) {
+            std::map<std::string, std::string>* model_hashes, FileDigests* file_digests) {
   Plan plan;
+  // Each policy entry's options as the keys hash them (a Python policy's script by content;
+  // relative paths from the config file's folder).
+  FileDigests own_digests;
+  const std::string config_dir = std::filesystem::path(cfg.path).parent_path().string();
+  std::vector<std::map<std::string, std::string>> keyed_policy(cfg.policies.size());
+  for (size_t pi = 0; pi < cfg.policies.size(); ++pi) {
+    keyed_policy[pi] = keyed_policy_options(cfg.policies[pi].name, cfg.policies[pi].options,
+                                            config_dir, file_digests ? *file_digests : own_digests);
+  }
   std::vector<results::UnitRow> rows;
   std::vector<std::pair<int, WireUnit>> units;  // bundle index, unit
+  // The matrix's cells (sweep_cells.cc, the one expansion: `kvbench validate` counts the same),
+  // model > task > policy > budget > question > seed; every sample of a cell's task is a unit.
+  const std::vector<ConfigCell> cells = expand_config_cells(cfg);
   for (size_t mi = 0; mi < cfg.models.size(); ++mi) {
     const ModelEntry& me = cfg.models[mi];
     const ModelInfo info = read_model_info(me.path);
@@ -46,6 +58,12 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
       const Options topts = keyed_task_options(cfg, te);
       std::unique_ptr<tasks::Task> task = make_any_task(te.name, topts);
       std::vector<tasks::Sample> samples = task->samples(ctx);
+      std::vector<ConfigCell> task_cells;  // this (model, task)'s cells, in the matrix's order
+      for (const ConfigCell& cell : cells) {
+        if (cell.model == static_cast<int>(mi) && cell.task == static_cast<int>(ti)) {
+          task_cells.push_back(cell);
+        }
+      }
       for (tasks::Sample& s : samples) {
         if (cfg.generation.max_new_tokens > 0) s.max_new_tokens = cfg.generation.max_new_tokens;
         const int prompt_tokens = ctx.count_tokens(s.context + s.question + s.text);
@@ -53,51 +71,42 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
         const int bundle_index = static_cast<int>(plan.bundles.size());
         plan.bundles.push_back(b);
         plan.bundle_tokens.push_back(prompt_tokens);
-        for (const PolicyEntry& pe : cfg.policies) {
-          std::vector<BudgetEntry> budgets = cfg.budgets;
-          if (pe.name == "full") budgets = {BudgetEntry{}};
-          for (const BudgetEntry& be : budgets) {
-            for (const std::string& q : cfg.questions) {
-              for (uint64_t seed : cfg.seeds) {
-                const std::string spec = pe.name == "full" ? "" : be.spec();
-                std::map<std::string, std::string> axes = {{"model", me.name},
-                                                           {"task", te.name},
-                                                           {"policy", pe.name},
-                                                           {"kv_budget", spec},
-                                                           {"question", q},
-                                                           {"seed", std::to_string(seed)}};
-                if (excluded(cfg, axes)) continue;
-                int tokens = be.tokens;
-                if (be.ratio > 0) tokens = std::max(1, static_cast<int>(be.ratio * prompt_tokens));
-                results::UnitRow row;
-                row.spec.model_sha256 = model_sha;
-                row.spec.task = te.name;
-                row.spec.task_version = task->version();
-                row.spec.task_options = topts.values();
-                row.spec.sample_id = s.id;
-                row.spec.policy = pe.name;
-                row.spec.policy_options = pe.options;
-                row.spec.kv_budget_spec = spec;
-                row.spec.question = q;
-                row.spec.max_new_tokens = s.max_new_tokens;
-                row.spec.seed = seed;
-                row.spec.generation = {{"temperature", std::to_string(cfg.generation.temperature)},
-                                       {"top_k", std::to_string(cfg.generation.top_k)},
-                                       {"top_p", std::to_string(cfg.generation.top_p)}};
-                row.model = me.name;
-                if (pe.name != "full") row.kv_budget = tokens;
-                row.sample_fields = s.fields;
-                const std::string key = results::unit_key(row.spec);
-                rows.push_back(row);
-                WireUnit u{key, pe.name, pe.options, pe.name == "full" ? 0 : tokens, q, seed};
-                units.push_back({bundle_index, u});
-                plan.metric_info[key] = task->metrics();
-                plan.key_task[key] = te.name;
-                plan.key_policy[key] = pe.name;
-                plan.key_budget[key] = spec.empty() ? "-" : spec;
-              }
-            }
-          }
+        for (const ConfigCell& cell : task_cells) {
+          const PolicyEntry& pe = cfg.policies[cell.policy];
+          const bool budgeted = cell.budget >= 0;  // not `full`
+          const BudgetEntry be = budgeted ? cfg.budgets[cell.budget] : BudgetEntry{};
+          const std::string& q = cfg.questions[cell.question];
+          const uint64_t seed = cfg.seeds[cell.seed];
+          const std::string spec = budgeted ? be.spec() : "";
+          int tokens = be.tokens;
+          if (be.ratio > 0) tokens = std::max(1, static_cast<int>(be.ratio * prompt_tokens));
+          results::UnitRow row;
+          row.spec.model_sha256 = model_sha;
+          row.spec.task = te.name;
+          row.spec.task_version = task->version();
+          row.spec.task_options = topts.values();
+          row.spec.sample_id = s.id;
+          row.spec.policy = pe.name;
+          row.spec.policy_options = keyed_policy[cell.policy];
+          if (keyed_policy[cell.policy] != pe.options) row.shown_policy_options = pe.options;
+          row.spec.kv_budget_spec = spec;
+          row.spec.question = q;
+          row.spec.max_new_tokens = s.max_new_tokens;
+          row.spec.seed = seed;
+          row.spec.generation = {{"temperature", std::to_string(cfg.generation.temperature)},
+                                 {"top_k", std::to_string(cfg.generation.top_k)},
+                                 {"top_p", std::to_string(cfg.generation.top_p)}};
+          row.model = me.name;
+          if (budgeted) row.kv_budget = tokens;
+          row.sample_fields = s.fields;
+          const std::string key = results::unit_key(row.spec);
+          rows.push_back(row);
+          WireUnit u{key, pe.name, pe.options, budgeted ? tokens : 0, q, seed};
+          units.push_back({bundle_index, u});
+          plan.metric_info[key] = task->metrics();
+          plan.key_task[key] = te.name;
+          plan.key_policy[key] = pe.name;
+          plan.key_budget[key] = spec.empty() ? "-" : spec;
         }
       }
     }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/options.h"
+#include "harness/policy_files.h"
 #include "harness/sweep_config.h"
 #include "harness/sweep_wire.h"
 #include "results/store.h"
@@ -29,10 +30,13 @@ struct Plan {
 Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te);
 
 // Expands the matrix: for every model, its tokenizer (no weights) builds every task's samples;
-// every (sample, policy entry, budget, question, seed) not excluded is a unit. Registers them all
-// under run_id; bundles hold only the units still `pending`. Fills model name -> file SHA-256
-// (harness/model_digest.h: from the store's digest cache when the file is unchanged).
+// every sample of a cell of expand_config_cells (the one expansion of the matrix, which `kvbench
+// validate` counts too) is a unit. Registers them all under run_id; bundles hold only the units still `pending`. Fills model name -> file SHA-256
+// (harness/model_digest.h: from the store's digest cache when the file is unchanged). Files a
+// policy reads enter the keys by content (harness/policy_files.h), hashed through `file_digests`
+// (null: a digest cache of this call's own; a sweep passes one to all its expansions).
 Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
-            std::map<std::string, std::string>* model_hashes);
+            std::map<std::string, std::string>* model_hashes,
+            FileDigests* file_digests = nullptr);
 
 }  // namespace kvb::harness

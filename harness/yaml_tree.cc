@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "common/error.h"
+#include "common/file_io.h"
 
 namespace kvb::harness::yamlcfg {
 namespace fs = std::filesystem;
@@ -160,8 +161,12 @@ Node load_tree(const std::string& path, LoadState& state, const Node* site,
     refuse("includes nested deeper than " + std::to_string(kMaxIncludeDepth) + " files (" +
            join(state.chain, " -> ") + " -> " + path + "); flatten them");
   }
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) refuse("'" + path + "' is a directory, not a YAML file");
+  // Before the open: a FIFO would block it forever, a device (/dev/zero) never end.
+  if (const std::string kind = non_regular_file_kind(path); !kind.empty()) {
+    const std::string why = "'" + path + "' is " + kind + ", not a regular file; give a YAML file";
+    if (site) fail(*site, site_key, why);
+    KVB_USAGE_FAIL() << "config file " << why;
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in.good()) {
     const std::string why = std::string("cannot read '") + path + "': " + std::strerror(errno);

@@ -310,7 +310,7 @@ std::vector<std::string> Store::register_units(int64_t run_id, const std::vector
         .bind_text(7, canonical_json(u.task_options))
         .bind_text(8, u.sample_id)
         .bind_text(9, u.policy)
-        .bind_text(10, canonical_json(u.policy_options))
+        .bind_text(10, canonical_json(row.shown_policy_options.value_or(u.policy_options)))
         .bind_text(11, u.kv_budget_spec)
         .bind_int(12, row.kv_budget)
         .bind_text(13, u.question)

@@ -89,6 +89,10 @@ struct UnitRow {
   // tasks::Sample::fields. Also fills the typed columns context_length (integer) and depth
   // (number) when those fields are present and parse completely.
   std::map<std::string, std::string> sample_fields;
+  // The policy options the units table shows where they differ from the hashed ones
+  // (spec.policy_options): a Python policy's script path, whose content the key hashes instead
+  // (harness/policy_files.h). Unset: spec.policy_options.
+  std::optional<std::map<std::string, std::string>> shown_policy_options;
 };
 
 struct UnitState {

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "common/error.h"
+#include "common/file_io.h"
 #include "tasks/metrics.h"
 
 namespace kvb::tasks {
@@ -80,6 +81,8 @@ std::string read_kjv() {
 }
 
 std::string read_file_text(const std::string& path) {
+  // Before the open: a FIFO would block it forever, a device (/dev/zero) never end.
+  require_regular_file(path, "haystack file", "give a text file");
   std::ifstream in(path, std::ios::binary);
   KVB_USAGE_CHECK(in.good()) << "cannot read haystack file '" << path << "'";
   std::ostringstream ss;
@@ -251,6 +254,7 @@ void check_haystack_source(const HaystackSource& s) {
            "files)";
   } else if (s.kind == "file") {
     KVB_USAGE_CHECK(!s.file.empty()) << "haystack=file needs haystack_file=<a text file>";
+    require_regular_file(s.file, "haystack_file", "give a text file");
     KVB_USAGE_CHECK(fs::is_regular_file(s.file))
         << "haystack_file '" << s.file << "' does not exist or is not a file";
   } else {

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "common/error.h"
+#include "common/file_io.h"
 #include "common/escape.h"
 
 namespace kvb::tasks {
@@ -47,6 +48,18 @@ const char* type_name(const nlohmann::json& v) {
   KVB_USAGE_FAIL() << "cannot open data file '" << path << "'"
                    << (option.empty() ? "" : " (task option " + option + ")")
                    << (how_to_obtain.empty() ? "" : "; " + how_to_obtain);
+}
+
+// Data files may be pipes (a shell's <(zcat data.gz), read below without waiting for a writer);
+// anything else that is not a regular file is refused before the open, naming the path and the
+// task option: a device (/dev/zero) would never end, a directory or a socket cannot be read.
+void require_file_or_pipe(const std::string& path, const std::string& option) {
+  std::error_code ec;
+  if (std::filesystem::status(path, ec).type() == std::filesystem::file_type::fifo) return;
+  require_regular_file(path, "data file",
+                       std::string("give a file") +
+                           (option.empty() ? "" : " as task option " + option) +
+                           " (or a pipe, e.g. <(zcat data.jsonl.gz))");
 }
 
 // open(2) for reading that does not wait for a FIFO's writer: a FIFO with none then reads as
@@ -210,9 +223,9 @@ std::optional<std::vector<std::string>> JsonlItem::str_list_opt(const std::strin
 
 JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
   // zlib reads a gzip file through its inflater and any other file as it is.
-  std::error_code ec;
   gzFile in = nullptr;
-  if (!path.empty() && !std::filesystem::is_directory(path, ec)) {
+  require_file_or_pipe(path, options.option);
+  if (!path.empty()) {
     const int fd = open_without_waiting(path);  // a FIFO without a writer reads as empty
     if (fd >= 0 && !(in = gzdopen(fd, "rb"))) ::close(fd);
   }
@@ -301,10 +314,9 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options) {
 
 std::string read_text_file(const std::string& path, const std::string& option,
                            const std::string& how_to_obtain, size_t max_bytes) {
-  std::error_code ec;
-  const int fd = path.empty() || std::filesystem::is_directory(path, ec)
-                     ? -1
-                     : open_without_waiting(path);  // a FIFO without a writer reads as empty
+  require_file_or_pipe(path, option);
+  // A FIFO without a writer reads as empty.
+  const int fd = path.empty() ? -1 : open_without_waiting(path);
   if (fd < 0) missing_file(path, option, how_to_obtain);
   struct Closer {
     int fd;

@@ -73,7 +73,8 @@ class UniqueSampleIds {
 // CRLF line ends and a UTF-8 BOM are accepted; every other line must parse as one JSON object
 // (strings must be valid UTF-8: an invalid byte is reported with its offset and its key). A file
 // without items is a usage error naming it and its task option. The open never blocks: a FIFO
-// with no writer reads as empty.
+// with no writer reads as empty; a device (/dev/zero), a directory or a socket is a usage error
+// naming the path, before any open (common/file_io.h).
 struct JsonlFile {
   std::string path;
   std::vector<JsonlItem> items;
@@ -86,7 +87,8 @@ JsonlFile read_jsonl(const std::string& path, const JsonlReadOptions& options);
 std::string py_strip(std::string_view s);
 
 // Reads a whole text file (perplexity corpora), bounded by max_bytes; a missing file names the
-// option and how to obtain it. As read_jsonl, the open never blocks on a FIFO.
+// option and how to obtain it. As read_jsonl, the open never blocks on a FIFO, and what is neither a
+// regular file nor a FIFO is refused before it.
 std::string read_text_file(const std::string& path, const std::string& option,
                            const std::string& how_to_obtain, size_t max_bytes);
 

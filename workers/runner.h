@@ -66,7 +66,8 @@ struct UnitFailure {
 // Classifies the exception in flight; call only inside a catch block. UnitTimeout -> timeout;
 // UnitMemoryLimit -> oom; std::bad_alloc and std::length_error (what a huge std::vector allocation throws) -> oom; a
 // kvb::Error of kind kOutOfMemory (a failed device allocation) -> oom; any other std::exception
-// (kvb::Error included) -> error, its what() the message. `context` (e.g.
+// (kvb::Error included) -> error, its what() the message; anything else (not a std::exception)
+// -> error, saying so. `context` (e.g.
 // "sample X, policy h2o") prefixes the message of exceptions that do not carry it.
 UnitFailure current_failure(const std::string& context);
 

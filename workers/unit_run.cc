@@ -304,8 +304,8 @@ void score_choices(Unit& u, const kernels::KvCache& cache, const Prompted& pre) 
 
 // Generation: decoding from the prompt's logits until an end token, max_new_tokens or a stop
 // string; ttft_ms counts the shared prefill too. The first token is chosen here, right after the
-// prompt (so ttft never waits for a batch); the caller feeds the tokens back (decode_alone, or a
-// bundle's batch) and then calls finish_generation.
+// prompt (so ttft never waits for a batch); the caller feeds the tokens back (runner.cc's decode
+// loop, alone or in a bundle's batch) and then calls finish_generation.
 void start_generation(Unit& u, PromptedRun& r) {
   const tasks::Sample& s = u.s;
   r.go.max_new_tokens = s.max_new_tokens;
@@ -343,17 +343,6 @@ void start_generation(Unit& u, PromptedRun& r) {
   r.comm1 = comm_stats(u.engine);
   r.decode_t0 = std::chrono::steady_clock::now();
   r.gen = std::make_unique<engine::Generation>(r.pre.logits, r.go, on_token);
-}
-
-// One sequence alone: generate_from's loop over the started generation.
-void decode_alone(Unit& u, PromptedRun& r) {
-  for (int32_t id = r.gen->next(); id >= 0; id = r.gen->next()) {
-    const auto ts = std::chrono::steady_clock::now();
-    u.engine.forward({&id, 1}, r.cache, engine::LogitsMode::kLast, r.gen->logits(),
-                     u.policy.get(), engine::PolicyHook::kDecode);
-    r.gen->stepped(ms_since(ts));
-    r.batch_sum += 1;
-  }
 }
 
 void finish_generation(Unit& u, PromptedRun& r) {
@@ -446,20 +435,6 @@ std::unique_ptr<PromptedRun> start_unit(Unit& u, const SharedPrefill* shared) {
   }
   u.policy_ms += u.engine.policy_ms() - p0;
   return r;
-}
-
-UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const tasks::Sample& s,
-                   const policies::PolicyConfig& unit_pc, const RunSettings& rs,
-                   const SharedPrefill* shared, size_t unit_index) {
-  std::unique_ptr<Unit> u = make_unit(lm, engine, s, unit_pc, rs, unit_index);
-  std::unique_ptr<PromptedRun> r = start_unit(*u, shared);
-  if (r) {
-    const double p0 = engine.policy_ms();
-    if (r->gen) decode_alone(*u, *r);
-    u->policy_ms += engine.policy_ms() - p0;
-    finish_prompted(*u, *r);
-  }
-  return complete_unit(*u);
 }
 
 }  // namespace kvb::workers::detail

@@ -187,9 +187,4 @@ UnitOutput complete_unit(Unit& u);
 // it needs none). The unit's policy time so far is in u.policy_ms.
 std::unique_ptr<PromptedRun> start_unit(Unit& u, const SharedPrefill* shared);
 
-// One unit alone: start, decode by itself, finish.
-UnitOutput run_one(const LoadedModel& lm, engine::EngineBase& engine, const tasks::Sample& s,
-                   const policies::PolicyConfig& unit_pc, const RunSettings& rs,
-                   const SharedPrefill* shared, size_t unit_index);
-
 }  // namespace kvb::workers::detail

@@ -123,6 +123,10 @@ TEST(RunnerIntegrity, FailuresAreClassifiedByType) {
   EXPECT_EQ(other.status, FailureStatus::kError);
   EXPECT_EQ(other.message, "ctx: map::at");
   EXPECT_EQ(classify([] { throw Error("bad sample"); }).status, FailureStatus::kError);
+  // What is not a std::exception (a library's own type) is the unit's error too, saying so.
+  const workers::UnitFailure foreign = classify([] { throw 42; });
+  EXPECT_EQ(foreign.status, FailureStatus::kError);
+  EXPECT_EQ(foreign.message, "ctx: an exception that is not a std::exception (it carries no message)");
   // A failed device allocation (KVB_CUDA_CHECK on cudaErrorMemoryAllocation) is the unit's oom.
   const workers::UnitFailure device = classify([] {
     throw Error("cudaMalloc(&p, bytes): cudaErrorMemoryAllocation: out of memory",

@@ -7,16 +7,26 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <iostream>
 #include <limits>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
+#include "harness/cli.h"
 #include "harness/model_info.h"
+#include "harness/sweep_config.h"
+#include "tasks/haystack.h"
+#include "tasks/jsonl.h"
 #include "tokenizer_gguf_writer.h"
 #include "workers/engine/model.h"
 #include "workers/formats/file_io.h"
@@ -89,6 +99,86 @@ TEST(LoaderHostile, FifoModelOrTokenizerIsRefusedWithoutBlocking) {
              "model file '/dev/zero' is a character device");
   ::alarm(0);
   fs::remove_all(fs::path(fifo).parent_path());
+}
+
+// Runs `read` on a thread of its own and returns the message of the usage error it throws (a
+// failure naming what came instead otherwise), with the seconds it took. A reader that blocks (a
+// FIFO's open waits for a writer) or reads without end (/dev/zero) fails the test after 30 s and
+// ends the process: its thread cannot be stopped, and the suite must not hang until ctest's limit.
+std::string usage_error_in_time(const std::string& what, const std::function<void()>& read,
+                                double* seconds) {
+  auto result = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> message = result->get_future();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread([read, result] {
+    try {
+      read();
+      result->set_value("(no error thrown)");
+    } catch (const Error& e) {
+      result->set_value(e.kind() == ErrorKind::kUsage ? e.what()
+                                                      : std::string("(not a usage error) ") +
+                                                            e.what());
+    } catch (const std::exception& e) {
+      result->set_value(std::string("(not a kvb::Error) ") + e.what());
+    }
+  }).detach();
+  if (message.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    std::cerr << "FAILED: " << what << " still reads after 30 s (blocked on a FIFO, or reading a "
+              << "device without end); ending the test process" << std::endl;
+    std::_Exit(1);
+  }
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return message.get();
+}
+
+// Issue 31 for the files a config names beside its models: a YAML config (and its includes),
+// `kvbench generate --prompt-file`, a niah haystack file and a task's data file that is a FIFO or
+// a device is refused before it is opened, naming the path and what it is, at once.
+TEST(LoaderHostile, FifoOrDeviceAsConfigPromptOrHaystackIsRefusedWithoutBlocking) {
+  const std::string d = scratch();
+  const std::string fifo = d + "/input.yaml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const std::string includes_fifo = d + "/includes_fifo.yaml";
+  std::ofstream(includes_fifo) << "include: input.yaml\n";
+  struct Reader {
+    std::string what;
+    std::function<void(const std::string& path)> read;
+    std::string names;  // how the message names the input, before " '<path>' is ..."
+  };
+  const std::vector<Reader> readers = {
+      {"config", [](const std::string& p) { harness::load_sweep_config(p); }, "config file"},
+      {"--prompt-file",
+       [](const std::string& p) {
+         harness::cmd_generate({"--model", "unused.gguf", "--prompt-file", p});
+       },
+       "--prompt-file"},
+      {"haystack_file",
+       [](const std::string& p) { tasks::haystack_text(tasks::HaystackSource{"file", "", p}); },
+       "haystack_file"},
+      {"data file", [](const std::string& p) { tasks::read_jsonl(p, {}); }, "data file"},
+      {"text corpus",
+       [](const std::string& p) { tasks::read_text_file(p, "file", "", size_t{1} << 20); },
+       "data file"},
+  };
+  for (const Reader& r : readers) {
+    for (const auto& [path, kind] : std::vector<std::pair<std::string, std::string>>{
+             {fifo, "a FIFO (named pipe)"}, {"/dev/zero", "a character device"}}) {
+      // Task data files may be pipes (a shell's <(zcat data.gz)): TaskFiles tests the FIFO.
+      if (r.names == "data file" && path == fifo) continue;
+      double seconds = 0;
+      const std::string msg = usage_error_in_time(r.what + " " + path, [&] { r.read(path); },
+                                                  &seconds);
+      EXPECT_HAS(msg, r.names + " '" + path + "' is " + kind + ", not a regular file");
+      EXPECT_LT(seconds, 5.0) << r.what << " " << path;
+    }
+  }
+  // An include names the file it cannot read, at the line of the include.
+  double seconds = 0;
+  const std::string msg = usage_error_in_time(
+      "include", [&] { harness::load_sweep_config(includes_fifo); }, &seconds);
+  EXPECT_HAS(msg, "includes_fifo.yaml:1: include: '" + fifo +
+                      "' is a FIFO (named pipe), not a regular file; give a YAML file");
+  fs::remove_all(d);
 }
 
 // Symbolic links to regular files keep working (the check follows them), and so does a FIFO's

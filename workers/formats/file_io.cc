@@ -9,19 +9,9 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/file_io.h"
 
 namespace kvb::formats {
-
-namespace {
-const char* file_type(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "of an unknown type";
-}
-}  // namespace
 
 uint64_t open_regular(const std::string& path, const char* kind, Fd* fd) {
   // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer, forever; on a regular
@@ -31,17 +21,19 @@ uint64_t open_regular(const std::string& path, const char* kind, Fd* fd) {
                                << "': " << std::strerror(errno);
   struct stat st {};
   KVB_CHECK(::fstat(fd->fd, &st) == 0) << path << ": fstat failed: " << std::strerror(errno);
-  KVB_USAGE_CHECK(S_ISREG(st.st_mode)) << path << ": not a regular file (expected a " << kind
-                                       << " file); it is " << file_type(st.st_mode);
+  if (!S_ISREG(st.st_mode)) {
+    // The path's type, for the message (the descriptor's own was checked).
+    const std::string type = non_regular_file_kind(path);
+    KVB_USAGE_FAIL() << path << ": not a regular file (expected a " << kind << " file); it is "
+                     << (type.empty() ? "of an unknown type" : type);
+  }
   return static_cast<uint64_t>(st.st_size);
 }
 
 uint64_t regular_file_size(const std::string& path, const char* what) {
+  require_regular_file(path, what);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return 0;  // missing: the caller's open names it
-  KVB_USAGE_CHECK(S_ISREG(st.st_mode)) << what << " '" << path << "' is " << file_type(st.st_mode)
-                                       << ", not a regular file; give the file itself (a "
-                                       << "symbolic link to one is fine)";
   return static_cast<uint64_t>(st.st_size);
 }
 
