@@ -15,8 +15,8 @@
 namespace kvb::policies {
 
 struct ExtraPolicy {
-  const char* source = nullptr;      // the .cc file it was compiled from (absolute; for messages)
-  PolicyInfo (*info)() = nullptr;    // that file's <stem>_policy_info
+  const char* source = nullptr;    // the .cc file it was compiled from (absolute; for messages)
+  PolicyInfo (*info)() = nullptr;  // that file's <stem>_policy_info
 };
 
 // make_policy's validation (budget, options against the entry's ParamDocs) for a given entry,

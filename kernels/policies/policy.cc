@@ -101,9 +101,8 @@ std::unique_ptr<Policy> make_policy(const PolicyConfig& config) {
 }
 
 std::unique_ptr<Policy> make_policy(const PolicyInfo& info, const PolicyConfig& config) {
-  KVB_CHECK(config.name == info.name)
-      << "make_policy: a config for '" << config.name << "' given the entry of '" << info.name
-      << "'";
+  KVB_CHECK(config.name == info.name) << "make_policy: a config for '" << config.name
+                                      << "' given the entry of '" << info.name << "'";
   if (config.name != "full") {
     KVB_USAGE_CHECK(config.kv_budget > 0)
         << "policy " << config.name << ": --kv-budget must be a positive number of tokens per KV "

@@ -36,21 +36,22 @@ std::vector<PolicyInfo> append_extra_policies(std::vector<PolicyInfo> table,
   std::vector<const char*> sources(builtin, nullptr);  // per entry: its extra's file, or none
   for (const ExtraPolicy& x : extras) {
     PolicyInfo info = x.info();
-    const bool snake = !info.name.empty() && std::all_of(info.name.begin(), info.name.end(), [](char c) {
-      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-    });
+    const bool snake =
+        !info.name.empty() && std::all_of(info.name.begin(), info.name.end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+        });
     KVB_USAGE_CHECK(snake) << "extra policy file " << x.source << ": its policy name '" << info.name
                            << "' must be snake_case ([a-z0-9_]+), as every policy name";
-    KVB_USAGE_CHECK(info.make != nullptr)
-        << "extra policy file " << x.source << ": policy '" << info.name << "' has no make function";
+    KVB_USAGE_CHECK(info.make != nullptr) << "extra policy file " << x.source << ": policy '"
+                                          << info.name << "' has no make function";
     for (size_t i = 0; i < table.size(); ++i) {
       if (table[i].name != info.name) continue;
       KVB_USAGE_FAIL() << "extra policy file " << x.source << " registers the policy name '"
                        << info.name << "', which "
-                       << (sources[i] ? std::string("extra policy file ") + sources[i] +
-                                            " registers too"
-                                      : std::string("is a built-in policy "
-                                                    "(kernels/policies/registry.cc)"))
+                       << (sources[i]
+                               ? std::string("extra policy file ") + sources[i] + " registers too"
+                               : std::string("is a built-in policy "
+                                             "(kernels/policies/registry.cc)"))
                        << "; rename it in its PolicyInfo";
     }
     table.push_back(std::move(info));

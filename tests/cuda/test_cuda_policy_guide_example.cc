@@ -116,8 +116,8 @@ TEST_F(PromptHeavyOpsParity, PrefillAndDecodeKeepTheCpuSlots) {
   for (const int budget : {5, 40}) {
     for (const int group : {1, 4}) {
       for (const char* reduce : {"mean", "max"}) {
-        SCOPED_TRACE(testing::Message() << "budget " << budget << " group " << group << " "
-                                        << reduce);
+        SCOPED_TRACE(testing::Message()
+                     << "budget " << budget << " group " << group << " " << reduce);
         make_caches(lens, steps);  // slot s of head h at position 3s + h
         const policies::ModelShape shape = {2, heads * group, heads, 8, 8192};
         const std::map<std::string, std::string> opts = {{"gqa_reduce", reduce}};
@@ -125,8 +125,8 @@ TEST_F(PromptHeavyOpsParity, PrefillAndDecodeKeepTheCpuSlots) {
         std::unique_ptr<policies::Policy> gp = make(budget, shape, opts);
         ASSERT_TRUE(gp->decides_with_ops());
         const int stride = 4097;
-        const std::vector<float> sums = parity::tied_vec(
-            static_cast<size_t>(heads) * group * stride, 90 + budget + group, 6);
+        const std::vector<float> sums =
+            parity::tied_vec(static_cast<size_t>(heads) * group * stride, 90 + budget + group, 6);
         const cu::DeviceBuffer<float> dsums = parity::to_device(sums);
         policies::LayerStats st;
         st.layer = 0;  // the caches have one layer; the policy's layer 0 of 2
@@ -147,7 +147,7 @@ TEST_F(PromptHeavyOpsParity, PrefillAndDecodeKeepTheCpuSlots) {
         for (int s = 0; s < steps; ++s) {
           SCOPED_TRACE(testing::Message() << "decode step " << s + 1);
           append_token(3 * stride + s);  // after every head's positions (3 slot + head)
-          policies::LayerStats dt;  // the policy asks for no statistics at decode
+          policies::LayerStats dt;       // the policy asks for no statistics at decode
           dt.layer = 0;
           dt.n_new = 1;
           dt.num_heads = heads * group;
@@ -169,12 +169,12 @@ TEST_F(PromptHeavyOpsParity, PrefillAndDecodeKeepTheCpuSlots) {
 // ---- engine level ---------------------------------------------------------------------------
 
 struct EngineRun {
-  std::vector<std::vector<float>> logits;   // after the prompt, then after each forced token
-  std::vector<std::vector<int32_t>> keep;   // final positions per (layer, head)
+  std::vector<std::vector<float>> logits;  // after the prompt, then after each forced token
+  std::vector<std::vector<int32_t>> keep;  // final positions per (layer, head)
 };
 
 EngineRun run(engine::EngineBase& eng, const engine::Model& m, int budget,
-        const std::vector<int32_t>& prompt, const std::vector<int32_t>& forced) {
+              const std::vector<int32_t>& prompt, const std::vector<int32_t>& forced) {
   const auto& c = m.config;
   std::unique_ptr<policies::Policy> policy =
       make(budget, {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len}, {});

@@ -2,7 +2,8 @@
 #   cmake -DCASE=<case> -DSRC=<source dir> -DOUT=<scratch dir> -P tests/sdk/check_extra_policies.cmake
 # runs kvb_extra_policies in a child cmake on the case's folders (tests/fixtures/sdk/) and prints
 # "sdk case <case>: ok" when the child wrote the expected list, or stopped with the expected
-# error naming the offending file. No compiler, no configure: a second or less per case.
+# error naming the offending file: no compiler, a second or less per case. Case `configure`
+# configures the whole project with the example's folder instead (-DMINJA=<minja dir>).
 cmake_minimum_required(VERSION 3.22)
 if(NOT CASE OR NOT SRC OR NOT OUT)
   message(FATAL_ERROR "check_extra_policies.cmake: pass -DCASE= -DSRC= -DOUT=")
@@ -29,6 +30,8 @@ elseif(CASE STREQUAL "good")
 elseif(CASE STREQUAL "two_dirs")
   set(dirs "${SRC}/examples/policies/cpp;${fx}/second")
   set(want_stems prompt_heavy second_policy)
+elseif(CASE STREQUAL "configure")
+  # below, before the child
 elseif(CASE STREQUAL "no_dir")
   set(dirs "${fx}/no_such_folder")
   set(want_error "/no_such_folder' is not a folder")
@@ -53,6 +56,35 @@ endif()
 
 file(REMOVE_RECURSE "${OUT}")
 file(MAKE_DIRECTORY "${OUT}")
+
+# The real project, configured (not built) with the example's folder, CUDA, MPI, tests and
+# benchmarks off (about 5 s): the option reaches the function, the list is written, and the
+# example is one of kvb_kernels' sources.
+if(CASE STREQUAL "configure")
+  set(minja "")
+  if(MINJA)
+    set(minja "-DKVB_MINJA_DIR=${MINJA}")
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} -S "${SRC}" -B "${OUT}" -DCMAKE_BUILD_TYPE=Release
+                          -DKVBENCH_CUDA=OFF -DKVBENCH_MPI=OFF -DKVBENCH_TESTS=OFF
+                          -DKVBENCH_BENCH=OFF ${minja}
+                          "-DKVBENCH_EXTRA_POLICIES=${SRC}/examples/policies/cpp"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "sdk case ${CASE}: configure failed:\n${out}\n${err}")
+  endif()
+  file(READ "${OUT}/generated/extra_policies.cc" cc)
+  file(READ "${OUT}/compile_commands.json" commands)
+  string(FIND "${cc}" "{R\"kvbpath(${example})kvbpath\", &prompt_heavy_policy_info}" at)
+  string(FIND "${commands}" "${example}" compiled)
+  if(at EQUAL -1 OR compiled EQUAL -1)
+    message(FATAL_ERROR "sdk case ${CASE}: ${example} not listed or not compiled:\n${cc}")
+  endif()
+  file(REMOVE_RECURSE "${OUT}")  # a configured tree: megabytes, nothing to keep
+  message("sdk case ${CASE}: ok")
+  return()
+endif()
+
 string(REPLACE ";" "\\;" dirs_arg "${dirs}")
 execute_process(COMMAND ${CMAKE_COMMAND} -DINNER=1 -DCASE=${CASE} -DSRC=${SRC} -DOUT=${OUT}
                         "-DDIRS=${dirs_arg}" -P "${CMAKE_CURRENT_LIST_FILE}"

@@ -100,11 +100,10 @@ LayerStats decode_stats(int num_heads, int layer = 0) {  // the policy asks for 
 //   head 0: 3.0 (pos 0), then 2.0 at pos 1 and pos 4 tie -> the later, 4: keeps {0, 4, 5, 6, 7}
 //   head 1: 4.0 (pos 2), then 1.0 at pos 0, 1, 3 tie -> the latest, 3:    keeps {2, 3, 5, 6, 7}
 // with scores head 0: (3.0, 2.0, 2.0, 0.5, 0.5), head 1: (4.0, 1.0, 2.0, 0.0, 1.0).
-const std::vector<float> kColSums = {
-    4.0f, 1.5f, 2.0f, 0.25f, 1.0f, 3.0f, 0.5f, 0.25f,  // q0
-    2.0f, 2.5f, 0.0f, 0.75f, 3.0f, 1.0f, 0.5f, 0.75f,  // q1
-    1.0f, 0.0f, 6.0f, 0.5f,  0.0f, 0.0f, 0.0f, 1.0f,   // q2
-    1.0f, 2.0f, 2.0f, 1.5f,  0.0f, 4.0f, 0.0f, 1.0f};  // q3
+const std::vector<float> kColSums = {4.0f, 1.5f, 2.0f, 0.25f, 1.0f, 3.0f, 0.5f, 0.25f,  // q0
+                                     2.0f, 2.5f, 0.0f, 0.75f, 3.0f, 1.0f, 0.5f, 0.75f,  // q1
+                                     1.0f, 0.0f, 6.0f, 0.5f,  0.0f, 0.0f, 0.0f, 1.0f,   // q2
+                                     1.0f, 2.0f, 2.0f, 1.5f,  0.0f, 4.0f, 0.0f, 1.0f};  // q3
 
 TEST(PromptHeavy, HandComputedPrefill) {
   std::unique_ptr<Policy> p = make(5);
@@ -201,7 +200,7 @@ struct Trace {
 // A prompt of n through every layer's prefill, then `steps` decode steps; the keep-sets after
 // each hook. From `fork_after_prefill`, the clone of the policy runs the decode steps.
 Trace run(int budget, int n, int steps, const std::map<std::string, std::string>& opts = {},
-        bool fork_after_prefill = false) {
+          bool fork_after_prefill = false) {
   const int layers = 2, kv_heads = 2;
   std::unique_ptr<Policy> p = make(budget, opts, layers);
   kernels::KvCache cache = prompt_cache(n, kv_heads, layers);
@@ -303,7 +302,8 @@ std::string error_of(std::span<const ExtraPolicy> extras) {
 TEST(ExtraPolicies, AppendedAfterTheBuiltInsInOrder) {
   const ExtraPolicy extras[] = {{"/x/extra_a.cc", &extra_a},
                                 {"/x/prompt_heavy.cc", &prompt_heavy_policy_info}};
-  const std::vector<PolicyInfo> t = append_extra_policies({full_policy_info(), h2o_policy_info()}, extras);
+  const std::vector<PolicyInfo> t =
+      append_extra_policies({full_policy_info(), h2o_policy_info()}, extras);
   ASSERT_EQ(t.size(), 4u);
   EXPECT_EQ(t[0].name, "full");
   EXPECT_EQ(t[1].name, "h2o");

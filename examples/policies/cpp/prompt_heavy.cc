@@ -22,8 +22,8 @@ class PromptHeavy final : public Policy {
   // Options are read here, with their defaults; make_policy then rejects any key not read.
   explicit PromptHeavy(const PolicyConfig& c) : Policy(c) {
     const PolicyOptions& o = c.options;
-    split_ = kernels::cpu::split_heavy_recent(c.kv_budget, o.get_double("heavy_fraction", 0.5,
-                                                                        0.0, 1.0));
+    split_ = kernels::cpu::split_heavy_recent(c.kv_budget,
+                                              o.get_double("heavy_fraction", 0.5, 0.0, 1.0));
     gqa_ = o.get_string("gqa_reduce", "mean", {"mean", "max"}) == "max" ? GqaReduce::kMax
                                                                         : GqaReduce::kMean;
     KVB_USAGE_CHECK(split_.recent >= 1)
@@ -87,10 +87,10 @@ class PromptHeavy final : public Policy {
     tops_.clear();
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(layer, h);
-      if (len <= kv_budget()) continue;  // POLICIES.md: compress only above the budget
-      const int prefix = len - split_.recent;  // >= 1: len > kv_budget >= recent
-      tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = prefix,
-                       .k = kv_budget() - split_.recent});
+      if (len <= kv_budget()) continue;           // POLICIES.md: compress only above the budget
+      const int prefix = len - split_.recent;     // >= 1: len > kv_budget >= recent
+      const int k = kv_budget() - split_.recent;  // the heavy share
+      tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = prefix, .k = k});
     }
     SlotRows* state[] = {&score};
     if (!tops_.empty()) ops.keep_top(score, layer, cache, tops_, state, plan);
@@ -108,16 +108,17 @@ class PromptHeavy final : public Policy {
 // The registry function: named after the file (prompt_heavy.cc -> prompt_heavy_policy_info), in
 // namespace kvb::policies; CMake lists it after the built-in policies.
 PolicyInfo prompt_heavy_policy_info() {
-  return {"prompt_heavy",
-          "heavy hitters by attention accumulated over the prompt (frozen at decode) + a recent "
-          "window; decode needs no attention statistics",
-          {{"heavy_fraction", "0.5",
-            "share of the budget for the prompt's heavy hitters (floor); the rest is the recent "
-            "window (at least 1 token)",
-            {}},
-           {"gqa_reduce", "mean", "how a KV head's score combines its query heads",
-            {"mean", "max"}}},
-          [](const PolicyConfig& c) { return std::make_unique<PromptHeavy>(c); }};
+  return {
+      "prompt_heavy",
+      "heavy hitters by attention accumulated over the prompt (frozen at decode) + a recent "
+      "window; decode needs no attention statistics",
+      {{"heavy_fraction",
+        "0.5",
+        "share of the budget for the prompt's heavy hitters (floor); the rest is the recent "
+        "window (at least 1 token)",
+        {}},
+       {"gqa_reduce", "mean", "how a KV head's score combines its query heads", {"mean", "max"}}},
+      [](const PolicyConfig& c) { return std::make_unique<PromptHeavy>(c); }};
 }
 
 }  // namespace kvb::policies
