@@ -3,7 +3,8 @@
 // build has it among KVBENCH_EXTRA_POLICIES), so it runs in every build:
 //  - a hand-computed case (expectations worked out below, not by the policy's code): prefill
 //    by GQA-mean column sums with ties, the gqa_reduce=max variant, then decode steps that evict
-//    by the frozen prompt scores and let generated tokens go once they leave the window;
+//    by the frozen prompt scores and let generated tokens go once they leave the window, a
+//    second prefill block, and a decode-only run (a sliding window);
 //  - the hook-level laws of POLICIES.md "What every policy must pass": a budget that never
 //    forces an eviction keeps everything; no head above the budget after any hook; determinism
 //    (twice, and a clone after prefill); state bytes = retained slots x 4. The engine-level laws
@@ -12,6 +13,7 @@
 //  - its options, and the registry's checks of extra policies (extra_policies.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -154,8 +156,8 @@ TEST(PromptHeavy, HandComputedDecodeKeepsThePromptRanking) {
   }
 }
 
-// A prompt block on top of a compressed cache adds its column sums to the survivors' scores
-// (POLICIES.md `question: after_compression`). After HandComputedPrefill head 0 holds positions
+// A second prefill block on a compressed cache adds its column sums to the survivors' scores.
+// After HandComputedPrefill head 0 holds positions
 // 0 4 5 6 7 with scores 3.0 2.0 2.0 0.5 0.5; a block of 2 (positions 8, 9) whose column sums
 // over the 7 slots are, for q0 and q1 alike, 0 0 0 4.0 0 1.0 0 gives head 0 the scores
 // 3.0 2.0 2.0 4.5 0.5 1.0 0.0: 7 slots, budget 5, window = positions 7 8 9, candidates
@@ -177,6 +179,22 @@ TEST(PromptHeavy, SecondPromptBlockAddsToTheSurvivors) {
   prefill_layer(*p, st, cache);
   EXPECT_EQ(positions(cache, 0), (std::vector<int>{0, 6, 7, 8, 9}));
   EXPECT_EQ(positions(cache, 1), (std::vector<int>{2, 5, 7, 8, 9}));
+}
+
+// Tokens that come only through the decode hook (a perplexity run: no prefill) all score 0, so
+// ties go to the more recent: budget 3 (heavy 1, recent 2) keeps the last 3 positions.
+TEST(PromptHeavy, DecodeOnlyIsASlidingWindow) {
+  std::unique_ptr<Policy> p = make(3);
+  kernels::KvCache cache = prompt_cache(0);
+  for (int t = 0; t < 7; ++t) {
+    append_token(cache);
+    decode_layer(*p, decode_stats(4), cache);
+    const int first = std::max(0, t - 2);
+    std::vector<int> want;
+    for (int q = first; q <= t; ++q) want.push_back(q);
+    EXPECT_EQ(positions(cache, 0), want) << "step " << t;
+    EXPECT_EQ(positions(cache, 1), want) << "step " << t;
+  }
 }
 
 // Seeded column sums for `layers` x 4 query heads over n slots, few distinct values (ties).
