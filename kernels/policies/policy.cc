@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "kernels/policies/extra_policies.h"
 #include "kernels/policies/policy_ops.h"
 
 namespace kvb::policies {
@@ -96,7 +97,12 @@ const PolicyInfo& require_policy(const std::string& name) {
 }
 
 std::unique_ptr<Policy> make_policy(const PolicyConfig& config) {
-  const PolicyInfo* info = &require_policy(config.name);
+  return make_policy(require_policy(config.name), config);
+}
+
+std::unique_ptr<Policy> make_policy(const PolicyInfo& info, const PolicyConfig& config) {
+  KVB_CHECK(config.name == info.name) << "make_policy: a config for '" << config.name
+                                      << "' given the entry of '" << info.name << "'";
   if (config.name != "full") {
     KVB_USAGE_CHECK(config.kv_budget > 0)
         << "policy " << config.name << ": --kv-budget must be a positive number of tokens per KV "
@@ -106,8 +112,8 @@ std::unique_ptr<Policy> make_policy(const PolicyConfig& config) {
         << " exceeds the model's context of " << config.shape.max_seq_len
         << " tokens; use 1.." << config.shape.max_seq_len;
   }
-  std::unique_ptr<Policy> policy = info->make(config);
-  std::vector<ParamDoc> allowed = info->params;
+  std::unique_ptr<Policy> policy = info.make(config);
+  std::vector<ParamDoc> allowed = info.params;
   allowed.insert(allowed.end(), common_params().begin(), common_params().end());
   config.options.check_all_used("policy " + config.name, allowed);
   return policy;

@@ -18,6 +18,7 @@
 #include "kernels/policies/snapkv_family.h"
 #include "kernels/policies/snapkv_scores.h"
 #include "parity_util.h"
+#include "policy_ops_fixture.h"
 
 namespace kvb {
 namespace {
@@ -32,43 +33,7 @@ using policies::SlotType;
 using policies::WindowReduce;
 using PoolKind = kernels::cpu::PoolKind;
 
-class CudaPolicyOpsParity : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cu::has_device()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount found none)";
-    KVB_CUDA_CHECK(cudaStreamCreate(&stream_));
-    gpu_ = std::make_unique<cu::CudaPolicyOps>(stream_);
-  }
-  void TearDown() override {
-    gpu_.reset();
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  // One layer whose heads hold `lens` slots at positions 3s + head; a host-rows cache for the
-  // CPU and an index-only copy whose rows live in a DeviceKvCache for the GPU.
-  void make_caches(const std::vector<int>& lens, int extra) {
-    const int heads = static_cast<int>(lens.size());
-    int cap = extra;
-    for (int l : lens) cap = std::max(cap, l + extra);
-    host_ = KvCache({1, heads, 8}, cap);
-    index_ = KvCache({1, heads, 8}, cap, /*host_rows=*/false);
-    std::vector<float> k(8), v(8);
-    for (int h = 0; h < heads; ++h) {
-      for (int s = 0; s < lens[h]; ++s) {
-        for (int i = 0; i < 8; ++i) k[i] = v[i] = parity::uniform(h * 1000 + s, i);
-        host_.append(0, h, k.data(), v.data(), 3 * s + h);
-        index_.append(0, h, nullptr, nullptr, 3 * s + h);
-      }
-    }
-    auto dev = std::make_unique<cu::DeviceKvCache>(host_.shape(), cu::KvDtype::kF32, cap);
-    dev->upload(host_);
-    index_.set_device_rows(std::move(dev));
-  }
-
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<cu::CudaPolicyOps> gpu_;
-  policies::CpuPolicyOps cpu_;
-  KvCache host_, index_;
-};
+class CudaPolicyOpsParity : public parity::PolicyOpsFixture {};
 
 std::vector<float> reduce_rows(const std::vector<float>& src, int head, size_t head_stride,
                                size_t row_stride, int group, int len, GqaReduce how) {

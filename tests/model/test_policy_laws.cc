@@ -1,6 +1,7 @@
 // Laws every policy must obey (POLICIES.md "What every policy must pass"), over the whole
-// registry and its variant flags, on stories260K, SmolLM2 and the tiny Qwen3 fixture (q/k norm,
-// head_dim != dim / num_heads):
+// registry and its variant flags, and the guide's example policy (prompt_heavy, compiled into
+// this test when the build does not list it among KVBENCH_EXTRA_POLICIES), on stories260K,
+// SmolLM2 and the tiny Qwen3 fixture (q/k norm, head_dim != dim / num_heads):
 //  1. a budget that never forces an eviction gives logits bit-identical to `full`, through the
 //     prompt and every teacher-forced decode step;
 //  2. decode-evicting policies never hold more than the budget in any head after a step; the
@@ -11,12 +12,16 @@
 #include <fstream>
 #include <set>
 
+#include "kernels/policies/extra_policies.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
 
 namespace kvb {
+namespace policies {
+PolicyInfo prompt_heavy_policy_info();  // examples/policies/cpp/prompt_heavy.cc
+}  // namespace policies
 namespace {
 
 using policies::PolicyConfig;
@@ -24,6 +29,7 @@ using policies::PolicyConfig;
 struct Variant {
   std::string policy;
   std::map<std::string, std::string> options;
+  const policies::PolicyInfo* info = nullptr;  // a policy outside the registry; null: by name
   std::string label() const {
     std::string s = policy;
     for (const auto& [k, v] : options) s += " " + k + "=" + v;
@@ -52,6 +58,10 @@ std::vector<Variant> variants() {
   add("window", {{"gqa", "expand"}});
   add("subgen", {{"sinks", "2"}, {"recent", "4"}});
   add("subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}});
+  // The guide's example (kernels/policies/README.md), where the registry does not have it.
+  static const policies::PolicyInfo example = policies::prompt_heavy_policy_info();
+  if (!names.count(example.name)) v.push_back({example.name, {}, &example});
+  v.push_back({example.name, {{"gqa", "expand"}}, names.count(example.name) ? nullptr : &example});
   return v;
 }
 
@@ -77,7 +87,8 @@ Trace run(engine::Engine& eng, const engine::Model& m, const Variant& var, int b
   pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
   pc.options = policies::PolicyOptions(var.options);
   pc.seed = 11;
-  std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
+  std::unique_ptr<policies::Policy> policy =
+      var.info ? policies::make_policy(*var.info, pc) : policies::make_policy(pc);
   kernels::KvCache cache = eng.new_cache(0, policy.get());
   Trace tr;
   std::vector<float> logits;
