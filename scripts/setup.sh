@@ -19,6 +19,7 @@ packages=(
   bible-kjv
   chromium fonts-dejavu-core
   python3 python3-venv python3-pip
+  python3-dev python3-numpy
 )
 
 missing=()

@@ -493,6 +493,8 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
     // the GPU's keys into other radii and other sketches, so other (equally valid) estimates.
     if (p.name == "subgen") {
       variants.push_back({p.name, {{"delta", "0"}}});
+    } else if (p.name == "python") {  // host rows and host copies of the statistics
+      variants.push_back({p.name, {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}}});
     } else {
       variants.push_back({p.name, {}});
     }
@@ -651,7 +653,11 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
   const std::vector<int32_t> ids = prompt(kPrompts[1]);
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
   std::vector<std::pair<std::string, std::map<std::string, std::string>>> variants;
-  for (const auto& p : policies::policy_registry()) variants.push_back({p.name, {}});
+  for (const auto& p : policies::policy_registry()) {
+    std::map<std::string, std::string> opts;
+    if (p.name == "python") opts = {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}};
+    variants.push_back({p.name, opts});
+  }
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}}});
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}}});
   variants.push_back({"subgen_kcenter", {{"decode", "slide"}}});

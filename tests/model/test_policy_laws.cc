@@ -40,7 +40,9 @@ struct Variant {
 // Every registered policy with defaults, plus the variant flags that change the code path.
 std::vector<Variant> variants() {
   std::vector<Variant> v;
-  for (const auto& p : policies::policy_registry()) v.push_back({p.name, {}});
+  for (const auto& p : policies::policy_registry()) {
+    if (p.name != "python") v.push_back({p.name, {}});  // python needs its file= (below)
+  }
   const std::set<std::string> names = [] {
     std::set<std::string> s;
     for (const auto& p : policies::policy_registry()) s.insert(p.name);
@@ -58,6 +60,12 @@ std::vector<Variant> variants() {
   add("window", {{"gqa", "expand"}});
   add("subgen", {{"sinks", "2"}, {"recent", "4"}});
   add("subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}});
+  // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's
+  // allocation with protected sinks and window.
+  const std::string examples = std::string(KVB_EXAMPLES_DIR) + "/policies/";
+  add("python", {{"file", examples + "h2o.py"}});
+  add("python", {{"file", examples + "knorm.py"}});
+  add("python", {{"file", examples + "knorm.py"}, {"ada", "true"}, {"sinks", "2"}, {"window", "2"}});
   // The guide's example (kernels/policies/README.md), where the registry does not have it.
   static const policies::PolicyInfo example = policies::prompt_heavy_policy_info();
   if (!names.count(example.name)) v.push_back({example.name, {}, &example});
@@ -66,7 +74,11 @@ std::vector<Variant> variants() {
 }
 
 // Policies whose budget bounds the cache only after prefill (no decode eviction).
-bool prompt_cache_family(const std::string& name) {
+bool prompt_cache_family(const Variant& var) {
+  const std::string& name = var.policy;
+  if (name == "python") {  // a module without decode_score
+    return var.options.at("file").find("knorm.py") != std::string::npos;
+  }
   return name == "snapkv" || name == "pyramidkv" || name == "ada_snapkv" ||
          name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter";
 }
@@ -145,10 +157,10 @@ void check_model(const engine::Model& m, const std::vector<int32_t>& prompt, int
     // The prompt-cache family's per-head budgets (PyramidKV layers, Ada-KV heads) are checked
     // exactly by their unit tests; here: compressed below the prompt, then one more per step.
     for (size_t s = 0; s < small.max_len.size(); ++s) {
-      const int allowed = prompt_cache_family(var.policy) ? n - 1 + static_cast<int>(s) : budget;
+      const int allowed = prompt_cache_family(var) ? n - 1 + static_cast<int>(s) : budget;
       EXPECT_LE(small.max_len[s], allowed) << "step " << s;
     }
-    if (!prompt_cache_family(var.policy)) {
+    if (!prompt_cache_family(var)) {
       EXPECT_LE(small.max_len.back(), budget);
     }
     // Memory accounting: logical bytes = retained slots x bytes per slot.

@@ -120,6 +120,11 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
     pc.kv_budget = entry.name == "full" ? 0 : budget;
     pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
     pc.seed = 5;
+    if (entry.name == "python") {  // reads the queries, the last rows and the column sums
+      pc.options = policies::PolicyOptions(
+          {{"file", std::string(KVB_FIXTURES_DIR) + "/python/every_statistic.py"},
+           {"window_queries", "5"}});
+    }
     std::unique_ptr<policies::Policy> mine = policies::make_policy(pc);
     if (!engine::can_share_prefill(*mine)) continue;
     ++shared_policies;
