@@ -1,4 +1,4 @@
-// `python` (POLICIES.md "A policy in Python"): a policy written in one Python file, run by the
+// `python` (examples/policies/README.md, the contract): a policy written in one Python file, run by the
 // embedded interpreter (python_runtime.h). The file defines score(ctx) -> float32 [kv_heads, n]
 // (higher keeps), called once per global layer after the prompt's prefill; kvbench keeps each
 // head's top kv_budget (ties: the more recent, as every policy), or with `ada: true` the layer's
@@ -506,7 +506,7 @@ PolicyInfo python_policy_info() {
           "[q_heads, w, head_dim], attn [q_heads, w, n] (NEEDS_ATTENTION = True), attn_sum "
           "[q_heads, n] (NEEDS_ATTENTION_SUM = True), positions [kv_heads, n], lengths, layer, "
           "num_layers, budget, n_new, options, state. Other options reach the module as "
-          "ctx.options (typed by its OPTIONS dict). See examples/policies/ and POLICIES.md",
+          "ctx.options (typed by its OPTIONS dict). The contract: examples/policies/README.md",
           python_params(),
           [](const PolicyConfig& c) { return std::make_unique<PythonPolicy>(c); }};
 }
