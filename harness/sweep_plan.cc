@@ -28,14 +28,15 @@ Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te) {
 Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
             std::map<std::string, std::string>* model_hashes, FileDigests* file_digests) {
   Plan plan;
-  // Each policy entry's options as the keys hash them (a Python policy's script by content;
-  // relative paths from the config file's folder).
+  // Each policy entry's options as the keys hash them (a Python policy's script by content).
+  // load_sweep_config already resolved a relative script path against the file it is written
+  // in (parse_policies), so it is not joined to the config's folder again: with a relative
+  // config path (`kvbench sweep cfg/sweep.yaml`) that made cfg/cfg/my.py, a usage error.
   FileDigests own_digests;
-  const std::string config_dir = std::filesystem::path(cfg.path).parent_path().string();
   std::vector<std::map<std::string, std::string>> keyed_policy(cfg.policies.size());
   for (size_t pi = 0; pi < cfg.policies.size(); ++pi) {
-    keyed_policy[pi] = keyed_policy_options(cfg.policies[pi].name, cfg.policies[pi].options,
-                                            config_dir, file_digests ? *file_digests : own_digests);
+    keyed_policy[pi] = keyed_policy_options(cfg.policies[pi].name, cfg.policies[pi].options, "",
+                                            file_digests ? *file_digests : own_digests);
   }
   std::vector<results::UnitRow> rows;
   std::vector<std::pair<int, WireUnit>> units;  // bundle index, unit

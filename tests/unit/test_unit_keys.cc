@@ -193,5 +193,36 @@ TEST(UnitKeys, PythonPolicyScriptEntersTheKeyByContentNotPath) {
   fs::remove_all(dir);
 }
 
+// A relative script path in a config named by a relative path (`kvbench sweep cfg/sweep.yaml`)
+// resolves once, against the config's folder: the keys equal those of the same config named by
+// its absolute path. (Before, expand joined the config's folder to the already resolved path:
+// cfg/cfg/a.py, a usage error.)
+TEST(UnitKeys, PythonPolicyScriptOfAConfigNamedByARelativePath) {
+  if (!fs::exists(kModel)) GTEST_SKIP() << "stories260K not found under " KVB_SHARED_DIR;
+  const std::string dir = fs::canonical(scratch()).string();
+  for (const char* sub : {"/cfg", "/abs", "/rel"}) fs::create_directories(dir + sub);
+  std::ofstream(dir + "/cfg/a.py") << "import numpy as np\ndef score(ctx):\n"
+                                      "    return -np.linalg.norm(ctx.keys, axis=-1)\n";
+  std::ofstream(dir + "/cfg/sweep.yaml")
+      << "models:\n  - name: stories260K\n    path: " << kModel << "\n    tokenizer: "
+      << kTokenizer << "\n"
+      << "tasks:\n  - name: niah\n    options: {context_lengths: [128], depths: [0], haystack: "
+         "noise, chat: false}\n"
+      << "policies:\n  - {name: python, options: {file: a.py}}\nkv_budget: [32]\n";
+  const std::vector<std::string> absolute = plan_of(dir + "/cfg/sweep.yaml", dir + "/abs").all_keys;
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir);
+  std::vector<std::string> relative;
+  try {
+    relative = plan_of("cfg/sweep.yaml", dir + "/rel").all_keys;
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  fs::current_path(cwd);
+  ASSERT_EQ(absolute.size(), 1u);
+  EXPECT_EQ(relative, absolute);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvb::harness
