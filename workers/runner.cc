@@ -83,6 +83,10 @@ UnitFailure current_failure(const std::string& context) {
     if (!e.origin().empty()) {
       KVB_LOG_DEBUG << prefix << "raised at " << e.origin();
     }
+    if (e.kind() == ErrorKind::kOutOfMemory &&
+        std::string_view(e.what()).starts_with("python policy ")) {
+      return {FailureStatus::kOom, e.what()};  // a MemoryError in a policy's Python: says so
+    }
     if (e.kind() == ErrorKind::kOutOfMemory) {
       return {FailureStatus::kOom, prefix + "out of device memory (" + e.what() +
                                        "); lower max_prompt_tokens or use --dtype bf16"};

@@ -203,8 +203,11 @@ class PythonPolicy final : public Policy {
       make_options();
       state_ = py::Ref::steal(PyDict_New());
     } catch (const Error& e) {
+      // A module that breaks the contract (no score, an undeclared option) fails its own units
+      // like an exception in it; only running out of memory keeps its kind (an oom row).
       load_error_ = e.what();
-      load_error_kind_ = e.kind();
+      load_error_kind_ =
+          e.kind() == ErrorKind::kOutOfMemory ? ErrorKind::kOutOfMemory : ErrorKind::kRuntime;
     }
   }
 

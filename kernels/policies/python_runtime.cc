@@ -62,12 +62,18 @@ def add_venv(venv):
     sys.path.insert(0, site_dir)
     return ''
 
+class PolicyTimeout(BaseException):
+    """Raised by kvbench's watchdog in a call past its time limit (a BaseException, so that
+    `except Exception` in a policy cannot swallow it; raised again every 100 ms until the call
+    returns)."""
+
 def deep_copy(obj):
     return copy.deepcopy(obj)
 )PY";
 
 struct Runtime {
   Ref bootstrap;
+  Ref timeout;  // the bootstrap's PolicyTimeout class
   Ref numpy;
   Ref asarray;
   std::string failure;  // why the interpreter or numpy is unusable ("" when usable)
@@ -121,7 +127,8 @@ void start() {
       rt.bootstrap = Ref::steal(PyImport_ExecCodeModule("_kvbench_policy_runtime", code.get()));
     }
   }
-  if (!rt.bootstrap) {
+  if (rt.bootstrap) rt.timeout = Ref::steal(PyObject_GetAttrString(rt.bootstrap.get(), "PolicyTimeout"));
+  if (!rt.bootstrap || !rt.timeout) {
     rt.failure = "the embedded Python's bootstrap failed: " + fetch_text();
   }
   if (rt.failure.empty()) {
@@ -150,7 +157,7 @@ void start() {
   PyEval_SaveThread();
 }
 
-// Raises TimeoutError in the Python code of a thread whose call ran past its deadline
+// Raises PolicyTimeout in the Python code of a thread whose call ran past its deadline
 // (PyThreadState_SetAsyncExc: checked between bytecodes, so a call blocked inside C code is
 // interrupted when it returns to Python).
 class Watchdog {
@@ -169,7 +176,7 @@ class Watchdog {
     cv_.notify_all();
     return generation_;
   }
-  // Whether the deadline fired for this call. With the GIL held: a TimeoutError set but not yet
+  // Whether the deadline fired for this call. With the GIL held: a PolicyTimeout set but not yet
   // raised (the call returned first) is withdrawn.
   bool disarm(uint64_t generation) {
     bool fired = false;
@@ -189,20 +196,25 @@ class Watchdog {
   void loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return armed_ && !fired_; });
+      cv_.wait(lock, [&] { return armed_; });
       const uint64_t gen = generation_;
-      if (!cv_.wait_until(lock, deadline_, [&] { return !armed_ || generation_ != gen; })) {
+      auto over = [&] { return !armed_ || generation_ != gen; };
+      if (cv_.wait_until(lock, deadline_, over)) continue;
+      // Past the deadline: PolicyTimeout, again every 100 ms until the call returns (a policy
+      // that catches it and goes on gets it again).
+      while (!over()) {
         const unsigned long target = target_;
         lock.unlock();
         const PyGILState_STATE g = PyGILState_Ensure();  // the call yields it between bytecodes
         lock.lock();
-        if (armed_ && generation_ == gen) {
-          PyThreadState_SetAsyncExc(target, PyExc_TimeoutError);
+        if (!over()) {
+          PyThreadState_SetAsyncExc(target, runtime().timeout.get());
           fired_ = true;
         }
         lock.unlock();
         PyGILState_Release(g);
         lock.lock();
+        cv_.wait_for(lock, std::chrono::milliseconds(100), over);
       }
     }
   }
@@ -282,7 +294,7 @@ class AddressSpaceCeiling {
   const bool oom = PyErr_GivenExceptionMatches(t.get(), PyExc_MemoryError);
   std::ostringstream os;
   os << "python policy " << site.file << ": " << site.function << " ";
-  if (timed_out && limits && PyErr_GivenExceptionMatches(t.get(), PyExc_TimeoutError)) {
+  if (timed_out && limits && PyErr_GivenExceptionMatches(t.get(), runtime().timeout.get())) {
     os << "exceeded its time limit of " << limits->time_s
        << " s and was stopped (policy option time_limit_s)";
   } else if (oom) {

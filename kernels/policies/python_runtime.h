@@ -1,7 +1,8 @@
 // The embedded CPython that runs policies written in Python (`--policy python`, python_policy.cc;
 // POLICIES.md "A policy in Python"). One interpreter per process (each MPI rank has its own),
 // started on first use and never finalized. Every call into user code runs under limits: a wall
-// time (a watchdog raises TimeoutError in the calling thread's Python code) and an address-space
+// time (a watchdog raises PolicyTimeout, a BaseException, in the calling
+// thread's Python code, again every 100 ms until it returns) and an address-space
 // ceiling above what the process holds when the call starts (an allocation past it fails with
 // MemoryError). Errors become kvb::Error with the exception type, message and the user file's
 // line; the full traceback goes to the log.
@@ -86,7 +87,7 @@ struct Site {
 };
 
 // fn(*args) under `limits`, with the GIL held by the caller. A Python exception (the user's,
-// or the watchdog's TimeoutError, or a MemoryError) throws kvb::Error naming the site, the
+// or the watchdog's PolicyTimeout, or a MemoryError) throws kvb::Error naming the site, the
 // exception and the user file's line (MemoryError: ErrorKind::kOutOfMemory), after logging the
 // traceback. Never returns null.
 Ref call(PyObject* fn, std::initializer_list<PyObject*> args, const Limits& limits,

@@ -17,9 +17,10 @@
 // script's content: after an edit to knorm.py only its 2 units run again; the config and its
 // scripts moved to another folder (same database) run nothing.
 //
-// Two further hostile modules find bugs in kernels/policies (a module that fails to load with a
-// usage error fails its bundle's other units; a score() that catches the TimeoutError never
-// ends): their tests, at the end, are DISABLED_ until those are fixed.
+// Two further hostile modules: one that breaks the contract at load (no score(), an undeclared
+// option) fails only its own units; a score() that catches what the watchdog raises with
+// `except Exception` is still stopped (PolicyTimeout is a BaseException, raised again every
+// 100 ms).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -262,7 +263,7 @@ TEST(SweepPythonPolicyKeys, TheScriptsContentIsInTheUnitKeyItsPathIsNot) {
 // kUsage, and rethrows it from begin_sequence; run_bundle rethrows usage errors out of the
 // bundle, and BundleRunner fails every unit of the bundle with that message, so the `window`
 // units beside it end `error` ("python policy .../no_score.py defines no function score(ctx)").
-TEST(SweepPythonPolicyKnownBugs, DISABLED_AModuleThatFailsToLoadFailsOnlyItsOwnUnits) {
+TEST(SweepPythonPolicyHostile, AModuleThatFailsToLoadFailsOnlyItsOwnUnits) {
   const std::string dir = scratch("load_usage");
   std::ofstream(dir + "/cfg/no_score.py") << "def scores(ctx):\n    pass\n";
   std::ofstream(dir + "/cfg/bad_option.py")
@@ -299,12 +300,10 @@ TEST(SweepPythonPolicyKnownBugs, DISABLED_AModuleThatFailsToLoadFailsOnlyItsOwnU
   if (!HasFailure()) fs::remove_all(dir);
 }
 
-// A score() that catches the watchdog's TimeoutError (it is an Exception: a retry loop with
-// `except Exception: continue` does) must still be stopped. Today the watchdog raises it once
-// per call, so the call, and the sweep, never end (stopped here by `timeout` at 60 s: exit 124,
-// the bundle's units left `running`); unit_time_limit_s does not help (it is checked between
-// the engine's layers).
-TEST(SweepPythonPolicyKnownBugs, DISABLED_AScoreThatCatchesTheTimeoutErrorIsStillStopped) {
+// A score() that catches every Exception in a retry loop must still be stopped: the watchdog's
+// PolicyTimeout is a BaseException, raised again every 100 ms until the call returns (a sweep
+// that hung would be stopped by `timeout` at 60 s: exit 124).
+TEST(SweepPythonPolicyHostile, AScoreThatCatchesExceptionIsStillStopped) {
   const std::string dir = scratch("swallow");
   std::ofstream(dir + "/cfg/swallow.py") << "def score(ctx):\n"
                                             "    while True:\n"

@@ -129,8 +129,8 @@ TEST(UnitKeys, PinnedKeysOfAMatrixWithExclusions) {
 
 // A Python policy's script enters the key by content (harness/policy_files.h): the same script
 // at two paths gives one key, an edited script another; each file is read once per stamp; the
-// units table keeps showing the path. (Policy `python` itself is not in the registry yet, so
-// the key function is tested directly, not through a config.)
+// units table keeps showing the path. (The key function directly; through a sweep:
+// tests/mpi/test_sweep_python_policy.cc.)
 TEST(UnitKeys, PythonPolicyScriptEntersTheKeyByContentNotPath) {
   const std::string dir = scratch();
   const std::string script = "def score(stats):\n    return stats.col_sums\n";
