@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -72,6 +73,11 @@ int main(int argc, char** argv) {
       pc.name = info.name;
       pc.kv_budget = info.name == "full" ? 0 : budget;
       pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+      // python runs a script: the example H2O (bench_python_policy compares it with native h2o).
+      if (info.name == "python") {
+        pc.options = policies::PolicyOptions(std::map<std::string, std::string>{
+            {"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}});
+      }
       auto policy = policies::make_policy(pc);
       kernels::KvCache cache = eng.new_cache(prompt_tokens + new_tokens, policy.get());
       std::vector<float> logits;

@@ -29,7 +29,15 @@ struct Variant {
 
 inline std::vector<Variant> variants() {
   std::vector<Variant> v = {{"", {}}};
-  for (const auto& p : policies::policy_registry()) v.push_back({p.name, {}});
+  for (const auto& p : policies::policy_registry()) {
+    // python needs its script: the example H2O (attention sums, per-head keep), a Python scorer
+    // through the same batched decode.
+    if (p.name == "python") {
+      v.push_back({p.name, {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}}});
+    } else {
+      v.push_back({p.name, {}});
+    }
+  }
   v.push_back({"h2o", {{"gqa", "expand"}}});
   v.push_back({"h2o", {{"prefill", "streaming"}}});
   v.push_back({"streaming_llm", {{"positions", "rolling"}, {"evict", "before_attention"}}});
