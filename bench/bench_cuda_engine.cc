@@ -36,6 +36,7 @@
 #include "workers/engine/cuda_engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 
 namespace {
 

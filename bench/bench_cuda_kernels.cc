@@ -33,7 +33,7 @@
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/scores.h"
 #include "kernels/cuda/select.h"
-#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
 
 namespace {
@@ -457,7 +457,7 @@ void bm_keep_top(benchmark::State& state) {
   KVB_CUDA_CHECK(cudaStreamCreate(&stream));
   {
     cu::CudaPolicyOps gpu(stream);
-    CpuPolicyOps cpu;
+    kvb::kernels::ops::CpuPolicyOps cpu;
     const std::vector<float> src = random_vec(static_cast<size_t>(kKvHeads) * len, 41, 0, 1);
     const auto src_d = to_device(src);
     const std::vector<int32_t> lens(kKvHeads, len);

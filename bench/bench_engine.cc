@@ -23,6 +23,7 @@
 #include "workers/engine/forward.h"
 #include "workers/engine/model.h"
 #include "workers/engine/sampler.h"
+#include "workers/formats/model_load.h"
 #include "tests/tp_test_model.h"
 
 namespace {

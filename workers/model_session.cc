@@ -1,4 +1,5 @@
 // Model + tokenizer loading and prompt encoding for the CLI.
+#include "workers/formats/model_load.h"
 #include "workers/model_session.h"
 
 #include <filesystem>

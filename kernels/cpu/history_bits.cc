@@ -3,7 +3,7 @@
 #include "kernels/cpu/history_bits.h"
 
 #include "common/error.h"
-#include "kernels/policies/policy.h"
+#include "kernels/cpu/gqa.h"
 
 namespace kvb::kernels::cpu {
 
@@ -21,8 +21,8 @@ void update_history_bits(const HeadHistoryArgs& a, std::vector<uint64_t>& bits) 
     const int i = unrecorded + j;        // query index in the block
     const int visible = before + i + 1;  // keys it attended over, itself included
     const float* row = a.last_probs + static_cast<size_t>(j) * a.stride;
-    policies::reduce_gqa(row, static_cast<size_t>(a.last_w) * a.stride, a.group, visible,
-                         policies::GqaReduce::kMean, p.data());
+    reduce_gqa(row, static_cast<size_t>(a.last_w) * a.stride, a.group, visible,
+               GqaReduce::kMean, p.data());
     const int32_t pos = a.positions[before + i];
     const float threshold = 1.0f / static_cast<float>(a.inv_position ? pos + 1 : visible);
     for (int s = 0; s < a.len; ++s) {

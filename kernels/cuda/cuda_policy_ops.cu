@@ -13,17 +13,16 @@
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/scores.h"
 #include "kernels/cuda/select_common.cuh"
-#include "kernels/policies/policy.h"
-#include "kernels/policies/snapkv_scores.h"
+#include "kernels/ops/policy_ops.h"
 
 namespace kvb::kernels::cuda {
 namespace {
 
 using ops_detail::CudaRows;
 using ops_detail::device;
-using policies::KeepTop;
-using policies::SlotRows;
-using policies::SlotType;
+using ops::KeepTop;
+using ops::SlotRows;
+using ops::SlotType;
 
 constexpr int kThreads = 512;
 
@@ -198,32 +197,35 @@ __global__ void compact_kernel(T* rows, int ld, const int32_t* lists, int lists_
   compact_row(rows + static_cast<size_t>(h) * ld, lists + static_cast<size_t>(h) * lists_ld, n);
 }
 
-struct WindowParams {
-  const float* probs;  // (num_heads, w, stride): the block's last w queries per query head
-  size_t stride;
-  int w, group;
-  bool mean, max;  // window reduce mean (else sum); GQA reduce max (else mean)
-  float* out;      // (kv heads, ld)
-  int ld;
-  HeadTable prefix;
-};
-
-// One thread per (KV head, prefix slot j): per query head g of the group the window sum in query
-// order from 0.0f (mean: divided by w, IEEE division as the CPU's `/=`), then reduce_gqa's fold
-// over g (max: `acc < v ? v : acc` as std::max; mean: the sum divided by the group). Adds and
-// divisions only, so no FMA contraction can change a bit.
-__global__ void window_reduce_kernel(WindowParams p) {
-  const int h = blockIdx.y, n = p.prefix.v[h];
+// One thread per (query head q, slot j < len[q]): the window sum in query order from 0.0f (mean:
+// divided by w, IEEE division as the CPU's `/=`). Adds and a division only, so no FMA
+// contraction can change a bit.
+__global__ void window_sum_kernel(const float* probs, size_t stride, int w, bool mean,
+                                  float* out, int ld, HeadTable len) {
+  const int q = blockIdx.y, n = len.v[q];
+  const float* base = probs + static_cast<size_t>(q) * w * stride;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
-    float acc = 0.0f;
-    for (int g = 0; g < p.group; ++g) {
-      const float* q = p.probs + (static_cast<size_t>(h) * p.group + g) * p.w * p.stride + j;
-      float sum = 0.0f;
-      for (int a = 0; a < p.w; ++a) sum += q[static_cast<size_t>(a) * p.stride];
-      if (p.mean) sum /= static_cast<float>(p.w);
-      acc = g == 0 ? sum : p.max ? (acc < sum ? sum : acc) : acc + sum;
+    float sum = 0.0f;
+    for (int a = 0; a < w; ++a) sum += base[static_cast<size_t>(a) * stride + j];
+    if (mean) sum /= static_cast<float>(w);
+    out[static_cast<size_t>(q) * ld + j] = sum;
+  }
+}
+
+// One thread per (out row h, entry s < len[h]): cpu::reduce_gqa's fold over the group's rows
+// h*group .. h*group + group - 1 of `in` (max: `acc < v ? v : acc` as std::max; mean: the sum
+// divided by the group).
+__global__ void reduce_heads_kernel(const float* in, int in_ld, int group, bool max, float* out,
+                                    int out_ld, HeadTable len) {
+  const int h = blockIdx.y, n = len.v[h];
+  const float* rows = in + static_cast<size_t>(h) * group * in_ld;
+  for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n; s += gridDim.x * blockDim.x) {
+    float acc = rows[s];
+    for (int g = 1; g < group; ++g) {
+      const float v = rows[static_cast<size_t>(g) * in_ld + s];
+      acc = max ? (acc < v ? v : acc) : acc + v;
     }
-    p.out[static_cast<size_t>(h) * p.ld + j] = p.max ? acc : acc / static_cast<float>(p.group);
+    out[static_cast<size_t>(h) * out_ld + s] = max ? acc : acc / static_cast<float>(group);
   }
 }
 
@@ -274,7 +276,6 @@ unsigned blocks_for(int longest) {
 CudaPolicyOps::~CudaPolicyOps() {
   // After the stream's work, as CudaRows.
   if (lists_) cudaFreeAsync(lists_, 0);
-  if (reduced_) cudaFreeAsync(reduced_, 0);
   if (ranks_) cudaFreeAsync(ranks_, 0);
   if (log_table_) cudaFreeAsync(log_table_, 0);
 }
@@ -287,6 +288,8 @@ int32_t* CudaPolicyOps::plan_lists(size_t need) {
 std::unique_ptr<SlotRows> CudaPolicyOps::make_rows(SlotType type, int layers, int heads) {
   return std::make_unique<CudaRows>(type, layers, heads, stream_);
 }
+
+void CudaPolicyOps::require_own(const SlotRows& rows) const { (void)device(rows); }
 
 namespace {
 // resize's bookkeeping: row h < lengths.size() keeps [0, from[h]) and becomes to[h] long (its
@@ -334,7 +337,7 @@ void CudaPolicyOps::resize(SlotRows& rows, int layer, std::span<const int32_t> l
 }
 
 void CudaPolicyOps::accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
-                               size_t row_stride, int group, policies::GqaReduce how) {
+                               size_t row_stride, int group, cpu::GqaReduce how) {
   check_rows(rows, layer);
   HeadTable len{};
   for (int h = 0; h < rows.heads(); ++h) len.v[h] = rows.length(layer, h);
@@ -344,7 +347,7 @@ void CudaPolicyOps::accumulate(SlotRows& rows, int layer, const float* src, size
 void CudaPolicyOps::resize_and_accumulate(SlotRows& rows, int layer,
                                           std::span<const int32_t> lengths, const float* src,
                                           size_t head_stride, size_t row_stride, int group,
-                                          policies::GqaReduce how) {
+                                          cpu::GqaReduce how) {
   CudaRows& r = device(rows);
   KVB_CHECK(rows.type() == SlotType::kF32)
       << "cuda policy ops: resize_and_accumulate needs f32 rows";
@@ -357,7 +360,7 @@ void CudaPolicyOps::resize_and_accumulate(SlotRows& rows, int layer,
 void CudaPolicyOps::launch_accumulate(SlotRows& rows, int layer, const HeadTable& len,
                                       const HeadTable& fresh, const float* src,
                                       size_t head_stride, size_t row_stride, int group,
-                                      policies::GqaReduce how) {
+                                      cpu::GqaReduce how) {
   CudaRows& r = device(rows);
   KVB_CHECK(rows.type() == SlotType::kF32 && group >= 1 && src != nullptr)
       << "cuda policy ops: accumulate needs f32 rows, a group >= 1 and statistics";
@@ -366,12 +369,12 @@ void CudaPolicyOps::launch_accumulate(SlotRows& rows, int layer, const HeadTable
   if (longest == 0) return;
   accumulate_kernel<<<dim3(blocks_for(longest), rows.heads()), 256, 0, stream_>>>(
       static_cast<float*>(r.data(layer)), r.ld(layer), len, fresh, src, head_stride, row_stride,
-      group, how == policies::GqaReduce::kMax);
+      group, how == cpu::GqaReduce::kMax);
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
 }
 
-void CudaPolicyOps::history_bits(SlotRows& bits, const policies::LayerStats& st,
+void CudaPolicyOps::history_bits(SlotRows& bits, const ops::LayerStats& st,
                                  const KvCache& cache, int history, bool inv_position) {
   CudaRows& r = device(bits);
   check_rows(bits, st.layer);
@@ -396,7 +399,7 @@ void CudaPolicyOps::history_bits(SlotRows& bits, const policies::LayerStats& st,
   for (int h = 0; h < bits.heads(); ++h) r.set_len(st.layer, h, cache.length(st.layer, h));
 }
 
-void CudaPolicyOps::append_negated_key_norms(SlotRows& rows, const policies::LayerStats& st,
+void CudaPolicyOps::append_negated_key_norms(SlotRows& rows, const ops::LayerStats& st,
                                              const KvCache& cache, int model_kv_heads,
                                              int expand) {
   CudaRows& r = device(rows);
@@ -427,51 +430,92 @@ void CudaPolicyOps::append_negated_key_norms(SlotRows& rows, const policies::Lay
   for (int h = 0; h < heads; ++h) r.set_len(st.layer, h, cache.length(st.layer, h));
 }
 
-void CudaPolicyOps::window_scores(SlotRows& scores, int score_layer,
-                                  const policies::LayerStats& st, const KvCache& cache,
-                                  const policies::SnapKvScoreOptions& opt) {
-  CudaRows& r = device(scores);
-  check_rows(scores, score_layer);
-  const int heads = cache.shape().num_kv_heads;
+void CudaPolicyOps::window_sum(SlotRows& out, int out_layer, const ops::LayerStats& st,
+                               std::span<const int32_t> lengths, ops::WindowReduce how) {
+  CudaRows& r = device(out);
+  check_rows(out, out_layer);
   const int w = st.last_w;
-  KVB_CHECK(scores.type() == SlotType::kF32 && scores.heads() == heads && st.last_probs != nullptr &&
-            w >= 1 && heads >= 1 && st.num_heads % heads == 0)
-      << "cuda policy ops: window scores of " << scores.heads() << " f32 rows for " << heads
-      << " cache heads, " << st.num_heads << " query heads, last_w " << w;
-  KVB_CHECK(opt.pool_kernel >= 1 && opt.pool_kernel % 2 == 1)
-      << "cuda policy ops: pool kernel " << opt.pool_kernel << " must be odd and >= 1";
-  HeadTable prefix{};
+  KVB_CHECK(out.type() == SlotType::kF32 && st.last_probs != nullptr && w >= 1 &&
+            static_cast<int>(lengths.size()) == out.heads() && out.heads() == st.num_heads)
+      << "cuda policy ops: window sums of " << out.heads() << " f32 rows, " << lengths.size()
+      << " lengths, " << st.num_heads << " query heads, last_w " << w;
+  HeadTable len{};
   int longest = 0;
-  for (int h = 0; h < heads; ++h) {
-    const int len = cache.length(st.layer, h);
-    KVB_CHECK(len <= st.stride) << "head " << h << " holds " << len << " slots, stats stride "
-                                << st.stride;
-    prefix.v[h] = std::max(0, len - w);
-    longest = std::max(longest, static_cast<int>(prefix.v[h]));
+  for (int q = 0; q < out.heads(); ++q) {
+    KVB_CHECK(lengths[q] >= 0 && lengths[q] <= st.stride)
+        << "cuda policy ops: query head " << q << " sums " << lengths[q]
+        << " slots, stats stride " << st.stride;
+    len.v[q] = lengths[q];
+    longest = std::max(longest, static_cast<int>(lengths[q]));
   }
-  r.reserve(score_layer, longest);
-  for (int h = 0; h < heads; ++h) r.set_len(score_layer, h, prefix.v[h]);
+  r.reserve(out_layer, longest);
+  for (int q = 0; q < out.heads(); ++q) r.set_len(out_layer, q, lengths[q]);
   if (longest == 0) return;
-  grow(&reduced_, &reduced_cap_, static_cast<size_t>(heads) * longest, stream_);
-  WindowParams p;
-  p.probs = st.last_probs;
-  p.stride = static_cast<size_t>(st.stride);
-  p.w = w;
-  p.group = st.num_heads / heads;
-  p.mean = opt.window_reduce == policies::WindowReduce::kMean;
-  p.max = opt.gqa_reduce == policies::GqaReduce::kMax;
-  p.out = reduced_;
-  p.ld = longest;
-  p.prefix = prefix;
-  const dim3 grid(blocks_for(longest), heads);
-  window_reduce_kernel<<<grid, 256, 0, stream_>>>(p);
+  window_sum_kernel<<<dim3(blocks_for(longest), out.heads()), 256, 0, stream_>>>(
+      st.last_probs, static_cast<size_t>(st.stride), w, how == ops::WindowReduce::kMean,
+      static_cast<float*>(r.data(out_layer)), r.ld(out_layer), len);
   KVB_CUDA_CHECK_LAUNCH();
-  pool_rows_kernel<<<grid, 256, 0, stream_>>>(reduced_, longest,
-                                               static_cast<float*>(r.data(score_layer)),
-                                               r.ld(score_layer), prefix, opt.pool_kernel,
-                                               opt.pooling == cpu::PoolKind::kMax);
+  ++launches_;
+}
+
+void CudaPolicyOps::reduce_heads(const SlotRows& in, int in_layer, int group, cpu::GqaReduce how,
+                                 SlotRows& out, int out_layer) {
+  const CudaRows& src = device(in);
+  CudaRows& dst = device(out);
+  check_rows(in, in_layer);
+  check_rows(out, out_layer);
+  KVB_CHECK(&in != &out && group >= 1 && in.type() == SlotType::kF32 &&
+            out.type() == SlotType::kF32 && in.heads() == out.heads() * group)
+      << "cuda policy ops: reduce_heads of " << in.heads() << " rows into " << out.heads()
+      << " by groups of " << group;
+  HeadTable len{};
+  int longest = 0;
+  for (int h = 0; h < out.heads(); ++h) {
+    len.v[h] = in.length(in_layer, h * group);
+    for (int g = 1; g < group; ++g) {
+      KVB_CHECK(in.length(in_layer, h * group + g) == len.v[h])
+          << "cuda policy ops: reduce_heads: row " << h * group + g << " holds "
+          << in.length(in_layer, h * group + g) << " entries, the group's first " << len.v[h];
+    }
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+  }
+  dst.reserve(out_layer, longest);
+  for (int h = 0; h < out.heads(); ++h) dst.set_len(out_layer, h, len.v[h]);
+  if (longest == 0) return;
+  reduce_heads_kernel<<<dim3(blocks_for(longest), out.heads()), 256, 0, stream_>>>(
+      static_cast<const float*>(src.data(in_layer)), src.ld(in_layer), group,
+      how == cpu::GqaReduce::kMax, static_cast<float*>(dst.data(out_layer)), dst.ld(out_layer),
+      len);
   KVB_CUDA_CHECK_LAUNCH();
-  launches_ += 2;
+  ++launches_;
+}
+
+void CudaPolicyOps::pool(const SlotRows& in, int in_layer, SlotRows& out, int out_layer,
+                         int kernel, cpu::PoolKind kind) {
+  const CudaRows& src = device(in);
+  CudaRows& dst = device(out);
+  check_rows(in, in_layer);
+  check_rows(out, out_layer);
+  KVB_CHECK(&in != &out && in.type() == SlotType::kF32 && out.type() == SlotType::kF32 &&
+            in.heads() == out.heads())
+      << "cuda policy ops: pool of " << in.heads() << " rows into " << out.heads();
+  KVB_CHECK(kernel >= 1 && kernel % 2 == 1)
+      << "cuda policy ops: pool kernel " << kernel << " must be odd and >= 1";
+  HeadTable len{};
+  int longest = 0;
+  for (int h = 0; h < in.heads(); ++h) {
+    len.v[h] = in.length(in_layer, h);
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+  }
+  dst.reserve(out_layer, longest);
+  for (int h = 0; h < out.heads(); ++h) dst.set_len(out_layer, h, len.v[h]);
+  if (longest == 0) return;
+  pool_rows_kernel<<<dim3(blocks_for(longest), in.heads()), 256, 0, stream_>>>(
+      static_cast<const float*>(src.data(in_layer)), src.ld(in_layer),
+      static_cast<float*>(dst.data(out_layer)), dst.ld(out_layer), len, kernel,
+      kind == cpu::PoolKind::kMax);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
 }
 
 std::vector<int32_t> CudaPolicyOps::ada_head_budgets(const SlotRows& scores, int score_layer,

@@ -1,4 +1,4 @@
-// The CUDA instance of the policy ops table (kernels/policies/policy_ops.h; issue 13 "Policy
+// The CUDA instance of the policy ops table (kernels/ops/policy_ops.h; issue 13 "Policy
 // state and statistics live where the storage lives"). Rows are device buffers (one per layer,
 // [heads, ld] entries, stream-ordered allocations), the statistics are the attention kernel's
 // device outputs, and keep_top leaves its keep lists on the device (EvictionPlan::
@@ -10,13 +10,13 @@
 // SubGen's `delta: auto` reads a head's keys once, at its first compression (read_keys).
 //
 // Twins (tests/cuda/test_cuda_policy_ops.cc runs both instances on the same inputs):
-//   resize, accumulate, negated_popcount, keep_top  <->  CpuPolicyOps (policies::reduce_gqa,
+//   resize, accumulate, negated_popcount, keep_top  <->  CpuPolicyOps (cpu::reduce_gqa,
 //   kernels/cpu/select), history_bits <-> kernels/cpu/history_bits (through
 //   kernels/cuda/scores.h's scissorhands_update_bits): bitwise. append_negated_key_norms: f64
 //   sums in the same order, contracted to FMA as the compiler chooses on each side, so equal to
-//   the CPU's within an f32 ulp (equal keys still tie exactly). window_scores <-> CpuPolicyOps
-//   (the window sum in query order, IEEE division for mean, reduce_gqa's order, pool1d's loop
-//   through pool.cuh): bitwise. ada_head_budgets: the counts of kernels/cuda/budget (the CPU's
+//   the CPU's within an f32 ulp (equal keys still tie exactly). window_sum, reduce_heads,
+//   pool <-> CpuPolicyOps (the window sum in query order, IEEE division for mean,
+//   reduce_gqa's order, pool1d's loop through pool.cuh): bitwise. ada_head_budgets: the counts of kernels/cuda/budget (the CPU's
 //   total order) and the CPU's ada_budgets_from_counts on the host: equal budgets.
 //   kcenter_keep <-> CpuPolicyOps (cpu::kcenter_keep_list; cuda::kcenter_greedy_batch is the
 //   CPU's kcenter_greedy per head, bit for bit on finite keys): equal lists; log sizes looked up in a table of the host's
@@ -30,13 +30,13 @@
 #include <vector>
 
 #include "kernels/cuda/kv_cache_device.h"
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 
 namespace kvb::kernels::cuda {
 
 constexpr int kMaxOpsHeads = 128;
 
-class CudaPolicyOps final : public policies::PolicyOps {
+class CudaPolicyOps final : public ops::PolicyOps {
  public:
   explicit CudaPolicyOps(cudaStream_t stream) : stream_(stream) {}
   ~CudaPolicyOps() override;
@@ -44,57 +44,62 @@ class CudaPolicyOps final : public policies::PolicyOps {
   CudaPolicyOps& operator=(const CudaPolicyOps&) = delete;
 
   bool on_device() const override { return true; }
-  std::unique_ptr<policies::SlotRows> make_rows(policies::SlotType type, int layers,
+  void require_own(const ops::SlotRows& rows) const override;
+  std::unique_ptr<ops::SlotRows> make_rows(ops::SlotType type, int layers,
                                                 int heads) override;
-  void resize(policies::SlotRows& rows, int layer, std::span<const int32_t> lengths) override;
-  void accumulate(policies::SlotRows& rows, int layer, const float* src, size_t head_stride,
-                  size_t row_stride, int group, policies::GqaReduce how) override;
-  void resize_and_accumulate(policies::SlotRows& rows, int layer,
+  void resize(ops::SlotRows& rows, int layer, std::span<const int32_t> lengths) override;
+  void accumulate(ops::SlotRows& rows, int layer, const float* src, size_t head_stride,
+                  size_t row_stride, int group, cpu::GqaReduce how) override;
+  void resize_and_accumulate(ops::SlotRows& rows, int layer,
                              std::span<const int32_t> lengths, const float* src,
                              size_t head_stride, size_t row_stride, int group,
-                             policies::GqaReduce how) override;
-  void history_bits(policies::SlotRows& bits, const policies::LayerStats& st,
+                             cpu::GqaReduce how) override;
+  void history_bits(ops::SlotRows& bits, const ops::LayerStats& st,
                     const KvCache& cache, int history, bool inv_position) override;
-  void append_negated_key_norms(policies::SlotRows& rows, const policies::LayerStats& st,
+  void append_negated_key_norms(ops::SlotRows& rows, const ops::LayerStats& st,
                                 const KvCache& cache, int model_kv_heads, int expand) override;
-  void window_scores(policies::SlotRows& scores, int score_layer, const policies::LayerStats& st,
-                     const KvCache& cache, const policies::SnapKvScoreOptions& options) override;
-  std::vector<int32_t> ada_head_budgets(const policies::SlotRows& scores, int score_layer,
+  void window_sum(ops::SlotRows& out, int out_layer, const ops::LayerStats& st,
+                  std::span<const int32_t> lengths, ops::WindowReduce how) override;
+  void reduce_heads(const ops::SlotRows& in, int in_layer, int group, cpu::GqaReduce how,
+                    ops::SlotRows& out, int out_layer) override;
+  void pool(const ops::SlotRows& in, int in_layer, ops::SlotRows& out, int out_layer,
+            int kernel, cpu::PoolKind kind) override;
+  std::vector<int32_t> ada_head_budgets(const ops::SlotRows& scores, int score_layer,
                                         const KvCache& cache, int layer, int base,
                                         double alpha) override;
-  void negated_popcount(const policies::SlotRows& bits, int layer, policies::SlotRows& out,
+  void negated_popcount(const ops::SlotRows& bits, int layer, ops::SlotRows& out,
                         int out_layer) override;
-  void keep_top(const policies::SlotRows& scores, int score_layer, const KvCache& cache,
-                std::span<const policies::KeepTop> heads,
-                std::span<policies::SlotRows* const> state, EvictionPlan& plan) override;
+  void keep_top(const ops::SlotRows& scores, int score_layer, const KvCache& cache,
+                std::span<const ops::KeepTop> heads,
+                std::span<ops::SlotRows* const> state, EvictionPlan& plan) override;
 
   // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy_batch over the listed
   // heads on the cache's device rows, one block a head in one launch (bf16 rows widened exactly
   // into scratch first, all heads in one launch), the lists and log sizes written on the device
   // by a third; erase moves a row's later entries down in place.
-  void erase(policies::SlotRows& rows, int layer,
-             std::span<const policies::RowErase> heads) override;
-  void kcenter_keep(const KvCache& cache, std::span<const policies::KCenterKeep> heads,
-                    policies::SlotRows* log_sizes, EvictionPlan& plan) override;
+  void erase(ops::SlotRows& rows, int layer,
+             std::span<const ops::RowErase> heads) override;
+  void kcenter_keep(const KvCache& cache, std::span<const ops::KCenterKeep> heads,
+                    ops::SlotRows* log_sizes, EvictionPlan& plan) override;
 
   // SubGen (cuda_policy_ops_subgen.cu): sketches in kernels/cuda/subgen_sketch.h storage,
   // absorbed and queried by its kernels on the engine's stream; read_keys and read_subgen are
   // synchronous (one sync each; read_keys counts its copy in transfers()). subgen_query also
   // serves weighted subgen_kcenter (no state; exact slots with their bias rows).
-  std::unique_ptr<policies::SubgenState> make_subgen_state(const cpu::SubgenParams& p, int layers,
+  std::unique_ptr<ops::SubgenState> make_subgen_state(const cpu::SubgenParams& p, int layers,
                                                            int heads) override;
-  void subgen_query(const policies::SubgenState* state, const policies::SubgenAttend& args,
+  void subgen_query(const ops::SubgenState* state, const ops::SubgenAttend& args,
                     const KvCache& cache) override;
-  void subgen_absorb(policies::SubgenState& state, int layer, const KvCache& cache,
-                     std::span<const policies::SubgenAbsorb> heads, uint64_t seed) override;
+  void subgen_absorb(ops::SubgenState& state, int layer, const KvCache& cache,
+                     std::span<const ops::SubgenAbsorb> heads, uint64_t seed) override;
   std::vector<float> read_keys(const KvCache& cache, int layer, int head, int first,
                                int count) override;
-  cpu::SubgenSketch read_subgen(const policies::SubgenState& state, int layer,
+  cpu::SubgenSketch read_subgen(const ops::SubgenState& state, int layer,
                                 int head) override;
 
   // Synchronous (waits for the stream).
-  std::vector<float> read_f32(const policies::SlotRows& rows, int layer, int head) override;
-  std::vector<uint64_t> read_u64(const policies::SlotRows& rows, int layer, int head) override;
+  std::vector<float> read_f32(const ops::SlotRows& rows, int layer, int head) override;
+  std::vector<uint64_t> read_u64(const ops::SlotRows& rows, int layer, int head) override;
   // Kernel launches since construction (the ops' cost, countable like the engine's copies).
   int64_t launches() const { return launches_; }
   // Copies to the host and stream syncs the ops made since construction (ada_head_budgets,
@@ -112,9 +117,9 @@ class CudaPolicyOps final : public policies::PolicyOps {
  private:
   // accumulate's kernel over rows [0, len[h]) of every head, entries at or past fresh[h] new
   // (from 0).
-  void launch_accumulate(policies::SlotRows& rows, int layer, const HeadTable& len,
+  void launch_accumulate(ops::SlotRows& rows, int layer, const HeadTable& len,
                          const HeadTable& fresh, const float* src, size_t head_stride,
-                         size_t row_stride, int group, policies::GqaReduce how);
+                         size_t row_stride, int group, cpu::GqaReduce how);
   // lists_ with room for `need` entries (contents not kept).
   int32_t* plan_lists(size_t need);
   // log_table_ with at least `need` entries (filled and uploaded when it grows).
@@ -124,10 +129,7 @@ class CudaPolicyOps final : public policies::PolicyOps {
   // keep_top's and kcenter_keep's [heads, ld] lists (stream-ordered allocation)
   int32_t* lists_ = nullptr;
   size_t lists_cap_ = 0;
-  // Scratch of window_scores ([heads, ld] window-and-GQA-reduced scores before pooling) and of
-  // ada_head_budgets ([heads, ld] positions, [heads] lengths, [heads] counts).
-  float* reduced_ = nullptr;
-  size_t reduced_cap_ = 0;
+  // Scratch of ada_head_budgets ([heads, ld] positions, [heads] lengths, [heads] counts).
   int32_t* ranks_ = nullptr;
   size_t ranks_cap_ = 0;
   // kcenter_keep's log sizes: entry i = std::log(float(i)) on the host, i < log_cap_ (entry 0

@@ -22,7 +22,7 @@ namespace kvb::kernels::cuda {
 namespace {
 
 using ops_detail::CudaRows;
-using policies::SlotType;
+using ops::SlotType;
 
 // The prefixes of a layer's listed heads widened to f32 (exact for bf16), back to back:
 // kcenter_greedy_batch reads f32 rows, as the CPU reads the host rows the device's bf16 rows
@@ -113,15 +113,15 @@ const float* CudaPolicyOps::log_table(size_t need) {
   return log_table_;
 }
 
-void CudaPolicyOps::erase(policies::SlotRows& rows, int layer,
-                          std::span<const policies::RowErase> heads) {
+void CudaPolicyOps::erase(ops::SlotRows& rows, int layer,
+                          std::span<const ops::RowErase> heads) {
   CudaRows& r = ops_detail::device(rows);
   KVB_CHECK(layer >= 0 && layer < rows.layers() && rows.heads() <= kMaxOpsHeads)
       << "cuda policy ops: erase in layer " << layer << " of rows for " << rows.layers()
       << " layers x " << rows.heads() << " heads (at most " << kMaxOpsHeads << ")";
   HeadTable first{}, count{}, len{};
   bool any = false;
-  for (const policies::RowErase& e : heads) {
+  for (const ops::RowErase& e : heads) {
     const int have = e.head >= 0 && e.head < rows.heads() ? rows.length(layer, e.head) : -1;
     KVB_CHECK(have >= 0 && e.first >= 0 && e.count >= 0 && e.first + e.count <= have &&
               count.v[e.head] == 0)
@@ -143,12 +143,12 @@ void CudaPolicyOps::erase(policies::SlotRows& rows, int layer,
   }
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
-  for (const policies::RowErase& e : heads) r.set_len(layer, e.head, len.v[e.head] - e.count);
+  for (const ops::RowErase& e : heads) r.set_len(layer, e.head, len.v[e.head] - e.count);
 }
 
 void CudaPolicyOps::kcenter_keep(const KvCache& cache,
-                                 std::span<const policies::KCenterKeep> heads,
-                                 policies::SlotRows* log_sizes, EvictionPlan& plan) {
+                                 std::span<const ops::KCenterKeep> heads,
+                                 ops::SlotRows* log_sizes, EvictionPlan& plan) {
   const int layer = plan.layer();
   const int nh = cache.shape().num_kv_heads;
   KVB_USAGE_CHECK(nh <= kMaxOpsHeads) << "--device cuda decides for at most " << kMaxOpsHeads
@@ -169,7 +169,7 @@ void CudaPolicyOps::kcenter_keep(const KvCache& cache,
     prefix.v[h] = -1;
     ld = std::max(ld, lengths[h]);
   }
-  for (const policies::KCenterKeep& t : heads) {
+  for (const ops::KCenterKeep& t : heads) {
     const int have = t.head >= 0 && t.head < nh ? lengths[t.head] : -1;
     KVB_CHECK(have >= 0 && 0 <= t.prefix && t.prefix <= have && t.k >= 0 &&
               prefix.v[t.head] < 0)
@@ -190,11 +190,11 @@ void CudaPolicyOps::kcenter_keep(const KvCache& cache,
   const bool widen = v.dtype != KvDtype::kF32;
   // The heads that choose a centre, in the order of `heads`; bf16 rows: their prefixes widened
   // back to back into one scratch by one launch (entry e of the widen tables).
-  std::vector<const policies::KCenterKeep*> run;
+  std::vector<const ops::KCenterKeep*> run;
   WidenParams w{};
   w.d = d;
   size_t wide_rows = 0;
-  for (const policies::KCenterKeep& t : heads) {
+  for (const ops::KCenterKeep& t : heads) {
     if (centres.v[t.head] == 0) continue;
     const int e = static_cast<int>(run.size());
     run.push_back(&t);
@@ -215,7 +215,7 @@ void CudaPolicyOps::kcenter_keep(const KvCache& cache,
     }
     std::vector<KCenterProblem> problems(run.size());
     for (size_t e = 0; e < run.size(); ++e) {
-      const policies::KCenterKeep& t = *run[e];
+      const ops::KCenterKeep& t = *run[e];
       KCenterProblem& q = problems[e];
       q.args.keys = widen ? wide.as<float>() + static_cast<size_t>(w.dst_row.v[e]) * d
                           : static_cast<const float*>(v.keys) +
@@ -246,7 +246,7 @@ void CudaPolicyOps::kcenter_keep(const KvCache& cache,
     // A cluster holds at most its prefix's points.
     p.log_table = log_table(static_cast<size_t>(longest_prefix) + 1);
     int need = 0;
-    for (const policies::KCenterKeep& t : heads) need = std::max(need, counts[t.head]);
+    for (const ops::KCenterKeep& t : heads) need = std::max(need, counts[t.head]);
     bias->reserve(layer, need);
     p.bias = static_cast<float*>(bias->data(layer));
     p.bias_ld = bias->ld(layer);
@@ -255,7 +255,7 @@ void CudaPolicyOps::kcenter_keep(const KvCache& cache,
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
   if (bias) {
-    for (const policies::KCenterKeep& t : heads) bias->set_len(layer, t.head, counts[t.head]);
+    for (const ops::KCenterKeep& t : heads) bias->set_len(layer, t.head, counts[t.head]);
   }
   plan.keep_on_device(lists, ld, std::move(counts), lengths);
 }

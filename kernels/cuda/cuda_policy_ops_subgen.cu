@@ -14,11 +14,11 @@
 namespace kvb::kernels::cuda {
 namespace {
 
-class CudaSubgenState final : public policies::SubgenState {
+class CudaSubgenState final : public ops::SubgenState {
  public:
   CudaSubgenState(const cpu::SubgenParams& p, int layers, int heads, cudaStream_t stream)
       : sketches(p, layers, heads, stream) {}
-  std::unique_ptr<policies::SubgenState> clone() const override {
+  std::unique_ptr<ops::SubgenState> clone() const override {
     return std::make_unique<CudaSubgenState>(*this);  // deep: DeviceSubgenSketches' copy
   }
   size_t bytes() const override { return sketches.sketch_bytes(); }
@@ -26,24 +26,24 @@ class CudaSubgenState final : public policies::SubgenState {
   DeviceSubgenSketches sketches;
 };
 
-CudaSubgenState& device(policies::SubgenState& s) {
+CudaSubgenState& device(ops::SubgenState& s) {
   auto* d = dynamic_cast<CudaSubgenState*>(&s);
   KVB_CHECK(d != nullptr) << "SubGen state made by another ops instance reached the CUDA ops";
   return *d;
 }
-const CudaSubgenState& device(const policies::SubgenState& s) {
-  return device(const_cast<policies::SubgenState&>(s));
+const CudaSubgenState& device(const ops::SubgenState& s) {
+  return device(const_cast<ops::SubgenState&>(s));
 }
 
 }  // namespace
 
-std::unique_ptr<policies::SubgenState> CudaPolicyOps::make_subgen_state(const cpu::SubgenParams& p,
+std::unique_ptr<ops::SubgenState> CudaPolicyOps::make_subgen_state(const cpu::SubgenParams& p,
                                                                         int layers, int heads) {
   return std::make_unique<CudaSubgenState>(p, layers, heads, stream_);
 }
 
-void CudaPolicyOps::subgen_query(const policies::SubgenState* state,
-                                 const policies::SubgenAttend& a, const KvCache& cache) {
+void CudaPolicyOps::subgen_query(const ops::SubgenState* state,
+                                 const ops::SubgenAttend& a, const KvCache& cache) {
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "subgen_query");
   const int ckv = cache.shape().num_kv_heads;
   std::vector<int32_t> lengths(ckv);
@@ -70,7 +70,7 @@ void CudaPolicyOps::subgen_query(const policies::SubgenState* state,
   }
   if (a.exact_bias != nullptr) {
     const ops_detail::CudaRows& b = ops_detail::device(*a.exact_bias);
-    KVB_CHECK(b.type() == policies::SlotType::kF32 && a.layer >= 0 && a.layer < b.layers() &&
+    KVB_CHECK(b.type() == ops::SlotType::kF32 && a.layer >= 0 && a.layer < b.layers() &&
               b.heads() == ckv)
         << "cuda policy ops: subgen_query's bias rows (" << b.layers() << " x " << b.heads()
         << ") for layer " << a.layer << " of a cache of " << ckv << " heads";
@@ -89,14 +89,14 @@ void CudaPolicyOps::subgen_query(const policies::SubgenState* state,
   ++launches_;  // the row chunks of one call count as one
 }
 
-void CudaPolicyOps::subgen_absorb(policies::SubgenState& state, int layer, const KvCache& cache,
-                                  std::span<const policies::SubgenAbsorb> heads, uint64_t seed) {
+void CudaPolicyOps::subgen_absorb(ops::SubgenState& state, int layer, const KvCache& cache,
+                                  std::span<const ops::SubgenAbsorb> heads, uint64_t seed) {
   if (heads.empty()) return;
   DeviceSubgenSketches& sk = device(state).sketches;
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "subgen_absorb");
   std::vector<SubgenAbsorbHead> table(heads.size());
   for (size_t i = 0; i < heads.size(); ++i) {
-    const policies::SubgenAbsorb& h = heads[i];
+    const ops::SubgenAbsorb& h = heads[i];
     table[i] = {h.head, h.first, h.end, h.counter_head, h.fresh ? 1 : 0, h.delta2};
   }
   cuda::subgen_absorb(sk.params(), sk.layer(layer), dev.layer(layer), table, seed,
@@ -136,7 +136,7 @@ std::vector<float> CudaPolicyOps::read_keys(const KvCache& cache, int layer, int
   return out;
 }
 
-cpu::SubgenSketch CudaPolicyOps::read_subgen(const policies::SubgenState& state, int layer,
+cpu::SubgenSketch CudaPolicyOps::read_subgen(const ops::SubgenState& state, int layer,
                                              int head) {
   return device(state).sketches.download(layer, head);
 }

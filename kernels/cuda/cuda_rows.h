@@ -14,17 +14,17 @@
 #include "kernels/cuda/graph.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 
 namespace kvb::kernels::cuda::ops_detail {
 
-inline size_t entry_bytes(policies::SlotType t) {
-  return t == policies::SlotType::kF32 ? sizeof(float) : sizeof(uint64_t);
+inline size_t entry_bytes(ops::SlotType t) {
+  return t == ops::SlotType::kF32 ? sizeof(float) : sizeof(uint64_t);
 }
 
-class CudaRows final : public policies::SlotRows {
+class CudaRows final : public ops::SlotRows {
  public:
-  CudaRows(policies::SlotType type, int layers, int heads, cudaStream_t stream)
+  CudaRows(ops::SlotType type, int layers, int heads, cudaStream_t stream)
       : SlotRows(type, layers, heads), stream_(stream), bufs_(layers, nullptr), ld_(layers, 0) {}
   CudaRows(const CudaRows& o)
       : SlotRows(o), stream_(o.stream_), bufs_(o.layers(), nullptr), ld_(o.ld_) {
@@ -52,7 +52,7 @@ class CudaRows final : public policies::SlotRows {
       }
     }
   }
-  std::unique_ptr<policies::SlotRows> clone() const override {
+  std::unique_ptr<ops::SlotRows> clone() const override {
     return std::make_unique<CudaRows>(*this);
   }
 
@@ -86,13 +86,13 @@ class CudaRows final : public policies::SlotRows {
   std::vector<int> ld_;
 };
 
-inline CudaRows& device(policies::SlotRows& rows) {
+inline CudaRows& device(ops::SlotRows& rows) {
   auto* r = dynamic_cast<CudaRows*>(&rows);
   KVB_CHECK(r != nullptr) << "policy state made by another ops instance reached the CUDA ops";
   return *r;
 }
-inline const CudaRows& device(const policies::SlotRows& rows) {
-  return device(const_cast<policies::SlotRows&>(rows));
+inline const CudaRows& device(const ops::SlotRows& rows) {
+  return device(const_cast<ops::SlotRows&>(rows));
 }
 
 // The device rows of the cache an op was given (what `op` reads).

@@ -4,7 +4,6 @@
 
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/scores.h"
-#include "kernels/policies/policy.h"
 
 namespace kvb::kernels::cuda {
 namespace {
@@ -46,7 +45,7 @@ __global__ void history_bits_kernel(HistoryBitsArgs a, int group) {
     uint64_t below = 0;
     if (s < visible) {
       const float* rows = a.last_probs + (static_cast<size_t>(h) * group * a.last_w + j) * a.stride;
-      float acc = rows[s];  // policies::reduce_gqa, kMean
+      float acc = rows[s];  // cpu::reduce_gqa, kMean
       for (int g = 1; g < group; ++g)
         acc = acc + rows[static_cast<size_t>(g) * a.last_w * a.stride + s];
       const float p = acc / static_cast<float>(group);
@@ -62,7 +61,7 @@ __global__ void history_bits_kernel(HistoryBitsArgs a, int group) {
 }  // namespace
 
 void accumulate_scores(float* scores, int ld, const int32_t* lengths, const float* col_sums,
-                       int stats_stride, int num_kv_heads, int group, policies::GqaReduce how,
+                       int stats_stride, int num_kv_heads, int group, cpu::GqaReduce how,
                        cudaStream_t stream) {
   KVB_CHECK(num_kv_heads >= 0 && group >= 1 && ld >= 0 && stats_stride >= 0)
       << "cuda::accumulate_scores: num_kv_heads = " << num_kv_heads << ", group = " << group
@@ -70,12 +69,12 @@ void accumulate_scores(float* scores, int ld, const int32_t* lengths, const floa
   if (num_kv_heads == 0) return;
   KVB_CHECK(scores != nullptr && lengths != nullptr && col_sums != nullptr)
       << "cuda::accumulate_scores: null pointer";
-  KVB_CHECK(how == policies::GqaReduce::kMean || how == policies::GqaReduce::kMax)
+  KVB_CHECK(how == cpu::GqaReduce::kMean || how == cpu::GqaReduce::kMax)
       << "cuda::accumulate_scores: unknown reduction " << static_cast<int>(how);
   const unsigned blocks_x = grid_for(static_cast<size_t>(ld), 256) > 64u ? 64u : grid_for(ld, 256);
   DeviceErrorFlag flag(stream);
   accumulate_kernel<<<dim3(blocks_x, num_kv_heads), 256, 0, stream>>>(
-      scores, ld, lengths, col_sums, stats_stride, group, how == policies::GqaReduce::kMax,
+      scores, ld, lengths, col_sums, stats_stride, group, how == cpu::GqaReduce::kMax,
       flag.flag());
   KVB_CUDA_CHECK_LAUNCH();
   flag.check("cuda::accumulate_scores", describe);

@@ -1,6 +1,6 @@
 // Accumulated attention scores as H2O accumulates them (kernels/policies/h2o.cc; POLICIES.md
 // "h2o"): each step, a KV head's score row grows by its GQA group's column sums combined by
-// policies::reduce_gqa (mean or max over the group's query heads). The CPU side of this op is
+// cpu::reduce_gqa (mean or max over the group's query heads). The CPU side of this op is
 // reduce_gqa + an add loop inside the policy, which the parity test uses as the reference.
 #pragma once
 
@@ -8,11 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/gqa.h"
 #include "kernels/cuda/kv_cache_device.h"
-
-namespace kvb::policies {
-enum class GqaReduce;  // kernels/policies/policy.h
-}
 
 namespace kvb::kernels::cuda {
 
@@ -24,7 +21,7 @@ namespace kvb::kernels::cuda {
 // A bad length throws after the kernel ran: the valid heads have been updated by then (the
 // check is an invariant of the caller's cache, not a recoverable condition).
 void accumulate_scores(float* scores, int ld, const int32_t* lengths, const float* col_sums,
-                       int stats_stride, int num_kv_heads, int group, policies::GqaReduce how,
+                       int stats_stride, int num_kv_heads, int group, cpu::GqaReduce how,
                        cudaStream_t stream = 0);
 
 // Scissorhands' importance history (kernels/policies/scissorhands.cc `update`; POLICIES.md

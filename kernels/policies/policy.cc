@@ -1,4 +1,4 @@
-// PolicyOptions parsing, GQA reduction, and make_policy's validation (POLICIES.md "Common terms").
+// PolicyOptions parsing and make_policy's validation (POLICIES.md "Common terms").
 #include "kernels/policies/policy.h"
 
 #include <algorithm>
@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 #include "kernels/policies/extra_policies.h"
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 
 namespace kvb::policies {
 
@@ -32,25 +32,6 @@ const std::vector<ParamDoc>& common_params() {
        {"per_kv_head", "expand"}},
   };
   return params;
-}
-
-void reduce_gqa(const float* rows, size_t row_stride, int group, int len, GqaReduce how,
-                float* out) {
-  for (int s = 0; s < len; ++s) {
-    float acc = rows[s];
-    for (int g = 1; g < group; ++g) {
-      const float v = rows[g * row_stride + s];
-      acc = how == GqaReduce::kMax ? std::max(acc, v) : acc + v;
-    }
-    out[s] = how == GqaReduce::kMax ? acc : acc / static_cast<float>(group);
-  }
-}
-
-PolicyOps& ops_of(const LayerStats& stats) { return stats.ops ? *stats.ops : cpu_policy_ops(); }
-
-SlotRows& rows_of(SlotRowsPtr& rows, PolicyOps& ops, SlotType type, int layers, int heads) {
-  if (!rows) rows = SlotRowsPtr(ops.make_rows(type, layers, heads));
-  return *rows;
 }
 
 void prefill_layer(Policy& policy, const LayerStats& stats, kernels::KvCache& cache) {

@@ -16,12 +16,38 @@
 
 #include "common/options.h"
 #include "kernels/comm.h"
+#include "kernels/cpu/gqa.h"
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
+#include "kernels/ops/layer_stats.h"
+#include "kernels/ops/policy_ops.h"
 
 namespace kvb::policies {
 
-class PolicyOps;  // policy_ops.h
+// The ops vocabulary a policy decides with lives below the policies (kernels/ops/, implemented
+// by kernels/cpu/ and kernels/cuda/); a policy names its pieces as its own.
+using kernels::cpu::GqaReduce;
+using kernels::cpu::reduce_gqa;
+using kernels::ops::cpu_policy_ops;
+using kernels::ops::KCenterKeep;
+using kernels::ops::KeepTop;
+using kernels::ops::LayerStats;
+using kernels::ops::ops_of;
+using kernels::ops::PolicyOps;
+using kernels::ops::RowErase;
+using kernels::ops::rows_of;
+using kernels::ops::SlotRows;
+using kernels::ops::SlotRowsPtr;
+using kernels::ops::SlotType;
+using kernels::ops::StatsRequest;
+using kernels::ops::SubgenAbsorb;
+using kernels::ops::SubgenAttend;
+using kernels::ops::SubgenState;
+using kernels::ops::SubgenStatePtr;
+using kernels::ops::WindowReduce;
+using kernels::ops::window_scores;
+using kernels::ops::WindowScoreOptions;
+using kernels::ops::WindowScratch;
 
 struct ModelShape {
   int num_layers = 0;
@@ -48,35 +74,6 @@ struct PolicyConfig {
   // group's collectives; seeds and orders use global head indices, so a policy decides exactly
   // as on one device.
   kernels::Communicator* tp = nullptr;
-};
-
-// Statistics the engine hands to a hook. Probabilities are per QUERY head (num_heads rows),
-// indexed by the slot of that head's KV head; policies reduce over a GQA group themselves
-// (reduce_gqa below). Rows have `stride` entries.
-struct LayerStats {
-  int layer = 0;
-  int n_new = 0;                    // tokens this forward pass appended (1 in decode)
-  int num_heads = 0;
-  int stride = 0;
-  const float* col_sums = nullptr;  // [num_heads, stride] sum over the n_new queries
-  const float* last_probs = nullptr;  // [num_heads, last_w, stride]
-  int last_w = 0;
-  const float* pre_rope_keys = nullptr;  // [n_new, num_kv_heads, head_dim], if requested
-  // The block's last n_queries queries after RoPE, [n_queries, num_heads, head_dim], on the host,
-  // if requested (StatsRequest::last_queries; the Python policy's ctx.queries).
-  const float* last_queries = nullptr;
-  int n_queries = 0;
-  // The ops table of the engine's backend (policy_ops.h): where a policy that decides with ops
-  // keeps its state, and where col_sums and last_probs point (host memory for the CPU instance,
-  // device memory for a device instance). Null: the CPU instance (host statistics).
-  PolicyOps* ops = nullptr;
-};
-
-struct StatsRequest {
-  bool col_sums = false;
-  int last_w = 0;                // probabilities of the last w queries (clamped to n_new)
-  bool pre_rope_keys = false;
-  int last_queries = 0;          // the block's last q queries after RoPE (clamped to n_new)
 };
 
 enum class PrefillMode { kOneshot, kStreaming };
@@ -190,12 +187,6 @@ void attend_layer(Policy& policy, const AttendArgs& args, kernels::KvCache& cach
 
 // Options every policy accepts (listed by `kvbench ls policies` under each policy).
 const std::vector<ParamDoc>& common_params();
-
-// Mean (or max) of a GQA group's query-head rows into one KV-head row: out [len].
-// rows: the group's first query head row; row_stride: distance between query-head rows.
-enum class GqaReduce { kMean, kMax };
-void reduce_gqa(const float* rows, size_t row_stride, int group, int len, GqaReduce how,
-                float* out);
 
 // Registry (kernels/policies/registry.cc): explicit table, no static-init magic.
 struct PolicyInfo {

@@ -60,7 +60,7 @@ void SnapKvFamily::on_prefill_layer(const LayerStats& st, const kernels::KvCache
       << "snapkv family: prefill statistics carry last_w = " << w << ", expected 1.." << window_;
   PolicyOps& ops = ops_of(st);
   SlotRows& scores = rows_of(scores_, ops, SlotType::kF32, 1, heads);
-  ops.window_scores(scores, 0, st, cache, scoring_);
+  window_scores(ops, scores, 0, window_scratch_, st, cache, scoring_);
   allocate(ops, scores, st.layer, prompt_len, w, cache, budgets.data());
 
   // Per-head top-B_h of the prefix (ties: the more recent slot), then the window slots.

@@ -1,7 +1,7 @@
 // The skeleton shared by `snapkv`, `pyramidkv`, `ada_snapkv` and `ada_pyramidkv` (POLICIES.md):
-// after each layer's prefill, score the prefix by the observation window (the ops table's
-// window_scores, options in snapkv_scores.h), let the member decide each KV head's prefix budget
-// B_i, keep every head's top-B_i prefix tokens plus the w window tokens (keep_top). It decides
+// after each layer's prefill, score the prefix by the observation window (window_scores, a
+// composition of the ops vocabulary; options in snapkv_scores.h), let the member decide each KV
+// head's prefix budget B_i, keep every head's top-B_i prefix tokens plus the w window tokens (keep_top). It decides
 // through the ops table (policy_ops.h), so on a device the statistics, scores and keep lists stay
 // there; only Ada-KV's per-head budgets come to the host. No decode eviction (each head grows by
 // one per generated token).
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernels/policies/policy.h"
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 #include "kernels/policies/snapkv_scores.h"
 
 namespace kvb::policies {
@@ -54,6 +54,7 @@ class SnapKvFamily : public Policy {
   // One layer's pooled prefix scores, where the ops keep them; a scratch emptied after each
   // decision (not state: state_bytes counts the budgets).
   SlotRowsPtr scores_;
+  WindowScratch window_scratch_;  // the scores' intermediate rows (scratch, like scores_)
   std::vector<KeepTop> tops_;
   std::vector<int32_t> zeros_;
 };

@@ -1,7 +1,7 @@
 // SnapKV-family score options (POLICIES.md `snapkv`). The scores (window reduce per query head,
 // GQA reduce into the KV head before pooling, as the Ada-KV gqa_support code averages the
 // window-mean scores of a group, then pool1d over the head's own prefix) are the ops table's
-// window_scores: kernels/policies/cpu_policy_ops.cc and kernels/cuda/cuda_policy_ops.cu.
+// window_scores: kernels/ops/cpu_policy_ops.cc and kernels/cuda/cuda_policy_ops.cu.
 #include "kernels/policies/snapkv_scores.h"
 
 #include "common/error.h"

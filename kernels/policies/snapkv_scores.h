@@ -2,24 +2,17 @@
 // statistics"; SnapKV and the Ada-KV code): from the last w prompt queries' probabilities, per KV
 // head, the columns of the prefix keys (every slot before the window) reduced over the w queries,
 // then over the group's query heads, then pooled along the token axis. The scores themselves are
-// the ops table's window_scores (policy_ops.h), on the host or on a device.
+// the ops table's window_scores (kernels/ops/policy_ops.h), on the host or on a device.
 #pragma once
 
 #include <vector>
 
-#include "kernels/cpu/pool.h"
 #include "kernels/policies/policy.h"
 
 namespace kvb::policies {
 
-enum class WindowReduce { kMean, kSum };
-
-struct SnapKvScoreOptions {
-  int pool_kernel = 7;  // odd, >= 1 (1: no pooling)
-  kernels::cpu::PoolKind pooling = kernels::cpu::PoolKind::kMax;
-  WindowReduce window_reduce = WindowReduce::kMean;
-  GqaReduce gqa_reduce = GqaReduce::kMean;
-};
+// The scores' options are the ops' (kernels/ops/policy_ops.h WindowScoreOptions).
+using SnapKvScoreOptions = WindowScoreOptions;
 
 // Reads pool_kernel, pooling, window_reduce and gqa_reduce (usage errors name what is allowed).
 SnapKvScoreOptions read_snapkv_score_options(const PolicyOptions& options);

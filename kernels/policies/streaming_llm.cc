@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "kernels/policies/policies.h"
-#include "kernels/policies/slot_state.h"
+#include "kernels/ops/slot_state.h"
 
 namespace kvb::policies {
 namespace {

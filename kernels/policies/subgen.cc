@@ -24,7 +24,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/policies/policies.h"
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 
 namespace kvb::policies {
 namespace {

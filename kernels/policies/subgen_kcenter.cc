@@ -20,10 +20,12 @@
 #include "kernels/cpu/kcenter.h"
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/policies/policies.h"
-#include "kernels/policies/policy_ops.h"
-#include "kernels/policies/slot_state.h"
+#include "kernels/ops/policy_ops.h"
+#include "kernels/ops/slot_state.h"
 
 namespace kvb::policies {
+
+using kernels::ops::SlotState;
 namespace {
 
 namespace cpu = kvb::kernels::cpu;

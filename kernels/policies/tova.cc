@@ -8,7 +8,7 @@
 #include "common/error.h"
 #include "kernels/cpu/select.h"
 #include "kernels/policies/policies.h"
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 
 namespace kvb::policies {
 namespace {

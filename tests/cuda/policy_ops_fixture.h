@@ -14,7 +14,7 @@
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/kv_cache.h"
-#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/ops/cpu_policy_ops.h"
 #include "parity_util.h"
 
 namespace kvb::parity {
@@ -53,7 +53,7 @@ class PolicyOpsFixture : public ::testing::Test {
 
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cu::CudaPolicyOps> gpu_;
-  policies::CpuPolicyOps cpu_;
+  kvb::kernels::ops::CpuPolicyOps cpu_;
   kernels::KvCache host_, index_;
 };
 

@@ -35,6 +35,7 @@
 #include "workers/engine/cuda_engine.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
+#include "workers/formats/model_load.h"
 #include "workers/model_session.h"
 #include "workers/runner.h"
 

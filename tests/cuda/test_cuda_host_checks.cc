@@ -30,7 +30,7 @@
 #include "kernels/cuda/subgen_estimator.h"
 #include "kernels/cuda/subgen_sketch.h"
 #include "kernels/eviction_plan.h"
-#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
 #include "kernels/policies/snapkv_scores.h"
 
@@ -164,7 +164,7 @@ TEST(CudaHostChecks, PolicyOpsRejectBadSnapKvArguments) {
   EXPECT_NE(error_of([&] { cuda::global_topk_counts_unchecked(rs, 3, out); }).find("num_heads"),
             std::string::npos);
   CudaPolicyOps ops(nullptr);
-  policies::CpuPolicyOps cpu;
+  kvb::kernels::ops::CpuPolicyOps cpu;
   KvCache cache({1, 1, 4}, 4, /*host_rows=*/false);
   cache.append(0, 0, nullptr, nullptr, 0);
   policies::LayerStats st;
@@ -175,14 +175,14 @@ TEST(CudaHostChecks, PolicyOpsRejectBadSnapKvArguments) {
   std::unique_ptr<policies::SlotRows> rows = ops.make_rows(policies::SlotType::kF32, 1, 1);
   policies::SnapKvScoreOptions even;
   even.pool_kernel = 4;
-  EXPECT_NE(error_of([&] { ops.window_scores(*rows, 0, st, cache, even); }).find("odd"),
+  EXPECT_NE(error_of([&] { window_scores(ops, *rows, 0, st, cache, even); }).find("odd"),
             std::string::npos);
   // Rows for 2 heads on a cache of 1.
   std::unique_ptr<policies::SlotRows> two = ops.make_rows(policies::SlotType::kF32, 1, 2);
-  EXPECT_NE(error_of([&] { ops.window_scores(*two, 0, st, cache, {}); }).find("window scores"),
+  EXPECT_NE(error_of([&] { window_scores(ops, *two, 0, st, cache, {}); }).find("window scores"),
             std::string::npos);
   std::unique_ptr<policies::SlotRows> host = cpu.make_rows(policies::SlotType::kF32, 1, 1);
-  EXPECT_NE(error_of([&] { ops.window_scores(*host, 0, st, cache, {}); }).find("another ops"),
+  EXPECT_NE(error_of([&] { window_scores(ops, *host, 0, st, cache, {}); }).find("another ops"),
             std::string::npos);
   EXPECT_NE(error_of([&] { (void)ops.ada_head_budgets(*rows, 0, cache, 0, 2, 0.5); })
                 .find("without device rows"),

@@ -30,7 +30,7 @@
 #include "kernels/cuda/subgen_sketch.h"
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
-#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
 #include "device_state_checks.h"
 #include "parity_util.h"
@@ -68,7 +68,7 @@ struct Rows : parity::HostAndDeviceRows {
 
 class CudaKCenter : public parity::CudaOpsTest {
  protected:
-  policies::CpuPolicyOps cpu_;
+  kvb::kernels::ops::CpuPolicyOps cpu_;
 };
 
 // Head 0: 6 centres of 30 + a window of 7; head 1: 300 of 580 + 20 (a long head); head 2: more

@@ -23,7 +23,7 @@
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
-#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/extra_policies.h"
 #include "kernels/policies/policy.h"
 #include "parity_util.h"
@@ -32,6 +32,7 @@
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 #include "workers/model_session.h"
 
 namespace kvb {

@@ -1,4 +1,4 @@
-// The policy ops table's two instances (kernels/policies/policy_ops.h): CudaPolicyOps against
+// The policy ops table's two instances (kernels/ops/policy_ops.h): CudaPolicyOps against
 // CpuPolicyOps, the reference, on the same inputs. Every op's contract is the CPU's exact bits
 // (accumulate keeps reduce_gqa's order; selection is a total order; bits are integers), so the
 // comparisons are exact. Keep lists: the CPU writes a victim or a list per head, the device every
@@ -13,7 +13,7 @@
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
-#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
 #include "kernels/policies/snapkv_family.h"
 #include "kernels/policies/snapkv_scores.h"
@@ -431,9 +431,9 @@ TEST_F(CudaPolicyOpsParity, WindowScoresAreTheCpuBits) {
               std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 2, heads);
               std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 2, heads);
               st.last_probs = probs.data();
-              cpu_.window_scores(*c, 1, st, host_, o);
+              window_scores(cpu_, *c, 1, st, host_, o);
               st.last_probs = dp.data();
-              gpu_->window_scores(*g, 1, st, index_, o);
+              window_scores(*gpu_, *g, 1, st, index_, o);
               for (int h = 0; h < heads; ++h) {
                 ASSERT_EQ(c->length(1, h), std::max(0, lens[h] - w));
                 ASSERT_EQ(g->length(1, h), c->length(1, h));
@@ -458,9 +458,9 @@ TEST_F(CudaPolicyOpsParity, WindowScoresAreTheCpuBits) {
     st.stride = stride;
     st.last_w = w;
     st.last_probs = probs.data();
-    cpu_.window_scores(*c, 0, st, host_, {});
+    window_scores(cpu_, *c, 0, st, host_, {});
     st.last_probs = dp.data();
-    gpu_->window_scores(*g, 0, st, index_, {});
+    window_scores(*gpu_, *g, 0, st, index_, {});
     for (int h = 0; h < heads; ++h) {
       parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "regrown rows");
     }
@@ -488,9 +488,9 @@ TEST_F(CudaPolicyOpsParity, AdaHeadBudgetsAreTheCpuBudgets) {
       std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, heads);
       std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
       st.last_probs = probs.data();
-      cpu_.window_scores(*c, 0, st, host_, o);
+      window_scores(cpu_, *c, 0, st, host_, o);
       st.last_probs = dp.data();
-      gpu_->window_scores(*g, 0, st, index_, o);
+      window_scores(*gpu_, *g, 0, st, index_, o);
       for (const int base : {0, 1, 7, 30, 1000}) {
         for (const double alpha : {0.0, 0.5}) {
           SCOPED_TRACE(testing::Message() << "group " << group << " w " << w << " base " << base

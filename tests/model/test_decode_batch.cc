@@ -15,6 +15,7 @@
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 #include "decode_batch_check.h"
 
 namespace kvb {

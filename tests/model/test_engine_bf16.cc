@@ -22,6 +22,7 @@
 #include "workers/engine/engine_base.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 
 namespace kvb {
 namespace {

@@ -18,6 +18,7 @@
 
 #include "common/error.h"
 #include "golden_logits.h"
+#include "workers/formats/model_load.h"
 
 namespace kvb {
 namespace {

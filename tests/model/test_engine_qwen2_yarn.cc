@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "golden_logits.h"
+#include "workers/formats/model_load.h"
 
 namespace kvb {
 namespace {

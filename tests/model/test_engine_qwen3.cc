@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "golden_logits.h"
+#include "workers/formats/model_load.h"
 
 namespace kvb {
 namespace {

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "workers/formats/model_load.h"
 #include "workers/model_session.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"

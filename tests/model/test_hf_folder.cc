@@ -23,6 +23,7 @@
 #include "run_kvbench.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 #include "workers/model_session.h"
 
 namespace kvb {

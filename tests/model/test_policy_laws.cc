@@ -17,6 +17,7 @@
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 
 namespace kvb {
 namespace policies {

@@ -11,6 +11,7 @@
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 #include "workers/runner.h"
 
 namespace kvb {

@@ -16,6 +16,7 @@
 #include "cache_check.h"
 #include "workers/engine/forward.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 #include "workers/prefix_store.h"
 #include "workers/runner.h"
 #include "run_kvbench.h"

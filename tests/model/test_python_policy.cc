@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "workers/engine/generate.h"
+#include "workers/formats/model_load.h"
 #include "workers/model_session.h"
 
 namespace kvb {

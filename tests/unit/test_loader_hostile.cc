@@ -31,6 +31,7 @@
 #include "workers/engine/model.h"
 #include "workers/formats/file_io.h"
 #include "workers/formats/gguf.h"
+#include "workers/formats/model_load.h"
 #include "workers/model_session.h"
 #include "workers/tokenizer/tokenizer.h"
 

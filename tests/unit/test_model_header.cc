@@ -18,6 +18,7 @@
 #include "gguf_writer.h"
 #include "harness/model_info.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 
 namespace kvb {
 namespace {

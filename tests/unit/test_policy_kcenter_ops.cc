@@ -1,4 +1,4 @@
-// subgen_kcenter's ops (kernels/policies/policy_ops.h kcenter_keep, erase; the biased
+// subgen_kcenter's ops (kernels/ops/policy_ops.h kcenter_keep, erase; the biased
 // subgen_query) on the CPU: the CPU instance against cpu::kcenter_keep_list and hand cases, the
 // rounding that lets the device's log cluster sizes equal the CPU's, and the policy's device path
 // (taken when the ops are a device instance) run here over host rows by ops that call
@@ -20,7 +20,7 @@
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
-#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
 
 namespace kvb {
@@ -58,7 +58,7 @@ KvCache random_cache(int layers, int heads, int d, int len, uint64_t seed) {
 }
 
 TEST(KCenterOps, CpuInstanceKeepsTheCentresTheWindowAndLogSizes) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   const int d = 5;
   KvCache cache = random_cache(1, 3, d, 14, 3);
   std::unique_ptr<SlotRows> bias = ops.make_rows(SlotType::kF32, 1, 3);
@@ -99,7 +99,7 @@ TEST(KCenterOps, CpuInstanceKeepsTheCentresTheWindowAndLogSizes) {
 }
 
 TEST(KCenterOps, CpuInstanceErasesARangeOfEachListedRow) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   for (SlotType type : {SlotType::kF32, SlotType::kU64}) {
     std::unique_ptr<SlotRows> rows = ops.make_rows(type, 2, 2);
     const int32_t lengths[] = {6, 4};
@@ -128,6 +128,7 @@ class HostAsDeviceOps final : public policies::PolicyOps {
   std::unique_ptr<SlotRows> make_rows(SlotType type, int layers, int heads) override {
     return cpu_.make_rows(type, layers, heads);
   }
+  void require_own(const SlotRows& rows) const override { cpu_.require_own(rows); }
   void resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) override {
     cpu_.resize(rows, layer, lengths);
   }
@@ -143,9 +144,17 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                                 const KvCache& cache, int model_kv_heads, int expand) override {
     cpu_.append_negated_key_norms(rows, st, cache, model_kv_heads, expand);
   }
-  void window_scores(SlotRows& scores, int score_layer, const policies::LayerStats& st,
-                     const KvCache& cache, const policies::SnapKvScoreOptions& o) override {
-    cpu_.window_scores(scores, score_layer, st, cache, o);
+  void window_sum(SlotRows& out, int out_layer, const policies::LayerStats& st,
+                  std::span<const int32_t> lengths, policies::WindowReduce how) override {
+    cpu_.window_sum(out, out_layer, st, lengths, how);
+  }
+  void reduce_heads(const SlotRows& in, int in_layer, int group, policies::GqaReduce how,
+                    SlotRows& out, int out_layer) override {
+    cpu_.reduce_heads(in, in_layer, group, how, out, out_layer);
+  }
+  void pool(const SlotRows& in, int in_layer, SlotRows& out, int out_layer, int kernel,
+            kvb::kernels::cpu::PoolKind kind) override {
+    cpu_.pool(in, in_layer, out, out_layer, kernel, kind);
   }
   std::vector<int32_t> ada_head_budgets(const SlotRows& scores, int score_layer,
                                         const KvCache& cache, int layer, int base,
@@ -205,7 +214,7 @@ class HostAsDeviceOps final : public policies::PolicyOps {
   int kcenters = 0, erases = 0, queries = 0;
 
  private:
-  policies::CpuPolicyOps cpu_;
+  kvb::kernels::ops::CpuPolicyOps cpu_;
 };
 
 std::vector<std::vector<int32_t>> positions(const KvCache& cache) {

@@ -1,4 +1,4 @@
-// The policy ops table's CPU instance on hand-computed cases (kernels/policies/policy_ops.h),
+// The policy ops table's CPU instance on hand-computed cases (kernels/ops/policy_ops.h),
 // and what a device instance's decisions do to the host index (EvictionPlan::keep_on_device,
 // KvCache's stale positions), with device rows simulated on the host.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
-#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
 #include "kernels/policies/snapkv_scores.h"
 
@@ -60,7 +60,7 @@ SnapKvScoreOptions score_options(WindowReduce window, GqaReduce gqa, int kernel,
 }
 
 TEST(PolicyOps, ResizeTruncatesOrExtendsWithZeros) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 2, 2);
   EXPECT_EQ(r->bytes(), 0u);
   ops.resize(*r, 1, std::vector<int32_t>{3, 1});
@@ -81,7 +81,7 @@ TEST(PolicyOps, ResizeTruncatesOrExtendsWithZeros) {
 
 // Two KV heads of a group of 2 query heads; rows of stride 3.
 TEST(PolicyOps, AccumulateAddsTheGroupsMeanOrMax) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
   ops.resize(*r, 0, std::vector<int32_t>{3, 2});
   // query heads 0,1 -> KV head 0; 2,3 -> KV head 1
@@ -95,7 +95,7 @@ TEST(PolicyOps, AccumulateAddsTheGroupsMeanOrMax) {
 }
 
 TEST(PolicyOps, KeepTopKeepsTheTopOfThePrefixAndTheRestAndCompactsTheState) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   KvCache cache({1, 3, 4}, 8, /*host_rows=*/false);
   for (int h = 0; h < 3; ++h) {
     for (int s = 0; s < 5; ++s) cache.append(0, h, nullptr, nullptr, 10 * s);
@@ -138,7 +138,7 @@ TEST(PolicyOps, KeepTopKeepsTheTopOfThePrefixAndTheRestAndCompactsTheState) {
 }
 
 TEST(PolicyOps, NegatedPopcountCountsTheBits) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   // Bits made through the Scissorhands op: one KV head, one query head, a block of 3 tokens
   // with every query recorded; probabilities below 1 / visible set a bit.
   KvCache cache({1, 1, 4}, 4, /*host_rows=*/false);
@@ -166,7 +166,7 @@ TEST(PolicyOps, NegatedPopcountCountsTheBits) {
 // Two KV heads of 2 query heads each, w = 2, stride 5; head 0 holds 5 slots (prefix 3), head 1
 // holds 4 (prefix 2). Pool kernel 1 isolates the window and GQA reductions.
 TEST(PolicyOps, WindowScoresReduceTheWindowThenTheGroup) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   const KvCache cache = index_with_positions({{0, 1, 2, 3, 4}, {0, 1, 2, 3}});
   constexpr float x = 100;  // window columns: never read as prefix scores
   const std::vector<float> probs = {
@@ -191,7 +191,7 @@ TEST(PolicyOps, WindowScoresReduceTheWindowThenTheGroup) {
     SCOPED_TRACE(testing::Message() << "sum " << (c.window == WindowReduce::kSum) << " max "
                                     << (c.gqa == GqaReduce::kMax));
     std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 2, 2);
-    ops.window_scores(*rows, 1, st, cache, score_options(c.window, c.gqa, 1, PoolKind::kMax));
+    window_scores(ops, *rows, 1, st, cache, score_options(c.window, c.gqa, 1, PoolKind::kMax));
     EXPECT_EQ(ops.read_f32(*rows, 1, 0), c.head0);
     EXPECT_EQ(ops.read_f32(*rows, 1, 1), c.head1);
     EXPECT_EQ(rows->length(0, 0), 0);  // other layers untouched
@@ -200,7 +200,7 @@ TEST(PolicyOps, WindowScoresReduceTheWindowThenTheGroup) {
   const std::vector<float> ones(3 * 4, 1.0f);
   const KvCache four = index_with_positions({{0, 1, 2, 3}});
   std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 1, 1);
-  ops.window_scores(*rows, 0, window_stats(ones, 1, 3, 4), four,
+  window_scores(ops, *rows, 0, window_stats(ones, 1, 3, 4), four,
                     score_options(WindowReduce::kMean, GqaReduce::kMean, 1, PoolKind::kMax));
   EXPECT_EQ(ops.read_f32(*rows, 0, 0), (std::vector<float>{1}));
 }
@@ -208,13 +208,13 @@ TEST(PolicyOps, WindowScoresReduceTheWindowThenTheGroup) {
 // One KV head, w = 1: prefix scores {1, 5, 2, 0, 3} pooled with kernel 3 and 7 (wider than
 // the prefix): max never takes the padding; avg divides by the kernel (padding counts).
 TEST(PolicyOps, WindowScoresPoolOverTheHeadsOwnPrefix) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   const KvCache cache = index_with_positions({{0, 1, 2, 3, 4, 5}});
   const std::vector<float> probs = {1, 5, 2, 0, 3, 9};
   const policies::LayerStats st = window_stats(probs, 1, 1, 6);
   std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 1, 1);
   const auto run = [&](int kernel, PoolKind kind) {
-    ops.window_scores(*rows, 0, st, cache,
+    window_scores(ops, *rows, 0, st, cache,
                       score_options(WindowReduce::kSum, GqaReduce::kMean, kernel, kind));
     return ops.read_f32(*rows, 0, 0);
   };
@@ -233,7 +233,7 @@ TEST(PolicyOps, WindowScoresPoolOverTheHeadsOwnPrefix) {
 // head 2 holds 2 (fewer than w: prefix 0). Pooling stays inside each head's own prefix; a row
 // that was longer before becomes its new prefix long.
 TEST(PolicyOps, WindowScoresOfRaggedHeadsAndEmptyPrefixes) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   const KvCache cache = index_with_positions({{0, 1, 2, 3, 4, 5}, {0, 1, 2}, {0, 1}});
   std::vector<float> probs(3 * 3 * 6, 7.0f);  // 7: columns no prefix may read
   for (int a = 0; a < 3; ++a) {
@@ -243,27 +243,27 @@ TEST(PolicyOps, WindowScoresOfRaggedHeadsAndEmptyPrefixes) {
   const policies::LayerStats st = window_stats(probs, 3, 3, 6);
   std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 1, 3);
   ops.resize(*rows, 0, std::vector<int32_t>{9, 9, 9});
-  ops.window_scores(*rows, 0, st, cache,
+  window_scores(ops, *rows, 0, st, cache,
                     score_options(WindowReduce::kSum, GqaReduce::kMean, 3, PoolKind::kMax));
   EXPECT_EQ(ops.read_f32(*rows, 0, 0), (std::vector<float>{3, 3, 3}));  // sums 1 3 1, pooled
   EXPECT_EQ(rows->length(0, 1), 0);
   EXPECT_EQ(rows->length(0, 2), 0);
-  ops.window_scores(*rows, 0, st, cache,
+  window_scores(ops, *rows, 0, st, cache,
                     score_options(WindowReduce::kSum, GqaReduce::kMean, 1, PoolKind::kMax));
   EXPECT_EQ(ops.read_f32(*rows, 0, 0), (std::vector<float>{1, 3, 1}));
   // A cache of 4 KV heads does not group 3 query heads; rows of another head count are refused.
   const KvCache four = index_with_positions({{0}, {0}, {0}, {0}});
   std::unique_ptr<SlotRows> rows4 = ops.make_rows(SlotType::kF32, 1, 4);
-  EXPECT_THROW(ops.window_scores(*rows4, 0, st, four, {}), Error);
+  EXPECT_THROW(window_scores(ops, *rows4, 0, st, four, {}), Error);
   const KvCache one = index_with_positions({{0, 1, 2, 3, 4, 5}});
-  EXPECT_THROW(ops.window_scores(*rows, 0, st, one, {}), Error);
+  EXPECT_THROW(window_scores(ops, *rows, 0, st, one, {}), Error);
 }
 
 // Ada-KV's budgets from score rows: the global top-(heads * base), ranked by score, then the
 // more recent cache position, then the lower head; B = round_half_even((1-alpha)*count +
 // floor(alpha*base)), capped by the row's length.
 TEST(PolicyOps, AdaHeadBudgetsRankByScoreThenPositionThenHead) {
-  policies::CpuPolicyOps ops;
+  kvb::kernels::ops::CpuPolicyOps ops;
   // Head 0 scores {0.5, 0.5, 0.1, 0.1} at positions 0..3; head 1 {0.5, 0.5} at 10, 20; each
   // head has one more (window) slot the rows do not score.
   const KvCache cache = index_with_positions({{0, 1, 2, 3, 4}, {10, 20, 30}});

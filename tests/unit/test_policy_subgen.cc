@@ -17,7 +17,7 @@
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 
 namespace kvb {
 namespace {

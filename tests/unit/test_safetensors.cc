@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "workers/engine/model.h"
 #include "workers/formats/hf_config.h"
+#include "workers/formats/model_load.h"
 #include "workers/formats/safetensors.h"
 #include "workers/model_session.h"
 

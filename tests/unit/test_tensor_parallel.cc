@@ -19,6 +19,7 @@
 #include "workers/engine/forward.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/tensor_parallel.h"
+#include "workers/formats/model_load.h"
 
 namespace kvb::engine {
 namespace {

@@ -22,7 +22,7 @@
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 #include "workers/engine/model.h"
 
 namespace kvb::engine {
@@ -95,7 +95,7 @@ class Backend {
   // Gives an index-only cache its rows on the host too (a policy that reads them is about to
   // run on it); no-op where the cache already has them.
   virtual void ensure_host_rows(kernels::KvCache& cache) = 0;
-  // The policy ops table (kernels/policies/policy_ops.h) whose instance lives where this
+  // The policy ops table (kernels/ops/policy_ops.h) whose instance lives where this
   // backend's statistics and storage do: policies that decide with ops (Policy::
   // decides_with_ops) get it in LayerStats::ops, and on a device their statistics stay there.
   virtual policies::PolicyOps& policy_ops() = 0;

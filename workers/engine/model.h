@@ -120,12 +120,4 @@ struct Model {
 void require_policy_layers(const std::string& policy, const std::string& model, int global_layers,
                            int max_window);
 
-// Loads a model: a directory is a Hugging Face checkpoint folder; a file's format is chosen by
-// its magic bytes ("GGUF" or a llama2.c header). Throws kvb::Error naming the file and what is
-// wrong (unsupported architecture lists the supported ones).
-std::unique_ptr<Model> load_model(const std::string& path);
-std::unique_ptr<Model> load_llama2c(const std::string& path);
-std::unique_ptr<Model> load_gguf_model(const std::string& path);
-std::unique_ptr<Model> load_hf_model(const std::string& dir);  // workers/engine/model_load_hf.cc
-
 }  // namespace kvb::engine

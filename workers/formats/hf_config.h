@@ -3,7 +3,7 @@
 // Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM), with transformers' defaults for absent
 // keys, every tensor the loader reads checked for presence, shape and dtype in the safetensors
 // headers (no data read), and the tokenizer_config.json facts (special tokens, add_bos_token, chat
-// template). Shared by the loader (workers/engine/model_load_hf.cc) and `kvbench validate` /
+// template). Shared by the loader (workers/formats/model_load_hf.cc) and `kvbench validate` /
 // `inspect` (harness/model_info.cc), as model_header.h is for GGUF. Errors are kvb::Error naming
 // the file and the key; unsupported choices (an architecture, a rope_scaling type) are usage
 // errors that list what is supported.

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_header.h"
+#include "workers/formats/model_load.h"
 
 namespace kvb::engine {
 namespace {

@@ -1,5 +1,5 @@
 // A model's configuration from its file header alone, with every check the loaders make before
-// reading weights: shared by the loaders (workers/engine/model_load.cc, workers/formats/llama2c.cc)
+// reading weights: shared by the loaders (workers/formats/model_load.cc, workers/formats/llama2c.cc)
 // and by `kvbench validate` (harness/model_info.cc), so that a file validate accepts is one the
 // sweep can load. No tensor data is read. Errors are kvb::Error naming the file and the key,
 // tensor or header field (usage errors for unsupported choices such as an architecture).

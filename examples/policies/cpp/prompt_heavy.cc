@@ -5,14 +5,14 @@
 // h2o, decode adds nothing to the scores: the prompt's ranking is frozen, a generated token
 // scores 0 and goes as soon as it leaves the recent window (the older first), and decode asks the
 // engine for no attention statistics at all. It is made of the ops table's accumulate and
-// keep_top only (kernels/policies/policy_ops.h), so it runs on the CPU and on `--device cuda`.
+// keep_top only (kernels/ops/policy_ops.h), so it runs on the CPU and on `--device cuda`.
 #include <memory>
 #include <vector>
 
 #include "common/error.h"
 #include "kernels/cpu/budget.h"
 #include "kernels/policies/policy.h"
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 
 namespace kvb::policies {
 namespace {

@@ -1,5 +1,5 @@
 // CpuPolicyOps: the host instance of the policy ops table.
-#include "kernels/policies/cpu_policy_ops.h"
+#include "kernels/ops/cpu_policy_ops.h"
 
 #include <algorithm>
 #include <bit>
@@ -8,15 +8,14 @@
 
 #include "common/error.h"
 #include "kernels/cpu/budget.h"
+#include "kernels/cpu/gqa.h"
 #include "kernels/cpu/history_bits.h"
 #include "kernels/cpu/kcenter.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/select.h"
-#include "kernels/policies/policy.h"
-#include "kernels/policies/slot_state.h"
-#include "kernels/policies/snapkv_scores.h"
+#include "kernels/ops/slot_state.h"
 
-namespace kvb::policies {
+namespace kvb::kernels::ops {
 
 SlotRows::SlotRows(SlotType type, int layers, int heads)
     : type_(type), layers_(layers), heads_(heads) {
@@ -110,9 +109,18 @@ PolicyOps& cpu_policy_ops() {
   return ops;
 }
 
+PolicyOps& ops_of(const LayerStats& stats) { return stats.ops ? *stats.ops : cpu_policy_ops(); }
+
+SlotRows& rows_of(SlotRowsPtr& rows, PolicyOps& ops, SlotType type, int layers, int heads) {
+  if (!rows) rows = SlotRowsPtr(ops.make_rows(type, layers, heads));
+  return *rows;
+}
+
 std::unique_ptr<SlotRows> CpuPolicyOps::make_rows(SlotType type, int layers, int heads) {
   return std::make_unique<CpuRows>(type, layers, heads);
 }
+
+void CpuPolicyOps::require_own(const SlotRows& rows) const { (void)host(rows); }
 
 void CpuPolicyOps::resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) {
   CpuRows& r = host(rows);
@@ -139,7 +147,7 @@ void CpuPolicyOps::accumulate(SlotRows& rows, int layer, const float* src, size_
     std::vector<float>& row = r.f32(layer, h);
     const int len = static_cast<int>(row.size());
     add.resize(len);
-    reduce_gqa(src + h * head_stride, row_stride, group, len, how, add.data());
+    cpu::reduce_gqa(src + h * head_stride, row_stride, group, len, how, add.data());
     for (int s = 0; s < len; ++s) row[s] += add[s];
   }
 }
@@ -192,48 +200,81 @@ void CpuPolicyOps::append_negated_key_norms(SlotRows& rows, const LayerStats& st
   }
 }
 
-void CpuPolicyOps::window_scores(SlotRows& scores, int score_layer, const LayerStats& st,
-                                 const kernels::KvCache& cache, const SnapKvScoreOptions& opt) {
-  CpuRows& r = host(scores);
-  check_layer(scores, score_layer);
-  const int kv_heads = cache.shape().num_kv_heads;
+void CpuPolicyOps::window_sum(SlotRows& out, int out_layer, const LayerStats& st,
+                              std::span<const int32_t> lengths, WindowReduce how) {
+  CpuRows& r = host(out);
+  check_layer(out, out_layer);
   const int w = st.last_w;
   KVB_CHECK(st.last_probs != nullptr && w >= 1)
-      << "SnapKV scoring needs the last-w probabilities (last_w = " << w << ")";
-  KVB_CHECK(st.num_heads % kv_heads == 0)
-      << st.num_heads << " query heads do not group into " << kv_heads << " KV heads";
-  KVB_CHECK(scores.heads() == kv_heads) << "window_scores: rows for " << scores.heads()
-                                        << " heads, cache " << kv_heads;
-  const int group = st.num_heads / kv_heads;
-  std::vector<float> per_query;  // (group, prefix)
-  std::vector<float> reduced;    // (prefix)
-  for (int h = 0; h < kv_heads; ++h) {
-    const int len = cache.length(st.layer, h);
-    KVB_CHECK(len <= st.stride) << "head " << h << " holds " << len << " slots, stats stride "
-                                << st.stride;
-    const int prefix = std::max(0, len - w);
-    std::vector<float>& out = r.f32(score_layer, h);
-    out.assign(prefix, 0.0f);
-    r.sync_length(score_layer, h);
-    if (prefix == 0) continue;
-    // Window reduce for each query head of the group.
-    per_query.assign(static_cast<size_t>(group) * prefix, 0.0f);
-    for (int g = 0; g < group; ++g) {
-      const float* probs =
-          st.last_probs + static_cast<size_t>(h * group + g) * w * st.stride;  // (w, stride)
-      float* row = &per_query[static_cast<size_t>(g) * prefix];
-      for (int a = 0; a < w; ++a) {
-        const float* p = probs + static_cast<size_t>(a) * st.stride;
-        for (int j = 0; j < prefix; ++j) row[j] += p[j];
-      }
-      if (opt.window_reduce == WindowReduce::kMean) {
-        // Divide (not multiply by 1/w) so that mean equals torch's .mean rounding.
-        for (int j = 0; j < prefix; ++j) row[j] /= static_cast<float>(w);
-      }
+      << "window_sum needs the last-w probabilities (last_w = " << w << ")";
+  KVB_CHECK(static_cast<int>(lengths.size()) == out.heads() && out.heads() == st.num_heads)
+      << "window_sum: " << lengths.size() << " lengths for " << out.heads() << " rows of "
+      << st.num_heads << " query heads";
+  for (int q = 0; q < out.heads(); ++q) {
+    const int n = lengths[q];
+    KVB_CHECK(n >= 0 && n <= st.stride) << "window_sum: query head " << q << " sums " << n
+                                        << " slots, stats stride " << st.stride;
+    std::vector<float>& row = r.f32(out_layer, q);
+    row.assign(n, 0.0f);
+    const float* probs = st.last_probs + static_cast<size_t>(q) * w * st.stride;  // (w, stride)
+    for (int a = 0; a < w; ++a) {
+      const float* p = probs + static_cast<size_t>(a) * st.stride;
+      for (int j = 0; j < n; ++j) row[j] += p[j];
     }
-    reduced.resize(prefix);
-    reduce_gqa(per_query.data(), prefix, group, prefix, opt.gqa_reduce, reduced.data());
-    kernels::cpu::pool1d(reduced.data(), out.data(), 1, prefix, opt.pool_kernel, opt.pooling);
+    if (how == WindowReduce::kMean) {
+      // Divide (not multiply by 1/w) so that mean equals torch's .mean rounding.
+      for (int j = 0; j < n; ++j) row[j] /= static_cast<float>(w);
+    }
+    r.sync_length(out_layer, q);
+  }
+}
+
+void CpuPolicyOps::reduce_heads(const SlotRows& in, int in_layer, int group, GqaReduce how,
+                                SlotRows& out, int out_layer) {
+  const CpuRows& src = host(in);
+  CpuRows& dst = host(out);
+  check_layer(in, in_layer);
+  check_layer(out, out_layer);
+  KVB_CHECK(&in != &out && group >= 1 && in.type() == SlotType::kF32 &&
+            out.type() == SlotType::kF32 && in.heads() == out.heads() * group)
+      << "reduce_heads: " << in.heads() << " rows into " << out.heads() << " by groups of "
+      << group;
+  std::vector<float> gathered;  // the group's rows, contiguous: cpu::reduce_gqa's input
+  for (int h = 0; h < out.heads(); ++h) {
+    const int n = in.length(in_layer, h * group);
+    gathered.resize(static_cast<size_t>(group) * n);
+    for (int g = 0; g < group; ++g) {
+      const std::vector<float>& row = src.f32(in_layer, h * group + g);
+      KVB_CHECK(static_cast<int>(row.size()) == n)
+          << "reduce_heads: row " << h * group + g << " holds " << row.size() << " entries, the "
+          << "group's first " << n;
+      std::copy(row.begin(), row.end(), gathered.begin() + static_cast<size_t>(g) * n);
+    }
+    std::vector<float>& o = dst.f32(out_layer, h);
+    o.resize(n);
+    cpu::reduce_gqa(gathered.data(), n, group, n, how, o.data());
+    dst.sync_length(out_layer, h);
+  }
+}
+
+void CpuPolicyOps::pool(const SlotRows& in, int in_layer, SlotRows& out, int out_layer,
+                        int kernel, cpu::PoolKind kind) {
+  const CpuRows& src = host(in);
+  CpuRows& dst = host(out);
+  check_layer(in, in_layer);
+  check_layer(out, out_layer);
+  KVB_CHECK(&in != &out && in.type() == SlotType::kF32 && out.type() == SlotType::kF32 &&
+            in.heads() == out.heads() && kernel >= 1 && kernel % 2 == 1)
+      << "pool: " << in.heads() << " rows into " << out.heads() << ", kernel " << kernel
+      << " (odd, >= 1)";
+  for (int h = 0; h < in.heads(); ++h) {
+    const std::vector<float>& x = src.f32(in_layer, h);
+    std::vector<float>& y = dst.f32(out_layer, h);
+    y.resize(x.size());
+    if (!x.empty()) {
+      cpu::pool1d(x.data(), y.data(), 1, static_cast<int>(x.size()), kernel, kind);
+    }
+    dst.sync_length(out_layer, h);
   }
 }
 
@@ -394,4 +435,4 @@ std::vector<uint64_t> CpuPolicyOps::read_u64(const SlotRows& rows, int layer, in
   return host(rows).u64(layer, head);
 }
 
-}  // namespace kvb::policies
+}  // namespace kvb::kernels::ops

@@ -3,14 +3,15 @@
 // code the policies ran inline before the table, so CPU results are the same bits.
 #pragma once
 
-#include "kernels/policies/policy_ops.h"
+#include "kernels/ops/policy_ops.h"
 
-namespace kvb::policies {
+namespace kvb::kernels::ops {
 
 class CpuPolicyOps final : public PolicyOps {
  public:
   bool on_device() const override { return false; }
   std::unique_ptr<SlotRows> make_rows(SlotType type, int layers, int heads) override;
+  void require_own(const SlotRows& rows) const override;
   void resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) override;
   void accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
                   size_t row_stride, int group, GqaReduce how) override;
@@ -19,8 +20,12 @@ class CpuPolicyOps final : public PolicyOps {
   void append_negated_key_norms(SlotRows& rows, const LayerStats& st,
                                 const kernels::KvCache& cache, int model_kv_heads,
                                 int expand) override;
-  void window_scores(SlotRows& scores, int score_layer, const LayerStats& st,
-                     const kernels::KvCache& cache, const SnapKvScoreOptions& options) override;
+  void window_sum(SlotRows& out, int out_layer, const LayerStats& st,
+                  std::span<const int32_t> lengths, WindowReduce how) override;
+  void reduce_heads(const SlotRows& in, int in_layer, int group, GqaReduce how, SlotRows& out,
+                    int out_layer) override;
+  void pool(const SlotRows& in, int in_layer, SlotRows& out, int out_layer, int kernel,
+            cpu::PoolKind kind) override;
   std::vector<int32_t> ada_head_budgets(const SlotRows& scores, int score_layer,
                                         const kernels::KvCache& cache, int layer, int base,
                                         double alpha) override;
@@ -35,4 +40,4 @@ class CpuPolicyOps final : public PolicyOps {
   std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) override;
 };
 
-}  // namespace kvb::policies
+}  // namespace kvb::kernels::ops

@@ -10,35 +10,12 @@
 
 #include "common/error.h"
 #include "workers/engine/model.h"
+#include "workers/formats/model_load.h"
 #include "workers/formats/file_io.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/model_header.h"
 
 namespace kvb::engine {
-float ModelConfig::softmax_scale() const {
-  return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
-}
-
-void require_policy_layers(const std::string& policy, const std::string& model, int global_layers,
-                           int max_window) {
-  KVB_USAGE_CHECK(policy == "full" || global_layers > 0)
-      << "policy '" << policy << "' on model '" << model << "': every layer of the model slides "
-      << "over a window of " << max_window << " tokens, which alone bounds its cache; eviction "
-      << "policies act on global layers only, so this policy would run exactly as full. Run only "
-      << "full on this model";
-}
-
-size_t Model::num_parameters() const {
-  size_t n = token_embedding.size() + final_norm.size() + output.size();
-  for (const auto& l : layers) {
-    n += l.attn_norm.size() + l.wq.size() + l.wk.size() + l.wv.size() + l.bq.size() +
-         l.bk.size() + l.bv.size() + l.q_norm.size() + l.k_norm.size() + l.wo.size() +
-         l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() + l.w_down.size() +
-         l.post_attn_norm.size() + l.post_ffn_norm.size();
-  }
-  return n;
-}
-
 std::unique_ptr<Model> load_gguf_model(const std::string& path) {
   std::shared_ptr<formats::GgufFile> g = formats::GgufFile::open(path);
   // Metadata, shapes and every tensor's presence, checked without reading data (shared with

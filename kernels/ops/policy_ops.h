@@ -1,14 +1,21 @@
-// The ops table eviction policies decide with (issue 13 "Policy state and statistics live where
-// the storage lives"). A policy that decides through it (Policy::decides_with_ops) keeps its
-// per-slot state in SlotRows made by the table, reads the statistics where the table finds them
+// The policy ops: the vocabulary eviction policies decide with (issue 13 "Policy state and
+// statistics live where the storage lives"; issue 32 "the vocabulary is declared below the
+// policies"). It lives in kernels/ops/, below kernels/policies/ and above kernels/cpu/, whose
+// functions its CPU instance (cpu_policy_ops.h) is made of; kernels/cuda/ implements the device
+// instance (cuda_policy_ops.h). Nothing here includes a policy.
+//
+// A policy that decides through it (Policy::decides_with_ops) keeps its per-slot state in
+// SlotRows made by the table, reads the statistics where the table finds them
 // (LayerStats::ops: host pointers for the CPU instance, device pointers for the CUDA one), and
 // writes its decisions into the layer's EvictionPlan through keep_top. Policies that decide
 // through it: h2o, tova, scissorhands, knorm, the SnapKV family (snapkv, pyramidkv,
-// ada_snapkv, ada_pyramidkv: window_scores, ada_head_budgets, keep_top) and subgen_kcenter on a
+// ada_snapkv, ada_pyramidkv: window_sum, reduce_heads and pool composed
+// as window_scores below, ada_head_budgets, keep_top) and subgen_kcenter on a
 // device (kcenter_keep, erase; its weighted variant attends through subgen_query). One copy of
 // each policy's logic runs on both instances:
-//  - CpuPolicyOps (kernels/policies/cpu_policy_ops.h): the f32 reference; its ops are
-//    kernels/cpu/ code (select, policy_rows), the bits the policies computed before the table.
+//  - CpuPolicyOps (kernels/ops/cpu_policy_ops.h): the f32 reference; its ops are kernels/cpu/
+//    code (select, pool, gqa, history_bits, kcenter), the bits the policies computed before
+//    the table.
 //  - CudaPolicyOps (kernels/cuda/cuda_policy_ops.h): the twins in kernels/cuda/; rows, scores
 //    and keep lists stay on the device, and nothing waits for it (no copy to the host, no sync).
 // Lengths are host-known: every op takes them from the cache index (KvCache::length), which
@@ -21,19 +28,31 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/gqa.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/subgen_estimator.h"
 #include "kernels/eviction_plan.h"
 #include "kernels/kv_cache.h"
+#include "kernels/ops/layer_stats.h"
 
-namespace kvb::policies {
+namespace kvb::kernels::ops {
 
-enum class GqaReduce;       // policy.h
-struct LayerStats;          // policy.h
-struct SnapKvScoreOptions;  // snapkv_scores.h
+using cpu::GqaReduce;
+
+// How window_scores combines the w window queries of a query head.
+enum class WindowReduce { kMean, kSum };
+
+// The options of window_scores (the SnapKV family's, POLICIES.md `snapkv`).
+struct WindowScoreOptions {
+  int pool_kernel = 7;  // odd, >= 1 (1: no pooling)
+  cpu::PoolKind pooling = cpu::PoolKind::kMax;
+  WindowReduce window_reduce = WindowReduce::kMean;
+  GqaReduce gqa_reduce = GqaReduce::kMean;
+};
 
 enum class SlotType : uint8_t { kF32, kU64 };
 
-// Per-slot state of a policy (kernels/policies/slot_state.h's SlotState, stored by the ops
+// Per-slot state of a policy (kernels/ops/slot_state.h's SlotState, stored by the ops
 // instance that made it): per (layer, head) one row whose entry i belongs to slot i, with a
 // host-known length. Only the instance that made it may operate on it.
 class SlotRows {
@@ -186,12 +205,15 @@ class PolicyOps {
 
   // State rows of `type` for `layers` x `heads`, every row empty.
   virtual std::unique_ptr<SlotRows> make_rows(SlotType type, int layers, int heads) = 0;
+  // Throws unless these ops made `rows` (rows of another instance: a usage of the table that
+  // mixes engines). Compositions check before their first op, so nothing runs in vain.
+  virtual void require_own(const SlotRows& rows) const = 0;
   // Row (layer, h) of every head h < lengths.size() becomes lengths[h] entries long: truncated,
   // or extended with zeros (std::vector::resize).
   virtual void resize(SlotRows& rows, int layer, std::span<const int32_t> lengths) = 0;
   // f32 rows: for every head h and s < rows.length(layer, h),
   //   row(layer, h)[s] += reduce_gqa(src + h * head_stride, row_stride, group, ..., how)[s]
-  // (policies::reduce_gqa's order and bits). src: the statistics where the ops read them
+  // (cpu::reduce_gqa's order and bits). src: the statistics where the ops read them
   // (LayerStats pointers of the engine that hands these ops over).
   virtual void accumulate(SlotRows& rows, int layer, const float* src, size_t head_stride,
                           size_t row_stride, int group, GqaReduce how) = 0;
@@ -219,19 +241,26 @@ class PolicyOps {
   virtual void append_negated_key_norms(SlotRows& rows, const LayerStats& st,
                                         const kernels::KvCache& cache, int model_kv_heads,
                                         int expand) = 0;
-  // The SnapKV family's pooled prefix scores (POLICIES.md `snapkv`, "GQA statistics"). For every
-  // cache head h (scores.heads() == the cache's heads, st.num_heads a multiple of them: query
-  // heads h*g..h*g+g-1 belong to h) with prefix_h = max(0, length(st.layer, h) - w), w =
-  // st.last_w >= 1, f32 row (score_layer, h) becomes prefix_h long and holds, for j < prefix_h:
-  //   per query head q: r_q[j] = sum_{a = 0..w-1} st.last_probs[(q * w + a) * st.stride + j]
-  //     (f32, a in increasing order, from 0.0f; window_reduce mean then divides by float(w));
-  //   reduced[j] = reduce_gqa over the group's r_q (g increasing; mean divides by the group);
-  //   row[j] = kernels/cpu/pool1d of `reduced` over the head's own prefix_h (options' kernel
-  //     and kind; stride 1, same padding).
-  // Every step is the CPU's exact arithmetic, so both instances give the same bits.
-  virtual void window_scores(SlotRows& scores, int score_layer, const LayerStats& st,
-                             const kernels::KvCache& cache,
-                             const SnapKvScoreOptions& options) = 0;
+  // Vocabulary: a window of recorded queries' probabilities summed per query head. `out` has
+  // st.num_heads rows (query heads); row (out_layer, q) becomes lengths[q] long (lengths:
+  // st.num_heads entries, each <= st.stride; lengths.size() == out.heads()) and holds, for
+  // j < lengths[q]:
+  //   sum_{a = 0..w-1} st.last_probs[(q * w + a) * st.stride + j], w = st.last_w >= 1
+  //   (f32, a in increasing order, from 0.0f; kMean then divides by float(w), not * 1/w).
+  virtual void window_sum(SlotRows& out, int out_layer, const LayerStats& st,
+                          std::span<const int32_t> lengths, WindowReduce how) = 0;
+  // Vocabulary: GQA reduction of rows. in.heads() == out.heads() * group (group >= 1); row
+  // (out_layer, h) of `out` becomes as long as row (in_layer, h * group) (every row of the
+  // group must be as long) and holds cpu::reduce_gqa over rows h*group .. h*group + group - 1
+  // (g increasing from the first row; mean divides the sum by float(group), max is std::max).
+  // in and out are distinct rows of the same ops.
+  virtual void reduce_heads(const SlotRows& in, int in_layer, int group, GqaReduce how,
+                            SlotRows& out, int out_layer) = 0;
+  // Vocabulary: pooling along positions. Row (out_layer, h) of `out` becomes as long as row
+  // (in_layer, h) of `in` (in.heads() == out.heads()) and holds cpu::pool1d of that row over
+  // its own length (stride 1, same padding; kernel odd >= 1, 1 copies). in and out distinct.
+  virtual void pool(const SlotRows& in, int in_layer, SlotRows& out, int out_layer, int kernel,
+                    cpu::PoolKind kind) = 0;
   // Ada-KV's per-head budgets (kernels/cpu/budget.h ada_head_budgets, POLICIES.md `ada_*`) for
   // the heads h < scores.heads() of f32 rows (score_layer, h), returned to the host: the global
   // top-(heads * base) over every row together, ranked by score, then the position of slot j of
@@ -303,6 +332,31 @@ class PolicyOps {
   }
 };
 
+// Compositions of the vocabulary (kernels/ops/compose.cc): code written once against the table,
+// so it runs where the table's instance runs.
+
+// Scratch rows of window_scores, made by the ops on first use and kept by the caller (a
+// policy's scratch, not its state).
+struct WindowScratch {
+  SlotRowsPtr per_query;  // 1 layer x query heads: the window sums
+  SlotRowsPtr reduced;    // 1 layer x cache heads: their GQA reduction
+};
+
+// The SnapKV family's pooled prefix scores (POLICIES.md `snapkv`, "GQA statistics"). For every
+// cache head h (scores.heads() == the cache's heads, st.num_heads a multiple of them: query
+// heads h*g..h*g+g-1 belong to h) with prefix_h = max(0, length(st.layer, h) - w), w =
+// st.last_w >= 1, f32 row (score_layer, h) becomes prefix_h long and holds, for j < prefix_h:
+//   per query head q: r_q = window_sum over prefix_h (options' window_reduce);
+//   reduced = reduce_heads of the group's r_q (options' gqa_reduce);
+//   row = pool of `reduced` over the head's own prefix_h (options' kernel and kind).
+// Three ops, each the CPU's exact arithmetic, so every instance gives the same bits.
+void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, WindowScratch& scratch,
+                   const LayerStats& st, const kernels::KvCache& cache,
+                   const WindowScoreOptions& options);
+// The same with scratch made for this call (tests, one-shot use).
+void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, const LayerStats& st,
+                   const kernels::KvCache& cache, const WindowScoreOptions& options);
+
 // The CPU instance every host hook without an engine uses (tests' policies::decode_layer).
 PolicyOps& cpu_policy_ops();
 // The ops a hook decides with: stats.ops, or the CPU instance.
@@ -311,4 +365,4 @@ PolicyOps& ops_of(const LayerStats& stats);
 // of the first engine that runs it.
 SlotRows& rows_of(SlotRowsPtr& rows, PolicyOps& ops, SlotType type, int layers, int heads);
 
-}  // namespace kvb::policies
+}  // namespace kvb::kernels::ops

@@ -7,7 +7,7 @@
 
 #include "kernels/kv_cache.h"
 
-namespace kvb::policies {
+namespace kvb::kernels::ops {
 
 template <typename T>
 class SlotState {
@@ -43,4 +43,4 @@ void erase_slot(std::vector<T>& v, int slot) {
   v.erase(v.begin() + slot);
 }
 
-}  // namespace kvb::policies
+}  // namespace kvb::kernels::ops

@@ -1,0 +1,53 @@
+// Compositions of the policy ops vocabulary (policy_ops.h): written once against the table.
+#include <algorithm>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/ops/policy_ops.h"
+
+namespace kvb::kernels::ops {
+
+void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, WindowScratch& scratch,
+                   const LayerStats& st, const kernels::KvCache& cache,
+                   const WindowScoreOptions& opt) {
+  const int kv_heads = cache.shape().num_kv_heads;
+  const int w = st.last_w;
+  KVB_CHECK(st.last_probs != nullptr && w >= 1)
+      << "SnapKV scoring needs the last-w probabilities (last_w = " << w << ")";
+  KVB_CHECK(kv_heads >= 1 && st.num_heads % kv_heads == 0)
+      << st.num_heads << " query heads do not group into " << kv_heads << " KV heads";
+  KVB_CHECK(scores.type() == SlotType::kF32 && scores.heads() == kv_heads)
+      << "window scores: " << scores.heads() << " rows for " << kv_heads << " cache heads";
+  KVB_CHECK(opt.pool_kernel >= 1 && opt.pool_kernel % 2 == 1)
+      << "window scores: pool kernel " << opt.pool_kernel << " must be odd and >= 1";
+  ops.require_own(scores);
+  const int group = st.num_heads / kv_heads;
+  std::vector<int32_t> lengths(st.num_heads);  // each query head sums its KV head's prefix
+  for (int h = 0; h < kv_heads; ++h) {
+    const int len = cache.length(st.layer, h);
+    KVB_CHECK(len <= st.stride) << "head " << h << " holds " << len << " slots, stats stride "
+                                << st.stride;
+    std::fill_n(lengths.begin() + static_cast<size_t>(h) * group, group, std::max(0, len - w));
+  }
+  // Scratch made by these ops for these shapes (remade when a call brings others).
+  auto fit = [&](SlotRowsPtr& rows, int heads) -> SlotRows& {
+    if (!rows || rows->heads() != heads) {
+      rows = SlotRowsPtr(ops.make_rows(SlotType::kF32, 1, heads));
+    }
+    ops.require_own(*rows);
+    return *rows;
+  };
+  SlotRows& per_query = fit(scratch.per_query, st.num_heads);
+  SlotRows& reduced = fit(scratch.reduced, kv_heads);
+  ops.window_sum(per_query, 0, st, lengths, opt.window_reduce);
+  ops.reduce_heads(per_query, 0, group, opt.gqa_reduce, reduced, 0);
+  ops.pool(reduced, 0, scores, score_layer, opt.pool_kernel, opt.pooling);
+}
+
+void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, const LayerStats& st,
+                   const kernels::KvCache& cache, const WindowScoreOptions& options) {
+  WindowScratch scratch;
+  window_scores(ops, scores, score_layer, scratch, st, cache, options);
+}
+
+}  // namespace kvb::kernels::ops

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""The include graph's floors (issue 32 "Layout"): every source folder has a floor, and a file may
+include only headers of its own folder or of folders on a strictly lower floor. So no include
+points up, two folders on one floor never include each other, and the folders form no cycle.
+Within a folder, the headers must not include each other in a cycle either.
+
+usage: check_layering.py ROOT     prints "layering: ok (N files, M includes)" or the violations
+                                  (file:line, the include, both floors) and exits 1.
+"""
+import os
+import re
+import sys
+
+# Lowest first. kernels/ops declares the policy ops vocabulary: above kernels/cpu (whose functions
+# its CPU instance is made of), below kernels/cuda (which implements its device instance) and
+# below kernels/policies (which decide with it). workers/formats reads files into the engine's
+# Model, so it stands above workers/engine, which includes no format.
+FLOORS = {
+    "common": 0,
+    "kernels": 1,
+    "tasks": 1,
+    "results": 1,
+    "kernels/cpu": 2,
+    "kernels/ops": 3,
+    "kernels/cuda": 4,
+    "kernels/nccl": 4,
+    "kernels/policies": 5,
+    "examples/policies/cpp": 6,  # a policy written by a user: what kernels/policies may include
+    "workers/engine": 6,
+    "workers/formats": 7,
+    "workers/tokenizer": 8,
+    "workers": 9,
+    "harness": 10,
+}
+# Consumers of everything, checked for nothing but existing headers: tests, benches, the tools.
+UNRANKED = ("tests", "bench", "tools", "build", "third_party", "models", "scripts", "configs",
+            "cmake", "examples/policies/README.md")
+SOURCES = (".h", ".cc", ".cu", ".cuh")
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def folder_of(rel):
+    return os.path.dirname(rel).replace(os.sep, "/")
+
+
+def main(root):
+    errors = []
+    files = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in UNRANKED]
+            continue
+        if rel_dir.startswith(UNRANKED):
+            dirnames[:] = []
+            continue
+        for name in filenames:
+            if name.endswith(SOURCES):
+                files[rel_dir + "/" + name] = os.path.join(dirpath, name)
+    n_includes = 0
+    graph = {}
+    for rel, path in sorted(files.items()):
+        folder = folder_of(rel)
+        if folder not in FLOORS:
+            errors.append(f"{rel}: folder {folder} has no floor in {__file__} (give it one)")
+            continue
+        text = open(path, encoding="utf-8", errors="replace").read()
+        graph[rel] = []
+        for m in INCLUDE.finditer(text):
+            inc = m.group(1)
+            line = text.count("\n", 0, m.start()) + 1
+            target = folder_of(inc)
+            if not target:
+                continue  # a generated header beside the build (extra_policies.cc's list)
+            n_includes += 1
+            if target == folder:
+                graph[rel].append(inc)
+                continue
+            if target not in FLOORS:
+                if os.path.exists(os.path.join(root, inc)):
+                    errors.append(f"{rel}:{line}: includes {inc}, of folder {target}, which has "
+                                  f"no floor")
+                continue  # a system or third-party header named by a path
+            if FLOORS[target] >= FLOORS[folder]:
+                errors.append(f"{rel}:{line}: includes {inc}: {folder} (floor {FLOORS[folder]}) "
+                              f"may include only lower floors, {target} is on floor "
+                              f"{FLOORS[target]}")
+    # Cycles among the headers of one folder (depth-first search, colours).
+    colour = {}
+
+    def visit(node, stack):
+        colour[node] = 1
+        stack.append(node)
+        for nxt in graph.get(node, []):
+            if nxt not in graph:
+                continue
+            if colour.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                errors.append("include cycle: " + " -> ".join(cycle))
+            elif colour.get(nxt) is None:
+                visit(nxt, stack)
+        stack.pop()
+        colour[node] = 2
+
+    for node in sorted(graph):
+        if colour.get(node) is None:
+            visit(node, [])
+    if errors:
+        for e in errors:
+            print("layering: " + e)
+        print(f"layering: {len(errors)} violation(s)")
+        return 1
+    print(f"layering: ok ({len(files)} files, {n_includes} includes)")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    sys.exit(main(sys.argv[1]))

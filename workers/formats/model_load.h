@@ -1,0 +1,21 @@
+// Model loading (workers/formats/model_load.cc, model_load_hf.cc): the file formats read into
+// the engine's Model. Below the engine's users, above workers/engine/model.h: the engine itself
+// includes no format.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "workers/engine/model.h"
+
+namespace kvb::engine {
+
+// Loads a model: a directory is a Hugging Face checkpoint folder; a file's format is chosen by
+// its magic bytes ("GGUF" or a llama2.c header). Throws kvb::Error naming the file and what is
+// wrong (unsupported architecture lists the supported ones).
+std::unique_ptr<Model> load_model(const std::string& path);
+std::unique_ptr<Model> load_llama2c(const std::string& path);
+std::unique_ptr<Model> load_gguf_model(const std::string& path);
+std::unique_ptr<Model> load_hf_model(const std::string& dir);  // model_load_hf.cc
+
+}  // namespace kvb::engine
