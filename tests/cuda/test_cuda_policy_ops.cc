@@ -467,6 +467,100 @@ TEST_F(CudaPolicyOpsParity, WindowScoresAreTheCpuBits) {
   }
 }
 
+// The vocabulary ops window_scores is made of, each on its own: ragged lengths, groups of 1, 2
+// and 4 rows, mean and max, pooling kernels 1, 3 and 7 of both kinds, on tied values (so max and
+// ties are exercised); one launch each, none for rows that are all empty; window_scores is the
+// three (3 launches).
+TEST_F(CudaPolicyOpsParity, VocabularyOpsAreTheCpuBits) {
+  make_caches({40, 3, 0, 17}, 1);  // window_scores' composition below reads these lengths
+  const int stride = 48;
+  for (const int group : {1, 2, 4}) {
+    const int kv = 4, q = kv * group;
+    for (const int w : {1, 5}) {
+      const std::vector<float> probs =
+          parity::tied_vec(static_cast<size_t>(q) * w * stride, 90 + w + group, 5);
+      const cu::DeviceBuffer<float> dp = parity::to_device(probs);
+      policies::LayerStats st;
+      st.num_heads = q;
+      st.stride = stride;
+      st.last_w = w;
+      st.n_new = w;
+      std::vector<int32_t> lengths(q);
+      for (int h = 0; h < q; ++h) lengths[h] = std::vector<int32_t>{40, 3, 0, 17}[h / group];
+      for (const WindowReduce wr : {WindowReduce::kMean, WindowReduce::kSum}) {
+        SCOPED_TRACE(testing::Message() << "group " << group << " w " << w << " sum "
+                                        << (wr == WindowReduce::kSum));
+        std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, q);
+        std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, q);
+        st.last_probs = probs.data();
+        cpu_.window_sum(*c, 0, st, lengths, wr);
+        st.last_probs = dp.data();
+        int64_t l0 = gpu_->launches();
+        gpu_->window_sum(*g, 0, st, lengths, wr);
+        EXPECT_EQ(gpu_->launches() - l0, 1);
+        for (int h = 0; h < q; ++h) {
+          ASSERT_EQ(g->length(0, h), lengths[h]);
+          parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "window sums");
+        }
+        for (const GqaReduce gr : {GqaReduce::kMean, GqaReduce::kMax}) {
+          std::unique_ptr<SlotRows> cr = cpu_.make_rows(SlotType::kF32, 1, kv);
+          std::unique_ptr<SlotRows> gr_rows = gpu_->make_rows(SlotType::kF32, 1, kv);
+          cpu_.reduce_heads(*c, 0, group, gr, *cr, 0);
+          l0 = gpu_->launches();
+          gpu_->reduce_heads(*g, 0, group, gr, *gr_rows, 0);
+          EXPECT_EQ(gpu_->launches() - l0, 1);
+          for (int h = 0; h < kv; ++h) {
+            parity::expect_bits(gpu_->read_f32(*gr_rows, 0, h), cpu_.read_f32(*cr, 0, h),
+                                "reduced rows");
+          }
+          for (const int kernel : {1, 3, 7}) {
+            for (const PoolKind kind : {PoolKind::kMax, PoolKind::kAvg}) {
+              std::unique_ptr<SlotRows> cp = cpu_.make_rows(SlotType::kF32, 1, kv);
+              std::unique_ptr<SlotRows> gp = gpu_->make_rows(SlotType::kF32, 1, kv);
+              cpu_.pool(*cr, 0, *cp, 0, kernel, kind);
+              gpu_->pool(*gr_rows, 0, *gp, 0, kernel, kind);
+              for (int h = 0; h < kv; ++h) {
+                parity::expect_bits(gpu_->read_f32(*gp, 0, h), cpu_.read_f32(*cp, 0, h),
+                                    "pooled rows");
+              }
+            }
+          }
+        }
+      }
+      if (group == 2 && w == 5) {  // the composition: three launches, the CPU's bits
+        std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, kv);
+        std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, kv);
+        policies::WindowScratch scratch;
+        st.last_probs = probs.data();
+        window_scores(cpu_, *c, 0, st, host_, {});
+        st.last_probs = dp.data();
+        const int64_t l0 = gpu_->launches();
+        window_scores(*gpu_, *g, 0, scratch, st, index_, {});
+        EXPECT_EQ(gpu_->launches() - l0, 3);
+        for (int h = 0; h < kv; ++h) {
+          parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "composed");
+        }
+      }
+    }
+  }
+  // Rows that are all empty launch nothing.
+  policies::LayerStats st;
+  const cu::DeviceBuffer<float> dp = parity::to_device(std::vector<float>(4, 1.0f));
+  st.num_heads = 2;
+  st.stride = 2;
+  st.last_w = 1;
+  st.last_probs = dp.data();
+  std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, 2);
+  std::unique_ptr<SlotRows> r = gpu_->make_rows(SlotType::kF32, 1, 1);
+  std::unique_ptr<SlotRows> p = gpu_->make_rows(SlotType::kF32, 1, 1);
+  const int64_t l0 = gpu_->launches();
+  gpu_->window_sum(*g, 0, st, std::vector<int32_t>{0, 0}, WindowReduce::kSum);
+  gpu_->reduce_heads(*g, 0, 2, GqaReduce::kMean, *r, 0);
+  gpu_->pool(*r, 0, *p, 0, 7, PoolKind::kMax);
+  EXPECT_EQ(gpu_->launches(), l0);
+  EXPECT_EQ(p->length(0, 0), 0);
+}
+
 // Ada-KV's budgets from the same score rows on both instances (tied scores, so the position and
 // head tie-breaks decide), for several bases and alphas; one D2H copy and one sync per call, and
 // none when no head has a prefix.

@@ -163,6 +163,71 @@ TEST(PolicyOps, NegatedPopcountCountsTheBits) {
   EXPECT_EQ(ops.read_f32(*counters, 0, 0), (std::vector<float>{-2, 0, -1}));
 }
 
+// The vocabulary ops window_scores is composed of, one at a time (hand-computed).
+TEST(PolicyOps, WindowSumSumsEachQueryHeadsWindowOverItsOwnLength) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  constexpr float x = 100;  // past a row's length: never read
+  const std::vector<float> probs = {
+      1, 2, x,  3, 0, x,  0.5f, 4, x,  // q0: w = 3 queries of stride 3, length 2: sums 4.5 6
+      7, x, x,  1, x, x,  1, x, x,     // q1: length 1: sum 9
+  };
+  const policies::LayerStats st = window_stats(probs, 2, 3, 3);
+  std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 2, 2);
+  ops.window_sum(*rows, 1, st, std::vector<int32_t>{2, 1}, WindowReduce::kSum);
+  EXPECT_EQ(ops.read_f32(*rows, 1, 0), (std::vector<float>{4.5f, 6}));
+  EXPECT_EQ(ops.read_f32(*rows, 1, 1), (std::vector<float>{9}));
+  EXPECT_EQ(rows->length(0, 0), 0);
+  ops.window_sum(*rows, 1, st, std::vector<int32_t>{2, 0}, WindowReduce::kMean);
+  EXPECT_EQ(ops.read_f32(*rows, 1, 0), (std::vector<float>{1.5f, 2}));
+  EXPECT_EQ(rows->length(1, 1), 0);
+  // A length past the stride, a count of lengths other than the rows' heads: refused.
+  EXPECT_THROW(ops.window_sum(*rows, 1, st, std::vector<int32_t>{4, 0}, WindowReduce::kSum),
+               Error);
+  EXPECT_THROW(ops.window_sum(*rows, 1, st, std::vector<int32_t>{1}, WindowReduce::kSum), Error);
+}
+
+TEST(PolicyOps, ReduceHeadsFoldsEachGroupOfRows) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  const std::vector<float> probs = {1, 5, -2,  3, 1, -4,  0, 0, 0,  8, 2, 6};  // 4 rows, w = 1
+  const policies::LayerStats st = window_stats(probs, 4, 1, 3);
+  std::unique_ptr<SlotRows> in = ops.make_rows(SlotType::kF32, 1, 4);
+  ops.window_sum(*in, 0, st, std::vector<int32_t>{3, 3, 2, 2}, WindowReduce::kSum);
+  std::unique_ptr<SlotRows> out = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.reduce_heads(*in, 0, 2, GqaReduce::kMean, *out, 0);
+  EXPECT_EQ(ops.read_f32(*out, 0, 0), (std::vector<float>{2, 3, -3}));
+  EXPECT_EQ(ops.read_f32(*out, 0, 1), (std::vector<float>{4, 1}));
+  ops.reduce_heads(*in, 0, 2, GqaReduce::kMax, *out, 0);
+  EXPECT_EQ(ops.read_f32(*out, 0, 0), (std::vector<float>{3, 5, -2}));
+  EXPECT_EQ(ops.read_f32(*out, 0, 1), (std::vector<float>{8, 2}));
+  // Group 1 copies; rows of one group with different lengths, or counts that do not group: refused.
+  std::unique_ptr<SlotRows> same = ops.make_rows(SlotType::kF32, 1, 4);
+  ops.reduce_heads(*in, 0, 1, GqaReduce::kMean, *same, 0);
+  EXPECT_EQ(ops.read_f32(*same, 0, 3), (std::vector<float>{8, 2}));
+  ops.window_sum(*in, 0, st, std::vector<int32_t>{3, 2, 2, 2}, WindowReduce::kSum);
+  EXPECT_THROW(ops.reduce_heads(*in, 0, 2, GqaReduce::kMean, *out, 0), Error);
+  std::unique_ptr<SlotRows> three = ops.make_rows(SlotType::kF32, 1, 3);
+  EXPECT_THROW(ops.reduce_heads(*in, 0, 2, GqaReduce::kMean, *three, 0), Error);
+}
+
+TEST(PolicyOps, PoolPoolsEachRowOverItsOwnLength) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  const std::vector<float> probs = {1, 3, 2, 0, 5,  4, 1, 0, 0, 0};  // 2 rows, w = 1, stride 5
+  const policies::LayerStats st = window_stats(probs, 2, 1, 5);
+  std::unique_ptr<SlotRows> in = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.window_sum(*in, 0, st, std::vector<int32_t>{5, 2}, WindowReduce::kSum);
+  std::unique_ptr<SlotRows> out = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.pool(*in, 0, *out, 0, 3, PoolKind::kMax);
+  EXPECT_EQ(ops.read_f32(*out, 0, 0), (std::vector<float>{3, 3, 3, 5, 5}));
+  EXPECT_EQ(ops.read_f32(*out, 0, 1), (std::vector<float>{4, 4}));  // row 1's zeros unseen
+  // Average pooling counts the zero padding (F.avg_pool1d's count_include_pad).
+  ops.pool(*in, 0, *out, 0, 3, PoolKind::kAvg);
+  EXPECT_EQ(ops.read_f32(*out, 0, 1), (std::vector<float>{5.0f / 3, 5.0f / 3}));
+  ops.pool(*in, 0, *out, 0, 1, PoolKind::kMax);
+  EXPECT_EQ(ops.read_f32(*out, 0, 0), (std::vector<float>{1, 3, 2, 0, 5}));
+  EXPECT_THROW(ops.pool(*in, 0, *out, 0, 2, PoolKind::kMax), Error);  // even kernel
+  EXPECT_THROW(ops.pool(*in, 0, *in, 0, 3, PoolKind::kMax), Error);   // in place
+}
+
 // Two KV heads of 2 query heads each, w = 2, stride 5; head 0 holds 5 slots (prefix 3), head 1
 // holds 4 (prefix 2). Pool kernel 1 isolates the window and GQA reductions.
 TEST(PolicyOps, WindowScoresReduceTheWindowThenTheGroup) {
