@@ -67,23 +67,33 @@ __global__ void accumulate_kernel(float* rows, int ld, HeadTable len, HeadTable 
   }
 }
 
-// One thread per (token, cache head): the squares of the key in index order, in f64.
-__global__ void key_norms_kernel(float* rows, int ld, HeadTable before, const float* keys,
-                                 int n_new, int model_kv, int expand, int d) {
+// One thread per (vector, row): the squares of the vector's entries in index order, in f64.
+__global__ void norms_kernel(float* rows, int ld, HeadTable before, const float* vectors, int n,
+                             int src_heads, int expand, int d) {
   const int h = blockIdx.y, t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= n_new) return;
-  const float* k = keys + (static_cast<size_t>(t) * model_kv + h / expand) * d;
+  if (t >= n) return;
+  const float* v = vectors + (static_cast<size_t>(t) * src_heads + h / expand) * d;
   double sum = 0;
-  for (int i = 0; i < d; ++i) sum += static_cast<double>(k[i]) * k[i];
-  rows[static_cast<size_t>(h) * ld + before.v[h] + t] = -static_cast<float>(sqrt(sum));
+  for (int i = 0; i < d; ++i) sum += static_cast<double>(v[i]) * v[i];
+  rows[static_cast<size_t>(h) * ld + before.v[h] + t] = static_cast<float>(sqrt(sum));
 }
 
-__global__ void negated_popcount_kernel(const uint64_t* bits, int ld_bits, float* out, int ld_out,
-                                        HeadTable len) {
+__global__ void popcount_kernel(const uint64_t* bits, int ld_bits, float* out, int ld_out,
+                                HeadTable len) {
   const int h = blockIdx.y;
   for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < len.v[h]; s += gridDim.x * blockDim.x) {
     out[static_cast<size_t>(h) * ld_out + s] =
-        -static_cast<float>(__popcll(bits[static_cast<size_t>(h) * ld_bits + s]));
+        static_cast<float>(__popcll(bits[static_cast<size_t>(h) * ld_bits + s]));
+  }
+}
+
+// Entries [first[h], len[h]) of row h times factor (one f32 multiply, __fmul_rn: never fused).
+__global__ void scale_kernel(float* rows, int ld, HeadTable first, HeadTable len, float factor) {
+  const int h = blockIdx.y;
+  float* row = rows + static_cast<size_t>(h) * ld;
+  for (int s = first.v[h] + blockIdx.x * blockDim.x + threadIdx.x; s < len.v[h];
+       s += gridDim.x * blockDim.x) {
+    row[s] = __fmul_rn(row[s], factor);
   }
 }
 
@@ -399,35 +409,56 @@ void CudaPolicyOps::history_bits(SlotRows& bits, const ops::LayerStats& st,
   for (int h = 0; h < bits.heads(); ++h) r.set_len(st.layer, h, cache.length(st.layer, h));
 }
 
-void CudaPolicyOps::append_negated_key_norms(SlotRows& rows, const ops::LayerStats& st,
-                                             const KvCache& cache, int model_kv_heads,
-                                             int expand) {
+void CudaPolicyOps::append_norms(SlotRows& rows, int layer, std::span<const int32_t> before,
+                                 const float* vectors, int n, int src_heads, int dim,
+                                 int expand) {
   CudaRows& r = device(rows);
-  check_rows(rows, st.layer);
-  KVB_CHECK(st.pre_rope_keys != nullptr && rows.type() == SlotType::kF32 && expand >= 1 &&
-            st.n_new >= 1)
-      << "cuda policy ops: key norms need f32 rows and the block's pre-RoPE keys";
-  const int heads = cache.shape().num_kv_heads;
-  KVB_CHECK(heads == rows.heads() && (heads - 1) / expand < model_kv_heads)
-      << "cuda policy ops: key norms for " << heads << " cache heads of " << model_kv_heads
-      << " model KV heads (expand " << expand << ")";
-  HeadTable before{};
+  check_rows(rows, layer);
+  const int heads = rows.heads();
+  KVB_CHECK(rows.type() == SlotType::kF32 && static_cast<int>(before.size()) == heads &&
+            n >= 0 && dim >= 1 && expand >= 1 && (n == 0 || vectors != nullptr) &&
+            (heads - 1) / expand < src_heads)
+      << "cuda policy ops: norms into " << before.size() << " rows of " << heads << ", " << n
+      << " vectors of " << src_heads << " heads of " << dim << ", expand " << expand;
+  HeadTable from{};
   int longest = 0;
   for (int h = 0; h < heads; ++h) {
-    const int len = cache.length(st.layer, h);
-    before.v[h] = len - st.n_new;
-    KVB_CHECK(before.v[h] >= 0 && (before.v[h] == 0 || rows.length(st.layer, h) == before.v[h]))
-        << "cuda policy ops: head " << h << " holds " << rows.length(st.layer, h)
-        << " norms for " << before.v[h] << " earlier slots";
-    longest = std::max(longest, len);
+    from.v[h] = before[h];
+    KVB_CHECK(before[h] == 0 || rows.length(layer, h) == before[h])
+        << "cuda policy ops: head " << h << " holds " << rows.length(layer, h)
+        << " entries, not " << before[h];
+    longest = std::max(longest, before[h] + n);
   }
-  r.reserve(st.layer, longest);
-  key_norms_kernel<<<dim3(grid_for(st.n_new, 128), heads), 128, 0, stream_>>>(
-      static_cast<float*>(r.data(st.layer)), r.ld(st.layer), before, st.pre_rope_keys, st.n_new,
-      model_kv_heads, expand, cache.shape().head_dim);
+  r.reserve(layer, longest);
+  for (int h = 0; h < heads; ++h) r.set_len(layer, h, before[h] + n);
+  if (n == 0) return;
+  norms_kernel<<<dim3(grid_for(n, 128), heads), 128, 0, stream_>>>(
+      static_cast<float*>(r.data(layer)), r.ld(layer), from, vectors, n, src_heads, expand, dim);
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
-  for (int h = 0; h < heads; ++h) r.set_len(st.layer, h, cache.length(st.layer, h));
+}
+
+void CudaPolicyOps::scale(SlotRows& rows, int layer, std::span<const int32_t> first,
+                          float factor) {
+  CudaRows& r = device(rows);
+  check_rows(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && static_cast<int>(first.size()) <= rows.heads())
+      << "cuda policy ops: scale of " << first.size() << " heads of " << rows.heads()
+      << " rows";
+  HeadTable from{}, len{};
+  int most = 0;
+  for (int h = 0; h < static_cast<int>(first.size()); ++h) {
+    len.v[h] = rows.length(layer, h);
+    KVB_CHECK(first[h] >= 0 && first[h] <= len.v[h])
+        << "cuda policy ops: scale from " << first[h] << " of a row of " << len.v[h];
+    from.v[h] = first[h];
+    most = std::max(most, static_cast<int>(len.v[h] - first[h]));
+  }
+  if (most == 0) return;
+  scale_kernel<<<dim3(blocks_for(most), static_cast<unsigned>(first.size())), 256, 0, stream_>>>(
+      static_cast<float*>(r.data(layer)), r.ld(layer), from, len, factor);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
 }
 
 void CudaPolicyOps::window_sum(SlotRows& out, int out_layer, const ops::LayerStats& st,
@@ -518,22 +549,25 @@ void CudaPolicyOps::pool(const SlotRows& in, int in_layer, SlotRows& out, int ou
   ++launches_;
 }
 
-std::vector<int32_t> CudaPolicyOps::ada_head_budgets(const SlotRows& scores, int score_layer,
-                                                     const KvCache& cache, int layer, int base,
-                                                     double alpha) {
+std::vector<int32_t> CudaPolicyOps::count_top_across_heads(const SlotRows& scores,
+                                                           int score_layer, const KvCache& cache,
+                                                           int layer, int64_t k) {
   const CudaRows& sc = device(scores);
   check_rows(scores, score_layer);
   const int heads = scores.heads();
-  KVB_CHECK(scores.type() == SlotType::kF32 && heads == cache.shape().num_kv_heads && base >= 0)
-      << "cuda policy ops: ada budgets of " << heads << " f32 rows on a cache of "
-      << cache.shape().num_kv_heads << " heads, base " << base;
+  KVB_CHECK(scores.type() == SlotType::kF32 && heads == cache.shape().num_kv_heads && k >= 0)
+      << "cuda policy ops: the top " << k << " across " << heads << " f32 rows on a cache of "
+      << cache.shape().num_kv_heads << " heads";
   auto* dev = dynamic_cast<DeviceKvCache*>(cache.device_rows());
-  KVB_CHECK(dev != nullptr) << "cuda policy ops: ada budgets of a cache without device rows";
+  KVB_CHECK(dev != nullptr)
+      << "cuda policy ops: the top across heads (ada budgets) of a cache without device rows";
   HeadTable len{};
   std::vector<int32_t> lengths(heads), counts(heads, 0);
   int longest = 0;
+  int64_t total = 0;
   for (int h = 0; h < heads; ++h) {
     len.v[h] = lengths[h] = scores.length(score_layer, h);
+    total += lengths[h];
     KVB_CHECK(lengths[h] <= cache.length(layer, h))
         << "cuda policy ops: head " << h << " scores " << lengths[h] << " slots of "
         << cache.length(layer, h);
@@ -551,9 +585,10 @@ std::vector<int32_t> CudaPolicyOps::ada_head_budgets(const SlotRows& scores, int
     const RaggedScores ragged{static_cast<const float*>(sc.data(score_layer)), ranks_,
                               ranks_ + at_lengths, heads, ld};
     // Lengths are in [0, ld] by construction: no device check (it would cost a second sync).
-    global_topk_counts_unchecked(ragged, heads * base, ranks_ + at_counts, stream_);
+    global_topk_counts_unchecked(ragged, static_cast<int>(std::min(k, total)), ranks_ + at_counts,
+                                 stream_);
     launches_ += 2;
-    require_not_capturing(stream_, "Ada-KV's per-head budgets to the host");
+    require_not_capturing(stream_, "the top across heads' counts (Ada-KV's budgets) to the host");
     KVB_CUDA_CHECK(cudaMemcpyAsync(counts.data(), ranks_ + at_counts, heads * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
     KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -561,20 +596,17 @@ std::vector<int32_t> CudaPolicyOps::ada_head_budgets(const SlotRows& scores, int
     transfers_.d2h_bytes += heads * sizeof(int32_t);
     ++transfers_.stream_syncs;
   }
-  std::vector<int32_t> budgets(heads);
-  cpu::ada_budgets_from_counts(counts.data(), lengths.data(), heads, base, alpha, budgets.data());
-  return budgets;
+  return counts;
 }
 
-void CudaPolicyOps::negated_popcount(const SlotRows& bits, int layer, SlotRows& out,
-                                     int out_layer) {
+void CudaPolicyOps::popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) {
   const CudaRows& b = device(bits);
   CudaRows& o = device(out);
   check_rows(bits, layer);
   check_rows(out, out_layer);
   KVB_CHECK(bits.type() == SlotType::kU64 && out.type() == SlotType::kF32 &&
             out.heads() == bits.heads())
-      << "cuda policy ops: negated_popcount of " << bits.heads() << " u64 rows into "
+      << "cuda policy ops: popcount of " << bits.heads() << " u64 rows into "
       << out.heads() << " f32 rows";
   HeadTable len{};
   int longest = 0;
@@ -585,7 +617,7 @@ void CudaPolicyOps::negated_popcount(const SlotRows& bits, int layer, SlotRows& 
   o.reserve(out_layer, longest);
   for (int h = 0; h < bits.heads(); ++h) o.set_len(out_layer, h, len.v[h]);
   if (longest == 0) return;
-  negated_popcount_kernel<<<dim3(blocks_for(longest), bits.heads()), 256, 0, stream_>>>(
+  popcount_kernel<<<dim3(blocks_for(longest), bits.heads()), 256, 0, stream_>>>(
       static_cast<const uint64_t*>(b.data(layer)), b.ld(layer),
       static_cast<float*>(o.data(out_layer)), o.ld(out_layer), len);
   KVB_CUDA_CHECK_LAUNCH();

@@ -5,21 +5,22 @@
 // keep_on_device) for the engine to apply to the device cache. Every op is enqueued on the
 // engine's stream: no copy to the host, no stream sync, no H2D copy (per-head sizes travel as
 // kernel arguments). Lengths are host-known (the cache index). Up to kMaxOpsHeads cache heads
-// per layer. One exception, prefill only: ada_head_budgets brings the layer's per-head budgets
-// to the host (one D2H copy of num_kv_heads ints and one sync; counted in transfers()); and
+// per layer. One exception, prefill only: count_top_across_heads (Ada-KV's budgets) brings the
+// layer's per-head counts to the host (one D2H copy of num_kv_heads ints and one sync; counted
+// in transfers()); and
 // SubGen's `delta: auto` reads a head's keys once, at its first compression (read_keys).
 //
 // Twins (tests/cuda/test_cuda_policy_ops.cc runs both instances on the same inputs):
-//   resize, accumulate, negated_popcount, keep_top  <->  CpuPolicyOps (cpu::reduce_gqa,
+//   resize, accumulate, popcount, scale, keep_top  <->  CpuPolicyOps (cpu::reduce_gqa,
 //   kernels/cpu/select), history_bits <-> kernels/cpu/history_bits (through
-//   kernels/cuda/scores.h's scissorhands_update_bits): bitwise. append_negated_key_norms: f64
-//   sums in the same order, contracted to FMA as the compiler chooses on each side, so equal to
-//   the CPU's within an f32 ulp (equal keys still tie exactly). window_sum, reduce_heads,
-//   pool <-> CpuPolicyOps (the window sum in query order, IEEE division for mean,
-//   reduce_gqa's order, pool1d's loop through pool.cuh): bitwise. ada_head_budgets: the counts of kernels/cuda/budget (the CPU's
-//   total order) and the CPU's ada_budgets_from_counts on the host: equal budgets.
-//   kcenter_keep <-> CpuPolicyOps (cpu::kcenter_keep_list; cuda::kcenter_greedy_batch is the
-//   CPU's kcenter_greedy per head, bit for bit on finite keys): equal lists; log sizes looked up in a table of the host's
+//   kernels/cuda/scores.h's scissorhands_update_bits): bitwise. append_norms: f64 sums in the
+//   same order, contracted to FMA as the compiler chooses on each side, so equal to the CPU's
+//   within an f32 ulp (equal vectors still tie exactly). window_sum, reduce_heads, pool <->
+//   CpuPolicyOps (the window sum in query order, IEEE division for mean, reduce_gqa's order,
+//   pool1d's loop through pool.cuh): bitwise. count_top_across_heads: the counts of
+//   kernels/cuda/budget (the CPU's total order): equal counts. kcenter_keep <-> CpuPolicyOps
+//   (cpu::kcenter_keep_list; cuda::kcenter_greedy_batch is the CPU's kcenter_greedy per head,
+//   bit for bit on finite keys): equal lists; log sizes looked up in a table of the host's
 //   std::log(float(i)) (the CPU's bits: glibc's logf is not the rounded double log for every
 //   size, e.g. 1579), uploaded when a longer prefix than before is compressed (one H2D copy,
 //   counted in transfers(); a prefill cost). erase <-> CpuPolicyOps: bitwise (a move).
@@ -56,19 +57,21 @@ class CudaPolicyOps final : public ops::PolicyOps {
                              cpu::GqaReduce how) override;
   void history_bits(ops::SlotRows& bits, const ops::LayerStats& st,
                     const KvCache& cache, int history, bool inv_position) override;
-  void append_negated_key_norms(ops::SlotRows& rows, const ops::LayerStats& st,
-                                const KvCache& cache, int model_kv_heads, int expand) override;
+  void append_norms(ops::SlotRows& rows, int layer, std::span<const int32_t> before,
+                    const float* vectors, int n, int src_heads, int dim, int expand) override;
+  void scale(ops::SlotRows& rows, int layer, std::span<const int32_t> first,
+             float factor) override;
+  void popcount(const ops::SlotRows& bits, int layer, ops::SlotRows& out,
+                int out_layer) override;
   void window_sum(ops::SlotRows& out, int out_layer, const ops::LayerStats& st,
                   std::span<const int32_t> lengths, ops::WindowReduce how) override;
   void reduce_heads(const ops::SlotRows& in, int in_layer, int group, cpu::GqaReduce how,
                     ops::SlotRows& out, int out_layer) override;
   void pool(const ops::SlotRows& in, int in_layer, ops::SlotRows& out, int out_layer,
             int kernel, cpu::PoolKind kind) override;
-  std::vector<int32_t> ada_head_budgets(const ops::SlotRows& scores, int score_layer,
-                                        const KvCache& cache, int layer, int base,
-                                        double alpha) override;
-  void negated_popcount(const ops::SlotRows& bits, int layer, ops::SlotRows& out,
-                        int out_layer) override;
+  std::vector<int32_t> count_top_across_heads(const ops::SlotRows& scores, int score_layer,
+                                              const KvCache& cache, int layer,
+                                              int64_t k) override;
   void keep_top(const ops::SlotRows& scores, int score_layer, const KvCache& cache,
                 std::span<const ops::KeepTop> heads,
                 std::span<ops::SlotRows* const> state, EvictionPlan& plan) override;
@@ -102,7 +105,7 @@ class CudaPolicyOps final : public ops::PolicyOps {
   std::vector<uint64_t> read_u64(const ops::SlotRows& rows, int layer, int head) override;
   // Kernel launches since construction (the ops' cost, countable like the engine's copies).
   int64_t launches() const { return launches_; }
-  // Copies to the host and stream syncs the ops made since construction (ada_head_budgets,
+  // Copies to the host and stream syncs the ops made since construction (count_top_across_heads,
   // read_f32, read_u64), and their uploads (kcenter_keep's log table); the engine adds them to
   // its TransferCounters.
   struct Transfers {
@@ -129,7 +132,8 @@ class CudaPolicyOps final : public ops::PolicyOps {
   // keep_top's and kcenter_keep's [heads, ld] lists (stream-ordered allocation)
   int32_t* lists_ = nullptr;
   size_t lists_cap_ = 0;
-  // Scratch of ada_head_budgets ([heads, ld] positions, [heads] lengths, [heads] counts).
+  // Scratch of count_top_across_heads ([heads, ld] positions, [heads] lengths, [heads]
+  // counts).
   int32_t* ranks_ = nullptr;
   size_t ranks_cap_ = 0;
   // kcenter_keep's log sizes: entry i = std::log(float(i)) on the host, i < log_cap_ (entry 0

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/budget.h"
 #include "kernels/ops/policy_ops.h"
 
 namespace kvb::kernels::ops {
@@ -48,6 +49,44 @@ void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, const Laye
                    const kernels::KvCache& cache, const WindowScoreOptions& options) {
   WindowScratch scratch;
   window_scores(ops, scores, score_layer, scratch, st, cache, options);
+}
+
+void append_negated_key_norms(PolicyOps& ops, SlotRows& rows, const LayerStats& st,
+                              const kernels::KvCache& cache, int model_kv_heads, int expand) {
+  KVB_CHECK(st.pre_rope_keys != nullptr) << "knorm: the engine gave no pre-RoPE keys";
+  const int heads = cache.shape().num_kv_heads;
+  KVB_CHECK(rows.heads() == heads) << "key norms: " << rows.heads() << " rows for " << heads
+                                   << " cache heads";
+  std::vector<int32_t> before(heads);
+  for (int h = 0; h < heads; ++h) {
+    before[h] = cache.length(st.layer, h) - st.n_new;
+    KVB_CHECK(before[h] >= 0) << "key norms: head " << h << " holds "
+                              << cache.length(st.layer, h) << " slots, the block " << st.n_new;
+  }
+  ops.require_own(rows);
+  ops.append_norms(rows, st.layer, before, st.pre_rope_keys, st.n_new, model_kv_heads,
+                   cache.shape().head_dim, expand);
+  ops.scale(rows, st.layer, before, -1.0f);
+}
+
+void negated_popcount(PolicyOps& ops, const SlotRows& bits, int layer, SlotRows& out,
+                      int out_layer) {
+  ops.popcount(bits, layer, out, out_layer);
+  const std::vector<int32_t> from_start(out.heads(), 0);
+  ops.scale(out, out_layer, from_start, -1.0f);
+}
+
+std::vector<int32_t> ada_head_budgets(PolicyOps& ops, const SlotRows& scores, int score_layer,
+                                      const kernels::KvCache& cache, int layer, int base,
+                                      double alpha) {
+  KVB_CHECK(base >= 0) << "ada base budget = " << base;
+  const int heads = scores.heads();
+  const std::vector<int32_t> counts = ops.count_top_across_heads(
+      scores, score_layer, cache, layer, static_cast<int64_t>(heads) * base);
+  std::vector<int32_t> lengths(heads), budgets(heads);
+  for (int h = 0; h < heads; ++h) lengths[h] = scores.length(score_layer, h);
+  cpu::ada_budgets_from_counts(counts.data(), lengths.data(), heads, base, alpha, budgets.data());
+  return budgets;
 }
 
 }  // namespace kvb::kernels::ops

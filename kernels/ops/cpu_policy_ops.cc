@@ -177,26 +177,61 @@ void CpuPolicyOps::history_bits(SlotRows& bits, const LayerStats& st,
   }
 }
 
-void CpuPolicyOps::append_negated_key_norms(SlotRows& rows, const LayerStats& st,
-                                            const kernels::KvCache& cache, int model_kv_heads,
-                                            int expand) {
+void CpuPolicyOps::append_norms(SlotRows& rows, int layer, std::span<const int32_t> before,
+                                const float* vectors, int n, int src_heads, int dim,
+                                int expand) {
   CpuRows& r = host(rows);
-  check_layer(rows, st.layer);
-  KVB_CHECK(st.pre_rope_keys != nullptr) << "knorm: the engine gave no pre-RoPE keys";
-  const int d = cache.shape().head_dim;
-  for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && static_cast<int>(before.size()) == rows.heads() &&
+            n >= 0 && dim >= 1 && expand >= 1 && (n == 0 || vectors != nullptr) &&
+            (rows.heads() - 1) / expand < src_heads)
+      << "append_norms: " << before.size() << " rows of " << rows.heads() << ", " << n
+      << " vectors of " << src_heads << " heads of " << dim << ", expand " << expand;
+  for (int h = 0; h < rows.heads(); ++h) {
     const int src = h / expand;
-    const int before = cache.length(st.layer, h) - st.n_new;
-    std::vector<float>& norm = r.f32(st.layer, h);
-    if (before == 0) norm.clear();  // a fresh cache (the policy may serve several sequences)
-    KVB_ASSERT(static_cast<int>(norm.size()) == before);
-    for (int t = 0; t < st.n_new; ++t) {
-      const float* k = st.pre_rope_keys + (static_cast<size_t>(t) * model_kv_heads + src) * d;
-      double sum = 0;  // f32 keys, squares accumulated in f64
-      for (int i = 0; i < d; ++i) sum += static_cast<double>(k[i]) * k[i];
-      norm.push_back(-static_cast<float>(std::sqrt(sum)));
+    std::vector<float>& norm = r.f32(layer, h);
+    if (before[h] == 0) norm.clear();  // a fresh cache (the policy may serve several sequences)
+    KVB_CHECK(static_cast<int>(norm.size()) == before[h])
+        << "append_norms: head " << h << " holds " << norm.size() << " entries, not "
+        << before[h];
+    for (int t = 0; t < n; ++t) {
+      const float* v = vectors + (static_cast<size_t>(t) * src_heads + src) * dim;
+      double sum = 0;  // f32 entries, squares accumulated in f64
+      for (int i = 0; i < dim; ++i) sum += static_cast<double>(v[i]) * v[i];
+      norm.push_back(static_cast<float>(std::sqrt(sum)));
     }
-    r.sync_length(st.layer, h);
+    r.sync_length(layer, h);
+  }
+}
+
+void CpuPolicyOps::scale(SlotRows& rows, int layer, std::span<const int32_t> first,
+                         float factor) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && static_cast<int>(first.size()) <= rows.heads())
+      << "scale: " << first.size() << " heads of " << rows.heads() << " rows";
+  for (size_t h = 0; h < first.size(); ++h) {
+    std::vector<float>& row = r.f32(layer, static_cast<int>(h));
+    KVB_CHECK(first[h] >= 0 && first[h] <= static_cast<int>(row.size()))
+        << "scale: entries from " << first[h] << " of a row of " << row.size();
+    for (size_t s = first[h]; s < row.size(); ++s) row[s] *= factor;
+  }
+}
+
+void CpuPolicyOps::popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) {
+  const CpuRows& b = host(bits);
+  CpuRows& o = host(out);
+  check_layer(bits, layer);
+  check_layer(out, out_layer);
+  KVB_CHECK(out.heads() == bits.heads() && bits.type() == SlotType::kU64 &&
+            out.type() == SlotType::kF32)
+      << "popcount: " << out.heads() << " f32 rows for " << bits.heads() << " u64 rows";
+  for (int h = 0; h < bits.heads(); ++h) {
+    const std::vector<uint64_t>& src = b.u64(layer, h);
+    std::vector<float>& dst = o.f32(out_layer, h);
+    dst.resize(src.size());
+    for (size_t s = 0; s < src.size(); ++s) dst[s] = static_cast<float>(std::popcount(src[s]));
+    o.sync_length(out_layer, h);
   }
 }
 
@@ -278,20 +313,21 @@ void CpuPolicyOps::pool(const SlotRows& in, int in_layer, SlotRows& out, int out
   }
 }
 
-std::vector<int32_t> CpuPolicyOps::ada_head_budgets(const SlotRows& scores, int score_layer,
-                                                    const kernels::KvCache& cache, int layer,
-                                                    int base, double alpha) {
+std::vector<int32_t> CpuPolicyOps::count_top_across_heads(const SlotRows& scores,
+                                                          int score_layer,
+                                                          const kernels::KvCache& cache,
+                                                          int layer, int64_t k) {
   const CpuRows& r = host(scores);
   check_layer(scores, score_layer);
   const int heads = scores.heads();
   KVB_CHECK(heads <= cache.shape().num_kv_heads)
-      << "ada_head_budgets: " << heads << " score rows, cache " << cache.shape().num_kv_heads;
+      << "count_top_across_heads: " << heads << " score rows, cache " << cache.shape().num_kv_heads;
   std::vector<int32_t> lengths(heads);
   int ld = 0;
   for (int h = 0; h < heads; ++h) {
     lengths[h] = scores.length(score_layer, h);
     KVB_CHECK(lengths[h] <= cache.length(layer, h))
-        << "ada_head_budgets: head " << h << " scores " << lengths[h] << " slots of "
+        << "count_top_across_heads: head " << h << " scores " << lengths[h] << " slots of "
         << cache.length(layer, h);
     ld = std::max(ld, static_cast<int>(lengths[h]));
   }
@@ -309,26 +345,12 @@ std::vector<int32_t> CpuPolicyOps::ada_head_budgets(const SlotRows& scores, int 
   }
   const kernels::cpu::RaggedScores ragged{flat.data(), positions.data(), lengths.data(), heads,
                                           ld};
-  std::vector<int32_t> budgets(heads);
-  kernels::cpu::ada_head_budgets(ragged, base, alpha, budgets.data());
-  return budgets;
-}
-
-void CpuPolicyOps::negated_popcount(const SlotRows& bits, int layer, SlotRows& out,
-                                    int out_layer) {
-  const CpuRows& b = host(bits);
-  CpuRows& o = host(out);
-  check_layer(bits, layer);
-  check_layer(out, out_layer);
-  KVB_CHECK(out.heads() == bits.heads()) << "negated_popcount: " << out.heads() << " rows for "
-                                         << bits.heads() << " heads";
-  for (int h = 0; h < bits.heads(); ++h) {
-    const std::vector<uint64_t>& src = b.u64(layer, h);
-    std::vector<float>& dst = o.f32(out_layer, h);
-    dst.resize(src.size());
-    for (size_t s = 0; s < src.size(); ++s) dst[s] = -static_cast<float>(std::popcount(src[s]));
-    o.sync_length(out_layer, h);
-  }
+  KVB_CHECK(k >= 0) << "count_top_across_heads: k " << k;
+  int64_t total = 0;
+  for (int32_t n : lengths) total += n;
+  std::vector<int32_t> counts(heads);
+  kernels::cpu::global_topk_counts(ragged, static_cast<int>(std::min(k, total)), counts.data());
+  return counts;
 }
 
 void CpuPolicyOps::keep_top(const SlotRows& scores, int score_layer,

@@ -17,19 +17,19 @@ class CpuPolicyOps final : public PolicyOps {
                   size_t row_stride, int group, GqaReduce how) override;
   void history_bits(SlotRows& bits, const LayerStats& st, const kernels::KvCache& cache,
                     int history, bool inv_position) override;
-  void append_negated_key_norms(SlotRows& rows, const LayerStats& st,
-                                const kernels::KvCache& cache, int model_kv_heads,
-                                int expand) override;
+  void append_norms(SlotRows& rows, int layer, std::span<const int32_t> before,
+                    const float* vectors, int n, int src_heads, int dim, int expand) override;
+  void scale(SlotRows& rows, int layer, std::span<const int32_t> first, float factor) override;
+  void popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) override;
   void window_sum(SlotRows& out, int out_layer, const LayerStats& st,
                   std::span<const int32_t> lengths, WindowReduce how) override;
   void reduce_heads(const SlotRows& in, int in_layer, int group, GqaReduce how, SlotRows& out,
                     int out_layer) override;
   void pool(const SlotRows& in, int in_layer, SlotRows& out, int out_layer, int kernel,
             cpu::PoolKind kind) override;
-  std::vector<int32_t> ada_head_budgets(const SlotRows& scores, int score_layer,
-                                        const kernels::KvCache& cache, int layer, int base,
-                                        double alpha) override;
-  void negated_popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) override;
+  std::vector<int32_t> count_top_across_heads(const SlotRows& scores, int score_layer,
+                                              const kernels::KvCache& cache, int layer,
+                                              int64_t k) override;
   void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
                 std::span<const KeepTop> heads, std::span<SlotRows* const> state,
                 kernels::EvictionPlan& plan) override;

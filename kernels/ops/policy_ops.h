@@ -9,8 +9,8 @@
 // (LayerStats::ops: host pointers for the CPU instance, device pointers for the CUDA one), and
 // writes its decisions into the layer's EvictionPlan through keep_top. Policies that decide
 // through it: h2o, tova, scissorhands, knorm, the SnapKV family (snapkv, pyramidkv,
-// ada_snapkv, ada_pyramidkv: window_sum, reduce_heads and pool composed
-// as window_scores below, ada_head_budgets, keep_top) and subgen_kcenter on a
+// ada_snapkv, ada_pyramidkv: window_scores and ada_head_budgets, compositions
+// below, and keep_top) and subgen_kcenter on a
 // device (kcenter_keep, erase; its weighted variant attends through subgen_query). One copy of
 // each policy's logic runs on both instances:
 //  - CpuPolicyOps (kernels/ops/cpu_policy_ops.h): the f32 reference; its ops are kernels/cpu/
@@ -233,14 +233,21 @@ class PolicyOps {
   // they live), masked to `history` (1..64) bits. The rows end as long as the cache's heads.
   virtual void history_bits(SlotRows& bits, const LayerStats& st, const kernels::KvCache& cache,
                             int history, bool inv_position) = 0;
-  // Knorm's state (POLICIES.md "Further baselines"): f32 rows of the stats' layer, one per cache
-  // head, whose heads hold `before` = length - st.n_new earlier entries (a head with none starts
-  // empty), grow by the negated L2 norms of the block's pre-RoPE keys (st.pre_rope_keys:
-  // [n_new, model_kv_heads, head_dim]; squares summed in f64 in index order, the root rounded to
-  // f32); cache head h reads model KV head h / expand (expand > 1: GQA expanded to query heads).
-  virtual void append_negated_key_norms(SlotRows& rows, const LayerStats& st,
-                                        const kernels::KvCache& cache, int model_kv_heads,
-                                        int expand) = 0;
+  // Vocabulary: L2 norms of a block of vectors appended per row. For every head h <
+  // before.size() (== rows.heads()), f32 row (layer, h) holds before[h] entries (0: it starts
+  // empty whatever it held, a fresh sequence; otherwise exactly its length) and grows by n:
+  // entry before[h] + t = float(sqrt(sum_i v[i]^2)) of v = vectors + (t * src_heads + h /
+  // expand) * dim (squares of the f32 entries summed in f64 in index order, the root rounded to
+  // f32). expand >= 1: rows that read the same source head (GQA expanded to query heads).
+  virtual void append_norms(SlotRows& rows, int layer, std::span<const int32_t> before,
+                            const float* vectors, int n, int src_heads, int dim, int expand) = 0;
+  // Vocabulary: elementwise scaling. Entries [first[h], length) of f32 row (layer, h), h <
+  // first.size(), become entry * factor (one f32 multiply: factor -1 negates exactly).
+  virtual void scale(SlotRows& rows, int layer, std::span<const int32_t> first,
+                     float factor) = 0;
+  // Vocabulary: f32 row (out_layer, h) of `out` = float(popcount) of u64 row (layer, h) of
+  // `bits`, as long (out.heads() == bits.heads()).
+  virtual void popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) = 0;
   // Vocabulary: a window of recorded queries' probabilities summed per query head. `out` has
   // st.num_heads rows (query heads); row (out_layer, q) becomes lengths[q] long (lengths:
   // st.num_heads entries, each <= st.stride; lengths.size() == out.heads()) and holds, for
@@ -261,19 +268,16 @@ class PolicyOps {
   // its own length (stride 1, same padding; kernel odd >= 1, 1 copies). in and out distinct.
   virtual void pool(const SlotRows& in, int in_layer, SlotRows& out, int out_layer, int kernel,
                     cpu::PoolKind kind) = 0;
-  // Ada-KV's per-head budgets (kernels/cpu/budget.h ada_head_budgets, POLICIES.md `ada_*`) for
-  // the heads h < scores.heads() of f32 rows (score_layer, h), returned to the host: the global
-  // top-(heads * base) over every row together, ranked by score, then the position of slot j of
-  // cache head h in layer `layer` of `cache` (the more recent first), then the lower head; then
-  // B_h = cpu::ada_budgets_from_counts (alpha's floor, half-even rounding, capped by the row's
-  // length). A device instance computes the counts on the device and makes one D2H copy of
-  // `heads` ints and one stream sync (a prefill-only cost, counted in its transfers).
-  virtual std::vector<int32_t> ada_head_budgets(const SlotRows& scores, int score_layer,
-                                                const kernels::KvCache& cache, int layer,
-                                                int base, double alpha) = 0;
-  // f32 row (out_layer, h) of `out` = -popcount of u64 row (layer, h) of `bits`, as long.
-  virtual void negated_popcount(const SlotRows& bits, int layer, SlotRows& out,
-                                int out_layer) = 0;
+  // Vocabulary: the top k across a layer's heads. For the heads h < scores.heads() of f32 rows
+  // (score_layer, h): how many of each head's entries are among the global top k of every row
+  // together (kernels/cpu/budget.h global_topk_counts), ranked by score, then by the position of
+  // slot j of cache head h in layer `layer` of `cache` (the more recent first), then the lower
+  // head; returned to the host (k >= 0; k past the total counts every entry). A device instance
+  // computes the counts on the device and makes one D2H copy of `heads` ints and one stream
+  // sync (a prefill-only cost, counted in its transfers).
+  virtual std::vector<int32_t> count_top_across_heads(const SlotRows& scores, int score_layer,
+                                                      const kernels::KvCache& cache, int layer,
+                                                      int64_t k) = 0;
   // Fills `plan` (for `cache`'s layer plan.layer(); the other heads keep everything) for each
   // head in `heads`, selecting by row (score_layer, score_head) of `scores` (POLICIES.md
   // "Ties": higher scores stay, equal scores keep the higher index), and compacts row
@@ -356,6 +360,27 @@ void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, WindowScra
 // The same with scratch made for this call (tests, one-shot use).
 void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, const LayerStats& st,
                    const kernels::KvCache& cache, const WindowScoreOptions& options);
+
+// Knorm's state (POLICIES.md "Further baselines"): f32 rows of the stats' layer, one per cache
+// head, whose heads hold `before` = length - st.n_new earlier entries (a head with none starts
+// empty), grow by the negated L2 norms of the block's pre-RoPE keys (st.pre_rope_keys:
+// [n_new, model_kv_heads, head_dim]); cache head h reads model KV head h / expand. append_norms
+// then scale by -1 of the new entries.
+void append_negated_key_norms(PolicyOps& ops, SlotRows& rows, const LayerStats& st,
+                              const kernels::KvCache& cache, int model_kv_heads, int expand);
+
+// f32 row (out_layer, h) of `out` = -popcount of u64 row (layer, h) of `bits`, as long
+// (Scissorhands' score): popcount, then scale by -1.
+void negated_popcount(PolicyOps& ops, const SlotRows& bits, int layer, SlotRows& out,
+                      int out_layer);
+
+// Ada-KV's per-head budgets (kernels/cpu/budget.h ada_head_budgets, POLICIES.md `ada_*`) for
+// the heads h < scores.heads() of f32 rows (score_layer, h), on the host:
+// count_top_across_heads with k = heads * base (base >= 0), then B_h =
+// cpu::ada_budgets_from_counts (alpha's floor, half-even rounding, capped by the row's length).
+std::vector<int32_t> ada_head_budgets(PolicyOps& ops, const SlotRows& scores, int score_layer,
+                                      const kernels::KvCache& cache, int layer, int base,
+                                      double alpha);
 
 // The CPU instance every host hook without an engine uses (tests' policies::decode_layer).
 PolicyOps& cpu_policy_ops();

@@ -33,7 +33,7 @@ class AdaKv final : public SnapKvFamily {
                                                  config_.shape.num_layers, beta_)[layer];
     }
     if (tp_size() == 1) {
-      const std::vector<int32_t> b = ops.ada_head_budgets(scores, 0, cache, layer, base, alpha_);
+      const std::vector<int32_t> b = ada_head_budgets(ops, scores, 0, cache, layer, base, alpha_);
       std::copy(b.begin(), b.end(), budgets);
       return;
     }

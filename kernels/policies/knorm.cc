@@ -56,7 +56,7 @@ class Knorm final : public Policy {
     const int heads = cache.shape().num_kv_heads;
     const int expand = heads == model_kv ? 1 : config().shape.num_heads / model_kv;
     SlotRows& norms = rows_of(norms_, ops, SlotType::kF32, config().shape.num_layers, heads);
-    ops.append_negated_key_norms(norms, st, cache, model_kv, expand);
+    append_negated_key_norms(ops, norms, st, cache, model_kv, expand);
     return norms;
   }
 

@@ -28,10 +28,13 @@ namespace kvb::policies {
 // by kernels/cpu/ and kernels/cuda/); a policy names its pieces as its own.
 using kernels::cpu::GqaReduce;
 using kernels::cpu::reduce_gqa;
+using kernels::ops::ada_head_budgets;
+using kernels::ops::append_negated_key_norms;
 using kernels::ops::cpu_policy_ops;
 using kernels::ops::KCenterKeep;
 using kernels::ops::KeepTop;
 using kernels::ops::LayerStats;
+using kernels::ops::negated_popcount;
 using kernels::ops::ops_of;
 using kernels::ops::PolicyOps;
 using kernels::ops::RowErase;

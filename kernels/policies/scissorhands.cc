@@ -122,7 +122,7 @@ class Scissorhands final : public Policy {
     }
     if (tops_.empty()) return;
     SlotRows& score = rows_of(counters_, ops, SlotType::kF32, 1, heads);
-    ops.negated_popcount(bits, st.layer, score, 0);
+    negated_popcount(ops, bits, st.layer, score, 0);
     SlotRows* state[] = {&bits};
     ops.keep_top(score, 0, cache, tops_, state, plan);
   }

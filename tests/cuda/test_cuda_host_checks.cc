@@ -184,7 +184,7 @@ TEST(CudaHostChecks, PolicyOpsRejectBadSnapKvArguments) {
   std::unique_ptr<policies::SlotRows> host = cpu.make_rows(policies::SlotType::kF32, 1, 1);
   EXPECT_NE(error_of([&] { window_scores(ops, *host, 0, st, cache, {}); }).find("another ops"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { (void)ops.ada_head_budgets(*rows, 0, cache, 0, 2, 0.5); })
+  EXPECT_NE(error_of([&] { (void)ada_head_budgets(ops, *rows, 0, cache, 0, 2, 0.5); })
                 .find("without device rows"),
             std::string::npos);
   EXPECT_EQ(ops.launches(), 0);

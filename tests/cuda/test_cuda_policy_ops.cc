@@ -322,8 +322,8 @@ TEST_F(CudaPolicyOpsParity, HistoryBitsAndCountersAreTheCpuBits) {
       for (int h = 0; h < heads; ++h) ASSERT_EQ(gb->length(0, h), cb->length(0, h));
       std::unique_ptr<SlotRows> cn = cpu_.make_rows(SlotType::kF32, 1, heads);
       std::unique_ptr<SlotRows> gn = gpu_->make_rows(SlotType::kF32, 1, heads);
-      cpu_.negated_popcount(*cb, 0, *cn, 0);
-      gpu_->negated_popcount(*gb, 0, *gn, 0);
+      negated_popcount(cpu_, *cb, 0, *cn, 0);
+      negated_popcount(*gpu_, *gb, 0, *gn, 0);
       for (int h = 0; h < heads; ++h) {
         const std::vector<uint64_t> bits = gpu_->read_u64(*gb, 0, h);
         EXPECT_EQ(bits, cpu_.read_u64(*cb, 0, h));
@@ -382,9 +382,9 @@ TEST_F(CudaPolicyOpsParity, KeyNormsMatchTheCpuWithinAnUlp) {
     st.layer = 0;
     st.n_new = n;
     st.pre_rope_keys = keys.data();
-    cpu_.append_negated_key_norms(*c, st, host_, model_kv, heads / model_kv);
+    append_negated_key_norms(cpu_, *c, st, host_, model_kv, heads / model_kv);
     st.pre_rope_keys = dk.data();
-    gpu_->append_negated_key_norms(*g, st, index_, model_kv, heads / model_kv);
+    append_negated_key_norms(*gpu_, *g, st, index_, model_kv, heads / model_kv);
     for (int h = 0; h < heads; ++h) {
       ASSERT_EQ(g->length(0, h), c->length(0, h));
       parity::expect_close(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), 0, 1.2e-7,
@@ -590,9 +590,9 @@ TEST_F(CudaPolicyOpsParity, AdaHeadBudgetsAreTheCpuBudgets) {
           SCOPED_TRACE(testing::Message() << "group " << group << " w " << w << " base " << base
                                           << " alpha " << alpha);
           const cu::CudaPolicyOps::Transfers t0 = gpu_->transfers();
-          const std::vector<int32_t> got = gpu_->ada_head_budgets(*g, 0, index_, 0, base, alpha);
+          const std::vector<int32_t> got = ada_head_budgets(*gpu_, *g, 0, index_, 0, base, alpha);
           const cu::CudaPolicyOps::Transfers t1 = gpu_->transfers();
-          EXPECT_EQ(got, cpu_.ada_head_budgets(*c, 0, host_, 0, base, alpha));
+          EXPECT_EQ(got, ada_head_budgets(cpu_, *c, 0, host_, 0, base, alpha));
           EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, 1);
           EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, 1);
           EXPECT_EQ(t1.d2h_bytes - t0.d2h_bytes, heads * sizeof(int32_t));
@@ -602,7 +602,7 @@ TEST_F(CudaPolicyOpsParity, AdaHeadBudgetsAreTheCpuBudgets) {
   }
   std::unique_ptr<SlotRows> empty = gpu_->make_rows(SlotType::kF32, 1, heads);
   const cu::CudaPolicyOps::Transfers t0 = gpu_->transfers();
-  EXPECT_EQ(gpu_->ada_head_budgets(*empty, 0, index_, 0, 5, 0.5), std::vector<int32_t>(heads, 0));
+  EXPECT_EQ(ada_head_budgets(*gpu_, *empty, 0, index_, 0, 5, 0.5), std::vector<int32_t>(heads, 0));
   EXPECT_EQ(gpu_->transfers().d2h_copies, t0.d2h_copies);
 }
 

@@ -140,9 +140,15 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                     int history, bool inv_position) override {
     cpu_.history_bits(bits, st, cache, history, inv_position);
   }
-  void append_negated_key_norms(SlotRows& rows, const policies::LayerStats& st,
-                                const KvCache& cache, int model_kv_heads, int expand) override {
-    cpu_.append_negated_key_norms(rows, st, cache, model_kv_heads, expand);
+  void append_norms(SlotRows& rows, int layer, std::span<const int32_t> before,
+                    const float* vectors, int n, int src_heads, int dim, int expand) override {
+    cpu_.append_norms(rows, layer, before, vectors, n, src_heads, dim, expand);
+  }
+  void scale(SlotRows& rows, int layer, std::span<const int32_t> first, float factor) override {
+    cpu_.scale(rows, layer, first, factor);
+  }
+  void popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) override {
+    cpu_.popcount(bits, layer, out, out_layer);
   }
   void window_sum(SlotRows& out, int out_layer, const policies::LayerStats& st,
                   std::span<const int32_t> lengths, policies::WindowReduce how) override {
@@ -156,13 +162,10 @@ class HostAsDeviceOps final : public policies::PolicyOps {
             kvb::kernels::cpu::PoolKind kind) override {
     cpu_.pool(in, in_layer, out, out_layer, kernel, kind);
   }
-  std::vector<int32_t> ada_head_budgets(const SlotRows& scores, int score_layer,
-                                        const KvCache& cache, int layer, int base,
-                                        double alpha) override {
-    return cpu_.ada_head_budgets(scores, score_layer, cache, layer, base, alpha);
-  }
-  void negated_popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) override {
-    cpu_.negated_popcount(bits, layer, out, out_layer);
+  std::vector<int32_t> count_top_across_heads(const SlotRows& scores, int score_layer,
+                                              const KvCache& cache, int layer,
+                                              int64_t k) override {
+    return cpu_.count_top_across_heads(scores, score_layer, cache, layer, k);
   }
   void keep_top(const SlotRows& scores, int score_layer, const KvCache& cache,
                 std::span<const policies::KeepTop> heads, std::span<SlotRows* const> state,

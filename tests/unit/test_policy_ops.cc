@@ -159,8 +159,57 @@ TEST(PolicyOps, NegatedPopcountCountsTheBits) {
   // Slot 2: q2 0.3 < 1/3 -> 1: 0b001.
   EXPECT_EQ(ops.read_u64(*bits, 0, 0), (std::vector<uint64_t>{3, 0, 1}));
   std::unique_ptr<SlotRows> counters = ops.make_rows(SlotType::kF32, 1, 1);
-  ops.negated_popcount(*bits, 0, *counters, 0);
+  negated_popcount(ops, *bits, 0, *counters, 0);
   EXPECT_EQ(ops.read_f32(*counters, 0, 0), (std::vector<float>{-2, 0, -1}));
+}
+
+// The vocabulary ops knorm, Scissorhands and Ada-KV are composed of (hand-computed).
+TEST(PolicyOps, AppendNormsAppendsEachRowsNormsFromItsSourceHead) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  // 2 vectors x 2 source heads x dim 2: norms 5, 1 (t = 0) and 0, 13 (t = 1).
+  const std::vector<float> v = {3, 4, 0, -1, 0, 0, 5, 12};
+  std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 1, 4);
+  ops.append_norms(*rows, 0, std::vector<int32_t>{0, 0, 0, 0}, v.data(), 2, 2, 2, /*expand=*/2);
+  EXPECT_EQ(ops.read_f32(*rows, 0, 0), (std::vector<float>{5, 0}));  // rows 0, 1: source 0
+  EXPECT_EQ(ops.read_f32(*rows, 0, 1), (std::vector<float>{5, 0}));
+  EXPECT_EQ(ops.read_f32(*rows, 0, 3), (std::vector<float>{1, 13}));
+  // Grows rows that hold `before` entries; `before` 0 restarts a row; any other count is refused.
+  ops.append_norms(*rows, 0, std::vector<int32_t>{2, 0, 2, 2}, v.data(), 1, 2, 2, 2);
+  EXPECT_EQ(ops.read_f32(*rows, 0, 0), (std::vector<float>{5, 0, 5}));
+  EXPECT_EQ(ops.read_f32(*rows, 0, 1), (std::vector<float>{5}));
+  EXPECT_THROW(ops.append_norms(*rows, 0, std::vector<int32_t>{1, 1, 3, 3}, v.data(), 1, 2, 2, 2),
+               Error);
+  // Scale the new entries only: -1 negates exactly (knorm's -norm).
+  ops.scale(*rows, 0, std::vector<int32_t>{2, 0}, -1.0f);
+  EXPECT_EQ(ops.read_f32(*rows, 0, 0), (std::vector<float>{5, 0, -5}));
+  EXPECT_EQ(ops.read_f32(*rows, 0, 1), (std::vector<float>{-5}));
+  EXPECT_EQ(ops.read_f32(*rows, 0, 3), (std::vector<float>{1, 13, 1}));  // past first.size()
+  EXPECT_THROW(ops.scale(*rows, 0, std::vector<int32_t>{4}, 2.0f), Error);  // past the row
+}
+
+TEST(PolicyOps, PopcountCountsBitsAndCountTopSpansTheLayersHeads) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  const KvCache cache = index_with_positions({{0, 1, 2}, {0, 5}});
+  std::unique_ptr<SlotRows> bits = ops.make_rows(SlotType::kU64, 1, 2);
+  ops.resize(*bits, 0, std::vector<int32_t>{3, 2});
+  std::unique_ptr<SlotRows> counts = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.popcount(*bits, 0, *counts, 0);
+  EXPECT_EQ(ops.read_f32(*counts, 0, 0), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(counts->length(0, 1), 2);
+  // Scores: head 0 {1, 3, 2}, head 1 {3, 0} (rows filled by window_sum from w = 1 statistics).
+  const std::vector<float> sc = {1, 3, 2,  3, 0, 0};
+  const policies::LayerStats s1 = window_stats(sc, 2, 1, 3);
+  std::unique_ptr<SlotRows> scores = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.window_sum(*scores, 0, s1, std::vector<int32_t>{3, 2}, WindowReduce::kSum);
+  // The top 2: two 3s. The top 1: the 3 at the more recent position (head 0's slot 1 is position
+  // 1, head 1's slot 0 position 0). The top 3 adds the 2; k past the total counts everything.
+  EXPECT_EQ(ops.count_top_across_heads(*scores, 0, cache, 0, 2), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(ops.count_top_across_heads(*scores, 0, cache, 0, 1), (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(ops.count_top_across_heads(*scores, 0, cache, 0, 3), (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(ops.count_top_across_heads(*scores, 0, cache, 0, int64_t{1} << 40),
+            (std::vector<int32_t>{3, 2}));
+  EXPECT_EQ(ops.count_top_across_heads(*scores, 0, cache, 0, 0), (std::vector<int32_t>{0, 0}));
+  EXPECT_THROW(ops.count_top_across_heads(*scores, 0, cache, 0, -1), Error);
 }
 
 // The vocabulary ops window_scores is composed of, one at a time (hand-computed).
@@ -337,13 +386,13 @@ TEST(PolicyOps, AdaHeadBudgetsRankByScoreThenPositionThenHead) {
   const std::vector<float> src = {0.5f, 0.5f, 0.1f, 0.1f, 0.5f, 0.5f};  // heads 4 apart
   ops.accumulate(*rows, 0, src.data(), 4, 4, 1, GqaReduce::kMean);
   // base 1, k = 2: the 0.5s of head 1 (positions 20 and 10 beat 1 and 0).
-  EXPECT_EQ(ops.ada_head_budgets(*rows, 0, cache, 0, 1, 0.0), (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(ada_head_budgets(ops, *rows, 0, cache, 0, 1, 0.0), (std::vector<int32_t>{0, 2}));
   // base 2, k = 4: every 0.5; alpha 0.5: round(0.5 * 2 + 1) = 2 each.
-  EXPECT_EQ(ops.ada_head_budgets(*rows, 0, cache, 0, 2, 0.5), (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(ada_head_budgets(ops, *rows, 0, cache, 0, 2, 0.5), (std::vector<int32_t>{2, 2}));
   // base 1, k = 2, alpha 0.5: counts {0, 2}: round(0 + 0) = 0, round(1 + 0) = 1.
-  EXPECT_EQ(ops.ada_head_budgets(*rows, 0, cache, 0, 1, 0.5), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(ada_head_budgets(ops, *rows, 0, cache, 0, 1, 0.5), (std::vector<int32_t>{0, 1}));
   // alpha 1: floor(base) for each head, capped by the row: {3, 2}.
-  EXPECT_EQ(ops.ada_head_budgets(*rows, 0, cache, 0, 3, 1.0), (std::vector<int32_t>{3, 2}));
+  EXPECT_EQ(ada_head_budgets(ops, *rows, 0, cache, 0, 3, 1.0), (std::vector<int32_t>{3, 2}));
   // Equal scores and positions: the lower head first. Three heads, base 1, k = 3: positions
   // 1 of heads 0 and 1, then position 0 of head 0.
   const KvCache tie = index_with_positions({{0, 1, 2}, {0, 1, 2}, {0, 2}});
@@ -351,10 +400,10 @@ TEST(PolicyOps, AdaHeadBudgetsRankByScoreThenPositionThenHead) {
   ops.resize(*tied, 0, std::vector<int32_t>{2, 2, 1});
   const std::vector<float> half(6, 0.5f);
   ops.accumulate(*tied, 0, half.data(), 2, 2, 1, GqaReduce::kMean);
-  EXPECT_EQ(ops.ada_head_budgets(*tied, 0, tie, 0, 1, 0.0), (std::vector<int32_t>{2, 1, 0}));
+  EXPECT_EQ(ada_head_budgets(ops, *tied, 0, tie, 0, 1, 0.0), (std::vector<int32_t>{2, 1, 0}));
   // Empty rows (every prefix 0): nothing to rank, every budget 0.
   std::unique_ptr<SlotRows> empty = ops.make_rows(SlotType::kF32, 1, 2);
-  EXPECT_EQ(ops.ada_head_budgets(*empty, 0, cache, 0, 5, 0.5), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(ada_head_budgets(ops, *empty, 0, cache, 0, 5, 0.5), (std::vector<int32_t>{0, 0}));
 }
 
 // Device rows simulated on the host: positions per head, compacted by the lists the test gives,
