@@ -124,7 +124,7 @@ std::vector<int32_t> tokens(int n, int vocab) {
 // kDecode*), in turn; --repeat: rounds of them (A B A B ...: an interleaved A/B in one process).
 std::vector<int> g_decode_kernels = {kvb::kernels::cuda::kDecodeDefault};
 int g_repeat = 1;
-// --batch: sequences per row decoding together (StackEngine::decode_batch; a bundle's units),
+// --batch: sequences per row decoding together (Engine::decode_batch; a bundle's units),
 // each with its own policy and cache over the same prompt; decode t/s is then the batch's tokens
 // per second and step ms a batch step.
 int g_batch = 1;
@@ -151,10 +151,10 @@ const char* kernel_name(int k) {
 void run_model(const engine::Model& m, engine::DType dtype, const std::vector<int>& contexts,
                const std::vector<int>& budgets, const std::vector<std::string>& pols, int steps) {
   const auto t0 = Clock::now();
-  engine::CudaEngine eng(m, dtype);
+  engine::Engine eng(m, engine::cuda_backend(m, dtype));
   std::printf("# %s on %s, %s: weights %.2f GiB uploaded in %.1f s\n", m.config.name.c_str(),
               eng.device_description().c_str(), engine::dtype_name(dtype),
-              eng.weight_bytes() / 1073741824.0, ms_since(t0) / 1000);
+              engine::cuda_of(eng).weight_bytes() / 1073741824.0, ms_since(t0) / 1000);
   std::printf(
       "%-22s %7s %-11s %6s %-8s %5s %12s %11s %9s %8s %10s %8s %8s %8s %9s %9s %10s %7s %6s\n",
       "model", "context", "policy", "budget", "kernel", "batch", "prefill t/s", "decode t/s",
@@ -173,8 +173,8 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
         for (int round = 0; round < g_repeat; ++round) {
           for (size_t run = 0; run < g_decode_kernels.size() * g_graphs.size(); ++run) {
             const int kernel = g_decode_kernels[run / g_graphs.size()];
-            eng.set_decode_kernel(kernel);
-            eng.set_graphs(g_graphs[run % g_graphs.size()]);
+            engine::cuda_of(eng).set_decode_kernel(kernel);
+            engine::cuda_of(eng).set_graphs(g_graphs[run % g_graphs.size()]);
             policies::PolicyConfig pc;
             pc.name = pname;
             pc.kv_budget = budget;
@@ -191,7 +191,7 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
             std::vector<kernels::KvCache*> caches;
             for (kernels::KvCache& k : cache) caches.push_back(&k);
             std::vector<float> logits;
-            const size_t moved0 = eng.mirror_bytes();
+            const size_t moved0 = engine::mirror_bytes(eng);
             auto tp = Clock::now();
             for (int b = 0; b < B; ++b) {
               engine::prefill_prompt(eng, cache[b], prompt, policy[b], &logits);
@@ -199,9 +199,9 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
             const double prefill_ms = ms_since(tp);
             const double pol0 = eng.policy_ms();
             const engine::TransferCounters x0 = eng.transfer_counters();
-            const int64_t calls0 = eng.batch_attention_calls();
-            const int64_t launches0 = eng.batch_attention_launches();
-            const int64_t graphs0 = eng.graph_counters().captures;
+            const int64_t calls0 = engine::cuda_of(eng).batch_attention_calls();
+            const int64_t launches0 = engine::cuda_of(eng).batch_attention_launches();
+            const int64_t graphs0 = engine::cuda_of(eng).graph_counters().captures;
             std::vector<int32_t> next(B);
             auto td = Clock::now();
             for (int s = 0; s < steps; ++s) {
@@ -217,11 +217,11 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
             // attn/layer: attention launches per batched layer (cuda::attention_batch; "-"
             // where no layer attended for the batch at once: one sequence, or a policy that
             // keeps its layers per sequence).
-            const int64_t calls = eng.batch_attention_calls() - calls0;
+            const int64_t calls = engine::cuda_of(eng).batch_attention_calls() - calls0;
             char attn[16] = "-";
             if (calls > 0) {
               std::snprintf(attn, sizeof attn, "%.1f",
-                            static_cast<double>(eng.batch_attention_launches() - launches0) /
+                            static_cast<double>(engine::cuda_of(eng).batch_attention_launches() - launches0) /
                                 static_cast<double>(calls));
             }
             const double pol = eng.policy_ms() - pol0;
@@ -231,9 +231,9 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
             // ms: the host's time per step blocked in those syncs (step ms minus it: the host's
             // own time, launches included; if that is most of the step, launches bound it).
             char graphs[24] = "off";
-            if (eng.graphs()) {
+            if (engine::cuda_of(eng).graphs()) {
               std::snprintf(graphs, sizeof graphs, "%lld/%d",
-                            static_cast<long long>(eng.graph_counters().captures - graphs0), steps);
+                            static_cast<long long>(engine::cuda_of(eng).graph_counters().captures - graphs0), steps);
             }
             std::printf(
                 "%-22s %7d %-11s %6d %-8s %5d %12.0f %11.1f %9.3f %7.1f%% %10.1f %8.1f %8.1f "
@@ -241,12 +241,12 @@ void run_model(const engine::Model& m, engine::DType dtype, const std::vector<in
                 c.name.c_str(), ctx, pname.c_str(), budget, kernel_name(kernel), B,
                 static_cast<double>(ctx) * B * 1000.0 / prefill_ms, B * steps * 1000.0 / decode_ms,
                 decode_ms / steps, 100.0 * pol / decode_ms,
-                (eng.mirror_bytes() - moved0) / 1048576.0,
+                (engine::mirror_bytes(eng) - moved0) / 1048576.0,
                 static_cast<double>(x1.d2h_copies - x0.d2h_copies) / steps,
                 static_cast<double>(x1.h2d_copies - x0.h2d_copies) / steps,
                 static_cast<double>(x1.stream_syncs - x0.stream_syncs) / steps,
                 (x1.sync_wait_ms - x0.sync_wait_ms) / steps, eng.device_peak_bytes() / 1073741824.0,
-                attn, graphs, eng.graphs() ? eng.graph_counters().last_nodes : size_t{0});
+                attn, graphs, engine::cuda_of(eng).graphs() ? engine::cuda_of(eng).graph_counters().last_nodes : size_t{0});
             std::fflush(stdout);
           }
         }

@@ -2,7 +2,7 @@
 // (and stories260K) at a given context length. Decode is timed after a prefill of `context`
 // tokens, as the mean over 32 single-token steps. Tokens are a fixed pseudo-random sequence, so
 // runs are comparable. bm_decode_batch: B sequences of `context` tokens each (a bundle's units
-// after the shared prefill, policy full) stepped together by EngineBase::decode_batch; its tok/s
+// after the shared prefill, policy full) stepped together by Engine::decode_batch; its tok/s
 // counts every sequence's tokens (B x 32 per iteration), and B = 1 is the same step alone.
 // bm_bf16_*: the same three with --dtype bf16 weights (CpuBackend), named apart so that filters
 // on bm_decode_batch keep reading f32 only; `wide` is a random-weight Llama of TinyLlama-1.1B's
@@ -20,7 +20,7 @@
 #include <map>
 #include <memory>
 
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/model.h"
 #include "workers/engine/sampler.h"
 #include "workers/formats/model_load.h"

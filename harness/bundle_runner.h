@@ -15,7 +15,7 @@
 #include "harness/sweep_faults.h"
 #include "harness/sweep_wire.h"
 #include "results/store.h"
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine.h"
 #include "workers/prefix_store.h"
 #include "workers/runner.h"
 
@@ -113,7 +113,7 @@ class BundleRunner {
   FaultInjection faults_ = FaultInjection::from_env();
   int loaded_model_ = -1;
   workers::LoadedModel lm_;
-  std::unique_ptr<engine::EngineBase> engine_;
+  std::unique_ptr<engine::Engine> engine_;
 };
 
 }  // namespace kvb::harness

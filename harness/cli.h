@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine_types.h"
 
 namespace kvb::harness {
 

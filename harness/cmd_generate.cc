@@ -164,8 +164,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   engine::require_policy_layers(policy_name, model_path, c.global_layers(),
                                 c.window.empty() ? 0 : c.window[0]);
 
-  std::unique_ptr<engine::EngineBase> engp = engine::make_engine(*lm.model, dev, dt);
-  engine::EngineBase& eng = *engp;
+  std::unique_ptr<engine::Engine> engp = engine::make_engine(*lm.model, dev, dt);
+  engine::Engine& eng = *engp;
   if (dev == engine::Device::kCuda) {
     KVB_LOG_INFO << "engine: " << eng.device_description() << ", " << engine::dtype_name(dt);
   }

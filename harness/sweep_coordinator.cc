@@ -28,7 +28,7 @@
 #include "harness/sweep_roles.h"
 #include "harness/sweep_wire.h"
 #include "results/analysis.h"
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine_types.h"
 #include "workers/engine/tensor_parallel.h"
 
 namespace kvb::harness {

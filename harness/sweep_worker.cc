@@ -7,7 +7,7 @@
 #include "harness/mpi_group.h"
 #include "harness/sweep_roles.h"
 #include "harness/sweep_wire.h"
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine_types.h"
 
 namespace kvb::harness {
 

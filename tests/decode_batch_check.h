@@ -16,7 +16,7 @@
 
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
 
@@ -70,7 +70,7 @@ struct BatchRun {
 
 // prompt_len: sequence b's prompt has prompt_len + 3 b tokens. vars: the sequences' policies.
 template <typename Compare>
-void run_variants_against_alone(engine::EngineBase& eng, const engine::Model& m,
+void run_variants_against_alone(engine::Engine& eng, const engine::Model& m,
                                 std::vector<Variant> vars, int budget, int steps, int prompt_len,
                                 BatchRun* run, Compare compare) {
   run->vars = std::move(vars);
@@ -120,7 +120,7 @@ void run_variants_against_alone(engine::EngineBase& eng, const engine::Model& m,
 
 // Every variant of variants() in one batch.
 template <typename Compare>
-void run_batch_against_alone(engine::EngineBase& eng, const engine::Model& m, int budget, int steps,
+void run_batch_against_alone(engine::Engine& eng, const engine::Model& m, int budget, int steps,
                              int prompt_len, BatchRun* run, Compare compare) {
   run_variants_against_alone(eng, m, variants(), budget, steps, prompt_len, run, compare);
 }

@@ -78,7 +78,7 @@ void PrefixStore::add_prompt(std::vector<int32_t> tokens) {
   prompts_.push_back(std::move(tokens));
 }
 
-bool PrefixStore::serves(const engine::EngineBase& engine) { return engine.continues_prefill(); }
+bool PrefixStore::serves(const engine::Engine& engine) { return engine.continues_prefill(); }
 
 std::vector<int> PrefixStore::branch_points(std::span<const int32_t> tokens, int from, int limit,
                                             int last_w) const {
@@ -96,7 +96,7 @@ std::vector<int> PrefixStore::branch_points(std::span<const int32_t> tokens, int
   return points;
 }
 
-int PrefixStore::prefill(engine::EngineBase& engine, std::span<const int32_t> tokens,
+int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens,
                          kernels::KvCache& cache, engine::PrefillRecord* record,
                          std::vector<float>* logits) {
   KVB_CHECK(record != nullptr) << "PrefixStore::prefill: no record";

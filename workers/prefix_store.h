@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "kernels/kv_cache.h"
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine.h"
 
 namespace kvb::workers {
 
@@ -43,7 +43,7 @@ class PrefixStore {
   size_t max_bytes() const { return max_bytes_; }
   // Whether prefill() can start from a stored prefix on this engine: a CPU engine that continues
   // a recorded prefill.
-  static bool serves(const engine::EngineBase& engine);
+  static bool serves(const engine::Engine& engine);
   // Forgets every stored prefix and known prompt (another model, or another engine).
   void clear();
   // A prompt (the tokens a shared prefill runs) that this worker may prefill later: a prefill
@@ -55,7 +55,7 @@ class PrefixStore {
   // LogitsMode::kLast, logits, nullptr, PolicyHook::kNone, record) gives, bit for bit. Starts
   // from the longest stored prefix it can use and keeps this prompt's rows and checkpoints for
   // later prompts, within max_bytes (the oldest go first). Returns the tokens reused (0: none).
-  int prefill(engine::EngineBase& engine, std::span<const int32_t> tokens, kernels::KvCache& cache,
+  int prefill(engine::Engine& engine, std::span<const int32_t> tokens, kernels::KvCache& cache,
               engine::PrefillRecord* record, std::vector<float>* logits);
 
   // Milliseconds the last prefill() spent keeping its prefix for later prompts (copies of rows,
@@ -96,7 +96,7 @@ class PrefixStore {
   size_t max_bytes_ = 0;
   size_t bytes_ = 0;
   double keep_ms_ = 0;
-  const engine::EngineBase* engine_ = nullptr;  // whose rows the entries hold
+  const engine::Engine* engine_ = nullptr;  // whose rows the entries hold
   std::vector<std::vector<int32_t>> prompts_;
   std::unordered_multimap<uint64_t, size_t> prompt_index_;  // hash of a prompt -> its index
   std::list<Entry> entries_;  // oldest first

@@ -143,7 +143,7 @@ using EndDecoding = std::function<void(Decoding& d, bool failed)>;
 // alone runs past the unit time limit it stops between two layers: with `can_fail`, null is
 // returned and *timeout holds the failure of every unit that would have used it; without, the
 // UnitTimeout propagates.
-std::unique_ptr<SharedPrefill> shared_prefill(engine::EngineBase& engine, const LoadedModel& lm,
+std::unique_ptr<SharedPrefill> shared_prefill(engine::Engine& engine, const LoadedModel& lm,
                                               const tasks::Sample& s,
                                               const std::vector<policies::PolicyConfig>& policies,
                                               const RunSettings& rs, bool can_fail,
@@ -208,12 +208,12 @@ std::unique_ptr<SharedPrefill> shared_prefill(engine::EngineBase& engine, const 
 }
 
 // The decode loop, the only one: each step feeds every live unit of `group` its token in one
-// engine pass (EngineBase::decode_batch with `batched`; otherwise the group is one unit, which
+// engine pass (Engine::decode_batch with `batched`; otherwise the group is one unit, which
 // steps through forward() as a unit alone always did, under tensor parallelism too), hands each
 // unit its logits, the step's time and its policy's share of it, and chooses its next token,
 // until every unit has ended (`end`). A step that fails fails every unit in it; a unit whose own
 // part fails ends alone. The group's decode time starts here, for each of its units.
-void decode(engine::EngineBase& engine, size_t vocab, std::span<Decoding> group, bool batched,
+void decode(engine::Engine& engine, size_t vocab, std::span<Decoding> group, bool batched,
             const EndDecoding& end) {
   KVB_ASSERT(batched || group.size() == 1);
   std::vector<int32_t> tokens;
@@ -284,7 +284,7 @@ void decode(engine::EngineBase& engine, size_t vocab, std::span<Decoding> group,
 
 }  // namespace
 
-UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
+UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine,
                       const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings) {
   RunSettings alone = settings;
@@ -292,7 +292,7 @@ UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
   return std::move(run_bundle(lm, engine, sample, {policy}, alone, false, nullptr).at(0));
 }
 
-std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& engine,
+std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::Engine& engine,
                                    const tasks::Sample& s,
                                    const std::vector<policies::PolicyConfig>& policies,
                                    const RunSettings& rs, bool share_prefill,

@@ -13,7 +13,7 @@
 #include "common/measurement_fields.h"
 #include "kernels/policies/policy.h"
 #include "tasks/task.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/sampler.h"
 #include "workers/model_session.h"
 
@@ -88,7 +88,7 @@ struct RunSettings {
   // Resident bytes the memory cap does not charge to units: what the worker's earlier models
   // left resident (harness/bundle_runner.h measures it when a model is loaded).
   size_t rss_not_charged_bytes = 0;
-  // run_bundle: how many generation units of a bundle decode together (EngineBase::decode_batch;
+  // run_bundle: how many generation units of a bundle decode together (Engine::decode_batch;
   // `kvbench sweep --decode-batch`): 1 one at a time (each unit alone, start to end), 0 all of
   // them, N at most N. The tokens, scores and caches are the same bits either way; the decode
   // times are the batch's (UnitMeasurements::decode_batch records the batch size). Not under
@@ -112,7 +112,7 @@ struct RunSettings {
 struct UnitMeasurements {
   // The stored fields, one per line of common/measurement_fields.h (prompt_tokens, ...,
   // prefill_shared); see the comments there. device_peak_bytes is the engine's since
-  // construction (EngineBase::device_peak_bytes; 0 on the CPU, stored as NULL): a process's units
+  // construction (Engine::device_peak_bytes; 0 on the CPU, stored as NULL): a process's units
   // share one engine.
 #define KVB_WORKER_MEASUREMENT_FIELD(name, ctype, kind) ctype name{};
   KVB_MEASUREMENT_FIELDS(KVB_WORKER_MEASUREMENT_FIELD)
@@ -137,7 +137,7 @@ struct UnitOutput {
 // kvb::Error on bad samples (e.g. a prompt that cannot fit) and on logits that are not finite
 // (NaN or infinite: a broken model; the message names the step) — callers record that as the
 // unit's error.
-UnitOutput run_sample(const LoadedModel& lm, engine::EngineBase& engine,
+UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine,
                       const tasks::Sample& sample,
                       const policies::PolicyConfig& policy, const RunSettings& settings);
 
@@ -156,7 +156,7 @@ std::vector<int32_t> shared_prefill_tokens(const LoadedModel& lm, const tasks::S
 // typed failure there (current_failure) and the others still run; without, it propagates. Usage
 // errors propagate always; so does every failure under a tensor-parallel group of more than one
 // rank (the failure may be this rank's alone while the others wait in a collective).
-std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::EngineBase& engine,
+std::vector<UnitOutput> run_bundle(const LoadedModel& lm, engine::Engine& engine,
                                    const tasks::Sample& sample,
                                    const std::vector<policies::PolicyConfig>& policies,
                                    const RunSettings& settings, bool share_prefill = true,

@@ -56,7 +56,7 @@ void check_time(const RunSettings& rs, double spent_ms, double before_ms, const 
   throw UnitTimeout(msg.str());
 }
 
-LayerDeadline::LayerDeadline(engine::EngineBase& engine, engine::EngineBase::LayerCheck check)
+LayerDeadline::LayerDeadline(engine::Engine& engine, engine::Engine::LayerCheck check)
     : engine_(engine) {
   KVB_CHECK(!engine.layer_check()) << "a layer check is already set on this engine";
   engine.set_layer_check(std::move(check));
@@ -176,7 +176,7 @@ void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int3
 
 namespace {
 
-kernels::CommStats comm_stats(const engine::EngineBase& engine) {
+kernels::CommStats comm_stats(const engine::Engine& engine) {
   return engine.tp() ? engine.tp()->stats() : kernels::CommStats{};
 }
 
@@ -398,7 +398,7 @@ void finish_prompted(Unit& u, PromptedRun& r) {
   if (u.rs.on_final_cache) u.rs.on_final_cache(u.index, r.cache, *u.policy);
 }
 
-std::unique_ptr<Unit> make_unit(const LoadedModel& lm, engine::EngineBase& engine,
+std::unique_ptr<Unit> make_unit(const LoadedModel& lm, engine::Engine& engine,
                                 const tasks::Sample& s, const policies::PolicyConfig& unit_pc,
                                 const RunSettings& rs, size_t unit_index) {
   policies::PolicyConfig pc = unit_pc;

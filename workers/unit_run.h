@@ -28,16 +28,16 @@ void check_time(const RunSettings& rs, double spent_ms, double before_ms, const 
                 kernels::Communicator* tp, const char* pass, int layer, int layers);
 
 // While alive, `engine` calls `check` before each layer of its passes
-// (EngineBase::set_layer_check); cleared when it goes, an exception included. One at a time.
+// (Engine::set_layer_check); cleared when it goes, an exception included. One at a time.
 class LayerDeadline {
  public:
-  LayerDeadline(engine::EngineBase& engine, engine::EngineBase::LayerCheck check);
+  LayerDeadline(engine::Engine& engine, engine::Engine::LayerCheck check);
   ~LayerDeadline();
   LayerDeadline(const LayerDeadline&) = delete;
   LayerDeadline& operator=(const LayerDeadline&) = delete;
 
  private:
-  engine::EngineBase& engine_;
+  engine::Engine& engine_;
 };
 
 // Occupancy and memory sampled after prefill compression and after each step. Under tensor
@@ -46,7 +46,7 @@ class LayerDeadline {
 class Tracker {
  public:
   // Bytes as `engine` stores the cache (on the GPU: its device cache, not the host mirror).
-  Tracker(const kernels::KvCache& cache, const engine::EngineBase& engine)
+  Tracker(const kernels::KvCache& cache, const engine::Engine& engine)
       : cache_(cache), engine_(engine), tp_(engine.tp()) {}
   void sample() {
     slots_.push_back(cache_.total_slots());
@@ -104,7 +104,7 @@ class Tracker {
   }
 
   const kernels::KvCache& cache_;
-  const engine::EngineBase& engine_;
+  const engine::Engine& engine_;
   kernels::Communicator* tp_;
   std::vector<int64_t> slots_, longest_, logical_, physical_;
 };
@@ -136,7 +136,7 @@ void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int3
 // One unit being run: what its protocol reads, its policy and what it fills in.
 struct Unit {
   const LoadedModel& lm;
-  engine::EngineBase& engine;
+  engine::Engine& engine;
   const tasks::Sample& s;
   const RunSettings& rs;
   size_t index;  // in the bundle (RunFaults, on_final_cache)
@@ -167,7 +167,7 @@ struct PromptedRun {
   kernels::CommStats comm1;
   std::chrono::steady_clock::time_point decode_t0;
   double batch_sum = 0;  // over its decode steps: the number of sequences each ran with
-  PromptedRun(kernels::KvCache c, const engine::EngineBase& engine)
+  PromptedRun(kernels::KvCache c, const engine::Engine& engine)
       : cache(std::move(c)), tr(cache, engine) {}
 };
 
@@ -176,7 +176,7 @@ struct PromptedRun {
 void finish_prompted(Unit& u, PromptedRun& r);
 
 // A unit's policy; its protocol then runs (run_perplexity, start_prompted ...).
-std::unique_ptr<Unit> make_unit(const LoadedModel& lm, engine::EngineBase& engine,
+std::unique_ptr<Unit> make_unit(const LoadedModel& lm, engine::Engine& engine,
                                 const tasks::Sample& s, const policies::PolicyConfig& unit_pc,
                                 const RunSettings& rs, size_t unit_index);
 

@@ -169,7 +169,7 @@ void require_no_capture(const char* what) {
   KVB_CHECK(!capturing_any())
       << what << " inside a decode step captured as a CUDA graph: the step's host code cannot "
       << "wait for results its graph has not produced yet (a bug in the choice of capturable "
-      << "steps, workers/engine/block_stack.h; run without CUDA graphs meanwhile)";
+      << "steps, workers/engine/engine.h; run without CUDA graphs meanwhile)";
 }
 
 StepGraph::StepGraph(cudaStream_t stream)

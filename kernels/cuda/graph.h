@@ -16,7 +16,7 @@
 //    launch, DeviceBuffer's after the host's next wait for the stream: after_sync()).
 //  - never wait for the device or copy to the host: those calls throw kvb::Error naming the op
 //    (the step's host decisions cannot depend on results that do not exist yet). Which policies'
-//    decode steps qualify is decided by the block stack (workers/engine/block_stack.h).
+//    decode steps qualify is decided by the block stack (workers/engine/engine.h).
 // Counters (captures, updates, instantiations, nodes) make the mechanism's costs countable.
 #pragma once
 

@@ -108,7 +108,7 @@ inline bool fork_decodes_as_original(const std::string& policy_name,
   }
   const std::unique_ptr<engine::Model> m = engine::load_model(path);
   const engine::ModelConfig& c = m->config;
-  engine::CudaEngine gpu(*m, engine::DType::kF32);
+  engine::Engine gpu(*m, engine::cuda_backend(*m, engine::DType::kF32));
   std::vector<int32_t> prompt(40);
   for (int i = 0; i < 40; ++i) prompt[i] = (i * 37 + 5) % c.vocab_size;
   policies::PolicyConfig pc;

@@ -41,7 +41,7 @@ TEST(CudaDecodeBatch, EveryPolicyDecidesAsAloneAndLogitsAgree) {
   if (!std::ifstream(kSmol).good()) GTEST_SKIP() << kSmol << " missing (scripts/fetch_models.sh)";
   workers::LoadedModel lm = workers::load_model_and_tokenizer(kSmol, "");
   const engine::Model& m = *lm.model;
-  engine::CudaEngine eng(m, DType::kF32);
+  engine::Engine eng(m, engine::cuda_backend(m, DType::kF32));
   double worst = 0;
   bool bitwise = true;
   testing_batch::BatchRun run;
@@ -106,8 +106,8 @@ TEST(CudaDecodeBatch, BatchedAttentionLayersDecideAsAlone) {
     SCOPED_TRACE(testing::Message()
                  << (dtype == DType::kF32 ? "f32" : "bf16") << " decode kernel " << kernel);
     const bool f32 = dtype == DType::kF32;
-    engine::CudaEngine eng(m, dtype);
-    eng.set_decode_kernel(kernel);
+    engine::Engine eng(m, engine::cuda_backend(m, dtype));
+    engine::cuda_of(eng).set_decode_kernel(kernel);
     testing_batch::BatchRun run;
     double worst = 0;
     int rows = 0, same_top = 0;
@@ -138,16 +138,16 @@ TEST(CudaDecodeBatch, BatchedAttentionLayersDecideAsAlone) {
       }
     }
     // Every batched step's every layer attended at once (every step here runs 2 or more).
-    EXPECT_EQ(eng.batch_attention_calls(), run.batched_steps * m.config.num_layers);
+    EXPECT_EQ(engine::cuda_of(eng).batch_attention_calls(), run.batched_steps * m.config.num_layers);
     // Up to 16 sequences a call: a partial pass, a combine and a probabilities pass at most.
-    EXPECT_LE(eng.batch_attention_launches(), 3 * eng.batch_attention_calls());
-    EXPECT_GT(eng.batch_attention_seqs(), eng.batch_attention_calls());
+    EXPECT_LE(engine::cuda_of(eng).batch_attention_launches(), 3 * engine::cuda_of(eng).batch_attention_calls());
+    EXPECT_GT(engine::cuda_of(eng).batch_attention_seqs(), engine::cuda_of(eng).batch_attention_calls());
     std::printf(
         "batched attention (%s, kernel %d): %lld layer calls, %lld launches, max |diff| "
         "%.3g against alone\n",
         dtype == DType::kF32 ? "f32" : "bf16", kernel,
-        static_cast<long long>(eng.batch_attention_calls()),
-        static_cast<long long>(eng.batch_attention_launches()), worst);
+        static_cast<long long>(engine::cuda_of(eng).batch_attention_calls()),
+        static_cast<long long>(engine::cuda_of(eng).batch_attention_launches()), worst);
   }
 }
 

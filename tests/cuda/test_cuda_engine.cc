@@ -33,7 +33,7 @@
 #include "kernels/cuda/runtime.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/cuda_engine.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/formats/model_load.h"
 #include "workers/model_session.h"
@@ -85,9 +85,9 @@ std::vector<std::vector<int32_t>> keep_sets(kernels::KvCache& cache) {
 // position), and where the host keeps rows too (a policy reads them), the same rows bit for
 // bit. With `cpu` (the CPU engine's cache of the same run), the rows must also be within `tol`
 // of the CPU's (f32: the kernels sum in another order).
-void expect_device_rows_match(const engine::CudaEngine& gpu, const kernels::KvCache& index,
+void expect_device_rows_match(const engine::Engine& gpu, const kernels::KvCache& index,
                               const kernels::KvCache* cpu = nullptr, double tol = 0) {
-  kernels::KvCache dev = gpu.download_device_rows(index);
+  kernels::KvCache dev = engine::cuda_of(gpu).download_device_rows(index);
   ASSERT_EQ(dev.shape().num_layers, index.shape().num_layers);
   ASSERT_EQ(dev.shape().num_kv_heads, index.shape().num_kv_heads);
   EXPECT_EQ(dev.next_position(), index.next_position());
@@ -127,7 +127,7 @@ struct PolicyRun {
   std::vector<std::vector<int32_t>> keep;
 };
 
-PolicyRun run_policy(engine::EngineBase& eng, const engine::Model& m, const std::string& name,
+PolicyRun run_policy(engine::Engine& eng, const engine::Model& m, const std::string& name,
                      const std::map<std::string, std::string>& opts, int budget,
                      const std::vector<int32_t>& prompt, const std::vector<int32_t>& forced,
                      kernels::KvCache* final_cache = nullptr) {
@@ -154,7 +154,7 @@ PolicyRun run_policy(engine::EngineBase& eng, const engine::Model& m, const std:
   return r;
 }
 
-std::vector<int32_t> greedy(engine::EngineBase& eng, const std::vector<int32_t>& prompt, int n) {
+std::vector<int32_t> greedy(engine::Engine& eng, const std::vector<int32_t>& prompt, int n) {
   kernels::KvCache cache = eng.new_cache(static_cast<int>(prompt.size()) + n);
   engine::GenerateOptions opt;
   opt.max_new_tokens = n;  // no end ids: always n tokens
@@ -194,7 +194,7 @@ TEST(CudaEngineHost, DeviceAllocationFailureIsOutOfMemory) {
 void expect_f32_gpu_equals_cpu(const engine::Model& m, const std::vector<int32_t>& prompt,
                                int steps, int h2o_budget, const std::string& label) {
   engine::Engine cpu(m);
-  engine::CudaEngine gpu(m, DType::kF32);
+  engine::Engine gpu(m, engine::cuda_backend(m, DType::kF32));
   std::vector<int32_t> forced;  // the CPU's greedy continuation, fed to both
   for (int32_t t : greedy(cpu, prompt, steps)) forced.push_back(t);
   for (const auto& [name, budget] :
@@ -252,7 +252,7 @@ TEST(CudaEngineStories, InterleavedSequencesEqualSeparateRuns) {
   SKIP_WITHOUT_GPU();
   SKIP_WITHOUT_FILE(kStories);
   std::unique_ptr<engine::Model> m = engine::load_model(kStories);
-  engine::CudaEngine gpu(*m, DType::kF32);
+  engine::Engine gpu(*m, engine::cuda_backend(*m, DType::kF32));
   const std::vector<int32_t> p1 = {1, 403, 407, 261, 378}, p2 = {1, 300, 430, 330, 298, 265};
   auto alone = [&](const std::vector<int32_t>& p) {
     kernels::KvCache c = gpu.new_cache();
@@ -273,10 +273,10 @@ TEST(CudaEngineStories, InterleavedSequencesEqualSeparateRuns) {
   EXPECT_EQ(l1, want1);  // same device, same kernels: bit for bit
   EXPECT_EQ(l2, want2);
   // Each cache owns its device rows: switching sequences uploads nothing.
-  EXPECT_EQ(gpu.cache_uploads(), 0);
+  EXPECT_EQ(engine::cuda_of(gpu).cache_uploads(), 0);
 }
 
-// EngineBase::trim_storage on the GPU (the runner's call after a unit's prompt): the device rows
+// Engine::trim_storage on the GPU (the runner's call after a unit's prompt): the device rows
 // move into an allocation of the longest head + extra slots per head, every row, position and
 // length kept, and the decode after it gives the untrimmed twin's logits bit for bit (same
 // kernels, same rows; the layout's offsets differ). h2o at a budget, then decode steps that first
@@ -285,7 +285,7 @@ TEST(CudaEngineStories, TrimStorageKeepsRowsAndFreesSpareCapacity) {
   SKIP_WITHOUT_GPU();
   SKIP_WITHOUT_FILE(kStories);
   std::unique_ptr<engine::Model> m = engine::load_model(kStories);
-  engine::CudaEngine gpu(*m, DType::kF32);
+  engine::Engine gpu(*m, engine::cuda_backend(*m, DType::kF32));
   const auto& c = m->config;
   policies::PolicyConfig pc;
   pc.name = "h2o";
@@ -299,14 +299,14 @@ TEST(CudaEngineStories, TrimStorageKeepsRowsAndFreesSpareCapacity) {
   engine::prefill_prompt(gpu, a, prompt, pa.get(), &la);
   engine::prefill_prompt(gpu, b, prompt, pb.get(), &lb);
   const size_t before = gpu.kv_physical_bytes(a);
-  kernels::KvCache rows_before = gpu.download_device_rows(a);
+  kernels::KvCache rows_before = engine::cuda_of(gpu).download_device_rows(a);
   // extra 0: the first decode step's append overflows, so the rows grow again (bind_cache).
   gpu.trim_storage(a, 0);
   const size_t slot = 2 * c.head_dim * sizeof(float) + sizeof(int32_t);  // f32 rows + position
   EXPECT_EQ(gpu.kv_physical_bytes(a),
             static_cast<size_t>(c.num_layers) * c.num_kv_heads * a.max_length() * slot);
   EXPECT_LT(gpu.kv_physical_bytes(a), before);
-  kernels::KvCache rows_after = gpu.download_device_rows(a);
+  kernels::KvCache rows_after = engine::cuda_of(gpu).download_device_rows(a);
   EXPECT_EQ(keep_sets(rows_before), keep_sets(rows_after));
   for (int l = 0; l < c.num_layers; ++l) {
     const kernels::LayerKvView x = rows_before.layer(l), y = rows_after.layer(l);
@@ -352,7 +352,7 @@ TEST(CudaEngineStories, RunnerBundleWithSharedPrefillEqualsCpu) {
     pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
     pcs.push_back(pc);
   }
-  auto run = [&](engine::EngineBase& eng, std::vector<std::vector<std::vector<int32_t>>>* keep) {
+  auto run = [&](engine::Engine& eng, std::vector<std::vector<std::vector<int32_t>>>* keep) {
     workers::RunSettings rs;
     keep->assign(pcs.size(), {});
     rs.on_final_cache = [&](size_t unit, const kernels::KvCache& cache, const policies::Policy&) {
@@ -362,7 +362,7 @@ TEST(CudaEngineStories, RunnerBundleWithSharedPrefillEqualsCpu) {
     return workers::run_bundle(lm, eng, s, pcs, rs, /*share_prefill=*/true);
   };
   engine::Engine cpu(*lm.model);
-  engine::CudaEngine gpu(*lm.model, DType::kF32);
+  engine::Engine gpu(*lm.model, engine::cuda_backend(*lm.model, DType::kF32));
   std::vector<std::vector<std::vector<int32_t>>> keep_cpu, keep_gpu;
   const std::vector<workers::UnitOutput> a = run(cpu, &keep_cpu);
   const std::vector<workers::UnitOutput> b = run(gpu, &keep_gpu);
@@ -375,7 +375,7 @@ TEST(CudaEngineStories, RunnerBundleWithSharedPrefillEqualsCpu) {
     EXPECT_EQ(a[i].m.kv_bytes_final, b[i].m.kv_bytes_final);
     EXPECT_GT(b[i].m.device_peak_bytes, 0u);
   }
-  EXPECT_EQ(gpu.cache_uploads(), 0);  // forks are device copies: nothing went up from the host
+  EXPECT_EQ(engine::cuda_of(gpu).cache_uploads(), 0);  // forks are device copies: nothing went up from the host
 }
 
 // The largest |logit| difference over every step of two runs.
@@ -430,7 +430,7 @@ const std::vector<std::string> kPrompts = {
 
 TEST_F(CudaEngineSmol, F32GreedyTokensEqualCpuThreePrompts) {
   engine::Engine cpu(*lm_.model);
-  engine::CudaEngine gpu(*lm_.model, DType::kF32);
+  engine::Engine gpu(*lm_.model, engine::cuda_backend(*lm_.model, DType::kF32));
   for (const std::string& p : kPrompts) {
     const std::vector<int32_t> ids = prompt(p);
     EXPECT_EQ(greedy(gpu, ids, 32), greedy(cpu, ids, 32)) << p;
@@ -454,9 +454,9 @@ TEST_F(CudaEngineSmol, F32BothDecodeKernelsKeepTheCpuKeepSets) {
                 .splits,
             0);
   engine::Engine cpu(m);
-  engine::CudaEngine gpu(m, DType::kF32);
-  EXPECT_THROW(gpu.set_decode_kernel(4), Error);  // one past kDecodeTensorCore
-  EXPECT_THROW(gpu.set_decode_kernel(-1), Error);
+  engine::Engine gpu(m, engine::cuda_backend(m, DType::kF32));
+  EXPECT_THROW(engine::cuda_of(gpu).set_decode_kernel(4), Error);  // one past kDecodeTensorCore
+  EXPECT_THROW(engine::cuda_of(gpu).set_decode_kernel(-1), Error);
   const std::vector<int32_t> ids = prompt(kPrompts[2]);
   const std::vector<int32_t> forced = greedy(cpu, ids, 12);
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
@@ -466,7 +466,7 @@ TEST_F(CudaEngineSmol, F32BothDecodeKernelsKeepTheCpuKeepSets) {
            {cu::kDecodeGrouped, "full", 0},
            {cu::kDecodeGrouped, "h2o", budget}}) {
     SCOPED_TRACE(name + (kernel == cu::kDecodeGrouped ? " grouped" : " streamed"));
-    gpu.set_decode_kernel(kernel);
+    engine::cuda_of(gpu).set_decode_kernel(kernel);
     const PolicyRun want = run_policy(cpu, m, name, {}, b, ids, forced);
     const PolicyRun got = run_policy(gpu, m, name, {}, b, ids, forced);
     ASSERT_EQ(want.logits.size(), got.logits.size());
@@ -486,7 +486,7 @@ TEST_F(CudaEngineSmol, F32BothDecodeKernelsKeepTheCpuKeepSets) {
 TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
   const engine::Model& m = *lm_.model;
   engine::Engine cpu(m);
-  engine::CudaEngine gpu(m, DType::kF32);
+  engine::Engine gpu(m, engine::cuda_backend(m, DType::kF32));
   std::vector<std::pair<std::string, std::map<std::string, std::string>>> variants;
   for (const auto& p : policies::policy_registry()) {
     // SubGen with delta 0 (every key its own cluster until the table is full, then the nearest):
@@ -589,7 +589,7 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
 TEST_F(CudaEngineSmol, ReplacedAttentionUnderBudgetEqualsFull) {
   const engine::Model& m = *lm_.model;
   engine::Engine cpu(m);
-  engine::CudaEngine gpu(m, DType::kF32);
+  engine::Engine gpu(m, engine::cuda_backend(m, DType::kF32));
   const std::vector<int32_t> ids = prompt(kPrompts[0]);
   const std::vector<int32_t> forced = greedy(cpu, ids, 12);
   const int budget = static_cast<int>(ids.size() + forced.size()) + 8;  // never exceeded
@@ -617,7 +617,7 @@ TEST_F(CudaEngineSmol, ReplacedAttentionUnderBudgetEqualsFull) {
 // logits stay finite.
 TEST_F(CudaEngineSmol, Bf16SubgenKeepsSinksAndRecentWindow) {
   const engine::Model& m = *lm_.model;
-  engine::CudaEngine gpu(m, DType::kBf16);
+  engine::Engine gpu(m, engine::cuda_backend(m, DType::kBf16));
   const std::vector<int32_t> ids = prompt(kPrompts[2]);
   const std::vector<int32_t> forced = {17, 99, 250, 1000, 42, 7};
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
@@ -649,7 +649,7 @@ TEST_F(CudaEngineSmol, Bf16SubgenKeepsSinksAndRecentWindow) {
 // drops one per head (victims: nothing uploaded but the pass's token and position).
 TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
   const engine::Model& m = *lm_.model;
-  engine::CudaEngine gpu(m, DType::kF32);
+  engine::Engine gpu(m, engine::cuda_backend(m, DType::kF32));
   const int L = m.config.num_layers;
   const std::vector<int32_t> ids = prompt(kPrompts[1]);
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
@@ -793,7 +793,7 @@ TEST_F(CudaEngineSmol, Bf16TeacherForcedTop1AgreesWithCpu) {
   ASSERT_GE(ids.size(), 520u) << kEssay << " is too short";
   ids.resize(520);
   engine::Engine cpu(*lm_.model);
-  engine::CudaEngine gpu(*lm_.model, DType::kBf16);
+  engine::Engine gpu(*lm_.model, engine::cuda_backend(*lm_.model, DType::kBf16));
   const size_t V = lm_.model->config.vocab_size;
   // CPU: one pass, logits of every position.
   std::vector<float> ref;
@@ -805,7 +805,7 @@ TEST_F(CudaEngineSmol, Bf16TeacherForcedTop1AgreesWithCpu) {
   // the default decode kernel and on the tensor-core one (SmolLM2: head_dim 64, group 3).
   constexpr int kPrefill = 64;
   for (int kernel : {cu::kDecodeDefault, cu::kDecodeTensorCore}) {
-    gpu.set_decode_kernel(kernel);
+    engine::cuda_of(gpu).set_decode_kernel(kernel);
     kernels::KvCache c = gpu.new_cache(static_cast<int>(ids.size()));
     std::vector<float> got;
     gpu.forward({ids.data(), kPrefill}, c, engine::LogitsMode::kAll, &got);

@@ -1,4 +1,4 @@
-// Decode steps as CUDA graphs (kernels/cuda/graph.h, CudaEngine::set_graphs; issue 16 "launch
+// Decode steps as CUDA graphs (kernels/cuda/graph.h, cuda_of(engine).set_graphs; issue 16 "launch
 // overhead"). The law: a captured step launches the same kernels with the same arguments as the
 // step launched op by op, so with graphs on every step's logits, the device rows (lengths,
 // positions, K/V bits), the index's keep-sets and the host traffic per step are identical to
@@ -6,7 +6,7 @@
 // the steps that qualify (decode_step_capturable: all but SubGen and weighted subgen_kcenter,
 // which replace attention) all ran as graphs, most of them as in-place updates of the previous
 // step's executable graph; policy_ms still measures the hooks (their events are graph nodes).
-// The same for a decode batch (StackEngine::decode_batch). SmolLM2-135M, f32 and bf16 (the
+// The same for a decode batch (Engine::decode_batch). SmolLM2-135M, f32 and bf16 (the
 // bf16 rows on the streamed and the tensor-core decode kernels), and stories260K in f32. Without
 // a GPU every case skips.
 #include <gtest/gtest.h>
@@ -23,7 +23,7 @@
 #include "kernels/cuda/graph.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/policies/policy.h"
-#include "workers/engine/block_stack.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/cuda_engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
@@ -62,9 +62,9 @@ bool capturable(const engine::Model& m, const Variant& v) {
 }
 
 // Prefill then `steps` teacher-forced decode steps (fixed tokens: both runs see the same).
-StepRun run_steps(engine::CudaEngine& eng, const engine::Model& m, const Variant& v, int budget,
+StepRun run_steps(engine::Engine& eng, const engine::Model& m, const Variant& v, int budget,
                   const std::vector<int32_t>& prompt, int steps, bool graphs) {
-  eng.set_graphs(graphs);
+  engine::cuda_of(eng).set_graphs(graphs);
   StepRun r;
   std::unique_ptr<policies::Policy> policy = testing_batch::make(m, v, budget);
   kernels::KvCache cache = eng.new_cache(0, policy.get());
@@ -72,7 +72,7 @@ StepRun run_steps(engine::CudaEngine& eng, const engine::Model& m, const Variant
   engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
   r.logits.push_back(logits);
   const engine::TransferCounters t0 = eng.transfer_counters();
-  const cu::GraphCounters g0 = eng.graph_counters();
+  const cu::GraphCounters g0 = engine::cuda_of(eng).graph_counters();
   const double ms0 = eng.policy_ms();
   const int V = m.config.vocab_size;
   for (int t = 0; t < steps; ++t) {
@@ -82,7 +82,7 @@ StepRun run_steps(engine::CudaEngine& eng, const engine::Model& m, const Variant
     r.logits.push_back(logits);
   }
   const engine::TransferCounters t1 = eng.transfer_counters();
-  const cu::GraphCounters& g1 = eng.graph_counters();
+  const cu::GraphCounters& g1 = engine::cuda_of(eng).graph_counters();
   r.moved.d2h_copies = t1.d2h_copies - t0.d2h_copies;
   r.moved.h2d_copies = t1.h2d_copies - t0.h2d_copies;
   r.moved.stream_syncs = t1.stream_syncs - t0.stream_syncs;
@@ -94,7 +94,7 @@ StepRun run_steps(engine::CudaEngine& eng, const engine::Model& m, const Variant
   r.graphs.aborted = g1.aborted - g0.aborted;
   r.graphs.last_nodes = g1.last_nodes;
   r.policy_ms = eng.policy_ms() - ms0;
-  r.device = eng.download_device_rows(cache);
+  r.device = engine::cuda_of(eng).download_device_rows(cache);
   const auto& sh = cache.shape();
   for (int l = 0; l < sh.num_layers; ++l) {
     const kernels::LayerKvView view = cache.layer(l);
@@ -102,7 +102,7 @@ StepRun run_steps(engine::CudaEngine& eng, const engine::Model& m, const Variant
       r.keep.emplace_back(view.position(h), view.position(h) + cache.length(l, h));
     }
   }
-  eng.set_graphs(false);
+  engine::cuda_of(eng).set_graphs(false);
   return r;
 }
 
@@ -129,7 +129,7 @@ void expect_same_rows(const kernels::KvCache& a, const kernels::KvCache& b) {
 }
 
 // Every variant, graphs off then on, on `eng`: the law, and the graph counters.
-void check_every_variant(engine::CudaEngine& eng, const engine::Model& m,
+void check_every_variant(engine::Engine& eng, const engine::Model& m,
                          const std::vector<int32_t>& prompt, int steps) {
   const int budget = std::max(8, static_cast<int>(prompt.size()) / 3);
   int64_t updates = 0, captured_variants = 0;
@@ -186,7 +186,7 @@ TEST(CudaGraphsStories, F32EveryPolicyStepsAsLaunchedOneByOne) {
   std::unique_ptr<engine::Model> m = engine::load_model(kStories);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back((5 + 37 * i) % m->config.vocab_size);
-  engine::CudaEngine eng(*m, DType::kF32);
+  engine::Engine eng(*m, engine::cuda_backend(*m, DType::kF32));
   check_every_variant(eng, *m, prompt, 12);
 }
 
@@ -205,15 +205,15 @@ class CudaGraphsSmol : public ::testing::Test {
 };
 
 TEST_F(CudaGraphsSmol, F32EveryPolicyStepsAsLaunchedOneByOne) {
-  engine::CudaEngine eng(*lm_.model, DType::kF32);
+  engine::Engine eng(*lm_.model, engine::cuda_backend(*lm_.model, DType::kF32));
   check_every_variant(eng, *lm_.model, prompt_, 12);
 }
 
 TEST_F(CudaGraphsSmol, Bf16EveryPolicyStepsAsLaunchedOneByOneOnBothDecodeKernels) {
-  engine::CudaEngine eng(*lm_.model, DType::kBf16);
+  engine::Engine eng(*lm_.model, engine::cuda_backend(*lm_.model, DType::kBf16));
   for (int kernel : {cu::kDecodeDefault, cu::kDecodeTensorCore}) {
     SCOPED_TRACE(kernel == cu::kDecodeDefault ? "default decode kernel" : "tensor cores");
-    eng.set_decode_kernel(kernel);
+    engine::cuda_of(eng).set_decode_kernel(kernel);
     check_every_variant(eng, *lm_.model, prompt_, 8);
   }
 }
@@ -222,7 +222,7 @@ TEST_F(CudaGraphsSmol, Bf16EveryPolicyStepsAsLaunchedOneByOneOnBothDecodeKernels
 // (every row equals the sequence decoded alone), and the two runs' rows are equal bit for bit.
 TEST_F(CudaGraphsSmol, F32DecodeBatchStepsAsLaunchedOneByOne) {
   const engine::Model& m = *lm_.model;
-  engine::CudaEngine eng(m, DType::kF32);
+  engine::Engine eng(m, engine::cuda_backend(m, DType::kF32));
   std::vector<Variant> vars;
   for (const Variant& v : testing_batch::variants()) {
     if (capturable(m, v)) vars.push_back(v);
@@ -231,8 +231,8 @@ TEST_F(CudaGraphsSmol, F32DecodeBatchStepsAsLaunchedOneByOne) {
   std::map<std::pair<int, int>, std::vector<float>> rows[2];
   int64_t captured = 0;
   for (int mode = 0; mode < 2; ++mode) {
-    eng.set_graphs(mode == 1);
-    const int64_t c0 = eng.graph_counters().captures;
+    engine::cuda_of(eng).set_graphs(mode == 1);
+    const int64_t c0 = engine::cuda_of(eng).graph_counters().captures;
     testing_batch::BatchRun run;
     testing_batch::run_variants_against_alone(
         eng, m, vars, 12, 10, 24, &run,
@@ -242,10 +242,10 @@ TEST_F(CudaGraphsSmol, F32DecodeBatchStepsAsLaunchedOneByOne) {
           rows[mode][{b, t}] = row;
         });
     if (HasFatalFailure()) return;
-    if (mode == 1) captured = eng.graph_counters().captures - c0;
+    if (mode == 1) captured = engine::cuda_of(eng).graph_counters().captures - c0;
     EXPECT_EQ(run.batched_steps, 10);
   }
-  eng.set_graphs(false);
+  engine::cuda_of(eng).set_graphs(false);
   ASSERT_EQ(rows[0].size(), rows[1].size());
   for (const auto& [key, row] : rows[0]) {
     EXPECT_EQ(row, rows[1][key]) << "sequence " << key.first << " step " << key.second;

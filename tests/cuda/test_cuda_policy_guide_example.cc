@@ -29,7 +29,7 @@
 #include "parity_util.h"
 #include "policy_ops_fixture.h"
 #include "workers/engine/cuda_engine.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
@@ -174,7 +174,7 @@ struct EngineRun {
   std::vector<std::vector<int32_t>> keep;  // final positions per (layer, head)
 };
 
-EngineRun run(engine::EngineBase& eng, const engine::Model& m, int budget,
+EngineRun run(engine::Engine& eng, const engine::Model& m, int budget,
               const std::vector<int32_t>& prompt, const std::vector<int32_t>& forced) {
   const auto& c = m.config;
   std::unique_ptr<policies::Policy> policy =
@@ -202,7 +202,7 @@ EngineRun run(engine::EngineBase& eng, const engine::Model& m, int budget,
 void expect_gpu_keeps_the_cpu_sets(const engine::Model& m, const std::vector<int32_t>& prompt,
                                    int gen) {
   engine::Engine cpu(m);
-  engine::CudaEngine gpu(m, engine::DType::kF32);
+  engine::Engine gpu(m, engine::cuda_backend(m, engine::DType::kF32));
   std::vector<int32_t> forced;
   {
     KvCache cache = cpu.new_cache(static_cast<int>(prompt.size()) + gen);

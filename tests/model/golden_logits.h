@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "run_kvbench.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
 #include "workers/model_session.h"

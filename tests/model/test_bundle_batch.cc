@@ -1,5 +1,5 @@
 // Batched decode of a bundle (issue 16 "a bundle decodes as one batch", RunSettings::decode_batch):
-// the bundle's generation units step together through EngineBase::decode_batch, and every unit's
+// the bundle's generation units step together through Engine::decode_batch, and every unit's
 // prediction, token counts, cache occupancy and memory figures equal those of the same bundle run
 // one unit at a time (decode_batch 1), bit for bit; units that finish early (end token, stop
 // string, their own max_new_tokens) leave the batch; a unit that fails in the batch (its time

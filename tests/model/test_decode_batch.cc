@@ -1,6 +1,6 @@
 // Batched decode (issue 16 "a bundle decodes as one batch"): B sequences, each with its own
 // cache, prompt, position and policy (every registered policy and the variant flags that change
-// the code path), step together through StackEngine::decode_batch. The law: every sequence's
+// the code path), step together through Engine::decode_batch. The law: every sequence's
 // logits at every step, and its cache (lengths, positions, K/V rows) at the end, are
 // bit-identical to decoding it alone with forward(); sequences drop out of the batch at
 // different steps. On the tiny Qwen3 and Gemma 3 fixtures (q/k norm, sliding windows) and
@@ -12,7 +12,7 @@
 #include <map>
 
 #include "kernels/policies/policy.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"

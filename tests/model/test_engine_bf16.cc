@@ -19,8 +19,8 @@
 
 #include "kernels/cpu/matmul_bf16.h"
 #include "run_kvbench.h"
-#include "workers/engine/engine_base.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine_types.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
 
@@ -66,7 +66,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // Prefill of `ids` (all logits), then 4 decode steps of one sequence, then 3 steps of a batch of
 // 3 copies of the cache: both engines give the same bits at every step.
 // a: the bf16 engine, b: the reference on rounded weights.
-void expect_identical(engine::EngineBase& a, engine::EngineBase& b,
+void expect_identical(engine::Engine& a, engine::Engine& b,
                       const std::vector<int32_t>& ids) {
   const int n = static_cast<int>(ids.size());
   kernels::KvCache ca = a.new_cache(n + 16), cb = b.new_cache(n + 16);
@@ -100,7 +100,7 @@ TEST(EngineBf16, StoriesEqualsF32OnRoundedWeights) {
   ASSERT_TRUE(std::ifstream(kStories).good()) << kStories << " missing";
   std::unique_ptr<engine::Model> m = engine::load_model(kStories);
   const engine::Model r = rounded_copy(*m);
-  std::unique_ptr<engine::EngineBase> bf16 =
+  std::unique_ptr<engine::Engine> bf16 =
       engine::make_engine(*m, engine::Device::kCpu, engine::DType::kBf16);
   engine::Engine ref(r);
   expect_identical(*bf16, ref, ids_for(37, m->config.vocab_size));

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <fstream>
 
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
 

@@ -8,7 +8,7 @@
 #include "common/error.h"
 #include "workers/formats/model_load.h"
 #include "workers/model_session.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 
 namespace kvb {

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "golden_logits.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_header.h"
 #include "workers/formats/model_load.h"

@@ -14,7 +14,7 @@
 
 #include "kernels/policies/extra_policies.h"
 #include "kernels/policies/policy.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"

@@ -8,7 +8,7 @@
 
 #include "kernels/policies/policy.h"
 #include "cache_check.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
@@ -176,7 +176,7 @@ TEST(PrefillSharing, RecordedPrefillGivesTheOwnPrefillsCacheGemma3Tiny) {
   expect_shared_equals_own(*m, prompt, 20);
 }
 
-// EngineBase::trim_storage on the CPU changes nothing (the spare capacity of a calloc'd cache
+// Engine::trim_storage on the CPU changes nothing (the spare capacity of a calloc'd cache
 // is not resident): the cache after it equals a copy taken before, capacity and physical bytes
 // included, and both decode the same logits.
 TEST(PrefillSharing, TrimStorageIsANoOpOnTheCpu) {

@@ -14,7 +14,7 @@
 
 #include "kernels/policies/policy.h"
 #include "cache_check.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
 #include "workers/prefix_store.h"
@@ -68,7 +68,7 @@ struct OnePass {
   std::vector<float> logits;
 };
 
-OnePass one_pass(engine::EngineBase& eng, const std::vector<int32_t>& prompt,
+OnePass one_pass(engine::Engine& eng, const std::vector<int32_t>& prompt,
                  const policies::StatsRequest& req, int capacity) {
   OnePass o;
   o.cache = eng.new_cache(capacity);
@@ -81,7 +81,7 @@ OnePass one_pass(engine::EngineBase& eng, const std::vector<int32_t>& prompt,
 // The law under prefix reuse: the prompt's forward pass in pieces, each continuing the record of
 // the pieces before it, gives one pass's logits, rows and statistics bit for bit (column sums
 // add the queries in the same order; a query row's arithmetic does not depend on its piece).
-void pieces_equal_one_pass(engine::EngineBase& eng, int vocab) {
+void pieces_equal_one_pass(engine::Engine& eng, int vocab) {
   ASSERT_TRUE(eng.continues_prefill());
   const int n = 300;
   const std::vector<int32_t> prompt = random_tokens(n, 11, vocab);
@@ -143,7 +143,7 @@ TEST(PrefixReuse, PiecesRecordWhatOnePassRecords) {
   std::unique_ptr<engine::Model> m = engine::load_model(kStories);
   for (engine::DType dtype : {engine::DType::kF32, engine::DType::kBf16}) {
     SCOPED_TRACE(engine::dtype_name(dtype));
-    std::unique_ptr<engine::EngineBase> e = engine::make_engine(*m, engine::Device::kCpu, dtype);
+    std::unique_ptr<engine::Engine> e = engine::make_engine(*m, engine::Device::kCpu, dtype);
     pieces_equal_one_pass(*e, m->config.vocab_size);
   }
 }
@@ -218,7 +218,7 @@ TEST(PrefixReuse, BoundedStoreAndOnePassWhereReuseCannotHold) {
   policies::StatsRequest req;
   req.col_sums = true;
   auto prefill = [&](workers::PrefixStore& store, const std::vector<int32_t>& p,
-                     const policies::StatsRequest& r, engine::EngineBase& e) {
+                     const policies::StatsRequest& r, engine::Engine& e) {
     kernels::KvCache cache = e.new_cache(static_cast<int>(p.size()) + 1);
     engine::PrefillRecord rec;
     rec.request = r;

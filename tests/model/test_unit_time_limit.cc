@@ -12,7 +12,7 @@
 #include <regex>
 #include <string>
 
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/prefix_store.h"
 #include "workers/runner.h"
 

@@ -1,4 +1,4 @@
-// Which decode steps may run as one captured CUDA graph (workers/engine/block_stack.h
+// Which decode steps may run as one captured CUDA graph (workers/engine/engine.h
 // decode_step_capturable): those whose host code never waits for the device mid-step. The
 // expected table is written from POLICIES.md's decode statistics per policy (h2o: column sums;
 // tova and scissorhands: the last query's probabilities; knorm: pre-RoPE keys; the SnapKV
@@ -14,7 +14,7 @@
 #include <string>
 
 #include "kernels/policies/policy.h"
-#include "workers/engine/block_stack.h"
+#include "workers/engine/engine.h"
 
 namespace kvb {
 namespace {

@@ -3,8 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
-#include "workers/engine/engine_base.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/cpu_backend.h"
+#include "workers/engine/engine.h"
+#include "workers/engine/engine_types.h"
 
 namespace kvb {
 namespace {
@@ -47,7 +48,7 @@ TEST(EngineFactory, DeviceAndDtypeErrors) {
   EXPECT_EQ(engine::label_precision("tpu (bf16)"), "");
   engine::Model m;
   m.config.num_layers = 1;
-  std::unique_ptr<engine::EngineBase> e =
+  std::unique_ptr<engine::Engine> e =
       engine::make_engine(m, engine::Device::kCpu, engine::DType::kF32);
   EXPECT_EQ(e->device_description(), "cpu");
   EXPECT_EQ(e->device_peak_bytes(), 0u);
@@ -58,11 +59,11 @@ TEST(EngineFactory, DeviceAndDtypeErrors) {
   EXPECT_EQ(engine::kv_slot_bytes(64, engine::DType::kF32), kv.bytes_per_slot());
   EXPECT_EQ(e->kv_logical_bytes(kv), kv.logical_bytes());
   EXPECT_EQ(e->kv_physical_bytes(kv), 2u * 3 * 5 * kv.bytes_per_slot());
-  EXPECT_NE(dynamic_cast<engine::Engine*>(e.get()), nullptr);
+  EXPECT_NE(dynamic_cast<engine::CpuBackend*>(&e->backend()), nullptr);  // the CPU engine
   // bf16 on the CPU: the CPU engine with bf16 weights, whose KV cache stays f32 (counted so).
-  std::unique_ptr<engine::EngineBase> b =
+  std::unique_ptr<engine::Engine> b =
       engine::make_engine(m, engine::Device::kCpu, engine::DType::kBf16);
-  EXPECT_NE(dynamic_cast<engine::Engine*>(b.get()), nullptr);
+  EXPECT_NE(dynamic_cast<engine::CpuBackend*>(&b->backend()), nullptr);
   EXPECT_EQ(b->kv_physical_bytes(kv), 2u * 3 * 5 * kv.bytes_per_slot());
 #ifndef KVB_WITH_CUDA
   try {

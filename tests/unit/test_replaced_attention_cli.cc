@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 #include "run_kvbench.h"
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine_types.h"
 
 namespace kvb {
 namespace {

@@ -16,7 +16,7 @@
 #include "kernels/comm_threads.h"
 #include "kernels/policies/snapkv_family.h"
 #include "tp_test_model.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/tensor_parallel.h"
 #include "workers/formats/model_load.h"

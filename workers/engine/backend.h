@@ -1,4 +1,4 @@
-// The seam between the transformer block stack, written once (block_stack.h), and where it runs
+// The seam between the transformer block stack, written once (engine.h), and where it runs
 // (issue 13 "One block stack"): a Backend owns the weights as it stores them, the activations of
 // one forward pass, and the device side of a sequence's KV cache; the stack sequences its ops,
 // decides everything that depends on the host-known cache index (lengths, positions, strides),
@@ -74,14 +74,14 @@ class Backend {
   // "cpu", or the GPU's name, for the run's provenance.
   virtual std::string device_description() const = 0;
   virtual size_t device_peak_bytes() const { return 0; }
-  // K/V bytes of `cache` as this backend stores it (EngineBase::kv_logical_bytes).
+  // K/V bytes of `cache` as this backend stores it (Engine::kv_logical_bytes).
   virtual size_t kv_logical_bytes(const kernels::KvCache& cache) const {
     return cache.logical_bytes();
   }
   virtual size_t kv_physical_bytes(const kernels::KvCache& cache) const {
     return cache.physical_bytes();
   }
-  // EngineBase::trim_storage: the storage of `cache` beyond its longest head + extra slots per
+  // Engine::trim_storage: the storage of `cache` beyond its longest head + extra slots per
   // head is freed, rows kept (nothing to do where the host cache is the storage).
   virtual void trim_storage(kernels::KvCache& cache, int extra) {
     (void)cache;
@@ -119,7 +119,7 @@ class Backend {
   }
   // Tensor-parallel collectives sit behind reduce_add().
 
-  // Decode batching (StackEngine::decode_batch): whether the per-sequence ops below can act on
+  // Decode batching (Engine::decode_batch): whether the per-sequence ops below can act on
   // one row of a pass of several sequences. select_rows(r) makes rope, rope_rows, download,
   // append_kv, attention and attend_replaced act on the pass's rows [r, r + n) (their n), with
   // the positions of those rows, until the next select_rows or begin_pass (which selects row 0).
@@ -245,7 +245,7 @@ class Backend {
 
   // Decode steps as CUDA graphs (kernels/cuda/graph.h, issue 16 "launch overhead"): where a
   // backend has them on, the stack brackets the layers of a decode step whose host code never
-  // waits for the device (decode_step_capturable, block_stack.h) with begin_graph, which starts
+  // waits for the device (decode_step_capturable, engine.h) with begin_graph, which starts
   // capturing the ops and returns true, and end_graph, which launches what was captured;
   // abort_graph ends a capture that an error interrupted (its work never runs). Elsewhere
   // begin_graph returns false and the ops run as they are called.

@@ -13,7 +13,7 @@
 #include "kernels/comm.h"
 #include "kernels/cpu/attention.h"
 #include "workers/engine/backend.h"
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine_types.h"
 #include "workers/engine/model.h"
 
 namespace kvb::engine {

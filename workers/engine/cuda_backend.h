@@ -61,7 +61,7 @@
 //    backend downloads the layer's queries (one copy, one sync) and uploads its output.
 //
 // CUDA graphs (set_graphs, off by default): a decode step whose host code never waits for the
-// device (block_stack.h decode_step_capturable) is captured from stream_ between begin_graph and
+// device (engine.h decode_step_capturable) is captured from stream_ between begin_graph and
 // end_graph and launched as one graph (kernels/cuda/graph.h): the same kernels with the same
 // arguments, so the same bits as launching them one by one. Inside a capture copy_h2d stages
 // its bytes in pinned memory, copy_d2h and sync throw (they would wait for work that has not
@@ -85,7 +85,7 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/runtime.h"
 #include "workers/engine/backend.h"
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine_types.h"
 #include "workers/engine/model.h"
 
 namespace kvb::engine {

@@ -1,5 +1,5 @@
 // Small element-wise kernels of the GPU engine that have no CPU op of their own (the CPU engine
-// does these in plain loops in forward.cc): embedding gather, residual add, GQA expansion of new
+// does these in plain loops in cpu_backend.cc): embedding gather, residual add, GQA expansion of new
 // K/V rows, widening a KV buffer to f32. Device pointers; stream-ordered; host-validated.
 #pragma once
 

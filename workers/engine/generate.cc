@@ -15,7 +15,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-void prefill_prompt(EngineBase& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
+void prefill_prompt(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
                     policies::Policy* policy, std::vector<float>* logits) {
   KVB_CHECK(!prompt.empty()) << "prefill_prompt: empty prompt";
   if (policy) policy->begin_sequence(static_cast<int>(prompt.size()));
@@ -70,7 +70,7 @@ void Generation::stepped(double ms) {
   ++result_.decode_steps;
 }
 
-GenerateResult generate_from(EngineBase& engine, kernels::KvCache& cache, std::vector<float> logits,
+GenerateResult generate_from(Engine& engine, kernels::KvCache& cache, std::vector<float> logits,
                              const GenerateOptions& options,
                              const std::function<bool(int32_t)>& on_token,
                              policies::Policy* policy) {
@@ -85,7 +85,7 @@ GenerateResult generate_from(EngineBase& engine, kernels::KvCache& cache, std::v
   return std::move(g.result());
 }
 
-GenerateResult generate(EngineBase& engine, kernels::KvCache& cache,
+GenerateResult generate(Engine& engine, kernels::KvCache& cache,
                         const std::vector<int32_t>& prompt,
                         const GenerateOptions& options,
                         const std::function<void(int32_t)>& on_token,

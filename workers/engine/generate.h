@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #include "workers/engine/sampler.h"
 
 namespace kvb::engine {
@@ -33,11 +33,11 @@ struct GenerateResult {
 // The prompt phase alone: begin_sequence, then prefill per the policy's prefill_mode (oneshot:
 // one pass with on_prefill_layer; streaming: token by token with on_decode_layer). logits receives
 // the last token's logits.
-void prefill_prompt(EngineBase& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
+void prefill_prompt(Engine& engine, kernels::KvCache& cache, const std::vector<int32_t>& prompt,
                     policies::Policy* policy, std::vector<float>* logits);
 
 // One sequence's decode loop as steps, so that several sequences can decode in one batch
-// (EngineBase::decode_batch) and each still follows generate_from's rule exactly: next() samples
+// (Engine::decode_batch) and each still follows generate_from's rule exactly: next() samples
 // from the current logits (the sampler's counter is the sequence's own step), stops on an end
 // token, on_token returning false or the limit (the last token is not fed back), and otherwise
 // returns the token to feed back; the caller runs it into logits() and calls stepped(). Logits
@@ -67,7 +67,7 @@ class Generation {
 
 // The decode loop alone, from the logits after the prompt. on_token is called with each generated
 // id (not the end token) before it is fed back; returning false stops generation there.
-GenerateResult generate_from(EngineBase& engine, kernels::KvCache& cache, std::vector<float> logits,
+GenerateResult generate_from(Engine& engine, kernels::KvCache& cache, std::vector<float> logits,
                              const GenerateOptions& options,
                              const std::function<bool(int32_t)>& on_token,
                              policies::Policy* policy);
@@ -77,7 +77,7 @@ GenerateResult generate_from(EngineBase& engine, kernels::KvCache& cache, std::v
 // With a policy, the prompt is prefilled per its prefill_mode (oneshot: one pass then
 // on_prefill_layer; streaming: token by token through on_decode_layer) and every decode step runs
 // on_decode_layer.
-GenerateResult generate(EngineBase& engine, kernels::KvCache& cache,
+GenerateResult generate(Engine& engine, kernels::KvCache& cache,
                         const std::vector<int32_t>& prompt,
                         const GenerateOptions& options,
                         const std::function<void(int32_t)>& on_token = nullptr,

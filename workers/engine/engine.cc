@@ -1,11 +1,12 @@
-// StackEngine: the block stack of block_stack.h over a Backend.
-#include "workers/engine/block_stack.h"
+// Engine: the block stack of engine.h over a Backend.
+#include "workers/engine/engine.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "common/error.h"
+#include "workers/engine/cpu_backend.h"
 
 namespace kvb::engine {
 
@@ -43,13 +44,35 @@ struct GraphScope {
 };
 }  // namespace
 
-StackEngine::StackEngine(const Model& model, std::unique_ptr<Backend> backend,
-                         kernels::Communicator* tp)
+Engine::Engine(const Model& model, std::unique_ptr<Backend> backend, kernels::Communicator* tp)
     : model_(model), backend_(std::move(backend)), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   KVB_CHECK(backend_ != nullptr) << "engine without a backend";
 }
 
-kernels::KvCache StackEngine::new_cache(int initial_capacity,
+Engine::Engine(const Model& model, kernels::Communicator* tp, DType dtype)
+    : Engine(model, std::make_unique<CpuBackend>(model, tp, dtype), tp) {}
+
+void Engine::decode_each(std::span<const int32_t> tokens,
+                         std::span<kernels::KvCache* const> caches,
+                         std::span<policies::Policy* const> policies, std::vector<float>* logits,
+                         double* seq_policy_ms) {
+  const size_t B = tokens.size();
+  KVB_CHECK(caches.size() == B && policies.size() == B && logits != nullptr)
+      << "decode_batch: " << B << " tokens, " << caches.size() << " caches, " << policies.size()
+      << " policies";
+  const size_t V = static_cast<size_t>(config().vocab_size);
+  logits->resize(B * V);
+  std::vector<float> one;
+  for (size_t b = 0; b < B; ++b) {
+    const double p0 = policy_ms();
+    forward(tokens.subspan(b, 1), *caches[b], LogitsMode::kLast, &one, policies[b],
+            policies[b] ? PolicyHook::kDecode : PolicyHook::kNone);
+    if (seq_policy_ms) seq_policy_ms[b] += policy_ms() - p0;
+    std::copy(one.begin(), one.end(), logits->begin() + static_cast<std::ptrdiff_t>(b * V));
+  }
+}
+
+kernels::KvCache Engine::new_cache(int initial_capacity,
                                         const policies::Policy* policy) const {
   const ModelConfig& c = model_.config;
   const int heads = policy && policy->gqa_expand() ? c.num_heads : c.num_kv_heads;
@@ -57,7 +80,7 @@ kernels::KvCache StackEngine::new_cache(int initial_capacity,
                           backend_->keeps_host_rows(policy));
 }
 
-void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
+void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
                           LogitsMode mode, std::vector<float>* logits, policies::Policy* policy,
                           PolicyHook hook, PrefillRecord* record) {
   const ModelConfig& c = model_.config;
@@ -130,13 +153,13 @@ void StackEngine::forward(std::span<const int32_t> tokens, kernels::KvCache& cac
   if (be.times_policy_on_device()) policy_ms_ += be.take_policy_ms();
 }
 
-void StackEngine::decode_batch(std::span<const int32_t> tokens,
+void Engine::decode_batch(std::span<const int32_t> tokens,
                                std::span<kernels::KvCache* const> caches,
                                std::span<policies::Policy* const> policies,
                                std::vector<float>* logits, double* seq_policy_ms) {
   const int B = static_cast<int>(tokens.size());
   if (B <= 1 || !backend_->batches_rows()) {
-    EngineBase::decode_batch(tokens, caches, policies, logits, seq_policy_ms);
+    decode_each(tokens, caches, policies, logits, seq_policy_ms);
     return;
   }
   const ModelConfig& c = model_.config;
@@ -227,7 +250,7 @@ void StackEngine::decode_batch(std::span<const int32_t> tokens,
   span_owner_.clear();
 }
 
-void StackEngine::project_qkv(int l, int n) {
+void Engine::project_qkv(int l, int n) {
   const ModelConfig& c = model_.config;
   Backend& be = *backend_;
   be.rmsnorm(Act::kXb, Act::kX, l, Norm::kAttn, 0, n);
@@ -238,7 +261,7 @@ void StackEngine::project_qkv(int l, int n) {
   }
 }
 
-void StackEngine::finish_layer(int l, int n) {
+void Engine::finish_layer(int l, int n) {
   const ModelConfig& c = model_.config;
   Backend& be = *backend_;
   auto residual = [&](Norm post) {
@@ -257,13 +280,13 @@ void StackEngine::finish_layer(int l, int n) {
   residual(Norm::kPostFfn);
 }
 
-void StackEngine::begin_span() {
+void Engine::begin_span() {
   if (span_seq_ >= 0) span_owner_.push_back(span_seq_);
   backend_->begin_policy_span();
 }
 
 template <typename Hook>
-void StackEngine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
+void Engine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
   Backend& be = *backend_;
   const bool device_time = be.times_policy_on_device();
   const auto t0 = Clock::now();
@@ -278,7 +301,7 @@ void StackEngine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
   }
 }
 
-void StackEngine::check_cache_heads(const kernels::KvCache& cache) const {
+void Engine::check_cache_heads(const kernels::KvCache& cache) const {
   const ModelConfig& c = model_.config;
   const int ckv = cache.shape().num_kv_heads;  // num_kv_heads, or num_heads when GQA is expanded
   KVB_CHECK(ckv == c.num_kv_heads || ckv == c.num_heads)
@@ -286,7 +309,7 @@ void StackEngine::check_cache_heads(const kernels::KvCache& cache) const {
       << " expanded)";
 }
 
-policies::LayerStats StackEngine::prepare_layer(int l, int n, kernels::KvCache& cache,
+policies::LayerStats Engine::prepare_layer(int l, int n, kernels::KvCache& cache,
                                                 policies::Policy* policy, PolicyHook* hook,
                                                 const policies::StatsRequest& req, bool rope_keys) {
   const ModelConfig& c = model_.config;
@@ -310,7 +333,7 @@ policies::LayerStats StackEngine::prepare_layer(int l, int n, kernels::KvCache& 
   return stats;
 }
 
-StackEngine::StatsShape StackEngine::stats_shape(int l, const kernels::KvCache& cache,
+Engine::StatsShape Engine::stats_shape(int l, const kernels::KvCache& cache,
                                                  PolicyHook hook, const policies::StatsRequest& req,
                                                  int last_w, bool record,
                                                  policies::LayerStats* stats) const {
@@ -326,7 +349,7 @@ StackEngine::StatsShape StackEngine::stats_shape(int l, const kernels::KvCache& 
   return sh;
 }
 
-void StackEngine::after_attention(int l, kernels::KvCache& cache, policies::Policy* policy,
+void Engine::after_attention(int l, kernels::KvCache& cache, policies::Policy* policy,
                                   PolicyHook hook, const policies::StatsRequest& req,
                                   PrefillRecord* record, policies::LayerStats stats) {
   const ModelConfig& c = model_.config;
@@ -364,7 +387,7 @@ void StackEngine::after_attention(int l, kernels::KvCache& cache, policies::Poli
   }
 }
 
-void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Policy* policy,
+void Engine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Policy* policy,
                                PolicyHook hook, const policies::StatsRequest& req, int last_w,
                                float scale, PrefillRecord* record) {
   const ModelConfig& c = model_.config;
@@ -428,7 +451,7 @@ void StackEngine::attend_layer(int l, int n, kernels::KvCache& cache, policies::
   after_attention(l, cache, policy, hook, req, record, stats);
 }
 
-bool StackEngine::attention_batches(int l, std::span<kernels::KvCache* const> caches,
+bool Engine::attention_batches(int l, std::span<kernels::KvCache* const> caches,
                                     std::span<policies::Policy* const> policies) const {
   const ModelConfig& c = model_.config;
   if (!backend_->attends_batch() || c.sliding(l)) return false;
@@ -444,7 +467,7 @@ bool StackEngine::attention_batches(int l, std::span<kernels::KvCache* const> ca
   return true;
 }
 
-void StackEngine::attend_layer_batch(int l, std::span<kernels::KvCache* const> caches,
+void Engine::attend_layer_batch(int l, std::span<kernels::KvCache* const> caches,
                                      std::span<policies::Policy* const> policies, float scale,
                                      double* seq_policy_ms) {
   const ModelConfig& c = model_.config;
@@ -490,7 +513,7 @@ void StackEngine::attend_layer_batch(int l, std::span<kernels::KvCache* const> c
   }
 }
 
-void StackEngine::sliding_layer(int l, int n, float scale, kernels::KvCache& cache) {
+void Engine::sliding_layer(int l, int n, float scale, kernels::KvCache& cache) {
   const ModelConfig& c = model_.config;
   Backend& be = *backend_;
   be.rope(Act::kK, l, c.num_kv_heads, n);
@@ -533,7 +556,7 @@ bool can_share_prefill(const policies::Policy& policy) {
          !policy.rolling_positions() && !policy.replaces_attention();
 }
 
-void StackEngine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvCache& full,
+void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvCache& full,
                                          int extra, const PrefillRecord& rec,
                                          kernels::KvCache& cache) {
   KVB_CHECK(can_share_prefill(policy)) << "policy cannot use a shared prefill";

@@ -1,37 +1,17 @@
 // Device and dtype parsing, and the engine factory behind `--device` / `--dtype`.
-#include "workers/engine/engine_base.h"
+#include "workers/engine/engine_types.h"
 
 #include <algorithm>
 
 #include "common/error.h"
 #include "common/log.h"
-#include "workers/engine/forward.h"
+#include "workers/engine/engine.h"
 #ifdef KVB_WITH_CUDA
 #include "kernels/cuda/runtime.h"
 #include "workers/engine/cuda_engine.h"
 #endif
 
 namespace kvb::engine {
-
-void EngineBase::decode_batch(std::span<const int32_t> tokens,
-                              std::span<kernels::KvCache* const> caches,
-                              std::span<policies::Policy* const> policies,
-                              std::vector<float>* logits, double* seq_policy_ms) {
-  const size_t B = tokens.size();
-  KVB_CHECK(caches.size() == B && policies.size() == B && logits != nullptr)
-      << "decode_batch: " << B << " tokens, " << caches.size() << " caches, " << policies.size()
-      << " policies";
-  const size_t V = static_cast<size_t>(config().vocab_size);
-  logits->resize(B * V);
-  std::vector<float> one;
-  for (size_t b = 0; b < B; ++b) {
-    const double p0 = policy_ms();
-    forward(tokens.subspan(b, 1), *caches[b], LogitsMode::kLast, &one, policies[b],
-            policies[b] ? PolicyHook::kDecode : PolicyHook::kNone);
-    if (seq_policy_ms) seq_policy_ms[b] += policy_ms() - p0;
-    std::copy(one.begin(), one.end(), logits->begin() + static_cast<std::ptrdiff_t>(b * V));
-  }
-}
 
 Device parse_device(const std::string& s) {
   if (s == "cpu") return Device::kCpu;
@@ -117,8 +97,8 @@ int node_local_gpu(int worker_index) {
 #endif
 }
 
-std::unique_ptr<EngineBase> make_engine(const Model& model, Device device, DType dtype, int gpu,
-                                        kernels::Communicator* tp) {
+std::unique_ptr<Engine> make_engine(const Model& model, Device device, DType dtype, int gpu,
+                                    kernels::Communicator* tp) {
   if (device == Device::kCpu) {
     return std::make_unique<Engine>(model, tp, dtype);
   }
@@ -131,7 +111,7 @@ std::unique_ptr<EngineBase> make_engine(const Model& model, Device device, DType
         << "--device cuda: no GPU visible (cudaGetDeviceCount found none: check the driver and "
            "CUDA_VISIBLE_DEVICES)";
   }
-  return std::make_unique<CudaEngine>(model, dtype, gpu);
+  return std::make_unique<Engine>(model, cuda_backend(model, dtype, gpu));
 #else
   (void)gpu;
   (void)tp;
