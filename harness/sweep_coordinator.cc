@@ -230,19 +230,28 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   }
   std::map<std::string, std::string> model_hashes;
   FileDigests file_digests;  // a policy's files, hashed once for every expansion of this run
-  Plan plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
-  if (a.rerun) {
-    store.rerun_units(plan.all_keys);
+  Plan plan;
+  try {
     plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
-  } else if (!a.rerun_statuses.empty()) {
-    std::vector<std::string> again;
-    for (const auto& [key, st] : store.unit_status(plan.all_keys)) {
-      if (a.rerun_statuses.count(st.status)) again.push_back(key);
+    if (a.rerun) {
+      store.rerun_units(plan.all_keys);
+      plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
+    } else if (!a.rerun_statuses.empty()) {
+      std::vector<std::string> again;
+      for (const auto& [key, st] : store.unit_status(plan.all_keys)) {
+        if (a.rerun_statuses.count(st.status)) again.push_back(key);
+      }
+      KVB_LOG_INFO << "--rerun-status " << a.rerun_status << ": " << again.size()
+                   << " unit(s) of this matrix run again";
+      store.rerun_units(again);
+      plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
     }
-    KVB_LOG_INFO << "--rerun-status " << a.rerun_status << ": " << again.size()
-                 << " unit(s) of this matrix run again";
-    store.rerun_units(again);
-    plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
+  } catch (const Error&) {
+    // A matrix that does not expand (its task data, a policy's file) ran nothing: the run ends
+    // `error` rather than staying `running` until a later --resume calls it crashed.
+    retry_while_locked(a.db, "closing the run whose matrix did not expand", 0,
+                       [&] { store.finish_run(run_id, results::RunStatus::kError); });
+    throw;
   }
   refuse_mixed_precision(store, plan.all_keys, a, run_id);
   // Provenance: the digests the unit keys were made from (known only now, after begin_run).

@@ -14,6 +14,7 @@
 #include "harness/sweep_config.h"
 #include "harness/sweep_roles.h"
 #include "harness/task_file.h"
+#include "results/store.h"
 
 namespace kvb::harness {
 namespace {
@@ -556,6 +557,30 @@ TEST_F(SweepConfigTest, ValidateRefusesRepeatedSampleIds) {
         "{\"qid\": \"q1\", " + item + "{\"qid\": \"q2\", " + item + "{\"qid\": \"q3\", " + item);
   ASSERT_EQ(run_kvbench({"validate", path}, out, err), 0) << err;
   EXPECT_NE(out.find("units: 3\n"), std::string::npos) << out;
+}
+
+// A sweep whose matrix does not expand (here: repeated sample ids, found while the planner reads
+// the samples, after the run was registered) ends its run `error`, with nothing run; it used to
+// stay `running` until a later --resume called it crashed.
+TEST_F(SweepConfigTest, SweepWhoseMatrixDoesNotExpandEndsItsRunAsError) {
+  write("dup_run/tasks/dup_qa.yaml",
+        "context: \"{input}\"\nreference: outputs\nmetric: string_match_part\nid: qid\n"
+        "data: ../data/qa.jsonl\n");
+  const std::string item = "\"input\": \"Where?\", \"outputs\": [\"here\"]}\n";
+  write("dup_run/data/qa.jsonl", "{\"qid\": \"q1\", " + item + "{\"qid\": \"q1\", " + item);
+  const std::string path = write(
+      "dup_run/config.yaml",
+      model_yaml() + "tasks:\n  - {name: dup_qa, options: {chat: false}}\npolicies: [full]\n");
+  const std::string db = kDir + "/dup_run/results.db";
+  std::filesystem::remove(db);
+  std::string out, err;
+  EXPECT_EQ(run_kvbench({"sweep", path, "--db", db}, out, err), 2);
+  EXPECT_NE(err.find("repeats the id of line 1"), std::string::npos) << err;
+  results::Store store = results::Store::open(db, results::Mode::kReadOnly);
+  const results::QueryResult runs = store.query("SELECT status FROM runs ORDER BY run_id");
+  ASSERT_EQ(runs.rows.size(), 1u);
+  EXPECT_EQ(runs.rows[0][0].text, "error");
+  EXPECT_EQ(store.query("SELECT COUNT(*) FROM units").rows[0][0].text, "0");
 }
 
 TEST_F(SweepConfigTest, TaskDefinitionErrorsNameFileLineAndKey) {
