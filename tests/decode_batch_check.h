@@ -16,6 +16,7 @@
 
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
+#include "registry_options.h"
 #include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
@@ -30,13 +31,7 @@ struct Variant {
 inline std::vector<Variant> variants() {
   std::vector<Variant> v = {{"", {}}};
   for (const auto& p : policies::policy_registry()) {
-    // python needs its script: the example H2O (attention sums, per-head keep), a Python scorer
-    // through the same batched decode.
-    if (p.name == "python") {
-      v.push_back({p.name, {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}}});
-    } else {
-      v.push_back({p.name, {}});
-    }
+    v.push_back({p.name, testing_registry::required_options(p.name)});
   }
   v.push_back({"h2o", {{"gqa", "expand"}}});
   v.push_back({"h2o", {{"prefill", "streaming"}}});

@@ -341,7 +341,14 @@ class PolicyOps {
 
 // Scratch rows of window_scores, made by the ops on first use and kept by the caller (a
 // policy's scratch, not its state).
+// A copy starts empty: scratch is no state, and a policy's clone (a fork per unit of a shared
+// prefill) need not copy rows the next call overwrites.
 struct WindowScratch {
+  WindowScratch() = default;
+  WindowScratch(const WindowScratch&) {}
+  WindowScratch& operator=(const WindowScratch&) { return *this; }
+  WindowScratch(WindowScratch&&) noexcept = default;
+  WindowScratch& operator=(WindowScratch&&) noexcept = default;
   SlotRowsPtr per_query;  // 1 layer x query heads: the window sums
   SlotRowsPtr reduced;    // 1 layer x cache heads: their GQA reduction
 };

@@ -38,6 +38,7 @@
 #include "workers/formats/model_load.h"
 #include "workers/model_session.h"
 #include "workers/runner.h"
+#include "registry_options.h"
 
 namespace kvb {
 namespace {
@@ -494,10 +495,8 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
     // the GPU's keys into other radii and other sketches, so other (equally valid) estimates.
     if (p.name == "subgen") {
       variants.push_back({p.name, {{"delta", "0"}}});
-    } else if (p.name == "python") {  // host rows and host copies of the statistics
-      variants.push_back({p.name, {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}}});
-    } else {
-      variants.push_back({p.name, {}});
+    } else {  // python (h2o.py): host rows and host copies of the statistics
+      variants.push_back({p.name, testing_registry::required_options(p.name)});
     }
   }
   variants.push_back({"h2o", {{"gqa", "expand"}}});
@@ -655,9 +654,7 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
   std::vector<std::pair<std::string, std::map<std::string, std::string>>> variants;
   for (const auto& p : policies::policy_registry()) {
-    std::map<std::string, std::string> opts;
-    if (p.name == "python") opts = {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}};
-    variants.push_back({p.name, opts});
+    variants.push_back({p.name, testing_registry::required_options(p.name)});
   }
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}}});
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}}});
