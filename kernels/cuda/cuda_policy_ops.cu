@@ -288,6 +288,7 @@ CudaPolicyOps::~CudaPolicyOps() {
   if (lists_) cudaFreeAsync(lists_, 0);
   if (ranks_) cudaFreeAsync(ranks_, 0);
   if (log_table_) cudaFreeAsync(log_table_, 0);
+  if (f64_) cudaFreeAsync(f64_, 0);
 }
 
 int32_t* CudaPolicyOps::plan_lists(size_t need) {

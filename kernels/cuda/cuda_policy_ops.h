@@ -76,6 +76,14 @@ class CudaPolicyOps final : public ops::PolicyOps {
                 std::span<const ops::KeepTop> heads,
                 std::span<ops::SlotRows* const> state, EvictionPlan& plan) override;
 
+  // kvpress's scorers (cuda_policy_ops_scorers.cu): divide_by_query_counts in one launch;
+  // cosine_to_mean in three (the slots' norms, each head's anchor, the cosines), in f64 scratch
+  // the ops keep (norms [heads, longest], anchors [heads, head_dim]).
+  void divide_by_query_counts(ops::SlotRows& rows, int layer, std::span<const int32_t> before,
+                              int n_queries) override;
+  void cosine_to_mean(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                      ops::CacheRows which) override;
+
   // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy_batch over the listed
   // heads on the cache's device rows, one block a head in one launch (bf16 rows widened exactly
   // into scratch first, all heads in one launch), the lists and log sizes written on the device
@@ -138,6 +146,9 @@ class CudaPolicyOps final : public ops::PolicyOps {
   size_t ranks_cap_ = 0;
   // kcenter_keep's log sizes: entry i = std::log(float(i)) on the host, i < log_cap_ (entry 0
   // unused); the host copy stays for the stream-ordered upload.
+  // cosine_to_mean's f64 scratch (stream-ordered allocation).
+  double* f64_ = nullptr;
+  size_t f64_cap_ = 0;
   float* log_table_ = nullptr;
   size_t log_cap_ = 0;
   std::vector<float> log_host_;

@@ -401,6 +401,68 @@ void CpuPolicyOps::keep_top(const SlotRows& scores, int score_layer,
   }
 }
 
+void CpuPolicyOps::divide_by_query_counts(SlotRows& rows, int layer,
+                                          std::span<const int32_t> before, int n_queries) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && static_cast<int>(before.size()) <= rows.heads() &&
+            n_queries >= 1)
+      << "divide_by_query_counts: " << before.size() << " heads of " << rows.heads()
+      << " rows, " << n_queries << " queries";
+  for (size_t h = 0; h < before.size(); ++h) {
+    std::vector<float>& row = r.f32(layer, static_cast<int>(h));
+    const int len = static_cast<int>(row.size());
+    KVB_CHECK(before[h] >= 0 && len <= before[h] + n_queries)
+        << "divide_by_query_counts: head " << h << " holds " << len << " entries, "
+        << before[h] << " before a block of " << n_queries << " queries";
+    for (int s = 0; s < len; ++s) {
+      row[s] /= static_cast<float>(n_queries - std::max(0, s - before[h]));
+    }
+  }
+}
+
+void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                                  int layer, CacheRows which) {
+  CpuRows& r = host(out);
+  check_layer(out, out_layer);
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
+            out.type() == SlotType::kF32 && out.heads() <= cache.shape().num_kv_heads)
+      << "cosine_to_mean: " << out.heads() << " rows over layer " << layer << " of a cache of "
+      << cache.shape().num_kv_heads << " heads" << (cache.host_rows() ? "" : " without host rows");
+  const kernels::LayerKvView view = cache.layer(layer);
+  const int d = view.head_dim;
+  std::vector<double> norms, mean(d);
+  for (int h = 0; h < out.heads(); ++h) {
+    const int len = cache.length(layer, h);
+    auto row_of = [&](int j) { return which == CacheRows::kKeys ? view.key(h, j) : view.value(h, j); };
+    norms.resize(len);
+    std::fill(mean.begin(), mean.end(), 0.0);
+    for (int j = 0; j < len; ++j) {
+      const float* x = row_of(j);
+      double sq = 0;
+      for (int i = 0; i < d; ++i) sq = std::fma(static_cast<double>(x[i]), x[i], sq);
+      norms[j] = std::sqrt(sq);
+      const double inv = std::max(norms[j], 1e-12);
+      for (int i = 0; i < d; ++i) mean[i] += x[i] / inv;
+    }
+    double sq = 0;
+    for (int i = 0; i < d; ++i) {
+      mean[i] /= len;
+      sq = std::fma(mean[i], mean[i], sq);
+    }
+    const double anchor_norm = std::max(std::sqrt(sq), 1e-8);
+    std::vector<float>& o = r.f32(out_layer, h);
+    o.resize(len);
+    for (int j = 0; j < len; ++j) {
+      const float* x = row_of(j);
+      double dot = 0;
+      for (int i = 0; i < d; ++i) dot = std::fma(static_cast<double>(x[i]), mean[i], dot);
+      o[j] = static_cast<float>(dot / (std::max(norms[j], 1e-8) * anchor_norm));
+    }
+    r.sync_length(out_layer, h);
+  }
+}
+
 void CpuPolicyOps::erase(SlotRows& rows, int layer, std::span<const RowErase> heads) {
   CpuRows& r = host(rows);
   check_layer(rows, layer);

@@ -33,6 +33,10 @@ class CpuPolicyOps final : public PolicyOps {
   void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
                 std::span<const KeepTop> heads, std::span<SlotRows* const> state,
                 kernels::EvictionPlan& plan) override;
+  void divide_by_query_counts(SlotRows& rows, int layer, std::span<const int32_t> before,
+                              int n_queries) override;
+  void cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
+                      CacheRows which) override;
   void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
   void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;

@@ -52,6 +52,9 @@ struct WindowScoreOptions {
 
 enum class SlotType : uint8_t { kF32, kU64 };
 
+// Which rows of the cache an op reads: the keys (as cached: post-RoPE) or the values.
+enum class CacheRows : uint8_t { kKeys, kValues };
+
 // Per-slot state of a policy (kernels/ops/slot_state.h's SlotState, stored by the ops
 // instance that made it): per (layer, head) one row whose entry i belongs to slot i, with a
 // host-known length. Only the instance that made it may operate on it.
@@ -288,6 +291,24 @@ class PolicyOps {
                         std::span<const KeepTop> heads, std::span<SlotRows* const> state,
                         kernels::EvictionPlan& plan) = 0;
 
+  // Vocabulary: per-entry division by the number of a prefill's queries that saw the slot
+  // (kvpress's ObservedAttentionPress normalisation). For every head h < before.size() of f32
+  // row (layer, h), of length len: entry s becomes entry / float(n_queries - max(0, s -
+  // before[h])), one f32 division (a slot cached before the block was seen by all n_queries
+  // queries, the block's t-th by n_queries - t). Requires len <= before[h] + n_queries.
+  virtual void divide_by_query_counts(SlotRows& rows, int layer,
+                                      std::span<const int32_t> before, int n_queries) = 0;
+  // Vocabulary: each cached row's cosine similarity to its head's mean direction (KeyDiff's
+  // anchor). For every cache head h < out.heads() (<= the cache's heads) of layer `layer`, with
+  // L = cache.length(layer, h) slots x_j (keys as cached, or values; f32, bf16 widened), f32 row
+  // (out_layer, h) becomes L long, entry j = float(dot(x_j, a) / (max(n_j, 1e-8) *
+  // max(|a|, 1e-8))), where, in f64 with every product-sum an explicit fused multiply-add in
+  // index order (so every instance gives the same bits):
+  //   n_j = sqrt(sum_i x_j[i]^2);  u_j = x_j / max(n_j, 1e-12);
+  //   a[i] = (sum_{j = 0..L-1} u_j[i]) / L;  |a| = sqrt(sum_i a[i]^2).
+  virtual void cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                              int layer, CacheRows which) = 0;
+
   // Row (layer, head) of each listed head (distinct) loses entries [first, first + count).
   virtual void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) = 0;
   // subgen_kcenter's one-shot compression (POLICIES.md `subgen_kcenter`; the CPU's
@@ -343,6 +364,17 @@ class PolicyOps {
 // policy's scratch, not its state).
 // A copy starts empty: scratch is no state, and a policy's clone (a fork per unit of a shared
 // prefill) need not copy rows the next call overwrites.
+// One set of scratch rows a policy keeps between calls (its scores for the layer it decides,
+// say): like WindowScratch, a copy starts empty.
+struct ScratchRows {
+  ScratchRows() = default;
+  ScratchRows(const ScratchRows&) {}
+  ScratchRows& operator=(const ScratchRows&) { return *this; }
+  ScratchRows(ScratchRows&&) noexcept = default;
+  ScratchRows& operator=(ScratchRows&&) noexcept = default;
+  SlotRowsPtr rows;
+};
+
 struct WindowScratch {
   WindowScratch() = default;
   WindowScratch(const WindowScratch&) {}

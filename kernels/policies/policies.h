@@ -18,5 +18,7 @@ PolicyInfo subgen_kcenter_policy_info();
 PolicyInfo tova_policy_info();
 PolicyInfo knorm_policy_info();
 PolicyInfo random_policy_info();
+PolicyInfo keydiff_policy_info();             // kvpress's presses
+PolicyInfo observed_attention_policy_info();
 PolicyInfo python_policy_info();  // python_policy.cc: a policy in one Python file
 }  // namespace kvb::policies

@@ -38,6 +38,8 @@ using kernels::ops::negated_popcount;
 using kernels::ops::ops_of;
 using kernels::ops::PolicyOps;
 using kernels::ops::RowErase;
+using kernels::ops::CacheRows;
+using kernels::ops::ScratchRows;
 using kernels::ops::rows_of;
 using kernels::ops::SlotRows;
 using kernels::ops::SlotRowsPtr;

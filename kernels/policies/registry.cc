@@ -25,6 +25,8 @@ const std::vector<PolicyInfo>& policy_registry() {
           tova_policy_info(),
           knorm_policy_info(),
           random_policy_info(),
+          keydiff_policy_info(),
+          observed_attention_policy_info(),
           python_policy_info(),
       },
       extra_policies());

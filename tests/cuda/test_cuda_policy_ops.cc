@@ -659,5 +659,88 @@ TEST_F(CudaPolicyOpsParity, SnapKvFamilyDecidesAsOnTheCpu) {
   }
 }
 
+// kvpress's scorer ops (cuda_policy_ops_scorers.cu): divide_by_query_counts in one launch and
+// cosine_to_mean (keys and values, ragged heads, an empty one) in three, the CPU's bits.
+TEST_F(CudaPolicyOpsParity, KvpressScorerOpsAreTheCpuBits) {
+  const std::vector<int> lens = {40, 3, 0, 17};
+  make_caches(lens, 1);
+  const int heads = static_cast<int>(lens.size());
+  for (const policies::CacheRows which : {policies::CacheRows::kKeys,
+                                          policies::CacheRows::kValues}) {
+    std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 2, heads);
+    std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 2, heads);
+    cpu_.cosine_to_mean(*c, 1, host_, 0, which);
+    const int64_t l0 = gpu_->launches();
+    gpu_->cosine_to_mean(*g, 1, index_, 0, which);
+    EXPECT_EQ(gpu_->launches() - l0, 3);
+    for (int h = 0; h < heads; ++h) {
+      ASSERT_EQ(g->length(1, h), lens[h]);
+      parity::expect_bits(gpu_->read_f32(*g, 1, h), cpu_.read_f32(*c, 1, h), "cosines");
+    }
+  }
+  const int stride = 48, n = 20;
+  const std::vector<float> col = parity::random_vec(static_cast<size_t>(heads) * stride, 17);
+  const cu::DeviceBuffer<float> dcol = parity::to_device(col);
+  std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
+  const std::vector<int32_t> len = {40, 3, 0, 17}, before = {20, 0, 0, 5};
+  cpu_.resize_and_accumulate(*c, 0, len, col.data(), stride, stride, 1, GqaReduce::kMean);
+  gpu_->resize_and_accumulate(*g, 0, len, dcol.data(), stride, stride, 1, GqaReduce::kMean);
+  cpu_.divide_by_query_counts(*c, 0, before, n);
+  const int64_t l0 = gpu_->launches();
+  gpu_->divide_by_query_counts(*g, 0, before, n);
+  EXPECT_EQ(gpu_->launches() - l0, 1);
+  for (int h = 0; h < heads; ++h) {
+    parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "divided rows");
+  }
+}
+
+// keydiff and observed_attention decide on the device as on the CPU (GQA group 2).
+TEST_F(CudaPolicyOpsParity, KvpressScorersDecideAsOnTheCpu) {
+  const int heads = 4, group = 2, len = 90;
+  for (const char* name : {"keydiff", "observed_attention"}) {
+    SCOPED_TRACE(name);
+    make_caches(std::vector<int>(heads, len), 2);
+    policies::PolicyConfig pc;
+    pc.name = name;
+    pc.kv_budget = 30;
+    pc.shape = {1, heads * group, heads, 8, 256};
+    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
+    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
+    ASSERT_TRUE(gp->decides_with_ops());
+    const std::vector<float> col =
+        parity::tied_vec(static_cast<size_t>(heads) * group * len, 61, 7);
+    const cu::DeviceBuffer<float> dcol = parity::to_device(col);
+    policies::LayerStats st;
+    st.layer = 0;
+    st.n_new = len;
+    st.num_heads = heads * group;
+    st.stride = len;
+    st.col_sums = col.data();
+    st.ops = &cpu_;
+    EvictionPlan cplan, gplan;
+    cplan.reset(0, heads);
+    gplan.reset(0, heads);
+    cp->on_prefill_layer(st, host_, cplan);
+    st.col_sums = dcol.data();
+    st.ops = gpu_.get();
+    gp->on_prefill_layer(st, index_, gplan);
+    ASSERT_TRUE(gplan.on_device());
+    const std::vector<int32_t> lists =
+        parity::to_host(gplan.device_slots(), static_cast<size_t>(heads) * gplan.device_ld());
+    std::vector<int32_t> want;
+    for (int h = 0; h < heads; ++h) {
+      SCOPED_TRACE(testing::Message() << "head " << h);
+      cplan.keep_list(h, len, &want);
+      ASSERT_EQ(static_cast<int>(want.size()), pc.kv_budget);
+      ASSERT_EQ(gplan.device_counts()[h], pc.kv_budget);
+      const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
+                                     lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
+                                         want.size());
+      EXPECT_EQ(got, want);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvb

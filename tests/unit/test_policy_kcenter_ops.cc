@@ -172,6 +172,14 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                 EvictionPlan& plan) override {
     cpu_.keep_top(scores, score_layer, cache, heads, state, plan);
   }
+  void divide_by_query_counts(SlotRows& rows, int layer, std::span<const int32_t> before,
+                              int n_queries) override {
+    cpu_.divide_by_query_counts(rows, layer, before, n_queries);
+  }
+  void cosine_to_mean(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                      policies::CacheRows which) override {
+    cpu_.cosine_to_mean(out, out_layer, cache, layer, which);
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

@@ -1,0 +1,196 @@
+// CudaPolicyOps' scorer ops (cuda_policy_ops.h; the vocabulary of kvpress's scorers,
+// POLICIES.md "kvpress's presses"): divide_by_query_counts (ObservedAttentionPress's
+// normalisation) and cosine_to_mean (KeyDiffPress's anchor) on the cache's device rows. Every
+// product-sum is an explicit f64 fused multiply-add in the CPU instance's order and every other
+// step one IEEE operation, so the entries are the CPU's bits. Nothing is copied to the host and
+// nothing waits.
+#include <algorithm>
+
+#include "common/error.h"
+#include "kernels/cuda/cuda_policy_ops.h"
+#include "kernels/cuda/cuda_rows.h"
+#include "kernels/cuda/graph.h"
+#include "kernels/cuda/kv_cache_device.h"
+#include "kernels/cuda/kv_elem.cuh"
+#include "kernels/cuda/runtime.h"
+
+namespace kvb::kernels::cuda {
+namespace {
+
+using ops_detail::CudaRows;
+using ops_detail::device;
+using ops::SlotRows;
+using ops::SlotType;
+
+void check_rows(const SlotRows& rows, int layer) {
+  KVB_CHECK(layer >= 0 && layer < rows.layers())
+      << "cuda policy ops: layer " << layer << " of rows for " << rows.layers() << " layers";
+  KVB_USAGE_CHECK(rows.heads() <= kMaxOpsHeads)
+      << "--device cuda decides for at most " << kMaxOpsHeads << " cache heads per layer; this "
+      << "policy's state has " << rows.heads();
+}
+
+unsigned blocks_for(int longest) {
+  const unsigned b = grid_for(static_cast<size_t>(std::max(longest, 1)), 256);
+  return b > 64u ? 64u : b;
+}
+
+__global__ void divide_kernel(float* rows, int ld, HeadTable before, HeadTable len, int n_queries) {
+  const int h = blockIdx.y;
+  float* row = rows + static_cast<size_t>(h) * ld;
+  for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < len.v[h]; s += gridDim.x * blockDim.x) {
+    const int count = n_queries - max(0, s - before.v[h]);
+    row[s] = __fdiv_rn(row[s], static_cast<float>(count));
+  }
+}
+
+// The slot s of head h in the layer's rows (keys or values, [slots, d]).
+template <typename T>
+__device__ const T* slot_row(const T* rows, const DeviceLayerKvView& v, int h, int s) {
+  return rows + (static_cast<size_t>(v.offsets[h]) + s) * v.head_dim;
+}
+
+// norms[h * ld + j] = sqrt(sum_i x_j[i]^2) (f64 FMAs in index order).
+template <typename T>
+__global__ void norms_kernel(const T* rows, DeviceLayerKvView v, HeadTable len, double* norms,
+                             int ld) {
+  const int h = blockIdx.y, d = v.head_dim;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len.v[h]; j += gridDim.x * blockDim.x) {
+    const T* x = slot_row(rows, v, h, j);
+    double sq = 0;
+    for (int i = 0; i < d; ++i) {
+      const double e = kv_load(x + i);
+      sq = fma(e, e, sq);
+    }
+    norms[static_cast<size_t>(h) * ld + j] = sqrt(sq);
+  }
+}
+
+// One block per head, a thread per dimension: mean[h * d + i] = (sum_j x_j[i] / max(n_j,
+// 1e-12)) / L, j increasing; then thread 0: anorm[h] = max(sqrt(sum_i mean[i]^2), 1e-8).
+template <typename T>
+__global__ void anchor_kernel(const T* rows, DeviceLayerKvView v, HeadTable len,
+                              const double* norms, int ld, double* mean, double* anorm) {
+  const int h = blockIdx.x, d = v.head_dim, L = len.v[h];
+  double* m = mean + static_cast<size_t>(h) * d;
+  const double* n = norms + static_cast<size_t>(h) * ld;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    double acc = 0;
+    for (int j = 0; j < L; ++j) {
+      acc = __dadd_rn(acc, __ddiv_rn(kv_load(slot_row(rows, v, h, j) + i), fmax(n[j], 1e-12)));
+    }
+    m[i] = __ddiv_rn(acc, static_cast<double>(L));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double sq = 0;
+    for (int i = 0; i < d; ++i) sq = fma(m[i], m[i], sq);
+    anorm[h] = fmax(sqrt(sq), 1e-8);
+  }
+}
+
+template <typename T>
+__global__ void cosine_kernel(const T* rows, DeviceLayerKvView v, HeadTable len,
+                              const double* norms, int ld, const double* mean,
+                              const double* anorm, float* out, int out_ld) {
+  const int h = blockIdx.y, d = v.head_dim;
+  const double* m = mean + static_cast<size_t>(h) * d;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len.v[h]; j += gridDim.x * blockDim.x) {
+    const T* x = slot_row(rows, v, h, j);
+    double dot = 0;
+    for (int i = 0; i < d; ++i) dot = fma(static_cast<double>(kv_load(x + i)), m[i], dot);
+    const double denom = __dmul_rn(fmax(norms[static_cast<size_t>(h) * ld + j], 1e-8), anorm[h]);
+    out[static_cast<size_t>(h) * out_ld + j] = static_cast<float>(__ddiv_rn(dot, denom));
+  }
+}
+
+template <typename T>
+void launch_cosine(const T* rows, const DeviceLayerKvView& v, HeadTable len, int heads,
+                   int longest, double* norms, int ld, double* mean, double* anorm, float* out,
+                   int out_ld, cudaStream_t stream) {
+  const dim3 grid(blocks_for(longest), heads);
+  norms_kernel<<<grid, 256, 0, stream>>>(rows, v, len, norms, ld);
+  KVB_CUDA_CHECK_LAUNCH();
+  anchor_kernel<<<heads, std::min(256, std::max(32, v.head_dim)), 0, stream>>>(
+      rows, v, len, norms, ld, mean, anorm);
+  KVB_CUDA_CHECK_LAUNCH();
+  cosine_kernel<<<grid, 256, 0, stream>>>(rows, v, len, norms, ld, mean, anorm, out, out_ld);
+  KVB_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void CudaPolicyOps::divide_by_query_counts(SlotRows& rows, int layer,
+                                           std::span<const int32_t> before, int n_queries) {
+  CudaRows& r = device(rows);
+  check_rows(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && static_cast<int>(before.size()) <= rows.heads() &&
+            n_queries >= 1)
+      << "cuda policy ops: divide_by_query_counts of " << before.size() << " heads of "
+      << rows.heads() << " rows, " << n_queries << " queries";
+  HeadTable from{}, len{};
+  int longest = 0;
+  for (int h = 0; h < static_cast<int>(before.size()); ++h) {
+    len.v[h] = rows.length(layer, h);
+    KVB_CHECK(before[h] >= 0 && len.v[h] <= before[h] + n_queries)
+        << "cuda policy ops: divide_by_query_counts: head " << h << " holds " << len.v[h]
+        << " entries, " << before[h] << " before a block of " << n_queries << " queries";
+    from.v[h] = before[h];
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+  }
+  if (longest == 0) return;
+  divide_kernel<<<dim3(blocks_for(longest), static_cast<unsigned>(before.size())), 256, 0,
+                  stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer), from, len,
+                             n_queries);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                                   ops::CacheRows which) {
+  CudaRows& r = device(out);
+  check_rows(out, out_layer);
+  DeviceKvCache& dev = ops_detail::cache_rows(cache, "cosine_to_mean");
+  const int heads = out.heads();
+  KVB_CHECK(out.type() == SlotType::kF32 && layer >= 0 && layer < cache.shape().num_layers &&
+            heads <= cache.shape().num_kv_heads)
+      << "cuda policy ops: cosine_to_mean into " << heads << " rows over layer " << layer
+      << " of a cache of " << cache.shape().num_kv_heads << " heads";
+  HeadTable len{};
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) {
+    len.v[h] = cache.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+  }
+  r.reserve(out_layer, longest);
+  for (int h = 0; h < heads; ++h) r.set_len(out_layer, h, len.v[h]);
+  if (heads == 0) return;
+  const DeviceLayerKvView v = dev.layer(layer);
+  const int ld = std::max(longest, 1);
+  // Scratch: norms [heads, ld], means [heads, head_dim], anchor norms [heads].
+  const size_t need = static_cast<size_t>(heads) * ld + static_cast<size_t>(heads) * v.head_dim +
+                      heads;
+  if (need > f64_cap_) {
+    const size_t want = std::max(need, f64_cap_ + f64_cap_ / 2);
+    free_async(f64_, stream_);  // capture-aware (graph.h)
+    f64_ = nullptr;
+    f64_cap_ = 0;
+    f64_ = static_cast<double*>(malloc_async(want * sizeof(double), stream_));
+    f64_cap_ = want;
+  }
+  double* norms = f64_;
+  double* mean = norms + static_cast<size_t>(heads) * ld;
+  double* anorm = mean + static_cast<size_t>(heads) * v.head_dim;
+  const void* rows = which == ops::CacheRows::kKeys ? v.keys : v.values;
+  float* o = static_cast<float*>(r.data(out_layer));
+  if (v.dtype == KvDtype::kBf16) {
+    launch_cosine(static_cast<const __nv_bfloat16*>(rows), v, len, heads, longest, norms, ld,
+                  mean, anorm, o, r.ld(out_layer), stream_);
+  } else {
+    launch_cosine(static_cast<const float*>(rows), v, len, heads, longest, norms, ld, mean,
+                  anorm, o, r.ld(out_layer), stream_);
+  }
+  launches_ += 3;
+}
+
+}  // namespace kvb::kernels::cuda

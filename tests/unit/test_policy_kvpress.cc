@@ -1,0 +1,186 @@
+// kvpress's scorers as kvbench policies (POLICIES.md "kvpress's presses"): the vocabulary ops
+// they are made of (divide_by_query_counts, cosine_to_mean) and each policy's keep-set on
+// hand-computed cases, plus cosine_to_mean against a plain float64 computation written
+// independently (numpy's order: normalise, mean, then the cosine of unit vectors).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/kv_cache.h"
+#include "kernels/ops/cpu_policy_ops.h"
+#include "kernels/policies/policy.h"
+
+namespace kvb::policies {
+namespace {
+
+using kernels::KvCache;
+using V = std::vector<int32_t>;
+
+PolicyConfig config(const std::string& name, int budget, ModelShape shape,
+                    std::map<std::string, std::string> opts = {}) {
+  PolicyConfig c;
+  c.name = name;
+  c.kv_budget = budget;
+  c.shape = shape;
+  c.options = PolicyOptions(std::move(opts));
+  return c;
+}
+
+// A one-layer cache whose head h holds rows[h] as keys (values: the keys negated), at positions
+// 0, 1, ...
+KvCache cache_of(const std::vector<std::vector<std::vector<float>>>& rows, int dim) {
+  int cap = 1;
+  for (const auto& r : rows) cap = std::max(cap, static_cast<int>(r.size()));
+  KvCache cache({1, static_cast<int>(rows.size()), dim}, cap);
+  for (size_t h = 0; h < rows.size(); ++h) {
+    for (size_t j = 0; j < rows[h].size(); ++j) {
+      std::vector<float> v = rows[h][j];
+      for (float& x : v) x = -x;
+      cache.append(0, static_cast<int>(h), rows[h][j].data(), v.data(), static_cast<int32_t>(j));
+    }
+  }
+  return cache;
+}
+
+V positions(const KvCache& cache, int layer, int head) {
+  const int32_t* p = cache.layer(layer).position(head);
+  return V(p, p + cache.length(layer, head));
+}
+
+TEST(KvpressOps, DivideByQueryCountsDividesByHowManyQueriesSawEachSlot) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.resize(*r, 0, V{4, 3});
+  const std::vector<float> src = {3, 6, 4, 5, 3, 4, 5, 0};  // heads 4 apart
+  ops.accumulate(*r, 0, src.data(), 4, 4, 1, GqaReduce::kMean);
+  // Head 0: one slot before a block of 3 queries (counts 3, 3, 2, 1); head 1: none (3, 2, 1).
+  ops.divide_by_query_counts(*r, 0, V{1, 0}, 3);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{1, 2, 2, 5}));
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{1, 2, 5}));
+  // A row longer than the earlier slots and the block is refused (a slot no query saw).
+  EXPECT_THROW(ops.divide_by_query_counts(*r, 0, V{0, 0}, 3), Error);
+  EXPECT_THROW(ops.divide_by_query_counts(*r, 0, V{1, 0}, 0), Error);
+}
+
+TEST(KvpressOps, CosineToMeanOfHandPickedKeysAndValues) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  // Head 0: unit directions (1,0), (0,1), (0,-1), and a zero key: the anchor is (1/4, 0), so the
+  // cosines are 1, 0, 0 and 0 (a zero row has cosine 0, not NaN). Head 1: (1,1), (2,2),
+  // (-1,-1): anchor (s/3, s/3) with s = 1/sqrt(2), cosines 1, 1, -1.
+  KvCache cache = cache_of({{{2, 0}, {0, 3}, {0, -5}, {0, 0}}, {{1, 1}, {2, 2}, {-1, -1}}}, 2);
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 2, 2);
+  ops.cosine_to_mean(*r, 1, cache, 0, CacheRows::kKeys);
+  EXPECT_EQ(ops.read_f32(*r, 1, 0), (std::vector<float>{1, 0, 0, 0}));
+  const std::vector<float> h1 = ops.read_f32(*r, 1, 1);
+  ASSERT_EQ(h1.size(), 3u);
+  EXPECT_NEAR(h1[0], 1, 1e-7);
+  EXPECT_NEAR(h1[1], 1, 1e-7);
+  EXPECT_NEAR(h1[2], -1, 1e-7);
+  // The values (the keys negated) have the same cosines to their own mean.
+  ops.cosine_to_mean(*r, 0, cache, 0, CacheRows::kValues);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{1, 0, 0, 0}));
+  // More rows than the cache has heads are refused.
+  std::unique_ptr<SlotRows> wide = ops.make_rows(SlotType::kF32, 1, 3);
+  EXPECT_THROW(ops.cosine_to_mean(*wide, 0, cache, 0, CacheRows::kKeys), Error);
+}
+
+// Random keys against a float64 computation in another order: unit vectors first, their mean,
+// then the cosine of the unit vector with the normalised anchor.
+TEST(KvpressOps, CosineToMeanAgreesWithAFloat64Reference) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const int dim = 16, heads = 3;
+  std::vector<std::vector<std::vector<float>>> rows(heads);
+  for (int h = 0; h < heads; ++h) {
+    rows[h].resize(20 + 7 * h, std::vector<float>(dim));
+    for (auto& v : rows[h]) {
+      for (float& x : v) x = g(rng) + (h == 1 ? 2.0f : 0.0f);  // head 1: a shared direction
+    }
+  }
+  KvCache cache = cache_of(rows, dim);
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, heads);
+  ops.cosine_to_mean(*r, 0, cache, 0, CacheRows::kKeys);
+  for (int h = 0; h < heads; ++h) {
+    const int n = static_cast<int>(rows[h].size());
+    std::vector<std::vector<double>> unit(n, std::vector<double>(dim));
+    std::vector<double> anchor(dim, 0.0);
+    for (int j = 0; j < n; ++j) {
+      double norm = 0;
+      for (float x : rows[h][j]) norm += static_cast<double>(x) * x;
+      norm = std::sqrt(norm);
+      for (int i = 0; i < dim; ++i) {
+        unit[j][i] = rows[h][j][i] / norm;
+        anchor[i] += unit[j][i] / n;
+      }
+    }
+    double an = 0;
+    for (double a : anchor) an += a * a;
+    an = std::sqrt(an);
+    const std::vector<float> got = ops.read_f32(*r, 0, h);
+    ASSERT_EQ(static_cast<int>(got.size()), n);
+    for (int j = 0; j < n; ++j) {
+      double c = 0;
+      for (int i = 0; i < dim; ++i) c += unit[j][i] * anchor[i] / an;
+      EXPECT_NEAR(got[j], c, 1e-6) << "head " << h << " slot " << j;
+    }
+  }
+}
+
+// KeyDiff: keys (1,0), (0,1), (0,1), (1,1): anchor ((1+s)/4, (2+s)/4), s = 1/sqrt(2); cosines
+// 0.533, 0.846, 0.846, 0.975. Budget 2 keeps the least similar: slot 0, then one of the tied
+// slots 1 and 2: the more recent (POLICIES.md "Ties").
+TEST(KeyDiffPolicy, KeepsTheKeysLeastSimilarToTheMeanDirection) {
+  const ModelShape shape{1, 2, 2, 2, 0};
+  auto p = make_policy(config("keydiff", 2, shape));
+  EXPECT_TRUE(p->decides_with_ops());
+  // Head 1: the same keys reversed: slot 3 least similar, then the tie 1/2 keeps 2.
+  KvCache cache = cache_of({{{1, 0}, {0, 1}, {0, 1}, {1, 1}}, {{1, 1}, {0, 1}, {0, 1}, {1, 0}}}, 2);
+  LayerStats st;
+  st.layer = 0;
+  st.n_new = 4;
+  st.num_heads = 2;
+  prefill_layer(*p, st, cache);
+  EXPECT_EQ(positions(cache, 0, 0), (V{0, 2}));
+  EXPECT_EQ(positions(cache, 0, 1), (V{2, 3}));
+  // A budget the heads fit in keeps everything.
+  auto roomy = make_policy(config("keydiff", 4, shape));
+  KvCache whole = cache_of({{{1, 0}, {0, 1}, {0, 1}, {1, 1}}, {{1, 1}}}, 2);
+  prefill_layer(*roomy, st, whole);
+  EXPECT_EQ(positions(whole, 0, 0), (V{0, 1, 2, 3}));
+  // No decode eviction.
+  LayerStats dec = st;
+  dec.n_new = 1;
+  decode_layer(*p, dec, cache);
+  EXPECT_EQ(cache.length(0, 0), 2);
+}
+
+// ObservedAttention with 2 query heads per KV head and a 3-token prompt. Query head 0's rows:
+// [1], [.5 .5], [.3 .3 .4] -> column sums [1.8 .8 .4] / [3 2 1] = [.6 .4 .4]; query head 1:
+// [1], [.9 .1], [.3 .3 .4] -> [2.2 .4 .4] / [3 2 1] = [.733 .2 .4]. Means [.667 .3 .4]: budget
+// 2 keeps slots 0 and 2 (unnormalised sums [2.0 .6 .4] would keep 0 and 1).
+TEST(ObservedAttentionPolicy, KeepsTheHighestAverageAttentionPerQueryThatSawTheSlot) {
+  const ModelShape shape{1, 2, 1, 2, 0};
+  auto p = make_policy(config("observed_attention", 2, shape));
+  EXPECT_TRUE(p->prefill_request(3).col_sums);
+  EXPECT_FALSE(p->decode_request().col_sums);
+  KvCache cache = cache_of({{{1, 0}, {0, 1}, {1, 1}}}, 2);
+  const std::vector<float> col = {1.8f, 0.8f, 0.4f, 2.2f, 0.4f, 0.4f};  // [2 heads, stride 3]
+  LayerStats st;
+  st.layer = 0;
+  st.n_new = 3;
+  st.num_heads = 2;
+  st.stride = 3;
+  st.col_sums = col.data();
+  prefill_layer(*p, st, cache);
+  EXPECT_EQ(positions(cache, 0, 0), (V{0, 2}));
+}
+
+}  // namespace
+}  // namespace kvb::policies
