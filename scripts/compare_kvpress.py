@@ -2,21 +2,21 @@
 """Runs one prompt through NVIDIA kvpress's presses and kvbench's policies and compares what each
 keeps, per (layer, KV head), after the prompt's compression.
 
-Peer check, not a test: kvpress (0.1.1, on transformers 4.46.3 and torch 2.5.1 in .venv-ref; see
-scripts/ref_env.sh) loads the same GGUF file as kvbench. For each pair below, kvbench runs
-`kvbench generate --max-new-tokens 1 --dump-keep-sets` (the cache then holds exactly the
-compressed prompt), kvpress runs the model's prefill under the press, and the kept slots are
-identified by matching each retained key row to the full cache's keys. Printed per pair: heads
-whose keep-sets are identical, mean Jaccard overlap, and the worst head; differing heads go to
-stderr, with whether every swapped token is an exact tie (layer 0: the same token id gives the
-same pre-RoPE key; kvbench breaks ties towards the recent token, kvpress by float noise).
+Peer check, not a test: kvpress (0.5.5, on transformers 4.57.1 and torch 2.9.1 in .venv-kvpress;
+`bash scripts/ref_env.sh kvpress`) loads the same GGUF file as kvbench. For each pair and each
+kvpress compression ratio r (the fraction removed), kvbench runs `kvbench generate
+--max-new-tokens 1 --dump-keep-sets` with the budget kvpress keeps (max(1, int(n * (1 - r))),
+kvpress's compute_n_kept), so its cache holds exactly the compressed prompt; kvpress runs the
+model's prefill under the press, and the kept slots are identified by matching each retained key
+row to the full cache's keys. Printed per pair and ratio: heads whose keep-sets are identical,
+mean Jaccard overlap, and the worst head; differing heads go to stderr, with whether every
+swapped token is an exact tie (layer 0: the same token id gives the same pre-RoPE key; kvbench
+breaks ties towards the recent token, kvpress by float noise).
 
-Measured (2026-11-22, SmolLM2-135M Q4_1, 1,255-token WikiText-2 prompt, budget 256): SnapKV
-90/90 heads identical, StreamingLLM 90/90, TOVA (layer mean) 90/90, Knorm 87/90 (the 3 others
-differ only in same-token ties at layer 0).
+Measured tables: kernels/policies/README.md "kvpress's presses".
 
-  .venv-ref/bin/python scripts/compare_kvpress.py --kvbench build/kvbench \
-      --model models/SmolLM2-135M-Instruct.Q4_1.gguf --budget 256
+  $(bash scripts/ref_env.sh kvpress) scripts/compare_kvpress.py --kvbench build/kvbench \
+      --model models/SmolLM2-135M-Instruct.Q4_1.gguf --ratios 0.25,0.5,0.75
 """
 import argparse
 import json
@@ -42,7 +42,22 @@ PAIRS = [
     ("Knorm", lambda r: kvpress.KnormPress(compression_ratio=r), "knorm", []),
     ("TOVA (layer mean)", lambda r: kvpress.TOVAPress(compression_ratio=r), "tova",
      ["tova_reduce=layer"]),
+    ("KeyDiff", lambda r: kvpress.KeyDiffPress(compression_ratio=r), "keydiff", []),
+    ("ObservedAttention", lambda r: kvpress.ObservedAttentionPress(compression_ratio=r),
+     "observed_attention", []),
 ]
+
+
+def layer_keys(cache, layer):
+    """Layer `layer`'s keys [kv_heads, n, head_dim] of a transformers DynamicCache (4.56+: layers;
+    earlier: key_cache)."""
+    if hasattr(cache, "layers"):
+        return cache.layers[layer].keys[0]
+    return cache.key_cache[layer][0]
+
+
+def num_layers(cache):
+    return len(cache.layers) if hasattr(cache, "layers") else len(cache.key_cache)
 
 
 
@@ -52,9 +67,9 @@ def prompt_text(shared):
         return f.read()
 
 
-def kvbench_keep_sets(args, policy, opts, prompt_file, dump):
+def kvbench_keep_sets(args, policy, opts, budget, prompt_file, dump):
     cmd = [args.kvbench, "generate", "--model", args.model, "--prompt-file", prompt_file,
-           "--max-new-tokens", "1", "--policy", policy, "--kv-budget", str(args.budget),
+           "--max-new-tokens", "1", "--policy", policy, "--kv-budget", str(budget),
            "--dump-keep-sets", dump]
     for o in opts:
         cmd += ["--policy-opt", o]
@@ -79,14 +94,15 @@ def main():
     ap.add_argument("--kvbench", default="build/kvbench")
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--shared", default="../shared")
-    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--ratios", default="0.25,0.5,0.75",
+                    help="kvpress compression ratios (the fraction removed), comma-separated")
     ap.add_argument("--chars", type=int, default=4500, help="characters of WikiText-2 test")
     ap.add_argument("--only", default="", help="run the pairs whose name contains this")
     args = ap.parse_args()
     torch.manual_seed(0)
     mdir, mfile = os.path.split(os.path.abspath(args.model))
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        mdir, gguf_file=mfile, torch_dtype=torch.float32, attn_implementation="eager")
+        mdir, gguf_file=mfile, dtype=torch.float32, attn_implementation="eager")
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as llama.cpp does
     model.eval()
 
@@ -96,52 +112,64 @@ def main():
         prompt_file = os.path.join(tmp, "prompt.txt")
         with open(prompt_file, "w", encoding="utf-8") as f:
             f.write(prompt_text(args.shared)[: args.chars])
-        ids = kvbench_keep_sets(args, "full", [], prompt_file, os.path.join(tmp, "full.json"))[
+        ids = kvbench_keep_sets(args, "full", [], 1, prompt_file, os.path.join(tmp, "full.json"))[
             "prompt_ids"]
         n = len(ids)
         input_ids = torch.tensor([ids])
         with torch.no_grad():
             full = model(input_ids, past_key_values=DynamicCache(), use_cache=True).past_key_values
-        # Slightly below (n - B) / n so that int(n * (1 - ratio)) is exactly B.
-        ratio = (n - args.budget - 0.5) / n
-        print(f"prompt {n} tokens, budget {args.budget} (kvpress compression_ratio {ratio:.4f}); "
-              f"transformers {transformers.__version__}, torch {torch.__version__}, "
-              f"kvpress 0.1.1")
-        print("| pair | heads identical | mean Jaccard | worst head (layer, head, Jaccard) |")
-        print("|---|---:|---:|---|")
+        ratios = [float(r) for r in args.ratios.split(",")]
+        print(f"prompt {n} tokens; transformers {transformers.__version__}, torch "
+              f"{torch.__version__}, kvpress {kvpress_version()}")
+        print("| pair | ratio | budget | heads identical | mean Jaccard | worst head (layer, head, "
+              "Jaccard) |")
+        print("|---|---:|---:|---:|---:|---|")
         for name, make, policy, opts in [p for p in PAIRS if args.only in p[0]]:
-            ours = kvbench_keep_sets(args, policy, opts, prompt_file, os.path.join(tmp, "k.json"))
-            if ours["prompt_ids"] != ids:
-                sys.exit(f"kvbench tokenized the prompt differently ({len(ours['prompt_ids'])} ids)")
-            with torch.no_grad(), make(ratio)(model):
-                cache = model(input_ids, past_key_values=DynamicCache(),
-                              use_cache=True).past_key_values
-            same, total, jac_sum, worst = 0, 0, 0.0, (2.0, -1, -1)
-            differing = []
-            for layer in range(len(cache.key_cache)):
-                theirs = kept_indices(full.key_cache[layer][0], cache.key_cache[layer][0])
-                for h, t in enumerate(theirs):
-                    o = set(ours["positions"][layer][h])
-                    t = set(t)
-                    jac = len(o & t) / max(1, len(o | t))
-                    same += o == t
-                    total += 1
-                    jac_sum += jac
-                    worst = min(worst, (jac, layer, h))
-                    if o != t:
-                        # Same token at layer 0 means the same pre-RoPE key: an exact tie that
-                        # kvbench breaks towards the recent token and kvpress by float noise.
-                        only_o = sorted(o - t)
-                        only_t = sorted(t - o)
-                        tied = layer == 0 and sorted(ids[p] for p in only_o) == sorted(
-                            ids[p] for p in only_t)
-                        differing.append(f"layer {layer} head {h}: {len(only_o)} swapped"
-                                         + (", all same-token ties" if tied else ""))
-            print(f"| {name} | {same}/{total} | {jac_sum / total:.4f} | "
-                  f"({worst[1]}, {worst[2]}, {worst[0]:.4f}) |")
-            for d in differing[:6]:
-                print(f"  {name}: {d}", file=sys.stderr)
+            for ratio in ratios:
+                budget = max(1, int(n * (1 - ratio)))  # kvpress's compute_n_kept
+                ours = kvbench_keep_sets(args, policy, opts, budget, prompt_file,
+                                         os.path.join(tmp, "k.json"))
+                if ours["prompt_ids"] != ids:
+                    sys.exit(f"kvbench tokenized the prompt differently "
+                             f"({len(ours['prompt_ids'])} ids)")
+                with torch.no_grad(), make(ratio)(model):
+                    cache = model(input_ids, past_key_values=DynamicCache(),
+                                  use_cache=True).past_key_values
+                compare(name, ratio, budget, ids, full, cache, ours)
 
+
+def kvpress_version():
+    from importlib.metadata import version
+    return version("kvpress")
+
+
+def compare(name, ratio, budget, ids, full, cache, ours):
+    same, total, jac_sum, worst = 0, 0, 0.0, (2.0, -1, -1)
+    differing = []
+    for layer in range(num_layers(cache)):
+        theirs = kept_indices(layer_keys(full, layer), layer_keys(cache, layer))
+        for h, t in enumerate(theirs):
+            o = set(ours["positions"][layer][h])
+            t = set(t)
+            jac = len(o & t) / max(1, len(o | t))
+            same += o == t
+            total += 1
+            jac_sum += jac
+            worst = min(worst, (jac, layer, h))
+            if o != t:
+                # Same token at layer 0 means the same pre-RoPE key: an exact tie that kvbench
+                # breaks towards the recent token and kvpress by float noise.
+                only_o = sorted(o - t)
+                only_t = sorted(t - o)
+                tied = layer == 0 and sorted(ids[p] for p in only_o) == sorted(
+                    ids[p] for p in only_t)
+                differing.append(f"layer {layer} head {h}: {len(only_o)} swapped (kvbench "
+                                 f"{only_o[:4]}, kvpress {only_t[:4]})"
+                                 + (", all same-token ties" if tied else ""))
+    print(f"| {name} | {ratio} | {budget} | {same}/{total} | {jac_sum / total:.4f} | "
+          f"({worst[1]}, {worst[2]}, {worst[0]:.4f}) |", flush=True)
+    for d in differing[:6]:
+        print(f"  {name} @ {ratio}: {d}", file=sys.stderr)
 
 if __name__ == "__main__":
     main()

@@ -81,7 +81,8 @@ bool prompt_cache_family(const Variant& var) {
     return var.options.at("file").find("knorm.py") != std::string::npos;
   }
   return name == "snapkv" || name == "pyramidkv" || name == "ada_snapkv" ||
-         name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter";
+         name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter" ||
+         name == "keydiff" || name == "observed_attention";
 }
 
 struct Trace {
