@@ -45,6 +45,8 @@ PAIRS = [
     ("KeyDiff", lambda r: kvpress.KeyDiffPress(compression_ratio=r), "keydiff", []),
     ("ObservedAttention", lambda r: kvpress.ObservedAttentionPress(compression_ratio=r),
      "observed_attention", []),
+    ("CUR (kv_product, window 16, 4 sinks)", lambda r: kvpress.CURPress(compression_ratio=r),
+     "cur", []),
 ]
 
 
@@ -100,10 +102,14 @@ def main():
     ap.add_argument("--only", default="", help="run the pairs whose name contains this")
     args = ap.parse_args()
     torch.manual_seed(0)
-    mdir, mfile = os.path.split(os.path.abspath(args.model))
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        mdir, gguf_file=mfile, dtype=torch.float32, attn_implementation="eager")
-    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as llama.cpp does
+    if os.path.isdir(args.model):  # a Hugging Face folder (kvbench reads the same files)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=torch.float32, attn_implementation="eager")
+    else:
+        mdir, mfile = os.path.split(os.path.abspath(args.model))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            mdir, gguf_file=mfile, dtype=torch.float32, attn_implementation="eager")
+        model.lm_head.weight = model.model.embed_tokens.weight  # tied, as llama.cpp does
     model.eval()
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -83,6 +83,14 @@ class CudaPolicyOps final : public ops::PolicyOps {
                               int n_queries) override;
   void cosine_to_mean(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
                       ops::CacheRows which) override;
+  // cache_norms, normalize_chunks (a block per chunk and head), combine, fill_prefix: one
+  // launch each.
+  void cache_norms(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                   ops::CacheRows which, bool squared) override;
+  void normalize_chunks(ops::SlotRows& rows, int layer, int chunk) override;
+  void combine(ops::SlotRows& rows, int layer, const ops::SlotRows& in, int in_layer,
+               ops::Combine how) override;
+  void fill_prefix(ops::SlotRows& rows, int layer, int count, float value) override;
 
   // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy_batch over the listed
   // heads on the cache's device rows, one block a head in one launch (bf16 rows widened exactly

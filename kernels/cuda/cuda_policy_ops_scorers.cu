@@ -105,6 +105,64 @@ __global__ void cosine_kernel(const T* rows, DeviceLayerKvView v, HeadTable len,
 }
 
 template <typename T>
+__global__ void cache_norms_kernel(const T* rows, DeviceLayerKvView v, HeadTable len, float* out,
+                                   int out_ld, bool squared) {
+  const int h = blockIdx.y, d = v.head_dim;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len.v[h]; j += gridDim.x * blockDim.x) {
+    const T* x = slot_row(rows, v, h, j);
+    double sq = 0;
+    for (int i = 0; i < d; ++i) {
+      const double e = kv_load(x + i);
+      sq = fma(e, e, sq);
+    }
+    out[static_cast<size_t>(h) * out_ld + j] = static_cast<float>(squared ? sq : sqrt(sq));
+  }
+}
+
+// One block per (chunk, head): the chunk's f64 sum in index order by thread 0, then every
+// entry divided by it.
+__global__ void normalize_chunks_kernel(float* rows, int ld, HeadTable len, int chunk) {
+  const int h = blockIdx.y, n = len.v[h];
+  float* row = rows + static_cast<size_t>(h) * ld;
+  __shared__ double sum;
+  for (int c0 = blockIdx.x * chunk; c0 < n; c0 += gridDim.x * chunk) {
+    const int c1 = min(n, c0 + chunk);
+    if (threadIdx.x == 0) {
+      double s = 0;
+      for (int i = c0; i < c1; ++i) s = __dadd_rn(s, static_cast<double>(row[i]));
+      sum = s;
+    }
+    __syncthreads();
+    const double s = sum;
+    if (s != 0) {
+      for (int i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
+        row[i] = static_cast<float>(__ddiv_rn(static_cast<double>(row[i]), s));
+      }
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void combine_kernel(float* rows, int ld, const float* in, int in_ld, HeadTable len,
+                               bool add) {
+  const int h = blockIdx.y;
+  float* row = rows + static_cast<size_t>(h) * ld;
+  const float* by = in + static_cast<size_t>(h) * in_ld;
+  for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < len.v[h]; s += gridDim.x * blockDim.x) {
+    row[s] = add ? __fadd_rn(row[s], by[s]) : __fmul_rn(row[s], by[s]);
+  }
+}
+
+__global__ void fill_prefix_kernel(float* rows, int ld, HeadTable len, int count, float value) {
+  const int h = blockIdx.y;
+  float* row = rows + static_cast<size_t>(h) * ld;
+  const int n = min(count, static_cast<int>(len.v[h]));
+  for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n; s += gridDim.x * blockDim.x) {
+    row[s] = value;
+  }
+}
+
+template <typename T>
 void launch_cosine(const T* rows, const DeviceLayerKvView& v, HeadTable len, int heads,
                    int longest, double* norms, int ld, double* mean, double* anorm, float* out,
                    int out_ld, cudaStream_t stream) {
@@ -191,6 +249,107 @@ void CudaPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const KvCache& 
                   anorm, o, r.ld(out_layer), stream_);
   }
   launches_ += 3;
+}
+
+namespace {
+// Lengths of rows' heads in `layer` and the longest.
+int row_lengths(const SlotRows& rows, int layer, HeadTable* len) {
+  int longest = 0;
+  for (int h = 0; h < rows.heads(); ++h) {
+    len->v[h] = rows.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len->v[h]));
+  }
+  return longest;
+}
+}  // namespace
+
+void CudaPolicyOps::cache_norms(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                                ops::CacheRows which, bool squared) {
+  CudaRows& r = device(out);
+  check_rows(out, out_layer);
+  DeviceKvCache& dev = ops_detail::cache_rows(cache, "cache_norms");
+  const int heads = out.heads();
+  KVB_CHECK(out.type() == SlotType::kF32 && layer >= 0 && layer < cache.shape().num_layers &&
+            heads <= cache.shape().num_kv_heads)
+      << "cuda policy ops: cache_norms into " << heads << " rows over layer " << layer
+      << " of a cache of " << cache.shape().num_kv_heads << " heads";
+  HeadTable len{};
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) {
+    len.v[h] = cache.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+  }
+  r.reserve(out_layer, longest);
+  for (int h = 0; h < heads; ++h) r.set_len(out_layer, h, len.v[h]);
+  if (heads == 0 || longest == 0) return;
+  const DeviceLayerKvView v = dev.layer(layer);
+  const void* rows = which == ops::CacheRows::kKeys ? v.keys : v.values;
+  float* o = static_cast<float*>(r.data(out_layer));
+  const dim3 grid(blocks_for(longest), heads);
+  if (v.dtype == KvDtype::kBf16) {
+    cache_norms_kernel<<<grid, 256, 0, stream_>>>(static_cast<const __nv_bfloat16*>(rows), v, len,
+                                                  o, r.ld(out_layer), squared);
+  } else {
+    cache_norms_kernel<<<grid, 256, 0, stream_>>>(static_cast<const float*>(rows), v, len, o,
+                                                  r.ld(out_layer), squared);
+  }
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::normalize_chunks(SlotRows& rows, int layer, int chunk) {
+  CudaRows& r = device(rows);
+  check_rows(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && chunk >= 0)
+      << "cuda policy ops: normalize_chunks of " << chunk << " entries";
+  HeadTable len{};
+  const int longest = row_lengths(rows, layer, &len);
+  if (longest == 0) return;
+  const int step = chunk == 0 ? longest : chunk;
+  const unsigned chunks = std::min<unsigned>(grid_for(static_cast<size_t>(longest), step), 1024u);
+  normalize_chunks_kernel<<<dim3(chunks, rows.heads()), 128, 0, stream_>>>(
+      static_cast<float*>(r.data(layer)), r.ld(layer), len, step);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::combine(SlotRows& rows, int layer, const SlotRows& in, int in_layer,
+                            ops::Combine how) {
+  CudaRows& r = device(rows);
+  const CudaRows& b = device(in);
+  check_rows(rows, layer);
+  check_rows(in, in_layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && in.type() == SlotType::kF32 &&
+            in.heads() >= rows.heads() && (&in != &rows || in_layer != layer))
+      << "cuda policy ops: combine of " << rows.heads() << " rows with " << in.heads() << " rows";
+  HeadTable len{};
+  const int longest = row_lengths(rows, layer, &len);
+  for (int h = 0; h < rows.heads(); ++h) {
+    KVB_CHECK(in.length(in_layer, h) == len.v[h])
+        << "cuda policy ops: combine: head " << h << " rows of " << len.v[h] << " and "
+        << in.length(in_layer, h);
+  }
+  if (longest == 0) return;
+  combine_kernel<<<dim3(blocks_for(longest), rows.heads()), 256, 0, stream_>>>(
+      static_cast<float*>(r.data(layer)), r.ld(layer), static_cast<const float*>(b.data(in_layer)),
+      b.ld(in_layer), len, how == ops::Combine::kAdd);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::fill_prefix(SlotRows& rows, int layer, int count, float value) {
+  CudaRows& r = device(rows);
+  check_rows(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && count >= 0)
+      << "cuda policy ops: fill_prefix of " << count << " entries";
+  HeadTable len{};
+  const int longest = row_lengths(rows, layer, &len);
+  if (longest == 0 || count == 0) return;
+  fill_prefix_kernel<<<dim3(blocks_for(std::min(count, longest)), rows.heads()), 256, 0,
+                       stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer), len, count,
+                                  value);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
 }
 
 }  // namespace kvb::kernels::cuda

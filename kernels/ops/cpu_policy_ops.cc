@@ -463,6 +463,81 @@ void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::K
   }
 }
 
+void CpuPolicyOps::cache_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                               int layer, CacheRows which, bool squared) {
+  CpuRows& r = host(out);
+  check_layer(out, out_layer);
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
+            out.type() == SlotType::kF32 && out.heads() <= cache.shape().num_kv_heads)
+      << "cache_norms: " << out.heads() << " rows over layer " << layer << " of a cache of "
+      << cache.shape().num_kv_heads << " heads" << (cache.host_rows() ? "" : " without host rows");
+  const kernels::LayerKvView view = cache.layer(layer);
+  for (int h = 0; h < out.heads(); ++h) {
+    const int len = cache.length(layer, h);
+    std::vector<float>& o = r.f32(out_layer, h);
+    o.resize(len);
+    for (int j = 0; j < len; ++j) {
+      const float* x = which == CacheRows::kKeys ? view.key(h, j) : view.value(h, j);
+      double sq = 0;
+      for (int i = 0; i < view.head_dim; ++i) sq = std::fma(static_cast<double>(x[i]), x[i], sq);
+      o[j] = static_cast<float>(squared ? sq : std::sqrt(sq));
+    }
+    r.sync_length(out_layer, h);
+  }
+}
+
+void CpuPolicyOps::normalize_chunks(SlotRows& rows, int layer, int chunk) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && chunk >= 0)
+      << "normalize_chunks: chunks of " << chunk << " entries";
+  for (int h = 0; h < rows.heads(); ++h) {
+    std::vector<float>& row = r.f32(layer, h);
+    const int len = static_cast<int>(row.size());
+    const int step = chunk == 0 ? std::max(len, 1) : chunk;
+    for (int c0 = 0; c0 < len; c0 += step) {
+      const int c1 = std::min(len, c0 + step);
+      double sum = 0;
+      for (int s = c0; s < c1; ++s) sum += row[s];
+      if (sum == 0) continue;
+      for (int s = c0; s < c1; ++s) row[s] = static_cast<float>(row[s] / sum);
+    }
+  }
+}
+
+void CpuPolicyOps::combine(SlotRows& rows, int layer, const SlotRows& in, int in_layer,
+                           Combine how) {
+  CpuRows& r = host(rows);
+  const CpuRows& b = host(in);
+  check_layer(rows, layer);
+  check_layer(in, in_layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && in.type() == SlotType::kF32 &&
+            in.heads() >= rows.heads() && (&in != &rows || in_layer != layer))
+      << "combine: " << rows.heads() << " rows with " << in.heads() << " rows";
+  for (int h = 0; h < rows.heads(); ++h) {
+    std::vector<float>& row = r.f32(layer, h);
+    const std::vector<float>& by = b.f32(in_layer, h);
+    KVB_CHECK(row.size() == by.size())
+        << "combine: head " << h << " rows of " << row.size() << " and " << by.size();
+    if (how == Combine::kMul) {
+      for (size_t s = 0; s < row.size(); ++s) row[s] *= by[s];
+    } else {
+      for (size_t s = 0; s < row.size(); ++s) row[s] += by[s];
+    }
+  }
+}
+
+void CpuPolicyOps::fill_prefix(SlotRows& rows, int layer, int count, float value) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && count >= 0)
+      << "fill_prefix of " << count << " entries";
+  for (int h = 0; h < rows.heads(); ++h) {
+    std::vector<float>& row = r.f32(layer, h);
+    std::fill(row.begin(), row.begin() + std::min<size_t>(count, row.size()), value);
+  }
+}
+
 void CpuPolicyOps::erase(SlotRows& rows, int layer, std::span<const RowErase> heads) {
   CpuRows& r = host(rows);
   check_layer(rows, layer);

@@ -37,6 +37,12 @@ class CpuPolicyOps final : public PolicyOps {
                               int n_queries) override;
   void cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
                       CacheRows which) override;
+  void cache_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
+                   CacheRows which, bool squared) override;
+  void normalize_chunks(SlotRows& rows, int layer, int chunk) override;
+  void combine(SlotRows& rows, int layer, const SlotRows& in, int in_layer,
+               Combine how) override;
+  void fill_prefix(SlotRows& rows, int layer, int count, float value) override;
   void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
   void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;

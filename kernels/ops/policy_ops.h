@@ -55,6 +55,9 @@ enum class SlotType : uint8_t { kF32, kU64 };
 // Which rows of the cache an op reads: the keys (as cached: post-RoPE) or the values.
 enum class CacheRows : uint8_t { kKeys, kValues };
 
+// How combine joins two rows entry by entry.
+enum class Combine : uint8_t { kMul, kAdd };
+
 // Per-slot state of a policy (kernels/ops/slot_state.h's SlotState, stored by the ops
 // instance that made it): per (layer, head) one row whose entry i belongs to slot i, with a
 // host-known length. Only the instance that made it may operate on it.
@@ -308,6 +311,28 @@ class PolicyOps {
   //   a[i] = (sum_{j = 0..L-1} u_j[i]) / L;  |a| = sqrt(sum_i a[i]^2).
   virtual void cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache,
                               int layer, CacheRows which) = 0;
+
+  // Vocabulary: L2 norms of the cached rows. For every cache head h < out.heads() (<= the
+  // cache's heads) of layer `layer`, f32 row (out_layer, h) becomes cache.length(layer, h) long,
+  // entry j = float(s) with squared, else float(sqrt(s)), s = sum_i x_j[i]^2 of slot j's key (as
+  // cached) or value, in f64 as explicit fused multiply-adds in index order.
+  virtual void cache_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
+                           CacheRows which, bool squared) = 0;
+  // Vocabulary: each run of `chunk` entries divided by its sum. For every head h < rows.heads(),
+  // f32 row (layer, h) is cut into chunks [c * chunk, min((c + 1) * chunk, length)) (chunk 0:
+  // the whole row is one chunk); entry e of a chunk of sum s (f64, index order) becomes
+  // float(e / s), in f64; a chunk whose sum is 0 stays as it is (kvpress's CURPress divides it
+  // into NaNs).
+  virtual void normalize_chunks(SlotRows& rows, int layer, int chunk) = 0;
+  // Vocabulary: elementwise arithmetic of two rows. f32 row (layer, h) of `rows` becomes
+  // row * in (kMul) or row + in (kAdd) with row (in_layer, h) of `in`, one f32 operation per
+  // entry, for every head h < rows.heads() (in.heads() >= rows.heads(), equal lengths). `in`
+  // may be `rows` itself at another layer.
+  virtual void combine(SlotRows& rows, int layer, const SlotRows& in, int in_layer,
+                       Combine how) = 0;
+  // Vocabulary: entries [0, min(count, length)) of every f32 row (layer, h) become `value` (a
+  // scorer's protected sinks).
+  virtual void fill_prefix(SlotRows& rows, int layer, int count, float value) = 0;
 
   // Row (layer, head) of each listed head (distinct) loses entries [first, first + count).
   virtual void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) = 0;

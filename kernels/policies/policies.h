@@ -20,5 +20,6 @@ PolicyInfo knorm_policy_info();
 PolicyInfo random_policy_info();
 PolicyInfo keydiff_policy_info();             // kvpress's presses
 PolicyInfo observed_attention_policy_info();
+PolicyInfo cur_policy_info();
 PolicyInfo python_policy_info();  // python_policy.cc: a policy in one Python file
 }  // namespace kvb::policies

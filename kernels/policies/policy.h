@@ -39,6 +39,7 @@ using kernels::ops::ops_of;
 using kernels::ops::PolicyOps;
 using kernels::ops::RowErase;
 using kernels::ops::CacheRows;
+using kernels::ops::Combine;
 using kernels::ops::ScratchRows;
 using kernels::ops::rows_of;
 using kernels::ops::SlotRows;

@@ -27,6 +27,7 @@ const std::vector<PolicyInfo>& policy_registry() {
           random_policy_info(),
           keydiff_policy_info(),
           observed_attention_policy_info(),
+          cur_policy_info(),
           python_policy_info(),
       },
       extra_policies());

@@ -695,10 +695,10 @@ TEST_F(CudaPolicyOpsParity, KvpressScorerOpsAreTheCpuBits) {
   }
 }
 
-// keydiff and observed_attention decide on the device as on the CPU (GQA group 2).
+// keydiff, observed_attention and cur decide on the device as on the CPU (GQA group 2).
 TEST_F(CudaPolicyOpsParity, KvpressScorersDecideAsOnTheCpu) {
   const int heads = 4, group = 2, len = 90;
-  for (const char* name : {"keydiff", "observed_attention"}) {
+  for (const char* name : {"keydiff", "observed_attention", "cur"}) {
     SCOPED_TRACE(name);
     make_caches(std::vector<int>(heads, len), 2);
     policies::PolicyConfig pc;
@@ -740,6 +740,47 @@ TEST_F(CudaPolicyOpsParity, KvpressScorersDecideAsOnTheCpu) {
       EXPECT_EQ(got, want);
     }
   }
+}
+
+// CUR's ops: the cached rows' (squared) norms, chunk normalisation (chunks of 1, 16 and the
+// whole row), combine (product and sum) and fill_prefix, one launch each, the CPU's bits.
+TEST_F(CudaPolicyOpsParity, LeverageOpsAreTheCpuBits) {
+  const std::vector<int> lens = {40, 3, 0, 17};
+  make_caches(lens, 1);
+  const int heads = static_cast<int>(lens.size());
+  std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 2, heads);
+  std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 2, heads);
+  auto expect_rows = [&](int layer, const char* what) {
+    for (int h = 0; h < heads; ++h) {
+      ASSERT_EQ(g->length(layer, h), lens[h]);
+      parity::expect_bits(gpu_->read_f32(*g, layer, h), cpu_.read_f32(*c, layer, h), what);
+    }
+  };
+  for (const bool squared : {false, true}) {
+    cpu_.cache_norms(*c, 0, host_, 0, policies::CacheRows::kKeys, squared);
+    int64_t l0 = gpu_->launches();
+    gpu_->cache_norms(*g, 0, index_, 0, policies::CacheRows::kKeys, squared);
+    EXPECT_EQ(gpu_->launches() - l0, 1);
+    expect_rows(0, "key norms");
+  }
+  cpu_.cache_norms(*c, 1, host_, 0, policies::CacheRows::kValues, true);
+  gpu_->cache_norms(*g, 1, index_, 0, policies::CacheRows::kValues, true);
+  expect_rows(1, "value norms");
+  for (const int chunk : {16, 1, 0}) {
+    cpu_.normalize_chunks(*c, 1, chunk);
+    const int64_t l0 = gpu_->launches();
+    gpu_->normalize_chunks(*g, 1, chunk);
+    EXPECT_EQ(gpu_->launches() - l0, 1);
+    expect_rows(1, "normalised chunks");
+  }
+  for (const policies::Combine how : {policies::Combine::kMul, policies::Combine::kAdd}) {
+    cpu_.combine(*c, 0, *c, 1, how);
+    gpu_->combine(*g, 0, *g, 1, how);
+    expect_rows(0, "combined rows");
+  }
+  cpu_.fill_prefix(*c, 0, 5, 1.0f);
+  gpu_->fill_prefix(*g, 0, 5, 1.0f);
+  expect_rows(0, "filled rows");
 }
 
 }  // namespace

@@ -180,6 +180,20 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                       policies::CacheRows which) override {
     cpu_.cosine_to_mean(out, out_layer, cache, layer, which);
   }
+  void cache_norms(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                   policies::CacheRows which, bool squared) override {
+    cpu_.cache_norms(out, out_layer, cache, layer, which, squared);
+  }
+  void normalize_chunks(SlotRows& rows, int layer, int chunk) override {
+    cpu_.normalize_chunks(rows, layer, chunk);
+  }
+  void combine(SlotRows& rows, int layer, const SlotRows& in, int in_layer,
+               policies::Combine how) override {
+    cpu_.combine(rows, layer, in, in_layer, how);
+  }
+  void fill_prefix(SlotRows& rows, int layer, int count, float value) override {
+    cpu_.fill_prefix(rows, layer, count, value);
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

@@ -182,5 +182,74 @@ TEST(ObservedAttentionPolicy, KeepsTheHighestAverageAttentionPerQueryThatSawTheS
   EXPECT_EQ(positions(cache, 0, 0), (V{0, 2}));
 }
 
+TEST(KvpressOps, CacheNormsNormalizeChunksCombineAndFillPrefix) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  // Head 0 keys: squared norms 25, 9, 1, 4, 0; head 1: 2, 8.
+  KvCache cache = cache_of({{{3, 4}, {0, 3}, {1, 0}, {0, -2}, {0, 0}}, {{1, 1}, {2, 2}}}, 2);
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 2, 2);
+  ops.cache_norms(*r, 0, cache, 0, CacheRows::kKeys, /*squared=*/true);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{25, 9, 1, 4, 0}));
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{2, 8}));
+  ops.cache_norms(*r, 1, cache, 0, CacheRows::kValues, /*squared=*/false);  // values: -keys
+  EXPECT_EQ(ops.read_f32(*r, 1, 0), (std::vector<float>{5, 3, 1, 2, 0}));
+  // Chunks of 2: [25 9] / 34, [1 4] / 5, [0] stays (a zero sum); head 1: [2 8] / 10.
+  ops.normalize_chunks(*r, 0, 2);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0),
+            (std::vector<float>{static_cast<float>(25.0 / 34), static_cast<float>(9.0 / 34),
+                                0.2f, 0.8f, 0}));
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{0.2f, 0.8f}));
+  // Chunk 0: the whole row. Row 1 of head 0: 5 3 1 2 0 over 11.
+  ops.normalize_chunks(*r, 1, 0);
+  EXPECT_EQ(ops.read_f32(*r, 1, 0)[0], static_cast<float>(5.0 / 11));
+  // Products and sums with another layer's rows of equal lengths.
+  std::unique_ptr<SlotRows> a = ops.make_rows(SlotType::kF32, 2, 1);
+  ops.resize(*a, 0, V{3});
+  ops.resize(*a, 1, V{3});
+  const std::vector<float> x = {1, 2, 3}, y = {4, 5, 6};
+  ops.accumulate(*a, 0, x.data(), 0, 3, 1, GqaReduce::kMean);
+  ops.accumulate(*a, 1, y.data(), 0, 3, 1, GqaReduce::kMean);
+  ops.combine(*a, 0, *a, 1, Combine::kMul);
+  EXPECT_EQ(ops.read_f32(*a, 0, 0), (std::vector<float>{4, 10, 18}));
+  ops.combine(*a, 0, *a, 1, Combine::kAdd);
+  EXPECT_EQ(ops.read_f32(*a, 0, 0), (std::vector<float>{8, 15, 24}));
+  EXPECT_THROW(ops.combine(*a, 0, *a, 0, Combine::kAdd), Error);  // a row with itself
+  ops.resize(*a, 1, V{2});
+  EXPECT_THROW(ops.combine(*a, 0, *a, 1, Combine::kMul), Error);  // lengths differ
+  // The first entries of every row, at most its length.
+  ops.fill_prefix(*r, 0, 3, 1.0f);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{1, 1, 1, 0.8f, 0}));
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{1, 1}));
+}
+
+// CUR with sinks 1 and windows of 2, one head of five slots. Keys' squared norms 4, 1, 9, 16, 1
+// and values' (the keys negated) the same. Windows: [4 1] / 5 = .8 .2, [9 16] / 25 = .36 .64,
+// [1] / 1 = 1. kv_product: .64 .04 .1296 .4096 1; the sink (slot 0) becomes 1.0 after the
+// normalisation over the head (which keeps the order). Budget 3 keeps the sink, slot 4 (1 /
+// sum) and slot 3; kv_avg (= k2 here) keeps the sink, 4 and 3 as well, key-only with
+// local_window 0 ranks 16 > 9 > 4: the sink, 3 and 2.
+TEST(CurPolicy, KeepsTheSinksAndTheHighestLeverage) {
+  const ModelShape shape{1, 1, 1, 1, 0};
+  const std::vector<std::vector<std::vector<float>>> keys = {{{2}, {1}, {3}, {4}, {1}}};
+  LayerStats st;
+  st.layer = 0;
+  st.n_new = 5;
+  st.num_heads = 1;
+  for (const char* lev : {"kv_product", "kv_avg"}) {
+    SCOPED_TRACE(lev);
+    auto p = make_policy(
+        config("cur", 3, shape, {{"sinks", "1"}, {"local_window", "2"}, {"leverage", lev}}));
+    KvCache cache = cache_of(keys, 1);
+    prefill_layer(*p, st, cache);
+    EXPECT_EQ(positions(cache, 0, 0), (V{0, 3, 4}));
+  }
+  auto k = make_policy(
+      config("cur", 3, shape, {{"sinks", "1"}, {"local_window", "0"}, {"leverage", "key"}}));
+  KvCache cache = cache_of(keys, 1);
+  prefill_layer(*k, st, cache);
+  EXPECT_EQ(positions(cache, 0, 0), (V{0, 2, 3}));
+  // Defaults: 4 sinks, windows of 16, kv_product.
+  EXPECT_THROW(make_policy(config("cur", 3, shape, {{"leverage", "random"}})), Error);
+}
+
 }  // namespace
 }  // namespace kvb::policies
