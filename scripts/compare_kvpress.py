@@ -47,6 +47,7 @@ PAIRS = [
      "observed_attention", []),
     ("CUR (kv_product, window 16, 4 sinks)", lambda r: kvpress.CURPress(compression_ratio=r),
      "cur", []),
+    ("LagKV (lag 128, 4 sinks)", lambda r: kvpress.LagKVPress(compression_ratio=r), "lagkv", []),
 ]
 
 
@@ -127,9 +128,9 @@ def main():
         ratios = [float(r) for r in args.ratios.split(",")]
         print(f"prompt {n} tokens; transformers {transformers.__version__}, torch "
               f"{torch.__version__}, kvpress {kvpress_version()}")
-        print("| pair | ratio | budget | heads identical | mean Jaccard | worst head (layer, head, "
-              "Jaccard) |")
-        print("|---|---:|---:|---:|---:|---|")
+        print("| pair | ratio | budget | heads identical | differ at exact ties only | differ "
+              "otherwise | mean Jaccard | worst head (layer, head, Jaccard) |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
         for name, make, policy, opts in [p for p in PAIRS if args.only in p[0]]:
             for ratio in ratios:
                 budget = max(1, int(n * (1 - ratio)))  # kvpress's compute_n_kept
@@ -138,10 +139,28 @@ def main():
                 if ours["prompt_ids"] != ids:
                     sys.exit(f"kvbench tokenized the prompt differently "
                              f"({len(ours['prompt_ids'])} ids)")
-                with torch.no_grad(), make(ratio)(model):
+                press = make(ratio)
+                scores = record_scores(press)
+                with torch.no_grad(), press(model):
                     cache = model(input_ids, past_key_values=DynamicCache(),
                                   use_cache=True).past_key_values
-                compare(name, ratio, budget, ids, full, cache, ours)
+                compare(name, ratio, budget, ids, full, cache, ours, scores)
+
+
+def record_scores(press):
+    """Per layer, the scores a ScorerPress computed ([kv_heads, n], float64), so that a differing
+    head can be told apart as an exact tie in kvpress's own scores."""
+    scores = {}
+    if hasattr(press, "score"):
+        score = press.score
+
+        def recorded(module, *args, **kwargs):
+            out = score(module, *args, **kwargs)
+            scores[module.layer_idx] = out[0].detach().double().cpu()
+            return out
+
+        press.score = recorded
+    return scores
 
 
 def kvpress_version():
@@ -149,8 +168,9 @@ def kvpress_version():
     return version("kvpress")
 
 
-def compare(name, ratio, budget, ids, full, cache, ours):
+def compare(name, ratio, budget, ids, full, cache, ours, scores):
     same, total, jac_sum, worst = 0, 0, 0.0, (2.0, -1, -1)
+    ties, other = 0, 0
     differing = []
     for layer in range(num_layers(cache)):
         theirs = kept_indices(layer_keys(full, layer), layer_keys(cache, layer))
@@ -169,12 +189,26 @@ def compare(name, ratio, budget, ids, full, cache, ours):
                 only_t = sorted(t - o)
                 tied = layer == 0 and sorted(ids[p] for p in only_o) == sorted(
                     ids[p] for p in only_t)
-                differing.append(f"layer {layer} head {h}: {len(only_o)} swapped (kvbench "
-                                 f"{only_o[:4]}, kvpress {only_t[:4]})"
-                                 + (", all same-token ties" if tied else ""))
-    print(f"| {name} | {ratio} | {budget} | {same}/{total} | {jac_sum / total:.4f} | "
-          f"({worst[1]}, {worst[2]}, {worst[0]:.4f}) |", flush=True)
-    for d in differing[:6]:
+                why = ", all same-token ties" if tied else ""
+                exact = tied
+                if layer in scores:
+                    row = scores[layer][h]
+                    swapped = {float(row[p]) for p in only_o + only_t}
+                    if len(swapped) == 1:
+                        why += ", all exact ties in kvpress's scores"
+                        exact = True
+                    else:
+                        gap = max(swapped) - min(swapped)
+                        why += f", kvpress's scores of the swapped tokens within {gap:.3g}"
+                ties += exact
+                other += not exact
+                differing.append((exact, f"layer {layer} head {h}: {len(only_o)} swapped (kvbench "
+                                  f"{only_o[:4]}, kvpress {only_t[:4]}){why}"))
+    print(f"| {name} | {ratio} | {budget} | {same}/{total} | {ties} | {other} | "
+          f"{jac_sum / total:.4f} | ({worst[1]}, {worst[2]}, {worst[0]:.4f}) |", flush=True)
+    # Every head that differs otherwise, and the first few tied ones.
+    shown = [d for exact, d in differing if not exact] + [d for exact, d in differing if exact][:3]
+    for d in shown:
         print(f"  {name} @ {ratio}: {d}", file=sys.stderr)
 
 if __name__ == "__main__":

@@ -91,6 +91,11 @@ class CudaPolicyOps final : public ops::PolicyOps {
   void combine(ops::SlotRows& rows, int layer, const ops::SlotRows& in, int in_layer,
                ops::Combine how) override;
   void fill_prefix(ops::SlotRows& rows, int layer, int count, float value) override;
+  // lag_scores: two launches (every entry's 1 or recency ramp; then one block per partition and
+  // head, its softmaxes in the f64 scratch). exp is the device's: ranks may differ from the
+  // host's at near-ties of the last bit.
+  void lag_scores(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer, int sinks,
+                  int lag) override;
 
   // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy_batch over the listed
   // heads on the cache's device rows, one block a head in one launch (bf16 rows widened exactly

@@ -162,6 +162,100 @@ __global__ void fill_prefix_kernel(float* rows, int ld, HeadTable len, int count
   }
 }
 
+// lag_scores' every entry but the scored partitions': 1, or the short rows' recency ramp.
+__global__ void lag_base_kernel(float* out, int ld, HeadTable len, int sinks, int lag) {
+  const int h = blockIdx.y, n = len.v[h];
+  float* row = out + static_cast<size_t>(h) * ld;
+  const bool ramp = n < sinks + 2 * lag;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+    row[j] = ramp && j >= sinks
+                 ? static_cast<float>(__ddiv_rn(static_cast<double>(j - sinks), n - sinks))
+                 : 1.0f;
+  }
+}
+
+// The softmax over a partition's lag slots of sd_t (lag_scores' contract) into a[0, lag):
+// lo/hi in shared memory ([d] each), every step in the CPU's order.
+template <typename T>
+__device__ void lag_softmax(const T* rows, const DeviceLayerKvView& v, int h, int first, int lag,
+                            double* lo, double* hi, double* a, double* shared_sum) {
+  const int d = v.head_dim;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    double l = kv_load(slot_row(rows, v, h, first + lag) + c), u = l;
+    for (int t = 1; t < lag; ++t) {
+      const double x = kv_load(slot_row(rows, v, h, first + lag + t) + c);
+      l = fmin(l, x);
+      u = fmax(u, x);
+    }
+    lo[c] = l;
+    hi[c] = u;
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < lag; t += blockDim.x) {
+    const T* x = slot_row(rows, v, h, first + t);
+    double mean = 0;
+    for (int c = 0; c < d; ++c) {
+      mean = __dadd_rn(mean, hi[c] == lo[c] ? 0.0
+                                             : __ddiv_rn(__dsub_rn(kv_load(x + c), lo[c]),
+                                                         __dsub_rn(hi[c], lo[c])));
+    }
+    mean = __ddiv_rn(mean, static_cast<double>(d));
+    double ss = 0;
+    for (int c = 0; c < d; ++c) {
+      const double z = hi[c] == lo[c] ? 0.0
+                                      : __ddiv_rn(__dsub_rn(kv_load(x + c), lo[c]),
+                                                  __dsub_rn(hi[c], lo[c]));
+      const double e = __dsub_rn(z, mean);
+      ss = fma(e, e, ss);
+    }
+    a[t] = d > 1 ? sqrt(__ddiv_rn(ss, static_cast<double>(d - 1))) : 0.0;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double top = a[0];
+    for (int t = 1; t < lag; ++t) top = fmax(top, a[t]);
+    *shared_sum = top;
+  }
+  __syncthreads();
+  const double top = *shared_sum;
+  for (int t = threadIdx.x; t < lag; t += blockDim.x) a[t] = exp(__dsub_rn(a[t], top));
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double sum = 0;
+    for (int t = 0; t < lag; ++t) sum = __dadd_rn(sum, a[t]);
+    *shared_sum = sum;
+  }
+  __syncthreads();
+  const double sum = *shared_sum;
+  for (int t = threadIdx.x; t < lag; t += blockDim.x) a[t] = __ddiv_rn(a[t], sum);
+  __syncthreads();
+}
+
+// One block per (partition, head): partition p < P_h - 1 of head h, scored against p + 1.
+// scratch: [heads, 2 * lag] doubles (the keys' and values' softmaxes).
+template <typename T>
+__global__ void lag_partition_kernel(const T* keys, const T* values, DeviceLayerKvView v,
+                                     HeadTable len, int sinks, int lag, double* scratch,
+                                     float* out, int ld) {
+  const int h = blockIdx.y, p = blockIdx.x, n = len.v[h];
+  if (n < sinks + 2 * lag || p + 1 >= (n - sinks) / lag) return;
+  extern __shared__ double lohi[];  // [2 * head_dim]
+  __shared__ double reduce;
+  const int first = sinks + p * lag;
+  double* ak = scratch + (static_cast<size_t>(h) * gridDim.x + p) * 2 * lag;
+  double* av = ak + lag;
+  lag_softmax(keys, v, h, first, lag, lohi, lohi + v.head_dim, ak, &reduce);
+  lag_softmax(values, v, h, first, lag, lohi, lohi + v.head_dim, av, &reduce);
+  for (int t = threadIdx.x; t < lag; t += blockDim.x) ak[t] = __ddiv_rn(__dadd_rn(ak[t], av[t]), 2.0);
+  __syncthreads();
+  float* row = out + static_cast<size_t>(h) * ld;
+  for (int t = threadIdx.x; t < lag; t += blockDim.x) {
+    int rank = 0;
+    for (int u = 0; u < lag; ++u) rank += ak[u] < ak[t] || (ak[u] == ak[t] && u < t);
+    row[first + t] = static_cast<float>(__ddiv_rn(static_cast<double>(rank), lag));
+  }
+}
+
 template <typename T>
 void launch_cosine(const T* rows, const DeviceLayerKvView& v, HeadTable len, int heads,
                    int longest, double* norms, int ld, double* mean, double* anorm, float* out,
@@ -348,6 +442,58 @@ void CudaPolicyOps::fill_prefix(SlotRows& rows, int layer, int count, float valu
   fill_prefix_kernel<<<dim3(blocks_for(std::min(count, longest)), rows.heads()), 256, 0,
                        stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer), len, count,
                                   value);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::lag_scores(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                               int sinks, int lag) {
+  CudaRows& r = device(out);
+  check_rows(out, out_layer);
+  DeviceKvCache& dev = ops_detail::cache_rows(cache, "lag_scores");
+  const int heads = out.heads();
+  KVB_CHECK(out.type() == SlotType::kF32 && layer >= 0 && layer < cache.shape().num_layers &&
+            heads <= cache.shape().num_kv_heads && sinks >= 0 && lag >= 1)
+      << "cuda policy ops: lag_scores into " << heads << " rows over layer " << layer
+      << " of a cache of " << cache.shape().num_kv_heads << " heads, sinks " << sinks << ", lag "
+      << lag;
+  HeadTable len{};
+  int longest = 0, parts = 0;
+  for (int h = 0; h < heads; ++h) {
+    len.v[h] = cache.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+    if (len.v[h] >= sinks + 2 * lag) parts = std::max(parts, (len.v[h] - sinks) / lag - 1);
+  }
+  r.reserve(out_layer, longest);
+  for (int h = 0; h < heads; ++h) r.set_len(out_layer, h, len.v[h]);
+  if (heads == 0 || longest == 0) return;
+  float* o = static_cast<float*>(r.data(out_layer));
+  lag_base_kernel<<<dim3(blocks_for(longest), heads), 256, 0, stream_>>>(o, r.ld(out_layer), len,
+                                                                         sinks, lag);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+  if (parts == 0) return;
+  const DeviceLayerKvView v = dev.layer(layer);
+  const size_t need = static_cast<size_t>(heads) * parts * 2 * lag;
+  if (need > f64_cap_) {
+    const size_t want = std::max(need, f64_cap_ + f64_cap_ / 2);
+    free_async(f64_, stream_);  // capture-aware (graph.h)
+    f64_ = nullptr;
+    f64_cap_ = 0;
+    f64_ = static_cast<double*>(malloc_async(want * sizeof(double), stream_));
+    f64_cap_ = want;
+  }
+  const size_t shared = 2 * static_cast<size_t>(v.head_dim) * sizeof(double);
+  const dim3 grid(parts, heads);
+  if (v.dtype == KvDtype::kBf16) {
+    lag_partition_kernel<<<grid, 128, shared, stream_>>>(
+        static_cast<const __nv_bfloat16*>(v.keys), static_cast<const __nv_bfloat16*>(v.values), v,
+        len, sinks, lag, f64_, o, r.ld(out_layer));
+  } else {
+    lag_partition_kernel<<<grid, 128, shared, stream_>>>(
+        static_cast<const float*>(v.keys), static_cast<const float*>(v.values), v, len, sinks,
+        lag, f64_, o, r.ld(out_layer));
+  }
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
 }

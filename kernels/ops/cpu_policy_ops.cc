@@ -538,6 +538,89 @@ void CpuPolicyOps::fill_prefix(SlotRows& rows, int layer, int count, float value
   }
 }
 
+namespace {
+// One partition's softmax of the per-slot standard deviations of its rows normalised by the
+// reference partition's per-channel range (lag_scores' contract), into a[0, lag).
+void lag_softmax(const float* const* rows, const float* const* ref, int lag, int d, double* lo,
+                 double* hi, double* a) {
+  for (int c = 0; c < d; ++c) {
+    lo[c] = hi[c] = ref[0][c];
+    for (int t = 1; t < lag; ++t) {
+      lo[c] = std::min(lo[c], static_cast<double>(ref[t][c]));
+      hi[c] = std::max(hi[c], static_cast<double>(ref[t][c]));
+    }
+  }
+  double top = 0;
+  for (int t = 0; t < lag; ++t) {
+    double mean = 0;
+    for (int c = 0; c < d; ++c) {
+      mean += hi[c] == lo[c] ? 0.0 : (rows[t][c] - lo[c]) / (hi[c] - lo[c]);
+    }
+    mean /= d;
+    double ss = 0;
+    for (int c = 0; c < d; ++c) {
+      const double z = hi[c] == lo[c] ? 0.0 : (rows[t][c] - lo[c]) / (hi[c] - lo[c]);
+      ss = std::fma(z - mean, z - mean, ss);
+    }
+    a[t] = d > 1 ? std::sqrt(ss / (d - 1)) : 0.0;
+    top = t == 0 ? a[t] : std::max(top, a[t]);
+  }
+  double sum = 0;
+  for (int t = 0; t < lag; ++t) {
+    a[t] = std::exp(a[t] - top);
+    sum += a[t];
+  }
+  for (int t = 0; t < lag; ++t) a[t] /= sum;
+}
+}  // namespace
+
+void CpuPolicyOps::lag_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                              int layer, int sinks, int lag) {
+  CpuRows& r = host(out);
+  check_layer(out, out_layer);
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
+            out.type() == SlotType::kF32 && out.heads() <= cache.shape().num_kv_heads &&
+            sinks >= 0 && lag >= 1)
+      << "lag_scores: " << out.heads() << " rows over layer " << layer << " of a cache of "
+      << cache.shape().num_kv_heads << " heads, sinks " << sinks << ", lag " << lag
+      << (cache.host_rows() ? "" : " without host rows");
+  const kernels::LayerKvView view = cache.layer(layer);
+  const int d = view.head_dim;
+  std::vector<double> lo(d), hi(d), ak(lag), av(lag);
+  std::vector<const float*> rows(lag), ref(lag);
+  for (int h = 0; h < out.heads(); ++h) {
+    const int n = cache.length(layer, h);
+    std::vector<float>& o = r.f32(out_layer, h);
+    o.assign(n, 1.0f);
+    if (n < sinks + 2 * lag) {
+      for (int j = sinks; j < n; ++j) {
+        o[j] = static_cast<float>(static_cast<double>(j - sinks) / (n - sinks));
+      }
+      r.sync_length(out_layer, h);
+      continue;
+    }
+    const int parts = (n - sinks) / lag;
+    for (int p = 0; p + 1 < parts; ++p) {
+      const int first = sinks + p * lag;
+      for (int which = 0; which < 2; ++which) {
+        for (int t = 0; t < lag; ++t) {
+          rows[t] = which == 0 ? view.key(h, first + t) : view.value(h, first + t);
+          ref[t] = which == 0 ? view.key(h, first + lag + t) : view.value(h, first + lag + t);
+        }
+        lag_softmax(rows.data(), ref.data(), lag, d, lo.data(), hi.data(),
+                    which == 0 ? ak.data() : av.data());
+      }
+      for (int t = 0; t < lag; ++t) ak[t] = (ak[t] + av[t]) / 2;
+      for (int t = 0; t < lag; ++t) {
+        int rank = 0;
+        for (int u = 0; u < lag; ++u) rank += ak[u] < ak[t] || (ak[u] == ak[t] && u < t);
+        o[first + t] = static_cast<float>(static_cast<double>(rank) / lag);
+      }
+    }
+    r.sync_length(out_layer, h);
+  }
+}
+
 void CpuPolicyOps::erase(SlotRows& rows, int layer, std::span<const RowErase> heads) {
   CpuRows& r = host(rows);
   check_layer(rows, layer);

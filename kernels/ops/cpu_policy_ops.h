@@ -43,6 +43,8 @@ class CpuPolicyOps final : public PolicyOps {
   void combine(SlotRows& rows, int layer, const SlotRows& in, int in_layer,
                Combine how) override;
   void fill_prefix(SlotRows& rows, int layer, int count, float value) override;
+  void lag_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
+                  int sinks, int lag) override;
   void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
   void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;

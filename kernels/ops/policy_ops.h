@@ -334,6 +334,24 @@ class PolicyOps {
   // scorer's protected sinks).
   virtual void fill_prefix(SlotRows& rows, int layer, int count, float value) = 0;
 
+  // Vocabulary: LagKV's lag-relative scores (kvpress LagKVPress, cross_scoring off). For every
+  // cache head h < out.heads() of layer `layer`, with n = cache.length(layer, h), f32 row
+  // (out_layer, h) becomes n long:
+  //  - n < sinks + 2 * lag: entry j = 1 for j < sinks, else float((j - sinks) / (n - sinks))
+  //    (the more recent, the higher);
+  //  - otherwise the slots [sinks, sinks + P * lag), P = (n - sinks) / lag, form P partitions;
+  //    partition p < P - 1 is scored against partition p + 1 (its reference) and every other
+  //    slot (the sinks, the last partition and the remainder) scores 1. For partition p and
+  //    rows x (keys, then values): per channel c, lo_c and hi_c are the reference's min and max;
+  //    z_t[c] = (x_t[c] - lo_c) / (hi_c - lo_c) (0 where hi_c == lo_c); sd_t = the unbiased
+  //    standard deviation of z_t over channels; a_t = softmax of sd over the partition's lag
+  //    slots. With s_t = (a_t(keys) + a_t(values)) / 2, entry t = float(rank_t / lag), rank_t
+  //    the number of slots u of the partition with s_u < s_t, or s_u == s_t and u < t.
+  //  All in f64 in index order (a two-pass mean and variance; max-subtracted exp). A device's exp
+  //  may differ from the host's in the last bit, so ranks agree except at such near-ties.
+  virtual void lag_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
+                          int sinks, int lag) = 0;
+
   // Row (layer, head) of each listed head (distinct) loses entries [first, first + count).
   virtual void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) = 0;
   // subgen_kcenter's one-shot compression (POLICIES.md `subgen_kcenter`; the CPU's

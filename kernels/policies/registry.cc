@@ -28,6 +28,7 @@ const std::vector<PolicyInfo>& policy_registry() {
           keydiff_policy_info(),
           observed_attention_policy_info(),
           cur_policy_info(),
+          lagkv_policy_info(),
           python_policy_info(),
       },
       extra_policies());

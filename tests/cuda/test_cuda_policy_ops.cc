@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_policy_ops.h"
@@ -698,13 +700,16 @@ TEST_F(CudaPolicyOpsParity, KvpressScorerOpsAreTheCpuBits) {
 // keydiff, observed_attention and cur decide on the device as on the CPU (GQA group 2).
 TEST_F(CudaPolicyOpsParity, KvpressScorersDecideAsOnTheCpu) {
   const int heads = 4, group = 2, len = 90;
-  for (const char* name : {"keydiff", "observed_attention", "cur"}) {
+  for (const char* name : {"keydiff", "observed_attention", "cur", "lagkv"}) {
     SCOPED_TRACE(name);
     make_caches(std::vector<int>(heads, len), 2);
     policies::PolicyConfig pc;
     pc.name = name;
     pc.kv_budget = 30;
     pc.shape = {1, heads * group, heads, 8, 256};
+    if (pc.name == "lagkv") {  // 5 partitions of 16
+      pc.options = policies::PolicyOptions(std::map<std::string, std::string>{{"lag", "16"}});
+    }
     std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
     std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
     ASSERT_TRUE(gp->decides_with_ops());
@@ -781,6 +786,27 @@ TEST_F(CudaPolicyOpsParity, LeverageOpsAreTheCpuBits) {
   cpu_.fill_prefix(*c, 0, 5, 1.0f);
   gpu_->fill_prefix(*g, 0, 5, 1.0f);
   expect_rows(0, "filled rows");
+}
+
+// LagKV's scores: ragged heads (partitions scored, a short head's ramp, an empty head), lag 16
+// and 5, the CPU's ranks (the device's exp may differ in the last bit; these random rows have
+// no such near-tie).
+TEST_F(CudaPolicyOpsParity, LagScoresAreTheCpuRanks) {
+  const std::vector<int> lens = {90, 20, 0, 57};
+  make_caches(lens, 1);
+  const int heads = static_cast<int>(lens.size());
+  for (const int lag : {16, 5}) {
+    std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, heads);
+    std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
+    cpu_.lag_scores(*c, 0, host_, 0, 4, lag);
+    const int64_t l0 = gpu_->launches();
+    gpu_->lag_scores(*g, 0, index_, 0, 4, lag);
+    EXPECT_EQ(gpu_->launches() - l0, 2);
+    for (int h = 0; h < heads; ++h) {
+      ASSERT_EQ(g->length(0, h), lens[h]);
+      parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "lag scores");
+    }
+  }
 }
 
 }  // namespace

@@ -82,7 +82,8 @@ bool prompt_cache_family(const Variant& var) {
   }
   return name == "snapkv" || name == "pyramidkv" || name == "ada_snapkv" ||
          name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter" ||
-         name == "keydiff" || name == "observed_attention" || name == "cur";
+         name == "keydiff" || name == "observed_attention" || name == "cur" ||
+         name == "lagkv";
 }
 
 struct Trace {

@@ -194,6 +194,10 @@ class HostAsDeviceOps final : public policies::PolicyOps {
   void fill_prefix(SlotRows& rows, int layer, int count, float value) override {
     cpu_.fill_prefix(rows, layer, count, value);
   }
+  void lag_scores(SlotRows& out, int out_layer, const KvCache& cache, int layer, int sinks,
+                  int lag) override {
+    cpu_.lag_scores(out, out_layer, cache, layer, sinks, lag);
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

@@ -251,5 +251,38 @@ TEST(CurPolicy, KeepsTheSinksAndTheHighestLeverage) {
   EXPECT_THROW(make_policy(config("cur", 3, shape, {{"leverage", "random"}})), Error);
 }
 
+// LagKV with 1 sink and partitions of 2 over 7 slots of dim 2 (values: the keys negated, whose
+// normalised rows are 1 - z: the same deviations). Partition 0 (slots 1, 2) against slots 3, 4
+// (range (2, 4)): z = (.5, .25), sd .177; z = (1, 0), sd .707: ranks 0 and 1 -> 0, .5.
+// Partition 1 (slots 3, 4) against 5, 6 (range (4, 4)): z = (0, 0), sd 0; (.5, 1), sd .354:
+// 0, .5. The sink and the last partition score 1.
+TEST(LagKvPolicy, RanksEachPartitionAgainstTheNext) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  const std::vector<std::vector<std::vector<float>>> keys = {
+      {{9, 9}, {1, 1}, {2, 0}, {0, 0}, {2, 4}, {0, 0}, {4, 4}}};
+  KvCache cache = cache_of(keys, 2);
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 1);
+  ops.lag_scores(*r, 0, cache, 0, 1, 2);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{1, 0, 0.5f, 0, 0.5f, 1, 1}));
+  // Shorter than sinks + 2 lag: the sinks score 1, the rest rises with recency.
+  KvCache short_cache = cache_of({{{1, 0}, {0, 1}, {1, 1}, {2, 2}}}, 2);
+  ops.lag_scores(*r, 0, short_cache, 0, 1, 2);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0),
+            (std::vector<float>{1, 0, static_cast<float>(1.0 / 3), static_cast<float>(2.0 / 3)}));
+  // The policy: budget 5 keeps the sink, both rank-1 tokens and the last partition; budget 4
+  // breaks the tie between slots 2 and 4 (equal ranks) towards the more recent.
+  const ModelShape shape{1, 1, 1, 2, 0};
+  LayerStats st;
+  st.layer = 0;
+  st.n_new = 7;
+  st.num_heads = 1;
+  for (const auto& [budget, want] : {std::pair{5, V{0, 2, 4, 5, 6}}, std::pair{4, V{0, 4, 5, 6}}}) {
+    auto p = make_policy(config("lagkv", budget, shape, {{"sinks", "1"}, {"lag", "2"}}));
+    KvCache c = cache_of(keys, 2);
+    prefill_layer(*p, st, c);
+    EXPECT_EQ(positions(c, 0, 0), want) << "budget " << budget;
+  }
+}
+
 }  // namespace
 }  // namespace kvb::policies
