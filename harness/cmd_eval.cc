@@ -59,7 +59,8 @@ int cmd_eval(const std::vector<std::string>& args) {
                                                      output = "md";
   std::vector<std::string> task_opts, policy_opts;
   DeviceOptions dev_opts;
-  int kv_budget = 0, limit = -1, threads = 0, max_prompt_tokens = 0, show_prediction = 60;
+  std::string kv_budget_text, compression_text;
+  int limit = -1, threads = 0, max_prompt_tokens = 0, show_prediction = 60;
   std::string seed_text = "0";
   po::options_description desc(
       "usage: kvbench eval --model PATH --task NAME [--task-opt k=v ...] [--policy NAME "
@@ -75,7 +76,11 @@ int cmd_eval(const std::vector<std::string>& args) {
        "task name (built in, or a definition under configs/tasks), or a definition file .yaml")
       ("task-opt", po::value(&task_opts)->composing(), "task option key=value (repeatable)")
       ("policy", po::value(&policy_name)->default_value("full"), "eviction policy")
-      ("kv-budget", po::value(&kv_budget)->default_value(0), "retained tokens per KV head per layer")
+      ("kv-budget", po::value(&kv_budget_text),
+       "retained tokens per KV head per layer (256), or with a decimal point the fraction of each "
+       "prompt kept (0.5)")
+      ("compression-ratio", po::value(&compression_text),
+       "instead of --kv-budget: kvpress's compression_ratio, the fraction of each prompt removed")
       ("policy-opt", po::value(&policy_opts)->composing(), "policy option key=value (repeatable)")
       ("limit", po::value(&limit)->default_value(-1), "evaluate at most K samples (task option limit)")
       ("question", po::value(&question)->default_value("in_prompt"),
@@ -119,6 +124,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   std::unique_ptr<tasks::Task> task = make_any_task(task_name, topts);
   policies::require_policy(policy_name);
+  const BudgetEntry budget = parse_budget_flags(kv_budget_text, compression_text);
   const policies::PolicyOptions popts = workers::parse_policy_options(policy_opts);
 
   // The sweep's own runner (harness/bundle_runner.h) runs each sample as a bundle of one unit, so
@@ -130,7 +136,8 @@ int cmd_eval(const std::vector<std::string>& args) {
   const engine::ModelConfig& c = lm.model->config;
   policies::PolicyConfig pc;
   pc.name = policy_name;
-  pc.kv_budget = kv_budget;
+  // A fraction resolves per prompt; the largest it can become is that of the context.
+  pc.kv_budget = budget.none() ? 0 : budget.tokens_for(c.max_seq_len);
   pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
   pc.options = popts;
   pc.seed = seed;
@@ -181,6 +188,9 @@ int cmd_eval(const std::vector<std::string>& args) {
     for (const auto& f : field_names) row.push_back(s.fields.count(f) ? s.fields.at(f) : "");
     // A failure of the unit, of any exception type, is its result (status and message), as in
     // the sweep; usage errors outside the unit's own run (the model, the config) stop eval.
+    // The sweep's resolution of a fraction: the prompt's tokens as the planner counts them.
+    const int kv_budget =
+        budget.none() ? 0 : budget.tokens_for(ctx.count_tokens(s.context + s.question + s.text));
     const WireBundle bundle{0, 0, s, {WireUnit{s.id, policy_name, popts.values(), kv_budget,
                                                question, seed}}};
     const results::UnitResult r = runner.run_or_fail(bundle).at(0);
@@ -217,7 +227,8 @@ int cmd_eval(const std::vector<std::string>& args) {
   // Aggregate with the standard error of the mean per metric.
   tasks::Scores agg = task->aggregate(per_sample);
   std::vector<std::string> acols = {"task", "policy", "kv_budget", "n", "failed"};
-  std::vector<std::string> arow = {task_name, policy_name, std::to_string(kv_budget),
+  std::vector<std::string> arow = {task_name, policy_name,
+                                   budget.none() ? "-" : budget.spec(),
                                    std::to_string(per_sample.size()), std::to_string(failed)};
   for (const auto& [name, value] : agg) {
     acols.push_back(name);

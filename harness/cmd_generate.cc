@@ -13,6 +13,7 @@
 #include "common/file_io.h"
 #include "common/log.h"
 #include "harness/cli.h"
+#include "harness/sweep_config.h"
 #include "workers/model_session.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/generate.h"
@@ -73,7 +74,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   bool chat = false, timings = false, show_ids = false;
   std::string policy_name = "full";
   DeviceOptions dev_opts;
-  int kv_budget = 0;
+  std::string kv_budget_text, compression_text;
   std::vector<std::string> policy_opts;
   po::options_description desc(
       "usage: kvbench generate --model PATH [--tokenizer PATH] --prompt TEXT [options]\n\n"
@@ -99,8 +100,12 @@ int cmd_generate(const std::vector<std::string>& args) {
       ("seed", po::value(&seed_text)->default_value("0"), "seed of the sampler's counter-based RNG")
       ("policy", po::value(&policy_name)->default_value("full"),
        "KV-cache eviction policy (kvbench ls policies lists them)")
-      ("kv-budget", po::value(&kv_budget)->default_value(0),
-       "retained tokens per KV head per layer (required unless --policy full)")
+      ("kv-budget", po::value(&kv_budget_text),
+       "retained tokens per KV head per layer (256), or with a decimal point the fraction of the "
+       "prompt kept (0.5); a budget is required unless --policy full")
+      ("compression-ratio", po::value(&compression_text),
+       "instead of --kv-budget: kvpress's compression_ratio, the fraction of the prompt removed "
+       "(0.25 keeps max(1, int(n * 0.75)) tokens per KV head)")
       ("policy-opt", po::value(&policy_opts)->composing(),
        "policy option key=value (repeatable; kvbench ls policies lists each policy's options)")
       ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores; at most 1024)");
@@ -134,6 +139,7 @@ int cmd_generate(const std::vector<std::string>& args) {
 
   // Fail on a bad policy name before the (slow) model load; budgets are checked against the model.
   policies::require_policy(policy_name);
+  const BudgetEntry budget = parse_budget_flags(kv_budget_text, compression_text);
   workers::LoadedModel lm = workers::load_model_and_tokenizer(model_path, tokenizer_path);
   const engine::ModelConfig& c = lm.model->config;
   std::vector<int32_t> ids = workers::encode_prompt(lm, prompt, chat, system);
@@ -154,6 +160,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     KVB_LOG_INFO << "prompt ids (" << ids.size() << "): " << s.str();
   }
 
+  const int kv_budget = budget.none() ? 0 : budget.tokens_for(static_cast<int>(ids.size()));
   policies::PolicyConfig pc;
   pc.name = policy_name;
   pc.kv_budget = kv_budget;

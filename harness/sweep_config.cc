@@ -202,6 +202,31 @@ const Entry* axis_entry(SweepConfig& cfg, const Node& root, const char* now, con
   return n ? n : o;
 }
 
+// {ratio: r} (the fraction kept, 0 < r <= 1) or {compression_ratio: c} (kvpress's fraction
+// removed, 0 <= c < 1).
+BudgetEntry budget_map(const Node& item, const std::string& key) {
+  expect_map(item, key, {"ratio", "compression_ratio"});
+  const Entry* r = item.find("ratio");
+  const Entry* c = item.find("compression_ratio");
+  if (!r && !c) fail(item, key, "expected {ratio: r} with 0 < r <= 1 or {compression_ratio: c} "
+                                "with 0 <= c < 1");
+  if (r && c) fail(item, key, "give ratio (the fraction kept) or compression_ratio (kvpress's "
+                              "fraction removed), not both");
+  BudgetEntry b;
+  if (r) {
+    b.ratio = to_double(r->value, key + ".ratio");
+    if (!(b.ratio > 0 && b.ratio <= 1))
+      fail(r->value, key + ".ratio", r->value.scalar + " is outside (0, 1]");
+  } else {
+    b.ratio = to_double(c->value, key + ".compression_ratio");
+    b.removed = true;
+    if (!(b.ratio >= 0 && b.ratio < 1))
+      fail(c->value, key + ".compression_ratio",
+           c->value.scalar + " is outside [0, 1) (the fraction removed)");
+  }
+  return b;
+}
+
 std::vector<Origin> parse_budgets(const Node& n, const std::string& axis, SweepConfig& cfg) {
   std::vector<Origin> origin;
   std::set<std::string> seen;
@@ -212,13 +237,7 @@ std::vector<Origin> parse_budgets(const Node& n, const std::string& axis, SweepC
   };
   for (const auto& [item, key] : items_of(n, axis)) {
     if (item->kind == Node::Kind::kMap) {
-      expect_map(*item, key, {"ratio"});
-      const Entry* r = item->find("ratio");
-      if (!r) fail(*item, key, "expected {ratio: r} with 0 < r <= 1");
-      const double v = to_double(r->value, key + ".ratio");
-      if (!(v > 0 && v <= 1))
-        fail(r->value, key + ".ratio", r->value.scalar + " is outside (0, 1]");
-      add({0, v}, item, key);
+      add(budget_map(*item, key), item, key);
       continue;
     }
     const std::string text = scalar(*item, key);
@@ -233,7 +252,8 @@ std::vector<Origin> parse_budgets(const Node& n, const std::string& axis, SweepC
         fail(*item, key,
              "a budget of " + std::to_string(v) +
                  " tokens is not allowed; budgets are "
-                 "positive token counts per KV head (or {ratio: r} with 0 < r <= 1)");
+                 "positive token counts per KV head (or {ratio: r} with 0 < r <= 1, or "
+                 "{compression_ratio: c} with 0 <= c < 1)");
       }
       if (v > INT_MAX) fail(*item, key, "budget " + std::to_string(v) + " is too large");
       add({static_cast<int>(v), 0}, item, key);
@@ -467,9 +487,7 @@ void validate_policies(const SweepConfig& cfg, const std::vector<Origin>& porigi
         if (p.name != "full") {
           const BudgetEntry& be = cfg.budgets[b];
           // A ratio resolves per prompt; the largest it can become is ratio x the context.
-          pc.kv_budget = be.tokens > 0
-                             ? be.tokens
-                             : std::max(1, static_cast<int>(be.ratio * m.info.max_seq_len));
+          pc.kv_budget = be.tokens_for(m.info.max_seq_len);
         }
         try {
           policies::make_policy(pc);
@@ -517,11 +535,8 @@ void parse_exclude(const Node& n, SweepConfig& cfg) {
       std::vector<std::string> values;
       for (const auto& [v, vkey] : items_of(e.value, ekey)) {
         std::string s;
-        if (e.key == "kv_budget" && v->kind == Node::Kind::kMap) {  // {ratio: r}, as in kv_budget:
-          expect_map(*v, vkey, {"ratio"});
-          const Entry* r = v->find("ratio");
-          if (!r) fail(*v, vkey, "expected a token count or {ratio: r}");
-          s = BudgetEntry{0, to_double(r->value, vkey + ".ratio")}.spec();
+        if (e.key == "kv_budget" && v->kind == Node::Kind::kMap) {  // as in kv_budget:
+          s = budget_map(*v, vkey).spec();
         } else {
           s = scalar(*v, vkey);
           if (e.key == "kv_ratio") s = BudgetEntry{0, to_double(*v, vkey)}.spec();
@@ -545,12 +560,61 @@ void parse_exclude(const Node& n, SweepConfig& cfg) {
 // ---- public -----------------------------------------------------------------------------------
 std::string BudgetEntry::spec() const {
   if (tokens > 0) return std::to_string(tokens);
-  if (ratio > 0) {
+  if (ratio > 0 || removed) {
     std::ostringstream s;
-    s << ratio << " ratio";
+    s << ratio << (removed ? " compression_ratio" : " ratio");
     return s.str();
   }
   return "";
+}
+
+int BudgetEntry::tokens_for(int prompt_tokens) const {
+  if (tokens > 0) return tokens;
+  if (removed) return std::max(1, static_cast<int>(prompt_tokens * (1 - ratio)));
+  return std::max(1, static_cast<int>(ratio * prompt_tokens));
+}
+
+BudgetEntry parse_budget_flags(const std::string& kv_budget,
+                               const std::string& compression_ratio) {
+  KVB_USAGE_CHECK(kv_budget.empty() || compression_ratio.empty())
+      << "give --kv-budget or --compression-ratio, not both";
+  auto number = [](const std::string& text, const char* flag) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KVB_USAGE_CHECK(used == text.size() && !text.empty() && std::isfinite(v))
+        << flag << " '" << text << "' is not a number; give tokens per KV head (--kv-budget 256), "
+        << "the fraction of each prompt kept (--kv-budget 0.5) or kvpress's fraction removed "
+        << "(--compression-ratio 0.5)";
+    return v;
+  };
+  BudgetEntry b;
+  if (!compression_ratio.empty()) {
+    const double c = number(compression_ratio, "--compression-ratio");
+    KVB_USAGE_CHECK(c >= 0 && c < 1)
+        << "--compression-ratio " << compression_ratio << " is outside [0, 1) (the fraction of "
+        << "each prompt's tokens removed, as kvpress's compression_ratio)";
+    b.ratio = c;
+    b.removed = true;
+    return b;
+  }
+  if (kv_budget.empty()) return b;
+  const double v = number(kv_budget, "--kv-budget");
+  if (kv_budget.find_first_of(".eE") != std::string::npos) {
+    KVB_USAGE_CHECK(v > 0 && v <= 1)
+        << "--kv-budget " << kv_budget << " is a fraction outside (0, 1]; a fraction is the share "
+        << "of each prompt kept (kvpress's compression_ratio is 1 minus it: --compression-ratio)";
+    b.ratio = v;
+    return b;
+  }
+  KVB_USAGE_CHECK(v >= 0 && v <= INT_MAX)
+      << "--kv-budget " << kv_budget << " is not a token count >= 0";
+  b.tokens = static_cast<int>(v);
+  return b;
 }
 
 std::string TaskEntry::spec() const { return spec_of(name, options); }

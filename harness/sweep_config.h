@@ -34,12 +34,26 @@ struct PolicyEntry {
 
 // A budget as configured: tokens (kv_budget: 256) or a ratio of the prompt ({ratio: 0.1}),
 // resolved per sample to tokens. Policy `full` ignores budgets (one unit, no budget).
+// A budget: tokens per KV head, or a fraction of each prompt's tokens, either the fraction kept
+// (`{ratio: r}`, 0 < r <= 1) or kvpress's compression_ratio, the fraction removed
+// (`{compression_ratio: c}`, 0 <= c < 1; `removed`, and `ratio` holds c).
 struct BudgetEntry {
   int tokens = 0;
   double ratio = 0;
-  bool none() const { return tokens == 0 && ratio == 0; }  // `full`'s cells
-  std::string spec() const;                                // "256" or "0.1 ratio" ("" for none())
+  bool removed = false;
+  bool none() const { return tokens == 0 && ratio == 0 && !removed; }  // `full`'s cells
+  // "256", "0.1 ratio" or "0.25 compression_ratio" ("" for none()): the unit key's budget and
+  // the label every report shows.
+  std::string spec() const;
+  // The tokens this budget keeps of a prompt of `prompt_tokens`: ratio r gives max(1, int(r *
+  // n)); compression_ratio c gives kvpress's compute_n_kept, max(1, int(n * (1 - c))).
+  int tokens_for(int prompt_tokens) const;
 };
+
+// A budget given on the command line (generate, eval): --kv-budget TEXT is a token count ("256"),
+// or, written with a decimal point, the fraction kept ("0.5"); --compression-ratio C (kvpress's
+// fraction removed) instead. Both empty: no budget. Usage errors name the flag and the forms.
+BudgetEntry parse_budget_flags(const std::string& kv_budget, const std::string& compression_ratio);
 
 // `exclude:` rule: a unit matching every given key is dropped. Keys: model, task, policy,
 // kv_budget (the spec text; YAML gives tokens or {ratio: r}, or kv_ratio: r, deprecated),

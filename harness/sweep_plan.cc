@@ -79,8 +79,7 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
           const std::string& q = cfg.questions[cell.question];
           const uint64_t seed = cfg.seeds[cell.seed];
           const std::string spec = budgeted ? be.spec() : "";
-          int tokens = be.tokens;
-          if (be.ratio > 0) tokens = std::max(1, static_cast<int>(be.ratio * prompt_tokens));
+          const int tokens = be.tokens_for(prompt_tokens);
           results::UnitRow row;
           row.spec.model_sha256 = model_sha;
           row.spec.task = te.name;

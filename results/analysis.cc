@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <array>
 #include <set>
+#include <string>
+#include <string_view>
 #include <tuple>
 
 #include "common/error.h"
@@ -118,8 +120,10 @@ double budget_order(const std::string& label) {
   char* end = nullptr;
   const double v = std::strtod(label.c_str(), &end);
   if (end == label.c_str()) return 1e15;
-  // Ratios ("0.1 ratio") sort after every token count.
-  return *end == '\0' ? v : 1e12 + v;
+  // Ratios ("0.1 ratio") sort after every token count, by the fraction kept: kvpress's
+  // compression ratios ("0.25 compression_ratio", the fraction removed) as 1 - c.
+  if (*end == '\0') return v;
+  return std::string_view(end) == " compression_ratio" ? 1e12 + (1 - v) : 1e12 + v;
 }
 
 bool policy_before(const std::string& a, const std::string& b) {

@@ -32,7 +32,8 @@ struct Filter {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // A budget as shown ('-' for none, as configured otherwise) and its sort order (numbers
-// ascending, ratios after them, none first).
+// ascending, fractions after them by the share kept: "0.5 ratio" as 0.5, "0.25 compression_ratio"
+// as 0.75; none first).
 std::string budget_label(const std::string& spec);
 double budget_order(const std::string& label);
 // Policies in display order: full first, then by name.

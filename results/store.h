@@ -67,7 +67,9 @@ struct UnitSpec {
   std::string sample_id;
   std::string policy;
   std::map<std::string, std::string> policy_options;
-  std::string kv_budget_spec;          // as configured: "256", "0.1 ratio", "" (no budget)
+  // As configured: "256", "0.1 ratio" (fraction kept), "0.25 compression_ratio" (kvpress's
+  // fraction removed), "" (no budget).
+  std::string kv_budget_spec;
   std::string question = "in_prompt";  // question placement: in_prompt | after_compression
   int max_new_tokens = 0;
   uint64_t seed = 0;                              // at most INT64_MAX (SQLite integers are signed)

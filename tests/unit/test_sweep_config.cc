@@ -3,6 +3,7 @@
 // header from KVB_SHARED_DIR (no weights are loaded); configs are written to KVB_BINARY_DIR.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "harness/sweep_config.h"
 #include "harness/sweep_roles.h"
 #include "harness/task_file.h"
+#include "results/analysis.h"
 #include "results/store.h"
 
 namespace kvb::harness {
@@ -216,6 +218,12 @@ TEST_F(SweepConfigTest, ErrorsNameFileLineAndKey) {
       {"ratio.yaml",
        base_yaml("policies: [h2o]\n") + "budgets: [{ratio: 1.5}]\n",
        {"@:7: budgets[0].ratio: 1.5 is outside (0, 1]"}},
+      {"compression_ratio.yaml",
+       base_yaml("policies: [h2o]\n") + "budgets: [{compression_ratio: 1}]\n",
+       {"@:7: budgets[0].compression_ratio: 1 is outside [0, 1) (the fraction removed)"}},
+      {"both_ratios.yaml",
+       base_yaml("policies: [h2o]\n") + "budgets: [{ratio: 0.5, compression_ratio: 0.5}]\n",
+       {"@:7: budgets[0]: give ratio (the fraction kept) or compression_ratio"}},
       {"budget_context.yaml",
        base_yaml("policies: [h2o]\n") + "budgets: [128, \"256-1024*2\"]\n",
        {"@:7: budgets[1]: kv_budget 1024 exceeds the context of model 'stories260K' (512 tokens)"}},
@@ -609,6 +617,68 @@ TEST_F(SweepConfigTest, TaskDefinitionErrorsNameFileLineAndKey) {
 // A model whose every layer slides (Mistral's window on all layers): the window alone bounds the
 // cache and policies act on global layers only (POLICIES.md "Sliding-window layers"), so a policy
 // other than full would run exactly as full under its own name: refused, naming the policy entry.
+// kvpress's compression_ratio (the fraction removed) beside ratio (the fraction kept): its spec
+// labels it, it resolves as kvpress's compute_n_kept, exclusion rules name it, and budget axes
+// order both by the fraction kept.
+TEST_F(SweepConfigTest, CompressionRatioIsKvpressFractionRemoved) {
+  const std::string path =
+      write("compression.yaml", base_yaml("policies: [full, snapkv]\n") +
+                                    "kv_budget: [64, {ratio: 0.5}, {compression_ratio: 0.75}]\n"
+                                    "exclude:\n"
+                                    "  - {policy: snapkv, kv_budget: [{compression_ratio: 0.75}]}\n");
+  const SweepConfig c = load_sweep_config(path);
+  ASSERT_EQ(c.budgets.size(), 3u);
+  EXPECT_EQ(c.budgets[2].spec(), "0.75 compression_ratio");
+  EXPECT_EQ(expand_config_cells(c).size(), 1u + 2);  // full + snapkv@64, snapkv@0.5 ratio
+  // kvpress: max(1, int(n * (1 - c))); ratio: max(1, int(r * n)).
+  EXPECT_EQ(c.budgets[2].tokens_for(1255), 313);
+  EXPECT_EQ(c.budgets[1].tokens_for(1255), 627);
+  EXPECT_EQ(c.budgets[0].tokens_for(1255), 64);
+  EXPECT_EQ((BudgetEntry{0, 0.99, true}.tokens_for(50)), 1);
+  EXPECT_EQ((BudgetEntry{0, 0.0, true}.tokens_for(50)), 50);
+  EXPECT_FALSE((BudgetEntry{0, 0.0, true}.none()));
+}
+
+TEST(BudgetFlags, TokensFractionsAndCompressionRatios) {
+  EXPECT_EQ(parse_budget_flags("256", "").tokens, 256);
+  EXPECT_TRUE(parse_budget_flags("", "").none());
+  EXPECT_TRUE(parse_budget_flags("0", "").none());  // --policy full's default
+  const BudgetEntry half = parse_budget_flags("0.5", "");
+  EXPECT_EQ(half.spec(), "0.5 ratio");
+  EXPECT_EQ(half.tokens_for(1001), 500);
+  const BudgetEntry c = parse_budget_flags("", "0.25");
+  EXPECT_EQ(c.spec(), "0.25 compression_ratio");
+  EXPECT_EQ(c.tokens_for(1255), 941);
+  auto fails = [](const std::string& b, const std::string& cr, const std::string& needle) {
+    try {
+      parse_budget_flags(b, cr);
+      ADD_FAILURE() << "no error for '" << b << "' / '" << cr << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  fails("1.5", "", "is a fraction outside (0, 1]");
+  fails("half", "", "--kv-budget 'half' is not a number");
+  fails("-3", "", "is not a token count >= 0");
+  fails("", "1", "--compression-ratio 1 is outside [0, 1)");
+  fails("64", "0.5", "give --kv-budget or --compression-ratio, not both");
+  fails("64x", "", "is not a number");
+}
+
+// A report's budget axis: none first, token counts ascending, then fractions by the share kept
+// (kvpress's compression_ratio c keeps 1 - c).
+TEST(BudgetFlags, ReportAxesOrderFractionsByTheShareKept) {
+  const std::vector<std::string> want = {"-", "64", "256", "0.75 compression_ratio",
+                                         "0.5 ratio", "0.25 compression_ratio", "1 ratio"};
+  std::vector<std::string> got = {"0.5 ratio", "256", "0.25 compression_ratio", "-", "1 ratio",
+                                  "64", "0.75 compression_ratio"};
+  std::stable_sort(got.begin(), got.end(), [](const std::string& a, const std::string& b) {
+    return results::budget_order(a) < results::budget_order(b);
+  });
+  EXPECT_EQ(got, want);
+}
+
 TEST(SweepConfigWindow, AllSlidingModelRunsFullOnly) {
   const std::string mistral = std::string(KVB_FIXTURES_DIR) + "/engine/mistral_tiny.gguf";
   const std::string head = "models:\n  - {path: " + mistral + "}\n" +
