@@ -35,6 +35,16 @@ int main(int argc, char** argv) {
   std::string text_file = std::string(KVB_SHARED_DIR) + "/data/wikitext-2/test.txt";
   int prompt_tokens = 2048, budget = 256, new_tokens = 16;
   std::set<std::string> only;  // --policies: empty runs every registered policy
+  for (int i = 1; i < argc; ++i) {  // a flag without its value, or --help: the usage
+    const bool help = !std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h");
+    if (help || (i % 2 == 1 && i + 1 == argc)) {
+      std::cerr << "usage: bench_policy_table [--model PATH] [--text FILE] [--prompt-tokens 2048] "
+                   "[--kv-budget 256] [--new-tokens 16] [--policies full,h2o,...]\n"
+                   "  per policy on one WikiText-2 prompt: KV bytes after the prompt and after "
+                   "decoding (% of full's), state bytes, prefill ms, policy ms, decode ms/token\n";
+      return help ? 0 : 2;
+    }
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
     else if (!std::strcmp(argv[i], "--text")) text_file = argv[i + 1];

@@ -126,6 +126,27 @@ double budget_order(const std::string& label) {
   return std::string_view(end) == " compression_ratio" ? 1e12 + (1 - v) : 1e12 + v;
 }
 
+std::string budget_axis_label(const std::vector<std::string>& labels) {
+  bool tokens = false, kept = false, removed = false;
+  for (const std::string& l : labels) {
+    if (l == "-" || l.empty()) continue;
+    if (l.ends_with(" compression_ratio")) {
+      removed = true;
+    } else if (l.ends_with(" ratio")) {
+      kept = true;
+    } else {
+      tokens = true;
+    }
+  }
+  if (tokens + kept + removed > 1) {
+    return "KV budget (tokens per head; ratio: fraction of the prompt kept; compression_ratio: "
+           "fraction removed)";
+  }
+  if (kept) return "KV budget (ratio: fraction of the prompt kept)";
+  if (removed) return "kvpress compression_ratio (fraction of the prompt removed)";
+  return "KV budget (tokens per head)";
+}
+
 bool policy_before(const std::string& a, const std::string& b) {
   if (a == b) return false;
   if (a == "full") return true;

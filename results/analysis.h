@@ -36,6 +36,9 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // as 0.75; none first).
 std::string budget_label(const std::string& spec);
 double budget_order(const std::string& label);
+// The label of an axis of these budgets, naming which convention it shows: tokens per head,
+// the fraction kept ("0.5 ratio") or kvpress's fraction removed ("0.25 compression_ratio").
+std::string budget_axis_label(const std::vector<std::string>& labels);
 // Policies in display order: full first, then by name.
 bool policy_before(const std::string& a, const std::string& b);
 

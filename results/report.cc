@@ -126,7 +126,7 @@ std::vector<Plot> score_plots(const std::vector<ScoreCell>& cells, const Styles&
     p.id = scope.unique_id("score-" + slug(key.first) + "-" + slug(key.second),
                            "score\n" + key.first + "\n" + key.second);
     p.title = key.first + ": " + key.second + (hib ? " (higher is better)" : " (lower is better)");
-    p.x.label = "KV budget (tokens per head)";
+    p.x.label = budget_axis_label(budgets);
     p.x.categories = budgets;
     p.y.label = key.second;
     p.note = "bands: 95% Student-t CI of the mean over samples; dashed: full cache";

@@ -677,6 +677,14 @@ TEST(BudgetFlags, ReportAxesOrderFractionsByTheShareKept) {
     return results::budget_order(a) < results::budget_order(b);
   });
   EXPECT_EQ(got, want);
+  // The axis says which convention it shows.
+  EXPECT_EQ(results::budget_axis_label({"-", "64", "256"}), "KV budget (tokens per head)");
+  EXPECT_EQ(results::budget_axis_label({"0.5 ratio", "1 ratio"}),
+            "KV budget (ratio: fraction of the prompt kept)");
+  EXPECT_EQ(results::budget_axis_label({"0.25 compression_ratio"}),
+            "kvpress compression_ratio (fraction of the prompt removed)");
+  EXPECT_NE(results::budget_axis_label({"64", "0.25 compression_ratio"}).find("fraction removed"),
+            std::string::npos);
 }
 
 TEST(SweepConfigWindow, AllSlidingModelRunsFullOnly) {
