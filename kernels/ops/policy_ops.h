@@ -10,7 +10,9 @@
 // writes its decisions into the layer's EvictionPlan through keep_top. Policies that decide
 // through it: h2o, tova, scissorhands, knorm, the SnapKV family (snapkv, pyramidkv,
 // ada_snapkv, ada_pyramidkv: window_scores and ada_head_budgets, compositions
-// below, and keep_top) and subgen_kcenter on a
+// below, and keep_top), kvpress's scorers (keydiff: cosine_to_mean; observed_attention:
+// divide_by_query_counts; cur: cache_norms, normalize_chunks, combine, fill_prefix; lagkv:
+// lag_scores) and subgen_kcenter on a
 // device (kcenter_keep, erase; its weighted variant attends through subgen_query). One copy of
 // each policy's logic runs on both instances:
 //  - CpuPolicyOps (kernels/ops/cpu_policy_ops.h): the f32 reference; its ops are kernels/cpu/
