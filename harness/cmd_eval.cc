@@ -228,7 +228,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   tasks::Scores agg = task->aggregate(per_sample);
   std::vector<std::string> acols = {"task", "policy", "kv_budget", "n", "failed"};
   std::vector<std::string> arow = {task_name, policy_name,
-                                   budget.none() ? "-" : budget.spec(),
+                                   budget.none() ? "0" : budget.spec(),
                                    std::to_string(per_sample.size()), std::to_string(failed)};
   for (const auto& [name, value] : agg) {
     acols.push_back(name);

@@ -146,6 +146,8 @@ class CudaPolicyOps final : public ops::PolicyOps {
                          size_t row_stride, int group, cpu::GqaReduce how);
   // lists_ with room for `need` entries (contents not kept).
   int32_t* plan_lists(size_t need);
+  // f64_ with room for `need` doubles (stream-ordered; contents not kept).
+  double* f64_scratch(size_t need);
   // log_table_ with at least `need` entries (filled and uploaded when it grows).
   const float* log_table(size_t need);
 
@@ -159,7 +161,7 @@ class CudaPolicyOps final : public ops::PolicyOps {
   size_t ranks_cap_ = 0;
   // kcenter_keep's log sizes: entry i = std::log(float(i)) on the host, i < log_cap_ (entry 0
   // unused); the host copy stays for the stream-ordered upload.
-  // cosine_to_mean's f64 scratch (stream-ordered allocation).
+  // cosine_to_mean's and lag_scores' f64 scratch (stream-ordered allocation).
   double* f64_ = nullptr;
   size_t f64_cap_ = 0;
   float* log_table_ = nullptr;

@@ -272,6 +272,51 @@ void launch_cosine(const T* rows, const DeviceLayerKvView& v, HeadTable len, int
 
 }  // namespace
 
+namespace {
+// The common start of an op over a layer of the cache's device rows into f32 rows `out`: checks,
+// each head's length (len), `out`'s rows (out_layer, h) as long as the cache's heads; returns
+// the longest.
+int cache_op_rows(CudaRows& r, const SlotRows& out, int out_layer, const KvCache& cache,
+                  int layer, const char* op, HeadTable* len) {
+  check_rows(out, out_layer);
+  const int heads = out.heads();
+  KVB_CHECK(out.type() == SlotType::kF32 && layer >= 0 && layer < cache.shape().num_layers &&
+            heads <= cache.shape().num_kv_heads)
+      << "cuda policy ops: " << op << " into " << heads << " rows over layer " << layer
+      << " of a cache of " << cache.shape().num_kv_heads << " heads";
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) {
+    len->v[h] = cache.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len->v[h]));
+  }
+  r.reserve(out_layer, longest);
+  for (int h = 0; h < heads; ++h) r.set_len(out_layer, h, len->v[h]);
+  return longest;
+}
+
+// Lengths of rows' heads in `layer` and the longest.
+int row_lengths(const SlotRows& rows, int layer, HeadTable* len) {
+  int longest = 0;
+  for (int h = 0; h < rows.heads(); ++h) {
+    len->v[h] = rows.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len->v[h]));
+  }
+  return longest;
+}
+}  // namespace
+
+double* CudaPolicyOps::f64_scratch(size_t need) {
+  if (need > f64_cap_) {
+    const size_t want = std::max(need, f64_cap_ + f64_cap_ / 2);
+    free_async(f64_, stream_);  // capture-aware (graph.h)
+    f64_ = nullptr;
+    f64_cap_ = 0;  // until the allocation below succeeds
+    f64_ = static_cast<double*>(malloc_async(want * sizeof(double), stream_));
+    f64_cap_ = want;
+  }
+  return f64_;
+}
+
 void CudaPolicyOps::divide_by_query_counts(SlotRows& rows, int layer,
                                            std::span<const int32_t> before, int n_queries) {
   CudaRows& r = device(rows);
@@ -301,36 +346,16 @@ void CudaPolicyOps::divide_by_query_counts(SlotRows& rows, int layer,
 void CudaPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const KvCache& cache, int layer,
                                    ops::CacheRows which) {
   CudaRows& r = device(out);
-  check_rows(out, out_layer);
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "cosine_to_mean");
-  const int heads = out.heads();
-  KVB_CHECK(out.type() == SlotType::kF32 && layer >= 0 && layer < cache.shape().num_layers &&
-            heads <= cache.shape().num_kv_heads)
-      << "cuda policy ops: cosine_to_mean into " << heads << " rows over layer " << layer
-      << " of a cache of " << cache.shape().num_kv_heads << " heads";
   HeadTable len{};
-  int longest = 0;
-  for (int h = 0; h < heads; ++h) {
-    len.v[h] = cache.length(layer, h);
-    longest = std::max(longest, static_cast<int>(len.v[h]));
-  }
-  r.reserve(out_layer, longest);
-  for (int h = 0; h < heads; ++h) r.set_len(out_layer, h, len.v[h]);
+  const int heads = out.heads();
+  const int longest = cache_op_rows(r, out, out_layer, cache, layer, "cosine_to_mean", &len);
   if (heads == 0) return;
   const DeviceLayerKvView v = dev.layer(layer);
   const int ld = std::max(longest, 1);
   // Scratch: norms [heads, ld], means [heads, head_dim], anchor norms [heads].
-  const size_t need = static_cast<size_t>(heads) * ld + static_cast<size_t>(heads) * v.head_dim +
-                      heads;
-  if (need > f64_cap_) {
-    const size_t want = std::max(need, f64_cap_ + f64_cap_ / 2);
-    free_async(f64_, stream_);  // capture-aware (graph.h)
-    f64_ = nullptr;
-    f64_cap_ = 0;
-    f64_ = static_cast<double*>(malloc_async(want * sizeof(double), stream_));
-    f64_cap_ = want;
-  }
-  double* norms = f64_;
+  double* norms = f64_scratch(static_cast<size_t>(heads) * ld +
+                              static_cast<size_t>(heads) * v.head_dim + heads);
   double* mean = norms + static_cast<size_t>(heads) * ld;
   double* anorm = mean + static_cast<size_t>(heads) * v.head_dim;
   const void* rows = which == ops::CacheRows::kKeys ? v.keys : v.values;
@@ -345,36 +370,13 @@ void CudaPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const KvCache& 
   launches_ += 3;
 }
 
-namespace {
-// Lengths of rows' heads in `layer` and the longest.
-int row_lengths(const SlotRows& rows, int layer, HeadTable* len) {
-  int longest = 0;
-  for (int h = 0; h < rows.heads(); ++h) {
-    len->v[h] = rows.length(layer, h);
-    longest = std::max(longest, static_cast<int>(len->v[h]));
-  }
-  return longest;
-}
-}  // namespace
-
 void CudaPolicyOps::cache_norms(SlotRows& out, int out_layer, const KvCache& cache, int layer,
                                 ops::CacheRows which, bool squared) {
   CudaRows& r = device(out);
-  check_rows(out, out_layer);
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "cache_norms");
-  const int heads = out.heads();
-  KVB_CHECK(out.type() == SlotType::kF32 && layer >= 0 && layer < cache.shape().num_layers &&
-            heads <= cache.shape().num_kv_heads)
-      << "cuda policy ops: cache_norms into " << heads << " rows over layer " << layer
-      << " of a cache of " << cache.shape().num_kv_heads << " heads";
   HeadTable len{};
-  int longest = 0;
-  for (int h = 0; h < heads; ++h) {
-    len.v[h] = cache.length(layer, h);
-    longest = std::max(longest, static_cast<int>(len.v[h]));
-  }
-  r.reserve(out_layer, longest);
-  for (int h = 0; h < heads; ++h) r.set_len(out_layer, h, len.v[h]);
+  const int heads = out.heads();
+  const int longest = cache_op_rows(r, out, out_layer, cache, layer, "cache_norms", &len);
   if (heads == 0 || longest == 0) return;
   const DeviceLayerKvView v = dev.layer(layer);
   const void* rows = which == ops::CacheRows::kKeys ? v.keys : v.values;
@@ -449,23 +451,16 @@ void CudaPolicyOps::fill_prefix(SlotRows& rows, int layer, int count, float valu
 void CudaPolicyOps::lag_scores(SlotRows& out, int out_layer, const KvCache& cache, int layer,
                                int sinks, int lag) {
   CudaRows& r = device(out);
-  check_rows(out, out_layer);
+  KVB_CHECK(sinks >= 0 && lag >= 1) << "cuda policy ops: lag_scores with sinks " << sinks
+                                    << ", lag " << lag;
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "lag_scores");
-  const int heads = out.heads();
-  KVB_CHECK(out.type() == SlotType::kF32 && layer >= 0 && layer < cache.shape().num_layers &&
-            heads <= cache.shape().num_kv_heads && sinks >= 0 && lag >= 1)
-      << "cuda policy ops: lag_scores into " << heads << " rows over layer " << layer
-      << " of a cache of " << cache.shape().num_kv_heads << " heads, sinks " << sinks << ", lag "
-      << lag;
   HeadTable len{};
-  int longest = 0, parts = 0;
+  const int heads = out.heads();
+  const int longest = cache_op_rows(r, out, out_layer, cache, layer, "lag_scores", &len);
+  int parts = 0;
   for (int h = 0; h < heads; ++h) {
-    len.v[h] = cache.length(layer, h);
-    longest = std::max(longest, static_cast<int>(len.v[h]));
     if (len.v[h] >= sinks + 2 * lag) parts = std::max(parts, (len.v[h] - sinks) / lag - 1);
   }
-  r.reserve(out_layer, longest);
-  for (int h = 0; h < heads; ++h) r.set_len(out_layer, h, len.v[h]);
   if (heads == 0 || longest == 0) return;
   float* o = static_cast<float*>(r.data(out_layer));
   lag_base_kernel<<<dim3(blocks_for(longest), heads), 256, 0, stream_>>>(o, r.ld(out_layer), len,
@@ -474,25 +469,17 @@ void CudaPolicyOps::lag_scores(SlotRows& out, int out_layer, const KvCache& cach
   ++launches_;
   if (parts == 0) return;
   const DeviceLayerKvView v = dev.layer(layer);
-  const size_t need = static_cast<size_t>(heads) * parts * 2 * lag;
-  if (need > f64_cap_) {
-    const size_t want = std::max(need, f64_cap_ + f64_cap_ / 2);
-    free_async(f64_, stream_);  // capture-aware (graph.h)
-    f64_ = nullptr;
-    f64_cap_ = 0;
-    f64_ = static_cast<double*>(malloc_async(want * sizeof(double), stream_));
-    f64_cap_ = want;
-  }
+  double* scratch = f64_scratch(static_cast<size_t>(heads) * parts * 2 * lag);
   const size_t shared = 2 * static_cast<size_t>(v.head_dim) * sizeof(double);
   const dim3 grid(parts, heads);
   if (v.dtype == KvDtype::kBf16) {
     lag_partition_kernel<<<grid, 128, shared, stream_>>>(
         static_cast<const __nv_bfloat16*>(v.keys), static_cast<const __nv_bfloat16*>(v.values), v,
-        len, sinks, lag, f64_, o, r.ld(out_layer));
+        len, sinks, lag, scratch, o, r.ld(out_layer));
   } else {
     lag_partition_kernel<<<grid, 128, shared, stream_>>>(
         static_cast<const float*>(v.keys), static_cast<const float*>(v.values), v, len, sinks,
-        lag, f64_, o, r.ld(out_layer));
+        lag, scratch, o, r.ld(out_layer));
   }
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;

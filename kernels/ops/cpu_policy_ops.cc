@@ -421,14 +421,22 @@ void CpuPolicyOps::divide_by_query_counts(SlotRows& rows, int layer,
   }
 }
 
-void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache,
-                                  int layer, CacheRows which) {
-  CpuRows& r = host(out);
+namespace {
+// The common check of an op over a layer of the cache's host rows into f32 rows `out`.
+void check_cache_op(const SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
+                    const char* op) {
   check_layer(out, out_layer);
   KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
             out.type() == SlotType::kF32 && out.heads() <= cache.shape().num_kv_heads)
-      << "cosine_to_mean: " << out.heads() << " rows over layer " << layer << " of a cache of "
+      << op << ": " << out.heads() << " rows over layer " << layer << " of a cache of "
       << cache.shape().num_kv_heads << " heads" << (cache.host_rows() ? "" : " without host rows");
+}
+}  // namespace
+
+void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                                  int layer, CacheRows which) {
+  CpuRows& r = host(out);
+  check_cache_op(out, out_layer, cache, layer, "cosine_to_mean");
   const kernels::LayerKvView view = cache.layer(layer);
   const int d = view.head_dim;
   std::vector<double> norms, mean(d);
@@ -466,11 +474,7 @@ void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::K
 void CpuPolicyOps::cache_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache,
                                int layer, CacheRows which, bool squared) {
   CpuRows& r = host(out);
-  check_layer(out, out_layer);
-  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
-            out.type() == SlotType::kF32 && out.heads() <= cache.shape().num_kv_heads)
-      << "cache_norms: " << out.heads() << " rows over layer " << layer << " of a cache of "
-      << cache.shape().num_kv_heads << " heads" << (cache.host_rows() ? "" : " without host rows");
+  check_cache_op(out, out_layer, cache, layer, "cache_norms");
   const kernels::LayerKvView view = cache.layer(layer);
   for (int h = 0; h < out.heads(); ++h) {
     const int len = cache.length(layer, h);
@@ -577,13 +581,8 @@ void lag_softmax(const float* const* rows, const float* const* ref, int lag, int
 void CpuPolicyOps::lag_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache,
                               int layer, int sinks, int lag) {
   CpuRows& r = host(out);
-  check_layer(out, out_layer);
-  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
-            out.type() == SlotType::kF32 && out.heads() <= cache.shape().num_kv_heads &&
-            sinks >= 0 && lag >= 1)
-      << "lag_scores: " << out.heads() << " rows over layer " << layer << " of a cache of "
-      << cache.shape().num_kv_heads << " heads, sinks " << sinks << ", lag " << lag
-      << (cache.host_rows() ? "" : " without host rows");
+  KVB_CHECK(sinks >= 0 && lag >= 1) << "lag_scores with sinks " << sinks << ", lag " << lag;
+  check_cache_op(out, out_layer, cache, layer, "lag_scores");
   const kernels::LayerKvView view = cache.layer(layer);
   const int d = view.head_dim;
   std::vector<double> lo(d), hi(d), ak(lag), av(lag);

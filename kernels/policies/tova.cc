@@ -3,6 +3,9 @@
 // by the last prompt query's attention; at each decode step evict the token with the lowest
 // attention of the current query. Scores: GQA mean per KV head (`tova_reduce: head`), or the mean
 // over all query heads of the layer (`layer`, as TOVA's code does), one decision for the layer.
+// `keep_last: true` (kvpress 0.5.5's TOVAPress, which pads the last token's score above every
+// other): after prefill the last prompt token always stays and the top kv_budget - 1 of the
+// others by the same scores join it.
 #include <algorithm>
 
 #include "common/error.h"
@@ -17,6 +20,7 @@ class Tova final : public Policy {
  public:
   explicit Tova(const PolicyConfig& c) : Policy(c) {
     layer_reduce_ = c.options.get_string("tova_reduce", "head", {"head", "layer"}) == "layer";
+    keep_last_ = c.options.get_bool("keep_last", false);
   }
 
   // Only the last query matters in both phases (in decode it is the only one).
@@ -25,19 +29,22 @@ class Tova final : public Policy {
   bool decides_with_ops() const override { return true; }
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
-    evict(st, cache, plan);
+    evict(st, cache, plan, keep_last_);
   }
   void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
                        kernels::EvictionPlan& plan) override {
-    evict(st, cache, plan);
+    evict(st, cache, plan, false);
   }
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Tova>(*this); }
 
  private:
   // Keeps each over-budget head's top kv_budget slots by the last query's probabilities. In
   // decode a head holds kv_budget + 1, so this evicts exactly the argmin (ties: the older goes,
-  // as select_topk keeps the higher index among equal scores).
-  void evict(const LayerStats& st, const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
+  // as select_topk keeps the higher index among equal scores). keep_last: the last slot stays
+  // and the top kv_budget - 1 of the others join it.
+  void evict(const LayerStats& st, const kernels::KvCache& cache, kernels::EvictionPlan& plan,
+             bool keep_last) {
+    const int last_kept = keep_last ? 1 : 0;
     const int heads = cache.shape().num_kv_heads;
     const int group = st.num_heads / heads;
     // last_probs: [num_heads, last_w, stride]; the last query is row last_w - 1 of each head.
@@ -62,8 +69,8 @@ class Tova final : public Policy {
         ops.resize_and_accumulate(score, 0, one_len, last, 0, row_stride, st.num_heads,
                                   GqaReduce::kMean);
         for (int h = 0; h < heads; ++h) {
-          tops_.push_back({.head = h, .score_head = 0, .len = len, .prefix = len,
-                           .k = kv_budget()});
+          tops_.push_back({.head = h, .score_head = 0, .len = len, .prefix = len - last_kept,
+                           .k = kv_budget() - last_kept});
         }
         ops.keep_top(score, 0, cache, tops_, {}, plan);
       } else {
@@ -84,7 +91,9 @@ class Tova final : public Policy {
         config().tp->all_gather(rows.data(), rows.size() * sizeof(float), all.data());
         reduce_gqa(all.data(), len, st.num_heads * tp_size(), len, GqaReduce::kMean, score.data());
         keep.resize(len);
-        keep.resize(kernels::cpu::select_topk(score.data(), len, kv_budget(), keep.data()));
+        keep.resize(kernels::cpu::select_topk(score.data(), len - last_kept,
+                                              kv_budget() - last_kept, keep.data()));
+        if (keep_last) keep.push_back(len - 1);
         for (int h = 0; h < heads; ++h) plan.keep(h, keep);
       }
       return;
@@ -94,7 +103,8 @@ class Tova final : public Policy {
       const int len = cache.length(st.layer, h);
       lens_[h] = len;
       if (len > kv_budget()) {
-        tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = len, .k = kv_budget()});
+        tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = len - last_kept,
+                         .k = kv_budget() - last_kept});
       }
     }
     if (tops_.empty()) return;
@@ -115,6 +125,7 @@ class Tova final : public Policy {
   }
 
   bool layer_reduce_ = false;
+  bool keep_last_ = false;
   SlotRowsPtr scratch_;
   std::vector<int32_t> lens_, zeros_;
   std::vector<KeepTop> tops_;
@@ -129,7 +140,11 @@ PolicyInfo tova_policy_info() {
             "head",
             "score per KV head (GQA mean of its query heads), or the mean over all heads of the "
             "layer as TOVA's code does (one keep-set per layer)",
-            {"head", "layer"}}},
+            {"head", "layer"}},
+           {"keep_last", "false",
+            "after prefill the last prompt token always stays, beside the top kv_budget - 1 "
+            "(kvpress 0.5.5's TOVAPress)",
+            {"true", "false"}}},
           [](const PolicyConfig& c) { return std::make_unique<Tova>(c); }};
 }
 

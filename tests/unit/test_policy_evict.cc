@@ -325,6 +325,31 @@ TEST(Tova, HeadReduceKeepsTopOfLastQueryThenEvictsArgmin) {
   EXPECT_EQ(positions(cache, 0, 1), (V{4, 5, 6}));  // all equal: the oldest goes
 }
 
+// keep_last (kvpress 0.5.5's TOVAPress): the last prompt token stays although its own attention
+// is the lowest, beside the top kv_budget - 1 of the others; decode is unchanged.
+TEST(Tova, KeepLastKeepsTheLastPromptTokenBesideTheTop) {
+  const ModelShape shape{1, 1, 1, 2, 0};
+  const std::vector<float> row = {0.4f, 0.1f, 0.3f, 0.15f, 0.05f};
+  for (const char* reduce : {"head", "layer"}) {
+    SCOPED_TRACE(reduce);
+    for (const bool keep_last : {false, true}) {
+      auto p = make_policy(config("tova", 2, shape,
+                                  {{"tova_reduce", reduce},
+                                   {"keep_last", keep_last ? "true" : "false"}}));
+      KvCache cache({1, 1, 2}, 16);
+      for (int32_t t = 0; t < 5; ++t) append(cache, 0, t);
+      std::vector<float> probs = row;
+      prefill_layer(*p, stats(0, 5, 1, 5, 1, probs), cache);
+      EXPECT_EQ(positions(cache, 0, 0), keep_last ? (V{0, 4}) : (V{0, 2}));
+      // Decode evicts the argmin, the newest token included.
+      append(cache, 0, 5);
+      std::vector<float> step = {0.5f, 0.3f, 0.2f};
+      decode_layer(*p, stats(0, 1, 1, 3, 1, step), cache);
+      EXPECT_EQ(positions(cache, 0, 0), keep_last ? (V{0, 4}) : (V{0, 2}));
+    }
+  }
+}
+
 TEST(Tova, LayerReduceSharesOneKeepSet) {
   const ModelShape shape{1, 4, 2, 2, 0};
   auto p = make_policy(config("tova", 3, shape, {{"tova_reduce", "layer"}}));
