@@ -50,19 +50,24 @@ __device__ const T* slot_row(const T* rows, const DeviceLayerKvView& v, int h, i
   return rows + (static_cast<size_t>(v.offsets[h]) + s) * v.head_dim;
 }
 
+// sum_i x[i]^2 of one row, f64 FMAs in index order (the CPU's sq_norm).
+template <typename T>
+__device__ double sq_norm(const T* x, int d) {
+  double sq = 0;
+  for (int i = 0; i < d; ++i) {
+    const double e = kv_load(x + i);
+    sq = fma(e, e, sq);
+  }
+  return sq;
+}
+
 // norms[h * ld + j] = sqrt(sum_i x_j[i]^2) (f64 FMAs in index order).
 template <typename T>
 __global__ void norms_kernel(const T* rows, DeviceLayerKvView v, HeadTable len, double* norms,
                              int ld) {
   const int h = blockIdx.y, d = v.head_dim;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len.v[h]; j += gridDim.x * blockDim.x) {
-    const T* x = slot_row(rows, v, h, j);
-    double sq = 0;
-    for (int i = 0; i < d; ++i) {
-      const double e = kv_load(x + i);
-      sq = fma(e, e, sq);
-    }
-    norms[static_cast<size_t>(h) * ld + j] = sqrt(sq);
+    norms[static_cast<size_t>(h) * ld + j] = sqrt(sq_norm(slot_row(rows, v, h, j), d));
   }
 }
 
@@ -109,12 +114,7 @@ __global__ void cache_norms_kernel(const T* rows, DeviceLayerKvView v, HeadTable
                                    int out_ld, bool squared) {
   const int h = blockIdx.y, d = v.head_dim;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len.v[h]; j += gridDim.x * blockDim.x) {
-    const T* x = slot_row(rows, v, h, j);
-    double sq = 0;
-    for (int i = 0; i < d; ++i) {
-      const double e = kv_load(x + i);
-      sq = fma(e, e, sq);
-    }
+    const double sq = sq_norm(slot_row(rows, v, h, j), d);
     out[static_cast<size_t>(h) * out_ld + j] = static_cast<float>(squared ? sq : sqrt(sq));
   }
 }

@@ -422,6 +422,13 @@ void CpuPolicyOps::divide_by_query_counts(SlotRows& rows, int layer,
 }
 
 namespace {
+// sum_i x[i]^2 of one row of d floats, f64 FMAs in index order (the CUDA twins' sq_norm).
+double sq_norm(const float* x, int d) {
+  double sq = 0;
+  for (int i = 0; i < d; ++i) sq = std::fma(static_cast<double>(x[i]), x[i], sq);
+  return sq;
+}
+
 // The common check of an op over a layer of the cache's host rows into f32 rows `out`.
 void check_cache_op(const SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
                     const char* op) {
@@ -447,9 +454,7 @@ void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::K
     std::fill(mean.begin(), mean.end(), 0.0);
     for (int j = 0; j < len; ++j) {
       const float* x = row_of(j);
-      double sq = 0;
-      for (int i = 0; i < d; ++i) sq = std::fma(static_cast<double>(x[i]), x[i], sq);
-      norms[j] = std::sqrt(sq);
+      norms[j] = std::sqrt(sq_norm(x, d));
       const double inv = std::max(norms[j], 1e-12);
       for (int i = 0; i < d; ++i) mean[i] += x[i] / inv;
     }
@@ -482,8 +487,7 @@ void CpuPolicyOps::cache_norms(SlotRows& out, int out_layer, const kernels::KvCa
     o.resize(len);
     for (int j = 0; j < len; ++j) {
       const float* x = which == CacheRows::kKeys ? view.key(h, j) : view.value(h, j);
-      double sq = 0;
-      for (int i = 0; i < view.head_dim; ++i) sq = std::fma(static_cast<double>(x[i]), x[i], sq);
+      const double sq = sq_norm(x, view.head_dim);
       o[j] = static_cast<float>(squared ? sq : std::sqrt(sq));
     }
     r.sync_length(out_layer, h);
