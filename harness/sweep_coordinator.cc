@@ -90,6 +90,34 @@ void print_summary(results::Store& store, const std::set<std::string>& declared,
   os << "\n";
 }
 
+// What registering the matrix did to the units already in the database (content keys).
+void report_registration(const results::RegisterStats& r, const std::string& db) {
+  if (r.adopted > 0) {
+    KVB_LOG_INFO << r.adopted << " unit(s) of " << db
+                 << " were keyed by an older kvbench (by the task's file paths) and are adopted "
+                    "under content keys with their results: their sample fields and references "
+                    "equal the data as it is now (their prompt text was not stored, so an edit "
+                    "to a context or question made before this run is not seen; `--rerun` runs "
+                    "the matrix again)";
+  }
+  if (r.stale > 0) {
+    KVB_LOG_INFO << r.stale << " unit(s) of " << db
+                 << " were keyed by an older kvbench and their sample's data changed since: they "
+                    "are superseded (kept, not counted) and run again";
+  }
+  if (r.superseded > 0) {
+    KVB_LOG_INFO << r.superseded
+                 << " unit(s) are superseded: their sample's data changed (an edited item), so "
+                    "the units of the new content run and the old ones are kept but no longer "
+                    "counted";
+  }
+  if (r.restored > 0) {
+    KVB_LOG_INFO << r.restored
+                 << " superseded unit(s) are current again: their sample's data is back as it "
+                    "was when they ran";
+  }
+}
+
 // Every model of the config must split over the group's ranks (checked before any unit runs).
 void check_tp_degree(const SweepConfig& cfg, int degree) {
   if (degree == 1) return;
@@ -231,8 +259,10 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   std::map<std::string, std::string> model_hashes;
   FileDigests file_digests;  // a policy's files, hashed once for every expansion of this run
   Plan plan;
+  results::RegisterStats registered;
   try {
     plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
+    registered = plan.registered;
     if (a.rerun) {
       store.rerun_units(plan.all_keys);
       plan = expand(cfg, store, run_id, &model_hashes, &file_digests);
@@ -253,6 +283,7 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
                        [&] { store.finish_run(run_id, results::RunStatus::kError); });
     throw;
   }
+  report_registration(registered, a.db);
   refuse_mixed_precision(store, plan.all_keys, a, run_id);
   // Provenance: the digests the unit keys were made from (known only now, after begin_run).
   retry_while_locked(a.db, "recording model hashes", 0,

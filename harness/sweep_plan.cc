@@ -12,15 +12,41 @@
 
 namespace kvb::harness {
 
+namespace {
+bool is_file_option(const std::string& k) {
+  return k == "file" || k == "data" || k == "data_dir" || k == "haystack_dir" ||
+         k == "haystack_file" || k == "fewshot_data" || k == "task_file";
+}
+}  // namespace
+
 Options keyed_task_options(const SweepConfig& cfg, const TaskEntry& te) {
   Options in = task_options(cfg, te);
   Options out({}, "task option");
   for (const auto& [k, v] : in.values()) {
     std::error_code ec;
-    const bool is_path = (k == "file" || k == "data" || k == "data_dir" || k == "haystack_dir" ||
-                          k == "haystack_file" || k == "fewshot_data") &&
-                         std::filesystem::exists(v, ec);
+    const bool is_path = is_file_option(k) && std::filesystem::exists(v, ec);
     out.set(k, is_path ? std::filesystem::weakly_canonical(v, ec).string() : v);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> content_task_options(const Options& run_options) {
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : run_options.values()) {
+    if (!is_file_option(k)) out[k] = v;
+  }
+  return out;
+}
+
+std::map<std::string, std::string> slot_task_options(const Options& run_options,
+                                                     const std::string& config_path) {
+  std::error_code ec;
+  const std::filesystem::path base =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(config_path, ec), ec)
+          .parent_path();
+  std::map<std::string, std::string> out = run_options.values();
+  for (auto& [k, v] : out) {
+    if (is_file_option(k)) v = std::filesystem::path(v).lexically_relative(base).generic_string();
   }
   return out;
 }
@@ -65,7 +91,10 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
           task_cells.push_back(cell);
         }
       }
+      const std::map<std::string, std::string> content_options = content_task_options(topts);
+      const std::map<std::string, std::string> slot_options = slot_task_options(topts, cfg.path);
       for (tasks::Sample& s : samples) {
+        const std::string sample_sha = tasks::sample_sha256(s);  // as the task built it
         if (cfg.generation.max_new_tokens > 0) s.max_new_tokens = cfg.generation.max_new_tokens;
         const int prompt_tokens = ctx.count_tokens(s.context + s.question + s.text);
         WireBundle b{static_cast<int>(mi), static_cast<int>(ti), s, {}};
@@ -84,7 +113,8 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
           row.spec.model_sha256 = model_sha;
           row.spec.task = te.name;
           row.spec.task_version = task->version();
-          row.spec.task_options = topts.values();
+          row.spec.task_options = content_options;
+          row.shown_task_options = topts.values();
           row.spec.sample_id = s.id;
           row.spec.policy = pe.name;
           row.spec.policy_options = keyed_policy[cell.policy];
@@ -98,7 +128,17 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
                                  {"top_p", std::to_string(cfg.generation.top_p)}};
           row.model = me.name;
           if (budgeted) row.kv_budget = tokens;
+          row.spec.sample_sha256 = sample_sha;
           row.sample_fields = s.fields;
+          row.references = s.references;
+          {
+            results::UnitSpec legacy = row.spec;  // result schema 1: the files by path
+            legacy.task_options = topts.values();
+            row.legacy_key = results::legacy_unit_key(legacy);
+            results::UnitSpec slot = row.spec;  // the files by their paths from the config
+            slot.task_options = slot_options;
+            row.slot_key = results::unit_slot_key(slot);
+          }
           const std::string key = results::unit_key(row.spec);
           rows.push_back(row);
           WireUnit u{key, pe.name, pe.options, budgeted ? tokens : 0, q, seed};
@@ -111,7 +151,8 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
       }
     }
   }
-  plan.all_keys = store.register_units(run_id, rows);
+  plan.all_keys = store.register_units(run_id, rows, &plan.registered);
+  for (const results::UnitRow& row : rows) plan.legacy_keys.push_back(row.legacy_key);
   // Units still to run go into their bundles.
   const std::vector<std::string> keys = [&] {
     std::vector<std::string> k;

@@ -434,7 +434,7 @@ Table failures_table(const Store& store, const Filter& filter) {
   const std::string where = filter.sql(&params, false);
   const QueryResult r = store.query(
       "SELECT u.task, u.sample_id, u.policy, u.kv_budget_spec, u.status, u.attempts, "
-      "u.crash_count, COALESCE(u.error, ''), u.model FROM units u WHERE u.status <> 'ok'" +
+      "u.crash_count, COALESCE(u.error, ''), u.model FROM units u WHERE u.status NOT IN ('ok', 'superseded')" +
           where + " ORDER BY u.status, u.model, u.task, u.sample_id, u.policy",
       params);
   Table t({"model", "task", "sample_id", "policy", "kv_budget", "status", "attempts",

@@ -99,6 +99,40 @@ void from_version_6(Db& db) {
       "CHECK (prefill_reused >= 0)");
 }
 
+// The statement of kSchemaSql that begins with `head`, through its closing ");" line (tables)
+// or its ';' (indexes).
+std::string schema_statement(const std::string& head) {
+  const std::string sql = kSchemaSql;
+  const size_t at = sql.find(head);
+  KVB_ASSERT(at != std::string::npos) << "schema.sql has no `" << head << "`";
+  const bool table = head.rfind("CREATE TABLE", 0) == 0;
+  const size_t end = table ? sql.find("\n);", at) : sql.find(';', at);
+  KVB_ASSERT(end != std::string::npos) << "schema.sql: `" << head << "` does not end";
+  return sql.substr(at, end + (table ? 3 : 1) - at);
+}
+
+// 7 -> 8: units.sample_sha256 and units.slot_key (NULL: keyed by result schema 1, adopted or
+// superseded by the next sweep of their matrix), and status 'superseded'. A CHECK cannot be
+// altered, so the table is rebuilt from schema.sql's own statement (SQLite's documented
+// procedure: create, copy, drop, rename; foreign keys are off while migrating).
+void from_version_7(Db& db) {
+  std::string create = schema_statement("CREATE TABLE units (");
+  create.replace(0, std::string("CREATE TABLE units (").size(), "CREATE TABLE units_v8 (");
+  db.exec(create);
+  std::string cols;
+  {
+    Statement st(db, "SELECT name FROM pragma_table_info('units') ORDER BY cid");
+    while (st.step()) cols += (cols.empty() ? "" : ", ") + st.column_text(0);
+  }
+  db.exec("INSERT INTO units_v8 (" + cols + ") SELECT " + cols + " FROM units");
+  db.exec("DROP TABLE units");
+  db.exec("ALTER TABLE units_v8 RENAME TO units");
+  for (const char* index : {"CREATE INDEX units_by_task_policy_budget", "CREATE INDEX units_by_status",
+                            "CREATE INDEX units_by_run", "CREATE INDEX units_by_slot"}) {
+    db.exec(schema_statement(index));
+  }
+}
+
 void set_schema_version(Db& db, int version) {
   // PRAGMA arguments cannot be bound parameters; `version` is our own integer, not input.
   db.exec("PRAGMA user_version = " + std::to_string(version));
@@ -115,6 +149,8 @@ const std::vector<Migration>& migrations() {
       {4, "add measurements.decode_batch", &from_version_4},
       {5, "add measurements.prompt_sha256", &from_version_5},
       {6, "add measurements.prefill_reused", &from_version_6},
+      {7, "add units.sample_sha256, units.slot_key and status superseded (content keys)",
+       &from_version_7},
   };
   return steps;
 }

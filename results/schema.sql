@@ -1,4 +1,4 @@
--- kvbench results database, schema version 7 (DESIGN.md "Results", results/README.md).
+-- kvbench results database, schema version 8 (DESIGN.md "Results", results/README.md).
 --
 -- `runs` holds the provenance of each sweep invocation; `units` one row per work unit, keyed by
 -- the SHA-256 of its canonical fields (DESIGN.md "Work unit and its key"), with its progress and
@@ -40,7 +40,9 @@ CREATE TABLE runs (
 );
 
 -- One row per unit, never duplicated: registering a matrix again leaves existing rows alone.
--- The columns marked * are exactly what the unit key hashes (with the result-schema version).
+-- The columns marked * are what the unit key hashes (with the result-schema version), except that
+-- the key leaves out the file paths that task_options and policy_options show: their files enter
+-- it by content (sample_sha256; a Python policy's script as "sha256:<hex>").
 CREATE TABLE units (
   unit_key        TEXT NOT NULL PRIMARY KEY
                   CHECK (length(unit_key) = 64 AND unit_key NOT GLOB '*[^0-9a-f]*'),
@@ -59,15 +61,26 @@ CREATE TABLE units (
   max_new_tokens  INTEGER NOT NULL,                    -- *
   seed            INTEGER NOT NULL,                    -- *
   generation      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(generation)),  -- * sampling settings
+  -- Version 8: * SHA-256 of the unit's sample as the task built it (tasks::sample_sha256). NULL:
+  -- registered by a kvbench before content keys (result schema 1, whose key held the task's file
+  -- paths instead); the next sweep of its matrix adopts the row or supersedes it.
+  sample_sha256   TEXT CHECK (sample_sha256 IS NULL OR
+                              (length(sample_sha256) = 64 AND sample_sha256 NOT GLOB '*[^0-9a-f]*')),
+  -- Version 8: the unit without its sample's content (results::UnitRow::slot_key): registering a
+  -- unit of the same slot under another key (the sample's data was edited) supersedes this one.
+  slot_key        TEXT CHECK (slot_key IS NULL OR
+                              (length(slot_key) = 64 AND slot_key NOT GLOB '*[^0-9a-f]*')),
   -- The sample's grid coordinates (tasks::Sample::fields): all of them as JSON, the common ones
   -- also as typed columns for filtering and plotting.
   sample_fields   TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(sample_fields)),
   context_length  INTEGER,
   depth           REAL,
   -- Progress and outcome.
+  -- superseded (version 8): its sample changed and a unit with the new content replaced it; its
+  -- results stay but every query reads only 'ok' units.
   status          TEXT NOT NULL DEFAULT 'pending'
                   CHECK (status IN ('pending', 'running', 'ok', 'error', 'oom', 'timeout',
-                                    'crashed')),
+                                    'crashed', 'superseded')),
   attempts        INTEGER NOT NULL DEFAULT 0,          -- times it was handed to a worker
   crash_count     INTEGER NOT NULL DEFAULT 0,          -- runs that died while it was in flight
   error           TEXT,                                -- why: error, oom, timeout, crashed
@@ -79,6 +92,7 @@ CREATE TABLE units (
 CREATE INDEX units_by_task_policy_budget ON units (task, policy, kv_budget_spec, kv_budget);
 CREATE INDEX units_by_status ON units (status);
 CREATE INDEX units_by_run ON units (run_id);
+CREATE INDEX units_by_slot ON units (slot_key);
 
 -- The task's metrics for one unit (tasks::Task::score), one row each.
 CREATE TABLE metrics (
@@ -164,4 +178,4 @@ CREATE TABLE file_digests (
   hashed_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 7;
+PRAGMA user_version = 8;

@@ -22,8 +22,8 @@ namespace {
 // process by mistake) before failing with SQLITE_BUSY.
 constexpr int kBusyTimeoutMs = 10000;
 
-constexpr const char* kUnitStatusNames[] = {"pending", "running", "ok",     "error",
-                                            "oom",     "timeout", "crashed"};
+constexpr const char* kUnitStatusNames[] = {"pending", "running", "ok",      "error",
+                                            "oom",     "timeout", "crashed", "superseded"};
 constexpr const char* kRunStatusNames[] = {"running", "ok", "error", "interrupted", "crashed"};
 
 // Measurement columns: common/measurement_fields.h, in table order. The INSERT and the SELECT
@@ -121,8 +121,11 @@ std::string canonical_json(const std::map<std::string, std::string>& kv) {
   return out + "}";
 }
 
-std::string unit_key_text(const UnitSpec& u) {
-  std::string t = "kvbench unit key, result schema " + std::to_string(kResultSchemaVersion) + "\n";
+namespace {
+// The key text of result schema `version`; `with_sample`: the sample_sha256 line (version 2's
+// keys have it, its slots do not).
+std::string key_text(const UnitSpec& u, int version, bool with_sample) {
+  std::string t = "kvbench unit key, result schema " + std::to_string(version) + "\n";
   auto line = [&](const char* name, const std::string& value) {
     t += std::string(name) + "=" + value + "\n";
   };
@@ -138,7 +141,17 @@ std::string unit_key_text(const UnitSpec& u) {
   line("max_new_tokens", std::to_string(u.max_new_tokens));
   line("seed", std::to_string(u.seed));
   line("generation", canonical_json(u.generation));
+  if (with_sample) line("sample_sha256", json_string(u.sample_sha256));
   return t;
+}
+}  // namespace
+
+std::string unit_key_text(const UnitSpec& u) { return key_text(u, kResultSchemaVersion, true); }
+
+std::string legacy_unit_key(const UnitSpec& u) { return sha256_hex(key_text(u, 1, false)); }
+
+std::string unit_slot_key(const UnitSpec& u) {
+  return sha256_hex("slot\n" + key_text(u, kResultSchemaVersion, false));
 }
 
 std::string unit_key(const UnitSpec& spec) { return sha256_hex(unit_key_text(spec)); }
@@ -279,17 +292,43 @@ void Store::finish_run(int64_t run_id, RunStatus status) {
 
 // ---- units --------------------------------------------------------------------------------------
 
-std::vector<std::string> Store::register_units(int64_t run_id, const std::vector<UnitRow>& rows) {
+std::vector<std::string> Store::register_units(int64_t run_id, const std::vector<UnitRow>& rows,
+                                              RegisterStats* stats) {
   require_writable("register_units");
+  RegisterStats counts;
   Transaction tx(*db_);
+  // Re-keying an adopted row moves its results' rows after it: checked at commit.
+  db_->exec("PRAGMA defer_foreign_keys = ON");
   // ON CONFLICT (unit_key) DO NOTHING, not INSERT OR IGNORE: the latter would also skip rows
   // that break a CHECK (bad JSON), silently.
   Statement st(*db_,
                "INSERT INTO units (unit_key, run_id, model, model_sha256, task, task_version, "
                "task_options, sample_id, policy, policy_options, kv_budget_spec, kv_budget, "
-               "question, max_new_tokens, seed, generation, sample_fields, context_length, depth) "
+               "question, max_new_tokens, seed, generation, sample_fields, context_length, depth, "
+               "sample_sha256, slot_key) "
                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, "
-               "?17, ?18, ?19) ON CONFLICT (unit_key) DO NOTHING");
+               "?17, ?18, ?19, ?20, ?21) ON CONFLICT (unit_key) DO NOTHING");
+  // A result-schema-1 row (no sample_sha256) under the legacy key, with what it stored of its
+  // sample.
+  Statement legacy(*db_,
+                   "SELECT u.sample_fields, p.references_json FROM units u LEFT JOIN predictions p "
+                   "ON p.unit_key = u.unit_key WHERE u.unit_key = ?1 AND u.sample_sha256 IS NULL");
+  Statement adopt(*db_,
+                  "UPDATE units SET unit_key = ?2, sample_sha256 = ?3, slot_key = ?4, "
+                  "task_options = ?5 WHERE unit_key = ?1");
+  std::vector<Statement> move_results;
+  for (const char* table : {"metrics", "measurements", "predictions"}) {
+    move_results.emplace_back(*db_, std::string("UPDATE ") + table +
+                                        " SET unit_key = ?2 WHERE unit_key = ?1");
+  }
+  Statement retire(*db_, "UPDATE units SET status = 'superseded' WHERE unit_key = ?1");
+  Statement restore(*db_,
+                    "UPDATE units SET status = CASE WHEN EXISTS (SELECT 1 FROM measurements m "
+                    "WHERE m.unit_key = ?1) THEN 'ok' ELSE 'pending' END "
+                    "WHERE unit_key = ?1 AND status = 'superseded'");
+  Statement supersede(*db_,
+                      "UPDATE units SET status = 'superseded' WHERE slot_key = ?1 AND "
+                      "unit_key <> ?2 AND status <> 'superseded'");
   std::vector<std::string> keys;
   keys.reserve(rows.size());
   for (const UnitRow& row : rows) {
@@ -297,17 +336,44 @@ std::vector<std::string> Store::register_units(int64_t run_id, const std::vector
     KVB_CHECK(u.seed <= uint64_t(std::numeric_limits<int64_t>::max()))
         << "seed " << u.seed << " does not fit a SQLite integer";
     keys.push_back(unit_key(u));
+    const std::string& key = keys.back();
+    const std::string slot = row.slot_key.empty() ? unit_slot_key(u) : row.slot_key;
+    const std::string shown_task_options =
+        canonical_json(row.shown_task_options.value_or(u.task_options));
+    if (!row.legacy_key.empty() && row.legacy_key != key && !lookup_status(*db_, key)) {
+      legacy.bind_text(1, row.legacy_key);
+      if (legacy.step()) {
+        const bool same = legacy.column_text(0) == canonical_json(row.sample_fields) &&
+                          (legacy.is_null(1) || legacy.column_text(1) == json_array(row.references));
+        legacy.reset();
+        if (same) {
+          adopt.bind_text(1, row.legacy_key)
+              .bind_text(2, key)
+              .bind_text(3, u.sample_sha256)
+              .bind_text(4, slot)
+              .bind_text(5, shown_task_options);
+          adopt.run();
+          for (Statement& m : move_results) m.bind_text(1, row.legacy_key).bind_text(2, key).run();
+          ++counts.adopted;
+        } else {
+          retire.bind_text(1, row.legacy_key).run();
+          ++counts.stale;
+        }
+      } else {
+        legacy.reset();
+      }
+    }
     std::optional<int64_t> context_length;
     if (auto v = field(row.sample_fields, "context_length")) context_length = parse_int(*v);
     std::optional<double> depth;
     if (auto v = field(row.sample_fields, "depth")) depth = parse_real(*v);
-    st.bind_text(1, keys.back())
+    st.bind_text(1, key)
         .bind_int(2, run_id)
         .bind_text(3, row.model)
         .bind_text(4, u.model_sha256)
         .bind_text(5, u.task)
         .bind_int(6, u.task_version)
-        .bind_text(7, canonical_json(u.task_options))
+        .bind_text(7, shown_task_options)
         .bind_text(8, u.sample_id)
         .bind_text(9, u.policy)
         .bind_text(10, canonical_json(row.shown_policy_options.value_or(u.policy_options)))
@@ -319,10 +385,17 @@ std::vector<std::string> Store::register_units(int64_t run_id, const std::vector
         .bind_text(16, canonical_json(u.generation))
         .bind_text(17, canonical_json(row.sample_fields))
         .bind_int(18, context_length)
-        .bind_real(19, depth);
+        .bind_real(19, depth)
+        .bind_text_or_null(20, u.sample_sha256)
+        .bind_text(21, slot);
     st.run();
+    restore.bind_text(1, key).run();
+    counts.restored += db_->changes();
+    supersede.bind_text(1, slot).bind_text(2, key).run();
+    counts.superseded += db_->changes();
   }
   tx.commit();
+  if (stats) *stats = counts;
   return keys;
 }
 

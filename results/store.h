@@ -22,7 +22,9 @@ class Db;
 // Version of what a unit's results mean; hashed into every unit key, so bumping it makes every
 // unit run again. Bump it when a measurement or the prompt assembly changes meaning, not when
 // the database layout changes (that is kSchemaVersion in schema.h, handled by migrations).
-inline constexpr int kResultSchemaVersion = 1;
+// 2: keys hold the sample's content (UnitSpec::sample_sha256) and no file path; 1 held the task's
+// file options as absolute paths (legacy_unit_key; register_units adopts such rows).
+inline constexpr int kResultSchemaVersion = 2;
 // A unit in flight during this many dead runs becomes `crashed`, skipped (DESIGN.md "Faults").
 inline constexpr int kMaxCrashes = 2;
 // A unit handed out this many times without a result becomes `crashed` even when no crash was
@@ -34,7 +36,11 @@ enum class Mode {
   kReadOnly,   // SQLITE_OPEN_READONLY + query_only: `kvbench query` / `report`
 };
 
-enum class UnitStatus { kPending, kRunning, kOk, kError, kOom, kTimeout, kCrashed };
+// kSuperseded: a unit whose sample's content changed after it was registered (an edited data
+// item): a later unit of the same slot (UnitRow::slot_key) with the new content replaced it. Its
+// results stay in the database but no query counts them (they read status 'ok'); registering its
+// key again (the edit undone) brings it back.
+enum class UnitStatus { kPending, kRunning, kOk, kError, kOom, kTimeout, kCrashed, kSuperseded };
 const char* to_string(UnitStatus s);  // the SQL spelling: "pending", "running", ...
 UnitStatus parse_unit_status(const std::string& s);
 
@@ -74,12 +80,20 @@ struct UnitSpec {
   int max_new_tokens = 0;
   uint64_t seed = 0;                              // at most INT64_MAX (SQLite integers are signed)
   std::map<std::string, std::string> generation;  // sampling settings
+  // tasks::sample_sha256 of the unit's sample: the files the task read enter the key through the
+  // content they gave this sample, never through their paths (task_options holds no path).
+  std::string sample_sha256;
 };
 
 // The canonical text a unit key hashes: one `name=value` line per field, strings JSON-quoted.
 std::string unit_key_text(const UnitSpec& spec);
 // Lowercase hex SHA-256 of unit_key_text(spec).
 std::string unit_key(const UnitSpec& spec);
+// The key result schema 1 gave the unit (kvbench before content keys): `spec` as that version
+// filled it (task_options with the file options' absolute paths; sample_sha256 is not read).
+std::string legacy_unit_key(const UnitSpec& spec);
+// The default slot of a unit (UnitRow::slot_key): its key without the sample's content.
+std::string unit_slot_key(const UnitSpec& spec);
 // {"a":"1","b":"x"}: keys in byte order, values JSON-escaped strings, no whitespace.
 std::string canonical_json(const std::map<std::string, std::string>& kv);
 
@@ -95,6 +109,27 @@ struct UnitRow {
   // (spec.policy_options): a Python policy's script path, whose content the key hashes instead
   // (harness/policy_files.h). Unset: spec.policy_options.
   std::optional<std::map<std::string, std::string>> shown_policy_options;
+  // The same for task options: the file options' paths, which the key leaves out. Unset:
+  // spec.task_options.
+  std::optional<std::map<std::string, std::string>> shown_task_options;
+  // What makes a unit the same unit with other content: a unit registered in the same slot under
+  // another key supersedes the older one (UnitStatus::kSuperseded). The sweep's slot names the
+  // task's files by their paths relative to the config (harness/sweep_plan.cc). Empty:
+  // unit_slot_key(spec).
+  std::string slot_key;
+  // The unit's key under result schema 1 and what that version stored of its sample: a row of an
+  // older database registered under that key is adopted (re-keyed, its results kept) when its
+  // sample fields and references equal these; otherwise it is superseded and the unit runs.
+  std::string legacy_key;
+  std::vector<std::string> references;
+};
+
+// What register_units did besides inserting new rows.
+struct RegisterStats {
+  int adopted = 0;     // result-schema-1 rows re-keyed to content keys, their results kept
+  int stale = 0;       // result-schema-1 rows whose sample changed: superseded, the unit runs
+  int superseded = 0;  // rows whose slot has a unit with other content now
+  int restored = 0;    // superseded rows registered again (their content is back)
 };
 
 struct UnitState {
@@ -203,9 +238,13 @@ class Store {
   void finish_run(int64_t run_id, RunStatus status);
 
   // Inserts the units whose key is new as `pending` under run_id; existing units (whatever their
-  // status) are left alone, so registering a matrix twice never duplicates. Returns the keys in
-  // row order.
-  std::vector<std::string> register_units(int64_t run_id, const std::vector<UnitRow>& rows);
+  // status) are left alone, so registering a matrix twice never duplicates. In the same
+  // transaction, per row: a result-schema-1 row under its legacy_key is adopted or superseded
+  // (UnitRow::legacy_key), a superseded row under its key is restored (`ok` when its results are
+  // there, else `pending`), and every other row of its slot is superseded. Returns the keys in
+  // row order; `stats` (optional) counts what happened.
+  std::vector<std::string> register_units(int64_t run_id, const std::vector<UnitRow>& rows,
+                                          RegisterStats* stats = nullptr);
   // The keys (in the given order) still to run: status `pending`. Throws on an unregistered key.
   std::vector<std::string> unfinished_units(const std::vector<std::string>& keys) const;
   // States of the registered keys among `keys` (unregistered ones are absent).

@@ -50,6 +50,13 @@ struct Sample {
   std::map<std::string, std::string> fields;
 };
 
+// SHA-256 (lowercase hex) of everything the task put into the sample: the content a unit key
+// holds instead of the paths of the files the task read (DESIGN.md "Work unit and its key"). Every
+// member is written as its name, its byte length and its bytes, in a fixed order (fields sorted
+// by name), so that no two different samples share a digest text. Editing one item of a data
+// file changes that item's sample digest and no other's.
+std::string sample_sha256(const Sample& s);
+
 struct Prediction {
   std::string text;                    // kGenerate: the generated text (stop strings removed)
   std::vector<double> choice_logliks;  // kChoice: sum of log-probabilities per choice

@@ -112,7 +112,7 @@ TEST(PromptSha256, MigratesVersion5Databases) {
   EXPECT_THROW((void)results::Store::open(path, results::Mode::kReadOnly), Error);
   results::Store s = results::Store::open(path, results::Mode::kReadWrite);
   EXPECT_EQ(one_value(s, "PRAGMA user_version"), std::to_string(results::kSchemaVersion));
-  EXPECT_EQ(results::kSchemaVersion, 7);  // 5 -> 6 -> 7 (prefill_reused)
+  EXPECT_EQ(results::kSchemaVersion, 8);  // 5 -> 6 -> 7 (prefill_reused) -> 8 (content keys)
   EXPECT_EQ(one_value(s, "SELECT COUNT(*) FROM measurements WHERE prompt_sha256 IS NULL"), "1");
   // The migrated column has the fresh schema's CHECK.
   results::Db db(path, SQLITE_OPEN_READWRITE);

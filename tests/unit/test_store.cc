@@ -700,9 +700,10 @@ TEST(Store, MigratesVersion6DatabasesToPrefillReused) {
     db.exec("PRAGMA user_version = 6");
   }
   expect_error([&] { (void)Store::open(path, Mode::kReadOnly); },
-               {path, "schema version 6 is older than this kvbench (7)"});
+               {path, "schema version 6 is older than this kvbench (" +
+                          std::to_string(kSchemaVersion) + ")"});
   Store store = Store::open(path, Mode::kReadWrite);
-  EXPECT_EQ(one_value(store, "PRAGMA user_version"), "7");
+  EXPECT_EQ(one_value(store, "PRAGMA user_version"), std::to_string(kSchemaVersion));
   EXPECT_EQ(store
                 .query("SELECT COUNT(*) FROM pragma_table_info('measurements') "
                        "WHERE name = 'prefill_reused' AND \"notnull\" = 1 AND dflt_value = '0'")
@@ -712,6 +713,58 @@ TEST(Store, MigratesVersion6DatabasesToPrefillReused) {
   EXPECT_NE(one_value(store, "SELECT sql FROM sqlite_master WHERE name = 'measurements'")
                 .find("prefill_reused INTEGER NOT NULL DEFAULT 0 CHECK (prefill_reused >= 0)"),
             std::string::npos);
+}
+
+// A version-7 database (the schema.sql of version 1, migrated to 7: units without the content
+// columns, a status CHECK without 'superseded') rebuilds `units` at 8: every row and every result
+// stays, the old rows have no sample_sha256 (result schema 1: adopted or superseded by the next
+// sweep), the rebuilt table takes the new CHECK, and the results' foreign keys still cascade.
+TEST(Store, MigratesVersion7UnitsToContentKeys) {
+  const std::string path = fresh_dir() + "/v7.db";
+  const std::string key(64, 'c');
+  {
+    std::ifstream f(std::string(KVB_FIXTURES_DIR) + "/results/schema_v1.sql");
+    ASSERT_TRUE(f.good());
+    std::stringstream ddl;
+    ddl << f.rdbuf();
+    Db db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    db.exec(ddl.str());
+    EXPECT_EQ(upgrade_schema(db, false, migrations(), 7), 1);
+    EXPECT_EQ(schema_version(db), 7);
+    db.exec("INSERT INTO runs (config_text, config_sha256, git_rev, kvbench_version, host, ranks) "
+            "VALUES ('x', 'y', 'z', '0.1.0', 'h', 1)");
+    db.exec("INSERT INTO units (unit_key, run_id, model, model_sha256, task, task_version, "
+            "task_options, sample_id, policy, kv_budget_spec, question, max_new_tokens, seed, "
+            "status, sample_fields, context_length) VALUES ('" + key +
+            "', 1, 'm', 's', 'niah', 1, '{\"data\":\"/x/d.jsonl\"}', 's0', 'snapkv', '128', "
+            "'in_prompt', 8, 0, 'ok', '{\"context_length\":\"128\"}', 128)");
+    db.exec("INSERT INTO metrics VALUES ('" + key + "', 'recall', 0.75, 1)");
+    db.exec("INSERT INTO predictions VALUES ('" + key + "', 'abc', '[\"abc\"]')");
+    EXPECT_THROW(db.exec("UPDATE units SET status = 'superseded'"), Error);  // 7's CHECK
+  }
+  Store store = Store::open(path, Mode::kReadWrite);
+  EXPECT_EQ(one_value(store, "PRAGMA user_version"), std::to_string(kSchemaVersion));
+  EXPECT_EQ(one_value(store, "SELECT task_options || sample_fields || context_length || status "
+                             "FROM units"),
+            "{\"data\":\"/x/d.jsonl\"}{\"context_length\":\"128\"}128ok");
+  EXPECT_EQ(one_value(store, "SELECT count(*) FROM units WHERE sample_sha256 IS NULL AND slot_key "
+                             "IS NULL"),
+            "1");
+  EXPECT_EQ(store.metrics(key).at(0).value, 0.75);
+  EXPECT_EQ(one_value(store, "SELECT count(*) FROM pragma_index_list('units') WHERE name IN "
+                             "('units_by_task_policy_budget', 'units_by_status', 'units_by_run', "
+                             "'units_by_slot')"),
+            "4");
+  EXPECT_TRUE(store.query("PRAGMA foreign_key_check").rows.empty());
+  Db db(path, SQLITE_OPEN_READWRITE);
+  db.exec("PRAGMA foreign_keys = ON");
+  db.exec("UPDATE units SET status = 'superseded'");
+  EXPECT_THROW(db.exec("UPDATE units SET status = 'retired'"), Error);
+  EXPECT_THROW(db.exec("UPDATE units SET sample_sha256 = 'DROP TABLE units'"), Error);
+  db.exec("DELETE FROM units");
+  EXPECT_EQ(one_value(store, "SELECT (SELECT count(*) FROM metrics) + (SELECT count(*) FROM "
+                             "predictions)"),
+            "0");  // cascaded
 }
 
 // The cache answers only for the exact stamp; a new stamp replaces the path's row.
