@@ -17,6 +17,7 @@
 #include "harness/sweep_wire.h"
 #include "harness/task_file.h"
 #include "common/table.h"
+#include "results/stats.h"
 #include "tasks/task.h"
 #include "workers/model_session.h"
 #include "workers/runner.h"
@@ -224,30 +225,33 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   table.print(std::cout, output);
 
-  // Aggregate with the standard error of the mean per metric.
+  // Aggregate with the 95% interval of the mean per metric (results/stats.h score_ci, the
+  // interval the sweep, query and report show), labelled.
   tasks::Scores agg = task->aggregate(per_sample);
   std::vector<std::string> acols = {"task", "policy", "kv_budget", "n", "failed"};
   std::vector<std::string> arow = {task_name, policy_name,
                                    budget.none() ? "0" : budget.spec(),
                                    std::to_string(per_sample.size()), std::to_string(failed)};
+  bool intervals = false;
   for (const auto& [name, value] : agg) {
     acols.push_back(name);
-    double var = 0;
-    int n = 0;
+    std::vector<double> x;
     for (const auto& s : per_sample) {
-      if (s.count(name)) {
-        var += (s.at(name) - value) * (s.at(name) - value);
-        ++n;
-      }
+      if (s.count(name)) x.push_back(s.at(name));
     }
-    const double se = n > 1 ? std::sqrt(var / (n - 1) / n) : 0;
-    arow.push_back(n == static_cast<int>(per_sample.size()) && n > 1 ? fmt(value) + " ± " + fmt(se)
-                                                                      : fmt(value));
+    // The task's own aggregate (perplexity pools tokens) unless it is the plain mean of samples.
+    const results::MeanCI ci = results::score_ci(x);
+    const bool plain_mean = x.size() == per_sample.size() && x.size() > 1 &&
+                            std::fabs(ci.mean - value) <= 1e-12 * std::max(1.0, std::fabs(value));
+    intervals = intervals || plain_mean;
+    arow.push_back(plain_mean ? fmt(value) + " [" + fmt(ci.lo) + ", " + fmt(ci.hi) + "]"
+                              : fmt(value));
   }
   Table at(acols);
   at.add(arow);
   if (output == "md") std::cout << "\n";
   at.print(std::cout, output);
+  if (intervals && output == "md") std::cout << "\n[lo, hi]: " << results::kScoreCiMethod << "\n";
   return failed > 0 ? 1 : 0;
 }
 

@@ -88,7 +88,10 @@ int cmd_query(const std::vector<std::string>& args) {
       << "--output must be md, csv or jsonl, got " << output;
   if (what == "vs-full") {
     results::Store store = results::Store::open(db, results::Mode::kReadOnly);
-    results::vs_full_table(results::vs_full(store, {})).print(std::cout, output);
+    const std::vector<results::PairedRow> rows = results::vs_full(store, {});
+    results::vs_full_table(rows).print(std::cout, output);
+    const std::string missing = results::vs_full_missing(store, rows);
+    if (!missing.empty()) std::cerr << "kvbench query vs-full: " << missing << "\n";
     return 0;
   }
   if (what == "groups") {
@@ -119,8 +122,15 @@ int cmd_query(const std::vector<std::string>& args) {
         << (named ? "query " + what : std::string("SQL")) << " on " << db
         << " was stopped after --timeout-s " << timeout_s
         << " s (a recursive CTE without an end?); add a LIMIT or a larger --timeout-s";
+    // SQLite's own words and the statement; not our call site (that is -v's origin line).
+    const auto* sq = dynamic_cast<const results::SqliteError*>(&e);
     KVB_USAGE_FAIL() << (named ? "query " + what : std::string("SQL")) << " failed on " << db
-                     << ": " << e.what();
+                     << ": " << (sq ? sq->sqlite_message() : std::string(e.what()))
+                     << (sq && (sq->code() & 0xff) == SQLITE_READONLY
+                             ? " (kvbench query opens the database readonly: it reads, never "
+                               "writes)"
+                             : "")
+                     << "\n  statement: " << sql;
   }
   Table t(r.columns);
   for (const auto& row : r.rows) {

@@ -66,7 +66,7 @@ const std::vector<std::string>& reserved_field_names() {
       "kv_budget_spec", "kv_budget",     "question",    "max_new_tokens", "seed",
       "generation",     "sample_fields", "status",      "attempts",       "crash_count",
       "error",          "started_at",    "finished_at", "rank",           "host",
-      "sample",         "prediction",    "task_group"};
+      "sample",         "prediction",    "task_group",  "sample_sha256",  "slot_key"};
   return names;
 }
 

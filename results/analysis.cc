@@ -52,6 +52,18 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
+std::string p_value_text(double p, int resamples) {
+  if (!std::isfinite(p)) return "";
+  const double floor = 1.0 / resamples;
+  if (p >= floor) return fixed(p, 4);
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.0e", floor);  // 1e-04
+  std::string s = buf;
+  const size_t e = s.find("e-0");
+  if (e != std::string::npos) s.erase(e + 2, 1);  // 1e-4
+  return "< " + s;
+}
+
 Filter Filter::parse(const std::vector<std::string>& specs) {
   Filter f;
   for (const std::string& spec : specs) {
@@ -193,7 +205,7 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
     ScoreCell c;
     std::tie(c.model, c.task, c.metric, c.policy, c.budget) = key;
     c.higher_is_better = hib[key];
-    c.ci = mean_ci(values.first);
+    c.ci = score_ci(values.first);
     if (!values.second.empty()) {
       double sum = 0;
       for (double b : values.second) sum += b;
@@ -246,6 +258,23 @@ std::vector<PairedRow> vs_full(const Store& store, const Filter& filter) {
   }
   sort_cells(out);
   return out;
+}
+
+std::string vs_full_missing(const Store& store, const std::vector<PairedRow>& rows) {
+  if (!rows.empty()) return "";
+  const QueryResult r = store.query(
+      "SELECT COALESCE(SUM(policy = 'full'), 0), COALESCE(SUM(policy <> 'full'), 0) FROM units "
+      "WHERE status = 'ok'");
+  const std::string full = r.rows.at(0).at(0).text, others = r.rows.at(0).at(1).text;
+  if (full == "0") {
+    return "no comparison to full: the database has no `full` unit that finished ok (" + others +
+           " units of other policies did). Add policy `full` to the sweep's policies (it takes "
+           "no budget: one unit per sample) and run the sweep again; the units already done are "
+           "kept.";
+  }
+  if (others == "0") return "no comparison to full: only `full` units finished ok.";
+  return "no comparison to full: no policy's finished units share a sample, task and metric with "
+         "a finished `full` unit (" + full + " full, " + others + " others).";
 }
 
 std::vector<CostRow> cost_rows(const Store& store, const Filter& filter) {
@@ -381,7 +410,7 @@ Table vs_full_table(const std::vector<PairedRow>& rows) {
     }
     t.add({p.model, p.task, p.policy, p.budget, p.metric + (p.higher_is_better ? " ↑" : " ↓"),
            std::to_string(p.pc.n), fixed(p.mean), fixed(p.full_mean), fixed(p.pc.mean_diff),
-           fixed(p.pc.lo), fixed(p.pc.hi), fixed(p.pc.p_value), verdict});
+           fixed(p.pc.lo), fixed(p.pc.hi), p_value_text(p.pc.p_value), verdict});
   }
   return t;
 }

@@ -58,6 +58,10 @@ struct PairedRow {
   PairedComparison pc;  // of (policy - full), 10,000 resamples, seed 0
 };
 std::vector<PairedRow> vs_full(const Store& store, const Filter& filter);
+// Why vs_full has no rows, in a sentence for the user (issue 34: not an empty table without a
+// word): the database has no `full` unit that finished ok, or no other policy's ok units share a
+// sample with one. Empty when `rows` is not empty.
+std::string vs_full_missing(const Store& store, const std::vector<PairedRow>& rows);
 
 // Means over the ok units of (model, task, policy, budget, context length); context_length -1:
 // none.
@@ -105,5 +109,9 @@ Table pareto_table(const std::vector<ScoreCell>& cells);  // every cell, front m
 
 // "%.4f" (or "" for NaN).
 std::string fixed(double v, int digits = 4);
+// A bootstrap p-value as a table shows it: 4 decimals, or "< 1e-4" (1/resamples) when no
+// resample fell on the other side of 0, so that the bootstrap could not resolve it (0.0000 would
+// claim an exact zero).
+std::string p_value_text(double p, int resamples = 10000);
 
 }  // namespace kvb::results

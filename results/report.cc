@@ -129,7 +129,8 @@ std::vector<Plot> score_plots(const std::vector<ScoreCell>& cells, const Styles&
     p.x.label = budget_axis_label(budgets);
     p.x.categories = budgets;
     p.y.label = key.second;
-    p.note = "bands: 95% Student-t CI of the mean over samples; dashed: full cache";
+    p.note = "bands: 95% interval of the mean over samples (Wilson for 0/1 scores, else "
+             "bootstrap); dashed: full cache";
     std::map<std::string, svg::Series> series;
     for (const ScoreCell* c : group) {
       auto [it, fresh] = series.try_emplace(c->policy);
@@ -395,8 +396,9 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   std::vector<Section> sections;
   {
     Section s{"scores", "Score vs KV budget", "", {}, {}, ""};
-    s.intro = "Mean score per model, task, metric, policy and budget over the samples that finished, with "
-              "95% Student-t confidence intervals (n = 1 or identical scores: no interval).";
+    s.intro = std::string("Mean score per model, task, metric, policy and budget over the samples "
+                          "that finished. ") +
+              kScoreCiMethod + " (identical non-binary scores, or n = 1 of them: no interval).";
     s.plots = score_plots(cells, styles, scope);
     s.tables.push_back({"summary", "Summary: task x policy x budget x metric", summary_table(cells)});
     sections.push_back(std::move(s));
@@ -404,8 +406,11 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   {
     Section s{"paired", "Paired comparison to full", "", {}, {}, ""};
     s.intro = "Each policy against `full` on the same samples: mean difference (policy - full) "
-              "with a paired-bootstrap 95% CI (10,000 resamples, seed 0) and a two-sided p-value. "
-              "An interval that excludes 0 is a difference the samples support.";
+              "with a paired-bootstrap 95% CI (10,000 resamples, seed 0) and a two-sided p-value "
+              "(`< 1e-4`: no resample reached 0, below what 10,000 resamples resolve). An "
+              "interval that excludes 0 is a difference the samples support.";
+    const std::string missing = vs_full_missing(store, pairs);
+    if (!missing.empty()) s.intro = missing;
     s.tables.push_back({"vs_full", "Paired difference to full", vs_full_table(pairs)});
     sections.push_back(std::move(s));
   }

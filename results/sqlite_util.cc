@@ -27,7 +27,7 @@ void throw_sqlite_error(const char* file, int line, const char* call, const Db& 
   } catch (const Error& e) {
     // Another connection's lock outlasted the busy timeout: a failure worth retrying later.
     if ((ext & 0xff) == SQLITE_BUSY || (ext & 0xff) == SQLITE_LOCKED) throw DatabaseBusy(e.what());
-    throw;
+    throw SqliteError(e, msg, std::string(sql), ext);
   }
   std::abort();  // unreachable
 }

@@ -25,8 +25,26 @@ class Db;
 
 std::string sqlite_file_uri(const std::string& path, const std::string& query);
 
+// A failed SQLite call: what() as below, plus SQLite's own message and the statement, so that a
+// command can show a user exactly those (`kvbench query`).
+class SqliteError : public Error {
+ public:
+  SqliteError(const Error& e, std::string sqlite_message, std::string sql, int code)
+      : Error(e.what(), e.kind(), e.origin()),
+        sqlite_message_(std::move(sqlite_message)),
+        sql_(std::move(sql)),
+        code_(code) {}
+  const std::string& sqlite_message() const { return sqlite_message_; }  // "no such table: x"
+  const std::string& sql() const { return sql_; }                        // may be empty
+  int code() const { return code_; }                                     // extended result code
+
+ private:
+  std::string sqlite_message_, sql_;
+  int code_;
+};
+
 namespace detail {
-// Throws kvb::Error: "<file>:<line> <call>: <sqlite message> (<code name>) in `<sql>` [db <path>]".
+// Throws SqliteError (DatabaseBusy when the database stayed locked): "<file>:<line> <call>: <sqlite message> (<code name>) in `<sql>` [db <path>]".
 [[noreturn]] void throw_sqlite_error(const char* file, int line, const char* call, const Db& db,
                                      int rc, std::string_view sql);
 inline bool sqlite_ok(int rc) { return rc == SQLITE_OK || rc == SQLITE_ROW || rc == SQLITE_DONE; }

@@ -147,4 +147,43 @@ PairedComparison paired_bootstrap(const std::vector<double>& a, const std::vecto
   return r;
 }
 
+MeanCI wilson_ci(double successes, int n, double level) {
+  KVB_CHECK(n >= 1 && successes >= 0 && successes <= n) << "wilson_ci: " << successes << " of " << n;
+  // z: the standard normal quantile, by bisection on its CDF 0.5 erfc(-x / sqrt 2).
+  const double target = 1 - (1 - level) / 2;
+  double a = 0, b = 40;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (a + b);
+    (0.5 * std::erfc(-mid / std::sqrt(2.0)) < target ? a : b) = mid;
+  }
+  const double z = 0.5 * (a + b);
+  const double p = successes / n, z2n = z * z / n;
+  const double center = (p + z2n / 2) / (1 + z2n);
+  const double half = z / (1 + z2n) * std::sqrt(p * (1 - p) / n + z2n / (4.0 * n));
+  MeanCI r;
+  r.n = n;
+  r.mean = p;
+  r.lo = std::max(0.0, center - half);
+  r.hi = std::min(1.0, center + half);
+  return r;
+}
+
+MeanCI score_ci(const std::vector<double>& x, int resamples, uint64_t seed, double level) {
+  if (x.empty()) return mean_ci(x, level);
+  const bool binary = std::all_of(x.begin(), x.end(), [](double v) { return v == 0 || v == 1; });
+  if (binary) {
+    double ones = 0;
+    for (double v : x) ones += v;
+    return wilson_ci(ones, static_cast<int>(x.size()), level);
+  }
+  const PairedComparison b =
+      paired_bootstrap(x, std::vector<double>(x.size(), 0.0), resamples, seed, level);
+  MeanCI r;
+  r.n = b.n;
+  r.mean = b.mean_diff;
+  r.lo = b.lo;
+  r.hi = b.hi;
+  return r;
+}
+
 }  // namespace kvb::results

@@ -16,6 +16,23 @@ struct MeanCI {
 // Student-t interval; n = 1 or zero variance gives lo = hi = mean. Empty input: n = 0, NaNs.
 MeanCI mean_ci(const std::vector<double>& x, double level = 0.95);
 
+// The 95% interval of a mean score as every table, plot and query of kvbench shows it (issue 34:
+// one convention, inside the metric's range):
+//  - scores that are all 0 or 1 (recall of a needle, exact match, accuracy): the Wilson score
+//    interval (Wilson 1927), which lies in [0, 1] and stays informative at 0 or n of n;
+//  - any other scores: the percentile bootstrap of the mean (`resamples` resamples, counter-based
+//    from `seed`, as paired_bootstrap), which lies within [min, max] of the scores and so within
+//    whatever range the metric has (a Student-t interval does not: it left [0, 1]).
+// n = 1 of a non-binary score, or scores all equal and non-binary: lo = hi = mean. Empty: NaNs.
+// kScoreCiMethod says this in words for reports.
+MeanCI score_ci(const std::vector<double>& x, int resamples = 10000, uint64_t seed = 0,
+                double level = 0.95);
+inline constexpr char kScoreCiMethod[] =
+    "95% intervals: Wilson score interval where every score is 0 or 1, otherwise the percentile "
+    "bootstrap of the mean (10,000 resamples, seed 0); both stay inside the metric's range";
+// The Wilson score interval of `successes` of `n` at `level` (n >= 1).
+MeanCI wilson_ci(double successes, int n, double level = 0.95);
+
 // Quantile of Student's t with `dof` degrees of freedom (dof >= 1), p in (0, 1).
 double student_t_quantile(double p, double dof);
 

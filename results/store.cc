@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <memory>
 
 #include "common/error.h"
 #include "common/escape.h"
@@ -166,8 +167,8 @@ Store::~Store() = default;
 const std::string& Store::path() const { return db_->path(); }
 
 namespace {
-// t_quantile(p, dof): Student's t quantile (results/stats.h), so that the named queries' 95%
-// intervals are the same t intervals the report computes. NULL for dof < 1 or p outside (0, 1).
+// t_quantile(p, dof): Student's t quantile (results/stats.h), for ad-hoc SQL (the named queries
+// show ci95_lo / ci95_hi below). NULL for dof < 1 or p outside (0, 1).
 void sql_t_quantile(sqlite3_context* ctx, int argc, sqlite3_value** argv) {
   if (sqlite3_value_type(argv[0]) == SQLITE_NULL || sqlite3_value_type(argv[1]) == SQLITE_NULL) {
     sqlite3_result_null(ctx);
@@ -181,7 +182,50 @@ void sql_t_quantile(sqlite3_context* ctx, int argc, sqlite3_value** argv) {
   }
   sqlite3_result_double(ctx, student_t_quantile(p, dof));
 }
+// ci95_lo(x), ci95_hi(x): aggregates, the bounds of score_ci over the group's non-NULL values
+// (results/stats.h: Wilson for 0/1 scores, else the percentile bootstrap), so that the named
+// queries show the intervals the report and the sweep show. NULL for a group without values.
+void ci_step(sqlite3_context* ctx, int, sqlite3_value** argv) {
+  if (sqlite3_value_type(argv[0]) == SQLITE_NULL) return;
+  auto** values =
+      static_cast<std::vector<double>**>(sqlite3_aggregate_context(ctx, sizeof(void*)));
+  if (!values) {
+    sqlite3_result_error_nomem(ctx);
+    return;
+  }
+  try {
+    if (!*values) *values = new std::vector<double>();
+    (*values)->push_back(sqlite3_value_double(argv[0]));
+  } catch (const std::exception& e) {
+    sqlite3_result_error(ctx, e.what(), -1);
+  }
+}
+template <bool kHi>
+void ci_final(sqlite3_context* ctx) {
+  auto** values = static_cast<std::vector<double>**>(sqlite3_aggregate_context(ctx, 0));
+  if (!values || !*values) {
+    sqlite3_result_null(ctx);
+    return;
+  }
+  std::unique_ptr<std::vector<double>> owned(*values);
+  *values = nullptr;
+  try {
+    const MeanCI c = score_ci(*owned);
+    sqlite3_result_double(ctx, kHi ? c.hi : c.lo);
+  } catch (const std::exception& e) {
+    sqlite3_result_error(ctx, e.what(), -1);
+  }
+}
+
 void register_sql_functions(Db& db) {
+  KVB_SQLITE_CHECK(db, sqlite3_create_function(db.get(), "ci95_lo", 1,
+                                                SQLITE_UTF8 | SQLITE_DETERMINISTIC, nullptr,
+                                                nullptr, &ci_step, &ci_final<false>),
+                   "create_function ci95_lo");
+  KVB_SQLITE_CHECK(db, sqlite3_create_function(db.get(), "ci95_hi", 1,
+                                                SQLITE_UTF8 | SQLITE_DETERMINISTIC, nullptr,
+                                                nullptr, &ci_step, &ci_final<true>),
+                   "create_function ci95_hi");
   KVB_SQLITE_CHECK(db, sqlite3_create_function(db.get(), "t_quantile", 2,
                                                 SQLITE_UTF8 | SQLITE_DETERMINISTIC, nullptr,
                                                 &sql_t_quantile, nullptr, nullptr),

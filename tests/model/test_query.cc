@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "results/sqlite_util.h"
 #include "run_kvbench.h"
 
 namespace kvb {
@@ -44,17 +45,20 @@ TEST_F(Query, SummaryMarkdownIsPinned) {
   std::getline(lines, header);
   std::getline(lines, rule);
   std::getline(lines, first);
+  // Issue 34: one interval convention everywhere (results/stats.h score_ci), as bounds: the
+  // Student-t half-width this table showed (0.0821, from scipy) put the interval below 0.
   EXPECT_EQ(header,
-            "| model       | task       | policy | kv_budget | metric           |     mean | ± ci95 "
-            "|   n |  ok | error | failed | unfinished |");
+            "| model       | task       | policy | kv_budget | metric           |     mean |  ci95 lo "
+            "|  ci95 hi |   n |  ok | error | failed | unfinished |");
   EXPECT_EQ(rule,
-            "| ----------- | ---------- | ------ | --------- | ---------------- | -------: | -----: "
-            "| --: | --: | ----: | -----: | ---------: |");
+            "| ----------- | ---------- | ------ | --------- | ---------------- | -------: | -------: "
+            "| -------: | --: | --: | ----: | -----: | ---------: |");
   // niah: 6 samples per (policy, budget); every unit ok. Recall 1/7 on three samples and 0 on
-  // three; the Student-t half-width from scipy: t.ppf(0.975, 5) * s / sqrt(6) = 0.0821.
+  // three: not 0/1 scores, so the percentile bootstrap, whose resampled mean is k/42 with
+  // k ~ Binomial(6, 1/2): its 2.5% and 97.5% points are 1/42 and 5/42 (P(k = 0) = 1/64).
   EXPECT_EQ(first,
-            "| stories260K | niah       | full   | -         | recall ↑         |   0.0714 | 0.0821 "
-            "|   6 |   6 |     0 |      0 |          0 |");
+            "| stories260K | niah       | full   | -         | recall ↑         |   0.0714 |   0.0238 "
+            "|   0.1190 |   6 |   6 |     0 |      0 |          0 |");
   // 7 (policy, budget) cells x (1 niah metric + 9 perplexity metrics).
   int rows = 0;
   for (std::string l; std::getline(lines, l);) rows += !l.empty();
@@ -154,6 +158,32 @@ TEST_F(Query, VsFullPairsSamplesWithFull) {
   EXPECT_EQ(rows, 6 * 10);  // 6 non-full (policy, budget) cells x 10 metrics
 }
 
+// Issue 34: a comparison to `full` in a database without one says why, and how to get one,
+// instead of printing an empty table.
+TEST_F(Query, VsFullWithoutFullSaysWhy) {
+  const std::string db = std::string(KVB_BINARY_DIR) + "/query_nofull_" + std::to_string(::getpid()) +
+                         ".db";
+  std::filesystem::remove(db);
+  std::filesystem::copy_file(db_, db);
+  ASSERT_EQ(kvbench({"query", "--db", db, "--migrate"}, nullptr), 0);
+  {
+    results::Db raw(db, SQLITE_OPEN_READWRITE);
+    raw.exec("PRAGMA foreign_keys = ON");
+    raw.exec("DELETE FROM units WHERE policy = 'full'");
+  }
+  std::string out, err;
+  EXPECT_EQ(kvbench({"query", "--db", db, "vs-full"}, &out, &err), 0);
+  EXPECT_NE(err.find("no comparison to full: the database has no `full` unit that finished ok"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("Add policy `full`"), std::string::npos) << err;
+  // With full there: no such line.
+  err.clear();
+  EXPECT_EQ(kvbench({"query", "--db", db_, "vs-full"}, &out, &err), 0);
+  EXPECT_EQ(err.find("no comparison"), std::string::npos) << err;
+  std::filesystem::remove(db);
+}
+
 TEST_F(Query, AdHocSqlIsReadOnlyWithBoundParameters) {
   std::string out;
   ASSERT_EQ(kvbench({"query", "--db", db_, "SELECT policy, COUNT(*) AS n FROM units WHERE policy = ?1 "
@@ -168,6 +198,10 @@ TEST_F(Query, AdHocSqlIsReadOnlyWithBoundParameters) {
   // The message names the statement's problem as SQLite words it, and the database.
   EXPECT_NE(err.find("SQL failed on " + db_ + ": "), std::string::npos) << err;
   EXPECT_NE(err.find("no such table: no_such_table"), std::string::npos) << err;
+  // Issue 34: and the statement, with no internal C++ (the call, the source file).
+  EXPECT_NE(err.find("statement: SELECT * FROM no_such_table"), std::string::npos) << err;
+  EXPECT_EQ(err.find("sqlite3_prepare"), std::string::npos) << err;
+  EXPECT_EQ(err.find(".cc:"), std::string::npos) << err;
   EXPECT_EQ(kvbench({"query", "--db", db_, "no-such-query"}, nullptr), 2);
   EXPECT_EQ(kvbench({"query", "--db", std::string(KVB_BINARY_DIR) + "/missing.db", "summary"},
                     nullptr),
