@@ -22,6 +22,8 @@ const std::vector<Subcommand>& subcommands() {
       {"sweep", "run a YAML experiment matrix (under mpirun or alone) into a SQLite database",
        cmd_sweep},
       {"query", "named queries or SQL over a results database (read-only): tables", cmd_query},
+      {"show", "the prompt a unit fed the model, rebuilt from its inputs and checked by hash",
+       cmd_show},
       {"report", "HTML + Markdown report: SVG plots, CSV tables, from a results database",
        cmd_report},
       {"ls", "list registered names: kvbench ls policies | tasks", cmd_ls},

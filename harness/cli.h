@@ -63,6 +63,7 @@ int cmd_inspect(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_sweep(const std::vector<std::string>& args);
 int cmd_query(const std::vector<std::string>& args);
+int cmd_show(const std::vector<std::string>& args);
 int cmd_report(const std::vector<std::string>& args);
 int cmd_validate(const std::vector<std::string>& args);
 

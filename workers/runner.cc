@@ -44,6 +44,20 @@ std::vector<int32_t> shared_prefill_tokens(const LoadedModel& lm, const tasks::S
   return first;
 }
 
+std::vector<int32_t> unit_prompt_tokens(const LoadedModel& lm, const tasks::Sample& s,
+                                        const RunSettings& rs, int ctx_limit, int* truncated) {
+  if (s.kind == tasks::SampleKind::kPerplexity) {
+    return detail::perplexity_tokens(lm, s, ctx_limit, truncated);
+  }
+  const detail::PromptTokens p = build_prompt(lm, s, rs, ctx_limit);
+  std::vector<int32_t> ids;
+  for (const auto* part : {&p.head, &p.context, &p.question, &p.tail}) {
+    ids.insert(ids.end(), part->begin(), part->end());
+  }
+  *truncated = p.truncated;
+  return ids;
+}
+
 QuestionPlacement parse_question_placement(const std::string& s) {
   if (s == "in_prompt") return QuestionPlacement::kInPrompt;
   if (s == "after_compression") return QuestionPlacement::kAfterCompression;

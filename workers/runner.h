@@ -146,6 +146,15 @@ UnitOutput run_sample(const LoadedModel& lm, engine::Engine& engine,
 std::vector<int32_t> shared_prefill_tokens(const LoadedModel& lm, const tasks::Sample& s,
                                            const RunSettings& settings);
 
+// The token ids a unit of sample `s` feeds the model, whose prompt_sha256 the unit stores
+// (token_ids_sha256 of them): generation and choice, the prompt before the first generated token
+// or the choices (chat template, BOS, middle truncation); perplexity, the scored stream.
+// `ctx_limit`: the model's context (a tokenizer-only `lm` has no config). `*truncated`: tokens
+// cut to fit.
+std::vector<int32_t> unit_prompt_tokens(const LoadedModel& lm, const tasks::Sample& s,
+                                        const RunSettings& settings, int ctx_limit,
+                                        int* truncated);
+
 // Runs one sample under several policies (a bundle), prefilling the prompt once for every policy
 // whose compression can start from a shared full prefill (engine::can_share_prefill); the others
 // run their own prefill. Results equal run_sample's for each policy, bit for bit; the shared pass

@@ -129,7 +129,22 @@ void append(std::vector<int32_t>& to, const std::vector<int32_t>& from) {
 
 }  // namespace
 
-PromptTokens build_prompt(const LoadedModel& lm, const tasks::Sample& s, const RunSettings& rs) {
+std::vector<int32_t> perplexity_tokens(const LoadedModel& lm, const tasks::Sample& s,
+                                       int ctx_limit, int* truncated) {
+  std::vector<int32_t> ids = encode_text(lm, s.text, false, prompt_needs_bos(lm, false));
+  size_t keep = ids.size();
+  if (s.max_tokens > 0) keep = std::min(keep, static_cast<size_t>(s.max_tokens));
+  *truncated = 0;
+  if (keep > static_cast<size_t>(ctx_limit)) {
+    *truncated = static_cast<int>(keep - ctx_limit);  // documented: the context
+    keep = ctx_limit;
+  }
+  ids.resize(keep);
+  return ids;
+}
+
+PromptTokens build_prompt(const LoadedModel& lm, const tasks::Sample& s, const RunSettings& rs,
+                          int ctx_limit_given) {
   PromptTokens p;
   ChatFrame frame;
   if (s.chat) frame = chat_frame(lm, "");
@@ -138,7 +153,7 @@ PromptTokens build_prompt(const LoadedModel& lm, const tasks::Sample& s, const R
   p.question = encode_text(lm, s.question, false, false);
   p.tail = encode_text(lm, frame.suffix, true, false);
   append(p.tail, encode_text(lm, s.answer_prefix, false, false));
-  const int ctx_limit = lm.model->config.max_seq_len;
+  const int ctx_limit = ctx_limit_given > 0 ? ctx_limit_given : lm.model->config.max_seq_len;
   const int overhead = static_cast<int>(p.head.size() + p.tail.size());
   int limit = ctx_limit - std::max(0, s.max_new_tokens) - overhead;
   // The smaller of the run's setting (CLI/YAML) and the task's own (LongBench's max_prompt_tokens).
@@ -185,14 +200,9 @@ void run_perplexity(Unit& u) {
   const engine::ModelConfig& c = u.lm.model->config;
   const tasks::Sample& s = u.s;
   UnitMeasurements& m = u.out.m;
-  std::vector<int32_t> ids = encode_text(u.lm, s.text, false, prompt_needs_bos(u.lm, false));
-  size_t keep = ids.size();
-  if (s.max_tokens > 0) keep = std::min(keep, static_cast<size_t>(s.max_tokens));
-  if (keep > static_cast<size_t>(c.max_seq_len)) {
-    m.truncated_tokens = static_cast<int>(keep - c.max_seq_len);  // documented: the context
-    keep = c.max_seq_len;
-  }
-  ids.resize(keep);
+  int truncated = 0;
+  std::vector<int32_t> ids = perplexity_tokens(u.lm, s, c.max_seq_len, &truncated);
+  if (truncated > 0) m.truncated_tokens = truncated;
   KVB_USAGE_CHECK(ids.size() >= 2) << "sample " << s.id << ": the text has " << ids.size()
                                    << " tokens; perplexity needs at least 2";
   kernels::KvCache cache = u.engine.new_cache(static_cast<int>(ids.size()), u.policy.get());

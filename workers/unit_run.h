@@ -117,7 +117,14 @@ struct PromptTokens {
 
 // Template head/tail around context + question; middle truncation of the user message
 // (LongBench pred.py: keep the first and last halves) so the prompt plus max_new_tokens fits.
-PromptTokens build_prompt(const LoadedModel& lm, const tasks::Sample& s, const RunSettings& rs);
+// `ctx_limit`: the model's context (0: lm.model's; a tokenizer-only LoadedModel, as `kvbench
+// show` loads, passes its header's).
+PromptTokens build_prompt(const LoadedModel& lm, const tasks::Sample& s, const RunSettings& rs,
+                          int ctx_limit = 0);
+// A perplexity sample's scored stream: its text encoded (with BOS where the model wants one), cut
+// to its max_tokens and then to the context `ctx_limit`; `*truncated`: tokens cut by the latter.
+std::vector<int32_t> perplexity_tokens(const LoadedModel& lm, const tasks::Sample& s,
+                                       int ctx_limit, int* truncated);
 
 // One prompt prefill shared by the bundle's oneshot policies.
 struct SharedPrefill {
