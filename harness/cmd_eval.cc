@@ -2,7 +2,9 @@
 // per-sample table and the aggregate (md, csv or jsonl on stdout), progress on stderr. Each sample
 // is a bundle of one unit, run, scored and failed by the sweep's own BundleRunner.
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 #include <chrono>
+#include <fstream>
 #include <cmath>
 #include <iomanip>
 #include <iostream>
@@ -60,7 +62,7 @@ int cmd_eval(const std::vector<std::string>& args) {
                                                      output = "md";
   std::vector<std::string> task_opts, policy_opts;
   DeviceOptions dev_opts;
-  std::string kv_budget_text, compression_text;
+  std::string kv_budget_text, compression_text, log_samples;
   int limit = -1, threads = 0, max_prompt_tokens = 0, show_prediction = 60;
   std::string seed_text = "0";
   po::options_description desc(
@@ -92,7 +94,13 @@ int cmd_eval(const std::vector<std::string>& args) {
       ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores; at most 1024)");
   add_device_options(desc, &dev_opts);
   desc.add_options()
-      ("output,o", po::value(&output)->default_value("md"), "md | csv | jsonl")
+      ("output,o", po::value(&output)->default_value("md"),
+       "md | csv | jsonl. csv and jsonl take plain keys (sample_id, the sample's fields, each "
+       "metric's name, prompt_tokens, prompt_sha256, prediction, references, ...); jsonl writes "
+       "one typed object per sample as it finishes, then the aggregate ({\"task\": ...})")
+      ("log-samples", po::value(&log_samples),
+       "also write every sample as a jsonl object (the -o jsonl rows) to this file, whatever -o "
+       "is (lm-eval's --log_samples)")
       ("show-prediction", po::value(&show_prediction)->default_value(60),
        "characters of each prediction shown in the md table (0: hide)");
   po::variables_map vm;
@@ -171,14 +179,29 @@ int cmd_eval(const std::vector<std::string>& args) {
       }
     }
   }
-  std::vector<std::string> cols = {"sample"};
+  // md: headers for people; csv: plain keys, and the prediction, references and prompt hash.
+  const bool md = output == "md";
+  std::vector<std::string> cols = {md ? "sample" : "sample_id"};
   cols.insert(cols.end(), field_names.begin(), field_names.end());
-  for (const auto& mi : task->metrics()) cols.push_back(mi.name + (mi.higher_is_better ? " ↑" : " ↓"));
-  for (const char* m : {"prompt tok", "gen tok", "prefill ms", "decode ms/tok", "KV MiB", "status"}) {
-    cols.push_back(m);
+  for (const auto& mi : task->metrics()) {
+    cols.push_back(md ? mi.name + (mi.higher_is_better ? " ↑" : " ↓") : mi.name);
   }
-  if (output == "md" && show_prediction > 0) cols.push_back("prediction");
+  for (const auto& [human, plain] : std::vector<std::pair<const char*, const char*>>{
+           {"prompt tok", "prompt_tokens"}, {"gen tok", "generated_tokens"},
+           {"prefill ms", "prefill_ms"}, {"decode ms/tok", "decode_ms_per_token"},
+           {"KV MiB", "kv_mib_final"}, {"status", "status"}}) {
+    cols.push_back(md ? human : plain);
+  }
+  if (md && show_prediction > 0) cols.push_back("prediction");
+  if (!md) {
+    for (const char* c : {"error", "prompt_sha256", "prediction", "references"}) cols.push_back(c);
+  }
   Table table(cols);
+  std::ofstream log_file;
+  if (!log_samples.empty()) {
+    log_file.open(log_samples);
+    KVB_USAGE_CHECK(log_file.good()) << "--log-samples " << log_samples << " cannot be written";
+  }
 
   std::vector<tasks::Scores> per_sample;
   int failed = 0;
@@ -215,15 +238,48 @@ int cmd_eval(const std::vector<std::string>& args) {
     row.push_back(fmt(per_tok, 2));
     row.push_back(fmt(m.kv_bytes_final / 1048576.0, 3));
     row.push_back(status == "ok" ? status : status + ": " + error);
-    if (output == "md" && show_prediction > 0) row.push_back(cut_chars(prediction, show_prediction));
+    if (md && show_prediction > 0) row.push_back(cut_chars(prediction, show_prediction));
+    const std::vector<std::string> references = r.prediction ? r.prediction->references
+                                                             : std::vector<std::string>{};
+    if (!md) {
+      row.push_back(error);
+      row.push_back(m.prompt_sha256);
+      row.push_back(prediction);
+      row.push_back(nlohmann::json(references).dump());
+    }
     table.add(row);
+    if (output == "jsonl" || log_file.is_open()) {
+      // One typed object per sample, under plain keys (numbers as numbers, text as strings).
+      nlohmann::json j;
+      j["sample_id"] = s.id;
+      j["fields"] = s.fields;
+      nlohmann::json scores = nlohmann::json::object();
+      for (const auto& [name, value] : sc) scores[name] = std::isfinite(value) ? nlohmann::json(value)
+                                                                               : nlohmann::json();
+      j["scores"] = scores;
+      j["status"] = status;
+      j["error"] = error;
+      j["prompt_tokens"] = m.prompt_tokens;
+      j["truncated_tokens"] = m.truncated_tokens;
+      j["prompt_sha256"] = m.prompt_sha256;
+      j["prediction"] = prediction;
+      j["references"] = references;
+      j["generated_tokens"] = m.generated_tokens;
+      j["prefill_ms"] = m.prefill_ms;
+      j["decode_ms"] = m.decode_ms;
+      j["kv_bytes_final"] = m.kv_bytes_final;
+      j["kv_budget"] = kv_budget;
+      const std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      if (output == "jsonl") std::cout << line << "\n" << std::flush;
+      if (log_file.is_open()) log_file << line << "\n" << std::flush;
+    }
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double eta = elapsed / (i + 1) * (samples.size() - i - 1);
     KVB_LOG_INFO << "eval " << task_name << " " << policy_name << ": " << (i + 1) << "/"
                  << samples.size() << " samples, " << fmt(elapsed, 1) << " s elapsed, ETA "
                  << fmt(eta, 1) << " s" << (status == "ok" ? "" : " (" + error + ")");
   }
-  table.print(std::cout, output);
+  if (output != "jsonl") table.print(std::cout, output);
 
   // Aggregate with the 95% interval of the mean per metric (results/stats.h score_ci, the
   // interval the sweep, query and report show), labelled.
@@ -244,14 +300,22 @@ int cmd_eval(const std::vector<std::string>& args) {
     const bool plain_mean = x.size() == per_sample.size() && x.size() > 1 &&
                             std::fabs(ci.mean - value) <= 1e-12 * std::max(1.0, std::fabs(value));
     intervals = intervals || plain_mean;
-    arow.push_back(plain_mean ? fmt(value) + " [" + fmt(ci.lo) + ", " + fmt(ci.hi) + "]"
-                              : fmt(value));
+    if (md) {
+      arow.push_back(plain_mean ? fmt(value) + " (" + fmt(ci.lo) + ", " + fmt(ci.hi) + ")"
+                                : fmt(value));
+    } else {  // plain keys: the value, then its interval's bounds (empty where none)
+      arow.push_back(fmt(value));
+      acols.push_back(name + "_ci95_lo");
+      arow.push_back(plain_mean ? fmt(ci.lo) : "");
+      acols.push_back(name + "_ci95_hi");
+      arow.push_back(plain_mean ? fmt(ci.hi) : "");
+    }
   }
   Table at(acols);
   at.add(arow);
-  if (output == "md") std::cout << "\n";
+  if (md) std::cout << "\n";
   at.print(std::cout, output);
-  if (intervals && output == "md") std::cout << "\n[lo, hi]: " << results::kScoreCiMethod << "\n";
+  if (intervals && md) std::cout << "\n(lo, hi): " << results::kScoreCiMethod << "\n";
   return failed > 0 ? 1 : 0;
 }
 
