@@ -55,28 +55,18 @@ std::string slug(const std::string& s) {
   return out.empty() ? "x" : out;
 }
 
-// A stable style per policy across every plot of the page: full is style 7, black with a cross
-// (dashed where it is a reference line); the others skip every style with full's colour, so 56
-// policies get distinct (colour, marker) pairs.
+// A style per policy fixed by its name, the same in every report (issue 34): full is style 7,
+// black with a cross (dashed where it is a reference line); every other policy has its index in
+// policy_style_index, skipping every style with full's colour, so 49 policies get distinct
+// (colour, marker) pairs.
 class Styles {
  public:
   static constexpr int kFull = 7;
-  explicit Styles(const std::set<std::string>& policies) {
-    int i = 0;
-    for (const auto& p : policies) {
-      if (p == "full") continue;
-      style_[p] = (i / 7) * 8 + i % 7;
-      ++i;
-    }
-  }
   int operator()(const std::string& policy) const {
     if (policy == "full") return kFull;
-    auto it = style_.find(policy);
-    return it == style_.end() ? 0 : it->second;
+    const int i = policy_style_index(policy);
+    return (i / 7) * 8 + i % 7;
   }
-
- private:
-  std::map<std::string, int> style_;
 };
 
 // How a task is named in plot titles and ids: prefixed by its model when the database holds
@@ -371,6 +361,26 @@ pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:12px}
 
 }  // namespace
 
+const std::vector<std::string>& policy_style_order() {
+  // kvbench's policies in their registry's order when each got its style; new ones are appended,
+  // never inserted, so that no policy's colour ever changes.
+  static const std::vector<std::string> order = {
+      "window",        "h2o",       "subgen", "subgen_kcenter", "snapkv",   "pyramidkv",
+      "ada_snapkv",    "ada_pyramidkv", "streaming_llm", "scissorhands", "tova", "knorm",
+      "random",        "keydiff",   "observed_attention", "cur", "lagkv", "python"};
+  return order;
+}
+
+int policy_style_index(const std::string& policy) {
+  const std::vector<std::string>& order = policy_style_order();
+  const auto it = std::find(order.begin(), order.end(), policy);
+  if (it != order.end()) return static_cast<int>(it - order.begin());
+  uint32_t h = 2166136261u;  // FNV-1a 32 of the name: a policy of the user's own keeps its style
+  for (unsigned char c : policy) h = (h ^ c) * 16777619u;
+  const int known = static_cast<int>(order.size());
+  return known + static_cast<int>(h % static_cast<uint32_t>(kPolicyStyles - known));
+}
+
 ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   const QueryResult counts = store.query("SELECT COUNT(*), COALESCE(SUM(status = 'ok'), 0) FROM units");
   ReportFiles files;
@@ -386,10 +396,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   const std::vector<CostRow> cost = cost_rows(store, opt.filter);
   const std::vector<GridCell> grid = niah_grid(store, opt.filter);
   const std::vector<GroupRow> groups = group_rows(store, opt.filter);
-  std::set<std::string> policies;
-  for (const auto& c : cells) policies.insert(c.policy);
-  for (const auto& c : cost) policies.insert(c.policy);
-  const Styles styles(policies);
+  const Styles styles;
   Scope scope;
   scope.multi = store.query("SELECT COUNT(DISTINCT model) FROM units").rows[0][0].text != "1";
 

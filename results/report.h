@@ -26,6 +26,13 @@ struct ReportFiles {
   int units = 0, ok_units = 0;
 };
 
+// The style of a policy in every plot, fixed by its name (issue 34: one colour per policy across
+// reports): its place in policy_style_order() (kvbench's policies; `full` has a style of its
+// own), or for another name a hash of it into the styles after those. 0 <= index < kPolicyStyles.
+inline constexpr int kPolicyStyles = 49;
+const std::vector<std::string>& policy_style_order();
+int policy_style_index(const std::string& policy);
+
 // Writes the report; the directory is created if needed. Files this report wrote before (listed
 // in DIR/.kvbench-report) are replaced or, if this one does not write them, deleted; other files
 // are left alone (results/report_dir.h). Usage errors: a database without units, a filter value
