@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 #include "common/escape.h"
@@ -15,6 +17,58 @@ bool is_number(const std::string& s) {
   char* end = nullptr;
   std::strtod(s.c_str(), &end);
   return *end == '\0' || std::string(end).rfind(" ±", 0) == 0;
+}
+// A JSON number exactly: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+bool is_json_number(const std::string& s) {
+  size_t i = 0;
+  auto digits = [&] {
+    const size_t start = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i > start;
+  };
+  if (i < s.size() && s[i] == '-') ++i;
+  if (i < s.size() && s[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return false;
+  }
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    if (!digits()) return false;
+  }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == s.size();
+}
+// TeX text: its special characters escaped (and no control characters).
+std::string tex_escape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    switch (c) {
+      case '\\': out += "\\textbackslash{}"; break;
+      case '&': case '%': case '$': case '#': case '_': case '{': case '}':
+        out += '\\';
+        out += static_cast<char>(c);
+        break;
+      case '~': out += "\\textasciitilde{}"; break;
+      case '^': out += "\\textasciicircum{}"; break;
+      case '<': out += "\\textless{}"; break;
+      case '>': out += "\\textgreater{}"; break;
+      default:
+        if (c >= 0x20 && c != 0x7f) out += static_cast<char>(c);
+    }
+  }
+  // The symbols kvbench's tables use, in math mode (pdfLaTeX has no glyphs for them as text).
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\u2191", "$\\uparrow$"}, {"\u2193", "$\\downarrow$"}, {"\u00b1", "$\\pm$"}}) {
+    for (size_t at = out.find(from); at != std::string::npos; at = out.find(from, at + to.size())) {
+      out.replace(at, from.size(), to);
+    }
+  }
+  return out;
 }
 // Display width in code points (good enough for alignment of mostly-ASCII tables).
 size_t width(const std::string& s) {
@@ -42,9 +96,7 @@ void Table::print(std::ostream& os, const std::string& format) const {
       for (size_t c = 0; c < columns_.size(); ++c) {
         const std::string v = c < r.size() ? r[c] : "";
         os << (c ? "," : "") << "\"" << json_escape(columns_[c]) << "\":";
-        char* end = nullptr;
-        std::strtod(v.c_str(), &end);
-        if (!v.empty() && *end == '\0' && v != "nan" && v != "inf" && v != "-inf") {
+        if (is_json_number(v)) {
           os << v;
         } else {
           os << "\"" << json_escape(v) << "\"";
@@ -52,6 +104,30 @@ void Table::print(std::ostream& os, const std::string& format) const {
       }
       os << "}\n";
     }
+    return;
+  }
+  if (format == "latex") {
+    std::string spec;
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      bool numeric = true, any = false;
+      for (const auto& r : rows_) {
+        const std::string v = c < r.size() ? r[c] : "";
+        if (v.empty()) continue;
+        any = true;
+        numeric = numeric && is_number(v);
+      }
+      spec += any && numeric ? 'r' : 'l';
+    }
+    os << "\\begin{tabular}{" << spec << "}\n\\toprule\n";
+    for (size_t c = 0; c < columns_.size(); ++c) os << (c ? " & " : "") << tex_escape(columns_[c]);
+    os << " \\\\\n\\midrule\n";
+    for (const auto& r : rows_) {
+      for (size_t c = 0; c < columns_.size(); ++c) {
+        os << (c ? " & " : "") << tex_escape(c < r.size() ? r[c] : "");
+      }
+      os << " \\\\\n";
+    }
+    os << "\\bottomrule\n\\end{tabular}\n";
     return;
   }
   if (format == "html") {

@@ -13,7 +13,10 @@ class Table {
  public:
   explicit Table(std::vector<std::string> columns) : columns_(std::move(columns)) {}
   void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
-  // format: "md", "csv", "jsonl" or "html" (a <table>; numeric columns get class "num").
+  // format: "md", "csv", "jsonl", "html" (a <table>; numeric columns get class "num") or "latex"
+  // (a booktabs tabular: \toprule, \midrule, \bottomrule; numeric columns right-aligned; TeX's
+  // special characters escaped). jsonl writes a cell as a JSON number only when it is one by
+  // JSON's grammar ("0x10", "+5", "1e5x" stay strings).
   void print(std::ostream& os, const std::string& format) const;
   size_t size() const { return rows_.size(); }
   bool empty() const { return rows_.empty(); }

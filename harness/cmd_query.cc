@@ -33,6 +33,11 @@ const char* kGroupsDescription =
     "budget: the mean over the group's tasks of each task's mean, as RULER's summary, with a 95% "
     "CI (task means independent, Welch-Satterthwaite t) and the number of tasks";
 
+const char* kPaperDescription =
+    "the methods x tasks table of KV-cache papers: a row per model x policy x budget, a column "
+    "per task (higher-is-better metrics), mean (95% interval), and the average of the task means "
+    "with a stratified bootstrap interval; -o latex gives a booktabs tabular";
+
 }  // namespace
 
 int cmd_query(const std::vector<std::string>& args) {
@@ -40,7 +45,7 @@ int cmd_query(const std::vector<std::string>& args) {
   std::vector<std::string> params;
   double timeout_s = 60;
   po::options_description desc(
-      "usage: kvbench query --db FILE NAME|SQL [-o md|csv|jsonl] [--param VALUE ...]\n"
+      "usage: kvbench query --db FILE NAME|SQL [-o md|csv|jsonl|latex] [--param VALUE ...]\n"
       "       kvbench query --list\n"
       "       kvbench query --db FILE --migrate\n\n"
       "Runs a named query (kvbench query --list) or one SQL statement against a results\n"
@@ -52,7 +57,8 @@ int cmd_query(const std::vector<std::string>& args) {
       ("migrate", po::bool_switch(),
        "bring a database written by an older kvbench to this schema version (opens it "
        "read-write once; every other use of query opens read-only)")
-      ("output,o", po::value(&output)->default_value("md"), "md | csv | jsonl")
+      ("output,o", po::value(&output)->default_value("md"),
+       "md | csv | jsonl | latex (a booktabs tabular)")
       ("param", po::value(&params)->composing(), "a value bound to the next ?N parameter")
       ("timeout-s", po::value(&timeout_s)->default_value(60),
        "stop a query still running after this many seconds (0: no limit)")
@@ -66,6 +72,7 @@ int cmd_query(const std::vector<std::string>& args) {
     for (const auto& q : results::named_queries()) t.add({q.name, q.description()});
     t.add({"vs-full", kVsFullDescription});
     t.add({"groups", kGroupsDescription});
+    t.add({"paper", kPaperDescription});
     t.print(std::cout, output);
     return 0;
   }
@@ -84,8 +91,13 @@ int cmd_query(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(!what.empty()) << "give a query name or SQL (kvbench query --list names them)";
   KVB_USAGE_CHECK(std::isfinite(timeout_s) && timeout_s >= 0)
       << "--timeout-s must be >= 0 seconds (0: no limit), got " << timeout_s;
-  KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl")
-      << "--output must be md, csv or jsonl, got " << output;
+  KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl" || output == "latex")
+      << "--output must be md, csv, jsonl or latex, got " << output;
+  if (what == "paper") {
+    results::Store store = results::Store::open(db, results::Mode::kReadOnly);
+    results::paper_table(results::score_cells(store, {})).print(std::cout, output);
+    return 0;
+  }
   if (what == "vs-full") {
     results::Store store = results::Store::open(db, results::Mode::kReadOnly);
     const std::vector<results::PairedRow> rows = results::vs_full(store, {});
@@ -107,7 +119,7 @@ int cmd_query(const std::vector<std::string>& args) {
   if (!named && what.find(' ') == std::string::npos) {
     std::string names;
     for (const auto& q : results::named_queries()) names += (names.empty() ? "" : ", ") + q.name;
-    names += ", vs-full, groups";
+    names += ", vs-full, groups, paper";
     KVB_USAGE_FAIL() << "no named query '" << what << "'; named queries: " << names
                      << " (or give a SQL statement)";
   }

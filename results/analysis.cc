@@ -206,6 +206,7 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
     std::tie(c.model, c.task, c.metric, c.policy, c.budget) = key;
     c.higher_is_better = hib[key];
     c.ci = score_ci(values.first);
+    c.values = values.first;
     if (!values.second.empty()) {
       double sum = 0;
       for (double b : values.second) sum += b;
@@ -385,6 +386,74 @@ std::vector<ScoreCell> pareto_front(const std::vector<ScoreCell>& cells) {
     return a.kv_bytes_peak < b.kv_bytes_peak;
   });
   return front;
+}
+
+bool is_score_metric(const std::string& name) {
+  return name.rfind("tokens", 0) != 0 && name.rfind("nll_sum", 0) != 0;
+}
+
+Table paper_table(const std::vector<ScoreCell>& cells, int digits) {
+  // Columns: (task, metric) of higher-is-better metrics, in task order; a task with one such
+  // metric is headed by its name alone.
+  std::map<std::string, std::set<std::string>> metrics_of;  // task -> its hib metrics
+  bool multi_model = false;
+  for (const ScoreCell& c : cells) {
+    if (c.higher_is_better && is_score_metric(c.metric)) metrics_of[c.task].insert(c.metric);
+    multi_model = multi_model || c.model != cells.front().model;
+  }
+  std::vector<std::pair<std::string, std::string>> columns;
+  for (const auto& [task, ms] : metrics_of) {
+    for (const std::string& m : ms) columns.push_back({task, m});
+  }
+  std::vector<std::string> head;
+  if (multi_model) head.push_back("model");
+  head.push_back("policy");
+  head.push_back("kv_budget");
+  for (const auto& [task, m] : columns) {
+    head.push_back(metrics_of[task].size() == 1 ? task : task + " " + m);
+  }
+  head.push_back("average");
+  Table t(head);
+  // Rows in the summary's order (policy, then budget), full first.
+  using RowKey = std::tuple<std::string, std::string, std::string>;  // model, policy, budget
+  std::vector<RowKey> rows;
+  std::map<RowKey, std::map<std::pair<std::string, std::string>, const ScoreCell*>> at;
+  for (const ScoreCell& c : cells) {
+    if (!c.higher_is_better || !is_score_metric(c.metric) || c.values.empty()) continue;
+    const RowKey k{c.model, c.policy, c.budget};
+    if (!at.count(k)) rows.push_back(k);
+    at[k][{c.task, c.metric}] = &c;
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const RowKey& a, const RowKey& b) {
+    if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) < std::get<0>(b);
+    if (std::get<1>(a) != std::get<1>(b)) return policy_before(std::get<1>(a), std::get<1>(b));
+    return budget_order(std::get<2>(a)) < budget_order(std::get<2>(b));
+  });
+  auto cell_text = [&](const MeanCI& ci) {
+    return fixed(ci.mean, digits) + " (" + fixed(ci.lo, digits) + ", " + fixed(ci.hi, digits) + ")";
+  };
+  for (const RowKey& k : rows) {
+    std::vector<std::string> r;
+    if (multi_model) r.push_back(std::get<0>(k));
+    r.push_back(std::get<1>(k));
+    r.push_back(std::get<2>(k));
+    std::vector<std::vector<double>> groups;
+    for (const auto& col : columns) {
+      const auto it = at[k].find(col);
+      if (it == at[k].end()) {
+        r.push_back("");
+        continue;
+      }
+      r.push_back(cell_text(it->second->ci));
+      groups.push_back(it->second->values);
+    }
+    // One task: its own cell (the same interval); several: the stratified bootstrap.
+    r.push_back(groups.size() != columns.size() ? ""
+                : groups.size() == 1            ? r.back()
+                                                : cell_text(mean_of_means_ci(groups)));
+    t.add(r);
+  }
+  return t;
 }
 
 Table summary_table(const std::vector<ScoreCell>& cells) {

@@ -46,6 +46,7 @@ struct ScoreCell {
   std::string model, task, metric, policy, budget;  // budget: budget_label
   bool higher_is_better = true;
   MeanCI ci;                    // over the cell's ok units with a value
+  std::vector<double> values;   // those values, in sample order
   double kv_bytes_peak = kNaN;  // mean over those units
   int ok = 0, error = 0, failed = 0, unfinished = 0;  // unit status counts of the cell's units
 };
@@ -106,6 +107,15 @@ Table latency_table(const std::vector<CostRow>& rows);
 Table niah_table(const std::vector<GridCell>& cells);
 Table failures_table(const Store& store, const Filter& filter);
 Table pareto_table(const std::vector<ScoreCell>& cells);  // every cell, front marked
+// Whether a metric is a score, not bookkeeping: perplexity's token counts (tokens*) and NLL sums
+// (nll_sum*) are aggregation helpers, with no score plot and no column in paper_table.
+bool is_score_metric(const std::string& name);
+// The methods x tasks table of KV-cache papers (Ada-KV's Table 1, kvpress's leaderboard): a row per
+// model, policy and budget; a column per task and higher-is-better metric ("task" alone when the
+// task has one), each cell the mean and its interval (score_ci) as "mean (lo, hi)"; then
+// `average`, the mean of the row's task means with a stratified percentile bootstrap
+// (mean_of_means_ci), empty where the row lacks a column. `digits` decimals.
+Table paper_table(const std::vector<ScoreCell>& cells, int digits = 3);
 
 // "%.4f" (or "" for NaN).
 std::string fixed(double v, int digits = 4);

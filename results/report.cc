@@ -40,9 +40,7 @@ struct Section {
 };
 
 // Counts and sums are bookkeeping, not scores: they get no score plot.
-bool plotted_metric(const std::string& name) {
-  return name.rfind("tokens", 0) != 0 && name.rfind("nll_sum", 0) != 0;
-}
+bool plotted_metric(const std::string& name) { return is_score_metric(name); }
 
 std::string slug(const std::string& s) {
   std::string out;
@@ -260,6 +258,12 @@ std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& sty
         p.y.label = q.label;
         p.y.zero_based = true;
         p.note = "means over the samples of each context length";
+        if (memory) {
+          // A log axis: a linear one flattens every compressed policy onto the floor beside full.
+          p.y.log = true;
+          p.y.zero_based = false;
+          p.y.label = std::string(q.label) + ", log scale";
+        }
         std::map<std::string, svg::Series> series;
         for (const auto& r : rows) {
           if (scope(r.model, r.task) != task || r.context_length <= 0) continue;
@@ -411,6 +415,17 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     sections.push_back(std::move(s));
   }
   {
+    Section s{"paper", "Methods x tasks", "", {}, {}, ""};
+    s.intro = std::string("The form of a KV-cache paper's main table: a row per policy and budget, "
+                          "a column per task (its higher-is-better metrics), each cell the mean "
+                          "(95% interval), and the average of the row's task means, whose interval "
+                          "resamples each task's samples (a stratified percentile bootstrap, "
+                          "10,000 resamples). ") +
+              kScoreCiMethod + ". The LaTeX file is a booktabs tabular.";
+    s.tables.push_back({"paper", "Methods x tasks", paper_table(cells)});
+    sections.push_back(std::move(s));
+  }
+  {
     Section s{"paired", "Paired comparison to full", "", {}, {}, ""};
     s.intro = "Each policy against `full` on the same samples: mean difference (policy - full) "
               "with a paired-bootstrap 95% CI (10,000 resamples, seed 0) and a two-sided p-value "
@@ -462,6 +477,39 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
         "prefilled their whole prompt: a unit whose shared prefill started from an earlier "
         "prompt's identical first tokens (prefix reuse; \"prefix-reuse units\") is left "
         "out of them (run with --prefix-cache-mib 0 to measure every prefill).";
+    // Say in words where the plots have no points, and why (issue 34: the quickstart's sweep
+    // decodes in batches and reuses prefixes, so its latency plots were empty without a word).
+    int units = 0, batched = 0, reused = 0;
+    std::set<int> lengths, decode_lengths, prefill_lengths;
+    for (const CostRow& r : cost) {
+      units += r.n;
+      batched += r.batched;
+      reused += r.reused;
+      if (r.context_length <= 0) continue;
+      lengths.insert(r.context_length);
+      if (std::isfinite(r.decode_p50)) decode_lengths.insert(r.context_length);
+      if (std::isfinite(r.prefill_ms)) prefill_lengths.insert(r.context_length);
+    }
+    auto missing = [&](const std::set<int>& have) {
+      std::string out;
+      for (int l : lengths) {
+        if (!have.count(l)) out += (out.empty() ? "" : ", ") + std::to_string(l);
+      }
+      return out;
+    };
+    const std::string no_decode = missing(decode_lengths), no_prefill = missing(prefill_lengths);
+    if (!no_decode.empty()) {
+      s.intro += " **This database has no decode latency at " + no_decode + " tokens**: " +
+                 std::to_string(batched) + " of its " + std::to_string(units) +
+                 " units decoded in a batch, so the decode plots have no points there (sweep "
+                 "with --decode-batch 1 to measure them).";
+    }
+    if (!no_prefill.empty()) {
+      s.intro += " **No prefill latency at " + no_prefill + " tokens**: " +
+                 std::to_string(reused) + " of its " + std::to_string(units) +
+                 " units reused an earlier prompt's prefix (sweep with --prefix-cache-mib 0 to "
+                 "measure every prefill).";
+    }
     s.plots = cost_plots(cost, styles, scope, false);
     s.tables.push_back({"latency", "Latency by policy, budget and context length", latency_table(cost)});
     sections.push_back(std::move(s));
@@ -547,8 +595,9 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     }
     for (const auto& t : s.tables) {
       html << "<h3>" << html_escape(t.caption) << " <a href=\"csv/" << t.name
-           << ".csv\">(CSV)</a></h3>\n";
-      md << "\n### " << t.caption << " ([CSV](csv/" << t.name << ".csv))\n\n";
+           << ".csv\">(CSV)</a> <a href=\"latex/" << t.name << ".tex\">(LaTeX)</a></h3>\n";
+      md << "\n### " << t.caption << " ([CSV](csv/" << t.name << ".csv), [LaTeX](latex/" << t.name
+         << ".tex))\n\n";
       if (t.table.empty()) {
         html << "<p>(no rows)</p>\n";
         md << "(no rows)\n";
@@ -563,6 +612,9 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
       std::ostringstream csv;
       t.table.print(csv, "csv");
       out.write("csv/" + t.name + ".csv", csv.str());
+      std::ostringstream tex;  // booktabs: \usepackage{booktabs} in the paper
+      t.table.print(tex, "latex");
+      out.write("latex/" + t.name + ".tex", tex.str());
       files.tables.push_back(t.name);
     }
     if (!s.pre.empty()) {

@@ -25,7 +25,8 @@ bool is_link(const fs::path& p) {
 // A name the report itself writes: "csv/<name>.csv" or "plots/<name>.svg", <name> without '/'
 // and not starting with '.'; anything else in a manifest (edited by hand?) is never deleted.
 bool own_name(const std::string& rel) {
-  for (const auto& [sub, ext] : {std::pair{"csv/", ".csv"}, std::pair{"plots/", ".svg"}}) {
+  for (const auto& [sub, ext] : {std::pair{"csv/", ".csv"}, std::pair{"plots/", ".svg"},
+                                 std::pair{"latex/", ".tex"}}) {
     const std::string s = sub, e = ext;
     if (rel.size() > s.size() + e.size() && rel.compare(0, s.size(), s) == 0 &&
         rel.compare(rel.size() - e.size(), e.size(), e) == 0 &&
@@ -62,7 +63,7 @@ ReportDir::ReportDir(const std::string& dir) : dir_(dir) {
         << " exists and kvbench report did not write it (it lacks the marker " << marker
         << "); move it away, or choose another --out";
   }
-  for (const char* sub : {"csv", "plots"}) {
+  for (const char* sub : {"csv", "plots", "latex"}) {
     KVB_USAGE_CHECK(!is_link(d / sub))
         << "refusing to write the report: " << (d / sub).string()
         << " is a symbolic link (the report writes and deletes its own files there); remove the "
@@ -73,7 +74,9 @@ ReportDir::ReportDir(const std::string& dir) : dir_(dir) {
   std::error_code ec;
   fs::create_directories(d / "csv", ec);
   fs::create_directories(d / "plots", ec);
-  KVB_USAGE_CHECK(fs::is_directory(d / "csv") && fs::is_directory(d / "plots"))
+  fs::create_directories(d / "latex", ec);
+  KVB_USAGE_CHECK(fs::is_directory(d / "csv") && fs::is_directory(d / "plots") &&
+                  fs::is_directory(d / "latex"))
       << "cannot create the report directory " << dir << ": " << ec.message();
   std::ifstream in(d / kManifest);
   for (std::string line; std::getline(in, line);) {

@@ -2,7 +2,7 @@
 // --out cannot cost the user files: only files the report itself wrote before (listed in the
 // folder's manifest, `.kvbench-report`) are ever deleted; index.html and report.md are replaced
 // only when they carry the report's marker (kHtmlMarker, kMarkdownMarker: a user's own page in
-// --out is refused, never overwritten); csv/ and plots/ must be real folders,
+// --out is refused, never overwritten); csv/, plots/ and latex/ must be real folders,
 // not symbolic links; every file is written to a fresh temporary name and renamed over the
 // target, so a symbolic link at a target's name is replaced, never followed.
 #pragma once
@@ -19,7 +19,7 @@ class ReportDir {
   static constexpr const char* kHtmlMarker = "<meta name=\"generator\" content=\"kvbench report\">";
   static constexpr const char* kMarkdownMarker = "<!-- generator: kvbench report -->";
 
-  // Creates DIR, DIR/csv and DIR/plots as needed; usage errors for a symbolic link at csv/,
+  // Creates DIR, DIR/csv, DIR/plots and DIR/latex as needed; usage errors for a symbolic link at csv/,
   // plots/ or the manifest, a file at index.html or report.md without the report's marker (a
   // symbolic link there is replaced, its target untouched), or a folder that cannot be created.
   // Reads the previous manifest.

@@ -186,4 +186,39 @@ MeanCI score_ci(const std::vector<double>& x, int resamples, uint64_t seed, doub
   return r;
 }
 
+MeanCI mean_of_means_ci(const std::vector<std::vector<double>>& groups, int resamples,
+                        uint64_t seed, double level) {
+  KVB_CHECK(!groups.empty() && resamples >= 1) << "mean_of_means_ci: no groups";
+  MeanCI r;
+  double sum = 0;
+  for (const auto& g : groups) {
+    KVB_CHECK(!g.empty()) << "mean_of_means_ci: an empty group";
+    double s = 0;
+    for (double v : g) s += v;
+    sum += s / g.size();
+    r.n += static_cast<int>(g.size());
+  }
+  r.mean = sum / groups.size();
+  std::vector<double> means(resamples);
+  for (int k = 0; k < resamples; ++k) {
+    double total = 0;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const std::vector<double>& g = groups[gi];
+      const uint64_t n = g.size();
+      double s = 0;
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t u = splitmix64(splitmix64(seed ^ (static_cast<uint64_t>(k) << 32) ^
+                                                 (static_cast<uint64_t>(gi) << 52)) + i);
+        s += g[(u >> 11) % n];
+      }
+      total += s / n;
+    }
+    means[k] = total / groups.size();
+  }
+  std::sort(means.begin(), means.end());
+  r.lo = percentile_sorted(means, (1 - level) / 2);
+  r.hi = percentile_sorted(means, 1 - (1 - level) / 2);
+  return r;
+}
+
 }  // namespace kvb::results

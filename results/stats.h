@@ -30,6 +30,11 @@ MeanCI score_ci(const std::vector<double>& x, int resamples = 10000, uint64_t se
 inline constexpr char kScoreCiMethod[] =
     "95% intervals: Wilson score interval where every score is 0 or 1, otherwise the percentile "
     "bootstrap of the mean (10,000 resamples, seed 0); both stay inside the metric's range";
+// The mean of several groups' means (a paper table's average over tasks) with the percentile
+// bootstrap that resamples within each group independently (a stratified bootstrap; counter-based
+// from `seed`). Every group must be non-empty. Within [min, max] of the group means' ranges.
+MeanCI mean_of_means_ci(const std::vector<std::vector<double>>& groups, int resamples = 10000,
+                        uint64_t seed = 0, double level = 0.95);
 // The Wilson score interval of `successes` of `n` at `level` (n >= 1).
 MeanCI wilson_ci(double successes, int n, double level = 0.95);
 

@@ -192,10 +192,21 @@ TEST_F(SmokeReport, WritesHtmlMarkdownCsvAndSvg) {
   EXPECT_NE(out.find("from 49 units (49 ok)"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir / "plots" / "stale.svg"));
   EXPECT_TRUE(fs::exists(dir / "notes.txt"));
-  for (const char* t : {"summary", "vs_full", "niah_grid", "memory", "latency", "pareto",
+  for (const char* t : {"summary", "paper", "vs_full", "niah_grid", "memory", "latency", "pareto",
                         "failures", "runs"}) {
     EXPECT_TRUE(fs::exists(dir / "csv" / (std::string(t) + ".csv"))) << t;
+    EXPECT_TRUE(fs::exists(dir / "latex" / (std::string(t) + ".tex"))) << t;
   }
+  // The methods x tasks table (issue 34): niah's recall per policy and budget with its interval;
+  // perplexity's higher-is-better metrics are token counts (bookkeeping, not scores), so niah is
+  // the one task column and the average repeats it. full: 3 x 1/7 and 3 x 0, the bootstrap's 1/42 and 5/42 (as the summary below).
+  const std::string paper = slurp(dir / "csv" / "paper.csv");
+  EXPECT_EQ(paper.substr(0, paper.find('\n')), "policy,kv_budget,niah,average");
+  EXPECT_NE(paper.find("full,-,\"0.071 (0.024, 0.119)\",\"0.071 (0.024, 0.119)\""),
+            std::string::npos)
+      << paper;
+  EXPECT_NE(slurp(dir / "latex" / "paper.tex").find("\\toprule\npolicy & kv\\_budget & niah & average"),
+            std::string::npos);
   const std::string html = slurp(dir / "index.html");
   EXPECT_EQ(html.find("<script"), std::string::npos);
   EXPECT_EQ(html.find("src="), std::string::npos);  // nothing loaded from anywhere
