@@ -34,6 +34,46 @@ PromptTemplate parse_prompt_template(const std::string& text) {
       continue;
     }
     if (i + 1 < text.size() && text[i + 1] == '{') {
+      // Jinja's `{{ field }}` (lm-eval's doc_to_text habit) inserts the field, as `{field}` does;
+      // `{{ field | default('') }}` an optional one. Any other `{{` is a literal brace (Python's
+      // escape), unless what follows is a Jinja expression this engine does not evaluate: then
+      // an error, never the template's text printed into the prompt.
+      const size_t close = text.find("}}", i + 2);
+      if (close != std::string::npos) {
+        const std::string inner = text.substr(i + 2, close - i - 2);
+        const size_t b = inner.find_first_not_of(" \t");
+        const size_t e = inner.find_last_not_of(" \t");
+        const std::string body = b == std::string::npos ? "" : inner.substr(b, e - b + 1);
+        auto is_name = [](const std::string& n) {
+          return !n.empty() && std::all_of(n.begin(), n.end(), [](char ch) {
+            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+          });
+        };
+        std::string name = body;
+        bool optional = false;
+        const size_t bar = body.find('|');
+        if (bar != std::string::npos) {
+          name = body.substr(0, body.find_last_not_of(" \t", bar - 1) + 1);
+          std::string filter = body.substr(bar + 1);
+          filter.erase(std::remove_if(filter.begin(), filter.end(),
+                                      [](char ch) { return ch == ' ' || ch == '\t'; }),
+                       filter.end());
+          optional = filter == "default('')" || filter == "default(\"\")";
+        }
+        const bool jinja_like =
+            !body.empty() && (std::isalpha(static_cast<unsigned char>(body[0])) || body[0] == '_');
+        if (is_name(name) && (bar == std::string::npos || optional)) {
+          flush();
+          t.pieces.push_back({name, true, optional});
+          i = close + 1;
+          continue;
+        }
+        KVB_USAGE_CHECK(!jinja_like)
+            << "'{{" << inner << "}}' at character " << i + 1
+            << " is a Jinja expression kvbench's templates do not evaluate: they insert a field "
+               "as {{ field }} or {field}, an optional one as {{ field | default('') }} or "
+               "{field?}; write '{{' for a literal brace";
+      }
       lit += '{';
       ++i;
       continue;
@@ -49,7 +89,11 @@ PromptTemplate parse_prompt_template(const std::string& text) {
     });
     KVB_USAGE_CHECK(ok) << "'{" << text.substr(i + 1, close - i - 1) << "}' at character " << i + 1
                         << " is not a field name (letters, digits, _ and -; '{name?}' for an "
-                           "optional field; '{{' for a literal brace)";
+                           "optional field; '{{' for a literal brace"
+                        << (name.size() > 0 && name[0] == '%'
+                                ? "; Jinja statements ({% ... %}) are not evaluated"
+                                : "")
+                        << ")";
     flush();
     t.pieces.push_back({name, true, optional});
     i = close;

@@ -15,8 +15,9 @@
 namespace kvb::tasks {
 
 // A prompt template: literal text and `{field}` placeholders (`{field?}`: empty when the item
-// lacks the field), `{{` and `}}` for literal braces, as Python's str.format. Placeholders are
-// filled once and never rescanned, so braces in the data are inert.
+// lacks the field), also written as Jinja's `{{ field }}` and `{{ field | default('') }}`;
+// otherwise `{{` and `}}` are literal braces, as Python's str.format. Other Jinja expressions are
+// refused. Placeholders are filled once and never rescanned, so braces in the data are inert.
 struct PromptTemplate {
   struct Piece {
     std::string text;  // literal text, or the field name

@@ -38,9 +38,10 @@ TEST(Show, RebuildsTheStoredPromptAndRefusesChangedInputs) {
   fs::remove_all(dir);
   fs::create_directories(dir + "/tasks");
   std::ofstream(dir + "/tasks/myqa.yaml") << "task: myqa\ndata: myqa.jsonl\nid: id\nchat: false\n"
-                                             "question: \"Q: {question}\\nA:\"\nreference: answer\n"
+                                             "question: \"Q: {{question}}\\nA:\"\nreference: answer\n"
                                              "metric: qa_f1\nmax_new_tokens: 4\n";
-  // q1 holds an ESC sequence (it would clear a terminal) and a C1 control character.
+  // The template in lm-eval's Jinja habit ({{question}}: the field, not literal braces). q1 holds
+  // an ESC sequence (it would clear a terminal) and a C1 control character.
   write_data(dir + "/tasks/myqa.jsonl", "Where is \\u001b[2Jthe dog\\u0085?");
   const std::string config = dir + "/sweep.yaml";
   std::ofstream(config) << "models:\n  - {name: stories, path: " << kModel

@@ -77,24 +77,59 @@ std::string error_of(F&& f) {
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 TEST(PromptTemplate, FieldsBracesAndErrors) {
+  // Issue 34 (F2): `{{x}}` is Jinja's field x, as lm-eval writes templates; it used to be
+  // Python's escaped braces, the literal text "{x}" (a prompt of 58 tokens instead of ~400, and
+  // no word said). Literal braces are still `{{` and `}}` around anything not a field name.
   const tasks::PromptTemplate t = tasks::parse_prompt_template("Q: {query}{{x}} {opt?}}}");
-  ASSERT_EQ(t.pieces.size(), 5u);
+  ASSERT_EQ(t.pieces.size(), 6u);
   EXPECT_EQ(t.pieces[0].text, "Q: ");
   EXPECT_TRUE(t.pieces[1].field);
   EXPECT_EQ(t.pieces[1].text, "query");
   EXPECT_FALSE(t.pieces[1].optional);
-  EXPECT_EQ(t.pieces[2].text, "{x} ");
-  EXPECT_FALSE(t.pieces[2].field);
-  EXPECT_EQ(t.pieces[3].text, "opt");
-  EXPECT_TRUE(t.pieces[3].optional);
-  EXPECT_EQ(t.pieces[4].text, "}");
-  EXPECT_FALSE(t.pieces[4].field);
+  EXPECT_EQ(t.pieces[2].text, "x");
+  EXPECT_TRUE(t.pieces[2].field);
+  EXPECT_FALSE(t.pieces[2].optional);
+  EXPECT_EQ(t.pieces[3].text, " ");
+  EXPECT_FALSE(t.pieces[3].field);
+  EXPECT_EQ(t.pieces[4].text, "opt");
+  EXPECT_TRUE(t.pieces[4].optional);
+  EXPECT_EQ(t.pieces[5].text, "}");
+  EXPECT_FALSE(t.pieces[5].field);
+  const tasks::PromptTemplate lit = tasks::parse_prompt_template("{{\"a\": 1}} {{ {x} }}");
+  ASSERT_EQ(lit.pieces.size(), 3u);
+  EXPECT_EQ(lit.pieces[0].text, "{\"a\": 1} { ");
+  EXPECT_EQ(lit.pieces[1].text, "x");
+  EXPECT_EQ(lit.pieces[2].text, " }");
   EXPECT_HAS(error_of([] { tasks::parse_prompt_template("ab {query"); }),
              "'{' at character 4 is never closed");
   EXPECT_HAS(error_of([] { tasks::parse_prompt_template("a } b"); }),
              "a single '}' at character 3");
   EXPECT_HAS(error_of([] { tasks::parse_prompt_template("{two words}"); }), "not a field name");
   EXPECT_HAS(error_of([] { tasks::parse_prompt_template("{}"); }), "not a field name");
+}
+
+// Jinja's variable forms, as lm-eval's doc_to_text writes them: `{{ field }}` with or without
+// spaces, `{{ field | default('') }}` optional; any other Jinja expression or statement is an
+// error that says what is supported, never text printed into the prompt.
+TEST(PromptTemplate, JinjaFieldsRenderAndOtherJinjaIsRefused) {
+  const tasks::PromptTemplate t = tasks::parse_prompt_template(
+      "{{question}}|{{ question }}|{{  ctx_2-x\t}}|{{ hint | default('') }}|{{hint|default(\"\")}}");
+  ASSERT_EQ(t.pieces.size(), 9u);
+  for (size_t i : {0u, 2u, 4u, 6u, 8u}) EXPECT_TRUE(t.pieces[i].field) << i;
+  EXPECT_EQ(t.pieces[0].text, "question");
+  EXPECT_EQ(t.pieces[2].text, "question");
+  EXPECT_EQ(t.pieces[4].text, "ctx_2-x");
+  EXPECT_FALSE(t.pieces[4].optional);
+  EXPECT_EQ(t.pieces[6].text, "hint");
+  EXPECT_TRUE(t.pieces[6].optional);
+  EXPECT_TRUE(t.pieces[8].optional);
+  for (const char* bad : {"{{ question | upper }}", "{{ doc.question }}", "{{ choices[0] }}",
+                          "{{ question | default('x') }}", "{{ f(x) }}"}) {
+    EXPECT_HAS(error_of([&] { tasks::parse_prompt_template(bad); }),
+               "is a Jinja expression kvbench's templates do not evaluate");
+  }
+  EXPECT_HAS(error_of([] { tasks::parse_prompt_template("{% if x %}y{% endif %}"); }),
+             "Jinja statements ({% ... %}) are not evaluated");
 }
 
 // RULER's newer files: "answer_prefix" is its own key and "input" ends with the question.
