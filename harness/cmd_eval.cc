@@ -60,7 +60,7 @@ SweepConfig eval_config(const std::string& model_path, const std::string& tokeni
 int cmd_eval(const std::vector<std::string>& args) {
   std::string model_path, tokenizer_path, task_name, policy_name = "full", question = "in_prompt",
                                                      output = "md";
-  std::vector<std::string> task_opts, policy_opts;
+  std::vector<std::string> task_opts, policy_opts, include_paths;
   DeviceOptions dev_opts;
   std::string kv_budget_text, compression_text, log_samples;
   int limit = -1, threads = 0, max_prompt_tokens = 0, show_prediction = 60;
@@ -76,8 +76,12 @@ int cmd_eval(const std::vector<std::string>& args) {
        "model: .gguf, llama2.c .bin or Hugging Face checkpoint folder")
       ("tokenizer,t", po::value(&tokenizer_path), "tokenizer (required for llama2.c models)")
       ("task", po::value(&task_name),
-       "task name (built in, or a definition under configs/tasks), or a definition file .yaml")
+       "task name (built in, or a definition on the task search path: --include-path, "
+       "KVBENCH_TASK_PATH, ./configs/tasks), or a definition file .yaml")
       ("task-opt", po::value(&task_opts)->composing(), "task option key=value (repeatable)")
+      ("include-path", po::value(&include_paths)->composing(),
+       "a folder of task definitions (YAML) found by --task NAME, searched before "
+       "KVBENCH_TASK_PATH and the working directory's configs/tasks (repeatable)")
       ("policy", po::value(&policy_name)->default_value("full"), "eviction policy")
       ("kv-budget", po::value(&kv_budget_text),
        "retained tokens per KV head per layer (256), or with a decimal point the fraction of each "
@@ -107,6 +111,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   if (!parse_command_line(args, desc, nullptr, "eval", &vm)) return 0;
   KVB_USAGE_CHECK(vm.count("model")) << "--model is required (see kvbench eval --help)";
   KVB_USAGE_CHECK(vm.count("task")) << "--task is required (kvbench ls tasks lists them)";
+  set_task_include_paths(include_paths);
   KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl")
       << "--output must be md, csv or jsonl, got " << output;
   KVB_USAGE_CHECK(limit >= 0 || vm["limit"].defaulted())

@@ -1,7 +1,9 @@
 // `kvbench ls policies|tasks`: the registered names with a line of description and their options;
 // for tasks also the YAML task definitions of configs/tasks and the metrics they may name.
 #include <boost/program_options.hpp>
+#include <filesystem>
 #include <iostream>
+#include <set>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -23,16 +25,24 @@ int cmd_ls(const std::vector<std::string>& all_args) {
     }
   }
   const std::string usage =
-      "usage: kvbench ls policies | tasks\n\n"
+      "usage: kvbench ls policies | tasks [--include-path DIR ...]\n\n"
       "Lists the registered eviction policies or tasks: name, description, and each option with\n"
       "its default (set with --policy-opt / --task-opt key=value). `tasks` also lists the task\n"
-      "definitions (YAML) shipped in configs/tasks, the options they all take, and the metrics a\n"
-      "definition may name.\n";
+      "definitions (YAML) on the task search path: the folders of --include-path, then those of\n"
+      "the environment variable KVBENCH_TASK_PATH (':'-separated), then configs/tasks under the\n"
+      "working directory (the shipped ones, from a checkout's root); the options they all take,\n"
+      "and the metrics a definition may name.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << usage;
     return args.empty() ? 2 : 0;
   }
-  KVB_USAGE_CHECK(args.size() == 1) << "unexpected argument '" << args[1] << "'\n" << usage;
+  std::vector<std::string> include;
+  for (size_t i = 1; i < args.size(); ++i) {
+    KVB_USAGE_CHECK(args[0] == "tasks" && args[i] == "--include-path" && i + 1 < args.size())
+        << "unexpected argument '" << args[i] << "'\n" << usage;
+    include.push_back(args[++i]);
+  }
+  set_task_include_paths(include);
   KVB_USAGE_CHECK(args[0] == "policies" || args[0] == "tasks")
       << "kvbench ls: unknown list '" << args[0] << "'; available: policies, tasks";
   auto print_params = [](const std::vector<ParamDoc>& params, const char* flag) {
@@ -51,8 +61,21 @@ int cmd_ls(const std::vector<std::string>& all_args) {
       std::cout << t.name << "\n    " << t.description << "\n";
       print_params(t.params, "--task-opt");
     }
-    const std::vector<std::string> files = list_task_files(builtin_task_dir());
-    std::cout << "\n# Task definitions in " << builtin_task_dir() << " (YAML; TASKS.md)\n";
+    // The definitions on the task search path (--include-path, KVBENCH_TASK_PATH, the working
+    // directory's configs/tasks), each folder's own; a name found earlier shadows later ones.
+    std::vector<std::string> files;
+    std::set<std::string> names;
+    for (const std::string& dir : task_search_path()) {
+      for (const std::string& f : list_task_files(dir)) {
+        if (names.insert(std::filesystem::path(f).stem().string()).second) files.push_back(f);
+      }
+    }
+    std::cout << "\n# Task definitions on the search path (" << task_search_path_text()
+              << "; YAML; TASKS.md)\n";
+    if (files.empty()) {
+      std::cout << "(none: run from a kvbench checkout's root, or add folders with --include-path "
+                   "DIR or KVBENCH_TASK_PATH)\n";
+    }
     for (const std::string& f : files) {
       try {
         const tasks::DataTaskDef d = load_task_file(f);

@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "harness/cli.h"
+#include "harness/task_file.h"
 #include "harness/mpi_comm.h"
 #include "harness/mpi_group.h"
 #include "harness/sweep_config.h"
@@ -114,11 +115,17 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "depths of one haystack); the same bits, less prefill time (measurements.prefill_reused "
       "counts the tokens; the store is not charged to units under --max-rss-gb); 0: off; "
       "default: the config's prefix_cache_mib, else 1024")(
+      "include-path", po::value<std::vector<std::string>>()->composing(),
+      "a folder of task definitions (YAML) found by name, searched before KVBENCH_TASK_PATH and "
+      "the working directory's configs/tasks (repeatable; also include_path: in the config)")(
       "config", po::value(&a.config), "the YAML matrix (positional)");
   po::positional_options_description pos;
   pos.add("config", 1);
   po::variables_map vm;
   if (!parse_command_line(args, desc, &pos, "sweep", &vm)) return 0;
+  set_task_include_paths(vm.count("include-path")
+                             ? vm["include-path"].as<std::vector<std::string>>()
+                             : std::vector<std::string>{});
   a.share_prefill = !vm["no-share-prefill"].as<bool>();
   // Given empty, --db meant the default out/<config>.db.
   KVB_USAGE_CHECK(!vm.count("db") || !a.db.empty())

@@ -136,7 +136,10 @@ int cmd_validate(const std::vector<std::string>& args) {
       "worker ranks (GPUs) for the estimate, the coordinator not counted")(
       "gpus-per-worker", po::value(&gpus_per_worker)->default_value(1),
       "ranks (GPUs) per worker group (tensor parallelism): checks that it splits every model and "
-      "prints the groups and the memory per GPU");
+      "prints the groups and the memory per GPU")(
+      "include-path", po::value<std::vector<std::string>>()->composing(),
+      "a folder of task definitions (YAML) found by name, searched before KVBENCH_TASK_PATH and "
+      "the working directory's configs/tasks (repeatable; also include_path: in the config)");
   po::options_description hidden;
   hidden.add_options()("config", po::value(&config_path));
   po::options_description all;
@@ -156,6 +159,9 @@ int cmd_validate(const std::vector<std::string>& args) {
     return 0;
   }
   KVB_USAGE_CHECK(!config_path.empty()) << "a config file is required: kvbench validate CONFIG";
+  set_task_include_paths(vm.count("include-path")
+                             ? vm["include-path"].as<std::vector<std::string>>()
+                             : std::vector<std::string>{});
   // inf passed a plain `> 0` and made every estimate 0 s.
   for (const auto& [flag, rate] :
        {std::pair{"--prefill-tok-s", prefill_rate}, std::pair{"--decode-tok-s", decode_rate}}) {

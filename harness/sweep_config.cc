@@ -290,7 +290,9 @@ TaskItem read_task_item(const Node& item, const std::string& key) {
     if (tasks::find_task(name)) return t;
     const std::string local = (fs::path(item.file).parent_path() / "tasks").string();
     try {
-      file = find_task_file(name, {local, builtin_task_dir()});
+      std::vector<std::string> dirs = {local};
+      for (const std::string& d : task_search_path()) dirs.push_back(d);
+      file = find_task_file(name, dirs);
     } catch (const Error& e) {
       fail(*name_node, nkey, e.what());
     }
@@ -640,12 +642,22 @@ SweepConfig load_sweep_config(const std::string& path) {
   expect_map(root, "",
              {"description", "models", "tasks", "policies", "kv_budget", "question", "seed",
               "limit", "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude",
-              "decode_batch", "prefix_cache_mib", "budgets",
+              "decode_batch", "prefix_cache_mib", "include_path", "budgets",
               "seeds"});  // the last two: deprecated spellings of kv_budget, seed
   auto get = [&](const char* key) -> const Node* {
     const Entry* e = root.find(key);
     return e ? &e->value : nullptr;
   };
+  // Folders of task definitions found by name, relative to this file (before the tasks).
+  if (const Node* n = get("include_path")) {
+    std::vector<std::string> dirs;
+    for (const auto& [item, key] : items_of(*n, "include_path")) {
+      const std::string d = resolve_path(*item, scalar(*item, key));
+      if (!fs::is_directory(d)) fail(*item, key, "folder '" + d + "' does not exist");
+      dirs.push_back(d);
+    }
+    add_task_include_paths(dirs);
+  }
   if (const Node* n = get("limit")) cfg.limit = static_cast<int>(to_int(*n, "limit", 0, INT_MAX));
   if (const Node* n = get("max_prompt_tokens")) {
     cfg.max_prompt_tokens = static_cast<int>(to_int(*n, "max_prompt_tokens", 0, INT_MAX));

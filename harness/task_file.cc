@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -180,7 +181,51 @@ tasks::DataTaskDef load_task_file(const std::string& path) {
   return d;
 }
 
-std::string builtin_task_dir() { return KVB_TASKS_DIR; }
+namespace {
+std::vector<std::string>& include_paths() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+}  // namespace
+
+void set_task_include_paths(const std::vector<std::string>& dirs) {
+  include_paths().clear();
+  for (const std::string& d : dirs) {
+    KVB_USAGE_CHECK(!d.empty()) << "--include-path: an empty folder name";
+    std::error_code ec;
+    include_paths().push_back(fs::absolute(d, ec).lexically_normal().string());
+  }
+}
+
+void add_task_include_paths(const std::vector<std::string>& dirs) {
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    const std::string abs = fs::absolute(d, ec).lexically_normal().string();
+    auto& v = include_paths();
+    if (std::find(v.begin(), v.end(), abs) == v.end()) v.push_back(abs);
+  }
+}
+
+std::vector<std::string> task_search_path() {
+  std::vector<std::string> dirs = include_paths();
+  if (const char* env = std::getenv("KVBENCH_TASK_PATH")) {
+    std::string list = env;
+    size_t start = 0;
+    while (start <= list.size()) {
+      const size_t end = std::min(list.find(':', start), list.size());
+      if (end > start) {
+        std::error_code ec;
+        dirs.push_back(fs::absolute(list.substr(start, end - start), ec).lexically_normal().string());
+      }
+      start = end + 1;
+    }
+  }
+  std::error_code ec;
+  dirs.push_back((fs::current_path(ec) / "configs" / "tasks").string());
+  return dirs;
+}
+
+std::string task_search_path_text() { return join(task_search_path()); }
 
 std::string find_task_file(const std::string& name, const std::vector<std::string>& dirs) {
   if (!valid_name(name)) return "";
@@ -228,14 +273,16 @@ std::unique_ptr<tasks::Task> make_any_task(const std::string& name, const Option
   if (options.has("task_file")) {
     file = options.values().at("task_file");
   } else {
-    file = find_task_file(name, {builtin_task_dir()});
+    file = find_task_file(name, task_search_path());
   }
   if (file.empty()) {
     try {
       tasks::make_task(name, options);
     } catch (const Error& e) {
-      throw Error(std::string(e.what()) + ", or a task definition " + name + ".yaml under " +
-                      builtin_task_dir() + " (or the config's tasks/ folder)",
+      throw Error(std::string(e.what()) + ", or a task definition " + name +
+                      ".yaml under a folder of the task search path (" + task_search_path_text() +
+                      "; a sweep's config also looks in its own tasks/ folder). Add a folder with "
+                      "--include-path DIR, include_path: in a sweep's YAML, or KVBENCH_TASK_PATH",
                   e.kind());
     }
   }

@@ -21,8 +21,19 @@ tasks::DataTaskDef load_task_file(const std::string& path);
 // columns `kvbench eval` prints beside the fields (sample, prediction), and task_group (group:).
 const std::vector<std::string>& reserved_field_names();
 
-// The folder of the definitions shipped with kvbench (configs/tasks of the source tree).
-std::string builtin_task_dir();
+// Where task definitions are found by name (issue 34 F5), in order: the folders given with
+// --include-path (or a sweep's `include_path:`, set_task_include_paths), then the folders of the
+// environment variable KVBENCH_TASK_PATH (':'-separated), then configs/tasks under the working
+// directory (the shipped definitions, from a checkout's root). Never a path compiled into the
+// binary. Folders that do not exist are kept (the error lists what was searched).
+std::vector<std::string> task_search_path();
+// The folders of --include-path / include_path: for this process, searched first; relative ones
+// are made absolute against the working directory now.
+void set_task_include_paths(const std::vector<std::string>& dirs);
+// Appends folders (a sweep's include_path:, resolved against its config's folder) after those.
+void add_task_include_paths(const std::vector<std::string>& dirs);
+// "a, b, c": the search path for messages.
+std::string task_search_path_text();
 // The definition file of task `name`: <name>.yaml (or .yml) anywhere under the first of `dirs`
 // that has one (subfolders included, at most 4 deep); "" if none. Two files of that name under
 // one folder are a usage error.
@@ -31,7 +42,8 @@ std::string find_task_file(const std::string& name, const std::vector<std::strin
 std::vector<std::string> list_task_files(const std::string& dir);
 
 // A registered task by name, or a definition: the file in option task_file, else the file
-// find_task_file(name, {builtin_task_dir()}) finds. Unknown names are usage errors listing both.
+// find_task_file(name, task_search_path()) finds. Unknown names are usage errors listing both and
+// the folders searched.
 std::unique_ptr<tasks::Task> make_any_task(const std::string& name, const Options& options);
 
 }  // namespace kvb::harness

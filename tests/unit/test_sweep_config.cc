@@ -3,6 +3,8 @@
 // header from KVB_SHARED_DIR (no weights are loaded); configs are written to KVB_BINARY_DIR.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +22,13 @@
 
 namespace kvb::harness {
 namespace {
+
+// The shipped definitions (configs/tasks) by name: kvbench finds them on the task search path
+// (harness/task_file.h), never by a path compiled into it; these tests put them there.
+const std::string kShippedTasks = std::string(KVB_FIXTURES_DIR) + "/../../configs/tasks";
+[[maybe_unused]] const bool kShippedOnSearchPath = [] {
+  return ::setenv("KVBENCH_TASK_PATH", kShippedTasks.c_str(), 1) == 0;
+}();
 namespace fs = std::filesystem;
 
 const std::string kModel = KVB_SHARED_DIR "/models/stories260K/stories260K.bin";
@@ -499,7 +508,7 @@ TEST_F(SweepConfigTest, TaskDefinitionsAreFoundByNameOrFile) {
   const SweepConfig cfg = load_sweep_config(path);
   ASSERT_EQ(cfg.tasks.size(), 3u);
   EXPECT_EQ(cfg.tasks[0].name, "ruler_jsonl_qa_1");
-  const std::string shipped = find_task_file("ruler_jsonl_qa_1", {builtin_task_dir()});
+  const std::string shipped = find_task_file("ruler_jsonl_qa_1", {kShippedTasks});
   EXPECT_EQ(cfg.tasks[0].options.at("task_file"), fs::weakly_canonical(shipped).string());
   EXPECT_EQ(cfg.tasks[0].options.at("task_sha256"), load_task_file(shipped).sha256);
   EXPECT_EQ(cfg.tasks[1].name, "local_qa");

@@ -5,6 +5,8 @@
 // written under KVB_BINARY_DIR/test_task_files.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 #include <sqlite3.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -25,6 +27,13 @@
 
 namespace kvb::harness {
 namespace {
+
+// The shipped definitions (configs/tasks) by name: kvbench finds them on the task search path
+// (harness/task_file.h), never by a path compiled into it; these tests put them there.
+const std::string kShippedTasks = std::string(KVB_FIXTURES_DIR) + "/../../configs/tasks";
+[[maybe_unused]] const bool kShippedOnSearchPath = [] {
+  return ::setenv("KVBENCH_TASK_PATH", kShippedTasks.c_str(), 1) == 0;
+}();
 namespace fs = std::filesystem;
 using tasks::Prediction;
 using tasks::Sample;
@@ -202,7 +211,7 @@ TEST(TaskFiles, ThirteenRulerDefinitions) {
                                           "qa_1",
                                           "qa_2"};
   for (const std::string& n : names) {
-    const std::string file = find_task_file("ruler_jsonl_" + n, {builtin_task_dir()});
+    const std::string file = find_task_file("ruler_jsonl_" + n, {kShippedTasks});
     ASSERT_FALSE(file.empty()) << n;
     const tasks::DataTaskDef d = load_task_file(file);
     EXPECT_EQ(d.group, "ruler");
@@ -555,7 +564,9 @@ TEST(TaskFiles, EmptyDataAndWriterlessFifoAreRefusedWithoutBlocking) {
 TEST(TaskFiles, UnknownNamesAndChangedDefinitions) {
   std::string e = error_of([] { task("no_such_task", {}); });
   EXPECT_HAS(e, "unknown task 'no_such_task'");
-  EXPECT_HAS(e, "or a task definition no_such_task.yaml under " + builtin_task_dir());
+  EXPECT_HAS(e, "or a task definition no_such_task.yaml under a folder of the task search path (");
+  EXPECT_HAS(e, std::filesystem::path(kShippedTasks).lexically_normal().string());  // named
+  EXPECT_HAS(e, "Add a folder with --include-path DIR");
   const std::string def = qa_def("changing", "");
   const std::string sha = load_task_file(def).sha256;
   EXPECT_EQ(sha.size(), 64u);
