@@ -85,7 +85,9 @@ int cmd_ls(const std::vector<std::string>& all_args) {
                   << "]\n";
       } catch (const Error& e) {
         std::cout << f << "\n    INVALID: " << e.what() << "\n";
-        if (!e.origin().empty()) KVB_LOG_DEBUG << f << ": raised at " << e.origin();
+        if (!e.origin().empty()) {
+          KVB_LOG_DEBUG << f << ": raised at " << e.origin();
+        }
       }
     }
     std::cout << "\nEvery task definition takes:\n";

@@ -24,7 +24,8 @@ using namespace yamlcfg;  // NOLINT: the YAML tree and its checks (harness/yaml_
 const std::vector<std::string> kKeys = {
     "task",     "description",   "version", "include",   "group",  "data",       "context",
     "question", "answer_prefix", "chat",    "reference", "metric", "scale",      "max_new_tokens",
-    "stop",     "first_line",    "id",      "classes",   "fields", "max_line_mb"};
+    "stop",     "first_line",    "id",      "classes",   "fields", "max_line_mb",
+    "filter_list"};
 
 bool valid_name(const std::string& s) {
   return !s.empty() && s.size() <= 128 && s[0] != '_' &&
@@ -52,6 +53,60 @@ tasks::PromptTemplate template_of(const Node& n, const std::string& key) {
   } catch (const Error& e) {
     fail(n, key, e.what());
   }
+}
+
+// lm-eval's filter_list: one entry {name, filter: [steps]} (kvbench scores one pipeline).
+std::vector<tasks::FilterStep> filters_of(const Node& n) {
+  const auto entries = items_of(n, "filter_list");
+  if (entries.size() != 1) {
+    fail(n, "filter_list",
+         "give one entry {name, filter: [...]}: kvbench scores each unit through one filter "
+         "pipeline (lm-eval's several entries score several)");
+  }
+  const Node& entry = *entries[0].first;
+  const std::string ekey = entries[0].second;
+  expect_map(entry, ekey, {"name", "filter"});
+  const Entry* f = entry.find("filter");
+  if (!f) fail(entry, ekey + ".filter", "required: the list of steps");
+  std::vector<tasks::FilterStep> steps;
+  for (const auto& [step, key] : items_of(f->value, ekey + ".filter")) {
+    expect_map(*step, key, {"function", "regex_pattern", "group_select", "fallback"});
+    const Entry* fn = step->find("function");
+    if (!fn) fail(*step, key + ".function", "required: regex, take_first, lowercase, uppercase, strip or remove_whitespace");
+    const std::string name = scalar(fn->value, key + ".function");
+    tasks::FilterStep st;
+    using K = tasks::FilterStep::Kind;
+    if (name == "regex") st.kind = K::kRegex;
+    else if (name == "take_first") st.kind = K::kTakeFirst;
+    else if (name == "lowercase") st.kind = K::kLowercase;
+    else if (name == "uppercase") st.kind = K::kUppercase;
+    else if (name == "strip") st.kind = K::kStrip;
+    else if (name == "remove_whitespace") st.kind = K::kRemoveWhitespace;
+    else
+      fail(fn->value, key + ".function",
+           "'" + name + "' is not a filter kvbench applies; known: regex, take_first, lowercase, "
+           "uppercase, strip, remove_whitespace");
+    const Entry* pat = step->find("regex_pattern");
+    if (st.kind == K::kRegex) {
+      if (!pat) fail(*step, key + ".regex_pattern", "required by function: regex");
+      st.pattern = scalar(pat->value, key + ".regex_pattern");
+      try {
+        tasks::check_filter_pattern(st.pattern);
+      } catch (const Error& e) {
+        fail(pat->value, key + ".regex_pattern", e.what());
+      }
+      if (const Entry* g = step->find("group_select"))
+        st.group_select = static_cast<int>(to_int(g->value, key + ".group_select", -1000, 1000));
+      if (const Entry* fb = step->find("fallback")) st.fallback = scalar(fb->value, key + ".fallback");
+    } else {
+      for (const char* k : {"regex_pattern", "group_select", "fallback"}) {
+        if (const Entry* x = step->find(k))
+          fail(x->value, key + "." + k, std::string("only function: regex takes ") + k);
+      }
+    }
+    steps.push_back(st);
+  }
+  return steps;
 }
 
 bool is_yaml(const fs::path& p) { return p.extension() == ".yaml" || p.extension() == ".yml"; }
@@ -148,6 +203,7 @@ tasks::DataTaskDef load_task_file(const std::string& path) {
     }
   }
   if (const Node* n = get("first_line")) d.first_line = to_bool(*n, "first_line");
+  if (const Node* n = get("filter_list")) d.filters = filters_of(*n);
   if (const Node* n = get("id")) d.id_field = field_name(*n, "id");
   if (const Node* n = get("fields")) {
     // A list of item fields kept under their own names, or a mapping result field: item field.

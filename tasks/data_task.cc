@@ -6,6 +6,7 @@
 #include <cctype>
 #include <climits>
 #include <filesystem>
+#include <regex>
 
 #include "common/error.h"
 #include "tasks/jsonl.h"
@@ -100,6 +101,78 @@ PromptTemplate parse_prompt_template(const std::string& text) {
   }
   flush();
   return t;
+}
+
+// ---- answer extraction ----------------------------------------------------------------------
+
+namespace {
+bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+std::string strip(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && space(s[b])) ++b;
+  while (e > b && space(s[e - 1])) --e;
+  return s.substr(b, e - b);
+}
+}  // namespace
+
+void check_filter_pattern(const std::string& pattern) {
+  try {
+    std::regex re(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    KVB_USAGE_FAIL() << "regex_pattern '" << pattern << "' is not a valid regular expression "
+                     << "(ECMAScript syntax, as C++'s std::regex reads it: " << e.what() << ")";
+  }
+}
+
+std::string apply_filters(const std::vector<FilterStep>& steps, const std::string& text) {
+  std::string s = text;
+  for (const FilterStep& f : steps) {
+    switch (f.kind) {
+      case FilterStep::Kind::kRegex: {
+        const std::regex re(f.pattern, std::regex::ECMAScript);
+        std::vector<std::string> found;
+        for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator();
+             ++it) {
+          const std::smatch& m = *it;
+          if (m.size() == 1) {
+            found.push_back(m.str(0));
+            continue;
+          }
+          std::string first;  // lm-eval: the first non-empty group of a multi-group match
+          bool any = false;
+          for (size_t g = 1; g < m.size() && !any; ++g) {
+            if (m[g].matched && m[g].length() > 0) {
+              first = m.str(g);
+              any = true;
+            }
+          }
+          found.push_back(any ? first : (m.size() == 2 ? std::string() : f.fallback));
+        }
+        const long n = static_cast<long>(found.size());
+        const long i = f.group_select < 0 ? n + f.group_select : f.group_select;
+        s = n > 0 && i >= 0 && i < n ? strip(found[static_cast<size_t>(i)]) : f.fallback;
+        break;
+      }
+      case FilterStep::Kind::kTakeFirst:
+        break;
+      case FilterStep::Kind::kLowercase:
+        for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        break;
+      case FilterStep::Kind::kUppercase:
+        for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        break;
+      case FilterStep::Kind::kStrip:
+        s = strip(s);
+        break;
+      case FilterStep::Kind::kRemoveWhitespace: {
+        size_t b = 0;
+        while (b < s.size() && space(s[b])) ++b;
+        s = s.substr(b);
+        break;
+      }
+    }
+  }
+  return s;
 }
 
 // ---- metrics ------------------------------------------------------------------------------------
@@ -250,6 +323,7 @@ class DataTask : public Task {
       const size_t start = std::min(pred.find_first_not_of('\n'), pred.size());
       pred = pred.substr(start, pred.find('\n', start) - start);
     }
+    pred = apply_filters(def_.filters, pred);
     double best = 0;
     if (metric_->all_references) {
       best = metric_->all(pred, sample.references);

@@ -30,6 +30,27 @@ struct PromptTemplate {
 // Throws a usage error "<what>" naming the position of a stray brace or a bad field name.
 PromptTemplate parse_prompt_template(const std::string& text);
 
+// One step of a definition's answer extraction (lm-eval's filter_list), applied to the
+// prediction before the metric, in order:
+//  - regex: every match of `pattern` (ECMAScript syntax) in the text; a match's text is its first
+//    non-empty capture group, or the whole match when the pattern has no group; `group_select`
+//    picks the match (0: the first, -1: the last); the result is stripped of surrounding
+//    whitespace; no match (or no such index): `fallback`. As lm-eval's RegexFilter.
+//  - take_first: the first response (kvbench generates one: the text as it is).
+//  - lowercase, uppercase: ASCII letters.
+//  - strip: surrounding whitespace removed; remove_whitespace: leading whitespace removed.
+struct FilterStep {
+  enum class Kind { kRegex, kTakeFirst, kLowercase, kUppercase, kStrip, kRemoveWhitespace };
+  Kind kind = Kind::kTakeFirst;
+  std::string pattern;
+  int group_select = 0;
+  std::string fallback = "[invalid]";
+};
+// Throws a usage error when `pattern` is not a valid ECMAScript regular expression.
+void check_filter_pattern(const std::string& pattern);
+// The prediction after the steps.
+std::string apply_filters(const std::vector<FilterStep>& steps, const std::string& text);
+
 // A metric a definition may name: per-sample score in [0, 1] (before the definition's `scale`).
 struct MetricEntry {
   std::string name;
@@ -61,6 +82,7 @@ struct DataTaskDef {
   int max_new_tokens = 32;
   std::vector<std::string> stop_strings;
   bool first_line = false;    // score only the first non-empty line (LongBench's few-shot sets)
+  std::vector<FilterStep> filters;  // answer extraction before the metric (filter_list)
   std::string id_field;       // item field of the sample id ("": <name>-<item index>)
   std::string classes_field;  // classification: item field with the label set
   // Per-sample result fields: (result field, item field); missing item fields are left out.

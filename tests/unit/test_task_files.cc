@@ -579,5 +579,77 @@ TEST(TaskFiles, UnknownNamesAndChangedDefinitions) {
   EXPECT_HAS(e, "colour");
 }
 
+// Answer extraction as lm-eval's filter_list (issue 34 F6): hand-computed cases of each step, with
+// lm-eval's RegexFilter semantics (findall; a match's first non-empty group; group_select;
+// fallback; stripped).
+TEST(TaskFilters, StepsFollowLmEvalsSemantics) {
+  using K = tasks::FilterStep::Kind;
+  auto regex = [](const std::string& p, int select = 0, const std::string& fallback = "[invalid]") {
+    tasks::FilterStep f;
+    f.kind = K::kRegex;
+    f.pattern = p;
+    f.group_select = select;
+    f.fallback = fallback;
+    return f;
+  };
+  const std::string chatty = "Let me think. The number is 12, no wait: the answer is 4172. ";
+  EXPECT_EQ(tasks::apply_filters({regex("answer is (\\d+)")}, chatty), "4172");
+  EXPECT_EQ(tasks::apply_filters({regex("\\d+")}, chatty), "12");       // no group: whole match
+  EXPECT_EQ(tasks::apply_filters({regex("\\d+", -1)}, chatty), "4172");  // the last match
+  EXPECT_EQ(tasks::apply_filters({regex("\\d+", 5)}, chatty), "[invalid]");
+  EXPECT_EQ(tasks::apply_filters({regex("#### (\\d+)", 0, "none")}, chatty), "none");
+  // Several groups: the first non-empty one of the match.
+  EXPECT_EQ(tasks::apply_filters({regex("(yes)|(no)")}, "well, no."), "no");
+  // Whitespace around the group is stripped.
+  EXPECT_EQ(tasks::apply_filters({regex("A:(.*)")}, "A:  Paris \n"), "Paris");
+  tasks::FilterStep lower, upper, strip, lead, first;
+  lower.kind = K::kLowercase;
+  upper.kind = K::kUppercase;
+  strip.kind = K::kStrip;
+  lead.kind = K::kRemoveWhitespace;
+  first.kind = K::kTakeFirst;
+  EXPECT_EQ(tasks::apply_filters({first, strip, lower}, "  Paris IS Big\t"), "paris is big");
+  EXPECT_EQ(tasks::apply_filters({upper}, "abc"), "ABC");
+  EXPECT_EQ(tasks::apply_filters({lead}, " \n x "), "x ");
+  EXPECT_EQ(tasks::apply_filters({}, " as is "), " as is ");
+}
+
+// A chatty answer scored through a definition's regex filter: qa_f1 of the whole sentence against
+// "4172" (LongBench's normalisation: lowercase, no punctuation, no articles: "let me see answer is
+// 4172", six tokens, one right) is 2 x (1/6 x 1) / (1/6 + 1) = 2/7; through the filter, 1.
+TEST(TaskFilters, AChattyAnswerScoredThroughARegexFilter) {
+  write("defs/qa.jsonl", "{\"doc\": \"d\", \"query\": \"q\", \"answers\": [\"4172\"]}\n");
+  const std::string plain = qa_def("plain_answer", "");
+  const std::string filtered = qa_def(
+      "extract_answer",
+      "filter_list:\n  - name: get-answer\n    filter:\n"
+      "      - {function: regex, regex_pattern: \"answer is (\\\\d+)\"}\n"
+      "      - function: take_first\n");
+  const std::string answer = "Let me see. The answer is 4172.";
+  auto run = [&](const std::string& def, const std::string& name) {
+    const auto t = make_any_task(name, Options({{"task_file", def}}, "task option"));
+    return score(*t, t->samples(ctx()).at(0), answer);
+  };
+  EXPECT_NEAR(run(plain, "plain_answer"), 2.0 / 7, 1e-12);
+  EXPECT_DOUBLE_EQ(run(filtered, "extract_answer"), 1.0);
+  // Bad filters name the file, line and key.
+  EXPECT_HAS(error_of([] {
+               load_task_file(qa_def("bad_re", "filter_list:\n  - filter:\n      - "
+                                               "{function: regex, regex_pattern: \"(\"}\n"));
+             }),
+             "bad_re.yaml:9: filter_list[0].filter[0].regex_pattern: regex_pattern '(' is not a "
+             "valid regular expression");
+  EXPECT_HAS(error_of([] {
+               load_task_file(qa_def("bad_fn", "filter_list:\n  - filter:\n      - "
+                                               "{function: majority_vote}\n"));
+             }),
+             "'majority_vote' is not a filter kvbench applies");
+  EXPECT_HAS(error_of([] {
+               load_task_file(qa_def("two", "filter_list:\n  - filter: [{function: strip}]\n"
+                                            "  - filter: [{function: lowercase}]\n"));
+             }),
+             "give one entry");
+}
+
 }  // namespace
 }  // namespace kvb::harness
