@@ -171,17 +171,25 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
   const std::string where = filter.sql(&params, true);
   const QueryResult r = store.query(
       "SELECT u.task, m.name, m.higher_is_better, u.policy, u.kv_budget_spec, m.value, "
-      "x.kv_bytes_peak, u.model FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
+      "x.kv_bytes_peak, u.model, "
+      // kvpress's compression ratio of the unit: the fraction of its prompt's tokens the budget
+      // removes per head (0 without a budget, or with one the prompt fits in).
+      "CASE WHEN u.kv_budget IS NULL OR x.prompt_tokens IS NULL OR x.prompt_tokens <= 0 THEN 0.0 "
+      "ELSE max(0.0, 1.0 - CAST(u.kv_budget AS REAL) / x.prompt_tokens) END "
+      "FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
       "LEFT JOIN measurements x ON x.unit_key = u.unit_key "
       "WHERE u.status = 'ok' AND m.value IS NOT NULL" + where,
       params);
   using Key = std::tuple<std::string, std::string, std::string, std::string, std::string>;
   std::map<Key, std::pair<std::vector<double>, std::vector<double>>> groups;
+  std::map<Key, std::pair<double, int>> compression;  // sum, count
   std::map<Key, bool> hib;
   for (const auto& row : r.rows) {
     const Key key{row[7].text, row[0].text, row[1].text, row[3].text, budget_label(row[4].text)};
     groups[key].first.push_back(num(row[5]));
     if (row[6].kind != QueryValue::kNull) groups[key].second.push_back(num(row[6]));
+    compression[key].first += num(row[8]);
+    compression[key].second += 1;
     hib[key] = row[2].text == "1";
   }
   // Status counts per (task, policy, budget), filtered the same way (metric aside).
@@ -207,6 +215,7 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
     c.higher_is_better = hib[key];
     c.ci = score_ci(values.first);
     c.values = values.first;
+    c.compression_ratio = compression[key].first / std::max(1, compression[key].second);
     if (!values.second.empty()) {
       double sum = 0;
       for (double b : values.second) sum += b;

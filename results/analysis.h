@@ -47,6 +47,9 @@ struct ScoreCell {
   bool higher_is_better = true;
   MeanCI ci;                    // over the cell's ok units with a value
   std::vector<double> values;   // those values, in sample order
+  // kvpress's compression ratio, the mean over those units of the fraction of the prompt's tokens
+  // the budget removes per head, max(0, 1 - kv_budget / prompt_tokens); 0 for `full`.
+  double compression_ratio = 0;
   double kv_bytes_peak = kNaN;  // mean over those units
   int ok = 0, error = 0, failed = 0, unfinished = 0;  // unit status counts of the cell's units
 };

@@ -167,6 +167,57 @@ std::vector<Plot> score_plots(const std::vector<ScoreCell>& cells, const Styles&
 }
 
 // Pareto: mean score vs mean peak KV bytes per (policy, budget); the front as a dashed line.
+// Score vs kvpress's compression ratio per (model, task, metric) (issue 34: its leaderboard's
+// axis): a series per policy through its budgets, x the mean fraction of each prompt the budget
+// removes (ScoreCell::compression_ratio), with the interval bands; `full` at 0. Drawn only where
+// some budget removes anything.
+std::vector<Plot> compression_plots(const std::vector<ScoreCell>& cells, const Styles& styles,
+                                    const Scope& scope) {
+  std::vector<Plot> out;
+  std::map<std::pair<std::string, std::string>, std::vector<const ScoreCell*>> groups;
+  for (const auto& c : cells) {
+    if (plotted_metric(c.metric)) groups[{scope(c.model, c.task), c.metric}].push_back(&c);
+  }
+  for (const auto& [key, group] : groups) {
+    const bool any = std::any_of(group.begin(), group.end(),
+                                 [](const ScoreCell* c) { return c->compression_ratio > 0; });
+    if (!any) continue;
+    svg::LinePlot p;
+    p.id = scope.unique_id("compression-" + slug(key.first) + "-" + slug(key.second),
+                           "compression\n" + key.first + "\n" + key.second);
+    p.title = key.first + ": " + key.second + " vs compression ratio";
+    p.x.label = "compression ratio: fraction of the prompt removed (kvpress); fraction kept = 1 - x";
+    p.y.label = key.second + (group.front()->higher_is_better ? " (higher is better)"
+                                                              : " (lower is better)");
+    p.note = "x: the mean over the cell's prompts of 1 - kv_budget / prompt tokens; bands: 95% "
+             "intervals";
+    std::map<std::string, std::vector<const ScoreCell*>> by_policy;
+    for (const ScoreCell* c : group) by_policy[c->policy].push_back(c);
+    for (auto& [policy, pts] : by_policy) {
+      std::sort(pts.begin(), pts.end(), [](const ScoreCell* a, const ScoreCell* b) {
+        return a->compression_ratio < b->compression_ratio;
+      });
+      svg::Series s;
+      s.name = policy;
+      s.style = styles(policy);
+      s.dashed = policy == "full";
+      for (const ScoreCell* c : pts) {
+        s.x.push_back(c->compression_ratio);
+        s.y.push_back(c->ci.mean);
+        s.lo.push_back(c->ci.lo);
+        s.hi.push_back(c->ci.hi);
+      }
+      p.series.push_back(s);
+    }
+    std::stable_sort(p.series.begin(), p.series.end(), [](const auto& a, const auto& b) {
+      return policy_before(a.name, b.name);
+    });
+    const int height = std::max(360, 90 + 18 * static_cast<int>(p.series.size()));
+    out.push_back({p.id, p.title, svg::render(p, 640, height)});
+  }
+  return out;
+}
+
 std::vector<Plot> pareto_plots(const std::vector<ScoreCell>& cells, const Styles& styles,
                                const Scope& scope) {
   std::vector<Plot> out;
@@ -411,6 +462,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
                           "that finished. ") +
               kScoreCiMethod + " (identical non-binary scores, or n = 1 of them: no interval).";
     s.plots = score_plots(cells, styles, scope);
+    for (Plot& pl : compression_plots(cells, styles, scope)) s.plots.push_back(std::move(pl));
     s.tables.push_back({"summary", "Summary: task x policy x budget x metric", summary_table(cells)});
     sections.push_back(std::move(s));
   }

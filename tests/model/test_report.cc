@@ -130,9 +130,11 @@ TEST(Report, SmallNiahSweepRendersEveryPlotInChromium) {
   ASSERT_EQ(kvbench({"report", "--db", db, "--out", dir.string()}, &out), 0);
   EXPECT_NE(out.find("from 12 units (12 ok)"), std::string::npos) << out;
   // full and snapkv, 2 budgets, 2 context lengths x 2 depths: 1 score plot, 3 NIAH maps (full +
-  // snapkv x 2), memory per budget (2), prefill and decode per budget (4), 1 Pareto plot.
+  // snapkv x 2), memory per budget (2), prefill and decode per budget (4), 1 Pareto plot, 1 score
+  // vs compression ratio (issue 34).
   std::set<std::string> expected = {"score-niah-recall", "pareto-niah-recall", "niah-full",
-                                    "niah-snapkv-b64", "niah-snapkv-b128"};
+                                    "niah-snapkv-b64", "niah-snapkv-b128",
+                                    "compression-niah-recall"};
   for (const char* q : {"kv", "prefill", "decode"}) {
     for (const char* b : {"64", "128"}) expected.insert(std::string(q) + "-niah-b" + b);
   }
@@ -197,6 +199,11 @@ TEST_F(SmokeReport, WritesHtmlMarkdownCsvAndSvg) {
     EXPECT_TRUE(fs::exists(dir / "csv" / (std::string(t) + ".csv"))) << t;
     EXPECT_TRUE(fs::exists(dir / "latex" / (std::string(t) + ".tex"))) << t;
   }
+  // Score vs kvpress's compression ratio, both conventions named on the axis (issue 34).
+  ASSERT_TRUE(fs::exists(dir / "plots" / "compression-niah-recall.svg"));
+  const std::string comp = slurp(dir / "plots" / "compression-niah-recall.svg");
+  EXPECT_NE(comp.find("compression ratio: fraction of the prompt removed (kvpress); fraction kept = 1 - x"),
+            std::string::npos);
   // The methods x tasks table (issue 34): niah's recall per policy and budget with its interval;
   // perplexity's higher-is-better metrics are token counts (bookkeeping, not scores), so niah is
   // the one task column and the average repeats it. full: 3 x 1/7 and 3 x 0, the bootstrap's 1/42 and 5/42 (as the summary below).
@@ -404,6 +411,7 @@ TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {
   while (std::getline(lines, line)) cells.insert(line.substr(0, line.find(",recall")));
   EXPECT_EQ(cells, (std::set<std::string>{"stories260K,niah,full,-", "stories260K,niah,snapkv,32"}));
   EXPECT_EQ(plot_files(dir), (std::set<std::string>{"score-niah-recall", "pareto-niah-recall",
+                                                    "compression-niah-recall",
                                                     "niah-full", "niah-snapkv-b32", "kv-niah-b32",
                                                     "prefill-niah-b32", "decode-niah-b32"}));
   std::string err;
