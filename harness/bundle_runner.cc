@@ -213,6 +213,7 @@ std::vector<results::UnitResult> BundleRunner::run(const ResolvedBundle& rb) {
 
 void BundleRunner::learn_prompts(tasks::Task& task, const workers::RunSettings& rs) {
   tasks::TaskContext ctx;
+  ctx.render_jinja = render_task_jinja;  // a definition's Jinja templates (sandboxed)
   ctx.count_tokens = [&](const std::string& t) {
     return static_cast<int>(workers::encode_text(lm_, t, false, false).size());
   };

@@ -160,6 +160,8 @@ int cmd_eval(const std::vector<std::string>& args) {
                                 c.window.empty() ? 0 : c.window[0]);
 
   tasks::TaskContext ctx;
+
+  ctx.render_jinja = render_task_jinja;  // a definition's Jinja templates (sandboxed)
   ctx.count_tokens = [&](const std::string& text) {
     return static_cast<int>(workers::encode_text(lm, text, false, false).size());
   };

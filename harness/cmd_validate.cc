@@ -203,6 +203,7 @@ int cmd_validate(const std::vector<std::string>& args) {
   for (size_t m = 0; m < cfg.models.size(); ++m) {
     for (const TaskEntry& t : cfg.tasks) {
       tasks::TaskContext ctx;
+      ctx.render_jinja = render_task_jinja;  // a definition's Jinja templates (sandboxed)
       ctx.count_tokens = approx_tokens;
       ctx.max_context = cfg.models[m].info.max_seq_len;
       std::vector<tasks::Sample> samples;

@@ -76,6 +76,7 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
     (*model_hashes)[me.name] = model_sha;
     workers::LoadedModel tok = workers::load_tokenizer_only(me.path, me.tokenizer);
     tasks::TaskContext ctx;
+    ctx.render_jinja = render_task_jinja;  // a definition's Jinja templates (sandboxed)
     ctx.count_tokens = [&](const std::string& t) {
       return static_cast<int>(workers::encode_text(tok, t, false, false).size());
     };

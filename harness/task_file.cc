@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/sha256.h"
 #include "harness/yaml_tree.h"
+#include "workers/tokenizer/jinja_text_template.h"
 
 #ifndef KVB_TASKS_DIR
 #define KVB_TASKS_DIR "configs/tasks"
@@ -321,6 +322,11 @@ std::vector<std::string> list_task_files(const std::string& dir) {
     return fs::path(a).stem() < fs::path(b).stem();
   });
   return out;
+}
+
+std::vector<std::string> render_task_jinja(const std::string& text, const std::string& origin,
+                                           const std::vector<std::string>& items_json) {
+  return tokenizer::render_jinja_items(text, origin, items_json);
 }
 
 std::unique_ptr<tasks::Task> make_any_task(const std::string& name, const Options& options) {

@@ -41,6 +41,11 @@ std::string find_task_file(const std::string& name, const std::vector<std::strin
 // The task definitions under `dir` (sorted by name; fragments '_*' left out).
 std::vector<std::string> list_task_files(const std::string& dir);
 
+// TaskContext::render_jinja as every command sets it: workers/tokenizer's sandboxed minja
+// renderer (jinja_text_template.h) under its default limits.
+std::vector<std::string> render_task_jinja(const std::string& text, const std::string& origin,
+                                           const std::vector<std::string>& items_json);
+
 // A registered task by name, or a definition: the file in option task_file, else the file
 // find_task_file(name, task_search_path()) finds. Unknown names are usage errors listing both and
 // the folders searched.

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <climits>
 #include <filesystem>
+#include <optional>
 #include <regex>
 
 #include "common/error.h"
@@ -14,8 +15,92 @@
 
 namespace kvb::tasks {
 
+namespace {
+
+bool template_name(const std::string& n) {
+  return !n.empty() && std::all_of(n.begin(), n.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+  });
+}
+
+std::string trim_blanks(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+// The body of `{{ body }}` as a simple field: its name and whether it is optional (`name |
+// default('')`); nullopt when it is something else.
+std::optional<std::pair<std::string, bool>> simple_field(const std::string& inner) {
+  const std::string body = trim_blanks(inner);
+  const size_t bar = body.find('|');
+  if (bar == std::string::npos) {
+    if (template_name(body)) return std::make_pair(body, false);
+    return std::nullopt;
+  }
+  const std::string name = trim_blanks(body.substr(0, bar));
+  std::string filter = body.substr(bar + 1);
+  filter.erase(std::remove_if(filter.begin(), filter.end(),
+                              [](char ch) { return ch == ' ' || ch == '\t'; }),
+               filter.end());
+  if (template_name(name) && (filter == "default('')" || filter == "default(\"\")")) {
+    return std::make_pair(name, true);
+  }
+  return std::nullopt;
+}
+
+// Whether `{{ inner }}` is a Jinja expression (it begins with a name) rather than literal braces.
+bool jinja_expression(const std::string& inner) {
+  const std::string body = trim_blanks(inner);
+  return !body.empty() && (std::isalpha(static_cast<unsigned char>(body[0])) || body[0] == '_');
+}
+
+// A template is Jinja when it has a statement or comment, or an expression other than a bare
+// field: then all of it is Jinja, rendered by minja (TaskContext::render_jinja).
+bool is_jinja_template(const std::string& text) {
+  if (text.find("{%") != std::string::npos || text.find("{#") != std::string::npos) return true;
+  for (size_t i = text.find("{{"); i != std::string::npos; i = text.find("{{", i + 2)) {
+    const size_t close = text.find("}}", i + 2);
+    if (close == std::string::npos) return false;
+    const std::string inner = text.substr(i + 2, close - i - 2);
+    if (inner.find('{') != std::string::npos) continue;  // literal braces around a {field}
+    if (!simple_field(inner) && jinja_expression(inner)) return true;
+  }
+  return false;
+}
+
+// In a Jinja template, `{name}` is literal text: refused, since it is kvbench's other form of a
+// field and would silently print its own name.
+void refuse_single_brace_fields(const std::string& text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '{') continue;
+    if (i + 1 < text.size() && (text[i + 1] == '{' || text[i + 1] == '%' || text[i + 1] == '#')) {
+      const char end = text[i + 1] == '{' ? '}' : text[i + 1];
+      const size_t close = text.find(std::string(1, end) + "}", i + 2);
+      if (close == std::string::npos) return;  // minja reports it
+      i = close + 1;
+      continue;
+    }
+    const size_t close = text.find('}', i);
+    if (close == std::string::npos) return;
+    std::string name = text.substr(i + 1, close - i - 1);
+    if (!name.empty() && name.back() == '?') name.pop_back();
+    KVB_USAGE_CHECK(!template_name(name))
+        << "'{" << text.substr(i + 1, close - i - 1) << "}' at character " << i + 1
+        << " is literal text in a Jinja template (this one uses Jinja beyond {{ field }}): write "
+           "the field as {{ " << name << " }}";
+  }
+}
+
+}  // namespace
+
 PromptTemplate parse_prompt_template(const std::string& text) {
   PromptTemplate t;
+  if (is_jinja_template(text)) {
+    refuse_single_brace_fields(text);
+    t.jinja = text;
+    return t;
+  }
   std::string lit;
   auto flush = [&] {
     if (!lit.empty()) t.pieces.push_back({lit, false, false});
@@ -37,43 +122,15 @@ PromptTemplate parse_prompt_template(const std::string& text) {
     if (i + 1 < text.size() && text[i + 1] == '{') {
       // Jinja's `{{ field }}` (lm-eval's doc_to_text habit) inserts the field, as `{field}` does;
       // `{{ field | default('') }}` an optional one. Any other `{{` is a literal brace (Python's
-      // escape), unless what follows is a Jinja expression this engine does not evaluate: then
-      // an error, never the template's text printed into the prompt.
+      // escape); Jinja expressions made the whole template Jinja (above).
       const size_t close = text.find("}}", i + 2);
       if (close != std::string::npos) {
-        const std::string inner = text.substr(i + 2, close - i - 2);
-        const size_t b = inner.find_first_not_of(" \t");
-        const size_t e = inner.find_last_not_of(" \t");
-        const std::string body = b == std::string::npos ? "" : inner.substr(b, e - b + 1);
-        auto is_name = [](const std::string& n) {
-          return !n.empty() && std::all_of(n.begin(), n.end(), [](char ch) {
-            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
-          });
-        };
-        std::string name = body;
-        bool optional = false;
-        const size_t bar = body.find('|');
-        if (bar != std::string::npos) {
-          name = body.substr(0, body.find_last_not_of(" \t", bar - 1) + 1);
-          std::string filter = body.substr(bar + 1);
-          filter.erase(std::remove_if(filter.begin(), filter.end(),
-                                      [](char ch) { return ch == ' ' || ch == '\t'; }),
-                       filter.end());
-          optional = filter == "default('')" || filter == "default(\"\")";
-        }
-        const bool jinja_like =
-            !body.empty() && (std::isalpha(static_cast<unsigned char>(body[0])) || body[0] == '_');
-        if (is_name(name) && (bar == std::string::npos || optional)) {
+        if (const auto f = simple_field(text.substr(i + 2, close - i - 2))) {
           flush();
-          t.pieces.push_back({name, true, optional});
+          t.pieces.push_back({f->first, true, f->second});
           i = close + 1;
           continue;
         }
-        KVB_USAGE_CHECK(!jinja_like)
-            << "'{{" << inner << "}}' at character " << i + 1
-            << " is a Jinja expression kvbench's templates do not evaluate: they insert a field "
-               "as {{ field }} or {field}, an optional one as {{ field | default('') }} or "
-               "{field?}; write '{{' for a literal brace";
       }
       lit += '{';
       ++i;
@@ -85,16 +142,10 @@ PromptTemplate parse_prompt_template(const std::string& text) {
     std::string name = text.substr(i + 1, close - i - 1);
     const bool optional = !name.empty() && name.back() == '?';
     if (optional) name.pop_back();
-    const bool ok = !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
-      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
-    });
-    KVB_USAGE_CHECK(ok) << "'{" << text.substr(i + 1, close - i - 1) << "}' at character " << i + 1
-                        << " is not a field name (letters, digits, _ and -; '{name?}' for an "
-                           "optional field; '{{' for a literal brace"
-                        << (name.size() > 0 && name[0] == '%'
-                                ? "; Jinja statements ({% ... %}) are not evaluated"
-                                : "")
-                        << ")";
+    KVB_USAGE_CHECK(template_name(name))
+        << "'{" << text.substr(i + 1, close - i - 1) << "}' at character " << i + 1
+        << " is not a field name (letters, digits, _ and -; '{name?}' for an optional field; "
+           "'{{' for a literal brace)";
     flush();
     t.pieces.push_back({name, true, optional});
     i = close;
@@ -293,7 +344,7 @@ class DataTask : public Task {
   int version() const override { return def_.version; }
   std::vector<MetricInfo> metrics() const override { return {{def_.metric, true}}; }
 
-  std::vector<Sample> samples(const TaskContext&) override {
+  std::vector<Sample> samples(const TaskContext& ctx) override {
     JsonlReadOptions ro;
     ro.option = option_;
     ro.how_to_obtain = "task " + def_.name + " (defined in " + def_.file + ") reads " +
@@ -306,11 +357,34 @@ class DataTask : public Task {
     ro.limit_hint = "if the line is meant to be this long, raise max_line_mb: in " + def_.file +
                     " (now " + std::to_string(def_.max_line_bytes >> 20) + ")";
     const JsonlFile f = read_jsonl(path_, ro);
+    // Jinja templates render every item at once (in isolated processes, TaskContext::render_jinja).
+    std::vector<std::string> items_json;
+    auto jinja_of = [&](const PromptTemplate& t, const char* which) {
+      std::vector<std::string> out;
+      if (!t.is_jinja() || f.items.empty()) return out;
+      KVB_USAGE_CHECK(ctx.render_jinja)
+          << def_.file << ": the " << which << " template is Jinja, which this command cannot "
+          << "render (an internal error: its TaskContext has no Jinja renderer)";
+      if (items_json.empty()) {
+        for (const JsonlItem& it : f.items) items_json.push_back(it.json().dump());
+      }
+      try {
+        out = ctx.render_jinja(t.jinja, "the " + std::string(which) + " template of " + def_.file,
+                               items_json);
+      } catch (const TemplateRenderError& e) {
+        f.items.at(std::min(e.item(), f.items.size() - 1)).fail(e.what());
+      }
+      KVB_CHECK(out.size() == f.items.size()) << def_.file << ": " << out.size()
+                                              << " renders of " << f.items.size() << " items";
+      return out;
+    };
+    const Rendered rendered{jinja_of(def_.context, "context"), jinja_of(def_.question, "question"),
+                            jinja_of(def_.answer_prefix, "answer_prefix")};
     std::vector<Sample> out;
     out.reserve(f.items.size());
     UniqueSampleIds ids("the field '" + def_.id_field + "' named by id: in " + def_.file);
     for (size_t i = 0; i < f.items.size(); ++i) {
-      out.push_back(sample_of(f.items[i], i));
+      out.push_back(sample_of(f.items[i], i, rendered));
       // Numbered ids (no id:) cannot repeat.
       if (!def_.id_field.empty()) ids.add(out.back().id, f.items[i]);
     }
@@ -371,12 +445,19 @@ class DataTask : public Task {
     return refs;
   }
 
-  Sample sample_of(const JsonlItem& it, size_t index) const {
+  // The Jinja templates' texts per item (empty for a template in the simple form).
+  struct Rendered {
+    std::vector<std::string> context, question, answer_prefix;
+  };
+
+  Sample sample_of(const JsonlItem& it, size_t index, const Rendered& r) const {
     Sample s;
     s.kind = SampleKind::kGenerate;
-    s.context = render(def_.context, "context", it);
-    s.question = render(def_.question, "question", it);
-    s.answer_prefix = render(def_.answer_prefix, "answer_prefix", it);
+    s.context = def_.context.is_jinja() ? r.context.at(index) : render(def_.context, "context", it);
+    s.question =
+        def_.question.is_jinja() ? r.question.at(index) : render(def_.question, "question", it);
+    s.answer_prefix = def_.answer_prefix.is_jinja() ? r.answer_prefix.at(index)
+                                                    : render(def_.answer_prefix, "answer_prefix", it);
     s.chat = chat_;
     s.max_new_tokens = def_.max_new_tokens;
     s.max_prompt_tokens = max_prompt_tokens_;

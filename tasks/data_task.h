@@ -16,8 +16,10 @@ namespace kvb::tasks {
 
 // A prompt template: literal text and `{field}` placeholders (`{field?}`: empty when the item
 // lacks the field), also written as Jinja's `{{ field }}` and `{{ field | default('') }}`;
-// otherwise `{{` and `}}` are literal braces, as Python's str.format. Other Jinja expressions are
-// refused. Placeholders are filled once and never rescanned, so braces in the data are inert.
+// otherwise `{{` and `}}` are literal braces, as Python's str.format. Placeholders are filled once
+// and never rescanned, so braces in the data are inert. A template with any other Jinja
+// (`{{ question.strip() }}`, `{{ choices[0] }}`, `{% for %}`) is Jinja throughout (`jinja`),
+// where `{field}` would be literal text and is refused.
 struct PromptTemplate {
   struct Piece {
     std::string text;  // literal text, or the field name
@@ -25,7 +27,12 @@ struct PromptTemplate {
     bool optional = false;
   };
   std::vector<Piece> pieces;
-  bool empty() const { return pieces.empty(); }
+  // Jinja mode: the template uses Jinja beyond `{{ field }}` (a filter, an attribute, an index,
+  // `{% %}`, `{# #}`): the whole text, rendered by TaskContext::render_jinja with lm-eval's
+  // environment (StrictUndefined); `pieces` is then empty.
+  std::string jinja;
+  bool is_jinja() const { return !jinja.empty(); }
+  bool empty() const { return pieces.empty() && jinja.empty(); }
 };
 // Throws a usage error "<what>" naming the position of a stray brace or a bad field name.
 PromptTemplate parse_prompt_template(const std::string& text);

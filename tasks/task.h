@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "common/options.h"
 
 namespace kvb::tasks {
@@ -69,6 +70,24 @@ struct Prediction {
 struct TaskContext {
   std::function<int(const std::string&)> count_tokens;  // tokens of a text (no BOS, no template)
   int max_context = 0;                                  // the model's context length
+  // Renders a Jinja template over items (JSON objects' texts), in order: a data task's templates
+  // in Jinja mode (tasks/data_task.h). Set where tasks are built (harness: the sandboxed minja
+  // renderer, workers/tokenizer/jinja_text_template.h); unset, such a template is an error.
+  std::function<std::vector<std::string>(const std::string& text, const std::string& origin,
+                                         const std::vector<std::string>& items_json)>
+      render_jinja;
+};
+
+// A template that failed on one item: `item` is its index in the rendered list, so that the task
+// can name the data file and line.
+class TemplateRenderError : public Error {
+ public:
+  TemplateRenderError(const std::string& what, size_t item)
+      : Error(what, ErrorKind::kUsage), item_(item) {}
+  size_t item() const { return item_; }
+
+ private:
+  size_t item_;
 };
 
 using Scores = std::map<std::string, double>;

@@ -118,11 +118,13 @@ TEST(PromptTemplate, FieldsBracesAndErrors) {
 }
 
 // Jinja's variable forms, as lm-eval's doc_to_text writes them: `{{ field }}` with or without
-// spaces, `{{ field | default('') }}` optional; any other Jinja expression or statement is an
-// error that says what is supported, never text printed into the prompt.
-TEST(PromptTemplate, JinjaFieldsRenderAndOtherJinjaIsRefused) {
+// spaces, `{{ field | default('') }}` optional, parse into fields; any other Jinja makes the whole
+// template Jinja (rendered by minja: JinjaTaskTemplates below), where `{field}` is refused since
+// Jinja would print it as text.
+TEST(PromptTemplate, JinjaFieldsAndJinjaMode) {
   const tasks::PromptTemplate t = tasks::parse_prompt_template(
       "{{question}}|{{ question }}|{{  ctx_2-x\t}}|{{ hint | default('') }}|{{hint|default(\"\")}}");
+  EXPECT_FALSE(t.is_jinja());
   ASSERT_EQ(t.pieces.size(), 9u);
   for (size_t i : {0u, 2u, 4u, 6u, 8u}) EXPECT_TRUE(t.pieces[i].field) << i;
   EXPECT_EQ(t.pieces[0].text, "question");
@@ -132,13 +134,77 @@ TEST(PromptTemplate, JinjaFieldsRenderAndOtherJinjaIsRefused) {
   EXPECT_EQ(t.pieces[6].text, "hint");
   EXPECT_TRUE(t.pieces[6].optional);
   EXPECT_TRUE(t.pieces[8].optional);
-  for (const char* bad : {"{{ question | upper }}", "{{ doc.question }}", "{{ choices[0] }}",
-                          "{{ question | default('x') }}", "{{ f(x) }}"}) {
-    EXPECT_HAS(error_of([&] { tasks::parse_prompt_template(bad); }),
-               "is a Jinja expression kvbench's templates do not evaluate");
+  for (const char* jinja : {"{{ question | upper }}", "{{ doc.question }}", "Q: {{ choices[0] }}",
+                            "{{ question | default('x') }}", "{{ f(x) }}",
+                            "{% if x %}y{% endif %}", "{# note #}{{ q }}"}) {
+    const tasks::PromptTemplate j = tasks::parse_prompt_template(jinja);
+    EXPECT_TRUE(j.is_jinja()) << jinja;
+    EXPECT_EQ(j.jinja, jinja);
+    EXPECT_TRUE(j.pieces.empty());
   }
-  EXPECT_HAS(error_of([] { tasks::parse_prompt_template("{% if x %}y{% endif %}"); }),
-             "Jinja statements ({% ... %}) are not evaluated");
+  // Literal braces stay the simple form's.
+  EXPECT_FALSE(tasks::parse_prompt_template("{{\"a\": 1}} {x}").is_jinja());
+  EXPECT_HAS(error_of([] { tasks::parse_prompt_template("{{ choices[0] }} and {question}"); }),
+             "'{question}' at character 22 is literal text in a Jinja template");
+  EXPECT_HAS(error_of([] { tasks::parse_prompt_template("{% if a %}{a?}{% endif %}"); }),
+             "write the field as {{ a }}");
+}
+
+// Jinja-mode templates render with minja under lm-eval's environment (StrictUndefined,
+// keep_trailing_newline), in isolated processes, item by item.
+TEST(JinjaTaskTemplates, RenderAsLmEvalDoes) {
+  const std::vector<std::string> items = {
+      R"({"question": "  What is 2+2? ", "choices": ["3", "4"], "n": 2})",
+      R"({"question": "Capital of France?", "choices": ["Paris", "Rome"], "n": 7, "hint": "city"})"};
+  const std::string mmlu = "{{question.strip()}}\nA. {{choices[0]}}\nB. {{choices[1]}}\nAnswer:";
+  EXPECT_EQ(render_task_jinja(mmlu, "t", items),
+            (std::vector<std::string>{"What is 2+2?\nA. 3\nB. 4\nAnswer:",
+                                      "Capital of France?\nA. Paris\nB. Rome\nAnswer:"}));
+  EXPECT_EQ(render_task_jinja("{% for c in choices %}{{ loop.index }}:{{ c | upper }} {% endfor %}"
+                              "{{ n * 2 }}{% if hint is defined %} ({{ hint }}){% endif %}\n",
+                              "t", items),
+            (std::vector<std::string>{"1:3 2:4 4\n", "1:PARIS 2:ROME 14 (city)\n"}));
+  EXPECT_EQ(render_task_jinja("{{ hint | default('none') }}", "t", items),
+            (std::vector<std::string>{"none", "city"}));
+  // StrictUndefined: a name the item lacks is an error naming it and the item.
+  try {
+    render_task_jinja("{{ choices[0] }} {{ hint }}", "the question template of d.yaml", items);
+    ADD_FAILURE() << "an undefined name rendered";
+  } catch (const tasks::TemplateRenderError& e) {
+    EXPECT_EQ(e.item(), 0u);
+    EXPECT_HAS(std::string(e.what()), "the question template of d.yaml: ");
+    EXPECT_HAS(std::string(e.what()), "'hint' is undefined: the item has no field of that name");
+  }
+  EXPECT_HAS(error_of([&] { render_task_jinja("{{ choices[0 }}", "o.yaml", items); }),
+             "o.yaml: the template is not valid Jinja");
+  // Many items: several isolated children, in order.
+  std::vector<std::string> many;
+  for (int i = 0; i < 600; ++i) many.push_back("{\"i\": " + std::to_string(i) + "}");
+  const std::vector<std::string> r = render_task_jinja("{{ i + 1 }}", "t", many);
+  ASSERT_EQ(r.size(), 600u);
+  EXPECT_EQ(r[0], "1");
+  EXPECT_EQ(r[599], "600");
+}
+
+// A definition in lm-eval's Jinja (MMLU's doc_to_text), through the data task: the prompt as
+// lm-eval renders it, and an undefined field named with the data file's line.
+TEST(JinjaTaskTemplates, ADefinitionInJinja) {
+  write("defs/mc.jsonl",
+        "{\"question\": \" Which is larger? \", \"choices\": [\"1\", \"2\"], \"answer\": \"2\"}\n"
+        "{\"question\": \"Which is smaller?\", \"answer\": \"1\"}\n");
+  const std::string def = write(
+      "defs/mcq.yaml",
+      "data: mc.jsonl\nquestion: \"{{question.strip()}}\\n{% for c in choices %}{{ loop.index }}. "
+      "{{ c }}\\n{% endfor %}Answer:\"\nreference: answer\nmetric: qa_f1\n");
+  tasks::TaskContext c = ctx();
+  c.render_jinja = render_task_jinja;
+  auto t = make_any_task("mcq", Options({{"task_file", def}, {"limit", "1"}}, "task option"));
+  const std::vector<Sample> s = t->samples(c);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].question, "Which is larger?\n1. 1\n2. 2\nAnswer:");
+  t = make_any_task("mcq", Options({{"task_file", def}}, "task option"));
+  EXPECT_HAS(error_of([&] { t->samples(c); }), kDir + "/defs/mc.jsonl:2: the question template of");
+  EXPECT_HAS(error_of([&] { t->samples(c); }), "'choices' is undefined");
 }
 
 // RULER's newer files: "answer_prefix" is its own key and "input" ends with the question.
@@ -618,7 +684,8 @@ TEST(TaskFilters, StepsFollowLmEvalsSemantics) {
 // "4172" (LongBench's normalisation: lowercase, no punctuation, no articles: "let me see answer is
 // 4172", six tokens, one right) is 2 x (1/6 x 1) / (1/6 + 1) = 2/7; through the filter, 1.
 TEST(TaskFilters, AChattyAnswerScoredThroughARegexFilter) {
-  write("defs/qa.jsonl", "{\"doc\": \"d\", \"query\": \"q\", \"answers\": [\"4172\"]}\n");
+  const std::string data =
+      write("defs/filter_qa.jsonl", "{\"doc\": \"d\", \"query\": \"q\", \"answers\": [\"4172\"]}\n");
   const std::string plain = qa_def("plain_answer", "");
   const std::string filtered = qa_def(
       "extract_answer",
@@ -627,7 +694,7 @@ TEST(TaskFilters, AChattyAnswerScoredThroughARegexFilter) {
       "      - function: take_first\n");
   const std::string answer = "Let me see. The answer is 4172.";
   auto run = [&](const std::string& def, const std::string& name) {
-    const auto t = make_any_task(name, Options({{"task_file", def}}, "task option"));
+    const auto t = make_any_task(name, Options({{"task_file", def}, {"data", data}}, "task option"));
     return score(*t, t->samples(ctx()).at(0), answer);
   };
   EXPECT_NEAR(run(plain, "plain_answer"), 2.0 / 7, 1e-12);
