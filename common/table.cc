@@ -79,6 +79,21 @@ size_t width(const std::string& s) {
 }  // namespace
 
 void Table::print(std::ostream& os, const std::string& format) const {
+  // A column is numeric (right-aligned) when it has a value and every value is a number.
+  auto numeric_columns = [&] {
+    std::vector<bool> numeric(columns_.size(), true);
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      bool any = false;
+      for (const auto& r : rows_) {
+        const std::string v = c < r.size() ? r[c] : "";
+        if (v.empty()) continue;
+        any = true;
+        numeric[c] = numeric[c] && is_number(v);
+      }
+      numeric[c] = numeric[c] && any;
+    }
+    return numeric;
+  };
   if (format == "csv") {
     for (size_t c = 0; c < columns_.size(); ++c) os << (c ? "," : "") << csv_field(columns_[c]);
     os << "\n";
@@ -108,16 +123,7 @@ void Table::print(std::ostream& os, const std::string& format) const {
   }
   if (format == "latex") {
     std::string spec;
-    for (size_t c = 0; c < columns_.size(); ++c) {
-      bool numeric = true, any = false;
-      for (const auto& r : rows_) {
-        const std::string v = c < r.size() ? r[c] : "";
-        if (v.empty()) continue;
-        any = true;
-        numeric = numeric && is_number(v);
-      }
-      spec += any && numeric ? 'r' : 'l';
-    }
+    for (const bool numeric : numeric_columns()) spec += numeric ? 'r' : 'l';
     os << "\\begin{tabular}{" << spec << "}\n\\toprule\n";
     for (size_t c = 0; c < columns_.size(); ++c) os << (c ? " & " : "") << tex_escape(columns_[c]);
     os << " \\\\\n\\midrule\n";
@@ -131,17 +137,7 @@ void Table::print(std::ostream& os, const std::string& format) const {
     return;
   }
   if (format == "html") {
-    std::vector<bool> numeric(columns_.size(), true);
-    for (size_t c = 0; c < columns_.size(); ++c) {
-      bool any = false;
-      for (const auto& r : rows_) {
-        const std::string v = c < r.size() ? r[c] : "";
-        if (v.empty()) continue;
-        any = true;
-        numeric[c] = numeric[c] && is_number(v);
-      }
-      numeric[c] = numeric[c] && any;
-    }
+    const std::vector<bool> numeric = numeric_columns();
     os << "<table>\n<thead><tr>";
     for (size_t c = 0; c < columns_.size(); ++c) {
       os << (numeric[c] ? "<th class=\"num\">" : "<th>") << html_escape(columns_[c]) << "</th>";
