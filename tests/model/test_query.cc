@@ -84,6 +84,12 @@ TEST_F(Query, OtherNamedQueries) {
             "| model       | policy | kv_budget | context_length | depth |   n | recall |\n"
             "| ----------- | ------ | --------- | -------------: | ----: | --: | -----: |\n"
             "| stories260K | full   | -         |            128 |     0 |   1 | 0.1429 |\n");
+  // Issue 34: the methods x tasks table, as LaTeX for a paper; full's niah recall (3 x 1/7, 3 x
+  // 0) with the bootstrap's 1/42 and 5/42; perplexity's token counts are not task columns.
+  ASSERT_EQ(kvbench({"query", "--db", db_, "paper", "-o", "latex"}, &out), 0);
+  EXPECT_EQ(head(out, 5),
+            "\\begin{tabular}{llll}\n\\toprule\npolicy & kv\\_budget & niah & average \\\\\n"
+            "\\midrule\nfull & - & 0.071 (0.024, 0.119) & 0.071 (0.024, 0.119) \\\\\n");
   ASSERT_EQ(kvbench({"query", "--db", db_, "niah-grid", "-o", "csv"}, &out), 0);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1 + 7 * 6);  // 7 cells x 2 lengths x 3 depths
   ASSERT_EQ(kvbench({"query", "--db", db_, "memory"}, &out), 0);
