@@ -613,8 +613,10 @@ BudgetEntry parse_budget_flags(const std::string& kv_budget,
     b.ratio = v;
     return b;
   }
-  KVB_USAGE_CHECK(v >= 0 && v <= INT_MAX)
-      << "--kv-budget " << kv_budget << " is not a token count >= 0";
+  KVB_USAGE_CHECK(v >= 0) << "--kv-budget " << kv_budget << " is not a token count >= 0";
+  KVB_USAGE_CHECK(v <= INT_MAX) << "--kv-budget " << kv_budget << " is more tokens than kvbench "
+                                << "takes (at most " << INT_MAX << "); a budget at least the "
+                                << "prompt's length keeps every token";
   b.tokens = static_cast<int>(v);
   return b;
 }

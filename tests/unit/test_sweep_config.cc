@@ -670,6 +670,7 @@ TEST(BudgetFlags, TokensFractionsAndCompressionRatios) {
   fails("1.5", "", "is a fraction outside (0, 1]");
   fails("half", "", "--kv-budget 'half' is not a number");
   fails("-3", "", "is not a token count >= 0");
+  fails("99999999999", "", "is more tokens than kvbench takes (at most 2147483647)");
   fails("", "1", "--compression-ratio 1 is outside [0, 1)");
   fails("64", "0.5", "give --kv-budget or --compression-ratio, not both");
   fails("64x", "", "is not a number");
