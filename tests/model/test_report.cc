@@ -414,6 +414,25 @@ TEST_F(SmokeReport, FilterRestrictsAndKeepsFull) {
                                                     "compression-niah-recall",
                                                     "niah-full", "niah-snapkv-b32", "kv-niah-b32",
                                                     "prefill-niah-b32", "decode-niah-b32"}));
+  // Issue 34: a policy keeps its colour and marker from one report to the next. The whole
+  // database's report has h2o, snapkv and window; this one snapkv alone (styles by a report's own
+  // sorted policies gave snapkv another colour here). Each legend key: its fill, then its title.
+  auto legend_key = [](const std::string& svg, const std::string& policy) {
+    const size_t t = svg.find("<title>" + policy + "</title>");
+    if (t == std::string::npos) return std::string("(no legend entry)");
+    const size_t open = svg.rfind('<', t - 1);  // the key's marker element
+    return svg.substr(open, t - open);
+  };
+  const fs::path whole = kBuild + "/report_styles_whole";
+  fs::remove_all(whole);
+  ASSERT_EQ(kvbench({"report", "--db", db_, "--out", whole.string()}), 0);
+  const std::string a = slurp(whole / "plots" / "score-niah-recall.svg");
+  const std::string b = slurp(dir / "plots" / "score-niah-recall.svg");
+  EXPECT_NE(legend_key(a, "snapkv"), "(no legend entry)");
+  EXPECT_EQ(legend_key(b, "snapkv").substr(legend_key(b, "snapkv").find("fill=")),
+            legend_key(a, "snapkv").substr(legend_key(a, "snapkv").find("fill=")));
+  EXPECT_EQ(legend_key(a, "full").substr(legend_key(a, "full").find("stroke=")),
+            legend_key(b, "full").substr(legend_key(b, "full").find("stroke=")));
   std::string err;
   EXPECT_EQ(kvbench({"report", "--db", db_, "--out", dir.string(), "--filter", "policy=snapk"},
                     nullptr, &err),
