@@ -210,7 +210,15 @@ void ci_final(sqlite3_context* ctx) {
   std::unique_ptr<std::vector<double>> owned(*values);
   *values = nullptr;
   try {
-    const MeanCI c = score_ci(*owned);
+    // ci95_lo and ci95_hi of one group finalize one after the other over the same values: the
+    // bootstrap runs once for both (the last group's interval is kept per thread).
+    thread_local std::vector<double> last_values;
+    thread_local MeanCI last_ci;
+    if (*owned != last_values || last_values.empty()) {
+      last_ci = score_ci(*owned);
+      last_values = *owned;
+    }
+    const MeanCI& c = last_ci;
     sqlite3_result_double(ctx, kHi ? c.hi : c.lo);
   } catch (const std::exception& e) {
     sqlite3_result_error(ctx, e.what(), -1);
