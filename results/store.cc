@@ -381,6 +381,12 @@ std::vector<std::string> Store::register_units(int64_t run_id, const std::vector
   Statement supersede(*db_,
                       "UPDATE units SET status = 'superseded' WHERE slot_key = ?1 AND "
                       "unit_key <> ?2 AND status <> 'superseded'");
+  // Legacy rows exist only in a database from before content keys: without one, no row pays for
+  // the legacy lookups.
+  const bool any_legacy = [&] {
+    Statement q(*db_, "SELECT 1 FROM units WHERE sample_sha256 IS NULL LIMIT 1");
+    return q.step();
+  }();
   std::vector<std::string> keys;
   keys.reserve(rows.size());
   for (const UnitRow& row : rows) {
@@ -392,7 +398,8 @@ std::vector<std::string> Store::register_units(int64_t run_id, const std::vector
     const std::string slot = row.slot_key.empty() ? unit_slot_key(u) : row.slot_key;
     const std::string shown_task_options =
         canonical_json(row.shown_task_options.value_or(u.task_options));
-    if (!row.legacy_key.empty() && row.legacy_key != key && !lookup_status(*db_, key)) {
+    if (any_legacy && !row.legacy_key.empty() && row.legacy_key != key &&
+        !lookup_status(*db_, key)) {
       legacy.bind_text(1, row.legacy_key);
       if (legacy.step()) {
         const bool same = legacy.column_text(0) == canonical_json(row.sample_fields) &&
