@@ -209,16 +209,18 @@ int cmd_sweep(const std::vector<std::string>& args) {
   omp_set_num_threads(threads);
   try {
     KVB_USAGE_CHECK(!a.config.empty()) << "give the CONFIG file (see kvbench sweep --help)";
-    if (a.db.empty()) {
-      // out/<config stem>.db, as scripts/quickstart.sh names its database.
-      a.db = "out/" + std::filesystem::path(a.config).stem().string() + ".db";
-      if (comm.rank() == 0) {
-        std::error_code ec;
-        std::filesystem::create_directories("out", ec);
-        KVB_USAGE_CHECK(!ec) << "no --db given and cannot create out/ for " << a.db << ": "
-                             << ec.message() << " (pass --db FILE)";
-        KVB_LOG_INFO << "no --db given: results go to " << a.db;
-      }
+    const bool default_db = a.db.empty();
+    // out/<config stem>.db, as scripts/quickstart.sh names its database.
+    if (default_db) a.db = "out/" + std::filesystem::path(a.config).stem().string() + ".db";
+    if (comm.rank() == 0) {
+      // The database's folder is created, as `report --out` creates its own (out/smoke.db on a
+      // fresh clone, where out/ does not exist yet).
+      const std::filesystem::path folder = std::filesystem::path(a.db).parent_path();
+      std::error_code ec;
+      if (!folder.empty()) std::filesystem::create_directories(folder, ec);
+      KVB_USAGE_CHECK(!ec) << "cannot create the folder " << folder << " of the results database "
+                           << a.db << ": " << ec.message() << " (pass another --db FILE)";
+      if (default_db) KVB_LOG_INFO << "no --db given: results go to " << a.db;
     }
     return comm.rank() == 0 ? coordinate(a, comm, layout) : work(a, comm, layout, group);
   } catch (const Error& e) {

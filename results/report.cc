@@ -330,7 +330,16 @@ std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& sty
         std::stable_sort(p.series.begin(), p.series.end(), [](const auto& a, const auto& b) {
           return policy_before(a.name, b.name);
         });
-        if (p.series.empty()) continue;
+        // A plot with measured points at fewer than two lengths is left out, as a task with one
+        // length is: the section's words say why (the quickstart decodes in batches, so no unit
+        // has a decode time of its own, and reuses prefixes below 4096 tokens).
+        std::set<double> measured;
+        for (const auto& se : p.series) {
+          for (size_t i = 0; i < se.x.size(); ++i) {
+            if (std::isfinite(se.y[i])) measured.insert(se.x[i]);
+          }
+        }
+        if (measured.size() < 2) continue;
         const int height = std::max(340, 90 + 18 * static_cast<int>(p.series.size()));
         out.push_back({p.id, p.title, svg::render(p, 640, height)});
       }
@@ -553,7 +562,7 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
     if (!no_decode.empty()) {
       s.intro += " **This database has no decode latency at " + no_decode + " tokens**: " +
                  std::to_string(batched) + " of its " + std::to_string(units) +
-                 " units decoded in a batch, so the decode plots have no points there (sweep "
+                 " units decoded in a batch, so those lengths have no decode time (sweep "
                  "with --decode-batch 1 to measure them).";
     }
     if (!no_prefill.empty()) {
@@ -561,6 +570,9 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
                  std::to_string(reused) + " of its " + std::to_string(units) +
                  " units reused an earlier prompt's prefix (sweep with --prefix-cache-mib 0 to "
                  "measure every prefill).";
+    }
+    if (!no_decode.empty() || !no_prefill.empty()) {
+      s.intro += " A latency plot with measured points at fewer than two lengths is left out.";
     }
     s.plots = cost_plots(cost, styles, scope, false);
     s.tables.push_back({"latency", "Latency by policy, budget and context length", latency_table(cost)});

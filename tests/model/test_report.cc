@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -165,6 +166,96 @@ TEST(Report, SmallNiahSweepRendersEveryPlotInChromium) {
   EXPECT_NE(md.find("| smollm2-135m | niah | full   | -         | recall ↑ |   4 | 1.0000 |"),
             std::string::npos)
       << md;
+}
+
+// Each legend key's policy and colour in one plot's SVG (`<... class="key" ... fill="#..."
+// ...><title>policy</title>`; the dashed reference, full, is stroked).
+std::map<std::string, std::string> legend_colours(const std::string& svg) {
+  std::map<std::string, std::string> out;
+  for (size_t at = svg.find("class=\"key\""); at != std::string::npos;
+       at = svg.find("class=\"key\"", at + 1)) {
+    const size_t end = svg.find('>', at);
+    const std::string tag = svg.substr(at, end - at);
+    const size_t t = svg.find("<title>", end);
+    const std::string name = svg.substr(t + 7, svg.find("</title>", t) - t - 7);
+    const size_t f = tag.find("stroke=\"");
+    out[name] = tag.substr(f + 8, tag.find('"', f + 8) - f - 8);
+  }
+  return out;
+}
+
+// The README's main job itself (configs/quickstart.yaml, 165 units), its report rendered in
+// headless Chromium: every plot it draws has data marks inside it, the decode plots that batched
+// decoding leaves without points are left out and the page says why, and each policy has one
+// colour in every plot, the same in a second report of a subset of the policies.
+TEST(Report, QuickstartReportInChromium) {
+  const std::string db = fresh_db("report_quickstart.db");
+  std::string out;
+  ASSERT_EQ(kvbench({"sweep", kConfigs + "quickstart.yaml", "--db", db}, &out), 0);
+  const fs::path dir = kBuild + "/report_quickstart";
+  fs::remove_all(dir);
+  ASSERT_EQ(kvbench({"report", "--db", db, "--out", dir.string()}, &out), 0);
+  EXPECT_NE(out.find("from 165 units (165 ok)"), std::string::npos) << out;
+  const std::vector<std::string> policies = {"window", "streaming_llm", "h2o", "snapkv",
+                                             "ada_snapkv"};
+  std::set<std::string> expected = {"score-niah-recall", "pareto-niah-recall", "niah-full",
+                                    "compression-niah-recall"};
+  for (const std::string& p : policies) {
+    std::string s = p;
+    std::replace(s.begin(), s.end(), '_', '-');
+    for (const char* b : {"128", "256"}) expected.insert("niah-" + s + "-b" + b);
+  }
+  // No latency plot: decode batched everywhere and prefill measured at 4096 tokens alone.
+  for (const char* b : {"128", "256"}) expected.insert(std::string("kv-niah-b") + b);
+  EXPECT_EQ(plot_files(dir), expected);
+  const auto rendered = render_in_chromium(dir);
+  std::set<std::string> ids;
+  for (const auto& [id, r] : rendered) ids.insert(id);
+  EXPECT_EQ(ids, expected);
+  for (const auto& [id, r] : rendered) {
+    EXPECT_GT(r.width, 200) << id;
+    EXPECT_GT(r.marks, 0) << id << ": a plot without data";
+    EXPECT_EQ(r.inside, r.marks) << id << ": marks outside the plot";
+    EXPECT_GT(r.data_w, 20) << id;
+  }
+  // A map is 3 lengths x 5 depths; the score plot 6 policies (full at both budgets); the memory
+  // plot every policy at every length.
+  EXPECT_EQ(rendered.at("niah-h2o-b128").marks, 15);
+  EXPECT_EQ(rendered.at("score-niah-recall").marks, 6 * 2);
+  EXPECT_EQ(rendered.at("kv-niah-b256").marks, 6 * 3);
+  EXPECT_TRUE(fs::file_size(dir / "screenshot.png") > 10000);
+  const std::string md = slurp(dir / "report.md");
+  EXPECT_NE(md.find("**This database has no decode latency at 1024, 2048, 4096 tokens**: 165 of "
+                    "its 165 units decoded in a batch"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("**No prefill latency at 1024, 2048 tokens**: 143 of its 165 units reused"),
+            std::string::npos);
+  EXPECT_NE(md.find("A latency plot with measured points at fewer than two lengths is left out."),
+            std::string::npos);
+  // One colour per policy across the report's plots, and a filtered report keeps them.
+  std::map<std::string, std::string> colour;
+  for (const auto& id : expected) {
+    for (auto [name, c] : legend_colours(slurp(dir / "plots" / (id + ".svg")))) {
+      if (c == "#333") c = "#000000";  // full: black, drawn #333 where it is the dashed reference
+      auto [it, added] = colour.emplace(name, c);
+      EXPECT_EQ(it->second, c) << name << " changes colour in " << id;
+    }
+  }
+  EXPECT_EQ(colour.size(), policies.size() + 1);
+  EXPECT_EQ(colour["full"], "#000000");
+  EXPECT_EQ(colour["snapkv"], "#E69F00");  // pinned as in every earlier report
+  const fs::path sub = kBuild + "/report_quickstart_sub";
+  fs::remove_all(sub);
+  ASSERT_EQ(kvbench({"report", "--db", db, "--out", sub.string(), "--filter",
+                     "policy=full,h2o,ada_snapkv"}),
+            0);
+  for (auto [name, c] : legend_colours(slurp(sub / "plots" / "kv-niah-b128.svg"))) {
+    if (c == "#333") c = "#000000";
+    EXPECT_EQ(colour[name], c) << name;
+  }
+  EXPECT_EQ(legend_colours(slurp(sub / "plots" / "kv-niah-b128.svg")).size(), 3u);
+  for (const char* ext : {"", "-wal", "-shm"}) fs::remove(db + ext);
 }
 
 class SmokeReport : public ::testing::Test {

@@ -186,6 +186,34 @@ TEST(JinjaTaskTemplates, RenderAsLmEvalDoes) {
   EXPECT_EQ(r[599], "600");
 }
 
+// Hostile task templates (a definition is input like any other): a loop without end, unbounded
+// recursion and a memory bomb each end in a usage error naming the template and the limit it hit,
+// inside the isolated renderer, and the process that asked goes on.
+TEST(JinjaTaskTemplates, HostileTemplatesHitALimitNotTheProcess) {
+  const std::vector<std::string> items = {R"({"q": "x"})"};
+  struct Case {
+    const char* text;
+    const char* limit;
+  };
+  for (const Case& c : {
+           Case{"{% for i in range(1000000000) %}{{ q }}{% endfor %}", "exceeded the memory limit"},
+           Case{"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "exceeded the recursion depth limit"},
+           Case{"{% set s = namespace(t='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}"
+                "{% set s.t = s.t ~ s.t %}{% endfor %}{{ s.t | length }}",
+                "exceeded the memory limit"},
+       }) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string e =
+        error_of([&] { render_task_jinja(c.text, "the question template of evil.yaml", items); });
+    EXPECT_HAS(e, "the question template of evil.yaml");
+    EXPECT_HAS(e, c.limit);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60)
+        << c.text;
+  }
+  // The process that asked still renders.
+  EXPECT_EQ(render_task_jinja("{{ q }}!", "t", items), std::vector<std::string>{"x!"});
+}
+
 // A definition in lm-eval's Jinja (MMLU's doc_to_text), through the data task: the prompt as
 // lm-eval renders it, and an undefined field named with the data file's line.
 TEST(JinjaTaskTemplates, ADefinitionInJinja) {
@@ -678,6 +706,27 @@ TEST(TaskFilters, StepsFollowLmEvalsSemantics) {
   EXPECT_EQ(tasks::apply_filters({upper}, "abc"), "ABC");
   EXPECT_EQ(tasks::apply_filters({lead}, " \n x "), "x ");
   EXPECT_EQ(tasks::apply_filters({}, " as is "), " as is ");
+}
+
+// A long prediction: std::regex recurses per character (about 200-300 bytes of stack each), so
+// 60,000 characters through `(.+)` overflow a main thread's 8 MiB stack; the filter runs on its
+// own 64 MiB stack and gives the match. Past its 64 KiB limit it is an error naming the limit.
+TEST(TaskFilters, ALongPredictionIsMatchedOrRefusedNeverACrash) {
+  tasks::FilterStep f;
+  f.kind = tasks::FilterStep::Kind::kRegex;
+  f.pattern = "answer is (.+)";
+  const std::string longest = "the answer is " + std::string(60000, 'x');
+  EXPECT_EQ(tasks::apply_filters({f}, longest), std::string(60000, 'x'));
+  f.pattern = "([a-z ]+)+ is";
+  EXPECT_EQ(tasks::apply_filters({f}, std::string(60000, 'a') + " is"),
+            std::string(60000, 'a'));
+  std::string e;
+  try {
+    tasks::apply_filters({f}, std::string(70000, 'a'));
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_HAS(e, "reads at most 65536 bytes of a prediction, and this one has 70000");
 }
 
 // A chatty answer scored through a definition's regex filter: qa_f1 of the whole sentence against
