@@ -31,7 +31,8 @@ const char* kVsFullDescription =
 const char* kGroupsDescription =
     "task-group score (a definition's group:, e.g. ruler) per model x group x data_dir x policy x "
     "budget: the mean over the group's tasks of each task's mean, as RULER's summary, with a 95% "
-    "CI (task means independent, Welch-Satterthwaite t) and the number of tasks";
+    "CI (stratified percentile bootstrap: each task's scores resampled on their own) and the "
+    "number of tasks";
 
 const char* kPaperDescription =
     "the methods x tasks table of KV-cache papers: a row per model x policy x budget, a column "

@@ -41,30 +41,24 @@ std::vector<GroupRow> group_rows(const Store& store, const Filter& filter) {
     std::tie(g.model, g.group, g.data_dir, g.policy, g.budget) = key;
     g.higher_is_better = hib[key];
     std::set<std::string> metric_names;
-    double sum_means = 0, se2 = 0, ws_den = 0;
-    bool interval = true;
+    double sum_means = 0;
+    bool interval = true;  // a task of one unit shows no spread: no interval
+    std::vector<std::vector<double>> per_task;
     for (const auto& [task, x] : by_task) {
-      const MeanCI c = mean_ci(x);
       metric_names.insert(std::get<2>(task));
-      sum_means += c.mean;
-      g.n += c.n;
-      if (c.n < 2) {
-        interval = false;
-        continue;
-      }
-      double ss = 0;
-      for (double v : x) ss += (v - c.mean) * (v - c.mean);
-      const double s2n = ss / (c.n - 1) / c.n;  // squared standard error of the task mean
-      se2 += s2n;
-      ws_den += s2n * s2n / (c.n - 1);
+      double sum = 0;
+      for (double v : x) sum += v;
+      sum_means += sum / static_cast<double>(x.size());
+      g.n += static_cast<int>(x.size());
+      interval = interval && x.size() >= 2;
+      per_task.push_back(x);
     }
     g.tasks = static_cast<int>(by_task.size());
     g.mean = sum_means / g.tasks;
-    if (interval) {  // as mean_ci: no spread at all gives the point itself
-      const double dof = se2 > 0 ? se2 * se2 / ws_den : 1;  // Welch-Satterthwaite
-      const double half = student_t_quantile(0.975, std::max(1.0, dof)) * std::sqrt(se2) / g.tasks;
-      g.lo = g.mean - half;
-      g.hi = g.mean + half;
+    if (interval) {
+      const MeanCI c = mean_of_means_ci(per_task);
+      g.lo = c.lo;
+      g.hi = c.hi;
     }
     for (const std::string& m : metric_names) g.metrics += (g.metrics.empty() ? "" : ", ") + m;
     out.push_back(std::move(g));

@@ -1,9 +1,10 @@
 // Task groups (issue 17 item 4; TASKS.md "Tasks defined in YAML"): a task definition's `group:`
 // is stored per sample as the field task_group. A group's score is the unweighted mean over its
 // tasks of each task's mean score, as RULER's summary averages its 13 tasks; each (task, task
-// options, metric) with a score counts as one task. Its 95% interval treats the task means as
-// independent: SE^2 = sum(s_t^2 / n_t) / T^2, Student t with Welch-Satterthwaite degrees of
-// freedom. Rows are per model, group, data folder (task option data_dir: RULER keeps one context
+// options, metric) with a score counts as one task. Its 95% interval is the stratified
+// percentile bootstrap of that mean (mean_of_means_ci: each task's scores resampled on their own,
+// 10,000 resamples, seed 0), the convention of the paper table's average (issue 34: one
+// convention, inside the metric's range; a Welch t interval left it). Rows are per model, group, data folder (task option data_dir: RULER keeps one context
 // length per folder), policy and budget.
 #pragma once
 

@@ -503,8 +503,9 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
         "Per task group (a task definition's `group:`, e.g. `ruler`): the mean over the "
         "group's tasks of each task's mean score, as RULER's summary figure averages its 13 "
         "tasks, per data folder (`data_dir`: one context length for RULER's files), policy "
-        "and budget. The 95% CI treats the task means as independent (Welch-Satterthwaite "
-        "t); `tasks` counts the tasks with a score, so a partial group shows.";
+        "and budget. The 95% CI is the stratified percentile bootstrap of that "
+        "mean (each task's scores resampled on their own, 10,000 resamples, seed 0), as the "
+        "paper table's average; `tasks` counts the tasks with a score, so a partial group shows.";
     s.tables.push_back({"groups", "Task-group mean per policy and budget", groups_table(groups)});
     sections.push_back(std::move(s));
   }

@@ -1,6 +1,7 @@
 // Task-group scores (results/groups.h; issue 17 item 4) on a database written here by hand: the
 // group mean is the mean of the task means (not of the samples), the interval is the
-// Welch-Satterthwaite t interval of independent task means, data folders and budgets split rows,
+// stratified percentile bootstrap of that mean (each task resampled on its own; issue 34 replaced a
+// Welch-Satterthwaite t interval that could leave the metric's range), data folders and budgets split rows,
 // units without a group, failed units and other groups stay out, and `--filter` applies.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -52,7 +53,7 @@ std::string make_db(const std::vector<Unit>& units) {
   return path;
 }
 
-TEST(Groups, MeanOfTaskMeansWithWelchInterval) {
+TEST(Groups, MeanOfTaskMeansWithStratifiedBootstrapInterval) {
   const std::string d4 = "/data/RULER/4096", d8 = "/data/RULER/8192";
   std::vector<Unit> units;
   for (double v : {100, 50, 0, 50}) units.push_back({"a", d4, "full", "", "ruler", "sma", "ok", v});
@@ -78,13 +79,24 @@ TEST(Groups, MeanOfTaskMeansWithWelchInterval) {
   EXPECT_EQ(g.metrics, "sma, smp");
   // (mean a + mean b) / 2 = (50 + 200/3) / 2, not the sample mean 400/7.
   EXPECT_NEAR(g.mean, 175.0 / 3, 1e-12);
-  // Task a: s^2 = 5000/3, n = 4; task b: s^2 = 10000/3, n = 3.
+  // The interval resamples each task on its own: the stratified bootstrap of the two tasks.
+  const MeanCI c = mean_of_means_ci({{100, 50, 0, 50}, {100, 100, 0}});
+  EXPECT_DOUBLE_EQ(g.lo, c.lo);
+  EXPECT_DOUBLE_EQ(g.hi, c.hi);
+  EXPECT_LT(g.lo, g.mean);
+  EXPECT_GT(g.hi, g.mean);
+  // Inside the scores' range, where the Welch t interval of the same task means (task a: s^2 =
+  // 5000/3, n = 4; task b: s^2 = 10000/3, n = 3; dof about 3.46) leaves it above.
+  EXPECT_GE(g.lo, 0);
+  EXPECT_LE(g.hi, 100);
   const double se2a = 5000.0 / 3 / 4, se2b = 10000.0 / 3 / 3;
   const double dof = (se2a + se2b) * (se2a + se2b) / (se2a * se2a / 3 + se2b * se2b / 2);
   const double half = student_t_quantile(0.975, dof) * std::sqrt(se2a + se2b) / 2;
-  EXPECT_NEAR(g.lo, 175.0 / 3 - half, 1e-9);
-  EXPECT_NEAR(g.hi, 175.0 / 3 + half, 1e-9);
-  EXPECT_GT(half, 30);  // dof about 3.46: a wide interval from two small tasks
+  EXPECT_GT(175.0 / 3 + half, 100);
+  EXPECT_LT(175.0 / 3 - half, 1);  // and all but reaches 0 below
+  // A narrower interval than that t interval, and wide still: two small tasks.
+  EXPECT_LT(g.hi - g.lo, 2 * half);
+  EXPECT_GT(g.hi - g.lo, 30);
   // One task with one unit: a mean, no interval.
   EXPECT_EQ(rows[2].policy, "h2o");
   EXPECT_EQ(rows[2].budget, "64");
