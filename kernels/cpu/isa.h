@@ -60,8 +60,9 @@ enum class SimdKernel {
   kExpFloats,    // exp_floats
   kKCenter,      // kcenter_greedy's distances
   kSubgenCount,  // subgen_count_clusters' "some representative within"
+  kQMatmul,      // qmatmul's integer block dots (qmatmul.h; AVX2 kernels also under avx512)
 };
-constexpr int kSimdKernelCount = 6;
+constexpr int kSimdKernelCount = 7;
 
 struct SimdDispatchCounts {
   uint64_t calls[kSimdKernelCount][kIsaCount] = {};
