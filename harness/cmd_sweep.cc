@@ -95,8 +95,9 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "dtype", po::value(&a.dtype)->notifier([](const std::string& s) {
         engine::parse_dtype(s);  // given empty, it would mean the device's default
       }),
-      "f32 or bf16; cuda: weights, GEMM inputs and KV cache (default bf16); cpu: bf16 "
-      "weights only, f32 arithmetic and cache (default f32, the reference)")(
+      "f32, bf16 or native; cuda: weights, GEMM inputs and KV cache (default bf16); cpu: bf16 "
+      "weights only, f32 arithmetic and cache (default f32, the reference); cpu native: a GGUF "
+      "model's linear layers in the file's own quantized blocks with 8-bit activations")(
       "max-rss-gb", po::value(&a.max_rss_gb)->default_value(0),
       "a unit whose memory is above this many GiB ends oom and the worker goes on. A unit's "
       "memory: its worker process's resident set (the program, the model's weights, the "

@@ -125,9 +125,11 @@ Trace run(engine::Engine& eng, const engine::Model& m, const Variant& var, int b
 
 // Variants shard, shard + shards, ... of variants() (all of them by default): a model whose
 // laws take minutes is split into several tests, each under its own time limit.
+// `only`: the variants of these policies alone (all when empty); dtype: the engine's weights.
 void check_model(const engine::Model& m, const std::vector<int32_t>& prompt, int gen,
-                 int shard = 0, int shards = 1) {
-  engine::Engine eng(m);
+                 int shard = 0, int shards = 1, engine::DType dtype = engine::DType::kF32,
+                 const std::set<std::string>& only = {}) {
+  engine::Engine eng(m, nullptr, dtype);
   // Teacher-forced continuation: full's greedy tokens.
   std::vector<int32_t> forced;
   {
@@ -146,6 +148,7 @@ void check_model(const engine::Model& m, const std::vector<int32_t>& prompt, int
   const std::vector<Variant> all = variants();
   for (size_t i = static_cast<size_t>(shard); i < all.size(); i += static_cast<size_t>(shards)) {
     const Variant& var = all[i];
+    if (!only.empty() && !only.count(var.policy)) continue;
     SCOPED_TRACE(var.label());
     // Law 1: a budget above everything the sequence will hold.
     const Trace big = run(eng, m, var, total + 8, prompt, forced);
@@ -202,6 +205,20 @@ TEST_P(PolicyLawsSmolLM2, Shard) {
   check_model(*m, prompt, 6, GetParam(), kSmolShards);
 }
 INSTANTIATE_TEST_SUITE_P(PolicyLaws, PolicyLawsSmolLM2, ::testing::Range(0, kSmolShards));
+
+// The laws on the model's own quantized weights (--dtype native, issue 35): a policy sees the
+// same engine whatever its weights, so a budget that forces nothing equals `full` on the same
+// dtype, bit for bit; checked for one policy of each kind (decode eviction, prompt compression,
+// Ada-KV's allocation, a rolling-positions sink policy, the H2O-family scissorhands).
+TEST(PolicyLaws, SmolLM2NativeWeights) {
+  const std::string path = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  ASSERT_TRUE(std::ifstream(path).good()) << path << " missing: run scripts/fetch_models.sh";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 60; ++i) prompt.push_back(static_cast<int32_t>(100 + (i * 7919) % 40000));
+  check_model(*m, prompt, 6, 0, 1, engine::DType::kNative,
+              {"full", "h2o", "snapkv", "ada_snapkv", "streaming_llm", "scissorhands", "knorm"});
+}
 
 // Qwen3's q/k norm sits before RoPE, so it shapes the pre-RoPE keys, the rolling-positions path
 // and every statistic a policy reads; head_dim 32 with dim 64 and 4 heads checks that policies

@@ -56,7 +56,7 @@ TEST_F(CliArgs, GenerateRefusesHostileArguments) {
           {{"--prompt", "x", "--temperature", "inf"}, "--temperature must be in [0, 100]"},
           {{"--prompt", "x", "--temperature", "nan"}, "--temperature must be in [0, 100]"},
           {{"--prompt", "x", "--system", "be brief"}, "--system is the system message of --chat"},
-          {{"--prompt", "x", "--dtype", ""}, "--dtype must be f32 or bf16, got ''"},
+          {{"--prompt", "x", "--dtype", ""}, "--dtype must be f32, bf16 or native, got ''"},
           {{"--prompt", "x", "--dump-keep-sets", ""}, "--dump-keep-sets needs a file name"},
           {{"--prompt-file", KVB_BINARY_DIR "/test_cli_args/a_folder"},
            "--prompt-file '" KVB_BINARY_DIR "/test_cli_args/a_folder' is a directory"},
@@ -80,7 +80,7 @@ TEST_F(CliArgs, EvalRefusesHostileArguments) {
                           {{"--show-prediction", "-1"},
                            "--show-prediction must be >= 0 (characters; 0: hide the column), got "
                            "-1"},
-                          {{"--dtype", ""}, "--dtype must be f32 or bf16, got ''"},
+                          {{"--dtype", ""}, "--dtype must be f32, bf16 or native, got ''"},
                       });
 }
 
@@ -144,7 +144,7 @@ TEST(CliArgsNoModel, ValidateAndSweepRefuseHostileOptions) {
            "--rerun-status needs at least one status: ok, error, oom, timeout or crashed"},
           {{"--db", db, "--rerun-status", "oom,,timeout"},
            "--rerun-status oom,,timeout: '' is not"},
-          {{"--db", db, "--dtype", ""}, "--dtype must be f32 or bf16, got ''"},
+          {{"--db", db, "--dtype", ""}, "--dtype must be f32, bf16 or native, got ''"},
           {{"--db", db, "--resume", "--rerun"},
            "--resume continues a run that did not finish and skips the units that were in flight "
            "when it crashed twice; --rerun would clear their crash counts and run them again: give "

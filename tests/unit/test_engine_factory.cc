@@ -25,7 +25,7 @@ TEST(EngineFactory, DeviceAndDtypeErrors) {
     FAIL() << "--dtype f16 was accepted";
   } catch (const Error& err) {
     EXPECT_EQ(err.kind(), ErrorKind::kUsage);
-    EXPECT_NE(std::string(err.what()).find("--dtype must be f32 or bf16"), std::string::npos);
+    EXPECT_NE(std::string(err.what()).find("--dtype must be f32, bf16 or native"), std::string::npos);
   }
   // The device a sweep records: the precision is part of it.
   EXPECT_EQ(engine::run_device_label(engine::Device::kCpu, engine::DType::kF32, ""), "cpu");
@@ -65,6 +65,32 @@ TEST(EngineFactory, DeviceAndDtypeErrors) {
       engine::make_engine(m, engine::Device::kCpu, engine::DType::kBf16);
   EXPECT_NE(dynamic_cast<engine::CpuBackend*>(&b->backend()), nullptr);
   EXPECT_EQ(b->kv_physical_bytes(kv), 2u * 3 * 5 * kv.bytes_per_slot());
+  // native (issue 35): a GGUF model's own blocks, on the CPU only, recorded as such; a model
+  // without a GGUF file is refused by name.
+  EXPECT_EQ(engine::resolve_dtype(engine::Device::kCpu, "native"), engine::DType::kNative);
+  EXPECT_EQ(engine::kv_slot_bytes(64, engine::DType::kNative), kv.bytes_per_slot());
+  EXPECT_EQ(engine::run_device_label(engine::Device::kCpu, engine::DType::kNative, ""),
+            "cpu (native quantized weights)");
+  EXPECT_EQ(engine::label_precision("cpu (native quantized weights)"), "native");
+  auto usage_error = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& err) {
+      EXPECT_EQ(err.kind(), ErrorKind::kUsage);
+      return std::string(err.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(usage_error([] { engine::resolve_dtype(engine::Device::kCuda, "native"); })
+                .find("--dtype native (a GGUF model's own quantized blocks) runs on the CPU only"),
+            std::string::npos);
+  m.path = "stories.bin";
+  EXPECT_NE(usage_error([&] { engine::make_engine(m, engine::Device::kCpu, engine::DType::kNative); })
+                .find("stories.bin is not a GGUF file (use --dtype f32 or bf16)"),
+            std::string::npos);
+  EXPECT_NE(usage_error([&] { engine::make_engine(m, engine::Device::kCuda, engine::DType::kNative); })
+                .find("runs on the CPU only"),
+            std::string::npos);
 #ifndef KVB_WITH_CUDA
   try {
     engine::make_engine(m, engine::Device::kCuda, engine::DType::kBf16);

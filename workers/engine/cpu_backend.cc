@@ -10,9 +10,11 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_bf16.h"
+#include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "workers/formats/gguf.h"
 
 namespace kvb::engine {
 
@@ -26,8 +28,68 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& w) {
 }
 }  // namespace
 
+namespace {
+// Rows [row0, row0 + rows) of a GGUF matrix of k columns in its own blocks, or nothing (type 0)
+// when qmatmul does not take its type (F32, F16, BF16, Q2_K, ...: the f32 product runs).
+template <class QMat>
+QMat file_blocks(const formats::GgufFile& g, const std::string& name, uint64_t row0,
+                 uint64_t rows, int k) {
+  QMat q;
+  const formats::GgufTensorInfo* ti = g.find_tensor(name);
+  KVB_CHECK(ti != nullptr) << g.path() << ": no tensor named '" << name << "'";
+  if (!cpu::qmatmul_supports(ti->type)) return q;
+  const size_t row_bytes = cpu::qrow_bytes(ti->type, k);
+  KVB_CHECK(ti->dims.size() == 2 && ti->dims[0] == static_cast<uint64_t>(k) &&
+            ti->dims[1] >= row0 + rows && ti->num_bytes == ti->dims[1] * row_bytes)
+      << g.path() << ": tensor '" << name << "' is not a matrix of rows of " << k << " elements";
+  const std::vector<uint8_t> raw = g.load_raw(name);
+  q.type = ti->type;
+  q.bytes.assign(raw.begin() + static_cast<std::ptrdiff_t>(row0 * row_bytes),
+                 raw.begin() + static_cast<std::ptrdiff_t>((row0 + rows) * row_bytes));
+  return q;
+}
+}  // namespace
+
 CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype)
     : model_(model), tp_(tp && tp->size() > 1 ? tp : nullptr), dtype_(dtype) {
+  if (dtype_ == DType::kNative) {
+    KVB_USAGE_CHECK(model.gguf != nullptr)
+        << "--dtype native multiplies in a GGUF model's own quantized blocks, and " << model.path
+        << " is not a GGUF file (use --dtype f32 or bf16)";
+    KVB_USAGE_CHECK(tp_ == nullptr)
+        << "--dtype native runs a model on one rank (tensor-parallel groups: --dtype f32 or bf16)";
+    const formats::GgufFile& g = *model.gguf;
+    const ModelConfig& c = model.config;
+    const int D = c.dim, H = c.hidden_dim;
+    const uint64_t QD = static_cast<uint64_t>(c.num_heads) * c.head_dim;
+    const uint64_t KVD = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim;
+    for (int l = 0; l < c.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      QLayer q;
+      if (c.fused_qkv) {  // Q's rows, then K's, then V's (model_load.cc)
+        q.wq = file_blocks<QMat>(g, b + "attn_qkv.weight", 0, QD, D);
+        q.wk = file_blocks<QMat>(g, b + "attn_qkv.weight", QD, KVD, D);
+        q.wv = file_blocks<QMat>(g, b + "attn_qkv.weight", QD + KVD, KVD, D);
+      } else {
+        q.wq = file_blocks<QMat>(g, b + "attn_q.weight", 0, QD, D);
+        q.wk = file_blocks<QMat>(g, b + "attn_k.weight", 0, KVD, D);
+        q.wv = file_blocks<QMat>(g, b + "attn_v.weight", 0, KVD, D);
+      }
+      q.wo = file_blocks<QMat>(g, b + "attn_output.weight", 0, D, static_cast<int>(QD));
+      if (c.fused_gate_up) {  // the gate's rows first
+        q.w_gate = file_blocks<QMat>(g, b + "ffn_up.weight", 0, H, D);
+        q.w_up = file_blocks<QMat>(g, b + "ffn_up.weight", H, H, D);
+      } else {
+        q.w_gate = file_blocks<QMat>(g, b + "ffn_gate.weight", 0, H, D);
+        q.w_up = file_blocks<QMat>(g, b + "ffn_up.weight", 0, H, D);
+      }
+      q.w_down = file_blocks<QMat>(g, b + "ffn_down.weight", 0, D, H);
+      q_layers_.push_back(std::move(q));
+    }
+    q_output_ = file_blocks<QMat>(g, model.output.empty() ? "token_embd.weight" : "output.weight",
+                                  0, c.vocab_size, D);
+    return;
+  }
   if (dtype_ != DType::kBf16) return;
   bf16_layers_.reserve(model.layers.size());
   for (const LayerWeights& w : model.layers) {
@@ -127,6 +189,18 @@ void CpuBackend::linear(Act out, Act in, int layer, Mat which, int n) {
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
   float* y = buf(out).data();
   const float* x = buf(in).data();
+  if (dtype_ == DType::kNative) {
+    const QLayer& q = q_layers_[layer];
+    switch (which) {
+      case Mat::kWq: return native_or_f32(q.wq, y, x, w.wq.data(), bias(w.bq), n, D, QD);
+      case Mat::kWk: return native_or_f32(q.wk, y, x, w.wk.data(), bias(w.bk), n, D, KVD);
+      case Mat::kWv: return native_or_f32(q.wv, y, x, w.wv.data(), bias(w.bv), n, D, KVD);
+      case Mat::kWo: return native_or_f32(q.wo, y, x, w.wo.data(), nullptr, n, QD, D);
+      case Mat::kGate: return native_or_f32(q.w_gate, y, x, w.w_gate.data(), nullptr, n, D, H);
+      case Mat::kUp: return native_or_f32(q.w_up, y, x, w.w_up.data(), nullptr, n, D, H);
+      case Mat::kDown: return native_or_f32(q.w_down, y, x, w.w_down.data(), nullptr, n, H, D);
+    }
+  }
   if (dtype_ == DType::kBf16) {
     const Bf16Layer& h = bf16_layers_[layer];
     switch (which) {
@@ -148,6 +222,14 @@ void CpuBackend::linear(Act out, Act in, int layer, Mat which, int n) {
     case Mat::kUp: return cpu::matmul(y, x, w.w_up.data(), nullptr, n, D, H);
     case Mat::kDown: return cpu::matmul(y, x, w.w_down.data(), nullptr, n, H, D);
   }
+}
+
+void CpuBackend::native_or_f32(const QMat& q, float* y, const float* x, const float* w_f32,
+                               const float* bias, int n, int k, int m) {
+  if (q.type == 0) return cpu::matmul(y, x, w_f32, bias, n, k, m);
+  xq_.resize(static_cast<size_t>(n) * (k / 32));
+  cpu::quantize_q8_act(x, n, k, xq_.data());
+  cpu::qmatmul(y, xq_.data(), q.bytes.data(), q.type, bias, n, k, m);
 }
 
 void CpuBackend::reduce_add(Act x, Act y, int n) {
@@ -291,6 +373,10 @@ void CpuBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs 
 void CpuBackend::classify(int rows, std::vector<float>* logits) {
   const ModelConfig& c = model_.config;
   logits->resize(static_cast<size_t>(rows) * c.vocab_size);
+  if (dtype_ == DType::kNative) {
+    return native_or_f32(q_output_, logits->data(), xb_.data(), model_.output_weight(), nullptr,
+                         rows, c.dim, c.vocab_size);
+  }
   if (dtype_ == DType::kBf16) {
     return cpu::matmul_bf16(logits->data(), xb_.data(), bf16_output_.data(), nullptr, rows, c.dim,
                             c.vocab_size);

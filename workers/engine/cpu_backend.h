@@ -3,6 +3,9 @@
 // the tensor-parallel group's all-reduce behind reduce_add(). This is the reference every other
 // backend is checked against. With DType::kBf16 the linear layers and the classifier multiply by
 // bf16 copies of their weights (kernels/cpu/matmul_bf16.h, f32 arithmetic); all else stays f32.
+// With DType::kNative (a GGUF model) they multiply in the file's own quantized blocks with 8-bit
+// activations (kernels/cpu/qmatmul.h); a matrix of a type qmatmul does not take (F32, F16, ...)
+// keeps the f32 product.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +15,7 @@
 #include "common/error.h"
 #include "kernels/comm.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/qmatmul.h"
 #include "workers/engine/backend.h"
 #include "workers/engine/engine_types.h"
 #include "workers/engine/model.h"
@@ -23,6 +27,8 @@ class CpuBackend final : public Backend {
   // `model` (and `tp`, a group of more than one rank, or null) must outlive the backend.
   // dtype kBf16: the weights of every Mat and the classifier are rounded to bf16 (nearest even)
   // here, once, and kept beside the model's f32 (which embeddings and norms still read).
+  // dtype kNative: the blocks of every Mat and the classifier are read from the model's GGUF file
+  // (usage error for a model that has none, or under tensor parallelism).
   CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype = DType::kF32);
 
   std::string device_description() const override { return "cpu"; }
@@ -93,9 +99,25 @@ class CpuBackend final : public Backend {
     std::vector<uint16_t> wq, wk, wv, wo, w_gate, w_up, w_down;
   };
 
+  // One matrix in its file's blocks (kNative); type 0 (F32): none, the f32 product runs.
+  struct QMat {
+    uint32_t type = 0;
+    std::vector<uint8_t> bytes;  // rows of k elements, qrow_bytes(type, k) each
+  };
+  struct QLayer {
+    QMat wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  // y = x w^T (+ bias) by qmatmul when q holds blocks (the input quantized first), else
+  // by matmul on the f32 weights.
+  void native_or_f32(const QMat& q, float* y, const float* x, const float* w_f32,
+                     const float* bias, int n, int k, int m);
+
   const Model& model_;
   kernels::Communicator* tp_;
   DType dtype_;
+  std::vector<QLayer> q_layers_;  // [num_layers] when dtype_ is kNative, else empty
+  QMat q_output_;
+  std::vector<kernels::cpu::Q8Act> xq_;  // the quantized input of a native product
   std::vector<Bf16Layer> bf16_layers_;  // [num_layers] when dtype_ is kBf16, else empty
   std::vector<uint16_t> bf16_output_;   // [vocab_size, dim] when dtype_ is kBf16
   const int32_t* pos_ = nullptr;  // the pass's positions [n]

@@ -22,16 +22,23 @@ Device parse_device(const std::string& s) {
 DType parse_dtype(const std::string& s) {
   if (s == "f32") return DType::kF32;
   if (s == "bf16") return DType::kBf16;
-  KVB_USAGE_FAIL() << "--dtype must be f32 or bf16, got '" << s << "'";
+  if (s == "native") return DType::kNative;
+  KVB_USAGE_FAIL() << "--dtype must be f32, bf16 or native, got '" << s << "'";
 }
 
 DType resolve_dtype(Device d, const std::string& s) {
   if (s.empty()) return d == Device::kCuda ? DType::kBf16 : DType::kF32;
-  return parse_dtype(s);
+  const DType t = parse_dtype(s);
+  KVB_USAGE_CHECK(!(t == DType::kNative && d == Device::kCuda))
+      << "--dtype native (a GGUF model's own quantized blocks) runs on the CPU only: give "
+         "--device cuda f32 or bf16, or --device cpu";
+  return t;
 }
 
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
-const char* dtype_name(DType t) { return t == DType::kBf16 ? "bf16" : "f32"; }
+const char* dtype_name(DType t) {
+  return t == DType::kBf16 ? "bf16" : t == DType::kNative ? "native" : "f32";
+}
 
 size_t kv_slot_bytes(int head_dim, DType dtype) {
   return 2 * static_cast<size_t>(head_dim) * (dtype == DType::kBf16 ? 2 : 4) + sizeof(int32_t);
@@ -39,13 +46,15 @@ size_t kv_slot_bytes(int head_dim, DType dtype) {
 
 std::string run_device_label(Device device, DType dtype, const std::string& cuda_label) {
   if (device == Device::kCuda) return cuda_label + " (" + dtype_name(dtype) + ")";
-  return dtype == DType::kBf16 ? "cpu (bf16 weights)"  // not the f32 reference: provenance says so
-                               : "cpu";
+  // Not the f32 reference: provenance says so.
+  if (dtype == DType::kBf16) return "cpu (bf16 weights)";
+  if (dtype == DType::kNative) return "cpu (native quantized weights)";
+  return "cpu";
 }
 
 std::string label_precision(const std::string& label) {
   // The inverse of run_device_label, from its own spellings.
-  for (const DType t : {DType::kF32, DType::kBf16}) {
+  for (const DType t : {DType::kF32, DType::kBf16, DType::kNative}) {
     const std::string tail = std::string(" (") + dtype_name(t) + ")";
     if (label == run_device_label(Device::kCpu, t, "") ||
         (label.rfind("cuda", 0) == 0 && label.size() > tail.size() &&
@@ -102,6 +111,8 @@ std::unique_ptr<Engine> make_engine(const Model& model, Device device, DType dty
   if (device == Device::kCpu) {
     return std::make_unique<Engine>(model, tp, dtype);
   }
+  KVB_USAGE_CHECK(dtype != DType::kNative)
+      << "--dtype native (a GGUF model's own quantized blocks) runs on the CPU only";
 #ifdef KVB_WITH_CUDA
   KVB_USAGE_CHECK(!tp || tp->size() <= 1)
       << "--device cuda: tensor-parallel groups (--gpus-per-worker > 1) run on the CPU engine "

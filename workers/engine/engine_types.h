@@ -55,9 +55,11 @@ struct PrefillRecord {
   std::vector<int> seed_strides;
 };
 
-// Where an engine runs and in which precision: `--device cpu|cuda`, `--dtype f32|bf16`.
+// Where an engine runs and in which precision: `--device cpu|cuda`, `--dtype f32|bf16|native`.
+// native (CPU only): a GGUF model's linear layers and classifier multiply in their own quantized
+// blocks with 8-bit activations (kernels/cpu/qmatmul.h), llama.cpp's arithmetic family.
 enum class Device { kCpu, kCuda };
-enum class DType { kF32, kBf16 };
+enum class DType { kF32, kBf16, kNative };
 Device parse_device(const std::string& s);  // usage error naming the bad value
 DType parse_dtype(const std::string& s);
 // `--dtype` as given ("" for the device's default: f32 on the CPU, bf16 on the GPU). bf16 on the

@@ -1,0 +1,187 @@
+// The CPU engine on a GGUF model's own quantized blocks (--dtype native, issue 35) on SmolLM2:
+// 1. row laws that prefix reuse and decode batches rest on: a prompt prefilled in two pieces, and
+//    a decode step taken in a batch, give the bits of one pass and of a lone step;
+// 2. the cost of 8-bit activations against the f32 reference on the same (dequantized) weights,
+//    as a bound on the logits and a top-1 agreement rate (figures printed);
+// 3. a sweep's provenance names the dtype, "cpu (native quantized weights)".
+// The policy laws on native weights are in test_policy_laws (SmolLM2NativeWeights); the kernels'
+// own tests in test_qmatmul.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu/dequant.h"
+#include "kernels/cpu/qmatmul.h"
+#include "run_kvbench.h"
+#include "workers/engine/engine.h"
+#include "workers/engine/engine_types.h"
+#include "workers/engine/model.h"
+#include "workers/formats/gguf.h"
+#include "workers/formats/model_load.h"
+
+namespace kvb {
+namespace {
+
+const std::string kSmol = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+const std::string kSmolFixture = std::string(KVB_FIXTURES_DIR) + "/engine/smollm2_logits.json";
+
+bool same_bits(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+class SmolNative : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(std::ifstream(kSmol).good()) << kSmol << " missing: run scripts/fetch_models.sh";
+    std::ifstream f(kSmolFixture);
+    ASSERT_TRUE(f.good()) << kSmolFixture;
+    fixture_ = nlohmann::json::parse(f);
+    model_ = engine::load_model(kSmol);
+  }
+  nlohmann::json fixture_;
+  std::unique_ptr<engine::Model> model_;
+};
+
+// Every linear layer of this file runs in its blocks: 30 layers x 7 matrices and the (tied)
+// embedding are of types qmatmul takes.
+TEST_F(SmolNative, TheFilesMatricesAreOfTypesTheProductsTake) {
+  std::map<std::string, int> types;
+  int quantized = 0;
+  for (const auto& t : model_->gguf->tensors()) {
+    if (t.dims.size() != 2) continue;
+    ++types[kernels::cpu::ggml_type_name(t.type)];
+    quantized += kernels::cpu::qmatmul_supports(t.type);
+  }
+  std::string seen;
+  for (const auto& [name, count] : types) seen += name + " x" + std::to_string(count) + " ";
+  std::printf("SmolLM2 matrices: %s\n", seen.c_str());
+  EXPECT_EQ(quantized, 30 * 7 + 1) << seen;
+}
+
+TEST_F(SmolNative, PiecesAndBatchesGiveTheBitsOfOnePass) {
+  engine::Engine eng(*model_, nullptr, engine::DType::kNative);
+  const int V = model_->config.vocab_size;
+  std::vector<int32_t> ids = fixture_["cases"][1]["ids"].get<std::vector<int32_t>>();
+  ids.resize(std::min<size_t>(ids.size(), 40));
+  const int n = static_cast<int>(ids.size());
+  kernels::KvCache whole = eng.new_cache(n + 8);
+  std::vector<float> all;
+  eng.forward(ids, whole, engine::LogitsMode::kAll, &all);
+  ASSERT_EQ(all.size(), static_cast<size_t>(n) * V);
+  // The same prompt in two pieces (prefix reuse continues a prefill so).
+  kernels::KvCache pieces = eng.new_cache(n + 8);
+  std::vector<float> first, second;
+  const int cut = 17;
+  eng.forward({ids.data(), static_cast<size_t>(cut)}, pieces, engine::LogitsMode::kAll, &first);
+  eng.forward({ids.data() + cut, static_cast<size_t>(n - cut)}, pieces, engine::LogitsMode::kAll,
+              &second);
+  EXPECT_TRUE(same_bits(first.data(), all.data(), first.size()));
+  EXPECT_TRUE(same_bits(second.data(), all.data() + first.size(), second.size()));
+  // A decode step alone and in a batch of three copies of the cache.
+  const int32_t t = ids[3];
+  kernels::KvCache alone = whole;
+  std::vector<float> one;
+  eng.forward({&t, 1}, alone, engine::LogitsMode::kLast, &one);
+  std::vector<kernels::KvCache> copies(3, whole);
+  std::vector<kernels::KvCache*> ptrs = {&copies[0], &copies[1], &copies[2]};
+  std::vector<policies::Policy*> none(3, nullptr);
+  std::vector<float> batch;
+  eng.decode_batch(std::vector<int32_t>{ids[5], t, ids[7]}, ptrs, none, &batch);
+  ASSERT_EQ(batch.size(), 3u * V);
+  EXPECT_TRUE(same_bits(batch.data() + V, one.data(), V));
+}
+
+TEST_F(SmolNative, LogitsNearF32) {
+  // The prompts of the transformers golden (test_engine_smollm2), every position of their first
+  // 128 tokens.
+  engine::Engine native(*model_, nullptr, engine::DType::kNative), f32(*model_);
+  const int V = model_->config.vocab_size;
+  double max_diff = 0, max_rel = 0;
+  int rows = 0, top1 = 0;
+  for (const auto& cs : fixture_["cases"]) {
+    std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
+    ids.resize(std::min<size_t>(ids.size(), 128));
+    kernels::KvCache ca = native.new_cache(static_cast<int>(ids.size()));
+    kernels::KvCache cb = f32.new_cache(static_cast<int>(ids.size()));
+    std::vector<float> la, lb;
+    native.forward(ids, ca, engine::LogitsMode::kAll, &la);
+    f32.forward(ids, cb, engine::LogitsMode::kAll, &lb);
+    ASSERT_EQ(la.size(), lb.size());
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const float* a = &la[p * V];
+      const float* b = &lb[p * V];
+      double spread = 0, diff = 0;
+      for (int v = 0; v < V; ++v) {
+        diff = std::max(diff, double{std::fabs(a[v] - b[v])});
+        spread = std::max(spread, double{std::fabs(b[v])});
+      }
+      max_diff = std::max(max_diff, diff);
+      max_rel = std::max(max_rel, diff / spread);
+      top1 += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+      ++rows;
+    }
+  }
+  std::printf(
+      "SmolLM2 native vs f32: %d positions, max |logit diff| %.4f (%.2f%% of max |logit|), "
+      "top-1 agreement %d/%d\n",
+      rows, max_diff, 100 * max_rel, top1, rows);
+  // The weights are the same numbers on both sides (the f32 engine reads the file's blocks
+  // dequantized); the difference is the 8-bit rounding of every linear layer's input alone.
+  // Measured (2026-12-03): max diff 3.43 (12.8% of the largest logit), top-1 163/170. Bounds with
+  // a 2x margin and 90%. test_engine_native_llamacpp holds the same path to llama.cpp itself.
+  EXPECT_LT(max_diff, 7.0);
+  EXPECT_GE(top1, rows * 90 / 100);
+}
+
+// The runs table's devices JSON of the only run in `db`.
+std::string run_devices(const std::string& db) {
+  sqlite3* h = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(h, "SELECT devices FROM runs", -1, &st, nullptr), SQLITE_OK);
+  std::string out;
+  if (sqlite3_step(st) == SQLITE_ROW)
+    out = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return out;
+}
+
+// A sweep on native weights says so in its provenance, and a database of f32 results refuses
+// to be resumed in native (one precision per matrix).
+TEST_F(SmolNative, SweepProvenanceNamesTheDtypeAndKeepsOnePrecision) {
+  const std::string dir =
+      std::string(KVB_BINARY_DIR) + "/test_engine_native/sweep_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string cfg = dir + "/sweep.yaml", db = dir + "/native.db";
+  std::ofstream(cfg) << "models:\n  - name: smollm2\n    path: " << kSmol << "\n"
+                     << "tasks:\n  - name: niah\n    options: {context_lengths: [96], depths: [0], "
+                        "haystack: noise}\n"
+                     << "policies: [full]\nkv_budget: [48]\nseed: [0]\n";
+  std::string err;
+  ASSERT_EQ(testing::kvbench({"sweep", cfg, "--db", db, "--threads", "1", "--dtype", "native"},
+                             nullptr, &err),
+            0)
+      << err;
+  const nlohmann::json devices = nlohmann::json::parse(run_devices(db));
+  ASSERT_EQ(devices.size(), 1u) << devices.dump();
+  EXPECT_EQ(devices[0]["device"], "cpu (native quantized weights)") << devices.dump();
+  EXPECT_EQ(testing::kvbench({"sweep", cfg, "--db", db, "--threads", "1", "--dtype", "f32"},
+                             nullptr, &err),
+            2);
+  EXPECT_NE(err.find("another precision than this run's f32"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvb
