@@ -12,6 +12,8 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define KVB_QMATMUL_AVX2 1
+#endif
+#if defined(KVB_QMATMUL_AVX2) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -27,126 +29,168 @@ using namespace ggml;
 
 constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
 
-float f16(const uint8_t* p) {
+// An f16 scale at p (any alignment), widened exactly.
+inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);  // exact, as fp16_to_f32
+#else
   return fp16_to_f32(h);
+#endif
 }
 
 // The block's (scale, min) pair j of a K-quant's 12 packed bytes.
-void k_scale_min(const uint8_t* scales, int j, int* sc, int* mn) {
+inline void k_scale_min(const uint8_t* scales, int j, float* sc, float* mn) {
   uint8_t s, m;
   get_scale_min_k4(j, scales, &s, &m);
   *sc = s;
   *mn = m;
 }
 
-// ---- portable: the contract's integer sums, element by element -------------------------------
-
-// One row's dot product: w points at the row's first block, a at the activation row, nb32 = k/32.
-using RowFn = float (*)(const uint8_t* w, const Q8Act* a, int nb32);
-
-float row_q4_0_portable(const uint8_t* w, const Q8Act* a, int nb32) {
-  float acc = 0;
-  for (int b = 0; b < nb32; ++b, w += sizeof(BlockQ4_0)) {
-    const uint8_t* qs = w + 2;
-    int isum = 0;
-    for (int l = 0; l < 16; ++l) {
-      isum += ((qs[l] & 15) - 8) * a[b].q[l] + ((qs[l] >> 4) - 8) * a[b].q[l + 16];
-    }
-    acc = std::fma(f16(w) * a[b].d, static_cast<float>(isum), acc);
+// One type: where 32-element block b of a row lies, its coefficients (the contract's c and mc,
+// shared by every path), its integer sum element by element (portable) and as eight int32 lanes
+// whose total, less kOffset x act.sum, is that sum (AVX2).
+struct TQ4_0 {
+  static constexpr bool kNegMin = false;
+  static constexpr int kOffset = 8;
+  static constexpr bool kMin = false;
+  static const uint8_t* at(const uint8_t* row, int b) { return row + size_t(b) * sizeof(BlockQ4_0); }
+  static float wscale(const uint8_t* row, int b, float*) { return f16(at(row, b)); }
+  static int isum(const uint8_t* row, int b, const Q8Act& a) {
+    const uint8_t* qs = at(row, b) + 2;
+    int s = 0;
+    for (int l = 0; l < 16; ++l) s += ((qs[l] & 15) - 8) * a.q[l] + ((qs[l] >> 4) - 8) * a.q[l + 16];
+    return s;
   }
-  return acc;
-}
-
-float row_q4_1_portable(const uint8_t* w, const Q8Act* a, int nb32) {
-  float acc = 0;
-  for (int b = 0; b < nb32; ++b, w += sizeof(BlockQ4_1)) {
-    const uint8_t* qs = w + 4;
-    int isum = 0;
-    for (int l = 0; l < 16; ++l) isum += (qs[l] & 15) * a[b].q[l] + (qs[l] >> 4) * a[b].q[l + 16];
-    acc = std::fma(f16(w) * a[b].d, static_cast<float>(isum), acc);
-    acc = std::fma(f16(w + 2) * a[b].d, static_cast<float>(a[b].sum), acc);
+};
+struct TQ4_1 {
+  static constexpr bool kNegMin = false;
+  static constexpr int kOffset = 0;
+  static constexpr bool kMin = true;
+  static const uint8_t* at(const uint8_t* row, int b) { return row + size_t(b) * sizeof(BlockQ4_1); }
+  static float wscale(const uint8_t* row, int b, float* wmin) {
+    *wmin = f16(at(row, b) + 2);
+    return f16(at(row, b));
   }
-  return acc;
-}
-
-float row_q5_0_portable(const uint8_t* w, const Q8Act* a, int nb32) {
-  float acc = 0;
-  for (int b = 0; b < nb32; ++b, w += sizeof(BlockQ5_0)) {
+  static int isum(const uint8_t* row, int b, const Q8Act& a) {
+    const uint8_t* qs = at(row, b) + 4;
+    int s = 0;
+    for (int l = 0; l < 16; ++l) s += (qs[l] & 15) * a.q[l] + (qs[l] >> 4) * a.q[l + 16];
+    return s;
+  }
+};
+struct TQ5_0 {
+  static constexpr bool kNegMin = false;
+  static constexpr int kOffset = 16;
+  static constexpr bool kMin = false;
+  static const uint8_t* at(const uint8_t* row, int b) { return row + size_t(b) * sizeof(BlockQ5_0); }
+  static float wscale(const uint8_t* row, int b, float*) { return f16(at(row, b)); }
+  static int isum(const uint8_t* row, int b, const Q8Act& a) {
+    const uint8_t* w = at(row, b);
     uint32_t qh;
     std::memcpy(&qh, w + 2, 4);
     const uint8_t* qs = w + 6;
-    int isum = 0;
+    int s = 0;
     for (int l = 0; l < 16; ++l) {
       const int lo = (qs[l] & 15) | static_cast<int>(((qh >> l) & 1) << 4);
       const int hi = (qs[l] >> 4) | static_cast<int>(((qh >> (l + 16)) & 1) << 4);
-      isum += (lo - 16) * a[b].q[l] + (hi - 16) * a[b].q[l + 16];
+      s += (lo - 16) * a.q[l] + (hi - 16) * a.q[l + 16];
     }
-    acc = std::fma(f16(w) * a[b].d, static_cast<float>(isum), acc);
+    return s;
   }
-  return acc;
-}
-
-float row_q8_0_portable(const uint8_t* w, const Q8Act* a, int nb32) {
-  float acc = 0;
-  for (int b = 0; b < nb32; ++b, w += sizeof(BlockQ8_0)) {
-    const int8_t* qs = reinterpret_cast<const int8_t*>(w + 2);
-    int isum = 0;
-    for (int l = 0; l < 32; ++l) isum += qs[l] * a[b].q[l];
-    acc = std::fma(f16(w) * a[b].d, static_cast<float>(isum), acc);
+};
+struct TQ8_0 {
+  static constexpr bool kNegMin = false;
+  static constexpr int kOffset = 0;
+  static constexpr bool kMin = false;
+  static const uint8_t* at(const uint8_t* row, int b) { return row + size_t(b) * sizeof(BlockQ8_0); }
+  static float wscale(const uint8_t* row, int b, float*) { return f16(at(row, b)); }
+  static int isum(const uint8_t* row, int b, const Q8Act& a) {
+    const int8_t* qs = reinterpret_cast<const int8_t*>(at(row, b) + 2);
+    int s = 0;
+    for (int l = 0; l < 32; ++l) s += qs[l] * a.q[l];
+    return s;
   }
-  return acc;
-}
-
-// Q4_K and Q5_K: sub-block j (32 elements) of a super-block; `high` is Q5_K's qh or nullptr.
+};
+// Q4_K and Q5_K: block b is sub-block b % 8 of super-block b / 8.
 template <bool kFive>
-float row_qk45_portable(const uint8_t* w, const Q8Act* a, int nb32) {
-  constexpr size_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
-  float acc = 0;
-  for (int sb = 0; sb < nb32 / 8; ++sb, w += kBytes) {
-    const float d = f16(w), dmin = f16(w + 2);
-    const uint8_t* scales = w + 4;
-    const uint8_t* qh = kFive ? w + 16 : nullptr;
-    const uint8_t* qs = kFive ? w + 48 : w + 16;
-    for (int j = 0; j < 8; ++j) {
-      const Q8Act& x = a[sb * 8 + j];
-      const uint8_t* q = qs + 32 * (j / 2);
-      int isum = 0;
-      for (int l = 0; l < 32; ++l) {
-        int v = j % 2 == 0 ? (q[l] & 15) : (q[l] >> 4);
-        if (kFive) v |= ((qh[l] >> j) & 1) << 4;
-        isum += v * x.q[l];
-      }
-      int sc, mn;
-      k_scale_min(scales, j, &sc, &mn);
-      acc = std::fma(d * static_cast<float>(sc) * x.d, static_cast<float>(isum), acc);
-      acc = std::fma(-(dmin * static_cast<float>(mn) * x.d), static_cast<float>(x.sum), acc);
-    }
+struct TQK45 {
+  static constexpr bool kNegMin = true;  // y = d sc q - dmin mn
+  static constexpr int kOffset = 0;
+  static constexpr bool kMin = true;
+  static constexpr size_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  static const uint8_t* at(const uint8_t* row, int b) { return row + size_t(b / 8) * kBytes; }
+  // d x sc and dmin x mn are exact in f32 (11 + 6 significant bits).
+  static float wscale(const uint8_t* row, int b, float* wmin) {
+    const uint8_t* w = at(row, b);
+    float sc, mn;
+    k_scale_min(w + 4, b % 8, &sc, &mn);
+    *wmin = f16(w + 2) * mn;
+    return f16(w) * sc;
   }
-  return acc;
+  static const uint8_t* qs(const uint8_t* w, int j) { return (kFive ? w + 48 : w + 16) + 32 * (j / 2); }
+  static int isum(const uint8_t* row, int b, const Q8Act& a) {
+    const uint8_t* w = at(row, b);
+    const int j = b % 8;
+    const uint8_t* q = qs(w, j);
+    const uint8_t* qh = w + 16;
+    int s = 0;
+    for (int l = 0; l < 32; ++l) {
+      int v = j % 2 == 0 ? (q[l] & 15) : (q[l] >> 4);
+      if (kFive) v |= ((qh[l] >> j) & 1) << 4;
+      s += v * a.q[l];
+    }
+    return s;
+  }
+};
+struct TQ6_K {
+  static constexpr bool kNegMin = false;
+  static constexpr int kOffset = 0;
+  static constexpr bool kMin = false;
+  static const uint8_t* at(const uint8_t* row, int b) { return row + size_t(b / 8) * sizeof(BlockQ6_K); }
+  static float wscale(const uint8_t* row, int b, float*) { return f16(at(row, b) + 208); }
+  // Block b % 8 = 4h + g: half h of the super-block, group g of its 32-element groups.
+  static int isum(const uint8_t* row, int b, const Q8Act& a) {
+    const uint8_t* w = at(row, b);
+    const int h = (b % 8) / 4, g = b % 4;
+    const uint8_t* ql = w + 64 * h + (g % 2 == 1 ? 32 : 0);
+    const uint8_t* qh = w + 128 + 32 * h;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192) + 8 * h + 2 * g;
+    int half[2] = {0, 0};
+    for (int l = 0; l < 32; ++l) {
+      const int lo4 = g < 2 ? (ql[l] & 15) : (ql[l] >> 4);
+      half[l / 16] += ((lo4 | (((qh[l] >> (2 * g)) & 3) << 4)) - 32) * a.q[l];
+    }
+    return sc[0] * half[0] + sc[1] * half[1];
+  }
+};
+
+// The contract's c and mc of block b of a row against activation block a.
+template <class T>
+inline float coef(const uint8_t* row, int b, const Q8Act& a, float* mc) {
+  float wmin = 0;
+  const float c = T::wscale(row, b, &wmin) * a.d;
+  *mc = T::kNegMin ? -(wmin * a.d) : wmin * a.d;
+  return c;
 }
 
-float row_q6_k_portable(const uint8_t* w, const Q8Act* a, int nb32) {
+// One row's dot product: w points at the row's first block, a at the activation row, nb32 = k/32.
+using RowFn = float (*)(const uint8_t* w, const Q8Act* a, int nb32);
+// Eight consecutive rows of w (row_bytes apart) against nx activation rows: out[i * out_stride +
+// r] for row r and activation row i.
+using Rows8Fn = void (*)(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, int nx,
+                         float* out, int out_stride);
+
+// The contract, element by element.
+template <class T>
+float row_portable(const uint8_t* w, const Q8Act* a, int nb32) {
   float acc = 0;
-  for (int sb = 0; sb < nb32 / 8; ++sb, w += sizeof(BlockQ6_K)) {
-    const float d = f16(w + 208);
-    const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
-    for (int j = 0; j < 8; ++j) {
-      const Q8Act& x = a[sb * 8 + j];
-      const int h = j / 4, g = j % 4;
-      const uint8_t* ql = w + 64 * h + (g % 2 == 1 ? 32 : 0);
-      const uint8_t* qh = w + 128 + 32 * h;
-      const int8_t* sc = scales + 8 * h + 2 * g;
-      int half[2] = {0, 0};
-      for (int l = 0; l < 32; ++l) {
-        const int lo4 = g < 2 ? (ql[l] & 15) : (ql[l] >> 4);
-        const int v = (lo4 | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
-        half[l / 16] += v * x.q[l];
-      }
-      const int isum = sc[0] * half[0] + sc[1] * half[1];
-      acc = std::fma(d * x.d, static_cast<float>(isum), acc);
-    }
+  for (int b = 0; b < nb32; ++b) {
+    float mc = 0;
+    const float c = coef<T>(w, b, a[b], &mc);
+    acc = std::fma(c, static_cast<float>(T::isum(w, b, a[b])), acc);
+    if (T::kMin) acc = std::fma(mc, static_cast<float>(a[b].sum), acc);
   }
   return acc;
 }
@@ -159,6 +203,15 @@ inline int hsum_i32(__m256i v) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
   return _mm_cvtsi128_si32(s);
+}
+
+// Lane r = the total of v[r]'s eight lanes.
+inline __m256i hsum8_i32(const __m256i* v) {
+  const __m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
+  const __m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
+  const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
 // Eight int32 lanes, lane k = sum of bytes 4k..4k+3 of w (unsigned, <= 63) x a (signed): no
@@ -187,104 +240,152 @@ inline __m256i bits_to_0x10(uint32_t x) {
   return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-float row_q4_0_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
-  float acc = 0;
-  for (int b = 0; b < nb32; ++b, w += sizeof(BlockQ4_0)) {
-    const int isum = hsum_i32(dot_u8s8(nibbles16(w + 2), load_act(a[b]))) - 8 * a[b].sum;
-    acc = std::fma(f16(w) * a[b].d, static_cast<float>(isum), acc);
-  }
-  return acc;
-}
+// A block's quants as 32 bytes (unsigned 0..63, or Q8_0's signed), unpacked once and dotted
+// with every activation row of a tile.
+template <class T>
+__m256i unpack(const uint8_t* row, int b);
 
-float row_q4_1_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
-  float acc = 0;
-  for (int b = 0; b < nb32; ++b, w += sizeof(BlockQ4_1)) {
-    const int isum = hsum_i32(dot_u8s8(nibbles16(w + 4), load_act(a[b])));
-    acc = std::fma(f16(w) * a[b].d, static_cast<float>(isum), acc);
-    acc = std::fma(f16(w + 2) * a[b].d, static_cast<float>(a[b].sum), acc);
-  }
-  return acc;
+template <>
+__m256i unpack<TQ4_0>(const uint8_t* row, int b) {
+  return nibbles16(TQ4_0::at(row, b) + 2);
 }
-
-float row_q5_0_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
-  float acc = 0;
-  for (int b = 0; b < nb32; ++b, w += sizeof(BlockQ5_0)) {
-    uint32_t qh;
-    std::memcpy(&qh, w + 2, 4);
-    const __m256i q = _mm256_or_si256(nibbles16(w + 6), bits_to_0x10(qh));
-    const int isum = hsum_i32(dot_u8s8(q, load_act(a[b]))) - 16 * a[b].sum;
-    acc = std::fma(f16(w) * a[b].d, static_cast<float>(isum), acc);
-  }
-  return acc;
+template <>
+__m256i unpack<TQ4_1>(const uint8_t* row, int b) {
+  return nibbles16(TQ4_1::at(row, b) + 4);
 }
-
-float row_q8_0_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
-  float acc = 0;
-  for (int b = 0; b < nb32; ++b, w += sizeof(BlockQ8_0)) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
-    // |q| as unsigned (128 for -128) times a with q's sign: pairs <= 2 x 128 x 127 < 32767.
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(load_act(a[b]), q));
-    const int isum = hsum_i32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-    acc = std::fma(f16(w) * a[b].d, static_cast<float>(isum), acc);
-  }
-  return acc;
+template <>
+__m256i unpack<TQ5_0>(const uint8_t* row, int b) {
+  const uint8_t* w = TQ5_0::at(row, b);
+  uint32_t qh;
+  std::memcpy(&qh, w + 2, 4);
+  return _mm256_or_si256(nibbles16(w + 6), bits_to_0x10(qh));
 }
-
+template <>
+__m256i unpack<TQ8_0>(const uint8_t* row, int b) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(TQ8_0::at(row, b) + 2));
+}
 template <bool kFive>
-float row_qk45_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
-  constexpr size_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
-  const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+__m256i unpack_qk45(const uint8_t* row, int b) {
+  using T = TQK45<kFive>;
+  const uint8_t* w = T::at(row, b);
+  const int j = b % 8;
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(T::qs(w, j)));
+  __m256i q = _mm256_and_si256(j % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
+  if (kFive) {
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+    const __m256i hb =
+        _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+    q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+  }
+  return q;
+}
+template <>
+__m256i unpack<TQK45<false>>(const uint8_t* row, int b) {
+  return unpack_qk45<false>(row, b);
+}
+template <>
+__m256i unpack<TQK45<true>>(const uint8_t* row, int b) {
+  return unpack_qk45<true>(row, b);
+}
+template <>
+__m256i unpack<TQ6_K>(const uint8_t* row, int b) {
+  const uint8_t* w = TQ6_K::at(row, b);
+  const int h = (b % 8) / 4, g = b % 4;
+  const __m256i ql =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * h + (g % 2 == 1 ? 32 : 0)));
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * h));
+  const __m256i lo = _mm256_and_si256(g < 2 ? ql : _mm256_srli_epi16(ql, 4), _mm256_set1_epi8(15));
+  const __m256i hi =
+      _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
+  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // 0..63
+}
+
+// Per block of a row, what its lanes need besides the quants: Q6_K's two scales as a lane
+// vector (lanes 0-3: the first 16 elements, 4-7: the second).
+template <class T>
+__m256i block_extra(const uint8_t*, int) {
+  return _mm256_setzero_si256();
+}
+template <>
+__m256i block_extra<TQ6_K>(const uint8_t* row, int b) {
+  const int h = (b % 8) / 4, g = b % 4;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(TQ6_K::at(row, b) + 192) + 8 * h + 2 * g;
+  return _mm256_setr_epi32(sc[0], sc[0], sc[0], sc[0], sc[1], sc[1], sc[1], sc[1]);
+}
+
+// Eight int32 lanes whose total, less kOffset x act.sum, is the block's isum. act_ones: the
+// activation's lanes against all-ones bytes (sum of a per lane; Q6_K's offset of 32).
+template <class T>
+inline __m256i lanes(__m256i q, __m256i act, __m256i, __m256i) {
+  return dot_u8s8(q, act);
+}
+template <>
+inline __m256i lanes<TQ8_0>(__m256i q, __m256i act, __m256i, __m256i) {
+  // |q| as unsigned (128 for -128) times a with q's sign: pairs <= 2 x 128 x 127 < 32767.
+  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(act, q));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+template <>
+inline __m256i lanes<TQ6_K>(__m256i q, __m256i act, __m256i act_ones, __m256i scales) {
+  // sum (q - 32) a per lane, times that half's scale.
+  return _mm256_mullo_epi32(_mm256_sub_epi32(dot_u8s8(q, act), _mm256_slli_epi32(act_ones, 5)),
+                            scales);
+}
+
+inline __m256i ones_lanes(__m256i act) { return dot_u8s8(_mm256_set1_epi8(1), act); }
+
+template <class T>
+float row_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
   float acc = 0;
-  for (int sb = 0; sb < nb32 / 8; ++sb, w += kBytes) {
-    const float d = f16(w), dmin = f16(w + 2);
-    const uint8_t* scales = w + 4;
-    const uint8_t* qs = kFive ? w + 48 : w + 16;
-    __m256i qh = _mm256_setzero_si256();
-    if (kFive) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
-    for (int j = 0; j < 8; ++j) {
-      const Q8Act& x = a[sb * 8 + j];
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j / 2)));
-      __m256i q = _mm256_and_si256(j % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), low4);
-      if (kFive) {
-        const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), one);
-        q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
-      }
-      const int isum = hsum_i32(dot_u8s8(q, load_act(x)));
-      int sc, mn;
-      k_scale_min(scales, j, &sc, &mn);
-      acc = std::fma(d * static_cast<float>(sc) * x.d, static_cast<float>(isum), acc);
-      acc = std::fma(-(dmin * static_cast<float>(mn) * x.d), static_cast<float>(x.sum), acc);
-    }
+  for (int b = 0; b < nb32; ++b) {
+    float mc = 0;
+    const float c = coef<T>(w, b, a[b], &mc);
+    const __m256i act = load_act(a[b]);
+    const __m256i l = lanes<T>(unpack<T>(w, b), act, ones_lanes(act), block_extra<T>(w, b));
+    const int isum = hsum_i32(l) - T::kOffset * a[b].sum;
+    acc = std::fma(c, static_cast<float>(isum), acc);
+    if (T::kMin) acc = std::fma(mc, static_cast<float>(a[b].sum), acc);
   }
   return acc;
 }
 
-float row_q6_k_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
-  const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), ones = _mm256_set1_epi8(1);
-  float acc = 0;
-  for (int sb = 0; sb < nb32 / 8; ++sb, w += sizeof(BlockQ6_K)) {
-    const float d = f16(w + 208);
-    const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
-    for (int j = 0; j < 8; ++j) {
-      const Q8Act& x = a[sb * 8 + j];
-      const int h = j / 4, g = j % 4;
-      const __m256i ql = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(w + 64 * h + (g % 2 == 1 ? 32 : 0)));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * h));
-      const __m256i lo = _mm256_and_si256(g < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
-      const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), three);
-      const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // 0..63
+// Eight rows of w against nx <= kTile activation rows (x rows apart by nb32 blocks), row r of
+// activation row i in float lane r of acc[i]: each lane runs row_avx2's sequence of fmas. The
+// weights' blocks are unpacked once per tile.
+constexpr int kTile = 4;
+template <class T>
+void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, int nx,
+                float* out, int out_stride) {
+  __m256 acc[kTile];
+  for (int i = 0; i < nx; ++i) acc[i] = _mm256_setzero_ps();
+  alignas(32) float ws[8], wm[8];
+  __m256i q[8], extra[8], l[8];
+  for (int b = 0; b < nb32; ++b) {
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* row = w + r * row_bytes;
+      q[r] = unpack<T>(row, b);
+      extra[r] = block_extra<T>(row, b);
+      wm[r] = 0;
+      ws[r] = T::wscale(row, b, &wm[r]);
+    }
+    const __m256 wsv = _mm256_load_ps(ws), wmv = _mm256_load_ps(wm);
+    for (int i = 0; i < nx; ++i) {
+      const Q8Act& x = a[static_cast<size_t>(i) * nb32 + b];
       const __m256i act = load_act(x);
-      // Lanes 0-3 cover elements 0..15, lanes 4-7 elements 16..31: sum (q - 32) a per lane.
-      const __m256i lanes = _mm256_sub_epi32(dot_u8s8(q, act),
-                                             _mm256_slli_epi32(dot_u8s8(ones, act), 5));
-      const int8_t* sc = scales + 8 * h + 2 * g;
-      const __m256i scv = _mm256_setr_epi32(sc[0], sc[0], sc[0], sc[0], sc[1], sc[1], sc[1], sc[1]);
-      const int isum = hsum_i32(_mm256_mullo_epi32(lanes, scv));
-      acc = std::fma(d * x.d, static_cast<float>(isum), acc);
+      const __m256i ones = ones_lanes(act);
+      for (int r = 0; r < 8; ++r) l[r] = lanes<T>(q[r], act, ones, extra[r]);
+      __m256i isum = hsum8_i32(l);
+      if (T::kOffset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * x.sum));
+      const __m256 ad = _mm256_set1_ps(x.d);
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(wsv, ad), _mm256_cvtepi32_ps(isum), acc[i]);
+      if (T::kMin) {
+        __m256 mc = _mm256_mul_ps(wmv, ad);
+        if (T::kNegMin) mc = _mm256_xor_ps(mc, _mm256_set1_ps(-0.0f));
+        acc[i] = _mm256_fmadd_ps(mc, _mm256_set1_ps(static_cast<float>(x.sum)), acc[i]);
+      }
     }
   }
-  return acc;
+  for (int i = 0; i < nx; ++i) _mm256_storeu_ps(out + static_cast<size_t>(i) * out_stride, acc[i]);
 }
 
 #endif  // KVB_QMATMUL_AVX2
@@ -293,22 +394,23 @@ struct TypeKernels {
   uint32_t type;
   RowFn portable;
   RowFn avx2;
+  Rows8Fn avx2_rows8;
 };
 
 const TypeKernels* kernels_of(uint32_t type) {
 #if defined(KVB_QMATMUL_AVX2)
-#define KVB_AVX2(f) f
+#define KVB_AVX2(T) row_avx2<T>, rows8_avx2<T>
 #else
-#define KVB_AVX2(f) nullptr
+#define KVB_AVX2(T) nullptr, nullptr
 #endif
   static const TypeKernels table[] = {
-      {kQ4_0, row_q4_0_portable, KVB_AVX2(row_q4_0_avx2)},
-      {kQ4_1, row_q4_1_portable, KVB_AVX2(row_q4_1_avx2)},
-      {kQ5_0, row_q5_0_portable, KVB_AVX2(row_q5_0_avx2)},
-      {kQ8_0, row_q8_0_portable, KVB_AVX2(row_q8_0_avx2)},
-      {kQ4_K, row_qk45_portable<false>, KVB_AVX2(row_qk45_avx2<false>)},
-      {kQ5_K, row_qk45_portable<true>, KVB_AVX2(row_qk45_avx2<true>)},
-      {kQ6_K, row_q6_k_portable, KVB_AVX2(row_q6_k_avx2)},
+      {kQ4_0, row_portable<TQ4_0>, KVB_AVX2(TQ4_0)},
+      {kQ4_1, row_portable<TQ4_1>, KVB_AVX2(TQ4_1)},
+      {kQ5_0, row_portable<TQ5_0>, KVB_AVX2(TQ5_0)},
+      {kQ8_0, row_portable<TQ8_0>, KVB_AVX2(TQ8_0)},
+      {kQ4_K, row_portable<TQK45<false>>, KVB_AVX2(TQK45<false>)},
+      {kQ5_K, row_portable<TQK45<true>>, KVB_AVX2(TQK45<true>)},
+      {kQ6_K, row_portable<TQ6_K>, KVB_AVX2(TQ6_K)},
   };
 #undef KVB_AVX2
   for (const TypeKernels& t : table) {
@@ -407,15 +509,40 @@ void qmatmul(float* y, const Q8Act* xq, const void* w, uint32_t ggml_type, const
   const TypeKernels* t = kernels_of(ggml_type);
   const bool avx2 = use_avx2(path);
   const RowFn row = avx2 ? t->avx2 : t->portable;
+  const Rows8Fn rows8 = avx2 ? t->avx2_rows8 : nullptr;
   count_dispatch(SimdKernel::kQMatmul, avx2 ? Isa::kAvx2 : Isa::kPortable);
   const int nb32 = k / 32;
   const auto* wb = static_cast<const uint8_t*>(w);
+#if defined(KVB_QMATMUL_AVX2)
+  constexpr int kTileRows = kTile;
+#else
+  constexpr int kTileRows = 1;
+#endif
+  // Groups of eight rows of w (the last group may be shorter), split over threads; each output
+  // is its own row's sequence, whatever the group, the path or the thread.
+  const int groups = (m + 7) / 8;
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(m) * k >= (1 << 16))
-  for (int j = 0; j < m; ++j) {
-    const uint8_t* wr = wb + static_cast<size_t>(j) * row_bytes;
-    for (int i = 0; i < n; ++i) {
-      const float v = row(wr, xq + static_cast<size_t>(i) * nb32, nb32);
-      y[static_cast<size_t>(i) * m + j] = bias ? v + bias[j] : v;
+  for (int gi = 0; gi < groups; ++gi) {
+    const int j0 = gi * 8, rows = std::min(8, m - j0);
+    const uint8_t* wr = wb + static_cast<size_t>(j0) * row_bytes;
+    for (int i0 = 0; i0 < n; i0 += kTileRows) {
+      const int nx = std::min(kTileRows, n - i0);
+      const Q8Act* xa = xq + static_cast<size_t>(i0) * nb32;
+      float* yr = y + static_cast<size_t>(i0) * m + j0;
+      if (rows8 && rows == 8) {
+        rows8(wr, row_bytes, xa, nb32, nx, yr, m);
+      } else {
+        for (int i = 0; i < nx; ++i) {
+          for (int r = 0; r < rows; ++r) {
+            yr[static_cast<size_t>(i) * m + r] = row(wr + r * row_bytes, xa + size_t(i) * nb32, nb32);
+          }
+        }
+      }
+      if (bias) {
+        for (int i = 0; i < nx; ++i) {
+          for (int r = 0; r < rows; ++r) yr[static_cast<size_t>(i) * m + r] += bias[j0 + r];
+        }
+      }
     }
   }
 }
