@@ -95,9 +95,10 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "dtype", po::value(&a.dtype)->notifier([](const std::string& s) {
         engine::parse_dtype(s);  // given empty, it would mean the device's default
       }),
-      "f32, bf16 or native; cuda: weights, GEMM inputs and KV cache (default bf16); cpu: bf16 "
-      "weights only, f32 arithmetic and cache (default f32, the reference); cpu native: a GGUF "
-      "model's linear layers in the file's own quantized blocks with 8-bit activations")(
+      "f32, bf16 or native (default: the config's dtype:, else the device's); cuda: weights, "
+      "GEMM inputs and KV cache (default bf16); cpu: bf16 weights only, f32 arithmetic and cache "
+      "(default f32, the reference); cpu native: a GGUF model's linear layers in the file's own "
+      "quantized blocks with 8-bit activations")(
       "max-rss-gb", po::value(&a.max_rss_gb)->default_value(0),
       "a unit whose memory is above this many GiB ends oom and the worker goes on. A unit's "
       "memory: its worker process's resident set (the program, the model's weights, the "
@@ -143,6 +144,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
          "one of them. To run the matrix again after a crash: --resume --rerun-status "
          "ok,error,oom,timeout (add crashed to retry the units that crashed it)";
   const engine::Device device = engine::parse_device(a.device);
+  // The config's `dtype:` where --dtype is not given (its errors name the file and line).
+  if (a.dtype.empty() && !a.config.empty()) a.dtype = load_sweep_config(a.config).dtype;
   engine::resolve_dtype(device, a.dtype);  // a bad --dtype fails before MPI
   KVB_USAGE_CHECK(device == engine::Device::kCpu || a.gpus_per_worker == 1)
       << "--device cuda with --gpus-per-worker " << a.gpus_per_worker

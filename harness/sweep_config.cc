@@ -644,7 +644,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   expect_map(root, "",
              {"description", "models", "tasks", "policies", "kv_budget", "question", "seed",
               "limit", "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude",
-              "decode_batch", "prefix_cache_mib", "include_path", "budgets",
+              "decode_batch", "prefix_cache_mib", "include_path", "dtype", "budgets",
               "seeds"});  // the last two: deprecated spellings of kv_budget, seed
   auto get = [&](const char* key) -> const Node* {
     const Entry* e = root.find(key);
@@ -670,6 +670,12 @@ SweepConfig load_sweep_config(const std::string& path) {
     cfg.decode_batch = n->scalar == "auto"
                            ? 0
                            : static_cast<int>(to_int(*n, "decode_batch (auto or 1..4096)", 1, 4096));
+  }
+  if (const Node* n = get("dtype")) {
+    cfg.dtype = scalar(*n, "dtype");
+    if (cfg.dtype != "f32" && cfg.dtype != "bf16" && cfg.dtype != "native") {
+      fail(*n, "dtype", "must be f32, bf16 or native, got '" + cfg.dtype + "'");
+    }
   }
   if (const Node* n = get("prefix_cache_mib")) {
     cfg.prefix_cache_mib =

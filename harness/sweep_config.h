@@ -93,6 +93,9 @@ struct SweepConfig {
   // shared prefills start from an earlier prompt's identical first tokens; the same bits, less
   // prefill time). 0 turns it off. CPU workers only.
   int prefix_cache_mib = 1024;
+  // `dtype: f32 | bf16 | native`: the workers' precision when `--dtype` is not given ("": the
+  // device's default). native: a GGUF model's own quantized blocks on the CPU (issue 35).
+  std::string dtype;
   // Deprecated spellings read (`budgets:`, `seeds:`, exclude's `kv_ratio:`), one note each:
   // "FILE:LINE: budgets is a deprecated spelling; write kv_budget: (...)".
   std::vector<std::string> notes;

@@ -168,7 +168,7 @@ class Kvbench:
         with open(path, "wb") as f:
             f.write(text.encode("utf-8"))
         cmd = [self.args.kvbench, "generate", "--model", self.args.model, "--prompt-file", path,
-               "--max-new-tokens", str(max_new), "--show-ids"]
+               "--max-new-tokens", str(max_new), "--show-ids", "--dtype", self.args.dtype]
         if threads:
             cmd += ["--threads", str(threads)]
         if timings:
@@ -195,7 +195,7 @@ class Kvbench:
         cmd = [self.args.kvbench, "eval", "--model", self.args.model, "--task", "perplexity",
                "--task-opt", f"file={wiki}", "--task-opt", f"max_tokens={max_tokens}",
                "--task-opt", "ranges=" + ",".join(f"{a}-{b}" for a, b in PPL_RANGES),
-               "--policy", "full", "--threads", str(threads), "-o", "jsonl"]
+               "--policy", "full", "--threads", str(threads), "-o", "jsonl", "--dtype", self.args.dtype]
         out, _ = self._run(cmd)
         for line in out.splitlines():
             row = json.loads(line)
@@ -508,6 +508,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=5,
                     help="kvbench/llama.cpp pairs per speed figure (sections 4, 5)")
     ap.add_argument("--only", default="12345", help="sections to run, e.g. 13")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16", "native"],
+                    help="kvbench's CPU weights (generate and eval; section 5's bench_engine is f32): "
+                         "native multiplies in the GGUF's own blocks as llama.cpp does")
     ap.add_argument("--bench", default="build/bench/bench_engine",
                     help="kvbench's bench_engine binary (section 5)")
     args = ap.parse_args()
@@ -517,7 +520,7 @@ def main():
     kv_version = subprocess.run([args.kvbench, "--version"], capture_output=True,
                                 text=True).stdout.strip()
     print(f"llama_cpp {llama_cpp.__version__} (numpy {np.__version__}, Python "
-          f"{platform.python_version()}); {kv_version}; model {args.model}; "
+          f"{platform.python_version()}); {kv_version} --dtype {args.dtype}; model {args.model}; "
           f"{os.cpu_count()} CPUs")
     print("llama.cpp system info: " + llama_cpp.llama_print_system_info().decode().strip())
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_model()}; "

@@ -34,6 +34,9 @@ namespace {
 const std::string kSmol = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 const std::string kSmolFixture = std::string(KVB_FIXTURES_DIR) + "/engine/smollm2_logits.json";
 
+// Bound on |native logit - llama.cpp logit| (LogitsNearLlamaCpp): see the measured figure there.
+constexpr double kNativeVsLlamaCpp = 100.0;
+
 bool same_bits(const float* a, const float* b, size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
@@ -142,6 +145,51 @@ TEST_F(SmolNative, LogitsNearF32) {
   EXPECT_GE(top1, rows * 90 / 100);
 }
 
+// llama.cpp's own logits (scripts/make_native_llamacpp_fixture.py: llama-cpp-python 0.3.36, one
+// thread) on the prompts of the transformers golden: native weights are llama.cpp's arithmetic
+// family, so they must agree with it at least as well as the f32 reference does; both figures
+// are printed.
+TEST_F(SmolNative, LogitsNearLlamaCpp) {
+  const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/smollm2_native_llamacpp.json";
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  const nlohmann::json golden = nlohmann::json::parse(f);
+  const std::vector<int> sample = golden["sample_ids"].get<std::vector<int>>();
+  engine::Engine native(*model_, nullptr, engine::DType::kNative), f32(*model_);
+  const int V = model_->config.vocab_size;
+  double max_native = 0, max_f32 = 0;
+  int rows = 0, top1_native = 0, top1_f32 = 0;
+  for (const auto& cs : golden["cases"]) {
+    const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
+    kernels::KvCache ca = native.new_cache(static_cast<int>(ids.size()));
+    kernels::KvCache cb = f32.new_cache(static_cast<int>(ids.size()));
+    std::vector<float> la, lb;
+    native.forward(ids, ca, engine::LogitsMode::kAll, &la);
+    f32.forward(ids, cb, engine::LogitsMode::kAll, &lb);
+    for (const auto& row : cs["rows"]) {
+      const size_t p = row["pos"].get<size_t>();
+      const float* a = &la[p * V];
+      const float* b = &lb[p * V];
+      auto check = [&](int id, double theirs) {
+        max_native = std::max(max_native, std::fabs(a[id] - theirs));
+        max_f32 = std::max(max_f32, std::fabs(b[id] - theirs));
+      };
+      for (const auto& t : row["top"]) check(t[0].get<int>(), t[1].get<double>());
+      for (size_t i = 0; i < sample.size(); ++i) check(sample[i], row["sample"][i].get<double>());
+      const int theirs = row["top"][0][0].get<int>();
+      top1_native += std::max_element(a, a + V) - a == theirs;
+      top1_f32 += std::max_element(b, b + V) - b == theirs;
+      ++rows;
+    }
+  }
+  std::printf(
+      "SmolLM2 against llama.cpp, %d positions: native max |logit diff| %.4f, top-1 %d/%d; f32 "
+      "reference max |logit diff| %.4f, top-1 %d/%d\n",
+      rows, max_native, top1_native, rows, max_f32, top1_f32, rows);
+  EXPECT_LT(max_native, kNativeVsLlamaCpp);
+  EXPECT_GE(top1_native, top1_f32);
+}
+
 // The runs table's devices JSON of the only run in `db`.
 std::string run_devices(const std::string& db) {
   sqlite3* h = nullptr;
@@ -156,8 +204,9 @@ std::string run_devices(const std::string& db) {
   return out;
 }
 
-// A sweep on native weights says so in its provenance, and a database of f32 results refuses
-// to be resumed in native (one precision per matrix).
+// A sweep on native weights (the config's `dtype: native`) says so in its provenance, and its
+// database refuses to be resumed in f32 (--dtype on the command line wins over the config; one
+// precision per matrix); a bad dtype in the config names the file and line.
 TEST_F(SmolNative, SweepProvenanceNamesTheDtypeAndKeepsOnePrecision) {
   const std::string dir =
       std::string(KVB_BINARY_DIR) + "/test_engine_native/sweep_" + std::to_string(getpid());
@@ -167,11 +216,10 @@ TEST_F(SmolNative, SweepProvenanceNamesTheDtypeAndKeepsOnePrecision) {
   std::ofstream(cfg) << "models:\n  - name: smollm2\n    path: " << kSmol << "\n"
                      << "tasks:\n  - name: niah\n    options: {context_lengths: [96], depths: [0], "
                         "haystack: noise}\n"
-                     << "policies: [full]\nkv_budget: [48]\nseed: [0]\n";
+                     << "policies: [full]\nkv_budget: [48]\nseed: [0]\ndtype: native\n";
   std::string err;
-  ASSERT_EQ(testing::kvbench({"sweep", cfg, "--db", db, "--threads", "1", "--dtype", "native"},
-                             nullptr, &err),
-            0)
+  // The config's dtype: (no --dtype given).
+  ASSERT_EQ(testing::kvbench({"sweep", cfg, "--db", db, "--threads", "1"}, nullptr, &err), 0)
       << err;
   const nlohmann::json devices = nlohmann::json::parse(run_devices(db));
   ASSERT_EQ(devices.size(), 1u) << devices.dump();
@@ -180,6 +228,11 @@ TEST_F(SmolNative, SweepProvenanceNamesTheDtypeAndKeepsOnePrecision) {
                              nullptr, &err),
             2);
   EXPECT_NE(err.find("another precision than this run's f32"), std::string::npos) << err;
+  std::ofstream(dir + "/bad.yaml") << "models: [" << kSmol << "]\ntasks: [niah]\npolicies: [full]\n"
+                                   << "dtype: int4\n";
+  EXPECT_EQ(testing::kvbench({"sweep", dir + "/bad.yaml", "--db", dir + "/bad.db"}, nullptr, &err), 2);
+  EXPECT_NE(err.find("bad.yaml:4"), std::string::npos) << err;
+  EXPECT_NE(err.find("must be f32, bf16 or native, got 'int4'"), std::string::npos) << err;
   std::filesystem::remove_all(dir);
 }
 
