@@ -13,6 +13,10 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #define KVB_QMATMUL_AVX2 1
 #endif
+// AVX-512 VNNI on 256-bit registers: one vpdpbusd for maddubs + madd (the same exact integers).
+#if defined(KVB_QMATMUL_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KVB_QMATMUL_VNNI 1
+#endif
 #if defined(KVB_QMATMUL_AVX2) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -216,7 +220,12 @@ inline __m256i hsum8_i32(const __m256i* v) {
 
 // Eight int32 lanes, lane k = sum of bytes 4k..4k+3 of w (unsigned, <= 63) x a (signed): no
 // int16 saturation (2 x 63 x 128 < 32767).
+// kVnni: the same sums by vpdpbusd (no int16 step at all).
+template <bool kVnni>
 inline __m256i dot_u8s8(__m256i w, __m256i a) {
+#if defined(KVB_QMATMUL_VNNI)
+  if (kVnni) return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a);
+#endif
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
 }
 
@@ -315,33 +324,40 @@ __m256i block_extra<TQ6_K>(const uint8_t* row, int b) {
 
 // Eight int32 lanes whose total, less kOffset x act.sum, is the block's isum. act_ones: the
 // activation's lanes against all-ones bytes (sum of a per lane; Q6_K's offset of 32).
-template <class T>
-inline __m256i lanes(__m256i q, __m256i act, __m256i, __m256i) {
-  return dot_u8s8(q, act);
-}
-template <>
-inline __m256i lanes<TQ8_0>(__m256i q, __m256i act, __m256i, __m256i) {
+template <class T, bool kVnni>
+struct Lanes {
+  static __m256i of(__m256i q, __m256i act, __m256i, __m256i) { return dot_u8s8<kVnni>(q, act); }
+};
+template <bool kVnni>
+struct Lanes<TQ8_0, kVnni> {
   // |q| as unsigned (128 for -128) times a with q's sign: pairs <= 2 x 128 x 127 < 32767.
-  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(act, q));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-template <>
-inline __m256i lanes<TQ6_K>(__m256i q, __m256i act, __m256i act_ones, __m256i scales) {
+  static __m256i of(__m256i q, __m256i act, __m256i, __m256i) {
+    return dot_u8s8<kVnni>(_mm256_sign_epi8(q, q), _mm256_sign_epi8(act, q));
+  }
+};
+template <bool kVnni>
+struct Lanes<TQ6_K, kVnni> {
   // sum (q - 32) a per lane, times that half's scale.
-  return _mm256_mullo_epi32(_mm256_sub_epi32(dot_u8s8(q, act), _mm256_slli_epi32(act_ones, 5)),
-                            scales);
+  static __m256i of(__m256i q, __m256i act, __m256i act_ones, __m256i scales) {
+    return _mm256_mullo_epi32(
+        _mm256_sub_epi32(dot_u8s8<kVnni>(q, act), _mm256_slli_epi32(act_ones, 5)), scales);
+  }
+};
+
+template <bool kVnni>
+inline __m256i ones_lanes(__m256i act) {
+  return dot_u8s8<kVnni>(_mm256_set1_epi8(1), act);
 }
 
-inline __m256i ones_lanes(__m256i act) { return dot_u8s8(_mm256_set1_epi8(1), act); }
-
-template <class T>
+template <class T, bool kVnni>
 float row_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
   float acc = 0;
   for (int b = 0; b < nb32; ++b) {
     float mc = 0;
     const float c = coef<T>(w, b, a[b], &mc);
     const __m256i act = load_act(a[b]);
-    const __m256i l = lanes<T>(unpack<T>(w, b), act, ones_lanes(act), block_extra<T>(w, b));
+    const __m256i l =
+        Lanes<T, kVnni>::of(unpack<T>(w, b), act, ones_lanes<kVnni>(act), block_extra<T>(w, b));
     const int isum = hsum_i32(l) - T::kOffset * a[b].sum;
     acc = std::fma(c, static_cast<float>(isum), acc);
     if (T::kMin) acc = std::fma(mc, static_cast<float>(a[b].sum), acc);
@@ -353,7 +369,7 @@ float row_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
 // activation row i in float lane r of acc[i]: each lane runs row_avx2's sequence of fmas. The
 // weights' blocks are unpacked once per tile.
 constexpr int kTile = 4;
-template <class T>
+template <class T, bool kVnni>
 void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, int nx,
                 float* out, int out_stride) {
   __m256 acc[kTile];
@@ -372,8 +388,8 @@ void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, in
     for (int i = 0; i < nx; ++i) {
       const Q8Act& x = a[static_cast<size_t>(i) * nb32 + b];
       const __m256i act = load_act(x);
-      const __m256i ones = ones_lanes(act);
-      for (int r = 0; r < 8; ++r) l[r] = lanes<T>(q[r], act, ones, extra[r]);
+      const __m256i ones = ones_lanes<kVnni>(act);
+      for (int r = 0; r < 8; ++r) l[r] = Lanes<T, kVnni>::of(q[r], act, ones, extra[r]);
       __m256i isum = hsum8_i32(l);
       if (T::kOffset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * x.sum));
       const __m256 ad = _mm256_set1_ps(x.d);
@@ -395,13 +411,17 @@ struct TypeKernels {
   RowFn portable;
   RowFn avx2;
   Rows8Fn avx2_rows8;
+  RowFn vnni;  // AVX-512 VNNI (the avx512 path), where the build has it
+  Rows8Fn vnni_rows8;
 };
 
 const TypeKernels* kernels_of(uint32_t type) {
-#if defined(KVB_QMATMUL_AVX2)
-#define KVB_AVX2(T) row_avx2<T>, rows8_avx2<T>
+#if defined(KVB_QMATMUL_VNNI)
+#define KVB_AVX2(T) row_avx2<T, false>, rows8_avx2<T, false>, row_avx2<T, true>, rows8_avx2<T, true>
+#elif defined(KVB_QMATMUL_AVX2)
+#define KVB_AVX2(T) row_avx2<T, false>, rows8_avx2<T, false>, nullptr, nullptr
 #else
-#define KVB_AVX2(T) nullptr, nullptr
+#define KVB_AVX2(T) nullptr, nullptr, nullptr, nullptr
 #endif
   static const TypeKernels table[] = {
       {kQ4_0, row_portable<TQ4_0>, KVB_AVX2(TQ4_0)},
@@ -429,20 +449,26 @@ Isa isa_of(QPath path) {
   return active_isa();
 }
 
-// Whether `path` runs the AVX2 kernels (an error for a path this build or CPU lacks).
-bool use_avx2(QPath path) {
+// The kernels `path` runs (an error for a path this build or CPU lacks): AVX-512 VNNI where the
+// build has it and the path is avx512, else AVX2 for any SIMD path, else portable.
+Isa kernels_for(QPath path) {
   KVB_CHECK(qpath_supported(path)) << "the " << qpath_name(path)
                                    << " path of the quantized products is not available here";
-#if defined(KVB_QMATMUL_AVX2)
-  return isa_of(path) != Isa::kPortable;
-#else
-  return false;
+  const Isa isa = isa_of(path);
+#if defined(KVB_QMATMUL_VNNI)
+  if (isa == Isa::kAvx512) return Isa::kAvx512;
 #endif
+#if defined(KVB_QMATMUL_AVX2)
+  if (isa != Isa::kPortable) return Isa::kAvx2;
+#endif
+  return Isa::kPortable;
 }
 
 }  // namespace
 
 bool qmatmul_supports(uint32_t ggml_type) { return kernels_of(ggml_type) != nullptr; }
+
+Isa qpath_kernels(QPath path) { return kernels_for(path); }
 
 const char* qmatmul_type_names() { return "Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K"; }
 
@@ -507,10 +533,14 @@ void qmatmul(float* y, const Q8Act* xq, const void* w, uint32_t ggml_type, const
   KVB_CHECK(k % 32 == 0 && n >= 0 && m >= 0) << "qmatmul: bad shape n " << n << ", k " << k
                                              << ", m " << m;
   const TypeKernels* t = kernels_of(ggml_type);
-  const bool avx2 = use_avx2(path);
-  const RowFn row = avx2 ? t->avx2 : t->portable;
-  const Rows8Fn rows8 = avx2 ? t->avx2_rows8 : nullptr;
-  count_dispatch(SimdKernel::kQMatmul, avx2 ? Isa::kAvx2 : Isa::kPortable);
+  const Isa kernels = kernels_for(path);
+  const RowFn row = kernels == Isa::kAvx512 ? t->vnni
+                    : kernels == Isa::kAvx2 ? t->avx2
+                                            : t->portable;
+  const Rows8Fn rows8 = kernels == Isa::kAvx512 ? t->vnni_rows8
+                        : kernels == Isa::kAvx2 ? t->avx2_rows8
+                                                : nullptr;
+  count_dispatch(SimdKernel::kQMatmul, kernels);
   const int nb32 = k / 32;
   const auto* wb = static_cast<const uint8_t*>(w);
 #if defined(KVB_QMATMUL_AVX2)

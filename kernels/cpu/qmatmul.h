@@ -27,6 +27,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
+
 namespace kvb::kernels::cpu {
 
 // 32 activations quantized to 8 bits: d = max|x| / 127, q = x / d rounded to nearest (ties to
@@ -45,9 +47,13 @@ const char* qmatmul_type_names();
 
 enum class QPath { kAuto, kAvx512, kAvx2, kPortable };
 // Whether this build and CPU run `path` (and a forced KVB_ISA allows it); kAuto and kPortable
-// always. kAvx512 runs the AVX2 integer kernels where the build has no AVX-512 ones of its own.
+// always.
 bool qpath_supported(QPath path);
 const char* qpath_name(QPath path);
+// The kernels `path` runs: kAvx512 (AVX-512 VNNI's vpdpbusd on 256-bit registers) where the
+// build has AVX-512 VNNI and VL, else kAvx2 (maddubs + madd) for any SIMD path, else kPortable.
+// All give the same bits. Error for a path that is not supported.
+Isa qpath_kernels(QPath path);
 
 // x: [n, k] -> xq: [n, k / 32] (k a multiple of 32). The same bits on every path.
 void quantize_q8_act(const float* x, int n, int k, Q8Act* xq, QPath path = QPath::kAuto);

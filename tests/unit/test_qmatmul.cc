@@ -176,8 +176,8 @@ TEST(QMatmul, EveryPathGivesTheSameBits) {
   omp_set_num_threads(1);
 }
 
-// A forced path is the path that runs: portable counts as portable; every SIMD path this machine
-// has runs the AVX2 integer kernels.
+// A forced path is the path that runs: portable counts as portable, avx2 as the AVX2 kernels,
+// avx512 as the VNNI kernels where the build has them (else AVX2), auto as the active ISA's.
 TEST(QMatmul, ForcedPathsAreThePathsThatRun) {
   std::mt19937 rng(5);
   const TypeCase& t = kTypes[1];
@@ -186,14 +186,15 @@ TEST(QMatmul, ForcedPathsAreThePathsThatRun) {
   std::vector<Q8Act> xq(2);
   quantize_q8_act(x.data(), 1, 64, xq.data());
   float y[4];
+  EXPECT_EQ(qpath_kernels(QPath::kPortable), Isa::kPortable);
   for (QPath p : available_paths()) {
+    const Isa want = qpath_kernels(p);
+    if (p == QPath::kAvx2) EXPECT_EQ(want, Isa::kAvx2);
+    if (p == QPath::kAvx512) EXPECT_NE(want, Isa::kPortable);
     simd_dispatch_counts() = {};
     qmatmul(y, xq.data(), w.data(), t.type, nullptr, 1, 64, 4, p);
-    const bool simd = p == QPath::kAvx512 || p == QPath::kAvx2 ||
-                      (p == QPath::kAuto && active_isa() != Isa::kPortable);
-    EXPECT_EQ(simd_dispatch_counts().of(SimdKernel::kQMatmul, simd ? Isa::kAvx2 : Isa::kPortable),
-              1u)
-        << qpath_name(p);
+    EXPECT_EQ(simd_dispatch_counts().of(SimdKernel::kQMatmul, want), 1u) << qpath_name(p);
+    std::cout << qpath_name(p) << " runs the " << isa_name(want) << " kernels\n";
   }
 }
 
