@@ -5,7 +5,8 @@
 kvbench's `--dtype native` multiplies in the GGUF's own blocks with 8-bit activations, the
 arithmetic family of llama.cpp's CPU backend, so llama.cpp's logits are its oracle. This runs the
 prompts of tests/fixtures/engine/smollm2_logits.json (their token ids: the tokenizer is checked
-elsewhere) through llama.cpp (one thread, every position's logits) and records, per position,
+elsewhere) through llama.cpp (one thread, an f32 KV cache as kvbench's instead of llama.cpp's
+default f16, no flash attention, every position's logits) and records, per position,
 the top-10 (id, logit), the logits at the first 64 of the fixture's fixed ids, and the row's
 log-sum-exp.
 
@@ -37,7 +38,8 @@ def main():
         golden = json.load(f)
     sample_ids = golden["sample_ids"][:64]
     llm = llama_cpp.Llama(model_path=os.path.join(args.models, MODEL), n_ctx=512, n_batch=512,
-                          n_threads=1, n_threads_batch=1, logits_all=True, verbose=False)
+                          n_threads=1, n_threads_batch=1, logits_all=True, verbose=False,
+                          type_k=0, type_v=0, flash_attn=False)  # an f32 KV cache, as kvbench's
     cases = []
     for case in golden["cases"]:
         ids = case["ids"][:MAX_TOKENS]
@@ -59,7 +61,7 @@ def main():
     out = {
         "generator": "scripts/make_native_llamacpp_fixture.py",
         "versions": {"llama_cpp_python": llama_cpp.__version__, "numpy": np.__version__,
-                     "n_threads": 1},
+                     "n_threads": 1, "type_k": "f32", "type_v": "f32", "flash_attn": False},
         "model": MODEL,
         "sample_ids": sample_ids,
         "cases": cases,

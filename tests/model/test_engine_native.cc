@@ -34,9 +34,6 @@ namespace {
 const std::string kSmol = std::string(KVB_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 const std::string kSmolFixture = std::string(KVB_FIXTURES_DIR) + "/engine/smollm2_logits.json";
 
-// Bound on |native logit - llama.cpp logit| (LogitsNearLlamaCpp): see the measured figure there.
-constexpr double kNativeVsLlamaCpp = 100.0;
-
 bool same_bits(const float* a, const float* b, size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
@@ -146,9 +143,9 @@ TEST_F(SmolNative, LogitsNearF32) {
 }
 
 // llama.cpp's own logits (scripts/make_native_llamacpp_fixture.py: llama-cpp-python 0.3.36, one
-// thread) on the prompts of the transformers golden: native weights are llama.cpp's arithmetic
-// family, so they must agree with it at least as well as the f32 reference does; both figures
-// are printed.
+// thread, an f32 KV cache) on the prompts of the transformers golden: native weights are
+// llama.cpp's arithmetic family, so they must agree with it about as well as the f32 reference
+// does; both figures are printed.
 TEST_F(SmolNative, LogitsNearLlamaCpp) {
   const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/smollm2_native_llamacpp.json";
   std::ifstream f(path);
@@ -157,8 +154,8 @@ TEST_F(SmolNative, LogitsNearLlamaCpp) {
   const std::vector<int> sample = golden["sample_ids"].get<std::vector<int>>();
   engine::Engine native(*model_, nullptr, engine::DType::kNative), f32(*model_);
   const int V = model_->config.vocab_size;
-  double max_native = 0, max_f32 = 0;
-  int rows = 0, top1_native = 0, top1_f32 = 0;
+  double max_native = 0, max_f32 = 0, sum_native = 0, sum_f32 = 0;
+  int rows = 0, top1_native = 0, top1_f32 = 0, compared = 0;
   for (const auto& cs : golden["cases"]) {
     const std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
     kernels::KvCache ca = native.new_cache(static_cast<int>(ids.size()));
@@ -173,6 +170,9 @@ TEST_F(SmolNative, LogitsNearLlamaCpp) {
       auto check = [&](int id, double theirs) {
         max_native = std::max(max_native, std::fabs(a[id] - theirs));
         max_f32 = std::max(max_f32, std::fabs(b[id] - theirs));
+        sum_native += std::fabs(a[id] - theirs);
+        sum_f32 += std::fabs(b[id] - theirs);
+        ++compared;
       };
       for (const auto& t : row["top"]) check(t[0].get<int>(), t[1].get<double>());
       for (size_t i = 0; i < sample.size(); ++i) check(sample[i], row["sample"][i].get<double>());
@@ -183,11 +183,20 @@ TEST_F(SmolNative, LogitsNearLlamaCpp) {
     }
   }
   std::printf(
-      "SmolLM2 against llama.cpp, %d positions: native max |logit diff| %.4f, top-1 %d/%d; f32 "
-      "reference max |logit diff| %.4f, top-1 %d/%d\n",
-      rows, max_native, top1_native, rows, max_f32, top1_f32, rows);
-  EXPECT_LT(max_native, kNativeVsLlamaCpp);
-  EXPECT_GE(top1_native, top1_f32);
+      "SmolLM2 against llama.cpp, %d positions, %d logits: native max |diff| %.4f, mean %.4f, "
+      "top-1 %d/%d; f32 reference max |diff| %.4f, mean %.4f, top-1 %d/%d\n",
+      rows, compared, max_native, sum_native / compared, top1_native, rows, max_f32,
+      sum_f32 / compared, top1_f32, rows);
+  // Measured (2026-12-03, llama.cpp with an f32 KV cache): native max 1.60, mean 0.177, top-1
+  // 163/170; the f32 reference max 2.00, mean 0.184, top-1 164/170. The native path is as close
+  // to llama.cpp as the reference is, not closer: what separates kvbench from llama.cpp here is
+  // not the weights' arithmetic (rounding the activations' scales to f16 as llama.cpp stores
+  // them left the mean at 0.177) but the other operations' orders. Bounds: 2x the maximum and
+  // the mean, 93% top-1, and no further from llama.cpp than the reference by more than 10%.
+  EXPECT_LT(max_native, 3.2);
+  EXPECT_LT(sum_native / compared, 0.36);
+  EXPECT_GE(top1_native, rows * 93 / 100);
+  EXPECT_LE(sum_native, 1.1 * sum_f32);
 }
 
 // The runs table's devices JSON of the only run in `db`.
