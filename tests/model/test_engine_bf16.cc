@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/matmul_bf16.h"
+#include "engine_gap.h"
 #include "run_kvbench.h"
 #include "workers/engine/engine_types.h"
 #include "workers/engine/engine.h"
@@ -142,32 +143,11 @@ TEST_F(SmolBf16, LogitsNearF32) {
   // The prompts of the transformers golden (test_engine_smollm2), every position of their first
   // 256 tokens (5 + 37 + 256 positions).
   engine::Engine bf16(*model_, nullptr, engine::DType::kBf16), f32(*model_);
-  const int V = model_->config.vocab_size;
-  double max_diff = 0, max_rel = 0;
-  int rows = 0, top1 = 0;
-  for (const auto& cs : fixture_["cases"]) {
-    std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
-    ids.resize(std::min<size_t>(ids.size(), 256));
-    kernels::KvCache ca = bf16.new_cache(static_cast<int>(ids.size()));
-    kernels::KvCache cb = f32.new_cache(static_cast<int>(ids.size()));
-    std::vector<float> la, lb;
-    bf16.forward(ids, ca, engine::LogitsMode::kAll, &la);
-    f32.forward(ids, cb, engine::LogitsMode::kAll, &lb);
-    ASSERT_EQ(la.size(), lb.size());
-    for (size_t p = 0; p < ids.size(); ++p) {
-      const float* a = &la[p * V];
-      const float* b = &lb[p * V];
-      double spread = 0, diff = 0;
-      for (int v = 0; v < V; ++v) {
-        diff = std::max(diff, double{std::fabs(a[v] - b[v])});
-        spread = std::max(spread, double{std::fabs(b[v])});
-      }
-      max_diff = std::max(max_diff, diff);
-      max_rel = std::max(max_rel, diff / spread);
-      top1 += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
-      ++rows;
-    }
-  }
+  const testing::LogitsGap g =
+      testing::logits_gap(bf16, f32, fixture_["cases"], 256, model_->config.vocab_size);
+  ASSERT_GT(g.rows, 0);
+  const double max_diff = g.max_diff, max_rel = g.max_rel;
+  const int rows = g.rows, top1 = g.top1;
   std::printf(
       "SmolLM2 bf16 vs f32: %d positions, max |logit diff| %.4f (%.2f%% of max |logit|), "
       "top-1 agreement %d/%d\n",
@@ -177,20 +157,6 @@ TEST_F(SmolBf16, LogitsNearF32) {
   // is 7e-5 (test_engine_smollm2), so this is the rounding of the weights alone.
   EXPECT_LT(max_diff, 0.6);
   EXPECT_GE(top1, rows * 95 / 100);
-}
-
-// The runs table's devices JSON of the only run in `db`.
-std::string run_devices(const std::string& db) {
-  sqlite3* h = nullptr;
-  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
-  sqlite3_stmt* st = nullptr;
-  EXPECT_EQ(sqlite3_prepare_v2(h, "SELECT devices FROM runs", -1, &st, nullptr), SQLITE_OK);
-  std::string out;
-  if (sqlite3_step(st) == SQLITE_ROW)
-    out = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
-  sqlite3_finalize(st);
-  sqlite3_close(h);
-  return out;
 }
 
 TEST_F(SmolBf16, SweepProvenanceNamesTheDtype) {
@@ -210,7 +176,7 @@ TEST_F(SmolBf16, SweepProvenanceNamesTheDtype) {
                                nullptr, &err),
               0)
         << err;
-    const nlohmann::json devices = nlohmann::json::parse(run_devices(db));
+    const nlohmann::json devices = nlohmann::json::parse(testing::run_devices(db));
     ASSERT_EQ(devices.size(), 1u) << devices.dump();
     EXPECT_EQ(devices[0]["device"], dtype == "bf16" ? "cpu (bf16 weights)" : "cpu")
         << devices.dump();

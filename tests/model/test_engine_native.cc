@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/qmatmul.h"
+#include "engine_gap.h"
 #include "run_kvbench.h"
 #include "workers/engine/engine.h"
 #include "workers/engine/engine_types.h"
@@ -104,42 +105,19 @@ TEST_F(SmolNative, LogitsNearF32) {
   // The prompts of the transformers golden (test_engine_smollm2), every position of their first
   // 128 tokens.
   engine::Engine native(*model_, nullptr, engine::DType::kNative), f32(*model_);
-  const int V = model_->config.vocab_size;
-  double max_diff = 0, max_rel = 0;
-  int rows = 0, top1 = 0;
-  for (const auto& cs : fixture_["cases"]) {
-    std::vector<int32_t> ids = cs["ids"].get<std::vector<int32_t>>();
-    ids.resize(std::min<size_t>(ids.size(), 128));
-    kernels::KvCache ca = native.new_cache(static_cast<int>(ids.size()));
-    kernels::KvCache cb = f32.new_cache(static_cast<int>(ids.size()));
-    std::vector<float> la, lb;
-    native.forward(ids, ca, engine::LogitsMode::kAll, &la);
-    f32.forward(ids, cb, engine::LogitsMode::kAll, &lb);
-    ASSERT_EQ(la.size(), lb.size());
-    for (size_t p = 0; p < ids.size(); ++p) {
-      const float* a = &la[p * V];
-      const float* b = &lb[p * V];
-      double spread = 0, diff = 0;
-      for (int v = 0; v < V; ++v) {
-        diff = std::max(diff, double{std::fabs(a[v] - b[v])});
-        spread = std::max(spread, double{std::fabs(b[v])});
-      }
-      max_diff = std::max(max_diff, diff);
-      max_rel = std::max(max_rel, diff / spread);
-      top1 += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
-      ++rows;
-    }
-  }
+  const testing::LogitsGap g =
+      testing::logits_gap(native, f32, fixture_["cases"], 128, model_->config.vocab_size);
+  ASSERT_GT(g.rows, 0);
   std::printf(
       "SmolLM2 native vs f32: %d positions, max |logit diff| %.4f (%.2f%% of max |logit|), "
       "top-1 agreement %d/%d\n",
-      rows, max_diff, 100 * max_rel, top1, rows);
+      g.rows, g.max_diff, 100 * g.max_rel, g.top1, g.rows);
   // The weights are the same numbers on both sides (the f32 engine reads the file's blocks
   // dequantized); the difference is the 8-bit rounding of every linear layer's input alone.
   // Measured (2026-12-03): max diff 3.43 (12.8% of the largest logit), top-1 163/170. Bounds with
-  // a 2x margin and 90%. test_engine_native_llamacpp holds the same path to llama.cpp itself.
-  EXPECT_LT(max_diff, 7.0);
-  EXPECT_GE(top1, rows * 90 / 100);
+  // a 2x margin and 90%. LogitsNearLlamaCpp holds the same path to llama.cpp itself.
+  EXPECT_LT(g.max_diff, 7.0);
+  EXPECT_GE(g.top1, g.rows * 90 / 100);
 }
 
 // llama.cpp's own logits (scripts/make_native_llamacpp_fixture.py: llama-cpp-python 0.3.36, one
@@ -199,20 +177,6 @@ TEST_F(SmolNative, LogitsNearLlamaCpp) {
   EXPECT_LE(sum_native, 1.1 * sum_f32);
 }
 
-// The runs table's devices JSON of the only run in `db`.
-std::string run_devices(const std::string& db) {
-  sqlite3* h = nullptr;
-  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK) << db;
-  sqlite3_stmt* st = nullptr;
-  EXPECT_EQ(sqlite3_prepare_v2(h, "SELECT devices FROM runs", -1, &st, nullptr), SQLITE_OK);
-  std::string out;
-  if (sqlite3_step(st) == SQLITE_ROW)
-    out = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
-  sqlite3_finalize(st);
-  sqlite3_close(h);
-  return out;
-}
-
 // A sweep on native weights (the config's `dtype: native`) says so in its provenance, and its
 // database refuses to be resumed in f32 (--dtype on the command line wins over the config; one
 // precision per matrix); a bad dtype in the config names the file and line.
@@ -230,7 +194,7 @@ TEST_F(SmolNative, SweepProvenanceNamesTheDtypeAndKeepsOnePrecision) {
   // The config's dtype: (no --dtype given).
   ASSERT_EQ(testing::kvbench({"sweep", cfg, "--db", db, "--threads", "1"}, nullptr, &err), 0)
       << err;
-  const nlohmann::json devices = nlohmann::json::parse(run_devices(db));
+  const nlohmann::json devices = nlohmann::json::parse(testing::run_devices(db));
   ASSERT_EQ(devices.size(), 1u) << devices.dump();
   EXPECT_EQ(devices[0]["device"], "cpu (native quantized weights)") << devices.dump();
   EXPECT_EQ(testing::kvbench({"sweep", cfg, "--db", db, "--threads", "1", "--dtype", "f32"},

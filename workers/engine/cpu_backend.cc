@@ -14,7 +14,6 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
-#include "workers/formats/gguf.h"
 
 namespace kvb::engine {
 
@@ -29,21 +28,22 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& w) {
 }  // namespace
 
 namespace {
-// Rows [row0, row0 + rows) of a GGUF matrix of k columns in its own blocks, or nothing (type 0)
-// when qmatmul does not take its type (F32, F16, BF16, Q2_K, ...: the f32 product runs).
+// Rows [row0, row0 + rows) of a stored matrix of k columns in its own blocks, or nothing (type
+// 0) when qmatmul does not take its type (F32, F16, BF16, Q2_K, ...: the f32 product runs).
 template <class QMat>
-QMat file_blocks(const formats::GgufFile& g, const std::string& name, uint64_t row0,
-                 uint64_t rows, int k) {
+QMat file_blocks(const Model& model, const std::string& name, uint64_t row0, uint64_t rows,
+                 int k) {
   QMat q;
-  const formats::GgufTensorInfo* ti = g.find_tensor(name);
-  KVB_CHECK(ti != nullptr) << g.path() << ": no tensor named '" << name << "'";
-  if (!cpu::qmatmul_supports(ti->type)) return q;
-  const size_t row_bytes = cpu::qrow_bytes(ti->type, k);
-  KVB_CHECK(ti->dims.size() == 2 && ti->dims[0] == static_cast<uint64_t>(k) &&
-            ti->dims[1] >= row0 + rows && ti->num_bytes == ti->dims[1] * row_bytes)
-      << g.path() << ": tensor '" << name << "' is not a matrix of rows of " << k << " elements";
-  const std::vector<uint8_t> raw = g.load_raw(name);
-  q.type = ti->type;
+  StoredTensors::Info ti;
+  KVB_CHECK(model.stored->info(name, &ti)) << model.path << ": no tensor named '" << name << "'";
+  if (!cpu::qmatmul_supports(ti.type)) return q;
+  const size_t row_bytes = cpu::qrow_bytes(ti.type, k);
+  KVB_CHECK(ti.dims.size() == 2 && ti.dims[0] == static_cast<uint64_t>(k) &&
+            ti.dims[1] >= row0 + rows && ti.num_bytes == ti.dims[1] * row_bytes)
+      << model.path << ": tensor '" << name << "' is not a matrix of rows of " << k
+      << " elements";
+  const std::vector<uint8_t> raw = model.stored->bytes(name);
+  q.type = ti.type;
   q.bytes.assign(raw.begin() + static_cast<std::ptrdiff_t>(row0 * row_bytes),
                  raw.begin() + static_cast<std::ptrdiff_t>((row0 + rows) * row_bytes));
   return q;
@@ -53,12 +53,12 @@ QMat file_blocks(const formats::GgufFile& g, const std::string& name, uint64_t r
 CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype)
     : model_(model), tp_(tp && tp->size() > 1 ? tp : nullptr), dtype_(dtype) {
   if (dtype_ == DType::kNative) {
-    KVB_USAGE_CHECK(model.gguf != nullptr)
+    KVB_USAGE_CHECK(model.stored != nullptr)
         << "--dtype native multiplies in a GGUF model's own quantized blocks, and " << model.path
         << " is not a GGUF file (use --dtype f32 or bf16)";
     KVB_USAGE_CHECK(tp_ == nullptr)
         << "--dtype native runs a model on one rank (tensor-parallel groups: --dtype f32 or bf16)";
-    const formats::GgufFile& g = *model.gguf;
+    const Model& g = model;
     const ModelConfig& c = model.config;
     const int D = c.dim, H = c.hidden_dim;
     const uint64_t QD = static_cast<uint64_t>(c.num_heads) * c.head_dim;

@@ -9,6 +9,7 @@
 // YaRN and LongRoPE scaling become per-dimension frequency factors plus a cos/sin factor.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,23 @@ struct LayerWeights {
   std::vector<float> post_ffn_norm;   // [dim] when post_norms, else empty
 };
 
+// A model file's tensors as it stores them (a GGUF file's ggml blocks), for an engine that
+// computes on them (--dtype native). Implemented by the loader (workers/formats), which sits
+// above the engine.
+class StoredTensors {
+ public:
+  virtual ~StoredTensors() = default;
+  struct Info {
+    uint32_t type = 0;            // ggml type id
+    std::vector<uint64_t> dims;   // ggml order: dims[0] is the row length
+    uint64_t num_bytes = 0;
+  };
+  // False when the file has no tensor of that name.
+  virtual bool info(const std::string& name, Info* out) const = 0;
+  // The tensor's bytes as stored; throws naming the tensor when absent.
+  virtual std::vector<uint8_t> bytes(const std::string& name) const = 0;
+};
+
 struct Model {
   ModelConfig config;
   std::string path;
@@ -106,6 +124,7 @@ struct Model {
   std::vector<float> final_norm;       // [dim]
   std::vector<float> output;           // [vocab_size, dim]; empty when tied to the embedding
   std::shared_ptr<formats::GgufFile> gguf;  // kept for tokenizer metadata; null otherwise
+  std::shared_ptr<const StoredTensors> stored;  // a GGUF model's tensors as stored; null otherwise
 
   const float* output_weight() const {
     return output.empty() ? token_embedding.data() : output.data();

@@ -16,6 +16,24 @@
 #include "workers/formats/model_header.h"
 
 namespace kvb::engine {
+namespace {
+// A GGUF file's tensors as stored (Model::stored).
+class GgufStoredTensors final : public StoredTensors {
+ public:
+  explicit GgufStoredTensors(std::shared_ptr<formats::GgufFile> g) : g_(std::move(g)) {}
+  bool info(const std::string& name, Info* out) const override {
+    const formats::GgufTensorInfo* t = g_->find_tensor(name);
+    if (!t) return false;
+    *out = {t->type, t->dims, t->num_bytes};
+    return true;
+  }
+  std::vector<uint8_t> bytes(const std::string& name) const override { return g_->load_raw(name); }
+
+ private:
+  std::shared_ptr<formats::GgufFile> g_;
+};
+}  // namespace
+
 std::unique_ptr<Model> load_gguf_model(const std::string& path) {
   std::shared_ptr<formats::GgufFile> g = formats::GgufFile::open(path);
   // Metadata, shapes and every tensor's presence, checked without reading data (shared with
@@ -86,6 +104,7 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
   }
   model->final_norm = g->load_f32("output_norm.weight", {D});
   if (!c.tied_embeddings) model->output = g->load_f32("output.weight", {D, V});
+  model->stored = std::make_shared<GgufStoredTensors>(g);
   model->gguf = std::move(g);
   return model;
 }
