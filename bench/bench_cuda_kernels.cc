@@ -124,7 +124,7 @@ double measure_bf16_tflops() {
   cublasHandle_t h = cu::cublas_handle(0);
   const float alpha = 1.0f, beta = 0.0f;
   auto gemm = [&] {
-    KVB_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a.data(),
+    KVB_CUBLAS_CHECK(cu::cublas().GemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a.data(),
                                   CUDA_R_16BF, m, b.data(), CUDA_R_16BF, m, &beta, c.data(),
                                   CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   };

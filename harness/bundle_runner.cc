@@ -90,7 +90,8 @@ const workers::LoadedModel& BundleRunner::model(int index) {
                  << " MiB that earlier models left resident are not charged to the units of "
                  << cfg_.models[index].name;
   }
-  lm_ = workers::load_model_and_tokenizer(cfg_.models[index].path, cfg_.models[index].tokenizer);
+  lm_ = workers::load_model_and_tokenizer(cfg_.models[index].path, cfg_.models[index].tokenizer,
+                                         dtype_ == engine::DType::kNative);
   if (tp_) *lm_.model = engine::shard_model(*lm_.model, tp_->rank(), tp_->size());
   engine_ = engine::make_engine(*lm_.model, device_, dtype_, gpu_, tp_);
   if (device_ == engine::Device::kCuda) {

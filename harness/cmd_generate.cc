@@ -140,7 +140,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   // Fail on a bad policy name before the (slow) model load; budgets are checked against the model.
   policies::require_policy(policy_name);
   const BudgetEntry budget = parse_budget_flags(kv_budget_text, compression_text);
-  workers::LoadedModel lm = workers::load_model_and_tokenizer(model_path, tokenizer_path);
+  workers::LoadedModel lm =
+      workers::load_model_and_tokenizer(model_path, tokenizer_path, dt == engine::DType::kNative);
   const engine::ModelConfig& c = lm.model->config;
   std::vector<int32_t> ids = workers::encode_prompt(lm, prompt, chat, system);
   if (ids.empty() && lm.tokenizer->bos_id() >= 0) ids.push_back(lm.tokenizer->bos_id());

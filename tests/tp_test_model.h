@@ -6,6 +6,7 @@
 // Header-only, test code.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -47,9 +48,34 @@ inline std::vector<uint8_t> tp_model_ones(size_t n) {
   return bytes;
 }
 
-// Writes the model to `path`; returns false when the file cannot be written.
+// Q8_0 blocks (ggml: an f16 scale d, then 32 int8 q; x = d q) of f32 values given as bytes, n a
+// multiple of 32. d is the power of two at or above amax / 127, so its f16 bits are exact.
+inline std::vector<uint8_t> tp_model_q8_0(const std::vector<uint8_t>& f32_bytes) {
+  const size_t n = f32_bytes.size() / sizeof(float);
+  std::vector<float> v(n);
+  std::memcpy(v.data(), f32_bytes.data(), f32_bytes.size());
+  std::vector<uint8_t> out;
+  for (size_t b = 0; b < n; b += 32) {
+    float amax = 0;
+    for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const int e =
+        std::clamp(static_cast<int>(std::ceil(std::log2(std::max(amax, 1e-30f) / 127))), -14, 15);
+    const float d = std::ldexp(1.0f, e);
+    const uint16_t h = static_cast<uint16_t>((e + 15) << 10);
+    out.push_back(static_cast<uint8_t>(h & 0xff));
+    out.push_back(static_cast<uint8_t>(h >> 8));
+    for (size_t i = b; i < b + 32; ++i) {
+      out.push_back(static_cast<uint8_t>(
+          static_cast<int8_t>(std::clamp(std::lround(v[i] / d), -127L, 127L))));
+    }
+  }
+  return out;
+}
+
+// Writes the model to `path`; returns false when the file cannot be written. q8_0: the
+// matrices, the embedding and the (untied) classifier in Q8_0 blocks (norms stay F32).
 inline bool write_random_llama_gguf(const std::string& path, const RandomLlamaShape& s = {},
-                                    uint64_t seed = 8) {
+                                    uint64_t seed = 8, bool q8_0 = false) {
   GgufWriter w;
   w.add_string("general.architecture", "llama");
   w.add_string("general.name", "random-llama-8kv");
@@ -64,29 +90,31 @@ inline bool write_random_llama_gguf(const std::string& path, const RandomLlamaSh
   const uint64_t D = s.dim, H = s.hidden_dim, V = s.vocab;
   const uint64_t QD = D, KVD = D / s.heads * s.kv_heads;
   const uint32_t kF32 = 0;
+  // A matrix's tensor: F32, or Q8_0 (type 8) blocks of the same values.
+  const auto matrix = [&](const std::string& name, std::vector<uint64_t> dims,
+                          std::vector<uint8_t> f32) {
+    if (q8_0) return w.add_tensor(name, dims, 8, tp_model_q8_0(f32));
+    w.add_tensor(name, dims, kF32, f32);
+  };
   const float in_scale = std::sqrt(3.0f / s.dim);  // unit-variance outputs for unit-rms inputs
   int t = 0;
-  w.add_tensor("token_embd.weight", {D, V}, kF32, tp_model_tensor(seed, t++, D * V, 1.7f));
+  matrix("token_embd.weight", {D, V}, tp_model_tensor(seed, t++, D * V, 1.7f));
   for (int l = 0; l < s.layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     w.add_tensor(b + "attn_norm.weight", {D}, kF32, tp_model_ones(D));
     // Peaked attention: q and k with gain 1.6 each (logits of about unit^2 * 2.5 spread).
-    w.add_tensor(b + "attn_q.weight", {D, QD}, kF32,
-                 tp_model_tensor(seed, t++, D * QD, 1.6f * in_scale));
-    w.add_tensor(b + "attn_k.weight", {D, KVD}, kF32,
-                 tp_model_tensor(seed, t++, D * KVD, 1.6f * in_scale));
-    w.add_tensor(b + "attn_v.weight", {D, KVD}, kF32,
-                 tp_model_tensor(seed, t++, D * KVD, in_scale));
-    w.add_tensor(b + "attn_output.weight", {QD, D}, kF32,
-                 tp_model_tensor(seed, t++, QD * D, std::sqrt(3.0f / QD)));
+    matrix(b + "attn_q.weight", {D, QD}, tp_model_tensor(seed, t++, D * QD, 1.6f * in_scale));
+    matrix(b + "attn_k.weight", {D, KVD}, tp_model_tensor(seed, t++, D * KVD, 1.6f * in_scale));
+    matrix(b + "attn_v.weight", {D, KVD}, tp_model_tensor(seed, t++, D * KVD, in_scale));
+    matrix(b + "attn_output.weight", {QD, D},
+           tp_model_tensor(seed, t++, QD * D, std::sqrt(3.0f / QD)));
     w.add_tensor(b + "ffn_norm.weight", {D}, kF32, tp_model_ones(D));
-    w.add_tensor(b + "ffn_gate.weight", {D, H}, kF32, tp_model_tensor(seed, t++, D * H, in_scale));
-    w.add_tensor(b + "ffn_up.weight", {D, H}, kF32, tp_model_tensor(seed, t++, D * H, in_scale));
-    w.add_tensor(b + "ffn_down.weight", {H, D}, kF32,
-                 tp_model_tensor(seed, t++, H * D, std::sqrt(3.0f / H)));
+    matrix(b + "ffn_gate.weight", {D, H}, tp_model_tensor(seed, t++, D * H, in_scale));
+    matrix(b + "ffn_up.weight", {D, H}, tp_model_tensor(seed, t++, D * H, in_scale));
+    matrix(b + "ffn_down.weight", {H, D}, tp_model_tensor(seed, t++, H * D, std::sqrt(3.0f / H)));
   }
   w.add_tensor("output_norm.weight", {D}, kF32, tp_model_ones(D));
-  w.add_tensor("output.weight", {D, V}, kF32, tp_model_tensor(seed, t++, D * V, 2.0f * in_scale));
+  matrix("output.weight", {D, V}, tp_model_tensor(seed, t++, D * V, 2.0f * in_scale));
   return GgufWriter::write_file(path, w.bytes());
 }
 

@@ -88,7 +88,7 @@ void load_hf_folder_tokenizer(LoadedModel& lm, const std::string& dir,
 }  // namespace
 
 LoadedModel load_model_and_tokenizer(const std::string& model_path,
-                                     const std::string& tokenizer_path) {
+                                     const std::string& tokenizer_path, bool native_blocks) {
   KVB_USAGE_CHECK(!model_path.empty())
       << "--model is required (a .gguf file, a llama2.c .bin or a Hugging Face checkpoint folder)";
   std::error_code ec;
@@ -100,7 +100,7 @@ LoadedModel load_model_and_tokenizer(const std::string& model_path,
       << "tokenizer '" << tokenizer_path << "' is a directory; give the tokenizer file in it";
   LoadedModel lm;
   lm.path = model_path;
-  lm.model = engine::load_model(model_path);
+  lm.model = engine::load_model(model_path, native_blocks);
   const engine::ModelConfig& c = lm.model->config;
   if (c.format == "hf") {
     load_hf_folder_tokenizer(lm, model_path, tokenizer_path, c.vocab_size);

@@ -36,9 +36,10 @@ struct LoadedModel {
 // model_path: a GGUF file, a llama2.c checkpoint, or a Hugging Face checkpoint folder.
 // tokenizer_path: "" to use the model's own vocabulary (GGUF metadata, the folder's
 // tokenizer.json); a llama2.c tokenizer.bin or an HF tokenizer.json otherwise. Throws usage
-// errors that say what to pass.
+// errors that say what to pass. native_blocks: load for --dtype native (engine::load_model).
 LoadedModel load_model_and_tokenizer(const std::string& model_path,
-                                     const std::string& tokenizer_path);
+                                     const std::string& tokenizer_path,
+                                     bool native_blocks = false);
 
 // The model's chat template around one user message: prefix + user text + suffix (the suffix
 // ends with the assistant header, add_generation_prompt). system "" sends no system message, so

@@ -43,7 +43,7 @@ void gemm(float* y, const void* x, const void* w, cudaDataType_t in_type,
   if (k == 0) return;
   const float alpha = 1.0f, beta = 1.0f;
   cublasHandle_t h = cublas_handle(stream);
-  KVB_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in_type, k, x,
+  KVB_CUBLAS_CHECK(cublas().GemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in_type, k, x,
                                 in_type, k, &beta, y, CUDA_R_32F, m, compute, CUBLAS_GEMM_DEFAULT));
 }
 

@@ -33,7 +33,7 @@ void keep_pool_memory(uint64_t bytes) {
 
 namespace {
 struct HandleDeleter {
-  void operator()(cublasContext* h) const noexcept { cublasDestroy(h); }
+  void operator()(cublasContext* h) const noexcept { cublas().Destroy(h); }
 };
 
 // This thread's cuBLAS handle on one device (a handle is tied to the device current at its
@@ -73,16 +73,16 @@ cublasHandle_t cublas_handle(cudaStream_t stream) {
   DeviceHandle& d = all[dev];
   if (!d.handle) {
     cublasHandle_t h = nullptr;
-    KVB_CUBLAS_CHECK(cublasCreate(&h));
+    KVB_CUBLAS_CHECK(cublas().Create(&h));
     d.handle.reset(h);
   }
   // Bound already (the usual case: every product of a pass on one stream): nothing to set.
   if (d.bound && d.stream == stream) return d.handle.get();
   d.bound = false;
-  KVB_CUBLAS_CHECK(cublasSetStream(d.handle.get(), stream));
+  KVB_CUBLAS_CHECK(cublas().SetStream(d.handle.get(), stream));
   DeviceBuffer<unsigned char>& ws = d.workspaces[stream];
   if (ws.size() == 0) ws = DeviceBuffer<unsigned char>(kWorkspaceBytes);
-  KVB_CUBLAS_CHECK(cublasSetWorkspace(d.handle.get(), ws.data(), ws.bytes()));
+  KVB_CUBLAS_CHECK(cublas().SetWorkspace(d.handle.get(), ws.data(), ws.bytes()));
   d.stream = stream;
   d.bound = true;
   return d.handle.get();

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "kernels/cuda/cublas_api.h"
 
 // KVB_CUDA_CHECK(cudaMemcpy(...)); throws kvb::Error "<file>:<line> cudaMemcpy(...): <error>".
 // A failed call also records its (non-sticky) error as the thread's last error; it is cleared
@@ -38,8 +39,8 @@
                                   kvb_cublas_status_ == CUBLAS_STATUS_ALLOC_FAILED       \
                                       ? ::kvb::ErrorKind::kOutOfMemory                   \
                                       : ::kvb::ErrorKind::kRuntime)                      \
-          << cublasGetStatusName(kvb_cublas_status_) << ": "                             \
-          << cublasGetStatusString(kvb_cublas_status_);                                  \
+          << ::kvb::kernels::cuda::cublas().GetStatusName(kvb_cublas_status_) << ": "     \
+          << ::kvb::kernels::cuda::cublas().GetStatusString(kvb_cublas_status_);          \
     }                                                                                    \
   } while (0)
 

@@ -1,4 +1,5 @@
-// NcclComm over the CUDA runtime, cuBLAS (the rank-order sum) and NCCL.
+// NcclComm over the CUDA runtime, cuBLAS (the rank-order sum; loaded by kernels/cuda/cublas_api.h)
+// and NCCL.
 #include "kernels/nccl/nccl_comm.h"
 
 #include <cublas_v2.h>
@@ -6,6 +7,7 @@
 #include <nccl.h>
 
 #include "common/error.h"
+#include "kernels/cuda/cublas_api.h"
 
 #define KVB_CUDA_OK(call)                                                          \
   do {                                                                             \
@@ -82,16 +84,16 @@ NcclComm::NcclComm(Communicator& bootstrap, int device)
   bootstrap.broadcast(&id, sizeof(id), 0);
   KVB_NCCL_OK(ncclCommInitRank(&impl_->comm, size_, id, rank_));
   KVB_CUDA_OK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
-  KVB_CUBLAS_OK(cublasCreate(&impl_->blas));
-  KVB_CUBLAS_OK(cublasSetStream(impl_->blas, impl_->stream));
+  KVB_CUBLAS_OK(cuda::cublas().Create(&impl_->blas));
+  KVB_CUBLAS_OK(cuda::cublas().SetStream(impl_->blas, impl_->stream));
   // Pointer mode host: alpha lives on the host. Atomics stay off (the default): deterministic.
-  KVB_CUBLAS_OK(cublasSetPointerMode(impl_->blas, CUBLAS_POINTER_MODE_HOST));
+  KVB_CUBLAS_OK(cuda::cublas().SetPointerMode(impl_->blas, CUBLAS_POINTER_MODE_HOST));
 }
 
 NcclComm::~NcclComm() {
   if (impl_->gathered) cudaFree(impl_->gathered);
   if (impl_->staging) cudaFree(impl_->staging);
-  if (impl_->blas) cublasDestroy(impl_->blas);
+  if (impl_->blas) cuda::cublas().Destroy(impl_->blas);
   if (impl_->comm) ncclCommDestroy(impl_->comm);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
@@ -118,7 +120,7 @@ void NcclComm::do_all_reduce_sum(float* data, size_t count) {
   const float one = 1.0f;
   for (int r = 1; r < size_; ++r) {
     KVB_CUBLAS_OK(
-        cublasSaxpy(impl_->blas, static_cast<int>(count), &one, g + r * count, 1, data, 1));
+        cuda::cublas().Saxpy(impl_->blas, static_cast<int>(count), &one, g + r * count, 1, data, 1));
   }
   KVB_CUDA_OK(cudaStreamSynchronize(impl_->stream));
 }

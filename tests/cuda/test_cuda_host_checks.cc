@@ -4,6 +4,7 @@
 // the failed call.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <memory>
 #include <span>
 #include <string>
@@ -15,6 +16,7 @@
 #include "kernels/cuda/attention_decode_stream.h"
 #include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/budget.h"
+#include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/graph.h"
@@ -49,6 +51,26 @@ std::string error_of(F&& f) {
   }
   ADD_FAILURE() << "no kvb::Error thrown";
   return "";
+}
+
+// kvbench does not link cuBLAS (a CPU run would carry ~217 MB of it): nothing the binary loads
+// at start needs libcublas, and the GPU path's loader (cublas_api.h) resolves its entry points
+// from the toolkit's library when first asked, driver or not.
+TEST(CudaHostChecks, CublasIsLoadedOnFirstUseNotAtStart) {
+  const std::string cmd = std::string("ldd ") + KVB_BINARY_DIR + "/kvbench 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string deps;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) deps += buf;
+  ASSERT_EQ(pclose(p), 0) << deps;
+  EXPECT_NE(deps.find("libcudart"), std::string::npos) << deps;  // the check sees CUDA libraries
+  EXPECT_EQ(deps.find("libcublas"), std::string::npos) << deps;
+  const CublasApi& api = cublas();
+  EXPECT_STREQ(api.GetStatusName(CUBLAS_STATUS_ALLOC_FAILED), "CUBLAS_STATUS_ALLOC_FAILED");
+  EXPECT_NE(api.GemmEx, nullptr);
+  EXPECT_EQ(&cublas(), &api);  // loaded once
+  EXPECT_TRUE(cublas_mapped());
 }
 
 TEST(CudaHostChecks, LaunchersRejectBadArguments) {

@@ -23,6 +23,7 @@
 #include "kernels/cpu/qmatmul.h"
 #include "engine_gap.h"
 #include "run_kvbench.h"
+#include "tp_test_model.h"
 #include "workers/engine/engine.h"
 #include "workers/engine/engine_types.h"
 #include "workers/engine/model.h"
@@ -175,6 +176,80 @@ TEST_F(SmolNative, LogitsNearLlamaCpp) {
   EXPECT_LT(sum_native / compared, 0.36);
   EXPECT_GE(top1_native, rows * 93 / 100);
   EXPECT_LE(sum_native, 1.1 * sum_f32);
+}
+
+std::vector<float> all_logits(engine::Engine& eng, const std::vector<int32_t>& ids) {
+  kernels::KvCache cache = eng.new_cache(static_cast<int>(ids.size()));
+  std::vector<float> logits;
+  eng.forward(ids, cache, engine::LogitsMode::kAll, &logits);
+  return logits;
+}
+
+// Loaded for --dtype native (what the sweep and generate do), a model keeps its matrices and
+// embedding only in their blocks: no f32 copy of them is resident, it counts the same
+// parameters, and it runs the bits of the native engine on the fully loaded model. An f32
+// engine on it is refused.
+void expect_blocks_only_load_runs_the_same_bits(const std::string& path,
+                                                const std::vector<int32_t>& ids) {
+  std::unique_ptr<engine::Model> full = engine::load_model(path);
+  std::unique_ptr<engine::Model> blocks = engine::load_model(path, /*native_blocks=*/true);
+  EXPECT_TRUE(blocks->native_blocks);
+  EXPECT_TRUE(blocks->token_embedding.empty());
+  EXPECT_EQ(blocks->output.empty(), true);
+  for (const engine::LayerWeights& w : blocks->layers) {
+    EXPECT_TRUE(w.wq.empty() && w.wk.empty() && w.wv.empty() && w.wo.empty() &&
+                w.w_gate.empty() && w.w_up.empty() && w.w_down.empty());
+    EXPECT_EQ(w.attn_norm.size(), static_cast<size_t>(blocks->config.dim));
+  }
+  EXPECT_GT(blocks->blocks_only_params, 0u);
+  EXPECT_EQ(blocks->num_parameters(), full->num_parameters());
+  engine::Engine a(*full, nullptr, engine::DType::kNative);
+  engine::Engine b(*blocks, nullptr, engine::DType::kNative);
+  const std::vector<float> la = all_logits(a, ids), lb = all_logits(b, ids);
+  ASSERT_EQ(la.size(), ids.size() * blocks->config.vocab_size);
+  ASSERT_EQ(lb.size(), la.size());
+  EXPECT_TRUE(same_bits(la.data(), lb.data(), la.size())) << path;
+  try {
+    engine::Engine f32(*blocks);
+    ADD_FAILURE() << "an f32 engine ran a model loaded for --dtype native";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was loaded for --dtype native"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(SmolNative, BlocksOnlyLoadRunsTheSameBits) {  // tied classifier (the embedding's blocks)
+  std::vector<int32_t> ids = fixture_["cases"][1]["ids"].get<std::vector<int32_t>>();
+  ids.resize(std::min<size_t>(ids.size(), 40));
+  expect_blocks_only_load_runs_the_same_bits(kSmol, ids);
+}
+
+TEST(NativeLoad, UntiedQ8_0ModelRunsTheSameBitsFromItsBlocks) {
+  const std::string path = std::string(KVB_BINARY_DIR) + "/test_engine_native_q8_" +
+                           std::to_string(getpid()) + ".gguf";
+  ASSERT_TRUE(testing::write_random_llama_gguf(path, {}, 8, /*q8_0=*/true));
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back((i * 37 + 5) % 512);
+  expect_blocks_only_load_runs_the_same_bits(path, ids);
+  std::filesystem::remove(path);
+}
+
+// A model none of whose matrices the quantized product takes (F16 here, Phi-3's fused QKV and
+// gate-up) loads whole for --dtype native, and the native engine runs the f32 reference's bits.
+TEST(NativeLoad, MatricesOfOtherTypesLoadInF32AndRunTheReferenceBits) {
+  const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/phi3_tiny.gguf";
+  std::unique_ptr<engine::Model> m = engine::load_model(path, /*native_blocks=*/true);
+  EXPECT_EQ(m->blocks_only_params, 0u);
+  ASSERT_FALSE(m->layers.empty());
+  EXPECT_FALSE(m->layers[0].wq.empty());
+  EXPECT_FALSE(m->layers[0].w_gate.empty());
+  engine::Engine native(*m, nullptr, engine::DType::kNative);
+  std::unique_ptr<engine::Model> f = engine::load_model(path);
+  engine::Engine f32(*f);
+  const std::vector<int32_t> ids = {1, 7, 42, 99, 3, 64, 12};
+  const std::vector<float> a = all_logits(native, ids), b = all_logits(f32, ids);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_TRUE(same_bits(a.data(), b.data(), a.size()));
 }
 
 // A sweep on native weights (the config's `dtype: native`) says so in its provenance, and its

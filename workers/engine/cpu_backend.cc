@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/dequant.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_bf16.h"
 #include "kernels/cpu/qmatmul.h"
@@ -44,6 +45,7 @@ QMat file_blocks(const Model& model, const std::string& name, uint64_t row0, uin
       << " elements";
   const std::vector<uint8_t> raw = model.stored->bytes(name);
   q.type = ti.type;
+  q.row_bytes = row_bytes;
   q.bytes.assign(raw.begin() + static_cast<std::ptrdiff_t>(row0 * row_bytes),
                  raw.begin() + static_cast<std::ptrdiff_t>((row0 + rows) * row_bytes));
   return q;
@@ -52,6 +54,9 @@ QMat file_blocks(const Model& model, const std::string& name, uint64_t row0, uin
 
 CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype)
     : model_(model), tp_(tp && tp->size() > 1 ? tp : nullptr), dtype_(dtype) {
+  KVB_CHECK(!model.native_blocks || dtype_ == DType::kNative)
+      << model.path << " was loaded for --dtype native (its quantized matrices were not "
+      << "dequantized) and cannot run as " << dtype_name(dtype_);
   if (dtype_ == DType::kNative) {
     KVB_USAGE_CHECK(model.stored != nullptr)
         << "--dtype native multiplies in a GGUF model's own quantized blocks, and " << model.path
@@ -86,8 +91,8 @@ CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp, DType dtyp
       q.w_down = file_blocks<QMat>(g, b + "ffn_down.weight", 0, D, H);
       q_layers_.push_back(std::move(q));
     }
-    q_output_ = file_blocks<QMat>(g, model.output.empty() ? "token_embd.weight" : "output.weight",
-                                  0, c.vocab_size, D);
+    q_embed_ = file_blocks<QMat>(g, "token_embd.weight", 0, c.vocab_size, D);
+    if (!c.tied_embeddings) q_output_ = file_blocks<QMat>(g, "output.weight", 0, c.vocab_size, D);
     return;
   }
   if (dtype_ != DType::kBf16) return;
@@ -139,6 +144,11 @@ void CpuBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* posi
   gate_.resize(N * H);
   up_.resize(N * H);
   for (size_t t = 0; t < N; ++t) {
+    if (q_embed_.type != 0) {  // the row's blocks, dequantized as the loader would
+      cpu::dequantize(q_embed_.type, &q_embed_.bytes[tokens[t] * q_embed_.row_bytes], &x_[t * D],
+                      D);
+      continue;
+    }
     std::memcpy(&x_[t * D], &model_.token_embedding[tokens[t] * static_cast<size_t>(D)],
                 D * sizeof(float));
   }
@@ -226,7 +236,10 @@ void CpuBackend::linear(Act out, Act in, int layer, Mat which, int n) {
 
 void CpuBackend::native_or_f32(const QMat& q, float* y, const float* x, const float* w_f32,
                                const float* bias, int n, int k, int m) {
-  if (q.type == 0) return cpu::matmul(y, x, w_f32, bias, n, k, m);
+  if (q.type == 0) {
+    KVB_CHECK(w_f32 != nullptr) << "a matrix has neither f32 weights nor blocks";
+    return cpu::matmul(y, x, w_f32, bias, n, k, m);
+  }
   xq_.resize(static_cast<size_t>(n) * (k / 32));
   cpu::quantize_q8_act(x, n, k, xq_.data());
   cpu::qmatmul(y, xq_.data(), q.bytes.data(), q.type, bias, n, k, m);
@@ -374,7 +387,7 @@ void CpuBackend::classify(int rows, std::vector<float>* logits) {
   const ModelConfig& c = model_.config;
   logits->resize(static_cast<size_t>(rows) * c.vocab_size);
   if (dtype_ == DType::kNative) {
-    return native_or_f32(q_output_, logits->data(), xb_.data(), model_.output_weight(), nullptr,
+    return native_or_f32(q_classifier(), logits->data(), xb_.data(), model_.output_weight(), nullptr,
                          rows, c.dim, c.vocab_size);
   }
   if (dtype_ == DType::kBf16) {

@@ -102,7 +102,8 @@ class CpuBackend final : public Backend {
   // One matrix in its file's blocks (kNative); type 0 (F32): none, the f32 product runs.
   struct QMat {
     uint32_t type = 0;
-    std::vector<uint8_t> bytes;  // rows of k elements, qrow_bytes(type, k) each
+    size_t row_bytes = 0;        // qrow_bytes(type, k)
+    std::vector<uint8_t> bytes;  // rows of k elements
   };
   struct QLayer {
     QMat wq, wk, wv, wo, w_gate, w_up, w_down;
@@ -116,7 +117,11 @@ class CpuBackend final : public Backend {
   kernels::Communicator* tp_;
   DType dtype_;
   std::vector<QLayer> q_layers_;  // [num_layers] when dtype_ is kNative, else empty
-  QMat q_output_;
+  QMat q_embed_;   // kNative: the token embedding's blocks (also the classifier when tied)
+  QMat q_output_;  // kNative: the untied classifier's blocks
+  const QMat& q_classifier() const {
+    return model_.config.tied_embeddings ? q_embed_ : q_output_;
+  }
   std::vector<kernels::cpu::Q8Act> xq_;  // the quantized input of a native product
   std::vector<Bf16Layer> bf16_layers_;  // [num_layers] when dtype_ is kBf16, else empty
   std::vector<uint16_t> bf16_output_;   // [vocab_size, dim] when dtype_ is kBf16

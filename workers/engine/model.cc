@@ -21,7 +21,7 @@ void require_policy_layers(const std::string& policy, const std::string& model, 
 }
 
 size_t Model::num_parameters() const {
-  size_t n = token_embedding.size() + final_norm.size() + output.size();
+  size_t n = token_embedding.size() + final_norm.size() + output.size() + blocks_only_params;
   for (const auto& l : layers) {
     n += l.attn_norm.size() + l.wq.size() + l.wk.size() + l.wv.size() + l.bq.size() +
          l.bk.size() + l.bv.size() + l.q_norm.size() + l.k_norm.size() + l.wo.size() +

@@ -125,6 +125,12 @@ struct Model {
   std::vector<float> output;           // [vocab_size, dim]; empty when tied to the embedding
   std::shared_ptr<formats::GgufFile> gguf;  // kept for tokenizer metadata; null otherwise
   std::shared_ptr<const StoredTensors> stored;  // a GGUF model's tensors as stored; null otherwise
+  // Loaded for --dtype native (load_model's native_blocks): each matrix and the embedding whose
+  // stored type the quantized product takes (kernels/cpu/qmatmul.h qmatmul_supports) was left in
+  // its blocks, so its f32 vector above is empty and only an engine that reads `stored` (the CPU
+  // backend under DType::kNative) can run the model. blocks_only_params counts their weights.
+  bool native_blocks = false;
+  size_t blocks_only_params = 0;
 
   const float* output_weight() const {
     return output.empty() ? token_embedding.data() : output.data();

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "kernels/cpu/qmatmul.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
 #include "workers/formats/file_io.h"
@@ -34,7 +35,7 @@ class GgufStoredTensors final : public StoredTensors {
 };
 }  // namespace
 
-std::unique_ptr<Model> load_gguf_model(const std::string& path) {
+std::unique_ptr<Model> load_gguf_model(const std::string& path, bool native_blocks) {
   std::shared_ptr<formats::GgufFile> g = formats::GgufFile::open(path);
   // Metadata, shapes and every tensor's presence, checked without reading data (shared with
   // kvbench validate: workers/formats/model_header.h).
@@ -58,7 +59,19 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
   const uint64_t QD = static_cast<uint64_t>(c.num_heads) * c.head_dim;
   const uint64_t KVD = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim;
   model->path = path;
-  model->token_embedding = g->load_f32("token_embd.weight", {D, V});
+  model->native_blocks = native_blocks;
+  // A matrix's f32 weights, or nothing when it stays in its blocks (native_blocks: the CPU
+  // backend reads those from Model::stored, so the resident set holds the file's bytes once).
+  const auto matrix = [&](const std::string& name, const std::vector<uint64_t>& dims) {
+    const formats::GgufTensorInfo* t = g->find_tensor(name);
+    if (native_blocks && t && kernels::cpu::qmatmul_supports(t->type)) {
+      KVB_CHECK(t->dims == dims) << path << ": tensor '" << name << "' has the wrong shape";
+      model->blocks_only_params += static_cast<size_t>(t->num_elements);
+      return std::vector<float>();
+    }
+    return g->load_f32(name, dims);
+  };
+  model->token_embedding = matrix("token_embd.weight", {D, V});
   model->layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
@@ -66,14 +79,16 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
     w.attn_norm = g->load_f32(b + "attn_norm.weight", {D});
     if (c.fused_qkv) {
       // [QD + 2 KVD rows, D]: Q's rows, then K's, then V's (llama.cpp's phi3 views).
-      const std::vector<float> qkv = g->load_f32(b + "attn_qkv.weight", {D, QD + 2 * KVD});
-      w.wq.assign(qkv.begin(), qkv.begin() + QD * D);
-      w.wk.assign(qkv.begin() + QD * D, qkv.begin() + (QD + KVD) * D);
-      w.wv.assign(qkv.begin() + (QD + KVD) * D, qkv.end());
+      const std::vector<float> qkv = matrix(b + "attn_qkv.weight", {D, QD + 2 * KVD});
+      if (!qkv.empty()) {
+        w.wq.assign(qkv.begin(), qkv.begin() + QD * D);
+        w.wk.assign(qkv.begin() + QD * D, qkv.begin() + (QD + KVD) * D);
+        w.wv.assign(qkv.begin() + (QD + KVD) * D, qkv.end());
+      }
     } else {
-      w.wq = g->load_f32(b + "attn_q.weight", {D, QD});
-      w.wk = g->load_f32(b + "attn_k.weight", {D, KVD});
-      w.wv = g->load_f32(b + "attn_v.weight", {D, KVD});
+      w.wq = matrix(b + "attn_q.weight", {D, QD});
+      w.wk = matrix(b + "attn_k.weight", {D, KVD});
+      w.wv = matrix(b + "attn_v.weight", {D, KVD});
     }
     if (c.qkv_bias) {
       w.bq = g->load_f32(b + "attn_q.bias", {QD});
@@ -85,31 +100,33 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
       w.q_norm = g->load_f32(b + "attn_q_norm.weight", {hd});
       w.k_norm = g->load_f32(b + "attn_k_norm.weight", {hd});
     }
-    w.wo = g->load_f32(b + "attn_output.weight", {QD, D});
+    w.wo = matrix(b + "attn_output.weight", {QD, D});
     w.ffn_norm = g->load_f32(b + "ffn_norm.weight", {D});
     if (c.fused_gate_up) {
       // [2H rows, D]: the gate's rows first (transformers' Phi3MLP chunk(2); ggml_swiglu's halves).
-      const std::vector<float> gate_up = g->load_f32(b + "ffn_up.weight", {D, 2 * H});
-      w.w_gate.assign(gate_up.begin(), gate_up.begin() + H * D);
-      w.w_up.assign(gate_up.begin() + H * D, gate_up.end());
+      const std::vector<float> gate_up = matrix(b + "ffn_up.weight", {D, 2 * H});
+      if (!gate_up.empty()) {
+        w.w_gate.assign(gate_up.begin(), gate_up.begin() + H * D);
+        w.w_up.assign(gate_up.begin() + H * D, gate_up.end());
+      }
     } else {
-      w.w_gate = g->load_f32(b + "ffn_gate.weight", {D, H});
-      w.w_up = g->load_f32(b + "ffn_up.weight", {D, H});
+      w.w_gate = matrix(b + "ffn_gate.weight", {D, H});
+      w.w_up = matrix(b + "ffn_up.weight", {D, H});
     }
-    w.w_down = g->load_f32(b + "ffn_down.weight", {H, D});
+    w.w_down = matrix(b + "ffn_down.weight", {H, D});
     if (c.post_norms) {
       w.post_attn_norm = g->load_f32(b + "post_attention_norm.weight", {D});
       w.post_ffn_norm = g->load_f32(b + "post_ffw_norm.weight", {D});
     }
   }
   model->final_norm = g->load_f32("output_norm.weight", {D});
-  if (!c.tied_embeddings) model->output = g->load_f32("output.weight", {D, V});
+  if (!c.tied_embeddings) model->output = matrix("output.weight", {D, V});
   model->stored = std::make_shared<GgufStoredTensors>(g);
   model->gguf = std::move(g);
   return model;
 }
 
-std::unique_ptr<Model> load_model(const std::string& path) {
+std::unique_ptr<Model> load_model(const std::string& path, bool native_blocks) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return load_hf_model(path);
   formats::regular_file_size(path, "model file");  // a FIFO would block the open below
@@ -119,7 +136,7 @@ std::unique_ptr<Model> load_model(const std::string& path) {
   in.read(magic, 4);
   KVB_CHECK(in.gcount() == 4) << path << ": file too short to be a model (" << in.gcount()
                               << " bytes)";
-  if (std::memcmp(magic, "GGUF", 4) == 0) return load_gguf_model(path);
+  if (std::memcmp(magic, "GGUF", 4) == 0) return load_gguf_model(path, native_blocks);
   return load_llama2c(path);
 }
 

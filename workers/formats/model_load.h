@@ -13,9 +13,11 @@ namespace kvb::engine {
 // Loads a model: a directory is a Hugging Face checkpoint folder; a file's format is chosen by
 // its magic bytes ("GGUF" or a llama2.c header). Throws kvb::Error naming the file and what is
 // wrong (unsupported architecture lists the supported ones).
-std::unique_ptr<Model> load_model(const std::string& path);
+// native_blocks (--dtype native): a GGUF file's matrices and embedding of a type the quantized
+// product takes are not dequantized (Model::native_blocks); other formats ignore it.
+std::unique_ptr<Model> load_model(const std::string& path, bool native_blocks = false);
 std::unique_ptr<Model> load_llama2c(const std::string& path);
-std::unique_ptr<Model> load_gguf_model(const std::string& path);
+std::unique_ptr<Model> load_gguf_model(const std::string& path, bool native_blocks = false);
 std::unique_ptr<Model> load_hf_model(const std::string& dir);  // model_load_hf.cc
 
 }  // namespace kvb::engine
