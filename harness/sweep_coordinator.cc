@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/table.h"
 #include "harness/bundle_runner.h"
+#include "harness/sweep_affinity.h"
 #include "harness/git_rev.h"
 #include "harness/model_info.h"
 #include "harness/sweep_plan.h"
@@ -351,20 +352,24 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
       }
       if (g_stop_signal) throw StopSignal{static_cast<int>(g_stop_signal)};
     };
-    size_t next = 0;
+    // Longest first, but each worker is handed the bundles that begin as its recent ones did,
+    // so that its prefix store serves them (sweep_affinity.h).
+    PrefixAffinity affinity(order, plan.bundle_prefixes);
+    int handed = 0;
     int active = layout.groups;
     try {
       while (active > 0) {
         int source = 0;
         const std::string msg = comm.recv_any(&source, check_stop);
         if (msg != "ready") write(results_from_json(msg));
-        if (next < order.size()) {
-          const WireBundle& b = plan.bundles[order[next++]];
+        if (affinity.left() > 0) {
+          const WireBundle& b = plan.bundles[affinity.next(source)];
+          ++handed;
           retry_while_locked(a.db, "handing out a bundle", 0, [&] {
             store.mark_running(run_id, keys_of(b), source, "rank" + std::to_string(source));
           });
           comm.send(source, to_json(b));
-          faults.kill_coordinator_if(static_cast<int>(next));
+          faults.kill_coordinator_if(handed);
         } else {
           comm.send(source, "stop");
           --active;

@@ -7,6 +7,7 @@
 
 #include "harness/model_digest.h"
 #include "harness/model_info.h"
+#include "harness/sweep_affinity.h"
 #include "harness/task_file.h"
 #include "workers/model_session.h"
 
@@ -97,11 +98,14 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
       for (tasks::Sample& s : samples) {
         const std::string sample_sha = tasks::sample_sha256(s);  // as the task built it
         if (cfg.generation.max_new_tokens > 0) s.max_new_tokens = cfg.generation.max_new_tokens;
-        const int prompt_tokens = ctx.count_tokens(s.context + s.question + s.text);
+        const std::vector<int32_t> prompt_ids =
+            workers::encode_text(tok, s.context + s.question + s.text, false, false);
+        const int prompt_tokens = static_cast<int>(prompt_ids.size());
         WireBundle b{static_cast<int>(mi), static_cast<int>(ti), s, {}};
         const int bundle_index = static_cast<int>(plan.bundles.size());
         plan.bundles.push_back(b);
         plan.bundle_tokens.push_back(prompt_tokens);
+        plan.bundle_prefixes.push_back(prefix_chain(prompt_ids));
         for (const ConfigCell& cell : task_cells) {
           const PolicyEntry& pe = cfg.policies[cell.policy];
           const bool budgeted = cell.budget >= 0;  // not `full`

@@ -22,6 +22,9 @@ struct Plan {
   std::vector<std::string> legacy_keys;  // their keys under result schema 1 (file paths)
   results::RegisterStats registered;     // legacy rows adopted, rows superseded or restored
   std::vector<int> bundle_tokens;        // approximate prompt tokens, for ordering
+  // prefix_chain of each bundle's prompt (its task text's ids, no chat template), for handing
+  // bundles to the worker whose prefix store holds their beginning (sweep_affinity.h)
+  std::vector<std::vector<uint64_t>> bundle_prefixes;
   std::map<std::string, std::vector<tasks::MetricInfo>> metric_info;  // by unit key
   std::map<std::string, std::string> key_task, key_policy, key_budget;
 };

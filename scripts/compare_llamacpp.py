@@ -20,14 +20,18 @@ not the tokenizers.
    log-softmax in float64. Per position range too.
 3. Greedy agreement: 3 prompts, 32 tokens; llama.cpp picks the argmax of its logits (= greedy,
    temperature 0); a divergence is printed with llama.cpp's logit gap between the two picks.
-4. Speed: a 512-token WikiText-2 prompt and 64 new tokens (63 decode steps, the last token is not
-   fed back, as kvbench counts), 1 and 2 threads, --repeats (5) pairs each, kvbench then
-   llama.cpp alternating (A B A B), medians, the 1-minute load average before each pair printed
-   beside the figure (the machine is shared). kvbench: its own
-   `--timings` line (weights dequantized to f32 before timing). llama.cpp: wall time of
-   `Llama.eval(prompt)` and of 63 single-token evals with argmax, n_batch = n_ubatch = 1024,
-   one untimed warm-up pass per thread count (mmap'd weights paged in), defaults otherwise
-   (flash attention off, f16 KV cache).
+4. Speed and memory: WikiText-2 prompts of --prompt-tokens tokens (default 512; the issue-35
+   check runs 512 2048 8192) and 64 new tokens (63 decode steps, the last token is not fed back,
+   as kvbench counts), per --threads, --repeats (5) pairs each, kvbench then llama.cpp
+   alternating (A B A B), medians, the 1-minute load average before each pair printed beside the
+   figure (the machine is shared). Every run is a process of its own, and its peak resident set
+   (ru_maxrss from wait4) is its memory figure. kvbench: its own `--timings` line (weights loaded
+   before timing). llama.cpp: a Python child (llama-cpp-python) that loads the model with n_ctx =
+   prompt + 64, evaluates 8 tokens untimed (mmap'd weights paged in, compute buffers allocated),
+   then times `Llama.eval(prompt)` and 63 single-token evals with argmax, n_batch = n_ubatch =
+   1024, defaults otherwise (flash attention off, f16 KV cache; kvbench's CPU cache is f32). Its
+   peak includes the interpreter's, measured before the model is loaded and printed: the table's
+   "net" subtracts it.
 5. Batched decode over a bundle (issue 16): kvbench's `bench_engine` bm_decode_batch (B sequences
    of C context tokens each, policy full, stepped together by EngineBase::decode_batch, 32 steps;
    tok/s counts every sequence's tokens) against llama.cpp's single-sequence decode at the same
@@ -88,7 +92,6 @@ except ImportError:
 
 PPL_TOKENS = 1024
 PPL_RANGES = [(0, 256), (256, 512), (512, 1024)]
-SPEED_PROMPT_TOKENS = 512
 SPEED_NEW_TOKENS = 64
 GREEDY_NEW_TOKENS = 32
 ESSAYS = ["avg.txt", "founders.txt", "gap.txt", "goodtaste.txt", "apple.txt", "desres.txt"]
@@ -157,10 +160,18 @@ class Kvbench:
         self.n = 0
 
     def _run(self, cmd):
-        p = subprocess.run(cmd, capture_output=True)
+        """stdout, stderr; self.peak_kb: the process's peak resident set (KB, from wait4)."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            p = subprocess.Popen(cmd, stdout=out, stderr=err)
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            out.seek(0)
+            err.seek(0)
+            o, e = out.read().decode(errors="replace"), err.read().decode(errors="replace")
         if p.returncode != 0:
-            fail(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr.decode(errors='replace')}")
-        return p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+            fail(f"{' '.join(cmd)} exited {p.returncode}:\n{e}")
+        self.peak_kb = usage.ru_maxrss
+        return o, e
 
     def generate(self, text, max_new, threads=None, timings=False):
         self.n += 1
@@ -189,6 +200,7 @@ class Kvbench:
             out["prompt_tokens"], out["prefill_ms"] = int(m.group(1)), float(m.group(2))
             out["decode_steps"], out["decode_ms"] = int(m.group(3)), float(m.group(4))
             out["hit_end"] = m.group(5) == "stopped at end token"
+        out["peak_kb"] = self.peak_kb
         return out
 
     def perplexity(self, wiki, max_tokens, threads):
@@ -366,22 +378,71 @@ def load_range(loads):
     return f"{min(loads):.1f}-{max(loads):.1f}"
 
 
-def section_speed(kvb, args, text):
-    n_prompt = len(kvb.generate(text, 1)["prompt"])
-    print(f"\n## 4. CPU speed (WikiText-2 prompt of {n_prompt} tokens, {SPEED_NEW_TOKENS} new "
-          f"tokens = {SPEED_NEW_TOKENS - 1} decode steps; kvbench and llama.cpp alternate, "
-          f"{args.repeats} pairs, medians; load: 1-minute load average before each pair, "
-          f"min-max)\n")
-    print("| threads | kvbench prefill tok/s | llama.cpp prefill tok/s | ratio | "
-          "kvbench decode tok/s | llama.cpp decode tok/s | ratio | load |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+LLAMACPP_CHILD = r"""
+import json, resource, sys, time
+import numpy as np, llama_cpp
+from llama_cpp import Llama
+model, ids_path, n_new, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ids = json.load(open(ids_path))
+llm = Llama(model_path=model, n_ctx=len(ids) + n_new, n_batch=1024, n_ubatch=1024,
+            n_threads=threads, n_threads_batch=threads, verbose=False)
+llm.eval(ids[:8])  # warm-up: mmap'd weights paged in, compute buffers allocated
+llm.reset()
+t0 = time.perf_counter()
+llm.eval(ids)
+prefill_s = time.perf_counter() - t0
+t1 = time.perf_counter()
+steps = 0
+for step in range(n_new):  # as kvbench: sample, feed back, ...; the last token is not fed back
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1),
+                                   shape=(llm.n_vocab(),))
+    tok = int(np.argmax(logits))
+    if step + 1 == n_new:
+        break
+    llm.eval([tok])
+    steps += 1
+decode_s = time.perf_counter() - t1
+print(json.dumps({"prefill_s": prefill_s, "decode_s": decode_s, "steps": steps,
+                  "base_kb": base, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def llamacpp_child(args, ids_path, threads):
+    """One llama.cpp run in its own process (so that its peak resident set is its own): times of
+    the prompt and the decode steps, the process's peak RSS and the interpreter's before the
+    model was loaded (KB)."""
+    p = subprocess.run([sys.executable, "-c", LLAMACPP_CHILD, args.model, ids_path,
+                        str(SPEED_NEW_TOKENS), str(threads)], capture_output=True, text=True)
+    if p.returncode != 0:
+        fail(f"the llama.cpp child exited {p.returncode}:\n{p.stderr}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def section_speed(kvb, args, wiki_text, vocab):
+    print(f"\n## 4. CPU speed and peak memory (WikiText-2 prompts of --prompt-tokens tokens, "
+          f"{SPEED_NEW_TOKENS} new tokens = {SPEED_NEW_TOKENS - 1} decode steps; kvbench and "
+          f"llama.cpp alternate, {args.repeats} pairs, medians; each run is its own process, "
+          f"whose peak resident set (getrusage ru_maxrss) is measured; llama.cpp's process is a "
+          f"Python interpreter, whose own peak before the model is loaded is printed and "
+          f"subtracted in 'net'; load: 1-minute load average before each pair, min-max)\n")
+    print("| prompt | threads | kvbench prefill tok/s | llama.cpp prefill tok/s | ratio | "
+          "kvbench decode tok/s | llama.cpp decode tok/s | ratio | kvbench peak MiB | "
+          "llama.cpp peak MiB (net) | ratio (to net) | load |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     res = {}
-    for n in args.threads:
-        llm = Llama(model_path=args.model, n_ctx=1024, n_batch=1024, n_ubatch=1024,
-                    n_threads=n, n_threads_batch=n, verbose=False)
-        kp, kd, lp, ld, loads = [], [], [], [], []
-        for rep in range(args.repeats + 1):  # rep 0: llama.cpp warm-up only
-            if rep > 0:
+    long_ids = vocab.tokenize(wiki_text[: 12 * max(args.prompt_tokens)].encode("utf-8"),
+                              add_bos=False, special=False)
+    for n_prompt in args.prompt_tokens:
+        # ~n_prompt kvbench tokens of WikiText-2: the text of llama.cpp's first n_prompt ids.
+        text = vocab.detokenize(long_ids[:n_prompt]).decode("utf-8", errors="replace")
+        prompt = kvb.generate(text, 1)["prompt"]  # kvbench's ids: llama.cpp evaluates these
+        ids_path = os.path.join(kvb.tmp, f"ids{n_prompt}.json")
+        with open(ids_path, "w") as f:
+            json.dump(prompt, f)
+        for n in args.threads:
+            kp, kd, lp, ld, krss, lrss, lbase, loads = [], [], [], [], [], [], [], []
+            for rep in range(args.repeats):
                 loads.append(load1())
                 k = kvb.generate(text, SPEED_NEW_TOKENS, threads=n, timings=True)
                 if k["hit_end"]:
@@ -389,35 +450,26 @@ def section_speed(kvb, args, text):
                           file=sys.stderr)
                 kp.append(k["prompt_tokens"] * 1000.0 / k["prefill_ms"])
                 kd.append(k["decode_steps"] * 1000.0 / k["decode_ms"])
-                prompt = k["prompt"]
-            else:
-                prompt = kvb.generate(text, 1)["prompt"]
-            llm.reset()
-            t0 = time.perf_counter()
-            llm.eval(prompt)
-            prefill_s = time.perf_counter() - t0
-            # As kvbench: sample, feed back, ...; the last token is not fed back.
-            t1 = time.perf_counter()
-            steps = 0
-            for step in range(SPEED_NEW_TOKENS):
-                tok = int(np.argmax(last_logits(llm)))
-                if step + 1 == SPEED_NEW_TOKENS:
-                    break
-                llm.eval([tok])
-                steps += 1
-            decode_s = time.perf_counter() - t1
-            if rep > 0:
-                lp.append(len(prompt) / prefill_s)
-                ld.append(steps / decode_s)
-        del llm
-        r = (median(kp), median(lp), median(kd), median(ld))
-        res[n] = r
-        print(f"| {n} | {r[0]:.1f} | {r[1]:.1f} | {r[0] / r[1]:.2f} | {r[2]:.1f} | {r[3]:.1f} | "
-              f"{r[2] / r[3]:.2f} | {load_range(loads)} |")
-        print(f"  threads {n}: kvbench prefill {[round(x, 1) for x in kp]}, decode "
-              f"{[round(x, 1) for x in kd]}; llama.cpp prefill {[round(x, 1) for x in lp]}, "
-              f"decode {[round(x, 1) for x in ld]}; loads {[round(x, 2) for x in loads]}",
-              file=sys.stderr)
+                krss.append(k["peak_kb"] / 1024)
+                r = llamacpp_child(args, ids_path, n)
+                lp.append(len(prompt) / r["prefill_s"])
+                ld.append(r["steps"] / r["decode_s"])
+                lrss.append(r["peak_kb"] / 1024)
+                lbase.append(r["base_kb"] / 1024)
+            m = {k_: median(v) for k_, v in
+                 dict(kp=kp, lp=lp, kd=kd, ld=ld, krss=krss, lrss=lrss, lbase=lbase).items()}
+            res[(n_prompt, n)] = m
+            net = m["lrss"] - m["lbase"]
+            print(f"| {len(prompt)} | {n} | {m['kp']:.1f} | {m['lp']:.1f} | {m['kp'] / m['lp']:.2f} | "
+                  f"{m['kd']:.1f} | {m['ld']:.1f} | {m['kd'] / m['ld']:.2f} | {m['krss']:.0f} | "
+                  f"{m['lrss']:.0f} ({net:.0f}) | {m['krss'] / m['lrss']:.2f} "
+                  f"({m['krss'] / net:.2f}) | {load_range(loads)} |", flush=True)
+            print(f"  prompt {len(prompt)}, threads {n}: kvbench prefill {[round(x, 1) for x in kp]}, "
+                  f"decode {[round(x, 1) for x in kd]}, peak MiB {[round(x) for x in krss]}; "
+                  f"llama.cpp prefill {[round(x, 1) for x in lp]}, decode "
+                  f"{[round(x, 1) for x in ld]}, peak MiB {[round(x) for x in lrss]} (interpreter "
+                  f"{[round(x) for x in lbase]}); loads {[round(x, 2) for x in loads]}",
+                  file=sys.stderr)
     return res
 
 
@@ -508,6 +560,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5,
                     help="kvbench/llama.cpp pairs per speed figure (sections 4, 5)")
     ap.add_argument("--only", default="12345", help="sections to run, e.g. 13")
+    ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[512],
+                    help="prompt lengths of the speed and memory section (e.g. 512 2048 8192)")
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16", "native"],
                     help="kvbench's CPU weights (generate and eval; section 5's bench_engine is f32): "
                          "native multiplies in the GGUF's own blocks as llama.cpp does")
@@ -547,9 +601,7 @@ def main():
                 ("essay founders.txt (600 chars)", essay[:600]),
             ])
         if "4" in args.only:
-            # ~512 kvbench tokens of WikiText-2: the text of the perplexity ids' first 512.
-            text = vocab.detokenize(ids[:SPEED_PROMPT_TOKENS]).decode("utf-8")
-            section_speed(kvb, args, text)
+            section_speed(kvb, args, wiki_text, vocab)
         if "5" in args.only:
             section_batched(args, ids)
     print(f"\nload average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

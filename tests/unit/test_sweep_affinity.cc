@@ -1,0 +1,113 @@
+// Prefix-affine hand-out of bundles (harness/sweep_affinity.h): prefix chains compare whole
+// 64-token blocks, and an asking worker gets the bundle that shares the most blocks with its
+// recent prompts, else the longest-first order, every bundle exactly once. Sequences below are
+// worked by hand from the rules in the header.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "harness/sweep_affinity.h"
+
+namespace kvb::harness {
+namespace {
+
+// A prompt of whole blocks: block letter c is 64 ids of value c.
+std::vector<int32_t> blocks(const std::string& letters) {
+  std::vector<int32_t> ids;
+  for (char c : letters) ids.insert(ids.end(), kPrefixBlock, static_cast<int32_t>(c));
+  return ids;
+}
+
+TEST(PrefixChain, ComparesWholeBlocksOnly) {
+  EXPECT_TRUE(prefix_chain(std::vector<int32_t>(63, 1)).empty());  // no whole block
+  std::vector<int32_t> a = blocks("ab"), b = blocks("ab");
+  b[70] = 99;  // inside the second block
+  const std::vector<uint64_t> ca = prefix_chain(a), cb = prefix_chain(b);
+  ASSERT_EQ(ca.size(), 2u);
+  ASSERT_EQ(cb.size(), 2u);
+  EXPECT_EQ(ca[0], cb[0]);
+  EXPECT_NE(ca[1], cb[1]);
+  // Entry d holds the whole prefix: the same block after different ones differs.
+  EXPECT_NE(prefix_chain(blocks("xb"))[1], ca[1]);
+  // A partial last block is not compared.
+  std::vector<int32_t> c = blocks("ab");
+  c.resize(c.size() + 10, 7);
+  EXPECT_EQ(prefix_chain(c), ca);
+  EXPECT_EQ(prefix_chain(blocks(std::string(600, 'q'))).size(), static_cast<size_t>(kPrefixBlocks));
+}
+
+// Two families of prompts, A and X; the longest-first order interleaves them.
+//   0: abcdefgh  1: abcdefqr  2: xyzwvut  3: xyzwvr  4: abcds  5: xyzw  6: abc  (6 shares only
+//   3 blocks with the A prompts, fewer than kMinSharedBlocks)
+std::vector<std::vector<uint64_t>> family_chains() {
+  std::vector<std::vector<uint64_t>> c;
+  for (const char* p : {"abcdefgh", "abcdefqr", "xyzwvut", "xyzwvr", "abcds", "xyzw", "abc"}) {
+    c.push_back(prefix_chain(blocks(p)));
+  }
+  return c;
+}
+
+TEST(PrefixAffinity, AWorkerGetsTheBundleThatSharesMostWithItsRecentPrompts) {
+  PrefixAffinity a({0, 1, 2, 3, 4, 5, 6}, family_chains());
+  EXPECT_EQ(a.next(1), 0);  // nothing run yet: the order
+  EXPECT_EQ(a.next(1), 1);  // shares abcdef (6 blocks) with 0
+  EXPECT_EQ(a.next(1), 4);  // abcd with 0 and 1, ahead of 2 in the order
+  EXPECT_EQ(a.next(2), 2);  // worker 2 has run nothing: the order's first left
+  EXPECT_EQ(a.next(1), 3);  // no A prompt left that shares 4 blocks (6 shares 3): the order
+  EXPECT_EQ(a.next(2), 5);  // xyzw with 2
+  EXPECT_EQ(a.left(), 1u);
+  EXPECT_EQ(a.next(2), 6);
+  EXPECT_EQ(a.next(1), -1);
+  EXPECT_EQ(a.next(2), -1);
+}
+
+TEST(PrefixAffinity, LongestFirstOrderWhenNothingIsShared) {
+  std::vector<std::vector<uint64_t>> c;
+  for (const char* p : {"abcd", "efgh", "ijkl", "mnop"}) c.push_back(prefix_chain(blocks(p)));
+  PrefixAffinity a({2, 0, 3, 1}, c);
+  EXPECT_EQ(a.next(1), 2);
+  EXPECT_EQ(a.next(2), 0);
+  EXPECT_EQ(a.next(1), 3);
+  EXPECT_EQ(a.next(1), 1);
+  EXPECT_EQ(a.next(2), -1);
+}
+
+// Among equal depths the worker's latest prompt decides; within one prefix, the order.
+TEST(PrefixAffinity, TiesGoToTheLatestPromptThenTheOrder) {
+  std::vector<std::vector<uint64_t>> c;
+  for (const char* p : {"aaaa1", "bbbb1", "aaaa2", "bbbb2", "bbbb3"}) {
+    c.push_back(prefix_chain(blocks(p)));
+  }
+  PrefixAffinity a({0, 1, 2, 3, 4}, c);
+  EXPECT_EQ(a.next(7), 0);
+  EXPECT_EQ(a.next(8), 1);
+  EXPECT_EQ(a.next(8), 3);  // bbbb with 1 (4 blocks), ahead of 4 in the order
+  EXPECT_EQ(a.next(7), 2);  // aaaa with 0
+  EXPECT_EQ(a.next(7), 4);  // nothing shared: the order
+}
+
+// Whatever the asking pattern, every bundle of the order is handed out exactly once.
+TEST(PrefixAffinity, HandsOutEveryBundleOnce) {
+  std::vector<std::vector<uint64_t>> c;
+  std::vector<int> order;
+  for (int i = 0; i < 60; ++i) {
+    std::string p(static_cast<size_t>(4 + i % 5), static_cast<char>('a' + i % 3));
+    p += static_cast<char>('A' + i % 26);
+    c.push_back(prefix_chain(blocks(p)));
+    order.push_back((i * 7) % 60);
+  }
+  PrefixAffinity a(order, c);
+  std::set<int> seen;
+  for (int step = 0; step < 60; ++step) {
+    const int b = a.next(step % 3 == 0 ? 1 : step % 3 == 1 ? 2 : 5);
+    ASSERT_GE(b, 0);
+    EXPECT_TRUE(seen.insert(b).second) << b;
+  }
+  EXPECT_EQ(a.next(1), -1);
+  EXPECT_EQ(seen.size(), 60u);
+}
+
+}  // namespace
+}  // namespace kvb::harness
