@@ -14,7 +14,8 @@ import sys
 # Lowest first. kernels/ops declares the policy ops vocabulary: above kernels/cpu (whose functions
 # its CPU instance is made of), below kernels/cuda (which implements its device instance) and
 # below kernels/policies (which decide with it). workers/formats reads files into the engine's
-# Model, so it stands above workers/engine, which includes no format.
+# Model, so it stands above workers/engine, which includes no format. kernels/nccl stands above
+# kernels/cuda, whose cuBLAS loader (cublas_api.h) its rank-order sum calls.
 FLOORS = {
     "common": 0,
     "kernels": 1,
@@ -23,7 +24,7 @@ FLOORS = {
     "kernels/cpu": 2,
     "kernels/ops": 3,
     "kernels/cuda": 4,
-    "kernels/nccl": 4,
+    "kernels/nccl": 5,
     "kernels/policies": 5,
     "examples/policies/cpp": 6,  # a policy written by a user: what kernels/policies may include
     "workers/engine": 6,
