@@ -285,6 +285,11 @@ def first_difference(tok, ours_text, theirs):
             what += f", kvbench {tok.decode([theirs_tok])!r} not in kvpress's top {TOP}"
     else:
         what += ", kvbench's prediction ends there"
+        ends = [j for j, i in enumerate(top_ids) if i in set(end_ids(tok))]
+        if ends:
+            j = ends[0]
+            what += (f" (its end token {tok.decode([top_ids[j]])!r} is kvpress's #{j + 1}, "
+                     f"{top_logits[0] - top_logits[j]:.4f} below)")
     return what
 
 
