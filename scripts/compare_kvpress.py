@@ -29,26 +29,7 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-import kvpress
-
-# (name, kvpress press factory(ratio), kvbench policy, kvbench policy options)
-PAIRS = [
-    ("SnapKV (w=64, avg pool 5)",
-     lambda r: kvpress.SnapKVPress(compression_ratio=r, window_size=64, kernel_size=5),
-     "snapkv", ["window=64", "pool_kernel=5", "pooling=avg"]),
-    ("StreamingLLM (4 sinks)",
-     lambda r: kvpress.StreamingLLMPress(compression_ratio=r, n_sink=4),
-     "streaming_llm", ["sinks=4"]),
-    ("Knorm", lambda r: kvpress.KnormPress(compression_ratio=r), "knorm", []),
-    ("TOVA (layer mean, keep_last)", lambda r: kvpress.TOVAPress(compression_ratio=r), "tova",
-     ["tova_reduce=layer", "keep_last=true"]),
-    ("KeyDiff", lambda r: kvpress.KeyDiffPress(compression_ratio=r), "keydiff", []),
-    ("ObservedAttention", lambda r: kvpress.ObservedAttentionPress(compression_ratio=r),
-     "observed_attention", []),
-    ("CUR (kv_product, window 16, 4 sinks)", lambda r: kvpress.CURPress(compression_ratio=r),
-     "cur", []),
-    ("LagKV (lag 128, 4 sinks)", lambda r: kvpress.LagKVPress(compression_ratio=r), "lagkv", []),
-]
+from kvpress_common import PAIRS, kvpress_version, load_model
 
 
 def layer_keys(cache, layer):
@@ -103,15 +84,7 @@ def main():
     ap.add_argument("--only", default="", help="run the pairs whose name contains this")
     args = ap.parse_args()
     torch.manual_seed(0)
-    if os.path.isdir(args.model):  # a Hugging Face folder (kvbench reads the same files)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            args.model, dtype=torch.float32, attn_implementation="eager")
-    else:
-        mdir, mfile = os.path.split(os.path.abspath(args.model))
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            mdir, gguf_file=mfile, dtype=torch.float32, attn_implementation="eager")
-        model.lm_head.weight = model.model.embed_tokens.weight  # tied, as llama.cpp does
-    model.eval()
+    model = load_model(args.model)
 
     with tempfile.TemporaryDirectory() as tmp:
         # kvbench tokenizes the prompt (its tokenizer matches HF's on the fixtures); kvpress gets
@@ -161,11 +134,6 @@ def record_scores(press):
 
         press.score = recorded
     return scores
-
-
-def kvpress_version():
-    from importlib.metadata import version
-    return version("kvpress")
 
 
 def compare(name, ratio, budget, ids, full, cache, ours, scores):

@@ -1,0 +1,65 @@
+"""What scripts/compare_kvpress.py (keep-sets) and scripts/compare_kvpress_sweep.py (the
+quickstart's study end to end) share: the press/policy pairs, loading the model into transformers
+as kvbench loads it, and kvpress's version. Imported, not run."""
+import os
+from importlib.metadata import version
+
+import torch
+import transformers
+
+import kvpress
+
+# (name, kvpress press factory(ratio), kvbench policy, kvbench policy options): kvbench's options
+# set to kvpress's defaults, so that both keep the same tokens per (layer, KV head).
+PAIRS = [
+    ("SnapKV (w=64, avg pool 5)",
+     lambda r: kvpress.SnapKVPress(compression_ratio=r, window_size=64, kernel_size=5),
+     "snapkv", ["window=64", "pool_kernel=5", "pooling=avg"]),
+    ("StreamingLLM (4 sinks)",
+     lambda r: kvpress.StreamingLLMPress(compression_ratio=r, n_sink=4),
+     "streaming_llm", ["sinks=4"]),
+    ("Knorm", lambda r: kvpress.KnormPress(compression_ratio=r), "knorm", []),
+    ("TOVA (layer mean, keep_last)", lambda r: kvpress.TOVAPress(compression_ratio=r), "tova",
+     ["tova_reduce=layer", "keep_last=true"]),
+    ("KeyDiff", lambda r: kvpress.KeyDiffPress(compression_ratio=r), "keydiff", []),
+    ("ObservedAttention", lambda r: kvpress.ObservedAttentionPress(compression_ratio=r),
+     "observed_attention", []),
+    ("CUR (kv_product, window 16, 4 sinks)", lambda r: kvpress.CURPress(compression_ratio=r),
+     "cur", []),
+    ("LagKV (lag 128, 4 sinks)", lambda r: kvpress.LagKVPress(compression_ratio=r), "lagkv", []),
+]
+
+
+def pair_of(policy):
+    """The PAIRS entry of kvbench policy `policy`."""
+    for p in PAIRS:
+        if p[2] == policy:
+            return p
+    raise KeyError(f"no kvpress pair for kvbench policy {policy!r}")
+
+
+def load_model(path, attn="eager"):
+    """The model in float32 on the CPU: a Hugging Face folder as it is, a GGUF file dequantized by
+    transformers (gguf_file=) with the output layer tied to the embeddings, as llama.cpp and
+    kvbench run it."""
+    if os.path.isdir(path):  # a Hugging Face folder (kvbench reads the same files)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, attn_implementation=attn)
+    else:
+        mdir, mfile = os.path.split(os.path.abspath(path))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            mdir, gguf_file=mfile, dtype=torch.float32, attn_implementation=attn)
+        model.lm_head.weight = model.model.embed_tokens.weight  # tied, as llama.cpp does
+    model.eval()
+    return model
+
+
+def load_tokenizer(path):
+    if os.path.isdir(path):
+        return transformers.AutoTokenizer.from_pretrained(path)
+    mdir, mfile = os.path.split(os.path.abspath(path))
+    return transformers.AutoTokenizer.from_pretrained(mdir, gguf_file=mfile)
+
+
+def kvpress_version():
+    return version("kvpress")
