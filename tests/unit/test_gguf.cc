@@ -235,6 +235,18 @@ TEST_F(GgufTest, RoundTripTensorsOfEverySupportedType) {
     const std::vector<uint8_t> raw = f->load_raw(want.name);
     ASSERT_EQ(raw.size(), ti.num_bytes);
     EXPECT_EQ(0, std::memcmp(raw.data(), bytes.data() + f->data_offset() + ti.offset, raw.size()));
+    // A range of its bytes (the native engine's rows), and a range that leaves the tensor.
+    const uint64_t first = ti.num_bytes / 3, count = ti.num_bytes - first - 1;
+    EXPECT_EQ(f->load_raw(want.name, first, count),
+              std::vector<uint8_t>(raw.begin() + first, raw.begin() + first + count));
+    try {
+      f->load_raw(want.name, first, ti.num_bytes);
+      ADD_FAILURE() << "a range beyond the tensor was read";
+    } catch (const kvb::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("leave its " + std::to_string(ti.num_bytes) + " bytes"),
+                std::string::npos)
+          << e.what();
+    }
     const std::vector<float> vals = f->load_f32(want.name, want.dims);
     ASSERT_EQ(vals.size(), ti.num_elements);
     std::vector<float> ref(ti.num_elements);

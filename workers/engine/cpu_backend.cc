@@ -43,11 +43,9 @@ QMat file_blocks(const Model& model, const std::string& name, uint64_t row0, uin
             ti.dims[1] >= row0 + rows && ti.num_bytes == ti.dims[1] * row_bytes)
       << model.path << ": tensor '" << name << "' is not a matrix of rows of " << k
       << " elements";
-  const std::vector<uint8_t> raw = model.stored->bytes(name);
   q.type = ti.type;
   q.row_bytes = row_bytes;
-  q.bytes.assign(raw.begin() + static_cast<std::ptrdiff_t>(row0 * row_bytes),
-                 raw.begin() + static_cast<std::ptrdiff_t>((row0 + rows) * row_bytes));
+  q.bytes = model.stored->bytes(name, row0 * row_bytes, rows * row_bytes);
   return q;
 }
 }  // namespace

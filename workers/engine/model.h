@@ -112,8 +112,11 @@ class StoredTensors {
   };
   // False when the file has no tensor of that name.
   virtual bool info(const std::string& name, Info* out) const = 0;
-  // The tensor's bytes as stored; throws naming the tensor when absent.
-  virtual std::vector<uint8_t> bytes(const std::string& name) const = 0;
+  // Bytes [first, first + count) of the tensor as stored (a range of rows: no copy of the
+  // whole tensor is ever resident beside it); throws naming the tensor when absent or when the
+  // range leaves it.
+  virtual std::vector<uint8_t> bytes(const std::string& name, uint64_t first,
+                                     uint64_t count) const = 0;
 };
 
 struct Model {

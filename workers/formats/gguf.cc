@@ -547,6 +547,17 @@ std::vector<uint8_t> GgufFile::load_raw(const std::string& name) const {
   return raw;
 }
 
+std::vector<uint8_t> GgufFile::load_raw(const std::string& name, uint64_t first,
+                                        uint64_t count) const {
+  const GgufTensorInfo& ti = tensor_or_throw(name);
+  KVB_CHECK(first <= ti.num_bytes && count <= ti.num_bytes - first)
+      << path_ << ": bytes [" << first << ", " << first + count << ") of tensor " << quoted(name)
+      << " leave its " << ti.num_bytes << " bytes";
+  std::vector<uint8_t> raw(static_cast<size_t>(count));
+  read_at(data_offset_ + ti.offset + first, raw.data(), count);
+  return raw;
+}
+
 std::vector<float> GgufFile::load_f32(const std::string& name) const {
   const GgufTensorInfo& ti = tensor_or_throw(name);
   std::vector<float> out(static_cast<size_t>(ti.num_elements));

@@ -110,6 +110,8 @@ class GgufFile {
   std::vector<float> load_f32(const std::string& name, const std::vector<uint64_t>& dims) const;
   // Raw bytes of a tensor as stored (for hashing and tests).
   std::vector<uint8_t> load_raw(const std::string& name) const;
+  // Bytes [first, first + count) of the tensor's data; throws when the range leaves it.
+  std::vector<uint8_t> load_raw(const std::string& name, uint64_t first, uint64_t count) const;
 
  private:
   void parse();  // fills everything below from path_; the parser lives in gguf.cc

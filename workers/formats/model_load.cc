@@ -28,7 +28,10 @@ class GgufStoredTensors final : public StoredTensors {
     *out = {t->type, t->dims, t->num_bytes};
     return true;
   }
-  std::vector<uint8_t> bytes(const std::string& name) const override { return g_->load_raw(name); }
+  std::vector<uint8_t> bytes(const std::string& name, uint64_t first,
+                             uint64_t count) const override {
+    return g_->load_raw(name, first, count);
+  }
 
  private:
   std::shared_ptr<formats::GgufFile> g_;
