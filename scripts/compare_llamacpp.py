@@ -25,7 +25,7 @@ not the tokenizers.
    as kvbench counts), per --threads, --repeats (5) pairs each, kvbench then llama.cpp
    alternating (A B A B), medians, the 1-minute load average before each pair printed beside the
    figure (the machine is shared). Every run is a process of its own, and its peak resident set
-   (ru_maxrss from wait4) is its memory figure. kvbench: its own `--timings` line (weights loaded
+   (GNU time's %M, from a process of its own: see peak_rss_kb) is its memory figure. kvbench: its own `--timings` line (weights loaded
    before timing). llama.cpp: a Python child (llama-cpp-python) that loads the model with n_ctx =
    prompt + 64, evaluates 8 tokens untimed (mmap'd weights paged in, compute buffers allocated),
    then times `Llama.eval(prompt)` and 63 single-token evals with argmax, n_batch = n_ubatch =
@@ -114,6 +114,20 @@ SYNTHETIC = [
 ]
 
 
+def peak_rss_kb(cmd):
+    """Runs cmd under GNU time; returns (its peak resident set in KB, the CompletedProcess).
+    Not getrusage/wait4 from this process: Linux carries a process's peak across execve, so a
+    child forked (or vforked) from this Python process, which holds models and vocabularies,
+    would report this process's peak when it is the larger. GNU time forks the command from its
+    own small image."""
+    with tempfile.NamedTemporaryFile(mode="r", suffix=".rss") as f:
+        p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", f.name] + cmd, capture_output=True)
+        text = f.read().strip().splitlines()
+    if not text or not text[-1].isdigit():
+        fail(f"/usr/bin/time (Debian package `time`) gave no peak RSS for {cmd[0]}: {text}")
+    return int(text[-1]), p
+
+
 def fail(msg):
     sys.exit(f"compare_llamacpp.py: {msg}")
 
@@ -160,17 +174,11 @@ class Kvbench:
         self.n = 0
 
     def _run(self, cmd):
-        """stdout, stderr; self.peak_kb: the process's peak resident set (KB, from wait4)."""
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            p = subprocess.Popen(cmd, stdout=out, stderr=err)
-            _, status, usage = os.wait4(p.pid, 0)
-            p.returncode = os.waitstatus_to_exitcode(status)
-            out.seek(0)
-            err.seek(0)
-            o, e = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        """stdout, stderr; self.peak_kb: the process's peak resident set (KB, peak_rss_kb)."""
+        self.peak_kb, p = peak_rss_kb(cmd)
+        o, e = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
         if p.returncode != 0:
             fail(f"{' '.join(cmd)} exited {p.returncode}:\n{e}")
-        self.peak_kb = usage.ru_maxrss
         return o, e
 
     def generate(self, text, max_new, threads=None, timings=False):
@@ -412,18 +420,20 @@ def llamacpp_child(args, ids_path, threads):
     """One llama.cpp run in its own process (so that its peak resident set is its own): times of
     the prompt and the decode steps, the process's peak RSS and the interpreter's before the
     model was loaded (KB)."""
-    p = subprocess.run([sys.executable, "-c", LLAMACPP_CHILD, args.model, ids_path,
-                        str(SPEED_NEW_TOKENS), str(threads)], capture_output=True, text=True)
+    peak, p = peak_rss_kb([sys.executable, "-c", LLAMACPP_CHILD, args.model, ids_path,
+                           str(SPEED_NEW_TOKENS), str(threads)])
     if p.returncode != 0:
-        fail(f"the llama.cpp child exited {p.returncode}:\n{p.stderr}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+        fail(f"the llama.cpp child exited {p.returncode}:\n{p.stderr.decode(errors='replace')}")
+    r = json.loads(p.stdout.decode().strip().splitlines()[-1])
+    r["peak_kb"] = peak
+    return r
 
 
 def section_speed(kvb, args, wiki_text, vocab):
     print(f"\n## 4. CPU speed and peak memory (WikiText-2 prompts of --prompt-tokens tokens, "
           f"{SPEED_NEW_TOKENS} new tokens = {SPEED_NEW_TOKENS - 1} decode steps; kvbench and "
           f"llama.cpp alternate, {args.repeats} pairs, medians; each run is its own process, "
-          f"whose peak resident set (getrusage ru_maxrss) is measured; llama.cpp's process is a "
+          f"whose peak resident set (GNU time %M) is measured; llama.cpp's process is a "
           f"Python interpreter, whose own peak before the model is loaded is printed and "
           f"subtracted in 'net'; load: 1-minute load average before each pair, min-max)\n")
     print("| prompt | threads | kvbench prefill tok/s | llama.cpp prefill tok/s | ratio | "
