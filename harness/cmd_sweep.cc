@@ -153,6 +153,10 @@ int cmd_sweep(const std::vector<std::string>& args) {
          "future work); use --gpus-per-worker 1 or --device cpu";
   KVB_USAGE_CHECK(a.gpus_per_worker >= 1)
       << "--gpus-per-worker must be >= 1, got " << a.gpus_per_worker;
+  KVB_USAGE_CHECK(a.gpus_per_worker == 1 ||
+                  engine::resolve_dtype(device, a.dtype) != engine::DType::kNative)
+      << "--dtype native runs a model on one rank; tensor-parallel groups (--gpus-per-worker "
+      << a.gpus_per_worker << ") split f32 or bf16 weights: use --dtype f32 or bf16";
   parse_decode_batch(a.decode_batch);  // a bad value fails before MPI
   KVB_USAGE_CHECK(vm.count("prefix-cache-mib") == 0 ||
                   (a.prefix_cache_mib >= 0 && a.prefix_cache_mib <= 1 << 20))

@@ -145,6 +145,9 @@ TEST(CliArgsNoModel, ValidateAndSweepRefuseHostileOptions) {
           {{"--db", db, "--rerun-status", "oom,,timeout"},
            "--rerun-status oom,,timeout: '' is not"},
           {{"--db", db, "--dtype", ""}, "--dtype must be f32, bf16 or native, got ''"},
+          {{"--db", db, "--dtype", "native", "--gpus-per-worker", "2"},
+           "--dtype native runs a model on one rank; tensor-parallel groups (--gpus-per-worker 2) "
+           "split f32 or bf16 weights: use --dtype f32 or bf16"},
           {{"--db", db, "--resume", "--rerun"},
            "--resume continues a run that did not finish and skips the units that were in flight "
            "when it crashed twice; --rerun would clear their crash counts and run them again: give "

@@ -65,6 +65,8 @@ std::string tp_degree_error(const std::string& model, int num_heads, int num_kv_
 }
 
 Model shard_model(const Model& full, int rank, int size) {
+  KVB_USAGE_CHECK(!full.native_blocks)
+      << "--dtype native runs a model on one rank (tensor-parallel groups: --dtype f32 or bf16)";
   const ModelConfig& c = full.config;
   const std::string err = tp_degree_error(c.name, c.num_heads, c.num_kv_heads, c.hidden_dim, size);
   KVB_USAGE_CHECK(err.empty()) << err;
