@@ -541,10 +541,7 @@ void GgufFile::read_at(uint64_t offset, void* dst, uint64_t n) const {
 }
 
 std::vector<uint8_t> GgufFile::load_raw(const std::string& name) const {
-  const GgufTensorInfo& ti = tensor_or_throw(name);
-  std::vector<uint8_t> raw(static_cast<size_t>(ti.num_bytes));
-  read_at(data_offset_ + ti.offset, raw.data(), ti.num_bytes);  // bounds checked at open
-  return raw;
+  return load_raw(name, 0, tensor_or_throw(name).num_bytes);  // bounds checked at open
 }
 
 std::vector<uint8_t> GgufFile::load_raw(const std::string& name, uint64_t first,
