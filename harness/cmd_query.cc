@@ -10,7 +10,10 @@
 #include "common/error.h"
 #include "common/table.h"
 #include "harness/cli.h"
+#include "harness/findings_config.h"
+#include "harness/sweep_config.h"
 #include "results/analysis.h"
+#include "results/findings.h"
 #include "results/groups.h"
 #include "results/named_queries.h"
 #include "results/schema.h"
@@ -39,14 +42,21 @@ const char* kPaperDescription =
     "per task (higher-is-better metrics), mean (95% interval), and the average of the task means "
     "with a stratified bootstrap interval; -o latex gives a booktabs tabular";
 
+const char* kFindingsDescription =
+    "a paper's claims (its config's findings:) with verdicts: per claim, model and budget the "
+    "contrast with its paired-bootstrap 95% interval, the margin and reproduced / not "
+    "reproduced / inconclusive with the reason (configs/README.md \"Findings\"); the claims "
+    "come from the newest run's stored config that has them, or from --config FILE";
+
 }  // namespace
 
 int cmd_query(const std::vector<std::string>& args) {
-  std::string db, what, output = "md";
+  std::string db, what, output = "md", config;
   std::vector<std::string> params;
   double timeout_s = 60;
   po::options_description desc(
       "usage: kvbench query --db FILE NAME|SQL [-o md|csv|jsonl|latex] [--param VALUE ...]\n"
+      "       kvbench query --db FILE findings [--config SWEEP.yaml]\n"
       "       kvbench query --list\n"
       "       kvbench query --db FILE --migrate\n\n"
       "Runs a named query (kvbench query --list) or one SQL statement against a results\n"
@@ -61,6 +71,9 @@ int cmd_query(const std::vector<std::string>& args) {
       ("output,o", po::value(&output)->default_value("md"),
        "md | csv | jsonl | latex (a booktabs tabular)")
       ("param", po::value(&params)->composing(), "a value bound to the next ?N parameter")
+      ("config", po::value(&config),
+       "findings only: the sweep config whose findings: to check (default: the newest run's "
+       "stored config that has findings:)")
       ("timeout-s", po::value(&timeout_s)->default_value(60),
        "stop a query still running after this many seconds (0: no limit)")
       ("query", po::value(&what), "a named query or SQL (positional)");
@@ -74,6 +87,7 @@ int cmd_query(const std::vector<std::string>& args) {
     t.add({"vs-full", kVsFullDescription});
     t.add({"groups", kGroupsDescription});
     t.add({"paper", kPaperDescription});
+    t.add({"findings", kFindingsDescription});
     t.print(std::cout, output);
     return 0;
   }
@@ -94,6 +108,30 @@ int cmd_query(const std::vector<std::string>& args) {
       << "--timeout-s must be >= 0 seconds (0: no limit), got " << timeout_s;
   KVB_USAGE_CHECK(output == "md" || output == "csv" || output == "jsonl" || output == "latex")
       << "--output must be md, csv, jsonl or latex, got " << output;
+  KVB_USAGE_CHECK(config.empty() || what == "findings")
+      << "--config is for the findings query (kvbench query --db DB findings --config FILE)";
+  if (what == "findings") {
+    results::Store store = results::Store::open(db, results::Mode::kReadOnly);
+    std::vector<results::Findings> all;
+    if (!config.empty()) {
+      const SweepConfig cfg = load_sweep_config(config);
+      KVB_USAGE_CHECK(cfg.findings.has_value())
+          << config << " has no findings: section (configs/README.md \"Findings\" writes one)";
+      all.push_back(*cfg.findings);
+    } else {
+      all = findings_of_db(store);
+      KVB_USAGE_CHECK(!all.empty())
+          << "no run in " << db
+          << " was swept from a config with findings:; give the config with --config FILE "
+             "(configs/paper_*.yaml have them)";
+    }
+    std::vector<results::FindingRow> rows;
+    for (const results::Findings& f : all) {
+      for (results::FindingRow& r : results::evaluate_findings(store, f)) rows.push_back(r);
+    }
+    results::findings_table(rows).print(std::cout, output);
+    return 0;
+  }
   if (what == "paper") {
     results::Store store = results::Store::open(db, results::Mode::kReadOnly);
     results::paper_table(results::score_cells(store, {})).print(std::cout, output);
@@ -120,7 +158,7 @@ int cmd_query(const std::vector<std::string>& args) {
   if (!named && what.find(' ') == std::string::npos) {
     std::string names;
     for (const auto& q : results::named_queries()) names += (names.empty() ? "" : ", ") + q.name;
-    names += ", vs-full, groups, paper";
+    names += ", vs-full, groups, paper, findings";
     KVB_USAGE_FAIL() << "no named query '" << what << "'; named queries: " << names
                      << " (or give a SQL statement)";
   }

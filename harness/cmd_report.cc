@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "harness/cli.h"
+#include "harness/findings_config.h"
 #include "results/report.h"
 #include "results/store.h"
 
@@ -24,7 +25,8 @@ int cmd_report(const std::vector<std::string>& args) {
       "score vs budget with 95% CI bands, the paired comparison to full (bootstrap CI, p), NIAH\n"
       "heatmaps, task-group means (a task definition's group:, e.g. RULER's summary), memory\n"
       "and latency vs context length, score vs KV memory (Pareto front), failures and\n"
-      "provenance (configs, git revision, devices).\n\n"
+      "provenance (configs, git revision, devices). When the newest run's config has\n"
+      "findings: (a paper's claims, configs/README.md), their verdicts come first.\n\n"
       "Filters restrict every table and plot: KEY is model, task, policy, kv_budget (older\n"
       "spelling: budget) or metric;\n"
       "values of one key are alternatives, keys combine. `full` is always kept: it is the\n"
@@ -44,6 +46,7 @@ int cmd_report(const std::vector<std::string>& args) {
   opt.out_dir = out;
   opt.filter = results::Filter::parse(filters);
   const results::Store store = results::Store::open(db, results::Mode::kReadOnly);
+  opt.findings = findings_of_db(store);
   const results::ReportFiles files = results::write_report(store, opt);
   if (files.ok_units == 0) {
     KVB_LOG_WARN << db << " holds " << files.units

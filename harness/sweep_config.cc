@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "harness/findings_config.h"
 #include "harness/policy_files.h"
 #include "harness/task_file.h"
 #include "harness/yaml_tree.h"
@@ -560,6 +561,13 @@ void parse_exclude(const Node& n, SweepConfig& cfg) {
 }  // namespace
 
 // ---- public -----------------------------------------------------------------------------------
+BudgetEntry parse_budget_item(const yamlcfg::Node& item, const std::string& key) {
+  if (item.kind == Node::Kind::kMap) return budget_map(item, key);
+  return {static_cast<int>(to_int(item, key + " (a token count, {ratio: r} or {compression_ratio: c})",
+                                  1, INT_MAX)),
+          0};
+}
+
 std::string BudgetEntry::spec() const {
   if (tokens > 0) return std::to_string(tokens);
   if (ratio > 0 || removed) {
@@ -644,7 +652,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   expect_map(root, "",
              {"description", "models", "tasks", "policies", "kv_budget", "question", "seed",
               "limit", "generation", "max_prompt_tokens", "unit_time_limit_s", "threads", "exclude",
-              "decode_batch", "prefix_cache_mib", "include_path", "dtype", "budgets",
+              "decode_batch", "prefix_cache_mib", "include_path", "dtype", "findings", "budgets",
               "seeds"});  // the last two: deprecated spellings of kv_budget, seed
   auto get = [&](const char* key) -> const Node* {
     const Entry* e = root.find(key);
@@ -744,6 +752,10 @@ SweepConfig load_sweep_config(const std::string& path) {
   check_cells(cfg, root);
   validate_policies(cfg, porigin, borigin, root);
   if (const Node* n = get("exclude")) parse_exclude(*n, cfg);
+  if (const Node* n = get("findings")) {
+    cfg.findings = parse_findings(*n);
+    check_findings(*cfg.findings, cfg, *n);
+  }
   return cfg;
 }
 

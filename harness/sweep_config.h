@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/options.h"
 #include "harness/model_info.h"
+#include "results/findings.h"
 
 namespace kvb::harness {
 
@@ -49,6 +51,13 @@ struct BudgetEntry {
   // n)); compression_ratio c gives kvpress's compute_n_kept, max(1, int(n * (1 - c))).
   int tokens_for(int prompt_tokens) const;
 };
+
+namespace yamlcfg {
+struct Node;
+}
+// One budget as a YAML item: a token count, {ratio: r} or {compression_ratio: c} (no ranges), as
+// `kv_budget:` reads its items; `findings:` names its budgets this way.
+BudgetEntry parse_budget_item(const yamlcfg::Node& item, const std::string& key);
 
 // A budget given on the command line (generate, eval): --kv-budget TEXT is a token count ("256"),
 // or, written with a decimal point, the fraction kept ("0.5"); --compression-ratio C (kvpress's
@@ -99,6 +108,9 @@ struct SweepConfig {
   // Deprecated spellings read (`budgets:`, `seeds:`, exclude's `kv_ratio:`), one note each:
   // "FILE:LINE: budgets is a deprecated spelling; write kv_budget: (...)".
   std::vector<std::string> notes;
+  // `findings:` (configs/README.md "Findings"): the paper's claims, checked against this matrix
+  // at load; no unit key reads them.
+  std::optional<results::Findings> findings;
 };
 
 // Reads and validates a config: YAML syntax, unknown keys, types and ranges, every task and

@@ -236,6 +236,22 @@ Node load_tree(const std::string& path, LoadState& state, const Node* site,
   return out;
 }
 
+Node parse_text(const std::string& text, const std::string& name) {
+  YAML::Node y;
+  try {
+    y = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    KVB_USAGE_FAIL() << name << ":" << e.mark.line + 1 << ":" << e.mark.column + 1
+                     << ": invalid YAML: " << e.msg;
+  }
+  int64_t nodes = 0;
+  Converter conv{name, nodes, {}, {}};
+  Node root = conv.convert(y, 1);
+  root.line = 1;
+  if (root.kind == Node::Kind::kNull) root.kind = Node::Kind::kMap;
+  return root;
+}
+
 // ---- schema helpers ---------------------------------------------------------------------------
 // A mapping whose keys must come from `allowed`.
 const Node& expect_map(const Node& n, const std::string& key,

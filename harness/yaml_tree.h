@@ -50,6 +50,10 @@ struct LoadState {
 Node load_tree(const std::string& path, LoadState& state, const Node* site,
                const std::string& site_key);
 
+// One YAML document from memory (a config stored in a database), without includes; `name` stands
+// for the file in messages. Invalid YAML is a usage error.
+Node parse_text(const std::string& text, const std::string& name);
+
 // A mapping whose keys must come from `allowed`.
 const Node& expect_map(const Node& n, const std::string& key,
                        const std::vector<std::string>& allowed);

@@ -465,6 +465,29 @@ ReportFiles write_report(const Store& store, const ReportOptions& opt) {
   scope.multi = store.query("SELECT COUNT(DISTINCT model) FROM units").rows[0][0].text != "1";
 
   std::vector<Section> sections;
+  if (!opt.findings.empty()) {
+    Section s{"findings", "Findings: the paper's claims", "", {}, {}, ""};
+    std::vector<FindingRow> rows;
+    std::string papers;
+    for (const Findings& f : opt.findings) {
+      papers += (papers.empty() ? "" : ", ") + f.paper;
+      for (FindingRow& r : evaluate_findings(store, f)) rows.push_back(std::move(r));
+    }
+    int counts[3] = {0, 0, 0};
+    for (const FindingRow& r : rows) {
+      if (r.budget == "all" || std::none_of(rows.begin(), rows.end(), [&](const FindingRow& o) {
+            return o.id == r.id && o.model == r.model && o.budget == "all";
+          })) {
+        counts[r.verdict == "reproduced" ? 0 : r.verdict == "not reproduced" ? 1 : 2] += 1;
+      }
+    }
+    s.intro = "The claims of " + papers + " as its config states them (findings:), each with a "
+              "verdict from this database: " + std::to_string(counts[0]) + " reproduced, " +
+              std::to_string(counts[1]) + " not reproduced, " + std::to_string(counts[2]) +
+              " inconclusive. " + kFindingsRule + " Filters do not apply here.";
+    s.tables.push_back({"findings", "Claims and verdicts", findings_table(rows)});
+    sections.push_back(std::move(s));
+  }
   {
     Section s{"scores", "Score vs KV budget", "", {}, {}, ""};
     s.intro = std::string("Mean score per model, task, metric, policy and budget over the samples "

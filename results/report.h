@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "results/analysis.h"
+#include "results/findings.h"
 #include "results/store.h"
 
 namespace kvb::results {
@@ -18,6 +19,9 @@ struct ReportOptions {
   std::string out_dir;
   Filter filter;
   std::string title = "kvbench report";
+  // The claims of the papers the database's configs reproduce (a config's findings:): their
+  // verdicts are the report's first section. Filters do not apply to them.
+  std::vector<Findings> findings;
 };
 
 struct ReportFiles {

@@ -55,6 +55,7 @@ class PerplexityTask : public Task {
            "shared/data/wikitext-2/test.txt)";
     max_tokens_ = o.get_int("max_tokens", 2048, 2, 1 << 30);
     ranges_ = parse_ranges(o.get_string("ranges", "0-256,256-512,512-1024,1024-2048"));
+    segments_ = o.get_int("segments", 1, 1, 100000);
   }
 
   std::string name() const override { return "perplexity"; }
@@ -71,22 +72,48 @@ class PerplexityTask : public Task {
     return m;
   }
 
+  // One sample, the file's first max_tokens tokens; with segments: N, N samples: consecutive
+  // disjoint pieces of the file, each starting at a line and holding max_tokens tokens (each the
+  // shortest prefix of the rest that holds them, as enough_text cuts), ids "ppl-FILE#k".
   std::vector<Sample> samples(const TaskContext& ctx) override {
-    Sample s;
-    s.text = read_text_file(file_, "file",
-                            "WikiText-2 (tokenized, as PyTorch's word_language_model example) "
-                            "is in shared/data/wikitext-2/; any UTF-8 text file works",
-                            size_t{1} << 30);
-    KVB_USAGE_CHECK(!s.text.empty()) << "task perplexity: " << file_ << " is empty";
-    if (ctx.count_tokens) s.text = enough_text(s.text, ctx);
-    s.id = "ppl-" + std::filesystem::path(file_).filename().string();
-    s.kind = SampleKind::kPerplexity;
-    s.chat = false;
-    s.max_tokens = max_tokens_;
-    s.max_new_tokens = 0;
-    s.fields["file"] = std::filesystem::path(file_).filename().string();
-    s.fields["max_tokens"] = std::to_string(max_tokens_);
-    return {s};
+    std::string text = read_text_file(file_, "file",
+                                      "WikiText-2 (tokenized, as PyTorch's word_language_model "
+                                      "example) is in shared/data/wikitext-2/; any UTF-8 text "
+                                      "file works",
+                                      size_t{1} << 30);
+    KVB_USAGE_CHECK(!text.empty()) << "task perplexity: " << file_ << " is empty";
+    const std::string base = "ppl-" + std::filesystem::path(file_).filename().string();
+    auto sample = [&](std::string piece, const std::string& id) {
+      Sample s;
+      s.text = std::move(piece);
+      s.id = id;
+      s.kind = SampleKind::kPerplexity;
+      s.chat = false;
+      s.max_tokens = max_tokens_;
+      s.max_new_tokens = 0;
+      s.fields["file"] = std::filesystem::path(file_).filename().string();
+      s.fields["max_tokens"] = std::to_string(max_tokens_);
+      return s;
+    };
+    if (segments_ == 1) return {sample(ctx.count_tokens ? enough_text(text, ctx) : text, base)};
+    KVB_USAGE_CHECK(static_cast<bool>(ctx.count_tokens))
+        << "task perplexity: segments=" << segments_ << " needs the model's tokenizer to cut "
+        << file_ << " (run it in a sweep, eval or generate with a model)";
+    std::vector<Sample> out;
+    size_t start = 0;
+    for (int k = 0; k < segments_; ++k) {
+      while (start < text.size() && (text[start] == '\n' || text[start] == ' ')) ++start;
+      const std::string rest = text.substr(start);
+      const std::string piece = enough_text(rest, ctx);
+      KVB_USAGE_CHECK(!rest.empty() &&
+                      ctx.count_tokens(piece) >= max_tokens_ + 1)
+          << "task perplexity: " << file_ << " holds " << k << " segments of max_tokens="
+          << max_tokens_ << " tokens, not segments=" << segments_
+          << "; lower segments or max_tokens, or give a longer file";
+      out.push_back(sample(piece, base + "#" + std::to_string(k)));
+      start += piece.size();
+    }
+    return out;
   }
 
   Scores score(const Sample&, const Prediction& p) const override {
@@ -154,6 +181,7 @@ class PerplexityTask : public Task {
 
   std::string file_;
   int max_tokens_ = 2048;
+  int segments_ = 1;
   std::vector<Range> ranges_;
 };
 
@@ -166,7 +194,11 @@ TaskInfo perplexity_task_info() {
           "predicted token = its index in the text); token-weighted over samples.",
           {{"file", "", "text file (required), e.g. WikiText-2 test.txt", {}},
            {"max_tokens", "2048", "score at most this many tokens of the text", {}},
-           {"ranges", "0-256,256-512,512-1024,1024-2048", "position ranges a-b for ppl_a_b", {}}},
+           {"ranges", "0-256,256-512,512-1024,1024-2048", "position ranges a-b for ppl_a_b", {}},
+           {"segments", "1",
+            "samples: N consecutive disjoint pieces of the file of max_tokens tokens each, ids "
+            "ppl-FILE#k (paired comparisons need several samples); 1: the file's start alone",
+            {}}},
           [](const Options& o) { return std::make_unique<PerplexityTask>(o); }};
 }
 
