@@ -387,6 +387,36 @@ class Baselines(Base):
             self.assertTrue(r["why"].startswith("baseline"), r["why"])
 
 
+    def test_baseline_order(self):
+        # The contract does not say in which order full's values enter a non-binary `above:`
+        # bootstrap, and the resamples depend on it. --baseline-order picks it: the contrast's
+        # sample order (default) or unit_key order. Both intervals must be the bootstrap of the
+        # values in that order (the baseline fails at above 0.99, so its why prints them).
+        values = [round(0.05 + 0.9 * ((i * 7) % 13) / 13 + 0.001 * i, 4) for i in range(13)]
+        keys = {}
+        for i, v in enumerate(values):
+            keys[f"s{i}"] = self.db.unit("m1", "qa", "full", "", f"s{i}", {"f1": (v, 1)})
+            self.db.unit("m1", "qa", "h2o", "128", f"s{i}", {"f1": (v, 1)})
+        by_key = [values[int(s[1:])] for s, _ in sorted(keys.items(), key=lambda kv: kv[1])]
+        # Sample order compares sample_id as text: s0, s1, s10, s11, s12, s2, ..., s9.
+        by_sample = [values[int(s[1:])] for s in sorted(keys)]
+        want = {"sample": cf.paired_bootstrap(by_sample),
+                "unit_key": cf.paired_bootstrap(by_key)}
+        self.assertNotEqual(want["sample"][1:], want["unit_key"][1:])  # the order matters here
+        self.db.close()
+        cfg = self.write("config.yaml", findings(
+            claim("qa", "at_least", "{policy: h2o, kv_budget: 128}", margin=0, task="qa",
+                  metric="f1"),
+            baselines="  baselines:\n    - {task: qa, metric: f1, above: 0.99}\n"))
+        for order, (mean, lo, hi) in want.items():
+            rc, out, err = run_script(["--db", self.db_path, "--config", cfg, "--jsonl",
+                                       "--baseline-order", order])
+            self.assertEqual(rc, 0, err)
+            why = json.loads(out.splitlines()[0])["why"]
+            self.assertTrue(why.startswith("baseline"), why)
+            self.assertIn(f"[{lo:.4f}, {hi:.4f}]", why)
+
+
 class Options(Base):
     """(f) options match as a subset (values as text); two matching option sets are ambiguous."""
 
