@@ -268,16 +268,31 @@ void check_findings(const results::Findings& f, const SweepConfig& cfg, const No
 std::vector<results::Findings> findings_of_db(const results::Store& store) {
   const results::QueryResult r =
       store.query("SELECT run_id, config_text FROM runs ORDER BY run_id DESC");
+  // A stored config is the top file's text, then each include's after a line "# --- include:
+  // PATH" (yaml_tree.h LoadState): the pieces are parsed one by one, the top file first (it wins
+  // over its includes, as at load).
+  static const std::string kMarker = "\n# --- include: ";
   for (const auto& row : r.rows) {
     const std::string& text = row[1].text;
     if (text.find("findings") == std::string::npos) continue;
-    try {
-      const Node root = parse_text(text, "run " + row[0].text + "'s stored config");
-      const Entry* e = root.kind == Node::Kind::kMap ? root.find("findings") : nullptr;
-      if (!e) continue;
-      return {parse_findings(e->value)};
-    } catch (const Error&) {
-      continue;  // an older or merged config that does not parse alone: try an earlier run
+    std::vector<std::string> pieces;
+    for (size_t start = 0; start <= text.size();) {
+      const size_t next = text.find(kMarker, start);
+      pieces.push_back(text.substr(start, next == std::string::npos ? next : next - start));
+      if (next == std::string::npos) break;
+      start = next + 1;
+    }
+    // The top file, then the includes from the last (a later include overrides an earlier one).
+    std::reverse(pieces.begin() + 1, pieces.end());
+    for (const std::string& piece : pieces) {
+      if (piece.find("findings") == std::string::npos) continue;
+      try {
+        const Node root = parse_text(piece, "run " + row[0].text + "'s stored config");
+        const Entry* e = root.kind == Node::Kind::kMap ? root.find("findings") : nullptr;
+        if (e) return {parse_findings(e->value)};
+      } catch (const Error&) {
+        // an older config that does not parse alone: try the next piece, then earlier runs
+      }
     }
   }
   return {};

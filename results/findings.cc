@@ -155,10 +155,15 @@ std::string baseline_failure(const Store& store, const Findings& f, const std::s
                              const std::string& task) {
   for (const FindingBaseline& b : f.baselines) {
     if (b.task != task) continue;
-    std::vector<double> values;
+    // In sample order, as a contrast's values (the bootstrap's resamples depend on the order).
+    std::vector<std::pair<SampleKey, double>> by_sample;
     for (const UnitValue& u : unit_values(store, model, task, b.metric, "")) {
-      if (u.policy == "full") values.push_back(u.value);
+      if (u.policy == "full") by_sample.push_back({u.sample, u.value});
     }
+    std::stable_sort(by_sample.begin(), by_sample.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<double> values;
+    for (const auto& [key, v] : by_sample) values.push_back(v);
     const std::string bar = b.above ? "its 95% interval above " + figure(b.value)
                                     : "a mean of at least " + figure(b.value);
     if (values.empty()) {
@@ -209,7 +214,13 @@ FindingRow evaluate_instance(const Claim& c, const FindingInstance& inst,
           u.options_json != *option_sets.begin()) {
         continue;
       }
-      cell_values[ci].emplace(u.sample, u.higher_is_better ? u.value : -u.value);
+      if (!cell_values[ci].emplace(u.sample, u.higher_is_better ? u.value : -u.value).second) {
+        // Two units of one sample under one model name (the file was replaced between sweeps).
+        row.why = cell.label() + " has two units of sample " + u.sample.sample_id +
+                  " (two model files under one name, or two settings of the matrix); sweep each "
+                  "into its own database";
+        return row;
+      }
       cell_raw[ci].emplace(u.sample, u.value);
     }
   }

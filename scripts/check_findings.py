@@ -557,6 +557,13 @@ def evaluate_instance(data, claim, model, terms, baseline_why):
             reasons.append(f"no units of {cell.label()}")
         cells.append(got if kind == "ok" else {})
     duplicates = []
+    for (_, cell), c in zip(terms, cells):
+        for s_key, vals in sorted(c.items(), key=lambda kv: sample_order(kv[0])):
+            if len(vals) > 1:
+                duplicates.append((cell.label(), s_key))
+    if duplicates:
+        label, s_key = duplicates[0]
+        reasons.append(f"{label} has two units of one sample {s_key} (the contract: inconclusive)")
     if not reasons:
         common = set(cells[0])
         for c in cells[1:]:
@@ -567,8 +574,6 @@ def evaluate_instance(data, claim, model, terms, baseline_why):
             total = 0.0
             for j, ((w, cell), c) in enumerate(zip(terms, cells)):
                 vals = c[s]
-                if len(vals) > 1:
-                    duplicates.append((cell.label(), s))
                 oriented = sum(v[0] for v in vals) / len(vals)
                 raw = sum(v[1] for v in vals) / len(vals)
                 total += w * oriented
@@ -583,9 +588,6 @@ def evaluate_instance(data, claim, model, terms, baseline_why):
                 row["margin"] = claim["margin_pct"] / 100 * abs(sum(against_raw) / n)
         if n < 2:
             reasons.append(f"n = {n} paired samples (need 2)")
-    for label, s in duplicates[:3]:
-        print(f"check_findings: warning: {claim['id']} {model}: {label} has several units of "
-              f"sample {s}; using their mean", file=sys.stderr)
     if baseline_why is not None:
         row["verdict"], row["why"] = "inconclusive", baseline_why
     elif reasons:

@@ -19,7 +19,8 @@ packages=(
   bible-kjv
   chromium fonts-dejavu-core
   python3 python3-venv python3-pip
-  python3-dev python3-numpy
+  python3-dev python3-numpy python3-yaml
+  time
 )
 
 missing=()
