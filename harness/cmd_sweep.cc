@@ -84,6 +84,10 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "no-share-prefill", po::bool_switch(), "run every unit's own prefill (for comparisons)")(
       "progress", po::bool_switch(&a.progress),
       "progress lines even when stderr is not a terminal")(
+      "limit", po::value(&a.limit)->default_value(0),
+      "a quick look: the first N samples of each task (0: all). The units are the full run's "
+      "own (the task's options do not change), so a later run without --limit runs only the "
+      "rest")(
       "threads", po::value(&a.threads)->default_value(0),
       "OpenMP threads per worker (0: OMP_NUM_THREADS when set, else cores / ranks on this node)")(
       "gpus-per-worker", po::value(&a.gpus_per_worker)->default_value(1),
@@ -158,6 +162,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
       << "--dtype native runs a model on one rank; tensor-parallel groups (--gpus-per-worker "
       << a.gpus_per_worker << ") split f32 or bf16 weights: use --dtype f32 or bf16";
   parse_decode_batch(a.decode_batch);  // a bad value fails before MPI
+  KVB_USAGE_CHECK(a.limit >= 0) << "--limit must be a number of samples >= 0 (0: all), got "
+                                << a.limit;
   KVB_USAGE_CHECK(vm.count("prefix-cache-mib") == 0 ||
                   (a.prefix_cache_mib >= 0 && a.prefix_cache_mib <= 1 << 20))
       << "--prefix-cache-mib must be a number of MiB in [0, 1048576] (0: off), got "

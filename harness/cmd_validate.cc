@@ -345,6 +345,12 @@ int cmd_validate(const std::vector<std::string>& args) {
             << "\nquestion: " << questions << "\nseeds: " << seeds << "\nlimit: "
             << (cfg.limit > 0 ? std::to_string(cfg.limit) + " samples per task" : "the tasks' own")
             << "\nexclusion rules: " << cfg.exclude.size() << "\n";
+  if (cfg.findings) {
+    std::cout << "findings: " << cfg.findings->claims.size() << " claim(s) of "
+              << cfg.findings->paper << ", " << cfg.findings->baselines.size()
+              << " baseline bar(s), checked against this matrix (after the sweep: kvbench query "
+                 "--db DB findings)\n";
+  }
 
   const double t_full = (prefill / prefill_rate + decode_steps / decode_rate) / groups;
   const double t_shared = (shared_prefill / prefill_rate + decode_steps / decode_rate) / groups;

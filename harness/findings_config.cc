@@ -44,7 +44,8 @@ CellSpec read_cell(const Node& n, const std::string& key, bool list_allowed, boo
   const Entry* p = n.find("policy");
   if (!p) fail(n, key, "needs policy: (a policy of this config)");
   c.cell.policy = scalar(p->value, key + ".policy");
-  if (const Entry* o = n.find("options")) c.cell.options = read_options(&o->value, key + ".options");
+  if (const Entry* o = n.find("options"))
+    c.cell.options = read_options(&o->value, key + ".options");
   if (weighted) {
     const Entry* w = n.find("weight");
     if (!w) fail(n, key, "needs weight: (a number; +1 and -1 make a difference)");
@@ -97,7 +98,8 @@ results::Claim read_claim(const Node& n, const std::string& key) {
   if (const Entry* e = n.find("question")) {
     c.question = scalar(e->value, key + ".question");
     if (c.question != "in_prompt" && c.question != "after_compression")
-      fail(e->value, key + ".question", "'" + c.question + "' is not in_prompt or after_compression");
+      fail(e->value, key + ".question",
+           "'" + c.question + "' is not in_prompt or after_compression");
   }
   const Node& expect = need("expect", "at_least, better or worse");
   const std::string ex = scalar(expect, key + ".expect");
@@ -143,7 +145,8 @@ results::Claim read_claim(const Node& n, const std::string& key) {
   CellSpec cmp = read_cell(compare->value, key + ".compare", true, false);
   CellSpec against;
   against.cell.policy = "full";
-  if (const Entry* a = n.find("against")) against = read_cell(a->value, key + ".against", false, false);
+  if (const Entry* a = n.find("against"))
+    against = read_cell(a->value, key + ".against", false, false);
   against.cell.weight = -1;
   if (cmp.budgets.empty() && cmp.cell.policy != "full")
     fail(compare->value, key + ".compare", "needs kv_budget: (one budget or a list)");
@@ -183,7 +186,8 @@ results::Findings parse_findings(const Node& n) {
       const Entry* al = item->find("at_least");
       const Entry* ab = item->find("above");
       if ((al != nullptr) == (ab != nullptr))
-        fail(*item, key, "give at_least: (full's mean) or above: (its interval's low end), one of them");
+        fail(*item, key,
+             "give at_least: (full's mean) or above: (its interval's low end), one of them");
       fb.above = ab != nullptr;
       fb.value = to_double((ab ? ab : al)->value, key + (ab ? ".above" : ".at_least"));
       f.baselines.push_back(fb);
@@ -210,8 +214,8 @@ void check_findings(const results::Findings& f, const SweepConfig& cfg, const No
   for (const BudgetEntry& b : cfg.budgets) budget_specs.push_back(b.spec());
   for (const results::FindingBaseline& b : f.baselines) {
     if (!task_known(b.task))
-      fail(at, "findings.baselines", "task '" + b.task + "' is not a task of this config (" +
-                                         join(task_names) + ")");
+      fail(at, "findings.baselines",
+           "task '" + b.task + "' is not a task of this config (" + join(task_names) + ")");
   }
   for (const results::Claim& c : f.claims) {
     const std::string key = "findings.claims[" + c.id + "]";
@@ -230,9 +234,8 @@ void check_findings(const results::Findings& f, const SweepConfig& cfg, const No
       fail(at, key + ".metric",
            "'" + c.metric + "' is not a metric of task " + c.task + " (" + join(metrics) + ")");
     }
-    if (!c.model.empty() &&
-        std::none_of(cfg.models.begin(), cfg.models.end(),
-                     [&](const ModelEntry& m) { return m.name == c.model; })) {
+    if (!c.model.empty() && std::none_of(cfg.models.begin(), cfg.models.end(),
+                                         [&](const ModelEntry& m) { return m.name == c.model; })) {
       fail(at, key + ".model", "'" + c.model + "' is not a model name of this config");
     }
     for (const results::FindingInstance& inst : c.instances) {
@@ -247,15 +250,18 @@ void check_findings(const results::Findings& f, const SweepConfig& cfg, const No
               return true;
             });
         if (matches == 0) {
-          fail(at, key, cell.label() + " matches no entry of policies: (a policy name, and options "
-                        "as the entry writes them)");
+          fail(at, key,
+               cell.label() +
+                   " matches no entry of policies: (a policy name, and options "
+                   "as the entry writes them)");
         }
         if (matches > 1) {
-          fail(at, key, cell.label() + " matches " + std::to_string(matches) +
-                            " entries of policies:; give the options that tell them apart");
+          fail(at, key,
+               cell.label() + " matches " + std::to_string(matches) +
+                   " entries of policies:; give the options that tell them apart");
         }
-        if (cell.policy != "full" &&
-            std::find(budget_specs.begin(), budget_specs.end(), cell.budget) == budget_specs.end()) {
+        if (cell.policy != "full" && std::find(budget_specs.begin(), budget_specs.end(),
+                                               cell.budget) == budget_specs.end()) {
           fail(at, key,
                cell.label() + ": budget '" + cell.budget + "' is not in kv_budget: (" +
                    join(budget_specs) + ")");

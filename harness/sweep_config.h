@@ -111,6 +111,9 @@ struct SweepConfig {
   // `findings:` (configs/README.md "Findings"): the paper's claims, checked against this matrix
   // at load; no unit key reads them.
   std::optional<results::Findings> findings;
+  // `kvbench sweep --limit N` (not YAML): the first N samples of each task, its options (and
+  // so its unit keys) unchanged. 0: all.
+  int sample_cap = 0;
 };
 
 // Reads and validates a config: YAML syntax, unknown keys, types and ranges, every task and

@@ -228,6 +228,7 @@ void refuse_mixed_precision(results::Store& store, const std::vector<std::string
 
 int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
   SweepConfig cfg = load_sweep_config(a.config);
+  cfg.sample_cap = a.limit;
   for (const std::string& note : cfg.notes) KVB_LOG_WARN << note;
   apply_config_threads(a, cfg);
   check_tp_degree(cfg, a.gpus_per_worker);

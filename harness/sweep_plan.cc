@@ -87,6 +87,11 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
       const Options topts = keyed_task_options(cfg, te);
       std::unique_ptr<tasks::Task> task = make_any_task(te.name, topts);
       std::vector<tasks::Sample> samples = task->samples(ctx);
+      // --limit N (a quick look): the first N samples, with the task's options unchanged, so
+      // the units are those of the full run and a later run without --limit skips them.
+      if (cfg.sample_cap > 0 && samples.size() > static_cast<size_t>(cfg.sample_cap)) {
+        samples.resize(cfg.sample_cap);
+      }
       std::vector<ConfigCell> task_cells;  // this (model, task)'s cells, in the matrix's order
       for (const ConfigCell& cell : cells) {
         if (cell.model == static_cast<int>(mi) && cell.task == static_cast<int>(ti)) {

@@ -19,6 +19,7 @@ struct SweepArgs {
   std::string rerun_status;  // --rerun-status: comma-separated statuses
   std::set<results::UnitStatus> rerun_statuses;
   int threads = 0;
+  int limit = 0;  // --limit N: a quick look at the first N samples of each task (0: all)
   int gpus_per_worker = 1;  // tensor-parallel degree of each worker group
   double max_rss_gb = 0;    // --max-rss-gb: per-unit resident-memory check (0: none)
   std::string decode_batch;  // --decode-batch auto|N ("": the config's decode_batch)

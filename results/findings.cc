@@ -167,8 +167,8 @@ std::string baseline_failure(const Store& store, const Findings& f, const std::s
     const std::string bar = b.above ? "its 95% interval above " + figure(b.value)
                                     : "a mean of at least " + figure(b.value);
     if (values.empty()) {
-      return "baseline: no full units of " + task + " with " + b.metric + " finished ok (the bar: " +
-             bar + ")";
+      return "baseline: no full units of " + task + " with " + b.metric +
+             " finished ok (the bar: " + bar + ")";
     }
     const MeanCI ci = score_ci(values);
     const bool ok = b.above ? ci.lo > b.value : ci.mean >= b.value;
@@ -263,10 +263,12 @@ FindingRow evaluate_instance(const Claim& c, const FindingInstance& inst,
     case Expect::kAtLeast:
       if (pc.lo >= -m) {
         row.verdict = kReproduced;
-        row.why = "the interval's low end " + fixed(pc.lo, 4) + " is >= -margin " + fixed(-m, 4);
+        row.why =
+            "the interval's low end " + fixed(pc.lo, 4) + " is not below -margin " + fixed(-m, 4);
       } else if (pc.hi < -m) {
         row.verdict = kNotReproduced;
-        row.why = "the interval's high end " + fixed(pc.hi, 4) + " is below -margin " + fixed(-m, 4);
+        row.why =
+            "the interval's high end " + fixed(pc.hi, 4) + " is below -margin " + fixed(-m, 4);
       } else {
         row.why = "the interval " + interval + " holds -margin " + fixed(-m, 4);
       }
@@ -274,10 +276,12 @@ FindingRow evaluate_instance(const Claim& c, const FindingInstance& inst,
     case Expect::kBetter:
       if (pc.lo > m) {
         row.verdict = kReproduced;
-        row.why = "the interval's low end " + fixed(pc.lo, 4) + " is above the margin " + fixed(m, 4);
+        row.why =
+            "the interval's low end " + fixed(pc.lo, 4) + " is above the margin " + fixed(m, 4);
       } else if (pc.hi <= m) {
         row.verdict = kNotReproduced;
-        row.why = "the interval's high end " + fixed(pc.hi, 4) + " is <= the margin " + fixed(m, 4);
+        row.why = "the interval's high end " + fixed(pc.hi, 4) + " is not above the margin " +
+                  fixed(m, 4);
       } else {
         row.why = "the interval " + interval + " holds the margin " + fixed(m, 4);
       }
@@ -285,10 +289,12 @@ FindingRow evaluate_instance(const Claim& c, const FindingInstance& inst,
     case Expect::kWorse:
       if (pc.hi < -m) {
         row.verdict = kReproduced;
-        row.why = "the interval's high end " + fixed(pc.hi, 4) + " is below -margin " + fixed(-m, 4);
+        row.why =
+            "the interval's high end " + fixed(pc.hi, 4) + " is below -margin " + fixed(-m, 4);
       } else if (pc.lo >= -m) {
         row.verdict = kNotReproduced;
-        row.why = "the interval's low end " + fixed(pc.lo, 4) + " is >= -margin " + fixed(-m, 4);
+        row.why =
+            "the interval's low end " + fixed(pc.lo, 4) + " is not below -margin " + fixed(-m, 4);
       } else {
         row.why = "the interval " + interval + " holds -margin " + fixed(-m, 4);
       }
@@ -308,9 +314,12 @@ std::string FindingCell::label() const {
 
 const char* expect_name(Expect e) {
   switch (e) {
-    case Expect::kAtLeast: return "at_least";
-    case Expect::kBetter: return "better";
-    case Expect::kWorse: return "worse";
+    case Expect::kAtLeast:
+      return "at_least";
+    case Expect::kBetter:
+      return "better";
+    case Expect::kWorse:
+      return "worse";
   }
   return "?";
 }
@@ -372,7 +381,8 @@ std::vector<FindingRow> evaluate_findings(const Store& store, const Findings& f)
           all.why = baseline;
         } else if (refuted > 0) {
           all.verdict = kNotReproduced;
-          all.why = std::to_string(refuted) + " of " + std::to_string(k) + " budgets not reproduced";
+          all.why =
+              std::to_string(refuted) + " of " + std::to_string(k) + " budgets not reproduced";
         } else if (reproduced == k) {
           all.verdict = kReproduced;
           all.why = "every budget reproduced";

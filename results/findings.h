@@ -41,7 +41,7 @@ struct FindingBaseline {
 struct FindingInstance {
   std::string label;  // the compare cell's budget, or "-"
   std::vector<FindingCell> cells;
-  int against = -1;   // the cell a percent margin is taken of (-1: none)
+  int against = -1;  // the cell a percent margin is taken of (-1: none)
 };
 
 struct Claim {
@@ -50,7 +50,7 @@ struct Claim {
   std::string question;  // "" : any placement
   std::vector<FindingInstance> instances;
   Expect expect = Expect::kAtLeast;
-  double margin = 0;            // in the metric's units, or a percent of against's mean
+  double margin = 0;  // in the metric's units, or a percent of against's mean
   bool margin_percent = false;
 };
 
@@ -64,7 +64,7 @@ struct FindingRow {
   std::string paper, id, claim, model, budget, expect;
   int n = -1;  // -1: not computed (a combined row, or a claim that stopped before pairing)
   double contrast, lo, hi, margin;  // NaN where not computed
-  std::string verdict;  // "reproduced", "not reproduced", "inconclusive"
+  std::string verdict;              // "reproduced", "not reproduced", "inconclusive"
   std::string why;
 };
 

@@ -103,8 +103,12 @@ std::vector<FindingRow> run(const Store& s, const Claim& c,
 TEST(Findings, EqualContrastsDecideAtTheMarginBoundaries) {
   // recall: full 1, 1, 0; h2o 1, 1, 0: d = 0, 0, 0 (mean 0, lo = hi = 0).
   const Store s = make_db("equal", "niah", "recall", true,
-                          {{"a", "full", "", 1}, {"b", "full", "", 1}, {"c", "full", "", 0},
-                           {"a", "h2o", "128", 1}, {"b", "h2o", "128", 1}, {"c", "h2o", "128", 0}});
+                          {{"a", "full", "", 1},
+                           {"b", "full", "", 1},
+                           {"c", "full", "", 0},
+                           {"a", "h2o", "128", 1},
+                           {"b", "h2o", "128", 1},
+                           {"c", "h2o", "128", 0}});
   auto verdict = [&](Expect e, double m) { return run(s, compare_claim("h2o", {"128"}, e, m)); };
   std::vector<FindingRow> r = verdict(Expect::kAtLeast, 0);
   ASSERT_EQ(r.size(), 1u);
@@ -112,7 +116,7 @@ TEST(Findings, EqualContrastsDecideAtTheMarginBoundaries) {
   EXPECT_EQ(r[0].contrast, 0);
   EXPECT_EQ(r[0].lo, 0);
   EXPECT_EQ(r[0].hi, 0);
-  EXPECT_EQ(r[0].verdict, "reproduced");         // lo 0 >= -0
+  EXPECT_EQ(r[0].verdict, "reproduced");  // lo 0 >= -0
   EXPECT_EQ(r[0].budget, "128");
   EXPECT_EQ(verdict(Expect::kBetter, 0)[0].verdict, "not reproduced");  // hi 0 <= 0
   EXPECT_EQ(verdict(Expect::kWorse, 0)[0].verdict, "not reproduced");   // lo 0 >= -0
@@ -124,8 +128,10 @@ TEST(Findings, EqualContrastsDecideAtTheMarginBoundaries) {
 TEST(Findings, LowerIsBetterIsNegatedAndPercentMarginsScaleAgainstsMean) {
   // full ppl 10, 12 (mean 11); h2o 11, 13: d = -11 - (-10) = -1 and -13 - (-12) = -1.
   const Store s = make_db("ppl", "perplexity", "ppl", false,
-                          {{"a", "full", "", 10}, {"b", "full", "", 12},
-                           {"a", "h2o", "0.2 ratio", 11}, {"b", "h2o", "0.2 ratio", 13}});
+                          {{"a", "full", "", 10},
+                           {"b", "full", "", 12},
+                           {"a", "h2o", "0.2 ratio", 11},
+                           {"b", "h2o", "0.2 ratio", 13}});
   // 10% of 11 = 1.1: lo = -1 >= -1.1, reproduced.
   std::vector<FindingRow> r =
       run(s, compare_claim("h2o", {"0.2 ratio"}, Expect::kAtLeast, 10, true, "ppl", "perplexity"));
@@ -154,7 +160,8 @@ TEST(Findings, OneFailingBudgetFailsTheClaimAndIntervalsAreTheBootstraps) {
   const Store s = make_db("two", "niah", "recall", true, u);
   // better by more than 0: at 256 d = 0 everywhere, so hi = 0 <= 0, not reproduced; at 128 the
   // mean is -0.25 and the interval is the bootstrap's.
-  const std::vector<FindingRow> r = run(s, compare_claim("h2o", {"128", "256"}, Expect::kAtLeast, 0));
+  const std::vector<FindingRow> r =
+      run(s, compare_claim("h2o", {"128", "256"}, Expect::kAtLeast, 0));
   ASSERT_EQ(r.size(), 3u);
   const PairedComparison pc = paired_bootstrap({0, -1, 0, 0}, {0, 0, 0, 0}, 10000, 0);
   EXPECT_EQ(r[0].budget, "128");
@@ -183,9 +190,9 @@ TEST(Findings, OneFailingBudgetFailsTheClaimAndIntervalsAreTheBootstraps) {
 // takes the Wilson interval's low end of 0/1 scores.
 TEST(Findings, AFailedBaselineMakesTheClaimInconclusive) {
   // full recall 1, 0 (mean 0.5); h2o the same: d = 0, reproduced without a baseline.
-  const Store s = make_db("base", "niah", "recall", true,
-                          {{"a", "full", "", 1}, {"b", "full", "", 0},
-                           {"a", "h2o", "128", 1}, {"b", "h2o", "128", 0}});
+  const Store s = make_db(
+      "base", "niah", "recall", true,
+      {{"a", "full", "", 1}, {"b", "full", "", 0}, {"a", "h2o", "128", 1}, {"b", "h2o", "128", 0}});
   const Claim c = compare_claim("h2o", {"128"}, Expect::kAtLeast, 0);
   EXPECT_EQ(run(s, c)[0].verdict, "reproduced");
   std::vector<FindingRow> r = run(s, c, {{"niah", "recall", false, 0.9}});
@@ -205,14 +212,15 @@ TEST(Findings, AFailedBaselineMakesTheClaimInconclusive) {
 // Options pick a policy entry by subset; two matching option sets, or none, are inconclusive with
 // the reason, as is a contrast of fewer than 2 paired samples.
 TEST(Findings, AmbiguousMissingAndUnpairedCellsAreInconclusive) {
-  const Store s = make_db(
-      "opts", "niah", "recall", true,
-      {{"a", "full", "", 1}, {"b", "full", "", 1},
-       {"a", "h2o", "128", 1, {{"prefill", "oneshot"}, {"heavy_fraction", "0.5"}}},
-       {"b", "h2o", "128", 1, {{"prefill", "oneshot"}, {"heavy_fraction", "0.5"}}},
-       {"a", "h2o", "128", 0, {{"prefill", "streaming"}, {"heavy_fraction", "0.5"}}},
-       {"b", "h2o", "128", 0, {{"prefill", "streaming"}, {"heavy_fraction", "0.5"}}},
-       {"a", "window", "128", 0}});
+  const Store s =
+      make_db("opts", "niah", "recall", true,
+              {{"a", "full", "", 1},
+               {"b", "full", "", 1},
+               {"a", "h2o", "128", 1, {{"prefill", "oneshot"}, {"heavy_fraction", "0.5"}}},
+               {"b", "h2o", "128", 1, {{"prefill", "oneshot"}, {"heavy_fraction", "0.5"}}},
+               {"a", "h2o", "128", 0, {{"prefill", "streaming"}, {"heavy_fraction", "0.5"}}},
+               {"b", "h2o", "128", 0, {{"prefill", "streaming"}, {"heavy_fraction", "0.5"}}},
+               {"a", "window", "128", 0}});
   Claim c = compare_claim("h2o", {"128"}, Expect::kAtLeast, 0);
   c.instances[0].cells[0].options = {{"heavy_fraction", "0.5"}};
   std::vector<FindingRow> r = run(s, c);
@@ -260,7 +268,9 @@ TEST(Findings, WeightedContrastIsTheDifferenceOfGains) {
   c.expect = Expect::kBetter;
   c.margin = 0.5;
   c.instances = {{"-",
-                  {{1, "ada", {}, "128"}, {-1, "snap", {}, "128"}, {-1, "ada", {}, "1024"},
+                  {{1, "ada", {}, "128"},
+                   {-1, "snap", {}, "128"},
+                   {-1, "ada", {}, "1024"},
                    {1, "snap", {}, "1024"}},
                   -1}};
   const std::vector<FindingRow> r = run(s, c);
@@ -285,8 +295,10 @@ std::string write_config(const std::string& name, const std::string& findings) {
   fs::create_directories(dir);
   const fs::path path = dir / (name + ".yaml");
   std::ofstream(path) << "models:\n"
-                         "  - path: " KVB_SHARED_DIR "/models/stories260K/stories260K.bin\n"
-                         "    tokenizer: " KVB_SHARED_DIR "/models/stories260K/tok512.bin\n"
+                         "  - path: " KVB_SHARED_DIR
+                         "/models/stories260K/stories260K.bin\n"
+                         "    tokenizer: " KVB_SHARED_DIR
+                         "/models/stories260K/tok512.bin\n"
                          "tasks:\n"
                          "  - {name: niah, options: {context_lengths: [256], depths: [50]}}\n"
                          "policies:\n"
@@ -394,8 +406,9 @@ TEST(FindingsConfig, RefusesClaimsTheMatrixCannotAnswer) {
                             "      compare: {policy: window, kv_budget: 64}\n")
                 .find("bad.yaml:19: findings.claims[0].typo: unknown key"),
             std::string::npos)
-      << error_of(head + "      task: niah\n      metric: recall\n      typo: 1\n"
-                         "      compare: {policy: window, kv_budget: 64}\n");
+      << error_of(head +
+                  "      task: niah\n      metric: recall\n      typo: 1\n"
+                  "      compare: {policy: window, kv_budget: 64}\n");
 }
 
 }  // namespace
