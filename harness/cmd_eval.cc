@@ -20,6 +20,7 @@
 #include "harness/task_file.h"
 #include "common/table.h"
 #include "results/stats.h"
+#include "tasks/fed_tokens.h"
 #include "tasks/task.h"
 #include "workers/model_session.h"
 #include "workers/runner.h"
@@ -221,7 +222,9 @@ int cmd_eval(const std::vector<std::string>& args) {
     // the sweep; usage errors outside the unit's own run (the model, the config) stop eval.
     // The sweep's resolution of a fraction: the prompt's tokens as the planner counts them.
     const int kv_budget =
-        budget.none() ? 0 : budget.tokens_for(ctx.count_tokens(s.context + s.question + s.text));
+        budget.none() ? 0
+                      : budget.tokens_for(tasks::fed_prompt_tokens(
+                            s, ctx.count_tokens(s.context + s.question + s.text), max_prompt_tokens));
     const WireBundle bundle{0, 0, s, {WireUnit{s.id, policy_name, popts.values(), kv_budget,
                                                question, seed}}};
     const results::UnitResult r = runner.run_or_fail(bundle).at(0);

@@ -9,6 +9,7 @@
 #include "harness/model_info.h"
 #include "harness/sweep_affinity.h"
 #include "harness/task_file.h"
+#include "tasks/fed_tokens.h"
 #include "workers/model_session.h"
 
 namespace kvb::harness {
@@ -118,7 +119,8 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
           const std::string& q = cfg.questions[cell.question];
           const uint64_t seed = cfg.seeds[cell.seed];
           const std::string spec = budgeted ? be.spec() : "";
-          const int tokens = be.tokens_for(prompt_tokens);
+          const int tokens =
+              be.tokens_for(tasks::fed_prompt_tokens(s, prompt_tokens, cfg.max_prompt_tokens));
           results::UnitRow row;
           row.spec.model_sha256 = model_sha;
           row.spec.task = te.name;

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "common/error.h"
 
 namespace kvb::results {
@@ -159,6 +161,28 @@ std::string budget_axis_label(const std::vector<std::string>& labels) {
   return "KV budget (tokens per head)";
 }
 
+std::map<std::string, std::string> options_of_json(const std::string& json) {
+  std::map<std::string, std::string> out;
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return out;
+  for (const auto& [k, v] : j.items()) out[k] = v.is_string() ? v.get<std::string>() : v.dump();
+  return out;
+}
+
+PolicyLabels::PolicyLabels(const Store& store) {
+  const QueryResult r = store.query(
+      "SELECT policy FROM units GROUP BY policy HAVING COUNT(DISTINCT policy_options) > 1");
+  for (const auto& row : r.rows) varied_.insert(row[0].text);
+}
+
+std::string PolicyLabels::operator()(const std::string& policy,
+                                     const std::string& options_json) const {
+  if (!varied_.count(policy)) return policy;
+  std::string s = policy;
+  for (const auto& [k, v] : options_of_json(options_json)) s += " " + k + "=" + v;
+  return s;
+}
+
 bool policy_before(const std::string& a, const std::string& b) {
   if (a == b) return false;
   if (a == "full") return true;
@@ -172,10 +196,11 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
   const QueryResult r = store.query(
       "SELECT u.task, m.name, m.higher_is_better, u.policy, u.kv_budget_spec, m.value, "
       "x.kv_bytes_peak, u.model, "
+      // column 8, below; 9: the options that tell a policy's variants apart (PolicyLabels)
       // kvpress's compression ratio of the unit: the fraction of its prompt's tokens the budget
       // removes per head (0 without a budget, or with one the prompt fits in).
       "CASE WHEN u.kv_budget IS NULL OR x.prompt_tokens IS NULL OR x.prompt_tokens <= 0 THEN 0.0 "
-      "ELSE max(0.0, 1.0 - CAST(u.kv_budget AS REAL) / x.prompt_tokens) END "
+      "ELSE max(0.0, 1.0 - CAST(u.kv_budget AS REAL) / x.prompt_tokens) END, u.policy_options "
       "FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
       "LEFT JOIN measurements x ON x.unit_key = u.unit_key "
       "WHERE u.status = 'ok' AND m.value IS NOT NULL" + where,
@@ -184,8 +209,10 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
   std::map<Key, std::pair<std::vector<double>, std::vector<double>>> groups;
   std::map<Key, std::pair<double, int>> compression;  // sum, count
   std::map<Key, bool> hib;
+  const PolicyLabels label(store);
   for (const auto& row : r.rows) {
-    const Key key{row[7].text, row[0].text, row[1].text, row[3].text, budget_label(row[4].text)};
+    const Key key{row[7].text, row[0].text, row[1].text, label(row[3].text, row[9].text),
+                  budget_label(row[4].text)};
     groups[key].first.push_back(num(row[5]));
     if (row[6].kind != QueryValue::kNull) groups[key].second.push_back(num(row[6]));
     compression[key].first += num(row[8]);
@@ -198,15 +225,15 @@ std::vector<ScoreCell> score_cells(const Store& store, const Filter& filter) {
   const QueryResult s = store.query(
       "SELECT u.task, u.policy, u.kv_budget_spec, SUM(u.status = 'ok'), SUM(u.status = 'error'), "
       "SUM(u.status IN ('timeout', 'oom', 'crashed')), SUM(u.status IN ('pending', 'running')), "
-      "u.model FROM units u WHERE 1" + swhere +
-          " GROUP BY u.model, u.task, u.policy, u.kv_budget_spec",
+      "u.model, u.policy_options FROM units u WHERE 1" + swhere +
+          " GROUP BY u.model, u.task, u.policy, u.policy_options, u.kv_budget_spec",
       sp);
   std::map<std::tuple<std::string, std::string, std::string, std::string>, std::array<int, 4>>
       status;
   for (const auto& row : s.rows) {
-    status[{row[7].text, row[0].text, row[1].text, budget_label(row[2].text)}] = {
-        std::atoi(row[3].text.c_str()), std::atoi(row[4].text.c_str()),
-        std::atoi(row[5].text.c_str()), std::atoi(row[6].text.c_str())};
+    std::array<int, 4>& st =
+        status[{row[7].text, row[0].text, label(row[1].text, row[8].text), budget_label(row[2].text)}];
+    for (int i = 0; i < 4; ++i) st[i] += std::atoi(row[3 + i].text.c_str());
   }
   std::vector<ScoreCell> out;
   for (const auto& [key, values] : groups) {
@@ -239,7 +266,7 @@ std::vector<PairedRow> vs_full(const Store& store, const Filter& filter) {
   // options, question placement), with their values of each metric.
   const QueryResult r = store.query(
       "SELECT u.task, u.policy, u.kv_budget_spec, m.name, m.higher_is_better, m.value, fm.value, "
-      "u.model FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
+      "u.model, u.policy_options FROM units u JOIN metrics m ON m.unit_key = u.unit_key "
       "JOIN units f ON f.policy = 'full' AND f.status = 'ok' AND f.task = u.task "
       "AND f.model_sha256 = u.model_sha256 AND f.task_options = u.task_options "
       "AND f.sample_id = u.sample_id AND f.question = u.question "
@@ -250,8 +277,10 @@ std::vector<PairedRow> vs_full(const Store& store, const Filter& filter) {
   using Key = std::tuple<std::string, std::string, std::string, std::string, std::string>;
   std::map<Key, std::pair<std::vector<double>, std::vector<double>>> groups;
   std::map<Key, bool> hib;
+  const PolicyLabels label(store);
   for (const auto& row : r.rows) {
-    const Key key{row[7].text, row[0].text, row[3].text, row[1].text, budget_label(row[2].text)};
+    const Key key{row[7].text, row[0].text, row[3].text, label(row[1].text, row[8].text),
+                  budget_label(row[2].text)};
     groups[key].first.push_back(num(row[5]));
     groups[key].second.push_back(num(row[6]));
     hib[key] = row[4].text == "1";
@@ -301,15 +330,19 @@ std::vector<CostRow> cost_rows(const Store& store, const Filter& filter) {
       "AVG(CASE WHEN x.decode_batch < 1.5 THEN x.decode_ms_p50 END), "
       "MAX(CASE WHEN x.decode_batch < 1.5 THEN x.decode_ms_p99 END), "
       "AVG(CASE WHEN x.decode_batch < 1.5 THEN x.tokens_per_s END), AVG(x.policy_ms), u.model, "
-      "AVG(x.prefill_shared), SUM(x.decode_batch >= 1.5), SUM(x.prefill_reused > 0) "
+      "AVG(x.prefill_shared), SUM(x.decode_batch >= 1.5), SUM(x.prefill_reused > 0), "
+      "u.policy_options "
       "FROM units u JOIN measurements x ON x.unit_key = u.unit_key WHERE u.status = 'ok'" +
-          where + " GROUP BY u.model, u.task, u.policy, u.kv_budget_spec, u.context_length",
+          where +
+          " GROUP BY u.model, u.task, u.policy, u.policy_options, u.kv_budget_spec, "
+          "u.context_length",
       params);
+  const PolicyLabels label(store);
   std::vector<CostRow> out;
   for (const auto& row : r.rows) {
     CostRow c;
     c.task = row[0].text;
-    c.policy = row[1].text;
+    c.policy = label(row[1].text, row[21].text);
     c.budget = budget_label(row[2].text);
     c.context_length = std::atoi(row[3].text.c_str());
     c.n = std::atoi(row[4].text.c_str());
@@ -346,16 +379,18 @@ std::vector<GridCell> niah_grid(const Store& store, const Filter& filter) {
   const std::string where = filter.sql(&params, false);
   const QueryResult r = store.query(
       "SELECT u.policy, u.kv_budget_spec, u.context_length, u.depth, COUNT(*), AVG(m.value), "
-      "u.model "
+      "u.model, u.policy_options "
       "FROM units u JOIN metrics m ON m.unit_key = u.unit_key AND m.name = 'recall' "
       "WHERE u.task = 'niah' AND u.status = 'ok' AND m.value IS NOT NULL "
       "AND u.context_length IS NOT NULL AND u.depth IS NOT NULL" + where +
-          " GROUP BY u.model, u.policy, u.kv_budget_spec, u.context_length, u.depth",
+          " GROUP BY u.model, u.policy, u.policy_options, u.kv_budget_spec, u.context_length, "
+          "u.depth",
       params);
+  const PolicyLabels label(store);
   std::vector<GridCell> out;
   for (const auto& row : r.rows) {
     GridCell g;
-    g.policy = row[0].text;
+    g.policy = label(row[0].text, row[7].text);
     g.budget = budget_label(row[1].text);
     g.context_length = std::atoi(row[2].text.c_str());
     g.depth = num(row[3]);

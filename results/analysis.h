@@ -7,6 +7,7 @@
 
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,20 @@ double budget_order(const std::string& label);
 // The label of an axis of these budgets, naming which convention it shows: tokens per head,
 // the fraction kept ("0.5 ratio") or kvpress's fraction removed ("0.25 compression_ratio").
 std::string budget_axis_label(const std::vector<std::string>& labels);
+// units.policy_options (canonical JSON of a string map) as a map; a value that is not a JSON
+// string keeps its JSON text. Not an object, or not JSON: empty.
+std::map<std::string, std::string> options_of_json(const std::string& json);
+// The policy a table shows for a unit: its name, or, where the database holds units of that name
+// with more than one option set (h2o with prefill oneshot and streaming), the name and its
+// options ("h2o prefill=streaming"), so that the variants are not averaged together.
+class PolicyLabels {
+ public:
+  explicit PolicyLabels(const Store& store);
+  std::string operator()(const std::string& policy, const std::string& options_json) const;
+
+ private:
+  std::set<std::string> varied_;
+};
 // Policies in display order: full first, then by name.
 bool policy_before(const std::string& a, const std::string& b);
 

@@ -38,55 +38,6 @@ std::string options_text(const std::map<std::string, std::string>& o) {
   return s;
 }
 
-// units.policy_options is canonical JSON of a string map: {"a":"1","b":"x"}. Parsed here only to
-// test "holds every given option"; a value that is not a plain JSON string is compared as its text.
-std::map<std::string, std::string> parse_options(const std::string& json) {
-  std::map<std::string, std::string> out;
-  size_t i = 0;
-  auto skip = [&] {
-    while (i < json.size() && (json[i] == ' ' || json[i] == '\n' || json[i] == '\t')) ++i;
-  };
-  auto str = [&]() -> std::string {
-    std::string s;
-    if (i >= json.size() || json[i] != '"') return s;
-    ++i;
-    while (i < json.size() && json[i] != '"') {
-      if (json[i] == '\\' && i + 1 < json.size()) {
-        const char e = json[++i];
-        s += e == 'n' ? '\n' : e == 't' ? '\t' : e;
-      } else {
-        s += json[i];
-      }
-      ++i;
-    }
-    ++i;
-    return s;
-  };
-  skip();
-  if (i >= json.size() || json[i] != '{') return out;
-  ++i;
-  while (true) {
-    skip();
-    if (i >= json.size() || json[i] == '}') break;
-    const std::string key = str();
-    skip();
-    if (i < json.size() && json[i] == ':') ++i;
-    skip();
-    std::string value;
-    if (i < json.size() && json[i] == '"') {
-      value = str();
-    } else {
-      const size_t start = i;
-      while (i < json.size() && json[i] != ',' && json[i] != '}') ++i;
-      value = json.substr(start, i - start);
-    }
-    out[key] = value;
-    skip();
-    if (i < json.size() && json[i] == ',') ++i;
-  }
-  return out;
-}
-
 // A unit's sample: task_options, sample_id, question, seed (ordered as configs/README.md says).
 struct SampleKey {
   std::string task_options, sample_id, question;
@@ -181,12 +132,10 @@ std::string baseline_failure(const Store& store, const Findings& f, const std::s
   return "";
 }
 
+// `row`: the claim's row for this model (inconclusive, no figures), filled in here.
 FindingRow evaluate_instance(const Claim& c, const FindingInstance& inst,
-                             const std::vector<UnitValue>& units) {
-  FindingRow row;
+                             const std::vector<UnitValue>& units, FindingRow row) {
   row.budget = inst.label;
-  row.contrast = row.lo = row.hi = row.margin = kNaN;
-  row.verdict = kInconclusive;
   // Each cell's values by sample.
   std::vector<std::map<SampleKey, double>> cell_values(inst.cells.size());
   std::vector<std::map<SampleKey, double>> cell_raw(inst.cells.size());
@@ -195,7 +144,7 @@ FindingRow evaluate_instance(const Claim& c, const FindingInstance& inst,
     std::set<std::string> option_sets;
     for (const UnitValue& u : units) {
       if (u.policy != cell.policy || u.budget != cell.budget) continue;
-      if (!holds(parse_options(u.options_json), cell.options)) continue;
+      if (!holds(options_of_json(u.options_json), cell.options)) continue;
       option_sets.insert(u.options_json);
     }
     if (option_sets.empty()) {
@@ -258,47 +207,40 @@ FindingRow evaluate_instance(const Claim& c, const FindingInstance& inst,
     m = c.margin / 100 * std::fabs(sum / against.size());
   }
   row.margin = m;
-  const std::string interval = "(" + fixed(pc.lo, 4) + ", " + fixed(pc.hi, 4) + ")";
-  switch (c.expect) {
-    case Expect::kAtLeast:
-      if (pc.lo >= -m) {
-        row.verdict = kReproduced;
-        row.why =
-            "the interval's low end " + fixed(pc.lo, 4) + " is not below -margin " + fixed(-m, 4);
-      } else if (pc.hi < -m) {
-        row.verdict = kNotReproduced;
-        row.why =
-            "the interval's high end " + fixed(pc.hi, 4) + " is below -margin " + fixed(-m, 4);
-      } else {
-        row.why = "the interval " + interval + " holds -margin " + fixed(-m, 4);
-      }
-      break;
-    case Expect::kBetter:
-      if (pc.lo > m) {
-        row.verdict = kReproduced;
-        row.why =
-            "the interval's low end " + fixed(pc.lo, 4) + " is above the margin " + fixed(m, 4);
-      } else if (pc.hi <= m) {
-        row.verdict = kNotReproduced;
-        row.why = "the interval's high end " + fixed(pc.hi, 4) + " is not above the margin " +
-                  fixed(m, 4);
-      } else {
-        row.why = "the interval " + interval + " holds the margin " + fixed(m, 4);
-      }
-      break;
-    case Expect::kWorse:
-      if (pc.hi < -m) {
-        row.verdict = kReproduced;
-        row.why =
-            "the interval's high end " + fixed(pc.hi, 4) + " is below -margin " + fixed(-m, 4);
-      } else if (pc.lo >= -m) {
-        row.verdict = kNotReproduced;
-        row.why =
-            "the interval's low end " + fixed(pc.lo, 4) + " is not below -margin " + fixed(-m, 4);
-      } else {
-        row.why = "the interval " + interval + " holds -margin " + fixed(-m, 4);
-      }
-      break;
+  // Each expectation's two tests (configs/README.md "Findings"): the end of the interval, how it
+  // compares, and the bound (-m or m); reproduced when the first holds, not when the second does.
+  struct Test {
+    bool high_end;
+    const char* relation;  // "below", "not below", "above", "not above"
+    bool negated_margin;
+  };
+  const std::pair<Test, Test> tests =
+      c.expect == Expect::kAtLeast ? std::pair<Test, Test>{{false, "not below", true},
+                                                           {true, "below", true}}
+      : c.expect == Expect::kBetter ? std::pair<Test, Test>{{false, "above", false},
+                                                            {true, "not above", false}}
+                                    : std::pair<Test, Test>{{true, "below", true},
+                                                            {false, "not below", true}};
+  auto holds = [&](const Test& t, std::string* why) {
+    const double v = t.high_end ? pc.hi : pc.lo;
+    const double bound = t.negated_margin ? -m : m;
+    const std::string rel = t.relation;
+    const bool ok = rel == "below"       ? v < bound
+                    : rel == "not below" ? v >= bound
+                    : rel == "above"     ? v > bound
+                                         : v <= bound;
+    *why = std::string("the interval's ") + (t.high_end ? "high" : "low") + " end " + fixed(v, 4) +
+           " is " + rel + (t.negated_margin ? " -margin " : " the margin ") + fixed(bound, 4);
+    return ok;
+  };
+  if (holds(tests.first, &row.why)) {
+    row.verdict = kReproduced;
+  } else if (holds(tests.second, &row.why)) {
+    row.verdict = kNotReproduced;
+  } else {
+    row.why = "the interval (" + fixed(pc.lo, 4) + ", " + fixed(pc.hi, 4) + ") holds " +
+              (tests.first.negated_margin ? "-margin " : "the margin ") +
+              fixed(tests.first.negated_margin ? -m : m, 4);
   }
   return row;
 }
@@ -358,13 +300,7 @@ std::vector<FindingRow> evaluate_findings(const Store& store, const Findings& f)
       const std::vector<UnitValue> units = unit_values(store, model, c.task, c.metric, c.question);
       int reproduced = 0, refuted = 0;
       for (const FindingInstance& inst : c.instances) {
-        FindingRow row = evaluate_instance(c, inst, units);
-        const FindingRow head = base(model);
-        row.paper = head.paper;
-        row.id = head.id;
-        row.claim = head.claim;
-        row.model = model;
-        row.expect = head.expect;
+        FindingRow row = evaluate_instance(c, inst, units, base(model));
         if (!baseline.empty()) {
           row.verdict = kInconclusive;
           row.why = baseline;

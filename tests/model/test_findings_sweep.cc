@@ -45,7 +45,7 @@ TEST(FindingsSweep, VerdictsAgreeWithTheIndependentScriptAndLeadTheReport) {
       << ", max_tokens: 128, segments: 6, ranges: \"0-64,64-128\"}}\n"
          "  - {name: niah, options: {context_lengths: [256], depths: [20, 80], chat: false}}\n"
          "policies: [full, window, h2o]\n"
-         "kv_budget: [16, 48]\n"
+         "kv_budget: [16, 48, {ratio: 0.5}]\n"
          "threads: 1\n"
          "findings:\n"
          "  paper: Toy paper\n"
@@ -88,6 +88,16 @@ TEST(FindingsSweep, VerdictsAgreeWithTheIndependentScriptAndLeadTheReport) {
   std::string out, err;
   ASSERT_EQ(testing::kvbench({"sweep", cfg.string(), "--db", db}, &out, &err), 0) << err;
 
+  // A fraction of a perplexity sample is of the max_tokens it scores (128), not of its text.
+  ASSERT_EQ(testing::kvbench({"query", "--db", db,
+                              "SELECT DISTINCT task, kv_budget FROM units WHERE kv_budget_spec "
+                              "= '0.5 ratio' ORDER BY task",
+                              "-o", "csv"},
+                             &out, &err),
+            0)
+      << err;
+  EXPECT_EQ(out.substr(0, out.find('\n', out.find("perplexity"))).substr(out.find("perplexity")),
+            "perplexity,64");
   ASSERT_EQ(testing::kvbench({"query", "--db", db, "findings", "-o", "jsonl"}, &out, &err), 0)
       << err;
   // 2 budgets + all, 1, 1, 1 rows.

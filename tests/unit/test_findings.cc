@@ -13,9 +13,12 @@
 #include "common/error.h"
 #include "harness/findings_config.h"
 #include "harness/sweep_config.h"
+#include "results/analysis.h"
 #include "results/findings.h"
 #include "results/stats.h"
 #include "results/store.h"
+#include "tasks/fed_tokens.h"
+#include "tasks/task.h"
 
 namespace kvb::results {
 namespace {
@@ -279,6 +282,52 @@ TEST(Findings, WeightedContrastIsTheDifferenceOfGains) {
   EXPECT_EQ(r[0].contrast, 1);
   EXPECT_EQ(r[0].verdict, "reproduced");
   EXPECT_EQ(r[0].budget, "-");
+}
+
+// Two option sets of one policy are two rows of every table, not one averaged row (the paper
+// configs sweep h2o with prefill oneshot and streaming side by side); a policy with one option
+// set keeps its bare name.
+TEST(PolicyVariants, TablesTellAPolicysOptionSetsApart) {
+  const Store s = make_db("variants", "niah", "recall", true,
+                          {{"a", "full", "", 1},
+                           {"b", "full", "", 1},
+                           {"a", "h2o", "128", 1, {{"prefill", "oneshot"}}},
+                           {"b", "h2o", "128", 1, {{"prefill", "oneshot"}}},
+                           {"a", "h2o", "128", 0, {{"prefill", "streaming"}}},
+                           {"b", "h2o", "128", 0.5, {{"prefill", "streaming"}}},
+                           {"a", "window", "128", 0, {{"gqa", "per_kv_head"}}}});
+  std::vector<std::string> got;
+  for (const ScoreCell& c : score_cells(s, {})) {
+    got.push_back(c.policy + "|" + fixed(c.ci.mean, 2) + "|" + std::to_string(c.ok));
+  }
+  // Means: oneshot (1 + 1) / 2, streaming (0 + 0.5) / 2; each cell counts its own 2 units.
+  EXPECT_EQ(got, (std::vector<std::string>{"full|1.00|2", "h2o prefill=oneshot|1.00|2",
+                                           "h2o prefill=streaming|0.25|2", "window|0.00|1"}));
+  got.clear();
+  for (const PairedRow& p : vs_full(s, {})) got.push_back(p.policy + "|" + fixed(p.pc.mean_diff, 2));
+  EXPECT_EQ(got, (std::vector<std::string>{"h2o prefill=oneshot|0.00",
+                                           "h2o prefill=streaming|-0.75", "window|-1.00"}));
+  EXPECT_EQ(options_of_json(R"({"a":"1","b":"x y"})"),
+            (std::map<std::string, std::string>{{"a", "1"}, {"b", "x y"}}));
+  EXPECT_TRUE(options_of_json("not json").empty());
+}
+
+// A fraction of the prompt is a fraction of what the model is fed: a perplexity sample's
+// max_tokens, a truncated prompt's limit (the run's or the sample's).
+TEST(RatioBudgets, AreTakenOfTheTokensTheModelIsFed) {
+  tasks::Sample ppl;
+  ppl.kind = tasks::SampleKind::kPerplexity;
+  ppl.max_tokens = 1024;
+  EXPECT_EQ(tasks::fed_prompt_tokens(ppl, 2334, 0), 1024);
+  EXPECT_EQ(tasks::fed_prompt_tokens(ppl, 900, 0), 900);
+  tasks::Sample long_prompt;
+  long_prompt.max_prompt_tokens = 7500;
+  EXPECT_EQ(tasks::fed_prompt_tokens(long_prompt, 9000, 0), 7500);
+  EXPECT_EQ(tasks::fed_prompt_tokens(long_prompt, 9000, 4000), 4000);
+  EXPECT_EQ(tasks::fed_prompt_tokens(tasks::Sample{}, 9000, 0), 9000);
+  harness::BudgetEntry half;
+  half.ratio = 0.5;
+  EXPECT_EQ(half.tokens_for(tasks::fed_prompt_tokens(ppl, 2334, 0)), 512);  // not 1167
 }
 
 }  // namespace
