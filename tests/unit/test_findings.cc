@@ -413,6 +413,25 @@ TEST(FindingsConfig, ReadsClaimsIntoInstances) {
   EXPECT_EQ(b.expect, results::Expect::kWorse);
 }
 
+// The seed papers' configs state their claims, and every claim names cells of their matrix
+// (configs/paper_*.yaml; SubGen's model is optional: scripts/fetch_models.sh gemma3).
+TEST(FindingsConfig, ThePaperConfigsStateCheckedClaims) {
+  const fs::path configs = fs::path(KVB_EXAMPLES_DIR) / ".." / "configs";
+  const std::vector<std::pair<std::string, size_t>> papers = {
+      {"paper_h2o", 6}, {"paper_scissorhands", 4}, {"paper_subgen", 5}, {"paper_adakv", 4}};
+  for (const auto& [name, claims] : papers) {
+    const fs::path path = configs / (name + ".yaml");
+    const bool gemma = name == "paper_subgen";
+    const fs::path model = fs::path(KVB_EXAMPLES_DIR) / ".." / "models" /
+                           (gemma ? "gemma-3-270m-q4_k_m.gguf" : "SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (!fs::exists(model)) continue;  // SmolLM2 is fetched by scripts/test.sh; Gemma on demand
+    const SweepConfig cfg = load_sweep_config(path.string());
+    ASSERT_TRUE(cfg.findings.has_value()) << name;
+    EXPECT_EQ(cfg.findings->claims.size(), claims) << name;
+    EXPECT_EQ(cfg.dtype, "native") << name;
+  }
+}
+
 TEST(FindingsConfig, RefusesClaimsTheMatrixCannotAnswer) {
   const std::string head =
       "findings:\n  paper: P\n  claims:\n    - id: x\n      claim: c\n      expect: at_least\n";
