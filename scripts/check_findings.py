@@ -34,8 +34,8 @@ VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 EXPECTS = ("at_least", "better", "worse")
 INCLUDE_MARK = re.compile(r"^# --- include: .*$", re.M)
 # The order of full's values in a non-binary `above:` baseline's bootstrap (the resamples, and so
-# the interval, depend on it; the contract does not say): "sample" = the contrast's sample order
-# (task_options, sample_id, question, seed), "unit_key" = by unit key. Set by --baseline-order.
+# the interval, depend on it): "sample" = the contrast's sample order (task_options, sample_id,
+# question, seed), as the contract says; "unit_key" = by unit key, for comparison only.
 BASELINE_ORDER = ["sample"]
 
 
@@ -746,7 +746,7 @@ def main(argv=None):
     ap.add_argument("--jsonl", action="store_true", help="print our rows as jsonl")
     ap.add_argument("--baseline-order", choices=("sample", "unit_key"), default="sample",
                     help="order of full's values in a non-binary above: baseline's bootstrap "
-                         "(unspecified by the contract; default: the contrast's sample order)")
+                         "(default: the contrast's sample order, as the contract says)")
     args = ap.parse_args(argv)
     BASELINE_ORDER[0] = args.baseline_order
     try:

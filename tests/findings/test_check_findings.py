@@ -388,9 +388,9 @@ class Baselines(Base):
 
 
     def test_baseline_order(self):
-        # The contract does not say in which order full's values enter a non-binary `above:`
-        # bootstrap, and the resamples depend on it. --baseline-order picks it: the contrast's
-        # sample order (default) or unit_key order. Both intervals must be the bootstrap of the
+        # The order in which full's values enter a non-binary `above:` bootstrap matters (the
+        # resamples depend on it); the contract says sample order. --baseline-order picks it: the
+        # contrast's sample order (default) or unit_key order. Both intervals must be the bootstrap of the
         # values in that order (the baseline fails at above 0.99, so its why prints them).
         values = [round(0.05 + 0.9 * ((i * 7) % 13) / 13 + 0.001 * i, 4) for i in range(13)]
         keys = {}
