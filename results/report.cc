@@ -431,7 +431,8 @@ const std::vector<std::string>& policy_style_order() {
   static const std::vector<std::string> order = {
       "window",        "h2o",       "subgen", "subgen_kcenter", "snapkv",   "pyramidkv",
       "ada_snapkv",    "ada_pyramidkv", "streaming_llm", "scissorhands", "tova", "knorm",
-      "random",        "keydiff",   "observed_attention", "cur", "lagkv", "python"};
+      "random",        "keydiff",   "observed_attention", "cur", "lagkv", "python",
+      "expected_attention"};
   return order;
 }
 

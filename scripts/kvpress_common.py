@@ -27,6 +27,12 @@ PAIRS = [
     ("CUR (kv_product, window 16, 4 sinks)", lambda r: kvpress.CURPress(compression_ratio=r),
      "cur", []),
     ("LagKV (lag 128, 4 sinks)", lambda r: kvpress.LagKVPress(compression_ratio=r), "lagkv", []),
+    ("ExpectedAttention (512 future positions, 4 sinks, covariance, value norms)",
+     lambda r: kvpress.ExpectedAttentionPress(compression_ratio=r), "expected_attention", []),
+    ("ExpectedAttention (mean only, no value norms)",
+     lambda r: kvpress.ExpectedAttentionPress(compression_ratio=r, use_covariance=False,
+                                              use_vnorm=False),
+     "expected_attention", ["use_covariance=false", "use_vnorm=false"]),
 ]
 
 

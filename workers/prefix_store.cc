@@ -111,7 +111,7 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
   // The last piece holds the recorded last_w probability rows and last_queries queries.
   const int last_w = std::max({1, req.last_w, req.last_queries});
   const int limit = n - last_w;
-  if (max_bytes_ == 0 || req.pre_rope_keys || !serves(engine) || limit < kMinReuse) {
+  if (max_bytes_ == 0 || req.pre_rope_keys || req.pre_rope_queries || !serves(engine) || limit < kMinReuse) {
     engine.forward(tokens, cache, engine::LogitsMode::kLast, logits, nullptr,
                    engine::PolicyHook::kNone, record);
     return 0;

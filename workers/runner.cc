@@ -178,6 +178,7 @@ std::unique_ptr<SharedPrefill> shared_prefill(engine::Engine& engine, const Load
     req.col_sums |= r.col_sums;
     req.last_w = std::max(req.last_w, r.last_w);
     req.pre_rope_keys |= r.pre_rope_keys;
+    req.pre_rope_queries |= r.pre_rope_queries;
     req.last_queries = std::max(req.last_queries, r.last_queries);
   }
   if (shareable == 0) return nullptr;

@@ -26,4 +26,10 @@ struct RopeParams {
 void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim,
           const RopeParams& params);
 
+// rope()'s rotation averaged over the positions [first, first + count), count >= 1 (kvpress
+// ExpectedAttentionPress's mean rotation of future queries): per pair i < rot_dim / 2, entry i is
+// the mean of rope()'s f32 cosines (times attn_factor) and entry rot_dim / 2 + i the mean of its
+// sines, summed in f64 in position order, divided by count and rounded to f32.
+std::vector<float> rope_mean_rotation(const RopeParams& params, int32_t first, int count);
+
 }  // namespace kvb::kernels::cpu

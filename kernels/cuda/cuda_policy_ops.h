@@ -97,6 +97,17 @@ class CudaPolicyOps final : public ops::PolicyOps {
   void lag_scores(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer, int sinks,
                   int lag) override;
 
+  // ExpectedAttentionPress's ops (cuda_policy_ops_moments.cu): query_moments in two launches
+  // (the means, a block per query head; the covariance, a thread per entry), quadratic_scores,
+  // softmax (a block per row) and add_scalar in one each. head_dim <= 256.
+  void query_moments(ops::SlotRows& out, int out_layer, const ops::LayerStats& st, int head_dim,
+                     int first, const ops::PairRotation& rot, bool covariance) override;
+  void quadratic_scores(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                        const ops::SlotRows& moments, int moments_layer, int group, double a,
+                        double b) override;
+  void softmax(ops::SlotRows& rows, int layer, int first) override;
+  void add_scalar(ops::SlotRows& rows, int layer, float value) override;
+
   // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy_batch over the listed
   // heads on the cache's device rows, one block a head in one launch (bf16 rows widened exactly
   // into scratch first, all heads in one launch), the lists and log sizes written on the device

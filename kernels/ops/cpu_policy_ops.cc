@@ -624,6 +624,144 @@ void CpuPolicyOps::lag_scores(SlotRows& out, int out_layer, const kernels::KvCac
   }
 }
 
+namespace {
+// y = x rotated by `rot` (PairRotation: f64 from the f32 entries, explicit fused multiply-adds).
+void rotate_pairs(const float* x, int d, const PairRotation& rot, double* y) {
+  for (int i = 0; i < d; ++i) y[i] = x[i];
+  const int half = rot.rot_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const int a = rot.adjacent ? 2 * i : i;
+    const int b = rot.adjacent ? 2 * i + 1 : i + half;
+    const double xa = x[a], xb = x[b], c = rot.cos[i], s = rot.sin[i];
+    y[a] = std::fma(xa, c, -(xb * s));
+    y[b] = std::fma(xa, s, xb * c);
+  }
+}
+}  // namespace
+
+void CpuPolicyOps::query_moments(SlotRows& out, int out_layer, const LayerStats& st, int head_dim,
+                                 int first, const PairRotation& rot, bool covariance) {
+  CpuRows& r = host(out);
+  check_layer(out, out_layer);
+  const int d = head_dim, m = st.n_new - first;
+  KVB_CHECK(out.type() == SlotType::kF32 && out.heads() == st.num_heads && first >= 0 && m >= 1 &&
+            st.pre_rope_queries != nullptr && rot.rot_dim >= 0 && rot.rot_dim <= d &&
+            rot.rot_dim % 2 == 0 && rot.cos.size() == static_cast<size_t>(rot.rot_dim / 2) &&
+            rot.sin.size() == rot.cos.size())
+      << "query_moments: " << out.heads() << " rows for " << st.num_heads << " query heads, "
+      << "queries [" << first << ", " << st.n_new << ") of " << d << " dimensions, rotation of "
+      << rot.rot_dim << (st.pre_rope_queries ? "" : ", no pre-RoPE queries");
+  std::vector<double> y(d), mean(d), cov;
+  for (int q = 0; q < out.heads(); ++q) {
+    auto query = [&](int t) {
+      return st.pre_rope_queries + (static_cast<size_t>(t) * st.num_heads + q) * d;
+    };
+    std::fill(mean.begin(), mean.end(), 0.0);
+    for (int t = first; t < st.n_new; ++t) {
+      rotate_pairs(query(t), d, rot, y.data());
+      for (int i = 0; i < d; ++i) mean[i] += y[i];
+    }
+    for (int i = 0; i < d; ++i) mean[i] /= m;
+    std::vector<float>& o = r.f32(out_layer, q);
+    o.assign(covariance ? d + static_cast<size_t>(d) * d : d, 0.0f);
+    for (int i = 0; i < d; ++i) o[i] = static_cast<float>(mean[i]);
+    if (covariance) {
+      cov.assign(static_cast<size_t>(d) * d, 0.0);
+      for (int t = first; t < st.n_new; ++t) {
+        rotate_pairs(query(t), d, rot, y.data());
+        for (int i = 0; i < d; ++i) y[i] -= mean[i];
+        for (int i = 0; i < d; ++i) {  // the upper triangle; e_i e_j == e_j e_i exactly
+          double* row = &cov[static_cast<size_t>(i) * d];
+          for (int j = i; j < d; ++j) row[j] = std::fma(y[i], y[j], row[j]);
+        }
+      }
+      for (int i = 0; i < d; ++i) {
+        for (int j = i; j < d; ++j) {
+          const float v = static_cast<float>(cov[static_cast<size_t>(i) * d + j] / m);
+          o[d + static_cast<size_t>(i) * d + j] = v;
+          o[d + static_cast<size_t>(j) * d + i] = v;
+        }
+      }
+    }
+    r.sync_length(out_layer, q);
+  }
+}
+
+void CpuPolicyOps::quadratic_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                                    int layer, const SlotRows& moments, int moments_layer,
+                                    int group, double a, double b) {
+  CpuRows& r = host(out);
+  const CpuRows& mr = host(moments);
+  check_layer(out, out_layer);
+  check_layer(moments, moments_layer);
+  const int heads = out.heads();
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
+            out.type() == SlotType::kF32 && moments.type() == SlotType::kF32 &&
+            moments.heads() == heads && group >= 1 && heads % group == 0 &&
+            heads / group <= cache.shape().num_kv_heads)
+      << "quadratic_scores: " << heads << " rows of " << moments.heads() << " moments, group "
+      << group << ", over a cache of " << cache.shape().num_kv_heads << " heads";
+  const kernels::LayerKvView view = cache.layer(layer);
+  const int d = view.head_dim;
+  for (int q = 0; q < heads; ++q) {
+    const std::vector<float>& mo = mr.f32(moments_layer, q);
+    KVB_CHECK(mo.size() == static_cast<size_t>(d + d * d) ||
+              (b == 0 && mo.size() == static_cast<size_t>(d)))
+        << "quadratic_scores: query head " << q << "'s moments hold " << mo.size()
+        << " entries for " << d << " dimensions";
+    const int h = q / group, len = cache.length(layer, h);
+    std::vector<float>& o = r.f32(out_layer, q);
+    o.resize(len);
+    for (int j = 0; j < len; ++j) {
+      const float* k = view.key(h, j);
+      double dot = 0;
+      for (int i = 0; i < d; ++i) dot = std::fma(static_cast<double>(k[i]), mo[i], dot);
+      if (b == 0) {
+        o[j] = static_cast<float>(a * dot);
+        continue;
+      }
+      double quad = 0;
+      for (int i = 0; i < d; ++i) {
+        const float* c = &mo[d + static_cast<size_t>(i) * d];
+        double inner = 0;
+        for (int l = 0; l < d; ++l) inner = std::fma(static_cast<double>(c[l]), k[l], inner);
+        quad = std::fma(static_cast<double>(k[i]), inner, quad);
+      }
+      o[j] = static_cast<float>(std::fma(b, quad, a * dot));
+    }
+    r.sync_length(out_layer, q);
+  }
+}
+
+void CpuPolicyOps::softmax(SlotRows& rows, int layer, int first) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && first >= 0) << "softmax from entry " << first;
+  for (int h = 0; h < rows.heads(); ++h) {
+    std::vector<float>& row = r.f32(layer, h);
+    const int n = static_cast<int>(row.size());
+    if (first >= n) continue;
+    double top = row[first];
+    for (int j = first + 1; j < n; ++j) top = std::max(top, static_cast<double>(row[j]));
+    std::vector<double> e(n - first);
+    double sum = 0;
+    for (int j = first; j < n; ++j) {
+      e[j - first] = std::exp(static_cast<double>(row[j]) - top);
+      sum += e[j - first];
+    }
+    for (int j = first; j < n; ++j) row[j] = static_cast<float>(e[j - first] / sum);
+  }
+}
+
+void CpuPolicyOps::add_scalar(SlotRows& rows, int layer, float value) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32) << "add_scalar on u64 rows";
+  for (int h = 0; h < rows.heads(); ++h) {
+    for (float& x : r.f32(layer, h)) x += value;
+  }
+}
+
 void CpuPolicyOps::erase(SlotRows& rows, int layer, std::span<const RowErase> heads) {
   CpuRows& r = host(rows);
   check_layer(rows, layer);

@@ -45,6 +45,13 @@ class CpuPolicyOps final : public PolicyOps {
   void fill_prefix(SlotRows& rows, int layer, int count, float value) override;
   void lag_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
                   int sinks, int lag) override;
+  void query_moments(SlotRows& out, int out_layer, const LayerStats& st, int head_dim,
+                     int first, const PairRotation& rot, bool covariance) override;
+  void quadratic_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
+                        const SlotRows& moments, int moments_layer, int group, double a,
+                        double b) override;
+  void softmax(SlotRows& rows, int layer, int first) override;
+  void add_scalar(SlotRows& rows, int layer, float value) override;
   void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
   void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;

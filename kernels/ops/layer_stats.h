@@ -4,6 +4,10 @@
 // ops' CPU and CUDA instances need nothing above them.
 #pragma once
 
+#include <cstdint>
+
+#include "kernels/cpu/rope.h"
+
 namespace kvb::kernels::ops {
 
 class PolicyOps;  // policy_ops.h
@@ -24,6 +28,14 @@ struct LayerStats {
   // if requested (StatsRequest::last_queries; the Python policy's ctx.queries).
   const float* last_queries = nullptr;
   int n_queries = 0;
+  // The block's queries before RoPE (after Qwen3's and Gemma 3's q_norm), [n_new, num_heads,
+  // head_dim], where the ops read them, if requested (StatsRequest::pre_rope_queries).
+  const float* pre_rope_queries = nullptr;
+  // How the layer rotates its queries and keys (the model's RoPE for this layer), and the position
+  // the token after this block takes: what a policy that predicts future queries needs
+  // (expected_attention). Null rope: the engine gave none (host hooks in tests).
+  const kernels::cpu::RopeParams* rope = nullptr;
+  int32_t block_end = 0;
   // The ops table of the engine's backend (policy_ops.h): where a policy that decides with ops
   // keeps its state, and where col_sums and last_probs point (host memory for the CPU instance,
   // device memory for a device instance). Null: the CPU instance (host statistics).
@@ -35,6 +47,7 @@ struct StatsRequest {
   int last_w = 0;                // probabilities of the last w queries (clamped to n_new)
   bool pre_rope_keys = false;
   int last_queries = 0;          // the block's last q queries after RoPE (clamped to n_new)
+  bool pre_rope_queries = false;  // every query of the block before RoPE
 };
 
 }  // namespace kvb::kernels::ops

@@ -12,7 +12,7 @@
 // ada_snapkv, ada_pyramidkv: window_scores and ada_head_budgets, compositions
 // below, and keep_top), kvpress's scorers (keydiff: cosine_to_mean; observed_attention:
 // divide_by_query_counts; cur: cache_norms, normalize_chunks, combine, fill_prefix; lagkv:
-// lag_scores) and subgen_kcenter on a
+// lag_scores; expected_attention: query_moments, quadratic_scores, softmax, add_scalar) and subgen_kcenter on a
 // device (kcenter_keep, erase; its weighted variant attends through subgen_query). One copy of
 // each policy's logic runs on both instances:
 //  - CpuPolicyOps (kernels/ops/cpu_policy_ops.h): the f32 reference; its ops are kernels/cpu/
@@ -110,6 +110,16 @@ class SlotRowsPtr {
 
  private:
   std::unique_ptr<SlotRows> rows_;
+};
+
+// A rotation of every pair of a head's dimensions by fixed factors: RoPE's rotation averaged over
+// positions (kernels/cpu/rope.h rope_mean_rotation), in the layout the model's rows use. Pair i <
+// rot_dim / 2 is (2i, 2i + 1) when adjacent (llama GGUFs), else (i, i + rot_dim / 2) (HF's
+// rotate_half); dimensions from rot_dim on are left as they are.
+struct PairRotation {
+  bool adjacent = false;
+  int rot_dim = 0;
+  std::vector<float> cos, sin;  // [rot_dim / 2]
 };
 
 // One head's decision for keep_top: the head keeps the top k of its slots [0, prefix) by row
@@ -353,6 +363,35 @@ class PolicyOps {
   //  may differ from the host's in the last bit, so ranks agree except at such near-ties.
   virtual void lag_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
                           int sinks, int lag) = 0;
+
+  // Vocabulary: the moments of a block's queries after a fixed rotation (kvpress
+  // ExpectedAttentionPress's statistics of future queries). out.heads() == st.num_heads; for
+  // query head q and its queries x_t (st.pre_rope_queries + (t * num_heads + q) * d, d = head_dim >=
+  // rot.rot_dim) for t in [first, st.n_new), m = n_new - first >= 1: y_t = x_t rotated by
+  // `rot`, per pair (a, b) with factors (c, s): y_a = fma(x_a, c, -(x_b * s)), y_b = fma(x_a, s,
+  // x_b * c), in f64 from the f32 entries. f32 row (out_layer, q) becomes d long, or d + d * d
+  // with covariance: mean[i] = (sum_t y_t[i]) / m, then cov[i * d + j] = (sum_t e_t[i] e_t[j]) /
+  // m with e_t = y_t - mean (the f64 mean), in f64 with t increasing (the products fused
+  // multiply-adds), each rounded to f32 at the end.
+  virtual void query_moments(SlotRows& out, int out_layer, const LayerStats& st, int head_dim,
+                             int first, const PairRotation& rot, bool covariance) = 0;
+  // Vocabulary: a quadratic form of the cached keys per query head (ExpectedAttentionPress's
+  // expected logits). out.heads() == moments.heads() == group x the cache heads it reads (query
+  // head q reads cache head q / group); with L = cache.length(layer, q / group) and row
+  // (moments_layer, q) = mean (d entries), then cov (d * d) when b != 0, f32 row (out_layer, q)
+  // becomes L long: entry j = float(fma(b, quad, a * dot)) (b == 0: float(a * dot)) for slot j's
+  // key k (as cached), dot = sum_i k[i] mean[i], quad = sum_i k[i] (sum_l cov[i * d + l] k[l]),
+  // in f64 as fused multiply-adds in index order.
+  virtual void quadratic_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                                int layer, const SlotRows& moments, int moments_layer,
+                                int group, double a, double b) = 0;
+  // Vocabulary: softmax along positions. Entries [first, length) of every f32 row (layer, h)
+  // become float(exp(x - max) / sum) (max over those entries, exp in f64, the sum in index
+  // order); entries before `first` are left as they are. A device's exp may differ from the
+  // host's in the last bit.
+  virtual void softmax(SlotRows& rows, int layer, int first) = 0;
+  // Vocabulary: every entry of every f32 row (layer, h) becomes entry + value (one f32 addition).
+  virtual void add_scalar(SlotRows& rows, int layer, float value) = 0;
 
   // Row (layer, head) of each listed head (distinct) loses entries [first, first + count).
   virtual void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) = 0;

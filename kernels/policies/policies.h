@@ -22,5 +22,6 @@ PolicyInfo keydiff_policy_info();             // kvpress's presses
 PolicyInfo observed_attention_policy_info();
 PolicyInfo cur_policy_info();
 PolicyInfo lagkv_policy_info();
+PolicyInfo expected_attention_policy_info();
 PolicyInfo python_policy_info();  // python_policy.cc: a policy in one Python file
 }  // namespace kvb::policies

@@ -29,6 +29,7 @@ const std::vector<PolicyInfo>& policy_registry() {
           observed_attention_policy_info(),
           cur_policy_info(),
           lagkv_policy_info(),
+          expected_attention_policy_info(),
           python_policy_info(),
       },
       extra_policies());

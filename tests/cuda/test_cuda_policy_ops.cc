@@ -809,5 +809,111 @@ TEST_F(CudaPolicyOpsParity, LagScoresAreTheCpuRanks) {
   }
 }
 
+// ExpectedAttentionPress's ops: query_moments (mean and covariance, both pairings, a partial
+// rotation) in two launches, quadratic_scores (GQA group 2, with and without the covariance),
+// softmax from an entry and add_scalar in one each: the CPU's bits (softmax's exp may differ in
+// the last bit; these random rows have no such case).
+TEST_F(CudaPolicyOpsParity, ExpectedAttentionOpsAreTheCpuBits) {
+  const std::vector<int> lens = {40, 3, 0, 17};
+  make_caches(lens, 1);
+  const int kv = static_cast<int>(lens.size()), group = 2, heads = kv * group, d = 8, n = 37;
+  const std::vector<float> q = parity::random_vec(static_cast<size_t>(n) * heads * d, 29);
+  const cu::DeviceBuffer<float> dq = parity::to_device(q);
+  policies::LayerStats st;
+  st.n_new = n;
+  st.num_heads = heads;
+  const kernels::ops::PairRotation adjacent{
+      .adjacent = true, .rot_dim = 8, .cos = {0.9f, 0.5f, -0.2f, 0.7f},
+      .sin = {0.1f, -0.6f, 0.8f, 0.3f}};
+  const kernels::ops::PairRotation half{
+      .adjacent = false, .rot_dim = 4, .cos = {0.4f, -0.9f}, .sin = {0.6f, 0.2f}};
+  std::unique_ptr<SlotRows> cm = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> gm = gpu_->make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> cs = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> gs = gpu_->make_rows(SlotType::kF32, 1, heads);
+  for (const auto* rot : {&adjacent, &half}) {
+    for (const bool cov : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "adjacent " << rot->adjacent << ", covariance " << cov);
+      st.pre_rope_queries = q.data();
+      cpu_.query_moments(*cm, 0, st, d, 4, *rot, cov);
+      st.pre_rope_queries = dq.data();
+      int64_t l0 = gpu_->launches();
+      gpu_->query_moments(*gm, 0, st, d, 4, *rot, cov);
+      EXPECT_EQ(gpu_->launches() - l0, cov ? 2 : 1);
+      for (int h = 0; h < heads; ++h) {
+        ASSERT_EQ(gm->length(0, h), cov ? d + d * d : d);
+        parity::expect_bits(gpu_->read_f32(*gm, 0, h), cpu_.read_f32(*cm, 0, h), "moments");
+      }
+      const double b = cov ? 1.0 / 16 : 0.0;
+      cpu_.quadratic_scores(*cs, 0, host_, 0, *cm, 0, group, 0.35, b);
+      l0 = gpu_->launches();
+      gpu_->quadratic_scores(*gs, 0, index_, 0, *gm, 0, group, 0.35, b);
+      EXPECT_EQ(gpu_->launches() - l0, 1);
+      for (int h = 0; h < heads; ++h) {
+        ASSERT_EQ(gs->length(0, h), lens[h / group]);
+        parity::expect_bits(gpu_->read_f32(*gs, 0, h), cpu_.read_f32(*cs, 0, h), "logits");
+      }
+      cpu_.softmax(*cs, 0, 2);
+      gpu_->softmax(*gs, 0, 2);
+      cpu_.add_scalar(*cs, 0, 0.25f);
+      gpu_->add_scalar(*gs, 0, 0.25f);
+      for (int h = 0; h < heads; ++h) {
+        parity::expect_bits(gpu_->read_f32(*gs, 0, h), cpu_.read_f32(*cs, 0, h), "softmax");
+      }
+    }
+  }
+}
+
+// expected_attention decides on the device as on the CPU (GQA group 2, rotate_half RoPE).
+TEST_F(CudaPolicyOpsParity, ExpectedAttentionDecidesAsOnTheCpu) {
+  const int kv = 4, group = 2, len = 90, d = 8;
+  make_caches(std::vector<int>(kv, len), 2);
+  policies::PolicyConfig pc;
+  pc.name = "expected_attention";
+  pc.kv_budget = 30;
+  pc.shape = {1, kv * group, kv, d, 256};
+  for (const char* vnorm : {"true", "false"}) {
+    SCOPED_TRACE(vnorm);
+    pc.options = policies::PolicyOptions(
+        std::map<std::string, std::string>{{"use_vnorm", vnorm}, {"epsilon", "0.01"}});
+    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
+    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
+    const std::vector<float> q =
+        parity::random_vec(static_cast<size_t>(len) * kv * group * d, 43);
+    const cu::DeviceBuffer<float> dq = parity::to_device(q);
+    kernels::cpu::RopeParams rope;
+    rope.style = kernels::cpu::RopeStyle::kNeox;
+    rope.rot_dim = d;
+    policies::LayerStats st;
+    st.layer = 0;
+    st.n_new = len;
+    st.num_heads = kv * group;
+    st.rope = &rope;
+    st.block_end = 3 * len;
+    st.pre_rope_queries = q.data();
+    st.ops = &cpu_;
+    EvictionPlan cplan, gplan;
+    cplan.reset(0, kv);
+    gplan.reset(0, kv);
+    cp->on_prefill_layer(st, host_, cplan);
+    st.pre_rope_queries = dq.data();
+    st.ops = gpu_.get();
+    gp->on_prefill_layer(st, index_, gplan);
+    ASSERT_TRUE(gplan.on_device());
+    const std::vector<int32_t> lists =
+        parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
+    std::vector<int32_t> want;
+    for (int h = 0; h < kv; ++h) {
+      SCOPED_TRACE(testing::Message() << "head " << h);
+      cplan.keep_list(h, len, &want);
+      ASSERT_EQ(static_cast<int>(want.size()), pc.kv_budget);
+      const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
+                                     lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
+                                         want.size());
+      EXPECT_EQ(got, want);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvb

@@ -83,7 +83,7 @@ bool prompt_cache_family(const Variant& var) {
   return name == "snapkv" || name == "pyramidkv" || name == "ada_snapkv" ||
          name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter" ||
          name == "keydiff" || name == "observed_attention" || name == "cur" ||
-         name == "lagkv";
+         name == "lagkv" || name == "expected_attention";
 }
 
 struct Trace {

@@ -198,6 +198,20 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                   int lag) override {
     cpu_.lag_scores(out, out_layer, cache, layer, sinks, lag);
   }
+  void query_moments(SlotRows& out, int out_layer, const policies::LayerStats& st, int head_dim,
+                     int first, const kvb::kernels::ops::PairRotation& rot,
+                     bool covariance) override {
+    cpu_.query_moments(out, out_layer, st, head_dim, first, rot, covariance);
+  }
+  void quadratic_scores(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                        const SlotRows& moments, int moments_layer, int group, double a,
+                        double b) override {
+    cpu_.quadratic_scores(out, out_layer, cache, layer, moments, moments_layer, group, a, b);
+  }
+  void softmax(SlotRows& rows, int layer, int first) override { cpu_.softmax(rows, layer, first); }
+  void add_scalar(SlotRows& rows, int layer, float value) override {
+    cpu_.add_scalar(rows, layer, value);
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

@@ -176,8 +176,9 @@ class Backend {
   // on return).
   virtual void download(Act a, size_t count, float* dst, size_t offset = 0) = 0;
   // A copy of `count` floats of `a` where policy_ops() reads statistics (a device instance:
-  // device memory, stream-ordered, valid until the next stash): the pre-RoPE keys of a policy
-  // that decides with ops on a device. Only where policy_ops().on_device().
+  // device memory, stream-ordered, valid until the next stash of the same activation): the
+  // pre-RoPE keys (kK) or queries (kQ) of a policy that decides with ops on a device. Only where
+  // policy_ops().on_device().
   virtual const float* stash(Act a, size_t count) {
     (void)a;
     (void)count;

@@ -93,6 +93,13 @@ void CudaBackend::stats_to_device(policies::LayerStats* stats) {
     copy_h2d(s_->pre_k.data(), stats->pre_rope_keys, count * 4);
     stats->pre_rope_keys = s_->pre_k.data();
   }
+  if (stats->pre_rope_queries) {
+    const ModelConfig& c = model_.config;
+    const size_t count = static_cast<size_t>(stats->n_new) * c.num_heads * c.head_dim;
+    ensure(s_->pre_q, count);
+    copy_h2d(s_->pre_q.data(), stats->pre_rope_queries, count * 4);
+    stats->pre_rope_queries = s_->pre_q.data();
+  }
 }
 
 void CudaBackend::begin_policy_span() {
@@ -406,10 +413,12 @@ void CudaBackend::download(Act a, size_t count, float* dst, size_t offset) {
 }
 
 const float* CudaBackend::stash(Act a, size_t count) {
-  ensure(s_->stash, count);
-  KVB_CUDA_CHECK(cudaMemcpyAsync(s_->stash.data(), rows_at(a), count * 4,
-                                 cudaMemcpyDeviceToDevice, stream_));
-  return s_->stash.data();
+  // One buffer per activation: a layer's pre-RoPE keys and queries are stashed together.
+  cu::DeviceBuffer<float>& buf = a == Act::kQ ? s_->stash_q : s_->stash;
+  ensure(buf, count);
+  KVB_CUDA_CHECK(cudaMemcpyAsync(buf.data(), rows_at(a), count * 4, cudaMemcpyDeviceToDevice,
+                                 stream_));
+  return buf.data();
 }
 
 void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {

@@ -62,7 +62,7 @@ struct CudaBackend::Scratch {
   cu::DeviceBuffer<float> fused;  // [n, QD + 2 KVD] or [n, 2 hidden]: a stacked product
   cu::DeviceBuffer<__nv_bfloat16> x16;
   cu::DeviceBuffer<int32_t> tokens, pos, qpos, slots, iota;
-  cu::DeviceBuffer<float> col_sums, last_probs, rolled, stash, pre_k;
+  cu::DeviceBuffer<float> col_sums, last_probs, rolled, stash, stash_q, pre_k, pre_q;
   cu::DeviceBuffer<unsigned char> rolled_kv;  // rolled keys in the cache dtype
 };
 

@@ -22,7 +22,7 @@ bool decode_step_capturable(const policies::Policy* policy, const policies::Stat
   if (host_rows) return false;
   if (!policy) return true;
   if (policy->replaces_attention()) return false;
-  const bool asks = req.col_sums || req.last_w > 0 || req.pre_rope_keys;
+  const bool asks = req.col_sums || req.last_w > 0 || req.pre_rope_keys || req.pre_rope_queries;
   return !asks || (device_ops && policy->decides_with_ops());
 }
 
@@ -113,6 +113,9 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
   // keeps them on the host.
   const bool device_keys = req.pre_rope_keys && policy && policy->decides_with_ops() &&
                            be.policy_ops().on_device();
+  const bool device_queries = req.pre_rope_queries && policy && policy->decides_with_ops() &&
+                              be.policy_ops().on_device();
+  const size_t q_elems = static_cast<size_t>(n) * c.num_heads * c.head_dim;
   // A decode step whose host code never waits for the device runs its layers as one graph
   // where the backend has graphs on.
   GraphScope graph;
@@ -131,6 +134,11 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
     if (req.pre_rope_keys && (!device_keys || record)) {
       pre_rope_k_.resize(kv_elems);
       be.download(Act::kK, kv_elems, pre_rope_k_.data());
+    }
+    pre_rope_q_dev_ = device_queries ? be.stash(Act::kQ, q_elems) : nullptr;
+    if (req.pre_rope_queries && (!device_queries || record)) {
+      pre_rope_q_.resize(q_elems);
+      be.download(Act::kQ, q_elems, pre_rope_q_.data());
     }
     attend_layer(l, n, cache, policy, hook, req, last_w, scale, record);
     finish_layer(l, n);
@@ -213,6 +221,16 @@ void Engine::decode_batch(std::span<const int32_t> tokens,
     for (int b = 0; b < B; ++b) {
       be.select_rows(b);
       pre_rope_dev_ = nullptr;
+      pre_rope_q_dev_ = nullptr;
+      if (reqs_[b].pre_rope_queries) {
+        const size_t q_row = static_cast<size_t>(c.num_heads) * c.head_dim;
+        if (device_ops && policies[b]->decides_with_ops()) {
+          pre_rope_q_dev_ = be.stash(Act::kQ, q_row);  // the selected row's queries
+        } else {
+          pre_rope_q_.resize(q_row);
+          be.download(Act::kQ, q_row, pre_rope_q_.data());
+        }
+      }
       if (reqs_[b].pre_rope_keys) {
         if (device_ops && policies[b]->decides_with_ops()) {
           pre_rope_dev_ = be.stash(Act::kK, kv_elems);  // the selected row's keys
@@ -325,6 +343,11 @@ policies::LayerStats Engine::prepare_layer(int l, int n, kernels::KvCache& cache
   stats.pre_rope_keys = !req.pre_rope_keys ? nullptr
                         : pre_rope_dev_     ? pre_rope_dev_
                                             : pre_rope_k_.data();
+  stats.pre_rope_queries = !req.pre_rope_queries ? nullptr
+                           : pre_rope_q_dev_       ? pre_rope_q_dev_
+                                                   : pre_rope_q_.data();
+  stats.rope = &c.rope_of(l);
+  stats.block_end = cache.next_position() + n;  // the cache advances after the pass
   stats.ops = &be.policy_ops();
   if (*hook == PolicyHook::kDecode && policy->evict_before_attention()) {
     run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });
@@ -377,6 +400,7 @@ void Engine::after_attention(int l, kernels::KvCache& cache, policies::Policy* p
       record->last_probs[l].assign(host.last_probs, host.last_probs + rows * host.last_w);
     }
     if (req.pre_rope_keys) record->pre_rope_keys[l] = pre_rope_k_;
+    if (req.pre_rope_queries) record->pre_rope_queries[l] = pre_rope_q_;
   }
   // The layer's output used the full cache; the policy's decision shapes what later steps see.
   if (hook == PolicyHook::kPrefill) {
@@ -459,6 +483,7 @@ bool Engine::attention_batches(int l, std::span<kernels::KvCache* const> caches,
   for (size_t b = 0; b < caches.size(); ++b) {
     const policies::Policy* p = policies[b];
     if (caches[b]->shape().num_kv_heads != ckv || reqs_[b].pre_rope_keys ||
+        reqs_[b].pre_rope_queries ||
         reqs_[b].last_queries > 0) {
       return false;
     }
@@ -484,6 +509,7 @@ void Engine::attend_layer_batch(int l, std::span<kernels::KvCache* const> caches
   batch_hooks_.resize(B);
   batch_items_.resize(B);
   pre_rope_dev_ = nullptr;
+  pre_rope_q_dev_ = nullptr;
   for (int b = 0; b < B; ++b) {
     be.select_rows(b);
     const double p0 = policy_ms_;
@@ -578,7 +604,8 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
   KVB_CHECK(g0 == c.num_layers ||
             ((!req.col_sums || !rec.col_sums[g0].empty()) && w <= rec.last_w &&
              q <= rec.n_queries &&
-             (!req.pre_rope_keys || !rec.pre_rope_keys[g0].empty())))
+             (!req.pre_rope_keys || !rec.pre_rope_keys[g0].empty()) &&
+             (!req.pre_rope_queries || !rec.pre_rope_queries[g0].empty())))
       << "the recorded prefill lacks statistics this policy needs";
   if (!host && policy.reads_cache_rows() && backend_->keeps_host_rows(&policy)) {
     backend_->ensure_host_rows(cache);
@@ -616,6 +643,9 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
       st.last_w = w;
     }
     st.pre_rope_keys = req.pre_rope_keys ? rec.pre_rope_keys[l].data() : nullptr;
+    st.pre_rope_queries = req.pre_rope_queries ? rec.pre_rope_queries[l].data() : nullptr;
+    st.rope = &c.rope_of(l);
+    st.block_end = full.next_position();  // the recorded pass has advanced it
     if (q > 0) {  // the policy's last q of the recorded queries
       const size_t row = static_cast<size_t>(c.num_heads) * c.head_dim;
       st.last_queries = rec.last_queries[l].data() + (rec.n_queries - q) * row;

@@ -212,6 +212,8 @@ class Engine {
   std::vector<int32_t> pos_, qpos_;    // [n] positions of the pass; [n, num_heads] rolling
   std::vector<float> pre_rope_k_;      // [n, kv_dim] when a policy asked for pre-RoPE keys
   std::vector<float> last_q_;          // [q, num_heads, head_dim]: StatsRequest::last_queries
+  std::vector<float> pre_rope_q_;      // [n, num_heads, head_dim]: StatsRequest::pre_rope_queries
+  const float* pre_rope_q_dev_ = nullptr;  // the same on a device (Backend::stash), or null
   const float* pre_rope_dev_ = nullptr;  // the same on a device (Backend::stash), or null
   std::vector<float> slice_;           // apply_recorded_prefill: last-w rows of one policy
   kernels::EvictionPlan plan_;         // the current hook's decision

@@ -144,7 +144,8 @@ policies::StatsRequest forward_stats_request(int n, const kernels::KvCache& cach
   if (record) {
     req = record->request;
     if (record->continues) {
-      KVB_CHECK(!req.pre_rope_keys) << "a recorded prefill with pre-RoPE keys cannot be continued";
+      KVB_CHECK(!req.pre_rope_keys && !req.pre_rope_queries)
+          << "a recorded prefill with pre-RoPE keys or queries cannot be continued";
       KVB_CHECK(!req.col_sums || record->col_sums.size() == static_cast<size_t>(num_layers))
           << "a continued prefill record holds no column sums to continue";
       record->seed_col_sums = std::move(record->col_sums);
@@ -160,6 +161,7 @@ policies::StatsRequest forward_stats_request(int n, const kernels::KvCache& cach
     record->col_sums.assign(num_layers, {});
     record->last_probs.assign(num_layers, {});
     record->pre_rope_keys.assign(num_layers, {});
+    record->pre_rope_queries.assign(num_layers, {});
     record->n_queries = std::min(req.last_queries, n);
     record->last_queries.assign(num_layers, {});
   }

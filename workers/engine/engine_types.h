@@ -42,6 +42,7 @@ struct PrefillRecord {
   std::vector<std::vector<float>> col_sums;       // [layer][num_heads, stride]
   std::vector<std::vector<float>> last_probs;     // [layer][num_heads, last_w, stride]
   std::vector<std::vector<float>> pre_rope_keys;  // [layer][n_new, num_kv_heads, head_dim]
+  std::vector<std::vector<float>> pre_rope_queries;  // [layer][n_new, num_heads, head_dim]
   int n_queries = 0;  // rows recorded (request.last_queries clamped to n_new)
   std::vector<std::vector<float>> last_queries;   // [layer][n_queries, num_heads, head_dim]
   // A prefill in pieces (prefix reuse, workers/prefix_store.h): set before a forward() that
@@ -49,7 +50,7 @@ struct PrefillRecord {
   // holds. That pass adds its queries' probabilities to those sums, so after the last piece
   // they are, bit for bit, what one pass over every query records; last_probs and n_new are
   // the last piece's (the caller sets n_new to the whole prompt's length). Needs an engine
-  // whose continues_prefill(); pre_rope_keys cannot be continued. forward() clears the flag.
+  // whose continues_prefill(); pre-RoPE keys and queries cannot be continued. forward() clears the flag.
   bool continues = false;
   std::vector<std::vector<float>> seed_col_sums;  // forward()'s working copy of the sums
   std::vector<int> seed_strides;
