@@ -29,6 +29,8 @@ import torch
 import transformers
 from transformers import DynamicCache
 
+import kvpress
+
 from kvpress_common import PAIRS, kvpress_version, load_model
 
 
@@ -85,6 +87,7 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     model = load_model(args.model)
+    sdpa = None  # AdaKVPress refuses eager attention: its pairs run on an sdpa copy
 
     with tempfile.TemporaryDirectory() as tmp:
         # kvbench tokenizes the prompt (its tokenizer matches HF's on the fixtures); kvpress gets
@@ -113,11 +116,31 @@ def main():
                     sys.exit(f"kvbench tokenized the prompt differently "
                              f"({len(ours['prompt_ids'])} ids)")
                 press = make(ratio)
-                scores = record_scores(press)
-                with torch.no_grad(), press(model):
-                    cache = model(input_ids, past_key_values=DynamicCache(),
-                                  use_cache=True).past_key_values
-                compare(name, ratio, budget, ids, full, cache, ours, scores)
+                scores = record_scores(getattr(press, "press", press))
+                masked = isinstance(press, kvpress.AdaKVPress)
+                if masked and sdpa is None:
+                    sdpa = load_model(args.model, attn="sdpa")
+                runner = sdpa if masked else model
+                with torch.no_grad(), press(runner):
+                    cache = runner(input_ids, past_key_values=DynamicCache(),
+                                   use_cache=True).past_key_values
+                kept = masked_keep_sets(runner, n) if masked else None
+                compare(name, ratio, budget, ids, full, cache, ours, scores, kept)
+
+
+def masked_keep_sets(model, n):
+    """AdaKVPress keeps every row and masks the pruned ones: per layer and KV head, the slots not
+    in the attention module's masked_key_indices (set by the prefill's compression)."""
+    kept = []
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        _, heads, seqs = attn.masked_key_indices
+        pruned = {}
+        for h, s in zip(heads.tolist(), seqs.tolist()):
+            pruned.setdefault(h, set()).add(s)
+        kv = model.config.num_key_value_heads
+        kept.append([sorted(set(range(n)) - pruned.get(h, set())) for h in range(kv)])
+    return kept
 
 
 def record_scores(press):
@@ -136,12 +159,13 @@ def record_scores(press):
     return scores
 
 
-def compare(name, ratio, budget, ids, full, cache, ours, scores):
+def compare(name, ratio, budget, ids, full, cache, ours, scores, kept=None):
     same, total, jac_sum, worst = 0, 0, 0.0, (2.0, -1, -1)
     ties, other = 0, 0
     differing = []
     for layer in range(num_layers(cache)):
-        theirs = kept_indices(layer_keys(full, layer), layer_keys(cache, layer))
+        theirs = kept[layer] if kept else kept_indices(layer_keys(full, layer),
+                                                       layer_keys(cache, layer))
         for h, t in enumerate(theirs):
             o = set(ours["positions"][layer][h])
             t = set(t)

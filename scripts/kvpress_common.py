@@ -33,6 +33,19 @@ PAIRS = [
      lambda r: kvpress.ExpectedAttentionPress(compression_ratio=r, use_covariance=False,
                                               use_vnorm=False),
      "expected_attention", ["use_covariance=false", "use_vnorm=false"]),
+    # AdaKVPress over a scorer (kvbench: the scorer's `ada: true`). kvpress masks the pruned slots
+    # in attention (sdpa only) instead of evicting them; compare_kvpress.py reads the mask.
+    ("AdaKV over ExpectedAttention (alpha_safeguard 0.2)",
+     lambda r: kvpress.AdaKVPress(kvpress.ExpectedAttentionPress(compression_ratio=r)),
+     "expected_attention", ["ada=true"]),
+    ("AdaKV over KeyDiff (alpha_safeguard 0.2)",
+     lambda r: kvpress.AdaKVPress(kvpress.KeyDiffPress(compression_ratio=r)), "keydiff",
+     ["ada=true"]),
+    ("AdaKV over CUR (alpha_safeguard 0.2)",
+     lambda r: kvpress.AdaKVPress(kvpress.CURPress(compression_ratio=r)), "cur", ["ada=true"]),
+    ("AdaKV over LagKV (alpha_safeguard 0.5)",
+     lambda r: kvpress.AdaKVPress(kvpress.LagKVPress(compression_ratio=r), alpha_safeguard=0.5),
+     "lagkv", ["ada=true", "alpha_safeguard=0.5"]),
 ]
 
 

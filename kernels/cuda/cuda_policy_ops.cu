@@ -287,6 +287,7 @@ CudaPolicyOps::~CudaPolicyOps() {
   // After the stream's work, as CudaRows.
   if (lists_) cudaFreeAsync(lists_, 0);
   if (ranks_) cudaFreeAsync(ranks_, 0);
+  if (top_lists_) cudaFreeAsync(top_lists_, 0);
   if (log_table_) cudaFreeAsync(log_table_, 0);
   if (f64_) cudaFreeAsync(f64_, 0);
 }
@@ -710,6 +711,55 @@ void CudaPolicyOps::keep_top(const SlotRows& scores, int score_layer, const KvCa
     for (const KeepTop& t : heads) r.set_len(layer, t.head, t.kept());
   }
   plan.keep_on_device(lists_, ld, std::move(counts), lengths);
+}
+
+namespace {
+// Row h's entries lists[h][i], i < count[h], become value.
+__global__ void fill_listed_kernel(float* rows, int ld, const int32_t* lists, int lists_ld,
+                                   HeadTable count, float value) {
+  const int h = blockIdx.x;
+  const int32_t* list = lists + static_cast<size_t>(h) * lists_ld;
+  float* row = rows + static_cast<size_t>(h) * ld;
+  for (int i = threadIdx.x; i < count.v[h]; i += blockDim.x) row[list[i]] = value;
+}
+}  // namespace
+
+void CudaPolicyOps::fill_top(SlotRows& rows, int layer, int k, float value) {
+  CudaRows& r = device(rows);
+  check_rows(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && k >= 0) << "cuda policy ops: fill_top of " << k
+                                                     << " entries";
+  const int nh = rows.heads();
+  HeadTable len{}, prefix{}, kk{}, score_head{}, count{};
+  int ld = 0;
+  for (int h = 0; h < nh; ++h) {
+    len.v[h] = rows.length(layer, h);
+    ld = std::max(ld, static_cast<int>(len.v[h]));
+    score_head.v[h] = h;
+    count.v[h] = -1;  // the selection compacts nothing
+    // keep_top's selection: the top k of [0, len), or every entry (prefix < 0) when k reaches it.
+    prefix.v[h] = k < len.v[h] ? len.v[h] : -1;
+    kk.v[h] = std::min(k, static_cast<int>(len.v[h]));
+  }
+  if (ld == 0 || k == 0) return;
+  grow(&top_lists_, &top_lists_cap_, static_cast<size_t>(nh) * ld, stream_);
+  KeepParams p;
+  p.scores = static_cast<const float*>(r.data(layer));
+  p.score_ld = r.ld(layer);
+  p.lists = top_lists_;
+  p.ld = ld;
+  p.len = len;
+  p.prefix = prefix;
+  p.k = kk;
+  p.score_head = score_head;
+  p.count = count;
+  p.num_states = 0;
+  keep_top_kernel<<<nh, kThreads, 0, stream_>>>(p);
+  KVB_CUDA_CHECK_LAUNCH();
+  fill_listed_kernel<<<nh, 256, 0, stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer),
+                                              top_lists_, ld, kk, value);
+  KVB_CUDA_CHECK_LAUNCH();
+  launches_ += 2;
 }
 
 namespace {

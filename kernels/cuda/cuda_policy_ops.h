@@ -107,6 +107,8 @@ class CudaPolicyOps final : public ops::PolicyOps {
                         double b) override;
   void softmax(ops::SlotRows& rows, int layer, int first) override;
   void add_scalar(ops::SlotRows& rows, int layer, float value) override;
+  // fill_top: keep_top's selection kernel into scratch lists, then one scatter launch.
+  void fill_top(ops::SlotRows& rows, int layer, int k, float value) override;
 
   // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy_batch over the listed
   // heads on the cache's device rows, one block a head in one launch (bf16 rows widened exactly
@@ -170,6 +172,9 @@ class CudaPolicyOps final : public ops::PolicyOps {
   // counts).
   int32_t* ranks_ = nullptr;
   size_t ranks_cap_ = 0;
+  // fill_top's [heads, ld] selections (stream-ordered allocation).
+  int32_t* top_lists_ = nullptr;
+  size_t top_lists_cap_ = 0;
   // kcenter_keep's log sizes: entry i = std::log(float(i)) on the host, i < log_cap_ (entry 0
   // unused); the host copy stays for the stream-ordered upload.
   // cosine_to_mean's and lag_scores' f64 scratch (stream-ordered allocation).

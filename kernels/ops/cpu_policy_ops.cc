@@ -762,6 +762,20 @@ void CpuPolicyOps::add_scalar(SlotRows& rows, int layer, float value) {
   }
 }
 
+void CpuPolicyOps::fill_top(SlotRows& rows, int layer, int k, float value) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && k >= 0) << "fill_top of " << k << " entries";
+  std::vector<int32_t> top;
+  for (int h = 0; h < rows.heads(); ++h) {
+    std::vector<float>& row = r.f32(layer, h);
+    const int n = static_cast<int>(row.size());
+    top.resize(std::min(k, n));
+    const int got = kernels::cpu::select_topk(row.data(), n, k, top.data());
+    for (int i = 0; i < got; ++i) row[top[i]] = value;
+  }
+}
+
 void CpuPolicyOps::erase(SlotRows& rows, int layer, std::span<const RowErase> heads) {
   CpuRows& r = host(rows);
   check_layer(rows, layer);

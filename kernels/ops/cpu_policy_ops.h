@@ -52,6 +52,7 @@ class CpuPolicyOps final : public PolicyOps {
                         double b) override;
   void softmax(SlotRows& rows, int layer, int first) override;
   void add_scalar(SlotRows& rows, int layer, float value) override;
+  void fill_top(SlotRows& rows, int layer, int k, float value) override;
   void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
   void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;

@@ -392,6 +392,10 @@ class PolicyOps {
   virtual void softmax(SlotRows& rows, int layer, int first) = 0;
   // Vocabulary: every entry of every f32 row (layer, h) becomes entry + value (one f32 addition).
   virtual void add_scalar(SlotRows& rows, int layer, float value) = 0;
+  // Vocabulary: each row's top k entries become `value` (kvpress AdaKVPress's safeguard). For
+  // every f32 row (layer, h), its min(k, length) highest entries in keep_top's order (higher
+  // scores; equal scores, the higher index) are set to value; k >= 0.
+  virtual void fill_top(SlotRows& rows, int layer, int k, float value) = 0;
 
   // Row (layer, head) of each listed head (distinct) loses entries [first, first + count).
   virtual void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) = 0;

@@ -15,7 +15,7 @@ namespace {
 
 class Cur final : public Policy {
  public:
-  explicit Cur(const PolicyConfig& c) : Policy(c) {
+  explicit Cur(const PolicyConfig& c) : Policy(c), ada_(c.options) {
     const PolicyOptions& o = c.options;
     sinks_ = static_cast<int>(o.get_int("sinks", 4, 0, 1 << 20));
     window_ = static_cast<int>(o.get_int("local_window", 16, 0, 1 << 20));
@@ -42,7 +42,7 @@ class Cur final : public Policy {
     }
     ops.normalize_chunks(rows, 0, 0);
     ops.fill_prefix(rows, 0, sinks_, 1.0f);
-    keep_top_per_head(ops, rows, 0, cache, kv_budget(), &tops_, plan);
+    ada_.keep(ops, rows, 0, cache, kv_budget(), &tops_, plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Cur>(*this); }
@@ -58,6 +58,7 @@ class Cur final : public Policy {
   int sinks_ = 4;
   int window_ = 16;
   std::string leverage_;
+  AdaScorer ada_;
   ScratchRows rows_;
   std::vector<int32_t> first_;
   std::vector<KeepTop> tops_;
@@ -69,11 +70,16 @@ PolicyInfo cur_policy_info() {
   return {"cur",
           "keep the kv_budget tokens with the highest approximate leverage of their keys and "
           "values, after `sinks` protected tokens (CURPress, CurDKV)",
-          {{"sinks", "4", "first tokens always kept (score 1.0)", {}},
-           {"local_window", "16", "squared norms divided by their sum over windows of this many "
-                                  "tokens (0: off)", {}},
-           {"leverage", "kv_product", "score: key, value, their mean or their product",
-            {"key", "value", "kv_avg", "kv_product"}}},
+          with_ada({{"sinks", "4", "first tokens always kept (score 1.0)", {}},
+                    {"local_window",
+                     "16",
+                     "squared norms divided by their sum over windows of this many "
+                     "tokens (0: off)",
+                     {}},
+                    {"leverage",
+                     "kv_product",
+                     "score: key, value, their mean or their product",
+                     {"key", "value", "kv_avg", "kv_product"}}}),
           [](const PolicyConfig& c) { return std::make_unique<Cur>(c); }};
 }
 

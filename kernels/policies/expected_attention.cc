@@ -20,7 +20,7 @@ namespace {
 
 class ExpectedAttention final : public Policy {
  public:
-  explicit ExpectedAttention(const PolicyConfig& c) : Policy(c) {
+  explicit ExpectedAttention(const PolicyConfig& c) : Policy(c), ada_(c.options) {
     const PolicyOptions& o = c.options;
     future_ = o.get_int("n_future_positions", 512, 1, 1 << 24);
     sinks_ = o.get_int("n_sink", 4, 0, 1 << 20);
@@ -72,7 +72,7 @@ class ExpectedAttention final : public Policy {
       ops.combine(*score, 0, norms, 0, Combine::kMul);
     }
     ops.fill_prefix(*score, 0, sinks_, FLT_MAX);
-    keep_top_per_head(ops, *score, 0, cache, kv_budget(), &tops_, plan);
+    ada_.keep(ops, *score, 0, cache, kv_budget(), &tops_, plan);
   }
 
   std::unique_ptr<Policy> clone() const override {
@@ -85,6 +85,7 @@ class ExpectedAttention final : public Policy {
   bool covariance_ = true;
   bool vnorm_ = true;
   float epsilon_ = 0;
+  AdaScorer ada_;
   kernels::ops::PairRotation rot_;
   ScratchRows moments_, logits_, reduced_, norms_;
   std::vector<KeepTop> tops_;
@@ -93,10 +94,12 @@ class ExpectedAttention final : public Policy {
 }  // namespace
 
 PolicyInfo expected_attention_policy_info() {
-  return {"expected_attention",
-          "keep the sinks and the kv_budget tokens future queries are expected to attend to most "
-          "(the prompt's query statistics under RoPE's average rotation), times their values' "
-          "norms (ExpectedAttentionPress)",
+  return {
+      "expected_attention",
+      "keep the sinks and the kv_budget tokens future queries are expected to attend to most "
+      "(the prompt's query statistics under RoPE's average rotation), times their values' "
+      "norms (ExpectedAttentionPress)",
+      with_ada(
           {{"n_future_positions", "512", "future positions whose RoPE rotation is averaged", {}},
            {"n_sink", "4", "first tokens always kept, and left out of the query statistics", {}},
            {"use_covariance",
@@ -107,8 +110,8 @@ PolicyInfo expected_attention_policy_info() {
             "true",
             "multiply the expected attention by the value's L2 norm",
             {"true", "false"}},
-           {"epsilon", "0", "added to the expected attention before the value norm", {}}},
-          [](const PolicyConfig& c) { return std::make_unique<ExpectedAttention>(c); }};
+           {"epsilon", "0", "added to the expected attention before the value norm", {}}}),
+      [](const PolicyConfig& c) { return std::make_unique<ExpectedAttention>(c); }};
 }
 
 }  // namespace kvb::policies

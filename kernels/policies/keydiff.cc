@@ -12,7 +12,7 @@ namespace {
 
 class KeyDiff final : public Policy {
  public:
-  using Policy::Policy;
+  explicit KeyDiff(const PolicyConfig& c) : Policy(c), ada_(c.options) {}
   bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
@@ -25,12 +25,13 @@ class KeyDiff final : public Policy {
     ops.cosine_to_mean(score, 0, cache, st.layer, CacheRows::kKeys);
     first_.assign(heads, 0);
     ops.scale(score, 0, first_, -1.0f);  // least similar first
-    keep_top_per_head(ops, score, 0, cache, kv_budget(), &tops_, plan);
+    ada_.keep(ops, score, 0, cache, kv_budget(), &tops_, plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<KeyDiff>(*this); }
 
  private:
+  AdaScorer ada_;
   ScratchRows score_;
   std::vector<int32_t> first_;
   std::vector<KeepTop> tops_;
@@ -42,8 +43,7 @@ PolicyInfo keydiff_policy_info() {
   return {"keydiff",
           "keep the kv_budget tokens whose keys differ most from the head's mean key direction "
           "(KeyDiffPress)",
-          {},
-          [](const PolicyConfig& c) { return std::make_unique<KeyDiff>(c); }};
+          with_ada({}), [](const PolicyConfig& c) { return std::make_unique<KeyDiff>(c); }};
 }
 
 }  // namespace kvb::policies

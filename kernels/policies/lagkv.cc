@@ -16,7 +16,7 @@ namespace {
 
 class LagKv final : public Policy {
  public:
-  explicit LagKv(const PolicyConfig& c) : Policy(c) {
+  explicit LagKv(const PolicyConfig& c) : Policy(c), ada_(c.options) {
     sinks_ = c.options.get_int("sinks", 4, 0, 1 << 20);
     lag_ = c.options.get_int("lag", 128, 2, 1 << 16);
   }
@@ -26,10 +26,9 @@ class LagKv final : public Policy {
                         kernels::EvictionPlan& plan) override {
     if (!over_budget(cache, st.layer, kv_budget())) return;
     PolicyOps& ops = ops_of(st);
-    SlotRows& score =
-        rows_of(score_.rows, ops, SlotType::kF32, 1, cache.shape().num_kv_heads);
+    SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, cache.shape().num_kv_heads);
     ops.lag_scores(score, 0, cache, st.layer, sinks_, lag_);
-    keep_top_per_head(ops, score, 0, cache, kv_budget(), &tops_, plan);
+    ada_.keep(ops, score, 0, cache, kv_budget(), &tops_, plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<LagKv>(*this); }
@@ -37,6 +36,7 @@ class LagKv final : public Policy {
  private:
   int sinks_ = 4;
   int lag_ = 128;
+  AdaScorer ada_;
   ScratchRows score_;
   std::vector<KeepTop> tops_;
 };
@@ -47,8 +47,8 @@ PolicyInfo lagkv_policy_info() {
   return {"lagkv",
           "keep the sinks, the last partition and the tokens that vary most relative to the next "
           "partition of `lag` tokens (LagKVPress)",
-          {{"sinks", "4", "first tokens always kept", {}},
-           {"lag", "128", "tokens per partition (each is scored against the next)", {}}},
+          with_ada({{"sinks", "4", "first tokens always kept", {}},
+                    {"lag", "128", "tokens per partition (each is scored against the next)", {}}}),
           [](const PolicyConfig& c) { return std::make_unique<LagKv>(c); }};
 }
 

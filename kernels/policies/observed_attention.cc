@@ -13,7 +13,7 @@ namespace {
 
 class ObservedAttention final : public Policy {
  public:
-  using Policy::Policy;
+  explicit ObservedAttention(const PolicyConfig& c) : Policy(c), ada_(c.options) {}
   StatsRequest prefill_request(int) const override { return {.col_sums = true}; }
   bool decides_with_ops() const override { return true; }
 
@@ -35,13 +35,13 @@ class ObservedAttention final : public Policy {
     ops.resize_and_accumulate(per_query, 0, lens_, st.col_sums, st.stride, st.stride, 1,
                               GqaReduce::kMean);
     ops.divide_by_query_counts(per_query, 0, before_, st.n_new);
-    const SlotRows* score = &per_query;
+    SlotRows* score = &per_query;
     if (group > 1) {
       SlotRows& reduced = rows_of(reduced_.rows, ops, SlotType::kF32, 1, heads);
       ops.reduce_heads(per_query, 0, group, GqaReduce::kMean, reduced, 0);
       score = &reduced;
     }
-    keep_top_per_head(ops, *score, 0, cache, kv_budget(), &tops_, plan);
+    ada_.keep(ops, *score, 0, cache, kv_budget(), &tops_, plan);
   }
 
   std::unique_ptr<Policy> clone() const override {
@@ -49,6 +49,7 @@ class ObservedAttention final : public Policy {
   }
 
  private:
+  AdaScorer ada_;
   ScratchRows per_query_, reduced_;
   std::vector<int32_t> lens_, before_;
   std::vector<KeepTop> tops_;
@@ -60,7 +61,7 @@ PolicyInfo observed_attention_policy_info() {
   return {"observed_attention",
           "keep the kv_budget tokens with the highest attention received from the prompt's "
           "queries, averaged over the queries that saw each (ObservedAttentionPress)",
-          {},
+          with_ada({}),
           [](const PolicyConfig& c) { return std::make_unique<ObservedAttention>(c); }};
 }
 

@@ -697,19 +697,29 @@ TEST_F(CudaPolicyOpsParity, KvpressScorerOpsAreTheCpuBits) {
   }
 }
 
-// keydiff, observed_attention and cur decide on the device as on the CPU (GQA group 2).
+// keydiff, observed_attention, cur and lagkv decide on the device as on the CPU (GQA group 2),
+// alone and with Ada-KV's allocation (fill_top, count_top_across_heads: per-head counts that sum
+// to the layer's budget).
 TEST_F(CudaPolicyOpsParity, KvpressScorersDecideAsOnTheCpu) {
   const int heads = 4, group = 2, len = 90;
-  for (const char* name : {"keydiff", "observed_attention", "cur", "lagkv"}) {
-    SCOPED_TRACE(name);
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases = {
+      {"keydiff", {}},
+      {"observed_attention", {}},
+      {"cur", {}},
+      {"lagkv", {{"lag", "16"}}},  // 5 partitions of 16
+      {"keydiff", {{"ada", "true"}}},
+      {"observed_attention", {{"ada", "true"}, {"alpha_safeguard", "0.5"}}},
+      {"cur", {{"ada", "true"}}},
+  };
+  for (const auto& [name, options] : cases) {
+    SCOPED_TRACE(name + (options.count("ada") ? " ada" : ""));
+    const bool ada = options.count("ada") > 0;
     make_caches(std::vector<int>(heads, len), 2);
     policies::PolicyConfig pc;
     pc.name = name;
     pc.kv_budget = 30;
     pc.shape = {1, heads * group, heads, 8, 256};
-    if (pc.name == "lagkv") {  // 5 partitions of 16
-      pc.options = policies::PolicyOptions(std::map<std::string, std::string>{{"lag", "16"}});
-    }
+    pc.options = policies::PolicyOptions(options);
     std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
     std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
     ASSERT_TRUE(gp->decides_with_ops());
@@ -737,8 +747,8 @@ TEST_F(CudaPolicyOpsParity, KvpressScorersDecideAsOnTheCpu) {
     for (int h = 0; h < heads; ++h) {
       SCOPED_TRACE(testing::Message() << "head " << h);
       cplan.keep_list(h, len, &want);
-      ASSERT_EQ(static_cast<int>(want.size()), pc.kv_budget);
-      ASSERT_EQ(gplan.device_counts()[h], pc.kv_budget);
+      if (!ada) ASSERT_EQ(static_cast<int>(want.size()), pc.kv_budget);
+      ASSERT_EQ(gplan.device_counts()[h], static_cast<int>(want.size()));
       const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
                                      lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
                                          want.size());
@@ -786,6 +796,29 @@ TEST_F(CudaPolicyOpsParity, LeverageOpsAreTheCpuBits) {
   cpu_.fill_prefix(*c, 0, 5, 1.0f);
   gpu_->fill_prefix(*g, 0, 5, 1.0f);
   expect_rows(0, "filled rows");
+}
+
+// fill_top: keep_top's selection then one scatter, the CPU's rows (ragged heads, an empty one,
+// tied entries, k past a row).
+TEST_F(CudaPolicyOpsParity, FillTopIsTheCpusRows) {
+  const std::vector<int32_t> lens = {40, 3, 0, 17};
+  const int heads = static_cast<int>(lens.size()), stride = 48;
+  const std::vector<float> src = parity::tied_vec(static_cast<size_t>(heads) * stride, 71, 5);
+  const cu::DeviceBuffer<float> dsrc = parity::to_device(src);
+  for (const int k : {1, 5, 20}) {
+    SCOPED_TRACE(k);
+    std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, heads);
+    std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
+    cpu_.resize_and_accumulate(*c, 0, lens, src.data(), stride, stride, 1, GqaReduce::kMean);
+    gpu_->resize_and_accumulate(*g, 0, lens, dsrc.data(), stride, stride, 1, GqaReduce::kMean);
+    cpu_.fill_top(*c, 0, k, 100.0f);
+    const int64_t l0 = gpu_->launches();
+    gpu_->fill_top(*g, 0, k, 100.0f);
+    EXPECT_EQ(gpu_->launches() - l0, 2);
+    for (int h = 0; h < heads; ++h) {
+      parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "filled rows");
+    }
+  }
 }
 
 // LagKV's scores: ragged heads (partitions scored, a short head's ramp, an empty head), lag 16

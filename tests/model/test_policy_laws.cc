@@ -61,6 +61,10 @@ std::vector<Variant> variants() {
   add("window", {{"gqa", "expand"}});
   add("subgen", {{"sinks", "2"}, {"recent", "4"}});
   add("subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}});
+  // kvpress's AdaKVPress over a scorer; expected_attention's mean-only variant.
+  add("keydiff", {{"ada", "true"}});
+  add("expected_attention", {{"ada", "true"}});
+  add("expected_attention", {{"use_covariance", "false"}, {"use_vnorm", "false"}});
   // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's
   // allocation with protected sinks and window.
   const std::string examples = std::string(KVB_EXAMPLES_DIR) + "/policies/";

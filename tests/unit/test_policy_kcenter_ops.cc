@@ -212,6 +212,9 @@ class HostAsDeviceOps final : public policies::PolicyOps {
   void add_scalar(SlotRows& rows, int layer, float value) override {
     cpu_.add_scalar(rows, layer, value);
   }
+  void fill_top(SlotRows& rows, int layer, int k, float value) override {
+    cpu_.fill_top(rows, layer, k, value);
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

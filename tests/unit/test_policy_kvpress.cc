@@ -15,6 +15,7 @@
 #include "kernels/kv_cache.h"
 #include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
+#include "kernels/policies/scorer.h"
 
 namespace kvb::policies {
 namespace {
@@ -281,6 +282,65 @@ TEST(LagKvPolicy, RanksEachPartitionAgainstTheNext) {
     KvCache c = cache_of(keys, 2);
     prefill_layer(*p, st, c);
     EXPECT_EQ(positions(c, 0, 0), want) << "budget " << budget;
+  }
+}
+
+// fill_top: row (3, 1, 3, 2): the top 2 are both 3s; the top 3 adds the 2; k past the row fills
+// it; k 0 changes nothing.
+TEST(KvpressOps, FillTopRaisesEachRowsTopEntries) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
+  const std::vector<float> src = {3, 1, 3, 2, 0, 5, 4, 0};
+  ops.resize_and_accumulate(*r, 0, std::vector<int32_t>{4, 4}, src.data(), 4, 4, 1,
+                            GqaReduce::kMean);
+  ops.fill_top(*r, 0, 0, 9);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{3, 1, 3, 2}));
+  ops.fill_top(*r, 0, 2, 9);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{9, 1, 9, 2}));
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{0, 9, 9, 0}));
+  ops.fill_top(*r, 0, 3, 8);  // the 9s stay on top: 8 goes to the two 9s and the 2
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{8, 1, 8, 8}));
+  ops.fill_top(*r, 0, 10, 7);
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{7, 7, 7, 7}));
+}
+
+// AdaKVPress's allocation (scorer.h AdaScorer) over score rows head 0 (5, 6, 7, 8) and head 1
+// (1, 2, 3, 4), budget 2 (the layer keeps 4): without ada each head its top 2; with alpha 0.5
+// each head's top 1 is safeguarded and the other 2 go to the best left, head 0's 7 and 6 (3 and
+// 1 kept); alpha 1 safeguards 2 each (as without ada); alpha 0 still safeguards one per head.
+TEST(AdaScorer, AllocatesTheLayersBudgetAcrossHeadsAboveASafeguard) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  const ModelShape shape{1, 2, 2, 1, 0};
+  const std::vector<float> src = {5, 6, 7, 8, 1, 2, 3, 4};
+  auto run = [&](std::map<std::string, std::string> opts) {
+    KvCache cache = cache_of({{{1}, {1}, {1}, {1}}, {{1}, {1}, {1}, {1}}}, 1);
+    std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
+    ops.resize_and_accumulate(*r, 0, std::vector<int32_t>{4, 4}, src.data(), 4, 4, 1,
+                              GqaReduce::kMean);
+    const AdaScorer ada{PolicyOptions(std::move(opts))};
+    std::vector<KeepTop> tops;
+    kernels::EvictionPlan plan;
+    plan.reset(0, 2);
+    ada.keep(ops, *r, 0, cache, 2, &tops, plan);
+    cache.apply(plan);
+    return std::pair{positions(cache, 0, 0), positions(cache, 0, 1)};
+  };
+  EXPECT_EQ(run({}), (std::pair{V{2, 3}, V{2, 3}}));
+  EXPECT_EQ(run({{"ada", "true"}, {"alpha_safeguard", "0.5"}}), (std::pair{V{1, 2, 3}, V{3}}));
+  EXPECT_EQ(run({{"ada", "true"}, {"alpha_safeguard", "1"}}), (std::pair{V{2, 3}, V{2, 3}}));
+  EXPECT_EQ(run({{"ada", "true"}, {"alpha_safeguard", "0"}}), (std::pair{V{1, 2, 3}, V{3}}));
+  // Default alpha 0.2 of budget 2 rounds to 0 safeguarded; one per head still stays.
+  EXPECT_EQ(run({{"ada", "true"}}), (std::pair{V{1, 2, 3}, V{3}}));
+}
+
+// The kvpress scorers take `ada`: keydiff with ada keeps heads x budget across the layer.
+TEST(AdaScorer, EveryKvpressScorerTakesTheOption) {
+  const ModelShape shape{1, 2, 2, 2, 0};
+  for (const char* name : {"keydiff", "observed_attention", "cur", "lagkv", "expected_attention"}) {
+    SCOPED_TRACE(name);
+    EXPECT_NO_THROW(make_policy(config(name, 2, shape, {{"ada", "true"},
+                                                        {"alpha_safeguard", "0.3"}})));
+    EXPECT_THROW(make_policy(config(name, 2, shape, {{"alpha_safeguard", "1.5"}})), Error);
   }
 }
 
