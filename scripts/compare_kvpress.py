@@ -116,8 +116,9 @@ def main():
                     sys.exit(f"kvbench tokenized the prompt differently "
                              f"({len(ours['prompt_ids'])} ids)")
                 press = make(ratio)
-                scores = record_scores(getattr(press, "press", press))
-                masked = isinstance(press, kvpress.AdaKVPress)
+                # The scores that decide (a wrapper's own where it is a ScorerPress).
+                scores = record_scores(press if hasattr(press, "score") else press.press)
+                masked = isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress))
                 if masked and sdpa is None:
                     sdpa = load_model(args.model, attn="sdpa")
                 runner = sdpa if masked else model

@@ -46,6 +46,21 @@ PAIRS = [
     ("AdaKV over LagKV (alpha_safeguard 0.5)",
      lambda r: kvpress.AdaKVPress(kvpress.LagKVPress(compression_ratio=r), alpha_safeguard=0.5),
      "lagkv", ["ada=true", "alpha_safeguard=0.5"]),
+    # CriticalKVPress (kvbench: `critical: true`) and CriticalAdaKVPress (`critical` and `ada`).
+    ("CriticalKV over ExpectedAttention (no value norms)",
+     lambda r: kvpress.CriticalKVPress(
+         kvpress.ExpectedAttentionPress(compression_ratio=r, use_vnorm=False)),
+     "expected_attention", ["critical=true", "use_vnorm=false"]),
+    ("CriticalKV over KeyDiff",
+     lambda r: kvpress.CriticalKVPress(kvpress.KeyDiffPress(compression_ratio=r)), "keydiff",
+     ["critical=true"]),
+    ("CriticalAdaKV over ExpectedAttention (no value norms)",
+     lambda r: kvpress.CriticalAdaKVPress(
+         kvpress.ExpectedAttentionPress(compression_ratio=r, use_vnorm=False)),
+     "expected_attention", ["critical=true", "ada=true", "use_vnorm=false"]),
+    ("CriticalAdaKV over CUR",
+     lambda r: kvpress.CriticalAdaKVPress(kvpress.CURPress(compression_ratio=r)), "cur",
+     ["critical=true", "ada=true"]),
 ]
 
 

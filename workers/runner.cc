@@ -179,6 +179,7 @@ std::unique_ptr<SharedPrefill> shared_prefill(engine::Engine& engine, const Load
     req.last_w = std::max(req.last_w, r.last_w);
     req.pre_rope_keys |= r.pre_rope_keys;
     req.pre_rope_queries |= r.pre_rope_queries;
+    req.output_projection |= r.output_projection;
     req.last_queries = std::max(req.last_queries, r.last_queries);
   }
   if (shareable == 0) return nullptr;

@@ -724,28 +724,38 @@ __global__ void fill_listed_kernel(float* rows, int ld, const int32_t* lists, in
 }
 }  // namespace
 
-void CudaPolicyOps::fill_top(SlotRows& rows, int layer, int k, float value) {
+void CudaPolicyOps::fill_top(SlotRows& rows, int layer, std::span<const int32_t> k, float value,
+                             const SlotRows* by, int by_layer) {
   CudaRows& r = device(rows);
   check_rows(rows, layer);
-  KVB_CHECK(rows.type() == SlotType::kF32 && k >= 0) << "cuda policy ops: fill_top of " << k
-                                                     << " entries";
-  const int nh = rows.heads();
+  const CudaRows& b = by ? device(*by) : r;
+  const int from = by ? by_layer : layer;
+  check_rows(b, from);
+  const int nh = static_cast<int>(k.size());
+  KVB_CHECK(rows.type() == SlotType::kF32 && b.type() == SlotType::kF32 && nh <= rows.heads() &&
+            nh <= b.heads())
+      << "cuda policy ops: fill_top of " << nh << " heads of " << rows.heads() << " rows";
   HeadTable len{}, prefix{}, kk{}, score_head{}, count{};
-  int ld = 0;
+  int ld = 0, most = 0;
   for (int h = 0; h < nh; ++h) {
     len.v[h] = rows.length(layer, h);
+    KVB_CHECK(k[h] >= 0 && b.length(from, h) == len.v[h])
+        << "cuda policy ops: fill_top: head " << h << " fills " << k[h] << " of " << len.v[h]
+        << " entries by a row of " << b.length(from, h);
     ld = std::max(ld, static_cast<int>(len.v[h]));
     score_head.v[h] = h;
     count.v[h] = -1;  // the selection compacts nothing
     // keep_top's selection: the top k of [0, len), or every entry (prefix < 0) when k reaches it.
-    prefix.v[h] = k < len.v[h] ? len.v[h] : -1;
-    kk.v[h] = std::min(k, static_cast<int>(len.v[h]));
+    prefix.v[h] = k[h] < len.v[h] ? len.v[h] : -1;
+    kk.v[h] = std::min(k[h], static_cast<int>(len.v[h]));
+    most = std::max(most, static_cast<int>(kk.v[h]));
   }
-  if (ld == 0 || k == 0) return;
+  for (int h = nh; h < kMaxOpsHeads; ++h) kk.v[h] = 0;
+  if (ld == 0 || most == 0) return;
   grow(&top_lists_, &top_lists_cap_, static_cast<size_t>(nh) * ld, stream_);
   KeepParams p;
-  p.scores = static_cast<const float*>(r.data(layer));
-  p.score_ld = r.ld(layer);
+  p.scores = static_cast<const float*>(b.data(from));
+  p.score_ld = b.ld(from);
   p.lists = top_lists_;
   p.ld = ld;
   p.len = len;
@@ -754,6 +764,7 @@ void CudaPolicyOps::fill_top(SlotRows& rows, int layer, int k, float value) {
   p.score_head = score_head;
   p.count = count;
   p.num_states = 0;
+  // A head with k 0 selects nothing that is written (its list is filled, its count is 0).
   keep_top_kernel<<<nh, kThreads, 0, stream_>>>(p);
   KVB_CUDA_CHECK_LAUNCH();
   fill_listed_kernel<<<nh, 256, 0, stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer),

@@ -107,8 +107,12 @@ class CudaPolicyOps final : public ops::PolicyOps {
                         double b) override;
   void softmax(ops::SlotRows& rows, int layer, int first) override;
   void add_scalar(ops::SlotRows& rows, int layer, float value) override;
+  // projected_value_norms: one launch, a thread per (slot, query head).
+  void projected_value_norms(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                             const void* wo, bool wo_bf16, int dim, int group) override;
   // fill_top: keep_top's selection kernel into scratch lists, then one scatter launch.
-  void fill_top(ops::SlotRows& rows, int layer, int k, float value) override;
+  void fill_top(ops::SlotRows& rows, int layer, std::span<const int32_t> k, float value,
+                const ops::SlotRows* by, int by_layer) override;
 
   // subgen_kcenter (cuda_policy_ops_kcenter.cu): cuda::kcenter_greedy_batch over the listed
   // heads on the cache's device rows, one block a head in one launch (bf16 rows widened exactly

@@ -1,9 +1,10 @@
 // CudaPolicyOps' query-statistics ops (cuda_policy_ops.h; kvpress ExpectedAttentionPress on the
 // vocabulary, POLICIES.md "kvpress's presses"): query_moments, quadratic_scores, softmax and
-// add_scalar. Every product-sum is an explicit f64 fused multiply-add in the CPU instance's order
-// and every other step one IEEE operation, so the entries are the CPU's bits (softmax's exp is
-// the device's: it may differ from glibc's in the last bit). The rotation's factors travel as a
-// kernel argument; nothing is copied to the host and nothing waits.
+// add_scalar; and CriticalKVPress's projected_value_norms. Every product-sum is an explicit f64
+// fused multiply-add in the CPU instance's order and every other step one IEEE operation, so the
+// entries are the CPU's bits (softmax's exp is the device's: it may differ from glibc's in the last
+// bit). The rotation's factors travel as a kernel argument; nothing is copied to the host and
+// nothing waits.
 #include <algorithm>
 
 #include "common/error.h"
@@ -170,6 +171,28 @@ __global__ void softmax_kernel(float* rows, int ld, HeadTable len, int first) {
   }
 }
 
+// A thread per slot of query head blockIdx.y (cache head q / group): sum_o |sum_i v[i] W[o][q d +
+// i]|, the CPU's order.
+template <typename T, typename W>
+__global__ void projected_norms_kernel(const T* values, DeviceLayerKvView v, HeadTable len,
+                                       int group, const W* wo, int dim, int qd, float* out,
+                                       int ld) {
+  const int q = blockIdx.y, h = q / group, d = v.head_dim;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len.v[h]; j += gridDim.x * blockDim.x) {
+    const T* x = values + (static_cast<size_t>(v.offsets[h]) + j) * d;
+    double l1 = 0;
+    for (int o = 0; o < dim; ++o) {
+      const W* w = wo + static_cast<size_t>(o) * qd + static_cast<size_t>(q) * d;
+      double z = 0;
+      for (int i = 0; i < d; ++i) {
+        z = fma(static_cast<double>(kv_load(x + i)), static_cast<double>(kv_load(w + i)), z);
+      }
+      l1 = __dadd_rn(l1, fabs(z));
+    }
+    out[static_cast<size_t>(q) * ld + j] = static_cast<float>(l1);
+  }
+}
+
 __global__ void add_scalar_kernel(float* rows, int ld, HeadTable len, float value) {
   const int h = blockIdx.y;
   float* row = rows + static_cast<size_t>(h) * ld;
@@ -275,6 +298,50 @@ void CudaPolicyOps::softmax(SlotRows& rows, int layer, int first) {
   if (longest <= first) return;
   softmax_kernel<<<rows.heads(), 256, 0, stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer),
                                                     len, first);
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::projected_value_norms(SlotRows& out, int out_layer, const KvCache& cache,
+                                          int layer, const void* wo, bool wo_bf16, int dim,
+                                          int group) {
+  CudaRows& r = device(out);
+  check_rows(out, out_layer, "projected_value_norms");
+  DeviceKvCache& dev = ops_detail::cache_rows(cache, "projected_value_norms");
+  const int heads = out.heads();
+  KVB_CHECK(layer >= 0 && layer < cache.shape().num_layers && wo != nullptr && dim >= 1 &&
+            group >= 1 && heads % group == 0 && heads / group <= cache.shape().num_kv_heads)
+      << "cuda policy ops: projected_value_norms: " << heads << " rows, group " << group
+      << ", an output projection of " << dim << " rows, over a cache of "
+      << cache.shape().num_kv_heads << " heads";
+  const DeviceLayerKvView v = dev.layer(layer);
+  HeadTable len{};
+  int longest = 0;
+  for (int h = 0; h < heads / group; ++h) {
+    len.v[h] = cache.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+  }
+  r.reserve(out_layer, longest);
+  for (int q = 0; q < heads; ++q) r.set_len(out_layer, q, len.v[q / group]);
+  if (heads == 0 || longest == 0) return;
+  const dim3 grid(blocks_for(longest), heads);
+  const int qd = heads * v.head_dim;
+  float* o = static_cast<float*>(r.data(out_layer));
+  const int ld = r.ld(out_layer);
+  auto launch = [&](auto* values) {
+    if (wo_bf16) {
+      projected_norms_kernel<<<grid, 128, 0, stream_>>>(
+          values, v, len, group, static_cast<const __nv_bfloat16*>(wo), dim, qd, o, ld);
+    } else {
+      projected_norms_kernel<<<grid, 128, 0, stream_>>>(
+          values, v, len, group, static_cast<const float*>(wo), dim, qd, o, ld);
+    }
+  };
+  if (v.dtype == KvDtype::kBf16) {
+    launch(static_cast<const __nv_bfloat16*>(v.values));
+  } else {
+    launch(static_cast<const float*>(v.values));
+  }
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
 }

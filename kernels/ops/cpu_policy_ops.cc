@@ -762,17 +762,69 @@ void CpuPolicyOps::add_scalar(SlotRows& rows, int layer, float value) {
   }
 }
 
-void CpuPolicyOps::fill_top(SlotRows& rows, int layer, int k, float value) {
+void CpuPolicyOps::fill_top(SlotRows& rows, int layer, std::span<const int32_t> k, float value,
+                            const SlotRows* by, int by_layer) {
   CpuRows& r = host(rows);
   check_layer(rows, layer);
-  KVB_CHECK(rows.type() == SlotType::kF32 && k >= 0) << "fill_top of " << k << " entries";
+  const CpuRows& b = by ? host(*by) : r;
+  if (by) check_layer(*by, by_layer);
+  const int from = by ? by_layer : layer;
+  KVB_CHECK(rows.type() == SlotType::kF32 && b.type() == SlotType::kF32 &&
+            static_cast<int>(k.size()) <= rows.heads() && b.heads() >= static_cast<int>(k.size()))
+      << "fill_top of " << k.size() << " heads of " << rows.heads() << " rows";
   std::vector<int32_t> top;
-  for (int h = 0; h < rows.heads(); ++h) {
+  for (int h = 0; h < static_cast<int>(k.size()); ++h) {
     std::vector<float>& row = r.f32(layer, h);
+    const std::vector<float>& order = b.f32(from, h);
     const int n = static_cast<int>(row.size());
-    top.resize(std::min(k, n));
-    const int got = kernels::cpu::select_topk(row.data(), n, k, top.data());
+    KVB_CHECK(k[h] >= 0 && order.size() == row.size())
+        << "fill_top: head " << h << " fills " << k[h] << " of " << n << " entries by a row of "
+        << order.size();
+    top.resize(std::min(k[h], n));
+    const int got = kernels::cpu::select_topk(order.data(), n, k[h], top.data());
     for (int i = 0; i < got; ++i) row[top[i]] = value;
+  }
+}
+
+void CpuPolicyOps::projected_value_norms(SlotRows& out, int out_layer,
+                                         const kernels::KvCache& cache, int layer,
+                                         const void* wo, bool wo_bf16, int dim, int group) {
+  CpuRows& r = host(out);
+  check_layer(out, out_layer);
+  const int heads = out.heads();
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
+            out.type() == SlotType::kF32 && wo != nullptr && !wo_bf16 && dim >= 1 &&
+            group >= 1 && heads % group == 0 && heads / group <= cache.shape().num_kv_heads)
+      << "projected_value_norms: " << heads << " rows, group " << group << ", a "
+      << (wo ? (wo_bf16 ? "bf16" : "f32") : "missing") << " output projection of " << dim
+      << " rows (the host instance reads f32), over a cache of " << cache.shape().num_kv_heads
+      << " heads";
+  const kernels::LayerKvView view = cache.layer(layer);
+  const int d = view.head_dim;
+  const size_t qd = static_cast<size_t>(heads) * d;
+  const float* w = static_cast<const float*>(wo);
+  std::vector<float> wt(static_cast<size_t>(d) * dim);  // the head's columns, [i][o]
+  std::vector<double> z(dim);
+  for (int q = 0; q < heads; ++q) {
+    for (int i = 0; i < d; ++i) {
+      for (int o = 0; o < dim; ++o) wt[static_cast<size_t>(i) * dim + o] = w[o * qd + q * d + i];
+    }
+    const int h = q / group, len = cache.length(layer, h);
+    std::vector<float>& row = r.f32(out_layer, q);
+    row.resize(len);
+    for (int j = 0; j < len; ++j) {
+      const float* v = view.value(h, j);
+      std::fill(z.begin(), z.end(), 0.0);
+      for (int i = 0; i < d; ++i) {
+        const double vi = v[i];
+        const float* col = &wt[static_cast<size_t>(i) * dim];
+        for (int o = 0; o < dim; ++o) z[o] = std::fma(vi, static_cast<double>(col[o]), z[o]);
+      }
+      double l1 = 0;
+      for (int o = 0; o < dim; ++o) l1 += std::fabs(z[o]);
+      row[j] = static_cast<float>(l1);
+    }
+    r.sync_length(out_layer, q);
   }
 }
 

@@ -52,7 +52,11 @@ class CpuPolicyOps final : public PolicyOps {
                         double b) override;
   void softmax(SlotRows& rows, int layer, int first) override;
   void add_scalar(SlotRows& rows, int layer, float value) override;
-  void fill_top(SlotRows& rows, int layer, int k, float value) override;
+  void fill_top(SlotRows& rows, int layer, std::span<const int32_t> k, float value,
+                const SlotRows* by, int by_layer) override;
+  void projected_value_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                             int layer, const void* wo, bool wo_bf16, int dim,
+                             int group) override;
   void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
   void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;

@@ -36,6 +36,11 @@ struct LayerStats {
   // (expected_attention). Null rope: the engine gave none (host hooks in tests).
   const kernels::cpu::RopeParams* rope = nullptr;
   int32_t block_end = 0;
+  // The layer's output projection [wo_dim, num_heads x head_dim] where the ops read it (f32, or
+  // bf16 with wo_bf16), if requested (StatsRequest::output_projection).
+  const void* wo = nullptr;
+  bool wo_bf16 = false;
+  int wo_dim = 0;
   // The ops table of the engine's backend (policy_ops.h): where a policy that decides with ops
   // keeps its state, and where col_sums and last_probs point (host memory for the CPU instance,
   // device memory for a device instance). Null: the CPU instance (host statistics).
@@ -48,6 +53,7 @@ struct StatsRequest {
   bool pre_rope_keys = false;
   int last_queries = 0;          // the block's last q queries after RoPE (clamped to n_new)
   bool pre_rope_queries = false;  // every query of the block before RoPE
+  bool output_projection = false;  // the layer's output projection (LayerStats::wo)
 };
 
 }  // namespace kvb::kernels::ops

@@ -392,10 +392,22 @@ class PolicyOps {
   virtual void softmax(SlotRows& rows, int layer, int first) = 0;
   // Vocabulary: every entry of every f32 row (layer, h) becomes entry + value (one f32 addition).
   virtual void add_scalar(SlotRows& rows, int layer, float value) = 0;
-  // Vocabulary: each row's top k entries become `value` (kvpress AdaKVPress's safeguard). For
-  // every f32 row (layer, h), its min(k, length) highest entries in keep_top's order (higher
-  // scores; equal scores, the higher index) are set to value; k >= 0.
-  virtual void fill_top(SlotRows& rows, int layer, int k, float value) = 0;
+  // Vocabulary: each row's top entries become `value` (kvpress AdaKVPress's safeguard,
+  // CriticalKVPress's first stage). For every head h < k.size() (<= rows.heads()) of f32 rows
+  // (layer, h): the min(k[h], length) highest entries of row (by_layer, h) of `by` (null: of the
+  // row itself; by's row as long) in keep_top's order (higher scores; equal scores, the higher
+  // index) are set to value in row (layer, h); k[h] >= 0.
+  virtual void fill_top(SlotRows& rows, int layer, std::span<const int32_t> k, float value,
+                        const SlotRows* by, int by_layer) = 0;
+  // Vocabulary: the L1 norm of each cached value through its query head's slice of the output
+  // projection (kvpress CriticalKVPress's vwl1norm). wo: [dim, num_heads x head_dim] where the
+  // ops read (f32, or bf16 with wo_bf16), num_heads = out.heads() = group x the cache heads read.
+  // For query head q and slot j of cache head q / group, value v, f32 row (out_layer, q) becomes
+  // the head's length long: entry j = float(sum_o |z_o|) with z_o = sum_i v[i] W[o][q d + i], in
+  // f64: each z_o fused multiply-adds in i order, the |z_o| added in o order.
+  virtual void projected_value_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                                     int layer, const void* wo, bool wo_bf16, int dim,
+                                     int group) = 0;
 
   // Row (layer, head) of each listed head (distinct) loses entries [first, first + count).
   virtual void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) = 0;

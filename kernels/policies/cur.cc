@@ -15,12 +15,13 @@ namespace {
 
 class Cur final : public Policy {
  public:
-  explicit Cur(const PolicyConfig& c) : Policy(c), ada_(c.options) {
+  explicit Cur(const PolicyConfig& c) : Policy(c), wrap_(c.options) {
     const PolicyOptions& o = c.options;
     sinks_ = static_cast<int>(o.get_int("sinks", 4, 0, 1 << 20));
     window_ = static_cast<int>(o.get_int("local_window", 16, 0, 1 << 20));
     leverage_ = o.get_string("leverage", "kv_product", {"key", "value", "kv_avg", "kv_product"});
   }
+  StatsRequest prefill_request(int) const override { return wrap_.request({}); }
   bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
@@ -42,7 +43,7 @@ class Cur final : public Policy {
     }
     ops.normalize_chunks(rows, 0, 0);
     ops.fill_prefix(rows, 0, sinks_, 1.0f);
-    ada_.keep(ops, rows, 0, cache, kv_budget(), &tops_, plan);
+    wrap_.keep(ops, rows, 0, st, cache, kv_budget(), plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Cur>(*this); }
@@ -58,10 +59,9 @@ class Cur final : public Policy {
   int sinks_ = 4;
   int window_ = 16;
   std::string leverage_;
-  AdaScorer ada_;
+  ScorerWrappers wrap_;
   ScratchRows rows_;
   std::vector<int32_t> first_;
-  std::vector<KeepTop> tops_;
 };
 
 }  // namespace
@@ -70,16 +70,16 @@ PolicyInfo cur_policy_info() {
   return {"cur",
           "keep the kv_budget tokens with the highest approximate leverage of their keys and "
           "values, after `sinks` protected tokens (CURPress, CurDKV)",
-          with_ada({{"sinks", "4", "first tokens always kept (score 1.0)", {}},
-                    {"local_window",
-                     "16",
-                     "squared norms divided by their sum over windows of this many "
-                     "tokens (0: off)",
-                     {}},
-                    {"leverage",
-                     "kv_product",
-                     "score: key, value, their mean or their product",
-                     {"key", "value", "kv_avg", "kv_product"}}}),
+          with_wrappers({{"sinks", "4", "first tokens always kept (score 1.0)", {}},
+                         {"local_window",
+                          "16",
+                          "squared norms divided by their sum over windows of this many "
+                          "tokens (0: off)",
+                          {}},
+                         {"leverage",
+                          "kv_product",
+                          "score: key, value, their mean or their product",
+                          {"key", "value", "kv_avg", "kv_product"}}}),
           [](const PolicyConfig& c) { return std::make_unique<Cur>(c); }};
 }
 

@@ -20,7 +20,7 @@ namespace {
 
 class ExpectedAttention final : public Policy {
  public:
-  explicit ExpectedAttention(const PolicyConfig& c) : Policy(c), ada_(c.options) {
+  explicit ExpectedAttention(const PolicyConfig& c) : Policy(c), wrap_(c.options) {
     const PolicyOptions& o = c.options;
     future_ = o.get_int("n_future_positions", 512, 1, 1 << 24);
     sinks_ = o.get_int("n_sink", 4, 0, 1 << 20);
@@ -28,7 +28,9 @@ class ExpectedAttention final : public Policy {
     vnorm_ = o.get_bool("use_vnorm", true);
     epsilon_ = static_cast<float>(o.get_double("epsilon", 0.0, 0.0, 1e30));
   }
-  StatsRequest prefill_request(int) const override { return {.pre_rope_queries = true}; }
+  StatsRequest prefill_request(int) const override {
+    return wrap_.request({.pre_rope_queries = true});
+  }
   bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
@@ -72,7 +74,7 @@ class ExpectedAttention final : public Policy {
       ops.combine(*score, 0, norms, 0, Combine::kMul);
     }
     ops.fill_prefix(*score, 0, sinks_, FLT_MAX);
-    ada_.keep(ops, *score, 0, cache, kv_budget(), &tops_, plan);
+    wrap_.keep(ops, *score, 0, st, cache, kv_budget(), plan);
   }
 
   std::unique_ptr<Policy> clone() const override {
@@ -85,10 +87,9 @@ class ExpectedAttention final : public Policy {
   bool covariance_ = true;
   bool vnorm_ = true;
   float epsilon_ = 0;
-  AdaScorer ada_;
+  ScorerWrappers wrap_;
   kernels::ops::PairRotation rot_;
   ScratchRows moments_, logits_, reduced_, norms_;
-  std::vector<KeepTop> tops_;
 };
 
 }  // namespace
@@ -99,7 +100,7 @@ PolicyInfo expected_attention_policy_info() {
       "keep the sinks and the kv_budget tokens future queries are expected to attend to most "
       "(the prompt's query statistics under RoPE's average rotation), times their values' "
       "norms (ExpectedAttentionPress)",
-      with_ada(
+      with_wrappers(
           {{"n_future_positions", "512", "future positions whose RoPE rotation is averaged", {}},
            {"n_sink", "4", "first tokens always kept, and left out of the query statistics", {}},
            {"use_covariance",

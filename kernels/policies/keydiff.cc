@@ -12,7 +12,8 @@ namespace {
 
 class KeyDiff final : public Policy {
  public:
-  explicit KeyDiff(const PolicyConfig& c) : Policy(c), ada_(c.options) {}
+  explicit KeyDiff(const PolicyConfig& c) : Policy(c), wrap_(c.options) {}
+  StatsRequest prefill_request(int) const override { return wrap_.request({}); }
   bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
@@ -25,16 +26,15 @@ class KeyDiff final : public Policy {
     ops.cosine_to_mean(score, 0, cache, st.layer, CacheRows::kKeys);
     first_.assign(heads, 0);
     ops.scale(score, 0, first_, -1.0f);  // least similar first
-    ada_.keep(ops, score, 0, cache, kv_budget(), &tops_, plan);
+    wrap_.keep(ops, score, 0, st, cache, kv_budget(), plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<KeyDiff>(*this); }
 
  private:
-  AdaScorer ada_;
+  ScorerWrappers wrap_;
   ScratchRows score_;
   std::vector<int32_t> first_;
-  std::vector<KeepTop> tops_;
 };
 
 }  // namespace
@@ -43,7 +43,7 @@ PolicyInfo keydiff_policy_info() {
   return {"keydiff",
           "keep the kv_budget tokens whose keys differ most from the head's mean key direction "
           "(KeyDiffPress)",
-          with_ada({}), [](const PolicyConfig& c) { return std::make_unique<KeyDiff>(c); }};
+          with_wrappers({}), [](const PolicyConfig& c) { return std::make_unique<KeyDiff>(c); }};
 }
 
 }  // namespace kvb::policies

@@ -16,10 +16,11 @@ namespace {
 
 class LagKv final : public Policy {
  public:
-  explicit LagKv(const PolicyConfig& c) : Policy(c), ada_(c.options) {
+  explicit LagKv(const PolicyConfig& c) : Policy(c), wrap_(c.options) {
     sinks_ = c.options.get_int("sinks", 4, 0, 1 << 20);
     lag_ = c.options.get_int("lag", 128, 2, 1 << 16);
   }
+  StatsRequest prefill_request(int) const override { return wrap_.request({}); }
   bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
@@ -28,7 +29,7 @@ class LagKv final : public Policy {
     PolicyOps& ops = ops_of(st);
     SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, cache.shape().num_kv_heads);
     ops.lag_scores(score, 0, cache, st.layer, sinks_, lag_);
-    ada_.keep(ops, score, 0, cache, kv_budget(), &tops_, plan);
+    wrap_.keep(ops, score, 0, st, cache, kv_budget(), plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<LagKv>(*this); }
@@ -36,20 +37,20 @@ class LagKv final : public Policy {
  private:
   int sinks_ = 4;
   int lag_ = 128;
-  AdaScorer ada_;
+  ScorerWrappers wrap_;
   ScratchRows score_;
-  std::vector<KeepTop> tops_;
 };
 
 }  // namespace
 
 PolicyInfo lagkv_policy_info() {
-  return {"lagkv",
-          "keep the sinks, the last partition and the tokens that vary most relative to the next "
-          "partition of `lag` tokens (LagKVPress)",
-          with_ada({{"sinks", "4", "first tokens always kept", {}},
-                    {"lag", "128", "tokens per partition (each is scored against the next)", {}}}),
-          [](const PolicyConfig& c) { return std::make_unique<LagKv>(c); }};
+  return {
+      "lagkv",
+      "keep the sinks, the last partition and the tokens that vary most relative to the next "
+      "partition of `lag` tokens (LagKVPress)",
+      with_wrappers({{"sinks", "4", "first tokens always kept", {}},
+                     {"lag", "128", "tokens per partition (each is scored against the next)", {}}}),
+      [](const PolicyConfig& c) { return std::make_unique<LagKv>(c); }};
 }
 
 }  // namespace kvb::policies

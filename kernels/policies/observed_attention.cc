@@ -13,8 +13,8 @@ namespace {
 
 class ObservedAttention final : public Policy {
  public:
-  explicit ObservedAttention(const PolicyConfig& c) : Policy(c), ada_(c.options) {}
-  StatsRequest prefill_request(int) const override { return {.col_sums = true}; }
+  explicit ObservedAttention(const PolicyConfig& c) : Policy(c), wrap_(c.options) {}
+  StatsRequest prefill_request(int) const override { return wrap_.request({.col_sums = true}); }
   bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
@@ -41,7 +41,7 @@ class ObservedAttention final : public Policy {
       ops.reduce_heads(per_query, 0, group, GqaReduce::kMean, reduced, 0);
       score = &reduced;
     }
-    ada_.keep(ops, *score, 0, cache, kv_budget(), &tops_, plan);
+    wrap_.keep(ops, *score, 0, st, cache, kv_budget(), plan);
   }
 
   std::unique_ptr<Policy> clone() const override {
@@ -49,10 +49,9 @@ class ObservedAttention final : public Policy {
   }
 
  private:
-  AdaScorer ada_;
+  ScorerWrappers wrap_;
   ScratchRows per_query_, reduced_;
   std::vector<int32_t> lens_, before_;
-  std::vector<KeepTop> tops_;
 };
 
 }  // namespace
@@ -61,7 +60,7 @@ PolicyInfo observed_attention_policy_info() {
   return {"observed_attention",
           "keep the kv_budget tokens with the highest attention received from the prompt's "
           "queries, averaged over the queries that saw each (ObservedAttentionPress)",
-          with_ada({}),
+          with_wrappers({}),
           [](const PolicyConfig& c) { return std::make_unique<ObservedAttention>(c); }};
 }
 

@@ -3,8 +3,7 @@
 // more recent, POLICIES.md "Ties"); heads within the budget keep everything.
 #pragma once
 
-#include <algorithm>
-#include <cfloat>
+#include <span>
 #include <vector>
 
 #include "kernels/policies/policy.h"
@@ -33,56 +32,51 @@ inline void keep_top_per_head(PolicyOps& ops, const SlotRows& score, int score_l
   if (!tops->empty()) ops.keep_top(score, score_layer, cache, *tops, {}, plan);
 }
 
-// kvpress's AdaKVPress over a scorer (POLICIES.md "kvpress's presses", the option `ada: true`):
-// the layer keeps heads x budget slots in all, each head at least its top max(1, int(budget x
-// alpha_safeguard)). Each row's top int(budget x alpha) entries are raised to the largest float
-// (fill_top), the layer's top heads x budget entries across heads are counted per head
-// (count_top_across_heads: equal scores, the more recent first), and each head keeps its count
-// of its own top. kvpress masks the pruned slots in attention; kvbench evicts them.
-struct AdaScorer {
-  bool ada = false;
-  double alpha_safeguard = 0.2;
+// kvpress's wrappers of a scorer (POLICIES.md "kvpress's presses"; scorer.cc), as options of
+// every kvpress scorer:
+//  - `ada: true` (AdaKVPress): the layer keeps heads x budget slots in all, each head at least its
+//    top max(1, int(budget x alpha_safeguard)). Each row's top that many entries are raised to
+//    the largest float (fill_top), the layer's top heads x budget entries across heads are counted
+//    per head (count_top_across_heads: equal scores, the more recent first), and each head keeps
+//    its count of its own top. kvpress masks the pruned slots in attention; kvbench evicts them.
+//  - `critical: true` (CriticalKVPress): the score becomes (score + critical_epsilon) x the mean
+//    over the head's query heads of the L1 norm of each value through the output projection
+//    (projected_value_norms), except that the score's top int(budget x first_stage_ratio) stay
+//    first. With ada too (CriticalAdaKVPress): Ada-KV's per-head budgets B_h from the
+//    safeguarded scores, each head's top int(B_h x first_stage_ratio) raised, then the product,
+//    and each head keeps its B_h best.
+class ScorerWrappers {
+ public:
+  explicit ScorerWrappers(const PolicyOptions& o);
+  // The options, for a scorer's PolicyInfo (with_wrappers).
+  static std::vector<ParamDoc> params();
+  // The scorer's own request plus what the wrappers read (the output projection).
+  StatsRequest request(StatsRequest scorer) const {
+    scorer.output_projection |= critical_;
+    return scorer;
+  }
+  // Fills `plan` (layer plan.layer() of `cache`, the hook's st) from the score rows
+  // (score_layer, h), one per cache head, each as long as its head: the scorer's kv_budget best
+  // per head, or as the wrappers above say. The score rows may be changed.
+  void keep(PolicyOps& ops, SlotRows& score, int score_layer, const LayerStats& st,
+            const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan);
 
-  explicit AdaScorer(const PolicyOptions& o)
-      : ada(o.get_bool("ada", false)),
-        alpha_safeguard(o.get_double("alpha_safeguard", 0.2, 0.0, 1.0)) {}
-  // The two options, for a scorer's PolicyInfo.
-  static std::vector<ParamDoc> params() {
-    return {{"ada",
-             "false",
-             "Ada-KV's allocation (kvpress AdaKVPress): the layer's heads x kv_budget best slots "
-             "across heads, each head keeping at least alpha_safeguard x kv_budget",
-             {"true", "false"}},
-            {"alpha_safeguard", "0.2", "with ada: the share of kv_budget every head keeps", {}}};
-  }
-  // Fills `plan` from the score rows (score_layer, h), one per cache head: keep_top_per_head,
-  // or with ada the allocation above (the rows are changed: the safeguarded entries).
-  void keep(PolicyOps& ops, SlotRows& score, int score_layer, const kernels::KvCache& cache,
-            int budget, std::vector<KeepTop>* tops, kernels::EvictionPlan& plan) const {
-    if (!ada) {
-      keep_top_per_head(ops, score, score_layer, cache, budget, tops, plan);
-      return;
-    }
-    const int heads = cache.shape().num_kv_heads, layer = plan.layer();
-    // At least one slot per head: kvpress's alpha 0 can leave a head none (its attention then
-    // divides 0 by 0).
-    const int safe = std::max(1, static_cast<int>(budget * alpha_safeguard));
-    ops.fill_top(score, score_layer, safe, FLT_MAX);
-    const std::vector<int32_t> counts = ops.count_top_across_heads(
-        score, score_layer, cache, layer, static_cast<int64_t>(heads) * budget);
-    tops->clear();
-    for (int h = 0; h < heads; ++h) {
-      const int len = cache.length(layer, h);
-      if (len <= counts[h]) continue;
-      tops->push_back({.head = h, .score_head = h, .len = len, .prefix = len, .k = counts[h]});
-    }
-    if (!tops->empty()) ops.keep_top(score, score_layer, cache, *tops, {}, plan);
-  }
+ private:
+  std::vector<int32_t> ada_counts(PolicyOps& ops, SlotRows& score, int score_layer,
+                                  const kernels::KvCache& cache, int layer, int budget);
+  void keep_counts(PolicyOps& ops, SlotRows& score, int score_layer, const kernels::KvCache& cache,
+                   std::span<const int32_t> counts, kernels::EvictionPlan& plan);
+
+  bool ada_ = false, critical_ = false;
+  double alpha_ = 0.2, epsilon_ = 1e-4, first_ = 0.5;
+  ScratchRows per_query_, work_;
+  std::vector<int32_t> k_;
+  std::vector<KeepTop> tops_;
 };
 
-// A scorer's PolicyInfo parameters followed by AdaScorer's.
-inline std::vector<ParamDoc> with_ada(std::vector<ParamDoc> params) {
-  for (ParamDoc& p : AdaScorer::params()) params.push_back(std::move(p));
+// A scorer's PolicyInfo parameters followed by ScorerWrappers'.
+inline std::vector<ParamDoc> with_wrappers(std::vector<ParamDoc> params) {
+  for (ParamDoc& p : ScorerWrappers::params()) params.push_back(std::move(p));
   return params;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/runtime.h"
@@ -811,12 +812,117 @@ TEST_F(CudaPolicyOpsParity, FillTopIsTheCpusRows) {
     std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
     cpu_.resize_and_accumulate(*c, 0, lens, src.data(), stride, stride, 1, GqaReduce::kMean);
     gpu_->resize_and_accumulate(*g, 0, lens, dsrc.data(), stride, stride, 1, GqaReduce::kMean);
-    cpu_.fill_top(*c, 0, k, 100.0f);
+    // Every head k, then head 0 alone by head-by-head counts (k 0 for the others).
+    const std::vector<int32_t> ks(heads, k), first = {k, 0};
+    cpu_.fill_top(*c, 0, ks, 100.0f, nullptr, 0);
     const int64_t l0 = gpu_->launches();
-    gpu_->fill_top(*g, 0, k, 100.0f);
+    gpu_->fill_top(*g, 0, ks, 100.0f, nullptr, 0);
     EXPECT_EQ(gpu_->launches() - l0, 2);
     for (int h = 0; h < heads; ++h) {
       parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "filled rows");
+    }
+    // By other rows: layer 0's rows of a second set, as ordered by the first.
+    std::unique_ptr<SlotRows> c2 = cpu_.make_rows(SlotType::kF32, 1, heads);
+    std::unique_ptr<SlotRows> g2 = gpu_->make_rows(SlotType::kF32, 1, heads);
+    cpu_.resize(*c2, 0, lens);
+    gpu_->resize(*g2, 0, lens);
+    cpu_.fill_top(*c2, 0, first, -3.0f, c.get(), 0);
+    gpu_->fill_top(*g2, 0, first, -3.0f, g.get(), 0);
+    for (int h = 0; h < heads; ++h) {
+      parity::expect_bits(gpu_->read_f32(*g2, 0, h), cpu_.read_f32(*c2, 0, h), "filled by");
+    }
+  }
+}
+
+// CriticalKV's projected_value_norms (GQA group 2, ragged heads, an empty one): one launch, the
+// CPU's bits with f32 weights, and with bf16 weights against the CPU on their f32 widening.
+TEST_F(CudaPolicyOpsParity, ProjectedValueNormsAreTheCpuBits) {
+  const std::vector<int> lens = {40, 3, 0, 17};
+  make_caches(lens, 1);
+  const int kv = static_cast<int>(lens.size()), group = 2, heads = kv * group, d = 8, dim = 24;
+  std::vector<float> w = parity::random_vec(static_cast<size_t>(dim) * heads * d, 83);
+  std::vector<uint16_t> w16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w16[i] = kernels::cpu::bf16_from_f32(w[i]);
+  std::vector<float> widened(w.size());
+  for (size_t i = 0; i < w.size(); ++i) widened[i] = kernels::cpu::f32_from_bf16(w16[i]);
+  const cu::DeviceBuffer<float> dw = parity::to_device(w);
+  const cu::DeviceBuffer<uint16_t> dw16 = parity::to_device(w16);
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, heads);
+    std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
+    cpu_.projected_value_norms(*c, 0, host_, 0, bf16 ? widened.data() : w.data(), false, dim,
+                               group);
+    const int64_t l0 = gpu_->launches();
+    gpu_->projected_value_norms(*g, 0, index_, 0,
+                                bf16 ? static_cast<const void*>(dw16.data()) : dw.data(), bf16,
+                                dim, group);
+    EXPECT_EQ(gpu_->launches() - l0, 1);
+    for (int q = 0; q < heads; ++q) {
+      ASSERT_EQ(g->length(0, q), lens[q / group]);
+      parity::expect_bits(gpu_->read_f32(*g, 0, q), cpu_.read_f32(*c, 0, q), "norms");
+    }
+  }
+}
+
+// The wrappers decide on the device as on the CPU: critical, critical with ada, over keydiff and
+// expected_attention (GQA group 2).
+TEST_F(CudaPolicyOpsParity, CriticalScorersDecideAsOnTheCpu) {
+  const int kv = 4, group = 2, len = 90, d = 8, dim = 24;
+  const std::vector<float> w = parity::random_vec(static_cast<size_t>(dim) * kv * group * d, 89);
+  const cu::DeviceBuffer<float> dw = parity::to_device(w);
+  const std::vector<float> q = parity::random_vec(static_cast<size_t>(len) * kv * group * d, 97);
+  const cu::DeviceBuffer<float> dq = parity::to_device(q);
+  kernels::cpu::RopeParams rope;
+  rope.style = kernels::cpu::RopeStyle::kNeox;
+  rope.rot_dim = d;
+  for (const char* name : {"keydiff", "expected_attention"}) {
+    for (const bool ada : {false, true}) {
+      SCOPED_TRACE(testing::Message() << name << (ada ? " ada" : ""));
+      make_caches(std::vector<int>(kv, len), 2);
+      policies::PolicyConfig pc;
+      pc.name = name;
+      pc.kv_budget = 30;
+      pc.shape = {1, kv * group, kv, d, 256};
+      std::map<std::string, std::string> o = {{"critical", "true"}};
+      if (ada) o["ada"] = "true";
+      pc.options = policies::PolicyOptions(o);
+      std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
+      std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
+      policies::LayerStats st;
+      st.layer = 0;
+      st.n_new = len;
+      st.num_heads = kv * group;
+      st.rope = &rope;
+      st.block_end = len;
+      st.wo_dim = dim;
+      st.pre_rope_queries = q.data();
+      st.wo = w.data();
+      st.ops = &cpu_;
+      EvictionPlan cplan, gplan;
+      cplan.reset(0, kv);
+      gplan.reset(0, kv);
+      cp->on_prefill_layer(st, host_, cplan);
+      st.pre_rope_queries = dq.data();
+      st.wo = dw.data();
+      st.ops = gpu_.get();
+      gp->on_prefill_layer(st, index_, gplan);
+      ASSERT_TRUE(gplan.on_device());
+      const std::vector<int32_t> lists =
+          parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
+      std::vector<int32_t> want;
+      int total = 0;
+      for (int h = 0; h < kv; ++h) {
+        SCOPED_TRACE(testing::Message() << "head " << h);
+        cplan.keep_list(h, len, &want);
+        total += static_cast<int>(want.size());
+        ASSERT_EQ(gplan.device_counts()[h], static_cast<int>(want.size()));
+        const std::vector<int32_t> got(
+            lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
+            lists.begin() + static_cast<size_t>(h) * gplan.device_ld() + want.size());
+        EXPECT_EQ(got, want);
+      }
+      EXPECT_EQ(total, kv * pc.kv_budget);
     }
   }
 }

@@ -65,6 +65,9 @@ std::vector<Variant> variants() {
   add("keydiff", {{"ada", "true"}});
   add("expected_attention", {{"ada", "true"}});
   add("expected_attention", {{"use_covariance", "false"}, {"use_vnorm", "false"}});
+  // kvpress's CriticalKVPress and CriticalAdaKVPress over a scorer.
+  add("keydiff", {{"critical", "true"}});
+  add("expected_attention", {{"critical", "true"}, {"ada", "true"}, {"use_vnorm", "false"}});
   // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's
   // allocation with protected sinks and window.
   const std::string examples = std::string(KVB_EXAMPLES_DIR) + "/policies/";

@@ -212,8 +212,13 @@ class HostAsDeviceOps final : public policies::PolicyOps {
   void add_scalar(SlotRows& rows, int layer, float value) override {
     cpu_.add_scalar(rows, layer, value);
   }
-  void fill_top(SlotRows& rows, int layer, int k, float value) override {
-    cpu_.fill_top(rows, layer, k, value);
+  void fill_top(SlotRows& rows, int layer, std::span<const int32_t> k, float value,
+                const SlotRows* by, int by_layer) override {
+    cpu_.fill_top(rows, layer, k, value, by, by_layer);
+  }
+  void projected_value_norms(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                             const void* wo, bool wo_bf16, int dim, int group) override {
+    cpu_.projected_value_norms(out, out_layer, cache, layer, wo, wo_bf16, dim, group);
   }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;

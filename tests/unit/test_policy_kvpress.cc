@@ -286,42 +286,68 @@ TEST(LagKvPolicy, RanksEachPartitionAgainstTheNext) {
 }
 
 // fill_top: row (3, 1, 3, 2): the top 2 are both 3s; the top 3 adds the 2; k past the row fills
-// it; k 0 changes nothing.
+// it; k 0 changes nothing; per head; by another row's order.
 TEST(KvpressOps, FillTopRaisesEachRowsTopEntries) {
   kvb::kernels::ops::CpuPolicyOps ops;
-  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 2, 2);
   const std::vector<float> src = {3, 1, 3, 2, 0, 5, 4, 0};
   ops.resize_and_accumulate(*r, 0, std::vector<int32_t>{4, 4}, src.data(), 4, 4, 1,
                             GqaReduce::kMean);
-  ops.fill_top(*r, 0, 0, 9);
+  auto fill = [&](std::vector<int32_t> k, float value) {
+    ops.fill_top(*r, 0, k, value, nullptr, 0);
+  };
+  fill({0, 0}, 9);
   EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{3, 1, 3, 2}));
-  ops.fill_top(*r, 0, 2, 9);
+  fill({2, 2}, 9);
   EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{9, 1, 9, 2}));
   EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{0, 9, 9, 0}));
-  ops.fill_top(*r, 0, 3, 8);  // the 9s stay on top: 8 goes to the two 9s and the 2
+  fill({3, 0}, 8);  // the 9s stay on top: 8 goes to the two 9s and the 2; head 1 untouched
   EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{8, 1, 8, 8}));
-  ops.fill_top(*r, 0, 10, 7);
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{0, 9, 9, 0}));
+  fill({0, 10}, 7);
   EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{7, 7, 7, 7}));
+  // By layer 1's rows (zeros at first: ties keep the higher index).
+  ops.resize(*r, 1, std::vector<int32_t>{4, 4});
+  ops.fill_top(*r, 1, std::vector<int32_t>{1, 2}, 5, r.get(), 0);
+  EXPECT_EQ(ops.read_f32(*r, 1, 0), (std::vector<float>{0, 0, 0, 5}));
+  EXPECT_EQ(ops.read_f32(*r, 1, 1), (std::vector<float>{0, 0, 5, 5}));
+  ops.fill_top(*r, 0, std::vector<int32_t>{1, 0}, 6, r.get(), 1);  // layer 1's top of head 0: 3
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{8, 1, 8, 6}));
 }
 
-// AdaKVPress's allocation (scorer.h AdaScorer) over score rows head 0 (5, 6, 7, 8) and head 1
-// (1, 2, 3, 4), budget 2 (the layer keeps 4): without ada each head its top 2; with alpha 0.5
-// each head's top 1 is safeguarded and the other 2 go to the best left, head 0's 7 and 6 (3 and
-// 1 kept); alpha 1 safeguards 2 each (as without ada); alpha 0 still safeguards one per head.
-TEST(AdaScorer, AllocatesTheLayersBudgetAcrossHeadsAboveASafeguard) {
+// projected_value_norms: one cache head of values (1, 2) and (-1, 1) read by two query heads,
+// W = [[1, 0, 2, -1], [0, 1, 1, 1]] (dim 2, 2 heads x d 2). Query head 0 (columns 0, 1): z = (1,
+// 2) and (-1, 1): L1 3 and 2. Query head 1 (columns 2, 3): z = (0, 3) and (-3, 0): 3 and 3.
+TEST(KvpressOps, ProjectedValueNormsThroughTheOutputProjection) {
   kvb::kernels::ops::CpuPolicyOps ops;
-  const ModelShape shape{1, 2, 2, 1, 0};
+  KvCache cache = cache_of({{{-1, -2}, {1, -1}}}, 2);  // values: the keys negated
+  const std::vector<float> w = {1, 0, 2, -1, 0, 1, 1, 1};
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.projected_value_norms(*r, 0, cache, 0, w.data(), false, 2, 2);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{3, 2}));
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{3, 3}));
+  EXPECT_THROW(ops.projected_value_norms(*r, 0, cache, 0, w.data(), true, 2, 2), Error);
+  EXPECT_THROW(ops.projected_value_norms(*r, 0, cache, 0, nullptr, false, 2, 2), Error);
+}
+
+// The wrappers (scorer.h ScorerWrappers) over score rows head 0 (5, 6, 7, 8) and head 1 (1, 2, 3,
+// 4), budget 2 (the layer keeps 4): without ada each head its top 2; with alpha 0.5 each head's
+// top 1 is safeguarded and the other 2 go to the best left, head 0's 7 and 6 (3 and 1 kept);
+// alpha 1 safeguards 2 each (as without ada); alpha 0 still safeguards one per head.
+TEST(ScorerWrappers, AdaAllocatesTheLayersBudgetAcrossHeadsAboveASafeguard) {
+  kvb::kernels::ops::CpuPolicyOps ops;
   const std::vector<float> src = {5, 6, 7, 8, 1, 2, 3, 4};
   auto run = [&](std::map<std::string, std::string> opts) {
     KvCache cache = cache_of({{{1}, {1}, {1}, {1}}, {{1}, {1}, {1}, {1}}}, 1);
     std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
     ops.resize_and_accumulate(*r, 0, std::vector<int32_t>{4, 4}, src.data(), 4, 4, 1,
                               GqaReduce::kMean);
-    const AdaScorer ada{PolicyOptions(std::move(opts))};
-    std::vector<KeepTop> tops;
+    ScorerWrappers wrap{PolicyOptions(std::move(opts))};
+    LayerStats st;
+    st.num_heads = 2;
     kernels::EvictionPlan plan;
     plan.reset(0, 2);
-    ada.keep(ops, *r, 0, cache, 2, &tops, plan);
+    wrap.keep(ops, *r, 0, st, cache, 2, plan);
     cache.apply(plan);
     return std::pair{positions(cache, 0, 0), positions(cache, 0, 1)};
   };
@@ -333,14 +359,49 @@ TEST(AdaScorer, AllocatesTheLayersBudgetAcrossHeadsAboveASafeguard) {
   EXPECT_EQ(run({{"ada", "true"}}), (std::pair{V{1, 2, 3}, V{3}}));
 }
 
-// The kvpress scorers take `ada`: keydiff with ada keeps heads x budget across the layer.
-TEST(AdaScorer, EveryKvpressScorerTakesTheOption) {
+// CriticalKV over scores (4, 3, 2, 1) with values (-1, -5, -2, -10) and W = [[1]] (projected
+// norms 1, 5, 2, 10), budget 3: the product (S + 1e-4) x P = (4.0001, 15.0005, 4.0002, 10.001)
+// after the score's top int(3 x .5) = 1 (slot 0) keeps 0, 1, 3; with first_stage_ratio 0 the
+// product alone keeps 1, 2 (4.0002 > 4.0001) and 3; without critical the score keeps 0, 1, 2.
+TEST(ScorerWrappers, CriticalWeighsTheScoreByTheProjectedValueNorms) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  const std::vector<float> src = {4, 3, 2, 1};
+  const std::vector<float> w = {1};
+  auto run = [&](std::map<std::string, std::string> opts) {
+    KvCache cache = cache_of({{{1}, {5}, {2}, {10}}}, 1);
+    std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 1);
+    ops.resize_and_accumulate(*r, 0, std::vector<int32_t>{4}, src.data(), 4, 4, 1,
+                              GqaReduce::kMean);
+    const bool critical = opts.count("critical") > 0;
+    ScorerWrappers wrap{PolicyOptions(std::move(opts))};
+    EXPECT_EQ(wrap.request({}).output_projection, critical);
+    LayerStats st;
+    st.num_heads = 1;
+    st.wo = w.data();
+    st.wo_dim = 1;
+    kernels::EvictionPlan plan;
+    plan.reset(0, 1);
+    wrap.keep(ops, *r, 0, st, cache, 3, plan);
+    cache.apply(plan);
+    return positions(cache, 0, 0);
+  };
+  EXPECT_EQ(run({}), (V{0, 1, 2}));
+  EXPECT_EQ(run({{"critical", "true"}}), (V{0, 1, 3}));
+  EXPECT_EQ(run({{"critical", "true"}, {"first_stage_ratio", "0"}}), (V{1, 2, 3}));
+}
+
+// The kvpress scorers take the wrappers' options; critical asks for the output projection.
+TEST(ScorerWrappers, EveryKvpressScorerTakesTheOptions) {
   const ModelShape shape{1, 2, 2, 2, 0};
   for (const char* name : {"keydiff", "observed_attention", "cur", "lagkv", "expected_attention"}) {
     SCOPED_TRACE(name);
     EXPECT_NO_THROW(make_policy(config(name, 2, shape, {{"ada", "true"},
                                                         {"alpha_safeguard", "0.3"}})));
+    auto p = make_policy(config(name, 2, shape, {{"critical", "true"}}));
+    EXPECT_TRUE(p->prefill_request(8).output_projection);
+    EXPECT_FALSE(make_policy(config(name, 2, shape))->prefill_request(8).output_projection);
     EXPECT_THROW(make_policy(config(name, 2, shape, {{"alpha_safeguard", "1.5"}})), Error);
+    EXPECT_THROW(make_policy(config(name, 2, shape, {{"first_stage_ratio", "-1"}})), Error);
   }
 }
 

@@ -102,6 +102,10 @@ class Backend {
   // Makes host statistics (a recorded prefill's) readable by policy_ops(): on a device, copies
   // them into device buffers and replaces the pointers (valid until the next call).
   virtual void stats_to_device(policies::LayerStats* stats) { (void)stats; }
+  // Layer `layer`'s output projection [dim, num_heads x head_dim] where policy_ops() reads it
+  // (StatsRequest::output_projection: CriticalKV's projected value norms); *bf16 says its element
+  // type. Valid until the next call.
+  virtual const void* output_projection(int layer, bool* bf16) = 0;
   // policy_ms on the device (issue 13 item 5): where this returns true, the engine brackets each
   // hook and the application of its plan with begin_policy_span / end_policy_span, and the
   // backend measures the device time between them (CUDA events: the policy's kernels, and any

@@ -189,6 +189,23 @@ void CpuBackend::head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) 
   cpu::rmsnorm(x, x, weight.data(), n * heads, c.head_dim, c.norm_eps);
 }
 
+const void* CpuBackend::output_projection(int layer, bool* bf16) {
+  const ModelConfig& c = model_.config;
+  KVB_USAGE_CHECK(tp_ == nullptr)
+      << "a policy that reads the output projection (critical: true) runs on one rank (tensor "
+         "parallelism splits it)";
+  *bf16 = false;
+  const LayerWeights& w = model_.layers[layer];
+  const size_t count = static_cast<size_t>(c.dim) * c.num_heads * c.head_dim;
+  if (w.wo.size() == count) return w.wo.data();
+  KVB_CHECK(dtype_ == DType::kNative && q_layers_[layer].wo.type != 0)
+      << "layer " << layer << "'s output projection has neither f32 rows nor blocks";
+  const QMat& q = q_layers_[layer].wo;
+  wo_f32_.resize(count);
+  cpu::dequantize(q.type, q.bytes.data(), wo_f32_.data(), count);
+  return wo_f32_.data();
+}
+
 void CpuBackend::linear(Act out, Act in, int layer, Mat which, int n) {
   const ModelConfig& c = model_.config;
   const LayerWeights& w = model_.layers[layer];

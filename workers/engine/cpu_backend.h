@@ -33,6 +33,8 @@ class CpuBackend final : public Backend {
 
   std::string device_description() const override { return "cpu"; }
   policies::PolicyOps& policy_ops() override { return policies::cpu_policy_ops(); }
+  // The model's f32 rows, or (--dtype native) the layer's blocks dequantized into a scratch copy.
+  const void* output_projection(int layer, bool* bf16) override;
   bool keeps_host_rows(const policies::Policy* policy) const override {
     (void)policy;
     return true;
@@ -123,6 +125,7 @@ class CpuBackend final : public Backend {
     return model_.config.tied_embeddings ? q_embed_ : q_output_;
   }
   std::vector<kernels::cpu::Q8Act> xq_;  // the quantized input of a native product
+  std::vector<float> wo_f32_;  // output_projection's dequantized copy (kNative)
   std::vector<Bf16Layer> bf16_layers_;  // [num_layers] when dtype_ is kBf16, else empty
   std::vector<uint16_t> bf16_output_;   // [vocab_size, dim] when dtype_ is kBf16
   const int32_t* pos_ = nullptr;  // the pass's positions [n]

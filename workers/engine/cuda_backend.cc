@@ -412,6 +412,11 @@ void CudaBackend::download(Act a, size_t count, float* dst, size_t offset) {
   sync();
 }
 
+const void* CudaBackend::output_projection(int layer, bool* bf16) {
+  *bf16 = dtype_ == DType::kBf16;
+  return layers_[layer].wo.ptr(dtype_);
+}
+
 const float* CudaBackend::stash(Act a, size_t count) {
   // One buffer per activation: a layer's pre-RoPE keys and queries are stashed together.
   cu::DeviceBuffer<float>& buf = a == Act::kQ ? s_->stash_q : s_->stash;

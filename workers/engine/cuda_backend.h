@@ -115,6 +115,8 @@ class CudaBackend final : public Backend {
   TransferCounters counters() const override;
   policies::PolicyOps& policy_ops() override;
   void stats_to_device(policies::LayerStats* stats) override;
+  // The device weights as the products read them (bf16 or f32).
+  const void* output_projection(int layer, bool* bf16) override;
   bool times_policy_on_device() const override { return true; }
   void begin_policy_span() override;
   void end_policy_span() override;

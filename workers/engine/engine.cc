@@ -348,6 +348,10 @@ policies::LayerStats Engine::prepare_layer(int l, int n, kernels::KvCache& cache
                                                    : pre_rope_q_.data();
   stats.rope = &c.rope_of(l);
   stats.block_end = cache.next_position() + n;  // the cache advances after the pass
+  if (req.output_projection && *hook != PolicyHook::kNone) {
+    stats.wo = be.output_projection(l, &stats.wo_bf16);
+    stats.wo_dim = c.dim;
+  }
   stats.ops = &be.policy_ops();
   if (*hook == PolicyHook::kDecode && policy->evict_before_attention()) {
     run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });
@@ -653,6 +657,10 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
     }
     st.ops = &be.policy_ops();
     if (policy.decides_with_ops()) be.stats_to_device(&st);  // where the ops read them
+    if (req.output_projection) {  // where the ops read it already
+      st.wo = be.output_projection(l, &st.wo_bf16);
+      st.wo_dim = c.dim;
+    }
     plan_.reset(l, heads);
     if (host) {  // full's layer l is what cache's would be before this hook
       policy.on_prefill_layer(st, full, plan_);

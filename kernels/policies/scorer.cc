@@ -1,0 +1,102 @@
+// kvpress's wrappers of a scorer, AdaKVPress and CriticalKVPress (scorer.h ScorerWrappers),
+// written once on the ops vocabulary.
+#include "kernels/policies/scorer.h"
+
+#include <algorithm>
+#include <cfloat>
+
+#include "common/error.h"
+
+namespace kvb::policies {
+
+ScorerWrappers::ScorerWrappers(const PolicyOptions& o)
+    : ada_(o.get_bool("ada", false)),
+      critical_(o.get_bool("critical", false)),
+      alpha_(o.get_double("alpha_safeguard", 0.2, 0.0, 1.0)),
+      epsilon_(o.get_double("critical_epsilon", 1e-4, 0.0, 1e30)),
+      first_(o.get_double("first_stage_ratio", 0.5, 0.0, 1.0)) {}
+
+std::vector<ParamDoc> ScorerWrappers::params() {
+  return {
+      {"ada",
+       "false",
+       "Ada-KV's allocation (kvpress AdaKVPress): the layer's heads x kv_budget best slots "
+       "across heads, each head keeping at least alpha_safeguard x kv_budget",
+       {"true", "false"}},
+      {"alpha_safeguard", "0.2", "with ada: the share of kv_budget every head keeps", {}},
+      {"critical",
+       "false",
+       "CriticalKV (kvpress CriticalKVPress): the score times each value's L1 norm through "
+       "the output projection, after the score's first_stage_ratio x kv_budget best",
+       {"true", "false"}},
+      {"critical_epsilon", "0.0001", "with critical: added to the score before the product", {}},
+      {"first_stage_ratio",
+       "0.5",
+       "with critical: the share of the budget kept by the score alone",
+       {}}};
+}
+
+std::vector<int32_t> ScorerWrappers::ada_counts(PolicyOps& ops, SlotRows& score, int score_layer,
+                                                const kernels::KvCache& cache, int layer,
+                                                int budget) {
+  const int heads = cache.shape().num_kv_heads;
+  // At least one slot per head: kvpress's alpha 0 can leave a head none (its attention then
+  // divides 0 by 0).
+  k_.assign(heads, std::max(1, static_cast<int>(budget * alpha_)));
+  ops.fill_top(score, score_layer, k_, FLT_MAX, nullptr, 0);
+  return ops.count_top_across_heads(score, score_layer, cache, layer,
+                                    static_cast<int64_t>(heads) * budget);
+}
+
+void ScorerWrappers::keep_counts(PolicyOps& ops, SlotRows& score, int score_layer,
+                                 const kernels::KvCache& cache, std::span<const int32_t> counts,
+                                 kernels::EvictionPlan& plan) {
+  tops_.clear();
+  for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+    const int len = cache.length(plan.layer(), h);
+    if (len <= counts[h]) continue;
+    tops_.push_back({.head = h, .score_head = h, .len = len, .prefix = len, .k = counts[h]});
+  }
+  if (!tops_.empty()) ops.keep_top(score, score_layer, cache, tops_, {}, plan);
+}
+
+void ScorerWrappers::keep(PolicyOps& ops, SlotRows& score, int score_layer, const LayerStats& st,
+                          const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan) {
+  const int heads = cache.shape().num_kv_heads, layer = plan.layer();
+  if (!critical_) {
+    if (!ada_) {
+      keep_top_per_head(ops, score, score_layer, cache, budget, &tops_, plan);
+      return;
+    }
+    const std::vector<int32_t> counts = ada_counts(ops, score, score_layer, cache, layer, budget);
+    keep_counts(ops, score, score_layer, cache, counts, plan);
+    return;
+  }
+  KVB_CHECK(st.wo != nullptr && st.wo_dim > 0 && st.num_heads % heads == 0)
+      << "critical: the engine gave no output projection";
+  const int group = st.num_heads / heads;
+  // work layer 0: the projected value norms, the mean over each KV head's query heads.
+  SlotRows& per_query = rows_of(per_query_.rows, ops, SlotType::kF32, 1, st.num_heads);
+  ops.projected_value_norms(per_query, 0, cache, layer, st.wo, st.wo_bf16, st.wo_dim, group);
+  SlotRows& work = rows_of(work_.rows, ops, SlotType::kF32, 2, heads);
+  ops.reduce_heads(per_query, 0, group, GqaReduce::kMean, work, 0);
+  if (!ada_) {
+    // work layer 1: (score + epsilon) x norms, the score's top int(budget x first) first.
+    ops.reduce_heads(score, score_layer, 1, GqaReduce::kMean, work, 1);  // a copy
+    ops.add_scalar(work, 1, static_cast<float>(epsilon_));
+    ops.combine(work, 1, work, 0, Combine::kMul);
+    k_.assign(heads, static_cast<int>(budget * first_));
+    ops.fill_top(work, 1, k_, FLT_MAX, &score, score_layer);
+    keep_top_per_head(ops, work, 1, cache, budget, &tops_, plan);
+    return;
+  }
+  const std::vector<int32_t> counts = ada_counts(ops, score, score_layer, cache, layer, budget);
+  k_.resize(heads);
+  for (int h = 0; h < heads; ++h) k_[h] = static_cast<int>(counts[h] * first_);
+  ops.fill_top(score, score_layer, k_, FLT_MAX, nullptr, 0);
+  ops.add_scalar(score, score_layer, static_cast<float>(epsilon_));
+  ops.combine(score, score_layer, work, 0, Combine::kMul);
+  keep_counts(ops, score, score_layer, cache, counts, plan);
+}
+
+}  // namespace kvb::policies
