@@ -3,7 +3,9 @@
 // inside policy hooks (eviction overhead) and decode ms/token. Prints an md table on stdout.
 //   bench_policy_table [--model PATH] [--prompt-tokens 2048] [--kv-budget 256] [--new-tokens 16]
 //                      [--policies full,h2o,...]   (default: every registered policy; the "% of
-//                                                   full" columns need `full` among them)
+//                                                   full" columns need `full` among them; an entry
+//                                                   name:key=value:... sets options, e.g.
+//                                                   keydiff:critical=true)
 // The prompt is WikiText-2 test text from ../shared (a fixed slice), so runs are comparable.
 #include <chrono>
 #include <cstdlib>
@@ -35,11 +37,14 @@ int main(int argc, char** argv) {
   std::string text_file = std::string(KVB_SHARED_DIR) + "/data/wikitext-2/test.txt";
   int prompt_tokens = 2048, budget = 256, new_tokens = 16;
   std::set<std::string> only;  // --policies: empty runs every registered policy
+  // --policies entries with options (name:key=value:...), per policy name, in the listed order.
+  std::map<std::string, std::vector<std::map<std::string, std::string>>> variants;
   for (int i = 1; i < argc; ++i) {  // a flag without its value, or --help: the usage
     const bool help = !std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h");
     if (help || (i % 2 == 1 && i + 1 == argc)) {
       std::cerr << "usage: bench_policy_table [--model PATH] [--text FILE] [--prompt-tokens 2048] "
                    "[--kv-budget 256] [--new-tokens 16] [--policies full,h2o,...]\n"
+                   "  --policies: names, or name:key=value:... with options (keydiff:critical=true)\n"
                    "  per policy on one WikiText-2 prompt: KV bytes after the prompt and after "
                    "decoding (% of full's), state bytes, prefill ms, policy ms, decode ms/token\n";
       return help ? 0 : 2;
@@ -53,7 +58,22 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--new-tokens")) new_tokens = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--policies")) {
       std::stringstream list(argv[i + 1]);
-      for (std::string name; std::getline(list, name, ',');) only.insert(name);
+      for (std::string entry; std::getline(list, entry, ',');) {
+        std::stringstream parts(entry);
+        std::string name;
+        std::getline(parts, name, ':');
+        std::map<std::string, std::string> opts;
+        for (std::string kv; std::getline(parts, kv, ':');) {
+          const size_t eq = kv.find('=');
+          if (eq == std::string::npos || eq == 0) {
+            std::cerr << "--policies: '" << kv << "' in '" << entry << "' is not key=value\n";
+            return 2;
+          }
+          opts[kv.substr(0, eq)] = kv.substr(eq + 1);
+        }
+        only.insert(name);
+        variants[name].push_back(std::move(opts));
+      }
     } else {
       std::cerr << "unknown flag " << argv[i] << "\n";
       return 2;
@@ -77,8 +97,19 @@ int main(int argc, char** argv) {
     for (const std::string& name : only) {
       if (!policies::find_policy(name)) throw Error("--policies: unknown policy '" + name + "'");
     }
+    std::vector<std::pair<const policies::PolicyInfo*, std::map<std::string, std::string>>> runs;
     for (const auto& info : policies::policy_registry()) {
       if (!only.empty() && !only.count(info.name)) continue;
+      if (variants.count(info.name)) {
+        for (const auto& o : variants[info.name]) runs.push_back({&info, o});
+      } else {
+        runs.push_back({&info, {}});
+      }
+    }
+    for (const auto& [info_ptr, opts] : runs) {
+      const policies::PolicyInfo& info = *info_ptr;
+      std::string label = info.name;
+      for (const auto& [k, v] : opts) label += " " + k + "=" + v;
       policies::PolicyConfig pc;
       pc.name = info.name;
       pc.kv_budget = info.name == "full" ? 0 : budget;
@@ -88,6 +119,7 @@ int main(int argc, char** argv) {
         pc.options = policies::PolicyOptions(std::map<std::string, std::string>{
             {"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}});
       }
+      if (!opts.empty()) pc.options = policies::PolicyOptions(opts);
       auto policy = policies::make_policy(pc);
       kernels::KvCache cache = eng.new_cache(prompt_tokens + new_tokens, policy.get());
       std::vector<float> logits;
@@ -108,7 +140,7 @@ int main(int argc, char** argv) {
         full_prompt = after_prompt;
         full_final = final_bytes;
       }
-      table.add({info.name, std::to_string(pc.kv_budget), std::to_string(prompt_tokens),
+      table.add({label, std::to_string(pc.kv_budget), std::to_string(prompt_tokens),
                  fmt(after_prompt, 0),
                  full_prompt > 0 ? fmt(100.0 * after_prompt / full_prompt, 2) : "n/a",
                  fmt(final_bytes, 0),
@@ -116,7 +148,7 @@ int main(int argc, char** argv) {
                  std::to_string(policy->state_bytes()), std::to_string(peak), fmt(prefill_ms, 0),
                  fmt(eng.policy_ms() - pol0, 1),
                  fmt(r.decode_steps ? r.decode_ms / r.decode_steps : 0, 2), "ok"});
-      std::cerr << "[bench_policy_table] " << info.name << " done\n";
+      std::cerr << "[bench_policy_table] " << label << " done\n";
     }
     table.print(std::cout, "md");
   } catch (const std::exception& e) {
