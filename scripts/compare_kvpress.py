@@ -117,7 +117,8 @@ def main():
                              f"({len(ours['prompt_ids'])} ids)")
                 press = make(ratio)
                 # The scores that decide (a wrapper's own where it is a ScorerPress).
-                scores = record_scores(press if hasattr(press, "score") else press.press)
+                scores = record_scores(press if hasattr(press, "score")
+                                       else getattr(press, "press", press))
                 masked = isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress))
                 if masked and sdpa is None:
                     sdpa = load_model(args.model, attn="sdpa")

@@ -33,6 +33,13 @@ PAIRS = [
      lambda r: kvpress.ExpectedAttentionPress(compression_ratio=r, use_covariance=False,
                                               use_vnorm=False),
      "expected_attention", ["use_covariance=false", "use_vnorm=false"]),
+    # SimLayerKVPress decides per layer by a threshold, not by the ratio (the same at every ratio).
+    ("SimLayerKV (threshold 0.5, 4 initial, 256 recent, 1 last)",
+     lambda r: kvpress.SimLayerKVPress(lazy_threshold=0.5, n_recent=256), "simlayerkv",
+     ["lazy_threshold=0.5", "n_recent=256"]),
+    ("SimLayerKV (threshold 0.8, 4 initial, 128 recent, 2 last)",
+     lambda r: kvpress.SimLayerKVPress(lazy_threshold=0.8, n_recent=128, n_last=2),
+     "simlayerkv", ["lazy_threshold=0.8", "n_recent=128", "n_last=2"]),
     # AdaKVPress over a scorer (kvbench: the scorer's `ada: true`). kvpress masks the pruned slots
     # in attention (sdpa only) instead of evicting them; compare_kvpress.py reads the mask.
     ("AdaKV over ExpectedAttention (alpha_safeguard 0.2)",

@@ -927,6 +927,49 @@ TEST_F(CudaPolicyOpsParity, CriticalScorersDecideAsOnTheCpu) {
   }
 }
 
+// simlayerkv decides on the device as on the CPU: the last queries' mean attention per KV head
+// read back (a copy and a sync per head), the layer lazy or not by the same sums, the same plan.
+TEST_F(CudaPolicyOpsParity, SimLayerKvDecidesAsOnTheCpu) {
+  const int kv = 4, group = 2, len = 90, w = 2;
+  const std::vector<float> probs =
+      parity::random_vec(static_cast<size_t>(kv) * group * w * len, 101, 0.0f, 1.0f / 45);
+  const cu::DeviceBuffer<float> dprobs = parity::to_device(probs);
+  for (const char* threshold : {"0", "0.99"}) {
+    SCOPED_TRACE(threshold);
+    make_caches(std::vector<int>(kv, len), 2);
+    policies::PolicyConfig pc;
+    pc.name = "simlayerkv";
+    pc.kv_budget = 30;
+    pc.shape = {1, kv * group, kv, 8, 256};
+    pc.options = policies::PolicyOptions(std::map<std::string, std::string>{
+        {"lazy_threshold", threshold}, {"n_last", "2"}});
+    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
+    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
+    policies::LayerStats st;
+    st.layer = 0;
+    st.n_new = len;
+    st.num_heads = kv * group;
+    st.stride = len;
+    st.last_w = w;
+    st.last_probs = probs.data();
+    st.ops = &cpu_;
+    EvictionPlan cplan, gplan;
+    cplan.reset(0, kv);
+    gplan.reset(0, kv);
+    cp->on_prefill_layer(st, host_, cplan);
+    st.last_probs = dprobs.data();
+    st.ops = gpu_.get();
+    gp->on_prefill_layer(st, index_, gplan);
+    std::vector<int32_t> want, got;
+    for (int h = 0; h < kv; ++h) {
+      cplan.keep_list(h, len, &want);
+      gplan.keep_list(h, len, &got);
+      EXPECT_EQ(got, want) << "head " << h;
+      EXPECT_EQ(static_cast<int>(want.size()), std::string(threshold) == "0" ? 30 : len);
+    }
+  }
+}
+
 // LagKV's scores: ragged heads (partitions scored, a short head's ramp, an empty head), lag 16
 // and 5, the CPU's ranks (the device's exp may differ in the last bit; these random rows have
 // no such near-tie).

@@ -42,7 +42,8 @@ struct Variant {
 std::vector<Variant> variants() {
   std::vector<Variant> v;
   for (const auto& p : policies::policy_registry()) {
-    if (p.name != "python") v.push_back({p.name, {}});  // python needs its file= (below)
+    // python needs its file= and simlayerkv a threshold below 1 to compress at all (below).
+    if (p.name != "python" && p.name != "simlayerkv") v.push_back({p.name, {}});
   }
   const std::set<std::string> names = [] {
     std::set<std::string> s;
@@ -65,6 +66,10 @@ std::vector<Variant> variants() {
   add("keydiff", {{"ada", "true"}});
   add("expected_attention", {{"ada", "true"}});
   add("expected_attention", {{"use_covariance", "false"}, {"use_vnorm", "false"}});
+  // SimLayerKV with every layer lazy (any attention share exceeds 0): its thresholds between are
+  // hand-computed in test_policy_kvpress.
+  add("simlayerkv", {{"lazy_threshold", "0"}});
+  add("simlayerkv", {{"lazy_threshold", "0"}, {"n_last", "2"}, {"n_initial", "2"}});
   // kvpress's CriticalKVPress and CriticalAdaKVPress over a scorer.
   add("keydiff", {{"critical", "true"}});
   add("expected_attention", {{"critical", "true"}, {"ada", "true"}, {"use_vnorm", "false"}});
@@ -90,7 +95,7 @@ bool prompt_cache_family(const Variant& var) {
   return name == "snapkv" || name == "pyramidkv" || name == "ada_snapkv" ||
          name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter" ||
          name == "keydiff" || name == "observed_attention" || name == "cur" ||
-         name == "lagkv" || name == "expected_attention";
+         name == "lagkv" || name == "expected_attention" || name == "simlayerkv";
 }
 
 struct Trace {

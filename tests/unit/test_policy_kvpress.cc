@@ -390,6 +390,46 @@ TEST(ScorerWrappers, CriticalWeighsTheScoreByTheProjectedValueNorms) {
   EXPECT_EQ(run({{"critical", "true"}, {"first_stage_ratio", "0"}}), (V{1, 2, 3}));
 }
 
+// SimLayerKV, one KV head read by two query heads, 8 slots, the last query's attention: head 0
+// (.5 0 0 0 .1 .1 .1 .2), head 1 (.1 .1 .1 .1 .1 .1 .2 .2), mean (.3 .05 .05 .05 .1 .1 .15 .2).
+// n_initial 1, n_recent 3, n_last 1: the first token (.3) and the 3 before the last (.1 .1 .15)
+// share .65: lazy at threshold .6 (keeps slot 0 and the last n_recent - n_last = 2), not at .7.
+// kv_budget 4 alone sets n_recent 4 (a lazy layer keeps 4): .3 + .4 = .7 > .65 keeps 0, 5, 6, 7.
+TEST(SimLayerKvPolicy, LazyLayersKeepTheFirstAndRecentTokens) {
+  const ModelShape shape{1, 2, 1, 1, 0};
+  const std::vector<float> probs = {.5f, 0, 0, 0, .1f, .1f, .1f, .2f,
+                                    .1f, .1f, .1f, .1f, .1f, .1f, .2f, .2f};
+  LayerStats st;
+  st.layer = 0;
+  st.n_new = 8;
+  st.num_heads = 2;
+  st.stride = 8;
+  st.last_probs = probs.data();
+  st.last_w = 1;
+  auto run = [&](int budget, std::map<std::string, std::string> opts) {
+    KvCache cache = cache_of({{{1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}}}, 1);
+    auto p = make_policy(config("simlayerkv", budget, shape, std::move(opts)));
+    EXPECT_EQ(p->prefill_request(8).last_w, 1);
+    prefill_layer(*p, st, cache);
+    return positions(cache, 0, 0);
+  };
+  const std::map<std::string, std::string> base = {{"n_initial", "1"}, {"n_recent", "3"}};
+  auto with = [&](const char* t) {
+    auto o = base;
+    o["lazy_threshold"] = t;
+    return o;
+  };
+  EXPECT_EQ(run(100, with("0.6")), (V{0, 6, 7}));
+  EXPECT_EQ(run(100, with("0.7")), (V{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(run(4, {{"n_initial", "1"}, {"lazy_threshold", "0.65"}}), (V{0, 5, 6, 7}));
+  // kvpress's default threshold 1 never compresses; a prompt of at most n_initial + n_recent +
+  // n_last tokens neither.
+  EXPECT_EQ(run(4, {{"n_initial", "1"}}), (V{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(run(100, {{"n_initial", "1"}, {"n_recent", "6"}, {"lazy_threshold", "0"}}),
+            (V{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_THROW(make_policy(config("simlayerkv", 4, shape, {{"n_recent", "1"}})), Error);
+}
+
 // The kvpress scorers take the wrappers' options; critical asks for the output projection.
 TEST(ScorerWrappers, EveryKvpressScorerTakesTheOptions) {
   const ModelShape shape{1, 2, 2, 2, 0};
