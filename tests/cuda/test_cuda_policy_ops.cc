@@ -744,16 +744,9 @@ TEST_F(CudaPolicyOpsParity, KvpressScorersDecideAsOnTheCpu) {
     ASSERT_TRUE(gplan.on_device());
     const std::vector<int32_t> lists =
         parity::to_host(gplan.device_slots(), static_cast<size_t>(heads) * gplan.device_ld());
-    std::vector<int32_t> want;
     for (int h = 0; h < heads; ++h) {
-      SCOPED_TRACE(testing::Message() << "head " << h);
-      cplan.keep_list(h, len, &want);
-      if (!ada) ASSERT_EQ(static_cast<int>(want.size()), pc.kv_budget);
-      ASSERT_EQ(gplan.device_counts()[h], static_cast<int>(want.size()));
-      const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
-                                     lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
-                                         want.size());
-      EXPECT_EQ(got, want);
+      const std::vector<int32_t> want = parity::expect_same_keep_list(gplan, lists, cplan, h, len);
+      if (!ada) EXPECT_EQ(static_cast<int>(want.size()), pc.kv_budget) << "head " << h;
     }
   }
 }
@@ -910,17 +903,11 @@ TEST_F(CudaPolicyOpsParity, CriticalScorersDecideAsOnTheCpu) {
       ASSERT_TRUE(gplan.on_device());
       const std::vector<int32_t> lists =
           parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
-      std::vector<int32_t> want;
       int total = 0;
       for (int h = 0; h < kv; ++h) {
-        SCOPED_TRACE(testing::Message() << "head " << h);
-        cplan.keep_list(h, len, &want);
+        const std::vector<int32_t> want =
+            parity::expect_same_keep_list(gplan, lists, cplan, h, len);
         total += static_cast<int>(want.size());
-        ASSERT_EQ(gplan.device_counts()[h], static_cast<int>(want.size()));
-        const std::vector<int32_t> got(
-            lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
-            lists.begin() + static_cast<size_t>(h) * gplan.device_ld() + want.size());
-        EXPECT_EQ(got, want);
       }
       EXPECT_EQ(total, kv * pc.kv_budget);
     }
@@ -1084,15 +1071,9 @@ TEST_F(CudaPolicyOpsParity, ExpectedAttentionDecidesAsOnTheCpu) {
     ASSERT_TRUE(gplan.on_device());
     const std::vector<int32_t> lists =
         parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
-    std::vector<int32_t> want;
     for (int h = 0; h < kv; ++h) {
-      SCOPED_TRACE(testing::Message() << "head " << h);
-      cplan.keep_list(h, len, &want);
-      ASSERT_EQ(static_cast<int>(want.size()), pc.kv_budget);
-      const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
-                                     lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
-                                         want.size());
-      EXPECT_EQ(got, want);
+      const std::vector<int32_t> want = parity::expect_same_keep_list(gplan, lists, cplan, h, len);
+      EXPECT_EQ(static_cast<int>(want.size()), pc.kv_budget) << "head " << h;
     }
   }
 }
