@@ -703,6 +703,7 @@ void CpuPolicyOps::quadratic_scores(SlotRows& out, int out_layer, const kernels:
       << group << ", over a cache of " << cache.shape().num_kv_heads << " heads";
   const kernels::LayerKvView view = cache.layer(layer);
   const int d = view.head_dim;
+  std::vector<double> kb;
   for (int q = 0; q < heads; ++q) {
     const std::vector<float>& mo = mr.f32(moments_layer, q);
     KVB_CHECK(mo.size() == static_cast<size_t>(d + d * d) ||
@@ -712,22 +713,38 @@ void CpuPolicyOps::quadratic_scores(SlotRows& out, int out_layer, const kernels:
     const int h = q / group, len = cache.length(layer, h);
     std::vector<float>& o = r.f32(out_layer, q);
     o.resize(len);
-    for (int j = 0; j < len; ++j) {
-      const float* k = view.key(h, j);
-      double dot = 0;
-      for (int i = 0; i < d; ++i) dot = std::fma(static_cast<double>(k[i]), mo[i], dot);
-      if (b == 0) {
-        o[j] = static_cast<float>(a * dot);
-        continue;
+    // kB slots at a time, their keys transposed ([l][jj]) so that each step vectorises across
+    // slots; every slot's sums still run in index order (the bits of one slot at a time).
+    constexpr int kB = 8;
+    kb.resize(static_cast<size_t>(d) * kB);
+    for (int j0 = 0; j0 < len; j0 += kB) {
+      const int nb = std::min(kB, len - j0);
+      for (int jj = 0; jj < kB; ++jj) {
+        const float* k = view.key(h, j0 + std::min(jj, nb - 1));  // a short block repeats
+        for (int l = 0; l < d; ++l) kb[static_cast<size_t>(l) * kB + jj] = k[l];
       }
-      double quad = 0;
+      double dot[kB] = {}, quad[kB] = {};
       for (int i = 0; i < d; ++i) {
-        const float* c = &mo[d + static_cast<size_t>(i) * d];
-        double inner = 0;
-        for (int l = 0; l < d; ++l) inner = std::fma(static_cast<double>(c[l]), k[l], inner);
-        quad = std::fma(static_cast<double>(k[i]), inner, quad);
+        const double m = mo[i];
+        const double* ki = &kb[static_cast<size_t>(i) * kB];
+        for (int jj = 0; jj < kB; ++jj) dot[jj] = std::fma(ki[jj], m, dot[jj]);
       }
-      o[j] = static_cast<float>(std::fma(b, quad, a * dot));
+      if (b != 0) {
+        for (int i = 0; i < d; ++i) {
+          const float* c = &mo[d + static_cast<size_t>(i) * d];
+          double inner[kB] = {};
+          for (int l = 0; l < d; ++l) {
+            const double cl = c[l];
+            const double* kl = &kb[static_cast<size_t>(l) * kB];
+            for (int jj = 0; jj < kB; ++jj) inner[jj] = std::fma(cl, kl[jj], inner[jj]);
+          }
+          const double* ki = &kb[static_cast<size_t>(i) * kB];
+          for (int jj = 0; jj < kB; ++jj) quad[jj] = std::fma(ki[jj], inner[jj], quad[jj]);
+        }
+      }
+      for (int jj = 0; jj < nb; ++jj) {
+        o[j0 + jj] = static_cast<float>(b == 0 ? a * dot[jj] : std::fma(b, quad[jj], a * dot[jj]));
+      }
     }
     r.sync_length(out_layer, q);
   }

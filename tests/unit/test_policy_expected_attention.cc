@@ -139,6 +139,53 @@ TEST(ExpectedAttentionOps, QuadraticScoresOfTheCachedKeys) {
   EXPECT_THROW(ops.quadratic_scores(*out, 0, cache, 0, *m, 0, 3, 0.5, 0.0), Error);   // group
 }
 
+// quadratic_scores' contract, written out one slot at a time (fused multiply-adds in index
+// order), against the op on random keys and moments: the same bits for every slot, 19 of them (the
+// op works on blocks of slots), with and without the covariance.
+TEST(ExpectedAttentionOps, QuadraticScoresAreTheContractsBits) {
+  kernels::ops::CpuPolicyOps ops;
+  const int d = 6, n = 19, heads = 2;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  KvCache cache({1, 1, d}, n);
+  std::vector<std::vector<float>> keys(n, std::vector<float>(d));
+  for (int j = 0; j < n; ++j) {
+    for (float& x : keys[j]) x = g(rng);
+    cache.append(0, 0, keys[j].data(), keys[j].data(), j);
+  }
+  std::vector<float> q(static_cast<size_t>(5) * heads * d);
+  for (float& x : q) x = g(rng);
+  LayerStats st;
+  st.n_new = 5;
+  st.num_heads = heads;
+  st.pre_rope_queries = q.data();
+  std::unique_ptr<SlotRows> m = ops.make_rows(SlotType::kF32, 1, heads);
+  ops.query_moments(*m, 0, st, d, 0, PairRotation{}, true);
+  std::unique_ptr<SlotRows> out = ops.make_rows(SlotType::kF32, 1, heads);
+  for (const double b : {0.0, 0.125}) {
+    const double a = 0.37;
+    ops.quadratic_scores(*out, 0, cache, 0, *m, 0, heads, a, b);
+    for (int h = 0; h < heads; ++h) {
+      const std::vector<float> mo = ops.read_f32(*m, 0, h);
+      const std::vector<float> got = ops.read_f32(*out, 0, h);
+      ASSERT_EQ(got.size(), static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        const std::vector<float>& k = keys[j];
+        double dot = 0;
+        for (int i = 0; i < d; ++i) dot = std::fma(static_cast<double>(k[i]), mo[i], dot);
+        double quad = 0;
+        for (int i = 0; i < d; ++i) {
+          double inner = 0;
+          for (int l = 0; l < d; ++l) inner = std::fma(static_cast<double>(mo[d + i * d + l]), k[l], inner);
+          quad = std::fma(static_cast<double>(k[i]), inner, quad);
+        }
+        const float want = static_cast<float>(b == 0 ? a * dot : std::fma(b, quad, a * dot));
+        EXPECT_EQ(got[j], want) << "head " << h << " slot " << j << " b " << b;
+      }
+    }
+  }
+}
+
 // Row (7, 0, ln 3) from entry 1: e^0 and e^ln3 -> 1/4, 3/4; entry 0 stays. add_scalar adds in f32.
 TEST(ExpectedAttentionOps, SoftmaxFromAnEntryAndAddScalar) {
   kernels::ops::CpuPolicyOps ops;
