@@ -31,7 +31,8 @@ from transformers import DynamicCache
 
 import kvpress
 
-from kvpress_common import PAIRS, kvpress_version, load_model
+import kvpress_common
+from kvpress_common import PAIRS, kvpress_version, layer_ratios, load_model
 
 
 def layer_keys(cache, layer):
@@ -107,7 +108,10 @@ def main():
         print("| pair | ratio | budget | heads identical | differ at exact ties only | differ "
               "otherwise | mean Jaccard | worst head (layer, head, Jaccard) |")
         print("|---|---:|---:|---:|---:|---:|---:|---|")
+        kvpress_common.LAYERS["n"] = model.config.num_hidden_layers
+        ratios_text = ",".join(str(r) for r in layer_ratios(model.config.num_hidden_layers))
         for name, make, policy, opts in [p for p in PAIRS if args.only in p[0]]:
+            opts = [o.replace("{layer_ratios}", ratios_text) for o in opts]
             for ratio in ratios:
                 budget = max(1, int(n * (1 - ratio)))  # kvpress's compute_n_kept
                 ours = kvbench_keep_sets(args, policy, opts, budget, prompt_file,

@@ -9,8 +9,19 @@ import transformers
 
 import kvpress
 
+# The model's layer count, set by compare_kvpress.py before it builds a press (the per-layer
+# ratios below need it).
+LAYERS = {"n": 0}
+
+
+def layer_ratios(n_layers):
+    """PerLayerCompressionPress's ratios in the comparison: 0.25, 0.5, 0.75 by layer, in turn."""
+    return [(0.25, 0.5, 0.75)[layer % 3] for layer in range(n_layers)]
+
+
 # (name, kvpress press factory(ratio), kvbench policy, kvbench policy options): kvbench's options
-# set to kvpress's defaults, so that both keep the same tokens per (layer, KV head).
+# set to kvpress's defaults, so that both keep the same tokens per (layer, KV head). An option
+# value "{layer_ratios}" is replaced by layer_ratios(the model's layer count), comma-separated.
 PAIRS = [
     ("SnapKV (w=64, avg pool 5)",
      lambda r: kvpress.SnapKVPress(compression_ratio=r, window_size=64, kernel_size=5),
@@ -68,6 +79,15 @@ PAIRS = [
     ("CriticalAdaKV over CUR",
      lambda r: kvpress.CriticalAdaKVPress(kvpress.CURPress(compression_ratio=r)), "cur",
      ["critical=true", "ada=true"]),
+    # PerLayerCompressionPress (kvbench: `layer_ratios`); the ratio of the run is not used.
+    ("PerLayerCompression over KeyDiff (0.25, 0.5, 0.75 by layer)",
+     lambda r: kvpress.PerLayerCompressionPress(kvpress.KeyDiffPress(),
+                                                compression_ratios=layer_ratios(LAYERS["n"])),
+     "keydiff", ["layer_ratios={layer_ratios}"]),
+    ("PerLayerCompression over ExpectedAttention (0.25, 0.5, 0.75 by layer)",
+     lambda r: kvpress.PerLayerCompressionPress(kvpress.ExpectedAttentionPress(),
+                                                compression_ratios=layer_ratios(LAYERS["n"])),
+     "expected_attention", ["layer_ratios={layer_ratios}"]),
 ]
 
 

@@ -15,7 +15,7 @@ namespace {
 
 class Cur final : public Policy {
  public:
-  explicit Cur(const PolicyConfig& c) : Policy(c), wrap_(c.options) {
+  explicit Cur(const PolicyConfig& c) : Policy(c), wrap_(c) {
     const PolicyOptions& o = c.options;
     sinks_ = static_cast<int>(o.get_int("sinks", 4, 0, 1 << 20));
     window_ = static_cast<int>(o.get_int("local_window", 16, 0, 1 << 20));
@@ -26,7 +26,8 @@ class Cur final : public Policy {
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
-    if (!over_budget(cache, st.layer, kv_budget())) return;
+    const int budget = wrap_.budget(st.layer, cache, kv_budget());
+    if (!over_budget(cache, st.layer, budget)) return;
     const int heads = cache.shape().num_kv_heads;
     PolicyOps& ops = ops_of(st);
     // Scratch: layer 0 the score, layer 1 the values' norms (nothing is kept).
@@ -43,7 +44,7 @@ class Cur final : public Policy {
     }
     ops.normalize_chunks(rows, 0, 0);
     ops.fill_prefix(rows, 0, sinks_, 1.0f);
-    wrap_.keep(ops, rows, 0, st, cache, kv_budget(), plan);
+    wrap_.keep(ops, rows, 0, st, cache, budget, plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Cur>(*this); }

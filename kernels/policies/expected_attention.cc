@@ -20,7 +20,7 @@ namespace {
 
 class ExpectedAttention final : public Policy {
  public:
-  explicit ExpectedAttention(const PolicyConfig& c) : Policy(c), wrap_(c.options) {
+  explicit ExpectedAttention(const PolicyConfig& c) : Policy(c), wrap_(c) {
     const PolicyOptions& o = c.options;
     future_ = o.get_int("n_future_positions", 512, 1, 1 << 24);
     sinks_ = o.get_int("n_sink", 4, 0, 1 << 20);
@@ -35,7 +35,8 @@ class ExpectedAttention final : public Policy {
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
-    if (!over_budget(cache, st.layer, kv_budget())) return;
+    const int budget = wrap_.budget(st.layer, cache, kv_budget());
+    if (!over_budget(cache, st.layer, budget)) return;
     KVB_CHECK(st.pre_rope_queries != nullptr && st.rope != nullptr)
         << "expected_attention: the engine gave no pre-RoPE queries or RoPE parameters";
     const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
@@ -74,7 +75,7 @@ class ExpectedAttention final : public Policy {
       ops.combine(*score, 0, norms, 0, Combine::kMul);
     }
     ops.fill_prefix(*score, 0, sinks_, FLT_MAX);
-    wrap_.keep(ops, *score, 0, st, cache, kv_budget(), plan);
+    wrap_.keep(ops, *score, 0, st, cache, budget, plan);
   }
 
   std::unique_ptr<Policy> clone() const override {

@@ -12,13 +12,14 @@ namespace {
 
 class KeyDiff final : public Policy {
  public:
-  explicit KeyDiff(const PolicyConfig& c) : Policy(c), wrap_(c.options) {}
+  explicit KeyDiff(const PolicyConfig& c) : Policy(c), wrap_(c) {}
   StatsRequest prefill_request(int) const override { return wrap_.request({}); }
   bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
-    if (!over_budget(cache, st.layer, kv_budget())) return;
+    const int budget = wrap_.budget(st.layer, cache, kv_budget());
+    if (!over_budget(cache, st.layer, budget)) return;
     const int heads = cache.shape().num_kv_heads;
     PolicyOps& ops = ops_of(st);
     // This layer's scores: scratch, nothing is kept after the decision.
@@ -26,7 +27,7 @@ class KeyDiff final : public Policy {
     ops.cosine_to_mean(score, 0, cache, st.layer, CacheRows::kKeys);
     first_.assign(heads, 0);
     ops.scale(score, 0, first_, -1.0f);  // least similar first
-    wrap_.keep(ops, score, 0, st, cache, kv_budget(), plan);
+    wrap_.keep(ops, score, 0, st, cache, budget, plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<KeyDiff>(*this); }

@@ -16,7 +16,7 @@ namespace {
 
 class LagKv final : public Policy {
  public:
-  explicit LagKv(const PolicyConfig& c) : Policy(c), wrap_(c.options) {
+  explicit LagKv(const PolicyConfig& c) : Policy(c), wrap_(c) {
     sinks_ = c.options.get_int("sinks", 4, 0, 1 << 20);
     lag_ = c.options.get_int("lag", 128, 2, 1 << 16);
   }
@@ -25,11 +25,12 @@ class LagKv final : public Policy {
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
-    if (!over_budget(cache, st.layer, kv_budget())) return;
+    const int budget = wrap_.budget(st.layer, cache, kv_budget());
+    if (!over_budget(cache, st.layer, budget)) return;
     PolicyOps& ops = ops_of(st);
     SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, cache.shape().num_kv_heads);
     ops.lag_scores(score, 0, cache, st.layer, sinks_, lag_);
-    wrap_.keep(ops, score, 0, st, cache, kv_budget(), plan);
+    wrap_.keep(ops, score, 0, st, cache, budget, plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<LagKv>(*this); }

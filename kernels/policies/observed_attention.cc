@@ -13,13 +13,14 @@ namespace {
 
 class ObservedAttention final : public Policy {
  public:
-  explicit ObservedAttention(const PolicyConfig& c) : Policy(c), wrap_(c.options) {}
+  explicit ObservedAttention(const PolicyConfig& c) : Policy(c), wrap_(c) {}
   StatsRequest prefill_request(int) const override { return wrap_.request({.col_sums = true}); }
   bool decides_with_ops() const override { return true; }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
-    if (!over_budget(cache, st.layer, kv_budget())) return;
+    const int budget = wrap_.budget(st.layer, cache, kv_budget());
+    if (!over_budget(cache, st.layer, budget)) return;
     const int heads = cache.shape().num_kv_heads;
     const int group = st.num_heads / heads;
     PolicyOps& ops = ops_of(st);
@@ -41,7 +42,7 @@ class ObservedAttention final : public Policy {
       ops.reduce_heads(per_query, 0, group, GqaReduce::kMean, reduced, 0);
       score = &reduced;
     }
-    wrap_.keep(ops, *score, 0, st, cache, kv_budget(), plan);
+    wrap_.keep(ops, *score, 0, st, cache, budget, plan);
   }
 
   std::unique_ptr<Policy> clone() const override {

@@ -4,17 +4,44 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
+#include <sstream>
+#include <string>
 
 #include "common/error.h"
 
 namespace kvb::policies {
 
-ScorerWrappers::ScorerWrappers(const PolicyOptions& o)
-    : ada_(o.get_bool("ada", false)),
-      critical_(o.get_bool("critical", false)),
-      alpha_(o.get_double("alpha_safeguard", 0.2, 0.0, 1.0)),
-      epsilon_(o.get_double("critical_epsilon", 1e-4, 0.0, 1e30)),
-      first_(o.get_double("first_stage_ratio", 0.5, 0.0, 1.0)) {}
+ScorerWrappers::ScorerWrappers(const PolicyConfig& c)
+    : ada_(c.options.get_bool("ada", false)),
+      critical_(c.options.get_bool("critical", false)),
+      alpha_(c.options.get_double("alpha_safeguard", 0.2, 0.0, 1.0)),
+      epsilon_(c.options.get_double("critical_epsilon", 1e-4, 0.0, 1e30)),
+      first_(c.options.get_double("first_stage_ratio", 0.5, 0.0, 1.0)) {
+  const std::string list = c.options.get_string("layer_ratios", "");
+  if (list.empty()) return;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    char* end = nullptr;
+    const double r = std::strtod(item.c_str(), &end);
+    KVB_USAGE_CHECK(!item.empty() && end == item.c_str() + item.size() && r >= 0 && r < 1)
+        << "policy " << c.name << ": layer_ratios entry '" << item << "' of '" << list
+        << "' is not a compression ratio in [0, 1) (kvpress's fraction removed per layer)";
+    layer_ratios_.push_back(r);
+  }
+  KVB_USAGE_CHECK(static_cast<int>(layer_ratios_.size()) == c.shape.num_layers)
+      << "policy " << c.name << ": layer_ratios gives " << layer_ratios_.size()
+      << " ratios for a model of " << c.shape.num_layers << " layers (one per layer)";
+}
+
+int ScorerWrappers::budget(int layer, const kernels::KvCache& cache, int kv_budget) const {
+  if (layer_ratios_.empty()) return kv_budget;
+  int n = 0;
+  for (int h = 0; h < cache.shape().num_kv_heads; ++h) n = std::max(n, cache.length(layer, h));
+  const double r = layer_ratios_.at(layer);
+  // At least one slot (kvpress's int() can leave a head none).
+  return r == 0 ? n : std::max(1, static_cast<int>(n * (1 - r)));
+}
 
 std::vector<ParamDoc> ScorerWrappers::params() {
   return {
@@ -33,6 +60,10 @@ std::vector<ParamDoc> ScorerWrappers::params() {
       {"first_stage_ratio",
        "0.5",
        "with critical: the share of the budget kept by the score alone",
+       {}},
+      {"layer_ratios", "",
+       "kvpress PerLayerCompressionPress: one compression ratio per layer, comma-separated "
+       "(layer l keeps int(n x (1 - r_l)) of its n tokens instead of kv_budget)",
        {}}};
 }
 

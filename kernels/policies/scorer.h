@@ -45,11 +45,17 @@ inline void keep_top_per_head(PolicyOps& ops, const SlotRows& score, int score_l
 //    first. With ada too (CriticalAdaKVPress): Ada-KV's per-head budgets B_h from the
 //    safeguarded scores, each head's top int(B_h x first_stage_ratio) raised, then the product,
 //    and each head keeps its B_h best.
+//  - `layer_ratios: r_0,r_1,...` (PerLayerCompressionPress): one kvpress compression ratio per
+//    layer; layer l keeps int(n x (1 - r_l)) of its n slots per head instead of kv_budget.
 class ScorerWrappers {
  public:
-  explicit ScorerWrappers(const PolicyOptions& o);
+  explicit ScorerWrappers(const PolicyConfig& c);
   // The options, for a scorer's PolicyInfo (with_wrappers).
   static std::vector<ParamDoc> params();
+  // The layer's budget per head: kv_budget, or with `layer_ratios` (kvpress's
+  // PerLayerCompressionPress) int(n x (1 - r_l)) of the layer's n slots (its longest head; r_l 0
+  // keeps every slot).
+  int budget(int layer, const kernels::KvCache& cache, int kv_budget) const;
   // The scorer's own request plus what the wrappers read (the output projection).
   StatsRequest request(StatsRequest scorer) const {
     scorer.output_projection |= critical_;
@@ -69,6 +75,7 @@ class ScorerWrappers {
 
   bool ada_ = false, critical_ = false;
   double alpha_ = 0.2, epsilon_ = 1e-4, first_ = 0.5;
+  std::vector<double> layer_ratios_;  // [num_layers], or empty
   ScratchRows per_query_, work_;
   std::vector<int32_t> k_;
   std::vector<KeepTop> tops_;

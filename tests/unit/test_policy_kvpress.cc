@@ -342,7 +342,7 @@ TEST(ScorerWrappers, AdaAllocatesTheLayersBudgetAcrossHeadsAboveASafeguard) {
     std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
     ops.resize_and_accumulate(*r, 0, std::vector<int32_t>{4, 4}, src.data(), 4, 4, 1,
                               GqaReduce::kMean);
-    ScorerWrappers wrap{PolicyOptions(std::move(opts))};
+    ScorerWrappers wrap{config("keydiff", 2, {1, 2, 2, 1, 0}, std::move(opts))};
     LayerStats st;
     st.num_heads = 2;
     kernels::EvictionPlan plan;
@@ -373,7 +373,7 @@ TEST(ScorerWrappers, CriticalWeighsTheScoreByTheProjectedValueNorms) {
     ops.resize_and_accumulate(*r, 0, std::vector<int32_t>{4}, src.data(), 4, 4, 1,
                               GqaReduce::kMean);
     const bool critical = opts.count("critical") > 0;
-    ScorerWrappers wrap{PolicyOptions(std::move(opts))};
+    ScorerWrappers wrap{config("keydiff", 3, {1, 1, 1, 1, 0}, std::move(opts))};
     EXPECT_EQ(wrap.request({}).output_projection, critical);
     LayerStats st;
     st.num_heads = 1;
@@ -428,6 +428,48 @@ TEST(SimLayerKvPolicy, LazyLayersKeepTheFirstAndRecentTokens) {
   EXPECT_EQ(run(100, {{"n_initial", "1"}, {"n_recent", "6"}, {"lazy_threshold", "0"}}),
             (V{0, 1, 2, 3, 4, 5, 6, 7}));
   EXPECT_THROW(make_policy(config("simlayerkv", 4, shape, {{"n_recent", "1"}})), Error);
+}
+
+// layer_ratios (kvpress PerLayerCompressionPress): layer l keeps int(n x (1 - r_l)) of its n slots
+// (n: its longest head), r 0 all of them, at least one; one ratio per layer, each in [0, 1).
+TEST(ScorerWrappers, LayerRatiosSetEachLayersBudget) {
+  const ModelShape shape{3, 2, 2, 1, 0};
+  ScorerWrappers wrap{config("keydiff", 5, shape, {{"layer_ratios", "0.25,0,0.999"}})};
+  KvCache cache({3, 2, 1}, 10);
+  const float x = 1;
+  for (int l = 0; l < 3; ++l) {
+    for (int j = 0; j < 10; ++j) {
+      cache.append(l, 0, &x, &x, j);
+      if (j < 7) cache.append(l, 1, &x, &x, j);
+    }
+  }
+  EXPECT_EQ(wrap.budget(0, cache, 5), 7);   // int(10 x .75)
+  EXPECT_EQ(wrap.budget(1, cache, 5), 10);  // ratio 0: everything
+  EXPECT_EQ(wrap.budget(2, cache, 5), 1);   // int(10 x .001) = 0, at least one
+  EXPECT_EQ(ScorerWrappers(config("keydiff", 5, shape)).budget(0, cache, 5), 5);
+  for (const char* bad : {"0.1,0.2", "0.1,0.2,0.3,0.4", "0.1,x,0.2", "0.1,1,0.2", "0.1,-0.5,0",
+                          "0.1,nan,0", "0.1,,0.2"}) {
+    EXPECT_THROW(make_policy(config("keydiff", 5, shape, {{"layer_ratios", bad}})), Error) << bad;
+  }
+  // A keydiff prefill under it: layer 0 keeps 7 per head, layer 1 all 10.
+  auto p = make_policy(config("keydiff", 5, {3, 1, 1, 2, 0}, {{"layer_ratios", "0.25,0,0.5"}}));
+  KvCache c({3, 1, 2}, 10);
+  for (int l = 0; l < 3; ++l) {
+    for (int j = 0; j < 10; ++j) {
+      const float k[2] = {static_cast<float>(j), 1.0f};
+      c.append(l, 0, k, k, j);
+    }
+  }
+  LayerStats st;
+  st.n_new = 10;
+  st.num_heads = 1;
+  for (int l = 0; l < 3; ++l) {
+    st.layer = l;
+    prefill_layer(*p, st, c);
+  }
+  EXPECT_EQ(c.length(0, 0), 7);
+  EXPECT_EQ(c.length(1, 0), 10);
+  EXPECT_EQ(c.length(2, 0), 5);
 }
 
 // The kvpress scorers take the wrappers' options; critical asks for the output projection.
