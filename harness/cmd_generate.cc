@@ -3,10 +3,10 @@
 #include <boost/program_options.hpp>
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/error.h"
@@ -14,9 +14,9 @@
 #include "common/log.h"
 #include "harness/cli.h"
 #include "harness/sweep_config.h"
-#include "workers/model_session.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/generate.h"
+#include "workers/model_session.h"
 
 namespace po = boost::program_options;
 
@@ -39,11 +39,13 @@ const char* stream_error() { return errno != 0 ? std::strerror(errno) : "the str
 // {"policy", "kv_budget", "prompt_ids", "positions": [layer][kv head][retained positions]}: what
 // scripts/compare_kvpress.py compares with kvpress's presses on the same prompt.
 void write_keep_sets(const std::string& path, kernels::KvCache& cache,
-                     const std::vector<int32_t>& ids, const std::string& policy, int budget) {
+                     const std::vector<int32_t>& ids, const std::vector<int32_t>& fed,
+                     const std::string& policy, int budget) {
   nlohmann::json j;
   j["policy"] = policy;
   j["kv_budget"] = budget;
   j["prompt_ids"] = ids;
+  j["fed_ids"] = fed;  // the generated tokens fed back through the model (the cache holds them)
   nlohmann::json layers = nlohmann::json::array();
   for (int l = 0; l < cache.shape().num_layers; ++l) {
     kernels::LayerKvView v = cache.layer(l);
@@ -81,41 +83,45 @@ int cmd_generate(const std::vector<std::string>& args) {
       "Generates text from a prompt and prints it to stdout (timings to stderr with --timings).\n"
       "Greedy unless --temperature > 0. Stops at the model's end token or --max-new-tokens.\n\n"
       "options");
-  desc.add_options()
-      ("help,h", "print this help")
-      ("model,m", po::value(&model_path),
-       "model: GGUF (.gguf), llama2.c checkpoint (.bin) or Hugging Face checkpoint folder")
-      ("tokenizer,t", po::value(&tokenizer_path),
-       "tokenizer: llama2.c tokenizer.bin or HF tokenizer.json (default: the GGUF's or the "
-       "folder's own; "
-       "required for llama2.c checkpoints)")
-      ("prompt,p", po::value(&prompt), "prompt text (may be empty: generation starts from BOS)")
-      ("prompt-file", po::value(&prompt_file), "read the prompt from this file instead")
-      ("chat", po::bool_switch(&chat), "wrap the prompt in the model's chat template (one user turn)")
-      ("system", po::value(&system), "system message for --chat (default: the template's own)")
-      ("max-new-tokens,n", po::value(&max_new_tokens)->default_value(128), "tokens to generate at most")
-      ("temperature", po::value(&temperature)->default_value(0.0f), "sampling temperature (0 = greedy)")
-      ("top-k", po::value(&top_k)->default_value(0), "sample from the k most likely tokens (0 = all)")
-      ("top-p", po::value(&top_p)->default_value(1.0f), "nucleus sampling mass (1 = off)")
-      ("seed", po::value(&seed_text)->default_value("0"), "seed of the sampler's counter-based RNG")
-      ("policy", po::value(&policy_name)->default_value("full"),
-       "KV-cache eviction policy (kvbench ls policies lists them)")
-      ("kv-budget", po::value(&kv_budget_text),
-       "retained tokens per KV head per layer (256), or with a decimal point the fraction of the "
-       "prompt kept (0.5); a budget is required unless --policy full")
-      ("compression-ratio", po::value(&compression_text),
-       "instead of --kv-budget: kvpress's compression_ratio, the fraction of the prompt removed "
-       "(0.25 keeps max(1, int(n * 0.75)) tokens per KV head)")
-      ("policy-opt", po::value(&policy_opts)->composing(),
-       "policy option key=value (repeatable; kvbench ls policies lists each policy's options)")
-      ("threads", po::value(&threads)->default_value(0), "OpenMP threads (0 = all cores; at most 1024)");
+  desc.add_options()("help,h", "print this help")(
+      "model,m", po::value(&model_path),
+      "model: GGUF (.gguf), llama2.c checkpoint (.bin) or Hugging Face checkpoint folder")(
+      "tokenizer,t", po::value(&tokenizer_path),
+      "tokenizer: llama2.c tokenizer.bin or HF tokenizer.json (default: the GGUF's or the "
+      "folder's own; "
+      "required for llama2.c checkpoints)")(
+      "prompt,p", po::value(&prompt), "prompt text (may be empty: generation starts from BOS)")(
+      "prompt-file", po::value(&prompt_file), "read the prompt from this file instead")(
+      "chat", po::bool_switch(&chat),
+      "wrap the prompt in the model's chat template (one user turn)")(
+      "system", po::value(&system), "system message for --chat (default: the template's own)")(
+      "max-new-tokens,n", po::value(&max_new_tokens)->default_value(128),
+      "tokens to generate at most")("temperature", po::value(&temperature)->default_value(0.0f),
+                                    "sampling temperature (0 = greedy)")(
+      "top-k", po::value(&top_k)->default_value(0),
+      "sample from the k most likely tokens (0 = all)")(
+      "top-p", po::value(&top_p)->default_value(1.0f), "nucleus sampling mass (1 = off)")(
+      "seed", po::value(&seed_text)->default_value("0"), "seed of the sampler's counter-based RNG")(
+      "policy", po::value(&policy_name)->default_value("full"),
+      "KV-cache eviction policy (kvbench ls policies lists them)")(
+      "kv-budget", po::value(&kv_budget_text),
+      "retained tokens per KV head per layer (256), or with a decimal point the fraction of the "
+      "prompt kept (0.5); a budget is required unless --policy full")(
+      "compression-ratio", po::value(&compression_text),
+      "instead of --kv-budget: kvpress's compression_ratio, the fraction of the prompt removed "
+      "(0.25 keeps max(1, int(n * 0.75)) tokens per KV head)")(
+      "policy-opt", po::value(&policy_opts)->composing(),
+      "policy option key=value (repeatable; kvbench ls policies lists each policy's options)")(
+      "threads", po::value(&threads)->default_value(0),
+      "OpenMP threads (0 = all cores; at most 1024)");
   add_device_options(desc, &dev_opts);
-  desc.add_options()
-      ("timings", po::bool_switch(&timings), "print prefill/decode times and tokens/s to stderr")
-      ("show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr")
-      ("dump-keep-sets", po::value(&dump_path),
-       "write the cache's retained positions per (layer, KV head) after generation to this JSON "
-       "file (with --max-new-tokens 1: what the prompt's compression kept)");
+  desc.add_options()("timings", po::bool_switch(&timings),
+                     "print prefill/decode times and tokens/s to stderr")(
+      "show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr")(
+      "dump-keep-sets", po::value(&dump_path),
+      "write the cache's retained positions per (layer, KV head) after generation to this JSON "
+      "file, with the prompt's ids and the generated ids fed back (--max-new-tokens 1: what "
+      "the prompt's compression kept)");
   po::variables_map vm;
   if (!parse_command_line(args, desc, nullptr, "generate", &vm)) return 0;
   KVB_USAGE_CHECK(vm.count("model")) << "--model is required (see kvbench generate --help)";
@@ -215,7 +221,11 @@ int cmd_generate(const std::vector<std::string>& args) {
     for (int32_t id : r.tokens) s << id << " ";
     KVB_LOG_INFO << "generated ids (" << r.tokens.size() << "): " << s.str();
   }
-  if (!dump_path.empty()) write_keep_sets(dump_path, cache, ids, policy_name, kv_budget);
+  if (!dump_path.empty()) {
+    const std::vector<int32_t> fed(
+        r.tokens.begin(), r.tokens.begin() + std::min<size_t>(r.decode_steps, r.tokens.size()));
+    write_keep_sets(dump_path, cache, ids, fed, policy_name, kv_budget);
+  }
   if (timings) {
     KVB_LOG_INFO << "prompt " << r.prompt_tokens << " tokens in " << r.prefill_ms << " ms ("
                  << (r.prompt_tokens * 1000.0 / r.prefill_ms) << " tok/s); decode "

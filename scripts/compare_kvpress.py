@@ -54,9 +54,9 @@ def prompt_text(shared):
         return f.read()
 
 
-def kvbench_keep_sets(args, policy, opts, budget, prompt_file, dump):
+def kvbench_keep_sets(args, policy, opts, budget, prompt_file, dump, new_tokens=1):
     cmd = [args.kvbench, "generate", "--model", args.model, "--prompt-file", prompt_file,
-           "--max-new-tokens", "1", "--policy", policy, "--kv-budget", str(budget),
+           "--max-new-tokens", str(new_tokens), "--policy", policy, "--kv-budget", str(budget),
            "--dump-keep-sets", dump]
     for o in opts:
         cmd += ["--policy-opt", o]
@@ -85,6 +85,8 @@ def main():
                     help="kvpress compression ratios (the fraction removed), comma-separated")
     ap.add_argument("--chars", type=int, default=4500, help="characters of WikiText-2 test")
     ap.add_argument("--only", default="", help="run the pairs whose name contains this")
+    ap.add_argument("--decode-steps", type=int, default=24,
+                    help="generated tokens fed back for the pairs that compress at decode")
     args = ap.parse_args()
     torch.manual_seed(0)
     model = load_model(args.model)
@@ -114,8 +116,11 @@ def main():
             opts = [o.replace("{layer_ratios}", ratios_text) for o in opts]
             for ratio in ratios:
                 budget = max(1, int(n * (1 - ratio)))  # kvpress's compute_n_kept
+                kvpress_common.RUN["budget"] = budget
+                decoding = any(o.startswith("decode_interval=") for o in opts)
                 ours = kvbench_keep_sets(args, policy, opts, budget, prompt_file,
-                                         os.path.join(tmp, "k.json"))
+                                         os.path.join(tmp, "k.json"),
+                                         args.decode_steps + 1 if decoding else 1)
                 if ours["prompt_ids"] != ids:
                     sys.exit(f"kvbench tokenized the prompt differently "
                              f"({len(ours['prompt_ids'])} ids)")
@@ -130,8 +135,56 @@ def main():
                 with torch.no_grad(), press(runner):
                     cache = runner(input_ids, past_key_values=DynamicCache(),
                                    use_cache=True).past_key_values
-                kept = masked_keep_sets(runner, n) if masked else None
-                compare(name, ratio, budget, ids, full, cache, ours, scores, kept)
+                    kept = masked_keep_sets(runner, n) if masked else None
+                    if decoding:
+                        kept = decode_keep_sets(runner, full, cache, n, ours["fed_ids"])
+                compare(name, ratio, budget, ids + ours.get("fed_ids", []), full, cache, ours,
+                        scores, kept)
+
+
+def match_rows(ref, keys):
+    """Per head, the row of ref ([heads, m, d]) equal (to 1e-3) to each row of keys ([heads, k,
+    d]), or -1 for a row that matches none."""
+    out = []
+    for h in range(keys.shape[0]):
+        if ref.shape[1] == 0:
+            out.append([-1] * keys.shape[1])
+            continue
+        d = torch.cdist(keys[h].double(), ref[h].double())
+        best = d.min(dim=1)
+        out.append([int(i) if v < 1e-3 else -1 for v, i in zip(best.values.tolist(),
+                                                                best.indices.tolist())])
+    return out
+
+
+def decode_keep_sets(model, full, cache, n, fed):
+    """Feeds `fed` one token at a time at positions n, n+1, ... (kvpress's pipeline passes the
+    positions: a compressed cache is shorter than the sequence) and follows each cache row's
+    position: the prompt's rows by their keys in the uncompressed prefill, an appended row by its
+    step, and after a decode compression (kvpress reorders the rows by score) each row by its key
+    among the rows before, the one row that matches none being the new token's. Returns the
+    positions per (layer, KV head)."""
+    layers = num_layers(cache)
+    pos = []
+    for layer in range(layers):
+        rows = match_rows(layer_keys(full, layer), layer_keys(cache, layer))
+        assert all(r >= 0 for head in rows for r in head), "a prompt row matches no key"
+        pos.append(rows)
+    for i, tok in enumerate(fed):
+        before = [layer_keys(cache, layer).clone() for layer in range(layers)]
+        model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True,
+              position_ids=torch.tensor([[n + i]]))
+        for layer in range(layers):
+            keys = layer_keys(cache, layer)
+            if keys.shape[1] == before[layer].shape[1] + 1:  # appended, not compressed
+                for head in pos[layer]:
+                    head.append(n + i)
+                continue
+            rows = match_rows(before[layer], keys)
+            for h, head_rows in enumerate(rows):
+                assert head_rows.count(-1) <= 1, "two rows after a compression match none"
+                pos[layer][h] = [n + i if r < 0 else pos[layer][h][r] for r in head_rows]
+    return [[sorted(head) for head in layer] for layer in pos]
 
 
 def masked_keep_sets(model, n):

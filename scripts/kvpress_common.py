@@ -12,6 +12,10 @@ import kvpress
 # The model's layer count, set by compare_kvpress.py before it builds a press (the per-layer
 # ratios below need it).
 LAYERS = {"n": 0}
+# The run's budget (kvpress's kept count), set by compare_kvpress.py before it builds a press:
+# DecodingPress's target_size.
+RUN = {"budget": 0}
+DECODE_INTERVAL = 8  # DecodingPress's compression_interval in the comparison
 
 
 def layer_ratios(n_layers):
@@ -79,6 +83,23 @@ PAIRS = [
     ("CriticalAdaKV over CUR",
      lambda r: kvpress.CriticalAdaKVPress(kvpress.CURPress(compression_ratio=r)), "cur",
      ["critical=true", "ada=true"]),
+    # PrefillDecodingPress: the scorer on the prompt, then DecodingPress every DECODE_INTERVAL
+    # steps back to the run's budget (kvbench: `decode_interval`). compare_kvpress.py feeds both
+    # the tokens kvbench generated (--decode-steps of them).
+    ("PrefillDecoding with KeyDiff (every 8 steps back to the budget)",
+     lambda r: kvpress.PrefillDecodingPress(
+         prefilling_press=kvpress.KeyDiffPress(compression_ratio=r),
+         decoding_press=kvpress.DecodingPress(kvpress.KeyDiffPress(),
+                                              compression_interval=DECODE_INTERVAL,
+                                              target_size=RUN["budget"])),
+     "keydiff", [f"decode_interval={DECODE_INTERVAL}"]),
+    ("PrefillDecoding with CUR (every 8 steps back to the budget)",
+     lambda r: kvpress.PrefillDecodingPress(
+         prefilling_press=kvpress.CURPress(compression_ratio=r),
+         decoding_press=kvpress.DecodingPress(kvpress.CURPress(),
+                                              compression_interval=DECODE_INTERVAL,
+                                              target_size=RUN["budget"])),
+     "cur", [f"decode_interval={DECODE_INTERVAL}"]),
     # PerLayerCompressionPress (kvbench: `layer_ratios`); the ratio of the run is not used.
     ("PerLayerCompression over KeyDiff (0.25, 0.5, 0.75 by layer)",
      lambda r: kvpress.PerLayerCompressionPress(kvpress.KeyDiffPress(),

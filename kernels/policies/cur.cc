@@ -15,7 +15,7 @@ namespace {
 
 class Cur final : public Policy {
  public:
-  explicit Cur(const PolicyConfig& c) : Policy(c), wrap_(c) {
+  explicit Cur(const PolicyConfig& c) : Policy(c), wrap_(c, /*rescores=*/true) {
     const PolicyOptions& o = c.options;
     sinks_ = static_cast<int>(o.get_int("sinks", 4, 0, 1 << 20));
     window_ = static_cast<int>(o.get_int("local_window", 16, 0, 1 << 20));
@@ -24,9 +24,20 @@ class Cur final : public Policy {
   StatsRequest prefill_request(int) const override { return wrap_.request({}); }
   bool decides_with_ops() const override { return true; }
 
+  StatsRequest decode_request() const override { return wrap_.decode_request(); }
+
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
-    const int budget = wrap_.budget(st.layer, cache, kv_budget());
+    decide(st, cache, wrap_.budget(st.layer, cache, kv_budget()), plan);
+  }
+  // decode_interval: the cache scored again and compressed back to kv_budget.
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
+    if (wrap_.decode_due(st.layer, cache.shape().num_layers)) decide(st, cache, kv_budget(), plan);
+  }
+
+  void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+              kernels::EvictionPlan& plan) {
     if (!over_budget(cache, st.layer, budget)) return;
     const int heads = cache.shape().num_kv_heads;
     PolicyOps& ops = ops_of(st);

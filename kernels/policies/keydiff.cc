@@ -12,13 +12,24 @@ namespace {
 
 class KeyDiff final : public Policy {
  public:
-  explicit KeyDiff(const PolicyConfig& c) : Policy(c), wrap_(c) {}
+  explicit KeyDiff(const PolicyConfig& c) : Policy(c), wrap_(c, /*rescores=*/true) {}
   StatsRequest prefill_request(int) const override { return wrap_.request({}); }
   bool decides_with_ops() const override { return true; }
 
+  StatsRequest decode_request() const override { return wrap_.decode_request(); }
+
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
-    const int budget = wrap_.budget(st.layer, cache, kv_budget());
+    decide(st, cache, wrap_.budget(st.layer, cache, kv_budget()), plan);
+  }
+  // decode_interval: the cache scored again and compressed back to kv_budget.
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
+    if (wrap_.decode_due(st.layer, cache.shape().num_layers)) decide(st, cache, kv_budget(), plan);
+  }
+
+  void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+              kernels::EvictionPlan& plan) {
     if (!over_budget(cache, st.layer, budget)) return;
     const int heads = cache.shape().num_kv_heads;
     PolicyOps& ops = ops_of(st);

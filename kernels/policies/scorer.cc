@@ -12,12 +12,16 @@
 
 namespace kvb::policies {
 
-ScorerWrappers::ScorerWrappers(const PolicyConfig& c)
+ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores)
     : ada_(c.options.get_bool("ada", false)),
       critical_(c.options.get_bool("critical", false)),
       alpha_(c.options.get_double("alpha_safeguard", 0.2, 0.0, 1.0)),
       epsilon_(c.options.get_double("critical_epsilon", 1e-4, 0.0, 1e30)),
-      first_(c.options.get_double("first_stage_ratio", 0.5, 0.0, 1.0)) {
+      first_(c.options.get_double("first_stage_ratio", 0.5, 0.0, 1.0)),
+      interval_(c.options.get_int("decode_interval", 0, 0, 1 << 30)) {
+  KVB_USAGE_CHECK(interval_ == 0 || rescores)
+      << "policy " << c.name << ": decode_interval needs a score of the cache alone (keydiff, "
+      << "cur, lagkv); " << c.name << "'s reads the prompt's queries or attention";
   const std::string list = c.options.get_string("layer_ratios", "");
   if (list.empty()) return;
   std::stringstream in(list);
@@ -32,6 +36,14 @@ ScorerWrappers::ScorerWrappers(const PolicyConfig& c)
   KVB_USAGE_CHECK(static_cast<int>(layer_ratios_.size()) == c.shape.num_layers)
       << "policy " << c.name << ": layer_ratios gives " << layer_ratios_.size()
       << " ratios for a model of " << c.shape.num_layers << " layers (one per layer)";
+}
+
+bool ScorerWrappers::decode_due(int layer, int num_layers) {
+  if (interval_ == 0) return false;
+  if (steps_.empty()) steps_.assign(num_layers, 0);
+  if (++steps_.at(layer) < interval_) return false;
+  steps_[layer] = 0;
+  return true;
 }
 
 int ScorerWrappers::budget(int layer, const kernels::KvCache& cache, int kv_budget) const {
@@ -61,7 +73,13 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        "0.5",
        "with critical: the share of the budget kept by the score alone",
        {}},
-      {"layer_ratios", "",
+      {"decode_interval",
+       "0",
+       "kvpress DecodingPress: every this many decode steps, score the cache again and keep "
+       "kv_budget (0: compress the prompt only; keydiff, cur and lagkv)",
+       {}},
+      {"layer_ratios",
+       "",
        "kvpress PerLayerCompressionPress: one compression ratio per layer, comma-separated "
        "(layer l keeps int(n x (1 - r_l)) of its n tokens instead of kv_budget)",
        {}}};

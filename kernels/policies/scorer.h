@@ -47,9 +47,14 @@ inline void keep_top_per_head(PolicyOps& ops, const SlotRows& score, int score_l
 //    and each head keeps its B_h best.
 //  - `layer_ratios: r_0,r_1,...` (PerLayerCompressionPress): one kvpress compression ratio per
 //    layer; layer l keeps int(n x (1 - r_l)) of its n slots per head instead of kv_budget.
+//  - `decode_interval: N` (DecodingPress after the prompt's compression, PrefillDecodingPress):
+//    every N decode steps a layer is scored again and compressed back to kv_budget (scorers whose
+//    score reads only the cache: keydiff, cur, lagkv).
 class ScorerWrappers {
  public:
-  explicit ScorerWrappers(const PolicyConfig& c);
+  // rescores: the scorer can score the cache again at decode (its score reads only the cache);
+  // `decode_interval` is refused otherwise.
+  explicit ScorerWrappers(const PolicyConfig& c, bool rescores = false);
   // The options, for a scorer's PolicyInfo (with_wrappers).
   static std::vector<ParamDoc> params();
   // The layer's budget per head: kv_budget, or with `layer_ratios` (kvpress's
@@ -61,6 +66,12 @@ class ScorerWrappers {
     scorer.output_projection |= critical_;
     return scorer;
   }
+  // At decode: the output projection where a compression may run.
+  StatsRequest decode_request() const { return {.output_projection = critical_ && interval_ > 0}; }
+  // `decode_interval: N` (kvpress's DecodingPress under PrefillDecodingPress): true at every Nth
+  // decode step of `layer` (of num_layers), when the policy compresses the cache back to kv_budget
+  // with its score; counts per layer, as kvpress's.
+  bool decode_due(int layer, int num_layers);
   // Fills `plan` (layer plan.layer() of `cache`, the hook's st) from the score rows
   // (score_layer, h), one per cache head, each as long as its head: the scorer's kv_budget best
   // per head, or as the wrappers above say. The score rows may be changed.
@@ -76,6 +87,8 @@ class ScorerWrappers {
   bool ada_ = false, critical_ = false;
   double alpha_ = 0.2, epsilon_ = 1e-4, first_ = 0.5;
   std::vector<double> layer_ratios_;  // [num_layers], or empty
+  int interval_ = 0;                  // decode_interval, 0: off
+  std::vector<int> steps_;            // decode steps per layer since its last compression
   ScratchRows per_query_, work_;
   std::vector<int32_t> k_;
   std::vector<KeepTop> tops_;

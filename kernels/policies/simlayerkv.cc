@@ -40,7 +40,8 @@ class SimLayerKv final : public Policy {
     bool longer = false;
     for (int h = 0; h < heads; ++h) longer |= cache.length(st.layer, h) > min_length;
     if (!longer) return;
-    KVB_CHECK(st.last_w >= 1) << "simlayerkv: the engine gave no attention rows of the last queries";
+    KVB_CHECK(st.last_w >= 1)
+        << "simlayerkv: the engine gave no attention rows of the last queries";
     PolicyOps& ops = ops_of(st);
     // Scratch: the last queries' mean attention per query head, then its mean per KV head.
     SlotRows& per_query = rows_of(per_query_.rows, ops, SlotType::kF32, 1, st.num_heads);
@@ -84,14 +85,17 @@ PolicyInfo simlayerkv_policy_info() {
   return {"simlayerkv",
           "lazy layers (the last queries' attention mostly on the first and recent tokens) keep "
           "only those; the other layers keep everything (SimLayerKVPress)",
-          {{"lazy_threshold", "1.0",
+          {{"lazy_threshold",
+            "1.0",
             "a layer is lazy when the attention share exceeds this (1: never; the authors use "
             "0.9 for Llama 3, 0.85 for Qwen)",
             {}},
            {"n_last", "1", "last prompt queries whose attention decides", {}},
            {"n_initial", "4", "first tokens a lazy layer keeps", {}},
-           {"n_recent", "kv_budget - n_initial + n_last",
-            "recent window: a lazy layer keeps its last n_recent - n_last tokens", {}}},
+           {"n_recent",
+            "kv_budget - n_initial + n_last",
+            "recent window: a lazy layer keeps its last n_recent - n_last tokens",
+            {}}},
           [](const PolicyConfig& c) { return std::make_unique<SimLayerKv>(c); }};
 }
 

@@ -70,6 +70,9 @@ std::vector<Variant> variants() {
   // hand-computed in test_policy_kvpress.
   add("simlayerkv", {{"lazy_threshold", "0"}});
   add("simlayerkv", {{"lazy_threshold", "0"}, {"n_last", "2"}, {"n_initial", "2"}});
+  // kvpress's DecodingPress after the prompt's compression (decode_interval).
+  add("keydiff", {{"decode_interval", "3"}});
+  add("lagkv", {{"decode_interval", "2"}, {"ada", "true"}, {"lag", "8"}});
   // kvpress's CriticalKVPress and CriticalAdaKVPress over a scorer.
   add("keydiff", {{"critical", "true"}});
   add("expected_attention", {{"critical", "true"}, {"ada", "true"}, {"use_vnorm", "false"}});

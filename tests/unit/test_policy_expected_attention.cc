@@ -176,7 +176,8 @@ TEST(ExpectedAttentionOps, QuadraticScoresAreTheContractsBits) {
         double quad = 0;
         for (int i = 0; i < d; ++i) {
           double inner = 0;
-          for (int l = 0; l < d; ++l) inner = std::fma(static_cast<double>(mo[d + i * d + l]), k[l], inner);
+          for (int l = 0; l < d; ++l)
+            inner = std::fma(static_cast<double>(mo[d + i * d + l]), k[l], inner);
           quad = std::fma(static_cast<double>(k[i]), inner, quad);
         }
         const float want = static_cast<float>(b == 0 ? a * dot : std::fma(b, quad, a * dot));

@@ -196,8 +196,8 @@ TEST(KvpressOps, CacheNormsNormalizeChunksCombineAndFillPrefix) {
   // Chunks of 2: [25 9] / 34, [1 4] / 5, [0] stays (a zero sum); head 1: [2 8] / 10.
   ops.normalize_chunks(*r, 0, 2);
   EXPECT_EQ(ops.read_f32(*r, 0, 0),
-            (std::vector<float>{static_cast<float>(25.0 / 34), static_cast<float>(9.0 / 34),
-                                0.2f, 0.8f, 0}));
+            (std::vector<float>{static_cast<float>(25.0 / 34), static_cast<float>(9.0 / 34), 0.2f,
+                                0.8f, 0}));
   EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{0.2f, 0.8f}));
   // Chunk 0: the whole row. Row 1 of head 0: 5 3 1 2 0 over 11.
   ops.normalize_chunks(*r, 1, 0);
@@ -397,7 +397,7 @@ TEST(ScorerWrappers, CriticalWeighsTheScoreByTheProjectedValueNorms) {
 // kv_budget 4 alone sets n_recent 4 (a lazy layer keeps 4): .3 + .4 = .7 > .65 keeps 0, 5, 6, 7.
 TEST(SimLayerKvPolicy, LazyLayersKeepTheFirstAndRecentTokens) {
   const ModelShape shape{1, 2, 1, 1, 0};
-  const std::vector<float> probs = {.5f, 0, 0, 0, .1f, .1f, .1f, .2f,
+  const std::vector<float> probs = {.5f, 0,   0,   0,   .1f, .1f, .1f, .2f,
                                     .1f, .1f, .1f, .1f, .1f, .1f, .2f, .2f};
   LayerStats st;
   st.layer = 0;
@@ -472,13 +472,52 @@ TEST(ScorerWrappers, LayerRatiosSetEachLayersBudget) {
   EXPECT_EQ(c.length(2, 0), 5);
 }
 
+// decode_interval (kvpress DecodingPress after the prompt's compression): cur scoring keys alone
+// (k^2 over the head's sum: the larger |k|, the higher), budget 3, every 2 decode steps. Keys 1 2
+// 3 4: the prompt keeps 2 3 4 (positions 1 2 3). Step 1 appends 10: no compression (4 slots).
+// Step 2 appends .5: 5 slots back to 3, keys 3 4 10 (positions 2 3 4). Step 3 appends 5: 4 slots.
+// Step 4 appends 6: keys 4 10 5 6 .5... back to 3: 10 6 5 (positions 4 6 7).
+TEST(ScorerWrappers, DecodeIntervalCompressesBackToTheBudget) {
+  const ModelShape shape{1, 1, 1, 1, 0};
+  auto p = make_policy(config(
+      "cur", 3, shape,
+      {{"sinks", "0"}, {"local_window", "0"}, {"leverage", "key"}, {"decode_interval", "2"}}));
+  KvCache cache = cache_of({{{1}, {2}, {3}, {4}}}, 1);
+  LayerStats st;
+  st.layer = 0;
+  st.n_new = 4;
+  st.num_heads = 1;
+  prefill_layer(*p, st, cache);
+  EXPECT_EQ(positions(cache, 0, 0), (V{1, 2, 3}));
+  st.n_new = 1;
+  const float steps[] = {10, 0.5f, 5, 6};
+  const std::vector<V> want = {{1, 2, 3, 4}, {2, 3, 4}, {2, 3, 4, 6}, {4, 6, 7}};
+  for (int s = 0; s < 4; ++s) {
+    const float v = -steps[s];
+    cache.reserve_extra(1);
+    cache.append(0, 0, &steps[s], &v, 4 + s);
+    decode_layer(*p, st, cache);
+    EXPECT_EQ(positions(cache, 0, 0), want[s]) << "step " << s + 1;
+  }
+  // Off by default; refused where the score needs the prompt's statistics.
+  EXPECT_THROW(make_policy(config("expected_attention", 3, shape, {{"decode_interval", "2"}})),
+               Error);
+  EXPECT_THROW(make_policy(config("observed_attention", 3, shape, {{"decode_interval", "2"}})),
+               Error);
+  EXPECT_FALSE(make_policy(config("keydiff", 3, shape))->decode_request().output_projection);
+  EXPECT_TRUE(
+      make_policy(config("keydiff", 3, shape, {{"decode_interval", "2"}, {"critical", "true"}}))
+          ->decode_request()
+          .output_projection);
+}
+
 // The kvpress scorers take the wrappers' options; critical asks for the output projection.
 TEST(ScorerWrappers, EveryKvpressScorerTakesTheOptions) {
   const ModelShape shape{1, 2, 2, 2, 0};
   for (const char* name : {"keydiff", "observed_attention", "cur", "lagkv", "expected_attention"}) {
     SCOPED_TRACE(name);
-    EXPECT_NO_THROW(make_policy(config(name, 2, shape, {{"ada", "true"},
-                                                        {"alpha_safeguard", "0.3"}})));
+    EXPECT_NO_THROW(
+        make_policy(config(name, 2, shape, {{"ada", "true"}, {"alpha_safeguard", "0.3"}})));
     auto p = make_policy(config(name, 2, shape, {{"critical", "true"}}));
     EXPECT_TRUE(p->prefill_request(8).output_projection);
     EXPECT_FALSE(make_policy(config(name, 2, shape))->prefill_request(8).output_projection);
