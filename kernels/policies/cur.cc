@@ -13,34 +13,20 @@
 namespace kvb::policies {
 namespace {
 
-class Cur final : public Policy {
+class Cur final : public CacheScorer {
  public:
-  explicit Cur(const PolicyConfig& c) : Policy(c), wrap_(c, /*rescores=*/true) {
+  explicit Cur(const PolicyConfig& c) : CacheScorer(c) {
     const PolicyOptions& o = c.options;
     sinks_ = static_cast<int>(o.get_int("sinks", 4, 0, 1 << 20));
     window_ = static_cast<int>(o.get_int("local_window", 16, 0, 1 << 20));
     leverage_ = o.get_string("leverage", "kv_product", {"key", "value", "kv_avg", "kv_product"});
   }
-  StatsRequest prefill_request(int) const override { return wrap_.request({}); }
-  bool decides_with_ops() const override { return true; }
 
-  StatsRequest decode_request() const override { return wrap_.decode_request(); }
+  std::unique_ptr<Policy> clone() const override { return std::make_unique<Cur>(*this); }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
-                        kernels::EvictionPlan& plan) override {
-    decide(st, cache, wrap_.budget(st.layer, cache, kv_budget()), plan);
-  }
-  // decode_interval: the cache scored again and compressed back to kv_budget.
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
-                       kernels::EvictionPlan& plan) override {
-    if (wrap_.decode_due(st.layer, cache.shape().num_layers)) decide(st, cache, kv_budget(), plan);
-  }
-
-  void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
-              kernels::EvictionPlan& plan) {
-    if (!over_budget(cache, st.layer, budget)) return;
+ protected:
+  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) override {
     const int heads = cache.shape().num_kv_heads;
-    PolicyOps& ops = ops_of(st);
     // Scratch: layer 0 the score, layer 1 the values' norms (nothing is kept).
     SlotRows& rows = rows_of(rows_.rows, ops, SlotType::kF32, 2, heads);
     const bool keys = leverage_ != "value";
@@ -55,10 +41,8 @@ class Cur final : public Policy {
     }
     ops.normalize_chunks(rows, 0, 0);
     ops.fill_prefix(rows, 0, sinks_, 1.0f);
-    wrap_.keep(ops, rows, 0, st, cache, budget, plan);
+    return rows;
   }
-
-  std::unique_ptr<Policy> clone() const override { return std::make_unique<Cur>(*this); }
 
  private:
   // Row (layer, h) = the squared norms of the head's keys or values, window-normalised.
@@ -71,7 +55,6 @@ class Cur final : public Policy {
   int sinks_ = 4;
   int window_ = 16;
   std::string leverage_;
-  ScorerWrappers wrap_;
   ScratchRows rows_;
   std::vector<int32_t> first_;
 };

@@ -10,41 +10,24 @@
 namespace kvb::policies {
 namespace {
 
-class KeyDiff final : public Policy {
+class KeyDiff final : public CacheScorer {
  public:
-  explicit KeyDiff(const PolicyConfig& c) : Policy(c), wrap_(c, /*rescores=*/true) {}
-  StatsRequest prefill_request(int) const override { return wrap_.request({}); }
-  bool decides_with_ops() const override { return true; }
+  using CacheScorer::CacheScorer;
 
-  StatsRequest decode_request() const override { return wrap_.decode_request(); }
+  std::unique_ptr<Policy> clone() const override { return std::make_unique<KeyDiff>(*this); }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
-                        kernels::EvictionPlan& plan) override {
-    decide(st, cache, wrap_.budget(st.layer, cache, kv_budget()), plan);
-  }
-  // decode_interval: the cache scored again and compressed back to kv_budget.
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
-                       kernels::EvictionPlan& plan) override {
-    if (wrap_.decode_due(st.layer, cache.shape().num_layers)) decide(st, cache, kv_budget(), plan);
-  }
-
-  void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
-              kernels::EvictionPlan& plan) {
-    if (!over_budget(cache, st.layer, budget)) return;
+ protected:
+  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) override {
     const int heads = cache.shape().num_kv_heads;
-    PolicyOps& ops = ops_of(st);
     // This layer's scores: scratch, nothing is kept after the decision.
     SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, heads);
     ops.cosine_to_mean(score, 0, cache, st.layer, CacheRows::kKeys);
     first_.assign(heads, 0);
     ops.scale(score, 0, first_, -1.0f);  // least similar first
-    wrap_.keep(ops, score, 0, st, cache, budget, plan);
+    return score;
   }
 
-  std::unique_ptr<Policy> clone() const override { return std::make_unique<KeyDiff>(*this); }
-
  private:
-  ScorerWrappers wrap_;
   ScratchRows score_;
   std::vector<int32_t> first_;
 };

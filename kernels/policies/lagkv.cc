@@ -14,42 +14,25 @@
 namespace kvb::policies {
 namespace {
 
-class LagKv final : public Policy {
+class LagKv final : public CacheScorer {
  public:
-  explicit LagKv(const PolicyConfig& c) : Policy(c), wrap_(c, /*rescores=*/true) {
+  explicit LagKv(const PolicyConfig& c) : CacheScorer(c) {
     sinks_ = c.options.get_int("sinks", 4, 0, 1 << 20);
     lag_ = c.options.get_int("lag", 128, 2, 1 << 16);
-  }
-  StatsRequest prefill_request(int) const override { return wrap_.request({}); }
-  bool decides_with_ops() const override { return true; }
-
-  StatsRequest decode_request() const override { return wrap_.decode_request(); }
-
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
-                        kernels::EvictionPlan& plan) override {
-    decide(st, cache, wrap_.budget(st.layer, cache, kv_budget()), plan);
-  }
-  // decode_interval: the cache scored again and compressed back to kv_budget.
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
-                       kernels::EvictionPlan& plan) override {
-    if (wrap_.decode_due(st.layer, cache.shape().num_layers)) decide(st, cache, kv_budget(), plan);
-  }
-
-  void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
-              kernels::EvictionPlan& plan) {
-    if (!over_budget(cache, st.layer, budget)) return;
-    PolicyOps& ops = ops_of(st);
-    SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, cache.shape().num_kv_heads);
-    ops.lag_scores(score, 0, cache, st.layer, sinks_, lag_);
-    wrap_.keep(ops, score, 0, st, cache, budget, plan);
   }
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<LagKv>(*this); }
 
+ protected:
+  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) override {
+    SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, cache.shape().num_kv_heads);
+    ops.lag_scores(score, 0, cache, st.layer, sinks_, lag_);
+    return score;
+  }
+
  private:
   int sinks_ = 4;
   int lag_ = 128;
-  ScorerWrappers wrap_;
   ScratchRows score_;
 };
 

@@ -94,6 +94,39 @@ class ScorerWrappers {
   std::vector<KeepTop> tops_;
 };
 
+// A kvpress scorer whose score reads only the cache (keydiff, cur, lagkv): the hooks and the
+// wrappers written once. After the prompt each layer is scored and kept by the wrappers (its
+// layer_ratios budget, or kv_budget); with decode_interval, every N decode steps again, back to
+// kv_budget. A subclass writes the layer's scores.
+class CacheScorer : public Policy {
+ public:
+  explicit CacheScorer(const PolicyConfig& c) : Policy(c), wrap_(c, /*rescores=*/true) {}
+  StatsRequest prefill_request(int) const override { return wrap_.request({}); }
+  StatsRequest decode_request() const override { return wrap_.decode_request(); }
+  bool decides_with_ops() const override { return true; }
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    decide(st, cache, wrap_.budget(st.layer, cache, kv_budget()), plan);
+  }
+  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+                       kernels::EvictionPlan& plan) override {
+    if (wrap_.decode_due(st.layer, cache.shape().num_layers)) decide(st, cache, kv_budget(), plan);
+  }
+
+ protected:
+  // Layer st.layer's scores: layer 0 of rows made by `ops`, one row per cache head as long as it.
+  virtual SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) = 0;
+
+ private:
+  void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+              kernels::EvictionPlan& plan) {
+    if (!over_budget(cache, st.layer, budget)) return;
+    PolicyOps& ops = ops_of(st);
+    wrap_.keep(ops, score(ops, st, cache), 0, st, cache, budget, plan);
+  }
+  ScorerWrappers wrap_;
+};
+
 // A scorer's PolicyInfo parameters followed by ScorerWrappers'.
 inline std::vector<ParamDoc> with_wrappers(std::vector<ParamDoc> params) {
   for (ParamDoc& p : ScorerWrappers::params()) params.push_back(std::move(p));
