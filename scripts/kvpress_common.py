@@ -23,6 +23,15 @@ def layer_ratios(n_layers):
     return [(0.25, 0.5, 0.75)[layer % 3] for layer in range(n_layers)]
 
 
+def prefill_decoding(scorer, ratio):
+    """kvpress's PrefillDecodingPress: `scorer` compresses the prompt at `ratio`, then DecodingPress
+    with another `scorer` every DECODE_INTERVAL steps back to the run's budget."""
+    return kvpress.PrefillDecodingPress(
+        prefilling_press=scorer(compression_ratio=ratio),
+        decoding_press=kvpress.DecodingPress(scorer(), compression_interval=DECODE_INTERVAL,
+                                             target_size=RUN["budget"]))
+
+
 # (name, kvpress press factory(ratio), kvbench policy, kvbench policy options): kvbench's options
 # set to kvpress's defaults, so that both keep the same tokens per (layer, KV head). An option
 # value "{layer_ratios}" is replaced by layer_ratios(the model's layer count), comma-separated.
@@ -87,19 +96,11 @@ PAIRS = [
     # steps back to the run's budget (kvbench: `decode_interval`). compare_kvpress.py feeds both
     # the tokens kvbench generated (--decode-steps of them).
     ("PrefillDecoding with KeyDiff (every 8 steps back to the budget)",
-     lambda r: kvpress.PrefillDecodingPress(
-         prefilling_press=kvpress.KeyDiffPress(compression_ratio=r),
-         decoding_press=kvpress.DecodingPress(kvpress.KeyDiffPress(),
-                                              compression_interval=DECODE_INTERVAL,
-                                              target_size=RUN["budget"])),
-     "keydiff", [f"decode_interval={DECODE_INTERVAL}"]),
+     lambda r: prefill_decoding(kvpress.KeyDiffPress, r), "keydiff",
+     [f"decode_interval={DECODE_INTERVAL}"]),
     ("PrefillDecoding with CUR (every 8 steps back to the budget)",
-     lambda r: kvpress.PrefillDecodingPress(
-         prefilling_press=kvpress.CURPress(compression_ratio=r),
-         decoding_press=kvpress.DecodingPress(kvpress.CURPress(),
-                                              compression_interval=DECODE_INTERVAL,
-                                              target_size=RUN["budget"])),
-     "cur", [f"decode_interval={DECODE_INTERVAL}"]),
+     lambda r: prefill_decoding(kvpress.CURPress, r), "cur",
+     [f"decode_interval={DECODE_INTERVAL}"]),
     # PerLayerCompressionPress (kvbench: `layer_ratios`); the ratio of the run is not used.
     ("PerLayerCompression over KeyDiff (0.25, 0.5, 0.75 by layer)",
      lambda r: kvpress.PerLayerCompressionPress(kvpress.KeyDiffPress(),

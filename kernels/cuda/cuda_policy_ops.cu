@@ -19,7 +19,9 @@ namespace kvb::kernels::cuda {
 namespace {
 
 using ops_detail::CudaRows;
+using ops_detail::blocks_for;
 using ops_detail::device;
+using ops_detail::row_lengths;
 using ops::KeepTop;
 using ops::SlotRows;
 using ops::SlotType;
@@ -274,11 +276,6 @@ void grow(T** buf, size_t* cap, size_t need, cudaStream_t stream) {
   *cap = 0;
   *buf = static_cast<T*>(malloc_async(want * sizeof(T), stream));
   *cap = want;
-}
-
-unsigned blocks_for(int longest) {
-  const unsigned b = grid_for(static_cast<size_t>(std::max(longest, 1)), 256);
-  return b > 64u ? 64u : b;
 }
 
 }  // namespace

@@ -21,7 +21,9 @@ namespace {
 using ops::SlotRows;
 using ops::SlotType;
 using ops_detail::CudaRows;
+using ops_detail::blocks_for;
 using ops_detail::device;
+using ops_detail::row_lengths;
 
 constexpr int kMaxHeadDim = 256;  // query_moments' rotation factors and threads per head
 constexpr int kChunk = 16;        // queries staged in shared memory per step of the covariance
@@ -40,20 +42,6 @@ void check_rows(const SlotRows& rows, int layer, const char* op) {
   KVB_USAGE_CHECK(rows.heads() <= kMaxOpsHeads)
       << "--device cuda decides for at most " << kMaxOpsHeads << " heads per layer; this "
       << "policy's rows have " << rows.heads();
-}
-
-int row_lengths(const SlotRows& rows, int layer, HeadTable* len) {
-  int longest = 0;
-  for (int h = 0; h < rows.heads(); ++h) {
-    len->v[h] = rows.length(layer, h);
-    longest = std::max(longest, static_cast<int>(len->v[h]));
-  }
-  return longest;
-}
-
-unsigned blocks_for(int longest) {
-  const unsigned b = grid_for(static_cast<size_t>(std::max(longest, 1)), 256);
-  return b > 64u ? 64u : b;
 }
 
 // Entry i of query x rotated (PairRotation's rule, the CPU's rotate_pairs).

@@ -18,7 +18,9 @@ namespace kvb::kernels::cuda {
 namespace {
 
 using ops_detail::CudaRows;
+using ops_detail::blocks_for;
 using ops_detail::device;
+using ops_detail::row_lengths;
 using ops::SlotRows;
 using ops::SlotType;
 
@@ -28,11 +30,6 @@ void check_rows(const SlotRows& rows, int layer) {
   KVB_USAGE_CHECK(rows.heads() <= kMaxOpsHeads)
       << "--device cuda decides for at most " << kMaxOpsHeads << " cache heads per layer; this "
       << "policy's state has " << rows.heads();
-}
-
-unsigned blocks_for(int longest) {
-  const unsigned b = grid_for(static_cast<size_t>(std::max(longest, 1)), 256);
-  return b > 64u ? 64u : b;
 }
 
 __global__ void divide_kernel(float* rows, int ld, HeadTable before, HeadTable len, int n_queries) {
@@ -294,15 +291,6 @@ int cache_op_rows(CudaRows& r, const SlotRows& out, int out_layer, const KvCache
   return longest;
 }
 
-// Lengths of rows' heads in `layer` and the longest.
-int row_lengths(const SlotRows& rows, int layer, HeadTable* len) {
-  int longest = 0;
-  for (int h = 0; h < rows.heads(); ++h) {
-    len->v[h] = rows.length(layer, h);
-    longest = std::max(longest, static_cast<int>(len->v[h]));
-  }
-  return longest;
-}
 }  // namespace
 
 double* CudaPolicyOps::f64_scratch(size_t need) {

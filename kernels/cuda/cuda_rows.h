@@ -95,6 +95,23 @@ inline const CudaRows& device(const ops::SlotRows& rows) {
   return device(const_cast<ops::SlotRows&>(rows));
 }
 
+// Blocks along a row of `longest` entries for the ops' one-thread-per-entry kernels (256 threads a
+// block, at most 64 blocks: each thread strides over the rest).
+inline unsigned blocks_for(int longest) {
+  const unsigned b = grid_for(static_cast<size_t>(std::max(longest, 1)), 256);
+  return b > 64u ? 64u : b;
+}
+
+// The lengths of rows' heads in `layer` into len, and the longest.
+inline int row_lengths(const ops::SlotRows& rows, int layer, HeadTable* len) {
+  int longest = 0;
+  for (int h = 0; h < rows.heads(); ++h) {
+    len->v[h] = rows.length(layer, h);
+    longest = std::max(longest, static_cast<int>(len->v[h]));
+  }
+  return longest;
+}
+
 // The device rows of the cache an op was given (what `op` reads).
 inline DeviceKvCache& cache_rows(const KvCache& cache, const char* op) {
   auto* dev = dynamic_cast<DeviceKvCache*>(cache.device_rows());
