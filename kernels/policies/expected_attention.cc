@@ -36,7 +36,7 @@ class ExpectedAttention final : public Policy {
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
     const int budget = wrap_.budget(st.layer, cache, kv_budget());
-    if (!over_budget(cache, st.layer, budget)) return;
+    if (!wrap_.acts(cache, st.layer, budget)) return;
     KVB_CHECK(st.pre_rope_queries != nullptr && st.rope != nullptr)
         << "expected_attention: the engine gave no pre-RoPE queries or RoPE parameters";
     const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;

@@ -20,7 +20,7 @@ class ObservedAttention final : public Policy {
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
     const int budget = wrap_.budget(st.layer, cache, kv_budget());
-    if (!over_budget(cache, st.layer, budget)) return;
+    if (!wrap_.acts(cache, st.layer, budget)) return;
     const int heads = cache.shape().num_kv_heads;
     const int group = st.num_heads / heads;
     PolicyOps& ops = ops_of(st);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdlib>
+#include <numeric>
 #include <sstream>
 #include <string>
 
@@ -18,12 +19,38 @@ ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores)
       alpha_(c.options.get_double("alpha_safeguard", 0.2, 0.0, 1.0)),
       epsilon_(c.options.get_double("critical_epsilon", 1e-4, 0.0, 1e30)),
       first_(c.options.get_double("first_stage_ratio", 0.5, 0.0, 1.0)),
-      interval_(c.options.get_int("decode_interval", 0, 0, 1 << 30)) {
+      interval_(c.options.get_int("decode_interval", 0, 0, 1 << 30)),
+      chunk_(c.options.get_int("chunkkv", 0, 0, 1 << 30)),
+      thresholded_(c.options.has("threshold")),
+      threshold_(static_cast<float>(c.options.get_double("threshold", 0, -1e30, 1e30))),
+      window_(c.options.get_int("threshold_window", 128, 0, 1 << 30)) {
   KVB_USAGE_CHECK(interval_ == 0 || rescores)
       << "policy " << c.name << ": decode_interval needs a score of the cache alone (keydiff, "
       << "cur, lagkv); " << c.name << "'s reads the prompt's queries or attention";
+  // chunkkv and threshold replace the per-head selection the other wrappers change (kvpress's
+  // ChunkKVPress and DMSPress wrap a ScorerPress, not AdaKV or a DecodingPress).
+  auto alone = [&](bool on, const char* what) {
+    if (!on) return;
+    const char* other = ada_            ? "ada"
+                        : critical_     ? "critical"
+                        : interval_ > 0 ? "decode_interval"
+                                        : nullptr;
+    KVB_USAGE_CHECK(other == nullptr)
+        << "policy " << c.name << ": " << what << " does not combine with " << other
+        << " (kvpress's " << (chunk_ > 0 ? "ChunkKVPress" : "DMSPress")
+        << " wraps a plain scorer); drop one of them";
+  };
+  alone(chunk_ > 0, "chunkkv");
+  alone(thresholded_, "threshold");
+  KVB_USAGE_CHECK(!(chunk_ > 0 && thresholded_))
+      << "policy " << c.name << ": give chunkkv or threshold, not both";
+  KVB_USAGE_CHECK(!c.options.has("threshold_window") || thresholded_)
+      << "policy " << c.name << ": threshold_window applies to threshold; give threshold too";
   const std::string list = c.options.get_string("layer_ratios", "");
   if (list.empty()) return;
+  KVB_USAGE_CHECK(!thresholded_) << "policy " << c.name
+                                 << ": layer_ratios sets budgets, which threshold replaces; "
+                                    "drop one of them";
   std::stringstream in(list);
   for (std::string item; std::getline(in, item, ',');) {
     char* end = nullptr;
@@ -55,6 +82,10 @@ int ScorerWrappers::budget(int layer, const kernels::KvCache& cache, int kv_budg
   return r == 0 ? n : std::max(1, static_cast<int>(n * (1 - r)));
 }
 
+bool ScorerWrappers::acts(const kernels::KvCache& cache, int layer, int budget) const {
+  return over_budget(cache, layer, thresholded_ ? window_ : budget);
+}
+
 std::vector<ParamDoc> ScorerWrappers::params() {
   return {
       {"ada",
@@ -82,7 +113,94 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        "",
        "kvpress PerLayerCompressionPress: one compression ratio per layer, comma-separated "
        "(layer l keeps int(n x (1 - r_l)) of its n tokens instead of kv_budget)",
-       {}}};
+       {}},
+      {"chunkkv",
+       "0",
+       "kvpress ChunkKVPress: chunks of this many tokens, scored by the mean of the heads' "
+       "summed scores; the best chunks that fit in kv_budget stay whole in every head (0: off)",
+       {}},
+      {"threshold",
+       "",
+       "kvpress DMSPress (dense prefill): tokens before the last threshold_window whose score is "
+       "below this leave, per head; replaces kv_budget (not given: off)",
+       {}},
+      {"threshold_window", "128", "with threshold: the last tokens always kept", {}}};
+}
+
+void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int score_layer,
+                                 const kernels::KvCache& cache, int budget,
+                                 kernels::EvictionPlan& plan) {
+  const int heads = cache.shape().num_kv_heads, layer = plan.layer();
+  const int n = cache.length(layer, 0);
+  for (int h = 1; h < heads; ++h) {
+    KVB_CHECK(cache.length(layer, h) == n)
+        << "chunkkv: the heads of layer " << layer << " hold " << n << " and "
+        << cache.length(layer, h) << " slots (its chunks are the same in every head)";
+  }
+  // The heads' scores summed per slot, in f32 and head order (kvpress's sum over heads).
+  std::vector<float> sum = ops.read_f32(score, score_layer, 0);
+  KVB_CHECK(static_cast<int>(sum.size()) == n) << "chunkkv: a score row is not as long as its head";
+  for (int h = 1; h < heads; ++h) {
+    const std::vector<float> row = ops.read_f32(score, score_layer, h);
+    for (int j = 0; j < n; ++j) sum[j] += row[j];
+  }
+  // Chunks of min(chunkkv, budget) slots (a budget below the chunk keeps one smaller chunk), the
+  // last one the remainder; a prompt shorter than one chunk is kept per head (kvpress's fallback
+  // to the scorer's own compression).
+  const int chunk = std::min(chunk_, budget);
+  const int chunks = (n + chunk - 1) / chunk;
+  if (n < chunk_) {
+    keep_top_per_head(ops, score, score_layer, cache, budget, &tops_, plan);
+    return;
+  }
+  std::vector<double> mean(chunks);
+  for (int c = 0; c < chunks; ++c) {
+    const int lo = c * chunk, hi = std::min(n, lo + chunk);
+    double s = 0;
+    for (int j = lo; j < hi; ++j) s += sum[j];
+    mean[c] = s / (hi - lo);
+  }
+  std::vector<int> order(chunks);
+  std::iota(order.begin(), order.end(), 0);
+  // Higher means first; equal means keep the later chunk (POLICIES.md "Ties": the more recent).
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return mean[a] > mean[b] || (mean[a] == mean[b] && a > b);
+  });
+  std::vector<uint8_t> take(chunks, 0);
+  int total = 0;
+  for (int c : order) {
+    const int len = std::min(n, (c + 1) * chunk) - c * chunk;
+    if (total + len > budget) break;
+    take[c] = 1;
+    total += len;
+  }
+  std::vector<int32_t> slots;
+  slots.reserve(total);
+  for (int c = 0; c < chunks; ++c) {
+    if (!take[c]) continue;
+    for (int j = c * chunk; j < std::min(n, (c + 1) * chunk); ++j) slots.push_back(j);
+  }
+  for (int h = 0; h < heads; ++h) plan.keep(h, slots);
+}
+
+void ScorerWrappers::keep_above(PolicyOps& ops, const SlotRows& score, int score_layer,
+                                const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
+  for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+    const int len = cache.length(plan.layer(), h), prefix = len - window_;
+    if (prefix <= 0) continue;
+    const std::vector<float> row = ops.read_f32(score, score_layer, h);
+    KVB_CHECK(static_cast<int>(row.size()) == len)
+        << "threshold: a score row is not as long as its head";
+    std::vector<int32_t> slots;
+    slots.reserve(len);
+    // kvpress evicts where score < threshold (a NaN score stays); the threshold as an f32.
+    for (int j = 0; j < prefix; ++j) {
+      if (!(row[j] < threshold_)) slots.push_back(j);
+    }
+    if (static_cast<int>(slots.size()) == prefix) continue;
+    for (int j = prefix; j < len; ++j) slots.push_back(j);
+    plan.keep(h, std::move(slots));
+  }
 }
 
 std::vector<int32_t> ScorerWrappers::ada_counts(PolicyOps& ops, SlotRows& score, int score_layer,
@@ -112,6 +230,14 @@ void ScorerWrappers::keep_counts(PolicyOps& ops, SlotRows& score, int score_laye
 void ScorerWrappers::keep(PolicyOps& ops, SlotRows& score, int score_layer, const LayerStats& st,
                           const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads, layer = plan.layer();
+  if (thresholded_) {
+    keep_above(ops, score, score_layer, cache, plan);
+    return;
+  }
+  if (chunk_ > 0) {
+    keep_chunks(ops, score, score_layer, cache, budget, plan);
+    return;
+  }
   if (!critical_) {
     if (!ada_) {
       keep_top_per_head(ops, score, score_layer, cache, budget, &tops_, plan);

@@ -50,6 +50,11 @@ inline void keep_top_per_head(PolicyOps& ops, const SlotRows& score, int score_l
 //  - `decode_interval: N` (DecodingPress after the prompt's compression, PrefillDecodingPress):
 //    every N decode steps a layer is scored again and compressed back to kv_budget (scorers whose
 //    score reads only the cache: keydiff, cur, lagkv).
+//  - `chunkkv: N` (ChunkKVPress): the heads' scores summed per slot and averaged over chunks of N
+//    consecutive slots; the best chunks are kept whole, the same slots in every head, as many as
+//    fit in the budget (keep_chunks).
+//  - `threshold: t` (DMSPress, its dense prefill): every slot before the last threshold_window
+//    whose score is below t leaves; kv_budget does not decide (keep_above).
 class ScorerWrappers {
  public:
   // rescores: the scorer can score the cache again at decode (its score reads only the cache);
@@ -61,6 +66,9 @@ class ScorerWrappers {
   // PerLayerCompressionPress) int(n x (1 - r_l)) of the layer's n slots (its longest head; r_l 0
   // keeps every slot).
   int budget(int layer, const kernels::KvCache& cache, int kv_budget) const;
+  // Whether layer `layer` has anything to decide at this budget: a head longer than it, or with
+  // `threshold` a head longer than threshold_window.
+  bool acts(const kernels::KvCache& cache, int layer, int budget) const;
   // The scorer's own request plus what the wrappers read (the output projection).
   StatsRequest request(StatsRequest scorer) const {
     scorer.output_projection |= critical_;
@@ -83,12 +91,24 @@ class ScorerWrappers {
                                   const kernels::KvCache& cache, int layer, int budget);
   void keep_counts(PolicyOps& ops, SlotRows& score, int score_layer, const kernels::KvCache& cache,
                    std::span<const int32_t> counts, kernels::EvictionPlan& plan);
+  // chunkkv: the layer's slot scores (the heads' sum) read to the host, chunk means in f64, the
+  // chunks ranked (equal means: the later chunk first) and kept while they fit in `budget`.
+  void keep_chunks(PolicyOps& ops, const SlotRows& score, int score_layer,
+                   const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan);
+  // threshold: per head, the slots before the last threshold_window whose score (read to the
+  // host) is below float(t) leave.
+  void keep_above(PolicyOps& ops, const SlotRows& score, int score_layer,
+                  const kernels::KvCache& cache, kernels::EvictionPlan& plan);
 
   bool ada_ = false, critical_ = false;
   double alpha_ = 0.2, epsilon_ = 1e-4, first_ = 0.5;
   std::vector<double> layer_ratios_;  // [num_layers], or empty
   int interval_ = 0;                  // decode_interval, 0: off
-  std::vector<int> steps_;            // decode steps per layer since its last compression
+  int chunk_ = 0;                     // chunkkv's chunk length, 0: off
+  bool thresholded_ = false;          // threshold given
+  float threshold_ = 0;
+  int window_ = 128;        // threshold_window
+  std::vector<int> steps_;  // decode steps per layer since its last compression
   ScratchRows per_query_, work_;
   std::vector<int32_t> k_;
   std::vector<KeepTop> tops_;
@@ -120,7 +140,7 @@ class CacheScorer : public Policy {
  private:
   void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
               kernels::EvictionPlan& plan) {
-    if (!over_budget(cache, st.layer, budget)) return;
+    if (!wrap_.acts(cache, st.layer, budget)) return;
     PolicyOps& ops = ops_of(st);
     wrap_.keep(ops, score(ops, st, cache), 0, st, cache, budget, plan);
   }

@@ -76,12 +76,16 @@ std::vector<Variant> variants() {
   // kvpress's CriticalKVPress and CriticalAdaKVPress over a scorer.
   add("keydiff", {{"critical", "true"}});
   add("expected_attention", {{"critical", "true"}, {"ada", "true"}, {"use_vnorm", "false"}});
+  // kvpress's ChunkKVPress over a scorer (threshold replaces the budget: ThresholdLaws below).
+  add("keydiff", {{"chunkkv", "4"}});
+  add("expected_attention", {{"chunkkv", "3"}});
   // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's
   // allocation with protected sinks and window.
   const std::string examples = std::string(KVB_EXAMPLES_DIR) + "/policies/";
   add("python", {{"file", examples + "h2o.py"}});
   add("python", {{"file", examples + "knorm.py"}});
-  add("python", {{"file", examples + "knorm.py"}, {"ada", "true"}, {"sinks", "2"}, {"window", "2"}});
+  add("python",
+      {{"file", examples + "knorm.py"}, {"ada", "true"}, {"sinks", "2"}, {"window", "2"}});
   // The guide's example (kernels/policies/README.md), where the registry does not have it.
   static const policies::PolicyInfo example = policies::prompt_heavy_policy_info();
   if (!names.count(example.name)) v.push_back({example.name, {}, &example});
@@ -97,8 +101,8 @@ bool prompt_cache_family(const Variant& var) {
   }
   return name == "snapkv" || name == "pyramidkv" || name == "ada_snapkv" ||
          name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter" ||
-         name == "keydiff" || name == "observed_attention" || name == "cur" ||
-         name == "lagkv" || name == "expected_attention" || name == "simlayerkv";
+         name == "keydiff" || name == "observed_attention" || name == "cur" || name == "lagkv" ||
+         name == "expected_attention" || name == "simlayerkv";
 }
 
 struct Trace {
@@ -141,8 +145,8 @@ Trace run(engine::Engine& eng, const engine::Model& m, const Variant& var, int b
 // Variants shard, shard + shards, ... of variants() (all of them by default): a model whose
 // laws take minutes is split into several tests, each under its own time limit.
 // `only`: the variants of these policies alone (all when empty); dtype: the engine's weights.
-void check_model(const engine::Model& m, const std::vector<int32_t>& prompt, int gen,
-                 int shard = 0, int shards = 1, engine::DType dtype = engine::DType::kF32,
+void check_model(const engine::Model& m, const std::vector<int32_t>& prompt, int gen, int shard = 0,
+                 int shards = 1, engine::DType dtype = engine::DType::kF32,
                  const std::set<std::string>& only = {}) {
   engine::Engine eng(m, nullptr, dtype);
   // Teacher-forced continuation: full's greedy tokens.
@@ -199,11 +203,48 @@ void check_model(const engine::Model& m, const std::vector<int32_t>& prompt, int
 
 TEST(PolicyLaws, Stories260K) {
   const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  ASSERT_TRUE(std::ifstream(path).good()) << path << " missing: ../shared must be beside the checkout";
+  ASSERT_TRUE(std::ifstream(path).good())
+      << path << " missing: ../shared must be beside the checkout";
   std::unique_ptr<engine::Model> m = engine::load_model(path);
   std::vector<int32_t> prompt = {1};
   for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 37) % 500));
   check_model(*m, prompt, 12);
+}
+
+// `threshold` (kvpress DMSPress) decides by its threshold, not the budget, so law 1 reads: a
+// threshold below every score gives full's logits at any budget. A threshold above every score
+// leaves each head its last threshold_window tokens after the prompt (then one more per step);
+// one between keeps at least the window; every run twice gives the same bits.
+TEST(PolicyLaws, ThresholdReplacesTheBudget) {
+  const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  ASSERT_TRUE(std::ifstream(path).good())
+      << path << " missing: ../shared must be beside the checkout";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  engine::Engine eng(*m, nullptr);
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 37) % 500));
+  const std::vector<int32_t> forced = {5, 9, 40, 7};
+  const int n = static_cast<int>(prompt.size());
+  const Trace ref = run(eng, *m, {"full", {}}, 0, prompt, forced);
+  for (const char* name : {"keydiff", "cur", "lagkv", "expected_attention"}) {
+    SCOPED_TRACE(name);
+    const Trace none = run(eng, *m, {name, {{"threshold", "-1e30"}, {"threshold_window", "0"}}}, 1,
+                           prompt, forced);
+    EXPECT_EQ(none.logits, ref.logits);
+    const Variant all{name, {{"threshold", "1e30"}, {"threshold_window", "6"}}};
+    const Trace most = run(eng, *m, all, 500, prompt, forced);
+    for (size_t s = 0; s < most.max_len.size(); ++s) {
+      // expected_attention scores its 4 sinks the largest float (kvpress: its maximum + 1); cur
+      // and lagkv score theirs 1.
+      const int sinks = std::string(name) == "expected_attention" ? 4 : 0;
+      EXPECT_EQ(most.max_len[s], 6 + sinks + static_cast<int>(s)) << "step " << s;
+    }
+    EXPECT_EQ(run(eng, *m, all, 500, prompt, forced).logits, most.logits);
+    const Trace some =
+        run(eng, *m, {name, {{"threshold", "0"}, {"threshold_window", "8"}}}, 1, prompt, forced);
+    EXPECT_GE(some.max_len[0], 8);
+    EXPECT_LE(some.max_len[0], n);
+  }
 }
 
 // SmolLM2's laws take about 4 minutes on 2 cores: 6 tests of every sixth variant each, so that

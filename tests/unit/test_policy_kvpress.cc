@@ -511,6 +511,80 @@ TEST(ScorerWrappers, DecodeIntervalCompressesBackToTheBudget) {
           .output_projection);
 }
 
+// The wrappers' keep-sets over two heads of 10 slots with score rows head 0 (1 1 1 5 5 5 2 2 2 9)
+// and head 1 (0 0 0 1 1 1 4 4 4 0): run() hands them to ScorerWrappers::keep at `budget`.
+std::pair<V, V> keep_two_heads(int budget, std::map<std::string, std::string> opts) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  const std::vector<float> src = {1, 1, 1, 5, 5, 5, 2, 2, 2, 9, 0, 0, 0, 1, 1, 1, 4, 4, 4, 0};
+  std::vector<std::vector<float>> keys(10, std::vector<float>{1});
+  KvCache cache = cache_of({keys, keys}, 1);
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.resize_and_accumulate(*r, 0, std::vector<int32_t>{10, 10}, src.data(), 10, 10, 1,
+                            GqaReduce::kMean);
+  ScorerWrappers wrap{config("keydiff", budget, {1, 2, 2, 1, 0}, std::move(opts))};
+  LayerStats st;
+  st.num_heads = 2;
+  kernels::EvictionPlan plan;
+  plan.reset(0, 2);
+  if (wrap.acts(cache, 0, budget)) wrap.keep(ops, *r, 0, st, cache, budget, plan);
+  cache.apply(plan);
+  return {positions(cache, 0, 0), positions(cache, 0, 1)};
+}
+
+// chunkkv (kvpress ChunkKVPress): the heads' sums 1 1 1 6 6 6 6 6 6 9. Chunks of 3: means 1, 6, 6
+// and 9 (the remainder, slot 9). Ranked 9, then the later 6 (slots 6-8), then slots 3-5, then
+// 0-2; budget 7 takes 1 + 3 + 3 tokens, budget 6 stops before slots 3-5 (they would make 7).
+// Budget 2 is below the chunk: chunks of 2 (means 1, 3.5, 6, 6, 7.5) keep the last one. A prompt
+// shorter than one chunk falls back to each head's own top (head 1's tie at 1 keeps slot 5).
+TEST(ScorerWrappers, ChunkKvKeepsTheBestChunksWholeInEveryHead) {
+  const V all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ(keep_two_heads(7, {{"chunkkv", "3"}}),
+            (std::pair{V{3, 4, 5, 6, 7, 8, 9}, V{3, 4, 5, 6, 7, 8, 9}}));
+  EXPECT_EQ(keep_two_heads(6, {{"chunkkv", "3"}}), (std::pair{V{6, 7, 8, 9}, V{6, 7, 8, 9}}));
+  EXPECT_EQ(keep_two_heads(2, {{"chunkkv", "3"}}), (std::pair{V{8, 9}, V{8, 9}}));
+  EXPECT_EQ(keep_two_heads(4, {{"chunkkv", "20"}}), (std::pair{V{3, 4, 5, 9}, V{5, 6, 7, 8}}));
+  EXPECT_EQ(keep_two_heads(10, {{"chunkkv", "3"}}), (std::pair{all, all}));
+  // Without it, each head its own top 4.
+  EXPECT_EQ(keep_two_heads(4, {}), (std::pair{V{3, 4, 5, 9}, V{5, 6, 7, 8}}));
+}
+
+// threshold (kvpress DMSPress, dense prefill): with threshold 2 and a window of 3, head 0 drops
+// the slots before 7 scored below 2 (0-2; slot 6's 2 is not below) and head 1 all but slot 6;
+// the budget does not decide. A window as long as the heads keeps everything.
+TEST(ScorerWrappers, ThresholdDropsTheScoresBelowItBeforeTheWindow) {
+  const std::map<std::string, std::string> t = {{"threshold", "2"}, {"threshold_window", "3"}};
+  EXPECT_EQ(keep_two_heads(1, t), (std::pair{V{3, 4, 5, 6, 7, 8, 9}, V{6, 7, 8, 9}}));
+  EXPECT_EQ(keep_two_heads(100, t), (std::pair{V{3, 4, 5, 6, 7, 8, 9}, V{6, 7, 8, 9}}));
+  EXPECT_EQ(keep_two_heads(1, {{"threshold", "2"}, {"threshold_window", "10"}}),
+            (std::pair{V{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, V{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}}));
+  // The default window is 128 (kvpress's sliding_window_size): nothing here is outside it.
+  EXPECT_EQ(keep_two_heads(1, {{"threshold", "100"}}).first.size(), 10u);
+  EXPECT_EQ(keep_two_heads(1, {{"threshold", "-0.5"}, {"threshold_window", "0"}}),
+            (std::pair{V{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, V{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}}));
+  EXPECT_EQ(keep_two_heads(1, {{"threshold", "0.5"}, {"threshold_window", "0"}}),
+            (std::pair{V{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, V{3, 4, 5, 6, 7, 8}}));
+}
+
+// chunkkv and threshold replace the per-head selection: refused beside ada, critical,
+// decode_interval or each other; threshold also beside layer_ratios, and threshold_window alone.
+TEST(ScorerWrappers, ChunkKvAndThresholdStandAlone) {
+  const ModelShape shape{2, 2, 2, 1, 0};
+  using O = std::map<std::string, std::string>;
+  for (const O& bad :
+       {O{{"chunkkv", "4"}, {"ada", "true"}}, O{{"chunkkv", "4"}, {"critical", "true"}},
+        O{{"chunkkv", "4"}, {"decode_interval", "2"}}, O{{"threshold", "0"}, {"ada", "true"}},
+        O{{"threshold", "0"}, {"critical", "true"}}, O{{"threshold", "0"}, {"chunkkv", "4"}},
+        O{{"threshold", "0"}, {"layer_ratios", "0.5,0.5"}}, O{{"threshold_window", "4"}},
+        O{{"threshold", "nan"}}, O{{"chunkkv", "-1"}}}) {
+    std::string label;
+    for (const auto& [k, v] : bad) label += k + "=" + v + " ";
+    EXPECT_THROW(make_policy(config("keydiff", 4, shape, bad)), Error) << label;
+  }
+  EXPECT_NO_THROW(
+      make_policy(config("cur", 4, shape, {{"chunkkv", "4"}, {"layer_ratios", "0.5,0.5"}})));
+  EXPECT_NO_THROW(make_policy(config("lagkv", 4, shape, {{"threshold", "0.5"}})));
+}
+
 // The kvpress scorers take the wrappers' options; critical asks for the output projection.
 TEST(ScorerWrappers, EveryKvpressScorerTakesTheOptions) {
   const ModelShape shape{1, 2, 2, 2, 0};
