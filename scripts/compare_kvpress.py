@@ -128,10 +128,13 @@ def main():
                 # The scores that decide (a wrapper's own where it is a ScorerPress).
                 scores = record_scores(press if hasattr(press, "score")
                                        else getattr(press, "press", press))
-                masked = isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress))
-                if masked and sdpa is None:
+                masked = isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress,
+                                            kvpress.DMSPress))
+                # ChunkKVPress and DMSPress refuse attention weights (eager returns them).
+                need_sdpa = masked or isinstance(press, kvpress.ChunkKVPress)
+                if need_sdpa and sdpa is None:
                     sdpa = load_model(args.model, attn="sdpa")
-                runner = sdpa if masked else model
+                runner = sdpa if need_sdpa else model
                 with torch.no_grad(), press(runner):
                     cache = runner(input_ids, past_key_values=DynamicCache(),
                                    use_cache=True).past_key_values
@@ -188,13 +191,16 @@ def decode_keep_sets(model, full, cache, n, fed):
 
 
 def masked_keep_sets(model, n):
-    """AdaKVPress keeps every row and masks the pruned ones: per layer and KV head, the slots not
+    """AdaKVPress (and DMSPress) keeps every row and masks the pruned ones: per layer and KV head, the slots not
     in the attention module's masked_key_indices (set by the prefill's compression)."""
     kept = []
     for layer in model.model.layers:
         attn = layer.self_attn
-        _, heads, seqs = attn.masked_key_indices
         pruned = {}
+        if attn.masked_key_indices is None:  # DMSPress: nothing below the threshold
+            kept.append([list(range(n))] * model.config.num_key_value_heads)
+            continue
+        _, heads, seqs = attn.masked_key_indices
         for h, s in zip(heads.tolist(), seqs.tolist()):
             pruned.setdefault(h, set()).add(s)
         kv = model.config.num_key_value_heads

@@ -76,8 +76,8 @@ TEST_F(CudaPolicyOpsParity, ResizeAndAccumulateAreTheCpuBits) {
         EXPECT_EQ(gpu_->launches() - l0, 1) << "resize_and_accumulate is one launch";
         for (int h = 0; h < heads; ++h) {
           want[h].resize(lens[h], 0.0f);
-          const std::vector<float> add = reduce_rows(
-              src, h, static_cast<size_t>(group) * stride, stride, group, lens[h], how);
+          const std::vector<float> add =
+              reduce_rows(src, h, static_cast<size_t>(group) * stride, stride, group, lens[h], how);
           for (int s = 0; s < lens[h]; ++s) want[h][s] += add[s];
           EXPECT_EQ(c->length(1, h), lens[h]);
           EXPECT_EQ(g->length(1, h), lens[h]);
@@ -144,9 +144,9 @@ TEST_F(CudaPolicyOpsParity, OneVictimOfALongRowIsTheCpuVictim) {
       cplan.keep_list(h, lens[h], &want);
       ASSERT_EQ(static_cast<int>(want.size()), lens[h] - 1);
       ASSERT_EQ(gplan.device_counts()[h], lens[h] - 1);
-      const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
-                                     lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
-                                         want.size());
+      const std::vector<int32_t> got(
+          lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
+          lists.begin() + static_cast<size_t>(h) * gplan.device_ld() + want.size());
       EXPECT_EQ(got, want);
       std::vector<float> kept;
       for (int32_t s : want) kept.push_back(state[static_cast<size_t>(h) * stride + s]);
@@ -264,9 +264,9 @@ TEST_F(CudaPolicyOpsParity, KeepTopCompactsTheScoreRowsItDecidesBy) {
     cpu_.resize_and_accumulate(*cs, 0, lens32, tied.data(), stride, stride, 1, GqaReduce::kMean);
     gpu_->resize_and_accumulate(*gs, 0, lens32, dt.data(), stride, stride, 1, GqaReduce::kMean);
     const std::vector<KeepTop> tops = {
-        {.head = 0, .score_head = 0, .len = 30, .prefix = 20, .k = 7},       // a list + a window
+        {.head = 0, .score_head = 0, .len = 30, .prefix = 20, .k = 7},  // a list + a window
         {.head = 1, .score_head = own ? 1 : 3, .len = 12, .prefix = 12, .k = 11},  // one victim
-        {.head = 3, .score_head = 3, .len = 1025, .prefix = 1000, .k = 999},      // one victim
+        {.head = 3, .score_head = 3, .len = 1025, .prefix = 1000, .k = 999},       // one victim
     };
     EvictionPlan cplan, gplan;
     cplan.reset(0, heads);
@@ -315,8 +315,7 @@ TEST_F(CudaPolicyOpsParity, HistoryBitsAndCountersAreTheCpuBits) {
       // three times lower.)
       const float around = inv_position ? 1.0f / (3.0f * st.stride) : 1.0f / st.stride;
       const std::vector<float> probs = parity::random_vec(
-          static_cast<size_t>(num_heads) * st.last_w * st.stride, 21 + step, 0.0f,
-          2.0f * around);
+          static_cast<size_t>(num_heads) * st.last_w * st.stride, 21 + step, 0.0f, 2.0f * around);
       const cu::DeviceBuffer<float> dp = parity::to_device(probs);
       st.last_probs = probs.data();
       cpu_.history_bits(*cb, st, host_, history, inv_position);
@@ -491,8 +490,8 @@ TEST_F(CudaPolicyOpsParity, VocabularyOpsAreTheCpuBits) {
       std::vector<int32_t> lengths(q);
       for (int h = 0; h < q; ++h) lengths[h] = std::vector<int32_t>{40, 3, 0, 17}[h / group];
       for (const WindowReduce wr : {WindowReduce::kMean, WindowReduce::kSum}) {
-        SCOPED_TRACE(testing::Message() << "group " << group << " w " << w << " sum "
-                                        << (wr == WindowReduce::kSum));
+        SCOPED_TRACE(testing::Message()
+                     << "group " << group << " w " << w << " sum " << (wr == WindowReduce::kSum));
         std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, q);
         std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, q);
         st.last_probs = probs.data();
@@ -626,8 +625,8 @@ TEST_F(CudaPolicyOpsParity, SnapKvFamilyDecidesAsOnTheCpu) {
     auto* gf = dynamic_cast<policies::SnapKvFamily*>(gp.get());
     ASSERT_TRUE(cf && gf && gp->decides_with_ops());
     const int w = cf->window();
-    const std::vector<float> probs = parity::tied_vec(
-        static_cast<size_t>(heads) * group * w * len, 80 + static_cast<int>(pc.name.size()), 6);
+    const std::vector<float> probs = parity::tied_vec(static_cast<size_t>(heads) * group * w * len,
+                                                      80 + static_cast<int>(pc.name.size()), 6);
     const cu::DeviceBuffer<float> dp = parity::to_device(probs);
     policies::LayerStats st;
     st.layer = 0;  // the caches have one layer; the policy's layer 0 of 2
@@ -654,9 +653,9 @@ TEST_F(CudaPolicyOpsParity, SnapKvFamilyDecidesAsOnTheCpu) {
       cplan.keep_list(h, len, &want);
       EXPECT_EQ(static_cast<int>(want.size()), cf->head_budgets(0)[h] + w);
       ASSERT_EQ(gplan.device_counts()[h], static_cast<int>(want.size()));
-      const std::vector<int32_t> got(lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
-                                     lists.begin() + static_cast<size_t>(h) * gplan.device_ld() +
-                                         want.size());
+      const std::vector<int32_t> got(
+          lists.begin() + static_cast<size_t>(h) * gplan.device_ld(),
+          lists.begin() + static_cast<size_t>(h) * gplan.device_ld() + want.size());
       EXPECT_EQ(got, want);
     }
   }
@@ -668,8 +667,8 @@ TEST_F(CudaPolicyOpsParity, KvpressScorerOpsAreTheCpuBits) {
   const std::vector<int> lens = {40, 3, 0, 17};
   make_caches(lens, 1);
   const int heads = static_cast<int>(lens.size());
-  for (const policies::CacheRows which : {policies::CacheRows::kKeys,
-                                          policies::CacheRows::kValues}) {
+  for (const policies::CacheRows which :
+       {policies::CacheRows::kKeys, policies::CacheRows::kValues}) {
     std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 2, heads);
     std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 2, heads);
     cpu_.cosine_to_mean(*c, 1, host_, 0, which);
@@ -747,6 +746,56 @@ TEST_F(CudaPolicyOpsParity, KvpressScorersDecideAsOnTheCpu) {
     for (int h = 0; h < heads; ++h) {
       const std::vector<int32_t> want = parity::expect_same_keep_list(gplan, lists, cplan, h, len);
       if (!ada) EXPECT_EQ(static_cast<int>(want.size()), pc.kv_budget) << "head " << h;
+    }
+  }
+}
+
+// chunkkv and threshold (kvpress ChunkKVPress and DMSPress) decide on the host from the score
+// rows read back: the GPU's plan holds the CPU's host keep lists, head by head.
+TEST_F(CudaPolicyOpsParity, ChunkKvAndThresholdDecideAsOnTheCpu) {
+  const int heads = 4, group = 2, len = 90;
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases = {
+      {"keydiff", {{"chunkkv", "7"}}},
+      {"observed_attention", {{"chunkkv", "5"}}},
+      {"cur", {{"chunkkv", "8"}}},
+      {"keydiff", {{"threshold", "0"}, {"threshold_window", "20"}}},
+      {"observed_attention", {{"threshold", "0.01"}, {"threshold_window", "10"}}},
+      {"cur", {{"threshold", "0.01"}, {"threshold_window", "16"}}},
+  };
+  for (const auto& [name, options] : cases) {
+    SCOPED_TRACE(name + (options.count("chunkkv") ? " chunkkv" : " threshold"));
+    make_caches(std::vector<int>(heads, len), 2);
+    policies::PolicyConfig pc;
+    pc.name = name;
+    pc.kv_budget = 30;
+    pc.shape = {1, heads * group, heads, 8, 256};
+    pc.options = policies::PolicyOptions(options);
+    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
+    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
+    const std::vector<float> col =
+        parity::tied_vec(static_cast<size_t>(heads) * group * len, 61, 7);
+    const cu::DeviceBuffer<float> dcol = parity::to_device(col);
+    policies::LayerStats st;
+    st.layer = 0;
+    st.n_new = len;
+    st.num_heads = heads * group;
+    st.stride = len;
+    st.col_sums = col.data();
+    st.ops = &cpu_;
+    EvictionPlan cplan, gplan;
+    cplan.reset(0, heads);
+    gplan.reset(0, heads);
+    cp->on_prefill_layer(st, host_, cplan);
+    st.col_sums = dcol.data();
+    st.ops = gpu_.get();
+    gp->on_prefill_layer(st, index_, gplan);
+    ASSERT_FALSE(gplan.on_device());
+    EXPECT_TRUE(cplan.changes_any());
+    for (int h = 0; h < heads; ++h) {
+      std::vector<int32_t> want, got;
+      cplan.keep_list(h, len, &want);
+      gplan.keep_list(h, len, &got);
+      EXPECT_EQ(got, want) << "head " << h;
     }
   }
 }
@@ -848,8 +897,8 @@ TEST_F(CudaPolicyOpsParity, ProjectedValueNormsAreTheCpuBits) {
                                group);
     const int64_t l0 = gpu_->launches();
     gpu_->projected_value_norms(*g, 0, index_, 0,
-                                bf16 ? static_cast<const void*>(dw16.data()) : dw.data(), bf16,
-                                dim, group);
+                                bf16 ? static_cast<const void*>(dw16.data()) : dw.data(), bf16, dim,
+                                group);
     EXPECT_EQ(gpu_->launches() - l0, 1);
     for (int q = 0; q < heads; ++q) {
       ASSERT_EQ(g->length(0, q), lens[q / group]);
@@ -928,8 +977,8 @@ TEST_F(CudaPolicyOpsParity, SimLayerKvDecidesAsOnTheCpu) {
     pc.name = "simlayerkv";
     pc.kv_budget = 30;
     pc.shape = {1, kv * group, kv, 8, 256};
-    pc.options = policies::PolicyOptions(std::map<std::string, std::string>{
-        {"lazy_threshold", threshold}, {"n_last", "2"}});
+    pc.options = policies::PolicyOptions(
+        std::map<std::string, std::string>{{"lazy_threshold", threshold}, {"n_last", "2"}});
     std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
     std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
     policies::LayerStats st;
@@ -991,9 +1040,10 @@ TEST_F(CudaPolicyOpsParity, ExpectedAttentionOpsAreTheCpuBits) {
   policies::LayerStats st;
   st.n_new = n;
   st.num_heads = heads;
-  const kernels::ops::PairRotation adjacent{
-      .adjacent = true, .rot_dim = 8, .cos = {0.9f, 0.5f, -0.2f, 0.7f},
-      .sin = {0.1f, -0.6f, 0.8f, 0.3f}};
+  const kernels::ops::PairRotation adjacent{.adjacent = true,
+                                            .rot_dim = 8,
+                                            .cos = {0.9f, 0.5f, -0.2f, 0.7f},
+                                            .sin = {0.1f, -0.6f, 0.8f, 0.3f}};
   const kernels::ops::PairRotation half{
       .adjacent = false, .rot_dim = 4, .cos = {0.4f, -0.9f}, .sin = {0.6f, 0.2f}};
   std::unique_ptr<SlotRows> cm = cpu_.make_rows(SlotType::kF32, 1, heads);
@@ -1047,8 +1097,7 @@ TEST_F(CudaPolicyOpsParity, ExpectedAttentionDecidesAsOnTheCpu) {
         std::map<std::string, std::string>{{"use_vnorm", vnorm}, {"epsilon", "0.01"}});
     std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
     std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
-    const std::vector<float> q =
-        parity::random_vec(static_cast<size_t>(len) * kv * group * d, 43);
+    const std::vector<float> q = parity::random_vec(static_cast<size_t>(len) * kv * group * d, 43);
     const cu::DeviceBuffer<float> dq = parity::to_device(q);
     kernels::cpu::RopeParams rope;
     rope.style = kernels::cpu::RopeStyle::kNeox;
