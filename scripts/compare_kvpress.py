@@ -247,6 +247,8 @@ def compare(name, ratio, budget, ids, full, cache, ours, scores, kept=None):
                 tied = layer == 0 and sorted(ids[p] for p in only_o) == sorted(
                     ids[p] for p in only_t)
                 why = ", all same-token ties" if tied else ""
+                if o < t and len(t) > budget:  # ChunkKVPress's whole chunks past the budget
+                    why += f", kvbench's a subset: kvpress keeps {len(t)} > the budget {budget}"
                 exact = tied
                 if layer in scores:
                     row = scores[layer][h]

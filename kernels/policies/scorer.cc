@@ -166,11 +166,16 @@ void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int scor
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return mean[a] > mean[b] || (mean[a] == mean[b] && a > b);
   });
+  // kvpress keeps max(1, int(chunks x (1 - c))) chunks; its count from the budget b = int(n x
+  // (1 - c)) is floor(b x chunks / n) (the same but where the float lands within 1 / n of an
+  // integer), and never more tokens than the budget.
+  const int most = std::max(1, static_cast<int>(static_cast<int64_t>(budget) * chunks / n));
   std::vector<uint8_t> take(chunks, 0);
-  int total = 0;
+  int total = 0, taken = 0;
   for (int c : order) {
     const int len = std::min(n, (c + 1) * chunk) - c * chunk;
-    if (total + len > budget) break;
+    if (taken == most || total + len > budget) break;
+    ++taken;
     take[c] = 1;
     total += len;
   }
