@@ -117,7 +117,8 @@ std::vector<ParamDoc> ScorerWrappers::params() {
       {"chunkkv",
        "0",
        "kvpress ChunkKVPress: chunks of this many tokens, scored by the mean of the heads' "
-       "summed scores; the best chunks that fit in kv_budget stay whole in every head (0: off)",
+       "summed scores; the best chunks (kvpress's count, within kv_budget) stay whole in every "
+       "head (0: off)",
        {}},
       {"threshold",
        "",
@@ -166,10 +167,10 @@ void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int scor
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return mean[a] > mean[b] || (mean[a] == mean[b] && a > b);
   });
-  // kvpress keeps max(1, int(chunks x (1 - c))) chunks; its count from the budget b = int(n x
-  // (1 - c)) is floor(b x chunks / n) (the same but where the float lands within 1 / n of an
-  // integer), and never more tokens than the budget.
-  const int most = std::max(1, static_cast<int>(static_cast<int64_t>(budget) * chunks / n));
+  // kvpress keeps max(1, int(chunks x (1 - c))) chunks. Its budget b = int(n x (1 - c)) puts
+  // 1 - c in [b / n, (b + 1) / n), so floor((b + 1) x chunks / n) is its count unless chunks x
+  // (1 - c) falls just below an integer (within chunks / n); never more tokens than the budget.
+  const int most = std::max(1, static_cast<int>((static_cast<int64_t>(budget) + 1) * chunks / n));
   std::vector<uint8_t> take(chunks, 0);
   int total = 0, taken = 0;
   for (int c : order) {

@@ -534,17 +534,20 @@ std::pair<V, V> keep_two_heads(int budget, std::map<std::string, std::string> op
 
 // chunkkv (kvpress ChunkKVPress): the heads' sums 1 1 1 6 6 6 6 6 6 9. Chunks of 3: means 1, 6, 6
 // and 9 (the remainder, slot 9), ranked 9, then the later 6 (slots 6-8), then slots 3-5, then
-// 0-2. At most floor(budget x 4 chunks / 10 slots) chunks (kvpress's count): budget 9 takes 3
-// chunks (7 tokens), budgets 7 and 6 two. Budget 2 is below the chunk: chunks of 2 (means 1,
-// 3.5, 6, 6, 7.5), one of them. Sums 5 5 5 4 4 4 3 3 3 0 at budget 8 (kvpress: int(4 x 0.8) = 3
-// chunks, 9 tokens) keep two: a third would pass the budget. A prompt shorter than one chunk
-// falls back to each head's own top (head 1's tie at 1 keeps slot 5).
+// 0-2. At most floor((budget + 1) x 4 chunks / 10 slots) chunks (kvpress's count): budgets 9
+// and 7 take 3 chunks (7 tokens), budget 6 two (floor(2.8)), budget 3 one (floor(1.6)).
+// Budget 2 is below the chunk: chunks of 2 (means 1, 3.5, 6, 6, 7.5), one of them. Sums 5 5 5 4
+// 4 4 3 3 3 0 at budget 8 (kvpress: int(4 x 0.8) = 3 chunks, 9 tokens) keep two: a third would
+// pass the budget. A prompt shorter than one chunk falls back to each head's own top (head 1's
+// tie at 1 keeps slot 5).
 TEST(ScorerWrappers, ChunkKvKeepsTheBestChunksWholeInEveryHead) {
   const V all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
   EXPECT_EQ(keep_two_heads(9, {{"chunkkv", "3"}}),
             (std::pair{V{3, 4, 5, 6, 7, 8, 9}, V{3, 4, 5, 6, 7, 8, 9}}));
-  EXPECT_EQ(keep_two_heads(7, {{"chunkkv", "3"}}), (std::pair{V{6, 7, 8, 9}, V{6, 7, 8, 9}}));
+  EXPECT_EQ(keep_two_heads(7, {{"chunkkv", "3"}}),
+            (std::pair{V{3, 4, 5, 6, 7, 8, 9}, V{3, 4, 5, 6, 7, 8, 9}}));
   EXPECT_EQ(keep_two_heads(6, {{"chunkkv", "3"}}), (std::pair{V{6, 7, 8, 9}, V{6, 7, 8, 9}}));
+  EXPECT_EQ(keep_two_heads(3, {{"chunkkv", "3"}}), (std::pair{V{9}, V{9}}));
   EXPECT_EQ(keep_two_heads(2, {{"chunkkv", "3"}}), (std::pair{V{8, 9}, V{8, 9}}));
   const std::vector<float> falling = {5, 5, 5, 4, 4, 4, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   EXPECT_EQ(keep_two_heads(8, {{"chunkkv", "3"}}, falling),
