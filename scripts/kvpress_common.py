@@ -103,6 +103,10 @@ PAIRS = [
      [f"decode_interval={DECODE_INTERVAL}"]),
     # ChunkKVPress over a scorer (kvbench: the scorer's `chunkkv: N`): whole chunks of 20 tokens,
     # the same in every head.
+    ("ChunkKV over SnapKV (chunks of 20; w=64, avg pool 5)",
+     lambda r: kvpress.ChunkKVPress(kvpress.SnapKVPress(compression_ratio=r, window_size=64,
+                                                        kernel_size=5), chunk_length=20),
+     "snapkv", ["chunkkv=20", "window=64", "pool_kernel=5", "pooling=avg"]),
     ("ChunkKV over KeyDiff (chunks of 20)",
      lambda r: kvpress.ChunkKVPress(kvpress.KeyDiffPress(compression_ratio=r), chunk_length=20),
      "keydiff", ["chunkkv=20"]),

@@ -82,6 +82,22 @@ int ScorerWrappers::budget(int layer, const kernels::KvCache& cache, int kv_budg
   return r == 0 ? n : std::max(1, static_cast<int>(n * (1 - r)));
 }
 
+namespace {
+ParamDoc chunkkv_param() {
+  return {"chunkkv",
+          "0",
+          "kvpress ChunkKVPress: chunks of this many tokens, scored by the mean of the heads' "
+          "summed scores; the best chunks (kvpress's count, within kv_budget) stay whole in every "
+          "head (0: off)",
+          {}};
+}
+}  // namespace
+
+std::vector<ParamDoc> with_chunkkv(std::vector<ParamDoc> params) {
+  params.push_back(chunkkv_param());
+  return params;
+}
+
 bool ScorerWrappers::acts(const kernels::KvCache& cache, int layer, int budget) const {
   return over_budget(cache, layer, thresholded_ ? window_ : budget);
 }
@@ -114,12 +130,7 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        "kvpress PerLayerCompressionPress: one compression ratio per layer, comma-separated "
        "(layer l keeps int(n x (1 - r_l)) of its n tokens instead of kv_budget)",
        {}},
-      {"chunkkv",
-       "0",
-       "kvpress ChunkKVPress: chunks of this many tokens, scored by the mean of the heads' "
-       "summed scores; the best chunks (kvpress's count, within kv_budget) stay whole in every "
-       "head (0: off)",
-       {}},
+      chunkkv_param(),
       {"threshold",
        "",
        "kvpress DMSPress (dense prefill): tokens before the last threshold_window whose score is "
@@ -128,32 +139,14 @@ std::vector<ParamDoc> ScorerWrappers::params() {
       {"threshold_window", "128", "with threshold: the last tokens always kept", {}}};
 }
 
-void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int score_layer,
-                                 const kernels::KvCache& cache, int budget,
-                                 kernels::EvictionPlan& plan) {
-  const int heads = cache.shape().num_kv_heads, layer = plan.layer();
-  const int n = cache.length(layer, 0);
-  for (int h = 1; h < heads; ++h) {
-    KVB_CHECK(cache.length(layer, h) == n)
-        << "chunkkv: the heads of layer " << layer << " hold " << n << " and "
-        << cache.length(layer, h) << " slots (its chunks are the same in every head)";
-  }
-  // The heads' scores summed per slot, in f32 and head order (kvpress's sum over heads).
-  std::vector<float> sum = ops.read_f32(score, score_layer, 0);
-  KVB_CHECK(static_cast<int>(sum.size()) == n) << "chunkkv: a score row is not as long as its head";
-  for (int h = 1; h < heads; ++h) {
-    const std::vector<float> row = ops.read_f32(score, score_layer, h);
-    for (int j = 0; j < n; ++j) sum[j] += row[j];
-  }
-  // Chunks of min(chunkkv, budget) slots (a budget below the chunk keeps one smaller chunk), the
-  // last one the remainder; a prompt shorter than one chunk is kept per head (kvpress's fallback
-  // to the scorer's own compression).
-  const int chunk = std::min(chunk_, budget);
+std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_length, int budget) {
+  const int n = static_cast<int>(sum.size());
+  KVB_CHECK(chunk_length >= 1 && budget >= 1)
+      << "chunkkv: chunk " << chunk_length << ", budget " << budget;
+  // Chunks of min(chunk_length, budget) slots (a budget below the chunk keeps one smaller chunk),
+  // the last one the remainder.
+  const int chunk = std::min(chunk_length, budget);
   const int chunks = (n + chunk - 1) / chunk;
-  if (n < chunk_) {
-    keep_top_per_head(ops, score, score_layer, cache, budget, &tops_, plan);
-    return;
-  }
   std::vector<double> mean(chunks);
   for (int c = 0; c < chunks; ++c) {
     const int lo = c * chunk, hi = std::min(n, lo + chunk);
@@ -186,6 +179,31 @@ void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int scor
     if (!take[c]) continue;
     for (int j = c * chunk; j < std::min(n, (c + 1) * chunk); ++j) slots.push_back(j);
   }
+  return slots;
+}
+
+void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int score_layer,
+                                 const kernels::KvCache& cache, int budget,
+                                 kernels::EvictionPlan& plan) {
+  const int heads = cache.shape().num_kv_heads, layer = plan.layer();
+  const int n = cache.length(layer, 0);
+  for (int h = 1; h < heads; ++h) {
+    KVB_CHECK(cache.length(layer, h) == n)
+        << "chunkkv: the heads of layer " << layer << " hold " << n << " and "
+        << cache.length(layer, h) << " slots (its chunks are the same in every head)";
+  }
+  if (n < chunk_) {  // kvpress's fallback to the scorer's own compression
+    keep_top_per_head(ops, score, score_layer, cache, budget, &tops_, plan);
+    return;
+  }
+  // The heads' scores summed per slot, in f32 and head order (kvpress's sum over heads).
+  std::vector<float> sum = ops.read_f32(score, score_layer, 0);
+  KVB_CHECK(static_cast<int>(sum.size()) == n) << "chunkkv: a score row is not as long as its head";
+  for (int h = 1; h < heads; ++h) {
+    const std::vector<float> row = ops.read_f32(score, score_layer, h);
+    for (int j = 0; j < n; ++j) sum[j] += row[j];
+  }
+  const std::vector<int32_t> slots = chunk_keep_list(sum, chunk_, budget);
   for (int h = 0; h < heads; ++h) plan.keep(h, slots);
 }
 

@@ -32,6 +32,13 @@ inline void keep_top_per_head(PolicyOps& ops, const SlotRows& score, int score_l
   if (!tops->empty()) ops.keep_top(score, score_layer, cache, *tops, {}, plan);
 }
 
+// ChunkKV's choice (kvpress ChunkKVPress) for a layer whose per-slot scores summed over its heads
+// are `sum` (n > budget entries): chunks of min(chunk_length, budget) slots (the last the
+// remainder) ranked by their mean (f64; equal means: the later chunk first), kept in rank order
+// while at most max(1, floor((budget + 1) x chunks / n)) (kvpress's count under a
+// compression_ratio budget) and within `budget` tokens. The kept slots, increasing.
+std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_length, int budget);
+
 // kvpress's wrappers of a scorer (POLICIES.md "kvpress's presses"; scorer.cc), as options of
 // every kvpress scorer:
 //  - `ada: true` (AdaKVPress): the layer keeps heads x budget slots in all, each head at least its
@@ -146,6 +153,10 @@ class CacheScorer : public Policy {
   }
   ScorerWrappers wrap_;
 };
+
+// `params` followed by the chunkkv option's documentation (snapkv's; the kvpress scorers have it
+// among ScorerWrappers::params).
+std::vector<ParamDoc> with_chunkkv(std::vector<ParamDoc> params);
 
 // A scorer's PolicyInfo parameters followed by ScorerWrappers'.
 inline std::vector<ParamDoc> with_wrappers(std::vector<ParamDoc> params) {

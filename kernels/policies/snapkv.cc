@@ -3,11 +3,13 @@
 // tokens by pooled observation-window score plus the w window tokens. A prompt of at most
 // kv_budget tokens is not compressed; decode never evicts.
 #include <algorithm>
+#include <cfloat>
 #include <utility>
 
 #include "common/error.h"
 #include "kernels/cpu/budget.h"
 #include "kernels/policies/policies.h"
+#include "kernels/policies/scorer.h"
 #include "kernels/policies/snapkv_family.h"
 
 namespace kvb::policies {
@@ -29,6 +31,41 @@ size_t SnapKvFamily::state_bytes() const {
   size_t b = 0;
   for (const auto& layer : head_budgets_) b += layer.size() * sizeof(int32_t);
   return b;
+}
+
+// kvpress's ChunkKVPress over SnapKVPress: SnapKV's scores of the prefix with the window padded
+// by their maximum over the layer + 1 (kvpress's pad), summed over the heads (f32, head order),
+// and the best chunks kept whole in every head (chunk_keep_list).
+void SnapKvFamily::keep_chunks(PolicyOps& ops, SlotRows& scores, const kernels::KvCache& cache,
+                               int w, std::vector<int32_t>& budgets, kernels::EvictionPlan& plan) {
+  const int heads = cache.shape().num_kv_heads, layer = plan.layer();
+  const int n = cache.length(layer, 0), prefix = n - w;
+  std::vector<std::vector<float>> rows(heads);
+  float top = -FLT_MAX;
+  for (int h = 0; h < heads; ++h) {
+    KVB_CHECK(cache.length(layer, h) == n)
+        << "snapkv chunkkv: the heads of layer " << layer << " hold " << n << " and "
+        << cache.length(layer, h) << " slots (its chunks are the same in every head)";
+    rows[h] = ops.read_f32(scores, 0, h);
+    KVB_CHECK(static_cast<int>(rows[h].size()) == prefix)
+        << "snapkv chunkkv: a score row is not as long as the prefix";
+    for (float x : rows[h]) top = std::max(top, x);
+  }
+  const float pad = top + 1.0f;
+  std::vector<float> sum(n, 0.0f);
+  for (int h = 0; h < heads; ++h) {
+    for (int j = 0; j < prefix; ++j) sum[j] += rows[h][j];
+    for (int j = prefix; j < n; ++j) sum[j] += pad;
+  }
+  const std::vector<int32_t> slots = chunk_keep_list(sum, chunk_, kv_budget());
+  const int kept_prefix =
+      static_cast<int>(std::lower_bound(slots.begin(), slots.end(), prefix) - slots.begin());
+  for (int h = 0; h < heads; ++h) {
+    budgets[h] = kept_prefix;
+    plan.keep(h, slots);
+  }
+  zeros_.assign(heads, 0);
+  ops.resize(scores, 0, zeros_);  // the scratch holds nothing between layers
 }
 
 void SnapKvFamily::on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
@@ -61,6 +98,10 @@ void SnapKvFamily::on_prefill_layer(const LayerStats& st, const kernels::KvCache
   PolicyOps& ops = ops_of(st);
   SlotRows& scores = rows_of(scores_, ops, SlotType::kF32, 1, heads);
   window_scores(ops, scores, 0, window_scratch_, st, cache, scoring_);
+  if (chunk_ > 0 && prompt_len >= chunk_) {
+    keep_chunks(ops, scores, cache, w, budgets, plan);
+    return;
+  }
   allocate(ops, scores, st.layer, prompt_len, w, cache, budgets.data());
 
   // Per-head top-B_h of the prefix (ties: the more recent slot), then the window slots.
@@ -83,7 +124,12 @@ namespace {
 // Uniform split: every head of every layer selects kv_budget - w prefix tokens.
 class SnapKv final : public SnapKvFamily {
  public:
-  using SnapKvFamily::SnapKvFamily;
+  explicit SnapKv(const PolicyConfig& c) : SnapKvFamily(c) {
+    chunk_ = c.options.get_int("chunkkv", 0, 0, 1 << 30);
+    KVB_USAGE_CHECK(chunk_ == 0 || !c.tp)
+        << "policy snapkv: chunkkv ranks chunks by every head's scores, which tensor "
+           "parallelism splits across ranks; run it without --gpus-per-worker";
+  }
   std::unique_ptr<Policy> clone() const override { return std::make_unique<SnapKv>(*this); }
 
  protected:
@@ -99,7 +145,8 @@ PolicyInfo snapkv_policy_info() {
   return {"snapkv",
           "SnapKV: per KV head, top prefix tokens by pooled observation-window attention + the "
           "window; prompt cache only (no decode eviction)",
-          snapkv_score_params(), [](const PolicyConfig& c) { return std::make_unique<SnapKv>(c); }};
+          with_chunkkv(snapkv_score_params()),
+          [](const PolicyConfig& c) { return std::make_unique<SnapKv>(c); }};
 }
 
 }  // namespace kvb::policies

@@ -1,17 +1,17 @@
 // The skeleton shared by `snapkv`, `pyramidkv`, `ada_snapkv` and `ada_pyramidkv` (POLICIES.md):
 // after each layer's prefill, score the prefix by the observation window (window_scores, a
 // composition of the ops vocabulary; options in snapkv_scores.h), let the member decide each KV
-// head's prefix budget B_i, keep every head's top-B_i prefix tokens plus the w window tokens (keep_top). It decides
-// through the ops table (policy_ops.h), so on a device the statistics, scores and keep lists stay
-// there; only Ada-KV's per-head budgets come to the host. No decode eviction (each head grows by
-// one per generated token).
+// head's prefix budget B_i, keep every head's top-B_i prefix tokens plus the w window tokens
+// (keep_top). It decides through the ops table (policy_ops.h), so on a device the statistics,
+// scores and keep lists stay there; only Ada-KV's per-head budgets come to the host. No decode
+// eviction (each head grows by one per generated token).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "kernels/policies/policy.h"
 #include "kernels/ops/policy_ops.h"
+#include "kernels/policies/policy.h"
 #include "kernels/policies/snapkv_scores.h"
 
 namespace kvb::policies {
@@ -46,8 +46,15 @@ class SnapKvFamily : public Policy {
   // window()). Values above a head's prefix length are capped by the caller.
   virtual void allocate(PolicyOps& ops, const SlotRows& scores, int layer, int prompt_len, int w,
                         const kernels::KvCache& cache, int32_t* budgets) = 0;
+  // `chunkkv: N` (snapkv only; kvpress ChunkKVPress over SnapKVPress): 0, or chunks of N slots
+  // kept whole in every head instead of per-head tops (keep_chunks). A head then holds the kept
+  // chunks' slots, B_i counting those of its prefix.
+  int chunk_ = 0;
 
  private:
+  void keep_chunks(PolicyOps& ops, SlotRows& scores, const kernels::KvCache& cache, int w,
+                   std::vector<int32_t>& budgets, kernels::EvictionPlan& plan);
+
   int window_ = 0;
   SnapKvScoreOptions scoring_;
   std::vector<std::vector<int32_t>> head_budgets_;  // [num_layers][cache_kv_heads]

@@ -761,7 +761,9 @@ TEST_F(CudaPolicyOpsParity, ChunkKvAndThresholdDecideAsOnTheCpu) {
       {"keydiff", {{"threshold", "0"}, {"threshold_window", "20"}}},
       {"observed_attention", {{"threshold", "0.01"}, {"threshold_window", "10"}}},
       {"cur", {{"threshold", "0.01"}, {"threshold_window", "16"}}},
+      {"snapkv", {{"chunkkv", "6"}, {"window", "8"}}},  // its window padded by the maximum + 1
   };
+  const int w = 8;
   for (const auto& [name, options] : cases) {
     SCOPED_TRACE(name + (options.count("chunkkv") ? " chunkkv" : " threshold"));
     make_caches(std::vector<int>(heads, len), 2);
@@ -775,18 +777,24 @@ TEST_F(CudaPolicyOpsParity, ChunkKvAndThresholdDecideAsOnTheCpu) {
     const std::vector<float> col =
         parity::tied_vec(static_cast<size_t>(heads) * group * len, 61, 7);
     const cu::DeviceBuffer<float> dcol = parity::to_device(col);
+    const std::vector<float> probs =
+        parity::tied_vec(static_cast<size_t>(heads) * group * w * len, 83, 6);
+    const cu::DeviceBuffer<float> dprobs = parity::to_device(probs);
     policies::LayerStats st;
     st.layer = 0;
     st.n_new = len;
     st.num_heads = heads * group;
     st.stride = len;
     st.col_sums = col.data();
+    st.last_w = w;
+    st.last_probs = probs.data();
     st.ops = &cpu_;
     EvictionPlan cplan, gplan;
     cplan.reset(0, heads);
     gplan.reset(0, heads);
     cp->on_prefill_layer(st, host_, cplan);
     st.col_sums = dcol.data();
+    st.last_probs = dprobs.data();
     st.ops = gpu_.get();
     gp->on_prefill_layer(st, index_, gplan);
     ASSERT_FALSE(gplan.on_device());

@@ -78,6 +78,7 @@ std::vector<Variant> variants() {
   add("expected_attention", {{"critical", "true"}, {"ada", "true"}, {"use_vnorm", "false"}});
   // kvpress's ChunkKVPress over a scorer (threshold replaces the budget: ThresholdLaws below).
   add("keydiff", {{"chunkkv", "4"}});
+  add("snapkv", {{"chunkkv", "5"}});
   add("expected_attention", {{"chunkkv", "3"}});
   // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's
   // allocation with protected sinks and window.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/error.h"
@@ -401,6 +402,33 @@ TEST(SnapKvFamily, BadOptionsAreUsageErrors) {
   // Unknown names: snapkv has no alpha or beta; the error lists what it has.
   expect_usage_error("snapkv", {{"alpha", "0.5"}}, "window, pool_kernel, pooling");
   expect_usage_error("ada_snapkv", {{"beta", "20"}}, "has no option 'beta'");
+}
+
+// chunkkv on snapkv (kvpress ChunkKVPress over SnapKVPress): two KV heads, 12 tokens, kv_budget 6,
+// window 2, no pooling. Prefix scores head 0 (1 1 1 0 0 0 2 2 2 0), head 1 (0 0 0 0 0 0 1 1 1 3);
+// the window slots 10, 11 get the layer's maximum + 1 = 4 in each head. Sums 1 1 1 0 0 0 3 3 3 3
+// 8 8; chunks of 3 have means 1, 0, 3 and 19/3; at most floor(7 x 4 / 12) = 2 chunks: slots 6-11
+// in both heads (B_i = 4 prefix slots). Without it each head keeps its own top 4 and the window.
+TEST(SnapKv, ChunkKvKeepsWholeChunksWithTheWindowPaddedByTheMaximum) {
+  auto run = [](const Opts& extra) {
+    Opts o = {{"window", "2"}, {"pool_kernel", "1"}};
+    o.insert(extra.begin(), extra.end());
+    auto p = make("snapkv", 6, shape(1, 2, 2), o);
+    auto cache = filled_cache(1, 2, 12);
+    Probs probs(2, 2, 12);
+    probs.set_all(0, {1, 1, 1, 0, 0, 0, 2, 2, 2, 0, 0.5f, 0.5f});
+    probs.set_all(1, {0, 0, 0, 0, 0, 0, 1, 1, 1, 3, 0.5f, 0.5f});
+    prefill_layer(*p, probs.stats(0), cache);
+    return std::tuple{kept_positions(cache, 0, 0), kept_positions(cache, 0, 1),
+                      family(*p).head_budgets(0)};
+  };
+  EXPECT_EQ(run({{"chunkkv", "3"}}),
+            (std::tuple{V{6, 7, 8, 9, 10, 11}, V{6, 7, 8, 9, 10, 11}, V{4, 4}}));
+  EXPECT_EQ(run({}), (std::tuple{V{2, 6, 7, 8, 10, 11}, V{6, 7, 8, 9, 10, 11}, V{4, 4}}));
+  // A prompt shorter than one chunk: SnapKV's own selection (kvpress's fallback).
+  EXPECT_EQ(run({{"chunkkv", "13"}}),
+            (std::tuple{V{2, 6, 7, 8, 10, 11}, V{6, 7, 8, 9, 10, 11}, V{4, 4}}));
+  expect_usage_error("pyramidkv", {{"chunkkv", "3"}}, "has no option 'chunkkv'");
 }
 
 }  // namespace
