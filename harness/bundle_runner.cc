@@ -59,6 +59,7 @@ ResolvedBundle BundleRunner::resolve(const WireBundle& b) {
     policies::PolicyConfig pc;
     pc.name = u.policy;
     pc.kv_budget = u.kv_budget;
+    pc.budget_fraction = u.budget_fraction;
     pc.options = policies::PolicyOptions(u.policy_options);
     pc.seed = u.seed;
     rb.policies.push_back(pc);

@@ -226,7 +226,7 @@ int cmd_eval(const std::vector<std::string>& args) {
                       : budget.tokens_for(tasks::fed_prompt_tokens(
                             s, ctx.count_tokens(s.context + s.question + s.text), max_prompt_tokens));
     const WireBundle bundle{0, 0, s, {WireUnit{s.id, policy_name, popts.values(), kv_budget,
-                                               question, seed}}};
+                                               question, seed, budget.fraction()}}};
     const results::UnitResult r = runner.run_or_fail(bundle).at(0);
     const results::Measurements m = r.measurements.value_or(results::Measurements{});
     const std::string prediction = r.prediction ? r.prediction->text : "";

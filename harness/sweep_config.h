@@ -44,6 +44,9 @@ struct BudgetEntry {
   double ratio = 0;
   bool removed = false;
   bool none() const { return tokens == 0 && ratio == 0 && !removed; }  // `full`'s cells
+  // The fraction of each prompt kept when the budget is one (1 - c for a compression_ratio c, as
+  // kvpress computes it; r for {ratio: r}); 0 for a token count (PolicyConfig::budget_fraction).
+  double fraction() const { return tokens > 0 ? 0 : removed ? 1 - ratio : ratio; }
   // "256", "0.1 ratio" or "0.25 compression_ratio" ("" for none()): the unit key's budget and
   // the label every report shows.
   std::string spec() const;

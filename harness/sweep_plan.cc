@@ -153,7 +153,7 @@ Plan expand(const SweepConfig& cfg, results::Store& store, int64_t run_id,
           }
           const std::string key = results::unit_key(row.spec);
           rows.push_back(row);
-          WireUnit u{key, pe.name, pe.options, budgeted ? tokens : 0, q, seed};
+          WireUnit u{key, pe.name, pe.options, budgeted ? tokens : 0, q, seed, be.fraction()};
           units.push_back({bundle_index, u});
           plan.metric_info[key] = task->metrics();
           plan.key_task[key] = te.name;

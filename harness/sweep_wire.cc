@@ -106,12 +106,14 @@ results::Measurements to_store(const workers::UnitMeasurements& w) {
 std::string to_json(const WireBundle& b) {
   json units = json::array();
   for (const auto& u : b.units) {
-    units.push_back({{"key", u.key},
-                     {"policy", u.policy},
-                     {"policy_options", u.policy_options},
-                     {"kv_budget", u.kv_budget},
-                     {"question", u.question},
-                     {"seed", u.seed}});
+    json unit = {{"key", u.key},
+                 {"policy", u.policy},
+                 {"policy_options", u.policy_options},
+                 {"kv_budget", u.kv_budget},
+                 {"question", u.question},
+                 {"seed", u.seed}};
+    if (u.budget_fraction > 0) unit["budget_fraction"] = u.budget_fraction;
+    units.push_back(unit);
   }
   return json{{"model", b.model}, {"task", b.task}, {"sample", sample_json(b.sample)}, {"units", units}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
@@ -128,7 +130,9 @@ WireBundle bundle_from_json(const std::string& text) {
       b.units.push_back({u.at("key").get<std::string>(), u.at("policy").get<std::string>(),
                          u.at("policy_options").get<std::map<std::string, std::string>>(),
                          u.at("kv_budget").get<int>(), u.at("question").get<std::string>(),
-                         u.at("seed").get<uint64_t>()});
+                         u.at("seed").get<uint64_t>(), u.value("budget_fraction", 0.0)});
+      const double f = b.units.back().budget_fraction;
+      KVB_CHECK(f >= 0 && f <= 1) << "malformed bundle message: budget_fraction " << f;
     }
     return b;
   } catch (const json::exception& e) {

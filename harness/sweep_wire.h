@@ -18,6 +18,7 @@ struct WireUnit {
   int kv_budget = 0;  // resolved tokens (0 for full)
   std::string question = "in_prompt";
   uint64_t seed = 0;
+  double budget_fraction = 0;  // PolicyConfig::budget_fraction (0: a token count)
 };
 
 struct WireBundle {

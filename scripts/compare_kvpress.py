@@ -54,9 +54,12 @@ def prompt_text(shared):
         return f.read()
 
 
-def kvbench_keep_sets(args, policy, opts, budget, prompt_file, dump, new_tokens=1):
+def kvbench_keep_sets(args, policy, opts, budget, prompt_file, dump, new_tokens=1, ratio=None):
+    """kvbench's keep-sets at `budget` tokens, or at kvpress's compression ratio `ratio` (the same
+    token budget, with the ratio itself handed to the policy: pyramidkv's kvpress formula)."""
+    flag = ["--compression-ratio", str(ratio)] if ratio is not None else ["--kv-budget", str(budget)]
     cmd = [args.kvbench, "generate", "--model", args.model, "--prompt-file", prompt_file,
-           "--max-new-tokens", str(new_tokens), "--policy", policy, "--kv-budget", str(budget),
+           "--max-new-tokens", str(new_tokens), "--policy", policy, *flag,
            "--dump-keep-sets", dump]
     for o in opts:
         cmd += ["--policy-opt", o]
@@ -120,7 +123,8 @@ def main():
                 decoding = any(o.startswith("decode_interval=") for o in opts)
                 ours = kvbench_keep_sets(args, policy, opts, budget, prompt_file,
                                          os.path.join(tmp, "k.json"),
-                                         args.decode_steps + 1 if decoding else 1)
+                                         args.decode_steps + 1 if decoding else 1,
+                                         ratio if "formula=kvpress" in opts else None)
                 if ours["prompt_ids"] != ids:
                     sys.exit(f"kvbench tokenized the prompt differently "
                              f"({len(ours['prompt_ids'])} ids)")

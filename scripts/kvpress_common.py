@@ -39,6 +39,15 @@ PAIRS = [
     ("SnapKV (w=64, avg pool 5)",
      lambda r: kvpress.SnapKVPress(compression_ratio=r, window_size=64, kernel_size=5),
      "snapkv", ["window=64", "pool_kernel=5", "pooling=avg"]),
+    # PyramidKVPress's own per-layer budgets (kvbench: `formula: kvpress`, run at the compression
+    # ratio itself). With beta 20 its smallest layer would hold less than the window here, so
+    # kvpress keeps round(n x (1 - r)) in every layer; beta 2 makes the pyramid.
+    ("PyramidKV (kvpress formula, w=64, avg pool 5, beta 20)",
+     lambda r: kvpress.PyramidKVPress(compression_ratio=r, window_size=64, kernel_size=5),
+     "pyramidkv", ["window=64", "pool_kernel=5", "pooling=avg", "formula=kvpress"]),
+    ("PyramidKV (kvpress formula, w=64, avg pool 5, beta 2)",
+     lambda r: kvpress.PyramidKVPress(compression_ratio=r, window_size=64, kernel_size=5, beta=2),
+     "pyramidkv", ["window=64", "pool_kernel=5", "pooling=avg", "formula=kvpress", "beta=2"]),
     ("StreamingLLM (4 sinks)",
      lambda r: kvpress.StreamingLLMPress(compression_ratio=r, n_sink=4),
      "streaming_llm", ["sinks=4"]),

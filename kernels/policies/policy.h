@@ -70,6 +70,11 @@ using ParamDoc = kvb::ParamDoc;
 struct PolicyConfig {
   std::string name;
   int kv_budget = 0;  // retained tokens per KV head per layer (average), sinks/windows included
+  // When the budget was given as a fraction of the prompt (kvpress's compression_ratio c: 1 - c;
+  // {ratio: r}: r), that fraction, else 0. kv_budget is then the prompt's tokens x it, truncated;
+  // a policy whose reference computes with the fraction itself (pyramidkv's kvpress formula)
+  // reads it here.
+  double budget_fraction = 0;
   ModelShape shape;
   PolicyOptions options;
   uint64_t seed = 0;  // per unit; randomised policies draw from (seed, layer, head, step)
