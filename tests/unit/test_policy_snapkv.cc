@@ -431,5 +431,45 @@ TEST(SnapKv, ChunkKvKeepsWholeChunksWithTheWindowPaddedByTheMaximum) {
   expect_usage_error("pyramidkv", {{"chunkkv", "3"}}, "has no option 'chunkkv'");
 }
 
+// pyramidkv's `formula: kvpress` (kvpress PyramidKVPress.get_layer_budget, floats and Python's
+// round): 3 layers, n = 100, window 4. Fraction 0.625 (kvpress compression_ratio 0.375) gives X =
+// 62.5; beta 2: min 31.25, max 93.75, steps 31.25, so the layers keep round(93.75) = 94,
+// round(62.5) = 62 (half to even) and round(31.25) = 31 tokens, window included: prefix budgets
+// 90, 58, 27. Beta 20: min 3.125, max 121.875 capped at n - window = 96, so min = 125 - 96 = 29,
+// steps 33.5: 96, round(62.5) = 62, 29 (prefix 92, 58, 25). Fraction 0.125 (X = 12.5): min
+// 0.625 is below the window, so every layer keeps round(12.5) = 12 (prefix 8). A token budget of
+// 62 reads X = 62: 93, 62, 31. Ada-KV's integer formula (the default) at budget 62: base 58, min
+// 29, max 87, step 29: 87, 58, 29. kvpress 0.5.5's get_layer_budget gives the same numbers.
+TEST(PyramidKv, KvpressFormulaFollowsPyramidKvPress) {
+  auto budgets = [](Opts opts, double fraction, int kv_budget = 62) {
+    PolicyConfig c;
+    c.name = "pyramidkv";
+    c.kv_budget = kv_budget;
+    c.budget_fraction = fraction;
+    c.shape = shape(3, 1, 1);
+    opts["window"] = "4";
+    c.options = PolicyOptions(opts);
+    auto p = make_policy(c);
+    auto cache = filled_cache(3, 1, 100);
+    Probs probs(1, 4, 100);
+    std::vector<float> row(100);
+    std::iota(row.begin(), row.end(), 1.0f);
+    probs.set_all(0, row);
+    V out;
+    for (int l = 0; l < 3; ++l) {
+      prefill_layer(*p, probs.stats(l), cache);
+      out.push_back(family(*p).head_budgets(l)[0]);
+      EXPECT_EQ(cache.length(l, 0), out.back() + 4) << "layer " << l;
+    }
+    return out;
+  };
+  EXPECT_EQ(budgets({{"formula", "kvpress"}, {"beta", "2"}}, 0.625), (V{90, 58, 27}));
+  EXPECT_EQ(budgets({{"formula", "kvpress"}}, 0.625), (V{92, 58, 25}));
+  EXPECT_EQ(budgets({{"formula", "kvpress"}}, 0.125, 12), (V{8, 8, 8}));
+  EXPECT_EQ(budgets({{"formula", "kvpress"}, {"beta", "2"}}, 0), (V{89, 58, 27}));
+  EXPECT_EQ(budgets({{"beta", "2"}}, 0.625), (V{87, 58, 29}));
+  expect_usage_error("pyramidkv", {{"formula", "x"}}, "formula");
+}
+
 }  // namespace
 }  // namespace kvb::policies
