@@ -364,7 +364,10 @@ int main(int argc, char** argv) {
   if (pols == "all") {  // every registered policy with its default options; python needs a
     pols.clear();       // script and is benched by bench_python_policy
     for (const auto& info : policies::policy_registry()) {
-      if (info.name != "python") pols += (pols.empty() ? "" : ",") + info.name;
+      // duo_attention needs the authors' pattern folder for the model (patterns=DIR).
+      if (info.name != "python" && info.name != "duo_attention") {
+        pols += (pols.empty() ? "" : ",") + info.name;
+      }
     }
   }
   try {

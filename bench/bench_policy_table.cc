@@ -100,6 +100,9 @@ int main(int argc, char** argv) {
     std::vector<std::pair<const policies::PolicyInfo*, std::map<std::string, std::string>>> runs;
     for (const auto& info : policies::policy_registry()) {
       if (!only.empty() && !only.count(info.name)) continue;
+      // duo_attention needs the authors' pattern folder for the model: only when given
+      // (--policies duo_attention:patterns=DIR:head_compression_ratio=R).
+      if (info.name == "duo_attention" && !variants.count(info.name)) continue;
       if (variants.count(info.name)) {
         for (const auto& o : variants[info.name]) runs.push_back({&info, o});
       } else {

@@ -27,14 +27,25 @@ std::map<std::string, std::string> keyed_policy_options(
     const std::string& policy, const std::map<std::string, std::string>& options,
     const std::string& base_dir, FileDigests& digests) {
   std::map<std::string, std::string> keyed = options;
+  const auto dir = options.find(kDuoPatternsOption);
+  if (policy == kDuoPolicy && dir != options.end()) {
+    std::filesystem::path path = dir->second;
+    if (path.is_relative() && !base_dir.empty()) path = std::filesystem::path(base_dir) / path;
+    const std::string what = std::string("policy ") + kDuoPolicy + " option " + kDuoPatternsOption;
+    keyed[kDuoPatternsOption] =
+        "sha256:" +
+        digests.sha256((path / "full_attention_heads.tsv").lexically_normal().string(), what) +
+        "," + digests.sha256((path / "config.json").lexically_normal().string(), what);
+    return keyed;
+  }
   const auto file = options.find(kPythonPolicyFileOption);
   if (policy != kPythonPolicy || file == options.end()) return keyed;
   std::filesystem::path path = file->second;
   if (path.is_relative() && !base_dir.empty()) path = std::filesystem::path(base_dir) / path;
   keyed[kPythonPolicyFileOption] =
-      "sha256:" + digests.sha256(path.lexically_normal().string(),
-                                 std::string("policy ") + kPythonPolicy + " option " +
-                                     kPythonPolicyFileOption);
+      "sha256:" +
+      digests.sha256(path.lexically_normal().string(),
+                     std::string("policy ") + kPythonPolicy + " option " + kPythonPolicyFileOption);
   return keyed;
 }
 

@@ -14,6 +14,15 @@ namespace kvb::harness {
 // The policy whose option names a file read by the worker, and that option.
 inline constexpr char kPythonPolicy[] = "python";
 inline constexpr char kPythonPolicyFileOption[] = "file";
+// duo_attention's option naming the folder of its head scores, keyed by its two files' content.
+inline constexpr char kDuoPolicy[] = "duo_attention";
+inline constexpr char kDuoPatternsOption[] = "patterns";
+// Whether `option` of `policy` names a path the worker opens (it resolves against the config's
+// folder).
+inline bool is_policy_path_option(const std::string& policy, const std::string& option) {
+  return (policy == kPythonPolicy && option == kPythonPolicyFileOption) ||
+         (policy == kDuoPolicy && option == kDuoPatternsOption);
+}
 
 // SHA-256 of files, each read once per sweep (the sweep's coordinator keeps one for all its plan
 // expansions): cached by canonical path, size and modification time, so an edited file is read
@@ -32,7 +41,8 @@ class FileDigests {
 
 // The policy's options as its unit keys hash them: for policy `python`, option `file` becomes
 // "sha256:<hex>" of the file's content (a relative path resolves against `base_dir`, the config
-// file's folder, as task file options do); any other policy's options as given.
+// file's folder, as task file options do); for duo_attention, option `patterns` becomes
+// "sha256:<tsv hex>,<config.json hex>"; any other policy's options as given.
 std::map<std::string, std::string> keyed_policy_options(
     const std::string& policy, const std::map<std::string, std::string>& options,
     const std::string& base_dir, FileDigests& digests);

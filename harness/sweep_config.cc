@@ -404,10 +404,10 @@ std::vector<Origin> parse_policies(const Node& n, SweepConfig& cfg) {
       std::vector<std::string> values;
       for (const auto& [v, vkey] : items_of(e.value, key + ".options." + e.key))
         values.push_back(scalar(*v, vkey));
-      // A Python policy's script resolves against the file it is written in, as task file
-      // options do, so that the worker opens the file whose content the unit key hashed
-      // (harness/policy_files.h).
-      if (name == kPythonPolicy && e.key == kPythonPolicyFileOption) {
+      // A path option (a Python policy's script, duo_attention's patterns) resolves against the
+      // file it is written in, as task file options do, so that the worker opens what the unit
+      // key hashed (harness/policy_files.h).
+      if (is_policy_path_option(name, e.key)) {
         for (std::string& v : values) v = resolve_path(e.value, v);
       }
       axes.push_back({e.key, values});

@@ -432,7 +432,7 @@ const std::vector<std::string>& policy_style_order() {
       "window",        "h2o",       "subgen", "subgen_kcenter", "snapkv",   "pyramidkv",
       "ada_snapkv",    "ada_pyramidkv", "streaming_llm", "scissorhands", "tova", "knorm",
       "random",        "keydiff",   "observed_attention", "cur", "lagkv", "python",
-      "expected_attention", "simlayerkv"};
+      "expected_attention", "simlayerkv", "duo_attention"};
   return order;
 }
 

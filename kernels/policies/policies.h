@@ -24,5 +24,6 @@ PolicyInfo cur_policy_info();
 PolicyInfo lagkv_policy_info();
 PolicyInfo expected_attention_policy_info();
 PolicyInfo simlayerkv_policy_info();
+PolicyInfo duo_attention_policy_info();
 PolicyInfo python_policy_info();  // python_policy.cc: a policy in one Python file
 }  // namespace kvb::policies

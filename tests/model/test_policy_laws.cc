@@ -14,6 +14,7 @@
 
 #include "kernels/policies/extra_policies.h"
 #include "kernels/policies/policy.h"
+#include "registry_options.h"
 #include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
@@ -42,8 +43,11 @@ struct Variant {
 std::vector<Variant> variants() {
   std::vector<Variant> v;
   for (const auto& p : policies::policy_registry()) {
-    // python needs its file= and simlayerkv a threshold below 1 to compress at all (below).
-    if (p.name != "python" && p.name != "simlayerkv") v.push_back({p.name, {}});
+    // python needs its file= and simlayerkv a threshold below 1 to compress at all (below);
+    // duo_attention decides by its head scores, not the budget (DuoAttentionLaws).
+    if (p.name != "python" && p.name != "simlayerkv" && p.name != "duo_attention") {
+      v.push_back({p.name, {}});
+    }
   }
   const std::set<std::string> names = [] {
     std::set<std::string> s;
@@ -247,6 +251,38 @@ TEST(PolicyLaws, ThresholdReplacesTheBudget) {
     EXPECT_GE(some.max_len[0], 8);
     EXPECT_LE(some.max_len[0], n);
   }
+}
+
+// `duo_attention` (kvpress DuoAttentionPress) decides by its head scores, not the budget: with
+// head_compression_ratio 0 (kvpress's default) it is full at any budget; with 1 every head keeps
+// its 4 sink and 16 recent tokens after the prompt (then one more per step); runs repeat bit for
+// bit.
+TEST(PolicyLaws, DuoAttentionFollowsItsHeadScores) {
+  const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  ASSERT_TRUE(std::ifstream(path).good())
+      << path << " missing: ../shared must be beside the checkout";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  engine::Engine eng(*m, nullptr);
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 37) % 500));
+  const std::vector<int32_t> forced = {5, 9, 40, 7};
+  const Trace ref = run(eng, *m, {"full", {}}, 0, prompt, forced);
+  auto options = [&](const char* ratio) {
+    std::map<std::string, std::string> o = testing_registry::required_options(
+        "duo_attention", m->config.num_layers, m->config.num_kv_heads);
+    o["head_compression_ratio"] = ratio;
+    return o;
+  };
+  EXPECT_EQ(run(eng, *m, {"duo_attention", options("0")}, 1, prompt, forced).logits, ref.logits);
+  const Variant all{"duo_attention", options("1")};
+  const Trace most = run(eng, *m, all, 8, prompt, forced);
+  for (size_t s = 0; s < most.max_len.size(); ++s) {
+    EXPECT_EQ(most.max_len[s], 20 + static_cast<int>(s)) << "step " << s;
+  }
+  EXPECT_EQ(run(eng, *m, all, 8, prompt, forced).logits, most.logits);
+  const Trace half = run(eng, *m, {"duo_attention", options("0.5")}, 8, prompt, forced);
+  EXPECT_LT(half.total_slots[0], ref.total_slots[0]);
+  EXPECT_GT(half.total_slots[0], most.total_slots[0]);
 }
 
 // SmolLM2's laws take about 4 minutes on 2 cores: 6 tests of every sixth variant each, so that

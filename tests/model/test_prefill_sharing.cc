@@ -6,8 +6,9 @@
 #include <cstring>
 #include <fstream>
 
-#include "kernels/policies/policy.h"
 #include "cache_check.h"
+#include "kernels/policies/policy.h"
+#include "registry_options.h"
 #include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
 #include "workers/engine/model.h"
@@ -121,6 +122,10 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
     pc.kv_budget = entry.name == "full" ? 0 : budget;
     pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
     pc.seed = 5;
+    if (entry.name == "duo_attention") {
+      pc.options = policies::PolicyOptions(
+          testing_registry::required_options(entry.name, c.num_layers, c.num_kv_heads));
+    }
     if (entry.name == "python") {  // reads the queries, the last rows and the column sums
       pc.options = policies::PolicyOptions(
           {{"file", std::string(KVB_FIXTURES_DIR) + "/python/every_statistic.py"},

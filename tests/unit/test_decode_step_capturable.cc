@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernels/policies/policy.h"
+#include "registry_options.h"
 #include "workers/engine/engine.h"
 
 namespace kvb {
@@ -45,6 +46,8 @@ TEST(DecodeStepCapturable, EveryRegisteredPolicyOnADeviceAndOnTheHost) {
     std::unique_ptr<policies::Policy> p =
         info.name == "python"
             ? make(info.name, {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/knorm.py"}})
+        : info.name == "duo_attention"
+            ? make(info.name, testing_registry::required_options(info.name, 4, 2))
             : make(info.name);
     EXPECT_EQ(capturable(p.get(), false, true), !replaces.count(info.name));
     EXPECT_EQ(capturable(p.get(), false, false),
@@ -52,7 +55,7 @@ TEST(DecodeStepCapturable, EveryRegisteredPolicyOnADeviceAndOnTheHost) {
     EXPECT_FALSE(capturable(p.get(), true, true));  // host rows: each layer's rows come down
     ++checked;
   }
-  EXPECT_EQ(checked, 21);  // the registry's size when the table above was written
+  EXPECT_EQ(checked, 22);  // the registry's size when the table above was written
 }
 
 TEST(DecodeStepCapturable, VariantsAndNoPolicy) {
