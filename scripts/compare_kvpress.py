@@ -115,8 +115,12 @@ def main():
         print("|---|---:|---:|---:|---:|---:|---:|---|")
         kvpress_common.LAYERS["n"] = model.config.num_hidden_layers
         ratios_text = ",".join(str(r) for r in layer_ratios(model.config.num_hidden_layers))
+        duo = kvpress_common.write_duo_patterns(os.path.join(tmp, "duo"),
+                                                model.config.num_hidden_layers,
+                                                model.config.num_key_value_heads)
         for name, make, policy, opts in [p for p in PAIRS if args.only in p[0]]:
-            opts = [o.replace("{layer_ratios}", ratios_text) for o in opts]
+            opts = [o.replace("{layer_ratios}", ratios_text).replace("{duo_patterns}", duo)
+                    for o in opts]
             for ratio in ratios:
                 budget = max(1, int(n * (1 - ratio)))  # kvpress's compute_n_kept
                 kvpress_common.RUN["budget"] = budget
@@ -133,7 +137,7 @@ def main():
                 scores = record_scores(press if hasattr(press, "score")
                                        else getattr(press, "press", press))
                 masked = isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress,
-                                            kvpress.DMSPress))
+                                            kvpress.DMSPress, kvpress.DuoAttentionPress))
                 # ChunkKVPress and DMSPress refuse attention weights (eager returns them).
                 need_sdpa = masked or isinstance(press, kvpress.ChunkKVPress)
                 if need_sdpa and sdpa is None:

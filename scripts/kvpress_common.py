@@ -18,6 +18,32 @@ RUN = {"budget": 0}
 DECODE_INTERVAL = 8  # DecodingPress's compression_interval in the comparison
 
 
+DUO = {"sink": 16, "recent": 64}  # the made-up DuoAttention patterns' sizes
+
+
+def write_duo_patterns(folder, n_layers, kv_heads):
+    """A DuoAttention pattern folder in the authors' format (full_attention_heads.tsv, one row per
+    layer and a column per KV head; config.json) with scores drawn from a seeded generator, and
+    kvpress's DuoAttentionPress pointed at the same scores (it would download the authors' files
+    for the models they published; kvbench reads a folder and never downloads). Returns the
+    folder."""
+    import json
+    import numpy as np
+    rng = np.random.default_rng(0)
+    scores = rng.random((n_layers, kv_heads))
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "full_attention_heads.tsv"), "w") as f:
+        for row in scores:
+            f.write("\t".join(repr(float(x)) for x in row) + "\n")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"sink_size": DUO["sink"], "recent_size": DUO["recent"]}, f)
+    loaded = np.loadtxt(os.path.join(folder, "full_attention_heads.tsv"), dtype=float,
+                        delimiter="\t").reshape(n_layers, kv_heads)
+    kvpress.presses.duo_attention_press.DuoAttentionPress.load_attention_pattern = staticmethod(
+        lambda model: (DUO["sink"], DUO["recent"], np.clip(loaded, 0, 1)))
+    return folder
+
+
 def layer_ratios(n_layers):
     """PerLayerCompressionPress's ratios in the comparison: 0.25, 0.5, 0.75 by layer, in turn."""
     return [(0.25, 0.5, 0.75)[layer % 3] for layer in range(n_layers)]
@@ -140,6 +166,14 @@ PAIRS = [
     ("DMS over CUR (threshold 0.0005, window 128)",
      lambda r: kvpress.DMSPress(kvpress.CURPress(), threshold=0.0005), "cur",
      ["threshold=0.0005"]),
+    # DuoAttentionPress (kvbench: `duo_attention` with the same made-up head scores,
+    # write_duo_patterns); the head ratio decides, not the run's ratio. kvpress masks the slots.
+    ("DuoAttention (made-up scores, sink 16, recent 64, half the heads)",
+     lambda r: kvpress.DuoAttentionPress(head_compression_ratio=0.5), "duo_attention",
+     ["patterns={duo_patterns}", "head_compression_ratio=0.5"]),
+    ("DuoAttention (made-up scores, sink 16, recent 64, a quarter of the heads)",
+     lambda r: kvpress.DuoAttentionPress(head_compression_ratio=0.25), "duo_attention",
+     ["patterns={duo_patterns}", "head_compression_ratio=0.25"]),
     # PerLayerCompressionPress (kvbench: `layer_ratios`); the ratio of the run is not used.
     ("PerLayerCompression over KeyDiff (0.25, 0.5, 0.75 by layer)",
      lambda r: kvpress.PerLayerCompressionPress(kvpress.KeyDiffPress(),
