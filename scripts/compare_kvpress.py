@@ -124,7 +124,8 @@ def main():
             for ratio in ratios:
                 budget = max(1, int(n * (1 - ratio)))  # kvpress's compute_n_kept
                 kvpress_common.RUN["budget"] = budget
-                decoding = any(o.startswith("decode_interval=") for o in opts)
+                decoding = any(o.startswith("decode_interval=") or o == "threshold_decode=true"
+                               for o in opts)
                 ours = kvbench_keep_sets(args, policy, opts, budget, prompt_file,
                                          os.path.join(tmp, "k.json"),
                                          args.decode_steps + 1 if decoding else 1,
@@ -149,6 +150,8 @@ def main():
                     kept = masked_keep_sets(runner, n) if masked else None
                     if decoding:
                         kept = decode_keep_sets(runner, full, cache, n, ours["fed_ids"])
+                        if masked:  # DMSPress(decoding=True) masks the rows leaving its window
+                            kept = masked_keep_sets(runner, n + len(ours["fed_ids"]))
                 compare(name, ratio, budget, ids + ours.get("fed_ids", []), full, cache, ours,
                         scores, kept)
 

@@ -35,11 +35,12 @@ inline std::string duo_patterns(int layers, int kv_heads) {
   return dir.string();
 }
 
-// layers, kv_heads: the model's (duo_attention's patterns are per layer and KV head).
+// layers, kv_heads: the model's (duo_attention's patterns are per layer and KV head; without
+// them duo_attention gets none here, and the caller adds them once it knows the model).
 inline std::map<std::string, std::string> required_options(const std::string& policy,
                                                            int layers = 0, int kv_heads = 0) {
   if (policy == "python") return {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}};
-  if (policy == "duo_attention") {
+  if (policy == "duo_attention" && layers > 0) {
     return {{"patterns", duo_patterns(layers, kv_heads)}, {"head_compression_ratio", "0.5"}};
   }
   return {};

@@ -25,6 +25,8 @@ class Cur final : public CacheScorer {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Cur>(*this); }
 
  protected:
+  // One slot: a sink, or the whole of its normalised row (a key or value of zeros: 0).
+  float lone_score() const override { return 1.0f; }
   SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) override {
     const int heads = cache.shape().num_kv_heads;
     // Scratch: layer 0 the score, layer 1 the values' norms (nothing is kept).

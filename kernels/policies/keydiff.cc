@@ -17,6 +17,9 @@ class KeyDiff final : public CacheScorer {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<KeyDiff>(*this); }
 
  protected:
+  // One key's cosine with its own direction is 1 (up to rounding: kvpress's f32 may land an ulp
+  // off).
+  float lone_score() const override { return -1.0f; }
   SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) override {
     const int heads = cache.shape().num_kv_heads;
     // This layer's scores: scratch, nothing is kept after the decision.

@@ -23,7 +23,8 @@ ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores)
       chunk_(c.options.get_int("chunkkv", 0, 0, 1 << 30)),
       thresholded_(c.options.has("threshold")),
       threshold_(static_cast<float>(c.options.get_double("threshold", 0, -1e30, 1e30))),
-      window_(c.options.get_int("threshold_window", 128, 0, 1 << 30)) {
+      window_(c.options.get_int("threshold_window", 128, 0, 1 << 30)),
+      slide_(c.options.get_bool("threshold_decode", false)) {
   KVB_USAGE_CHECK(interval_ == 0 || rescores)
       << "policy " << c.name << ": decode_interval needs a score of the cache alone (keydiff, "
       << "cur, lagkv); " << c.name << "'s reads the prompt's queries or attention";
@@ -46,6 +47,12 @@ ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores)
       << "policy " << c.name << ": give chunkkv or threshold, not both";
   KVB_USAGE_CHECK(!c.options.has("threshold_window") || thresholded_)
       << "policy " << c.name << ": threshold_window applies to threshold; give threshold too";
+  KVB_USAGE_CHECK(!slide_ || thresholded_)
+      << "policy " << c.name << ": threshold_decode applies to threshold; give threshold too";
+  KVB_USAGE_CHECK(!slide_ || rescores)
+      << "policy " << c.name << ": threshold_decode scores each generated token alone, which "
+      << "needs a score of the cache alone (keydiff, cur, lagkv); " << c.name
+      << "'s reads the prompt's queries or attention";
   const std::string list = c.options.get_string("layer_ratios", "");
   if (list.empty()) return;
   KVB_USAGE_CHECK(!thresholded_) << "policy " << c.name
@@ -98,7 +105,24 @@ std::vector<ParamDoc> with_chunkkv(std::vector<ParamDoc> params) {
   return params;
 }
 
+void ScorerWrappers::slide(const kernels::KvCache& cache, float lone, kernels::EvictionPlan& plan) {
+  const int heads = cache.shape().num_kv_heads;
+  if (window_scores_.empty()) {  // a cache the prompt's hook did not see
+    window_scores_.resize(static_cast<size_t>(cache.shape().num_layers) * heads);
+  }
+  for (int h = 0; h < heads; ++h) {
+    std::vector<float>& w = window_scores_[static_cast<size_t>(plan.layer()) * heads + h];
+    w.push_back(lone);
+    if (static_cast<int>(w.size()) <= window_) continue;
+    const float leaving = w.front();
+    w.erase(w.begin());
+    // The slot that left the window: window_ slots before the last (the token just appended).
+    if (leaving < threshold_) plan.evict(h, cache.length(plan.layer(), h) - 1 - window_);
+  }
+}
+
 bool ScorerWrappers::acts(const kernels::KvCache& cache, int layer, int budget) const {
+  if (slide_) return true;  // the window's scores are kept for the decode steps, however short
   return over_budget(cache, layer, thresholded_ ? window_ : budget);
 }
 
@@ -136,7 +160,13 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        "kvpress DMSPress (dense prefill): tokens before the last threshold_window whose score is "
        "below this leave, per head; replaces kv_budget (not given: off)",
        {}},
-      {"threshold_window", "128", "with threshold: the last tokens always kept", {}}};
+      {"threshold_window", "128", "with threshold: the last tokens always kept", {}},
+      {"threshold_decode",
+       "false",
+       "with threshold (kvpress DMSPress decoding=True): score each generated token alone and "
+       "drop each token leaving the window whose score is below the threshold (keydiff, cur, "
+       "lagkv)",
+       {"true", "false"}}};
 }
 
 std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_length, int budget) {
@@ -209,12 +239,21 @@ void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int scor
 
 void ScorerWrappers::keep_above(PolicyOps& ops, const SlotRows& score, int score_layer,
                                 const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
-  for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+  const int heads = cache.shape().num_kv_heads;
+  if (slide_ && window_scores_.empty()) {
+    window_scores_.resize(static_cast<size_t>(cache.shape().num_layers) * heads);
+  }
+  for (int h = 0; h < heads; ++h) {
     const int len = cache.length(plan.layer(), h), prefix = len - window_;
-    if (prefix <= 0) continue;
+    if (prefix <= 0 && !slide_) continue;
     const std::vector<float> row = ops.read_f32(score, score_layer, h);
     KVB_CHECK(static_cast<int>(row.size()) == len)
         << "threshold: a score row is not as long as its head";
+    if (slide_) {  // the window's scores, for the decode steps
+      window_scores_[static_cast<size_t>(plan.layer()) * heads + h].assign(
+          row.begin() + std::max(0, prefix), row.end());
+    }
+    if (prefix <= 0) continue;
     std::vector<int32_t> slots;
     slots.reserve(len);
     // kvpress evicts where score < threshold (a NaN score stays); the threshold as an f32.

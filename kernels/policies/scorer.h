@@ -61,7 +61,10 @@ std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_lengt
 //    consecutive slots; the best chunks are kept whole, the same slots in every head, as many as
 //    fit in the budget (keep_chunks).
 //  - `threshold: t` (DMSPress, its dense prefill): every slot before the last threshold_window
-//    whose score is below t leaves; kv_budget does not decide (keep_above).
+//    whose score is below t leaves; kv_budget does not decide (keep_above). With
+//    `threshold_decode: true` (DMSPress's decoding) each generated token is scored alone
+//    (CacheScorer::lone_score) and every token leaving the window goes when its score is below
+//    t (slide).
 class ScorerWrappers {
  public:
   // rescores: the scorer can score the cache again at decode (its score reads only the cache);
@@ -87,6 +90,12 @@ class ScorerWrappers {
   // decode step of `layer` (of num_layers), when the policy compresses the cache back to kv_budget
   // with its score; counts per layer, as kvpress's.
   bool decode_due(int layer, int num_layers);
+  // threshold_decode: the window's scores move on by a token at each decode step of `layer`.
+  bool slides() const { return slide_; }
+  // The decode step's token (the last slot of each head of layer plan.layer()) scored `lone`
+  // enters the window; the token leaving it (the slot threshold_window before the last) goes
+  // when its score, buffered since it entered, is below the threshold.
+  void slide(const kernels::KvCache& cache, float lone, kernels::EvictionPlan& plan);
   // Fills `plan` (layer plan.layer() of `cache`, the hook's st) from the score rows
   // (score_layer, h), one per cache head, each as long as its head: the scorer's kv_budget best
   // per head, or as the wrappers above say. The score rows may be changed.
@@ -114,7 +123,10 @@ class ScorerWrappers {
   int chunk_ = 0;                     // chunkkv's chunk length, 0: off
   bool thresholded_ = false;          // threshold given
   float threshold_ = 0;
-  int window_ = 128;        // threshold_window
+  int window_ = 128;    // threshold_window
+  bool slide_ = false;  // threshold_decode
+  // threshold_decode: per (layer, head), the scores of the slots in the window, oldest first.
+  std::vector<std::vector<float>> window_scores_;
   std::vector<int> steps_;  // decode steps per layer since its last compression
   ScratchRows per_query_, work_;
   std::vector<int32_t> k_;
@@ -137,10 +149,17 @@ class CacheScorer : public Policy {
   }
   void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
                        kernels::EvictionPlan& plan) override {
+    if (wrap_.slides()) {
+      wrap_.slide(cache, lone_score(), plan);
+      return;
+    }
     if (wrap_.decode_due(st.layer, cache.shape().num_layers)) decide(st, cache, kv_budget(), plan);
   }
 
  protected:
+  // The score of a cache holding one slot (threshold_decode: kvpress's DMSPress scores each
+  // generated token alone). test_policy_kvpress checks it against score() of a one-slot cache.
+  virtual float lone_score() const = 0;
   // Layer st.layer's scores: layer 0 of rows made by `ops`, one row per cache head as long as it.
   virtual SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) = 0;
 

@@ -36,7 +36,41 @@ using policies::SlotType;
 using policies::WindowReduce;
 using PoolKind = kernels::cpu::PoolKind;
 
-class CudaPolicyOpsParity : public parity::PolicyOpsFixture {};
+class CudaPolicyOpsParity : public parity::PolicyOpsFixture {
+ protected:
+  // One layer of `heads` KV heads x `len` slots (query heads `group` per KV head): policy `pc`
+  // decides once on the CPU's cache and once on the device's, from the same column sums (and,
+  // with w > 0, the last w queries' probabilities), into cplan and gplan.
+  void decide_on_both(const policies::PolicyConfig& pc, int heads, int group, int len, int w,
+                      EvictionPlan* cplan, EvictionPlan* gplan) {
+    make_caches(std::vector<int>(heads, len), 2);
+    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
+    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
+    ASSERT_TRUE(gp->decides_with_ops());
+    const std::vector<float> col =
+        parity::tied_vec(static_cast<size_t>(heads) * group * len, 61, 7);
+    const cu::DeviceBuffer<float> dcol = parity::to_device(col);
+    const std::vector<float> probs =
+        parity::tied_vec(static_cast<size_t>(heads) * group * std::max(w, 1) * len, 83, 6);
+    const cu::DeviceBuffer<float> dprobs = parity::to_device(probs);
+    policies::LayerStats st;
+    st.layer = 0;
+    st.n_new = len;
+    st.num_heads = heads * group;
+    st.stride = len;
+    st.col_sums = col.data();
+    st.last_w = w;
+    st.last_probs = w > 0 ? probs.data() : nullptr;
+    st.ops = &cpu_;
+    cplan->reset(0, heads);
+    gplan->reset(0, heads);
+    cp->on_prefill_layer(st, host_, *cplan);
+    st.col_sums = dcol.data();
+    st.last_probs = w > 0 ? dprobs.data() : nullptr;
+    st.ops = gpu_.get();
+    gp->on_prefill_layer(st, index_, *gplan);
+  }
+};
 
 std::vector<float> reduce_rows(const std::vector<float>& src, int head, size_t head_stride,
                                size_t row_stride, int group, int len, GqaReduce how) {
@@ -714,32 +748,13 @@ TEST_F(CudaPolicyOpsParity, KvpressScorersDecideAsOnTheCpu) {
   for (const auto& [name, options] : cases) {
     SCOPED_TRACE(name + (options.count("ada") ? " ada" : ""));
     const bool ada = options.count("ada") > 0;
-    make_caches(std::vector<int>(heads, len), 2);
     policies::PolicyConfig pc;
     pc.name = name;
     pc.kv_budget = 30;
     pc.shape = {1, heads * group, heads, 8, 256};
     pc.options = policies::PolicyOptions(options);
-    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
-    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
-    ASSERT_TRUE(gp->decides_with_ops());
-    const std::vector<float> col =
-        parity::tied_vec(static_cast<size_t>(heads) * group * len, 61, 7);
-    const cu::DeviceBuffer<float> dcol = parity::to_device(col);
-    policies::LayerStats st;
-    st.layer = 0;
-    st.n_new = len;
-    st.num_heads = heads * group;
-    st.stride = len;
-    st.col_sums = col.data();
-    st.ops = &cpu_;
     EvictionPlan cplan, gplan;
-    cplan.reset(0, heads);
-    gplan.reset(0, heads);
-    cp->on_prefill_layer(st, host_, cplan);
-    st.col_sums = dcol.data();
-    st.ops = gpu_.get();
-    gp->on_prefill_layer(st, index_, gplan);
+    decide_on_both(pc, heads, group, len, 0, &cplan, &gplan);
     ASSERT_TRUE(gplan.on_device());
     const std::vector<int32_t> lists =
         parity::to_host(gplan.device_slots(), static_cast<size_t>(heads) * gplan.device_ld());
@@ -766,37 +781,13 @@ TEST_F(CudaPolicyOpsParity, ChunkKvAndThresholdDecideAsOnTheCpu) {
   const int w = 8;
   for (const auto& [name, options] : cases) {
     SCOPED_TRACE(name + (options.count("chunkkv") ? " chunkkv" : " threshold"));
-    make_caches(std::vector<int>(heads, len), 2);
     policies::PolicyConfig pc;
     pc.name = name;
     pc.kv_budget = 30;
     pc.shape = {1, heads * group, heads, 8, 256};
     pc.options = policies::PolicyOptions(options);
-    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
-    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
-    const std::vector<float> col =
-        parity::tied_vec(static_cast<size_t>(heads) * group * len, 61, 7);
-    const cu::DeviceBuffer<float> dcol = parity::to_device(col);
-    const std::vector<float> probs =
-        parity::tied_vec(static_cast<size_t>(heads) * group * w * len, 83, 6);
-    const cu::DeviceBuffer<float> dprobs = parity::to_device(probs);
-    policies::LayerStats st;
-    st.layer = 0;
-    st.n_new = len;
-    st.num_heads = heads * group;
-    st.stride = len;
-    st.col_sums = col.data();
-    st.last_w = w;
-    st.last_probs = probs.data();
-    st.ops = &cpu_;
     EvictionPlan cplan, gplan;
-    cplan.reset(0, heads);
-    gplan.reset(0, heads);
-    cp->on_prefill_layer(st, host_, cplan);
-    st.col_sums = dcol.data();
-    st.last_probs = dprobs.data();
-    st.ops = gpu_.get();
-    gp->on_prefill_layer(st, index_, gplan);
+    decide_on_both(pc, heads, group, len, w, &cplan, &gplan);
     ASSERT_FALSE(gplan.on_device());
     EXPECT_TRUE(cplan.changes_any());
     for (int h = 0; h < heads; ++h) {

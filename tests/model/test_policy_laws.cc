@@ -207,28 +207,39 @@ void check_model(const engine::Model& m, const std::vector<int32_t>& prompt, int
   }
 }
 
-TEST(PolicyLaws, Stories260K) {
+// stories260K (../shared) and the 48-token prompt the laws run on it.
+std::unique_ptr<engine::Model> stories260k() {
   const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  ASSERT_TRUE(std::ifstream(path).good())
-      << path << " missing: ../shared must be beside the checkout";
-  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  if (!std::ifstream(path).good()) {
+    ADD_FAILURE() << path << " missing: ../shared must be beside the checkout";
+    return nullptr;
+  }
+  return engine::load_model(path);
+}
+
+std::vector<int32_t> stories_prompt() {
   std::vector<int32_t> prompt = {1};
   for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 37) % 500));
+  return prompt;
+}
+
+TEST(PolicyLaws, Stories260K) {
+  std::unique_ptr<engine::Model> m = stories260k();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> prompt = stories_prompt();
   check_model(*m, prompt, 12);
 }
 
 // `threshold` (kvpress DMSPress) decides by its threshold, not the budget, so law 1 reads: a
 // threshold below every score gives full's logits at any budget. A threshold above every score
 // leaves each head its last threshold_window tokens after the prompt (then one more per step);
-// one between keeps at least the window; every run twice gives the same bits.
+// one between keeps at least the window; every run twice gives the same bits. With
+// threshold_decode the tokens leaving the window at decode go too: the heads stay at the window.
 TEST(PolicyLaws, ThresholdReplacesTheBudget) {
-  const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  ASSERT_TRUE(std::ifstream(path).good())
-      << path << " missing: ../shared must be beside the checkout";
-  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  std::unique_ptr<engine::Model> m = stories260k();
+  ASSERT_TRUE(m);
   engine::Engine eng(*m, nullptr);
-  std::vector<int32_t> prompt = {1};
-  for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 37) % 500));
+  const std::vector<int32_t> prompt = stories_prompt();
   const std::vector<int32_t> forced = {5, 9, 40, 7};
   const int n = static_cast<int>(prompt.size());
   const Trace ref = run(eng, *m, {"full", {}}, 0, prompt, forced);
@@ -250,6 +261,20 @@ TEST(PolicyLaws, ThresholdReplacesTheBudget) {
         run(eng, *m, {name, {{"threshold", "0"}, {"threshold_window", "8"}}}, 1, prompt, forced);
     EXPECT_GE(some.max_len[0], 8);
     EXPECT_LE(some.max_len[0], n);
+    if (std::string(name) == "expected_attention") continue;  // reads the prompt's queries
+    // threshold_decode: every token that leaves the window goes too, so the heads stay at 6.
+    const Variant sliding{
+        name, {{"threshold", "1e30"}, {"threshold_window", "6"}, {"threshold_decode", "true"}}};
+    const Trace slid = run(eng, *m, sliding, 500, prompt, forced);
+    for (size_t s = 0; s < slid.max_len.size(); ++s) EXPECT_EQ(slid.max_len[s], 6) << "step " << s;
+    EXPECT_EQ(run(eng, *m, sliding, 500, prompt, forced).logits, slid.logits);
+    EXPECT_EQ(
+        run(eng, *m,
+            {name,
+             {{"threshold", "-1e30"}, {"threshold_window", "0"}, {"threshold_decode", "true"}}},
+            1, prompt, forced)
+            .logits,
+        ref.logits);
   }
 }
 
@@ -258,13 +283,10 @@ TEST(PolicyLaws, ThresholdReplacesTheBudget) {
 // its 4 sink and 16 recent tokens after the prompt (then one more per step); runs repeat bit for
 // bit.
 TEST(PolicyLaws, DuoAttentionFollowsItsHeadScores) {
-  const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  ASSERT_TRUE(std::ifstream(path).good())
-      << path << " missing: ../shared must be beside the checkout";
-  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  std::unique_ptr<engine::Model> m = stories260k();
+  ASSERT_TRUE(m);
   engine::Engine eng(*m, nullptr);
-  std::vector<int32_t> prompt = {1};
-  for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 37) % 500));
+  const std::vector<int32_t> prompt = stories_prompt();
   const std::vector<int32_t> forced = {5, 9, 40, 7};
   const Trace ref = run(eng, *m, {"full", {}}, 0, prompt, forced);
   auto options = [&](const char* ratio) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
@@ -593,6 +594,86 @@ TEST(ScorerWrappers, ChunkKvAndThresholdStandAlone) {
   EXPECT_NO_THROW(
       make_policy(config("cur", 4, shape, {{"chunkkv", "4"}, {"layer_ratios", "0.5,0.5"}})));
   EXPECT_NO_THROW(make_policy(config("lagkv", 4, shape, {{"threshold", "0.5"}})));
+}
+
+// threshold_decode (kvpress DMSPress decoding=True): cur scoring keys alone (k^2 over the head's
+// sum), threshold 0.5, window 2. The prompt's keys 1 2 3 4 score 1/30, 4/30, 9/30, 16/30: slots 0
+// and 1 are before the window and below 0.5 (kept: positions 2 3; buffered 9/30, 16/30). Each
+// generated token scores 1 alone (kvpress scores it as a one-token cache). Step 1 (position 4):
+// 9/30 leaves the window below 0.5, so position 2 goes. Step 2: 16/30 leaves, stays. Step 3: a
+// generated token's 1 leaves, stays; at threshold 1.5 it goes (and so did every earlier one).
+TEST(ScorerWrappers, ThresholdDecodeDropsTokensLeavingTheWindowBelowIt) {
+  const ModelShape shape{1, 1, 1, 1, 0};
+  auto run = [&](const char* t) {
+    auto p = make_policy(config("cur", 3, shape,
+                                {{"sinks", "0"},
+                                 {"local_window", "0"},
+                                 {"leverage", "key"},
+                                 {"threshold", t},
+                                 {"threshold_window", "2"},
+                                 {"threshold_decode", "true"}}));
+    KvCache cache = cache_of({{{1}, {2}, {3}, {4}}}, 1);
+    LayerStats st;
+    st.layer = 0;
+    st.n_new = 4;
+    st.num_heads = 1;
+    prefill_layer(*p, st, cache);
+    std::vector<V> out = {positions(cache, 0, 0)};
+    st.n_new = 1;
+    for (int s = 0; s < 3; ++s) {
+      const float k = 10, v = -10;
+      cache.reserve_extra(1);
+      cache.append(0, 0, &k, &v, 4 + s);
+      decode_layer(*p, st, cache);
+      out.push_back(positions(cache, 0, 0));
+    }
+    return out;
+  };
+  EXPECT_EQ(run("0.5"), (std::vector<V>{{2, 3}, {3, 4}, {3, 4, 5}, {3, 4, 5, 6}}));
+  EXPECT_EQ(run("1.5"), (std::vector<V>{{2, 3}, {3, 4}, {4, 5}, {5, 6}}));
+  // Needs threshold, and a score of the cache alone.
+  EXPECT_THROW(make_policy(config("keydiff", 3, shape, {{"threshold_decode", "true"}})), Error);
+  EXPECT_THROW(make_policy(config("expected_attention", 3, shape,
+                                  {{"threshold", "0"}, {"threshold_decode", "true"}})),
+               Error);
+}
+
+// A generated token's score under threshold_decode (CacheScorer::lone_score) is what the scorer
+// gives a cache of that one slot: kept at a threshold equal to it, dropped at the next float up.
+// keydiff -1; cur 1 (with 4 sinks or none); lagkv 1 with sinks, 0 without.
+TEST(ScorerWrappers, LoneScoresAreTheScoresOfAOneSlotCache) {
+  const ModelShape shape{1, 1, 1, 3, 0};
+  struct Case {
+    const char* name;
+    std::map<std::string, std::string> opts;
+    float lone;
+  };
+  const std::vector<Case> cases = {{"keydiff", {}, -1.0f},
+                                   {"cur", {}, 1.0f},
+                                   {"cur", {{"sinks", "0"}}, 1.0f},
+                                   {"lagkv", {}, 1.0f},
+                                   {"lagkv", {{"sinks", "0"}}, 0.0f}};
+  for (const Case& c : cases) {
+    for (const bool above : {false, true}) {
+      const float t = above ? std::nextafter(c.lone, 2.0f) : c.lone;
+      char text[64];
+      std::snprintf(text, sizeof text, "%.9g", t);
+      auto opts = c.opts;
+      opts["threshold"] = text;
+      opts["threshold_window"] = "0";
+      SCOPED_TRACE(std::string(c.name) + " threshold " + text);
+      for (const std::vector<float>& key :
+           {std::vector<float>{0.3f, -1.7f, 2.9f}, std::vector<float>{-5.0f, 0.25f, 1e-3f}}) {
+        KvCache cache = cache_of({{key}}, 3);
+        LayerStats st;
+        st.layer = 0;
+        st.n_new = 1;
+        st.num_heads = 1;
+        prefill_layer(*make_policy(config(c.name, 1, shape, opts)), st, cache);
+        EXPECT_EQ(cache.length(0, 0), above ? 0 : 1);
+      }
+    }
+  }
 }
 
 // The kvpress scorers take the wrappers' options; critical asks for the output projection.
