@@ -151,8 +151,8 @@ TEST(UnitKeys, PythonPolicyScriptEntersTheKeyByContentNotPath) {
   spec.kv_budget_spec = "64";
   auto key_of = [&](const std::string& file, const std::string& base_dir) {
     results::UnitSpec s = spec;
-    s.policy_options = keyed_policy_options(kPythonPolicy, {{"file", file}, {"window", "8"}},
-                                            base_dir, digests);
+    s.policy_options =
+        keyed_policy_options(kPythonPolicy, {{"file", file}, {"window", "8"}}, base_dir, digests);
     return results::unit_key(s);
   };
   const std::map<std::string, std::string> keyed =
@@ -160,9 +160,9 @@ TEST(UnitKeys, PythonPolicyScriptEntersTheKeyByContentNotPath) {
   EXPECT_EQ(keyed.at("file"), "sha256:" + sha256_hex(script));
   EXPECT_EQ(keyed.at("window"), "8");
   const std::string key_a = key_of(a, "");
-  EXPECT_EQ(key_of(b, ""), key_a);         // moved or copied: the same unit
-  EXPECT_EQ(key_of("a.py", dir), key_a);   // relative to the config's folder
-  EXPECT_EQ(digests.files_read(), 2);      // a once (unchanged since), b once
+  EXPECT_EQ(key_of(b, ""), key_a);        // moved or copied: the same unit
+  EXPECT_EQ(key_of("a.py", dir), key_a);  // relative to the config's folder
+  EXPECT_EQ(digests.files_read(), 2);     // a once (unchanged since), b once
   // Edited: another unit. The new stamp (size and modification time) makes it read again.
   std::ofstream(a) << script << "# tuned\n";
   fs::last_write_time(a, fs::last_write_time(a) + std::chrono::seconds(2));
@@ -196,6 +196,40 @@ TEST(UnitKeys, PythonPolicyScriptEntersTheKeyByContentNotPath) {
   fs::remove_all(dir);
 }
 
+// duo_attention's pattern folder enters the key by its two files' content (harness/policy_files.h):
+// the folder copied elsewhere (or named relative to the config) gives one key; an edited score
+// another, and so does an edited config.json.
+TEST(UnitKeys, DuoAttentionPatternsEnterTheKeyByContentNotPath) {
+  const std::string dir = scratch();
+  for (const char* sub : {"/a", "/b"}) {
+    fs::create_directories(dir + sub);
+    std::ofstream(dir + sub + "/full_attention_heads.tsv") << "0.5\t0.25\n";
+    std::ofstream(dir + sub + "/config.json") << R"({"sink_size": 4, "recent_size": 8})";
+  }
+  FileDigests digests;
+  auto keyed = [&](const std::string& folder, const std::string& base_dir) {
+    return keyed_policy_options(
+        kDuoPolicy, {{"patterns", folder}, {"head_compression_ratio", "0.5"}}, base_dir, digests);
+  };
+  const std::map<std::string, std::string> a = keyed(dir + "/a", "");
+  EXPECT_EQ(a.at("patterns"), "sha256:" + sha256_hex("0.5\t0.25\n") + "," +
+                                  sha256_hex(R"({"sink_size": 4, "recent_size": 8})"));
+  EXPECT_EQ(a.at("head_compression_ratio"), "0.5");
+  EXPECT_EQ(keyed(dir + "/b", ""), a);
+  EXPECT_EQ(keyed("a", dir), a);
+  std::ofstream(dir + "/b/full_attention_heads.tsv") << "0.5\t0.75\n";
+  fs::last_write_time(
+      dir + "/b/full_attention_heads.tsv",
+      fs::last_write_time(dir + "/b/full_attention_heads.tsv") + std::chrono::seconds(2));
+  EXPECT_NE(keyed(dir + "/b", ""), a);
+  std::ofstream(dir + "/a/config.json") << R"({"sink_size": 4, "recent_size": 16})";
+  fs::last_write_time(dir + "/a/config.json",
+                      fs::last_write_time(dir + "/a/config.json") + std::chrono::seconds(2));
+  EXPECT_NE(keyed(dir + "/a", ""), a);
+  EXPECT_THROW(keyed(dir + "/absent", ""), Error);
+  fs::remove_all(dir);
+}
+
 // A relative script path in a config named by a relative path (`kvbench sweep cfg/sweep.yaml`)
 // resolves once, against the config's folder: the keys equal those of the same config named by
 // its absolute path. (Before, expand joined the config's folder to the already resolved path:
@@ -207,8 +241,8 @@ TEST(UnitKeys, PythonPolicyScriptOfAConfigNamedByARelativePath) {
   std::ofstream(dir + "/cfg/a.py") << "import numpy as np\ndef score(ctx):\n"
                                       "    return -np.linalg.norm(ctx.keys, axis=-1)\n";
   std::ofstream(dir + "/cfg/sweep.yaml")
-      << "models:\n  - name: stories260K\n    path: " << kModel << "\n    tokenizer: "
-      << kTokenizer << "\n"
+      << "models:\n  - name: stories260K\n    path: " << kModel << "\n    tokenizer: " << kTokenizer
+      << "\n"
       << "tasks:\n  - name: niah\n    options: {context_lengths: [128], depths: [0], haystack: "
          "noise, chat: false}\n"
       << "policies:\n  - {name: python, options: {file: a.py}}\nkv_budget: [32]\n";
