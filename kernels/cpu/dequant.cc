@@ -6,6 +6,7 @@
 // FMA contraction cannot change a bit.
 #include "kernels/cpu/dequant.h"
 
+#include <cstddef>
 #include <cstring>
 
 #include "common/error.h"
@@ -419,6 +420,88 @@ void dequantize(uint32_t type, const void* src, float* dst, size_t n) {
       KVB_FAIL() << "internal: ggml type " << ggml_type_name(type)
                  << " has block info but no kernel";
   }
+}
+
+int64_t first_nonfinite_block(uint32_t type, const void* src, size_t n) {
+  size_t block_bytes = 0, block_elems = 0;
+  KVB_CHECK(ggml_block_info(type, &block_bytes, &block_elems))
+      << "ggml type " << type << " (" << ggml_type_name(type)
+      << ") is not supported; supported: " << supported_type_names();
+  KVB_CHECK(n % block_elems == 0) << n << " elements of " << ggml_type_name(type)
+                                  << " are not whole blocks of " << block_elems;
+  const auto* p = static_cast<const uint8_t*>(src);
+  const int64_t blocks = static_cast<int64_t>(n / block_elems);
+  auto f16_ok = [](uint16_t h) { return (h & 0x7C00u) != 0x7C00u; };
+  auto u16 = [&](int64_t b, size_t offset) {
+    uint16_t h;
+    std::memcpy(&h, p + b * block_bytes + offset, 2);
+    return h;
+  };
+  // The byte offsets of a block's f16 scales: d, then m or dmin where the type has one.
+  size_t d = 0, m = 0;
+  bool two = false;
+  switch (type) {
+    case 0:  // F32
+      for (int64_t i = 0; i < blocks; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, p + i * 4, 4);
+        if ((bits & 0x7F800000u) == 0x7F800000u) return i;
+      }
+      return -1;
+    case 1:  // F16
+      for (int64_t i = 0; i < blocks; ++i) {
+        if (!f16_ok(u16(i, 0))) return i;
+      }
+      return -1;
+    case 30:  // BF16
+      for (int64_t i = 0; i < blocks; ++i) {
+        if ((u16(i, 0) & 0x7F80u) == 0x7F80u) return i;
+      }
+      return -1;
+    case 2:
+      d = offsetof(BlockQ4_0, d);
+      break;
+    case 3:
+      d = offsetof(BlockQ4_1, d), m = offsetof(BlockQ4_1, m), two = true;
+      break;
+    case 6:
+      d = offsetof(BlockQ5_0, d);
+      break;
+    case 7:
+      d = offsetof(BlockQ5_1, d), m = offsetof(BlockQ5_1, m), two = true;
+      break;
+    case 8:
+      d = offsetof(BlockQ8_0, d);
+      break;
+    case 10:
+      d = offsetof(BlockQ2_K, d), m = offsetof(BlockQ2_K, dmin), two = true;
+      break;
+    case 11:
+      d = offsetof(BlockQ3_K, d);
+      break;
+    case 12:
+      d = offsetof(BlockQ4_K, d), m = offsetof(BlockQ4_K, dmin), two = true;
+      break;
+    case 13:
+      d = offsetof(BlockQ5_K, d), m = offsetof(BlockQ5_K, dmin), two = true;
+      break;
+    case 14:
+      d = offsetof(BlockQ6_K, d);
+      break;
+    case 20:
+      d = offsetof(BlockIQ4_NL, d);
+      break;
+    case 23:
+      d = offsetof(BlockIQ4_XS, d);
+      break;
+    default:
+      KVB_FAIL() << "first_nonfinite_block: no scale layout for ggml type " << type << " ("
+                 << ggml_type_name(type) << ")";
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (!f16_ok(u16(b, d)) || (two && !f16_ok(u16(b, m)))) return b;
+  }
+  return -1;
 }
 
 }  // namespace kvb::kernels::cpu

@@ -26,6 +26,13 @@ const char* supported_type_names();
 // products are exact in f32. Large inputs are split over OpenMP threads by blocks.
 void dequantize(uint32_t type, const void* src, float* dst, size_t n);
 
+// The index of the first block of n elements of `type` at src (as dequantize() reads them) that
+// holds a non-finite f16 scale (d, and m or dmin where the type has one), or for F32, F16 and BF16
+// the first non-finite element; -1 when there is none. A finite scale dequantizes to finite
+// values in every supported type, so a damaged file shows here before its NaNs reach a matmul.
+// Throws kvb::Error on a bad type or n, as dequantize().
+int64_t first_nonfinite_block(uint32_t type, const void* src, size_t n);
+
 float fp16_to_f32(uint16_t h);  // exact, incl. subnormals, inf and NaN payloads
 float bf16_to_f32(uint16_t h);
 

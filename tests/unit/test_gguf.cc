@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <limits>
@@ -259,6 +260,65 @@ TEST_F(GgufTest, RoundTripTensorsOfEverySupportedType) {
   float first;
   std::memcpy(&first, bytes.data() + f->data_offset(), 4);
   EXPECT_EQ(f32[0], first);
+}
+
+// A tensor with a non-finite element (F32, F16) or block scale (Q4_1's m, Q6_K's d at the block's
+// end, Q8_0's d) is refused by every load, naming the file, the tensor, its type and the block
+// with its elements; the file's other tensors still load, and so does a range of whole blocks
+// before the bad one.
+TEST_F(GgufTest, NonFiniteElementsAndBlockScalesAreRefused) {
+  std::mt19937_64 rng(7);
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  auto put16 = [](std::vector<uint8_t>& raw, size_t at, uint16_t v) {
+    std::memcpy(&raw[at], &v, 2);
+  };
+  std::vector<uint8_t> f32 = random_tensor(0, 8, rng);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&f32[4 * 6], &nan, 4);
+  std::vector<uint8_t> f16 = random_tensor(1, 8, rng);
+  put16(f16, 2 * 5, 0x7C00);  // +Inf
+  std::vector<uint8_t> q41 = random_tensor(3, 96, rng);
+  put16(q41, 20 * 1 + 2, 0x7E00);  // block 1's m: NaN
+  std::vector<uint8_t> q6k = random_tensor(14, 512, rng);
+  put16(q6k, 210 * 1 + 208, 0xFC00);  // block 1's d (the last two bytes): -Inf
+  std::vector<uint8_t> q80 = random_tensor(8, 64, rng);
+  w.add_tensor("f32.bad", {8}, 0, f32);
+  w.add_tensor("f16.bad", {8}, 1, f16);
+  w.add_tensor("q4_1.bad", {32, 3}, 3, q41);
+  w.add_tensor("q6_k.bad", {256, 2}, 14, q6k);
+  w.add_tensor("q8_0.good", {32, 2}, 8, q80);
+  const std::string path = write(w.bytes());
+  auto f = GgufFile::open(path);
+  auto refused = [&](const std::function<void()>& load, const std::string& needle) {
+    try {
+      load();
+      ADD_FAILURE() << "loaded; expected: " << needle;
+    } catch (const kvb::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { f->load_f32("f32.bad"); },
+          "tensor 'f32.bad' (F32) element 6 is not a finite number (NaN or Inf)");
+  refused([&] { f->load_f32("f16.bad"); }, "tensor 'f16.bad' (F16) element 5 is not a finite");
+  refused([&] { f->load_f32("q4_1.bad"); },
+          "tensor 'q4_1.bad' (Q4_1) block 1 (elements 32..63) has a scale that is not a finite "
+          "number (NaN or Inf): the file is damaged");
+  refused([&] { f->load_raw("q4_1.bad"); }, "tensor 'q4_1.bad' (Q4_1) block 1");
+  refused([&] { f->load_raw("q4_1.bad", 20, 40); }, "tensor 'q4_1.bad' (Q4_1) block 1");
+  refused([&] { f->load_f32("q6_k.bad"); }, "tensor 'q6_k.bad' (Q6_K) block 1 (elements 256..511)");
+  EXPECT_EQ(f->load_raw("q4_1.bad", 0, 20).size(), 20u);   // block 0 alone is finite
+  EXPECT_EQ(f->load_raw("q4_1.bad", 40, 20).size(), 20u);  // block 2 too
+  EXPECT_EQ(f->load_raw("q4_1.bad", 21, 10).size(), 10u);  // not whole blocks: not checked
+  EXPECT_EQ(f->load_f32("q8_0.good").size(), 64u);
+  for (uint32_t type : {2u, 3u, 6u, 7u, 8u, 10u, 11u, 12u, 13u, 14u, 20u, 23u}) {
+    size_t bb = 0, be = 0;
+    ASSERT_TRUE(kernels::cpu::ggml_block_info(type, &bb, &be));
+    const std::vector<uint8_t> raw = random_tensor(type, be * 3, rng);
+    EXPECT_EQ(kernels::cpu::first_nonfinite_block(type, raw.data(), be * 3), -1)
+        << kernels::cpu::ggml_type_name(type);
+  }
 }
 
 // A GGUF holding the gguf-py golden blocks of every supported type (tests/fixtures/dequant, from

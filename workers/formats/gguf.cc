@@ -540,6 +540,26 @@ void GgufFile::read_at(uint64_t offset, void* dst, uint64_t n) const {
   pread_fully(fd.fd, path_, offset, dst, n);
 }
 
+void GgufFile::check_finite(const GgufTensorInfo& ti, const void* data, uint64_t first,
+                            uint64_t count) const {
+  size_t block_bytes = 0, block_elems = 0;
+  if (!kernels::cpu::ggml_block_info(ti.type, &block_bytes, &block_elems)) return;
+  if (first % block_bytes != 0 || count % block_bytes != 0) return;  // not whole blocks
+  const int64_t bad =
+      kernels::cpu::first_nonfinite_block(ti.type, data, count / block_bytes * block_elems);
+  if (bad < 0) return;
+  const uint64_t block = first / block_bytes + static_cast<uint64_t>(bad);
+  const bool plain = block_elems == 1;
+  KVB_FAIL() << path_ << ": tensor " << quoted(ti.name) << " ("
+             << kernels::cpu::ggml_type_name(ti.type) << ") "
+             << (plain ? "element " + std::to_string(block)
+                       : "block " + std::to_string(block) + " (elements " +
+                             std::to_string(block * block_elems) + ".." +
+                             std::to_string((block + 1) * block_elems - 1) + ")")
+             << (plain ? " is" : " has a scale that is") << " not a finite number (NaN or Inf): "
+             << "the file is damaged or was written wrong; download or convert it again";
+}
+
 std::vector<uint8_t> GgufFile::load_raw(const std::string& name) const {
   return load_raw(name, 0, tensor_or_throw(name).num_bytes);  // bounds checked at open
 }
@@ -552,6 +572,7 @@ std::vector<uint8_t> GgufFile::load_raw(const std::string& name, uint64_t first,
       << " leave its " << ti.num_bytes << " bytes";
   std::vector<uint8_t> raw(static_cast<size_t>(count));
   read_at(data_offset_ + ti.offset + first, raw.data(), count);
+  check_finite(ti, raw.data(), first, count);
   return raw;
 }
 
@@ -560,6 +581,7 @@ std::vector<float> GgufFile::load_f32(const std::string& name) const {
   std::vector<float> out(static_cast<size_t>(ti.num_elements));
   if (ti.type == static_cast<uint32_t>(GgmlType::kF32)) {
     read_at(data_offset_ + ti.offset, out.data(), ti.num_bytes);
+    check_finite(ti, out.data(), 0, ti.num_bytes);
     return out;
   }
   const std::vector<uint8_t> raw = load_raw(name);

@@ -108,9 +108,12 @@ class GgufFile {
   std::vector<float> load_f32(const std::string& name) const;
   // Same, checking the shape first: expected dims in ggml order.
   std::vector<float> load_f32(const std::string& name, const std::vector<uint64_t>& dims) const;
-  // Raw bytes of a tensor as stored (for hashing and tests).
+  // Raw bytes of a tensor as stored (for hashing, tests and the native weights).
   std::vector<uint8_t> load_raw(const std::string& name) const;
   // Bytes [first, first + count) of the tensor's data; throws when the range leaves it.
+  // Every load refuses a tensor with a non-finite element (F32, F16, BF16) or block scale
+  // (kernels/cpu/dequant.h first_nonfinite_block), naming the tensor and the block; a range that
+  // is not whole blocks is not checked.
   std::vector<uint8_t> load_raw(const std::string& name, uint64_t first, uint64_t count) const;
 
  private:
@@ -118,6 +121,10 @@ class GgufFile {
   const GgufTensorInfo& tensor_or_throw(const std::string& name) const;
   // Reads n bytes at the absolute file offset `offset` into dst (reopens the file by path).
   void read_at(uint64_t offset, void* dst, uint64_t n) const;
+  // Throws when bytes [first, first + count) of tensor ti, at data, hold a non-finite element or
+  // block scale (whole blocks only).
+  void check_finite(const GgufTensorInfo& ti, const void* data, uint64_t first,
+                    uint64_t count) const;
 
   std::string path_;
   uint32_t version_ = 0;
