@@ -300,8 +300,8 @@ TEST_F(GgufTest, NonFiniteElementsAndBlockScalesAreRefused) {
     }
   };
   refused([&] { f->load_f32("f32.bad"); },
-          "tensor 'f32.bad' (F32) element 6 is not a finite number (NaN or Inf)");
-  refused([&] { f->load_f32("f16.bad"); }, "tensor 'f16.bad' (F16) element 5 is not a finite");
+          "tensor 'f32.bad' (F32): f32.bad[6] = nan is not a finite number; the file is damaged");
+  refused([&] { f->load_f32("f16.bad"); }, "tensor 'f16.bad' (F16): f16.bad[5] = inf is not a");
   refused([&] { f->load_f32("q4_1.bad"); },
           "tensor 'q4_1.bad' (Q4_1) block 1 (elements 32..63) has a scale that is not a finite "
           "number (NaN or Inf): the file is damaged");

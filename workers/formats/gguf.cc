@@ -549,15 +549,19 @@ void GgufFile::check_finite(const GgufTensorInfo& ti, const void* data, uint64_t
       kernels::cpu::first_nonfinite_block(ti.type, data, count / block_bytes * block_elems);
   if (bad < 0) return;
   const uint64_t block = first / block_bytes + static_cast<uint64_t>(bad);
-  const bool plain = block_elems == 1;
+  const char* fix = "the file is damaged or was written wrong; download or convert it again";
+  if (block_elems == 1) {  // F32, F16, BF16: the element and its value
+    float v = 0;
+    kernels::cpu::dequantize(ti.type, static_cast<const uint8_t*>(data) + bad * block_bytes, &v,
+                             1);
+    KVB_FAIL() << path_ << ": tensor " << quoted(ti.name) << " ("
+               << kernels::cpu::ggml_type_name(ti.type) << "): " << ti.name << "[" << block
+               << "] = " << v << " is not a finite number; " << fix;
+  }
   KVB_FAIL() << path_ << ": tensor " << quoted(ti.name) << " ("
-             << kernels::cpu::ggml_type_name(ti.type) << ") "
-             << (plain ? "element " + std::to_string(block)
-                       : "block " + std::to_string(block) + " (elements " +
-                             std::to_string(block * block_elems) + ".." +
-                             std::to_string((block + 1) * block_elems - 1) + ")")
-             << (plain ? " is" : " has a scale that is") << " not a finite number (NaN or Inf): "
-             << "the file is damaged or was written wrong; download or convert it again";
+             << kernels::cpu::ggml_type_name(ti.type) << ") block " << block << " (elements "
+             << block * block_elems << ".." << (block + 1) * block_elems - 1
+             << ") has a scale that is not a finite number (NaN or Inf): " << fix;
 }
 
 std::vector<uint8_t> GgufFile::load_raw(const std::string& name) const {
