@@ -646,12 +646,21 @@ TEST_F(CudaPolicyOpsParity, AdaHeadBudgetsAreTheCpuBudgets) {
 // and the same kept slots (the CPU's host lists against the device's lists), GQA group 4.
 TEST_F(CudaPolicyOpsParity, SnapKvFamilyDecidesAsOnTheCpu) {
   const int heads = 4, group = 4, len = 120, layers = 2;
-  for (const char* name : {"snapkv", "pyramidkv", "ada_snapkv", "ada_pyramidkv"}) {
-    SCOPED_TRACE(name);
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases = {
+      {"snapkv", {}},
+      {"pyramidkv", {}},
+      {"ada_snapkv", {}},
+      {"ada_pyramidkv", {}},
+      {"pyramidkv", {{"formula", "kvpress"}, {"beta", "2"}}},  // kvpress's per-layer budgets
+  };
+  for (const auto& [name, options] : cases) {
+    SCOPED_TRACE(name + (options.empty() ? "" : " formula=kvpress"));
     make_caches(std::vector<int>(heads, len), 2);
     policies::PolicyConfig pc;
     pc.name = name;
     pc.kv_budget = 40;
+    pc.budget_fraction = options.empty() ? 0 : 0.3125;  // 37.5 of 120: round() to 38
+    pc.options = policies::PolicyOptions(options);
     pc.shape = {layers, heads * group, heads, 8, 256};
     std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
     std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
