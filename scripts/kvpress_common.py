@@ -152,6 +152,14 @@ PAIRS = [
     ("ChunkKV over CUR (chunks of 7)",
      lambda r: kvpress.ChunkKVPress(kvpress.CURPress(compression_ratio=r), chunk_length=7),
      "cur", ["chunkkv=7"]),
+    # ChunkPress over KeyDiff (kvbench: keydiff's `chunk: N`, run at the compression ratio
+    # itself: each chunk keeps int(len x (1 - r))).
+    ("ChunkPress over KeyDiff (chunks of 256)",
+     lambda r: kvpress.ChunkPress(kvpress.KeyDiffPress(compression_ratio=r), chunk_length=256),
+     "keydiff", ["chunk=256"]),
+    ("ChunkPress over KeyDiff (chunks of 1024, kvpress's default)",
+     lambda r: kvpress.ChunkPress(kvpress.KeyDiffPress(compression_ratio=r)), "keydiff",
+     ["chunk=1024"]),
     # DMSPress over a scorer, its dense prefill (kvbench: the scorer's `threshold: t`): the
     # threshold decides, not the ratio (the same at every ratio). kvpress masks the slots.
     ("DMS over KeyDiff (threshold -0.5, window 128)",

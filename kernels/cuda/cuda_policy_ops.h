@@ -82,7 +82,7 @@ class CudaPolicyOps final : public ops::PolicyOps {
   void divide_by_query_counts(ops::SlotRows& rows, int layer, std::span<const int32_t> before,
                               int n_queries) override;
   void cosine_to_mean(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                      ops::CacheRows which) override;
+                      ops::CacheRows which, int chunk = 0) override;
   // cache_norms, normalize_chunks (a block per chunk and head), combine, fill_prefix: one
   // launch each.
   void cache_norms(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,

@@ -68,40 +68,45 @@ __global__ void norms_kernel(const T* rows, DeviceLayerKvView v, HeadTable len, 
   }
 }
 
-// One block per head, a thread per dimension: mean[h * d + i] = (sum_j x_j[i] / max(n_j,
-// 1e-12)) / L, j increasing; then thread 0: anorm[h] = max(sqrt(sum_i mean[i]^2), 1e-8).
+// One block per (head, run of `chunk` slots), a thread per dimension: mean[(h * runs + c) * d +
+// i] = (sum_j x_j[i] / max(n_j, 1e-12)) / (the run's slots), j increasing over the run; then
+// thread 0: anorm[h * runs + c] = max(sqrt(sum_i mean[i]^2), 1e-8).
 template <typename T>
 __global__ void anchor_kernel(const T* rows, DeviceLayerKvView v, HeadTable len,
-                              const double* norms, int ld, double* mean, double* anorm) {
-  const int h = blockIdx.x, d = v.head_dim, L = len.v[h];
-  double* m = mean + static_cast<size_t>(h) * d;
+                              const double* norms, int ld, double* mean, double* anorm, int chunk,
+                              int runs) {
+  const int h = blockIdx.x, c = blockIdx.y, d = v.head_dim, L = len.v[h];
+  const int j0 = c * chunk, j1 = min(L, j0 + chunk);
+  if (j0 >= L) return;  // a head shorter than the longest has fewer runs
+  double* m = mean + (static_cast<size_t>(h) * runs + c) * d;
   const double* n = norms + static_cast<size_t>(h) * ld;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     double acc = 0;
-    for (int j = 0; j < L; ++j) {
+    for (int j = j0; j < j1; ++j) {
       acc = __dadd_rn(acc, __ddiv_rn(kv_load(slot_row(rows, v, h, j) + i), fmax(n[j], 1e-12)));
     }
-    m[i] = __ddiv_rn(acc, static_cast<double>(L));
+    m[i] = __ddiv_rn(acc, static_cast<double>(j1 - j0));
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     double sq = 0;
     for (int i = 0; i < d; ++i) sq = fma(m[i], m[i], sq);
-    anorm[h] = fmax(sqrt(sq), 1e-8);
+    anorm[static_cast<size_t>(h) * runs + c] = fmax(sqrt(sq), 1e-8);
   }
 }
 
 template <typename T>
 __global__ void cosine_kernel(const T* rows, DeviceLayerKvView v, HeadTable len,
                               const double* norms, int ld, const double* mean,
-                              const double* anorm, float* out, int out_ld) {
+                              const double* anorm, float* out, int out_ld, int chunk, int runs) {
   const int h = blockIdx.y, d = v.head_dim;
-  const double* m = mean + static_cast<size_t>(h) * d;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len.v[h]; j += gridDim.x * blockDim.x) {
+    const size_t run = static_cast<size_t>(h) * runs + j / chunk;
+    const double* m = mean + run * d;
     const T* x = slot_row(rows, v, h, j);
     double dot = 0;
     for (int i = 0; i < d; ++i) dot = fma(static_cast<double>(kv_load(x + i)), m[i], dot);
-    const double denom = __dmul_rn(fmax(norms[static_cast<size_t>(h) * ld + j], 1e-8), anorm[h]);
+    const double denom = __dmul_rn(fmax(norms[static_cast<size_t>(h) * ld + j], 1e-8), anorm[run]);
     out[static_cast<size_t>(h) * out_ld + j] = static_cast<float>(__ddiv_rn(dot, denom));
   }
 }
@@ -256,14 +261,15 @@ __global__ void lag_partition_kernel(const T* keys, const T* values, DeviceLayer
 template <typename T>
 void launch_cosine(const T* rows, const DeviceLayerKvView& v, HeadTable len, int heads,
                    int longest, double* norms, int ld, double* mean, double* anorm, float* out,
-                   int out_ld, cudaStream_t stream) {
+                   int out_ld, int chunk, int runs, cudaStream_t stream) {
   const dim3 grid(blocks_for(longest), heads);
   norms_kernel<<<grid, 256, 0, stream>>>(rows, v, len, norms, ld);
   KVB_CUDA_CHECK_LAUNCH();
-  anchor_kernel<<<heads, std::min(256, std::max(32, v.head_dim)), 0, stream>>>(
-      rows, v, len, norms, ld, mean, anorm);
+  anchor_kernel<<<dim3(heads, runs), std::min(256, std::max(32, v.head_dim)), 0, stream>>>(
+      rows, v, len, norms, ld, mean, anorm, chunk, runs);
   KVB_CUDA_CHECK_LAUNCH();
-  cosine_kernel<<<grid, 256, 0, stream>>>(rows, v, len, norms, ld, mean, anorm, out, out_ld);
+  cosine_kernel<<<grid, 256, 0, stream>>>(rows, v, len, norms, ld, mean, anorm, out, out_ld,
+                                          chunk, runs);
   KVB_CUDA_CHECK_LAUNCH();
 }
 
@@ -332,28 +338,32 @@ void CudaPolicyOps::divide_by_query_counts(SlotRows& rows, int layer,
 }
 
 void CudaPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                                   ops::CacheRows which) {
+                                   ops::CacheRows which, int chunk) {
   CudaRows& r = device(out);
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "cosine_to_mean");
+  KVB_CHECK(chunk >= 0) << "cuda policy ops: cosine_to_mean chunk " << chunk;
   HeadTable len{};
   const int heads = out.heads();
   const int longest = cache_op_rows(r, out, out_layer, cache, layer, "cosine_to_mean", &len);
   if (heads == 0) return;
   const DeviceLayerKvView v = dev.layer(layer);
   const int ld = std::max(longest, 1);
-  // Scratch: norms [heads, ld], means [heads, head_dim], anchor norms [heads].
-  double* norms = f64_scratch(static_cast<size_t>(heads) * ld +
-                              static_cast<size_t>(heads) * v.head_dim + heads);
+  // Runs of `chunk` slots with their own anchors (chunk 0: one run as long as the longest head).
+  const int step = chunk > 0 ? chunk : ld;
+  const int runs = (ld + step - 1) / step;
+  // Scratch: norms [heads, ld], means [heads, runs, head_dim], anchor norms [heads, runs].
+  const size_t anchors = static_cast<size_t>(heads) * runs;
+  double* norms = f64_scratch(static_cast<size_t>(heads) * ld + anchors * v.head_dim + anchors);
   double* mean = norms + static_cast<size_t>(heads) * ld;
-  double* anorm = mean + static_cast<size_t>(heads) * v.head_dim;
+  double* anorm = mean + anchors * v.head_dim;
   const void* rows = which == ops::CacheRows::kKeys ? v.keys : v.values;
   float* o = static_cast<float*>(r.data(out_layer));
   if (v.dtype == KvDtype::kBf16) {
     launch_cosine(static_cast<const __nv_bfloat16*>(rows), v, len, heads, longest, norms, ld,
-                  mean, anorm, o, r.ld(out_layer), stream_);
+                  mean, anorm, o, r.ld(out_layer), step, runs, stream_);
   } else {
     launch_cosine(static_cast<const float*>(rows), v, len, heads, longest, norms, ld, mean,
-                  anorm, o, r.ld(out_layer), stream_);
+                  anorm, o, r.ld(out_layer), step, runs, stream_);
   }
   launches_ += 3;
 }

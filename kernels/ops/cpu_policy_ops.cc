@@ -441,9 +441,10 @@ void check_cache_op(const SlotRows& out, int out_layer, const kernels::KvCache& 
 }  // namespace
 
 void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache,
-                                  int layer, CacheRows which) {
+                                  int layer, CacheRows which, int chunk) {
   CpuRows& r = host(out);
   check_cache_op(out, out_layer, cache, layer, "cosine_to_mean");
+  KVB_CHECK(chunk >= 0) << "cpu policy ops: cosine_to_mean chunk " << chunk;
   const kernels::LayerKvView view = cache.layer(layer);
   const int d = view.head_dim;
   std::vector<double> norms, mean(d);
@@ -451,26 +452,30 @@ void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::K
     const int len = cache.length(layer, h);
     auto row_of = [&](int j) { return which == CacheRows::kKeys ? view.key(h, j) : view.value(h, j); };
     norms.resize(len);
-    std::fill(mean.begin(), mean.end(), 0.0);
-    for (int j = 0; j < len; ++j) {
-      const float* x = row_of(j);
-      norms[j] = std::sqrt(sq_norm(x, d));
-      const double inv = std::max(norms[j], 1e-12);
-      for (int i = 0; i < d; ++i) mean[i] += x[i] / inv;
-    }
-    double sq = 0;
-    for (int i = 0; i < d; ++i) {
-      mean[i] /= len;
-      sq = std::fma(mean[i], mean[i], sq);
-    }
-    const double anchor_norm = std::max(std::sqrt(sq), 1e-8);
     std::vector<float>& o = r.f32(out_layer, h);
     o.resize(len);
-    for (int j = 0; j < len; ++j) {
-      const float* x = row_of(j);
-      double dot = 0;
-      for (int i = 0; i < d; ++i) dot = std::fma(static_cast<double>(x[i]), mean[i], dot);
-      o[j] = static_cast<float>(dot / (std::max(norms[j], 1e-8) * anchor_norm));
+    const int step = chunk > 0 ? chunk : std::max(len, 1);
+    for (int c0 = 0; c0 < len; c0 += step) {  // each run of slots with its own anchor
+      const int c1 = std::min(len, c0 + step);
+      std::fill(mean.begin(), mean.end(), 0.0);
+      for (int j = c0; j < c1; ++j) {
+        const float* x = row_of(j);
+        norms[j] = std::sqrt(sq_norm(x, d));
+        const double inv = std::max(norms[j], 1e-12);
+        for (int i = 0; i < d; ++i) mean[i] += x[i] / inv;
+      }
+      double sq = 0;
+      for (int i = 0; i < d; ++i) {
+        mean[i] /= (c1 - c0);
+        sq = std::fma(mean[i], mean[i], sq);
+      }
+      const double anchor_norm = std::max(std::sqrt(sq), 1e-8);
+      for (int j = c0; j < c1; ++j) {
+        const float* x = row_of(j);
+        double dot = 0;
+        for (int i = 0; i < d; ++i) dot = std::fma(static_cast<double>(x[i]), mean[i], dot);
+        o[j] = static_cast<float>(dot / (std::max(norms[j], 1e-8) * anchor_norm));
+      }
     }
     r.sync_length(out_layer, h);
   }

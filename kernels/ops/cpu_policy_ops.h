@@ -36,7 +36,7 @@ class CpuPolicyOps final : public PolicyOps {
   void divide_by_query_counts(SlotRows& rows, int layer, std::span<const int32_t> before,
                               int n_queries) override;
   void cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
-                      CacheRows which) override;
+                      CacheRows which, int chunk = 0) override;
   void cache_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
                    CacheRows which, bool squared) override;
   void normalize_chunks(SlotRows& rows, int layer, int chunk) override;

@@ -321,8 +321,11 @@ class PolicyOps {
   // index order (so every instance gives the same bits):
   //   n_j = sqrt(sum_i x_j[i]^2);  u_j = x_j / max(n_j, 1e-12);
   //   a[i] = (sum_{j = 0..L-1} u_j[i]) / L;  |a| = sqrt(sum_i a[i]^2).
+  // chunk > 0 (kvpress's ChunkPress): each run of slots [c * chunk, min((c + 1) * chunk, L)) has
+  // its own anchor, the same sums over its own slots only (a run is scored as a cache of those
+  // slots alone would be, bit for bit); chunk 0: one anchor for the head.
   virtual void cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache,
-                              int layer, CacheRows which) = 0;
+                              int layer, CacheRows which, int chunk = 0) = 0;
 
   // Vocabulary: L2 norms of the cached rows. For every cache head h < out.heads() (<= the
   // cache's heads) of layer `layer`, f32 row (out_layer, h) becomes cache.length(layer, h) long,

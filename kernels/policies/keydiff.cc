@@ -12,7 +12,7 @@ namespace {
 
 class KeyDiff final : public CacheScorer {
  public:
-  using CacheScorer::CacheScorer;
+  explicit KeyDiff(const PolicyConfig& c) : CacheScorer(c, /*chunks=*/true) {}
 
   std::unique_ptr<Policy> clone() const override { return std::make_unique<KeyDiff>(*this); }
 
@@ -24,7 +24,7 @@ class KeyDiff final : public CacheScorer {
     const int heads = cache.shape().num_kv_heads;
     // This layer's scores: scratch, nothing is kept after the decision.
     SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, heads);
-    ops.cosine_to_mean(score, 0, cache, st.layer, CacheRows::kKeys);
+    ops.cosine_to_mean(score, 0, cache, st.layer, CacheRows::kKeys, chunk());
     first_.assign(heads, 0);
     ops.scale(score, 0, first_, -1.0f);  // least similar first
     return score;

@@ -13,7 +13,7 @@
 
 namespace kvb::policies {
 
-ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores)
+ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores, bool chunks)
     : ada_(c.options.get_bool("ada", false)),
       critical_(c.options.get_bool("critical", false)),
       alpha_(c.options.get_double("alpha_safeguard", 0.2, 0.0, 1.0)),
@@ -24,7 +24,17 @@ ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores)
       thresholded_(c.options.has("threshold")),
       threshold_(static_cast<float>(c.options.get_double("threshold", 0, -1e30, 1e30))),
       window_(c.options.get_int("threshold_window", 128, 0, 1 << 30)),
-      slide_(c.options.get_bool("threshold_decode", false)) {
+      slide_(c.options.get_bool("threshold_decode", false)),
+      chunk_runs_(c.options.get_int("chunk", 0, 0, 1 << 30)),
+      fraction_(c.budget_fraction) {
+  KVB_USAGE_CHECK(chunk_runs_ == 0 || chunks)
+      << "policy " << c.name << ": chunk scores each run of slots with its own statistics, "
+      << "which " << c.name << " does not compute per run (keydiff does)";
+  KVB_USAGE_CHECK(chunk_runs_ == 0 ||
+                  (!ada_ && !critical_ && interval_ == 0 && chunk_ == 0 &&
+                   !c.options.has("threshold") && c.options.get_string("layer_ratios", "").empty()))
+      << "policy " << c.name << ": chunk (kvpress's ChunkPress) does not combine with ada, "
+      << "critical, decode_interval, chunkkv, threshold or layer_ratios; drop one of them";
   KVB_USAGE_CHECK(interval_ == 0 || rescores)
       << "policy " << c.name << ": decode_interval needs a score of the cache alone (keydiff, "
       << "cur, lagkv); " << c.name << "'s reads the prompt's queries or attention";
@@ -161,6 +171,11 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        "below this leave, per head; replaces kv_budget (not given: off)",
        {}},
       {"threshold_window", "128", "with threshold: the last tokens always kept", {}},
+      {"chunk",
+       "0",
+       "kvpress ChunkPress: score each run of this many tokens on its own and keep the best "
+       "max(1, int(run x f)) of each, f the budget's fraction (keydiff; 0: off)",
+       {}},
       {"threshold_decode",
        "false",
        "with threshold (kvpress DMSPress decoding=True): score each generated token alone and "
@@ -237,6 +252,37 @@ void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int scor
   for (int h = 0; h < heads; ++h) plan.keep(h, slots);
 }
 
+void ScorerWrappers::keep_per_chunk(PolicyOps& ops, const SlotRows& score, int score_layer,
+                                    const kernels::KvCache& cache, int budget,
+                                    kernels::EvictionPlan& plan) {
+  std::vector<int32_t> order, slots;
+  for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+    const int len = cache.length(plan.layer(), h);
+    if (len <= budget) continue;
+    const std::vector<float> row = ops.read_f32(score, score_layer, h);
+    KVB_CHECK(static_cast<int>(row.size()) == len)
+        << "chunk: a score row is not as long as its head";
+    // kvpress keeps max(1, int(run x (1 - compression_ratio))) per run; a token budget's
+    // fraction is kv_budget / n.
+    const double f = fraction_ > 0 ? fraction_ : static_cast<double>(budget) / len;
+    slots.clear();
+    for (int c0 = 0; c0 < len; c0 += chunk_runs_) {
+      const int c1 = std::min(len, c0 + chunk_runs_);
+      const int k = std::max(1, static_cast<int>((c1 - c0) * f));
+      order.resize(c1 - c0);
+      std::iota(order.begin(), order.end(), c0);
+      // Higher scores first; equal scores keep the later slot (POLICIES.md "Ties").
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return row[a] > row[b] || (row[a] == row[b] && a > b);
+      });
+      if (k < c1 - c0) order.resize(k);
+      std::sort(order.begin(), order.end());
+      slots.insert(slots.end(), order.begin(), order.end());
+    }
+    if (static_cast<int>(slots.size()) < len) plan.keep(h, slots);
+  }
+}
+
 void ScorerWrappers::keep_above(PolicyOps& ops, const SlotRows& score, int score_layer,
                                 const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads;
@@ -295,6 +341,10 @@ void ScorerWrappers::keep(PolicyOps& ops, SlotRows& score, int score_layer, cons
   const int heads = cache.shape().num_kv_heads, layer = plan.layer();
   if (thresholded_) {
     keep_above(ops, score, score_layer, cache, plan);
+    return;
+  }
+  if (chunk_runs_ > 0) {
+    keep_per_chunk(ops, score, score_layer, cache, budget, plan);
     return;
   }
   if (chunk_ > 0) {

@@ -60,6 +60,10 @@ std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_lengt
 //  - `chunkkv: N` (ChunkKVPress): the heads' scores summed per slot and averaged over chunks of N
 //    consecutive slots; the best chunks are kept whole, the same slots in every head, as many as
 //    fit in the budget (keep_chunks).
+//  - `chunk: N` (ChunkPress): the scorer scores each run of N slots as a cache of those slots
+//    alone (its statistics per chunk; keydiff) and each run keeps its own max(1, int(len x f))
+//    best, f the budget's fraction (kvpress's 1 - compression_ratio; kv_budget / n for a token
+//    budget) (keep_per_chunk).
 //  - `threshold: t` (DMSPress, its dense prefill): every slot before the last threshold_window
 //    whose score is below t leaves; kv_budget does not decide (keep_above). With
 //    `threshold_decode: true` (DMSPress's decoding) each generated token is scored alone
@@ -69,7 +73,10 @@ class ScorerWrappers {
  public:
   // rescores: the scorer can score the cache again at decode (its score reads only the cache);
   // `decode_interval` is refused otherwise.
-  explicit ScorerWrappers(const PolicyConfig& c, bool rescores = false);
+  // chunks: the scorer scores runs of slots with their own statistics (`chunk`, ChunkPress).
+  explicit ScorerWrappers(const PolicyConfig& c, bool rescores = false, bool chunks = false);
+  // `chunk`'s run length, 0: off.
+  int chunk() const { return chunk_runs_; }
   // The options, for a scorer's PolicyInfo (with_wrappers).
   static std::vector<ParamDoc> params();
   // The layer's budget per head: kv_budget, or with `layer_ratios` (kvpress's
@@ -111,6 +118,10 @@ class ScorerWrappers {
   // chunks ranked (equal means: the later chunk first) and kept while they fit in `budget`.
   void keep_chunks(PolicyOps& ops, const SlotRows& score, int score_layer,
                    const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan);
+  // chunk (ChunkPress): per head and run of chunk_runs_ slots, its max(1, int(len x f)) best
+  // (equal scores: the later slot), read to the host.
+  void keep_per_chunk(PolicyOps& ops, const SlotRows& score, int score_layer,
+                      const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan);
   // threshold: per head, the slots before the last threshold_window whose score (read to the
   // host) is below float(t) leave.
   void keep_above(PolicyOps& ops, const SlotRows& score, int score_layer,
@@ -121,6 +132,8 @@ class ScorerWrappers {
   std::vector<double> layer_ratios_;  // [num_layers], or empty
   int interval_ = 0;                  // decode_interval, 0: off
   int chunk_ = 0;                     // chunkkv's chunk length, 0: off
+  int chunk_runs_ = 0;                // chunk's (ChunkPress) run length, 0: off
+  double fraction_ = 0;               // PolicyConfig::budget_fraction
   bool thresholded_ = false;          // threshold given
   float threshold_ = 0;
   int window_ = 128;    // threshold_window
@@ -139,7 +152,9 @@ class ScorerWrappers {
 // kv_budget. A subclass writes the layer's scores.
 class CacheScorer : public Policy {
  public:
-  explicit CacheScorer(const PolicyConfig& c) : Policy(c), wrap_(c, /*rescores=*/true) {}
+  // chunks: the subclass's score() scores runs of chunk() slots on their own (ChunkPress).
+  explicit CacheScorer(const PolicyConfig& c, bool chunks = false)
+      : Policy(c), wrap_(c, /*rescores=*/true, chunks) {}
   StatsRequest prefill_request(int) const override { return wrap_.request({}); }
   StatsRequest decode_request() const override { return wrap_.decode_request(); }
   bool decides_with_ops() const override { return true; }
@@ -157,6 +172,9 @@ class CacheScorer : public Policy {
   }
 
  protected:
+  // `chunk: N` (ChunkPress): score() gives each run of N slots the score a cache of those slots
+  // alone would get; 0: off.
+  int chunk() const { return wrap_.chunk(); }
   // The score of a cache holding one slot (threshold_decode: kvpress's DMSPress scores each
   // generated token alone). test_policy_kvpress checks it against score() of a one-slot cache.
   virtual float lone_score() const = 0;

@@ -705,18 +705,21 @@ TEST_F(CudaPolicyOpsParity, SnapKvFamilyDecidesAsOnTheCpu) {
 }
 
 // kvpress's scorer ops (cuda_policy_ops_scorers.cu): divide_by_query_counts in one launch and
-// cosine_to_mean (keys and values, ragged heads, an empty one) in three, the CPU's bits.
+// cosine_to_mean (keys and values, ragged heads, an empty one; one anchor per head, and one per
+// run of 7 slots: ChunkPress) in three, the CPU's bits.
 TEST_F(CudaPolicyOpsParity, KvpressScorerOpsAreTheCpuBits) {
   const std::vector<int> lens = {40, 3, 0, 17};
   make_caches(lens, 1);
   const int heads = static_cast<int>(lens.size());
+  for (const int chunk : {0, 7})
   for (const policies::CacheRows which :
        {policies::CacheRows::kKeys, policies::CacheRows::kValues}) {
+    SCOPED_TRACE(testing::Message() << "chunk " << chunk);
     std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 2, heads);
     std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 2, heads);
-    cpu_.cosine_to_mean(*c, 1, host_, 0, which);
+    cpu_.cosine_to_mean(*c, 1, host_, 0, which, chunk);
     const int64_t l0 = gpu_->launches();
-    gpu_->cosine_to_mean(*g, 1, index_, 0, which);
+    gpu_->cosine_to_mean(*g, 1, index_, 0, which, chunk);
     EXPECT_EQ(gpu_->launches() - l0, 3);
     for (int h = 0; h < heads; ++h) {
       ASSERT_EQ(g->length(1, h), lens[h]);
@@ -786,6 +789,7 @@ TEST_F(CudaPolicyOpsParity, ChunkKvAndThresholdDecideAsOnTheCpu) {
       {"observed_attention", {{"threshold", "0.01"}, {"threshold_window", "10"}}},
       {"cur", {{"threshold", "0.01"}, {"threshold_window", "16"}}},
       {"snapkv", {{"chunkkv", "6"}, {"window", "8"}}},  // its window padded by the maximum + 1
+      {"keydiff", {{"chunk", "16"}}},                    // ChunkPress: runs of 16 scored alone
   };
   const int w = 8;
   for (const auto& [name, options] : cases) {

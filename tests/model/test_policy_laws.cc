@@ -83,6 +83,7 @@ std::vector<Variant> variants() {
   // kvpress's ChunkKVPress over a scorer (threshold replaces the budget: ThresholdLaws below).
   add("keydiff", {{"chunkkv", "4"}});
   add("snapkv", {{"chunkkv", "5"}});
+  add("keydiff", {{"chunk", "7"}});  // kvpress's ChunkPress
   add("pyramidkv", {{"formula", "kvpress"}, {"beta", "2"}});
   add("expected_attention", {{"chunkkv", "3"}});
   // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's

@@ -177,8 +177,8 @@ class HostAsDeviceOps final : public policies::PolicyOps {
     cpu_.divide_by_query_counts(rows, layer, before, n_queries);
   }
   void cosine_to_mean(SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                      policies::CacheRows which) override {
-    cpu_.cosine_to_mean(out, out_layer, cache, layer, which);
+                      policies::CacheRows which, int chunk = 0) override {
+    cpu_.cosine_to_mean(out, out_layer, cache, layer, which, chunk);
   }
   void cache_norms(SlotRows& out, int out_layer, const KvCache& cache, int layer,
                    policies::CacheRows which, bool squared) override {

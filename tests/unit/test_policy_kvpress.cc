@@ -135,6 +135,46 @@ TEST(KvpressOps, CosineToMeanAgreesWithAFloat64Reference) {
   }
 }
 
+// cosine_to_mean with chunk N (kvpress ChunkPress's per-chunk statistics): each run of N slots
+// scores exactly, bit for bit, as the op scores a cache holding that run alone (heads of 20, 27
+// and 34 slots, runs of 8: the last run of each head shorter); chunk 0 and a chunk as long as
+// the head are the whole head.
+TEST(KvpressOps, CosineToMeanPerChunkIsTheChunkAlone) {
+  kvb::kernels::ops::CpuPolicyOps ops;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const int dim = 8, heads = 3, chunk = 8;
+  std::vector<std::vector<std::vector<float>>> rows(heads);
+  for (int h = 0; h < heads; ++h) {
+    rows[h].resize(20 + 7 * h, std::vector<float>(dim));
+    for (auto& v : rows[h]) {
+      for (float& x : v) x = g(rng) + 0.5f * h;
+    }
+  }
+  KvCache cache = cache_of(rows, dim);
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 3, heads);
+  ops.cosine_to_mean(*r, 0, cache, 0, CacheRows::kKeys, chunk);
+  ops.cosine_to_mean(*r, 1, cache, 0, CacheRows::kKeys, 0);
+  ops.cosine_to_mean(*r, 2, cache, 0, CacheRows::kKeys, 1000);
+  for (int h = 0; h < heads; ++h) {
+    const int n = static_cast<int>(rows[h].size());
+    const std::vector<float> got = ops.read_f32(*r, 0, h);
+    ASSERT_EQ(static_cast<int>(got.size()), n);
+    for (int c0 = 0; c0 < n; c0 += chunk) {
+      const std::vector<std::vector<float>> run(rows[h].begin() + c0,
+                                                rows[h].begin() + std::min(n, c0 + chunk));
+      KvCache alone = cache_of({run}, dim);
+      std::unique_ptr<SlotRows> one = ops.make_rows(SlotType::kF32, 1, 1);
+      ops.cosine_to_mean(*one, 0, alone, 0, CacheRows::kKeys);
+      const std::vector<float> want = ops.read_f32(*one, 0, 0);
+      for (size_t j = 0; j < want.size(); ++j) {
+        EXPECT_EQ(got[c0 + j], want[j]) << "head " << h << " slot " << c0 + j;
+      }
+    }
+    EXPECT_EQ(ops.read_f32(*r, 2, h), ops.read_f32(*r, 1, h)) << "head " << h;
+  }
+}
+
 // KeyDiff: keys (1,0), (0,1), (0,1), (1,1): anchor ((1+s)/4, (2+s)/4), s = 1/sqrt(2); cosines
 // 0.533, 0.846, 0.846, 0.975. Budget 2 keeps the least similar: slot 0, then one of the tied
 // slots 1 and 2: the more recent (POLICIES.md "Ties").
@@ -516,14 +556,17 @@ TEST(ScorerWrappers, DecodeIntervalCompressesBackToTheBudget) {
 // and head 1 (0 0 0 1 1 1 4 4 4 0), or `src` ([2, 10]): ScorerWrappers::keep at `budget`.
 std::pair<V, V> keep_two_heads(int budget, std::map<std::string, std::string> opts,
                                std::vector<float> src = {1, 1, 1, 5, 5, 5, 2, 2, 2, 9,
-                                                         0, 0, 0, 1, 1, 1, 4, 4, 4, 0}) {
+                                                         0, 0, 0, 1, 1, 1, 4, 4, 4, 0},
+                               double fraction = 0) {
   kvb::kernels::ops::CpuPolicyOps ops;
   std::vector<std::vector<float>> keys(10, std::vector<float>{1});
   KvCache cache = cache_of({keys, keys}, 1);
   std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
   ops.resize_and_accumulate(*r, 0, std::vector<int32_t>{10, 10}, src.data(), 10, 10, 1,
                             GqaReduce::kMean);
-  ScorerWrappers wrap{config("keydiff", budget, {1, 2, 2, 1, 0}, std::move(opts))};
+  PolicyConfig pc = config("keydiff", budget, {1, 2, 2, 1, 0}, std::move(opts));
+  pc.budget_fraction = fraction;
+  ScorerWrappers wrap{pc, /*rescores=*/true, /*chunks=*/true};
   LayerStats st;
   st.num_heads = 2;
   kernels::EvictionPlan plan;
@@ -531,6 +574,26 @@ std::pair<V, V> keep_two_heads(int budget, std::map<std::string, std::string> op
   if (wrap.acts(cache, 0, budget)) wrap.keep(ops, *r, 0, st, cache, budget, plan);
   cache.apply(plan);
   return {positions(cache, 0, 0), positions(cache, 0, 1)};
+}
+
+// chunk (kvpress ChunkPress) over the two heads' score rows, runs of 4 (4, 4 and 2 slots): at
+// budget 5 of 10 (fraction 0.5) each run keeps max(1, int(len x 0.5)): 2, 2 and 1. Head 0 (1 1 1
+// 5 | 5 5 2 2 | 2 9) keeps 2 and 3 (the tie at 1: the later), 4 and 5, 9; head 1 (0 0 0 1 | 1 1 4
+// 4 | 4 0) keeps 2 and 3, 6 and 7, 8. With kvpress's compression ratio 0.75 (fraction 0.25): 1,
+// 1 and max(1, 0) = 1 per run.
+TEST(ScorerWrappers, ChunkKeepsEachRunsOwnBest) {
+  EXPECT_EQ(keep_two_heads(5, {{"chunk", "4"}}), (std::pair{V{2, 3, 4, 5, 9}, V{2, 3, 6, 7, 8}}));
+  // The budget's own fraction (PolicyConfig::budget_fraction) decides where it is given.
+  EXPECT_EQ(keep_two_heads(2, {{"chunk", "4"}},
+                           {1, 1, 1, 5, 5, 5, 2, 2, 2, 9, 0, 0, 0, 1, 1, 1, 4, 4, 4, 0}, 0.25),
+            (std::pair{V{3, 5, 9}, V{3, 7, 8}}));
+  const ModelShape shape{1, 2, 2, 1, 0};
+  for (const char* name : {"cur", "lagkv", "expected_attention", "observed_attention"}) {
+    EXPECT_THROW(make_policy(config(name, 4, shape, {{"chunk", "4"}})), Error) << name;
+  }
+  EXPECT_THROW(make_policy(config("keydiff", 4, shape, {{"chunk", "4"}, {"ada", "true"}})), Error);
+  EXPECT_THROW(make_policy(config("keydiff", 4, shape, {{"chunk", "4"}, {"chunkkv", "4"}})), Error);
+  EXPECT_NO_THROW(make_policy(config("keydiff", 4, shape, {{"chunk", "4"}})));
 }
 
 // chunkkv (kvpress ChunkKVPress): the heads' sums 1 1 1 6 6 6 6 6 6 9. Chunks of 3: means 1, 6, 6
