@@ -140,8 +140,9 @@ def main():
                                        else getattr(press, "press", press))
                 masked = isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress,
                                             kvpress.DMSPress, kvpress.DuoAttentionPress))
-                # ChunkKVPress and DMSPress refuse attention weights (eager returns them).
-                need_sdpa = masked or isinstance(press, kvpress.ChunkKVPress)
+                # ChunkKVPress, ChunkPress and DMSPress refuse attention weights (eager returns
+                # them).
+                need_sdpa = masked or isinstance(press, (kvpress.ChunkKVPress, kvpress.ChunkPress))
                 if need_sdpa and sdpa is None:
                     sdpa = load_model(args.model, attn="sdpa")
                 runner = sdpa if need_sdpa else model
