@@ -38,15 +38,29 @@ using PoolKind = kernels::cpu::PoolKind;
 
 class CudaPolicyOpsParity : public parity::PolicyOpsFixture {
  protected:
+  // Policy pc's prefill hook for layer 0, once on the CPU's cache with statistics `host` and once
+  // on the device's with `dev` (the same statistics where the device ops read them), into cplan
+  // and gplan. The caches are make_caches'.
+  void prefill_on_both(const policies::PolicyConfig& pc, policies::LayerStats host,
+                       policies::LayerStats dev, EvictionPlan* cplan, EvictionPlan* gplan) {
+    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
+    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
+    const int heads = host_.shape().num_kv_heads;
+    host.ops = &cpu_;
+    dev.ops = gpu_.get();
+    cplan->reset(0, heads);
+    gplan->reset(0, heads);
+    cp->on_prefill_layer(host, host_, *cplan);
+    gp->on_prefill_layer(dev, index_, *gplan);
+  }
+
   // One layer of `heads` KV heads x `len` slots (query heads `group` per KV head): policy `pc`
   // decides once on the CPU's cache and once on the device's, from the same column sums (and,
   // with w > 0, the last w queries' probabilities), into cplan and gplan.
   void decide_on_both(const policies::PolicyConfig& pc, int heads, int group, int len, int w,
                       EvictionPlan* cplan, EvictionPlan* gplan) {
     make_caches(std::vector<int>(heads, len), 2);
-    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
-    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
-    ASSERT_TRUE(gp->decides_with_ops());
+    ASSERT_TRUE(policies::make_policy(pc)->decides_with_ops());
     const std::vector<float> col =
         parity::tied_vec(static_cast<size_t>(heads) * group * len, 61, 7);
     const cu::DeviceBuffer<float> dcol = parity::to_device(col);
@@ -61,14 +75,10 @@ class CudaPolicyOpsParity : public parity::PolicyOpsFixture {
     st.col_sums = col.data();
     st.last_w = w;
     st.last_probs = w > 0 ? probs.data() : nullptr;
-    st.ops = &cpu_;
-    cplan->reset(0, heads);
-    gplan->reset(0, heads);
-    cp->on_prefill_layer(st, host_, *cplan);
-    st.col_sums = dcol.data();
-    st.last_probs = w > 0 ? dprobs.data() : nullptr;
-    st.ops = gpu_.get();
-    gp->on_prefill_layer(st, index_, *gplan);
+    policies::LayerStats dev = st;
+    dev.col_sums = dcol.data();
+    dev.last_probs = w > 0 ? dprobs.data() : nullptr;
+    prefill_on_both(pc, st, dev, cplan, gplan);
   }
 };
 
@@ -941,8 +951,6 @@ TEST_F(CudaPolicyOpsParity, CriticalScorersDecideAsOnTheCpu) {
       std::map<std::string, std::string> o = {{"critical", "true"}};
       if (ada) o["ada"] = "true";
       pc.options = policies::PolicyOptions(o);
-      std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
-      std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
       policies::LayerStats st;
       st.layer = 0;
       st.n_new = len;
@@ -952,15 +960,11 @@ TEST_F(CudaPolicyOpsParity, CriticalScorersDecideAsOnTheCpu) {
       st.wo_dim = dim;
       st.pre_rope_queries = q.data();
       st.wo = w.data();
-      st.ops = &cpu_;
+      policies::LayerStats dev = st;
+      dev.pre_rope_queries = dq.data();
+      dev.wo = dw.data();
       EvictionPlan cplan, gplan;
-      cplan.reset(0, kv);
-      gplan.reset(0, kv);
-      cp->on_prefill_layer(st, host_, cplan);
-      st.pre_rope_queries = dq.data();
-      st.wo = dw.data();
-      st.ops = gpu_.get();
-      gp->on_prefill_layer(st, index_, gplan);
+      prefill_on_both(pc, st, dev, &cplan, &gplan);
       ASSERT_TRUE(gplan.on_device());
       const std::vector<int32_t> lists =
           parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
@@ -991,8 +995,6 @@ TEST_F(CudaPolicyOpsParity, SimLayerKvDecidesAsOnTheCpu) {
     pc.shape = {1, kv * group, kv, 8, 256};
     pc.options = policies::PolicyOptions(
         std::map<std::string, std::string>{{"lazy_threshold", threshold}, {"n_last", "2"}});
-    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
-    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
     policies::LayerStats st;
     st.layer = 0;
     st.n_new = len;
@@ -1000,14 +1002,10 @@ TEST_F(CudaPolicyOpsParity, SimLayerKvDecidesAsOnTheCpu) {
     st.stride = len;
     st.last_w = w;
     st.last_probs = probs.data();
-    st.ops = &cpu_;
+    policies::LayerStats dev = st;
+    dev.last_probs = dprobs.data();
     EvictionPlan cplan, gplan;
-    cplan.reset(0, kv);
-    gplan.reset(0, kv);
-    cp->on_prefill_layer(st, host_, cplan);
-    st.last_probs = dprobs.data();
-    st.ops = gpu_.get();
-    gp->on_prefill_layer(st, index_, gplan);
+    prefill_on_both(pc, st, dev, &cplan, &gplan);
     std::vector<int32_t> want, got;
     for (int h = 0; h < kv; ++h) {
       cplan.keep_list(h, len, &want);
@@ -1107,8 +1105,6 @@ TEST_F(CudaPolicyOpsParity, ExpectedAttentionDecidesAsOnTheCpu) {
     SCOPED_TRACE(vnorm);
     pc.options = policies::PolicyOptions(
         std::map<std::string, std::string>{{"use_vnorm", vnorm}, {"epsilon", "0.01"}});
-    std::unique_ptr<policies::Policy> cp = policies::make_policy(pc);
-    std::unique_ptr<policies::Policy> gp = policies::make_policy(pc);
     const std::vector<float> q = parity::random_vec(static_cast<size_t>(len) * kv * group * d, 43);
     const cu::DeviceBuffer<float> dq = parity::to_device(q);
     kernels::cpu::RopeParams rope;
@@ -1121,14 +1117,10 @@ TEST_F(CudaPolicyOpsParity, ExpectedAttentionDecidesAsOnTheCpu) {
     st.rope = &rope;
     st.block_end = 3 * len;
     st.pre_rope_queries = q.data();
-    st.ops = &cpu_;
+    policies::LayerStats dev = st;
+    dev.pre_rope_queries = dq.data();
     EvictionPlan cplan, gplan;
-    cplan.reset(0, kv);
-    gplan.reset(0, kv);
-    cp->on_prefill_layer(st, host_, cplan);
-    st.pre_rope_queries = dq.data();
-    st.ops = gpu_.get();
-    gp->on_prefill_layer(st, index_, gplan);
+    prefill_on_both(pc, st, dev, &cplan, &gplan);
     ASSERT_TRUE(gplan.on_device());
     const std::vector<int32_t> lists =
         parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
