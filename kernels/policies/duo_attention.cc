@@ -31,6 +31,11 @@ struct DuoPatterns {
 
 std::string read_small_file(const std::string& path, const std::string& what) {
   require_regular_file(path, what, "give the DuoAttention pattern folder's own file");
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  KVB_USAGE_CHECK(ec || size <= (64u << 20))
+      << what << " '" << path << "' is over 64 MiB (" << size << " bytes); DuoAttention's files "
+      << "are a few KiB";
   std::ifstream in(path, std::ios::binary);
   KVB_USAGE_CHECK(in.good()) << what << " '" << path
                              << "' cannot be opened; give the folder of the DuoAttention "
@@ -49,7 +54,8 @@ DuoPatterns load_patterns(const std::string& dir, int layers, int kv_heads) {
          "authors' published head scores for this model (attn_patterns/<model> of "
          "github.com/mit-han-lab/duo-attention: full_attention_heads.tsv and config.json); "
          "kvbench does not download them";
-  KVB_USAGE_CHECK(std::filesystem::is_directory(dir))
+  std::error_code ec;  // a symbolic link loop or an unreadable path is no folder, not a throw
+  KVB_USAGE_CHECK(std::filesystem::is_directory(dir, ec))
       << where << " is not a folder; give the folder holding full_attention_heads.tsv and "
       << "config.json";
   DuoPatterns p;

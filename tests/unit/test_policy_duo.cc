@@ -105,6 +105,12 @@ TEST(DuoAttentionPolicy, RefusesAMissingOrHostilePatternFolder) {
           "must give recent_size");
   refused(patterns("neg", "0.9\t0.1\n0.5\t0.1\n", R"({"sink_size": -1, "recent_size": 3})"),
           "must give sink_size");
+  const std::string loop = patterns("loop", "") + "/self";
+  fs::create_symlink(loop, loop);
+  refused(loop, "is not a folder");
+  const std::string big = patterns("big", "");
+  fs::resize_file(fs::path(big) / "full_attention_heads.tsv", (64u << 20) + 1);
+  refused(big, "is over 64 MiB");
   const std::string fifo_dir = patterns("fifo", "");
   fs::remove(fs::path(fifo_dir) / "full_attention_heads.tsv");
   ASSERT_EQ(::mkfifo((fs::path(fifo_dir) / "full_attention_heads.tsv").c_str(), 0600), 0);
