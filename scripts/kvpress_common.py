@@ -92,6 +92,13 @@ PAIRS = [
      lambda r: kvpress.ExpectedAttentionPress(compression_ratio=r, use_covariance=False,
                                               use_vnorm=False),
      "expected_attention", ["use_covariance=false", "use_vnorm=false"]),
+    # NonCausalAttnPress (Compactor's attention half): a WikiText prompt of ~1K tokens ends in a
+    # short chunk, so kvpress's padding of the last chunk is compared too.
+    ("NonCausalAttn (chunks of 256)",
+     lambda r: kvpress.NonCausalAttnPress(compression_ratio=r), "noncausal_attn", []),
+    ("NonCausalAttn (chunks of 100)",
+     lambda r: kvpress.NonCausalAttnPress(compression_ratio=r, chunk_size=100), "noncausal_attn",
+     ["chunk_size=100"]),
     # SimLayerKVPress decides per layer by a threshold, not by the ratio (the same at every ratio).
     ("SimLayerKV (threshold 0.5, 4 initial, 256 recent, 1 last)",
      lambda r: kvpress.SimLayerKVPress(lazy_threshold=0.5, n_recent=256), "simlayerkv",
@@ -104,6 +111,9 @@ PAIRS = [
     ("AdaKV over ExpectedAttention (alpha_safeguard 0.2)",
      lambda r: kvpress.AdaKVPress(kvpress.ExpectedAttentionPress(compression_ratio=r)),
      "expected_attention", ["ada=true"]),
+    ("AdaKV over NonCausalAttn (alpha_safeguard 0.2)",
+     lambda r: kvpress.AdaKVPress(kvpress.NonCausalAttnPress(compression_ratio=r)),
+     "noncausal_attn", ["ada=true"]),
     ("AdaKV over KeyDiff (alpha_safeguard 0.2)",
      lambda r: kvpress.AdaKVPress(kvpress.KeyDiffPress(compression_ratio=r)), "keydiff",
      ["ada=true"]),
@@ -179,6 +189,9 @@ PAIRS = [
     ("DMS over ExpectedAttention (threshold 0.001, window 128)",
      lambda r: kvpress.DMSPress(kvpress.ExpectedAttentionPress(), threshold=0.001),
      "expected_attention", ["threshold=0.001"]),
+    ("DMS over NonCausalAttn (threshold 0.5 on its z-scores, window 128)",
+     lambda r: kvpress.DMSPress(kvpress.NonCausalAttnPress(), threshold=0.5), "noncausal_attn",
+     ["threshold=0.5"]),
     ("DMS over CUR (threshold 0.0005, window 128)",
      lambda r: kvpress.DMSPress(kvpress.CURPress(), threshold=0.0005), "cur",
      ["threshold=0.0005"]),

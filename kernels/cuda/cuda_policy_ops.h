@@ -110,6 +110,12 @@ class CudaPolicyOps final : public ops::PolicyOps {
   // projected_value_norms: one launch, a thread per (slot, query head).
   void projected_value_norms(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
                              const void* wo, bool wo_bf16, int dim, int group) override;
+  // chunk_attention_sums and standardize (cuda_policy_ops_chunks.cu): the queries copied and
+  // rotated in f64 scratch (cuda::rope; its frequencies one counted upload), then two launches
+  // (each query's maximum and f64 sum; each key's column sum); standardize in one block.
+  void chunk_attention_sums(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                            const ops::LayerStats& st, int chunk) override;
+  void standardize(ops::SlotRows& rows, int layer) override;
   // fill_top: keep_top's selection kernel into scratch lists, then one scatter launch.
   void fill_top(ops::SlotRows& rows, int layer, std::span<const int32_t> k, float value,
                 const ops::SlotRows* by, int by_layer) override;

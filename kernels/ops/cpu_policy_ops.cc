@@ -8,10 +8,12 @@
 
 #include "common/error.h"
 #include "kernels/cpu/budget.h"
+#include "kernels/cpu/exp_exact.h"
 #include "kernels/cpu/gqa.h"
 #include "kernels/cpu/history_bits.h"
 #include "kernels/cpu/kcenter.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/rope.h"
 #include "kernels/cpu/select.h"
 #include "kernels/ops/slot_state.h"
 
@@ -847,6 +849,134 @@ void CpuPolicyOps::projected_value_norms(SlotRows& out, int out_layer,
       row[j] = static_cast<float>(l1);
     }
     r.sync_length(out_layer, q);
+  }
+}
+
+namespace {
+// kvpress NonCausalAttnPress's mask value for the padding of the last chunk (-1e-9, not -1e9).
+constexpr float kPadLogit = -1e-9f;
+}  // namespace
+
+void CpuPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
+                                        const kernels::KvCache& cache, int layer,
+                                        const LayerStats& st, int chunk) {
+  CpuRows& r = host(out);
+  check_layer(out, out_layer);
+  const int heads = out.heads(), n = st.n_new;
+  const int kv = cache.shape().num_kv_heads;
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
+            out.type() == SlotType::kF32 && heads == st.num_heads && heads >= 1 && kv >= 1 &&
+            heads % kv == 0 && chunk >= 1 && n >= 1 && st.pre_rope_queries != nullptr &&
+            st.rope != nullptr)
+      << "chunk_attention_sums: " << heads << " rows for " << st.num_heads
+      << " query heads over a cache of " << kv << " heads, chunks of " << chunk << ", " << n
+      << " queries" << (st.pre_rope_queries && st.rope ? "" : " (no pre-RoPE queries or RoPE)");
+  for (int h = 0; h < kv; ++h) {
+    KVB_CHECK(cache.length(layer, h) == n)
+        << "chunk_attention_sums: head " << h << " holds " << cache.length(layer, h)
+        << " slots, not the block's " << n << " (a prompt's prefill into an empty cache)";
+  }
+  const int group = heads / kv, d = cache.shape().head_dim;
+  // The block's queries after RoPE, at the block's positions (the engine's rotation).
+  std::vector<float> y(st.pre_rope_queries,
+                       st.pre_rope_queries + static_cast<size_t>(n) * heads * d);
+  std::vector<int32_t> pos(n);
+  for (int t = 0; t < n; ++t) pos[t] = st.block_end - n + t;
+  kernels::cpu::rope(y.data(), pos.data(), n, heads, d, *st.rope);
+  for (int q = 0; q < heads; ++q) r.f32(out_layer, q).resize(n);
+  const kernels::LayerKvView view = cache.layer(layer);
+  // A padded query's row (logit 0 on every real key of an r-slot chunk, kPadLogit on the
+  // padding): its probability of each real key, 1 / s.
+  auto pad_share = [&](int real) {
+    double s = 0;
+    for (int j = 0; j < real; ++j) s += 1.0;  // expf(0 - 0)
+    const double e = std::exp(kPadLogit - 0.0f);
+    for (int j = real; j < chunk; ++j) s += e;
+    return 1.0 / s;
+  };
+#pragma omp parallel if (heads > 1)
+  {
+    std::vector<float> kt(static_cast<size_t>(d) * chunk), lg(chunk), e(chunk);
+    std::vector<double> col(chunk);
+#pragma omp for schedule(dynamic, 1)
+    for (int q = 0; q < heads; ++q) {
+      const int h = q / group;
+      float* o = r.f32(out_layer, q).data();
+      for (int c0 = 0; c0 < n; c0 += chunk) {
+        const int real = std::min(chunk, n - c0);
+        // The chunk's keys transposed ([i][j]): each step vectorises across keys, every key's
+        // sum still in index order.
+        for (int j = 0; j < real; ++j) {
+          const float* k = view.key(h, c0 + j);
+          for (int i = 0; i < d; ++i) kt[static_cast<size_t>(i) * chunk + j] = k[i];
+        }
+        std::fill(col.begin(), col.begin() + real, 0.0);
+        for (int t = c0; t < c0 + real; ++t) {
+          const float* yt = &y[(static_cast<size_t>(t) * heads + q) * d];
+          std::fill(lg.begin(), lg.begin() + real, 0.0f);
+          for (int i = 0; i < d; ++i) {
+            const float yi = yt[i];
+            const float* ki = &kt[static_cast<size_t>(i) * chunk];
+            for (int j = 0; j < real; ++j) lg[j] = std::fma(yi, ki[j], lg[j]);
+          }
+          float m = lg[0];
+          for (int j = 1; j < real; ++j) m = std::max(m, lg[j]);
+          if (real < chunk) m = std::max(m, kPadLogit);
+          for (int j = 0; j < real; ++j) lg[j] -= m;
+          kernels::cpu::exp_floats(e.data(), lg.data(), real);
+          double s = 0;
+          for (int j = 0; j < real; ++j) s += e[j];
+          if (real < chunk) {
+            const double ep = std::exp(kPadLogit - m);
+            for (int j = real; j < chunk; ++j) s += ep;
+          }
+          for (int j = 0; j < real; ++j) col[j] += e[j] / s;
+        }
+        if (real < chunk) {
+          const double p = pad_share(real);
+          for (int t = real; t < chunk; ++t) {
+            for (int j = 0; j < real; ++j) col[j] += p;
+          }
+        }
+        for (int j = 0; j < real; ++j) o[c0 + j] = static_cast<float>(col[j]);
+      }
+    }
+  }
+  for (int q = 0; q < heads; ++q) r.sync_length(out_layer, q);
+}
+
+void CpuPolicyOps::standardize(SlotRows& rows, int layer) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32) << "standardize on u64 rows";
+  // Each run of kStandardizeRun entries summed in index order, the runs' sums in (head, run) order
+  // (a device sums the runs in parallel).
+  auto sum_runs = [&](auto&& term) {
+    double total = 0;
+    for (int h = 0; h < rows.heads(); ++h) {
+      const std::vector<float>& row = r.f32(layer, h);
+      for (size_t b = 0; b < row.size(); b += kStandardizeRun) {
+        const size_t end = std::min(row.size(), b + kStandardizeRun);
+        double run = 0;
+        for (size_t j = b; j < end; ++j) run = term(run, row[j]);
+        total += run;
+      }
+    }
+    return total;
+  };
+  size_t count = 0;
+  for (int h = 0; h < rows.heads(); ++h) count += r.f32(layer, h).size();
+  if (count == 0) return;
+  const double mean =
+      sum_runs([](double acc, float x) { return acc + x; }) / static_cast<double>(count);
+  const double sq = sum_runs([mean](double acc, float x) {
+    const double dx = x - mean;
+    return std::fma(dx, dx, acc);
+  });
+  const double sd =
+      count < 2 ? 1e-6 : std::max(std::sqrt(sq / static_cast<double>(count - 1)), 1e-6);
+  for (int h = 0; h < rows.heads(); ++h) {
+    for (float& x : r.f32(layer, h)) x = static_cast<float>((x - mean) / sd);
   }
 }
 

@@ -57,6 +57,9 @@ class CpuPolicyOps final : public PolicyOps {
   void projected_value_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache,
                              int layer, const void* wo, bool wo_bf16, int dim,
                              int group) override;
+  void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                            int layer, const LayerStats& st, int chunk) override;
+  void standardize(SlotRows& rows, int layer) override;
   void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
   void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;

@@ -54,6 +54,9 @@ struct WindowScoreOptions {
 
 enum class SlotType : uint8_t { kF32, kU64 };
 
+// standardize's run of entries summed on their own (a device sums the runs in parallel).
+constexpr size_t kStandardizeRun = 256;
+
 // Which rows of the cache an op reads: the keys (as cached: post-RoPE) or the values.
 enum class CacheRows : uint8_t { kKeys, kValues };
 
@@ -411,6 +414,33 @@ class PolicyOps {
   virtual void projected_value_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache,
                                      int layer, const void* wo, bool wo_bf16, int dim,
                                      int group) = 0;
+  // Vocabulary: attention within chunks of the prompt, every query seeing every key of its chunk
+  // (no causal mask), summed over the queries per key (kvpress NonCausalAttnPress, Compactor's
+  // non-causal chunked attention). out.heads() == st.num_heads == group x the cache heads read
+  // (query head q reads cache head q / group), and every head read holds exactly the block:
+  // cache.length(layer, h) == st.n_new = n (a prompt's prefill into an empty cache; the ops
+  // check it). The queries are st.pre_rope_queries rotated by *st.rope at positions
+  // st.block_end - n + t (cpu::rope: the engine's own bits), y_t for t < n.
+  // The slots are cut into chunks [c0, c0 + r) of `chunk` (>= 1; the last the remainder r). When
+  // r < chunk the chunk is padded as kvpress pads it: chunk - r padded keys whose logit is
+  // -1e-9f (kvpress's mask value: not -inf, so they share the softmax) and chunk - r padded
+  // queries whose logit is 0 on every real key and -1e-9f on every padded one. For each query of
+  // the chunk (its real queries in order, then its padded ones):
+  //   l_j = y_t . k_j for a real key (f32 fused multiply-adds in index order from 0.0f; keys as
+  //   cached), m = max_j l_j (f32), e_j = expf(l_j - m) (the f32 difference; the C library's
+  //   bits, kernels/cpu/exp_exact.h), s = sum_j e_j in f64 (real keys in order, then padding);
+  // and row (out_layer, q) becomes n long: entry j = float(sum over those queries of e_j / s), in
+  // f64 in query order. No scaling by 1 / sqrt(d) (kvpress has none). A device's expf may differ
+  // from the host's in the last bit.
+  virtual void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                                    int layer, const LayerStats& st, int chunk) = 0;
+  // Vocabulary: a layer's rows standardised together (kvpress's z-scores, taken over a layer's
+  // whole score tensor). With the N entries x of every f32 row (layer, h), h < rows.heads():
+  // mean = (sum x) / N and sd = max(sqrt((sum (x - mean)^2) / (N - 1)), 1e-6) (N < 2: sd = 1e-6),
+  // in f64, each sum taken per run of kStandardizeRun entries of a row (index order; the squares
+  // fused multiply-adds) and the runs' sums added in (head, run) order; every entry becomes
+  // float((x - mean) / sd) in f64.
+  virtual void standardize(SlotRows& rows, int layer) = 0;
 
   // Row (layer, head) of each listed head (distinct) loses entries [first, first + count).
   virtual void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) = 0;

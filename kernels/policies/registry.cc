@@ -30,6 +30,7 @@ const std::vector<PolicyInfo>& policy_registry() {
           cur_policy_info(),
           lagkv_policy_info(),
           expected_attention_policy_info(),
+          noncausal_attn_policy_info(),
           simlayerkv_policy_info(),
           duo_attention_policy_info(),
           python_policy_info(),

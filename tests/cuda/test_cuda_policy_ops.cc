@@ -1131,5 +1131,119 @@ TEST_F(CudaPolicyOpsParity, ExpectedAttentionDecidesAsOnTheCpu) {
   }
 }
 
+// NonCausalAttnPress's ops. chunk_attention_sums (GQA group 2, rotate_half RoPE, chunks of 16
+// with a padded last chunk of 5, and of 64: one padded chunk): four launches (positions, RoPE,
+// each query's maximum and sum, each key's column sum) and one counted upload (RoPE's
+// frequencies); the CPU's rows within the last bits of the device's expf. standardize over rows
+// of 300, 5, 0 and 600 entries (runs of 256 across heads), equal inputs on both: the CPU's bits.
+TEST_F(CudaPolicyOpsParity, ChunkAttentionSumsAndStandardizeAreTheCpuRows) {
+  const int kv = 3, group = 2, heads = kv * group, d = 8, n = 37;
+  make_caches(std::vector<int>(kv, n), 1);
+  const std::vector<float> q = parity::random_vec(static_cast<size_t>(n) * heads * d, 61);
+  const cu::DeviceBuffer<float> dq = parity::to_device(q);
+  kernels::cpu::RopeParams rope;
+  rope.style = kernels::cpu::RopeStyle::kNeox;
+  rope.rot_dim = d;
+  policies::LayerStats st;
+  st.n_new = n;
+  st.num_heads = heads;
+  st.rope = &rope;
+  st.block_end = n;
+  std::unique_ptr<SlotRows> cr = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> gr = gpu_->make_rows(SlotType::kF32, 1, heads);
+  for (const int chunk : {16, 64}) {
+    SCOPED_TRACE(chunk);
+    st.pre_rope_queries = q.data();
+    cpu_.chunk_attention_sums(*cr, 0, host_, 0, st, chunk);
+    st.pre_rope_queries = dq.data();
+    const int64_t l0 = gpu_->launches();
+    const int64_t u0 = gpu_->transfers().h2d_copies, d0 = gpu_->transfers().d2h_copies;
+    gpu_->chunk_attention_sums(*gr, 0, index_, 0, st, chunk);
+    EXPECT_EQ(gpu_->launches() - l0, 4);
+    EXPECT_EQ(gpu_->transfers().h2d_copies - u0, 1);
+    EXPECT_EQ(gpu_->transfers().d2h_copies - d0, 0);
+    for (int h = 0; h < heads; ++h) {
+      ASSERT_EQ(gr->length(0, h), n);
+      parity::expect_close(gpu_->read_f32(*gr, 0, h), cpu_.read_f32(*cr, 0, h), 1e-6, 1e-5,
+                           "column sums");
+    }
+  }
+  // standardize: the same rows on both (accumulated from one host source).
+  const std::vector<int32_t> lens = {300, 5, 0, 600};
+  const int rows = static_cast<int>(lens.size());
+  const size_t cap = 600;
+  const std::vector<float> src = parity::random_vec(rows * cap, 67, -3.0f, 5.0f);
+  const cu::DeviceBuffer<float> dsrc = parity::to_device(src);
+  std::unique_ptr<SlotRows> cz = cpu_.make_rows(SlotType::kF32, 1, rows);
+  std::unique_ptr<SlotRows> gz = gpu_->make_rows(SlotType::kF32, 1, rows);
+  cpu_.resize(*cz, 0, lens);
+  gpu_->resize(*gz, 0, lens);
+  cpu_.accumulate(*cz, 0, src.data(), cap, cap, 1, kernels::ops::GqaReduce::kMean);
+  gpu_->accumulate(*gz, 0, dsrc.data(), cap, cap, 1, kernels::ops::GqaReduce::kMean);
+  cpu_.standardize(*cz, 0);
+  const int64_t l0 = gpu_->launches();
+  gpu_->standardize(*gz, 0);
+  EXPECT_EQ(gpu_->launches() - l0, 1);
+  for (int h = 0; h < rows; ++h) {
+    parity::expect_bits(gpu_->read_f32(*gz, 0, h), cpu_.read_f32(*cz, 0, h), "z-scores");
+  }
+}
+
+// noncausal_attn decides on the device as on the CPU (GQA group 2, rotate_half RoPE, chunks of 32
+// over 90 slots: a padded last chunk of 26), alone and with a threshold on its z-scores.
+TEST_F(CudaPolicyOpsParity, NonCausalAttnDecidesAsOnTheCpu) {
+  const int kv = 4, group = 2, len = 90, d = 8;
+  make_caches(std::vector<int>(kv, len), 2);
+  policies::PolicyConfig pc;
+  pc.name = "noncausal_attn";
+  pc.kv_budget = 30;
+  pc.shape = {1, kv * group, kv, d, 256};
+  const std::vector<float> q = parity::random_vec(static_cast<size_t>(len) * kv * group * d, 71);
+  const cu::DeviceBuffer<float> dq = parity::to_device(q);
+  kernels::cpu::RopeParams rope;
+  rope.style = kernels::cpu::RopeStyle::kNeox;
+  rope.rot_dim = d;
+  policies::LayerStats st;
+  st.layer = 0;
+  st.n_new = len;
+  st.num_heads = kv * group;
+  st.rope = &rope;
+  st.block_end = len;
+  st.pre_rope_queries = q.data();
+  policies::LayerStats dev = st;
+  dev.pre_rope_queries = dq.data();
+  for (const bool threshold : {false, true}) {
+    SCOPED_TRACE(threshold);
+    std::map<std::string, std::string> o = {{"chunk_size", "32"}};
+    if (threshold) {
+      o["threshold"] = "0.2";
+      o["threshold_window"] = "8";
+    }
+    pc.options = policies::PolicyOptions(o);
+    EvictionPlan cplan, gplan;
+    prefill_on_both(pc, st, dev, &cplan, &gplan);
+    if (!threshold) {
+      ASSERT_TRUE(gplan.on_device());
+      const std::vector<int32_t> lists =
+          parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
+      for (int h = 0; h < kv; ++h) {
+        const std::vector<int32_t> want =
+            parity::expect_same_keep_list(gplan, lists, cplan, h, len);
+        EXPECT_EQ(static_cast<int>(want.size()), pc.kv_budget) << "head " << h;
+      }
+    } else {
+      // The threshold reads the scores on the host: host keep lists on both.
+      ASSERT_FALSE(gplan.on_device());
+      EXPECT_TRUE(cplan.changes_any());
+      for (int h = 0; h < kv; ++h) {
+        std::vector<int32_t> want, got;
+        cplan.keep_list(h, len, &want);
+        gplan.keep_list(h, len, &got);
+        EXPECT_EQ(got, want) << "head " << h;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvb

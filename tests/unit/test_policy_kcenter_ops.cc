@@ -220,6 +220,11 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                              const void* wo, bool wo_bf16, int dim, int group) override {
     cpu_.projected_value_norms(out, out_layer, cache, layer, wo, wo_bf16, dim, group);
   }
+  void chunk_attention_sums(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                            const policies::LayerStats& st, int chunk) override {
+    cpu_.chunk_attention_sums(out, out_layer, cache, layer, st, chunk);
+  }
+  void standardize(SlotRows& rows, int layer) override { cpu_.standardize(rows, layer); }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

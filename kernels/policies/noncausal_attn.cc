@@ -1,0 +1,93 @@
+// `noncausal_attn` (kvpress NonCausalAttnPress; Chari & Van Durme 2025, "Compactor: Calibrated
+// Query-Agnostic KV Cache Compression with Approximate Leverage Scores", its attention half):
+// after prefill each KV head keeps the kv_budget tokens that the prompt's own queries attend to
+// most when every query sees every key of its chunk of `chunk_size` tokens (no causal mask,
+// no 1 / sqrt(d)): the attention summed over the chunk's queries (chunk_attention_sums, with
+// kvpress's padding of a short last chunk), averaged over the KV head's query heads, times the
+// value's L2 norm, averaged over 3 neighbours (zeros past the ends, divided by 3), then
+// standardised over the layer's heads together (kvpress's z-score: it decides nothing for a
+// per-head top-k, but the wrappers' thresholds and cross-head choices read it). Prefill only.
+#include "common/error.h"
+#include "kernels/policies/policies.h"
+#include "kernels/policies/scorer.h"
+
+namespace kvb::policies {
+namespace {
+
+class NonCausalAttn final : public Policy {
+ public:
+  explicit NonCausalAttn(const PolicyConfig& c) : Policy(c), wrap_(c) {
+    chunk_ = c.options.get_int("chunk_size", 256, 1, 1 << 16);
+    const bool across_heads = c.options.get_bool("ada", false) ||
+                              c.options.get_bool("critical", false) ||
+                              c.options.has("chunkkv") || c.options.has("threshold");
+    KVB_USAGE_CHECK(!across_heads || !c.tp || c.tp->size() == 1)
+        << "policy noncausal_attn: its scores are standardised over every head of a layer, which "
+           "tensor parallelism splits across ranks, so ada, critical, chunkkv and threshold "
+           "(which compare scores across heads or against a fixed value) would differ; run it "
+           "without --gpus-per-worker";
+  }
+  StatsRequest prefill_request(int) const override {
+    return wrap_.request({.pre_rope_queries = true});
+  }
+  bool decides_with_ops() const override { return true; }
+
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    const int budget = wrap_.budget(st.layer, cache, kv_budget());
+    if (!wrap_.acts(cache, st.layer, budget)) return;
+    KVB_CHECK(st.pre_rope_queries != nullptr && st.rope != nullptr)
+        << "noncausal_attn: the engine gave no pre-RoPE queries or RoPE parameters";
+    const int heads = cache.shape().num_kv_heads;
+    for (int h = 0; h < heads; ++h) {
+      KVB_USAGE_CHECK(cache.length(st.layer, h) == st.n_new)
+          << "policy noncausal_attn scores a prompt by its own queries, so the prompt must be "
+             "prefilled in one block into an empty cache; layer "
+          << st.layer << " head " << h << " holds " << cache.length(st.layer, h)
+          << " slots after a block of " << st.n_new;
+    }
+    const int group = st.num_heads / heads;
+    PolicyOps& ops = ops_of(st);
+    // Scratch (nothing is kept): the query heads' column sums, their GQA mean, the values'
+    // norms and the pooled scores.
+    SlotRows& sums = rows_of(sums_.rows, ops, SlotType::kF32, 1, st.num_heads);
+    ops.chunk_attention_sums(sums, 0, cache, st.layer, st, chunk_);
+    SlotRows* score = &sums;
+    if (group > 1) {
+      SlotRows& reduced = rows_of(reduced_.rows, ops, SlotType::kF32, 1, heads);
+      ops.reduce_heads(sums, 0, group, GqaReduce::kMean, reduced, 0);
+      score = &reduced;
+    }
+    SlotRows& norms = rows_of(norms_.rows, ops, SlotType::kF32, 1, heads);
+    ops.cache_norms(norms, 0, cache, st.layer, CacheRows::kValues, /*squared=*/false);
+    ops.combine(*score, 0, norms, 0, Combine::kMul);
+    SlotRows& pooled = rows_of(pooled_.rows, ops, SlotType::kF32, 1, heads);
+    ops.pool(*score, 0, pooled, 0, 3, kernels::cpu::PoolKind::kAvg);
+    ops.standardize(pooled, 0);
+    wrap_.keep(ops, pooled, 0, st, cache, budget, plan);
+  }
+
+  std::unique_ptr<Policy> clone() const override { return std::make_unique<NonCausalAttn>(*this); }
+
+ private:
+  int chunk_ = 256;
+  ScorerWrappers wrap_;
+  ScratchRows sums_, reduced_, norms_, pooled_;
+};
+
+}  // namespace
+
+PolicyInfo noncausal_attn_policy_info() {
+  return {"noncausal_attn",
+          "keep the kv_budget tokens the prompt's own queries attend to most when each sees every "
+          "key of its chunk (no causal mask), times their values' norms, pooled over 3 "
+          "neighbours and standardised over the layer (NonCausalAttnPress)",
+          with_wrappers({{"chunk_size",
+                          "256",
+                          "tokens per chunk of the non-causal attention (the last chunk is "
+                          "padded as kvpress pads it)",
+                          {}}}),
+          [](const PolicyConfig& c) { return std::make_unique<NonCausalAttn>(c); }};
+}
+
+}  // namespace kvb::policies

@@ -1,0 +1,321 @@
+// `noncausal_attn` (kvpress NonCausalAttnPress; POLICIES.md "kvpress's presses"): its two
+// vocabulary ops (chunk_attention_sums, standardize) on hand-computed cases, and the policy's
+// keep-sets against a plain float64 computation written independently from kvpress's code
+// (RoPE in float64 on the queries, chunks padded as kvpress pads them, the GQA mean, value norms,
+// avg_pool1d(3, padding 1), the layer's z-score, top-k per head).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/kv_cache.h"
+#include "kernels/ops/cpu_policy_ops.h"
+#include "kernels/policies/policy.h"
+
+namespace kvb::policies {
+namespace {
+
+using kernels::KvCache;
+using kernels::cpu::RopeParams;
+using kernels::cpu::RopeStyle;
+using V = std::vector<int32_t>;
+
+PolicyConfig config(const std::string& name, int budget, ModelShape shape,
+                    std::map<std::string, std::string> opts = {}) {
+  PolicyConfig c;
+  c.name = name;
+  c.kv_budget = budget;
+  c.shape = shape;
+  c.options = PolicyOptions(std::move(opts));
+  return c;
+}
+
+V positions(const KvCache& cache, int layer, int head) {
+  const int32_t* p = cache.layer(layer).position(head);
+  return V(p, p + cache.length(layer, head));
+}
+
+// One query head over one KV head, d 2, three tokens, chunks of 2. RoPE's positions are divided
+// by 1e30, so every rotation is the identity in f32. Chunk 0 (slots 0, 1; queries 0, 1): q0 = 0
+// attends 1/2, 1/2; q1 = (ln 3, 0) attends 3/4, 1/4 (logits ln 3 and 0): 1.25 and 0.75. Chunk 1
+// is slot 2 alone, padded as kvpress pads it: one padded key of logit -1e-9 and one padded query
+// (logit 0 on slot 2). q2 = (1, 1) has logit 2 on k2 = (1, 1): 1 / (1 + e^-2); the padded query
+// 1 / (1 + e^-1e-9) ~ 1/2. Without the padding slot 2 would score 1.
+TEST(NonCausalAttnOps, ChunkAttentionSumsOfHandPickedQueriesAndKeys) {
+  kernels::ops::CpuPolicyOps ops;
+  const float ln3 = std::log(3.0f);
+  const std::vector<float> q = {0, 0, ln3, 0, 1, 1};
+  const std::vector<std::vector<float>> k = {{1, 0}, {0, 1}, {1, 1}};
+  KvCache cache({1, 1, 2}, 3);
+  for (int j = 0; j < 3; ++j) cache.append(0, 0, k[j].data(), k[j].data(), j);
+  RopeParams rope;
+  rope.style = RopeStyle::kNeox;
+  rope.rot_dim = 2;
+  rope.linear_scale = 1e30f;
+  LayerStats st;
+  st.n_new = 3;
+  st.num_heads = 1;
+  st.pre_rope_queries = q.data();
+  st.rope = &rope;
+  st.block_end = 3;
+  std::unique_ptr<SlotRows> out = ops.make_rows(SlotType::kF32, 1, 1);
+  ops.chunk_attention_sums(*out, 0, cache, 0, st, 2);
+  const std::vector<float> got = ops.read_f32(*out, 0, 0);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_NEAR(got[0], 1.25f, 1e-6);
+  EXPECT_NEAR(got[1], 0.75f, 1e-6);
+  EXPECT_NEAR(got[2], 1.0 / (1.0 + std::exp(-2.0)) + 0.5, 1e-6);
+  // One chunk of all three: no padding, each query's row sums to 1, so the sums total 3.
+  ops.chunk_attention_sums(*out, 0, cache, 0, st, 3);
+  const std::vector<float> whole = ops.read_f32(*out, 0, 0);
+  EXPECT_NEAR(whole[0] + whole[1] + whole[2], 3.0, 1e-6);
+  // A block that is not the whole cache, queries missing, a chunk of 0: refused.
+  st.n_new = 2;
+  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 2), Error);
+  st.n_new = 3;
+  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 0), Error);
+  st.pre_rope_queries = nullptr;
+  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 2), Error);
+}
+
+// Rows {1, 2} and {3}: mean 2, unbiased variance (1 + 0 + 1) / 2 = 1: -1, 0, 1. One entry (N < 2)
+// and equal entries divide by the floor 1e-6. Rows of 600 and 3 entries (three runs of the sums)
+// against a plain two-pass float64 computation.
+TEST(NonCausalAttnOps, StandardizeTakesTheLayersHeadsTogether) {
+  kernels::ops::CpuPolicyOps ops;
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
+  // Head h's row becomes rows[h] (accumulate of one source row per head into zeros).
+  auto set = [&](const std::vector<std::vector<float>>& rows) {
+    size_t cap = 1;
+    for (const auto& row : rows) cap = std::max(cap, row.size());
+    std::vector<float> src(rows.size() * cap, 0.0f);
+    V len;
+    for (size_t h = 0; h < rows.size(); ++h) {
+      std::copy(rows[h].begin(), rows[h].end(), src.begin() + h * cap);
+      len.push_back(static_cast<int32_t>(rows[h].size()));
+    }
+    ops.resize(*r, 0, V(rows.size(), 0));
+    ops.resize(*r, 0, len);
+    ops.accumulate(*r, 0, src.data(), cap, cap, 1, kernels::ops::GqaReduce::kMean);
+  };
+  set({{1, 2}, {3}});
+  ops.standardize(*r, 0);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{-1, 0}));
+  EXPECT_EQ(ops.read_f32(*r, 0, 1), (std::vector<float>{1}));
+  set({{5}, {}});
+  ops.standardize(*r, 0);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{0}));
+  set({{2, 2}, {2}});
+  ops.standardize(*r, 0);
+  EXPECT_EQ(ops.read_f32(*r, 0, 0), (std::vector<float>{0, 0}));
+  set({{1e-7f, 0}, {}});  // sd 7.07e-8 is floored: (x - mean) / 1e-6
+  ops.standardize(*r, 0);
+  EXPECT_NEAR(ops.read_f32(*r, 0, 0)[0], 0.05, 1e-6);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(2.0f, 3.0f);
+  std::vector<std::vector<float>> rows = {std::vector<float>(600), std::vector<float>(3)};
+  for (auto& row : rows) {
+    for (float& x : row) x = g(rng);
+  }
+  set(rows);
+  ops.standardize(*r, 0);
+  double mean = 0, sq = 0;
+  for (const auto& row : rows) {
+    for (float x : row) mean += x;
+  }
+  mean /= 603;
+  for (const auto& row : rows) {
+    for (float x : row) sq += (x - mean) * (x - mean);
+  }
+  const double sd = std::sqrt(sq / 602);
+  for (size_t h = 0; h < 2; ++h) {
+    const std::vector<float> got = ops.read_f32(*r, 0, static_cast<int>(h));
+    for (size_t j = 0; j < rows[h].size(); ++j) {
+      EXPECT_NEAR(got[j], (rows[h][j] - mean) / sd, 1e-6) << h << " " << j;
+    }
+  }
+}
+
+// kvpress's NonCausalAttnPress in float64, written from its code: queries rotated by RoPE (neox,
+// float64 cos and sin) at positions 0..n-1; per query head and chunk of `chunk` (padded to a
+// multiple: padded keys of logit -1e-9, padded queries of logit 0 on real keys), the softmax of
+// each query's row summed over the chunk's queries (padded ones too); the mean over the KV head's
+// query heads; times |v|; the average of 3 neighbours (zeros past the ends, / 3); the z-score over
+// the whole layer; each head's top `budget`.
+std::vector<std::vector<int>> reference_keep(const std::vector<float>& q,
+                                             const std::vector<std::vector<std::vector<float>>>& k,
+                                             const std::vector<std::vector<std::vector<float>>>& v,
+                                             int num_heads, int d, float theta, int chunk,
+                                             int budget, std::vector<std::vector<double>>* z) {
+  const int kv = static_cast<int>(k.size()), n = static_cast<int>(k[0].size());
+  const int group = num_heads / kv, half = d / 2;
+  const int padded = (n + chunk - 1) / chunk * chunk;
+  std::vector<std::vector<double>> a(kv, std::vector<double>(n, 0.0));
+  for (int h = 0; h < num_heads; ++h) {
+    std::vector<std::vector<double>> y(padded, std::vector<double>(d, 0.0));
+    for (int t = 0; t < n; ++t) {
+      const float* x = &q[(static_cast<size_t>(t) * num_heads + h) * d];
+      for (int i = 0; i < half; ++i) {
+        const double f = 1.0 / std::pow(static_cast<double>(theta), 2.0 * i / d);
+        const double c = std::cos(t * f), s = std::sin(t * f);
+        y[t][i] = x[i] * c - x[i + half] * s;
+        y[t][i + half] = x[i] * s + x[i + half] * c;
+      }
+    }
+    const int c = h / group;
+    for (int c0 = 0; c0 < padded; c0 += chunk) {
+      for (int t = c0; t < c0 + chunk; ++t) {
+        std::vector<double> logit(chunk);
+        for (int j = 0; j < chunk; ++j) {
+          if (c0 + j >= n) {
+            logit[j] = -1e-9;
+          } else if (t >= n) {
+            logit[j] = 0;
+          } else {
+            double dot = 0;
+            for (int i = 0; i < d; ++i) dot += y[t][i] * k[c][c0 + j][i];
+            logit[j] = dot;
+          }
+        }
+        const double top = *std::max_element(logit.begin(), logit.end());
+        double sum = 0;
+        for (double l : logit) sum += std::exp(l - top);
+        for (int j = 0; j < chunk && c0 + j < n; ++j) {
+          a[c][c0 + j] += std::exp(logit[j] - top) / sum / group;
+        }
+      }
+    }
+  }
+  std::vector<std::vector<double>> pooled(kv, std::vector<double>(n, 0.0));
+  double total = 0;
+  for (int c = 0; c < kv; ++c) {
+    std::vector<double> s(n);
+    for (int j = 0; j < n; ++j) {
+      double vn = 0;
+      for (float x : v[c][j]) vn += static_cast<double>(x) * x;
+      s[j] = a[c][j] * std::sqrt(vn);
+    }
+    for (int j = 0; j < n; ++j) {
+      pooled[c][j] = ((j > 0 ? s[j - 1] : 0.0) + s[j] + (j + 1 < n ? s[j + 1] : 0.0)) / 3;
+      total += pooled[c][j];
+    }
+  }
+  const double mean = total / (kv * n);
+  double sq = 0;
+  for (const auto& row : pooled) {
+    for (double x : row) sq += (x - mean) * (x - mean);
+  }
+  const double sd = std::sqrt(sq / (kv * n - 1));
+  std::vector<std::vector<int>> keep(kv);
+  z->assign(kv, std::vector<double>(n));
+  for (int c = 0; c < kv; ++c) {
+    for (int j = 0; j < n; ++j) (*z)[c][j] = (pooled[c][j] - mean) / sd;
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int x, int y) { return pooled[c][x] > pooled[c][y]; });
+    keep[c].assign(order.begin(), order.begin() + std::min(budget, n));
+    std::sort(keep[c].begin(), keep[c].end());
+  }
+  return keep;
+}
+
+// Two KV heads, four query heads, d 8, 26 tokens of random queries, keys and values: the policy
+// keeps what the float64 press keeps, per head, at three budgets and chunks of 8 (a short last
+// chunk of 2), 26 (one chunk) and 32 (one padded chunk); a budget of the whole prompt keeps
+// everything. With a threshold (DMSPress over it) the z-scores decide: the slots before the
+// window whose float64 z-score is below it leave.
+TEST(NonCausalAttnPolicy, KeepsWhatAFloat64PressKeeps) {
+  const int kv = 2, heads = 4, d = 8, n = 26;
+  const float theta = 10000.0f;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(n) * heads * d);
+  for (float& x : q) x = g(rng);
+  std::vector<std::vector<std::vector<float>>> k(kv, std::vector<std::vector<float>>(n)), v = k;
+  for (int c = 0; c < kv; ++c) {
+    for (int j = 0; j < n; ++j) {
+      k[c][j].resize(d);
+      v[c][j].resize(d);
+      for (float& x : k[c][j]) x = g(rng);
+      for (float& x : v[c][j]) x = g(rng);
+    }
+  }
+  RopeParams rope;
+  rope.style = RopeStyle::kNeox;
+  rope.rot_dim = d;
+  rope.theta = theta;
+  const ModelShape shape{1, heads, kv, d, 0};
+  auto filled = [&] {
+    KvCache cache({1, kv, d}, n);
+    for (int j = 0; j < n; ++j) {
+      for (int c = 0; c < kv; ++c) cache.append(0, c, k[c][j].data(), v[c][j].data(), j);
+    }
+    return cache;
+  };
+  LayerStats st;
+  st.layer = 0;
+  st.n_new = n;
+  st.num_heads = heads;
+  st.pre_rope_queries = q.data();
+  st.rope = &rope;
+  st.block_end = n;
+  for (int chunk : {8, 26, 32}) {
+    for (int budget : {5, 13, 21, n}) {
+      SCOPED_TRACE(std::to_string(chunk) + " " + std::to_string(budget));
+      KvCache cache = filled();
+      auto p = make_policy(
+          config("noncausal_attn", budget, shape, {{"chunk_size", std::to_string(chunk)}}));
+      EXPECT_TRUE(p->decides_with_ops());
+      EXPECT_TRUE(p->prefill_request(n).pre_rope_queries);
+      prefill_layer(*p, st, cache);
+      std::vector<std::vector<double>> z;
+      const auto want = reference_keep(q, k, v, heads, d, theta, chunk, budget, &z);
+      for (int c = 0; c < kv; ++c) {
+        const V got = positions(cache, 0, c);
+        EXPECT_EQ(std::vector<int>(got.begin(), got.end()), want[c]) << "head " << c;
+      }
+    }
+    // threshold 0.3, window 4: every slot before the last 4 whose z-score is below 0.3 leaves.
+    KvCache cache = filled();
+    auto p = make_policy(config("noncausal_attn", 1, shape,
+                                {{"chunk_size", std::to_string(chunk)},
+                                 {"threshold", "0.3"},
+                                 {"threshold_window", "4"}}));
+    prefill_layer(*p, st, cache);
+    std::vector<std::vector<double>> z;
+    reference_keep(q, k, v, heads, d, theta, chunk, n, &z);
+    for (int c = 0; c < kv; ++c) {
+      std::vector<int> want;
+      for (int j = 0; j < n; ++j) {
+        if (j >= n - 4 || z[c][j] >= 0.3) want.push_back(j);
+      }
+      const V got = positions(cache, 0, c);
+      EXPECT_EQ(std::vector<int>(got.begin(), got.end()), want) << "chunk " << chunk << " head "
+                                                                << c;
+    }
+  }
+  // Without the queries, or after a block that is not the whole cache, the policy says so; its
+  // options are checked.
+  KvCache cache = filled();
+  LayerStats bare = st;
+  bare.pre_rope_queries = nullptr;
+  auto p = make_policy(config("noncausal_attn", 6, shape));
+  EXPECT_THROW(prefill_layer(*p, bare, cache), Error);
+  LayerStats part = st;
+  part.n_new = n - 1;
+  EXPECT_THROW(prefill_layer(*p, part, cache), Error);
+  EXPECT_THROW(make_policy(config("noncausal_attn", 6, shape, {{"chunk_size", "0"}})), Error);
+  EXPECT_THROW(make_policy(config("noncausal_attn", 6, shape, {{"decode_interval", "2"}})), Error);
+}
+
+}  // namespace
+}  // namespace kvb::policies
