@@ -19,6 +19,7 @@ Measured tables: kernels/policies/README.md "kvpress's presses".
       --model models/SmolLM2-135M-Instruct.Q4_1.gguf --ratios 0.25,0.5,0.75
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -146,7 +147,9 @@ def main():
                 if need_sdpa and sdpa is None:
                     sdpa = load_model(args.model, attn="sdpa")
                 runner = sdpa if need_sdpa else model
-                with torch.no_grad(), press(runner):
+                sketches = (kvpress_common.kvbench_sketches(model.config.num_hidden_layers)
+                            if policy in ("leverage", "compactor") else contextlib.nullcontext())
+                with torch.no_grad(), press(runner), sketches:
                     cache = runner(input_ids, past_key_values=DynamicCache(),
                                    use_cache=True).past_key_values
                     kept = masked_keep_sets(runner, n) if masked else None

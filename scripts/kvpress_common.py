@@ -44,6 +44,79 @@ def write_duo_patterns(folder, n_layers, kv_heads):
     return folder
 
 
+# kernels/cpu/sketch.h's Gaussian sketch, drawn in Python: kvbench's `leverage` draws its sketch
+# from a counter (the unit's seed, layer and KV head), kvpress's LeverageScorePress from
+# torch.randn. kvbench_sketches() hands kvpress kvbench's values in place of torch.randn's, so
+# that the keep-sets compare the method, not two random draws.
+SKETCH_STEP = 0x736B65746368
+MASK64 = (1 << 64) - 1
+
+
+def mix64(x):
+    """subgen_counter.h's mix64 (splitmix64's finalizer)."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def counter_uniform(seed, layer, head, step, slot):
+    """subgen_counter.h's counter_uniform: a double in [0, 1) from the counter."""
+    h = mix64(seed)
+    h = mix64(h ^ ((layer << 32) | head))
+    h = mix64(h ^ step)
+    h = mix64(h ^ slot)
+    return float(h >> 11) * 2.0 ** -53
+
+
+_SKETCHES = {}
+
+
+def gaussian_sketch(seed, layer, head, rows, cols):
+    """sketch.h's gaussian_sketch (Box-Muller with the C library's log, cos and sqrt: Python's
+    math module calls them), as doubles; the caller rounds to float32."""
+    key = (seed, layer, head, rows, cols)
+    if key not in _SKETCHES:
+        import math
+        out = []
+        for e in range(rows * cols):
+            u = counter_uniform(seed, layer, head, SKETCH_STEP, 2 * e)
+            v = counter_uniform(seed, layer, head, SKETCH_STEP, 2 * e + 1)
+            out.append(math.sqrt(-2.0 * math.log(1.0 - u)) * math.cos(2.0 * math.pi * v))
+        _SKETCHES[key] = out
+    return _SKETCHES[key]
+
+
+class kvbench_sketches:
+    """While active, torch.randn of a [1, heads, d, k] shape (LeverageScorePress's sketch; one call
+    per layer, in layer order) returns kvbench's sketches for seed 0 (`kvbench generate`'s
+    default) and the next layer; other shapes go to torch.randn."""
+
+    def __init__(self, num_layers, seed=0):
+        self.num_layers, self.seed, self.calls = num_layers, seed, 0
+
+    def __enter__(self):
+        self.real = torch.randn
+
+        def randn(*size, **kw):
+            shape = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else size
+            if len(shape) != 4 or shape[0] != 1:
+                return self.real(*size, **kw)
+            _, heads, d, k = shape
+            layer = self.calls % self.num_layers
+            self.calls += 1
+            vals = [gaussian_sketch(self.seed, layer, h, d, k) for h in range(heads)]
+            t = torch.tensor(vals, dtype=torch.float32).view(1, heads, d, k)
+            return t.to(dtype=kw.get("dtype") or torch.float32, device=kw.get("device"))
+
+        torch.randn = randn
+        return self
+
+    def __exit__(self, *exc):
+        torch.randn = self.real
+        return False
+
+
 def layer_ratios(n_layers):
     """PerLayerCompressionPress's ratios in the comparison: 0.25, 0.5, 0.75 by layer, in turn."""
     return [(0.25, 0.5, 0.75)[layer % 3] for layer in range(n_layers)]
@@ -99,6 +172,12 @@ PAIRS = [
     ("NonCausalAttn (chunks of 100)",
      lambda r: kvpress.NonCausalAttnPress(compression_ratio=r, chunk_size=100), "noncausal_attn",
      ["chunk_size=100"]),
+    # LeverageScorePress with kvbench's sketch in place of torch.randn's (kvbench_sketches).
+    ("LeverageScore (sketch 48, kvbench's sketch)",
+     lambda r: kvpress.LeverageScorePress(compression_ratio=r), "leverage", []),
+    ("LeverageScore (sketch 16, kvbench's sketch)",
+     lambda r: kvpress.LeverageScorePress(compression_ratio=r, sketch_dimension=16), "leverage",
+     ["sketch_dimension=16"]),
     # SimLayerKVPress decides per layer by a threshold, not by the ratio (the same at every ratio).
     ("SimLayerKV (threshold 0.5, 4 initial, 256 recent, 1 last)",
      lambda r: kvpress.SimLayerKVPress(lazy_threshold=0.5, n_recent=256), "simlayerkv",
@@ -114,6 +193,9 @@ PAIRS = [
     ("AdaKV over NonCausalAttn (alpha_safeguard 0.2)",
      lambda r: kvpress.AdaKVPress(kvpress.NonCausalAttnPress(compression_ratio=r)),
      "noncausal_attn", ["ada=true"]),
+    ("AdaKV over LeverageScore (alpha_safeguard 0.2, kvbench's sketch)",
+     lambda r: kvpress.AdaKVPress(kvpress.LeverageScorePress(compression_ratio=r)), "leverage",
+     ["ada=true"]),
     ("AdaKV over KeyDiff (alpha_safeguard 0.2)",
      lambda r: kvpress.AdaKVPress(kvpress.KeyDiffPress(compression_ratio=r)), "keydiff",
      ["ada=true"]),

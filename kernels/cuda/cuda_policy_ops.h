@@ -116,6 +116,9 @@ class CudaPolicyOps final : public ops::PolicyOps {
   void chunk_attention_sums(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
                             const ops::LayerStats& st, int chunk) override;
   void standardize(ops::SlotRows& rows, int layer) override;
+  void leverage_scores(ops::SlotRows& out, int out_layer, const ops::LayerStats& st, int key_heads,
+                       int head_dim, int first, int count, const float* sketch,
+                       int k) override;
   // fill_top: keep_top's selection kernel into scratch lists, then one scatter launch.
   void fill_top(ops::SlotRows& rows, int layer, std::span<const int32_t> k, float value,
                 const ops::SlotRows* by, int by_layer) override;

@@ -12,6 +12,7 @@
 #include "kernels/cpu/gqa.h"
 #include "kernels/cpu/history_bits.h"
 #include "kernels/cpu/kcenter.h"
+#include "kernels/cpu/leverage.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/select.h"
@@ -978,6 +979,81 @@ void CpuPolicyOps::standardize(SlotRows& rows, int layer) {
   for (int h = 0; h < rows.heads(); ++h) {
     for (float& x : r.f32(layer, h)) x = static_cast<float>((x - mean) / sd);
   }
+}
+
+void CpuPolicyOps::leverage_scores(SlotRows& out, int out_layer, const LayerStats& st,
+                                   int key_heads, int head_dim, int first, int count,
+                                   const float* sketch, int k) {
+  CpuRows& r = host(out);
+  check_layer(out, out_layer);
+  const int heads = out.heads();
+  KVB_CHECK(out.type() == SlotType::kF32 && heads <= key_heads && st.pre_rope_keys != nullptr &&
+            sketch != nullptr && k >= 1 && k <= kMaxSketch && first >= 0 && count >= 1 &&
+            first + count <= st.n_new && head_dim >= 1)
+      << "leverage_scores: " << heads << " rows of " << key_heads << " key heads, tokens ["
+      << first << ", " << first + count << ") of " << st.n_new << ", a sketch of " << k
+      << " columns (at most " << kMaxSketch << ")"
+      << (st.pre_rope_keys ? "" : " (no pre-RoPE keys)");
+  const int d = head_dim;
+  for (int h = 0; h < heads; ++h) r.f32(out_layer, h).resize(count);
+  bool failed = false;
+#pragma omp parallel if (heads > 1)
+  {
+    std::vector<double> mean(d), x(static_cast<size_t>(count) * k), g(static_cast<size_t>(k) * k),
+        l(static_cast<size_t>(k) * k), y(k);
+#pragma omp for schedule(dynamic, 1)
+    for (int h = 0; h < heads; ++h) {
+      auto key = [&](int t) {
+        return st.pre_rope_keys + (static_cast<size_t>(first + t) * key_heads + h) * d;
+      };
+      std::fill(mean.begin(), mean.end(), 0.0);
+      for (int t = 0; t < count; ++t) {
+        const float* kt = key(t);
+        for (int i = 0; i < d; ++i) mean[i] += kt[i];
+      }
+      for (int i = 0; i < d; ++i) mean[i] /= count;
+      const float* phi = sketch + static_cast<size_t>(h) * d * k;
+      std::fill(x.begin(), x.end(), 0.0);
+      for (int t = 0; t < count; ++t) {
+        const float* kt = key(t);
+        double* xt = &x[static_cast<size_t>(t) * k];
+        for (int i = 0; i < d; ++i) {
+          const double ci = kt[i] - mean[i];
+          const float* pi = phi + static_cast<size_t>(i) * k;
+          for (int c = 0; c < k; ++c) xt[c] = std::fma(ci, static_cast<double>(pi[c]), xt[c]);
+        }
+      }
+      // The Gram matrix's upper triangle in t order, mirrored (each entry its own sum).
+      std::fill(g.begin(), g.end(), 0.0);
+      for (int t = 0; t < count; ++t) {
+        const double* xt = &x[static_cast<size_t>(t) * k];
+        for (int a = 0; a < k; ++a) {
+          const double xa = xt[a];
+          double* ga = &g[static_cast<size_t>(a) * k];
+          for (int b = a; b < k; ++b) ga[b] = std::fma(xa, xt[b], ga[b]);
+        }
+      }
+      for (int a = 0; a < k; ++a) {
+        for (int b = 0; b < a; ++b) {
+          g[static_cast<size_t>(a) * k + b] = g[static_cast<size_t>(b) * k + a];
+        }
+      }
+      std::vector<float>& o = r.f32(out_layer, h);
+      if (!kernels::cpu::cholesky_with_jitter(g.data(), k, l.data())) {
+#pragma omp atomic write
+        failed = true;
+        continue;
+      }
+      for (int t = 0; t < count; ++t) {
+        o[t] = static_cast<float>(
+            kernels::cpu::solve_sq_norm(l.data(), &x[static_cast<size_t>(t) * k], k, y.data()));
+      }
+    }
+  }
+  KVB_CHECK(!failed) << "leverage_scores: layer " << st.layer
+                     << "'s keys have no positive definite Gram matrix, even with a jitter of 100 "
+                        "(kvpress's chol_with_jitter fails too)";
+  for (int h = 0; h < heads; ++h) r.sync_length(out_layer, h);
 }
 
 void CpuPolicyOps::erase(SlotRows& rows, int layer, std::span<const RowErase> heads) {

@@ -60,6 +60,9 @@ class CpuPolicyOps final : public PolicyOps {
   void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvCache& cache,
                             int layer, const LayerStats& st, int chunk) override;
   void standardize(SlotRows& rows, int layer) override;
+  void leverage_scores(SlotRows& out, int out_layer, const LayerStats& st, int key_heads,
+                       int head_dim, int first, int count, const float* sketch,
+                       int k) override;
   void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
   void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;

@@ -54,6 +54,9 @@ struct WindowScoreOptions {
 
 enum class SlotType : uint8_t { kF32, kU64 };
 
+// leverage_scores' largest sketch dimension.
+constexpr int kMaxSketch = 128;
+
 // standardize's run of entries summed on their own (a device sums the runs in parallel).
 constexpr size_t kStandardizeRun = 256;
 
@@ -434,6 +437,26 @@ class PolicyOps {
   // from the host's in the last bit.
   virtual void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvCache& cache,
                                     int layer, const LayerStats& st, int chunk) = 0;
+  // Vocabulary: approximate leverage scores of a block's pre-RoPE keys under a right sketch (kvpress
+  // LeverageScorePress; Compactor). For every head h < out.heads() (<= key_heads) with its keys
+  // K_t = st.pre_rope_keys + (t * key_heads + h) * d (d = head_dim) for the tokens t in [first,
+  // first + count) of the block (count >= 1, first + count <= st.n_new) and its sketch Phi_h =
+  // sketch + h * d * k (host memory, d x k row-major, k <= kMaxSketch), in f64 with every
+  // product-sum an explicit fused multiply-add in index order:
+  //   mean[i] = (sum_t K_t[i]) / count;  x_t[c] = sum_i (K_t[i] - mean[i]) Phi_h[i][c];
+  //   G[a][b] = sum_t x_t[a] x_t[b] (t order) + jitter on the diagonal;
+  //   L = the Cholesky factor of G (column by column: s = G[j][j] - sum_{p<j} L[j][p]^2 as fused
+  //   multiply-adds in p order, L[j][j] = sqrt(s), L[i][j] = (G[i][j] - sum_p L[i][p] L[j][p]) /
+  //   L[j][j]); a pivot s that is not > 0 retries with jitter max(1e-8, 10 x jitter), starting from
+  //   1e-2, five tries (kvpress's chol_with_jitter), then the host throws (a device writes NaN
+  //   scores: it does not wait to learn);
+  //   y = L^{-1} x_t by forward substitution (y_a = (x_t[a] - sum_{b<a} L[a][b] y_b) / L[a][a]);
+  // row (out_layer, h) becomes count long: entry t - first = float(max(0, sum_a y_a^2)), the
+  // diagonal of X (X^T X + jitter I)^{-1} X^T. The sketch travels to a device with the call (one
+  // counted upload).
+  virtual void leverage_scores(SlotRows& out, int out_layer, const LayerStats& st, int key_heads,
+                               int head_dim, int first, int count, const float* sketch,
+                               int k) = 0;
   // Vocabulary: a layer's rows standardised together (kvpress's z-scores, taken over a layer's
   // whole score tensor). With the N entries x of every f32 row (layer, h), h < rows.heads():
   // mean = (sum x) / N and sd = max(sqrt((sum (x - mean)^2) / (N - 1)), 1e-6) (N < 2: sd = 1e-6),

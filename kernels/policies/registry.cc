@@ -31,6 +31,7 @@ const std::vector<PolicyInfo>& policy_registry() {
           lagkv_policy_info(),
           expected_attention_policy_info(),
           noncausal_attn_policy_info(),
+          leverage_policy_info(),
           simlayerkv_policy_info(),
           duo_attention_policy_info(),
           python_policy_info(),

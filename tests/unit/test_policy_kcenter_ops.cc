@@ -225,6 +225,11 @@ class HostAsDeviceOps final : public policies::PolicyOps {
     cpu_.chunk_attention_sums(out, out_layer, cache, layer, st, chunk);
   }
   void standardize(SlotRows& rows, int layer) override { cpu_.standardize(rows, layer); }
+  void leverage_scores(SlotRows& out, int out_layer, const policies::LayerStats& st,
+                       int key_heads, int head_dim, int first, int count, const float* sketch,
+                       int k) override {
+    cpu_.leverage_scores(out, out_layer, st, key_heads, head_dim, first, count, sketch, k);
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

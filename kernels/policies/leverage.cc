@@ -1,0 +1,103 @@
+// `leverage` (kvpress LeverageScorePress; Chari & Van Durme 2025, "Compactor: Calibrated
+// Query-Agnostic KV Cache Compression with Approximate Leverage Scores", its leverage half): after
+// prefill each KV head keeps the kv_budget tokens whose pre-RoPE keys have the highest approximate
+// leverage: the keys centred over the prompt and projected by a Gaussian sketch of
+// `sketch_dimension` columns scaled by 1 / sqrt(k), X, score diag(X (X^T X + jitter I)^{-1} X^T)
+// (kvpress's Cholesky with jitter from 1e-2), standardised over the layer's heads together
+// (kvpress's z-score). The sketch is kvbench's own, drawn from a counter per (unit seed, layer,
+// global KV head) (kernels/cpu/sketch.h), its rows in Hugging Face's channel order: reproducible,
+// so a unit's result repeats and a seed axis varies it; kvpress draws torch.randn, which
+// compare_kvpress.py replaces by the same values to compare keep-sets. Prefill only.
+#include <cmath>
+
+#include "common/error.h"
+#include "kernels/cpu/sketch.h"
+#include "kernels/policies/policies.h"
+#include "kernels/policies/scorer.h"
+
+namespace kvb::policies {
+namespace {
+
+class Leverage final : public Policy {
+ public:
+  explicit Leverage(const PolicyConfig& c) : Policy(c), wrap_(c) {
+    k_ = c.options.get_int("sketch_dimension", 48, 1, kernels::ops::kMaxSketch);
+    const bool across_heads = c.options.get_bool("ada", false) ||
+                              c.options.get_bool("critical", false) ||
+                              c.options.has("chunkkv") || c.options.has("threshold");
+    KVB_USAGE_CHECK(!across_heads || !c.tp || c.tp->size() == 1)
+        << "policy leverage: its scores are standardised over every head of a layer, which "
+           "tensor parallelism splits across ranks, so ada, critical, chunkkv and threshold "
+           "(which compare scores across heads or against a fixed value) would differ; run it "
+           "without --gpus-per-worker";
+  }
+  StatsRequest prefill_request(int) const override {
+    return wrap_.request({.pre_rope_keys = true});
+  }
+  bool decides_with_ops() const override { return true; }
+
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    const int budget = wrap_.budget(st.layer, cache, kv_budget());
+    if (!wrap_.acts(cache, st.layer, budget)) return;
+    KVB_CHECK(st.pre_rope_keys != nullptr) << "leverage: the engine gave no pre-RoPE keys";
+    const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
+    for (int h = 0; h < heads; ++h) {
+      KVB_USAGE_CHECK(cache.length(st.layer, h) == st.n_new)
+          << "policy leverage scores a prompt's own keys, so the prompt must be prefilled in one "
+             "block into an empty cache; layer "
+          << st.layer << " head " << h << " holds " << cache.length(st.layer, h)
+          << " slots after a block of " << st.n_new;
+    }
+    // The layer's sketches, scaled as kvpress scales torch.randn's draws (an f32 product). Their
+    // rows are drawn in Hugging Face's channel order: where the model's rows rotate adjacent pairs
+    // (a GGUF llama's Q/K rows, permuted at conversion), row j of ours is HF's channel j / 2 for
+    // an even j < rot_dim and rot_dim / 2 + j / 2 for an odd one, so that one model gets one
+    // sketch from either file.
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k_)));
+    const bool adjacent = st.rope && st.rope->style == kernels::cpu::RopeStyle::kNorm;
+    const int rot = st.rope ? st.rope->rot_dim : 0;
+    sketch_.assign(static_cast<size_t>(heads) * d * k_, 0.0f);
+    for (int h = 0; h < heads; ++h) {
+      const std::vector<float> z =
+          kernels::cpu::gaussian_sketch(config().seed, st.layer, tp_rank() * heads + h, d, k_);
+      for (int j = 0; j < d; ++j) {
+        const int from = adjacent && j < rot ? (j % 2 == 0 ? j / 2 : rot / 2 + j / 2) : j;
+        for (int c = 0; c < k_; ++c) {
+          sketch_[(static_cast<size_t>(h) * d + j) * k_ + c] =
+              z[static_cast<size_t>(from) * k_ + c] * scale;
+        }
+      }
+    }
+    PolicyOps& ops = ops_of(st);
+    SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, heads);
+    ops.leverage_scores(score, 0, st, heads, d, 0, st.n_new, sketch_.data(), k_);
+    ops.standardize(score, 0);
+    wrap_.keep(ops, score, 0, st, cache, budget, plan);
+  }
+
+  std::unique_ptr<Policy> clone() const override { return std::make_unique<Leverage>(*this); }
+
+ private:
+  int k_ = 48;
+  ScorerWrappers wrap_;
+  std::vector<float> sketch_;
+  ScratchRows score_;
+};
+
+}  // namespace
+
+PolicyInfo leverage_policy_info() {
+  return {"leverage",
+          "keep the kv_budget tokens whose pre-RoPE keys have the highest approximate leverage "
+          "under a Gaussian sketch drawn from the unit's seed, standardised over the layer "
+          "(LeverageScorePress)",
+          with_wrappers({{"sketch_dimension",
+                          "48",
+                          "columns of the Gaussian sketch (at most 128); the sketch is drawn "
+                          "from the unit's seed, layer and head",
+                          {}}}),
+          [](const PolicyConfig& c) { return std::make_unique<Leverage>(c); }};
+}
+
+}  // namespace kvb::policies
