@@ -1245,5 +1245,65 @@ TEST_F(CudaPolicyOpsParity, NonCausalAttnDecidesAsOnTheCpu) {
   }
 }
 
+// LeverageScorePress's op: five launches and one counted upload (the sketch), the CPU's bits
+// (every step is an f64 fused multiply-add chain in the CPU's order; the Cholesky factor and the
+// solve are one header on both). Three heads of 8 dimensions, tokens [3, 40) of 45, sketches of 5
+// and 20 columns (the jitter makes the second's rank-8 Gram matrix definite).
+TEST_F(CudaPolicyOpsParity, LeverageScoresAreTheCpuBits) {
+  const int kv = 3, d = 8, n = 45;
+  const std::vector<float> keys = parity::random_vec(static_cast<size_t>(n) * kv * d, 73);
+  const cu::DeviceBuffer<float> dkeys = parity::to_device(keys);
+  policies::LayerStats st;
+  st.n_new = n;
+  std::unique_ptr<SlotRows> cr = cpu_.make_rows(SlotType::kF32, 1, kv);
+  std::unique_ptr<SlotRows> gr = gpu_->make_rows(SlotType::kF32, 1, kv);
+  for (const int k : {5, 20}) {
+    SCOPED_TRACE(k);
+    const std::vector<float> sketch = parity::random_vec(static_cast<size_t>(kv) * d * k, 79);
+    st.pre_rope_keys = keys.data();
+    cpu_.leverage_scores(*cr, 0, st, kv, d, 3, 37, sketch.data(), k);
+    st.pre_rope_keys = dkeys.data();
+    const int64_t l0 = gpu_->launches(), u0 = gpu_->transfers().h2d_copies;
+    gpu_->leverage_scores(*gr, 0, st, kv, d, 3, 37, sketch.data(), k);
+    EXPECT_EQ(gpu_->launches() - l0, 5);
+    EXPECT_EQ(gpu_->transfers().h2d_copies - u0, 1);
+    for (int h = 0; h < kv; ++h) {
+      ASSERT_EQ(gr->length(0, h), 37);
+      parity::expect_bits(gpu_->read_f32(*gr, 0, h), cpu_.read_f32(*cr, 0, h), "leverage");
+    }
+  }
+}
+
+// leverage decides on the device as on the CPU (the device reads the engine's pre-RoPE keys where
+// they are; the sketch goes up with the call).
+TEST_F(CudaPolicyOpsParity, LeverageDecidesAsOnTheCpu) {
+  const int kv = 4, len = 90, d = 8;
+  make_caches(std::vector<int>(kv, len), 2);
+  policies::PolicyConfig pc;
+  pc.name = "leverage";
+  pc.kv_budget = 30;
+  pc.shape = {1, kv, kv, d, 256};
+  pc.options =
+      policies::PolicyOptions(std::map<std::string, std::string>{{"sketch_dimension", "6"}});
+  const std::vector<float> keys = parity::random_vec(static_cast<size_t>(len) * kv * d, 83);
+  const cu::DeviceBuffer<float> dkeys = parity::to_device(keys);
+  policies::LayerStats st;
+  st.layer = 0;
+  st.n_new = len;
+  st.num_heads = kv;
+  st.pre_rope_keys = keys.data();
+  policies::LayerStats dev = st;
+  dev.pre_rope_keys = dkeys.data();
+  EvictionPlan cplan, gplan;
+  prefill_on_both(pc, st, dev, &cplan, &gplan);
+  ASSERT_TRUE(gplan.on_device());
+  const std::vector<int32_t> lists =
+      parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
+  for (int h = 0; h < kv; ++h) {
+    const std::vector<int32_t> want = parity::expect_same_keep_list(gplan, lists, cplan, h, len);
+    EXPECT_EQ(static_cast<int>(want.size()), pc.kv_budget) << "head " << h;
+  }
+}
+
 }  // namespace
 }  // namespace kvb

@@ -89,6 +89,7 @@ std::vector<Variant> variants() {
   // kvpress's NonCausalAttnPress: a short last chunk (padded), and Ada-KV over its z-scores.
   add("noncausal_attn", {{"chunk_size", "5"}});
   add("noncausal_attn", {{"ada", "true"}, {"chunk_size", "4"}});
+  add("leverage", {{"sketch_dimension", "4"}, {"chunkkv", "3"}});  // LeverageScorePress
   // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's
   // allocation with protected sinks and window.
   const std::string examples = std::string(KVB_EXAMPLES_DIR) + "/policies/";
@@ -112,7 +113,8 @@ bool prompt_cache_family(const Variant& var) {
   return name == "snapkv" || name == "pyramidkv" || name == "ada_snapkv" ||
          name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter" ||
          name == "keydiff" || name == "observed_attention" || name == "cur" || name == "lagkv" ||
-         name == "expected_attention" || name == "simlayerkv" || name == "noncausal_attn";
+         name == "expected_attention" || name == "simlayerkv" || name == "noncausal_attn" ||
+         name == "leverage";
 }
 
 struct Trace {
@@ -247,7 +249,8 @@ TEST(PolicyLaws, ThresholdReplacesTheBudget) {
   const std::vector<int32_t> forced = {5, 9, 40, 7};
   const int n = static_cast<int>(prompt.size());
   const Trace ref = run(eng, *m, {"full", {}}, 0, prompt, forced);
-  for (const char* name : {"keydiff", "cur", "lagkv", "expected_attention", "noncausal_attn"}) {
+  for (const char* name :
+       {"keydiff", "cur", "lagkv", "expected_attention", "noncausal_attn", "leverage"}) {
     SCOPED_TRACE(name);
     const Trace none = run(eng, *m, {name, {{"threshold", "-1e30"}, {"threshold_window", "0"}}}, 1,
                            prompt, forced);
@@ -265,8 +268,10 @@ TEST(PolicyLaws, ThresholdReplacesTheBudget) {
         run(eng, *m, {name, {{"threshold", "0"}, {"threshold_window", "8"}}}, 1, prompt, forced);
     EXPECT_GE(some.max_len[0], 8);
     EXPECT_LE(some.max_len[0], n);
-    // expected_attention and noncausal_attn read the prompt's queries: no threshold_decode.
-    if (std::string(name) == "expected_attention" || std::string(name) == "noncausal_attn") {
+    // expected_attention, noncausal_attn and leverage read the prompt's queries or keys: no
+    // threshold_decode.
+    if (std::string(name) == "expected_attention" || std::string(name) == "noncausal_attn" ||
+        std::string(name) == "leverage") {
       continue;
     }
     // threshold_decode: every token that leaves the window goes too, so the heads stay at 6.

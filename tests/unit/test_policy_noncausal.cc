@@ -1,8 +1,11 @@
-// `noncausal_attn` (kvpress NonCausalAttnPress; POLICIES.md "kvpress's presses"): its two
-// vocabulary ops (chunk_attention_sums, standardize) on hand-computed cases, and the policy's
-// keep-sets against a plain float64 computation written independently from kvpress's code
-// (RoPE in float64 on the queries, chunks padded as kvpress pads them, the GQA mean, value norms,
-// avg_pool1d(3, padding 1), the layer's z-score, top-k per head).
+// Compactor's two halves as kvpress has them (POLICIES.md "kvpress's presses"): `noncausal_attn`
+// (NonCausalAttnPress) and `leverage` (LeverageScorePress). Their vocabulary ops
+// (chunk_attention_sums, standardize, leverage_scores) on hand-computed cases, the sketch, and
+// each policy's keep-sets against a plain float64 computation written independently from
+// kvpress's code (NonCausalAttn: RoPE in float64 on the queries, chunks padded as kvpress pads
+// them, the GQA mean, value norms, avg_pool1d(3, padding 1), the layer's z-score, top-k per head;
+// leverage: centred keys times the sketch, the Gram matrix plus 1e-2 I inverted by Gauss-Jordan
+// elimination, the quadratic forms, top-k per head).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/sketch.h"
 #include "kernels/kv_cache.h"
 #include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
@@ -315,6 +319,178 @@ TEST(NonCausalAttnPolicy, KeepsWhatAFloat64PressKeeps) {
   EXPECT_THROW(prefill_layer(*p, part, cache), Error);
   EXPECT_THROW(make_policy(config("noncausal_attn", 6, shape, {{"chunk_size", "0"}})), Error);
   EXPECT_THROW(make_policy(config("noncausal_attn", 6, shape, {{"decode_interval", "2"}})), Error);
+}
+
+// The sketch: reproducible, Gaussian-like (over 6,000 draws: mean within 0.05 of 0, variance
+// within 0.1 of 1), different per seed, layer and head.
+TEST(LeverageOps, GaussianSketchIsDrawnFromItsCounter) {
+  const std::vector<float> a = kernels::cpu::gaussian_sketch(0, 1, 2, 60, 100);
+  EXPECT_EQ(a, kernels::cpu::gaussian_sketch(0, 1, 2, 60, 100));
+  EXPECT_NE(a, kernels::cpu::gaussian_sketch(1, 1, 2, 60, 100));
+  EXPECT_NE(a, kernels::cpu::gaussian_sketch(0, 2, 2, 60, 100));
+  EXPECT_NE(a, kernels::cpu::gaussian_sketch(0, 1, 3, 60, 100));
+  double mean = 0, sq = 0;
+  for (float z : a) mean += z;
+  mean /= a.size();
+  for (float z : a) sq += (z - mean) * (z - mean);
+  EXPECT_NEAR(mean, 0.0, 0.05);
+  EXPECT_NEAR(sq / a.size(), 1.0, 0.1);
+  // A prefix of a larger sketch with as many columns is the smaller sketch (the counter runs over
+  // entries in row-major order).
+  const std::vector<float> b = kernels::cpu::gaussian_sketch(0, 1, 2, 30, 100);
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), a.begin()));
+}
+
+// Leverage by hand: one head, d 1, a sketch of [1] (k 1), keys 1, 3, 5 (mean 3): x = -2, 0, 2,
+// G = 8 + 1e-2; scores 4 / 8.01, 0, 4 / 8.01. Only tokens [1, 3): keys 3, 5 (mean 4), x = -1, 1,
+// G = 2.01: 1 / 2.01 each. A NaN key: no factor at any jitter, the host throws.
+TEST(LeverageOps, LeverageScoresOfHandPickedKeys) {
+  kernels::ops::CpuPolicyOps ops;
+  std::vector<float> keys = {1, 3, 5};
+  const float sketch[] = {1.0f};
+  LayerStats st;
+  st.n_new = 3;
+  st.pre_rope_keys = keys.data();
+  std::unique_ptr<SlotRows> out = ops.make_rows(SlotType::kF32, 1, 1);
+  ops.leverage_scores(*out, 0, st, 1, 1, 0, 3, sketch, 1);
+  EXPECT_EQ(ops.read_f32(*out, 0, 0),
+            (std::vector<float>{static_cast<float>(4 / 8.01), 0, static_cast<float>(4 / 8.01)}));
+  ops.leverage_scores(*out, 0, st, 1, 1, 1, 2, sketch, 1);
+  EXPECT_EQ(ops.read_f32(*out, 0, 0),
+            (std::vector<float>{static_cast<float>(1 / 2.01), static_cast<float>(1 / 2.01)}));
+  EXPECT_THROW(ops.leverage_scores(*out, 0, st, 1, 1, 2, 2, sketch, 1), Error);  // past the block
+  EXPECT_THROW(ops.leverage_scores(*out, 0, st, 1, 1, 0, 3, sketch, 0), Error);
+  keys[1] = std::nanf("");
+  EXPECT_THROW(ops.leverage_scores(*out, 0, st, 1, 1, 0, 3, sketch, 1), Error);
+}
+
+// LeverageScorePress in float64: per KV head, the keys centred over the prompt, times the sketch
+// (kvbench's, rows in HF's channel order, times float(1 / sqrt(k))), G = X^T X + 1e-2 I inverted by
+// Gauss-Jordan elimination with partial pivoting, score x_t^T G^{-1} x_t; each head's top
+// `budget` (no ties in random keys). The z-score changes no head's own order.
+std::vector<std::vector<int>> leverage_reference(const std::vector<float>& keys, int kv, int d,
+                                                 int n, int k, int layer, int budget,
+                                                 bool adjacent) {
+  std::vector<std::vector<int>> keep(kv);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k)));
+  for (int h = 0; h < kv; ++h) {
+    const std::vector<float> z = kernels::cpu::gaussian_sketch(0, layer, h, d, k);
+    std::vector<double> phi(static_cast<size_t>(d) * k);
+    for (int j = 0; j < d; ++j) {
+      const int from = adjacent ? (j % 2 == 0 ? j / 2 : d / 2 + j / 2) : j;
+      for (int c = 0; c < k; ++c) phi[j * k + c] = z[from * k + c] * scale;
+    }
+    std::vector<double> mean(d, 0.0);
+    for (int t = 0; t < n; ++t) {
+      for (int i = 0; i < d; ++i) mean[i] += keys[(static_cast<size_t>(t) * kv + h) * d + i] / n;
+    }
+    std::vector<std::vector<double>> x(n, std::vector<double>(k, 0.0));
+    for (int t = 0; t < n; ++t) {
+      for (int c = 0; c < k; ++c) {
+        for (int i = 0; i < d; ++i) {
+          x[t][c] += (keys[(static_cast<size_t>(t) * kv + h) * d + i] - mean[i]) * phi[i * k + c];
+        }
+      }
+    }
+    // [G | I] -> [I | G^-1]
+    std::vector<std::vector<double>> m(k, std::vector<double>(2 * k, 0.0));
+    for (int a = 0; a < k; ++a) {
+      for (int b = 0; b < k; ++b) {
+        for (int t = 0; t < n; ++t) m[a][b] += x[t][a] * x[t][b];
+      }
+      m[a][a] += 1e-2;
+      m[a][k + a] = 1.0;
+    }
+    for (int col = 0; col < k; ++col) {
+      int piv = col;
+      for (int r = col + 1; r < k; ++r) {
+        if (std::fabs(m[r][col]) > std::fabs(m[piv][col])) piv = r;
+      }
+      std::swap(m[col], m[piv]);
+      const double p = m[col][col];
+      for (double& e : m[col]) e /= p;
+      for (int r = 0; r < k; ++r) {
+        if (r == col) continue;
+        const double f = m[r][col];
+        for (int c = 0; c < 2 * k; ++c) m[r][c] -= f * m[col][c];
+      }
+    }
+    std::vector<double> score(n, 0.0);
+    for (int t = 0; t < n; ++t) {
+      for (int a = 0; a < k; ++a) {
+        for (int b = 0; b < k; ++b) score[t] += x[t][a] * m[a][k + b] * x[t][b];
+      }
+    }
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score[a] > score[b]; });
+    keep[h].assign(order.begin(), order.begin() + std::min(budget, n));
+    std::sort(keep[h].begin(), keep[h].end());
+  }
+  return keep;
+}
+
+// Three KV heads, d 8, 40 tokens of random pre-RoPE keys, layer 2: the policy keeps what the
+// float64 press keeps per head at three budgets, with sketches of 3, 8 and 20 columns (more
+// columns than dimensions too), and with adjacent-pair RoPE rows (the sketch's rows permuted to
+// HF's order); a budget of the whole prompt keeps everything. Without pre-RoPE keys, or after a
+// block that is not the whole cache, it says so.
+TEST(LeveragePolicy, KeepsWhatAFloat64PressKeeps) {
+  const int kv = 3, d = 8, n = 40, layer = 2;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0.5f, 1.0f);
+  std::vector<float> keys(static_cast<size_t>(n) * kv * d);
+  for (float& x : keys) x = g(rng);
+  const ModelShape shape{3, kv, kv, d, 0};
+  auto filled = [&] {
+    KvCache cache({3, kv, d}, n);
+    std::vector<float> v(d, 1.0f);
+    for (int j = 0; j < n; ++j) {
+      for (int c = 0; c < kv; ++c) {
+        cache.append(layer, c, &keys[(static_cast<size_t>(j) * kv + c) * d], v.data(), j);
+      }
+    }
+    return cache;
+  };
+  for (const bool adjacent : {false, true}) {
+    RopeParams rope;
+    rope.style = adjacent ? RopeStyle::kNorm : RopeStyle::kNeox;
+    rope.rot_dim = d;
+    LayerStats st;
+    st.layer = layer;
+    st.n_new = n;
+    st.num_heads = kv;
+    st.pre_rope_keys = keys.data();
+    st.rope = &rope;
+    for (int k : {3, 8, 20}) {
+      for (int budget : {7, 19, 33, n}) {
+        SCOPED_TRACE(std::to_string(adjacent) + " " + std::to_string(k) + " " +
+                     std::to_string(budget));
+        KvCache cache = filled();
+        auto p = make_policy(
+            config("leverage", budget, shape, {{"sketch_dimension", std::to_string(k)}}));
+        EXPECT_TRUE(p->decides_with_ops());
+        EXPECT_TRUE(p->prefill_request(n).pre_rope_keys);
+        prefill_layer(*p, st, cache);
+        const auto want = leverage_reference(keys, kv, d, n, k, layer, budget, adjacent);
+        for (int c = 0; c < kv; ++c) {
+          const V got = positions(cache, layer, c);
+          EXPECT_EQ(std::vector<int>(got.begin(), got.end()), want[c]) << "head " << c;
+        }
+      }
+    }
+  }
+  KvCache cache = filled();
+  LayerStats bare;
+  bare.layer = layer;
+  bare.n_new = n;
+  bare.num_heads = kv;
+  auto p = make_policy(config("leverage", 6, shape));
+  EXPECT_THROW(prefill_layer(*p, bare, cache), Error);
+  bare.pre_rope_keys = keys.data();
+  bare.n_new = n - 1;
+  EXPECT_THROW(prefill_layer(*p, bare, cache), Error);
+  EXPECT_THROW(make_policy(config("leverage", 6, shape, {{"sketch_dimension", "129"}})), Error);
 }
 
 }  // namespace
