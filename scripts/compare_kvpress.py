@@ -130,8 +130,9 @@ def main():
                 ours = kvbench_keep_sets(args, policy, opts, budget, prompt_file,
                                          os.path.join(tmp, "k.json"),
                                          args.decode_steps + 1 if decoding else 1,
-                                         ratio if any(o == "formula=kvpress" or o.startswith("chunk=")
-                                                      for o in opts) else None)
+                                         ratio if policy == "compactor" or any(
+                                             o == "formula=kvpress" or o.startswith("chunk=")
+                                             for o in opts) else None)
                 if ours["prompt_ids"] != ids:
                     sys.exit(f"kvbench tokenized the prompt differently "
                              f"({len(ours['prompt_ids'])} ids)")

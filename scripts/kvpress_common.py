@@ -178,6 +178,14 @@ PAIRS = [
     ("LeverageScore (sketch 16, kvbench's sketch)",
      lambda r: kvpress.LeverageScorePress(compression_ratio=r, sketch_dimension=16), "leverage",
      ["sketch_dimension=16"]),
+    # CompactorPress: both halves over the prompt less 8 + 4 protected tokens, blended by the
+    # compression ratio (kvbench runs at the ratio itself); kvbench's sketch again.
+    ("Compactor (sinks 8 + 4, chunks of 256, sketch 48, blending = ratio)",
+     lambda r: kvpress.CompactorPress(compression_ratio=r), "compactor", []),
+    ("Compactor (blending 0.35, chunks of 100, sketch 16)",
+     lambda r: kvpress.CompactorPress(compression_ratio=r, blending=0.35, chunk_size=100,
+                                      sketch_dimension=16), "compactor",
+     ["blending=0.35", "chunk_size=100", "sketch_dimension=16"]),
     # SimLayerKVPress decides per layer by a threshold, not by the ratio (the same at every ratio).
     ("SimLayerKV (threshold 0.5, 4 initial, 256 recent, 1 last)",
      lambda r: kvpress.SimLayerKVPress(lazy_threshold=0.5, n_recent=256), "simlayerkv",

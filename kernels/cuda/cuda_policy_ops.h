@@ -113,8 +113,13 @@ class CudaPolicyOps final : public ops::PolicyOps {
   // chunk_attention_sums and standardize (cuda_policy_ops_chunks.cu): the queries copied and
   // rotated in f64 scratch (cuda::rope; its frequencies one counted upload), then two launches
   // (each query's maximum and f64 sum; each key's column sum); standardize in one block.
-  void chunk_attention_sums(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                            const ops::LayerStats& st, int chunk) override;
+  void chunk_attention_sums(ops::SlotRows& out, int out_layer, const KvCache& cache,
+                            int layer, const ops::LayerStats& st, int first, int count,
+                            int chunk) override;
+  void slice(const ops::SlotRows& in, int in_layer, int first, int count, ops::SlotRows& out,
+             int out_layer) override;
+  void pad_with_max(const ops::SlotRows& in, int in_layer, int before, int after,
+                    ops::SlotRows& out, int out_layer) override;
   void standardize(ops::SlotRows& rows, int layer) override;
   void leverage_scores(ops::SlotRows& out, int out_layer, const ops::LayerStats& st, int key_heads,
                        int head_dim, int first, int count, const float* sketch,

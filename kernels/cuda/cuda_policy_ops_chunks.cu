@@ -41,13 +41,15 @@ __device__ float dot_f32(const float* y, const T* k, int d) {
   return acc;
 }
 
+// Tokens and slots are counted from `first` (y holds the range's queries; the chunks start there).
 // A thread per (query t, query head blockIdx.y): the maximum logit of its chunk's row and the f64
 // sum of its exponentials (real keys in order, then the padding).
 template <typename T>
-__global__ void row_stats_kernel(const float* y, const T* keys, DeviceLayerKvView v, int n,
-                                 int heads, int group, int chunk, float* maxes, double* sums) {
+__global__ void row_stats_kernel(const float* y, const T* keys, DeviceLayerKvView v, int first,
+                                 int n, int heads, int group, int chunk, float* maxes,
+                                 double* sums) {
   const int q = blockIdx.y, h = q / group, d = v.head_dim;
-  const T* base = keys + static_cast<size_t>(v.offsets[h]) * d;
+  const T* base = keys + (static_cast<size_t>(v.offsets[h]) + first) * d;
   for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < n; t += gridDim.x * blockDim.x) {
     const int c0 = t / chunk * chunk, real = min(chunk, n - c0);
     const float* yt = y + (static_cast<size_t>(t) * heads + q) * d;
@@ -70,11 +72,11 @@ __global__ void row_stats_kernel(const float* y, const T* keys, DeviceLayerKvVie
 // A thread per (slot j, query head blockIdx.y): the f64 sum over its chunk's queries in order of
 // e_j / s, then the padded queries' share pad_p (the last chunk, when it is short).
 template <typename T>
-__global__ void column_sums_kernel(const float* y, const T* keys, DeviceLayerKvView v, int n,
-                                   int heads, int group, int chunk, const float* maxes,
+__global__ void column_sums_kernel(const float* y, const T* keys, DeviceLayerKvView v, int first,
+                                   int n, int heads, int group, int chunk, const float* maxes,
                                    const double* sums, double pad_p, float* out, int ld) {
   const int q = blockIdx.y, h = q / group, d = v.head_dim;
-  const T* base = keys + static_cast<size_t>(v.offsets[h]) * d;
+  const T* base = keys + (static_cast<size_t>(v.offsets[h]) + first) * d;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
     const int c0 = j / chunk * chunk, real = min(chunk, n - c0);
     const T* k = base + static_cast<size_t>(j) * d;
@@ -136,31 +138,125 @@ __global__ void standardize_kernel(float* rows, int ld, HeadTable len, int heads
   }
 }
 
+__global__ void slice_kernel(const float* in, int in_ld, int first, int count, float* out,
+                             int out_ld) {
+  const int h = blockIdx.y;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < count; j += gridDim.x * blockDim.x) {
+    out[static_cast<size_t>(h) * out_ld + j] = in[static_cast<size_t>(h) * in_ld + first + j];
+  }
+}
+
+// pad_with_max in one block: thread 0 takes the maximum in (head, index) order (the CPU's
+// std::max), then every thread writes.
+__global__ void pad_max_kernel(const float* in, int in_ld, HeadTable len, int heads, int before,
+                               int after, float* out, int out_ld) {
+  __shared__ float top;
+  if (threadIdx.x == 0) {
+    bool any = false;
+    float m = 0;
+    for (int h = 0; h < heads; ++h) {
+      for (int j = 0; j < len.v[h]; ++j) {
+        const float x = in[static_cast<size_t>(h) * in_ld + j];
+        m = any ? (m < x ? x : m) : x;
+        any = true;
+      }
+    }
+    top = m;
+  }
+  __syncthreads();
+  for (int h = 0; h < heads; ++h) {
+    const int n = before + len.v[h] + after;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      const bool inside = j >= before && j < before + len.v[h];
+      out[static_cast<size_t>(h) * out_ld + j] =
+          inside ? in[static_cast<size_t>(h) * in_ld + j - before] : top;
+    }
+  }
+}
+
 }  // namespace
 
+void CudaPolicyOps::slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,
+                          int out_layer) {
+  const CudaRows& a = device(in);
+  CudaRows& r = device(out);
+  KVB_CHECK(in_layer >= 0 && in_layer < in.layers() && out_layer >= 0 &&
+            out_layer < out.layers() && in.type() == SlotType::kF32 &&
+            out.type() == SlotType::kF32 && &in != &out && out.heads() <= in.heads() &&
+            first >= 0 && count >= 0)
+      << "cuda policy ops: slice: entries [" << first << ", " << first + count << ") of "
+      << in.heads() << " rows into " << out.heads();
+  for (int h = 0; h < out.heads(); ++h) {
+    KVB_CHECK(first + count <= in.length(in_layer, h))
+        << "cuda policy ops: slice: entries [" << first << ", " << first + count << ") of head "
+        << h << "'s row of " << in.length(in_layer, h);
+  }
+  r.reserve(out_layer, count);
+  for (int h = 0; h < out.heads(); ++h) r.set_len(out_layer, h, count);
+  if (out.heads() == 0 || count == 0) return;
+  slice_kernel<<<dim3(ops_detail::blocks_for(count), out.heads()), 256, 0, stream_>>>(
+      static_cast<const float*>(a.data(in_layer)), a.ld(in_layer), first, count,
+      static_cast<float*>(r.data(out_layer)), r.ld(out_layer));
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::pad_with_max(const SlotRows& in, int in_layer, int before, int after,
+                                 SlotRows& out, int out_layer) {
+  const CudaRows& a = device(in);
+  CudaRows& r = device(out);
+  KVB_CHECK(in_layer >= 0 && in_layer < in.layers() && out_layer >= 0 &&
+            out_layer < out.layers() && in.type() == SlotType::kF32 &&
+            out.type() == SlotType::kF32 && &in != &out && out.heads() <= in.heads() &&
+            before >= 0 && after >= 0)
+      << "cuda policy ops: pad_with_max: " << before << " and " << after << " entries around "
+      << in.heads() << " rows into " << out.heads();
+  KVB_USAGE_CHECK(out.heads() <= kMaxOpsHeads)
+      << "--device cuda decides for at most " << kMaxOpsHeads << " heads per layer; this "
+      << "policy's rows have " << out.heads();
+  HeadTable len{};
+  int longest = 0;
+  for (int h = 0; h < out.heads(); ++h) {
+    len.v[h] = in.length(in_layer, h);
+    longest = std::max(longest, static_cast<int>(len.v[h]));
+  }
+  r.reserve(out_layer, before + longest + after);
+  for (int h = 0; h < out.heads(); ++h) r.set_len(out_layer, h, before + len.v[h] + after);
+  if (out.heads() == 0) return;
+  pad_max_kernel<<<1, 256, 0, stream_>>>(static_cast<const float*>(a.data(in_layer)),
+                                         a.ld(in_layer), len, out.heads(), before, after,
+                                         static_cast<float*>(r.data(out_layer)), r.ld(out_layer));
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
 void CudaPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer, const KvCache& cache,
-                                         int layer, const ops::LayerStats& st, int chunk) {
+                                         int layer, const ops::LayerStats& st, int first,
+                                         int count, int chunk) {
   CudaRows& r = device(out);
   KVB_CHECK(out_layer >= 0 && out_layer < out.layers() && out.type() == SlotType::kF32)
       << "cuda policy ops: chunk_attention_sums on layer " << out_layer << " of rows for "
       << out.layers() << " layers";
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "chunk_attention_sums");
-  const int heads = out.heads(), n = st.n_new, kv = cache.shape().num_kv_heads;
+  const int heads = out.heads(), total = st.n_new, kv = cache.shape().num_kv_heads;
   KVB_USAGE_CHECK(heads <= kMaxOpsHeads)
       << "--device cuda decides for at most " << kMaxOpsHeads << " heads per layer; this "
       << "policy's rows have " << heads;
   KVB_CHECK(layer >= 0 && layer < cache.shape().num_layers && heads == st.num_heads &&
-            heads >= 1 && kv >= 1 && heads % kv == 0 && chunk >= 1 && n >= 1 &&
-            st.pre_rope_queries != nullptr && st.rope != nullptr)
+            heads >= 1 && kv >= 1 && heads % kv == 0 && chunk >= 1 && first >= 0 &&
+            count >= 1 && first + count <= total && st.pre_rope_queries != nullptr &&
+            st.rope != nullptr)
       << "cuda policy ops: chunk_attention_sums: " << heads << " rows for " << st.num_heads
-      << " query heads over a cache of " << kv << " heads, chunks of " << chunk << ", " << n
-      << " queries" << (st.pre_rope_queries && st.rope ? "" : " (no pre-RoPE queries or RoPE)");
+      << " query heads over a cache of " << kv << " heads, chunks of " << chunk << ", tokens ["
+      << first << ", " << first + count << ") of " << total << " queries"
+      << (st.pre_rope_queries && st.rope ? "" : " (no pre-RoPE queries or RoPE)");
   for (int h = 0; h < kv; ++h) {
-    KVB_CHECK(cache.length(layer, h) == n)
+    KVB_CHECK(cache.length(layer, h) == total)
         << "cuda policy ops: chunk_attention_sums: head " << h << " holds "
-        << cache.length(layer, h) << " slots, not the block's " << n
+        << cache.length(layer, h) << " slots, not the block's " << total
         << " (a prompt's prefill into an empty cache)";
   }
+  const int n = count;  // below: tokens and slots counted from `first`
   const int group = heads / kv;
   const DeviceLayerKvView v = dev.layer(layer);
   const int d = v.head_dim;
@@ -174,10 +270,11 @@ void CudaPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer, const KvC
   float* y = reinterpret_cast<float*>(sums + rows_n);
   float* maxes = y + static_cast<size_t>(n) * heads * d;
   int32_t* pos = reinterpret_cast<int32_t*>(maxes + rows_n);
-  KVB_CUDA_CHECK(cudaMemcpyAsync(y, st.pre_rope_queries,
+  KVB_CUDA_CHECK(cudaMemcpyAsync(y, st.pre_rope_queries + static_cast<size_t>(first) * heads * d,
                                  static_cast<size_t>(n) * heads * d * sizeof(float),
                                  cudaMemcpyDeviceToDevice, stream_));
-  positions_kernel<<<ops_detail::blocks_for(n), 256, 0, stream_>>>(pos, n, st.block_end - n);
+  positions_kernel<<<ops_detail::blocks_for(n), 256, 0, stream_>>>(pos, n,
+                                                                   st.block_end - total + first);
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
   rope(y, pos, n, heads, d, *st.rope, stream_);  // one launch, its frequencies uploaded
@@ -198,18 +295,18 @@ void CudaPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer, const KvC
   float* o = static_cast<float*>(r.data(out_layer));
   if (v.dtype == KvDtype::kBf16) {
     const auto* keys = static_cast<const __nv_bfloat16*>(v.keys);
-    row_stats_kernel<<<grid, kThreads, 0, stream_>>>(y, keys, v, n, heads, group, chunk, maxes,
-                                                     sums);
+    row_stats_kernel<<<grid, kThreads, 0, stream_>>>(y, keys, v, first, n, heads, group, chunk,
+                                                     maxes, sums);
     KVB_CUDA_CHECK_LAUNCH();
-    column_sums_kernel<<<grid, kThreads, 0, stream_>>>(y, keys, v, n, heads, group, chunk, maxes,
-                                                       sums, pad_p, o, r.ld(out_layer));
+    column_sums_kernel<<<grid, kThreads, 0, stream_>>>(y, keys, v, first, n, heads, group, chunk,
+                                                       maxes, sums, pad_p, o, r.ld(out_layer));
   } else {
     const auto* keys = static_cast<const float*>(v.keys);
-    row_stats_kernel<<<grid, kThreads, 0, stream_>>>(y, keys, v, n, heads, group, chunk, maxes,
-                                                     sums);
+    row_stats_kernel<<<grid, kThreads, 0, stream_>>>(y, keys, v, first, n, heads, group, chunk,
+                                                     maxes, sums);
     KVB_CUDA_CHECK_LAUNCH();
-    column_sums_kernel<<<grid, kThreads, 0, stream_>>>(y, keys, v, n, heads, group, chunk, maxes,
-                                                       sums, pad_p, o, r.ld(out_layer));
+    column_sums_kernel<<<grid, kThreads, 0, stream_>>>(y, keys, v, first, n, heads, group, chunk,
+                                                       maxes, sums, pad_p, o, r.ld(out_layer));
   }
   KVB_CUDA_CHECK_LAUNCH();
   launches_ += 2;

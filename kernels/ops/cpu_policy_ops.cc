@@ -860,31 +860,32 @@ constexpr float kPadLogit = -1e-9f;
 
 void CpuPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
                                         const kernels::KvCache& cache, int layer,
-                                        const LayerStats& st, int chunk) {
+                                        const LayerStats& st, int first, int count, int chunk) {
   CpuRows& r = host(out);
   check_layer(out, out_layer);
   const int heads = out.heads(), n = st.n_new;
   const int kv = cache.shape().num_kv_heads;
   KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
             out.type() == SlotType::kF32 && heads == st.num_heads && heads >= 1 && kv >= 1 &&
-            heads % kv == 0 && chunk >= 1 && n >= 1 && st.pre_rope_queries != nullptr &&
-            st.rope != nullptr)
+            heads % kv == 0 && chunk >= 1 && first >= 0 && count >= 1 && first + count <= n &&
+            st.pre_rope_queries != nullptr && st.rope != nullptr)
       << "chunk_attention_sums: " << heads << " rows for " << st.num_heads
-      << " query heads over a cache of " << kv << " heads, chunks of " << chunk << ", " << n
-      << " queries" << (st.pre_rope_queries && st.rope ? "" : " (no pre-RoPE queries or RoPE)");
+      << " query heads over a cache of " << kv << " heads, chunks of " << chunk << ", tokens ["
+      << first << ", " << first + count << ") of " << n << " queries"
+      << (st.pre_rope_queries && st.rope ? "" : " (no pre-RoPE queries or RoPE)");
   for (int h = 0; h < kv; ++h) {
     KVB_CHECK(cache.length(layer, h) == n)
         << "chunk_attention_sums: head " << h << " holds " << cache.length(layer, h)
         << " slots, not the block's " << n << " (a prompt's prefill into an empty cache)";
   }
   const int group = heads / kv, d = cache.shape().head_dim;
-  // The block's queries after RoPE, at the block's positions (the engine's rotation).
-  std::vector<float> y(st.pre_rope_queries,
-                       st.pre_rope_queries + static_cast<size_t>(n) * heads * d);
-  std::vector<int32_t> pos(n);
-  for (int t = 0; t < n; ++t) pos[t] = st.block_end - n + t;
-  kernels::cpu::rope(y.data(), pos.data(), n, heads, d, *st.rope);
-  for (int q = 0; q < heads; ++q) r.f32(out_layer, q).resize(n);
+  // The range's queries after RoPE, at their positions (the engine's rotation): y[t - first].
+  const float* q0 = st.pre_rope_queries + static_cast<size_t>(first) * heads * d;
+  std::vector<float> y(q0, q0 + static_cast<size_t>(count) * heads * d);
+  std::vector<int32_t> pos(count);
+  for (int t = 0; t < count; ++t) pos[t] = st.block_end - n + first + t;
+  kernels::cpu::rope(y.data(), pos.data(), count, heads, d, *st.rope);
+  for (int q = 0; q < heads; ++q) r.f32(out_layer, q).resize(count);
   const kernels::LayerKvView view = cache.layer(layer);
   // A padded query's row (logit 0 on every real key of an r-slot chunk, kPadLogit on the
   // padding): its probability of each real key, 1 / s.
@@ -903,8 +904,8 @@ void CpuPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
     for (int q = 0; q < heads; ++q) {
       const int h = q / group;
       float* o = r.f32(out_layer, q).data();
-      for (int c0 = 0; c0 < n; c0 += chunk) {
-        const int real = std::min(chunk, n - c0);
+      for (int c0 = first; c0 < first + count; c0 += chunk) {
+        const int real = std::min(chunk, first + count - c0);
         // The chunk's keys transposed ([i][j]): each step vectorises across keys, every key's
         // sum still in index order.
         for (int j = 0; j < real; ++j) {
@@ -913,7 +914,7 @@ void CpuPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
         }
         std::fill(col.begin(), col.begin() + real, 0.0);
         for (int t = c0; t < c0 + real; ++t) {
-          const float* yt = &y[(static_cast<size_t>(t) * heads + q) * d];
+          const float* yt = &y[(static_cast<size_t>(t - first) * heads + q) * d];
           std::fill(lg.begin(), lg.begin() + real, 0.0f);
           for (int i = 0; i < d; ++i) {
             const float yi = yt[i];
@@ -939,11 +940,59 @@ void CpuPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
             for (int j = 0; j < real; ++j) col[j] += p;
           }
         }
-        for (int j = 0; j < real; ++j) o[c0 + j] = static_cast<float>(col[j]);
+        for (int j = 0; j < real; ++j) o[c0 - first + j] = static_cast<float>(col[j]);
       }
     }
   }
   for (int q = 0; q < heads; ++q) r.sync_length(out_layer, q);
+}
+
+void CpuPolicyOps::slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,
+                         int out_layer) {
+  const CpuRows& a = host(in);
+  CpuRows& r = host(out);
+  check_layer(in, in_layer);
+  check_layer(out, out_layer);
+  KVB_CHECK(in.type() == SlotType::kF32 && out.type() == SlotType::kF32 && &in != &out &&
+            out.heads() <= in.heads() && first >= 0 && count >= 0)
+      << "slice: entries [" << first << ", " << first + count << ") of " << in.heads()
+      << " rows into " << out.heads();
+  for (int h = 0; h < out.heads(); ++h) {
+    const std::vector<float>& row = a.f32(in_layer, h);
+    KVB_CHECK(static_cast<size_t>(first + count) <= row.size())
+        << "slice: entries [" << first << ", " << first + count << ") of head " << h
+        << "'s row of " << row.size();
+    r.f32(out_layer, h).assign(row.begin() + first, row.begin() + first + count);
+    r.sync_length(out_layer, h);
+  }
+}
+
+void CpuPolicyOps::pad_with_max(const SlotRows& in, int in_layer, int before, int after,
+                                SlotRows& out, int out_layer) {
+  const CpuRows& a = host(in);
+  CpuRows& r = host(out);
+  check_layer(in, in_layer);
+  check_layer(out, out_layer);
+  KVB_CHECK(in.type() == SlotType::kF32 && out.type() == SlotType::kF32 && &in != &out &&
+            out.heads() <= in.heads() && before >= 0 && after >= 0)
+      << "pad_with_max: " << before << " and " << after << " entries around " << in.heads()
+      << " rows into " << out.heads();
+  bool any = false;
+  float top = 0;
+  for (int h = 0; h < out.heads(); ++h) {
+    for (float x : a.f32(in_layer, h)) {
+      top = any ? std::max(top, x) : x;
+      any = true;
+    }
+  }
+  for (int h = 0; h < out.heads(); ++h) {
+    const std::vector<float>& row = a.f32(in_layer, h);
+    std::vector<float>& o = r.f32(out_layer, h);
+    o.assign(before, top);
+    o.insert(o.end(), row.begin(), row.end());
+    o.insert(o.end(), after, top);
+    r.sync_length(out_layer, h);
+  }
 }
 
 void CpuPolicyOps::standardize(SlotRows& rows, int layer) {

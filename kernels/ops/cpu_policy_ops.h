@@ -58,7 +58,12 @@ class CpuPolicyOps final : public PolicyOps {
                              int layer, const void* wo, bool wo_bf16, int dim,
                              int group) override;
   void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvCache& cache,
-                            int layer, const LayerStats& st, int chunk) override;
+                            int layer, const LayerStats& st, int first, int count,
+                            int chunk) override;
+  void slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,
+             int out_layer) override;
+  void pad_with_max(const SlotRows& in, int in_layer, int before, int after,
+                    SlotRows& out, int out_layer) override;
   void standardize(SlotRows& rows, int layer) override;
   void leverage_scores(SlotRows& out, int out_layer, const LayerStats& st, int key_heads,
                        int head_dim, int first, int count, const float* sketch,

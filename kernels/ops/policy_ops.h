@@ -419,24 +419,38 @@ class PolicyOps {
                                      int group) = 0;
   // Vocabulary: attention within chunks of the prompt, every query seeing every key of its chunk
   // (no causal mask), summed over the queries per key (kvpress NonCausalAttnPress, Compactor's
-  // non-causal chunked attention). out.heads() == st.num_heads == group x the cache heads read
-  // (query head q reads cache head q / group), and every head read holds exactly the block:
-  // cache.length(layer, h) == st.n_new = n (a prompt's prefill into an empty cache; the ops
-  // check it). The queries are st.pre_rope_queries rotated by *st.rope at positions
-  // st.block_end - n + t (cpu::rope: the engine's own bits), y_t for t < n.
-  // The slots are cut into chunks [c0, c0 + r) of `chunk` (>= 1; the last the remainder r). When
-  // r < chunk the chunk is padded as kvpress pads it: chunk - r padded keys whose logit is
-  // -1e-9f (kvpress's mask value: not -inf, so they share the softmax) and chunk - r padded
-  // queries whose logit is 0 on every real key and -1e-9f on every padded one. For each query of
-  // the chunk (its real queries in order, then its padded ones):
+  // non-causal chunked attention), over the tokens [first, first + count) of a block that fills
+  // the cache (count >= 1, first + count <= n). out.heads() == st.num_heads == group x the cache
+  // heads read (query head q reads cache head q / group), and every head read holds exactly the
+  // block: cache.length(layer, h) == st.n_new = n (a prompt's prefill into an empty cache; the ops
+  // check it), so token t is slot t. The queries are st.pre_rope_queries rotated by *st.rope at
+  // positions st.block_end - n + t (cpu::rope: the engine's own bits), y_t.
+  // The range is cut into chunks [c0, c0 + r) of `chunk` (>= 1) from `first` (the last the
+  // remainder r). When r < chunk the chunk is padded as kvpress pads it: chunk - r padded keys
+  // whose logit is -1e-9f (kvpress's mask value: not -inf, so they share the softmax) and chunk - r
+  // padded queries whose logit is 0 on every real key and -1e-9f on every padded one. For each
+  // query of the chunk (its real queries in order, then its padded ones):
   //   l_j = y_t . k_j for a real key (f32 fused multiply-adds in index order from 0.0f; keys as
   //   cached), m = max_j l_j (f32), e_j = expf(l_j - m) (the f32 difference; the C library's
   //   bits, kernels/cpu/exp_exact.h), s = sum_j e_j in f64 (real keys in order, then padding);
-  // and row (out_layer, q) becomes n long: entry j = float(sum over those queries of e_j / s), in
-  // f64 in query order. No scaling by 1 / sqrt(d) (kvpress has none). A device's expf may differ
-  // from the host's in the last bit.
+  // and row (out_layer, q) becomes count long: entry t - first = float(sum over those queries of
+  // e_t / s), in f64 in query order. No scaling by 1 / sqrt(d) (kvpress has none). A device's expf
+  // may differ from the host's in the last bit.
   virtual void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvCache& cache,
-                                    int layer, const LayerStats& st, int chunk) = 0;
+                                    int layer, const LayerStats& st, int first, int count,
+                                    int chunk) = 0;
+  // Vocabulary: a run of each row. Row (out_layer, h) of `out` becomes entries [first, first +
+  // count) of f32 row (in_layer, h) of `in` (out.heads() <= in.heads(), first + count <= that
+  // row's length); in and out distinct.
+  virtual void slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,
+                     int out_layer) = 0;
+  // Vocabulary: rows padded with their layer's maximum (kvpress CompactorPress's protected ends).
+  // Row (out_layer, h) of `out` becomes `before` entries of M, then f32 row (in_layer, h) of
+  // `in`, then `after` entries of M (out.heads() <= in.heads()), M the largest entry of every
+  // row h < out.heads() of `in` together (f32; std::max in (head, index) order, so a NaN first is
+  // kept and a later NaN ignored; no entry at all: 0). in and out distinct.
+  virtual void pad_with_max(const SlotRows& in, int in_layer, int before, int after,
+                            SlotRows& out, int out_layer) = 0;
   // Vocabulary: approximate leverage scores of a block's pre-RoPE keys under a right sketch (kvpress
   // LeverageScorePress; Compactor). For every head h < out.heads() (<= key_heads) with its keys
   // K_t = st.pre_rope_keys + (t * key_heads + h) * d (d = head_dim) for the tokens t in [first,

@@ -51,7 +51,7 @@ class NonCausalAttn final : public Policy {
     // Scratch (nothing is kept): the query heads' column sums, their GQA mean, the values'
     // norms and the pooled scores.
     SlotRows& sums = rows_of(sums_.rows, ops, SlotType::kF32, 1, st.num_heads);
-    ops.chunk_attention_sums(sums, 0, cache, st.layer, st, chunk_);
+    ops.chunk_attention_sums(sums, 0, cache, st.layer, st, 0, st.n_new, chunk_);
     SlotRows* score = &sums;
     if (group > 1) {
       SlotRows& reduced = rows_of(reduced_.rows, ops, SlotType::kF32, 1, heads);

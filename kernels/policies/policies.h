@@ -25,6 +25,7 @@ PolicyInfo lagkv_policy_info();
 PolicyInfo expected_attention_policy_info();
 PolicyInfo noncausal_attn_policy_info();
 PolicyInfo leverage_policy_info();
+PolicyInfo compactor_policy_info();
 PolicyInfo simlayerkv_policy_info();
 PolicyInfo duo_attention_policy_info();
 PolicyInfo python_policy_info();  // python_policy.cc: a policy in one Python file

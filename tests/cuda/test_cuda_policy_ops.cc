@@ -6,6 +6,7 @@
 // match. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -1151,19 +1152,21 @@ TEST_F(CudaPolicyOpsParity, ChunkAttentionSumsAndStandardizeAreTheCpuRows) {
   st.block_end = n;
   std::unique_ptr<SlotRows> cr = cpu_.make_rows(SlotType::kF32, 1, heads);
   std::unique_ptr<SlotRows> gr = gpu_->make_rows(SlotType::kF32, 1, heads);
-  for (const int chunk : {16, 64}) {
-    SCOPED_TRACE(chunk);
+  // Chunks of 16 and 64 over the block, and of 16 over tokens [3, 35) (Compactor's middle).
+  for (const auto& [chunk, first, count] : std::vector<std::array<int, 3>>{
+           {16, 0, n}, {64, 0, n}, {16, 3, 32}}) {
+    SCOPED_TRACE(testing::Message() << chunk << " " << first << " " << count);
     st.pre_rope_queries = q.data();
-    cpu_.chunk_attention_sums(*cr, 0, host_, 0, st, chunk);
+    cpu_.chunk_attention_sums(*cr, 0, host_, 0, st, first, count, chunk);
     st.pre_rope_queries = dq.data();
     const int64_t l0 = gpu_->launches();
     const int64_t u0 = gpu_->transfers().h2d_copies, d0 = gpu_->transfers().d2h_copies;
-    gpu_->chunk_attention_sums(*gr, 0, index_, 0, st, chunk);
+    gpu_->chunk_attention_sums(*gr, 0, index_, 0, st, first, count, chunk);
     EXPECT_EQ(gpu_->launches() - l0, 4);
     EXPECT_EQ(gpu_->transfers().h2d_copies - u0, 1);
     EXPECT_EQ(gpu_->transfers().d2h_copies - d0, 0);
     for (int h = 0; h < heads; ++h) {
-      ASSERT_EQ(gr->length(0, h), n);
+      ASSERT_EQ(gr->length(0, h), count);
       parity::expect_close(gpu_->read_f32(*gr, 0, h), cpu_.read_f32(*cr, 0, h), 1e-6, 1e-5,
                            "column sums");
     }
@@ -1293,6 +1296,46 @@ TEST_F(CudaPolicyOpsParity, LeverageDecidesAsOnTheCpu) {
   st.num_heads = kv;
   st.pre_rope_keys = keys.data();
   policies::LayerStats dev = st;
+  dev.pre_rope_keys = dkeys.data();
+  EvictionPlan cplan, gplan;
+  prefill_on_both(pc, st, dev, &cplan, &gplan);
+  ASSERT_TRUE(gplan.on_device());
+  const std::vector<int32_t> lists =
+      parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
+  for (int h = 0; h < kv; ++h) {
+    const std::vector<int32_t> want = parity::expect_same_keep_list(gplan, lists, cplan, h, len);
+    EXPECT_EQ(static_cast<int>(want.size()), pc.kv_budget) << "head " << h;
+  }
+}
+
+// compactor decides on the device as on the CPU: leverage_scores and chunk_attention_sums over
+// the middle, slice (the values' norms of the middle) and pad_with_max (the protected ends), on
+// top of the ops above (GQA group 2, 90 slots, chunks of 32: the middle's last chunk padded).
+TEST_F(CudaPolicyOpsParity, CompactorDecidesAsOnTheCpu) {
+  const int kv = 4, group = 2, len = 90, d = 8;
+  make_caches(std::vector<int>(kv, len), 2);
+  policies::PolicyConfig pc;
+  pc.name = "compactor";
+  pc.kv_budget = 30;
+  pc.shape = {1, kv * group, kv, d, 256};
+  pc.options = policies::PolicyOptions(std::map<std::string, std::string>{
+      {"chunk_size", "32"}, {"sketch_dimension", "6"}, {"blending", "0.4"}});
+  const std::vector<float> q = parity::random_vec(static_cast<size_t>(len) * kv * group * d, 89);
+  const std::vector<float> keys = parity::random_vec(static_cast<size_t>(len) * kv * d, 97);
+  const cu::DeviceBuffer<float> dq = parity::to_device(q), dkeys = parity::to_device(keys);
+  kernels::cpu::RopeParams rope;
+  rope.style = kernels::cpu::RopeStyle::kNeox;
+  rope.rot_dim = d;
+  policies::LayerStats st;
+  st.layer = 0;
+  st.n_new = len;
+  st.num_heads = kv * group;
+  st.rope = &rope;
+  st.block_end = len;
+  st.pre_rope_queries = q.data();
+  st.pre_rope_keys = keys.data();
+  policies::LayerStats dev = st;
+  dev.pre_rope_queries = dq.data();
   dev.pre_rope_keys = dkeys.data();
   EvictionPlan cplan, gplan;
   prefill_on_both(pc, st, dev, &cplan, &gplan);

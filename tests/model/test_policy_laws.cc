@@ -90,6 +90,9 @@ std::vector<Variant> variants() {
   add("noncausal_attn", {{"chunk_size", "5"}});
   add("noncausal_attn", {{"ada", "true"}, {"chunk_size", "4"}});
   add("leverage", {{"sketch_dimension", "4"}, {"chunkkv", "3"}});  // LeverageScorePress
+  // CompactorPress with short ends and chunks (its middle padded), Ada-KV over its scores.
+  add("compactor", {{"sink_size_start", "2"}, {"sink_size_end", "1"}, {"chunk_size", "5"},
+                    {"ada", "true"}, {"blending", "0.5"}});
   // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's
   // allocation with protected sinks and window.
   const std::string examples = std::string(KVB_EXAMPLES_DIR) + "/policies/";
@@ -114,7 +117,7 @@ bool prompt_cache_family(const Variant& var) {
          name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter" ||
          name == "keydiff" || name == "observed_attention" || name == "cur" || name == "lagkv" ||
          name == "expected_attention" || name == "simlayerkv" || name == "noncausal_attn" ||
-         name == "leverage";
+         name == "leverage" || name == "compactor";
 }
 
 struct Trace {

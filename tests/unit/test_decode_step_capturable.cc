@@ -3,7 +3,8 @@
 // expected table is written from POLICIES.md's decode statistics per policy (h2o: column sums;
 // tova and scissorhands: the last query's probabilities; knorm: pre-RoPE keys; the SnapKV
 // family, window, streaming_llm, random, subgen_kcenter, keydiff, observed_attention, cur,
-// lagkv, expected_attention, noncausal_attn, leverage, simlayerkv: none at decode) and from which
+// lagkv, expected_attention, noncausal_attn, leverage, compactor, simlayerkv: none
+// at decode) and from which
 // policies replace attention (SubGen, weighted subgen_kcenter): on a device whose ops decide
 // where the statistics are, everything but the replaced attentions qualifies; with host-side
 // ops, the policies that read statistics do not; a cache with host rows never does.
@@ -55,7 +56,7 @@ TEST(DecodeStepCapturable, EveryRegisteredPolicyOnADeviceAndOnTheHost) {
     EXPECT_FALSE(capturable(p.get(), true, true));  // host rows: each layer's rows come down
     ++checked;
   }
-  EXPECT_EQ(checked, 24);  // the registry's size when the table above was written
+  EXPECT_EQ(checked, 25);  // the registry's size when the table above was written
 }
 
 TEST(DecodeStepCapturable, VariantsAndNoPolicy) {

@@ -221,8 +221,17 @@ class HostAsDeviceOps final : public policies::PolicyOps {
     cpu_.projected_value_norms(out, out_layer, cache, layer, wo, wo_bf16, dim, group);
   }
   void chunk_attention_sums(SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                            const policies::LayerStats& st, int chunk) override {
-    cpu_.chunk_attention_sums(out, out_layer, cache, layer, st, chunk);
+                            const policies::LayerStats& st, int first, int count,
+                            int chunk) override {
+    cpu_.chunk_attention_sums(out, out_layer, cache, layer, st, first, count, chunk);
+  }
+  void slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,
+             int out_layer) override {
+    cpu_.slice(in, in_layer, first, count, out, out_layer);
+  }
+  void pad_with_max(const SlotRows& in, int in_layer, int before, int after, SlotRows& out,
+                    int out_layer) override {
+    cpu_.pad_with_max(in, in_layer, before, after, out, out_layer);
   }
   void standardize(SlotRows& rows, int layer) override { cpu_.standardize(rows, layer); }
   void leverage_scores(SlotRows& out, int out_layer, const policies::LayerStats& st,

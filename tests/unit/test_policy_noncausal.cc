@@ -71,23 +71,32 @@ TEST(NonCausalAttnOps, ChunkAttentionSumsOfHandPickedQueriesAndKeys) {
   st.rope = &rope;
   st.block_end = 3;
   std::unique_ptr<SlotRows> out = ops.make_rows(SlotType::kF32, 1, 1);
-  ops.chunk_attention_sums(*out, 0, cache, 0, st, 2);
+  ops.chunk_attention_sums(*out, 0, cache, 0, st, 0, 3, 2);
   const std::vector<float> got = ops.read_f32(*out, 0, 0);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_NEAR(got[0], 1.25f, 1e-6);
   EXPECT_NEAR(got[1], 0.75f, 1e-6);
   EXPECT_NEAR(got[2], 1.0 / (1.0 + std::exp(-2.0)) + 0.5, 1e-6);
   // One chunk of all three: no padding, each query's row sums to 1, so the sums total 3.
-  ops.chunk_attention_sums(*out, 0, cache, 0, st, 3);
+  ops.chunk_attention_sums(*out, 0, cache, 0, st, 0, 3, 3);
   const std::vector<float> whole = ops.read_f32(*out, 0, 0);
   EXPECT_NEAR(whole[0] + whole[1] + whole[2], 3.0, 1e-6);
+  // Tokens [1, 3) alone, one chunk of 2 over k1 = (0, 1) and k2 = (1, 1): q1 = (ln 3, 0) has
+  // logits 0 and ln 3 (1/4, 3/4); q2 = (1, 1) logits 1 and 2 (e^-1 / (1 + e^-1), 1 / (1 + e^-1)).
+  ops.chunk_attention_sums(*out, 0, cache, 0, st, 1, 2, 2);
+  const std::vector<float> part = ops.read_f32(*out, 0, 0);
+  ASSERT_EQ(part.size(), 2u);
+  const double e1 = std::exp(-1.0);
+  EXPECT_NEAR(part[0], 0.25 + e1 / (1 + e1), 1e-6);
+  EXPECT_NEAR(part[1], 0.75 + 1 / (1 + e1), 1e-6);
   // A block that is not the whole cache, queries missing, a chunk of 0: refused.
+  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 2, 2, 2), Error);  // past the end
   st.n_new = 2;
-  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 2), Error);
+  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 0, 2, 2), Error);
   st.n_new = 3;
-  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 0), Error);
+  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 0, 3, 0), Error);
   st.pre_rope_queries = nullptr;
-  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 2), Error);
+  EXPECT_THROW(ops.chunk_attention_sums(*out, 0, cache, 0, st, 0, 3, 2), Error);
 }
 
 // Rows {1, 2} and {3}: mean 2, unbiased variance (1 + 0 + 1) / 2 = 1: -1, 0, 1. One entry (N < 2)
@@ -158,7 +167,8 @@ std::vector<std::vector<int>> reference_keep(const std::vector<float>& q,
                                              const std::vector<std::vector<std::vector<float>>>& k,
                                              const std::vector<std::vector<std::vector<float>>>& v,
                                              int num_heads, int d, float theta, int chunk,
-                                             int budget, std::vector<std::vector<double>>* z) {
+                                             int budget, std::vector<std::vector<double>>* z,
+                                             int pos0 = 0) {
   const int kv = static_cast<int>(k.size()), n = static_cast<int>(k[0].size());
   const int group = num_heads / kv, half = d / 2;
   const int padded = (n + chunk - 1) / chunk * chunk;
@@ -169,7 +179,7 @@ std::vector<std::vector<int>> reference_keep(const std::vector<float>& q,
       const float* x = &q[(static_cast<size_t>(t) * num_heads + h) * d];
       for (int i = 0; i < half; ++i) {
         const double f = 1.0 / std::pow(static_cast<double>(theta), 2.0 * i / d);
-        const double c = std::cos(t * f), s = std::sin(t * f);
+        const double c = std::cos((pos0 + t) * f), s = std::sin((pos0 + t) * f);
         y[t][i] = x[i] * c - x[i + half] * s;
         y[t][i + half] = x[i] * s + x[i + half] * c;
       }
@@ -491,6 +501,98 @@ TEST(LeveragePolicy, KeepsWhatAFloat64PressKeeps) {
   bare.n_new = n - 1;
   EXPECT_THROW(prefill_layer(*p, bare, cache), Error);
   EXPECT_THROW(make_policy(config("leverage", 6, shape, {{"sketch_dimension", "129"}})), Error);
+}
+
+// slice and pad_with_max by hand: rows {1, 5, 2, 7} and {3, 9}: entries [1, 2) of each are {5} and
+// {9}; padded 2 before and 1 after with the maximum of both rows (9).
+TEST(CompactorOps, SliceAndPadWithMax) {
+  kernels::ops::CpuPolicyOps ops;
+  std::unique_ptr<SlotRows> r = ops.make_rows(SlotType::kF32, 1, 2);
+  const std::vector<float> src = {1, 5, 2, 7, 3, 9, 0, 0};
+  ops.resize(*r, 0, V{4, 2});
+  ops.accumulate(*r, 0, src.data(), 4, 4, 1, kernels::ops::GqaReduce::kMean);
+  std::unique_ptr<SlotRows> a = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.slice(*r, 0, 1, 1, *a, 0);
+  EXPECT_EQ(ops.read_f32(*a, 0, 0), (std::vector<float>{5}));
+  EXPECT_EQ(ops.read_f32(*a, 0, 1), (std::vector<float>{9}));
+  EXPECT_THROW(ops.slice(*r, 0, 1, 2, *a, 0), Error);  // head 1 holds 2 entries
+  ops.pad_with_max(*r, 0, 2, 1, *a, 0);
+  EXPECT_EQ(ops.read_f32(*a, 0, 0), (std::vector<float>{9, 9, 1, 5, 2, 7, 9}));
+  EXPECT_EQ(ops.read_f32(*a, 0, 1), (std::vector<float>{9, 9, 3, 9, 9}));
+  EXPECT_THROW(ops.pad_with_max(*r, 0, 1, 1, *r, 0), Error);  // in and out the same rows
+}
+
+// CompactorPress's keep-sets from its two halves over the middle tokens alone: with blending 0 the
+// middle keeps what the float64 NonCausalAttn keeps of the middle's own queries (at their
+// positions), keys and values; with a blending of 1e4 what the float64 LeverageScore keeps of the
+// middle's keys; the 8 + 4 protected ends always stay. They score the layer's maximum, which the
+// best middle token shares, so a budget keeps the ends and the middle's top budget - 12.
+TEST(CompactorPolicy, KeepsItsEndsAndItsHalvesChoicesOfTheMiddle) {
+  const int kv = 2, heads = 4, d = 8, n = 50, left = 8, right = 4, mid = n - left - right;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(n) * heads * d), pre(static_cast<size_t>(n) * kv * d);
+  for (float& x : q) x = g(rng);
+  for (float& x : pre) x = g(rng);
+  std::vector<std::vector<std::vector<float>>> k(kv, std::vector<std::vector<float>>(n)), v = k;
+  for (int c = 0; c < kv; ++c) {
+    for (int j = 0; j < n; ++j) {
+      k[c][j].resize(d);
+      v[c][j].resize(d);
+      for (float& x : k[c][j]) x = g(rng);
+      for (float& x : v[c][j]) x = g(rng);
+    }
+  }
+  RopeParams rope;
+  rope.style = RopeStyle::kNeox;
+  rope.rot_dim = d;
+  const ModelShape shape{1, heads, kv, d, 0};
+  LayerStats st;
+  st.layer = 0;
+  st.n_new = n;
+  st.num_heads = heads;
+  st.pre_rope_queries = q.data();
+  st.pre_rope_keys = pre.data();
+  st.rope = &rope;
+  st.block_end = n;
+  // The middle's queries, keys, values and pre-RoPE keys alone.
+  const std::vector<float> mq(q.begin() + static_cast<size_t>(left) * heads * d,
+                              q.begin() + static_cast<size_t>(n - right) * heads * d);
+  const std::vector<float> mpre(pre.begin() + static_cast<size_t>(left) * kv * d,
+                                pre.begin() + static_cast<size_t>(n - right) * kv * d);
+  auto mk = k, mv = v;
+  for (int c = 0; c < kv; ++c) {
+    mk[c].assign(k[c].begin() + left, k[c].end() - right);
+    mv[c].assign(v[c].begin() + left, v[c].end() - right);
+  }
+  for (int budget : {20, 30}) {
+    for (const char* blending : {"0", "1e4"}) {
+      SCOPED_TRACE(std::to_string(budget) + " " + blending);
+      KvCache cache({1, kv, d}, n);
+      for (int j = 0; j < n; ++j) {
+        for (int c = 0; c < kv; ++c) cache.append(0, c, k[c][j].data(), v[c][j].data(), j);
+      }
+      auto p = make_policy(config("compactor", budget, shape,
+                                  {{"blending", blending}, {"chunk_size", "16"},
+                                   {"sketch_dimension", "6"}}));
+      EXPECT_TRUE(p->prefill_request(n).pre_rope_keys);
+      EXPECT_TRUE(p->prefill_request(n).pre_rope_queries);
+      prefill_layer(*p, st, cache);
+      std::vector<std::vector<double>> z;
+      const auto want_mid =
+          std::string(blending) == "0"
+              ? reference_keep(mq, mk, mv, heads, d, 10000.0f, 16, budget - 12, &z, left)
+              : leverage_reference(mpre, kv, d, mid, 6, 0, budget - 12, false);
+      for (int c = 0; c < kv; ++c) {
+        std::vector<int> want;
+        for (int j = 0; j < left; ++j) want.push_back(j);
+        for (int j : want_mid[c]) want.push_back(left + j);
+        for (int j = n - right; j < n; ++j) want.push_back(j);
+        const V got = positions(cache, 0, c);
+        EXPECT_EQ(std::vector<int>(got.begin(), got.end()), want) << "head " << c;
+      }
+    }
+  }
 }
 
 }  // namespace
