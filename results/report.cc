@@ -432,7 +432,8 @@ const std::vector<std::string>& policy_style_order() {
       "window",        "h2o",       "subgen", "subgen_kcenter", "snapkv",   "pyramidkv",
       "ada_snapkv",    "ada_pyramidkv", "streaming_llm", "scissorhands", "tova", "knorm",
       "random",        "keydiff",   "observed_attention", "cur", "lagkv", "python",
-      "expected_attention", "simlayerkv", "duo_attention"};
+      "expected_attention", "simlayerkv", "duo_attention", "noncausal_attn", "leverage",
+      "compactor"};
   return order;
 }
 

@@ -23,4 +23,23 @@ std::vector<float> gaussian_sketch(uint64_t seed, int layer, int head, int rows,
   return out;
 }
 
+std::vector<float> key_sketches(uint64_t seed, int layer, int first_head, int heads, int d, int k,
+                                bool adjacent, int rot_dim) {
+  KVB_CHECK(heads >= 0 && d >= 1 && k >= 1 && rot_dim >= 0 && rot_dim <= d)
+      << "key_sketches: " << heads << " heads of " << d << " x " << k << ", rot_dim " << rot_dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k)));
+  std::vector<float> out(static_cast<size_t>(heads) * d * k);
+  for (int h = 0; h < heads; ++h) {
+    const std::vector<float> z = gaussian_sketch(seed, layer, first_head + h, d, k);
+    for (int j = 0; j < d; ++j) {
+      const int from = adjacent && j < rot_dim ? (j % 2 == 0 ? j / 2 : rot_dim / 2 + j / 2) : j;
+      for (int c = 0; c < k; ++c) {
+        out[(static_cast<size_t>(h) * d + j) * k + c] =
+            z[static_cast<size_t>(from) * k + c] * scale;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace kvb::kernels::cpu

@@ -17,4 +17,13 @@ inline constexpr uint64_t kSketchStep = 0x736b65746368ull;  // "sketch"
 // The rows x cols sketch of (seed, layer, head), row-major.
 std::vector<float> gaussian_sketch(uint64_t seed, int layer, int head, int rows, int cols);
 
+// LeverageScorePress's sketches of a layer's KV heads first_head .. first_head + heads - 1 (global
+// indices), [heads, d, k] row-major: gaussian_sketch(seed, layer, head, d, k) times float(1 /
+// sqrt(k)) (an f32 product, as torch scales randn's draws), its rows drawn in Hugging Face's
+// channel order. With `adjacent` (the model's rows rotate adjacent pairs: a GGUF llama's K rows,
+// permuted at conversion) row j < rot_dim is HF's channel j / 2 for an even j and rot_dim / 2 +
+// j / 2 for an odd one, so that one model gets one sketch from either file.
+std::vector<float> key_sketches(uint64_t seed, int layer, int first_head, int heads, int d, int k,
+                                bool adjacent, int rot_dim);
+
 }  // namespace kvb::kernels::cpu

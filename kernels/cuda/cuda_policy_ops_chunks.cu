@@ -54,7 +54,8 @@ __global__ void row_stats_kernel(const float* y, const T* keys, DeviceLayerKvVie
     const int c0 = t / chunk * chunk, real = min(chunk, n - c0);
     const float* yt = y + (static_cast<size_t>(t) * heads + q) * d;
     float m = dot_f32(yt, base + static_cast<size_t>(c0) * d, d);
-    for (int j = 1; j < real; ++j) m = fmaxf(m, dot_f32(yt, base + static_cast<size_t>(c0 + j) * d, d));
+    for (int j = 1; j < real; ++j)
+      m = fmaxf(m, dot_f32(yt, base + static_cast<size_t>(c0 + j) * d, d));
     if (real < chunk) m = fmaxf(m, kPadLogit);
     double s = 0;
     for (int j = 0; j < real; ++j) {
@@ -180,10 +181,9 @@ void CudaPolicyOps::slice(const SlotRows& in, int in_layer, int first, int count
                           int out_layer) {
   const CudaRows& a = device(in);
   CudaRows& r = device(out);
-  KVB_CHECK(in_layer >= 0 && in_layer < in.layers() && out_layer >= 0 &&
-            out_layer < out.layers() && in.type() == SlotType::kF32 &&
-            out.type() == SlotType::kF32 && &in != &out && out.heads() <= in.heads() &&
-            first >= 0 && count >= 0)
+  KVB_CHECK(in_layer >= 0 && in_layer < in.layers() && out_layer >= 0 && out_layer < out.layers() &&
+            in.type() == SlotType::kF32 && out.type() == SlotType::kF32 && &in != &out &&
+            out.heads() <= in.heads() && first >= 0 && count >= 0)
       << "cuda policy ops: slice: entries [" << first << ", " << first + count << ") of "
       << in.heads() << " rows into " << out.heads();
   for (int h = 0; h < out.heads(); ++h) {
@@ -205,10 +205,9 @@ void CudaPolicyOps::pad_with_max(const SlotRows& in, int in_layer, int before, i
                                  SlotRows& out, int out_layer) {
   const CudaRows& a = device(in);
   CudaRows& r = device(out);
-  KVB_CHECK(in_layer >= 0 && in_layer < in.layers() && out_layer >= 0 &&
-            out_layer < out.layers() && in.type() == SlotType::kF32 &&
-            out.type() == SlotType::kF32 && &in != &out && out.heads() <= in.heads() &&
-            before >= 0 && after >= 0)
+  KVB_CHECK(in_layer >= 0 && in_layer < in.layers() && out_layer >= 0 && out_layer < out.layers() &&
+            in.type() == SlotType::kF32 && out.type() == SlotType::kF32 && &in != &out &&
+            out.heads() <= in.heads() && before >= 0 && after >= 0)
       << "cuda policy ops: pad_with_max: " << before << " and " << after << " entries around "
       << in.heads() << " rows into " << out.heads();
   KVB_USAGE_CHECK(out.heads() <= kMaxOpsHeads)
@@ -231,8 +230,8 @@ void CudaPolicyOps::pad_with_max(const SlotRows& in, int in_layer, int before, i
 }
 
 void CudaPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer, const KvCache& cache,
-                                         int layer, const ops::LayerStats& st, int first,
-                                         int count, int chunk) {
+                                         int layer, const ops::LayerStats& st, int first, int count,
+                                         int chunk) {
   CudaRows& r = device(out);
   KVB_CHECK(out_layer >= 0 && out_layer < out.layers() && out.type() == SlotType::kF32)
       << "cuda policy ops: chunk_attention_sums on layer " << out_layer << " of rows for "
@@ -242,10 +241,9 @@ void CudaPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer, const KvC
   KVB_USAGE_CHECK(heads <= kMaxOpsHeads)
       << "--device cuda decides for at most " << kMaxOpsHeads << " heads per layer; this "
       << "policy's rows have " << heads;
-  KVB_CHECK(layer >= 0 && layer < cache.shape().num_layers && heads == st.num_heads &&
-            heads >= 1 && kv >= 1 && heads % kv == 0 && chunk >= 1 && first >= 0 &&
-            count >= 1 && first + count <= total && st.pre_rope_queries != nullptr &&
-            st.rope != nullptr)
+  KVB_CHECK(layer >= 0 && layer < cache.shape().num_layers && heads == st.num_heads && heads >= 1 &&
+            kv >= 1 && heads % kv == 0 && chunk >= 1 && first >= 0 && count >= 1 &&
+            first + count <= total && st.pre_rope_queries != nullptr && st.rope != nullptr)
       << "cuda policy ops: chunk_attention_sums: " << heads << " rows for " << st.num_heads
       << " query heads over a cache of " << kv << " heads, chunks of " << chunk << ", tokens ["
       << first << ", " << first + count << ") of " << total << " queries"

@@ -29,8 +29,8 @@ __global__ void key_means_kernel(const float* keys, int key_heads, int d, int fi
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     double acc = 0;
     for (int t = 0; t < count; ++t) {
-      acc = __dadd_rn(acc, static_cast<double>(
-                               keys[(static_cast<size_t>(first + t) * key_heads + h) * d + i]));
+      acc = __dadd_rn(
+          acc, static_cast<double>(keys[(static_cast<size_t>(first + t) * key_heads + h) * d + i]));
     }
     mean[static_cast<size_t>(h) * d + i] = __ddiv_rn(acc, static_cast<double>(count));
   }
@@ -109,8 +109,7 @@ void CudaPolicyOps::leverage_scores(SlotRows& out, int out_layer, const ops::Lay
       << "--device cuda decides for at most " << kMaxOpsHeads << " heads per layer; this "
       << "policy's rows have " << heads;
   KVB_CHECK(heads <= key_heads && st.pre_rope_keys != nullptr && sketch != nullptr && k >= 1 &&
-            k <= ops::kMaxSketch && first >= 0 && count >= 1 && first + count <= st.n_new &&
-            d >= 1)
+            k <= ops::kMaxSketch && first >= 0 && count >= 1 && first + count <= st.n_new && d >= 1)
       << "cuda policy ops: leverage_scores: " << heads << " rows of " << key_heads
       << " key heads, tokens [" << first << ", " << first + count << ") of " << st.n_new
       << ", a sketch of " << k << " columns (at most " << ops::kMaxSketch << ")";
@@ -122,8 +121,8 @@ void CudaPolicyOps::leverage_scores(SlotRows& out, int out_layer, const ops::Lay
   const size_t kk = static_cast<size_t>(k) * k;
   const size_t rows = static_cast<size_t>(heads) * count * k;
   const size_t sketch_floats = static_cast<size_t>(heads) * d * k;
-  double* mean = f64_scratch(static_cast<size_t>(heads) * d + rows + 2 * heads * kk +
-                             (sketch_floats + 1) / 2);
+  double* mean =
+      f64_scratch(static_cast<size_t>(heads) * d + rows + 2 * heads * kk + (sketch_floats + 1) / 2);
   double* x = mean + static_cast<size_t>(heads) * d;
   double* g = x + rows;
   double* l = g + heads * kk;
@@ -135,8 +134,8 @@ void CudaPolicyOps::leverage_scores(SlotRows& out, int out_layer, const ops::Lay
       st.pre_rope_keys, key_heads, d, first, count, mean);
   KVB_CUDA_CHECK_LAUNCH();
   sketch_rows_kernel<<<dim3(std::min(256u, grid_for(static_cast<size_t>(count) * k, 256)), heads),
-                       256, 0, stream_>>>(st.pre_rope_keys, key_heads, d, first, count, mean,
-                                          phi, k, x);
+                       256, 0, stream_>>>(st.pre_rope_keys, key_heads, d, first, count, mean, phi,
+                                          k, x);
   KVB_CUDA_CHECK_LAUNCH();
   gram_kernel<<<dim3(grid_for(kk, 256), heads), 256, 0, stream_>>>(x, count, k, g);
   KVB_CUDA_CHECK_LAUNCH();

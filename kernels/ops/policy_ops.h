@@ -451,8 +451,8 @@ class PolicyOps {
   // kept and a later NaN ignored; no entry at all: 0). in and out distinct.
   virtual void pad_with_max(const SlotRows& in, int in_layer, int before, int after,
                             SlotRows& out, int out_layer) = 0;
-  // Vocabulary: approximate leverage scores of a block's pre-RoPE keys under a right sketch (kvpress
-  // LeverageScorePress; Compactor). For every head h < out.heads() (<= key_heads) with its keys
+  // Vocabulary: approximate leverage scores of a block's pre-RoPE keys under a right sketch
+  // (kvpress LeverageScorePress; Compactor). For every head h < out.heads() (<= key_heads) with its keys
   // K_t = st.pre_rope_keys + (t * key_heads + h) * d (d = head_dim) for the tokens t in [first,
   // first + count) of the block (count >= 1, first + count <= st.n_new) and its sketch Phi_h =
   // sketch + h * d * k (host memory, d x k row-major, k <= kMaxSketch), in f64 with every

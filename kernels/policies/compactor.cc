@@ -44,8 +44,7 @@ class Compactor final : public Policy {
                         kernels::EvictionPlan& plan) override {
     const int budget = wrap_.budget(st.layer, cache, kv_budget());
     if (!wrap_.acts(cache, st.layer, budget)) return;
-    KVB_CHECK(st.pre_rope_keys != nullptr && st.pre_rope_queries != nullptr &&
-              st.rope != nullptr)
+    KVB_CHECK(st.pre_rope_keys != nullptr && st.pre_rope_queries != nullptr && st.rope != nullptr)
         << "compactor: the engine gave no pre-RoPE keys, queries or RoPE parameters";
     const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
     const int n = st.n_new;
@@ -69,21 +68,9 @@ class Compactor final : public Policy {
       return;
     }
     // Leverage of the middle's keys (the sketch as `leverage` draws it), z-scored, times blending.
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k_)));
-    const bool adjacent = st.rope->style == kernels::cpu::RopeStyle::kNorm;
-    const int rot = st.rope->rot_dim;
-    sketch_.assign(static_cast<size_t>(heads) * d * k_, 0.0f);
-    for (int h = 0; h < heads; ++h) {
-      const std::vector<float> z =
-          kernels::cpu::gaussian_sketch(config().seed, st.layer, tp_rank() * heads + h, d, k_);
-      for (int j = 0; j < d; ++j) {
-        const int from = adjacent && j < rot ? (j % 2 == 0 ? j / 2 : rot / 2 + j / 2) : j;
-        for (int c = 0; c < k_; ++c) {
-          sketch_[(static_cast<size_t>(h) * d + j) * k_ + c] =
-              z[static_cast<size_t>(from) * k_ + c] * scale;
-        }
-      }
-    }
+    sketch_ = kernels::cpu::key_sketches(config().seed, st.layer, tp_rank() * heads, heads, d, k_,
+                                         st.rope->style == kernels::cpu::RopeStyle::kNorm,
+                                         st.rope->rot_dim);
     SlotRows& lev = rows_of(lev_.rows, ops, SlotType::kF32, 1, heads);
     ops.leverage_scores(lev, 0, st, heads, d, left, mid, sketch_.data(), k_);
     ops.standardize(lev, 0);
@@ -131,24 +118,24 @@ class Compactor final : public Policy {
 }  // namespace
 
 PolicyInfo compactor_policy_info() {
-  return {"compactor",
-          "keep the first sink_size_start and last sink_size_end tokens and the kv_budget best by "
-          "blending x sketched key leverage + the prompt's own non-causal chunked attention, each "
-          "z-scored over the tokens between (CompactorPress)",
-          with_wrappers(
-              {{"sink_size_start", "8", "first prompt tokens always kept", {}},
-               {"sink_size_end", "4", "last prompt tokens always kept", {}},
-               {"chunk_size", "256", "tokens per chunk of the non-causal attention", {}},
-               {"sketch_dimension",
-                "48",
-                "columns of the Gaussian sketch (at most 128), drawn from the unit's seed",
-                {}},
-               {"blending",
-                "",
-                "the leverage's weight (not given: the budget's compression ratio, kvpress's "
-                "default; 1 - kv_budget / n for a token budget)",
-                {}}}),
-          [](const PolicyConfig& c) { return std::make_unique<Compactor>(c); }};
+  return {
+      "compactor",
+      "keep the first sink_size_start and last sink_size_end tokens and the kv_budget best by "
+      "blending x sketched key leverage + the prompt's own non-causal chunked attention, each "
+      "z-scored over the tokens between (CompactorPress)",
+      with_wrappers({{"sink_size_start", "8", "first prompt tokens always kept", {}},
+                     {"sink_size_end", "4", "last prompt tokens always kept", {}},
+                     {"chunk_size", "256", "tokens per chunk of the non-causal attention", {}},
+                     {"sketch_dimension",
+                      "48",
+                      "columns of the Gaussian sketch (at most 128), drawn from the unit's seed",
+                      {}},
+                     {"blending",
+                      "",
+                      "the leverage's weight (not given: the budget's compression ratio, kvpress's "
+                      "default; 1 - kv_budget / n for a token budget)",
+                      {}}}),
+      [](const PolicyConfig& c) { return std::make_unique<Compactor>(c); }};
 }
 
 }  // namespace kvb::policies

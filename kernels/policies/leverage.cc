@@ -8,8 +8,6 @@
 // global KV head) (kernels/cpu/sketch.h), its rows in Hugging Face's channel order: reproducible,
 // so a unit's result repeats and a seed axis varies it; kvpress draws torch.randn, which
 // compare_kvpress.py replaces by the same values to compare keep-sets. Prefill only.
-#include <cmath>
-
 #include "common/error.h"
 #include "kernels/cpu/sketch.h"
 #include "kernels/policies/policies.h"
@@ -23,8 +21,8 @@ class Leverage final : public Policy {
   explicit Leverage(const PolicyConfig& c) : Policy(c), wrap_(c) {
     k_ = c.options.get_int("sketch_dimension", 48, 1, kernels::ops::kMaxSketch);
     const bool across_heads = c.options.get_bool("ada", false) ||
-                              c.options.get_bool("critical", false) ||
-                              c.options.has("chunkkv") || c.options.has("threshold");
+                              c.options.get_bool("critical", false) || c.options.has("chunkkv") ||
+                              c.options.has("threshold");
     KVB_USAGE_CHECK(!across_heads || !c.tp || c.tp->size() == 1)
         << "policy leverage: its scores are standardised over every head of a layer, which "
            "tensor parallelism splits across ranks, so ada, critical, chunkkv and threshold "
@@ -49,26 +47,10 @@ class Leverage final : public Policy {
           << st.layer << " head " << h << " holds " << cache.length(st.layer, h)
           << " slots after a block of " << st.n_new;
     }
-    // The layer's sketches, scaled as kvpress scales torch.randn's draws (an f32 product). Their
-    // rows are drawn in Hugging Face's channel order: where the model's rows rotate adjacent pairs
-    // (a GGUF llama's Q/K rows, permuted at conversion), row j of ours is HF's channel j / 2 for
-    // an even j < rot_dim and rot_dim / 2 + j / 2 for an odd one, so that one model gets one
-    // sketch from either file.
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k_)));
+    // The layer's sketches (the unit's seed, global KV heads, rows in HF's channel order).
     const bool adjacent = st.rope && st.rope->style == kernels::cpu::RopeStyle::kNorm;
-    const int rot = st.rope ? st.rope->rot_dim : 0;
-    sketch_.assign(static_cast<size_t>(heads) * d * k_, 0.0f);
-    for (int h = 0; h < heads; ++h) {
-      const std::vector<float> z =
-          kernels::cpu::gaussian_sketch(config().seed, st.layer, tp_rank() * heads + h, d, k_);
-      for (int j = 0; j < d; ++j) {
-        const int from = adjacent && j < rot ? (j % 2 == 0 ? j / 2 : rot / 2 + j / 2) : j;
-        for (int c = 0; c < k_; ++c) {
-          sketch_[(static_cast<size_t>(h) * d + j) * k_ + c] =
-              z[static_cast<size_t>(from) * k_ + c] * scale;
-        }
-      }
-    }
+    sketch_ = kernels::cpu::key_sketches(config().seed, st.layer, tp_rank() * heads, heads, d, k_,
+                                         adjacent, st.rope ? st.rope->rot_dim : 0);
     PolicyOps& ops = ops_of(st);
     SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, heads);
     ops.leverage_scores(score, 0, st, heads, d, 0, st.n_new, sketch_.data(), k_);

@@ -19,8 +19,8 @@ class NonCausalAttn final : public Policy {
   explicit NonCausalAttn(const PolicyConfig& c) : Policy(c), wrap_(c) {
     chunk_ = c.options.get_int("chunk_size", 256, 1, 1 << 16);
     const bool across_heads = c.options.get_bool("ada", false) ||
-                              c.options.get_bool("critical", false) ||
-                              c.options.has("chunkkv") || c.options.has("threshold");
+                              c.options.get_bool("critical", false) || c.options.has("chunkkv") ||
+                              c.options.has("threshold");
     KVB_USAGE_CHECK(!across_heads || !c.tp || c.tp->size() == 1)
         << "policy noncausal_attn: its scores are standardised over every head of a layer, which "
            "tensor parallelism splits across ranks, so ada, critical, chunkkv and threshold "

@@ -300,10 +300,9 @@ TEST(NonCausalAttnPolicy, KeepsWhatAFloat64PressKeeps) {
     }
     // threshold 0.3, window 4: every slot before the last 4 whose z-score is below 0.3 leaves.
     KvCache cache = filled();
-    auto p = make_policy(config("noncausal_attn", 1, shape,
-                                {{"chunk_size", std::to_string(chunk)},
-                                 {"threshold", "0.3"},
-                                 {"threshold_window", "4"}}));
+    auto p = make_policy(config(
+        "noncausal_attn", 1, shape,
+        {{"chunk_size", std::to_string(chunk)}, {"threshold", "0.3"}, {"threshold_window", "4"}}));
     prefill_layer(*p, st, cache);
     std::vector<std::vector<double>> z;
     reference_keep(q, k, v, heads, d, theta, chunk, n, &z);
@@ -313,8 +312,8 @@ TEST(NonCausalAttnPolicy, KeepsWhatAFloat64PressKeeps) {
         if (j >= n - 4 || z[c][j] >= 0.3) want.push_back(j);
       }
       const V got = positions(cache, 0, c);
-      EXPECT_EQ(std::vector<int>(got.begin(), got.end()), want) << "chunk " << chunk << " head "
-                                                                << c;
+      EXPECT_EQ(std::vector<int>(got.begin(), got.end()), want)
+          << "chunk " << chunk << " head " << c;
     }
   }
   // Without the queries, or after a block that is not the whole cache, the policy says so; its
@@ -572,9 +571,9 @@ TEST(CompactorPolicy, KeepsItsEndsAndItsHalvesChoicesOfTheMiddle) {
       for (int j = 0; j < n; ++j) {
         for (int c = 0; c < kv; ++c) cache.append(0, c, k[c][j].data(), v[c][j].data(), j);
       }
-      auto p = make_policy(config("compactor", budget, shape,
-                                  {{"blending", blending}, {"chunk_size", "16"},
-                                   {"sketch_dimension", "6"}}));
+      auto p = make_policy(
+          config("compactor", budget, shape,
+                 {{"blending", blending}, {"chunk_size", "16"}, {"sketch_dimension", "6"}}));
       EXPECT_TRUE(p->prefill_request(n).pre_rope_keys);
       EXPECT_TRUE(p->prefill_request(n).pre_rope_queries);
       prefill_layer(*p, st, cache);
