@@ -138,13 +138,15 @@ def main():
                              f"({len(ours['prompt_ids'])} ids)")
                 press = make(ratio)
                 # The scores that decide (a wrapper's own where it is a ScorerPress).
-                scores = record_scores(press if hasattr(press, "score")
-                                       else getattr(press, "press", press))
+                # (BlockPress's scorer scores subsets: nothing to record per slot.)
+                scores = {} if isinstance(press, kvpress.BlockPress) else record_scores(
+                    press if hasattr(press, "score") else getattr(press, "press", press))
                 masked = isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress,
                                             kvpress.DMSPress, kvpress.DuoAttentionPress))
-                # ChunkKVPress, ChunkPress and DMSPress refuse attention weights (eager returns
-                # them).
-                need_sdpa = masked or isinstance(press, (kvpress.ChunkKVPress, kvpress.ChunkPress))
+                # ChunkKVPress, ChunkPress, BlockPress and DMSPress refuse attention weights
+                # (eager returns them).
+                need_sdpa = masked or isinstance(press, (kvpress.ChunkKVPress, kvpress.ChunkPress,
+                                                         kvpress.BlockPress))
                 if need_sdpa and sdpa is None:
                     sdpa = load_model(args.model, attn="sdpa")
                 runner = sdpa if need_sdpa else model

@@ -186,6 +186,16 @@ PAIRS = [
      lambda r: kvpress.CompactorPress(compression_ratio=r, blending=0.35, chunk_size=100,
                                       sketch_dimension=16), "compactor",
      ["blending=0.35", "chunk_size=100", "sketch_dimension=16"]),
+    # BlockPress over a scorer whose score reads the cache alone (kvbench: `block: N`).
+    ("BlockPress over KeyDiff (blocks of 128)",
+     lambda r: kvpress.BlockPress(kvpress.KeyDiffPress(compression_ratio=r), block_size=128),
+     "keydiff", ["block=128"]),
+    ("BlockPress over CUR (blocks of 100)",
+     lambda r: kvpress.BlockPress(kvpress.CURPress(compression_ratio=r), block_size=100),
+     "cur", ["block=100"]),
+    ("BlockPress over LagKV (blocks of 128)",
+     lambda r: kvpress.BlockPress(kvpress.LagKVPress(compression_ratio=r), block_size=128),
+     "lagkv", ["block=128"]),
     # SimLayerKVPress decides per layer by a threshold, not by the ratio (the same at every ratio).
     ("SimLayerKV (threshold 0.5, 4 initial, 256 recent, 1 last)",
      lambda r: kvpress.SimLayerKVPress(lazy_threshold=0.5, n_recent=256), "simlayerkv",

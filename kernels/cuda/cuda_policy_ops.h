@@ -152,6 +152,9 @@ class CudaPolicyOps final : public ops::PolicyOps {
   cpu::SubgenSketch read_subgen(const ops::SubgenState& state, int layer,
                                 int head) override;
 
+  // read_cache_rows: one D2H copy and one sync (cuda_policy_ops_subgen.cu, read_keys' code).
+  std::vector<float> read_cache_rows(const KvCache& cache, int layer, int head, int first,
+                                     int count, ops::CacheRows which) override;
   // Synchronous (waits for the stream).
   std::vector<float> read_f32(const ops::SlotRows& rows, int layer, int head) override;
   std::vector<uint64_t> read_u64(const ops::SlotRows& rows, int layer, int head) override;

@@ -107,10 +107,16 @@ void CudaPolicyOps::subgen_absorb(ops::SubgenState& state, int layer, const KvCa
 
 std::vector<float> CudaPolicyOps::read_keys(const KvCache& cache, int layer, int head, int first,
                                             int count) {
-  DeviceKvCache& dev = ops_detail::cache_rows(cache, "read_keys");
+  return read_cache_rows(cache, layer, head, first, count, ops::CacheRows::kKeys);
+}
+
+std::vector<float> CudaPolicyOps::read_cache_rows(const KvCache& cache, int layer, int head,
+                                                  int first, int count, ops::CacheRows which) {
+  DeviceKvCache& dev = ops_detail::cache_rows(cache, "read_cache_rows");
   KVB_CHECK(head >= 0 && head < cache.shape().num_kv_heads && first >= 0 && count >= 0 &&
             first + count <= dev.length(layer, head))
-      << "cuda policy ops: read_keys of slots [" << first << ", " << first + count << ") of layer "
+      << "cuda policy ops: read_cache_rows of slots [" << first << ", " << first + count
+      << ") of layer "
       << layer << " head " << head << ", which holds "
       << (head >= 0 && head < cache.shape().num_kv_heads ? dev.length(layer, head) : -1);
   const int d = cache.shape().head_dim;
@@ -121,7 +127,8 @@ std::vector<float> CudaPolicyOps::read_keys(const KvCache& cache, int layer, int
   const size_t at = (static_cast<size_t>(dev.offset(layer, head)) + first) * d;
   const size_t eb = kv_dtype_bytes(v.dtype);
   std::vector<unsigned char> raw(elems * eb);
-  KVB_CUDA_CHECK(cudaMemcpyAsync(raw.data(), static_cast<const unsigned char*>(v.keys) + at * eb,
+  const void* rows = which == ops::CacheRows::kKeys ? v.keys : v.values;
+  KVB_CUDA_CHECK(cudaMemcpyAsync(raw.data(), static_cast<const unsigned char*>(rows) + at * eb,
                                  raw.size(), cudaMemcpyDeviceToHost, stream_));
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
   ++transfers_.d2h_copies;

@@ -1151,6 +1151,25 @@ void CpuPolicyOps::kcenter_keep(const kernels::KvCache& cache, std::span<const K
   }
 }
 
+std::vector<float> CpuPolicyOps::read_cache_rows(const kernels::KvCache& cache, int layer,
+                                                 int head, int first, int count,
+                                                 CacheRows which) {
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers && head >= 0 &&
+            head < cache.shape().num_kv_heads && first >= 0 && count >= 0 &&
+            first + count <= cache.length(layer, head))
+      << "read_cache_rows: slots [" << first << ", " << first + count << ") of layer " << layer
+      << " head " << head << (cache.host_rows() ? "" : " of a cache without host rows");
+  const kernels::LayerKvView view = cache.layer(layer);
+  const int d = view.head_dim;
+  std::vector<float> out(static_cast<size_t>(count) * d);
+  for (int j = 0; j < count; ++j) {
+    const float* x = which == CacheRows::kKeys ? view.key(head, first + j)
+                                               : view.value(head, first + j);
+    std::copy(x, x + d, out.begin() + static_cast<size_t>(j) * d);
+  }
+  return out;
+}
+
 std::vector<float> CpuPolicyOps::read_f32(const SlotRows& rows, int layer, int head) {
   check_layer(rows, layer);
   return host(rows).f32(layer, head);

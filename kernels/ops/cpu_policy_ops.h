@@ -71,6 +71,8 @@ class CpuPolicyOps final : public PolicyOps {
   void erase(SlotRows& rows, int layer, std::span<const RowErase> heads) override;
   void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;
+  std::vector<float> read_cache_rows(const kernels::KvCache& cache, int layer, int head,
+                                     int first, int count, CacheRows which) override;
   std::vector<float> read_f32(const SlotRows& rows, int layer, int head) override;
   std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) override;
 };

@@ -517,6 +517,12 @@ class PolicyOps {
   // One stream's sketch in the CPU's layout (tests).
   virtual kernels::cpu::SubgenSketch read_subgen(const SubgenState& state, int layer, int head);
 
+  // Vocabulary: the cached rows of slots [first, first + count) of (layer, head), keys (as cached,
+  // post-RoPE) or values, as f32 on the host [count, head_dim] (bf16 widened exactly): what a
+  // decision made on the host from the rows themselves reads (BlockPress). Synchronous on a
+  // device: one copy and one sync, counted in its transfers.
+  virtual std::vector<float> read_cache_rows(const kernels::KvCache& cache, int layer, int head,
+                                             int first, int count, CacheRows which) = 0;
   // Row (layer, head) on the host (tests, accounting; synchronous on a device).
   virtual std::vector<float> read_f32(const SlotRows& rows, int layer, int head) = 0;
   virtual std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) = 0;

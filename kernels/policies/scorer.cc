@@ -21,12 +21,23 @@ ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores, bool chunks
       first_(c.options.get_double("first_stage_ratio", 0.5, 0.0, 1.0)),
       interval_(c.options.get_int("decode_interval", 0, 0, 1 << 30)),
       chunk_(c.options.get_int("chunkkv", 0, 0, 1 << 30)),
+      chunk_runs_(c.options.get_int("chunk", 0, 0, 1 << 30)),
+      fraction_(c.budget_fraction),
       thresholded_(c.options.has("threshold")),
       threshold_(static_cast<float>(c.options.get_double("threshold", 0, -1e30, 1e30))),
       window_(c.options.get_int("threshold_window", 128, 0, 1 << 30)),
       slide_(c.options.get_bool("threshold_decode", false)),
-      chunk_runs_(c.options.get_int("chunk", 0, 0, 1 << 30)),
-      fraction_(c.budget_fraction) {
+      block_(c.options.get_int("block", 0, 0, 1 << 30)) {
+  KVB_USAGE_CHECK(block_ == 0 || rescores)
+      << "policy " << c.name << ": block (kvpress's BlockPress) scores subsets of the cache, "
+      << "which needs a score of the cache alone (keydiff, cur, lagkv); " << c.name
+      << "'s reads the prompt's queries, keys or attention";
+  KVB_USAGE_CHECK(block_ == 0 ||
+                  (!ada_ && !critical_ && interval_ == 0 && chunk_ == 0 && chunk_runs_ == 0 &&
+                   !c.options.has("threshold")))
+      << "policy " << c.name << ": block (kvpress's BlockPress wraps a plain scorer) does not "
+      << "combine with ada, critical, decode_interval, chunkkv, chunk or threshold; drop one of "
+      << "them";
   KVB_USAGE_CHECK(chunk_runs_ == 0 || chunks)
       << "policy " << c.name << ": chunk scores each run of slots with its own statistics, "
       << "which " << c.name << " does not compute per run (keydiff does)";
@@ -176,12 +187,92 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        "kvpress ChunkPress: score each run of this many tokens on its own and keep the best "
        "max(1, int(run x f)) of each, f the budget's fraction (keydiff; 0: off)",
        {}},
+      {"block",
+       "0",
+       "kvpress BlockPress: keep kv_budget by scoring the kept tokens with each next block of "
+       "this many prompt tokens in turn (keydiff, cur, lagkv; 0: off)",
+       {}},
       {"threshold_decode",
        "false",
        "with threshold (kvpress DMSPress decoding=True): score each generated token alone and "
        "drop each token leaving the window whose score is below the threshold (keydiff, cur, "
        "lagkv)",
        {"true", "false"}}};
+}
+
+void CacheScorer::block_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+                               kernels::EvictionPlan& plan) {
+  const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
+  const int layer = st.layer, block = wrap_.block();
+  PolicyOps& ops = ops_of(st);
+  // The layer's rows on the host: the cache's own, or read once from a device (two copies and
+  // two syncs per head, counted in the ops' transfers).
+  const kernels::KvCache* src = &cache;
+  int src_layer = layer;
+  kernels::KvCache pulled;
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) longest = std::max(longest, cache.length(layer, h));
+  if (!cache.host_rows()) {
+    pulled = kernels::KvCache({1, heads, d}, longest);
+    for (int h = 0; h < heads; ++h) {
+      const int len = cache.length(layer, h);
+      const std::vector<float> k = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kKeys);
+      const std::vector<float> v =
+          ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kValues);
+      const int32_t* pos = cache.layer(layer).position(h);
+      for (int s = 0; s < len; ++s) {
+        pulled.append(0, h, &k[static_cast<size_t>(s) * d], &v[static_cast<size_t>(s) * d],
+                      pos[s]);
+      }
+    }
+    src = &pulled;
+    src_layer = 0;
+  }
+  const kernels::LayerKvView rows = src->layer(src_layer);
+  // kvpress's BlockPress: each head starts from its first `budget` slots; each next block of
+  // `block` slots joins them, the scorer scores the union as a cache of those rows (in the kept
+  // slots' order, then the block's), and the best `budget` stay, best first (equal scores: the
+  // later slot first). The host ops score: the rows are on the host.
+  PolicyOps& host = cpu_policy_ops();
+  LayerStats one = st;
+  one.layer = 0;
+  one.ops = &host;
+  std::vector<std::vector<int32_t>> kept(heads);
+  for (int h = 0; h < heads; ++h) {
+    const int len = cache.length(layer, h);
+    kept[h].resize(std::min(budget, len));
+    std::iota(kept[h].begin(), kept[h].end(), 0);
+  }
+  std::vector<int32_t> order;
+  for (int i = budget; i < longest; i += block) {
+    kernels::KvCache scratch({1, heads, d}, budget + block);
+    std::vector<std::vector<int32_t>> current(heads);
+    for (int h = 0; h < heads; ++h) {
+      current[h] = kept[h];
+      for (int s = i; s < std::min(i + block, cache.length(layer, h)); ++s) current[h].push_back(s);
+      for (int32_t s : current[h]) {
+        scratch.append(0, h, rows.key(h, s), rows.value(h, s), rows.position(h)[s]);
+      }
+    }
+    SlotRows& score = this->score(host, one, scratch);
+    for (int h = 0; h < heads; ++h) {
+      if (static_cast<int>(current[h].size()) <= budget) continue;
+      const std::vector<float> sc = host.read_f32(score, 0, h);
+      order.resize(current[h].size());
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        if (sc[a] != sc[b]) return sc[a] > sc[b];
+        return current[h][a] > current[h][b];
+      });
+      kept[h].resize(budget);
+      for (int r = 0; r < budget; ++r) kept[h][r] = current[h][order[r]];
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    if (cache.length(layer, h) <= budget) continue;
+    std::sort(kept[h].begin(), kept[h].end());
+    plan.keep(h, kept[h]);
+  }
 }
 
 std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_length, int budget) {

@@ -64,6 +64,8 @@ std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_lengt
 //    alone (its statistics per chunk; keydiff) and each run keeps its own max(1, int(len x f))
 //    best, f the budget's fraction (kvpress's 1 - compression_ratio; kv_budget / n for a token
 //    budget) (keep_per_chunk).
+//  - `block: N` (BlockPress): kv_budget kept per head by scoring the kept slots with each next block
+//    of N prompt slots as a cache of those rows, in turn (CacheScorer::block_decide).
 //  - `threshold: t` (DMSPress, its dense prefill): every slot before the last threshold_window
 //    whose score is below t leaves; kv_budget does not decide (keep_above). With
 //    `threshold_decode: true` (DMSPress's decoding) each generated token is scored alone
@@ -77,6 +79,8 @@ class ScorerWrappers {
   explicit ScorerWrappers(const PolicyConfig& c, bool rescores = false, bool chunks = false);
   // `chunk`'s run length, 0: off.
   int chunk() const { return chunk_runs_; }
+  // `block`'s block length (kvpress BlockPress), 0: off.
+  int block() const { return block_; }
   // The options, for a scorer's PolicyInfo (with_wrappers).
   static std::vector<ParamDoc> params();
   // The layer's budget per head: kv_budget, or with `layer_ratios` (kvpress's
@@ -138,6 +142,7 @@ class ScorerWrappers {
   float threshold_ = 0;
   int window_ = 128;    // threshold_window
   bool slide_ = false;  // threshold_decode
+  int block_ = 0;       // block (BlockPress), 0: off
   // threshold_decode: per (layer, head), the scores of the slots in the window, oldest first.
   std::vector<std::vector<float>> window_scores_;
   std::vector<int> steps_;  // decode steps per layer since its last compression
@@ -185,9 +190,17 @@ class CacheScorer : public Policy {
   void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
               kernels::EvictionPlan& plan) {
     if (!wrap_.acts(cache, st.layer, budget)) return;
+    if (wrap_.block() > 0) {
+      block_decide(st, cache, budget, plan);
+      return;
+    }
     PolicyOps& ops = ops_of(st);
     wrap_.keep(ops, score(ops, st, cache), 0, st, cache, budget, plan);
   }
+  // `block: N` (kvpress BlockPress): the prompt's blocks scored in turn with the kept slots, on
+  // the host (a device's rows are read once per layer: scorer.cc).
+  void block_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+                    kernels::EvictionPlan& plan);
   ScorerWrappers wrap_;
 };
 

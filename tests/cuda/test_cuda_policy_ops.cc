@@ -801,10 +801,12 @@ TEST_F(CudaPolicyOpsParity, ChunkKvAndThresholdDecideAsOnTheCpu) {
       {"cur", {{"threshold", "0.01"}, {"threshold_window", "16"}}},
       {"snapkv", {{"chunkkv", "6"}, {"window", "8"}}},  // its window padded by the maximum + 1
       {"keydiff", {{"chunk", "16"}}},                    // ChunkPress: runs of 16 scored alone
+      {"keydiff", {{"block", "16"}}},  // BlockPress: the rows read to the host, scored there
+      {"cur", {{"block", "20"}}},
   };
   const int w = 8;
   for (const auto& [name, options] : cases) {
-    SCOPED_TRACE(name + (options.count("chunkkv") ? " chunkkv" : " threshold"));
+    SCOPED_TRACE(name + " " + options.begin()->first);
     policies::PolicyConfig pc;
     pc.name = name;
     pc.kv_budget = 30;

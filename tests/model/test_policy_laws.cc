@@ -84,6 +84,8 @@ std::vector<Variant> variants() {
   add("keydiff", {{"chunkkv", "4"}});
   add("snapkv", {{"chunkkv", "5"}});
   add("keydiff", {{"chunk", "7"}});  // kvpress's ChunkPress
+  add("keydiff", {{"block", "5"}});  // kvpress's BlockPress
+  add("cur", {{"block", "3"}});
   add("pyramidkv", {{"formula", "kvpress"}, {"beta", "2"}});
   add("expected_attention", {{"chunkkv", "3"}});
   // kvpress's NonCausalAttnPress: a short last chunk (padded), and Ada-KV over its z-scores.

@@ -239,6 +239,10 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                        int k) override {
     cpu_.leverage_scores(out, out_layer, st, key_heads, head_dim, first, count, sketch, k);
   }
+  std::vector<float> read_cache_rows(const KvCache& cache, int layer, int head, int first,
+                                     int count, kernels::ops::CacheRows which) override {
+    return cpu_.read_cache_rows(cache, layer, head, first, count, which);
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

@@ -4,10 +4,12 @@
 // independently (numpy's order: normalise, mean, then the cosine of unit vectors).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -604,6 +606,80 @@ TEST(ScorerWrappers, ChunkKeepsEachRunsOwnBest) {
 // 4 4 3 3 3 0 at budget 8 (kvpress: int(4 x 0.8) = 3 chunks, 9 tokens) keep two: a third would
 // pass the budget. A prompt shorter than one chunk falls back to each head's own top (head 1's
 // tie at 1 keeps slot 5).
+// kvpress's BlockPress over KeyDiff in float64: each head starts from its first `budget` slots;
+// each next block of `block` slots joins them (kept slots in their ranking's order, then the
+// block), every row of that union is scored minus its cosine with the union's mean unit key, and
+// the best `budget` stay (equal scores: the later slot). Two heads of 23 random keys (d 4) at
+// budgets 5 and 9 and blocks of 4 and 7: the policy keeps what the reference keeps; a budget of
+// the whole prompt keeps everything.
+TEST(ScorerWrappers, BlockScoresEachBlockWithTheKeptSlots) {
+  const int heads = 2, d = 4, n = 23;
+  std::mt19937 rng(13);
+  std::normal_distribution<float> g(0.3f, 1.0f);
+  std::vector<std::vector<std::vector<float>>> rows(heads, std::vector<std::vector<float>>(n));
+  for (auto& head : rows) {
+    for (auto& k : head) {
+      k.resize(d);
+      for (float& x : k) x = g(rng);
+    }
+  }
+  const ModelShape shape{1, heads, heads, d, 0};
+  for (int budget : {5, 9, n}) {
+    for (int block : {4, 7}) {
+      SCOPED_TRACE(std::to_string(budget) + " " + std::to_string(block));
+      KvCache cache = cache_of(rows, d);
+      LayerStats st;
+      st.n_new = n;
+      st.num_heads = heads;
+      prefill_layer(*make_policy(config("keydiff", budget, shape,
+                                        {{"block", std::to_string(block)}})),
+                    st, cache);
+      for (int h = 0; h < heads; ++h) {
+        std::vector<int> kept(std::min(budget, n));
+        std::iota(kept.begin(), kept.end(), 0);
+        for (int i = budget; i < n; i += block) {
+          std::vector<int> cur = kept;
+          for (int s = i; s < std::min(n, i + block); ++s) cur.push_back(s);
+          std::vector<double> mean(d, 0.0);
+          for (int s : cur) {
+            double norm = 0;
+            for (float x : rows[h][s]) norm += static_cast<double>(x) * x;
+            for (int c = 0; c < d; ++c) mean[c] += rows[h][s][c] / std::sqrt(norm) / cur.size();
+          }
+          double mnorm = 0;
+          for (double m : mean) mnorm += m * m;
+          std::vector<double> score(cur.size());
+          for (size_t r = 0; r < cur.size(); ++r) {
+            double dot = 0, norm = 0;
+            for (int c = 0; c < d; ++c) {
+              dot += rows[h][cur[r]][c] * mean[c];
+              norm += static_cast<double>(rows[h][cur[r]][c]) * rows[h][cur[r]][c];
+            }
+            score[r] = -dot / std::sqrt(norm) / std::sqrt(mnorm);
+          }
+          std::vector<int> order(cur.size());
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+            return score[a] != score[b] ? score[a] > score[b] : cur[a] > cur[b];
+          });
+          kept.resize(budget);
+          for (int r = 0; r < budget; ++r) kept[r] = cur[order[r]];
+        }
+        std::sort(kept.begin(), kept.end());
+        const V got = positions(cache, 0, h);
+        EXPECT_EQ(std::vector<int>(got.begin(), got.end()), kept) << "head " << h;
+      }
+    }
+  }
+  // block reads the cache alone: refused where the score reads the prompt, and beside the
+  // wrappers that replace the per-head choice.
+  EXPECT_THROW(make_policy(config("expected_attention", 3, shape, {{"block", "4"}})), Error);
+  EXPECT_THROW(make_policy(config("keydiff", 3, shape, {{"block", "4"}, {"ada", "true"}})),
+               Error);
+  EXPECT_THROW(make_policy(config("keydiff", 3, shape, {{"block", "4"}, {"chunkkv", "2"}})),
+               Error);
+}
+
 TEST(ScorerWrappers, ChunkKvKeepsTheBestChunksWholeInEveryHead) {
   const V all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
   EXPECT_EQ(keep_two_heads(9, {{"chunkkv", "3"}}),
