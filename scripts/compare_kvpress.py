@@ -138,8 +138,8 @@ def main():
                              f"({len(ours['prompt_ids'])} ids)")
                 press = make(ratio)
                 # The scores that decide (a wrapper's own where it is a ScorerPress).
-                # (BlockPress's scorer scores subsets: nothing to record per slot.)
-                scores = {} if isinstance(press, kvpress.BlockPress) else record_scores(
+                # (BlockPress's and ChunkPress's scorer scores subsets: nothing to record per slot.)
+                scores = {} if isinstance(press, (kvpress.BlockPress, kvpress.ChunkPress)) else record_scores(
                     press if hasattr(press, "score") else getattr(press, "press", press))
                 masked = isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress,
                                             kvpress.DMSPress, kvpress.DuoAttentionPress))

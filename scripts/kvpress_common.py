@@ -270,6 +270,12 @@ PAIRS = [
     ("ChunkPress over KeyDiff (chunks of 1024, kvpress's default)",
      lambda r: kvpress.ChunkPress(kvpress.KeyDiffPress(compression_ratio=r)), "keydiff",
      ["chunk=1024"]),
+    ("ChunkPress over CUR (chunks of 256: each its own 4 sinks and windows)",
+     lambda r: kvpress.ChunkPress(kvpress.CURPress(compression_ratio=r), chunk_length=256),
+     "cur", ["chunk=256"]),
+    ("ChunkPress over LagKV (chunks of 512: each its own sinks and partitions)",
+     lambda r: kvpress.ChunkPress(kvpress.LagKVPress(compression_ratio=r), chunk_length=512),
+     "lagkv", ["chunk=512"]),
     # DMSPress over a scorer, its dense prefill (kvbench: the scorer's `threshold: t`): the
     # threshold decides, not the ratio (the same at every ratio). kvpress masks the slots.
     ("DMS over KeyDiff (threshold -0.5, window 128)",

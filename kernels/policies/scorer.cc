@@ -200,8 +200,8 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        {"true", "false"}}};
 }
 
-void CacheScorer::block_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
-                               kernels::EvictionPlan& plan) {
+void CacheScorer::host_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+                              kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
   const int layer = st.layer, block = wrap_.block();
   PolicyOps& ops = ops_of(st);
@@ -229,14 +229,51 @@ void CacheScorer::block_decide(const LayerStats& st, const kernels::KvCache& cac
     src_layer = 0;
   }
   const kernels::LayerKvView rows = src->layer(src_layer);
-  // kvpress's BlockPress: each head starts from its first `budget` slots; each next block of
-  // `block` slots joins them, the scorer scores the union as a cache of those rows (in the kept
-  // slots' order, then the block's), and the best `budget` stay, best first (equal scores: the
-  // later slot first). The host ops score: the rows are on the host.
   PolicyOps& host = cpu_policy_ops();
   LayerStats one = st;
   one.layer = 0;
   one.ops = &host;
+  // A scratch cache of `slots[h]` of each head, in that order.
+  auto scratch_of = [&](const std::vector<std::vector<int32_t>>& slots, int capacity) {
+    kernels::KvCache scratch({1, heads, d}, capacity);
+    for (int h = 0; h < heads; ++h) {
+      for (int32_t s : slots[h]) {
+        scratch.append(0, h, rows.key(h, s), rows.value(h, s), rows.position(h)[s]);
+      }
+    }
+    return scratch;
+  };
+  if (block == 0) {
+    // kvpress's ChunkPress: each run of chunk() slots scored as a cache of its rows alone; the
+    // heads' rows assembled on the host and kept per run by the wrappers.
+    const int run = wrap_.chunk();
+    std::vector<float> all(static_cast<size_t>(heads) * longest, 0.0f);
+    std::vector<std::vector<int32_t>> slots(heads);
+    for (int c0 = 0; c0 < longest; c0 += run) {
+      for (int h = 0; h < heads; ++h) {
+        slots[h].clear();
+        for (int s = c0; s < std::min(c0 + run, cache.length(layer, h)); ++s) slots[h].push_back(s);
+      }
+      const kernels::KvCache scratch = scratch_of(slots, run);
+      SlotRows& score = this->score(host, one, scratch);
+      for (int h = 0; h < heads; ++h) {
+        const std::vector<float> sc = host.read_f32(score, 0, h);
+        std::copy(sc.begin(), sc.end(), all.begin() + static_cast<size_t>(h) * longest + c0);
+      }
+    }
+    SlotRows& runs = rows_of(runs_.rows, host, SlotType::kF32, 1, heads);
+    std::vector<int32_t> lengths(heads);
+    for (int h = 0; h < heads; ++h) lengths[h] = cache.length(layer, h);
+    host.resize(runs, 0, std::vector<int32_t>(heads, 0));
+    host.resize_and_accumulate(runs, 0, lengths, all.data(), longest, longest, 1,
+                               GqaReduce::kMean);
+    wrap_.keep(host, runs, 0, one, cache, budget, plan);
+    return;
+  }
+  // kvpress's BlockPress: each head starts from its first `budget` slots; each next block of
+  // `block` slots joins them, the scorer scores the union as a cache of those rows (in the kept
+  // slots' order, then the block's), and the best `budget` stay, best first (equal scores: the
+  // later slot first). The host ops score: the rows are on the host.
   std::vector<std::vector<int32_t>> kept(heads);
   for (int h = 0; h < heads; ++h) {
     const int len = cache.length(layer, h);
@@ -245,15 +282,12 @@ void CacheScorer::block_decide(const LayerStats& st, const kernels::KvCache& cac
   }
   std::vector<int32_t> order;
   for (int i = budget; i < longest; i += block) {
-    kernels::KvCache scratch({1, heads, d}, budget + block);
     std::vector<std::vector<int32_t>> current(heads);
     for (int h = 0; h < heads; ++h) {
       current[h] = kept[h];
       for (int s = i; s < std::min(i + block, cache.length(layer, h)); ++s) current[h].push_back(s);
-      for (int32_t s : current[h]) {
-        scratch.append(0, h, rows.key(h, s), rows.value(h, s), rows.position(h)[s]);
-      }
     }
+    const kernels::KvCache scratch = scratch_of(current, budget + block);
     SlotRows& score = this->score(host, one, scratch);
     for (int h = 0; h < heads; ++h) {
       if (static_cast<int>(current[h].size()) <= budget) continue;

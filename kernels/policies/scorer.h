@@ -157,9 +157,11 @@ class ScorerWrappers {
 // kv_budget. A subclass writes the layer's scores.
 class CacheScorer : public Policy {
  public:
-  // chunks: the subclass's score() scores runs of chunk() slots on their own (ChunkPress).
+  // chunks: the subclass's score() scores runs of chunk() slots on their own (ChunkPress, in the
+  // ops: keydiff); otherwise `chunk` scores each run as a cache of its rows, on the host
+  // (host_decide).
   explicit CacheScorer(const PolicyConfig& c, bool chunks = false)
-      : Policy(c), wrap_(c, /*rescores=*/true, chunks) {}
+      : Policy(c), wrap_(c, /*rescores=*/true, /*chunks=*/true), native_chunks_(chunks) {}
   StatsRequest prefill_request(int) const override { return wrap_.request({}); }
   StatsRequest decode_request() const override { return wrap_.decode_request(); }
   bool decides_with_ops() const override { return true; }
@@ -177,8 +179,8 @@ class CacheScorer : public Policy {
   }
 
  protected:
-  // `chunk: N` (ChunkPress): score() gives each run of N slots the score a cache of those slots
-  // alone would get; 0: off.
+  // `chunk: N` (ChunkPress): a subclass made with chunks = true gives each run of N slots in
+  // score() the score a cache of those slots alone would get; 0: off.
   int chunk() const { return wrap_.chunk(); }
   // The score of a cache holding one slot (threshold_decode: kvpress's DMSPress scores each
   // generated token alone). test_policy_kvpress checks it against score() of a one-slot cache.
@@ -190,18 +192,22 @@ class CacheScorer : public Policy {
   void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
               kernels::EvictionPlan& plan) {
     if (!wrap_.acts(cache, st.layer, budget)) return;
-    if (wrap_.block() > 0) {
-      block_decide(st, cache, budget, plan);
+    if (wrap_.block() > 0 || (wrap_.chunk() > 0 && !native_chunks_)) {
+      host_decide(st, cache, budget, plan);
       return;
     }
     PolicyOps& ops = ops_of(st);
     wrap_.keep(ops, score(ops, st, cache), 0, st, cache, budget, plan);
   }
-  // `block: N` (kvpress BlockPress): the prompt's blocks scored in turn with the kept slots, on
-  // the host (a device's rows are read once per layer: scorer.cc).
-  void block_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
-                    kernels::EvictionPlan& plan);
+  // The wrappers that score subsets of the cache as caches of their own rows, on the host ops (a
+  // device's rows are read once per layer: scorer.cc): `block: N` (kvpress BlockPress: the
+  // prompt's blocks scored in turn with the kept slots) and, for a scorer without runs of its
+  // own, `chunk: N` (ChunkPress: each run scored alone).
+  void host_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+                   kernels::EvictionPlan& plan);
   ScorerWrappers wrap_;
+  bool native_chunks_ = false;
+  ScratchRows runs_;  // chunk's assembled run scores (host rows)
 };
 
 // `params` followed by the chunkkv option's documentation (snapkv's; the kvpress scorers have it

@@ -803,6 +803,7 @@ TEST_F(CudaPolicyOpsParity, ChunkKvAndThresholdDecideAsOnTheCpu) {
       {"keydiff", {{"chunk", "16"}}},                    // ChunkPress: runs of 16 scored alone
       {"keydiff", {{"block", "16"}}},  // BlockPress: the rows read to the host, scored there
       {"cur", {{"block", "20"}}},
+      {"cur", {{"chunk", "32"}}},  // ChunkPress: each run scored as its own cache on the host
   };
   const int w = 8;
   for (const auto& [name, options] : cases) {

@@ -86,6 +86,7 @@ std::vector<Variant> variants() {
   add("keydiff", {{"chunk", "7"}});  // kvpress's ChunkPress
   add("keydiff", {{"block", "5"}});  // kvpress's BlockPress
   add("cur", {{"block", "3"}});
+  add("lagkv", {{"chunk", "6"}, {"lag", "2"}});  // ChunkPress, each run scored as its own cache
   add("pyramidkv", {{"formula", "kvpress"}, {"beta", "2"}});
   add("expected_attention", {{"chunkkv", "3"}});
   // kvpress's NonCausalAttnPress: a short last chunk (padded), and Ada-KV over its z-scores.

@@ -590,8 +590,13 @@ TEST(ScorerWrappers, ChunkKeepsEachRunsOwnBest) {
                            {1, 1, 1, 5, 5, 5, 2, 2, 2, 9, 0, 0, 0, 1, 1, 1, 4, 4, 4, 0}, 0.25),
             (std::pair{V{3, 5, 9}, V{3, 7, 8}}));
   const ModelShape shape{1, 2, 2, 1, 0};
-  for (const char* name : {"cur", "lagkv", "expected_attention", "observed_attention"}) {
+  // The scorers whose statistics read the prompt refuse it; cur and lagkv score each run as a
+  // cache of its rows (ChunkOfACacheScorerKeepsWhatEachRunAloneKeeps).
+  for (const char* name : {"expected_attention", "observed_attention"}) {
     EXPECT_THROW(make_policy(config(name, 4, shape, {{"chunk", "4"}})), Error) << name;
+  }
+  for (const char* name : {"cur", "lagkv"}) {
+    EXPECT_NO_THROW(make_policy(config(name, 4, shape, {{"chunk", "4"}}))) << name;
   }
   EXPECT_THROW(make_policy(config("keydiff", 4, shape, {{"chunk", "4"}, {"ada", "true"}})), Error);
   EXPECT_THROW(make_policy(config("keydiff", 4, shape, {{"chunk", "4"}, {"chunkkv", "4"}})), Error);
@@ -678,6 +683,62 @@ TEST(ScorerWrappers, BlockScoresEachBlockWithTheKeptSlots) {
                Error);
   EXPECT_THROW(make_policy(config("keydiff", 3, shape, {{"block", "4"}, {"chunkkv", "2"}})),
                Error);
+}
+
+// ChunkPress over CUR and LagKV (`chunk: N`, scored on the host, each run as a cache of its rows):
+// the keep-set of each run of N slots is what the plain policy keeps of a cache holding only that
+// run, at max(1, int(len x f)) slots, f = kv_budget / n. Two heads of 37 random rows (d 4), runs
+// of 10 (the last of 7), budgets 12 and 25.
+TEST(ScorerWrappers, ChunkOfACacheScorerKeepsWhatEachRunAloneKeeps) {
+  const int heads = 2, d = 4, n = 37, run = 10;
+  std::mt19937 rng(19);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<std::vector<std::vector<float>>> rows(heads, std::vector<std::vector<float>>(n));
+  for (auto& head : rows) {
+    for (auto& k : head) {
+      k.resize(d);
+      for (float& x : k) x = g(rng);
+    }
+  }
+  const ModelShape shape{1, heads, heads, d, 0};
+  for (const char* name : {"cur", "lagkv"}) {
+    for (int budget : {12, 25}) {
+      SCOPED_TRACE(std::string(name) + " " + std::to_string(budget));
+      std::map<std::string, std::string> opts = {{"chunk", std::to_string(run)}};
+      std::map<std::string, std::string> plain;
+      if (std::string(name) == "lagkv") {
+        opts["lag"] = plain["lag"] = "3";
+        opts["sinks"] = plain["sinks"] = "1";
+      }
+      KvCache cache = cache_of(rows, d);
+      LayerStats st;
+      st.n_new = n;
+      st.num_heads = heads;
+      prefill_layer(*make_policy(config(name, budget, shape, opts)), st, cache);
+      const double f = static_cast<double>(budget) / n;
+      std::vector<std::vector<int>> want(heads);
+      for (int c0 = 0; c0 < n; c0 += run) {
+        const int len = std::min(run, n - c0);
+        std::vector<std::vector<std::vector<float>>> part(heads);
+        for (int h = 0; h < heads; ++h) {
+          part[h].assign(rows[h].begin() + c0, rows[h].begin() + c0 + len);
+        }
+        KvCache alone = cache_of(part, d);
+        LayerStats sa;
+        sa.n_new = len;
+        sa.num_heads = heads;
+        const int k = std::max(1, static_cast<int>(len * f));
+        prefill_layer(*make_policy(config(name, k, shape, plain)), sa, alone);
+        for (int h = 0; h < heads; ++h) {
+          for (int32_t p : positions(alone, 0, h)) want[h].push_back(c0 + p);
+        }
+      }
+      for (int h = 0; h < heads; ++h) {
+        const V got = positions(cache, 0, h);
+        EXPECT_EQ(std::vector<int>(got.begin(), got.end()), want[h]) << "head " << h;
+      }
+    }
+  }
 }
 
 TEST(ScorerWrappers, ChunkKvKeepsTheBestChunksWholeInEveryHead) {
