@@ -48,13 +48,7 @@ class Compactor final : public Policy {
         << "compactor: the engine gave no pre-RoPE keys, queries or RoPE parameters";
     const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
     const int n = st.n_new;
-    for (int h = 0; h < heads; ++h) {
-      KVB_USAGE_CHECK(cache.length(st.layer, h) == n)
-          << "policy compactor scores a prompt by its own keys and queries, so the prompt must be "
-             "prefilled in one block into an empty cache; layer "
-          << st.layer << " head " << h << " holds " << cache.length(st.layer, h)
-          << " slots after a block of " << n;
-    }
+    require_whole_prompt("compactor", "keys and queries", st, cache);
     // kvpress's protected ends, and the middle they leave.
     const int left = std::min(start_, n);
     const int right = std::min(end_, std::max(0, n - left));

@@ -20,14 +20,7 @@ class Leverage final : public Policy {
  public:
   explicit Leverage(const PolicyConfig& c) : Policy(c), wrap_(c) {
     k_ = c.options.get_int("sketch_dimension", 48, 1, kernels::ops::kMaxSketch);
-    const bool across_heads = c.options.get_bool("ada", false) ||
-                              c.options.get_bool("critical", false) || c.options.has("chunkkv") ||
-                              c.options.has("threshold");
-    KVB_USAGE_CHECK(!across_heads || !c.tp || c.tp->size() == 1)
-        << "policy leverage: its scores are standardised over every head of a layer, which "
-           "tensor parallelism splits across ranks, so ada, critical, chunkkv and threshold "
-           "(which compare scores across heads or against a fixed value) would differ; run it "
-           "without --gpus-per-worker";
+    refuse_cross_head_wrappers_under_tp(c);
   }
   StatsRequest prefill_request(int) const override {
     return wrap_.request({.pre_rope_keys = true});
@@ -40,13 +33,7 @@ class Leverage final : public Policy {
     if (!wrap_.acts(cache, st.layer, budget)) return;
     KVB_CHECK(st.pre_rope_keys != nullptr) << "leverage: the engine gave no pre-RoPE keys";
     const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
-    for (int h = 0; h < heads; ++h) {
-      KVB_USAGE_CHECK(cache.length(st.layer, h) == st.n_new)
-          << "policy leverage scores a prompt's own keys, so the prompt must be prefilled in one "
-             "block into an empty cache; layer "
-          << st.layer << " head " << h << " holds " << cache.length(st.layer, h)
-          << " slots after a block of " << st.n_new;
-    }
+    require_whole_prompt("leverage", "keys", st, cache);
     // The layer's sketches (the unit's seed, global KV heads, rows in HF's channel order).
     const bool adjacent = st.rope && st.rope->style == kernels::cpu::RopeStyle::kNorm;
     sketch_ = kernels::cpu::key_sketches(config().seed, st.layer, tp_rank() * heads, heads, d, k_,

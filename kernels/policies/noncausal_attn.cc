@@ -18,14 +18,7 @@ class NonCausalAttn final : public Policy {
  public:
   explicit NonCausalAttn(const PolicyConfig& c) : Policy(c), wrap_(c) {
     chunk_ = c.options.get_int("chunk_size", 256, 1, 1 << 16);
-    const bool across_heads = c.options.get_bool("ada", false) ||
-                              c.options.get_bool("critical", false) || c.options.has("chunkkv") ||
-                              c.options.has("threshold");
-    KVB_USAGE_CHECK(!across_heads || !c.tp || c.tp->size() == 1)
-        << "policy noncausal_attn: its scores are standardised over every head of a layer, which "
-           "tensor parallelism splits across ranks, so ada, critical, chunkkv and threshold "
-           "(which compare scores across heads or against a fixed value) would differ; run it "
-           "without --gpus-per-worker";
+    refuse_cross_head_wrappers_under_tp(c);
   }
   StatsRequest prefill_request(int) const override {
     return wrap_.request({.pre_rope_queries = true});
@@ -39,13 +32,7 @@ class NonCausalAttn final : public Policy {
     KVB_CHECK(st.pre_rope_queries != nullptr && st.rope != nullptr)
         << "noncausal_attn: the engine gave no pre-RoPE queries or RoPE parameters";
     const int heads = cache.shape().num_kv_heads;
-    for (int h = 0; h < heads; ++h) {
-      KVB_USAGE_CHECK(cache.length(st.layer, h) == st.n_new)
-          << "policy noncausal_attn scores a prompt by its own queries, so the prompt must be "
-             "prefilled in one block into an empty cache; layer "
-          << st.layer << " head " << h << " holds " << cache.length(st.layer, h)
-          << " slots after a block of " << st.n_new;
-    }
+    require_whole_prompt("noncausal_attn", "queries", st, cache);
     const int group = st.num_heads / heads;
     PolicyOps& ops = ops_of(st);
     // Scratch (nothing is kept): the query heads' column sums, their GQA mean, the values'

@@ -309,6 +309,28 @@ void CacheScorer::host_decide(const LayerStats& st, const kernels::KvCache& cach
   }
 }
 
+void require_whole_prompt(const char* policy, const char* what, const LayerStats& st,
+                          const kernels::KvCache& cache) {
+  for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+    KVB_USAGE_CHECK(cache.length(st.layer, h) == st.n_new)
+        << "policy " << policy << " scores a prompt by its own " << what
+        << ", so the prompt must be prefilled in one block into an empty cache; layer "
+        << st.layer << " head " << h << " holds " << cache.length(st.layer, h)
+        << " slots after a block of " << st.n_new;
+  }
+}
+
+void refuse_cross_head_wrappers_under_tp(const PolicyConfig& c) {
+  const bool across_heads = c.options.get_bool("ada", false) ||
+                            c.options.get_bool("critical", false) || c.options.has("chunkkv") ||
+                            c.options.has("threshold");
+  KVB_USAGE_CHECK(!across_heads || !c.tp || c.tp->size() == 1)
+      << "policy " << c.name << ": its scores are standardised over every head of a layer, which "
+      << "tensor parallelism splits across ranks, so ada, critical, chunkkv and threshold (which "
+      << "compare scores across heads or against a fixed value) would differ; run it without "
+      << "--gpus-per-worker";
+}
+
 std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_length, int budget) {
   const int n = static_cast<int>(sum.size());
   KVB_CHECK(chunk_length >= 1 && budget >= 1)

@@ -210,6 +210,16 @@ class CacheScorer : public Policy {
   ScratchRows runs_;  // chunk's assembled run scores (host rows)
 };
 
+// The scorers that read the prompt's own queries or keys (noncausal_attn, leverage, compactor):
+// a usage error unless every head of st.layer holds exactly the block (the prompt prefilled in one
+// block into an empty cache, as kvpress scores a prefill), naming `what` the policy reads.
+void require_whole_prompt(const char* policy, const char* what, const LayerStats& st,
+                          const kernels::KvCache& cache);
+// A usage error under tensor parallelism when `c` asks for a wrapper that compares scores across
+// heads or with a fixed value (ada, critical, chunkkv, threshold), for a policy whose scores are
+// standardised over a layer's heads (which the ranks split).
+void refuse_cross_head_wrappers_under_tp(const PolicyConfig& c);
+
 // `params` followed by the chunkkv option's documentation (snapkv's; the kvpress scorers have it
 // among ScorerWrappers::params).
 std::vector<ParamDoc> with_chunkkv(std::vector<ParamDoc> params);

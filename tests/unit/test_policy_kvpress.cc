@@ -603,6 +603,21 @@ TEST(ScorerWrappers, ChunkKeepsEachRunsOwnBest) {
   EXPECT_NO_THROW(make_policy(config("keydiff", 4, shape, {{"chunk", "4"}})));
 }
 
+// heads x n rows of d normal floats (mean `mean`, deviation 1) from seed `seed`.
+std::vector<std::vector<std::vector<float>>> random_rows(int heads, int n, int d, unsigned seed,
+                                                         float mean) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(mean, 1.0f);
+  std::vector<std::vector<std::vector<float>>> rows(heads, std::vector<std::vector<float>>(n));
+  for (auto& head : rows) {
+    for (auto& k : head) {
+      k.resize(d);
+      for (float& x : k) x = g(rng);
+    }
+  }
+  return rows;
+}
+
 // chunkkv (kvpress ChunkKVPress): the heads' sums 1 1 1 6 6 6 6 6 6 9. Chunks of 3: means 1, 6, 6
 // and 9 (the remainder, slot 9), ranked 9, then the later 6 (slots 6-8), then slots 3-5, then
 // 0-2. At most floor((budget + 1) x 4 chunks / 10 slots) chunks (kvpress's count): budgets 9
@@ -619,15 +634,7 @@ TEST(ScorerWrappers, ChunkKeepsEachRunsOwnBest) {
 // the whole prompt keeps everything.
 TEST(ScorerWrappers, BlockScoresEachBlockWithTheKeptSlots) {
   const int heads = 2, d = 4, n = 23;
-  std::mt19937 rng(13);
-  std::normal_distribution<float> g(0.3f, 1.0f);
-  std::vector<std::vector<std::vector<float>>> rows(heads, std::vector<std::vector<float>>(n));
-  for (auto& head : rows) {
-    for (auto& k : head) {
-      k.resize(d);
-      for (float& x : k) x = g(rng);
-    }
-  }
+  const auto rows = random_rows(heads, n, d, 13, 0.3f);
   const ModelShape shape{1, heads, heads, d, 0};
   for (int budget : {5, 9, n}) {
     for (int block : {4, 7}) {
@@ -691,15 +698,7 @@ TEST(ScorerWrappers, BlockScoresEachBlockWithTheKeptSlots) {
 // of 10 (the last of 7), budgets 12 and 25.
 TEST(ScorerWrappers, ChunkOfACacheScorerKeepsWhatEachRunAloneKeeps) {
   const int heads = 2, d = 4, n = 37, run = 10;
-  std::mt19937 rng(19);
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<std::vector<std::vector<float>>> rows(heads, std::vector<std::vector<float>>(n));
-  for (auto& head : rows) {
-    for (auto& k : head) {
-      k.resize(d);
-      for (float& x : k) x = g(rng);
-    }
-  }
+  const auto rows = random_rows(heads, n, d, 19, 0.0f);
   const ModelShape shape{1, heads, heads, d, 0};
   for (const char* name : {"cur", "lagkv"}) {
     for (int budget : {12, 25}) {
