@@ -111,7 +111,7 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
   // The last piece holds the recorded last_w probability rows and last_queries queries.
   const int last_w = std::max({1, req.last_w, req.last_queries});
   const int limit = n - last_w;
-  if (max_bytes_ == 0 || req.pre_rope_keys || req.pre_rope_queries || !serves(engine) || limit < kMinReuse) {
+  if (max_bytes_ == 0 || !serves(engine) || limit < kMinReuse) {
     engine.forward(tokens, cache, engine::LogitsMode::kLast, logits, nullptr,
                    engine::PolicyHook::kNone, record);
     return 0;
@@ -125,6 +125,10 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
   int reused = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (req.col_sums && !it->col_sums) continue;
+    if ((req.pre_rope_keys && it->pre_keys.empty()) ||
+        (req.pre_rope_queries && it->pre_queries.empty())) {
+      continue;
+    }
     int at = std::min(common_prefix(tokens, it->tokens), limit);
     if (at_checkpoints) {
       auto c = it->checkpoints.upper_bound(at);
@@ -138,7 +142,7 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
   }
   std::vector<int> points = branch_points(tokens, reused, limit, last_w);
   // Keep only what fits: the largest checkpoints go first (each takes its rows with it).
-  while (!points.empty() && entry_bytes(engine.config(), cache, req.col_sums, points) > max_bytes_) {
+  while (!points.empty() && entry_bytes(engine.config(), cache, req, points) > max_bytes_) {
     points.pop_back();
   }
   if (best == entries_.end() && points.empty()) {
@@ -146,6 +150,32 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
                    engine::PolicyHook::kNone, record);
     return 0;
   }
+  // The pre-RoPE keys and queries of the prompt so far, per layer: the stored prefix's first
+  // `reused` tokens, then each piece's (a token's pre-RoPE rows are those of one pass).
+  const engine::ModelConfig& mc = engine.config();
+  const size_t key_row = static_cast<size_t>(mc.num_kv_heads) * mc.head_dim;
+  const size_t query_row = static_cast<size_t>(mc.num_heads) * mc.head_dim;
+  std::vector<std::vector<float>> pre_keys(req.pre_rope_keys ? mc.num_layers : 0);
+  std::vector<std::vector<float>> pre_queries(req.pre_rope_queries ? mc.num_layers : 0);
+  if (best != entries_.end()) {
+    for (size_t l = 0; l < pre_keys.size(); ++l) {
+      pre_keys[l].assign(best->pre_keys[l].begin(), best->pre_keys[l].begin() + reused * key_row);
+    }
+    for (size_t l = 0; l < pre_queries.size(); ++l) {
+      pre_queries[l].assign(best->pre_queries[l].begin(),
+                            best->pre_queries[l].begin() + reused * query_row);
+    }
+  }
+  auto join_piece = [&] {
+    for (size_t l = 0; l < pre_keys.size(); ++l) {
+      pre_keys[l].insert(pre_keys[l].end(), record->pre_rope_keys[l].begin(),
+                         record->pre_rope_keys[l].end());
+    }
+    for (size_t l = 0; l < pre_queries.size(); ++l) {
+      pre_queries[l].insert(pre_queries[l].end(), record->pre_rope_queries[l].begin(),
+                            record->pre_rope_queries[l].end());
+    }
+  };
   if (best != entries_.end()) {
     cache.assign_prefix(best->rows, reused, sliding);
     if (at_checkpoints) {
@@ -191,6 +221,7 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
     engine.forward(tokens.subspan(at, end - at), cache,
                    end == n ? engine::LogitsMode::kLast : engine::LogitsMode::kNone, logits,
                    nullptr, engine::PolicyHook::kNone, record);
+    join_piece();
     if (end < n) {
       bookkeeping([&] {
         Checkpoint& cp = mine.checkpoints[end];
@@ -210,19 +241,33 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
     mine.tokens.assign(tokens.begin(), tokens.begin() + rows);
     mine.rows = kernels::KvCache(cache.shape(), rows, /*host_rows=*/true);
     mine.rows.assign_prefix(cache, rows, sliding);
-    mine.bytes = entry_bytes(engine.config(), cache, req.col_sums, points);
+    for (const auto& k : pre_keys) {
+      mine.pre_keys.emplace_back(k.begin(), k.begin() + rows * key_row);
+    }
+    for (const auto& q : pre_queries) {
+      mine.pre_queries.emplace_back(q.begin(), q.begin() + rows * query_row);
+    }
+    mine.bytes = entry_bytes(engine.config(), cache, req, points);
     keep(std::move(mine));
   });
+  if (!pre_keys.empty()) record->pre_rope_keys = std::move(pre_keys);
+  if (!pre_queries.empty()) record->pre_rope_queries = std::move(pre_queries);
   return reused;
 }
 
 size_t PrefixStore::entry_bytes(const engine::ModelConfig& c, const kernels::KvCache& cache,
-                                bool col_sums, const std::vector<int>& points) {
+                                const policies::StatsRequest& req,
+                                const std::vector<int>& points) {
+  const bool col_sums = req.col_sums;
   const size_t slot = cache.bytes_per_slot(), heads = cache.shape().num_kv_heads;
   size_t global = 0;
   for (int l = 0; l < c.num_layers; ++l) global += c.sliding(l) ? 0 : 1;
   const size_t rows = static_cast<size_t>(points.back());
   size_t bytes = rows * global * heads * slot + rows * sizeof(int32_t);
+  // Pre-RoPE keys and queries of every layer (f32).
+  const size_t pre = (req.pre_rope_keys ? static_cast<size_t>(c.num_kv_heads) : 0) +
+                     (req.pre_rope_queries ? static_cast<size_t>(c.num_heads) : 0);
+  bytes += rows * c.num_layers * pre * c.head_dim * sizeof(float);
   for (int p : points) {
     if (col_sums) bytes += static_cast<size_t>(p) * global * c.num_heads * sizeof(float);
     for (int l = 0; l < c.num_layers; ++l) {

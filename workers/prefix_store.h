@@ -78,6 +78,9 @@ class PrefixStore {
     kernels::KvCache rows;                  // its global layers' rows (capacity: tokens.size())
     bool col_sums = false;                  // whether its checkpoints hold column sums
     std::map<int, Checkpoint> checkpoints;  // by tokens before it
+    // The prefix's pre-RoPE keys and queries per layer, [tokens, heads, head_dim], where the
+    // prompt that kept it recorded them (empty otherwise).
+    std::vector<std::vector<float>> pre_keys, pre_queries;
     size_t bytes = 0;
   };
 
@@ -87,11 +90,12 @@ class PrefixStore {
                                  int last_w) const;
   void keep(Entry entry);
   // The bytes an entry of this prompt holds with checkpoints at `points` (ascending, not empty):
-  // the slots of its global layers' rows, its tokens, and per checkpoint the column sums and the
-  // sliding layers' windows (a cache's untouched capacity is not resident). What the entry is
+  // the slots of its global layers' rows, its tokens, its pre-RoPE keys and queries where `req`
+  // records them, and per checkpoint the column sums and the sliding layers' windows (a cache's
+  // untouched capacity is not resident). What the entry is
   // sized by before the prefill and counted as in the store.
   static size_t entry_bytes(const engine::ModelConfig& c, const kernels::KvCache& cache,
-                            bool col_sums, const std::vector<int>& points);
+                            const policies::StatsRequest& req, const std::vector<int>& points);
 
   size_t max_bytes_ = 0;
   size_t bytes_ = 0;

@@ -42,6 +42,15 @@ void expect_same_record(const engine::PrefillRecord& a, const engine::PrefillRec
     EXPECT_TRUE(same_bits(a.col_sums[l], b.col_sums[l])) << "col_sums of layer " << l;
     EXPECT_TRUE(same_bits(a.last_probs[l], b.last_probs[l])) << "last_probs of layer " << l;
   }
+  ASSERT_EQ(a.pre_rope_keys.size(), b.pre_rope_keys.size());
+  ASSERT_EQ(a.pre_rope_queries.size(), b.pre_rope_queries.size());
+  for (size_t l = 0; l < a.pre_rope_keys.size(); ++l) {
+    EXPECT_TRUE(same_bits(a.pre_rope_keys[l], b.pre_rope_keys[l])) << "pre-RoPE keys, layer " << l;
+  }
+  for (size_t l = 0; l < a.pre_rope_queries.size(); ++l) {
+    EXPECT_TRUE(same_bits(a.pre_rope_queries[l], b.pre_rope_queries[l]))
+        << "pre-RoPE queries, layer " << l;
+  }
 }
 
 std::vector<int32_t> random_tokens(int n, uint32_t seed, int vocab) {
@@ -128,14 +137,40 @@ void pieces_equal_one_pass(engine::Engine& eng, int vocab) {
   eng.forward(std::span(prompt).subspan(150), cache, engine::LogitsMode::kLast, &logits, nullptr,
               engine::PolicyHook::kNone, &rec);
   EXPECT_FALSE(same_bits(rec.col_sums[0], one_pass(eng, prompt, sums, n + 4).record.col_sums[0]));
-  // Pre-RoPE keys cannot be continued.
-  engine::PrefillRecord keys;
-  keys.request.pre_rope_keys = true;
-  keys.continues = true;
+  // Pre-RoPE keys and queries are recorded per piece (with column sums continued): each piece
+  // holds its own tokens' rows, and the pieces' rows joined are one pass's, bit for bit (what the
+  // prefix store joins).
+  policies::StatsRequest pre = sums;
+  pre.pre_rope_keys = true;
+  pre.pre_rope_queries = true;
+  const OnePass whole = one_pass(eng, prompt, pre, n + 4);
   kernels::KvCache c2 = eng.new_cache(n + 4);
-  EXPECT_THROW(eng.forward(std::span(prompt).first(10), c2, engine::LogitsMode::kNone, &logits,
-                           nullptr, engine::PolicyHook::kNone, &keys),
-               Error);
+  engine::PrefillRecord pieces;
+  std::vector<std::vector<float>> keys, queries;
+  for (const auto& [a, b] : std::vector<std::pair<int, int>>{{0, 120}, {120, 250}, {250, n}}) {
+    pieces.request = pre;
+    pieces.continues = a > 0;
+    eng.forward(std::span(prompt).subspan(a, b - a), c2,
+                b == n ? engine::LogitsMode::kLast : engine::LogitsMode::kNone, &logits, nullptr,
+                engine::PolicyHook::kNone, &pieces);
+    keys.resize(pieces.pre_rope_keys.size());
+    queries.resize(pieces.pre_rope_queries.size());
+    for (size_t l = 0; l < keys.size(); ++l) {
+      EXPECT_EQ(pieces.pre_rope_keys[l].size(), static_cast<size_t>(b - a) *
+                                                    eng.config().num_kv_heads *
+                                                    eng.config().head_dim);
+      keys[l].insert(keys[l].end(), pieces.pre_rope_keys[l].begin(),
+                     pieces.pre_rope_keys[l].end());
+      queries[l].insert(queries[l].end(), pieces.pre_rope_queries[l].begin(),
+                        pieces.pre_rope_queries[l].end());
+    }
+  }
+  ASSERT_EQ(keys.size(), whole.record.pre_rope_keys.size());
+  for (size_t l = 0; l < keys.size(); ++l) {
+    EXPECT_TRUE(same_bits(keys[l], whole.record.pre_rope_keys[l])) << "layer " << l;
+    EXPECT_TRUE(same_bits(queries[l], whole.record.pre_rope_queries[l])) << "layer " << l;
+  }
+  EXPECT_TRUE(same_bits(pieces.col_sums[0], whole.record.col_sums[0]));
 }
 
 // f32 (the reference) and bf16 weights.
@@ -205,8 +240,8 @@ TEST(PrefixReuse, StoreStartsFromAnEarlierPromptsPrefix) {
 }
 
 // The store's bytes bound what it keeps (the oldest go first; a prefix larger than the whole
-// budget is not kept), and a store of 0 bytes and a request with pre-RoPE keys prefill in one
-// pass.
+// budget is not kept), a store of 0 bytes prefills in one pass, and pre-RoPE keys and queries are
+// kept with a prefix and joined with the pieces'.
 TEST(PrefixReuse, BoundedStoreAndOnePassWhereReuseCannotHold) {
   std::unique_ptr<engine::Model> m = engine::load_model(kStories);
   engine::Engine eng(*m);
@@ -282,14 +317,48 @@ TEST(PrefixReuse, BoundedStoreAndOnePassWhereReuseCannotHold) {
     EXPECT_EQ(prefill(lru, f2[1], req, eng), 0);
   }
 
+  // Pre-RoPE keys (knorm's) and queries (expected_attention's) are kept with the prefix and
+  // joined with each piece's: y reuses x's 200 tokens and records what one pass records, bit for
+  // bit. The entry's bytes count them (f32, every layer). An entry kept without queries cannot
+  // start a prefill that records them.
   policies::StatsRequest keys = req;
-  keys.pre_rope_keys = true;  // knorm's: its keys are not continued
-  workers::PrefixStore big(size_t(1) << 30);
-  big.add_prompt(x);
-  big.add_prompt(y);
-  EXPECT_EQ(prefill(big, x, keys, eng), 0);
-  EXPECT_EQ(big.entries(), 0u);
-
+  keys.pre_rope_keys = true;
+  policies::StatsRequest both = keys;
+  both.pre_rope_queries = true;
+  both.last_w = 8;
+  for (const policies::StatsRequest& r : {keys, both}) {
+    SCOPED_TRACE(r.pre_rope_queries ? "keys and queries" : "keys");
+    workers::PrefixStore big(size_t(1) << 30);
+    big.add_prompt(x);
+    big.add_prompt(y);
+    auto run = [&](const std::vector<int32_t>& p) {
+      const int n = static_cast<int>(p.size());
+      kernels::KvCache cache = eng.new_cache(n + 1);
+      engine::PrefillRecord rec;
+      rec.request = r;
+      std::vector<float> logits;
+      const int reused = big.prefill(eng, p, cache, &rec, &logits);
+      const OnePass ref = one_pass(eng, p, r, n + 1);
+      EXPECT_TRUE(same_bits(logits, ref.logits));
+      expect_same_cache(cache, ref.cache);
+      expect_same_record(rec, ref.record);
+      EXPECT_EQ(rec.pre_rope_keys.at(0).size(),
+                static_cast<size_t>(n) * c.num_kv_heads * c.head_dim);
+      return reused;
+    };
+    EXPECT_EQ(run(x), 0);
+    EXPECT_EQ(big.entries(), 1u);
+    const size_t pre = size_t(200) * c.num_layers * c.head_dim * 4 *
+                       (c.num_kv_heads + (r.pre_rope_queries ? c.num_heads : 0));
+    EXPECT_EQ(big.bytes(), rows + sums + 200 * 4 + pre);
+    EXPECT_EQ(run(y), 200);
+  }
+  workers::PrefixStore keys_only(size_t(1) << 30);
+  keys_only.add_prompt(x);
+  keys_only.add_prompt(y);
+  EXPECT_EQ(prefill(keys_only, x, keys, eng), 0);
+  EXPECT_EQ(prefill(keys_only, y, both, eng), 0);
+  EXPECT_EQ(prefill(keys_only, y, keys, eng), 200);
 }
 
 // A model with sliding-window layers (Gemma 3 tiny: five layers of window 16, one global): the
@@ -358,7 +427,7 @@ TEST(PrefixReuse, SlidingWindowModelStartsFromACheckpointsWindows) {
   EXPECT_EQ(run(y2, rows_only), 200);
 }
 
-// run_bundle with a prefix store: two samples whose contexts share their first sentences, six
+// run_bundle with a prefix store: two samples whose contexts share their first sentences, nine
 // policies x two budgets each. Every unit's prediction, measurements (times aside) and final
 // cache equal those of the same bundle without the store; the second sample's shared units say
 // how many tokens they reused, the first's and the unshared unit's say 0.
@@ -387,7 +456,10 @@ TEST(PrefixReuse, BundleUnitsEqualTheirOwnPrefill) {
   s1.max_new_tokens = s2.max_new_tokens = 12;
   const auto& c = lm.model->config;
   std::vector<policies::PolicyConfig> pcs;
-  for (const char* name : {"full", "window", "streaming_llm", "h2o", "snapkv", "ada_snapkv"}) {
+  // knorm, expected_attention and compactor record pre-RoPE keys and queries, which the store
+  // keeps with its prefix and joins with the pieces'.
+  for (const char* name : {"full", "window", "streaming_llm", "h2o", "snapkv", "ada_snapkv",
+                           "knorm", "expected_attention", "compactor"}) {
     for (int budget : {24, 48}) {
       policies::PolicyConfig pc;
       pc.name = name;

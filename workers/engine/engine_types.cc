@@ -144,8 +144,7 @@ policies::StatsRequest forward_stats_request(int n, const kernels::KvCache& cach
   if (record) {
     req = record->request;
     if (record->continues) {
-      KVB_CHECK(!req.pre_rope_keys && !req.pre_rope_queries)
-          << "a recorded prefill with pre-RoPE keys or queries cannot be continued";
+      // Pre-RoPE keys and queries are recorded per piece (the prefix store joins them).
       KVB_CHECK(!req.col_sums || record->col_sums.size() == static_cast<size_t>(num_layers))
           << "a continued prefill record holds no column sums to continue";
       record->seed_col_sums = std::move(record->col_sums);

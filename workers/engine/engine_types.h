@@ -50,7 +50,8 @@ struct PrefillRecord {
   // holds. That pass adds its queries' probabilities to those sums, so after the last piece
   // they are, bit for bit, what one pass over every query records; last_probs and n_new are
   // the last piece's (the caller sets n_new to the whole prompt's length). Needs an engine
-  // whose continues_prefill(); pre-RoPE keys and queries cannot be continued. forward() clears the flag.
+  // whose continues_prefill(). pre_rope_keys and pre_rope_queries hold the piece's own rows (the
+  // caller joins the pieces: workers/prefix_store.cc). forward() clears the flag.
   bool continues = false;
   std::vector<std::vector<float>> seed_col_sums;  // forward()'s working copy of the sums
   std::vector<int> seed_strides;
