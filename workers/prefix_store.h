@@ -14,9 +14,13 @@
 // a window holds after that many tokens: the stored prompt's own windows moved on), so a
 // prefill of such a model starts only at a checkpoint.
 //
+// Pre-RoPE keys and queries (knorm's, expected_attention's, noncausal_attn's, leverage's,
+// compactor's) are a token's own rows: an entry keeps its prefix's, and a prefill joins them with
+// each piece's (PrefillRecord holds a piece's own), so the record holds one pass's rows.
+//
 // A unit's results are those of its own full prefill, bit for bit; only its prefill time falls,
-// and measurements.prefill_reused says by how many tokens. CPU engines only (continues_prefill)
-// and records without pre-RoPE keys; elsewhere prefill() is one forward pass.
+// and measurements.prefill_reused says by how many tokens. CPU engines only (continues_prefill);
+// elsewhere prefill() is one forward pass.
 #pragma once
 
 #include <cstddef>
