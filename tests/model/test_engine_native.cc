@@ -102,6 +102,43 @@ TEST_F(SmolNative, PiecesAndBatchesGiveTheBitsOfOnePass) {
   EXPECT_TRUE(same_bits(batch.data() + V, one.data(), V));
 }
 
+// The engine quantizes a layer's normed input once for its Q, K and V products (and once for gate
+// and up): the bits of the three (two) products each quantizing it again (Backend's default).
+TEST_F(SmolNative, SharedInputProductsAreTheSeparateProducts) {
+  engine::Engine eng(*model_, nullptr, engine::DType::kNative);
+  std::vector<int32_t> ids = fixture_["cases"][0]["ids"].get<std::vector<int32_t>>();
+  ids.resize(std::min<size_t>(ids.size(), 24));
+  const int n = static_cast<int>(ids.size());
+  kernels::KvCache cache = eng.new_cache(n);
+  std::vector<float> logits;
+  eng.forward(ids, cache, engine::LogitsMode::kLast, &logits);  // fills the activations
+  engine::Backend& be = eng.backend();
+  const auto& c = model_->config;
+  auto read = [&](engine::Act a, size_t width) {
+    std::vector<float> v(static_cast<size_t>(n) * width);
+    be.download(a, v.size(), v.data());
+    return v;
+  };
+  const size_t qd = static_cast<size_t>(c.num_heads) * c.head_dim;
+  const size_t kvd = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+  for (int layer : {0, 7, c.num_layers - 1}) {
+    SCOPED_TRACE(layer);
+    be.rmsnorm(engine::Act::kXb, engine::Act::kX, layer, engine::Norm::kAttn, 0, n);
+    be.linear_qkv(layer, n);
+    const auto q = read(engine::Act::kQ, qd), k = read(engine::Act::kK, kvd),
+               v = read(engine::Act::kV, kvd);
+    be.linear_gate_up(layer, n);
+    const auto g = read(engine::Act::kGate, c.hidden_dim), u = read(engine::Act::kUp, c.hidden_dim);
+    be.engine::Backend::linear_qkv(layer, n);
+    be.engine::Backend::linear_gate_up(layer, n);
+    EXPECT_TRUE(same_bits(q.data(), read(engine::Act::kQ, qd).data(), q.size()));
+    EXPECT_TRUE(same_bits(k.data(), read(engine::Act::kK, kvd).data(), k.size()));
+    EXPECT_TRUE(same_bits(v.data(), read(engine::Act::kV, kvd).data(), v.size()));
+    EXPECT_TRUE(same_bits(g.data(), read(engine::Act::kGate, c.hidden_dim).data(), g.size()));
+    EXPECT_TRUE(same_bits(u.data(), read(engine::Act::kUp, c.hidden_dim).data(), u.size()));
+  }
+}
+
 TEST_F(SmolNative, LogitsNearF32) {
   // The prompts of the transformers golden (test_engine_smollm2), every position of their first
   // 128 tokens.

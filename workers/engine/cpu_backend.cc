@@ -260,6 +260,45 @@ void CpuBackend::native_or_f32(const QMat& q, float* y, const float* x, const fl
   cpu::qmatmul(y, xq_.data(), q.bytes.data(), q.type, bias, n, k, m);
 }
 
+void CpuBackend::native_xb_products(int layer, int n, std::initializer_list<XbProduct> products) {
+  const int k = model_.config.dim;
+  bool quantized = false;
+  for (const XbProduct& p : products) {
+    if (p.q->type == 0) {
+      linear(p.out, Act::kXb, layer, p.which, n);
+      continue;
+    }
+    if (!quantized) {
+      xq_.resize(static_cast<size_t>(n) * (k / 32));
+      cpu::quantize_q8_act(buf(Act::kXb).data(), n, k, xq_.data());
+      quantized = true;
+    }
+    cpu::qmatmul(buf(p.out).data(), xq_.data(), p.q->bytes.data(), p.q->type,
+                 p.bias && !p.bias->empty() ? p.bias->data() : nullptr, n, k, p.m);
+  }
+}
+
+void CpuBackend::linear_qkv(int layer, int n) {
+  if (dtype_ != DType::kNative) return Backend::linear_qkv(layer, n);
+  const ModelConfig& c = model_.config;
+  const LayerWeights& w = model_.layers[layer];
+  const QLayer& q = q_layers_[layer];
+  const int QD = c.num_heads * c.head_dim, KVD = c.num_kv_heads * c.head_dim;
+  native_xb_products(layer, n,
+                     {{Act::kQ, Mat::kWq, &q.wq, &w.bq, QD},
+                      {Act::kK, Mat::kWk, &q.wk, &w.bk, KVD},
+                      {Act::kV, Mat::kWv, &q.wv, &w.bv, KVD}});
+}
+
+void CpuBackend::linear_gate_up(int layer, int n) {
+  if (dtype_ != DType::kNative) return Backend::linear_gate_up(layer, n);
+  const QLayer& q = q_layers_[layer];
+  const int H = model_.config.hidden_dim;
+  native_xb_products(layer, n,
+                     {{Act::kGate, Mat::kGate, &q.w_gate, nullptr, H},
+                      {Act::kUp, Mat::kUp, &q.w_up, nullptr, H}});
+}
+
 void CpuBackend::reduce_add(Act x, Act y, int n) {
   const size_t count = static_cast<size_t>(n) * model_.config.dim;
   std::vector<float>& yb = buf(y);

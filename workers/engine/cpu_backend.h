@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <initializer_list>
 #include <vector>
 
 #include "common/error.h"
@@ -54,6 +55,10 @@ class CpuBackend final : public Backend {
   void rmsnorm(Act out, Act in, int layer, Norm which, int row0, int rows) override;
   void head_rmsnorm(Act a, int layer, QkNorm which, int heads, int n) override;
   void linear(Act out, Act in, int layer, Mat which, int n) override;
+  // kNative: xb quantized once for the three (two) products of its blocks, not once per product
+  // (the same bits: the quantization is a function of xb); otherwise Backend's.
+  void linear_qkv(int layer, int n) override;
+  void linear_gate_up(int layer, int n) override;
   void reduce_add(Act x, Act y, int n) override;
   void reduce_norm_add(Act x, Act y, int layer, Norm which, int n) override;
   void glu(int n) override;
@@ -114,6 +119,16 @@ class CpuBackend final : public Backend {
   // by matmul on the f32 weights.
   void native_or_f32(const QMat& q, float* y, const float* x, const float* w_f32,
                      const float* bias, int n, int k, int m);
+  // kNative products of xb (dim wide) into `out`: xb quantized once (xq_) for every listed
+  // matrix with blocks; a matrix without runs linear().
+  struct XbProduct {
+    Act out;
+    Mat which;
+    const QMat* q;
+    const std::vector<float>* bias;
+    int m;
+  };
+  void native_xb_products(int layer, int n, std::initializer_list<XbProduct> products);
 
   const Model& model_;
   kernels::Communicator* tp_;
