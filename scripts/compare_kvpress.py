@@ -13,6 +13,12 @@ mean Jaccard overlap, and the worst head; differing heads go to stderr, with whe
 swapped token is an exact tie (layer 0: the same token id gives the same pre-RoPE key; kvbench
 breaks ties towards the recent token, kvpress by float noise).
 
+LeverageScorePress and CompactorPress draw a Gaussian sketch with torch.randn at every call;
+kvbench draws its own from a counter (kernels/cpu/sketch.h). For their pairs the script hands
+kvpress kvbench's sketch in place of torch.randn's (kvpress_common.kvbench_sketches), so the
+comparison is of the method, not of two random draws. BlockPress and ChunkPress score subsets, so
+their differing heads are reported without kvpress's per-slot scores.
+
 Measured tables: kernels/policies/README.md "kvpress's presses".
 
   $(bash scripts/ref_env.sh kvpress) scripts/compare_kvpress.py --kvbench build/kvbench \
