@@ -13,7 +13,7 @@
 #include <optional>
 
 #include "common/error.h"
-#include "kernels/cpu/sketch.h"
+#include "kernels/policies/compactor_parts.h"
 #include "kernels/policies/policies.h"
 #include "kernels/policies/scorer.h"
 
@@ -46,7 +46,7 @@ class Compactor final : public Policy {
     if (!wrap_.acts(cache, st.layer, budget)) return;
     KVB_CHECK(st.pre_rope_keys != nullptr && st.pre_rope_queries != nullptr && st.rope != nullptr)
         << "compactor: the engine gave no pre-RoPE keys, queries or RoPE parameters";
-    const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
+    const int heads = cache.shape().num_kv_heads;
     const int n = st.n_new;
     require_whole_prompt("compactor", "keys and queries", st, cache);
     // kvpress's protected ends, and the middle they leave.
@@ -61,36 +61,16 @@ class Compactor final : public Policy {
       wrap_.keep(ops, score, 0, st, cache, budget, plan);
       return;
     }
-    // Leverage of the middle's keys (the sketch as `leverage` draws it), z-scored, times blending.
-    sketch_ = kernels::cpu::key_sketches(config().seed, st.layer, tp_rank() * heads, heads, d, k_,
-                                         st.rope->style == kernels::cpu::RopeStyle::kNorm,
-                                         st.rope->rot_dim);
-    SlotRows& lev = rows_of(lev_.rows, ops, SlotType::kF32, 1, heads);
-    ops.leverage_scores(lev, 0, st, heads, d, left, mid, sketch_.data(), k_);
-    ops.standardize(lev, 0);
+    // Leverage of the middle's keys (`leverage`'s sketch), z-scored, times blending.
+    SlotRows& lev = leverage_scores(ops, st, cache, left, mid, k_, config().seed,
+                                    tp_rank() * heads, sketch_, lev_);
     const double c = blending_ ? *blending_
                      : fraction_ > 0
                          ? 1.0 - fraction_
                          : 1.0 - static_cast<double>(kv_budget()) / static_cast<double>(n);
     ops.scale(lev, 0, std::vector<int32_t>(heads, 0), static_cast<float>(c));
-    // The middle's own chunked non-causal attention (noncausal_attn's steps over the middle).
-    const int group = st.num_heads / heads;
-    SlotRows& sums = rows_of(sums_.rows, ops, SlotType::kF32, 1, st.num_heads);
-    ops.chunk_attention_sums(sums, 0, cache, st.layer, st, left, mid, chunk_);
-    SlotRows* attn = &sums;
-    if (group > 1) {
-      SlotRows& reduced = rows_of(reduced_.rows, ops, SlotType::kF32, 1, heads);
-      ops.reduce_heads(sums, 0, group, GqaReduce::kMean, reduced, 0);
-      attn = &reduced;
-    }
-    SlotRows& norms = rows_of(norms_.rows, ops, SlotType::kF32, 1, heads);
-    SlotRows& mid_norms = rows_of(mid_norms_.rows, ops, SlotType::kF32, 1, heads);
-    ops.cache_norms(norms, 0, cache, st.layer, CacheRows::kValues, /*squared=*/false);
-    ops.slice(norms, 0, left, mid, mid_norms, 0);
-    ops.combine(*attn, 0, mid_norms, 0, Combine::kMul);
-    SlotRows& pooled = rows_of(pooled_.rows, ops, SlotType::kF32, 1, heads);
-    ops.pool(*attn, 0, pooled, 0, 3, kernels::cpu::PoolKind::kAvg);
-    ops.standardize(pooled, 0);
+    // The middle's own chunked non-causal attention (noncausal_attn's score over the middle).
+    SlotRows& pooled = noncausal_scores(ops, st, cache, left, mid, chunk_, attn_);
     // blending x leverage + attention (kvpress's order: the product, then the sum), the ends
     // padded with the layer's maximum.
     ops.combine(lev, 0, pooled, 0, Combine::kAdd);
@@ -106,7 +86,8 @@ class Compactor final : public Policy {
   double fraction_ = 0;
   ScorerWrappers wrap_;
   std::vector<float> sketch_;
-  ScratchRows score_, lev_, sums_, reduced_, norms_, mid_norms_, pooled_;
+  ScratchRows score_, lev_;
+  NonCausalScratch attn_;
 };
 
 }  // namespace

@@ -9,7 +9,7 @@
 // so a unit's result repeats and a seed axis varies it; kvpress draws torch.randn, which
 // compare_kvpress.py replaces by the same values to compare keep-sets. Prefill only.
 #include "common/error.h"
-#include "kernels/cpu/sketch.h"
+#include "kernels/policies/compactor_parts.h"
 #include "kernels/policies/policies.h"
 #include "kernels/policies/scorer.h"
 
@@ -32,16 +32,10 @@ class Leverage final : public Policy {
     const int budget = wrap_.budget(st.layer, cache, kv_budget());
     if (!wrap_.acts(cache, st.layer, budget)) return;
     KVB_CHECK(st.pre_rope_keys != nullptr) << "leverage: the engine gave no pre-RoPE keys";
-    const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
     require_whole_prompt("leverage", "keys", st, cache);
-    // The layer's sketches (the unit's seed, global KV heads, rows in HF's channel order).
-    const bool adjacent = st.rope && st.rope->style == kernels::cpu::RopeStyle::kNorm;
-    sketch_ = kernels::cpu::key_sketches(config().seed, st.layer, tp_rank() * heads, heads, d, k_,
-                                         adjacent, st.rope ? st.rope->rot_dim : 0);
     PolicyOps& ops = ops_of(st);
-    SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, heads);
-    ops.leverage_scores(score, 0, st, heads, d, 0, st.n_new, sketch_.data(), k_);
-    ops.standardize(score, 0);
+    SlotRows& score = leverage_scores(ops, st, cache, 0, st.n_new, k_, config().seed,
+                                      tp_rank() * cache.shape().num_kv_heads, sketch_, score_);
     wrap_.keep(ops, score, 0, st, cache, budget, plan);
   }
 

@@ -8,6 +8,7 @@
 // standardised over the layer's heads together (kvpress's z-score: it decides nothing for a
 // per-head top-k, but the wrappers' thresholds and cross-head choices read it). Prefill only.
 #include "common/error.h"
+#include "kernels/policies/compactor_parts.h"
 #include "kernels/policies/policies.h"
 #include "kernels/policies/scorer.h"
 
@@ -31,26 +32,9 @@ class NonCausalAttn final : public Policy {
     if (!wrap_.acts(cache, st.layer, budget)) return;
     KVB_CHECK(st.pre_rope_queries != nullptr && st.rope != nullptr)
         << "noncausal_attn: the engine gave no pre-RoPE queries or RoPE parameters";
-    const int heads = cache.shape().num_kv_heads;
     require_whole_prompt("noncausal_attn", "queries", st, cache);
-    const int group = st.num_heads / heads;
     PolicyOps& ops = ops_of(st);
-    // Scratch (nothing is kept): the query heads' column sums, their GQA mean, the values'
-    // norms and the pooled scores.
-    SlotRows& sums = rows_of(sums_.rows, ops, SlotType::kF32, 1, st.num_heads);
-    ops.chunk_attention_sums(sums, 0, cache, st.layer, st, 0, st.n_new, chunk_);
-    SlotRows* score = &sums;
-    if (group > 1) {
-      SlotRows& reduced = rows_of(reduced_.rows, ops, SlotType::kF32, 1, heads);
-      ops.reduce_heads(sums, 0, group, GqaReduce::kMean, reduced, 0);
-      score = &reduced;
-    }
-    SlotRows& norms = rows_of(norms_.rows, ops, SlotType::kF32, 1, heads);
-    ops.cache_norms(norms, 0, cache, st.layer, CacheRows::kValues, /*squared=*/false);
-    ops.combine(*score, 0, norms, 0, Combine::kMul);
-    SlotRows& pooled = rows_of(pooled_.rows, ops, SlotType::kF32, 1, heads);
-    ops.pool(*score, 0, pooled, 0, 3, kernels::cpu::PoolKind::kAvg);
-    ops.standardize(pooled, 0);
+    SlotRows& pooled = noncausal_scores(ops, st, cache, 0, st.n_new, chunk_, scratch_);
     wrap_.keep(ops, pooled, 0, st, cache, budget, plan);
   }
 
@@ -59,7 +43,7 @@ class NonCausalAttn final : public Policy {
  private:
   int chunk_ = 256;
   ScorerWrappers wrap_;
-  ScratchRows sums_, reduced_, norms_, pooled_;
+  NonCausalScratch scratch_;
 };
 
 }  // namespace

@@ -40,7 +40,7 @@ ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores, bool chunks
       << "them";
   KVB_USAGE_CHECK(chunk_runs_ == 0 || chunks)
       << "policy " << c.name << ": chunk scores each run of slots with its own statistics, "
-      << "which " << c.name << " does not compute per run (keydiff does)";
+      << "which " << c.name << " does not compute per run (keydiff, cur and lagkv do)";
   KVB_USAGE_CHECK(chunk_runs_ == 0 ||
                   (!ada_ && !critical_ && interval_ == 0 && chunk_ == 0 &&
                    !c.options.has("threshold") && c.options.get_string("layer_ratios", "").empty()))
