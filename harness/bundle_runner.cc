@@ -11,6 +11,7 @@
 #include "harness/sweep_plan.h"
 #include "harness/sweep_tp.h"
 #include "harness/task_file.h"
+#include "kernels/policies/policy.h"
 #include "workers/engine/tensor_parallel.h"
 
 namespace kvb::harness {
@@ -181,7 +182,7 @@ std::vector<results::UnitResult> BundleRunner::run(const ResolvedBundle& rb) {
       const WireUnit& u = b.units[idx[k]];
       results::UnitResult& r = out[idx[k]];
       r.unit_key = u.key;
-      if (u.policy != "full") r.kv_budget = u.kv_budget;
+      if (policies::budgeted(u.policy)) r.kv_budget = u.kv_budget;
       if (failures[k]) {
         r.status = unit_status(failures[k]->status);
         r.error = failures[k]->message;
@@ -252,7 +253,7 @@ std::vector<results::UnitResult> BundleRunner::run_or_fail(const WireBundle& b) 
     std::vector<results::UnitResult> out(b.units.size());
     for (size_t i = 0; i < b.units.size(); ++i) {
       out[i].unit_key = b.units[i].key;
-      if (b.units[i].policy != "full") out[i].kv_budget = b.units[i].kv_budget;
+      if (policies::budgeted(b.units[i].policy)) out[i].kv_budget = b.units[i].kv_budget;
       out[i].status = unit_status(f.status);
       out[i].error = f.message;
     }

@@ -106,7 +106,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       "KV-cache eviction policy (kvbench ls policies lists them)")(
       "kv-budget", po::value(&kv_budget_text),
       "retained tokens per KV head per layer (256), or with a decimal point the fraction of the "
-      "prompt kept (0.5); a budget is required unless --policy full")(
+      "prompt kept (0.5); a budget is required unless --policy full or think")(
       "compression-ratio", po::value(&compression_text),
       "instead of --kv-budget: kvpress's compression_ratio, the fraction of the prompt removed "
       "(0.25 keeps max(1, int(n * 0.75)) tokens per KV head)")(

@@ -18,6 +18,7 @@
 #include "harness/cli.h"
 #include "harness/sweep_config.h"
 #include "harness/task_file.h"
+#include "kernels/policies/policy.h"
 #include "tasks/task.h"
 #include "workers/engine/tensor_parallel.h"
 #include "workers/model_session.h"
@@ -334,7 +335,8 @@ int cmd_validate(const std::vector<std::string>& args) {
     std::string opts;
     for (const auto& [k, v] : p.options) opts += (opts.empty() ? "" : " ") + k + "=" + v;
     pt.add(
-        {p.name, opts, p.name == "full" ? "none (one unit)" : std::to_string(cfg.budgets.size())});
+        {p.name, opts,
+         policies::budgeted(p.name) ? std::to_string(cfg.budgets.size()) : "none (one unit)"});
   }
   pt.print(std::cout, "md");
   std::string budgets, seeds, questions;

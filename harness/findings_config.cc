@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "harness/task_file.h"
 #include "harness/yaml_tree.h"
+#include "kernels/policies/policy.h"
 #include "tasks/task.h"
 
 namespace kvb::harness {
@@ -66,8 +67,8 @@ CellSpec read_cell(const Node& n, const std::string& key, bool list_allowed, boo
     for (const std::string& s : c.budgets) {
       if (!seen.insert(s).second) fail(b->value, key + ".kv_budget", s + " is listed twice");
     }
-    if (c.cell.policy == "full")
-      fail(b->value, key + ".kv_budget", "full takes no budget (it keeps every token)");
+    if (!policies::budgeted(c.cell.policy))
+      fail(b->value, key + ".kv_budget", c.cell.policy + " takes no budget (it keeps every token)");
   }
   return c;
 }
@@ -260,7 +261,7 @@ void check_findings(const results::Findings& f, const SweepConfig& cfg, const No
                cell.label() + " matches " + std::to_string(matches) +
                    " entries of policies:; give the options that tell them apart");
         }
-        if (cell.policy != "full" && std::find(budget_specs.begin(), budget_specs.end(),
+        if (policies::budgeted(cell.policy) && std::find(budget_specs.begin(), budget_specs.end(),
                                                cell.budget) == budget_specs.end()) {
           fail(at, key,
                cell.label() + ": budget '" + cell.budget + "' is not in kv_budget: (" +

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "harness/sweep_config.h"
+#include "kernels/policies/policy.h"
 
 namespace kvb::harness {
 
@@ -93,7 +94,7 @@ std::vector<ConfigCell> expand_config_cells(const SweepConfig& config) {
   for (int m = 0; m < static_cast<int>(config.models.size()); ++m) {
     for (int t = 0; t < static_cast<int>(config.tasks.size()); ++t) {
       for (int p = 0; p < static_cast<int>(config.policies.size()); ++p) {
-        const bool full = config.policies[p].name == "full";
+        const bool full = !policies::budgeted(config.policies[p].name);  // no budget axis
         for (int b = full ? -1 : 0; b < (full ? 0 : nb); ++b) {
           for (int q = 0; q < static_cast<int>(config.questions.size()); ++q) {
             for (int s = 0; s < static_cast<int>(config.seeds.size()); ++s) {

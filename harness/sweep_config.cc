@@ -426,7 +426,7 @@ std::vector<Origin> parse_policies(const Node& n, SweepConfig& cfg) {
 // The number of cells before exclusions, against kMaxCells (before any per-cell work).
 void check_cells(const SweepConfig& cfg, const Node& root) {
   size_t full = 0;
-  for (const PolicyEntry& p : cfg.policies) full += p.name == "full";
+  for (const PolicyEntry& p : cfg.policies) full += !policies::budgeted(p.name);
   const std::vector<std::pair<std::string, size_t>> axes = {
       {"models", cfg.models.size()},
       {"tasks", cfg.tasks.size()},
@@ -455,10 +455,10 @@ void check_cells(const SweepConfig& cfg, const Node& root) {
 void validate_policies(const SweepConfig& cfg, const std::vector<Origin>& porigin,
                        const std::vector<Origin>& borigin, const Node& root) {
   bool any_budgeted = false;
-  for (const PolicyEntry& p : cfg.policies) any_budgeted |= p.name != "full";
+  for (const PolicyEntry& p : cfg.policies) any_budgeted |= policies::budgeted(p.name);
   if (any_budgeted && cfg.budgets.empty()) {
     fail(root, "budgets",
-         "required: the policies other than full need kv budgets (e.g. kv_budget: [128, 256])");
+         "required: the policies other than full and think need kv budgets (e.g. kv_budget: [128, 256])");
   }
   for (const ModelEntry& m : cfg.models) {
     // Every layer sliding: the window alone bounds the cache, and a policy (acting on global
@@ -481,13 +481,13 @@ void validate_policies(const SweepConfig& cfg, const std::vector<Origin>& porigi
     }
     for (size_t i = 0; i < cfg.policies.size(); ++i) {
       const PolicyEntry& p = cfg.policies[i];
-      const size_t nb = p.name == "full" ? 1 : cfg.budgets.size();
+      const size_t nb = policies::budgeted(p.name) ? cfg.budgets.size() : 1;
       for (size_t b = 0; b < nb; ++b) {
         policies::PolicyConfig pc;
         pc.name = p.name;
         pc.shape = m.info.shape();
         pc.options = Options(p.options, "policy option");
-        if (p.name != "full") {
+        if (policies::budgeted(p.name)) {
           const BudgetEntry& be = cfg.budgets[b];
           // A ratio resolves per prompt; the largest it can become is ratio x the context.
           pc.kv_budget = be.tokens_for(m.info.max_seq_len);
@@ -496,7 +496,7 @@ void validate_policies(const SweepConfig& cfg, const std::vector<Origin>& porigi
           policies::make_policy(pc);
         } catch (const Error& e) {
           const std::string ctx =
-              p.name == "full" ? " (model " + m.name + ")"
+              !policies::budgeted(p.name) ? " (model " + m.name + ")"
                                : " (model " + m.name + ", kv_budget " + cfg.budgets[b].spec() + ")";
           const Entry* c = culprit(porigin[i].options, e.what());
           if (c) fail(c->value, porigin[i].key + ".options." + c->key, e.what() + ctx);

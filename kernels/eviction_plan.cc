@@ -1,6 +1,7 @@
 // EvictionPlan: per-head keep lists or victims of one layer.
 #include "kernels/eviction_plan.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/error.h"
@@ -17,6 +18,25 @@ void EvictionPlan::reset(int layer, int num_heads) {
   device_slots_ = nullptr;
   device_ld_ = 0;
   device_counts_.clear();
+  channel_heads_.clear();
+  channels_.resize(num_heads);
+  for (auto& c : channels_) c.clear();
+  channels_below_.assign(num_heads, 0);
+}
+
+void EvictionPlan::zero_key_channels(int head, std::vector<int32_t> channels, int32_t below) {
+  KVB_CHECK(head >= 0 && head < num_heads())
+      << "eviction plan of layer " << layer_ << ": channels of head " << head << " outside [0, "
+      << num_heads() << ")";
+  KVB_CHECK(!changes_slots()) << "eviction plan of layer " << layer_
+                              << ": key channels beside token decisions";
+  KVB_CHECK(std::find(channel_heads_.begin(), channel_heads_.end(), head) ==
+            channel_heads_.end())
+      << "eviction plan of layer " << layer_ << ": head " << head << "'s channels decided twice";
+  if (channels.empty()) return;
+  channel_heads_.push_back(head);
+  channels_[head] = std::move(channels);
+  channels_below_[head] = below;
 }
 
 void EvictionPlan::keep_on_device(const int32_t* slots, int ld, std::vector<int32_t> counts,
@@ -46,6 +66,8 @@ void EvictionPlan::decide(int head, Kind kind) {
       << "eviction plan of layer " << layer_ << ": head " << head << " decided twice";
   KVB_CHECK(!on_device()) << "eviction plan of layer " << layer_
                           << ": a host decision beside device lists";
+  KVB_CHECK(!prunes_channels()) << "eviction plan of layer " << layer_
+                                << ": a token decision beside key channels";
   kinds_[head] = kind;
 }
 
@@ -75,12 +97,14 @@ void EvictionPlan::evict(int head, int32_t victim) {
   victims_[head] = victim;
 }
 
-bool EvictionPlan::changes_any() const {
+bool EvictionPlan::changes_slots() const {
   for (Kind k : kinds_) {
     if (k != Kind::kKeepAll) return true;
   }
   return false;
 }
+
+bool EvictionPlan::changes_any() const { return changes_slots() || prunes_channels(); }
 
 void EvictionPlan::keep_list(int head, int len, std::vector<int32_t>* out) const {
   out->clear();

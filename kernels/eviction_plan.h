@@ -42,8 +42,24 @@ class EvictionPlan {
   int device_ld() const { return device_ld_; }
   const std::vector<int32_t>& device_counts() const { return device_counts_; }
 
+  // Key channels (ThinK, POLICIES.md `think`): head `head` sets `channels` (strictly increasing,
+  // below head_dim: checked when applied) of the key rows of every slot it holds once the plan's
+  // token decisions are applied to zero, and those slots are the ones whose position is below
+  // `below` (the prompt's). A head's channels are pruned once per sequence. A plan that prunes
+  // channels holds no token decisions (the engine applies a layer's token plan first, then asks
+  // for its channels: Policy::on_prefill_channels).
+  void zero_key_channels(int head, std::vector<int32_t> channels, int32_t below);
+  bool prunes_channels() const { return !channel_heads_.empty(); }
+  // The heads given channels, in the order given; head h's channels and their position bound.
+  const std::vector<int32_t>& channel_heads() const { return channel_heads_; }
+  const std::vector<int32_t>& key_channels(int head) const { return channels_[head]; }
+  int32_t channels_below(int head) const { return channels_below_[head]; }
+
   Kind kind(int head) const { return kinds_[head]; }
+  // Whether any head's slots or key channels change.
   bool changes_any() const;
+  // Whether any head's slots change.
+  bool changes_slots() const;
   const std::vector<int32_t>& kept(int head) const { return keep_[head]; }
   int32_t victim(int head) const { return victims_[head]; }
   // The slots `head` keeps when it holds `len` slots (keep-all: 0..len-1; a victim: all but it),
@@ -61,6 +77,9 @@ class EvictionPlan {
   const int32_t* device_slots_ = nullptr;
   int device_ld_ = 0;
   std::vector<int32_t> device_counts_;
+  std::vector<int32_t> channel_heads_;
+  std::vector<std::vector<int32_t>> channels_;
+  std::vector<int32_t> channels_below_;
 };
 
 }  // namespace kvb::kernels

@@ -32,6 +32,9 @@ KvCache::KvCache(const KvCache& o)
       host_rows_(o.host_rows_),
       device_rows_(o.device_rows_ ? o.device_rows_->clone() : nullptr),
       stale_(o.stale_),
+      pruned_channels_(o.pruned_channels_),
+      pruned_below_(o.pruned_below_),
+      pruned_slots_(o.pruned_slots_),
       position_reads_(o.position_reads_) {}
 
 KvCache& KvCache::operator=(const KvCache& o) {
@@ -103,6 +106,9 @@ KvCache KvCache::fork(int extra) const {
   live_rows(out.capacity_, &out.keys_, &out.values_, &out.positions_);
   if (device_rows_) out.device_rows_ = device_rows_->fork(extra);
   out.stale_ = stale_;  // the fork's device rows hold the same positions
+  out.pruned_channels_ = pruned_channels_;
+  out.pruned_below_ = pruned_below_;
+  out.pruned_slots_ = pruned_slots_;
   return out;
 }
 
@@ -149,6 +155,22 @@ void KvCache::fill_layer(const KvCache& src, const EvictionPlan& plan) {
         KVB_FAIL() << "a device eviction plan on a cache whose rows are on the host";
     }
   }
+  if (!src.pruned_channels_.empty()) {  // src's zeroed channels, counted after the plan
+    if (pruned_channels_.empty()) {
+      pruned_channels_.assign(lengths_.size(), 0);
+      pruned_below_.assign(lengths_.size(), 0);
+      pruned_slots_.assign(lengths_.size(), 0);
+    }
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      const size_t i = index(layer, h);
+      pruned_channels_[i] = src.pruned_channels_[i];
+      pruned_below_[i] = src.pruned_below_[i];
+      pruned_slots_[i] = src.channel_pruned_slots(layer, h);
+      if (plan.kind(h) == EvictionPlan::Kind::kKeep) keep_pruned(layer, h, plan.kept(h));
+      if (plan.kind(h) == EvictionPlan::Kind::kVictim) drop_pruned(layer, h, plan.victim(h));
+    }
+  }
+  if (plan.prunes_channels()) apply_channels(plan);
 }
 
 void KvCache::assign_prefix(const KvCache& src, int p, const std::vector<uint8_t>& skip) {
@@ -163,6 +185,8 @@ void KvCache::assign_prefix(const KvCache& src, int p, const std::vector<uint8_t
   KVB_CHECK(skip.empty() || skip.size() == static_cast<size_t>(shape_.num_layers))
       << "KvCache::assign_prefix: " << skip.size() << " layer flags for " << shape_.num_layers
       << " layers";
+  KVB_CHECK(src.pruned_channels_.empty())
+      << "KvCache::assign_prefix: the source's key channels were zeroed (not a prompt's prefill)";
   for (int l = 0; l < shape_.num_layers; ++l) {
     if (!skip.empty() && skip[l] != 0) continue;
     for (int h = 0; h < shape_.num_kv_heads; ++h) {
@@ -254,10 +278,90 @@ void KvCache::drop_from(int layer, int head, const KvCache& src, int victim) {
 }
 
 void KvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots) {
+  keep_pruned(layer, head, slots);
   keep_from(layer, head, *this, slots);
 }
 
-void KvCache::evict_slot(int layer, int head, int victim) { drop_from(layer, head, *this, victim); }
+void KvCache::evict_slot(int layer, int head, int victim) {
+  drop_pruned(layer, head, victim);
+  drop_from(layer, head, *this, victim);
+}
+
+void KvCache::keep_pruned(int layer, int head, std::span<const int32_t> slots) {
+  if (pruned_channels_.empty()) return;
+  int32_t& n = pruned_slots_[index(layer, head)];
+  if (n <= 0) return;  // none, or unknown (counted from the positions when asked)
+  // The zeroed slots are the head's first n (positions increase along the slots).
+  n = static_cast<int32_t>(std::lower_bound(slots.begin(), slots.end(), n) - slots.begin());
+}
+
+void KvCache::drop_pruned(int layer, int head, int victim) {
+  if (pruned_channels_.empty()) return;
+  int32_t& n = pruned_slots_[index(layer, head)];
+  if (victim < n) --n;
+}
+
+void KvCache::apply_channels(const EvictionPlan& plan) {
+  const int layer = plan.layer();
+  if (pruned_channels_.empty()) {
+    pruned_channels_.assign(lengths_.size(), 0);
+    pruned_below_.assign(lengths_.size(), 0);
+    pruned_slots_.assign(lengths_.size(), 0);
+  }
+  // An index-only cache counts its zeroed slots when asked (its positions may be on a device).
+  const LayerKvView v = host_rows_ ? this->layer(layer) : LayerKvView{};
+  for (int32_t h : plan.channel_heads()) {
+    const std::vector<int32_t>& ch = plan.key_channels(h);
+    const size_t i = index(layer, h);
+    KVB_CHECK(pruned_channels_[i] == 0)
+        << "eviction plan of layer " << layer << ": head " << h << "'s key channels are zeroed "
+        << "already (once per sequence)";
+    int32_t prev = -1;
+    for (int32_t c : ch) {
+      KVB_CHECK(c > prev && c < shape_.head_dim)
+          << "eviction plan of layer " << layer << " head " << h << ": key channels must be "
+          << "increasing and < " << shape_.head_dim << ", got " << c << " after " << prev;
+      prev = c;
+    }
+    int n = -1;
+    if (host_rows_) {
+      const int32_t* pos = v.position(h);
+      n = static_cast<int>(std::lower_bound(pos, pos + lengths_[i], plan.channels_below(h)) - pos);
+      for (int s = 0; s < n; ++s) {
+        float* k = v.key(h, s);
+        for (int32_t c : ch) k[c] = 0.0f;
+      }
+    }
+    pruned_channels_[i] = static_cast<int32_t>(ch.size());
+    pruned_below_[i] = plan.channels_below(h);
+    pruned_slots_[i] = n;
+  }
+}
+
+int KvCache::channel_pruned_slots(int layer, int head) const {
+  if (pruned_channels_.empty()) return 0;
+  const size_t i = index(layer, head);
+  if (pruned_channels_[i] == 0) return 0;
+  if (pruned_slots_[i] < 0) {
+    const LayerKvView v = this->layer(layer);
+    const int32_t* pos = v.position(head);
+    pruned_slots_[i] =
+        static_cast<int32_t>(std::lower_bound(pos, pos + lengths_[i], pruned_below_[i]) - pos);
+  }
+  return pruned_slots_[i];
+}
+
+size_t KvCache::pruned_key_elements() const {
+  if (pruned_channels_.empty()) return 0;
+  size_t n = 0;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      const int c = pruned_key_channels(l, h);
+      if (c > 0) n += static_cast<size_t>(channel_pruned_slots(l, h)) * c;
+    }
+  }
+  return n;
+}
 
 void KvCache::apply(const EvictionPlan& plan) {
   const int layer = plan.layer();
@@ -279,10 +383,14 @@ void KvCache::apply(const EvictionPlan& plan) {
         len = plan.device_counts()[h];
         if (stale_.empty()) stale_.assign(shape_.num_layers, 0);
         stale_[layer] = 1;
+        if (!pruned_slots_.empty() && pruned_slots_[index(layer, h)] > 0) {
+          pruned_slots_[index(layer, h)] = -1;  // counted from the positions when asked
+        }
         break;
       }
     }
   }
+  if (plan.prunes_channels()) apply_channels(plan);
 }
 
 void KvCache::clear() {
@@ -290,6 +398,9 @@ void KvCache::clear() {
   std::fill(lengths_.begin(), lengths_.end(), 0);
   next_position_ = 0;
   stale_.clear();
+  pruned_channels_.clear();
+  pruned_below_.clear();
+  pruned_slots_.clear();
 }
 
 size_t KvCache::bytes_per_slot() const {

@@ -167,6 +167,18 @@ class KvCache {
   // Drops all tokens (keeps allocation).
   void clear();
 
+  // Key channels a plan zeroed (EvictionPlan::zero_key_channels, POLICIES.md `think`): how many
+  // channels head (layer, head) zeroed (0: none), and in how many of the slots it holds now (the
+  // slots whose position is below the plan's bound; may read the layer's positions back from a
+  // device).
+  int pruned_key_channels(int layer, int head) const {
+    return pruned_channels_.empty() ? 0 : pruned_channels_[index(layer, head)];
+  }
+  int channel_pruned_slots(int layer, int head) const;
+  // Sum over heads of channel_pruned_slots x pruned_key_channels: the key elements a store that
+  // drops the pruned channels would not hold (this cache zeroes them in place).
+  size_t pruned_key_elements() const;
+
   // Exact memory accounting: logical = retained slots x bytes per slot (key + value + position);
   // physical = what is allocated on the host (an index-only cache: its positions).
   size_t bytes_per_slot() const;
@@ -207,6 +219,17 @@ class KvCache {
   bool host_rows_ = true;
   std::unique_ptr<DeviceRows> device_rows_;
   std::vector<uint8_t> stale_;  // [num_layers] once a device plan was applied, else empty
+  // [num_layers * num_kv_heads] once a plan zeroed key channels, else empty: the channels zeroed,
+  // the position bound of the slots zeroed, and how many slots below it the head holds (-1:
+  // unknown since a device plan; counted from the positions when asked).
+  std::vector<int32_t> pruned_channels_, pruned_below_;
+  mutable std::vector<int32_t> pruned_slots_;
+  // Applies the plan's key channels (host rows: zeroed; the index: the counts above).
+  void apply_channels(const EvictionPlan& plan);
+  // After head (layer, head) kept `slots` of its `len` (or dropped `victim`), the count of its
+  // channel-zeroed slots.
+  void keep_pruned(int layer, int head, std::span<const int32_t> slots);
+  void drop_pruned(int layer, int head, int victim);
   int64_t position_reads_ = 0;
 };
 

@@ -128,7 +128,7 @@ std::vector<Plot> score_plots(const std::vector<ScoreCell>& cells, const Styles&
         s.style = styles(c->policy);
         s.dashed = c->policy == "full";
       }
-      if (c->policy == "full") {
+      if (c->budget == "-") {  // full and think take no budget: one value across the axis
         for (size_t i = 0; i < budgets.size(); ++i) {
           s.x.push_back(double(i));
           s.y.push_back(c->ci.mean);
@@ -318,7 +318,7 @@ std::vector<Plot> cost_plots(const std::vector<CostRow>& rows, const Styles& sty
         std::map<std::string, svg::Series> series;
         for (const auto& r : rows) {
           if (scope(r.model, r.task) != task || r.context_length <= 0) continue;
-          if (r.budget != budget && r.policy != "full") continue;
+          if (r.budget != budget && r.budget != "-") continue;  // full, think: no budget
           svg::Series& s = series[r.policy];
           s.name = r.policy;
           s.style = styles(r.policy);

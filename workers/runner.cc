@@ -174,7 +174,7 @@ std::unique_ptr<SharedPrefill> shared_prefill(engine::Engine& engine, const Load
     if (!engine::can_share_prefill(*p)) continue;
     (*uses_shared)[i] = 1;
     ++shareable;
-    const policies::StatsRequest r = p->prefill_request(static_cast<int>(first.size()));
+    const policies::StatsRequest r = p->prefill_stats(static_cast<int>(first.size()));
     req.col_sums |= r.col_sums;
     req.last_w = std::max(req.last_w, r.last_w);
     req.pre_rope_keys |= r.pre_rope_keys;

@@ -56,6 +56,26 @@ __global__ void append_one_kernel(T* keys, T* values, int32_t* positions, size_t
   }
 }
 
+// Key channels (EvictionPlan::zero_key_channels): element c of the key of slot s of head h
+// becomes 0 when mask[h * d + c] != 0, s < lengths[h] (host lengths as an argument) and the
+// slot's position is below below.v[h].
+template <typename T>
+__global__ void zero_key_channels_kernel(T* keys, const int32_t* positions, HeadTable offsets,
+                                         HeadTable lengths, HeadTable below,
+                                         const uint8_t* mask, int num_kv_heads, int d,
+                                         int max_len) {
+  const size_t total = static_cast<size_t>(num_kv_heads) * max_len * d;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(i % d);
+    const int s = static_cast<int>((i / d) % max_len);
+    const int h = static_cast<int>(i / (static_cast<size_t>(d) * max_len));
+    if (s >= lengths.v[h] || mask[static_cast<size_t>(h) * d + c] == 0) continue;
+    const size_t slot = static_cast<size_t>(offsets.v[h]) + s;
+    if (positions[slot] < below.v[h]) kv_store(keys + slot * d + c, 0.0f);
+  }
+}
+
 // One block per head: list j of head h must be strictly increasing and < lengths[h].
 __global__ void validate_keep_kernel(const int32_t* slots, int ld, const int32_t* counts,
                                      const int32_t* lengths, int* flag) {
@@ -435,6 +455,52 @@ void DeviceKvCache::evict_slots(int layer, const int32_t* victims, cudaStream_t 
   for (int h = 0; h < heads; ++h) {
     if (victims[h] >= 0) --lengths_h_[index(layer, h)];
   }
+}
+
+void DeviceKvCache::zero_key_channels(const EvictionPlan& plan, cudaStream_t stream) {
+  const int layer = plan.layer();
+  check_layer(layer);
+  const int heads = shape_.num_kv_heads, d = shape_.head_dim;
+  KVB_CHECK(plan.num_heads() == heads && heads <= kMaxParamHeads)
+      << "DeviceKvCache::zero_key_channels: a plan of " << plan.num_heads() << " heads for "
+      << heads << " (at most " << kMaxParamHeads << ")";
+  if (!plan.prunes_channels()) return;
+  std::vector<uint8_t> mask(static_cast<size_t>(heads) * d, 0);
+  HeadTable offsets{}, lengths{}, below{};
+  int max_len = 0;
+  for (int h = 0; h < heads; ++h) {
+    offsets.v[h] = offset(layer, h);
+    lengths.v[h] = length(layer, h);
+    below.v[h] = plan.channels_below(h);
+    max_len = std::max(max_len, length(layer, h));
+  }
+  for (int32_t h : plan.channel_heads()) {
+    for (int32_t c : plan.key_channels(h)) {
+      KVB_CHECK(c >= 0 && c < d) << "DeviceKvCache::zero_key_channels: layer " << layer
+                                 << " head " << h << " channel " << c << " outside [0, " << d
+                                 << ")";
+      mask[static_cast<size_t>(h) * d + c] = 1;
+    }
+  }
+  if (max_len == 0) return;
+  StreamScratch mask_d(mask.size(), stream);
+  upload_async(mask_d.as<uint8_t>(), mask.data(), mask.size(), stream);
+  ++h2d_copies_;
+  h2d_bytes_ += mask.size();
+  const DeviceLayerKvView v = this->layer(layer);
+  const size_t total = static_cast<size_t>(heads) * max_len * d;
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<size_t>((total + threads - 1) / threads, 4096));
+  if (dtype_ == KvDtype::kBf16) {
+    zero_key_channels_kernel<<<blocks, threads, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(v.keys), v.positions, offsets, lengths, below,
+        mask_d.as<uint8_t>(), heads, d, max_len);
+  } else {
+    zero_key_channels_kernel<<<blocks, threads, 0, stream>>>(
+        static_cast<float*>(v.keys), v.positions, offsets, lengths, below, mask_d.as<uint8_t>(),
+        heads, d, max_len);
+  }
+  KVB_CUDA_CHECK_LAUNCH();
 }
 
 void DeviceKvCache::keep_slots(int layer, int head, const std::vector<int32_t>& slots) {

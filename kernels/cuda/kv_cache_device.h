@@ -99,7 +99,13 @@ class DeviceKvCache final : public DeviceRows {
   // as keep_slots'); with up to kMaxParamHeads heads nothing is uploaded and nothing waits.
   // EvictionPlan's one-victim form (a decode step at the budget), without a keep list.
   void evict_slots(int layer, const int32_t* victims, cudaStream_t stream = 0);
-  // Host-to-device copies made so far by append / keep_slots / evict_slots (lengths pushed,
+  // The plan's key channels (EvictionPlan::zero_key_channels; a plan of this cache's heads, up
+  // to kMaxParamHeads) set to zero in the key rows of every slot of layer plan.layer() whose
+  // position is below the head's bound. One counted upload (a channel mask of heads x head_dim
+  // bytes) and one launch; nothing waits.
+  void zero_key_channels(const EvictionPlan& plan, cudaStream_t stream = 0);
+  // Host-to-device copies made so far by append / keep_slots / evict_slots /
+  // zero_key_channels (lengths pushed,
   // counts, lists), and their bytes; upload() and clear() are not counted.
   int64_t h2d_copies() const { return h2d_copies_; }
   size_t h2d_bytes() const { return h2d_bytes_; }

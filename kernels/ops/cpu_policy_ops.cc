@@ -1170,6 +1170,29 @@ std::vector<float> CpuPolicyOps::read_cache_rows(const kernels::KvCache& cache, 
   return out;
 }
 
+void CpuPolicyOps::channel_square_means(const kernels::KvCache& cache, int layer,
+                                        CacheRows which, std::vector<double>* out) {
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers)
+      << "channel_square_means: layer " << layer
+      << (cache.host_rows() ? "" : " of a cache without host rows");
+  const kernels::LayerKvView view = cache.layer(layer);
+  const int d = view.head_dim, heads = view.num_kv_heads;
+  out->assign(static_cast<size_t>(heads) * d, 0.0);
+  for (int h = 0; h < heads; ++h) {
+    const int len = cache.length(layer, h);
+    if (len == 0) continue;
+    double* acc = out->data() + static_cast<size_t>(h) * d;
+    for (int s = 0; s < len; ++s) {
+      const float* x = which == CacheRows::kKeys ? view.key(h, s) : view.value(h, s);
+      for (int c = 0; c < d; ++c) {
+        const double e = x[c];
+        acc[c] += e * e;  // exact: the square of an f32 fits a double
+      }
+    }
+    for (int c = 0; c < d; ++c) acc[c] /= len;
+  }
+}
+
 std::vector<float> CpuPolicyOps::read_f32(const SlotRows& rows, int layer, int head) {
   check_layer(rows, layer);
   return host(rows).f32(layer, head);

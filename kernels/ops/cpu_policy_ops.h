@@ -73,6 +73,8 @@ class CpuPolicyOps final : public PolicyOps {
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;
   std::vector<float> read_cache_rows(const kernels::KvCache& cache, int layer, int head,
                                      int first, int count, CacheRows which) override;
+  void channel_square_means(const kernels::KvCache& cache, int layer, CacheRows which,
+                            std::vector<double>* out) override;
   std::vector<float> read_f32(const SlotRows& rows, int layer, int head) override;
   std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) override;
 };

@@ -523,6 +523,13 @@ class PolicyOps {
   // device: one copy and one sync, counted in its transfers.
   virtual std::vector<float> read_cache_rows(const kernels::KvCache& cache, int layer, int head,
                                              int first, int count, CacheRows which) = 0;
+  // Vocabulary: per cache head h of `layer`, per channel c, the mean over the head's slots of the
+  // cached row's c-th entry squared (keys as cached, post-RoPE, or values), into (*out)[h x
+  // head_dim + c] on the host: f64 squares of the f32 entries (exact) summed in slot order, / the
+  // head's length (0 for an empty head). ThinK's key energy (POLICIES.md `think`). On a device:
+  // one launch, one copy and one sync, counted in its transfers.
+  virtual void channel_square_means(const kernels::KvCache& cache, int layer, CacheRows which,
+                                    std::vector<double>* out) = 0;
   // Row (layer, head) on the host (tests, accounting; synchronous on a device).
   virtual std::vector<float> read_f32(const SlotRows& rows, int layer, int head) = 0;
   virtual std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) = 0;

@@ -11,7 +11,9 @@ class Full final : public Policy {
 }  // namespace
 
 PolicyInfo full_policy_info() {
-  return {"full", "no eviction: every token stays (the reference)", {},
-          [](const PolicyConfig& c) { return std::make_unique<Full>(c); }};
+  PolicyInfo info{"full", "no eviction: every token stays (the reference)", {},
+                  [](const PolicyConfig& c) { return std::make_unique<Full>(c); }};
+  info.budgeted = false;
+  return info;
 }
 }  // namespace kvb::policies

@@ -22,6 +22,22 @@ std::string join(const std::vector<std::string>& v) {
 Policy::Policy(const PolicyConfig& config) : config_(config) {
   gqa_expand_ =
       config.options.get_string("gqa", "per_kv_head", {"per_kv_head", "expand"}) == "expand";
+  think_ratio_ = config.options.get_double("think", 0, 0, 1);
+  KVB_USAGE_CHECK(think_ratio_ < 1) << "policy " << config.name
+                                    << ": think must be a fraction of the key channels in [0, 1), "
+                                    << "got " << think_ratio_;
+  think_window_ = config.options.get_int("think_window", 32, 1, 1 << 20);
+}
+
+StatsRequest Policy::prefill_stats(int n_new) const {
+  StatsRequest r = prefill_request(n_new);
+  if (prunes_key_channels()) r.last_queries = std::max(r.last_queries, think_window_);
+  return r;
+}
+
+bool budgeted(const std::string& name) {
+  const PolicyInfo* info = find_policy(name);
+  return info == nullptr || info->budgeted;
 }
 
 const std::vector<ParamDoc>& common_params() {
@@ -30,6 +46,11 @@ const std::vector<ParamDoc>& common_params() {
        "decide per KV head (scores: mean of its query heads), or expand K/V to every query head "
        "as paper-era code did (memory x group size)",
        {"per_kv_head", "expand"}},
+      {"think", "0",
+       "ThinK after this policy (kvpress ComposedPress([press, ThinKPress(r)])): zero the "
+       "int(head_dim x r) key channels of each head that score lowest (query energy x key "
+       "energy) after the prompt; memory counts the channels as not stored; 0: off"},
+      {"think_window", "32", "ThinK's window: the prompt's last queries its query energy reads"},
   };
   return params;
 }
@@ -84,7 +105,7 @@ std::unique_ptr<Policy> make_policy(const PolicyConfig& config) {
 std::unique_ptr<Policy> make_policy(const PolicyInfo& info, const PolicyConfig& config) {
   KVB_CHECK(config.name == info.name) << "make_policy: a config for '" << config.name
                                       << "' given the entry of '" << info.name << "'";
-  if (config.name != "full") {
+  if (info.budgeted) {
     KVB_USAGE_CHECK(config.kv_budget > 0)
         << "policy " << config.name << ": --kv-budget must be a positive number of tokens per KV "
         << "head, got " << config.kv_budget;
@@ -94,6 +115,19 @@ std::unique_ptr<Policy> make_policy(const PolicyInfo& info, const PolicyConfig& 
         << " tokens; use 1.." << config.shape.max_seq_len;
   }
   std::unique_ptr<Policy> policy = info.make(config);
+  if (policy->prunes_key_channels()) {
+    KVB_USAGE_CHECK(config.name != "full")
+        << "policy full is the reference and takes no think; policy think is full's tokens with "
+        << "ThinK's key channels (key_channel_compression_ratio)";
+    const char* why = policy->rolling_positions()      ? "caches its keys before RoPE"
+                      : policy->replaces_attention()   ? "replaces attention"
+                      : policy->prefill_mode() == PrefillMode::kStreaming
+                          ? "streams the prompt token by token"
+                          : nullptr;
+    KVB_USAGE_CHECK(why == nullptr)
+        << "policy " << config.name << " " << why << ", so think (ThinK's key channels after the "
+        << "prompt) cannot follow it; drop think or choose another policy";
+  }
   std::vector<ParamDoc> allowed = info.params;
   allowed.insert(allowed.end(), common_params().begin(), common_params().end());
   config.options.check_all_used("policy " + config.name, allowed);

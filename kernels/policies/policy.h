@@ -168,6 +168,24 @@ class Policy {
   }
 
   virtual StatsRequest prefill_request(int n_new) const { (void)n_new; return {}; }
+  // What the engine records for the prompt's hooks: prefill_request(n_new), plus the queries
+  // ThinK reads when the policy prunes key channels.
+  StatsRequest prefill_stats(int n_new) const;
+
+  // ThinK after the policy's token decision (POLICIES.md `think`; kvpress's ComposedPress([press,
+  // ThinKPress])): the option `think: r` (or policy `think`'s key_channel_compression_ratio)
+  // zeroes int(head_dim x r) key channels of each head after the prompt. Refused with policies
+  // that cache keys before RoPE (rolling positions), replace attention, or stream the prompt.
+  bool prunes_key_channels() const { return think_ratio_ > 0; }
+  double think_ratio() const { return think_ratio_; }
+  // After layer st.layer's prompt hook and its plan were applied (the cache as the policy left
+  // it): the layer's key channels (EvictionPlan::zero_key_channels, `plan` arrives reset). Per
+  // cache head h: score_c = (mean over the last think_window queries of each query head of h's
+  // group of q_c^2, averaged over the group) x (mean over h's slots of k_c^2)
+  // (PolicyOps::channel_square_means); the int(head_dim x r) lowest-scoring channels are zeroed
+  // (equal scores: the lower channel first) in the slots before st.block_end.
+  void on_prefill_channels(const LayerStats& st, const kernels::KvCache& cache,
+                           kernels::EvictionPlan& plan) const;
   virtual StatsRequest decode_request() const { return {}; }
   // After layer `stats.layer` attended over the whole prompt block (the layer's output used the
   // full cache): the plan that compresses that layer (`plan` arrives reset to keep everything).
@@ -188,6 +206,8 @@ class Policy {
  protected:
   PolicyConfig config_;
   bool gqa_expand_ = false;
+  double think_ratio_ = 0;  // `think`, 0: off
+  int think_window_ = 32;   // `think_window`
 };
 
 // A hook on a host cache, its plan applied to that cache (the CPU engine's path, and what tests
@@ -205,7 +225,12 @@ struct PolicyInfo {
   std::string description;
   std::vector<ParamDoc> params;
   std::function<std::unique_ptr<Policy>(const PolicyConfig&)> make;
+  // Whether the policy takes a kv budget: false for `full` and `think`, which keep every token
+  // (one unit per cell, no budget axis).
+  bool budgeted = true;
 };
+// Whether policy `name` takes a kv budget (PolicyInfo::budgeted; an unknown name: true).
+bool budgeted(const std::string& name);
 const std::vector<PolicyInfo>& policy_registry();
 const PolicyInfo* find_policy(const std::string& name);
 // The policy of that name; an unknown name is a usage error that lists the known ones.

@@ -243,6 +243,10 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                                      int count, kernels::ops::CacheRows which) override {
     return cpu_.read_cache_rows(cache, layer, head, first, count, which);
   }
+  void channel_square_means(const KvCache& cache, int layer, kernels::ops::CacheRows which,
+                            std::vector<double>* out) override {
+    cpu_.channel_square_means(cache, layer, which, out);
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

@@ -74,9 +74,11 @@ class Backend {
   // "cpu", or the GPU's name, for the run's provenance.
   virtual std::string device_description() const = 0;
   virtual size_t device_peak_bytes() const { return 0; }
-  // K/V bytes of `cache` as this backend stores it (Engine::kv_logical_bytes).
+  // K/V bytes of `cache` as this backend stores it (Engine::kv_logical_bytes), less the key
+  // channels a plan zeroed (KvCache::pruned_key_elements: what a store that drops them would
+  // not hold; POLICIES.md `think`).
   virtual size_t kv_logical_bytes(const kernels::KvCache& cache) const {
-    return cache.logical_bytes();
+    return cache.logical_bytes() - cache.pruned_key_elements() * sizeof(float);
   }
   virtual size_t kv_physical_bytes(const kernels::KvCache& cache) const {
     return cache.physical_bytes();

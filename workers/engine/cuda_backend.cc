@@ -274,8 +274,8 @@ void CudaBackend::select_rows(int row0) {
 void CudaBackend::bind_sequence(kernels::KvCache& cache) { bind_cache(cache, 1); }
 
 size_t CudaBackend::kv_logical_bytes(const kernels::KvCache& cache) const {
-  return static_cast<size_t>(cache.total_slots()) *
-         kv_slot_bytes(cache.shape().head_dim, dtype_);
+  return static_cast<size_t>(cache.total_slots()) * kv_slot_bytes(cache.shape().head_dim, dtype_) -
+         cache.pruned_key_elements() * (dtype_ == DType::kBf16 ? 2 : 4);
 }
 
 size_t CudaBackend::kv_physical_bytes(const kernels::KvCache& cache) const {
@@ -491,6 +491,18 @@ void CudaBackend::apply_plan(const kernels::EvictionPlan& plan, kernels::KvCache
   const kernels::KvCacheShape& sh = cache.shape();
   const int l = plan.layer();
   cu::DeviceKvCache* rows = rows_of(cache);
+  if (plan.prunes_channels()) {
+    // Key channels (a plan that holds no token decisions): the index counts them (host rows, if
+    // any, are zeroed there and uploaded with them); the device rows zero them with one counted
+    // upload of a channel mask and one launch.
+    cache.apply(plan);
+    if (!rows) return;
+    const int64_t c0 = rows->h2d_copies();
+    const size_t b0 = rows->h2d_bytes();
+    rows->zero_key_channels(plan, stream_);
+    count_uploads(*rows, c0, b0);
+    return;
+  }
   if (plan.on_device()) {
     // The ops' lists, on the device already: the index takes the counts (its positions become
     // stale until host code reads them), the rows keep the listed slots, the counts travel as a

@@ -410,6 +410,10 @@ void Engine::after_attention(int l, kernels::KvCache& cache, policies::Policy* p
   if (hook == PolicyHook::kPrefill) {
     run_hook(l, cache,
              [&](kernels::EvictionPlan& p) { policy->on_prefill_layer(stats, cache, p); });
+    if (policy->prunes_key_channels()) {  // ThinK: the key channels of what the policy kept
+      run_hook(l, cache,
+               [&](kernels::EvictionPlan& p) { policy->on_prefill_channels(stats, cache, p); });
+    }
   } else if (hook == PolicyHook::kDecode) {
     run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy->on_decode_layer(stats, cache, p); });
   }
@@ -600,7 +604,7 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
   }
   const ModelConfig& c = model_.config;
   const int n = rec.n_new;
-  const policies::StatsRequest req = policy.prefill_request(n);
+  const policies::StatsRequest req = policy.prefill_stats(n);
   const int w = std::min(req.last_w, n);
   const int q = std::min(req.last_queries, n);
   int g0 = 0;  // the first global layer: sliding-window layers record nothing
@@ -668,6 +672,11 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
     } else {
       policy.on_prefill_layer(st, cache, plan_);
       be.apply_plan(plan_, cache);  // the index and the storage where it lives
+    }
+    if (policy.prunes_key_channels()) {  // ThinK: the key channels of what the policy kept
+      plan_.reset(l, heads);
+      policy.on_prefill_channels(st, cache, plan_);
+      be.apply_plan(plan_, cache);
     }
   }
   if (device_time) {

@@ -139,7 +139,7 @@ policies::StatsRequest forward_stats_request(int n, const kernels::KvCache& cach
   KVB_CHECK(!record || *hook == PolicyHook::kNone) << "a recorded prefill runs without a policy";
   if (n > 1 || cache.next_position() == 0) ++*prefills;
   policies::StatsRequest req;
-  if (*hook == PolicyHook::kPrefill) req = policy->prefill_request(n);
+  if (*hook == PolicyHook::kPrefill) req = policy->prefill_stats(n);
   if (*hook == PolicyHook::kDecode) req = policy->decode_request();
   if (record) {
     req = record->request;

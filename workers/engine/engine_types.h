@@ -27,7 +27,7 @@ enum class LogitsMode {
 // Which policy hook runs after each layer's attention.
 enum class PolicyHook {
   kNone,     // no hook (the policy does not see these tokens)
-  kPrefill,  // Policy::on_prefill_layer with the statistics of prefill_request(n)
+  kPrefill,  // Policy::on_prefill_layer with the statistics of prefill_stats(n)
   kDecode,   // Policy::on_decode_layer (one token) with the statistics of decode_request()
 };
 
