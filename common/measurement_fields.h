@@ -41,7 +41,8 @@
   X(prefill_shared, bool, Bool)             /* prompt forward shared with other policies */    \
   X(decode_batch, double, Real)       /* sequences per decode step, mean over its steps (1) */ \
   X(prompt_sha256, std::string, Text) /* SHA-256 hex of the prompt's token ids (int32 LE) */   \
-  X(prefill_reused, int, Int)         /* prompt tokens an earlier prompt's prefill computed */
+  X(prefill_reused, int, Int)         /* prompt tokens an earlier prompt's prefill computed */ \
+  X(channel_bytes_pruned, size_t, Int) /* key channels zeroed (think) at the end: not stored */
 
 namespace kvb::measurement {
 

@@ -36,8 +36,9 @@ std::string read_text_file(const std::string& path) {
 // errno names the cause where a stream's system call set it; streams do not promise that.
 const char* stream_error() { return errno != 0 ? std::strerror(errno) : "the stream failed"; }
 
-// {"policy", "kv_budget", "prompt_ids", "positions": [layer][kv head][retained positions]}: what
-// scripts/compare_kvpress.py compares with kvpress's presses on the same prompt.
+// {"policy", "kv_budget", "prompt_ids", "positions": [layer][kv head][retained positions], and
+// with ThinK "key_channels"}: what scripts/compare_kvpress.py compares with kvpress's presses on
+// the same prompt.
 void write_keep_sets(const std::string& path, kernels::KvCache& cache,
                      const std::vector<int32_t>& ids, const std::vector<int32_t>& fed,
                      const std::string& policy, int budget) {
@@ -56,6 +57,33 @@ void write_keep_sets(const std::string& path, kernels::KvCache& cache,
     layers.push_back(std::move(heads));
   }
   j["positions"] = std::move(layers);
+  // ThinK (`think`): per [layer][kv head] the key channels (in the cache's row order: a llama
+  // GGUF's rows rotate adjacent pairs) that are zero in every prompt slot the head keeps; only
+  // where a head pruned channels and the rows are on the host.
+  bool pruned = false;
+  for (int l = 0; l < cache.shape().num_layers; ++l) {
+    for (int h = 0; h < cache.shape().num_kv_heads; ++h) pruned |= cache.pruned_key_channels(l, h);
+  }
+  if (pruned && cache.host_rows()) {
+    nlohmann::json channels = nlohmann::json::array();
+    const int d = cache.shape().head_dim;
+    for (int l = 0; l < cache.shape().num_layers; ++l) {
+      kernels::LayerKvView v = cache.layer(l);
+      nlohmann::json heads = nlohmann::json::array();
+      for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+        std::vector<int32_t> zero;
+        const int slots = cache.channel_pruned_slots(l, h);
+        for (int c = 0; c < d && slots > 0; ++c) {
+          bool all = true;
+          for (int s = 0; s < slots && all; ++s) all = v.key(h, s)[c] == 0.0f;
+          if (all) zero.push_back(c);
+        }
+        heads.push_back(std::move(zero));
+      }
+      channels.push_back(std::move(heads));
+    }
+    j["key_channels"] = std::move(channels);
+  }
   errno = 0;
   std::ofstream out(path);
   KVB_USAGE_CHECK(out.is_open()) << "cannot open --dump-keep-sets file '" << path
@@ -121,7 +149,8 @@ int cmd_generate(const std::vector<std::string>& args) {
       "dump-keep-sets", po::value(&dump_path),
       "write the cache's retained positions per (layer, KV head) after generation to this JSON "
       "file, with the prompt's ids and the generated ids fed back (--max-new-tokens 1: what "
-      "the prompt's compression kept)");
+      "the prompt's compression kept), and with think the key channels zeroed in the prompt's "
+      "slots per (layer, KV head)");
   po::variables_map vm;
   if (!parse_command_line(args, desc, nullptr, "generate", &vm)) return 0;
   KVB_USAGE_CHECK(vm.count("model")) << "--model is required (see kvbench generate --help)";

@@ -101,7 +101,11 @@ int cmd_ls(const std::vector<std::string>& all_args) {
   for (const auto& p : policies::policy_registry()) {
     std::cout << p.name << "\n    " << p.description << "\n";
     std::vector<policies::ParamDoc> all = p.params;
-    all.insert(all.end(), policies::common_params().begin(), policies::common_params().end());
+    for (const policies::ParamDoc& d : policies::common_params()) {
+      // full and think refuse think: (full is the reference; think has its own ratio).
+      if (!p.budgeted && (d.name == "think" || d.name == "think_window")) continue;
+      all.push_back(d);
+    }
     print_params(all, "--policy-opt");
   }
   return 0;

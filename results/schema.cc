@@ -133,6 +133,13 @@ void from_version_7(Db& db) {
   }
 }
 
+// 8 -> 9: measurements.channel_bytes_pruned (no earlier unit pruned key channels: 0).
+void from_version_8(Db& db) {
+  db.exec(
+      "ALTER TABLE measurements ADD COLUMN channel_bytes_pruned INTEGER NOT NULL DEFAULT 0 "
+      "CHECK (channel_bytes_pruned >= 0)");
+}
+
 void set_schema_version(Db& db, int version) {
   // PRAGMA arguments cannot be bound parameters; `version` is our own integer, not input.
   db.exec("PRAGMA user_version = " + std::to_string(version));
@@ -151,6 +158,7 @@ const std::vector<Migration>& migrations() {
       {6, "add measurements.prefill_reused", &from_version_6},
       {7, "add units.sample_sha256, units.slot_key and status superseded (content keys)",
        &from_version_7},
+      {8, "add measurements.channel_bytes_pruned", &from_version_8},
   };
   return steps;
 }

@@ -11,7 +11,7 @@ class Db;
 
 // Layout version of the database file. Distinct from kResultSchemaVersion (store.h), which unit
 // keys hash: a layout change migrates the rows that are there; it does not make units run again.
-inline constexpr int kSchemaVersion = 8;
+inline constexpr int kSchemaVersion = 9;
 
 // The full DDL of version kSchemaVersion, ending with `PRAGMA user_version = <version>`.
 extern const char* const kSchemaSql;

@@ -153,7 +153,12 @@ CREATE TABLE measurements (
   -- Version 7: prompt tokens whose forward pass came from an earlier prompt's prefill on the
   -- same worker (prefix reuse: the prompts began with the same tokens; results are the same
   -- bits, prefill_ms counts only the rest). 0: a prefill of its own (and every unit before 7).
-  prefill_reused      INTEGER NOT NULL DEFAULT 0 CHECK (prefill_reused >= 0)
+  prefill_reused      INTEGER NOT NULL DEFAULT 0 CHECK (prefill_reused >= 0),
+  -- Version 9: the bytes of the key channels ThinK zeroed in the final cache (policy think, or a
+  -- policy's think: option), which kv_bytes_final and kv_bytes_peak leave out (a store that
+  -- drops the channels would not hold them; kvbench zeroes them in place, so kv_physical_peak
+  -- keeps them). 0: only tokens were evicted (every unit before 9).
+  channel_bytes_pruned INTEGER NOT NULL DEFAULT 0 CHECK (channel_bytes_pruned >= 0)
 );
 
 -- The unit's output and its gold answers (JSON array of strings).
@@ -178,4 +183,4 @@ CREATE TABLE file_digests (
   hashed_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 8;
+PRAGMA user_version = 9;

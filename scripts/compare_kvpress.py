@@ -17,7 +17,9 @@ LeverageScorePress and CompactorPress draw a Gaussian sketch with torch.randn at
 kvbench draws its own from a counter (kernels/cpu/sketch.h). For their pairs the script hands
 kvpress kvbench's sketch in place of torch.randn's (kvpress_common.kvbench_sketches), so the
 comparison is of the method, not of two random draws. BlockPress and ChunkPress score subsets, so
-their differing heads are reported without kvpress's per-slot scores.
+their differing heads are reported without kvpress's per-slot scores. ThinKPress prunes key
+channels, not tokens: its table compares the channels each side zeroes per (layer, KV head), alone
+and after SnapKV (ComposedPress), at the same ratios as the channel fraction.
 
 Measured tables: kernels/policies/README.md "kvpress's presses".
 
@@ -168,6 +170,76 @@ def main():
                             kept = masked_keep_sets(runner, n + len(ours["fed_ids"]))
                 compare(name, ratio, budget, ids + ours.get("fed_ids", []), full, cache, ours,
                         scores, kept)
+        if args.only in "ThinK":
+            compare_think(args, model, ids, full, ratios, prompt_file, tmp)
+
+
+def hf_channel(args, model):
+    """kvbench's key row index -> the Hugging Face channel it holds: a llama GGUF's K rows rotate
+    adjacent pairs (converted from HF's halves), so row j is channel j / 2 (even j) or
+    head_dim / 2 + j // 2 (odd j); other files keep HF's order."""
+    d = model.config.head_dim if getattr(model.config, "head_dim", None) else (
+        model.config.hidden_size // model.config.num_attention_heads)
+    if args.model.endswith(".gguf") and model.config.model_type == "llama":
+        return lambda j: j // 2 if j % 2 == 0 else d // 2 + j // 2
+    return lambda j: j
+
+
+def compare_think(args, model, ids, full, ratios, prompt_file, tmp):
+    """ThinKPress alone (kvbench `think`) and after SnapKV (ComposedPress([SnapKVPress(r),
+    ThinKPress(r)]); kvbench `snapkv` with `think: r`): per (layer, KV head) the key channels
+    each zeroes (kvpress: zero in every kept row; kvbench: its dump's key_channels, mapped to
+    HF's channel order), and after SnapKV the kept tokens too (rows matched on the channels
+    neither side zeroed)."""
+    to_hf = hf_channel(args, model)
+    n = len(ids)
+    print("\n| ThinK pair | ratio | heads with identical channels | kept tokens identical "
+          "| worst head (layer, head, channels in common) |")
+    print("|---|---:|---:|---:|---|")
+    for label, composed in (("ThinK (window 32)", False),
+                            ("ComposedPress([SnapKV (w=64, avg pool 5), ThinK])", True)):
+        for ratio in ratios:
+            budget = max(1, int(n * (1 - ratio)))
+            if composed:
+                press = kvpress.ComposedPress([
+                    kvpress.SnapKVPress(compression_ratio=ratio, window_size=64, kernel_size=5),
+                    kvpress.ThinKPress(key_channel_compression_ratio=ratio)])
+                ours = kvbench_keep_sets(args, "snapkv", ["window=64", "pool_kernel=5",
+                                                          "pooling=avg", f"think={ratio}"],
+                                         budget, prompt_file, os.path.join(tmp, "t.json"))
+            else:
+                press = kvpress.ThinKPress(key_channel_compression_ratio=ratio)
+                ours = kvbench_keep_sets(args, "think", [f"key_channel_compression_ratio={ratio}"],
+                                         0, prompt_file, os.path.join(tmp, "t.json"))
+            with torch.no_grad(), press(model):
+                cache = model(torch.tensor([ids]), past_key_values=DynamicCache(),
+                              use_cache=True).past_key_values
+            same = tokens_same = total = 0
+            worst = (2.0, -1, -1)
+            for layer in range(num_layers(cache)):
+                keys = layer_keys(cache, layer)  # [heads, kept, d]
+                ref = layer_keys(full, layer)
+                for h in range(keys.shape[0]):
+                    theirs = {int(c) for c in torch.nonzero(
+                        (keys[h] == 0).all(dim=0)).flatten()}
+                    mine = {to_hf(c) for c in ours["key_channels"][layer][h]}
+                    total += 1
+                    same += theirs == mine
+                    j = len(theirs & mine) / max(1, len(theirs | mine))
+                    worst = min(worst, (j, layer, h))
+                    if theirs != mine:
+                        print(f"  {label} @ {ratio}: layer {layer} head {h}: kvbench "
+                              f"{sorted(mine - theirs)[:6]}, kvpress {sorted(theirs - mine)[:6]}",
+                              file=sys.stderr)
+                    # Tokens: each kept row matched to the full cache on the channels kept by both.
+                    live = [c for c in range(keys.shape[2]) if c not in theirs | mine]
+                    kept = []
+                    for row in keys[h][:, live]:
+                        err = (ref[h][:, live] - row).abs().max(dim=1).values
+                        kept.append(int(torch.argmin(err)) if float(err.min()) < 1e-3 else -1)
+                    tokens_same += set(kept) == set(ours["positions"][layer][h])
+            print(f"| {label} | {ratio} | {same}/{total} | {tokens_same}/{total} | "
+                  f"({worst[1]}, {worst[2]}, {worst[0]:.4f}) |", flush=True)
 
 
 def match_rows(ref, keys):

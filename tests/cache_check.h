@@ -26,6 +26,8 @@ inline void expect_same_cache(const kernels::KvCache& a, const kernels::KvCache&
       EXPECT_EQ(0, std::memcmp(va.key(h, 0), vb.key(h, 0), rows * sizeof(float)));
       EXPECT_EQ(0, std::memcmp(va.value(h, 0), vb.value(h, 0), rows * sizeof(float)));
       EXPECT_EQ(0, std::memcmp(va.position(h), vb.position(h), a.length(l, h) * 4));
+      EXPECT_EQ(a.pruned_key_channels(l, h), b.pruned_key_channels(l, h));  // ThinK's
+      EXPECT_EQ(a.channel_pruned_slots(l, h), b.channel_pruned_slots(l, h));
     }
   }
 }

@@ -57,6 +57,7 @@ class Tracker {
   void finish(UnitMeasurements& m) {
     const auto& s = cache_.shape();
     sample();  // the final state counts toward the peaks too (the last step is sampled only here)
+    std::vector<int64_t> pruned = {static_cast<int64_t>(engine_.kv_pruned_channel_bytes(cache_))};
     int lo = INT32_MAX, hi = 0;
     for (int l = 0; l < s.num_layers; ++l) {
       for (int h = 0; h < s.num_kv_heads; ++h) {
@@ -70,6 +71,7 @@ class Tracker {
       combine(longest_, [](int64_t a, int64_t b) { return std::max(a, b); });
       combine(logical_, [](int64_t a, int64_t b) { return a + b; });
       combine(physical_, [](int64_t a, int64_t b) { return a + b; });
+      combine(pruned, [](int64_t a, int64_t b) { return a + b; });
       lo = -kernels::all_max(*tp_, -lo);
       hi = kernels::all_max(*tp_, hi);
       heads *= tp_->size();
@@ -83,6 +85,7 @@ class Tracker {
     m.occupancy_min_final = lo;
     m.occupancy_max_final = hi;
     m.kv_bytes_final = logical_.back();
+    m.channel_bytes_pruned = static_cast<size_t>(pruned[0]);
     m.kv_bytes_peak = *std::max_element(logical_.begin(), logical_.end());
     m.kv_physical_peak = *std::max_element(physical_.begin(), physical_.end());
     m.occupancy_peak = static_cast<int>(*std::max_element(longest_.begin(), longest_.end()));

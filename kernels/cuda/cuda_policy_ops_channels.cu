@@ -55,6 +55,7 @@ void CudaPolicyOps::channel_square_means(const KvCache& cache, int layer, ops::C
         len, sums.data());
   }
   KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
   KVB_CUDA_CHECK(cudaMemcpyAsync(out->data(), sums.data(), out->size() * sizeof(double),
                                  cudaMemcpyDeviceToHost, stream_));
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -1349,6 +1350,87 @@ TEST_F(CudaPolicyOpsParity, CompactorDecidesAsOnTheCpu) {
     const std::vector<int32_t> want = parity::expect_same_keep_list(gplan, lists, cplan, h, len);
     EXPECT_EQ(static_cast<int>(want.size()), pc.kv_budget) << "head " << h;
   }
+}
+
+
+// ThinK's key energy (channel_square_means) is the CPU's bits on the device rows (one launch, one
+// copy, one sync), and a policy's channel decision from it is the CPU's: `think` and `snapkv`
+// with `think` (GQA group 2, heads of different lengths, the window's queries on the host).
+TEST_F(CudaPolicyOpsParity, ChannelSquareMeansAndThinkAreTheCpus) {
+  const int kv = 4, group = 2, d = 8;
+  make_caches({40, 33, 0, 57}, 2);
+  for (const auto which : {kernels::ops::CacheRows::kKeys, kernels::ops::CacheRows::kValues}) {
+    std::vector<double> want, got;
+    cpu_.channel_square_means(host_, 0, which, &want);
+    const int64_t l0 = gpu_->launches(), c0 = gpu_->transfers().d2h_copies;
+    gpu_->channel_square_means(index_, 0, which, &got);
+    EXPECT_EQ(gpu_->launches() - l0, 1);
+    EXPECT_EQ(gpu_->transfers().d2h_copies - c0, 1);
+    ASSERT_EQ(got.size(), static_cast<size_t>(kv) * d);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(double)));
+    EXPECT_EQ(want[2 * d], 0.0);  // the empty head
+  }
+  const std::vector<float> q = parity::random_vec(static_cast<size_t>(5) * kv * group * d, 101);
+  policies::LayerStats st;
+  st.layer = 0;
+  st.n_new = 60;
+  st.num_heads = kv * group;
+  st.last_queries = q.data();
+  st.n_queries = 5;
+  st.block_end = 1000;
+  for (const auto& [name, opts] :
+       std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
+           {"think", {{"key_channel_compression_ratio", "0.5"}, {"window_size", "3"}}},
+           {"snapkv", {{"think", "0.3"}}}}) {
+    SCOPED_TRACE(name);
+    policies::PolicyConfig pc;
+    pc.name = name;
+    pc.kv_budget = 16;
+    pc.shape = {1, kv * group, kv, d, 256};
+    pc.options = policies::PolicyOptions(opts);
+    const std::unique_ptr<policies::Policy> p = policies::make_policy(pc);
+    EvictionPlan cplan, gplan;
+    cplan.reset(0, kv);
+    gplan.reset(0, kv);
+    policies::LayerStats host = st, dev = st;
+    host.ops = &cpu_;
+    dev.ops = gpu_.get();
+    p->on_prefill_channels(host, host_, cplan);
+    p->on_prefill_channels(dev, index_, gplan);
+    ASSERT_TRUE(cplan.prunes_channels());
+    EXPECT_EQ(cplan.channel_heads(), gplan.channel_heads());
+    for (int h = 0; h < kv; ++h) EXPECT_EQ(cplan.key_channels(h), gplan.key_channels(h));
+  }
+}
+
+// The device cache zeroes a plan's key channels as the host cache does (slots whose position is
+// below the bound only), with one upload (the channel mask) and the index counting them.
+TEST_F(CudaPolicyOpsParity, ZeroKeyChannelsIsTheHostCachesZeroing) {
+  make_caches({40, 33, 0, 57}, 2);  // head h, slot s: position 3s + h
+  EvictionPlan plan;
+  plan.reset(0, 4);
+  plan.zero_key_channels(0, {0, 5}, 1000);
+  plan.zero_key_channels(3, {7}, 60);  // the slots of position < 60: s < 20
+  plan.zero_key_channels(2, {1}, 1000);
+  host_.apply(plan);
+  auto& dev = static_cast<cu::DeviceKvCache&>(*index_.device_rows());
+  const int64_t c0 = dev.h2d_copies();
+  index_.apply(plan);
+  dev.zero_key_channels(plan);
+  EXPECT_EQ(dev.h2d_copies() - c0, 1);
+  const kernels::KvCache back = dev.download();
+  for (int h = 0; h < 4; ++h) {
+    SCOPED_TRACE(h);
+    ASSERT_EQ(back.length(0, h), host_.length(0, h));
+    const kernels::LayerKvView a = back.layer(0), b = host_.layer(0);
+    for (int s = 0; s < host_.length(0, h); ++s) {
+      EXPECT_EQ(0, std::memcmp(a.key(h, s), b.key(h, s), 8 * sizeof(float))) << "slot " << s;
+    }
+    EXPECT_EQ(index_.channel_pruned_slots(0, h), host_.channel_pruned_slots(0, h));
+  }
+  EXPECT_EQ(host_.channel_pruned_slots(0, 3), 20);
+  EXPECT_EQ(index_.pruned_key_elements(), host_.pruned_key_elements());
+  EXPECT_EQ(host_.pruned_key_elements(), 40u * 2 + 20u);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 //  3. the same unit twice gives the same bits (determinism); memory accounting = retained slots.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 
@@ -44,8 +45,10 @@ std::vector<Variant> variants() {
   std::vector<Variant> v;
   for (const auto& p : policies::policy_registry()) {
     // python needs its file= and simlayerkv a threshold below 1 to compress at all (below);
-    // duo_attention decides by its head scores, not the budget (DuoAttentionLaws).
-    if (p.name != "python" && p.name != "simlayerkv" && p.name != "duo_attention") {
+    // duo_attention decides by its head scores, not the budget (DuoAttentionLaws); think keeps
+    // every token and prunes key channels (ThinkPrunesKeyChannels).
+    if (p.name != "python" && p.name != "simlayerkv" && p.name != "duo_attention" &&
+        p.name != "think") {
       v.push_back({p.name, {}});
     }
   }
@@ -240,6 +243,104 @@ TEST(PolicyLaws, Stories260K) {
   ASSERT_TRUE(m);
   const std::vector<int32_t> prompt = stories_prompt();
   check_model(*m, prompt, 12);
+}
+
+// ThinK (policy `think`, option `think: r`) prunes key channels, not tokens, so law 1 reads: a
+// ratio that prunes nothing gives the logits of the policy alone (full's for `think`). With r =
+// 0.5 every head of every layer zeroes head_dim / 2 key channels in each prompt slot it keeps
+// (the same channels in every slot) and none in the tokens after the prompt; the tokens kept are
+// the policy's own; the logits change; memory counts the zeroed channels as not stored; the same
+// run twice gives the same bits.
+TEST(PolicyLaws, ThinkPrunesKeyChannels) {
+  std::unique_ptr<engine::Model> m = stories260k();
+  ASSERT_TRUE(m);
+  engine::Engine eng(*m, nullptr);
+  const auto& c = m->config;
+  const std::vector<int32_t> prompt = stories_prompt();
+  const std::vector<int32_t> forced = {5, 9, 40, 7};
+  const int n = static_cast<int>(prompt.size());
+  const int d = c.head_dim;
+  EXPECT_EQ(run(eng, *m, {"think", {}}, 0, prompt, forced).logits,
+            run(eng, *m, {"full", {}}, 0, prompt, forced).logits);
+  EXPECT_EQ(run(eng, *m, {"snapkv", {{"think", "0.1"}}}, 16, prompt, forced).logits,
+            run(eng, *m, {"snapkv", {}}, 16, prompt, forced).logits);  // int(d x 0.1) = 0
+  ASSERT_LT(d * 0.1, 1.0);
+  struct Case {
+    Variant var;
+    int budget;
+    Variant alone;
+    bool same_tokens = true;  // h2o's decode evictions read attention, which ThinK changes
+  };
+  const std::vector<Case> cases = {
+      {{"think", {{"key_channel_compression_ratio", "0.5"}}}, 0, {"full", {}}},
+      {{"snapkv", {{"think", "0.5"}}}, 16, {"snapkv", {}}},
+      {{"keydiff", {{"think", "0.5"}, {"think_window", "4"}}}, 20, {"keydiff", {}}},
+      {{"h2o", {{"think", "0.5"}}}, 24, {"h2o", {}}, false}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.var.label());
+    auto go = [&](const Variant& var, std::vector<std::vector<float>>* logits,
+                  std::vector<size_t>* bytes) {
+      PolicyConfig pc;
+      pc.name = var.policy;
+      pc.kv_budget = k.budget;
+      pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+      pc.options = policies::PolicyOptions(var.options);
+      std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
+      kernels::KvCache cache = eng.new_cache(0, policy.get());
+      std::vector<float> l;
+      engine::prefill_prompt(eng, cache, prompt, policy.get(), &l);
+      logits->push_back(l);
+      bytes->push_back(eng.kv_logical_bytes(cache));
+      for (int32_t t : forced) {
+        eng.forward({&t, 1}, cache, engine::LogitsMode::kLast, &l, policy.get(),
+                    engine::PolicyHook::kDecode);
+        logits->push_back(l);
+        bytes->push_back(eng.kv_logical_bytes(cache));
+      }
+      return cache;
+    };
+    std::vector<std::vector<float>> with, alone, again;
+    std::vector<size_t> bytes, alone_bytes, again_bytes;
+    const kernels::KvCache cache = go(k.var, &with, &bytes);
+    const kernels::KvCache plain = go(k.alone, &alone, &alone_bytes);
+    size_t pruned = 0;
+    for (int l = 0; l < c.num_layers; ++l) {
+      const kernels::LayerKvView v = cache.layer(l);
+      const kernels::LayerKvView p = plain.layer(l);
+      for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+        if (k.same_tokens) {  // the policy's own tokens
+          ASSERT_EQ(cache.length(l, h), plain.length(l, h));
+          ASSERT_TRUE(
+              std::equal(v.position(h), v.position(h) + cache.length(l, h), p.position(h)));
+        }
+        EXPECT_EQ(cache.pruned_key_channels(l, h), d / 2);
+        int prompt_slots = 0;
+        while (prompt_slots < cache.length(l, h) && v.position(h)[prompt_slots] < n) {
+          ++prompt_slots;
+        }
+        EXPECT_EQ(cache.channel_pruned_slots(l, h), prompt_slots);
+        pruned += static_cast<size_t>(prompt_slots) * (d / 2);
+        int zero_channels = 0;
+        for (int ch = 0; ch < d; ++ch) {
+          int zeros = 0;
+          for (int s = 0; s < prompt_slots; ++s) zeros += v.key(h, s)[ch] == 0.0f;
+          if (zeros == prompt_slots && prompt_slots > 0) ++zero_channels;
+          // The tokens after the prompt keep every channel.
+          for (int s = prompt_slots; s < cache.length(l, h); ++s) {
+            EXPECT_NE(v.key(h, s)[ch], 0.0f) << "layer " << l << " head " << h << " slot " << s;
+          }
+        }
+        EXPECT_EQ(zero_channels, d / 2) << "layer " << l << " head " << h;
+      }
+    }
+    EXPECT_EQ(cache.pruned_key_elements(), pruned);
+    const size_t slot_bytes = 2 * sizeof(float) * d + sizeof(int32_t);
+    EXPECT_EQ(bytes.back(), cache.total_slots() * slot_bytes - pruned * sizeof(float));
+    if (k.same_tokens) EXPECT_EQ(bytes.back(), alone_bytes.back() - pruned * sizeof(float));
+    EXPECT_NE(with, alone) << "pruning channels changed no logit";
+    go(k.var, &again, &again_bytes);
+    EXPECT_EQ(again, with);
+  }
 }
 
 // `threshold` (kvpress DMSPress) decides by its threshold, not the budget, so law 1 reads: a

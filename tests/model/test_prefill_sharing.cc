@@ -116,17 +116,25 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
   const int n = static_cast<int>(prompt.size());
   const int extra = 3;
   int shared_policies = 0;
-  for (const auto& entry : policies::policy_registry()) {
+  // Every registered policy with its defaults, and ThinK's key channels alone and after a
+  // policy (the channel hook runs on the recorded path too).
+  std::vector<std::pair<std::string, std::map<std::string, std::string>>> entries;
+  for (const auto& entry : policies::policy_registry()) entries.push_back({entry.name, {}});
+  entries.push_back({"think", {{"key_channel_compression_ratio", "0.5"}}});
+  entries.push_back({"snapkv", {{"think", "0.5"}}});
+  entries.push_back({"keydiff", {{"think", "0.25"}, {"think_window", "3"}}});
+  for (const auto& [name, options] : entries) {
     policies::PolicyConfig pc;
-    pc.name = entry.name;
-    pc.kv_budget = entry.name == "full" ? 0 : budget;
+    pc.name = name;
+    pc.kv_budget = policies::budgeted(name) ? budget : 0;
+    pc.options = policies::PolicyOptions(options);
     pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
     pc.seed = 5;
-    if (entry.name == "duo_attention") {
+    if (name == "duo_attention") {
       pc.options = policies::PolicyOptions(
-          testing_registry::required_options(entry.name, c.num_layers, c.num_kv_heads));
+          testing_registry::required_options(name, c.num_layers, c.num_kv_heads));
     }
-    if (entry.name == "python") {  // reads the queries, the last rows and the column sums
+    if (name == "python") {  // reads the queries, the last rows and the column sums
       pc.options = policies::PolicyOptions(
           {{"file", std::string(KVB_FIXTURES_DIR) + "/python/every_statistic.py"},
            {"window_queries", "5"}});
@@ -134,9 +142,9 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
     std::unique_ptr<policies::Policy> mine = policies::make_policy(pc);
     if (!engine::can_share_prefill(*mine)) continue;
     ++shared_policies;
-    SCOPED_TRACE(entry.name);
+    SCOPED_TRACE(name + (options.empty() ? "" : " " + options.begin()->first));
     engine::PrefillRecord rec;
-    rec.request = mine->prefill_request(n);
+    rec.request = mine->prefill_stats(n);
     kernels::KvCache full = eng.new_cache(n + extra);
     std::vector<float> full_logits;
     eng.forward(prompt, full, engine::LogitsMode::kLast, &full_logits, nullptr,

@@ -99,7 +99,8 @@ TEST(PromptSha256, MigratesVersion5Databases) {
     results::Db db(path, SQLITE_OPEN_READWRITE);
     std::string cols;
     for (const measurement::Field& f : measurement::kFields) {
-      if (std::string(f.name) == "prompt_sha256" || std::string(f.name) == "prefill_reused") {
+      if (std::string(f.name) == "prompt_sha256" || std::string(f.name) == "prefill_reused" ||
+          std::string(f.name) == "channel_bytes_pruned") {
         continue;
       }
       cols += std::string(cols.empty() ? "" : ", ") + f.name;
@@ -112,7 +113,8 @@ TEST(PromptSha256, MigratesVersion5Databases) {
   EXPECT_THROW((void)results::Store::open(path, results::Mode::kReadOnly), Error);
   results::Store s = results::Store::open(path, results::Mode::kReadWrite);
   EXPECT_EQ(one_value(s, "PRAGMA user_version"), std::to_string(results::kSchemaVersion));
-  EXPECT_EQ(results::kSchemaVersion, 8);  // 5 -> 6 -> 7 (prefill_reused) -> 8 (content keys)
+  // 5 -> 6 -> 7 (prefill_reused) -> 8 (content keys) -> 9 (channel_bytes_pruned)
+  EXPECT_EQ(results::kSchemaVersion, 9);
   EXPECT_EQ(one_value(s, "SELECT COUNT(*) FROM measurements WHERE prompt_sha256 IS NULL"), "1");
   // The migrated column has the fresh schema's CHECK.
   results::Db db(path, SQLITE_OPEN_READWRITE);

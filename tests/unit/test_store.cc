@@ -652,7 +652,10 @@ TEST(Store, MigratesVersion3DatabasesToTheDigestCache) {
     std::string cols;
     for (const measurement::Field& f : measurement::kFields) {
       const std::string name = f.name;
-      if (name == "decode_batch" || name == "prompt_sha256" || name == "prefill_reused") continue;
+      if (name == "decode_batch" || name == "prompt_sha256" || name == "prefill_reused" ||
+          name == "channel_bytes_pruned") {
+        continue;
+      }
       cols += (cols.empty() ? "" : ", ") + name;
     }
     db.exec("CREATE TABLE m3 AS SELECT unit_key, " + cols + " FROM measurements");
@@ -691,7 +694,9 @@ TEST(Store, MigratesVersion6DatabasesToPrefillReused) {
     Db db(path, SQLITE_OPEN_READWRITE);
     std::string cols;
     for (const measurement::Field& f : measurement::kFields) {
-      if (std::string(f.name) == "prefill_reused") continue;
+      if (std::string(f.name) == "prefill_reused" || std::string(f.name) == "channel_bytes_pruned") {
+        continue;
+      }
       cols += (cols.empty() ? "" : ", ") + std::string(f.name);
     }
     db.exec("CREATE TABLE m6 AS SELECT unit_key, " + cols + " FROM measurements");

@@ -78,7 +78,11 @@ class Backend {
   // channels a plan zeroed (KvCache::pruned_key_elements: what a store that drops them would
   // not hold; POLICIES.md `think`).
   virtual size_t kv_logical_bytes(const kernels::KvCache& cache) const {
-    return cache.logical_bytes() - cache.pruned_key_elements() * sizeof(float);
+    return cache.logical_bytes() - kv_pruned_channel_bytes(cache);
+  }
+  // The bytes of the key channels a plan zeroed in `cache`, as this backend stores them.
+  virtual size_t kv_pruned_channel_bytes(const kernels::KvCache& cache) const {
+    return cache.pruned_key_elements() * sizeof(float);
   }
   virtual size_t kv_physical_bytes(const kernels::KvCache& cache) const {
     return cache.physical_bytes();

@@ -275,7 +275,11 @@ void CudaBackend::bind_sequence(kernels::KvCache& cache) { bind_cache(cache, 1);
 
 size_t CudaBackend::kv_logical_bytes(const kernels::KvCache& cache) const {
   return static_cast<size_t>(cache.total_slots()) * kv_slot_bytes(cache.shape().head_dim, dtype_) -
-         cache.pruned_key_elements() * (dtype_ == DType::kBf16 ? 2 : 4);
+         kv_pruned_channel_bytes(cache);
+}
+
+size_t CudaBackend::kv_pruned_channel_bytes(const kernels::KvCache& cache) const {
+  return cache.pruned_key_elements() * (dtype_ == DType::kBf16 ? 2 : 4);
 }
 
 size_t CudaBackend::kv_physical_bytes(const kernels::KvCache& cache) const {

@@ -107,6 +107,7 @@ class CudaBackend final : public Backend {
   // physical bytes are the cache's device rows' allocation, or before its first pass the
   // index's capacity at the device's slot size (what binding it would allocate at least).
   size_t kv_logical_bytes(const kernels::KvCache& cache) const override;
+  size_t kv_pruned_channel_bytes(const kernels::KvCache& cache) const override;
   size_t kv_physical_bytes(const kernels::KvCache& cache) const override;
   // The device rows copied into an allocation of max_length() + extra slots per head
   // (DeviceKvCache::fork: synchronous, counted as one sync), when that is smaller.

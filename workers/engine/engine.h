@@ -84,6 +84,11 @@ class Engine {
   // slots x bytes per slot, physical = what is allocated. On the CPU the cache itself (f32); on
   // a GPU the cache's device rows (bf16 halves the K/V bytes; their capacity may differ from the
   // index's).
+  // The key channels of `cache` a plan zeroed (POLICIES.md `think`), in the backend's bytes:
+  // left out of kv_logical_bytes.
+  size_t kv_pruned_channel_bytes(const kernels::KvCache& cache) const {
+    return backend_->kv_pruned_channel_bytes(cache);
+  }
   size_t kv_logical_bytes(const kernels::KvCache& cache) const {
     return backend_->kv_logical_bytes(cache);
   }
