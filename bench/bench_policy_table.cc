@@ -131,14 +131,14 @@ int main(int argc, char** argv) {
       engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
       const double prefill_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      const double after_prompt = cache.logical_bytes();
+      const double after_prompt = eng.kv_logical_bytes(cache);  // less ThinK's channels
       int peak = cache.max_length();
       engine::GenerateOptions go;
       go.max_new_tokens = new_tokens;
       engine::GenerateResult r = engine::generate_from(
           eng, cache, logits, go, [&](int32_t) { peak = std::max(peak, cache.max_length()); return true; },
           policy.get());
-      const double final_bytes = cache.logical_bytes();
+      const double final_bytes = eng.kv_logical_bytes(cache);
       if (info.name == "full") {
         full_prompt = after_prompt;
         full_final = final_bytes;
