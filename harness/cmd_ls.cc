@@ -1,5 +1,6 @@
 // `kvbench ls policies|tasks`: the registered names with a line of description and their options;
 // for tasks also the YAML task definitions of configs/tasks and the metrics they may name.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <iostream>
@@ -104,6 +105,11 @@ int cmd_ls(const std::vector<std::string>& all_args) {
     for (const policies::ParamDoc& d : policies::common_params()) {
       // full and think refuse think: (full is the reference; think has its own ratio).
       if (!p.budgeted && (d.name == "think" || d.name == "think_window")) continue;
+      // A policy's own option of that name documents it (streaming_llm's positions).
+      if (std::any_of(p.params.begin(), p.params.end(),
+                      [&](const policies::ParamDoc& o) { return o.name == d.name; })) {
+        continue;
+      }
       all.push_back(d);
     }
     print_params(all, "--policy-opt");

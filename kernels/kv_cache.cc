@@ -338,6 +338,16 @@ void KvCache::apply_channels(const EvictionPlan& plan) {
   }
 }
 
+void KvCache::renumber_positions(int layer) {
+  KVB_CHECK(layer >= 0 && layer < shape_.num_layers)
+      << "KvCache::renumber_positions: layer " << layer << " of " << shape_.num_layers;
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    int32_t* p = &positions_[layer][static_cast<size_t>(h) * capacity_];
+    for (int s = 0; s < lengths_[index(layer, h)]; ++s) p[s] = s;
+  }
+  if (!stale_.empty()) stale_[layer] = 0;  // the host's positions are the truth again
+}
+
 int KvCache::channel_pruned_slots(int layer, int head) const {
   if (pruned_channels_.empty()) return 0;
   const size_t i = index(layer, head);

@@ -166,6 +166,9 @@ class KvCache {
   void apply(const EvictionPlan& plan);
   // Drops all tokens (keeps allocation).
   void clear();
+  // Slot s of every head of `layer` takes position s (`positions: rerotate`: the storage has
+  // rotated the keys to match); the layer's positions are current on the host after it.
+  void renumber_positions(int layer);
 
   // Key channels a plan zeroed (EvictionPlan::zero_key_channels, POLICIES.md `think`): how many
   // channels head (layer, head) zeroed (0: none), and in how many of the slots it holds now (the

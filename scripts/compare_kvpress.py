@@ -19,7 +19,8 @@ kvpress kvbench's sketch in place of torch.randn's (kvpress_common.kvbench_sketc
 comparison is of the method, not of two random draws. BlockPress and ChunkPress score subsets, so
 their differing heads are reported without kvpress's per-slot scores. ThinKPress prunes key
 channels, not tokens: its table compares the channels each side zeroes per (layer, KV head), alone
-and after SnapKV (ComposedPress), at the same ratios as the channel fraction.
+and after SnapKV (ComposedPress), at the same ratios as the channel fraction. KeyRerotationPress
+over SnapKV compares the kept tokens and the greedy continuation on the re-rotated cache.
 
 Measured tables: kernels/policies/README.md "kvpress's presses".
 
@@ -172,6 +173,8 @@ def main():
                         scores, kept)
         if args.only in "ThinK":
             compare_think(args, model, ids, full, ratios, prompt_file, tmp)
+        if args.only in "KeyRerotation":
+            compare_rerotate(args, model, ids, ratios, prompt_file, tmp)
 
 
 def hf_channel(args, model):
@@ -240,6 +243,62 @@ def compare_think(args, model, ids, full, ratios, prompt_file, tmp):
                     tokens_same += set(kept) == set(ours["positions"][layer][h])
             print(f"| {label} | {ratio} | {same}/{total} | {tokens_same}/{total} | "
                   f"({worst[1]}, {worst[2]}, {worst[0]:.4f}) |", flush=True)
+
+
+def compare_rerotate(args, model, ids, ratios, prompt_file, tmp, steps=16):
+    """KeyRerotationPress(SnapKVPress(r)) against kvbench's `snapkv` with `positions: rerotate`:
+    the kept tokens per (layer, KV head) (kvpress's, recorded as the press re-rotates them;
+    kvbench's, from the same policy without rerotate: re-rotation moves keys, not the decision),
+    and `steps` greedy tokens after the prompt, kvpress continuing at the compressed length as its
+    pipeline does (context_length = cache.get_seq_length()) and kvbench at its longest head's."""
+    n = len(ids)
+    print("\n| KeyRerotation pair | ratio | kept tokens identical | greedy tokens equal |")
+    print("|---|---:|---:|---|")
+    snap = ["window=64", "pool_kernel=5", "pooling=avg"]
+    for ratio in ratios:
+        budget = max(1, int(n * (1 - ratio)))
+        plain = kvbench_keep_sets(args, "snapkv", snap, budget, prompt_file,
+                                  os.path.join(tmp, "r0.json"))
+        moved = kvbench_keep_sets(args, "snapkv", snap + ["positions=rerotate"], budget,
+                                  prompt_file, os.path.join(tmp, "r1.json"), new_tokens=steps)
+        press = kvpress.KeyRerotationPress(
+            kvpress.SnapKVPress(compression_ratio=ratio, window_size=64, kernel_size=5))
+        recorded = []
+        original = kvpress.KeyRerotationPress.rerotate_keys
+
+        def recording(module, indices, keys):
+            recorded.append(indices[0].tolist())
+            return original(module, indices, keys)
+
+        kvpress.KeyRerotationPress.rerotate_keys = staticmethod(recording)
+        try:
+            with torch.no_grad(), press(model):
+                out = model(torch.tensor([ids]), past_key_values=DynamicCache(), use_cache=True)
+        finally:
+            kvpress.KeyRerotationPress.rerotate_keys = staticmethod(original)
+        cache = out.past_key_values
+        same = total = 0
+        for layer, heads in enumerate(recorded):
+            for h, kept in enumerate(heads):
+                total += 1
+                same += set(kept) == set(plain["positions"][layer][h])
+        # Greedy decoding on the compressed cache at positions n_kept, n_kept + 1, ...
+        start = cache.get_seq_length()
+        tok = int(out.logits[0, -1].argmax())
+        theirs = [tok]
+        with torch.no_grad():
+            for t in range(steps - 1):
+                o = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True,
+                          position_ids=torch.tensor([[start + t]]))
+                cache = o.past_key_values
+                tok = int(o.logits[0, -1].argmax())
+                theirs.append(tok)
+        ours = moved["fed_ids"]
+        k = len(ours)
+        first = next((i for i in range(k) if ours[i] != theirs[i]), None)
+        verdict = f"{k}/{k}" if first is None else f"first {first} of {k} (then differ)"
+        print(f"| KeyRerotation over SnapKV (w=64, avg pool 5) | {ratio} | {same}/{total} | "
+              f"{verdict} |", flush=True)
 
 
 def match_rows(ref, keys):

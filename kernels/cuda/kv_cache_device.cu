@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -73,6 +74,45 @@ __global__ void zero_key_channels_kernel(T* keys, const int32_t* positions, Head
     if (s >= lengths.v[h] || mask[static_cast<size_t>(h) * d + c] == 0) continue;
     const size_t slot = static_cast<size_t>(offsets.v[h]) + s;
     if (positions[slot] < below.v[h]) kv_store(keys + slot * d + c, 0.0f);
+  }
+}
+
+// `positions: rerotate`: one thread per (head, slot, pair) rotates the key of slot s by RoPE's
+// angle for s - position(s) (cuda::rope's arithmetic, attn_factor 1); renumber_kernel then
+// writes the positions (a second launch: every pair reads its slot's old position first).
+template <typename T>
+__global__ void rerotate_kernel(T* keys, const int32_t* positions, HeadTable offsets,
+                                HeadTable lengths, const float* inv_freq, int num_kv_heads, int d,
+                                int half, bool neox, float linear_scale, int max_len) {
+  const size_t total = static_cast<size_t>(num_kv_heads) * max_len * half;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int p = static_cast<int>(i % half);
+    const int s = static_cast<int>((i / half) % max_len);
+    const int h = static_cast<int>(i / (static_cast<size_t>(half) * max_len));
+    if (s >= lengths.v[h]) continue;
+    const size_t slot = static_cast<size_t>(offsets.v[h]) + s;
+    const float position = __fdiv_rn(static_cast<float>(s - positions[slot]), linear_scale);
+    const float angle = __fmul_rn(position, inv_freq[p]);
+    const float c = static_cast<float>(cos(static_cast<double>(angle)));
+    const float sn = static_cast<float>(sin(static_cast<double>(angle)));
+    T* v = keys + slot * d;
+    const int a = neox ? p : 2 * p;
+    const int b = neox ? p + half : 2 * p + 1;
+    const float x0 = kv_load(v + a), x1 = kv_load(v + b);
+    kv_store(v + a, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn)));
+    kv_store(v + b, __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c)));
+  }
+}
+
+__global__ void renumber_kernel(int32_t* positions, HeadTable offsets, HeadTable lengths,
+                                int num_kv_heads, int max_len) {
+  const size_t total = static_cast<size_t>(num_kv_heads) * max_len;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int s = static_cast<int>(i % max_len);
+    const int h = static_cast<int>(i / max_len);
+    if (s < lengths.v[h]) positions[static_cast<size_t>(offsets.v[h]) + s] = s;
   }
 }
 
@@ -455,6 +495,52 @@ void DeviceKvCache::evict_slots(int layer, const int32_t* victims, cudaStream_t 
   for (int h = 0; h < heads; ++h) {
     if (victims[h] >= 0) --lengths_h_[index(layer, h)];
   }
+}
+
+void DeviceKvCache::rerotate_keys(int layer, const cpu::RopeParams& rope, cudaStream_t stream) {
+  check_layer(layer);
+  const int heads = shape_.num_kv_heads, d = shape_.head_dim;
+  KVB_CHECK(heads <= kMaxParamHeads && rope.rot_dim > 0 && rope.rot_dim <= d &&
+            rope.rot_dim % 2 == 0 && rope.linear_scale > 0)
+      << "DeviceKvCache::rerotate_keys: " << heads << " heads (at most " << kMaxParamHeads
+      << "), rot_dim " << rope.rot_dim << " of head_dim " << d;
+  const int half = rope.rot_dim / 2;
+  std::vector<float> inv_freq(half);  // cpu::rope's f32 expression, on the host
+  for (int i = 0; i < half; ++i) {
+    float f = 1.0f / std::pow(rope.theta, static_cast<float>(2 * i) / static_cast<float>(rope.rot_dim));
+    if (!rope.freq_factors.empty()) f /= rope.freq_factors[i];
+    inv_freq[i] = f;
+  }
+  HeadTable offsets{}, lengths{};
+  int max_len = 0;
+  for (int h = 0; h < heads; ++h) {
+    offsets.v[h] = offset(layer, h);
+    lengths.v[h] = length(layer, h);
+    max_len = std::max(max_len, length(layer, h));
+  }
+  if (max_len == 0) return;
+  StreamScratch freq_d(inv_freq.size() * sizeof(float), stream);
+  upload_async(freq_d.as<float>(), inv_freq.data(), inv_freq.size() * sizeof(float), stream);
+  ++h2d_copies_;
+  h2d_bytes_ += inv_freq.size() * sizeof(float);
+  const DeviceLayerKvView v = this->layer(layer);
+  const bool neox = rope.style == cpu::RopeStyle::kNeox;
+  const size_t total = static_cast<size_t>(heads) * max_len * half;
+  const int blocks = static_cast<int>(std::min<size_t>((total + 255) / 256, 4096));
+  if (dtype_ == KvDtype::kBf16) {
+    rerotate_kernel<<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(v.keys), v.positions,
+                                                offsets, lengths, freq_d.as<float>(), heads, d,
+                                                half, neox, rope.linear_scale, max_len);
+  } else {
+    rerotate_kernel<<<blocks, 256, 0, stream>>>(static_cast<float*>(v.keys), v.positions, offsets,
+                                                lengths, freq_d.as<float>(), heads, d, half, neox,
+                                                rope.linear_scale, max_len);
+  }
+  KVB_CUDA_CHECK_LAUNCH();
+  const size_t slots = static_cast<size_t>(heads) * max_len;
+  renumber_kernel<<<static_cast<int>(std::min<size_t>((slots + 255) / 256, 4096)), 256, 0,
+                    stream>>>(v.positions, offsets, lengths, heads, max_len);
+  KVB_CUDA_CHECK_LAUNCH();
 }
 
 void DeviceKvCache::zero_key_channels(const EvictionPlan& plan, cudaStream_t stream) {

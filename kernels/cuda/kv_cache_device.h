@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cpu/rope.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/kv_cache.h"
 
@@ -99,6 +100,11 @@ class DeviceKvCache final : public DeviceRows {
   // as keep_slots'); with up to kMaxParamHeads heads nothing is uploaded and nothing waits.
   // EvictionPlan's one-victim form (a decode step at the budget), without a keep list.
   void evict_slots(int layer, const int32_t* victims, cudaStream_t stream = 0);
+  // `positions: rerotate`: the key of every slot s of every head of `layer` rotated by RoPE's
+  // angle for s - position(s) with `rope`'s frequencies and no attention factor (in f32, cos and
+  // sin in double rounded to f32, as cuda::rope), then position(s) = s. One counted upload (the
+  // frequencies) and two launches (rotate, renumber); nothing waits.
+  void rerotate_keys(int layer, const cpu::RopeParams& rope, cudaStream_t stream = 0);
   // The plan's key channels (EvictionPlan::zero_key_channels; a plan of this cache's heads, up
   // to kMaxParamHeads) set to zero in the key rows of every slot of layer plan.layer() whose
   // position is below the head's bound. One counted upload (a channel mask of heads x head_dim

@@ -27,6 +27,9 @@ Policy::Policy(const PolicyConfig& config) : config_(config) {
                                     << ": think must be a fraction of the key channels in [0, 1), "
                                     << "got " << think_ratio_;
   think_window_ = config.options.get_int("think_window", 32, 1, 1 << 20);
+  // `rolling` is streaming_llm's own (make_policy refuses it elsewhere).
+  rerotate_ =
+      config.options.get_string("positions", "true", {"true", "rerotate", "rolling"}) == "rerotate";
 }
 
 StatsRequest Policy::prefill_stats(int n_new) const {
@@ -51,6 +54,11 @@ const std::vector<ParamDoc>& common_params() {
        "int(head_dim x r) key channels of each head that score lowest (query energy x key "
        "energy) after the prompt; memory counts the channels as not stored; 0: off"},
       {"think_window", "32", "ThinK's window: the prompt's last queries its query energy reads"},
+      {"positions", "true",
+       "true: slots keep their positions; rerotate: after the prompt each head's kept keys are "
+       "re-rotated to positions 0..n-1 and the sequence continues at the longest head's n "
+       "(kvpress KeyRerotationPress)",
+       {"true", "rerotate"}},
   };
   return params;
 }
@@ -115,7 +123,18 @@ std::unique_ptr<Policy> make_policy(const PolicyInfo& info, const PolicyConfig& 
         << " tokens; use 1.." << config.shape.max_seq_len;
   }
   std::unique_ptr<Policy> policy = info.make(config);
-  if (policy->prunes_key_channels()) {
+  KVB_USAGE_CHECK(config.options.get_string("positions", "true", {"true", "rerotate", "rolling"}) !=
+                      "rolling" ||
+                  policy->rolling_positions())
+      << "policy " << config.name << ": positions: rolling is streaming_llm's option; other "
+      << "policies take positions: true or rerotate";
+  KVB_USAGE_CHECK(!policy->rerotates() || info.budgeted)
+      << "policy " << config.name << " keeps every token: positions: rerotate has nothing to move";
+  if (policy->prunes_key_channels() || policy->rerotates()) {
+    const char* what = policy->prunes_key_channels() ? "think (ThinK's key channels after the "
+                                                       "prompt)"
+                                                     : "positions: rerotate (the kept keys "
+                                                       "re-rotated after the prompt)";
     KVB_USAGE_CHECK(config.name != "full")
         << "policy full is the reference and takes no think; policy think is full's tokens with "
         << "ThinK's key channels (key_channel_compression_ratio)";
@@ -125,8 +144,8 @@ std::unique_ptr<Policy> make_policy(const PolicyInfo& info, const PolicyConfig& 
                           ? "streams the prompt token by token"
                           : nullptr;
     KVB_USAGE_CHECK(why == nullptr)
-        << "policy " << config.name << " " << why << ", so think (ThinK's key channels after the "
-        << "prompt) cannot follow it; drop think or choose another policy";
+        << "policy " << config.name << " " << why << ", so " << what
+        << " cannot follow it; drop that option or choose another policy";
   }
   std::vector<ParamDoc> allowed = info.params;
   allowed.insert(allowed.end(), common_params().begin(), common_params().end());

@@ -177,6 +177,13 @@ class Policy {
   // zeroes int(head_dim x r) key channels of each head after the prompt. Refused with policies
   // that cache keys before RoPE (rolling positions), replace attention, or stream the prompt.
   bool prunes_key_channels() const { return think_ratio_ > 0; }
+  // `positions: rerotate` (POLICIES.md "KeyRerotation"; kvpress's KeyRerotationPress): after each
+  // layer's prompt decision each head's kept keys are rotated from their positions to 0..len-1
+  // (a pure RoPE rotation by len index - position, without the attention factor), the slots take
+  // those positions, and after the prompt the sequence continues at the longest head's length.
+  // Refused where `think` is (and by full and think, which keep every token) and, by the engine,
+  // on models with sliding-window layers.
+  bool rerotates() const { return rerotate_; }
   double think_ratio() const { return think_ratio_; }
   // After layer st.layer's prompt hook and its plan were applied (the cache as the policy left
   // it): the layer's key channels (EvictionPlan::zero_key_channels, `plan` arrives reset). Per
@@ -208,6 +215,7 @@ class Policy {
   bool gqa_expand_ = false;
   double think_ratio_ = 0;  // `think`, 0: off
   int think_window_ = 32;   // `think_window`
+  bool rerotate_ = false;   // `positions: rerotate`
 };
 
 // A hook on a host cache, its plan applied to that cache (the CPU engine's path, and what tests

@@ -18,7 +18,8 @@ class StreamingLlm final : public Policy {
   explicit StreamingLlm(const PolicyConfig& c) : Policy(c) {
     const PolicyOptions& o = c.options;
     sinks_ = o.get_int("sinks", 4, 0, std::numeric_limits<int>::max());
-    rolling_ = o.get_string("positions", "true", {"true", "rolling"}) == "rolling";
+    // rerotate: Policy's (kvpress KeyRerotationPress after the prompt), not a rolling cache.
+    rolling_ = o.get_string("positions", "true", {"true", "rolling", "rerotate"}) == "rolling";
     before_ = o.get_string("evict", "after_attention", {"after_attention", "before_attention"}) ==
               "before_attention";
     streaming_ = o.get_string("prefill", "oneshot", {"oneshot", "streaming"}) == "streaming";
@@ -74,8 +75,9 @@ PolicyInfo streaming_llm_policy_info() {
        {"positions",
         "true",
         "keep true positions, or cache keys before RoPE and rotate them by their cache index "
-        "(original StreamingLLM)",
-        {"true", "rolling"}},
+        "(original StreamingLLM), or re-rotate the kept keys to 0..n-1 once after the prompt "
+        "(kvpress KeyRerotationPress; every policy's `positions: rerotate`)",
+        {"true", "rolling", "rerotate"}},
        {"evict",
         "after_attention",
         "trim after the new token attended (common order) or before (original StreamingLLM)",

@@ -43,7 +43,10 @@ void Policy::on_prefill_channels(const LayerStats& st, const kernels::KvCache& c
                      [&](int32_t a, int32_t b) { return score[a] < score[b]; });
     std::vector<int32_t> channels(order.begin(), order.begin() + pruned);
     std::sort(channels.begin(), channels.end());
-    plan.zero_key_channels(h, std::move(channels), st.block_end);
+    // The prompt's slots: positions below the block's end, or after a rerotation 0..len-1 (the
+    // tokens to come take positions from the longest head's length on).
+    plan.zero_key_channels(h, std::move(channels),
+                           rerotate_ ? cache.length(st.layer, h) : st.block_end);
   }
 }
 

@@ -526,6 +526,31 @@ TEST_F(CudaEngineSmol, ThinkZeroesTheCpusKeyChannels) {
   }
 }
 
+// positions: rerotate on the device (KeyRerotationPress): the CPU's kept tokens, positions 0..n-1
+// and next position, keys within 1e-4 of the CPU's re-rotated keys, logits within the f32 bound.
+TEST_F(CudaEngineSmol, RerotateMovesTheCpusKeys) {
+  const engine::Model& m = *lm_.model;
+  engine::Engine cpu(m);
+  engine::Engine gpu(m, engine::cuda_backend(m, DType::kF32));
+  const std::vector<int32_t> ids = prompt(kPrompts[1]);
+  const std::vector<int32_t> forced = greedy(cpu, ids, 8);
+  const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
+  for (const auto& [name, opts] :
+       std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
+           {"snapkv", {{"positions", "rerotate"}}},
+           {"keydiff", {{"positions", "rerotate"}, {"think", "0.25"}}},
+           {"pyramidkv", {{"positions", "rerotate"}}}}) {
+    SCOPED_TRACE(name);
+    kernels::KvCache cpu_cache, gpu_cache;
+    const PolicyRun a = run_policy(cpu, m, name, opts, budget, ids, forced, &cpu_cache);
+    const PolicyRun g = run_policy(gpu, m, name, opts, budget, ids, forced, &gpu_cache);
+    EXPECT_EQ(a.keep, g.keep);
+    EXPECT_EQ(gpu_cache.next_position(), cpu_cache.next_position());
+    EXPECT_LT(worst_drift(a, g), 1e-2);
+    expect_device_rows_match(gpu, gpu_cache, &cpu_cache, 1e-3);
+  }
+}
+
 TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
   const engine::Model& m = *lm_.model;
   engine::Engine cpu(m);

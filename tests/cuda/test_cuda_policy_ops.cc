@@ -1433,5 +1433,50 @@ TEST_F(CudaPolicyOpsParity, ZeroKeyChannelsIsTheHostCachesZeroing) {
   EXPECT_EQ(host_.pruned_key_elements(), 40u * 2 + 20u);
 }
 
+
+// The device cache re-rotates its kept keys as cpu::rope does on the host (each slot by RoPE's
+// angle for slot - position, no attention factor; adjacent pairs and halves; a frequency factor
+// and a linear scale), to an ulp or two (the host may fuse a product), and renumbers the
+// positions; one upload, no wait.
+TEST_F(CudaPolicyOpsParity, RerotateKeysIsTheHostsRotation) {
+  for (const auto style : {kernels::cpu::RopeStyle::kNorm, kernels::cpu::RopeStyle::kNeox}) {
+    make_caches({40, 33, 0, 57}, 2);  // head h, slot s: position 3s + h
+    kernels::cpu::RopeParams rope;
+    rope.style = style;
+    rope.rot_dim = 6;  // of head_dim 8: the last two dims stay
+    rope.theta = 500.0f;
+    rope.linear_scale = 2.0f;
+    rope.freq_factors = {1.0f, 1.5f, 4.0f};
+    rope.attn_factor = 1.25f;  // not applied: a rotation
+    kernels::cpu::RopeParams pure = rope;
+    pure.attn_factor = 1.0f;
+    kernels::KvCache want = host_;
+    const kernels::LayerKvView w = want.layer(0);
+    for (int h = 0; h < 4; ++h) {
+      std::vector<int32_t> delta(want.length(0, h));
+      for (int s = 0; s < want.length(0, h); ++s) delta[s] = s - w.position(h)[s];
+      if (!delta.empty()) {
+        kernels::cpu::rope(w.key(h, 0), delta.data(), static_cast<int>(delta.size()), 1, 8, pure);
+      }
+    }
+    auto& dev = static_cast<cu::DeviceKvCache&>(*index_.device_rows());
+    const int64_t c0 = dev.h2d_copies();
+    dev.rerotate_keys(0, rope);
+    EXPECT_EQ(dev.h2d_copies() - c0, 1);
+    const kernels::KvCache back = dev.download();
+    const kernels::LayerKvView a = back.layer(0);
+    for (int h = 0; h < 4; ++h) {
+      for (int s = 0; s < want.length(0, h); ++s) {
+        EXPECT_EQ(a.position(h)[s], s);
+        for (int i = 0; i < 8; ++i) {
+          EXPECT_NEAR(a.key(h, s)[i], w.key(h, s)[i], 1e-6f * (1 + std::fabs(w.key(h, s)[i])))
+              << "head " << h << " slot " << s << " dim " << i;
+        }
+        EXPECT_EQ(0, std::memcmp(a.value(h, s), w.value(h, s), 8 * sizeof(float)));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvb

@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -340,6 +342,104 @@ TEST(PolicyLaws, ThinkPrunesKeyChannels) {
     EXPECT_NE(with, alone) << "pruning channels changed no logit";
     go(k.var, &again, &again_bytes);
     EXPECT_EQ(again, with);
+  }
+}
+
+// `positions: rerotate` (kvpress KeyRerotationPress): law 1 reads, a budget that evicts nothing
+// re-rotates nothing (every key sits at its own slot) and gives full's logits bit for bit. With a
+// budget that evicts, each head keeps the policy's own tokens, slot s takes position s, its key
+// is the policy's key for that token rotated by RoPE's angle for s - p (checked against a float64
+// rotation written here), the sequence continues at the longest head's length, and two runs give
+// the same bits.
+TEST(PolicyLaws, RerotateMovesTheKeptKeysToTheirSlots) {
+  std::unique_ptr<engine::Model> m = stories260k();
+  ASSERT_TRUE(m);
+  engine::Engine eng(*m, nullptr);
+  const auto& c = m->config;
+  const std::vector<int32_t> prompt = stories_prompt();
+  const std::vector<int32_t> forced = {5, 9, 40, 7};
+  const int n = static_cast<int>(prompt.size());
+  const int total = n + static_cast<int>(forced.size());
+  EXPECT_EQ(run(eng, *m, {"snapkv", {{"positions", "rerotate"}}}, total + 8, prompt, forced).logits,
+            run(eng, *m, {"full", {}}, 0, prompt, forced).logits);
+  for (const Variant& var : {Variant{"snapkv", {{"positions", "rerotate"}}},
+                             Variant{"keydiff", {{"positions", "rerotate"}, {"think", "0.5"}}},
+                             Variant{"pyramidkv", {{"positions", "rerotate"}}}}) {
+    SCOPED_TRACE(var.label());
+    Variant alone = var;  // the policy alone: the same tokens, keys where they were computed
+    alone.options.erase("positions");
+    alone.options.erase("think");  // ThinK zeroes channels of the rotated keys (checked below)
+    auto prefill = [&](const Variant& v, std::vector<float>* logits) {
+      PolicyConfig pc;
+      pc.name = v.policy;
+      pc.kv_budget = 16;
+      pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+      pc.options = policies::PolicyOptions(v.options);
+      auto policy = policies::make_policy(pc);
+      kernels::KvCache cache = eng.new_cache(8, policy.get());
+      engine::prefill_prompt(eng, cache, prompt, policy.get(), logits);
+      return std::make_pair(std::move(policy), std::move(cache));
+    };
+    std::vector<float> l1, l2, l3;
+    auto [p1, moved] = prefill(var, &l1);
+    auto [p2, plain] = prefill(alone, &l2);
+    EXPECT_EQ(l1, l2);  // the prompt's own logits come before any compression
+    int longest = 0;
+    for (int l = 0; l < c.num_layers; ++l) {
+      const auto& rope = c.rope_of(l);
+      const int half = rope.rot_dim / 2;
+      const kernels::LayerKvView a = moved.layer(l), b = plain.layer(l);
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        ASSERT_EQ(moved.length(l, h), plain.length(l, h));
+        ASSERT_LT(plain.length(l, h), n);  // evicted: something moves
+        longest = std::max(longest, moved.length(l, h));
+        for (int s = 0; s < moved.length(l, h); ++s) {
+          ASSERT_EQ(a.position(h)[s], s);
+          const int delta = s - b.position(h)[s];
+          const float* want_row = b.key(h, s);
+          const float* got = a.key(h, s);
+          for (int i = 0; i < half; ++i) {
+            const int x = rope.style == kernels::cpu::RopeStyle::kNorm ? 2 * i : i;
+            const int y = rope.style == kernels::cpu::RopeStyle::kNorm ? 2 * i + 1 : i + half;
+            double f = 1.0 / std::pow(static_cast<double>(rope.theta), 2.0 * i / rope.rot_dim);
+            if (!rope.freq_factors.empty()) f /= rope.freq_factors[i];
+            const double angle = delta / static_cast<double>(rope.linear_scale) * f;
+            const double cx = std::cos(angle), sx = std::sin(angle);
+            const double x0 = want_row[x], x1 = want_row[y];
+            const double tol = 1e-4 * (std::fabs(x0) + std::fabs(x1) + 1e-3);
+            // ThinK's channels, zeroed after the rotation: exactly 0 in the moved key.
+            const bool pruned = var.options.count("think") > 0;
+            if (!(pruned && got[x] == 0.0f)) {
+              EXPECT_NEAR(got[x], x0 * cx - x1 * sx, tol) << "layer " << l << " head " << h;
+            }
+            if (!(pruned && got[y] == 0.0f)) {
+              EXPECT_NEAR(got[y], x0 * sx + x1 * cx, tol) << "layer " << l << " head " << h;
+            }
+          }
+          for (int i = rope.rot_dim; i < c.head_dim; ++i) {
+            if (!(var.options.count("think") && got[i] == 0.0f)) EXPECT_EQ(got[i], want_row[i]);
+          }
+        }
+      }
+    }
+    EXPECT_EQ(moved.next_position(), longest);
+    EXPECT_EQ(plain.next_position(), n);
+    const int32_t t = forced[0];
+    eng.forward({&t, 1}, moved, engine::LogitsMode::kLast, &l3, p1.get(),
+                engine::PolicyHook::kDecode);
+    EXPECT_EQ(moved.layer(0).position(0)[moved.length(0, 0) - 1], longest);
+    EXPECT_NE(l3, std::vector<float>());
+    // Determinism.
+    std::vector<float> again;
+    auto [p3, moved_again] = prefill(var, &again);
+    for (int l = 0; l < c.num_layers; ++l) {
+      const kernels::LayerKvView a = moved.layer(l), b = moved_again.layer(l);
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        ASSERT_EQ(moved_again.length(l, h), moved.length(l, h) - 1);
+        EXPECT_EQ(0, std::memcmp(a.key(h, 0), b.key(h, 0),
+                                 sizeof(float) * c.head_dim * moved_again.length(l, h)));
+      }
+    }
   }
 }
 

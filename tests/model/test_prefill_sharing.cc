@@ -123,7 +123,15 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
   entries.push_back({"think", {{"key_channel_compression_ratio", "0.5"}}});
   entries.push_back({"snapkv", {{"think", "0.5"}}});
   entries.push_back({"keydiff", {{"think", "0.25"}, {"think_window", "3"}}});
+  // KeyRerotationPress: the recorded path re-rotates and continues at the same position.
+  entries.push_back({"snapkv", {{"positions", "rerotate"}}});
+  entries.push_back({"keydiff", {{"positions", "rerotate"}, {"think", "0.5"}}});
+  bool sliding = false;
+  for (int l = 0; l < c.num_layers; ++l) sliding |= c.sliding(l);
   for (const auto& [name, options] : entries) {
+    if (sliding && options.count("positions")) {  // refused there (RerotateRefusesSlidingLayers)
+      continue;
+    }
     policies::PolicyConfig pc;
     pc.name = name;
     pc.kv_budget = policies::budgeted(name) ? budget : 0;
@@ -187,6 +195,32 @@ TEST(PrefillSharing, RecordedPrefillGivesTheOwnPrefillsCacheGemma3Tiny) {
   const std::string text = "Sliding layers keep a window; only the global layer is evicted.";
   const std::vector<int32_t> prompt(text.begin(), text.end());
   expect_shared_equals_own(*m, prompt, 20);
+}
+
+// `positions: rerotate` on a model with sliding-window layers is a usage error at the prompt: the
+// windows keep the tokens' own positions, which the next tokens would precede.
+TEST(PrefillSharing, RerotateRefusesSlidingLayers) {
+  const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/gemma3_tiny.gguf";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  engine::Engine eng(*m);
+  const auto& c = m->config;
+  policies::PolicyConfig pc;
+  pc.name = "snapkv";
+  pc.kv_budget = 8;
+  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+  pc.options = policies::PolicyOptions(
+      std::map<std::string, std::string>{{"positions", "rerotate"}});
+  auto policy = policies::make_policy(pc);
+  kernels::KvCache cache = eng.new_cache(0, policy.get());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 30; ++i) prompt.push_back(70 + i);
+  std::vector<float> logits;
+  try {
+    engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
+    ADD_FAILURE() << "rerotate ran on sliding-window layers";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding-window layers"), std::string::npos) << e.what();
+  }
 }
 
 // Engine::trim_storage on the CPU changes nothing (the spare capacity of a calloc'd cache

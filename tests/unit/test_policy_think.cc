@@ -189,6 +189,18 @@ TEST(Think, RefusesWhatCannotBeMeant) {
   refused("streaming_llm", {{"think", "0.5"}, {"positions", "rolling"}}, "before RoPE");
   refused("h2o", {{"think", "0.5"}, {"prefill", "streaming"}}, "streams the prompt");
   refused("subgen", {{"think", "0.5"}}, "replaces attention");
+  // positions: rerotate (KeyRerotationPress) is refused where nothing moves or keys are not
+  // cached after RoPE at their positions; rolling stays streaming_llm's.
+  refused("full", {{"positions", "rerotate"}}, "nothing to move");
+  refused("think", {{"positions", "rerotate"}}, "nothing to move");
+  refused("subgen", {{"positions", "rerotate"}}, "replaces attention");
+  refused("h2o", {{"positions", "rerotate"}, {"prefill", "streaming"}}, "streams the prompt");
+  refused("snapkv", {{"positions", "rolling"}}, "streaming_llm's option");
+  refused("snapkv", {{"positions", "sideways"}}, "positions");
+  EXPECT_TRUE(make_policy(config("snapkv", 8, {{"positions", "rerotate"}}))->rerotates());
+  EXPECT_TRUE(make_policy(config("streaming_llm", 8, {{"positions", "rerotate"}}))->rerotates());
+  EXPECT_FALSE(make_policy(config("streaming_llm", 8, {{"positions", "rerotate"}}))
+                   ->rolling_positions());
   // think and full keep every token: no budget needed; the others still need one.
   EXPECT_NO_THROW(make_policy(config("think", 0, {})));
   EXPECT_FALSE(budgeted("think"));

@@ -80,6 +80,15 @@ class Backend {
   virtual size_t kv_logical_bytes(const kernels::KvCache& cache) const {
     return cache.logical_bytes() - kv_pruned_channel_bytes(cache);
   }
+  // `positions: rerotate` (Policy::rerotates): every head of `layer` rotates its kept keys from
+  // their positions to its slot indices (rope's rotation by slot - position with `rope`'s
+  // frequencies and no attention factor) where the rows live, and the index renumbers them
+  // (KvCache::renumber_positions).
+  virtual void rerotate_keys(int layer, const kernels::cpu::RopeParams& rope,
+                             kernels::KvCache& cache);
+  // The cache's next position moved by `delta` (after a rerotated prompt: back to the longest
+  // head's length); a backend that mirrors it follows.
+  virtual void moved_position(kernels::KvCache& cache, int delta) { (void)cache; (void)delta; }
   // The bytes of the key channels a plan zeroed in `cache`, as this backend stores them.
   virtual size_t kv_pruned_channel_bytes(const kernels::KvCache& cache) const {
     return cache.pruned_key_elements() * sizeof(float);

@@ -278,6 +278,25 @@ size_t CudaBackend::kv_logical_bytes(const kernels::KvCache& cache) const {
          kv_pruned_channel_bytes(cache);
 }
 
+void CudaBackend::rerotate_keys(int layer, const kernels::cpu::RopeParams& rope,
+                                kernels::KvCache& cache) {
+  cu::DeviceKvCache* rows = rows_of(cache);
+  if (!rows) {
+    Backend::rerotate_keys(layer, rope, cache);
+    return;
+  }
+  if (cache.host_rows()) Backend::rerotate_keys(layer, rope, cache);  // the host's copy too
+  const int64_t c0 = rows->h2d_copies();
+  const size_t b0 = rows->h2d_bytes();
+  rows->rerotate_keys(layer, rope, stream_);
+  count_uploads(*rows, c0, b0);
+  cache.renumber_positions(layer);
+}
+
+void CudaBackend::moved_position(kernels::KvCache& cache, int delta) {
+  if (cu::DeviceKvCache* rows = rows_of(cache)) rows->advance_position(delta);
+}
+
 size_t CudaBackend::kv_pruned_channel_bytes(const kernels::KvCache& cache) const {
   return cache.pruned_key_elements() * (dtype_ == DType::kBf16 ? 2 : 4);
 }

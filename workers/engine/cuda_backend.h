@@ -108,6 +108,11 @@ class CudaBackend final : public Backend {
   // index's capacity at the device's slot size (what binding it would allocate at least).
   size_t kv_logical_bytes(const kernels::KvCache& cache) const override;
   size_t kv_pruned_channel_bytes(const kernels::KvCache& cache) const override;
+  // The device rows rotated there (DeviceKvCache::rerotate_keys: one counted upload, two
+  // launches, no wait); host rows not on the device yet are rotated on the host.
+  void rerotate_keys(int layer, const kernels::cpu::RopeParams& rope,
+                     kernels::KvCache& cache) override;
+  void moved_position(kernels::KvCache& cache, int delta) override;
   size_t kv_physical_bytes(const kernels::KvCache& cache) const override;
   // The device rows copied into an allocation of max_length() + extra slots per head
   // (DeviceKvCache::fork: synchronous, counted as one sync), when that is smaller.

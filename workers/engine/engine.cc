@@ -146,6 +146,7 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
   cache.advance_position(n);
   be.end_layers(n);
   if (graph.be) graph.end();
+  if (hook == PolicyHook::kPrefill && policy && policy->rerotates()) continue_after_rerotation(cache);
   if (record) {  // the continued sums are in record->col_sums now
     record->seed_col_sums = {};
     record->seed_strides = {};
@@ -303,6 +304,31 @@ void Engine::begin_span() {
   backend_->begin_policy_span();
 }
 
+void Engine::rerotate_layer(int l, kernels::KvCache& cache) {
+  const ModelConfig& c = model_.config;
+  KVB_USAGE_CHECK(c.window.empty() ||
+                  std::all_of(c.window.begin(), c.window.end(), [](int w) { return w <= 0; }))
+      << "positions: rerotate on a model with sliding-window layers: their windows keep the "
+      << "tokens' own positions, which the re-rotated layers' next tokens would precede; run the "
+      << "policy without it";
+  backend_->rerotate_keys(l, c.rope_of(l), cache);
+}
+
+void Engine::continue_after_rerotation(kernels::KvCache& cache) {
+  // kvpress continues at the compressed cache's length (cache.get_seq_length(): layer 0's); the
+  // longest head's keeps every position increasing along each head's slots.
+  int longest = 0;
+  for (int l = 0; l < cache.shape().num_layers; ++l) {
+    for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
+      longest = std::max(longest, cache.length(l, h));
+    }
+  }
+  if (tp_) longest = kernels::all_max(*tp_, longest);
+  const int delta = longest - cache.next_position();
+  cache.advance_position(delta);
+  backend_->moved_position(cache, delta);
+}
+
 template <typename Hook>
 void Engine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
   Backend& be = *backend_;
@@ -410,6 +436,9 @@ void Engine::after_attention(int l, kernels::KvCache& cache, policies::Policy* p
   if (hook == PolicyHook::kPrefill) {
     run_hook(l, cache,
              [&](kernels::EvictionPlan& p) { policy->on_prefill_layer(stats, cache, p); });
+    if (policy->rerotates()) {  // timed as the policy's: a hook that plans nothing
+      run_hook(l, cache, [&](kernels::EvictionPlan&) { rerotate_layer(l, cache); });
+    }
     if (policy->prunes_key_channels()) {  // ThinK: the key channels of what the policy kept
       run_hook(l, cache,
                [&](kernels::EvictionPlan& p) { policy->on_prefill_channels(stats, cache, p); });
@@ -673,6 +702,7 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
       policy.on_prefill_layer(st, cache, plan_);
       be.apply_plan(plan_, cache);  // the index and the storage where it lives
     }
+    if (policy.rerotates()) rerotate_layer(l, cache);
     if (policy.prunes_key_channels()) {  // ThinK: the key channels of what the policy kept
       plan_.reset(l, heads);
       policy.on_prefill_channels(st, cache, plan_);
@@ -685,6 +715,7 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
   } else {
     policy_ms_ += ms_since(t0);
   }
+  if (policy.rerotates()) continue_after_rerotation(cache);
 }
 
 }  // namespace kvb::engine

@@ -202,6 +202,11 @@ class Engine {
   // not std::function: it runs per layer per decode step, and a capturing lambda would allocate.
   template <typename Hook>
   void run_hook(int layer, kernels::KvCache& cache, Hook&& hook);
+  // `positions: rerotate` (Policy::rerotates): layer l's kept keys re-rotated after its prompt
+  // plan (Backend::rerotate_keys; the caller times it), and after the prompt the next
+  // position moved to the longest head's length (across the tensor-parallel group).
+  void rerotate_layer(int l, kernels::KvCache& cache);
+  void continue_after_rerotation(kernels::KvCache& cache);
   // Backend::begin_policy_span, remembering the sequence of a decode batch it belongs to.
   void begin_span();
   // A sliding-window layer (ModelConfig::window): RoPE with the layer's base, append, windowed

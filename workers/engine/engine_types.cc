@@ -167,4 +167,21 @@ policies::StatsRequest forward_stats_request(int n, const kernels::KvCache& cach
   return req;
 }
 
+void Backend::rerotate_keys(int layer, const kernels::cpu::RopeParams& rope,
+                            kernels::KvCache& cache) {
+  KVB_CHECK(cache.host_rows()) << "rerotate_keys: layer " << layer
+                               << "'s rows are not on the host";
+  kernels::cpu::RopeParams pure = rope;
+  pure.attn_factor = 1.0f;  // a rotation: the keys carry the factor from their first RoPE
+  const kernels::LayerKvView v = cache.layer(layer);
+  std::vector<int32_t> delta;
+  for (int h = 0; h < v.num_kv_heads; ++h) {
+    const int len = cache.length(layer, h);
+    delta.resize(len);
+    for (int s = 0; s < len; ++s) delta[s] = s - v.position(h)[s];
+    if (len > 0) kernels::cpu::rope(v.key(h, 0), delta.data(), len, 1, v.head_dim, pure);
+  }
+  cache.renumber_positions(layer);
+}
+
 }  // namespace kvb::engine
