@@ -29,7 +29,7 @@ Policy::Policy(const PolicyConfig& config) : config_(config) {
   think_window_ = config.options.get_int("think_window", 32, 1, 1 << 20);
   // `rolling` is streaming_llm's own (make_policy refuses it elsewhere).
   rerotate_ =
-      config.options.get_string("positions", "true", {"true", "rerotate", "rolling"}) == "rerotate";
+      config.options.get_string("positions", "true", {"true", "rolling", "rerotate"}) == "rerotate";
 }
 
 StatsRequest Policy::prefill_stats(int n_new) const {
@@ -123,7 +123,7 @@ std::unique_ptr<Policy> make_policy(const PolicyInfo& info, const PolicyConfig& 
         << " tokens; use 1.." << config.shape.max_seq_len;
   }
   std::unique_ptr<Policy> policy = info.make(config);
-  KVB_USAGE_CHECK(config.options.get_string("positions", "true", {"true", "rerotate", "rolling"}) !=
+  KVB_USAGE_CHECK(config.options.get_string("positions", "true", {"true", "rolling", "rerotate"}) !=
                       "rolling" ||
                   policy->rolling_positions())
       << "policy " << config.name << ": positions: rolling is streaming_llm's option; other "

@@ -351,12 +351,10 @@ TEST(PolicyLaws, ThinkPrunesKeyChannels) {
 // is the policy's key for that token rotated by RoPE's angle for s - p (checked against a float64
 // rotation written here), the sequence continues at the longest head's length, and two runs give
 // the same bits.
-TEST(PolicyLaws, RerotateMovesTheKeptKeysToTheirSlots) {
-  std::unique_ptr<engine::Model> m = stories260k();
-  ASSERT_TRUE(m);
+void check_rerotate(const engine::Model& model, const std::vector<int32_t>& prompt) {
+  const engine::Model* m = &model;
   engine::Engine eng(*m, nullptr);
   const auto& c = m->config;
-  const std::vector<int32_t> prompt = stories_prompt();
   const std::vector<int32_t> forced = {5, 9, 40, 7};
   const int n = static_cast<int>(prompt.size());
   const int total = n + static_cast<int>(forced.size());
@@ -441,6 +439,20 @@ TEST(PolicyLaws, RerotateMovesTheKeptKeysToTheirSlots) {
       }
     }
   }
+}
+
+TEST(PolicyLaws, RerotateMovesTheKeptKeysToTheirSlots) {
+  std::unique_ptr<engine::Model> m = stories260k();  // llama2.c: adjacent pairs
+  ASSERT_TRUE(m);
+  check_rerotate(*m, stories_prompt());
+}
+
+TEST(PolicyLaws, RerotateMovesTheKeptKeysToTheirSlotsQwen3Tiny) {
+  const std::string path = std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.gguf";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);  // rotate_half, q/k norms
+  ASSERT_EQ(m->config.rope_of(0).style, kernels::cpu::RopeStyle::kNeox);
+  const std::string text = "Re-rotated keys sit at their slots; the next token after the longest.";
+  check_rerotate(*m, std::vector<int32_t>(text.begin(), text.end()));
 }
 
 // `threshold` (kvpress DMSPress) decides by its threshold, not the budget, so law 1 reads: a
