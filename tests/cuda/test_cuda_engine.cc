@@ -484,38 +484,46 @@ TEST_F(CudaEngineSmol, F32BothDecodeKernelsKeepTheCpuKeepSets) {
   }
 }
 
-// ThinK on the device (the option `think` after a policy, and policy `think`): the CPU's keep-sets
-// and zeroed key channels (every head's channels zero in the device rows of its prompt slots
-// exactly where the CPU's are), the same channel accounting, and logits within the f32 bound.
-TEST_F(CudaEngineSmol, ThinkZeroesTheCpusKeyChannels) {
+// ThinK and KeyRerotation on the device (`think`, the option `think` after a policy, and
+// `positions: rerotate`): the CPU's keep-sets, next position and channel accounting, keys within
+// 1e-3 of the CPU's (re-rotated where asked), zeroed key channels exactly where the CPU's are in
+// each head's prompt slots, and logits within the f32 bound.
+TEST_F(CudaEngineSmol, ThinkAndRerotateAreTheCpus) {
   const engine::Model& m = *lm_.model;
   engine::Engine cpu(m);
   engine::Engine gpu(m, engine::cuda_backend(m, DType::kF32));
   const std::vector<int32_t> ids = prompt(kPrompts[1]);
   const std::vector<int32_t> forced = greedy(cpu, ids, 8);
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
-  const int n = static_cast<int>(ids.size()), d = m.config.head_dim;
+  const int d = m.config.head_dim;
   for (const auto& [name, opts] :
        std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
            {"think", {{"key_channel_compression_ratio", "0.5"}}},
            {"snapkv", {{"think", "0.5"}}},
            {"keydiff", {{"think", "0.25"}}},
-           {"h2o", {{"think", "0.5"}}}}) {
-    SCOPED_TRACE(name);
+           {"h2o", {{"think", "0.5"}}},
+           {"snapkv", {{"positions", "rerotate"}}},
+           {"keydiff", {{"positions", "rerotate"}, {"think", "0.25"}}},
+           {"pyramidkv", {{"positions", "rerotate"}}}}) {
+    std::string label = name;
+    for (const auto& [k, v] : opts) label += " " + k + "=" + v;
+    SCOPED_TRACE(label);
     kernels::KvCache cpu_cache, gpu_cache;
     const PolicyRun a = run_policy(cpu, m, name, opts, budget, ids, forced, &cpu_cache);
     const PolicyRun g = run_policy(gpu, m, name, opts, budget, ids, forced, &gpu_cache);
     EXPECT_EQ(a.keep, g.keep);
+    EXPECT_EQ(gpu_cache.next_position(), cpu_cache.next_position());
     EXPECT_LT(worst_drift(a, g), 1e-2);
     EXPECT_EQ(gpu.kv_logical_bytes(gpu_cache),
               cpu.kv_logical_bytes(cpu_cache));  // f32 slots less the same pruned channels
+    expect_device_rows_match(gpu, gpu_cache, &cpu_cache, 1e-3);
     const kernels::KvCache dev = engine::cuda_of(gpu).download_device_rows(gpu_cache);
     for (int l = 0; l < m.config.num_layers; ++l) {
       const kernels::LayerKvView c = cpu_cache.layer(l), v = dev.layer(l);
       for (int h = 0; h < m.config.num_kv_heads; ++h) {
         ASSERT_EQ(gpu_cache.pruned_key_channels(l, h), cpu_cache.pruned_key_channels(l, h));
         ASSERT_EQ(gpu_cache.channel_pruned_slots(l, h), cpu_cache.channel_pruned_slots(l, h));
-        for (int s = 0; s < cpu_cache.length(l, h) && c.position(h)[s] < n; ++s) {
+        for (int s = 0; s < cpu_cache.channel_pruned_slots(l, h); ++s) {
           for (int i = 0; i < d; ++i) {
             ASSERT_EQ(v.key(h, s)[i] == 0.0f, c.key(h, s)[i] == 0.0f)
                 << "layer " << l << " head " << h << " slot " << s << " channel " << i;
@@ -523,31 +531,6 @@ TEST_F(CudaEngineSmol, ThinkZeroesTheCpusKeyChannels) {
         }
       }
     }
-  }
-}
-
-// positions: rerotate on the device (KeyRerotationPress): the CPU's kept tokens, positions 0..n-1
-// and next position, keys within 1e-4 of the CPU's re-rotated keys, logits within the f32 bound.
-TEST_F(CudaEngineSmol, RerotateMovesTheCpusKeys) {
-  const engine::Model& m = *lm_.model;
-  engine::Engine cpu(m);
-  engine::Engine gpu(m, engine::cuda_backend(m, DType::kF32));
-  const std::vector<int32_t> ids = prompt(kPrompts[1]);
-  const std::vector<int32_t> forced = greedy(cpu, ids, 8);
-  const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
-  for (const auto& [name, opts] :
-       std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
-           {"snapkv", {{"positions", "rerotate"}}},
-           {"keydiff", {{"positions", "rerotate"}, {"think", "0.25"}}},
-           {"pyramidkv", {{"positions", "rerotate"}}}}) {
-    SCOPED_TRACE(name);
-    kernels::KvCache cpu_cache, gpu_cache;
-    const PolicyRun a = run_policy(cpu, m, name, opts, budget, ids, forced, &cpu_cache);
-    const PolicyRun g = run_policy(gpu, m, name, opts, budget, ids, forced, &gpu_cache);
-    EXPECT_EQ(a.keep, g.keep);
-    EXPECT_EQ(gpu_cache.next_position(), cpu_cache.next_position());
-    EXPECT_LT(worst_drift(a, g), 1e-2);
-    expect_device_rows_match(gpu, gpu_cache, &cpu_cache, 1e-3);
   }
 }
 
