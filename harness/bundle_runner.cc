@@ -141,7 +141,8 @@ std::vector<results::UnitResult> BundleRunner::run(const ResolvedBundle& rb) {
     std::vector<policies::PolicyConfig> group;
     for (size_t i : idx) {
       policies::PolicyConfig pc = rb.policies[i];
-      pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+      pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len,
+                  c.has_sliding_layers()};
       group.push_back(pc);
     }
     faults_.crash_if(b.sample.id);

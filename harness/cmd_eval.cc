@@ -153,7 +153,8 @@ int cmd_eval(const std::vector<std::string>& args) {
   pc.name = policy_name;
   // A fraction resolves per prompt; the largest it can become is that of the context.
   pc.kv_budget = budget.none() ? 0 : budget.tokens_for(c.max_seq_len);
-  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len,
+              c.has_sliding_layers()};
   pc.options = popts;
   pc.seed = seed;
   policies::make_policy(pc);  // validate budget and options against the model

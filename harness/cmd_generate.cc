@@ -201,7 +201,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   pc.name = policy_name;
   pc.kv_budget = kv_budget;
   pc.budget_fraction = budget.fraction();
-  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len,
+              c.has_sliding_layers()};
   pc.options = workers::parse_policy_options(policy_opts);
   pc.seed = seed;
   std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);

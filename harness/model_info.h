@@ -42,7 +42,7 @@ struct ModelInfo {
   std::string chat_template_error;
 
   policies::ModelShape shape() const {
-    return {num_layers, num_heads, num_kv_heads, head_dim, max_seq_len};
+    return {num_layers, num_heads, num_kv_heads, head_dim, max_seq_len, max_window > 0};
   }
   // KV-cache bytes per cached token over all layers (keys and values, f32 as the CPU engine
   // stores them).

@@ -61,6 +61,8 @@ struct ModelShape {
   int num_kv_heads = 0;
   int head_dim = 0;
   int max_seq_len = 0;
+  // Some layer attends over a sliding window (Gemma 3, Mistral): `positions: rerotate` is refused.
+  bool sliding_layers = false;
 };
 
 // Policy options are generic key=value options (common/options.h).

@@ -197,6 +197,14 @@ TEST(Think, RefusesWhatCannotBeMeant) {
   refused("h2o", {{"positions", "rerotate"}, {"prefill", "streaming"}}, "streams the prompt");
   refused("snapkv", {{"positions", "rolling"}}, "streaming_llm's option");
   refused("snapkv", {{"positions", "sideways"}}, "positions");
+  PolicyConfig sliding = config("snapkv", 8, {{"positions", "rerotate"}});
+  sliding.shape.sliding_layers = true;  // Gemma 3: the sweep's validation refuses it up front
+  try {
+    make_policy(sliding);
+    ADD_FAILURE() << "rerotate on sliding-window layers was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding-window layers"), std::string::npos) << e.what();
+  }
   EXPECT_TRUE(make_policy(config("snapkv", 8, {{"positions", "rerotate"}}))->rerotates());
   EXPECT_TRUE(make_policy(config("streaming_llm", 8, {{"positions", "rerotate"}}))->rerotates());
   EXPECT_FALSE(make_policy(config("streaming_llm", 8, {{"positions", "rerotate"}}))

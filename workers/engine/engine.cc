@@ -306,8 +306,7 @@ void Engine::begin_span() {
 
 void Engine::rerotate_layer(int l, kernels::KvCache& cache) {
   const ModelConfig& c = model_.config;
-  KVB_USAGE_CHECK(c.window.empty() ||
-                  std::all_of(c.window.begin(), c.window.end(), [](int w) { return w <= 0; }))
+  KVB_USAGE_CHECK(!c.has_sliding_layers())
       << "positions: rerotate on a model with sliding-window layers: their windows keep the "
       << "tokens' own positions, which the re-rotated layers' next tokens would precede; run the "
       << "policy without it";

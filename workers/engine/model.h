@@ -71,6 +71,12 @@ struct ModelConfig {
   kernels::cpu::RopeParams rope_local;
 
   bool sliding(int layer) const { return !window.empty() && window[layer] > 0; }
+  bool has_sliding_layers() const {
+    for (int w : window) {
+      if (w > 0) return true;
+    }
+    return false;
+  }
   const kernels::cpu::RopeParams& rope_of(int layer) const {
     return sliding(layer) && rope_local.rot_dim > 0 ? rope_local : rope;
   }
