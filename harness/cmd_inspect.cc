@@ -16,7 +16,7 @@
 #include "harness/model_info.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/hf_config.h"
-#include "workers/formats/safetensors.h"
+#include "kernels/formats/safetensors.h"
 #include "workers/model_session.h"
 #include "workers/formats/model_header.h"
 #include "workers/tokenizer/tokenizer.h"

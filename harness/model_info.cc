@@ -13,7 +13,7 @@
 #include "common/error.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/hf_config.h"
-#include "workers/formats/safetensors.h"
+#include "kernels/formats/safetensors.h"
 #include "workers/formats/model_header.h"
 #include "workers/tokenizer/jinja_chat_template.h"
 

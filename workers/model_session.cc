@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sha256.h"
-#include "workers/formats/file_io.h"
+#include "kernels/formats/file_io.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/hf_config.h"
 

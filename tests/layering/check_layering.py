@@ -15,7 +15,9 @@ import sys
 # its CPU instance is made of), below kernels/cuda (which implements its device instance) and
 # below kernels/policies (which decide with it). workers/formats reads files into the engine's
 # Model, so it stands above workers/engine, which includes no format. kernels/nccl stands above
-# kernels/cuda, whose cuBLAS loader (cublas_api.h) its rank-order sum calls.
+# kernels/cuda, whose cuBLAS loader (cublas_api.h) its rank-order sum calls. kernels/formats (the
+# safetensors reader and file helpers) stands below the policies, which read published tensors
+# (qfilter), and below workers/formats, which loads checkpoints with it.
 FLOORS = {
     "common": 0,
     "kernels": 1,
@@ -23,6 +25,7 @@ FLOORS = {
     "results": 1,
     "kernels/cpu": 2,
     "kernels/ops": 3,
+    "kernels/formats": 3,  # safetensors and file reading: what policies and workers/formats read
     "kernels/cuda": 4,
     "kernels/nccl": 5,
     "kernels/policies": 5,

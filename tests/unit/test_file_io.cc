@@ -1,4 +1,4 @@
-// The descriptor-level reads the GGUF and safetensors readers share (workers/formats/file_io.h):
+// The descriptor-level reads the GGUF and safetensors readers share (kernels/formats/file_io.h):
 // exact reads at an offset, and usage errors naming the path and the expected format for a
 // missing file or a folder, a runtime error naming the offset when the file ends early. Files
 // live in a per-process folder (ctest runs tests in parallel).
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/error.h"
-#include "workers/formats/file_io.h"
+#include "kernels/formats/file_io.h"
 
 namespace kvb::formats {
 namespace {

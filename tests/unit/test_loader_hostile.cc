@@ -29,7 +29,7 @@
 #include "tasks/jsonl.h"
 #include "tokenizer_gguf_writer.h"
 #include "workers/engine/model.h"
-#include "workers/formats/file_io.h"
+#include "kernels/formats/file_io.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/model_load.h"
 #include "workers/model_session.h"

@@ -1,5 +1,5 @@
 // safetensors reader and Hugging Face folder configuration on hostile input
-// (workers/formats/safetensors.h, hf_config.h): hand-built files whose converted values are known
+// (kernels/formats/safetensors.h, hf_config.h): hand-built files whose converted values are known
 // (F32, F16 and BF16 bit patterns), then mutated headers, offsets, shapes and dtypes, bad
 // config.json / tokenizer_config.json / index files built from the fixture folders, and a seeded
 // fuzz over header bytes. Every failure must be a kvb::Error naming the file and the field; none
@@ -19,7 +19,7 @@
 #include "workers/engine/model.h"
 #include "workers/formats/hf_config.h"
 #include "workers/formats/model_load.h"
-#include "workers/formats/safetensors.h"
+#include "kernels/formats/safetensors.h"
 #include "workers/model_session.h"
 
 namespace kvb {

@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/dequant.h"
-#include "workers/formats/file_io.h"
+#include "kernels/formats/file_io.h"
 
 static_assert(std::endian::native == std::endian::little,
               "the GGUF reader assumes a little-endian host");

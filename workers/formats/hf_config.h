@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "workers/engine/model.h"
-#include "workers/formats/safetensors.h"
+#include "kernels/formats/safetensors.h"
 
 namespace kvb::engine {
 

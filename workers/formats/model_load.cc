@@ -12,7 +12,7 @@
 #include "kernels/cpu/qmatmul.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
-#include "workers/formats/file_io.h"
+#include "kernels/formats/file_io.h"
 #include "workers/formats/gguf.h"
 #include "workers/formats/model_header.h"
 

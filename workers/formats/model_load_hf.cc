@@ -11,7 +11,7 @@
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
 #include "workers/formats/hf_config.h"
-#include "workers/formats/safetensors.h"
+#include "kernels/formats/safetensors.h"
 
 namespace kvb::engine {
 

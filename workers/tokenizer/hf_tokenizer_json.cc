@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "workers/formats/file_io.h"
+#include "kernels/formats/file_io.h"
 #include "workers/tokenizer/tokenizer_impl.h"
 
 namespace kvb::tokenizer {

@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
-#include "workers/formats/file_io.h"
+#include "kernels/formats/file_io.h"
 #include "workers/tokenizer/tokenizer_impl.h"
 
 namespace kvb::tokenizer {

@@ -1,5 +1,5 @@
-// Descriptor-level reads for the model file readers (workers/formats/file_io.h).
-#include "workers/formats/file_io.h"
+// Descriptor-level reads for the model file readers (kernels/formats/file_io.h).
+#include "kernels/formats/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,7 +1,7 @@
-// safetensors reader and checkpoint-folder weight set (workers/formats/safetensors.h). The rules
+// safetensors reader and checkpoint-folder weight set (kernels/formats/safetensors.h). The rules
 // are the reference implementation's (safetensors/src/tensor.rs: header size limit, offsets
 // ordered, contiguous and covering the data section, byte size = elements * dtype size).
-#include "workers/formats/safetensors.h"
+#include "kernels/formats/safetensors.h"
 
 #include <algorithm>
 #include <cstring>
@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/dequant.h"
-#include "workers/formats/file_io.h"
+#include "kernels/formats/file_io.h"
 
 namespace kvb::formats {
 namespace {
