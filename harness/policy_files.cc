@@ -38,14 +38,15 @@ std::map<std::string, std::string> keyed_policy_options(
         "," + digests.sha256((path / "config.json").lexically_normal().string(), what);
     return keyed;
   }
-  const auto file = options.find(kPythonPolicyFileOption);
-  if (policy != kPythonPolicy || file == options.end()) return keyed;
+  const char* option = policy == kPythonPolicy    ? kPythonPolicyFileOption
+                       : policy == kQFilterPolicy ? kQFilterFiltersOption
+                                                  : nullptr;
+  const auto file = option ? options.find(option) : options.end();
+  if (file == options.end()) return keyed;
   std::filesystem::path path = file->second;
   if (path.is_relative() && !base_dir.empty()) path = std::filesystem::path(base_dir) / path;
-  keyed[kPythonPolicyFileOption] =
-      "sha256:" +
-      digests.sha256(path.lexically_normal().string(),
-                     std::string("policy ") + kPythonPolicy + " option " + kPythonPolicyFileOption);
+  keyed[option] = "sha256:" + digests.sha256(path.lexically_normal().string(),
+                                             "policy " + policy + " option " + option);
   return keyed;
 }
 

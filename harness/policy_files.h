@@ -17,11 +17,15 @@ inline constexpr char kPythonPolicyFileOption[] = "file";
 // duo_attention's option naming the folder of its head scores, keyed by its two files' content.
 inline constexpr char kDuoPolicy[] = "duo_attention";
 inline constexpr char kDuoPatternsOption[] = "patterns";
+// qfilter's option naming its filters file (the Q-Filters authors' model.safetensors).
+inline constexpr char kQFilterPolicy[] = "qfilter";
+inline constexpr char kQFilterFiltersOption[] = "filters";
 // Whether `option` of `policy` names a path the worker opens (it resolves against the config's
 // folder).
 inline bool is_policy_path_option(const std::string& policy, const std::string& option) {
   return (policy == kPythonPolicy && option == kPythonPolicyFileOption) ||
-         (policy == kDuoPolicy && option == kDuoPatternsOption);
+         (policy == kDuoPolicy && option == kDuoPatternsOption) ||
+         (policy == kQFilterPolicy && option == kQFilterFiltersOption);
 }
 
 // SHA-256 of files, each read once per sweep (the sweep's coordinator keeps one for all its plan
@@ -42,7 +46,8 @@ class FileDigests {
 // The policy's options as its unit keys hash them: for policy `python`, option `file` becomes
 // "sha256:<hex>" of the file's content (a relative path resolves against `base_dir`, the config
 // file's folder, as task file options do); for duo_attention, option `patterns` becomes
-// "sha256:<tsv hex>,<config.json hex>"; any other policy's options as given.
+// "sha256:<tsv hex>,<config.json hex>"; for qfilter, option `filters` becomes "sha256:<hex>" of
+// the file; any other policy's options as given.
 std::map<std::string, std::string> keyed_policy_options(
     const std::string& policy, const std::map<std::string, std::string>& options,
     const std::string& base_dir, FileDigests& digests);

@@ -125,12 +125,17 @@ def main():
         print("|---|---:|---:|---:|---:|---:|---:|---|")
         kvpress_common.LAYERS["n"] = model.config.num_hidden_layers
         ratios_text = ",".join(str(r) for r in layer_ratios(model.config.num_hidden_layers))
+        d = getattr(model.config, "head_dim", None) or (model.config.hidden_size //
+                                                        model.config.num_attention_heads)
+        qfilters = kvpress_common.write_qfilters(os.path.join(tmp, "qfilters.safetensors"),
+                                                 model.config.num_hidden_layers,
+                                                 model.config.num_key_value_heads, d)
         duo = kvpress_common.write_duo_patterns(os.path.join(tmp, "duo"),
                                                 model.config.num_hidden_layers,
                                                 model.config.num_key_value_heads)
         for name, make, policy, opts in [p for p in PAIRS if args.only in p[0]]:
             opts = [o.replace("{layer_ratios}", ratios_text).replace("{duo_patterns}", duo)
-                    for o in opts]
+                    .replace("{qfilters}", qfilters) for o in opts]
             for ratio in ratios:
                 budget = max(1, int(n * (1 - ratio)))  # kvpress's compute_n_kept
                 kvpress_common.RUN["budget"] = budget

@@ -44,6 +44,19 @@ def write_duo_patterns(folder, n_layers, kv_heads):
     return folder
 
 
+def write_qfilters(path, n_layers, kv_heads, head_dim):
+    """A Q-Filters file in the authors' format (model.safetensors, tensor q_filters [layers, KV
+    heads, head_dim], Hugging Face's channel order) of filters drawn from a seeded generator, and
+    kvpress's QFilterPress pointed at the same filters (it would download the authors' files from
+    the Hub; kvbench reads a file and never downloads). Returns the path."""
+    from safetensors.torch import save_file
+    gen = torch.Generator().manual_seed(7)
+    filters = torch.randn(n_layers, kv_heads, head_dim, generator=gen, dtype=torch.float32)
+    save_file({"q_filters": filters.contiguous()}, path)
+    kvpress.QFilterPress.load_q_filters = staticmethod(lambda model_name: filters.clone())
+    return path
+
+
 # kernels/cpu/sketch.h's Gaussian sketch, drawn in Python: kvbench's `leverage` draws its sketch
 # from a counter (the unit's seed, layer and KV head), kvpress's LeverageScorePress from
 # torch.randn. kvbench_sketches() hands kvpress kvbench's values in place of torch.randn's, so
@@ -309,6 +322,13 @@ PAIRS = [
     ("DuoAttention (made-up scores, sink 16, recent 64, a quarter of the heads)",
      lambda r: kvpress.DuoAttentionPress(head_compression_ratio=0.25), "duo_attention",
      ["patterns={duo_patterns}", "head_compression_ratio=0.25"]),
+    # QFilterPress (kvbench: `qfilter` with the same made-up filters, write_qfilters), and AdaKV
+    # over it.
+    ("QFilter (made-up filters)", lambda r: kvpress.QFilterPress(compression_ratio=r), "qfilter",
+     ["filters={qfilters}"]),
+    ("AdaKV over QFilter (the same filters)",
+     lambda r: kvpress.AdaKVPress(kvpress.QFilterPress(compression_ratio=r)), "qfilter",
+     ["filters={qfilters}", "ada=true"]),
     # PerLayerCompressionPress (kvbench: `layer_ratios`); the ratio of the run is not used.
     ("PerLayerCompression over KeyDiff (0.25, 0.5, 0.75 by layer)",
      lambda r: kvpress.PerLayerCompressionPress(kvpress.KeyDiffPress(),

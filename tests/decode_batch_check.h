@@ -52,9 +52,9 @@ inline std::unique_ptr<policies::Policy> make(const engine::Model& m, const Vari
   const auto& c = m.config;
   pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
   pc.options = policies::PolicyOptions(v.options);
-  if (v.policy == "duo_attention" && v.options.empty()) {  // its patterns fit the model
-    pc.options = policies::PolicyOptions(
-        testing_registry::required_options(v.policy, c.num_layers, c.num_kv_heads));
+  if (testing_registry::needs_model_options(v.policy) && v.options.empty()) {  // fit the model
+    pc.options = policies::PolicyOptions(testing_registry::required_options(
+        v.policy, c.num_layers, c.num_kv_heads, c.head_dim));
   }
   pc.seed = 5;
   return policies::make_policy(pc);

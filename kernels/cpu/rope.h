@@ -20,6 +20,13 @@ struct RopeParams {
   float attn_factor = 1.0f;  // multiplies cos and sin (YaRN mscale, LongRoPE's attention factor)
 };
 
+// The Hugging Face channel that row j of a head holds: with `adjacent` (the model's rows rotate
+// adjacent pairs: a GGUF llama's Q/K rows, permuted at conversion from HF's halves) row j <
+// rot_dim is channel j / 2 for an even j and rot_dim / 2 + j / 2 for an odd one; otherwise j.
+inline int hf_channel_of_row(int j, bool adjacent, int rot_dim) {
+  return adjacent && j < rot_dim ? (j % 2 == 0 ? j / 2 : rot_dim / 2 + j / 2) : j;
+}
+
 // Applies RoPE in place to x: [n, num_heads, head_dim] at positions pos: [n].
 // Frequencies are computed in f32 as HF does: inv_freq[i] = 1 / theta^(2i/rot_dim); cos and sin
 // are rounded to f32 and then multiplied by attn_factor in f32 (HF's `cos() * attention_scaling`).

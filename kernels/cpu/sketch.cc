@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "common/error.h"
+#include "kernels/cpu/rope.h"
 #include "kernels/cpu/subgen_counter.h"
 
 namespace kvb::kernels::cpu {
@@ -32,7 +33,7 @@ std::vector<float> key_sketches(uint64_t seed, int layer, int first_head, int he
   for (int h = 0; h < heads; ++h) {
     const std::vector<float> z = gaussian_sketch(seed, layer, first_head + h, d, k);
     for (int j = 0; j < d; ++j) {
-      const int from = adjacent && j < rot_dim ? (j % 2 == 0 ? j / 2 : rot_dim / 2 + j / 2) : j;
+      const int from = hf_channel_of_row(j, adjacent, rot_dim);
       for (int c = 0; c < k; ++c) {
         out[(static_cast<size_t>(h) * d + j) * k + c] =
             z[static_cast<size_t>(from) * k + c] * scale;

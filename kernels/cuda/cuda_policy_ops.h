@@ -155,6 +155,9 @@ class CudaPolicyOps final : public ops::PolicyOps {
   // read_cache_rows: one D2H copy and one sync (cuda_policy_ops_subgen.cu, read_keys' code).
   std::vector<float> read_cache_rows(const KvCache& cache, int layer, int head, int first,
                                      int count, ops::CacheRows which) override;
+  // write_rows: one counted upload (cuda_policy_ops_channels.cu).
+  void write_rows(ops::SlotRows& rows, int layer, std::span<const float> values,
+                  int length) override;
   // channel_square_means: one launch, one D2H copy, one sync (cuda_policy_ops_channels.cu).
   void channel_square_means(const KvCache& cache, int layer, ops::CacheRows which,
                             std::vector<double>* out) override;

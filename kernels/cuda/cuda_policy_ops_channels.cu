@@ -1,4 +1,5 @@
-// CudaPolicyOps' channel_square_means (policy_ops.h; ThinK's key energy, POLICIES.md `think`):
+// CudaPolicyOps' write_rows (a policy's fixed vectors uploaded into its rows: qfilter's filters)
+// and channel_square_means (policy_ops.h; ThinK's key energy, POLICIES.md `think`):
 // a thread per (head, channel) sums the squares of its channel over the head's slots in slot
 // order in f64, as the CPU instance does (each square of an f32 entry is exact in f64, so the
 // sums are the CPU's bits), then one copy to the host and one sync, counted in transfers().
@@ -7,6 +8,7 @@
 #include "common/error.h"
 #include "kernels/cuda/cuda_policy_ops.h"
 #include "kernels/cuda/cuda_rows.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/kv_cache_device.h"
 #include "kernels/cuda/kv_elem.cuh"
 #include "kernels/cuda/runtime.h"
@@ -31,6 +33,27 @@ __global__ void channel_square_means_kernel(const T* rows, DeviceLayerKvView v, 
 }
 
 }  // namespace
+
+void CudaPolicyOps::write_rows(ops::SlotRows& rows, int layer, std::span<const float> values,
+                               int length) {
+  ops_detail::CudaRows& r = ops_detail::device(rows);
+  KVB_CHECK(layer >= 0 && layer < rows.layers() && rows.type() == ops::SlotType::kF32 &&
+            length >= 0 && values.size() == static_cast<size_t>(rows.heads()) * length)
+      << "cuda policy ops: write_rows of " << values.size() << " values for " << rows.heads()
+      << " rows of " << length;
+  resize(rows, layer, std::vector<int32_t>(rows.heads(), length));
+  const int ld = r.ld(layer);
+  std::vector<float> packed(static_cast<size_t>(rows.heads()) * ld, 0.0f);
+  for (int h = 0; h < rows.heads(); ++h) {
+    std::copy(values.begin() + static_cast<size_t>(h) * length,
+              values.begin() + static_cast<size_t>(h + 1) * length,
+              packed.begin() + static_cast<size_t>(h) * ld);
+  }
+  if (packed.empty()) return;
+  upload_async(r.data(layer), packed.data(), packed.size() * sizeof(float), stream_);
+  ++transfers_.h2d_copies;
+  transfers_.h2d_bytes += packed.size() * sizeof(float);
+}
 
 void CudaPolicyOps::channel_square_means(const KvCache& cache, int layer, ops::CacheRows which,
                                          std::vector<double>* out) {

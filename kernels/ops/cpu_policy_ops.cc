@@ -1170,6 +1170,21 @@ std::vector<float> CpuPolicyOps::read_cache_rows(const kernels::KvCache& cache, 
   return out;
 }
 
+void CpuPolicyOps::write_rows(SlotRows& rows, int layer, std::span<const float> values,
+                              int length) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32 && length >= 0 &&
+            values.size() == static_cast<size_t>(rows.heads()) * length)
+      << "write_rows: " << values.size() << " values for " << rows.heads() << " rows of "
+      << length;
+  for (int h = 0; h < rows.heads(); ++h) {
+    r.f32(layer, h).assign(values.begin() + static_cast<size_t>(h) * length,
+                           values.begin() + static_cast<size_t>(h + 1) * length);
+    r.sync_length(layer, h);
+  }
+}
+
 void CpuPolicyOps::channel_square_means(const kernels::KvCache& cache, int layer,
                                         CacheRows which, std::vector<double>* out) {
   KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers)

@@ -75,6 +75,7 @@ class CpuPolicyOps final : public PolicyOps {
                                      int first, int count, CacheRows which) override;
   void channel_square_means(const kernels::KvCache& cache, int layer, CacheRows which,
                             std::vector<double>* out) override;
+  void write_rows(SlotRows& rows, int layer, std::span<const float> values, int length) override;
   std::vector<float> read_f32(const SlotRows& rows, int layer, int head) override;
   std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) override;
 };

@@ -523,6 +523,11 @@ class PolicyOps {
   // device: one copy and one sync, counted in its transfers.
   virtual std::vector<float> read_cache_rows(const kernels::KvCache& cache, int layer, int head,
                                              int first, int count, CacheRows which) = 0;
+  // Vocabulary: host values into f32 rows. Row (layer, h) of every head h < rows.heads() becomes
+  // `length` entries long and holds values[h * length, (h + 1) * length) (a policy's fixed
+  // vectors: qfilter's filters). On a device: one counted upload.
+  virtual void write_rows(SlotRows& rows, int layer, std::span<const float> values,
+                          int length) = 0;
   // Vocabulary: per cache head h of `layer`, per channel c, the mean over the head's slots of the
   // cached row's c-th entry squared (keys as cached, post-RoPE, or values), into (*out)[h x
   // head_dim + c] on the host: f64 squares of the f32 entries (exact) summed in slot order, / the

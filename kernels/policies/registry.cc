@@ -33,6 +33,7 @@ const std::vector<PolicyInfo>& policy_registry() {
           noncausal_attn_policy_info(),
           leverage_policy_info(),
           compactor_policy_info(),
+          qfilter_policy_info(),
           think_policy_info(),
           simlayerkv_policy_info(),
           duo_attention_policy_info(),

@@ -546,7 +546,8 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
     if (p.name == "subgen") {
       variants.push_back({p.name, {{"delta", "0"}}});
     } else {  // python (h2o.py): host rows and host copies of the statistics
-      variants.push_back({p.name, testing_registry::required_options(p.name, m.config.num_layers, m.config.num_kv_heads)});
+      variants.push_back({p.name, testing_registry::required_options(p.name, m.config.num_layers, m.config.num_kv_heads,
+                                                                 m.config.head_dim)});
     }
   }
   variants.push_back({"h2o", {{"gqa", "expand"}}});
@@ -704,7 +705,8 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
   const int budget = std::max(8, static_cast<int>(ids.size()) / 3);
   std::vector<std::pair<std::string, std::map<std::string, std::string>>> variants;
   for (const auto& p : policies::policy_registry()) {
-    variants.push_back({p.name, testing_registry::required_options(p.name, m.config.num_layers, m.config.num_kv_heads)});
+    variants.push_back({p.name, testing_registry::required_options(p.name, m.config.num_layers, m.config.num_kv_heads,
+                                                                 m.config.head_dim)});
   }
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}}});
   variants.push_back({"subgen_kcenter", {{"weight_by_cluster_size", "true"}, {"decode", "slide"}}});

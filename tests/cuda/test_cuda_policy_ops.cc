@@ -24,6 +24,7 @@
 #include "kernels/policies/snapkv_scores.h"
 #include "parity_util.h"
 #include "policy_ops_fixture.h"
+#include "registry_options.h"
 
 namespace kvb {
 namespace {
@@ -1475,6 +1476,50 @@ TEST_F(CudaPolicyOpsParity, RerotateKeysIsTheHostsRotation) {
         EXPECT_EQ(0, std::memcmp(a.value(h, s), w.value(h, s), 8 * sizeof(float)));
       }
     }
+  }
+}
+
+
+// write_rows uploads a policy's vectors (one counted copy), and qfilter decides on the device as
+// on the CPU: its filters written to rows, quadratic_scores with them as the mean (a = -1, b =
+// 0), keep_top (adjacent rows: the filters read permuted; GQA group 2; Ada-KV too).
+TEST_F(CudaPolicyOpsParity, QFilterDecidesAsOnTheCpu) {
+  const int kv = 4, len = 70, d = 8;
+  std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, kv);
+  const std::vector<float> v = parity::random_vec(static_cast<size_t>(kv) * d, 131);
+  const int64_t c0 = gpu_->transfers().h2d_copies;
+  gpu_->write_rows(*g, 0, v, d);
+  EXPECT_EQ(gpu_->transfers().h2d_copies - c0, 1);
+  for (int h = 0; h < kv; ++h) {
+    parity::expect_bits(gpu_->read_f32(*g, 0, h),
+                        std::vector<float>(v.begin() + h * d, v.begin() + (h + 1) * d),
+                        "write_rows");
+  }
+  const std::string filters = testing_registry::qfilter_filters(1, kv, d);
+  for (const bool ada : {false, true}) {
+    SCOPED_TRACE(ada);
+    make_caches(std::vector<int>(kv, len), 2);
+    policies::PolicyConfig pc;
+    pc.name = "qfilter";
+    pc.kv_budget = 25;
+    pc.shape = {1, kv * 2, kv, d, 256};
+    std::map<std::string, std::string> o = {{"filters", filters}};
+    if (ada) o["ada"] = "true";
+    pc.options = policies::PolicyOptions(o);
+    kernels::cpu::RopeParams rope;
+    rope.style = kernels::cpu::RopeStyle::kNorm;
+    rope.rot_dim = d;
+    policies::LayerStats st;
+    st.layer = 0;
+    st.n_new = len;
+    st.num_heads = kv * 2;
+    st.rope = &rope;
+    EvictionPlan cplan, gplan;
+    prefill_on_both(pc, st, st, &cplan, &gplan);
+    ASSERT_TRUE(gplan.on_device());
+    const std::vector<int32_t> lists =
+        parity::to_host(gplan.device_slots(), static_cast<size_t>(kv) * gplan.device_ld());
+    for (int h = 0; h < kv; ++h) parity::expect_same_keep_list(gplan, lists, cplan, h, len);
   }
 }
 

@@ -49,8 +49,9 @@ std::vector<Variant> variants() {
     // python needs its file= and simlayerkv a threshold below 1 to compress at all (below);
     // duo_attention decides by its head scores, not the budget (DuoAttentionLaws); think keeps
     // every token and prunes key channels (ThinkPrunesKeyChannels).
+    // qfilter reads filters of the model's shape (QFilterLaws).
     if (p.name != "python" && p.name != "simlayerkv" && p.name != "duo_attention" &&
-        p.name != "think") {
+        p.name != "think" && p.name != "qfilter") {
       v.push_back({p.name, {}});
     }
   }
@@ -245,6 +246,47 @@ TEST(PolicyLaws, Stories260K) {
   ASSERT_TRUE(m);
   const std::vector<int32_t> prompt = stories_prompt();
   check_model(*m, prompt, 12);
+}
+
+// qfilter (kvpress QFilterPress) reads filters of the model's shape (registry_options.h's
+// made-up ones), so it runs the laws here rather than in variants(): a budget above everything
+// gives full's logits bit for bit; a small one leaves every head at most the budget after the
+// prompt, then one more per step (no decode eviction); the same run twice gives the same bits;
+// logical bytes = retained slots x slot bytes. Ada-KV over it too.
+TEST(PolicyLaws, QFilterLaws) {
+  for (const bool qwen3 : {false, true}) {
+    std::unique_ptr<engine::Model> m =
+        qwen3 ? engine::load_model(std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.gguf")
+              : stories260k();
+    ASSERT_TRUE(m);
+    SCOPED_TRACE(qwen3 ? "qwen3 tiny" : "stories260K");
+    engine::Engine eng(*m, nullptr);
+    const auto& c = m->config;
+    const std::string text = "Filters score the keys; the least aligned stay in the cache.";
+    const std::vector<int32_t> prompt =
+        qwen3 ? std::vector<int32_t>(text.begin(), text.end()) : stories_prompt();
+    const std::vector<int32_t> forced = {5, 9, 40, 7};
+    const int n = static_cast<int>(prompt.size());
+    const Trace ref = run(eng, *m, {"full", {}}, 0, prompt, forced);
+    for (const bool ada : {false, true}) {
+      std::map<std::string, std::string> o = testing_registry::required_options(
+          "qfilter", c.num_layers, c.num_kv_heads, c.head_dim);
+      if (ada) o["ada"] = "true";
+      const Variant var{"qfilter", o};
+      EXPECT_EQ(run(eng, *m, var, n + 12, prompt, forced).logits, ref.logits);
+      const int budget = std::max(8, n / 3);
+      const Trace small = run(eng, *m, var, budget, prompt, forced);
+      for (size_t s = 0; s < small.max_len.size(); ++s) {
+        EXPECT_LE(small.max_len[s], (ada ? n : budget) + static_cast<int>(s)) << "step " << s;
+        EXPECT_EQ(small.logical_bytes[s],
+                  small.total_slots[s] * (2 * sizeof(float) * c.head_dim + sizeof(int32_t)));
+      }
+      EXPECT_LT(small.total_slots[0], c.num_layers * c.num_kv_heads * n);
+      EXPECT_EQ(small.total_slots[0], c.num_layers * c.num_kv_heads * budget);  // budget per head
+      EXPECT_NE(small.logits, ref.logits);
+      EXPECT_EQ(run(eng, *m, var, budget, prompt, forced).logits, small.logits);
+    }
+  }
 }
 
 // ThinK (policy `think`, option `think: r`) prunes key channels, not tokens, so law 1 reads: a

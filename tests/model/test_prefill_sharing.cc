@@ -138,9 +138,9 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
     pc.options = policies::PolicyOptions(options);
     pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
     pc.seed = 5;
-    if (name == "duo_attention") {
+    if (testing_registry::needs_model_options(name)) {
       pc.options = policies::PolicyOptions(
-          testing_registry::required_options(name, c.num_layers, c.num_kv_heads));
+          testing_registry::required_options(name, c.num_layers, c.num_kv_heads, c.head_dim));
     }
     if (name == "python") {  // reads the queries, the last rows and the column sums
       pc.options = policies::PolicyOptions(

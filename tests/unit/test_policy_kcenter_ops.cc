@@ -247,6 +247,9 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                             std::vector<double>* out) override {
     cpu_.channel_square_means(cache, layer, which, out);
   }
+  void write_rows(SlotRows& rows, int layer, std::span<const float> values, int length) override {
+    cpu_.write_rows(rows, layer, values, length);
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);
