@@ -329,6 +329,9 @@ PAIRS = [
     ("AdaKV over QFilter (the same filters)",
      lambda r: kvpress.AdaKVPress(kvpress.QFilterPress(compression_ratio=r)), "qfilter",
      ["filters={qfilters}", "ada=true"]),
+    ("BlockPress over QFilter (block 128, the same filters)",
+     lambda r: kvpress.BlockPress(kvpress.QFilterPress(compression_ratio=r), block_size=128),
+     "qfilter", ["filters={qfilters}", "block=128"]),
     # PerLayerCompressionPress (kvbench: `layer_ratios`); the ratio of the run is not used.
     ("PerLayerCompression over KeyDiff (0.25, 0.5, 0.75 by layer)",
      lambda r: kvpress.PerLayerCompressionPress(kvpress.KeyDiffPress(),
