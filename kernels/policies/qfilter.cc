@@ -88,7 +88,8 @@ class QFilter final : public CacheScorer {
     rowwise_.resize(static_cast<size_t>(heads) * d);
     for (int h = 0; h < heads; ++h) {
       const int kv = global_head(h) / per_kv;  // the model's KV head of cache head h
-      const float* f = &filters_[(static_cast<size_t>(st.layer) * model_kv + kv) * d];
+      // The model's layer (a `block` or `chunk` scratch cache is a layer 0 of its own).
+      const float* f = &filters_[(static_cast<size_t>(model_layer()) * model_kv + kv) * d];
       for (int j = 0; j < d; ++j) {
         rowwise_[static_cast<size_t>(h) * d + j] = f[kernels::cpu::hf_channel_of_row(j, adjacent, rot)];
       }

@@ -182,6 +182,10 @@ class CacheScorer : public Policy {
   // `chunk: N` (ChunkPress): a subclass made with chunks = true gives each run of N slots in
   // score() the score a cache of those slots alone would get; 0: off.
   int chunk() const { return wrap_.chunk(); }
+  // The model's layer being decided: st.layer, except where `block` or `chunk` score a scratch
+  // cache of the layer's rows (its layer 0) on the host. For scores that depend on the layer
+  // itself (qfilter's filters).
+  int model_layer() const { return model_layer_; }
   // The score of a cache holding one slot (threshold_decode: kvpress's DMSPress scores each
   // generated token alone). test_policy_kvpress checks it against score() of a one-slot cache.
   virtual float lone_score() const = 0;
@@ -192,6 +196,7 @@ class CacheScorer : public Policy {
   void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
               kernels::EvictionPlan& plan) {
     if (!wrap_.acts(cache, st.layer, budget)) return;
+    model_layer_ = st.layer;
     if (wrap_.block() > 0 || (wrap_.chunk() > 0 && !native_chunks_)) {
       host_decide(st, cache, budget, plan);
       return;
@@ -207,6 +212,7 @@ class CacheScorer : public Policy {
                    kernels::EvictionPlan& plan);
   ScorerWrappers wrap_;
   bool native_chunks_ = false;
+  int model_layer_ = 0;
   ScratchRows runs_;  // chunk's assembled run scores (host rows)
 };
 

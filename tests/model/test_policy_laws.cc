@@ -285,6 +285,12 @@ TEST(PolicyLaws, QFilterLaws) {
       EXPECT_EQ(small.total_slots[0], c.num_layers * c.num_kv_heads * budget);  // budget per head
       EXPECT_NE(small.logits, ref.logits);
       EXPECT_EQ(run(eng, *m, var, budget, prompt, forced).logits, small.logits);
+      if (ada) continue;
+      // BlockPress with one block past the budget scores the whole prompt as one cache: the same
+      // keep-sets (and the layer's own filters: the scratch cache is a layer 0 of its own).
+      Variant whole = var;
+      whole.options["block"] = "1000";
+      EXPECT_EQ(run(eng, *m, whole, budget, prompt, forced).logits, small.logits);
     }
   }
 }
