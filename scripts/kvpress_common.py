@@ -332,6 +332,9 @@ PAIRS = [
     ("BlockPress over QFilter (block 128, the same filters)",
      lambda r: kvpress.BlockPress(kvpress.QFilterPress(compression_ratio=r), block_size=128),
      "qfilter", ["filters={qfilters}", "block=128"]),
+    ("ChunkPress over QFilter (chunk 256, the same filters)",
+     lambda r: kvpress.ChunkPress(kvpress.QFilterPress(compression_ratio=r), chunk_length=256),
+     "qfilter", ["filters={qfilters}", "chunk=256"]),
     # PerLayerCompressionPress (kvbench: `layer_ratios`); the ratio of the run is not used.
     ("PerLayerCompression over KeyDiff (0.25, 0.5, 0.75 by layer)",
      lambda r: kvpress.PerLayerCompressionPress(kvpress.KeyDiffPress(),
