@@ -6,8 +6,7 @@
 #include "common/error.h"
 
 namespace kvb::kernels::cpu {
-namespace {
-std::vector<float> inv_freqs(const RopeParams& p) {
+std::vector<float> rope_inv_freqs(const RopeParams& p) {
   const int half = p.rot_dim / 2;
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) {
@@ -17,14 +16,13 @@ std::vector<float> inv_freqs(const RopeParams& p) {
   }
   return inv_freq;
 }
-}  // namespace
 
 std::vector<float> rope_mean_rotation(const RopeParams& p, int32_t first, int count) {
   KVB_CHECK(p.rot_dim > 0 && p.rot_dim % 2 == 0 && count >= 1 && first >= 0)
       << "rope_mean_rotation: rot_dim " << p.rot_dim << ", positions " << first << " + "
       << count;
   const int half = p.rot_dim / 2;
-  const std::vector<float> inv_freq = inv_freqs(p);
+  const std::vector<float> inv_freq = rope_inv_freqs(p);
   std::vector<double> c(half, 0.0), s(half, 0.0);
   for (int k = 0; k < count; ++k) {
     const float position = static_cast<float>(first + k) / p.linear_scale;
@@ -47,7 +45,7 @@ void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim,
   const int half = p.rot_dim / 2;
   KVB_CHECK(p.rot_dim > 0 && p.rot_dim <= head_dim && p.rot_dim % 2 == 0)
       << "rope: rot_dim " << p.rot_dim << " head_dim " << head_dim;
-  const std::vector<float> inv_freq = inv_freqs(p);
+  const std::vector<float> inv_freq = rope_inv_freqs(p);
 #pragma omp parallel for schedule(static) if (n > 8)
   for (int t = 0; t < n; ++t) {
     const float position = static_cast<float>(pos[t]) / p.linear_scale;

@@ -27,6 +27,10 @@ inline int hf_channel_of_row(int j, bool adjacent, int rot_dim) {
   return adjacent && j < rot_dim ? (j % 2 == 0 ? j / 2 : rot_dim / 2 + j / 2) : j;
 }
 
+// rope()'s inverse frequencies [rot_dim / 2]: 1 / theta^(2i / rot_dim) in f32, divided by the
+// frequency factor where there is one (what a device computes with, to get the host's bits).
+std::vector<float> rope_inv_freqs(const RopeParams& params);
+
 // Applies RoPE in place to x: [n, num_heads, head_dim] at positions pos: [n].
 // Frequencies are computed in f32 as HF does: inv_freq[i] = 1 / theta^(2i/rot_dim); cos and sin
 // are rounded to f32 and then multiplied by attn_factor in f32 (HF's `cos() * attention_scaling`).

@@ -505,12 +505,7 @@ void DeviceKvCache::rerotate_keys(int layer, const cpu::RopeParams& rope, cudaSt
       << "DeviceKvCache::rerotate_keys: " << heads << " heads (at most " << kMaxParamHeads
       << "), rot_dim " << rope.rot_dim << " of head_dim " << d;
   const int half = rope.rot_dim / 2;
-  std::vector<float> inv_freq(half);  // cpu::rope's f32 expression, on the host
-  for (int i = 0; i < half; ++i) {
-    float f = 1.0f / std::pow(rope.theta, static_cast<float>(2 * i) / static_cast<float>(rope.rot_dim));
-    if (!rope.freq_factors.empty()) f /= rope.freq_factors[i];
-    inv_freq[i] = f;
-  }
+  const std::vector<float> inv_freq = cpu::rope_inv_freqs(rope);  // the host's bits
   HeadTable offsets{}, lengths{};
   int max_len = 0;
   for (int h = 0; h < heads; ++h) {

@@ -49,18 +49,6 @@ int check_params(const RopeParams& p, int head_dim) {
   return half;
 }
 
-// The same f32 expression as cpu::rope, evaluated on the host, so the frequencies agree bitwise.
-std::vector<float> inv_freq_of(const RopeParams& p) {
-  const int half = p.rot_dim / 2;
-  std::vector<float> inv_freq(half);
-  for (int i = 0; i < half; ++i) {
-    float f = 1.0f / std::pow(p.theta, static_cast<float>(2 * i) / static_cast<float>(p.rot_dim));
-    if (!p.freq_factors.empty()) f /= p.freq_factors[i];
-    inv_freq[i] = f;
-  }
-  return inv_freq;
-}
-
 void launch(float* x, const int32_t* pos, const float* inv_freq, int n, int num_heads, int head_dim,
             const RopeParams& p, cudaStream_t stream) {
   const int half = p.rot_dim / 2;
@@ -79,7 +67,7 @@ void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, cons
   const int half = check_params(p, head_dim);
   KVB_CHECK(n >= 0 && num_heads >= 0) << "cuda::rope: n = " << n << ", num_heads = " << num_heads;
   if (n == 0 || num_heads == 0) return;
-  const std::vector<float> inv_freq = inv_freq_of(p);
+  const std::vector<float> inv_freq = cpu::rope_inv_freqs(p);
   StreamScratch freq(half * sizeof(float), stream);
   // From pageable memory the call returns once inv_freq is staged (copied, in a captured step's
   // graph: graph.h), so it may go out of scope.
@@ -89,7 +77,7 @@ void rope(float* x, const int32_t* pos, int n, int num_heads, int head_dim, cons
 
 RopeTable::RopeTable(const RopeParams& p, int head_dim) : params_(p), head_dim_(head_dim) {
   check_params(p, head_dim);
-  const std::vector<float> inv_freq = inv_freq_of(p);
+  const std::vector<float> inv_freq = cpu::rope_inv_freqs(p);
   inv_freq_ = DeviceBuffer<float>(inv_freq.size());
   KVB_CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float),
                             cudaMemcpyHostToDevice));
