@@ -21,6 +21,9 @@ their differing heads are reported without kvpress's per-slot scores. ThinKPress
 channels, not tokens: its table compares the channels each side zeroes per (layer, KV head), alone
 and after SnapKV (ComposedPress), at the same ratios as the channel fraction. KeyRerotationPress
 over SnapKV compares the kept tokens and the greedy continuation on the re-rotated cache.
+FinchPress takes the prompt's last 48 tokens as its question (a delimiter token before them, which
+its embedding hook removes; kvbench: window_size=48): keep-sets without re-rotation, then the
+greedy continuation with it.
 
 Measured tables: kernels/policies/README.md "kvpress's presses".
 
@@ -180,6 +183,65 @@ def main():
             compare_think(args, model, ids, full, ratios, prompt_file, tmp)
         if args.only in "KeyRerotation":
             compare_rerotate(args, model, ids, ratios, prompt_file, tmp)
+        if args.only in "Finch":
+            compare_finch(args, model, ids, full, ratios, prompt_file, tmp)
+
+
+def compare_finch(args, model, ids, full, ratios, prompt_file, tmp, window=48, steps=16):
+    """FinchPress against kvbench's `finch`. kvpress finds its window by a delimiter token between
+    the context and the question, which its embedding hook removes: the prompt's last `window`
+    tokens are taken as the question (kvbench: window_size, as its runner gives a task's question
+    length) and kvpress gets the ids with a delimiter before them (an id the prompt never uses, so
+    the model sees the same tokens). Keep-sets with rerotate_keys=False (kvbench: positions=true),
+    whole and by chunk_length 256, with and without normalize_scores; then the greedy continuation
+    with both re-rotating (the default of both)."""
+    n = len(ids)
+    delim = next(t for t in range(model.config.vocab_size) if t not in set(ids))
+    with_delim = torch.tensor([ids[: n - window] + [delim] + ids[n - window:]])
+    variants = [("Finch (w=%d)" % window, {}, []),
+                ("Finch (w=%d, chunk_length 256)" % window, {"chunk_length": 256},
+                 ["chunk_length=256"]),
+                ("Finch (w=%d, normalize_scores off)" % window, {"normalize_scores": False},
+                 ["normalize_scores=false"])]
+    for name, kw, opts in variants:
+        for ratio in ratios:
+            budget = max(1, int(n * (1 - ratio)))
+            ours = kvbench_keep_sets(args, "finch", [f"window_size={window}", "positions=true"] +
+                                     opts, budget, prompt_file, os.path.join(tmp, "f.json"),
+                                     ratio=ratio if "chunk_length" in kw else None)
+            press = kvpress.FinchPress(compression_ratio=ratio, rerotate_keys=False, **kw)
+            press.delimiter_token_id = delim
+            scores = record_scores(press)
+            with torch.no_grad(), press(model):
+                cache = model(with_delim, past_key_values=DynamicCache(),
+                              use_cache=True).past_key_values
+            compare(name, ratio, budget, ids, full, cache, ours, scores)
+    print("\n| Finch pair (re-rotated) | ratio | greedy tokens equal |")
+    print("|---|---:|---|")
+    for ratio in ratios:
+        budget = max(1, int(n * (1 - ratio)))
+        moved = kvbench_keep_sets(args, "finch", [f"window_size={window}"], budget, prompt_file,
+                                  os.path.join(tmp, "f1.json"), new_tokens=steps)
+        press = kvpress.FinchPress(compression_ratio=ratio)
+        press.delimiter_token_id = delim
+        with torch.no_grad(), press(model):
+            out = model(with_delim, past_key_values=DynamicCache(), use_cache=True)
+        cache = out.past_key_values
+        start = cache.get_seq_length()  # kvpress's pipeline: context_length after re-rotation
+        tok = int(out.logits[0, -1].argmax())
+        theirs = [tok]
+        with torch.no_grad():
+            for t in range(steps - 1):
+                o = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True,
+                          position_ids=torch.tensor([[start + t]]))
+                cache = o.past_key_values
+                tok = int(o.logits[0, -1].argmax())
+                theirs.append(tok)
+        mine = moved["fed_ids"]
+        k = len(mine)
+        first = next((i for i in range(k) if mine[i] != theirs[i]), None)
+        verdict = f"{k}/{k}" if first is None else f"first {first} of {k} (then differ)"
+        print(f"| Finch (w={window}) | {ratio} | {verdict} |", flush=True)
 
 
 def hf_channel(args, model):

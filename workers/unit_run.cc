@@ -189,6 +189,10 @@ void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int3
   }
 }
 
+int prefilled_question_tokens(const PromptTokens& p, const std::vector<int32_t>& rest) {
+  return rest.empty() ? static_cast<int>(p.question.size() + p.tail.size()) : 0;
+}
+
 namespace {
 
 kernels::CommStats comm_stats(const engine::Engine& engine) {
@@ -246,6 +250,7 @@ Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* share
   out.t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> first, rest;
   split_prompt(p, u.rs, &first, &rest);
+  u.policy->set_question_tokens(prefilled_question_tokens(p, rest));
   // The time limit between the layers of the prompt's passes too: a long prefill stops within
   // one layer of its limit instead of after the whole prompt.
   const char* pass = "in the prompt's prefill";

@@ -142,6 +142,9 @@ struct SharedPrefill {
 // question and the template's tail, under QuestionPlacement::kAfterCompression).
 void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int32_t>* first,
                   std::vector<int32_t>* rest);
+// The tokens after the context that `first` prefills (the question and the template's tail; 0
+// when they are streamed after compression): Policy::set_question_tokens, Finch's window.
+int prefilled_question_tokens(const PromptTokens& p, const std::vector<int32_t>& rest);
 
 // One unit being run: what its protocol reads, its policy and what it fills in.
 struct Unit {

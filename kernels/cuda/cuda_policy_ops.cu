@@ -213,10 +213,19 @@ __global__ void compact_kernel(T* rows, int ld, const int32_t* lists, int lists_
 // divided by w, IEEE division as the CPU's `/=`). Adds and a division only, so no FMA
 // contraction can change a bit.
 __global__ void window_sum_kernel(const float* probs, size_t stride, int w, bool mean,
-                                  float* out, int ld, HeadTable len) {
+                                  bool weighted, float* out, int ld, HeadTable len) {
   const int q = blockIdx.y, n = len.v[q];
   const float* base = probs + static_cast<size_t>(q) * w * stride;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+    if (weighted) {  // f64: the products are exact, so a fused multiply-add rounds alike
+      double acc = 0.0;
+      for (int a = 0; a < w; ++a) {
+        acc += static_cast<double>(base[static_cast<size_t>(a) * stride + j]) *
+               static_cast<double>(n + a);
+      }
+      out[static_cast<size_t>(q) * ld + j] = static_cast<float>(acc / static_cast<double>(w));
+      continue;
+    }
     float sum = 0.0f;
     for (int a = 0; a < w; ++a) sum += base[static_cast<size_t>(a) * stride + j];
     if (mean) sum /= static_cast<float>(w);
@@ -483,7 +492,7 @@ void CudaPolicyOps::window_sum(SlotRows& out, int out_layer, const ops::LayerSta
   if (longest == 0) return;
   window_sum_kernel<<<dim3(blocks_for(longest), out.heads()), 256, 0, stream_>>>(
       st.last_probs, static_cast<size_t>(st.stride), w, how == ops::WindowReduce::kMean,
-      static_cast<float*>(r.data(out_layer)), r.ld(out_layer), len);
+      how == ops::WindowReduce::kWeightedMean, static_cast<float*>(r.data(out_layer)), r.ld(out_layer), len);
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
 }

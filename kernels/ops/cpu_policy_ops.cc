@@ -255,6 +255,17 @@ void CpuPolicyOps::window_sum(SlotRows& out, int out_layer, const LayerStats& st
     std::vector<float>& row = r.f32(out_layer, q);
     row.assign(n, 0.0f);
     const float* probs = st.last_probs + static_cast<size_t>(q) * w * st.stride;  // (w, stride)
+    if (how == WindowReduce::kWeightedMean) {
+      std::vector<double> acc(n, 0.0);
+      for (int a = 0; a < w; ++a) {
+        const float* p = probs + static_cast<size_t>(a) * st.stride;
+        const double weight = static_cast<double>(n + a);
+        for (int j = 0; j < n; ++j) acc[j] += static_cast<double>(p[j]) * weight;
+      }
+      for (int j = 0; j < n; ++j) row[j] = static_cast<float>(acc[j] / static_cast<double>(w));
+      r.sync_length(out_layer, q);
+      continue;
+    }
     for (int a = 0; a < w; ++a) {
       const float* p = probs + static_cast<size_t>(a) * st.stride;
       for (int j = 0; j < n; ++j) row[j] += p[j];

@@ -41,8 +41,10 @@ namespace kvb::kernels::ops {
 
 using cpu::GqaReduce;
 
-// How window_scores combines the w window queries of a query head.
-enum class WindowReduce { kMean, kSum };
+// How window_scores combines the w window queries of a query head. kWeightedMean is FinchPress's
+// normalize_scores: window query a weighs (its row's length n + a, n the prefix summed) before
+// the mean (window_sum below).
+enum class WindowReduce { kMean, kSum, kWeightedMean };
 
 // The options of window_scores (the SnapKV family's, POLICIES.md `snapkv`).
 struct WindowScoreOptions {
@@ -278,6 +280,10 @@ class PolicyOps {
   // j < lengths[q]:
   //   sum_{a = 0..w-1} st.last_probs[(q * w + a) * st.stride + j], w = st.last_w >= 1
   //   (f32, a in increasing order, from 0.0f; kMean then divides by float(w), not * 1/w).
+  // kWeightedMean (FinchPress's normalize_scores: each window query weighted by its number of
+  // earlier keys, lengths[q] + a when the window follows the summed prefix) holds instead
+  //   float((sum_{a} double(p[a][j]) * double(lengths[q] + a)) / double(w))
+  // (f64, a increasing, from 0.0: the products are exact, so contraction cannot change a bit).
   virtual void window_sum(SlotRows& out, int out_layer, const LayerStats& st,
                           std::span<const int32_t> lengths, WindowReduce how) = 0;
   // Vocabulary: GQA reduction of rows. in.heads() == out.heads() * group (group >= 1); row

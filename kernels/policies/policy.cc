@@ -133,7 +133,7 @@ std::unique_ptr<Policy> make_policy(const PolicyInfo& info, const PolicyConfig& 
   KVB_USAGE_CHECK(!policy->rerotates() || !config.shape.sliding_layers)
       << "policy " << config.name << ": positions: rerotate on a model with sliding-window layers: "
       << "their windows keep the tokens' own positions, which the re-rotated layers' next tokens "
-      << "would precede; run the policy without it";
+      << "would precede; run the policy with positions: true";
   if (policy->prunes_key_channels() || policy->rerotates()) {
     const char* what = policy->prunes_key_channels() ? "think (ThinK's key channels after the "
                                                        "prompt)"

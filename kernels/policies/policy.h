@@ -136,6 +136,11 @@ class Policy {
   virtual PrefillMode prefill_mode() const { return PrefillMode::kOneshot; }
   // Called once per sequence before its prompt, with the prompt length (budgets may depend on it).
   virtual void begin_sequence(int prompt_len) { (void)prompt_len; }
+  // The prompt's tokens after its context: the question and the template's tail, where the
+  // prompt prefills them (0 when the question is placed after compression). The runner calls it
+  // before begin_sequence and prefill_stats for a task's prompt; `generate`'s raw prompt has no
+  // context and never calls it. Finch's window (POLICIES.md `finch`).
+  virtual void set_question_tokens(int n) { (void)n; }
   // Engine variants a policy may ask for (POLICIES.md "GQA", "Positions", "Decode step order").
   // gqa_expand: K/V copied to every query head (paper-era code; memory x group size), so the
   // cache has num_heads "KV heads" and decisions are per query head.

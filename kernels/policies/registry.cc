@@ -34,6 +34,7 @@ const std::vector<PolicyInfo>& policy_registry() {
           leverage_policy_info(),
           compactor_policy_info(),
           qfilter_policy_info(),
+          finch_policy_info(),
           think_policy_info(),
           simlayerkv_policy_info(),
           duo_attention_policy_info(),

@@ -402,7 +402,6 @@ void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int scor
 void ScorerWrappers::keep_per_chunk(PolicyOps& ops, const SlotRows& score, int score_layer,
                                     const kernels::KvCache& cache, int budget,
                                     kernels::EvictionPlan& plan) {
-  std::vector<int32_t> order, slots;
   for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
     const int len = cache.length(plan.layer(), h);
     if (len <= budget) continue;
@@ -412,22 +411,29 @@ void ScorerWrappers::keep_per_chunk(PolicyOps& ops, const SlotRows& score, int s
     // kvpress keeps max(1, int(run x (1 - compression_ratio))) per run; a token budget's
     // fraction is kv_budget / n.
     const double f = fraction_ > 0 ? fraction_ : static_cast<double>(budget) / len;
-    slots.clear();
-    for (int c0 = 0; c0 < len; c0 += chunk_runs_) {
-      const int c1 = std::min(len, c0 + chunk_runs_);
-      const int k = std::max(1, static_cast<int>((c1 - c0) * f));
-      order.resize(c1 - c0);
-      std::iota(order.begin(), order.end(), c0);
-      // Higher scores first; equal scores keep the later slot (POLICIES.md "Ties").
-      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-        return row[a] > row[b] || (row[a] == row[b] && a > b);
-      });
-      if (k < c1 - c0) order.resize(k);
-      std::sort(order.begin(), order.end());
-      slots.insert(slots.end(), order.begin(), order.end());
-    }
+    const std::vector<int32_t> slots = per_run_keep_list(row, chunk_runs_, f);
     if (static_cast<int>(slots.size()) < len) plan.keep(h, slots);
   }
+}
+
+std::vector<int32_t> per_run_keep_list(std::span<const float> row, int run, double f) {
+  KVB_CHECK(run >= 1) << "per-run keep list: run " << run;
+  const int len = static_cast<int>(row.size());
+  std::vector<int32_t> order, slots;
+  for (int c0 = 0; c0 < len; c0 += run) {
+    const int c1 = std::min(len, c0 + run);
+    const int k = std::max(1, static_cast<int>((c1 - c0) * f));
+    order.resize(c1 - c0);
+    std::iota(order.begin(), order.end(), c0);
+    // Higher scores first; equal scores keep the later slot (POLICIES.md "Ties").
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a > b);
+    });
+    if (k < c1 - c0) order.resize(k);
+    std::sort(order.begin(), order.end());
+    slots.insert(slots.end(), order.begin(), order.end());
+  }
+  return slots;
 }
 
 void ScorerWrappers::keep_above(PolicyOps& ops, const SlotRows& score, int score_layer,

@@ -39,6 +39,12 @@ inline void keep_top_per_head(PolicyOps& ops, const SlotRows& score, int score_l
 // compression_ratio budget) and within `budget` tokens. The kept slots, increasing.
 std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_length, int budget);
 
+// ChunkPress's and FinchPress's per-run choice for one head's per-slot scores `row`: each run of
+// `run` consecutive slots (the last the remainder) keeps its max(1, int(size x f)) best (kvpress's
+// compute_n_kept with f = 1 - compression_ratio), higher scores first and equal scores the later
+// slot (POLICIES.md "Ties"). The kept slots, increasing.
+std::vector<int32_t> per_run_keep_list(std::span<const float> row, int run, double f);
+
 // kvpress's wrappers of a scorer (POLICIES.md "kvpress's presses"; scorer.cc), as options of
 // every kvpress scorer:
 //  - `ada: true` (AdaKVPress): the layer keeps heads x budget slots in all, each head at least its

@@ -517,8 +517,9 @@ TEST_F(CudaPolicyOpsParity, WindowScoresAreTheCpuBits) {
 }
 
 // The vocabulary ops window_scores is made of, each on its own: ragged lengths, groups of 1, 2
-// and 4 rows, mean and max, pooling kernels 1, 3 and 7 of both kinds, on tied values (so max and
-// ties are exercised); one launch each, none for rows that are all empty; window_scores is the
+// and 4 rows, the three window reductions (Finch's weighted mean among them), mean and max,
+// pooling kernels 1, 3 and 7 of both kinds, on tied values (so max and ties are exercised); one
+// launch each, none for rows that are all empty; window_scores is the
 // three (3 launches).
 TEST_F(CudaPolicyOpsParity, VocabularyOpsAreTheCpuBits) {
   make_caches({40, 3, 0, 17}, 1);  // window_scores' composition below reads these lengths
@@ -536,9 +537,10 @@ TEST_F(CudaPolicyOpsParity, VocabularyOpsAreTheCpuBits) {
       st.n_new = w;
       std::vector<int32_t> lengths(q);
       for (int h = 0; h < q; ++h) lengths[h] = std::vector<int32_t>{40, 3, 0, 17}[h / group];
-      for (const WindowReduce wr : {WindowReduce::kMean, WindowReduce::kSum}) {
-        SCOPED_TRACE(testing::Message()
-                     << "group " << group << " w " << w << " sum " << (wr == WindowReduce::kSum));
+      for (const WindowReduce wr :
+           {WindowReduce::kMean, WindowReduce::kSum, WindowReduce::kWeightedMean}) {
+        SCOPED_TRACE(testing::Message() << "group " << group << " w " << w << " reduce "
+                                        << static_cast<int>(wr));
         std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, q);
         std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, q);
         st.last_probs = probs.data();

@@ -229,6 +229,13 @@ TEST(PolicyOps, WindowSumSumsEachQueryHeadsWindowOverItsOwnLength) {
   ops.window_sum(*rows, 1, st, std::vector<int32_t>{2, 0}, WindowReduce::kMean);
   EXPECT_EQ(ops.read_f32(*rows, 1, 0), (std::vector<float>{1.5f, 2}));
   EXPECT_EQ(rows->length(1, 1), 0);
+  // Finch's weighted mean: query a of a window after n summed slots weighs n + a. q0 (n = 2,
+  // weights 2, 3, 4): (1*2 + 3*3 + 0.5*4) / 3 = 13/3 and (2*2 + 0*3 + 4*4) / 3 = 20/3; q1 (n = 1,
+  // weights 1, 2, 3): (7 + 2 + 3) / 3 = 4. Rounded once from f64.
+  ops.window_sum(*rows, 1, st, std::vector<int32_t>{2, 1}, WindowReduce::kWeightedMean);
+  EXPECT_EQ(ops.read_f32(*rows, 1, 0),
+            (std::vector<float>{static_cast<float>(13.0 / 3), static_cast<float>(20.0 / 3)}));
+  EXPECT_EQ(ops.read_f32(*rows, 1, 1), (std::vector<float>{4}));
   // A length past the stride, a count of lengths other than the rows' heads: refused.
   EXPECT_THROW(ops.window_sum(*rows, 1, st, std::vector<int32_t>{4, 0}, WindowReduce::kSum),
                Error);
