@@ -122,6 +122,12 @@ int main(int argc, char** argv) {
         pc.options = policies::PolicyOptions(std::map<std::string, std::string>{
             {"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}});
       }
+      // finch's window is a task's question; the bench's prompt is one text: its last 32 tokens
+      // (snapkv's window) unless --policies finch:window_size=N says otherwise.
+      if (info.name == "finch") {
+        pc.options = policies::PolicyOptions(std::map<std::string, std::string>{
+            {"window_size", "32"}});
+      }
       if (!opts.empty()) pc.options = policies::PolicyOptions(opts);
       auto policy = policies::make_policy(pc);
       kernels::KvCache cache = eng.new_cache(prompt_tokens + new_tokens, policy.get());

@@ -507,6 +507,33 @@ void validate_policies(const SweepConfig& cfg, const std::vector<Origin>& porigi
   }
 }
 
+// A policy that takes its window from the prompt's question (finch) in a cell whose question is
+// streamed after compression: refused here, once per (model, policy), instead of failing every
+// unit of the cell at its prefill.
+void validate_question_placement(const SweepConfig& cfg, const std::vector<Origin>& porigin) {
+  std::set<std::pair<int, int>> seen;  // (model, policy)
+  for (const ConfigCell& cell : expand_config_cells(cfg)) {
+    if (cfg.questions[cell.question] != "after_compression") continue;
+    if (!seen.insert({cell.model, cell.policy}).second) continue;
+    const PolicyEntry& p = cfg.policies[cell.policy];
+    const ModelEntry& m = cfg.models[cell.model];
+    policies::PolicyConfig pc;
+    pc.name = p.name;
+    pc.shape = m.info.shape();
+    pc.options = Options(p.options, "policy option");
+    if (cell.budget >= 0) pc.kv_budget = cfg.budgets[cell.budget].tokens_for(m.info.max_seq_len);
+    try {
+      std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
+      policy->set_question_tokens(0);
+      policy->prefill_stats(1);
+    } catch (const Error& e) {
+      fail(*porigin[cell.policy].node, porigin[cell.policy].key,
+           std::string(e.what()) + " (model " + m.name + ", question: after_compression; or " +
+               "exclude {policy: " + p.name + ", question: after_compression})");
+    }
+  }
+}
+
 void parse_exclude(const Node& n, SweepConfig& cfg) {
   static const std::vector<std::string> keys = {"model",    "task",     "policy", "kv_budget",
                                                 "kv_ratio", "question", "seed"};
@@ -752,6 +779,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   check_cells(cfg, root);
   validate_policies(cfg, porigin, borigin, root);
   if (const Node* n = get("exclude")) parse_exclude(*n, cfg);
+  validate_question_placement(cfg, porigin);
   if (const Node* n = get("findings")) {
     cfg.findings = parse_findings(*n);
     check_findings(*cfg.findings, cfg, *n);

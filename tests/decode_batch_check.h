@@ -51,6 +51,7 @@ inline std::unique_ptr<policies::Policy> make(const engine::Model& m, const Vari
   pc.kv_budget = budget;
   const auto& c = m.config;
   pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+  pc.shape.sliding_layers = c.has_sliding_layers();  // finch keeps positions there
   pc.options = policies::PolicyOptions(v.options);
   if (testing_registry::needs_model_options(v.policy) && v.options.empty()) {  // fit the model
     pc.options = policies::PolicyOptions(testing_registry::required_options(

@@ -4,8 +4,9 @@
 // runs a Python scorer through the same path as the native ones. `duo_attention` needs a pattern
 // folder for the model's shape: duo_patterns writes one (scores made up per (layer, head), sink 4,
 // recent 16) and half the heads stream. `qfilter` needs filters for the model's shape:
-// qfilter_filters writes a safetensors file of made-up ones. One place for this knowledge: a new
-// policy with a required option adds its line here.
+// qfilter_filters writes a safetensors file of made-up ones. `finch` takes the question as its
+// window, which a raw prompt lacks: window_size 4 (the prompt's last 4 tokens). One place for
+// this knowledge: a new policy with a required option adds its line here.
 #pragma once
 
 #include <unistd.h>
@@ -70,6 +71,7 @@ inline std::map<std::string, std::string> required_options(const std::string& po
                                                            int layers = 0, int kv_heads = 0,
                                                            int head_dim = 0) {
   if (policy == "python") return {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/h2o.py"}};
+  if (policy == "finch") return {{"window_size", "4"}};
   if (policy == "duo_attention" && layers > 0) {
     return {{"patterns", duo_patterns(layers, kv_heads)}, {"head_compression_ratio", "0.5"}};
   }

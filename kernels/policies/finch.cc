@@ -30,8 +30,11 @@ class Finch final : public Policy {
                                  ? WindowReduce::kWeightedMean
                                  : WindowReduce::kMean;
     scoring_.gqa_reduce = GqaReduce::kMean;
-    // kvpress's rerotate_keys defaults to true: `positions` defaults to rerotate here.
-    rerotate_ = c.options.get_string("positions", "rerotate", {"true", "rolling", "rerotate"}) ==
+    // kvpress's rerotate_keys defaults to true: `positions` defaults to rerotate here, except on
+    // models with sliding-window layers, where re-rotation is refused (make_policy) and the
+    // default is true (an explicit rerotate is still refused there).
+    const char* positions = c.shape.sliding_layers ? "true" : "rerotate";
+    rerotate_ = c.options.get_string("positions", positions, {"true", "rolling", "rerotate"}) ==
                 "rerotate";
   }
 
@@ -141,7 +144,8 @@ PolicyInfo finch_policy_info() {
   return {"finch",
           "FINCH (kvpress FinchPress): per KV head, the question (the prompt after its context) "
           "stays and the context's top kv_budget - w tokens by the question's attention, each "
-          "query weighted by its earlier keys; no pooling; positions default to rerotate",
+          "query weighted by its earlier keys; no pooling; positions default to rerotate (true "
+          "on models with sliding-window layers)",
           {
               {"window_size", "0",
                "the window w: 0 takes the prompt's tokens after its context (the question and "
@@ -153,6 +157,12 @@ PolicyInfo finch_policy_info() {
               {"normalize_scores", "true",
                "weight window query a by its earlier keys (n - w + a) before the mean (kvpress's "
                "normalize_scores); false: SnapKV's plain mean"},
+              {"positions", "rerotate",
+               "rerotate (kvpress's rerotate_keys=True): after the prompt each head's kept keys "
+               "are re-rotated to positions 0..n-1 and the sequence continues at the longest "
+               "head's n; true: slots keep their positions (the default on models with "
+               "sliding-window layers, where rerotate is refused)",
+               {"true", "rerotate"}},
           },
           [](const PolicyConfig& c) { return std::make_unique<Finch>(c); }};
 }

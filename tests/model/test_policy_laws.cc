@@ -49,9 +49,10 @@ std::vector<Variant> variants() {
     // python needs its file= and simlayerkv a threshold below 1 to compress at all (below);
     // duo_attention decides by its head scores, not the budget (DuoAttentionLaws); think keeps
     // every token and prunes key channels (ThinkPrunesKeyChannels).
-    // qfilter reads filters of the model's shape (QFilterLaws).
+    // qfilter reads filters of the model's shape (QFilterLaws); finch's window is a task's
+    // question, which these raw prompts lack (below: window_size).
     if (p.name != "python" && p.name != "simlayerkv" && p.name != "duo_attention" &&
-        p.name != "think" && p.name != "qfilter") {
+        p.name != "think" && p.name != "qfilter" && p.name != "finch") {
       v.push_back({p.name, {}});
     }
   }
@@ -102,6 +103,10 @@ std::vector<Variant> variants() {
   // CompactorPress with short ends and chunks (its middle padded), Ada-KV over its scores.
   add("compactor", {{"sink_size_start", "2"}, {"sink_size_end", "1"}, {"chunk_size", "5"},
                     {"ada", "true"}, {"blending", "0.5"}});
+  // kvpress's FinchPress with the prompt's last tokens as its question, whole and by runs (kept
+  // positions: the sliding-window models refuse re-rotation; PolicyLaws' rerotate cases cover it).
+  add("finch", {{"window_size", "4"}, {"positions", "true"}});
+  add("finch", {{"window_size", "3"}, {"chunk_length", "5"}, {"positions", "true"}});
   // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's
   // allocation with protected sinks and window.
   const std::string examples = std::string(KVB_EXAMPLES_DIR) + "/policies/";
@@ -126,7 +131,7 @@ bool prompt_cache_family(const Variant& var) {
          name == "ada_pyramidkv" || name == "knorm" || name == "subgen_kcenter" ||
          name == "keydiff" || name == "observed_attention" || name == "cur" || name == "lagkv" ||
          name == "expected_attention" || name == "simlayerkv" || name == "noncausal_attn" ||
-         name == "leverage" || name == "compactor";
+         name == "leverage" || name == "compactor" || name == "finch";
 }
 
 struct Trace {

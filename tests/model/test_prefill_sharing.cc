@@ -14,6 +14,7 @@
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
 #include "workers/runner.h"
+#include "workers/unit_run.h"
 
 namespace kvb {
 namespace {
@@ -78,6 +79,66 @@ TEST(PrefillSharing, OnePrefillForTheBundleSameResults) {
   EXPECT_GT(differ, 0);
 }
 
+// `finch`'s window is the prompt's question: the runner hands its length (the question and the
+// template's tail) to the policy on the shared and the own prefill alike, so the unit keeps what
+// finch with window_size = that length keeps, and not what a window one token longer keeps.
+TEST(PrefillSharing, FinchTakesTheQuestionAsItsWindow) {
+  const std::string model = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  const std::string tok = std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin";
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(model, tok);
+  engine::Engine eng(*lm.model);
+  tasks::Sample s;
+  s.id = "story";
+  s.chat = false;
+  s.context =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
+  s.question = " Lily asked her mom for help. Then Lily";
+  s.max_new_tokens = 4;
+  const workers::detail::PromptTokens pt = workers::detail::build_prompt(lm, s, {});
+  const int question = static_cast<int>(pt.question.size() + pt.tail.size());
+  ASSERT_GE(question, 5);
+  const auto& c = lm.model->config;
+  std::vector<policies::PolicyConfig> pcs;
+  for (const int w : {0, question, question + 1}) {  // 0: the runner's question
+    policies::PolicyConfig pc;
+    pc.name = "finch";
+    pc.kv_budget = 24;
+    pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+    pc.options = policies::PolicyOptions(
+        std::map<std::string, std::string>{{"window_size", std::to_string(w)},
+                                           {"positions", "true"}});
+    pcs.push_back(pc);
+  }
+  std::vector<kernels::KvCache> shared_caches;
+  for (const bool share : {true, false}) {
+    SCOPED_TRACE(share ? "shared prefill" : "own prefill");
+    std::vector<kernels::KvCache> caches(pcs.size());
+    workers::RunSettings rs;
+    rs.on_final_cache = [&](size_t unit, const kernels::KvCache& cache,
+                            const policies::Policy&) { caches[unit] = cache; };
+    const std::vector<workers::UnitOutput> out = workers::run_bundle(lm, eng, s, pcs, rs, share);
+    ASSERT_EQ(out.size(), 3u);
+    expect_same_cache(caches[0], caches[1]);
+    bool differs = false;
+    for (int l = 0; l < c.num_layers; ++l) {
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        const int n = caches[0].length(l, h);
+        differs |= n != caches[2].length(l, h) ||
+                   !std::equal(caches[0].layer(l).position(h),
+                               caches[0].layer(l).position(h) + n,
+                               caches[2].layer(l).position(h));
+      }
+    }
+    EXPECT_TRUE(differs) << "a window one token longer kept the same slots";
+    if (share) {
+      shared_caches = caches;
+    } else {
+      for (size_t i = 0; i < caches.size(); ++i) expect_same_cache(caches[i], shared_caches[i]);
+    }
+  }
+}
+
 // A policy that streams the prompt cannot share: it runs its own prefill.
 TEST(PrefillSharing, StreamingPolicyRunsItsOwnPrefill) {
   const std::string model = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
@@ -138,7 +199,8 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
     pc.options = policies::PolicyOptions(options);
     pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
     pc.seed = 5;
-    if (testing_registry::needs_model_options(name)) {
+    pc.shape.sliding_layers = sliding;
+    if (options.empty()) {
       pc.options = policies::PolicyOptions(
           testing_registry::required_options(name, c.num_layers, c.num_kv_heads, c.head_dim));
     }

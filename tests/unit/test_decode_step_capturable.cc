@@ -47,16 +47,14 @@ TEST(DecodeStepCapturable, EveryRegisteredPolicyOnADeviceAndOnTheHost) {
     std::unique_ptr<policies::Policy> p =
         info.name == "python"
             ? make(info.name, {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/knorm.py"}})
-        : testing_registry::needs_model_options(info.name)
-            ? make(info.name, testing_registry::required_options(info.name, 4, 2, 16))
-            : make(info.name);
+        : make(info.name, testing_registry::required_options(info.name, 4, 2, 16));
     EXPECT_EQ(capturable(p.get(), false, true), !replaces.count(info.name));
     EXPECT_EQ(capturable(p.get(), false, false),
               !replaces.count(info.name) && !reads_stats.count(info.name));
     EXPECT_FALSE(capturable(p.get(), true, true));  // host rows: each layer's rows come down
     ++checked;
   }
-  EXPECT_EQ(checked, 27);  // the registry's size when the table above was written (qfilter: 27)
+  EXPECT_EQ(checked, 28);  // the registry's size when the table above was written (finch: 28)
 }
 
 TEST(DecodeStepCapturable, VariantsAndNoPolicy) {

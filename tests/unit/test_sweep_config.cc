@@ -648,6 +648,30 @@ TEST_F(SweepConfigTest, CompressionRatioIsKvpressFractionRemoved) {
   EXPECT_FALSE((BudgetEntry{0, 0.0, true}.none()));
 }
 
+// finch's window is the prompt's question: a cell that streams the question after compression
+// is refused when the config loads (naming the policy entry, the fix and the exclusion), unless
+// window_size gives the window or the cell is excluded.
+TEST_F(SweepConfigTest, FinchRefusesAQuestionAfterCompressionAtLoad) {
+  const std::string both = "kv_budget: [64]\nquestion: [in_prompt, after_compression]\n";
+  const std::string e =
+      load_error("finch_after.yaml", base_yaml("policies: [full, finch]\n") + both);
+  EXPECT_NE(e.find("finch_after.yaml:6"), std::string::npos) << e;
+  EXPECT_NE(e.find("question: in_prompt"), std::string::npos) << e;
+  EXPECT_NE(e.find("exclude {policy: finch, question: after_compression}"), std::string::npos)
+      << e;
+  const SweepConfig in_prompt = load_sweep_config(
+      write("finch_in.yaml", base_yaml("policies: [finch]\n") + "kv_budget: [64]\n"));
+  EXPECT_EQ(expand_config_cells(in_prompt).size(), 1u);
+  const SweepConfig excluded = load_sweep_config(write(
+      "finch_excluded.yaml", base_yaml("policies: [full, finch]\n") + both +
+                                 "exclude:\n  - {policy: finch, question: after_compression}\n"));
+  EXPECT_EQ(expand_config_cells(excluded).size(), 3u);  // full x 2, finch in the prompt
+  const SweepConfig sized = load_sweep_config(
+      write("finch_sized.yaml",
+            base_yaml("policies: [{name: finch, options: {window_size: 16}}]\n") + both));
+  EXPECT_EQ(expand_config_cells(sized).size(), 2u);
+}
+
 TEST(BudgetFlags, TokensFractionsAndCompressionRatios) {
   EXPECT_EQ(parse_budget_flags("256", "").tokens, 256);
   EXPECT_TRUE(parse_budget_flags("", "").none());
