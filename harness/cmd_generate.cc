@@ -206,6 +206,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   pc.options = workers::parse_policy_options(policy_opts);
   pc.seed = seed;
   std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
+  // KVzip reconstructs the whole prompt: generate's one text has no template head to skip.
+  if (policy->reconstructs_context()) policy->set_replay_prompt(workers::replay_prompt(lm, 0, {}));
   engine::require_policy_layers(policy_name, model_path, c.global_layers(),
                                 c.window.empty() ? 0 : c.window[0]);
 

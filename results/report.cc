@@ -433,7 +433,7 @@ const std::vector<std::string>& policy_style_order() {
       "ada_snapkv",    "ada_pyramidkv", "streaming_llm", "scissorhands", "tova", "knorm",
       "random",        "keydiff",   "observed_attention", "cur", "lagkv", "python",
       "expected_attention", "simlayerkv", "duo_attention", "noncausal_attn", "leverage",
-      "compactor",     "think",     "qfilter", "finch"};
+      "compactor",     "think",     "qfilter", "finch", "kvzip"};
   return order;
 }
 

@@ -241,6 +241,17 @@ std::vector<int32_t> encode_text(const LoadedModel& lm, const std::string& text,
   return lm.tokenizer->encode(text, opt);
 }
 
+policies::ReplayPrompt replay_prompt(const LoadedModel& lm, int prefix,
+                                     const std::vector<int32_t>& tail) {
+  policies::ReplayPrompt p;
+  p.prefix = prefix;
+  p.first = encode_text(lm, "\n\nRepeat the previous context exactly.", false, false);
+  p.next = encode_text(
+      lm, "\n\nRepeat the part of the previous context exactly, starting with", false, false);
+  p.suffix = tail.empty() ? encode_text(lm, "\n", false, false) : tail;
+  return p;
+}
+
 bool prompt_needs_bos(const LoadedModel& lm, bool chat) {
   // Llama-3 and Gemma templates write their BOS text literally; do not add a second one.
   return lm.add_bos && (!chat || !lm.chat_writes_bos);

@@ -60,6 +60,11 @@ LoadedModel load_tokenizer_only(const std::string& model_path, const std::string
 // user text are encoded with special = false, so a dataset cannot inject control tokens.
 std::vector<int32_t> encode_text(const LoadedModel& lm, const std::string& text, bool special,
                                  bool bos);
+// KVzip's reconstruction prompt (kvpress KVzipPress.prepare) in this model's tokens: the first
+// `prefix` prompt tokens (the chat template's head) are not reconstructed; `tail` is the chat
+// template's tail after a user turn (empty: "\n", kvpress's choice without a template).
+policies::ReplayPrompt replay_prompt(const LoadedModel& lm, int prefix,
+                                     const std::vector<int32_t>& tail);
 // Whether a prompt starts with BOS (llama2.c models, GGUF add_bos_token; not when the chat
 // template writes the BOS token's text itself, as Llama-3's and Gemma's do).
 bool prompt_needs_bos(const LoadedModel& lm, bool chat);

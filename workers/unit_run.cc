@@ -251,6 +251,10 @@ Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* share
   std::vector<int32_t> first, rest;
   split_prompt(p, u.rs, &first, &rest);
   u.policy->set_question_tokens(prefilled_question_tokens(p, rest));
+  if (u.policy->reconstructs_context()) {
+    // KVzip reconstructs what the prompt prefills after the chat template's head.
+    u.policy->set_replay_prompt(replay_prompt(u.lm, static_cast<int>(p.head.size()), p.tail));
+  }
   // The time limit between the layers of the prompt's passes too: a long prefill stops within
   // one layer of its limit instead of after the whole prompt.
   const char* pass = "in the prompt's prefill";
@@ -268,6 +272,7 @@ Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* share
     u.engine.apply_recorded_prefill(*u.policy, shared->full,
                                     static_cast<int>(rest.size()) + std::max(1, u.s.max_new_tokens),
                                     shared->record, cache);
+    if (u.policy->reconstructs_context()) u.engine.reconstruct_context(*u.policy, cache, first);
     out.logits = shared->logits;
     out.shared_ms = shared->ms;
     m.prefill_reused = shared->reused;

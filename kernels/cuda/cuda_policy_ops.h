@@ -158,6 +158,9 @@ class CudaPolicyOps final : public ops::PolicyOps {
   // write_rows: one counted upload (cuda_policy_ops_channels.cu).
   void write_rows(ops::SlotRows& rows, int layer, std::span<const float> values,
                   int length) override;
+  // replay_attention_max: the queries' one upload, one launch (cuda_policy_ops_replay.cu).
+  void replay_attention_max(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                            const ops::LayerStats& st, int sinks, int first, int count) override;
   // channel_square_means: one launch, one D2H copy, one sync (cuda_policy_ops_channels.cu).
   void channel_square_means(const KvCache& cache, int layer, ops::CacheRows which,
                             std::vector<double>* out) override;

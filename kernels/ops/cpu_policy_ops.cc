@@ -958,6 +958,73 @@ void CpuPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
   for (int q = 0; q < heads; ++q) r.sync_length(out_layer, q);
 }
 
+void CpuPolicyOps::replay_attention_max(SlotRows& out, int out_layer,
+                                        const kernels::KvCache& cache, int layer,
+                                        const LayerStats& st, int sinks, int first, int count) {
+  CpuRows& r = host(out);
+  check_layer(out, out_layer);
+  const int heads = out.heads(), m = st.n_queries;
+  const int kv = cache.shape().num_kv_heads, d = cache.shape().head_dim;
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
+            out.type() == SlotType::kF32 && heads == kv && st.num_heads % kv == 0 &&
+            st.last_queries != nullptr && m >= 1 && sinks >= 0 && sinks <= first && count >= 0)
+      << "replay_attention_max: " << heads << " rows over a cache of " << kv << " heads, "
+      << st.num_heads << " query heads, " << m << " queries, sinks " << sinks << ", slots ["
+      << first << ", " << first + count << ")";
+  for (int h = 0; h < kv; ++h) {
+    KVB_CHECK(first + count <= cache.length(layer, h) - m)
+        << "replay_attention_max: head " << h << " holds " << cache.length(layer, h)
+        << " slots: the chunk [" << first << ", " << first + count << ") and the block's " << m
+        << " keys overlap";
+  }
+  const int group = st.num_heads / kv;
+  const int keys = sinks + count + m;  // the sinks, the chunk, the block (causal)
+  const float div = std::sqrt(static_cast<float>(d));
+  const kernels::LayerKvView view = cache.layer(layer);
+  for (int h = 0; h < kv; ++h) r.f32(out_layer, h).assign(count, 0.0f);
+#pragma omp parallel if (kv > 1)
+  {
+    std::vector<float> kt(static_cast<size_t>(d) * keys), lg(keys), e(keys);
+#pragma omp for schedule(dynamic, 1)
+    for (int h = 0; h < kv; ++h) {
+      const int len = cache.length(layer, h);
+      // The keys transposed ([i][j]): each step vectorises across keys, every key's sum still in
+      // index order.
+      auto slot = [&](int j) { return j < sinks ? j : j < sinks + count ? first + j - sinks
+                                                                        : len - m + j - sinks - count; };
+      for (int j = 0; j < keys; ++j) {
+        const float* k = view.key(h, slot(j));
+        for (int i = 0; i < d; ++i) kt[static_cast<size_t>(i) * keys + j] = k[i];
+      }
+      float* o = r.f32(out_layer, h).data();
+      for (int g = 0; g < group; ++g) {
+        const int q = h * group + g;
+        for (int t = 0; t < m; ++t) {
+          const int real = sinks + count + t + 1;
+          const float* yt = st.last_queries + (static_cast<size_t>(t) * st.num_heads + q) * d;
+          std::fill(lg.begin(), lg.begin() + real, 0.0f);
+          for (int i = 0; i < d; ++i) {
+            const float yi = yt[i];
+            const float* ki = &kt[static_cast<size_t>(i) * keys];
+            for (int j = 0; j < real; ++j) lg[j] = std::fma(yi, ki[j], lg[j]);
+          }
+          for (int j = 0; j < real; ++j) lg[j] /= div;
+          float mx = lg[0];
+          for (int j = 1; j < real; ++j) mx = std::max(mx, lg[j]);
+          for (int j = 0; j < real; ++j) lg[j] -= mx;
+          kernels::cpu::exp_floats(e.data(), lg.data(), real);
+          double z = 0;
+          for (int j = 0; j < real; ++j) z += e[j];
+          for (int j = 0; j < count; ++j) {
+            o[j] = std::max(o[j], static_cast<float>(e[sinks + j] / z));
+          }
+        }
+      }
+    }
+  }
+  for (int h = 0; h < kv; ++h) r.sync_length(out_layer, h);
+}
+
 void CpuPolicyOps::slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,
                          int out_layer) {
   const CpuRows& a = host(in);

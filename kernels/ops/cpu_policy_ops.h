@@ -73,6 +73,9 @@ class CpuPolicyOps final : public PolicyOps {
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;
   std::vector<float> read_cache_rows(const kernels::KvCache& cache, int layer, int head,
                                      int first, int count, CacheRows which) override;
+  void replay_attention_max(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                            int layer, const LayerStats& st, int sinks, int first,
+                            int count) override;
   void channel_square_means(const kernels::KvCache& cache, int layer, CacheRows which,
                             std::vector<double>* out) override;
   void write_rows(SlotRows& rows, int layer, std::span<const float> values, int length) override;

@@ -541,6 +541,20 @@ class PolicyOps {
   // one launch, one copy and one sync, counted in its transfers.
   virtual void channel_square_means(const kernels::KvCache& cache, int layer, CacheRows which,
                                     std::vector<double>* out) = 0;
+  // Vocabulary: KVzip's context-reconstruction scores (kvpress KVzipPress; POLICIES.md
+  // `kvzip`). A block of m = st.n_queries queries (st.last_queries, host rows [m][st.num_heads]
+  // [head_dim], post-RoPE) whose keys are each cache head's last m slots of `layer`. For every
+  // cache head h < out.heads() (len its length, first + count <= len - m, sinks <= first), each
+  // query head q of its group (q / (st.num_heads / heads) == h) and query i < m: the logits of
+  // the keys of slots [0, sinks), [first, first + count) and [len - m, len - m + i] (causal),
+  // each an f32 fused multiply-add chain of q_i . k over the head_dim in index order divided by
+  // sqrtf(head_dim); e = expf(l - the max logit) (f32); Z = the f64 sum of the e in that slot
+  // order; p = float(e / Z). Row (out_layer, h) of `out` becomes count long and holds, for j <
+  // count, the largest p of slot first + j over every (q, i), from 0.0f. On a device: the
+  // queries' one counted upload and one launch, nothing waits.
+  virtual void replay_attention_max(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+                                    int layer, const LayerStats& st, int sinks, int first,
+                                    int count) = 0;
   // Row (layer, head) on the host (tests, accounting; synchronous on a device).
   virtual std::vector<float> read_f32(const SlotRows& rows, int layer, int head) = 0;
   virtual std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) = 0;

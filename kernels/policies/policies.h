@@ -28,6 +28,7 @@ PolicyInfo leverage_policy_info();
 PolicyInfo compactor_policy_info();
 PolicyInfo qfilter_policy_info();
 PolicyInfo finch_policy_info();
+PolicyInfo kvzip_policy_info();
 PolicyInfo think_policy_info();
 PolicyInfo simlayerkv_policy_info();
 PolicyInfo duo_attention_policy_info();

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,25 @@ struct PolicyConfig {
 
 enum class PrefillMode { kOneshot, kStreaming };
 
+// What a policy that reconstructs the context (KVzip, Policy::reconstructs_context) needs of the
+// prompt's text, in tokens: the runner (or `generate`) tokenizes it with the model's tokenizer.
+struct ReplayPrompt {
+  int prefix = 0;  // the prompt's chat-template head: its tokens are not reconstructed
+  // The instruction before the first chunk, and before each later one (then the previous chunk's
+  // last tokens): kvpress KVzipPress's "\n\nRepeat the previous context exactly." and "\n\nRepeat
+  // the part of the previous context exactly, starting with".
+  std::vector<int32_t> first, next;
+  std::vector<int32_t> suffix;  // the chat template's tail after a user turn ("\n" without one)
+};
+
+// One reconstruction pass: `tokens` fed on top of the prompt's cache, scoring the prompt's slots
+// [first, first + count) (the chunk it repeats).
+struct ReplayPass {
+  std::vector<int32_t> tokens;
+  int first = 0;
+  int count = 0;
+};
+
 // What a policy that replaces attention (SubGen) receives for one layer. The block's K/V are
 // already appended to the cache (post-RoPE); the policy writes the attention output and may
 // fill an eviction plan for the layer (absorbed slots leave the cache).
@@ -141,6 +161,24 @@ class Policy {
   // before begin_sequence and prefill_stats for a task's prompt; `generate`'s raw prompt has no
   // context and never calls it. Finch's window (POLICIES.md `finch`).
   virtual void set_question_tokens(int n) { (void)n; }
+  // Context reconstruction (KVzip; POLICIES.md `kvzip`): after the prompt's prefill, whose hooks
+  // compress nothing, engine::reconstruct_context feeds replay_passes(prompt) one at a time on top
+  // of the prompt's cache. Between begin_replay and the pass's end, on_prefill_layer scores the
+  // pass's chunk and plans to drop the pass's slots (the cache holds the prompt again after each
+  // layer; the next position goes back to the prompt's end); after the last pass end_replay, then
+  // on_replayed_layer plans each layer's compression. The runner hands the prompt's text first.
+  virtual bool reconstructs_context() const { return false; }
+  virtual void set_replay_prompt(ReplayPrompt prompt) { (void)prompt; }
+  virtual std::vector<ReplayPass> replay_passes(std::span<const int32_t> prompt) const {
+    (void)prompt;
+    return {};
+  }
+  virtual void begin_replay(const ReplayPass& pass) { (void)pass; }
+  virtual void end_replay() {}
+  virtual void on_replayed_layer(int layer, const kernels::KvCache& cache,
+                                 kernels::EvictionPlan& plan) {
+    (void)layer; (void)cache; (void)plan;
+  }
   // Engine variants a policy may ask for (POLICIES.md "GQA", "Positions", "Decode step order").
   // gqa_expand: K/V copied to every query head (paper-era code; memory x group size), so the
   // cache has num_heads "KV heads" and decisions are per query head.

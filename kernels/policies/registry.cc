@@ -35,6 +35,7 @@ const std::vector<PolicyInfo>& policy_registry() {
           compactor_policy_info(),
           qfilter_policy_info(),
           finch_policy_info(),
+          kvzip_policy_info(),
           think_policy_info(),
           simlayerkv_policy_info(),
           duo_attention_policy_info(),

@@ -243,6 +243,10 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                                      int count, kernels::ops::CacheRows which) override {
     return cpu_.read_cache_rows(cache, layer, head, first, count, which);
   }
+  void replay_attention_max(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+                            const policies::LayerStats& st, int sinks, int first, int count) override {
+    cpu_.replay_attention_max(out, out_layer, cache, layer, st, sinks, first, count);
+  }
   void channel_square_means(const KvCache& cache, int layer, kernels::ops::CacheRows which,
                             std::vector<double>* out) override {
     cpu_.channel_square_means(cache, layer, which, out);

@@ -328,6 +328,27 @@ void Engine::continue_after_rerotation(kernels::KvCache& cache) {
   backend_->moved_position(cache, delta);
 }
 
+void Engine::reconstruct_context(policies::Policy& policy, kernels::KvCache& cache,
+                                 std::span<const int32_t> prompt) {
+  KVB_CHECK(policy.reconstructs_context()) << "reconstruct_context: the policy reconstructs none";
+  const ModelConfig& c = model_.config;
+  KVB_USAGE_CHECK(!c.has_sliding_layers())
+      << "a policy that reconstructs the context (kvzip) on a model with sliding-window layers: "
+      << "their windows would keep the reconstruction's tokens; choose another policy";
+  const int end = cache.next_position();
+  for (const policies::ReplayPass& pass : policy.replay_passes(prompt)) {
+    policy.begin_replay(pass);
+    forward(pass.tokens, cache, LogitsMode::kNone, nullptr, &policy, PolicyHook::kPrefill);
+    const int delta = end - cache.next_position();  // back to the prompt's end
+    cache.advance_position(delta);
+    backend_->moved_position(cache, delta);
+  }
+  policy.end_replay();
+  for (int l = 0; l < c.num_layers; ++l) {
+    run_hook(l, cache, [&](kernels::EvictionPlan& p) { policy.on_replayed_layer(l, cache, p); });
+  }
+}
+
 template <typename Hook>
 void Engine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
   Backend& be = *backend_;

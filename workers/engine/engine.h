@@ -117,6 +117,14 @@ class Engine {
                std::vector<float>* logits, policies::Policy* policy = nullptr,
                PolicyHook hook = PolicyHook::kNone, PrefillRecord* record = nullptr);
 
+  // Context reconstruction (Policy::reconstructs_context, KVzip), after the prompt's prefill into
+  // `cache`: each of the policy's passes forward()ed on top of the prompt with the prefill hook
+  // (which scores its chunk and drops its slots), the next position moved back to the prompt's
+  // end after each, then every global layer's plan of Policy::on_replayed_layer applied (timed
+  // as the policy's). The passes' forward work is the unit's prefill work.
+  void reconstruct_context(policies::Policy& policy, kernels::KvCache& cache,
+                           std::span<const int32_t> prompt);
+
   // A check forward() calls while it is set: check(layer, layers) at the start of every pass
   // (layer 0, before anything is appended or counted) and, in a pass of more than one token,
   // before each later layer. It may throw to abandon a long pass (the runner's unit time limit

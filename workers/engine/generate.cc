@@ -27,6 +27,7 @@ void prefill_prompt(Engine& engine, kernels::KvCache& cache, const std::vector<i
     }
   } else {
     engine.forward(prompt, cache, LogitsMode::kLast, logits, policy, PolicyHook::kPrefill);
+    if (policy && policy->reconstructs_context()) engine.reconstruct_context(*policy, cache, prompt);
   }
 }
 
