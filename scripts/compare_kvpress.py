@@ -23,7 +23,7 @@ and after SnapKV (ComposedPress), at the same ratios as the channel fraction. Ke
 over SnapKV compares the kept tokens and the greedy continuation on the re-rotated cache.
 FinchPress takes the prompt's last 48 tokens as its question (a delimiter token before them, which
 its embedding hook removes; kvbench: window_size=48): keep-sets without re-rotation, then the
-greedy continuation with it.
+greedy continuation with it. KVzipPress runs with kvbench's reconstruction prompt (no template).
 
 Measured tables: kernels/policies/README.md "kvpress's presses".
 
@@ -185,6 +185,54 @@ def main():
             compare_rerotate(args, model, ids, ratios, prompt_file, tmp)
         if args.only in "Finch":
             compare_finch(args, model, ids, full, ratios, prompt_file, tmp)
+        if args.only in "KVzip":
+            compare_kvzip(args, ids, full, ratios, prompt_file, tmp)
+
+
+def compare_kvzip(args, ids, full, ratios, prompt_file, tmp):
+    """KVzipPress against kvbench's `kvzip`, per (layer, KV head) from the masks kvpress leaves
+    (it refuses eager attention: an sdpa copy). kvpress reads the chat template's head and tail
+    from the tokenizer; kvbench generate's one-text prompt has neither, so kvpress gets the
+    tokenizer without its template (then its own choice: no head, tail "\\n"), as kvbench does.
+    Whole-model allocation (kvpress's default), layerwise, and chunks of 512 (several passes)."""
+    import kvpress.presses.kvzip_press as kvzip_module
+    tok = kvpress_common.load_tokenizer(args.model)
+    tok.chat_template = None
+
+    class Tokenizers:
+        @staticmethod
+        def from_pretrained(*_args, **_kwargs):
+            return tok
+
+    original = kvzip_module.AutoTokenizer
+    kvzip_module.AutoTokenizer = Tokenizers
+    sdpa = load_model(args.model, attn="sdpa")
+    n = len(ids)
+    try:
+        for name, kw, opts in [("KVzip", {}, []),
+                               ("KVzip (layerwise)", {"layerwise": True}, ["layerwise=true"]),
+                               ("KVzip (chunk_size 512)", {"chunk_size": 512},
+                                ["chunk_size=512"])]:
+            for ratio in ratios:
+                budget = max(1, int(n * (1 - ratio)))
+                ours = kvbench_keep_sets(args, "kvzip", opts, budget, prompt_file,
+                                         os.path.join(tmp, "z.json"), ratio=ratio)
+                press = kvpress.KVzipPress(compression_ratio=ratio, **kw)
+                scores = {}
+                post = press.compress_post
+
+                def recorded(model, press=press, post=post, scores=scores):
+                    for layer in range(press.score_val.shape[0]):
+                        scores[layer] = press.score_val[layer][0].detach().double().cpu()
+                    return post(model)
+
+                press.compress_post = recorded
+                with torch.no_grad(), press(sdpa):
+                    sdpa(torch.tensor([ids]), past_key_values=DynamicCache(), use_cache=True)
+                compare(name, ratio, budget, ids, full, full, ours, scores,
+                        masked_keep_sets(sdpa, n))
+    finally:
+        kvzip_module.AutoTokenizer = original
 
 
 def compare_finch(args, model, ids, full, ratios, prompt_file, tmp, window=48, steps=16):
