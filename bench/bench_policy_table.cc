@@ -130,6 +130,8 @@ int main(int argc, char** argv) {
       }
       if (!opts.empty()) pc.options = policies::PolicyOptions(opts);
       auto policy = policies::make_policy(pc);
+      // kvzip's reconstruction prompt, as `kvbench generate` hands it (one text: no template).
+      if (policy->reconstructs_context()) policy->set_replay_prompt(workers::replay_prompt(lm, 0, {}));
       kernels::KvCache cache = eng.new_cache(prompt_tokens + new_tokens, policy.get());
       std::vector<float> logits;
       const double pol0 = eng.policy_ms();

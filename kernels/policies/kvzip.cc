@@ -43,17 +43,13 @@ class KvZip final : public Policy {
     scores_.clear();
     keep_.clear();
   }
-  void set_replay_prompt(ReplayPrompt prompt) override {
-    prompt_ = std::move(prompt);
-    has_prompt_ = true;
-  }
+  void set_replay_prompt(ReplayPrompt prompt) override { prompt_ = std::move(prompt); }
   StatsRequest prefill_request(int n_new) const override {
     // A pass's queries, all of them; the prompt's own prefill needs nothing.
     return replaying_ ? StatsRequest{.last_queries = n_new} : StatsRequest{};
   }
 
   std::vector<ReplayPass> replay_passes(std::span<const int32_t> prompt) const override {
-    KVB_CHECK(has_prompt_) << "policy kvzip: no reconstruction prompt (Policy::set_replay_prompt)";
     const int n = static_cast<int>(prompt.size());
     std::vector<ReplayPass> passes;
     if (pruned_total(n) == 0) return passes;  // nothing leaves: no pass is worth its cost
@@ -198,8 +194,9 @@ class KvZip final : public Policy {
   int n_sink_ = 4;
   int chunk_size_ = 2048;
   bool layerwise_ = false;
+  // The runner's and generate's reconstruction prompt; a caller that hands none (the engine's
+  // tests, which have no tokenizer) repeats each chunk without instruction or tail.
   ReplayPrompt prompt_;
-  bool has_prompt_ = false;
   bool replaying_ = false;
   int pass_first_ = 0, pass_count_ = 0;
   int ctx_len_ = 0;

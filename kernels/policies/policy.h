@@ -166,7 +166,8 @@ class Policy {
   // of the prompt's cache. Between begin_replay and the pass's end, on_prefill_layer scores the
   // pass's chunk and plans to drop the pass's slots (the cache holds the prompt again after each
   // layer; the next position goes back to the prompt's end); after the last pass end_replay, then
-  // on_replayed_layer plans each layer's compression. The runner hands the prompt's text first.
+  // on_replayed_layer plans each layer's compression. The runner and `generate` hand the
+  // reconstruction prompt's tokens first (set_replay_prompt).
   virtual bool reconstructs_context() const { return false; }
   virtual void set_replay_prompt(ReplayPrompt prompt) { (void)prompt; }
   virtual std::vector<ReplayPass> replay_passes(std::span<const int32_t> prompt) const {

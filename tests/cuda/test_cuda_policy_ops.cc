@@ -1144,6 +1144,38 @@ TEST_F(CudaPolicyOpsParity, ExpectedAttentionDecidesAsOnTheCpu) {
 // each query's maximum and sum, each key's column sum) and one counted upload (RoPE's
 // frequencies); the CPU's rows within the last bits of the device's expf. standardize over rows
 // of 300, 5, 0 and 600 entries (runs of 256 across heads), equal inputs on both: the CPU's bits.
+// KVzip's replay_attention_max: 3 KV heads of 2 query heads each, a 61-slot cache whose last 17
+// slots are the pass's keys, the chunk [4, 40) with 4 sinks and [0, 44) with none; the
+// queries' one upload, two launches, nothing copied back.
+TEST_F(CudaPolicyOpsParity, ReplayAttentionMaxIsTheCpus) {
+  const int kv = 3, group = 2, heads = kv * group, d = 8, len = 61, m = 17;
+  make_caches(std::vector<int>(kv, len), 1);
+  const std::vector<float> q = parity::random_vec(static_cast<size_t>(m) * heads * d, 71);
+  policies::LayerStats st;
+  st.n_new = m;
+  st.n_queries = m;
+  st.num_heads = heads;
+  st.last_queries = q.data();
+  std::unique_ptr<SlotRows> cr = cpu_.make_rows(SlotType::kF32, 1, kv);
+  std::unique_ptr<SlotRows> gr = gpu_->make_rows(SlotType::kF32, 1, kv);
+  for (const auto& [sinks, first, count] :
+       std::vector<std::array<int, 3>>{{4, 4, 36}, {0, 0, 44}, {2, 30, 1}}) {
+    SCOPED_TRACE(testing::Message() << sinks << " " << first << " " << count);
+    cpu_.replay_attention_max(*cr, 0, host_, 0, st, sinks, first, count);
+    const int64_t l0 = gpu_->launches();
+    const int64_t u0 = gpu_->transfers().h2d_copies, d0 = gpu_->transfers().d2h_copies;
+    gpu_->replay_attention_max(*gr, 0, index_, 0, st, sinks, first, count);
+    EXPECT_EQ(gpu_->launches() - l0, 2);
+    EXPECT_EQ(gpu_->transfers().h2d_copies - u0, 1);
+    EXPECT_EQ(gpu_->transfers().d2h_copies - d0, 0);
+    for (int h = 0; h < kv; ++h) {
+      ASSERT_EQ(gr->length(0, h), count);
+      parity::expect_close(gpu_->read_f32(*gr, 0, h), cpu_.read_f32(*cr, 0, h), 1e-6, 1e-6,
+                           "replay maxima");
+    }
+  }
+}
+
 TEST_F(CudaPolicyOpsParity, ChunkAttentionSumsAndStandardizeAreTheCpuRows) {
   const int kv = 3, group = 2, heads = kv * group, d = 8, n = 37;
   make_caches(std::vector<int>(kv, n), 1);
