@@ -29,6 +29,9 @@ class KvZip final : public Policy {
     KVB_USAGE_CHECK(!c.tp)
         << "policy kvzip: its budget spans every layer's heads, which tensor parallelism splits "
            "across ranks; run it without --gpus-per-worker";
+    KVB_USAGE_CHECK(!c.shape.sliding_layers)
+        << "policy kvzip on a model with sliding-window layers: its reconstruction passes would "
+           "pass through their windows (kvpress refuses Gemma 3 too); choose another policy";
     KVB_USAGE_CHECK(!rerotates() && !prunes_key_channels())
         << "policy kvzip decides after its reconstruction passes, which positions: rerotate and "
            "think do not follow; drop that option";

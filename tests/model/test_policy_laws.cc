@@ -50,9 +50,10 @@ std::vector<Variant> variants() {
     // duo_attention decides by its head scores, not the budget (DuoAttentionLaws); think keeps
     // every token and prunes key channels (ThinkPrunesKeyChannels).
     // qfilter reads filters of the model's shape (QFilterLaws); finch's window is a task's
-    // question, which these raw prompts lack (below: window_size).
+    // question, which these raw prompts lack (below: window_size); kvzip allocates across
+    // layers and heads (KvZipLaws).
     if (p.name != "python" && p.name != "simlayerkv" && p.name != "duo_attention" &&
-        p.name != "think" && p.name != "qfilter" && p.name != "finch") {
+        p.name != "think" && p.name != "qfilter" && p.name != "finch" && p.name != "kvzip") {
       v.push_back({p.name, {}});
     }
   }
@@ -589,6 +590,45 @@ TEST(PolicyLaws, DuoAttentionFollowsItsHeadScores) {
   const Trace half = run(eng, *m, {"duo_attention", options("0.5")}, 8, prompt, forced);
   EXPECT_LT(half.total_slots[0], ref.total_slots[0]);
   EXPECT_GT(half.total_slots[0], most.total_slots[0]);
+}
+
+// `kvzip` (kvpress KVzipPress) keeps the model's budget, not each head's: a budget above the
+// sequence runs no pass and equals full bit for bit; a small one keeps layers x heads x budget
+// slots in all after the prompt (layerwise: heads x budget in every layer), every head at least
+// its n_sink sinks and some head more than the budget; decode adds one slot per head per step;
+// runs repeat bit for bit. Also on the tiny Qwen3 (rotate_half, q/k norms).
+TEST(PolicyLaws, KvZipKeepsTheModelsBudget) {
+  for (const bool qwen3 : {false, true}) {
+    std::unique_ptr<engine::Model> m =
+        qwen3 ? engine::load_model(std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.gguf")
+              : stories260k();
+    ASSERT_TRUE(m);
+    SCOPED_TRACE(qwen3 ? "qwen3 tiny" : "stories260K");
+    engine::Engine eng(*m, nullptr);
+    const auto& c = m->config;
+    const std::string text = "Repeat the context: the keys it needs most are the ones to keep.";
+    const std::vector<int32_t> prompt =
+        qwen3 ? std::vector<int32_t>(text.begin(), text.end()) : stories_prompt();
+    const std::vector<int32_t> forced = {5, 9, 40, 7};
+    const int n = static_cast<int>(prompt.size());
+    const Trace ref = run(eng, *m, {"full", {}}, 0, prompt, forced);
+    EXPECT_EQ(run(eng, *m, {"kvzip", {}}, n + 8, prompt, forced).logits, ref.logits);
+    const int budget = std::max(8, n / 3);
+    const int heads = c.num_kv_heads;
+    for (const bool layerwise : {false, true}) {
+      SCOPED_TRACE(layerwise ? "layerwise" : "whole model");
+      const Variant var{"kvzip", {{"chunk_size", "16"}, {"layerwise", layerwise ? "true" : "false"}}};
+      const Trace small = run(eng, *m, var, budget, prompt, forced);
+      EXPECT_EQ(small.total_slots[0], c.num_layers * heads * budget);
+      for (size_t s = 1; s < small.total_slots.size(); ++s) {
+        EXPECT_EQ(small.total_slots[s], small.total_slots[0] + static_cast<int>(s) * c.num_layers * heads);
+      }
+      EXPECT_GT(small.max_len[0], budget) << "every head kept the same share";
+      EXPECT_LT(small.max_len[0], n);
+      EXPECT_EQ(run(eng, *m, var, budget, prompt, forced).logits, small.logits);
+      EXPECT_NE(small.logits.back(), ref.logits.back());
+    }
+  }
 }
 
 // SmolLM2's laws take about 4 minutes on 2 cores: 6 tests of every sixth variant each, so that

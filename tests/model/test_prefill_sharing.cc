@@ -190,9 +190,8 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
   bool sliding = false;
   for (int l = 0; l < c.num_layers; ++l) sliding |= c.sliding(l);
   for (const auto& [name, options] : entries) {
-    if (sliding && options.count("positions")) {  // refused there (RerotateRefusesSlidingLayers)
-      continue;
-    }
+    // Refused there: rerotate (RerotateRefusesSlidingLayers), kvzip (its passes).
+    if (sliding && (options.count("positions") || name == "kvzip")) continue;
     policies::PolicyConfig pc;
     pc.name = name;
     pc.kv_budget = policies::budgeted(name) ? budget : 0;
@@ -224,6 +223,10 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
     shared_policy->begin_sequence(n);
     kernels::KvCache shared;
     eng.apply_recorded_prefill(*shared_policy, full, extra, rec, shared);
+    // KVzip's passes on top of the recorded prefill, as the runner runs them.
+    if (shared_policy->reconstructs_context()) {
+      eng.reconstruct_context(*shared_policy, shared, prompt);
+    }
     kernels::KvCache own = eng.new_cache(n + extra, mine.get());
     std::vector<float> own_logits;
     engine::prefill_prompt(eng, own, prompt, mine.get(), &own_logits);
