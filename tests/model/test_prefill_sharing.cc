@@ -139,6 +139,72 @@ TEST(PrefillSharing, FinchTakesTheQuestionAsItsWindow) {
   }
 }
 
+// `kvzip` in a bundle: the runner hands it the reconstruction prompt of the task's template (the
+// head is not repeated, the tail follows each instruction), and its passes run on top of the
+// shared prefill as on its own: the unit's cache is the one engine::prefill_prompt leaves with
+// that prompt, whichever path ran it, and not the one of a prompt without the template's parts.
+TEST(PrefillSharing, KvZipReconstructsTheSameContextOnBothPaths) {
+  const std::string model = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  const std::string tok = std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin";
+  workers::LoadedModel lm = workers::load_model_and_tokenizer(model, tok);
+  engine::Engine eng(*lm.model);
+  tasks::Sample s;
+  s.id = "story";
+  s.chat = false;
+  s.context =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
+  s.question = " Then Lily";
+  s.max_new_tokens = 3;
+  const auto& c = lm.model->config;
+  policies::PolicyConfig pc;
+  pc.name = "kvzip";
+  pc.kv_budget = 20;
+  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+  pc.options = policies::PolicyOptions(std::map<std::string, std::string>{{"chunk_size", "32"}});
+  std::vector<kernels::KvCache> caches(2);
+  for (const bool share : {true, false}) {
+    workers::RunSettings rs;
+    rs.on_final_cache = [&](size_t, const kernels::KvCache& cache, const policies::Policy&) {
+      caches[share] = cache;
+    };
+    const std::vector<workers::UnitOutput> out = workers::run_bundle(lm, eng, s, {pc}, rs, share);
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].m.prefill_shared, share);
+  }
+  expect_same_cache(caches[1], caches[0]);
+  // The same prompt through the engine alone, with the template's head and tail handed over.
+  const workers::detail::PromptTokens pt = workers::detail::build_prompt(lm, s, {});
+  std::vector<int32_t> prompt = pt.head;
+  for (const auto* part : {&pt.context, &pt.question, &pt.tail}) {
+    prompt.insert(prompt.end(), part->begin(), part->end());
+  }
+  auto own = [&](const policies::ReplayPrompt& rp) {
+    std::unique_ptr<policies::Policy> p = policies::make_policy(pc);
+    p->set_replay_prompt(rp);
+    kernels::KvCache cache = eng.new_cache(static_cast<int>(prompt.size()) + 4, p.get());
+    std::vector<float> logits;
+    engine::prefill_prompt(eng, cache, prompt, p.get(), &logits);
+    return cache;
+  };
+  const kernels::KvCache direct =
+      own(workers::replay_prompt(lm, static_cast<int>(pt.head.size()), pt.tail));
+  const kernels::KvCache bare = own({});
+  int differ = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      const int n = direct.length(l, h);
+      ASSERT_EQ(n, caches[0].length(l, h) - 2);  // the unit decoded 2 more
+      EXPECT_TRUE(std::equal(direct.layer(l).position(h), direct.layer(l).position(h) + n,
+                             caches[0].layer(l).position(h)));
+      differ += n != bare.length(l, h) ||
+                !std::equal(direct.layer(l).position(h), direct.layer(l).position(h) + n,
+                            bare.layer(l).position(h));
+    }
+  }
+  EXPECT_GT(differ, 0) << "the reconstruction prompt changed nothing";
+}
+
 // A policy that streams the prompt cannot share: it runs its own prefill.
 TEST(PrefillSharing, StreamingPolicyRunsItsOwnPrefill) {
   const std::string model = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
