@@ -1,6 +1,6 @@
 // CudaPolicyOps' replay_attention_max (policy_ops.h; kvpress KVzipPress, POLICIES.md `kvzip`).
 // Every logit is the CPU instance's f32 fused multiply-add chain in index order divided by
-// sqrtf(head_dim), every row's normaliser an f64 sum of expf in its slot order, so the entries
+// sqrtf(head_dim), every row's normaliser the CPU's 8-lane f64 sum of expf, so the entries
 // are the CPU's bits except where the device's expf differs from glibc's in the last bit. The
 // pass's queries (host rows) are the one upload, counted in transfers(); nothing waits.
 #include <algorithm>
@@ -55,11 +55,14 @@ __global__ void replay_rows_kernel(const float* y, const T* keys, DeviceLayerKvV
     for (int j = 1; j < real; ++j) {
       mx = fmaxf(mx, logit(yt, base + static_cast<size_t>(rk.slot(j)) * d, d, div));
     }
-    double s = 0;
+    // The CPU's 8 lanes: lane k sums the keys j = k mod 8 in order, then the lanes pairwise.
+    double lane[8] = {};
     for (int j = 0; j < real; ++j) {
       const float l = logit(yt, base + static_cast<size_t>(rk.slot(j)) * d, d, div);
-      s = __dadd_rn(s, static_cast<double>(expf(__fsub_rn(l, mx))));
+      lane[j % 8] = __dadd_rn(lane[j % 8], static_cast<double>(expf(__fsub_rn(l, mx))));
     }
+    const double s = __dadd_rn(__dadd_rn(__dadd_rn(lane[0], lane[1]), __dadd_rn(lane[2], lane[3])),
+                               __dadd_rn(__dadd_rn(lane[4], lane[5]), __dadd_rn(lane[6], lane[7])));
     maxes[static_cast<size_t>(q) * m + t] = mx;
     sums[static_cast<size_t>(q) * m + t] = s;
   }

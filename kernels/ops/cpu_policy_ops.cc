@@ -2,6 +2,7 @@
 #include "kernels/ops/cpu_policy_ops.h"
 
 #include <algorithm>
+#include <limits>
 #include <bit>
 #include <cmath>
 #include <utility>
@@ -958,6 +959,20 @@ void CpuPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
   for (int q = 0; q < heads; ++q) r.sync_length(out_layer, q);
 }
 
+namespace {
+// replay_attention_max's normaliser: 8 f64 partial sums, lane k taking e[j] for j = k mod 8 in
+// increasing j, combined ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
+double replay_normaliser(const float* e, int n) {
+  double s[8] = {};
+  int j0 = 0;
+  for (; j0 + 8 <= n; j0 += 8) {
+    for (int k = 0; k < 8; ++k) s[k] += static_cast<double>(e[j0 + k]);
+  }
+  for (int k = 0; j0 + k < n; ++k) s[k] += static_cast<double>(e[j0 + k]);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+}  // namespace
+
 void CpuPolicyOps::replay_attention_max(SlotRows& out, int out_layer,
                                         const kernels::KvCache& cache, int layer,
                                         const LayerStats& st, int sinks, int first, int count) {
@@ -981,12 +996,16 @@ void CpuPolicyOps::replay_attention_max(SlotRows& out, int out_layer,
   const int keys = sinks + count + m;  // the sinks, the chunk, the block (causal)
   const float div = std::sqrt(static_cast<float>(d));
   const kernels::LayerKvView view = cache.layer(layer);
-  for (int h = 0; h < kv; ++h) r.f32(out_layer, h).assign(count, 0.0f);
-#pragma omp parallel if (kv > 1)
+  // Per query head its maxima (then the group's maximum, exact in any order): a thread per
+  // query head.
+  std::vector<std::vector<float>> per_query(st.num_heads, std::vector<float>(count, 0.0f));
+#pragma omp parallel if (st.num_heads > 1)
   {
-    std::vector<float> kt(static_cast<size_t>(d) * keys), lg(keys), e(keys);
+    std::vector<float> kt(static_cast<size_t>(d) * keys), lgs(4 * static_cast<size_t>(keys)),
+        e(keys);
 #pragma omp for schedule(dynamic, 1)
-    for (int h = 0; h < kv; ++h) {
+    for (int q = 0; q < st.num_heads; ++q) {
+      const int h = q / group;
       const int len = cache.length(layer, h);
       // The keys transposed ([i][j]): each step vectorises across keys, every key's sum still in
       // index order.
@@ -996,33 +1015,75 @@ void CpuPolicyOps::replay_attention_max(SlotRows& out, int out_layer,
         const float* k = view.key(h, slot(j));
         for (int i = 0; i < d; ++i) kt[static_cast<size_t>(i) * keys + j] = k[i];
       }
-      float* o = r.f32(out_layer, h).data();
-      for (int g = 0; g < group; ++g) {
-        const int q = h * group + g;
-        for (int t = 0; t < m; ++t) {
-          const int real = sinks + count + t + 1;
-          const float* yt = st.last_queries + (static_cast<size_t>(t) * st.num_heads + q) * d;
-          std::fill(lg.begin(), lg.begin() + real, 0.0f);
+      float* o = per_query[q].data();
+      // kQ queries at a time over blocks of kBlock keys: kQ x kBlock chains in registers share
+      // each key load (each key's chain still in index order); the last query's span of keys
+      // covers the others' (they read only their own).
+      constexpr int kQ = 4, kBlock = 32;
+      for (int t0 = 0; t0 < m; t0 += kQ) {
+        const int tq = std::min(kQ, m - t0);
+        const int span = sinks + count + t0 + tq;
+        const float* ys[kQ];
+        for (int a = 0; a < kQ; ++a) {
+          ys[a] = st.last_queries +
+                  (static_cast<size_t>(t0 + std::min(a, tq - 1)) * st.num_heads + q) * d;
+        }
+        int j0 = 0;
+        for (; j0 + kBlock <= span; j0 += kBlock) {
+          float acc[kQ][kBlock] = {};
           for (int i = 0; i < d; ++i) {
-            const float yi = yt[i];
-            const float* ki = &kt[static_cast<size_t>(i) * keys];
-            for (int j = 0; j < real; ++j) lg[j] = std::fma(yi, ki[j], lg[j]);
+            const float* ki = &kt[static_cast<size_t>(i) * keys + j0];
+            for (int a = 0; a < kQ; ++a) {
+              const float ya = ys[a][i];
+              for (int j = 0; j < kBlock; ++j) acc[a][j] = std::fma(ya, ki[j], acc[a][j]);
+            }
           }
-          for (int j = 0; j < real; ++j) lg[j] /= div;
-          float mx = lg[0];
-          for (int j = 1; j < real; ++j) mx = std::max(mx, lg[j]);
-          for (int j = 0; j < real; ++j) lg[j] -= mx;
-          kernels::cpu::exp_floats(e.data(), lg.data(), real);
-          double z = 0;
-          for (int j = 0; j < real; ++j) z += e[j];
-          for (int j = 0; j < count; ++j) {
-            o[j] = std::max(o[j], static_cast<float>(e[sinks + j] / z));
+          for (int a = 0; a < tq; ++a) {
+            for (int j = 0; j < kBlock; ++j) lgs[a * keys + j0 + j] = acc[a][j] / div;
+          }
+        }
+        for (int a = 0; a < tq && j0 < span; ++a) {
+          float* lg = &lgs[static_cast<size_t>(a) * keys];
+          std::fill(lg + j0, lg + span, 0.0f);
+          for (int i = 0; i < d; ++i) {
+            const float ya = ys[a][i];
+            const float* ki = &kt[static_cast<size_t>(i) * keys];
+            for (int j = j0; j < span; ++j) lg[j] = std::fma(ya, ki[j], lg[j]);
+          }
+          for (int j = j0; j < span; ++j) lg[j] /= div;
+        }
+        for (int a = 0; a < tq; ++a) {
+          const int real = sinks + count + t0 + a + 1;
+          float* lg = &lgs[static_cast<size_t>(a) * keys];
+          // The maximum in 16 lanes (exact in any order).
+          float lane_max[16];
+          std::fill_n(lane_max, 16, -std::numeric_limits<float>::infinity());
+          int j = 0;
+          for (; j + 16 <= real; j += 16) {
+            for (int k = 0; k < 16; ++k) lane_max[k] = std::max(lane_max[k], lg[j + k]);
+          }
+          for (int k = 0; j + k < real; ++k) lane_max[k] = std::max(lane_max[k], lg[j + k]);
+          float mx = lane_max[0];
+          for (int k = 1; k < 16; ++k) mx = std::max(mx, lane_max[k]);
+          for (int k = 0; k < real; ++k) lg[k] -= mx;
+          kernels::cpu::exp_floats(e.data(), lg, real);
+          const double z = replay_normaliser(e.data(), real);
+          for (int k = 0; k < count; ++k) {
+            o[k] = std::max(o[k], static_cast<float>(e[sinks + k] / z));
           }
         }
       }
     }
   }
-  for (int h = 0; h < kv; ++h) r.sync_length(out_layer, h);
+  for (int h = 0; h < kv; ++h) {
+    std::vector<float>& row = r.f32(out_layer, h);
+    row.assign(count, 0.0f);
+    for (int g = 0; g < group; ++g) {
+      const std::vector<float>& x = per_query[h * group + g];
+      for (int j = 0; j < count; ++j) row[j] = std::max(row[j], x[j]);
+    }
+    r.sync_length(out_layer, h);
+  }
 }
 
 void CpuPolicyOps::slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,

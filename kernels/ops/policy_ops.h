@@ -548,8 +548,9 @@ class PolicyOps {
   // query head q of its group (q / (st.num_heads / heads) == h) and query i < m: the logits of
   // the keys of slots [0, sinks), [first, first + count) and [len - m, len - m + i] (causal),
   // each an f32 fused multiply-add chain of q_i . k over the head_dim in index order divided by
-  // sqrtf(head_dim); e = expf(l - the max logit) (f32); Z = the f64 sum of the e in that slot
-  // order; p = float(e / Z). Row (out_layer, h) of `out` becomes count long and holds, for j <
+  // sqrtf(head_dim); e = expf(l - the max logit) (f32); Z = their f64 sum in 8 lanes (lane k
+  // sums the e of the row's keys j = k mod 8 in that slot order, then ((s0 + s1) + (s2 + s3)) +
+  // ((s4 + s5) + (s6 + s7))); p = float(e / Z). Row (out_layer, h) of `out` becomes count long and holds, for j <
   // count, the largest p of slot first + j over every (q, i), from 0.0f. On a device: the
   // queries' one counted upload and one launch, nothing waits.
   virtual void replay_attention_max(SlotRows& out, int out_layer, const kernels::KvCache& cache,

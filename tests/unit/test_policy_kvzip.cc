@@ -47,17 +47,18 @@ TEST(KvZipOps, ReplayAttentionMaxIsTheSoftmaxOverSinksChunkAndTheBlocksEarlierKe
   kernels::ops::CpuPolicyOps ops;
   std::unique_ptr<SlotRows> out = ops.make_rows(SlotType::kF32, 1, 1);
   ops.replay_attention_max(*out, 0, cache, 0, st, /*sinks=*/1, /*first=*/1, /*count=*/2);
-  // e^(l - max) in f32, their sum in f64 in slot order, p = e / sum.
+  // e^(l - max) in f32, their sum in f64 in 8 lanes (here one key each: ((s0 + s1) + (s2 + s3))
+  // + ((s4 + s5) + (s6 + s7))), p = e / sum.
   const float e1 = std::exp(-1.0f);
-  const double z0 = ((static_cast<double>(e1) + 1.0) + e1) + e1;         // query 0
-  const double z1 = (((static_cast<double>(e1) + e1) + e1) + e1) + 1.0;  // query 1
+  const double z0 = (static_cast<double>(e1) + 1.0) + (static_cast<double>(e1) + e1);  // query 0
+  const double z1 = ((static_cast<double>(e1) + e1) + (static_cast<double>(e1) + e1)) + 1.0;
   const float slot1 = std::max(static_cast<float>(1.0 / z0), static_cast<float>(e1 / z1));
   const float slot2 = std::max(static_cast<float>(e1 / z0), static_cast<float>(e1 / z1));
   EXPECT_EQ(ops.read_f32(*out, 0, 0), (std::vector<float>{slot1, slot2}));
   EXPECT_GT(slot1, 0.47f);  // e / (e + 3)
   // Without the sink, query 0's row is 1, 0, 0 over the chunk and its key.
   ops.replay_attention_max(*out, 0, cache, 0, st, 0, 1, 2);
-  const double y0 = (1.0 + e1) + e1;
+  const double y0 = (1.0 + e1) + static_cast<double>(e1);
   EXPECT_EQ(ops.read_f32(*out, 0, 0)[0], static_cast<float>(1.0 / y0));
   // A chunk that runs into the block's keys is refused.
   EXPECT_THROW(ops.replay_attention_max(*out, 0, cache, 0, st, 1, 1, 3), Error);
