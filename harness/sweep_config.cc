@@ -524,7 +524,7 @@ void validate_question_placement(const SweepConfig& cfg, const std::vector<Origi
     if (cell.budget >= 0) pc.kv_budget = cfg.budgets[cell.budget].tokens_for(m.info.max_seq_len);
     try {
       std::unique_ptr<policies::Policy> policy = policies::make_policy(pc);
-      policy->set_question_tokens(0);
+      policy->set_question_tokens(0, 0);
       policy->prefill_stats(1);
     } catch (const Error& e) {
       fail(*porigin[cell.policy].node, porigin[cell.policy].key,

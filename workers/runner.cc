@@ -172,7 +172,7 @@ std::unique_ptr<SharedPrefill> shared_prefill(engine::Engine& engine, const Load
   for (size_t i = 0; i < policies.size(); ++i) {
     std::unique_ptr<policies::Policy> p = policies::make_policy(policies[i]);
     if (!engine::can_share_prefill(*p)) continue;
-    p->set_question_tokens(detail::prefilled_question_tokens(pt, rest));
+    detail::hand_question(*p, pt, rest);
     (*uses_shared)[i] = 1;
     ++shareable;
     const policies::StatsRequest r = p->prefill_stats(static_cast<int>(first.size()));

@@ -189,8 +189,11 @@ void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int3
   }
 }
 
-int prefilled_question_tokens(const PromptTokens& p, const std::vector<int32_t>& rest) {
-  return rest.empty() ? static_cast<int>(p.question.size() + p.tail.size()) : 0;
+void hand_question(policies::Policy& policy, const PromptTokens& p,
+                   const std::vector<int32_t>& rest) {
+  const bool in_prompt = rest.empty();
+  policy.set_question_tokens(in_prompt ? static_cast<int>(p.question.size()) : 0,
+                             in_prompt ? static_cast<int>(p.tail.size()) : 0);
 }
 
 namespace {
@@ -250,7 +253,7 @@ Prompted prefill_step(Unit& u, const PromptTokens& p, const SharedPrefill* share
   out.t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> first, rest;
   split_prompt(p, u.rs, &first, &rest);
-  u.policy->set_question_tokens(prefilled_question_tokens(p, rest));
+  hand_question(*u.policy, p, rest);
   if (u.policy->reconstructs_context()) {
     // KVzip reconstructs what the prompt prefills after the chat template's head.
     u.policy->set_replay_prompt(replay_prompt(u.lm, static_cast<int>(p.head.size()), p.tail));

@@ -142,9 +142,11 @@ struct SharedPrefill {
 // question and the template's tail, under QuestionPlacement::kAfterCompression).
 void split_prompt(const PromptTokens& p, const RunSettings& rs, std::vector<int32_t>* first,
                   std::vector<int32_t>* rest);
-// The tokens after the context that `first` prefills (the question and the template's tail; 0
-// when they are streamed after compression): Policy::set_question_tokens, Finch's window.
-int prefilled_question_tokens(const PromptTokens& p, const std::vector<int32_t>& rest);
+// Policy::set_question_tokens (Finch's window) for a prompt split into `first` and `rest`: the
+// question's and the template's tail's tokens that `first` prefills (none when they are
+// streamed after compression).
+void hand_question(policies::Policy& policy, const PromptTokens& p,
+                   const std::vector<int32_t>& rest);
 
 // One unit being run: what its protocol reads, its policy and what it fills in.
 struct Unit {

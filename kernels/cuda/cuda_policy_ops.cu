@@ -212,10 +212,10 @@ __global__ void compact_kernel(T* rows, int ld, const int32_t* lists, int lists_
 // One thread per (query head q, slot j < len[q]): the window sum in query order from 0.0f (mean:
 // divided by w, IEEE division as the CPU's `/=`). Adds and a division only, so no FMA
 // contraction can change a bit.
-__global__ void window_sum_kernel(const float* probs, size_t stride, int w, bool mean,
-                                  bool weighted, float* out, int ld, HeadTable len) {
+__global__ void window_sum_kernel(const float* probs, size_t stride, int stride_w, int w,
+                                  bool mean, bool weighted, float* out, int ld, HeadTable len) {
   const int q = blockIdx.y, n = len.v[q];
-  const float* base = probs + static_cast<size_t>(q) * w * stride;
+  const float* base = probs + static_cast<size_t>(q) * stride_w * stride;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
     if (weighted) {  // f64: the products are exact, so a fused multiply-add rounds alike
       double acc = 0.0;
@@ -470,11 +470,14 @@ void CudaPolicyOps::scale(SlotRows& rows, int layer, std::span<const int32_t> fi
 }
 
 void CudaPolicyOps::window_sum(SlotRows& out, int out_layer, const ops::LayerStats& st,
-                               std::span<const int32_t> lengths, ops::WindowReduce how) {
+                               std::span<const int32_t> lengths, ops::WindowReduce how,
+                               int queries) {
   CudaRows& r = device(out);
   check_rows(out, out_layer);
-  const int w = st.last_w;
-  KVB_CHECK(out.type() == SlotType::kF32 && st.last_probs != nullptr && w >= 1 &&
+  const int stride_w = st.last_w;
+  const int w = queries > 0 ? queries : stride_w;
+  KVB_CHECK(out.type() == SlotType::kF32 && st.last_probs != nullptr && stride_w >= 1 &&
+            queries >= 0 && queries <= stride_w &&
             static_cast<int>(lengths.size()) == out.heads() && out.heads() == st.num_heads)
       << "cuda policy ops: window sums of " << out.heads() << " f32 rows, " << lengths.size()
       << " lengths, " << st.num_heads << " query heads, last_w " << w;
@@ -491,8 +494,9 @@ void CudaPolicyOps::window_sum(SlotRows& out, int out_layer, const ops::LayerSta
   for (int q = 0; q < out.heads(); ++q) r.set_len(out_layer, q, lengths[q]);
   if (longest == 0) return;
   window_sum_kernel<<<dim3(blocks_for(longest), out.heads()), 256, 0, stream_>>>(
-      st.last_probs, static_cast<size_t>(st.stride), w, how == ops::WindowReduce::kMean,
-      how == ops::WindowReduce::kWeightedMean, static_cast<float*>(r.data(out_layer)), r.ld(out_layer), len);
+      st.last_probs, static_cast<size_t>(st.stride), stride_w, w,
+      how == ops::WindowReduce::kMean, how == ops::WindowReduce::kWeightedMean,
+      static_cast<float*>(r.data(out_layer)), r.ld(out_layer), len);
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;
 }

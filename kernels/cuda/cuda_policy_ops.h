@@ -64,7 +64,8 @@ class CudaPolicyOps final : public ops::PolicyOps {
   void popcount(const ops::SlotRows& bits, int layer, ops::SlotRows& out,
                 int out_layer) override;
   void window_sum(ops::SlotRows& out, int out_layer, const ops::LayerStats& st,
-                  std::span<const int32_t> lengths, ops::WindowReduce how) override;
+                  std::span<const int32_t> lengths, ops::WindowReduce how,
+                  int queries = 0) override;
   void reduce_heads(const ops::SlotRows& in, int in_layer, int group, cpu::GqaReduce how,
                     ops::SlotRows& out, int out_layer) override;
   void pool(const ops::SlotRows& in, int in_layer, ops::SlotRows& out, int out_layer,

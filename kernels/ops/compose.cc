@@ -40,7 +40,7 @@ void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, WindowScra
   };
   SlotRows& per_query = fit(scratch.per_query, st.num_heads);
   SlotRows& reduced = fit(scratch.reduced, kv_heads);
-  ops.window_sum(per_query, 0, st, lengths, opt.window_reduce);
+  ops.window_sum(per_query, 0, st, lengths, opt.window_reduce, opt.queries);
   ops.reduce_heads(per_query, 0, group, opt.gqa_reduce, reduced, 0);
   ops.pool(reduced, 0, scores, score_layer, opt.pool_kernel, opt.pooling);
 }

@@ -240,12 +240,14 @@ void CpuPolicyOps::popcount(const SlotRows& bits, int layer, SlotRows& out, int 
 }
 
 void CpuPolicyOps::window_sum(SlotRows& out, int out_layer, const LayerStats& st,
-                              std::span<const int32_t> lengths, WindowReduce how) {
+                              std::span<const int32_t> lengths, WindowReduce how, int queries) {
   CpuRows& r = host(out);
   check_layer(out, out_layer);
-  const int w = st.last_w;
-  KVB_CHECK(st.last_probs != nullptr && w >= 1)
-      << "window_sum needs the last-w probabilities (last_w = " << w << ")";
+  const int stride_w = st.last_w;  // the rows' layout
+  KVB_CHECK(st.last_probs != nullptr && stride_w >= 1 && queries >= 0 && queries <= stride_w)
+      << "window_sum needs the last-w probabilities (last_w = " << stride_w << ", queries "
+      << queries << ")";
+  const int w = queries > 0 ? queries : stride_w;  // the rows summed
   KVB_CHECK(static_cast<int>(lengths.size()) == out.heads() && out.heads() == st.num_heads)
       << "window_sum: " << lengths.size() << " lengths for " << out.heads() << " rows of "
       << st.num_heads << " query heads";
@@ -255,7 +257,7 @@ void CpuPolicyOps::window_sum(SlotRows& out, int out_layer, const LayerStats& st
                                         << " slots, stats stride " << st.stride;
     std::vector<float>& row = r.f32(out_layer, q);
     row.assign(n, 0.0f);
-    const float* probs = st.last_probs + static_cast<size_t>(q) * w * st.stride;  // (w, stride)
+    const float* probs = st.last_probs + static_cast<size_t>(q) * stride_w * st.stride;
     if (how == WindowReduce::kWeightedMean) {
       std::vector<double> acc(n, 0.0);
       for (int a = 0; a < w; ++a) {

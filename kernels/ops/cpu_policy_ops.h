@@ -22,7 +22,8 @@ class CpuPolicyOps final : public PolicyOps {
   void scale(SlotRows& rows, int layer, std::span<const int32_t> first, float factor) override;
   void popcount(const SlotRows& bits, int layer, SlotRows& out, int out_layer) override;
   void window_sum(SlotRows& out, int out_layer, const LayerStats& st,
-                  std::span<const int32_t> lengths, WindowReduce how) override;
+                  std::span<const int32_t> lengths, WindowReduce how,
+                  int queries = 0) override;
   void reduce_heads(const SlotRows& in, int in_layer, int group, GqaReduce how, SlotRows& out,
                     int out_layer) override;
   void pool(const SlotRows& in, int in_layer, SlotRows& out, int out_layer, int kernel,

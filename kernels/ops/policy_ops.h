@@ -52,6 +52,9 @@ struct WindowScoreOptions {
   cpu::PoolKind pooling = cpu::PoolKind::kMax;
   WindowReduce window_reduce = WindowReduce::kMean;
   GqaReduce gqa_reduce = GqaReduce::kMean;
+  // The window's first `queries` rows score (0: all w). Finch: the question's, not the chat
+  // template's tail after it, which stays in the window's slots.
+  int queries = 0;
 };
 
 enum class SlotType : uint8_t { kF32, kU64 };
@@ -284,8 +287,11 @@ class PolicyOps {
   // earlier keys, lengths[q] + a when the window follows the summed prefix) holds instead
   //   float((sum_{a} double(p[a][j]) * double(lengths[q] + a)) / double(w))
   // (f64, a increasing, from 0.0: the products are exact, so contraction cannot change a bit).
+  // `queries` (1..w; 0: w): only the window's first that many rows a are summed, and the mean
+  // divides by it (the rows keep their place: head q's rows still start at q x w x stride).
   virtual void window_sum(SlotRows& out, int out_layer, const LayerStats& st,
-                          std::span<const int32_t> lengths, WindowReduce how) = 0;
+                          std::span<const int32_t> lengths, WindowReduce how,
+                          int queries = 0) = 0;
   // Vocabulary: GQA reduction of rows. in.heads() == out.heads() * group (group >= 1); row
   // (out_layer, h) of `out` becomes as long as row (in_layer, h * group) (every row of the
   // group must be as long) and holds cpu::reduce_gqa over rows h*group .. h*group + group - 1

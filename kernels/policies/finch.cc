@@ -2,9 +2,10 @@
 // Compression for Large Language Models", TACL): SnapKV's observation-window scores with the
 // prompt's question as the window. After each layer's prompt, every KV head keeps the window
 // (the tokens after the context: the question and the template's tail) and its top
-// kv_budget - w context tokens by the window's attention, each window query weighted by its
-// number of earlier keys before the mean (kvpress's normalize_scores), averaged over the GQA
-// group, without pooling. Optionally per run of chunk_length slots (kvpress's chunk_length).
+// kv_budget - w context tokens by the question's attention (kvpress's evaluation compresses the
+// question with the context and adds the tail after it: the tail's queries do not score), each
+// question query weighted by its number of earlier keys before the mean (kvpress's
+// normalize_scores), averaged over the GQA group, without pooling. Optionally per run of chunk_length slots (kvpress's chunk_length).
 // Keys are re-rotated to 0..n-1 by default (kvpress's rerotate_keys; `positions: rerotate`).
 // It decides through the ops table (window_scores, keep_top), so on a device the statistics and
 // the keep lists stay there; only chunk_length's scores come to the host.
@@ -38,7 +39,10 @@ class Finch final : public Policy {
                 "rerotate";
   }
 
-  void set_question_tokens(int n) override { question_ = n; }
+  void set_question_tokens(int question, int tail) override {
+    question_ = question;
+    tail_ = tail;
+  }
 
   StatsRequest prefill_request(int n_new) const override {
     (void)n_new;  // the engine clamps last_w to the block length
@@ -59,7 +63,12 @@ class Finch final : public Policy {
         << "finch: prefill statistics carry last_w = " << w << ", expected 1.." << window();
     PolicyOps& ops = ops_of(st);
     SlotRows& scores = rows_of(scores_, ops, SlotType::kF32, 1, heads);
-    window_scores(ops, scores, 0, scratch_, st, cache, scoring_);
+    // The question's queries score (kvpress compresses the question with the context and adds
+    // the template's tail after); the tail's slots stay with the window's.
+    WindowScoreOptions scoring = scoring_;
+    const int asking = window_size_ > 0 || question_ <= 0 ? 0 : question_;
+    if (w == window() && asking < w) scoring.queries = asking;
+    window_scores(ops, scores, 0, scratch_, st, cache, scoring);
     const int budget = kv_budget();
     if (chunk_length_ > 0) {
       keep_per_run(ops, scores, cache, w, plan);
@@ -93,18 +102,19 @@ class Finch final : public Policy {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Finch>(*this); }
 
  private:
-  // The window: window_size, or the prompt's tokens after its context.
+  // The window: window_size, or the prompt's tokens after its context (the question's, whose
+  // queries score, and the template's tail's; without a question the tail's queries score).
   int window() const {
     if (window_size_ > 0) return window_size_;
-    KVB_USAGE_CHECK(question_ != 0)
+    KVB_USAGE_CHECK(question_ + tail_ != 0)
         << "policy finch: its window is the prompt's question (the tokens after the context), "
            "and this prompt prefills none: the question is placed after compression or the "
            "task has none. Place the question in the prompt (question: in_prompt) or give "
            "window_size=N";
-    KVB_USAGE_CHECK(question_ > 0)
+    KVB_USAGE_CHECK(question_ >= 0)
         << "policy finch: this prompt has no question to take as the window (kvbench generate's "
            "prompt is one text); give --policy-opt window_size=N: its last N tokens";
-    return question_;
+    return question_ + tail_;
   }
 
   // chunk_length (kvpress's): each run of chunk_length slots of a head keeps its max(1, int(size
@@ -128,7 +138,7 @@ class Finch final : public Policy {
 
   int window_size_ = 0;
   int chunk_length_ = 0;
-  int question_ = -1;  // set_question_tokens; -1: none given
+  int question_ = -1, tail_ = 0;  // set_question_tokens; -1: none given
   WindowScoreOptions scoring_;
   // One layer's scores and their intermediate rows, where the ops keep them: scratch emptied
   // after each decision.
@@ -148,9 +158,10 @@ PolicyInfo finch_policy_info() {
           "on models with sliding-window layers)",
           {
               {"window_size", "0",
-               "the window w: 0 takes the prompt's tokens after its context (the question and "
-               "the template's tail; a task's prompt with question: in_prompt); N: the prompt's "
-               "last N tokens (kvbench generate's one-text prompt needs it)"},
+               "the window w: 0 takes the prompt's tokens after its context (a task's prompt "
+               "with question: in_prompt): the question, whose queries score, and the template's "
+               "tail, which stays; N: the prompt's last N tokens, all scoring (kvbench "
+               "generate's one-text prompt needs it)"},
               {"chunk_length", "0",
                "kvpress's chunk_length: each run of this many slots keeps its max(1, int(size x "
                "(1 - compression_ratio))) best, the window first; 0: the whole prompt at once"},

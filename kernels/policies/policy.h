@@ -156,11 +156,11 @@ class Policy {
   virtual PrefillMode prefill_mode() const { return PrefillMode::kOneshot; }
   // Called once per sequence before its prompt, with the prompt length (budgets may depend on it).
   virtual void begin_sequence(int prompt_len) { (void)prompt_len; }
-  // The prompt's tokens after its context: the question and the template's tail, where the
-  // prompt prefills them (0 when the question is placed after compression). The runner calls it
-  // before begin_sequence and prefill_stats for a task's prompt; `generate`'s raw prompt has no
-  // context and never calls it. Finch's window (POLICIES.md `finch`).
-  virtual void set_question_tokens(int n) { (void)n; }
+  // The prompt's tokens after its context: the question's and the chat template's tail's, where
+  // the prompt prefills them (both 0 when the question is placed after compression). The runner
+  // calls it before begin_sequence and prefill_stats for a task's prompt; `generate`'s raw
+  // prompt has no context and never calls it. Finch's window (POLICIES.md `finch`).
+  virtual void set_question_tokens(int question, int tail) { (void)question; (void)tail; }
   // Context reconstruction (KVzip; POLICIES.md `kvzip`): after the prompt's prefill, whose hooks
   // compress nothing, engine::reconstruct_context feeds replay_passes(prompt) one at a time on top
   // of the prompt's cache. Between begin_replay and the pass's end, on_prefill_layer scores the

@@ -553,6 +553,18 @@ TEST_F(CudaPolicyOpsParity, VocabularyOpsAreTheCpuBits) {
           ASSERT_EQ(g->length(0, h), lengths[h]);
           parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "window sums");
         }
+        if (w > 1) {  // the window's first w - 1 rows alone (Finch's question before the tail)
+          std::unique_ptr<SlotRows> cf = cpu_.make_rows(SlotType::kF32, 1, q);
+          std::unique_ptr<SlotRows> gf = gpu_->make_rows(SlotType::kF32, 1, q);
+          st.last_probs = probs.data();
+          cpu_.window_sum(*cf, 0, st, lengths, wr, w - 1);
+          st.last_probs = dp.data();
+          gpu_->window_sum(*gf, 0, st, lengths, wr, w - 1);
+          for (int h = 0; h < q; ++h) {
+            parity::expect_bits(gpu_->read_f32(*gf, 0, h), cpu_.read_f32(*cf, 0, h),
+                                "window sums of the first rows");
+          }
+        }
         for (const GqaReduce gr : {GqaReduce::kMean, GqaReduce::kMax}) {
           std::unique_ptr<SlotRows> cr = cpu_.make_rows(SlotType::kF32, 1, kv);
           std::unique_ptr<SlotRows> gr_rows = gpu_->make_rows(SlotType::kF32, 1, kv);

@@ -96,7 +96,10 @@ TEST(PrefillSharing, FinchTakesTheQuestionAsItsWindow) {
   s.question = " Lily asked her mom for help. Then Lily";
   s.max_new_tokens = 4;
   const workers::detail::PromptTokens pt = workers::detail::build_prompt(lm, s, {});
-  const int question = static_cast<int>(pt.question.size() + pt.tail.size());
+  // No chat template: no tail, so the window is the question, all of whose queries score (the
+  // question and the tail handed apart: Finch.TheQuestionsQueriesScoreAndTheTailStays).
+  ASSERT_TRUE(pt.tail.empty());
+  const int question = static_cast<int>(pt.question.size());
   ASSERT_GE(question, 5);
   const auto& c = lm.model->config;
   std::vector<policies::PolicyConfig> pcs;

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policies.h"
+#include "workers/unit_run.h"
 
 namespace kvb::policies {
 namespace {
@@ -62,7 +63,7 @@ V decide(Policy& p) {
 
 std::unique_ptr<Policy> with_question(const PolicyConfig& c, int question) {
   std::unique_ptr<Policy> p = make_policy(c);
-  p->set_question_tokens(question);
+  p->set_question_tokens(question, 0);
   return p;
 }
 
@@ -83,6 +84,27 @@ TEST(Finch, TheQuestionIsTheWindowAndItsQueriesWeighByTheirKeys) {
   EXPECT_EQ(decide(*with_question(config(2), 1)), (V{2, 5}));
   EXPECT_EQ(decide(*with_question(config(3), 1)), (V{2, 4, 5}));
   EXPECT_EQ(decide(*with_question(config(4), 1)), (V{2, 3, 4, 5}));
+}
+
+// The runner hands the question's and the template tail's tokens apart: both stay as the window,
+// the question's queries alone score (kvpress compresses the question with the context and adds
+// the tail after it). A one-token question and a one-token tail: query 0 alone (weight 4): slot
+// 1 scores 0.5 x 4 = 2, slots 0 and 3 0.4, slot 2 0. Without a question the tail's queries score.
+TEST(Finch, TheQuestionsQueriesScoreAndTheTailStays) {
+  workers::detail::PromptTokens pt;
+  pt.question = {7};
+  pt.tail = {8};
+  std::unique_ptr<Policy> p = make_policy(config(3));
+  workers::detail::hand_question(*p, pt, {});
+  EXPECT_EQ(p->prefill_request(kN).last_w, 2);
+  EXPECT_EQ(decide(*p), (V{1, 4, 5}));
+  std::unique_ptr<Policy> tail_only = make_policy(config(3));
+  tail_only->set_question_tokens(0, 2);
+  EXPECT_EQ(decide(*tail_only), (V{2, 4, 5}));
+  // The question streamed after compression (`rest` holds it): nothing to take as the window.
+  std::unique_ptr<Policy> after = make_policy(config(3));
+  workers::detail::hand_question(*after, pt, {7, 8});
+  EXPECT_THROW(after->prefill_request(kN), Error);
 }
 
 TEST(Finch, AShortPromptStaysAndABudgetBelowTheWindowKeepsItsRecentEnd) {

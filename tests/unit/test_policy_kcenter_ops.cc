@@ -151,8 +151,9 @@ class HostAsDeviceOps final : public policies::PolicyOps {
     cpu_.popcount(bits, layer, out, out_layer);
   }
   void window_sum(SlotRows& out, int out_layer, const policies::LayerStats& st,
-                  std::span<const int32_t> lengths, policies::WindowReduce how) override {
-    cpu_.window_sum(out, out_layer, st, lengths, how);
+                  std::span<const int32_t> lengths, policies::WindowReduce how,
+                  int queries = 0) override {
+    cpu_.window_sum(out, out_layer, st, lengths, how, queries);
   }
   void reduce_heads(const SlotRows& in, int in_layer, int group, policies::GqaReduce how,
                     SlotRows& out, int out_layer) override {

@@ -236,6 +236,16 @@ TEST(PolicyOps, WindowSumSumsEachQueryHeadsWindowOverItsOwnLength) {
   EXPECT_EQ(ops.read_f32(*rows, 1, 0),
             (std::vector<float>{static_cast<float>(13.0 / 3), static_cast<float>(20.0 / 3)}));
   EXPECT_EQ(ops.read_f32(*rows, 1, 1), (std::vector<float>{4}));
+  // The window's first 2 rows alone (Finch's question before the template's tail): sums 4 and 2
+  // (q0), 8 (q1); the weighted mean (1*2 + 3*3) / 2, (2*2 + 0*3) / 2 and (7*1 + 1*2) / 2.
+  ops.window_sum(*rows, 1, st, std::vector<int32_t>{2, 1}, WindowReduce::kSum, 2);
+  EXPECT_EQ(ops.read_f32(*rows, 1, 0), (std::vector<float>{4, 2}));
+  EXPECT_EQ(ops.read_f32(*rows, 1, 1), (std::vector<float>{8}));
+  ops.window_sum(*rows, 1, st, std::vector<int32_t>{2, 1}, WindowReduce::kWeightedMean, 2);
+  EXPECT_EQ(ops.read_f32(*rows, 1, 0), (std::vector<float>{5.5f, 2}));
+  EXPECT_EQ(ops.read_f32(*rows, 1, 1), (std::vector<float>{4.5f}));
+  EXPECT_THROW(ops.window_sum(*rows, 1, st, std::vector<int32_t>{2, 1}, WindowReduce::kSum, 4),
+               Error);
   // A length past the stride, a count of lengths other than the rows' heads: refused.
   EXPECT_THROW(ops.window_sum(*rows, 1, st, std::vector<int32_t>{4, 0}, WindowReduce::kSum),
                Error);
