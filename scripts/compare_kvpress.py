@@ -274,22 +274,28 @@ def compare_finch(args, model, ids, full, ratios, prompt_file, tmp, window=48, s
         press.delimiter_token_id = delim
         with torch.no_grad(), press(model):
             out = model(with_delim, past_key_values=DynamicCache(), use_cache=True)
-        cache = out.past_key_values
-        start = cache.get_seq_length()  # kvpress's pipeline: context_length after re-rotation
-        tok = int(out.logits[0, -1].argmax())
-        theirs = [tok]
-        with torch.no_grad():
-            for t in range(steps - 1):
-                o = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True,
-                          position_ids=torch.tensor([[start + t]]))
-                cache = o.past_key_values
-                tok = int(o.logits[0, -1].argmax())
-                theirs.append(tok)
-        mine = moved["fed_ids"]
-        k = len(mine)
-        first = next((i for i in range(k) if mine[i] != theirs[i]), None)
-        verdict = f"{k}/{k}" if first is None else f"first {first} of {k} (then differ)"
+        verdict = greedy_verdict(model, out, moved["fed_ids"], steps)
         print(f"| Finch (w={window}) | {ratio} | {verdict} |", flush=True)
+
+
+def greedy_verdict(model, out, ours, steps):
+    """kvpress's `steps` greedy tokens after a re-rotated prompt's output `out`, decoding at
+    positions from cache.get_seq_length() on (its pipeline's context_length after re-rotation),
+    against kvbench's `ours`: "k/k", or where they first differ."""
+    cache = out.past_key_values
+    start = cache.get_seq_length()
+    tok = int(out.logits[0, -1].argmax())
+    theirs = [tok]
+    with torch.no_grad():
+        for t in range(steps - 1):
+            o = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True,
+                      position_ids=torch.tensor([[start + t]]))
+            cache = o.past_key_values
+            tok = int(o.logits[0, -1].argmax())
+            theirs.append(tok)
+    k = len(ours)
+    first = next((i for i in range(k) if ours[i] != theirs[i]), None)
+    return f"{k}/{k}" if first is None else f"first {first} of {k} (then differ)"
 
 
 def hf_channel(args, model):
@@ -391,27 +397,13 @@ def compare_rerotate(args, model, ids, ratios, prompt_file, tmp, steps=16):
                 out = model(torch.tensor([ids]), past_key_values=DynamicCache(), use_cache=True)
         finally:
             kvpress.KeyRerotationPress.rerotate_keys = staticmethod(original)
-        cache = out.past_key_values
         same = total = 0
         for layer, heads in enumerate(recorded):
             for h, kept in enumerate(heads):
                 total += 1
                 same += set(kept) == set(plain["positions"][layer][h])
         # Greedy decoding on the compressed cache at positions n_kept, n_kept + 1, ...
-        start = cache.get_seq_length()
-        tok = int(out.logits[0, -1].argmax())
-        theirs = [tok]
-        with torch.no_grad():
-            for t in range(steps - 1):
-                o = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True,
-                          position_ids=torch.tensor([[start + t]]))
-                cache = o.past_key_values
-                tok = int(o.logits[0, -1].argmax())
-                theirs.append(tok)
-        ours = moved["fed_ids"]
-        k = len(ours)
-        first = next((i for i in range(k) if ours[i] != theirs[i]), None)
-        verdict = f"{k}/{k}" if first is None else f"first {first} of {k} (then differ)"
+        verdict = greedy_verdict(model, out, moved["fed_ids"], steps)
         print(f"| KeyRerotation over SnapKV (w=64, avg pool 5) | {ratio} | {same}/{total} | "
               f"{verdict} |", flush=True)
 
