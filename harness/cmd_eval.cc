@@ -8,6 +8,7 @@
 #include <cmath>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "common/error.h"
@@ -157,7 +158,13 @@ int cmd_eval(const std::vector<std::string>& args) {
               c.has_sliding_layers()};
   pc.options = popts;
   pc.seed = seed;
-  policies::make_policy(pc);  // validate budget and options against the model
+  // Validate the budget and options against the model, and a window the question placement
+  // leaves empty (finch with the question after compression) before any sample runs.
+  std::unique_ptr<policies::Policy> probe = policies::make_policy(pc);
+  if (question == "after_compression") {
+    probe->set_question_tokens(0, 0);
+    probe->prefill_stats(1);
+  }
   engine::require_policy_layers(policy_name, model_path, c.global_layers(),
                                 c.window.empty() ? 0 : c.window[0]);
 

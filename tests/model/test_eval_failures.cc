@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "run_kvbench.h"
 
@@ -37,6 +38,25 @@ TEST(EvalFailures, AnOutOfMemoryUnitIsItsRowAndEvalGoesOn) {
   EXPECT_NE(out.find("| len256_depth100_s0 "), std::string::npos) << out;
   EXPECT_NE(out.find("| ok "), std::string::npos) << out;
   EXPECT_NE(out.find("| niah | full   |         0 |   1 |      1 |"), std::string::npos) << out;
+}
+
+// finch's window is the prompt's question: with the question placed after compression there is
+// none, and eval says so before any sample runs (a usage error, exit 2, naming the fix), rather
+// than failing every sample with it. In the prompt it runs.
+TEST(EvalFailures, FinchWithTheQuestionAfterCompressionIsRefusedUpFront) {
+  if (!fs::exists(kModel)) GTEST_SKIP() << "stories260K not found under " KVB_SHARED_DIR;
+  const std::vector<std::string> args = {
+      "eval", "--model", kModel, "--tokenizer", kTok, "--task", "niah", "--task-opt",
+      "context_lengths=256", "--task-opt", "depths=50", "--task-opt", "haystack=noise",
+      "--task-opt", "chat=false", "--policy", "finch", "--kv-budget", "64", "--threads", "1"};
+  std::vector<std::string> after = args;
+  after.insert(after.end(), {"--question", "after_compression"});
+  std::string out, err;
+  EXPECT_EQ(testing::kvbench(after, &out, &err), 2) << out << err;
+  EXPECT_NE(err.find("question: in_prompt"), std::string::npos) << err;
+  EXPECT_EQ(out.find("| niah"), std::string::npos) << out;
+  EXPECT_EQ(testing::kvbench(args, &out, &err), 0) << out << err;
+  EXPECT_NE(out.find("| niah | finch "), std::string::npos) << out;
 }
 
 }  // namespace
