@@ -105,6 +105,11 @@ int cmd_ls(const std::vector<std::string>& all_args) {
     for (const policies::ParamDoc& d : policies::common_params()) {
       // full and think refuse think: (full is the reference; think has its own ratio).
       if (!p.budgeted && (d.name == "think" || d.name == "think_window")) continue;
+      // subgen and kvzip refuse think and positions: rerotate (PolicyInfo::composes).
+      if (!p.composes &&
+          (d.name == "think" || d.name == "think_window" || d.name == "positions")) {
+        continue;
+      }
       // A policy's own option of that name documents it (streaming_llm's positions).
       if (std::any_of(p.params.begin(), p.params.end(),
                       [&](const policies::ParamDoc& o) { return o.name == d.name; })) {

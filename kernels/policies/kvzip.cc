@@ -212,7 +212,7 @@ class KvZip final : public Policy {
 }  // namespace
 
 PolicyInfo kvzip_policy_info() {
-  return {"kvzip",
+  PolicyInfo info{"kvzip",
           "KVzip (kvpress KVzipPress): the model repeats the context in extra passes; each slot "
           "scores the most attention a repeating query gives it, and the lowest scores across "
           "every layer and head leave (prefill: its passes and their scoring, 3.6x snapkv's at 4K on "
@@ -225,6 +225,8 @@ PolicyInfo kvzip_policy_info() {
                "the whole model goes to the best scores of any layer (kvpress's default)"},
           },
           [](const PolicyConfig& c) { return std::make_unique<KvZip>(c); }};
+  info.composes = false;
+  return info;
 }
 
 }  // namespace kvb::policies

@@ -282,6 +282,10 @@ struct PolicyInfo {
   // Whether the policy takes a kv budget: false for `full` and `think`, which keep every token
   // (one unit per cell, no budget axis).
   bool budgeted = true;
+  // Whether `think` and `positions: rerotate` may follow its decision: false for `subgen`
+  // (it replaces attention) and `kvzip` (it decides after its passes), which refuse them;
+  // `kvbench ls policies` leaves them out there.
+  bool composes = true;
 };
 // Whether policy `name` takes a kv budget (PolicyInfo::budgeted; an unknown name: true).
 bool budgeted(const std::string& name);

@@ -287,7 +287,7 @@ class SubGen final : public Policy {
 }  // namespace
 
 PolicyInfo subgen_policy_info() {
-  return {"subgen",
+  PolicyInfo info{"subgen",
           "SubGen streaming attention: value-norm reservoir (s) + delta-clusters of keys with t "
           "samples; replaces attention once a head exceeds the budget",
           {{"s", "floor(kv_budget/4)", "reservoir samples of (key, value) for the numerator", {}},
@@ -305,6 +305,8 @@ PolicyInfo subgen_policy_info() {
             "token",
             {"oneshot", "streaming"}}},
           [](const PolicyConfig& c) { return std::make_unique<SubGen>(c); }};
+  info.composes = false;
+  return info;
 }
 
 }  // namespace kvb::policies

@@ -15,6 +15,7 @@
 #include "kernels/kv_cache.h"
 #include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policies.h"
+#include "run_kvbench.h"
 
 namespace kvb::policies {
 namespace {
@@ -147,6 +148,35 @@ TEST(KvZip, TheLowestScoresOfEveryLayerLeaveAndTheSinksStay) {
   // Layerwise: two per layer; equal scores take the older slot first.
   EXPECT_EQ(decide({{"n_sink", "1"}, {"layerwise", "true"}}),
             (std::vector<V>{{0, 3, 4}, {0, 2, 4}}));
+}
+
+// `kvbench ls policies` documents each policy's own options and the common ones it takes: kvzip
+// and subgen refuse think and positions (PolicyInfo::composes), so they are not listed there;
+// finch lists its own positions default (rerotate); snapkv lists the common ones.
+TEST(KvZip, LsListsOnlyTheOptionsAPolicyTakes) {
+  std::string out;
+  ASSERT_EQ(testing::kvbench({"ls", "policies"}, &out), 0);
+  auto block = [&](const std::string& name) {
+    const size_t at = out.find("\n" + name + "\n");
+    EXPECT_NE(at, std::string::npos) << name;
+    if (at == std::string::npos) return std::string();
+    size_t end = at + name.size() + 2;
+    while (end < out.size()) {  // the block's lines are indented; the next policy's name is not
+      const size_t nl = out.find('\n', end);
+      if (nl == std::string::npos || out[end] != ' ') break;
+      end = nl + 1;
+    }
+    return out.substr(at, end - at);
+  };
+  for (const std::string name : {"kvzip", "subgen"}) {
+    const std::string b = block(name);
+    EXPECT_EQ(b.find("--policy-opt think="), std::string::npos) << b;
+    EXPECT_EQ(b.find("--policy-opt positions="), std::string::npos) << b;
+    EXPECT_NE(b.find("--policy-opt gqa="), std::string::npos) << b;
+  }
+  EXPECT_NE(block("finch").find("--policy-opt positions=rerotate"), std::string::npos);
+  EXPECT_NE(block("snapkv").find("--policy-opt think=0"), std::string::npos);
+  EXPECT_NE(block("snapkv").find("--policy-opt positions=true"), std::string::npos);
 }
 
 }  // namespace
