@@ -289,6 +289,10 @@ PAIRS = [
     ("ChunkPress over LagKV (chunks of 512: each its own sinks and partitions)",
      lambda r: kvpress.ChunkPress(kvpress.LagKVPress(compression_ratio=r), chunk_length=512),
      "lagkv", ["chunk=512"]),
+    ("ChunkPress over ExpectedAttention (chunks of 512: each its own queries and sinks)",
+     lambda r: kvpress.ChunkPress(kvpress.ExpectedAttentionPress(compression_ratio=r),
+                                  chunk_length=512),
+     "expected_attention", ["chunk=512"]),
     # DMSPress over a scorer, its dense prefill (kvbench: the scorer's `threshold: t`): the
     # threshold decides, not the ratio (the same at every ratio). kvpress masks the slots.
     ("DMS over KeyDiff (threshold -0.5, window 128)",

@@ -40,7 +40,8 @@ ScorerWrappers::ScorerWrappers(const PolicyConfig& c, bool rescores, bool chunks
       << "them";
   KVB_USAGE_CHECK(chunk_runs_ == 0 || chunks)
       << "policy " << c.name << ": chunk scores each run of slots with its own statistics, "
-      << "which " << c.name << " does not compute per run (keydiff, cur and lagkv do)";
+      << "which " << c.name << " does not compute per run (keydiff, cur, lagkv and "
+      << "expected_attention do)";
   KVB_USAGE_CHECK(chunk_runs_ == 0 ||
                   (!ada_ && !critical_ && interval_ == 0 && chunk_ == 0 &&
                    !c.options.has("threshold") && c.options.get_string("layer_ratios", "").empty()))
@@ -185,7 +186,8 @@ std::vector<ParamDoc> ScorerWrappers::params() {
       {"chunk",
        "0",
        "kvpress ChunkPress: score each run of this many tokens on its own and keep the best "
-       "max(1, int(run x f)) of each, f the budget's fraction (keydiff; 0: off)",
+       "max(1, int(run x f)) of each, f the budget's fraction (keydiff, cur, lagkv, qfilter, "
+       "expected_attention; 0: off)",
        {}},
       {"block",
        "0",

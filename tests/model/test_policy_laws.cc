@@ -97,6 +97,8 @@ std::vector<Variant> variants() {
   add("lagkv", {{"chunk", "6"}, {"lag", "2"}});  // ChunkPress, each run scored as its own cache
   add("pyramidkv", {{"formula", "kvpress"}, {"beta", "2"}});
   add("expected_attention", {{"chunkkv", "3"}});
+  // kvpress's ChunkPress over ExpectedAttention: each run its own queries, sinks and softmax.
+  add("expected_attention", {{"chunk", "9"}});
   // kvpress's NonCausalAttnPress: a short last chunk (padded), and Ada-KV over its z-scores.
   add("noncausal_attn", {{"chunk_size", "5"}});
   add("noncausal_attn", {{"ada", "true"}, {"chunk_size", "4"}});
