@@ -79,22 +79,33 @@ TEST(PrefillSharing, OnePrefillForTheBundleSameResults) {
   EXPECT_GT(differ, 0);
 }
 
-// `finch`'s window is the prompt's question: the runner hands its length (the question and the
-// template's tail) to the policy on the shared and the own prefill alike, so the unit keeps what
-// finch with window_size = that length keeps, and not what a window one token longer keeps.
-TEST(PrefillSharing, FinchTakesTheQuestionAsItsWindow) {
-  const std::string model = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  const std::string tok = std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin";
-  workers::LoadedModel lm = workers::load_model_and_tokenizer(model, tok);
-  engine::Engine eng(*lm.model);
+// stories260K with its tokenizer (no chat template), and a story about Lily with `question`
+// after it: the prompts of the finch and kvzip bundles below.
+workers::LoadedModel stories260k() {
+  return workers::load_model_and_tokenizer(
+      std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin",
+      std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin");
+}
+
+tasks::Sample lily(const std::string& question, int max_new_tokens) {
   tasks::Sample s;
   s.id = "story";
   s.chat = false;
   s.context =
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
       "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
-  s.question = " Lily asked her mom for help. Then Lily";
-  s.max_new_tokens = 4;
+  s.question = question;
+  s.max_new_tokens = max_new_tokens;
+  return s;
+}
+
+// `finch`'s window is the prompt's question: the runner hands its length (the question and the
+// template's tail) to the policy on the shared and the own prefill alike, so the unit keeps what
+// finch with window_size = that length keeps, and not what a window one token longer keeps.
+TEST(PrefillSharing, FinchTakesTheQuestionAsItsWindow) {
+  workers::LoadedModel lm = stories260k();
+  engine::Engine eng(*lm.model);
+  const tasks::Sample s = lily(" Lily asked her mom for help. Then Lily", 4);
   const workers::detail::PromptTokens pt = workers::detail::build_prompt(lm, s, {});
   // No chat template: no tail, so the window is the question, all of whose queries score (the
   // question and the tail handed apart: Finch.TheQuestionsQueriesScoreAndTheTailStays).
@@ -147,18 +158,9 @@ TEST(PrefillSharing, FinchTakesTheQuestionAsItsWindow) {
 // shared prefill as on its own: the unit's cache is the one engine::prefill_prompt leaves with
 // that prompt, whichever path ran it, and not the one of a prompt without the template's parts.
 TEST(PrefillSharing, KvZipReconstructsTheSameContextOnBothPaths) {
-  const std::string model = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
-  const std::string tok = std::string(KVB_SHARED_DIR) + "/models/stories260K/tok512.bin";
-  workers::LoadedModel lm = workers::load_model_and_tokenizer(model, tok);
+  workers::LoadedModel lm = stories260k();
   engine::Engine eng(*lm.model);
-  tasks::Sample s;
-  s.id = "story";
-  s.chat = false;
-  s.context =
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-      "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
-  s.question = " Then Lily";
-  s.max_new_tokens = 3;
+  const tasks::Sample s = lily(" Then Lily", 3);
   const auto& c = lm.model->config;
   policies::PolicyConfig pc;
   pc.name = "kvzip";
