@@ -92,6 +92,22 @@ __global__ void replay_columns_kernel(const float* y, const T* keys, DeviceLayer
   }
 }
 
+// The two kernels over keys of type T: row statistics, then the chunk's column maxima.
+template <typename T>
+void launch_replay(const T* keys, const float* y, const DeviceLayerKvView& v, HeadTable len,
+                   int m, int heads, int group, int sinks, int first, int count, float div,
+                   float* maxes, double* sums, float* out, int ld, cudaStream_t stream) {
+  const int kv = heads / group;
+  const dim3 rows_grid(std::min(64u, grid_for(static_cast<size_t>(m), kThreads)), heads);
+  const dim3 cols_grid(std::min(64u, grid_for(static_cast<size_t>(count), kThreads)), kv);
+  replay_rows_kernel<<<rows_grid, kThreads, 0, stream>>>(y, keys, v, len, m, heads, group, sinks,
+                                                         first, count, div, maxes, sums);
+  KVB_CUDA_CHECK_LAUNCH();
+  replay_columns_kernel<<<cols_grid, kThreads, 0, stream>>>(y, keys, v, m, heads, group, first,
+                                                            count, div, maxes, sums, out, ld);
+  KVB_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void CudaPolicyOps::replay_attention_max(SlotRows& out, int out_layer, const KvCache& cache,
@@ -136,25 +152,14 @@ void CudaPolicyOps::replay_attention_max(SlotRows& out, int out_layer, const KvC
   ++transfers_.h2d_copies;
   transfers_.h2d_bytes += q_n * sizeof(float);
   const float div = std::sqrt(static_cast<float>(d));
-  const dim3 rows_grid(std::min(64u, grid_for(static_cast<size_t>(m), kThreads)), st.num_heads);
-  const dim3 cols_grid(std::min(64u, grid_for(static_cast<size_t>(count), kThreads)), kv);
   float* o = static_cast<float*>(r.data(out_layer));
   if (v.dtype == KvDtype::kBf16) {
-    const auto* keys = static_cast<const __nv_bfloat16*>(v.keys);
-    replay_rows_kernel<<<rows_grid, kThreads, 0, stream_>>>(
-        y, keys, v, len, m, st.num_heads, group, sinks, first, count, div, maxes, sums);
-    KVB_CUDA_CHECK_LAUNCH();
-    replay_columns_kernel<<<cols_grid, kThreads, 0, stream_>>>(
-        y, keys, v, m, st.num_heads, group, first, count, div, maxes, sums, o, r.ld(out_layer));
+    launch_replay(static_cast<const __nv_bfloat16*>(v.keys), y, v, len, m, st.num_heads, group,
+                  sinks, first, count, div, maxes, sums, o, r.ld(out_layer), stream_);
   } else {
-    const auto* keys = static_cast<const float*>(v.keys);
-    replay_rows_kernel<<<rows_grid, kThreads, 0, stream_>>>(
-        y, keys, v, len, m, st.num_heads, group, sinks, first, count, div, maxes, sums);
-    KVB_CUDA_CHECK_LAUNCH();
-    replay_columns_kernel<<<cols_grid, kThreads, 0, stream_>>>(
-        y, keys, v, m, st.num_heads, group, first, count, div, maxes, sums, o, r.ld(out_layer));
+    launch_replay(static_cast<const float*>(v.keys), y, v, len, m, st.num_heads, group, sinks,
+                  first, count, div, maxes, sums, o, r.ld(out_layer), stream_);
   }
-  KVB_CUDA_CHECK_LAUNCH();
   launches_ += 2;
 }
 

@@ -256,6 +256,18 @@ TEST(PolicyLaws, Stories260K) {
   check_model(*m, prompt, 12);
 }
 
+// The two models of the laws written per policy below: stories260K (adjacent-pair RoPE) or the
+// tiny Qwen3 (rotate_half, q/k norms), and their prompt: stories_prompt(), or `text`'s bytes as
+// Qwen3's token ids.
+std::unique_ptr<engine::Model> stories_or_qwen3(bool qwen3) {
+  return qwen3 ? engine::load_model(std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.gguf")
+               : stories260k();
+}
+
+std::vector<int32_t> stories_or_qwen3_prompt(bool qwen3, const std::string& text) {
+  return qwen3 ? std::vector<int32_t>(text.begin(), text.end()) : stories_prompt();
+}
+
 // qfilter (kvpress QFilterPress) reads filters of the model's shape (registry_options.h's
 // made-up ones), so it runs the laws here rather than in variants(): a budget above everything
 // gives full's logits bit for bit; a small one leaves every head at most the budget after the
@@ -263,16 +275,12 @@ TEST(PolicyLaws, Stories260K) {
 // logical bytes = retained slots x slot bytes. Ada-KV over it too.
 TEST(PolicyLaws, QFilterLaws) {
   for (const bool qwen3 : {false, true}) {
-    std::unique_ptr<engine::Model> m =
-        qwen3 ? engine::load_model(std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.gguf")
-              : stories260k();
+    const std::unique_ptr<engine::Model> m = stories_or_qwen3(qwen3);
     ASSERT_TRUE(m);
     SCOPED_TRACE(qwen3 ? "qwen3 tiny" : "stories260K");
     engine::Engine eng(*m, nullptr);
     const auto& c = m->config;
-    const std::string text = "Filters score the keys; the least aligned stay in the cache.";
-    const std::vector<int32_t> prompt =
-        qwen3 ? std::vector<int32_t>(text.begin(), text.end()) : stories_prompt();
+    const std::vector<int32_t> prompt = stories_or_qwen3_prompt(qwen3, "Filters score the keys; the least aligned stay in the cache.");
     const std::vector<int32_t> forced = {5, 9, 40, 7};
     const int n = static_cast<int>(prompt.size());
     const Trace ref = run(eng, *m, {"full", {}}, 0, prompt, forced);
@@ -601,16 +609,12 @@ TEST(PolicyLaws, DuoAttentionFollowsItsHeadScores) {
 // runs repeat bit for bit. Also on the tiny Qwen3 (rotate_half, q/k norms).
 TEST(PolicyLaws, KvZipKeepsTheModelsBudget) {
   for (const bool qwen3 : {false, true}) {
-    std::unique_ptr<engine::Model> m =
-        qwen3 ? engine::load_model(std::string(KVB_FIXTURES_DIR) + "/engine/qwen3_tiny.gguf")
-              : stories260k();
+    const std::unique_ptr<engine::Model> m = stories_or_qwen3(qwen3);
     ASSERT_TRUE(m);
     SCOPED_TRACE(qwen3 ? "qwen3 tiny" : "stories260K");
     engine::Engine eng(*m, nullptr);
     const auto& c = m->config;
-    const std::string text = "Repeat the context: the keys it needs most are the ones to keep.";
-    const std::vector<int32_t> prompt =
-        qwen3 ? std::vector<int32_t>(text.begin(), text.end()) : stories_prompt();
+    const std::vector<int32_t> prompt = stories_or_qwen3_prompt(qwen3, "Repeat the context: the keys it needs most are the ones to keep.");
     const std::vector<int32_t> forced = {5, 9, 40, 7};
     const int n = static_cast<int>(prompt.size());
     const Trace ref = run(eng, *m, {"full", {}}, 0, prompt, forced);

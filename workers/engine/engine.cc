@@ -323,7 +323,10 @@ void Engine::continue_after_rerotation(kernels::KvCache& cache) {
     }
   }
   if (tp_) longest = kernels::all_max(*tp_, longest);
-  const int delta = longest - cache.next_position();
+  move_position(cache, longest - cache.next_position());
+}
+
+void Engine::move_position(kernels::KvCache& cache, int delta) {
   cache.advance_position(delta);
   backend_->moved_position(cache, delta);
 }
@@ -339,9 +342,7 @@ void Engine::reconstruct_context(policies::Policy& policy, kernels::KvCache& cac
   for (const policies::ReplayPass& pass : policy.replay_passes(prompt)) {
     policy.begin_replay(pass);
     forward(pass.tokens, cache, LogitsMode::kNone, nullptr, &policy, PolicyHook::kPrefill);
-    const int delta = end - cache.next_position();  // back to the prompt's end
-    cache.advance_position(delta);
-    backend_->moved_position(cache, delta);
+    move_position(cache, end - cache.next_position());  // back to the prompt's end
   }
   policy.end_replay();
   for (int l = 0; l < c.num_layers; ++l) {

@@ -215,6 +215,8 @@ class Engine {
   // position moved to the longest head's length (across the tensor-parallel group).
   void rerotate_layer(int l, kernels::KvCache& cache);
   void continue_after_rerotation(kernels::KvCache& cache);
+  // The cache's next position moved by `delta`, and the backend's mirror of it.
+  void move_position(kernels::KvCache& cache, int delta);
   // Backend::begin_policy_span, remembering the sequence of a decode batch it belongs to.
   void begin_span();
   // A sliding-window layer (ModelConfig::window): RoPE with the layer's base, append, windowed
