@@ -280,51 +280,62 @@ void attention_blocked(const AttentionArgs& a, int group) {
 // P x V of the row path for `rows` rows of KV head kvh: out[r][j] = tree16 over lanes l of the
 // sum, in increasing slot order with fused multiply-adds from +0, of p_r[s] * v_s[j] over the
 // slots s = l (mod 16) of [lo + first[r], lo + visible[r]) (first, visible relative to lo, as
-// the softmax's; p_r[s] at p + r * ldp + s - lo). Each lane's sums stay in registers while the V
-// rows of its slots stream by once for all the rows (a query head's own pass kept 16 lane rows in
-// memory and read V once per head). lanes: scratch [rows, 16, d]; out: [rows, d]. Both paths give
-// these bits (the portable one is the definition written out); active_isa() picks.
+// the softmax's; p_r[s] at p + r * ldp + s - lo). lanes: [rows, 16, d], the 16 lane sums of each
+// row (a row's 16 x d floats stay in L1); out: [rows, d]. Both paths give these bits (the portable
+// one is the definition written out); active_isa() picks.
+//
+// The AVX-512 path reads V once, in slot order (each slot's row feeds every row's lane s & 15).
+// It kept each lane's sums in registers and read the slots of one lane at a time (s = l, l + 16,
+// ...): 16 sweeps with a stride of 16 rows, which at head_dim 64 is 4 KiB, the page size, where
+// the hardware prefetchers stop; a decode step's P x V then waited on memory for every row.
 #if defined(__AVX512F__)
-constexpr int kPvRows = 4;  // rows per register block: 4 x 4 zmm of lane sums (64 columns)
-void pv_lanes_avx512(const float* p, size_t ldp, int lo, const int* first, const int* visible,
-                     int rows, const LayerKvView& kv, int kvh, float* lanes) {
+// One slot's row v into the lane sums acc of one row, nc full vectors (NC > 0: a constant).
+template <int NC>
+inline void pv_slot_avx512(float* acc, const float* v, __m512 pb, int nc, __mmask16 tail) {
+  const int n = NC > 0 ? NC : nc;
+  for (int c = 0; c < n; ++c) {
+    _mm512_storeu_ps(acc + 16 * c,
+                     _mm512_fmadd_ps(pb, _mm512_loadu_ps(v + 16 * c), _mm512_loadu_ps(acc + 16 * c)));
+  }
+  if (NC == 0 && tail != 0) {
+    const int c = n;
+    _mm512_mask_storeu_ps(acc + 16 * c, tail,
+                          _mm512_fmadd_ps(pb, _mm512_maskz_loadu_ps(tail, v + 16 * c),
+                                          _mm512_maskz_loadu_ps(tail, acc + 16 * c)));
+  }
+}
+
+template <int NC>
+void pv_rows_avx512(const float* p, size_t ldp, int lo, const int* first, const int* visible,
+                    int rows, const LayerKvView& kv, int kvh, float* lanes) {
   const int d = kv.head_dim;
-  int lo_all = INT32_MAX, hi_all = 0;
+  const int nc = d / 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (d % 16)) - 1u);
+  std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
+  int lo_all = INT32_MAX, hi_all = 0, lo_every = 0, hi_every = INT32_MAX;
   for (int r = 0; r < rows; ++r) {
     lo_all = std::min(lo_all, lo + first[r]);
     hi_all = std::max(hi_all, lo + visible[r]);
+    lo_every = std::max(lo_every, lo + first[r]);
+    hi_every = std::min(hi_every, lo + visible[r]);
   }
-  for (int r0 = 0; r0 < rows; r0 += kPvRows) {
-    const int nr = std::min(kPvRows, rows - r0);
-    for (int j0 = 0; j0 < d; j0 += 64) {
-      const int nc = std::min(4, (d - j0 + 15) / 16);  // zmm columns in this group
-      __mmask16 mask[4];
-      for (int c = 0; c < 4; ++c) {
-        const int left = std::clamp(d - j0 - 16 * c, 0, 16);
-        mask[c] = static_cast<__mmask16>(left == 16 ? 0xFFFF : (1u << left) - 1u);
-      }
-      for (int l = 0; l < 16; ++l) {
-        __m512 acc[kPvRows][4];
-        for (int r = 0; r < kPvRows; ++r) {
-          for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
-        }
-        // The first slot = l (mod 16) at or after lo_all.
-        for (int s = lo_all + ((l - lo_all) % 16 + 16) % 16; s < hi_all; s += 16) {
-          const float* v = kv.value(kvh, s) + j0;
-          __m512 vv[4];
-          for (int c = 0; c < nc; ++c) vv[c] = _mm512_maskz_loadu_ps(mask[c], v + 16 * c);
-          for (int r = 0; r < nr; ++r) {
-            if (s < lo + first[r0 + r] || s >= lo + visible[r0 + r]) continue;
-            const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(r0 + r) * ldp + (s - lo)]);
-            for (int c = 0; c < nc; ++c) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
-          }
-        }
-        for (int r = 0; r < nr; ++r) {
-          float* dst = lanes + (static_cast<size_t>(r0 + r) * 16 + l) * d + j0;
-          for (int c = 0; c < nc; ++c) _mm512_mask_storeu_ps(dst + 16 * c, mask[c], acc[r][c]);
-        }
-      }
+  for (int s = lo_all; s < hi_all; ++s) {
+    const float* v = kv.value(kvh, s);
+    const bool every = s >= lo_every && s < hi_every;  // every row sees slot s
+    for (int r = 0; r < rows; ++r) {
+      if (!every && (s < lo + first[r] || s >= lo + visible[r])) continue;
+      const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(r) * ldp + (s - lo)]);
+      pv_slot_avx512<NC>(lanes + (static_cast<size_t>(r) * 16 + (s & 15)) * d, v, pb, nc, tail);
     }
+  }
+}
+
+void pv_lanes_avx512(const float* p, size_t ldp, int lo, const int* first, const int* visible,
+                     int rows, const LayerKvView& kv, int kvh, float* lanes) {
+  switch (kv.head_dim) {
+    case 64: return pv_rows_avx512<4>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    case 128: return pv_rows_avx512<8>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    default: return pv_rows_avx512<0>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
   }
 }
 #endif
@@ -453,10 +464,16 @@ void run_few_jobs(const std::vector<FewJob>& jobs) {
   }
 }
 
-// Query heads per job: whole groups when there are enough jobs to share among the threads
-// (`heads` query heads in all), down to single heads otherwise.
+// Query heads per job: whole groups (K and V of a KV head read once for all its query heads)
+// when the calls' KV heads, `heads / group` in all, give every thread a job; otherwise groups
+// split into as few parts as give every thread one. (Splitting whenever a thread could take
+// several jobs read each KV head's rows once per part: a decode step of SmolLM2 at 2K tokens on
+// 2 threads ran 9 single-head jobs, each reading its KV head's K and V, 12% slower than 3 whole
+// groups.)
 int few_chunk(int heads, int group) {
-  return std::clamp(heads / std::max(1, 4 * omp_get_max_threads()), 1, group);
+  const int kv_heads = std::max(1, heads / group);
+  const int parts = (omp_get_max_threads() + kv_heads - 1) / kv_heads;  // per KV head
+  return std::clamp((group + parts - 1) / parts, 1, group);
 }
 
 // Checks a call's arguments and zeroes its statistics; returns its GQA group size.
