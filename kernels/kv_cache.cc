@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "kernels/f16.h"
 
 namespace kvb::kernels {
 
@@ -14,6 +15,8 @@ KvCache::KvCache(const KvCacheShape& shape, int initial_capacity, bool host_rows
   KVB_CHECK(shape.num_layers > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0)
       << "bad cache shape " << shape.num_layers << "x" << shape.num_kv_heads << "x"
       << shape.head_dim;
+  KVB_CHECK(!shape.f16 || (host_rows && shape.head_dim % 2 == 0))
+      << "an f16 cache holds its rows on the host and has an even head_dim, got " << shape.head_dim;
   keys_.resize(shape.num_layers);
   values_.resize(shape.num_layers);
   positions_.resize(shape.num_layers);
@@ -63,23 +66,25 @@ void KvCache::reserve_extra(int extra) {
 
 void KvCache::live_rows(int capacity, std::vector<Rows>* keys, std::vector<Rows>* values,
                         std::vector<Positions>* positions) const {
-  const int h = shape_.num_kv_heads, d = shape_.head_dim;
+  const int h = shape_.num_kv_heads;
+  const size_t dk = key_floats(), dv = value_floats();
   keys->resize(shape_.num_layers);
   values->resize(shape_.num_layers);
   positions->resize(shape_.num_layers);
   for (int l = 0; l < shape_.num_layers; ++l) {
-    Rows k(host_rows_ ? static_cast<size_t>(h) * capacity * d : 0);
-    Rows v(k.size());
+    Rows k(host_rows_ ? static_cast<size_t>(h) * capacity * dk : 0);
+    Rows v(host_rows_ ? static_cast<size_t>(h) * capacity * dv : 0);
     Positions p(static_cast<size_t>(h) * capacity);
     for (int head = 0; head < h; ++head) {
       const size_t len = lengths_[index(l, head)];
       if (len == 0) continue;
       if (host_rows_) {
-        std::memcpy(&k[static_cast<size_t>(head) * capacity * d],
-                    &keys_[l][static_cast<size_t>(head) * capacity_ * d], len * d * sizeof(float));
-        std::memcpy(&v[static_cast<size_t>(head) * capacity * d],
-                    &values_[l][static_cast<size_t>(head) * capacity_ * d],
-                    len * d * sizeof(float));
+        std::memcpy(&k[static_cast<size_t>(head) * capacity * dk],
+                    &keys_[l][static_cast<size_t>(head) * capacity_ * dk],
+                    len * dk * sizeof(float));
+        std::memcpy(&v[static_cast<size_t>(head) * capacity * dv],
+                    &values_[l][static_cast<size_t>(head) * capacity_ * dv],
+                    len * dv * sizeof(float));
       }
       std::memcpy(&p[static_cast<size_t>(head) * capacity],
                   &positions_[l][static_cast<size_t>(head) * capacity_], len * sizeof(int32_t));
@@ -91,6 +96,7 @@ void KvCache::live_rows(int capacity, std::vector<Rows>* keys, std::vector<Rows>
 }
 
 void KvCache::grow_to(int new_capacity) {
+  ++changes_;
   live_rows(new_capacity, &keys_, &values_, &positions_);
   capacity_ = new_capacity;
 }
@@ -128,7 +134,8 @@ void KvCache::fill_layer(const KvCache& src, const EvictionPlan& plan) {
   KVB_CHECK(host_rows_ && src.host_rows_ && src.device_rows_ == nullptr &&
             src.shape_.num_layers == shape_.num_layers &&
             src.shape_.num_kv_heads == shape_.num_kv_heads &&
-            src.shape_.head_dim == shape_.head_dim)
+            src.shape_.head_dim == shape_.head_dim && src.shape_.f16 == shape_.f16 &&
+            src.shape_.f32_keys == shape_.f32_keys)
       << "KvCache::fill_layer: the source is not a host cache of this shape";
   KVB_CHECK(layer >= 0 && layer < shape_.num_layers && plan.num_heads() == shape_.num_kv_heads)
       << "eviction plan for layer " << layer << " with " << plan.num_heads()
@@ -177,7 +184,8 @@ void KvCache::assign_prefix(const KvCache& src, int p, const std::vector<uint8_t
   KVB_CHECK(host_rows_ && device_rows_ == nullptr && src.host_rows_ &&
             src.device_rows_ == nullptr && src.shape_.num_layers == shape_.num_layers &&
             src.shape_.num_kv_heads == shape_.num_kv_heads &&
-            src.shape_.head_dim == shape_.head_dim)
+            src.shape_.head_dim == shape_.head_dim && src.shape_.f16 == shape_.f16 &&
+            src.shape_.f32_keys == shape_.f32_keys)
       << "KvCache::assign_prefix: the source is not a host cache of this shape";
   KVB_CHECK(p >= 0 && p <= capacity_ && p <= src.next_position_)
       << "KvCache::assign_prefix: " << p << " tokens into a capacity of " << capacity_
@@ -212,13 +220,43 @@ LayerKvView KvCache::layer(int layer) {
     stale_[layer] = 0;
     ++position_reads_;
   }
-  return LayerKvView{host_rows_ ? keys_[layer].data() : nullptr,
-                     host_rows_ ? values_[layer].data() : nullptr,
-                     positions_[layer].data(),
-                     &lengths_[index(layer, 0)],
-                     shape_.num_kv_heads,
-                     shape_.head_dim,
-                     capacity_};
+  ++changes_;  // a writable view: its rows may change
+  const bool k16 = shape_.f16_keys(), v16 = shape_.f16;
+  LayerKvView v{host_rows_ && !k16 ? keys_[layer].data() : nullptr,
+                host_rows_ && !v16 ? values_[layer].data() : nullptr,
+                positions_[layer].data(),
+                &lengths_[index(layer, 0)],
+                shape_.num_kv_heads,
+                shape_.head_dim,
+                capacity_};
+  if (host_rows_ && k16) v.keys16 = reinterpret_cast<uint16_t*>(keys_[layer].data());
+  if (host_rows_ && v16) v.values16 = reinterpret_cast<uint16_t*>(values_[layer].data());
+  return v;
+}
+
+LayerKvView KvCache::rows_f32(int layer) const {
+  if (!shape_.f16) return this->layer(layer);
+  const uint64_t changes = changes_;
+  LayerKvView v = this->layer(layer);  // counts as a change: the scratch's stamp is taken before
+  const size_t n = static_cast<size_t>(shape_.num_kv_heads) * capacity_ * shape_.head_dim;
+  if (f32_layer_ != layer || f32_changes_ != changes || f32_values_.size() != n) {
+    f32_keys_.resize(v.keys16 ? n : 0);
+    f32_values_.resize(n);
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      const size_t off = static_cast<size_t>(h) * capacity_ * shape_.head_dim;
+      const size_t count = static_cast<size_t>(v.lengths[h]) * shape_.head_dim;
+      if (v.keys16) f16_to_f32(v.keys16 + off, f32_keys_.data() + off, count);
+      f16_to_f32(v.values16 + off, f32_values_.data() + off, count);
+    }
+    f32_layer_ = layer;
+    f32_changes_ = changes;
+  }
+  const_cast<KvCache*>(this)->changes_ = changes;  // reading changed nothing
+  if (v.keys16) v.keys = f32_keys_.data();
+  v.values = f32_values_.data();
+  v.keys16 = nullptr;
+  v.values16 = nullptr;
+  return v;
 }
 
 void KvCache::append(int layer, int head, const float* key, const float* value,
@@ -227,9 +265,18 @@ void KvCache::append(int layer, int head, const float* key, const float* value,
   KVB_ASSERT(len < capacity_);
   const size_t d = shape_.head_dim;
   if (host_rows_) {
-    const size_t base = (static_cast<size_t>(head) * capacity_ + len) * d;
-    std::memcpy(&keys_[layer][base], key, d * sizeof(float));
-    std::memcpy(&values_[layer][base], value, d * sizeof(float));
+    ++changes_;
+    const size_t slot = static_cast<size_t>(head) * capacity_ + len;
+    if (shape_.f16_keys()) {
+      f32_to_f16(key, reinterpret_cast<uint16_t*>(&keys_[layer][slot * key_floats()]), d);
+    } else {
+      std::memcpy(&keys_[layer][slot * key_floats()], key, d * sizeof(float));
+    }
+    if (shape_.f16) {
+      f32_to_f16(value, reinterpret_cast<uint16_t*>(&values_[layer][slot * value_floats()]), d);
+    } else {
+      std::memcpy(&values_[layer][slot * value_floats()], value, d * sizeof(float));
+    }
   }
   positions_[layer][static_cast<size_t>(head) * capacity_ + len] = position;
   ++len;
@@ -237,12 +284,14 @@ void KvCache::append(int layer, int head, const float* key, const float* value,
 
 void KvCache::move_run(int layer, int head, const KvCache& src, int from, int to, int count) {
   if (count <= 0 || (&src == this && from == to)) return;
-  const size_t d = shape_.head_dim;
+  ++changes_;
+  const size_t dk = key_floats(), dv = value_floats();
   const size_t s0 = static_cast<size_t>(head) * src.capacity_ + from;
   const size_t t0 = static_cast<size_t>(head) * capacity_ + to;
   if (host_rows_) {  // index-only caches move positions alone
-    std::memmove(&keys_[layer][t0 * d], &src.keys_[layer][s0 * d], count * d * sizeof(float));
-    std::memmove(&values_[layer][t0 * d], &src.values_[layer][s0 * d], count * d * sizeof(float));
+    std::memmove(&keys_[layer][t0 * dk], &src.keys_[layer][s0 * dk], count * dk * sizeof(float));
+    std::memmove(&values_[layer][t0 * dv], &src.values_[layer][s0 * dv],
+                 count * dv * sizeof(float));
   }
   std::memmove(&positions_[layer][t0], &src.positions_[layer][s0], count * sizeof(int32_t));
 }
@@ -328,8 +377,13 @@ void KvCache::apply_channels(const EvictionPlan& plan) {
       const int32_t* pos = v.position(h);
       n = static_cast<int>(std::lower_bound(pos, pos + lengths_[i], plan.channels_below(h)) - pos);
       for (int s = 0; s < n; ++s) {
-        float* k = v.key(h, s);
-        for (int32_t c : ch) k[c] = 0.0f;
+        if (shape_.f16_keys()) {
+          uint16_t* k = v.key16(h, s);
+          for (int32_t c : ch) k[c] = 0;  // +0
+        } else {
+          float* k = v.key(h, s);
+          for (int32_t c : ch) k[c] = 0.0f;
+        }
       }
     }
     pruned_channels_[i] = static_cast<int32_t>(ch.size());
@@ -404,6 +458,7 @@ void KvCache::apply(const EvictionPlan& plan) {
 }
 
 void KvCache::clear() {
+  ++changes_;
   device_rows_.reset();  // a device backend starts the next sequence on fresh rows
   std::fill(lengths_.begin(), lengths_.end(), 0);
   next_position_ = 0;
@@ -414,7 +469,7 @@ void KvCache::clear() {
 }
 
 size_t KvCache::bytes_per_slot() const {
-  return 2 * static_cast<size_t>(shape_.head_dim) * sizeof(float) + sizeof(int32_t);
+  return (key_floats() + value_floats()) * sizeof(float) + sizeof(int32_t);
 }
 int KvCache::total_slots() const {
   int t = 0;

@@ -19,7 +19,8 @@ namespace kvb::kernels {
 
 // A read/write view of one layer's cache, shared by CPU and (later) CUDA code.
 // keys/values: [num_kv_heads, capacity, head_dim]; positions: [num_kv_heads, capacity];
-// lengths: [num_kv_heads].
+// lengths: [num_kv_heads]. A cache of f16 rows (KvCacheShape::f16) gives its rows as keys16 /
+// values16 in the same layout, and null keys / values; KvCache::rows_f32 gives them as f32.
 struct LayerKvView {
   float* keys;
   float* values;
@@ -36,6 +37,14 @@ struct LayerKvView {
     return values + (static_cast<size_t>(head) * capacity + slot) * head_dim;
   }
   int32_t* position(int head) const { return positions + static_cast<size_t>(head) * capacity; }
+  uint16_t* keys16 = nullptr;
+  uint16_t* values16 = nullptr;
+  uint16_t* key16(int head, int slot) const {
+    return keys16 + (static_cast<size_t>(head) * capacity + slot) * head_dim;
+  }
+  uint16_t* value16(int head, int slot) const {
+    return values16 + (static_cast<size_t>(head) * capacity + slot) * head_dim;
+  }
 };
 
 // Storage that is zero when allocated and costs memory only where written: calloc (large blocks
@@ -73,6 +82,16 @@ struct KvCacheShape {
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
+  // Rows stored as IEEE f16 (kernels/f16.h: rounded to nearest even on append) rather than f32:
+  // the CPU cache of --dtype native, llama.cpp's cache type. Half the bytes a decode step reads.
+  // head_dim must be even.
+  bool f16 = false;
+  // With f16: the keys stay f32 (a rolling-positions policy's cache holds pre-RoPE keys and
+  // rotates them at each step; rounding them to f16 before that rotation would round
+  // differently from the rotated keys an f16 cache holds, so the rotated keys are rounded
+  // instead: CpuBackend::roll_keys).
+  bool f32_keys = false;
+  bool f16_keys() const { return f16 && !f32_keys; }
 };
 
 // The K/V rows of a cache when they live on a device (kernels/cuda/kv_cache_device.h is the
@@ -147,6 +166,13 @@ class KvCache {
   LayerKvView layer(int layer);
   // A view for reading (policies see a const cache): its pointers must not be written through.
   LayerKvView layer(int layer) const { return const_cast<KvCache*>(this)->layer(layer); }
+  // The layer with its rows as f32, for code that reads rows (policies, their ops): layer()
+  // itself for f32 rows; for f16 rows (host rows only) a view of the live rows converted into
+  // f32 scratch this cache keeps (the same layout and capacity; positions and lengths are the
+  // cache's own), converted again after any change to the cache. Not to be written through, and
+  // valid until the cache changes or rows_f32 is asked for another layer. Not thread-safe
+  // against concurrent calls on one cache.
+  LayerKvView rows_f32(int layer) const;
   // Whether `layer`'s host positions wait for a read from the device; how many such reads
   // happened since construction (copies included).
   bool positions_stale(int layer) const { return !stale_.empty() && stale_[layer] != 0; }
@@ -202,6 +228,14 @@ class KvCache {
   // this (layer, head) as src's after keeping `slots` (strictly increasing, below src's length:
   // checked; consecutive slots move as one run), or after dropping `victim` (checked).
   void move_run(int layer, int head, const KvCache& src, int from, int to, int count);
+  // Floats of storage per key / value row: head_dim, or head_dim / 2 for f16 rows (two a float).
+  size_t key_floats() const { return shape_.f16_keys() ? shape_.head_dim / 2 : shape_.head_dim; }
+  size_t value_floats() const { return shape_.f16 ? shape_.head_dim / 2 : shape_.head_dim; }
+  // rows_f32's scratch of f16 rows: the layer it holds, and the change count it was made at.
+  mutable std::vector<float> f32_keys_, f32_values_;
+  mutable int f32_layer_ = -1;
+  mutable uint64_t f32_changes_ = 0;
+  uint64_t changes_ = 0;  // incremented by every change to the rows (and every writable view)
   void keep_from(int layer, int head, const KvCache& src, std::span<const int32_t> slots);
   void drop_from(int layer, int head, const KvCache& src, int victim);
   // Buffers of `capacity` (>= max_length()) slots per head holding this cache's live rows, for

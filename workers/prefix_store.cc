@@ -32,7 +32,7 @@ void copy_windows(const kernels::KvCache& from, const std::vector<uint8_t>& slid
                   kernels::KvCache& to) {
   for (size_t l = 0; l < sliding.size(); ++l) {
     if (!sliding[l]) continue;
-    const kernels::LayerKvView v = from.layer(static_cast<int>(l));
+    const kernels::LayerKvView v = from.rows_f32(static_cast<int>(l));
     for (int h = 0; h < v.num_kv_heads; ++h) {
       for (int s = 0; s < from.length(static_cast<int>(l), h); ++s) {
         to.append(static_cast<int>(l), h, v.key(h, s), v.value(h, s), v.position(h)[s]);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -18,6 +19,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/f16.h"
 
 namespace kvb::kernels::cpu {
 
@@ -42,6 +44,15 @@ constexpr int kQueryBlock = 32;
 constexpr int kRowGroup = 8;  // rows whose max and sum chains are interleaved
 
 size_t round16(size_t x) { return (x + 15) / 16 * 16; }
+
+// Row `slot` of KV head h's keys / values as f32: the cache's own row, or (a cache of f16 rows,
+// kernels/f16.h) the row converted into tmp ([head_dim]). Conversion is exact, so every result
+// below equals the f32 path's on a cache holding the f16 rows' values.
+const float* value_row(const LayerKvView& kv, int h, int slot, float* tmp) {
+  if (kv.values16 == nullptr) return kv.value(h, slot);
+  f16_to_f32(kv.value16(h, slot), tmp, kv.head_dim);
+  return tmp;
+}
 
 // max over p[first, visible), -inf when empty. In 16 interleaved lanes: the maximum is the same
 // number in any order (a NaN is skipped as std::max(acc, NaN) skips it); only the sign of a zero
@@ -124,7 +135,8 @@ float pv_full_width(const float* p, int cut, const LayerKvView& kv, int kvh, int
   float lanes[16] = {};
   for (int s = 0; s < len; ++s) {
     const float ps = s < cut ? p[s] : 0.0f;
-    lanes[s & 15] = std::fma(ps, kv.value(kvh, s)[j], lanes[s & 15]);
+    const float v = kv.values16 ? f16_to_f32(kv.value16(kvh, s)[j]) : kv.value(kvh, s)[j];
+    lanes[s & 15] = std::fma(ps, v, lanes[s & 15]);
   }
   return tree16(lanes);
 }
@@ -134,6 +146,7 @@ float pv_full_width(const float* p, int cut, const LayerKvView& kv, int kvh, int
 struct BlockScratch {
   AlignedScratch qb, sc, ob, vt_span;
   std::vector<int> first, visible;
+  std::vector<float> row;  // an f16 row converted
 };
 
 void attention_blocked(const AttentionArgs& a, int group) {
@@ -144,7 +157,8 @@ void attention_blocked(const AttentionArgs& a, int group) {
   // Keys per KV head in aligned rows ([len, d16]) and V^T ([d, ldv[h]], ldv[h] = round16(len):
   // the matmul's weight layout for P x V), copied once per call; the cache's own key rows where
   // they are aligned already. Under a window each block transposes only the span of V it sees.
-  const bool keys_aligned = reinterpret_cast<uintptr_t>(kv.keys) % 64 == 0 && d % 16 == 0;
+  const bool keys_aligned = kv.keys16 == nullptr &&
+                            reinterpret_cast<uintptr_t>(kv.keys) % 64 == 0 && d % 16 == 0;
   std::vector<AlignedScratch> kc(keys_aligned ? 0 : kv.num_kv_heads);
   std::vector<AlignedScratch> vt(a.window > 0 ? 0 : kv.num_kv_heads);
   std::vector<const float*> keys(kv.num_kv_heads), vts(kv.num_kv_heads, nullptr);
@@ -156,14 +170,21 @@ void attention_blocked(const AttentionArgs& a, int group) {
       keys[h] = kv.key(h, 0);
     } else {
       float* dst = kc[h].get(static_cast<size_t>(len) * d16);
-      for (int s = 0; s < len; ++s) std::memcpy(dst + s * d16, kv.key(h, s), d * sizeof(float));
+      for (int s = 0; s < len; ++s) {
+        if (kv.keys16) {
+          f16_to_f32(kv.key16(h, s), dst + s * d16, d);
+        } else {
+          std::memcpy(dst + s * d16, kv.key(h, s), d * sizeof(float));
+        }
+      }
       keys[h] = dst;
     }
     if (a.window > 0) continue;
     ldv[h] = round16(len);
     float* t = vt[h].get(static_cast<size_t>(d) * ldv[h]);
+    std::vector<float> tmp(d);
     for (int s = 0; s < len; ++s) {
-      const float* v = kv.value(h, s);
+      const float* v = value_row(kv, h, s, tmp.data());
       for (int j = 0; j < d; ++j) t[static_cast<size_t>(j) * ldv[h] + s] = v[j];
     }
     vts[h] = t;
@@ -226,8 +247,9 @@ void attention_blocked(const AttentionArgs& a, int group) {
     float* ob = t.ob.get(static_cast<size_t>(rows) * d);
     if (a.window > 0) {
       float* vt_span = t.vt_span.get(static_cast<size_t>(d) * lds);  // [d, lds]
+      t.row.resize(d);
       for (int s = 0; s < span; ++s) {
-        const float* v = kv.value(kvh, lo + s);
+        const float* v = value_row(kv, kvh, lo + s, t.row.data());
         for (int j = 0; j < d; ++j) vt_span[static_cast<size_t>(j) * lds + s] = v[j];
       }
       matmul_strided(ob, d, sc, lds, vt_span, lds, nullptr, rows, span, d);
@@ -288,24 +310,35 @@ void attention_blocked(const AttentionArgs& a, int group) {
 // It kept each lane's sums in registers and read the slots of one lane at a time (s = l, l + 16,
 // ...): 16 sweeps with a stride of 16 rows, which at head_dim 64 is 4 KiB, the page size, where
 // the hardware prefetchers stop; a decode step's P x V then waited on memory for every row.
+void pv_lanes_portable(const float* p, size_t ldp, int lo, const int* first, const int* visible,
+                       int rows, const LayerKvView& kv, int kvh, float* lanes);
 #if defined(__AVX512F__)
+inline __m512 load16(const float* v) { return _mm512_loadu_ps(v); }
+inline __m512 load16(const uint16_t* v) {  // 16 f16 values, exactly
+  return _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xFFFF),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)));
+}
 // One slot's row v into the lane sums acc of one row, nc full vectors (NC > 0: a constant).
-template <int NC>
-inline void pv_slot_avx512(float* acc, const float* v, __m512 pb, int nc, __mmask16 tail) {
+template <int NC, typename T>
+inline void pv_slot_avx512(float* acc, const T* v, __m512 pb, int nc, __mmask16 tail) {
   const int n = NC > 0 ? NC : nc;
   for (int c = 0; c < n; ++c) {
     _mm512_storeu_ps(acc + 16 * c,
-                     _mm512_fmadd_ps(pb, _mm512_loadu_ps(v + 16 * c), _mm512_loadu_ps(acc + 16 * c)));
+                     _mm512_fmadd_ps(pb, load16(v + 16 * c), _mm512_loadu_ps(acc + 16 * c)));
   }
+  if constexpr (std::is_same_v<T, float>) {
   if (NC == 0 && tail != 0) {
     const int c = n;
     _mm512_mask_storeu_ps(acc + 16 * c, tail,
                           _mm512_fmadd_ps(pb, _mm512_maskz_loadu_ps(tail, v + 16 * c),
                                           _mm512_maskz_loadu_ps(tail, acc + 16 * c)));
   }
+  }
 }
 
-template <int NC>
+// T: the cache's element (float, or uint16_t for f16 rows, which take NC > 0: head_dim 64 or
+// 128; other widths convert each row first).
+template <int NC, typename T>
 void pv_rows_avx512(const float* p, size_t ldp, int lo, const int* first, const int* visible,
                     int rows, const LayerKvView& kv, int kvh, float* lanes) {
   const int d = kv.head_dim;
@@ -320,22 +353,35 @@ void pv_rows_avx512(const float* p, size_t ldp, int lo, const int* first, const 
     hi_every = std::min(hi_every, lo + visible[r]);
   }
   for (int s = lo_all; s < hi_all; ++s) {
-    const float* v = kv.value(kvh, s);
+    const T* v;
+    if constexpr (std::is_same_v<T, float>) {
+      v = kv.value(kvh, s);
+    } else {
+      v = kv.value16(kvh, s);
+    }
     const bool every = s >= lo_every && s < hi_every;  // every row sees slot s
     for (int r = 0; r < rows; ++r) {
       if (!every && (s < lo + first[r] || s >= lo + visible[r])) continue;
       const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(r) * ldp + (s - lo)]);
-      pv_slot_avx512<NC>(lanes + (static_cast<size_t>(r) * 16 + (s & 15)) * d, v, pb, nc, tail);
+      pv_slot_avx512<NC, T>(lanes + (static_cast<size_t>(r) * 16 + (s & 15)) * d, v, pb, nc, tail);
     }
   }
 }
 
 void pv_lanes_avx512(const float* p, size_t ldp, int lo, const int* first, const int* visible,
                      int rows, const LayerKvView& kv, int kvh, float* lanes) {
+  if (kv.values16 != nullptr) {
+    switch (kv.head_dim) {
+      case 64: return pv_rows_avx512<4, uint16_t>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+      case 128:
+        return pv_rows_avx512<8, uint16_t>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+      default: return pv_lanes_portable(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    }
+  }
   switch (kv.head_dim) {
-    case 64: return pv_rows_avx512<4>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
-    case 128: return pv_rows_avx512<8>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
-    default: return pv_rows_avx512<0>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    case 64: return pv_rows_avx512<4, float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    case 128: return pv_rows_avx512<8, float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    default: return pv_rows_avx512<0, float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
   }
 }
 #endif
@@ -343,10 +389,12 @@ void pv_lanes_portable(const float* p, size_t ldp, int lo, const int* first, con
                        int rows, const LayerKvView& kv, int kvh, float* lanes) {
   const int d = kv.head_dim;
   std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
+  thread_local std::vector<float> row;
+  row.resize(d);
   for (int r = 0; r < rows; ++r) {
     for (int s = lo + first[r]; s < lo + visible[r]; ++s) {
       const float ps = p[static_cast<size_t>(r) * ldp + (s - lo)];
-      const float* v = kv.value(kvh, s);
+      const float* v = value_row(kv, kvh, s, row.data());
       float* acc = lanes + (static_cast<size_t>(r) * 16 + (s & 15)) * d;
       for (int j = 0; j < d; ++j) acc[j] = std::fma(ps, v[j], acc[j]);
     }
@@ -368,7 +416,7 @@ void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* v
 
 // Per-thread buffers of run_few_job.
 struct FewScratch {
-  AlignedScratch qb, sc, lanes;
+  AlignedScratch qb, sc, lanes, keys;  // keys: a chunk of f16 keys converted
   std::vector<int> first, visible;  // a row's slots relative to the job's lo
   float col[16];
 };
@@ -413,7 +461,19 @@ void run_few_job(const FewJob& job, FewScratch& t) {
                 d * sizeof(float));
   }
   float* sc = t.sc.get(static_cast<size_t>(rows) * lds);
-  matmul_strided(sc, lds, qb, d16, kv.key(kvh, lo), d, nullptr, rows, d, span);
+  if (kv.keys16 == nullptr) {
+    matmul_strided(sc, lds, qb, d16, kv.key(kvh, lo), d, nullptr, rows, d, span);
+  } else {
+    // f16 keys: converted a chunk at a time (it stays in L2), each chunk's scores the same
+    // matmul's columns (a score's bits depend only on its query row and its key).
+    constexpr int kKeyChunk = 512;
+    float* kf = t.keys.get(static_cast<size_t>(kKeyChunk) * d);
+    for (int c0 = 0; c0 < span; c0 += kKeyChunk) {
+      const int m = std::min(kKeyChunk, span - c0);
+      f16_to_f32(kv.key16(kvh, lo + c0), kf, static_cast<size_t>(m) * d);
+      matmul_strided(sc + c0, lds, qb, d16, kf, d, nullptr, rows, d, m);
+    }
+  }
   softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale);
   float* lanes = t.lanes.get(static_cast<size_t>(rows) * 16 * d);
   pv_lanes(sc, lds, lo, t.first.data(), t.visible.data(), rows, kv, kvh, lanes);

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/ggml_blocks.h"
+#include "kernels/f16.h"
 
 namespace kvb::kernels::cpu {
 namespace {
@@ -320,29 +321,7 @@ void run_blocks(BlockFn fn, const uint8_t* src, float* dst, size_t nb, size_t bl
 
 }  // namespace
 
-float fp16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F;
-  uint32_t mant = h & 0x3FF;
-  uint32_t bits;
-  if (exp == 0x1F) {  // inf / NaN: keep the payload
-    bits = sign | 0x7F800000u | (mant << 13);
-  } else if (exp != 0) {  // normal: rebias 15 -> 127
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {  // signed zero
-    bits = sign;
-  } else {  // subnormal mant * 2^-24: normalise so the leading one becomes implicit
-    uint32_t shift = 0;
-    while ((mant & 0x400) == 0) {
-      mant <<= 1;
-      ++shift;
-    }
-    bits = sign | ((113 - shift) << 23) | ((mant & 0x3FF) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+float fp16_to_f32(uint16_t h) { return kernels::f16_to_f32(h); }
 
 float bf16_to_f32(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;

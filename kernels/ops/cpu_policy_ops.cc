@@ -462,7 +462,7 @@ void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::K
   CpuRows& r = host(out);
   check_cache_op(out, out_layer, cache, layer, "cosine_to_mean");
   KVB_CHECK(chunk >= 0) << "cpu policy ops: cosine_to_mean chunk " << chunk;
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   const int d = view.head_dim;
   std::vector<double> norms, mean(d);
   for (int h = 0; h < out.heads(); ++h) {
@@ -502,7 +502,7 @@ void CpuPolicyOps::cache_norms(SlotRows& out, int out_layer, const kernels::KvCa
                                int layer, CacheRows which, bool squared) {
   CpuRows& r = host(out);
   check_cache_op(out, out_layer, cache, layer, "cache_norms");
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   for (int h = 0; h < out.heads(); ++h) {
     const int len = cache.length(layer, h);
     std::vector<float>& o = r.f32(out_layer, h);
@@ -609,7 +609,7 @@ void CpuPolicyOps::lag_scores(SlotRows& out, int out_layer, const kernels::KvCac
   CpuRows& r = host(out);
   KVB_CHECK(sinks >= 0 && lag >= 1) << "lag_scores with sinks " << sinks << ", lag " << lag;
   check_cache_op(out, out_layer, cache, layer, "lag_scores");
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   const int d = view.head_dim;
   std::vector<double> lo(d), hi(d), ak(lag), av(lag);
   std::vector<const float*> rows(lag), ref(lag);
@@ -723,7 +723,7 @@ void CpuPolicyOps::quadratic_scores(SlotRows& out, int out_layer, const kernels:
             heads / group <= cache.shape().num_kv_heads)
       << "quadratic_scores: " << heads << " rows of " << moments.heads() << " moments, group "
       << group << ", over a cache of " << cache.shape().num_kv_heads << " heads";
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   const int d = view.head_dim;
   std::vector<double> kb;
   for (int q = 0; q < heads; ++q) {
@@ -838,7 +838,7 @@ void CpuPolicyOps::projected_value_norms(SlotRows& out, int out_layer,
       << (wo ? (wo_bf16 ? "bf16" : "f32") : "missing") << " output projection of " << dim
       << " rows (the host instance reads f32), over a cache of " << cache.shape().num_kv_heads
       << " heads";
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   const int d = view.head_dim;
   const size_t qd = static_cast<size_t>(heads) * d;
   const float* w = static_cast<const float*>(wo);
@@ -900,7 +900,7 @@ void CpuPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
   for (int t = 0; t < count; ++t) pos[t] = st.block_end - n + first + t;
   kernels::cpu::rope(y.data(), pos.data(), count, heads, d, *st.rope);
   for (int q = 0; q < heads; ++q) r.f32(out_layer, q).resize(count);
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   // A padded query's row (logit 0 on every real key of an r-slot chunk, kPadLogit on the
   // padding): its probability of each real key, 1 / s.
   auto pad_share = [&](int real) {
@@ -997,7 +997,7 @@ void CpuPolicyOps::replay_attention_max(SlotRows& out, int out_layer,
   const int group = st.num_heads / kv;
   const int keys = sinks + count + m;  // the sinks, the chunk, the block (causal)
   const float div = std::sqrt(static_cast<float>(d));
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   // Per query head its maxima (then the group's maximum, exact in any order): a thread per
   // query head.
   std::vector<std::vector<float>> per_query(st.num_heads, std::vector<float>(count, 0.0f));
@@ -1272,7 +1272,7 @@ void CpuPolicyOps::kcenter_keep(const kernels::KvCache& cache, std::span<const K
   const int nh = cache.shape().num_kv_heads;
   KVB_CHECK(cache.host_rows()) << "kcenter_keep: the CPU ops read host rows; the cache has none";
   if (log_sizes) check_layer(*log_sizes, layer);
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   std::vector<int32_t> keep;
   std::vector<float> bias;
   for (const KCenterKeep& t : heads) {
@@ -1300,7 +1300,7 @@ std::vector<float> CpuPolicyOps::read_cache_rows(const kernels::KvCache& cache, 
             first + count <= cache.length(layer, head))
       << "read_cache_rows: slots [" << first << ", " << first + count << ") of layer " << layer
       << " head " << head << (cache.host_rows() ? "" : " of a cache without host rows");
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   const int d = view.head_dim;
   std::vector<float> out(static_cast<size_t>(count) * d);
   for (int j = 0; j < count; ++j) {
@@ -1331,7 +1331,7 @@ void CpuPolicyOps::channel_square_means(const kernels::KvCache& cache, int layer
   KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers)
       << "channel_square_means: layer " << layer
       << (cache.host_rows() ? "" : " of a cache without host rows");
-  const kernels::LayerKvView view = cache.layer(layer);
+  const kernels::LayerKvView view = cache.rows_f32(layer);
   const int d = view.head_dim, heads = view.num_kv_heads;
   out->assign(static_cast<size_t>(heads) * d, 0.0);
   for (int h = 0; h < heads; ++h) {

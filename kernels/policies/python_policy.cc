@@ -297,7 +297,9 @@ class PythonPolicy final : public Policy {
   void run(PyObject* fn, const char* function, const LayerStats& st,
            const kernels::KvCache& cache, int n, bool decode) {
     const py::Site site{file_, function};
-    const kernels::LayerKvView v = cache.layer(st.layer);
+    // f16 rows (--dtype native): views of their f32 conversion (KvCache::rows_f32), not of the
+    // cache's own storage.
+    const kernels::LayerKvView v = cache.rows_f32(st.layer);
     KVB_CHECK(v.keys != nullptr && v.values != nullptr)
         << "python policy: the engine gave a cache without host rows";
     const int heads = cache.shape().num_kv_heads, hd = v.head_dim, cap = v.capacity;

@@ -230,7 +230,7 @@ void CacheScorer::host_decide(const LayerStats& st, const kernels::KvCache& cach
     src = &pulled;
     src_layer = 0;
   }
-  const kernels::LayerKvView rows = src->layer(src_layer);
+  const kernels::LayerKvView rows = src->rows_f32(src_layer);
   PolicyOps& host = cpu_policy_ops();
   LayerStats one = st;
   one.layer = 0;

@@ -90,7 +90,7 @@ class SubGen final : public Policy {
     if (cache.next_position() == 0) {
       for (int h = 0; h < ckv; ++h) unit(layer, h) = Unit{};
     }
-    kernels::LayerKvView view = cache.layer(layer);
+    kernels::LayerKvView view = cache.rows_f32(layer);
     bool any_sketch = false;
     for (int h = 0; h < ckv; ++h) any_sketch |= unit(layer, h).compressed;
     if (!any_sketch) {

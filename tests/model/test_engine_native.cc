@@ -280,13 +280,21 @@ TEST(NativeLoad, MatricesOfOtherTypesLoadInF32AndRunTheReferenceBits) {
   ASSERT_FALSE(m->layers.empty());
   EXPECT_FALSE(m->layers[0].wq.empty());
   EXPECT_FALSE(m->layers[0].w_gate.empty());
-  engine::Engine native(*m, nullptr, engine::DType::kNative);
+  // The weights' path alone: both engines with an f32 cache.
+  engine::Engine native(*m, nullptr, engine::DType::kNative, engine::KvRows::kF32);
   std::unique_ptr<engine::Model> f = engine::load_model(path);
   engine::Engine f32(*f);
   const std::vector<int32_t> ids = {1, 7, 42, 99, 3, 64, 12};
   const std::vector<float> a = all_logits(native, ids), b = all_logits(f32, ids);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_TRUE(same_bits(a.data(), b.data(), a.size()));
+  // --dtype native's own cache holds f16 rows: the f32 reference with an f16 cache, bit for bit.
+  engine::Engine native_f16(*m, nullptr, engine::DType::kNative);
+  engine::Engine f32_f16(*f, nullptr, engine::DType::kF32, engine::KvRows::kF16);
+  const std::vector<float> c = all_logits(native_f16, ids), e = all_logits(f32_f16, ids);
+  ASSERT_EQ(c.size(), e.size());
+  EXPECT_TRUE(same_bits(c.data(), e.data(), c.size()));
+  EXPECT_FALSE(same_bits(c.data(), a.data(), c.size())) << "the f16 cache changed no logit";
 }
 
 // A sweep on native weights (the config's `dtype: native`) says so in its provenance, and its

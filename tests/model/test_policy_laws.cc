@@ -220,8 +220,14 @@ void check_model(const engine::Model& m, const std::vector<int32_t>& prompt, int
     if (!prompt_cache_family(var)) {
       EXPECT_LE(small.max_len.back(), budget);
     }
-    // Memory accounting: logical bytes = retained slots x bytes per slot.
-    const size_t slot_bytes = 2 * sizeof(float) * m.config.head_dim + sizeof(int32_t);
+    // Memory accounting: logical bytes = retained slots x bytes per slot (native weights: the
+    // cache holds f16 rows, 2 bytes an element; f32 keys under rolling positions, which cache
+    // them before RoPE).
+    const bool native = dtype == engine::DType::kNative;
+    const bool rolling = var.options.count("positions") && var.options.at("positions") == "rolling";
+    const size_t key_elem = native && !rolling ? 2 : sizeof(float);
+    const size_t value_elem = native ? 2 : sizeof(float);
+    const size_t slot_bytes = (key_elem + value_elem) * m.config.head_dim + sizeof(int32_t);
     for (size_t s = 0; s < small.total_slots.size(); ++s) {
       EXPECT_EQ(small.logical_bytes[s], small.total_slots[s] * slot_bytes);
     }

@@ -91,7 +91,7 @@ class Backend {
   virtual void moved_position(kernels::KvCache& cache, int delta) { (void)cache; (void)delta; }
   // The bytes of the key channels a plan zeroed in `cache`, as this backend stores them.
   virtual size_t kv_pruned_channel_bytes(const kernels::KvCache& cache) const {
-    return cache.pruned_key_elements() * sizeof(float);
+    return cache.pruned_key_elements() * (cache.shape().f16_keys() ? 2 : sizeof(float));
   }
   virtual size_t kv_physical_bytes(const kernels::KvCache& cache) const {
     return cache.physical_bytes();
@@ -107,6 +107,9 @@ class Backend {
   // CPU (they are the storage); on a device only for policies that read them
   // (Policy::reads_cache_rows), otherwise the host cache is an index.
   virtual bool keeps_host_rows(const policies::Policy* policy) const = 0;
+  // Whether a new cache stores its rows as f16 (KvCacheShape::f16): the CPU under --dtype
+  // native, as llama.cpp's default cache; f32 everywhere else.
+  virtual bool f16_rows() const { return false; }
   // Gives an index-only cache its rows on the host too (a policy that reads them is about to
   // run on it); no-op where the cache already has them.
   virtual void ensure_host_rows(kernels::KvCache& cache) = 0;

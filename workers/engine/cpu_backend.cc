@@ -15,6 +15,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/f16.h"
 
 namespace kvb::engine {
 
@@ -50,8 +51,12 @@ QMat file_blocks(const Model& model, const std::string& name, uint64_t row0, uin
 }
 }  // namespace
 
-CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype)
-    : model_(model), tp_(tp && tp->size() > 1 ? tp : nullptr), dtype_(dtype) {
+CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype, KvRows kv_rows)
+    : model_(model),
+      tp_(tp && tp->size() > 1 ? tp : nullptr),
+      dtype_(dtype),
+      f16_rows_(kv_rows == KvRows::kF16 ||
+                (kv_rows == KvRows::kDtypeDefault && dtype == DType::kNative)) {
   KVB_CHECK(!model.native_blocks || dtype_ == DType::kNative)
       << model.path << " was loaded for --dtype native (its quantized matrices were not "
       << "dequantized) and cannot run as " << dtype_name(dtype_);
@@ -355,10 +360,20 @@ void CpuBackend::roll_keys(int l, kernels::KvCache& cache) {
   for (int h = 0; h < ckv; ++h) {
     const int len = cache.length(l, h);
     float* dst = &rolled_keys_[static_cast<size_t>(h) * view.capacity * hd];
-    std::memcpy(dst, view.key(h, 0), static_cast<size_t>(len) * hd * sizeof(float));
+    if (view.keys16) {
+      kernels::f16_to_f32(view.key16(h, 0), dst, static_cast<size_t>(len) * hd);
+    } else {
+      std::memcpy(dst, view.key(h, 0), static_cast<size_t>(len) * hd * sizeof(float));
+    }
     rolled_pos_.resize(len);
     for (int s = 0; s < len; ++s) rolled_pos_[s] = s;
     cpu::rope(dst, rolled_pos_.data(), len, 1, hd, model_.config.rope_of(l));
+    if (cache.shape().f16) {  // rounded as an f16 cache rounds its (rotated) keys
+      const size_t count = static_cast<size_t>(len) * hd;
+      f16_round_.resize(count);
+      kernels::f32_to_f16(dst, f16_round_.data(), count);
+      kernels::f16_to_f32(f16_round_.data(), dst, count);
+    }
   }
   rolled_layer_ = l;
 }
@@ -388,7 +403,10 @@ void CpuBackend::attention(int l, int n, float scale, kernels::KvCache& cache, b
                            int last_w, int stride, policies::LayerStats* stats) {
   cpu::AttentionArgs args = attention_args(l, n, rows(Act::kAtt), rows(Act::kQ), cache, scale,
                                            col_sums, last_w, stride, &col_sums_, &last_probs_);
-  if (rolled_layer_ == l) args.kv.keys = rolled_keys_.data();
+  if (rolled_layer_ == l) {  // f32 keys, beside f16 values where the cache holds f16 rows
+    args.kv.keys = rolled_keys_.data();
+    args.kv.keys16 = nullptr;
+  }
   const float* seed = seed_;
   seed_ = nullptr;  // this call's only, also when the check below throws
   if (seed != nullptr && args.col_sums != nullptr) {

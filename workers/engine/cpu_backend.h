@@ -30,12 +30,15 @@ class CpuBackend final : public Backend {
   // here, once, and kept beside the model's f32 (which embeddings and norms still read).
   // dtype kNative: the blocks of every Mat and the classifier are read from the model's GGUF file
   // (usage error for a model that has none, or under tensor parallelism).
-  CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype = DType::kF32);
+  // kv_rows: the row type of the caches it makes (KvRows; f16 under kNative by default).
+  CpuBackend(const Model& model, kernels::Communicator* tp, DType dtype = DType::kF32,
+             KvRows kv_rows = KvRows::kDtypeDefault);
 
   std::string device_description() const override { return "cpu"; }
   policies::PolicyOps& policy_ops() override { return policies::cpu_policy_ops(); }
   // The model's f32 rows, or (--dtype native) the layer's blocks dequantized into a scratch copy.
   const void* output_projection(int layer, bool* bf16) override;
+  bool f16_rows() const override { return f16_rows_; }
   bool keeps_host_rows(const policies::Policy* policy) const override {
     (void)policy;
     return true;
@@ -133,6 +136,8 @@ class CpuBackend final : public Backend {
   const Model& model_;
   kernels::Communicator* tp_;
   DType dtype_;
+  bool f16_rows_;
+  std::vector<uint16_t> f16_round_;  // roll_keys' keys rounded to f16
   std::vector<QLayer> q_layers_;  // [num_layers] when dtype_ is kNative, else empty
   QMat q_embed_;   // kNative: the token embedding's blocks (also the classifier when tied)
   QMat q_output_;  // kNative: the untied classifier's blocks

@@ -49,8 +49,8 @@ Engine::Engine(const Model& model, std::unique_ptr<Backend> backend, kernels::Co
   KVB_CHECK(backend_ != nullptr) << "engine without a backend";
 }
 
-Engine::Engine(const Model& model, kernels::Communicator* tp, DType dtype)
-    : Engine(model, std::make_unique<CpuBackend>(model, tp, dtype), tp) {}
+Engine::Engine(const Model& model, kernels::Communicator* tp, DType dtype, KvRows kv_rows)
+    : Engine(model, std::make_unique<CpuBackend>(model, tp, dtype, kv_rows), tp) {}
 
 void Engine::decode_each(std::span<const int32_t> tokens,
                          std::span<kernels::KvCache* const> caches,
@@ -76,8 +76,9 @@ kernels::KvCache Engine::new_cache(int initial_capacity,
                                         const policies::Policy* policy) const {
   const ModelConfig& c = model_.config;
   const int heads = policy && policy->gqa_expand() ? c.num_heads : c.num_kv_heads;
-  return kernels::KvCache({c.num_layers, heads, c.head_dim}, initial_capacity,
-                          backend_->keeps_host_rows(policy));
+  const bool rolling = policy && policy->rolling_positions();
+  return kernels::KvCache({c.num_layers, heads, c.head_dim, backend_->f16_rows(), rolling},
+                          initial_capacity, backend_->keeps_host_rows(policy));
 }
 
 void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,

@@ -48,8 +48,9 @@ class Engine {
   // (attention output, MLP down), every rank of the group must call forward() with the same
   // tokens, and every rank gets the same logits. dtype kBf16: the linear layers' weights as bf16
   // (CpuBackend); kF32 is the reference.
+  // kv_rows: the CPU cache's row type (KvRows; the dtype's by default).
   explicit Engine(const Model& model, kernels::Communicator* tp = nullptr,
-                  DType dtype = DType::kF32);
+                  DType dtype = DType::kF32, KvRows kv_rows = KvRows::kDtypeDefault);
   // The block stack over any backend (cuda_engine.h's cuda_backend). `model` and `tp` must
   // outlive the engine; the backend is the engine's.
   Engine(const Model& model, std::unique_ptr<Backend> backend, kernels::Communicator* tp = nullptr);

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "kernels/f16.h"
 #include "workers/engine/engine.h"
 #ifdef KVB_WITH_CUDA
 #include "kernels/cuda/runtime.h"
@@ -175,11 +176,21 @@ void Backend::rerotate_keys(int layer, const kernels::cpu::RopeParams& rope,
   pure.attn_factor = 1.0f;  // a rotation: the keys carry the factor from their first RoPE
   const kernels::LayerKvView v = cache.layer(layer);
   std::vector<int32_t> delta;
+  std::vector<float> rows;  // f16 rows: rotated in f32, rounded back
   for (int h = 0; h < v.num_kv_heads; ++h) {
     const int len = cache.length(layer, h);
+    if (len == 0) continue;
     delta.resize(len);
     for (int s = 0; s < len; ++s) delta[s] = s - v.position(h)[s];
-    if (len > 0) kernels::cpu::rope(v.key(h, 0), delta.data(), len, 1, v.head_dim, pure);
+    const size_t count = static_cast<size_t>(len) * v.head_dim;
+    if (v.keys16 != nullptr) {
+      rows.resize(count);
+      kernels::f16_to_f32(v.key16(h, 0), rows.data(), count);
+      kernels::cpu::rope(rows.data(), delta.data(), len, 1, v.head_dim, pure);
+      kernels::f32_to_f16(rows.data(), v.key16(h, 0), count);
+    } else {
+      kernels::cpu::rope(v.key(h, 0), delta.data(), len, 1, v.head_dim, pure);
+    }
   }
   cache.renumber_positions(layer);
 }

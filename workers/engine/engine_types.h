@@ -62,6 +62,10 @@ struct PrefillRecord {
 // blocks with 8-bit activations (kernels/cpu/qmatmul.h), llama.cpp's arithmetic family.
 enum class Device { kCpu, kCuda };
 enum class DType { kF32, kBf16, kNative };
+// The CPU cache's row type (kernels::KvCacheShape::f16): by default f16 under --dtype native
+// (llama.cpp's default cache type, half the bytes each decode step reads) and f32 otherwise.
+// Not a command-line choice: a dtype names its cache type. Tests pick one to compare the two.
+enum class KvRows { kDtypeDefault, kF32, kF16 };
 Device parse_device(const std::string& s);  // usage error naming the bad value
 DType parse_dtype(const std::string& s);
 // `--dtype` as given ("" for the device's default: f32 on the CPU, bf16 on the GPU). bf16 on the
