@@ -206,7 +206,8 @@ void add_device_options(boost::program_options::options_description& desc, Devic
        "f32, bf16 or native, f32 accumulation; cuda bf16: weights, GEMM inputs and KV cache (the "
        "default); cpu bf16: the linear layers' weights only (default f32, the reference); cpu "
        "native: a GGUF model's linear layers in the file's own quantized blocks (Q4_0, Q4_1, "
-       "Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) with 8-bit activations, llama.cpp's arithmetic family");
+       "Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) with 8-bit activations and an f16 KV cache, llama.cpp's "
+       "arithmetic family");
 }
 
 DeviceChoice resolve_device_options(const DeviceOptions& o) {

@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/f16.h"
 #include "kernels/kv_cache.h"
 
 namespace kvb::kernels {
@@ -139,7 +140,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b, const c
   return true;
 }
 
-void run_case(const Case& c, Layer& layer, const std::vector<float>& q) {
+// f16: run the kernel on this view of the same rows stored as f16 instead (the expectation is
+// still the first version on layer's f32 rows, which hold the f16 values).
+void run_case(const Case& c, Layer& layer, const std::vector<float>& q,
+              const LayerKvView* f16 = nullptr) {
   const int max_len = *std::max_element(c.lengths.begin(), c.lengths.end());
   cpu::AttentionArgs a;
   std::vector<float> out(static_cast<size_t>(c.n) * c.num_heads * c.head_dim, -1.0f);
@@ -161,7 +165,9 @@ void run_case(const Case& c, Layer& layer, const std::vector<float>& q) {
     a.last_probs = lp.data();
     a.last_w = c.last_w;
   }
+  if (f16 != nullptr) a.kv = *f16;
   cpu::attention(a);
+  a.kv = layer.view;
   std::vector<float> want_out, want_cs, want_lp;
   first_version(a, &want_out, &want_cs, &want_lp);
   same_bits(out, want_out, "out", c.name);
@@ -169,8 +175,8 @@ void run_case(const Case& c, Layer& layer, const std::vector<float>& q) {
   if (c.last_w > 0) same_bits(lp, want_lp, "last_probs", c.name);
 }
 
-TEST(AttentionCpu, EveryShapeGivesTheFirstVersionsBits) {
-  const std::vector<Case> cases = {
+std::vector<Case> shape_cases() {
+  return {
       {"decode, one query, GQA 3", 1, 9, 3, 64, {1000, 1000, 1000}},
       {"decode with statistics", 1, 9, 3, 64, {700, 513, 1}, 0, true, 1},
       {"decode under a window", 1, 4, 2, 32, {300, 17}, 16},
@@ -190,6 +196,10 @@ TEST(AttentionCpu, EveryShapeGivesTheFirstVersionsBits) {
       {"group 4, head_dim 128", 96, 8, 2, 128, {200, 96}, 0, true, 32},
       {"group 1, head_dim 16", 65, 3, 3, 16, {65, 66, 300}},
   };
+}
+
+TEST(AttentionCpu, EveryShapeGivesTheFirstVersionsBits) {
+  const std::vector<Case> cases = shape_cases();
   std::mt19937 rng(20261126);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const Case& c : cases) {
@@ -213,6 +223,45 @@ TEST(AttentionCpu, EveryShapeGivesTheFirstVersionsBits) {
       SCOPED_TRACE(testing::Message() << t << " threads");
       omp_set_num_threads(t);
       run_case(c, layer, q);
+    }
+    omp_set_num_threads(threads);
+  }
+}
+
+// A cache of f16 rows (KvCacheShape::f16, --dtype native): the kernel converts them exactly, so
+// every output and statistic is the first version's on the same values held as f32. Every shape
+// class, 1-3 threads; all rows f16, and f32 keys beside f16 values (a rolling-positions cache).
+// The decode cases' heads of 1,000-2,000 slots span several of the kernel's 512-key chunks.
+TEST(AttentionCpu, F16RowsGiveTheBitsOfTheirValuesAsF32) {
+  std::mt19937 rng(20261205);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Case& c : shape_cases()) {
+    SCOPED_TRACE(c.name);
+    const int capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 5;
+    Layer layer(c.num_kv_heads, c.head_dim, capacity, c.lengths, c.offset);
+    const size_t count = static_cast<size_t>(c.num_kv_heads) * capacity * c.head_dim;
+    std::vector<uint16_t> k16(count), v16(count);
+    for (size_t i = 0; i < count; ++i) {
+      k16[i] = f32_to_f16(normal(rng));
+      v16[i] = f32_to_f16(normal(rng));
+      layer.view.keys[i] = f16_to_f32(k16[i]);
+      layer.view.values[i] = f16_to_f32(v16[i]);
+    }
+    std::vector<float> q(static_cast<size_t>(c.n) * c.num_heads * c.head_dim);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = normal(rng) * (i % 7 == 0 ? 30.0f : 1.0f);
+    const int threads = omp_get_max_threads();
+    for (const bool f32_keys : {false, true}) {
+      LayerKvView v = layer.view;
+      v.keys = f32_keys ? layer.view.keys : nullptr;
+      v.keys16 = f32_keys ? nullptr : k16.data();
+      v.values = nullptr;
+      v.values16 = v16.data();
+      for (const int t : {1, 2, 3}) {
+        SCOPED_TRACE(testing::Message() << t << " threads, " << (f32_keys ? "f32" : "f16")
+                                        << " keys");
+        omp_set_num_threads(t);
+        run_case(c, layer, q, &v);
+      }
     }
     omp_set_num_threads(threads);
   }

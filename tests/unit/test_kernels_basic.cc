@@ -12,6 +12,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/f16.h"
 #include "kernels/kv_cache.h"
 
 namespace kvb::kernels {
@@ -166,6 +167,74 @@ TEST(KvCache, KeepSlotsCompactsAndAccounts) {
   EXPECT_GE(cache.capacity(), 5);
   EXPECT_THROW(cache.keep_slots(0, 0, {2, 1}), Error);  // not increasing
   EXPECT_THROW(cache.keep_slots(0, 0, {7}), Error);     // out of range
+}
+
+// Two tokens in every head of a 2 x 2 f16 cache of head_dim 4, token t's rows all t + 0.5.
+KvCache filled_f16(bool f32_keys = false) {
+  KvCache cache({2, 2, 4, true, f32_keys}, 2);
+  for (int t = 0; t < 2; ++t) {
+    const float r[4] = {t + 0.5f, t + 0.5f, t + 0.5f, t + 0.5f};
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) cache.append(l, h, r, r, t);
+    }
+  }
+  cache.advance_position(2);
+  return cache;
+}
+
+// f16 rows (--dtype native's cache): appends round to nearest even, the raw view gives the f16
+// rows and null f32 pointers, rows_f32 gives them converted (and converts again after a change),
+// compaction, growth, forks and prefixes move the f16 rows, and a slot costs 2 bytes an element
+// (keys f32 under f32_keys: 4 + 2).
+TEST(KvCache, F16RowsRoundOnAppendAndReadBackAsF32) {
+  const float third = 1.0f / 3.0f;  // f16: 0x3555 (0.333251953125)
+  KvCache cache({2, 2, 4, /*f16=*/true}, 2);
+  for (int t = 0; t < 5; ++t) {
+    cache.reserve_extra(1);
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        const float k[4] = {float(t) + third, float(l), float(h), 65520.0f};
+        const float v[4] = {-float(t), third, 1e-8f, 2.0f};
+        cache.append(l, h, k, v, t);
+      }
+    }
+  }
+  LayerKvView raw = cache.layer(1);
+  EXPECT_EQ(raw.keys, nullptr);
+  EXPECT_EQ(raw.values, nullptr);
+  ASSERT_NE(raw.keys16, nullptr);
+  EXPECT_EQ(raw.key16(0, 0)[0], 0x3555);
+  EXPECT_EQ(raw.key16(1, 2)[0], 0x40AB);  // 2 + 1/3: 2 x (1 + 171/1024) = 2.333984375
+  EXPECT_EQ(raw.key16(0, 0)[3], 0x7C00);  // 65520 rounds to infinity
+  EXPECT_EQ(raw.value16(0, 0)[2], 0x0000);  // 1e-8 < 2^-25: zero
+  LayerKvView f = cache.rows_f32(1);
+  EXPECT_EQ(f.keys16, nullptr);
+  EXPECT_EQ(f.key(1, 2)[0], 2.333984375f);
+  EXPECT_EQ(f.value(0, 4)[0], -4.0f);
+  EXPECT_EQ(f.value(1, 3)[1], 0.333251953125f);
+  EXPECT_EQ(f.position(1)[3], 3);
+  cache.keep_slots(1, 0, {0, 3, 4});  // a change: converted again
+  f = cache.rows_f32(1);
+  EXPECT_EQ(f.key(0, 1)[0], f16_to_f32(f32_to_f16(3.0f + third)));
+  EXPECT_EQ(f.value(0, 2)[0], -4.0f);
+  EXPECT_EQ(f.position(0)[1], 3);
+  const size_t slot = 2 * 4 * 2 + sizeof(int32_t);
+  EXPECT_EQ(cache.bytes_per_slot(), slot);
+  EXPECT_EQ(cache.logical_bytes(), size_t(5 + 5 + 3 + 5) * slot);
+  EXPECT_EQ(cache.physical_bytes(), size_t(2 * 2) * cache.capacity() * slot);
+  const KvCache forked = cache.fork(1);
+  EXPECT_EQ(forked.rows_f32(1).key(0, 2)[0], f16_to_f32(f32_to_f16(4.0f + third)));
+  KvCache prefix({2, 2, 4, true}, 5);
+  prefix.assign_prefix(filled_f16(), 2);
+  EXPECT_EQ(prefix.layer(0).key16(1, 1)[0], f32_to_f16(1.5f));
+  EXPECT_THROW(prefix.assign_prefix(filled_f16(true), 2), Error);  // f32 keys: another shape
+  KvCache rolling({1, 1, 4, true, /*f32_keys=*/true}, 1);
+  const float k[4] = {third, 0, 0, 0};
+  rolling.append(0, 0, k, k, 0);
+  EXPECT_EQ(rolling.layer(0).key(0, 0)[0], third);  // f32 keys, exactly
+  EXPECT_EQ(rolling.layer(0).value16(0, 0)[0], 0x3555);
+  EXPECT_EQ(rolling.bytes_per_slot(), size_t(4 * 4 + 4 * 2 + 4));
+  EXPECT_THROW(KvCache({1, 1, 3, true}, 1), Error);  // an odd head_dim
 }
 
 // A cache of `len` tokens per head whose slot s holds key/value (s, l, h) at position 10 + s.

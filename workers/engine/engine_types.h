@@ -59,7 +59,8 @@ struct PrefillRecord {
 
 // Where an engine runs and in which precision: `--device cpu|cuda`, `--dtype f32|bf16|native`.
 // native (CPU only): a GGUF model's linear layers and classifier multiply in their own quantized
-// blocks with 8-bit activations (kernels/cpu/qmatmul.h), llama.cpp's arithmetic family.
+// blocks with 8-bit activations (kernels/cpu/qmatmul.h) and the KV cache holds f16 rows
+// (KvRows), llama.cpp's arithmetic family.
 enum class Device { kCpu, kCuda };
 enum class DType { kF32, kBf16, kNative };
 // The CPU cache's row type (kernels::KvCacheShape::f16): by default f16 under --dtype native
