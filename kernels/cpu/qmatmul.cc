@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define KVB_QMATMUL_AVX2 1
@@ -181,10 +182,10 @@ inline float coef(const uint8_t* row, int b, const Q8Act& a, float* mc) {
 
 // One row's dot product: w points at the row's first block, a at the activation row, nb32 = k/32.
 using RowFn = float (*)(const uint8_t* w, const Q8Act* a, int nb32);
-// Eight consecutive rows of w (row_bytes apart) against nx activation rows: out[i * out_stride +
-// r] for row r and activation row i.
-// prefetch: bring the next eight rows into the cache meanwhile (rows8_avx2).
-using Rows8Fn = void (*)(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, int nx,
+// Eight consecutive rows of w (row_bytes apart) against n activation rows: out[i * out_stride +
+// r] for row r and activation row i. prefetch: bring the next eight rows into the cache
+// meanwhile (rows8_avx2).
+using Rows8Fn = void (*)(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, int n,
                          float* out, int out_stride, bool prefetch);
 
 // The contract, element by element.
@@ -366,54 +367,95 @@ float row_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
   return acc;
 }
 
-// Eight rows of w against nx <= kTile activation rows (x rows apart by nb32 blocks), row r of
-// activation row i in float lane r of acc[i]: each lane runs row_avx2's sequence of fmas. The
-// weights' blocks are unpacked once per tile.
+// One block of eight rows of w, unpacked: the quants, Q6_K's scale lanes and the scales.
+struct Unpacked8 {
+  __m256i q[8], extra[8];
+  alignas(32) float ws[8], wm[8];
+};
+
+template <class T>
+inline void unpack8(const uint8_t* w, size_t row_bytes, int b, Unpacked8* u) {
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    u->q[r] = unpack<T>(row, b);
+    u->extra[r] = block_extra<T>(row, b);
+    u->wm[r] = 0;
+    u->ws[r] = T::wscale(row, b, &u->wm[r]);
+  }
+}
+
+// Block b of eight rows against nx <= kTile activation rows (x rows apart by nb32 blocks), row r
+// of activation row i in float lane r of acc[i]: each lane runs row_avx2's sequence of fmas.
 constexpr int kTile = 4;
 template <class T, bool kVnni>
-void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, int nx,
+inline void tile_block(const Unpacked8& u, const Q8Act* a, int nb32, int b, int nx, __m256* acc) {
+  __m256i l[8];
+  const __m256 wsv = _mm256_load_ps(u.ws), wmv = _mm256_load_ps(u.wm);
+  for (int i = 0; i < nx; ++i) {
+    const Q8Act& x = a[static_cast<size_t>(i) * nb32 + b];
+    const __m256i act = load_act(x);
+    const __m256i ones = ones_lanes<kVnni>(act);
+    for (int r = 0; r < 8; ++r) l[r] = Lanes<T, kVnni>::of(u.q[r], act, ones, u.extra[r]);
+    __m256i isum = hsum8_i32(l);
+    if (T::kOffset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * x.sum));
+    const __m256 ad = _mm256_set1_ps(x.d);
+    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(wsv, ad), _mm256_cvtepi32_ps(isum), acc[i]);
+    if (T::kMin) {
+      __m256 mc = _mm256_mul_ps(wmv, ad);
+      if (T::kNegMin) mc = _mm256_xor_ps(mc, _mm256_set1_ps(-0.0f));
+      acc[i] = _mm256_fmadd_ps(mc, _mm256_set1_ps(static_cast<float>(x.sum)), acc[i]);
+    }
+  }
+}
+
+// Eight rows of w against the n activation rows, in tiles of kTile: out[i * out_stride + r].
+// Up to kTile rows (decode) each block is unpacked as it is used; more rows (prefill) unpack the
+// eight rows' blocks once into a per-thread buffer (k = 2048: 36 KiB) that every tile reads, where
+// each tile unpacked them again (the K-quants' 6-bit scales and Q5_0's fifth bits cost as much as
+// the products).
+//
+// prefetch: the next eight rows (the next group a thread takes: groups are contiguous, and so
+// are a thread's) into the cache a share per block: eight rows read a block at a time are eight
+// streams of a few hundred bytes each, too short for the hardware prefetchers, and a decode step
+// (one activation row) waited on memory at every block: decode steps 1.4-1.5x faster on SmolLM2.
+// Prefetches never fault, so past the matrix's end they cost nothing.
+template <class T, bool kVnni>
+void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, int n,
                 float* out, int out_stride, bool prefetch) {
-  __m256 acc[kTile];
-  for (int i = 0; i < nx; ++i) acc[i] = _mm256_setzero_ps();
-  alignas(32) float ws[8], wm[8];
-  __m256i q[8], extra[8], l[8];
-  // The next eight rows (the next group a thread takes: groups are contiguous, and so are a
-  // thread's) into the cache a share per block: eight rows read a block at a time are eight
-  // streams of a few hundred bytes each, too short for the hardware prefetchers, and a decode
-  // step (one activation row) waited on memory at every block. Prefetches never fault, so past
-  // the matrix's end they cost nothing. A group's first tile of activation rows asks (its later
-  // tiles find the rows in the cache already): decode steps 1.4-1.5x faster on SmolLM2.
   const char* next = reinterpret_cast<const char*>(w + 8 * row_bytes);
   const size_t lines = prefetch ? (8 * row_bytes + 63) / 64 : 0;
-  for (int b = 0; b < nb32; ++b) {
+  auto prefetch_share = [&](int b) {
     for (size_t c = lines * b / nb32; c < lines * (b + 1) / nb32; ++c) {
       _mm_prefetch(next + 64 * c, _MM_HINT_T0);
     }
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* row = w + r * row_bytes;
-      q[r] = unpack<T>(row, b);
-      extra[r] = block_extra<T>(row, b);
-      wm[r] = 0;
-      ws[r] = T::wscale(row, b, &wm[r]);
+  };
+  __m256 acc[kTile];
+  if (n <= kTile) {
+    for (int i = 0; i < n; ++i) acc[i] = _mm256_setzero_ps();
+    Unpacked8 u;
+    for (int b = 0; b < nb32; ++b) {
+      prefetch_share(b);
+      unpack8<T>(w, row_bytes, b, &u);
+      tile_block<T, kVnni>(u, a, nb32, b, n, acc);
     }
-    const __m256 wsv = _mm256_load_ps(ws), wmv = _mm256_load_ps(wm);
+    for (int i = 0; i < n; ++i) _mm256_storeu_ps(out + static_cast<size_t>(i) * out_stride, acc[i]);
+    return;
+  }
+  thread_local std::vector<Unpacked8> blocks;
+  blocks.resize(nb32);
+  for (int b = 0; b < nb32; ++b) {
+    prefetch_share(b);
+    unpack8<T>(w, row_bytes, b, &blocks[b]);
+  }
+  for (int i0 = 0; i0 < n; i0 += kTile) {
+    const int nx = std::min(kTile, n - i0);
+    for (int i = 0; i < nx; ++i) acc[i] = _mm256_setzero_ps();
+    const Q8Act* x = a + static_cast<size_t>(i0) * nb32;
+    for (int b = 0; b < nb32; ++b) tile_block<T, kVnni>(blocks[b], x, nb32, b, nx, acc);
     for (int i = 0; i < nx; ++i) {
-      const Q8Act& x = a[static_cast<size_t>(i) * nb32 + b];
-      const __m256i act = load_act(x);
-      const __m256i ones = ones_lanes<kVnni>(act);
-      for (int r = 0; r < 8; ++r) l[r] = Lanes<T, kVnni>::of(q[r], act, ones, extra[r]);
-      __m256i isum = hsum8_i32(l);
-      if (T::kOffset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * x.sum));
-      const __m256 ad = _mm256_set1_ps(x.d);
-      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(wsv, ad), _mm256_cvtepi32_ps(isum), acc[i]);
-      if (T::kMin) {
-        __m256 mc = _mm256_mul_ps(wmv, ad);
-        if (T::kNegMin) mc = _mm256_xor_ps(mc, _mm256_set1_ps(-0.0f));
-        acc[i] = _mm256_fmadd_ps(mc, _mm256_set1_ps(static_cast<float>(x.sum)), acc[i]);
-      }
+      _mm256_storeu_ps(out + static_cast<size_t>(i0 + i) * out_stride, acc[i]);
     }
   }
-  for (int i = 0; i < nx; ++i) _mm256_storeu_ps(out + static_cast<size_t>(i) * out_stride, acc[i]);
 }
 
 #endif  // KVB_QMATMUL_AVX2
@@ -555,11 +597,6 @@ void qmatmul(float* y, const Q8Act* xq, const void* w, uint32_t ggml_type, const
   count_dispatch(SimdKernel::kQMatmul, kernels);
   const int nb32 = k / 32;
   const auto* wb = static_cast<const uint8_t*>(w);
-#if defined(KVB_QMATMUL_AVX2)
-  constexpr int kTileRows = kTile;
-#else
-  constexpr int kTileRows = 1;
-#endif
   // Groups of eight rows of w (the last group may be shorter), split over threads; each output
   // is its own row's sequence, whatever the group, the path or the thread.
   const int groups = (m + 7) / 8;
@@ -567,23 +604,19 @@ void qmatmul(float* y, const Q8Act* xq, const void* w, uint32_t ggml_type, const
   for (int gi = 0; gi < groups; ++gi) {
     const int j0 = gi * 8, rows = std::min(8, m - j0);
     const uint8_t* wr = wb + static_cast<size_t>(j0) * row_bytes;
-    for (int i0 = 0; i0 < n; i0 += kTileRows) {
-      const int nx = std::min(kTileRows, n - i0);
-      const Q8Act* xa = xq + static_cast<size_t>(i0) * nb32;
-      float* yr = y + static_cast<size_t>(i0) * m + j0;
-      if (rows8 && rows == 8) {
-        rows8(wr, row_bytes, xa, nb32, nx, yr, m, /*prefetch=*/i0 == 0);
-      } else {
-        for (int i = 0; i < nx; ++i) {
-          for (int r = 0; r < rows; ++r) {
-            yr[static_cast<size_t>(i) * m + r] = row(wr + r * row_bytes, xa + size_t(i) * nb32, nb32);
-          }
+    float* yr = y + j0;
+    if (rows8 && rows == 8) {
+      rows8(wr, row_bytes, xq, nb32, n, yr, m, /*prefetch=*/true);
+    } else {
+      for (int i = 0; i < n; ++i) {
+        for (int r = 0; r < rows; ++r) {
+          yr[static_cast<size_t>(i) * m + r] = row(wr + r * row_bytes, xq + size_t(i) * nb32, nb32);
         }
       }
-      if (bias) {
-        for (int i = 0; i < nx; ++i) {
-          for (int r = 0; r < rows; ++r) yr[static_cast<size_t>(i) * m + r] += bias[j0 + r];
-        }
+    }
+    if (bias) {
+      for (int i = 0; i < n; ++i) {
+        for (int r = 0; r < rows; ++r) yr[static_cast<size_t>(i) * m + r] += bias[j0 + r];
       }
     }
   }
