@@ -35,4 +35,20 @@ void geglu_tanh(float* gate, const float* up, size_t n) {
     gate[i] = 0.5f * g * (1.0f + std::tanh(inner)) * up[i];
   }
 }
+void geglu_sigmoid(float* gate, const float* up, size_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  constexpr size_t kChunk = 256;
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (size_t c = 0; c < chunks; ++c) {
+    float e[kChunk];
+    const size_t i0 = c * kChunk, m = std::min(kChunk, n - i0);
+    for (size_t i = 0; i < m; ++i) {
+      const float g = gate[i0 + i];
+      e[i] = -2.0f * (kSqrt2OverPi * (g + 0.044715f * g * g * g));
+    }
+    exp_floats(e, e, static_cast<int>(m));
+    for (size_t i = 0; i < m; ++i) gate[i0 + i] = gate[i0 + i] / (1.0f + e[i]) * up[i0 + i];
+  }
+}
 }  // namespace kvb::kernels::cpu

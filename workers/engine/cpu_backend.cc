@@ -326,7 +326,11 @@ void CpuBackend::reduce_norm_add(Act x, Act y, int layer, Norm which, int n) {
 void CpuBackend::glu(int n) {
   const size_t count = static_cast<size_t>(n) * model_.config.hidden_dim;
   if (model_.config.ffn_act == FfnAct::kGeluTanh) {
-    cpu::geglu_tanh(gate_.data(), up_.data(), count);
+    if (dtype_ == DType::kNative) {
+      cpu::geglu_sigmoid(gate_.data(), up_.data(), count);
+    } else {
+      cpu::geglu_tanh(gate_.data(), up_.data(), count);
+    }
   } else {
     cpu::swiglu(gate_.data(), up_.data(), count);
   }
