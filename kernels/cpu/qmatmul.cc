@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -185,8 +186,9 @@ using RowFn = float (*)(const uint8_t* w, const Q8Act* a, int nb32);
 // Eight consecutive rows of w (row_bytes apart) against n activation rows: out[i * out_stride +
 // r] for row r and activation row i. prefetch: bring the next eight rows into the cache
 // meanwhile (rows8_avx2).
-using Rows8Fn = void (*)(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, int n,
-                         float* out, int out_stride, bool prefetch);
+// halves: Q6_K's activation half sums (activation_halves), else nullptr.
+using Rows8Fn = void (*)(const uint8_t* w, size_t row_bytes, const Q8Act* a, const int32_t* halves,
+                         int nb32, int n, float* out, int out_stride, bool prefetch);
 
 // The contract, element by element.
 template <class T>
@@ -408,11 +410,128 @@ inline void tile_block(const Unpacked8& u, const Q8Act* a, int nb32, int b, int 
   }
 }
 
-// Eight rows of w against the n activation rows, in tiles of kTile: out[i * out_stride + r].
-// Up to kTile rows (decode) each block is unpacked as it is used; more rows (prefill) unpack the
-// eight rows' blocks once into a per-thread buffer (k = 2048: 36 KiB) that every tile reads, where
-// each tile unpacked them again (the K-quants' 6-bit scales and Q5_0's fifth bits cost as much as
-// the products).
+// ---- Prefill: eight rows interleaved, no horizontal sums ----------------------------------------
+//
+// A block of eight rows transposed by 32-bit words: q[j] holds, in lane r, row r's quants 4j to
+// 4j + 3. An activation row's word j broadcast against q[j], summed over j = 0..7, leaves row r's
+// integer sum of the block in lane r: eight products of eight rows with no horizontal reduction
+// (tile_block reduces eight vectors of eight lanes per activation row and block, which cost more
+// than the products). The transposition is paid once per call per group and block, and read by
+// every activation row.
+struct Inter8 {
+  __m256i q[8];
+  __m256i sc_lo, sc_hi;  // Q6_K: lane r = row r's scale of the block's elements 0-15 / 16-31
+  alignas(32) float ws[8], wm[8];
+};
+
+// out[j] lane r = in[r] word j.
+inline void transpose8_epi32(const __m256i* in, __m256i* out) {
+  __m256i t[8], u[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm256_unpacklo_epi32(in[2 * p], in[2 * p + 1]);
+    t[2 * p + 1] = _mm256_unpackhi_epi32(in[2 * p], in[2 * p + 1]);
+  }
+  for (int p = 0; p < 2; ++p) {
+    u[4 * p + 0] = _mm256_unpacklo_epi64(t[4 * p + 0], t[4 * p + 2]);
+    u[4 * p + 1] = _mm256_unpackhi_epi64(t[4 * p + 0], t[4 * p + 2]);
+    u[4 * p + 2] = _mm256_unpacklo_epi64(t[4 * p + 1], t[4 * p + 3]);
+    u[4 * p + 3] = _mm256_unpackhi_epi64(t[4 * p + 1], t[4 * p + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    out[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+    out[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+  }
+}
+
+template <class T>
+inline void unpack8_interleaved(const uint8_t* w, size_t row_bytes, int b, Inter8* u) {
+  __m256i rows[8];
+  alignas(32) int32_t lo[8] = {}, hi[8] = {};
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    rows[r] = unpack<T>(row, b);
+    u->wm[r] = 0;
+    u->ws[r] = T::wscale(row, b, &u->wm[r]);
+    if constexpr (std::is_same_v<T, TQ6_K>) {
+      const int h = (b % 8) / 4, g = b % 4;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(TQ6_K::at(row, b) + 192) + 8 * h + 2 * g;
+      lo[r] = sc[0];
+      hi[r] = sc[1];
+    }
+  }
+  transpose8_epi32(rows, u->q);
+  u->sc_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
+  u->sc_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
+}
+
+// acc + the eight lanes' sums of four u8 x s8 products (exact: no int16 saturation, as dot_u8s8).
+template <bool kVnni>
+inline __m256i dot_acc(__m256i acc, __m256i w, __m256i a) {
+#if defined(KVB_QMATMUL_VNNI)
+  if (kVnni) return _mm256_dpbusd_epi32(acc, w, a);
+#endif
+  return _mm256_add_epi32(acc, dot_u8s8<false>(w, a));
+}
+
+inline __m256i act_word(const Q8Act& x, int j) {
+  int32_t v;
+  std::memcpy(&v, x.q + 4 * j, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Block b of eight interleaved rows against nx activation rows (x rows nb32 blocks apart;
+// halves: Q6_K's per-block sums of the activation's first and second 16 quants, two per block in
+// the same order), each lane running row_avx2's sequence of fmas.
+template <class T, bool kVnni>
+inline void tile_block_interleaved(const Inter8& u, const Q8Act* a, const int32_t* halves,
+                                   int nb32, int b, int nx, __m256* acc) {
+  __m256i q[8];
+  for (int j = 0; j < 8; ++j) q[j] = u.q[j];
+  const __m256 wsv = _mm256_load_ps(u.ws), wmv = _mm256_load_ps(u.wm);
+  for (int i = 0; i < nx; ++i) {
+    const size_t at = static_cast<size_t>(i) * nb32 + b;
+    const Q8Act& x = a[at];
+    __m256i isum;
+    if constexpr (std::is_same_v<T, TQ6_K>) {
+      __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) lo = dot_acc<kVnni>(lo, q[j], act_word(x, j));
+      for (int j = 4; j < 8; ++j) hi = dot_acc<kVnni>(hi, q[j], act_word(x, j));
+      lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * halves[2 * at]));
+      hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * halves[2 * at + 1]));
+      isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, u.sc_lo), _mm256_mullo_epi32(hi, u.sc_hi));
+    } else if constexpr (std::is_same_v<T, TQ8_0>) {
+      isum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        isum = dot_acc<kVnni>(isum, _mm256_sign_epi8(q[j], q[j]), _mm256_sign_epi8(act_word(x, j), q[j]));
+      }
+    } else {
+      isum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) isum = dot_acc<kVnni>(isum, q[j], act_word(x, j));
+    }
+    if (T::kOffset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * x.sum));
+    const __m256 ad = _mm256_set1_ps(x.d);
+    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(wsv, ad), _mm256_cvtepi32_ps(isum), acc[i]);
+    if (T::kMin) {
+      __m256 mc = _mm256_mul_ps(wmv, ad);
+      if (T::kNegMin) mc = _mm256_xor_ps(mc, _mm256_set1_ps(-0.0f));
+      acc[i] = _mm256_fmadd_ps(mc, _mm256_set1_ps(static_cast<float>(x.sum)), acc[i]);
+    }
+  }
+}
+
+// Activation rows per prefill tile: the eight interleaved quants stay in registers beside one
+// accumulator per row (32 vector registers with AVX-512's encodings, 16 without).
+#if defined(__AVX512VL__)
+constexpr int kInterTile = 8;
+#else
+constexpr int kInterTile = 4;
+#endif
+
+// Eight rows of w against the n activation rows: out[i * out_stride + r]. Up to kTile rows
+// (decode) each block is unpacked as it is used and reduced with horizontal sums (tile_block); more
+// rows (prefill) unpack and interleave the eight rows' blocks once into a per-thread buffer (k =
+// 2048: 24 KiB) that every tile of kInterTile rows reads (tile_block_interleaved). Both give every
+// output the contract's sequence of fmas.
 //
 // prefetch: the next eight rows (the next group a thread takes: groups are contiguous, and so
 // are a thread's) into the cache a share per block: eight rows read a block at a time are eight
@@ -420,8 +539,8 @@ inline void tile_block(const Unpacked8& u, const Q8Act* a, int nb32, int b, int 
 // (one activation row) waited on memory at every block: decode steps 1.4-1.5x faster on SmolLM2.
 // Prefetches never fault, so past the matrix's end they cost nothing.
 template <class T, bool kVnni>
-void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, int n,
-                float* out, int out_stride, bool prefetch) {
+void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, const int32_t* halves,
+                int nb32, int n, float* out, int out_stride, bool prefetch) {
   const char* next = reinterpret_cast<const char*>(w + 8 * row_bytes);
   const size_t lines = prefetch ? (8 * row_bytes + 63) / 64 : 0;
   auto prefetch_share = [&](int b) {
@@ -429,8 +548,8 @@ void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, in
       _mm_prefetch(next + 64 * c, _MM_HINT_T0);
     }
   };
-  __m256 acc[kTile];
   if (n <= kTile) {
+    __m256 acc[kTile];
     for (int i = 0; i < n; ++i) acc[i] = _mm256_setzero_ps();
     Unpacked8 u;
     for (int b = 0; b < nb32; ++b) {
@@ -441,17 +560,20 @@ void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, int nb32, in
     for (int i = 0; i < n; ++i) _mm256_storeu_ps(out + static_cast<size_t>(i) * out_stride, acc[i]);
     return;
   }
-  thread_local std::vector<Unpacked8> blocks;
+  thread_local std::vector<Inter8> blocks;
   blocks.resize(nb32);
   for (int b = 0; b < nb32; ++b) {
     prefetch_share(b);
-    unpack8<T>(w, row_bytes, b, &blocks[b]);
+    unpack8_interleaved<T>(w, row_bytes, b, &blocks[b]);
   }
-  for (int i0 = 0; i0 < n; i0 += kTile) {
-    const int nx = std::min(kTile, n - i0);
+  __m256 acc[kInterTile];
+  for (int i0 = 0; i0 < n; i0 += kInterTile) {
+    const int nx = std::min(kInterTile, n - i0);
     for (int i = 0; i < nx; ++i) acc[i] = _mm256_setzero_ps();
-    const Q8Act* x = a + static_cast<size_t>(i0) * nb32;
-    for (int b = 0; b < nb32; ++b) tile_block<T, kVnni>(blocks[b], x, nb32, b, nx, acc);
+    const size_t first = static_cast<size_t>(i0) * nb32;
+    const Q8Act* x = a + first;
+    const int32_t* hx = halves ? halves + 2 * first : nullptr;
+    for (int b = 0; b < nb32; ++b) tile_block_interleaved<T, kVnni>(blocks[b], x, hx, nb32, b, nx, acc);
     for (int i = 0; i < nx; ++i) {
       _mm256_storeu_ps(out + static_cast<size_t>(i0 + i) * out_stride, acc[i]);
     }
@@ -556,28 +678,83 @@ size_t qrow_bytes(uint32_t ggml_type, int k) {
   return static_cast<size_t>(k) / elems * bytes;
 }
 
+namespace {
+
+// One block of 32, element by element: a float max, one division, one multiply and a rounding to
+// nearest even per element.
+void quantize_block_portable(const float* v, Q8Act& o) {
+  float amax = 0;
+  for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(v[l]));
+  o.d = amax / 127.0f;
+  const float id = o.d != 0 ? 1.0f / o.d : 0.0f;
+  int sum = 0;
+  for (int l = 0; l < 32; ++l) {
+    const int q = static_cast<int>(std::nearbyint(v[l] * id));
+    o.q[l] = static_cast<int8_t>(std::min(127, std::max(-127, q)));
+    sum += o.q[l];
+  }
+  o.sum = sum;
+}
+
+#if defined(KVB_QMATMUL_AVX2)
+// The same operations eight at a time: the max is exact in any order, the division and the
+// products are IEEE's, and vroundps rounds to nearest even as nearbyint does in the default mode.
+void quantize_block_avx2(const float* v, Q8Act& o) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 x[4];
+  __m256 m = _mm256_setzero_ps();
+  for (int c = 0; c < 4; ++c) {
+    x[c] = _mm256_loadu_ps(v + 8 * c);
+    m = _mm256_max_ps(_mm256_andnot_ps(sign, x[c]), m);  // a NaN is skipped, as std::max's
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  const float amax = _mm_cvtss_f32(h);
+  o.d = amax / 127.0f;
+  const __m256 id = _mm256_set1_ps(o.d != 0 ? 1.0f / o.d : 0.0f);
+  __m256i q[4];
+  for (int c = 0; c < 4; ++c) {
+    const __m256 r =
+        _mm256_round_ps(_mm256_mul_ps(x[c], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q[c] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(-127)),
+                            _mm256_set1_epi32(127));
+  }
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  o.sum = hsum_i32(s);
+  // int32 -> int8 in element order: the packs interleave 128-bit halves, the permute restores.
+  const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q), ordered);
+}
+#endif
+
+}  // namespace
+
 void quantize_q8_act(const float* x, int n, int k, Q8Act* xq, QPath path) {
   KVB_CHECK(k > 0 && k % 32 == 0) << "quantized activations come in blocks of 32, not " << k;
   KVB_CHECK(qpath_supported(path)) << "the " << qpath_name(path) << " path is not available here";
-  // One loop for every path: a float max, one division, one multiply and a rounding per element
-  // are the same bits in any instruction set.
   const int nb = k / 32;
-  for (int i = 0; i < n; ++i) {
-    for (int b = 0; b < nb; ++b) {
-      const float* v = x + static_cast<size_t>(i) * k + 32 * b;
-      Q8Act& o = xq[static_cast<size_t>(i) * nb + b];
-      float amax = 0;
-      for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(v[l]));
-      o.d = amax / 127.0f;
-      const float id = o.d != 0 ? 1.0f / o.d : 0.0f;
-      int sum = 0;
-      for (int l = 0; l < 32; ++l) {
-        const int q = static_cast<int>(std::nearbyint(v[l] * id));
-        o.q[l] = static_cast<int8_t>(std::min(127, std::max(-127, q)));
-        sum += o.q[l];
-      }
-      o.sum = sum;
+  const int64_t blocks = static_cast<int64_t>(n) * nb;
+#if defined(KVB_QMATMUL_AVX2)
+  const bool simd = kernels_for(path) != Isa::kPortable;
+#else
+  const bool simd = false;
+#endif
+  // Blocks are independent: any split over threads gives the same bits.
+#pragma omp parallel for schedule(static) if (blocks >= 4096)
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float* v = x + 32 * i;
+    Q8Act& o = xq[i];
+#if defined(KVB_QMATMUL_AVX2)
+    if (simd) {
+      quantize_block_avx2(v, o);
+      continue;
     }
+#endif
+    (void)simd;
+    quantize_block_portable(v, o);
   }
 }
 
@@ -600,13 +777,29 @@ void qmatmul(float* y, const Q8Act* xq, const void* w, uint32_t ggml_type, const
   // Groups of eight rows of w (the last group may be shorter), split over threads; each output
   // is its own row's sequence, whatever the group, the path or the thread.
   const int groups = (m + 7) / 8;
+  // Q6_K's prefill tiles subtract its offset of 32 per half block: each activation block's sums
+  // of its first and second 16 quants, computed once for every group.
+  std::vector<int32_t> halves;
+  if (rows8 && ggml_type == kQ6_K && n > 1) {
+    halves.resize(static_cast<size_t>(n) * nb32 * 2);
+    for (size_t i = 0; i < static_cast<size_t>(n) * nb32; ++i) {
+      int32_t lo = 0, hi = 0;
+      for (int l = 0; l < 16; ++l) {
+        lo += xq[i].q[l];
+        hi += xq[i].q[l + 16];
+      }
+      halves[2 * i] = lo;
+      halves[2 * i + 1] = hi;
+    }
+  }
+  const int32_t* hv = halves.empty() ? nullptr : halves.data();
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(m) * k >= (1 << 16))
   for (int gi = 0; gi < groups; ++gi) {
     const int j0 = gi * 8, rows = std::min(8, m - j0);
     const uint8_t* wr = wb + static_cast<size_t>(j0) * row_bytes;
     float* yr = y + j0;
     if (rows8 && rows == 8) {
-      rows8(wr, row_bytes, xq, nb32, n, yr, m, /*prefetch=*/true);
+      rows8(wr, row_bytes, xq, hv, nb32, n, yr, m, /*prefetch=*/true);
     } else {
       for (int i = 0; i < n; ++i) {
         for (int r = 0; r < rows; ++r) {

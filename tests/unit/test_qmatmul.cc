@@ -98,6 +98,38 @@ TEST(QMatmul, ActivationsQuantizeAsTheContractSays) {
   }
 }
 
+// Quantization on every path and thread count (a call of 64 x 2,048 is split over threads) gives
+// the portable loop's bits, with blocks whose elements land on ties (x = (j + 1/2) d, d a power of
+// two), zero blocks and negative zeros among random ones.
+TEST(QMatmul, QuantizationOnEveryPathAndThreadCountIsThePortableBits) {
+  std::mt19937 rng(21);
+  const int n = 64, k = 2048;
+  std::vector<float> x = random_floats(static_cast<size_t>(n) * k, rng);
+  for (int b = 0; b < n * k / 32; b += 7) {
+    float* v = x.data() + 32 * b;
+    v[0] = 127.0f / 16;  // amax: d = 1/16 exactly
+    for (int l = 1; l < 32; ++l) {
+      v[l] = (static_cast<float>(static_cast<int>(rng() % 200) - 100) + 0.5f) / 16;
+    }
+  }
+  for (int l = 0; l < 32; ++l) x[32 * 5 + l] = l % 2 ? -0.0f : 0.0f;
+  std::vector<Q8Act> ref(static_cast<size_t>(n) * k / 32);
+  omp_set_num_threads(1);
+  quantize_q8_act(x.data(), n, k, ref.data(), QPath::kPortable);
+  EXPECT_EQ(ref[5].d, 0.0f);
+  for (int l = 1; l < 32; ++l) EXPECT_EQ(ref[7].q[l] % 2, 0) << l;  // ties went to even
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    for (QPath p : available_paths()) {
+      std::vector<Q8Act> got(ref.size());
+      quantize_q8_act(x.data(), n, k, got.data(), p);
+      EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(Q8Act)), 0)
+          << qpath_name(p) << " threads " << threads;
+    }
+  }
+  omp_set_num_threads(1);
+}
+
 // The contract's integers and floats against float64 over ggml's dequantization: a wrong nibble,
 // bit, scale or offset moves a result by far more than the float rounding allowed here.
 TEST(QMatmul, EveryTypeMatchesFloat64OverDequantizedBlocks) {
@@ -143,7 +175,8 @@ TEST(QMatmul, EveryPathGivesTheSameBits) {
   std::cout << "paths: " << ran << "\n";
   for (const TypeCase& t : kTypes) {
     for (const auto& [n, k, m] : {std::tuple{1, 256, 1}, std::tuple{1, 768, 64},
-                                  std::tuple{5, 512, 33}, std::tuple{2, 2048, 130}}) {
+                                  std::tuple{5, 512, 33}, std::tuple{2, 2048, 130},
+                                  std::tuple{13, 512, 24}, std::tuple{17, 256, 17}}) {
       const std::vector<float> x = random_floats(static_cast<size_t>(n) * k, rng);
       std::vector<Q8Act> xq(static_cast<size_t>(n) * k / 32);
       quantize_q8_act(x.data(), n, k, xq.data(), QPath::kPortable);
