@@ -313,6 +313,22 @@ __m256i unpack<TQ6_K>(const uint8_t* row, int b) {
   return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // 0..63
 }
 
+// The quants of block b as the kVnni kernels unpack them: Q5_0's fifth bits by an AVX-512 byte
+// mask (one masked add where bits_to_0x10 takes five instructions); the same 32 bytes.
+template <class T, bool kVnni>
+inline __m256i unpack_for(const uint8_t* row, int b) {
+#if defined(KVB_QMATMUL_VNNI) && defined(__AVX512BW__)
+  if constexpr (kVnni && std::is_same_v<T, TQ5_0>) {
+    const uint8_t* w = TQ5_0::at(row, b);
+    uint32_t qh;
+    std::memcpy(&qh, w + 2, 4);
+    const __m256i lo = nibbles16(w + 6);
+    return _mm256_mask_add_epi8(lo, static_cast<__mmask32>(qh), lo, _mm256_set1_epi8(0x10));
+  }
+#endif
+  return unpack<T>(row, b);
+}
+
 // Per block of a row, what its lanes need besides the quants: Q6_K's two scales as a lane
 // vector (lanes 0-3: the first 16 elements, 4-7: the second).
 template <class T>
@@ -361,7 +377,7 @@ float row_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
     const float c = coef<T>(w, b, a[b], &mc);
     const __m256i act = load_act(a[b]);
     const __m256i l =
-        Lanes<T, kVnni>::of(unpack<T>(w, b), act, ones_lanes<kVnni>(act), block_extra<T>(w, b));
+        Lanes<T, kVnni>::of(unpack_for<T, kVnni>(w, b), act, ones_lanes<kVnni>(act), block_extra<T>(w, b));
     const int isum = hsum_i32(l) - T::kOffset * a[b].sum;
     acc = std::fma(c, static_cast<float>(isum), acc);
     if (T::kMin) acc = std::fma(mc, static_cast<float>(a[b].sum), acc);
@@ -369,21 +385,90 @@ float row_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
   return acc;
 }
 
+// The f16 at p + r * stride for r = 0..7, widened exactly (vcvtph2ps, as f16()).
+inline __m256 f16x8(const uint8_t* p, size_t stride) {
+  __m128i h = _mm_setzero_si128();
+  uint16_t v[8];
+  for (int r = 0; r < 8; ++r) std::memcpy(&v[r], p + r * stride, 2);
+  h = _mm_setr_epi16(static_cast<short>(v[0]), static_cast<short>(v[1]), static_cast<short>(v[2]),
+                     static_cast<short>(v[3]), static_cast<short>(v[4]), static_cast<short>(v[5]),
+                     static_cast<short>(v[6]), static_cast<short>(v[7]));
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(h);
+#else
+  alignas(32) float f[8];
+  for (int r = 0; r < 8; ++r) f[r] = fp16_to_f32(v[r]);
+  return _mm256_load_ps(f);
+#endif
+}
+
+// out[j] lane r = in[r] lane j (eight floats of eight rows, transposed).
+inline void transpose8_ps(const __m256* in, __m256* out);
+
+// The contract's weight scales of block b for eight rows (row_bytes apart) as lanes: ws (d, or
+// Q4_K/Q5_K's d x sc) and wm (Q4_1's m, Q4_K/Q5_K's dmin x mn, else 0), the same products as
+// T::wscale's, with no scalar step per row and block (a decode step spent more on the K-quants'
+// scalar scale unpacking than on its products). The K-quants' eight sub-blocks' scales are
+// unpacked once per super-block: each row's 12 packed bytes by 32-bit masks (get_scale_min_k4's
+// fields), widened, times that row's d and dmin, then transposed to lanes of rows.
+template <class T>
+struct Scales8 {
+  void at(const uint8_t* w, size_t row_bytes, int b, __m256* ws, __m256* wm) {
+    if constexpr (std::is_same_v<T, TQK45<false>> || std::is_same_v<T, TQK45<true>>) {
+      if (b / 8 != super) {
+        super = b / 8;
+        __m256 rs[8], rm[8];
+        for (int r = 0; r < 8; ++r) {
+          const uint8_t* blk = T::at(w + r * row_bytes, b);
+          uint32_t q[3];
+          std::memcpy(q, blk + 4, 12);
+          const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+          // Bytes j = 0..3 then 4..7 of the scales and of the mins.
+          const uint64_t sc = (q[0] & lo6) |
+                              uint64_t((q[2] & lo4) | (((q[0] >> 6) & lo2) << 4)) << 32;
+          const uint64_t mn = (q[1] & lo6) |
+                              uint64_t(((q[2] >> 4) & lo4) | (((q[1] >> 6) & lo2) << 4)) << 32;
+          const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(sc))));
+          const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mn))));
+          rs[r] = _mm256_mul_ps(_mm256_set1_ps(f16(blk)), scf);
+          rm[r] = _mm256_mul_ps(_mm256_set1_ps(f16(blk + 2)), mnf);
+        }
+        transpose8_ps(rs, ks);
+        transpose8_ps(rm, km);
+      }
+      *ws = ks[b % 8];
+      *wm = km[b % 8];
+    } else if constexpr (std::is_same_v<T, TQ6_K>) {
+      if (b / 8 != super) {
+        super = b / 8;
+        ks[0] = f16x8(T::at(w, b) + 208, row_bytes);
+      }
+      *ws = ks[0];
+      *wm = _mm256_setzero_ps();
+    } else {
+      const uint8_t* blk = T::at(w, b);
+      *ws = f16x8(blk, row_bytes);
+      *wm = T::kMin ? f16x8(blk + 2, row_bytes) : _mm256_setzero_ps();
+    }
+  }
+  int super = -1;
+  __m256 ks[8] = {}, km[8] = {};
+};
+
 // One block of eight rows of w, unpacked: the quants, Q6_K's scale lanes and the scales.
 struct Unpacked8 {
   __m256i q[8], extra[8];
-  alignas(32) float ws[8], wm[8];
+  __m256 ws, wm;
 };
 
-template <class T>
-inline void unpack8(const uint8_t* w, size_t row_bytes, int b, Unpacked8* u) {
+template <class T, bool kVnni>
+inline void unpack8(const uint8_t* w, size_t row_bytes, int b, Scales8<T>& scales, Unpacked8* u) {
   for (int r = 0; r < 8; ++r) {
     const uint8_t* row = w + r * row_bytes;
-    u->q[r] = unpack<T>(row, b);
+    u->q[r] = unpack_for<T, kVnni>(row, b);
     u->extra[r] = block_extra<T>(row, b);
-    u->wm[r] = 0;
-    u->ws[r] = T::wscale(row, b, &u->wm[r]);
   }
+  scales.at(w, row_bytes, b, &u->ws, &u->wm);
 }
 
 // Block b of eight rows against nx <= kTile activation rows (x rows apart by nb32 blocks), row r
@@ -392,7 +477,7 @@ constexpr int kTile = 4;
 template <class T, bool kVnni>
 inline void tile_block(const Unpacked8& u, const Q8Act* a, int nb32, int b, int nx, __m256* acc) {
   __m256i l[8];
-  const __m256 wsv = _mm256_load_ps(u.ws), wmv = _mm256_load_ps(u.wm);
+  const __m256 wsv = u.ws, wmv = u.wm;
   for (int i = 0; i < nx; ++i) {
     const Q8Act& x = a[static_cast<size_t>(i) * nb32 + b];
     const __m256i act = load_act(x);
@@ -421,7 +506,7 @@ inline void tile_block(const Unpacked8& u, const Q8Act* a, int nb32, int b, int 
 struct Inter8 {
   __m256i q[8];
   __m256i sc_lo, sc_hi;  // Q6_K: lane r = row r's scale of the block's elements 0-15 / 16-31
-  alignas(32) float ws[8], wm[8];
+  __m256 ws, wm;
 };
 
 // out[j] lane r = in[r] word j.
@@ -443,15 +528,22 @@ inline void transpose8_epi32(const __m256i* in, __m256i* out) {
   }
 }
 
-template <class T>
-inline void unpack8_interleaved(const uint8_t* w, size_t row_bytes, int b, Inter8* u) {
+inline void transpose8_ps(const __m256* in, __m256* out) {
+  __m256i a[8], t[8];
+  for (int r = 0; r < 8; ++r) a[r] = _mm256_castps_si256(in[r]);
+  transpose8_epi32(a, t);
+  for (int j = 0; j < 8; ++j) out[j] = _mm256_castsi256_ps(t[j]);
+}
+
+template <class T, bool kVnni>
+inline void unpack8_interleaved(const uint8_t* w, size_t row_bytes, int b, Scales8<T>& scales,
+                                Inter8* u) {
   __m256i rows[8];
   alignas(32) int32_t lo[8] = {}, hi[8] = {};
+  scales.at(w, row_bytes, b, &u->ws, &u->wm);
   for (int r = 0; r < 8; ++r) {
     const uint8_t* row = w + r * row_bytes;
-    rows[r] = unpack<T>(row, b);
-    u->wm[r] = 0;
-    u->ws[r] = T::wscale(row, b, &u->wm[r]);
+    rows[r] = unpack_for<T, kVnni>(row, b);
     if constexpr (std::is_same_v<T, TQ6_K>) {
       const int h = (b % 8) / 4, g = b % 4;
       const int8_t* sc = reinterpret_cast<const int8_t*>(TQ6_K::at(row, b) + 192) + 8 * h + 2 * g;
@@ -487,7 +579,7 @@ inline void tile_block_interleaved(const Inter8& u, const Q8Act* a, const int32_
                                    int nb32, int b, int nx, __m256* acc) {
   __m256i q[8];
   for (int j = 0; j < 8; ++j) q[j] = u.q[j];
-  const __m256 wsv = _mm256_load_ps(u.ws), wmv = _mm256_load_ps(u.wm);
+  const __m256 wsv = u.ws, wmv = u.wm;
   for (int i = 0; i < nx; ++i) {
     const size_t at = static_cast<size_t>(i) * nb32 + b;
     const Q8Act& x = a[at];
@@ -552,9 +644,10 @@ void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, const int32_
     __m256 acc[kTile];
     for (int i = 0; i < n; ++i) acc[i] = _mm256_setzero_ps();
     Unpacked8 u;
+    Scales8<T> scales;
     for (int b = 0; b < nb32; ++b) {
       prefetch_share(b);
-      unpack8<T>(w, row_bytes, b, &u);
+      unpack8<T, kVnni>(w, row_bytes, b, scales, &u);
       tile_block<T, kVnni>(u, a, nb32, b, n, acc);
     }
     for (int i = 0; i < n; ++i) _mm256_storeu_ps(out + static_cast<size_t>(i) * out_stride, acc[i]);
@@ -562,9 +655,10 @@ void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, const int32_
   }
   thread_local std::vector<Inter8> blocks;
   blocks.resize(nb32);
+  Scales8<T> scales;
   for (int b = 0; b < nb32; ++b) {
     prefetch_share(b);
-    unpack8_interleaved<T>(w, row_bytes, b, &blocks[b]);
+    unpack8_interleaved<T, kVnni>(w, row_bytes, b, scales, &blocks[b]);
   }
   __m256 acc[kInterTile];
   for (int i0 = 0; i0 < n; i0 += kInterTile) {
