@@ -212,6 +212,11 @@ void KvCache::assign_prefix(const KvCache& src, int p, const std::vector<uint8_t
 }
 
 LayerKvView KvCache::layer(int layer) {
+  ++changes_;  // a writable view: its rows may change
+  return view(layer);
+}
+
+LayerKvView KvCache::view(int layer) {
   KVB_ASSERT(layer >= 0 && layer < shape_.num_layers);
   if (positions_stale(layer)) {
     KVB_CHECK(device_rows_ != nullptr)
@@ -220,7 +225,6 @@ LayerKvView KvCache::layer(int layer) {
     stale_[layer] = 0;
     ++position_reads_;
   }
-  ++changes_;  // a writable view: its rows may change
   const bool k16 = shape_.f16_keys(), v16 = shape_.f16;
   LayerKvView v{host_rows_ && !k16 ? keys_[layer].data() : nullptr,
                 host_rows_ && !v16 ? values_[layer].data() : nullptr,
@@ -236,10 +240,9 @@ LayerKvView KvCache::layer(int layer) {
 
 LayerKvView KvCache::rows_f32(int layer) const {
   if (!shape_.f16) return this->layer(layer);
-  const uint64_t changes = changes_;
-  LayerKvView v = this->layer(layer);  // counts as a change: the scratch's stamp is taken before
+  LayerKvView v = this->layer(layer);  // a reading view: no change counted
   const size_t n = static_cast<size_t>(shape_.num_kv_heads) * capacity_ * shape_.head_dim;
-  if (f32_layer_ != layer || f32_changes_ != changes || f32_values_.size() != n) {
+  if (f32_layer_ != layer || f32_changes_ != changes_ || f32_values_.size() != n) {
     f32_keys_.resize(v.keys16 ? n : 0);
     f32_values_.resize(n);
     for (int h = 0; h < shape_.num_kv_heads; ++h) {
@@ -249,9 +252,8 @@ LayerKvView KvCache::rows_f32(int layer) const {
       f16_to_f32(v.values16 + off, f32_values_.data() + off, count);
     }
     f32_layer_ = layer;
-    f32_changes_ = changes;
+    f32_changes_ = changes_;
   }
-  const_cast<KvCache*>(this)->changes_ = changes;  // reading changed nothing
   if (v.keys16) v.keys = f32_keys_.data();
   v.values = f32_values_.data();
   v.keys16 = nullptr;

@@ -164,8 +164,9 @@ class KvCache {
   // lists) reads them back from the device rows first (DeviceRows::read_positions): host code
   // sees true positions, and a decode step that reads none costs no copy.
   LayerKvView layer(int layer);
-  // A view for reading (policies see a const cache): its pointers must not be written through.
-  LayerKvView layer(int layer) const { return const_cast<KvCache*>(this)->layer(layer); }
+  // A view for reading (policies see a const cache): its pointers must not be written through,
+  // and it does not count as a change (rows_f32's converted rows stay valid).
+  LayerKvView layer(int layer) const { return const_cast<KvCache*>(this)->view(layer); }
   // The layer with its rows as f32, for code that reads rows (policies, their ops): layer()
   // itself for f32 rows; for f16 rows (host rows only) a view of the live rows converted into
   // f32 scratch this cache keeps (the same layout and capacity; positions and lengths are the
@@ -231,11 +232,13 @@ class KvCache {
   // Floats of storage per key / value row: head_dim, or head_dim / 2 for f16 rows (two a float).
   size_t key_floats() const { return shape_.f16_keys() ? shape_.head_dim / 2 : shape_.head_dim; }
   size_t value_floats() const { return shape_.f16 ? shape_.head_dim / 2 : shape_.head_dim; }
+  // The layer's view, its stale positions read from the device first; counts no change.
+  LayerKvView view(int layer);
   // rows_f32's scratch of f16 rows: the layer it holds, and the change count it was made at.
   mutable std::vector<float> f32_keys_, f32_values_;
   mutable int f32_layer_ = -1;
   mutable uint64_t f32_changes_ = 0;
-  uint64_t changes_ = 0;  // incremented by every change to the rows (and every writable view)
+  uint64_t changes_ = 0;  // incremented by every change to the rows and every writable view
   void keep_from(int layer, int head, const KvCache& src, std::span<const int32_t> slots);
   void drop_from(int layer, int head, const KvCache& src, int victim);
   // Buffers of `capacity` (>= max_length()) slots per head holding this cache's live rows, for

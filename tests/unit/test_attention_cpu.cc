@@ -195,6 +195,8 @@ std::vector<Case> shape_cases() {
       {"window across blocks after a prefix", 70, 8, 2, 80, {90, 120}, 48, false, 0, 4},
       {"group 4, head_dim 128", 96, 8, 2, 128, {200, 96}, 0, true, 32},
       {"group 1, head_dim 16", 65, 3, 3, 16, {65, 66, 300}},
+      {"decode, head_dim 256, group 4 (Gemma 3)", 1, 4, 1, 256, {700}, 0, true, 1},
+      {"a few queries, head_dim 256, under a window", 3, 4, 1, 256, {600}, 512, false, 0, 2},
   };
 }
 
