@@ -24,8 +24,8 @@
 namespace {
 
 using kvb::kernels::cpu::Q8Act;
-using kvb::kernels::cpu::QPath;
 using kvb::kernels::cpu::qmatmul;
+using kvb::kernels::cpu::QPath;
 using kvb::kernels::cpu::qpath_supported;
 using kvb::kernels::cpu::qrow_bytes;
 using kvb::kernels::cpu::quantize_q8_act;
@@ -40,13 +40,27 @@ std::vector<uint8_t> random_rows(uint32_t type, int m, int k, uint32_t seed) {
   size_t block = 0, elems = 0;
   std::vector<size_t> at;
   switch (type) {
-    case 2: block = 18, elems = 32, at = {0}; break;
-    case 3: block = 20, elems = 32, at = {0, 2}; break;
-    case 6: block = 22, elems = 32, at = {0}; break;
-    case 8: block = 34, elems = 32, at = {0}; break;
-    case 12: block = 144, elems = 256, at = {0, 2}; break;
-    case 13: block = 176, elems = 256, at = {0, 2}; break;
-    case 14: block = 210, elems = 256, at = {208}; break;
+    case 2:
+      block = 18, elems = 32, at = {0};
+      break;
+    case 3:
+      block = 20, elems = 32, at = {0, 2};
+      break;
+    case 6:
+      block = 22, elems = 32, at = {0};
+      break;
+    case 8:
+      block = 34, elems = 32, at = {0};
+      break;
+    case 12:
+      block = 144, elems = 256, at = {0, 2};
+      break;
+    case 13:
+      block = 176, elems = 256, at = {0, 2};
+      break;
+    case 14:
+      block = 210, elems = 256, at = {208};
+      break;
   }
   const size_t blocks = static_cast<size_t>(m) * k / elems;
   for (size_t b = 0; b < blocks; ++b) {
@@ -112,24 +126,31 @@ void roof(benchmark::State& state) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define KVB_DOT(c) c = _mm256_dpbusd_epi32(c, a, b)
 #else
-#define KVB_DOT(c) c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), \
-                                                              _mm256_set1_epi16(1)))
+#define KVB_DOT(c) \
+  c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
 #endif
   constexpr int kSteps = 4096;
   for (auto _ : state) {
     for (int s = 0; s < kSteps; ++s) {
-      KVB_DOT(c0); KVB_DOT(c1); KVB_DOT(c2); KVB_DOT(c3);
-      KVB_DOT(c4); KVB_DOT(c5); KVB_DOT(c6); KVB_DOT(c7);
+      KVB_DOT(c0);
+      KVB_DOT(c1);
+      KVB_DOT(c2);
+      KVB_DOT(c3);
+      KVB_DOT(c4);
+      KVB_DOT(c5);
+      KVB_DOT(c6);
+      KVB_DOT(c7);
       // Keeps the chains in registers, each step's work live, with no store.
-      asm volatile("" : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5), "+x"(c6),
-                   "+x"(c7));
+      asm volatile(""
+                   : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5), "+x"(c6),
+                     "+x"(c7));
     }
   }
 #undef KVB_DOT
   benchmark::DoNotOptimize(_mm256_add_epi32(_mm256_add_epi32(c0, c1), c7));
-  state.counters["GMAC/s"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * kSteps * 8 * 32 * 1e-9,
-      benchmark::Counter::kIsRate);
+  state.counters["GMAC/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * kSteps * 8 * 32 * 1e-9,
+                         benchmark::Counter::kIsRate);
 #else
   state.SkipWithError("no AVX2 in this build");
 #endif
@@ -141,16 +162,26 @@ void shapes(benchmark::internal::Benchmark* b, uint32_t type) {
   // {n, k, m}: Gemma-3-270M's q|k|v, gate|up (k 640), o (k 1,024), down (k 2,048); SmolLM2's
   // q (k 576) and down (k 1,536).
   switch (type) {
-    case kQ5_0: b->Args({512, 640, 1536})->Args({512, 640, 4096})->Args({1, 640, 4096}); break;
-    case kQ8_0: b->Args({512, 640, 2048})->Args({1, 640, 2048}); break;
-    case kQ4_K: b->Args({512, 1024, 640})->Args({512, 2048, 640})->Args({1, 2048, 640}); break;
-    case kQ6_K: b->Args({512, 2048, 640})->Args({1, 2048, 640}); break;
-    case kQ4_1: b->Args({512, 576, 576})->Args({512, 1536, 576})->Args({1, 1536, 576}); break;
+    case kQ5_0:
+      b->Args({512, 640, 1536})->Args({512, 640, 4096})->Args({1, 640, 4096});
+      break;
+    case kQ8_0:
+      b->Args({512, 640, 2048})->Args({1, 640, 2048});
+      break;
+    case kQ4_K:
+      b->Args({512, 1024, 640})->Args({512, 2048, 640})->Args({1, 2048, 640});
+      break;
+    case kQ6_K:
+      b->Args({512, 2048, 640})->Args({1, 2048, 640});
+      break;
+    case kQ4_1:
+      b->Args({512, 576, 576})->Args({512, 1536, 576})->Args({1, 1536, 576});
+      break;
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
-#define KVB_QBENCH(T, NAME)                                                                      \
+#define KVB_QBENCH(T, NAME)                                                                       \
   BENCHMARK_CAPTURE(run, NAME##_avx512, T, QPath::kAvx512)->Apply([](auto* b) { shapes(b, T); }); \
   BENCHMARK_CAPTURE(run, NAME##_avx2, T, QPath::kAvx2)->Apply([](auto* b) { shapes(b, T); })
 

@@ -376,8 +376,8 @@ float row_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
     float mc = 0;
     const float c = coef<T>(w, b, a[b], &mc);
     const __m256i act = load_act(a[b]);
-    const __m256i l =
-        Lanes<T, kVnni>::of(unpack_for<T, kVnni>(w, b), act, ones_lanes<kVnni>(act), block_extra<T>(w, b));
+    const __m256i l = Lanes<T, kVnni>::of(unpack_for<T, kVnni>(w, b), act, ones_lanes<kVnni>(act),
+                                          block_extra<T>(w, b));
     const int isum = hsum_i32(l) - T::kOffset * a[b].sum;
     acc = std::fma(c, static_cast<float>(isum), acc);
     if (T::kMin) acc = std::fma(mc, static_cast<float>(a[b].sum), acc);
@@ -424,12 +424,14 @@ struct Scales8 {
           std::memcpy(q, blk + 4, 12);
           const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
           // Bytes j = 0..3 then 4..7 of the scales and of the mins.
-          const uint64_t sc = (q[0] & lo6) |
-                              uint64_t((q[2] & lo4) | (((q[0] >> 6) & lo2) << 4)) << 32;
-          const uint64_t mn = (q[1] & lo6) |
-                              uint64_t(((q[2] >> 4) & lo4) | (((q[1] >> 6) & lo2) << 4)) << 32;
-          const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(sc))));
-          const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mn))));
+          const uint64_t sc = (q[0] & lo6) | uint64_t((q[2] & lo4) | (((q[0] >> 6) & lo2) << 4))
+                                                 << 32;
+          const uint64_t mn =
+              (q[1] & lo6) | uint64_t(((q[2] >> 4) & lo4) | (((q[1] >> 6) & lo2) << 4)) << 32;
+          const __m256 scf =
+              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(sc))));
+          const __m256 mnf =
+              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mn))));
           rs[r] = _mm256_mul_ps(_mm256_set1_ps(f16(blk)), scf);
           rm[r] = _mm256_mul_ps(_mm256_set1_ps(f16(blk + 2)), mnf);
         }
@@ -471,6 +473,22 @@ inline void unpack8(const uint8_t* w, size_t row_bytes, int b, Scales8<T>& scale
   scales.at(w, row_bytes, b, &u->ws, &u->wm);
 }
 
+// The contract's floats for eight rows' block against activation block x, lane r for row r:
+// isum less kOffset x act.sum, then fma(c, isum, acc) and, for types with a min,
+// fma(mc, act.sum, acc). ws, wm: the rows' weight scales (Scales8).
+template <class T>
+inline __m256 accumulate(__m256 acc, __m256i isum, const Q8Act& x, __m256 ws, __m256 wm) {
+  if (T::kOffset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * x.sum));
+  const __m256 ad = _mm256_set1_ps(x.d);
+  acc = _mm256_fmadd_ps(_mm256_mul_ps(ws, ad), _mm256_cvtepi32_ps(isum), acc);
+  if (T::kMin) {
+    __m256 mc = _mm256_mul_ps(wm, ad);
+    if (T::kNegMin) mc = _mm256_xor_ps(mc, _mm256_set1_ps(-0.0f));
+    acc = _mm256_fmadd_ps(mc, _mm256_set1_ps(static_cast<float>(x.sum)), acc);
+  }
+  return acc;
+}
+
 // Block b of eight rows against nx <= kTile activation rows (x rows apart by nb32 blocks), row r
 // of activation row i in float lane r of acc[i]: each lane runs row_avx2's sequence of fmas.
 constexpr int kTile = 4;
@@ -484,14 +502,7 @@ inline void tile_block(const Unpacked8& u, const Q8Act* a, int nb32, int b, int 
     const __m256i ones = ones_lanes<kVnni>(act);
     for (int r = 0; r < 8; ++r) l[r] = Lanes<T, kVnni>::of(u.q[r], act, ones, u.extra[r]);
     __m256i isum = hsum8_i32(l);
-    if (T::kOffset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * x.sum));
-    const __m256 ad = _mm256_set1_ps(x.d);
-    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(wsv, ad), _mm256_cvtepi32_ps(isum), acc[i]);
-    if (T::kMin) {
-      __m256 mc = _mm256_mul_ps(wmv, ad);
-      if (T::kNegMin) mc = _mm256_xor_ps(mc, _mm256_set1_ps(-0.0f));
-      acc[i] = _mm256_fmadd_ps(mc, _mm256_set1_ps(static_cast<float>(x.sum)), acc[i]);
-    }
+    acc[i] = accumulate<T>(acc[i], isum, x, wsv, wmv);
   }
 }
 
@@ -575,8 +586,8 @@ inline __m256i act_word(const Q8Act& x, int j) {
 // halves: Q6_K's per-block sums of the activation's first and second 16 quants, two per block in
 // the same order), each lane running row_avx2's sequence of fmas.
 template <class T, bool kVnni>
-inline void tile_block_interleaved(const Inter8& u, const Q8Act* a, const int32_t* halves,
-                                   int nb32, int b, int nx, __m256* acc) {
+inline void tile_block_interleaved(const Inter8& u, const Q8Act* a, const int32_t* halves, int nb32,
+                                   int b, int nx, __m256* acc) {
   __m256i q[8];
   for (int j = 0; j < 8; ++j) q[j] = u.q[j];
   const __m256 wsv = u.ws, wmv = u.wm;
@@ -594,20 +605,14 @@ inline void tile_block_interleaved(const Inter8& u, const Q8Act* a, const int32_
     } else if constexpr (std::is_same_v<T, TQ8_0>) {
       isum = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
-        isum = dot_acc<kVnni>(isum, _mm256_sign_epi8(q[j], q[j]), _mm256_sign_epi8(act_word(x, j), q[j]));
+        isum = dot_acc<kVnni>(isum, _mm256_sign_epi8(q[j], q[j]),
+                              _mm256_sign_epi8(act_word(x, j), q[j]));
       }
     } else {
       isum = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) isum = dot_acc<kVnni>(isum, q[j], act_word(x, j));
     }
-    if (T::kOffset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * x.sum));
-    const __m256 ad = _mm256_set1_ps(x.d);
-    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(wsv, ad), _mm256_cvtepi32_ps(isum), acc[i]);
-    if (T::kMin) {
-      __m256 mc = _mm256_mul_ps(wmv, ad);
-      if (T::kNegMin) mc = _mm256_xor_ps(mc, _mm256_set1_ps(-0.0f));
-      acc[i] = _mm256_fmadd_ps(mc, _mm256_set1_ps(static_cast<float>(x.sum)), acc[i]);
-    }
+    acc[i] = accumulate<T>(acc[i], isum, x, wsv, wmv);
   }
 }
 
@@ -631,8 +636,8 @@ constexpr int kInterTile = 4;
 // (one activation row) waited on memory at every block: decode steps 1.4-1.5x faster on SmolLM2.
 // Prefetches never fault, so past the matrix's end they cost nothing.
 template <class T, bool kVnni>
-void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, const int32_t* halves,
-                int nb32, int n, float* out, int out_stride, bool prefetch) {
+void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, const int32_t* halves, int nb32,
+                int n, float* out, int out_stride, bool prefetch) {
   const char* next = reinterpret_cast<const char*>(w + 8 * row_bytes);
   const size_t lines = prefetch ? (8 * row_bytes + 63) / 64 : 0;
   auto prefetch_share = [&](int b) {
@@ -667,7 +672,8 @@ void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, const int32_
     const size_t first = static_cast<size_t>(i0) * nb32;
     const Q8Act* x = a + first;
     const int32_t* hx = halves ? halves + 2 * first : nullptr;
-    for (int b = 0; b < nb32; ++b) tile_block_interleaved<T, kVnni>(blocks[b], x, hx, nb32, b, nx, acc);
+    for (int b = 0; b < nb32; ++b)
+      tile_block_interleaved<T, kVnni>(blocks[b], x, hx, nb32, b, nx, acc);
     for (int i = 0; i < nx; ++i) {
       _mm256_storeu_ps(out + static_cast<size_t>(i0 + i) * out_stride, acc[i]);
     }
@@ -819,7 +825,8 @@ void quantize_block_avx2(const float* v, Q8Act& o) {
   // int32 -> int8 in element order: the packs interleave 128-bit halves, the permute restores.
   const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
   const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-  const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m256i ordered =
+      _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q), ordered);
 }
 #endif

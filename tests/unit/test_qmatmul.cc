@@ -174,9 +174,9 @@ TEST(QMatmul, EveryPathGivesTheSameBits) {
   for (QPath p : paths) ran += std::string(qpath_name(p)) + " ";
   std::cout << "paths: " << ran << "\n";
   for (const TypeCase& t : kTypes) {
-    for (const auto& [n, k, m] : {std::tuple{1, 256, 1}, std::tuple{1, 768, 64},
-                                  std::tuple{5, 512, 33}, std::tuple{2, 2048, 130},
-                                  std::tuple{13, 512, 24}, std::tuple{17, 256, 17}}) {
+    for (const auto& [n, k, m] :
+         {std::tuple{1, 256, 1}, std::tuple{1, 768, 64}, std::tuple{5, 512, 33},
+          std::tuple{2, 2048, 130}, std::tuple{13, 512, 24}, std::tuple{17, 256, 17}}) {
       const std::vector<float> x = random_floats(static_cast<size_t>(n) * k, rng);
       std::vector<Q8Act> xq(static_cast<size_t>(n) * k / 32);
       quantize_q8_act(x.data(), n, k, xq.data(), QPath::kPortable);
