@@ -13,12 +13,32 @@
 # -mno-amx-* keeps every other -march=native feature (AVX-512, VNNI, BF16).
 #
 # Usage: bash scripts/llamacpp_env.sh  (prints the python path)
-#   KVB_LLAMACPP_VENV=DIR  the venv (default .venv-llamacpp in the repository root)
+#   KVB_LLAMACPP_VENV=DIR  the venv (default .venv-llamacpp in the repository root; with
+#                          KVB_LLAMACPP_ISA=avx2, .venv-llamacpp-avx2)
+#   KVB_LLAMACPP_ISA=avx2  llama.cpp's AVX2 kernels only (GGML_NATIVE=OFF, AVX, AVX2, FMA, F16C,
+#                          BMI2; no AVX-512): an AVX2-only CPU's build, to compare on one machine
+#                          with kvbench built for one (cmake -DKVBENCH_NATIVE=OFF
+#                          -DCMAKE_CXX_FLAGS=-march=haswell)
 #   CMAKE_BUILD_PARALLEL_LEVEL=N  build jobs (default: nproc)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${KVB_LLAMACPP_VENV:-$root/.venv-llamacpp}"
-recipe="llama-cpp-python 0.3.36; CMAKE_ARGS=-DGGML_NATIVE=ON -DGGML_OPENMP=ON; CFLAGS/CXXFLAGS="
+isa="${KVB_LLAMACPP_ISA:-native}"
+case "$isa" in
+  native)
+    venv="${KVB_LLAMACPP_VENV:-$root/.venv-llamacpp}"
+    cmake_args="-DGGML_NATIVE=ON -DGGML_OPENMP=ON"
+    ;;
+  avx2)
+    venv="${KVB_LLAMACPP_VENV:-$root/.venv-llamacpp-avx2}"
+    cmake_args="-DGGML_NATIVE=OFF -DGGML_OPENMP=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON"
+    cmake_args+=" -DGGML_F16C=ON -DGGML_BMI2=ON"
+    ;;
+  *)
+    echo "llamacpp_env.sh: KVB_LLAMACPP_ISA is native or avx2, not '$isa'" >&2
+    exit 2
+    ;;
+esac
+recipe="llama-cpp-python 0.3.36; CMAKE_ARGS=$cmake_args; CFLAGS/CXXFLAGS="
 recipe+="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 if [ "$(uname -m)" != x86_64 ]; then
   recipe="${recipe%%; CFLAGS*}"  # the -mno-amx flags exist on x86 only
@@ -56,13 +76,17 @@ if [ "$(uname -m)" = x86_64 ]; then
   flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 fi
 # --force-reinstall: a venv built by an earlier recipe (the AMX build) is rebuilt, not kept.
-CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_OPENMP=ON" CFLAGS="$flags" CXXFLAGS="$flags" \
+CMAKE_ARGS="$cmake_args" CFLAGS="$flags" CXXFLAGS="$flags" \
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
   "$venv/bin/pip" install --quiet --no-cache-dir --no-build-isolation --force-reinstall \
   --require-hashes -r "$tmp/run.txt" >&2
 info="$("$venv/bin/python" -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())")"
 if grep -q "AMX_INT8 = 1" <<<"$info"; then
   echo "llamacpp_env.sh: the build in $venv still has AMX ($info); it would crash in llama_decode" >&2
+  exit 1
+fi
+if [ "$isa" = avx2 ] && grep -q "AVX512 = 1" <<<"$info"; then
+  echo "llamacpp_env.sh: the AVX2 build in $venv has AVX-512 kernels ($info)" >&2
   exit 1
 fi
 echo "$recipe" >"$stamp"
