@@ -385,16 +385,27 @@ void pv_lanes_avx512(const float* p, size_t ldp, int lo, const int* first, const
   }
 }
 #endif
+// The portable loop reads V in slot order too, each slot's row (converted once, for f16 rows)
+// feeding every row that sees it: each lane sum still takes its slots in increasing order, so the
+// bits are those of a loop over rows then slots (the definition above). Where AVX2 is the widest
+// path (an AVX2-only build), this loop is the P x V, and the compiler vectorizes its j loop; it
+// read and converted a GQA group's V once per query row.
 void pv_lanes_portable(const float* p, size_t ldp, int lo, const int* first, const int* visible,
                        int rows, const LayerKvView& kv, int kvh, float* lanes) {
   const int d = kv.head_dim;
   std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
   thread_local std::vector<float> row;
   row.resize(d);
+  int lo_all = INT32_MAX, hi_all = 0;
   for (int r = 0; r < rows; ++r) {
-    for (int s = lo + first[r]; s < lo + visible[r]; ++s) {
+    lo_all = std::min(lo_all, lo + first[r]);
+    hi_all = std::max(hi_all, lo + visible[r]);
+  }
+  for (int s = lo_all; s < hi_all; ++s) {
+    const float* v = value_row(kv, kvh, s, row.data());
+    for (int r = 0; r < rows; ++r) {
+      if (s < lo + first[r] || s >= lo + visible[r]) continue;
       const float ps = p[static_cast<size_t>(r) * ldp + (s - lo)];
-      const float* v = value_row(kv, kvh, s, row.data());
       float* acc = lanes + (static_cast<size_t>(r) * 16 + (s & 15)) * d;
       for (int j = 0; j < d; ++j) acc[j] = std::fma(ps, v[j], acc[j]);
     }
