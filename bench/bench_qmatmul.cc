@@ -19,10 +19,12 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/cpu/dequant.h"
 #include "kernels/cpu/qmatmul.h"
 
 namespace {
 
+using kvb::kernels::cpu::ggml_block_info;
 using kvb::kernels::cpu::Q8Act;
 using kvb::kernels::cpu::qmatmul;
 using kvb::kernels::cpu::QPath;
@@ -36,32 +38,12 @@ std::vector<uint8_t> random_rows(uint32_t type, int m, int k, uint32_t seed) {
   std::vector<uint8_t> w(row * m);
   std::mt19937 gen(seed);
   for (auto& b : w) b = static_cast<uint8_t>(gen());
-  // Every f16 field becomes a small positive normal; the offsets per block are the scales'.
+  // Every f16 field (the block's scales, at these offsets) becomes a small positive normal.
   size_t block = 0, elems = 0;
-  std::vector<size_t> at;
-  switch (type) {
-    case 2:
-      block = 18, elems = 32, at = {0};
-      break;
-    case 3:
-      block = 20, elems = 32, at = {0, 2};
-      break;
-    case 6:
-      block = 22, elems = 32, at = {0};
-      break;
-    case 8:
-      block = 34, elems = 32, at = {0};
-      break;
-    case 12:
-      block = 144, elems = 256, at = {0, 2};
-      break;
-    case 13:
-      block = 176, elems = 256, at = {0, 2};
-      break;
-    case 14:
-      block = 210, elems = 256, at = {208};
-      break;
-  }
+  ggml_block_info(type, &block, &elems);
+  const std::vector<size_t> at = type == 14                              ? std::vector<size_t>{208}
+                                 : type == 3 || type == 12 || type == 13 ? std::vector<size_t>{0, 2}
+                                                                         : std::vector<size_t>{0};
   const size_t blocks = static_cast<size_t>(m) * k / elems;
   for (size_t b = 0; b < blocks; ++b) {
     for (size_t o : at) {

@@ -156,13 +156,17 @@ struct TQ6_K {
   static constexpr bool kMin = false;
   static const uint8_t* at(const uint8_t* row, int b) { return row + size_t(b / 8) * sizeof(BlockQ6_K); }
   static float wscale(const uint8_t* row, int b, float*) { return f16(at(row, b) + 208); }
+  // Block b's two int8 scales, of its first and second 16 elements.
+  static const int8_t* scales16(const uint8_t* row, int b) {
+    return reinterpret_cast<const int8_t*>(at(row, b) + 192) + 8 * ((b % 8) / 4) + 2 * (b % 4);
+  }
   // Block b % 8 = 4h + g: half h of the super-block, group g of its 32-element groups.
   static int isum(const uint8_t* row, int b, const Q8Act& a) {
     const uint8_t* w = at(row, b);
     const int h = (b % 8) / 4, g = b % 4;
     const uint8_t* ql = w + 64 * h + (g % 2 == 1 ? 32 : 0);
     const uint8_t* qh = w + 128 + 32 * h;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192) + 8 * h + 2 * g;
+    const int8_t* sc = scales16(row, b);
     int half[2] = {0, 0};
     for (int l = 0; l < 32; ++l) {
       const int lo4 = g < 2 ? (ql[l] & 15) : (ql[l] >> 4);
@@ -313,22 +317,6 @@ __m256i unpack<TQ6_K>(const uint8_t* row, int b) {
   return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // 0..63
 }
 
-// The quants of block b as the kVnni kernels unpack them: Q5_0's fifth bits by an AVX-512 byte
-// mask (one masked add where bits_to_0x10 takes five instructions); the same 32 bytes.
-template <class T, bool kVnni>
-inline __m256i unpack_for(const uint8_t* row, int b) {
-#if defined(KVB_QMATMUL_VNNI) && defined(__AVX512BW__)
-  if constexpr (kVnni && std::is_same_v<T, TQ5_0>) {
-    const uint8_t* w = TQ5_0::at(row, b);
-    uint32_t qh;
-    std::memcpy(&qh, w + 2, 4);
-    const __m256i lo = nibbles16(w + 6);
-    return _mm256_mask_add_epi8(lo, static_cast<__mmask32>(qh), lo, _mm256_set1_epi8(0x10));
-  }
-#endif
-  return unpack<T>(row, b);
-}
-
 // Per block of a row, what its lanes need besides the quants: Q6_K's two scales as a lane
 // vector (lanes 0-3: the first 16 elements, 4-7: the second).
 template <class T>
@@ -337,8 +325,7 @@ __m256i block_extra(const uint8_t*, int) {
 }
 template <>
 __m256i block_extra<TQ6_K>(const uint8_t* row, int b) {
-  const int h = (b % 8) / 4, g = b % 4;
-  const int8_t* sc = reinterpret_cast<const int8_t*>(TQ6_K::at(row, b) + 192) + 8 * h + 2 * g;
+  const int8_t* sc = TQ6_K::scales16(row, b);
   return _mm256_setr_epi32(sc[0], sc[0], sc[0], sc[0], sc[1], sc[1], sc[1], sc[1]);
 }
 
@@ -376,7 +363,7 @@ float row_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
     float mc = 0;
     const float c = coef<T>(w, b, a[b], &mc);
     const __m256i act = load_act(a[b]);
-    const __m256i l = Lanes<T, kVnni>::of(unpack_for<T, kVnni>(w, b), act, ones_lanes<kVnni>(act),
+    const __m256i l = Lanes<T, kVnni>::of(unpack<T>(w, b), act, ones_lanes<kVnni>(act),
                                           block_extra<T>(w, b));
     const int isum = hsum_i32(l) - T::kOffset * a[b].sum;
     acc = std::fma(c, static_cast<float>(isum), acc);
@@ -387,10 +374,9 @@ float row_avx2(const uint8_t* w, const Q8Act* a, int nb32) {
 
 // The f16 at p + r * stride for r = 0..7, widened exactly (vcvtph2ps, as f16()).
 inline __m256 f16x8(const uint8_t* p, size_t stride) {
-  __m128i h = _mm_setzero_si128();
   uint16_t v[8];
   for (int r = 0; r < 8; ++r) std::memcpy(&v[r], p + r * stride, 2);
-  h = _mm_setr_epi16(static_cast<short>(v[0]), static_cast<short>(v[1]), static_cast<short>(v[2]),
+  const __m128i h = _mm_setr_epi16(static_cast<short>(v[0]), static_cast<short>(v[1]), static_cast<short>(v[2]),
                      static_cast<short>(v[3]), static_cast<short>(v[4]), static_cast<short>(v[5]),
                      static_cast<short>(v[6]), static_cast<short>(v[7]));
 #if defined(__F16C__)
@@ -463,11 +449,11 @@ struct Unpacked8 {
   __m256 ws, wm;
 };
 
-template <class T, bool kVnni>
+template <class T>
 inline void unpack8(const uint8_t* w, size_t row_bytes, int b, Scales8<T>& scales, Unpacked8* u) {
   for (int r = 0; r < 8; ++r) {
     const uint8_t* row = w + r * row_bytes;
-    u->q[r] = unpack_for<T, kVnni>(row, b);
+    u->q[r] = unpack<T>(row, b);
     u->extra[r] = block_extra<T>(row, b);
   }
   scales.at(w, row_bytes, b, &u->ws, &u->wm);
@@ -546,7 +532,7 @@ inline void transpose8_ps(const __m256* in, __m256* out) {
   for (int j = 0; j < 8; ++j) out[j] = _mm256_castsi256_ps(t[j]);
 }
 
-template <class T, bool kVnni>
+template <class T>
 inline void unpack8_interleaved(const uint8_t* w, size_t row_bytes, int b, Scales8<T>& scales,
                                 Inter8* u) {
   __m256i rows[8];
@@ -554,10 +540,9 @@ inline void unpack8_interleaved(const uint8_t* w, size_t row_bytes, int b, Scale
   scales.at(w, row_bytes, b, &u->ws, &u->wm);
   for (int r = 0; r < 8; ++r) {
     const uint8_t* row = w + r * row_bytes;
-    rows[r] = unpack_for<T, kVnni>(row, b);
+    rows[r] = unpack<T>(row, b);
     if constexpr (std::is_same_v<T, TQ6_K>) {
-      const int h = (b % 8) / 4, g = b % 4;
-      const int8_t* sc = reinterpret_cast<const int8_t*>(TQ6_K::at(row, b) + 192) + 8 * h + 2 * g;
+      const int8_t* sc = TQ6_K::scales16(row, b);
       lo[r] = sc[0];
       hi[r] = sc[1];
     }
@@ -652,7 +637,7 @@ void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, const int32_
     Scales8<T> scales;
     for (int b = 0; b < nb32; ++b) {
       prefetch_share(b);
-      unpack8<T, kVnni>(w, row_bytes, b, scales, &u);
+      unpack8<T>(w, row_bytes, b, scales, &u);
       tile_block<T, kVnni>(u, a, nb32, b, n, acc);
     }
     for (int i = 0; i < n; ++i) _mm256_storeu_ps(out + static_cast<size_t>(i) * out_stride, acc[i]);
@@ -663,7 +648,7 @@ void rows8_avx2(const uint8_t* w, size_t row_bytes, const Q8Act* a, const int32_
   Scales8<T> scales;
   for (int b = 0; b < nb32; ++b) {
     prefetch_share(b);
-    unpack8_interleaved<T, kVnni>(w, row_bytes, b, scales, &blocks[b]);
+    unpack8_interleaved<T>(w, row_bytes, b, scales, &blocks[b]);
   }
   __m256 acc[kInterTile];
   for (int i0 = 0; i0 < n; i0 += kInterTile) {
@@ -881,7 +866,7 @@ void qmatmul(float* y, const Q8Act* xq, const void* w, uint32_t ggml_type, const
   // Q6_K's prefill tiles subtract its offset of 32 per half block: each activation block's sums
   // of its first and second 16 quants, computed once for every group.
   std::vector<int32_t> halves;
-  if (rows8 && ggml_type == kQ6_K && n > 1) {
+  if (rows8 && ggml_type == kQ6_K && n > 4) {  // rows8_avx2's prefill tiles (n > kTile)
     halves.resize(static_cast<size_t>(n) * nb32 * 2);
     for (size_t i = 0; i < static_cast<size_t>(n) * nb32; ++i) {
       int32_t lo = 0, hi = 0;

@@ -222,8 +222,12 @@ TEST(QMatmul, ForcedPathsAreThePathsThatRun) {
   EXPECT_EQ(qpath_kernels(QPath::kPortable), Isa::kPortable);
   for (QPath p : available_paths()) {
     const Isa want = qpath_kernels(p);
-    if (p == QPath::kAvx2) EXPECT_EQ(want, Isa::kAvx2);
-    if (p == QPath::kAvx512) EXPECT_NE(want, Isa::kPortable);
+    if (p == QPath::kAvx2) {
+      EXPECT_EQ(want, Isa::kAvx2);
+    }
+    if (p == QPath::kAvx512) {
+      EXPECT_NE(want, Isa::kPortable);
+    }
     simd_dispatch_counts() = {};
     qmatmul(y, xq.data(), w.data(), t.type, nullptr, 1, 64, 4, p);
     EXPECT_EQ(simd_dispatch_counts().of(SimdKernel::kQMatmul, want), 1u) << qpath_name(p);
