@@ -9,7 +9,7 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -385,11 +385,203 @@ void pv_lanes_avx512(const float* p, size_t ldp, int lo, const int* first, const
   }
 }
 #endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define KVB_ATTENTION_AVX2 1
+inline __m256 load8(const float* v) { return _mm256_loadu_ps(v); }
+inline __m256 load8(const uint16_t* v) {  // 8 f16 values, exactly
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)));
+#else
+  alignas(32) float t[8];
+  for (int i = 0; i < 8; ++i) t[i] = f16_to_f32(v[i]);
+  return _mm256_load_ps(t);
+#endif
+}
+
+// The AVX-512 path's loop with eight lanes of j: each slot's row, read once in slot order, into
+// the lane sums of every row that sees it. NC: head_dim / 8 as a constant (64 and 128), or 0
+// (any head_dim: nc vectors, then the last head_dim % 8 values one at a time). T: float, or
+// uint16_t for f16 rows (converted exactly as they are read).
+template <int NC, typename T>
+void pv_rows_avx2(const float* p, size_t ldp, int lo, const int* first, const int* visible,
+                  int rows, const LayerKvView& kv, int kvh, float* lanes) {
+  const int d = kv.head_dim;
+  const int nc = NC > 0 ? NC : d / 8;
+  std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
+  int lo_all = INT32_MAX, hi_all = 0;
+  for (int r = 0; r < rows; ++r) {
+    lo_all = std::min(lo_all, lo + first[r]);
+    hi_all = std::max(hi_all, lo + visible[r]);
+  }
+  for (int s = lo_all; s < hi_all; ++s) {
+    const T* v;
+    if constexpr (std::is_same_v<T, float>) {
+      v = kv.value(kvh, s);
+    } else {
+      v = kv.value16(kvh, s);
+    }
+    for (int r = 0; r < rows; ++r) {
+      if (s < lo + first[r] || s >= lo + visible[r]) continue;
+      const float ps = p[static_cast<size_t>(r) * ldp + (s - lo)];
+      const __m256 pb = _mm256_set1_ps(ps);
+      float* acc = lanes + (static_cast<size_t>(r) * 16 + (s & 15)) * d;
+      for (int c = 0; c < nc; ++c) {
+        _mm256_storeu_ps(acc + 8 * c,
+                         _mm256_fmadd_ps(pb, load8(v + 8 * c), _mm256_loadu_ps(acc + 8 * c)));
+      }
+      if constexpr (NC == 0) {
+        for (int j = 8 * nc; j < d; ++j) {
+          float vj;
+          if constexpr (std::is_same_v<T, float>) {
+            vj = v[j];
+          } else {
+            vj = f16_to_f32(v[j]);
+          }
+          acc[j] = std::fma(ps, vj, acc[j]);
+        }
+      }
+    }
+  }
+}
+
+void pv_lanes_avx2(const float* p, size_t ldp, int lo, const int* first, const int* visible,
+                   int rows, const LayerKvView& kv, int kvh, float* lanes) {
+  if (kv.values16 != nullptr) {
+    switch (kv.head_dim) {
+      case 64:
+        return pv_rows_avx2<8, uint16_t>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+      case 128:
+        return pv_rows_avx2<16, uint16_t>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+      default:
+        return pv_rows_avx2<0, uint16_t>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    }
+  }
+  switch (kv.head_dim) {
+    case 64:
+      return pv_rows_avx2<8, float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    case 128:
+      return pv_rows_avx2<16, float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    default:
+      return pv_rows_avx2<0, float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+  }
+}
+
+// Scores of f16 keys without converting them into scratch first: sc[r][s] = matmul.h's dot of
+// query row r (q + r * ldq) and key s of (kv.keys16, head kvh, slots lo + s) for s < span, with
+// matmul's bits: lane l (of 16) sums q[p] k[p] for p = l, l + 16, ... by fused multiply-adds from
+// +0, then s8[l] = a[l] + a[l + 8], s4[l] = s8[l] + s8[l + 4], (s4[0] + s4[2]) + (s4[1] + s4[3]).
+// Here lanes 0-7 and 8-15 are two vectors, s8 their sum; eight keys' s8 reduce side by side.
+// ROWS query rows at a time (1-4: their accumulators and a key's 64 values fit the 16
+// registers). head_dim % 16 == 0.
+inline __m256 load8_aligned(const float* v) { return _mm256_load_ps(v); }
+
+// The dots of eight keys from their s8 vectors, in key order.
+inline __m256 reduce8_keys(const __m256* s8) {
+  __m256 s4[4];
+  for (int u = 0; u < 4; ++u) {  // [s4 of key 2u | s4 of key 2u + 1]
+    s4[u] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * u], s8[2 * u + 1], 0x20),
+                          _mm256_permute2f128_ps(s8[2 * u], s8[2 * u + 1], 0x31));
+  }
+  // Halves: [s4[0] + s4[2], s4[1] + s4[3]] of keys (0, 2) | (1, 3), then (4, 6) | (5, 7).
+  const __m256 t1 =
+      _mm256_add_ps(_mm256_shuffle_ps(s4[0], s4[1], 0x44), _mm256_shuffle_ps(s4[0], s4[1], 0xEE));
+  const __m256 t2 =
+      _mm256_add_ps(_mm256_shuffle_ps(s4[2], s4[3], 0x44), _mm256_shuffle_ps(s4[2], s4[3], 0xEE));
+  // [keys 0, 2, 4, 6 | 1, 3, 5, 7], then in key order.
+  const __m256 dots =
+      _mm256_add_ps(_mm256_shuffle_ps(t1, t2, 0x88), _mm256_shuffle_ps(t1, t2, 0xDD));
+  return _mm256_permutevar8x32_ps(dots, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+template <int ROWS>
+void scores_f16_rows(float* sc, size_t lds, const float* q, size_t ldq, const uint16_t* keys, int d,
+                     int span) {
+  alignas(32) uint16_t pad[8 * 256];  // the last block's keys, zero past span (d <= 256)
+  for (int s0 = 0; s0 < span; s0 += 8) {
+    const int m = std::min(8, span - s0);
+    const uint16_t* block = keys + static_cast<size_t>(s0) * d;
+    if (m < 8) {
+      std::fill(pad, pad + 8 * d, uint16_t{0});
+      std::copy(block, block + static_cast<size_t>(m) * d, pad);
+      block = pad;
+    }
+    __m256 s8[ROWS][8];
+    for (int j = 0; j < 8; ++j) {
+      const uint16_t* k = block + static_cast<size_t>(j) * d;
+      __m256 lo[ROWS], hi[ROWS];
+      for (int r = 0; r < ROWS; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+      for (int c = 0; c < d; c += 64) {  // 64 values (8 vectors) of the key at a time
+        const int pairs = std::min(4, (d - c) / 16);
+        __m256 kv[8];
+        for (int t = 0; t < 2 * pairs; ++t) kv[t] = load8(k + c + 8 * t);
+        for (int r = 0; r < ROWS; ++r) {
+          const float* qr = q + r * ldq + c;
+          for (int t = 0; t < pairs; ++t) {
+            lo[r] = _mm256_fmadd_ps(load8_aligned(qr + 16 * t), kv[2 * t], lo[r]);
+            hi[r] = _mm256_fmadd_ps(load8_aligned(qr + 16 * t + 8), kv[2 * t + 1], hi[r]);
+          }
+        }
+      }
+      for (int r = 0; r < ROWS; ++r) s8[r][j] = _mm256_add_ps(lo[r], hi[r]);
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256 dots = reduce8_keys(s8[r]);
+      float* out = sc + r * lds + s0;
+      if (m == 8) {
+        _mm256_storeu_ps(out, dots);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, dots);
+        std::copy(tmp, tmp + m, out);
+      }
+    }
+  }
+}
+
+// q: rows of 64-byte aligned query rows (ldq floats apart); keys: span f16 rows of d values.
+void scores_f16_avx2(float* sc, size_t lds, const float* q, size_t ldq, const uint16_t* keys, int d,
+                     int rows, int span) {
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    float* o = sc + r0 * lds;
+    const float* qr = q + r0 * ldq;
+    switch (std::min(4, rows - r0)) {
+      case 1:
+        scores_f16_rows<1>(o, lds, qr, ldq, keys, d, span);
+        break;
+      case 2:
+        scores_f16_rows<2>(o, lds, qr, ldq, keys, d, span);
+        break;
+      case 3:
+        scores_f16_rows<3>(o, lds, qr, ldq, keys, d, span);
+        break;
+      default:
+        scores_f16_rows<4>(o, lds, qr, ldq, keys, d, span);
+        break;
+    }
+  }
+}
+#endif  // AVX2 and FMA
+
+// The scores of run_few_job over f16 keys read in place where a path can (AVX2 and AVX-512 take
+// scores_f16_avx2 for head_dim a multiple of 16 up to 256); false: the caller converts them.
+bool scores_f16(float* sc, size_t lds, const float* q, size_t ldq, const LayerKvView& kv, int kvh,
+                int lo, int rows, int span) {
+#if defined(KVB_ATTENTION_AVX2)
+  const int d = kv.head_dim;
+  if (active_isa() >= Isa::kAvx2 && d % 16 == 0 && d <= 256) {
+    scores_f16_avx2(sc, lds, q, ldq, kv.key16(kvh, lo), d, rows, span);
+    return true;
+  }
+#else
+  (void)sc, (void)lds, (void)q, (void)ldq, (void)kv, (void)kvh, (void)lo, (void)rows, (void)span;
+#endif
+  return false;
+}
+
 // The portable loop reads V in slot order too, each slot's row (converted once, for f16 rows)
 // feeding every row that sees it: each lane sum still takes its slots in increasing order, so the
-// bits are those of a loop over rows then slots (the definition above). Where AVX2 is the widest
-// path (an AVX2-only build), this loop is the P x V, and the compiler vectorizes its j loop; it
-// read and converted a GQA group's V once per query row.
+// bits are those of a loop over rows then slots (the definition above).
 void pv_lanes_portable(const float* p, size_t ldp, int lo, const int* first, const int* visible,
                        int rows, const LayerKvView& kv, int kvh, float* lanes) {
   const int d = kv.head_dim;
@@ -418,6 +610,13 @@ void pv_lanes(const float* p, size_t ldp, int lo, const int* first, const int* v
   if (active_isa() == Isa::kAvx512) {
     count_dispatch(SimdKernel::kAttentionPv, Isa::kAvx512);
     pv_lanes_avx512(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    return;
+  }
+#endif
+#if defined(KVB_ATTENTION_AVX2)
+  if (active_isa() >= Isa::kAvx2) {
+    count_dispatch(SimdKernel::kAttentionPv, Isa::kAvx2);
+    pv_lanes_avx2(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
     return;
   }
 #endif
@@ -474,7 +673,7 @@ void run_few_job(const FewJob& job, FewScratch& t) {
   float* sc = t.sc.get(static_cast<size_t>(rows) * lds);
   if (kv.keys16 == nullptr) {
     matmul_strided(sc, lds, qb, d16, kv.key(kvh, lo), d, nullptr, rows, d, span);
-  } else {
+  } else if (!scores_f16(sc, lds, qb, d16, kv, kvh, lo, rows, span)) {
     // f16 keys: converted a chunk at a time (it stays in L2), each chunk's scores the same
     // matmul's columns (a score's bits depend only on its query row and its key).
     constexpr int kKeyChunk = 512;

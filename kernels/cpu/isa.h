@@ -12,8 +12,7 @@
 namespace kvb::kernels::cpu {
 
 // Ordered by width: a kernel runs its widest path that is not wider than the active one (a kernel
-// without an AVX-512 path runs its AVX2 one under kAvx512; exp_floats, which has no AVX2 path,
-// runs the portable one under kAvx2).
+// without an AVX-512 path runs its AVX2 one under kAvx512).
 enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 constexpr int kIsaCount = 3;
 

@@ -197,6 +197,7 @@ std::vector<Case> shape_cases() {
       {"group 1, head_dim 16", 65, 3, 3, 16, {65, 66, 300}},
       {"decode, head_dim 256, group 4 (Gemma 3)", 1, 4, 1, 256, {700}, 0, true, 1},
       {"a few queries, head_dim 256, under a window", 3, 4, 1, 256, {600}, 512, false, 0, 2},
+      {"a few queries, head_dim 20 (a P x V tail of 4)", 2, 6, 2, 20, {90, 41}, 0, true, 2},
   };
 }
 

@@ -138,8 +138,8 @@ TEST(Isa, EveryKernelRunsThePathTheActiveOneAllows) {
 
   const SimdDispatchCounts c = simd_dispatch_counts();
   expect_only(c, SimdKernel::kMatmul, widest({Isa::kAvx512, Isa::kAvx2}), "matmul");
-  expect_only(c, SimdKernel::kExpFloats, widest({Isa::kAvx512}), "exp_floats");
-  expect_only(c, SimdKernel::kAttentionPv, widest({Isa::kAvx512}), "attention's P x V");
+  expect_only(c, SimdKernel::kExpFloats, widest({Isa::kAvx512, Isa::kAvx2}), "exp_floats");
+  expect_only(c, SimdKernel::kAttentionPv, widest({Isa::kAvx512, Isa::kAvx2}), "attention's P x V");
   expect_only(c, SimdKernel::kKCenter, widest({Isa::kAvx2}), "kcenter_greedy");
   expect_only(c, SimdKernel::kSubgenCount, widest({Isa::kAvx2}), "subgen_count_clusters");
   // matmul_bf16 picks from the CPU's features (not the build's) under auto; a forced path caps it.
