@@ -5,25 +5,17 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "kernels/cpu/exp_exact.h"
+#include "float_bits.h"
 
 namespace kvb::kernels::cpu {
 namespace {
 
-float from_bits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-uint32_t to_bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
+using test::bits;
+using test::from_bits;
 
 // Compares exp_floats with std::exp over the floats whose bits are [lo, hi) (a run of negative
 // floats: -0 is 0x80000000, more negative values have larger bits), in blocks whose length is
@@ -45,7 +37,7 @@ void expect_bits_over(uint32_t lo, uint32_t hi) {
     in_place = !in_place;
     for (int i = 0; i < n; ++i) {
       const float want = std::exp(x[i]);
-      if (to_bits(y[i]) != to_bits(want)) {
+      if (bits(y[i]) != bits(want)) {
         if (++wrong <= 5) {
           ADD_FAILURE() << "exp(" << std::hexfloat << x[i] << ") = " << y[i] << ", std::exp "
                         << want;
@@ -63,7 +55,7 @@ class ExpFloatsShard : public ::testing::TestWithParam<int> {};
 TEST_P(ExpFloatsShard, EveryFloatOfTheFastDomainIsStdExp) {
   const bool negative = GetParam() < kShards;
   const uint32_t lo = negative ? 0x80000000u : 0u;                        // -0 or +0
-  const uint32_t hi = (negative ? to_bits(-87.5f) : to_bits(88.5f)) + 1;  // through -87.5, 88.5
+  const uint32_t hi = (negative ? bits(-87.5f) : bits(88.5f)) + 1;  // through -87.5, 88.5
   const uint32_t per = (hi - lo + kShards - 1) / kShards;
   const uint32_t a = lo + per * (GetParam() % kShards);
   expect_bits_over(a, std::min(hi, a + per));
@@ -100,7 +92,7 @@ TEST(ExpFloats, OutsideTheDomainIsStdExp) {
   std::vector<float> y(x.size());
   exp_floats(y.data(), x.data(), static_cast<int>(x.size()));
   for (size_t i = 0; i < x.size(); ++i) {
-    EXPECT_EQ(to_bits(y[i]), to_bits(std::exp(x[i]))) << std::hexfloat << x[i];
+    EXPECT_EQ(bits(y[i]), bits(std::exp(x[i]))) << std::hexfloat << x[i];
   }
   exp_floats(y.data(), x.data(), 0);  // nothing to do
   // Positive and huge-negative floats, a stride through them.
@@ -114,7 +106,7 @@ TEST(ExpFloats, OutsideTheDomainIsStdExp) {
   ys.resize(xs.size());
   exp_floats(ys.data(), xs.data(), static_cast<int>(xs.size()));
   for (size_t i = 0; i < xs.size(); ++i) {
-    wrong += to_bits(ys[i]) != to_bits(std::exp(xs[i]));
+    wrong += bits(ys[i]) != bits(std::exp(xs[i]));
   }
   EXPECT_EQ(wrong, 0);
   EXPECT_GT(xs.size(), 30000u);

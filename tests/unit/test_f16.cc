@@ -6,26 +6,18 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "kernels/f16.h"
+#include "float_bits.h"
 
 namespace kvb::kernels {
 namespace {
 
-uint32_t bits(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  return b;
-}
-float from_bits(uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, 4);
-  return x;
-}
+using test::bits;
+using test::from_bits;
 
 // The f16 nearest to finite x >= 0, by search: the positive finite f16 encodings 0..0x7BFF are in
 // increasing order of value; beyond 65504 a value rounds to infinity from the midpoint 65520 on.
