@@ -18,6 +18,7 @@
 #include "kernels/cpu/exp_exact.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_tree.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/f16.h"
 
@@ -563,13 +564,87 @@ void scores_f16_avx2(float* sc, size_t lds, const float* q, size_t ldq, const ui
 }
 #endif  // AVX2 and FMA
 
-// The scores of run_few_job over f16 keys read in place where a path can (AVX2 and AVX-512 take
-// scores_f16_avx2 for head_dim a multiple of 16 up to 256); false: the caller converts them.
+#if defined(__AVX512F__)
+// GCC 12's false positive on reduce16's inlined shuffles (matmul_tree.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// scores_f16_avx2's contract with sixteen lanes in one register: each key's 16 lane sums are one
+// vector, and sixteen keys' vectors reduce together (matmul_tree.h's reduce16, the same pairings
+// as reduce_lanes). ROWS query rows at a time; the lane vectors wait in `acc` ([ROWS][16]).
+template <int ROWS>
+void scores_f16_rows_avx512(float* sc, size_t lds, const float* q, size_t ldq,
+                            const uint16_t* keys, int d, int span) {
+  alignas(64) uint16_t pad[16 * 256];  // the last block's keys, zero past span (d <= 256)
+  __m512 acc[ROWS][16];
+  // reduce16's lane 4 r + c holds key r + 4 c: key j goes back to lane j.
+  const __m512i order =
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  for (int s0 = 0; s0 < span; s0 += 16) {
+    const int m = std::min(16, span - s0);
+    const uint16_t* block = keys + static_cast<size_t>(s0) * d;
+    if (m < 16) {
+      std::fill(pad, pad + 16 * d, uint16_t{0});
+      std::copy(block, block + static_cast<size_t>(m) * d, pad);
+      block = pad;
+    }
+    for (int j = 0; j < 16; ++j) {
+      const uint16_t* k = block + static_cast<size_t>(j) * d;
+      __m512 a[ROWS];
+      for (int r = 0; r < ROWS; ++r) a[r] = _mm512_setzero_ps();
+      for (int c = 0; c < d; c += 64) {  // four vectors of the key at a time
+        const int vecs = std::min(4, (d - c) / 16);
+        __m512 kv[4];
+        for (int t = 0; t < vecs; ++t) {
+          kv[t] = _mm512_cvtph_ps(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + c + 16 * t)));
+        }
+        for (int r = 0; r < ROWS; ++r) {
+          const float* qr = q + r * ldq + c;
+          for (int t = 0; t < vecs; ++t) a[r] = _mm512_fmadd_ps(_mm512_load_ps(qr + 16 * t), kv[t], a[r]);
+        }
+      }
+      for (int r = 0; r < ROWS; ++r) acc[r][j] = a[r];
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 dots = _mm512_permutexvar_ps(order, detail::reduce16(acc[r]));
+      _mm512_mask_storeu_ps(sc + r * lds + s0, static_cast<__mmask16>((1u << m) - 1u), dots);
+    }
+  }
+}
+
+void scores_f16_avx512(float* sc, size_t lds, const float* q, size_t ldq, const uint16_t* keys,
+                       int d, int rows, int span) {
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    float* o = sc + r0 * lds;
+    const float* qr = q + r0 * ldq;
+    switch (std::min(4, rows - r0)) {
+      case 1: scores_f16_rows_avx512<1>(o, lds, qr, ldq, keys, d, span); break;
+      case 2: scores_f16_rows_avx512<2>(o, lds, qr, ldq, keys, d, span); break;
+      case 3: scores_f16_rows_avx512<3>(o, lds, qr, ldq, keys, d, span); break;
+      default: scores_f16_rows_avx512<4>(o, lds, qr, ldq, keys, d, span); break;
+    }
+  }
+}
+#pragma GCC diagnostic pop
+#endif  // __AVX512F__
+
+// The scores of run_few_job over f16 keys read in place where a path can (head_dim a multiple of
+// 16 up to 256, on the AVX-512 and AVX2 paths); false: the caller converts them.
 bool scores_f16(float* sc, size_t lds, const float* q, size_t ldq, const LayerKvView& kv, int kvh,
                 int lo, int rows, int span) {
 #if defined(KVB_ATTENTION_AVX2)
   const int d = kv.head_dim;
-  if (active_isa() >= Isa::kAvx2 && d % 16 == 0 && d <= 256) {
+  if (d % 16 != 0 || d > 256) return false;
+#if defined(__AVX512F__)
+  if (active_isa() == Isa::kAvx512) {
+    scores_f16_avx512(sc, lds, q, ldq, kv.key16(kvh, lo), d, rows, span);
+    return true;
+  }
+#endif
+  if (active_isa() >= Isa::kAvx2) {
     scores_f16_avx2(sc, lds, q, ldq, kv.key16(kvh, lo), d, rows, span);
     return true;
   }
