@@ -468,13 +468,6 @@ void pv_lanes_avx2(const float* p, size_t ldp, int lo, const int* first, const i
   }
 }
 
-// Scores of f16 keys without converting them into scratch first: sc[r][s] = matmul.h's dot of
-// query row r (q + r * ldq) and key s of (kv.keys16, head kvh, slots lo + s) for s < span, with
-// matmul's bits: lane l (of 16) sums q[p] k[p] for p = l, l + 16, ... by fused multiply-adds from
-// +0, then s8[l] = a[l] + a[l + 8], s4[l] = s8[l] + s8[l + 4], (s4[0] + s4[2]) + (s4[1] + s4[3]).
-// Here lanes 0-7 and 8-15 are two vectors, s8 their sum; eight keys' s8 reduce side by side.
-// ROWS query rows at a time (1-4: their accumulators and a key's 64 values fit the 16
-// registers). head_dim % 16 == 0.
 inline __m256 load8_aligned(const float* v) { return _mm256_load_ps(v); }
 
 // The dots of eight keys from their s8 vectors, in key order.
@@ -495,6 +488,13 @@ inline __m256 reduce8_keys(const __m256* s8) {
   return _mm256_permutevar8x32_ps(dots, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+// Scores of f16 keys without converting them into scratch first: sc[r][s] = matmul.h's dot of
+// query row r (q + r * ldq, 32-byte aligned) and key s (keys + s * d) for s < span, with
+// matmul's bits: lane l (of 16) sums q[p] k[p] for p = l, l + 16, ... by fused multiply-adds from
+// +0, then s8[l] = a[l] + a[l + 8], s4[l] = s8[l] + s8[l + 4], (s4[0] + s4[2]) + (s4[1] + s4[3]).
+// Here lanes 0-7 and 8-15 are two vectors, s8 their sum; eight keys' s8 reduce side by side.
+// ROWS query rows at a time (1-4: their accumulators and a key's 64 values fit the 16
+// registers). head_dim % 16 == 0.
 template <int ROWS>
 void scores_f16_rows(float* sc, size_t lds, const float* q, size_t ldq, const uint16_t* keys, int d,
                      int span) {
