@@ -313,6 +313,33 @@ void attention_blocked(const AttentionArgs& a, int group) {
 // the hardware prefetchers stop; a decode step's P x V then waited on memory for every row.
 void pv_lanes_portable(const float* p, size_t ldp, int lo, const int* first, const int* visible,
                        int rows, const LayerKvView& kv, int kvh, float* lanes);
+
+// The slots the rows of a P x V see, [lo + first[r], lo + visible[r]) for row r: their union
+// [all_lo, all_hi), the slots read, and their intersection [every_lo, every_hi), the slots every
+// row reads (empty when every_lo >= every_hi).
+struct SlotSpan {
+  int all_lo = INT32_MAX, all_hi = 0, every_lo = 0, every_hi = INT32_MAX;
+};
+SlotSpan slot_span(int rows, int lo, const int* first, const int* visible) {
+  SlotSpan sp;
+  for (int r = 0; r < rows; ++r) {
+    sp.all_lo = std::min(sp.all_lo, lo + first[r]);
+    sp.all_hi = std::max(sp.all_hi, lo + visible[r]);
+    sp.every_lo = std::max(sp.every_lo, lo + first[r]);
+    sp.every_hi = std::min(sp.every_hi, lo + visible[r]);
+  }
+  return sp;
+}
+
+// Value row `slot` of KV head h as the cache stores it: T float (f32 rows) or uint16_t (f16).
+template <typename T>
+const T* stored_value(const LayerKvView& kv, int h, int slot) {
+  if constexpr (std::is_same_v<T, float>) {
+    return kv.value(h, slot);
+  } else {
+    return kv.value16(h, slot);
+  }
+}
 #if defined(__AVX512F__)
 inline __m512 load16(const float* v) { return _mm512_loadu_ps(v); }
 inline __m512 load16(const uint16_t* v) {  // 16 f16 values, exactly
@@ -346,21 +373,10 @@ void pv_rows_avx512(const float* p, size_t ldp, int lo, const int* first, const 
   const int nc = d / 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (d % 16)) - 1u);
   std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
-  int lo_all = INT32_MAX, hi_all = 0, lo_every = 0, hi_every = INT32_MAX;
-  for (int r = 0; r < rows; ++r) {
-    lo_all = std::min(lo_all, lo + first[r]);
-    hi_all = std::max(hi_all, lo + visible[r]);
-    lo_every = std::max(lo_every, lo + first[r]);
-    hi_every = std::min(hi_every, lo + visible[r]);
-  }
-  for (int s = lo_all; s < hi_all; ++s) {
-    const T* v;
-    if constexpr (std::is_same_v<T, float>) {
-      v = kv.value(kvh, s);
-    } else {
-      v = kv.value16(kvh, s);
-    }
-    const bool every = s >= lo_every && s < hi_every;  // every row sees slot s
+  const SlotSpan sp = slot_span(rows, lo, first, visible);
+  for (int s = sp.all_lo; s < sp.all_hi; ++s) {
+    const T* v = stored_value<T>(kv, kvh, s);
+    const bool every = s >= sp.every_lo && s < sp.every_hi;  // every row sees slot s
     for (int r = 0; r < rows; ++r) {
       if (!every && (s < lo + first[r] || s >= lo + visible[r])) continue;
       const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(r) * ldp + (s - lo)]);
@@ -410,18 +426,9 @@ void pv_rows_avx2(const float* p, size_t ldp, int lo, const int* first, const in
   const int d = kv.head_dim;
   const int nc = NC > 0 ? NC : d / 8;
   std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
-  int lo_all = INT32_MAX, hi_all = 0;
-  for (int r = 0; r < rows; ++r) {
-    lo_all = std::min(lo_all, lo + first[r]);
-    hi_all = std::max(hi_all, lo + visible[r]);
-  }
-  for (int s = lo_all; s < hi_all; ++s) {
-    const T* v;
-    if constexpr (std::is_same_v<T, float>) {
-      v = kv.value(kvh, s);
-    } else {
-      v = kv.value16(kvh, s);
-    }
+  const SlotSpan sp = slot_span(rows, lo, first, visible);
+  for (int s = sp.all_lo; s < sp.all_hi; ++s) {
+    const T* v = stored_value<T>(kv, kvh, s);
     for (int r = 0; r < rows; ++r) {
       if (s < lo + first[r] || s >= lo + visible[r]) continue;
       const float ps = p[static_cast<size_t>(r) * ldp + (s - lo)];
@@ -663,12 +670,8 @@ void pv_lanes_portable(const float* p, size_t ldp, int lo, const int* first, con
   std::fill(lanes, lanes + static_cast<size_t>(rows) * 16 * d, 0.0f);
   thread_local std::vector<float> row;
   row.resize(d);
-  int lo_all = INT32_MAX, hi_all = 0;
-  for (int r = 0; r < rows; ++r) {
-    lo_all = std::min(lo_all, lo + first[r]);
-    hi_all = std::max(hi_all, lo + visible[r]);
-  }
-  for (int s = lo_all; s < hi_all; ++s) {
+  const SlotSpan sp = slot_span(rows, lo, first, visible);
+  for (int s = sp.all_lo; s < sp.all_hi; ++s) {
     const float* v = value_row(kv, kvh, s, row.data());
     for (int r = 0; r < rows; ++r) {
       if (s < lo + first[r] || s >= lo + visible[r]) continue;
