@@ -270,6 +270,43 @@ TEST(AttentionCpu, F16RowsGiveTheBitsOfTheirValuesAsF32) {
   }
 }
 
+// Decode scores over f16 keys read in place (8 keys a block on AVX2, 16 on AVX-512): every head
+// length from 2 to 41 slots (whole blocks and every remainder of both), 1-2 queries of 5 query heads
+// on one KV head (row groups of 4 and 1), head_dim 64 and 256 (the widest read in place), and a
+// window that starts the span mid-block; each the first version's bits on the f32 values.
+TEST(AttentionCpu, F16KeysAtEverySpanRemainderGiveTheFirstVersionsBits) {
+  std::mt19937 rng(20261206);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int d : {64, 256}) {
+    for (int len = 2; len <= 41; ++len) {
+      for (const int n : {1, 2}) {
+        for (const int window : {0, 13}) {
+          SCOPED_TRACE(testing::Message() << "head_dim " << d << ", " << len << " slots, " << n
+                                          << " queries, window " << window);
+          const Case c{"span sweep", n, 5, 1, d, {len}, window, window == 0, window == 0 ? n : 0};
+          Layer layer(1, d, len + 3, c.lengths, 0);
+          const size_t count = static_cast<size_t>(len + 3) * d;
+          std::vector<uint16_t> k16(count), v16(count);
+          for (size_t i = 0; i < count; ++i) {
+            k16[i] = f32_to_f16(normal(rng));
+            v16[i] = f32_to_f16(normal(rng));
+            layer.view.keys[i] = f16_to_f32(k16[i]);
+            layer.view.values[i] = f16_to_f32(v16[i]);
+          }
+          std::vector<float> q(static_cast<size_t>(n) * 5 * d);
+          for (float& x : q) x = normal(rng);
+          LayerKvView v = layer.view;
+          v.keys = nullptr;
+          v.keys16 = k16.data();
+          v.values = nullptr;
+          v.values16 = v16.data();
+          run_case(c, layer, q, &v);
+        }
+      }
+    }
+  }
+}
+
 // attention_batch: each call's outputs and statistics are those of the first version alone,
 // with the calls' heads shared among 1-3 threads in one region (and a call of 40 queries, which
 // takes the blocked path, among them).
