@@ -453,26 +453,23 @@ void pv_rows_avx2(const float* p, size_t ldp, int lo, const int* first, const in
   }
 }
 
+// pv_rows_avx2 for the cache's element T, with head_dim a constant where it is 64 or 128.
+template <typename T>
+void pv_widths_avx2(const float* p, size_t ldp, int lo, const int* first, const int* visible,
+                    int rows, const LayerKvView& kv, int kvh, float* lanes) {
+  switch (kv.head_dim) {
+    case 64: return pv_rows_avx2<8, T>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    case 128: return pv_rows_avx2<16, T>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+    default: return pv_rows_avx2<0, T>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
+  }
+}
+
 void pv_lanes_avx2(const float* p, size_t ldp, int lo, const int* first, const int* visible,
                    int rows, const LayerKvView& kv, int kvh, float* lanes) {
   if (kv.values16 != nullptr) {
-    switch (kv.head_dim) {
-      case 64:
-        return pv_rows_avx2<8, uint16_t>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
-      case 128:
-        return pv_rows_avx2<16, uint16_t>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
-      default:
-        return pv_rows_avx2<0, uint16_t>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
-    }
+    return pv_widths_avx2<uint16_t>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
   }
-  switch (kv.head_dim) {
-    case 64:
-      return pv_rows_avx2<8, float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
-    case 128:
-      return pv_rows_avx2<16, float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
-    default:
-      return pv_rows_avx2<0, float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
-  }
+  pv_widths_avx2<float>(p, ldp, lo, first, visible, rows, kv, kvh, lanes);
 }
 
 inline __m256 load8_aligned(const float* v) { return _mm256_load_ps(v); }
@@ -547,27 +544,26 @@ void scores_f16_rows(float* sc, size_t lds, const float* q, size_t ldq, const ui
   }
 }
 
+// Calls f(r0, std::integral_constant<int, R>) for the rows [r0, r0 + R) of `rows`, in groups of
+// four (R = 4 but for the last group): the scores kernels' ROWS as a constant.
+template <typename F>
+void in_row_groups(int rows, F f) {
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    switch (std::min(4, rows - r0)) {
+      case 1: f(r0, std::integral_constant<int, 1>{}); break;
+      case 2: f(r0, std::integral_constant<int, 2>{}); break;
+      case 3: f(r0, std::integral_constant<int, 3>{}); break;
+      default: f(r0, std::integral_constant<int, 4>{}); break;
+    }
+  }
+}
+
 // q: rows of 64-byte aligned query rows (ldq floats apart); keys: span f16 rows of d values.
 void scores_f16_avx2(float* sc, size_t lds, const float* q, size_t ldq, const uint16_t* keys, int d,
                      int rows, int span) {
-  for (int r0 = 0; r0 < rows; r0 += 4) {
-    float* o = sc + r0 * lds;
-    const float* qr = q + r0 * ldq;
-    switch (std::min(4, rows - r0)) {
-      case 1:
-        scores_f16_rows<1>(o, lds, qr, ldq, keys, d, span);
-        break;
-      case 2:
-        scores_f16_rows<2>(o, lds, qr, ldq, keys, d, span);
-        break;
-      case 3:
-        scores_f16_rows<3>(o, lds, qr, ldq, keys, d, span);
-        break;
-      default:
-        scores_f16_rows<4>(o, lds, qr, ldq, keys, d, span);
-        break;
-    }
-  }
+  in_row_groups(rows, [&](int r0, auto group) {
+    scores_f16_rows<decltype(group)::value>(sc + r0 * lds, lds, q + r0 * ldq, ldq, keys, d, span);
+  });
 }
 #endif  // AVX2 and FMA
 
@@ -624,16 +620,10 @@ void scores_f16_rows_avx512(float* sc, size_t lds, const float* q, size_t ldq,
 
 void scores_f16_avx512(float* sc, size_t lds, const float* q, size_t ldq, const uint16_t* keys,
                        int d, int rows, int span) {
-  for (int r0 = 0; r0 < rows; r0 += 4) {
-    float* o = sc + r0 * lds;
-    const float* qr = q + r0 * ldq;
-    switch (std::min(4, rows - r0)) {
-      case 1: scores_f16_rows_avx512<1>(o, lds, qr, ldq, keys, d, span); break;
-      case 2: scores_f16_rows_avx512<2>(o, lds, qr, ldq, keys, d, span); break;
-      case 3: scores_f16_rows_avx512<3>(o, lds, qr, ldq, keys, d, span); break;
-      default: scores_f16_rows_avx512<4>(o, lds, qr, ldq, keys, d, span); break;
-    }
-  }
+  in_row_groups(rows, [&](int r0, auto group) {
+    scores_f16_rows_avx512<decltype(group)::value>(sc + r0 * lds, lds, q + r0 * ldq, ldq, keys, d,
+                                                   span);
+  });
 }
 #pragma GCC diagnostic pop
 #endif  // __AVX512F__

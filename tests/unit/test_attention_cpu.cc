@@ -231,6 +231,21 @@ TEST(AttentionCpu, EveryShapeGivesTheFirstVersionsBits) {
   }
 }
 
+// `count` keys and values drawn from `normal` and rounded to f16 (*k16, *v16), with their f32
+// values in layer's rows (the expectation's cache).
+void fill_f16_rows(Layer& layer, size_t count, std::mt19937& rng,
+                   std::normal_distribution<float>& normal, std::vector<uint16_t>* k16,
+                   std::vector<uint16_t>* v16) {
+  k16->resize(count);
+  v16->resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    (*k16)[i] = f32_to_f16(normal(rng));
+    (*v16)[i] = f32_to_f16(normal(rng));
+    layer.view.keys[i] = f16_to_f32((*k16)[i]);
+    layer.view.values[i] = f16_to_f32((*v16)[i]);
+  }
+}
+
 // A cache of f16 rows (KvCacheShape::f16, --dtype native): the kernel converts them exactly, so
 // every output and statistic is the first version's on the same values held as f32. Every shape
 // class, 1-3 threads; all rows f16, and f32 keys beside f16 values (a rolling-positions cache).
@@ -242,14 +257,9 @@ TEST(AttentionCpu, F16RowsGiveTheBitsOfTheirValuesAsF32) {
     SCOPED_TRACE(c.name);
     const int capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 5;
     Layer layer(c.num_kv_heads, c.head_dim, capacity, c.lengths, c.offset);
-    const size_t count = static_cast<size_t>(c.num_kv_heads) * capacity * c.head_dim;
-    std::vector<uint16_t> k16(count), v16(count);
-    for (size_t i = 0; i < count; ++i) {
-      k16[i] = f32_to_f16(normal(rng));
-      v16[i] = f32_to_f16(normal(rng));
-      layer.view.keys[i] = f16_to_f32(k16[i]);
-      layer.view.values[i] = f16_to_f32(v16[i]);
-    }
+    std::vector<uint16_t> k16, v16;
+    fill_f16_rows(layer, static_cast<size_t>(c.num_kv_heads) * capacity * c.head_dim, rng, normal,
+                  &k16, &v16);
     std::vector<float> q(static_cast<size_t>(c.n) * c.num_heads * c.head_dim);
     for (size_t i = 0; i < q.size(); ++i) q[i] = normal(rng) * (i % 7 == 0 ? 30.0f : 1.0f);
     const int threads = omp_get_max_threads();
@@ -285,14 +295,8 @@ TEST(AttentionCpu, F16KeysAtEverySpanRemainderGiveTheFirstVersionsBits) {
                                           << " queries, window " << window);
           const Case c{"span sweep", n, 5, 1, d, {len}, window, window == 0, window == 0 ? n : 0};
           Layer layer(1, d, len + 3, c.lengths, 0);
-          const size_t count = static_cast<size_t>(len + 3) * d;
-          std::vector<uint16_t> k16(count), v16(count);
-          for (size_t i = 0; i < count; ++i) {
-            k16[i] = f32_to_f16(normal(rng));
-            v16[i] = f32_to_f16(normal(rng));
-            layer.view.keys[i] = f16_to_f32(k16[i]);
-            layer.view.values[i] = f16_to_f32(v16[i]);
-          }
+          std::vector<uint16_t> k16, v16;
+          fill_f16_rows(layer, static_cast<size_t>(len + 3) * d, rng, normal, &k16, &v16);
           std::vector<float> q(static_cast<size_t>(n) * 5 * d);
           for (float& x : q) x = normal(rng);
           LayerKvView v = layer.view;
