@@ -634,20 +634,25 @@ bool scores_f16(float* sc, size_t lds, const float* q, size_t ldq, const LayerKv
                 int lo, int rows, int span) {
 #if defined(KVB_ATTENTION_AVX2)
   const int d = kv.head_dim;
-  if (d % 16 != 0 || d > 256) return false;
+  if (d % 16 == 0 && d <= 256) {
 #if defined(__AVX512F__)
-  if (active_isa() == Isa::kAvx512) {
-    scores_f16_avx512(sc, lds, q, ldq, kv.key16(kvh, lo), d, rows, span);
-    return true;
-  }
+    if (active_isa() == Isa::kAvx512) {
+      count_dispatch(SimdKernel::kAttentionScores, Isa::kAvx512);
+      scores_f16_avx512(sc, lds, q, ldq, kv.key16(kvh, lo), d, rows, span);
+      return true;
+    }
 #endif
-  if (active_isa() >= Isa::kAvx2) {
-    scores_f16_avx2(sc, lds, q, ldq, kv.key16(kvh, lo), d, rows, span);
-    return true;
+    if (active_isa() >= Isa::kAvx2) {
+      count_dispatch(SimdKernel::kAttentionScores, Isa::kAvx2);
+      scores_f16_avx2(sc, lds, q, ldq, kv.key16(kvh, lo), d, rows, span);
+      return true;
+    }
   }
 #else
-  (void)sc, (void)lds, (void)q, (void)ldq, (void)kv, (void)kvh, (void)lo, (void)rows, (void)span;
+  (void)sc, (void)lds, (void)q, (void)ldq, (void)kvh, (void)lo, (void)rows, (void)span;
 #endif
+  (void)kv;
+  count_dispatch(SimdKernel::kAttentionScores, Isa::kPortable);
   return false;
 }
 

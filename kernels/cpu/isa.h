@@ -60,8 +60,9 @@ enum class SimdKernel {
   kKCenter,      // kcenter_greedy's distances
   kSubgenCount,  // subgen_count_clusters' "some representative within"
   kQMatmul,      // qmatmul's integer block dots (qmatmul.h; AVX2 kernels also under avx512)
+  kAttentionScores,  // attention's decode scores over f16 keys (portable: converted, then matmul)
 };
-constexpr int kSimdKernelCount = 7;
+constexpr int kSimdKernelCount = 8;
 
 struct SimdDispatchCounts {
   uint64_t calls[kSimdKernelCount][kIsaCount] = {};

@@ -19,6 +19,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_bf16.h"
 #include "kernels/cpu/subgen_estimator.h"
+#include "kernels/f16.h"
 
 namespace kvb::kernels::cpu {
 namespace {
@@ -136,10 +137,28 @@ TEST(Isa, EveryKernelRunsThePathTheActiveOneAllows) {
   a.scale = 0.5f;
   attention(a);
 
+  // The same decode over an f16 cache of head_dim 16 (the scores read the keys in place).
+  const int d16 = 16;
+  std::vector<uint16_t> keys16(len * d16), values16(len * d16);
+  for (int i = 0; i < len * d16; ++i) {
+    keys16[i] = f32_to_f16(0.1f * static_cast<float>(i % 7));
+    values16[i] = f32_to_f16(0.2f * static_cast<float>(i % 3));
+  }
+  std::vector<float> q16(d16, 0.25f), out16(d16);
+  AttentionArgs a16 = a;
+  a16.out = out16.data();
+  a16.q = q16.data();
+  a16.kv = LayerKvView{nullptr, nullptr, positions.data(), lengths.data(), 1, d16, len};
+  a16.kv.keys16 = keys16.data();
+  a16.kv.values16 = values16.data();
+  attention(a16);
+
   const SimdDispatchCounts c = simd_dispatch_counts();
   expect_only(c, SimdKernel::kMatmul, widest({Isa::kAvx512, Isa::kAvx2}), "matmul");
   expect_only(c, SimdKernel::kExpFloats, widest({Isa::kAvx512, Isa::kAvx2}), "exp_floats");
   expect_only(c, SimdKernel::kAttentionPv, widest({Isa::kAvx512, Isa::kAvx2}), "attention's P x V");
+  expect_only(c, SimdKernel::kAttentionScores, widest({Isa::kAvx512, Isa::kAvx2}),
+              "attention's scores over f16 keys");
   expect_only(c, SimdKernel::kKCenter, widest({Isa::kAvx2}), "kcenter_greedy");
   expect_only(c, SimdKernel::kSubgenCount, widest({Isa::kAvx2}), "subgen_count_clusters");
   // matmul_bf16 picks from the CPU's features (not the build's) under auto; a forced path caps it.
