@@ -105,11 +105,15 @@ int cmd_ls(const std::vector<std::string>& all_args) {
     for (const policies::ParamDoc& d : policies::common_params()) {
       // full and think refuse think: (full is the reference; think has its own ratio).
       if (!p.budgeted && (d.name == "think" || d.name == "think_window")) continue;
-      // subgen and kvzip refuse think and positions: rerotate (PolicyInfo::composes).
-      if (!p.composes &&
-          (d.name == "think" || d.name == "think_window" || d.name == "positions")) {
+      // subgen and kvzip refuse think, positions: rerotate and then (PolicyInfo::composes);
+      // full and think refuse then (they keep every token).
+      const bool composition = d.name == "then" || d.name == "first_compression_ratio" ||
+                               d.name == "then.<option>";
+      if (!p.composes && (d.name == "think" || d.name == "think_window" ||
+                          d.name == "positions" || composition)) {
         continue;
       }
+      if (!p.budgeted && composition) continue;
       // A policy's own option of that name documents it (streaming_llm's positions).
       if (std::any_of(p.params.begin(), p.params.end(),
                       [&](const policies::ParamDoc& o) { return o.name == d.name; })) {

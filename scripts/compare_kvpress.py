@@ -21,6 +21,8 @@ their differing heads are reported without kvpress's per-slot scores. ThinKPress
 channels, not tokens: its table compares the channels each side zeroes per (layer, KV head), alone
 and after SnapKV (ComposedPress), at the same ratios as the channel fraction. KeyRerotationPress
 over SnapKV compares the kept tokens and the greedy continuation on the re-rotated cache.
+ComposedPress of two token presses (kvbench's `then:`) compares the final keep-sets of four
+pairs, the first press and the second at the same ratio.
 FinchPress takes the prompt's last 48 tokens as its question (a delimiter token before them, which
 its embedding hook removes; kvbench: window_size=48): keep-sets without re-rotation, then the
 greedy continuation with it. KVzipPress runs with kvbench's reconstruction prompt (no template).
@@ -187,6 +189,38 @@ def main():
             compare_finch(args, model, ids, full, ratios, prompt_file, tmp)
         if args.only in "KVzip":
             compare_kvzip(args, ids, full, ratios, prompt_file, tmp)
+        if args.only in "ComposedPress":
+            compare_composed(args, model, ids, full, ratios, prompt_file, tmp)
+
+
+# ComposedPress of two token presses (kvbench: the first policy with `then: second`): (first,
+# second), each a kvbench policy whose PAIRS entry gives kvpress's press and kvbench's options.
+COMPOSED = [("snapkv", "keydiff"), ("knorm", "cur"), ("expected_attention", "lagkv"),
+            ("keydiff", "cur")]
+
+
+def compare_composed(args, model, ids, full, ratios, prompt_file, tmp):
+    """ComposedPress([A(r), B(r)]) against kvbench's `A` with `then: B`, first_compression_ratio
+    r: A keeps n1 = int(n(1 - r)) of the n prompt tokens, B keeps int(n1(1 - r)) of A's survivors
+    (ScorerPress's n_kept over the compressed keys), kvbench's kv_budget. B's scores are over the
+    survivors, so differing heads are printed without kvpress's per-slot scores."""
+    n = len(ids)
+    for first, second in COMPOSED:
+        name_a, make_a, _, opts_a = kvpress_common.pair_of(first)
+        name_b, make_b, _, opts_b = kvpress_common.pair_of(second)
+        name = f"ComposedPress([{name_a}, {name_b}])"
+        for ratio in ratios:
+            kept_a = max(1, int(n * (1 - ratio)))
+            budget = max(1, int(kept_a * (1 - ratio)))
+            opts = opts_a + ["then=" + second, f"first_compression_ratio={ratio}"] + [
+                "then." + o for o in opts_b]
+            ours = kvbench_keep_sets(args, first, opts, budget, prompt_file,
+                                     os.path.join(tmp, "k.json"))
+            press = kvpress.ComposedPress([make_a(ratio), make_b(ratio)])
+            with torch.no_grad(), press(model):
+                cache = model(torch.tensor([ids]), past_key_values=DynamicCache(),
+                              use_cache=True).past_key_values
+            compare(name, ratio, budget, ids, full, cache, ours, {})
 
 
 def compare_kvzip(args, ids, full, ratios, prompt_file, tmp):

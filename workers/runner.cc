@@ -175,13 +175,7 @@ std::unique_ptr<SharedPrefill> shared_prefill(engine::Engine& engine, const Load
     detail::hand_question(*p, pt, rest);
     (*uses_shared)[i] = 1;
     ++shareable;
-    const policies::StatsRequest r = p->prefill_stats(static_cast<int>(first.size()));
-    req.col_sums |= r.col_sums;
-    req.last_w = std::max(req.last_w, r.last_w);
-    req.pre_rope_keys |= r.pre_rope_keys;
-    req.pre_rope_queries |= r.pre_rope_queries;
-    req.output_projection |= r.output_projection;
-    req.last_queries = std::max(req.last_queries, r.last_queries);
+    req = policies::merged(req, p->prefill_stats(static_cast<int>(first.size())));
   }
   if (shareable == 0) return nullptr;
   auto shared = std::make_unique<SharedPrefill>();

@@ -809,6 +809,28 @@ std::vector<T> read_row(const SlotRows& rows, int layer, int head, SlotType type
 }
 }  // namespace
 
+std::vector<int32_t> CudaPolicyOps::read_keep_list(const EvictionPlan& plan, int head, int len) {
+  std::vector<int32_t> out;
+  if (plan.kind(head) != EvictionPlan::Kind::kDevice) {
+    plan.keep_list(head, len, &out);
+    return out;
+  }
+  const int count = plan.device_counts()[head];
+  KVB_CHECK(count >= 0 && count <= len && count <= plan.device_ld())
+      << "cuda policy ops: read_keep_list of head " << head << ": " << count
+      << " slots kept of " << len << " (list stride " << plan.device_ld() << ")";
+  out.resize(count);
+  if (count == 0) return out;
+  KVB_CUDA_CHECK(cudaMemcpyAsync(out.data(),
+                                 plan.device_slots() + static_cast<size_t>(head) * plan.device_ld(),
+                                 out.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  ++transfers_.d2h_copies;
+  ++transfers_.stream_syncs;
+  transfers_.d2h_bytes += out.size() * sizeof(int32_t);
+  return out;
+}
+
 std::vector<float> CudaPolicyOps::read_f32(const SlotRows& rows, int layer, int head) {
   return read_row<float>(rows, layer, head, SlotType::kF32, stream_, transfers_);
 }

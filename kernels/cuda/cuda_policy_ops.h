@@ -165,6 +165,8 @@ class CudaPolicyOps final : public ops::PolicyOps {
   // channel_square_means: one launch, one D2H copy, one sync (cuda_policy_ops_channels.cu).
   void channel_square_means(const KvCache& cache, int layer, ops::CacheRows which,
                             std::vector<double>* out) override;
+  // read_keep_list: a device list's one D2H copy and one sync; a host decision costs none.
+  std::vector<int32_t> read_keep_list(const EvictionPlan& plan, int head, int len) override;
   // Synchronous (waits for the stream).
   std::vector<float> read_f32(const ops::SlotRows& rows, int layer, int head) override;
   std::vector<uint64_t> read_u64(const ops::SlotRows& rows, int layer, int head) override;

@@ -1311,6 +1311,14 @@ std::vector<float> CpuPolicyOps::read_cache_rows(const kernels::KvCache& cache, 
   return out;
 }
 
+std::vector<int32_t> CpuPolicyOps::read_keep_list(const kernels::EvictionPlan& plan, int head,
+                                                  int len) {
+  KVB_CHECK(!plan.on_device()) << "read_keep_list: the host ops were given a plan of device lists";
+  std::vector<int32_t> out;
+  plan.keep_list(head, len, &out);
+  return out;
+}
+
 void CpuPolicyOps::write_rows(SlotRows& rows, int layer, std::span<const float> values,
                               int length) {
   CpuRows& r = host(rows);

@@ -74,6 +74,8 @@ class CpuPolicyOps final : public PolicyOps {
                     SlotRows* log_sizes, kernels::EvictionPlan& plan) override;
   std::vector<float> read_cache_rows(const kernels::KvCache& cache, int layer, int head,
                                      int first, int count, CacheRows which) override;
+  std::vector<int32_t> read_keep_list(const kernels::EvictionPlan& plan, int head,
+                                      int len) override;
   void replay_attention_max(SlotRows& out, int out_layer, const kernels::KvCache& cache,
                             int layer, const LayerStats& st, int sinks, int first,
                             int count) override;

@@ -56,4 +56,15 @@ struct StatsRequest {
   bool output_projection = false;  // the layer's output projection (LayerStats::wo)
 };
 
+// What both requests ask for (a shared prefill's record; a composition's two policies).
+inline StatsRequest merged(StatsRequest a, const StatsRequest& b) {
+  a.col_sums |= b.col_sums;
+  a.last_w = a.last_w > b.last_w ? a.last_w : b.last_w;
+  a.pre_rope_keys |= b.pre_rope_keys;
+  a.last_queries = a.last_queries > b.last_queries ? a.last_queries : b.last_queries;
+  a.pre_rope_queries |= b.pre_rope_queries;
+  a.output_projection |= b.output_projection;
+  return a;
+}
+
 }  // namespace kvb::kernels::ops

@@ -562,6 +562,11 @@ class PolicyOps {
   virtual void replay_attention_max(SlotRows& out, int out_layer, const kernels::KvCache& cache,
                                     int layer, const LayerStats& st, int sinks, int first,
                                     int count) = 0;
+  // The slots head `head` (holding `len`) keeps under `plan`, increasing, on the host: the
+  // plan's host decision, or its device list (EvictionPlan::keep_on_device: one copy and one
+  // sync, counted). What a decision made after another policy's reads (`then:`, composition).
+  virtual std::vector<int32_t> read_keep_list(const kernels::EvictionPlan& plan, int head,
+                                              int len) = 0;
   // Row (layer, head) on the host (tests, accounting; synchronous on a device).
   virtual std::vector<float> read_f32(const SlotRows& rows, int layer, int head) = 0;
   virtual std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) = 0;

@@ -19,6 +19,7 @@ namespace {
 
 class H2O final : public Policy {
  public:
+  bool evicts_at_decode() const override { return true; }
   explicit H2O(const PolicyConfig& c) : Policy(c) {
     const PolicyOptions& o = c.options;
     heavy_fraction_ = o.get_double("heavy_fraction", 0.5, 0.0, 1.0);

@@ -59,6 +59,16 @@ const std::vector<ParamDoc>& common_params() {
        "re-rotated to positions 0..n-1 and the sequence continues at the longest head's n "
        "(kvpress KeyRerotationPress)",
        {"true", "rerotate"}},
+      {"then", "",
+       "composition (kvpress ComposedPress([this, then])): after this policy's prompt decision "
+       "at first_compression_ratio, policy `then` (keydiff, cur, lagkv or qfilter) scores each "
+       "layer's survivors as a cache of their rows and keeps kv_budget of them; the prompt only "
+       "(decode appends); this policy must not evict at decode; empty: off"},
+      {"first_compression_ratio", "",
+       "with then: the fraction of the prompt this policy removes first (it keeps max(1, int(n x "
+       "(1 - c))) per head, kvpress's compression_ratio of the first press); required with then"},
+      {"then.<option>", "",
+       "with then: an option of the second policy (then.lag=64 gives lagkv lag=64)"},
   };
   return params;
 }
@@ -122,7 +132,15 @@ std::unique_ptr<Policy> make_policy(const PolicyInfo& info, const PolicyConfig& 
         << " exceeds the model's context of " << config.shape.max_seq_len
         << " tokens; use 1.." << config.shape.max_seq_len;
   }
-  std::unique_ptr<Policy> policy = info.make(config);
+  bool composition_keys = config.options.has("first_compression_ratio");
+  for (const auto& [key, value] : config.options.values()) {
+    composition_keys |= key.rfind("then.", 0) == 0;
+  }
+  KVB_USAGE_CHECK(config.options.has("then") || !composition_keys)
+      << "policy " << config.name << ": first_compression_ratio and then.<option> belong to a "
+      << "composition; give then: POLICY too (kvbench ls policies, option then)";
+  std::unique_ptr<Policy> policy =
+      config.options.has("then") ? make_composed(info, config) : info.make(config);
   KVB_USAGE_CHECK(config.options.get_string("positions", "true", {"true", "rolling", "rerotate"}) !=
                       "rolling" ||
                   policy->rolling_positions())

@@ -47,6 +47,7 @@ using kernels::ops::SlotRows;
 using kernels::ops::SlotRowsPtr;
 using kernels::ops::SlotType;
 using kernels::ops::StatsRequest;
+using kernels::ops::merged;
 using kernels::ops::SubgenAbsorb;
 using kernels::ops::SubgenAttend;
 using kernels::ops::SubgenState;
@@ -190,6 +191,14 @@ class Policy {
   // evict_before_attention: at decode, on_decode_layer runs (with no statistics) after the new
   // token is appended and before the query attends (the original StreamingLLM order).
   virtual bool evict_before_attention() const { return false; }
+  // evicts_at_decode: on_decode_layer may plan evictions (a decode-time policy: window, h2o,
+  // tova, ...; a scorer with decode_interval). `then:` (composition) refuses such a first policy:
+  // the composition decides the prompt only, as kvpress's ComposedPress.
+  virtual bool evicts_at_decode() const { return false; }
+  // decides_on_cache_rows: the prompt decision reads only the cache (rows, lengths, positions)
+  // and the layer index, never the prompt's statistics, so it can decide on a scratch cache of
+  // another policy's survivors: what `then:` requires of its second policy (CacheScorer).
+  virtual bool decides_on_cache_rows() const { return false; }
   // reads_cache_rows: the hooks read the cache's keys or values (k-center, SubGen's sketch), so
   // a device engine must keep the rows on the host too (unless the policy attends or decides
   // with ops, below); others read only lengths, positions and the statistics they asked for.
@@ -295,5 +304,8 @@ const PolicyInfo* find_policy(const std::string& name);
 const PolicyInfo& require_policy(const std::string& name);
 // Validates the name, budget and options; throws usage errors that list what is allowed.
 std::unique_ptr<Policy> make_policy(const PolicyConfig& config);
+// The composition `then:` of policy `info` (its options hold `then`; composed.cc): validated
+// and built by make_policy, which callers use.
+std::unique_ptr<Policy> make_composed(const PolicyInfo& info, const PolicyConfig& config);
 
 }  // namespace kvb::policies

@@ -36,6 +36,7 @@ uint64_t draw(uint64_t prefix, int32_t position) {
 
 class Random final : public Policy {
  public:
+  bool evicts_at_decode() const override { return true; }
   using Policy::Policy;
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {

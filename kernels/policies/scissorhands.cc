@@ -21,6 +21,7 @@ constexpr int kMaxHistory = 64;  // one uint64_t of bits per slot
 
 class Scissorhands final : public Policy {
  public:
+  bool evicts_at_decode() const override { return true; }
   explicit Scissorhands(const PolicyConfig& c) : Policy(c) {
     const PolicyOptions& o = c.options;
     history_ = o.get_int("history", 32, 1, kMaxHistory);

@@ -109,6 +109,8 @@ class ScorerWrappers {
   bool decode_due(int layer, int num_layers);
   // threshold_decode: the window's scores move on by a token at each decode step of `layer`.
   bool slides() const { return slide_; }
+  // Whether a decode step may evict (decode_interval or threshold_decode).
+  bool decodes() const { return interval_ > 0 || slide_; }
   // The decode step's token (the last slot of each head of layer plan.layer()) scored `lone`
   // enters the window; the token leaving it (the slot threshold_window before the last) goes
   // when its score, buffered since it entered, is below the threshold.
@@ -171,6 +173,8 @@ class CacheScorer : public Policy {
   StatsRequest prefill_request(int) const override { return wrap_.request({}); }
   StatsRequest decode_request() const override { return wrap_.decode_request(); }
   bool decides_with_ops() const override { return true; }
+  bool evicts_at_decode() const override { return wrap_.decodes(); }
+  bool decides_on_cache_rows() const override { return true; }
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {
     decide(st, cache, wrap_.budget(st.layer, cache, kv_budget()), plan);

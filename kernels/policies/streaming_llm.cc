@@ -15,6 +15,7 @@ namespace {
 
 class StreamingLlm final : public Policy {
  public:
+  bool evicts_at_decode() const override { return true; }
   explicit StreamingLlm(const PolicyConfig& c) : Policy(c) {
     const PolicyOptions& o = c.options;
     sinks_ = o.get_int("sinks", 4, 0, std::numeric_limits<int>::max());

@@ -59,6 +59,7 @@ class SubgenKCenter final : public Policy {
     }
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) after_prefill(st.layer, h, cache, plan);
   }
+  bool evicts_at_decode() const override { return slide_; }
   void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
                        kernels::EvictionPlan& plan) override {
     if (!slide_) return;

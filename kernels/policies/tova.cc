@@ -18,6 +18,7 @@ namespace {
 
 class Tova final : public Policy {
  public:
+  bool evicts_at_decode() const override { return true; }
   explicit Tova(const PolicyConfig& c) : Policy(c) {
     layer_reduce_ = c.options.get_string("tova_reduce", "head", {"head", "layer"}) == "layer";
     keep_last_ = c.options.get_bool("keep_last", false);

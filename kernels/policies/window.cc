@@ -6,6 +6,7 @@ namespace kvb::policies {
 namespace {
 class Window final : public Policy {
  public:
+  bool evicts_at_decode() const override { return true; }
   using Policy::Policy;
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
                         kernels::EvictionPlan& plan) override {

@@ -110,6 +110,11 @@ std::vector<Variant> variants() {
   // positions: the sliding-window models refuse re-rotation; PolicyLaws' rerotate cases cover it).
   add("finch", {{"window_size", "4"}, {"positions", "true"}});
   add("finch", {{"window_size", "3"}, {"chunk_length", "5"}, {"positions", "true"}});
+  // kvpress's ComposedPress of two token presses (then:), the first keeping every prompt token
+  // (first_compression_ratio 0: law 1 holds): the second decides on the survivors' rows.
+  add("snapkv", {{"then", "keydiff"}, {"first_compression_ratio", "0"}});
+  add("knorm", {{"then", "lagkv"}, {"first_compression_ratio", "0"}, {"then.lag", "4"}});
+  add("expected_attention", {{"then", "cur"}, {"first_compression_ratio", "0"}});
   // Policies in Python (examples/policies/): one with decode eviction, one without, Ada-KV's
   // allocation with protected sinks and window.
   const std::string examples = std::string(KVB_EXAMPLES_DIR) + "/policies/";

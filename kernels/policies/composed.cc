@@ -1,0 +1,240 @@
+// `then:` (kvpress's ComposedPress of two token presses; POLICIES.md "kvpress's presses",
+// kernels/policies/README.md "Composition"): the policy named first decides each layer's prompt
+// at its own budget (first_compression_ratio: it keeps max(1, int(n x (1 - c))) of the n prompt
+// tokens per head, kvpress's compute_n_kept), then the policy named by `then` scores that layer's
+// survivors as a cache of their rows alone and keeps kv_budget of them. The composition decides
+// the prompt only: decode appends (kvpress compresses in the prefill's forward hooks).
+//
+// The second policy must decide from the cache alone (Policy::decides_on_cache_rows: keydiff,
+// cur, lagkv, qfilter): its scratch cache holds the survivors' rows and positions, in slot
+// order, at the layer's index, and nothing of the prompt's statistics (which describe every
+// token). It decides with the host ops: on a device the layer's rows are read once per head
+// (two copies and two syncs) and the first policy's keep lists once per head (one each).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "common/error.h"
+#include "kernels/ops/cpu_policy_ops.h"
+#include "kernels/policies/extra_policies.h"
+#include "kernels/policies/policy.h"
+
+namespace kvb::policies {
+namespace {
+
+class Composed final : public Policy {
+ public:
+  // own: the composition's config (its options: gqa, think, think_window, positions); first: the
+  // first policy's config at its widest budget (what the prompt's statistics are requested for);
+  // c: first_compression_ratio.
+  Composed(const PolicyConfig& own, PolicyConfig first, double c, std::unique_ptr<Policy> widest,
+           std::unique_ptr<Policy> then)
+      : Policy(own),
+        first_config_(std::move(first)),
+        ratio_(c),
+        widest_(std::move(widest)),
+        first_(widest_->clone()),
+        then_(std::move(then)) {}
+
+  Composed(const Composed& o)
+      : Policy(o),
+        first_config_(o.first_config_),
+        ratio_(o.ratio_),
+        widest_(o.widest_->clone()),
+        first_(o.first_->clone()),
+        then_(o.then_->clone()),
+        question_(o.question_),
+        tail_(o.tail_),
+        question_set_(o.question_set_) {}
+
+  PrefillMode prefill_mode() const override { return first_->prefill_mode(); }
+  void set_question_tokens(int question, int tail) override {
+    question_ = question;
+    tail_ = tail;
+    question_set_ = true;
+    first_->set_question_tokens(question, tail);
+    widest_->set_question_tokens(question, tail);
+    then_->set_question_tokens(question, tail);
+  }
+  void begin_sequence(int prompt_len) override {
+    // kvpress's compute_n_kept of the first press over the prompt's k_len tokens.
+    const int budget = std::max(1, static_cast<int>(prompt_len * (1.0 - ratio_)));
+    if (budget != first_->kv_budget()) {
+      PolicyConfig c = first_config_;
+      c.kv_budget = budget;
+      first_ = make_policy(c);
+      if (question_set_) first_->set_question_tokens(question_, tail_);
+    }
+    first_->begin_sequence(prompt_len);
+    then_->begin_sequence(prompt_len);
+  }
+  // The second policy reads the survivors' rows: through the device ops where the first decides
+  // with them, else from host rows.
+  bool reads_cache_rows() const override {
+    return first_->reads_cache_rows() || !first_->decides_with_ops();
+  }
+  bool decides_with_ops() const override { return first_->decides_with_ops(); }
+
+  // Every budget the first policy may be given asks for at most what its widest does (a window
+  // of min(w, budget / 2) grows with the budget); the prompt's statistics are recorded before
+  // begin_sequence sets the budget (a bundle's shared prefill).
+  StatsRequest prefill_request(int n_new) const override {
+    return merged(merged(widest_->prefill_request(n_new), first_->prefill_request(n_new)),
+                  then_->prefill_request(n_new));
+  }
+
+  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+                        kernels::EvictionPlan& plan) override {
+    first_->on_prefill_layer(st, cache, plan);
+    PolicyOps& ops = ops_of(st);
+    const int layer = st.layer, heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
+    std::vector<std::vector<int32_t>> kept(heads);
+    int longest = 0;
+    for (int h = 0; h < heads; ++h) {
+      kept[h] = ops.read_keep_list(plan, h, cache.length(layer, h));
+      longest = std::max(longest, static_cast<int>(kept[h].size()));
+    }
+    // The survivors as a host cache of the model's layers, only this one written (its storage
+    // costs memory where written: kv_cache.h ZeroedAllocator).
+    kernels::KvCache scratch({cache.shape().num_layers, heads, d}, longest);
+    if (cache.host_rows()) {
+      const kernels::LayerKvView rows = cache.rows_f32(layer);
+      for (int h = 0; h < heads; ++h) {
+        for (int32_t s : kept[h]) {
+          scratch.append(layer, h, rows.key(h, s), rows.value(h, s), rows.position(h)[s]);
+        }
+      }
+    } else {
+      for (int h = 0; h < heads; ++h) {
+        const int len = cache.length(layer, h);
+        const std::vector<float> k = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kKeys);
+        const std::vector<float> v =
+            ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kValues);
+        const int32_t* pos = cache.layer(layer).position(h);
+        for (int32_t s : kept[h]) {
+          scratch.append(layer, h, &k[static_cast<size_t>(s) * d], &v[static_cast<size_t>(s) * d],
+                         pos[s]);
+        }
+      }
+    }
+    // The second policy reads the scratch cache and the layer, on the host ops; nothing of the
+    // prompt's statistics, which describe every prompt token (on a device they are device
+    // memory). Its wrappers may read the output projection (critical), a host matrix on the CPU.
+    LayerStats one;
+    one.layer = layer;
+    one.n_new = longest;
+    one.num_heads = st.num_heads;
+    one.rope = st.rope;
+    one.block_end = st.block_end;
+    if (!ops.on_device()) {
+      one.wo = st.wo;
+      one.wo_bf16 = st.wo_bf16;
+      one.wo_dim = st.wo_dim;
+    }
+    one.ops = &cpu_policy_ops();
+    kernels::EvictionPlan second;
+    second.reset(layer, heads);
+    then_->on_prefill_layer(one, scratch, second);
+    KVB_CHECK(!second.on_device() && !second.prunes_channels())
+        << "then: policy " << then_->config().name << " planned on a device or pruned channels";
+    plan.reset(layer, heads);
+    std::vector<int32_t> sub;
+    for (int h = 0; h < heads; ++h) {
+      const int n = static_cast<int>(kept[h].size());
+      second.keep_list(h, n, &sub);
+      if (n == cache.length(layer, h) && static_cast<int>(sub.size()) == n) continue;
+      std::vector<int32_t> slots(sub.size());
+      for (size_t i = 0; i < sub.size(); ++i) slots[i] = kept[h][sub[i]];
+      plan.keep(h, std::move(slots));
+    }
+  }
+
+  size_t state_bytes() const override { return first_->state_bytes() + then_->state_bytes(); }
+  std::unique_ptr<Policy> clone() const override { return std::make_unique<Composed>(*this); }
+
+ private:
+  PolicyConfig first_config_;
+  double ratio_ = 0;
+  std::unique_ptr<Policy> widest_, first_, then_;
+  int question_ = 0, tail_ = 0;
+  bool question_set_ = false;
+};
+
+// Options of the composition itself (the Policy base reads them); `gqa` also goes to both
+// policies, whose caches it shapes.
+bool own_option(const std::string& key) {
+  return key == "then" || key == "first_compression_ratio" || key == "think" ||
+         key == "think_window" || key == "positions" || key == "gqa" || key.rfind("then.", 0) == 0;
+}
+
+}  // namespace
+
+std::unique_ptr<Policy> make_composed(const PolicyInfo& info, const PolicyConfig& config) {
+  const PolicyOptions& o = config.options;
+  const std::string second = o.get_string("then", "");
+  const PolicyInfo& then_info = require_policy(second);
+  KVB_USAGE_CHECK(o.has("first_compression_ratio"))
+      << "policy " << config.name << " with then: " << second
+      << " needs first_compression_ratio: c, the fraction of the prompt " << config.name
+      << " removes before " << second << " scores the rest (kvpress's compression_ratio of the "
+      << "first press; kv_budget is what " << second << " keeps)";
+  const double c = o.get_double("first_compression_ratio", 0, 0, 1);
+  KVB_USAGE_CHECK(c < 1) << "policy " << config.name
+                         << ": first_compression_ratio must be in [0, 1), got " << c;
+  auto refuse_first = [&](bool bad, const std::string& why) {
+    KVB_USAGE_CHECK(!bad) << "policy " << config.name << " " << why << ", so then: " << second
+                          << " cannot follow it (then: composes two prompt decisions, as "
+                          << "kvpress's ComposedPress); choose another first policy";
+  };
+  refuse_first(!info.budgeted, "keeps every token");
+  refuse_first(!info.composes, "decides after passes of its own or replaces attention");
+  KVB_USAGE_CHECK(then_info.budgeted)
+      << "then: " << second << " keeps every token; name a policy that evicts (keydiff, cur, "
+      << "lagkv, qfilter)";
+
+  PolicyConfig own = config;
+  PolicyConfig first = config;
+  PolicyConfig then = config;
+  own.options = PolicyOptions({}, "policy option");
+  first.options = PolicyOptions({}, "policy option");
+  then.options = PolicyOptions({}, "policy option");
+  then.name = second;
+  for (const auto& [key, value] : o.values()) {
+    const std::string v = o.get_string(key, value);  // every key is read here (check_all_used)
+    if (key.rfind("then.", 0) == 0) {
+      then.options.set(key.substr(5), v);
+    } else if (!own_option(key)) {
+      first.options.set(key, v);
+    } else if (key != "then" && key != "first_compression_ratio") {
+      own.options.set(key, v);
+      if (key == "gqa") {
+        first.options.set(key, v);
+        if (!then.options.has(key)) then.options.set(key, v);
+      }
+    }
+  }
+  // The first policy's widest budget: the model's context (every prompt fits it).
+  first.budget_fraction = 1 - c;
+  if (config.shape.max_seq_len > 0) first.kv_budget = config.shape.max_seq_len;
+  std::unique_ptr<Policy> widest = make_policy(info, first);
+  refuse_first(widest->prefill_mode() != PrefillMode::kOneshot, "streams the prompt token by token");
+  refuse_first(widest->evicts_at_decode(), "evicts during decode");
+  refuse_first(widest->replaces_attention(), "replaces attention");
+  refuse_first(widest->rolling_positions(), "caches its keys before RoPE");
+  refuse_first(widest->reconstructs_context(), "reconstructs the context");
+
+  std::unique_ptr<Policy> after = make_policy(then_info, then);
+  KVB_USAGE_CHECK(after->decides_on_cache_rows() && !after->evicts_at_decode())
+      << "then: " << second << " cannot score " << config.name << "'s survivors: the second "
+      << "policy must decide the prompt from the cache's rows alone (keydiff, cur, lagkv, qfilter; "
+      << "without decode_interval or threshold_decode), since the prompt's statistics describe "
+      << "every prompt token, not the survivors";
+  KVB_USAGE_CHECK(after->gqa_expand() == widest->gqa_expand())
+      << "then: " << second << " and " << config.name << " must share gqa";
+  own.name = config.name;
+  auto policy = std::make_unique<Composed>(own, first, c, std::move(widest), std::move(after));
+  return policy;
+}
+
+}  // namespace kvb::policies
