@@ -21,8 +21,10 @@ their differing heads are reported without kvpress's per-slot scores. ThinKPress
 channels, not tokens: its table compares the channels each side zeroes per (layer, KV head), alone
 and after SnapKV (ComposedPress), at the same ratios as the channel fraction. KeyRerotationPress
 over SnapKV compares the kept tokens and the greedy continuation on the re-rotated cache.
-ComposedPress of two token presses (kvbench's `then:`) compares the final keep-sets of four
-pairs, the first press and the second at the same ratio.
+ComposedPress of two token presses (kvbench's `then:`) compares the final keep-sets of nine
+pairs, the first press and the second at the same ratio; a second press whose score depends on
+the survivors' order is compared with kvpress's first press re-ordered by position (kvbench's
+order; kvpress's own is its first press's top-k order).
 FinchPress takes the prompt's last 48 tokens as its question (a delimiter token before them, which
 its embedding hook removes; kvbench: window_size=48): keep-sets without re-rotation, then the
 greedy continuation with it. KVzipPress runs with kvbench's reconstruction prompt (no template).
@@ -195,20 +197,46 @@ def main():
 
 # ComposedPress of two token presses (kvbench: the first policy with `then: second`): (first,
 # second), each a kvbench policy whose PAIRS entry gives kvpress's press and kvbench's options.
-COMPOSED = [("snapkv", "keydiff"), ("knorm", "cur"), ("expected_attention", "lagkv"),
-            ("keydiff", "cur")]
+# KeyDiff's score does not depend on the survivors' order; CUR's windows, LagKV's partitions and
+# SnapKV's window do (see compare_composed).
+COMPOSED = [("snapkv", "keydiff"), ("knorm", "keydiff"), ("expected_attention", "keydiff"),
+            ("cur", "keydiff"), ("lagkv", "keydiff"), ("knorm", "cur"),
+            ("expected_attention", "lagkv"), ("knorm", "snapkv"), ("keydiff", "snapkv")]
+ORDER_FREE = {"keydiff", "qfilter"}
+
+
+def position_ordered(press):
+    """`press` (a ScorerPress) with its survivors put back in position order: kvpress gathers them
+    in torch.topk's order (its scores, highest first), which a second press of a ComposedPress
+    reads as the sequence; each kept row is matched to the input row it was gathered from (exact
+    copies) and the kept rows are sorted by that index."""
+    compress = press.compress
+
+    def ordered(module, hidden_states, keys, values, attentions, kwargs):
+        k, v = compress(module, hidden_states, keys, values, attentions, kwargs)
+        idx = torch.cdist(k.double(), keys.double()).argmin(dim=-1)  # [b, heads, kept]
+        order = idx.argsort(dim=-1).unsqueeze(-1).expand_as(k)
+        return k.gather(2, order).contiguous(), v.gather(2, order).contiguous()
+
+    press.compress = ordered
+    return press
 
 
 def compare_composed(args, model, ids, full, ratios, prompt_file, tmp):
     """ComposedPress([A(r), B(r)]) against kvbench's `A` with `then: B`, first_compression_ratio
     r: A keeps n1 = int(n(1 - r)) of the n prompt tokens, B keeps int(n1(1 - r)) of A's survivors
-    (ScorerPress's n_kept over the compressed keys), kvbench's kv_budget. B's scores are over the
-    survivors, so differing heads are printed without kvpress's per-slot scores."""
+    (ScorerPress's n_kept over the compressed keys), kvbench's kv_budget. kvbench's B reads the
+    survivors in position order; kvpress's in A's top-k order. Order-free B (KeyDiff) is compared
+    with kvpress as it is; the others with A's survivors re-ordered by position in kvpress
+    (position_ordered), labelled "(A in position order)". B's scores are over the survivors, so
+    differing heads are printed without kvpress's per-slot scores."""
     n = len(ids)
     for first, second in COMPOSED:
         name_a, make_a, _, opts_a = kvpress_common.pair_of(first)
         name_b, make_b, _, opts_b = kvpress_common.pair_of(second)
-        name = f"ComposedPress([{name_a}, {name_b}])"
+        ordered = second not in ORDER_FREE
+        name = f"ComposedPress([{name_a}, {name_b}])" + (
+            " (A in position order)" if ordered else "")
         for ratio in ratios:
             kept_a = max(1, int(n * (1 - ratio)))
             budget = max(1, int(kept_a * (1 - ratio)))
@@ -216,7 +244,9 @@ def compare_composed(args, model, ids, full, ratios, prompt_file, tmp):
                 "then." + o for o in opts_b]
             ours = kvbench_keep_sets(args, first, opts, budget, prompt_file,
                                      os.path.join(tmp, "k.json"))
-            press = kvpress.ComposedPress([make_a(ratio), make_b(ratio)])
+            press_a = make_a(ratio)
+            press = kvpress.ComposedPress([position_ordered(press_a) if ordered else press_a,
+                                           make_b(ratio)])
             with torch.no_grad(), press(model):
                 cache = model(torch.tensor([ids]), past_key_values=DynamicCache(),
                               use_cache=True).past_key_values

@@ -6,10 +6,14 @@
 // the prompt only: decode appends (kvpress compresses in the prefill's forward hooks).
 //
 // The second policy must decide from the cache alone (Policy::decides_on_cache_rows: keydiff,
-// cur, lagkv, qfilter): its scratch cache holds the survivors' rows and positions, in slot
-// order, at the layer's index, and nothing of the prompt's statistics (which describe every
-// token). It decides with the host ops: on a device the layer's rows are read once per head
-// (two copies and two syncs) and the first policy's keep lists once per head (one each).
+// cur, lagkv, qfilter) or from its window's attention (decides_on_window_attention: the SnapKV
+// family, whose probabilities are recomputed over the survivors from the block's last queries,
+// as kvpress's SnapKV recomputes them over a compressed cache): its scratch cache holds the
+// survivors' rows and positions, in slot order, at the layer's index, and nothing else of the
+// prompt's statistics (which describe every token). It decides with the host ops: on a device
+// the layer's rows are read once per head (two copies and two syncs) and the first policy's keep
+// lists once per head (one each); the last queries come to the host as the engine's
+// last_queries.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -79,9 +83,16 @@ class Composed final : public Policy {
   // Every budget the first policy may be given asks for at most what its widest does (a window
   // of min(w, budget / 2) grows with the budget); the prompt's statistics are recorded before
   // begin_sequence sets the budget (a bundle's shared prefill).
+  // A second policy of the SnapKV family reads no probabilities of the engine's: its window's
+  // are recomputed over the survivors from the block's last queries.
   StatsRequest prefill_request(int n_new) const override {
+    StatsRequest second = then_->prefill_request(n_new);
+    if (then_->decides_on_window_attention()) {
+      second.last_queries = std::max(second.last_queries, second.last_w);
+      second.last_w = 0;
+    }
     return merged(merged(widest_->prefill_request(n_new), first_->prefill_request(n_new)),
-                  then_->prefill_request(n_new));
+                  second);
   }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
@@ -133,6 +144,7 @@ class Composed final : public Policy {
       one.wo_dim = st.wo_dim;
     }
     one.ops = &cpu_policy_ops();
+    if (then_->decides_on_window_attention()) window_probs(st, scratch, kept, &one);
     kernels::EvictionPlan second;
     second.reset(layer, heads);
     then_->on_prefill_layer(one, scratch, second);
@@ -151,6 +163,58 @@ class Composed final : public Policy {
   }
 
   size_t state_bytes() const override { return first_->state_bytes() + then_->state_bytes(); }
+
+ private:
+  // The probabilities of the block's last w queries over the survivors (w: the second policy's
+  // last_w, at most the queries recorded): logits q.k / sqrt(head_dim) (kvpress's SnapKV scale)
+  // in f64 from the f32 query (after RoPE) and key, each query seeing the survivors at or before
+  // its position (st.block_end - w + i for query i of the w), softmax in f64, rounded to f32.
+  // Rows [num_heads, w, longest]; query head q reads cache head q / (num_heads / cache heads).
+  void window_probs(const LayerStats& st, const kernels::KvCache& scratch,
+                    const std::vector<std::vector<int32_t>>& kept, LayerStats* one) {
+    const int heads = scratch.shape().num_kv_heads, d = scratch.shape().head_dim;
+    const int layer = st.layer, qh = st.num_heads;
+    int longest = 0;
+    for (const auto& k : kept) longest = std::max(longest, static_cast<int>(k.size()));
+    const int w = std::min(then_->prefill_request(longest).last_w, st.n_queries);
+    KVB_CHECK(st.last_queries != nullptr && w >= 1 && qh % heads == 0)
+        << "then: " << then_->config().name << " needs the block's last queries (engine gave "
+        << st.n_queries << ")";
+    const int group = qh / heads;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    probs_.assign(static_cast<size_t>(qh) * w * longest, 0.0f);
+    const kernels::LayerKvView rows = scratch.layer(layer);
+    std::vector<double> logit(longest);
+    for (int q = 0; q < qh; ++q) {
+      const int h = q / group;
+      const int len = static_cast<int>(kept[h].size());
+      const int32_t* pos = rows.position(h);
+      for (int i = 0; i < w; ++i) {
+        const float* query =
+            st.last_queries + (static_cast<size_t>(st.n_queries - w + i) * qh + q) * d;
+        const int32_t at = st.block_end - w + i;
+        const int visible = static_cast<int>(std::upper_bound(pos, pos + len, at) - pos);
+        if (visible == 0) continue;
+        double top = -INFINITY;
+        for (int s = 0; s < visible; ++s) {
+          const float* key = rows.key(h, s);
+          double dot = 0;
+          for (int c = 0; c < d; ++c) dot += static_cast<double>(query[c]) * key[c];
+          logit[s] = dot * scale;
+          top = std::max(top, logit[s]);
+        }
+        double sum = 0;
+        for (int s = 0; s < visible; ++s) sum += (logit[s] = std::exp(logit[s] - top));
+        float* out = probs_.data() + (static_cast<size_t>(q) * w + i) * longest;
+        for (int s = 0; s < visible; ++s) out[s] = static_cast<float>(logit[s] / sum);
+      }
+    }
+    one->last_probs = probs_.data();
+    one->last_w = w;
+    one->stride = longest;
+  }
+
+ public:
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Composed>(*this); }
 
  private:
@@ -159,6 +223,7 @@ class Composed final : public Policy {
   std::unique_ptr<Policy> widest_, first_, then_;
   int question_ = 0, tail_ = 0;
   bool question_set_ = false;
+  std::vector<float> probs_;  // window_probs' rows (scratch of one layer's decision)
 };
 
 // Options of the composition itself (the Policy base reads them); `gqa` also goes to both
@@ -225,10 +290,12 @@ std::unique_ptr<Policy> make_composed(const PolicyInfo& info, const PolicyConfig
   refuse_first(widest->reconstructs_context(), "reconstructs the context");
 
   std::unique_ptr<Policy> after = make_policy(then_info, then);
-  KVB_USAGE_CHECK(after->decides_on_cache_rows() && !after->evicts_at_decode())
+  KVB_USAGE_CHECK((after->decides_on_cache_rows() || after->decides_on_window_attention()) &&
+                  !after->evicts_at_decode())
       << "then: " << second << " cannot score " << config.name << "'s survivors: the second "
       << "policy must decide the prompt from the cache's rows alone (keydiff, cur, lagkv, qfilter; "
-      << "without decode_interval or threshold_decode), since the prompt's statistics describe "
+      << "without decode_interval or threshold_decode) or from its window's attention (snapkv, "
+      << "pyramidkv, ada_snapkv, ada_pyramidkv), since the prompt's other statistics describe "
       << "every prompt token, not the survivors";
   KVB_USAGE_CHECK(after->gqa_expand() == widest->gqa_expand())
       << "then: " << second << " and " << config.name << " must share gqa";

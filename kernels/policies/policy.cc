@@ -61,14 +61,18 @@ const std::vector<ParamDoc>& common_params() {
        {"true", "rerotate"}},
       {"then", "",
        "composition (kvpress ComposedPress([this, then])): after this policy's prompt decision "
-       "at first_compression_ratio, policy `then` (keydiff, cur, lagkv or qfilter) scores each "
-       "layer's survivors as a cache of their rows and keeps kv_budget of them; the prompt only "
-       "(decode appends); this policy must not evict at decode; empty: off"},
+       "at first_compression_ratio, policy `then` (keydiff, cur, lagkv, qfilter, or the SnapKV "
+       "family: snapkv, pyramidkv, ada_snapkv, ada_pyramidkv) scores each layer's survivors, in "
+       "position order, as a cache of their rows (the SnapKV family: its window's attention "
+       "recomputed over them) and keeps kv_budget of them; the prompt only (decode appends); "
+       "this policy must not evict at decode; empty: off",
+       {}},
       {"first_compression_ratio", "",
        "with then: the fraction of the prompt this policy removes first (it keeps max(1, int(n x "
-       "(1 - c))) per head, kvpress's compression_ratio of the first press); required with then"},
+       "(1 - c))) per head, kvpress's compression_ratio of the first press); required with then",
+       {}},
       {"then.<option>", "",
-       "with then: an option of the second policy (then.lag=64 gives lagkv lag=64)"},
+       "with then: an option of the second policy (then.lag=64 gives lagkv lag=64)", {}},
   };
   return params;
 }

@@ -199,6 +199,11 @@ class Policy {
   // and the layer index, never the prompt's statistics, so it can decide on a scratch cache of
   // another policy's survivors: what `then:` requires of its second policy (CacheScorer).
   virtual bool decides_on_cache_rows() const { return false; }
+  // decides_on_window_attention: the prompt decision reads the cache and the probabilities of
+  // the block's last w queries (LayerStats::last_probs, w = prefill_request's last_w), nothing
+  // else of the prompt's statistics (the SnapKV family): `then:` can recompute those probabilities
+  // over another policy's survivors from the block's last queries.
+  virtual bool decides_on_window_attention() const { return false; }
   // reads_cache_rows: the hooks read the cache's keys or values (k-center, SubGen's sketch), so
   // a device engine must keep the rows on the host too (unless the policy attends or decides
   // with ops, below); others read only lengths, positions and the statistics they asked for.

@@ -28,6 +28,7 @@ class SnapKvFamily : public Policy {
     return {.last_w = window_};
   }
   bool decides_with_ops() const override { return true; }
+  bool decides_on_window_attention() const override { return true; }
   // Compresses the layer when its longest head holds more than kv_budget tokens (the prompt-cache
   // budget); otherwise keeps everything. Records the per-head budgets either way.
   void on_prefill_layer(const LayerStats& stats, const kernels::KvCache& cache,

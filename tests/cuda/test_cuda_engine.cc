@@ -534,6 +534,38 @@ TEST_F(CudaEngineSmol, ThinkAndRerotateAreTheCpus) {
   }
 }
 
+// then: (kvpress's ComposedPress of two token presses) on a device: the first policy's keep lists
+// come back from the device (read_keep_list), the survivors' rows once per head, the second
+// policy decides on the host; the keep-sets and the kept rows are the CPU's.
+TEST_F(CudaEngineSmol, CompositionsAreTheCpus) {
+  const engine::Model& m = *lm_.model;
+  engine::Engine cpu(m);
+  engine::Engine gpu(m, engine::cuda_backend(m, DType::kF32));
+  const std::vector<int32_t> ids = prompt(kPrompts[1]);
+  const std::vector<int32_t> forced = greedy(cpu, ids, 8);
+  const int budget = std::max(8, static_cast<int>(ids.size()) / 4);
+  for (const auto& [name, opts] :
+       std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
+           {"snapkv", {{"then", "keydiff"}, {"first_compression_ratio", "0.5"}}},
+           {"knorm", {{"then", "cur"}, {"first_compression_ratio", "0.25"}}},
+           {"expected_attention",
+            {{"then", "lagkv"}, {"first_compression_ratio", "0.3"}, {"then.lag", "8"}}},
+           {"keydiff", {{"then", "keydiff"}, {"first_compression_ratio", "0.4"}, {"ada", "true"}}},
+           {"python", {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/knorm.py"},
+                       {"then", "cur"}, {"first_compression_ratio", "0.5"}}}}) {
+    std::string label = name;
+    for (const auto& [k, v] : opts) label += " " + k + "=" + v;
+    SCOPED_TRACE(label);
+    kernels::KvCache cpu_cache, gpu_cache;
+    const PolicyRun a = run_policy(cpu, m, name, opts, budget, ids, forced, &cpu_cache);
+    const PolicyRun g = run_policy(gpu, m, name, opts, budget, ids, forced, &gpu_cache);
+    EXPECT_EQ(a.keep, g.keep);
+    EXPECT_LT(worst_drift(a, g), 1e-2);
+    EXPECT_EQ(gpu.kv_logical_bytes(gpu_cache), cpu.kv_logical_bytes(cpu_cache));
+    expect_device_rows_match(gpu, gpu_cache, &cpu_cache, 1e-3);
+  }
+}
+
 TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
   const engine::Model& m = *lm_.model;
   engine::Engine cpu(m);

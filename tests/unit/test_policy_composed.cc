@@ -188,6 +188,79 @@ TEST(ComposedPolicy, EqualsTheSecondPolicyOnTheFirstPolicysCache) {
   }
 }
 
+// A second policy of the SnapKV family: its window's probabilities are recomputed over the
+// first policy's survivors from the block's last queries (q.k / sqrt(d), each query seeing the
+// survivors at or before its position). Expected: SnapKV's own hook on the cache the first
+// policy left, given those probabilities as written here (f64 softmax per row, rounded to f32).
+// 4 query heads over 2 KV heads, 30 slots, 6 recorded queries; ratios 0 (every slot survives) to
+// 0.5 (some of the window's tokens are gone); window 4 and pooling 3, and ada_snapkv's
+// allocation across heads.
+TEST(ComposedPolicy, SnapKvFamilyScoresTheSurvivorsWithTheWindowsQueries) {
+  const int kv = 2, qh = 4, d = 4, n = 30, nq = 6;
+  const auto rows = random_rows(kv, n, d, 21);
+  const auto queries = random_rows(1, nq * qh, d, 22)[0];  // [nq x qh] rows of d
+  std::vector<float> last_queries;
+  for (const auto& q : queries) last_queries.insert(last_queries.end(), q.begin(), q.end());
+  const ModelShape shape{1, qh, kv, d, 64};
+  for (const std::string second : {"snapkv", "ada_snapkv"}) {
+    for (double c : {0.0, 0.2, 0.5}) {
+      SCOPED_TRACE(second + " c " + std::to_string(c));
+      const Opts own = {{"window", "4"}, {"pool_kernel", "3"}};
+      Opts opts = {{"then", second}, {"first_compression_ratio", std::to_string(c)}};
+      for (const auto& [key, value] : own) opts["then." + key] = value;
+      auto composed = make_policy(config("keydiff", 9, shape, opts));
+      composed->begin_sequence(n);
+      EXPECT_EQ(composed->prefill_stats(n).last_queries, 4);
+      EXPECT_EQ(composed->prefill_stats(n).last_w, 0);
+      Stats s(rows, d, 0);
+      s.st.num_heads = qh;
+      s.st.last_queries = last_queries.data();
+      s.st.n_queries = nq;
+      s.st.block_end = n;
+      KvCache got = cache_of(rows, d);
+      prefill_layer(*composed, s.st, got);
+
+      KvCache want = cache_of(rows, d);
+      prefill_layer(*make_policy(config("keydiff", std::max(1, static_cast<int>(n * (1 - c))),
+                                        shape)),
+                    s.st, want);
+      const int w = 4, len = want.length(0, 0);
+      std::vector<float> probs(static_cast<size_t>(qh) * w * len, 0.0f);
+      for (int q = 0; q < qh; ++q) {
+        const int h = q / (qh / kv);
+        ASSERT_EQ(want.length(0, h), len);
+        for (int i = 0; i < w; ++i) {
+          const std::vector<float>& query = queries[(nq - w + i) * qh + q];
+          const int32_t* pos = want.layer(0).position(h);
+          int visible = 0;  // the survivors at or before the query's position n - w + i
+          while (visible < len && pos[visible] <= n - w + i) ++visible;
+          std::vector<double> e(visible);
+          double top = -1e300, sum = 0;
+          for (size_t j = 0; j < e.size(); ++j) {
+            double dot = 0;
+            for (int x = 0; x < d; ++x) dot += double(query[x]) * want.layer(0).key(h, j)[x];
+            e[j] = dot / 2.0;  // sqrt(d) = 2
+            top = std::max(top, e[j]);
+          }
+          for (double& x : e) sum += (x = std::exp(x - top));
+          for (size_t j = 0; j < e.size(); ++j) {
+            probs[(static_cast<size_t>(q) * w + i) * len + j] = static_cast<float>(e[j] / sum);
+          }
+        }
+      }
+      LayerStats window = s.st;
+      window.last_probs = probs.data();
+      window.last_w = w;
+      window.stride = len;
+      prefill_layer(*make_policy(config(second, 9, shape, own)), window, want);
+      for (int h = 0; h < kv; ++h) {
+        EXPECT_EQ(positions(got, 0, h), positions(want, 0, h)) << "head " << h;
+        EXPECT_LT(got.length(0, h), len);
+      }
+    }
+  }
+}
+
 // The laws of a composition: first_compression_ratio 0 leaves the second policy alone; a
 // kv_budget the first policy's survivors fit in leaves the first policy alone; a clone decides
 // as its original.
@@ -248,8 +321,9 @@ TEST(ComposedPolicy, RefusesWhatCannotCompose) {
     }
   };
   // The second policy must decide from the cache alone, and not at decode.
-  fails("snapkv", {{"then", "snapkv"}, {"first_compression_ratio", "0.5"}},
+  fails("snapkv", {{"then", "expected_attention"}, {"first_compression_ratio", "0.5"}},
         "from the cache's rows alone (keydiff, cur, lagkv, qfilter");
+  fails("snapkv", {{"then", "tova"}, {"first_compression_ratio", "0.5"}}, "or from its window");
   fails("snapkv", {{"then", "keydiff"}, {"first_compression_ratio", "0.5"},
                    {"then.decode_interval", "4"}},
         "without decode_interval");

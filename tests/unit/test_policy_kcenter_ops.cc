@@ -244,6 +244,10 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                                      int count, kernels::ops::CacheRows which) override {
     return cpu_.read_cache_rows(cache, layer, head, first, count, which);
   }
+  std::vector<int32_t> read_keep_list(const kernels::EvictionPlan& plan, int head,
+                                      int len) override {
+    return cpu_.read_keep_list(plan, head, len);
+  }
   void replay_attention_max(SlotRows& out, int out_layer, const KvCache& cache, int layer,
                             const policies::LayerStats& st, int sinks, int first, int count) override {
     cpu_.replay_attention_max(out, out_layer, cache, layer, st, sinks, first, count);
