@@ -177,9 +177,12 @@ PolicyLabels::PolicyLabels(const Store& store) {
 
 std::string PolicyLabels::operator()(const std::string& policy,
                                      const std::string& options_json) const {
-  if (!varied_.count(policy)) return policy;
+  // A composition (then:, kvpress's ComposedPress) always names its second policy and ratios:
+  // labelled by the first policy's name alone it would read as that policy.
+  const std::map<std::string, std::string> options = options_of_json(options_json);
+  if (!varied_.count(policy) && !options.count("then")) return policy;
   std::string s = policy;
-  for (const auto& [k, v] : options_of_json(options_json)) s += " " + k + "=" + v;
+  for (const auto& [k, v] : options) s += " " + k + "=" + v;
   return s;
 }
 

@@ -45,7 +45,8 @@ std::string budget_axis_label(const std::vector<std::string>& labels);
 std::map<std::string, std::string> options_of_json(const std::string& json);
 // The policy a table shows for a unit: its name, or, where the database holds units of that name
 // with more than one option set (h2o with prefill oneshot and streaming), the name and its
-// options ("h2o prefill=streaming"), so that the variants are not averaged together.
+// options ("h2o prefill=streaming"), so that the variants are not averaged together. A
+// composition (options with `then`) is always labelled with its options.
 class PolicyLabels {
  public:
   explicit PolicyLabels(const Store& store);

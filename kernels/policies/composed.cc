@@ -30,22 +30,20 @@ namespace {
 class Composed final : public Policy {
  public:
   // own: the composition's config (its options: gqa, think, think_window, positions); first: the
-  // first policy's config at its widest budget (what the prompt's statistics are requested for);
-  // c: first_compression_ratio.
+  // first policy's config, and `widest` that policy at its widest budget (the model's context),
+  // which it stays until begin_sequence knows the prompt; c: first_compression_ratio.
   Composed(const PolicyConfig& own, PolicyConfig first, double c, std::unique_ptr<Policy> widest,
            std::unique_ptr<Policy> then)
       : Policy(own),
         first_config_(std::move(first)),
         ratio_(c),
-        widest_(std::move(widest)),
-        first_(widest_->clone()),
+        first_(std::move(widest)),
         then_(std::move(then)) {}
 
   Composed(const Composed& o)
       : Policy(o),
         first_config_(o.first_config_),
         ratio_(o.ratio_),
-        widest_(o.widest_->clone()),
         first_(o.first_->clone()),
         then_(o.then_->clone()),
         question_(o.question_),
@@ -58,7 +56,6 @@ class Composed final : public Policy {
     tail_ = tail;
     question_set_ = true;
     first_->set_question_tokens(question, tail);
-    widest_->set_question_tokens(question, tail);
     then_->set_question_tokens(question, tail);
   }
   void begin_sequence(int prompt_len) override {
@@ -80,19 +77,19 @@ class Composed final : public Policy {
   }
   bool decides_with_ops() const override { return first_->decides_with_ops(); }
 
-  // Every budget the first policy may be given asks for at most what its widest does (a window
-  // of min(w, budget / 2) grows with the budget); the prompt's statistics are recorded before
-  // begin_sequence sets the budget (a bundle's shared prefill).
-  // A second policy of the SnapKV family reads no probabilities of the engine's: its window's
-  // are recomputed over the survivors from the block's last queries.
+  // The first policy's request at its budget: before begin_sequence its widest budget's, which
+  // asks for at least what any budget asks (a window of min(w, budget / 2) grows with it), so a
+  // bundle's shared prefill, recorded before the budget is known, holds what the hooks read
+  // (apply_recorded_prefill hands each policy the rows of its own request). A second policy of
+  // the SnapKV family reads no probabilities of the engine's: its window's are recomputed over
+  // the survivors from the block's last queries.
   StatsRequest prefill_request(int n_new) const override {
     StatsRequest second = then_->prefill_request(n_new);
     if (then_->decides_on_window_attention()) {
       second.last_queries = std::max(second.last_queries, second.last_w);
       second.last_w = 0;
     }
-    return merged(merged(widest_->prefill_request(n_new), first_->prefill_request(n_new)),
-                  second);
+    return merged(first_->prefill_request(n_new), second);
   }
 
   void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
@@ -220,7 +217,7 @@ class Composed final : public Policy {
  private:
   PolicyConfig first_config_;
   double ratio_ = 0;
-  std::unique_ptr<Policy> widest_, first_, then_;
+  std::unique_ptr<Policy> first_, then_;
   int question_ = 0, tail_ = 0;
   bool question_set_ = false;
   std::vector<float> probs_;  // window_probs' rows (scratch of one layer's decision)

@@ -312,6 +312,20 @@ TEST(PolicyVariants, TablesTellAPolicysOptionSetsApart) {
   EXPECT_TRUE(options_of_json("not json").empty());
 }
 
+// A composition (then:, kvpress's ComposedPress) is labelled with its second policy even where
+// its first policy's name has one option set: "knorm" alone would read as knorm.
+TEST(PolicyVariants, ACompositionIsAlwaysLabelledWithItsOptions) {
+  const Store s = make_db("composed", "niah", "recall", true,
+                          {{"a", "full", "", 1},
+                           {"a", "knorm", "128", 0.5,
+                            {{"then", "lagkv"}, {"first_compression_ratio", "0.25"}}},
+                           {"a", "snapkv", "128", 1}});
+  std::vector<std::string> got;
+  for (const ScoreCell& c : score_cells(s, {})) got.push_back(c.policy);
+  EXPECT_EQ(got, (std::vector<std::string>{"full", "knorm first_compression_ratio=0.25 then=lagkv",
+                                           "snapkv"}));
+}
+
 // A fraction of the prompt is a fraction of what the model is fed: a perplexity sample's
 // max_tokens, a truncated prompt's limit (the run's or the sample's).
 TEST(RatioBudgets, AreTakenOfTheTokensTheModelIsFed) {
