@@ -191,8 +191,7 @@ def main():
             compare_finch(args, model, ids, full, ratios, prompt_file, tmp)
         if args.only in "KVzip":
             compare_kvzip(args, ids, full, ratios, prompt_file, tmp)
-        if args.only in "ComposedPress":
-            compare_composed(args, model, ids, full, ratios, prompt_file, tmp)
+        compare_composed(args, model, ids, full, ratios, prompt_file, tmp)
 
 
 # ComposedPress of two token presses (kvbench: the first policy with `then: second`): (first,
@@ -201,24 +200,31 @@ def main():
 # SnapKV's window do (see compare_composed).
 COMPOSED = [("snapkv", "keydiff"), ("knorm", "keydiff"), ("expected_attention", "keydiff"),
             ("cur", "keydiff"), ("lagkv", "keydiff"), ("knorm", "cur"),
-            ("expected_attention", "lagkv"), ("knorm", "snapkv"), ("keydiff", "snapkv")]
+            ("expected_attention", "lagkv"), ("snapkv", "snapkv"), ("knorm", "snapkv")]
 ORDER_FREE = {"keydiff", "qfilter"}
 
 
-def position_ordered(press):
-    """`press` (a ScorerPress) with its survivors put back in position order: kvpress gathers them
-    in torch.topk's order (its scores, highest first), which a second press of a ComposedPress
-    reads as the sequence; each kept row is matched to the input row it was gathered from (exact
-    copies) and the kept rows are sorted by that index."""
+def survivors(press, reorder):
+    """`press` (a ScorerPress, the first of a ComposedPress) recording, per layer, which prompt
+    slot each survivor is (each kept row matched to the input row it was gathered from: exact
+    copies) in press.kept[layer] ([kv_heads, kept]); with `reorder`, the survivors put back in
+    position order. kvpress gathers them in torch.topk's order (its scores, highest first), which
+    the second press reads as the sequence."""
     compress = press.compress
+    press.kept = {}
 
-    def ordered(module, hidden_states, keys, values, attentions, kwargs):
+    def wrapped(module, hidden_states, keys, values, attentions, kwargs):
         k, v = compress(module, hidden_states, keys, values, attentions, kwargs)
-        idx = torch.cdist(k.double(), keys.double()).argmin(dim=-1)  # [b, heads, kept]
-        order = idx.argsort(dim=-1).unsqueeze(-1).expand_as(k)
-        return k.gather(2, order).contiguous(), v.gather(2, order).contiguous()
+        idx = torch.cdist(k[0].double(), keys[0].double()).argmin(dim=-1)  # [kv_heads, kept]
+        if reorder:
+            order = idx.argsort(dim=-1)
+            idx = idx.gather(-1, order)
+            g = order[None, :, :, None].expand_as(k)
+            k, v = k.gather(2, g).contiguous(), v.gather(2, g).contiguous()
+        press.kept[module.layer_idx] = idx
+        return k, v
 
-    press.compress = ordered
+    press.compress = wrapped
     return press
 
 
@@ -228,15 +234,18 @@ def compare_composed(args, model, ids, full, ratios, prompt_file, tmp):
     (ScorerPress's n_kept over the compressed keys), kvbench's kv_budget. kvbench's B reads the
     survivors in position order; kvpress's in A's top-k order. Order-free B (KeyDiff) is compared
     with kvpress as it is; the others with A's survivors re-ordered by position in kvpress
-    (position_ordered), labelled "(A in position order)". B's scores are over the survivors, so
-    differing heads are printed without kvpress's per-slot scores."""
+    (survivors), labelled "(A in position order)". B's scores are recorded over the survivors and
+    mapped to their prompt positions, so that exact ties in them are told apart."""
     n = len(ids)
+    sdpa = None
     for first, second in COMPOSED:
         name_a, make_a, _, opts_a = kvpress_common.pair_of(first)
         name_b, make_b, _, opts_b = kvpress_common.pair_of(second)
         ordered = second not in ORDER_FREE
         name = f"ComposedPress([{name_a}, {name_b}])" + (
             " (A in position order)" if ordered else "")
+        if args.only not in name:
+            continue
         for ratio in ratios:
             kept_a = max(1, int(n * (1 - ratio)))
             budget = max(1, int(kept_a * (1 - ratio)))
@@ -244,13 +253,27 @@ def compare_composed(args, model, ids, full, ratios, prompt_file, tmp):
                 "then." + o for o in opts_b]
             ours = kvbench_keep_sets(args, first, opts, budget, prompt_file,
                                      os.path.join(tmp, "k.json"))
-            press_a = make_a(ratio)
-            press = kvpress.ComposedPress([position_ordered(press_a) if ordered else press_a,
-                                           make_b(ratio)])
-            with torch.no_grad(), press(model):
-                cache = model(torch.tensor([ids]), past_key_values=DynamicCache(),
-                              use_cache=True).past_key_values
-            compare(name, ratio, budget, ids, full, cache, ours, {})
+            press_a = survivors(make_a(ratio), ordered)
+            press_b = make_b(ratio)
+            recorded = record_scores(press_b)
+            press = kvpress.ComposedPress([press_a, press_b])
+            # SnapKVPress reads eager attention's weights when the layer returns them, which
+            # describe the whole prompt: as a second press it needs sdpa (its own window
+            # attention over the compressed keys).
+            runner = model
+            if second == "snapkv":
+                sdpa = sdpa or load_model(args.model, attn="sdpa")
+                runner = sdpa
+            with torch.no_grad(), press(runner):
+                cache = runner(torch.tensor([ids]), past_key_values=DynamicCache(),
+                               use_cache=True).past_key_values
+            # B's scores by prompt position (NaN where A dropped the token), so that a differing
+            # head is told apart as exact ties in B's own scores.
+            scores = {}
+            for layer, row in recorded.items():
+                full_row = torch.full((row.shape[0], n), float("nan"), dtype=row.dtype)
+                scores[layer] = full_row.scatter_(1, press_a.kept[layer], row)
+            compare(name, ratio, budget, ids, full, cache, ours, scores)
 
 
 def compare_kvzip(args, ids, full, ratios, prompt_file, tmp):
