@@ -23,6 +23,7 @@
 #include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/extra_policies.h"
 #include "kernels/policies/policy.h"
+#include "kernels/policies/scorer.h"
 
 namespace kvb::policies {
 namespace {
@@ -106,24 +107,13 @@ class Composed final : public Policy {
     // The survivors as a host cache of the model's layers, only this one written (its storage
     // costs memory where written: kv_cache.h ZeroedAllocator).
     kernels::KvCache scratch({cache.shape().num_layers, heads, d}, longest);
-    if (cache.host_rows()) {
-      const kernels::LayerKvView rows = cache.rows_f32(layer);
-      for (int h = 0; h < heads; ++h) {
-        for (int32_t s : kept[h]) {
-          scratch.append(layer, h, rows.key(h, s), rows.value(h, s), rows.position(h)[s]);
-        }
-      }
-    } else {
-      for (int h = 0; h < heads; ++h) {
-        const int len = cache.length(layer, h);
-        const std::vector<float> k = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kKeys);
-        const std::vector<float> v =
-            ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kValues);
-        const int32_t* pos = cache.layer(layer).position(h);
-        for (int32_t s : kept[h]) {
-          scratch.append(layer, h, &k[static_cast<size_t>(s) * d], &v[static_cast<size_t>(s) * d],
-                         pos[s]);
-        }
+    kernels::KvCache pulled;  // the layer's rows, where a device holds them
+    if (!cache.host_rows()) pulled = host_copy_of_layer(ops, cache, layer);
+    const kernels::LayerKvView rows =
+        cache.host_rows() ? cache.rows_f32(layer) : pulled.rows_f32(0);
+    for (int h = 0; h < heads; ++h) {
+      for (int32_t s : kept[h]) {
+        scratch.append(layer, h, rows.key(h, s), rows.value(h, s), rows.position(h)[s]);
       }
     }
     // The second policy reads the scratch cache and the layer, on the host ops; nothing of the

@@ -202,6 +202,23 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        {"true", "false"}}};
 }
 
+kernels::KvCache host_copy_of_layer(PolicyOps& ops, const kernels::KvCache& cache, int layer) {
+  const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) longest = std::max(longest, cache.length(layer, h));
+  kernels::KvCache pulled({1, heads, d}, longest);
+  for (int h = 0; h < heads; ++h) {
+    const int len = cache.length(layer, h);
+    const std::vector<float> k = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kKeys);
+    const std::vector<float> v = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kValues);
+    const int32_t* pos = cache.layer(layer).position(h);
+    for (int s = 0; s < len; ++s) {
+      pulled.append(0, h, &k[static_cast<size_t>(s) * d], &v[static_cast<size_t>(s) * d], pos[s]);
+    }
+  }
+  return pulled;
+}
+
 void CacheScorer::host_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
                               kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
@@ -215,18 +232,7 @@ void CacheScorer::host_decide(const LayerStats& st, const kernels::KvCache& cach
   int longest = 0;
   for (int h = 0; h < heads; ++h) longest = std::max(longest, cache.length(layer, h));
   if (!cache.host_rows()) {
-    pulled = kernels::KvCache({1, heads, d}, longest);
-    for (int h = 0; h < heads; ++h) {
-      const int len = cache.length(layer, h);
-      const std::vector<float> k = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kKeys);
-      const std::vector<float> v =
-          ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kValues);
-      const int32_t* pos = cache.layer(layer).position(h);
-      for (int s = 0; s < len; ++s) {
-        pulled.append(0, h, &k[static_cast<size_t>(s) * d], &v[static_cast<size_t>(s) * d],
-                      pos[s]);
-      }
-    }
+    pulled = host_copy_of_layer(ops, cache, layer);
     src = &pulled;
     src_layer = 0;
   }

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "kernels/kv_cache.h"
 #include "kernels/policies/policy.h"
+#include "policy_test_util.h"
 
 namespace kvb::policies {
 namespace {
@@ -25,14 +26,8 @@ using kernels::KvCache;
 using V = std::vector<int32_t>;
 using Opts = std::map<std::string, std::string>;
 
-PolicyConfig config(const std::string& name, int budget, ModelShape shape, Opts opts = {}) {
-  PolicyConfig c;
-  c.name = name;
-  c.kv_budget = budget;
-  c.shape = shape;
-  c.options = PolicyOptions(std::move(opts));
-  return c;
-}
+using testing_policy::config;
+using testing_policy::positions;
 
 // A cache of `layers` layers whose head h of every layer holds rows[h] as keys (values: the keys
 // halved), at positions 0, 1, ...
@@ -52,11 +47,6 @@ KvCache cache_of(const std::vector<std::vector<std::vector<float>>>& rows, int d
     }
   }
   return cache;
-}
-
-V positions(const KvCache& cache, int layer, int head) {
-  const int32_t* p = cache.layer(layer).position(head);
-  return V(p, p + cache.length(layer, head));
 }
 
 // The prompt's statistics a hook of layer `layer` reads: pre-RoPE keys (the rows themselves,

@@ -19,6 +19,7 @@
 #include "kernels/kv_cache.h"
 #include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
+#include "policy_test_util.h"
 
 namespace kvb::policies {
 namespace {
@@ -29,20 +30,8 @@ using kernels::cpu::RopeStyle;
 using kernels::ops::PairRotation;
 using V = std::vector<int32_t>;
 
-PolicyConfig config(const std::string& name, int budget, ModelShape shape,
-                    std::map<std::string, std::string> opts = {}) {
-  PolicyConfig c;
-  c.name = name;
-  c.kv_budget = budget;
-  c.shape = shape;
-  c.options = PolicyOptions(std::move(opts));
-  return c;
-}
-
-V positions(const KvCache& cache, int layer, int head) {
-  const int32_t* p = cache.layer(layer).position(head);
-  return V(p, p + cache.length(layer, head));
-}
+using testing_policy::config;
+using testing_policy::positions;
 
 // Positions 0 and 1 at frequency 1 (pair 0: theta^0): cos (1 + cos 1) / 2, sin (0 + sin 1) / 2;
 // pair 1 (theta 100, rot_dim 4: frequency 1 / 10): (1 + cos .1) / 2, sin(.1) / 2. attn_factor

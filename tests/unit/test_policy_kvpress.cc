@@ -18,6 +18,7 @@
 #include "kernels/kv_cache.h"
 #include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
+#include "policy_test_util.h"
 #include "kernels/policies/scorer.h"
 
 namespace kvb::policies {
@@ -26,15 +27,8 @@ namespace {
 using kernels::KvCache;
 using V = std::vector<int32_t>;
 
-PolicyConfig config(const std::string& name, int budget, ModelShape shape,
-                    std::map<std::string, std::string> opts = {}) {
-  PolicyConfig c;
-  c.name = name;
-  c.kv_budget = budget;
-  c.shape = shape;
-  c.options = PolicyOptions(std::move(opts));
-  return c;
-}
+using testing_policy::config;
+using testing_policy::positions;
 
 // A one-layer cache whose head h holds rows[h] as keys (values: the keys negated), at positions
 // 0, 1, ...
@@ -50,11 +44,6 @@ KvCache cache_of(const std::vector<std::vector<std::vector<float>>>& rows, int d
     }
   }
   return cache;
-}
-
-V positions(const KvCache& cache, int layer, int head) {
-  const int32_t* p = cache.layer(layer).position(head);
-  return V(p, p + cache.length(layer, head));
 }
 
 TEST(KvpressOps, DivideByQueryCountsDividesByHowManyQueriesSawEachSlot) {

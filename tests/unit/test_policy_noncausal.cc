@@ -23,6 +23,7 @@
 #include "kernels/kv_cache.h"
 #include "kernels/ops/cpu_policy_ops.h"
 #include "kernels/policies/policy.h"
+#include "policy_test_util.h"
 
 namespace kvb::policies {
 namespace {
@@ -32,20 +33,8 @@ using kernels::cpu::RopeParams;
 using kernels::cpu::RopeStyle;
 using V = std::vector<int32_t>;
 
-PolicyConfig config(const std::string& name, int budget, ModelShape shape,
-                    std::map<std::string, std::string> opts = {}) {
-  PolicyConfig c;
-  c.name = name;
-  c.kv_budget = budget;
-  c.shape = shape;
-  c.options = PolicyOptions(std::move(opts));
-  return c;
-}
-
-V positions(const KvCache& cache, int layer, int head) {
-  const int32_t* p = cache.layer(layer).position(head);
-  return V(p, p + cache.length(layer, head));
-}
+using testing_policy::config;
+using testing_policy::positions;
 
 // One query head over one KV head, d 2, three tokens, chunks of 2. RoPE's positions are divided
 // by 1e30, so every rotation is the identity in f32. Chunk 0 (slots 0, 1; queries 0, 1): q0 = 0
