@@ -107,10 +107,10 @@ int cmd_ls(const std::vector<std::string>& all_args) {
       if (!p.budgeted && (d.name == "think" || d.name == "think_window")) continue;
       // subgen and kvzip refuse think, positions: rerotate and then (PolicyInfo::composes);
       // full and think refuse then (they keep every token).
-      const bool composition = d.name == "then" || d.name == "first_compression_ratio" ||
-                               d.name == "then.<option>";
-      if (!p.composes && (d.name == "think" || d.name == "think_window" ||
-                          d.name == "positions" || composition)) {
+      const bool composition =
+          d.name == "then" || d.name == "first_compression_ratio" || d.name == "then.<option>";
+      if (!p.composes &&
+          (d.name == "think" || d.name == "think_window" || d.name == "positions" || composition)) {
         continue;
       }
       if (!p.budgeted && composition) continue;

@@ -817,8 +817,8 @@ std::vector<int32_t> CudaPolicyOps::read_keep_list(const EvictionPlan& plan, int
   }
   const int count = plan.device_counts()[head];
   KVB_CHECK(count >= 0 && count <= len && count <= plan.device_ld())
-      << "cuda policy ops: read_keep_list of head " << head << ": " << count
-      << " slots kept of " << len << " (list stride " << plan.device_ld() << ")";
+      << "cuda policy ops: read_keep_list of head " << head << ": " << count << " slots kept of "
+      << len << " (list stride " << plan.device_ld() << ")";
   out.resize(count);
   if (count == 0) return out;
   KVB_CUDA_CHECK(cudaMemcpyAsync(out.data(),

@@ -270,7 +270,8 @@ std::unique_ptr<Policy> make_composed(const PolicyInfo& info, const PolicyConfig
   first.budget_fraction = 1 - c;
   if (config.shape.max_seq_len > 0) first.kv_budget = config.shape.max_seq_len;
   std::unique_ptr<Policy> widest = make_policy(info, first);
-  refuse_first(widest->prefill_mode() != PrefillMode::kOneshot, "streams the prompt token by token");
+  refuse_first(widest->prefill_mode() != PrefillMode::kOneshot,
+               "streams the prompt token by token");
   refuse_first(widest->evicts_at_decode(), "evicts during decode");
   refuse_first(widest->replaces_attention(), "replaces attention");
   refuse_first(widest->rolling_positions(), "caches its keys before RoPE");

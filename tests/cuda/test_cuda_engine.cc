@@ -551,8 +551,10 @@ TEST_F(CudaEngineSmol, CompositionsAreTheCpus) {
            {"expected_attention",
             {{"then", "lagkv"}, {"first_compression_ratio", "0.3"}, {"then.lag", "8"}}},
            {"keydiff", {{"then", "keydiff"}, {"first_compression_ratio", "0.4"}, {"ada", "true"}}},
-           {"python", {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/knorm.py"},
-                       {"then", "cur"}, {"first_compression_ratio", "0.5"}}}}) {
+           {"python",
+            {{"file", std::string(KVB_EXAMPLES_DIR) + "/policies/knorm.py"},
+             {"then", "cur"},
+             {"first_compression_ratio", "0.5"}}}}) {
     std::string label = name;
     for (const auto& [k, v] : opts) label += " " + k + "=" + v;
     SCOPED_TRACE(label);

@@ -262,7 +262,9 @@ void expect_shared_equals_own(const engine::Model& m, const std::vector<int32_t>
   // budget's, since the record is made before begin_sequence sets the budget.
   entries.push_back({"snapkv", {{"then", "keydiff"}, {"first_compression_ratio", "0.5"}}});
   entries.push_back({"knorm",
-                     {{"then", "lagkv"}, {"first_compression_ratio", "0.25"}, {"then.lag", "4"},
+                     {{"then", "lagkv"},
+                      {"first_compression_ratio", "0.25"},
+                      {"then.lag", "4"},
                       {"think", "0.5"}}});
   bool sliding = false;
   for (int l = 0; l < c.num_layers; ++l) sliding |= c.sliding(l);

@@ -315,11 +315,11 @@ TEST(PolicyVariants, TablesTellAPolicysOptionSetsApart) {
 // A composition (then:, kvpress's ComposedPress) is labelled with its second policy even where
 // its first policy's name has one option set: "knorm" alone would read as knorm.
 TEST(PolicyVariants, ACompositionIsAlwaysLabelledWithItsOptions) {
-  const Store s = make_db("composed", "niah", "recall", true,
-                          {{"a", "full", "", 1},
-                           {"a", "knorm", "128", 0.5,
-                            {{"then", "lagkv"}, {"first_compression_ratio", "0.25"}}},
-                           {"a", "snapkv", "128", 1}});
+  const Store s =
+      make_db("composed", "niah", "recall", true,
+              {{"a", "full", "", 1},
+               {"a", "knorm", "128", 0.5, {{"then", "lagkv"}, {"first_compression_ratio", "0.25"}}},
+               {"a", "snapkv", "128", 1}});
   std::vector<std::string> got;
   for (const ScoreCell& c : score_cells(s, {})) got.push_back(c.policy);
   EXPECT_EQ(got, (std::vector<std::string>{"full", "knorm first_compression_ratio=0.25 then=lagkv",

@@ -41,8 +41,7 @@ KvCache cache_of(const std::vector<std::vector<std::vector<float>>>& rows, int d
       for (size_t j = 0; j < rows[h].size(); ++j) {
         std::vector<float> v = rows[h][j];
         for (float& x : v) x *= 0.5f;
-        cache.append(l, static_cast<int>(h), rows[h][j].data(), v.data(),
-                     static_cast<int32_t>(j));
+        cache.append(l, static_cast<int>(h), rows[h][j].data(), v.data(), static_cast<int32_t>(j));
       }
     }
   }
@@ -93,8 +92,8 @@ TEST(ComposedPolicy, KnormThenKeydiffKeepsTheHandComputedSlots) {
   const std::vector<std::vector<std::vector<float>>> rows = {
       {{4, 0}, {0, 1}, {1, 2}, {0, 3}, {2, 0}, {-1.5f, 0}, {0, -2.5f}, {3.5f, 0}}};
   const ModelShape shape{1, 1, 1, 2, 64};
-  auto p = make_policy(config("knorm", 2, shape,
-                              {{"then", "keydiff"}, {"first_compression_ratio", "0.5"}}));
+  auto p = make_policy(
+      config("knorm", 2, shape, {{"then", "keydiff"}, {"first_compression_ratio", "0.5"}}));
   p->begin_sequence(8);
   KvCache cache = cache_of(rows, 2);
   Stats s(rows, 2, 0);
@@ -103,7 +102,8 @@ TEST(ComposedPolicy, KnormThenKeydiffKeepsTheHandComputedSlots) {
   // The values moved with their keys.
   EXPECT_EQ(cache.layer(0).value(0, 0)[0], 1.0f);
   EXPECT_EQ(cache.layer(0).value(0, 1)[0], -0.75f);
-  for (const auto& [name, kept] : std::map<std::string, V>{{"keydiff", {5, 6}}, {"knorm", {1, 5}}}) {
+  for (const auto& [name, kept] :
+       std::map<std::string, V>{{"keydiff", {5, 6}}, {"knorm", {1, 5}}}) {
     KvCache alone = cache_of(rows, 2);
     prefill_layer(*make_policy(config(name, 2, shape)), s.st, alone);
     EXPECT_EQ(positions(alone, 0, 0), kept) << name;
@@ -165,8 +165,8 @@ TEST(ComposedPolicy, EqualsTheSecondPolicyOnTheFirstPolicysCache) {
         }
         for (int l = 0; l < layers; ++l) {
           for (int h = 0; h < heads; ++h) {
-            EXPECT_EQ(positions(got, l, h), positions(want, l, h)) << "layer " << l << " head "
-                                                                     << h;
+            EXPECT_EQ(positions(got, l, h), positions(want, l, h))
+                << "layer " << l << " head " << h;
             // layer_ratios set the second policy's budget per layer instead of kv_budget.
             if (!k.second_opts.count("layer_ratios")) {
               EXPECT_LE(got.length(l, h), budget);
@@ -211,9 +211,9 @@ TEST(ComposedPolicy, SnapKvFamilyScoresTheSurvivorsWithTheWindowsQueries) {
       prefill_layer(*composed, s.st, got);
 
       KvCache want = cache_of(rows, d);
-      prefill_layer(*make_policy(config("keydiff", std::max(1, static_cast<int>(n * (1 - c))),
-                                        shape)),
-                    s.st, want);
+      prefill_layer(
+          *make_policy(config("keydiff", std::max(1, static_cast<int>(n * (1 - c))), shape)), s.st,
+          want);
       const int w = 4, len = want.length(0, 0);
       std::vector<float> probs(static_cast<size_t>(qh) * w * len, 0.0f);
       for (int q = 0; q < qh; ++q) {
@@ -266,8 +266,8 @@ TEST(ComposedPolicy, ReducesToEitherPolicyAlone) {
     return std::vector<V>{positions(cache, 0, 0), positions(cache, 0, 1)};
   };
   auto composed = [&](const std::string& ratio, int budget) {
-    return make_policy(config("knorm", budget, shape,
-                              {{"then", "cur"}, {"first_compression_ratio", ratio}}));
+    return make_policy(
+        config("knorm", budget, shape, {{"then", "cur"}, {"first_compression_ratio", ratio}}));
   };
   EXPECT_EQ(keep(*composed("0", 7)), keep(*make_policy(config("cur", 7, shape))));
   // int(23 x 0.5) = 11 survivors; a kv_budget of 11 or more keeps them all.
@@ -314,8 +314,8 @@ TEST(ComposedPolicy, RefusesWhatCannotCompose) {
   fails("snapkv", {{"then", "expected_attention"}, {"first_compression_ratio", "0.5"}},
         "from the cache's rows alone (keydiff, cur, lagkv, qfilter");
   fails("snapkv", {{"then", "tova"}, {"first_compression_ratio", "0.5"}}, "or from its window");
-  fails("snapkv", {{"then", "keydiff"}, {"first_compression_ratio", "0.5"},
-                   {"then.decode_interval", "4"}},
+  fails("snapkv",
+        {{"then", "keydiff"}, {"first_compression_ratio", "0.5"}, {"then.decode_interval", "4"}},
         "without decode_interval");
   fails("snapkv", {{"then", "full"}, {"first_compression_ratio", "0.5"}}, "keeps every token");
   // The first policy must decide the prompt only, in one block, with its own attention.
