@@ -266,6 +266,10 @@ std::unique_ptr<Policy> make_composed(const PolicyInfo& info, const PolicyConfig
       }
     }
   }
+  // B's budget is kv_budget tokens of A's survivors, whatever fraction of the prompt the unit's
+  // budget was given as: a wrapper or formula that reads the fraction (ChunkPress's runs,
+  // PyramidKV's kvpress formula) takes kv_budget / its n, as for a token budget.
+  then.budget_fraction = 0;
   // The first policy's widest budget: the model's context (every prompt fits it).
   first.budget_fraction = 1 - c;
   if (config.shape.max_seq_len > 0) first.kv_budget = config.shape.max_seq_len;
