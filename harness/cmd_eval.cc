@@ -20,6 +20,7 @@
 #include "harness/sweep_wire.h"
 #include "harness/task_file.h"
 #include "common/table.h"
+#include "results/analysis.h"
 #include "results/stats.h"
 #include "tasks/fed_tokens.h"
 #include "tasks/task.h"
@@ -303,7 +304,10 @@ int cmd_eval(const std::vector<std::string>& args) {
   // interval the sweep, query and report show), labelled.
   tasks::Scores agg = task->aggregate(per_sample);
   std::vector<std::string> acols = {"task", "policy", "kv_budget", "n", "failed"};
-  std::vector<std::string> arow = {task_name, policy_name,
+  // A composition (then:) is named with its options, as the sweep's tables name it.
+  const std::string shown =
+      popts.has("then") ? results::label_with_options(policy_name, popts.values()) : policy_name;
+  std::vector<std::string> arow = {task_name, shown,
                                    budget.none() ? "0" : budget.spec(),
                                    std::to_string(per_sample.size()), std::to_string(failed)};
   bool intervals = false;

@@ -181,6 +181,11 @@ std::string PolicyLabels::operator()(const std::string& policy,
   // labelled by the first policy's name alone it would read as that policy.
   const std::map<std::string, std::string> options = options_of_json(options_json);
   if (!varied_.count(policy) && !options.count("then")) return policy;
+  return label_with_options(policy, options);
+}
+
+std::string label_with_options(const std::string& policy,
+                               const std::map<std::string, std::string>& options) {
   std::string s = policy;
   for (const auto& [k, v] : options) s += " " + k + "=" + v;
   return s;

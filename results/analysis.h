@@ -47,6 +47,9 @@ std::map<std::string, std::string> options_of_json(const std::string& json);
 // with more than one option set (h2o with prefill oneshot and streaming), the name and its
 // options ("h2o prefill=streaming"), so that the variants are not averaged together. A
 // composition (options with `then`) is always labelled with its options.
+// `policy` followed by its options ("h2o prefill=streaming"), in key order.
+std::string label_with_options(const std::string& policy,
+                               const std::map<std::string, std::string>& options);
 class PolicyLabels {
  public:
   explicit PolicyLabels(const Store& store);

@@ -59,5 +59,31 @@ TEST(EvalFailures, FinchWithTheQuestionAfterCompressionIsRefusedUpFront) {
   EXPECT_NE(out.find("| niah | finch "), std::string::npos) << out;
 }
 
+// A composition (then:, kvpress's ComposedPress) runs through eval, and its aggregate row names
+// the second policy and the ratio, as the sweep's tables do; a first policy that evicts during
+// decode is refused before any sample runs, naming why.
+TEST(EvalFailures, ACompositionRunsAndIsNamedWithItsOptions) {
+  if (!fs::exists(kModel)) GTEST_SKIP() << "stories260K not found under " KVB_SHARED_DIR;
+  const std::vector<std::string> base = {
+      "eval", "--model", kModel, "--tokenizer", kTok, "--task", "niah", "--task-opt",
+      "context_lengths=256", "--task-opt", "depths=50", "--task-opt", "haystack=noise",
+      "--task-opt", "chat=false", "--kv-budget", "64", "--threads", "1",
+      "--policy-opt", "then=keydiff", "--policy-opt", "first_compression_ratio=0.5"};
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--policy", "snapkv"});
+  std::string out, err;
+  EXPECT_EQ(testing::kvbench(args, &out, &err), 0) << out << err;
+  EXPECT_NE(out.find("| niah | snapkv first_compression_ratio=0.5 then=keydiff |"),
+            std::string::npos)
+      << out;
+  args = base;
+  args.insert(args.end(), {"--policy", "h2o"});
+  EXPECT_EQ(testing::kvbench(args, &out, &err), 2) << out << err;
+  EXPECT_NE(err.find("policy h2o evicts during decode, so then: keydiff cannot follow it"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(out.find("| niah"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace kvb
