@@ -5,8 +5,9 @@
 // top across heads as Ada-KV allocates; `sinks: S` and `window: W` protect the first S and last W
 // tokens. An optional decode_score(ctx) is called per global layer after each decode step and
 // kvbench evicts the lowest scores down to the budget. ctx's arrays are read-only views of the
-// cache and statistics (no copy on the CPU; on a device the engine keeps host rows and copies
-// the statistics, counted in policy_ms and the copy counters), valid only during the call.
+// cache and statistics, valid only during the call: no copy on the CPU; on a device the rows are
+// a host copy of the layer made when ctx.keys or ctx.values is first read, and the statistics
+// host copies (counted in policy_ms and the copy counters).
 #include "kernels/policies/python_runtime.h"  // Python.h first
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "kernels/cpu/budget.h"
 #include "kernels/cpu/select.h"
 #include "kernels/policies/policies.h"
+#include "kernels/policies/scorer.h"
 
 namespace kvb::policies {
 namespace {
@@ -105,7 +107,7 @@ class PythonPolicy final : public Policy {
     decode_score_.reset();
     options_.reset();
     state_.reset();
-    namespace_.reset();
+    ctx_class_.reset();
   }
 
   StatsRequest prefill_request(int) const override {
@@ -294,21 +296,91 @@ class PythonPolicy final : public Policy {
     return n;
   }
 
+  // ctx.keys and ctx.values, made on their first read (RowFetch): views of the cache's own f32
+  // rows where it holds them on the host (f16 rows, --dtype native: of their f32 conversion,
+  // KvCache::rows_f32), else a host copy of the layer read through the ops (a device's rows:
+  // host_copy_of_layer, counted in the ops' transfers and inside policy_ms). A call that never
+  // reads them costs neither the copy nor the conversion.
+  struct RowFetch {
+    const LayerStats* st = nullptr;
+    const kernels::KvCache* cache = nullptr;
+    int n = 0;
+    kernels::KvCache pulled;
+    std::vector<std::pair<const char*, py::Ref>>* views = nullptr;
+  };
+
+  // ctx._kvbench_rows(ctx), called by the ctx class's __getattr__: sets ctx.keys and ctx.values.
+  static PyObject* fetch_rows(PyObject* capsule, PyObject* ctx) {
+    // The capsule owns a link to the call's RowFetch, null once the call has returned (a module
+    // that kept ctx or this function finds no call to read for).
+    auto* link = static_cast<RowFetch**>(PyCapsule_GetPointer(capsule, "kvbench.rows"));
+    if (link == nullptr) return nullptr;
+    RowFetch* f = *link;
+    if (f == nullptr) {
+      PyErr_SetString(PyExc_RuntimeError,
+                      "ctx.keys and ctx.values are valid only during the call that got ctx");
+      return nullptr;
+    }
+    try {
+      const kernels::KvCache& cache = *f->cache;
+      const int layer = f->st->layer;
+      kernels::LayerKvView v;
+      if (cache.host_rows()) {
+        v = cache.rows_f32(layer);
+      } else {
+        KVB_CHECK(f->st->ops != nullptr) << "python policy: no ops to read the device's rows";
+        f->pulled = host_copy_of_layer(*f->st->ops, cache, layer);
+        v = f->pulled.rows_f32(0);
+      }
+      const int heads = cache.shape().num_kv_heads, hd = v.head_dim, cap = v.capacity, n = f->n;
+      py::Ref keys = py::array_view(v.keys, 'f', {heads, n, hd}, {cap * hd, hd, 1});
+      py::Ref values = py::array_view(v.values, 'f', {heads, n, hd}, {cap * hd, hd, 1});
+      if (PyObject_SetAttrString(ctx, "keys", keys.get()) != 0 ||
+          PyObject_SetAttrString(ctx, "values", values.get()) != 0) {
+        return nullptr;
+      }
+      f->views->emplace_back("keys", std::move(keys));
+      f->views->emplace_back("values", std::move(values));
+    } catch (const std::bad_alloc&) {
+      return PyErr_NoMemory();
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+      return nullptr;
+    }
+    Py_RETURN_NONE;
+  }
+
+  // The class of ctx: a types.SimpleNamespace whose keys and values are made when first read.
+  PyObject* ctx_class(const py::Site& site) {
+    if (ctx_class_) return ctx_class_.get();
+    static const char* kSource =
+        "import types\n"
+        "class Ctx(types.SimpleNamespace):\n"
+        "    def __getattr__(self, name):\n"
+        "        fetch = self.__dict__.get('_kvbench_rows')\n"
+        "        if fetch is not None and name in ('keys', 'values'):\n"
+        "            fetch(self)\n"
+        "            return self.__dict__[name]\n"
+        "        raise AttributeError(f'ctx has no field {name!r}')\n";
+    py::Ref code = py::Ref::steal(Py_CompileString(kSource, "<kvbench ctx>", Py_file_input));
+    if (!code) py::throw_pending(site, "compiling the ctx class failed");
+    py::Ref module =
+        py::Ref::steal(PyImport_ExecCodeModule("_kvbench_ctx", code.get()));
+    if (!module) py::throw_pending(site, "making the ctx class failed");
+    ctx_class_ = py::Ref::steal(PyObject_GetAttrString(module.get(), "Ctx"));
+    if (!ctx_class_) py::throw_pending(site, "the ctx class is missing");
+    return ctx_class_.get();
+  }
+
   // Calls fn(ctx) and leaves its scores in scores_ [heads, n].
   void run(PyObject* fn, const char* function, const LayerStats& st,
            const kernels::KvCache& cache, int n, bool decode) {
     const py::Site site{file_, function};
-    // f16 rows (--dtype native): views of their f32 conversion (KvCache::rows_f32), not of the
-    // cache's own storage.
-    const kernels::LayerKvView v = cache.rows_f32(st.layer);
-    KVB_CHECK(v.keys != nullptr && v.values != nullptr)
-        << "python policy: the engine gave a cache without host rows";
-    const int heads = cache.shape().num_kv_heads, hd = v.head_dim, cap = v.capacity;
+    // The index: positions are the host's on every backend.
+    const kernels::LayerKvView v = cache.layer(st.layer);
+    const int heads = cache.shape().num_kv_heads, hd = cache.shape().head_dim, cap = v.capacity;
     const int qh = st.num_heads;
     std::vector<std::pair<const char*, py::Ref>> views;
-    views.emplace_back("keys", py::array_view(v.keys, 'f', {heads, n, hd}, {cap * hd, hd, 1}));
-    views.emplace_back("values",
-                       py::array_view(v.values, 'f', {heads, n, hd}, {cap * hd, hd, 1}));
     views.emplace_back("positions", py::array_view(v.positions, 'i', {heads, n}, {cap, 1}));
     if (st.last_queries) {
       views.emplace_back("queries", py::array_view(st.last_queries, 'f', {qh, st.n_queries, hd},
@@ -327,6 +399,13 @@ class PythonPolicy final : public Policy {
     if (needs_attention_sum_ && st.col_sums) {
       views.emplace_back("attn_sum", py::array_view(st.col_sums, 'f', {qh, n}, {stride, 1}));
     }
+    RowFetch rows;
+    rows.st = &st;
+    rows.cache = &cache;
+    rows.n = n;
+    rows.views = &views;
+    static PyMethodDef fetch_def = {"_kvbench_rows", fetch_rows, METH_O,
+                                    "kvbench's: sets ctx.keys and ctx.values"};
     {
       py::Ref kwargs = py::Ref::steal(PyDict_New());
       for (const auto& [name, ref] : views) PyDict_SetItemString(kwargs.get(), name, ref.get());
@@ -340,13 +419,23 @@ class PythonPolicy final : public Policy {
       put("num_layers", py::Ref::steal(PyLong_FromLong(config().shape.num_layers)));
       put("options", options_);
       put("state", state_);
-      if (!namespace_) {
-        py::Ref types = py::Ref::steal(PyImport_ImportModule("types"));
-        if (types) namespace_ = py::Ref::steal(PyObject_GetAttrString(types.get(), "SimpleNamespace"));
-        if (!namespace_) py::throw_pending(site, "types.SimpleNamespace is missing");
+      auto* link = new RowFetch*(&rows);
+      py::Ref capsule = py::Ref::steal(PyCapsule_New(link, "kvbench.rows", [](PyObject* c) {
+        delete static_cast<RowFetch**>(PyCapsule_GetPointer(c, "kvbench.rows"));
+      }));
+      if (!capsule) {
+        delete link;
+        py::throw_pending(site, "making ctx failed");
       }
+      struct Expire {  // before the capsule can die: the link outlives the call if kept
+        RowFetch** link;
+        ~Expire() { *link = nullptr; }
+      } expire{link};
+      py::Ref fetch = py::Ref::steal(PyCFunction_New(&fetch_def, capsule.get()));
+      if (!fetch) py::throw_pending(site, "making ctx failed");
+      put("_kvbench_rows", fetch);
       py::Ref empty = py::Ref::steal(PyTuple_New(0));
-      py::Ref ctx = py::Ref::steal(PyObject_Call(namespace_.get(), empty.get(), kwargs.get()));
+      py::Ref ctx = py::Ref::steal(PyObject_Call(ctx_class(site), empty.get(), kwargs.get()));
       if (!ctx) py::throw_pending(site, "building ctx failed");
       kwargs.reset();
       py::Ref result = py::call(fn, {ctx.get()}, limits_, site);
@@ -494,7 +583,7 @@ class PythonPolicy final : public Policy {
   bool started_ = false;  // the interpreter runs (Refs need the GIL)
   std::string load_error_;
   ErrorKind load_error_kind_ = ErrorKind::kRuntime;
-  py::Ref module_, score_, decode_score_, options_, state_, namespace_;
+  py::Ref module_, score_, decode_score_, options_, state_, ctx_class_;
   bool needs_attention_ = false, needs_attention_sum_ = false;
   std::vector<int32_t> lens_;
   std::vector<float> scores_;  // [heads, n] of the last call

@@ -341,6 +341,18 @@ TEST(PythonPolicyHostile, EachFailureIsAnErrorNamingTheFileAndFunction) {
       {"keeps_view.py", "import numpy as np\ndef score(ctx):\n    ctx.state['k'] = ctx.keys\n"
                         "    return -np.linalg.norm(ctx.keys, axis=-1)\n",
        "score()", "kept ctx.keys"},
+      // ctx's rows are made on their first read by a function of ctx's; kept past its call and
+      // called later, it refuses (it would read a cache and a call that are gone).
+      {"late_rows.py",
+       "import numpy as np\nheld = []\ndef score(ctx):\n    held.append(ctx._kvbench_rows)\n"
+       "    return np.zeros(ctx.positions.shape, np.float32)\n"
+       "def decode_score(ctx):\n    held[0](ctx)\n"
+       "    return np.zeros(ctx.positions.shape, np.float32)\n",
+       "decode_score()",
+       "RuntimeError: ctx.keys and ctx.values are valid only during the call that got ctx"},
+      {"keeps_ctx.py", "import numpy as np\nheld = []\ndef score(ctx):\n    held.append(ctx)\n"
+                       "    return np.zeros(ctx.positions.shape, np.float32)\n",
+       "score()", "kept ctx.positions"},
       {"no_score.py", "def scores(ctx):\n    pass\n", "", "defines no function score(ctx)"},
       {"syntax.py", "def score(ctx)\n    return 0\n", "loading the module", "raised SyntaxError"},
       {"bad_option.py", "OPTIONS = {'alpha2': 1.0}\n" + ok_score, "", "unknown option 'beta2'",
@@ -369,6 +381,76 @@ TEST(PythonPolicyHostile, EachFailureIsAnErrorNamingTheFileAndFunction) {
             std::string::npos)
       << missing.message;
   EXPECT_EQ(missing.kind, ErrorKind::kUsage);
+}
+
+// ctx.keys and ctx.values are made when first read: absent from vars(ctx) until then, the
+// same read-only arrays on every later read, and any other missing field is an AttributeError;
+// the keep-sets are those of a module that reads the rows at once.
+TEST(PythonPolicyCtx, RowsAreMadeOnFirstReadAndOtherFieldsStayMissing) {
+  const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  std::unique_ptr<engine::Model> m = engine::load_model(path);
+  const std::string file = write_module(
+      "lazy_rows.py",
+      "import numpy as np\n"
+      "def check(ctx):\n"
+      "    assert 'keys' not in vars(ctx) and 'values' not in vars(ctx), sorted(vars(ctx))\n"
+      "    assert getattr(ctx, 'no_such_field', None) is None\n"
+      "    try:\n"
+      "        ctx.no_such_field\n"
+      "        raise AssertionError('no AttributeError')\n"
+      "    except AttributeError as e:\n"
+      "        assert 'no_such_field' in str(e), str(e)\n"
+      "    assert hasattr(ctx, 'values')\n"
+      "    k = ctx.keys\n"
+      "    assert k is ctx.keys and ctx.values is vars(ctx)['values']\n"
+      "    kv, n = ctx.positions.shape\n"
+      "    assert k.shape[:2] == (kv, n) and k.dtype == np.float32 and not k.flags.writeable\n"
+      "    ctx.state['calls'] = ctx.state.get('calls', 0) + 1\n"
+      "    return -np.linalg.norm(k, axis=-1)\n"
+      "def score(ctx):\n"
+      "    return check(ctx)\n"
+      "def decode_score(ctx):\n"
+      "    return check(ctx)\n");
+  const Outcome o = run_module(*m, file);
+  EXPECT_FALSE(o.threw) << o.message;
+  // The same keep-sets as a module that reads the rows at once (ok_score of the hostile test).
+  const std::string eager = write_module(
+      "eager_rows.py",
+      "import numpy as np\n"
+      "def score(ctx):\n    return -np.linalg.norm(ctx.keys, axis=-1)\n"
+      "def decode_score(ctx):\n    return -np.linalg.norm(ctx.keys, axis=-1)\n");
+  const auto& c = m->config;
+  auto keep_of = [&](const std::string& f) {
+    policies::PolicyConfig pc;
+    pc.name = "python";
+    pc.kv_budget = 8;
+    pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+    pc.options = policies::PolicyOptions({{"file", f}});
+    engine::Engine eng(*m);
+    auto policy = policies::make_policy(pc);
+    kernels::KvCache cache = eng.new_cache(40, policy.get());
+    std::vector<int32_t> prompt = {1};
+    for (int i = 0; i < 23; ++i) prompt.push_back(3 + i * 7);
+    policy->begin_sequence(24);
+    std::vector<float> logits;
+    engine::prefill_prompt(eng, cache, prompt, policy.get(), &logits);
+    for (int32_t t : {5, 6, 7}) {
+      eng.forward({&t, 1}, cache, engine::LogitsMode::kLast, &logits, policy.get(),
+                  engine::PolicyHook::kDecode);
+    }
+    std::vector<std::vector<int32_t>> kept;
+    for (int l = 0; l < c.num_layers; ++l) {
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        const int32_t* p = cache.layer(l).position(h);
+        kept.emplace_back(p, p + cache.length(l, h));
+      }
+    }
+    return kept;
+  };
+  const auto lazy = keep_of(file), direct = keep_of(eager);
+  EXPECT_EQ(lazy, direct);
+  ASSERT_FALSE(lazy.empty());
+  EXPECT_EQ(lazy[0].size(), 8u);  // evicted to the budget
 }
 
 // A state dict lives for the unit, and a clone (a fork after a shared prefix) copies it.
