@@ -24,6 +24,18 @@ KvCache::KvCache(const KvCacheShape& shape, int initial_capacity, bool host_rows
   if (initial_capacity > 0) grow_to(initial_capacity);
 }
 
+void KvCache::drop_host_rows() {
+  KVB_CHECK(device_rows_ != nullptr && !shape_.f16)
+      << "drop_host_rows: the cache's rows would be nowhere (no device rows) or are f16";
+  for (Rows& k : keys_) Rows().swap(k);
+  for (Rows& v : values_) Rows().swap(v);
+  std::vector<float>().swap(f32_keys_);
+  std::vector<float>().swap(f32_values_);
+  f32_layer_ = -1;
+  host_rows_ = false;
+  ++changes_;
+}
+
 KvCache::KvCache(const KvCache& o)
     : shape_(o.shape_),
       capacity_(o.capacity_),

@@ -147,6 +147,9 @@ class KvCache {
   bool host_rows() const { return host_rows_; }
   DeviceRows* device_rows() const { return device_rows_.get(); }
   void set_device_rows(std::unique_ptr<DeviceRows> rows) { device_rows_ = std::move(rows); }
+  // Frees the host rows of a cache whose rows a device now holds (set_device_rows, after an
+  // upload of these): it keeps the index alone, as a cache the device filled. Not for f16 rows.
+  void drop_host_rows();
   std::unique_ptr<DeviceRows> release_device_rows() { return std::move(device_rows_); }
 
   const KvCacheShape& shape() const { return shape_; }

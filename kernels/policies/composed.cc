@@ -71,11 +71,6 @@ class Composed final : public Policy {
     first_->begin_sequence(prompt_len);
     then_->begin_sequence(prompt_len);
   }
-  // The second policy reads the survivors' rows: through the device ops where the first decides
-  // with them, else from host rows.
-  bool reads_cache_rows() const override {
-    return first_->reads_cache_rows() || !first_->decides_with_ops();
-  }
   bool decides_with_ops() const override { return first_->decides_with_ops(); }
 
   // The first policy's request at its budget: before begin_sequence its widest budget's, which

@@ -204,10 +204,6 @@ class Policy {
   // else of the prompt's statistics (the SnapKV family): `then:` can recompute those probabilities
   // over another policy's survivors from the block's last queries.
   virtual bool decides_on_window_attention() const { return false; }
-  // reads_cache_rows: the hooks read the cache's keys or values (k-center, SubGen's sketch), so
-  // a device engine must keep the rows on the host too (unless the policy attends or decides
-  // with ops, below); others read only lengths, positions and the statistics they asked for.
-  virtual bool reads_cache_rows() const { return false; }
   // decides_with_ops: the hooks read the statistics and keep their state through
   // LayerStats::ops (policy_ops.h), so on a device the statistics stay where attention wrote
   // them and the decisions are made there; the host sees only lengths (by the policy's law).
@@ -217,8 +213,10 @@ class Policy {
   // replaces_attention: the engine calls attend() instead of its own attention (SubGen).
   virtual bool replaces_attention() const { return false; }
   // attends_with_ops: on a device engine attend() keeps its state and reads the cache rows
-  // through AttendArgs::ops (policy_ops.h: SubGen's sketches), so the rows it reads on the CPU
-  // (reads_cache_rows) need no host copy there; on the CPU it runs its host code as before.
+  // through AttendArgs::ops (policy_ops.h: SubGen's sketches); on the CPU it runs its host code
+  // as before. A device refuses a policy that replaces attention without it (its cache holds no
+  // rows on the host). Hooks that read rows on the host read a device's through the ops
+  // (host_copy_of_layer, scorer.h); the cache's own host rows exist on the CPU only.
   virtual bool attends_with_ops() const { return false; }
   virtual void attend(const AttendArgs& args, const kernels::KvCache& cache,
                       kernels::EvictionPlan& plan) {

@@ -119,7 +119,6 @@ class PythonPolicy final : public Policy {
     if (!decode_score_) return {};
     return {.col_sums = needs_attention_ || needs_attention_sum_, .last_queries = 1};
   }
-  bool reads_cache_rows() const override { return true; }
   bool evicts_at_decode() const override { return static_cast<bool>(decode_score_); }
 
   void begin_sequence(int) override { check_loaded(); }

@@ -71,7 +71,6 @@ class SubGen final : public Policy {
     return streaming_ ? PrefillMode::kStreaming : PrefillMode::kOneshot;
   }
   bool replaces_attention() const override { return true; }
-  bool reads_cache_rows() const override { return true; }
   bool attends_with_ops() const override { return true; }
 
   void attend(const AttendArgs& a, const kernels::KvCache& cache,

@@ -44,7 +44,6 @@ class SubgenKCenter final : public Policy {
   }
 
   bool replaces_attention() const override { return weighted_; }
-  bool reads_cache_rows() const override { return true; }  // k-center over the keys
   // On a device the keys are read there: by the hooks through LayerStats::ops (the plain
   // variant), or by attend() through AttendArgs::ops (the weighted one).
   bool decides_with_ops() const override { return !weighted_; }

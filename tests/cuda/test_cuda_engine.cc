@@ -277,6 +277,37 @@ TEST(CudaEngineStories, InterleavedSequencesEqualSeparateRuns) {
   EXPECT_EQ(engine::cuda_of(gpu).cache_uploads(), 0);
 }
 
+// A cache the CPU filled, handed to the GPU: its rows go up once (bind_cache's upload) and the
+// cache then drops its host rows (an index, as every cache there: no host-row path is left on
+// the device), and decoding on goes as decoding a cache the GPU filled itself.
+TEST(CudaEngineStories, ACpuCacheHandedToTheGpuUploadsOnceAndKeepsTheIndexAlone) {
+  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_FILE(kStories);
+  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
+  engine::Engine cpu(*m);
+  engine::Engine gpu(*m, engine::cuda_backend(*m, DType::kF32));
+  const std::vector<int32_t> p = {1, 403, 407, 261, 378, 300, 430};
+  kernels::KvCache own = gpu.new_cache(), handed = cpu.new_cache(16);
+  std::vector<float> l_own, l_handed;
+  gpu.forward(p, own, engine::LogitsMode::kLast, &l_own);
+  cpu.forward(p, handed, engine::LogitsMode::kLast, &l_handed);
+  ASSERT_TRUE(handed.host_rows());
+  for (int32_t t : {17, 99, 250}) {
+    gpu.forward({&t, 1}, own, engine::LogitsMode::kLast, &l_own);
+    gpu.forward({&t, 1}, handed, engine::LogitsMode::kLast, &l_handed);
+    EXPECT_FALSE(handed.host_rows());
+    ASSERT_EQ(l_own.size(), l_handed.size());
+    double worst = 0;
+    for (size_t i = 0; i < l_own.size(); ++i) {
+      worst = std::max(worst, std::fabs(static_cast<double>(l_own[i]) - l_handed[i]));
+    }
+    EXPECT_LT(worst, 1e-3) << "after token " << t;
+  }
+  EXPECT_EQ(engine::cuda_of(gpu).cache_uploads(), 1);
+  EXPECT_EQ(handed.next_position(), own.next_position());
+  expect_device_rows_match(gpu, handed, nullptr, 0);
+}
+
 // Engine::trim_storage on the GPU (the runner's call after a unit's prompt): the device rows
 // move into an allocation of the longest head + extra slots per head, every row, position and
 // length kept, and the decode after it gives the untrimmed twin's logits bit for bit (same
@@ -579,7 +610,7 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
     // the GPU's keys into other radii and other sketches, so other (equally valid) estimates.
     if (p.name == "subgen") {
       variants.push_back({p.name, {{"delta", "0"}}});
-    } else {  // python (h2o.py): host rows and host copies of the statistics
+    } else {  // python (h2o.py): host copies of the statistics; it reads no rows
       variants.push_back({p.name, testing_registry::required_options(p.name, m.config.num_layers, m.config.num_kv_heads,
                                                                  m.config.head_dim)});
     }
@@ -653,10 +684,10 @@ TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {
                   << envelope << "\n";
       }
       EXPECT_LT(worst, bound) << "logits drifted from the CPU's";
-      // The host holds rows only for policies that read them there; otherwise an index
-      // (SubGen and subgen_kcenter read their rows on the device).
-      EXPECT_EQ(gpu_cache.host_rows(), probe->reads_cache_rows() && !probe->attends_with_ops() &&
-                                           !probe->decides_with_ops());
+      // The host holds the index alone for every policy (2026-12-06: the Python policy reads
+      // a layer through the ops when its code reads ctx.keys; SubGen and subgen_kcenter read
+      // their rows on the device).
+      EXPECT_FALSE(gpu_cache.host_rows());
       expect_device_rows_match(gpu, gpu_cache, &cpu_cache, 1e-2);
       ++checked;
     }
@@ -800,10 +831,11 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
     const int stat_copies = hook_stats ? static_cast<int>(req.col_sums) +
                                              static_cast<int>(req.last_w > 0)
                                        : 0;
-    // Host rows (a policy that reads them) come down per layer; an index needs nothing.
+    // Host rows used to come down per layer for a policy that read them (the Python policy);
+    // now every cache is an index and a policy reads a layer through the ops (the Python
+    // policy's h2o.py reads none: its decode step copies no rows).
     const int rows = cache.host_rows() ? 1 : 0;
-    EXPECT_EQ(cache.host_rows(), policy->reads_cache_rows() && !policy->attends_with_ops() &&
-                                     !policy->decides_with_ops());
+    EXPECT_FALSE(cache.host_rows());
     // knorm decides on the device; a replaced attention's queries come down per layer (1 copy,
     // 1 sync) and its hook reads no statistics.
     const int keys_down = req.pre_rope_keys && !on_device ? L : 0;

@@ -416,6 +416,29 @@ TEST(KvCache, IndexOnlyCacheKeepsPositionsAndClonesItsDeviceRows) {
   EXPECT_EQ(clones, 2);
 }
 
+// A host-rows cache whose rows went up to a device (a CPU cache handed to the GPU engine) drops
+// them: what stays is the index (lengths, positions, next position; 4 bytes per slot), and a
+// cache without device rows refuses (its rows would be nowhere).
+TEST(KvCache, DroppingHostRowsLeavesTheIndex) {
+  KvCache cache = filled(2, 2, 3);
+  const size_t logical = cache.logical_bytes();
+  const std::vector<int32_t> pos = positions(cache, 1, 1);
+  EXPECT_THROW(cache.drop_host_rows(), Error);
+  EXPECT_TRUE(cache.host_rows());
+  int clones = 0;
+  cache.set_device_rows(std::make_unique<CountingRows>(&clones));
+  cache.drop_host_rows();
+  EXPECT_FALSE(cache.host_rows());
+  EXPECT_EQ(cache.layer(1).keys, nullptr);
+  EXPECT_EQ(cache.layer(1).values, nullptr);
+  EXPECT_EQ(positions(cache, 1, 1), pos);
+  EXPECT_EQ(cache.logical_bytes(), logical);
+  EXPECT_EQ(cache.physical_bytes(), size_t(2 * 2) * cache.capacity() * sizeof(int32_t));
+  cache.reserve_extra(1);
+  cache.append(0, 0, nullptr, nullptr, 77);  // appends positions alone, as a device's index
+  EXPECT_EQ(positions(cache, 0, 0).back(), 77);
+}
+
 // Device rows that record the fork they were asked for.
 struct ForkingRows final : DeviceRows {
   explicit ForkingRows(int* extra) : extra(extra) {}

@@ -103,16 +103,13 @@ class Backend {
     (void)extra;
   }
   virtual TransferCounters counters() const { return {}; }
-  // Whether a new cache for `policy` (null: none) keeps its K/V rows on the host: always on the
-  // CPU (they are the storage); on a device only for policies that read them
-  // (Policy::reads_cache_rows), otherwise the host cache is an index.
-  virtual bool keeps_host_rows(const policies::Policy* policy) const = 0;
+  // Whether the host KvCache is the storage (its K/V rows: the CPU) or an index whose rows the
+  // backend keeps where it computes (a device: KvCache::device_rows). Host code that reads a
+  // device's rows copies a layer through policy_ops() (policies::host_copy_of_layer).
+  virtual bool host_storage() const = 0;
   // Whether a new cache stores its rows as f16 (KvCacheShape::f16): the CPU under --dtype
   // native, as llama.cpp's default cache; f32 everywhere else.
   virtual bool f16_rows() const { return false; }
-  // Gives an index-only cache its rows on the host too (a policy that reads them is about to
-  // run on it); no-op where the cache already has them.
-  virtual void ensure_host_rows(kernels::KvCache& cache) = 0;
   // The policy ops table (kernels/ops/policy_ops.h) whose instance lives where this
   // backend's statistics and storage do: policies that decide with ops (Policy::
   // decides_with_ops) get it in LayerStats::ops, and on a device their statistics stay there.
@@ -249,10 +246,10 @@ class Backend {
   // Makes stats' statistics host-readable (pointers replaced by host copies); returns the
   // milliseconds spent (0 where they already are).
   virtual double stats_to_host(policies::LayerStats* stats) = 0;
-  // A policy's replacement attention (Policy::replaces_attention: Policy::attend over the host
-  // K/V rows its cache keeps, Policy::reads_cache_rows): q and out are kQ and kAtt, wherever they
-  // live; the policy's eviction plan for the layer goes into *plan (applied by the caller).
-  // Both backends run it (the CUDA one stages q and out through the host).
+  // A policy's replacement attention (Policy::replaces_attention): q and out are kQ and kAtt,
+  // wherever they live; the policy's eviction plan for the layer goes into *plan (applied by the
+  // caller). The CPU runs Policy::attend over its host rows; a device runs a policy that attends
+  // with ops (Policy::attends_with_ops) and refuses any other.
   virtual void attend_replaced(policies::Policy& policy, policies::AttendArgs args,
                                const kernels::KvCache& cache, kernels::EvictionPlan* plan) = 0;
   // Applies a policy's plan for one layer to the host cache (index) and the backend's storage

@@ -200,37 +200,6 @@ void CudaBackend::sync() {
   ++counters_.stream_syncs;
 }
 
-void CudaBackend::ensure_host_rows(kernels::KvCache& cache) {
-  if (cache.host_rows()) return;
-  KVB_CUDA_CHECK(cudaSetDevice(gpu_));
-  const cu::DeviceKvCache* rows = rows_of(cache);
-  if (!rows) {
-    KVB_CHECK(cache.total_slots() == 0)
-        << "--device cuda: an index-only cache of " << cache.total_slots()
-        << " slots without device rows";
-    kernels::KvCache fresh(cache.shape(), cache.capacity(), /*host_rows=*/true);
-    fresh.advance_position(cache.next_position());
-    cache = std::move(fresh);
-    return;
-  }
-  KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  kernels::KvCache host = rows->download();  // bf16 widens exactly: host rows == device rows
-  ++counters_.d2h_copies;
-  counters_.d2h_bytes += host.logical_bytes();
-  ++counters_.stream_syncs;
-  const kernels::KvCacheShape& sh = cache.shape();
-  for (int l = 0; l < sh.num_layers; ++l) {
-    for (int h = 0; h < sh.num_kv_heads; ++h) {
-      KVB_CHECK(host.length(l, h) == cache.length(l, h))
-          << "--device cuda: device rows of layer " << l << " head " << h << " hold "
-          << host.length(l, h) << " slots, the index " << cache.length(l, h);
-    }
-  }
-  host.advance_position(cache.next_position() - host.next_position());
-  host.set_device_rows(cache.release_device_rows());
-  cache = std::move(host);
-}
-
 kernels::KvCache CudaBackend::download_device_rows(const kernels::KvCache& cache) const {
   KVB_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const cu::DeviceKvCache* rows = rows_of(cache);
@@ -285,7 +254,6 @@ void CudaBackend::rerotate_keys(int layer, const kernels::cpu::RopeParams& rope,
     Backend::rerotate_keys(layer, rope, cache);
     return;
   }
-  if (cache.host_rows()) Backend::rerotate_keys(layer, rope, cache);  // the host's copy too
   const int64_t c0 = rows->h2d_copies();
   const size_t b0 = rows->h2d_bytes();
   rows->rerotate_keys(layer, rope, stream_);
@@ -324,8 +292,8 @@ void CudaBackend::trim_storage(kernels::KvCache& cache, int extra) {
 }
 
 // The cache's device rows, with room for n more slots per head: created at a sequence's first
-// pass (uploaded from host rows when a cache made elsewhere brings some), grown on the device
-// when a head would overflow (1.5x).
+// pass (uploaded from host rows when a cache made elsewhere brings some, which it then drops),
+// grown on the device when a head would overflow (1.5x).
 void CudaBackend::bind_cache(kernels::KvCache& cache, int n) {
   const kernels::KvCacheShape& sh = cache.shape();
   const cu::KvDtype want = dtype_ == DType::kBf16 ? cu::KvDtype::kBf16 : cu::KvDtype::kF32;
@@ -344,14 +312,10 @@ void CudaBackend::bind_cache(kernels::KvCache& cache, int n) {
       << "--device cuda: this cache's device rows are " << cu::kv_dtype_name(rows->dtype())
       << ", the engine stores " << cu::kv_dtype_name(want) << " (a cache is not shared between "
       << "engines of different dtypes)";
-  if (rows && !same) {
-    // The index changed behind the device's back (an edit that bypassed the engine).
-    KVB_CHECK(cache.host_rows())
-        << "--device cuda: the cache's index no longer matches its device rows and it holds no "
-           "rows on the host to rebuild them from; evict only through the engine (policies' "
-           "eviction plans)";
-    rows = nullptr;
-  }
+  // The index changed behind the device's back (an edit that bypassed the engine)?
+  KVB_CHECK(!rows || same)
+      << "--device cuda: the cache's index no longer matches its device rows; evict only "
+         "through the engine (policies' eviction plans)";
   const int need = longest + n;
   if (rows && room >= need) {
     dev_ = rows;
@@ -381,6 +345,7 @@ void CudaBackend::bind_cache(kernels::KvCache& cache, int n) {
   dev_ = fresh.get();
   bound_.push_back(dev_);  // end_layers advances its next position with the index's
   cache.set_device_rows(std::move(fresh));
+  if (cache.host_rows()) cache.drop_host_rows();  // the device's rows are the storage now
 }
 
 void CudaBackend::begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
@@ -471,28 +436,10 @@ void CudaBackend::append_kv(int l, int n, kernels::KvCache& cache) {
   dev_->append(l, k_new, v_new, s.pos.data() + row0_, n, stream_);
   count_uploads(*dev_, c0, b0);  // none up to kMaxParamHeads heads: lengths by kernel argument
 
-  if (!cache.host_rows()) {
-    // The index only: positions are known here, nothing comes back from the device.
-    for (int t = 0; t < n; ++t) {
-      for (int h = 0; h < ckv; ++h) cache.append(l, h, nullptr, nullptr, pos_h_[row0_ + t]);
-    }
-    return;
+  // The index: positions are known here, nothing comes back from the device.
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < ckv; ++h) cache.append(l, h, nullptr, nullptr, pos_h_[row0_ + t]);
   }
-  // Host rows (a policy reads them): the same rows as the CPU backend appends (bf16-rounded
-  // where the device is).
-  const size_t count = N * c.num_kv_heads * hd;
-  k_h_.resize(count);
-  v_h_.resize(count);
-  copy_d2h(k_h_.data(), rows_at(Act::kK), count * 4);
-  copy_d2h(v_h_.data(), rows_at(Act::kV), count * 4);
-  sync();
-  if (dtype_ == DType::kBf16) {
-    for (size_t i = 0; i < count; ++i) {
-      k_h_[i] = kernels::cpu::bf16_round(k_h_[i]);
-      v_h_[i] = kernels::cpu::bf16_round(v_h_[i]);
-    }
-  }
-  append_block_rows(c, l, n, k_h_.data(), v_h_.data(), pos_h_.data() + row0_, cache);
 }
 
 void CudaBackend::set_decode_kernel(int kernel) {

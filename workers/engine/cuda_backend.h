@@ -10,8 +10,11 @@
 // position) and owns its K/V rows on the device, a kernels::cuda::DeviceKvCache (one flat buffer
 // per layer with per-head offsets, capacities and lengths; the attention reads it directly).
 // Copying the KvCache copies the rows device to device. begin_pass creates the rows at a
-// sequence's first pass (uploading host rows only for a cache made elsewhere) and grows them on
-// the device (1.5x) when a head would overflow.
+// sequence's first pass (uploading host rows only for a cache made elsewhere, which then drops
+// them: the index and its device rows, as any cache here) and grows them on the device (1.5x)
+// when a head would overflow. No cache here keeps K/V rows on the host: code that reads rows on
+// the host copies a layer through the ops when it needs one (policies::host_copy_of_layer:
+// BlockPress and ChunkPress, `then:`, the Python policy's ctx.keys).
 //
 // Policies that decide with the ops table (Policy::decides_with_ops: h2o, tova, scissorhands,
 // knorm, snapkv, pyramidkv, ada_snapkv, ada_pyramidkv) decide on the device: their state lives in
@@ -24,9 +27,7 @@
 // events around each hook and its plan (take_policy_ms).
 //
 // Other policies decide on the host, from the index and the statistics they asked for:
-//  - append_kv appends the block's positions to the index; only for policies that read K/V rows
-//    (Policy::reads_cache_rows) are the new rows (post-RoPE; pre-RoPE for rolling positions;
-//    bf16-rounded in bf16 mode, so host rows == device rows) copied down and kept on the host;
+//  - append_kv appends the block's positions to the index (the rows stay on the device);
 //  - stats_to_host copies the statistics a hook asked for (col_sums [num_heads, stride],
 //    last_probs [num_heads, last_w, stride]) to the host; pre-RoPE keys come through download();
 //  - apply_plan applies the hook's eviction plan to the index (which validates it) and the same
@@ -37,8 +38,8 @@
 //    kernels (appends too): nothing else goes up per layer.
 // Host traffic per decode step: the logits and one sync at the end; per layer, the statistics a
 // decode hook reads (col_sums of num_heads * stride floats, e.g. H2O, 4 * 32 * 2048 = 256 KiB at
-// budget 2048 on Llama-3-8B; one sync), pre-RoPE keys when asked (one sync), the K/V rows for
-// policies that read them (one sync), and H2D the keep-lists of a layer changed by a host
+// budget 2048 on Llama-3-8B; one sync), pre-RoPE keys when asked (one sync), a layer's rows
+// where a host decision reads them (through the ops), and H2D the keep-lists of a layer changed by a host
 // plan that is not one victim per head (4 bytes per kept slot). counters() counts every copy and
 // sync, so these costs show in tests and benchmarks.
 //
@@ -57,8 +58,8 @@
 //    its hooks (Policy::decides_with_ops) the same way. Neither keeps host rows; a `slide` step
 //    drops one slot per head as a victim, so a decode step copies the logits and syncs once.
 //    (The ops upload their log-size table when a longer prefix than before compresses.)
-//  - A policy that replaced attention without ops would run its attend() on the host: the
-//    backend downloads the layer's queries (one copy, one sync) and uploads its output.
+//  - A policy that replaces attention without ops is refused here (attend_replaced): on a
+//    device the replacement attends through the ops, where the rows are.
 //
 // CUDA graphs (set_graphs, off by default): a decode step whose host code never waits for the
 // device (engine.h decode_step_capturable) is captured from stream_ between begin_graph and
@@ -127,13 +128,8 @@ class CudaBackend final : public Backend {
   void begin_policy_span() override;
   void end_policy_span() override;
   double take_policy_ms(std::vector<double>* per_span = nullptr) override;
-  // A policy that attends or decides with ops (SubGen, subgen_kcenter) reads its rows on the
-  // device.
-  bool keeps_host_rows(const policies::Policy* policy) const override {
-    return policy && policy->reads_cache_rows() && !policy->attends_with_ops() &&
-           !policy->decides_with_ops();
-  }
-  void ensure_host_rows(kernels::KvCache& cache) override;
+  // The host KvCache is an index; the rows live in its DeviceKvCache.
+  bool host_storage() const override { return false; }
 
   DType dtype() const { return dtype_; }
   int gpu() const { return gpu_; }
@@ -240,8 +236,7 @@ class CudaBackend final : public Backend {
   size_t x16_count_ = 0;
   int gu_pending_ = 0;
   // Host staging.
-  std::vector<float> k_h_, v_h_, col_sums_, last_probs_;
-  std::vector<float> q_h_, att_h_;  // a replaced attention's queries and output (attend_replaced)
+  std::vector<float> col_sums_, last_probs_;
   int decode_kernel_ = 0;  // cu::kDecodeDefault
   std::vector<int32_t> pos_h_, tokens_h_, slots_h_, counts_h_, victims_h_, keep_scratch_;
   int64_t cache_uploads_ = 0;

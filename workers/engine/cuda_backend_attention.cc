@@ -161,53 +161,30 @@ double CudaBackend::stats_to_host(policies::LayerStats* stats) {
   return ms_since(t0);
 }
 
-// A policy that replaces attention without ops (none registered today: SubGen and weighted
-// subgen_kcenter attend with ops) would run its own attend() on the host, the CPU engine's
-// code: over the host rows its cache keeps (Policy::reads_cache_rows; bf16-rounded in bf16
-// mode, so they are the device rows) and the pass's post-RoPE queries, downloaded as the device
-// computed them (f32). Its output goes up into kAtt; its plan is applied by the caller
-// (apply_plan: index, host rows and device rows together). Traffic per call: one D2H of the
-// queries (n * num_heads * head_dim floats) and the sync that makes them host-visible, one H2D
-// of the output (the same size; stream-ordered, no wait).
-// A policy that attends with ops (SubGen, weighted subgen_kcenter: Policy::attends_with_ops)
-// instead runs on the device: its attend() gets the device queries and output, the ops table
-// and this backend's attention, and copies nothing (cuda_backend.h).
+// A policy that replaces attention runs here only if it attends with ops (SubGen, weighted
+// subgen_kcenter: Policy::attends_with_ops): its attend() gets the device queries and output,
+// the ops table and this backend's attention, and copies nothing (cuda_backend.h). One that
+// attends on the host (reading the cache's K/V rows there) is refused: a device's cache holds
+// no rows on the host.
 void CudaBackend::attend_replaced(policies::Policy& policy, policies::AttendArgs args,
                                   const kernels::KvCache& cache, kernels::EvictionPlan* plan) {
-  if (policy.attends_with_ops()) {
-    // Queries, policy state and rows stay on the device (the policy works through ops_;
-    // its `exact` is this backend's attention, what `full` computes). Nothing waits.
-    args.q = rows_at(Act::kQ);
-    args.out = rows_at(Act::kAtt);
-    args.ops = ops_.get();
-    // attention() reads the rows and writes kAtt; it takes the index non-const for the
-    // statistics paths, which this call does not use.
-    kernels::KvCache& rows = const_cast<kernels::KvCache&>(cache);
-    args.exact = [this, &rows, &args] {
-      policies::LayerStats none;
-      attention(args.layer, args.n, args.scale, rows, false, 0, 0, &none);
-    };
-    policy.attend(args, cache, *plan);
-    return;
-  }
-  KVB_CHECK(cache.host_rows())
+  KVB_USAGE_CHECK(policy.attends_with_ops())
       << "--device cuda: policy " << policy.config().name
-      << " replaces attention, but its cache keeps no K/V rows on the host (such a policy must "
-         "declare Policy::reads_cache_rows)";
-  const ModelConfig& c = model_.config;
-  KVB_CHECK(args.num_heads == c.num_heads && args.head_dim == c.head_dim && args.n > 0)
-      << "--device cuda: attend_replaced with " << args.n << " rows of " << args.num_heads
-      << " heads x " << args.head_dim << ", the model has " << c.num_heads << " x " << c.head_dim;
-  const size_t count = static_cast<size_t>(args.n) * args.num_heads * args.head_dim;
-  q_h_.resize(count);
-  att_h_.assign(count, 0.0f);
-  copy_d2h(q_h_.data(), rows_at(Act::kQ), count * sizeof(float));
-  sync();
-  args.q = q_h_.data();
-  args.out = att_h_.data();
+      << " replaces attention on the host only (its attend() reads K/V rows there); run it on "
+         "the CPU, or write its attention on the policy ops (Policy::attends_with_ops)";
+  // Queries, policy state and rows stay on the device (the policy works through ops_;
+  // its `exact` is this backend's attention, what `full` computes). Nothing waits.
+  args.q = rows_at(Act::kQ);
+  args.out = rows_at(Act::kAtt);
+  args.ops = ops_.get();
+  // attention() reads the rows and writes kAtt; it takes the index non-const for the
+  // statistics paths, which this call does not use.
+  kernels::KvCache& rows = const_cast<kernels::KvCache&>(cache);
+  args.exact = [this, &rows, &args] {
+    policies::LayerStats none;
+    attention(args.layer, args.n, args.scale, rows, false, 0, 0, &none);
+  };
   policy.attend(args, cache, *plan);
-  // Pageable source: the copy returns once att_h_ is staged, so reusing it later is safe.
-  copy_h2d(rows_at(Act::kAtt), att_h_.data(), count * sizeof(float));
 }
 
 }  // namespace kvb::engine

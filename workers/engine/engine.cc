@@ -78,7 +78,7 @@ kernels::KvCache Engine::new_cache(int initial_capacity,
   const int heads = policy && policy->gqa_expand() ? c.num_heads : c.num_kv_heads;
   const bool rolling = policy && policy->rolling_positions();
   return kernels::KvCache({c.num_layers, heads, c.head_dim, backend_->f16_rows(), rolling},
-                          initial_capacity, backend_->keeps_host_rows(policy));
+                          initial_capacity, backend_->host_storage());
 }
 
 void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
@@ -89,9 +89,6 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
   KVB_CHECK(n > 0) << "forward: no tokens";
   check_layer(0);  // before anything of the pass is done: a pass stopped here changed nothing
   Backend& be = *backend_;
-  if (policy && policy->reads_cache_rows() && be.keeps_host_rows(policy)) {
-    be.ensure_host_rows(cache);
-  }
   const int32_t pos0 = cache.next_position();
   pos_.resize(n);
   for (int t = 0; t < n; ++t) {
@@ -188,9 +185,6 @@ void Engine::decode_batch(std::span<const int32_t> tokens,
                                         << " share a cache";
     }
     policies::Policy* policy = policies[b];
-    if (policy && policy->reads_cache_rows() && be.keeps_host_rows(policy)) {
-      be.ensure_host_rows(cache);
-    }
     KVB_CHECK(tokens[b] >= 0 && tokens[b] < c.vocab_size)
         << "token id " << tokens[b] << " of sequence " << b << " outside the vocabulary [0, "
         << c.vocab_size << ")";
@@ -646,7 +640,7 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
                                          kernels::KvCache& cache) {
   KVB_CHECK(can_share_prefill(policy)) << "policy cannot use a shared prefill";
   KVB_CHECK(&full != &cache) << "apply_recorded_prefill: the prefill's cache is its own target";
-  const bool host = full.host_rows() && full.device_rows() == nullptr;
+  const bool host = full.host_rows();  // else an index whose rows a device keeps
   if (host) {
     cache = full.empty_copy(extra);
   } else {
@@ -666,9 +660,6 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
              (!req.pre_rope_keys || !rec.pre_rope_keys[g0].empty()) &&
              (!req.pre_rope_queries || !rec.pre_rope_queries[g0].empty())))
       << "the recorded prefill lacks statistics this policy needs";
-  if (!host && policy.reads_cache_rows() && backend_->keeps_host_rows(&policy)) {
-    backend_->ensure_host_rows(cache);
-  }
   Backend& be = *backend_;
   const int heads = cache.shape().num_kv_heads;
   const bool device_time = be.times_policy_on_device();
