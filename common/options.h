@@ -14,7 +14,7 @@ struct ParamDoc {
   std::string name;
   std::string default_value;
   std::string description;
-  std::vector<std::string> choices;  // empty: free value
+  std::vector<std::string> choices = {};  // empty: free value
 };
 
 class Options {

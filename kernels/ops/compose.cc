@@ -8,6 +8,28 @@
 
 namespace kvb::kernels::ops {
 
+kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvCache& cache, int layer,
+                                kernels::KvCache* scratch) {
+  KVB_CHECK(layer >= 0 && layer < cache.shape().num_layers && scratch != nullptr)
+      << "host_layer: layer " << layer << " of " << cache.shape().num_layers;
+  if (cache.host_rows()) return cache.rows_f32(layer);
+  const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) longest = std::max(longest, cache.length(layer, h));
+  *scratch = kernels::KvCache({1, heads, d}, longest);
+  for (int h = 0; h < heads; ++h) {
+    const int len = cache.length(layer, h);
+    const std::vector<float> k = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kKeys);
+    const std::vector<float> v = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kValues);
+    const int32_t* pos = cache.layer(layer).position(h);
+    for (int s = 0; s < len; ++s) {
+      scratch->append(0, h, &k[static_cast<size_t>(s) * d], &v[static_cast<size_t>(s) * d],
+                      pos[s]);
+    }
+  }
+  return scratch->rows_f32(0);
+}
+
 void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, WindowScratch& scratch,
                    const LayerStats& st, const kernels::KvCache& cache,
                    const WindowScoreOptions& opt) {

@@ -641,6 +641,17 @@ std::vector<int32_t> ada_head_budgets(PolicyOps& ops, const SlotRows& scores, in
                                       const kernels::KvCache& cache, int layer, int base,
                                       double alpha);
 
+// Layer `layer`'s rows on the host, for a decision made there from them (BlockPress and
+// ChunkPress, `then:`, the Python policy's ctx.keys, SubGen's and k-center's CPU code): where
+// the cache holds its rows on the host (the CPU), a view of them (KvCache::rows_f32: no copy;
+// f16 rows converted to f32); else (a device's index) a copy of the layer read through `ops`
+// into *scratch, a one-layer host cache of the same slots, rows as f32 and positions (two
+// copies and two syncs per head, counted in the ops' transfers), and a view of that. Valid until
+// the cache or *scratch changes. Policies read a cache's rows through this alone
+// (tests/layering/check_layering.py checks it), so the rows are the storage's business.
+kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvCache& cache, int layer,
+                                kernels::KvCache* scratch);
+
 // The CPU instance every host hook without an engine uses (tests' policies::decode_layer).
 PolicyOps& cpu_policy_ops();
 // The ops a hook decides with: stats.ops, or the CPU instance.

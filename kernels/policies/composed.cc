@@ -16,7 +16,6 @@
 // last_queries.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <string>
 
 #include "common/error.h"
@@ -103,9 +102,7 @@ class Composed final : public Policy {
     // costs memory where written: kv_cache.h ZeroedAllocator).
     kernels::KvCache scratch({cache.shape().num_layers, heads, d}, longest);
     kernels::KvCache pulled;  // the layer's rows, where a device holds them
-    if (!cache.host_rows()) pulled = host_copy_of_layer(ops, cache, layer);
-    const kernels::LayerKvView rows =
-        cache.host_rows() ? cache.rows_f32(layer) : pulled.rows_f32(0);
+    const kernels::LayerKvView rows = host_layer(ops, cache, layer, &pulled);
     for (int h = 0; h < heads; ++h) {
       for (int32_t s : kept[h]) {
         scratch.append(layer, h, rows.key(h, s), rows.value(h, s), rows.position(h)[s]);
@@ -124,6 +121,11 @@ class Composed final : public Policy {
       one.wo = st.wo;
       one.wo_bf16 = st.wo_bf16;
       one.wo_dim = st.wo_dim;
+    } else {
+      KVB_USAGE_CHECK(!then_->prefill_request(longest).output_projection)
+          << "then: " << then_->config().name << " with critical reads the output projection "
+             "on the host, and on --device cuda it is device memory; drop then.critical or run "
+             "the composition on the CPU";
     }
     one.ops = &cpu_policy_ops();
     if (then_->decides_on_window_attention()) window_probs(st, scratch, kept, &one);

@@ -32,6 +32,7 @@ using kernels::cpu::reduce_gqa;
 using kernels::ops::ada_head_budgets;
 using kernels::ops::append_negated_key_norms;
 using kernels::ops::cpu_policy_ops;
+using kernels::ops::host_layer;
 using kernels::ops::KCenterKeep;
 using kernels::ops::KeepTop;
 using kernels::ops::LayerStats;
@@ -216,7 +217,7 @@ class Policy {
   // through AttendArgs::ops (policy_ops.h: SubGen's sketches); on the CPU it runs its host code
   // as before. A device refuses a policy that replaces attention without it (its cache holds no
   // rows on the host). Hooks that read rows on the host read a device's through the ops
-  // (host_copy_of_layer, scorer.h); the cache's own host rows exist on the CPU only.
+  // (kernels::ops::host_layer); the cache's own host rows exist on the CPU only.
   virtual bool attends_with_ops() const { return false; }
   virtual void attend(const AttendArgs& args, const kernels::KvCache& cache,
                       kernels::EvictionPlan& plan) {

@@ -22,7 +22,6 @@
 #include "kernels/cpu/budget.h"
 #include "kernels/cpu/select.h"
 #include "kernels/policies/policies.h"
-#include "kernels/policies/scorer.h"
 
 namespace kvb::policies {
 namespace {
@@ -298,7 +297,7 @@ class PythonPolicy final : public Policy {
   // ctx.keys and ctx.values, made on their first read (RowFetch): views of the cache's own f32
   // rows where it holds them on the host (f16 rows, --dtype native: of their f32 conversion,
   // KvCache::rows_f32), else a host copy of the layer read through the ops (a device's rows:
-  // host_copy_of_layer, counted in the ops' transfers and inside policy_ms). A call that never
+  // host_layer, counted in the ops' transfers and inside policy_ms). A call that never
   // reads them costs neither the copy nor the conversion.
   struct RowFetch {
     const LayerStats* st = nullptr;
@@ -323,14 +322,7 @@ class PythonPolicy final : public Policy {
     try {
       const kernels::KvCache& cache = *f->cache;
       const int layer = f->st->layer;
-      kernels::LayerKvView v;
-      if (cache.host_rows()) {
-        v = cache.rows_f32(layer);
-      } else {
-        KVB_CHECK(f->st->ops != nullptr) << "python policy: no ops to read the device's rows";
-        f->pulled = host_copy_of_layer(*f->st->ops, cache, layer);
-        v = f->pulled.rows_f32(0);
-      }
+      const kernels::LayerKvView v = host_layer(ops_of(*f->st), cache, layer, &f->pulled);
       const int heads = cache.shape().num_kv_heads, hd = v.head_dim, cap = v.capacity, n = f->n;
       py::Ref keys = py::array_view(v.keys, 'f', {heads, n, hd}, {cap * hd, hd, 1});
       py::Ref values = py::array_view(v.values, 'f', {heads, n, hd}, {cap * hd, hd, 1});

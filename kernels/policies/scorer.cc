@@ -202,23 +202,6 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        {"true", "false"}}};
 }
 
-kernels::KvCache host_copy_of_layer(PolicyOps& ops, const kernels::KvCache& cache, int layer) {
-  const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
-  int longest = 0;
-  for (int h = 0; h < heads; ++h) longest = std::max(longest, cache.length(layer, h));
-  kernels::KvCache pulled({1, heads, d}, longest);
-  for (int h = 0; h < heads; ++h) {
-    const int len = cache.length(layer, h);
-    const std::vector<float> k = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kKeys);
-    const std::vector<float> v = ops.read_cache_rows(cache, layer, h, 0, len, CacheRows::kValues);
-    const int32_t* pos = cache.layer(layer).position(h);
-    for (int s = 0; s < len; ++s) {
-      pulled.append(0, h, &k[static_cast<size_t>(s) * d], &v[static_cast<size_t>(s) * d], pos[s]);
-    }
-  }
-  return pulled;
-}
-
 void CacheScorer::host_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
                               kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
@@ -226,17 +209,10 @@ void CacheScorer::host_decide(const LayerStats& st, const kernels::KvCache& cach
   PolicyOps& ops = ops_of(st);
   // The layer's rows on the host: the cache's own, or read once from a device (two copies and
   // two syncs per head, counted in the ops' transfers).
-  const kernels::KvCache* src = &cache;
-  int src_layer = layer;
   kernels::KvCache pulled;
   int longest = 0;
   for (int h = 0; h < heads; ++h) longest = std::max(longest, cache.length(layer, h));
-  if (!cache.host_rows()) {
-    pulled = host_copy_of_layer(ops, cache, layer);
-    src = &pulled;
-    src_layer = 0;
-  }
-  const kernels::LayerKvView rows = src->rows_f32(src_layer);
+  const kernels::LayerKvView rows = host_layer(ops, cache, layer, &pulled);
   PolicyOps& host = cpu_policy_ops();
   LayerStats one = st;
   one.layer = 0;

@@ -226,12 +226,6 @@ class CacheScorer : public Policy {
   ScratchRows runs_;  // chunk's assembled run scores (host rows)
 };
 
-// Layer `layer` of `cache`, whose rows a device holds, as a one-layer host cache (layer 0: the
-// same slots, rows as f32 and positions), read once per head through `ops` (two copies and two
-// syncs, counted in the ops' transfers): what a decision made on the host from the rows reads
-// (BlockPress, ChunkPress, `then:`).
-kernels::KvCache host_copy_of_layer(PolicyOps& ops, const kernels::KvCache& cache, int layer);
-
 // The scorers that read the prompt's own queries or keys (noncausal_attn, leverage, compactor):
 // a usage error unless every head of st.layer holds exactly the block (the prompt prefilled in one
 // block into an empty cache, as kvpress scores a prefill), naming `what` the policy reads.

@@ -89,7 +89,9 @@ class SubGen final : public Policy {
     if (cache.next_position() == 0) {
       for (int h = 0; h < ckv; ++h) unit(layer, h) = Unit{};
     }
-    kernels::LayerKvView view = cache.rows_f32(layer);
+    kernels::KvCache scratch;  // unused: the CPU's cache holds its rows
+    kernels::LayerKvView view =
+        host_layer(a.ops ? *a.ops : cpu_policy_ops(), cache, layer, &scratch);
     bool any_sketch = false;
     for (int h = 0; h < ckv; ++h) any_sketch |= unit(layer, h).compressed;
     if (!any_sketch) {

@@ -597,6 +597,17 @@ TEST_F(CudaEngineSmol, CompositionsAreTheCpus) {
     EXPECT_EQ(gpu.kv_logical_bytes(gpu_cache), cpu.kv_logical_bytes(cpu_cache));
     expect_device_rows_match(gpu, gpu_cache, &cpu_cache, 1e-3);
   }
+  // A second policy with critical reads the output projection on the host: the device holds it,
+  // so the composition is a usage error there (the CPU hands the second policy its host matrix).
+  try {
+    run_policy(gpu, m, "snapkv",
+               {{"then", "keydiff"}, {"first_compression_ratio", "0.5"}, {"then.critical", "true"}},
+               budget, ids, forced);
+    ADD_FAILURE() << "then.critical ran on the device";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+    EXPECT_NE(std::string(e.what()).find("drop then.critical"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(CudaEngineSmol, F32EveryPolicyKeepsTheCpuKeepSets) {

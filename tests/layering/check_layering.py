@@ -4,6 +4,11 @@ include only headers of its own folder or of folders on a strictly lower floor. 
 points up, two folders on one floor never include each other, and the folders form no cycle.
 Within a folder, the headers must not include each other in a cycle either.
 
+One rule beyond includes (issue 32, the cache's index and storage): a policy (kernels/policies,
+examples/policies/cpp) reads a cache's rows only through the ops (kernels::ops::host_layer, or
+ops that take the cache), never from the cache's storage itself: no KvCache::rows_f32,
+host_rows, device_rows or f16 row fields in its code (comments aside).
+
 usage: check_layering.py ROOT     prints "layering: ok (N files, M includes)" or the violations
                                   (file:line, the include, both floors) and exits 1.
 """
@@ -40,6 +45,10 @@ FLOORS = {
 UNRANKED = ("tests", "bench", "build", "third_party", "models", "scripts", "configs", "cmake")
 SOURCES = (".h", ".cc", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+POLICY_FOLDERS = ("kernels/policies", "examples/policies/cpp")
+STORAGE = re.compile(r"\b(rows_f32|host_rows|device_rows|release_device_rows|set_device_rows|"
+                     r"drop_host_rows|keys16|values16|key16|value16)\b")
+COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 def folder_of(rel):
@@ -69,6 +78,12 @@ def main(root):
             continue
         text = open(path, encoding="utf-8", errors="replace").read()
         graph[rel] = []
+        if folder in POLICY_FOLDERS:
+            code = COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+            for m in STORAGE.finditer(code):
+                line = code.count("\n", 0, m.start()) + 1
+                errors.append(f"{rel}:{line}: a policy reads the cache's storage ({m.group(1)}); "
+                              f"read rows through the ops (kernels::ops::host_layer)")
         for m in INCLUDE.finditer(text):
             inc = m.group(1)
             line = text.count("\n", 0, m.start()) + 1

@@ -105,7 +105,7 @@ class Backend {
   virtual TransferCounters counters() const { return {}; }
   // Whether the host KvCache is the storage (its K/V rows: the CPU) or an index whose rows the
   // backend keeps where it computes (a device: KvCache::device_rows). Host code that reads a
-  // device's rows copies a layer through policy_ops() (policies::host_copy_of_layer).
+  // device's rows copies a layer through policy_ops() (kernels::ops::host_layer).
   virtual bool host_storage() const = 0;
   // Whether a new cache stores its rows as f16 (KvCacheShape::f16): the CPU under --dtype
   // native, as llama.cpp's default cache; f32 everywhere else.

@@ -13,7 +13,7 @@
 // sequence's first pass (uploading host rows only for a cache made elsewhere, which then drops
 // them: the index and its device rows, as any cache here) and grows them on the device (1.5x)
 // when a head would overflow. No cache here keeps K/V rows on the host: code that reads rows on
-// the host copies a layer through the ops when it needs one (policies::host_copy_of_layer:
+// the host copies a layer through the ops when it needs one (kernels::ops::host_layer:
 // BlockPress and ChunkPress, `then:`, the Python policy's ctx.keys).
 //
 // Policies that decide with the ops table (Policy::decides_with_ops: h2o, tova, scissorhands,
