@@ -11,7 +11,8 @@
 namespace kvb::kernels {
 
 KvCache::KvCache(const KvCacheShape& shape, int initial_capacity, bool host_rows)
-    : shape_(shape), host_rows_(host_rows) {
+    : host_rows_(host_rows) {
+  shape_ = shape;
   KVB_CHECK(shape.num_layers > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0)
       << "bad cache shape " << shape.num_layers << "x" << shape.num_kv_heads << "x"
       << shape.head_dim;
@@ -37,20 +38,22 @@ void KvCache::drop_host_rows() {
 }
 
 KvCache::KvCache(const KvCache& o)
-    : shape_(o.shape_),
-      capacity_(o.capacity_),
-      next_position_(o.next_position_),
+    : KvIndex(o),
       keys_(o.keys_),
       values_(o.values_),
-      positions_(o.positions_),
-      lengths_(o.lengths_),
       host_rows_(o.host_rows_),
-      device_rows_(o.device_rows_ ? o.device_rows_->clone() : nullptr),
-      stale_(o.stale_),
-      pruned_channels_(o.pruned_channels_),
-      pruned_below_(o.pruned_below_),
-      pruned_slots_(o.pruned_slots_),
-      position_reads_(o.position_reads_) {}
+      device_rows_(o.device_rows_ ? o.device_rows_->clone() : nullptr) {}
+
+void KvIndex::read_stale_positions(int layer) const {
+  // A KvIndex is a KvCache's (its constructors are KvCache's alone).
+  const KvCache& cache = static_cast<const KvCache&>(*this);
+  KVB_CHECK(cache.device_rows_ != nullptr)
+      << "KvCache: layer " << layer << "'s positions were decided on a device that holds no rows";
+  KvIndex& self = const_cast<KvIndex&>(*this);
+  cache.device_rows_->read_positions(layer, capacity_, self.positions_[layer].data());
+  self.stale_[layer] = 0;
+  ++self.position_reads_;
+}
 
 KvCache& KvCache::operator=(const KvCache& o) {
   if (this != &o) {
@@ -58,12 +61,6 @@ KvCache& KvCache::operator=(const KvCache& o) {
     *this = std::move(copy);
   }
   return *this;
-}
-
-int KvCache::max_length() const {
-  int m = 0;
-  for (int32_t l : lengths_) m = std::max(m, static_cast<int>(l));
-  return m;
 }
 
 int KvCache::capacity_for(int extra) const {
@@ -230,13 +227,7 @@ LayerKvView KvCache::layer(int layer) {
 
 LayerKvView KvCache::view(int layer) {
   KVB_ASSERT(layer >= 0 && layer < shape_.num_layers);
-  if (positions_stale(layer)) {
-    KVB_CHECK(device_rows_ != nullptr)
-        << "KvCache: layer " << layer << "'s positions were decided on a device that holds no rows";
-    device_rows_->read_positions(layer, capacity_, positions_[layer].data());
-    stale_[layer] = 0;
-    ++position_reads_;
-  }
+  if (positions_stale(layer)) read_stale_positions(layer);
   const bool k16 = shape_.f16_keys(), v16 = shape_.f16;
   LayerKvView v{host_rows_ && !k16 ? keys_[layer].data() : nullptr,
                 host_rows_ && !v16 ? values_[layer].data() : nullptr,
@@ -416,31 +407,6 @@ void KvCache::renumber_positions(int layer) {
   if (!stale_.empty()) stale_[layer] = 0;  // the host's positions are the truth again
 }
 
-int KvCache::channel_pruned_slots(int layer, int head) const {
-  if (pruned_channels_.empty()) return 0;
-  const size_t i = index(layer, head);
-  if (pruned_channels_[i] == 0) return 0;
-  if (pruned_slots_[i] < 0) {
-    const LayerKvView v = this->layer(layer);
-    const int32_t* pos = v.position(head);
-    pruned_slots_[i] =
-        static_cast<int32_t>(std::lower_bound(pos, pos + lengths_[i], pruned_below_[i]) - pos);
-  }
-  return pruned_slots_[i];
-}
-
-size_t KvCache::pruned_key_elements() const {
-  if (pruned_channels_.empty()) return 0;
-  size_t n = 0;
-  for (int l = 0; l < shape_.num_layers; ++l) {
-    for (int h = 0; h < shape_.num_kv_heads; ++h) {
-      const int c = pruned_key_channels(l, h);
-      if (c > 0) n += static_cast<size_t>(channel_pruned_slots(l, h)) * c;
-    }
-  }
-  return n;
-}
-
 void KvCache::apply(const EvictionPlan& plan) {
   const int layer = plan.layer();
   KVB_CHECK(layer >= 0 && layer < shape_.num_layers && plan.num_heads() == shape_.num_kv_heads)
@@ -482,18 +448,6 @@ void KvCache::clear() {
   pruned_slots_.clear();
 }
 
-size_t KvCache::bytes_per_slot() const {
-  return (key_floats() + value_floats()) * sizeof(float) + sizeof(int32_t);
-}
-int KvCache::total_slots() const {
-  int t = 0;
-  for (int32_t l : lengths_) t += l;
-  return t;
-}
-size_t KvCache::logical_bytes() const { return total_slots() * bytes_per_slot(); }
-size_t KvCache::logical_bytes(int layer, int head) const {
-  return lengths_[index(layer, head)] * bytes_per_slot();
-}
 size_t KvCache::physical_bytes() const {
   const size_t slot = host_rows_ ? bytes_per_slot() : sizeof(int32_t);
   return static_cast<size_t>(shape_.num_layers) * shape_.num_kv_heads * capacity_ * slot;

@@ -1,7 +1,9 @@
-// The KV cache of one sequence: storage per (layer, KV head) with a length per head, so heads of
-// one layer may hold different numbers of tokens (DESIGN.md "KV cache"; Ada-KV needs that).
-// Each slot keeps its key (post-RoPE), value and original position. Slots of a head are kept in
-// increasing position order; eviction compacts in place (no per-step reallocation).
+// The KV cache of one sequence: its index (kv_index.h: per (layer, KV head) a length and each
+// slot's original position, so heads of one layer may hold different numbers of tokens; DESIGN.md
+// "KV cache", Ada-KV needs that) and its storage, the K/V rows: on the host (the CPU engine's;
+// key post-RoPE and value per slot) or on a device (DeviceRows), never both. Slots of a head are
+// kept in increasing position order; eviction compacts in place (no per-step reallocation).
+// Policies read the index; the rows are read by the backend and the policy ops.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "kernels/eviction_plan.h"
+#include "kernels/kv_index.h"
 
 namespace kvb::kernels {
 
@@ -47,53 +50,6 @@ struct LayerKvView {
   }
 };
 
-// Storage that is zero when allocated and costs memory only where written: calloc (large blocks
-// come from fresh pages the kernel maps on first touch, already zero) and a value-initialisation
-// that writes nothing. A cache's spare capacity (the prompt's length plus every new token, per
-// head) then costs address space until slots fill it. Only for trivial element types, in
-// containers that never shrink and grow again (the cache sizes its buffers once each).
-template <typename T>
-struct ZeroedAllocator {
-  static_assert(std::is_trivially_default_constructible_v<T> && std::is_trivially_copyable_v<T>);
-  using value_type = T;
-  ZeroedAllocator() = default;
-  template <typename U>
-  ZeroedAllocator(const ZeroedAllocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor)
-  T* allocate(size_t n) {
-    void* p = std::calloc(n == 0 ? 1 : n, sizeof(T));
-    if (p == nullptr) throw std::bad_alloc();
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t) noexcept { std::free(p); }
-  // Value-initialisation: the memory is zero already.
-  template <typename U>
-  void construct(U*) noexcept {}
-  template <typename U, typename... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-  template <typename U>
-  bool operator==(const ZeroedAllocator<U>&) const noexcept {
-    return true;
-  }
-};
-
-struct KvCacheShape {
-  int num_layers = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  // Rows stored as IEEE f16 (kernels/f16.h: rounded to nearest even on append) rather than f32:
-  // the CPU cache of --dtype native, llama.cpp's cache type. Half the bytes a decode step reads.
-  // head_dim must be even.
-  bool f16 = false;
-  // With f16: the keys stay f32 (a rolling-positions policy's cache holds pre-RoPE keys and
-  // rotates them at each step; rounding them to f16 before that rotation would round
-  // differently from the rotated keys an f16 cache holds, so the rotated keys are rounded
-  // instead: CpuBackend::roll_keys).
-  bool f32_keys = false;
-  bool f16_keys() const { return f16 && !f32_keys; }
-};
-
 // The K/V rows of a cache when they live on a device (kernels/cuda/kv_cache_device.h is the
 // one implementation): the host KvCache then holds only the index (lengths, positions, the next
 // position; a few bytes per slot), and copying the KvCache copies the rows on the device.
@@ -111,7 +67,7 @@ class DeviceRows {
   virtual void read_positions(int layer, int capacity, int32_t* dst) const = 0;
 };
 
-class KvCache {
+class KvCache final : public KvIndex {
  public:
   KvCache() = default;
   // host_rows: the cache stores its K/V rows on the host (the CPU engine's storage). Without,
@@ -152,15 +108,9 @@ class KvCache {
   void drop_host_rows();
   std::unique_ptr<DeviceRows> release_device_rows() { return std::move(device_rows_); }
 
-  const KvCacheShape& shape() const { return shape_; }
-  int capacity() const { return capacity_; }
   // Ensures room for `extra` more slots in every head (grows geometrically; existing slots kept).
   void reserve_extra(int extra);
 
-  int length(int layer, int head) const { return lengths_[index(layer, head)]; }
-  int max_length() const;  // over all layers and heads
-  // Sequence position the next token gets (number of tokens the sequence has seen, evicted or not).
-  int32_t next_position() const { return next_position_; }
   void advance_position(int n) { next_position_ += n; }
 
   // A layer whose positions a device decision made stale (apply of an EvictionPlan with device
@@ -177,10 +127,6 @@ class KvCache {
   // valid until the cache changes or rows_f32 is asked for another layer. Not thread-safe
   // against concurrent calls on one cache.
   LayerKvView rows_f32(int layer) const;
-  // Whether `layer`'s host positions wait for a read from the device; how many such reads
-  // happened since construction (copies included).
-  bool positions_stale(int layer) const { return !stale_.empty() && stale_[layer] != 0; }
-  int64_t position_reads() const { return position_reads_; }
   // Appends one slot to (layer, head). Precondition: capacity available (reserve_extra).
   void append(int layer, int head, const float* key, const float* value, int32_t position);
   // Keeps only the listed slots of (layer, head), in the given order (must be increasing slot
@@ -200,30 +146,10 @@ class KvCache {
   // rotated the keys to match); the layer's positions are current on the host after it.
   void renumber_positions(int layer);
 
-  // Key channels a plan zeroed (EvictionPlan::zero_key_channels, POLICIES.md `think`): how many
-  // channels head (layer, head) zeroed (0: none), and in how many of the slots it holds now (the
-  // slots whose position is below the plan's bound; may read the layer's positions back from a
-  // device).
-  int pruned_key_channels(int layer, int head) const {
-    return pruned_channels_.empty() ? 0 : pruned_channels_[index(layer, head)];
-  }
-  int channel_pruned_slots(int layer, int head) const;
-  // Sum over heads of channel_pruned_slots x pruned_key_channels: the key elements a store that
-  // drops the pruned channels would not hold (this cache zeroes them in place).
-  size_t pruned_key_elements() const;
-
-  // Exact memory accounting: logical = retained slots x bytes per slot (key + value + position);
-  // physical = what is allocated on the host (an index-only cache: its positions).
-  size_t bytes_per_slot() const;
-  size_t logical_bytes() const;
+  // Memory allocated on the host (an index-only cache: its positions); logical_bytes: KvIndex.
   size_t physical_bytes() const;
-  size_t logical_bytes(int layer, int head) const;
-  int total_slots() const;
 
  private:
-  size_t index(int layer, int head) const {
-    return static_cast<size_t>(layer) * shape_.num_kv_heads + head;
-  }
   void grow_to(int new_capacity);
   // The capacity reserve_extra(extra) gives (grows 1.5x at least).
   int capacity_for(int extra) const;
@@ -232,9 +158,6 @@ class KvCache {
   // this (layer, head) as src's after keeping `slots` (strictly increasing, below src's length:
   // checked; consecutive slots move as one run), or after dropping `victim` (checked).
   void move_run(int layer, int head, const KvCache& src, int from, int to, int count);
-  // Floats of storage per key / value row: head_dim, or head_dim / 2 for f16 rows (two a float).
-  size_t key_floats() const { return shape_.f16_keys() ? shape_.head_dim / 2 : shape_.head_dim; }
-  size_t value_floats() const { return shape_.f16 ? shape_.head_dim / 2 : shape_.head_dim; }
   // The layer's view, its stale positions read from the device first; counts no change.
   LayerKvView view(int layer);
   // rows_f32's scratch of f16 rows: the layer it holds, and the change count it was made at.
@@ -248,32 +171,27 @@ class KvCache {
   // grow_to and fork. Each layer is read before its buffers are replaced, so the outputs may be
   // this cache's own keys_, values_, positions_.
   using Rows = std::vector<float, ZeroedAllocator<float>>;
-  using Positions = std::vector<int32_t, ZeroedAllocator<int32_t>>;
   void live_rows(int capacity, std::vector<Rows>* keys, std::vector<Rows>* values,
                  std::vector<Positions>* positions) const;
 
-  KvCacheShape shape_;
-  int capacity_ = 0;
-  int32_t next_position_ = 0;
-  // Per layer: keys/values [num_kv_heads, capacity, head_dim]; positions [num_kv_heads, capacity].
+  // Per layer: keys/values [num_kv_heads, capacity, head_dim] (positions: the index's).
   std::vector<Rows> keys_, values_;
-  std::vector<Positions> positions_;
-  std::vector<int32_t> lengths_;  // [num_layers * num_kv_heads]
   bool host_rows_ = true;
   std::unique_ptr<DeviceRows> device_rows_;
-  std::vector<uint8_t> stale_;  // [num_layers] once a device plan was applied, else empty
-  // [num_layers * num_kv_heads] once a plan zeroed key channels, else empty: the channels zeroed,
-  // the position bound of the slots zeroed, and how many slots below it the head holds (-1:
-  // unknown since a device plan; counted from the positions when asked).
-  std::vector<int32_t> pruned_channels_, pruned_below_;
-  mutable std::vector<int32_t> pruned_slots_;
-  // Applies the plan's key channels (host rows: zeroed; the index: the counts above).
+  // Applies the plan's key channels (host rows: zeroed; the index: its counts).
   void apply_channels(const EvictionPlan& plan);
   // After head (layer, head) kept `slots` of its `len` (or dropped `victim`), the count of its
   // channel-zeroed slots.
   void keep_pruned(int layer, int head, std::span<const int32_t> slots);
   void drop_pruned(int layer, int head, int victim);
-  int64_t position_reads_ = 0;
+  friend class KvIndex;  // read_stale_positions reads device_rows_
 };
+
+// The cache a policy's index belongs to (every KvIndex is a KvCache's: KvIndex's constructors
+// are KvCache's alone), for the backend and the policy ops, which read its storage. Policies do
+// not call it: they read rows through the ops (tests/layering/check_layering.py).
+inline const KvCache& storage_of(const KvIndex& index) {
+  return static_cast<const KvCache&>(index);
+}
 
 }  // namespace kvb::kernels

@@ -393,7 +393,9 @@ void CudaPolicyOps::launch_accumulate(SlotRows& rows, int layer, const HeadTable
 }
 
 void CudaPolicyOps::history_bits(SlotRows& bits, const ops::LayerStats& st,
-                                 const KvCache& cache, int history, bool inv_position) {
+                                 const kernels::KvIndex& cache_index, int history,
+                                 bool inv_position) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CudaRows& r = device(bits);
   check_rows(bits, st.layer);
   auto* dev = dynamic_cast<DeviceKvCache*>(cache.device_rows());
@@ -561,9 +563,10 @@ void CudaPolicyOps::pool(const SlotRows& in, int in_layer, SlotRows& out, int ou
   ++launches_;
 }
 
-std::vector<int32_t> CudaPolicyOps::count_top_across_heads(const SlotRows& scores,
-                                                           int score_layer, const KvCache& cache,
+std::vector<int32_t> CudaPolicyOps::count_top_across_heads(const SlotRows& scores, int score_layer,
+                                                           const kernels::KvIndex& cache_index,
                                                            int layer, int64_t k) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   const CudaRows& sc = device(scores);
   check_rows(scores, score_layer);
   const int heads = scores.heads();
@@ -636,9 +639,10 @@ void CudaPolicyOps::popcount(const SlotRows& bits, int layer, SlotRows& out, int
   ++launches_;
 }
 
-void CudaPolicyOps::keep_top(const SlotRows& scores, int score_layer, const KvCache& cache,
-                             std::span<const KeepTop> heads, std::span<SlotRows* const> state,
-                             EvictionPlan& plan) {
+void CudaPolicyOps::keep_top(const SlotRows& scores, int score_layer,
+                             const kernels::KvIndex& cache_index, std::span<const KeepTop> heads,
+                             std::span<SlotRows* const> state, EvictionPlan& plan) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   const CudaRows& sc = device(scores);
   check_rows(scores, score_layer);
   const int layer = plan.layer();

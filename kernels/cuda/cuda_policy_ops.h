@@ -55,8 +55,8 @@ class CudaPolicyOps final : public ops::PolicyOps {
                              std::span<const int32_t> lengths, const float* src,
                              size_t head_stride, size_t row_stride, int group,
                              cpu::GqaReduce how) override;
-  void history_bits(ops::SlotRows& bits, const ops::LayerStats& st,
-                    const KvCache& cache, int history, bool inv_position) override;
+  void history_bits(ops::SlotRows& bits, const ops::LayerStats& st, const kernels::KvIndex& cache,
+                    int history, bool inv_position) override;
   void append_norms(ops::SlotRows& rows, int layer, std::span<const int32_t> before,
                     const float* vectors, int n, int src_heads, int dim, int expand) override;
   void scale(ops::SlotRows& rows, int layer, std::span<const int32_t> first,
@@ -71,22 +71,22 @@ class CudaPolicyOps final : public ops::PolicyOps {
   void pool(const ops::SlotRows& in, int in_layer, ops::SlotRows& out, int out_layer,
             int kernel, cpu::PoolKind kind) override;
   std::vector<int32_t> count_top_across_heads(const ops::SlotRows& scores, int score_layer,
-                                              const KvCache& cache, int layer,
+                                              const kernels::KvIndex& cache, int layer,
                                               int64_t k) override;
-  void keep_top(const ops::SlotRows& scores, int score_layer, const KvCache& cache,
-                std::span<const ops::KeepTop> heads,
-                std::span<ops::SlotRows* const> state, EvictionPlan& plan) override;
+  void keep_top(const ops::SlotRows& scores, int score_layer, const kernels::KvIndex& cache,
+                std::span<const ops::KeepTop> heads, std::span<ops::SlotRows* const> state,
+                EvictionPlan& plan) override;
 
   // kvpress's scorers (cuda_policy_ops_scorers.cu): divide_by_query_counts in one launch;
   // cosine_to_mean in three (the slots' norms, each head's anchor, the cosines), in f64 scratch
   // the ops keep (norms [heads, longest], anchors [heads, head_dim]).
   void divide_by_query_counts(ops::SlotRows& rows, int layer, std::span<const int32_t> before,
                               int n_queries) override;
-  void cosine_to_mean(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
+  void cosine_to_mean(ops::SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                       ops::CacheRows which, int chunk = 0) override;
   // cache_norms, normalize_chunks (a block per chunk and head), combine, fill_prefix: one
   // launch each.
-  void cache_norms(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
+  void cache_norms(ops::SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                    ops::CacheRows which, bool squared) override;
   void normalize_chunks(ops::SlotRows& rows, int layer, int chunk) override;
   void combine(ops::SlotRows& rows, int layer, const ops::SlotRows& in, int in_layer,
@@ -95,26 +95,26 @@ class CudaPolicyOps final : public ops::PolicyOps {
   // lag_scores: two launches (every entry's 1 or recency ramp; then one block per partition and
   // head, its softmaxes in the f64 scratch). exp is the device's: ranks may differ from the
   // host's at near-ties of the last bit.
-  void lag_scores(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer, int sinks,
-                  int lag) override;
+  void lag_scores(ops::SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
+                  int sinks, int lag) override;
 
   // ExpectedAttentionPress's ops (cuda_policy_ops_moments.cu): query_moments in two launches
   // (the means, a block per query head; the covariance, a thread per entry), quadratic_scores,
   // softmax (a block per row) and add_scalar in one each. head_dim <= 256.
   void query_moments(ops::SlotRows& out, int out_layer, const ops::LayerStats& st, int head_dim,
                      int first, const ops::PairRotation& rot, bool covariance) override;
-  void quadratic_scores(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
+  void quadratic_scores(ops::SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                         const ops::SlotRows& moments, int moments_layer, int group, double a,
                         double b) override;
   void softmax(ops::SlotRows& rows, int layer, int first) override;
   void add_scalar(ops::SlotRows& rows, int layer, float value) override;
   // projected_value_norms: one launch, a thread per (slot, query head).
-  void projected_value_norms(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                             const void* wo, bool wo_bf16, int dim, int group) override;
+  void projected_value_norms(ops::SlotRows& out, int out_layer, const kernels::KvIndex& cache,
+                             int layer, const void* wo, bool wo_bf16, int dim, int group) override;
   // chunk_attention_sums and standardize (cuda_policy_ops_chunks.cu): the queries copied and
   // rotated in f64 scratch (cuda::rope; its frequencies one counted upload), then two launches
   // (each query's maximum and f64 sum; each key's column sum); standardize in one block.
-  void chunk_attention_sums(ops::SlotRows& out, int out_layer, const KvCache& cache,
+  void chunk_attention_sums(ops::SlotRows& out, int out_layer, const kernels::KvIndex& cache,
                             int layer, const ops::LayerStats& st, int first, int count,
                             int chunk) override;
   void slice(const ops::SlotRows& in, int in_layer, int first, int count, ops::SlotRows& out,
@@ -135,7 +135,7 @@ class CudaPolicyOps final : public ops::PolicyOps {
   // by a third; erase moves a row's later entries down in place.
   void erase(ops::SlotRows& rows, int layer,
              std::span<const ops::RowErase> heads) override;
-  void kcenter_keep(const KvCache& cache, std::span<const ops::KCenterKeep> heads,
+  void kcenter_keep(const kernels::KvIndex& cache, std::span<const ops::KCenterKeep> heads,
                     ops::SlotRows* log_sizes, EvictionPlan& plan) override;
 
   // SubGen (cuda_policy_ops_subgen.cu): sketches in kernels/cuda/subgen_sketch.h storage,
@@ -145,25 +145,26 @@ class CudaPolicyOps final : public ops::PolicyOps {
   std::unique_ptr<ops::SubgenState> make_subgen_state(const cpu::SubgenParams& p, int layers,
                                                            int heads) override;
   void subgen_query(const ops::SubgenState* state, const ops::SubgenAttend& args,
-                    const KvCache& cache) override;
-  void subgen_absorb(ops::SubgenState& state, int layer, const KvCache& cache,
+                    const kernels::KvIndex& cache) override;
+  void subgen_absorb(ops::SubgenState& state, int layer, const kernels::KvIndex& cache,
                      std::span<const ops::SubgenAbsorb> heads, uint64_t seed) override;
-  std::vector<float> read_keys(const KvCache& cache, int layer, int head, int first,
+  std::vector<float> read_keys(const kernels::KvIndex& cache, int layer, int head, int first,
                                int count) override;
   cpu::SubgenSketch read_subgen(const ops::SubgenState& state, int layer,
                                 int head) override;
 
   // read_cache_rows: one D2H copy and one sync (cuda_policy_ops_subgen.cu, read_keys' code).
-  std::vector<float> read_cache_rows(const KvCache& cache, int layer, int head, int first,
+  std::vector<float> read_cache_rows(const kernels::KvIndex& cache, int layer, int head, int first,
                                      int count, ops::CacheRows which) override;
   // write_rows: one counted upload (cuda_policy_ops_channels.cu).
   void write_rows(ops::SlotRows& rows, int layer, std::span<const float> values,
                   int length) override;
   // replay_attention_max: the queries' one upload, one launch (cuda_policy_ops_replay.cu).
-  void replay_attention_max(ops::SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                            const ops::LayerStats& st, int sinks, int first, int count) override;
+  void replay_attention_max(ops::SlotRows& out, int out_layer, const kernels::KvIndex& cache,
+                            int layer, const ops::LayerStats& st, int sinks, int first,
+                            int count) override;
   // channel_square_means: one launch, one D2H copy, one sync (cuda_policy_ops_channels.cu).
-  void channel_square_means(const KvCache& cache, int layer, ops::CacheRows which,
+  void channel_square_means(const kernels::KvIndex& cache, int layer, ops::CacheRows which,
                             std::vector<double>* out) override;
   // read_keep_list: a device list's one D2H copy and one sync; a host decision costs none.
   std::vector<int32_t> read_keep_list(const EvictionPlan& plan, int head, int len) override;

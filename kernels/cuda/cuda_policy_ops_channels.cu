@@ -55,8 +55,9 @@ void CudaPolicyOps::write_rows(ops::SlotRows& rows, int layer, std::span<const f
   transfers_.h2d_bytes += packed.size() * sizeof(float);
 }
 
-void CudaPolicyOps::channel_square_means(const KvCache& cache, int layer, ops::CacheRows which,
-                                         std::vector<double>* out) {
+void CudaPolicyOps::channel_square_means(const kernels::KvIndex& cache_index, int layer,
+                                         ops::CacheRows which, std::vector<double>* out) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "channel_square_means");
   const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
   KVB_CHECK(layer >= 0 && layer < cache.shape().num_layers && heads <= kMaxParamHeads)

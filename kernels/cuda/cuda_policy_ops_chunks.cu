@@ -229,9 +229,11 @@ void CudaPolicyOps::pad_with_max(const SlotRows& in, int in_layer, int before, i
   ++launches_;
 }
 
-void CudaPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer, const KvCache& cache,
-                                         int layer, const ops::LayerStats& st, int first, int count,
+void CudaPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
+                                         const kernels::KvIndex& cache_index, int layer,
+                                         const ops::LayerStats& st, int first, int count,
                                          int chunk) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CudaRows& r = device(out);
   KVB_CHECK(out_layer >= 0 && out_layer < out.layers() && out.type() == SlotType::kF32)
       << "cuda policy ops: chunk_attention_sums on layer " << out_layer << " of rows for "

@@ -146,9 +146,10 @@ void CudaPolicyOps::erase(ops::SlotRows& rows, int layer,
   for (const ops::RowErase& e : heads) r.set_len(layer, e.head, len.v[e.head] - e.count);
 }
 
-void CudaPolicyOps::kcenter_keep(const KvCache& cache,
-                                 std::span<const ops::KCenterKeep> heads,
-                                 ops::SlotRows* log_sizes, EvictionPlan& plan) {
+void CudaPolicyOps::kcenter_keep(const kernels::KvIndex& cache_index,
+                                 std::span<const ops::KCenterKeep> heads, ops::SlotRows* log_sizes,
+                                 EvictionPlan& plan) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   const int layer = plan.layer();
   const int nh = cache.shape().num_kv_heads;
   KVB_USAGE_CHECK(nh <= kMaxOpsHeads) << "--device cuda decides for at most " << kMaxOpsHeads

@@ -231,9 +231,11 @@ void CudaPolicyOps::query_moments(SlotRows& out, int out_layer, const ops::Layer
   ++launches_;
 }
 
-void CudaPolicyOps::quadratic_scores(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+void CudaPolicyOps::quadratic_scores(SlotRows& out, int out_layer,
+                                     const kernels::KvIndex& cache_index, int layer,
                                      const SlotRows& moments, int moments_layer, int group,
                                      double a, double b) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CudaRows& r = device(out);
   const CudaRows& m = device(moments);
   check_rows(out, out_layer, "quadratic_scores");
@@ -290,9 +292,10 @@ void CudaPolicyOps::softmax(SlotRows& rows, int layer, int first) {
   ++launches_;
 }
 
-void CudaPolicyOps::projected_value_norms(SlotRows& out, int out_layer, const KvCache& cache,
-                                          int layer, const void* wo, bool wo_bf16, int dim,
-                                          int group) {
+void CudaPolicyOps::projected_value_norms(SlotRows& out, int out_layer,
+                                          const kernels::KvIndex& cache_index, int layer,
+                                          const void* wo, bool wo_bf16, int dim, int group) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CudaRows& r = device(out);
   check_rows(out, out_layer, "projected_value_norms");
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "projected_value_norms");

@@ -110,9 +110,11 @@ void launch_replay(const T* keys, const float* y, const DeviceLayerKvView& v, He
 
 }  // namespace
 
-void CudaPolicyOps::replay_attention_max(SlotRows& out, int out_layer, const KvCache& cache,
-                                         int layer, const ops::LayerStats& st, int sinks,
-                                         int first, int count) {
+void CudaPolicyOps::replay_attention_max(SlotRows& out, int out_layer,
+                                         const kernels::KvIndex& cache_index, int layer,
+                                         const ops::LayerStats& st, int sinks, int first,
+                                         int count) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CudaRows& r = device(out);
   KVB_CHECK(out_layer >= 0 && out_layer < out.layers() && out.type() == SlotType::kF32)
       << "cuda policy ops: replay_attention_max on layer " << out_layer << " of rows for "

@@ -337,8 +337,10 @@ void CudaPolicyOps::divide_by_query_counts(SlotRows& rows, int layer,
   ++launches_;
 }
 
-void CudaPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+void CudaPolicyOps::cosine_to_mean(SlotRows& out, int out_layer,
+                                   const kernels::KvIndex& cache_index, int layer,
                                    ops::CacheRows which, int chunk) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CudaRows& r = device(out);
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "cosine_to_mean");
   KVB_CHECK(chunk >= 0) << "cuda policy ops: cosine_to_mean chunk " << chunk;
@@ -368,8 +370,9 @@ void CudaPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const KvCache& 
   launches_ += 3;
 }
 
-void CudaPolicyOps::cache_norms(SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                                ops::CacheRows which, bool squared) {
+void CudaPolicyOps::cache_norms(SlotRows& out, int out_layer, const kernels::KvIndex& cache_index,
+                                int layer, ops::CacheRows which, bool squared) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CudaRows& r = device(out);
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "cache_norms");
   HeadTable len{};
@@ -446,8 +449,9 @@ void CudaPolicyOps::fill_prefix(SlotRows& rows, int layer, int count, float valu
   ++launches_;
 }
 
-void CudaPolicyOps::lag_scores(SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                               int sinks, int lag) {
+void CudaPolicyOps::lag_scores(SlotRows& out, int out_layer, const kernels::KvIndex& cache_index,
+                               int layer, int sinks, int lag) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CudaRows& r = device(out);
   KVB_CHECK(sinks >= 0 && lag >= 1) << "cuda policy ops: lag_scores with sinks " << sinks
                                     << ", lag " << lag;

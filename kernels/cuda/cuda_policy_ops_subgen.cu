@@ -42,8 +42,9 @@ std::unique_ptr<ops::SubgenState> CudaPolicyOps::make_subgen_state(const cpu::Su
   return std::make_unique<CudaSubgenState>(p, layers, heads, stream_);
 }
 
-void CudaPolicyOps::subgen_query(const ops::SubgenState* state,
-                                 const ops::SubgenAttend& a, const KvCache& cache) {
+void CudaPolicyOps::subgen_query(const ops::SubgenState* state, const ops::SubgenAttend& a,
+                                 const kernels::KvIndex& cache_index) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "subgen_query");
   const int ckv = cache.shape().num_kv_heads;
   std::vector<int32_t> lengths(ckv);
@@ -89,8 +90,10 @@ void CudaPolicyOps::subgen_query(const ops::SubgenState* state,
   ++launches_;  // the row chunks of one call count as one
 }
 
-void CudaPolicyOps::subgen_absorb(ops::SubgenState& state, int layer, const KvCache& cache,
+void CudaPolicyOps::subgen_absorb(ops::SubgenState& state, int layer,
+                                  const kernels::KvIndex& cache_index,
                                   std::span<const ops::SubgenAbsorb> heads, uint64_t seed) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   if (heads.empty()) return;
   DeviceSubgenSketches& sk = device(state).sketches;
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "subgen_absorb");
@@ -105,13 +108,16 @@ void CudaPolicyOps::subgen_absorb(ops::SubgenState& state, int layer, const KvCa
       (static_cast<int64_t>(heads.size()) + kMaxSubgenAbsorbHeads - 1) / kMaxSubgenAbsorbHeads;
 }
 
-std::vector<float> CudaPolicyOps::read_keys(const KvCache& cache, int layer, int head, int first,
-                                            int count) {
+std::vector<float> CudaPolicyOps::read_keys(const kernels::KvIndex& cache_index, int layer,
+                                            int head, int first, int count) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   return read_cache_rows(cache, layer, head, first, count, ops::CacheRows::kKeys);
 }
 
-std::vector<float> CudaPolicyOps::read_cache_rows(const KvCache& cache, int layer, int head,
-                                                  int first, int count, ops::CacheRows which) {
+std::vector<float> CudaPolicyOps::read_cache_rows(const kernels::KvIndex& cache_index, int layer,
+                                                  int head, int first, int count,
+                                                  ops::CacheRows which) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   DeviceKvCache& dev = ops_detail::cache_rows(cache, "read_cache_rows");
   KVB_CHECK(head >= 0 && head < cache.shape().num_kv_heads && first >= 0 && count >= 0 &&
             first + count <= dev.length(layer, head))

@@ -8,11 +8,12 @@
 
 namespace kvb::kernels::ops {
 
-kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvCache& cache, int layer,
+kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvIndex& cache, int layer,
                                 kernels::KvCache* scratch) {
+  const kernels::KvCache& storage = kernels::storage_of(cache);
   KVB_CHECK(layer >= 0 && layer < cache.shape().num_layers && scratch != nullptr)
       << "host_layer: layer " << layer << " of " << cache.shape().num_layers;
-  if (cache.host_rows()) return cache.rows_f32(layer);
+  if (storage.host_rows()) return storage.rows_f32(layer);
   const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
   int longest = 0;
   for (int h = 0; h < heads; ++h) longest = std::max(longest, cache.length(layer, h));
@@ -31,7 +32,7 @@ kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvCache& cache, i
 }
 
 void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, WindowScratch& scratch,
-                   const LayerStats& st, const kernels::KvCache& cache,
+                   const LayerStats& st, const kernels::KvIndex& cache,
                    const WindowScoreOptions& opt) {
   const int kv_heads = cache.shape().num_kv_heads;
   const int w = st.last_w;
@@ -68,13 +69,13 @@ void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, WindowScra
 }
 
 void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, const LayerStats& st,
-                   const kernels::KvCache& cache, const WindowScoreOptions& options) {
+                   const kernels::KvIndex& cache, const WindowScoreOptions& options) {
   WindowScratch scratch;
   window_scores(ops, scores, score_layer, scratch, st, cache, options);
 }
 
 void append_negated_key_norms(PolicyOps& ops, SlotRows& rows, const LayerStats& st,
-                              const kernels::KvCache& cache, int model_kv_heads, int expand) {
+                              const kernels::KvIndex& cache, int model_kv_heads, int expand) {
   KVB_CHECK(st.pre_rope_keys != nullptr) << "knorm: the engine gave no pre-RoPE keys";
   const int heads = cache.shape().num_kv_heads;
   KVB_CHECK(rows.heads() == heads) << "key norms: " << rows.heads() << " rows for " << heads
@@ -99,7 +100,7 @@ void negated_popcount(PolicyOps& ops, const SlotRows& bits, int layer, SlotRows&
 }
 
 std::vector<int32_t> ada_head_budgets(PolicyOps& ops, const SlotRows& scores, int score_layer,
-                                      const kernels::KvCache& cache, int layer, int base,
+                                      const kernels::KvIndex& cache, int layer, int base,
                                       double alpha) {
   KVB_CHECK(base >= 0) << "ada base budget = " << base;
   const int heads = scores.heads();

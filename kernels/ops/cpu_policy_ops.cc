@@ -94,14 +94,14 @@ std::unique_ptr<SubgenState> PolicyOps::make_subgen_state(const kernels::cpu::Su
                                                           int) {
   no_subgen_ops(*this, "make_subgen_state");
 }
-void PolicyOps::subgen_query(const SubgenState*, const SubgenAttend&, const kernels::KvCache&) {
+void PolicyOps::subgen_query(const SubgenState*, const SubgenAttend&, const kernels::KvIndex&) {
   no_subgen_ops(*this, "subgen_query");
 }
-void PolicyOps::subgen_absorb(SubgenState&, int, const kernels::KvCache&,
+void PolicyOps::subgen_absorb(SubgenState&, int, const kernels::KvIndex&,
                               std::span<const SubgenAbsorb>, uint64_t) {
   no_subgen_ops(*this, "subgen_absorb");
 }
-std::vector<float> PolicyOps::read_keys(const kernels::KvCache&, int, int, int, int) {
+std::vector<float> PolicyOps::read_keys(const kernels::KvIndex&, int, int, int, int) {
   no_subgen_ops(*this, "read_keys");
 }
 kernels::cpu::SubgenSketch PolicyOps::read_subgen(const SubgenState&, int, int) {
@@ -157,7 +157,9 @@ void CpuPolicyOps::accumulate(SlotRows& rows, int layer, const float* src, size_
 }
 
 void CpuPolicyOps::history_bits(SlotRows& bits, const LayerStats& st,
-                                const kernels::KvCache& cache, int history, bool inv_position) {
+                                const kernels::KvIndex& cache_index, int history,
+                                bool inv_position) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CpuRows& r = host(bits);
   check_layer(bits, st.layer);
   const int heads = cache.shape().num_kv_heads;
@@ -330,10 +332,10 @@ void CpuPolicyOps::pool(const SlotRows& in, int in_layer, SlotRows& out, int out
   }
 }
 
-std::vector<int32_t> CpuPolicyOps::count_top_across_heads(const SlotRows& scores,
-                                                          int score_layer,
-                                                          const kernels::KvCache& cache,
+std::vector<int32_t> CpuPolicyOps::count_top_across_heads(const SlotRows& scores, int score_layer,
+                                                          const kernels::KvIndex& cache_index,
                                                           int layer, int64_t k) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   const CpuRows& r = host(scores);
   check_layer(scores, score_layer);
   const int heads = scores.heads();
@@ -371,8 +373,9 @@ std::vector<int32_t> CpuPolicyOps::count_top_across_heads(const SlotRows& scores
 }
 
 void CpuPolicyOps::keep_top(const SlotRows& scores, int score_layer,
-                            const kernels::KvCache& cache, std::span<const KeepTop> heads,
+                            const kernels::KvIndex& cache_index, std::span<const KeepTop> heads,
                             std::span<SlotRows* const> state, kernels::EvictionPlan& plan) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   const CpuRows& sc = host(scores);
   const int layer = plan.layer();
   check_layer(scores, score_layer);
@@ -457,8 +460,9 @@ void check_cache_op(const SlotRows& out, int out_layer, const kernels::KvCache& 
 }
 }  // namespace
 
-void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvIndex& cache_index,
                                   int layer, CacheRows which, int chunk) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CpuRows& r = host(out);
   check_cache_op(out, out_layer, cache, layer, "cosine_to_mean");
   KVB_CHECK(chunk >= 0) << "cpu policy ops: cosine_to_mean chunk " << chunk;
@@ -498,8 +502,9 @@ void CpuPolicyOps::cosine_to_mean(SlotRows& out, int out_layer, const kernels::K
   }
 }
 
-void CpuPolicyOps::cache_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+void CpuPolicyOps::cache_norms(SlotRows& out, int out_layer, const kernels::KvIndex& cache_index,
                                int layer, CacheRows which, bool squared) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CpuRows& r = host(out);
   check_cache_op(out, out_layer, cache, layer, "cache_norms");
   const kernels::LayerKvView view = cache.rows_f32(layer);
@@ -604,8 +609,9 @@ void lag_softmax(const float* const* rows, const float* const* ref, int lag, int
 }
 }  // namespace
 
-void CpuPolicyOps::lag_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+void CpuPolicyOps::lag_scores(SlotRows& out, int out_layer, const kernels::KvIndex& cache_index,
                               int layer, int sinks, int lag) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CpuRows& r = host(out);
   KVB_CHECK(sinks >= 0 && lag >= 1) << "lag_scores with sinks " << sinks << ", lag " << lag;
   check_cache_op(out, out_layer, cache, layer, "lag_scores");
@@ -709,9 +715,11 @@ void CpuPolicyOps::query_moments(SlotRows& out, int out_layer, const LayerStats&
   }
 }
 
-void CpuPolicyOps::quadratic_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache,
-                                    int layer, const SlotRows& moments, int moments_layer,
-                                    int group, double a, double b) {
+void CpuPolicyOps::quadratic_scores(SlotRows& out, int out_layer,
+                                    const kernels::KvIndex& cache_index, int layer,
+                                    const SlotRows& moments, int moments_layer, int group, double a,
+                                    double b) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CpuRows& r = host(out);
   const CpuRows& mr = host(moments);
   check_layer(out, out_layer);
@@ -826,8 +834,9 @@ void CpuPolicyOps::fill_top(SlotRows& rows, int layer, std::span<const int32_t> 
 }
 
 void CpuPolicyOps::projected_value_norms(SlotRows& out, int out_layer,
-                                         const kernels::KvCache& cache, int layer,
+                                         const kernels::KvIndex& cache_index, int layer,
                                          const void* wo, bool wo_bf16, int dim, int group) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CpuRows& r = host(out);
   check_layer(out, out_layer);
   const int heads = out.heads();
@@ -873,8 +882,9 @@ constexpr float kPadLogit = -1e-9f;
 }  // namespace
 
 void CpuPolicyOps::chunk_attention_sums(SlotRows& out, int out_layer,
-                                        const kernels::KvCache& cache, int layer,
+                                        const kernels::KvIndex& cache_index, int layer,
                                         const LayerStats& st, int first, int count, int chunk) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CpuRows& r = host(out);
   check_layer(out, out_layer);
   const int heads = out.heads(), n = st.n_new;
@@ -976,8 +986,9 @@ double replay_normaliser(const float* e, int n) {
 }  // namespace
 
 void CpuPolicyOps::replay_attention_max(SlotRows& out, int out_layer,
-                                        const kernels::KvCache& cache, int layer,
+                                        const kernels::KvIndex& cache_index, int layer,
                                         const LayerStats& st, int sinks, int first, int count) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   CpuRows& r = host(out);
   check_layer(out, out_layer);
   const int heads = out.heads(), m = st.n_queries;
@@ -1266,8 +1277,10 @@ void CpuPolicyOps::erase(SlotRows& rows, int layer, std::span<const RowErase> he
   }
 }
 
-void CpuPolicyOps::kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
-                                SlotRows* log_sizes, kernels::EvictionPlan& plan) {
+void CpuPolicyOps::kcenter_keep(const kernels::KvIndex& cache_index,
+                                std::span<const KCenterKeep> heads, SlotRows* log_sizes,
+                                kernels::EvictionPlan& plan) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   const int layer = plan.layer();
   const int nh = cache.shape().num_kv_heads;
   KVB_CHECK(cache.host_rows()) << "kcenter_keep: the CPU ops read host rows; the cache has none";
@@ -1292,9 +1305,9 @@ void CpuPolicyOps::kcenter_keep(const kernels::KvCache& cache, std::span<const K
   }
 }
 
-std::vector<float> CpuPolicyOps::read_cache_rows(const kernels::KvCache& cache, int layer,
-                                                 int head, int first, int count,
-                                                 CacheRows which) {
+std::vector<float> CpuPolicyOps::read_cache_rows(const kernels::KvIndex& cache_index, int layer,
+                                                 int head, int first, int count, CacheRows which) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers && head >= 0 &&
             head < cache.shape().num_kv_heads && first >= 0 && count >= 0 &&
             first + count <= cache.length(layer, head))
@@ -1334,8 +1347,9 @@ void CpuPolicyOps::write_rows(SlotRows& rows, int layer, std::span<const float> 
   }
 }
 
-void CpuPolicyOps::channel_square_means(const kernels::KvCache& cache, int layer,
+void CpuPolicyOps::channel_square_means(const kernels::KvIndex& cache_index, int layer,
                                         CacheRows which, std::vector<double>* out) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
   KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers)
       << "channel_square_means: layer " << layer
       << (cache.host_rows() ? "" : " of a cache without host rows");

@@ -260,7 +260,7 @@ class PolicyOps {
   // bits out; each recorded query (st.last_probs, GQA mean) shifts in "p < threshold"
   // (1 / visible keys, or 1 / (position + 1) with inv_position: the cache's positions where
   // they live), masked to `history` (1..64) bits. The rows end as long as the cache's heads.
-  virtual void history_bits(SlotRows& bits, const LayerStats& st, const kernels::KvCache& cache,
+  virtual void history_bits(SlotRows& bits, const LayerStats& st, const kernels::KvIndex& cache,
                             int history, bool inv_position) = 0;
   // Vocabulary: L2 norms of a block of vectors appended per row. For every head h <
   // before.size() (== rows.heads()), f32 row (layer, h) holds before[h] entries (0: it starts
@@ -312,7 +312,7 @@ class PolicyOps {
   // computes the counts on the device and makes one D2H copy of `heads` ints and one stream
   // sync (a prefill-only cost, counted in its transfers).
   virtual std::vector<int32_t> count_top_across_heads(const SlotRows& scores, int score_layer,
-                                                      const kernels::KvCache& cache, int layer,
+                                                      const kernels::KvIndex& cache, int layer,
                                                       int64_t k) = 0;
   // Fills `plan` (for `cache`'s layer plan.layer(); the other heads keep everything) for each
   // head in `heads`, selecting by row (score_layer, score_head) of `scores` (POLICIES.md
@@ -320,7 +320,7 @@ class PolicyOps {
   // (plan.layer(), head) of every rows in `state` with the same list. The CPU instance writes
   // a victim where one slot goes and a keep list otherwise; a device instance leaves every
   // list on the device (EvictionPlan::keep_on_device), valid until its next keep_top.
-  virtual void keep_top(const SlotRows& scores, int score_layer, const kernels::KvCache& cache,
+  virtual void keep_top(const SlotRows& scores, int score_layer, const kernels::KvIndex& cache,
                         std::span<const KeepTop> heads, std::span<SlotRows* const> state,
                         kernels::EvictionPlan& plan) = 0;
 
@@ -342,14 +342,14 @@ class PolicyOps {
   // chunk > 0 (kvpress's ChunkPress): each run of slots [c * chunk, min((c + 1) * chunk, L)) has
   // its own anchor, the same sums over its own slots only (a run is scored as a cache of those
   // slots alone would be, bit for bit); chunk 0: one anchor for the head.
-  virtual void cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+  virtual void cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvIndex& cache,
                               int layer, CacheRows which, int chunk = 0) = 0;
 
   // Vocabulary: L2 norms of the cached rows. For every cache head h < out.heads() (<= the
   // cache's heads) of layer `layer`, f32 row (out_layer, h) becomes cache.length(layer, h) long,
   // entry j = float(s) with squared, else float(sqrt(s)), s = sum_i x_j[i]^2 of slot j's key (as
   // cached) or value, in f64 as explicit fused multiply-adds in index order.
-  virtual void cache_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
+  virtual void cache_norms(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                            CacheRows which, bool squared) = 0;
   // Vocabulary: each run of `chunk` entries divided by its sum. For every head h < rows.heads(),
   // f32 row (layer, h) is cut into chunks [c * chunk, min((c + 1) * chunk, length)) (chunk 0:
@@ -382,7 +382,7 @@ class PolicyOps {
   //    the number of slots u of the partition with s_u < s_t, or s_u == s_t and u < t.
   //  All in f64 in index order (a two-pass mean and variance; max-subtracted exp). A device's exp
   //  may differ from the host's in the last bit, so ranks agree except at such near-ties.
-  virtual void lag_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache, int layer,
+  virtual void lag_scores(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                           int sinks, int lag) = 0;
 
   // Vocabulary: the moments of a block's queries after a fixed rotation (kvpress
@@ -403,9 +403,9 @@ class PolicyOps {
   // becomes L long: entry j = float(fma(b, quad, a * dot)) (b == 0: float(a * dot)) for slot j's
   // key k (as cached), dot = sum_i k[i] mean[i], quad = sum_i k[i] (sum_l cov[i * d + l] k[l]),
   // in f64 as fused multiply-adds in index order.
-  virtual void quadratic_scores(SlotRows& out, int out_layer, const kernels::KvCache& cache,
-                                int layer, const SlotRows& moments, int moments_layer,
-                                int group, double a, double b) = 0;
+  virtual void quadratic_scores(SlotRows& out, int out_layer, const kernels::KvIndex& cache,
+                                int layer, const SlotRows& moments, int moments_layer, int group,
+                                double a, double b) = 0;
   // Vocabulary: softmax along positions. Entries [first, length) of every f32 row (layer, h)
   // become float(exp(x - max) / sum) (max over those entries, exp in f64, the sum in index
   // order); entries before `first` are left as they are. A device's exp may differ from the
@@ -426,7 +426,7 @@ class PolicyOps {
   // For query head q and slot j of cache head q / group, value v, f32 row (out_layer, q) becomes
   // the head's length long: entry j = float(sum_o |z_o|) with z_o = sum_i v[i] W[o][q d + i], in
   // f64: each z_o fused multiply-adds in i order, the |z_o| added in o order.
-  virtual void projected_value_norms(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+  virtual void projected_value_norms(SlotRows& out, int out_layer, const kernels::KvIndex& cache,
                                      int layer, const void* wo, bool wo_bf16, int dim,
                                      int group) = 0;
   // Vocabulary: attention within chunks of the prompt, every query seeing every key of its chunk
@@ -448,7 +448,7 @@ class PolicyOps {
   // and row (out_layer, q) becomes count long: entry t - first = float(sum over those queries of
   // e_t / s), in f64 in query order. No scaling by 1 / sqrt(d) (kvpress has none). A device's expf
   // may differ from the host's in the last bit.
-  virtual void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+  virtual void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvIndex& cache,
                                     int layer, const LayerStats& st, int first, int count,
                                     int chunk) = 0;
   // Vocabulary: a run of each row. Row (out_layer, h) of `out` becomes entries [first, first +
@@ -503,7 +503,7 @@ class PolicyOps {
   // device instance runs cuda::kcenter_greedy_batch (every head in one launch) on the cache's
   // device rows and leaves every list on the device (EvictionPlan::keep_on_device), valid until
   // its next keep_top or kcenter_keep: no copy, no sync.
-  virtual void kcenter_keep(const kernels::KvCache& cache, std::span<const KCenterKeep> heads,
+  virtual void kcenter_keep(const kernels::KvIndex& cache, std::span<const KCenterKeep> heads,
                             SlotRows* log_sizes, kernels::EvictionPlan& plan) = 0;
 
   // SubGen on a device (Policy::attends_with_ops; kernels/policies/subgen.cc). The CPU policy
@@ -518,13 +518,13 @@ class PolicyOps {
   // state: null when no head is compressed (weighted subgen_kcenter: no sketch, only exact
   // slots with their bias).
   virtual void subgen_query(const SubgenState* state, const SubgenAttend& args,
-                            const kernels::KvCache& cache);
+                            const kernels::KvIndex& cache);
   // cpu::subgen_absorb of each listed head's slots (distinct heads), bit for bit.
-  virtual void subgen_absorb(SubgenState& state, int layer, const kernels::KvCache& cache,
+  virtual void subgen_absorb(SubgenState& state, int layer, const kernels::KvIndex& cache,
                              std::span<const SubgenAbsorb> heads, uint64_t seed);
   // Keys of slots [first, first + count) of (layer, head) as f32 on the host [count, head_dim]
   // (`delta: auto` at a head's first compression).
-  virtual std::vector<float> read_keys(const kernels::KvCache& cache, int layer, int head,
+  virtual std::vector<float> read_keys(const kernels::KvIndex& cache, int layer, int head,
                                        int first, int count);
   // One stream's sketch in the CPU's layout (tests).
   virtual kernels::cpu::SubgenSketch read_subgen(const SubgenState& state, int layer, int head);
@@ -533,7 +533,7 @@ class PolicyOps {
   // post-RoPE) or values, as f32 on the host [count, head_dim] (bf16 widened exactly): what a
   // decision made on the host from the rows themselves reads (BlockPress). Synchronous on a
   // device: one copy and one sync, counted in its transfers.
-  virtual std::vector<float> read_cache_rows(const kernels::KvCache& cache, int layer, int head,
+  virtual std::vector<float> read_cache_rows(const kernels::KvIndex& cache, int layer, int head,
                                              int first, int count, CacheRows which) = 0;
   // Vocabulary: host values into f32 rows. Row (layer, h) of every head h < rows.heads() becomes
   // `length` entries long and holds values[h * length, (h + 1) * length) (a policy's fixed
@@ -545,7 +545,7 @@ class PolicyOps {
   // head_dim + c] on the host: f64 squares of the f32 entries (exact) summed in slot order, / the
   // head's length (0 for an empty head). ThinK's key energy (POLICIES.md `think`). On a device:
   // one launch, one copy and one sync, counted in its transfers.
-  virtual void channel_square_means(const kernels::KvCache& cache, int layer, CacheRows which,
+  virtual void channel_square_means(const kernels::KvIndex& cache, int layer, CacheRows which,
                                     std::vector<double>* out) = 0;
   // Vocabulary: KVzip's context-reconstruction scores (kvpress KVzipPress; POLICIES.md
   // `kvzip`). A block of m = st.n_queries queries (st.last_queries, host rows [m][st.num_heads]
@@ -559,7 +559,7 @@ class PolicyOps {
   // ((s4 + s5) + (s6 + s7))); p = float(e / Z). Row (out_layer, h) of `out` becomes count long and holds, for j <
   // count, the largest p of slot first + j over every (q, i), from 0.0f. On a device: the
   // queries' one counted upload and one launch, nothing waits.
-  virtual void replay_attention_max(SlotRows& out, int out_layer, const kernels::KvCache& cache,
+  virtual void replay_attention_max(SlotRows& out, int out_layer, const kernels::KvIndex& cache,
                                     int layer, const LayerStats& st, int sinks, int first,
                                     int count) = 0;
   // The slots head `head` (holding `len`) keeps under `plan`, increasing, on the host: the
@@ -614,11 +614,11 @@ struct WindowScratch {
 //   row = pool of `reduced` over the head's own prefix_h (options' kernel and kind).
 // Three ops, each the CPU's exact arithmetic, so every instance gives the same bits.
 void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, WindowScratch& scratch,
-                   const LayerStats& st, const kernels::KvCache& cache,
+                   const LayerStats& st, const kernels::KvIndex& cache,
                    const WindowScoreOptions& options);
 // The same with scratch made for this call (tests, one-shot use).
 void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, const LayerStats& st,
-                   const kernels::KvCache& cache, const WindowScoreOptions& options);
+                   const kernels::KvIndex& cache, const WindowScoreOptions& options);
 
 // Knorm's state (POLICIES.md "Further baselines"): f32 rows of the stats' layer, one per cache
 // head, whose heads hold `before` = length - st.n_new earlier entries (a head with none starts
@@ -626,7 +626,7 @@ void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, const Laye
 // [n_new, model_kv_heads, head_dim]); cache head h reads model KV head h / expand. append_norms
 // then scale by -1 of the new entries.
 void append_negated_key_norms(PolicyOps& ops, SlotRows& rows, const LayerStats& st,
-                              const kernels::KvCache& cache, int model_kv_heads, int expand);
+                              const kernels::KvIndex& cache, int model_kv_heads, int expand);
 
 // f32 row (out_layer, h) of `out` = -popcount of u64 row (layer, h) of `bits`, as long
 // (Scissorhands' score): popcount, then scale by -1.
@@ -638,7 +638,7 @@ void negated_popcount(PolicyOps& ops, const SlotRows& bits, int layer, SlotRows&
 // count_top_across_heads with k = heads * base (base >= 0), then B_h =
 // cpu::ada_budgets_from_counts (alpha's floor, half-even rounding, capped by the row's length).
 std::vector<int32_t> ada_head_budgets(PolicyOps& ops, const SlotRows& scores, int score_layer,
-                                      const kernels::KvCache& cache, int layer, int base,
+                                      const kernels::KvIndex& cache, int layer, int base,
                                       double alpha);
 
 // Layer `layer`'s rows on the host, for a decision made there from them (BlockPress and
@@ -649,7 +649,7 @@ std::vector<int32_t> ada_head_budgets(PolicyOps& ops, const SlotRows& scores, in
 // copies and two syncs per head, counted in the ops' transfers), and a view of that. Valid until
 // the cache or *scratch changes. Policies read a cache's rows through this alone
 // (tests/layering/check_layering.py checks it), so the rows are the storage's business.
-kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvCache& cache, int layer,
+kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvIndex& cache, int layer,
                                 kernels::KvCache* scratch);
 
 // The CPU instance every host hook without an engine uses (tests' policies::decode_layer).

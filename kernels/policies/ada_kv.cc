@@ -26,7 +26,7 @@ class AdaKv final : public SnapKvFamily {
 
  protected:
   void allocate(PolicyOps& ops, const SlotRows& scores, int layer, int prompt_len, int w,
-                const kernels::KvCache& cache, int32_t* budgets) override {
+                const kernels::KvIndex& cache, int32_t* budgets) override {
     int base = kv_budget() - w;
     if (pyramid_) {
       base = kernels::cpu::pyramid_layer_budgets(kv_budget(), w, prompt_len,
@@ -46,7 +46,7 @@ class AdaKv final : public SnapKvFamily {
     const int heads = scores.heads();
     std::vector<float> flat;
     std::vector<int32_t> positions, lengths(heads);
-    const kernels::LayerKvView view = cache.layer(layer);
+    const kernels::LayerIndexView view = cache.layer(layer);
     for (int h = 0; h < heads; ++h) {
       const std::vector<float> row = ops.read_f32(scores, 0, h);
       lengths[h] = static_cast<int32_t>(row.size());

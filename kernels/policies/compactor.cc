@@ -40,7 +40,7 @@ class Compactor final : public Policy {
   }
   bool decides_with_ops() const override { return true; }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     const int budget = wrap_.budget(st.layer, cache, kv_budget());
     if (!wrap_.acts(cache, st.layer, budget)) return;

@@ -4,7 +4,7 @@
 
 namespace kvb::policies {
 
-SlotRows& noncausal_scores(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache,
+SlotRows& noncausal_scores(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache,
                            int first, int count, int chunk, NonCausalScratch& scratch) {
   const int heads = cache.shape().num_kv_heads, group = st.num_heads / heads;
   SlotRows& sums = rows_of(scratch.sums.rows, ops, SlotType::kF32, 1, st.num_heads);
@@ -29,7 +29,7 @@ SlotRows& noncausal_scores(PolicyOps& ops, const LayerStats& st, const kernels::
   return pooled;
 }
 
-SlotRows& leverage_scores(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache,
+SlotRows& leverage_scores(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache,
                           int first, int count, int k, uint64_t seed, int first_head,
                           std::vector<float>& sketch, ScratchRows& rows) {
   const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;

@@ -15,13 +15,13 @@ namespace kvb::policies {
 struct NonCausalScratch {
   ScratchRows sums, reduced, norms, range_norms, pooled;
 };
-SlotRows& noncausal_scores(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache,
+SlotRows& noncausal_scores(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache,
                            int first, int count, int chunk, NonCausalScratch& scratch);
 
 // LeverageScorePress's score: the keys' leverage under kernels/cpu/sketch.h's key_sketches (seed,
 // global heads from first_head, rows in HF's channel order as st.rope lays them out) of k
 // columns, standardised. sketch: the caller's buffer for the layer's sketches.
-SlotRows& leverage_scores(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache,
+SlotRows& leverage_scores(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache,
                           int first, int count, int k, uint64_t seed, int first_head,
                           std::vector<float>& sketch, ScratchRows& rows);
 

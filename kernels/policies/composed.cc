@@ -87,7 +87,7 @@ class Composed final : public Policy {
     return merged(first_->prefill_request(n_new), second);
   }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     first_->on_prefill_layer(st, cache, plan);
     PolicyOps& ops = ops_of(st);

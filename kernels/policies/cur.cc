@@ -27,7 +27,7 @@ class Cur final : public CacheScorer {
  protected:
   // One slot: a sink, or the whole of its normalised row (a key or value of zeros: 0).
   float lone_score() const override { return 1.0f; }
-  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) override {
+  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache) override {
     const int heads = cache.shape().num_kv_heads;
     // Scratch: layer 0 the score, layer 1 the values' norms (nothing is kept).
     SlotRows& rows = rows_of(rows_.rows, ops, SlotType::kF32, 2, heads);
@@ -48,7 +48,7 @@ class Cur final : public CacheScorer {
 
  private:
   // Row (layer, h) = the squared norms of the head's keys or values, window-normalised.
-  void leverage_of(PolicyOps& ops, SlotRows& rows, int layer, const kernels::KvCache& cache,
+  void leverage_of(PolicyOps& ops, SlotRows& rows, int layer, const kernels::KvIndex& cache,
                    int cache_layer, CacheRows which) const {
     ops.cache_norms(rows, layer, cache, cache_layer, which, /*squared=*/true);
     if (window_ > 0) ops.normalize_chunks(rows, layer, window_);

@@ -127,7 +127,7 @@ class DuoAttention final : public Policy {
     kv_heads_ = heads * tp_size();
   }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     const int group = cache_kv_heads() / config().shape.num_kv_heads;  // gqa=expand copies
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {

@@ -34,7 +34,7 @@ class ExpectedAttention final : public Policy {
   }
   bool decides_with_ops() const override { return true; }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     const int budget = wrap_.budget(st.layer, cache, kv_budget());
     if (!wrap_.acts(cache, st.layer, budget)) return;
@@ -75,7 +75,7 @@ class ExpectedAttention final : public Policy {
   // of the same tokens, the future rotation starting at position `future_from` (kvpress: the
   // scored tokens' count); count 0: the whole layer (every head's slots, st's queries). One row
   // per cache head, in ops' rows.
-  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache, int c0,
+  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache, int c0,
                   int count, int future_from) {
     const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
     const int group = st.num_heads / heads;

@@ -50,7 +50,7 @@ class Finch final : public Policy {
   }
   bool decides_with_ops() const override { return true; }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     const int heads = cache.shape().num_kv_heads;
     int prompt_len = 0;
@@ -120,7 +120,7 @@ class Finch final : public Policy {
   // chunk_length (kvpress's): each run of chunk_length slots of a head keeps its max(1, int(size
   // x f)) best, f = 1 - compression_ratio (kv_budget / n for a token budget), the window's slots
   // above every context slot (kvpress's padding).
-  void keep_per_run(PolicyOps& ops, const SlotRows& scores, const kernels::KvCache& cache, int w,
+  void keep_per_run(PolicyOps& ops, const SlotRows& scores, const kernels::KvIndex& cache, int w,
                     kernels::EvictionPlan& plan) const {
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(plan.layer(), h);

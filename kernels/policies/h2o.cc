@@ -39,7 +39,7 @@ class H2O final : public Policy {
   StatsRequest decode_request() const override { return {.col_sums = true}; }
   bool decides_with_ops() const override { return true; }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     const int heads = cache.shape().num_kv_heads;
     PolicyOps& ops = ops_of(st);
@@ -57,7 +57,7 @@ class H2O final : public Policy {
     if (!tops_.empty()) ops.keep_top(score, st.layer, cache, tops_, state, plan);
   }
 
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     const int heads = cache.shape().num_kv_heads;
     PolicyOps& ops = ops_of(st);
@@ -87,7 +87,7 @@ class H2O final : public Policy {
  private:
   // Each head's scores grow to its length (new tokens start at 0; earlier tokens, e.g. before a
   // prefill on top of a cache, keep theirs) and add this block's GQA-reduced column sums.
-  SlotRows& accumulate(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) {
+  SlotRows& accumulate(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache) {
     const int heads = cache.shape().num_kv_heads;
     SlotRows& score = rows_of(scores_, ops, SlotType::kF32, config().shape.num_layers, heads);
     lens_.resize(heads);

@@ -20,7 +20,7 @@ class KeyDiff final : public CacheScorer {
   // One key's cosine with its own direction is 1 (up to rounding: kvpress's f32 may land an ulp
   // off).
   float lone_score() const override { return -1.0f; }
-  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) override {
+  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache) override {
     const int heads = cache.shape().num_kv_heads;
     // This layer's scores: scratch, nothing is kept after the decision.
     SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, heads);

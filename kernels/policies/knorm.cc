@@ -22,7 +22,7 @@ class Knorm final : public Policy {
   StatsRequest decode_request() const override { return {.pre_rope_keys = true}; }
   bool decides_with_ops() const override { return true; }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     PolicyOps& ops = ops_of(st);
     SlotRows& score = append_norms(ops, st, cache);
@@ -37,7 +37,7 @@ class Knorm final : public Policy {
     if (!tops_.empty()) ops.keep_top(score, st.layer, cache, tops_, state, plan);
   }
 
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     (void)plan;  // decode never evicts (the norms only keep up)
     append_norms(ops_of(st), st, cache);
@@ -50,7 +50,7 @@ class Knorm final : public Policy {
   // Appends the (negated) norms of the block's n_new keys to every cache head's state.
   // pre_rope_keys: [n_new, num_kv_heads (the model's), head_dim]; with gqa=expand cache head h
   // holds a copy of model KV head h / (num_heads / num_kv_heads).
-  SlotRows& append_norms(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) {
+  SlotRows& append_norms(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache) {
     KVB_CHECK(st.pre_rope_keys != nullptr) << "knorm: the engine gave no pre-RoPE keys";
     const int model_kv = config().shape.num_kv_heads;
     const int heads = cache.shape().num_kv_heads;

@@ -84,7 +84,7 @@ class KvZip final : public Policy {
     pass_count_ = pass.count;
   }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     const int heads = cache.shape().num_kv_heads;
     if (!replaying_) {  // the prompt's own prefill: every slot stays, scored 0 until a pass
@@ -117,7 +117,7 @@ class KvZip final : public Policy {
     decide();
   }
 
-  void on_replayed_layer(int layer, const kernels::KvCache& cache,
+  void on_replayed_layer(int layer, const kernels::KvIndex& cache,
                          kernels::EvictionPlan& plan) override {
     if (keep_.empty()) return;  // nothing left
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {

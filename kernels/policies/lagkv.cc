@@ -26,7 +26,7 @@ class LagKv final : public CacheScorer {
  protected:
   // One slot is shorter than sinks + 2 x lag: a sink scores 1, else (0 - 0) / (1 - 0) = 0.
   float lone_score() const override { return sinks_ > 0 ? 1.0f : 0.0f; }
-  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) override {
+  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache) override {
     SlotRows& score = rows_of(score_.rows, ops, SlotType::kF32, 1, cache.shape().num_kv_heads);
     ops.lag_scores(score, 0, cache, st.layer, sinks_, lag_);
     return score;

@@ -17,7 +17,7 @@ class ObservedAttention final : public Policy {
   StatsRequest prefill_request(int) const override { return wrap_.request({.col_sums = true}); }
   bool decides_with_ops() const override { return true; }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     const int budget = wrap_.budget(st.layer, cache, kv_budget());
     if (!wrap_.acts(cache, st.layer, budget)) return;

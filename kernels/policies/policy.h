@@ -178,7 +178,7 @@ class Policy {
   }
   virtual void begin_replay(const ReplayPass& pass) { (void)pass; }
   virtual void end_replay() {}
-  virtual void on_replayed_layer(int layer, const kernels::KvCache& cache,
+  virtual void on_replayed_layer(int layer, const kernels::KvIndex& cache,
                                  kernels::EvictionPlan& plan) {
     (void)layer; (void)cache; (void)plan;
   }
@@ -219,7 +219,7 @@ class Policy {
   // rows on the host). Hooks that read rows on the host read a device's through the ops
   // (kernels::ops::host_layer); the cache's own host rows exist on the CPU only.
   virtual bool attends_with_ops() const { return false; }
-  virtual void attend(const AttendArgs& args, const kernels::KvCache& cache,
+  virtual void attend(const AttendArgs& args, const kernels::KvIndex& cache,
                       kernels::EvictionPlan& plan) {
     (void)args;
     (void)cache;
@@ -250,17 +250,17 @@ class Policy {
   // group of q_c^2, averaged over the group) x (mean over h's slots of k_c^2)
   // (PolicyOps::channel_square_means); the int(head_dim x r) lowest-scoring channels are zeroed
   // (equal scores: the lower channel first) in the slots before st.block_end.
-  void on_prefill_channels(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_channels(const LayerStats& st, const kernels::KvIndex& cache,
                            kernels::EvictionPlan& plan) const;
   virtual StatsRequest decode_request() const { return {}; }
   // After layer `stats.layer` attended over the whole prompt block (the layer's output used the
   // full cache): the plan that compresses that layer (`plan` arrives reset to keep everything).
-  virtual void on_prefill_layer(const LayerStats& stats, const kernels::KvCache& cache,
+  virtual void on_prefill_layer(const LayerStats& stats, const kernels::KvIndex& cache,
                                 kernels::EvictionPlan& plan) {
     (void)stats; (void)cache; (void)plan;
   }
   // After one decode step's attention in a layer (the new token is the last slot of each head).
-  virtual void on_decode_layer(const LayerStats& stats, const kernels::KvCache& cache,
+  virtual void on_decode_layer(const LayerStats& stats, const kernels::KvIndex& cache,
                                kernels::EvictionPlan& plan) {
     (void)stats; (void)cache; (void)plan;
   }

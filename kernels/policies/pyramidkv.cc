@@ -22,7 +22,7 @@ class PyramidKv final : public SnapKvFamily {
 
  protected:
   void allocate(PolicyOps&, const SlotRows& s, int layer, int prompt_len, int w,
-                const kernels::KvCache&, int32_t* budgets) override {
+                const kernels::KvIndex&, int32_t* budgets) override {
     // n in the formula is the prompt length: the layer's longest head (all heads are equal
     // after a fresh prefill).
     if (kvpress_) {

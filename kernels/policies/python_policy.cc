@@ -122,7 +122,7 @@ class PythonPolicy final : public Policy {
 
   void begin_sequence(int) override { check_loaded(); }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     check_loaded();
     const int n = layer_lengths(st.layer, cache);
@@ -144,7 +144,7 @@ class PythonPolicy final : public Policy {
     }
   }
 
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     check_loaded();
     if (!decode_score_) return;
@@ -283,7 +283,7 @@ class PythonPolicy final : public Policy {
   }
 
   // lens_ = the layer's head lengths; returns the longest.
-  int layer_lengths(int layer, const kernels::KvCache& cache) {
+  int layer_lengths(int layer, const kernels::KvIndex& cache) {
     const int heads = cache.shape().num_kv_heads;
     lens_.resize(heads);
     int n = 0;
@@ -301,7 +301,7 @@ class PythonPolicy final : public Policy {
   // reads them costs neither the copy nor the conversion.
   struct RowFetch {
     const LayerStats* st = nullptr;
-    const kernels::KvCache* cache = nullptr;
+    const kernels::KvIndex* cache = nullptr;
     int n = 0;
     kernels::KvCache pulled;
     std::vector<std::pair<const char*, py::Ref>>* views = nullptr;
@@ -320,7 +320,7 @@ class PythonPolicy final : public Policy {
       return nullptr;
     }
     try {
-      const kernels::KvCache& cache = *f->cache;
+      const kernels::KvIndex& cache = *f->cache;
       const int layer = f->st->layer;
       const kernels::LayerKvView v = host_layer(ops_of(*f->st), cache, layer, &f->pulled);
       const int heads = cache.shape().num_kv_heads, hd = v.head_dim, cap = v.capacity, n = f->n;
@@ -364,11 +364,11 @@ class PythonPolicy final : public Policy {
   }
 
   // Calls fn(ctx) and leaves its scores in scores_ [heads, n].
-  void run(PyObject* fn, const char* function, const LayerStats& st,
-           const kernels::KvCache& cache, int n, bool decode) {
+  void run(PyObject* fn, const char* function, const LayerStats& st, const kernels::KvIndex& cache,
+           int n, bool decode) {
     const py::Site site{file_, function};
     // The index: positions are the host's on every backend.
-    const kernels::LayerKvView v = cache.layer(st.layer);
+    const kernels::LayerIndexView v = cache.layer(st.layer);
     const int heads = cache.shape().num_kv_heads, hd = cache.shape().head_dim, cap = v.capacity;
     const int qh = st.num_heads;
     std::vector<std::pair<const char*, py::Ref>> views;
@@ -498,9 +498,9 @@ class PythonPolicy final : public Policy {
   }
 
   // Ada-KV: the layer's scored candidates compete across heads for heads x base places.
-  void keep_ada(int layer, const kernels::KvCache& cache, int n, kernels::EvictionPlan& plan) {
+  void keep_ada(int layer, const kernels::KvIndex& cache, int n, kernels::EvictionPlan& plan) {
     const int heads = static_cast<int>(lens_.size());
-    const kernels::LayerKvView v = cache.layer(layer);
+    const kernels::LayerIndexView v = cache.layer(layer);
     std::vector<float> cand(static_cast<size_t>(heads) * n);
     std::vector<int32_t> pos(cand.size()), clen(heads), budgets(heads);
     for (int h = 0; h < heads; ++h) {
@@ -523,7 +523,7 @@ class PythonPolicy final : public Policy {
 
   // Ada-KV at decode: while the layer holds more than heads x budget, its lowest-ranked scored
   // candidate goes (ties: the older position, then the higher head index).
-  void evict_ada(const kernels::KvCache& cache, int n, kernels::EvictionPlan& plan) {
+  void evict_ada(const kernels::KvIndex& cache, int n, kernels::EvictionPlan& plan) {
     (void)cache;
     const int heads = static_cast<int>(lens_.size());
     int total = 0;

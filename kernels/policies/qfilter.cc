@@ -77,7 +77,7 @@ class QFilter final : public CacheScorer {
   float lone_score() const override {
     KVB_FAIL() << "policy qfilter has no score of a token alone (threshold_decode is refused)";
   }
-  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) override {
+  SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache) override {
     const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
     // The cache's rows rotate adjacent pairs where the model's do (a GGUF llama's), the filters
     // are in HF's channel order: row j of head h reads the filter's channel hf_channel_of_row(j).

@@ -38,11 +38,11 @@ class Random final : public Policy {
  public:
   bool evicts_at_decode() const override { return true; }
   using Policy::Policy;
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     evict(st.layer, cache, plan);
   }
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     evict(st.layer, cache, plan);
   }
@@ -52,8 +52,8 @@ class Random final : public Policy {
   // Each over-budget head draws a fresh i.i.d. key per slot and keeps the kv_budget smallest:
   // a uniformly random kv_budget-subset (in decode, with kv_budget + 1 slots, a uniformly random
   // victim). The step is the position of the newest token, so every step draws anew.
-  void evict(int layer, const kernels::KvCache& cache, kernels::EvictionPlan& plan) const {
-    const kernels::LayerKvView view = cache.layer(layer);
+  void evict(int layer, const kernels::KvIndex& cache, kernels::EvictionPlan& plan) const {
+    const kernels::LayerIndexView view = cache.layer(layer);
     std::vector<std::pair<uint64_t, int32_t>> keys;
     std::vector<int32_t> keep;
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {

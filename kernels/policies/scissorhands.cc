@@ -61,11 +61,11 @@ class Scissorhands final : public Policy {
   StatsRequest decode_request() const override { return {.last_w = 1}; }
   bool decides_with_ops() const override { return true; }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     update(st, cache, plan);
   }
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     update(st, cache, plan);
   }
@@ -96,7 +96,7 @@ class Scissorhands final : public Policy {
   // Records the bits of this block's last queries (PolicyOps::history_bits: a head with no
   // earlier slot starts fresh, as the policy may serve several sequences), then compresses each
   // over-budget head.
-  void update(const LayerStats& st, const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
+  void update(const LayerStats& st, const kernels::KvIndex& cache, kernels::EvictionPlan& plan) {
     const LayerRule& rule = rules_[st.layer];
     const int heads = cache.shape().num_kv_heads;
     PolicyOps& ops = ops_of(st);

@@ -102,7 +102,7 @@ bool ScorerWrappers::decode_due(int layer, int num_layers) {
   return true;
 }
 
-int ScorerWrappers::budget(int layer, const kernels::KvCache& cache, int kv_budget) const {
+int ScorerWrappers::budget(int layer, const kernels::KvIndex& cache, int kv_budget) const {
   if (layer_ratios_.empty()) return kv_budget;
   int n = 0;
   for (int h = 0; h < cache.shape().num_kv_heads; ++h) n = std::max(n, cache.length(layer, h));
@@ -127,7 +127,7 @@ std::vector<ParamDoc> with_chunkkv(std::vector<ParamDoc> params) {
   return params;
 }
 
-void ScorerWrappers::slide(const kernels::KvCache& cache, float lone, kernels::EvictionPlan& plan) {
+void ScorerWrappers::slide(const kernels::KvIndex& cache, float lone, kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads;
   if (window_scores_.empty()) {  // a cache the prompt's hook did not see
     window_scores_.resize(static_cast<size_t>(cache.shape().num_layers) * heads);
@@ -143,7 +143,7 @@ void ScorerWrappers::slide(const kernels::KvCache& cache, float lone, kernels::E
   }
 }
 
-bool ScorerWrappers::acts(const kernels::KvCache& cache, int layer, int budget) const {
+bool ScorerWrappers::acts(const kernels::KvIndex& cache, int layer, int budget) const {
   if (slide_) return true;  // the window's scores are kept for the decode steps, however short
   return over_budget(cache, layer, thresholded_ ? window_ : budget);
 }
@@ -202,7 +202,7 @@ std::vector<ParamDoc> ScorerWrappers::params() {
        {"true", "false"}}};
 }
 
-void CacheScorer::host_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+void CacheScorer::host_decide(const LayerStats& st, const kernels::KvIndex& cache, int budget,
                               kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
   const int layer = st.layer, block = wrap_.block();
@@ -294,7 +294,7 @@ void CacheScorer::host_decide(const LayerStats& st, const kernels::KvCache& cach
 }
 
 void require_whole_prompt(const char* policy, const char* what, const LayerStats& st,
-                          const kernels::KvCache& cache) {
+                          const kernels::KvIndex& cache) {
   for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
     KVB_USAGE_CHECK(cache.length(st.layer, h) == st.n_new)
         << "policy " << policy << " scores a prompt by its own " << what
@@ -359,7 +359,7 @@ std::vector<int32_t> chunk_keep_list(std::span<const float> sum, int chunk_lengt
 }
 
 void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int score_layer,
-                                 const kernels::KvCache& cache, int budget,
+                                 const kernels::KvIndex& cache, int budget,
                                  kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads, layer = plan.layer();
   const int n = cache.length(layer, 0);
@@ -384,7 +384,7 @@ void ScorerWrappers::keep_chunks(PolicyOps& ops, const SlotRows& score, int scor
 }
 
 void ScorerWrappers::keep_per_chunk(PolicyOps& ops, const SlotRows& score, int score_layer,
-                                    const kernels::KvCache& cache, int budget,
+                                    const kernels::KvIndex& cache, int budget,
                                     kernels::EvictionPlan& plan) {
   for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
     const int len = cache.length(plan.layer(), h);
@@ -421,7 +421,7 @@ std::vector<int32_t> per_run_keep_list(std::span<const float> row, int run, doub
 }
 
 void ScorerWrappers::keep_above(PolicyOps& ops, const SlotRows& score, int score_layer,
-                                const kernels::KvCache& cache, kernels::EvictionPlan& plan) {
+                                const kernels::KvIndex& cache, kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads;
   if (slide_ && window_scores_.empty()) {
     window_scores_.resize(static_cast<size_t>(cache.shape().num_layers) * heads);
@@ -450,7 +450,7 @@ void ScorerWrappers::keep_above(PolicyOps& ops, const SlotRows& score, int score
 }
 
 std::vector<int32_t> ScorerWrappers::ada_counts(PolicyOps& ops, SlotRows& score, int score_layer,
-                                                const kernels::KvCache& cache, int layer,
+                                                const kernels::KvIndex& cache, int layer,
                                                 int budget) {
   const int heads = cache.shape().num_kv_heads;
   // At least one slot per head: kvpress's alpha 0 can leave a head none (its attention then
@@ -462,7 +462,7 @@ std::vector<int32_t> ScorerWrappers::ada_counts(PolicyOps& ops, SlotRows& score,
 }
 
 void ScorerWrappers::keep_counts(PolicyOps& ops, SlotRows& score, int score_layer,
-                                 const kernels::KvCache& cache, std::span<const int32_t> counts,
+                                 const kernels::KvIndex& cache, std::span<const int32_t> counts,
                                  kernels::EvictionPlan& plan) {
   tops_.clear();
   for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
@@ -474,7 +474,7 @@ void ScorerWrappers::keep_counts(PolicyOps& ops, SlotRows& score, int score_laye
 }
 
 void ScorerWrappers::keep(PolicyOps& ops, SlotRows& score, int score_layer, const LayerStats& st,
-                          const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan) {
+                          const kernels::KvIndex& cache, int budget, kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads, layer = plan.layer();
   if (thresholded_) {
     keep_above(ops, score, score_layer, cache, plan);

@@ -11,7 +11,7 @@
 namespace kvb::policies {
 
 // Whether a head of `layer` holds more than `budget` slots (the layer has something to evict).
-inline bool over_budget(const kernels::KvCache& cache, int layer, int budget) {
+inline bool over_budget(const kernels::KvIndex& cache, int layer, int budget) {
   for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
     if (cache.length(layer, h) > budget) return true;
   }
@@ -21,7 +21,7 @@ inline bool over_budget(const kernels::KvCache& cache, int layer, int budget) {
 // Fills `plan` for layer plan.layer() of `cache` from f32 rows (score_layer, h) of `score`, one
 // per cache head, each as long as its head. tops: the caller's scratch.
 inline void keep_top_per_head(PolicyOps& ops, const SlotRows& score, int score_layer,
-                              const kernels::KvCache& cache, int budget, std::vector<KeepTop>* tops,
+                              const kernels::KvIndex& cache, int budget, std::vector<KeepTop>* tops,
                               kernels::EvictionPlan& plan) {
   tops->clear();
   for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
@@ -92,10 +92,10 @@ class ScorerWrappers {
   // The layer's budget per head: kv_budget, or with `layer_ratios` (kvpress's
   // PerLayerCompressionPress) int(n x (1 - r_l)) of the layer's n slots (its longest head; r_l 0
   // keeps every slot).
-  int budget(int layer, const kernels::KvCache& cache, int kv_budget) const;
+  int budget(int layer, const kernels::KvIndex& cache, int kv_budget) const;
   // Whether layer `layer` has anything to decide at this budget: a head longer than it, or with
   // `threshold` a head longer than threshold_window.
-  bool acts(const kernels::KvCache& cache, int layer, int budget) const;
+  bool acts(const kernels::KvIndex& cache, int layer, int budget) const;
   // The scorer's own request plus what the wrappers read (the output projection).
   StatsRequest request(StatsRequest scorer) const {
     scorer.output_projection |= critical_;
@@ -114,30 +114,30 @@ class ScorerWrappers {
   // The decode step's token (the last slot of each head of layer plan.layer()) scored `lone`
   // enters the window; the token leaving it (the slot threshold_window before the last) goes
   // when its score, buffered since it entered, is below the threshold.
-  void slide(const kernels::KvCache& cache, float lone, kernels::EvictionPlan& plan);
+  void slide(const kernels::KvIndex& cache, float lone, kernels::EvictionPlan& plan);
   // Fills `plan` (layer plan.layer() of `cache`, the hook's st) from the score rows
   // (score_layer, h), one per cache head, each as long as its head: the scorer's kv_budget best
   // per head, or as the wrappers above say. The score rows may be changed.
   void keep(PolicyOps& ops, SlotRows& score, int score_layer, const LayerStats& st,
-            const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan);
+            const kernels::KvIndex& cache, int budget, kernels::EvictionPlan& plan);
 
  private:
   std::vector<int32_t> ada_counts(PolicyOps& ops, SlotRows& score, int score_layer,
-                                  const kernels::KvCache& cache, int layer, int budget);
-  void keep_counts(PolicyOps& ops, SlotRows& score, int score_layer, const kernels::KvCache& cache,
+                                  const kernels::KvIndex& cache, int layer, int budget);
+  void keep_counts(PolicyOps& ops, SlotRows& score, int score_layer, const kernels::KvIndex& cache,
                    std::span<const int32_t> counts, kernels::EvictionPlan& plan);
   // chunkkv: the layer's slot scores (the heads' sum) read to the host, chunk means in f64, the
   // chunks ranked (equal means: the later chunk first) and kept while they fit in `budget`.
   void keep_chunks(PolicyOps& ops, const SlotRows& score, int score_layer,
-                   const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan);
+                   const kernels::KvIndex& cache, int budget, kernels::EvictionPlan& plan);
   // chunk (ChunkPress): per head and run of chunk_runs_ slots, its max(1, int(len x f)) best
   // (equal scores: the later slot), read to the host.
   void keep_per_chunk(PolicyOps& ops, const SlotRows& score, int score_layer,
-                      const kernels::KvCache& cache, int budget, kernels::EvictionPlan& plan);
+                      const kernels::KvIndex& cache, int budget, kernels::EvictionPlan& plan);
   // threshold: per head, the slots before the last threshold_window whose score (read to the
   // host) is below float(t) leave.
   void keep_above(PolicyOps& ops, const SlotRows& score, int score_layer,
-                  const kernels::KvCache& cache, kernels::EvictionPlan& plan);
+                  const kernels::KvIndex& cache, kernels::EvictionPlan& plan);
 
   bool ada_ = false, critical_ = false;
   double alpha_ = 0.2, epsilon_ = 1e-4, first_ = 0.5;
@@ -175,11 +175,11 @@ class CacheScorer : public Policy {
   bool decides_with_ops() const override { return true; }
   bool evicts_at_decode() const override { return wrap_.decodes(); }
   bool decides_on_cache_rows() const override { return true; }
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     decide(st, cache, wrap_.budget(st.layer, cache, kv_budget()), plan);
   }
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     if (wrap_.slides()) {
       wrap_.slide(cache, lone_score(), plan);
@@ -200,10 +200,10 @@ class CacheScorer : public Policy {
   // generated token alone). test_policy_kvpress checks it against score() of a one-slot cache.
   virtual float lone_score() const = 0;
   // Layer st.layer's scores: layer 0 of rows made by `ops`, one row per cache head as long as it.
-  virtual SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvCache& cache) = 0;
+  virtual SlotRows& score(PolicyOps& ops, const LayerStats& st, const kernels::KvIndex& cache) = 0;
 
  private:
-  void decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+  void decide(const LayerStats& st, const kernels::KvIndex& cache, int budget,
               kernels::EvictionPlan& plan) {
     if (!wrap_.acts(cache, st.layer, budget)) return;
     model_layer_ = st.layer;
@@ -218,7 +218,7 @@ class CacheScorer : public Policy {
   // device's rows are read once per layer: scorer.cc): `block: N` (kvpress BlockPress: the
   // prompt's blocks scored in turn with the kept slots) and, for a scorer without runs of its
   // own, `chunk: N` (ChunkPress: each run scored alone).
-  void host_decide(const LayerStats& st, const kernels::KvCache& cache, int budget,
+  void host_decide(const LayerStats& st, const kernels::KvIndex& cache, int budget,
                    kernels::EvictionPlan& plan);
   ScorerWrappers wrap_;
   bool native_chunks_ = false;
@@ -230,7 +230,7 @@ class CacheScorer : public Policy {
 // a usage error unless every head of st.layer holds exactly the block (the prompt prefilled in one
 // block into an empty cache, as kvpress scores a prefill), naming `what` the policy reads.
 void require_whole_prompt(const char* policy, const char* what, const LayerStats& st,
-                          const kernels::KvCache& cache);
+                          const kernels::KvIndex& cache);
 // A usage error under tensor parallelism when `c` asks for a wrapper that compares scores across
 // heads or with a fixed value (ada, critical, chunkkv, threshold), for a policy whose scores are
 // standardised over a layer's heads (which the ranks split).

@@ -32,7 +32,7 @@ class SimLayerKv final : public Policy {
   StatsRequest prefill_request(int) const override { return {.last_w = n_last_}; }
   bool decides_with_ops() const override { return true; }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     if (threshold_ >= 1.0) return;  // kvpress: a threshold of 1 compresses nothing
     const int heads = cache.shape().num_kv_heads, group = st.num_heads / heads;

@@ -36,7 +36,7 @@ size_t SnapKvFamily::state_bytes() const {
 // kvpress's ChunkKVPress over SnapKVPress: SnapKV's scores of the prefix with the window padded
 // by their maximum over the layer + 1 (kvpress's pad), summed over the heads (f32, head order),
 // and the best chunks kept whole in every head (chunk_keep_list).
-void SnapKvFamily::keep_chunks(PolicyOps& ops, SlotRows& scores, const kernels::KvCache& cache,
+void SnapKvFamily::keep_chunks(PolicyOps& ops, SlotRows& scores, const kernels::KvIndex& cache,
                                int w, std::vector<int32_t>& budgets, kernels::EvictionPlan& plan) {
   const int heads = cache.shape().num_kv_heads, layer = plan.layer();
   const int n = cache.length(layer, 0), prefix = n - w;
@@ -68,7 +68,7 @@ void SnapKvFamily::keep_chunks(PolicyOps& ops, SlotRows& scores, const kernels::
   ops.resize(scores, 0, zeros_);  // the scratch holds nothing between layers
 }
 
-void SnapKvFamily::on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+void SnapKvFamily::on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                                     kernels::EvictionPlan& plan) {
   KVB_CHECK(st.layer >= 0 && st.layer < static_cast<int>(head_budgets_.size()))
       << "layer " << st.layer << " outside the policy's " << head_budgets_.size() << " layers";
@@ -133,7 +133,7 @@ class SnapKv final : public SnapKvFamily {
   std::unique_ptr<Policy> clone() const override { return std::make_unique<SnapKv>(*this); }
 
  protected:
-  void allocate(PolicyOps&, const SlotRows& s, int, int, int w, const kernels::KvCache&,
+  void allocate(PolicyOps&, const SlotRows& s, int, int, int w, const kernels::KvIndex&,
                 int32_t* budgets) override {
     for (int h = 0; h < s.heads(); ++h) budgets[h] = kv_budget() - w;
   }

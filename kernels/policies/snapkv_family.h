@@ -31,7 +31,7 @@ class SnapKvFamily : public Policy {
   bool decides_on_window_attention() const override { return true; }
   // Compresses the layer when its longest head holds more than kv_budget tokens (the prompt-cache
   // budget); otherwise keeps everything. Records the per-head budgets either way.
-  void on_prefill_layer(const LayerStats& stats, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& stats, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) final;
   size_t state_bytes() const override;
 
@@ -46,14 +46,14 @@ class SnapKvFamily : public Policy {
   // prefix). prompt_len: the layer's longest head; w: the window in slots (1 <= w <=
   // window()). Values above a head's prefix length are capped by the caller.
   virtual void allocate(PolicyOps& ops, const SlotRows& scores, int layer, int prompt_len, int w,
-                        const kernels::KvCache& cache, int32_t* budgets) = 0;
+                        const kernels::KvIndex& cache, int32_t* budgets) = 0;
   // `chunkkv: N` (snapkv only; kvpress ChunkKVPress over SnapKVPress): 0, or chunks of N slots
   // kept whole in every head instead of per-head tops (keep_chunks). A head then holds the kept
   // chunks' slots, B_i counting those of its prefix.
   int chunk_ = 0;
 
  private:
-  void keep_chunks(PolicyOps& ops, SlotRows& scores, const kernels::KvCache& cache, int w,
+  void keep_chunks(PolicyOps& ops, SlotRows& scores, const kernels::KvIndex& cache, int w,
                    std::vector<int32_t>& budgets, kernels::EvictionPlan& plan);
 
   int window_ = 0;

@@ -38,11 +38,11 @@ class StreamingLlm final : public Policy {
   bool evict_before_attention() const override { return before_; }
 
   // No statistics: the rule depends only on slot order (slots are in position order).
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     trim(st.layer, cache, plan);
   }
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     trim(st.layer, cache, plan);
   }
@@ -51,7 +51,7 @@ class StreamingLlm final : public Policy {
  private:
   // Keeps slots [0, sinks) and the last kv_budget - sinks. The sinks stay the sequence's first
   // tokens because this rule never drops them once the cache has reached them.
-  void trim(int layer, const kernels::KvCache& cache, kernels::EvictionPlan& plan) const {
+  void trim(int layer, const kernels::KvIndex& cache, kernels::EvictionPlan& plan) const {
     const int recent = kv_budget() - sinks_;
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(layer, h);

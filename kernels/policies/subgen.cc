@@ -73,7 +73,7 @@ class SubGen final : public Policy {
   bool replaces_attention() const override { return true; }
   bool attends_with_ops() const override { return true; }
 
-  void attend(const AttendArgs& a, const kernels::KvCache& cache,
+  void attend(const AttendArgs& a, const kernels::KvIndex& cache,
               kernels::EvictionPlan& plan) override {
     if (a.ops && a.ops->on_device()) {
       attend_on_device(a, *a.ops, cache, plan);
@@ -145,7 +145,7 @@ class SubGen final : public Policy {
 
   // After the head's queries: if over budget (or already compressed), stream every slot between
   // the sinks and the recent window into the sketch, in order, and drop them from the cache.
-  void absorb_outside_window(int layer, int h, const kernels::KvCache& cache,
+  void absorb_outside_window(int layer, int h, const kernels::KvIndex& cache,
                              const kernels::LayerKvView& view, kernels::EvictionPlan& plan) {
     Unit& u = unit(layer, h);
     const int len = cache.length(layer, h);
@@ -188,7 +188,7 @@ class SubGen final : public Policy {
   // while no head of the layer is compressed), then the absorbs, bit for bit the CPU's on the
   // same rows. Nothing comes back to the host, except with `delta: auto` the keys a head
   // absorbs at its first compression (one copy and one sync per (layer, head) and sequence).
-  void attend_on_device(const AttendArgs& a, PolicyOps& ops, const kernels::KvCache& cache,
+  void attend_on_device(const AttendArgs& a, PolicyOps& ops, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) {
     const int layer = a.layer, ckv = cache.shape().num_kv_heads;
     KVB_CHECK(a.num_heads % ckv == 0 && a.head_dim == params_.head_dim)

@@ -49,7 +49,7 @@ class SubgenKCenter final : public Policy {
   bool decides_with_ops() const override { return !weighted_; }
   bool attends_with_ops() const override { return weighted_; }
 
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     PolicyOps& ops = ops_of(st);
     if (ops.on_device()) {
@@ -59,7 +59,7 @@ class SubgenKCenter final : public Policy {
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) after_prefill(st.layer, h, cache, plan);
   }
   bool evicts_at_decode() const override { return slide_; }
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     if (!slide_) return;
     PolicyOps& ops = ops_of(st);
@@ -70,7 +70,7 @@ class SubgenKCenter final : public Policy {
 
   // weight_by_cluster_size only. The engine skips the hooks for such policies, so this runs them:
   // a prefill block -> after_prefill, one decode token -> slide; other blocks (no hook) keep all.
-  void attend(const AttendArgs& a, const kernels::KvCache& cache,
+  void attend(const AttendArgs& a, const kernels::KvIndex& cache,
               kernels::EvictionPlan& plan) override {
     if (a.ops && a.ops->on_device()) {
       attend_on_device(a, *a.ops, cache, plan);
@@ -132,8 +132,7 @@ class SubgenKCenter final : public Policy {
   // The one-shot compression, the first time a prefill leaves the head over budget. A head whose
   // prompt fits protects every token before its recent window (k-center on at most k points
   // keeps them all). Later prefill blocks on a compressed head count as window tokens.
-  void after_prefill(int layer, int h, const kernels::KvCache& cache,
-                     kernels::EvictionPlan& plan) {
+  void after_prefill(int layer, int h, const kernels::KvIndex& cache, kernels::EvictionPlan& plan) {
     const int len = cache.length(layer, h);
     const size_t u = index(layer, h);
     if (weighted_) log_size_.at(layer, h).resize(len, 0.0f);
@@ -160,7 +159,7 @@ class SubgenKCenter final : public Policy {
   // decode: slide: drop the oldest tokens after the protected centres while over budget
   // (EvictionPlan::drop: one victim at a decode step); `device`: the bias rows live there,
   // their entries leave at flush_erase.
-  void slide(int layer, int h, const kernels::KvCache& cache, kernels::EvictionPlan& plan,
+  void slide(int layer, int h, const kernels::KvIndex& cache, kernels::EvictionPlan& plan,
              PolicyOps* device) {
     if (!slide_) return;
     const int len = cache.length(layer, h);
@@ -180,7 +179,7 @@ class SubgenKCenter final : public Policy {
 
   // after_prefill for every head of the layer: the heads compressing now go to one
   // kcenter_keep (device keep lists and, weighted, log sizes), compressed heads slide.
-  void prefill_on_device(int layer, PolicyOps& ops, const kernels::KvCache& cache,
+  void prefill_on_device(int layer, PolicyOps& ops, const kernels::KvIndex& cache,
                          kernels::EvictionPlan& plan) {
     kcenter_.clear();
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
@@ -217,7 +216,7 @@ class SubgenKCenter final : public Policy {
   // 0), the engine's attention while no head of the layer has a centre with a bias (the CPU's
   // any_bias: a head compressed with m >= 1 centres over prefix > m keys has a cluster of two
   // or more, log >= log 2), else the exact softmax with the bias rows (subgen_query, no sketch).
-  void attend_on_device(const AttendArgs& a, PolicyOps& ops, const kernels::KvCache& cache,
+  void attend_on_device(const AttendArgs& a, PolicyOps& ops, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) {
     const int layer = a.layer, ckv = cache.shape().num_kv_heads;
     KVB_CHECK(a.num_heads % ckv == 0)

@@ -9,7 +9,7 @@
 
 namespace kvb::policies {
 
-void Policy::on_prefill_channels(const LayerStats& st, const kernels::KvCache& cache,
+void Policy::on_prefill_channels(const LayerStats& st, const kernels::KvIndex& cache,
                                  kernels::EvictionPlan& plan) const {
   const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
   const int pruned = static_cast<int>(d * think_ratio_);  // kvpress: int(head_dim x r)

@@ -28,11 +28,11 @@ class Tova final : public Policy {
   StatsRequest prefill_request(int) const override { return {.last_w = 1}; }
   StatsRequest decode_request() const override { return {.last_w = 1}; }
   bool decides_with_ops() const override { return true; }
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     evict(st, cache, plan, keep_last_);
   }
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     evict(st, cache, plan, false);
   }
@@ -43,7 +43,7 @@ class Tova final : public Policy {
   // decode a head holds kv_budget + 1, so this evicts exactly the argmin (ties: the older goes,
   // as select_topk keeps the higher index among equal scores). keep_last: the last slot stays
   // and the top kv_budget - 1 of the others join it.
-  void evict(const LayerStats& st, const kernels::KvCache& cache, kernels::EvictionPlan& plan,
+  void evict(const LayerStats& st, const kernels::KvIndex& cache, kernels::EvictionPlan& plan,
              bool keep_last) {
     const int last_kept = keep_last ? 1 : 0;
     const int heads = cache.shape().num_kv_heads;

@@ -8,18 +8,18 @@ class Window final : public Policy {
  public:
   bool evicts_at_decode() const override { return true; }
   using Policy::Policy;
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     trim(st.layer, cache, plan);
   }
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     trim(st.layer, cache, plan);
   }
   std::unique_ptr<Policy> clone() const override { return std::make_unique<Window>(*this); }
 
  private:
-  void trim(int layer, const kernels::KvCache& cache, kernels::EvictionPlan& plan) const {
+  void trim(int layer, const kernels::KvIndex& cache, kernels::EvictionPlan& plan) const {
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       const int len = cache.length(layer, h);
       if (len > kv_budget()) plan.drop(h, 0, len - kv_budget(), len);  // the oldest go

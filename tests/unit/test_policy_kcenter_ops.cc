@@ -136,7 +136,7 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                   size_t row_stride, int group, policies::GqaReduce how) override {
     cpu_.accumulate(rows, layer, src, head_stride, row_stride, group, how);
   }
-  void history_bits(SlotRows& bits, const policies::LayerStats& st, const KvCache& cache,
+  void history_bits(SlotRows& bits, const policies::LayerStats& st, const kernels::KvIndex& cache,
                     int history, bool inv_position) override {
     cpu_.history_bits(bits, st, cache, history, inv_position);
   }
@@ -164,11 +164,11 @@ class HostAsDeviceOps final : public policies::PolicyOps {
     cpu_.pool(in, in_layer, out, out_layer, kernel, kind);
   }
   std::vector<int32_t> count_top_across_heads(const SlotRows& scores, int score_layer,
-                                              const KvCache& cache, int layer,
+                                              const kernels::KvIndex& cache, int layer,
                                               int64_t k) override {
     return cpu_.count_top_across_heads(scores, score_layer, cache, layer, k);
   }
-  void keep_top(const SlotRows& scores, int score_layer, const KvCache& cache,
+  void keep_top(const SlotRows& scores, int score_layer, const kernels::KvIndex& cache,
                 std::span<const policies::KeepTop> heads, std::span<SlotRows* const> state,
                 EvictionPlan& plan) override {
     cpu_.keep_top(scores, score_layer, cache, heads, state, plan);
@@ -177,11 +177,11 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                               int n_queries) override {
     cpu_.divide_by_query_counts(rows, layer, before, n_queries);
   }
-  void cosine_to_mean(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+  void cosine_to_mean(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                       policies::CacheRows which, int chunk = 0) override {
     cpu_.cosine_to_mean(out, out_layer, cache, layer, which, chunk);
   }
-  void cache_norms(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+  void cache_norms(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                    policies::CacheRows which, bool squared) override {
     cpu_.cache_norms(out, out_layer, cache, layer, which, squared);
   }
@@ -195,7 +195,7 @@ class HostAsDeviceOps final : public policies::PolicyOps {
   void fill_prefix(SlotRows& rows, int layer, int count, float value) override {
     cpu_.fill_prefix(rows, layer, count, value);
   }
-  void lag_scores(SlotRows& out, int out_layer, const KvCache& cache, int layer, int sinks,
+  void lag_scores(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer, int sinks,
                   int lag) override {
     cpu_.lag_scores(out, out_layer, cache, layer, sinks, lag);
   }
@@ -204,7 +204,7 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                      bool covariance) override {
     cpu_.query_moments(out, out_layer, st, head_dim, first, rot, covariance);
   }
-  void quadratic_scores(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+  void quadratic_scores(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                         const SlotRows& moments, int moments_layer, int group, double a,
                         double b) override {
     cpu_.quadratic_scores(out, out_layer, cache, layer, moments, moments_layer, group, a, b);
@@ -217,11 +217,11 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                 const SlotRows* by, int by_layer) override {
     cpu_.fill_top(rows, layer, k, value, by, by_layer);
   }
-  void projected_value_norms(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+  void projected_value_norms(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                              const void* wo, bool wo_bf16, int dim, int group) override {
     cpu_.projected_value_norms(out, out_layer, cache, layer, wo, wo_bf16, dim, group);
   }
-  void chunk_attention_sums(SlotRows& out, int out_layer, const KvCache& cache, int layer,
+  void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                             const policies::LayerStats& st, int first, int count,
                             int chunk) override {
     cpu_.chunk_attention_sums(out, out_layer, cache, layer, st, first, count, chunk);
@@ -240,7 +240,7 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                        int k) override {
     cpu_.leverage_scores(out, out_layer, st, key_heads, head_dim, first, count, sketch, k);
   }
-  std::vector<float> read_cache_rows(const KvCache& cache, int layer, int head, int first,
+  std::vector<float> read_cache_rows(const kernels::KvIndex& cache, int layer, int head, int first,
                                      int count, kernels::ops::CacheRows which) override {
     return cpu_.read_cache_rows(cache, layer, head, first, count, which);
   }
@@ -248,11 +248,12 @@ class HostAsDeviceOps final : public policies::PolicyOps {
                                       int len) override {
     return cpu_.read_keep_list(plan, head, len);
   }
-  void replay_attention_max(SlotRows& out, int out_layer, const KvCache& cache, int layer,
-                            const policies::LayerStats& st, int sinks, int first, int count) override {
+  void replay_attention_max(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
+                            const policies::LayerStats& st, int sinks, int first,
+                            int count) override {
     cpu_.replay_attention_max(out, out_layer, cache, layer, st, sinks, first, count);
   }
-  void channel_square_means(const KvCache& cache, int layer, kernels::ops::CacheRows which,
+  void channel_square_means(const kernels::KvIndex& cache, int layer, kernels::ops::CacheRows which,
                             std::vector<double>* out) override {
     cpu_.channel_square_means(cache, layer, which, out);
   }
@@ -263,18 +264,18 @@ class HostAsDeviceOps final : public policies::PolicyOps {
     ++erases;
     cpu_.erase(rows, layer, heads);
   }
-  void kcenter_keep(const KvCache& cache, std::span<const policies::KCenterKeep> heads,
+  void kcenter_keep(const kernels::KvIndex& cache, std::span<const policies::KCenterKeep> heads,
                     SlotRows* log_sizes, EvictionPlan& plan) override {
     ++kcenters;
     cpu_.kcenter_keep(cache, heads, log_sizes, plan);
   }
   void subgen_query(const policies::SubgenState* state, const policies::SubgenAttend& a,
-                    const KvCache& cache) override {
+                    const kernels::KvIndex& cache) override {
     ASSERT_EQ(state, nullptr);
     ASSERT_NE(a.exact_bias, nullptr);
     ++queries;
     const int ckv = cache.shape().num_kv_heads, group = a.num_heads / ckv, d = a.head_dim;
-    const kernels::LayerKvView view = cache.layer(a.layer);
+    const kernels::LayerKvView view = kernels::storage_of(cache).layer(a.layer);
     for (int i = 0; i < a.n; ++i) {
       for (int h = 0; h < a.num_heads; ++h) {
         const int kvh = h / group;
@@ -307,10 +308,10 @@ class HostAsDeviceOps final : public policies::PolicyOps {
   kvb::kernels::ops::CpuPolicyOps cpu_;
 };
 
-std::vector<std::vector<int32_t>> positions(const KvCache& cache) {
+std::vector<std::vector<int32_t>> positions(const kernels::KvIndex& cache) {
   std::vector<std::vector<int32_t>> out;
   for (int l = 0; l < cache.shape().num_layers; ++l) {
-    const kernels::LayerKvView v = cache.layer(l);
+    const kernels::LayerIndexView v = cache.layer(l);
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
       out.emplace_back(v.position(h), v.position(h) + cache.length(l, h));
     }

@@ -42,7 +42,7 @@ class PromptHeavy final : public Policy {
   // After a layer's prompt block: scores += the block's GQA-reduced column sums (a new slot
   // starts at 0; a block on top of a compressed cache adds to the survivors' scores), then every
   // head over budget keeps its last `recent` slots and the top `heavy` of the others.
-  void on_prefill_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_prefill_layer(const LayerStats& st, const kernels::KvIndex& cache,
                         kernels::EvictionPlan& plan) override {
     PolicyOps& ops = ops_of(st);
     SlotRows& score = scores(ops, st.layer, cache);
@@ -54,7 +54,7 @@ class PromptHeavy final : public Policy {
 
   // After a decode step: the new token's slot gets score 0, then a head over budget (one slot
   // over, after the append) loses the lowest-scored slot outside the recent window.
-  void on_decode_layer(const LayerStats& st, const kernels::KvCache& cache,
+  void on_decode_layer(const LayerStats& st, const kernels::KvIndex& cache,
                        kernels::EvictionPlan& plan) override {
     PolicyOps& ops = ops_of(st);
     SlotRows& score = scores(ops, st.layer, cache);
@@ -72,7 +72,7 @@ class PromptHeavy final : public Policy {
  private:
   // The score rows, one f32 row per (layer, cache head), made by the ops of the first engine that
   // runs this policy; and `layer`'s head lengths into lens_.
-  SlotRows& scores(PolicyOps& ops, int layer, const kernels::KvCache& cache) {
+  SlotRows& scores(PolicyOps& ops, int layer, const kernels::KvIndex& cache) {
     const int heads = cache.shape().num_kv_heads;
     lens_.resize(heads);
     for (int h = 0; h < heads; ++h) lens_[h] = cache.length(layer, h);
@@ -82,7 +82,7 @@ class PromptHeavy final : public Policy {
   // Heads holding more than kv_budget keep the top (kv_budget - recent) of their slots before
   // the recent window, by score (ties: the later slot stays), and the window; keep_top compacts
   // the score rows with the same lists, so row entry i stays slot i's score.
-  void evict(PolicyOps& ops, SlotRows& score, int layer, const kernels::KvCache& cache,
+  void evict(PolicyOps& ops, SlotRows& score, int layer, const kernels::KvIndex& cache,
              kernels::EvictionPlan& plan) {
     tops_.clear();
     for (int h = 0; h < cache.shape().num_kv_heads; ++h) {
