@@ -476,8 +476,14 @@ TEST(PolicyOps, DeviceListsSetTheIndexLengthsAndPositionsAreReadBackOnce) {
   EXPECT_FALSE(index.positions_stale(0));
   (void)index.layer(0);
   EXPECT_EQ(reads, 1);  // read once
-  const int32_t* q = copy.layer(0).position(0);
+  // What a policy sees, the index alone (KvIndex::layer), reads them back the same way.
+  const kernels::KvIndex& policy_view = copy;
+  const int32_t* q = policy_view.layer(0).position(0);
   EXPECT_EQ(std::vector<int32_t>(q, q + 4), (std::vector<int32_t>{0, 2, 3, 5}));
+  EXPECT_EQ(policy_view.layer(0).lengths[0], 4);
+  EXPECT_EQ(reads, 2);
+  EXPECT_EQ(policy_view.position_reads(), 1);
+  (void)policy_view.layer(0);
   EXPECT_EQ(reads, 2);
   (void)sim;
   // Appends after a stale read land after the kept slots.
