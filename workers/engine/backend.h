@@ -103,10 +103,6 @@ class Backend {
     (void)extra;
   }
   virtual TransferCounters counters() const { return {}; }
-  // Whether the host KvCache is the storage (its K/V rows: the CPU) or an index whose rows the
-  // backend keeps where it computes (a device: KvCache::device_rows). Host code that reads a
-  // device's rows copies a layer through policy_ops() (kernels::ops::host_layer).
-  virtual bool host_storage() const = 0;
   // Whether a new cache stores its rows as f16 (KvCacheShape::f16): the CPU under --dtype
   // native, as llama.cpp's default cache; f32 everywhere else.
   virtual bool f16_rows() const { return false; }
@@ -114,6 +110,11 @@ class Backend {
   // backend's statistics and storage do: policies that decide with ops (Policy::
   // decides_with_ops) get it in LayerStats::ops, and on a device their statistics stay there.
   virtual policies::PolicyOps& policy_ops() = 0;
+  // A device backend: its storage, its policy ops and its policy time are the device's. The host
+  // KvCache is then an index whose rows the backend keeps (KvCache::device_rows; host code that
+  // reads them copies a layer through policy_ops(): kernels::ops::host_layer), and policy_ms is
+  // device time (begin_policy_span below). Elsewhere (the CPU) the host KvCache holds the rows.
+  bool on_device() { return policy_ops().on_device(); }
   // Makes host statistics (a recorded prefill's) readable by policy_ops(): on a device, copies
   // them into device buffers and replaces the pointers (valid until the next call).
   virtual void stats_to_device(policies::LayerStats* stats) { (void)stats; }
@@ -121,13 +122,12 @@ class Backend {
   // (StatsRequest::output_projection: CriticalKV's projected value norms); *bf16 says its element
   // type. Valid until the next call.
   virtual const void* output_projection(int layer, bool* bf16) = 0;
-  // policy_ms on the device (issue 13 item 5): where this returns true, the engine brackets each
-  // hook and the application of its plan with begin_policy_span / end_policy_span, and the
+  // policy_ms on the device (issue 13 item 5): on a device (on_device()), the engine brackets
+  // each hook and the application of its plan with begin_policy_span / end_policy_span, and the
   // backend measures the device time between them (CUDA events: the policy's kernels, and any
   // host work the device waited on); take_policy_ms() returns the spans completed since the
   // last call and is called after end_pass (whose sync completes them) or waits for them.
   // Elsewhere the engine measures host wall time around the hook.
-  virtual bool times_policy_on_device() const { return false; }
   virtual void begin_policy_span() {}
   virtual void end_policy_span() {}
   // With per_span, each span's milliseconds in the order begun (a decode batch attributes them

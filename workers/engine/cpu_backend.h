@@ -39,7 +39,6 @@ class CpuBackend final : public Backend {
   // The model's f32 rows, or (--dtype native) the layer's blocks dequantized into a scratch copy.
   const void* output_projection(int layer, bool* bf16) override;
   bool f16_rows() const override { return f16_rows_; }
-  bool host_storage() const override { return true; }
 
   bool batches_rows() const override { return true; }
   // A new sequence: its rows, and no rolled keys of the previous one.

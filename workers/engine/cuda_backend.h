@@ -124,12 +124,9 @@ class CudaBackend final : public Backend {
   void stats_to_device(policies::LayerStats* stats) override;
   // The device weights as the products read them (bf16 or f32).
   const void* output_projection(int layer, bool* bf16) override;
-  bool times_policy_on_device() const override { return true; }
   void begin_policy_span() override;
   void end_policy_span() override;
   double take_policy_ms(std::vector<double>* per_span = nullptr) override;
-  // The host KvCache is an index; the rows live in its DeviceKvCache.
-  bool host_storage() const override { return false; }
 
   DType dtype() const { return dtype_; }
   int gpu() const { return gpu_; }

@@ -78,7 +78,7 @@ kernels::KvCache Engine::new_cache(int initial_capacity,
   const int heads = policy && policy->gqa_expand() ? c.num_heads : c.num_kv_heads;
   const bool rolling = policy && policy->rolling_positions();
   return kernels::KvCache({c.num_layers, heads, c.head_dim, backend_->f16_rows(), rolling},
-                          initial_capacity, backend_->host_storage());
+                          initial_capacity, !backend_->on_device());
 }
 
 void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
@@ -157,7 +157,7 @@ void Engine::forward(std::span<const int32_t> tokens, kernels::KvCache& cache,
     be.classify(n - first, logits);
   }
   be.end_pass(cache);
-  if (be.times_policy_on_device()) policy_ms_ += be.take_policy_ms();
+  if (be.on_device()) policy_ms_ += be.take_policy_ms();
 }
 
 void Engine::decode_batch(std::span<const int32_t> tokens,
@@ -251,7 +251,7 @@ void Engine::decode_batch(std::span<const int32_t> tokens,
   be.rmsnorm(Act::kXb, Act::kX, -1, Norm::kAttn, 0, B);
   be.classify(B, logits);
   be.end_pass(*caches[0]);
-  if (be.times_policy_on_device()) {
+  if (be.on_device()) {
     // Device spans complete at end_pass: each goes to the sequence whose hook it timed.
     policy_ms_ += be.take_policy_ms(&span_ms_);
     KVB_CHECK(span_ms_.size() == span_owner_.size())
@@ -348,7 +348,7 @@ void Engine::reconstruct_context(policies::Policy& policy, kernels::KvCache& cac
 template <typename Hook>
 void Engine::run_hook(int layer, kernels::KvCache& cache, Hook&& hook) {
   Backend& be = *backend_;
-  const bool device_time = be.times_policy_on_device();
+  const bool device_time = be.on_device();
   const auto t0 = Clock::now();
   if (device_time) begin_span();
   plan_.reset(layer, cache.shape().num_kv_heads);
@@ -428,7 +428,7 @@ void Engine::after_attention(int l, kernels::KvCache& cache, policies::Policy* p
   const bool stats_stay = hook != PolicyHook::kNone && policy->decides_with_ops();
   policies::LayerStats host = stats;
   if ((stats.col_sums || stats.last_probs) && (record || !stats_stay)) {
-    const bool device_time = hook != PolicyHook::kNone && be.times_policy_on_device();
+    const bool device_time = hook != PolicyHook::kNone && be.on_device();
     if (device_time) begin_span();
     const double ms = be.stats_to_host(&host);
     if (device_time) {
@@ -662,7 +662,7 @@ void Engine::apply_recorded_prefill(policies::Policy& policy, const kernels::KvC
       << "the recorded prefill lacks statistics this policy needs";
   Backend& be = *backend_;
   const int heads = cache.shape().num_kv_heads;
-  const bool device_time = be.times_policy_on_device();
+  const bool device_time = be.on_device();
   const auto t0 = Clock::now();
   if (device_time) begin_span();
   for (int l = 0; l < c.num_layers; ++l) {

@@ -67,7 +67,7 @@ class Engine {
   // Milliseconds spent inside policy hooks (scoring, selection, compaction) and applying their
   // plans since construction: the eviction overhead, measured apart from attention. Host wall
   // time on the CPU; on a device the device time between CUDA events around the same work
-  // (Backend::times_policy_on_device), the copies of the statistics host-side hooks read
+  // (Backend::on_device), the copies of the statistics host-side hooks read
   // included, so the figures compare.
   double policy_ms() const { return policy_ms_; }
   // Prompt prefills executed (forward passes over more than one token, or a first token).
