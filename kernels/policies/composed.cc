@@ -168,8 +168,12 @@ class Composed final : public Policy {
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     probs_.assign(static_cast<size_t>(qh) * w * longest, 0.0f);
     const kernels::LayerKvView rows = scratch.layer(layer);
-    std::vector<double> logit(longest);
+    // Query heads are independent (each writes its own rows, in the same order on any thread):
+    // the same bits with any number of threads.
+    const int64_t work = static_cast<int64_t>(qh) * w * longest * d;
+#pragma omp parallel for schedule(dynamic, 1) if (qh > 1 && work > (int64_t{1} << 20))
     for (int q = 0; q < qh; ++q) {
+      std::vector<double> logit(longest);
       const int h = q / group;
       const int len = static_cast<int>(kept[h].size());
       const int32_t* pos = rows.position(h);
