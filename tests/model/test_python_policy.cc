@@ -263,6 +263,18 @@ std::string write_module(const std::string& name, const std::string& body) {
   return path;
 }
 
+// The python policy at kv_budget 8 on model m with `opts` (file=...).
+policies::PolicyConfig python_config(const engine::Model& m,
+                                     const std::map<std::string, std::string>& opts) {
+  const auto& c = m.config;
+  policies::PolicyConfig pc;
+  pc.name = "python";
+  pc.kv_budget = 8;
+  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
+  pc.options = policies::PolicyOptions(opts);
+  return pc;
+}
+
 // Runs a prefill (and a few decode steps) with the module; returns the error's message and
 // kind, and how long it took.
 struct Outcome {
@@ -275,12 +287,7 @@ struct Outcome {
 Outcome run_module(const engine::Model& m, const std::string& path,
                    std::map<std::string, std::string> opts = {}) {
   opts["file"] = path;
-  const auto& c = m.config;
-  policies::PolicyConfig pc;
-  pc.name = "python";
-  pc.kv_budget = 8;
-  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-  pc.options = policies::PolicyOptions(opts);
+  const policies::PolicyConfig pc = python_config(m, opts);
   Outcome o;
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -421,11 +428,7 @@ TEST(PythonPolicyCtx, RowsAreMadeOnFirstReadAndOtherFieldsStayMissing) {
       "def decode_score(ctx):\n    return -np.linalg.norm(ctx.keys, axis=-1)\n");
   const auto& c = m->config;
   auto keep_of = [&](const std::string& f) {
-    policies::PolicyConfig pc;
-    pc.name = "python";
-    pc.kv_budget = 8;
-    pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-    pc.options = policies::PolicyOptions({{"file", f}});
+    const policies::PolicyConfig pc = python_config(*m, {{"file", f}});
     engine::Engine eng(*m);
     auto policy = policies::make_policy(pc);
     kernels::KvCache cache = eng.new_cache(40, policy.get());
@@ -470,12 +473,7 @@ TEST(PythonPolicyState, StateLivesForTheUnitAndClonesCopyIt) {
       "    if ctx.state['n'] > 100:\n"
       "        raise RuntimeError('calls %d' % ctx.state['n'])\n"
       "    return s\n");
-  const auto& c = m->config;
-  policies::PolicyConfig pc;
-  pc.name = "python";
-  pc.kv_budget = 8;
-  pc.shape = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq_len};
-  pc.options = policies::PolicyOptions({{"file", file}});
+  const policies::PolicyConfig pc = python_config(*m, {{"file", file}});
   engine::Engine eng(*m);
   auto policy = policies::make_policy(pc);
   kernels::KvCache cache = eng.new_cache(200, policy.get());
