@@ -437,7 +437,12 @@ void check_rerotate(const engine::Model& model, const std::vector<int32_t>& prom
             run(eng, *m, {"full", {}}, 0, prompt, forced).logits);
   for (const Variant& var : {Variant{"snapkv", {{"positions", "rerotate"}}},
                              Variant{"keydiff", {{"positions", "rerotate"}, {"think", "0.5"}}},
-                             Variant{"pyramidkv", {{"positions", "rerotate"}}}}) {
+                             Variant{"pyramidkv", {{"positions", "rerotate"}}},
+                             // a composition re-rotates after its second policy's decision
+                             Variant{"snapkv",
+                                     {{"positions", "rerotate"},
+                                      {"then", "keydiff"},
+                                      {"first_compression_ratio", "0.25"}}}}) {
     SCOPED_TRACE(var.label());
     Variant alone = var;  // the policy alone: the same tokens, keys where they were computed
     alone.options.erase("positions");
