@@ -11,9 +11,10 @@ namespace kvb::kernels::ops {
 kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvIndex& cache, int layer,
                                 kernels::KvCache* scratch) {
   const kernels::KvCache& storage = kernels::storage_of(cache);
-  KVB_CHECK(layer >= 0 && layer < cache.shape().num_layers && scratch != nullptr)
+  KVB_CHECK(layer >= 0 && layer < cache.shape().num_layers)
       << "host_layer: layer " << layer << " of " << cache.shape().num_layers;
   if (storage.host_rows()) return storage.rows_f32(layer);
+  KVB_CHECK(scratch != nullptr) << "host_layer: a device's rows need a scratch cache to land in";
   const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
   int longest = 0;
   for (int h = 0; h < heads; ++h) longest = std::max(longest, cache.length(layer, h));

@@ -647,7 +647,8 @@ std::vector<int32_t> ada_head_budgets(PolicyOps& ops, const SlotRows& scores, in
 // f16 rows converted to f32); else (a device's index) a copy of the layer read through `ops`
 // into *scratch, a one-layer host cache of the same slots, rows as f32 and positions (two
 // copies and two syncs per head, counted in the ops' transfers), and a view of that. Valid until
-// the cache or *scratch changes. Policies read a cache's rows through this alone
+// the cache or *scratch changes; `scratch` may be null where the cache is known to hold host
+// rows (CPU-only code). Policies read a cache's rows through this alone
 // (tests/layering/check_layering.py checks it), so the rows are the storage's business.
 kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvIndex& cache, int layer,
                                 kernels::KvCache* scratch);

@@ -106,7 +106,6 @@ class PythonPolicy final : public Policy {
     decode_score_.reset();
     options_.reset();
     state_.reset();
-    ctx_class_.reset();
   }
 
   StatsRequest prefill_request(int) const override {
@@ -305,6 +304,7 @@ class PythonPolicy final : public Policy {
     int n = 0;
     kernels::KvCache pulled;
     std::vector<std::pair<const char*, py::Ref>>* views = nullptr;
+    size_t made_at = 0;  // 1 + where in *views the rows' arrays are, once made (0: not yet)
   };
 
   // ctx._kvbench_rows(ctx), called by the ctx class's __getattr__: sets ctx.keys and ctx.values.
@@ -320,18 +320,26 @@ class PythonPolicy final : public Policy {
       return nullptr;
     }
     try {
-      const kernels::KvIndex& cache = *f->cache;
-      const int layer = f->st->layer;
-      const kernels::LayerKvView v = host_layer(ops_of(*f->st), cache, layer, &f->pulled);
-      const int heads = cache.shape().num_kv_heads, hd = v.head_dim, cap = v.capacity, n = f->n;
-      py::Ref keys = py::array_view(v.keys, 'f', {heads, n, hd}, {cap * hd, hd, 1});
-      py::Ref values = py::array_view(v.values, 'f', {heads, n, hd}, {cap * hd, hd, 1});
+      // Made once per call: a second fetch (the module deleted ctx.keys) sets the same arrays
+      // again; making them anew would free the copy the first ones view.
+      if (f->made_at == 0) {
+        const kernels::KvIndex& cache = *f->cache;
+        const int layer = f->st->layer;
+        const kernels::LayerKvView v = host_layer(ops_of(*f->st), cache, layer, &f->pulled);
+        const int heads = cache.shape().num_kv_heads, hd = v.head_dim, cap = v.capacity;
+        const int n = f->n;
+        f->views->emplace_back("keys", py::array_view(v.keys, 'f', {heads, n, hd},
+                                                      {cap * hd, hd, 1}));
+        f->views->emplace_back("values", py::array_view(v.values, 'f', {heads, n, hd},
+                                                        {cap * hd, hd, 1}));
+        f->made_at = f->views->size() - 1;  // 1 + the keys' index
+      }
+      const py::Ref& keys = (*f->views)[f->made_at - 1].second;
+      const py::Ref& values = (*f->views)[f->made_at].second;
       if (PyObject_SetAttrString(ctx, "keys", keys.get()) != 0 ||
           PyObject_SetAttrString(ctx, "values", values.get()) != 0) {
         return nullptr;
       }
-      f->views->emplace_back("keys", std::move(keys));
-      f->views->emplace_back("values", std::move(values));
     } catch (const std::bad_alloc&) {
       return PyErr_NoMemory();
     } catch (const std::exception& e) {
@@ -342,8 +350,11 @@ class PythonPolicy final : public Policy {
   }
 
   // The class of ctx: a types.SimpleNamespace whose keys and values are made when first read.
-  PyObject* ctx_class(const py::Site& site) {
-    if (ctx_class_) return ctx_class_.get();
+  // Made once per process (with the GIL held; the interpreter is never finalized, so the class
+  // is never released).
+  static PyObject* ctx_class(const py::Site& site) {
+    static PyObject* made = nullptr;
+    if (made) return made;
     static const char* kSource =
         "import types\n"
         "class Ctx(types.SimpleNamespace):\n"
@@ -358,9 +369,9 @@ class PythonPolicy final : public Policy {
     py::Ref module =
         py::Ref::steal(PyImport_ExecCodeModule("_kvbench_ctx", code.get()));
     if (!module) py::throw_pending(site, "making the ctx class failed");
-    ctx_class_ = py::Ref::steal(PyObject_GetAttrString(module.get(), "Ctx"));
-    if (!ctx_class_) py::throw_pending(site, "the ctx class is missing");
-    return ctx_class_.get();
+    made = PyObject_GetAttrString(module.get(), "Ctx");
+    if (!made) py::throw_pending(site, "the ctx class is missing");
+    return made;
   }
 
   // Calls fn(ctx) and leaves its scores in scores_ [heads, n].
@@ -574,7 +585,7 @@ class PythonPolicy final : public Policy {
   bool started_ = false;  // the interpreter runs (Refs need the GIL)
   std::string load_error_;
   ErrorKind load_error_kind_ = ErrorKind::kRuntime;
-  py::Ref module_, score_, decode_score_, options_, state_, ctx_class_;
+  py::Ref module_, score_, decode_score_, options_, state_;
   bool needs_attention_ = false, needs_attention_sum_ = false;
   std::vector<int32_t> lens_;
   std::vector<float> scores_;  // [heads, n] of the last call

@@ -89,9 +89,8 @@ class SubGen final : public Policy {
     if (cache.next_position() == 0) {
       for (int h = 0; h < ckv; ++h) unit(layer, h) = Unit{};
     }
-    kernels::KvCache scratch;  // unused: the CPU's cache holds its rows
-    kernels::LayerKvView view =
-        host_layer(a.ops ? *a.ops : cpu_policy_ops(), cache, layer, &scratch);
+    kernels::LayerKvView view =  // the CPU's path: its cache holds the rows
+        host_layer(a.ops ? *a.ops : cpu_policy_ops(), cache, layer, nullptr);
     bool any_sketch = false;
     for (int h = 0; h < ckv; ++h) any_sketch |= unit(layer, h).compressed;
     if (!any_sketch) {

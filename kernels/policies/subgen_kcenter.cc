@@ -92,9 +92,8 @@ class SubgenKCenter final : public Policy {
       bias.resize(cache.length(layer, h), 0.0f);  // the block's new tokens: clusters of one
       for (float b : bias) any_bias |= b != 0.0f;
     }
-    kernels::KvCache scratch;  // unused: the CPU's cache holds its rows
-    kernels::LayerKvView view =
-        host_layer(a.ops ? *a.ops : cpu_policy_ops(), cache, layer, &scratch);
+    kernels::LayerKvView view =  // the CPU's path: its cache holds the rows
+        host_layer(a.ops ? *a.ops : cpu_policy_ops(), cache, layer, nullptr);
     if (!any_bias) {
       cpu::attention({a.out, a.q, view, a.n, a.num_heads, a.scale});
     } else {
@@ -145,8 +144,8 @@ class SubgenKCenter final : public Policy {
       return;
     }
     const int prefix = len - split_.recent;  // > kv_budget - recent = centres
-    kernels::KvCache scratch;  // unused on the CPU, whose cache holds its rows
-    kernels::LayerKvView view = host_layer(cpu_policy_ops(), cache, layer, &scratch);
+    // The CPU's path (a device decides through kcenter_keep): its cache holds the rows.
+    kernels::LayerKvView view = host_layer(cpu_policy_ops(), cache, layer, nullptr);
     std::vector<int32_t> keep;
     const int m = cpu::kcenter_keep_list(view.key(h, 0), prefix, len, view.head_dim,
                                          split_.centres, &keep,

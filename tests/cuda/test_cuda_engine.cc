@@ -842,18 +842,17 @@ TEST_F(CudaEngineSmol, DecodeStepCopiesAndSyncsAreCountedPerPolicy) {
     const int stat_copies = hook_stats ? static_cast<int>(req.col_sums) +
                                              static_cast<int>(req.last_w > 0)
                                        : 0;
-    // Host rows used to come down per layer for a policy that read them (the Python policy);
-    // now every cache is an index and a policy reads a layer through the ops (the Python
-    // policy's h2o.py reads none: its decode step copies no rows).
-    const int rows = cache.host_rows() ? 1 : 0;
+    // No K/V rows come down: every cache is an index, and a policy reads a layer through the
+    // ops when it asks (the Python policy's h2o.py reads none; before 2026-12-06 its cache kept
+    // host rows, two copies and a sync per layer and step).
     EXPECT_FALSE(cache.host_rows());
     // knorm decides on the device; a replaced attention's queries come down per layer (1 copy,
     // 1 sync) and its hook reads no statistics.
     const int keys_down = req.pre_rope_keys && !on_device ? L : 0;
     const int64_t want_d2h =
-        2 * L * rows + 1 + keys_down + (replaced ? 0 : stat_copies) * L + replaced * L;
+        1 + keys_down + (replaced ? 0 : stat_copies) * L + replaced * L;
     const int64_t want_syncs =
-        L * rows + 1 + keys_down + (hook_stats && !replaced ? L : 0) + replaced * L;
+        1 + keys_down + (hook_stats && !replaced ? L : 0) + replaced * L;
     EXPECT_EQ(t1.d2h_copies - t0.d2h_copies, want_d2h) << evicting << " layers evicted";
     EXPECT_EQ(t1.stream_syncs - t0.stream_syncs, want_syncs) << evicting << " layers evicted";
     // H2D: the pass's tokens and positions; the device lengths follow the appends and plans as

@@ -391,7 +391,8 @@ TEST(PythonPolicyHostile, EachFailureIsAnErrorNamingTheFileAndFunction) {
 }
 
 // ctx.keys and ctx.values are made when first read: absent from vars(ctx) until then, the
-// same read-only arrays on every later read, and any other missing field is an AttributeError;
+// same read-only arrays on every later read (deleted and read again too), and any other missing
+// field is an AttributeError;
 // the keep-sets are those of a module that reads the rows at once.
 TEST(PythonPolicyCtx, RowsAreMadeOnFirstReadAndOtherFieldsStayMissing) {
   const std::string path = std::string(KVB_SHARED_DIR) + "/models/stories260K/stories260K.bin";
@@ -410,6 +411,8 @@ TEST(PythonPolicyCtx, RowsAreMadeOnFirstReadAndOtherFieldsStayMissing) {
       "    assert hasattr(ctx, 'values')\n"
       "    k = ctx.keys\n"
       "    assert k is ctx.keys and ctx.values is vars(ctx)['values']\n"
+      "    del ctx.keys\n"
+      "    assert ctx.keys is k  # made once per call: a second read sets the same arrays\n"
       "    kv, n = ctx.positions.shape\n"
       "    assert k.shape[:2] == (kv, n) and k.dtype == np.float32 and not k.flags.writeable\n"
       "    ctx.state['calls'] = ctx.state.get('calls', 0) + 1\n"
