@@ -163,6 +163,11 @@ class CudaPolicyOps final : public ops::PolicyOps {
   void replay_attention_max(ops::SlotRows& out, int out_layer, const kernels::KvIndex& cache,
                             int layer, const ops::LayerStats& st, int sinks, int first,
                             int count) override;
+  // window_attention: the window's queries one counted upload, one launch (a block per window
+  // query and query head; cuda_policy_ops_window.cu); the rows stay on the device.
+  void window_attention(ops::WindowProbs& out, const kernels::KvIndex& cache, int layer,
+                        const ops::LayerStats& st, int w) override;
+  std::unique_ptr<ops::WindowProbs> make_window_probs() override;
   // channel_square_means: one launch, one D2H copy, one sync (cuda_policy_ops_channels.cu).
   void channel_square_means(const kernels::KvIndex& cache, int layer, ops::CacheRows which,
                             std::vector<double>* out) override;
@@ -211,7 +216,7 @@ class CudaPolicyOps final : public ops::PolicyOps {
   size_t top_lists_cap_ = 0;
   // kcenter_keep's log sizes: entry i = std::log(float(i)) on the host, i < log_cap_ (entry 0
   // unused); the host copy stays for the stream-ordered upload.
-  // cosine_to_mean's and lag_scores' f64 scratch (stream-ordered allocation).
+  // cosine_to_mean's, lag_scores' and window_attention's f64 scratch (stream-ordered allocation).
   double* f64_ = nullptr;
   size_t f64_cap_ = 0;
   float* log_table_ = nullptr;

@@ -32,6 +32,12 @@ kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvIndex& cache, i
   return scratch->rows_f32(0);
 }
 
+void use_window(const WindowProbs& probs, LayerStats* st) {
+  st->last_probs = probs.data();
+  st->last_w = probs.w();
+  st->stride = probs.stride();
+}
+
 void window_scores(PolicyOps& ops, SlotRows& scores, int score_layer, WindowScratch& scratch,
                    const LayerStats& st, const kernels::KvIndex& cache,
                    const WindowScoreOptions& opt) {

@@ -1371,6 +1371,78 @@ void CpuPolicyOps::channel_square_means(const kernels::KvIndex& cache_index, int
   }
 }
 
+namespace {
+// window_attention's rows on the host.
+class CpuWindowProbs final : public WindowProbs {
+ public:
+  std::vector<float>& reset(int heads, int w, int stride) {
+    rows_.assign(static_cast<size_t>(heads) * w * stride, 0.0f);
+    data_ = rows_.data();
+    heads_ = heads;
+    w_ = w;
+    stride_ = stride;
+    return rows_;
+  }
+
+ private:
+  std::vector<float> rows_;
+};
+}  // namespace
+
+std::unique_ptr<WindowProbs> CpuPolicyOps::make_window_probs() {
+  return std::make_unique<CpuWindowProbs>();
+}
+
+void CpuPolicyOps::window_attention(WindowProbs& out, const kernels::KvIndex& cache_index,
+                                    int layer, const LayerStats& st, int w) {
+  const kernels::KvCache& cache = kernels::storage_of(cache_index);
+  auto* probs = dynamic_cast<CpuWindowProbs*>(&out);
+  KVB_CHECK(probs != nullptr) << "window_attention: probabilities made by another ops instance";
+  const int heads = cache.shape().num_kv_heads, d = cache.shape().head_dim;
+  const int qh = st.num_heads;
+  KVB_CHECK(cache.host_rows() && layer >= 0 && layer < cache.shape().num_layers &&
+            st.last_queries != nullptr && w >= 1 && w <= st.n_queries && heads >= 1 &&
+            qh % heads == 0)
+      << "window_attention: layer " << layer << ", a window of " << w << " of "
+      << st.n_queries << " queries, " << qh << " query heads over " << heads << " cache heads"
+      << (cache.host_rows() ? "" : ", a cache without host rows");
+  const int group = qh / heads;
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) longest = std::max(longest, cache.length(layer, h));
+  std::vector<float>& rows = probs->reset(qh, w, longest);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const kernels::LayerKvView view = cache.rows_f32(layer);
+  // Query heads are independent (each writes its own rows, in the same order on any thread):
+  // the same bits with any number of threads.
+  const int64_t work = static_cast<int64_t>(qh) * w * longest * d;
+#pragma omp parallel for schedule(dynamic, 1) if (qh > 1 && work > (int64_t{1} << 20))
+  for (int q = 0; q < qh; ++q) {
+    std::vector<double> logit(longest);
+    const int h = q / group;
+    const int len = cache.length(layer, h);
+    const int32_t* pos = view.position(h);
+    for (int i = 0; i < w; ++i) {
+      const float* query =
+          st.last_queries + (static_cast<size_t>(st.n_queries - w + i) * qh + q) * d;
+      const int32_t at = st.block_end - w + i;
+      const int visible = static_cast<int>(std::upper_bound(pos, pos + len, at) - pos);
+      if (visible == 0) continue;
+      double top = -INFINITY;
+      for (int s = 0; s < visible; ++s) {
+        const float* key = view.key(h, s);
+        double dot = 0;
+        for (int c = 0; c < d; ++c) dot += static_cast<double>(query[c]) * key[c];
+        logit[s] = dot * scale;
+        top = std::max(top, logit[s]);
+      }
+      double sum = 0;
+      for (int s = 0; s < visible; ++s) sum += (logit[s] = std::exp(logit[s] - top));
+      float* o = rows.data() + (static_cast<size_t>(q) * w + i) * longest;
+      for (int s = 0; s < visible; ++s) o[s] = static_cast<float>(logit[s] / sum);
+    }
+  }
+}
+
 std::vector<float> CpuPolicyOps::read_f32(const SlotRows& rows, int layer, int head) {
   check_layer(rows, layer);
   return host(rows).f32(layer, head);

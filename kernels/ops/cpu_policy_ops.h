@@ -79,6 +79,9 @@ class CpuPolicyOps final : public PolicyOps {
   void channel_square_means(const kernels::KvIndex& cache, int layer, CacheRows which,
                             std::vector<double>* out) override;
   void write_rows(SlotRows& rows, int layer, std::span<const float> values, int length) override;
+  void window_attention(WindowProbs& out, const kernels::KvIndex& cache, int layer,
+                        const LayerStats& st, int w) override;
+  std::unique_ptr<WindowProbs> make_window_probs() override;
   std::vector<float> read_f32(const SlotRows& rows, int layer, int head) override;
   std::vector<uint64_t> read_u64(const SlotRows& rows, int layer, int head) override;
 };

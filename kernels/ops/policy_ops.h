@@ -177,6 +177,24 @@ class SubgenStatePtr {
   std::unique_ptr<SubgenState> s_;
 };
 
+// A window's attention probabilities (window_attention's output), kept where the ops instance
+// that made them keeps its rows (make_window_probs): f32 [heads][w][stride], host memory for the
+// CPU instance, device memory for a device's. use_window points a LayerStats at them as the
+// engine's recorded window, so the SnapKV family's window_scores reads them (valid while this
+// lives and until the next window_attention into it).
+class WindowProbs {
+ public:
+  virtual ~WindowProbs() = default;
+  const float* data() const { return data_; }
+  int heads() const { return heads_; }
+  int w() const { return w_; }
+  int stride() const { return stride_; }
+
+ protected:
+  const float* data_ = nullptr;
+  int heads_ = 0, w_ = 0, stride_ = 0;
+};
+
 // One layer's queries for SubGen's estimator (the policy's AttendArgs where the ops live):
 // query i of n, head h sees its cache head's sketch when compressed[cache head], plus the
 // head's exact slots [0, length - n + i] (the block is appended already), each exact logit
@@ -562,6 +580,26 @@ class PolicyOps {
   virtual void replay_attention_max(SlotRows& out, int out_layer, const kernels::KvIndex& cache,
                                     int layer, const LayerStats& st, int sinks, int first,
                                     int count) = 0;
+  // Vocabulary: queries . keys with softmax over a cache layer: a window of the block's queries
+  // attending the cache as it is now (kvpress's SnapKV over a compressed cache: `then:` with a
+  // SnapKV-family second policy). The window is the last w (1 <= w <= st.n_queries) of
+  // st.last_queries (host rows [st.n_queries][st.num_heads][head_dim], after RoPE); its query i
+  // sits at position st.block_end - w + i, and query head q reads cache head q / (st.num_heads /
+  // heads) (st.num_heads a multiple of the cache's heads). For each (q, i) the visible slots are
+  // the head's first v, v the number of its slots whose position is <= the query's (positions
+  // increase along a head's slots, as every cache keeps them):
+  //   l_s = (sum_c double(query[c]) * double(key_s[c]), c increasing from 0.0) * (1.0 /
+  //   sqrt(double(head_dim))) (keys as cached; each product is exact in f64, so contraction
+  //   cannot change a bit); m = the largest l_s; e_s = exp(l_s - m) (f64); Z = sum_s e_s (f64,
+  //   s increasing from 0.0); entry s = float(e_s / Z).
+  // `out` becomes [st.num_heads][w][stride], stride = the layer's longest head, entries from v
+  // on 0 (a row with no visible slot is all 0). On a device: the window's queries are one
+  // counted upload and one launch computes the rows; nothing waits. A device's exp may differ
+  // from glibc's in the last bit of the f64, which the f32 rounding almost always absorbs.
+  virtual void window_attention(WindowProbs& out, const kernels::KvIndex& cache, int layer,
+                                const LayerStats& st, int w) = 0;
+  // An empty WindowProbs of this instance's (window_attention's out).
+  virtual std::unique_ptr<WindowProbs> make_window_probs() = 0;
   // The slots head `head` (holding `len`) keeps under `plan`, increasing, on the host: the
   // plan's host decision, or its device list (EvictionPlan::keep_on_device: one copy and one
   // sync, counted). What a decision made after another policy's reads (`then:`, composition).
@@ -652,6 +690,10 @@ std::vector<int32_t> ada_head_budgets(PolicyOps& ops, const SlotRows& scores, in
 // (tests/layering/check_layering.py checks it), so the rows are the storage's business.
 kernels::LayerKvView host_layer(PolicyOps& ops, const kernels::KvIndex& cache, int layer,
                                 kernels::KvCache* scratch);
+
+// Points st's recorded window (last_probs, last_w, stride) at `probs` (window_attention's),
+// so window_scores and window_sum read it on the instance that made it.
+void use_window(const WindowProbs& probs, LayerStats* st);
 
 // The CPU instance every host hook without an engine uses (tests' policies::decode_layer).
 PolicyOps& cpu_policy_ops();

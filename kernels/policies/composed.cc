@@ -128,7 +128,7 @@ class Composed final : public Policy {
              "the composition on the CPU";
     }
     one.ops = &cpu_policy_ops();
-    if (then_->decides_on_window_attention()) window_probs(st, scratch, kept, &one);
+    if (then_->decides_on_window_attention()) window_probs(st, scratch, &one);
     kernels::EvictionPlan second;
     second.reset(layer, heads);
     then_->on_prefill_layer(one, scratch, second);
@@ -150,56 +150,23 @@ class Composed final : public Policy {
 
  private:
   // The probabilities of the block's last w queries over the survivors (w: the second policy's
-  // last_w, at most the queries recorded): logits q.k / sqrt(head_dim) (kvpress's SnapKV scale)
-  // in f64 from the f32 query (after RoPE) and key, each query seeing the survivors at or before
-  // its position (st.block_end - w + i for query i of the w), softmax in f64, rounded to f32.
-  // Rows [num_heads, w, longest]; query head q reads cache head q / (num_heads / cache heads).
-  void window_probs(const LayerStats& st, const kernels::KvCache& scratch,
-                    const std::vector<std::vector<int32_t>>& kept, LayerStats* one) {
-    const int heads = scratch.shape().num_kv_heads, d = scratch.shape().head_dim;
-    const int layer = st.layer, qh = st.num_heads;
+  // last_w, at most the queries recorded), each query seeing the survivors at or before its
+  // position: the vocabulary's window_attention (policy_ops.h; q.k / sqrt(head_dim), kvpress's
+  // SnapKV scale, softmax in f64) on the host ops, over the scratch cache.
+  void window_probs(const LayerStats& st, const kernels::KvCache& scratch, LayerStats* one) {
     int longest = 0;
-    for (const auto& k : kept) longest = std::max(longest, static_cast<int>(k.size()));
+    for (int h = 0; h < scratch.shape().num_kv_heads; ++h) {
+      longest = std::max(longest, scratch.length(st.layer, h));
+    }
     const int w = std::min(then_->prefill_request(longest).last_w, st.n_queries);
-    KVB_CHECK(st.last_queries != nullptr && w >= 1 && qh % heads == 0)
+    KVB_CHECK(st.last_queries != nullptr && w >= 1 &&
+              st.num_heads % scratch.shape().num_kv_heads == 0)
         << "then: " << then_->config().name << " needs the block's last queries (engine gave "
         << st.n_queries << ")";
-    const int group = qh / heads;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    probs_.assign(static_cast<size_t>(qh) * w * longest, 0.0f);
-    const kernels::LayerKvView rows = scratch.layer(layer);
-    // Query heads are independent (each writes its own rows, in the same order on any thread):
-    // the same bits with any number of threads.
-    const int64_t work = static_cast<int64_t>(qh) * w * longest * d;
-#pragma omp parallel for schedule(dynamic, 1) if (qh > 1 && work > (int64_t{1} << 20))
-    for (int q = 0; q < qh; ++q) {
-      std::vector<double> logit(longest);
-      const int h = q / group;
-      const int len = static_cast<int>(kept[h].size());
-      const int32_t* pos = rows.position(h);
-      for (int i = 0; i < w; ++i) {
-        const float* query =
-            st.last_queries + (static_cast<size_t>(st.n_queries - w + i) * qh + q) * d;
-        const int32_t at = st.block_end - w + i;
-        const int visible = static_cast<int>(std::upper_bound(pos, pos + len, at) - pos);
-        if (visible == 0) continue;
-        double top = -INFINITY;
-        for (int s = 0; s < visible; ++s) {
-          const float* key = rows.key(h, s);
-          double dot = 0;
-          for (int c = 0; c < d; ++c) dot += static_cast<double>(query[c]) * key[c];
-          logit[s] = dot * scale;
-          top = std::max(top, logit[s]);
-        }
-        double sum = 0;
-        for (int s = 0; s < visible; ++s) sum += (logit[s] = std::exp(logit[s] - top));
-        float* out = probs_.data() + (static_cast<size_t>(q) * w + i) * longest;
-        for (int s = 0; s < visible; ++s) out[s] = static_cast<float>(logit[s] / sum);
-      }
-    }
-    one->last_probs = probs_.data();
-    one->last_w = w;
-    one->stride = longest;
+    PolicyOps& host = cpu_policy_ops();
+    if (!probs_) probs_ = host.make_window_probs();
+    host.window_attention(*probs_, scratch, st.layer, st, w);
+    use_window(*probs_, one);
   }
 
  public:
@@ -211,7 +178,8 @@ class Composed final : public Policy {
   std::unique_ptr<Policy> first_, then_;
   int question_ = 0, tail_ = 0;
   bool question_set_ = false;
-  std::vector<float> probs_;  // window_probs' rows (scratch of one layer's decision)
+  // window_probs' rows (scratch of one layer's decision; a copy starts without)
+  std::unique_ptr<WindowProbs> probs_;
 };
 
 // Options of the composition itself (the Policy base reads them); `gqa` also goes to both

@@ -47,6 +47,8 @@ using kernels::ops::rows_of;
 using kernels::ops::SlotRows;
 using kernels::ops::SlotRowsPtr;
 using kernels::ops::SlotType;
+using kernels::ops::use_window;
+using kernels::ops::WindowProbs;
 using kernels::ops::StatsRequest;
 using kernels::ops::merged;
 using kernels::ops::SubgenAbsorb;

@@ -1188,6 +1188,59 @@ TEST_F(CudaPolicyOpsParity, ReplayAttentionMaxIsTheCpus) {
   }
 }
 
+// window_attention: 3 KV heads of 2 query heads each holding 61, 40 and 0 slots (positions 3s +
+// head), 9 recorded queries, windows of 1, 5 and 9 queries ending before some of the slots
+// (block_end 100: the heads see a prefix each) and after all of them (400): the queries' one
+// upload and one launch, nothing copied back; the CPU's rows within the last bits of the
+// device's f64 exp. Then use_window and window_scores on each instance's rows: the SnapKV
+// family's scores over a cache, on the device end to end, the CPU's within the same bound.
+TEST_F(CudaPolicyOpsParity, WindowAttentionIsTheCpus) {
+  const int kv = 3, group = 2, heads = kv * group, d = 8, nq = 9;
+  make_caches({61, 40, 0}, 1);
+  const std::vector<float> q = parity::random_vec(static_cast<size_t>(nq) * heads * d, 73, -2, 2);
+  policies::LayerStats st;
+  st.num_heads = heads;
+  st.n_new = nq;
+  st.n_queries = nq;
+  st.last_queries = q.data();
+  std::unique_ptr<policies::WindowProbs> cp = cpu_.make_window_probs();
+  std::unique_ptr<policies::WindowProbs> gp = gpu_->make_window_probs();
+  for (const int block_end : {100, 400}) {
+    for (const int w : {1, 5, 9}) {
+      SCOPED_TRACE(testing::Message() << "block_end " << block_end << " w " << w);
+      st.block_end = block_end;
+      cpu_.window_attention(*cp, host_, 0, st, w);
+      const int64_t l0 = gpu_->launches();
+      const int64_t u0 = gpu_->transfers().h2d_copies, d0 = gpu_->transfers().d2h_copies;
+      gpu_->window_attention(*gp, index_, 0, st, w);
+      EXPECT_EQ(gpu_->launches() - l0, 1);
+      EXPECT_EQ(gpu_->transfers().h2d_copies - u0, 1);
+      EXPECT_EQ(gpu_->transfers().d2h_copies - d0, 0);
+      ASSERT_EQ(gp->heads(), heads);
+      ASSERT_EQ(gp->w(), w);
+      ASSERT_EQ(gp->stride(), 61);
+      ASSERT_EQ(cp->stride(), 61);
+      const size_t n = static_cast<size_t>(heads) * w * 61;
+      const std::vector<float> want(cp->data(), cp->data() + n);
+      parity::expect_close(parity::to_host(gp->data(), n), want, 1e-7, 1e-6, "window probs");
+      policies::LayerStats cw = st, gw = st;
+      policies::use_window(*cp, &cw);
+      policies::use_window(*gp, &gw);
+      std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, kv);
+      std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, kv);
+      policies::SnapKvScoreOptions o;
+      o.pool_kernel = 3;
+      window_scores(cpu_, *c, 0, cw, host_, o);
+      window_scores(*gpu_, *g, 0, gw, index_, o);
+      for (int h = 0; h < kv; ++h) {
+        ASSERT_EQ(g->length(0, h), c->length(0, h));
+        parity::expect_close(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), 1e-7, 1e-6,
+                             "window scores over the window's probabilities");
+      }
+    }
+  }
+}
+
 TEST_F(CudaPolicyOpsParity, ChunkAttentionSumsAndStandardizeAreTheCpuRows) {
   const int kv = 3, group = 2, heads = kv * group, d = 8, n = 37;
   make_caches(std::vector<int>(kv, n), 1);

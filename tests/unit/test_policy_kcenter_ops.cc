@@ -260,6 +260,13 @@ class HostAsDeviceOps final : public policies::PolicyOps {
   void write_rows(SlotRows& rows, int layer, std::span<const float> values, int length) override {
     cpu_.write_rows(rows, layer, values, length);
   }
+  void window_attention(kernels::ops::WindowProbs& out, const kernels::KvIndex& cache, int layer,
+                        const policies::LayerStats& st, int w) override {
+    cpu_.window_attention(out, cache, layer, st, w);
+  }
+  std::unique_ptr<kernels::ops::WindowProbs> make_window_probs() override {
+    return cpu_.make_window_probs();
+  }
   void erase(SlotRows& rows, int layer, std::span<const policies::RowErase> heads) override {
     ++erases;
     cpu_.erase(rows, layer, heads);

@@ -3,6 +3,7 @@
 // KvCache's stale positions), with device rows simulated on the host.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -500,6 +501,80 @@ TEST(PolicyOps, DeviceListsSetTheIndexLengthsAndPositionsAreReadBackOnce) {
   EvictionPlan too_many;
   too_many.reset(0, 2);
   EXPECT_THROW(too_many.keep_on_device(fake_lists, 6, {7, 6}, std::vector<int32_t>{6, 6}), Error);
+}
+
+// window_attention by hand: head_dim 4 (scale 1/2), 2 cache heads of 2 query heads each, layer
+// 1 of a 2-layer cache, a window of w = 2 of 3 recorded queries (row 0 is NaN: never read) at
+// positions 4 and 5 (block_end 6). Cache head 0 holds positions {0, 2, 5} with keys 0,
+// (2 ln 3, 0, 0, 0) and (0, 2 ln 2, 0, 0); cache head 1 holds {5, 6}, which the first window
+// query cannot see (an all-zero row).
+//   query head 0, q = (1, 0, 0, 0): at 4 sees slots 0, 1: logits 0, ln 3 -> 1/4, 3/4;
+//                                    at 5 sees all 3: logits 0, ln 3, 0 -> 1/5, 3/5, 1/5;
+//   query head 1, q = (0, 1, 0, 0): at 4: 0, 0 -> 1/2, 1/2; at 5: 0, 0, ln 2 -> 1/4, 1/4, 1/2;
+//   query heads 2 and 3 (cache head 1): at 4 nothing; at 5 slot 0 alone -> 1.
+// Rows [4 heads][2][stride 3], entries past the visible slots 0; use_window points a
+// LayerStats at them, and window_sum over them sums the hand values.
+TEST(PolicyOps, WindowAttentionIsTheHandComputedSoftmax) {
+  const float nan = std::nanf("");
+  KvCache cache({2, 2, 4}, 4);
+  const std::vector<float> zero(4, 0.0f), k1{2 * std::log(3.0f), 0, 0, 0},
+      k2{0, 2 * std::log(2.0f), 0, 0}, ones(4, 1.0f);
+  cache.append(0, 0, ones.data(), ones.data(), 0);  // layer 0: not read
+  cache.append(1, 0, zero.data(), zero.data(), 0);
+  cache.append(1, 0, k1.data(), zero.data(), 2);
+  cache.append(1, 0, k2.data(), zero.data(), 5);
+  cache.append(1, 1, ones.data(), zero.data(), 5);
+  cache.append(1, 1, zero.data(), zero.data(), 6);
+  // [3 queries][4 query heads][4]
+  std::vector<float> queries(3 * 4 * 4, nan);
+  for (int row = 1; row < 3; ++row) {
+    float* r = queries.data() + row * 16;
+    const float qs[4][4] = {{1, 0, 0, 0}, {0, 1, 0, 0}, {0.5f, -1, 2, 0}, {3, 1, 0, 1}};
+    for (int q = 0; q < 4; ++q) std::copy(qs[q], qs[q] + 4, r + q * 4);
+  }
+  policies::LayerStats st;
+  st.layer = 1;
+  st.num_heads = 4;
+  st.last_queries = queries.data();
+  st.n_queries = 3;
+  st.block_end = 6;
+  kernels::ops::CpuPolicyOps ops;
+  std::unique_ptr<kernels::ops::WindowProbs> probs = ops.make_window_probs();
+  ops.window_attention(*probs, cache, 1, st, 2);
+  ASSERT_EQ(probs->heads(), 4);
+  ASSERT_EQ(probs->w(), 2);
+  ASSERT_EQ(probs->stride(), 3);
+  const std::vector<std::vector<float>> want = {
+      {0.25f, 0.75f, 0}, {0.2f, 0.6f, 0.2f},   // query head 0
+      {0.5f, 0.5f, 0},   {0.25f, 0.25f, 0.5f}, // query head 1
+      {0, 0, 0},         {1, 0, 0},            // query head 2
+      {0, 0, 0},         {1, 0, 0}};           // query head 3
+  for (int row = 0; row < 8; ++row) {
+    for (int s = 0; s < 3; ++s) {
+      SCOPED_TRACE(testing::Message() << "row " << row << " slot " << s);
+      EXPECT_NEAR(probs->data()[row * 3 + s], want[row][s], 1e-6);
+    }
+  }
+  policies::LayerStats window;
+  window.layer = 1;
+  window.num_heads = 4;
+  kernels::ops::use_window(*probs, &window);
+  EXPECT_EQ(window.last_probs, probs->data());
+  EXPECT_EQ(window.last_w, 2);
+  EXPECT_EQ(window.stride, 3);
+  std::unique_ptr<SlotRows> sums = ops.make_rows(SlotType::kF32, 1, 4);
+  ops.window_sum(*sums, 0, window, std::vector<int32_t>{3, 3, 2, 2}, WindowReduce::kSum);
+  const std::vector<float> head0 = ops.read_f32(*sums, 0, 0), head2 = ops.read_f32(*sums, 0, 2);
+  EXPECT_NEAR(head0[0], 0.45f, 1e-6);
+  EXPECT_NEAR(head0[1], 1.35f, 1e-6);
+  EXPECT_NEAR(head0[2], 0.2f, 1e-6);
+  EXPECT_NEAR(head2[0], 1.0f, 1e-6);
+  EXPECT_EQ(head2[1], 0.0f);
+  // A window longer than the queries recorded, or no queries, is refused.
+  EXPECT_THROW(ops.window_attention(*probs, cache, 1, st, 4), Error);
+  policies::LayerStats none = st;
+  none.last_queries = nullptr;
+  EXPECT_THROW(ops.window_attention(*probs, cache, 1, none, 1), Error);
 }
 
 }  // namespace
