@@ -74,11 +74,22 @@ class Backend {
   // "cpu", or the GPU's name, for the run's provenance.
   virtual std::string device_description() const = 0;
   virtual size_t device_peak_bytes() const { return 0; }
-  // K/V bytes of `cache` as this backend stores it (Engine::kv_logical_bytes), less the key
-  // channels a plan zeroed (KvCache::pruned_key_elements: what a store that drops them would
-  // not hold; POLICIES.md `think`).
-  virtual size_t kv_logical_bytes(const kernels::KvCache& cache) const {
-    return cache.logical_bytes() - kv_pruned_channel_bytes(cache);
+  // What `cache` costs as this backend stores it (Engine::kv_logical_bytes and its two
+  // siblings; measurements.kv_bytes_*): the storage's question, asked of the backend that holds
+  // the storage (a device's rows, or what binding them would allocate).
+  struct KvBytes {
+    size_t logical = 0;          // retained K/V bytes, less pruned_channels
+    size_t pruned_channels = 0;  // the key channels a plan zeroed (KvCache::pruned_key_elements:
+                                 // what a store that drops them would not hold; POLICIES.md think)
+    size_t physical = 0;         // allocated
+  };
+  virtual KvBytes kv_bytes(const kernels::KvCache& cache) const {
+    KvBytes b;
+    b.pruned_channels =
+        cache.pruned_key_elements() * (cache.shape().f16_keys() ? 2 : sizeof(float));
+    b.logical = cache.logical_bytes() - b.pruned_channels;
+    b.physical = cache.physical_bytes();
+    return b;
   }
   // `positions: rerotate` (Policy::rerotates): every head of `layer` rotates its kept keys from
   // their positions to its slot indices (rope's rotation by slot - position with `rope`'s
@@ -89,13 +100,6 @@ class Backend {
   // The cache's next position moved by `delta` (after a rerotated prompt: back to the longest
   // head's length); a backend that mirrors it follows.
   virtual void moved_position(kernels::KvCache& cache, int delta) { (void)cache; (void)delta; }
-  // The bytes of the key channels a plan zeroed in `cache`, as this backend stores them.
-  virtual size_t kv_pruned_channel_bytes(const kernels::KvCache& cache) const {
-    return cache.pruned_key_elements() * (cache.shape().f16_keys() ? 2 : sizeof(float));
-  }
-  virtual size_t kv_physical_bytes(const kernels::KvCache& cache) const {
-    return cache.physical_bytes();
-  }
   // Engine::trim_storage: the storage of `cache` beyond its longest head + extra slots per
   // head is freed, rows kept (nothing to do where the host cache is the storage).
   virtual void trim_storage(kernels::KvCache& cache, int extra) {
@@ -138,12 +142,11 @@ class Backend {
   }
   // Tensor-parallel collectives sit behind reduce_add().
 
-  // Decode batching (Engine::decode_batch): whether the per-sequence ops below can act on
-  // one row of a pass of several sequences. select_rows(r) makes rope, rope_rows, download,
-  // append_kv, attention and attend_replaced act on the pass's rows [r, r + n) (their n), with
-  // the positions of those rows, until the next select_rows or begin_pass (which selects row 0).
-  virtual bool batches_rows() const { return false; }
-  virtual void select_rows(int row0) { (void)row0; }
+  // Decode batching (Engine::decode_batch; every backend batches): select_rows(r) makes rope,
+  // rope_rows, download, append_kv, attention and attend_replaced act on the pass's rows
+  // [r, r + n) (their n), with the positions of those rows, until the next select_rows or
+  // begin_pass (which selects row 0).
+  virtual void select_rows(int row0) = 0;
   // After begin_pass (which takes sequence 0's cache), each further sequence of a decode batch
   // is bound with its cache (a device backend makes or grows its rows there).
   virtual void bind_sequence(kernels::KvCache& cache) { (void)cache; }
@@ -231,18 +234,12 @@ class Backend {
     KVB_FAIL() << "this backend cannot continue a recorded prefill (prefix reuse is CPU-only)";
   }
   // A decode batch's attention on a global layer for several sequences at once (one query row
-  // each, every cache of the same shape, no rolled keys), where attends_batch(): the results
-  // of select_rows(item.row) then attention(layer, 1, scale, *item.cache, ...) for each item
-  // in turn, the statistics of each in its own rows (valid until the next attention call).
-  // The CUDA instance runs them in a few launches (cuda::attention_batch); elsewhere the stack
-  // calls attention() per sequence.
-  virtual bool attends_batch() const { return false; }
-  virtual void attention_batch(int layer, float scale, std::span<const BatchAttention> items) {
-    (void)layer;
-    (void)scale;
-    (void)items;
-    KVB_FAIL() << "attention_batch: this backend attends one sequence at a time";
-  }
+  // each, every cache of the same shape, no rolled keys; Engine::attention_batches says when):
+  // the results of select_rows(item.row) then attention(layer, 1, scale, *item.cache, ...) for
+  // each item in turn, the statistics of each in its own rows (valid until the next attention
+  // call). The CUDA instance runs them in a few launches (cuda::attention_batch), the CPU's
+  // over the sequences in parallel.
+  virtual void attention_batch(int layer, float scale, std::span<const BatchAttention> items) = 0;
   // Makes stats' statistics host-readable (pointers replaced by host copies); returns the
   // milliseconds spent (0 where they already are).
   virtual double stats_to_host(policies::LayerStats* stats) = 0;

@@ -40,7 +40,6 @@ class CpuBackend final : public Backend {
   const void* output_projection(int layer, bool* bf16) override;
   bool f16_rows() const override { return f16_rows_; }
 
-  bool batches_rows() const override { return true; }
   // A new sequence: its rows, and no rolled keys of the previous one.
   void select_rows(int row0) override {
     row0_ = row0;
@@ -67,7 +66,6 @@ class CpuBackend final : public Backend {
                  int last_w, int stride, policies::LayerStats* stats) override;
   // A decode batch's attention in one parallel region (cpu::attention_batch): the bits of
   // attention() per sequence, each sequence's statistics in its own buffers.
-  bool attends_batch() const override { return true; }
   void attention_batch(int layer, float scale, std::span<const BatchAttention> items) override;
   bool seeds_col_sums() const override { return true; }
   void seed_col_sums(const float* seed, int seed_stride) override {

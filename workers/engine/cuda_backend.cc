@@ -242,11 +242,6 @@ void CudaBackend::select_rows(int row0) {
 
 void CudaBackend::bind_sequence(kernels::KvCache& cache) { bind_cache(cache, 1); }
 
-size_t CudaBackend::kv_logical_bytes(const kernels::KvCache& cache) const {
-  return static_cast<size_t>(cache.total_slots()) * kv_slot_bytes(cache.shape().head_dim, dtype_) -
-         kv_pruned_channel_bytes(cache);
-}
-
 void CudaBackend::rerotate_keys(int layer, const kernels::cpu::RopeParams& rope,
                                 kernels::KvCache& cache) {
   cu::DeviceKvCache* rows = rows_of(cache);
@@ -265,16 +260,19 @@ void CudaBackend::moved_position(kernels::KvCache& cache, int delta) {
   if (cu::DeviceKvCache* rows = rows_of(cache)) rows->advance_position(delta);
 }
 
-size_t CudaBackend::kv_pruned_channel_bytes(const kernels::KvCache& cache) const {
-  return cache.pruned_key_elements() * (dtype_ == DType::kBf16 ? 2 : 4);
-}
-
-size_t CudaBackend::kv_physical_bytes(const kernels::KvCache& cache) const {
-  if (const cu::DeviceKvCache* rows = rows_of(cache)) return rows->physical_bytes();
-  // Not on the device yet: what binding it would allocate at least.
+Backend::KvBytes CudaBackend::kv_bytes(const kernels::KvCache& cache) const {
+  KvBytes b;
   const kernels::KvCacheShape& sh = cache.shape();
-  return static_cast<size_t>(sh.num_layers) * sh.num_kv_heads * cache.capacity() *
-         kv_slot_bytes(sh.head_dim, dtype_);
+  b.pruned_channels = cache.pruned_key_elements() * (dtype_ == DType::kBf16 ? 2 : 4);
+  b.logical = static_cast<size_t>(cache.total_slots()) * kv_slot_bytes(sh.head_dim, dtype_) -
+              b.pruned_channels;
+  if (const cu::DeviceKvCache* rows = rows_of(cache)) {
+    b.physical = rows->physical_bytes();
+  } else {  // not on the device yet: what binding it would allocate at least
+    b.physical = static_cast<size_t>(sh.num_layers) * sh.num_kv_heads * cache.capacity() *
+                 kv_slot_bytes(sh.head_dim, dtype_);
+  }
+  return b;
 }
 
 void CudaBackend::trim_storage(kernels::KvCache& cache, int extra) {

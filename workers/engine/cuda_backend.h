@@ -107,14 +107,12 @@ class CudaBackend final : public Backend {
   // Bytes of the device rows: slots x (2 x head_dim x 2 or 4 bytes + a 4-byte position). The
   // physical bytes are the cache's device rows' allocation, or before its first pass the
   // index's capacity at the device's slot size (what binding it would allocate at least).
-  size_t kv_logical_bytes(const kernels::KvCache& cache) const override;
-  size_t kv_pruned_channel_bytes(const kernels::KvCache& cache) const override;
+  KvBytes kv_bytes(const kernels::KvCache& cache) const override;
   // The device rows rotated there (DeviceKvCache::rerotate_keys: one counted upload, two
   // launches, no wait); host rows not on the device yet are rotated on the host.
   void rerotate_keys(int layer, const kernels::cpu::RopeParams& rope,
                      kernels::KvCache& cache) override;
   void moved_position(kernels::KvCache& cache, int delta) override;
-  size_t kv_physical_bytes(const kernels::KvCache& cache) const override;
   // The device rows copied into an allocation of max_length() + extra slots per head
   // (DeviceKvCache::fork: synchronous, counted as one sync), when that is smaller.
   void trim_storage(kernels::KvCache& cache, int extra) override;
@@ -151,7 +149,6 @@ class CudaBackend final : public Backend {
   // Decode batching (Backend::batches_rows): the pass's rows share the weight GEMMs; per row,
   // RoPE, the append, attention and the policy run on that sequence's own device rows
   // (bind_sequence binds each; the ops find them through the cache they are given).
-  bool batches_rows() const override { return true; }
   void select_rows(int row0) override;
   void bind_sequence(kernels::KvCache& cache) override;
   void begin_pass(std::span<const int32_t> tokens, const int32_t* positions,
@@ -174,7 +171,6 @@ class CudaBackend final : public Backend {
                  int last_w, int stride, policies::LayerStats* stats) override;
   // A decode batch's attention in a few launches (cuda::attention_batch): each sequence's
   // statistics in its own rows of the shared scratch.
-  bool attends_batch() const override { return true; }
   void attention_batch(int layer, float scale, std::span<const BatchAttention> items) override;
   // attention_batch calls, the sequences they took, and the kernel launches they made, since
   // construction (tests: the batched path ran; benches: launches per step).

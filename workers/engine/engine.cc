@@ -165,7 +165,7 @@ void Engine::decode_batch(std::span<const int32_t> tokens,
                                std::span<policies::Policy* const> policies,
                                std::vector<float>* logits, double* seq_policy_ms) {
   const int B = static_cast<int>(tokens.size());
-  if (B <= 1 || !backend_->batches_rows()) {
+  if (B <= 1) {
     decode_each(tokens, caches, policies, logits, seq_policy_ms);
     return;
   }
@@ -531,7 +531,7 @@ void Engine::attend_layer(int l, int n, kernels::KvCache& cache, policies::Polic
 bool Engine::attention_batches(int l, std::span<kernels::KvCache* const> caches,
                                     std::span<policies::Policy* const> policies) const {
   const ModelConfig& c = model_.config;
-  if (!backend_->attends_batch() || c.sliding(l)) return false;
+  if (c.sliding(l)) return false;
   const int ckv = caches[0]->shape().num_kv_heads;
   for (size_t b = 0; b < caches.size(); ++b) {
     const policies::Policy* p = policies[b];

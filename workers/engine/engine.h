@@ -88,13 +88,13 @@ class Engine {
   // The key channels of `cache` a plan zeroed (POLICIES.md `think`), in the backend's bytes:
   // left out of kv_logical_bytes.
   size_t kv_pruned_channel_bytes(const kernels::KvCache& cache) const {
-    return backend_->kv_pruned_channel_bytes(cache);
+    return backend_->kv_bytes(cache).pruned_channels;
   }
   size_t kv_logical_bytes(const kernels::KvCache& cache) const {
-    return backend_->kv_logical_bytes(cache);
+    return backend_->kv_bytes(cache).logical;
   }
   size_t kv_physical_bytes(const kernels::KvCache& cache) const {
-    return backend_->kv_physical_bytes(cache);
+    return backend_->kv_bytes(cache).physical;
   }
   // Frees the storage `cache` holds beyond its longest head + `extra` slots per head, keeping
   // every row, position and length (the runner, after a unit's prompt: its decode needs no
