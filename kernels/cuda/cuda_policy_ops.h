@@ -117,6 +117,11 @@ class CudaPolicyOps final : public ops::PolicyOps {
   void chunk_attention_sums(ops::SlotRows& out, int out_layer, const kernels::KvIndex& cache,
                             int layer, const ops::LayerStats& st, int first, int count,
                             int chunk) override;
+  // cumsum: one launch (a thread per row, the CPU's order); gather: the indices one counted
+  // upload, one launch (cuda_policy_ops_chunks.cu).
+  void cumsum(ops::SlotRows& rows, int layer) override;
+  void gather(const ops::SlotRows& in, int in_layer, std::span<const int32_t> indices,
+              std::span<const int32_t> counts, ops::SlotRows& out, int out_layer) override;
   void slice(const ops::SlotRows& in, int in_layer, int first, int count, ops::SlotRows& out,
              int out_layer) override;
   void pad_with_max(const ops::SlotRows& in, int in_layer, int before, int after,

@@ -147,6 +147,24 @@ __global__ void slice_kernel(const float* in, int in_ld, int first, int count, f
   }
 }
 
+// A thread per row: the CPU's running f32 sum in index order.
+__global__ void cumsum_kernel(float* rows, int ld, HeadTable len, int heads) {
+  const int h = blockIdx.x * blockDim.x + threadIdx.x;
+  if (h >= heads) return;
+  float* row = rows + static_cast<size_t>(h) * ld;
+  for (int j = 1; j < len.v[h]; ++j) row[j] = __fadd_rn(row[j], row[j - 1]);
+}
+
+// Head blockIdx.y's entries t < count.v[h] from its indices at offset.v[h].
+__global__ void gather_kernel(const float* in, int in_ld, const int32_t* indices, HeadTable offset,
+                              HeadTable count, float* out, int out_ld) {
+  const int h = blockIdx.y;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < count.v[h]; t += gridDim.x * blockDim.x) {
+    out[static_cast<size_t>(h) * out_ld + t] =
+        in[static_cast<size_t>(h) * in_ld + indices[offset.v[h] + t]];
+  }
+}
+
 // pad_with_max in one block: thread 0 takes the maximum in (head, index) order (the CPU's
 // std::max), then every thread writes.
 __global__ void pad_max_kernel(const float* in, int in_ld, HeadTable len, int heads, int before,
@@ -196,6 +214,72 @@ void CudaPolicyOps::slice(const SlotRows& in, int in_layer, int first, int count
   if (out.heads() == 0 || count == 0) return;
   slice_kernel<<<dim3(ops_detail::blocks_for(count), out.heads()), 256, 0, stream_>>>(
       static_cast<const float*>(a.data(in_layer)), a.ld(in_layer), first, count,
+      static_cast<float*>(r.data(out_layer)), r.ld(out_layer));
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::cumsum(SlotRows& rows, int layer) {
+  CudaRows& r = device(rows);
+  KVB_CHECK(layer >= 0 && layer < rows.layers() && rows.type() == SlotType::kF32)
+      << "cuda policy ops: cumsum on layer " << layer << " of rows for " << rows.layers()
+      << " layers" << (rows.type() == SlotType::kF32 ? "" : " (u64 rows)");
+  KVB_CHECK(rows.heads() <= kMaxParamHeads)
+      << "cuda policy ops: cumsum over " << rows.heads() << " rows";
+  HeadTable len{};
+  int longest = 0;
+  for (int h = 0; h < rows.heads(); ++h) {
+    len.v[h] = rows.length(layer, h);
+    longest = std::max(longest, len.v[h]);
+  }
+  if (longest <= 1) return;
+  cumsum_kernel<<<1, 128, 0, stream_>>>(static_cast<float*>(r.data(layer)), r.ld(layer), len,
+                                        rows.heads());
+  KVB_CUDA_CHECK_LAUNCH();
+  ++launches_;
+}
+
+void CudaPolicyOps::gather(const SlotRows& in, int in_layer, std::span<const int32_t> indices,
+                           std::span<const int32_t> counts, SlotRows& out, int out_layer) {
+  const CudaRows& a = device(in);
+  CudaRows& r = device(out);
+  const int heads = static_cast<int>(counts.size());
+  KVB_CHECK(in_layer >= 0 && in_layer < in.layers() && out_layer >= 0 && out_layer < out.layers() &&
+            in.type() == SlotType::kF32 && out.type() == SlotType::kF32 && &in != &out &&
+            heads <= out.heads() && heads <= in.heads() && heads <= kMaxParamHeads)
+      << "cuda policy ops: gather: " << heads << " heads from " << in.heads() << " rows into "
+      << out.heads();
+  HeadTable offset{}, count{};
+  size_t total = 0;
+  int longest = 0;
+  for (int h = 0; h < heads; ++h) {
+    KVB_CHECK(counts[h] >= 0) << "cuda policy ops: gather: head " << h << " gathers " << counts[h]
+                              << " entries";
+    offset.v[h] = static_cast<int32_t>(total);
+    count.v[h] = counts[h];
+    longest = std::max(longest, counts[h]);
+    total += static_cast<size_t>(counts[h]);
+  }
+  KVB_CHECK(total == indices.size()) << "cuda policy ops: gather: " << indices.size()
+                                     << " indices for counts summing to " << total;
+  for (int h = 0; h < heads; ++h) {
+    const int len = in.length(in_layer, h);
+    for (int t = 0; t < counts[h]; ++t) {
+      const int32_t i = indices[static_cast<size_t>(offset.v[h]) + t];
+      KVB_CHECK(i >= 0 && i < len)
+          << "cuda policy ops: gather: index " << i << " of head " << h << "'s row of " << len;
+    }
+  }
+  r.reserve(out_layer, longest);
+  for (int h = 0; h < heads; ++h) r.set_len(out_layer, h, counts[h]);
+  if (heads == 0 || longest == 0) return;
+  // The indices in the f64 scratch (stream-ordered: the previous op's use precedes this one's).
+  auto* dev_indices = reinterpret_cast<int32_t*>(f64_scratch((total + 1) / 2));
+  upload_async(dev_indices, indices.data(), total * sizeof(int32_t), stream_);
+  ++transfers_.h2d_copies;
+  transfers_.h2d_bytes += total * sizeof(int32_t);
+  gather_kernel<<<dim3(ops_detail::blocks_for(longest), heads), 256, 0, stream_>>>(
+      static_cast<const float*>(a.data(in_layer)), a.ld(in_layer), dev_indices, offset, count,
       static_cast<float*>(r.data(out_layer)), r.ld(out_layer));
   KVB_CUDA_CHECK_LAUNCH();
   ++launches_;

@@ -1099,6 +1099,48 @@ void CpuPolicyOps::replay_attention_max(SlotRows& out, int out_layer,
   }
 }
 
+void CpuPolicyOps::cumsum(SlotRows& rows, int layer) {
+  CpuRows& r = host(rows);
+  check_layer(rows, layer);
+  KVB_CHECK(rows.type() == SlotType::kF32) << "cumsum on u64 rows";
+  for (int h = 0; h < rows.heads(); ++h) {
+    std::vector<float>& row = r.f32(layer, h);
+    for (size_t j = 1; j < row.size(); ++j) row[j] += row[j - 1];
+  }
+}
+
+void CpuPolicyOps::gather(const SlotRows& in, int in_layer, std::span<const int32_t> indices,
+                          std::span<const int32_t> counts, SlotRows& out, int out_layer) {
+  const CpuRows& a = host(in);
+  CpuRows& r = host(out);
+  check_layer(in, in_layer);
+  check_layer(out, out_layer);
+  const int heads = static_cast<int>(counts.size());
+  KVB_CHECK(in.type() == SlotType::kF32 && out.type() == SlotType::kF32 && &in != &out &&
+            heads <= out.heads() && heads <= in.heads())
+      << "gather: " << heads << " heads from " << in.heads() << " rows into " << out.heads();
+  size_t total = 0;
+  for (int h = 0; h < heads; ++h) {
+    KVB_CHECK(counts[h] >= 0) << "gather: head " << h << " gathers " << counts[h] << " entries";
+    total += static_cast<size_t>(counts[h]);
+  }
+  KVB_CHECK(total == indices.size())
+      << "gather: " << indices.size() << " indices for counts summing to " << total;
+  size_t o = 0;
+  for (int h = 0; h < heads; ++h) {
+    const std::vector<float>& row = a.f32(in_layer, h);
+    std::vector<float> got(counts[h]);
+    for (int t = 0; t < counts[h]; ++t, ++o) {
+      const int32_t i = indices[o];
+      KVB_CHECK(i >= 0 && static_cast<size_t>(i) < row.size())
+          << "gather: index " << i << " of head " << h << "'s row of " << row.size();
+      got[t] = row[i];
+    }
+    r.f32(out_layer, h) = std::move(got);
+    r.sync_length(out_layer, h);
+  }
+}
+
 void CpuPolicyOps::slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,
                          int out_layer) {
   const CpuRows& a = host(in);

@@ -59,6 +59,9 @@ class CpuPolicyOps final : public PolicyOps {
                              const void* wo, bool wo_bf16, int dim, int group) override;
   void chunk_attention_sums(SlotRows& out, int out_layer, const kernels::KvIndex& cache, int layer,
                             const LayerStats& st, int first, int count, int chunk) override;
+  void cumsum(SlotRows& rows, int layer) override;
+  void gather(const SlotRows& in, int in_layer, std::span<const int32_t> indices,
+              std::span<const int32_t> counts, SlotRows& out, int out_layer) override;
   void slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,
              int out_layer) override;
   void pad_with_max(const SlotRows& in, int in_layer, int before, int after,

@@ -474,6 +474,18 @@ class PolicyOps {
   // row's length); in and out distinct.
   virtual void slice(const SlotRows& in, int in_layer, int first, int count, SlotRows& out,
                      int out_layer) = 0;
+  // Vocabulary: cumulative sums along each row. Every f32 row (layer, h), h < rows.heads():
+  // entry j becomes entry 0 + ... + entry j, f32 adds in index order (s = entry 0; s += entry i
+  // for i = 1..j). The prefix mass of a score row (a budget by mass rather than by count).
+  virtual void cumsum(SlotRows& rows, int layer) = 0;
+  // Vocabulary: a gather along each row. Row (out_layer, h) of `out`, h < counts.size() (<=
+  // out.heads() and <= in.heads()), becomes counts[h] long: entry t = entry indices[o_h + t] of
+  // f32 row (in_layer, h) of `in`, o_h = counts[0] + ... + counts[h - 1] (indices.size() = their
+  // sum; every index within its row: refused otherwise). in and out distinct. A keep list
+  // applied to a row the plan does not compact (read_keep_list's slots), or any reordering. On a
+  // device: the indices one counted upload, one launch.
+  virtual void gather(const SlotRows& in, int in_layer, std::span<const int32_t> indices,
+                      std::span<const int32_t> counts, SlotRows& out, int out_layer) = 0;
   // Vocabulary: rows padded with their layer's maximum (kvpress CompactorPress's protected ends).
   // Row (out_layer, h) of `out` becomes `before` entries of M, then f32 row (in_layer, h) of
   // `in`, then `after` entries of M (out.heads() <= in.heads()), M the largest entry of every

@@ -1241,6 +1241,48 @@ TEST_F(CudaPolicyOpsParity, WindowAttentionIsTheCpus) {
   }
 }
 
+// cumsum over rows of 300, 1, 0 and 1000 entries (values of mixed magnitude, so the order
+// shows in the bits): one launch, the CPU's bits. gather of each head's own list (repeats,
+// reversals, an empty list): the indices' one upload, one launch, the CPU's entries.
+TEST_F(CudaPolicyOpsParity, CumsumAndGatherAreTheCpuBits) {
+  const std::vector<int32_t> lens = {300, 1, 0, 1000};
+  const int heads = static_cast<int>(lens.size()), ld = 1000;
+  std::vector<float> values = parity::random_vec(static_cast<size_t>(heads) * ld, 91, -1, 1);
+  for (size_t i = 0; i < values.size(); i += 7) values[i] *= 4096.0f;
+  std::unique_ptr<SlotRows> c = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> g = gpu_->make_rows(SlotType::kF32, 1, heads);
+  for (SlotRows* r : {c.get(), g.get()}) {
+    policies::PolicyOps& ops = r == c.get() ? static_cast<policies::PolicyOps&>(cpu_) : *gpu_;
+    ops.write_rows(*r, 0, values, ld);
+    ops.resize(*r, 0, lens);
+  }
+  cpu_.cumsum(*c, 0);
+  int64_t l0 = gpu_->launches();
+  gpu_->cumsum(*g, 0);
+  EXPECT_EQ(gpu_->launches() - l0, 1);
+  for (int h = 0; h < heads; ++h) {
+    parity::expect_bits(gpu_->read_f32(*g, 0, h), cpu_.read_f32(*c, 0, h), "cumsum");
+  }
+  std::vector<int32_t> indices;
+  const std::vector<int32_t> counts = {5, 3, 0, 999};
+  for (int t : {299, 0, 0, 150, 299}) indices.push_back(t);
+  for (int t = 0; t < 3; ++t) indices.push_back(0);
+  for (int t = 998; t >= 0; --t) indices.push_back(t);
+  std::unique_ptr<SlotRows> co = cpu_.make_rows(SlotType::kF32, 1, heads);
+  std::unique_ptr<SlotRows> go = gpu_->make_rows(SlotType::kF32, 1, heads);
+  cpu_.gather(*c, 0, indices, counts, *co, 0);
+  l0 = gpu_->launches();
+  const int64_t u0 = gpu_->transfers().h2d_copies, d0 = gpu_->transfers().d2h_copies;
+  gpu_->gather(*g, 0, indices, counts, *go, 0);
+  EXPECT_EQ(gpu_->launches() - l0, 1);
+  EXPECT_EQ(gpu_->transfers().h2d_copies - u0, 1);
+  EXPECT_EQ(gpu_->transfers().d2h_copies - d0, 0);
+  for (int h = 0; h < heads; ++h) {
+    ASSERT_EQ(go->length(0, h), counts[h]);
+    parity::expect_bits(gpu_->read_f32(*go, 0, h), cpu_.read_f32(*co, 0, h), "gather");
+  }
+}
+
 TEST_F(CudaPolicyOpsParity, ChunkAttentionSumsAndStandardizeAreTheCpuRows) {
   const int kv = 3, group = 2, heads = kv * group, d = 8, n = 37;
   make_caches(std::vector<int>(kv, n), 1);

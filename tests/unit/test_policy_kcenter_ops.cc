@@ -260,6 +260,11 @@ class HostAsDeviceOps final : public policies::PolicyOps {
   void write_rows(SlotRows& rows, int layer, std::span<const float> values, int length) override {
     cpu_.write_rows(rows, layer, values, length);
   }
+  void cumsum(SlotRows& rows, int layer) override { cpu_.cumsum(rows, layer); }
+  void gather(const SlotRows& in, int in_layer, std::span<const int32_t> indices,
+              std::span<const int32_t> counts, SlotRows& out, int out_layer) override {
+    cpu_.gather(in, in_layer, indices, counts, out, out_layer);
+  }
   void window_attention(kernels::ops::WindowProbs& out, const kernels::KvIndex& cache, int layer,
                         const policies::LayerStats& st, int w) override {
     cpu_.window_attention(out, cache, layer, st, w);

@@ -577,5 +577,38 @@ TEST(PolicyOps, WindowAttentionIsTheHandComputedSoftmax) {
   EXPECT_THROW(ops.window_attention(*probs, cache, 1, none, 1), Error);
 }
 
+// cumsum by hand, in f32 and in index order: {1, 2, 3.5, -1} -> {1, 3, 6.5, 5.5}; {2^24, 1, 1}
+// -> {2^24, 2^24, 2^24} (each 1 is lost to f32 rounding, as the running order says: the sum in
+// another order, 1 + 1 + 2^24, would be 2^24 + 2); an empty row stays empty. gather by hand:
+// rows {10, 20, 30, 40} and {5, 6}, indices {3, 0, 0} and {1} -> {40, 10, 10} and {6}; refused:
+// an index past its row, counts that do not sum to the indices, a row into itself.
+TEST(PolicyOps, CumsumAndGatherByHand) {
+  kernels::ops::CpuPolicyOps ops;
+  std::unique_ptr<SlotRows> rows = ops.make_rows(SlotType::kF32, 2, 3);
+  const float big = 16777216.0f;  // 2^24
+  ops.write_rows(*rows, 1, std::vector<float>{1, 2, 3.5f, -1, big, 1, 1, 0, 7, 8, 9, 10}, 4);
+  ops.resize(*rows, 1, std::vector<int32_t>{4, 3, 0});
+  ops.cumsum(*rows, 1);
+  EXPECT_EQ(ops.read_f32(*rows, 1, 0), (std::vector<float>{1, 3, 6.5f, 5.5f}));
+  EXPECT_EQ(ops.read_f32(*rows, 1, 1), (std::vector<float>{big, big, big}));
+  EXPECT_TRUE(ops.read_f32(*rows, 1, 2).empty());
+
+  std::unique_ptr<SlotRows> in = ops.make_rows(SlotType::kF32, 1, 2);
+  ops.write_rows(*in, 0, std::vector<float>{10, 20, 30, 40, 5, 6, 0, 0}, 4);
+  ops.resize(*in, 0, std::vector<int32_t>{4, 2});
+  std::unique_ptr<SlotRows> out = ops.make_rows(SlotType::kF32, 2, 2);
+  ops.gather(*in, 0, std::vector<int32_t>{3, 0, 0, 1}, std::vector<int32_t>{3, 1}, *out, 1);
+  EXPECT_EQ(ops.read_f32(*out, 1, 0), (std::vector<float>{40, 10, 10}));
+  EXPECT_EQ(ops.read_f32(*out, 1, 1), (std::vector<float>{6}));
+  EXPECT_EQ(out->length(1, 0), 3);
+  EXPECT_EQ(out->length(1, 1), 1);
+  EXPECT_THROW(ops.gather(*in, 0, std::vector<int32_t>{2}, std::vector<int32_t>{0, 1}, *out, 1),
+               Error);  // head 1's row holds 2
+  EXPECT_THROW(ops.gather(*in, 0, std::vector<int32_t>{0, 1}, std::vector<int32_t>{1}, *out, 1),
+               Error);  // 2 indices, counts sum to 1
+  EXPECT_THROW(ops.gather(*in, 0, std::vector<int32_t>{0}, std::vector<int32_t>{1}, *in, 0),
+               Error);  // in and out the same rows
+}
+
 }  // namespace
 }  // namespace kvb
