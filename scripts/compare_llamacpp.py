@@ -20,6 +20,8 @@ not the tokenizers.
    log-softmax in float64. Per position range too.
 3. Greedy agreement: 3 prompts, 32 tokens; llama.cpp picks the argmax of its logits (= greedy,
    temperature 0); a divergence is printed with llama.cpp's logit gap between the two picks.
+   With --dtype native (or bf16) kvbench's f32 path, the reference held to transformers' logits,
+   runs the same prompts: its agreement with the --dtype run and with llama.cpp is printed too.
 4. Speed and memory: WikiText-2 prompts of --prompt-tokens tokens (default 512; the issue-35
    check runs 512 2048 8192) and 64 new tokens (63 decode steps, the last token is not fed back,
    as kvbench counts), per --threads, --repeats (5) pairs each, kvbench then llama.cpp
@@ -181,13 +183,13 @@ class Kvbench:
             fail(f"{' '.join(cmd)} exited {p.returncode}:\n{e}")
         return o, e
 
-    def generate(self, text, max_new, threads=None, timings=False):
+    def generate(self, text, max_new, threads=None, timings=False, dtype=None):
         self.n += 1
         path = os.path.join(self.tmp, f"prompt{self.n}.txt")
         with open(path, "wb") as f:
             f.write(text.encode("utf-8"))
         cmd = [self.args.kvbench, "generate", "--model", self.args.model, "--prompt-file", path,
-               "--max-new-tokens", str(max_new), "--show-ids", "--dtype", self.args.dtype]
+               "--max-new-tokens", str(max_new), "--show-ids", "--dtype", dtype or self.args.dtype]
         if threads:
             cmd += ["--threads", str(threads)]
         if timings:
@@ -347,31 +349,58 @@ def greedy_llamacpp(llm, prompt, n_new):
     return out, gaps
 
 
+def first_divergence(ours, theirs):
+    """The first step where two greedy runs pick different tokens (or where one stopped)."""
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                min(len(ours), len(theirs)))
+
+
 def section_greedy(kvb, args, prompts):
     n_thr = max(args.threads)
     llm = Llama(model_path=args.model, n_ctx=1024, n_batch=1024, n_ubatch=1024,
                 n_threads=n_thr, n_threads_batch=n_thr, verbose=False)
+    # With --dtype native (or bf16), kvbench's f32 path runs too: the reference held to
+    # transformers' logits. Where llama.cpp parts from both at the same step and token, the
+    # difference is llama.cpp's arithmetic, not the quantized path's.
+    reference = args.dtype != "f32"
     print(f"\n## 3. Greedy agreement ({GREEDY_NEW_TOKENS} new tokens, policy full)\n")
-    print("| prompt | prompt tokens | matching prefix | first divergence "
-          "(kvbench vs llama.cpp; llama.cpp's logit gap) |")
-    print("|---|---:|---:|---|")
+    head = ("| prompt | prompt tokens | matching prefix | first divergence "
+            "(kvbench vs llama.cpp; llama.cpp's logit gap) |")
+    rule = "|---|---:|---:|---|"
+    if reference:
+        head += f" kvbench {args.dtype} vs kvbench f32 | kvbench f32 vs llama.cpp |"
+        rule += "---:|---|"
+    print(head)
+    print(rule)
+    piece = lambda t: repr(llm.detokenize([t]).decode("utf-8", "replace"))
     res = []
     for name, text in prompts:
         k = kvb.generate(text, GREEDY_NEW_TOKENS)
         ours = k["generated"]
         theirs, logits = greedy_llamacpp(llm, k["prompt"], GREEDY_NEW_TOKENS)
-        p = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
-                 min(len(ours), len(theirs)))
-        if ours == theirs:
-            div = ""
-        elif p < min(len(ours), len(theirs)):
-            gap = logits[p][theirs[p]] - logits[p][ours[p]]
-            piece = lambda t: repr(llm.detokenize([t]).decode("utf-8", "replace"))
-            div = (f"step {p}: {ours[p]} {piece(ours[p])} vs {theirs[p]} {piece(theirs[p])}; "
-                   f"{gap:.3f}")
-        else:
-            div = f"one stopped at an end token after {p} (kvbench {len(ours)}, llama.cpp {len(theirs)})"
-        print(f"| {name} | {len(k['prompt'])} | {p}/{max(len(ours), len(theirs))} | {div} |")
+
+        def against_llamacpp(mine):
+            p = first_divergence(mine, theirs)
+            if mine == theirs:
+                return p, ""
+            if p < min(len(mine), len(theirs)):
+                gap = logits[p][theirs[p]] - logits[p][mine[p]]
+                return p, (f"step {p}: {mine[p]} {piece(mine[p])} vs {theirs[p]} "
+                           f"{piece(theirs[p])}; {gap:.3f}")
+            return p, (f"one stopped at an end token after {p} (kvbench {len(mine)}, "
+                       f"llama.cpp {len(theirs)})")
+
+        p, div = against_llamacpp(ours)
+        row = f"| {name} | {len(k['prompt'])} | {p}/{max(len(ours), len(theirs))} | {div} |"
+        if reference:
+            f32 = kvb.generate(text, GREEDY_NEW_TOKENS, dtype="f32")
+            if f32["prompt"] != k["prompt"]:
+                fail(f"kvbench's f32 and {args.dtype} runs tokenized {name} differently")
+            same = first_divergence(ours, f32["generated"])
+            p32, div32 = against_llamacpp(f32["generated"])
+            row += (f" {same}/{max(len(ours), len(f32['generated']))} | "
+                    f"{p32}/{max(len(f32['generated']), len(theirs))} {div32} |")
+        print(row)
         res.append((name, p, max(len(ours), len(theirs))))
     del llm
     return res
