@@ -21,21 +21,14 @@
 #include <sstream>
 #include <vector>
 
+#include "bench/bench_stats.h"
 #include "common/table.h"
 #include "kernels/kv_cache.h"
 #include "kernels/ops/cpu_policy_ops.h"
 
 namespace {
-std::string fmt(double v, int p) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(p) << v;
-  return s.str();
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using kvb::bench::fmt;
+using kvb::bench::median;
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -15,22 +15,15 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "bench/bench_stats.h"
 #include "common/table.h"
 #include "kernels/policies/policy.h"
 #include "workers/engine/generate.h"
 #include "workers/model_session.h"
 
 namespace {
-std::string fmt(double v, int p) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(p) << v;
-  return s.str();
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using kvb::bench::fmt;
+using kvb::bench::median;
 struct Sample {
   double prefill_ms = 0, prefill_policy_ms = 0, step_ms = 0, step_policy_ms = 0;
 };
