@@ -121,6 +121,10 @@ BENCHMARK(bm_matmul)
     ->Args({512, 576, 1536})
     ->Args({512, 1536, 576})
     ->Args({2048, 576, 576})
+    // Prefill attention's products at SmolLM2's head_dim 64 (attention.cc's blocked path: 3
+    // query heads x 32 queries per block): Q K^T over 4,096 keys, then P V.
+    ->Args({96, 64, 4096})
+    ->Args({96, 4096, 64})
     ->UseRealTime()
     ->Repetitions(3)
     ->DisplayAggregatesOnly(true)

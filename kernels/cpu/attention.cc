@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "kernels/cpu/aligned_scratch.h"
 #include "kernels/cpu/exp_exact.h"
+#include "kernels/cpu/exp_fast.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_tree.h"
@@ -98,9 +99,10 @@ void row_sums(float* const* p, const int* first, const int* visible, double* sum
 
 // Per row r of rows: p[r] = softmax(scale * src[r]) over [first[r], visible[r]), in place
 // (src may be p), as the row path computes it: p = src * scale, its max, p = exp(p - max) with
-// a double sum in increasing slot order, p *= (float)(1 / sum). p, src: row r at r * ld.
+// a double sum in increasing slot order, p *= (float)(1 / sum); exp is exp_fast under fast_exp.
+// p, src: row r at r * ld.
 void softmax_rows(float* p, const float* src, size_t ld, int rows, const int* first,
-                  const int* visible, float scale) {
+                  const int* visible, float scale, bool fast_exp) {
   thread_local std::vector<float*> pr;  // the rows, and their sums: kept for the next call
   thread_local std::vector<double> sum;
   pr.resize(rows);
@@ -111,7 +113,11 @@ void softmax_rows(float* p, const float* src, size_t ld, int rows, const int* fi
     for (int s = first[r]; s < visible[r]; ++s) pr[r][s] = sr[s] * scale;
     const float mx = row_max(pr[r], first[r], visible[r]);
     for (int s = first[r]; s < visible[r]; ++s) pr[r][s] -= mx;
-    exp_floats(pr[r] + first[r], pr[r] + first[r], visible[r] - first[r]);  // std::exp's bits
+    if (fast_exp) {
+      exp_fast_floats(pr[r] + first[r], pr[r] + first[r], visible[r] - first[r]);
+    } else {
+      exp_floats(pr[r] + first[r], pr[r] + first[r], visible[r] - first[r]);  // std::exp's bits
+    }
   }
   int r = 0;
   for (; r + kRowGroup <= rows; r += kRowGroup) {
@@ -223,7 +229,7 @@ void attention_blocked(const AttentionArgs& a, int group) {
         t.visible[row] = visible;
       }
     }
-    softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale);
+    softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale, a.fast_exp);
     for (int g = g0; g < g1; ++g) {
       const int h = kvh * group + g;
       for (int r = 0; r < nb; ++r) {
@@ -474,24 +480,6 @@ void pv_lanes_avx2(const float* p, size_t ldp, int lo, const int* first, const i
 
 inline __m256 load8_aligned(const float* v) { return _mm256_load_ps(v); }
 
-// The dots of eight keys from their s8 vectors, in key order.
-inline __m256 reduce8_keys(const __m256* s8) {
-  __m256 s4[4];
-  for (int u = 0; u < 4; ++u) {  // [s4 of key 2u | s4 of key 2u + 1]
-    s4[u] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * u], s8[2 * u + 1], 0x20),
-                          _mm256_permute2f128_ps(s8[2 * u], s8[2 * u + 1], 0x31));
-  }
-  // Halves: [s4[0] + s4[2], s4[1] + s4[3]] of keys (0, 2) | (1, 3), then (4, 6) | (5, 7).
-  const __m256 t1 =
-      _mm256_add_ps(_mm256_shuffle_ps(s4[0], s4[1], 0x44), _mm256_shuffle_ps(s4[0], s4[1], 0xEE));
-  const __m256 t2 =
-      _mm256_add_ps(_mm256_shuffle_ps(s4[2], s4[3], 0x44), _mm256_shuffle_ps(s4[2], s4[3], 0xEE));
-  // [keys 0, 2, 4, 6 | 1, 3, 5, 7], then in key order.
-  const __m256 dots =
-      _mm256_add_ps(_mm256_shuffle_ps(t1, t2, 0x88), _mm256_shuffle_ps(t1, t2, 0xDD));
-  return _mm256_permutevar8x32_ps(dots, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
 // Scores of f16 keys without converting them into scratch first: sc[r][s] = matmul.h's dot of
 // query row r (q + r * ldq, 32-byte aligned) and key s (keys + s * d) for s < span, with
 // matmul's bits: lane l (of 16) sums q[p] k[p] for p = l, l + 16, ... by fused multiply-adds from
@@ -531,7 +519,7 @@ void scores_f16_rows(float* sc, size_t lds, const float* q, size_t ldq, const ui
       for (int r = 0; r < ROWS; ++r) s8[r][j] = _mm256_add_ps(lo[r], hi[r]);
     }
     for (int r = 0; r < ROWS; ++r) {
-      const __m256 dots = reduce8_keys(s8[r]);
+      const __m256 dots = detail::reduce8(s8[r]);
       float* out = sc + r * lds + s0;
       if (m == 8) {
         _mm256_storeu_ps(out, dots);
@@ -757,7 +745,7 @@ void run_few_job(const FewJob& job, FewScratch& t) {
       matmul_strided(sc + c0, lds, qb, d16, kf, d, nullptr, rows, d, m);
     }
   }
-  softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale);
+  softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale, a.fast_exp);
   float* lanes = t.lanes.get(static_cast<size_t>(rows) * 16 * d);
   pv_lanes(sc, lds, lo, t.first.data(), t.visible.data(), rows, kv, kvh, lanes);
   for (int row = 0; row < rows; ++row) {

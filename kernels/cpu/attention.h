@@ -31,6 +31,10 @@ struct AttentionArgs {
   // of its visible slots (its own included), which are consecutive positions in a sliding
   // layer's cache. No statistics with a window.
   int window = 0;
+  // The softmax's exponential: std::exp's bits (exp_floats; the f32 reference) or, set by
+  // --dtype native, exp_fast (kernels/cpu/exp_fast.h: a float polynomial within 2 ulp, the same
+  // bits on every path, about 10x faster). Everything else is the same either way.
+  bool fast_exp = false;
 };
 
 // Query i of n (0-based) sees slots [0, length(head) - n + i] of its KV head: everything cached

@@ -53,16 +53,17 @@ std::string isa_summary();
 // it dispatched to each path (one increment per call, at the dispatch, outside the loops), so
 // a test can see that a forced path is the path that ran.
 enum class SimdKernel {
-  kMatmul,       // matmul / matmul_strided tiles
-  kMatmulBf16,   // matmul_bf16's decode and few-row tiles
-  kAttentionPv,  // attention's P x V lanes (decode rows)
-  kExpFloats,    // exp_floats
-  kKCenter,      // kcenter_greedy's distances
-  kSubgenCount,  // subgen_count_clusters' "some representative within"
-  kQMatmul,      // qmatmul's integer block dots (qmatmul.h; AVX2 kernels also under avx512)
+  kMatmul,           // matmul / matmul_strided tiles
+  kMatmulBf16,       // matmul_bf16's decode and few-row tiles
+  kAttentionPv,      // attention's P x V lanes (decode rows)
+  kExpFloats,        // exp_floats
+  kKCenter,          // kcenter_greedy's distances
+  kSubgenCount,      // subgen_count_clusters' "some representative within"
+  kQMatmul,          // qmatmul's integer block dots (qmatmul.h; AVX2 kernels also under avx512)
   kAttentionScores,  // attention's decode scores over f16 keys (portable: converted, then matmul)
+  kExpFast,          // exp_fast_floats (AVX2 kernel also under avx512)
 };
-constexpr int kSimdKernelCount = 8;
+constexpr int kSimdKernelCount = 9;
 
 struct SimdDispatchCounts {
   uint64_t calls[kSimdKernelCount][kIsaCount] = {};

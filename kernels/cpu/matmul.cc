@@ -51,7 +51,7 @@ float dot_portable(const float* x, const float* w, int k) {
 
 // 1x1 tile for the portable path: out[0] = dot(x row, w row).
 struct TilePortable {
-  static constexpr int kRows = 1, kCols = 1;
+  static constexpr int kRows = 1, kCols = 1, kOut = 1;
   void operator()(const float* const* xr, const float* const* wr, int k, float* out) const {
     out[0] = dot_portable(xr[0], wr[0], k);
   }
@@ -73,7 +73,7 @@ using detail::reduce16;  // the tree over 16 lane vectors, 16 outputs side by si
 template <int R, int C>
 struct TileAvx512 {
   static_assert(R * C == 16, "reduce16 takes 16 accumulators");
-  static constexpr int kRows = R, kCols = C;
+  static constexpr int kRows = R, kCols = C, kOut = 16;
   void operator()(const float* const* xr, const float* const* wr, int k, float* out) const {
     __m512 acc[16];  // acc[r + R * c]: lane sums of output (r, c)
 #pragma GCC unroll 16
@@ -135,25 +135,32 @@ struct TileAvx512 {
 #endif  // KVB_MATMUL_AVX512
 
 #if defined(KVB_MATMUL_AVX2)
-// The 16 lanes as two ymm: lo = lanes 0..7, hi = lanes 8..15; reduced with the same tree.
-inline float reduce_pair(__m256 lo, __m256 hi) {
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));  // [s4[0]+s4[2], s4[1]+s4[3], ..]
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
-
 // R rows of x times C rows of w, two ymm of lane sums per output; out: [R, C] row-major.
+// The lane sums can also be carried across calls (Acc, run over consecutive spans of k): each
+// lane still takes its products in increasing p, so the bits are those of one pass (k-blocking
+// in matmul_tiled).
 template <int R, int C>
 struct TileAvx2 {
-  static constexpr int kRows = R, kCols = C;
-  void operator()(const float* const* xr, const float* const* wr, int k, float* out) const {
-    __m256 acc[2][R * C];  // acc[half][r * C + c]
+  static constexpr int kRows = R, kCols = C, kOut = 8;  // writes 8 values, R * C of them the tile's
+  struct Acc {
+    __m256 v[2][R * C];  // v[half][r * C + c]
+  };
+  static void zero(Acc& a) {
 #pragma GCC unroll 16
-    for (int t = 0; t < R * C; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-    int p = 0;
+    for (int t = 0; t < R * C; ++t) a.v[0][t] = a.v[1][t] = _mm256_setzero_ps();
+  }
+  // Adds the products of k positions [p0, p1) to a: p0 a multiple of kLanes, and p1 one too
+  // unless it is k (the masked tail).
+  static void run(Acc& acc_io, const float* const* xr, const float* const* wr, int p0, int p1) {
+    Acc a = acc_io;  // in registers: __m256 may alias the floats read, so work on a copy
+    steps(a, xr, wr, p0, p1);
+    acc_io = a;
+  }
+  static inline __attribute__((always_inline)) void steps(Acc& a, const float* const* xr,
+                                                          const float* const* wr, int p0, int p1) {
+    int p = p0;
 #pragma GCC unroll 2
-    for (; p + kLanes <= k; p += kLanes) {
+    for (; p + kLanes <= p1; p += kLanes) {
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         __m256 wv[C];
@@ -164,12 +171,12 @@ struct TileAvx2 {
           const __m256 xv = _mm256_loadu_ps(xr[r] + p + 8 * h);
 #pragma GCC unroll 8
           for (int c = 0; c < C; ++c)
-            acc[h][r * C + c] = _mm256_fmadd_ps(xv, wv[c], acc[h][r * C + c]);
+            a.v[h][r * C + c] = _mm256_fmadd_ps(xv, wv[c], a.v[h][r * C + c]);
         }
       }
     }
-    if (p < k) {
-      const int rem = k - p;
+    if (p < p1) {
+      const int rem = p1 - p;
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const int cnt = std::clamp(rem - 8 * h, 0, 8);
@@ -184,14 +191,31 @@ struct TileAvx2 {
           const __m256 xv = _mm256_maskload_ps(xr[r] + p + 8 * h, mi);
 #pragma GCC unroll 8
           for (int c = 0; c < C; ++c) {
-            __m256& a = acc[h][r * C + c];
-            a = _mm256_blendv_ps(a, _mm256_fmadd_ps(xv, wv[c], a), mf);
+            __m256& acc = a.v[h][r * C + c];
+            acc = _mm256_blendv_ps(acc, _mm256_fmadd_ps(xv, wv[c], acc), mf);
           }
         }
       }
     }
-#pragma GCC unroll 16
-    for (int t = 0; t < R * C; ++t) out[t] = reduce_pair(acc[0][t], acc[1][t]);
+  }
+  // The R * C dots reduce side by side (reduce8: reduce_lanes' pairings, so each dot's bits
+  // are reduce_lanes'); short tiles repeat their last dots, whose duplicate work the compiler
+  // drops. out gets eight values, the tile's R * C first.
+  static void reduce(const Acc& a, float* out) {
+    static_assert(R * C <= 8, "reduce8 takes eight dots");
+    __m256 s8[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) {
+      const int u = t < R * C ? t : R * C - 1 - (7 - t) % (R * C);
+      s8[t] = _mm256_add_ps(a.v[0][u], a.v[1][u]);
+    }
+    _mm256_storeu_ps(out, detail::reduce8(s8));
+  }
+  void operator()(const float* const* xr, const float* const* wr, int k, float* out) const {
+    Acc a;
+    zero(a);
+    steps(a, xr, wr, 0, k);
+    reduce(a, out);
   }
 };
 #endif  // KVB_MATMUL_AVX2
@@ -225,16 +249,29 @@ bool aligned64(const float* p, size_t ld) {
 // Runs Tile over all outputs. Work units are (x row block, w panel) pairs: inside one, each R-row
 // tile of x (L1) meets every C-row tile of the panel (L2). Edge tiles repeat the last valid row
 // of x / w and drop those outputs; every output is computed by the same Tile in the same order.
-// No k-blocking: a tile keeps its lane sums in registers over the whole of k (splitting k would
-// spill 16 zmm per tile); for the model sizes (k <= 1536) a 4-row tile of x is <= 24 KiB (L1).
+// Up to k = 2 kKBlock a tile keeps its lane sums in registers over the whole of k; for the model
+// sizes (k <= 1536) a 4-row tile of x is <= 24 KiB (L1). Longer k (attention's P x V over
+// thousands of slots: a 2x3 AVX2 tile's five rows of 16 KiB and more are read from L2 at every
+// step, which bounds it below half the core's multiply-add rate) is cut into spans of kKBlock
+// where a tile can carry its lane sums (Tile::Acc: the AVX2 tile): per span, each C-row tile of
+// the panel (in L1) meets every R-row tile of the x block (streamed from L2), and the lane sums
+// wait in a per-thread buffer between spans. Each lane still adds its products in increasing
+// k, so the bits are the unblocked ones.
 // x: [n] rows of k floats, ldx apart; w: [m] rows of k, ldw apart; y: [n] rows of m, ldy apart.
+constexpr int kKBlock = 512;
+
 template <typename Tile>
 void matmul_tiled(float* y, size_t ldy, const float* x, size_t ldx, const float* w, size_t ldw,
                   const float* bias, int n, int k, int m, Tile tile) {
   constexpr int R = Tile::kRows, C = Tile::kCols;
+  constexpr bool kCarries = requires { typename Tile::Acc; };
+  const bool k_blocked = kCarries && R > 1 && k >= 2 * kKBlock;
   const int block_rows = R * std::max(1, 64 / R);
-  // n <= R: one row block, so split m finely for the threads (decode: parallel over m).
-  const int panel_cols = n <= R ? C * std::max(1, 16 / C) : C * std::max(1, 64 / C);
+  // n <= R: one row block, so split m finely for the threads (decode: parallel over m). Under
+  // k-blocking, panels of 8 tiles keep the lane-sum buffer near 100 KiB (32 x 8 tiles).
+  const int panel_cols = n <= R      ? C * std::max(1, 16 / C)
+                         : k_blocked ? C * 8
+                                     : C * std::max(1, 64 / C);
   const int64_t nbi = (n + block_rows - 1) / block_rows;
   const int64_t nbj = (m + panel_cols - 1) / panel_cols;
   const int64_t units = nbi * nbj;
@@ -276,6 +313,62 @@ void matmul_tiled(float* y, size_t ldy, const float* x, size_t ldx, const float*
         }
         wb = w_kept;
       }
+      // R pointers to rows of x ([k]) for the tile at row i0; C to rows of w for column j0.
+      auto x_rows = [&](int i0, const float** xr) {
+        for (int r = 0; r < R; ++r)
+          xr[r] = xb.base + (std::min(i0 + r, i_end - 1) - i_begin) * xb.stride;
+      };
+      auto w_rows = [&](int j0, const float** wr) {
+        for (int c = 0; c < C; ++c)
+          wr[c] = wb.base + (std::min(j0 + c, j_end - 1) - j_begin) * wb.stride;
+      };
+      // out: the tile's [R, C] row-major at (i0, j0), into y.
+      auto store = [&](int i0, int j0, const float* out) {
+        const int rows = std::min(R, n - i0), cols = std::min(C, m - j0);
+        for (int r = 0; r < rows; ++r) {
+          float* yr = y + static_cast<size_t>(i0 + r) * ldy + j0;  // [cols]
+          if (bias != nullptr) {
+            for (int c = 0; c < cols; ++c) yr[c] = out[r * C + c] + bias[j0 + c];
+          } else if (cols == C) {
+            // A whole tile row: a fixed-size copy the compiler inlines (the variable-length
+            // loop below became a memcpy call per row of every tile).
+            std::memcpy(yr, &out[r * C], C * sizeof(float));
+          } else {
+            for (int c = 0; c < cols; ++c) yr[c] = out[r * C + c];
+          }
+        }
+      };
+      if constexpr (kCarries) {
+        if (k_blocked) {
+          using Acc = typename Tile::Acc;
+          const int ti = (i_end - i_begin + R - 1) / R, tj = (j_end - j_begin + C - 1) / C;
+          thread_local PackBuffer acc_buf;  // [tj][ti] lane sums
+          static_assert(alignof(Acc) <= 64 && sizeof(Acc) % sizeof(float) == 0);
+          Acc* acc = reinterpret_cast<Acc*>(
+              acc_buf.get(static_cast<size_t>(ti) * tj * (sizeof(Acc) / sizeof(float))));
+          for (int t = 0; t < ti * tj; ++t) Tile::zero(acc[t]);
+          for (int p0 = 0; p0 < k; p0 += kKBlock) {
+            const int p1 = std::min(k, p0 + kKBlock);
+            for (int b = 0; b < tj; ++b) {
+              const float* wr[C];
+              w_rows(j_begin + b * C, wr);
+              for (int a = 0; a < ti; ++a) {
+                const float* xr[R];
+                x_rows(i_begin + a * R, xr);
+                Tile::run(acc[b * ti + a], xr, wr, p0, p1);
+              }
+            }
+          }
+          for (int b = 0; b < tj; ++b) {
+            for (int a = 0; a < ti; ++a) {
+              float out[Tile::kOut];
+              Tile::reduce(acc[b * ti + a], out);
+              store(i_begin + a * R, j_begin + b * C, out);
+            }
+          }
+          continue;
+        }
+      }
       for (int i0 = i_begin; i0 < i_end; i0 += R) {
         const float* xr[R];  // R pointers to rows of x: [k]
         for (int r = 0; r < R; ++r)
@@ -285,7 +378,7 @@ void matmul_tiled(float* y, size_t ldy, const float* x, size_t ldx, const float*
           const float* wr[C];  // C pointers to rows of w: [k]
           for (int c = 0; c < C; ++c)
             wr[c] = wb.base + (std::min(j0 + c, j_end - 1) - j_begin) * wb.stride;
-          float out[R * C];  // [R, C] row-major
+          float out[Tile::kOut];  // [R, C] row-major, then what the tile writes beyond
           tile(xr, wr, k, out);
           const int cols = std::min(C, m - j0);
           for (int r = 0; r < rows; ++r) {
@@ -293,8 +386,6 @@ void matmul_tiled(float* y, size_t ldy, const float* x, size_t ldx, const float*
             if (bias != nullptr) {
               for (int c = 0; c < cols; ++c) yr[c] = out[r * C + c] + bias[j0 + c];
             } else if (cols == C) {
-              // A whole tile row: a fixed-size copy the compiler inlines (the variable-length
-              // loop below became a memcpy call per row of every tile).
               std::memcpy(yr, &out[r * C], C * sizeof(float));
             } else {
               for (int c = 0; c < cols; ++c) yr[c] = out[r * C + c];

@@ -51,4 +51,28 @@ __attribute__((target("avx512f"))) inline __m512 reduce16(const __m512* a) {
 #pragma GCC diagnostic pop
 #endif
 
+#if defined(__AVX2__)
+// The tree over eight dots' lane sums at once, with AVX2's eight lanes: dot j's 16 lane sums are
+// two vectors (lanes 0-7 and 8-15) whose sum s8[j] is the tree's first level, and the eight s8
+// reduce side by side with reduce_lanes' pairings (s4[l] = s8[l] + s8[l + 4], then
+// (s4[0] + s4[2]) + (s4[1] + s4[3])), so every dot has reduce_lanes' bits. Returns the eight dots
+// in order.
+inline __m256 reduce8(const __m256* s8) {
+  __m256 s4[4];
+  for (int u = 0; u < 4; ++u) {  // [s4 of dot 2u | s4 of dot 2u + 1]
+    s4[u] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * u], s8[2 * u + 1], 0x20),
+                          _mm256_permute2f128_ps(s8[2 * u], s8[2 * u + 1], 0x31));
+  }
+  // Halves: [s4[0] + s4[2], s4[1] + s4[3]] of dots (0, 2) | (1, 3), then (4, 6) | (5, 7).
+  const __m256 t1 =
+      _mm256_add_ps(_mm256_shuffle_ps(s4[0], s4[1], 0x44), _mm256_shuffle_ps(s4[0], s4[1], 0xEE));
+  const __m256 t2 =
+      _mm256_add_ps(_mm256_shuffle_ps(s4[2], s4[3], 0x44), _mm256_shuffle_ps(s4[2], s4[3], 0xEE));
+  // [dots 0, 2, 4, 6 | 1, 3, 5, 7], then in order.
+  const __m256 dots =
+      _mm256_add_ps(_mm256_shuffle_ps(t1, t2, 0x88), _mm256_shuffle_ps(t1, t2, 0xDD));
+  return _mm256_permutevar8x32_ps(dots, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+#endif
+
 }  // namespace kvb::kernels::cpu::detail

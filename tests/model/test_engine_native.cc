@@ -7,6 +7,7 @@
 // The policy laws on native weights are in test_policy_laws (SmolLM2NativeWeights); the kernels'
 // own tests in test_qmatmul.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -19,9 +20,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "kernels/cpu/dequant.h"
-#include "kernels/cpu/qmatmul.h"
 #include "engine_gap.h"
+#include "kernels/cpu/dequant.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/qmatmul.h"
 #include "run_kvbench.h"
 #include "tp_test_model.h"
 #include "workers/engine/engine.h"
@@ -295,6 +297,36 @@ TEST(NativeLoad, MatricesOfOtherTypesLoadInF32AndRunTheReferenceBits) {
   ASSERT_EQ(c.size(), e.size());
   EXPECT_TRUE(same_bits(c.data(), e.data(), c.size()));
   EXPECT_FALSE(same_bits(c.data(), a.data(), c.size())) << "the f16 cache changed no logit";
+}
+
+// The softmax's exponential follows the products: a model whose matrices run on blocks under
+// --dtype native takes exp_fast (llama.cpp's family) in attention, and the f32 reference and a
+// native model without blocks keep std::exp's bits (exp_floats, which SwiGLU also calls).
+TEST_F(SmolNative, TheSoftmaxIsExpFastWhereTheProductsAreBlocks) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // dispatch counts are per thread
+  const std::vector<int32_t> ids = {1, 7, 42, 99, 3, 64, 12, 5, 8, 13};
+  auto fast_and_exact = [&](engine::Engine& eng) {
+    kernels::cpu::simd_dispatch_counts() = kernels::cpu::SimdDispatchCounts{};
+    all_logits(eng, ids);
+    const kernels::cpu::SimdDispatchCounts c = kernels::cpu::simd_dispatch_counts();
+    uint64_t fast = 0, exact = 0;
+    for (int isa = 0; isa < kernels::cpu::kIsaCount; ++isa) {
+      fast += c.calls[static_cast<int>(kernels::cpu::SimdKernel::kExpFast)][isa];
+      exact += c.calls[static_cast<int>(kernels::cpu::SimdKernel::kExpFloats)][isa];
+    }
+    return std::pair{fast, exact};
+  };
+  engine::Engine native(*model_, nullptr, engine::DType::kNative), f32(*model_);
+  const auto [native_fast, native_exact] = fast_and_exact(native);
+  EXPECT_GT(native_fast, 0u) << "native attention took std::exp's bits";
+  EXPECT_GT(native_exact, 0u) << "SwiGLU's exp is std::exp's on every path";
+  EXPECT_EQ(fast_and_exact(f32).first, 0u) << "the f32 reference took exp_fast";
+  const std::string phi3 = std::string(KVB_FIXTURES_DIR) + "/engine/phi3_tiny.gguf";
+  std::unique_ptr<engine::Model> m = engine::load_model(phi3, /*native_blocks=*/true);
+  engine::Engine no_blocks(*m, nullptr, engine::DType::kNative);
+  EXPECT_EQ(fast_and_exact(no_blocks).first, 0u) << "a native model without blocks took exp_fast";
+  omp_set_num_threads(threads);
 }
 
 // A sweep on native weights (the config's `dtype: native`) says so in its provenance, and its

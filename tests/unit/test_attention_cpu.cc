@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/exp_fast.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/f16.h"
 #include "kernels/kv_cache.h"
@@ -28,7 +29,8 @@ namespace {
 // The first version, one query row at a time. Prefill blocks (n >= 32) took P x V over the
 // whole head (window: the block's span, [lo, vis_max)) with P zero outside the row's visible
 // slots, lanes by the index within that range; fewer queries took it over the visible slots,
-// lanes by the slot. Scores in matmul's order, softmax with a double sum in slot order.
+// lanes by the slot. Scores in matmul's order, softmax with a double sum in slot order (its exp
+// exp_fast under fast_exp, --dtype native's).
 void first_version(const cpu::AttentionArgs& a, std::vector<float>* out,
                    std::vector<float>* col_sums, std::vector<float>* last_probs) {
   const LayerKvView& kv = a.kv;
@@ -57,7 +59,7 @@ void first_version(const cpu::AttentionArgs& a, std::vector<float>* out,
       }
       double sum = 0;
       for (int s = first; s < visible; ++s) {
-        p[s] = std::exp(p[s] - mx);
+        p[s] = a.fast_exp ? cpu::exp_fast(p[s] - mx) : std::exp(p[s] - mx);
         sum += p[s];
       }
       const float inv = static_cast<float>(1.0 / sum);
@@ -143,7 +145,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b, const c
 // f16: run the kernel on this view of the same rows stored as f16 instead (the expectation is
 // still the first version on layer's f32 rows, which hold the f16 values).
 void run_case(const Case& c, Layer& layer, const std::vector<float>& q,
-              const LayerKvView* f16 = nullptr) {
+              const LayerKvView* f16 = nullptr, bool fast_exp = false) {
   const int max_len = *std::max_element(c.lengths.begin(), c.lengths.end());
   cpu::AttentionArgs a;
   std::vector<float> out(static_cast<size_t>(c.n) * c.num_heads * c.head_dim, -1.0f);
@@ -155,6 +157,7 @@ void run_case(const Case& c, Layer& layer, const std::vector<float>& q,
   a.num_heads = c.num_heads;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   a.window = c.window;
+  a.fast_exp = fast_exp;
   a.stats_stride = max_len + 3;
   if (c.col_sums) {
     cs.assign(static_cast<size_t>(c.num_heads) * a.stats_stride, 7.0f);
@@ -278,6 +281,53 @@ TEST(AttentionCpu, F16RowsGiveTheBitsOfTheirValuesAsF32) {
     }
     omp_set_num_threads(threads);
   }
+}
+
+// --dtype native's softmax (AttentionArgs::fast_exp): every shape class over f16 rows, 1-3
+// threads, is the first version with exp_fast for std::exp, bit for bit; and it is not the
+// reference's (some output differs from std::exp's, so the flag reaches the softmax).
+TEST(AttentionCpu, FastExpGivesTheFirstVersionsBitsWithExpFast) {
+  std::mt19937 rng(20261207);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int64_t differ = 0;
+  for (const Case& c : shape_cases()) {
+    SCOPED_TRACE(c.name);
+    const int capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 5;
+    Layer layer(c.num_kv_heads, c.head_dim, capacity, c.lengths, c.offset);
+    std::vector<uint16_t> k16, v16;
+    fill_f16_rows(layer, static_cast<size_t>(c.num_kv_heads) * capacity * c.head_dim, rng, normal,
+                  &k16, &v16);
+    std::vector<float> q(static_cast<size_t>(c.n) * c.num_heads * c.head_dim);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = normal(rng) * (i % 7 == 0 ? 30.0f : 1.0f);
+    LayerKvView v = layer.view;
+    v.keys = nullptr;
+    v.keys16 = k16.data();
+    v.values = nullptr;
+    v.values16 = v16.data();
+    const int threads = omp_get_max_threads();
+    for (const int t : {1, 2, 3}) {
+      SCOPED_TRACE(testing::Message() << t << " threads");
+      omp_set_num_threads(t);
+      run_case(c, layer, q, &v, true);
+    }
+    omp_set_num_threads(threads);
+    // The same call with std::exp: its outputs are not all the fast ones.
+    cpu::AttentionArgs a;
+    std::vector<float> fast(q.size()), exact(q.size());
+    a.q = q.data();
+    a.kv = v;
+    a.n = c.n;
+    a.num_heads = c.num_heads;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    a.window = c.window;
+    a.out = exact.data();
+    cpu::attention(a);
+    a.fast_exp = true;
+    a.out = fast.data();
+    cpu::attention(a);
+    for (size_t i = 0; i < q.size(); ++i) differ += fast[i] != exact[i];
+  }
+  EXPECT_GT(differ, 0);
 }
 
 // Decode scores over f16 keys read in place (8 keys a block on AVX2, 16 on AVX-512): every head

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/exp_exact.h"
+#include "kernels/cpu/exp_fast.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/kcenter.h"
 #include "kernels/cpu/matmul.h"
@@ -102,6 +103,7 @@ TEST(Isa, EveryKernelRunsThePathTheActiveOneAllows) {
   std::vector<float> e(40);
   for (size_t i = 0; i < e.size(); ++i) e[i] = -0.25f * static_cast<float>(i);
   exp_floats(e.data(), e.data(), static_cast<int>(e.size()));
+  exp_fast_floats(e.data(), e.data(), static_cast<int>(e.size()));  // --dtype native's softmax
 
   // kcenter_greedy.
   const int n = 9, dim = 3;
@@ -159,6 +161,7 @@ TEST(Isa, EveryKernelRunsThePathTheActiveOneAllows) {
   expect_only(c, SimdKernel::kAttentionPv, widest({Isa::kAvx512, Isa::kAvx2}), "attention's P x V");
   expect_only(c, SimdKernel::kAttentionScores, widest({Isa::kAvx512, Isa::kAvx2}),
               "attention's scores over f16 keys");
+  expect_only(c, SimdKernel::kExpFast, widest({Isa::kAvx2}), "exp_fast_floats");
   expect_only(c, SimdKernel::kKCenter, widest({Isa::kAvx2}), "kcenter_greedy");
   expect_only(c, SimdKernel::kSubgenCount, widest({Isa::kAvx2}), "subgen_count_clusters");
   // matmul_bf16 picks from the CPU's features (not the build's) under auto; a forced path caps it.

@@ -80,6 +80,17 @@ TEST(Matmul, MatchesReferenceOnAwkwardShapes) {
   }
 }
 
+// k of 1,024 and more: the AVX2 path cuts k into spans of 512 that carry each tile's lane sums
+// (attention's P x V over thousands of slots); the bits stay those of one pass (the scalar
+// emulation), with k a multiple of 16 or not (the masked tail in the last span), a span boundary
+// just past k, edge tiles in both directions, and bias.
+TEST(Matmul, LongKGivesTheOnePassBits) {
+  for (const Shape& s : {Shape{96, 4096, 64}, Shape{40, 1100, 50}, Shape{3, 2049, 7},
+                         Shape{2, 1024, 3}, Shape{65, 1536, 25}, Shape{7, 1023, 9}}) {
+    check_shape(s.n, s.k, s.m);
+  }
+}
+
 TEST(Matmul, ModelShapes) {
   // stories260K and SmolLM2-135M projections, decode and a short prefill.
   for (const Shape& s : {Shape{1, 64, 172}, Shape{5, 172, 64}, Shape{3, 64, 512},
@@ -178,7 +189,7 @@ TEST(Matmul, StridedRowsGiveTheSameBits) {
 TEST(Matmul, BatchAndThreadInvariantBits) {
   const int n = 37;
   for (const Shape& s : {Shape{n, 576, 576}, Shape{n, 172, 64}, Shape{n, 1000, 577},
-                         Shape{n, 1536, 192}, Shape{n, 13, 37}}) {
+                         Shape{n, 1536, 192}, Shape{n, 13, 37}, Shape{n, 2100, 29}}) {
     SCOPED_TRACE(testing::Message() << "k=" << s.k << " m=" << s.m);
     const std::vector<float> x = random_vec(static_cast<size_t>(n) * s.k, 11);    // [n, k]
     const std::vector<float> w = random_vec(static_cast<size_t>(s.m) * s.k, 12);  // [m, k]

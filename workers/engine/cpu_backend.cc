@@ -96,6 +96,12 @@ CpuBackend::CpuBackend(const Model& model, kernels::Communicator* tp, DType dtyp
     }
     q_embed_ = file_blocks<QMat>(g, "token_embd.weight", 0, c.vocab_size, D);
     if (!c.tied_embeddings) q_output_ = file_blocks<QMat>(g, "output.weight", 0, c.vocab_size, D);
+    fast_exp_ = q_classifier().type != 0;
+    for (const QLayer& q : q_layers_) {
+      for (const QMat* m : {&q.wq, &q.wk, &q.wv, &q.wo, &q.w_gate, &q.w_up, &q.w_down}) {
+        fast_exp_ = fast_exp_ || m->type != 0;
+      }
+    }
     return;
   }
   if (dtype_ != DType::kBf16) return;
@@ -400,6 +406,7 @@ cpu::AttentionArgs CpuBackend::attention_args(int l, int n, float* out, const fl
   }
   args.stats_stride = stride;
   args.window = c.sliding(l) ? c.window[l] : 0;
+  args.fast_exp = fast_exp_;
   return args;
 }
 

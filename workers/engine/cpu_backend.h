@@ -127,6 +127,10 @@ class CpuBackend final : public Backend {
   const Model& model_;
   kernels::Communicator* tp_;
   DType dtype_;
+  // kNative with some product on quantized blocks: the softmax takes exp_fast (llama.cpp's
+  // family, kernels/cpu/exp_fast.h). A model none of whose matrices are blocks runs the f32
+  // reference's bits under kNative, softmax included.
+  bool fast_exp_ = false;
   bool f16_rows_;
   std::vector<uint16_t> f16_round_;  // roll_keys' keys rounded to f16
   std::vector<QLayer> q_layers_;  // [num_layers] when dtype_ is kNative, else empty
