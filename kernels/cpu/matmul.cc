@@ -260,6 +260,12 @@ bool aligned64(const float* p, size_t ld) {
 // x: [n] rows of k floats, ldx apart; w: [m] rows of k, ldw apart; y: [n] rows of m, ldy apart.
 constexpr int kKBlock = 512;
 
+// GCC 12 warns that `out` may be read uninitialized once TilePortable and `store` are inlined
+// together (the tile writes out[0], the only entry read): a false positive.
+#pragma GCC diagnostic push
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 template <typename Tile>
 void matmul_tiled(float* y, size_t ldy, const float* x, size_t ldx, const float* w, size_t ldw,
                   const float* bias, int n, int k, int m, Tile tile) {
@@ -370,32 +376,21 @@ void matmul_tiled(float* y, size_t ldy, const float* x, size_t ldx, const float*
         }
       }
       for (int i0 = i_begin; i0 < i_end; i0 += R) {
-        const float* xr[R];  // R pointers to rows of x: [k]
-        for (int r = 0; r < R; ++r)
-          xr[r] = xb.base + (std::min(i0 + r, i_end - 1) - i_begin) * xb.stride;
-        const int rows = std::min(R, n - i0);
+        const float* xr[R];
+        x_rows(i0, xr);
         for (int j0 = j_begin; j0 < j_end; j0 += C) {
-          const float* wr[C];  // C pointers to rows of w: [k]
-          for (int c = 0; c < C; ++c)
-            wr[c] = wb.base + (std::min(j0 + c, j_end - 1) - j_begin) * wb.stride;
+          const float* wr[C];
+          w_rows(j0, wr);
           float out[Tile::kOut];  // [R, C] row-major, then what the tile writes beyond
           tile(xr, wr, k, out);
-          const int cols = std::min(C, m - j0);
-          for (int r = 0; r < rows; ++r) {
-            float* yr = y + static_cast<size_t>(i0 + r) * ldy + j0;  // [cols]
-            if (bias != nullptr) {
-              for (int c = 0; c < cols; ++c) yr[c] = out[r * C + c] + bias[j0 + c];
-            } else if (cols == C) {
-              std::memcpy(yr, &out[r * C], C * sizeof(float));
-            } else {
-              for (int c = 0; c < cols; ++c) yr[c] = out[r * C + c];
-            }
-          }
+          store(i0, j0, out);
         }
       }
     }
   }
 }
+
+#pragma GCC diagnostic pop
 
 void check_args(float* y, const float* x, const float* w, int n, int k, int m) {
   KVB_CHECK(n >= 0 && k >= 0 && m >= 0) << "matmul: bad shape n=" << n << " k=" << k << " m=" << m;

@@ -249,6 +249,32 @@ void fill_f16_rows(Layer& layer, size_t count, std::mt19937& rng,
   }
 }
 
+// A shape case over f16 rows: its layer (the f32 values of the rows, the expectation's cache),
+// the rows as f16 (fill_f16_rows) and its queries (every 7th scaled by 30: some probabilities
+// underflow to 0).
+struct F16Case {
+  std::unique_ptr<Layer> layer;
+  std::vector<uint16_t> k16, v16;
+  std::vector<float> q;
+  F16Case(const Case& c, std::mt19937& rng, std::normal_distribution<float>& normal) {
+    const int capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 5;
+    layer = std::make_unique<Layer>(c.num_kv_heads, c.head_dim, capacity, c.lengths, c.offset);
+    fill_f16_rows(*layer, static_cast<size_t>(c.num_kv_heads) * capacity * c.head_dim, rng, normal,
+                  &k16, &v16);
+    q.resize(static_cast<size_t>(c.n) * c.num_heads * c.head_dim);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = normal(rng) * (i % 7 == 0 ? 30.0f : 1.0f);
+  }
+  // The kernel's view: f16 values, and f16 keys or (f32_keys) the f32 ones.
+  LayerKvView view(bool f32_keys) {
+    LayerKvView v = layer->view;
+    v.keys = f32_keys ? layer->view.keys : nullptr;
+    v.keys16 = f32_keys ? nullptr : k16.data();
+    v.values = nullptr;
+    v.values16 = v16.data();
+    return v;
+  }
+};
+
 // A cache of f16 rows (KvCacheShape::f16, --dtype native): the kernel converts them exactly, so
 // every output and statistic is the first version's on the same values held as f32. Every shape
 // class, 1-3 threads; all rows f16, and f32 keys beside f16 values (a rolling-positions cache).
@@ -258,25 +284,15 @@ TEST(AttentionCpu, F16RowsGiveTheBitsOfTheirValuesAsF32) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const Case& c : shape_cases()) {
     SCOPED_TRACE(c.name);
-    const int capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 5;
-    Layer layer(c.num_kv_heads, c.head_dim, capacity, c.lengths, c.offset);
-    std::vector<uint16_t> k16, v16;
-    fill_f16_rows(layer, static_cast<size_t>(c.num_kv_heads) * capacity * c.head_dim, rng, normal,
-                  &k16, &v16);
-    std::vector<float> q(static_cast<size_t>(c.n) * c.num_heads * c.head_dim);
-    for (size_t i = 0; i < q.size(); ++i) q[i] = normal(rng) * (i % 7 == 0 ? 30.0f : 1.0f);
+    F16Case f(c, rng, normal);
     const int threads = omp_get_max_threads();
     for (const bool f32_keys : {false, true}) {
-      LayerKvView v = layer.view;
-      v.keys = f32_keys ? layer.view.keys : nullptr;
-      v.keys16 = f32_keys ? nullptr : k16.data();
-      v.values = nullptr;
-      v.values16 = v16.data();
+      const LayerKvView v = f.view(f32_keys);
       for (const int t : {1, 2, 3}) {
         SCOPED_TRACE(testing::Message() << t << " threads, " << (f32_keys ? "f32" : "f16")
                                         << " keys");
         omp_set_num_threads(t);
-        run_case(c, layer, q, &v);
+        run_case(c, *f.layer, f.q, &v);
       }
     }
     omp_set_num_threads(threads);
@@ -292,23 +308,14 @@ TEST(AttentionCpu, FastExpGivesTheFirstVersionsBitsWithExpFast) {
   int64_t differ = 0;
   for (const Case& c : shape_cases()) {
     SCOPED_TRACE(c.name);
-    const int capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 5;
-    Layer layer(c.num_kv_heads, c.head_dim, capacity, c.lengths, c.offset);
-    std::vector<uint16_t> k16, v16;
-    fill_f16_rows(layer, static_cast<size_t>(c.num_kv_heads) * capacity * c.head_dim, rng, normal,
-                  &k16, &v16);
-    std::vector<float> q(static_cast<size_t>(c.n) * c.num_heads * c.head_dim);
-    for (size_t i = 0; i < q.size(); ++i) q[i] = normal(rng) * (i % 7 == 0 ? 30.0f : 1.0f);
-    LayerKvView v = layer.view;
-    v.keys = nullptr;
-    v.keys16 = k16.data();
-    v.values = nullptr;
-    v.values16 = v16.data();
+    F16Case f(c, rng, normal);
+    const std::vector<float>& q = f.q;
+    const LayerKvView v = f.view(false);
     const int threads = omp_get_max_threads();
     for (const int t : {1, 2, 3}) {
       SCOPED_TRACE(testing::Message() << t << " threads");
       omp_set_num_threads(t);
-      run_case(c, layer, q, &v, true);
+      run_case(c, *f.layer, q, &v, true);
     }
     omp_set_num_threads(threads);
     // The same call with std::exp: its outputs are not all the fast ones.
