@@ -33,7 +33,7 @@ struct AttentionArgs {
   int window = 0;
   // The softmax's exponential: std::exp's bits (exp_floats; the f32 reference) or, set by
   // --dtype native, exp_fast (kernels/cpu/exp_fast.h: a float polynomial within 2 ulp, the same
-  // bits on every path, about 10x faster). Everything else is the same either way.
+  // bits on every path, about 3.6x faster). Everything else is the same either way.
   bool fast_exp = false;
 };
 

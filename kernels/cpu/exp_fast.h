@@ -4,7 +4,8 @@
 // Why: exp_floats (exp_exact.h) returns the C library's expf bits by evaluating in double and
 // certifying the rounding; on an AVX2-only CPU that is about 5 cycles a value, 15-20% of an
 // 8K-token prefill on SmolLM2. The f32 path keeps those bits (it is the reference); the native
-// path, whose products are already llama.cpp's quantized ones, takes this one (~10x faster).
+// path, whose products are already llama.cpp's quantized ones, takes this one: 0.45 ns a value
+// against exp_floats' 1.6 on that CPU (3.6x; 4,096 values a call, one thread).
 //
 // Definition (exp_fast below; the AVX2 path performs the same IEEE operations in the same
 // order, so it returns the same bits, and test_exp_fast checks that on every path):

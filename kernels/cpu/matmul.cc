@@ -156,6 +156,7 @@ struct TileAvx2 {
     steps(a, xr, wr, p0, p1);
     acc_io = a;
   }
+  // run's and operator()'s loop, on sums the caller keeps in registers (inlined into both).
   static inline __attribute__((always_inline)) void steps(Acc& a, const float* const* xr,
                                                           const float* const* wr, int p0, int p1) {
     int p = p0;
