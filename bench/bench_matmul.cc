@@ -107,6 +107,37 @@ void bm_read_bandwidth(benchmark::State& state) {
   state.counters["threads"] = omp_get_max_threads();
 }
 
+// matmul_wt on the same shapes: w given transposed (b = w^T, [k, m]), the layouts attention's
+// products have (K^T for Q K^T, V's rows for P V). Checked against the reference first.
+void bm_matmul_wt(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = static_cast<int>(state.range(1));
+  const int m = static_cast<int>(state.range(2));
+  const std::vector<float> x = random_vec(static_cast<size_t>(n) * k, 1);  // [n, k]
+  const std::vector<float> w = random_vec(static_cast<size_t>(m) * k, 2);  // [m, k]
+  std::vector<float> b(static_cast<size_t>(k) * m);                        // [k, m]
+  for (int j = 0; j < m; ++j) {
+    for (int p = 0; p < k; ++p)
+      b[static_cast<size_t>(p) * m + j] = w[static_cast<size_t>(j) * k + p];
+  }
+  std::vector<float> y(static_cast<size_t>(n) * m);  // [n, m]
+  kvb::kernels::cpu::matmul_wt(y.data(), m, x.data(), k, b.data(), m, n, k, m);
+  if (!rows_match_reference(y.data(), x.data(), w.data(), n, k, m)) {
+    state.SkipWithError("output differs from matmul_reference");
+    return;
+  }
+  for (auto _ : state) {
+    (void)_;
+    kvb::kernels::cpu::matmul_wt(y.data(), m, x.data(), k, b.data(), m, n, k, m);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * n * static_cast<double>(k) * m;
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  state.counters["threads"] = omp_get_max_threads();
+}
+
 void bm_matmul(benchmark::State& state) { run(state, &matmul); }
 void bm_matmul_reference(benchmark::State& state) { run(state, &matmul_reference); }
 
@@ -125,6 +156,15 @@ BENCHMARK(bm_matmul)
     // query heads x 32 queries per block): Q K^T over 4,096 keys, then P V.
     ->Args({96, 64, 4096})
     ->Args({96, 4096, 64})
+    ->UseRealTime()
+    ->Repetitions(3)
+    ->DisplayAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_matmul_wt)
+    ->ArgNames({"n", "k", "m"})
+    ->Args({96, 64, 4096})
+    ->Args({96, 4096, 64})
+    ->Args({512, 576, 576})
     ->UseRealTime()
     ->Repetitions(3)
     ->DisplayAggregatesOnly(true)

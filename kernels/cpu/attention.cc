@@ -27,20 +27,22 @@ namespace kvb::kernels::cpu {
 
 namespace {
 // Prefill blocks of many queries go through the GEMM kernel: per (KV head, query block), the
-// scores of the group's query heads against the visible keys in one matmul, a masked softmax
-// per row, then P x V in a second matmul (V transposed once per call). Probabilities, outputs and
-// statistics are the same quantities as the row path, up to f32 summation order.
+// scores of the group's query heads against the visible keys in one product, a masked softmax
+// per row, then P x V in a second product (both matmul_wt_packed over K and V packed once per
+// call). Probabilities, outputs and statistics are the same quantities as the row path, up to f32
+// summation order.
 //
 // The bits are those of the first version of this path (kept by the tests in
 // test_attention_cpu.cc against a plain transcription of it): scores = matmul(q rows, keys);
 // per row, p = scores * scale, max, p = exp(p - max) with a double sum in slot order, p *= 1/sum;
 // P x V = matmul(P, V^T) over k = the head's length (window: the block's span), P zero past a
-// row's visible slots. What changed is only where the work goes: keys, V^T, P and the queries
-// sit in 64-byte aligned rows, so the matmul reads them in place (it copied P, V^T and the keys
-// for every block: about 35 GB for a 4,096-token prompt on SmolLM2); P x V stops at the block's
-// last visible slot instead of the head's length (half the products, all of them 0 x v); the
-// rows' max and sum chains run eight rows at a time. Fewer queries than a block (decode) take
-// run_few_job below, with the row path's definition.
+// row's visible slots. What changed is only where the work goes: P and the queries sit in 64-byte
+// aligned rows read in place (the matmul copied P, V^T and the keys for every block: about 35 GB
+// for a 4,096-token prompt on SmolLM2); P x V stops at the block's last visible slot instead of the
+// head's length (half the products, all of them 0 x v); the rows' max and sum chains run eight
+// rows at a time; both products are matmul_wt's outer products (matmul's bits, no horizontal
+// reductions; Q K^T at head_dim 64 ran at 38 GFLOP/s as dot products, 50 as an outer product).
+// Fewer queries than a block (decode) take run_few_job below, with the row path's definition.
 constexpr int kBlockedMinQueries = 32;
 constexpr int kQueryBlock = 32;
 constexpr int kRowGroup = 8;  // rows whose max and sum chains are interleaved
@@ -148,12 +150,11 @@ float pv_full_width(const float* p, int cut, const LayerKvView& kv, int kvh, int
   return tree16(lanes);
 }
 
-// Per-thread buffers of one block: the group's queries, scores/probabilities, outputs, and
-// under a window the block's V^T span; 64-byte aligned (matmul reads aligned rows in place).
+// Per-thread buffers of one block: the group's queries, scores/probabilities and outputs, 64-byte
+// aligned.
 struct BlockScratch {
-  AlignedScratch qb, sc, ob, vt_span;
+  AlignedScratch qb, sc, ob;
   std::vector<int> first, visible;
-  std::vector<float> row;  // an f16 row converted
 };
 
 void attention_blocked(const AttentionArgs& a, int group) {
@@ -161,40 +162,48 @@ void attention_blocked(const AttentionArgs& a, int group) {
   const int d = kv.head_dim;
   const size_t d16 = round16(d);
   const int n = a.n;
-  // Keys per KV head in aligned rows ([len, d16]) and V^T ([d, ldv[h]], ldv[h] = round16(len):
-  // the matmul's weight layout for P x V), copied once per call; the cache's own key rows where
-  // they are aligned already. Under a window each block transposes only the span of V it sees.
-  const bool keys_aligned = kv.keys16 == nullptr &&
-                            reinterpret_cast<uintptr_t>(kv.keys) % 64 == 0 && d % 16 == 0;
-  std::vector<AlignedScratch> kc(keys_aligned ? 0 : kv.num_kv_heads);
-  std::vector<AlignedScratch> vt(a.window > 0 ? 0 : kv.num_kv_heads);
-  std::vector<const float*> keys(kv.num_kv_heads), vts(kv.num_kv_heads, nullptr);
-  std::vector<size_t> ldv(kv.num_kv_heads, 0);
-  const size_t ldk = keys_aligned ? static_cast<size_t>(d) : d16;
+  // Per KV head, packed once per call for matmul_wt_packed (matmul.h: matmul's bits with the
+  // weight given transposed, as an outer product, so no product reduces across a vector and V is
+  // never transposed): K^T in panels of 16 slots (panel c: slots [16c, 16c + 16), row p their
+  // dimension p; a block's keys are the columns [lo, vis_max)) and V in panels of 16 dimensions
+  // (panel c: dimensions [16c, 16c + 16), row s slot s; a block's P x V starts at row lo).
+  // f16 rows are converted as they are packed (exactly).
+  std::vector<AlignedScratch> kp(kv.num_kv_heads), vp(kv.num_kv_heads);
+  std::vector<const float*> kpan(kv.num_kv_heads), vpan(kv.num_kv_heads);
+  std::vector<size_t> vstride(kv.num_kv_heads);
+  const size_t kstride = 16 * static_cast<size_t>(d);
+  const int dpanels = (d + 15) / 16;
   for (int h = 0; h < kv.num_kv_heads; ++h) {
     const int len = kv.lengths[h];
-    if (keys_aligned) {
-      keys[h] = kv.key(h, 0);
-    } else {
-      float* dst = kc[h].get(static_cast<size_t>(len) * d16);
-      for (int s = 0; s < len; ++s) {
-        if (kv.keys16) {
-          f16_to_f32(kv.key16(h, s), dst + s * d16, d);
-        } else {
-          std::memcpy(dst + s * d16, kv.key(h, s), d * sizeof(float));
-        }
-      }
-      keys[h] = dst;
+    const size_t kpanels = (len + 15) / 16;
+    vstride[h] = 16 * static_cast<size_t>(len);
+    float* kh = kp[h].get(kpanels * kstride);
+    float* vh = vp[h].get(dpanels * vstride[h]);
+    kpan[h] = kh;
+    vpan[h] = vh;
+    std::fill(kh + (kpanels - 1) * kstride, kh + kpanels * kstride, 0.0f);  // slots past len
+    if (d % 16 != 0) {                                                      // dimensions past d
+      std::fill(vh + (dpanels - 1) * vstride[h], vh + dpanels * vstride[h], 0.0f);
     }
-    if (a.window > 0) continue;
-    ldv[h] = round16(len);
-    float* t = vt[h].get(static_cast<size_t>(d) * ldv[h]);
-    std::vector<float> tmp(d);
+    std::vector<float> krow(d), vrow(d);
     for (int s = 0; s < len; ++s) {
-      const float* v = value_row(kv, h, s, tmp.data());
-      for (int j = 0; j < d; ++j) t[static_cast<size_t>(j) * ldv[h] + s] = v[j];
+      const float* k = krow.data();
+      const float* v = vrow.data();
+      if (kv.keys16) {
+        f16_to_f32(kv.key16(h, s), krow.data(), d);
+      } else {
+        k = kv.key(h, s);
+      }
+      if (kv.values16) {
+        f16_to_f32(kv.value16(h, s), vrow.data(), d);
+      } else {
+        v = kv.value(h, s);
+      }
+      float* kc = kh + (s / 16) * kstride + s % 16;
+      for (int j = 0; j < d; ++j) kc[16 * j] = k[j];
+      for (int j = 0; j < d; ++j)
+        vh[(j / 16) * vstride[h] + 16 * static_cast<size_t>(s) + j % 16] = v[j];
     }
-    vts[h] = t;
   }
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
   // Query heads [g0, g1) of KV head kvh's group, query block b.
@@ -217,7 +226,7 @@ void attention_blocked(const AttentionArgs& a, int group) {
       }
     }
     float* sc = t.sc.get(static_cast<size_t>(rows) * lds);
-    matmul_strided(sc, lds, qb, d16, keys[kvh] + lo * ldk, ldk, nullptr, rows, d, span);
+    matmul_wt_packed(sc, lds, qb, d16, kpan[kvh], kstride, rows, d, lo, span);
     t.first.resize(rows);
     t.visible.resize(rows);
     for (int g = g0; g < g1; ++g) {
@@ -252,23 +261,14 @@ void attention_blocked(const AttentionArgs& a, int group) {
       }
     }
     float* ob = t.ob.get(static_cast<size_t>(rows) * d);
-    if (a.window > 0) {
-      float* vt_span = t.vt_span.get(static_cast<size_t>(d) * lds);  // [d, lds]
-      t.row.resize(d);
-      for (int s = 0; s < span; ++s) {
-        const float* v = value_row(kv, kvh, lo + s, t.row.data());
-        for (int j = 0; j < d; ++j) vt_span[static_cast<size_t>(j) * lds + s] = v[j];
-      }
-      matmul_strided(ob, d, sc, lds, vt_span, lds, nullptr, rows, span, d);
-    } else {
-      matmul_strided(ob, d, sc, lds, vts[kvh], ldv[kvh], nullptr, rows, span, d);
-      if (span < len) {
-        for (int row = 0; row < rows; ++row) {
-          float* o = ob + static_cast<size_t>(row) * d;
-          for (int j = 0; j < d; ++j) {
-            if (o[j] == 0.0f) {
-              o[j] = pv_full_width(sc + static_cast<size_t>(row) * lds, span, kv, kvh, len, j);
-            }
+    matmul_wt_packed(ob, d, sc, lds, vpan[kvh] + 16 * static_cast<size_t>(lo), vstride[kvh], rows,
+                     span, 0, d);
+    if (a.window == 0 && span < len) {
+      for (int row = 0; row < rows; ++row) {
+        float* o = ob + static_cast<size_t>(row) * d;
+        for (int j = 0; j < d; ++j) {
+          if (o[j] == 0.0f) {
+            o[j] = pv_full_width(sc + static_cast<size_t>(row) * lds, span, kv, kvh, len, j);
           }
         }
       }

@@ -62,8 +62,9 @@ enum class SimdKernel {
   kQMatmul,          // qmatmul's integer block dots (qmatmul.h; AVX2 kernels also under avx512)
   kAttentionScores,  // attention's decode scores over f16 keys (portable: converted, then matmul)
   kExpFast,          // exp_fast_floats (AVX2 kernel also under avx512)
+  kMatmulWt,         // matmul_wt's tiles (AVX2 kernel also under avx512)
 };
-constexpr int kSimdKernelCount = 9;
+constexpr int kSimdKernelCount = 10;
 
 struct SimdDispatchCounts {
   uint64_t calls[kSimdKernelCount][kIsaCount] = {};

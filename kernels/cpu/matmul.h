@@ -28,6 +28,28 @@ void matmul(float* y, const float* x, const float* w, const float* bias, int n, 
 void matmul_strided(float* y, size_t ldy, const float* x, size_t ldx, const float* w, size_t ldw,
                     const float* bias, int n, int k, int m);
 
+// matmul_strided with w given transposed: b[p][j] = w[j][p], row p of b at b + p * ldb (ldb >= m),
+// so y[i][j] = sum_p x[i][p] * b[p][j] with matmul's contract and bits (the 16 lanes of k and the
+// tree above), every path. Computed as an outer product (matmul_wt.cc: no horizontal sums, no
+// copy of b), which suits a short k (attention's Q K^T at head_dim 64, from K^T) and a b whose
+// rows are the natural layout (attention's P V, from V's rows). Rows of x: x + i * ldx (ldx >= k).
+// Threads over column tiles unless called inside a parallel region.
+void matmul_wt(float* y, size_t ldy, const float* x, size_t ldx, const float* b, size_t ldb, int n,
+               int k, int m);
+
+// b packed for matmul_wt_packed: panel c holds b's columns [16c, 16c + 16), its row p the 16
+// floats at panels + c * panel_stride + 16 p (zeros past b's last column). panels 64-byte
+// aligned; panel_stride a multiple of 16 and >= 16 k when there are several panels.
+// pack_wt_panels writes them from b ([k] rows of m floats, ldb apart).
+void pack_wt_panels(float* panels, size_t panel_stride, const float* b, size_t ldb, int k, int m);
+
+// matmul_wt over a packed b, its columns [j0, j0 + m): y[i][j] = sum_p x[i][p] * b[p][j0 + j],
+// matmul's contract and bits. For operands packed once and used by many calls (attention packs
+// K and V once per call and each block of queries reads them; a block's keys start at any j0,
+// its P x V at a panel row: panels + 16 * lo).
+void matmul_wt_packed(float* y, size_t ldy, const float* x, size_t ldx, const float* panels,
+                      size_t panel_stride, int n, int k, int j0, int m);
+
 // The same contract and bit-identical results as matmul, computed one dot product at a time with
 // scalar std::fma (no SIMD, no threads). Slow; for tests that pin matmul's bits.
 void matmul_portable(float* y, const float* x, const float* w, const float* bias, int n, int k,

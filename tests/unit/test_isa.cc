@@ -92,6 +92,8 @@ TEST(Isa, EveryKernelRunsThePathTheActiveOneAllows) {
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.02f * static_cast<float>(i % 13) - 0.1f;
   matmul(y.data(), x.data(), w.data(), nullptr, 1, k, m);
   matmul(y.data(), x.data(), w.data(), nullptr, 5, k, m);
+  // matmul_wt (w given transposed: attention's prefill products), w read as a [k, m] matrix.
+  matmul_wt(y.data(), m, x.data(), k, w.data(), m, 5, k, m);
 
   // matmul_bf16 on its automatic path: decode and a few rows.
   std::vector<uint16_t> w16(w.size());
@@ -162,6 +164,7 @@ TEST(Isa, EveryKernelRunsThePathTheActiveOneAllows) {
   expect_only(c, SimdKernel::kAttentionScores, widest({Isa::kAvx512, Isa::kAvx2}),
               "attention's scores over f16 keys");
   expect_only(c, SimdKernel::kExpFast, widest({Isa::kAvx2}), "exp_fast_floats");
+  expect_only(c, SimdKernel::kMatmulWt, widest({Isa::kAvx2}), "matmul_wt");
   expect_only(c, SimdKernel::kKCenter, widest({Isa::kAvx2}), "kcenter_greedy");
   expect_only(c, SimdKernel::kSubgenCount, widest({Isa::kAvx2}), "subgen_count_clusters");
   // matmul_bf16 picks from the CPU's features (not the build's) under auto; a forced path caps it.
