@@ -101,10 +101,12 @@ void row_sums(float* const* p, const int* first, const int* visible, double* sum
 
 // Per row r of rows: p[r] = softmax(scale * src[r]) over [first[r], visible[r]), in place
 // (src may be p), as the row path computes it: p = src * scale, its max, p = exp(p - max) with
-// a double sum in increasing slot order, p *= (float)(1 / sum); exp is exp_fast under fast_exp.
-// p, src: row r at r * ld.
+// a double sum in increasing slot order, p *= (float)(1 / sum); exp is exp_fast under fast_exp
+// (the difference and the exp in one pass, exp_fast_floats_shifted). scaled: p holds
+// src * scale already (the blocked path's Q K^T multiplies as it stores), so that pass is
+// skipped. p, src: row r at r * ld.
 void softmax_rows(float* p, const float* src, size_t ld, int rows, const int* first,
-                  const int* visible, float scale, bool fast_exp) {
+                  const int* visible, float scale, bool scaled, bool fast_exp) {
   thread_local std::vector<float*> pr;  // the rows, and their sums: kept for the next call
   thread_local std::vector<double> sum;
   pr.resize(rows);
@@ -112,12 +114,14 @@ void softmax_rows(float* p, const float* src, size_t ld, int rows, const int* fi
   for (int r = 0; r < rows; ++r) {
     pr[r] = p + static_cast<size_t>(r) * ld;
     const float* sr = src + static_cast<size_t>(r) * ld;
-    for (int s = first[r]; s < visible[r]; ++s) pr[r][s] = sr[s] * scale;
+    if (!scaled) {
+      for (int s = first[r]; s < visible[r]; ++s) pr[r][s] = sr[s] * scale;
+    }
     const float mx = row_max(pr[r], first[r], visible[r]);
-    for (int s = first[r]; s < visible[r]; ++s) pr[r][s] -= mx;
     if (fast_exp) {
-      exp_fast_floats(pr[r] + first[r], pr[r] + first[r], visible[r] - first[r]);
+      exp_fast_floats_shifted(pr[r] + first[r], pr[r] + first[r], visible[r] - first[r], mx);
     } else {
+      for (int s = first[r]; s < visible[r]; ++s) pr[r][s] -= mx;
       exp_floats(pr[r] + first[r], pr[r] + first[r], visible[r] - first[r]);  // std::exp's bits
     }
   }
@@ -226,7 +230,7 @@ void attention_blocked(const AttentionArgs& a, int group) {
       }
     }
     float* sc = t.sc.get(static_cast<size_t>(rows) * lds);
-    matmul_wt_packed(sc, lds, qb, d16, kpan[kvh], kstride, rows, d, lo, span);
+    matmul_wt_packed(sc, lds, qb, d16, kpan[kvh], kstride, rows, d, lo, span, a.scale);
     t.first.resize(rows);
     t.visible.resize(rows);
     for (int g = g0; g < g1; ++g) {
@@ -238,7 +242,7 @@ void attention_blocked(const AttentionArgs& a, int group) {
         t.visible[row] = visible;
       }
     }
-    softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale, a.fast_exp);
+    softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale, true, a.fast_exp);
     for (int g = g0; g < g1; ++g) {
       const int h = kvh * group + g;
       for (int r = 0; r < nb; ++r) {
@@ -745,7 +749,7 @@ void run_few_job(const FewJob& job, FewScratch& t) {
       matmul_strided(sc + c0, lds, qb, d16, kf, d, nullptr, rows, d, m);
     }
   }
-  softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale, a.fast_exp);
+  softmax_rows(sc, sc, lds, rows, t.first.data(), t.visible.data(), a.scale, false, a.fast_exp);
   float* lanes = t.lanes.get(static_cast<size_t>(rows) * 16 * d);
   pv_lanes(sc, lds, lo, t.first.data(), t.visible.data(), rows, kv, kvh, lanes);
   for (int row = 0; row < rows; ++row) {

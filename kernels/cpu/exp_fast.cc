@@ -44,6 +44,15 @@ void exp_fast_floats_avx2(float* y, const float* x, int n) {
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_fast8(_mm256_loadu_ps(x + i)));
   for (; i < n; ++i) y[i] = exp_fast(x[i]);
 }
+
+void exp_fast_floats_shifted_avx2(float* y, const float* x, int n, float shift) {
+  const __m256 s = _mm256_set1_ps(shift);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, exp_fast8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
+  }
+  for (; i < n; ++i) y[i] = exp_fast(x[i] - shift);
+}
 #endif
 
 }  // namespace
@@ -58,6 +67,18 @@ void exp_fast_floats(float* y, const float* x, int n) {
 #endif
   count_dispatch(SimdKernel::kExpFast, Isa::kPortable);
   for (int i = 0; i < n; ++i) y[i] = exp_fast(x[i]);
+}
+
+void exp_fast_floats_shifted(float* y, const float* x, int n, float shift) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (active_isa() >= Isa::kAvx2) {
+    count_dispatch(SimdKernel::kExpFast, Isa::kAvx2);
+    exp_fast_floats_shifted_avx2(y, x, n, shift);
+    return;
+  }
+#endif
+  count_dispatch(SimdKernel::kExpFast, Isa::kPortable);
+  for (int i = 0; i < n; ++i) y[i] = exp_fast(x[i] - shift);
 }
 
 }  // namespace kvb::kernels::cpu

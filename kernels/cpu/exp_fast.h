@@ -64,4 +64,9 @@ inline float exp_fast(float x) {
 // y[i] = exp_fast(x[i]) for i in [0, n), bit for bit on every path; y may be x.
 void exp_fast_floats(float* y, const float* x, int n);
 
+// y[i] = exp_fast(x[i] - shift), the difference rounded to float first: exp_fast_floats of the
+// differences in one pass (the softmax's p = exp(p - max) without a pass that writes p - max).
+// y may be x.
+void exp_fast_floats_shifted(float* y, const float* x, int n, float shift);
+
 }  // namespace kvb::kernels::cpu

@@ -43,12 +43,13 @@ void matmul_wt(float* y, size_t ldy, const float* x, size_t ldx, const float* b,
 // pack_wt_panels writes them from b ([k] rows of m floats, ldb apart).
 void pack_wt_panels(float* panels, size_t panel_stride, const float* b, size_t ldb, int k, int m);
 
-// matmul_wt over a packed b, its columns [j0, j0 + m): y[i][j] = sum_p x[i][p] * b[p][j0 + j],
-// matmul's contract and bits. For operands packed once and used by many calls (attention packs
-// K and V once per call and each block of queries reads them; a block's keys start at any j0,
-// its P x V at a panel row: panels + 16 * lo).
+// matmul_wt over a packed b, its columns [j0, j0 + m): y[i][j] = scale * sum_p x[i][p] *
+// b[p][j0 + j], matmul's contract and bits for the sum, then one multiply (scale 1 is exact). For
+// operands packed once and used by many calls (attention packs K and V once per call and each block
+// of queries reads them; a block's keys start at any j0, its P x V at a panel row: panels + 16 *
+// lo).
 void matmul_wt_packed(float* y, size_t ldy, const float* x, size_t ldx, const float* panels,
-                      size_t panel_stride, int n, int k, int j0, int m);
+                      size_t panel_stride, int n, int k, int j0, int m, float scale = 1.0f);
 
 // The same contract and bit-identical results as matmul, computed one dot product at a time with
 // scalar std::fma (no SIMD, no threads). Slow; for tests that pin matmul's bits.

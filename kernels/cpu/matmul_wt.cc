@@ -97,8 +97,10 @@ void tile_span(TileLanes& s, const float* const* xr, const float* panel, int p0,
 }
 
 // reduce_lanes' tree over each output's 16 lane sums, eight columns at a time, for the tile's
-// first `rows` rows; writes the tile's columns [a, e) to y + (column - a) (rows ldy apart).
-void tile_reduce(const TileLanes& s, float* y, size_t ldy, int rows, int a, int e) {
+// first `rows` rows, times scale; writes the tile's columns [a, e) to y + (column - a) (rows ldy
+// apart).
+void tile_reduce(const TileLanes& s, float* y, size_t ldy, int rows, int a, int e, float scale) {
+  const __m256 sv = _mm256_set1_ps(scale);
   for (int r = 0; r < rows; ++r) {
     float* yr = y + static_cast<size_t>(r) * ldy;
     alignas(32) float out[16];
@@ -107,7 +109,8 @@ void tile_reduce(const TileLanes& s, float* y, size_t ldy, int rows, int a, int 
       __m256 s8[8], s4[4];
       for (int l = 0; l < 8; ++l) s8[l] = _mm256_add_ps(s.v[l][r][h], s.v[l + 8][r][h]);
       for (int l = 0; l < 4; ++l) s4[l] = _mm256_add_ps(s8[l], s8[l + 4]);
-      const __m256 sum = _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
+      const __m256 sum = _mm256_mul_ps(
+          _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3])), sv);
       if (a == 0 && e == 16) {
         _mm256_storeu_ps(yr + 8 * h, sum);
       } else {
@@ -122,9 +125,9 @@ void tile_reduce(const TileLanes& s, float* y, size_t ldy, int rows, int a, int 
 // the last repeating its last row (those sums are dropped). Up to one span of k a tile runs whole;
 // longer k runs span by span over all the row tiles, whose lane sums wait in `lanes` between
 // spans (each lane still adds its terms in increasing p, so the bits are the one-pass bits).
-// y: where column a of the panel goes in row 0.
+// y: where column a of the panel goes in row 0; every sum is multiplied by scale as it is stored.
 void panel_columns(float* y, size_t ldy, const float* x, size_t ldx, const float* panel, int n,
-                   int k, int a, int e, AlignedScratch* lanes) {
+                   int k, int a, int e, float scale, AlignedScratch* lanes) {
   const int tiles = (n + kTileRows - 1) / kTileRows;
   auto rows_of = [&](int t, const float** xr) {
     for (int r = 0; r < kTileRows; ++r) {
@@ -138,7 +141,7 @@ void panel_columns(float* y, size_t ldy, const float* x, size_t ldx, const float
       const float* xr[kTileRows];
       rows_of(t, xr);
       tile_span<true>(s, xr, panel, 0, k);
-      tile_reduce(s, y_of(t), ldy, std::min(kTileRows, n - t * kTileRows), a, e);
+      tile_reduce(s, y_of(t), ldy, std::min(kTileRows, n - t * kTileRows), a, e, scale);
     }
     return;
   }
@@ -158,7 +161,7 @@ void panel_columns(float* y, size_t ldy, const float* x, size_t ldx, const float
     }
   }
   for (int t = 0; t < tiles; ++t) {
-    tile_reduce(s[t], y_of(t), ldy, std::min(kTileRows, n - t * kTileRows), a, e);
+    tile_reduce(s[t], y_of(t), ldy, std::min(kTileRows, n - t * kTileRows), a, e, scale);
   }
 }
 
@@ -180,13 +183,13 @@ void wt_avx2(float* y, size_t ldy, const float* x, size_t ldx, const float* b, s
       const int j0 = 16 * c, cols = std::min(16, m - j0);
       float* panel = panel_buf.get(static_cast<size_t>(k) * 16);
       pack_wt_panels(panel, 0, b + j0, ldb, k, cols);
-      panel_columns(y + j0, ldy, x, ldx, panel, n, k, 0, cols, &lanes);
+      panel_columns(y + j0, ldy, x, ldx, panel, n, k, 0, cols, 1.0f, &lanes);
     }
   }
 }
 
 void wt_packed_avx2(float* y, size_t ldy, const float* x, size_t ldx, const float* panels,
-                    size_t panel_stride, int n, int k, int j0, int m) {
+                    size_t panel_stride, int n, int k, int j0, int m, float scale) {
   const int c0 = j0 / 16, c1 = (j0 + m + 15) / 16;
 #pragma omp parallel if (wt_parallel(n, k, m))
   {
@@ -195,7 +198,7 @@ void wt_packed_avx2(float* y, size_t ldy, const float* x, size_t ldx, const floa
     for (int c = c0; c < c1; ++c) {
       const int a = std::max(j0, 16 * c) - 16 * c, e = std::min(j0 + m, 16 * c + 16) - 16 * c;
       panel_columns(y + (16 * c + a - j0), ldy, x, ldx, panels + c * panel_stride, n, k, a, e,
-                    &lanes);
+                    scale, &lanes);
     }
   }
 }
@@ -203,7 +206,7 @@ void wt_packed_avx2(float* y, size_t ldy, const float* x, size_t ldx, const floa
 
 // matmul_wt_packed's definition: column j0 + j of b read from its panel.
 void wt_packed_portable(float* y, size_t ldy, const float* x, size_t ldx, const float* panels,
-                        size_t panel_stride, int n, int k, int j0, int m) {
+                        size_t panel_stride, int n, int k, int j0, int m, float scale) {
   for (int i = 0; i < n; ++i) {
     const float* xi = x + static_cast<size_t>(i) * ldx;  // [k]
     for (int j = 0; j < m; ++j) {
@@ -213,7 +216,7 @@ void wt_packed_portable(float* y, size_t ldy, const float* x, size_t ldx, const 
       for (int p = 0; p < k; ++p) {
         a[p % kLanes] = std::fma(xi[p], col[16 * static_cast<size_t>(p)], a[p % kLanes]);
       }
-      y[static_cast<size_t>(i) * ldy + j] = reduce_lanes(a);
+      y[static_cast<size_t>(i) * ldy + j] = reduce_lanes(a) * scale;
     }
   }
 }
@@ -238,7 +241,7 @@ void pack_wt_panels(float* panels, size_t panel_stride, const float* b, size_t l
 }
 
 void matmul_wt_packed(float* y, size_t ldy, const float* x, size_t ldx, const float* panels,
-                      size_t panel_stride, int n, int k, int j0, int m) {
+                      size_t panel_stride, int n, int k, int j0, int m, float scale) {
   KVB_CHECK(n >= 0 && k >= 0 && m >= 0 && j0 >= 0)
       << "matmul_wt_packed: bad shape n=" << n << " k=" << k << " j0=" << j0 << " m=" << m;
   KVB_CHECK(n == 0 || m == 0 || (y != nullptr && (k == 0 || (x != nullptr && panels != nullptr))))
@@ -252,12 +255,12 @@ void matmul_wt_packed(float* y, size_t ldy, const float* x, size_t ldx, const fl
 #if defined(KVB_MATMUL_WT_AVX2)
   if (active_isa() >= Isa::kAvx2) {
     count_dispatch(SimdKernel::kMatmulWt, Isa::kAvx2);
-    wt_packed_avx2(y, ldy, x, ldx, panels, panel_stride, n, k, j0, m);
+    wt_packed_avx2(y, ldy, x, ldx, panels, panel_stride, n, k, j0, m, scale);
     return;
   }
 #endif
   count_dispatch(SimdKernel::kMatmulWt, Isa::kPortable);
-  wt_packed_portable(y, ldy, x, ldx, panels, panel_stride, n, k, j0, m);
+  wt_packed_portable(y, ldy, x, ldx, panels, panel_stride, n, k, j0, m, scale);
 }
 
 void matmul_wt(float* y, size_t ldy, const float* x, size_t ldx, const float* b, size_t ldb, int n,

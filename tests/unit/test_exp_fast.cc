@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "float_bits.h"
@@ -118,6 +119,32 @@ TEST(ExpFast, EveryPathIsTheDefinitionBitForBit) {
   const SimdDispatchCounts c = simd_dispatch_counts();
   const Isa want = active_isa() >= Isa::kAvx2 ? Isa::kAvx2 : Isa::kPortable;
   EXPECT_GT(c.of(SimdKernel::kExpFast, want), 0u);
+}
+
+// The shifted form is exp_fast of the rounded difference, on every path and at every tail:
+// shifts that make differences exact and ones that round (a max of 3.7 against scores of every
+// size), a zero shift, and values past both ends once shifted. In place too (the softmax's use).
+TEST(ExpFast, ShiftedIsTheDefinitionOfTheRoundedDifference) {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> dist(-30.0f, 30.0f);
+  std::vector<float> xs(203);
+  for (float& x : xs) x = dist(gen);
+  xs[3] = std::nanf("");
+  xs[4] = -INFINITY;
+  xs[5] = 1e30f;
+  for (float shift : {0.0f, 3.7f, -2.5f, 29.99f, 100.0f, -70.0f}) {
+    for (int n : {0, 1, 7, 8, 9, 16, 203}) {
+      std::vector<float> y(xs.size(), -1.0f), in_place = xs;
+      exp_fast_floats_shifted(y.data(), xs.data(), n, shift);
+      exp_fast_floats_shifted(in_place.data(), in_place.data(), n, shift);
+      for (int i = 0; i < n; ++i) {
+        const float want = exp_fast(xs[i] - shift);
+        ASSERT_EQ(bits(y[i]), bits(want)) << "shift " << shift << " n " << n << " i " << i;
+        ASSERT_EQ(bits(in_place[i]), bits(want)) << "in place, shift " << shift << " i " << i;
+      }
+      for (size_t i = n; i < xs.size(); ++i) ASSERT_EQ(y[i], -1.0f) << "wrote past n = " << n;
+    }
+  }
 }
 
 }  // namespace

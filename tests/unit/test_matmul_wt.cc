@@ -93,7 +93,8 @@ TEST(MatmulWt, EveryShapeIsMatmulsBitsOnTheTransposedWeight) {
 
 // Packed panels: the same bits as matmul_wt for every window of columns [j0, j0 + m) and every
 // first row of b (panels + 16 * p0: attention's P x V from slot lo), with panels wider apart
-// than needed and y rows wider than m (what lies past a row's m columns is left alone).
+// than needed and y rows wider than m (what lies past a row's m columns is left alone); and with
+// a scale, the sum's bits times it (attention's Q K^T).
 TEST(MatmulWt, PackedPanelsGiveTheSameBitsForEveryColumnWindow) {
   const int n = 14, k_all = 300, m_all = 77;
   const std::vector<float> x = random_vec(static_cast<size_t>(n) * k_all, 3);      // [n, k_all]
@@ -131,6 +132,16 @@ TEST(MatmulWt, PackedPanelsGiveTheSameBitsForEveryColumnWindow) {
           -1)
           << "row " << i;
       for (size_t j = c.m; j < ldy; ++j) ASSERT_EQ(got[i * ldy + j], -3.0f) << "row " << i;
+    }
+    // With a scale: the sum's bits, then one multiply.
+    const float scale = 0.37f;
+    matmul_wt_packed(got.data(), ldy, x.data() + c.p0, k_all, pan + 16 * static_cast<size_t>(c.p0),
+                     stride, n, c.k, c.j0, c.m, scale);
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < c.m; ++j) {
+        const float w = want[static_cast<size_t>(i) * c.m + j] * scale;
+        ASSERT_EQ(first_difference(&w, &got[i * ldy + j], 1), -1) << "scaled, " << i << "," << j;
+      }
     }
   }
 }
