@@ -53,13 +53,14 @@ struct Shape {
   int n, k, m;
 };
 
-// Shapes: k short (attention's Q K^T at head_dim 16-256), k long (its P V over thousands of slots,
-// the span-blocked path past 256), k not a multiple of 16 (lanes with fewer terms), m not a
-// multiple of 16 (masked columns) and below 8, n not a multiple of the 6-row tile, k = 0.
-const Shape kShapes[] = {{1, 1, 1},      {1, 64, 1},    {5, 7, 3},      {6, 16, 16},
-                         {7, 17, 17},    {13, 64, 40},  {96, 64, 4096}, {96, 40, 301},
-                         {11, 255, 9},   {12, 256, 33}, {13, 257, 48},  {37, 1000, 64},
-                         {96, 4097, 64}, {5, 3000, 23}, {3, 0, 20},     {30, 200, 256}};
+// Shapes: k short (attention's Q K^T at head_dim 16-256; 64, 128 and 256 have unrolled lanes), k
+// long (its P V over thousands of slots, the span-blocked path past 256), k not a multiple of 16
+// (lanes with fewer terms), m not a multiple of 16 (masked columns) and below 8, n not a multiple
+// of the 6-row tile, k = 0.
+const Shape kShapes[] = {
+    {1, 1, 1},      {1, 64, 1},     {5, 7, 3},     {6, 16, 16},   {7, 17, 17},   {13, 64, 40},
+    {96, 64, 4096}, {96, 40, 301},  {11, 255, 9},  {12, 256, 33}, {8, 128, 50},  {13, 257, 48},
+    {37, 1000, 64}, {96, 4097, 64}, {5, 3000, 23}, {3, 0, 20},    {30, 200, 256}};
 
 TEST(MatmulWt, EveryShapeIsMatmulsBitsOnTheTransposedWeight) {
   for (const Shape& s : kShapes) {
