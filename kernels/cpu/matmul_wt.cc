@@ -64,6 +64,31 @@ struct TileLanes {
   __m256 v[kLanes][kTileRows][2];
 };
 
+// One lane's sums of the tile, in registers (__m256 may alias the floats read, so tile_span and
+// tile_whole work on such a copy rather than on TileLanes in place).
+using LaneSums = __m256[kTileRows][2];
+
+// Position p of a lane: a[r][h] += x[r][p] * the panel's row p (half h), fused.
+inline __attribute__((always_inline)) void tile_step(LaneSums& a, const float* const* xr,
+                                                     const float* panel, int p) {
+  const __m256 b0 = _mm256_load_ps(panel + 16 * static_cast<size_t>(p));
+  const __m256 b1 = _mm256_load_ps(panel + 16 * static_cast<size_t>(p) + 8);
+#pragma GCC unroll 6
+  for (int r = 0; r < kTileRows; ++r) {
+    const __m256 xv = _mm256_broadcast_ss(xr[r] + p);
+    a[r][0] = _mm256_fmadd_ps(xv, b0, a[r][0]);
+    a[r][1] = _mm256_fmadd_ps(xv, b1, a[r][1]);
+  }
+}
+
+inline __attribute__((always_inline)) void lane_store(TileLanes& s, int l, const LaneSums& a) {
+#pragma GCC unroll 6
+  for (int r = 0; r < kTileRows; ++r) {
+    s.v[l][r][0] = a[r][0];
+    s.v[l][r][1] = a[r][1];
+  }
+}
+
 // Adds the terms of k positions [p0, p1) (p0 a multiple of 16) to s: for each lane l, the
 // positions p = l (mod 16) in increasing order, by fused multiply-adds (kFirst: from +0, s not
 // read). xr: the tile's rows of x; panel: [k][16], the tile's 16 columns of b row by row.
@@ -71,28 +96,15 @@ template <bool kFirst>
 void tile_span(TileLanes& s, const float* const* xr, const float* panel, int p0, int p1) {
 #pragma GCC unroll 1
   for (int l = 0; l < kLanes; ++l) {
-    __m256 a[kTileRows][2];  // in registers: __m256 may alias the floats read, so a copy
+    LaneSums a;
 #pragma GCC unroll 6
     for (int r = 0; r < kTileRows; ++r) {
       a[r][0] = kFirst ? _mm256_setzero_ps() : s.v[l][r][0];
       a[r][1] = kFirst ? _mm256_setzero_ps() : s.v[l][r][1];
     }
 #pragma GCC unroll 4
-    for (int p = p0 + l; p < p1; p += kLanes) {
-      const __m256 b0 = _mm256_load_ps(panel + 16 * static_cast<size_t>(p));
-      const __m256 b1 = _mm256_load_ps(panel + 16 * static_cast<size_t>(p) + 8);
-#pragma GCC unroll 6
-      for (int r = 0; r < kTileRows; ++r) {
-        const __m256 xv = _mm256_broadcast_ss(xr[r] + p);
-        a[r][0] = _mm256_fmadd_ps(xv, b0, a[r][0]);
-        a[r][1] = _mm256_fmadd_ps(xv, b1, a[r][1]);
-      }
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < kTileRows; ++r) {
-      s.v[l][r][0] = a[r][0];
-      s.v[l][r][1] = a[r][1];
-    }
+    for (int p = p0 + l; p < p1; p += kLanes) tile_step(a, xr, panel, p);
+    lane_store(s, l, a);
   }
 }
 
@@ -102,26 +114,12 @@ template <int kSteps>
 void tile_whole(TileLanes& s, const float* const* xr, const float* panel) {
 #pragma GCC unroll 1
   for (int l = 0; l < kLanes; ++l) {
-    __m256 a[kTileRows][2];
+    LaneSums a;
 #pragma GCC unroll 6
     for (int r = 0; r < kTileRows; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
 #pragma GCC unroll 16
-    for (int t = 0; t < kSteps; ++t) {
-      const int p = l + kLanes * t;
-      const __m256 b0 = _mm256_load_ps(panel + 16 * p);
-      const __m256 b1 = _mm256_load_ps(panel + 16 * p + 8);
-#pragma GCC unroll 6
-      for (int r = 0; r < kTileRows; ++r) {
-        const __m256 xv = _mm256_broadcast_ss(xr[r] + p);
-        a[r][0] = _mm256_fmadd_ps(xv, b0, a[r][0]);
-        a[r][1] = _mm256_fmadd_ps(xv, b1, a[r][1]);
-      }
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < kTileRows; ++r) {
-      s.v[l][r][0] = a[r][0];
-      s.v[l][r][1] = a[r][1];
-    }
+    for (int t = 0; t < kSteps; ++t) tile_step(a, xr, panel, l + kLanes * t);
+    lane_store(s, l, a);
   }
 }
 
