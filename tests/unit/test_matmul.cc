@@ -13,17 +13,12 @@
 
 #include "common/error.h"
 #include "kernels/cpu/matmul.h"
+#include "random_floats.h"
 
 namespace kvb::kernels::cpu {
 namespace {
 
-std::vector<float> random_vec(size_t count, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(count);
-  for (float& f : v) f = dist(gen);
-  return v;
-}
+using test::random_vec;
 
 bool same_bits(const float* a, const float* b, size_t count) {
   return std::memcmp(a, b, count * sizeof(float)) == 0;

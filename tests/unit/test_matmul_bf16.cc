@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "common/error.h"
+#include "float_bits.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_bf16.h"
-#include "float_bits.h"
+#include "random_floats.h"
 
 namespace kvb::kernels::cpu {
 namespace {
@@ -61,13 +62,7 @@ TEST(Bf16Round, NearestEvenLaw) {
   }
 }
 
-std::vector<float> random_vec(size_t count, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(count);
-  for (float& f : v) f = dist(gen);
-  return v;
-}
+using test::random_vec;
 
 // matmul_bf16 on path `path` vs matmul on the widened weights, bit for bit, with and without bias.
 void check_shape(Bf16Path path, int n, int k, int m) {

@@ -18,17 +18,12 @@
 #include "kernels/cpu/aligned_scratch.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
+#include "random_floats.h"
 
 namespace kvb::kernels::cpu {
 namespace {
 
-std::vector<float> random_vec(size_t count, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(count);
-  for (float& f : v) f = dist(gen);
-  return v;
-}
+using test::random_vec;
 
 // w [m, k] -> b = w^T [k, ldb] (ldb >= m; the columns past m hold junk that must not be read
 // into any output).
