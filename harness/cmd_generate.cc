@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -31,6 +32,34 @@ std::string read_text_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// --follow-ids: token ids separated by spaces or commas, each in [0, vocab).
+std::vector<int32_t> parse_follow_ids(const std::string& text, int vocab) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == ' ' || text[i] == ',' || text[i] == '\t' || text[i] == '\n') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
+    const bool ends =
+        j == text.size() || text[j] == ' ' || text[j] == ',' || text[j] == '\t' || text[j] == '\n';
+    KVB_USAGE_CHECK(j > i && ends)
+        << "--follow-ids: '"
+        << text.substr(i, std::min<size_t>(text.find_first_of(" ,\t\n", i) - i, 40))
+        << "' is not a token id (give ids separated by spaces or commas, e.g. \"11 2045 9\")";
+    // Ten digits or more are past any vocabulary (and past stoll's range at 20).
+    const long long v = j - i > 9 ? vocab : std::stoll(text.substr(i, j - i));
+    KVB_USAGE_CHECK(v < vocab) << "--follow-ids: id " << text.substr(i, std::min<size_t>(j - i, 40))
+                               << " is outside the model's vocabulary [0, " << vocab << ")";
+    ids.push_back(static_cast<int32_t>(v));
+    i = j;
+  }
+  KVB_USAGE_CHECK(!ids.empty()) << "--follow-ids: no token ids given";
+  return ids;
 }
 
 // errno names the cause where a stream's system call set it; streams do not promise that.
@@ -97,7 +126,7 @@ void write_keep_sets(const std::string& path, kernels::KvCache& cache,
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& args) {
-  std::string model_path, tokenizer_path, prompt, prompt_file, system, dump_path;
+  std::string model_path, tokenizer_path, prompt, prompt_file, system, dump_path, follow_text;
   int max_new_tokens = 128, threads = 0, top_k = 0;
   float temperature = 0.0f, top_p = 1.0f;
   std::string seed_text = "0";
@@ -146,6 +175,11 @@ int cmd_generate(const std::vector<std::string>& args) {
   desc.add_options()("timings", po::bool_switch(&timings),
                      "print prefill/decode times and tokens/s to stderr")(
       "show-ids", po::bool_switch(&show_ids), "print prompt and generated token ids to stderr")(
+      "follow-ids", po::value(&follow_text),
+      "teacher forcing: feed these token ids back (spaces or commas between them) instead of "
+      "the model's picks, one per step, and print to stderr each step's own pick beside the "
+      "followed id with both logits (another engine's continuation, compared step by step); "
+      "the steps are the ids, so not with --max-new-tokens")(
       "dump-keep-sets", po::value(&dump_path),
       "write the cache's retained positions per (layer, KV head) after generation to this JSON "
       "file, with the prompt's ids and the generated ids fed back (--max-new-tokens 1: what "
@@ -163,6 +197,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   KVB_USAGE_CHECK(top_k >= 0) << "--top-k must be >= 0, got " << top_k;
   KVB_USAGE_CHECK(!vm.count("system") || chat)
       << "--system is the system message of --chat's template; add --chat or drop --system";
+  KVB_USAGE_CHECK(!vm.count("follow-ids") || vm["max-new-tokens"].defaulted())
+      << "--follow-ids sets the steps (one per id): drop --max-new-tokens";
   const uint64_t seed = parse_seed_option(seed_text);
   set_threads_option(threads);
   const DeviceChoice dc = resolve_device_options(dev_opts);  // before the (slow) model load
@@ -178,6 +214,11 @@ int cmd_generate(const std::vector<std::string>& args) {
   workers::LoadedModel lm =
       workers::load_model_and_tokenizer(model_path, tokenizer_path, dt == engine::DType::kNative);
   const engine::ModelConfig& c = lm.model->config;
+  std::vector<int32_t> follow;
+  if (vm.count("follow-ids")) {
+    follow = parse_follow_ids(follow_text, c.vocab_size);
+    max_new_tokens = static_cast<int>(follow.size());
+  }
   std::vector<int32_t> ids = workers::encode_prompt(lm, prompt, chat, system);
   if (ids.empty() && lm.tokenizer->bos_id() >= 0) ids.push_back(lm.tokenizer->bos_id());
   KVB_USAGE_CHECK(!ids.empty()) << "the prompt is empty and the vocabulary has no BOS token";
@@ -223,6 +264,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   opt.sampling = {temperature, top_k, top_p, seed};
   opt.end_ids = lm.end_ids;
   opt.model = model_path;
+  follow.resize(std::min<size_t>(follow.size(), static_cast<size_t>(max_new_tokens)));
+  opt.follow = follow;
   // Stream text as it is produced: print the growing decode's new suffix.
   std::vector<int32_t> out_ids;
   std::string printed;
@@ -253,6 +296,17 @@ int cmd_generate(const std::vector<std::string>& args) {
     std::ostringstream s;
     for (int32_t id : r.tokens) s << id << " ";
     KVB_LOG_INFO << "generated ids (" << r.tokens.size() << "): " << s.str();
+  }
+  if (!r.followed.empty()) {
+    int same = 0;
+    for (size_t i = 0; i < r.followed.size(); ++i) {
+      const engine::FollowedStep& f = r.followed[i];
+      same += f.pick == r.tokens[i];
+      KVB_LOG_INFO << std::setprecision(9) << "follow step " << i << ": followed " << r.tokens[i]
+                   << " logit " << f.followed_logit << ", own pick " << f.pick << " logit "
+                   << f.pick_logit;
+    }
+    KVB_LOG_INFO << "followed " << r.followed.size() << " ids: own pick equal at " << same;
   }
   if (!dump_path.empty()) {
     const std::vector<int32_t> fed(

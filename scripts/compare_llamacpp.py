@@ -20,6 +20,10 @@ not the tokenizers.
    log-softmax in float64. Per position range too.
 3. Greedy agreement: 3 prompts, 32 tokens; llama.cpp picks the argmax of its logits (= greedy,
    temperature 0); a divergence is printed with llama.cpp's logit gap between the two picks.
+   Free-running greedy parts for good at the first near-tie decided the other way, so kvbench
+   also follows llama.cpp's continuation (`generate --follow-ids`, teacher forcing): at every
+   step both engines have seen the same ids, and the table counts the steps where kvbench's own
+   pick is llama.cpp's, with both engines' logit gaps where it is not.
    With --dtype native (or bf16) kvbench's f32 path, the reference held to transformers' logits,
    runs the same prompts: its agreement with the --dtype run and with llama.cpp is printed too.
 4. Speed and memory: WikiText-2 prompts of --prompt-tokens tokens (default 512; the issue-35
@@ -93,6 +97,7 @@ except ImportError:
              ".venv-llamacpp/bin/python")
 
 PPL_TOKENS = 1024
+LLAMA_F32 = 0  # ggml_type GGML_TYPE_F32 (llama.cpp's KV cache type; its default is F16 = 1)
 PPL_RANGES = [(0, 256), (256, 512), (512, 1024)]
 SPEED_NEW_TOKENS = 64
 GREEDY_NEW_TOKENS = 32
@@ -183,13 +188,19 @@ class Kvbench:
             fail(f"{' '.join(cmd)} exited {p.returncode}:\n{e}")
         return o, e
 
-    def generate(self, text, max_new, threads=None, timings=False, dtype=None):
+    FOLLOW = re.compile(r"^\[kvb I\] follow step (\d+): followed (\d+) logit (\S+), own pick (\d+) "
+                        r"logit (\S+)$", re.M)
+
+    def generate(self, text, max_new, threads=None, timings=False, dtype=None, follow=None):
         self.n += 1
         path = os.path.join(self.tmp, f"prompt{self.n}.txt")
         with open(path, "wb") as f:
             f.write(text.encode("utf-8"))
         cmd = [self.args.kvbench, "generate", "--model", self.args.model, "--prompt-file", path,
-               "--max-new-tokens", str(max_new), "--show-ids", "--dtype", dtype or self.args.dtype]
+               "--show-ids", "--dtype", dtype or self.args.dtype]
+        # Teacher forcing: feed `follow` back step by step; each step's own pick is parsed.
+        cmd += ["--follow-ids", " ".join(map(str, follow))] if follow else \
+            ["--max-new-tokens", str(max_new)]
         if threads:
             cmd += ["--threads", str(threads)]
         if timings:
@@ -210,6 +221,14 @@ class Kvbench:
             out["prompt_tokens"], out["prefill_ms"] = int(m.group(1)), float(m.group(2))
             out["decode_steps"], out["decode_ms"] = int(m.group(3)), float(m.group(4))
             out["hit_end"] = m.group(5) == "stopped at end token"
+        if follow:
+            steps = [(int(a), int(b), float(c), int(d), float(e))
+                     for a, b, c, d, e in self.FOLLOW.findall(err)]
+            if [st[0] for st in steps] != list(range(len(follow))) or \
+                    [st[1] for st in steps] != list(follow):
+                fail(f"kvbench's follow steps do not match the {len(follow)} ids given:\n{err}")
+            # (own pick, its logit, the followed id's logit) per step
+            out["followed"] = [(d, e, c) for _, _, c, d, e in steps]
         out["peak_kb"] = self.peak_kb
         return out
 
@@ -330,7 +349,62 @@ def section_perplexity(kvb, args, wiki, ids):
         theirs = math.exp(float(nll[a - 1:b - 1].mean()))
         print(f"| {label} | {ours:.4f} | {theirs:.4f} | {ours / theirs:.4f} |")
         res[label] = (ours, theirs)
+    section_top1(kvb, args, wiki, ids, logits)
     return res
+
+
+def section_top1(kvb, args, wiki, ids, logits):
+    """Teacher-forced top-1 agreement over the perplexity ids: kvbench prompted with a prefix of
+    them, then fed the rest (`generate --follow-ids`); at each position its own pick against
+    llama.cpp's argmax from the same ids (`logits`, one batch), with llama.cpp's gap between
+    the two where they differ. With --dtype native or bf16, kvbench's f32 path too."""
+    raw = read(wiki)
+    # A prompt text whose ids are a prefix of `ids`: cut before a space (a word starts a
+    # pre-token in both tokenizers), checked.
+    cut = raw.find(" ", 96)
+    prompt = kvb.generate(raw[:cut], 1)["prompt"] if cut > 0 else []
+    n = len(prompt)
+    if n < 2 or prompt != ids[:n]:
+        fail(f"WikiText-2's first {cut} bytes do not tokenize to a prefix of the perplexity ids")
+    follow = ids[n:]
+    top = logits.argmax(axis=1)
+    print(f"\nTeacher-forced top-1 over the same ids: kvbench prompted with the first {n}, then fed "
+          f"the other {len(follow)}; at each position kvbench's own pick against llama.cpp's "
+          f"argmax\n")
+    print("| kvbench | positions | same pick | differ | llama.cpp's gap where they differ: "
+          "median, max | the 5 largest gaps |")
+    print("|---|---:|---:|---:|---|---|")
+    picks = {}
+    for dtype in [args.dtype] + (["f32"] if args.dtype != "f32" else []):
+        f = kvb.generate(raw[:cut], 0, dtype=dtype, follow=follow)["followed"]
+        picks[dtype] = [pk for pk, _, _ in f]
+        lg = []
+        for i, (pk, _, _) in enumerate(f):
+            theirs = int(top[n - 1 + i])
+            if pk != theirs:
+                lg.append(float(logits[n - 1 + i][theirs] - logits[n - 1 + i][pk]))
+        lg.sort()
+        print(f"| {dtype} | {len(f)} | {len(f) - len(lg)} | {len(lg)} | "
+              f"{median(lg) if lg else 0:.3f}, {max(lg, default=0):.3f} | "
+              f"{', '.join(f'{g:.3f}' for g in lg[-5:])} |")
+    # llama.cpp against itself: the same ids with an f32 KV cache (type_k = type_v = GGML_TYPE_F32)
+    # instead of its default f16, the size of its own roundings' effect on the argmax.
+    n_thr = max(args.threads)
+    llm = Llama(model_path=args.model, n_ctx=PPL_TOKENS, n_batch=PPL_TOKENS, n_ubatch=PPL_TOKENS,
+                n_threads=n_thr, n_threads_batch=n_thr, logits_all=True, verbose=False,
+                type_k=LLAMA_F32, type_v=LLAMA_F32)
+    llm.eval(ids)
+    other = np.asarray(llm.scores[:len(ids)], dtype=np.float64)
+    del llm
+    lg = sorted(float(logits[n - 1 + i][top[n - 1 + i]] - logits[n - 1 + i][other[n - 1 + i].argmax()])
+                for i in range(len(follow)) if other[n - 1 + i].argmax() != top[n - 1 + i])
+    print(f"| llama.cpp itself, f32 KV cache | {len(follow)} | {len(follow) - len(lg)} | {len(lg)} | "
+          f"{median(lg) if lg else 0:.3f}, {max(lg, default=0):.3f} | "
+          f"{', '.join(f'{g:.3f}' for g in lg[-5:])} |")
+    if len(picks) == 2:
+        a, b = picks.values()
+        print(f"\nkvbench {args.dtype} and kvbench f32 pick the same token at "
+              f"{sum(x == y for x, y in zip(a, b))} of {len(a)} positions")
 
 
 def greedy_llamacpp(llm, prompt, n_new):
@@ -365,15 +439,22 @@ def section_greedy(kvb, args, prompts):
     reference = args.dtype != "f32"
     print(f"\n## 3. Greedy agreement ({GREEDY_NEW_TOKENS} new tokens, policy full)\n")
     head = ("| prompt | prompt tokens | matching prefix | first divergence "
-            "(kvbench vs llama.cpp; llama.cpp's logit gap) |")
-    rule = "|---|---:|---:|---|"
+            "(kvbench vs llama.cpp; llama.cpp's logit gap) | teacher-forced: kvbench's pick is "
+            "llama.cpp's |")
+    rule = "|---|---:|---:|---|---|"
     if reference:
-        head += f" kvbench {args.dtype} vs kvbench f32 | kvbench f32 vs llama.cpp |"
-        rule += "---:|---|"
+        head += (f" kvbench {args.dtype} vs kvbench f32 | kvbench f32 vs llama.cpp |"
+                 f" teacher-forced, kvbench f32 |")
+        rule += "---:|---|---|"
+    head += " llama.cpp with an f32 KV cache vs llama.cpp |"
+    rule += "---|"
     print(head)
     print(rule)
     piece = lambda t: repr(llm.detokenize([t]).decode("utf-8", "replace"))
-    res = []
+    llm32 = Llama(model_path=args.model, n_ctx=1024, n_batch=1024, n_ubatch=1024,
+                  n_threads=n_thr, n_threads_batch=n_thr, verbose=False,
+                  type_k=LLAMA_F32, type_v=LLAMA_F32)
+    res, forced_rows = [], []
     for name, text in prompts:
         k = kvb.generate(text, GREEDY_NEW_TOKENS)
         ours = k["generated"]
@@ -390,8 +471,30 @@ def section_greedy(kvb, args, prompts):
             return p, (f"one stopped at an end token after {p} (kvbench {len(mine)}, "
                        f"llama.cpp {len(theirs)})")
 
+        def forced(dtype):
+            # kvbench fed llama.cpp's continuation: at how many steps its own pick is llama.cpp's,
+            # and at the others both engines' gaps between the two tokens.
+            if not theirs:
+                return "(llama.cpp stopped at once)"
+            f = kvb.generate(text, 0, dtype=dtype, follow=theirs)["followed"]
+            diffs = [(i, pick, kgap) for i, (pick, pl, fl) in enumerate(f)
+                     for kgap in [pl - fl] if pick != theirs[i]]
+            txt = f"{len(f) - len(diffs)}/{len(f)}"
+            for i, pick, kgap in diffs:
+                lgap = logits[i][theirs[i]] - logits[i][pick]
+                txt += (f"; step {i}: {piece(pick)} vs {piece(theirs[i])} "
+                        f"(gaps kvbench {kgap:.3f}, llama.cpp {lgap:.3f})")
+            forced_rows.append((name, dtype, len(f) - len(diffs), len(f),
+                                max([abs(logits[i][theirs[i]] - logits[i][pk])
+                                     for i, pk, _ in diffs] + [0.0])))
+            return txt
+
+        # llama.cpp against itself: its f32 KV cache instead of f16, the same prompt ids.
+        self32, _ = greedy_llamacpp(llm32, k["prompt"], GREEDY_NEW_TOKENS)
+        p_self, div_self = against_llamacpp(self32)
         p, div = against_llamacpp(ours)
         row = f"| {name} | {len(k['prompt'])} | {p}/{max(len(ours), len(theirs))} | {div} |"
+        row += f" {forced(args.dtype)} |"
         if reference:
             f32 = kvb.generate(text, GREEDY_NEW_TOKENS, dtype="f32")
             if f32["prompt"] != k["prompt"]:
@@ -399,10 +502,17 @@ def section_greedy(kvb, args, prompts):
             same = first_divergence(ours, f32["generated"])
             p32, div32 = against_llamacpp(f32["generated"])
             row += (f" {same}/{max(len(ours), len(f32['generated']))} | "
-                    f"{p32}/{max(len(f32['generated']), len(theirs))} {div32} |")
+                    f"{p32}/{max(len(f32['generated']), len(theirs))} {div32} |"
+                    f" {forced('f32')} |")
+        row += f" {p_self}/{max(len(self32), len(theirs))} {div_self} |"
         print(row)
         res.append((name, p, max(len(ours), len(theirs))))
-    del llm
+    del llm, llm32
+    for dtype in dict.fromkeys(r[1] for r in forced_rows):
+        rows = [r for r in forced_rows if r[1] == dtype]
+        print(f"\nteacher-forced, kvbench {dtype}: own pick = llama.cpp's at "
+              f"{sum(r[2] for r in rows)} of {sum(r[3] for r in rows)} steps; where not, "
+              f"llama.cpp's gap between the two tokens at most {max(r[4] for r in rows):.3f}")
     return res
 
 

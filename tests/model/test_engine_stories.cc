@@ -2,14 +2,15 @@
 // greedy output, and laws of the forward pass (prefill == token-by-token decode; KV accounting).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
 #include "common/error.h"
-#include "workers/formats/model_load.h"
-#include "workers/model_session.h"
 #include "workers/engine/engine.h"
 #include "workers/engine/generate.h"
+#include "workers/formats/model_load.h"
+#include "workers/model_session.h"
 
 namespace kvb {
 namespace {
@@ -60,6 +61,68 @@ TEST_F(Stories, GreedyFromBosMatchesLlama2c) {
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
       "park.";
   EXPECT_EQ(text.substr(0, expected.size()), expected) << "got: " << text;
+}
+
+// Teacher forcing (GenerateOptions::follow, `generate --follow-ids`). Following the model's own
+// greedy continuation changes nothing: the same ids, each step's pick the followed id, with the
+// same logit bits. Following another sequence, step i's pick is the argmax of the logits after
+// prompt + follow[0..i), which one prefill of the whole sequence gives at every position (up to
+// f32 summation order, as in PrefillEqualsIncrementalDecode); an end token picked does not stop it.
+TEST_F(Stories, FollowingIsTeacherForcing) {
+  engine::Engine eng(*lm_->model);
+  const std::vector<int32_t> prompt = {1};
+  engine::GenerateOptions opt;
+  opt.max_new_tokens = 40;
+  opt.end_ids = lm_->end_ids;
+  kernels::KvCache c0 = eng.new_cache(64);
+  const engine::GenerateResult greedy = engine::generate(eng, c0, prompt, opt);
+  ASSERT_EQ(greedy.tokens.size(), 40u);
+  EXPECT_TRUE(greedy.followed.empty());
+
+  opt.follow = greedy.tokens;
+  kernels::KvCache c1 = eng.new_cache(64);
+  const engine::GenerateResult same = engine::generate(eng, c1, prompt, opt);
+  EXPECT_EQ(same.tokens, greedy.tokens);
+  ASSERT_EQ(same.followed.size(), greedy.tokens.size());
+  for (size_t i = 0; i < same.followed.size(); ++i) {
+    EXPECT_EQ(same.followed[i].pick, greedy.tokens[i]) << "step " << i;
+    EXPECT_EQ(same.followed[i].pick_logit, same.followed[i].followed_logit) << "step " << i;
+  }
+
+  // Another text, with the end token (llama2.c's BOS/EOS is 1 or 2) inside it.
+  tokenizer::EncodeOptions eo;
+  std::vector<int32_t> follow = lm_->tokenizer->encode("Tom had a red ball. He", eo);
+  follow.insert(follow.begin() + 3, lm_->end_ids.at(0));
+  opt.follow = follow;
+  opt.max_new_tokens = 100;  // the ids bound the steps
+  kernels::KvCache c2 = eng.new_cache(64);
+  const engine::GenerateResult forced = engine::generate(eng, c2, prompt, opt);
+  EXPECT_EQ(forced.tokens, follow);
+  EXPECT_FALSE(forced.hit_end);
+  ASSERT_EQ(forced.followed.size(), follow.size());
+  EXPECT_EQ(forced.decode_steps, static_cast<int>(follow.size()) - 1);  // the last is not fed
+
+  std::vector<int32_t> whole = prompt;
+  whole.insert(whole.end(), follow.begin(), follow.end());
+  const int V = lm_->model->config.vocab_size;
+  kernels::KvCache c3 = eng.new_cache(64);
+  std::vector<float> all;
+  eng.forward(whole, c3, engine::LogitsMode::kAll, &all);
+  int picked_other = 0;
+  for (size_t i = 0; i < follow.size(); ++i) {
+    const float* row = all.data() + (prompt.size() - 1 + i) * V;
+    const int32_t arg = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    EXPECT_EQ(forced.followed[i].pick, arg) << "step " << i;
+    EXPECT_NEAR(forced.followed[i].pick_logit, row[arg], 1e-4) << "step " << i;
+    EXPECT_NEAR(forced.followed[i].followed_logit, row[follow[i]], 1e-4) << "step " << i;
+    picked_other += forced.followed[i].pick != follow[i];
+  }
+  EXPECT_GT(picked_other, 0) << "the followed text should part from the model's picks somewhere";
+
+  // An id outside the vocabulary is refused at its step.
+  opt.follow = {5, V};
+  kernels::KvCache c4 = eng.new_cache(64);
+  EXPECT_THROW(engine::generate(eng, c4, prompt, opt), Error);
 }
 
 // Law: a prefill of n tokens gives the same logits as feeding them one at a time (up to f32

@@ -61,6 +61,20 @@ TEST_F(CliArgs, GenerateRefusesHostileArguments) {
           {{"--prompt-file", KVB_BINARY_DIR "/test_cli_args/a_folder"},
            "--prompt-file '" KVB_BINARY_DIR "/test_cli_args/a_folder' is a directory"},
       });
+  // --follow-ids (teacher forcing): ids within stories260K's vocabulary of 512, and the steps
+  // are the ids, so --max-new-tokens is refused beside it.
+  expect_usage_errors("generate", {"--model", kModel, "--tokenizer", kTokenizer, "--prompt", "x"},
+                      {
+                          {{"--follow-ids", "12 512"},
+                           "--follow-ids: id 512 is outside the model's vocabulary [0, 512)"},
+                          {{"--follow-ids", "99999999999999999999999"},
+                           "--follow-ids: id 99999999999999999999999 is outside"},
+                          {{"--follow-ids", "12 -3"}, "--follow-ids: '-3' is not a token id"},
+                          {{"--follow-ids", "12 4x"}, "--follow-ids: '4x' is not a token id"},
+                          {{"--follow-ids", " , "}, "--follow-ids: no token ids given"},
+                          {{"--follow-ids", "12", "--max-new-tokens", "4"},
+                           "--follow-ids sets the steps (one per id): drop --max-new-tokens"},
+                      });
   expect_usage_errors("generate", {"--prompt", "x"},
                       {{{"--model", KVB_BINARY_DIR "/test_cli_args/a_folder"},
                         "model '" KVB_BINARY_DIR "/test_cli_args/a_folder' is a directory"}});

@@ -51,15 +51,30 @@ int32_t Generation::next() {
                     "the model file";
     }
   }
-  const int32_t id = sample_token(logits_, options_.sampling, static_cast<uint64_t>(step));
-  if (std::find(options_.end_ids.begin(), options_.end_ids.end(), id) != options_.end_ids.end()) {
+  int32_t id = sample_token(logits_, options_.sampling, static_cast<uint64_t>(step));
+  if (!options_.follow.empty()) {
+    KVB_CHECK(static_cast<size_t>(step) < options_.follow.size())
+        << "generate: step " << step << " past the " << options_.follow.size() << " ids to follow";
+    const int32_t fed = options_.follow[static_cast<size_t>(step)];
+    KVB_USAGE_CHECK(fed >= 0 && static_cast<size_t>(fed) < logits_.size())
+        << "id " << fed << " to follow (step " << step << ") is outside the vocabulary [0, "
+        << logits_.size() << ")";
+    result_.followed.push_back(
+        {id, logits_[static_cast<size_t>(id)], logits_[static_cast<size_t>(fed)]});
+    id = fed;
+  } else if (std::find(options_.end_ids.begin(), options_.end_ids.end(), id) !=
+             options_.end_ids.end()) {
     result_.hit_end = true;
     done_ = true;
     return -1;
   }
   result_.tokens.push_back(id);
   // on_token may stop here; the last token is not fed back.
-  if ((on_token_ && !on_token_(id)) || step + 1 == options_.max_new_tokens) {
+  const int steps =
+      options_.follow.empty()
+          ? options_.max_new_tokens
+          : std::min<int>(options_.max_new_tokens, static_cast<int>(options_.follow.size()));
+  if ((on_token_ && !on_token_(id)) || step + 1 >= steps) {
     done_ = true;
     return -1;
   }

@@ -18,6 +18,18 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<int32_t> end_ids;  // generation stops when one of these is produced
   std::string model;             // named in errors ("" : not named)
+  // Teacher forcing: when not empty, step i feeds follow[i] back instead of its own pick, for
+  // exactly min(max_new_tokens, follow.size()) steps, and an end token picked does not stop it.
+  // The result's tokens are the followed ids; each step's own pick is in result.followed.
+  std::vector<int32_t> follow;
+};
+
+// One teacher-forced step: the sampler's pick from the step's logits, its logit, and the logit
+// of the token that was fed back instead.
+struct FollowedStep {
+  int32_t pick = -1;
+  float pick_logit = 0;
+  float followed_logit = 0;
 };
 
 struct GenerateResult {
@@ -28,6 +40,7 @@ struct GenerateResult {
   double decode_ms = 0;         // all decode steps
   int decode_steps = 0;
   std::vector<double> step_ms;  // each decode step (forward of one token)
+  std::vector<FollowedStep> followed;  // with options.follow: one per step
 };
 
 // The prompt phase alone: begin_sequence, then prefill per the policy's prefill_mode (oneshot:
