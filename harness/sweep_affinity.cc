@@ -1,6 +1,7 @@
 // Prefix-affine hand-out of bundles (sweep_affinity.h).
 #include "harness/sweep_affinity.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/error.h"
@@ -35,42 +36,63 @@ PrefixAffinity::PrefixAffinity(std::vector<int> order, std::vector<std::vector<u
   for (int b : order_) {
     KVB_CHECK(b >= 0 && static_cast<size_t>(b) < chains_.size())
         << "bundle " << b << " of the order has no prefix chain";
-    for (uint64_t h : chains_[b]) buckets_[h].bundles.push_back(b);
+    for (uint64_t h : chains_[b]) buckets_[h].push_back(b);
   }
   left_ = order_.size();
 }
 
-int PrefixAffinity::first_left(uint64_t h) {
-  auto it = buckets_.find(h);
-  if (it == buckets_.end()) return -1;
-  Bucket& bk = it->second;
-  while (bk.head < bk.bundles.size() && taken_[bk.bundles[bk.head]]) ++bk.head;
-  return bk.head < bk.bundles.size() ? bk.bundles[bk.head] : -1;
+PrefixAffinity::Worker& PrefixAffinity::worker_state(int worker) {
+  Worker& w = workers_[worker];
+  if (w.share.empty()) w.share.resize(chains_.size());
+  return w;
+}
+
+void PrefixAffinity::add_prompt(Worker& w, int b, int64_t stamp) {
+  const std::vector<uint64_t>& c = chains_[b];
+  for (size_t d = 0; d < c.size(); ++d) {
+    for (int x : buckets_[c[d]]) {
+      if (taken_[x]) continue;
+      Share& s = w.share[x];
+      s = std::max(s, Share{static_cast<int>(d) + 1, stamp});
+    }
+  }
 }
 
 int PrefixAffinity::next(int worker) {
   if (left_ == 0) return -1;
-  int best = -1;
-  size_t best_depth = kMinSharedBlocks - 1;  // a choice must share more whole blocks than this
-  std::deque<int>& hist = history_[worker];
-  for (int h : hist) {  // the latest first: among equal depths, the latest prompt's bundle wins
-    const std::vector<uint64_t>& c = chains_[h];
-    for (size_t d = c.size(); d > best_depth; --d) {
-      const int b = first_left(c[d - 1]);
-      if (b < 0) continue;
-      best = b;
-      best_depth = d;
-      break;  // shallower depths of this prompt share less
+  Worker& me = worker_state(worker);
+  while (taken_[order_[cursor_]]) ++cursor_;
+  int affine = -1, cold = -1;
+  Share affine_share;
+  int cold_other = 0;
+  for (size_t i = cursor_; i < order_.size(); ++i) {  // the bundles left, in order
+    const int b = order_[i];
+    if (taken_[b]) continue;
+    int other = 0;  // the most blocks another worker's recent prompts share with b
+    for (const auto& [id, w] : workers_) {
+      if (id != worker) other = std::max(other, w.share[b].depth);
+    }
+    const Share& mine = me.share[b];
+    if (mine.depth >= kMinSharedBlocks && mine.depth >= other &&
+        (affine < 0 || affine_share < mine)) {
+      affine = b;
+      affine_share = mine;
+    }
+    if (cold < 0 || other < cold_other) {
+      cold = b;
+      cold_other = other;
     }
   }
-  if (best < 0) {
-    while (taken_[order_[cursor_]]) ++cursor_;
-    best = order_[cursor_];
-  }
+  const int best = affine >= 0 ? affine : cold;
   taken_[best] = true;
   --left_;
-  hist.push_front(best);
-  if (hist.size() > kHistory) hist.pop_back();
+  me.history.emplace_front(best, stamp_);
+  add_prompt(me, best, stamp_++);
+  if (me.history.size() > kHistory) {  // the oldest leaves: the shares are rebuilt without it
+    me.history.pop_back();
+    std::fill(me.share.begin(), me.share.end(), Share{});
+    for (const auto& [b, stamp] : me.history) add_prompt(me, b, stamp);
+  }
   return best;
 }
 

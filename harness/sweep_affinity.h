@@ -3,8 +3,10 @@
 // tokens of a prompt it ran lately, so that its prefix store (prefix_cache_mib) serves it. One
 // process meets every prompt in one store; without this, N workers each met a share of a
 // haystack's depths and started more prefills cold (the quickstart under `mpirun -np 3`: 121
-// units reused a prefix, against 143 in one process). Only who runs what changes: every unit's
-// results are its own full prefill's, bit for bit.
+// units reused a prefix, against 143 in one process; 132 and 157,861 tokens with this
+// affinity, 168,740 since a worker also leaves to another the bundles that worker's store
+// serves better; one process: 190,685). Only who runs what changes: every unit's results are its
+// own full prefill's, bit for bit.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kvb::harness {
@@ -38,28 +41,45 @@ class PrefixAffinity {
   // prompt, by bundle index.
   PrefixAffinity(std::vector<int> order, std::vector<std::vector<uint64_t>> chains);
 
-  // The bundle `worker` runs next: the one that shares the most whole prefix blocks (at least
-  // kMinSharedBlocks) with one of the worker's kHistory most recent bundles (among equal
-  // depths, through its latest; within a prefix, the earliest in order); else the earliest left
-  // in order. -1 when none is left.
+  // The bundle `worker` runs next:
+  // - the one that shares the most whole prefix blocks (at least kMinSharedBlocks) with one of
+  //   the worker's kHistory most recent bundles, and no more with another worker's (among equal
+  //   depths, through its latest; then the earliest in order);
+  // - else, the one that shares the fewest blocks with any other worker's recent bundles, the
+  //   earliest in order among those: a bundle another worker's store can serve is left to it,
+  //   and the cold start falls where it costs least (the quickstart under mpirun -np 3: two
+  //   workers that took the longest bundle left started a 4K haystack cold that the other
+  //   worker's store held, 83% of one process's reused tokens).
+  // -1 when none is left. Cost: the bundles left times the workers, per call.
   int next(int worker);
   size_t left() const { return left_; }
 
  private:
-  struct Bucket {
-    std::vector<int> bundles;  // in order
-    size_t head = 0;           // bundles before it are taken
+  // How much of a bundle's prefix one worker's recent prompts hold: whole blocks, and the
+  // hand-out stamp of the latest prompt that shares them (the later the more likely stored).
+  struct Share {
+    int depth = 0;
+    int64_t stamp = -1;
+    bool operator<(const Share& o) const {
+      return depth != o.depth ? depth < o.depth : stamp < o.stamp;
+    }
   };
-  // The earliest bundle left in the bucket of chain hash h, or -1.
-  int first_left(uint64_t h);
+  struct Worker {
+    std::deque<std::pair<int, int64_t>> history;  // (bundle, stamp), the latest first
+    std::vector<Share> share;                     // by bundle index
+  };
+  Worker& worker_state(int worker);
+  // Raises w.share for every bundle whose prefix shares blocks with bundle b's.
+  void add_prompt(Worker& w, int b, int64_t stamp);
 
   std::vector<int> order_;
   std::vector<std::vector<uint64_t>> chains_;
   std::vector<bool> taken_;  // by bundle index
   size_t cursor_ = 0;        // order_ before it is taken
   size_t left_ = 0;
-  std::unordered_map<uint64_t, Bucket> buckets_;  // chain hash at any depth -> bundles
-  std::map<int, std::deque<int>> history_;        // worker -> its bundles, the latest first
+  int64_t stamp_ = 0;
+  std::unordered_map<uint64_t, std::vector<int>> buckets_;  // chain hash at any depth -> bundles
+  std::map<int, Worker> workers_;
 };
 
 }  // namespace kvb::harness

@@ -55,12 +55,37 @@ TEST(PrefixAffinity, AWorkerGetsTheBundleThatSharesMostWithItsRecentPrompts) {
   EXPECT_EQ(a.next(1), 1);  // shares abcdef (6 blocks) with 0
   EXPECT_EQ(a.next(1), 4);  // abcd with 0 and 1, ahead of 2 in the order
   EXPECT_EQ(a.next(2), 2);  // worker 2 has run nothing: the order's first left
-  EXPECT_EQ(a.next(1), 3);  // no A prompt left that shares 4 blocks (6 shares 3): the order
-  EXPECT_EQ(a.next(2), 5);  // xyzw with 2
+  // No A prompt left that shares 4 blocks (6 shares 3). 3 and 5 share xyzwv and xyzw with
+  // worker 2's 2, whose store serves them; 6 shares nothing with worker 2: the cold start
+  // falls there (before 2026-12-06 the order gave worker 1 bundle 3, which then ran cold).
+  EXPECT_EQ(a.next(1), 6);
+  EXPECT_EQ(a.next(2), 3);  // xyzwv with 2
   EXPECT_EQ(a.left(), 1u);
-  EXPECT_EQ(a.next(2), 6);
+  EXPECT_EQ(a.next(2), 5);  // xyzw with 2 and 3
   EXPECT_EQ(a.next(1), -1);
   EXPECT_EQ(a.next(2), -1);
+}
+
+// A bundle that another worker's recent prompts share more of is left to that worker, even when
+// the asking worker shares kMinSharedBlocks with it; a worker with nothing of its own starts
+// cold where no other worker's store would have served.
+TEST(PrefixAffinity, ABundleStaysWithTheWorkerThatSharesMost) {
+  std::vector<std::vector<uint64_t>> c;
+  //  0: hhhhA  1: hhhhhhhB  2: hhhhhhhC  3: hhhhD
+  for (const char* p : {"hhhhA", "hhhhhhhB", "hhhhhhhC", "hhhhD"}) {
+    c.push_back(prefix_chain(blocks(p)));
+  }
+  PrefixAffinity a({1, 0, 2, 3}, c);
+  EXPECT_EQ(a.next(1), 1);  // the order
+  // Worker 2 has nothing of its own. Worker 1's 1 shares 7 blocks with 2 and 4 with 0 and 3:
+  // the fewest, and 0 is first in the order.
+  EXPECT_EQ(a.next(2), 0);
+  // Worker 2 shares hhhh (4 blocks) with 2 and 3, but worker 1 shares 7 with 2: 2 is left to
+  // worker 1, and 3 (4 blocks with each worker: a tie is the asking worker's) goes to worker 2.
+  // Before 2026-12-06 worker 2 got 2, the earlier in the order.
+  EXPECT_EQ(a.next(2), 3);
+  EXPECT_EQ(a.next(1), 2);  // hhhhhhh with 1
+  EXPECT_EQ(a.next(1), -1);
 }
 
 TEST(PrefixAffinity, LongestFirstOrderWhenNothingIsShared) {
