@@ -36,27 +36,20 @@ std::string read_text_file(const std::string& path) {
 
 // --follow-ids: token ids separated by spaces or commas, each in [0, vocab).
 std::vector<int32_t> parse_follow_ids(const std::string& text, int vocab) {
+  static constexpr const char* kSeparators = " ,\t\n";
   std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < text.size()) {
-    if (text[i] == ' ' || text[i] == ',' || text[i] == '\t' || text[i] == '\n') {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
-    const bool ends =
-        j == text.size() || text[j] == ' ' || text[j] == ',' || text[j] == '\t' || text[j] == '\n';
-    KVB_USAGE_CHECK(j > i && ends)
-        << "--follow-ids: '"
-        << text.substr(i, std::min<size_t>(text.find_first_of(" ,\t\n", i) - i, 40))
+  for (size_t i = text.find_first_not_of(kSeparators); i != std::string::npos;
+       i = text.find_first_not_of(kSeparators, i)) {
+    const std::string word = text.substr(i, text.find_first_of(kSeparators, i) - i);
+    i += word.size();
+    KVB_USAGE_CHECK(word.find_first_not_of("0123456789") == std::string::npos)
+        << "--follow-ids: '" << word.substr(0, 40)
         << "' is not a token id (give ids separated by spaces or commas, e.g. \"11 2045 9\")";
     // Ten digits or more are past any vocabulary (and past stoll's range at 20).
-    const long long v = j - i > 9 ? vocab : std::stoll(text.substr(i, j - i));
-    KVB_USAGE_CHECK(v < vocab) << "--follow-ids: id " << text.substr(i, std::min<size_t>(j - i, 40))
+    const long long v = word.size() > 9 ? vocab : std::stoll(word);
+    KVB_USAGE_CHECK(v < vocab) << "--follow-ids: id " << word.substr(0, 40)
                                << " is outside the model's vocabulary [0, " << vocab << ")";
     ids.push_back(static_cast<int32_t>(v));
-    i = j;
   }
   KVB_USAGE_CHECK(!ids.empty()) << "--follow-ids: no token ids given";
   return ids;
@@ -226,9 +219,10 @@ int cmd_generate(const std::vector<std::string>& args) {
       << "the prompt has " << ids.size() << " tokens; the model's context is " << c.max_seq_len;
   if (static_cast<int>(ids.size()) + max_new_tokens > c.max_seq_len) {
     const int allowed = c.max_seq_len - static_cast<int>(ids.size());
-    KVB_LOG_WARN << "prompt (" << ids.size() << ") + --max-new-tokens (" << max_new_tokens
-                 << ") exceeds the model's context " << c.max_seq_len << "; generating at most "
-                 << allowed;
+    KVB_LOG_WARN << "prompt (" << ids.size() << ") + "
+                 << (follow.empty() ? "--max-new-tokens (" : "--follow-ids (") << max_new_tokens
+                 << ") exceeds the model's context " << c.max_seq_len << "; "
+                 << (follow.empty() ? "generating" : "following") << " at most " << allowed;
     max_new_tokens = allowed;
   }
   if (show_ids) {

@@ -4,6 +4,7 @@
 // (--prompt Once upon a time, --seed -1), or ignored it (--system without --chat).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -108,6 +109,32 @@ TEST_F(CliArgs, EvalNamesAnEmptyDataFile) {
                       {{{"--task-opt", "data=" + data},
                         data + ": no items (only blank lines); a data file holds one JSON "
                                "object per line (task option data)"}});
+}
+
+// --follow-ids longer than the context: the steps stop at the context, the warning says so in
+// the flag's own terms, and each step is printed. The log lines go to the process's stderr, so
+// the binary runs as a process of its own.
+TEST_F(CliArgs, FollowIdsPastTheContextAreCut) {
+  const std::string bin = KVB_BINARY_DIR "/kvbench";
+  ASSERT_TRUE(fs::exists(bin)) << bin;
+  std::string ids;
+  for (int i = 0; i < 700; ++i) ids += std::to_string(3 + i % 500) + " ";
+  const std::string cmd = bin + " generate --model " + kModel + " --tokenizer " + kTokenizer +
+                          " --prompt Tom --threads 1 --follow-ids '" + ids + "' 2>&1 >/dev/null";
+  std::string err;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) err.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << err;
+  EXPECT_NE(err.find("prompt (3) + --follow-ids (700) exceeds the model's context 512; following "
+                     "at most 509"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("follow step 0: followed 3 logit "), std::string::npos) << err;
+  EXPECT_NE(err.find("follow step 508: followed "), std::string::npos) << err;
+  EXPECT_EQ(err.find("follow step 509:"), std::string::npos) << err;
+  EXPECT_NE(err.find("followed 509 ids: own pick equal at "), std::string::npos) << err;
 }
 
 // Issue 31: the write error of --dump-keep-sets on a full disk was lost (exit 0, no file).
