@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "harness/sweep_plan.h"
+#include "harness/sweep_prefix_share.h"
 #include "harness/sweep_tp.h"
 #include "harness/task_file.h"
 #include "kernels/policies/policy.h"
@@ -112,6 +113,7 @@ std::vector<results::UnitResult> BundleRunner::run(const ResolvedBundle& rb) {
   const WireBundle& b = rb.wire;
   tasks::Task& task = rb.task;
   model(b.model);
+  import_offered(b.model);
   const engine::ModelConfig& c = lm_.model->config;
   std::vector<results::UnitResult> out(b.units.size());
   // Units of one bundle may differ in question placement: run each placement as a group.
@@ -241,6 +243,28 @@ void BundleRunner::learn_prompts(tasks::Task& task, const workers::RunSettings& 
       continue;
     }
   }
+}
+
+void BundleRunner::offer_prefix(std::string message) { offered_.push_back(std::move(message)); }
+
+void BundleRunner::import_offered(int model) {
+  std::vector<std::string> offered = std::move(offered_);
+  offered_.clear();
+  if (!prefixes_ || prefixes_->max_bytes() == 0) return;
+  for (const std::string& m : offered) {
+    try {
+      const PrefixMessage pm = parse_prefix_message(m);
+      if (pm.model != model) continue;  // rank 0 sends only the bundle's model's
+      prefixes_->import(*engine_, pm.body);
+    } catch (const Error& e) {
+      KVB_LOG_WARN << "a prefix another worker shared was not used: " << e.what();
+    }
+  }
+}
+
+std::vector<std::string> BundleRunner::take_kept_prefixes() {
+  if (!prefixes_ || loaded_model_ < 0) return {};
+  return prefixes_->take_kept(prefix_message(loaded_model_, ""));
 }
 
 std::vector<results::UnitResult> BundleRunner::run_or_fail(const WireBundle& b) {

@@ -86,9 +86,19 @@ class BundleRunner {
   // job stops (cmd_sweep aborts it under mpirun).
   std::vector<results::UnitResult> run_or_fail(const WireBundle& b);
 
+  // Prefixes shared between MPI workers (harness/sweep_prefix_share.h). offer_prefix: another
+  // worker's, as rank 0 sent it (prefix_message), for the next bundle: run() imports it into the
+  // prefix store once it has loaded that bundle's model, if the message names that model (one
+  // that fails PrefixStore::import's checks is logged and dropped; the bundle runs as without).
+  // take_kept_prefixes: the prefixes this store kept since the last call, as messages.
+  void offer_prefix(std::string message);
+  std::vector<std::string> take_kept_prefixes();
+
  private:
   // Tells the prefix store the shared-prefill tokens of every sample of `task` under `rs`.
   void learn_prompts(tasks::Task& task, const workers::RunSettings& rs);
+  // Imports offer_prefix's messages of `model` (the one loaded) into the prefix store; drops all.
+  void import_offered(int model);
 
   const SweepConfig& cfg_;
   // The config's tasks, built once (by index, as WireBundle::task names them).
@@ -109,6 +119,7 @@ class BundleRunner {
   // The prefix store of the loaded model, and the (task, question placement) groups whose
   // prompts it knows.
   std::unique_ptr<workers::PrefixStore> prefixes_;
+  std::vector<std::string> offered_;  // offer_prefix's messages, imported by the next run()
   std::set<std::pair<int, std::string>> planned_;
   FaultInjection faults_ = FaultInjection::from_env();
   int loaded_model_ = -1;

@@ -121,6 +121,12 @@ int cmd_sweep(const std::vector<std::string>& args) {
       "depths of one haystack); the same bits, less prefill time (measurements.prefill_reused "
       "counts the tokens; the store is not charged to units under --max-rss-gb); 0: off; "
       "default: the config's prefix_cache_mib, else 1024")(
+      "no-prefix-sharing", po::bool_switch(),
+      "under mpirun, workers keep their prefixes to themselves. By default a worker sends rank "
+      "0 each prefix its store keeps, and rank 0 (holding at most --prefix-cache-mib of them) "
+      "sends one to a worker before a bundle whose prompt it begins better than that worker's "
+      "own recent prompts do: the same bits, fewer tokens prefilled cold, at the cost of a copy "
+      "per prefix (a 4K-token SmolLM2 prefix: 188 MB) and rank 0's memory")(
       "include-path", po::value<std::vector<std::string>>()->composing(),
       "a folder of task definitions (YAML) found by name, searched before KVBENCH_TASK_PATH and "
       "the working directory's configs/tasks (repeatable; also include_path: in the config)")(
@@ -133,6 +139,7 @@ int cmd_sweep(const std::vector<std::string>& args) {
                              ? vm["include-path"].as<std::vector<std::string>>()
                              : std::vector<std::string>{});
   a.share_prefill = !vm["no-share-prefill"].as<bool>();
+  a.share_prefixes = !vm["no-prefix-sharing"].as<bool>();
   // Given empty, --db meant the default out/<config>.db.
   KVB_USAGE_CHECK(!vm.count("db") || !a.db.empty())
       << "--db needs a file name (without --db, results go to out/<config name>.db)";

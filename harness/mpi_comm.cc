@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <climits>
 #include <cstdlib>
 
 #include "common/error.h"
@@ -70,6 +71,8 @@ void MpiComm::send(int dest, const std::string& msg) {
 #ifdef KVB_WITH_MPI
   KVB_CHECK(size_ > 1) << "send on a single-rank communicator";
   const unsigned long long n = msg.size();
+  KVB_CHECK(n <= static_cast<unsigned long long>(INT_MAX))
+      << "a message of " << n << " bytes to rank " << dest << ": more than one MPI send carries";
   KVB_MPI_CHECK(MPI_Send(&n, 1, MPI_UNSIGNED_LONG_LONG, dest, 1, MPI_COMM_WORLD));
   KVB_MPI_CHECK(MPI_Send(msg.data(), static_cast<int>(n), MPI_CHAR, dest, 2, MPI_COMM_WORLD));
 #else

@@ -84,6 +84,7 @@ int PrefixAffinity::next(int worker) {
     }
   }
   const int best = affine >= 0 ? affine : cold;
+  last_shared_blocks_ = me.share[best].depth;
   taken_[best] = true;
   --left_;
   me.history.emplace_front(best, stamp_);

@@ -53,6 +53,9 @@ class PrefixAffinity {
   // -1 when none is left. Cost: the bundles left times the workers, per call.
   int next(int worker);
   size_t left() const { return left_; }
+  // How many whole blocks the bundle next() returned last shares with the recent prompts of the
+  // worker it went to (before that bundle joined them): what that worker's own store may serve.
+  int last_shared_blocks() const { return last_shared_blocks_; }
 
  private:
   // How much of a bundle's prefix one worker's recent prompts hold: whole blocks, and the
@@ -78,6 +81,7 @@ class PrefixAffinity {
   size_t cursor_ = 0;        // order_ before it is taken
   size_t left_ = 0;
   int64_t stamp_ = 0;
+  int last_shared_blocks_ = 0;
   std::unordered_map<uint64_t, std::vector<int>> buckets_;  // chain hash at any depth -> bundles
   std::map<int, Worker> workers_;
 };

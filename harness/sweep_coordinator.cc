@@ -26,11 +26,13 @@
 #include "harness/git_rev.h"
 #include "harness/model_info.h"
 #include "harness/sweep_plan.h"
+#include "harness/sweep_prefix_share.h"
 #include "harness/sweep_roles.h"
 #include "harness/sweep_wire.h"
 #include "results/analysis.h"
 #include "workers/engine/engine_types.h"
 #include "workers/engine/tensor_parallel.h"
+#include "workers/prefix_store.h"
 
 namespace kvb::harness {
 
@@ -356,20 +358,45 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     // Longest first, but each worker is handed the bundles that begin as its recent ones did,
     // so that its prefix store serves them (sweep_affinity.h).
     PrefixAffinity affinity(order, plan.bundle_prefixes);
+    // The workers' prefixes, passed between them (sweep_prefix_share.h); rank 0 holds as much as
+    // one worker's store.
+    const bool share = shares_prefixes(a, layout);
+    const int mib = a.prefix_cache_mib >= 0 ? a.prefix_cache_mib : cfg.prefix_cache_mib;
+    SharedPrefixes shared(plan.bundle_prefixes, share ? static_cast<size_t>(mib) << 20 : 0);
+    std::map<int, int> running;  // worker leader -> the bundle it runs
     int handed = 0;
     int active = layout.groups;
     try {
       while (active > 0) {
         int source = 0;
-        const std::string msg = comm.recv_any(&source, check_stop);
+        std::string msg = comm.recv_any(&source, check_stop);
+        if (is_prefix_message(msg)) {  // a prefix the worker's store kept in its bundle
+          try {
+            const PrefixMessage pm = parse_prefix_message(msg);
+            const workers::PrefixStore::Summary sum = workers::PrefixStore::summarize(pm.body);
+            const auto r = running.find(source);
+            KVB_CHECK(r != running.end()) << "rank " << source << " runs no bundle";
+            shared.add(source, r->second, pm.model, sum.tokens, std::move(msg));
+          } catch (const Error& e) {
+            KVB_LOG_WARN << "a prefix from rank " << source << " is not shared: " << e.what();
+          }
+          check_stop();
+          continue;
+        }
         if (msg != "ready") write(results_from_json(msg));
+        running.erase(source);
         if (affinity.left() > 0) {
-          const WireBundle& b = plan.bundles[affinity.next(source)];
+          const int bi = affinity.next(source);
+          const WireBundle& b = plan.bundles[bi];
           ++handed;
           retry_while_locked(a.db, "handing out a bundle", 0, [&] {
             store.mark_running(run_id, keys_of(b), source, "rank" + std::to_string(source));
           });
+          if (const std::string* p = shared.pick(source, bi, b.model, affinity.last_shared_blocks())) {
+            comm.send(source, *p);
+          }
           comm.send(source, to_json(b));
+          running[source] = bi;
           faults.kill_coordinator_if(handed);
         } else {
           comm.send(source, "stop");
@@ -391,6 +418,10 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
       std::raise(s.signal);
     }
     for (int r = layout.leader_of(layout.groups); r < comm.size(); ++r) comm.send(r, "stop");
+    if (shared.sent() > 0) {
+      KVB_LOG_INFO << "prefixes shared between workers: " << shared.sent() << " sent ("
+                   << (shared.sent_bytes() >> 20) << " MiB)";
+    }
   }
   retry_while_locked(a.db, "finishing the run", 0,
                      [&] { store.finish_run(run_id, results::RunStatus::kOk); });

@@ -24,6 +24,7 @@ struct SweepArgs {
   double max_rss_gb = 0;    // --max-rss-gb: per-unit resident-memory check (0: none)
   std::string decode_batch;  // --decode-batch auto|N ("": the config's decode_batch)
   int prefix_cache_mib = -1;  // --prefix-cache-mib (-1: the config's prefix_cache_mib)
+  bool share_prefixes = true;  // !--no-prefix-sharing (harness/sweep_prefix_share.h)
   std::string device = "cpu";
   std::string dtype;  // "" : the device's default (engine::resolve_dtype)
   std::string device_label;  // the run's provenance: "cpu", or "cuda: <GPU name> x<count>"
@@ -36,6 +37,10 @@ int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGr
 // --decode-batch: "" -> -1 (the config decides), "auto" -> 0, N in 1..4096 -> N; else a usage
 // error naming the value.
 int parse_decode_batch(const std::string& text);
+// Whether the workers of this run pass their stored prefixes through rank 0
+// (harness/sweep_prefix_share.h): two or more worker groups of one rank each, and
+// --no-prefix-sharing not given. Both ends decide alike from the same arguments.
+bool shares_prefixes(const SweepArgs& a, const WorkerLayout& layout);
 // The config's `threads` applies when the command line left it at 0.
 void apply_config_threads(const SweepArgs& a, const SweepConfig& cfg);
 

@@ -2,9 +2,12 @@
 // the results; the leader of a tensor-parallel group relays for its group.
 #include <omp.h>
 
+#include <climits>
+
 #include "common/log.h"
 #include "harness/bundle_runner.h"
 #include "harness/mpi_group.h"
+#include "harness/sweep_prefix_share.h"
 #include "harness/sweep_roles.h"
 #include "harness/sweep_wire.h"
 #include "workers/engine/engine_types.h"
@@ -24,6 +27,10 @@ int parse_decode_batch(const std::string& text) {
   KVB_USAGE_CHECK(used == text.size() && n >= 1 && n <= 4096)
       << "--decode-batch must be auto or a whole number in 1..4096, got '" << text << "'";
   return n;
+}
+
+bool shares_prefixes(const SweepArgs& a, const WorkerLayout& layout) {
+  return a.share_prefixes && a.share_prefill && layout.groups > 1 && a.gpus_per_worker == 1;
 }
 
 void apply_config_threads(const SweepArgs& a, const SweepConfig& cfg) {
@@ -56,13 +63,24 @@ int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGr
   runner.limit_rss(a.max_rss_gb);
   runner.set_decode_batch(parse_decode_batch(a.decode_batch));
   runner.set_prefix_cache_mib(a.prefix_cache_mib);
+  const bool share = shares_prefixes(a, layout);
   if (layout.leader) comm.send(0, "ready");
   while (true) {
     std::string msg;
     if (layout.leader) msg = comm.recv(0);
     if (group.comm) broadcast_text(*group.comm, &msg);
     if (msg == "stop") return 0;
+    if (is_prefix_message(msg)) {  // another worker's prefix, for the bundle that follows
+      runner.offer_prefix(std::move(msg));
+      continue;
+    }
     const std::vector<results::UnitResult> results = runner.run_or_fail(bundle_from_json(msg));
+    if (layout.leader && share) {
+      // Before the results: rank 0 then has them when it hands out the next bundle.
+      for (const std::string& m : runner.take_kept_prefixes()) {
+        if (m.size() <= INT_MAX) comm.send(0, m);
+      }
+    }
     if (layout.leader) comm.send(0, to_json(results));
   }
 }

@@ -19,7 +19,8 @@ inline void expect_same_cache(const kernels::KvCache& a, const kernels::KvCache&
   EXPECT_EQ(a.next_position(), b.next_position());
   const int d = a.shape().head_dim;
   for (int l = 0; l < a.shape().num_layers; ++l) {
-    const kernels::LayerKvView va = a.layer(l), vb = b.layer(l);
+    // rows_f32: an f16 cache's rows as f32 (exact), f32 rows themselves.
+    const kernels::LayerKvView va = a.rows_f32(l), vb = b.rows_f32(l);
     for (int h = 0; h < a.shape().num_kv_heads; ++h) {
       ASSERT_EQ(a.length(l, h), b.length(l, h)) << "layer " << l << " head " << h;
       const size_t rows = static_cast<size_t>(a.length(l, h)) * d;

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <iterator>
+#include <limits>
 #include <new>
 
 #include "common/error.h"
@@ -55,8 +57,282 @@ kernels::KvCache window_rows(const kernels::KvCache& cache, const std::vector<ui
   return w;
 }
 
+// take_kept()'s messages: fixed-width fields in this machine's byte order (both ends run this
+// build: an MPI job's ranks), vectors as a 64-bit count then their elements.
+constexpr char kMagic[8] = {'K', 'V', 'B', 'P', 'R', 'E', 'F', '1'};
+
+class Writer {
+ public:
+  explicit Writer(std::string* out) : out_(out) {}
+  template <typename T>
+  void put(T v) {
+    out_->append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  template <typename T>
+  void put_vec(const T* p, size_t n) {
+    put<uint64_t>(n);
+    out_->append(reinterpret_cast<const char*>(p), n * sizeof(T));
+  }
+  template <typename T>
+  void put_vec(const std::vector<T>& v) {
+    put_vec(v.data(), v.size());
+  }
+  // A cache's slots per (layer, head): its length, positions, then keys and values as f32 (an
+  // f16 row converts to f32 and back exactly).
+  void put_cache(const kernels::KvCache& c) {
+    put<int32_t>(c.next_position());
+    put<int32_t>(c.max_length());
+    for (int l = 0; l < c.shape().num_layers; ++l) {
+      const kernels::LayerKvView v = c.rows_f32(l);
+      for (int h = 0; h < v.num_kv_heads; ++h) {
+        const int n = c.length(l, h);
+        put_vec(v.position(h), n);
+        out_->append(reinterpret_cast<const char*>(v.key(h, 0)), n * v.head_dim * sizeof(float));
+        out_->append(reinterpret_cast<const char*>(v.value(h, 0)), n * v.head_dim * sizeof(float));
+      }
+    }
+  }
+
+ private:
+  std::string* out_;
+};
+
+// Reads a message, every count checked against what is left (a short or corrupt message fails
+// with a kvb::Error naming the field).
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  template <typename T>
+  T get(const char* what) {
+    KVB_CHECK(in_.size() - at_ >= sizeof(T))
+        << "a shared prefix message ends inside its " << what << " (" << in_.size() << " bytes)";
+    T v;
+    std::memcpy(&v, in_.data() + at_, sizeof v);
+    at_ += sizeof v;
+    return v;
+  }
+  // A count of elements of `size` bytes that the rest of the message holds, at most `max`.
+  size_t count(const char* what, size_t size, size_t max) {
+    const uint64_t n = get<uint64_t>(what);
+    KVB_CHECK(n <= max && n <= (in_.size() - at_) / size)
+        << "a shared prefix message has " << n << " " << what << ": more than "
+        << (n > max ? "the shape allows" : "the message holds");
+    return static_cast<size_t>(n);
+  }
+  template <typename T>
+  std::vector<T> get_vec(const char* what, size_t max) {
+    std::vector<T> v(count(what, sizeof(T), max));
+    std::memcpy(v.data(), in_.data() + at_, v.size() * sizeof(T));
+    at_ += v.size() * sizeof(T);
+    return v;
+  }
+  // The bytes of n elements of T, copied out (the message need not be aligned for T).
+  template <typename T>
+  void copy(T* dst, size_t n, const char* what) {
+    KVB_CHECK(n <= (in_.size() - at_) / sizeof(T))
+        << "a shared prefix message ends inside its " << what;
+    std::memcpy(dst, in_.data() + at_, n * sizeof(T));
+    at_ += n * sizeof(T);
+  }
+  // A cache of `shape` as put_cache wrote it; lengths[l] (-1: any up to `bound`) is what every
+  // head of layer l must hold, its positions increasing and below `bound` (with `exact`:
+  // 0..length-1, a prompt's own rows).
+  kernels::KvCache get_cache(const kernels::KvCacheShape& shape, const std::vector<int>& lengths,
+                             int bound, bool exact) {
+    const int32_t next = get<int32_t>("next position");
+    const int32_t longest = get<int32_t>("longest head");
+    KVB_CHECK(next >= 0 && next <= bound && longest >= 0 && longest <= bound)
+        << "a shared prefix message's cache has next position " << next << " and " << longest
+        << " slots in a head, beyond its " << bound << " tokens";
+    kernels::KvCache c(shape, std::max(1, static_cast<int>(longest)), /*host_rows=*/true);
+    c.advance_position(next);
+    std::vector<float> key(shape.head_dim), value(shape.head_dim);
+    for (int l = 0; l < shape.num_layers; ++l) {
+      for (int h = 0; h < shape.num_kv_heads; ++h) {
+        const std::vector<int32_t> pos = get_vec<int32_t>("positions", longest);
+        const int n = static_cast<int>(pos.size());
+        KVB_CHECK(lengths[l] < 0 || n == lengths[l])
+            << "a shared prefix message's layer " << l << " head " << h << " holds " << n
+            << " slots, not " << lengths[l];
+        for (int s = 0; s < n; ++s) {
+          KVB_CHECK(exact ? pos[s] == s : (pos[s] >= 0 && pos[s] < bound &&
+                                             (s == 0 || pos[s] > pos[s - 1])))
+              << "a shared prefix message's layer " << l << " head " << h
+              << " holds position " << pos[s] << " in slot " << s;
+        }
+        const size_t first_key = at_;
+        const size_t row = static_cast<size_t>(shape.head_dim) * sizeof(float);
+        KVB_CHECK((in_.size() - at_) / row >= 2 * static_cast<size_t>(n))
+            << "a shared prefix message ends inside layer " << l << " head " << h << "'s rows";
+        for (int s = 0; s < n; ++s) {
+          std::memcpy(key.data(), in_.data() + first_key + s * row, row);
+          std::memcpy(value.data(), in_.data() + first_key + (n + s) * row, row);
+          c.append(l, h, key.data(), value.data(), pos[s]);
+        }
+        at_ += 2 * n * row;
+      }
+    }
+    return c;
+  }
+  bool done() const { return at_ == in_.size(); }
+
+ private:
+  std::string_view in_;
+  size_t at_ = 0;
+};
 
 }  // namespace
+
+std::string PrefixStore::export_entry(const Entry& e, std::string_view head) {
+  std::string out(head);
+  Writer w(&out);
+  out.append(kMagic, sizeof kMagic);
+  w.put<uint64_t>(e.bytes);
+  w.put_vec(e.tokens);
+  const kernels::KvCacheShape& s = e.rows.shape();
+  w.put<int32_t>(s.num_layers);
+  w.put<int32_t>(s.num_kv_heads);
+  w.put<int32_t>(s.head_dim);
+  w.put<uint8_t>(s.f16);
+  w.put<uint8_t>(s.f32_keys);
+  w.put<uint8_t>(e.col_sums);
+  w.put_cache(e.rows);
+  w.put<uint64_t>(e.checkpoints.size());
+  for (const auto& [at, cp] : e.checkpoints) {
+    w.put<int32_t>(at);
+    w.put<uint64_t>(cp.col_sums.size());
+    for (const auto& sums : cp.col_sums) w.put_vec(sums);
+    w.put_vec(cp.strides);
+    const bool windows = cp.windows.shape().num_layers > 0;
+    w.put<uint8_t>(windows);
+    if (windows) w.put_cache(cp.windows);
+  }
+  for (const auto* pre : {&e.pre_keys, &e.pre_queries}) {
+    w.put<uint64_t>(pre->size());
+    for (const auto& rows : *pre) w.put_vec(rows);
+  }
+  return out;
+}
+
+std::vector<std::string> PrefixStore::take_kept(std::string_view head) {
+  std::vector<std::string> out;
+  for (Entry& e : entries_) {
+    if (!e.kept_here) continue;
+    out.push_back(export_entry(e, head));
+    e.kept_here = false;
+  }
+  return out;
+}
+
+PrefixStore::Summary PrefixStore::summarize(std::string_view message) {
+  KVB_CHECK(message.size() >= sizeof kMagic && message.substr(0, sizeof kMagic) ==
+                                                    std::string_view(kMagic, sizeof kMagic))
+      << "not a shared prefix message (" << message.size() << " bytes)";
+  Reader r(message.substr(sizeof kMagic));
+  Summary s;
+  s.bytes = r.get<uint64_t>("bytes");
+  s.tokens = static_cast<int>(r.count("tokens", sizeof(int32_t), std::numeric_limits<int>::max()));
+  return s;
+}
+
+bool PrefixStore::import(const engine::Engine& engine, std::string_view message) {
+  const Summary summary = summarize(message);
+  Reader r(message.substr(sizeof kMagic));
+  r.get<uint64_t>("bytes");
+  const engine::ModelConfig& mc = engine.config();
+  Entry e;
+  e.tokens = r.get_vec<int32_t>("tokens", static_cast<size_t>(mc.max_seq_len));
+  const int n = static_cast<int>(e.tokens.size());
+  KVB_CHECK(n >= kMinReuse) << "a shared prefix message holds " << n << " tokens, fewer than "
+                            << kMinReuse;
+  for (int32_t t : e.tokens) {
+    KVB_CHECK(t >= 0 && t < mc.vocab_size)
+        << "a shared prefix message holds token id " << t << ", outside the model's vocabulary";
+  }
+  kernels::KvCacheShape shape;
+  shape.num_layers = r.get<int32_t>("shape");
+  shape.num_kv_heads = r.get<int32_t>("shape");
+  shape.head_dim = r.get<int32_t>("shape");
+  shape.f16 = r.get<uint8_t>("shape") != 0;
+  shape.f32_keys = r.get<uint8_t>("shape") != 0;
+  const kernels::KvCacheShape mine = engine.new_cache(1).shape();
+  KVB_CHECK(shape.num_layers == mine.num_layers && shape.num_kv_heads == mine.num_kv_heads &&
+            shape.head_dim == mine.head_dim && shape.f16 == mine.f16)
+      << "a shared prefix message holds K/V rows of " << shape.num_layers << " layers x "
+      << shape.num_kv_heads << " heads x " << shape.head_dim << (shape.f16 ? " (f16)" : " (f32)")
+      << ", not this model's " << mine.num_layers << " x " << mine.num_kv_heads << " x "
+      << mine.head_dim << (mine.f16 ? " (f16)" : " (f32)");
+  e.col_sums = r.get<uint8_t>("column sums flag") != 0;
+  const std::vector<uint8_t> sliding = sliding_layers(mc);
+  std::vector<int> row_lengths(mc.num_layers), window_lengths(mc.num_layers);
+  for (int l = 0; l < mc.num_layers; ++l) {
+    row_lengths[l] = sliding[l] ? 0 : n;
+    window_lengths[l] = sliding[l] ? -1 : 0;
+  }
+  e.rows = r.get_cache(shape, row_lengths, n, /*exact=*/true);
+  KVB_CHECK(e.rows.next_position() == n)
+      << "a shared prefix message's rows end at position " << e.rows.next_position() << ", not "
+      << n;
+  const size_t checkpoints = r.count("checkpoints", sizeof(int32_t), static_cast<size_t>(n));
+  for (size_t i = 0; i < checkpoints; ++i) {
+    const int32_t at = r.get<int32_t>("checkpoint");
+    KVB_CHECK(at >= kMinReuse && at <= n && !e.checkpoints.count(at))
+        << "a shared prefix message has a checkpoint at " << at << " of its " << n << " tokens";
+    Checkpoint& cp = e.checkpoints[at];
+    cp.col_sums.resize(r.count("column sum layers", sizeof(uint64_t), mc.num_layers));
+    KVB_CHECK(cp.col_sums.empty() || e.col_sums)
+        << "a shared prefix message's checkpoint holds column sums its flag says it has not";
+    for (auto& sums : cp.col_sums) {
+      sums = r.get_vec<float>("column sums", static_cast<size_t>(mc.num_heads) * mc.max_seq_len);
+    }
+    cp.strides = r.get_vec<int32_t>("strides", cp.col_sums.size());
+    KVB_CHECK(cp.strides.size() == cp.col_sums.size())
+        << "a shared prefix message's checkpoint has " << cp.strides.size() << " strides for "
+        << cp.col_sums.size() << " layers of column sums";
+    for (size_t l = 0; l < cp.strides.size(); ++l) {
+      KVB_CHECK(cp.strides[l] >= 0 && cp.strides[l] <= mc.max_seq_len &&
+                cp.col_sums[l].size() == static_cast<size_t>(mc.num_heads) * cp.strides[l])
+          << "a shared prefix message's checkpoint at " << at << " has " << cp.col_sums[l].size()
+          << " column sums in layer " << l << " for stride " << cp.strides[l];
+    }
+    KVB_CHECK(!e.col_sums || cp.col_sums.size() == static_cast<size_t>(mc.num_layers))
+        << "a shared prefix message's checkpoint at " << at << " has column sums of "
+        << cp.col_sums.size() << " layers, not " << mc.num_layers;
+    const bool windows = r.get<uint8_t>("windows flag") != 0;
+    const bool slides = std::find(sliding.begin(), sliding.end(), 1) != sliding.end();
+    KVB_CHECK(windows == slides) << "a shared prefix message's checkpoint at " << at
+                                 << (windows ? " holds" : " lacks")
+                                 << " the sliding layers' windows";
+    if (windows) cp.windows = r.get_cache(shape, window_lengths, at, /*exact=*/false);
+  }
+  const size_t key_row = static_cast<size_t>(mc.num_kv_heads) * mc.head_dim;
+  const size_t query_row = static_cast<size_t>(mc.num_heads) * mc.head_dim;
+  for (auto [pre, row] : {std::pair{&e.pre_keys, key_row}, std::pair{&e.pre_queries, query_row}}) {
+    pre->resize(r.count("pre-RoPE layers", sizeof(uint64_t), mc.num_layers));
+    KVB_CHECK(pre->empty() || pre->size() == static_cast<size_t>(mc.num_layers))
+        << "a shared prefix message has pre-RoPE rows of " << pre->size() << " layers";
+    for (auto& rows : *pre) {
+      rows = r.get_vec<float>("pre-RoPE rows", n * row);
+      KVB_CHECK(rows.size() == n * row) << "a shared prefix message has " << rows.size()
+                                        << " pre-RoPE floats in a layer, not " << n * row;
+    }
+  }
+  KVB_CHECK(r.done()) << "a shared prefix message has bytes past its end";
+  // The bytes a store counts for it are those its own prefill would (entry_bytes), within the
+  // message's own size (a message holds every row, position and float of it).
+  KVB_CHECK(summary.bytes > 0 && summary.bytes <= message.size())
+      << "a shared prefix message says it holds " << summary.bytes << " bytes in a message of "
+      << message.size();
+  e.bytes = summary.bytes;
+  if (engine_ != &engine) {
+    entries_.clear();
+    bytes_ = 0;
+    engine_ = &engine;
+  }
+  if (e.bytes > max_bytes_) return false;
+  keep(std::move(e));
+  return true;
+}
 
 void PrefixStore::clear() {
   entries_.clear();
@@ -125,6 +401,8 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
   int reused = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (req.col_sums && !it->col_sums) continue;
+    const kernels::KvCacheShape& a = it->rows.shape(), &b = cache.shape();
+    if (a.num_kv_heads != b.num_kv_heads || a.f16 != b.f16 || a.f32_keys != b.f32_keys) continue;
     if ((req.pre_rope_keys && it->pre_keys.empty()) ||
         (req.pre_rope_queries && it->pre_queries.empty())) {
       continue;
@@ -248,6 +526,7 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
       mine.pre_queries.emplace_back(q.begin(), q.begin() + rows * query_row);
     }
     mine.bytes = entry_bytes(engine.config(), cache, req, points);
+    mine.kept_here = true;
     keep(std::move(mine));
   });
   if (!pre_keys.empty()) record->pre_rope_keys = std::move(pre_keys);

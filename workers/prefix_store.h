@@ -29,6 +29,8 @@
 #include <map>
 #include <unordered_map>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/kv_cache.h"
@@ -67,6 +69,33 @@ class PrefixStore {
   // the shared prefill's time.
   double keep_ms() const { return keep_ms_; }
 
+  // Sharing between worker processes (`kvbench sweep` under mpirun, harness/sweep_prefix_share.h):
+  // a prefix one worker's prefill kept reaches another worker's store through rank 0, so that
+  // a prompt whose prefix another worker computed starts from it there. Rows are those of the
+  // same model and engine kind on the same ISA family (the coordinator ships a prefix only to a
+  // worker of the model it was made on; import checks the shapes), and a prefill from them is
+  // that prompt's own, bit for bit, as from one of its own (the CPU kernels' rows do not depend
+  // on which process computed them).
+  //
+  // The prefixes this store kept since the last call, each as one self-contained message that
+  // begins with `head` (the channel's framing; import() takes what follows it), oldest first;
+  // an imported prefix is not given out again.
+  std::vector<std::string> take_kept(std::string_view head = {});
+  // Adds a prefix that another store's take_kept() gave, for prefills on `engine` (entries of
+  // another engine are dropped first, as prefill() does). Checks the message before it keeps
+  // anything: its format, the engine's K/V shape, the rows' positions (0..n-1 in every global
+  // layer's head), the sizes of its checkpoints and pre-RoPE rows. A message that fails throws
+  // kvb::Error naming what is wrong, and the store is unchanged. Returns false when it does not
+  // fit within max_bytes (not kept).
+  bool import(const engine::Engine& engine, std::string_view message);
+  // The first fields of a take_kept() message, read without its rows (the coordinator's choice):
+  // the prefix's tokens and its bytes in a store. Throws kvb::Error on a message that is not one.
+  struct Summary {
+    int tokens = 0;
+    size_t bytes = 0;
+  };
+  static Summary summarize(std::string_view message);
+
   // What the store holds now: prefixes, checkpoints and bytes (tests, logs).
   size_t entries() const { return entries_.size(); }
   size_t bytes() const { return bytes_; }
@@ -86,7 +115,9 @@ class PrefixStore {
     // prompt that kept it recorded them (empty otherwise).
     std::vector<std::vector<float>> pre_keys, pre_queries;
     size_t bytes = 0;
+    bool kept_here = false;  // kept by this store's own prefill and not yet given out (take_kept)
   };
+  static std::string export_entry(const Entry& e, std::string_view head);
 
   // Where `tokens` branches off a known prompt, within (from, limit] and where that prompt
   // could start from it (its own last piece holds last_w rows), ascending.

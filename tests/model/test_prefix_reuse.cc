@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/error.h"
 #include "kernels/policies/policy.h"
 #include "cache_check.h"
 #include "workers/engine/engine.h"
@@ -594,6 +595,182 @@ TEST(PrefixReuse, SweepWithTheStoreEqualsTheSweepWithout) {
                              &out, &err),
             2);
   EXPECT_NE(err.find("--prefix-cache-mib must be a number of MiB"), std::string::npos) << err;
+}
+
+
+// Prefixes shared between processes (PrefixStore::take_kept / import: MPI workers through rank
+// 0). One store's prefill keeps A's prefix (checkpoints at 150 and 200, where B and C branch
+// off); a second store that never saw A imports that message and starts B from 200 tokens and C
+// from 150, each its own one pass bit for bit, with an f32 and an f16 cache (the message carries
+// rows as f32: f16 converts there and back exactly), column sums and pre-RoPE rows. A message is
+// given out once, and an imported one is not given out again.
+TEST(PrefixReuse, AnotherStoresPrefixServesAsItsOwn) {
+  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
+  const int vocab = m->config.vocab_size;
+  const std::vector<int32_t> stem = random_tokens(280, 21, vocab);
+  const std::vector<int32_t> a = stem, b = branch_off(stem, 200, 40, 22, vocab),
+                             c = branch_off(stem, 150, 60, 23, vocab);
+  policies::StatsRequest req;
+  req.col_sums = true;
+  req.last_w = 16;
+  req.pre_rope_keys = true;
+  req.pre_rope_queries = true;
+  for (engine::KvRows rows : {engine::KvRows::kF32, engine::KvRows::kF16}) {
+    SCOPED_TRACE(rows == engine::KvRows::kF16 ? "f16 rows" : "f32 rows");
+    engine::Engine eng(*m, nullptr, engine::DType::kF32, rows);
+    workers::PrefixStore one(size_t(1) << 30), two(size_t(1) << 30);
+    for (const auto* p : {&a, &b, &c}) {
+      one.add_prompt(*p);
+      two.add_prompt(*p);
+    }
+    auto run = [&](workers::PrefixStore& store, const std::vector<int32_t>& p) {
+      const int n = static_cast<int>(p.size());
+      kernels::KvCache cache = eng.new_cache(n + 3);
+      engine::PrefillRecord rec;
+      rec.request = req;
+      std::vector<float> logits;
+      const int reused = store.prefill(eng, p, cache, &rec, &logits);
+      const OnePass ref = one_pass(eng, p, req, n + 3);
+      EXPECT_TRUE(same_bits(logits, ref.logits));
+      expect_same_cache(cache, ref.cache);
+      expect_same_record(rec, ref.record);
+      return reused;
+    };
+    EXPECT_EQ(run(one, a), 0);
+    const std::vector<std::string> kept = one.take_kept("head\n");
+    ASSERT_EQ(kept.size(), 1u);
+    EXPECT_TRUE(one.take_kept().empty());
+    ASSERT_TRUE(kept[0].starts_with("head\n"));
+    const std::string_view body = std::string_view(kept[0]).substr(5);
+    const workers::PrefixStore::Summary sum = workers::PrefixStore::summarize(body);
+    EXPECT_EQ(sum.tokens, 200);  // through A's last checkpoint
+    EXPECT_EQ(sum.bytes, one.bytes());
+    ASSERT_TRUE(two.import(eng, body));
+    EXPECT_EQ(two.entries(), 1u);
+    EXPECT_EQ(two.bytes(), one.bytes());
+    EXPECT_EQ(run(two, b), 200);
+    EXPECT_EQ(run(two, c), 150);
+    EXPECT_TRUE(two.take_kept().empty());
+    // A store too small for it does not keep it.
+    workers::PrefixStore small(1000);
+    EXPECT_FALSE(small.import(eng, body));
+    EXPECT_EQ(small.entries(), 0u);
+  }
+}
+
+// A model with sliding-window layers: the message carries each checkpoint's windows, and the
+// importing store starts from a checkpoint as from one of its own.
+TEST(PrefixReuse, AnotherStoresPrefixCarriesItsWindows) {
+  std::unique_ptr<engine::Model> g =
+      engine::load_model(std::string(KVB_FIXTURES_DIR) + "/engine/gemma3_tiny.gguf");
+  engine::Engine eng(*g);
+  const int vocab = g->config.vocab_size;
+  const std::vector<int32_t> x = random_tokens(290, 24, vocab),
+                             y = branch_off(x, 200, 40, 25, vocab);
+  policies::StatsRequest req;
+  req.col_sums = true;
+  req.last_w = 16;
+  workers::PrefixStore one(size_t(1) << 30), two(size_t(1) << 30);
+  for (const auto* p : {&x, &y}) {
+    one.add_prompt(*p);
+    two.add_prompt(*p);
+  }
+  kernels::KvCache cache = eng.new_cache(300);
+  engine::PrefillRecord rec;
+  rec.request = req;
+  std::vector<float> logits;
+  ASSERT_EQ(one.prefill(eng, x, cache, &rec, &logits), 0);
+  const std::vector<std::string> kept = one.take_kept();
+  ASSERT_EQ(kept.size(), 1u);
+  ASSERT_TRUE(two.import(eng, kept[0]));
+  kernels::KvCache yc = eng.new_cache(245);
+  engine::PrefillRecord yr;
+  yr.request = req;
+  EXPECT_EQ(two.prefill(eng, y, yc, &yr, &logits), 200);
+  const OnePass ref = one_pass(eng, y, req, 245);
+  EXPECT_TRUE(same_bits(logits, ref.logits));
+  expect_same_cache(yc, ref.cache);
+  expect_same_record(yr, ref.record);
+  // Rows of this model are not another's: the stories model's engine refuses them.
+  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
+  engine::Engine other(*m);
+  workers::PrefixStore three(size_t(1) << 30);
+  try {
+    three.import(other, kept[0]);
+    ADD_FAILURE() << "rows of another shape were imported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not this model's"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(three.entries(), 0u);
+}
+
+// A message is checked before anything of it is kept: cut short anywhere, with a byte past its
+// end, another magic, a token outside the vocabulary, a position out of order, or rows of the
+// other cache type, it throws and the store is unchanged; the intact message is then kept.
+TEST(PrefixReuse, ASharedPrefixMessageIsCheckedBeforeItIsKept) {
+  std::unique_ptr<engine::Model> m = engine::load_model(kStories);
+  engine::Engine eng(*m);
+  const int vocab = m->config.vocab_size;
+  const std::vector<int32_t> a = random_tokens(260, 26, vocab), b = branch_off(a, 180, 30, 27, vocab);
+  policies::StatsRequest req;
+  req.col_sums = true;
+  workers::PrefixStore one(size_t(1) << 30);
+  one.add_prompt(a);
+  one.add_prompt(b);
+  kernels::KvCache cache = eng.new_cache(260);
+  engine::PrefillRecord rec;
+  rec.request = req;
+  std::vector<float> logits;
+  one.prefill(eng, a, cache, &rec, &logits);
+  const std::vector<std::string> kept = one.take_kept();
+  ASSERT_EQ(kept.size(), 1u);
+  const std::string& good = kept[0];
+  workers::PrefixStore two(size_t(1) << 30);
+  auto refused = [&](const std::string& msg, const std::string& says) {
+    try {
+      two.import(eng, msg);
+      ADD_FAILURE() << "accepted; expected: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(two.entries(), 0u);
+    EXPECT_EQ(two.bytes(), 0u);
+  };
+  for (size_t cut : {size_t{0}, size_t{7}, size_t{12}, size_t{30}, good.size() / 3,
+                     good.size() / 2, good.size() - 1}) {
+    SCOPED_TRACE("cut at " + std::to_string(cut));
+    refused(good.substr(0, cut), cut < 8 ? "not a shared prefix message" : "a shared prefix");
+  }
+  refused(good + std::string(1, '\0'), "past its end");
+  std::string magic = good;
+  magic[0] = 'X';
+  refused(magic, "not a shared prefix message");
+  // The layout (prefix_store.cc): magic (8), bytes (8), token count (8), the tokens (4 each),
+  // the shape (3 x 4 + 2), the column sums flag (1), the rows' next position (4) and longest
+  // head (4), then layer 0 head 0's position count (8) and positions (4 each).
+  const size_t tokens_at = 24, n = 180;
+  std::string token = good;
+  const int32_t bad_id = vocab + 5;
+  std::memcpy(&token[tokens_at + 4 * 7], &bad_id, 4);
+  refused(token, "outside the model's vocabulary");
+  std::string position = good;
+  const int32_t seven = 7;
+  const size_t positions_at = tokens_at + 4 * n + 14 + 1 + 8 + 8;
+  int32_t first = -1;
+  std::memcpy(&first, &position[positions_at], 4);
+  ASSERT_EQ(first, 0);  // the layout above holds
+  std::memcpy(&position[positions_at + 4 * 3], &seven, 4);
+  refused(position, "holds position 7 in slot 3");
+  engine::Engine f16(*m, nullptr, engine::DType::kF32, engine::KvRows::kF16);
+  try {
+    two.import(f16, good);
+    ADD_FAILURE() << "f32 rows were imported into a store for an f16 cache";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not this model's"), std::string::npos) << e.what();
+  }
+  ASSERT_TRUE(two.import(eng, good));
+  EXPECT_EQ(two.entries(), 1u);
+  EXPECT_EQ(two.bytes(), one.bytes());
 }
 
 }  // namespace
