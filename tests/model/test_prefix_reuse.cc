@@ -13,6 +13,10 @@
 #include <random>
 
 #include "common/error.h"
+#include "harness/bundle_runner.h"
+#include "harness/sweep_plan.h"
+#include "harness/sweep_prefix_share.h"
+#include "results/store.h"
 #include "kernels/policies/policy.h"
 #include "cache_check.h"
 #include "workers/engine/engine.h"
@@ -771,6 +775,86 @@ TEST(PrefixReuse, ASharedPrefixMessageIsCheckedBeforeItIsKept) {
   ASSERT_TRUE(two.import(eng, good));
   EXPECT_EQ(two.entries(), 1u);
   EXPECT_EQ(two.bytes(), one.bytes());
+}
+
+// A sweep worker's side of sharing (harness/sweep_prefix_share.h), deterministic without MPI:
+// two BundleRunners stand for two workers. The first runs the haystack's deepest needle and
+// gives out the prefix its store kept; the second, offered it, runs another depth of that
+// haystack from it (its shared units say how many tokens they reused), with the predictions,
+// metrics and token counts of a third runner that was offered nothing. An offer of another
+// model's index or a damaged one is not used: the bundle runs as without.
+TEST(PrefixReuse, AWorkersBundleStartsFromAnotherWorkersPrefix) {
+  const std::string dir = std::string(KVB_BINARY_DIR) + "/test_prefix_reuse_workers_" +
+                          std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/sweep.yaml";
+  std::ofstream(path) << "models:\n  - name: stories\n    path: " << kStories
+                      << "\n    tokenizer: " << kStoriesTok << "\n"
+                      << "tasks:\n  - name: niah\n    options: {context_lengths: [448], "
+                         "depths: [60, 100], haystack: noise, chat: false}\n"
+                      << "policies: [full, h2o, snapkv]\nkv_budget: [48]\nseed: [0]\n"
+                      << "decode_batch: auto\n";
+  const harness::SweepConfig cfg = harness::load_sweep_config(path);
+  results::Store store = results::Store::open(dir + "/plan.db", results::Mode::kReadWrite);
+  const int64_t run_id = store.begin_run(results::RunInfo{});
+  std::map<std::string, std::string> hashes;
+  const harness::Plan plan = harness::expand(cfg, store, run_id, &hashes);
+  ASSERT_EQ(plan.bundles.size(), 2u);
+  // The deeper needle's prompt repeats more of the haystack: the first worker runs it.
+  const int deep = plan.bundles[0].sample.fields.at("depth") == "100" ? 0 : 1;
+  const harness::WireBundle& other = plan.bundles[1 - deep];
+  auto runner = [&] {
+    return std::make_unique<harness::BundleRunner>(cfg, true, engine::Device::kCpu,
+                                                   engine::DType::kF32, 0);
+  };
+  auto reused = [](const std::vector<results::UnitResult>& rs) {
+    int64_t n = 0;
+    for (const auto& r : rs) {
+      EXPECT_EQ(r.status, results::UnitStatus::kOk) << r.unit_key << ": " << r.error;
+      if (r.measurements) n += r.measurements->prefill_reused;
+    }
+    return n;
+  };
+  const auto first = runner();
+  EXPECT_EQ(reused(first->run(plan.bundles[deep])), 0);
+  const std::vector<std::string> kept = first->take_kept_prefixes();
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_TRUE(first->take_kept_prefixes().empty());
+  ASSERT_TRUE(harness::is_prefix_message(kept[0]));
+  EXPECT_EQ(harness::parse_prefix_message(kept[0]).model, 0);
+
+  const auto alone = runner();
+  const std::vector<results::UnitResult> want = alone->run(other);
+  EXPECT_EQ(reused(want), 0);
+  const auto second = runner();
+  second->offer_prefix(kept[0]);
+  const std::vector<results::UnitResult> got = second->run(other);
+  EXPECT_GT(reused(got), 0);
+  EXPECT_TRUE(second->take_kept_prefixes().empty());  // nothing of its own was kept
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE(got[i].unit_key);
+    ASSERT_TRUE(got[i].prediction && want[i].prediction && got[i].measurements &&
+                want[i].measurements);
+    EXPECT_EQ(got[i].prediction->text, want[i].prediction->text);
+    ASSERT_EQ(got[i].metrics.size(), want[i].metrics.size());
+    for (size_t k = 0; k < got[i].metrics.size(); ++k) {
+      EXPECT_EQ(got[i].metrics[k].name, want[i].metrics[k].name);
+      EXPECT_EQ(got[i].metrics[k].value, want[i].metrics[k].value);
+    }
+    EXPECT_EQ(got[i].measurements->prompt_tokens, want[i].measurements->prompt_tokens);
+    EXPECT_EQ(got[i].measurements->kv_bytes_final, want[i].measurements->kv_bytes_final);
+    EXPECT_EQ(got[i].measurements->prompt_sha256, want[i].measurements->prompt_sha256);
+  }
+  const std::string body(harness::parse_prefix_message(kept[0]).body);
+  for (const std::string& offer :
+       {harness::prefix_message(1, body), harness::prefix_message(0, body.substr(0, 100))}) {
+    const auto third = runner();
+    third->offer_prefix(offer);
+    EXPECT_EQ(reused(third->run(other)), 0);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
