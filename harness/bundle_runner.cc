@@ -2,6 +2,7 @@
 // hooks, scoring, and the typed failure of every unit that did not finish.
 #include "harness/bundle_runner.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -255,7 +256,14 @@ void BundleRunner::import_offered(int model) {
     try {
       const PrefixMessage pm = parse_prefix_message(m);
       if (pm.model != model) continue;  // rank 0 sends only the bundle's model's
-      prefixes_->import(*engine_, pm.body);
+      const auto t0 = std::chrono::steady_clock::now();
+      const bool kept = prefixes_->import(*engine_, pm.body);
+      KVB_LOG_DEBUG << "another worker's prefix (" << (pm.body.size() >> 20) << " MiB) "
+                    << (kept ? "imported" : "not kept (above --prefix-cache-mib)") << " in "
+                    << std::chrono::duration<double, std::milli>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count()
+                    << " ms";
     } catch (const Error& e) {
       KVB_LOG_WARN << "a prefix another worker shared was not used: " << e.what();
     }

@@ -59,6 +59,18 @@ void PrefixAffinity::add_prompt(Worker& w, int b, int64_t stamp) {
 }
 
 int PrefixAffinity::next(int worker) {
+  const int b = peek(worker);
+  if (b >= 0) take(worker, b);
+  return b;
+}
+
+int PrefixAffinity::shared_blocks(int worker, int bundle) {
+  KVB_CHECK(bundle >= 0 && static_cast<size_t>(bundle) < chains_.size())
+      << "bundle " << bundle << " has no prefix chain";
+  return worker_state(worker).share[bundle].depth;
+}
+
+int PrefixAffinity::peek(int worker) {
   if (left_ == 0) return -1;
   Worker& me = worker_state(worker);
   while (taken_[order_[cursor_]]) ++cursor_;
@@ -83,7 +95,13 @@ int PrefixAffinity::next(int worker) {
       cold_other = other;
     }
   }
-  const int best = affine >= 0 ? affine : cold;
+  return affine >= 0 ? affine : cold;
+}
+
+void PrefixAffinity::take(int worker, int best) {
+  KVB_CHECK(best >= 0 && static_cast<size_t>(best) < chains_.size() && !taken_[best])
+      << "bundle " << best << " is not one left to hand out";
+  Worker& me = worker_state(worker);
   last_shared_blocks_ = me.share[best].depth;
   taken_[best] = true;
   --left_;
@@ -94,7 +112,6 @@ int PrefixAffinity::next(int worker) {
     std::fill(me.share.begin(), me.share.end(), Share{});
     for (const auto& [b, stamp] : me.history) add_prompt(me, b, stamp);
   }
-  return best;
 }
 
 }  // namespace kvb::harness

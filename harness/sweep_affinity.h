@@ -52,9 +52,15 @@ class PrefixAffinity {
   //   worker's store held, 83% of one process's reused tokens).
   // -1 when none is left. Cost: the bundles left times the workers, per call.
   int next(int worker);
+  // What next(worker) would return, without handing it out; take() then hands it out.
+  int peek(int worker);
+  void take(int worker, int bundle);
   size_t left() const { return left_; }
-  // How many whole blocks the bundle next() returned last shares with the recent prompts of the
-  // worker it went to (before that bundle joined them): what that worker's own store may serve.
+  // How many whole blocks `bundle` (not yet handed out) shares with `worker`'s recent prompts:
+  // what that worker's own store may serve.
+  int shared_blocks(int worker, int bundle);
+  // The same for the bundle take() (or next()) handed out last, before it joined the worker's
+  // recent prompts.
   int last_shared_blocks() const { return last_shared_blocks_; }
 
  private:

@@ -363,9 +363,67 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     const bool share = shares_prefixes(a, layout);
     const int mib = a.prefix_cache_mib >= 0 ? a.prefix_cache_mib : cfg.prefix_cache_mib;
     SharedPrefixes shared(plan.bundle_prefixes, share ? static_cast<size_t>(mib) << 20 : 0);
-    std::map<int, int> running;  // worker leader -> the bundle it runs
+    // What each busy worker runs, since when, and how many of its prompt's tokens it is
+    // expected to prefill (those its own recent prompts or a sent prefix do not hold).
+    struct Flight {
+      int bundle = 0;
+      std::chrono::steady_clock::time_point start;
+      int prefill_tokens = 0;
+    };
+    std::map<int, Flight> running;  // by worker leader
+    // Milliseconds per prefilled prompt token, the fewest over finished bundles that prefilled
+    // 512+ tokens (0 until one has: a bundle's time is mostly its prefill there; the fewest
+    // keeps waiting rare).
+    double ms_per_token = 0;
+    std::set<int> waiting;  // idle workers held back for a prefix in flight (worth_waiting)
     int handed = 0;
     int active = layout.groups;
+    const auto since = [](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
+          .count();
+    };
+    // Whether `worker` should wait for a bundle in flight rather than start `bi` now: only at the
+    // end (no more bundles left than other workers busy), so that waiting starves nothing.
+    auto should_wait = [&](int worker, int bi) {
+      if (ms_per_token <= 0 || affinity.left() > running.size()) return false;
+      const int model = plan.bundles[bi].model;
+      const int now = std::max(affinity.shared_blocks(worker, bi),
+                               shared.best_blocks(worker, bi, model));
+      for (const auto& [w, f] : running) {
+        if (w == worker || plan.bundles[f.bundle].model != model) continue;
+        const int later = common_blocks(plan.bundle_prefixes[bi], plan.bundle_prefixes[f.bundle]);
+        const double remaining = ms_per_token * f.prefill_tokens - since(f.start);
+        if (worth_waiting(remaining, ms_per_token, now, later)) return true;
+      }
+      return false;
+    };
+    // Hands `worker` its next bundle (with another worker's prefix where one serves it), or its
+    // stop when none is left; false when it waits instead.
+    auto serve = [&](int worker) {
+      if (affinity.left() == 0) {
+        comm.send(worker, "stop");
+        --active;
+        return true;
+      }
+      const int bi = affinity.peek(worker);
+      if (should_wait(worker, bi)) return false;
+      affinity.take(worker, bi);
+      const WireBundle& b = plan.bundles[bi];
+      ++handed;
+      retry_while_locked(a.db, "handing out a bundle", 0, [&] {
+        store.mark_running(run_id, keys_of(b), worker, "rank" + std::to_string(worker));
+      });
+      int served = affinity.last_shared_blocks();
+      if (const std::string* p = shared.pick(worker, bi, b.model, served)) {
+        served = std::max(served, shared.best_blocks(worker, bi, b.model));
+        comm.send(worker, *p);
+      }
+      comm.send(worker, to_json(b));
+      running[worker] = {bi, std::chrono::steady_clock::now(),
+                         std::max(0, plan.bundle_tokens[bi] - served * kPrefixBlock)};
+      faults.kill_coordinator_if(handed);
+      return true;
+    };
     try {
       while (active > 0) {
         int source = 0;
@@ -376,31 +434,33 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
             const workers::PrefixStore::Summary sum = workers::PrefixStore::summarize(pm.body);
             const auto r = running.find(source);
             KVB_CHECK(r != running.end()) << "rank " << source << " runs no bundle";
-            shared.add(source, r->second, pm.model, sum.tokens, std::move(msg));
+            shared.add(source, r->second.bundle, pm.model, sum.tokens, std::move(msg));
           } catch (const Error& e) {
             KVB_LOG_WARN << "a prefix from rank " << source << " is not shared: " << e.what();
           }
-          check_stop();
-          continue;
-        }
-        if (msg != "ready") write(results_from_json(msg));
-        running.erase(source);
-        if (affinity.left() > 0) {
-          const int bi = affinity.next(source);
-          const WireBundle& b = plan.bundles[bi];
-          ++handed;
-          retry_while_locked(a.db, "handing out a bundle", 0, [&] {
-            store.mark_running(run_id, keys_of(b), source, "rank" + std::to_string(source));
-          });
-          if (const std::string* p = shared.pick(source, bi, b.model, affinity.last_shared_blocks())) {
-            comm.send(source, *p);
-          }
-          comm.send(source, to_json(b));
-          running[source] = bi;
-          faults.kill_coordinator_if(handed);
         } else {
-          comm.send(source, "stop");
-          --active;
+          if (msg != "ready") {
+            const std::vector<results::UnitResult> rs = results_from_json(msg);
+            write(rs);
+            const auto r = running.find(source);
+            if (r != running.end()) {
+              int64_t reused = 0;
+              for (const auto& u : rs) {
+                if (u.measurements) reused = std::max<int64_t>(reused, u.measurements->prefill_reused);
+              }
+              const int64_t tokens = plan.bundle_tokens[r->second.bundle] - reused;
+              if (tokens >= 512) {
+                const double rate = since(r->second.start) / static_cast<double>(tokens);
+                ms_per_token = ms_per_token > 0 ? std::min(ms_per_token, rate) : rate;
+              }
+            }
+          }
+          running.erase(source);
+          if (!serve(source)) waiting.insert(source);
+        }
+        // What arrived (a prefix, a finished bundle) may be what a waiting worker waits for.
+        for (const int w : std::vector<int>(waiting.begin(), waiting.end())) {
+          if (w != source && serve(w)) waiting.erase(w);
         }
         check_stop();
       }
@@ -418,8 +478,9 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
       std::raise(s.signal);
     }
     for (int r = layout.leader_of(layout.groups); r < comm.size(); ++r) comm.send(r, "stop");
-    if (shared.sent() > 0) {
-      KVB_LOG_INFO << "prefixes shared between workers: " << shared.sent() << " sent ("
+    if (shared.received() > 0) {
+      KVB_LOG_INFO << "prefixes shared between workers: " << shared.received() << " received ("
+                   << (shared.received_bytes() >> 20) << " MiB), " << shared.sent() << " sent ("
                    << (shared.sent_bytes() >> 20) << " MiB)";
     }
   }

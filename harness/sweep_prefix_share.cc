@@ -39,6 +39,8 @@ SharedPrefixes::SharedPrefixes(std::vector<std::vector<uint64_t>> chains, size_t
 void SharedPrefixes::add(int source, int bundle, int model, int tokens, std::string message) {
   KVB_CHECK(bundle >= 0 && static_cast<size_t>(bundle) < chains_.size())
       << "a prefix of bundle " << bundle << ", which has no prefix chain";
+  ++received_;
+  received_bytes_ += message.size();
   if (message.size() > max_bytes_) return;
   Kept k;
   k.id = next_id_++;
@@ -55,24 +57,41 @@ void SharedPrefixes::add(int source, int bundle, int model, int tokens, std::str
   }
 }
 
-const std::string* SharedPrefixes::pick(int worker, int bundle, int model, int own_blocks) {
+int common_blocks(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
+  const size_t limit = std::min(a.size(), b.size());
+  size_t d = 0;
+  while (d < limit && a[d] == b[d]) ++d;
+  return static_cast<int>(d);
+}
+
+bool worth_waiting(double remaining_ms, double ms_per_token, int now_blocks, int later_blocks) {
+  if (ms_per_token <= 0 || later_blocks < now_blocks + SharedPrefixes::kMinShared) return false;
+  return remaining_ms < ms_per_token * kPrefixBlock * (later_blocks - now_blocks);
+}
+
+std::pair<SharedPrefixes::Kept*, int> SharedPrefixes::find(int worker, int bundle, int model,
+                                                           int own_blocks) {
   KVB_CHECK(bundle >= 0 && static_cast<size_t>(bundle) < chains_.size())
       << "bundle " << bundle << " has no prefix chain";
-  const std::vector<uint64_t>& want = chains_[bundle];
   Kept* best = nullptr;
   int best_blocks = std::max(kMinShared - 1, own_blocks);
   for (Kept& k : kept_) {  // oldest first: a later one of equal depth wins
     if (k.source == worker || k.model != model || k.sent_to.count(worker)) continue;
-    const std::vector<uint64_t>& have = chains_[k.bundle];
-    const size_t limit = std::min({want.size(), have.size(), static_cast<size_t>(k.blocks)});
-    size_t d = 0;
-    while (d < limit && want[d] == have[d]) ++d;
-    if (static_cast<int>(d) > best_blocks ||
-        (best != nullptr && static_cast<int>(d) == best_blocks)) {
+    const int d = std::min(common_blocks(chains_[bundle], chains_[k.bundle]), k.blocks);
+    if (d > best_blocks || (best != nullptr && d == best_blocks)) {
       best = &k;
-      best_blocks = static_cast<int>(d);
+      best_blocks = d;
     }
   }
+  return {best, best == nullptr ? 0 : best_blocks};
+}
+
+int SharedPrefixes::best_blocks(int worker, int bundle, int model) {
+  return find(worker, bundle, model, 0).second;
+}
+
+const std::string* SharedPrefixes::pick(int worker, int bundle, int model, int own_blocks) {
+  Kept* best = find(worker, bundle, model, own_blocks).first;
   if (best == nullptr) return nullptr;
   best->sent_to.insert(worker);
   ++sent_;

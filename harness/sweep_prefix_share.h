@@ -25,6 +25,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvb::harness {
@@ -39,6 +40,19 @@ struct PrefixMessage {
 };
 // Throws kvb::Error for a message whose head is not "prefix <model>\n".
 PrefixMessage parse_prefix_message(std::string_view msg);
+
+// Whole leading blocks two prefix chains share.
+int common_blocks(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b);
+
+// The end of a sweep: an idle worker whose next bundle would start from `now_blocks` of prefix
+// is better off waiting for a bundle in flight on another worker whose prompt shares
+// `later_blocks` with it, when that bundle is expected to end (in `remaining_ms`) sooner than
+// the prefill its deeper prefix saves: later_blocks >= now_blocks + SharedPrefixes::kMinShared
+// and remaining_ms < ms_per_token * kPrefixBlock * (later_blocks - now_blocks). ms_per_token
+// <= 0 (nothing measured yet) never waits. (The quickstart under mpirun -np 3: the worker that
+// finished its haystack first took the last 4K bundle with 1,995 tokens of prefix, 5 s before
+// the other worker's prompt would have given it 2,984.)
+bool worth_waiting(double remaining_ms, double ms_per_token, int now_blocks, int later_blocks);
 
 class SharedPrefixes {
  public:
@@ -55,11 +69,16 @@ class SharedPrefixes {
   // kMinShared blocks and more than `own_blocks`, which the worker's own recent prompts share.
   // Null if none. The message stays valid until the next add().
   const std::string* pick(int worker, int bundle, int model, int own_blocks);
+  // How many blocks the prefix pick() would send serves (0: none), without sending it.
+  int best_blocks(int worker, int bundle, int model);
 
   static constexpr int kMinShared = 4;  // PrefixAffinity::kMinSharedBlocks: 256 tokens
   size_t bytes() const { return bytes_; }
   size_t size() const { return kept_.size(); }
-  // Messages sent so far (pick's non-null answers) and their bytes: the cost in copies.
+  // Messages received (add) and sent (pick's non-null answers) so far, and their bytes: the
+  // cost in copies.
+  int64_t received() const { return received_; }
+  size_t received_bytes() const { return received_bytes_; }
   int64_t sent() const { return sent_; }
   size_t sent_bytes() const { return sent_bytes_; }
 
@@ -70,9 +89,11 @@ class SharedPrefixes {
     std::string message;
     std::set<int> sent_to;
   };
+  // The kept prefix pick() sends and the blocks it serves (null: none above own_blocks).
+  std::pair<Kept*, int> find(int worker, int bundle, int model, int own_blocks);
   std::vector<std::vector<uint64_t>> chains_;
-  size_t max_bytes_ = 0, bytes_ = 0, sent_bytes_ = 0;
-  int64_t next_id_ = 0, sent_ = 0;
+  size_t max_bytes_ = 0, bytes_ = 0, sent_bytes_ = 0, received_bytes_ = 0;
+  int64_t next_id_ = 0, sent_ = 0, received_ = 0;
   std::list<Kept> kept_;  // oldest first
 };
 

@@ -2,6 +2,7 @@
 // the results; the leader of a tensor-parallel group relays for its group.
 #include <omp.h>
 
+#include <chrono>
 #include <climits>
 
 #include "common/log.h"
@@ -77,8 +78,25 @@ int work(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout, WorkerGr
     const std::vector<results::UnitResult> results = runner.run_or_fail(bundle_from_json(msg));
     if (layout.leader && share) {
       // Before the results: rank 0 then has them when it hands out the next bundle.
-      for (const std::string& m : runner.take_kept_prefixes()) {
-        if (m.size() <= INT_MAX) comm.send(0, m);
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::vector<std::string> kept = runner.take_kept_prefixes();
+      const auto t1 = std::chrono::steady_clock::now();
+      size_t bytes = 0;
+      for (const std::string& m : kept) {
+        bytes += m.size();
+        if (m.size() <= INT_MAX) {
+          comm.send(0, m);
+        } else {
+          KVB_LOG_WARN << "a prefix of " << (m.size() >> 20)
+                       << " MiB is kept for this worker only: one MPI message carries 2 GiB";
+        }
+      }
+      if (!kept.empty()) {
+        const auto t2 = std::chrono::steady_clock::now();
+        using ms = std::chrono::duration<double, std::milli>;
+        KVB_LOG_DEBUG << "prefixes kept in this bundle: " << kept.size() << ", " << (bytes >> 20)
+                      << " MiB, written in " << ms(t1 - t0).count() << " ms, sent to rank 0 in "
+                      << ms(t2 - t1).count() << " ms";
       }
     }
     if (layout.leader) comm.send(0, to_json(results));

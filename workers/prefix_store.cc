@@ -185,6 +185,9 @@ class Reader {
 
 std::string PrefixStore::export_entry(const Entry& e, std::string_view head) {
   std::string out(head);
+  // Room for all of it at once (f32 rows: about the entry's bytes; f16 rows: twice): no copy of
+  // a growing message, and untouched reserved pages are not resident.
+  out.reserve(head.size() + 2 * e.bytes + 4096);
   Writer w(&out);
   out.append(kMagic, sizeof kMagic);
   w.put<uint64_t>(e.bytes);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "harness/sweep_affinity.h"
 
 namespace kvb::harness {
@@ -132,6 +133,34 @@ TEST(PrefixAffinity, HandsOutEveryBundleOnce) {
   }
   EXPECT_EQ(a.next(1), -1);
   EXPECT_EQ(seen.size(), 60u);
+}
+
+// peek() says what next() would hand out without handing it out; take() hands out that one (or
+// another left), and shared_blocks / last_shared_blocks say what the worker's recent prompts
+// hold of a bundle.
+TEST(PrefixAffinity, PeekAndTakeAreNextInTwoSteps) {
+  std::vector<std::vector<uint64_t>> c;
+  for (const char* p : {"hhhhA", "hhhhhhhB", "hhhhhhhC", "hhhhD"}) {
+    c.push_back(prefix_chain(blocks(p)));
+  }
+  PrefixAffinity a({1, 0, 2, 3}, c);
+  EXPECT_EQ(a.peek(1), 1);
+  EXPECT_EQ(a.peek(1), 1);
+  EXPECT_EQ(a.left(), 4u);
+  a.take(1, 1);
+  EXPECT_EQ(a.last_shared_blocks(), 0);
+  EXPECT_EQ(a.shared_blocks(1, 2), 7);
+  EXPECT_EQ(a.shared_blocks(1, 0), 4);
+  EXPECT_EQ(a.shared_blocks(2, 2), 0);
+  EXPECT_EQ(a.peek(1), 2);  // hhhhhhh with 1
+  a.take(1, 3);             // another one left
+  EXPECT_EQ(a.last_shared_blocks(), 4);
+  EXPECT_EQ(a.left(), 2u);
+  EXPECT_THROW(a.take(2, 3), Error);  // handed out already
+  EXPECT_EQ(a.next(1), 2);
+  EXPECT_EQ(a.last_shared_blocks(), 7);
+  EXPECT_EQ(a.next(2), 0);
+  EXPECT_EQ(a.peek(2), -1);
 }
 
 }  // namespace

@@ -95,5 +95,37 @@ TEST(SharedPrefixes, KeepsTheLatestWithinItsBytes) {
   EXPECT_THROW(s.add(1, 9, 0, 640, "m"), Error);  // no such bundle
 }
 
+TEST(SharedPrefixes, BestBlocksIsWhatPickWouldSendWithoutSendingIt) {
+  SharedPrefixes s(chains(), 1 << 20);
+  EXPECT_EQ(s.best_blocks(2, 1, 0), 0);
+  s.add(1, 0, 0, 640, "m0");
+  EXPECT_EQ(s.best_blocks(2, 1, 0), 6);
+  EXPECT_EQ(s.best_blocks(2, 1, 0), 6);  // still not sent
+  EXPECT_EQ(s.best_blocks(2, 2, 0), 0);  // 3 blocks: below kMinShared
+  EXPECT_EQ(s.best_blocks(1, 1, 0), 0);  // its own
+  EXPECT_EQ(s.sent(), 0);
+  ASSERT_NE(s.pick(2, 1, 0, 0), nullptr);
+  EXPECT_EQ(s.best_blocks(2, 1, 0), 0);  // sent: worker 2 holds it
+}
+
+TEST(SharedPrefixes, CommonBlocksAndWhenWaitingIsWorthIt) {
+  const auto c = chains();
+  EXPECT_EQ(common_blocks(c[0], c[1]), 6);
+  EXPECT_EQ(common_blocks(c[0], c[4]), 8);
+  EXPECT_EQ(common_blocks(c[0], c[3]), 0);
+  EXPECT_EQ(common_blocks(c[0], c[0]), 10);
+  EXPECT_EQ(common_blocks(c[1], {}), 0);
+  // 15 blocks more (960 tokens) at 10 ms a token save 9.6 s: a bundle in flight expected to end
+  // in 5 s is worth waiting for, one expected in 10 s is not.
+  EXPECT_TRUE(worth_waiting(5000, 10, 31, 46));
+  EXPECT_FALSE(worth_waiting(10000, 10, 31, 46));
+  EXPECT_TRUE(worth_waiting(-200, 10, 31, 46));  // overdue: ends any moment
+  // Fewer than kMinShared (4) blocks more, or nothing measured yet: no wait.
+  EXPECT_FALSE(worth_waiting(0, 10, 31, 34));
+  EXPECT_TRUE(worth_waiting(0, 10, 31, 35));
+  EXPECT_FALSE(worth_waiting(0, 0, 0, 46));
+  EXPECT_FALSE(worth_waiting(0, 10, 46, 31));
+}
+
 }  // namespace
 }  // namespace kvb::harness
