@@ -24,6 +24,7 @@ class MpiComm {
   // does not count where it shares the node): the GPU a `--device cuda` worker binds to.
   int local_worker_index() const { return local_worker_; }
   void send(int dest, const std::string& msg);
+  // Polls with a short sleep while nothing has arrived (no busy wait).
   std::string recv(int source);
   // `while_waiting` (optional) runs between polls, about every millisecond; what it throws
   // propagates (the coordinator stops on a termination signal there).

@@ -414,8 +414,9 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
         store.mark_running(run_id, keys_of(b), worker, "rank" + std::to_string(worker));
       });
       int served = affinity.last_shared_blocks();
+      const int offered = shared.best_blocks(worker, bi, b.model);
       if (const std::string* p = shared.pick(worker, bi, b.model, served)) {
-        served = std::max(served, shared.best_blocks(worker, bi, b.model));
+        served = std::max(served, offered);
         comm.send(worker, *p);
       }
       comm.send(worker, to_json(b));
