@@ -260,8 +260,8 @@ void BundleRunner::import_offered(int model) {
       const bool kept = prefixes_->import(*engine_, pm.body);
       KVB_LOG_DEBUG << "another worker's prefix (" << (pm.body.size() >> 20) << " MiB) "
                     << (kept ? "imported" : "not kept (above --prefix-cache-mib)") << " in "
-                    << std::chrono::duration<double, std::milli>(
-                           std::chrono::steady_clock::now() - t0)
+                    << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                                 t0)
                            .count()
                     << " ms";
     } catch (const Error& e) {

@@ -1,15 +1,13 @@
 // MpiComm over MPI_Send/MPI_Recv (two messages: length, then bytes), or a single rank.
 #include "harness/mpi_comm.h"
 
-#include <algorithm>
-
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 
 #include "common/error.h"
-
 #include "harness/mpi_check.h"
 
 namespace kvb::harness {
@@ -86,8 +84,7 @@ std::string MpiComm::recv(int source) {
 #ifdef KVB_WITH_MPI
   // A worker waits for its next bundle, and at the end of a sweep may wait for another worker's
   // bundle (sweep_prefix_share.h: worth_waiting): poll with a short sleep, as recv_any does, so
-  // that the wait does not take a core from the workers on the node (MPI_Recv's busy polling
-  // slowed the other worker's bundle by 4.5 s of 23 on the quickstart).
+  // that the wait does not take a core from the workers on the node (MPI_Recv polls busily).
   for (int flag = 0;;) {
     KVB_MPI_CHECK(MPI_Iprobe(source, 1, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE));
     if (flag) break;

@@ -5,26 +5,24 @@
 #include <omp.h>
 #include <unistd.h>
 
-#include <csignal>
-
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "common/table.h"
 #include "harness/bundle_runner.h"
-#include "harness/sweep_affinity.h"
 #include "harness/git_rev.h"
 #include "harness/model_info.h"
+#include "harness/sweep_affinity.h"
 #include "harness/sweep_plan.h"
 #include "harness/sweep_prefix_share.h"
 #include "harness/sweep_roles.h"
@@ -387,8 +385,8 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
     auto should_wait = [&](int worker, int bi) {
       if (ms_per_token <= 0 || affinity.left() > running.size()) return false;
       const int model = plan.bundles[bi].model;
-      const int now = std::max(affinity.shared_blocks(worker, bi),
-                               shared.best_blocks(worker, bi, model));
+      const int now =
+          std::max(affinity.shared_blocks(worker, bi), shared.best_blocks(worker, bi, model));
       for (const auto& [w, f] : running) {
         if (w == worker || plan.bundles[f.bundle].model != model) continue;
         const int later = common_blocks(plan.bundle_prefixes[bi], plan.bundle_prefixes[f.bundle]);
@@ -447,7 +445,8 @@ int coordinate(const SweepArgs& a, MpiComm& comm, const WorkerLayout& layout) {
             if (r != running.end()) {
               int64_t reused = 0;
               for (const auto& u : rs) {
-                if (u.measurements) reused = std::max<int64_t>(reused, u.measurements->prefill_reused);
+                if (u.measurements)
+                  reused = std::max<int64_t>(reused, u.measurements->prefill_reused);
               }
               const int64_t tokens = plan.bundle_tokens[r->second.bundle] - reused;
               if (tokens >= 512) {

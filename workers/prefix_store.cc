@@ -155,10 +155,10 @@ class Reader {
             << "a shared prefix message's layer " << l << " head " << h << " holds " << n
             << " slots, not " << lengths[l];
         for (int s = 0; s < n; ++s) {
-          KVB_CHECK(exact ? pos[s] == s : (pos[s] >= 0 && pos[s] < bound &&
-                                             (s == 0 || pos[s] > pos[s - 1])))
-              << "a shared prefix message's layer " << l << " head " << h
-              << " holds position " << pos[s] << " in slot " << s;
+          KVB_CHECK(exact ? pos[s] == s
+                          : (pos[s] >= 0 && pos[s] < bound && (s == 0 || pos[s] > pos[s - 1])))
+              << "a shared prefix message's layer " << l << " head " << h << " holds position "
+              << pos[s] << " in slot " << s;
         }
         const size_t first_key = at_;
         const size_t row = static_cast<size_t>(shape.head_dim) * sizeof(float);
@@ -228,8 +228,8 @@ std::vector<std::string> PrefixStore::take_kept(std::string_view head) {
 }
 
 PrefixStore::Summary PrefixStore::summarize(std::string_view message) {
-  KVB_CHECK(message.size() >= sizeof kMagic && message.substr(0, sizeof kMagic) ==
-                                                    std::string_view(kMagic, sizeof kMagic))
+  KVB_CHECK(message.size() >= sizeof kMagic &&
+            message.substr(0, sizeof kMagic) == std::string_view(kMagic, sizeof kMagic))
       << "not a shared prefix message (" << message.size() << " bytes)";
   Reader r(message.substr(sizeof kMagic));
   Summary s;
@@ -273,9 +273,8 @@ bool PrefixStore::import(const engine::Engine& engine, std::string_view message)
     window_lengths[l] = sliding[l] ? -1 : 0;
   }
   e.rows = r.get_cache(shape, row_lengths, n, /*exact=*/true);
-  KVB_CHECK(e.rows.next_position() == n)
-      << "a shared prefix message's rows end at position " << e.rows.next_position() << ", not "
-      << n;
+  KVB_CHECK(e.rows.next_position() == n) << "a shared prefix message's rows end at position "
+                                         << e.rows.next_position() << ", not " << n;
   const size_t checkpoints = r.count("checkpoints", sizeof(int32_t), static_cast<size_t>(n));
   for (size_t i = 0; i < checkpoints; ++i) {
     const int32_t at = r.get<int32_t>("checkpoint");
@@ -404,7 +403,7 @@ int PrefixStore::prefill(engine::Engine& engine, std::span<const int32_t> tokens
   int reused = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (req.col_sums && !it->col_sums) continue;
-    const kernels::KvCacheShape& a = it->rows.shape(), &b = cache.shape();
+    const kernels::KvCacheShape &a = it->rows.shape(), &b = cache.shape();
     if (a.num_kv_heads != b.num_kv_heads || a.f16 != b.f16 || a.f32_keys != b.f32_keys) continue;
     if ((req.pre_rope_keys && it->pre_keys.empty()) ||
         (req.pre_rope_queries && it->pre_queries.empty())) {

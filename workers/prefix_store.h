@@ -27,10 +27,10 @@
 #include <cstdint>
 #include <list>
 #include <map>
-#include <unordered_map>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/kv_cache.h"

@@ -3,7 +3,6 @@
 // prompt's prefix gives the logits, cache and record of its own prefill; bundle units run with
 // the store equal those run without it.
 #include <gtest/gtest.h>
-
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -12,19 +11,19 @@
 #include <fstream>
 #include <random>
 
+#include "cache_check.h"
 #include "common/error.h"
 #include "harness/bundle_runner.h"
 #include "harness/sweep_plan.h"
 #include "harness/sweep_prefix_share.h"
-#include "results/store.h"
 #include "kernels/policies/policy.h"
-#include "cache_check.h"
+#include "results/store.h"
+#include "run_kvbench.h"
 #include "workers/engine/engine.h"
 #include "workers/engine/model.h"
 #include "workers/formats/model_load.h"
 #include "workers/prefix_store.h"
 #include "workers/runner.h"
-#include "run_kvbench.h"
 
 namespace kvb {
 namespace {
@@ -601,7 +600,6 @@ TEST(PrefixReuse, SweepWithTheStoreEqualsTheSweepWithout) {
   EXPECT_NE(err.find("--prefix-cache-mib must be a number of MiB"), std::string::npos) << err;
 }
 
-
 // Prefixes shared between processes (PrefixStore::take_kept / import: MPI workers through rank
 // 0). One store's prefill keeps A's prefix (checkpoints at 150 and 200, where B and C branch
 // off); a second store that never saw A imports that message and starts B from 200 tokens and C
@@ -715,7 +713,8 @@ TEST(PrefixReuse, ASharedPrefixMessageIsCheckedBeforeItIsKept) {
   std::unique_ptr<engine::Model> m = engine::load_model(kStories);
   engine::Engine eng(*m);
   const int vocab = m->config.vocab_size;
-  const std::vector<int32_t> a = random_tokens(260, 26, vocab), b = branch_off(a, 180, 30, 27, vocab);
+  const std::vector<int32_t> a = random_tokens(260, 26, vocab),
+                             b = branch_off(a, 180, 30, 27, vocab);
   policies::StatsRequest req;
   req.col_sums = true;
   workers::PrefixStore one(size_t(1) << 30);
@@ -740,8 +739,8 @@ TEST(PrefixReuse, ASharedPrefixMessageIsCheckedBeforeItIsKept) {
     EXPECT_EQ(two.entries(), 0u);
     EXPECT_EQ(two.bytes(), 0u);
   };
-  for (size_t cut : {size_t{0}, size_t{7}, size_t{12}, size_t{30}, good.size() / 3,
-                     good.size() / 2, good.size() - 1}) {
+  for (size_t cut : {size_t{0}, size_t{7}, size_t{12}, size_t{30}, good.size() / 3, good.size() / 2,
+                     good.size() - 1}) {
     SCOPED_TRACE("cut at " + std::to_string(cut));
     refused(good.substr(0, cut), cut < 8 ? "not a shared prefix message" : "a shared prefix");
   }
@@ -784,8 +783,8 @@ TEST(PrefixReuse, ASharedPrefixMessageIsCheckedBeforeItIsKept) {
 // metrics and token counts of a third runner that was offered nothing. An offer of another
 // model's index or a damaged one is not used: the bundle runs as without.
 TEST(PrefixReuse, AWorkersBundleStartsFromAnotherWorkersPrefix) {
-  const std::string dir = std::string(KVB_BINARY_DIR) + "/test_prefix_reuse_workers_" +
-                          std::to_string(::getpid());
+  const std::string dir =
+      std::string(KVB_BINARY_DIR) + "/test_prefix_reuse_workers_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/sweep.yaml";

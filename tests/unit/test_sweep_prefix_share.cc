@@ -41,13 +41,13 @@ TEST(SharedPrefixes, AWorkerGetsAnotherWorkersDeepestPrefixOnce) {
   const std::string* p = s.pick(2, 1, 0, 0);  // 6 blocks shared
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(*p, "m0");
-  EXPECT_EQ(s.pick(2, 1, 0, 0), nullptr);       // sent to worker 2 already
-  EXPECT_NE(s.pick(3, 1, 0, 5), nullptr);       // 6 > worker 3's own 5 blocks
-  EXPECT_EQ(s.pick(4, 1, 0, 6), nullptr);       // worker 4's own prompts share as much
-  EXPECT_EQ(s.pick(1, 1, 0, 0), nullptr);       // its own prefix
-  EXPECT_EQ(s.pick(5, 1, 1, 0), nullptr);       // a bundle of another model
-  EXPECT_EQ(s.pick(5, 2, 0, 0), nullptr);       // 3 blocks: below kMinShared (4)
-  EXPECT_EQ(s.pick(5, 3, 0, 0), nullptr);       // nothing shared
+  EXPECT_EQ(s.pick(2, 1, 0, 0), nullptr);  // sent to worker 2 already
+  EXPECT_NE(s.pick(3, 1, 0, 5), nullptr);  // 6 > worker 3's own 5 blocks
+  EXPECT_EQ(s.pick(4, 1, 0, 6), nullptr);  // worker 4's own prompts share as much
+  EXPECT_EQ(s.pick(1, 1, 0, 0), nullptr);  // its own prefix
+  EXPECT_EQ(s.pick(5, 1, 1, 0), nullptr);  // a bundle of another model
+  EXPECT_EQ(s.pick(5, 2, 0, 0), nullptr);  // 3 blocks: below kMinShared (4)
+  EXPECT_EQ(s.pick(5, 3, 0, 0), nullptr);  // nothing shared
   EXPECT_EQ(s.sent(), 2);
   EXPECT_EQ(s.sent_bytes(), 4u);
 }
@@ -61,8 +61,8 @@ TEST(SharedPrefixes, DepthIsBoundByThePrefixTokensAndTheLatestOfEqualsWins) {
   ASSERT_NE(s.pick(3, 4, 0, 3), nullptr);
   // For bundle 4, bundle 1's prefix serves 6 blocks and bundle 0's two prefixes 8 each: the
   // deepest wins, the latest of equals first.
-  s.add(2, 1, 0, 1000, "six");      // bundle 1 shares 6 blocks with bundle 4
-  s.add(3, 0, 0, 1000, "eight");    // bundle 0 shares 8
+  s.add(2, 1, 0, 1000, "six");    // bundle 1 shares 6 blocks with bundle 4
+  s.add(3, 0, 0, 1000, "eight");  // bundle 0 shares 8
   s.add(1, 0, 0, 1000, "eight too");
   const std::string* p = s.pick(5, 4, 0, 0);
   ASSERT_NE(p, nullptr);
