@@ -80,25 +80,38 @@ void MpiComm::send(int dest, const std::string& msg) {
 #endif
 }
 
-std::string MpiComm::recv(int source) {
 #ifdef KVB_WITH_MPI
-  // A worker waits for its next bundle, and at the end of a sweep may wait for another worker's
-  // bundle (sweep_prefix_share.h: worth_waiting): poll with a short sleep, as recv_any does, so
-  // that the wait does not take a core from the workers on the node (MPI_Recv polls busily).
+namespace {
+// The next message from `source` (MPI_ANY_SOURCE: any rank; *from says which). Waiting ranks
+// poll with a short sleep instead of MPI_Recv, whose busy polling would take a core from the
+// workers on the node: rank 0 waits most of the time, a worker between bundles and, at the end
+// of a sweep, for another worker's bundle (sweep_prefix_share.h: worth_waiting).
+std::string receive(int source, int* from, const std::function<void()>& while_waiting) {
+  MPI_Status st;
   for (int flag = 0;;) {
-    KVB_MPI_CHECK(MPI_Iprobe(source, 1, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE));
+    KVB_MPI_CHECK(MPI_Iprobe(source, 1, MPI_COMM_WORLD, &flag, &st));
     if (flag) break;
+    if (while_waiting) while_waiting();
     usleep(1000);
   }
+  *from = st.MPI_SOURCE;
   unsigned long long n = 0;
-  KVB_MPI_CHECK(MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, source, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+  KVB_MPI_CHECK(MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, *from, 1, MPI_COMM_WORLD, &st));
   KVB_CHECK(n < (1ull << 31))
-      << "message of " << n << " bytes from rank " << source
+      << "message of " << n << " bytes from rank " << *from
       << ": above MPI's count limit of 2^31 - 1 (a worker of another kvbench?)";
   std::string msg(n, '\0');
-  KVB_MPI_CHECK(MPI_Recv(msg.data(), static_cast<int>(n), MPI_CHAR, source, 2, MPI_COMM_WORLD,
+  KVB_MPI_CHECK(MPI_Recv(msg.data(), static_cast<int>(n), MPI_CHAR, *from, 2, MPI_COMM_WORLD,
                          MPI_STATUS_IGNORE));
   return msg;
+}
+}  // namespace
+#endif
+
+std::string MpiComm::recv(int source) {
+#ifdef KVB_WITH_MPI
+  int from = 0;
+  return receive(source, &from, {});
 #else
   (void)source;
   KVB_FAIL() << "recv without MPI";
@@ -107,26 +120,7 @@ std::string MpiComm::recv(int source) {
 
 std::string MpiComm::recv_any(int* source, const std::function<void()>& while_waiting) {
 #ifdef KVB_WITH_MPI
-  MPI_Status st;
-  // The coordinator waits most of the time: poll with a short sleep instead of MPI_Recv, whose
-  // busy polling would take a core from the workers on the same node.
-  for (int flag = 0;;) {
-    KVB_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, 1, MPI_COMM_WORLD, &flag, &st));
-    if (flag) break;
-    if (while_waiting) while_waiting();
-    usleep(1000);
-  }
-  unsigned long long n = 0;
-  KVB_MPI_CHECK(
-      MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, st.MPI_SOURCE, 1, MPI_COMM_WORLD, &st));
-  *source = st.MPI_SOURCE;
-  KVB_CHECK(n < (1ull << 31))
-      << "message of " << n << " bytes from rank " << *source
-      << ": above MPI's count limit of 2^31 - 1 (a worker of another kvbench?)";
-  std::string msg(n, '\0');
-  KVB_MPI_CHECK(MPI_Recv(msg.data(), static_cast<int>(n), MPI_CHAR, *source, 2, MPI_COMM_WORLD,
-                         MPI_STATUS_IGNORE));
-  return msg;
+  return receive(MPI_ANY_SOURCE, source, while_waiting);
 #else
   (void)source;
   (void)while_waiting;

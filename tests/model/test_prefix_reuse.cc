@@ -91,6 +91,23 @@ OnePass one_pass(engine::Engine& eng, const std::vector<int32_t>& prompt,
   return o;
 }
 
+// The store's prefill of `prompt` into a fresh cache of `capacity`, checked against one pass
+// bit for bit (logits, cache, record); returns the tokens it reused.
+int store_prefill_is_one_pass(workers::PrefixStore& store, engine::Engine& eng,
+                              const std::vector<int32_t>& prompt, const policies::StatsRequest& req,
+                              int capacity) {
+  kernels::KvCache cache = eng.new_cache(capacity);
+  engine::PrefillRecord rec;
+  rec.request = req;
+  std::vector<float> logits;
+  const int reused = store.prefill(eng, prompt, cache, &rec, &logits);
+  const OnePass ref = one_pass(eng, prompt, req, capacity);
+  EXPECT_TRUE(same_bits(logits, ref.logits));
+  expect_same_cache(cache, ref.cache);
+  expect_same_record(rec, ref.record);
+  return reused;
+}
+
 // The law under prefix reuse: the prompt's forward pass in pieces, each continuing the record of
 // the pieces before it, gives one pass's logits, rows and statistics bit for bit (column sums
 // add the queries in the same order; a query row's arithmetic does not depend on its piece).
@@ -626,17 +643,7 @@ TEST(PrefixReuse, AnotherStoresPrefixServesAsItsOwn) {
       two.add_prompt(*p);
     }
     auto run = [&](workers::PrefixStore& store, const std::vector<int32_t>& p) {
-      const int n = static_cast<int>(p.size());
-      kernels::KvCache cache = eng.new_cache(n + 3);
-      engine::PrefillRecord rec;
-      rec.request = req;
-      std::vector<float> logits;
-      const int reused = store.prefill(eng, p, cache, &rec, &logits);
-      const OnePass ref = one_pass(eng, p, req, n + 3);
-      EXPECT_TRUE(same_bits(logits, ref.logits));
-      expect_same_cache(cache, ref.cache);
-      expect_same_record(rec, ref.record);
-      return reused;
+      return store_prefill_is_one_pass(store, eng, p, req, static_cast<int>(p.size()) + 3);
     };
     EXPECT_EQ(run(one, a), 0);
     const std::vector<std::string> kept = one.take_kept("head\n");
@@ -685,14 +692,7 @@ TEST(PrefixReuse, AnotherStoresPrefixCarriesItsWindows) {
   const std::vector<std::string> kept = one.take_kept();
   ASSERT_EQ(kept.size(), 1u);
   ASSERT_TRUE(two.import(eng, kept[0]));
-  kernels::KvCache yc = eng.new_cache(245);
-  engine::PrefillRecord yr;
-  yr.request = req;
-  EXPECT_EQ(two.prefill(eng, y, yc, &yr, &logits), 200);
-  const OnePass ref = one_pass(eng, y, req, 245);
-  EXPECT_TRUE(same_bits(logits, ref.logits));
-  expect_same_cache(yc, ref.cache);
-  expect_same_record(yr, ref.record);
+  EXPECT_EQ(store_prefill_is_one_pass(two, eng, y, req, 245), 200);
   // Rows of this model are not another's: the stories model's engine refuses them.
   std::unique_ptr<engine::Model> m = engine::load_model(kStories);
   engine::Engine other(*m);
